@@ -1,0 +1,1 @@
+//! The software NIC. (Being written.)
