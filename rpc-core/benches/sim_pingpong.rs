@@ -177,8 +177,8 @@ impl Side {
         }
     }
 
-    /// Busy-polls the receive CQ for one message and reposts its slot.
-    fn recv(&self) {
+    /// Busy-polls the receive CQ for one message; returns the slot's `wr_id` to repost.
+    fn poll_recv(&self) -> u64 {
         let mut wc = [WorkCompletion::default(); 1];
         let mut spins = 0;
         while self.rcq.poll(&mut wc).expect("poll recv CQ") == 0 {
@@ -188,7 +188,12 @@ impl Side {
         if wc[0].status != WcStatus::IBV_WC_SUCCESS {
             panic!("receive failed: {:?}", wc[0]);
         }
-        self.post_recv(wc[0].wr_id + RECV_DEPTH as u64);
+        wc[0].wr_id
+    }
+
+    /// Reposts the receive slot of a completed receive (the ring stays `RECV_DEPTH` deep).
+    fn repost(&self, wr_id: u64) {
+        self.post_recv(wr_id + RECV_DEPTH as u64);
     }
 }
 
@@ -224,29 +229,38 @@ fn sim_pingpong(iters: usize, size: u32) -> Vec<f64> {
         std::thread::spawn(move || {
             pin(1);
             start.wait();
+            // Answer first, repost after (as a worker does: responses out, receives back in).
             for _ in 0..iters {
-                b.recv();
+                let wr = b.poll_recv();
                 b.send();
+                b.repost(wr);
             }
             b
         })
     };
     pin(0);
     start.wait();
+    // Ping, then repost the previous pong's slot while the ping is in flight, then wait.
     let mut samples = Vec::with_capacity(iters / BATCH);
     let mut done = 0;
+    let mut last: Option<u64> = None;
+    let mut round_trip = |a: &mut Side| {
+        a.send();
+        if let Some(wr) = last.take() {
+            a.repost(wr);
+        }
+        last = Some(a.poll_recv());
+    };
     while done + BATCH <= iters {
         let t = Instant::now();
         for _ in 0..BATCH {
-            a.send();
-            a.recv();
+            round_trip(&mut a);
         }
         samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
         done += BATCH;
     }
     while done < iters {
-        a.send();
-        a.recv();
+        round_trip(&mut a);
         done += 1;
     }
     let b = ponger.join().expect("ponger");
@@ -271,9 +285,11 @@ fn sim_one_thread(iters: usize, size: u32) -> Vec<f64> {
         let t = Instant::now();
         for _ in 0..BATCH {
             a.send();
-            b.recv();
+            let wr = b.poll_recv();
             b.send();
-            a.recv();
+            b.repost(wr);
+            let wr = a.poll_recv();
+            a.repost(wr);
         }
         samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
     }

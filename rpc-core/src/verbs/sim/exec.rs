@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::fabric::fabric;
 use super::qp::{Link, QpCore, StallKind, ST_RTR, ST_RTS};
-use super::srq::{pop_recv, pop_recv_id};
+use super::srq::{pop_recv, pop_recv_id, rq_sge};
 use super::MAX_SGE;
 use crate::verbs::{AccessFlags, SendFlags, SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
 
@@ -189,9 +189,14 @@ impl QpCore {
                 let pd = peer.recv_pd();
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
                 let mut dn = 0;
-                let popped = pop_recv(peer.recv_ring(), |wr_id, sges| {
+                let popped = pop_recv(peer.recv_ring(), |wr_id, nsge, w| {
+                    dn = 0;
                     let mut room = 0u64;
-                    for s in sges.iter().filter(|s| s.length > 0) {
+                    for i in 0..nsge {
+                        let s = rq_sge(w, i);
+                        if s.length == 0 {
+                            continue;
+                        }
                         match peer.host.mrs.resolve(s.lkey, pd, s.addr, s.length, AccessFlags::LOCAL_WRITE) {
                             Ok(p) => {
                                 dst[dn].write((p, s.length as usize));
@@ -216,6 +221,7 @@ impl QpCore {
                 }
                 // SAFETY: the first `dn` entries of `dst` were written above.
                 let dst = unsafe { std::slice::from_raw_parts(dst.as_ptr() as *const Seg, dn) };
+                let cqe = peer.recv_cq.claim();
                 // SAFETY: `segs` were resolved against live MRs (or are inline bytes / the
                 // caller's inline buffers valid during the post), `dst` against the responder's
                 // live MRs with LOCAL_WRITE; MRs cannot be deregistered while we hold our guard
@@ -227,7 +233,8 @@ impl QpCore {
                     SendOp::SendWithImm { imm } => Some(imm),
                     _ => None,
                 };
-                peer.recv_cq.push(
+                peer.recv_cq.publish(
+                    cqe,
                     WorkCompletion {
                         wr_id: recv_wr_id,
                         status: WcStatus::IBV_WC_SUCCESS,
@@ -240,6 +247,7 @@ impl QpCore {
                     },
                     solicited,
                 );
+                peer.recv_ring().prefetch_next();
                 Outcome::Done(len)
             }
             SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. } => {
@@ -267,7 +275,7 @@ impl QpCore {
                 };
                 let recv = match v.op {
                     SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(peer.recv_ring()) {
-                        Some(wr_id) => Some((wr_id, imm)),
+                        Some(wr_id) => Some((wr_id, imm, peer.recv_cq.claim())),
                         None => return Outcome::Stall(StallKind::Rnr),
                     },
                     _ => None,
@@ -279,8 +287,9 @@ impl QpCore {
                 }
                 peer.epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
-                if let Some((wr_id, imm)) = recv {
-                    peer.recv_cq.push(
+                if let Some((wr_id, imm, cqe)) = recv {
+                    peer.recv_cq.publish(
+                        cqe,
                         WorkCompletion {
                             wr_id,
                             status: WcStatus::IBV_WC_SUCCESS,

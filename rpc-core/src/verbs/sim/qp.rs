@@ -10,7 +10,7 @@ use super::fabric::{fabric, Dest};
 use super::guard::SpinGuard;
 use super::host::{HostCore, SimPd};
 use super::ring::{Padded, Ring};
-use super::srq::{pop_recv_id, post_recv_ring, RecvWqe, SrqCore};
+use super::srq::{pop_recv_id, post_recv_ring, RecvRing, SrqCore};
 use super::{Sim, MAX_INLINE, MAX_QP_WR, MAX_SGE};
 use crate::verbs::{
     QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendFlags, SendOp, SendWr, Sge,
@@ -104,7 +104,7 @@ pub(crate) struct QpCore {
     pub(crate) send_cq: Arc<CqCore>,
     pub(crate) recv_cq: Arc<CqCore>,
     pub(crate) srq: Option<Arc<SrqCore>>,
-    pub(crate) rq: Option<Ring<RecvWqe>>,
+    pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
     pub(crate) sig_all: bool,
     pub(crate) resp: Padded<RespSide>,
@@ -134,7 +134,7 @@ impl QpCore {
 
     /// The receive queue this QP's incoming SENDs consume.
     #[inline]
-    pub(crate) fn recv_ring(&self) -> &Ring<RecvWqe> {
+    pub(crate) fn recv_ring(&self) -> &RecvRing {
         match (&self.srq, &self.rq) {
             (Some(srq), _) => &srq.ring,
             (None, Some(rq)) => rq,
