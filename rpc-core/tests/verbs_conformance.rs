@@ -11,6 +11,9 @@
 mod conformance;
 
 conformance_suite!(sim, crate::conformance::DeviceHarness<rpc_core::verbs::sim::Sim>);
+// The libibverbs provider runs the same cases with one more line (it owns that line):
+// #[cfg(feature = "ibverbs")]
+// conformance_suite!(ibverbs, crate::conformance::DeviceHarness<rpc_core::verbs::ibverbs::Ibverbs>);
 
 /// Sim-only: fault injection, finite RNR/transport retries, host identity.
 mod sim_only {
@@ -292,6 +295,19 @@ mod sim_only {
             poll_one::<H, _>(&a.scq, "write-imm without receive").status,
             WcStatus::IBV_WC_RNR_RETRY_EXC_ERR
         );
+    }
+
+    #[test]
+    fn receive_too_small_is_exactly_local_length_error_at_the_receiver() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+        post_recv(&b.qp, &[RecvWr { wr_id: 3, sg_list: &[b.sge(0, 8)] }]).unwrap();
+        post_send(&a.qp, &[send(1, &[a.sge(0, 9)], SIG)]).unwrap();
+        let r = poll_one::<H, _>(&b.rcq, "receive");
+        assert_eq!((r.wr_id, r.status, r.qp_num), (3, WcStatus::IBV_WC_LOC_LEN_ERR, b.qp.qp_num()));
+        assert_eq!(poll_one::<H, _>(&a.scq, "send").status, WcStatus::IBV_WC_REM_INV_REQ_ERR);
+        assert_eq!((a.qp.state(), b.qp.state()), (QpState::Err, QpState::Err));
+        assert!(b.bytes()[..8].iter().all(|&x| x == 0), "nothing written into a too-small buffer");
     }
 
     #[test]

@@ -32,9 +32,12 @@
 //!   `IBV_WC_WR_FLUSH_ERR` (signaled or not). A responder-side error also moves the responder QP
 //!   to ERR (rxe's `do_class_ac_error`; mlx5 does the same).
 //! - **Receive too small**: the receive WQE completes with `IBV_WC_LOC_LEN_ERR` at the responder
-//!   (responder QP → ERR) and the SEND with `IBV_WC_REM_INV_REQ_ERR` at the requester (the NAK
-//!   "invalid request" rxe and mlx5 send). A receive WQE with a bad lkey: `IBV_WC_LOC_PROT_ERR`
-//!   at the responder, `IBV_WC_REM_OP_ERR` at the requester.
+//!   (as `man ibv_poll_cq` and mlx5 have it; rxe before Linux 6.2 too, current rxe reports
+//!   `IBV_WC_REM_INV_REQ_ERR` there) and the responder QP goes to ERR; the SEND completes with
+//!   `IBV_WC_REM_INV_REQ_ERR` at the requester (the NAK "invalid request" that rxe and mlx5
+//!   send). Nothing is written into the too-small buffer. A receive WQE with a bad lkey:
+//!   `IBV_WC_LOC_PROT_ERR` at the responder (rxe says `IBV_WC_LOC_QP_OP_ERR`),
+//!   `IBV_WC_REM_OP_ERR` at the requester.
 //! - **Receive WQEs**: SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume one, from the QP's SRQ
 //!   or RQ, in order; the receive completion carries `byte_len`, `imm_data`, `qp_num` (the
 //!   receiving QP, which tells SRQ users which QP it was) and `src_qp`.
