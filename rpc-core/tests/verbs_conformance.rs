@@ -146,6 +146,28 @@ mod sim_only {
     }
 
     #[test]
+    fn delayed_wrs_arrive_later_and_in_order() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+        for i in 0..3 {
+            post_recv(&b.qp, &[RecvWr { wr_id: 10 + i, sg_list: &[b.sge(i as usize * 64, 64)] }]).unwrap();
+        }
+        a.qp.set_delay(Some(Duration::from_millis(5)));
+        let s = [a.sge(0, 8)];
+        post_send(&a.qp, &[send(1, &s, SIG), send(2, &s, SIG), send(3, &s, SIG)]).unwrap();
+        let mut buf = [WorkCompletion::default(); 4];
+        assert_eq!(b.rcq.poll(&mut buf).unwrap(), 0, "nothing delivered at post time");
+        let w = poll_n::<H, _>(&a.scq, 3, "delayed sends");
+        assert_eq!(
+            statuses(&w),
+            [(1, WcStatus::IBV_WC_SUCCESS), (2, WcStatus::IBV_WC_SUCCESS), (3, WcStatus::IBV_WC_SUCCESS)]
+        );
+        let r = poll_n::<H, _>(&b.rcq, 3, "delayed receives");
+        assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [10, 11, 12]);
+        a.qp.set_delay(None);
+    }
+
+    #[test]
     fn force_error_flushes_outstanding_work() {
         let (ca, cb) = hosts();
         let (a, _b) = pair::<H>(&ca, &cb, Opts { min_rnr_timer: 1, ..Opts::default() });

@@ -77,8 +77,9 @@
 //!
 //! # Fault injection
 //!
-//! [`SimQp::set_drop_traffic`], [`SimQp::force_error`] and [`SimContext::vanish`] (see their
-//! docs): for tests of the retry, error and peer-death paths.
+//! [`SimQp::set_drop_traffic`], [`SimQp::set_delay`], [`SimQp::force_error`] and
+//! [`SimContext::vanish`] (see their docs): for tests of the retry, error, slow-path and
+//! peer-death paths.
 
 mod cq;
 mod exec;

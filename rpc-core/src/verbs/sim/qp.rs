@@ -55,6 +55,8 @@ pub(crate) enum StallKind {
     /// Packet lost (peer unreachable, dropped, wrong PSN, peer not ready): retried after the
     /// local ACK timeout.
     Lost,
+    /// Held back by injected delay ([`super::SimQp::set_delay`]); no retry budget involved.
+    Delay,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -116,6 +118,8 @@ pub(crate) struct QpCore {
     pub(crate) destroyed: AtomicBool,
     /// Fault injection: every packet from or to this QP is lost.
     pub(crate) drop_traffic: AtomicBool,
+    /// Fault injection: each send WR waits this long (ns) at the head of the SQ; 0 = none.
+    pub(crate) delay_ns: AtomicU64,
     /// Handed to the timer thread (set under the guard or before scheduling).
     pub(crate) scheduled: AtomicBool,
     /// Mirror of the stall deadline for the timer thread.
@@ -229,7 +233,7 @@ impl QpCore {
     ) -> std::result::Result<(), WcStatus> {
         let (budget, infinite, exhausted) = match kind {
             StallKind::Rnr => (link.rnr_retry, link.rnr_retry == 7, WcStatus::IBV_WC_RNR_RETRY_EXC_ERR),
-            StallKind::Lost => (link.retry_cnt, false, WcStatus::IBV_WC_RETRY_EXC_ERR),
+            StallKind::Lost | StallKind::Delay => (link.retry_cnt, false, WcStatus::IBV_WC_RETRY_EXC_ERR),
         };
         let left = match *stall {
             Some(s) if s.kind == kind => {
@@ -251,7 +255,7 @@ impl QpCore {
                 let code = link.peer.as_ref().map_or(12, |p| p.resp.min_rnr_timer.load(Ordering::Relaxed));
                 rnr_delay_ns(code)
             }
-            StallKind::Lost => ack_timeout_ns(link.timeout),
+            StallKind::Lost | StallKind::Delay => ack_timeout_ns(link.timeout),
         };
         let deadline = now.saturating_add(delay);
         *stall = Some(Stall { kind, deadline, left });
@@ -273,6 +277,13 @@ impl QpCore {
                 if super::fabric::now_ns() < s.deadline {
                     return true;
                 }
+            }
+            let delay = self.delay_ns.load(Ordering::Relaxed);
+            if delay > 0 && !st.stall.is_some_and(|s| s.kind == StallKind::Delay) {
+                let deadline = super::fabric::now_ns().saturating_add(delay);
+                st.stall = Some(Stall { kind: StallKind::Delay, deadline, left: 0 });
+                self.deadline.store(deadline, Ordering::Relaxed);
+                return true;
             }
             let idx = st.head as usize & mask;
             let wqe = st.wqes[idx];
@@ -540,6 +551,7 @@ impl SimQp {
             flush_pending: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             drop_traffic: AtomicBool::new(false),
+            delay_ns: AtomicU64::new(0),
             scheduled: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
         });
@@ -632,7 +644,7 @@ impl SimQp {
                     reason: format!("send queue full ({depth} WQEs outstanding)"),
                 });
             }
-            if st.head == st.tail && c.state_raw() == ST_RTS {
+            if st.head == st.tail && c.state_raw() == ST_RTS && c.delay_ns.load(Ordering::Relaxed) == 0 {
                 // Fast path: nothing queued ahead, execute at once from the caller's WR.
                 let src = if wr.flags.contains(SendFlags::INLINE) {
                     super::exec::Src::Raw(wr.sg_list)
