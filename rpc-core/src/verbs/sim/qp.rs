@@ -113,7 +113,8 @@ pub(crate) struct QpCore {
     /// Expected PSN of the next incoming request: written by the requester at the other end.
     pub(crate) epsn: Padded<AtomicU32>,
     guard: Padded<SpinGuard>,
-    sq: UnsafeCell<SqState>,
+    /// Own cache lines: the executor writes it on every WR, peers never read it.
+    sq: Padded<UnsafeCell<SqState>>,
     flush_pending: AtomicBool,
     pub(crate) destroyed: AtomicBool,
     /// Fault injection: every packet from or to this QP is lost.
@@ -499,7 +500,7 @@ impl SimQp {
             });
         }
         let depth = (c.max_send_wr as usize).next_power_of_two();
-        let rq = attr.srq.is_none().then(|| Ring::new(c.max_recv_wr as usize));
+        let rq = attr.srq.is_none().then(|| Ring::with_headroom(c.max_recv_wr as usize));
         let cap = QpCap {
             max_send_wr: depth as u32,
             max_recv_wr: rq.as_ref().map_or(c.max_recv_wr, |r| r.capacity() as u32),
@@ -532,7 +533,7 @@ impl SimQp {
             }),
             epsn: Padded(AtomicU32::new(0)),
             guard: Padded(SpinGuard::new()),
-            sq: UnsafeCell::new(SqState {
+            sq: Padded(UnsafeCell::new(SqState {
                 wqes: vec![empty; depth].into_boxed_slice(),
                 inline: vec![0u8; depth * cap.max_inline_data as usize].into_boxed_slice(),
                 head: 0,
@@ -547,7 +548,7 @@ impl SimQp {
                     rnr_retry: 7,
                 },
                 stall: None,
-            }),
+            })),
             flush_pending: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             drop_traffic: AtomicBool::new(false),

@@ -51,21 +51,35 @@ pub(crate) struct Ring<const W: usize> {
     head: Padded<AtomicUsize>,
     slots: Box<[Slot<W>]>,
     mask: usize,
+    /// Most entries held at once (`<= slots.len() / 2`: the spare half lets producers go a
+    /// whole `limit` between two reads of `head`).
+    limit: usize,
 }
 
 impl<const W: usize> Ring<W> {
-    /// A ring of `capacity.next_power_of_two()` entries (at least 1).
+    /// A ring holding up to `capacity` entries (at least 1), in `2 * capacity` slots rounded up
+    /// to a power of two.
     pub(crate) fn new(capacity: usize) -> Ring<W> {
-        let cap = capacity.max(1).next_power_of_two();
-        let slots = (0..cap)
+        let limit = capacity.max(1);
+        let n = (2 * limit).next_power_of_two();
+        let slots = (0..n)
             .map(|_| Slot { seq: AtomicUsize::new(0), words: std::array::from_fn(|_| AtomicU64::new(0)) })
             .collect();
-        Ring { prod: Padded::default(), head: Padded::default(), slots, mask: cap - 1 }
+        Ring { prod: Padded::default(), head: Padded::default(), slots, mask: n - 1, limit }
+    }
+
+    /// A ring holding up to `2 * capacity` entries rounded up to a power of two: a receive queue
+    /// (verbs may grant more WQEs than asked). A producer that keeps about `capacity` entries
+    /// posted then reads the consumers' `head` only once per `capacity` posts, not at every post.
+    pub(crate) fn with_headroom(capacity: usize) -> Ring<W> {
+        let mut r = Ring::new(capacity);
+        r.limit = r.slots.len();
+        r
     }
 
     /// Number of entries it holds when full.
     pub(crate) fn capacity(&self) -> usize {
-        self.mask + 1
+        self.limit
     }
 
     /// Entries currently in the ring (a snapshot; exact when no one else is operating).
@@ -207,13 +221,13 @@ mod tests {
     #[test]
     fn fifo_and_full() {
         let r = Ring::<1>::new(3);
-        assert_eq!(r.capacity(), 4);
-        for i in 0..4 {
+        assert_eq!(r.capacity(), 3);
+        for i in 0..3 {
             assert!(push1(&r, i));
         }
         assert!(!push1(&r, 99), "a full ring refuses");
-        assert_eq!(r.len(), 4);
-        for i in 0..4 {
+        assert_eq!(r.len(), 3);
+        for i in 0..3 {
             assert_eq!(pop1(&r), Some(i));
         }
         assert_eq!(pop1(&r), None);

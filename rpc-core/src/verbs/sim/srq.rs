@@ -119,7 +119,7 @@ impl SimSrq {
         }
         Ok(SimSrq {
             core: Arc::new(SrqCore {
-                ring: Ring::new(attr.max_wr as usize),
+                ring: Ring::with_headroom(attr.max_wr as usize),
                 max_sge: attr.max_sge.max(1),
                 pd: pd.inner.id,
                 _host: pd.inner.host.clone(),
