@@ -52,7 +52,7 @@ fn args() -> Args {
         let v = argv.get(i + 1).and_then(|s| s.parse::<usize>().ok());
         match (argv[i].as_str(), v) {
             ("--iters" | "-n", Some(v)) => a.iters = v.max(BATCH),
-            ("--size" | "-s", Some(v)) => a.size = v.clamp(1, 4096) as u32,
+            ("--size" | "-s", Some(v)) => a.size = v.clamp(1, 1 << 20) as u32,
             ("--rounds", Some(v)) => a.rounds = v.max(1),
             ("--profile-one-thread" | "--profile-two-threads", _) => {
                 a.profile = true;
@@ -157,8 +157,11 @@ struct Side {
 }
 
 impl Side {
+    /// Receive slot `i % RECV_DEPTH`: contiguous buffers (the message size rounded up to a
+    /// power of two, at least a cache line) after the send buffer, as a worker lays out its
+    /// receive ring.
     fn recv_slot(&self, i: usize) -> rpc_core::verbs::Sge {
-        self.mr.sge(4096 * (1 + i % RECV_DEPTH), self.size)
+        self.mr.sge(slot_bytes(self.size) * (1 + i % RECV_DEPTH), self.size)
     }
 
     fn post_recv(&self, wr_id: u64) {
@@ -208,12 +211,16 @@ impl Side {
     }
 }
 
+fn slot_bytes(size: u32) -> usize {
+    (size as usize).next_power_of_two().max(64)
+}
+
 fn side(size: u32) -> (Side, Endpoint, RcConfig) {
     let ctx = Sim::open(&DeviceSelector::First).expect("open sim");
     let pd = ctx.alloc_pd().expect("pd");
     let scq = ctx.create_cq(256, false).expect("cq");
     let rcq = ctx.create_cq(256, false).expect("cq");
-    let mr = pd.reg_mr(4096 * (1 + RECV_DEPTH), AccessFlags::LOCAL_WRITE).expect("mr");
+    let mr = pd.reg_mr(slot_bytes(size) * (1 + RECV_DEPTH), AccessFlags::LOCAL_WRITE).expect("mr");
     let cap = QpCap { max_send_wr: 128, max_recv_wr: RECV_DEPTH as u32, ..QpCap::default() };
     let qp = pd
         .create_qp(&QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: None, cap, sq_sig_all: false })

@@ -179,7 +179,9 @@ impl QpCore {
         if (pst != ST_RTR && pst != ST_RTS) || peer.epsn.load(Ordering::Relaxed) != link.psn {
             return Outcome::Stall(StallKind::Lost);
         }
-        let npkts = len.div_ceil(link.mtu as u64).max(1) as u32;
+        // Path MTUs are powers of two: a shift, not a division.
+        let shift = link.mtu.trailing_zeros();
+        let npkts = ((len + link.mtu as u64 - 1) >> shift).max(1) as u32;
         let next_psn = link.psn.wrapping_add(npkts) & 0x00ff_ffff;
         let solicited = v.flags.contains(SendFlags::SOLICITED);
 

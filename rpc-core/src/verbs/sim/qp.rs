@@ -99,6 +99,11 @@ pub(crate) struct RespSide {
     pub(crate) min_rnr_timer: AtomicU8,
 }
 
+pub(crate) struct SqGuard {
+    lock: SpinGuard,
+    flush_pending: AtomicBool,
+}
+
 pub(crate) struct QpCore {
     pub(crate) host: Arc<HostCore>,
     pub(crate) qpn: u32,
@@ -112,10 +117,11 @@ pub(crate) struct QpCore {
     pub(crate) resp: Padded<RespSide>,
     /// Expected PSN of the next incoming request: written by the requester at the other end.
     pub(crate) epsn: Padded<AtomicU32>,
-    guard: Padded<SpinGuard>,
+    /// The send-queue guard and, on the same line (local to the QP's thread), the flag by which
+    /// other threads ask the guard holder to flush.
+    guard: Padded<SqGuard>,
     /// Own cache lines: the executor writes it on every WR, peers never read it.
     sq: Padded<UnsafeCell<SqState>>,
-    flush_pending: AtomicBool,
     pub(crate) destroyed: AtomicBool,
     /// Fault injection: every packet from or to this QP is lost.
     pub(crate) drop_traffic: AtomicBool,
@@ -157,7 +163,7 @@ impl QpCore {
     /// another thread asked for meanwhile).
     #[inline]
     pub(crate) fn with_sq<R>(&self, f: impl FnOnce(&mut SqState) -> R) -> R {
-        self.guard.lock();
+        self.guard.lock.lock();
         // SAFETY: the guard is held, so this is the only reference to the send queue.
         let r = f(unsafe { &mut *self.sq.get() });
         self.release();
@@ -166,7 +172,7 @@ impl QpCore {
 
     /// Like [`QpCore::with_sq`] but gives up when the guard is busy.
     fn try_with_sq<R>(&self, f: impl FnOnce(&mut SqState) -> R) -> Option<R> {
-        if !self.guard.try_lock() {
+        if !self.guard.lock.try_lock() {
             return None;
         }
         // SAFETY: the guard is held, so this is the only reference to the send queue.
@@ -180,8 +186,8 @@ impl QpCore {
     #[inline]
     fn release(&self) {
         loop {
-            self.guard.unlock();
-            if !self.flush_pending.load(Ordering::Acquire) || !self.guard.try_lock() {
+            self.guard.lock.unlock();
+            if !self.guard.flush_pending.load(Ordering::Acquire) || !self.guard.lock.try_lock() {
                 return;
             }
             // SAFETY: the guard is held again.
@@ -210,14 +216,14 @@ impl QpCore {
             return;
         }
         let _ = self.try_with_sq(|st| {
-            if self.flush_pending.load(Ordering::Acquire) {
+            if self.guard.flush_pending.load(Ordering::Acquire) {
                 self.flush_sq_locked(st);
             }
             if !self.progress_locked(st) {
                 self.scheduled.store(false, Ordering::SeqCst);
                 // A flush requested meanwhile keeps the QP scheduled (pairs with `set_error`:
                 // its flag store precedes its `scheduled` store).
-                if self.flush_pending.load(Ordering::SeqCst) {
+                if self.guard.flush_pending.load(Ordering::SeqCst) {
                     self.scheduled.store(true, Ordering::SeqCst);
                 }
             }
@@ -370,7 +376,7 @@ impl QpCore {
         }
         self.resp.state.store(ST_ERR, Ordering::SeqCst);
         self.flush_rq();
-        self.flush_pending.store(true, Ordering::SeqCst);
+        self.guard.flush_pending.store(true, Ordering::SeqCst);
         if self.try_with_sq(|st| self.flush_sq_locked(st)).is_none() {
             self.deadline.store(0, Ordering::Relaxed);
             self.scheduled.store(true, Ordering::SeqCst);
@@ -380,7 +386,7 @@ impl QpCore {
 
     /// Completes every queued send WQE with `IBV_WC_WR_FLUSH_ERR`. Guard held.
     fn flush_sq_locked(&self, st: &mut SqState) {
-        self.flush_pending.store(false, Ordering::SeqCst);
+        self.guard.flush_pending.store(false, Ordering::SeqCst);
         if self.state_raw() != ST_ERR || self.destroyed.load(Ordering::Acquire) {
             return;
         }
@@ -532,7 +538,7 @@ impl SimQp {
                 min_rnr_timer: AtomicU8::new(12),
             }),
             epsn: Padded(AtomicU32::new(0)),
-            guard: Padded(SpinGuard::new()),
+            guard: Padded(SqGuard { lock: SpinGuard::new(), flush_pending: AtomicBool::new(false) }),
             sq: Padded(UnsafeCell::new(SqState {
                 wqes: vec![empty; depth].into_boxed_slice(),
                 inline: vec![0u8; depth * cap.max_inline_data as usize].into_boxed_slice(),
@@ -549,7 +555,6 @@ impl SimQp {
                 },
                 stall: None,
             })),
-            flush_pending: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             drop_traffic: AtomicBool::new(false),
             delay_ns: AtomicU64::new(0),
@@ -747,7 +752,7 @@ impl SimQp {
                 if let Some(rq) = &c.rq {
                     while pop_recv_id(rq).is_some() {}
                 }
-                c.flush_pending.store(false, Ordering::SeqCst);
+                c.guard.flush_pending.store(false, Ordering::SeqCst);
                 c.resp.state.store(ST_RESET, Ordering::SeqCst);
                 return Ok(());
             }
