@@ -517,3 +517,64 @@ fn ibverbs_user_memory_two_contexts_and_drop_order() {
     drop((q1, q2));
     drop(mr);
 }
+
+#[test]
+fn ibverbs_cq_overrun_is_reported() {
+    let Some(ctx) = open_or_skip("ibverbs_cq_overrun_is_reported") else { return };
+    let pd = ctx.alloc_pd().unwrap();
+    let small = ctx.create_cq(8, false).unwrap();
+    let big = ctx.create_cq(64, false).unwrap();
+    let n = small.capacity() as usize + 4;
+    let cap = QpCap { max_send_wr: n as u32 + 1, ..QpCap::default() };
+    let a = pd
+        .create_qp(&QpInitAttr::<Ibverbs> {
+            send_cq: &small,
+            recv_cq: &big,
+            srq: None,
+            cap,
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let b = pd
+        .create_qp(&QpInitAttr::<Ibverbs> { send_cq: &big, recv_cq: &big, srq: None, cap, sq_sig_all: true })
+        .unwrap();
+    let l = local_address(&ctx);
+    connect_pair(&a, &l, &b, &l);
+    let mr = pd.reg_mr(4096, RW).unwrap();
+    let sge = [mr.sge(0, 8)];
+    let wrs: Vec<_> = (0..n)
+        .map(|i| SendWr {
+            wr_id: i as u64,
+            sg_list: &sge,
+            op: SendOp::RdmaWrite { remote_addr: mr.addr() + 64, rkey: mr.rkey() },
+            flags: SendFlags::SIGNALED,
+        })
+        .collect();
+    // SAFETY: SGE and remote range in a live MR that outlives the QPs.
+    unsafe { a.post_send(&wrs).unwrap() };
+    // Polling with an empty slice consumes nothing and reports the overrun once it is known.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let err = loop {
+        match small.poll(&mut []) {
+            Err(e) => break e,
+            Ok(0) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no overrun reported for {n} CQEs on a CQ of {}",
+                    small.capacity()
+                );
+                std::thread::yield_now();
+            }
+            Ok(k) => panic!("an empty slice got {k} completions"),
+        }
+    };
+    match err {
+        VerbsError::CqOverrun { cqe } => assert_eq!(cqe, small.capacity()),
+        other => panic!("{other:?}"),
+    }
+    let mut wc = [rpc_core::verbs::WorkCompletion::default(); 4];
+    assert!(
+        matches!(small.poll(&mut wc), Err(VerbsError::CqOverrun { .. })),
+        "the overrun CQ stays unusable"
+    );
+}
