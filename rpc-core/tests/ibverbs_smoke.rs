@@ -139,6 +139,7 @@ fn ibverbs_send_write_read_imm_inline_and_sges() {
     );
     assert_eq!((recv.status, recv.opcode), (WcStatus::IBV_WC_SUCCESS, WcOpcode::IBV_WC_RECV));
     assert_eq!((recv.byte_len, recv.imm_data, recv.qp_num), (150, Some(0xdead_beef), p.b.qp_num()));
+    assert_eq!(recv.src_qp, p.a.qp_num(), "src_qp names the sending QP (filled in where rxe leaves 0)");
     let d = dst.as_slice();
     assert_eq!(&d[..100], &src.as_slice()[..100]);
     assert_eq!(&d[100..120], &src.as_slice()[1000..1020]);
@@ -457,6 +458,20 @@ fn ibverbs_remote_access_error_moves_qp_to_err_and_flushes() {
     assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::IBV_WC_WR_FLUSH_ERR), "{wcs:?}");
     assert_eq!(p.a.state(), QpState::Err);
     assert!(ro.as_slice().iter().all(|&b| b == 0), "nothing was written");
+    // Posting to a QP known to be in ERR is refused (rxe would never complete it).
+    // SAFETY: refused before reaching the provider.
+    let e = unsafe {
+        p.a.post_send(&[SendWr {
+            wr_id: 3,
+            sg_list: &[src.sge(0, 8)],
+            op: SendOp::Send,
+            flags: SendFlags::SIGNALED,
+        }])
+    };
+    assert!(matches!(e, Err(VerbsError::BadQpState { state: QpState::Err, .. })), "{e:?}");
+    // SAFETY: as above.
+    let e = unsafe { p.a.post_recv(&[RecvWr { wr_id: 4, sg_list: &[src.sge(0, 8)] }]) };
+    assert!(matches!(e, Err(VerbsError::BadQpState { state: QpState::Err, .. })), "{e:?}");
 }
 
 #[test]

@@ -21,6 +21,12 @@ use super::Ibverbs;
 use crate::verbs::{QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendWr, VerbsError};
 
 /// An RC queue pair. Holds its PD, CQs and SRQ alive; dropping it destroys the QP.
+///
+/// Posting checks the state this handle last saw (set by `modify`, refreshed by `state()`), an
+/// atomic load with no system call: sends are refused before RTS, receives in RESET, and both in
+/// ERR with [`VerbsError::BadQpState`]. Real NICs flush WRs posted in ERR, but Soft-RoCE (rxe)
+/// never completes them, so refusing is the one behaviour that holds everywhere. A QP the NIC moved
+/// to ERR by itself flushes what was posted before, as in verbs.
 pub struct IbvQueuePair {
     qp: NonNull<ibv_qp>,
     qp_num: u32,
@@ -30,7 +36,7 @@ pub struct IbvQueuePair {
     state: AtomicU8,
     _srq: Option<IbvSharedReceiveQueue>,
     _send_cq: IbvCompletionQueue,
-    _recv_cq: IbvCompletionQueue,
+    recv_cq: IbvCompletionQueue,
     _pd: IbvProtectionDomain,
 }
 
@@ -42,6 +48,9 @@ unsafe impl Sync for IbvQueuePair {}
 
 impl Drop for IbvQueuePair {
     fn drop(&mut self) {
+        if let Ok(mut peers) = self.recv_cq.inner.peers.write() {
+            peers.remove(&self.qp_num);
+        }
         // SAFETY: created by us, destroyed once; its PD, CQs and SRQ are still alive (fields).
         let rc = unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
         if rc != 0 {
@@ -106,6 +115,16 @@ fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested
     lo
 }
 
+/// The QP's capacities as the provider has them (`ibv_query_qp` with `IBV_QP_CAP`).
+fn query_cap(qp: NonNull<ibv_qp>) -> Option<ibv_qp_cap> {
+    // SAFETY: plain C data; all-zero is valid for both.
+    let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) = unsafe { std::mem::zeroed() };
+    // SAFETY: live QP; live out-parameters.
+    let rc =
+        unsafe { ibv_query_qp(qp.as_ptr(), &mut attr, ibv_qp_attr_mask::IBV_QP_CAP.0 as i32, &mut init) };
+    (rc == 0).then_some(attr.cap)
+}
+
 impl IbvQueuePair {
     pub(super) fn create(pd: &IbvProtectionDomain, attr: &QpInitAttr<'_, Ibverbs>) -> Result<IbvQueuePair> {
         let ctx = pd.ctx();
@@ -143,6 +162,15 @@ impl IbvQueuePair {
         };
         // SAFETY: `qp` is live; `qp_num` is set at creation.
         let qp_num = unsafe { (*qp.as_ptr()).qp_num };
+        // Some providers (rxe) round the queues up without saying so in the create answer;
+        // `ibv_query_qp` reports the real depths.
+        let actual = query_cap(qp).map_or(actual, |q| ibv_qp_cap {
+            max_send_wr: q.max_send_wr.max(actual.max_send_wr),
+            max_recv_wr: q.max_recv_wr.max(actual.max_recv_wr),
+            max_send_sge: q.max_send_sge.max(actual.max_send_sge),
+            max_recv_sge: q.max_recv_sge.max(actual.max_recv_sge),
+            max_inline_data: q.max_inline_data.max(actual.max_inline_data),
+        });
         let cap = QpCap {
             max_send_wr: actual.max_send_wr.max(c.max_send_wr),
             max_recv_wr: if with_srq { 0 } else { actual.max_recv_wr.max(c.max_recv_wr) },
@@ -159,7 +187,7 @@ impl IbvQueuePair {
             state: AtomicU8::new(qp_state_code(QpState::Reset)),
             _srq: attr.srq.cloned(),
             _send_cq: attr.send_cq.clone(),
-            _recv_cq: attr.recv_cq.clone(),
+            recv_cq: attr.recv_cq.clone(),
             _pd: pd.clone(),
         })
     }
@@ -337,6 +365,9 @@ impl QueuePair for IbvQueuePair {
             });
         }
         self.state.store(qp_state_code(a.state), Ordering::Release);
+        if let (Some(dest), Ok(mut peers)) = (a.dest_qp_num, self.recv_cq.inner.peers.write()) {
+            peers.insert(self.qp_num, dest);
+        }
         tracing::trace!(qp_num = self.qp_num, ?from, to = ?a.state, "QP transition");
         Ok(())
     }
@@ -344,7 +375,7 @@ impl QueuePair for IbvQueuePair {
     #[inline]
     unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let state = self.cached_state();
-        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr | QpState::Err) {
             return Err(VerbsError::BadQpState { call: "ibv_post_send", qp_num: self.qp_num, state });
         }
         let lim = SendLimits { max_sge: self.cap.max_send_sge, max_inline: self.cap.max_inline_data };
@@ -368,7 +399,7 @@ impl QueuePair for IbvQueuePair {
             });
         }
         let state = self.cached_state();
-        if state == QpState::Reset {
+        if matches!(state, QpState::Reset | QpState::Err) {
             return Err(VerbsError::BadQpState { call: "ibv_post_recv", qp_num: self.qp_num, state });
         }
         let qp = self.qp.as_ptr();
