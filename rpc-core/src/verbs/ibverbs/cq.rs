@@ -261,3 +261,12 @@ impl CompletionQueue for IbvCompletionQueue {
         }
     }
 }
+
+impl std::fmt::Debug for IbvCompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvCompletionQueue")
+            .field("cqe", &self.inner.cqe)
+            .field("events", &self.inner.channel.is_some())
+            .finish()
+    }
+}

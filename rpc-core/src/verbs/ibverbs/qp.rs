@@ -115,6 +115,17 @@ fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested
     lo
 }
 
+impl std::fmt::Debug for IbvQueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvQueuePair")
+            .field("qp_num", &self.qp_num)
+            .field("state", &self.cached_state())
+            .field("cap", &self.cap)
+            .field("srq", &self.uses_srq)
+            .finish()
+    }
+}
+
 /// The QP's capacities as the provider has them (`ibv_query_qp` with `IBV_QP_CAP`).
 fn query_cap(qp: NonNull<ibv_qp>) -> Option<ibv_qp_cap> {
     // SAFETY: plain C data; all-zero is valid for both.
