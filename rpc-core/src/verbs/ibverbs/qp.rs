@@ -90,29 +90,39 @@ fn raw_create(
     (qp, init.cap)
 }
 
-/// The largest `max_inline_data` below `requested` that the device accepts, found by creating
-/// small QPs (only after a refusal; about log2(requested) creations).
-fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested: u32) -> u32 {
-    let (mut lo, mut hi) = (0u32, requested); // lo accepted (0 always is), hi refused
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
+/// After a refused creation: the largest `max_inline_data` below `requested` that the device
+/// accepts, found by creating small QPs (about log2(requested) creations), or `None` when a small
+/// QP with `requested` itself is accepted (the refusal had another cause).
+fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested: u32) -> Option<u32> {
+    let accepts = |inline: u32| {
         let cap = ibv_qp_cap {
             max_send_wr: 1,
             max_recv_wr: 1,
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: mid,
+            max_inline_data: inline,
         };
         let (qp, _) = raw_create(pd, cq, cq, None, cap, false);
         if qp.is_null() {
-            hi = mid;
-        } else {
-            // SAFETY: the probe QP was just created and is destroyed once.
-            unsafe { ibv_destroy_qp(qp) };
+            return false;
+        }
+        // SAFETY: the probe QP was just created and is destroyed once.
+        unsafe { ibv_destroy_qp(qp) };
+        true
+    };
+    if accepts(requested) {
+        return None;
+    }
+    let (mut lo, mut hi) = (0u32, requested); // lo accepted (0 always is), hi refused
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if accepts(mid) {
             lo = mid;
+        } else {
+            hi = mid;
         }
     }
-    lo
+    Some(lo)
 }
 
 impl std::fmt::Debug for IbvQueuePair {
@@ -164,9 +174,10 @@ impl IbvQueuePair {
             let err = last_os("ibv_create_qp");
             if let VerbsError::Os { source, .. } = &err {
                 if source.raw_os_error() == Some(libc::EINVAL) && c.max_inline_data > 0 {
-                    let limit = probe_max_inline(pd, attr.send_cq, c.max_inline_data);
-                    ctx.inner.max_inline.store(limit, Ordering::Relaxed);
-                    cap_check("create_qp max_inline_data", "max_inline_data", c.max_inline_data, limit)?;
+                    if let Some(limit) = probe_max_inline(pd, attr.send_cq, c.max_inline_data) {
+                        ctx.inner.max_inline.store(limit, Ordering::Relaxed);
+                        cap_check("create_qp max_inline_data", "max_inline_data", c.max_inline_data, limit)?;
+                    }
                 }
             }
             return Err(err);
