@@ -32,8 +32,10 @@ pub struct IbvQueuePair {
     qp_num: u32,
     cap: QpCap,
     uses_srq: bool,
-    /// The state of the last successful `modify` or `state()` query (a `qp_state_code`).
-    state: AtomicU8,
+    /// The state of the last successful `modify` or `state()` query (a `qp_state_code`); set to
+    /// ERR by the context's async event thread on a QP error event (`qp_context` points here,
+    /// boxed so that the address is stable while the QP exists).
+    state: Box<AtomicU8>,
     _srq: Option<IbvSharedReceiveQueue>,
     _send_cq: IbvCompletionQueue,
     recv_cq: IbvCompletionQueue,
@@ -74,9 +76,10 @@ fn raw_create(
     srq: Option<&IbvSharedReceiveQueue>,
     cap: ibv_qp_cap,
     sq_sig_all: bool,
+    qp_context: *mut std::os::raw::c_void,
 ) -> (*mut ibv_qp, ibv_qp_cap) {
     let mut init = ibv_qp_init_attr {
-        qp_context: std::ptr::null_mut(),
+        qp_context,
         send_cq: send_cq.inner.cq.as_ptr(),
         recv_cq: recv_cq.inner.cq.as_ptr(),
         srq: srq.map_or(std::ptr::null_mut(), |s| s.inner.srq.as_ptr()),
@@ -102,7 +105,7 @@ fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested
             max_recv_sge: 1,
             max_inline_data: inline,
         };
-        let (qp, _) = raw_create(pd, cq, cq, None, cap, false);
+        let (qp, _) = raw_create(pd, cq, cq, None, cap, false, std::ptr::null_mut());
         if qp.is_null() {
             return false;
         }
@@ -169,7 +172,10 @@ impl IbvQueuePair {
             max_recv_sge: if with_srq { 0 } else { c.max_recv_sge },
             max_inline_data: c.max_inline_data,
         };
-        let (qp, actual) = raw_create(pd, attr.send_cq, attr.recv_cq, attr.srq, cap, attr.sq_sig_all);
+        let state = Box::new(AtomicU8::new(qp_state_code(QpState::Reset)));
+        let qp_context = (&*state as *const AtomicU8).cast_mut().cast();
+        let (qp, actual) =
+            raw_create(pd, attr.send_cq, attr.recv_cq, attr.srq, cap, attr.sq_sig_all, qp_context);
         let Some(qp) = NonNull::new(qp) else {
             let err = last_os("ibv_create_qp");
             if let VerbsError::Os { source, .. } = &err {
@@ -206,7 +212,7 @@ impl IbvQueuePair {
             qp_num,
             cap,
             uses_srq: with_srq,
-            state: AtomicU8::new(qp_state_code(QpState::Reset)),
+            state,
             _srq: attr.srq.cloned(),
             _send_cq: attr.send_cq.clone(),
             recv_cq: attr.recv_cq.clone(),
