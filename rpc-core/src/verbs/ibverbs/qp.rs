@@ -230,24 +230,24 @@ fn required(from: QpState, to: QpState) -> &'static [(ibv_qp_attr_mask, &'static
     use ibv_qp_attr_mask as m;
     match (from, to) {
         (QpState::Reset, QpState::Init) => &[
-            (m::IBV_QP_PKEY_INDEX, "pkey_index"),
-            (m::IBV_QP_PORT, "port_num"),
-            (m::IBV_QP_ACCESS_FLAGS, "access"),
+            (m::IBV_QP_PKEY_INDEX, "pkey_index (IBV_QP_PKEY_INDEX)"),
+            (m::IBV_QP_PORT, "port_num (IBV_QP_PORT)"),
+            (m::IBV_QP_ACCESS_FLAGS, "access (IBV_QP_ACCESS_FLAGS)"),
         ],
         (QpState::Init, QpState::Rtr) => &[
-            (m::IBV_QP_AV, "ah"),
-            (m::IBV_QP_PATH_MTU, "path_mtu"),
-            (m::IBV_QP_DEST_QPN, "dest_qp_num"),
-            (m::IBV_QP_RQ_PSN, "rq_psn"),
-            (m::IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
-            (m::IBV_QP_MIN_RNR_TIMER, "min_rnr_timer"),
+            (m::IBV_QP_AV, "ah (IBV_QP_AV)"),
+            (m::IBV_QP_PATH_MTU, "path_mtu (IBV_QP_PATH_MTU)"),
+            (m::IBV_QP_DEST_QPN, "dest_qp_num (IBV_QP_DEST_QPN)"),
+            (m::IBV_QP_RQ_PSN, "rq_psn (IBV_QP_RQ_PSN)"),
+            (m::IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic (IBV_QP_MAX_DEST_RD_ATOMIC)"),
+            (m::IBV_QP_MIN_RNR_TIMER, "min_rnr_timer (IBV_QP_MIN_RNR_TIMER)"),
         ],
         (QpState::Rtr, QpState::Rts) => &[
-            (m::IBV_QP_SQ_PSN, "sq_psn"),
-            (m::IBV_QP_TIMEOUT, "timeout"),
-            (m::IBV_QP_RETRY_CNT, "retry_cnt"),
-            (m::IBV_QP_RNR_RETRY, "rnr_retry"),
-            (m::IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"),
+            (m::IBV_QP_SQ_PSN, "sq_psn (IBV_QP_SQ_PSN)"),
+            (m::IBV_QP_TIMEOUT, "timeout (IBV_QP_TIMEOUT)"),
+            (m::IBV_QP_RETRY_CNT, "retry_cnt (IBV_QP_RETRY_CNT)"),
+            (m::IBV_QP_RNR_RETRY, "rnr_retry (IBV_QP_RNR_RETRY)"),
+            (m::IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic (IBV_QP_MAX_QP_RD_ATOMIC)"),
         ],
         _ => &[],
     }
@@ -477,9 +477,12 @@ mod tests {
     #[test]
     fn required_attributes_follow_the_man_page() {
         let names = |f, t| required(f, t).iter().map(|(_, n)| *n).collect::<Vec<_>>();
-        assert_eq!(names(QpState::Reset, QpState::Init), ["pkey_index", "port_num", "access"]);
-        assert!(names(QpState::Init, QpState::Rtr).contains(&"dest_qp_num"));
-        assert!(names(QpState::Rtr, QpState::Rts).contains(&"sq_psn"));
+        assert_eq!(
+            names(QpState::Reset, QpState::Init),
+            ["pkey_index (IBV_QP_PKEY_INDEX)", "port_num (IBV_QP_PORT)", "access (IBV_QP_ACCESS_FLAGS)"]
+        );
+        assert!(names(QpState::Init, QpState::Rtr).contains(&"dest_qp_num (IBV_QP_DEST_QPN)"));
+        assert!(names(QpState::Rtr, QpState::Rts).contains(&"sq_psn (IBV_QP_SQ_PSN)"));
         assert!(names(QpState::Rts, QpState::Err).is_empty());
         let mut a = QpAttr::new(QpState::Init);
         a.access = Some(AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE);
