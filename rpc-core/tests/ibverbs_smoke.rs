@@ -414,7 +414,10 @@ fn ibverbs_caps_transitions_and_states_are_checked() {
     init.port_num = Some(1);
     match qp.modify(&init) {
         Err(VerbsError::QpTransition { to: QpState::Init, from: QpState::Reset, reason, mask, .. }) => {
-            assert!(reason.contains("IBV_QP_PKEY_INDEX") && reason.contains("IBV_QP_ACCESS_FLAGS"), "{reason}");
+            assert!(
+                reason.contains("IBV_QP_PKEY_INDEX") && reason.contains("IBV_QP_ACCESS_FLAGS"),
+                "{reason}"
+            );
             assert_eq!(mask & 1, 1, "IBV_QP_STATE is in the mask");
         }
         other => panic!("{other:?}"),
