@@ -232,6 +232,9 @@ impl CompletionQueue for IbvCompletionQueue {
         let fd = unsafe { (*ch.as_ptr()).fd };
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
+            if self.inner.overrun.load(Ordering::Acquire) {
+                return Err(self.overrun_error());
+            }
             if self.take_event(ch)? {
                 return Ok(true);
             }
@@ -254,9 +257,6 @@ impl CompletionQueue for IbvCompletionQueue {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     return Err(VerbsError::Os { call: "poll(completion channel)", source: e });
                 }
-            }
-            if self.inner.overrun.load(Ordering::Acquire) {
-                return Err(self.overrun_error());
             }
         }
     }
