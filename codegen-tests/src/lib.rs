@@ -7,6 +7,8 @@
 // prost's messages carry docs only where the proto has comments.
 #![allow(missing_docs)]
 
+pub mod services;
+
 /// `package helloworld`.
 pub mod helloworld {
     rpc_core::include_proto!("helloworld");
