@@ -15,7 +15,7 @@ const FNV_PRIME: u32 = 0x0100_0193;
 /// The method id of a full method name `"/package.Service/Method"` (`"/Service/Method"` for a file
 /// without `package`): FNV-1a 32-bit, the same function as `rpc_core::codegen::method_id`.
 ///
-/// Id 0 is reserved; [`check_method_ids`] refuses a name that hashes to it.
+/// Id 0 is reserved: generation fails for a name that hashes to it.
 pub fn method_id(full_name: &str) -> u32 {
     full_name.bytes().fold(FNV_OFFSET, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(FNV_PRIME))
 }
