@@ -262,3 +262,38 @@ fn shapes_streaming_leftovers_and_comments() {
     drop(client);
     server.shutdown();
 }
+
+/// A greeter that answers from another thread, naming the method its context reports.
+struct DeferringGreeter;
+
+impl helloworld::greeter_server::Greeter for DeferringGreeter {
+    fn say_hello(
+        &self,
+        ctx: &rpc_core::codegen::RequestContext,
+        request: helloworld::HelloRequest,
+    ) -> rpc_core::codegen::Reply<helloworld::HelloReply> {
+        let (responder, reply) = ctx.defer::<helloworld::HelloReply>();
+        let method = ctx.method().to_owned();
+        std::thread::spawn(move || {
+            responder.send(Ok(helloworld::HelloReply { message: format!("{method} later {}", request.name) }));
+        });
+        reply
+    }
+}
+
+#[test]
+fn a_generated_adapter_passes_deferred_answers_and_the_context() {
+    let greeter = std::sync::Arc::new(DeferringGreeter);
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(helloworld::greeter_server::GreeterServer::from_arc(greeter))
+        .spawn("127.0.0.1:0")
+        .expect("spawn the server on sim");
+    let client = helloworld::greeter_client::GreeterClient::connect_with(server.local_addr(), &config())
+        .expect("connect");
+    let reply = client.say_hello(&helloworld::HelloRequest { name: "x".into() }).expect("deferred answer");
+    assert_eq!(reply.message, "/helloworld.Greeter/SayHello later x");
+    drop(client);
+    server.shutdown();
+}
