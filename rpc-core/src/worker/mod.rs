@@ -517,64 +517,73 @@ impl<P: Provider> Worker<P> {
             credits: 1,
             ..Header::new(Kind::Response)
         };
-        let spill = |slot: &mut Slot<P>, header: Header, body: Result<Vec<u8>, Status>| {
-            slot.backlog.push_back(Spill { header, body });
-        };
         let mut status = Code::Ok;
-        match (outcome, send_buf) {
+        let mut queued = false;
+        let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 if let Some(b) = b {
                     slot.conn.pool.give_back(b);
                 }
-                if ring.is_some() {
-                    // The freed ring space has no response to ride on: a credit message returns it.
-                    slot.credit_return = true;
-                    self.mark_dirty(idx);
-                }
-                return;
+                None
             }
             (Outcome::Eager(n), Some(b)) => {
                 counters.bytes_out += u64::from(n);
                 slot.conn.queue(b, header, BodyAt::Eager(n));
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
                 counters.bytes_out += u64::from(len);
                 slot.conn.queue(b, header, BodyAt::Ring { offset, len });
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
             }
             (Outcome::Error(s), Some(b)) => {
                 status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
                 let body = slot.conn.copy_body(b, s.message().as_bytes(), None);
                 slot.conn.queue(b, Header { status, ..header }, body);
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
             }
             (Outcome::Unset, Some(b)) => {
                 status = Code::Internal;
                 let body = slot.conn.copy_body(b, b"handler returned no answer", None);
                 slot.conn.queue(b, Header { status, ..header }, body);
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
             }
             (Outcome::Spilled(bytes), b) => {
                 if let Some(b) = b {
                     slot.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                spill(slot, header, Ok(bytes));
-                return;
+                Some(Ok(bytes))
             }
-            (Outcome::Eager(n), None) => {
-                spill(slot, header, Ok(scratch[..n as usize].to_vec()));
-                return;
-            }
-            (Outcome::Error(s), None) => {
-                spill(slot, header, Err(s));
-                return;
-            }
+            (Outcome::Eager(n), None) => Some(Ok(scratch[..n as usize].to_vec())),
+            (Outcome::Error(s), None) => Some(Err(s)),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
-                spill(slot, header, Err(Status::internal("handler returned no answer")));
-                return;
+                Some(Err(Status::internal("handler returned no answer")))
             }
+        };
+        if let Some(body) = spilled {
+            slot.backlog.push_back(Spill { header, body });
         }
-        slot.conn.session.on_answer();
-        counters.rpcs += 1;
-        counters.status(status);
+        if ring.is_some() && !queued {
+            // The freed ring space has no response to ride on now: a credit message returns it.
+            slot.credit_return = true;
+        }
         self.mark_dirty(idx);
     }
 }
