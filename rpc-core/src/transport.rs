@@ -38,6 +38,7 @@ impl Transport {
     }
 
     /// The RDMA transport on this machine, or a clear error when the library was built without it.
+    #[cfg_attr(feature = "ibverbs", allow(dead_code))]
     pub(crate) fn rdma_unavailable() -> crate::Status {
         crate::Status::unavailable(
             "transport rdma: this build of rpc-core has no libibverbs provider (cargo feature `ibverbs` \

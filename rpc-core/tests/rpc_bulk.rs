@@ -4,6 +4,7 @@
 mod rpc_support;
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -49,6 +50,7 @@ fn bulk_traffic_wraps_the_rings_many_times_with_intact_contents() {
     assert!(c.bytes_out > 50 * RING as u64, "requests wrapped the server's ring many times: {}", c.bytes_out);
     assert!(c.bytes_in > 50 * RING as u64, "responses wrapped the client's ring many times: {}", c.bytes_in);
     assert_eq!(c.with_code(Code::Ok), total);
+    drop(inflight);
     drop(client);
     server.shutdown();
 }

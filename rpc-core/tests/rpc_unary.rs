@@ -60,15 +60,24 @@ fn bodies_at_every_size_boundary_both_directions() {
     // Empty and 1-byte bodies (an empty EchoMsg encodes to 0 bytes).
     let empty: EchoMsg = client.unary(ECHO, &EchoMsg::default(), &CallOptions::default()).unwrap();
     assert_eq!(empty, EchoMsg::default());
-    for body in [1usize, e - 1, e, e + 1, 64 * 1024, r - 1, r] {
+    assert_eq!(client.counters().bytes_in, 0, "an empty request got an empty response");
+    // Protobuf has no valid 1-byte message: put exactly 1 raw byte on the wire instead.
+    let one: EchoMsg = client.unary(RAW, &RawBytes(vec![0xa5]), &CallOptions::default()).unwrap();
+    assert_eq!((one.seq, one.payload), (1, vec![0xa5]));
+    for body in [2usize, e - 1, e, e + 1, 64 * 1024, r - 1, r] {
         seq += 1;
-        // Request body of exactly `body` bytes (when protobuf can make it), small reply.
-        let p = payload_for(seq, body, 8);
-        let req = request(seq, p, 8);
-        assert!(req.encoded_len() <= body && req.encoded_len() + 2 >= body, "request sized {body}");
-        let rep: EchoMsg = client.unary(ECHO, &req, &CallOptions::default()).unwrap();
-        check_reply(&rep, seq, 8);
-        // Reply payload around `body` bytes, small request.
+        // A request body of exactly `body` bytes.
+        let raw = payload(seq, body);
+        let rep: EchoMsg = client.unary(RAW, &RawBytes(raw.clone()), &CallOptions::default()).unwrap();
+        assert_eq!((rep.seq, rep.checksum), (body as u64, fnv64(&raw)), "request of {body} bytes intact");
+        // A protobuf request around `body` bytes with a small reply.
+        if body >= 32 {
+            let p = payload_for(seq, body, 8);
+            let req = request(seq, p, 8);
+            assert!(req.encoded_len() <= body && req.encoded_len() + 3 >= body, "request sized {body}");
+            check_reply(&client.unary(ECHO, &req, &CallOptions::default()).unwrap(), seq, 8);
+        }
+        // A reply around `body` bytes (its encoding stays within the client's ring).
         seq += 1;
         let reply_len = body.saturating_sub(24);
         let rep: EchoMsg = client.unary(ECHO, &request(seq, 8, reply_len), &CallOptions::default()).unwrap();
@@ -83,12 +92,9 @@ fn bodies_at_every_size_boundary_both_directions() {
 #[test]
 fn one_byte_over_the_ring_is_refused_before_sending() {
     let (server, client) = setup();
-    let body = RING as usize + 1;
-    let p = payload_for(1, body, 0);
-    let req = request(1, p, 0);
-    assert!(req.encoded_len() > RING as usize);
+    let req = RawBytes(vec![7; RING as usize + 1]);
     let before = client.counters().bytes_out;
-    let err = client.unary::<_, EchoMsg>(ECHO, &req, &CallOptions::default()).unwrap_err();
+    let err = client.unary::<_, EchoMsg>(RAW, &req, &CallOptions::default()).unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
     assert!(err.message().contains(&format!("ring of {RING} bytes")), "{}", err.message());
     assert_eq!(client.counters().bytes_out, before, "nothing was sent");

@@ -3,6 +3,7 @@
 mod rpc_support;
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -52,6 +53,7 @@ fn hundred_thousand_rpcs_with_a_window_of_32() {
     assert_eq!(c.rpcs, N);
     assert_eq!(c.with_code(Code::Ok), N);
     assert_eq!(c.rnr_events, 0);
+    drop(inflight);
     drop(client);
     server.shutdown();
 }

@@ -3,6 +3,7 @@
 
 mod rpc_support;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 

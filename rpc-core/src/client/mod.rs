@@ -25,8 +25,7 @@ use crate::worker::counters::Counters;
 use core::{CallId, ClientCore};
 
 enum AnyCore {
-    #[cfg(feature = "ibverbs")]
-    Sim(Box<ClientCore<crate::verbs::ibverbs::Ibverbs>>),
+    Sim(Box<ClientCore<crate::verbs::sim::Sim>>),
     #[cfg(feature = "ibverbs")]
     Rdma(Box<ClientCore<crate::verbs::ibverbs::Ibverbs>>),
 }
@@ -34,7 +33,6 @@ enum AnyCore {
 macro_rules! with_core {
     ($core:expr, $c:ident => $body:expr) => {
         match $core {
-            #[cfg(feature = "ibverbs")]
             AnyCore::Sim($c) => $body,
             #[cfg(feature = "ibverbs")]
             AnyCore::Rdma($c) => $body,
@@ -64,10 +62,13 @@ impl Client {
     /// As [`Client::connect`]; INVALID_ARGUMENT for a configuration value out of range.
     pub fn connect_with(addr: impl ToSocketAddrs, config: &ClientConfig) -> Result<Client, Status> {
         let core = match &config.transport {
-            // The software NIC lands with the `sim` branch; until then this arm reports it.
-            Transport::Sim => {
-                return Err(Status::unavailable("transport sim: the software NIC is not merged yet"))
-            }
+            Transport::Sim => AnyCore::Sim(Box::new(ClientCore::connect(
+                addr,
+                config,
+                &crate::verbs::DeviceSelector::First,
+                1,
+                -1,
+            )?)),
             #[cfg(feature = "ibverbs")]
             Transport::Rdma { device, port, gid_index } => {
                 let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();

@@ -246,10 +246,15 @@ impl ServerBuilder {
         let local_addr =
             tcp.local_addr().map_err(|e| ServerError::Listen { addr: format!("{addrs:?}"), source: e })?;
         match &self.config.transport {
-            // The software NIC lands with the `sim` branch; until then this arm reports it.
-            Transport::Sim => {
-                Err(ServerError::Transport("transport sim: the software NIC is not merged yet".into()))
-            }
+            Transport::Sim => listener::start::<crate::verbs::sim::Sim>(
+                self.config,
+                Arc::new(self.registry),
+                tcp,
+                local_addr,
+                &crate::verbs::DeviceSelector::First,
+                1,
+                -1,
+            ),
             #[cfg(feature = "ibverbs")]
             Transport::Rdma { device, port, gid_index } => {
                 let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();

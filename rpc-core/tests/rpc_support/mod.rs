@@ -39,9 +39,14 @@ pub const DEFER: MethodId = method_id("/test.Echo/Defer");
 pub const STASH: MethodId = method_id("/test.Echo/Stash");
 pub const DROP_RESPONDER: MethodId = method_id("/test.Echo/DropResponder");
 pub const CONTEXT: MethodId = method_id("/test.Echo/Context");
+pub const RAW: MethodId = method_id("/test.Echo/Raw");
 pub const UNKNOWN: MethodId = method_id("/test.Echo/NoSuchMethod");
 
+/// FNV-1a 64 of `bytes`; 0 for no bytes (so an empty `EchoMsg` encodes to 0 bytes).
 pub fn fnv64(bytes: &[u8]) -> u64 {
+    if bytes.is_empty() {
+        return 0;
+    }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -101,9 +106,16 @@ impl Service for TestService {
         MethodDesc { id: STASH, name: "/test.Echo/Stash" },
         MethodDesc { id: DROP_RESPONDER, name: "/test.Echo/DropResponder" },
         MethodDesc { id: CONTEXT, name: "/test.Echo/Context" },
+        MethodDesc { id: RAW, name: "/test.Echo/Raw" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+        if method == RAW {
+            // Any bytes: answers with their length and checksum (the payload back only when short).
+            let payload = if body.len() <= 16 { body.to_vec() } else { Vec::new() };
+            let m = EchoMsg { seq: body.len() as u64, checksum: fnv64(body), payload, reply_len: 0 };
+            return out.reply(Reply::from(m));
+        }
         let req = match decode::<EchoMsg>(body) {
             Ok(r) => r,
             Err(s) => return out.error(s),
@@ -175,5 +187,31 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
         if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;
         }
+    }
+}
+
+/// A request body of arbitrary bytes (not protobuf): what generated code never sends, used to
+/// put exactly N bytes on the wire.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawBytes(pub Vec<u8>);
+
+impl prost::Message for RawBytes {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+    fn merge_field(
+        &mut self,
+        _tag: u32,
+        _wire_type: prost::encoding::WireType,
+        _buf: &mut impl prost::bytes::Buf,
+        _ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        Err(prost::DecodeError::new("RawBytes is send-only"))
+    }
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+    fn clear(&mut self) {
+        self.0.clear();
     }
 }
