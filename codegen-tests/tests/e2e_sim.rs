@@ -117,6 +117,12 @@ fn keyword_services_on_one_session() {
     server.shutdown();
 }
 
+/// One blocking call of the `Session` stub.
+type SessionCall = fn(
+    &stub_names::session_client::SessionClient,
+    &stub_names::Req,
+) -> Result<stub_names::Resp, rpc_core::codegen::Status>;
+
 #[test]
 fn rpcs_named_like_stub_methods() {
     let server = spawn_server();
@@ -124,7 +130,7 @@ fn rpcs_named_like_stub_methods() {
     let s = stub_names::session_client::SessionClient::connect_with__(server.local_addr(), &config())
         .expect("connect");
     let req = stub_names::Req { tag: "x".into() };
-    let calls: [(&str, fn(&stub_names::session_client::SessionClient, &stub_names::Req) -> _); 11] = [
+    let calls: [(&str, SessionCall); 11] = [
         ("Connect", |s, r| s.connect(r)),
         ("ConnectWith", |s, r| s.connect_with(r)),
         ("New", |s, r| s.new(r)),
@@ -138,7 +144,7 @@ fn rpcs_named_like_stub_methods() {
         ("ServiceName", |s, r| s.service_name(r)),
     ];
     for (rpc, call) in calls {
-        let resp: stub_names::Resp = call(&s, &req).unwrap_or_else(|e| panic!("{rpc}: {e:?}"));
+        let resp = call(&s, &req).unwrap_or_else(|e| panic!("{rpc}: {e:?}"));
         assert_eq!(resp.tag, format!("{rpc}:x"));
     }
     // The variants that moved aside call the right RPC.
@@ -275,7 +281,8 @@ impl helloworld::greeter_server::Greeter for DeferringGreeter {
         let (responder, reply) = ctx.defer::<helloworld::HelloReply>();
         let method = ctx.method().to_owned();
         std::thread::spawn(move || {
-            responder.send(Ok(helloworld::HelloReply { message: format!("{method} later {}", request.name) }));
+            responder
+                .send(Ok(helloworld::HelloReply { message: format!("{method} later {}", request.name) }));
         });
         reply
     }
