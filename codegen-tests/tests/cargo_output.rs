@@ -94,4 +94,14 @@ fn streaming_rpcs_show_as_cargo_warnings() {
         );
     }
     assert!(!stderr.contains("/user.S/Unary"), "{stderr}");
+    // The build script asked cargo to rerun it when the proto changes.
+    let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("proto-user-target/debug/build");
+    let outputs: Vec<String> = std::fs::read_dir(&build)
+        .expect("build dir")
+        .filter_map(|e| std::fs::read_to_string(e.expect("entry").path().join("output")).ok())
+        .collect();
+    assert!(
+        outputs.iter().any(|o| o.lines().any(|l| l == "cargo:rerun-if-changed=proto/streaming.proto")),
+        "no rerun-if-changed for the proto in {outputs:#?}"
+    );
 }

@@ -516,3 +516,42 @@ fn nothing_is_written_when_a_check_fails() {
     assert_eq!(std::fs::read_dir(&dir).expect("read dir").count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_service_module_named_like_a_message_module_is_refused() {
+    let err = generate("module_clash", &["codegen/errors/module_clash.proto"]).expect_err("must fail");
+    let Error::NameClash { rust, first, second } = &err else { panic!("wrong error: {err}") };
+    assert_eq!(rust, "greeter_server");
+    assert_eq!(first, "message codegen.errors.GreeterServer");
+    assert_eq!(second, "service codegen.errors.Greeter");
+}
+
+#[test]
+fn compile_fds_generates_what_compile_protos_does() {
+    let (_, from_protos) = generate("fds_protos", &["helloworld.proto"]).expect("generation succeeds");
+    let fds = protox::compile([proto_dir().join("helloworld.proto")], [proto_dir()]).expect("parse");
+    let dir = out_dir("fds");
+    configure().out_dir(&dir).compile_fds(fds).expect("generation succeeds");
+    let from_fds = std::fs::read_to_string(dir.join("helloworld.rs")).expect("generated file");
+    assert_eq!(from_fds, file(&from_protos, "helloworld.rs"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_file_descriptor_set_is_written_on_request() {
+    use prost::Message as _;
+    let dir = out_dir("fds_path");
+    let path = dir.join("descriptors.bin");
+    configure()
+        .out_dir(&dir)
+        .emit_rerun_if_changed(false)
+        .file_descriptor_set_path(&path)
+        .compile_protos(&[proto_dir().join("codegen/well_known.proto")], &[proto_dir()])
+        .expect("generation succeeds");
+    let bytes = std::fs::read(&path).expect("descriptor set written");
+    let fds = prost_types::FileDescriptorSet::decode(bytes.as_slice()).expect("a valid descriptor set");
+    let names: Vec<&str> = fds.file.iter().map(|f| f.name()).collect();
+    assert!(names.contains(&"codegen/well_known.proto"), "{names:?}");
+    assert!(names.contains(&"google/protobuf/timestamp.proto"), "imports included: {names:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
