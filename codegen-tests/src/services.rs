@@ -146,6 +146,12 @@ impl shadowing::shadow_server::Shadow for Impl {
     }
 }
 
+impl shadowing::t_server::T for Impl {
+    fn get(&self, _ctx: &RequestContext, request: shadowing::Result) -> Reply<shadowing::Result> {
+        shadowing::Result { value: request.value.to_uppercase() }.into()
+    }
+}
+
 impl deep::ledger_server::Ledger for Impl {
     fn sum(&self, _ctx: &RequestContext, request: common::Page) -> Reply<deep::Outer> {
         deep::Outer {

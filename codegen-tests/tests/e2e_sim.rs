@@ -31,6 +31,7 @@ fn spawn_server() -> ServerHandle {
         .add_service(shadowing::reply_server::ReplyServer::new(Impl))
         .add_service(shadowing::service_server::ServiceServer::new(Impl))
         .add_service(shadowing::shadow_server::ShadowServer::new(Impl))
+        .add_service(shadowing::t_server::TServer::new(Impl))
         .add_service(deep::ledger_server::LedgerServer::new(Impl))
         .add_service(deep::inner::v1::pricing_server::PricingServer::new(Impl))
         .add_service(no_package::pinger_server::PingerServer::new(Impl))
@@ -187,7 +188,9 @@ fn user_types_named_like_std_and_facade_items() {
     assert_eq!(shadow.answer(&shadowing::Client {}).expect("answer"), shadowing::Send {});
     let boxed = shadowing::Box { inner: Some(Box::new(shadowing::Box { inner: None })) };
     assert_eq!(shadow.unbox(&boxed).expect("unbox"), shadowing::Box { inner: None });
-    drop(shadow);
+    let t = shadowing::t_client::TClient::new(shadow.into_client());
+    assert_eq!(t.get(&shadowing::Result { value: "up".into() }).expect("T.get").value, "UP");
+    drop(t);
     server.shutdown();
 }
 

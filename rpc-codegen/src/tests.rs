@@ -256,6 +256,9 @@ fn user_types_named_like_std_and_facade_items() {
     assert_has(&code, "fn pass(&self, ctx: &RequestContext, request: super::Send) -> Reply<super::Sync>;");
     assert_has(&code, "-> ::core::result::Result<super::String, Status>");
     assert_has(&code, "fn unbox(&self, ctx: &RequestContext, request: super::Box) -> Reply<super::Box>;");
+    // A service named `T`: the adapter's type parameter steps aside.
+    assert_has(&code, "pub struct TServer<S: T>");
+    assert_has(&code, "out.reply(<S as T>::get(&self.inner, ctx, request))");
     // Every `Result` the service code names is core's.
     let services = &code[code.find("pub mod reply_server").expect("service modules")..];
     for (at, _) in services.match_indices("Result<") {
