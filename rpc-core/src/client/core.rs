@@ -329,10 +329,8 @@ impl<P: Provider> ClientCore<P> {
             return;
         }
         tracing::info!(peer = %self.peer, %status, "client session closed");
-        let failed = self.slots.fail_all(|| Answer::Err(status.clone()));
-        for _ in 0..failed {
-            self.counters.status(status.code());
-        }
+        // Each failed call is counted when its caller takes the answer.
+        self.slots.fail_all(|| Answer::Err(status.clone()));
         for p in self.pending.iter_mut().filter_map(Option::take) {
             self.conn.pool.give_back(p.buf);
         }

@@ -469,7 +469,9 @@ impl<P: Provider> Worker<P> {
             target: CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method },
             deferred: std::cell::Cell::new(false),
         };
-        let send_buf = slot.conn.pool.acquire();
+        // Answers leave in order: while earlier ones wait for ring space, this one waits behind them
+        // (so a client consuming responses in call order can always make progress).
+        let send_buf = if slot.backlog.is_empty() { slot.conn.pool.acquire() } else { None };
         let Conn { ring: rx_ring, pool, mirror, session, body_cap, .. } = &mut slot.conn;
         let body: &[u8] = if h.in_ring {
             let o = h.ring_offset as usize;
