@@ -31,6 +31,8 @@ use counters::{Counters, SharedCounters};
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
+/// Receive buffers reposted per doorbell while busy.
+const REPOST_BATCH: usize = 16;
 
 /// A connection handed from the listener to a worker.
 pub(crate) struct NewConn<P: Provider> {
@@ -162,7 +164,9 @@ impl<P: Provider> Worker<P> {
                 self.on_completion(&wc);
             }
             self.flush_dirty();
-            if let Err(e) = self.recv.flush() {
+            // Receive buffers go back in batches; all of them when idle.
+            let threshold = if n == 0 { 1 } else { REPOST_BATCH };
+            if let Err(e) = self.recv.flush_batched(threshold) {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);

@@ -201,12 +201,13 @@ impl prost::Message for RawBytes {
     }
     fn merge_field(
         &mut self,
-        _tag: u32,
-        _wire_type: prost::encoding::WireType,
-        _buf: &mut impl prost::bytes::Buf,
-        _ctx: prost::encoding::DecodeContext,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
     ) -> Result<(), prost::DecodeError> {
-        Err(prost::DecodeError::new("RawBytes is send-only"))
+        // Send-only: fields are skipped when decoding.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
     }
     fn encoded_len(&self) -> usize {
         self.0.len()
