@@ -106,6 +106,8 @@ impl<P: Provider> ClientCore<P> {
                 cfg.ring_bytes
             )));
         }
+        let span = tracing::info_span!("connect", transport = P::NAME);
+        let _entered = span.enter();
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
@@ -335,7 +337,8 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return;
         }
-        tracing::info!(peer = %self.peer, %status, "client session closed");
+        let _span = tracing::info_span!("disconnect", peer = %self.peer).entered();
+        tracing::info!(%status, "client session closed");
         // Each failed call is counted when its caller takes the answer.
         self.slots.fail_all(|| Answer::Err(status.clone()));
         for p in self.pending.iter_mut().filter_map(Option::take) {
