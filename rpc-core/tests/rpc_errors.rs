@@ -150,3 +150,23 @@ fn auth_token_is_checked() {
     drop(client);
     server.shutdown();
 }
+
+#[test]
+fn event_polling_server_answers_after_sleeping() {
+    use rpc_core::PollingPolicy;
+    let (server, _) = spawn(server().polling(PollingPolicy::Event { spins: 10 }));
+    let client = Client::connect_with(
+        server.local_addr(),
+        &client_config().polling(PollingPolicy::Event { spins: 10 }),
+    )
+    .unwrap();
+    for seq in 0..50u64 {
+        if seq % 10 == 0 {
+            // Let both sides block on their completion channels.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        check_reply(&client.unary(ECHO, &request(seq, 100, 100), &CallOptions::default()).unwrap(), seq, 100);
+    }
+    drop(client);
+    server.shutdown();
+}

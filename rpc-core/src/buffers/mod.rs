@@ -90,29 +90,50 @@ impl<P: Provider> RecvPool<P> {
     /// The verbs error of posting; buffers not posted stay queued.
     pub fn flush(&mut self) -> Result<()> {
         while !self.repost.is_empty() {
-            let n = self.repost.len().min(POST_BATCH);
-            let mut sges = [Sge::default(); POST_BATCH];
-            for (sge, &idx) in sges.iter_mut().zip(&self.repost[self.repost.len() - n..]) {
-                *sge = self.mr.sge(idx as usize * self.buf_size, self.buf_size as u32);
+            if self.repost.len() <= SMALL_BATCH {
+                self.post_chunk::<SMALL_BATCH>()?;
+            } else {
+                self.post_chunk::<POST_BATCH>()?;
             }
-            let mut wrs = [RecvWr { wr_id: 0, sg_list: &[] }; POST_BATCH];
-            for (i, wr) in wrs.iter_mut().enumerate().take(n) {
-                *wr = RecvWr {
-                    wr_id: u64::from(self.repost[self.repost.len() - n + i]),
-                    sg_list: &sges[i..i + 1],
-                };
-            }
-            // SAFETY: every SGE lies in `self.mr` (LOCAL_WRITE), which lives as long as this pool,
-            // and each buffer was given back by the worker, which reads a buffer only between its
-            // completion and `repost`; the owner drops its QPs before this pool, and a dropped MR
-            // is deregistered, so the NIC cannot write freed memory.
-            unsafe { self.srq.post_recv(&wrs[..n]) }?;
-            let keep = self.repost.len() - n;
-            self.repost.truncate(keep);
         }
         Ok(())
     }
+
+    /// Posts the given-back buffers once `threshold` of them wait (batched reposting).
+    ///
+    /// # Errors
+    /// As [`RecvPool::flush`].
+    pub fn flush_batched(&mut self, threshold: usize) -> Result<()> {
+        if self.repost.len() >= threshold {
+            self.flush()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn post_chunk<const N: usize>(&mut self) -> Result<()> {
+        let n = self.repost.len().min(N);
+        let first = self.repost.len() - n;
+        let mut sges = [Sge::default(); N];
+        for (sge, &idx) in sges.iter_mut().zip(&self.repost[first..]) {
+            *sge = self.mr.sge(idx as usize * self.buf_size, self.buf_size as u32);
+        }
+        let mut wrs = [RecvWr { wr_id: 0, sg_list: &[] }; N];
+        for (i, wr) in wrs.iter_mut().enumerate().take(n) {
+            *wr = RecvWr { wr_id: u64::from(self.repost[first + i]), sg_list: &sges[i..i + 1] };
+        }
+        // SAFETY: every SGE lies in `self.mr` (LOCAL_WRITE), which lives as long as this pool,
+        // and each buffer was given back by the worker, which reads a buffer only between its
+        // completion and `repost`; the owner drops its QPs before this pool, and a dropped MR
+        // is deregistered, so the NIC cannot write freed memory.
+        unsafe { self.srq.post_recv(&wrs[..n]) }?;
+        self.repost.truncate(first);
+        Ok(())
+    }
 }
+
+/// WRs per doorbell for small batches (a smaller stack array to fill).
+const SMALL_BATCH: usize = 8;
 
 /// Fixed-size send buffers of one connection in one MR, with their free list.
 pub struct SendPool<P: Provider> {
@@ -291,37 +312,46 @@ impl SendQueue {
     /// The verbs error of posting; the QP is then unusable (the caller closes the connection).
     pub fn flush<P: Provider>(&mut self, qp: &P::QueuePair, pool: &mut SendPool<P>, tag: u32) -> Result<()> {
         while !self.pending.is_empty() {
-            let n = self.pending.len().min(POST_BATCH);
-            let mut bufs = 0u64;
-            let mut wrs =
-                [SendWr { wr_id: 0, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; POST_BATCH];
-            for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
-                *wr = SendWr {
-                    wr_id: 0,
-                    sg_list: std::slice::from_ref(&p.sge),
-                    op: p.op,
-                    flags: SendFlags::EMPTY,
-                };
-                if p.buf != u16::MAX {
-                    bufs += 1;
-                }
+            if self.pending.len() <= SMALL_BATCH {
+                self.post_chunk::<P, SMALL_BATCH>(qp, pool, tag)?;
+            } else {
+                self.post_chunk::<P, POST_BATCH>(qp, pool, tag)?;
             }
-            wrs[n - 1].flags = SendFlags::SIGNALED;
-            wrs[n - 1].wr_id = send_wr_id(tag, n as u16, bufs as u16);
-            // SAFETY: every SGE lies in a send buffer of `pool` or in the send mirror, MRs owned
-            // next to `qp` by the same connection and dropped after it; a send buffer is not
-            // written again until a signaled completion at or after its WR retires it, and a
-            // mirror range is not reserved again until the peer reports it freed, which it does
-            // only after the SEND that follows the WRITE arrived.
-            unsafe { qp.post_send(&wrs[..n]) }?;
-            for p in &self.pending[..n] {
-                if p.buf != u16::MAX {
-                    pool.posted.push_back(p.buf);
-                }
-            }
-            self.outstanding += n;
-            self.pending.drain(..n);
         }
+        Ok(())
+    }
+
+    fn post_chunk<P: Provider, const N: usize>(
+        &mut self,
+        qp: &P::QueuePair,
+        pool: &mut SendPool<P>,
+        tag: u32,
+    ) -> Result<()> {
+        let n = self.pending.len().min(N);
+        let mut bufs = 0u16;
+        let mut wrs = [SendWr { wr_id: 0, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; N];
+        for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
+            *wr =
+                SendWr { wr_id: 0, sg_list: std::slice::from_ref(&p.sge), op: p.op, flags: SendFlags::EMPTY };
+            if p.buf != u16::MAX {
+                bufs += 1;
+            }
+        }
+        wrs[n - 1].flags = SendFlags::SIGNALED;
+        wrs[n - 1].wr_id = send_wr_id(tag, n as u16, bufs);
+        // SAFETY: every SGE lies in a send buffer of `pool` or in the send mirror, MRs owned
+        // next to `qp` by the same connection and dropped after it; a send buffer is not
+        // written again until a signaled completion at or after its WR retires it, and a
+        // mirror range is not reserved again until the peer reports it freed, which it does
+        // only after the SEND that follows the WRITE arrived.
+        unsafe { qp.post_send(&wrs[..n]) }?;
+        for p in &self.pending[..n] {
+            if p.buf != u16::MAX {
+                pool.posted.push_back(p.buf);
+            }
+        }
+        self.outstanding += n;
+        self.pending.drain(..n);
         Ok(())
     }
 

@@ -29,6 +29,8 @@ use crate::worker::counters::Counters;
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
+/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8`, so a few may wait).
+const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
 const LIVENESS_EVERY: u32 = 4096;
 
@@ -104,6 +106,8 @@ impl<P: Provider> ClientCore<P> {
                 cfg.ring_bytes
             )));
         }
+        let span = tracing::info_span!("connect", transport = P::NAME);
+        let _entered = span.enter();
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
@@ -226,12 +230,15 @@ impl<P: Provider> ClientCore<P> {
         })
     }
 
-    /// Encodes a request and queues it (sending it when a credit is free).
+    /// Encodes a request and queues it (sending it when a credit is free). With `flush_now`, it
+    /// is posted at once; otherwise with the next progress (so calls started back to back share
+    /// one doorbell).
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
         req: &M,
         timeout: Option<Duration>,
+        flush_now: bool,
     ) -> Result<CallId, Status> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
@@ -284,7 +291,9 @@ impl<P: Provider> ClientCore<P> {
         let (slot, generation) = self.slots.start().expect("a free slot was checked");
         self.pending[slot as usize] = Some(Pending { buf, body, method, deadline });
         self.pump();
-        self.flush();
+        if flush_now {
+            self.flush();
+        }
         Ok(CallId { slot, generation, deadline })
     }
 
@@ -318,7 +327,7 @@ impl<P: Provider> ClientCore<P> {
         if let Err(e) = self.conn.flush(TAG) {
             self.break_conn(unavailable(format!("posting sends: {e}")));
         }
-        if let Err(e) = self.recv.flush() {
+        if let Err(e) = self.recv.flush_batched(REPOST_BATCH) {
             self.break_conn(unavailable(format!("posting receives: {e}")));
         }
     }
@@ -328,11 +337,10 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return;
         }
-        tracing::info!(peer = %self.peer, %status, "client session closed");
-        let failed = self.slots.fail_all(|| Answer::Err(status.clone()));
-        for _ in 0..failed {
-            self.counters.status(status.code());
-        }
+        let _span = tracing::info_span!("disconnect", peer = %self.peer).entered();
+        tracing::info!(%status, "client session closed");
+        // Each failed call is counted when its caller takes the answer.
+        self.slots.fail_all(|| Answer::Err(status.clone()));
         for p in self.pending.iter_mut().filter_map(Option::take) {
             self.conn.pool.give_back(p.buf);
         }

@@ -110,7 +110,7 @@ impl Client {
     ) -> Result<Resp, Status> {
         let mut core = self.core.borrow_mut();
         with_core!(&mut *core, c => {
-            let call = c.start(id, req, opts.timeout())?;
+            let call = c.start(id, req, opts.timeout(), true)?;
             c.wait(call)
         })
     }
@@ -124,7 +124,7 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
-        let r = with_core!(&mut *self.core.borrow_mut(), c => c.start(id, req, opts.timeout()));
+        let r = with_core!(&mut *self.core.borrow_mut(), c => c.start(id, req, opts.timeout(), false));
         let state = match r {
             Ok(call) => State::Waiting(call),
             Err(s) => State::Failed(Some(s)),

@@ -170,6 +170,8 @@ impl<P: Provider> Listener<P> {
     }
 
     fn setup(&mut self, mut stream: TcpStream, peer: SocketAddr) -> Result<(), Status> {
+        let span = tracing::info_span!("connect", %peer, transport = P::NAME);
+        let _entered = span.enter();
         let io = |e: std::io::Error| Status::unavailable(format!("handshake with {peer}: {e}"));
         stream.set_nonblocking(false).map_err(io)?;
         stream.set_read_timeout(Some(self.config.handshake_timeout)).map_err(io)?;

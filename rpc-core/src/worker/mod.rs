@@ -31,6 +31,8 @@ use counters::{Counters, SharedCounters};
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
+/// Receive buffers reposted per doorbell while busy.
+const REPOST_BATCH: usize = 16;
 
 /// A connection handed from the listener to a worker.
 pub(crate) struct NewConn<P: Provider> {
@@ -97,6 +99,7 @@ pub(crate) struct Worker<P: Provider> {
     dirty: Vec<u16>,
     counters: Counters,
     scratch: Vec<u8>,
+    ctx: RequestContext,
     wcs: [WorkCompletion; POLL_BATCH],
     // Last: dropped after every QP.
     recv: RecvPool<P>,
@@ -112,6 +115,7 @@ impl<P: Provider> Worker<P> {
         let n = limits.max_sessions;
         let mut by_qpn = crate::server::registry::IdMap::default();
         by_qpn.reserve(n);
+        let queue = shared.defer.clone();
         Worker {
             shared,
             registry,
@@ -122,6 +126,14 @@ impl<P: Provider> Worker<P> {
             dirty: Vec::with_capacity(n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
+            ctx: RequestContext {
+                method: "",
+                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                deadline: None,
+                queue,
+                target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
+                deferred: std::cell::Cell::new(false),
+            },
             wcs: [WorkCompletion::default(); POLL_BATCH],
             recv,
         }
@@ -150,7 +162,8 @@ impl<P: Provider> Worker<P> {
             let n = match self.shared.cq.poll(&mut self.wcs) {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::error!(worker = self.shared.index, error = %e, "CQ failed; closing every session");
+                    let _span = tracing::error_span!("worker", index = self.shared.index).entered();
+                    tracing::error!(error = %e, "CQ failed; closing every session");
                     for idx in 0..self.slots.len() as u16 {
                         self.close_slot(idx, "completion queue failed", false, true);
                     }
@@ -162,7 +175,9 @@ impl<P: Provider> Worker<P> {
                 self.on_completion(&wc);
             }
             self.flush_dirty();
-            if let Err(e) = self.recv.flush() {
+            // Receive buffers go back in batches; all of them when idle.
+            let threshold = if n == 0 { 1 } else { REPOST_BATCH };
+            if let Err(e) = self.recv.flush_batched(threshold) {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
@@ -238,6 +253,8 @@ impl<P: Provider> Worker<P> {
     /// close its TCP connection (the client then sees the session gone).
     fn close_slot(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
         let Some(slot) = self.slots.get_mut(idx as usize).and_then(Option::take) else { return };
+        let span = tracing::info_span!("disconnect", worker = self.shared.index, session = slot.session);
+        let _entered = span.enter();
         self.by_qpn.remove(&slot.conn.qp.qp_num());
         self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
         let _ = slot.conn.qp.modify(&QpAttr::new(QpState::Err));
@@ -456,20 +473,21 @@ impl<P: Provider> Worker<P> {
     ) {
         let tag = self.tag(idx);
         let draining = self.shared.draining.load(Ordering::Relaxed);
-        let Worker { slots, registry, recv, counters, scratch, shared, .. } = self;
+        let Worker { slots, registry, recv, counters, scratch, ctx, .. } = self;
         let Some(slot) = slots[idx as usize].as_mut() else { return };
         counters.bytes_in += u64::from(h.body_len);
         let found = registry.lookup(h.method);
-        let ctx = RequestContext {
-            method: found.map_or("", |f| f.1),
-            peer: slot.peer,
-            deadline: (h.timeout_us > 0)
-                .then(|| Instant::now() + Duration::from_micros(u64::from(h.timeout_us))),
-            queue: shared.defer.clone(),
-            target: CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method },
-            deferred: std::cell::Cell::new(false),
-        };
-        let send_buf = slot.conn.pool.acquire();
+        // One context per worker, refilled per request (no reference count touched per call).
+        ctx.method = found.map_or("", |f| f.1);
+        ctx.peer = slot.peer;
+        ctx.deadline =
+            (h.timeout_us > 0).then(|| Instant::now() + Duration::from_micros(u64::from(h.timeout_us)));
+        ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
+        ctx.deferred.set(false);
+        let ctx = &*ctx;
+        // Answers leave in order: while earlier ones wait for ring space, this one waits behind them
+        // (so a client consuming responses in call order can always make progress).
+        let send_buf = if slot.backlog.is_empty() { slot.conn.pool.acquire() } else { None };
         let Conn { ring: rx_ring, pool, mirror, session, body_cap, .. } = &mut slot.conn;
         let body: &[u8] = if h.in_ring {
             let o = h.ring_offset as usize;
@@ -492,7 +510,7 @@ impl<P: Provider> Worker<P> {
             match found {
                 None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
                 Some((svc, name)) => {
-                    let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, &ctx, body, &mut out)));
+                    let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
                     if let Err(p) = r {
                         let what = p
                             .downcast_ref::<&str>()
