@@ -10,7 +10,7 @@ use super::fabric::{fabric, Dest};
 use super::guard::SpinGuard;
 use super::host::{HostCore, SimPd};
 use super::ring::{Padded, Ring};
-use super::srq::{post_recv_ring, take_recv, RecvWqe, SrqCore};
+use super::srq::{pop_recv_id, post_recv_ring, RecvWqe, SrqCore};
 use super::{Sim, MAX_INLINE, MAX_QP_WR, MAX_SGE};
 use crate::verbs::{
     QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendFlags, SendOp, SendWr, Sge,
@@ -170,11 +170,13 @@ impl QpCore {
         Some(r)
     }
 
+    /// Releases the guard, first performing a flush another thread asked for meanwhile (if it
+    /// is visible yet; otherwise the timer thread does it, see [`QpCore::set_error`]).
     #[inline]
     fn release(&self) {
         loop {
             self.guard.unlock();
-            if !self.flush_pending.load(Ordering::SeqCst) || !self.guard.try_lock() {
+            if !self.flush_pending.load(Ordering::Acquire) || !self.guard.try_lock() {
                 return;
             }
             // SAFETY: the guard is held again.
@@ -192,23 +194,29 @@ impl QpCore {
         self.deadline.load(Ordering::Relaxed)
     }
 
-    /// Called by the timer thread: retries the stalled WQE if due. Returns whether the QP must
-    /// stay scheduled.
-    pub(crate) fn on_timer(&self, now: u64) -> bool {
+    /// Called by the timer thread: performs a requested flush and retries the stalled WQE if
+    /// due. Clears `scheduled` (under the guard) once the QP no longer needs the timer thread.
+    pub(crate) fn on_timer(&self, now: u64) {
         if self.destroyed.load(Ordering::Acquire) {
-            return false;
+            self.scheduled.store(false, Ordering::Release);
+            return;
         }
         if now < self.deadline_ns() {
-            return true;
+            return;
         }
-        self.try_with_sq(|st| {
-            let waiting = self.progress_locked(st);
-            if !waiting {
-                self.scheduled.store(false, Ordering::Release);
+        let _ = self.try_with_sq(|st| {
+            if self.flush_pending.load(Ordering::Acquire) {
+                self.flush_sq_locked(st);
             }
-            waiting
-        })
-        .unwrap_or(true)
+            if !self.progress_locked(st) {
+                self.scheduled.store(false, Ordering::SeqCst);
+                // A flush requested meanwhile keeps the QP scheduled (pairs with `set_error`:
+                // its flag store precedes its `scheduled` store).
+                if self.flush_pending.load(Ordering::SeqCst) {
+                    self.scheduled.store(true, Ordering::SeqCst);
+                }
+            }
+        });
     }
 
     /// Records a stall of the head WQE. Returns `true` while retries remain (the QP waits),
@@ -341,16 +349,21 @@ impl QpCore {
         self.flush_sq_locked(st);
     }
 
-    /// Moves the QP to ERR from any thread not holding its guard: flushes the RQ now and the SQ
-    /// now or at the guard holder's release.
-    pub(crate) fn set_error(&self) {
+    /// Moves the QP to ERR from any thread (holding its guard or not): flushes the RQ now, and
+    /// the SQ now if the guard is free, else at the holder's release or, failing that, from the
+    /// timer thread (so the hot path's unlock needs no fence).
+    pub(crate) fn set_error(self: &Arc<Self>) {
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
         self.resp.state.store(ST_ERR, Ordering::SeqCst);
         self.flush_rq();
         self.flush_pending.store(true, Ordering::SeqCst);
-        let _ = self.try_with_sq(|st| self.flush_sq_locked(st));
+        if self.try_with_sq(|st| self.flush_sq_locked(st)).is_none() {
+            self.deadline.store(0, Ordering::Relaxed);
+            self.scheduled.store(true, Ordering::SeqCst);
+            fabric().schedule(self.clone());
+        }
     }
 
     /// Completes every queued send WQE with `IBV_WC_WR_FLUSH_ERR`. Guard held.
@@ -372,8 +385,8 @@ impl QpCore {
     /// shared and not flushed, as in verbs).
     pub(crate) fn flush_rq(&self) {
         if let Some(rq) = &self.rq {
-            while let Some(r) = take_recv(rq) {
-                self.recv_cq.push(flush_wc(r.wr_id, WcOpcode::IBV_WC_RECV, self.qpn), true);
+            while let Some(wr_id) = pop_recv_id(rq) {
+                self.recv_cq.push(flush_wc(wr_id, WcOpcode::IBV_WC_RECV, self.qpn), true);
             }
         }
     }
@@ -719,7 +732,7 @@ impl SimQp {
                 st.link.peer = None;
                 st.link.dest = None;
                 if let Some(rq) = &c.rq {
-                    while rq.pop().is_some() {}
+                    while pop_recv_id(rq).is_some() {}
                 }
                 c.flush_pending.store(false, Ordering::SeqCst);
                 c.resp.state.store(ST_RESET, Ordering::SeqCst);
@@ -897,7 +910,7 @@ impl Drop for SimQp {
             st.link.peer = None;
         });
         if let Some(rq) = &c.rq {
-            while rq.pop().is_some() {}
+            while pop_recv_id(rq).is_some() {}
         }
         fabric().unregister_qp(c.host.id, c.qpn);
     }

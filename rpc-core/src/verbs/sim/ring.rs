@@ -108,9 +108,10 @@ impl<T: Copy> Ring<T> {
         })
     }
 
-    /// Removes the oldest entry, giving `read` a reference to it in place. `None` when empty.
+    /// Removes the oldest entry, giving `read` a raw pointer to it in place (for entries whose
+    /// producer initialised only part of the value). `None` when empty.
     #[inline]
-    pub(crate) fn pop_with<R>(&self, read: impl FnOnce(&T) -> R) -> Option<R> {
+    pub(crate) fn pop_raw<R>(&self, read: impl FnOnce(*const T) -> R) -> Option<R> {
         let mut pos = self.head.load(Ordering::Relaxed);
         loop {
             let slot = &self.slots[pos & self.mask];
@@ -124,9 +125,9 @@ impl<T: Copy> Ring<T> {
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => {
-                        // SAFETY: the CAS made this thread the only consumer of position `pos`,
-                        // and `seq == pos + 1` (acquired) says its producer finished writing it.
-                        let r = read(unsafe { (*slot.val.get()).assume_init_ref() });
+                        // The CAS made this thread the only consumer of position `pos`, and
+                        // `seq == pos + 1` (acquired) says its producer finished writing it.
+                        let r = read(slot.val.get() as *const T);
                         slot.seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
                         return Some(r);
                     }
@@ -138,6 +139,15 @@ impl<T: Copy> Ring<T> {
                 pos = self.head.load(Ordering::Relaxed);
             }
         }
+    }
+
+    /// Removes the oldest entry (which its producer fully initialised), giving `read` a
+    /// reference to it in place. `None` when empty.
+    #[inline]
+    pub(crate) fn pop_with<R>(&self, read: impl FnOnce(&T) -> R) -> Option<R> {
+        // SAFETY: entries popped through this method were written whole (`push`), so the
+        // pointer is to an initialised `T`, exclusively ours until `pop_raw` returns.
+        self.pop_raw(|p| read(unsafe { &*p }))
     }
 
     /// Removes the oldest entry. `None` when empty.

@@ -9,7 +9,8 @@ use super::ring::Ring;
 use super::{MAX_SGE, MAX_SRQ_WR};
 use crate::verbs::{RecvWr, Result, Sge, SharedReceiveQueue, SrqInitAttr, VerbsError};
 
-/// A posted receive WQE (SGEs copied at post time, as the NIC copies the WQE).
+/// A posted receive WQE (SGEs copied at post time, as the NIC copies the WQE). Only the first
+/// `nsge` SGEs are written and read.
 #[derive(Clone, Copy)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
@@ -17,22 +18,25 @@ pub(crate) struct RecvWqe {
     pub(crate) sges: [Sge; MAX_SGE],
 }
 
-/// A receive WQE taken off a queue by an executor (only the used SGEs copied).
-pub(crate) struct TakenRecv {
-    pub(crate) wr_id: u64,
-    pub(crate) nsge: usize,
-    pub(crate) sges: [Sge; MAX_SGE],
+/// Pops the oldest receive WQE of `ring` and gives `f` its `wr_id` and SGEs, in place.
+#[inline]
+pub(crate) fn pop_recv<R>(ring: &Ring<RecvWqe>, f: impl FnOnce(u64, &[Sge]) -> R) -> Option<R> {
+    ring.pop_raw(|p| {
+        // SAFETY: `post_recv_ring` wrote `wr_id`, `nsge` (<= MAX_SGE) and the first `nsge` SGEs
+        // of this slot before publishing it; we read exactly those, through raw pointers.
+        unsafe {
+            let wr_id = std::ptr::addr_of!((*p).wr_id).read();
+            let n = (std::ptr::addr_of!((*p).nsge).read() as usize).min(MAX_SGE);
+            let sges = std::slice::from_raw_parts(std::ptr::addr_of!((*p).sges) as *const Sge, n);
+            f(wr_id, sges)
+        }
+    })
 }
 
-/// Pops the oldest receive WQE of `ring`.
+/// Pops the oldest receive WQE of `ring`, returning its `wr_id`.
 #[inline]
-pub(crate) fn take_recv(ring: &Ring<RecvWqe>) -> Option<TakenRecv> {
-    ring.pop_with(|w| {
-        let nsge = (w.nsge as usize).min(MAX_SGE);
-        let mut sges = [Sge::default(); MAX_SGE];
-        sges[..nsge].copy_from_slice(&w.sges[..nsge]);
-        TakenRecv { wr_id: w.wr_id, nsge, sges }
-    })
+pub(crate) fn pop_recv_id(ring: &Ring<RecvWqe>) -> Option<u64> {
+    pop_recv(ring, |wr_id, _| wr_id)
 }
 
 /// Posts `wrs` to `ring`, in order; stops at the first WR that does not fit.
@@ -44,17 +48,25 @@ pub(crate) fn post_recv_ring(
     wrs: &[RecvWr<'_>],
 ) -> Result<()> {
     for (index, wr) in wrs.iter().enumerate() {
-        if wr.sg_list.len() > max_sge as usize {
+        let n = wr.sg_list.len();
+        if n > max_sge as usize || n > MAX_SGE {
             return Err(VerbsError::BadWorkRequest {
                 call,
                 index,
-                reason: format!("{} SGEs, the queue allows {max_sge}", wr.sg_list.len()),
+                reason: format!("{n} SGEs, the queue allows {max_sge}"),
             });
         }
-        let mut wqe =
-            RecvWqe { wr_id: wr.wr_id, nsge: wr.sg_list.len() as u32, sges: [Sge::default(); MAX_SGE] };
-        wqe.sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
-        let pushed = ring.push(wqe);
+        let pushed = ring.push_with(|slot| {
+            let p = slot.as_mut_ptr();
+            // SAFETY: `p` is this thread's exclusive slot; we write the header and the first `n`
+            // (<= MAX_SGE) SGEs, which is all a reader (`pop_recv`) reads.
+            unsafe {
+                std::ptr::addr_of_mut!((*p).wr_id).write(wr.wr_id);
+                std::ptr::addr_of_mut!((*p).nsge).write(n as u32);
+                let sges = std::ptr::addr_of_mut!((*p).sges) as *mut Sge;
+                std::ptr::copy_nonoverlapping(wr.sg_list.as_ptr(), sges, n);
+            }
+        });
         if !pushed {
             return Err(VerbsError::BadWorkRequest {
                 call,
