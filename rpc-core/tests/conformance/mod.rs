@@ -24,11 +24,16 @@ pub trait Harness: 'static {
     /// The provider.
     type P: Provider;
 
-    /// Hang guard for polling loops (not a timing assertion): `RPC_TEST_TIMEOUT_SECS`, default
-    /// 10 s (an emulated guest may want more).
+    /// Hang guard for polling loops (not a timing assertion). Default 10 s; an emulated guest
+    /// may want more.
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// The hang guard in effect: `RPC_TEST_TIMEOUT_SECS` if set, else [`Harness::TIMEOUT`].
     fn timeout() -> Duration {
-        let secs = std::env::var("RPC_TEST_TIMEOUT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
-        Duration::from_secs(secs)
+        std::env::var("RPC_TEST_TIMEOUT_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(Self::TIMEOUT, Duration::from_secs)
     }
 
     /// Two contexts to connect to each other (two hosts on `sim`; the same device opened twice
