@@ -197,6 +197,10 @@ impl CompletionQueue for SimCq {
 
     fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
         let ev = self.events("ibv_get_cq_event")?;
+        if self.core.overrun.load(Ordering::Acquire) {
+            // An overrun CQ raises no more completion events (as after IBV_EVENT_CQ_ERR).
+            return Err(VerbsError::CqOverrun { cqe: self.core.cqe });
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut pending = ev.pending.lock().unwrap_or_else(|e| e.into_inner());
         while *pending == 0 {
