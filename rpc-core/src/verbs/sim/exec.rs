@@ -88,22 +88,36 @@ unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
     }
 }
 
-/// Copies `n <= 64` bytes by 8-byte words, then bytes.
+/// Copies `n <= 64` bytes with at most two (overlapping) loads and stores per size class, as
+/// small-size memcpy does, instead of a call.
 ///
 /// # Safety
 /// `s` valid for reads and `d` for writes of `n` bytes; the ranges do not overlap.
 #[inline(always)]
 unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: `i + 8 <= n`, inside both ranges; unaligned access is allowed.
-        unsafe { (d.add(i) as *mut u64).write_unaligned((s.add(i) as *const u64).read_unaligned()) };
-        i += 8;
+    #[inline(always)]
+    unsafe fn two<T: Copy>(s: *const u8, d: *mut u8, n: usize) {
+        let k = std::mem::size_of::<T>();
+        // SAFETY: `k <= n <= 2k` (callers' size classes), so `[0, k)` and `[n - k, n)` lie in
+        // both ranges; unaligned accesses are allowed; both loads happen before the stores.
+        unsafe {
+            let a = (s as *const T).read_unaligned();
+            let b = (s.add(n - k) as *const T).read_unaligned();
+            (d as *mut T).write_unaligned(a);
+            (d.add(n - k) as *mut T).write_unaligned(b);
+        }
     }
-    while i < n {
-        // SAFETY: `i < n`, inside both ranges.
-        unsafe { *d.add(i) = *s.add(i) };
-        i += 1;
+    // SAFETY (all arms): the size class satisfies `two`'s bound; ranges as the caller promised.
+    unsafe {
+        match n {
+            0 => {}
+            1 => *d = *s,
+            2..=3 => two::<u16>(s, d, n),
+            4..=7 => two::<u32>(s, d, n),
+            8..=15 => two::<u64>(s, d, n),
+            16..=31 => two::<u128>(s, d, n),
+            _ => two::<[u128; 2]>(s, d, n),
+        }
     }
 }
 
@@ -358,5 +372,30 @@ impl QpCore {
             );
         }
         peer.set_error();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_segs_small_and_split_sizes() {
+        for n in 0..=200usize {
+            let src: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+            let mut dst = vec![0xaau8; n + 8];
+            // SAFETY: both buffers are live and at least `n` bytes long, and disjoint.
+            unsafe { copy_segs(&[(src.as_ptr() as *mut u8, n)], &[(dst.as_mut_ptr(), n)]) };
+            assert_eq!(&dst[..n], &src[..], "{n} bytes");
+            assert!(dst[n..].iter().all(|&b| b == 0xaa), "nothing past {n} bytes");
+            // Scattered into three pieces.
+            let mut out = vec![0u8; n + 2];
+            let (a, rest) = out.split_at_mut(n / 3);
+            let (b, c) = rest.split_at_mut(n / 3 + 1);
+            let segs = [(a.as_mut_ptr(), a.len()), (b.as_mut_ptr(), b.len()), (c.as_mut_ptr(), c.len())];
+            // SAFETY: as above; the destination pieces are disjoint and cover `n + 2` bytes.
+            unsafe { copy_segs(&[(src.as_ptr() as *mut u8, n)], &segs) };
+            assert_eq!(&out[..n], &src[..], "{n} bytes scattered");
+        }
     }
 }
