@@ -107,7 +107,7 @@ unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
             (d.add(n - k) as *mut T).write_unaligned(b);
         }
     }
-    // SAFETY (all arms): the size class satisfies `two`'s bound; ranges as the caller promised.
+    // SAFETY: in every arm the size class satisfies `two`'s bound; ranges as the caller promised.
     unsafe {
         match n {
             0 => {}
