@@ -86,7 +86,7 @@ fn endpoint(s: &Side) -> Endpoint {
 /// Sends 32 bytes and waits for the receive; returns when both completions are handled.
 fn send_and_wait(s: &mut Side, wcs: &mut [WorkCompletion]) {
     let b = s.pool.acquire().unwrap();
-    s.sq.send(&s.pool, b, 32);
+    s.sq.send(&s.pool, b, 32, true);
     s.sq.flush(&s.qp, &mut s.pool, 1).unwrap();
     let mut got_recv = false;
     while !got_recv {
@@ -122,7 +122,7 @@ fn wait_recv_then_send(s: &mut Side, wcs: &mut [WorkCompletion]) {
         }
     }
     let b = s.pool.acquire().unwrap();
-    s.sq.send(&s.pool, b, 32);
+    s.sq.send(&s.pool, b, 32, true);
     s.sq.flush(&s.qp, &mut s.pool, 2).unwrap();
     s.recv.flush().unwrap();
 }

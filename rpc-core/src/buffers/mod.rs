@@ -251,6 +251,8 @@ struct PendingWr {
     op: SendOp,
     /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE from the mirror).
     buf: u16,
+    /// Copied into the WQE at post time: the buffer is free again right after posting.
+    inline: bool,
 }
 
 /// The send WRs of one QP gathered during a loop iteration, posted with one doorbell.
@@ -296,12 +298,14 @@ impl SendQueue {
             sge: mirror.mr.sge(offset as usize, len),
             op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
             buf: u16::MAX,
+            inline: false,
         });
     }
 
-    /// Queues a SEND of the first `len` bytes of send buffer `buf`.
-    pub fn send<P: Provider>(&mut self, pool: &SendPool<P>, buf: u16, len: u32) {
-        self.pending.push(PendingWr { sge: pool.sge(buf, len), op: SendOp::Send, buf });
+    /// Queues a SEND of the first `len` bytes of send buffer `buf`; with `inline`, the bytes are
+    /// copied into the WQE (`len` must not exceed the QP's `max_inline_data`).
+    pub fn send<P: Provider>(&mut self, pool: &SendPool<P>, buf: u16, len: u32, inline: bool) {
+        self.pending.push(PendingWr { sge: pool.sge(buf, len), op: SendOp::Send, buf, inline });
     }
 
     /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs; the last WR of each is
@@ -337,16 +341,19 @@ impl SendQueue {
                 bufs += 1;
             }
         }
-        wrs[n - 1].flags = SendFlags::SIGNALED;
+        wrs[n - 1].flags |= SendFlags::SIGNALED;
         wrs[n - 1].wr_id = send_wr_id(tag, n as u16, bufs);
         // SAFETY: every SGE lies in a send buffer of `pool` or in the send mirror, MRs owned
-        // next to `qp` by the same connection and dropped after it; a send buffer is not
+        // next to `qp` by the same connection and dropped after it; an inline WR's bytes are
+        // copied at post time; any other send buffer is not
         // written again until a signaled completion at or after its WR retires it, and a
         // mirror range is not reserved again until the peer reports it freed, which it does
         // only after the SEND that follows the WRITE arrived.
         unsafe { qp.post_send(&wrs[..n]) }?;
         for p in &self.pending[..n] {
-            if p.buf != u16::MAX {
+            if p.inline {
+                pool.free.push(p.buf);
+            } else if p.buf != u16::MAX {
                 pool.posted.push_back(p.buf);
             }
         }

@@ -117,7 +117,8 @@ impl<P: Provider> ClientCore<P> {
             .map_err(unavailable)?;
         let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
             .map_err(unavailable)?;
-        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs).map_err(unavailable)?;
+        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, dev.ctx.attr().max_inline_data)
+            .map_err(unavailable)?;
         let ring = RingBuf::<P>::receive(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
         let local = dev.endpoint(&qp);
 
@@ -193,6 +194,7 @@ impl<P: Provider> ClientCore<P> {
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
             .map_err(|e| unavailable(format!("connecting the QP: {e}")))?;
+        let qp_inline = qp.cap().max_inline_data;
         tcp.set_nonblocking(true).map_err(unavailable)?;
         let params = SessionParams {
             id: reply.session,
@@ -214,6 +216,7 @@ impl<P: Provider> ClientCore<P> {
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
+                max_inline: qp_inline,
             },
             recv,
             cq,
