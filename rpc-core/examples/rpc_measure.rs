@@ -158,7 +158,9 @@ fn raw_send_recv(iters: usize) -> Duration {
 
 fn main() {
     let iters: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(200_000);
-    let raw = raw_send_recv(iters);
+    // Optional second argument `rpc`: skip the raw baseline (for profiling the RPC path alone).
+    let rpc_only = std::env::args().nth(2).as_deref() == Some("rpc");
+    let raw = if rpc_only { Duration::from_nanos(1) } else { raw_send_recv(iters) };
 
     let server = Server::builder()
         .worker_cores(vec![1])
