@@ -319,7 +319,10 @@ impl SendQueue {
     /// The verbs error of posting; the QP is then unusable (the caller closes the connection).
     pub fn flush<P: Provider>(&mut self, qp: &P::QueuePair, pool: &mut SendPool<P>, tag: u32) -> Result<()> {
         while !self.pending.is_empty() {
-            if self.pending.len() <= SMALL_BATCH {
+            if self.pending.len() == 1 {
+                // The latency case: one message, nothing to fill but one WR.
+                self.post_chunk::<P, 1>(qp, pool, tag)?;
+            } else if self.pending.len() <= SMALL_BATCH {
                 self.post_chunk::<P, SMALL_BATCH>(qp, pool, tag)?;
             } else {
                 self.post_chunk::<P, POST_BATCH>(qp, pool, tag)?;

@@ -517,21 +517,27 @@ impl<P: Provider> ClientCore<P> {
             self.idle.reset();
             return Ok(());
         }
+        self.note_empty();
         if let Some(d) = deadline {
             if Instant::now() >= d {
                 return Err(Status::deadline_exceeded("deadline passed before the call could be sent"));
             }
         }
-        self.idle_step();
+        self.pause();
         Ok(())
     }
 
-    fn idle_step(&mut self) {
-        if self.idle.empty_polls() % LIVENESS_EVERY == LIVENESS_EVERY - 1 {
+    /// An empty poll: counted, and every [`LIVENESS_EVERY`] of them the TCP channel is checked.
+    fn note_empty(&mut self) {
+        self.idle.note_empty();
+        if self.idle.empty_polls() % LIVENESS_EVERY == 0 {
             self.check_liveness();
         }
+    }
+
+    fn pause(&mut self) {
         let cq = &self.cq;
-        self.idle.idle(|| {
+        self.idle.pause(|| {
             if cq.req_notify(false).is_ok() {
                 let _ = cq.wait(Some(EVENT_WAIT));
             }
@@ -561,8 +567,8 @@ impl<P: Provider> ClientCore<P> {
             if let Some(a) = self.slots.take_done(id.slot, id.generation) {
                 return Some(self.finish(a));
             }
-        } else if self.idle.empty_polls() % LIVENESS_EVERY == LIVENESS_EVERY - 1 {
-            self.check_liveness();
+        } else {
+            self.note_empty();
         }
         if let Some(d) = id.deadline {
             if Instant::now() >= d {
@@ -581,7 +587,7 @@ impl<P: Provider> ClientCore<P> {
                 return r;
             }
             if self.idle.empty_polls() > 0 {
-                self.idle_step();
+                self.pause();
             }
         }
     }
