@@ -210,6 +210,8 @@ fn main() {
         Server::builder()
             .worker_cores(vec![1])
             .polling(PollingPolicy::Busy)
+            .srq_depth(std::env::var("SRQ").ok().and_then(|v| v.parse().ok()).unwrap_or(4096))
+            .max_sessions(std::env::var("SESSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(1024))
             .add_service(EchoService)
             .spawn("127.0.0.1:0")
             .unwrap()

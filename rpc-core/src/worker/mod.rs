@@ -31,6 +31,8 @@ use counters::{Counters, SharedCounters};
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
+/// Busy loop iterations between looks at the control and deferred-answer queues.
+const QUEUE_CHECK_EVERY: u32 = 16;
 /// Receive buffers reposted per doorbell while busy.
 const REPOST_BATCH: usize = 16;
 /// Empty polls after which every waiting receive buffer is reposted.
@@ -161,8 +163,13 @@ impl<P: Provider> Worker<P> {
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
         loop {
-            self.drain_control();
-            self.drain_deferred();
+            // The cross-thread queues are looked at when idle and every few busy iterations, not
+            // between every two polls of a busy CQ (a new QP's first message drains the control
+            // queue itself, see `lookup_qpn`).
+            if idle.empty_polls() > 0 || iterations % QUEUE_CHECK_EVERY == 0 {
+                self.drain_control();
+                self.drain_deferred();
+            }
             let n = match self.shared.cq.poll(&mut self.wcs) {
                 Ok(n) => n,
                 Err(e) => {
