@@ -130,7 +130,8 @@ impl CompletionQueue for SimCq {
 
     fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
         let ev = self.events("ibv_get_cq_event")?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large to add to the clock (`Duration::MAX`) waits forever.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut pending = ev.pending.lock().unwrap_or_else(|e| e.into_inner());
         while *pending == 0 {
             match deadline {
