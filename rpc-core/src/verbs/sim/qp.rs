@@ -623,14 +623,21 @@ impl SimQp {
             });
         }
         let depth = st.wqes.len() as u64;
+        // A refused WR ends the list, but the WRs before it were posted: they still get the
+        // flush or the progress below.
+        let mut result = Ok(());
         for (index, wr) in wrs.iter().enumerate() {
-            self.validate(index, wr)?;
+            if let Err(e) = self.validate(index, wr) {
+                result = Err(e);
+                break;
+            }
             if st.tail - st.head >= depth {
-                return Err(VerbsError::BadWorkRequest {
+                result = Err(VerbsError::BadWorkRequest {
                     call: "ibv_post_send",
                     index,
                     reason: format!("send queue full ({depth} WQEs outstanding)"),
                 });
+                break;
             }
             if st.head == st.tail && c.state_raw() == ST_RTS {
                 // Fast path: nothing queued ahead, execute at once from the caller's WR.
@@ -660,7 +667,7 @@ impl SimQp {
         } else if st.head != st.tail {
             c.progress_locked(st);
         }
-        Ok(())
+        result
     }
 
     fn modify_locked(&self, st: &mut SqState, attr: &QpAttr) -> Result<()> {
