@@ -117,3 +117,85 @@ fn bad_recv_wr_mid_list_posts_the_ones_before_it() {
     let r = poll_n::<H, _>(&b.rcq, 2, "two receives");
     assert_eq!(statuses(&r), [(1, WcStatus::IBV_WC_SUCCESS), (2, WcStatus::IBV_WC_SUCCESS)]);
 }
+
+/// Two threads, each with its own QP on its own host, SEND to two QPs of a third host that
+/// share one SRQ and one receive CQ, while the receiving thread polls and reposts. Every
+/// message arrives once, intact, and each sender's messages arrive in its order.
+#[test]
+fn two_senders_into_one_srq_and_cq_lose_nothing() {
+    use rpc_core::verbs::{ProtectionDomain, QpInitAttr, SharedReceiveQueue};
+    const N: u64 = 3000;
+    const SLOTS: usize = 64;
+    let ca1 = Sim::open(&DeviceSelector::First).unwrap();
+    let ca2 = Sim::open(&DeviceSelector::First).unwrap();
+    let cb = Sim::open(&DeviceSelector::First).unwrap();
+    let b = conformance::Node::<H>::new(&cb, Opts { srq_depth: SLOTS as u32, cqe: 4096, ..Opts::default() });
+    let srq = b.srq.clone().unwrap();
+    let slots: Vec<[Sge; 1]> = (0..SLOTS).map(|i| [b.sge(i * 64, 64)]).collect();
+    let wrs: Vec<RecvWr<'_>> = (0..SLOTS).map(|i| RecvWr { wr_id: i as u64, sg_list: &slots[i] }).collect();
+    // SAFETY: the slots lie in b's MR, alive until the end of the test.
+    unsafe { srq.post_recv(&wrs) }.unwrap();
+    let senders: Vec<_> = [(ca1, 1u64), (ca2, 2u64)]
+        .into_iter()
+        .map(|(ca, tag)| {
+            let a = conformance::Node::<H>::new(&ca, Opts::default());
+            let qb =
+                b.pd.create_qp(&QpInitAttr {
+                    send_cq: &b.scq,
+                    recv_cq: &b.rcq,
+                    srq: Some(&srq),
+                    cap: b.opts.cap,
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            conformance::connect_qps(&a, &a.qp, &b, &qb);
+            (a, qb, tag)
+        })
+        .collect();
+    let mut qbs = Vec::new();
+    let threads: Vec<_> = senders
+        .into_iter()
+        .map(|(a, qb, tag)| {
+            qbs.push(qb);
+            std::thread::spawn(move || {
+                for seq in 0..N {
+                    let msg = (tag << 56 | seq).to_le_bytes();
+                    let sge = [Sge { addr: msg.as_ptr() as u64, length: 8, lkey: 0 }];
+                    post_send(&a.qp, &[send(seq, &sge, SIG | SendFlags::INLINE)]).unwrap();
+                    let w = poll_one::<H, _>(&a.scq, "send");
+                    assert_eq!((w.wr_id, w.status), (seq, WcStatus::IBV_WC_SUCCESS));
+                }
+                a
+            })
+        })
+        .collect();
+    let mut next = [0u64; 3];
+    let mut buf = [WorkCompletion::default(); 16];
+    let mut got = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while got < 2 * N {
+        let n = b.rcq.poll(&mut buf).unwrap();
+        for w in &buf[..n] {
+            assert_eq!((w.status, w.byte_len), (WcStatus::IBV_WC_SUCCESS, 8), "{w:?}");
+            let off = w.wr_id as usize * 64;
+            let v = u64::from_le_bytes(b.bytes()[off..off + 8].try_into().unwrap());
+            let (tag, seq) = ((v >> 56) as usize, v & ((1 << 56) - 1));
+            assert!(tag == 1 || tag == 2, "garbage {v:#x}");
+            assert_eq!(seq, next[tag], "sender {tag} in order");
+            assert!(qbs.iter().any(|q| q.qp_num() == w.qp_num));
+            next[tag] += 1;
+            got += 1;
+            let sl = [b.sge(off, 64)];
+            // SAFETY: as above.
+            unsafe { srq.post_recv(&[RecvWr { wr_id: w.wr_id, sg_list: &sl }]) }.unwrap();
+        }
+        if n == 0 {
+            assert!(std::time::Instant::now() < deadline, "hang guard: {next:?}");
+            std::thread::yield_now();
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(next, [0, N, N]);
+}

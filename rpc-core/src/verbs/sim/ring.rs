@@ -68,10 +68,16 @@ impl<T: Copy> Ring<T> {
     }
 
     /// Appends the value `fill` writes into the slot. Returns `false` (and does not call `fill`)
-    /// when the ring is full.
+    /// when the ring is full: `capacity()` entries pushed and not yet claimed by a consumer.
+    ///
+    /// A slot whose entry a consumer has claimed but not yet released (another thread inside
+    /// [`Ring::pop_raw`]) is not "full": the push waits for that consumer, which is running a
+    /// short, non-blocking section, as crossbeam's `ArrayQueue` does. Otherwise an SRQ shared by
+    /// several requester threads could refuse a post with fewer than `max_wr` WQEs outstanding.
     #[inline]
     pub(crate) fn push_with(&self, fill: impl FnOnce(&mut MaybeUninit<T>)) -> bool {
         let mut pos = self.tail.load(Ordering::Relaxed);
+        let mut spins = 0u32;
         loop {
             let slot = &self.slots[pos & self.mask];
             let seq = slot.seq.load(Ordering::Acquire);
@@ -93,7 +99,19 @@ impl<T: Copy> Ring<T> {
                     Err(now) => pos = now,
                 }
             } else if dif < 0 {
-                return false;
+                // The slot still holds the entry of the previous lap. Full only if no consumer
+                // has claimed that entry (the head has not moved past it).
+                let head = self.head.load(Ordering::Acquire);
+                if pos.wrapping_sub(head) as isize >= self.capacity() as isize {
+                    return false;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+                pos = self.tail.load(Ordering::Relaxed);
             } else {
                 pos = self.tail.load(Ordering::Relaxed);
             }
@@ -179,6 +197,39 @@ mod tests {
             assert!(r.push(lap));
             assert_eq!(r.pop(), Some(lap));
         }
+    }
+
+    #[test]
+    fn a_push_waits_for_a_consumer_still_reading_the_slot_instead_of_failing() {
+        use std::sync::atomic::AtomicBool;
+        let r = Arc::new(Ring::<u64>::new(2));
+        assert!(r.push(1) && r.push(2));
+        let attempting = Arc::new(AtomicBool::new(false));
+        let mut pusher = None;
+        let first = r.pop_raw(|p| {
+            // This consumer holds slot 0. Another one takes entry 2 and is done with slot 1:
+            // one entry is in flight, none is stored, so a push must not report "full".
+            assert_eq!(r.pop(), Some(2));
+            let (r2, a2) = (r.clone(), attempting.clone());
+            pusher = Some(std::thread::spawn(move || {
+                a2.store(true, Ordering::Release);
+                r2.push(3)
+            }));
+            while !attempting.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            // Give the pusher the chance to reach the held slot (no timing is asserted).
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            // SAFETY: the slot was written by `push(1)`.
+            unsafe { *p }
+        });
+        assert_eq!(first, Some(1));
+        assert!(pusher.unwrap().join().unwrap(), "the push succeeds once the slot is released");
+        assert_eq!(r.pop(), Some(3));
+        assert_eq!(r.pop(), None);
+        // A really full ring still refuses at once.
+        assert!(r.push(4) && r.push(5));
+        assert!(!r.push(6));
     }
 
     #[test]
