@@ -9,12 +9,14 @@
 #[allow(unused_macros)]
 mod conformance;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_core::verbs::sim::{Sim, SimContext};
 use rpc_core::verbs::{
-    CompletionQueue, DeviceSelector, Provider, QpAttr, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
-    Sge, VerbsError, WcStatus, WorkCompletion,
+    CompletionQueue, DeviceSelector, MemoryRegion, Provider, QpAttr, QpState, QueuePair, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, VerbsError, WcStatus, WorkCompletion,
 };
 
 use conformance::{assert_empty, pair, poll_n, poll_one, post_recv, post_send, DeviceHarness, Opts};
@@ -198,4 +200,217 @@ fn two_senders_into_one_srq_and_cq_lose_nothing() {
         t.join().unwrap();
     }
     assert_eq!(next, [0, N, N]);
+}
+
+/// A peer RDMA WRITEs in a loop while the target MR is deregistered: every write before
+/// completes, the first one after fails with a remote access error (and the QP goes to ERR),
+/// and nothing crashes.
+#[test]
+fn deregistering_the_target_mr_during_a_write_stream() {
+    use rpc_core::verbs::{AccessFlags, ProtectionDomain};
+    let (ca, cb) = hosts();
+    let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+    let target = b.pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let (addr, rkey) = (target.addr(), target.rkey());
+    let started = Arc::new(AtomicBool::new(false));
+    let s2 = started.clone();
+    let writer = std::thread::spawn(move || {
+        let mut ok = 0u64;
+        loop {
+            let op = SendOp::RdmaWrite { remote_addr: addr, rkey };
+            post_send(&a.qp, &[SendWr { wr_id: ok, sg_list: &[a.sge(0, 1 << 16)], op, flags: SIG }]).unwrap();
+            let w = poll_one::<H, _>(&a.scq, "write");
+            if w.status != WcStatus::IBV_WC_SUCCESS {
+                return (ok, w.status, a);
+            }
+            ok += 1;
+            if ok == 20 {
+                s2.store(true, Ordering::Release);
+            }
+        }
+    });
+    while !started.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    drop(target);
+    let (ok, status, a) = writer.join().unwrap();
+    assert!(ok >= 20);
+    assert_eq!(status, WcStatus::IBV_WC_REM_ACCESS_ERR);
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert_eq!(b.qp.state(), QpState::Err, "the responder QP goes to ERR too");
+}
+
+/// A QP connected to itself: a SEND loops back; a bad rkey faults the QP as requester and
+/// responder at once without deadlocking on its own send-queue guard.
+#[test]
+fn a_qp_connected_to_itself() {
+    let (ca, _cb) = hosts();
+    let mut a = conformance::Node::<H>::new(&ca, Opts::default());
+    let ea = a.endpoint(&a.qp, 0x42);
+    rpc_core::verbs::rc::connect(&a.qp, &a.addr.cfg, &ea, &ea).unwrap();
+    a.bytes_mut()[..4].copy_from_slice(b"echo");
+    post_recv(&a.qp, &[RecvWr { wr_id: 7, sg_list: &[a.sge(100, 16)] }]).unwrap();
+    post_send(&a.qp, &[send(1, &[a.sge(0, 4)], SIG)]).unwrap();
+    assert_eq!(poll_one::<H, _>(&a.rcq, "loopback receive").byte_len, 4);
+    assert_eq!(&a.bytes()[100..104], b"echo");
+    post_recv(&a.qp, &[RecvWr { wr_id: 8, sg_list: &[a.sge(200, 16)] }]).unwrap();
+    let op = SendOp::RdmaWrite { remote_addr: a.mr.addr(), rkey: a.mr.rkey() ^ 0x10000 };
+    post_send(&a.qp, &[SendWr { wr_id: 2, sg_list: &[a.sge(0, 4)], op, flags: SIG }]).unwrap();
+    let w = poll_n::<H, _>(&a.scq, 2, "send ok, write failed");
+    assert_eq!(statuses(&w), [(1, WcStatus::IBV_WC_SUCCESS), (2, WcStatus::IBV_WC_REM_ACCESS_ERR)]);
+    let r = poll_one::<H, _>(&a.rcq, "the receive flushed");
+    assert_eq!((r.wr_id, r.status), (8, WcStatus::IBV_WC_WR_FLUSH_ERR));
+    assert_eq!(a.qp.state(), QpState::Err);
+}
+
+/// The responder's host vanishes while the requester streams SENDs: the stream ends with a
+/// retry-exceeded error and flushes, never a hang or a panic.
+#[test]
+fn a_peer_vanishing_mid_stream() {
+    let (ca, cb) = hosts();
+    let (a, b) = pair::<H>(&ca, &cb, Opts { timeout: 1, retry_cnt: 2, cqe: 4096, ..Opts::default() });
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let receiver = std::thread::spawn(move || {
+        let mut n = 0u64;
+        let mut buf = [WorkCompletion::default(); 16];
+        while !stop2.load(Ordering::Acquire) {
+            let _ = post_recv(&b.qp, &[RecvWr { wr_id: n, sg_list: &[b.sge(0, 64)] }]);
+            n += 1;
+            let _ = b.rcq.poll(&mut buf);
+            std::thread::yield_now();
+        }
+        b
+    });
+    let s = [a.sge(0, 8)];
+    let mut last = WcStatus::IBV_WC_SUCCESS;
+    for i in 0..100_000u64 {
+        if i == 50 {
+            cb.vanish();
+        }
+        if post_send(&a.qp, &[send(i, &s, SIG)]).is_err() {
+            break;
+        }
+        last = poll_one::<H, _>(&a.scq, "send").status;
+        if last != WcStatus::IBV_WC_SUCCESS {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Release);
+    let b = receiver.join().unwrap();
+    assert_eq!(last, WcStatus::IBV_WC_RETRY_EXC_ERR);
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert_eq!(b.qp.state(), QpState::Err);
+}
+
+/// Handles dropped in a hostile order (context, PD and CQ handles before the QP that uses
+/// them): the QP keeps working, since it holds its parents.
+#[test]
+fn parents_dropped_before_the_qp() {
+    let (ca, cb) = hosts();
+    let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+    let conformance::Node { qp, scq, mr, pd, ctx, .. } = a;
+    drop((pd, ctx, ca));
+    post_recv(&b.qp, &[RecvWr { wr_id: 1, sg_list: &[b.sge(0, 64)] }]).unwrap();
+    post_send(&qp, &[send(1, &[mr.sge(0, 8)], SIG)]).unwrap();
+    let scq2 = scq.clone();
+    drop(scq);
+    assert_eq!(poll_one::<H, _>(&scq2, "send").status, WcStatus::IBV_WC_SUCCESS);
+    assert_eq!(poll_one::<H, _>(&b.rcq, "recv").status, WcStatus::IBV_WC_SUCCESS);
+    drop(qp);
+    drop(mr);
+}
+
+/// Bad attribute values in a transition get a named error, never a panic or a silent clamp.
+#[test]
+fn modify_with_out_of_range_values() {
+    use rpc_core::verbs::{AhAttr, GlobalRoute, Mtu};
+    let (ca, cb) = hosts();
+    let a = conformance::Node::<H>::new(&ca, Opts::default());
+    let mut init = QpAttr::new(QpState::Init);
+    init.port_num = Some(2);
+    init.pkey_index = Some(0);
+    init.access = Some(rpc_core::verbs::AccessFlags::LOCAL_WRITE);
+    assert!(matches!(a.qp.modify(&init), Err(VerbsError::QpTransition { .. })));
+    init.port_num = Some(1);
+    a.qp.modify(&init).unwrap();
+    let rtr = |f: &dyn Fn(&mut QpAttr)| {
+        let mut r = QpAttr::new(QpState::Rtr);
+        r.path_mtu = Some(Mtu::Mtu1024);
+        r.dest_qp_num = Some(0x11);
+        r.rq_psn = Some(0);
+        r.max_dest_rd_atomic = Some(1);
+        r.min_rnr_timer = Some(12);
+        r.ah = Some(AhAttr {
+            dlid: 0,
+            sl: 0,
+            port_num: 1,
+            grh: Some(GlobalRoute {
+                dgid: cb.gid(),
+                sgid_index: 0,
+                flow_label: 0,
+                hop_limit: 64,
+                traffic_class: 0,
+            }),
+        });
+        f(&mut r);
+        r
+    };
+    let bad: [&dyn Fn(&mut QpAttr); 5] = [
+        &|r| r.dest_qp_num = Some(1 << 24),
+        &|r| r.rq_psn = Some(u32::MAX),
+        &|r| r.min_rnr_timer = Some(32),
+        &|r| r.ah.as_mut().unwrap().grh.as_mut().unwrap().sgid_index = 3,
+        &|r| r.ah.as_mut().unwrap().port_num = 0,
+    ];
+    for f in bad {
+        let attr = rtr(f);
+        match a.qp.modify(&attr) {
+            Err(e @ VerbsError::QpTransition { .. }) => assert!(e.to_string().contains("Rtr"), "{e}"),
+            other => panic!("{attr:?}: expected QpTransition, got {other:?}"),
+        }
+        assert_eq!(a.qp.state(), QpState::Init, "a refused transition changes nothing");
+    }
+    a.qp.modify(&rtr(&|_| ())).unwrap();
+    assert_eq!(a.qp.state(), QpState::Rtr);
+}
+
+/// `select_gid` with an index the sim does not have, or a port it does not have.
+#[test]
+fn select_gid_with_a_wrong_index_or_port() {
+    use rpc_core::verbs::gid::select_gid;
+    let (ca, _cb) = hosts();
+    for idx in [1, 255, 256, i32::MAX] {
+        match select_gid::<Sim>(&ca, 1, idx) {
+            Err(e @ VerbsError::InvalidArgument { .. }) => {
+                assert!(e.to_string().contains(&format!("GID index {idx}")), "{e}")
+            }
+            other => panic!("index {idx}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+    for port in [0, 2, 255] {
+        assert!(matches!(select_gid::<Sim>(&ca, port, -1), Err(VerbsError::InvalidArgument { .. })));
+    }
+    assert_eq!(select_gid::<Sim>(&ca, 1, i32::MIN).unwrap().gid, ca.gid());
+}
+
+/// An inline WR whose gather list has an empty entry with a null address (an `Sge::default()`),
+/// queued behind a waiting WR: the empty entry contributes nothing (no null-pointer copy).
+#[test]
+fn queued_inline_send_with_an_empty_null_sge() {
+    let (ca, cb) = hosts();
+    let (a, b) = pair::<H>(&ca, &cb, Opts { min_rnr_timer: 1, ..Opts::default() });
+    let payload = *b"inline!!";
+    let sges = [Sge::default(), Sge { addr: payload.as_ptr() as u64, length: 8, lkey: 0 }, Sge::default()];
+    let s = [a.sge(0, 8)];
+    // No receive at b yet: #1 waits (RNR), #2 is queued behind it and copied at post time.
+    post_send(&a.qp, &[send(1, &s, SIG), send(2, &sges, SIG | SendFlags::INLINE)]).unwrap();
+    for i in 0..2u64 {
+        post_recv(&b.qp, &[RecvWr { wr_id: i, sg_list: &[b.sge(i as usize * 64, 64)] }]).unwrap();
+    }
+    let w = poll_n::<H, _>(&a.scq, 2, "both sends");
+    assert_eq!(statuses(&w), [(1, WcStatus::IBV_WC_SUCCESS), (2, WcStatus::IBV_WC_SUCCESS)]);
+    let r = poll_n::<H, _>(&b.rcq, 2, "both receives");
+    assert_eq!(r[1].byte_len, 8);
+    assert_eq!(&b.bytes()[64..72], b"inline!!");
 }
