@@ -558,3 +558,53 @@ fn the_file_descriptor_set_is_written_on_request() {
     assert!(names.contains(&"google/protobuf/timestamp.proto"), "imports included: {names:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Writes `contents` as `name` into a fresh include directory and generates it.
+fn generate_text(test: &str, name: &str, contents: &str) -> Result<Generated, Error> {
+    let include = out_dir(&format!("{test}-proto"));
+    std::fs::write(include.join(name), contents).expect("write proto");
+    let dir = out_dir(test);
+    let result = configure()
+        .out_dir(&dir)
+        .emit_rerun_if_changed(false)
+        .compile_protos_report(&[include.join(name)], std::slice::from_ref(&include));
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .expect("read output dir")
+        .map(|e| {
+            let e = e.expect("dir entry");
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(e.path()).expect("read"))
+        })
+        .collect();
+    files.sort();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&include);
+    result.map(|warnings| (warnings, files))
+}
+
+#[test]
+fn names_made_of_underscores_are_refused_at_their_place() {
+    // Protobuf accepts these identifiers; none has a Rust form (it would be empty), and
+    // prost-build used to panic inside the build script on the unparsable output.
+    let cases = [
+        ("service _ {\n  rpc Go(M) returns (M);\n}\n", "service `u._`", (4, 1)),
+        ("service S {\n  rpc __(M) returns (M);\n}\n", "RPC `u.S.__`", (5, 3)),
+        ("message N {\n  int32 _ = 1;\n}\n", "field `u.N._`", (5, 3)),
+        ("message N {\n  message _ {}\n}\n", "message `u.N._`", (5, 3)),
+        ("enum E {\n  E_ZERO = 0;\n  _ = 1;\n}\n", "enum value `u.E._`", (6, 3)),
+        ("message N {\n  oneof __ {\n    int32 a = 1;\n  }\n}\n", "oneof `u.N.__`", (5, 3)),
+    ];
+    for (i, (body, what, (line, column))) in cases.into_iter().enumerate() {
+        let text = format!("syntax = \"proto3\";\npackage u;\nmessage M {{}}\n{body}");
+        let err = generate_text(&format!("underscores{i}"), "u.proto", &text).expect_err(body);
+        let Error::Proto { path, line: l, column: c, reason } = &err else {
+            panic!("{body}: wrong error {err}")
+        };
+        assert!(path.ends_with("u.proto"), "{}", path.display());
+        assert_eq!(
+            reason,
+            &format!("{what} has no letter or digit, so it has no Rust name; rename it"),
+            "{body}"
+        );
+        assert_eq!((*l, *c), (line, column), "{body}: {err}");
+    }
+}
