@@ -9,7 +9,9 @@
 //!   unclosed fence is closed at the end of the comment;
 //! - every indented code block becomes a fenced `text` block (measured with the indentation the
 //!   line will have after prost-build adds its own leading space);
-//! - outside code, a `<` that would open an HTML tag (`<T>`, `list<string>`) is escaped as `\<`.
+//! - outside code, a `<` that would open an HTML tag (`<T>`, `list<string>`) is escaped as `\<`;
+//! - a carriage return inside a line (a "bare CR", which no doc comment may contain) becomes a
+//!   space.
 
 use prost_types::FileDescriptorSet;
 
@@ -64,6 +66,15 @@ fn fence_of(line: &str) -> Option<(char, usize, &str)> {
 /// Rewrites one comment's text (lines as protoc gives them, each usually starting with a space) so
 /// that rustdoc sees no Rust code block and no HTML tag. See the module docs.
 pub fn escape_doc(text: &str) -> String {
+    // A carriage return not ending a line is a "bare CR", which a doc comment must not contain
+    // (the generated file would not parse): it becomes a space; CRLF endings become LF.
+    let normalized;
+    let text = if text.contains('\r') {
+        normalized = text.replace("\r\n", "\n").replace('\r', " ");
+        normalized.as_str()
+    } else {
+        text
+    };
     let lines: Vec<&str> = text.lines().collect();
     let base = lines.iter().filter(|l| !l.trim().is_empty()).map(|l| emitted_indent(l)).min().unwrap_or(1);
 
@@ -235,6 +246,13 @@ mod tests {
     fn indentation_inside_a_paragraph_is_not_code() {
         let text = " first line\n     continued\n";
         assert_eq!(escape_doc(text), text);
+    }
+
+    #[test]
+    fn carriage_returns_never_reach_a_doc_comment() {
+        assert_eq!(escape_doc(" a lone\rCR\r\n next\r\n"), " a lone CR\n next\n");
+        assert_eq!(escape_doc(" ```\r\n x\r\n"), " ```text\n x\n ```\n");
+        assert_eq!(escape_doc("\r"), " ");
     }
 
     #[test]

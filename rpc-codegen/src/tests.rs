@@ -608,3 +608,19 @@ fn names_made_of_underscores_are_refused_at_their_place() {
         assert_eq!((*l, *c), (line, column), "{body}: {err}");
     }
 }
+
+#[test]
+fn a_carriage_return_inside_a_comment_does_not_break_the_generated_file() {
+    // A lone CR (an old Mac line ending, or pasted text) inside `//` comments of a service, an
+    // RPC and a message: prost-build used to panic on the unparsable doc comment.
+    let text = "syntax = \"proto3\";\npackage cr;\n// Leading\rcomment with unicode \u{e9}\u{2014}\u{1f600} and */.\n\
+                message M {\n  string a = 1; // trailing\rfield comment\n}\n// The\rservice.\nservice S {\n  \
+                // The\rRPC.\n  rpc Go(M) returns (M);\n}\n";
+    let (_, files) = generate_text("carriage_return", "cr.proto", text).expect("generation succeeds");
+    let code = file(&files, "cr.rs");
+    assert!(!code.contains('\r'), "{code:?}");
+    assert_has(code, "/// Leading comment with unicode \u{e9}\u{2014}\u{1f600} and */.");
+    assert_has(code, "/// The service.");
+    assert_has(code, "/// The RPC.");
+    assert_has(code, "fn go(&self, ctx: &RequestContext, request: super::M) -> Reply<super::M>;");
+}
