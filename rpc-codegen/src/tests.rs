@@ -593,6 +593,13 @@ fn names_made_of_underscores_are_refused_at_their_place() {
         ("enum E {\n  E_ZERO = 0;\n  _ = 1;\n}\n", "enum value `u.E._`", (6, 3)),
         ("message N {\n  oneof __ {\n    int32 a = 1;\n  }\n}\n", "oneof `u.N.__`", (5, 3)),
     ];
+    let package = "syntax = \"proto3\";\npackage p._.q;\nmessage M {}\n";
+    let err = generate_text("underscore_package", "p.proto", package).expect_err("package p._.q");
+    assert_eq!(
+        err.to_string().rsplit_once("p.proto:").map(|(_, rest)| rest.to_owned()).as_deref(),
+        Some("2:1: package `p._.q` has no letter or digit, so it has no Rust name; rename it"),
+        "{err}"
+    );
     for (i, (body, what, (line, column))) in cases.into_iter().enumerate() {
         let text = format!("syntax = \"proto3\";\npackage u;\nmessage M {{}}\n{body}");
         let err = generate_text(&format!("underscores{i}"), "u.proto", &text).expect_err(body);

@@ -1,8 +1,9 @@
 //! Proto names that give no Rust identifier. Protobuf accepts identifiers made of underscores only
 //! (`_`, `__`); prost-build and this generator build Rust names from their words (`to_snake_case`,
 //! `to_upper_camel_case`), which drop underscores, so such a name becomes the empty string and the
-//! generated file does not parse (prost-build then panics inside the build script). They are
-//! refused before anything is generated, with the place of the name.
+//! generated file does not parse (prost-build then panics inside the build script). The same holds
+//! for a package part (`package a._;`), which names a module. They are refused before anything is
+//! generated, with the place of the name.
 
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ use crate::proto_error::on_disk;
 use crate::Error;
 
 // Field numbers of `google/protobuf/descriptor.proto`, as `SourceCodeInfo` paths use them.
+const FILE_PACKAGE: i32 = 2;
 const FILE_MESSAGE: i32 = 4;
 const FILE_ENUM: i32 = 5;
 const FILE_SERVICE: i32 = 6;
@@ -35,19 +37,28 @@ struct Unnamed {
     path: Vec<i32>,
 }
 
-/// Checks every name prost-build or this generator turns into a Rust identifier: messages
-/// (nested too), fields, oneofs, enums, enum values, services and methods.
+/// Checks every name prost-build or this generator turns into a Rust identifier: package parts,
+/// messages (nested too), fields, oneofs, enums, enum values, services and methods.
 ///
 /// # Errors
 /// [`Error::Proto`] at the first such name (file, line and column when the set has source info),
 /// else [`Error::ProtoFile`] naming the file.
 pub fn check_rust_names(fds: &FileDescriptorSet, includes: &[PathBuf]) -> Result<(), Error> {
     for file in &fds.file {
-        if let Some(bad) = first_unnamed(file) {
-            let scope =
-                if file.package().is_empty() { String::new() } else { format!("{}.", file.package()) };
+        let package = file.package();
+        let unnamed_package = package.split('.').any(|part| !has_rust_name(part));
+        let bad = if !package.is_empty() && unnamed_package {
+            // A package's parts name the modules its code is reached through (`super::part::M`).
+            Some(Unnamed { kind: "package", name: package.to_owned(), path: vec![FILE_PACKAGE] })
+        } else {
+            first_unnamed(file).map(|b| Unnamed {
+                name: if package.is_empty() { b.name } else { format!("{package}.{}", b.name) },
+                ..b
+            })
+        };
+        if let Some(bad) = bad {
             let reason = format!(
-                "{} `{scope}{}` has no letter or digit, so it has no Rust name; rename it",
+                "{} `{}` has no letter or digit, so it has no Rust name; rename it",
                 bad.kind, bad.name
             );
             let location = file
