@@ -561,13 +561,20 @@ fn the_file_descriptor_set_is_written_on_request() {
 
 /// Writes `contents` as `name` into a fresh include directory and generates it.
 fn generate_text(test: &str, name: &str, contents: &str) -> Result<Generated, Error> {
+    generate_texts(test, &[(name, contents)])
+}
+
+/// Writes `files` (name, contents) into a fresh include directory and generates the first.
+fn generate_texts(test: &str, files: &[(&str, &str)]) -> Result<Generated, Error> {
     let include = out_dir(&format!("{test}-proto"));
-    std::fs::write(include.join(name), contents).expect("write proto");
+    for (name, contents) in files {
+        std::fs::write(include.join(name), contents).expect("write proto");
+    }
     let dir = out_dir(test);
     let result = configure()
         .out_dir(&dir)
         .emit_rerun_if_changed(false)
-        .compile_protos_report(&[include.join(name)], std::slice::from_ref(&include));
+        .compile_protos_report(&[include.join(files[0].0)], std::slice::from_ref(&include));
     let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
         .expect("read output dir")
         .map(|e| {
@@ -630,4 +637,25 @@ fn a_carriage_return_inside_a_comment_does_not_break_the_generated_file() {
     assert_has(code, "/// The service.");
     assert_has(code, "/// The RPC.");
     assert_has(code, "fn go(&self, ctx: &RequestContext, request: super::M) -> Reply<super::M>;");
+}
+
+#[test]
+fn an_import_cycle_is_refused_naming_the_cycle() {
+    let one = "syntax = \"proto3\";\npackage c;\nimport \"two.proto\";\nmessage A {}\n";
+    let two = "syntax = \"proto3\";\npackage c;\nimport \"one.proto\";\nmessage B {}\n";
+    let err = generate_texts("cycle", &[("one.proto", one), ("two.proto", two)]).expect_err("a cycle");
+    assert!(matches!(err, Error::ProtoFile { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "one.proto: import cycle detected: one.proto -> two.proto -> one.proto");
+}
+
+#[test]
+fn empty_files_do_not_fail() {
+    // prost-build writes no `<package>.rs` for them (an `include_proto!` of one fails to compile).
+    for (i, text) in ["", "syntax = \"proto3\";\n", "syntax = \"proto3\";\npackage e;\n// only a comment\n"]
+        .into_iter()
+        .enumerate()
+    {
+        let (warnings, _) = generate_text(&format!("empty{i}"), "e.proto", text).expect(text);
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
 }
