@@ -127,10 +127,17 @@ impl<T: Copy> Ring<T> {
     }
 
     /// Removes the oldest entry, giving `read` a raw pointer to it in place (for entries whose
-    /// producer initialised only part of the value). `None` when empty.
+    /// producer initialised only part of the value). `None` when empty: no entry pushed and not
+    /// yet claimed by a consumer.
+    ///
+    /// An entry a producer has claimed but not yet finished writing (another thread inside
+    /// [`Ring::push_with`]) is waited for, as crossbeam's `ArrayQueue` does: otherwise a receive
+    /// queue posted to from two threads could look empty to a SEND (an RNR) while a later WQE was
+    /// already posted, and entries would not be taken oldest first.
     #[inline]
     pub(crate) fn pop_raw<R>(&self, read: impl FnOnce(*const T) -> R) -> Option<R> {
         let mut pos = self.head.load(Ordering::Relaxed);
+        let mut spins = 0u32;
         loop {
             let slot = &self.slots[pos & self.mask];
             let seq = slot.seq.load(Ordering::Acquire);
@@ -152,7 +159,19 @@ impl<T: Copy> Ring<T> {
                     Err(now) => pos = now,
                 }
             } else if dif < 0 {
-                return None;
+                // The slot is not written for this lap yet. Empty only if no producer has
+                // claimed this position (the tail has not moved past it).
+                let tail = self.tail.load(Ordering::Acquire);
+                if tail == pos {
+                    return None;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+                pos = self.head.load(Ordering::Relaxed);
             } else {
                 pos = self.head.load(Ordering::Relaxed);
             }
@@ -230,6 +249,34 @@ mod tests {
         // A really full ring still refuses at once.
         assert!(r.push(4) && r.push(5));
         assert!(!r.push(6));
+    }
+
+    #[test]
+    fn a_pop_waits_for_a_producer_still_writing_the_oldest_entry_instead_of_failing() {
+        use std::sync::atomic::AtomicBool;
+        let r = Arc::new(Ring::<u64>::new(4));
+        let popping = Arc::new(AtomicBool::new(false));
+        let mut other = None;
+        let pushed = r.push_with(|slot| {
+            // This producer holds position 0. Another thread pushes 2 (position 1, complete),
+            // then pops: the ring is not empty, and its oldest entry is the one being written.
+            let (r2, p2) = (r.clone(), popping.clone());
+            other = Some(std::thread::spawn(move || {
+                assert!(r2.push(2));
+                p2.store(true, Ordering::Release);
+                r2.pop()
+            }));
+            while !popping.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            // Give the other thread the chance to reach the slot (no timing is asserted).
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            slot.write(1);
+        });
+        assert!(pushed);
+        assert_eq!(other.unwrap().join().unwrap(), Some(1), "the oldest entry, once written");
+        assert_eq!(r.pop(), Some(2));
+        assert_eq!(r.pop(), None, "a really empty ring answers at once");
     }
 
     #[test]
