@@ -414,3 +414,47 @@ fn queued_inline_send_with_an_empty_null_sge() {
     assert_eq!(r[1].byte_len, 8);
     assert_eq!(&b.bytes()[64..72], b"inline!!");
 }
+
+/// A receive buffer belongs to the caller again once its QP is destroyed (`QueuePair` docs:
+/// outstanding WRs are discarded). A peer streaming SENDs into it at that moment must not be
+/// writing it after the drop returns: the caller overwrites the buffer right after the drop and
+/// finds its own bytes there once the peer has stopped.
+#[test]
+fn no_write_lands_in_a_receive_buffer_after_its_qp_is_dropped() {
+    const LEN: usize = 1 << 20;
+    for round in 0..8 {
+        let (ca, cb) = hosts();
+        let opts = Opts { mr_len: LEN, cqe: 4096, timeout: 1, retry_cnt: 1, ..Opts::default() };
+        let (mut a, mut b) = pair::<H>(&ca, &cb, opts);
+        a.bytes_mut().fill(0x5a);
+        // Every receive WQE scatters into the same buffer: the whole MR.
+        let whole = [b.sge(0, LEN as u32)];
+        let wrs: Vec<RecvWr<'_>> = (0..64).map(|i| RecvWr { wr_id: i, sg_list: &whole }).collect();
+        post_recv(&b.qp, &wrs).unwrap();
+        let streaming = Arc::new(AtomicBool::new(true));
+        let s2 = streaming.clone();
+        let sender = std::thread::spawn(move || {
+            let s = [a.sge(0, LEN as u32)];
+            let mut i = 0u64;
+            while s2.load(Ordering::Acquire) {
+                if post_send(&a.qp, &[send(i, &s, SIG)]).is_err() {
+                    break;
+                }
+                if poll_one::<H, _>(&a.scq, "send").status != WcStatus::IBV_WC_SUCCESS {
+                    break;
+                }
+                i += 1;
+            }
+            a
+        });
+        // Wait until the stream runs, then destroy the receiving QP in the middle of it.
+        poll_one::<H, _>(&b.rcq, "a first receive");
+        let spare = b.extra_qp();
+        drop(std::mem::replace(&mut b.qp, spare));
+        b.bytes_mut().fill(0xab);
+        streaming.store(false, Ordering::Release);
+        let _a = sender.join().unwrap();
+        let stray = b.bytes().iter().filter(|&&x| x != 0xab).count();
+        assert_eq!(stray, 0, "round {round}: {stray} bytes written after the QP was dropped");
+    }
+}

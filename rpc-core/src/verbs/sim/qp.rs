@@ -911,6 +911,12 @@ impl Drop for SimQp {
     fn drop(&mut self) {
         let c = &*self.core;
         c.destroyed.store(true, Ordering::SeqCst);
+        // A peer's transfer into this QP's receive buffers runs under the *peer's* guard: wait
+        // for every transfer that may have seen the QP alive (a grace period, as for MR
+        // deregistration), so that no byte lands in a receive buffer, and no CQE of this QP
+        // appears, once the drop has returned and the buffers are the caller's again. Later
+        // transfers see `destroyed` and lose their packets.
+        super::fabric::quiesce();
         c.with_sq(|st| {
             st.head = st.tail;
             st.stall = None;
