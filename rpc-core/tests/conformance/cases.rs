@@ -676,7 +676,7 @@ pub fn req_notify_and_wait<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let flag = armed.clone();
     let waiter = std::thread::spawn(move || {
         flag.store(true, Ordering::SeqCst);
-        let woke = rcq.wait(Some(H::TIMEOUT)).expect("wait");
+        let woke = rcq.wait(Some(H::timeout())).expect("wait");
         let mut buf = [rpc_core::verbs::WorkCompletion::default(); 4];
         let n = rcq.poll(&mut buf).expect("poll");
         (woke, buf[..n].to_vec())

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::fabric::fabric;
 use super::qp::{Link, QpCore, StallKind, ST_RTR, ST_RTS};
-use super::srq::{pop_recv, pop_recv_id};
+use super::srq::{pop_recv, pop_recv_id, rq_sge};
 use super::MAX_SGE;
 use crate::verbs::{AccessFlags, SendFlags, SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
 
@@ -88,22 +88,36 @@ unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
     }
 }
 
-/// Copies `n <= 64` bytes by 8-byte words, then bytes.
+/// Copies `n <= 64` bytes with at most two (overlapping) loads and stores per size class, as
+/// small-size memcpy does, instead of a call.
 ///
 /// # Safety
 /// `s` valid for reads and `d` for writes of `n` bytes; the ranges do not overlap.
 #[inline(always)]
 unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: `i + 8 <= n`, inside both ranges; unaligned access is allowed.
-        unsafe { (d.add(i) as *mut u64).write_unaligned((s.add(i) as *const u64).read_unaligned()) };
-        i += 8;
+    #[inline(always)]
+    unsafe fn two<T: Copy>(s: *const u8, d: *mut u8, n: usize) {
+        let k = std::mem::size_of::<T>();
+        // SAFETY: `k <= n <= 2k` (callers' size classes), so `[0, k)` and `[n - k, n)` lie in
+        // both ranges; unaligned accesses are allowed; both loads happen before the stores.
+        unsafe {
+            let a = (s as *const T).read_unaligned();
+            let b = (s.add(n - k) as *const T).read_unaligned();
+            (d as *mut T).write_unaligned(a);
+            (d.add(n - k) as *mut T).write_unaligned(b);
+        }
     }
-    while i < n {
-        // SAFETY: `i < n`, inside both ranges.
-        unsafe { *d.add(i) = *s.add(i) };
-        i += 1;
+    // SAFETY: in every arm the size class satisfies `two`'s bound; ranges as the caller promised.
+    unsafe {
+        match n {
+            0 => {}
+            1 => *d = *s,
+            2..=3 => two::<u16>(s, d, n),
+            4..=7 => two::<u32>(s, d, n),
+            8..=15 => two::<u64>(s, d, n),
+            16..=31 => two::<u128>(s, d, n),
+            _ => two::<[u128; 2]>(s, d, n),
+        }
     }
 }
 
@@ -179,7 +193,9 @@ impl QpCore {
         if (pst != ST_RTR && pst != ST_RTS) || peer.epsn.load(Ordering::Relaxed) != link.psn {
             return Outcome::Stall(StallKind::Lost);
         }
-        let npkts = len.div_ceil(link.mtu as u64).max(1) as u32;
+        // Path MTUs are powers of two: a shift, not a division.
+        let shift = link.mtu.trailing_zeros();
+        let npkts = ((len + link.mtu as u64 - 1) >> shift).max(1) as u32;
         let next_psn = link.psn.wrapping_add(npkts) & 0x00ff_ffff;
         let solicited = v.flags.contains(SendFlags::SOLICITED);
 
@@ -189,9 +205,14 @@ impl QpCore {
                 let pd = peer.recv_pd();
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
                 let mut dn = 0;
-                let popped = pop_recv(peer.recv_ring(), |wr_id, sges| {
+                let popped = pop_recv(peer.recv_ring(), |wr_id, nsge, w| {
+                    dn = 0;
                     let mut room = 0u64;
-                    for s in sges.iter().filter(|s| s.length > 0) {
+                    for i in 0..nsge {
+                        let s = rq_sge(w, i);
+                        if s.length == 0 {
+                            continue;
+                        }
                         match peer.host.mrs.resolve(s.lkey, pd, s.addr, s.length, AccessFlags::LOCAL_WRITE) {
                             Ok(p) => {
                                 dst[dn].write((p, s.length as usize));
@@ -216,6 +237,7 @@ impl QpCore {
                 }
                 // SAFETY: the first `dn` entries of `dst` were written above.
                 let dst = unsafe { std::slice::from_raw_parts(dst.as_ptr() as *const Seg, dn) };
+                let cqe = peer.recv_cq.claim();
                 // SAFETY: `segs` were resolved against live MRs (or are inline bytes / the
                 // caller's inline buffers valid during the post), `dst` against the responder's
                 // live MRs with LOCAL_WRITE; MRs cannot be deregistered while we hold our guard
@@ -227,7 +249,8 @@ impl QpCore {
                     SendOp::SendWithImm { imm } => Some(imm),
                     _ => None,
                 };
-                peer.recv_cq.push(
+                peer.recv_cq.publish(
+                    cqe,
                     WorkCompletion {
                         wr_id: recv_wr_id,
                         status: WcStatus::IBV_WC_SUCCESS,
@@ -240,6 +263,7 @@ impl QpCore {
                     },
                     solicited,
                 );
+                peer.recv_ring().prefetch_next();
                 Outcome::Done(len)
             }
             SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. } => {
@@ -267,7 +291,7 @@ impl QpCore {
                 };
                 let recv = match v.op {
                     SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(peer.recv_ring()) {
-                        Some(wr_id) => Some((wr_id, imm)),
+                        Some(wr_id) => Some((wr_id, imm, peer.recv_cq.claim())),
                         None => return Outcome::Stall(StallKind::Rnr),
                     },
                     _ => None,
@@ -279,8 +303,9 @@ impl QpCore {
                 }
                 peer.epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
-                if let Some((wr_id, imm)) = recv {
-                    peer.recv_cq.push(
+                if let Some((wr_id, imm, cqe)) = recv {
+                    peer.recv_cq.publish(
+                        cqe,
                         WorkCompletion {
                             wr_id,
                             status: WcStatus::IBV_WC_SUCCESS,
@@ -347,5 +372,30 @@ impl QpCore {
             );
         }
         peer.set_error();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_segs_small_and_split_sizes() {
+        for n in 0..=200usize {
+            let src: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+            let mut dst = vec![0xaau8; n + 8];
+            // SAFETY: both buffers are live and at least `n` bytes long, and disjoint.
+            unsafe { copy_segs(&[(src.as_ptr() as *mut u8, n)], &[(dst.as_mut_ptr(), n)]) };
+            assert_eq!(&dst[..n], &src[..], "{n} bytes");
+            assert!(dst[n..].iter().all(|&b| b == 0xaa), "nothing past {n} bytes");
+            // Scattered into three pieces.
+            let mut out = vec![0u8; n + 2];
+            let (a, rest) = out.split_at_mut(n / 3);
+            let (b, c) = rest.split_at_mut(n / 3 + 1);
+            let segs = [(a.as_mut_ptr(), a.len()), (b.as_mut_ptr(), b.len()), (c.as_mut_ptr(), c.len())];
+            // SAFETY: as above; the destination pieces are disjoint and cover `n + 2` bytes.
+            unsafe { copy_segs(&[(src.as_ptr() as *mut u8, n)], &segs) };
+            assert_eq!(&out[..n], &src[..], "{n} bytes scattered");
+        }
     }
 }

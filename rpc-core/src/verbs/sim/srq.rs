@@ -2,47 +2,49 @@
 //! shared receive queue (SRQ). Both are a [`Ring`] of fixed-size receive WQEs, posted by the
 //! owner and consumed by the requester's executor (lock-free on both sides).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::host::{HostCore, SimPd};
-use super::ring::Ring;
+use super::ring::{ld, st, Ring};
 use super::{MAX_SGE, MAX_SRQ_WR};
 use crate::verbs::{RecvWr, Result, Sge, SharedReceiveQueue, SrqInitAttr, VerbsError};
 
-/// A posted receive WQE (SGEs copied at post time, as the NIC copies the WQE). Only the first
-/// `nsge` SGEs are written and read.
-#[derive(Clone, Copy)]
-pub(crate) struct RecvWqe {
-    pub(crate) wr_id: u64,
-    pub(crate) nsge: u32,
-    pub(crate) sges: [Sge; MAX_SGE],
+/// Words of a receive WQE in its ring: `wr_id`, the SGE count, then per SGE `addr` and
+/// `length | lkey << 32`. Only the first `2 + 2 * nsge` words are written and read.
+pub(crate) const RQ_WORDS: usize = 2 + 2 * MAX_SGE;
+
+/// A receive queue ring (RQ or SRQ).
+pub(crate) type RecvRing = Ring<RQ_WORDS>;
+
+/// Pops the oldest receive WQE of `ring` and gives `f` its `wr_id`, SGE count and words (read
+/// the SGEs with [`rq_sge`]), in place. `f` may run more than once if consumers race; the
+/// winning run's result is returned.
+#[inline]
+pub(crate) fn pop_recv<R>(
+    ring: &RecvRing,
+    mut f: impl FnMut(u64, usize, &[AtomicU64; RQ_WORDS]) -> R,
+) -> Option<R> {
+    ring.pop(|w| f(ld(&w[0]), (ld(&w[1]) as usize).min(MAX_SGE), w))
 }
 
-/// Pops the oldest receive WQE of `ring` and gives `f` its `wr_id` and SGEs, in place.
-#[inline]
-pub(crate) fn pop_recv<R>(ring: &Ring<RecvWqe>, f: impl FnOnce(u64, &[Sge]) -> R) -> Option<R> {
-    ring.pop_raw(|p| {
-        // SAFETY: `post_recv_ring` wrote `wr_id`, `nsge` (<= MAX_SGE) and the first `nsge` SGEs
-        // of this slot before publishing it; we read exactly those, through raw pointers.
-        unsafe {
-            let wr_id = std::ptr::addr_of!((*p).wr_id).read();
-            let n = (std::ptr::addr_of!((*p).nsge).read() as usize).min(MAX_SGE);
-            let sges = std::slice::from_raw_parts(std::ptr::addr_of!((*p).sges) as *const Sge, n);
-            f(wr_id, sges)
-        }
-    })
+/// SGE `i` of a receive WQE's words.
+#[inline(always)]
+pub(crate) fn rq_sge(w: &[AtomicU64; RQ_WORDS], i: usize) -> Sge {
+    let lk = ld(&w[3 + 2 * i]);
+    Sge { addr: ld(&w[2 + 2 * i]), length: lk as u32, lkey: (lk >> 32) as u32 }
 }
 
 /// Pops the oldest receive WQE of `ring`, returning its `wr_id`.
 #[inline]
-pub(crate) fn pop_recv_id(ring: &Ring<RecvWqe>) -> Option<u64> {
-    pop_recv(ring, |wr_id, _| wr_id)
+pub(crate) fn pop_recv_id(ring: &RecvRing) -> Option<u64> {
+    ring.pop(|w| ld(&w[0]))
 }
 
 /// Posts `wrs` to `ring`, in order; stops at the first WR that does not fit.
 #[inline]
 pub(crate) fn post_recv_ring(
-    ring: &Ring<RecvWqe>,
+    ring: &RecvRing,
     call: &'static str,
     max_sge: u32,
     wrs: &[RecvWr<'_>],
@@ -56,15 +58,12 @@ pub(crate) fn post_recv_ring(
                 reason: format!("{n} SGEs, the queue allows {max_sge}"),
             });
         }
-        let pushed = ring.push_with(|slot| {
-            let p = slot.as_mut_ptr();
-            // SAFETY: `p` is this thread's exclusive slot; we write the header and the first `n`
-            // (<= MAX_SGE) SGEs, which is all a reader (`pop_recv`) reads.
-            unsafe {
-                std::ptr::addr_of_mut!((*p).wr_id).write(wr.wr_id);
-                std::ptr::addr_of_mut!((*p).nsge).write(n as u32);
-                let sges = std::ptr::addr_of_mut!((*p).sges) as *mut Sge;
-                std::ptr::copy_nonoverlapping(wr.sg_list.as_ptr(), sges, n);
+        let pushed = ring.push(|w| {
+            st(&w[0], wr.wr_id);
+            st(&w[1], n as u64);
+            for (i, sge) in wr.sg_list.iter().enumerate() {
+                st(&w[2 + 2 * i], sge.addr);
+                st(&w[3 + 2 * i], sge.length as u64 | (sge.lkey as u64) << 32);
             }
         });
         if !pushed {
@@ -79,7 +78,7 @@ pub(crate) fn post_recv_ring(
 }
 
 pub(crate) struct SrqCore {
-    pub(crate) ring: Ring<RecvWqe>,
+    pub(crate) ring: RecvRing,
     pub(crate) max_sge: u32,
     pub(crate) pd: u32,
     pub(crate) _host: Arc<HostCore>,
@@ -120,7 +119,7 @@ impl SimSrq {
         }
         Ok(SimSrq {
             core: Arc::new(SrqCore {
-                ring: Ring::new(attr.max_wr as usize),
+                ring: Ring::with_headroom(attr.max_wr as usize),
                 max_sge: attr.max_sge.max(1),
                 pd: pd.inner.id,
                 _host: pd.inner.host.clone(),
