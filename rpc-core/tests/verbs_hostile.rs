@@ -458,3 +458,30 @@ fn no_write_lands_in_a_receive_buffer_after_its_qp_is_dropped() {
         assert_eq!(stray, 0, "round {round}: {stray} bytes written after the QP was dropped");
     }
 }
+
+/// Connecting to a QP number nobody has, or to a GID no host has: the connection itself
+/// succeeds (as on a NIC: nothing is sent at RTR), and the first SEND fails with retry exceeded.
+#[test]
+fn connecting_to_a_qp_or_host_that_does_not_exist() {
+    use rpc_core::verbs::rc::{connect, Endpoint};
+    use rpc_core::verbs::Gid;
+    let (ca, cb) = hosts();
+    let opts = Opts { timeout: 1, retry_cnt: 1, ..Opts::default() };
+    for (what, gid, qp_num) in [
+        ("no such QP", cb.gid(), 0x00ab_cdef),
+        ("no such host", Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xfe]), 0x11),
+    ] {
+        let a = conformance::Node::<H>::new(&ca, opts);
+        let local = a.endpoint(&a.qp, 1);
+        let remote = Endpoint { qp_num, psn: 2, lid: 0, gid, mtu: local.mtu };
+        connect(&a.qp, &a.addr.cfg, &local, &remote).expect(what);
+        post_send(&a.qp, &[send(1, &[a.sge(0, 8)], SIG), send(2, &[a.sge(0, 8)], SIG)]).unwrap();
+        let w = poll_n::<H, _>(&a.scq, 2, what);
+        assert_eq!(
+            statuses(&w),
+            [(1, WcStatus::IBV_WC_RETRY_EXC_ERR), (2, WcStatus::IBV_WC_WR_FLUSH_ERR)],
+            "{what}"
+        );
+        assert_eq!(a.qp.state(), QpState::Err, "{what}");
+    }
+}
