@@ -7,6 +7,7 @@
 // prost's messages carry docs only where the proto has comments.
 #![allow(missing_docs)]
 
+pub mod hostile_services;
 pub mod services;
 
 /// `package helloworld`.
@@ -68,4 +69,24 @@ pub mod codegen {
 /// A file without `package` (prost-build names its output `_.rs`).
 pub mod no_package {
     rpc_core::include_proto!("_");
+}
+
+/// Hostile but valid protos (`codegen-tests/proto/`, and two written by the build script).
+pub mod hostile {
+    /// `package hostile.a`: deep nesting, a service without methods, names shared with `b`.
+    pub mod a {
+        rpc_core::include_proto!("hostile.a");
+    }
+    /// `package hostile.b`: the same service and message names as `a`.
+    pub mod b {
+        rpc_core::include_proto!("hostile.b");
+    }
+    /// Carriage returns and text-direction code points in comments.
+    pub mod control {
+        rpc_core::include_proto!("hostile.control");
+    }
+    /// A service with 300 methods.
+    pub mod many {
+        rpc_core::include_proto!("hostile.many");
+    }
 }

@@ -10,6 +10,7 @@ use crate::comments::escape_fds_comments;
 use crate::generator::RpcServiceGenerator;
 use crate::method_id::check_method_ids;
 use crate::proto_error::from_protox;
+use crate::unnamed::check_rust_names;
 use crate::Error;
 
 /// Configures code generation; made by [`configure`](crate::configure). Every option has a default
@@ -195,8 +196,8 @@ impl Builder {
     /// and generates the code. No system `protoc` is used.
     ///
     /// # Errors
-    /// - [`Error::Proto`]: a syntax error, unknown type or missing import, with file, line, column
-    ///   and reason;
+    /// - [`Error::Proto`]: a syntax error, unknown type or missing import, or a name made of
+    ///   underscores only (it has no Rust form), with file, line, column and reason;
     /// - [`Error::ProtoFile`]: a file not found or outside every include path, an import cycle;
     /// - [`Error::MethodIdCollision`], [`Error::ReservedMethodId`], [`Error::NameClash`];
     /// - [`Error::NoOutDir`], [`Error::Io`].
@@ -248,6 +249,7 @@ impl Builder {
     /// Checks, then runs prost-build with our service generator; prints and returns the warnings.
     /// `includes` resolve proto file names to paths on disk for the messages.
     fn generate(mut self, mut fds: FileDescriptorSet, includes: &[PathBuf]) -> Result<Vec<String>, Error> {
+        check_rust_names(&fds, includes)?;
         check_method_ids(&fds)?;
         let findings = check(&fds, includes)?;
         escape_fds_comments(&mut fds);

@@ -9,7 +9,11 @@
 //!   unclosed fence is closed at the end of the comment;
 //! - every indented code block becomes a fenced `text` block (measured with the indentation the
 //!   line will have after prost-build adds its own leading space);
-//! - outside code, a `<` that would open an HTML tag (`<T>`, `list<string>`) is escaped as `\<`.
+//! - outside code, a `<` that would open an HTML tag (`<T>`, `list<string>`) is escaped as `\<`;
+//! - a carriage return inside a line (a "bare CR", which no doc comment may contain) becomes a
+//!   space;
+//! - a code point that changes the direction of text (`U+202E`, ...), which rustc refuses in any
+//!   comment, is written out as its `U+` name.
 
 use prost_types::FileDescriptorSet;
 
@@ -64,6 +68,25 @@ fn fence_of(line: &str) -> Option<(char, usize, &str)> {
 /// Rewrites one comment's text (lines as protoc gives them, each usually starting with a space) so
 /// that rustdoc sees no Rust code block and no HTML tag. See the module docs.
 pub fn escape_doc(text: &str) -> String {
+    // A carriage return not ending a line is a "bare CR", which a doc comment must not contain
+    // (the generated file would not parse): it becomes a space; CRLF endings become LF. A code
+    // point that changes the direction of text is refused by rustc in any comment (the lint
+    // `text_direction_codepoint_in_comment`, deny by default): it is written out as `U+202E`.
+    let normalized;
+    let text = if text.contains(|c| c == '\r' || is_bidi_control(c)) {
+        let mut t = String::with_capacity(text.len() + 16);
+        for c in text.replace("\r\n", "\n").chars() {
+            match c {
+                '\r' => t.push(' '),
+                c if is_bidi_control(c) => t.push_str(&format!("U+{:04X}", c as u32)),
+                c => t.push(c),
+            }
+        }
+        normalized = t;
+        normalized.as_str()
+    } else {
+        text
+    };
     let lines: Vec<&str> = text.lines().collect();
     let base = lines.iter().filter(|l| !l.trim().is_empty()).map(|l| emitted_indent(l)).min().unwrap_or(1);
 
@@ -146,6 +169,12 @@ pub fn escape_doc(text: &str) -> String {
         out.pop();
     }
     out
+}
+
+/// The code points rustc's `text_direction_codepoint_in_comment` lint refuses (bidirectional
+/// embeddings, overrides and isolates).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Copies `line` into `out`, escaping `<` where it would open an HTML tag (a letter, `/`, `!` or
@@ -235,6 +264,21 @@ mod tests {
     fn indentation_inside_a_paragraph_is_not_code() {
         let text = " first line\n     continued\n";
         assert_eq!(escape_doc(text), text);
+    }
+
+    #[test]
+    fn carriage_returns_never_reach_a_doc_comment() {
+        assert_eq!(escape_doc(" a lone\rCR\r\n next\r\n"), " a lone CR\n next\n");
+        assert_eq!(escape_doc(" ```\r\n x\r\n"), " ```text\n x\n ```\n");
+        assert_eq!(escape_doc("\r"), " ");
+    }
+
+    #[test]
+    fn text_direction_code_points_are_written_out() {
+        assert_eq!(
+            escape_doc(" admin\u{202E} \u{2066}x\u{2069} \u{200F}ok"),
+            " adminU+202E U+2066xU+2069 \u{200F}ok"
+        );
     }
 
     #[test]

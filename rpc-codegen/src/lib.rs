@@ -96,7 +96,8 @@
 //! When a generated name is taken — an RPC called `connect`, or one whose `_with` variant is another
 //! RPC's name — the later claim gets a trailing `_` (the RPCs' own names win, then their variants,
 //! then the stub's own methods: with an RPC `Connect`, the constructor is `connect_`).
-//! Proto names that differ only in case (`SayHello`, `say_hello`) are refused with an error.
+//! Proto names that differ only in case (`SayHello`, `say_hello`) are refused with an error, and so
+//! are names made of underscores only (`_`, `__`: protobuf allows them, but they have no Rust form).
 //!
 //! **Comments** become rustdoc. Code blocks in them become `text` blocks, so they neither run as
 //! doctests nor break `cargo doc`; `<tag>`-looking text is escaped.
@@ -114,6 +115,7 @@ mod method_id;
 mod names;
 mod proto_error;
 mod server;
+mod unnamed;
 
 #[cfg(test)]
 mod tests;

@@ -558,3 +558,104 @@ fn the_file_descriptor_set_is_written_on_request() {
     assert!(names.contains(&"google/protobuf/timestamp.proto"), "imports included: {names:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Writes `contents` as `name` into a fresh include directory and generates it.
+fn generate_text(test: &str, name: &str, contents: &str) -> Result<Generated, Error> {
+    generate_texts(test, &[(name, contents)])
+}
+
+/// Writes `files` (name, contents) into a fresh include directory and generates the first.
+fn generate_texts(test: &str, files: &[(&str, &str)]) -> Result<Generated, Error> {
+    let include = out_dir(&format!("{test}-proto"));
+    for (name, contents) in files {
+        std::fs::write(include.join(name), contents).expect("write proto");
+    }
+    let dir = out_dir(test);
+    let result = configure()
+        .out_dir(&dir)
+        .emit_rerun_if_changed(false)
+        .compile_protos_report(&[include.join(files[0].0)], std::slice::from_ref(&include));
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .expect("read output dir")
+        .map(|e| {
+            let e = e.expect("dir entry");
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(e.path()).expect("read"))
+        })
+        .collect();
+    files.sort();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&include);
+    result.map(|warnings| (warnings, files))
+}
+
+#[test]
+fn names_made_of_underscores_are_refused_at_their_place() {
+    // Protobuf accepts these identifiers; none has a Rust form (it would be empty), and
+    // prost-build used to panic inside the build script on the unparsable output.
+    let cases = [
+        ("service _ {\n  rpc Go(M) returns (M);\n}\n", "service `u._`", (4, 1)),
+        ("service S {\n  rpc __(M) returns (M);\n}\n", "RPC `u.S.__`", (5, 3)),
+        ("message N {\n  int32 _ = 1;\n}\n", "field `u.N._`", (5, 3)),
+        ("message N {\n  message _ {}\n}\n", "message `u.N._`", (5, 3)),
+        ("enum E {\n  E_ZERO = 0;\n  _ = 1;\n}\n", "enum value `u.E._`", (6, 3)),
+        ("message N {\n  oneof __ {\n    int32 a = 1;\n  }\n}\n", "oneof `u.N.__`", (5, 3)),
+    ];
+    let package = "syntax = \"proto3\";\npackage p._.q;\nmessage M {}\n";
+    let err = generate_text("underscore_package", "p.proto", package).expect_err("package p._.q");
+    assert_eq!(
+        err.to_string().rsplit_once("p.proto:").map(|(_, rest)| rest.to_owned()).as_deref(),
+        Some("2:1: package `p._.q` has no letter or digit, so it has no Rust name; rename it"),
+        "{err}"
+    );
+    for (i, (body, what, (line, column))) in cases.into_iter().enumerate() {
+        let text = format!("syntax = \"proto3\";\npackage u;\nmessage M {{}}\n{body}");
+        let err = generate_text(&format!("underscores{i}"), "u.proto", &text).expect_err(body);
+        let Error::Proto { path, line: l, column: c, reason } = &err else {
+            panic!("{body}: wrong error {err}")
+        };
+        assert!(path.ends_with("u.proto"), "{}", path.display());
+        assert_eq!(
+            reason,
+            &format!("{what} has no letter or digit, so it has no Rust name; rename it"),
+            "{body}"
+        );
+        assert_eq!((*l, *c), (line, column), "{body}: {err}");
+    }
+}
+
+#[test]
+fn a_carriage_return_inside_a_comment_does_not_break_the_generated_file() {
+    // A lone CR (an old Mac line ending, or pasted text) inside `//` comments of a service, an
+    // RPC and a message: prost-build used to panic on the unparsable doc comment.
+    let text = "syntax = \"proto3\";\npackage cr;\n// Leading\rcomment with unicode \u{e9}\u{2014}\u{1f600} and */.\n\
+                message M {\n  string a = 1; // trailing\rfield comment\n}\n// The\rservice.\nservice S {\n  \
+                // The\rRPC.\n  rpc Go(M) returns (M);\n}\n";
+    let (_, files) = generate_text("carriage_return", "cr.proto", text).expect("generation succeeds");
+    let code = file(&files, "cr.rs");
+    assert!(!code.contains('\r'), "{code:?}");
+    assert_has(code, "/// Leading comment with unicode \u{e9}\u{2014}\u{1f600} and */.");
+    assert_has(code, "/// The service.");
+    assert_has(code, "/// The RPC.");
+    assert_has(code, "fn go(&self, ctx: &RequestContext, request: super::M) -> Reply<super::M>;");
+}
+
+#[test]
+fn an_import_cycle_is_refused_naming_the_cycle() {
+    let one = "syntax = \"proto3\";\npackage c;\nimport \"two.proto\";\nmessage A {}\n";
+    let two = "syntax = \"proto3\";\npackage c;\nimport \"one.proto\";\nmessage B {}\n";
+    let err = generate_texts("cycle", &[("one.proto", one), ("two.proto", two)]).expect_err("a cycle");
+    assert!(matches!(err, Error::ProtoFile { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "one.proto: import cycle detected: one.proto -> two.proto -> one.proto");
+}
+
+#[test]
+fn empty_files_do_not_fail() {
+    // prost-build writes no `<package>.rs` for them (an `include_proto!` of one fails to compile).
+    for (i, text) in ["", "syntax = \"proto3\";\n", "syntax = \"proto3\";\npackage e;\n// only a comment\n"]
+        .into_iter()
+        .enumerate()
+    {
+        let (warnings, _) = generate_text(&format!("empty{i}"), "e.proto", text).expect(text);
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+}

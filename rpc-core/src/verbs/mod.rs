@@ -197,7 +197,8 @@ pub trait CompletionQueue: Clone + Send + Sync + 'static {
     /// [`VerbsError::InvalidArgument`] when the CQ was created without events.
     fn req_notify(&self, solicited_only: bool) -> Result<()>;
 
-    /// Blocks until the armed CQ signals or `timeout` passes (`None` = forever), then acknowledges
+    /// Blocks until the armed CQ signals or `timeout` passes (`None`, or a timeout too large for
+    /// the clock such as `Duration::MAX` = forever), then acknowledges
     /// the event (`ibv_get_cq_event` + `ibv_ack_cq_events`). Returns `true` when an event arrived.
     /// The usual loop is: `req_notify`, `poll` until empty, `wait`, repeat.
     ///

@@ -46,14 +46,15 @@ impl AsyncEvents {
     /// # Safety
     /// `ctx` must be an open context that stays open until the returned value is dropped.
     pub(super) unsafe fn start(ctx: *mut ibv_context, name: &str) -> Result<AsyncEvents> {
+        // SAFETY: `ctx` is open (caller's contract); `async_fd` is a field libibverbs set at open.
+        let async_fd = unsafe { (*ctx).async_fd };
+        // Before the eventfd exists, so that this early return leaks nothing.
+        set_nonblocking(async_fd)?;
         // SAFETY: plain syscall; the fd is owned by the returned value and closed in drop.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if stop_fd < 0 {
             return Err(last_os("eventfd"));
         }
-        // SAFETY: `ctx` is open (caller's contract); `async_fd` is a field libibverbs set at open.
-        let async_fd = unsafe { (*ctx).async_fd };
-        set_nonblocking(async_fd)?;
         let sc = SendContext(ctx);
         let dev = name.to_string();
         let thread = std::thread::Builder::new()

@@ -230,7 +230,8 @@ impl CompletionQueue for IbvCompletionQueue {
         let ch = self.channel("ibv_get_cq_event")?;
         // SAFETY: live channel; `fd` is its event descriptor.
         let fd = unsafe { (*ch.as_ptr()).fd };
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large to add to the clock (`Duration::MAX`) waits forever.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             if self.inner.overrun.load(Ordering::Acquire) {
                 return Err(self.overrun_error());

@@ -201,7 +201,8 @@ impl CompletionQueue for SimCq {
             // An overrun CQ raises no more completion events (as after IBV_EVENT_CQ_ERR).
             return Err(VerbsError::CqOverrun { cqe: self.core.cqe });
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large to add to the clock (`Duration::MAX`) waits forever.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut pending = ev.pending.lock().unwrap_or_else(|e| e.into_inner());
         while *pending == 0 {
             match deadline {

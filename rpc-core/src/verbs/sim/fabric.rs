@@ -72,6 +72,11 @@ impl Fabric {
         lock(&self.qps).insert((qp.host.id, qp.qpn), Arc::downgrade(qp));
     }
 
+    /// Whether a live QP of host `host` has number `qpn`.
+    pub(crate) fn qpn_in_use(&self, host: u32, qpn: u32) -> bool {
+        lock(&self.qps).get(&(host, qpn)).is_some_and(|q| q.strong_count() > 0)
+    }
+
     pub(crate) fn unregister_qp(&self, host: u32, qpn: u32) {
         lock(&self.qps).remove(&(host, qpn));
     }

@@ -58,8 +58,23 @@ impl HostCore {
         }
     }
 
+    /// The next free QP number: 24 bits, never 0..=0x10 (QP0 and QP1 are special in verbs, the
+    /// rest kept free as on most NICs), never one a live QP of this host has. After 2^24
+    /// creations the counter wraps; skipping the numbers in use keeps the fabric's routing
+    /// (host, QPN) → QP unambiguous.
     pub(crate) fn alloc_qpn(&self) -> u32 {
-        self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
+        loop {
+            let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            if qpn > 0x10 && !super::fabric::fabric().qpn_in_use(self.id, qpn) {
+                return qpn;
+            }
+        }
+    }
+
+    /// Test hook: where the QP number counter continues.
+    #[cfg(test)]
+    pub(crate) fn set_next_qpn(&self, next: u32) {
+        self.next_qpn.store(next, Ordering::Relaxed);
     }
 
     pub(crate) fn is_alive(&self) -> bool {
@@ -237,5 +252,33 @@ impl ProtectionDomain<Sim> for SimPd {
 
     fn create_qp(&self, attr: &QpInitAttr<'_, Sim>) -> Result<SimQp> {
         SimQp::new(self, attr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::verbs::sim::Sim;
+    use crate::verbs::{Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair};
+
+    #[test]
+    fn qp_numbers_wrap_around_the_ones_in_use_and_the_reserved_ones() {
+        let ctx = Sim::open(&DeviceSelector::First).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, false).unwrap();
+        let cap = QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() };
+        let qp = || {
+            pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })
+                .unwrap()
+        };
+        let first = qp();
+        assert_eq!(first.qp_num(), 0x11);
+        // 2^24 creations later the counter is back at 0: 0..=0x10 are reserved, 0x11 is taken.
+        ctx.host.set_next_qpn(1 << 24);
+        let wrapped = qp();
+        assert_eq!(wrapped.qp_num(), 0x12);
+        // Once the first QP is gone its number is free again.
+        drop(first);
+        ctx.host.set_next_qpn((1 << 24) + 0x11);
+        assert_eq!(qp().qp_num(), 0x11);
     }
 }

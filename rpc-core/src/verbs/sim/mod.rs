@@ -65,7 +65,9 @@
 //!   the transition and the attribute mask as `ibv_modify_qp` documents (missing or extra
 //!   attributes are named in the error).
 //! - **Destroy** (drop) with WRs outstanding discards them without completions; peers' packets
-//!   to it are lost from then on. Dropping an MR waits until no transfer can still be using it.
+//!   to it are lost from then on. Dropping a QP or an MR waits until no transfer can still be
+//!   using it (a peer's SEND into the QP's receive buffers included), so the memory is the
+//!   caller's again when the drop returns.
 //! - **Events**: a CQ created with events supports `req_notify`/`wait` (a condition variable on
 //!   the event path only; a CQ without events never touches it).
 //! - **Inline** sends copy the payload at post time (up to `max_inline_data`, at most 256 bytes).

@@ -641,14 +641,21 @@ impl SimQp {
             });
         }
         let depth = st.wqes.len() as u64;
+        // A refused WR ends the list, but the WRs before it were posted: they still get the
+        // flush or the progress below.
+        let mut result = Ok(());
         for (index, wr) in wrs.iter().enumerate() {
-            self.validate(index, wr)?;
+            if let Err(e) = self.validate(index, wr) {
+                result = Err(e);
+                break;
+            }
             if st.tail - st.head >= depth {
-                return Err(VerbsError::BadWorkRequest {
+                result = Err(VerbsError::BadWorkRequest {
                     call: "ibv_post_send",
                     index,
                     reason: format!("send queue full ({depth} WQEs outstanding)"),
                 });
+                break;
             }
             if st.head == st.tail && c.state_raw() == ST_RTS && c.delay_ns.load(Ordering::Relaxed) == 0 {
                 // Fast path: nothing queued ahead, execute at once from the caller's WR.
@@ -678,7 +685,7 @@ impl SimQp {
         } else if st.head != st.tail {
             c.progress_locked(st);
         }
-        Ok(())
+        result
     }
 
     fn modify_locked(&self, st: &mut SqState, attr: &QpAttr) -> Result<()> {
@@ -922,6 +929,12 @@ impl Drop for SimQp {
     fn drop(&mut self) {
         let c = &*self.core;
         c.destroyed.store(true, Ordering::SeqCst);
+        // A peer's transfer into this QP's receive buffers runs under the *peer's* guard: wait
+        // for every transfer that may have seen the QP alive (a grace period, as for MR
+        // deregistration), so that no byte lands in a receive buffer, and no CQE of this QP
+        // appears, once the drop has returned and the buffers are the caller's again. Later
+        // transfers see `destroyed` and lose their packets.
+        super::fabric::quiesce();
         c.with_sq(|st| {
             st.head = st.tail;
             st.stall = None;

@@ -164,16 +164,43 @@ impl<const W: usize> Ring<W> {
 
     /// Takes the oldest entry, giving `read` its words (relaxed loads) in place. `read` may run
     /// more than once when consumers race; only the result of the winning run is returned.
-    /// `None` when empty.
+    /// `None` when the oldest entry is not published (none claimed, or its producer is still
+    /// writing it: a CQ poll does not wait for a payload copy).
     #[inline]
-    pub(crate) fn pop<R>(&self, mut read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
+    pub(crate) fn pop<R>(&self, read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
+        self.pop_inner(false, read)
+    }
+
+    /// Like [`Ring::pop`], but an oldest entry a producer has claimed and not yet published is
+    /// waited for (its producer is inside a short, non-blocking write); `None` only when no entry
+    /// is claimed. For receive queues: posted to from several threads (an SRQ is shared), a
+    /// queue must not look empty to a SEND (an RNR) while a later WQE's post has returned.
+    #[inline]
+    pub(crate) fn pop_claimed<R>(&self, read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
+        self.pop_inner(true, read)
+    }
+
+    #[inline(always)]
+    fn pop_inner<R>(&self, wait_claimed: bool, mut read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
         let mut pos = self.head.load(Ordering::Relaxed);
+        let mut spins = 0u32;
         loop {
             let slot = &self.slots[pos & self.mask];
             let seq = slot.seq.load(Ordering::Acquire);
             if seq != pos.wrapping_add(1) {
                 if (seq.wrapping_sub(pos.wrapping_add(1)) as isize) < 0 {
-                    return None;
+                    // Not published for this lap. Empty unless a producer has claimed `pos`.
+                    if !wait_claimed || self.prod.tail.load(Ordering::Acquire) == pos {
+                        return None;
+                    }
+                    spins += 1;
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                    pos = self.head.load(Ordering::Relaxed);
+                    continue;
                 }
                 // The slot is already a lap ahead: another consumer took `pos`.
                 pos = self.head.load(Ordering::Relaxed);
@@ -235,6 +262,32 @@ mod tests {
             assert!(push1(&r, lap));
             assert_eq!(pop1(&r), Some(lap));
         }
+    }
+
+    #[test]
+    fn pop_claimed_waits_for_the_oldest_entry_a_producer_is_writing() {
+        use std::sync::atomic::AtomicBool;
+        let r = Arc::new(Ring::<1>::new(4));
+        // This thread claims position 0 and is slow to write it.
+        let pos = r.claim().unwrap();
+        let popping = Arc::new(AtomicBool::new(false));
+        let (r2, p2) = (r.clone(), popping.clone());
+        // Another producer posts 2 (position 1, published), then a consumer comes.
+        let other = std::thread::spawn(move || {
+            assert!(push1(&r2, 2));
+            assert_eq!(pop1(&r2), None, "a plain pop does not wait for an unpublished entry");
+            p2.store(true, Ordering::Release);
+            r2.pop_claimed(|w| ld(&w[0]))
+        });
+        while !popping.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        // Give the consumer the chance to reach the slot (no timing is asserted).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        r.publish(pos, |w| st(&w[0], 1));
+        assert_eq!(other.join().unwrap(), Some(1), "the oldest entry, once published");
+        assert_eq!(r.pop_claimed(|w| ld(&w[0])), Some(2));
+        assert_eq!(r.pop_claimed(|w| ld(&w[0])), None, "nothing claimed: empty at once");
     }
 
     #[test]

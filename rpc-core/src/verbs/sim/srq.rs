@@ -25,7 +25,7 @@ pub(crate) fn pop_recv<R>(
     ring: &RecvRing,
     mut f: impl FnMut(u64, usize, &[AtomicU64; RQ_WORDS]) -> R,
 ) -> Option<R> {
-    ring.pop(|w| f(ld(&w[0]), (ld(&w[1]) as usize).min(MAX_SGE), w))
+    ring.pop_claimed(|w| f(ld(&w[0]), (ld(&w[1]) as usize).min(MAX_SGE), w))
 }
 
 /// SGE `i` of a receive WQE's words.
@@ -38,7 +38,7 @@ pub(crate) fn rq_sge(w: &[AtomicU64; RQ_WORDS], i: usize) -> Sge {
 /// Pops the oldest receive WQE of `ring`, returning its `wr_id`.
 #[inline]
 pub(crate) fn pop_recv_id(ring: &RecvRing) -> Option<u64> {
-    ring.pop(|w| ld(&w[0]))
+    ring.pop_claimed(|w| ld(&w[0]))
 }
 
 /// Posts `wrs` to `ring`, in order; stops at the first WR that does not fit.
