@@ -200,6 +200,8 @@ impl Builder {
     ///   underscores only (it has no Rust form), with file, line, column and reason;
     /// - [`Error::ProtoFile`]: a file not found or outside every include path, an import cycle;
     /// - [`Error::MethodIdCollision`], [`Error::ReservedMethodId`], [`Error::NameClash`];
+    /// - [`Error::Generate`]: prost-build could not assemble the code (an attribute given to
+    ///   [`type_attribute`](Self::type_attribute) and friends that does not parse, ...);
     /// - [`Error::NoOutDir`], [`Error::Io`].
     pub fn compile_protos(
         self,
@@ -266,7 +268,13 @@ impl Builder {
             build_server: self.build_server,
             build_client: self.build_client,
         }));
-        self.prost.compile_fds(fds).map_err(|source| Error::Io {
+        // prost-build panics when the code it assembles does not parse (an attribute given to
+        // `type_attribute` that is not one, or an input the checks above do not know yet): the
+        // build script gets an error naming the cause instead of a panic.
+        let prost = &mut self.prost;
+        let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prost.compile_fds(fds)))
+            .map_err(|panic| Error::Generate { reason: panic_text(panic.as_ref()) })?;
+        generated.map_err(|source| Error::Io {
             context: format!("prost-build generating into {}", out_dir.display()),
             source,
         })?;
@@ -275,4 +283,13 @@ impl Builder {
         }
         Ok(findings.warnings)
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }

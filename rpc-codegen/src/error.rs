@@ -63,6 +63,18 @@ pub enum Error {
         /// The second proto name.
         second: String,
     },
+    /// prost-build could not assemble the generated code (it panicked; its message is kept): an
+    /// attribute passed through [`Builder`](crate::Builder) that is not valid Rust, or an input
+    /// the checks before generation do not catch yet.
+    #[error(
+        "generating Rust code failed: {reason} (check the attributes given to type_attribute, \
+         field_attribute and the like; if none is involved, the .proto input has a shape \
+         rpc-codegen does not handle yet)"
+    )]
+    Generate {
+        /// prost-build's panic message.
+        reason: String,
+    },
     /// No output directory: `OUT_DIR` is unset (not in a build script) and none was configured.
     #[error(
         "no output directory: OUT_DIR is not set (compile_protos is meant for build.rs); set one with \

@@ -659,3 +659,12 @@ fn empty_files_do_not_fail() {
         assert!(warnings.is_empty(), "{warnings:?}");
     }
 }
+
+#[test]
+fn an_attribute_that_does_not_parse_is_an_error_not_a_panic() {
+    let builder = configure().type_attribute(".helloworld.HelloRequest", "#[derive(");
+    let err = generate_with(builder, "bad_attribute", &["helloworld.proto"]).expect_err("must fail");
+    let Error::Generate { reason } = &err else { panic!("wrong error: {err}") };
+    assert!(!reason.is_empty());
+    assert!(err.to_string().starts_with("generating Rust code failed: "), "{err}");
+}
