@@ -338,6 +338,20 @@ impl<P: Provider> Worker<P> {
         let Some(slot) = self.slots[idx as usize].as_mut() else { return };
         let mut sent = false;
         while let Some(sp) = slot.backlog.front() {
+            if sp.header.kind == Kind::Response
+                && !slot.conn.session.is_unanswered(sp.header.slot, sp.header.generation)
+            {
+                // A second answer to one call (a deferred responder after the handler answered
+                // or panicked): the client has its answer already; sending this one would make it
+                // close the session.
+                tracing::debug!(
+                    session = slot.session,
+                    call_slot = sp.header.slot,
+                    "second answer to one call dropped"
+                );
+                slot.backlog.pop_front();
+                continue;
+            }
             let Some(buf) = slot.conn.pool.acquire() else { break };
             let mut header = sp.header;
             let body = match &sp.body {
@@ -359,7 +373,7 @@ impl<P: Provider> Worker<P> {
                 }
             };
             if header.kind == Kind::Response {
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer(header.slot, header.generation);
                 self.counters.rpcs += 1;
                 self.counters.status(header.status);
                 let (BodyAt::Ring { len, .. } | BodyAt::Eager(len)) = body;
@@ -559,7 +573,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Eager(n), Some(b)) => {
                 counters.bytes_out += u64::from(n);
                 slot.conn.queue(b, header, BodyAt::Eager(n));
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -568,7 +582,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Ring { offset, len }, Some(b)) => {
                 counters.bytes_out += u64::from(len);
                 slot.conn.queue(b, header, BodyAt::Ring { offset, len });
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -578,7 +592,7 @@ impl<P: Provider> Worker<P> {
                 status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
                 let body = slot.conn.copy_body(b, s.message().as_bytes(), None);
                 slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -588,7 +602,7 @@ impl<P: Provider> Worker<P> {
                 status = Code::Internal;
                 let body = slot.conn.copy_body(b, b"handler returned no answer", None);
                 slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
