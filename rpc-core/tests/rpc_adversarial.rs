@@ -91,3 +91,75 @@ fn a_call_answered_twice_gets_one_answer_and_the_session_survives() {
     drop(client);
     server.shutdown();
 }
+
+/// A client that writes stray bytes on its TCP liveness channel and then goes away without a
+/// Close: its server session is still freed. Before the fix the listener peeked at the channel,
+/// saw the stray byte forever, never noticed the close, and the session (QP, rings, buffers, a
+/// place under `max_sessions`) leaked until the server stopped.
+#[test]
+fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
+    use std::io::Write;
+    use std::net::TcpStream;
+
+    use rpc_core::buffers::{RecvPool, RingBuf};
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::{
+        Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
+    };
+    use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, PROTOCOL_VERSION};
+
+    let (server, _) = spawn(server());
+    let keep = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let ctx = Sim::open(&DeviceSelector::First).unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, false).unwrap();
+    let recv = RecvPool::<Sim>::new(&pd, 8, 4096).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: Some(recv.srq()),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let ring = RingBuf::<Sim>::receive(&pd, 4096).unwrap();
+    let (ring_addr, ring_len, ring_rkey) = ring.remote();
+    let hello = Handshake {
+        version: PROTOCOL_VERSION,
+        qp_num: qp.qp_num(),
+        psn: 1,
+        lid: port.lid,
+        mtu: port.active_mtu,
+        gid: ctx.gid_table(1).unwrap()[0].gid,
+        ring_addr,
+        ring_len,
+        ring_rkey,
+        credits: 2,
+        eager_threshold: 1024,
+        max_message: 1 << 20,
+        session: 0,
+        auth_token: Vec::new(),
+    };
+    let mut tcp = TcpStream::connect(server.local_addr()).unwrap();
+    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
+    let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+    while server.counters().sessions_opened < 2 {
+        keep.progress();
+        std::thread::yield_now();
+    }
+    tcp.write_all(b"garbage after the handshake").unwrap();
+    drop(tcp);
+    // Hang guard only (the close is noticed within milliseconds): without the fix it never is.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while server.counters().sessions_closed < 1 && std::time::Instant::now() < give_up {
+        keep.progress();
+        std::thread::yield_now();
+    }
+    assert_eq!(server.counters().sessions_closed, 1, "the session of the vanished peer is freed");
+    check_reply(&keep.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    drop((qp, recv, ring, cq, pd, ctx));
+    drop(keep);
+    server.shutdown();
+}

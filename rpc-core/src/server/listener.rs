@@ -2,7 +2,7 @@
 //! and buffers on the least-loaded worker, hands it over through the worker's control queue, and
 //! watches the TCP connections as the liveness and teardown channel.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -148,10 +148,12 @@ impl<P: Provider> Listener<P> {
     }
 
     fn check_liveness(&mut self) {
-        let mut byte = [0u8; 1];
+        // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
+        // dropped; a peek would see them forever and never notice the connection closing.
+        let mut junk = [0u8; 64];
         let workers = &self.workers;
-        self.conns.retain(|(session, w, stream)| match stream.peek(&mut byte) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock => true,
+        self.conns.retain(|(session, w, stream)| match (&*stream).read(&mut junk) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => true,
             Ok(n) if n > 0 => true,
             _ => {
                 tracing::info!(session, "peer disconnected");
