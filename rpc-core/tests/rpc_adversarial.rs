@@ -163,3 +163,31 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
     drop(keep);
     server.shutdown();
 }
+
+/// Sessions with different credits on one worker: admission sums what each reserves of the SRQ
+/// (`2 × credits + 1` receive WQEs), so the SRQ is never over-committed and flow control never
+/// leans on RNR. Before the fix the listener multiplied the session count by the *new* session's
+/// need, so small sessions were admitted after large ones past the SRQ depth (here 3 × 65 + 2 × 3
+/// = 201 WQEs reserved on an SRQ of 200).
+#[test]
+fn srq_admission_sums_the_credits_of_every_session() {
+    let (server, _) = spawn(server().srq_depth(200).credits_per_session(32));
+    let connect = |window: u16| Client::connect_with(server.local_addr(), &client_config().window(window));
+    let big: Vec<Client> = (0..3).map(|_| connect(32).expect("3 × 65 WQEs fit in 200")).collect();
+    let small = connect(1).expect("3 × 65 + 3 = 198 WQEs fit in 200");
+    let err = connect(1).err().expect("3 × 65 + 2 × 3 = 201 WQEs do not fit in 200");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("srq_depth"), "{err}");
+    // Freeing a large session makes room again.
+    drop(big);
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while server.counters().sessions_closed < 3 && std::time::Instant::now() < give_up {
+        std::thread::yield_now();
+    }
+    assert_eq!(server.counters().sessions_closed, 3);
+    let again = connect(32).expect("room again after the large sessions closed");
+    check_reply(&again.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    check_reply(&small.unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
+    drop((again, small));
+    server.shutdown();
+}

@@ -22,7 +22,7 @@ use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, PROTOCOL_VERSION,
 };
-use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, Conn};
+use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, srq_need, Conn};
 use crate::worker::counters::SharedCounters;
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 
@@ -71,6 +71,7 @@ pub(super) fn start<P: Provider>(
             counters: Arc::new(SharedCounters::default()),
             draining: draining.clone(),
             sessions: AtomicUsize::new(0),
+            srq_reserved: AtomicU32::new(0),
             closed: closed.clone(),
             pd,
             cq,
@@ -211,12 +212,15 @@ impl<P: Provider> Listener<P> {
             .enumerate()
             .min_by_key(|(_, w)| w.sessions.load(Ordering::Relaxed))
             .expect("at least one worker");
-        let on_worker = w.sessions.load(Ordering::Relaxed) as u64 + 1;
-        if on_worker * (2 * u64::from(credits) + 1) > u64::from(self.config.srq_depth) {
+        // The sessions of a worker may have different credits: what they reserve is summed.
+        let reserved = w.srq_reserved.load(Ordering::Relaxed);
+        let need = srq_need(credits);
+        if u64::from(reserved) + u64::from(need) > u64::from(self.config.srq_depth) {
             return Err(Self::refuse(
                 &mut stream,
                 Status::resource_exhausted(format!(
-                    "srq_depth {} cannot hold {on_worker} sessions of {credits} credits on one worker",
+                    "srq_depth {} cannot hold another session of {credits} credits ({need} receive \
+                     WQEs) on a worker whose sessions reserve {reserved}",
                     self.config.srq_depth
                 )),
             ));
@@ -247,6 +251,7 @@ impl<P: Provider> Listener<P> {
             auth_token: Vec::new(),
         };
         w.sessions.fetch_add(1, Ordering::Relaxed);
+        w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         push(&w.control, Control::Open(Box::new(NewConn { conn: conn.0, session, peer })));
         if let Err(e) = write_frame(&mut stream, &Frame::Handshake(reply)) {
             push(&w.control, Control::Close(session));

@@ -20,6 +20,13 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves (`2 × credits + 1`): its
+/// requests in flight plus its control messages. The sessions of one worker together reserve at
+/// most the SRQ depth, so flow control never leans on RNR.
+pub(crate) fn srq_need(credits: u16) -> u32 {
+    2 * u32::from(credits) + 1
+}
+
 /// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the
 /// send buffer, and the buffer is free again as soon as it is posted).
 pub(crate) const MAX_INLINE: u32 = 256;

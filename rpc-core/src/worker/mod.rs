@@ -12,7 +12,7 @@ pub(crate) mod counters;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,8 @@ pub(crate) struct WorkerShared<P: Provider> {
     /// Set by shutdown: answer new requests UNAVAILABLE, finish the others, then stop.
     pub(crate) draining: Arc<AtomicBool>,
     pub(crate) sessions: AtomicUsize,
+    /// SRQ receive WQEs reserved by the live sessions ([`conn::srq_need`] each).
+    pub(crate) srq_reserved: AtomicU32,
     /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
     pub(crate) closed: Arc<ArrayQueue<u32>>,
     pub(crate) pd: P::ProtectionDomain,
@@ -245,6 +247,9 @@ impl<P: Provider> Worker<P> {
         let Some(idx) = self.slots.iter().position(Option::is_none) else {
             tracing::warn!(worker = self.shared.index, session = nc.session, "no free session slot; closing");
             let _ = self.shared.closed.push(nc.session);
+            self.shared
+                .srq_reserved
+                .fetch_sub(conn::srq_need(nc.conn.session.params().credits), Ordering::Relaxed);
             self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
             return;
         };
@@ -280,6 +285,9 @@ impl<P: Provider> Worker<P> {
             let _ = self.shared.closed.push(slot.session);
         }
         self.counters.sessions_closed += 1;
+        self.shared
+            .srq_reserved
+            .fetch_sub(conn::srq_need(slot.conn.session.params().credits), Ordering::Relaxed);
         self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
         drop(slot);
     }
