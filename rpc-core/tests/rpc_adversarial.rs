@@ -191,3 +191,41 @@ fn srq_admission_sums_the_credits_of_every_session() {
     drop((again, small));
     server.shutdown();
 }
+
+/// A client connecting while the server drains for shutdown is refused UNAVAILABLE. Before the
+/// fix the handshake succeeded and the session went to the least-loaded worker, which with
+/// several workers is typically one that had already drained and stopped: nobody served the
+/// session, and its Open sat in a dead worker's control queue (once that bounded queue filled up,
+/// the listener spun on it forever and `shutdown` never returned).
+#[test]
+fn connecting_during_shutdown_is_refused() {
+    let (server, stash) = spawn(server().drain_timeout(std::time::Duration::from_secs(60)));
+    let addr = server.local_addr();
+    let a = Client::connect_with(addr, &client_config()).unwrap();
+    // One call held by the server keeps it draining.
+    let held = a.unary_async::<_, EchoMsg>(STASH, &request(1, 8, 8), &CallOptions::default());
+    while stash.lock().unwrap().is_empty() {
+        a.progress();
+        std::thread::yield_now();
+    }
+    let stopper = std::thread::spawn(move || server.shutdown());
+    // Draining has begun once new calls are answered UNAVAILABLE.
+    loop {
+        match a.unary::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default()) {
+            Ok(_) => std::thread::yield_now(),
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "{e}");
+                assert!(e.message().contains("shutting down"), "{e}");
+                break;
+            }
+        }
+    }
+    let err = Client::connect_with(addr, &client_config()).err().expect("no new session while draining");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("shutting down"), "{err}");
+    // Answer the held call: the drain ends and shutdown returns.
+    stash.lock().unwrap().drain(..).for_each(|r| r.send(Ok(EchoMsg { seq: 1, ..Default::default() })));
+    assert_eq!(block_on(held).map(|r| r.seq), Ok(1));
+    stopper.join().unwrap();
+    drop(a);
+}

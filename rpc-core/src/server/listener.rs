@@ -95,10 +95,20 @@ pub(super) fn start<P: Provider>(
     }
     tcp.set_nonblocking(true).map_err(|e| ServerError::Listen { addr: local_addr.to_string(), source: e })?;
     let stop = stop_listener.clone();
+    let shutting_down = draining.clone();
     let listener = std::thread::Builder::new()
         .name("rpc-listener".into())
         .spawn(move || {
-            Listener { config, dev, workers: shared_all, closed, conns: Vec::new(), stop }.run(tcp)
+            Listener {
+                config,
+                dev,
+                workers: shared_all,
+                closed,
+                conns: Vec::new(),
+                stop,
+                draining: shutting_down,
+            }
+            .run(tcp)
         })
         .map_err(|e| ServerError::Thread { what: "listener", source: e })?;
     tracing::info!(%local_addr, transport = P::NAME, workers = joins.len(), "server listening");
@@ -120,6 +130,8 @@ struct Listener<P: Provider> {
     /// Live sessions: (session id, worker index, TCP stream).
     conns: Vec<(u32, usize, TcpStream)>,
     stop: Arc<AtomicBool>,
+    /// Set by shutdown: no new sessions (a worker may already have stopped).
+    draining: Arc<AtomicBool>,
 }
 
 impl<P: Provider> Listener<P> {
@@ -190,6 +202,9 @@ impl<P: Provider> Listener<P> {
             }
             Err(e) => return Err(Status::unavailable(format!("handshake with {peer}: {e}"))),
         };
+        if self.draining.load(Ordering::Acquire) {
+            return Err(Self::refuse(&mut stream, Status::unavailable("server is shutting down")));
+        }
         if let Some(token) = &self.config.auth_token {
             if &hello.auth_token != token {
                 return Err(Self::refuse(
