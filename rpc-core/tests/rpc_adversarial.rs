@@ -229,3 +229,35 @@ fn connecting_during_shutdown_is_refused() {
     stopper.join().unwrap();
     drop(a);
 }
+
+/// TCP peers that connect and then send nothing, or half a handshake frame, do not hold up other
+/// clients: handshakes progress without blocking the listener. Before the fix the listener read
+/// each handshake blocking (up to `handshake_timeout`, 5 s by default), so one silent peer
+/// stalled every later connection and liveness check: a client queued behind it timed out.
+#[test]
+fn silent_and_half_handshakes_do_not_block_other_clients() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    let (server, _) = spawn(server().handshake_timeout(Duration::from_secs(30)));
+    let addr = server.local_addr();
+    let silent = TcpStream::connect(addr).unwrap();
+    let mut half = TcpStream::connect(addr).unwrap();
+    half.write_all(&[1, 0x40]).unwrap(); // frame type and half of the length
+    let client = Client::connect_with(addr, &client_config().connect_timeout(Duration::from_secs(3)))
+        .expect("a client behind silent handshakes connects");
+    check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    // A peer that closes mid-handshake is forgotten; the others still connect.
+    drop(half);
+    let second = Client::connect_with(addr, &client_config().connect_timeout(Duration::from_secs(3)))
+        .expect("a second client connects");
+    check_reply(&second.unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
+    drop((client, second));
+    server.shutdown();
+    // Shutdown closes the silent peer's connection (no handshake, no session).
+    let mut silent = silent;
+    silent.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(silent.read(&mut b).ok(), Some(0), "the silent peer's connection is closed");
+}

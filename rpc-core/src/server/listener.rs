@@ -6,7 +6,7 @@ use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
@@ -20,7 +20,7 @@ use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, PROTOCOL_VERSION,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
 };
 use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, srq_need, Conn};
 use crate::worker::counters::SharedCounters;
@@ -105,6 +105,7 @@ pub(super) fn start<P: Provider>(
                 workers: shared_all,
                 closed,
                 conns: Vec::new(),
+                handshakes: Vec::new(),
                 stop,
                 draining: shutting_down,
             }
@@ -129,6 +130,9 @@ struct Listener<P: Provider> {
     closed: Arc<ArrayQueue<u32>>,
     /// Live sessions: (session id, worker index, TCP stream).
     conns: Vec<(u32, usize, TcpStream)>,
+    /// Accepted connections whose handshake frame is still arriving (read without blocking, so
+    /// a slow or silent peer holds up nobody).
+    handshakes: Vec<PendingHandshake>,
     stop: Arc<AtomicBool>,
     /// Set by shutdown: no new sessions (a worker may already have stopped).
     draining: Arc<AtomicBool>,
@@ -141,13 +145,12 @@ impl<P: Provider> Listener<P> {
             match tcp.accept() {
                 Ok((stream, peer)) => {
                     busy = true;
-                    if let Err(e) = self.setup(stream, peer) {
-                        tracing::info!(%peer, error = %e, "connection refused");
-                    }
+                    self.admit(stream, peer);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => tracing::warn!(error = %e, "accept failed"),
             }
+            busy |= self.advance_handshakes();
             while let Some(session) = self.closed.pop() {
                 self.conns.retain(|c| c.0 != session);
             }
@@ -157,7 +160,56 @@ impl<P: Provider> Listener<P> {
             }
         }
         self.conns.clear();
+        self.handshakes.clear();
         tracing::info!("server stopped");
+    }
+
+    /// Starts reading the handshake of an accepted connection (without blocking).
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
+        if let Err(e) = stream.set_nonblocking(true) {
+            tracing::info!(%peer, error = %e, "connection dropped");
+            return;
+        }
+        let _ = stream.set_nodelay(true);
+        if self.handshakes.len() >= MAX_PENDING_HANDSHAKES {
+            let oldest = self.handshakes.remove(0);
+            tracing::info!(peer = %oldest.peer, "too many handshakes in progress: the oldest dropped");
+        }
+        self.handshakes.push(PendingHandshake { stream, peer, since: Instant::now(), buf: Vec::new() });
+    }
+
+    /// Reads what arrived of every pending handshake; sets up the sessions whose frame is complete
+    /// and drops the connections that closed or ran out of `handshake_timeout`. Returns whether
+    /// anything happened.
+    fn advance_handshakes(&mut self) -> bool {
+        let mut progressed = false;
+        let mut i = 0;
+        while i < self.handshakes.len() {
+            match self.handshakes[i].step() {
+                HandshakeStep::Wait => {
+                    if self.handshakes[i].since.elapsed() >= self.config.handshake_timeout {
+                        let hs = self.handshakes.swap_remove(i);
+                        tracing::info!(peer = %hs.peer, "connection refused: no handshake within handshake_timeout");
+                    } else {
+                        i += 1;
+                    }
+                }
+                HandshakeStep::Gone(why) => {
+                    let hs = self.handshakes.swap_remove(i);
+                    tracing::info!(peer = %hs.peer, error = %why, "connection closed during the handshake");
+                    progressed = true;
+                }
+                HandshakeStep::Frame(frame) => {
+                    let hs = self.handshakes.swap_remove(i);
+                    progressed = true;
+                    let peer = hs.peer;
+                    if let Err(e) = self.setup(hs.stream, peer, frame) {
+                        tracing::info!(%peer, error = %e, "connection refused");
+                    }
+                }
+            }
+        }
+        progressed
     }
 
     fn check_liveness(&mut self) {
@@ -184,14 +236,18 @@ impl<P: Provider> Listener<P> {
         status
     }
 
-    fn setup(&mut self, mut stream: TcpStream, peer: SocketAddr) -> Result<(), Status> {
+    fn setup(
+        &mut self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        frame: Result<Frame, FrameError>,
+    ) -> Result<(), Status> {
         let span = tracing::info_span!("connect", %peer, transport = P::NAME);
         let _entered = span.enter();
         let io = |e: std::io::Error| Status::unavailable(format!("handshake with {peer}: {e}"));
         stream.set_nonblocking(false).map_err(io)?;
-        stream.set_read_timeout(Some(self.config.handshake_timeout)).map_err(io)?;
-        let _ = stream.set_nodelay(true);
-        let hello = match read_frame(&mut stream) {
+        stream.set_write_timeout(Some(self.config.handshake_timeout)).map_err(io)?;
+        let hello = match frame {
             Ok(Frame::Handshake(h)) => h,
             Ok(Frame::Refusal(r)) => return Err(Status::new(r.code, r.message)),
             Err(FrameError::Wire(e)) => {
@@ -324,6 +380,51 @@ impl<P: Provider> Listener<P> {
             max_inline,
         };
         Ok((conn, local, remote_ring))
+    }
+}
+
+/// Most handshakes in progress at once; a new connection beyond it drops the oldest.
+const MAX_PENDING_HANDSHAKES: usize = 64;
+
+/// An accepted connection whose handshake frame is still arriving.
+struct PendingHandshake {
+    stream: TcpStream,
+    peer: SocketAddr,
+    since: Instant,
+    /// The frame's bytes so far (at most 3 + [`MAX_FRAME`]).
+    buf: Vec<u8>,
+}
+
+enum HandshakeStep {
+    /// More bytes are needed.
+    Wait,
+    /// The connection closed or failed.
+    Gone(String),
+    /// The whole frame arrived (or its header is invalid).
+    Frame(Result<Frame, FrameError>),
+}
+
+impl PendingHandshake {
+    /// Reads what is available, up to the end of the frame (never past it).
+    fn step(&mut self) -> HandshakeStep {
+        let mut chunk = [0u8; 256];
+        loop {
+            let want = match self.buf.get(1..3) {
+                Some(l) => 3 + usize::from(u16::from_le_bytes([l[0], l[1]])),
+                None => 3,
+            };
+            if self.buf.len() >= want || (self.buf.len() >= 3 && want - 3 > MAX_FRAME) {
+                return HandshakeStep::Frame(read_frame(&mut self.buf.as_slice()));
+            }
+            let n = (want - self.buf.len()).min(chunk.len());
+            match (&self.stream).read(&mut chunk[..n]) {
+                Ok(0) => return HandshakeStep::Gone("closed by the peer".into()),
+                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return HandshakeStep::Wait,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return HandshakeStep::Gone(e.to_string()),
+            }
+        }
     }
 }
 
