@@ -261,3 +261,42 @@ fn silent_and_half_handshakes_do_not_block_other_clients() {
     let mut b = [0u8; 8];
     assert_eq!(silent.read(&mut b).ok(), Some(0), "the silent peer's connection is closed");
 }
+
+/// Async calls whose bulk responses share the client's ring, awaited in the opposite order: the
+/// first response sits in the ring (done, not yet taken) while the second needs its space. The
+/// second must still complete. Before the fix the server waited for ring space the client would
+/// free only when the first future was polled, which the caller does after the second: a
+/// deadlock (here cut short by the deadline, which is only a hang guard).
+#[test]
+fn bulk_responses_awaited_out_of_order_do_not_deadlock_the_ring() {
+    use std::time::Duration;
+
+    let (server, _) = spawn(server());
+    let client = Client::connect_with(server.local_addr(), &client_config().ring_bytes(64 << 10)).unwrap();
+    let len = 40 << 10;
+    let first = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, len), &CallOptions::default());
+    // The first response arrives and waits in the ring for its future.
+    while client.counters().bytes_in == 0 {
+        client.progress();
+        std::thread::yield_now();
+    }
+    let opts = CallOptions::deadline(Duration::from_secs(10));
+    let second = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, len), &opts);
+    check_reply(&block_on(second).expect("the second bulk response arrives"), 2, len);
+    check_reply(&block_on(first).expect("the first bulk response is intact"), 1, len);
+    // The same with a blocking call behind a finished async one.
+    let third = client.unary_async::<_, EchoMsg>(ECHO, &request(3, 8, len), &CallOptions::default());
+    let before = client.counters().bytes_in;
+    while client.counters().bytes_in == before {
+        client.progress();
+        std::thread::yield_now();
+    }
+    check_reply(
+        &client.unary(ECHO, &request(4, 8, len), &opts).expect("the blocking call completes"),
+        4,
+        len,
+    );
+    check_reply(&block_on(third).unwrap(), 3, len);
+    drop(client);
+    server.shutdown();
+}

@@ -33,6 +33,10 @@ const TAG: u32 = 1;
 const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
 const LIVENESS_EVERY: u32 = 4096;
+/// Empty polls of a waiting call after which responses held in the ring for calls not yet taken
+/// are copied out and their ring space freed (the server may be waiting for that space to answer
+/// the call being waited for; futures may be awaited in any order).
+const UNPIN_RING_AFTER: u32 = 256;
 
 /// Where a response's body is, held until the caller takes it.
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +49,8 @@ pub(crate) enum BodyRef {
 #[derive(Debug)]
 pub(crate) enum Answer {
     Ok(BodyRef),
+    /// A ring body copied out because another call waited for the ring space it held.
+    Copied(Vec<u8>),
     Err(Status),
 }
 
@@ -478,6 +484,9 @@ impl<P: Provider> ClientCore<P> {
     fn finish<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
         let r = match a {
             Answer::Err(s) => Err(s),
+            Answer::Copied(bytes) => R::decode(&bytes[..]).map_err(|e| {
+                Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+            }),
             Answer::Ok(body) => {
                 let bytes: &[u8] = match body {
                     BodyRef::Eager { buf, len } => self
@@ -572,6 +581,9 @@ impl<P: Provider> ClientCore<P> {
             }
         } else {
             self.note_empty();
+            if self.idle.empty_polls() % UNPIN_RING_AFTER == 0 {
+                self.unpin_ring();
+            }
         }
         if let Some(d) = id.deadline {
             if Instant::now() >= d {
@@ -581,6 +593,24 @@ impl<P: Provider> ClientCore<P> {
             }
         }
         None
+    }
+
+    /// Copies the ring bodies of finished calls not yet taken to the heap and frees their ring
+    /// space (an allocation on a stall path only).
+    fn unpin_ring(&mut self) {
+        let mut freed = false;
+        for a in self.slots.done_results_mut() {
+            if let Answer::Ok(BodyRef::Ring { token, offset, len }) = *a {
+                let bytes = self.conn.ring.bytes()[offset as usize..(offset + len) as usize].to_vec();
+                self.conn.session.release(token);
+                *a = Answer::Copied(bytes);
+                freed = true;
+            }
+        }
+        if freed {
+            self.credit_return = true;
+            self.flush();
+        }
     }
 
     /// Blocks (busy-polling per policy) until the call finishes.
