@@ -300,3 +300,17 @@ fn bulk_responses_awaited_out_of_order_do_not_deadlock_the_ring() {
     drop(client);
     server.shutdown();
 }
+
+/// More sessions per worker than a worker can number (its session index shares a 31-bit tag with
+/// a generation in every send `wr_id`) is refused at start, naming the field. Before the fix the
+/// server started, and a worker's sessions from index 32768 on had the top bit of their tag cut
+/// off: their send completions matched no session, their send buffers were never retired and
+/// the sessions stalled.
+#[test]
+fn more_sessions_per_worker_than_the_tag_holds_is_refused() {
+    let err = server().max_sessions(40_000).add_service(TestService::default()).spawn("127.0.0.1:0").err();
+    let err = err.expect("40000 sessions on one worker is refused");
+    assert!(err.to_string().contains("max_sessions"), "{err}");
+    let ok = server().max_sessions(32_767).add_service(TestService::default()).spawn("127.0.0.1:0");
+    ok.expect("32767 sessions on one worker is fine").shutdown();
+}
