@@ -12,6 +12,33 @@ const HOSTILE: &str = "test.Hostile";
 const DEFER_THEN_PANIC: MethodId = method_id("/test.Hostile/DeferThenPanic");
 const DEFER_THEN_REPLY: MethodId = method_id("/test.Hostile/DeferThenReply");
 const PING: MethodId = method_id("/test.Hostile/Ping");
+const LIE: MethodId = method_id("/test.Hostile/Lie");
+const BIG: MethodId = method_id("/test.Hostile/Big");
+
+/// A hand-written message whose `encoded_len` claims 10 bytes more than it encodes.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct ShortMsg(Vec<u8>);
+
+impl prost::Message for ShortMsg {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+    fn encoded_len(&self) -> usize {
+        self.0.len() + 10
+    }
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
 
 /// Handlers that answer a call twice: they defer and then panic or answer directly too.
 struct Hostile;
@@ -22,6 +49,8 @@ impl Service for Hostile {
         MethodDesc { id: DEFER_THEN_PANIC, name: "/test.Hostile/DeferThenPanic" },
         MethodDesc { id: DEFER_THEN_REPLY, name: "/test.Hostile/DeferThenReply" },
         MethodDesc { id: PING, name: "/test.Hostile/Ping" },
+        MethodDesc { id: LIE, name: "/test.Hostile/Lie" },
+        MethodDesc { id: BIG, name: "/test.Hostile/Big" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
@@ -40,6 +69,13 @@ impl Service for Hostile {
                 responder.send(Ok(EchoMsg { seq: req.seq + 1000, ..Default::default() }));
                 out.reply(Reply::from(EchoMsg { seq: req.seq, ..Default::default() }));
             }
+            // A bulk answer (above the eager threshold) that encodes shorter than announced.
+            LIE => out.reply(Reply::from(ShortMsg(vec![0x0a; req.reply_len as usize]))),
+            BIG => out.reply(Reply::from(EchoMsg {
+                seq: req.seq,
+                payload: payload(req.seq, req.reply_len as usize),
+                ..Default::default()
+            })),
             _ => out.reply(Reply::from(EchoMsg { seq: req.seq, ..Default::default() })),
         }
     }
@@ -313,4 +349,41 @@ fn more_sessions_per_worker_than_the_tag_holds_is_refused() {
     assert!(err.to_string().contains("max_sessions"), "{err}");
     let ok = server().max_sessions(32_767).add_service(TestService::default()).spawn("127.0.0.1:0");
     ok.expect("32767 sessions on one worker is fine").shutdown();
+}
+
+/// A bulk body that encodes shorter than its `encoded_len` (a hand-written `Message` that lies)
+/// keeps the ring accounting of both ends: the rest of its reserved ring space is zeroed, so the
+/// receiver fails to decode it (never decodes stale bytes), and later bulk messages still line
+/// up. Before the fix the server answered INTERNAL without the ring body it had reserved space
+/// for, so its next bulk answer arrived off the client's expected ring offset and the client
+/// closed the session; and the client sent the stale bytes of an earlier message in the gap.
+#[test]
+fn a_bulk_body_shorter_than_its_encoded_len_keeps_the_ring_in_step() {
+    let server = server().ring_bytes(16 << 10).add_service(Hostile).add_service(TestService::default());
+    let server = server.spawn("127.0.0.1:0").unwrap();
+    let config = client_config().ring_bytes(16 << 10).eager_threshold(256);
+    let client = Client::connect_with(server.local_addr(), &config).unwrap();
+    let big = |seq: u64| {
+        let req = EchoMsg { seq, reply_len: 4 << 10, ..Default::default() };
+        client.unary::<_, EchoMsg>(BIG, &req, &CallOptions::default()).map(|r| fnv64(&r.payload))
+    };
+    assert_eq!(big(1), Ok(fnv64(&payload(1, 4 << 10))));
+    // A 1010-byte ring body right after the first answer; the next answers follow it unwrapped.
+    let req = EchoMsg { seq: 2, reply_len: 1000, ..Default::default() };
+    let err = client.unary::<_, EchoMsg>(LIE, &req, &CallOptions::default()).unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err}");
+    for seq in 3..8 {
+        assert_eq!(big(seq), Ok(fnv64(&payload(seq, 4 << 10))), "bulk answer {seq}");
+    }
+    // Client side: the server's ring (16 KiB) takes a 10 000-byte body at 0, then, wrapping, the
+    // short body at 0 again: the 10 bytes after it must be zeros, not the first body's 0xff.
+    let r: EchoMsg = client.unary(RAW, &RawBytes(vec![0xff; 10_000]), &CallOptions::default()).unwrap();
+    assert_eq!(r.seq, 10_000);
+    let r: EchoMsg = client.unary(RAW, &ShortMsg(vec![1; 9_000]), &CallOptions::default()).unwrap();
+    let mut sent = vec![1u8; 9_000];
+    sent.extend_from_slice(&[0; 10]);
+    assert_eq!((r.seq, r.checksum), (9_010, fnv64(&sent)), "the gap is zeroed");
+    assert_eq!(client.closed_reason(), None);
+    drop(client);
+    server.shutdown();
 }

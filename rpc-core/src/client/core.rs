@@ -294,8 +294,10 @@ impl<P: Provider> ClientCore<P> {
                 let o = off as usize;
                 let mut dst = &mut self.conn.mirror.bytes_mut()[o..o + len];
                 req.encode_raw(&mut dst);
-                // A body shorter than announced keeps its reserved length (zero padding would not
-                // decode the same): send what was reserved, as the ring accounting requires.
+                // A body shorter than announced keeps its reserved length, as the ring accounting
+                // requires; the gap is zeroed (a zero tag never decodes: the server answers
+                // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
+                dst.fill(0);
                 BodyAt::Ring { offset: off, len: len as u32 }
             }
         };

@@ -205,12 +205,20 @@ pub(crate) fn encode_body<M: Message>(
     // `dst` is exactly `encoded_len()` bytes: encode without prost measuring the message again.
     msg.encode_raw(&mut dst);
     if dst.is_empty() {
-        outcome
-    } else {
-        Outcome::Error(Status::internal(format!(
+        return outcome;
+    }
+    match outcome {
+        // The ring space is reserved: the body must be sent at its reserved length or the next
+        // ring body lands off the peer's expected offset. The gap is zeroed (a zero tag never
+        // decodes: the peer fails cleanly instead of reading stale bytes).
+        Outcome::Ring { .. } => {
+            dst.fill(0);
+            outcome
+        }
+        _ => Outcome::Error(Status::internal(format!(
             "{} encoded shorter than its encoded_len",
             std::any::type_name::<M>()
-        )))
+        ))),
     }
 }
 
