@@ -387,3 +387,86 @@ fn a_bulk_body_shorter_than_its_encoded_len_keeps_the_ring_in_step() {
     drop(client);
     server.shutdown();
 }
+
+/// A server that writes stray bytes on the TCP liveness channel and then closes it (its QP stays
+/// up and never answers): the client's call ends UNAVAILABLE. Before the fix the client peeked at
+/// the channel, saw the stray byte forever and never noticed the close: the call hung (here cut
+/// short by a deadline that is only a hang guard).
+#[test]
+fn stray_bytes_from_the_server_do_not_hide_its_tcp_closing() {
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    use rpc_core::buffers::{RecvPool, RingBuf};
+    use rpc_core::verbs::rc::{self, Endpoint};
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::{
+        CompletionQueue, Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
+        WorkCompletion,
+    };
+    use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, HEADER_LEN, PROTOCOL_VERSION};
+
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let (mut tcp, _) = listener.accept().unwrap();
+        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+        let ctx = Sim::open(&DeviceSelector::First).unwrap();
+        let port = ctx.query_port(1).unwrap();
+        let gid = ctx.gid_table(1).unwrap()[0].gid;
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(256, false).unwrap();
+        let recv = RecvPool::<Sim>::new(&pd, 64, HEADER_LEN + 4096).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: Some(recv.srq()),
+                cap: QpCap::default(),
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let ring = RingBuf::<Sim>::receive(&pd, 1 << 16).unwrap();
+        let (ring_addr, ring_len, ring_rkey) = ring.remote();
+        let local = Endpoint { qp_num: qp.qp_num(), psn: 7, lid: port.lid, gid, mtu: port.active_mtu };
+        let remote =
+            Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
+        rc::connect(&qp, &Default::default(), &local, &remote).unwrap();
+        let reply = Handshake {
+            version: PROTOCOL_VERSION,
+            qp_num: local.qp_num,
+            psn: local.psn,
+            lid: local.lid,
+            mtu: local.mtu,
+            gid,
+            ring_addr,
+            ring_len,
+            ring_rkey,
+            credits: hello.credits.min(8),
+            eager_threshold: hello.eager_threshold.min(4096),
+            max_message: hello.max_message,
+            session: 77,
+            auth_token: Vec::new(),
+        };
+        write_frame(&mut tcp, &Frame::Handshake(reply)).unwrap();
+        // Take the request, then garbage on the channel and close it; the QP stays up, silent.
+        let mut wcs = [WorkCompletion::default(); 4];
+        while cq.poll(&mut wcs).unwrap() == 0 {
+            std::thread::yield_now();
+        }
+        tcp.write_all(b"stray").unwrap();
+        drop(tcp);
+        let _ = done_rx.recv();
+        drop((qp, recv, ring, cq, pd, ctx));
+    });
+    let client = Client::connect_with(addr, &client_config()).unwrap();
+    let err = client
+        .unary::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::deadline(Duration::from_secs(20)))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(client.closed_reason().is_some());
+    done_tx.send(()).unwrap();
+    fake.join().unwrap();
+}

@@ -1,7 +1,7 @@
 //! The client's connection, generic over the provider: its own CQ, SRQ, QP, rings and session,
 //! driven by the calling thread (no other thread, no cross-thread hop).
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -559,9 +559,11 @@ impl<P: Provider> ClientCore<P> {
     }
 
     fn check_liveness(&mut self) {
-        let mut b = [0u8; 1];
-        match self.tcp.peek(&mut b) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
+        // dropped; a peek would see them forever and never notice the connection closing.
+        let mut b = [0u8; 64];
+        match (&self.tcp).read(&mut b) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
             Ok(n) if n > 0 => {}
             _ => {
                 // Let what already arrived (a Close, responses) be handled first.
