@@ -470,3 +470,104 @@ fn stray_bytes_from_the_server_do_not_hide_its_tcp_closing() {
     done_tx.send(()).unwrap();
     fake.join().unwrap();
 }
+
+/// A handler that answers its own deferred call inline (`defer()` then `send()` in the handler)
+/// while the worker's deferred-answer queue is full: the worker is the only thread that empties
+/// that queue, so it must not wait for room. Before the fix it spun forever (every session of
+/// the worker hung, and shutdown with it); the full queue is reached deterministically here by
+/// holding the handler until 4096 (the queue's capacity) other deferred answers are queued.
+#[test]
+fn a_worker_answering_inline_into_its_full_deferred_queue_does_not_deadlock() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    const STASH: MethodId = method_id("/test.Inline/Stash");
+    const INLINE: MethodId = method_id("/test.Inline/Inline");
+    const N: usize = 4096;
+
+    #[derive(Default)]
+    struct Inline {
+        stash: Mutex<Vec<Responder<EchoMsg>>>,
+        entered: AtomicBool,
+        go: AtomicBool,
+    }
+    struct InlineService(Arc<Inline>);
+    impl Service for InlineService {
+        const NAME: &'static str = "test.Inline";
+        const METHODS: &'static [MethodDesc] = &[
+            MethodDesc { id: STASH, name: "/test.Inline/Stash" },
+            MethodDesc { id: INLINE, name: "/test.Inline/Inline" },
+        ];
+        fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+            let req = match decode::<EchoMsg>(body) {
+                Ok(r) => r,
+                Err(s) => return out.error(s),
+            };
+            let (responder, marker) = ctx.defer::<EchoMsg>();
+            if method == STASH {
+                self.0.stash.lock().unwrap().push(responder);
+            } else {
+                // Hold the worker until the queue is full, then answer inline.
+                self.0.entered.store(true, Ordering::Release);
+                while !self.0.go.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                responder.send(Ok(EchoMsg { seq: req.seq, ..Default::default() }));
+            }
+            out.reply(marker);
+        }
+    }
+
+    let state = Arc::new(Inline::default());
+    let server = server()
+        .credits_per_session(2048)
+        .srq_depth(16384)
+        .drain_timeout(Duration::from_secs(60))
+        .add_service(InlineService(state.clone()))
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let stashers: Vec<Client> = (0..2)
+        .map(|_| Client::connect_with(server.local_addr(), &client_config().window(2048)).unwrap())
+        .collect();
+    let stashed: Vec<_> = (0..N as u64)
+        .map(|seq| {
+            let c = &stashers[seq as usize % 2];
+            c.unary_async::<_, EchoMsg>(
+                STASH,
+                &EchoMsg { seq, ..Default::default() },
+                &CallOptions::default(),
+            )
+        })
+        .collect();
+    while state.stash.lock().unwrap().len() < N {
+        stashers.iter().for_each(|c| {
+            c.progress();
+        });
+        std::thread::yield_now();
+    }
+    // The worker enters the inline handler and waits there.
+    let inline = std::thread::spawn({
+        let addr = server.local_addr();
+        move || {
+            let c = Client::connect_with(addr, &client_config()).unwrap();
+            c.unary::<_, EchoMsg>(INLINE, &EchoMsg { seq: 9, ..Default::default() }, &CallOptions::default())
+                .map(|r| r.seq)
+        }
+    });
+    // Once the inline call is in its handler, fill the queue (the worker is held in the handler
+    // and does not drain it) and let the handler go on.
+    while !state.entered.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    for r in state.stash.lock().unwrap().drain(..) {
+        r.send(Ok(EchoMsg::default()));
+    }
+    state.go.store(true, Ordering::Release);
+    assert_eq!(inline.join().unwrap(), Ok(9), "the inline answer arrives");
+    for f in stashed {
+        assert_eq!(block_on(f).map(|r| r.seq), Ok(0));
+    }
+    drop(stashers);
+    server.shutdown();
+}

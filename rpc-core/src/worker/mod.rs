@@ -161,6 +161,7 @@ impl<P: Provider> Worker<P> {
 
     /// Runs until shutdown has drained every session.
     pub(crate) fn run(mut self) {
+        let _ = self.shared.defer.worker.set(std::thread::current().id());
         let mut idle = Idle::new(self.limits.polling);
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
@@ -225,7 +226,7 @@ impl<P: Provider> Worker<P> {
 
     fn drained(&self) -> bool {
         self.slots.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
-            && self.shared.defer.queue.is_empty()
+            && self.shared.defer.is_empty()
     }
 
     fn drain_control(&mut self) {
@@ -319,17 +320,24 @@ impl<P: Provider> Worker<P> {
 
     fn drain_deferred(&mut self) {
         while let Some(d) = self.shared.defer.queue.pop() {
-            let Some((idx, slot)) = self.slot_by_tag(d.conn) else { continue };
-            let header = Header {
-                slot: d.slot,
-                generation: d.generation,
-                method: d.method,
-                credits: 1,
-                ..Header::new(Kind::Response)
-            };
-            slot.backlog.push_back(Spill { header, body: d.result });
-            self.try_backlog(idx);
+            self.deliver_deferred(d);
         }
+        for d in self.shared.defer.take_overflow() {
+            self.deliver_deferred(d);
+        }
+    }
+
+    fn deliver_deferred(&mut self, d: crate::server::reply::Deferred) {
+        let Some((idx, slot)) = self.slot_by_tag(d.conn) else { return };
+        let header = Header {
+            slot: d.slot,
+            generation: d.generation,
+            method: d.method,
+            credits: 1,
+            ..Header::new(Kind::Response)
+        };
+        slot.backlog.push_back(Spill { header, body: d.result });
+        self.try_backlog(idx);
     }
 
     fn mark_dirty(&mut self, idx: u16) {
