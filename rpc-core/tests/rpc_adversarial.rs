@@ -571,3 +571,21 @@ fn a_worker_answering_inline_into_its_full_deferred_queue_does_not_deadlock() {
     drop(stashers);
     server.shutdown();
 }
+
+/// The documented largest window and credits (4096) connect and work. Before the fix the QP asked
+/// for 2 × (2 × 4096 + 8) + 8 = 16 408 send WQEs, above the device's `max_qp_wr` of 16 384 (the
+/// same as Soft-RoCE's), and the connection failed UNAVAILABLE.
+#[test]
+fn the_largest_window_connects() {
+    let (server, _) = spawn(server().credits_per_session(4096).srq_depth(16384));
+    let client = Client::connect_with(server.local_addr(), &client_config().window(4096))
+        .expect("window 4096 is in the documented range");
+    let calls: Vec<_> = (0..64u64)
+        .map(|seq| client.unary_async::<_, EchoMsg>(ECHO, &request(seq, 8, 8), &CallOptions::default()))
+        .collect();
+    for (seq, f) in calls.into_iter().enumerate() {
+        check_reply(&block_on(f).unwrap(), seq as u64, 8);
+    }
+    drop(client);
+    server.shutdown();
+}

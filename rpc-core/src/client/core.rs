@@ -123,7 +123,8 @@ impl<P: Provider> ClientCore<P> {
             .map_err(unavailable)?;
         let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
             .map_err(unavailable)?;
-        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, dev.ctx.attr().max_inline_data)
+        let attr = dev.ctx.attr();
+        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr)
             .map_err(unavailable)?;
         let ring = RingBuf::<P>::receive(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
         let local = dev.endpoint(&qp);
@@ -201,6 +202,7 @@ impl<P: Provider> ClientCore<P> {
         rc::connect(&qp, &dev.rc, &local, &remote)
             .map_err(|e| unavailable(format!("connecting the QP: {e}")))?;
         let qp_inline = qp.cap().max_inline_data;
+        let sq_depth = qp.cap().max_send_wr as usize;
         tcp.set_nonblocking(true).map_err(unavailable)?;
         let params = SessionParams {
             id: reply.session,
@@ -218,7 +220,7 @@ impl<P: Provider> ClientCore<P> {
                 pool,
                 ring,
                 mirror,
-                sq: SendQueue::new(usize::from(bufs) * 2 + 8),
+                sq: SendQueue::new(sq_depth),
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,

@@ -346,9 +346,11 @@ impl<P: Provider> Listener<P> {
         let verbs =
             |e: crate::verbs::VerbsError| Status::resource_exhausted(format!("creating the session: {e}"));
         let bufs = send_bufs_for(credits);
-        let qp =
-            create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs, self.dev.ctx.attr().max_inline_data).map_err(verbs)?;
+        let attr = self.dev.ctx.attr();
+        let qp = create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs, attr.max_inline_data, attr.max_qp_wr)
+            .map_err(verbs)?;
         let max_inline = qp.cap().max_inline_data;
+        let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
         let pool = SendPool::<P>::new(&w.pd, bufs, HEADER_LEN + body_cap).map_err(verbs)?;
         let ring = RingBuf::<P>::receive(&w.pd, self.config.ring_bytes as usize).map_err(verbs)?;
@@ -373,7 +375,7 @@ impl<P: Provider> Listener<P> {
             pool,
             ring,
             mirror,
-            sq: SendQueue::new(usize::from(bufs) * 2 + 8),
+            sq: SendQueue::new(sq_depth),
             session: Session::new(Role::Server, params),
             peer_ring: (hello.ring_addr, hello.ring_rkey),
             body_cap,

@@ -32,16 +32,20 @@ pub(crate) fn srq_need(credits: u16) -> u32 {
 pub(crate) const MAX_INLINE: u32 = 256;
 
 /// Creates an RC QP on `cq` (send and receive) and `srq`, able to post every buffer twice
-/// (a WRITE and a SEND per message), with up to `max_inline` bytes of inline data.
+/// (a WRITE and a SEND per message) up to the device's `max_qp_wr`, with up to `max_inline`
+/// bytes of inline data. Size the connection's [`crate::buffers::SendQueue`] by the created QP's
+/// `max_send_wr`.
 pub(crate) fn create_qp<P: Provider>(
     pd: &P::ProtectionDomain,
     cq: &P::CompletionQueue,
     srq: &P::SharedReceiveQueue,
     send_bufs: u16,
     max_inline: u32,
+    max_qp_wr: u32,
 ) -> Result<P::QueuePair> {
     let cap = QpCap {
-        max_send_wr: u32::from(send_bufs) * 2 + 8,
+        // The most credits (4096) would ask 16 408 WQEs, above common devices' 16 384.
+        max_send_wr: (u32::from(send_bufs) * 2 + 8).min(max_qp_wr.max(1)),
         max_recv_wr: 1,
         max_send_sge: 1,
         max_recv_sge: 1,
