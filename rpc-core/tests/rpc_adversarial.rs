@@ -589,3 +589,23 @@ fn the_largest_window_connects() {
     drop(client);
     server.shutdown();
 }
+
+/// Auth tokens longer than the handshake carries (256 bytes) are configuration errors reported as
+/// such. Before the fix a server with a 300-byte token started and refused every client
+/// UNAUTHENTICATED, and a client's 70 000-byte token overflowed the frame's 16-bit length (the
+/// server read a mangled frame and left the rest of the token in the TCP stream).
+#[test]
+fn auth_tokens_longer_than_the_handshake_carries_are_refused_locally() {
+    let err = server().auth_token(vec![7u8; 300]).add_service(TestService::default()).spawn("127.0.0.1:0");
+    let err = err.err().expect("a 300-byte server token is a config error");
+    assert!(err.to_string().contains("auth_token"), "{err}");
+    let (server, _) = spawn(server());
+    let err = Client::connect_with(server.local_addr(), &client_config().auth_token(vec![1u8; 70_000]))
+        .err()
+        .expect("a 70000-byte client token is refused");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("auth_token"), "{err}");
+    let ok = Client::connect_with(server.local_addr(), &client_config().auth_token(vec![1u8; 256]));
+    check_reply(&ok.unwrap().unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    server.shutdown();
+}

@@ -112,6 +112,14 @@ impl<P: Provider> ClientCore<P> {
                 cfg.ring_bytes
             )));
         }
+        if let Some(t) = cfg.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
+            // It would not fit the handshake frame (beyond 64 KiB its length field even wraps).
+            return Err(Status::invalid_argument(format!(
+                "ClientConfig::auth_token is {} bytes, at most {}",
+                t.len(),
+                crate::wire::MAX_AUTH_TOKEN
+            )));
+        }
         let span = tracing::info_span!("connect", transport = P::NAME);
         let _entered = span.enter();
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;

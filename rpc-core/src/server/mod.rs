@@ -154,6 +154,10 @@ impl ServerConfig {
         if self.max_sessions == 0 {
             return bad("max_sessions", "0".into());
         }
+        if let Some(t) = self.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
+            // No client could present it: every handshake would be refused.
+            return bad("auth_token", format!("{} bytes, at most {}", t.len(), crate::wire::MAX_AUTH_TOKEN));
+        }
         // A worker numbers its sessions in 15 bits (the connection tag in a send `wr_id`).
         let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1));
         if per_worker > MAX_SESSIONS_PER_WORKER {
