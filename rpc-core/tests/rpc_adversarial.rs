@@ -609,3 +609,30 @@ fn auth_tokens_longer_than_the_handshake_carries_are_refused_locally() {
     check_reply(&ok.unwrap().unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
     server.shutdown();
 }
+
+/// Ring space freed while a request is queued but not yet posted is still reported to the server.
+/// Here: a bulk answer X is taken after call A was queued (async calls are posted at the next
+/// progress); A's header was stamped before X's ring space was freed. Before the fix the client
+/// skipped the credit message because a message (A) was pending, A carried the old freed head,
+/// and the server waited forever for ring space to answer A (cut short here by A's deadline,
+/// only a hang guard).
+#[test]
+fn ring_space_freed_behind_a_queued_request_is_reported() {
+    use std::time::Duration;
+
+    let (server, _) = spawn(server());
+    let client = Client::connect_with(server.local_addr(), &client_config().ring_bytes(16 << 10)).unwrap();
+    let len = 10 << 10;
+    let x = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, len), &CallOptions::default());
+    while client.counters().bytes_in == 0 {
+        client.progress();
+        std::thread::yield_now();
+    }
+    // A is queued, not posted; then X is taken (its ring space freed).
+    let opts = CallOptions::deadline(Duration::from_secs(10));
+    let a = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, len), &opts);
+    check_reply(&block_on(x).unwrap(), 1, len);
+    check_reply(&block_on(a).expect("A's bulk answer finds ring space"), 2, len);
+    drop(client);
+    server.shutdown();
+}

@@ -339,10 +339,9 @@ impl<P: Provider> ClientCore<P> {
     fn flush(&mut self) {
         if self.credit_return {
             self.credit_return = false;
-            if self.conn.sq.is_empty()
-                && self.slots.in_flight() > 0
-                && self.conn.session.unreported_ring_bytes() > 0
-            {
+            // Messages are stamped with the freed head when queued: bytes still unreported are
+            // carried by none of the pending ones (they were queued before the release).
+            if self.slots.in_flight() > 0 && self.conn.session.unreported_ring_bytes() > 0 {
                 if let Some(b) = self.conn.pool.acquire() {
                     self.conn.queue(b, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
                 }

@@ -411,7 +411,9 @@ impl<P: Provider> Worker<P> {
             slot.dirty = false;
             if slot.credit_return {
                 slot.credit_return = false;
-                if slot.conn.sq.is_empty() && slot.conn.session.unreported_ring_bytes() > 0 {
+                // Messages are stamped with the freed head when queued: bytes still unreported are
+                // carried by none of the pending ones (they were queued before the release).
+                if slot.conn.session.unreported_ring_bytes() > 0 {
                     if let Some(buf) = slot.conn.pool.acquire() {
                         slot.conn.queue(buf, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
                     }
