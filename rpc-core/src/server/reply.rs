@@ -78,7 +78,8 @@ impl DeferQueue {
 
     /// Takes the answers the worker thread put aside while the queue was full.
     pub(crate) fn take_overflow(&self) -> Vec<Deferred> {
-        if !self.overflowed.swap(false, Ordering::AcqRel) {
+        // A plain load first: the common case (nothing put aside) writes nothing.
+        if !self.overflowed.load(Ordering::Acquire) || !self.overflowed.swap(false, Ordering::AcqRel) {
             return Vec::new();
         }
         std::mem::take(&mut *self.overflow.lock().unwrap_or_else(|e| e.into_inner()))
