@@ -1,1 +1,142 @@
-//! The software NIC. (Being written.)
+//! The software NIC: an in-process RC NIC with the semantics of verbs, so that everything above
+//! the verbs layer runs, and fails, the way it does on hardware.
+//!
+//! # Model
+//!
+//! - [`Sim::devices`] lists one device, `sim0`. Every [`Sim::open`] creates a new, independent
+//!   **host**: its own GID (`fe80::<host id>`, type RoCEv2, index 0 of port 1), LID (= host id),
+//!   key space and QP numbers; port 1 is `Active`, link layer [`LinkLayer::Sim`], MTU 4096.
+//!   Hosts find each other through a process-wide fabric keyed by GID (or LID without a GRH) and
+//!   QPN: the first packet of a QP resolves the `ah`/`dest_qp_num` given at RTR, as the network
+//!   would deliver it.
+//! - **The requester's thread is the NIC.** A send WR executes in `post_send` when nothing is
+//!   queued ahead of it: the payload is copied straight from the requester's MR (or inline bytes)
+//!   into the responder's posted receive buffer or target MR, and the completions are pushed
+//!   into lock-free bounded CQ rings. WRs that must wait (RNR back-off, retransmission) stay
+//!   queued in order and are retried by the fabric's timer thread (`sim-nic-timers`, idle unless
+//!   some QP is backing off), which plays the NIC's autonomous part.
+//! - Completions become visible only through [`CompletionQueue::poll`] (never returned by
+//!   `post_*`). The hot path (post, execute, poll) takes no lock, allocates nothing and makes no
+//!   system call: a CAS on the QP's send-queue guard (uncontended), key lookups in a fixed
+//!   array (`slot | generation << 16`), ring operations on the responder's receive queue and CQ.
+//!
+//! # Semantics (as on an RC NIC)
+//!
+//! - **Keys, access, bounds** are checked on every access. Local gather/scatter: unknown lkey,
+//!   other PD or out of bounds → `IBV_WC_LOC_PROT_ERR`. RDMA WRITE/READ: rkey not valid for the
+//!   responder QP's PD, out of bounds or without `REMOTE_WRITE`/`REMOTE_READ` on the MR →
+//!   `IBV_WC_REM_ACCESS_ERR` at the requester; the responder QP lacking the access flag →
+//!   `IBV_WC_REM_INV_REQ_ERR`. Zero-length RDMA operations check no rkey (IBA 9.4.4/9.4.5).
+//! - **Errors** complete the failing WR with its status (signaled or not), move the requester QP
+//!   to ERR, and complete every other outstanding send WR and every RQ WR of that QP with
+//!   `IBV_WC_WR_FLUSH_ERR` (signaled or not). A responder-side error also moves the responder QP
+//!   to ERR (rxe's `do_class_ac_error`; mlx5 does the same).
+//! - **Receive too small**: the receive WQE completes with `IBV_WC_LOC_LEN_ERR` at the responder
+//!   (responder QP → ERR) and the SEND with `IBV_WC_REM_INV_REQ_ERR` at the requester (the NAK
+//!   "invalid request" rxe and mlx5 send). A receive WQE with a bad lkey: `IBV_WC_LOC_PROT_ERR`
+//!   at the responder, `IBV_WC_REM_OP_ERR` at the requester.
+//! - **Receive WQEs**: SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume one, from the QP's SRQ
+//!   or RQ, in order; the receive completion carries `byte_len`, `imm_data`, `qp_num` (the
+//!   receiving QP, which tells SRQ users which QP it was) and `src_qp`.
+//! - **RNR**: no receive WQE posted → the WR waits the *responder's* `min_rnr_timer` (IBA table:
+//!   code 1 = 10 µs … 12 = 0.64 ms … 0 = 655 ms) and retries, `rnr_retry` times (7 = forever),
+//!   then fails with `IBV_WC_RNR_RETRY_EXC_ERR`. Later WRs of the QP wait behind it.
+//! - **Lost packets** (peer QP destroyed, not in RTR/RTS, host vanished, PSN mismatch, injected
+//!   drop): retried after the local ACK timeout (4.096 µs × 2^`timeout`; 0 = wait forever),
+//!   `retry_cnt` times, then `IBV_WC_RETRY_EXC_ERR`.
+//! - **PSNs**: each message uses `max(1, ceil(len / path_mtu))` PSNs; the responder accepts only
+//!   its expected PSN (`rq_psn` at RTR), so mismatched PSNs fail like on hardware.
+//! - **Order**: WRs of one QP execute and complete in order; unsignaled successful WRs produce no
+//!   CQE. **CQ overflow** loses the completion and makes every later `poll` fail with
+//!   [`VerbsError::CqOverrun`] (the CQ is unusable, as after `IBV_EVENT_CQ_ERR`).
+//! - **States**: `post_send` before RTS → [`VerbsError::BadQpState`]; `post_recv` in RESET →
+//!   `BadQpState`; posting in ERR is accepted and flushed, as on mlx5 and rxe. `modify` checks
+//!   the transition and the attribute mask as `ibv_modify_qp` documents (missing or extra
+//!   attributes are named in the error).
+//! - **Destroy** (drop) with WRs outstanding discards them without completions; peers' packets
+//!   to it are lost from then on. Dropping an MR waits until no transfer can still be using it.
+//! - **Events**: a CQ created with events supports `req_notify`/`wait` (a condition variable on
+//!   the event path only; a CQ without events never touches it).
+//! - **Inline** sends copy the payload at post time (up to `max_inline_data`, at most 256 bytes).
+//!
+//! # Departures from hardware
+//!
+//! - Delivery is synchronous with the requester's execution: a successful SEND's data and
+//!   receive CQE are in place before `post_send` returns (still visible only through `poll`), and
+//!   a send completion does not wait for an ACK.
+//! - A send-queue slot is free again as soon as its WR has executed, not when a later signaled
+//!   CQE is polled: a program that never signals fills the SQ on hardware but not here.
+//! - RDMA READ is performed at once by the requester (no `max_rd_atomic` limit on outstanding
+//!   READs, which cannot be outstanding here); atomics, memory windows, UD/UC, SQD are absent.
+//! - Receive completions for a QP forced to ERR can race with a transfer already executing, so
+//!   one successful receive CQE may follow its flush CQEs.
+//! - Ports have no P_Key table; `pkey_index` is accepted and ignored.
+//!
+//! # Fault injection
+//!
+//! [`SimQp::set_drop_traffic`], [`SimQp::force_error`] and [`SimContext::vanish`] (see their
+//! docs): for tests of the retry, error and peer-death paths.
+
+mod cq;
+mod exec;
+mod fabric;
+mod fault;
+mod guard;
+mod host;
+mod mr;
+mod qp;
+mod ring;
+mod srq;
+
+pub use cq::SimCq;
+pub use host::{SimContext, SimPd};
+pub use mr::SimMr;
+pub use qp::SimQp;
+pub use srq::SimSrq;
+
+#[allow(unused_imports)] // Linked from the docs above.
+use crate::verbs::{CompletionQueue, LinkLayer};
+use crate::verbs::{DeviceInfo, DeviceSelector, Provider, Result, VerbsError};
+
+/// Max SGEs per WR (send and receive), the sim's `max_sge` / `max_srq_sge`.
+pub const MAX_SGE: usize = 8;
+/// Max inline payload per send WR, in bytes (`max_inline_data`).
+pub const MAX_INLINE: usize = 256;
+/// Max WQEs per QP work queue (`max_qp_wr`).
+pub const MAX_QP_WR: u32 = 16384;
+/// Max WQEs per SRQ (`max_srq_wr`).
+pub const MAX_SRQ_WR: u32 = 16384;
+/// Max CQEs per CQ (`max_cqe`).
+pub const MAX_CQE: u32 = 65536;
+
+/// The software NIC provider (`NAME = "sim"`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sim;
+
+impl Provider for Sim {
+    const NAME: &'static str = "sim";
+    type Context = SimContext;
+    type ProtectionDomain = SimPd;
+    type MemoryRegion = SimMr;
+    type CompletionQueue = SimCq;
+    type SharedReceiveQueue = SimSrq;
+    type QueuePair = SimQp;
+
+    /// One device, `sim0`.
+    fn devices() -> Result<Vec<DeviceInfo>> {
+        Ok(vec![DeviceInfo { index: 0, name: "sim0".into(), guid: 0 }])
+    }
+
+    /// Creates a new host on the fabric (every call: a new GID, LID and key space).
+    fn open(selector: &DeviceSelector) -> Result<SimContext> {
+        let ok = match selector {
+            DeviceSelector::First => true,
+            DeviceSelector::Name(n) => n == "sim0",
+            DeviceSelector::Index(i) => *i == 0,
+        };
+        if !ok {
+            return Err(VerbsError::NoDevice { wanted: format!("{selector:?}"), found: vec!["sim0".into()] });
+        }
+        Ok(SimContext { host: fabric::fabric().new_host() })
+    }
+}

@@ -1,0 +1,158 @@
+//! The process-wide fabric: which hosts and QPs exist (so that a QP's address vector and
+//! `dest_qp_num` resolve to a peer, as a real network delivers to a GID/LID and QPN), and the
+//! timer thread that plays the NIC's autonomous part: retrying after an RNR NAK or a lost packet.
+//!
+//! Everything here is control path (QP creation, first packet to a peer, MR deregistration) or
+//! back-off path (RNR, retry); the data path never takes these locks.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use super::host::HostCore;
+use super::qp::QpCore;
+use crate::verbs::Gid;
+
+pub(crate) struct Fabric {
+    next_host: AtomicU32,
+    hosts: Mutex<HashMap<u32, Weak<HostCore>>>,
+    qps: Mutex<HashMap<(u32, u32), Weak<QpCore>>>,
+    timers: Mutex<Vec<Arc<QpCore>>>,
+    timers_cond: Condvar,
+    epoch: Instant,
+}
+
+static FABRIC: LazyLock<Fabric> = LazyLock::new(|| Fabric {
+    next_host: AtomicU32::new(1),
+    hosts: Mutex::new(HashMap::new()),
+    qps: Mutex::new(HashMap::new()),
+    timers: Mutex::new(Vec::new()),
+    timers_cond: Condvar::new(),
+    epoch: Instant::now(),
+});
+
+static TIMER_THREAD: std::sync::Once = std::sync::Once::new();
+
+pub(crate) fn fabric() -> &'static Fabric {
+    &FABRIC
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Nanoseconds since the fabric started (monotonic).
+pub(crate) fn now_ns() -> u64 {
+    FABRIC.epoch.elapsed().as_nanos() as u64
+}
+
+/// Where a QP's packets go: the address vector and QPN given at RTR.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dest {
+    pub(crate) dgid: Option<Gid>,
+    pub(crate) dlid: u16,
+    pub(crate) qpn: u32,
+}
+
+impl Fabric {
+    /// Creates a new host with the next free id.
+    pub(crate) fn new_host(&self) -> Arc<HostCore> {
+        let id = self.next_host.fetch_add(1, Ordering::Relaxed);
+        let host = Arc::new(HostCore::new(id));
+        lock(&self.hosts).insert(id, Arc::downgrade(&host));
+        host
+    }
+
+    pub(crate) fn remove_host(&self, id: u32) {
+        lock(&self.hosts).remove(&id);
+    }
+
+    pub(crate) fn register_qp(&self, qp: &Arc<QpCore>) {
+        lock(&self.qps).insert((qp.host.id, qp.qpn), Arc::downgrade(qp));
+    }
+
+    pub(crate) fn unregister_qp(&self, host: u32, qpn: u32) {
+        lock(&self.qps).remove(&(host, qpn));
+    }
+
+    /// The live QP `dest` names, as the network would deliver a packet to it.
+    pub(crate) fn resolve(&self, dest: &Dest) -> Option<Arc<QpCore>> {
+        // Upgrade under the lock, search and drop outside it (a host's last handle may go here,
+        // and its drop takes this lock).
+        let hosts: Vec<Arc<HostCore>> = lock(&self.hosts).values().filter_map(Weak::upgrade).collect();
+        let host_id = hosts
+            .iter()
+            .find(|h| match dest.dgid {
+                Some(g) => h.gid == g,
+                None => h.lid == dest.dlid,
+            })
+            .filter(|h| h.is_alive())
+            .map(|h| h.id)?;
+        drop(hosts);
+        lock(&self.qps).get(&(host_id, dest.qpn)).and_then(Weak::upgrade)
+    }
+
+    /// Removes a host from the fabric (lookups no longer find it or its QPs), calling `each` on
+    /// every one of its QPs outside the lock (fault injection: the host vanished). The QPs stay
+    /// registered for quiescence until destroyed.
+    pub(crate) fn detach_host_qps(&self, id: u32, each: impl Fn(&QpCore)) {
+        self.remove_host(id);
+        let gone: Vec<Arc<QpCore>> =
+            lock(&self.qps).iter().filter(|((h, _), _)| *h == id).filter_map(|(_, q)| q.upgrade()).collect();
+        for qp in &gone {
+            each(qp);
+        }
+    }
+
+    /// Hands `qp` (whose send queue is waiting for an RNR or retransmission timer) to the timer
+    /// thread, which retries it when its deadline passes.
+    pub(crate) fn schedule(&self, qp: Arc<QpCore>) {
+        TIMER_THREAD.call_once(|| {
+            let spawned = std::thread::Builder::new().name("sim-nic-timers".into()).spawn(timer_loop);
+            if let Err(e) = spawned {
+                tracing::error!("sim: cannot start the NIC timer thread: {e}");
+            }
+        });
+        let mut list = lock(&self.timers);
+        if !list.iter().any(|q| Arc::ptr_eq(q, &qp)) {
+            list.push(qp);
+        }
+        self.timers_cond.notify_all();
+    }
+}
+
+/// Waits until no transfer that started before this call is still running anywhere in the
+/// fabric: every transfer runs under its requester's send-queue guard, so taking and releasing
+/// each QP's guard once is a grace period (RCU-style).
+pub(crate) fn quiesce() {
+    let qps: Vec<Arc<QpCore>> = lock(&FABRIC.qps).values().filter_map(Weak::upgrade).collect();
+    for qp in qps {
+        qp.quiesce();
+    }
+    // QPs detached from the fabric (vanished hosts) may still be scheduled for retries.
+    let timers: Vec<Arc<QpCore>> = lock(&FABRIC.timers).clone();
+    for qp in timers {
+        qp.quiesce();
+    }
+}
+
+fn timer_loop() {
+    let f = &*FABRIC;
+    let mut list = lock(&f.timers);
+    loop {
+        if list.is_empty() {
+            list = f.timers_cond.wait(list).unwrap_or_else(|e| e.into_inner());
+            continue;
+        }
+        let now = now_ns();
+        // Retry the QPs whose deadline passed; forget those no longer waiting.
+        list.retain(|qp| qp.on_timer(now));
+        let next = list.iter().map(|qp| qp.deadline_ns()).min().unwrap_or(u64::MAX);
+        let now = now_ns();
+        if next > now {
+            let wait = Duration::from_nanos((next - now).min(100_000_000));
+            list = f.timers_cond.wait_timeout(list, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}

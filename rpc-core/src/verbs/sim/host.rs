@@ -1,0 +1,241 @@
+//! A simulated host: its device context, protection domains and memory-region key table.
+
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use super::cq::SimCq;
+use super::mr::{SimMr, MR_ALIGN, MR_SLOTS};
+use super::qp::SimQp;
+use super::srq::SimSrq;
+use super::{Sim, MAX_CQE, MAX_INLINE, MAX_QP_WR, MAX_SGE, MAX_SRQ_WR};
+use crate::verbs::{
+    AccessFlags, Context, DeviceAttr, Gid, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState,
+    ProtectionDomain, QpInitAttr, Result, SrqInitAttr, VerbsError,
+};
+
+/// Largest MR the sim registers, in bytes (16 GiB).
+pub(crate) const MAX_MR_SIZE: u64 = 1 << 34;
+
+pub(crate) struct HostCore {
+    pub(crate) id: u32,
+    pub(crate) gid: Gid,
+    pub(crate) lid: u16,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) mrs: super::mr::MrTable,
+    /// False once the host vanished (fault injection): it neither sends nor answers.
+    pub(crate) alive: AtomicBool,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU32,
+}
+
+impl HostCore {
+    pub(crate) fn new(id: u32) -> HostCore {
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[12..].copy_from_slice(&id.to_be_bytes());
+        HostCore {
+            id,
+            gid: Gid(gid),
+            lid: id as u16,
+            attr: DeviceAttr {
+                max_qp_wr: MAX_QP_WR,
+                max_sge: MAX_SGE as u32,
+                max_cqe: MAX_CQE,
+                max_srq_wr: MAX_SRQ_WR,
+                max_srq_sge: MAX_SGE as u32,
+                max_qp: 1 << 16,
+                max_mr_size: MAX_MR_SIZE,
+                max_qp_rd_atom: 16,
+                max_inline_data: MAX_INLINE as u32,
+                phys_port_cnt: 1,
+            },
+            mrs: super::mr::MrTable::new(),
+            alive: AtomicBool::new(true),
+            next_qpn: AtomicU32::new(0x11),
+            next_pd: AtomicU32::new(1),
+        }
+    }
+
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for HostCore {
+    fn drop(&mut self) {
+        super::fabric::fabric().remove_host(self.id);
+    }
+}
+
+/// An open software-NIC device: one simulated host with its own GID (`fe80::<host id>`), LID
+/// (the host id) and key space. Cheap to clone.
+#[derive(Clone)]
+pub struct SimContext {
+    pub(crate) host: Arc<HostCore>,
+}
+
+impl SimContext {
+    /// This host's id in the process-wide fabric (also its LID and the low bits of its GID).
+    pub fn host_id(&self) -> u32 {
+        self.host.id
+    }
+
+    /// This host's GID (GID index 0 of port 1).
+    pub fn gid(&self) -> Gid {
+        self.host.gid
+    }
+}
+
+impl std::fmt::Debug for SimContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimContext").field("host", &self.host.id).field("gid", &self.host.gid).finish()
+    }
+}
+
+fn check_port(call: &'static str, port_num: u8) -> Result<()> {
+    if port_num == 1 {
+        Ok(())
+    } else {
+        Err(VerbsError::InvalidArgument { call, reason: format!("port {port_num}: sim0 has port 1 only") })
+    }
+}
+
+impl Context<Sim> for SimContext {
+    fn device_name(&self) -> &str {
+        "sim0"
+    }
+
+    fn attr(&self) -> &DeviceAttr {
+        &self.host.attr
+    }
+
+    fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+        check_port("ibv_query_port", port_num)?;
+        Ok(PortAttr {
+            port_num,
+            state: if self.host.is_alive() { PortState::Active } else { PortState::Down },
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            lid: self.host.lid,
+            link_layer: LinkLayer::Sim,
+            gid_tbl_len: 1,
+        })
+    }
+
+    fn gid_table(&self, port_num: u8) -> Result<Vec<GidEntry>> {
+        check_port("ibv_query_gid", port_num)?;
+        Ok(vec![GidEntry { index: 0, gid: self.host.gid, gid_type: GidType::RoceV2 }])
+    }
+
+    fn alloc_pd(&self) -> Result<SimPd> {
+        let id = self.host.next_pd.fetch_add(1, Ordering::Relaxed);
+        Ok(SimPd { inner: Arc::new(PdInner { host: self.host.clone(), id }) })
+    }
+
+    fn create_cq(&self, cqe: u32, with_events: bool) -> Result<SimCq> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(VerbsError::CapExceeded {
+                what: "ibv_create_cq cqe",
+                cap: "max_cqe",
+                requested: cqe as u64,
+                limit: MAX_CQE as u64,
+            });
+        }
+        Ok(SimCq::new(self.host.clone(), cqe, with_events))
+    }
+}
+
+pub(crate) struct PdInner {
+    pub(crate) host: Arc<HostCore>,
+    pub(crate) id: u32,
+}
+
+/// A protection domain of the software NIC. Cheap to clone.
+#[derive(Clone)]
+pub struct SimPd {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+impl std::fmt::Debug for SimPd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimPd").field("host", &self.inner.host.id).field("pd", &self.inner.id).finish()
+    }
+}
+
+impl SimPd {
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(VerbsError::InvalidArgument {
+                call: "ibv_reg_mr",
+                reason: "length 0: a memory region needs at least one byte".into(),
+            });
+        }
+        if len as u64 > MAX_MR_SIZE {
+            return Err(VerbsError::CapExceeded {
+                what: "ibv_reg_mr length",
+                cap: "max_mr_size",
+                requested: len as u64,
+                limit: MAX_MR_SIZE,
+            });
+        }
+        Ok(())
+    }
+
+    fn full() -> VerbsError {
+        VerbsError::CapExceeded {
+            what: "ibv_reg_mr",
+            cap: "max_mr",
+            requested: MR_SLOTS as u64 + 1,
+            limit: MR_SLOTS as u64,
+        }
+    }
+}
+
+impl ProtectionDomain<Sim> for SimPd {
+    fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<SimMr> {
+        self.check_len(len)?;
+        let layout = Layout::from_size_align(len, MR_ALIGN).map_err(|e| VerbsError::InvalidArgument {
+            call: "ibv_reg_mr",
+            reason: format!("length {len}: {e}"),
+        })?;
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(VerbsError::Os {
+                call: "ibv_reg_mr (allocating the buffer)",
+                source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+            });
+        }
+        match SimMr::register(self.inner.host.clone(), self.inner.id, ptr, len, access, Some(layout)) {
+            Some(mr) => Ok(mr),
+            None => {
+                // SAFETY: `ptr` was just allocated with `layout` and never shared.
+                unsafe { std::alloc::dealloc(ptr, layout) };
+                Err(Self::full())
+            }
+        }
+    }
+
+    unsafe fn reg_user_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<SimMr> {
+        self.check_len(len)?;
+        if addr.is_null() {
+            return Err(VerbsError::InvalidArgument { call: "ibv_reg_mr", reason: "null address".into() });
+        }
+        SimMr::register(self.inner.host.clone(), self.inner.id, addr, len, access, None)
+            .ok_or_else(Self::full)
+    }
+
+    fn create_srq(&self, attr: &SrqInitAttr) -> Result<SimSrq> {
+        SimSrq::new(self, attr)
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr<'_, Sim>) -> Result<SimQp> {
+        SimQp::new(self, attr)
+    }
+}

@@ -1,0 +1,307 @@
+//! The verbs conformance suite: the same cases (`conformance/cases.rs`) for every provider, one
+//! `conformance_suite!` line each, plus the sim-only cases that need fault injection or exact
+//! timer semantics (module `sim_only`, at the end).
+//!
+//! Run: `cargo test -p rpc-core --test verbs_conformance` (the `ibverbs` instantiation skips each
+//! test with a printed reason on a machine without an RDMA device; `scripts/softroce-test` runs
+//! it against Soft-RoCE).
+#![allow(unsafe_code)] // Posting WRs is `unsafe` by contract; see `conformance::post_send`.
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!(sim, crate::conformance::DeviceHarness<rpc_core::verbs::sim::Sim>);
+
+/// Sim-only: fault injection, finite RNR/transport retries, host identity.
+mod sim_only {
+    use std::time::Duration;
+
+    use rpc_core::verbs::sim::{Sim, SimContext};
+    use rpc_core::verbs::{
+        AccessFlags, CompletionQueue, Context, DeviceSelector, GidType, LinkLayer, MemoryRegion, Mtu,
+        PortState, ProtectionDomain, Provider, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
+        VerbsError, WcStatus, WorkCompletion,
+    };
+
+    use crate::conformance::{
+        assert_empty, connect_qps, pair, poll_n, poll_one, post_recv, post_send, DeviceHarness, Node, Opts,
+    };
+
+    type H = DeviceHarness<Sim>;
+
+    fn hosts() -> (SimContext, SimContext) {
+        (Sim::open(&DeviceSelector::First).unwrap(), Sim::open(&DeviceSelector::First).unwrap())
+    }
+
+    fn send(wr_id: u64, sg_list: &[Sge], flags: SendFlags) -> SendWr<'_> {
+        SendWr { wr_id, sg_list, op: SendOp::Send, flags }
+    }
+
+    const SIG: SendFlags = SendFlags::SIGNALED;
+
+    fn statuses(w: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
+        w.iter().map(|w| (w.wr_id, w.status)).collect()
+    }
+
+    #[test]
+    fn every_open_is_a_new_host_with_its_own_address() {
+        let (a, b) = hosts();
+        assert_ne!(a.host_id(), b.host_id());
+        for ctx in [&a, &b] {
+            assert_eq!(ctx.device_name(), "sim0");
+            let port = ctx.query_port(1).unwrap();
+            assert_eq!(
+                (port.state, port.link_layer, port.active_mtu, port.lid),
+                (PortState::Active, LinkLayer::Sim, Mtu::Mtu4096, ctx.host_id() as u16)
+            );
+            let table = ctx.gid_table(1).unwrap();
+            assert_eq!(table.len(), 1);
+            assert_eq!((table[0].index, table[0].gid_type), (0, GidType::RoceV2));
+            let mut expected = [0u8; 16];
+            expected[0] = 0xfe;
+            expected[1] = 0x80;
+            expected[12..].copy_from_slice(&ctx.host_id().to_be_bytes());
+            assert_eq!(table[0].gid.0, expected);
+            assert!(table[0].gid.is_link_local());
+        }
+        assert_eq!(Sim::devices().unwrap().iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["sim0"]);
+    }
+
+    #[test]
+    fn opening_an_unknown_device_names_what_exists() {
+        for sel in [DeviceSelector::Name("mlx5_0".into()), DeviceSelector::Index(1)] {
+            match Sim::open(&sel) {
+                Err(e @ VerbsError::NoDevice { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.contains("sim0") && text.contains("sim"), "{text}");
+                }
+                other => panic!("{sel:?}: expected NoDevice, got {other:?}"),
+            }
+        }
+        assert!(Sim::open(&DeviceSelector::Name("sim0".into())).is_ok());
+        assert!(Sim::open(&DeviceSelector::Index(0)).is_ok());
+    }
+
+    #[test]
+    fn rnr_retries_exhausted_fail_and_flush() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts { rnr_retry: 2, min_rnr_timer: 1, ..Opts::default() });
+        let s = [a.sge(0, 8)];
+        post_send(&a.qp, &[send(1, &s, SIG), send(2, &s, SendFlags::EMPTY), send(3, &s, SIG)]).unwrap();
+        let w = poll_n::<H, _>(&a.scq, 3, "RNR failure and flushes");
+        assert_eq!(
+            statuses(&w),
+            [
+                (1, WcStatus::IBV_WC_RNR_RETRY_EXC_ERR),
+                (2, WcStatus::IBV_WC_WR_FLUSH_ERR),
+                (3, WcStatus::IBV_WC_WR_FLUSH_ERR)
+            ]
+        );
+        assert_eq!(a.qp.state(), QpState::Err);
+        assert_eq!(b.qp.state(), QpState::Rts, "an RNR is no error at the responder");
+    }
+
+    #[test]
+    fn rnr_retry_zero_fails_at_the_first_rnr() {
+        let (ca, cb) = hosts();
+        let (a, _b) = pair::<H>(&ca, &cb, Opts { rnr_retry: 0, ..Opts::default() });
+        post_send(&a.qp, &[send(1, &[a.sge(0, 8)], SendFlags::EMPTY)]).unwrap();
+        let w = poll_one::<H, _>(&a.scq, "RNR failure");
+        assert_eq!(
+            (w.wr_id, w.status),
+            (1, WcStatus::IBV_WC_RNR_RETRY_EXC_ERR),
+            "errors complete unsignaled WRs"
+        );
+    }
+
+    #[test]
+    fn dropped_traffic_exhausts_retries() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts { timeout: 1, retry_cnt: 3, ..Opts::default() });
+        post_recv(&b.qp, &[RecvWr { wr_id: 1, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        a.qp.set_drop_traffic(true);
+        let s = [a.sge(0, 8)];
+        post_send(&a.qp, &[send(1, &s, SIG), send(2, &s, SIG)]).unwrap();
+        let w = poll_n::<H, _>(&a.scq, 2, "retry exhaustion");
+        assert_eq!(statuses(&w), [(1, WcStatus::IBV_WC_RETRY_EXC_ERR), (2, WcStatus::IBV_WC_WR_FLUSH_ERR)]);
+        assert_eq!(a.qp.state(), QpState::Err);
+        assert_empty(&b.rcq, "nothing was delivered");
+    }
+
+    #[test]
+    fn dropped_traffic_recovers_when_lifted_before_the_retries_run_out() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts { timeout: 12, retry_cnt: 7, ..Opts::default() });
+        post_recv(&b.qp, &[RecvWr { wr_id: 1, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        b.qp.set_drop_traffic(true);
+        post_send(&a.qp, &[send(1, &[a.sge(0, 8)], SIG)]).unwrap();
+        assert_empty(&a.scq, "nothing while packets are dropped");
+        b.qp.set_drop_traffic(false);
+        let w = poll_one::<H, _>(&a.scq, "the retransmission");
+        assert_eq!((w.wr_id, w.status), (1, WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(poll_one::<H, _>(&b.rcq, "recv").wr_id, 1);
+    }
+
+    #[test]
+    fn force_error_flushes_outstanding_work() {
+        let (ca, cb) = hosts();
+        let (a, _b) = pair::<H>(&ca, &cb, Opts { min_rnr_timer: 1, ..Opts::default() });
+        post_recv(&a.qp, &[RecvWr { wr_id: 50, sg_list: &[a.sge(1024, 64)] }]).unwrap();
+        let s = [a.sge(0, 8)];
+        // No receive at b: these wait (RNR forever).
+        post_send(&a.qp, &[send(1, &s, SIG), send(2, &s, SendFlags::EMPTY)]).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        a.qp.force_error();
+        assert_eq!(a.qp.state(), QpState::Err);
+        let w = poll_n::<H, _>(&a.scq, 2, "flushed sends");
+        assert_eq!(statuses(&w), [(1, WcStatus::IBV_WC_WR_FLUSH_ERR), (2, WcStatus::IBV_WC_WR_FLUSH_ERR)]);
+        let r = poll_one::<H, _>(&a.rcq, "flushed receive");
+        assert_eq!((r.wr_id, r.status), (50, WcStatus::IBV_WC_WR_FLUSH_ERR));
+    }
+
+    #[test]
+    fn a_vanished_peer_fails_sends_with_retry_exceeded() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts { timeout: 1, retry_cnt: 2, ..Opts::default() });
+        post_recv(&b.qp, &[RecvWr { wr_id: 1, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        cb.vanish();
+        assert_eq!(cb.query_port(1).unwrap().state, PortState::Down);
+        post_send(&a.qp, &[send(7, &[a.sge(0, 8)], SIG)]).unwrap();
+        let w = poll_one::<H, _>(&a.scq, "send to a vanished host");
+        assert_eq!((w.wr_id, w.status), (7, WcStatus::IBV_WC_RETRY_EXC_ERR));
+        assert_eq!(b.qp.state(), QpState::Err, "the vanished host's QPs are in ERR");
+    }
+
+    #[test]
+    fn a_destroyed_peer_qp_fails_sends_with_retry_exceeded() {
+        let (ca, cb) = hosts();
+        let (a, mut b) = pair::<H>(&ca, &cb, Opts { timeout: 1, retry_cnt: 1, ..Opts::default() });
+        let spare = b.extra_qp();
+        drop(std::mem::replace(&mut b.qp, spare));
+        post_send(&a.qp, &[send(7, &[a.sge(0, 8)], SIG)]).unwrap();
+        let w = poll_one::<H, _>(&a.scq, "send to a destroyed QP");
+        assert_eq!((w.wr_id, w.status), (7, WcStatus::IBV_WC_RETRY_EXC_ERR));
+    }
+
+    #[test]
+    fn mismatched_psns_never_deliver() {
+        let (ca, cb) = hosts();
+        let opts = Opts { timeout: 1, retry_cnt: 2, ..Opts::default() };
+        let a = Node::<H>::new(&ca, opts);
+        let b = Node::<H>::new(&cb, opts);
+        let ea = a.endpoint(&a.qp, 100);
+        let eb = b.endpoint(&b.qp, 200);
+        let wrong = rpc_core::verbs::rc::Endpoint { psn: 999, ..ea };
+        rpc_core::verbs::rc::connect(&a.qp, &a.addr.cfg, &ea, &eb).unwrap();
+        rpc_core::verbs::rc::connect(&b.qp, &b.addr.cfg, &eb, &wrong).unwrap();
+        post_recv(&b.qp, &[RecvWr { wr_id: 1, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        post_send(&a.qp, &[send(1, &[a.sge(0, 8)], SIG)]).unwrap();
+        let w = poll_one::<H, _>(&a.scq, "send with a PSN the responder does not expect");
+        assert_eq!(w.status, WcStatus::IBV_WC_RETRY_EXC_ERR);
+        assert_empty(&b.rcq, "nothing delivered");
+    }
+
+    #[test]
+    fn responder_qp_goes_to_err_on_a_remote_access_error() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+        post_recv(&b.qp, &[RecvWr { wr_id: 5, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        let op = SendOp::RdmaWrite { remote_addr: b.mr.addr(), rkey: 0x1234_0fff };
+        post_send(&a.qp, &[SendWr { wr_id: 1, sg_list: &[a.sge(0, 8)], op, flags: SIG }]).unwrap();
+        assert_eq!(poll_one::<H, _>(&a.scq, "write").status, WcStatus::IBV_WC_REM_ACCESS_ERR);
+        assert_eq!(b.qp.state(), QpState::Err);
+        let r = poll_one::<H, _>(&b.rcq, "responder's receive flushed");
+        assert_eq!((r.wr_id, r.status), (5, WcStatus::IBV_WC_WR_FLUSH_ERR));
+    }
+
+    #[test]
+    fn a_deregistered_mr_key_is_refused() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+        let old = b.pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        let (addr, rkey) = (old.addr(), old.rkey());
+        drop(old);
+        let _reuse = b.pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        let op = SendOp::RdmaWrite { remote_addr: addr, rkey };
+        post_send(&a.qp, &[SendWr { wr_id: 1, sg_list: &[a.sge(0, 8)], op, flags: SIG }]).unwrap();
+        assert_eq!(
+            poll_one::<H, _>(&a.scq, "write with a stale rkey").status,
+            WcStatus::IBV_WC_REM_ACCESS_ERR
+        );
+    }
+
+    #[test]
+    fn an_rkey_of_another_pd_is_refused() {
+        let (ca, cb) = hosts();
+        let (a, _b) = pair::<H>(&ca, &cb, Opts::default());
+        let other_pd = cb.alloc_pd().unwrap();
+        let foreign = other_pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        let op = SendOp::RdmaWrite { remote_addr: foreign.addr(), rkey: foreign.rkey() };
+        post_send(&a.qp, &[SendWr { wr_id: 1, sg_list: &[a.sge(0, 8)], op, flags: SIG }]).unwrap();
+        assert_eq!(poll_one::<H, _>(&a.scq, "write into another PD").status, WcStatus::IBV_WC_REM_ACCESS_ERR);
+        assert!(foreign.as_slice()[..8].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn receive_cq_overrun_is_reported_to_the_receiver() {
+        let (ca, cb) = hosts();
+        let a = Node::<H>::new(&ca, Opts::default());
+        let b = Node::<H>::new(&cb, Opts { cqe: 4, ..Opts::default() });
+        connect_qps(&a, &a.qp, &b, &b.qp);
+        let cap = b.rcq.capacity() as usize;
+        let rs: Vec<[Sge; 1]> = (0..cap + 2).map(|i| [b.sge(i * 16, 16)]).collect();
+        let rwrs: Vec<RecvWr<'_>> =
+            rs.iter().enumerate().map(|(i, s)| RecvWr { wr_id: i as u64, sg_list: s }).collect();
+        post_recv(&b.qp, &rwrs).unwrap();
+        let s = [a.sge(0, 8)];
+        let wrs: Vec<SendWr<'_>> = (0..cap as u64 + 2).map(|i| send(i, &s, SendFlags::EMPTY)).collect();
+        post_send(&a.qp, &wrs).unwrap();
+        let mut buf = [WorkCompletion::default(); 16];
+        match b.rcq.poll(&mut buf) {
+            Err(VerbsError::CqOverrun { cqe }) => assert_eq!(cqe as usize, cap),
+            other => panic!("expected CqOverrun, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn solicited_only_notification_ignores_unsolicited_receives() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts { events: true, ..Opts::default() });
+        for i in 0..2 {
+            post_recv(&b.qp, &[RecvWr { wr_id: i, sg_list: &[b.sge(i as usize * 64, 64)] }]).unwrap();
+        }
+        b.rcq.req_notify(true).unwrap();
+        let s = [a.sge(0, 8)];
+        post_send(&a.qp, &[send(1, &s, SendFlags::EMPTY)]).unwrap();
+        assert!(
+            !b.rcq.wait(Some(Duration::from_millis(20))).unwrap(),
+            "an unsolicited receive does not wake"
+        );
+        post_send(&a.qp, &[send(2, &s, SendFlags::SOLICITED)]).unwrap();
+        assert!(b.rcq.wait(Some(Duration::from_secs(10))).unwrap(), "a solicited receive wakes");
+        assert_eq!(poll_n::<H, _>(&b.rcq, 2, "both receives").len(), 2);
+    }
+
+    #[test]
+    fn write_with_imm_waits_for_a_receive() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts { rnr_retry: 1, min_rnr_timer: 1, ..Opts::default() });
+        let op = SendOp::RdmaWriteWithImm { remote_addr: b.mr.addr(), rkey: b.mr.rkey(), imm: 3 };
+        post_send(&a.qp, &[SendWr { wr_id: 1, sg_list: &[a.sge(0, 8)], op, flags: SIG }]).unwrap();
+        assert_eq!(
+            poll_one::<H, _>(&a.scq, "write-imm without receive").status,
+            WcStatus::IBV_WC_RNR_RETRY_EXC_ERR
+        );
+    }
+
+    #[test]
+    fn modify_names_the_missing_attribute() {
+        let (ca, _cb) = hosts();
+        let a = Node::<H>::new(&ca, Opts::default());
+        let mut init = rpc_core::verbs::QpAttr::new(QpState::Init);
+        init.port_num = Some(1);
+        init.access = Some(AccessFlags::LOCAL_WRITE);
+        let err = a.qp.modify(&init).unwrap_err().to_string();
+        assert!(err.contains("IBV_QP_PKEY_INDEX") && err.contains("Init"), "{err}");
+    }
+}
