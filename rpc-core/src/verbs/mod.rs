@@ -16,9 +16,12 @@
 use std::time::Duration;
 
 mod error;
+pub mod gid;
 pub mod rc;
 mod types;
 
+#[cfg(feature = "ibverbs")]
+pub mod ibverbs;
 pub mod sim;
 
 pub use error::{Result, VerbsError};

@@ -1,0 +1,100 @@
+//! Client configuration and per-call options.
+
+use std::time::Duration;
+
+use crate::config::PollingPolicy;
+use crate::transport::Transport;
+
+/// Configuration of a [`super::Client`]. Every field has a documented default.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// NIC provider. Default [`Transport::Sim`].
+    pub transport: Transport,
+    /// Calls outstanding at once (slots), also the credits asked of the server (which may grant
+    /// fewer: the rest wait locally). Default 32; 1 ..= 4096.
+    pub window: u16,
+    /// Bytes of this client's receive ring (bulk responses). Default 1 MiB; 1 ..= 1 GiB.
+    pub ring_bytes: u32,
+    /// Bodies up to this many bytes travel in the SEND. Default 4096 bytes (the smaller of the
+    /// client's and the server's value is used).
+    pub eager_threshold: u32,
+    /// Largest body in bytes. Default 16 MiB.
+    pub max_message_size: u32,
+    /// How a waiting call polls. Default [`PollingPolicy::Busy`].
+    pub polling: PollingPolicy,
+    /// TCP connect and handshake timeout. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Token for servers that require one.
+    pub auth_token: Option<Vec<u8>>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            transport: Transport::Sim,
+            window: 32,
+            ring_bytes: 1 << 20,
+            eager_threshold: 4096,
+            max_message_size: 16 << 20,
+            polling: PollingPolicy::Busy,
+            connect_timeout: Duration::from_secs(5),
+            auth_token: None,
+        }
+    }
+}
+
+macro_rules! setter {
+    ($($(#[$m:meta])* $name:ident: $ty:ty;)*) => {
+        $(
+            $(#[$m])*
+            pub fn $name(mut self, v: $ty) -> Self {
+                self.$name = v;
+                self
+            }
+        )*
+    };
+}
+
+impl ClientConfig {
+    setter! {
+        /// See [`ClientConfig::transport`].
+        transport: Transport;
+        /// See [`ClientConfig::window`].
+        window: u16;
+        /// See [`ClientConfig::ring_bytes`].
+        ring_bytes: u32;
+        /// See [`ClientConfig::eager_threshold`].
+        eager_threshold: u32;
+        /// See [`ClientConfig::max_message_size`].
+        max_message_size: u32;
+        /// See [`ClientConfig::polling`].
+        polling: PollingPolicy;
+        /// See [`ClientConfig::connect_timeout`].
+        connect_timeout: Duration;
+    }
+
+    /// Sets the auth token (at most 256 bytes).
+    pub fn auth_token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.auth_token = Some(token.into());
+        self
+    }
+}
+
+/// Options of one call. `CallOptions::default()` has no deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallOptions {
+    timeout: Option<Duration>,
+}
+
+impl CallOptions {
+    /// Options with a deadline `timeout` from the start of the call; after it the call ends with
+    /// DEADLINE_EXCEEDED (the server sees the remaining time in its `RequestContext::deadline`).
+    pub fn deadline(timeout: Duration) -> CallOptions {
+        CallOptions { timeout: Some(timeout) }
+    }
+
+    /// The timeout, if any.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+}

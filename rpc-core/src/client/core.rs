@@ -1,0 +1,623 @@
+//! The client's connection, generic over the provider: its own CQ, SRQ, QP, rings and session,
+//! driven by the calling thread (no other thread, no cross-thread hop).
+
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+
+use super::config::ClientConfig;
+use crate::buffers::{split_send_wr_id, RecvPool, RingBuf, SendPool, SendQueue};
+use crate::config::{Idle, EVENT_WAIT};
+use crate::session::{
+    CallSlots, PlaceError, Placement, ResponseFate, RingToken, Role, Session, SessionParams,
+};
+use crate::status::{Code, Status};
+use crate::transport::Device;
+use crate::verbs::rc::{self, Endpoint};
+use crate::verbs::{
+    CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion,
+};
+use crate::wire::{
+    read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
+    PROTOCOL_VERSION,
+};
+use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, BodyAt, Conn};
+use crate::worker::counters::Counters;
+
+const POLL_BATCH: usize = 32;
+/// Tag of the client's only connection in send `wr_id`s.
+const TAG: u32 = 1;
+/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8`, so a few may wait).
+const REPOST_BATCH: usize = 8;
+/// Empty polls between checks of the TCP liveness channel.
+const LIVENESS_EVERY: u32 = 4096;
+
+/// Where a response's body is, held until the caller takes it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BodyRef {
+    Eager { buf: u32, len: u32 },
+    Ring { token: RingToken, offset: u32, len: u32 },
+}
+
+/// What a response leaves in its slot.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Ok(BodyRef),
+    Err(Status),
+}
+
+struct Pending {
+    buf: u16,
+    body: BodyAt,
+    method: u32,
+    deadline: Option<Instant>,
+}
+
+/// A call in progress: slot, generation, deadline.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallId {
+    pub(crate) slot: u16,
+    pub(crate) generation: u32,
+    pub(crate) deadline: Option<Instant>,
+}
+
+/// One client connection. Field order is drop order: the QP (in `conn`) goes before the SRQ and
+/// receive buffers.
+pub(crate) struct ClientCore<P: Provider> {
+    conn: Conn<P>,
+    recv: RecvPool<P>,
+    cq: P::CompletionQueue,
+    slots: CallSlots<Answer>,
+    pending: Vec<Option<Pending>>,
+    tcp: TcpStream,
+    broken: Option<Status>,
+    idle: Idle,
+    wcs: [WorkCompletion; POLL_BATCH],
+    pub(crate) counters: Counters,
+    credit_return: bool,
+    pub(crate) peer: SocketAddr,
+    _dev: Device<P>,
+}
+
+fn unavailable(what: impl std::fmt::Display) -> Status {
+    Status::unavailable(what.to_string())
+}
+
+impl<P: Provider> ClientCore<P> {
+    /// Connects over TCP, exchanges the handshake and brings the QP to RTS.
+    pub(crate) fn connect(
+        addr: impl ToSocketAddrs,
+        cfg: &ClientConfig,
+        selector: &DeviceSelector,
+        port: u8,
+        gid_index: i32,
+    ) -> Result<ClientCore<P>, Status> {
+        if cfg.window == 0 || cfg.window > MAX_CREDITS {
+            return Err(Status::invalid_argument(format!(
+                "ClientConfig::window {} is not in 1..=4096",
+                cfg.window
+            )));
+        }
+        if cfg.ring_bytes == 0 || cfg.ring_bytes > crate::wire::MAX_RING_LEN {
+            return Err(Status::invalid_argument(format!(
+                "ClientConfig::ring_bytes {} is not in 1..=1 GiB",
+                cfg.ring_bytes
+            )));
+        }
+        let span = tracing::info_span!("connect", transport = P::NAME);
+        let _entered = span.enter();
+        let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
+        let window = cfg.window;
+        let bufs = send_bufs_for(window);
+        let recv_depth = 3 * u32::from(window) + 8;
+        let pd = dev.ctx.alloc_pd().map_err(unavailable)?;
+        let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
+            .map_err(unavailable)?;
+        let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
+            .map_err(unavailable)?;
+        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs).map_err(unavailable)?;
+        let ring = RingBuf::<P>::receive(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
+        let local = dev.endpoint(&qp);
+
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| unavailable(format!("resolving the server address: {e}")))?
+            .collect();
+        let mut last = None;
+        let mut tcp = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, cfg.connect_timeout) {
+                Ok(s) => {
+                    tcp = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(format!("{a}: {e}")),
+            }
+        }
+        let Some(mut tcp) = tcp else {
+            return Err(unavailable(format!("connect: {}", last.unwrap_or_else(|| "no address".into()))));
+        };
+        let peer = tcp.peer_addr().map_err(unavailable)?;
+        let _ = tcp.set_nodelay(true);
+        tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
+        let (ring_addr, ring_len, ring_rkey) = ring.remote();
+        let hello = Handshake {
+            version: PROTOCOL_VERSION,
+            qp_num: local.qp_num,
+            psn: local.psn,
+            lid: local.lid,
+            mtu: local.mtu,
+            gid: local.gid,
+            ring_addr,
+            ring_len,
+            ring_rkey,
+            credits: window,
+            eager_threshold: cfg.eager_threshold,
+            max_message: cfg.max_message_size,
+            session: 0,
+            auth_token: cfg.auth_token.clone().unwrap_or_default(),
+        };
+        write_frame(&mut tcp, &Frame::Handshake(hello))
+            .map_err(|e| unavailable(format!("handshake: {e}")))?;
+        let reply = match read_frame(&mut tcp) {
+            Ok(Frame::Handshake(h)) => h,
+            Ok(Frame::Refusal(r)) => {
+                return Err(Status::new(r.code, format!("server refused: {}", r.message)))
+            }
+            Err(FrameError::Wire(e)) => {
+                return Err(Status::internal(format!("bad handshake from {peer}: {e}")))
+            }
+            Err(e) => return Err(unavailable(format!("handshake with {peer}: {e}"))),
+        };
+        let refuse = |field: &str, why: String| {
+            Err(Status::internal(format!("handshake field `{field}` from {peer}: {why}")))
+        };
+        if reply.credits > window {
+            return refuse("credits", format!("{} granted, {window} asked", reply.credits));
+        }
+        if reply.eager_threshold > cfg.eager_threshold {
+            return refuse(
+                "eager_threshold",
+                format!("{} above ours {}", reply.eager_threshold, cfg.eager_threshold),
+            );
+        }
+        if reply.session == 0 {
+            return refuse("session", "0 is not a session id".into());
+        }
+        let body_cap = body_area(reply.eager_threshold);
+        let pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
+        let mirror = RingBuf::<P>::mirror(&pd, reply.ring_len as usize).map_err(unavailable)?;
+        let remote =
+            Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
+        rc::connect(&qp, &dev.rc, &local, &remote)
+            .map_err(|e| unavailable(format!("connecting the QP: {e}")))?;
+        tcp.set_nonblocking(true).map_err(unavailable)?;
+        let params = SessionParams {
+            id: reply.session,
+            credits: reply.credits,
+            eager_threshold: reply.eager_threshold,
+            max_message: reply.max_message.min(cfg.max_message_size),
+            peer_ring_len: reply.ring_len,
+            own_ring_len: cfg.ring_bytes,
+            max_held: usize::from(window),
+        };
+        tracing::info!(%peer, session = reply.session, credits = reply.credits, transport = P::NAME, "client connected");
+        Ok(ClientCore {
+            conn: Conn {
+                qp,
+                pool,
+                ring,
+                mirror,
+                sq: SendQueue::new(usize::from(bufs) * 2 + 8),
+                session: Session::new(Role::Client, params),
+                peer_ring: (reply.ring_addr, reply.ring_rkey),
+                body_cap,
+            },
+            recv,
+            cq,
+            slots: CallSlots::new(window, reply.credits),
+            pending: (0..window).map(|_| None).collect(),
+            tcp,
+            broken: None,
+            idle: Idle::new(cfg.polling),
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+            counters: Counters { sessions_opened: 1, ..Counters::default() },
+            credit_return: false,
+            peer,
+            _dev: dev,
+        })
+    }
+
+    /// Encodes a request and queues it (sending it when a credit is free). With `flush_now`, it
+    /// is posted at once; otherwise with the next progress (so calls started back to back share
+    /// one doorbell).
+    pub(crate) fn start<M: Message>(
+        &mut self,
+        method: u32,
+        req: &M,
+        timeout: Option<Duration>,
+        flush_now: bool,
+    ) -> Result<CallId, Status> {
+        if let Some(s) = &self.broken {
+            return Err(s.clone());
+        }
+        if !self.slots.has_free() {
+            return Err(Status::resource_exhausted(format!(
+                "{} calls outstanding: the client's window (ClientConfig::window) is full",
+                self.slots.window()
+            )));
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let buf = loop {
+            if let Some(b) = self.conn.pool.acquire() {
+                break b;
+            }
+            self.wait_step(deadline)?;
+        };
+        let len = req.encoded_len();
+        let placement = loop {
+            match self.conn.session.place_body(len) {
+                Ok(p) => break p,
+                Err(PlaceError::Refused(s)) => {
+                    self.conn.pool.give_back(buf);
+                    self.counters.status(s.code());
+                    return Err(s);
+                }
+                Err(PlaceError::RingFull) => {
+                    self.counters.ring_full_stalls += 1;
+                    if let Err(s) = self.wait_step(deadline) {
+                        self.conn.pool.give_back(buf);
+                        return Err(s);
+                    }
+                }
+            }
+        };
+        let body = match placement {
+            Placement::Eager => {
+                let mut dst = &mut self.conn.pool.buf_mut(buf)[HEADER_LEN..HEADER_LEN + len];
+                req.encode(&mut dst).map_err(|e| Status::internal(format!("encoding the request: {e}")))?;
+                BodyAt::Eager(len as u32)
+            }
+            Placement::Ring(off) => {
+                let o = off as usize;
+                let mut dst = &mut self.conn.mirror.bytes_mut()[o..o + len];
+                req.encode(&mut dst).map_err(|e| Status::internal(format!("encoding the request: {e}")))?;
+                BodyAt::Ring { offset: off, len: len as u32 }
+            }
+        };
+        self.counters.bytes_out += len as u64;
+        let (slot, generation) = self.slots.start().expect("a free slot was checked");
+        self.pending[slot as usize] = Some(Pending { buf, body, method, deadline });
+        self.pump();
+        if flush_now {
+            self.flush();
+        }
+        Ok(CallId { slot, generation, deadline })
+    }
+
+    /// Sends queued calls while credits allow.
+    fn pump(&mut self) {
+        while let Some((slot, generation)) = self.slots.next_sendable() {
+            let Some(p) = self.pending[slot as usize].take() else { continue };
+            let timeout_us = p.deadline.map_or(0, |d| {
+                d.saturating_duration_since(Instant::now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
+            });
+            let h = Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
+            self.conn.queue(p.buf, h, p.body);
+        }
+        if self.slots.credit_stalled() {
+            self.counters.credit_stalls += 1;
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.credit_return {
+            self.credit_return = false;
+            if self.conn.sq.is_empty()
+                && self.slots.in_flight() > 0
+                && self.conn.session.unreported_ring_bytes() > 0
+            {
+                if let Some(b) = self.conn.pool.acquire() {
+                    self.conn.queue(b, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
+                }
+            }
+        }
+        if let Err(e) = self.conn.flush(TAG) {
+            self.break_conn(unavailable(format!("posting sends: {e}")));
+        }
+        if let Err(e) = self.recv.flush_batched(REPOST_BATCH) {
+            self.break_conn(unavailable(format!("posting receives: {e}")));
+        }
+    }
+
+    /// The connection is gone: every call ends with `status`, the QP goes to ERR.
+    fn break_conn(&mut self, status: Status) {
+        if self.broken.is_some() {
+            return;
+        }
+        let _span = tracing::info_span!("disconnect", peer = %self.peer).entered();
+        tracing::info!(%status, "client session closed");
+        // Each failed call is counted when its caller takes the answer.
+        self.slots.fail_all(|| Answer::Err(status.clone()));
+        for p in self.pending.iter_mut().filter_map(Option::take) {
+            self.conn.pool.give_back(p.buf);
+        }
+        let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
+        self.conn.sq.reset();
+        self.conn.pool.retire_all();
+        self.counters.sessions_closed += 1;
+        self.broken = Some(status);
+    }
+
+    /// Polls the CQ once and handles what completed. Returns how many completions there were.
+    pub(crate) fn progress(&mut self) -> usize {
+        if self.broken.is_some() {
+            return 0;
+        }
+        let n = match self.cq.poll(&mut self.wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                self.break_conn(unavailable(format!("completion queue: {e}")));
+                return 0;
+            }
+        };
+        for i in 0..n {
+            let wc = self.wcs[i];
+            self.on_completion(&wc);
+        }
+        if n > 0 {
+            self.pump();
+        }
+        self.flush();
+        n
+    }
+
+    fn on_completion(&mut self, wc: &WorkCompletion) {
+        if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+            if !wc.status.is_success() {
+                if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
+                    self.counters.rnr_events += 1;
+                }
+                self.break_conn(unavailable(format!("send failed ({}): the server is gone", wc.status)));
+                return;
+            }
+            self.conn.pool.retire(usize::from(bufs));
+            self.conn.sq.on_completion(wrs);
+            return;
+        }
+        let buf = wc.wr_id as u32;
+        if !wc.status.is_success() {
+            self.recv.repost(buf);
+            self.break_conn(unavailable(format!("receive failed ({})", wc.status)));
+            return;
+        }
+        let len = wc.byte_len as usize;
+        let Some(msg) = self.recv.received(buf, len) else {
+            self.recv.repost(buf);
+            self.malformed("message longer than a receive buffer".into());
+            return;
+        };
+        let h = match Header::decode(msg) {
+            Ok(h) => h,
+            Err(e) => {
+                self.recv.repost(buf);
+                self.malformed(format!("malformed header: {e}"));
+                return;
+            }
+        };
+        let inc = match self.conn.session.handle_header(&h) {
+            Ok(inc) => inc,
+            Err(reason) => {
+                self.recv.repost(buf);
+                self.malformed(format!("protocol violation: {reason}"));
+                return;
+            }
+        };
+        match h.kind {
+            Kind::Response => {
+                self.counters.bytes_in += u64::from(h.body_len);
+                let answer = if h.status == Code::Ok {
+                    match inc.ring {
+                        Some(token) => {
+                            self.recv.repost(buf);
+                            Answer::Ok(BodyRef::Ring { token, offset: h.ring_offset, len: h.body_len })
+                        }
+                        None => Answer::Ok(BodyRef::Eager { buf, len: h.body_len }),
+                    }
+                } else {
+                    let text = match inc.ring {
+                        Some(t) => {
+                            let o = h.ring_offset as usize;
+                            let s =
+                                String::from_utf8_lossy(&self.conn.ring.bytes()[o..o + h.body_len as usize])
+                                    .into_owned();
+                            self.conn.session.release(t);
+                            self.credit_return = true;
+                            s
+                        }
+                        None => String::from_utf8_lossy(&msg[HEADER_LEN..]).into_owned(),
+                    };
+                    self.recv.repost(buf);
+                    Answer::Err(Status::new(h.status, text))
+                };
+                match self.slots.on_response(h.slot, h.generation, answer) {
+                    Ok(ResponseFate::Stored) => {}
+                    Ok(ResponseFate::Discard(a)) => {
+                        self.counters.late_replies += 1;
+                        if let Answer::Ok(body) = a {
+                            self.release(body);
+                        }
+                    }
+                    Err(reason) => self.malformed(format!("protocol violation: {reason}")),
+                }
+            }
+            Kind::CreditReturn => self.recv.repost(buf),
+            Kind::Close => {
+                self.recv.repost(buf);
+                self.break_conn(unavailable("the server closed the session"));
+            }
+            Kind::Request => self.recv.repost(buf),
+        }
+    }
+
+    fn malformed(&mut self, reason: String) {
+        tracing::warn!(peer = %self.peer, %reason, "closing the session");
+        self.counters.malformed += 1;
+        self.break_conn(unavailable(format!("connection closed: {reason}")));
+    }
+
+    /// Decodes a finished call's answer and releases its buffers.
+    fn finish<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
+        let r = match a {
+            Answer::Err(s) => Err(s),
+            Answer::Ok(body) => {
+                let bytes: &[u8] = match body {
+                    BodyRef::Eager { buf, len } => self
+                        .recv
+                        .received(buf, HEADER_LEN + len as usize)
+                        .map_or(&[][..], |m| &m[HEADER_LEN..]),
+                    BodyRef::Ring { offset, len, .. } => {
+                        &self.conn.ring.bytes()[offset as usize..(offset + len) as usize]
+                    }
+                };
+                let r = R::decode(bytes).map_err(|e| {
+                    Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+                });
+                self.release(body);
+                r
+            }
+        };
+        self.counters.rpcs += 1;
+        self.counters.status(r.as_ref().err().map_or(Code::Ok, Status::code));
+        r
+    }
+
+    fn release(&mut self, body: BodyRef) {
+        match body {
+            BodyRef::Eager { buf, .. } => self.recv.repost(buf),
+            BodyRef::Ring { token, .. } => {
+                self.conn.session.release(token);
+                self.credit_return = true;
+            }
+        }
+    }
+
+    /// One step of waiting: progress; when idle, check the deadline, the TCP liveness channel, and
+    /// spin/yield/block per the polling policy.
+    fn wait_step(&mut self, deadline: Option<Instant>) -> Result<(), Status> {
+        if let Some(s) = &self.broken {
+            return Err(s.clone());
+        }
+        if self.progress() > 0 {
+            self.idle.reset();
+            return Ok(());
+        }
+        if let Some(d) = deadline {
+            if Instant::now() >= d {
+                return Err(Status::deadline_exceeded("deadline passed before the call could be sent"));
+            }
+        }
+        self.idle_step();
+        Ok(())
+    }
+
+    fn idle_step(&mut self) {
+        if self.idle.empty_polls() % LIVENESS_EVERY == LIVENESS_EVERY - 1 {
+            self.check_liveness();
+        }
+        let cq = &self.cq;
+        self.idle.idle(|| {
+            if cq.req_notify(false).is_ok() {
+                let _ = cq.wait(Some(EVENT_WAIT));
+            }
+        });
+    }
+
+    fn check_liveness(&mut self) {
+        let mut b = [0u8; 1];
+        match self.tcp.peek(&mut b) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Ok(n) if n > 0 => {}
+            _ => {
+                // Let what already arrived (a Close, responses) be handled first.
+                while self.progress() > 0 {}
+                self.break_conn(unavailable("the server closed the connection"));
+            }
+        }
+    }
+
+    /// Polls a call once: its result when finished (or failed), `None` while it runs.
+    pub(crate) fn poll_call<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+            return Some(self.finish(a));
+        }
+        if self.progress() > 0 {
+            self.idle.reset();
+            if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+                return Some(self.finish(a));
+            }
+        } else if self.idle.empty_polls() % LIVENESS_EVERY == LIVENESS_EVERY - 1 {
+            self.check_liveness();
+        }
+        if let Some(d) = id.deadline {
+            if Instant::now() >= d {
+                self.abandon(id);
+                self.counters.status(Code::DeadlineExceeded);
+                return Some(Err(Status::deadline_exceeded("deadline passed before the response arrived")));
+            }
+        }
+        None
+    }
+
+    /// Blocks (busy-polling per policy) until the call finishes.
+    pub(crate) fn wait<R: Message + Default>(&mut self, id: CallId) -> Result<R, Status> {
+        loop {
+            if let Some(r) = self.poll_call(id) {
+                return r;
+            }
+            if self.idle.empty_polls() > 0 {
+                self.idle_step();
+            }
+        }
+    }
+
+    /// The caller gave up on a call (future dropped or deadline passed).
+    pub(crate) fn abandon(&mut self, id: CallId) {
+        if let Some(a) = self.slots.abandon(id.slot, id.generation) {
+            if let Answer::Ok(body) = a {
+                self.release(body);
+            }
+            self.flush();
+        }
+    }
+
+    /// Sends a Close (best effort) before the connection is dropped.
+    pub(crate) fn close(&mut self) {
+        if self.broken.is_some() {
+            return;
+        }
+        if let Some(b) = self.conn.pool.acquire() {
+            self.conn.queue(b, Header::new(Kind::Close), BodyAt::Eager(0));
+            let _ = self.conn.flush(TAG);
+            // Give the SEND a moment to leave before the QP is destroyed.
+            let until = Instant::now() + Duration::from_millis(5);
+            while Instant::now() < until {
+                match self.cq.poll(&mut self.wcs) {
+                    Ok(n) if n > 0 && self.wcs[..n].iter().any(|w| split_send_wr_id(w.wr_id).is_some()) => {
+                        break
+                    }
+                    Ok(_) => std::thread::yield_now(),
+                    Err(_) => break,
+                }
+            }
+        }
+        self.broken = Some(unavailable("client closed"));
+    }
+
+    /// Whether the connection is broken, and why.
+    pub(crate) fn broken(&self) -> Option<&Status> {
+        self.broken.as_ref()
+    }
+}

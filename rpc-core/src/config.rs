@@ -1,0 +1,113 @@
+//! Configuration shared by server and client: the polling policy.
+
+use std::time::Duration;
+
+/// How a polling thread (server worker or blocking client call) waits when its CQ is empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PollingPolicy {
+    /// Spin on the CQ forever (lowest latency; one core per polling thread). Default for benchmarks.
+    #[default]
+    Busy,
+    /// Spin `spins` empty polls, then `std::thread::yield_now()` between polls. What tests use
+    /// (they share two cores).
+    SpinThenYield {
+        /// Empty polls before yielding (e.g. 1000).
+        spins: u32,
+    },
+    /// Spin `spins` empty polls, then arm the CQ (`req_notify`) and block on its completion
+    /// channel (`ibv_get_cq_event`; an equivalent wake-up on `sim`) for at most 1 ms at a time.
+    Event {
+        /// Empty polls before blocking.
+        spins: u32,
+    },
+}
+
+impl PollingPolicy {
+    /// Parses `busy`, `yield[:SPINS]` or `event[:SPINS]` (CLI form).
+    ///
+    /// # Errors
+    /// A message naming the accepted forms.
+    pub fn parse(s: &str) -> Result<PollingPolicy, String> {
+        let (name, spins) = match s.split_once(':') {
+            Some((n, v)) => (n, Some(v.parse::<u32>().map_err(|e| format!("polling spins {v:?}: {e}"))?)),
+            None => (s, None),
+        };
+        match name {
+            "busy" => Ok(PollingPolicy::Busy),
+            "yield" => Ok(PollingPolicy::SpinThenYield { spins: spins.unwrap_or(1000) }),
+            "event" => Ok(PollingPolicy::Event { spins: spins.unwrap_or(1000) }),
+            _ => Err(format!("polling policy {s:?}: expected busy, yield[:SPINS] or event[:SPINS]")),
+        }
+    }
+
+    /// True when this policy creates CQs with a completion channel.
+    pub(crate) fn needs_events(self) -> bool {
+        matches!(self, PollingPolicy::Event { .. })
+    }
+}
+
+/// Longest single block of the `Event` policy (so stop flags are seen promptly).
+pub(crate) const EVENT_WAIT: Duration = Duration::from_millis(1);
+
+/// Tracks empty polls and applies the policy.
+#[derive(Debug)]
+pub(crate) struct Idle {
+    policy: PollingPolicy,
+    empty: u32,
+}
+
+impl Idle {
+    pub(crate) fn new(policy: PollingPolicy) -> Idle {
+        Idle { policy, empty: 0 }
+    }
+
+    /// Work was found: spin again.
+    #[inline]
+    pub(crate) fn reset(&mut self) {
+        self.empty = 0;
+    }
+
+    /// Empty polls since the last work.
+    pub(crate) fn empty_polls(&self) -> u32 {
+        self.empty
+    }
+
+    /// The poll found nothing: spin, yield or block per the policy. `wait` blocks on the CQ's
+    /// completion channel (after arming it) for at most [`EVENT_WAIT`].
+    #[inline]
+    pub(crate) fn idle(&mut self, wait: impl FnOnce()) {
+        self.empty = self.empty.saturating_add(1);
+        match self.policy {
+            PollingPolicy::Busy => std::hint::spin_loop(),
+            PollingPolicy::SpinThenYield { spins } => {
+                if self.empty > spins {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            PollingPolicy::Event { spins } => {
+                if self.empty > spins {
+                    wait();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cli_forms() {
+        assert_eq!(PollingPolicy::parse("busy"), Ok(PollingPolicy::Busy));
+        assert_eq!(PollingPolicy::parse("yield:50"), Ok(PollingPolicy::SpinThenYield { spins: 50 }));
+        assert_eq!(PollingPolicy::parse("event"), Ok(PollingPolicy::Event { spins: 1000 }));
+        assert!(PollingPolicy::parse("spin").unwrap_err().contains("expected busy"));
+        assert!(PollingPolicy::parse("yield:x").is_err());
+    }
+}

@@ -1,0 +1,341 @@
+//! The server: a builder with the limits and the services, workers per core, and a handle to stop.
+//!
+//! ```no_run
+//! # use rpc_core::server::Server;
+//! # fn demo<S: rpc_core::codegen::Service>(svc: S) -> Result<(), rpc_core::server::ServerError> {
+//! let handle = Server::builder().worker_cores(vec![1]).add_service(svc).spawn("127.0.0.1:0")?;
+//! println!("listening on {}", handle.local_addr());
+//! handle.shutdown();
+//! # Ok(()) }
+//! ```
+
+mod listener;
+pub(crate) mod registry;
+pub(crate) mod reply;
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::codegen::Service;
+use crate::config::PollingPolicy;
+use crate::transport::Transport;
+use crate::verbs::VerbsError;
+use crate::worker::counters::{Counters, SharedCounters};
+use registry::Registry;
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// Binding or configuring the TCP listener failed.
+    #[error("listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The NIC refused (device, PD, CQ, SRQ or buffer registration).
+    #[error("transport: {0}")]
+    Verbs(#[from] VerbsError),
+    /// A configuration value is out of range; names the field.
+    #[error("server config `{field}`: {reason}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Two registered methods share an id.
+    #[error("method id {id:#x} of {second} collides with {first}")]
+    DuplicateMethod {
+        /// The id.
+        id: u32,
+        /// First method registered with it.
+        first: &'static str,
+        /// The colliding one.
+        second: &'static str,
+    },
+    /// The transport is not available in this build.
+    #[error("{0}")]
+    Transport(String),
+    /// Starting a thread failed.
+    #[error("spawning {what}: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Server configuration. Every field has a documented default ([`ServerConfig::default`]).
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// NIC provider. Default [`Transport::Sim`].
+    pub transport: Transport,
+    /// Cores to pin one worker each to (core ids as `core_affinity` numbers them). Empty = one
+    /// unpinned worker. Default empty.
+    pub worker_cores: Vec<usize>,
+    /// Largest request or response body in bytes. Default 16 MiB (bodies are also limited by the
+    /// rings).
+    pub max_message_size: u32,
+    /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 1 ..= 1 GiB.
+    pub ring_bytes: u32,
+    /// Receive buffers (WQEs) of each worker's SRQ. Default 4096. Bounds sessions per worker:
+    /// each needs `2 × credits + 1`.
+    pub srq_depth: u32,
+    /// Requests in flight granted per session (a client asks for its window). Default 32; 1 ..= 4096.
+    pub credits_per_session: u16,
+    /// Sessions over all workers. Default 1024.
+    pub max_sessions: usize,
+    /// Bodies up to this many bytes travel in the SEND; larger ones by RDMA WRITE into the ring.
+    /// Default 4096 bytes. The agreed value is the smaller of server's and client's.
+    pub eager_threshold: u32,
+    /// How workers wait for completions. Default [`PollingPolicy::Busy`].
+    pub polling: PollingPolicy,
+    /// When set, clients must present this token in the handshake.
+    pub auth_token: Option<Vec<u8>>,
+    /// How long `shutdown` waits for in-flight RPCs. Default 5 s.
+    pub drain_timeout: Duration,
+    /// How long a client may take to send its handshake. Default 5 s.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            transport: Transport::Sim,
+            worker_cores: Vec::new(),
+            max_message_size: 16 << 20,
+            ring_bytes: 1 << 20,
+            srq_depth: 4096,
+            credits_per_session: 32,
+            max_sessions: 1024,
+            eager_threshold: 4096,
+            polling: PollingPolicy::Busy,
+            auth_token: None,
+            drain_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self) -> Result<(), ServerError> {
+        let bad = |field, reason: String| Err(ServerError::Config { field, reason });
+        if self.ring_bytes == 0 || self.ring_bytes > crate::wire::MAX_RING_LEN {
+            return bad(
+                "ring_bytes",
+                format!("{} is not in 1..={}", self.ring_bytes, crate::wire::MAX_RING_LEN),
+            );
+        }
+        if self.credits_per_session == 0 || self.credits_per_session > crate::wire::MAX_CREDITS {
+            return bad("credits_per_session", format!("{} is not in 1..=4096", self.credits_per_session));
+        }
+        let per_session = 2 * u32::from(self.credits_per_session) + 1;
+        if self.srq_depth < per_session {
+            return bad("srq_depth", format!("{} is below 2 × credits + 1 = {per_session}", self.srq_depth));
+        }
+        if self.max_message_size == 0 {
+            return bad("max_message_size", "0 bytes".into());
+        }
+        if self.eager_threshold > 1 << 20 {
+            return bad("eager_threshold", format!("{} bytes is above 1 MiB", self.eager_threshold));
+        }
+        if self.max_sessions == 0 {
+            return bad("max_sessions", "0".into());
+        }
+        Ok(())
+    }
+}
+
+/// Entry point: `Server::builder()`.
+pub struct Server;
+
+impl Server {
+    /// A builder with [`ServerConfig::default`] and no services.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder { config: ServerConfig::default(), registry: Registry::default() }
+    }
+}
+
+/// Collects configuration and services; `serve` or `spawn` starts the server.
+pub struct ServerBuilder {
+    config: ServerConfig,
+    registry: Registry,
+}
+
+macro_rules! setter {
+    ($($(#[$m:meta])* $name:ident: $ty:ty;)*) => {
+        $(
+            $(#[$m])*
+            pub fn $name(mut self, v: $ty) -> Self {
+                self.config.$name = v;
+                self
+            }
+        )*
+    };
+}
+
+impl ServerBuilder {
+    setter! {
+        /// See [`ServerConfig::transport`].
+        transport: Transport;
+        /// See [`ServerConfig::worker_cores`].
+        worker_cores: Vec<usize>;
+        /// See [`ServerConfig::max_message_size`].
+        max_message_size: u32;
+        /// See [`ServerConfig::ring_bytes`].
+        ring_bytes: u32;
+        /// See [`ServerConfig::srq_depth`].
+        srq_depth: u32;
+        /// See [`ServerConfig::credits_per_session`].
+        credits_per_session: u16;
+        /// See [`ServerConfig::max_sessions`].
+        max_sessions: usize;
+        /// See [`ServerConfig::eager_threshold`].
+        eager_threshold: u32;
+        /// See [`ServerConfig::polling`].
+        polling: PollingPolicy;
+        /// See [`ServerConfig::drain_timeout`].
+        drain_timeout: Duration;
+        /// See [`ServerConfig::handshake_timeout`].
+        handshake_timeout: Duration;
+    }
+
+    /// Requires clients to present `token` (at most 256 bytes).
+    pub fn auth_token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.config.auth_token = Some(token.into());
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Registers a service (generated `XxxServer::new(impl)`).
+    pub fn add_service<S: Service>(mut self, svc: S) -> Self {
+        self.registry.add(svc);
+        self
+    }
+
+    /// Starts the workers and the listener and returns at once.
+    ///
+    /// # Errors
+    /// [`ServerError`] for a bad configuration (naming the field), a duplicate method id, a
+    /// transport that cannot open, or a listen address that cannot be bound.
+    pub fn spawn(self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
+        self.config.validate()?;
+        if let Some(&(id, first, second)) = self.registry.duplicates.first() {
+            return Err(ServerError::DuplicateMethod { id, first, second });
+        }
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| ServerError::Listen { addr: "<unresolved>".into(), source: e })?
+            .collect();
+        let tcp = TcpListener::bind(&addrs[..])
+            .map_err(|e| ServerError::Listen { addr: format!("{addrs:?}"), source: e })?;
+        let local_addr =
+            tcp.local_addr().map_err(|e| ServerError::Listen { addr: format!("{addrs:?}"), source: e })?;
+        match &self.config.transport {
+            Transport::Sim => listener::start::<crate::verbs::sim::Sim>(
+                self.config,
+                Arc::new(self.registry),
+                tcp,
+                local_addr,
+                &crate::verbs::DeviceSelector::First,
+                1,
+                -1,
+            ),
+            #[cfg(feature = "ibverbs")]
+            Transport::Rdma { device, port, gid_index } => {
+                let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
+                let (port, gid) = (*port, *gid_index);
+                listener::start::<crate::verbs::ibverbs::Ibverbs>(
+                    self.config,
+                    Arc::new(self.registry),
+                    tcp,
+                    local_addr,
+                    &sel,
+                    port,
+                    gid,
+                )
+            }
+            #[cfg(not(feature = "ibverbs"))]
+            Transport::Rdma { .. } => {
+                Err(ServerError::Transport(Transport::rdma_unavailable().message().to_string()))
+            }
+        }
+    }
+
+    /// Starts the server and blocks the calling thread while it runs.
+    ///
+    /// # Errors
+    /// As [`ServerBuilder::spawn`].
+    pub fn serve(self, addr: impl ToSocketAddrs) -> Result<(), ServerError> {
+        let mut handle = self.spawn(addr)?;
+        if let Some(l) = handle.listener.take() {
+            let _ = l.join();
+        }
+        handle.shutdown_inner();
+        Ok(())
+    }
+}
+
+/// A running server. Dropping it shuts the server down as [`ServerHandle::shutdown`] does.
+pub struct ServerHandle {
+    local_addr: SocketAddr,
+    draining: Arc<AtomicBool>,
+    stop_listener: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<()>>,
+    listener: Option<JoinHandle<()>>,
+    counters: Vec<Arc<SharedCounters>>,
+}
+
+impl ServerHandle {
+    /// The TCP address clients connect to (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Counters summed over all workers (published every few thousand loop iterations and when idle).
+    pub fn counters(&self) -> Counters {
+        let mut c = Counters::default();
+        for w in &self.counters {
+            c.add(&w.snapshot());
+        }
+        c
+    }
+
+    /// Stops the server: new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
+    /// included) are finished up to `drain_timeout`, peers get a Close, then QPs are destroyed,
+    /// memory freed and TCP connections closed. Blocks until done.
+    pub fn shutdown(mut self) {
+        self.shutdown_inner();
+    }
+
+    fn shutdown_inner(&mut self) {
+        self.draining.store(true, Ordering::Release);
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        self.stop_listener.store(true, Ordering::Release);
+        if let Some(l) = self.listener.take() {
+            let _ = l.join();
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.shutdown_inner();
+    }
+}

@@ -1,0 +1,241 @@
+//! What a handler sees and returns: [`RequestContext`], [`Reply`], [`ReplyWriter`], and the
+//! [`Responder`] that answers a deferred call from any thread.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_queue::ArrayQueue;
+use prost::Message;
+
+use crate::session::{PlaceError, Placement, Session};
+use crate::status::Status;
+
+/// What a handler returns: a message, a status, or the marker of a deferred answer (from
+/// [`RequestContext::defer`]).
+pub struct Reply<T>(pub(crate) ReplyKind<T>);
+
+pub(crate) enum ReplyKind<T> {
+    Ready(Result<T, Status>),
+    Deferred,
+}
+
+impl<T: Message> From<T> for Reply<T> {
+    fn from(m: T) -> Reply<T> {
+        Reply(ReplyKind::Ready(Ok(m)))
+    }
+}
+
+impl<T> From<Status> for Reply<T> {
+    fn from(s: Status) -> Reply<T> {
+        Reply(ReplyKind::Ready(Err(s)))
+    }
+}
+
+impl<T> From<Result<T, Status>> for Reply<T> {
+    fn from(r: Result<T, Status>) -> Reply<T> {
+        Reply(ReplyKind::Ready(r))
+    }
+}
+
+/// A deferred answer travelling from a [`Responder`] to the worker that owns the session.
+pub(crate) struct Deferred {
+    pub(crate) conn: u32,
+    pub(crate) slot: u16,
+    pub(crate) generation: u32,
+    pub(crate) method: u32,
+    pub(crate) result: Result<Vec<u8>, Status>,
+}
+
+/// The bounded queue of deferred answers into one worker.
+pub(crate) struct DeferQueue {
+    pub(crate) queue: ArrayQueue<Deferred>,
+    /// Set when the worker stops: answers are dropped instead of queued.
+    pub(crate) closed: AtomicBool,
+}
+
+impl DeferQueue {
+    pub(crate) fn new(capacity: usize) -> Arc<DeferQueue> {
+        Arc::new(DeferQueue { queue: ArrayQueue::new(capacity.max(1)), closed: AtomicBool::new(false) })
+    }
+
+    fn push(&self, mut d: Deferred) {
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return;
+            }
+            match self.queue.push(d) {
+                Ok(()) => return,
+                Err(back) => {
+                    d = back;
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct CallTarget {
+    pub(crate) conn: u32,
+    pub(crate) slot: u16,
+    pub(crate) generation: u32,
+    pub(crate) method: u32,
+}
+
+/// Given to a handler with each request.
+pub struct RequestContext {
+    pub(crate) method: &'static str,
+    pub(crate) peer: SocketAddr,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) queue: Arc<DeferQueue>,
+    pub(crate) target: CallTarget,
+    pub(crate) deferred: Cell<bool>,
+}
+
+impl RequestContext {
+    /// Full name of the called method, `"/package.Service/Method"`.
+    pub fn method(&self) -> &str {
+        self.method
+    }
+
+    /// TCP address of the client (the address its handshake came from).
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// When the caller stops waiting (from the call's timeout), if it set one.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Defers the answer: returns a [`Responder`] to answer later from any thread, and the marker
+    /// the handler returns now. A second call gives a responder whose answer is ignored (the first
+    /// answer wins).
+    pub fn defer<T: Message>(&self) -> (Responder<T>, Reply<T>) {
+        let first = !self.deferred.replace(true);
+        let target = first.then(|| (self.queue.clone(), self.target));
+        (Responder { target, _t: PhantomData }, Reply(ReplyKind::Deferred))
+    }
+}
+
+/// Answers a deferred call from any thread. Dropping it unsent answers CANCELLED.
+pub struct Responder<T> {
+    target: Option<(Arc<DeferQueue>, CallTarget)>,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T: Message> Responder<T> {
+    /// Sends the answer (encoded here, in the calling thread, then queued to the worker). When the
+    /// server has stopped or the client is gone, the answer is dropped.
+    pub fn send(mut self, result: Result<T, Status>) {
+        if let Some((q, t)) = self.target.take() {
+            let result = result.map(|m| m.encode_to_vec());
+            q.push(Deferred {
+                conn: t.conn,
+                slot: t.slot,
+                generation: t.generation,
+                method: t.method,
+                result,
+            });
+        }
+    }
+}
+
+impl<T> Drop for Responder<T> {
+    fn drop(&mut self) {
+        if let Some((q, t)) = self.target.take() {
+            q.push(Deferred {
+                conn: t.conn,
+                slot: t.slot,
+                generation: t.generation,
+                method: t.method,
+                result: Err(Status::cancelled("deferred call dropped without an answer")),
+            });
+        }
+    }
+}
+
+/// Where an encoded body ended up.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Nothing written yet.
+    Unset,
+    /// `len` bytes after the header in the send buffer.
+    Eager(u32),
+    /// `len` bytes at `offset` of the send mirror (to RDMA WRITE to the same offset of the peer's ring).
+    Ring { offset: u32, len: u32 },
+    /// An error status to send.
+    Error(Status),
+    /// The handler deferred its answer.
+    Deferred,
+    /// The peer's ring was full: the body waits in the heap until space is freed (a stall).
+    Spilled(Vec<u8>),
+}
+
+/// Encodes `msg` into the eager area, or into the send mirror at a reserved ring offset.
+pub(crate) fn encode_body<M: Message>(
+    msg: &M,
+    eager: &mut [u8],
+    mirror: &mut [u8],
+    session: Option<&mut Session>,
+) -> Outcome {
+    let len = msg.encoded_len();
+    let Some(session) = session else {
+        // No send buffer was free: the body waits in the heap (a stall path, not the hot path).
+        return Outcome::Spilled(msg.encode_to_vec());
+    };
+    let placement = match session.place_body(len) {
+        Ok(p) => p,
+        Err(PlaceError::Refused(s)) => return Outcome::Error(s),
+        Err(PlaceError::RingFull) => return Outcome::Spilled(msg.encode_to_vec()),
+    };
+    let (dst, outcome) = match placement {
+        Placement::Eager => (eager.get_mut(..len), Outcome::Eager(len as u32)),
+        Placement::Ring(off) => {
+            (mirror.get_mut(off as usize..off as usize + len), Outcome::Ring { offset: off, len: len as u32 })
+        }
+    };
+    let Some(mut dst) = dst else {
+        return Outcome::Error(Status::internal(format!("no buffer space for a body of {len} bytes")));
+    };
+    match msg.encode(&mut dst) {
+        Ok(()) => outcome,
+        Err(e) => Outcome::Error(Status::internal(format!("encoding the body failed: {e}"))),
+    }
+}
+
+/// Where a handler writes its answer: straight into the registered send buffer (or the send
+/// mirror of the peer's ring for bodies above the eager threshold). No allocation.
+pub struct ReplyWriter<'a> {
+    pub(crate) eager: &'a mut [u8],
+    pub(crate) mirror: &'a mut [u8],
+    /// `None` when no send buffer was free: the answer is encoded into the heap and sent later.
+    pub(crate) session: Option<&'a mut Session>,
+    pub(crate) outcome: Outcome,
+}
+
+impl ReplyWriter<'_> {
+    /// Answers with `r`: encodes a message, records a status, or notes that the call was deferred.
+    /// Only the first answer counts.
+    pub fn reply<T: Message>(&mut self, r: Reply<T>) {
+        if !matches!(self.outcome, Outcome::Unset) {
+            return;
+        }
+        self.outcome = match r.0 {
+            ReplyKind::Ready(Ok(m)) => encode_body(&m, self.eager, self.mirror, self.session.as_deref_mut()),
+            ReplyKind::Ready(Err(s)) => Outcome::Error(s),
+            ReplyKind::Deferred => Outcome::Deferred,
+        };
+    }
+
+    /// Answers with an error status. Only the first answer counts.
+    pub fn error(&mut self, status: Status) {
+        if matches!(self.outcome, Outcome::Unset) {
+            self.outcome = Outcome::Error(status);
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! Producer and consumer state of a bulk ring (sans-IO: offsets and counters only).
+//!
+//! Each receiver owns a ring registered for REMOTE_WRITE; its peer is the only producer. The
+//! producer places a body contiguously at its tail and, when the body does not fit before the
+//! end, skips the rest and starts again at offset 0. The consumer frees in order; the number of
+//! bytes freed so far (a wrapping `u32` counter that includes skipped bytes) travels back in every
+//! header's `freed_head` and is the producer's head. Bytes in use = `tail - head`.
+
+use std::collections::VecDeque;
+
+/// Why a body cannot be placed in the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingReserveError {
+    /// The body is longer than the whole ring: it can never be sent (RESOURCE_EXHAUSTED).
+    TooLarge {
+        /// Body length in bytes.
+        len: u32,
+        /// Ring length in bytes.
+        ring_len: u32,
+    },
+    /// Not enough contiguous free space now; retry after the consumer frees (a ring-full stall).
+    Full,
+}
+
+/// The sender's view of the peer's ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingProducer {
+    len: u32,
+    /// Wrapping count of bytes placed (bodies plus skipped ends).
+    tail: u32,
+    /// Wrapping count of bytes the consumer has freed (last `freed_head` received).
+    head: u32,
+    /// Physical offset of the next placement.
+    pos: u32,
+}
+
+impl RingProducer {
+    /// State for an empty ring of `len` bytes (1 ..= 1 GiB).
+    pub fn new(len: u32) -> RingProducer {
+        RingProducer { len, tail: 0, head: 0, pos: 0 }
+    }
+
+    /// Ring length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Always false: a ring has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes in use (placed and not yet freed, skipped ends included).
+    pub fn used(&self) -> u32 {
+        self.tail.wrapping_sub(self.head)
+    }
+
+    /// Reserves `n` contiguous bytes and returns their offset. Allocates nothing.
+    ///
+    /// # Errors
+    /// [`RingReserveError::TooLarge`] when `n` exceeds the ring, [`RingReserveError::Full`] when
+    /// the space is not free yet.
+    pub fn reserve(&mut self, n: u32) -> Result<u32, RingReserveError> {
+        if n > self.len {
+            return Err(RingReserveError::TooLarge { len: n, ring_len: self.len });
+        }
+        let used = self.used();
+        let (offset, need) = if self.pos as u64 + n as u64 <= self.len as u64 {
+            (self.pos, n)
+        } else {
+            (0, self.len - self.pos + n)
+        };
+        // An empty ring takes any body that fits physically, even when the skipped end plus the
+        // body exceeds the length: nothing is unread.
+        if used != 0 && used as u64 + need as u64 > self.len as u64 {
+            return Err(RingReserveError::Full);
+        }
+        self.tail = self.tail.wrapping_add(need);
+        self.pos = if offset + n == self.len { 0 } else { offset + n };
+        Ok(offset)
+    }
+
+    /// Takes the consumer's `freed_head` from a received header.
+    ///
+    /// # Errors
+    /// `Err(())` when the value is not between the current head and the tail (a malformed or
+    /// replayed header); the state is unchanged.
+    #[allow(clippy::result_unit_err)]
+    pub fn on_freed(&mut self, freed_head: u32) -> Result<(), ()> {
+        if freed_head.wrapping_sub(self.head) > self.used() {
+            return Err(());
+        }
+        self.head = freed_head;
+        Ok(())
+    }
+}
+
+/// A body the consumer has accepted, to be released (in any order) when it is no longer read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingToken {
+    seq: u32,
+}
+
+/// The receiver's view of its own ring.
+#[derive(Debug)]
+pub struct RingConsumer {
+    len: u32,
+    /// Physical offset where the next body is expected (unless the producer skipped to 0).
+    expect: u32,
+    /// Wrapping count of bytes accepted (freed once released).
+    accepted: u32,
+    /// Wrapping count of bytes freed in order.
+    freed: u32,
+    /// Last `freed` sent to the producer.
+    reported: u32,
+    /// Accepted, not yet freed bodies, oldest first: (end counter, released).
+    pending: VecDeque<(u32, bool)>,
+    /// Sequence number of `pending[0]`.
+    first_seq: u32,
+}
+
+impl RingConsumer {
+    /// State for an empty ring of `len` bytes; `max_pending` bodies may be held at once
+    /// (allocated here, never on the message path).
+    pub fn new(len: u32, max_pending: usize) -> RingConsumer {
+        RingConsumer {
+            len,
+            expect: 0,
+            accepted: 0,
+            freed: 0,
+            reported: 0,
+            pending: VecDeque::with_capacity(max_pending),
+            first_seq: 0,
+        }
+    }
+
+    /// Checks a body announced by a header at `offset`, `n` bytes, and accepts it.
+    ///
+    /// # Errors
+    /// A reason when it is not where the producer must have put it (out of bounds, overlapping
+    /// unread data, or out of order): the peer is misbehaving and the connection must close.
+    pub fn accept(&mut self, offset: u32, n: u32) -> Result<RingToken, &'static str> {
+        if offset as u64 + n as u64 > self.len as u64 {
+            return Err("ring body outside the ring");
+        }
+        let skipped = if offset == self.expect {
+            0
+        } else if offset == 0 {
+            self.len - self.expect
+        } else {
+            return Err("ring body not at the producer's tail");
+        };
+        let end = self.accepted.wrapping_add(skipped).wrapping_add(n);
+        let in_use = end.wrapping_sub(self.freed) as u64;
+        let was_empty = self.accepted == self.freed;
+        if in_use > self.len as u64 && !was_empty {
+            return Err("ring body overlaps unread data");
+        }
+        if self.pending.len() == self.pending.capacity() {
+            return Err("more ring bodies held than the session allows");
+        }
+        self.accepted = end;
+        self.expect = if offset + n == self.len { 0 } else { offset + n };
+        let seq = self.first_seq.wrapping_add(self.pending.len() as u32);
+        self.pending.push_back((end, false));
+        Ok(RingToken { seq })
+    }
+
+    /// Releases a body; frees, in order, every leading released body.
+    pub fn release(&mut self, token: RingToken) {
+        let idx = token.seq.wrapping_sub(self.first_seq) as usize;
+        if let Some(e) = self.pending.get_mut(idx) {
+            e.1 = true;
+        }
+        while let Some(&(end, true)) = self.pending.front() {
+            self.freed = end;
+            self.pending.pop_front();
+            self.first_seq = self.first_seq.wrapping_add(1);
+        }
+    }
+
+    /// The freed counter to put in the next header (marks it reported).
+    pub fn take_freed(&mut self) -> u32 {
+        self.reported = self.freed;
+        self.freed
+    }
+
+    /// Bytes freed since the last header carried the counter.
+    pub fn unreported(&self) -> u32 {
+        self.freed.wrapping_sub(self.reported)
+    }
+
+    /// Ring length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Always false: a ring has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn wraps_by_skipping_to_start() {
+        let mut p = RingProducer::new(100);
+        let mut c = RingConsumer::new(100, 8);
+        assert_eq!(p.reserve(60), Ok(0));
+        let t1 = c.accept(0, 60).unwrap();
+        assert_eq!(p.reserve(50), Err(RingReserveError::Full));
+        c.release(t1);
+        p.on_freed(c.take_freed()).unwrap();
+        // 40 left before the end, 50 does not fit: skip 40, place at 0.
+        assert_eq!(p.reserve(50), Ok(0));
+        assert_eq!(p.used(), 90);
+        let t2 = c.accept(0, 50).unwrap();
+        c.release(t2);
+        assert_eq!(c.take_freed(), 150);
+        p.on_freed(150).unwrap();
+        assert_eq!(p.used(), 0);
+    }
+
+    #[test]
+    fn whole_ring_fits_when_empty_and_one_more_byte_never() {
+        let mut p = RingProducer::new(64);
+        let mut c = RingConsumer::new(64, 4);
+        assert_eq!(p.reserve(65), Err(RingReserveError::TooLarge { len: 65, ring_len: 64 }));
+        assert_eq!(p.reserve(10), Ok(0));
+        let t = c.accept(0, 10).unwrap();
+        assert_eq!(p.reserve(64), Err(RingReserveError::Full));
+        c.release(t);
+        p.on_freed(c.take_freed()).unwrap();
+        assert_eq!(p.reserve(64), Ok(0));
+        let t = c.accept(0, 64).unwrap();
+        c.release(t);
+        p.on_freed(c.take_freed()).unwrap();
+        assert_eq!(p.used(), 0);
+        assert_eq!(p.reserve(64), Ok(0));
+    }
+
+    #[test]
+    fn consumer_refuses_bodies_off_the_tail() {
+        let mut c = RingConsumer::new(100, 4);
+        assert!(c.accept(90, 20).is_err());
+        c.accept(0, 30).unwrap();
+        assert!(c.accept(40, 10).is_err());
+        assert!(c.accept(0, 80).is_err(), "overlaps the unread 30 bytes");
+        let mut p = RingProducer::new(100);
+        assert!(p.on_freed(1).is_err());
+    }
+
+    #[test]
+    fn out_of_order_release_frees_in_order() {
+        let mut c = RingConsumer::new(100, 4);
+        let a = c.accept(0, 10).unwrap();
+        let b = c.accept(10, 10).unwrap();
+        c.release(b);
+        assert_eq!(c.unreported(), 0);
+        c.release(a);
+        assert_eq!(c.unreported(), 20);
+    }
+
+    proptest! {
+        /// Random sequences of sends and out-of-order releases: the producer never places a body
+        /// over unread bytes (checked against a byte map), the consumer accepts every body the
+        /// producer placed, and the counters agree when everything is freed.
+        #[test]
+        fn producer_and_consumer_agree(
+            len in 1u32..300,
+            ops in proptest::collection::vec((1u32..320, any::<bool>(), any::<u8>()), 1..200),
+        ) {
+            let mut p = RingProducer::new(len);
+            let mut c = RingConsumer::new(len, 16);
+            let mut owner: Vec<Option<usize>> = vec![None; len as usize];
+            let mut held: Vec<(RingToken, u32, u32, usize)> = Vec::new();
+            for (i, (n, release, pick)) in ops.into_iter().enumerate() {
+                if release && !held.is_empty() {
+                    let k = pick as usize % held.len();
+                    let (t, off, n, id) = held.swap_remove(k);
+                    for b in &mut owner[off as usize..(off + n) as usize] {
+                        prop_assert_eq!(*b, Some(id));
+                        *b = None;
+                    }
+                    c.release(t);
+                    p.on_freed(c.take_freed()).unwrap();
+                    continue;
+                }
+                if held.len() == 16 { continue; }
+                match p.reserve(n) {
+                    Ok(off) => {
+                        for b in &mut owner[off as usize..(off + n) as usize] {
+                            prop_assert_eq!(*b, None, "overwrote unread data");
+                            *b = Some(i);
+                        }
+                        let t = c.accept(off, n).unwrap();
+                        held.push((t, off, n, i));
+                    }
+                    Err(RingReserveError::TooLarge { .. }) => prop_assert!(n > len),
+                    Err(RingReserveError::Full) => prop_assert!(!held.is_empty()),
+                }
+            }
+            for (t, ..) in held.drain(..) { c.release(t); }
+            p.on_freed(c.take_freed()).unwrap();
+            prop_assert_eq!(p.used(), 0);
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The client's call slots: a fixed window of request slots with generations, and the credits
+//! that bound how many requests are on the wire (sans-IO).
+//!
+//! A call takes a free slot (its generation increments), waits in FIFO order for a credit, goes
+//! on the wire, and ends when its response arrives (the credit returns with it). A call whose
+//! caller gave up (deadline passed, future dropped) is *abandoned*: the slot stays taken until
+//! the late response arrives and is discarded, so a late response can never land in a reused
+//! slot; the generation check rejects anything else.
+
+use std::collections::VecDeque;
+
+/// Where a call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    /// Not in use.
+    Free,
+    /// Encoded, waiting for a credit.
+    Queued,
+    /// On the wire, response not yet received.
+    InFlight,
+    /// Response received, not yet taken by the caller.
+    Done,
+    /// The caller gave up; the response will be discarded when it arrives.
+    Abandoned,
+}
+
+/// What to do with a response that arrived.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ResponseFate<T> {
+    /// Stored for the caller ([`CallSlots::take_done`]).
+    Stored,
+    /// The call was abandoned: the result comes back so its buffers can be released.
+    Discard(T),
+}
+
+struct Slot<T> {
+    generation: u32,
+    state: SlotState,
+    /// On the wire (an abandoned call may still be queued: it is sent anyway, since its ring space
+    /// is reserved, and its answer discarded).
+    sent: bool,
+    result: Option<T>,
+}
+
+/// A fixed window of call slots. `T` is what a response leaves for the caller.
+pub struct CallSlots<T> {
+    slots: Vec<Slot<T>>,
+    free: Vec<u16>,
+    queue: VecDeque<u16>,
+    credits: u16,
+    in_flight: u16,
+}
+
+impl<T> CallSlots<T> {
+    /// `window` slots (1..=u16::MAX), `credits` requests allowed on the wire (1..=window).
+    pub fn new(window: u16, credits: u16) -> CallSlots<T> {
+        let window = window.max(1);
+        CallSlots {
+            slots: (0..window)
+                .map(|_| Slot { generation: 0, state: SlotState::Free, sent: false, result: None })
+                .collect(),
+            free: (0..window).rev().collect(),
+            queue: VecDeque::with_capacity(window as usize),
+            credits: credits.clamp(1, window),
+            in_flight: 0,
+        }
+    }
+
+    /// Number of slots.
+    pub fn window(&self) -> u16 {
+        self.slots.len() as u16
+    }
+
+    /// Credits granted by the server.
+    pub fn credits(&self) -> u16 {
+        self.credits
+    }
+
+    /// Requests on the wire (abandoned ones included, until their response arrives).
+    pub fn in_flight(&self) -> u16 {
+        self.in_flight
+    }
+
+    /// Calls waiting for a credit.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// State of `slot`.
+    pub fn state(&self, slot: u16) -> SlotState {
+        self.slots.get(slot as usize).map_or(SlotState::Free, |s| s.state)
+    }
+
+    /// Whether a free slot exists.
+    pub fn has_free(&self) -> bool {
+        !self.free.is_empty()
+    }
+
+    /// Takes a free slot for a new call and queues it for a credit. Returns `(slot, generation)`,
+    /// or `None` when all `window` slots are taken.
+    pub fn start(&mut self) -> Option<(u16, u32)> {
+        let slot = self.free.pop()?;
+        let s = &mut self.slots[slot as usize];
+        s.generation = s.generation.wrapping_add(1);
+        s.state = SlotState::Queued;
+        s.sent = false;
+        self.queue.push_back(slot);
+        Some((slot, s.generation))
+    }
+
+    /// The next queued call that may go on the wire now (a credit is free); it is counted in flight.
+    /// `None` when nothing is queued (or every credit is in use: a credit stall, see
+    /// [`CallSlots::credit_stalled`]).
+    pub fn next_sendable(&mut self) -> Option<(u16, u32)> {
+        if self.in_flight >= self.credits {
+            return None;
+        }
+        let slot = self.queue.pop_front()?;
+        let s = &mut self.slots[slot as usize];
+        s.state = match s.state {
+            SlotState::Queued => SlotState::InFlight,
+            other => other, // Abandoned while queued: still sent, answer discarded.
+        };
+        s.sent = true;
+        self.in_flight += 1;
+        Some((slot, s.generation))
+    }
+
+    /// True when calls wait and every credit is in use.
+    pub fn credit_stalled(&self) -> bool {
+        !self.queue.is_empty() && self.in_flight >= self.credits
+    }
+
+    /// A response for `(slot, generation)` arrived; `result` is what the caller will get.
+    ///
+    /// # Errors
+    /// A reason when no call of that slot and generation is on the wire (a peer bug or a
+    /// malformed header): the connection must close.
+    pub fn on_response(
+        &mut self,
+        slot: u16,
+        generation: u32,
+        result: T,
+    ) -> Result<ResponseFate<T>, &'static str> {
+        let s = self.slots.get_mut(slot as usize).ok_or("response for a slot outside the window")?;
+        if s.generation != generation {
+            return Err("response with a stale generation");
+        }
+        if !s.sent {
+            return Err("response for a call not yet sent");
+        }
+        let fate = match s.state {
+            SlotState::InFlight => {
+                s.state = SlotState::Done;
+                s.result = Some(result);
+                ResponseFate::Stored
+            }
+            SlotState::Abandoned => {
+                s.state = SlotState::Free;
+                self.free.push(slot);
+                ResponseFate::Discard(result)
+            }
+            _ => return Err("response for a slot with no call on the wire"),
+        };
+        s.sent = false;
+        self.in_flight -= 1;
+        Ok(fate)
+    }
+
+    /// Takes the result of a finished call, freeing its slot. `None` when `(slot, generation)` is
+    /// not finished.
+    pub fn take_done(&mut self, slot: u16, generation: u32) -> Option<T> {
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.generation != generation || s.state != SlotState::Done {
+            return None;
+        }
+        s.state = SlotState::Free;
+        self.free.push(slot);
+        s.result.take()
+    }
+
+    /// The caller gives up on `(slot, generation)` (deadline passed, future dropped). Returns the
+    /// stored result when the response had already arrived (the caller releases its buffers).
+    pub fn abandon(&mut self, slot: u16, generation: u32) -> Option<T> {
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.generation != generation {
+            return None;
+        }
+        match s.state {
+            SlotState::Queued | SlotState::InFlight => {
+                s.state = SlotState::Abandoned;
+                None
+            }
+            SlotState::Done => {
+                s.state = SlotState::Free;
+                self.free.push(slot);
+                s.result.take()
+            }
+            SlotState::Free | SlotState::Abandoned => None,
+        }
+    }
+
+    /// The connection is gone: every queued or in-flight call ends with `fail()`, abandoned ones
+    /// are freed. Returns how many calls were failed.
+    pub fn fail_all(&mut self, mut fail: impl FnMut() -> T) -> usize {
+        let mut n = 0;
+        self.queue.clear();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            match s.state {
+                SlotState::Queued | SlotState::InFlight => {
+                    s.state = SlotState::Done;
+                    s.result = Some(fail());
+                    n += 1;
+                }
+                SlotState::Abandoned => {
+                    s.state = SlotState::Free;
+                    self.free.push(i as u16);
+                }
+                SlotState::Free | SlotState::Done => {}
+            }
+        }
+        self.in_flight = 0;
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn credits_bound_the_wire_and_responses_return_them() {
+        let mut s: CallSlots<u32> = CallSlots::new(4, 2);
+        let a = s.start().unwrap();
+        let b = s.start().unwrap();
+        let c = s.start().unwrap();
+        assert_eq!(s.next_sendable(), Some(a));
+        assert_eq!(s.next_sendable(), Some(b));
+        assert_eq!(s.next_sendable(), None);
+        assert!(s.credit_stalled());
+        assert_eq!(s.on_response(a.0, a.1, 10), Ok(ResponseFate::Stored));
+        assert_eq!(s.next_sendable(), Some(c));
+        assert_eq!(s.take_done(a.0, a.1), Some(10));
+        assert_eq!(s.take_done(a.0, a.1), None);
+    }
+
+    #[test]
+    fn late_reply_never_lands_in_a_reused_slot() {
+        let mut s: CallSlots<u32> = CallSlots::new(1, 1);
+        let a = s.start().unwrap();
+        s.next_sendable().unwrap();
+        assert_eq!(s.abandon(a.0, a.1), None); // deadline passed
+        assert!(s.start().is_none(), "the slot stays taken until the late reply arrives");
+        assert_eq!(s.on_response(a.0, a.1, 1), Ok(ResponseFate::Discard(1)));
+        let b = s.start().unwrap();
+        assert_eq!(b.0, a.0);
+        assert_ne!(b.1, a.1);
+        s.next_sendable().unwrap();
+        assert!(s.on_response(a.0, a.1, 2).is_err(), "old generation refused");
+        assert_eq!(s.on_response(b.0, b.1, 3), Ok(ResponseFate::Stored));
+        assert_eq!(s.take_done(b.0, b.1), Some(3));
+    }
+
+    #[test]
+    fn fail_all_ends_every_call() {
+        let mut s: CallSlots<i32> = CallSlots::new(3, 1);
+        let a = s.start().unwrap();
+        let b = s.start().unwrap();
+        s.next_sendable().unwrap();
+        assert_eq!(s.fail_all(|| -1), 2);
+        assert_eq!(s.take_done(a.0, a.1), Some(-1));
+        assert_eq!(s.take_done(b.0, b.1), Some(-1));
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Start,
+        Send,
+        Respond(u8),
+        Take(u8),
+        Abandon(u8),
+    }
+
+    proptest! {
+        /// Random call sequences: in flight never exceeds the credits, every stored response is
+        /// the one sent for that slot and generation, and slots are never lost.
+        #[test]
+        fn operation_sequences_keep_invariants(
+            window in 1u16..8, credits in 1u16..8,
+            ops in proptest::collection::vec(prop_oneof![
+                Just(Op::Start), Just(Op::Send), any::<u8>().prop_map(Op::Respond),
+                any::<u8>().prop_map(Op::Take), any::<u8>().prop_map(Op::Abandon)], 1..300),
+        ) {
+            let mut s: CallSlots<(u16, u32)> = CallSlots::new(window, credits);
+            let mut wire: Vec<(u16, u32)> = Vec::new();
+            let mut calls: Vec<(u16, u32)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Start => { if let Some(c) = s.start() { calls.push(c); } }
+                    Op::Send => { if let Some(c) = s.next_sendable() { wire.push(c); } }
+                    Op::Respond(i) if !wire.is_empty() => {
+                        let c = wire.remove(i as usize % wire.len());
+                        prop_assert!(s.on_response(c.0, c.1, c).is_ok());
+                    }
+                    Op::Take(i) if !calls.is_empty() => {
+                        let k = i as usize % calls.len();
+                        let c = calls[k];
+                        if let Some(r) = s.take_done(c.0, c.1) { prop_assert_eq!(r, c); calls.remove(k); }
+                    }
+                    Op::Abandon(i) if !calls.is_empty() => {
+                        let c = calls.remove(i as usize % calls.len());
+                        if let Some(r) = s.abandon(c.0, c.1) { prop_assert_eq!(r, c); }
+                    }
+                    _ => {}
+                }
+                prop_assert!(s.in_flight() <= s.credits());
+                prop_assert_eq!(s.in_flight() as usize, wire.len());
+            }
+            for c in wire.drain(..) { prop_assert!(s.on_response(c.0, c.1, c).is_ok()); }
+            while let Some(c) = s.next_sendable() { prop_assert!(s.on_response(c.0, c.1, c).is_ok()); }
+            for c in calls.drain(..) { let _ = s.abandon(c.0, c.1); }
+            prop_assert_eq!(s.free.len(), window as usize, "every slot is free again");
+        }
+    }
+}

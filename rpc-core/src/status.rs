@@ -1,0 +1,219 @@
+//! RPC status: gRPC's canonical codes with a message, as in tonic's `Status`.
+//!
+//! Every failed call ends in a [`Status`]; `Code::Ok` never appears in an `Err`.
+
+use std::fmt;
+
+/// gRPC canonical status codes (`google.rpc.Code`), same numeric values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Code {
+    /// Not an error.
+    Ok = 0,
+    /// The call was cancelled (e.g. a deferred answer was dropped unsent).
+    Cancelled = 1,
+    /// Unknown error.
+    Unknown = 2,
+    /// The client sent something the server cannot accept (e.g. an undecodable body).
+    InvalidArgument = 3,
+    /// The deadline passed before the call completed.
+    DeadlineExceeded = 4,
+    /// A requested entity was not found.
+    NotFound = 5,
+    /// The entity a client tried to create already exists.
+    AlreadyExists = 6,
+    /// The caller may not do this.
+    PermissionDenied = 7,
+    /// A limit was hit (message larger than the ring, window full, ...); the message names it.
+    ResourceExhausted = 8,
+    /// The system is not in a state required for the operation.
+    FailedPrecondition = 9,
+    /// The operation was aborted (concurrency conflict).
+    Aborted = 10,
+    /// Out of the valid range.
+    OutOfRange = 11,
+    /// The method is not implemented by the server.
+    Unimplemented = 12,
+    /// An invariant broke (e.g. a handler panicked).
+    Internal = 13,
+    /// The peer or the connection is gone; retrying on a new connection may succeed.
+    Unavailable = 14,
+    /// Unrecoverable data loss or corruption.
+    DataLoss = 15,
+    /// Missing or invalid authentication.
+    Unauthenticated = 16,
+}
+
+impl Code {
+    /// Every code, in numeric order.
+    pub const ALL: [Code; 17] = [
+        Code::Ok,
+        Code::Cancelled,
+        Code::Unknown,
+        Code::InvalidArgument,
+        Code::DeadlineExceeded,
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::PermissionDenied,
+        Code::ResourceExhausted,
+        Code::FailedPrecondition,
+        Code::Aborted,
+        Code::OutOfRange,
+        Code::Unimplemented,
+        Code::Internal,
+        Code::Unavailable,
+        Code::DataLoss,
+        Code::Unauthenticated,
+    ];
+
+    /// From the numeric value (0..=16); `None` otherwise.
+    pub fn from_u8(v: u8) -> Option<Code> {
+        Code::ALL.get(v as usize).copied()
+    }
+
+    /// From an `i32` as gRPC carries it; values outside 0..=16 map to [`Code::Unknown`].
+    pub fn from_i32(v: i32) -> Code {
+        u8::try_from(v).ok().and_then(Code::from_u8).unwrap_or(Code::Unknown)
+    }
+
+    /// The canonical upper-case name, e.g. `"UNAVAILABLE"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::Cancelled => "CANCELLED",
+            Code::Unknown => "UNKNOWN",
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Code::NotFound => "NOT_FOUND",
+            Code::AlreadyExists => "ALREADY_EXISTS",
+            Code::PermissionDenied => "PERMISSION_DENIED",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Code::FailedPrecondition => "FAILED_PRECONDITION",
+            Code::Aborted => "ABORTED",
+            Code::OutOfRange => "OUT_OF_RANGE",
+            Code::Unimplemented => "UNIMPLEMENTED",
+            Code::Internal => "INTERNAL",
+            Code::Unavailable => "UNAVAILABLE",
+            Code::DataLoss => "DATA_LOSS",
+            Code::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The outcome of a failed RPC: a [`Code`] and a human-readable message.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct Status {
+    code: Code,
+    message: String,
+}
+
+impl fmt::Debug for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Status").field("code", &self.code).field("message", &self.message).finish()
+    }
+}
+
+macro_rules! ctor {
+    ($($(#[$m:meta])* $name:ident => $code:ident;)*) => {
+        $(
+            $(#[$m])*
+            pub fn $name(message: impl Into<String>) -> Status {
+                Status::new(Code::$code, message)
+            }
+        )*
+    };
+}
+
+impl Status {
+    /// A status with `code` and `message`.
+    pub fn new(code: Code, message: impl Into<String>) -> Status {
+        Status { code, message: message.into() }
+    }
+
+    ctor! {
+        /// [`Code::Ok`] (only for completeness; successful calls return `Ok`).
+        ok => Ok;
+        /// [`Code::Cancelled`].
+        cancelled => Cancelled;
+        /// [`Code::Unknown`].
+        unknown => Unknown;
+        /// [`Code::InvalidArgument`].
+        invalid_argument => InvalidArgument;
+        /// [`Code::DeadlineExceeded`].
+        deadline_exceeded => DeadlineExceeded;
+        /// [`Code::NotFound`].
+        not_found => NotFound;
+        /// [`Code::AlreadyExists`].
+        already_exists => AlreadyExists;
+        /// [`Code::PermissionDenied`].
+        permission_denied => PermissionDenied;
+        /// [`Code::ResourceExhausted`].
+        resource_exhausted => ResourceExhausted;
+        /// [`Code::FailedPrecondition`].
+        failed_precondition => FailedPrecondition;
+        /// [`Code::Aborted`].
+        aborted => Aborted;
+        /// [`Code::OutOfRange`].
+        out_of_range => OutOfRange;
+        /// [`Code::Unimplemented`].
+        unimplemented => Unimplemented;
+        /// [`Code::Internal`].
+        internal => Internal;
+        /// [`Code::Unavailable`].
+        unavailable => Unavailable;
+        /// [`Code::DataLoss`].
+        data_loss => DataLoss;
+        /// [`Code::Unauthenticated`].
+        unauthenticated => Unauthenticated;
+    }
+
+    /// The code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<crate::verbs::VerbsError> for Status {
+    /// A verbs failure seen by an RPC: the connection is not usable, so [`Code::Unavailable`].
+    fn from(e: crate::verbs::VerbsError) -> Status {
+        Status::unavailable(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_through_numbers_and_names() {
+        for (i, c) in Code::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+            assert_eq!(Code::from_u8(i as u8), Some(*c));
+            assert_eq!(Code::from_i32(i as i32), *c);
+        }
+        assert_eq!(Code::from_u8(17), None);
+        assert_eq!(Code::from_i32(-1), Code::Unknown);
+        assert_eq!(Code::ResourceExhausted.to_string(), "RESOURCE_EXHAUSTED");
+    }
+
+    #[test]
+    fn status_displays_code_and_message() {
+        let s = Status::unavailable("peer gone");
+        assert_eq!(s.code(), Code::Unavailable);
+        assert_eq!(s.message(), "peer gone");
+        assert_eq!(s.to_string(), "UNAVAILABLE: peer gone");
+        assert_eq!(Status::new(Code::Internal, "x"), Status::internal("x"));
+    }
+}

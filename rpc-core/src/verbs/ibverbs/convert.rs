@@ -1,0 +1,188 @@
+//! Conversions between the verbs API's plain types and libibverbs' C values.
+
+use rdma_sys::{
+    ibv_mtu, ibv_port_state, ibv_qp_attr_mask, ibv_qp_state, ibv_wc, ibv_wc_flags, ibv_wc_opcode,
+};
+
+use crate::verbs::{LinkLayer, Mtu, PortState, QpState, WcOpcode, WcStatus, WorkCompletion};
+
+/// `enum ibv_qp_state` of a [`QpState`].
+pub(super) fn qp_state_to_ibv(s: QpState) -> ibv_qp_state::Type {
+    match s {
+        QpState::Reset => ibv_qp_state::IBV_QPS_RESET,
+        QpState::Init => ibv_qp_state::IBV_QPS_INIT,
+        QpState::Rtr => ibv_qp_state::IBV_QPS_RTR,
+        QpState::Rts => ibv_qp_state::IBV_QPS_RTS,
+        QpState::Sqd => ibv_qp_state::IBV_QPS_SQD,
+        QpState::Sqe => ibv_qp_state::IBV_QPS_SQE,
+        QpState::Err => ibv_qp_state::IBV_QPS_ERR,
+    }
+}
+
+/// [`QpState`] of an `enum ibv_qp_state`; unknown values read as `Err`.
+pub(super) fn qp_state_from_ibv(s: ibv_qp_state::Type) -> QpState {
+    match s {
+        ibv_qp_state::IBV_QPS_RESET => QpState::Reset,
+        ibv_qp_state::IBV_QPS_INIT => QpState::Init,
+        ibv_qp_state::IBV_QPS_RTR => QpState::Rtr,
+        ibv_qp_state::IBV_QPS_RTS => QpState::Rts,
+        ibv_qp_state::IBV_QPS_SQD => QpState::Sqd,
+        ibv_qp_state::IBV_QPS_SQE => QpState::Sqe,
+        _ => QpState::Err,
+    }
+}
+
+/// Compact code of a [`QpState`] for an atomic cache.
+pub(super) fn qp_state_code(s: QpState) -> u8 {
+    qp_state_to_ibv(s) as u8
+}
+
+/// Inverse of [`qp_state_code`].
+pub(super) fn qp_state_from_code(c: u8) -> QpState {
+    qp_state_from_ibv(ibv_qp_state::Type::from(c))
+}
+
+/// `enum ibv_mtu` of an [`Mtu`] (same numbering).
+pub(super) fn mtu_to_ibv(m: Mtu) -> ibv_mtu::Type {
+    m as ibv_mtu::Type
+}
+
+/// [`Mtu`] of an `enum ibv_mtu`; out-of-range values read as 1024 bytes (the RoCE default).
+pub(super) fn mtu_from_ibv(m: ibv_mtu::Type) -> Mtu {
+    Mtu::from_ibv(m).unwrap_or(Mtu::Mtu1024)
+}
+
+/// [`PortState`] of an `enum ibv_port_state`.
+pub(super) fn port_state_from_ibv(s: ibv_port_state::Type) -> PortState {
+    match s {
+        ibv_port_state::IBV_PORT_DOWN => PortState::Down,
+        ibv_port_state::IBV_PORT_INIT => PortState::Init,
+        ibv_port_state::IBV_PORT_ARMED => PortState::Armed,
+        ibv_port_state::IBV_PORT_ACTIVE => PortState::Active,
+        other => PortState::Other(other),
+    }
+}
+
+/// [`LinkLayer`] of `ibv_port_attr::link_layer` (`IBV_LINK_LAYER_*`). Unspecified (0) is what old
+/// InfiniBand drivers report.
+pub(super) fn link_layer_from_ibv(l: u8) -> LinkLayer {
+    const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+    if l == IBV_LINK_LAYER_ETHERNET {
+        LinkLayer::Ethernet
+    } else {
+        LinkLayer::InfiniBand
+    }
+}
+
+/// [`WcOpcode`] of an `enum ibv_wc_opcode`. Values outside the RC subset (undefined on flush
+/// errors) read as `IBV_WC_SEND`.
+fn wc_opcode_from_ibv(o: ibv_wc_opcode::Type) -> WcOpcode {
+    match o {
+        ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::IBV_WC_RDMA_WRITE,
+        ibv_wc_opcode::IBV_WC_RDMA_READ => WcOpcode::IBV_WC_RDMA_READ,
+        ibv_wc_opcode::IBV_WC_COMP_SWAP => WcOpcode::IBV_WC_COMP_SWAP,
+        ibv_wc_opcode::IBV_WC_FETCH_ADD => WcOpcode::IBV_WC_FETCH_ADD,
+        ibv_wc_opcode::IBV_WC_BIND_MW => WcOpcode::IBV_WC_BIND_MW,
+        ibv_wc_opcode::IBV_WC_RECV => WcOpcode::IBV_WC_RECV,
+        ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM,
+        _ => WcOpcode::IBV_WC_SEND,
+    }
+}
+
+/// A [`WorkCompletion`] from a polled `ibv_wc`.
+#[inline]
+pub(super) fn wc_from_ibv(w: &ibv_wc) -> WorkCompletion {
+    let with_imm = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    WorkCompletion {
+        wr_id: w.wr_id,
+        status: WcStatus::from_u32(w.status),
+        opcode: wc_opcode_from_ibv(w.opcode),
+        byte_len: w.byte_len,
+        // SAFETY: with IBV_WC_WITH_IMM set, the union holds the immediate data (network order).
+        imm_data: with_imm.then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data })),
+        qp_num: w.qp_num,
+        src_qp: w.src_qp,
+        vendor_err: w.vendor_err,
+    }
+}
+
+/// Names of the bits of an `ibv_qp_attr_mask`, for error messages.
+pub(super) fn mask_names(mask: u32) -> String {
+    const NAMES: [(ibv_qp_attr_mask, &str); 15] = [
+        (ibv_qp_attr_mask::IBV_QP_STATE, "STATE"),
+        (ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS, "ACCESS_FLAGS"),
+        (ibv_qp_attr_mask::IBV_QP_PKEY_INDEX, "PKEY_INDEX"),
+        (ibv_qp_attr_mask::IBV_QP_PORT, "PORT"),
+        (ibv_qp_attr_mask::IBV_QP_AV, "AV"),
+        (ibv_qp_attr_mask::IBV_QP_PATH_MTU, "PATH_MTU"),
+        (ibv_qp_attr_mask::IBV_QP_TIMEOUT, "TIMEOUT"),
+        (ibv_qp_attr_mask::IBV_QP_RETRY_CNT, "RETRY_CNT"),
+        (ibv_qp_attr_mask::IBV_QP_RNR_RETRY, "RNR_RETRY"),
+        (ibv_qp_attr_mask::IBV_QP_RQ_PSN, "RQ_PSN"),
+        (ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC, "MAX_QP_RD_ATOMIC"),
+        (ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER, "MIN_RNR_TIMER"),
+        (ibv_qp_attr_mask::IBV_QP_SQ_PSN, "SQ_PSN"),
+        (ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC, "MAX_DEST_RD_ATOMIC"),
+        (ibv_qp_attr_mask::IBV_QP_DEST_QPN, "DEST_QPN"),
+    ];
+    NAMES.iter().filter(|(bit, _)| mask & bit.0 != 0).map(|(_, n)| *n).collect::<Vec<_>>().join("|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_states_round_trip() {
+        for s in [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Err,
+        ] {
+            assert_eq!(qp_state_from_ibv(qp_state_to_ibv(s)), s);
+            assert_eq!(qp_state_from_code(qp_state_code(s)), s);
+        }
+        assert_eq!(qp_state_to_ibv(QpState::Rts), 3);
+    }
+
+    #[test]
+    fn mtu_and_port_values() {
+        assert_eq!(mtu_to_ibv(Mtu::Mtu4096), ibv_mtu::IBV_MTU_4096);
+        assert_eq!(mtu_from_ibv(ibv_mtu::IBV_MTU_256), Mtu::Mtu256);
+        assert_eq!(port_state_from_ibv(ibv_port_state::IBV_PORT_ACTIVE), PortState::Active);
+        assert_eq!(port_state_from_ibv(5), PortState::Other(5));
+        assert_eq!(link_layer_from_ibv(2), LinkLayer::Ethernet);
+        assert_eq!(link_layer_from_ibv(1), LinkLayer::InfiniBand);
+    }
+
+    #[test]
+    fn mask_names_lists_set_bits() {
+        let m = (ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_AV
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN)
+            .0;
+        assert_eq!(mask_names(m), "STATE|AV|DEST_QPN");
+    }
+
+    #[test]
+    fn wc_conversion_reads_imm_only_when_flagged() {
+        // SAFETY: `ibv_wc` is plain C data; all-zero is a valid value.
+        let mut w: ibv_wc = unsafe { std::mem::zeroed() };
+        w.wr_id = 9;
+        w.opcode = ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+        w.byte_len = 64;
+        w.imm_data_invalidated_rkey_union.imm_data = 0x1234_5678u32.to_be();
+        w.status = 12;
+        let wc = wc_from_ibv(&w);
+        assert_eq!(wc.imm_data, None);
+        assert_eq!(wc.status, WcStatus::IBV_WC_RETRY_EXC_ERR);
+        w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        let wc = wc_from_ibv(&w);
+        assert_eq!(wc.imm_data, Some(0x1234_5678));
+        assert_eq!((wc.wr_id, wc.opcode, wc.byte_len), (9, WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM, 64));
+    }
+}

@@ -1,0 +1,229 @@
+//! Completion queues (`struct ibv_cq`) with an optional completion channel for event mode.
+
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_sys::{
+    ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_create_cq,
+    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
+};
+
+use super::async_events::set_nonblocking;
+use super::context::IbvContext;
+use super::convert::wc_from_ibv;
+use super::errno::{from_rc, last_os, rc_error};
+use super::post::POLL_CHUNK_WCS;
+use crate::verbs::{CompletionQueue, Result, VerbsError, WorkCompletion};
+
+/// A completion queue. Cheap to clone (clones share the CQ); normally polled by one thread.
+#[derive(Clone)]
+pub struct IbvCompletionQueue {
+    pub(super) inner: Arc<CqInner>,
+}
+
+pub(super) struct CqInner {
+    pub(super) cq: NonNull<ibv_cq>,
+    channel: Option<NonNull<ibv_comp_channel>>,
+    cqe: u32,
+    /// Set by the context's async event thread on `IBV_EVENT_CQ_ERR`; the CQ's `cq_context`
+    /// points here, so it must live as long as the CQ (boxed, dropped after `ibv_destroy_cq`).
+    overrun: Box<AtomicBool>,
+    /// Keeps the device open while the CQ exists.
+    _ctx: IbvContext,
+}
+
+// SAFETY: libibverbs CQ verbs (poll, notify, get/ack events, destroy) are thread-safe; the Rust
+// state is immutable or atomic.
+unsafe impl Send for CqInner {}
+// SAFETY: see `Send`.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: every QP using this CQ holds an `Arc` to it, so none is left; every event we got
+        // was acknowledged in `wait`, so destroy does not block; destroyed exactly once.
+        let rc = unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(error = %rc_error(rc), "ibv_destroy_cq failed");
+        }
+        if let Some(ch) = self.channel {
+            // SAFETY: the only CQ on this channel is destroyed; destroyed exactly once.
+            let rc = unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
+            if rc != 0 {
+                tracing::warn!(error = %rc_error(rc), "ibv_destroy_comp_channel failed");
+            }
+        }
+    }
+}
+
+impl IbvCompletionQueue {
+    pub(super) fn create(ctx: &IbvContext, cqe: u32, with_events: bool) -> Result<IbvCompletionQueue> {
+        let max = ctx.inner.attr.max_cqe;
+        if cqe > max {
+            return Err(VerbsError::CapExceeded {
+                what: "create_cq cqe",
+                cap: "max_cqe",
+                requested: cqe.into(),
+                limit: max.into(),
+            });
+        }
+        if cqe == 0 {
+            return Err(VerbsError::InvalidArgument {
+                call: "ibv_create_cq",
+                reason: "cqe must be at least 1".into(),
+            });
+        }
+        let channel = if with_events {
+            // SAFETY: open context; the channel is owned by the CQ and destroyed after it.
+            let ch = NonNull::new(unsafe { ibv_create_comp_channel(ctx.raw()) })
+                .ok_or_else(|| last_os("ibv_create_comp_channel"))?;
+            // SAFETY: `ch` is a live channel; `fd` is its event file descriptor.
+            if let Err(e) = set_nonblocking(unsafe { (*ch.as_ptr()).fd }) {
+                // SAFETY: created above, unused, destroyed once.
+                unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
+                return Err(e);
+            }
+            Some(ch)
+        } else {
+            None
+        };
+        let overrun = Box::new(AtomicBool::new(false));
+        let cq_context = (&*overrun as *const AtomicBool).cast_mut().cast();
+        // SAFETY: open context; `cq_context` points at the boxed flag, which outlives the CQ (see
+        // `CqInner`); `channel` is NULL or a live channel of this context.
+        let cq = unsafe {
+            ibv_create_cq(
+                ctx.raw(),
+                cqe as i32,
+                cq_context,
+                channel.map_or(std::ptr::null_mut(), NonNull::as_ptr),
+                0,
+            )
+        };
+        let Some(cq) = NonNull::new(cq) else {
+            let err = last_os("ibv_create_cq");
+            if let Some(ch) = channel {
+                // SAFETY: created above, no CQ on it, destroyed once.
+                unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
+            }
+            return Err(err);
+        };
+        // SAFETY: `cq` is live; `cqe` is the actual capacity the provider set.
+        let actual = u32::try_from(unsafe { (*cq.as_ptr()).cqe }).unwrap_or(cqe);
+        Ok(IbvCompletionQueue {
+            inner: Arc::new(CqInner { cq, channel, cqe: actual, overrun, _ctx: ctx.clone() }),
+        })
+    }
+
+    fn overrun_error(&self) -> VerbsError {
+        VerbsError::CqOverrun { cqe: self.inner.cqe }
+    }
+
+    fn channel(&self, call: &'static str) -> Result<NonNull<ibv_comp_channel>> {
+        self.inner.channel.ok_or_else(|| VerbsError::InvalidArgument {
+            call,
+            reason: "the CQ was created without events (create_cq(.., with_events: false))".into(),
+        })
+    }
+
+    /// Takes one pending event from the channel, if any, and acknowledges it.
+    fn take_event(&self, ch: NonNull<ibv_comp_channel>) -> Result<bool> {
+        let mut ev_cq: *mut ibv_cq = std::ptr::null_mut();
+        let mut ev_ctx: *mut std::os::raw::c_void = std::ptr::null_mut();
+        // SAFETY: live channel (nonblocking fd); live out-parameters.
+        let rc = unsafe { ibv_get_cq_event(ch.as_ptr(), &mut ev_cq, &mut ev_ctx) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == std::io::ErrorKind::WouldBlock {
+                Ok(false)
+            } else {
+                Err(VerbsError::Os { call: "ibv_get_cq_event", source: e })
+            };
+        }
+        // SAFETY: the channel serves this CQ only, so `ev_cq` is our live CQ; one event is acked.
+        unsafe { ibv_ack_cq_events(ev_cq, 1) };
+        Ok(true)
+    }
+}
+
+impl CompletionQueue for IbvCompletionQueue {
+    fn capacity(&self) -> u32 {
+        self.inner.cqe
+    }
+
+    #[inline]
+    fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        if self.inner.overrun.load(Ordering::Acquire) {
+            return Err(self.overrun_error());
+        }
+        let mut buf: [MaybeUninit<ibv_wc>; POLL_CHUNK_WCS] =
+            [const { MaybeUninit::uninit() }; POLL_CHUNK_WCS];
+        let mut total = 0;
+        while total < wc.len() {
+            let want = (wc.len() - total).min(POLL_CHUNK_WCS);
+            // SAFETY: live CQ; `buf` has room for `want` entries, which the provider writes.
+            let n = unsafe { ibv_poll_cq(self.inner.cq.as_ptr(), want as i32, buf.as_mut_ptr().cast()) };
+            if n < 0 {
+                return Err(from_rc("ibv_poll_cq", n));
+            }
+            let n = n as usize;
+            for (out, raw) in wc[total..total + n].iter_mut().zip(&buf[..n]) {
+                // SAFETY: `ibv_poll_cq` initialised the first `n` entries.
+                *out = wc_from_ibv(unsafe { raw.assume_init_ref() });
+            }
+            total += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.channel("ibv_req_notify_cq")?;
+        // SAFETY: live CQ with a completion channel.
+        let rc = unsafe { ibv_req_notify_cq(self.inner.cq.as_ptr(), i32::from(solicited_only)) };
+        if rc != 0 {
+            return Err(from_rc("ibv_req_notify_cq", rc));
+        }
+        Ok(())
+    }
+
+    fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
+        let ch = self.channel("ibv_get_cq_event")?;
+        // SAFETY: live channel; `fd` is its event descriptor.
+        let fd = unsafe { (*ch.as_ptr()).fd };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if self.take_event(ch)? {
+                return Ok(true);
+            }
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(false);
+                    }
+                    // Round up so that a sub-millisecond timeout still waits.
+                    i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+                }
+            };
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one live pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(VerbsError::Os { call: "poll(completion channel)", source: e });
+                }
+            }
+            if self.inner.overrun.load(Ordering::Acquire) {
+                return Err(self.overrun_error());
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The libibverbs provider (rdma-sys): real RDMA NICs, RoCE and InfiniBand, and Soft-RoCE (`rxe`).
+//!
+//! Built with the cargo feature `ibverbs` (on by default), which needs rdma-core's development
+//! packages (`libibverbs-dev`, `librdmacm-dev`) and `libclang-dev` for rdma-sys' bindgen. Without
+//! them, build with `--no-default-features`: the library then has the software NIC (`sim`) only.
+//!
+//! All FFI `unsafe` of the project lives in this module; every block says why it is sound.
+//!
+//! # Ownership
+//! Each object holds its parent through an `Arc`: a QP holds its PD, its CQs and its SRQ; an MR,
+//! an SRQ and a PD hold their context; a CQ holds its context and its completion channel. Drop
+//! destroys the verbs object first, then releases the parents, so any drop order is safe.
+//!
+//! # Threads
+//! libibverbs is thread-safe: every verb may be called from any thread, on any object, at the
+//! same time (rdma-core `libibverbs/man/ibv_*` and providers lock internally where needed). That
+//! is what the `Send`/`Sync` impls here rest on. Each open context runs one background thread
+//! that reads the device's asynchronous events (`ibv_get_async_event`): it marks a CQ as overrun
+//! on `IBV_EVENT_CQ_ERR` and logs QP, SRQ, port and device errors with `tracing`.
+//!
+//! # Hot path
+//! `post_send`, `post_recv` and `poll` allocate nothing: work requests are chained in fixed-size
+//! stack arrays ([`POST_CHUNK_WRS`] WRs per doorbell, longer slices are posted in chunks), and
+//! completions are polled into a stack array of [`POLL_CHUNK_WCS`] `ibv_wc` and converted.
+
+mod async_events;
+mod context;
+mod convert;
+mod cq;
+mod device;
+mod errno;
+mod mr;
+mod pd;
+mod post;
+mod qp;
+mod srq;
+
+pub use context::IbvContext;
+pub use cq::IbvCompletionQueue;
+pub use mr::IbvMemoryRegion;
+pub use pd::IbvProtectionDomain;
+pub use post::{POLL_CHUNK_WCS, POST_CHUNK_SGES, POST_CHUNK_WRS};
+pub use qp::IbvQueuePair;
+pub use srq::IbvSharedReceiveQueue;
+
+use super::{DeviceInfo, DeviceSelector, Provider, Result};
+
+/// The libibverbs provider. See the module documentation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ibverbs;
+
+impl Provider for Ibverbs {
+    const NAME: &'static str = "ibverbs";
+    type Context = IbvContext;
+    type ProtectionDomain = IbvProtectionDomain;
+    type MemoryRegion = IbvMemoryRegion;
+    type CompletionQueue = IbvCompletionQueue;
+    type SharedReceiveQueue = IbvSharedReceiveQueue;
+    type QueuePair = IbvQueuePair;
+
+    fn devices() -> Result<Vec<DeviceInfo>> {
+        device::DeviceList::get().map(|list| list.infos())
+    }
+
+    fn open(selector: &DeviceSelector) -> Result<IbvContext> {
+        IbvContext::open(selector)
+    }
+}

@@ -1,0 +1,73 @@
+//! Protection domains (`struct ibv_pd`): the factory of MRs, SRQs and QPs.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys::{ibv_dealloc_pd, ibv_pd};
+
+use super::context::IbvContext;
+use super::errno::rc_error;
+use super::mr::IbvMemoryRegion;
+use super::qp::IbvQueuePair;
+use super::srq::IbvSharedReceiveQueue;
+use super::Ibverbs;
+use crate::verbs::{AccessFlags, ProtectionDomain, QpInitAttr, Result, SrqInitAttr};
+
+/// A protection domain. Cheap to clone (clones share the PD).
+#[derive(Clone)]
+pub struct IbvProtectionDomain {
+    pub(super) inner: Arc<PdInner>,
+}
+
+pub(super) struct PdInner {
+    pub(super) pd: NonNull<ibv_pd>,
+    pub(super) ctx: IbvContext,
+}
+
+// SAFETY: libibverbs PD verbs are thread-safe; the Rust state is immutable.
+unsafe impl Send for PdInner {}
+// SAFETY: see `Send`.
+unsafe impl Sync for PdInner {}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // SAFETY: MRs, SRQs and QPs of this PD hold an `Arc` to it, so none is left; freed once.
+        let rc = unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(error = %rc_error(rc), "ibv_dealloc_pd failed");
+        }
+    }
+}
+
+impl IbvProtectionDomain {
+    pub(super) fn new(ctx: IbvContext, pd: NonNull<ibv_pd>) -> IbvProtectionDomain {
+        IbvProtectionDomain { inner: Arc::new(PdInner { pd, ctx }) }
+    }
+
+    pub(super) fn raw(&self) -> *mut ibv_pd {
+        self.inner.pd.as_ptr()
+    }
+
+    pub(super) fn ctx(&self) -> &IbvContext {
+        &self.inner.ctx
+    }
+}
+
+impl ProtectionDomain<Ibverbs> for IbvProtectionDomain {
+    fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<IbvMemoryRegion> {
+        IbvMemoryRegion::alloc(self, len, access)
+    }
+
+    unsafe fn reg_user_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<IbvMemoryRegion> {
+        // SAFETY: forwarded caller contract (memory alive and unmoved while registered).
+        unsafe { IbvMemoryRegion::register_user(self, addr, len, access) }
+    }
+
+    fn create_srq(&self, attr: &SrqInitAttr) -> Result<IbvSharedReceiveQueue> {
+        IbvSharedReceiveQueue::create(self, attr)
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr<'_, Ibverbs>) -> Result<IbvQueuePair> {
+        IbvQueuePair::create(self, attr)
+    }
+}

@@ -1,0 +1,431 @@
+//! Reliable-connected queue pairs (`struct ibv_qp`, `IBV_QPT_RC`): creation checked against the
+//! device's caps, state transitions, posting.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use rdma_sys::{
+    ibv_create_qp, ibv_destroy_qp, ibv_gid, ibv_global_route, ibv_modify_qp, ibv_post_recv, ibv_post_send,
+    ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type, ibv_query_qp,
+};
+
+use super::convert::{
+    mask_names, mtu_to_ibv, qp_state_code, qp_state_from_code, qp_state_from_ibv, qp_state_to_ibv,
+};
+use super::cq::IbvCompletionQueue;
+use super::errno::{last_os, rc_error};
+use super::pd::IbvProtectionDomain;
+use super::post::{post_recv_chain, post_send_chain, SendLimits};
+use super::srq::IbvSharedReceiveQueue;
+use super::Ibverbs;
+use crate::verbs::{QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendWr, VerbsError};
+
+/// An RC queue pair. Holds its PD, CQs and SRQ alive; dropping it destroys the QP.
+pub struct IbvQueuePair {
+    qp: NonNull<ibv_qp>,
+    qp_num: u32,
+    cap: QpCap,
+    uses_srq: bool,
+    /// The state of the last successful `modify` or `state()` query (a `qp_state_code`).
+    state: AtomicU8,
+    _srq: Option<IbvSharedReceiveQueue>,
+    _send_cq: IbvCompletionQueue,
+    _recv_cq: IbvCompletionQueue,
+    _pd: IbvProtectionDomain,
+}
+
+// SAFETY: libibverbs QP verbs (post, modify, query, destroy) are thread-safe; the Rust state is
+// immutable or atomic.
+unsafe impl Send for IbvQueuePair {}
+// SAFETY: see `Send`.
+unsafe impl Sync for IbvQueuePair {}
+
+impl Drop for IbvQueuePair {
+    fn drop(&mut self) {
+        // SAFETY: created by us, destroyed once; its PD, CQs and SRQ are still alive (fields).
+        let rc = unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(qp_num = self.qp_num, error = %rc_error(rc), "ibv_destroy_qp failed");
+        }
+    }
+}
+
+fn cap_check(what: &'static str, cap: &'static str, requested: u32, limit: u32) -> Result<()> {
+    if requested > limit {
+        return Err(VerbsError::CapExceeded { what, cap, requested: requested.into(), limit: limit.into() });
+    }
+    Ok(())
+}
+
+/// Creates a raw RC QP; NULL means failure (errno set).
+fn raw_create(
+    pd: &IbvProtectionDomain,
+    send_cq: &IbvCompletionQueue,
+    recv_cq: &IbvCompletionQueue,
+    srq: Option<&IbvSharedReceiveQueue>,
+    cap: ibv_qp_cap,
+    sq_sig_all: bool,
+) -> (*mut ibv_qp, ibv_qp_cap) {
+    let mut init = ibv_qp_init_attr {
+        qp_context: std::ptr::null_mut(),
+        send_cq: send_cq.inner.cq.as_ptr(),
+        recv_cq: recv_cq.inner.cq.as_ptr(),
+        srq: srq.map_or(std::ptr::null_mut(), |s| s.inner.srq.as_ptr()),
+        cap,
+        qp_type: ibv_qp_type::IBV_QPT_RC,
+        sq_sig_all: i32::from(sq_sig_all),
+    };
+    // SAFETY: live PD, CQs and SRQ (borrowed for the call; the QP object keeps them alive after);
+    // `init` is a live in/out parameter.
+    let qp = unsafe { ibv_create_qp(pd.raw(), &mut init) };
+    (qp, init.cap)
+}
+
+/// The largest `max_inline_data` below `requested` that the device accepts, found by creating
+/// small QPs (only after a refusal; about log2(requested) creations).
+fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested: u32) -> u32 {
+    let (mut lo, mut hi) = (0u32, requested); // lo accepted (0 always is), hi refused
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let cap = ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: mid,
+        };
+        let (qp, _) = raw_create(pd, cq, cq, None, cap, false);
+        if qp.is_null() {
+            hi = mid;
+        } else {
+            // SAFETY: the probe QP was just created and is destroyed once.
+            unsafe { ibv_destroy_qp(qp) };
+            lo = mid;
+        }
+    }
+    lo
+}
+
+impl IbvQueuePair {
+    pub(super) fn create(pd: &IbvProtectionDomain, attr: &QpInitAttr<'_, Ibverbs>) -> Result<IbvQueuePair> {
+        let ctx = pd.ctx();
+        let dev = &ctx.inner.attr;
+        let c = attr.cap;
+        let with_srq = attr.srq.is_some();
+        cap_check("create_qp max_send_wr", "max_qp_wr", c.max_send_wr, dev.max_qp_wr)?;
+        cap_check("create_qp max_send_sge", "max_sge", c.max_send_sge, dev.max_sge)?;
+        if !with_srq {
+            cap_check("create_qp max_recv_wr", "max_qp_wr", c.max_recv_wr, dev.max_qp_wr)?;
+            cap_check("create_qp max_recv_sge", "max_sge", c.max_recv_sge, dev.max_sge)?;
+        }
+        let known_inline = ctx.inner.max_inline.load(Ordering::Relaxed);
+        if known_inline != u32::MAX {
+            cap_check("create_qp max_inline_data", "max_inline_data", c.max_inline_data, known_inline)?;
+        }
+        let cap = ibv_qp_cap {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: if with_srq { 0 } else { c.max_recv_wr },
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: if with_srq { 0 } else { c.max_recv_sge },
+            max_inline_data: c.max_inline_data,
+        };
+        let (qp, actual) = raw_create(pd, attr.send_cq, attr.recv_cq, attr.srq, cap, attr.sq_sig_all);
+        let Some(qp) = NonNull::new(qp) else {
+            let err = last_os("ibv_create_qp");
+            if let VerbsError::Os { source, .. } = &err {
+                if source.raw_os_error() == Some(libc::EINVAL) && c.max_inline_data > 0 {
+                    let limit = probe_max_inline(pd, attr.send_cq, c.max_inline_data);
+                    ctx.inner.max_inline.store(limit, Ordering::Relaxed);
+                    cap_check("create_qp max_inline_data", "max_inline_data", c.max_inline_data, limit)?;
+                }
+            }
+            return Err(err);
+        };
+        // SAFETY: `qp` is live; `qp_num` is set at creation.
+        let qp_num = unsafe { (*qp.as_ptr()).qp_num };
+        let cap = QpCap {
+            max_send_wr: actual.max_send_wr.max(c.max_send_wr),
+            max_recv_wr: if with_srq { 0 } else { actual.max_recv_wr.max(c.max_recv_wr) },
+            max_send_sge: actual.max_send_sge.max(c.max_send_sge),
+            max_recv_sge: if with_srq { 0 } else { actual.max_recv_sge.max(c.max_recv_sge) },
+            max_inline_data: actual.max_inline_data.max(c.max_inline_data),
+        };
+        tracing::debug!(qp_num, ?cap, srq = with_srq, "created RC QP");
+        Ok(IbvQueuePair {
+            qp,
+            qp_num,
+            cap,
+            uses_srq: with_srq,
+            state: AtomicU8::new(qp_state_code(QpState::Reset)),
+            _srq: attr.srq.cloned(),
+            _send_cq: attr.send_cq.clone(),
+            _recv_cq: attr.recv_cq.clone(),
+            _pd: pd.clone(),
+        })
+    }
+
+    fn cached_state(&self) -> QpState {
+        qp_state_from_code(self.state.load(Ordering::Acquire))
+    }
+}
+
+/// The attributes verbs requires for the RC transitions of `man ibv_modify_qp`, by mask bit name.
+fn required(from: QpState, to: QpState) -> &'static [(ibv_qp_attr_mask, &'static str)] {
+    use ibv_qp_attr_mask as m;
+    match (from, to) {
+        (QpState::Reset, QpState::Init) => &[
+            (m::IBV_QP_PKEY_INDEX, "pkey_index"),
+            (m::IBV_QP_PORT, "port_num"),
+            (m::IBV_QP_ACCESS_FLAGS, "access"),
+        ],
+        (QpState::Init, QpState::Rtr) => &[
+            (m::IBV_QP_AV, "ah"),
+            (m::IBV_QP_PATH_MTU, "path_mtu"),
+            (m::IBV_QP_DEST_QPN, "dest_qp_num"),
+            (m::IBV_QP_RQ_PSN, "rq_psn"),
+            (m::IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
+            (m::IBV_QP_MIN_RNR_TIMER, "min_rnr_timer"),
+        ],
+        (QpState::Rtr, QpState::Rts) => &[
+            (m::IBV_QP_SQ_PSN, "sq_psn"),
+            (m::IBV_QP_TIMEOUT, "timeout"),
+            (m::IBV_QP_RETRY_CNT, "retry_cnt"),
+            (m::IBV_QP_RNR_RETRY, "rnr_retry"),
+            (m::IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"),
+        ],
+        _ => &[],
+    }
+}
+
+/// The `ibv_qp_attr` and mask of a [`QpAttr`].
+fn to_ibv_attr(a: &QpAttr) -> (ibv_qp_attr, u32) {
+    use ibv_qp_attr_mask as m;
+    // SAFETY: `ibv_qp_attr` is plain C data; all-zero is a valid value.
+    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    let mut mask = m::IBV_QP_STATE;
+    attr.qp_state = qp_state_to_ibv(a.state);
+    if let Some(v) = a.port_num {
+        attr.port_num = v;
+        mask |= m::IBV_QP_PORT;
+    }
+    if let Some(v) = a.pkey_index {
+        attr.pkey_index = v;
+        mask |= m::IBV_QP_PKEY_INDEX;
+    }
+    if let Some(v) = a.access {
+        attr.qp_access_flags = v.0 & 0xf;
+        mask |= m::IBV_QP_ACCESS_FLAGS;
+    }
+    if let Some(v) = a.path_mtu {
+        attr.path_mtu = mtu_to_ibv(v);
+        mask |= m::IBV_QP_PATH_MTU;
+    }
+    if let Some(v) = a.dest_qp_num {
+        attr.dest_qp_num = v;
+        mask |= m::IBV_QP_DEST_QPN;
+    }
+    if let Some(v) = a.rq_psn {
+        attr.rq_psn = v & 0x00ff_ffff;
+        mask |= m::IBV_QP_RQ_PSN;
+    }
+    if let Some(v) = a.sq_psn {
+        attr.sq_psn = v & 0x00ff_ffff;
+        mask |= m::IBV_QP_SQ_PSN;
+    }
+    if let Some(ah) = a.ah {
+        attr.ah_attr.dlid = ah.dlid;
+        attr.ah_attr.sl = ah.sl;
+        attr.ah_attr.port_num = ah.port_num;
+        if let Some(g) = ah.grh {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh = ibv_global_route {
+                dgid: ibv_gid { raw: g.dgid.0 },
+                flow_label: g.flow_label,
+                sgid_index: g.sgid_index,
+                hop_limit: g.hop_limit,
+                traffic_class: g.traffic_class,
+            };
+        }
+        mask |= m::IBV_QP_AV;
+    }
+    if let Some(v) = a.max_dest_rd_atomic {
+        attr.max_dest_rd_atomic = v;
+        mask |= m::IBV_QP_MAX_DEST_RD_ATOMIC;
+    }
+    if let Some(v) = a.max_rd_atomic {
+        attr.max_rd_atomic = v;
+        mask |= m::IBV_QP_MAX_QP_RD_ATOMIC;
+    }
+    if let Some(v) = a.min_rnr_timer {
+        attr.min_rnr_timer = v;
+        mask |= m::IBV_QP_MIN_RNR_TIMER;
+    }
+    if let Some(v) = a.timeout {
+        attr.timeout = v;
+        mask |= m::IBV_QP_TIMEOUT;
+    }
+    if let Some(v) = a.retry_cnt {
+        attr.retry_cnt = v;
+        mask |= m::IBV_QP_RETRY_CNT;
+    }
+    if let Some(v) = a.rnr_retry {
+        attr.rnr_retry = v;
+        mask |= m::IBV_QP_RNR_RETRY;
+    }
+    (attr, mask.0)
+}
+
+impl QueuePair for IbvQueuePair {
+    fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    fn state(&self) -> QpState {
+        // SAFETY: plain C data; all-zero is valid for both.
+        let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) = unsafe { std::mem::zeroed() };
+        // SAFETY: live QP; live out-parameters.
+        let rc = unsafe {
+            ibv_query_qp(self.qp.as_ptr(), &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32, &mut init)
+        };
+        if rc != 0 {
+            tracing::warn!(qp_num = self.qp_num, error = %rc_error(rc), "ibv_query_qp failed; reporting the last known state");
+            return self.cached_state();
+        }
+        let s = qp_state_from_ibv(attr.qp_state);
+        self.state.store(qp_state_code(s), Ordering::Release);
+        s
+    }
+
+    fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    fn modify(&self, a: &QpAttr) -> Result<()> {
+        let (mut attr, mask) = to_ibv_attr(a);
+        let from = self.cached_state();
+        let missing: Vec<&str> = required(from, a.state)
+            .iter()
+            .filter(|(bit, _)| mask & bit.0 == 0)
+            .map(|(_, name)| *name)
+            .collect();
+        if !missing.is_empty() {
+            return Err(VerbsError::QpTransition {
+                call: "ibv_modify_qp",
+                qp_num: self.qp_num,
+                from,
+                to: a.state,
+                mask,
+                reason: format!(
+                    "missing required attribute(s): {} (mask {})",
+                    missing.join(", "),
+                    mask_names(mask)
+                ),
+            });
+        }
+        // SAFETY: live QP; `attr` is a live, fully initialised parameter matching `mask`.
+        let rc = unsafe { ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask as i32) };
+        if rc != 0 {
+            let err = rc_error(rc);
+            let from = self.state();
+            return Err(VerbsError::QpTransition {
+                call: "ibv_modify_qp",
+                qp_num: self.qp_num,
+                from,
+                to: a.state,
+                mask,
+                reason: format!("{err} (mask {})", mask_names(mask)),
+            });
+        }
+        self.state.store(qp_state_code(a.state), Ordering::Release);
+        tracing::trace!(qp_num = self.qp_num, ?from, to = ?a.state, "QP transition");
+        Ok(())
+    }
+
+    #[inline]
+    unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let state = self.cached_state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::BadQpState { call: "ibv_post_send", qp_num: self.qp_num, state });
+        }
+        let lim = SendLimits { max_sge: self.cap.max_send_sge, max_inline: self.cap.max_inline_data };
+        let qp = self.qp.as_ptr();
+        let post = |wr, bad| {
+            // SAFETY: live QP (while `self` is), a valid chain on `post_send_chain`'s stack, live
+            // out-parameter.
+            unsafe { ibv_post_send(qp, wr, bad) }
+        };
+        // SAFETY: `post` posts to this live QP; the memory contract is the caller's.
+        unsafe { post_send_chain(wrs, lim, post) }
+    }
+
+    #[inline]
+    unsafe fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.uses_srq {
+            return Err(VerbsError::BadWorkRequest {
+                call: "ibv_post_recv",
+                index: 0,
+                reason: format!("QP {} receives from an SRQ; post receives to the SRQ", self.qp_num),
+            });
+        }
+        let state = self.cached_state();
+        if state == QpState::Reset {
+            return Err(VerbsError::BadQpState { call: "ibv_post_recv", qp_num: self.qp_num, state });
+        }
+        let qp = self.qp.as_ptr();
+        let post = |wr, bad| {
+            // SAFETY: live QP (while `self` is), a valid chain on `post_recv_chain`'s stack, live
+            // out-parameter.
+            unsafe { ibv_post_recv(qp, wr, bad) }
+        };
+        // SAFETY: `post` posts to this live QP; the memory contract is the caller's.
+        unsafe { post_recv_chain("ibv_post_recv", wrs, self.cap.max_recv_sge, post) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::{AccessFlags, AhAttr, Gid, GlobalRoute, Mtu};
+
+    #[test]
+    fn rtr_attr_sets_grh_and_mask() {
+        let mut a = QpAttr::new(QpState::Rtr);
+        a.path_mtu = Some(Mtu::Mtu1024);
+        a.dest_qp_num = Some(17);
+        a.rq_psn = Some(0x1ff_ffff);
+        a.ah = Some(AhAttr {
+            dlid: 0,
+            sl: 0,
+            port_num: 1,
+            grh: Some(GlobalRoute {
+                dgid: Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]),
+                sgid_index: 1,
+                flow_label: 0,
+                hop_limit: 64,
+                traffic_class: 0,
+            }),
+        });
+        let (attr, mask) = to_ibv_attr(&a);
+        assert_eq!(mask_names(mask), "STATE|AV|PATH_MTU|RQ_PSN|DEST_QPN");
+        assert_eq!(attr.ah_attr.is_global, 1);
+        assert_eq!(attr.ah_attr.grh.sgid_index, 1);
+        // SAFETY: written as `raw` above.
+        assert_eq!(unsafe { attr.ah_attr.grh.dgid.raw }[0], 0xfe);
+        assert_eq!(attr.rq_psn, 0xff_ffff, "PSNs are 24 bits");
+        assert_eq!(attr.dest_qp_num, 17);
+    }
+
+    #[test]
+    fn required_attributes_follow_the_man_page() {
+        let names = |f, t| required(f, t).iter().map(|(_, n)| *n).collect::<Vec<_>>();
+        assert_eq!(names(QpState::Reset, QpState::Init), ["pkey_index", "port_num", "access"]);
+        assert!(names(QpState::Init, QpState::Rtr).contains(&"dest_qp_num"));
+        assert!(names(QpState::Rtr, QpState::Rts).contains(&"sq_psn"));
+        assert!(names(QpState::Rts, QpState::Err).is_empty());
+        let mut a = QpAttr::new(QpState::Init);
+        a.access = Some(AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE);
+        let (attr, mask) = to_ibv_attr(&a);
+        assert_eq!(attr.qp_access_flags, 3);
+        assert_eq!(mask_names(mask), "STATE|ACCESS_FLAGS");
+    }
+}

@@ -1,0 +1,350 @@
+//! The message header: the first [`HEADER_LEN`] bytes of every SEND between two sessions.
+//!
+//! Layout (little endian, 36 bytes):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | kind (1 request, 2 response, 3 credit return, 4 close) |
+//! | 1 | 1 | flags (bit 0: body in the receiver's ring) |
+//! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
+//! | 3 | 1 | reserved, 0 |
+//! | 4 | 2 | request slot |
+//! | 6 | 2 | credits returned by this message (1 on a response, else 0) |
+//! | 8 | 4 | slot generation |
+//! | 12 | 4 | method id (requests; echoed on responses) |
+//! | 16 | 4 | body length in bytes |
+//! | 20 | 4 | ring offset of the body (when in the ring), else 0 |
+//! | 24 | 4 | freed head: bytes of the sender's ring freed so far (wrapping counter) |
+//! | 28 | 4 | timeout in µs (requests; 0 = none) |
+//! | 32 | 4 | session id assigned by the server at handshake |
+//!
+//! The body follows the header in the same SEND (eager) or was written by RDMA WRITE into the
+//! receiver's ring before the SEND (RC ordering makes it visible first).
+
+use super::WireError;
+use crate::status::Code;
+
+/// Bytes of an encoded header.
+pub const HEADER_LEN: usize = 36;
+
+/// Flag: the body is in the receiver's ring at `ring_offset`, not after the header.
+pub const BODY_IN_RING: u8 = 1;
+
+/// What a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// A call: method id, slot/generation, body.
+    Request = 1,
+    /// The answer to a call: status, slot/generation echoed, body (message on error). Returns one
+    /// credit.
+    Response = 2,
+    /// No call: only carries the freed ring head back (sent when there is no other traffic).
+    CreditReturn = 3,
+    /// The sender closes the session; nothing follows.
+    Close = 4,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Request,
+            2 => Kind::Response,
+            3 => Kind::CreditReturn,
+            4 => Kind::Close,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded message header. Plain data; see the module docs for the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// What the message is.
+    pub kind: Kind,
+    /// True when the body is in the receiver's ring (`ring_offset`), false when it follows the header.
+    pub in_ring: bool,
+    /// Status of a response ([`Code::Ok`] otherwise).
+    pub status: Code,
+    /// Request slot at the client.
+    pub slot: u16,
+    /// Credits this message returns (1 on responses).
+    pub credits: u16,
+    /// Generation of the slot: a late response to an earlier use of the slot carries an older one.
+    pub generation: u32,
+    /// Method id (requests and responses; 0 otherwise).
+    pub method: u32,
+    /// Body length in bytes.
+    pub body_len: u32,
+    /// Offset of the body in the receiver's ring (0 when not in the ring).
+    pub ring_offset: u32,
+    /// Wrapping count of bytes the sender has freed in its own ring (the peer's producer head).
+    pub freed_head: u32,
+    /// Remaining time of the call in µs (requests; 0 = no deadline).
+    pub timeout_us: u32,
+    /// Session id the server assigned at handshake.
+    pub session: u32,
+}
+
+impl Header {
+    /// A header of `kind` with every other field zero / OK.
+    pub const fn new(kind: Kind) -> Header {
+        Header {
+            kind,
+            in_ring: false,
+            status: Code::Ok,
+            slot: 0,
+            credits: 0,
+            generation: 0,
+            method: 0,
+            body_len: 0,
+            ring_offset: 0,
+            freed_head: 0,
+            timeout_us: 0,
+            session: 0,
+        }
+    }
+
+    /// Writes the header into `out`. Never fails; allocates nothing.
+    pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
+        out[0] = self.kind as u8;
+        out[1] = if self.in_ring { BODY_IN_RING } else { 0 };
+        out[2] = self.status as u8;
+        out[3] = 0;
+        out[4..6].copy_from_slice(&self.slot.to_le_bytes());
+        out[6..8].copy_from_slice(&self.credits.to_le_bytes());
+        out[8..12].copy_from_slice(&self.generation.to_le_bytes());
+        out[12..16].copy_from_slice(&self.method.to_le_bytes());
+        out[16..20].copy_from_slice(&self.body_len.to_le_bytes());
+        out[20..24].copy_from_slice(&self.ring_offset.to_le_bytes());
+        out[24..28].copy_from_slice(&self.freed_head.to_le_bytes());
+        out[28..32].copy_from_slice(&self.timeout_us.to_le_bytes());
+        out[32..36].copy_from_slice(&self.session.to_le_bytes());
+    }
+
+    /// Writes the header at the start of `out`.
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`] when `out` is shorter than [`HEADER_LEN`].
+    pub fn encode_into(&self, out: &mut [u8]) -> Result<(), WireError> {
+        let have = out.len();
+        let dst: &mut [u8; HEADER_LEN] = out
+            .get_mut(..HEADER_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(WireError::Truncated { what: "header", field: "session", need: HEADER_LEN, have })?;
+        self.encode(dst);
+        Ok(())
+    }
+
+    /// Decodes and validates the header of a received message of `msg.len()` bytes (header plus
+    /// eager body). Checks every field that can be checked without session state: kind, flags,
+    /// status, reserved byte, that an eager body is exactly the bytes received, and that control
+    /// messages carry no body. Ring bounds are checked by the session.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first bad field.
+    pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
+        let have = msg.len();
+        let b: &[u8; HEADER_LEN] = msg
+            .get(..HEADER_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(WireError::Truncated { what: "header", field: "session", need: HEADER_LEN, have })?;
+        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let kind = Kind::from_u8(b[0])
+            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=4", b[0])))?;
+        if b[1] & !BODY_IN_RING != 0 {
+            return Err(WireError::bad("header", "flags", format!("unknown bits {:#04x}", b[1])));
+        }
+        let in_ring = b[1] & BODY_IN_RING != 0;
+        let status = Code::from_u8(b[2])
+            .ok_or_else(|| WireError::bad("header", "status", format!("{} is not a status code", b[2])))?;
+        if b[3] != 0 {
+            return Err(WireError::bad("header", "reserved", format!("{} must be 0", b[3])));
+        }
+        let h = Header {
+            kind,
+            in_ring,
+            status,
+            slot: u16_at(4),
+            credits: u16_at(6),
+            generation: u32_at(8),
+            method: u32_at(12),
+            body_len: u32_at(16),
+            ring_offset: u32_at(20),
+            freed_head: u32_at(24),
+            timeout_us: u32_at(28),
+            session: u32_at(32),
+        };
+        let eager = (have - HEADER_LEN) as u64;
+        if !h.in_ring && u64::from(h.body_len) != eager {
+            return Err(WireError::bad(
+                "header",
+                "body_len",
+                format!("{} but {eager} bytes follow the header", h.body_len),
+            ));
+        }
+        if h.in_ring && eager != 0 {
+            return Err(WireError::bad(
+                "header",
+                "flags",
+                format!("body in ring but {eager} bytes follow the header"),
+            ));
+        }
+        if !h.in_ring && h.ring_offset != 0 {
+            return Err(WireError::bad("header", "ring_offset", "non-zero without a ring body"));
+        }
+        match kind {
+            Kind::Request => {
+                if h.method == 0 {
+                    return Err(WireError::bad("header", "method", "0 is reserved"));
+                }
+                if status != Code::Ok {
+                    return Err(WireError::bad("header", "status", "a request carries no status"));
+                }
+                if h.credits != 0 {
+                    return Err(WireError::bad("header", "credits", "a request returns no credits"));
+                }
+            }
+            Kind::Response => {
+                if h.credits != 1 {
+                    return Err(WireError::bad(
+                        "header",
+                        "credits",
+                        format!("{} on a response, not 1", h.credits),
+                    ));
+                }
+            }
+            Kind::CreditReturn | Kind::Close => {
+                if h.body_len != 0 || h.in_ring {
+                    return Err(WireError::bad("header", "body_len", "a control message carries no body"));
+                }
+                if status != Code::Ok || h.credits != 0 || h.method != 0 {
+                    return Err(WireError::bad("header", "kind", "control message with call fields set"));
+                }
+            }
+        }
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode_msg(h: &Header) -> Vec<u8> {
+        let mut v = vec![0u8; HEADER_LEN + if h.in_ring { 0 } else { h.body_len as usize }];
+        h.encode_into(&mut v).unwrap();
+        v
+    }
+
+    fn request() -> Header {
+        Header { method: 7, slot: 3, generation: 9, body_len: 5, ..Header::new(Kind::Request) }
+    }
+
+    #[test]
+    fn request_round_trips() {
+        let h = Header { timeout_us: 1000, session: 42, freed_head: u32::MAX, ..request() };
+        assert_eq!(Header::decode(&encode_msg(&h)).unwrap(), h);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let mut m = encode_msg(&request());
+        m[0] = 9;
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
+        let mut m = encode_msg(&request());
+        m[1] = 2;
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+        let mut m = encode_msg(&request());
+        m[2] = 17;
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "status");
+        let mut m = encode_msg(&request());
+        m[3] = 1;
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "reserved");
+        let m = encode_msg(&request());
+        assert_eq!(Header::decode(&m[..m.len() - 1]).unwrap_err().field(), "body_len");
+        assert!(matches!(
+            Header::decode(&m[..10]),
+            Err(WireError::Truncated { need: HEADER_LEN, have: 10, .. })
+        ));
+        let m = encode_msg(&Header { method: 0, ..request() });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "method");
+        let m = encode_msg(&Header { credits: 0, ..Header::new(Kind::Response) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+        let mut m = encode_msg(&Header::new(Kind::CreditReturn));
+        m.push(0);
+        m[16] = 1;
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "body_len");
+    }
+
+    #[test]
+    fn ring_body_must_not_follow_header() {
+        let h = Header { in_ring: true, ring_offset: 64, body_len: 100_000, ..request() };
+        let mut m = encode_msg(&h);
+        assert_eq!(Header::decode(&m).unwrap(), h);
+        m.push(1);
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+    }
+
+    fn arb_header() -> impl Strategy<Value = Header> {
+        (
+            prop_oneof![
+                Just(Kind::Request),
+                Just(Kind::Response),
+                Just(Kind::CreditReturn),
+                Just(Kind::Close)
+            ],
+            any::<bool>(),
+            0u8..=16,
+            any::<(u16, u32, u32, u32, u32, u32, u32, u32)>(),
+        )
+            .prop_map(
+                |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session))| {
+                    let call = matches!(kind, Kind::Request | Kind::Response);
+                    let in_ring = in_ring && call;
+                    Header {
+                        kind,
+                        in_ring,
+                        status: if kind == Kind::Response { Code::from_u8(st).unwrap() } else { Code::Ok },
+                        slot,
+                        credits: u16::from(kind == Kind::Response),
+                        generation,
+                        method: if kind == Kind::Request {
+                            method.max(1)
+                        } else if call {
+                            method
+                        } else {
+                            0
+                        },
+                        body_len: if !call {
+                            0
+                        } else if in_ring {
+                            len
+                        } else {
+                            len % 2048
+                        },
+                        ring_offset: if in_ring { off } else { 0 },
+                        freed_head: freed,
+                        timeout_us: t,
+                        session,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn valid_headers_round_trip(h in arb_header()) {
+            prop_assert_eq!(Header::decode(&encode_msg(&h)).unwrap(), h);
+        }
+
+        /// The fuzz target's property, also run in the normal suite: arbitrary bytes never panic,
+        /// and whatever decodes re-encodes to the same bytes.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+            crate::wire::fuzz_header(&bytes);
+        }
+    }
+}

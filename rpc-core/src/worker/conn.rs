@@ -1,0 +1,129 @@
+//! One connection's verbs resources and protocol state, shared by server workers and clients:
+//! QP, send buffers, receive ring, send mirror, send queue and the sans-IO [`Session`].
+
+use crate::buffers::{RingBuf, SendPool, SendQueue};
+use crate::session::Session;
+use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
+use crate::wire::{Header, HEADER_LEN};
+
+/// Smallest eager body area in bytes, so that a status message always fits in one SEND.
+pub(crate) const MIN_BODY_AREA: usize = 256;
+
+/// Bytes after the header in every send and receive buffer for an eager threshold.
+pub(crate) fn body_area(eager_threshold: u32) -> usize {
+    (eager_threshold as usize).max(MIN_BODY_AREA)
+}
+
+/// Send buffers a connection needs for `credits` requests in flight (one per message, plus
+/// control messages and the buffers still posted until their completion is polled).
+pub(crate) fn send_bufs_for(credits: u16) -> u16 {
+    credits.saturating_mul(2).saturating_add(8)
+}
+
+/// Creates an RC QP on `cq` (send and receive) and `srq`, able to post every buffer twice
+/// (a WRITE and a SEND per message).
+pub(crate) fn create_qp<P: Provider>(
+    pd: &P::ProtectionDomain,
+    cq: &P::CompletionQueue,
+    srq: &P::SharedReceiveQueue,
+    send_bufs: u16,
+) -> Result<P::QueuePair> {
+    let cap = QpCap {
+        max_send_wr: u32::from(send_bufs) * 2 + 8,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, srq: Some(srq), cap, sq_sig_all: false })
+}
+
+/// Where a message's body is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BodyAt {
+    /// `len` bytes after the header in the send buffer.
+    Eager(u32),
+    /// `len` bytes at `offset` of the send mirror, to be written to the peer's ring.
+    Ring { offset: u32, len: u32 },
+}
+
+/// A connection's resources. Field order is drop order: the QP goes first.
+pub(crate) struct Conn<P: Provider> {
+    pub(crate) qp: P::QueuePair,
+    pub(crate) pool: SendPool<P>,
+    pub(crate) ring: RingBuf<P>,
+    pub(crate) mirror: RingBuf<P>,
+    pub(crate) sq: SendQueue,
+    pub(crate) session: Session,
+    /// Peer's ring address and rkey.
+    pub(crate) peer_ring: (u64, u32),
+    /// Eager body area of each send buffer in bytes.
+    pub(crate) body_cap: usize,
+}
+
+impl<P: Provider> Conn<P> {
+    /// Queues a message whose body is already in send buffer `buf` or in the mirror: stamps the
+    /// session id and freed head, writes the header, queues the WRITE (ring body) and the SEND.
+    pub(crate) fn queue(&mut self, buf: u16, mut h: Header, body: BodyAt) {
+        let eager = match body {
+            BodyAt::Eager(len) => {
+                h.in_ring = false;
+                h.body_len = len;
+                h.ring_offset = 0;
+                len
+            }
+            BodyAt::Ring { offset, len } => {
+                h.in_ring = true;
+                h.body_len = len;
+                h.ring_offset = offset;
+                self.sq.write(&self.mirror, offset, len, self.peer_ring.0, self.peer_ring.1);
+                0
+            }
+        };
+        self.session.stamp(&mut h);
+        let dst: &mut [u8; HEADER_LEN] =
+            (&mut self.pool.buf_mut(buf)[..HEADER_LEN]).try_into().expect("send buffers hold a header");
+        h.encode(dst);
+        self.sq.send(&self.pool, buf, HEADER_LEN as u32 + eager);
+    }
+
+    /// Copies `bytes` (a body encoded elsewhere: a deferred answer, a spilled body, a status
+    /// message) into send buffer `buf` or the mirror at `offset`, returning where it is.
+    pub(crate) fn copy_body(&mut self, buf: u16, bytes: &[u8], ring_offset: Option<u32>) -> BodyAt {
+        match ring_offset {
+            None => {
+                let n = bytes.len().min(self.body_cap);
+                self.pool.buf_mut(buf)[HEADER_LEN..HEADER_LEN + n].copy_from_slice(&bytes[..n]);
+                BodyAt::Eager(n as u32)
+            }
+            Some(off) => {
+                let o = off as usize;
+                self.mirror.bytes_mut()[o..o + bytes.len()].copy_from_slice(bytes);
+                BodyAt::Ring { offset: off, len: bytes.len() as u32 }
+            }
+        }
+    }
+
+    /// Posts what was queued (one doorbell per batch). `tag` identifies the connection in the
+    /// signaled WR's `wr_id`.
+    pub(crate) fn flush(&mut self, tag: u32) -> Result<()> {
+        if self.sq.is_empty() {
+            return Ok(());
+        }
+        self.sq.flush(&self.qp, &mut self.pool, tag)
+    }
+}
+
+/// A CQ sized for `recv` receive WQEs and `sends` signaled send completions.
+pub(crate) fn create_cq<P: Provider>(
+    ctx: &P::Context,
+    recv: u32,
+    sends: u32,
+    events: bool,
+) -> Result<P::CompletionQueue> {
+    let want = recv.saturating_add(sends).max(64);
+    let cqe = want.min(ctx.attr().max_cqe.max(64));
+    let cq = ctx.create_cq(cqe, events)?;
+    debug_assert!(cq.capacity() >= cqe);
+    Ok(cq)
+}

@@ -1,0 +1,110 @@
+//! Counters of a worker or client: kept in plain integers by the polling thread, published to
+//! atomics now and then (no atomic read-modify-write per RPC).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::status::Code;
+
+/// A snapshot of counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// RPCs completed (server: answered; client: calls that got a response).
+    pub rpcs: u64,
+    /// Body bytes received.
+    pub bytes_in: u64,
+    /// Body bytes sent.
+    pub bytes_out: u64,
+    /// Times a call waited because every credit was in use.
+    pub credit_stalls: u64,
+    /// Times a body waited because the peer's ring had no room.
+    pub ring_full_stalls: u64,
+    /// Send completions with `IBV_WC_RNR_RETRY_EXC_ERR` (zero in steady state: flow control is by credits).
+    pub rnr_events: u64,
+    /// Late responses discarded (their call had been abandoned).
+    pub late_replies: u64,
+    /// Connections closed because the peer sent a malformed header.
+    pub malformed: u64,
+    /// Sessions opened.
+    pub sessions_opened: u64,
+    /// Sessions closed.
+    pub sessions_closed: u64,
+    /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
+    pub by_code: [u64; 17],
+}
+
+impl Counters {
+    /// Counts one call ended with `code`.
+    #[inline]
+    pub fn status(&mut self, code: Code) {
+        self.by_code[code as usize] += 1;
+    }
+
+    /// Calls ended with `code`.
+    pub fn with_code(&self, code: Code) -> u64 {
+        self.by_code[code as usize]
+    }
+
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &Counters) {
+        self.rpcs += other.rpcs;
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+        self.credit_stalls += other.credit_stalls;
+        self.ring_full_stalls += other.ring_full_stalls;
+        self.rnr_events += other.rnr_events;
+        self.late_replies += other.late_replies;
+        self.malformed += other.malformed;
+        self.sessions_opened += other.sessions_opened;
+        self.sessions_closed += other.sessions_closed;
+        for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
+            *a += b;
+        }
+    }
+}
+
+/// The published copy, readable from any thread.
+#[derive(Default)]
+pub(crate) struct SharedCounters {
+    fields: [AtomicU64; 10 + 17],
+}
+
+impl SharedCounters {
+    pub(crate) fn publish(&self, c: &Counters) {
+        let vals = [
+            c.rpcs,
+            c.bytes_in,
+            c.bytes_out,
+            c.credit_stalls,
+            c.ring_full_stalls,
+            c.rnr_events,
+            c.late_replies,
+            c.malformed,
+            c.sessions_opened,
+            c.sessions_closed,
+        ];
+        for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
+            f.store(*v, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> Counters {
+        let g = |i: usize| self.fields[i].load(Ordering::Relaxed);
+        let mut by_code = [0u64; 17];
+        for (i, b) in by_code.iter_mut().enumerate() {
+            *b = g(10 + i);
+        }
+        Counters {
+            rpcs: g(0),
+            bytes_in: g(1),
+            bytes_out: g(2),
+            credit_stalls: g(3),
+            ring_full_stalls: g(4),
+            rnr_events: g(5),
+            late_replies: g(6),
+            malformed: g(7),
+            sessions_opened: g(8),
+            sessions_closed: g(9),
+            by_code,
+        }
+    }
+}

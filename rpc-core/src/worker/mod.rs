@@ -1,0 +1,607 @@
+//! Server workers: one thread per configured core, owning a CQ, an SRQ with its receive buffers,
+//! and the QPs, rings and sessions of the connections assigned to it.
+//!
+//! Loop: take new connections and closes from the control queue → take deferred answers → poll
+//! the CQ in batches → handle receives (handlers run inline) → post each connection's sends with
+//! one doorbell (selective signaling) → repost receive buffers in batches → idle per policy.
+//! Other threads talk to a worker only through bounded crossbeam queues.
+
+pub(crate) mod conn;
+pub(crate) mod counters;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::buffers::{split_send_wr_id, RecvPool};
+use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
+use crate::server::registry::Registry;
+use crate::server::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext};
+use crate::session::{PlaceError, Placement};
+use crate::status::{Code, Status};
+use crate::verbs::{CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion};
+use crate::wire::{Header, Kind, HEADER_LEN};
+use conn::{BodyAt, Conn};
+use counters::{Counters, SharedCounters};
+
+/// Completions polled per `poll` call.
+const POLL_BATCH: usize = 32;
+/// Receive buffers reposted per doorbell while busy.
+const REPOST_BATCH: usize = 16;
+
+/// A connection handed from the listener to a worker.
+pub(crate) struct NewConn<P: Provider> {
+    pub(crate) conn: Conn<P>,
+    pub(crate) session: u32,
+    pub(crate) peer: SocketAddr,
+}
+
+/// Messages into a worker.
+pub(crate) enum Control<P: Provider> {
+    /// A connected session to serve.
+    Open(Box<NewConn<P>>),
+    /// The peer's TCP connection closed: free the session.
+    Close(u32),
+}
+
+/// What a worker shares with the listener and the server handle.
+pub(crate) struct WorkerShared<P: Provider> {
+    pub(crate) index: usize,
+    pub(crate) control: ArrayQueue<Control<P>>,
+    pub(crate) defer: Arc<DeferQueue>,
+    pub(crate) counters: Arc<SharedCounters>,
+    /// Set by shutdown: answer new requests UNAVAILABLE, finish the others, then stop.
+    pub(crate) draining: Arc<AtomicBool>,
+    pub(crate) sessions: AtomicUsize,
+    /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
+    pub(crate) closed: Arc<ArrayQueue<u32>>,
+    pub(crate) pd: P::ProtectionDomain,
+    pub(crate) cq: P::CompletionQueue,
+    pub(crate) srq: P::SharedReceiveQueue,
+}
+
+struct Spill {
+    header: Header,
+    body: Result<Vec<u8>, Status>,
+}
+
+struct Slot<P: Provider> {
+    conn: Conn<P>,
+    session: u32,
+    peer: SocketAddr,
+    dirty: bool,
+    credit_return: bool,
+    backlog: VecDeque<Spill>,
+}
+
+/// Limits a worker applies.
+#[derive(Clone, Copy)]
+pub(crate) struct WorkerLimits {
+    pub(crate) max_sessions: usize,
+    pub(crate) polling: PollingPolicy,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) body_cap: usize,
+}
+
+/// One worker thread's state.
+pub(crate) struct Worker<P: Provider> {
+    shared: Arc<WorkerShared<P>>,
+    registry: Arc<Registry>,
+    limits: WorkerLimits,
+    slots: Vec<Option<Slot<P>>>,
+    gens: Vec<u16>,
+    by_qpn: crate::server::registry::IdMap<u16>,
+    dirty: Vec<u16>,
+    counters: Counters,
+    scratch: Vec<u8>,
+    ctx: RequestContext,
+    wcs: [WorkCompletion; POLL_BATCH],
+    // Last: dropped after every QP.
+    recv: RecvPool<P>,
+}
+
+impl<P: Provider> Worker<P> {
+    pub(crate) fn new(
+        shared: Arc<WorkerShared<P>>,
+        registry: Arc<Registry>,
+        recv: RecvPool<P>,
+        limits: WorkerLimits,
+    ) -> Worker<P> {
+        let n = limits.max_sessions;
+        let mut by_qpn = crate::server::registry::IdMap::default();
+        by_qpn.reserve(n);
+        let queue = shared.defer.clone();
+        Worker {
+            shared,
+            registry,
+            limits,
+            slots: (0..n).map(|_| None).collect(),
+            gens: vec![0; n],
+            by_qpn,
+            dirty: Vec::with_capacity(n),
+            counters: Counters::default(),
+            scratch: vec![0; limits.body_cap],
+            ctx: RequestContext {
+                method: "",
+                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                deadline: None,
+                queue,
+                target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
+                deferred: std::cell::Cell::new(false),
+            },
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+            recv,
+        }
+    }
+
+    fn tag(&self, idx: u16) -> u32 {
+        (u32::from(idx) << 16) | u32::from(self.gens[idx as usize])
+    }
+
+    fn slot_by_tag(&mut self, tag: u32) -> Option<(u16, &mut Slot<P>)> {
+        let idx = (tag >> 16) as u16;
+        if self.gens.get(idx as usize).copied() != Some(tag as u16) {
+            return None;
+        }
+        self.slots[idx as usize].as_mut().map(|s| (idx, s))
+    }
+
+    /// Runs until shutdown has drained every session.
+    pub(crate) fn run(mut self) {
+        let mut idle = Idle::new(self.limits.polling);
+        let mut drain_deadline: Option<Instant> = None;
+        let mut iterations: u32 = 0;
+        loop {
+            self.drain_control();
+            self.drain_deferred();
+            let n = match self.shared.cq.poll(&mut self.wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _span = tracing::error_span!("worker", index = self.shared.index).entered();
+                    tracing::error!(error = %e, "CQ failed; closing every session");
+                    for idx in 0..self.slots.len() as u16 {
+                        self.close_slot(idx, "completion queue failed", false, true);
+                    }
+                    break;
+                }
+            };
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.on_completion(&wc);
+            }
+            self.flush_dirty();
+            // Receive buffers go back in batches; all of them when idle.
+            let threshold = if n == 0 { 1 } else { REPOST_BATCH };
+            if let Err(e) = self.recv.flush_batched(threshold) {
+                tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
+            }
+            iterations = iterations.wrapping_add(1);
+            if n > 0 {
+                idle.reset();
+                if iterations % 4096 == 0 {
+                    self.shared.counters.publish(&self.counters);
+                }
+                continue;
+            }
+            if self.shared.draining.load(Ordering::Acquire) {
+                let deadline =
+                    *drain_deadline.get_or_insert_with(|| Instant::now() + self.limits.drain_timeout);
+                if self.drained() || Instant::now() >= deadline {
+                    break;
+                }
+            }
+            if idle.empty_polls() % 1024 == 0 {
+                self.shared.counters.publish(&self.counters);
+            }
+            let cq = &self.shared.cq;
+            idle.idle(|| {
+                if cq.req_notify(false).is_ok() {
+                    let _ = cq.wait(Some(EVENT_WAIT));
+                }
+            });
+        }
+        self.close_all();
+        self.shared.counters.publish(&self.counters);
+    }
+
+    fn drained(&self) -> bool {
+        self.slots.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
+            && self.shared.defer.queue.is_empty()
+    }
+
+    fn drain_control(&mut self) {
+        while let Some(c) = self.shared.control.pop() {
+            match c {
+                Control::Open(nc) => self.open(*nc),
+                Control::Close(session) => {
+                    if let Some(idx) =
+                        self.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.session == session))
+                    {
+                        self.close_slot(idx as u16, "peer closed the connection", false, false);
+                    }
+                }
+            }
+        }
+    }
+
+    fn open(&mut self, nc: NewConn<P>) {
+        let Some(idx) = self.slots.iter().position(Option::is_none) else {
+            tracing::warn!(worker = self.shared.index, session = nc.session, "no free session slot; closing");
+            let _ = self.shared.closed.push(nc.session);
+            self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
+            return;
+        };
+        self.gens[idx] = self.gens[idx].wrapping_add(1);
+        self.by_qpn.insert(nc.conn.qp.qp_num(), idx as u16);
+        self.slots[idx] = Some(Slot {
+            conn: nc.conn,
+            session: nc.session,
+            peer: nc.peer,
+            dirty: false,
+            credit_return: false,
+            backlog: VecDeque::new(),
+        });
+        self.counters.sessions_opened += 1;
+    }
+
+    /// Closes a session: QP to ERR and destroyed, memory freed; `notify` tells the listener to
+    /// close its TCP connection (the client then sees the session gone).
+    fn close_slot(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
+        let Some(slot) = self.slots.get_mut(idx as usize).and_then(Option::take) else { return };
+        let span = tracing::info_span!("disconnect", worker = self.shared.index, session = slot.session);
+        let _entered = span.enter();
+        self.by_qpn.remove(&slot.conn.qp.qp_num());
+        self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
+        let _ = slot.conn.qp.modify(&QpAttr::new(QpState::Err));
+        if malformed {
+            self.counters.malformed += 1;
+            tracing::warn!(worker = self.shared.index, session = slot.session, peer = %slot.peer, reason, "closing session");
+        } else {
+            tracing::debug!(worker = self.shared.index, session = slot.session, peer = %slot.peer, reason, "session closed");
+        }
+        if notify {
+            let _ = self.shared.closed.push(slot.session);
+        }
+        self.counters.sessions_closed += 1;
+        self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
+        drop(slot);
+    }
+
+    /// Shutdown: tell every peer (Close), give the sends a moment to complete, free everything.
+    fn close_all(&mut self) {
+        for idx in 0..self.slots.len() {
+            let tag = self.tag(idx as u16);
+            if let Some(slot) = self.slots[idx].as_mut() {
+                if let Some(buf) = slot.conn.pool.acquire() {
+                    slot.conn.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
+                    let _ = slot.conn.flush(tag);
+                }
+            }
+        }
+        let until = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < until {
+            match self.shared.cq.poll(&mut self.wcs) {
+                Ok(0) => std::thread::yield_now(),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        self.shared.defer.closed.store(true, Ordering::Release);
+        for idx in 0..self.slots.len() as u16 {
+            self.close_slot(idx, "server shutdown", false, false);
+        }
+    }
+
+    fn drain_deferred(&mut self) {
+        while let Some(d) = self.shared.defer.queue.pop() {
+            let Some((idx, slot)) = self.slot_by_tag(d.conn) else { continue };
+            let header = Header {
+                slot: d.slot,
+                generation: d.generation,
+                method: d.method,
+                credits: 1,
+                ..Header::new(Kind::Response)
+            };
+            slot.backlog.push_back(Spill { header, body: d.result });
+            self.try_backlog(idx);
+        }
+    }
+
+    fn mark_dirty(&mut self, idx: u16) {
+        if let Some(s) = self.slots[idx as usize].as_mut() {
+            if !s.dirty {
+                s.dirty = true;
+                self.dirty.push(idx);
+            }
+        }
+    }
+
+    /// Sends spilled and deferred answers of one connection while buffers and ring space allow.
+    fn try_backlog(&mut self, idx: u16) {
+        let Some(slot) = self.slots[idx as usize].as_mut() else { return };
+        let mut sent = false;
+        while let Some(sp) = slot.backlog.front() {
+            let Some(buf) = slot.conn.pool.acquire() else { break };
+            let mut header = sp.header;
+            let body = match &sp.body {
+                Ok(bytes) => match slot.conn.session.place_body(bytes.len()) {
+                    Ok(Placement::Eager) => slot.conn.copy_body(buf, bytes, None),
+                    Ok(Placement::Ring(off)) => slot.conn.copy_body(buf, bytes, Some(off)),
+                    Err(PlaceError::RingFull) => {
+                        slot.conn.pool.give_back(buf);
+                        break;
+                    }
+                    Err(PlaceError::Refused(s)) => {
+                        header.status = s.code();
+                        slot.conn.copy_body(buf, s.message().as_bytes(), None)
+                    }
+                },
+                Err(s) => {
+                    header.status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
+                    slot.conn.copy_body(buf, s.message().as_bytes(), None)
+                }
+            };
+            if header.kind == Kind::Response {
+                slot.conn.session.on_answer();
+                self.counters.rpcs += 1;
+                self.counters.status(header.status);
+                let (BodyAt::Ring { len, .. } | BodyAt::Eager(len)) = body;
+                self.counters.bytes_out += u64::from(len);
+            }
+            slot.conn.queue(buf, header, body);
+            slot.backlog.pop_front();
+            sent = true;
+        }
+        if sent {
+            self.mark_dirty(idx);
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        while let Some(idx) = self.dirty.pop() {
+            let tag = self.tag(idx);
+            let Some(slot) = self.slots[idx as usize].as_mut() else { continue };
+            slot.dirty = false;
+            if slot.credit_return {
+                slot.credit_return = false;
+                if slot.conn.sq.is_empty() && slot.conn.session.unreported_ring_bytes() > 0 {
+                    if let Some(buf) = slot.conn.pool.acquire() {
+                        slot.conn.queue(buf, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
+                    }
+                }
+            }
+            if let Err(e) = slot.conn.flush(tag) {
+                tracing::warn!(worker = self.shared.index, session = slot.session, error = %e, "posting sends failed");
+                self.close_slot(idx, "posting sends failed", false, true);
+            }
+        }
+    }
+
+    fn lookup_qpn(&mut self, qpn: u32) -> Option<u16> {
+        if let Some(&i) = self.by_qpn.get(&qpn) {
+            return Some(i);
+        }
+        // The listener queues a connection before answering the handshake, so a message on a
+        // QP not known yet means the control queue has it: take it now.
+        self.drain_control();
+        self.by_qpn.get(&qpn).copied()
+    }
+
+    fn on_completion(&mut self, wc: &WorkCompletion) {
+        if let Some((tag, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+            let Some((idx, slot)) = self.slot_by_tag(tag) else { return };
+            if !wc.status.is_success() {
+                if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
+                    self.counters.rnr_events += 1;
+                }
+                let reason =
+                    if wc.status == WcStatus::IBV_WC_WR_FLUSH_ERR { "QP flushed" } else { "send failed" };
+                tracing::debug!(status = %wc.status, "send completion error");
+                self.close_slot(idx, reason, false, true);
+                return;
+            }
+            slot.conn.pool.retire(usize::from(bufs));
+            slot.conn.sq.on_completion(wrs);
+            if !slot.backlog.is_empty() {
+                self.try_backlog(idx);
+            }
+            return;
+        }
+        let buf = wc.wr_id as u32;
+        self.recv.repost(buf);
+        if !wc.status.is_success() {
+            if let Some(&idx) = self.by_qpn.get(&wc.qp_num) {
+                if wc.status != WcStatus::IBV_WC_WR_FLUSH_ERR {
+                    tracing::debug!(status = %wc.status, "receive completion error");
+                }
+                self.close_slot(idx, "receive failed", false, true);
+            }
+            return;
+        }
+        let Some(idx) = self.lookup_qpn(wc.qp_num) else {
+            tracing::debug!(qp_num = wc.qp_num, "message on an unknown QP dropped");
+            return;
+        };
+        self.on_message(idx, buf, wc.byte_len as usize);
+    }
+
+    fn on_message(&mut self, idx: u16, buf: u32, len: usize) {
+        let Some(msg) = self.recv.received(buf, len) else {
+            self.close_slot(idx, "message longer than a receive buffer", true, true);
+            return;
+        };
+        let h = match Header::decode(msg) {
+            Ok(h) => h,
+            Err(e) => {
+                let reason = format!("malformed header: {e}");
+                self.close_slot(idx, &reason, true, true);
+                return;
+            }
+        };
+        let Some(slot) = self.slots[idx as usize].as_mut() else { return };
+        let inc = match slot.conn.session.handle_header(&h) {
+            Ok(inc) => inc,
+            Err(reason) => {
+                let reason = format!("protocol violation: {reason}");
+                self.close_slot(idx, &reason, true, true);
+                return;
+            }
+        };
+        if !slot.backlog.is_empty() {
+            self.try_backlog(idx);
+        }
+        match h.kind {
+            Kind::Request => self.dispatch(idx, buf, len, inc.header, inc.ring),
+            Kind::CreditReturn => {}
+            Kind::Close => self.close_slot(idx, "peer sent Close", false, true),
+            Kind::Response => {}
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        idx: u16,
+        buf: u32,
+        len: usize,
+        h: Header,
+        ring: Option<crate::session::RingToken>,
+    ) {
+        let tag = self.tag(idx);
+        let draining = self.shared.draining.load(Ordering::Relaxed);
+        let Worker { slots, registry, recv, counters, scratch, ctx, .. } = self;
+        let Some(slot) = slots[idx as usize].as_mut() else { return };
+        counters.bytes_in += u64::from(h.body_len);
+        let found = registry.lookup(h.method);
+        // One context per worker, refilled per request (no reference count touched per call).
+        ctx.method = found.map_or("", |f| f.1);
+        ctx.peer = slot.peer;
+        ctx.deadline =
+            (h.timeout_us > 0).then(|| Instant::now() + Duration::from_micros(u64::from(h.timeout_us)));
+        ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
+        ctx.deferred.set(false);
+        let ctx = &*ctx;
+        // Answers leave in order: while earlier ones wait for ring space, this one waits behind them
+        // (so a client consuming responses in call order can always make progress).
+        let send_buf = if slot.backlog.is_empty() { slot.conn.pool.acquire() } else { None };
+        let Conn { ring: rx_ring, pool, mirror, session, body_cap, .. } = &mut slot.conn;
+        let body: &[u8] = if h.in_ring {
+            let o = h.ring_offset as usize;
+            &rx_ring.bytes()[o..o + h.body_len as usize]
+        } else {
+            match recv.received(buf, len) {
+                Some(m) => &m[HEADER_LEN..],
+                None => &[],
+            }
+        };
+        let cap = *body_cap;
+        let (eager, session) = match send_buf {
+            Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
+            None => (&mut scratch[..cap], None),
+        };
+        let mut out = ReplyWriter { eager, mirror: mirror.bytes_mut(), session, outcome: Outcome::Unset };
+        if draining {
+            out.error(Status::unavailable("server is shutting down"));
+        } else {
+            match found {
+                None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
+                Some((svc, name)) => {
+                    let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
+                    if let Err(p) = r {
+                        let what = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        tracing::warn!(method = name, panic = %what, "handler panicked");
+                        out.error(Status::internal(format!("handler of {name} panicked: {what}")));
+                    }
+                }
+            }
+        }
+        let outcome = std::mem::replace(&mut out.outcome, Outcome::Unset);
+        drop(out);
+        if let Some(t) = ring {
+            slot.conn.session.release(t);
+        }
+        let header = Header {
+            slot: h.slot,
+            generation: h.generation,
+            method: h.method,
+            credits: 1,
+            ..Header::new(Kind::Response)
+        };
+        let mut status = Code::Ok;
+        let mut queued = false;
+        let spilled = match (outcome, send_buf) {
+            (Outcome::Deferred, b) => {
+                if let Some(b) = b {
+                    slot.conn.pool.give_back(b);
+                }
+                None
+            }
+            (Outcome::Eager(n), Some(b)) => {
+                counters.bytes_out += u64::from(n);
+                slot.conn.queue(b, header, BodyAt::Eager(n));
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
+            }
+            (Outcome::Ring { offset, len }, Some(b)) => {
+                counters.bytes_out += u64::from(len);
+                slot.conn.queue(b, header, BodyAt::Ring { offset, len });
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
+            }
+            (Outcome::Error(s), Some(b)) => {
+                status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
+                let body = slot.conn.copy_body(b, s.message().as_bytes(), None);
+                slot.conn.queue(b, Header { status, ..header }, body);
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
+            }
+            (Outcome::Unset, Some(b)) => {
+                status = Code::Internal;
+                let body = slot.conn.copy_body(b, b"handler returned no answer", None);
+                slot.conn.queue(b, Header { status, ..header }, body);
+                slot.conn.session.on_answer();
+                counters.rpcs += 1;
+                counters.status(status);
+                queued = true;
+                None
+            }
+            (Outcome::Spilled(bytes), b) => {
+                if let Some(b) = b {
+                    slot.conn.pool.give_back(b);
+                }
+                counters.ring_full_stalls += 1;
+                Some(Ok(bytes))
+            }
+            (Outcome::Eager(n), None) => Some(Ok(scratch[..n as usize].to_vec())),
+            (Outcome::Error(s), None) => Some(Err(s)),
+            (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
+                Some(Err(Status::internal("handler returned no answer")))
+            }
+        };
+        if let Some(body) = spilled {
+            slot.backlog.push_back(Spill { header, body });
+        }
+        if ring.is_some() && !queued {
+            // The freed ring space has no response to ride on now: a credit message returns it.
+            slot.credit_return = true;
+        }
+        self.mark_dirty(idx);
+    }
+}

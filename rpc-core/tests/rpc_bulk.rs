@@ -1,0 +1,71 @@
+//! Sustained bulk traffic through the WRITE rings, both directions, wrapping each ring many times;
+//! every body checksummed.
+
+mod rpc_support;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use rpc_core::codegen::*;
+use rpc_core::Client;
+use rpc_support::*;
+
+const RING: u32 = 64 * 1024;
+
+#[test]
+fn bulk_traffic_wraps_the_rings_many_times_with_intact_contents() {
+    let (server, _) = spawn(server().eager_threshold(512).ring_bytes(RING));
+    let client = Client::connect_with(
+        server.local_addr(),
+        &client_config().eager_threshold(512).ring_bytes(RING).window(8),
+    )
+    .unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut inflight: VecDeque<(u64, usize, ResponseFuture<'_, EchoMsg>)> = VecDeque::new();
+    let sizes = [600usize, 5_000, 17_000, 30_000, 1_000, 9_999];
+    let total = 2_000u64;
+    let (mut next, mut done) = (0u64, 0u64);
+    while done < total {
+        while inflight.len() < 8 && next < total {
+            let req_len = sizes[(next % 6) as usize];
+            let rep_len = sizes[((next + 3) % 6) as usize];
+            inflight.push_back((
+                next,
+                rep_len,
+                client.unary_async(ECHO, &request(next, req_len, rep_len), &CallOptions::default()),
+            ));
+            next += 1;
+        }
+        let (seq, rep_len, fut) = inflight.front_mut().unwrap();
+        if let Poll::Ready(r) = Pin::new(fut).poll(&mut cx) {
+            let r = r.unwrap_or_else(|s| panic!("call {seq}: {s}"));
+            check_reply(&r, *seq, *rep_len);
+            inflight.pop_front();
+            done += 1;
+        }
+    }
+    let c = client.counters();
+    assert!(c.bytes_out > 50 * RING as u64, "requests wrapped the server's ring many times: {}", c.bytes_out);
+    assert!(c.bytes_in > 50 * RING as u64, "responses wrapped the client's ring many times: {}", c.bytes_in);
+    assert_eq!(c.with_code(Code::Ok), total);
+    drop(inflight);
+    drop(client);
+    server.shutdown();
+}
+
+#[test]
+fn blocking_bulk_calls_alternate_directions() {
+    let (server, _) = spawn(server().eager_threshold(256).ring_bytes(RING));
+    let client =
+        Client::connect_with(server.local_addr(), &client_config().eager_threshold(256).ring_bytes(RING))
+            .unwrap();
+    for seq in 0..300u64 {
+        let (a, b) = if seq % 2 == 0 { (40_000, 10) } else { (10, 40_000) };
+        let r: EchoMsg = client.unary(ECHO, &request(seq, a, b), &CallOptions::default()).unwrap();
+        check_reply(&r, seq, b);
+    }
+    drop(client);
+    server.shutdown();
+}

@@ -1,0 +1,123 @@
+//! A malformed header injected at the wire by a rogue client (built from the public verbs,
+//! buffers and wire modules): the server closes that connection with a logged reason and keeps
+//! serving every other session.
+
+mod rpc_support;
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use rpc_core::buffers::{RecvPool, RingBuf, SendPool, SendQueue};
+use rpc_core::codegen::*;
+use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
+use rpc_core::verbs::sim::Sim;
+use rpc_core::verbs::{Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair};
+use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
+use rpc_core::Client;
+use rpc_support::*;
+
+/// Connects like a client would, then SENDs `bytes` as one message and returns the TCP stream.
+fn rogue_send(addr: std::net::SocketAddr, make: impl FnOnce(u32) -> Vec<u8>) -> TcpStream {
+    let ctx = Sim::open(&DeviceSelector::First).unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let gid = ctx.gid_table(1).unwrap()[0].gid;
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, false).unwrap();
+    let recv = RecvPool::<Sim>::new(&pd, 16, 4096 + HEADER_LEN).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: Some(recv.srq()),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let ring = RingBuf::<Sim>::receive(&pd, 4096).unwrap();
+    let (ring_addr, ring_len, ring_rkey) = ring.remote();
+    let local = Endpoint { qp_num: qp.qp_num(), psn: 1, lid: port.lid, gid, mtu: port.active_mtu };
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    let hello = Handshake {
+        version: PROTOCOL_VERSION,
+        qp_num: local.qp_num,
+        psn: local.psn,
+        lid: local.lid,
+        mtu: local.mtu,
+        gid,
+        ring_addr,
+        ring_len,
+        ring_rkey,
+        credits: 4,
+        eager_threshold: 4096,
+        max_message: 1 << 20,
+        session: 0,
+        auth_token: Vec::new(),
+    };
+    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
+    let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+    let remote =
+        Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
+    rc::connect(&qp, &RcConfig::default(), &local, &remote).unwrap();
+    let mut pool = SendPool::<Sim>::new(&pd, 4, 4096).unwrap();
+    let mut sq = SendQueue::new(16);
+    let bytes = make(reply.session);
+    let b = pool.acquire().unwrap();
+    pool.buf_mut(b)[..bytes.len()].copy_from_slice(&bytes);
+    sq.send(&pool, b, bytes.len() as u32);
+    sq.flush(&qp, &mut pool, 1).unwrap();
+    // Keep the verbs objects alive until the server has reacted: the caller reads the TCP stream.
+    std::mem::forget((qp, recv, ring, pool, cq, pd, ctx));
+    tcp
+}
+
+fn expect_closed(mut tcp: TcpStream) {
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(tcp.read(&mut b).unwrap(), 0, "the server closed the rogue connection");
+}
+
+#[test]
+fn malformed_header_closes_only_that_connection() {
+    let (server, _) = spawn(server());
+    let good = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    check_reply(&good.unary(ECHO, &request(1, 16, 16), &CallOptions::default()).unwrap(), 1, 16);
+
+    // 1. Bytes that are not a header at all (unknown kind).
+    let tcp = rogue_send(server.local_addr(), |session| {
+        let mut v = vec![0u8; HEADER_LEN];
+        Header { method: ECHO, session, ..Header::new(Kind::Request) }.encode_into(&mut v).unwrap();
+        v[0] = 9;
+        v
+    });
+    expect_closed(tcp);
+    check_reply(&good.unary(ECHO, &request(2, 16, 16), &CallOptions::default()).unwrap(), 2, 16);
+
+    // 2. A well-formed header that breaks the protocol (a ring body outside the ring).
+    let tcp = rogue_send(server.local_addr(), |session| {
+        let mut v = vec![0u8; HEADER_LEN];
+        let h = Header {
+            method: ECHO,
+            session,
+            in_ring: true,
+            ring_offset: 1 << 30,
+            body_len: 1 << 20,
+            ..Header::new(Kind::Request)
+        };
+        h.encode_into(&mut v).unwrap();
+        v
+    });
+    expect_closed(tcp);
+
+    // 3. A truncated header.
+    expect_closed(rogue_send(server.local_addr(), |_| vec![1, 0, 0]));
+
+    check_reply(&good.unary(ECHO, &request(3, 5000, 5000), &CallOptions::default()).unwrap(), 3, 5000);
+    while server.counters().malformed < 3 {
+        good.progress();
+        std::thread::yield_now();
+    }
+    assert_eq!(server.counters().malformed, 3);
+    drop(good);
+    server.shutdown();
+}

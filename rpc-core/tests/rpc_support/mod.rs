@@ -1,0 +1,232 @@
+//! A test-only service written by hand against the facade (as generated code would be), and
+//! helpers shared by the `rpc_*` tests. Everything runs on `sim` with a yielding polling policy.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rpc_core::codegen::*;
+use rpc_core::{ClientConfig, PollingPolicy, Server, ServerBuilder, ServerHandle, Transport};
+
+/// Test messages.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EchoMsg {
+    /// Matches a reply to its request.
+    #[prost(uint64, tag = "1")]
+    pub seq: u64,
+    /// Bytes carried.
+    #[prost(bytes = "vec", tag = "2")]
+    pub payload: Vec<u8>,
+    /// FNV-1a 64 of `payload`.
+    #[prost(uint64, tag = "3")]
+    pub checksum: u64,
+    /// Size of the payload the server answers with (its contents derive from `seq`).
+    #[prost(uint32, tag = "4")]
+    pub reply_len: u32,
+}
+
+/// A message whose field 1 has the wrong wire type for `EchoMsg`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WrongShape {
+    #[prost(string, tag = "1")]
+    pub text: String,
+}
+
+pub const SERVICE: &str = "test.Echo";
+pub const ECHO: MethodId = method_id("/test.Echo/Echo");
+pub const PANIC: MethodId = method_id("/test.Echo/Panic");
+pub const DEFER: MethodId = method_id("/test.Echo/Defer");
+pub const STASH: MethodId = method_id("/test.Echo/Stash");
+pub const DROP_RESPONDER: MethodId = method_id("/test.Echo/DropResponder");
+pub const CONTEXT: MethodId = method_id("/test.Echo/Context");
+pub const RAW: MethodId = method_id("/test.Echo/Raw");
+pub const UNKNOWN: MethodId = method_id("/test.Echo/NoSuchMethod");
+
+/// FNV-1a 64 of `bytes`; 0 for no bytes (so an empty `EchoMsg` encodes to 0 bytes).
+pub fn fnv64(bytes: &[u8]) -> u64 {
+    if bytes.is_empty() {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Deterministic payload of `len` bytes for `seq`.
+pub fn payload(seq: u64, len: usize) -> Vec<u8> {
+    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn request(seq: u64, len: usize, reply_len: usize) -> EchoMsg {
+    let p = payload(seq, len);
+    EchoMsg { seq, checksum: fnv64(&p), payload: p, reply_len: reply_len as u32 }
+}
+
+/// Checks a reply to `request(seq, _, reply_len)`.
+pub fn check_reply(r: &EchoMsg, seq: u64, reply_len: usize) {
+    assert_eq!(r.seq, seq, "reply matched to its request");
+    assert_eq!(r.payload.len(), reply_len);
+    assert_eq!(r.checksum, fnv64(&r.payload), "reply contents intact");
+    assert_eq!(r.payload, payload(seq ^ 0xffff, reply_len));
+}
+
+/// The service. `Stash` defers and keeps the responders here (never answered unless a test does).
+#[derive(Default)]
+pub struct TestService {
+    pub stash: Arc<Mutex<Vec<Responder<EchoMsg>>>>,
+}
+
+impl TestService {
+    fn echo(&self, req: EchoMsg) -> Reply<EchoMsg> {
+        if fnv64(&req.payload) != req.checksum {
+            return Status::data_loss(format!("request {} payload checksum mismatch", req.seq)).into();
+        }
+        let p = payload(req.seq ^ 0xffff, req.reply_len as usize);
+        EchoMsg { seq: req.seq, checksum: fnv64(&p), payload: p, reply_len: 0 }.into()
+    }
+}
+
+impl Service for TestService {
+    const NAME: &'static str = SERVICE;
+    const METHODS: &'static [MethodDesc] = &[
+        MethodDesc { id: ECHO, name: "/test.Echo/Echo" },
+        MethodDesc { id: PANIC, name: "/test.Echo/Panic" },
+        MethodDesc { id: DEFER, name: "/test.Echo/Defer" },
+        MethodDesc { id: STASH, name: "/test.Echo/Stash" },
+        MethodDesc { id: DROP_RESPONDER, name: "/test.Echo/DropResponder" },
+        MethodDesc { id: CONTEXT, name: "/test.Echo/Context" },
+        MethodDesc { id: RAW, name: "/test.Echo/Raw" },
+    ];
+
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+        if method == RAW {
+            // Any bytes: answers with their length and checksum (the payload back only when short).
+            let payload = if body.len() <= 16 { body.to_vec() } else { Vec::new() };
+            let m = EchoMsg { seq: body.len() as u64, checksum: fnv64(body), payload, reply_len: 0 };
+            return out.reply(Reply::from(m));
+        }
+        let req = match decode::<EchoMsg>(body) {
+            Ok(r) => r,
+            Err(s) => return out.error(s),
+        };
+        match method {
+            ECHO => out.reply(self.echo(req)),
+            PANIC => panic!("test handler panics on purpose (seq {})", req.seq),
+            DEFER => {
+                // Answer from another thread after `reply_len` ms.
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                let wait = Duration::from_millis(u64::from(req.reply_len));
+                std::thread::spawn(move || {
+                    std::thread::sleep(wait);
+                    responder.send(Ok(EchoMsg { seq: req.seq, ..Default::default() }));
+                });
+                out.reply(reply);
+            }
+            STASH => {
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                self.stash.lock().unwrap().push(responder);
+                out.reply(reply);
+            }
+            DROP_RESPONDER => {
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                drop(responder);
+                out.reply(reply);
+            }
+            CONTEXT => {
+                let text = format!("{}|{}|{}", ctx.method(), ctx.peer().ip(), ctx.deadline().is_some());
+                out.reply(Reply::from(EchoMsg {
+                    seq: req.seq,
+                    payload: text.into_bytes(),
+                    ..Default::default()
+                }));
+            }
+            _ => out.error(Status::unimplemented(format!("{SERVICE}: unknown method id {method:#x}"))),
+        }
+    }
+}
+
+/// What the tests use: spin a little, then yield (tests share two cores).
+pub const POLLING: PollingPolicy = PollingPolicy::SpinThenYield { spins: 200 };
+
+/// The transport under test: `sim`, or the RDMA NIC when `RPC_TEST_TRANSPORT=rdma` (device from
+/// `RPC_TEST_DEVICE`, GID index from `RPC_TEST_GID_INDEX`, default automatic), as the Soft-RoCE
+/// tier runs the starred tests inside its guest.
+pub fn transport() -> Transport {
+    match std::env::var("RPC_TEST_TRANSPORT").as_deref() {
+        Ok("rdma") => Transport::Rdma {
+            device: std::env::var("RPC_TEST_DEVICE").unwrap_or_default(),
+            port: 1,
+            gid_index: std::env::var("RPC_TEST_GID_INDEX").ok().and_then(|v| v.parse().ok()).unwrap_or(-1),
+        },
+        _ => Transport::Sim,
+    }
+}
+
+/// A server builder with the test polling policy, the transport under test and one worker.
+pub fn server() -> ServerBuilder {
+    Server::builder().transport(transport()).polling(POLLING).drain_timeout(Duration::from_secs(2))
+}
+
+/// Starts `builder` with a fresh `TestService` on an ephemeral port.
+pub fn spawn(builder: ServerBuilder) -> (ServerHandle, Arc<Mutex<Vec<Responder<EchoMsg>>>>) {
+    let svc = TestService::default();
+    let stash = svc.stash.clone();
+    let h = builder.add_service(svc).spawn("127.0.0.1:0").expect("server starts");
+    (h, stash)
+}
+
+/// A client config with the test polling policy.
+pub fn client_config() -> ClientConfig {
+    ClientConfig::default().polling(POLLING).transport(transport())
+}
+
+/// Drives a future to completion by polling it in a loop (no executor: polling progresses the
+/// session).
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+/// A request body of arbitrary bytes (not protobuf): what generated code never sends, used to
+/// put exactly N bytes on the wire.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawBytes(pub Vec<u8>);
+
+impl prost::Message for RawBytes {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // Send-only: fields are skipped when decoding.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}

@@ -1,0 +1,127 @@
+//! Unary calls on `sim`: sizes around every boundary (0 and 1 byte, eager threshold −1/0/+1,
+//! 64 KiB, ring size −1, exactly the ring size, ring size +1 refused), in both directions.
+
+mod rpc_support;
+
+use prost::Message;
+use rpc_core::codegen::*;
+use rpc_core::Client;
+use rpc_support::*;
+
+const EAGER: u32 = 1024;
+const RING: u32 = 256 * 1024;
+
+/// Protobuf overhead of an `EchoMsg` around a payload of `len` bytes (seq, checksum, tag, length).
+fn overhead(seq: u64, len: usize, reply_len: usize) -> usize {
+    request(seq, len, reply_len).encoded_len() - len
+}
+
+/// Payload size whose encoded request is exactly `body` bytes.
+fn payload_for(seq: u64, body: usize, reply_len: usize) -> usize {
+    let mut p = body.saturating_sub(overhead(seq, 0, reply_len));
+    while request(seq, p, reply_len).encoded_len() > body && p > 0 {
+        p -= 1;
+    }
+    while request(seq, p + 1, reply_len).encoded_len() <= body {
+        p += 1;
+    }
+    p
+}
+
+fn setup() -> (rpc_core::ServerHandle, Client) {
+    let (server, _) = spawn(server().eager_threshold(EAGER).ring_bytes(RING));
+    let client =
+        Client::connect_with(server.local_addr(), &client_config().eager_threshold(EAGER).ring_bytes(RING))
+            .unwrap();
+    (server, client)
+}
+
+#[test]
+fn unary_echo_round_trip() {
+    let (server, client) = setup();
+    let r: EchoMsg = client.unary(ECHO, &request(7, 32, 32), &CallOptions::default()).unwrap();
+    check_reply(&r, 7, 32);
+    let ctx: EchoMsg = client
+        .unary(CONTEXT, &request(8, 0, 0), &CallOptions::deadline(std::time::Duration::from_secs(30)))
+        .unwrap();
+    assert_eq!(String::from_utf8(ctx.payload).unwrap(), "/test.Echo/Context|127.0.0.1|true");
+    drop(client);
+    let c = server.counters();
+    assert_eq!(c.sessions_opened, 1);
+    server.shutdown();
+}
+
+#[test]
+fn bodies_at_every_size_boundary_both_directions() {
+    let (server, client) = setup();
+    let e = EAGER as usize;
+    let r = RING as usize;
+    let mut seq = 0u64;
+    // Empty and 1-byte bodies (an empty EchoMsg encodes to 0 bytes).
+    let empty: EchoMsg = client.unary(ECHO, &EchoMsg::default(), &CallOptions::default()).unwrap();
+    assert_eq!(empty, EchoMsg::default());
+    assert_eq!(client.counters().bytes_in, 0, "an empty request got an empty response");
+    // Protobuf has no valid 1-byte message: put exactly 1 raw byte on the wire instead.
+    let one: EchoMsg = client.unary(RAW, &RawBytes(vec![0xa5]), &CallOptions::default()).unwrap();
+    assert_eq!((one.seq, one.payload), (1, vec![0xa5]));
+    for body in [2usize, e - 1, e, e + 1, 64 * 1024, r - 1, r] {
+        seq += 1;
+        // A request body of exactly `body` bytes.
+        let raw = payload(seq, body);
+        let rep: EchoMsg = client.unary(RAW, &RawBytes(raw.clone()), &CallOptions::default()).unwrap();
+        assert_eq!((rep.seq, rep.checksum), (body as u64, fnv64(&raw)), "request of {body} bytes intact");
+        // A protobuf request around `body` bytes with a small reply.
+        if body >= 32 {
+            let p = payload_for(seq, body, 8);
+            let req = request(seq, p, 8);
+            assert!(req.encoded_len() <= body && req.encoded_len() + 3 >= body, "request sized {body}");
+            check_reply(&client.unary(ECHO, &req, &CallOptions::default()).unwrap(), seq, 8);
+        }
+        // A reply around `body` bytes (its encoding stays within the client's ring).
+        seq += 1;
+        let reply_len = body.saturating_sub(24);
+        let rep: EchoMsg = client.unary(ECHO, &request(seq, 8, reply_len), &CallOptions::default()).unwrap();
+        check_reply(&rep, seq, reply_len);
+    }
+    let c = client.counters();
+    assert!(c.bytes_out > 2 * RING as u64, "ring-sized requests went out: {c:?}");
+    drop(client);
+    server.shutdown();
+}
+
+#[test]
+fn one_byte_over_the_ring_is_refused_before_sending() {
+    let (server, client) = setup();
+    let req = RawBytes(vec![7; RING as usize + 1]);
+    let before = client.counters().bytes_out;
+    let err = client.unary::<_, EchoMsg>(RAW, &req, &CallOptions::default()).unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains(&format!("ring of {RING} bytes")), "{}", err.message());
+    assert_eq!(client.counters().bytes_out, before, "nothing was sent");
+    // A response over the client's ring is refused by the server the same way.
+    let err = client
+        .unary::<_, EchoMsg>(ECHO, &request(2, 4, RING as usize + 1), &CallOptions::default())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains(&format!("ring of {RING} bytes")), "{}", err.message());
+    // The session still works.
+    let r: EchoMsg = client.unary(ECHO, &request(3, 100, 100), &CallOptions::default()).unwrap();
+    check_reply(&r, 3, 100);
+    drop(client);
+    server.shutdown();
+}
+
+#[test]
+fn eager_threshold_zero_sends_every_nonempty_body_through_the_ring() {
+    let (server, _) = spawn(server().eager_threshold(0).ring_bytes(4096));
+    let client =
+        Client::connect_with(server.local_addr(), &client_config().eager_threshold(0).ring_bytes(4096))
+            .unwrap();
+    for seq in 0..200u64 {
+        let len = (seq as usize * 37) % 1500;
+        let r: EchoMsg = client.unary(ECHO, &request(seq, len, len / 2), &CallOptions::default()).unwrap();
+        check_reply(&r, seq, len / 2);
+    }
+    drop(client);
+    server.shutdown();
+}

@@ -1,0 +1,52 @@
+//! Two workers and 64 sessions driven from one thread: connections spread over the workers and
+//! every reply reaches its own session.
+
+mod rpc_support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use rpc_core::codegen::*;
+use rpc_core::Client;
+use rpc_support::*;
+
+#[test]
+fn two_workers_and_64_sessions() {
+    let (server, _) = spawn(server().worker_cores(vec![0, 1]).credits_per_session(4).ring_bytes(16 * 1024));
+    let cfg = client_config().window(4).ring_bytes(16 * 1024).eager_threshold(1024);
+    let clients: Vec<Client> =
+        (0..64).map(|_| Client::connect_with(server.local_addr(), &cfg).unwrap()).collect();
+    let mut cx = Context::from_waker(Waker::noop());
+    for round in 0..20u64 {
+        let mut futs: Vec<(u64, usize, ResponseFuture<'_, EchoMsg>)> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let seq = round * 1000 + i as u64;
+                let len = if i % 8 == 0 { 3000 } else { 16 };
+                (seq, len, c.unary_async(ECHO, &request(seq, len, len), &CallOptions::default()))
+            })
+            .collect();
+        while !futs.is_empty() {
+            futs.retain_mut(|(seq, len, f)| match Pin::new(f).poll(&mut cx) {
+                Poll::Ready(r) => {
+                    check_reply(&r.unwrap(), *seq, *len);
+                    false
+                }
+                Poll::Pending => true,
+            });
+        }
+    }
+    for c in &clients {
+        assert_eq!(c.counters().rpcs, 20);
+    }
+    drop(clients);
+    while server.counters().sessions_closed < 64 {
+        std::thread::yield_now();
+    }
+    let c = server.counters();
+    assert_eq!(c.sessions_opened, 64);
+    assert_eq!(c.rpcs, 64 * 20);
+    server.shutdown();
+}
