@@ -1,0 +1,71 @@
+//! The code `rpc-codegen` generates for every test proto under `proto/`, in modules that mirror
+//! the proto packages (cross-package references are relative paths, so the nesting matters).
+//!
+//! The tests in `tests/` use it: the helloworld snapshot, the method ids against the runtime's
+//! `method_id()`, the names each tricky proto produces, and RPCs end to end on `sim`.
+
+// prost's messages carry docs only where the proto has comments.
+#![allow(missing_docs)]
+
+pub mod services;
+
+/// `package helloworld`.
+pub mod helloworld {
+    rpc_core::include_proto!("helloworld");
+}
+
+/// `package codegen.*`.
+pub mod codegen {
+    /// Rust keywords as names everywhere.
+    pub mod keywords {
+        rpc_core::include_proto!("codegen.keywords");
+    }
+    /// RPC names equal to the stub's methods; a service named like its RPC.
+    pub mod stub_names {
+        rpc_core::include_proto!("codegen.stub_names");
+    }
+    /// User types named like std and facade items.
+    pub mod shadowing {
+        rpc_core::include_proto!("codegen.shadowing");
+    }
+    /// Types imported by other files and packages.
+    pub mod common {
+        rpc_core::include_proto!("codegen.common");
+    }
+    /// A dotted package with a nested package below it.
+    pub mod deep {
+        rpc_core::include_proto!("codegen.deep");
+        /// `codegen.deep.inner`.
+        pub mod inner {
+            /// `codegen.deep.inner.v1`: imports from `codegen.common` and `codegen.deep`.
+            pub mod v1 {
+                rpc_core::include_proto!("codegen.deep.inner.v1");
+            }
+        }
+    }
+    /// A file holding only a service.
+    pub mod only_service {
+        rpc_core::include_proto!("codegen.only_service");
+    }
+    /// Well-known types in signatures.
+    pub mod well_known {
+        rpc_core::include_proto!("codegen.well_known");
+    }
+    /// proto3 optional, empty messages, enums, oneofs, maps, several services in one file.
+    pub mod shapes {
+        rpc_core::include_proto!("codegen.shapes");
+    }
+    /// Streaming RPCs (left out) next to unary ones.
+    pub mod streaming {
+        rpc_core::include_proto!("codegen.streaming");
+    }
+    /// Comments that must not become doctests or break rustdoc.
+    pub mod comments {
+        rpc_core::include_proto!("codegen.comments");
+    }
+}
+
+/// A file without `package` (prost-build names its output `_.rs`).
+pub mod no_package {
+    rpc_core::include_proto!("_");
+}

@@ -1,0 +1,123 @@
+//! `<service>_client`: the stub over the runtime's `Client`, with per RPC a blocking call, a
+//! `_with` variant taking `CallOptions`, and an `_async` call.
+
+use std::fmt::Write as _;
+
+use crate::generator::{variant_name, write_comments, ServiceModel};
+use crate::names::Scope;
+
+/// Appends the `<service>_client` module of `model` to `buf`.
+pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
+    let stub = format!("{}Client", model.type_stem);
+
+    // Method names: the RPCs' own names win, then their variants, then the stub's own methods; a
+    // taken name gets `_` appended (an RPC `Connect` leaves the constructor `connect_`).
+    let mut scope = Scope::default();
+    let blocking: Vec<String> = model.rpcs.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+    let with: Vec<String> =
+        model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with"))).collect();
+    let asynchronous: Vec<String> =
+        model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_async"))).collect();
+    let connect = scope.claim("connect");
+    let connect_with = scope.claim("connect_with");
+    let new = scope.claim("new");
+    let client_ref = scope.claim("client");
+    let into_client = scope.claim("into_client");
+
+    let _ = writeln!(
+        buf,
+        "/// Client side of `{}`: the stub [`{stub}`]({}_client::{stub}).",
+        model.full_name, model.module_stem
+    );
+    let _ = writeln!(buf, "pub mod {}_client {{", model.module_stem);
+    buf.push_str(crate::generator::ALLOW_USER_NAMES);
+    buf.push_str("use rpc_core::codegen::*;\n");
+    model.write_consts(buf);
+
+    write_comments(&model.service.comments, buf);
+    if model.service.comments.leading.is_empty() && model.service.comments.trailing.is_empty() {
+        let _ = writeln!(buf, "/// Calls the RPCs of `{}`.", model.full_name);
+    }
+    buf.push_str(
+        "///\n/// One session to one server. `Send` but not `Sync`: open one per thread. Blocking calls \
+         busy-poll\n/// in the calling thread; `_async` calls return a future that progresses when polled \
+         (no executor\n/// needed).\n",
+    );
+    let _ = writeln!(buf, "pub struct {stub} {{");
+    buf.push_str("inner: Client,\n}\n");
+
+    let _ = writeln!(buf, "impl {stub} {{");
+    let _ = writeln!(
+        buf,
+        "/// Connects to the server at `addr` with the default client configuration.
+        ///
+        /// # Errors
+        /// `UNAVAILABLE` when no server answers there; the connection's other failures as
+        /// `Client::connect` reports them.
+        pub fn {connect}(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status> {{
+            ::core::result::Result::Ok(Self {{ inner: Client::connect(addr)? }})
+        }}
+        /// Connects to the server at `addr` with `config`.
+        ///
+        /// # Errors
+        /// As `{connect}`, plus an invalid configuration.
+        pub fn {connect_with}(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig) -> ::core::result::Result<Self, Status> {{
+            ::core::result::Result::Ok(Self {{ inner: Client::connect_with(addr, config)? }})
+        }}
+        /// Uses an open session (which other stubs may have used before).
+        pub fn {new}(client: Client) -> Self {{
+            Self {{ inner: client }}
+        }}
+        /// The session under this stub.
+        pub fn {client_ref}(&self) -> &Client {{
+            &self.inner
+        }}
+        /// Gives the session back, for use with another stub.
+        pub fn {into_client}(self) -> Client {{
+            self.inner
+        }}"
+    );
+    for (i, rpc) in model.rpcs.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        write_comments(&rpc.method.comments, buf);
+        if rpc.method.comments.leading.is_empty() && rpc.method.comments.trailing.is_empty() {
+            let _ = writeln!(buf, "/// Calls `{}` and waits for the reply.", rpc.full_name);
+        } else {
+            let _ = writeln!(buf, "///\n/// Calls `{}` and waits for the reply.", rpc.full_name);
+        }
+        let _ = writeln!(
+            buf,
+            "///
+            /// # Errors
+            /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
+            pub fn {name}(&self, request: &{input}) -> ::core::result::Result<{output}, Status> {{
+                self.inner.unary({id}, request, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Calls `{full}` with `options` (a deadline, ...) and waits for the reply.
+            ///
+            /// # Errors
+            /// As `{name}`, plus `DEADLINE_EXCEEDED`.
+            pub fn {with_name}(&self, request: &{input}, options: &CallOptions) -> ::core::result::Result<{output}, Status> {{
+                self.inner.unary({id}, request, options)
+            }}
+            /// Calls `{full}` without waiting: the future resolves to the reply when polled.
+            pub fn {async_name}(&self, request: &{input}) -> ResponseFuture<'_, {output}> {{
+                self.inner.unary_async({id}, request, &<CallOptions as ::core::default::Default>::default())
+            }}",
+            name = blocking[i],
+            with_name = with[i],
+            async_name = asynchronous[i],
+            full = rpc.full_name,
+        );
+    }
+    buf.push_str("}\n");
+    let _ = writeln!(
+        buf,
+        "impl ::core::convert::From<Client> for {stub} {{
+            fn from(client: Client) -> Self {{
+                Self {{ inner: client }}
+            }}
+        }}"
+    );
+    buf.push_str("}\n");
+}

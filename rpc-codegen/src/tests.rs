@@ -1,0 +1,560 @@
+//! String-level tests: the generated code of each proto under `proto/`, and the errors.
+
+use std::path::PathBuf;
+
+use crate::{configure, method_id, Builder, Error};
+
+/// The repository's `proto/` directory.
+fn proto_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto")
+}
+
+/// A fresh output directory for one test.
+fn out_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rpc-codegen-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create test output dir");
+    dir
+}
+
+/// What one generation gave: the warnings, and the generated files as (name, contents).
+type Generated = (Vec<String>, Vec<(String, String)>);
+
+/// Generates `protos` (relative to `proto/`) and returns (warnings, generated files by name).
+fn generate(test: &str, protos: &[&str]) -> Result<Generated, Error> {
+    generate_with(configure(), test, protos)
+}
+
+/// [`generate`] with a configured builder.
+fn generate_with(builder: Builder, test: &str, protos: &[&str]) -> Result<Generated, Error> {
+    let dir = out_dir(test);
+    let paths: Vec<PathBuf> = protos.iter().map(|p| proto_dir().join(p)).collect();
+    let warnings =
+        builder.out_dir(&dir).emit_rerun_if_changed(false).compile_protos_report(&paths, &[proto_dir()])?;
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .expect("read output dir")
+        .map(|e| {
+            let e = e.expect("dir entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(e.path()).expect("read generated file"))
+        })
+        .collect();
+    files.sort();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((warnings, files))
+}
+
+/// The one generated file called `name`.
+fn file<'a>(files: &'a [(String, String)], name: &str) -> &'a str {
+    files
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, code)| code.as_str())
+        .unwrap_or_else(|| panic!("no {name} among {:?}", files.iter().map(|f| &f.0).collect::<Vec<_>>()))
+}
+
+/// The generated code of one proto file that has a package (the file named after the package).
+fn code_of(test: &str, proto: &str, package_file: &str) -> String {
+    let (_, files) = generate(test, &[proto]).expect("generation succeeds");
+    file(&files, package_file).to_owned()
+}
+
+/// `code` with all whitespace and trailing commas removed, for matching generated code regardless
+/// of how it was formatted.
+fn squash(code: &str) -> String {
+    let squashed: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    squashed.replace(",)", ")").replace(",}", "}").replace(",]", "]")
+}
+
+/// Asserts that `code` contains `needle`, ignoring whitespace.
+#[track_caller]
+fn assert_has(code: &str, needle: &str) {
+    assert!(squash(code).contains(&squash(needle)), "generated code lacks `{needle}`:\n{code}");
+}
+
+/// Asserts that `code` does not contain `needle`, ignoring whitespace.
+#[track_caller]
+fn assert_lacks(code: &str, needle: &str) {
+    assert!(!squash(code).contains(&squash(needle)), "generated code has `{needle}`:\n{code}");
+}
+
+/// Every `pub const X: MethodId = 0x..;` after a `/// Method id of `/full/name`` line, as (name, id).
+fn method_id_literals(code: &str) -> Vec<(String, u32)> {
+    let lines: Vec<&str> = code.lines().map(str::trim).collect();
+    let mut found = Vec::new();
+    for pair in lines.windows(2) {
+        let Some(rest) = pair[0].strip_prefix("/// Method id of `") else { continue };
+        let full = rest.split('`').next().expect("closing backtick").to_owned();
+        let literal =
+            pair[1].split("= 0x").nth(1).expect("hex literal").trim_end_matches(';').replace('_', "");
+        found.push((full, u32::from_str_radix(&literal, 16).expect("hex")));
+    }
+    found
+}
+
+#[test]
+fn helloworld_has_the_facade_shape() {
+    let code = code_of("hello", "helloworld.proto", "helloworld.rs");
+    // Messages from prost-build, services from us, in the package's file.
+    assert_has(&code, "pub struct HelloRequest");
+    assert_has(&code, "pub mod greeter_server { #![allow(clippy::new_ret_no_self, clippy::wrong_self_convention, clippy::should_implement_trait)] use rpc_core::codegen::*;");
+    assert_has(&code, r#"pub const SERVICE_NAME: &str = "helloworld.Greeter";"#);
+    let id = method_id("/helloworld.Greeter/SayHello");
+    assert_has(&code, &format!("pub const SAY_HELLO: MethodId = 0x{:04x}_{:04x};", id >> 16, id & 0xffff));
+    assert_has(&code, r#"pub const SAY_HELLO: &str = "/helloworld.Greeter/SayHello";"#);
+    assert_has(&code, "pub trait Greeter: ::core::marker::Send + ::core::marker::Sync + 'static {");
+    assert_has(&code, "fn say_hello(&self, ctx: &RequestContext, request: super::HelloRequest) -> Reply<super::HelloReply>;");
+    assert_has(&code, "pub struct GreeterServer<T: Greeter> { inner: ::std::sync::Arc<T>, }");
+    assert_has(&code, "impl<T: Greeter> Service for GreeterServer<T> {");
+    assert_has(&code, "const NAME: &'static str = SERVICE_NAME;");
+    assert_has(&code, "const METHODS: &'static [MethodDesc] = &[MethodDesc { id: SAY_HELLO, name: method_names::SAY_HELLO }];");
+    assert_has(&code, "match method { SAY_HELLO => {");
+    assert_has(&code, "match decode::<super::HelloRequest>(body) {");
+    assert_has(&code, "::core::result::Result::Ok(request) => {");
+    assert_has(&code, "out.reply(<T as Greeter>::say_hello(&self.inner, ctx, request))");
+    assert_has(&code, "::core::result::Result::Err(status) => out.error(status)");
+    assert_has(&code, "_ => {");
+    assert_has(
+        &code,
+        r#"out.error(Status::unimplemented(::std::format!("{}: unknown method id {method:#x}", SERVICE_NAME)))"#,
+    );
+    // The client module.
+    assert_has(&code, "pub mod greeter_client {");
+    assert_has(&code, "pub struct GreeterClient { inner: Client, }");
+    assert_has(
+        &code,
+        "pub fn connect(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status>",
+    );
+    assert_has(&code, "pub fn connect_with(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig)");
+    assert_has(&code, "pub fn say_hello(&self, request: &super::HelloRequest) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello_with(&self, request: &super::HelloRequest, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, options) }");
+    assert_has(&code, "pub fn say_hello_async(&self, request: &super::HelloRequest) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient");
+    // Proto comments became docs of the trait, its method and the stub.
+    assert_has(&code, "/// Says hello.");
+    assert_has(&code, "/// Answers a greeting with a greeting that names the sender.");
+    // Nothing but the facade and `super::` is imported.
+    let imports: Vec<&str> = code.lines().map(str::trim).filter(|l| l.starts_with("use ")).collect();
+    assert_eq!(imports, ["use rpc_core::codegen::*;", "use rpc_core::codegen::*;"]);
+}
+
+#[test]
+fn method_id_literals_equal_the_hash_of_their_names() {
+    let (_, files) = generate(
+        "ids",
+        &[
+            "helloworld.proto",
+            "codegen/keywords.proto",
+            "codegen/stub_names.proto",
+            "codegen/no_package.proto",
+        ],
+    )
+    .expect("generation succeeds");
+    let mut checked = 0;
+    for (_, code) in &files {
+        for (full, id) in method_id_literals(code) {
+            assert_eq!(id, method_id(&full), "{full}");
+            assert_ne!(id, 0, "{full}");
+            checked += 1;
+        }
+    }
+    // helloworld 1 + keywords 9 + stub_names 12, each in the server and the client module, +
+    // no_package 1 twice.
+    assert_eq!(checked, 2 * (1 + 9 + 12 + 1));
+}
+
+#[test]
+fn keywords_are_escaped_everywhere() {
+    let code = code_of("keywords", "codegen/keywords.proto", "codegen.keywords.rs");
+    // Service `match`: module, trait and adapter.
+    assert_has(&code, "pub mod match_server {");
+    assert_has(&code, "pub trait Match:");
+    assert_has(&code, "pub struct MatchServer<T: Match>");
+    for (method, input) in [
+        ("self_", "super::Self_"),
+        ("super_", "super::Self_"),
+        ("crate_", "super::Crate"),
+        ("r#type", "super::Type"),
+        ("r#gen", "super::Gen"),
+        ("r#async", "super::Gen"),
+        ("r#match", "super::Type"),
+    ] {
+        assert_has(
+            &code,
+            &format!("fn {method}(&self, ctx: &RequestContext, request: {input}) -> Reply<{input}>;"),
+        );
+        assert_has(&code, &format!("out.reply(<T as Match>::{method}(&self.inner, ctx, request))"));
+        assert_has(&code, &format!("pub fn {method}(&self, request: &{input})"));
+    }
+    for konst in ["SELF", "SUPER", "CRATE", "TYPE", "GEN", "ASYNC", "MATCH"] {
+        assert_has(&code, &format!("pub const {konst}: MethodId = 0x"));
+    }
+    // Variants are built from the plain name, then escaped.
+    assert_has(&code, "pub fn type_with(&self, request: &super::Type, options: &CallOptions)");
+    assert_has(&code, "pub fn self_async(&self, request: &super::Self_)");
+    assert_has(&code, "pub fn gen_with(");
+    // Service `Self`: the trait is `Self_` (not a raw identifier), the adapter `SelfServer`.
+    assert_has(&code, "pub mod self_server {");
+    assert_has(&code, "pub trait Self_:");
+    assert_has(&code, "impl<T: Self_> Service for SelfServer<T>");
+    assert_has(&code, "pub struct SelfClient");
+    // Service `async` with rpc `await`.
+    assert_has(&code, "pub mod async_server {");
+    assert_has(&code, "fn r#await(&self, ctx: &RequestContext, request: super::Gen) -> Reply<super::Gen>;");
+    assert_has(&code, "pub const AWAIT: MethodId");
+}
+
+#[test]
+fn rpcs_named_like_stub_methods_win_their_names() {
+    let code = code_of("stub_names", "codegen/stub_names.proto", "codegen.stub_names.rs");
+    // The RPCs keep their own names...
+    for rpc in
+        ["connect", "connect_with", "new", "close", "clone", "client", "into_client", "ping", "ping_with"]
+    {
+        assert_has(
+            &code,
+            &format!(
+                "pub fn {rpc}(&self, request: &super::Req) -> ::core::result::Result<super::Resp, Status>"
+            ),
+        );
+    }
+    // ...the variants that collide move aside...
+    assert_has(&code, "pub fn connect_with_(&self, request: &super::Req, options: &CallOptions)");
+    assert_has(&code, "pub fn ping_with_(&self, request: &super::Req, options: &CallOptions)");
+    assert_has(&code, "pub fn ping_async_(&self, request: &super::Req) -> ResponseFuture<'_, super::Resp>");
+    assert_has(&code, "pub fn ping_with_with(&self, request: &super::Req, options: &CallOptions)");
+    // ...and so do the stub's own methods.
+    assert_has(&code, "pub fn connect_(addr: impl ::std::net::ToSocketAddrs)");
+    assert_has(&code, "pub fn connect_with__(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig)");
+    assert_has(&code, "pub fn new_(client: Client) -> Self");
+    assert_has(&code, "pub fn client_(&self) -> &Client");
+    assert_has(&code, "pub fn into_client_(self) -> Client");
+    // `ServiceName` takes the constant `SERVICE_NAME`; the service's name moves to `SERVICE_NAME_`.
+    assert_has(&code, "pub const SERVICE_NAME: MethodId = 0x");
+    assert_has(&code, r#"pub const SERVICE_NAME_: &str = "codegen.stub_names.Session";"#);
+    assert_has(&code, "const NAME: &'static str = SERVICE_NAME_;");
+    // A service named like its RPC.
+    assert_has(&code, "pub trait Echo:");
+    assert_has(&code, "fn echo(&self, ctx: &RequestContext, request: super::Req) -> Reply<super::Resp>;");
+    assert_has(&code, "pub const ECHO: MethodId");
+    assert_has(&code, "pub fn echo(&self, request: &super::Req)");
+}
+
+#[test]
+fn user_types_named_like_std_and_facade_items() {
+    let code = code_of("shadowing", "codegen/shadowing.proto", "codegen.shadowing.rs");
+    // Messages are always reached through `super::`; std items through full paths.
+    assert_has(&code, "fn get(&self, ctx: &RequestContext, request: super::Result) -> rpc_core::codegen::Reply<super::Option>;");
+    // The trait `Reply` shadows the facade's `Reply` in its module: the facade's is spelled out.
+    assert_has(&code, "pub trait Reply: ::core::marker::Send");
+    // The trait `Service` likewise.
+    assert_has(&code, "impl<T: Service> rpc_core::codegen::Service for ServiceServer<T>");
+    assert_has(
+        &code,
+        "fn call(&self, ctx: &RequestContext, request: super::Status) -> Reply<super::Stream>;",
+    );
+    assert_has(&code, "fn pass(&self, ctx: &RequestContext, request: super::Send) -> Reply<super::Sync>;");
+    assert_has(&code, "-> ::core::result::Result<super::String, Status>");
+    assert_has(&code, "fn unbox(&self, ctx: &RequestContext, request: super::Box) -> Reply<super::Box>;");
+    // A service named `T`: the adapter's type parameter steps aside.
+    assert_has(&code, "pub struct TServer<S: T>");
+    assert_has(&code, "out.reply(<S as T>::get(&self.inner, ctx, request))");
+    // Every `Result` the service code names is core's.
+    let services = &code[code.find("pub mod reply_server").expect("service modules")..];
+    for (at, _) in services.match_indices("Result<") {
+        assert!(services[..at].ends_with("::core::result::"), "a bare Result at {at}:\n{services}");
+    }
+}
+
+#[test]
+fn nested_packages_and_imports_resolve_relative_paths() {
+    let (_, files) = generate("deep", &["codegen/deep/inner/v1.proto"]).expect("generation succeeds");
+    let v1 = file(&files, "codegen.deep.inner.v1.rs");
+    // From codegen.deep.inner.v1.pricing_server up to codegen, then down to common / deep.
+    assert_has(v1, "fn quote(&self, ctx: &RequestContext, request: super::super::super::super::common::Money) -> Reply<super::Quote>;");
+    assert_has(
+        v1,
+        "fn total(&self, ctx: &RequestContext, request: super::Quote) -> Reply<super::super::super::Outer>;",
+    );
+    assert_has(v1, r#"pub const SERVICE_NAME: &str = "codegen.deep.inner.v1.Pricing";"#);
+    // The imported files are generated too (each into its package's file).
+    let deep = file(&files, "codegen.deep.rs");
+    assert_has(
+        deep,
+        "fn sum(&self, ctx: &RequestContext, request: super::super::common::Page) -> Reply<super::Outer>;",
+    );
+    assert_has(file(&files, "codegen.common.rs"), "pub struct Money");
+}
+
+#[test]
+fn a_file_without_package() {
+    let (_, files) = generate("no_package", &["codegen/no_package.proto"]).expect("generation succeeds");
+    let code = file(&files, "_.rs");
+    assert_has(code, r#"pub const SERVICE_NAME: &str = "Pinger";"#);
+    assert_has(code, r#"pub const PING: &str = "/Pinger/Ping";"#);
+    let id = method_id("/Pinger/Ping");
+    assert_has(code, &format!("pub const PING: MethodId = 0x{:04x}_{:04x};", id >> 16, id & 0xffff));
+    assert_has(code, "fn ping(&self, ctx: &RequestContext, request: super::Ping) -> Reply<super::Ping>;");
+}
+
+#[test]
+fn a_file_holding_only_a_service() {
+    let (_, files) = generate("only_service", &["codegen/only_service.proto"]).expect("generation succeeds");
+    let code = file(&files, "codegen.only_service.rs");
+    assert_lacks(code, "::prost::Message");
+    assert_has(code, "pub trait Exchange");
+    assert_has(code, "fn convert(&self, ctx: &RequestContext, request: super::super::common::Money) -> Reply<super::super::common::Money>;");
+}
+
+#[test]
+fn well_known_types_in_signatures() {
+    let code = code_of("well_known", "codegen/well_known.proto", "codegen.well_known.rs");
+    assert_has(&code, "fn now(&self, ctx: &RequestContext, request: ()) -> Reply<::prost_types::Timestamp>;");
+    assert_has(
+        &code,
+        "fn reset(&self, ctx: &RequestContext, request: ::prost_types::Timestamp) -> Reply<()>;",
+    );
+    assert_has(
+        &code,
+        "fn renew(&self, ctx: &RequestContext, request: ::prost_types::Duration) -> Reply<super::Lease>;",
+    );
+    assert_has(&code, "match decode::<()>(body)");
+    assert_has(
+        &code,
+        "pub fn now(&self, request: &()) -> ::core::result::Result<::prost_types::Timestamp, Status>",
+    );
+    // google.protobuf itself is not generated (prost_types has it).
+    let (_, files) =
+        generate("well_known_files", &["codegen/well_known.proto"]).expect("generation succeeds");
+    assert_eq!(files.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), ["codegen.well_known.rs"]);
+}
+
+#[test]
+fn shapes_optional_empty_and_several_services() {
+    let code = code_of("shapes", "codegen/shapes.proto", "codegen.shapes.rs");
+    assert_has(&code, "pub nickname: ::core::option::Option<::prost::alloc::string::String>,");
+    assert_has(&code, "pub struct Empty {}");
+    for (module, name) in [("profiles", "Profiles"), ("health", "Health"), ("counter", "Counter")] {
+        assert_has(&code, &format!("pub mod {module}_server {{"));
+        assert_has(&code, &format!("pub mod {module}_client {{"));
+        assert_has(&code, &format!("pub trait {name}:"));
+    }
+    assert_has(&code, "fn check(&self, ctx: &RequestContext, request: super::Empty) -> Reply<super::Empty>;");
+}
+
+#[test]
+fn streaming_rpcs_are_left_out_with_a_warning_each() {
+    let (warnings, files) = generate("streaming", &["codegen/streaming.proto"]).expect("generation succeeds");
+    assert_eq!(warnings.len(), 4, "{warnings:#?}");
+    for (rpc, kind) in [
+        ("/codegen.streaming.Feed/Subscribe", "server-streaming"),
+        ("/codegen.streaming.Feed/Upload", "client-streaming"),
+        ("/codegen.streaming.Feed/Chat", "bidirectional streaming"),
+        ("/codegen.streaming.Firehose/Drink", "server-streaming"),
+    ] {
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains(rpc) && w.contains(kind) && w.contains("proto/codegen/streaming.proto")),
+            "no warning for {rpc}: {warnings:#?}"
+        );
+    }
+    let code = file(&files, "codegen.streaming.rs");
+    assert_has(code, "fn get(&self, ctx: &RequestContext, request: super::Item) -> Reply<super::Item>;");
+    for left_out in ["subscribe", "upload", "chat", "drink", "SUBSCRIBE", "UPLOAD", "CHAT", "DRINK"] {
+        assert_lacks(code, left_out);
+    }
+    // A service with only streaming RPCs: an empty trait, no methods, everything UNIMPLEMENTED.
+    assert_has(code, "pub trait Firehose: ::core::marker::Send + ::core::marker::Sync + 'static {}");
+    assert_has(code, "const METHODS: &'static [MethodDesc] = &[];");
+    assert_has(code, "fn call(&self, method: MethodId, _ctx: &RequestContext, _body: &[u8], out: &mut ReplyWriter<'_>) { out.error(");
+}
+
+#[test]
+fn comments_have_no_rust_code_blocks() {
+    let code = code_of("comments", "codegen/comments.proto", "codegen.comments.rs");
+    let mut in_block = false;
+    let mut blocks = 0;
+    for line in code.lines().map(str::trim).filter_map(|l| l.strip_prefix("///")) {
+        let fence = line.trim_start();
+        if fence.starts_with("```") || fence.starts_with("~~~") {
+            if !in_block {
+                assert!(fence.ends_with("text"), "a code block opens without `text`: {line:?}\n{code}");
+                blocks += 1;
+            }
+            in_block = !in_block;
+        }
+    }
+    assert!(!in_block, "a code block is left open:\n{code}");
+    // Message (2), two fields, service (indented, twice: trait and stub), RPC (trait and stub), enum.
+    assert_eq!(blocks, 2 + 2 + 2 + 2 + 1, "{code}");
+    assert_has(&code, r"/// and a list\<string> and \<b>bold\</b> text");
+    assert_has(&code, "`Vec<u8>` in code");
+    assert_has(&code, r"/// A trailing comment with \<T>.");
+}
+
+#[test]
+fn server_or_client_can_be_left_out() {
+    let (_, files) = generate_with(configure().build_client(false), "no_client", &["helloworld.proto"])
+        .expect("generation succeeds");
+    let code = file(&files, "helloworld.rs");
+    assert_has(code, "pub mod greeter_server");
+    assert_lacks(code, "greeter_client");
+    let (_, files) = generate_with(configure().build_server(false), "no_server", &["helloworld.proto"])
+        .expect("generation succeeds");
+    let code = file(&files, "helloworld.rs");
+    assert_has(code, "pub mod greeter_client");
+    assert_lacks(code, "greeter_server");
+    assert_has(code, "pub const SAY_HELLO: MethodId");
+}
+
+#[test]
+fn prost_options_pass_through() {
+    let builder = configure()
+        .type_attribute(".codegen.deep.Outer", "#[doc(alias = \"cash\")]")
+        .field_attribute(".codegen.deep.Outer.Inner.note", "#[doc(alias = \"memo\")]")
+        .extern_path(".codegen.common", "::other_crate::common")
+        .include_file("_includes.rs");
+    let (_, files) = generate_with(builder, "prost_options", &["codegen/deep/inner/v1.proto"])
+        .expect("generation succeeds");
+    let deep = file(&files, "codegen.deep.rs");
+    assert_has(deep, "#[doc(alias = \"cash\")] #[derive(");
+    assert_has(deep, "#[prost(string, tag = \"1\")] #[doc(alias = \"memo\")] pub note:");
+    // An extern type is used as is, by the messages and by the service code.
+    assert_has(deep, "pub total: ::core::option::Option<::other_crate::common::Money>");
+    let v1 = file(&files, "codegen.deep.inner.v1.rs");
+    assert_has(v1, "fn quote(&self, ctx: &RequestContext, request: ::other_crate::common::Money) -> Reply<super::Quote>;");
+    assert!(files.iter().all(|f| f.0 != "codegen.common.rs"), "extern package generated anyway");
+    assert_has(file(&files, "_includes.rs"), "pub mod v1 {");
+}
+
+#[test]
+fn a_syntax_error_names_file_line_column_and_reason() {
+    let err = generate("syntax_error", &["codegen/errors/syntax_error.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/syntax_error.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (7, 1));
+    assert_eq!(reason, "expected ';' or '[', but found '}'");
+    // Debug (what `fn main() -> Result<..>` prints in cargo's output) is the same readable text.
+    let text = format!("{err:?}");
+    assert_eq!(text, format!("{err}"));
+    assert!(
+        text.ends_with("proto/codegen/errors/syntax_error.proto:7:1: expected ';' or '[', but found '}'"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_missing_import_names_the_import_line() {
+    let err = generate("missing_import", &["codegen/errors/missing_import.proto"]).expect_err("must fail");
+    let text = err.to_string();
+    assert!(
+        text.ends_with(
+            "proto/codegen/errors/missing_import.proto:5:1: import 'codegen/does_not_exist.proto' not found"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unknown_type_names_its_place() {
+    let err = generate("unknown_type", &["codegen/errors/unknown_type.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/unknown_type.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (6, 3), "{err}");
+    assert!(reason.contains("Missing"), "{reason}");
+}
+
+#[test]
+fn a_file_outside_the_include_paths_is_refused() {
+    let err = configure()
+        .out_dir(out_dir("not_included"))
+        .emit_rerun_if_changed(false)
+        .compile_protos(&["/nonexistent/x.proto"], &[proto_dir()])
+        .expect_err("must fail");
+    assert!(matches!(err, Error::ProtoFile { .. }), "{err:?}");
+    assert!(err.to_string().contains("/nonexistent/x.proto"), "{err}");
+}
+
+#[test]
+fn a_method_id_collision_names_both_methods() {
+    let err = generate("collision", &["codegen/errors/collision.proto"]).expect_err("must fail");
+    let Error::MethodIdCollision { id, first, second } = &err else { panic!("wrong error: {err}") };
+    assert_eq!(*id, 0x94b7_7cc4);
+    assert_eq!(first, "/codegen.errors.Collide/LcyVTwhV");
+    assert_eq!(second, "/codegen.errors.Collide/LPGSDzwF");
+    assert_eq!(method_id(first), method_id(second));
+    let text = err.to_string();
+    assert!(
+        text.contains(first.as_str()) && text.contains(second.as_str()) && text.contains("0x94b77cc4"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_method_id_of_zero_is_refused() {
+    let err = generate("zero_id", &["codegen/errors/zero_id.proto"]).expect_err("must fail");
+    let Error::ReservedMethodId { method, .. } = &err else { panic!("wrong error: {err}") };
+    assert_eq!(method, "/codegen.errors.Zero/M24046987f");
+    assert_eq!(method_id(method), 0);
+}
+
+#[test]
+fn rpcs_differing_only_in_case_are_refused() {
+    let err = generate("name_clash", &["codegen/errors/name_clash.proto"]).expect_err("must fail");
+    let Error::NameClash { rust, first, second } = &err else { panic!("wrong error: {err}") };
+    assert_eq!(rust, "say_hello");
+    assert_eq!(first, "/codegen.errors.Clash/SayHello");
+    assert_eq!(second, "/codegen.errors.Clash/say_hello");
+}
+
+#[test]
+fn nothing_is_written_when_a_check_fails() {
+    let dir = out_dir("nothing_written");
+    let result = configure()
+        .out_dir(&dir)
+        .emit_rerun_if_changed(false)
+        .compile_protos(&[proto_dir().join("codegen/errors/collision.proto")], &[proto_dir()]);
+    assert!(result.is_err());
+    assert_eq!(std::fs::read_dir(&dir).expect("read dir").count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_service_module_named_like_a_message_module_is_refused() {
+    let err = generate("module_clash", &["codegen/errors/module_clash.proto"]).expect_err("must fail");
+    let Error::NameClash { rust, first, second } = &err else { panic!("wrong error: {err}") };
+    assert_eq!(rust, "greeter_server");
+    assert_eq!(first, "message codegen.errors.GreeterServer");
+    assert_eq!(second, "service codegen.errors.Greeter");
+}
+
+#[test]
+fn compile_fds_generates_what_compile_protos_does() {
+    let (_, from_protos) = generate("fds_protos", &["helloworld.proto"]).expect("generation succeeds");
+    let fds = protox::compile([proto_dir().join("helloworld.proto")], [proto_dir()]).expect("parse");
+    let dir = out_dir("fds");
+    configure().out_dir(&dir).compile_fds(fds).expect("generation succeeds");
+    let from_fds = std::fs::read_to_string(dir.join("helloworld.rs")).expect("generated file");
+    assert_eq!(from_fds, file(&from_protos, "helloworld.rs"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_file_descriptor_set_is_written_on_request() {
+    use prost::Message as _;
+    let dir = out_dir("fds_path");
+    let path = dir.join("descriptors.bin");
+    configure()
+        .out_dir(&dir)
+        .emit_rerun_if_changed(false)
+        .file_descriptor_set_path(&path)
+        .compile_protos(&[proto_dir().join("codegen/well_known.proto")], &[proto_dir()])
+        .expect("generation succeeds");
+    let bytes = std::fs::read(&path).expect("descriptor set written");
+    let fds = prost_types::FileDescriptorSet::decode(bytes.as_slice()).expect("a valid descriptor set");
+    let names: Vec<&str> = fds.file.iter().map(|f| f.name()).collect();
+    assert!(names.contains(&"codegen/well_known.proto"), "{names:?}");
+    assert!(names.contains(&"google/protobuf/timestamp.proto"), "imports included: {names:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
