@@ -30,7 +30,7 @@
 #   RXE_VM_NO_APT=1                skip the apt-get install step
 set -euo pipefail
 
-WORK=${RXE_VM_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/rpc-softroce}
+WORK=${RXE_VM_WORK:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/rpc-softroce}
 if [ $# -gt 0 ]; then SMOKE=${RXE_VM_SMOKE:-0}; else SMOKE=${RXE_VM_SMOKE:-1}; fi
 ACCEL=${RXE_VM_ACCEL:-tcg}
 SMP=${RXE_VM_SMP:-2}

@@ -11,6 +11,11 @@
 mod conformance;
 
 conformance_suite!(sim, crate::conformance::DeviceHarness<rpc_core::verbs::sim::Sim>);
+#[cfg(feature = "ibverbs")]
+#[path = "ibverbs_support/conformance_harness.rs"]
+mod ibverbs_harness;
+#[cfg(feature = "ibverbs")]
+conformance_suite!(ibverbs, crate::ibverbs_harness::IbvHarness);
 
 /// Sim-only: fault injection, finite RNR/transport retries, host identity.
 mod sim_only {

@@ -2,16 +2,18 @@
 //!
 //! It blocks in poll(2) on the context's async fd and an eventfd used to stop it, so it costs
 //! nothing while the device is quiet. `IBV_EVENT_CQ_ERR` marks the CQ as overrun (its
-//! `cq_context` points at the CQ's flag, see `cq.rs`); QP, SRQ, port and device errors are logged.
+//! `cq_context` points at the CQ's flag, see `cq.rs`); a QP error event marks the QP's cached
+//! state ERR (its `qp_context` points at it, see `qp.rs`); errors are logged.
 
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::thread::JoinHandle;
 
 use rdma_sys::{ibv_ack_async_event, ibv_async_event, ibv_context, ibv_cq, ibv_get_async_event, ibv_qp};
 
+use super::convert::qp_state_code;
 use super::errno::last_os;
-use crate::verbs::Result;
+use crate::verbs::{QpState, Result};
 
 /// `struct ibv_async_event` read with a plain integer event type: the kernel may report event
 /// types newer than rdma-sys' Rust enum knows, and an unknown value in a Rust enum is UB.
@@ -166,10 +168,16 @@ fn handle(ev: &RawAsyncEvent, dev: &str) {
         QP_FATAL | QP_REQ_ERR | QP_ACCESS_ERR | QP_LAST_WQE_REACHED => {
             let qp = ev.element.cast::<ibv_qp>();
             // SAFETY: for QP events the element is the QP, alive until we ack the event.
-            let qp_num = unsafe { (*qp).qp_num };
+            let (qp_num, state) = unsafe { ((*qp).qp_num, (*qp).qp_context.cast::<AtomicU8>()) };
             if ev.event_type == QP_LAST_WQE_REACHED {
                 tracing::debug!(device = dev, qp_num, "IBV_EVENT_QP_LAST_WQE_REACHED");
             } else {
+                if !state.is_null() {
+                    // SAFETY: QPs of this context are created by `qp.rs` with `qp_context` pointing
+                    // at their boxed state cache, which lives as long as the QP (whose destroy
+                    // waits for this event's ack).
+                    unsafe { (*state).store(qp_state_code(QpState::Err), Ordering::Release) };
+                }
                 tracing::warn!(
                     device = dev,
                     qp_num,

@@ -1,9 +1,10 @@
 //! Completion queues (`struct ibv_cq`) with an optional completion channel for event mode.
 
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
@@ -16,7 +17,7 @@ use super::context::IbvContext;
 use super::convert::wc_from_ibv;
 use super::errno::{from_rc, last_os, rc_error};
 use super::post::POLL_CHUNK_WCS;
-use crate::verbs::{CompletionQueue, Result, VerbsError, WorkCompletion};
+use crate::verbs::{CompletionQueue, Result, VerbsError, WcOpcode, WorkCompletion};
 
 /// A completion queue. Cheap to clone (clones share the CQ); normally polled by one thread.
 #[derive(Clone)]
@@ -31,6 +32,12 @@ pub(super) struct CqInner {
     /// Set by the context's async event thread on `IBV_EVENT_CQ_ERR`; the CQ's `cq_context`
     /// points here, so it must live as long as the CQ (boxed, dropped after `ibv_destroy_cq`).
     overrun: Box<AtomicBool>,
+    /// Remote QP number of each connected RC QP that receives on this CQ (local `qp_num` →
+    /// `dest_qp_num`, kept by `qp.rs`). Some devices (rxe) leave `src_qp` 0 in RC receive
+    /// completions — verbs defines it for UD only — while the verbs API promises it; the table
+    /// fills it in. Read only for such completions, once per `poll` call, so NICs that report
+    /// `src_qp` never touch the lock.
+    pub(super) peers: RwLock<HashMap<u32, u32>>,
     /// Keeps the device open while the CQ exists.
     _ctx: IbvContext,
 }
@@ -114,8 +121,34 @@ impl IbvCompletionQueue {
         // SAFETY: `cq` is live; `cqe` is the actual capacity the provider set.
         let actual = u32::try_from(unsafe { (*cq.as_ptr()).cqe }).unwrap_or(cqe);
         Ok(IbvCompletionQueue {
-            inner: Arc::new(CqInner { cq, channel, cqe: actual, overrun, _ctx: ctx.clone() }),
+            inner: Arc::new(CqInner {
+                cq,
+                channel,
+                cqe: actual,
+                overrun,
+                peers: RwLock::default(),
+                _ctx: ctx.clone(),
+            }),
         })
+    }
+
+    /// Fills `src_qp` of successful receive completions the device left at 0 (see `peers`).
+    #[inline]
+    fn fill_src_qp(&self, wc: &mut [WorkCompletion]) {
+        let missing = |w: &WorkCompletion| {
+            w.src_qp == 0
+                && w.status.is_success()
+                && matches!(w.opcode, WcOpcode::IBV_WC_RECV | WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM)
+        };
+        if !wc.iter().any(missing) {
+            return;
+        }
+        let Ok(peers) = self.inner.peers.read() else { return };
+        for w in wc.iter_mut().filter(|w| missing(w)) {
+            if let Some(&dest) = peers.get(&w.qp_num) {
+                w.src_qp = dest;
+            }
+        }
     }
 
     fn overrun_error(&self) -> VerbsError {
@@ -179,6 +212,7 @@ impl CompletionQueue for IbvCompletionQueue {
                 break;
             }
         }
+        self.fill_src_qp(&mut wc[..total]);
         Ok(total)
     }
 
@@ -198,6 +232,9 @@ impl CompletionQueue for IbvCompletionQueue {
         let fd = unsafe { (*ch.as_ptr()).fd };
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
+            if self.inner.overrun.load(Ordering::Acquire) {
+                return Err(self.overrun_error());
+            }
             if self.take_event(ch)? {
                 return Ok(true);
             }
@@ -221,9 +258,15 @@ impl CompletionQueue for IbvCompletionQueue {
                     return Err(VerbsError::Os { call: "poll(completion channel)", source: e });
                 }
             }
-            if self.inner.overrun.load(Ordering::Acquire) {
-                return Err(self.overrun_error());
-            }
         }
+    }
+}
+
+impl std::fmt::Debug for IbvCompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvCompletionQueue")
+            .field("cqe", &self.inner.cqe)
+            .field("events", &self.inner.channel.is_some())
+            .finish()
     }
 }

@@ -18,6 +18,18 @@
 //! that reads the device's asynchronous events (`ibv_get_async_event`): it marks a CQ as overrun
 //! on `IBV_EVENT_CQ_ERR` and logs QP, SRQ, port and device errors with `tracing`.
 //!
+//! # Devices and addresses
+//! [`Ibverbs::open`](crate::verbs::Provider::open) takes a device by name (`mlx5_0`, `rxe0`) or
+//! index; without RDMA in the kernel it fails with
+//! [`NoKernelSupport`](crate::verbs::VerbsError::NoKernelSupport), without a matching device
+//! with [`NoDevice`](crate::verbs::VerbsError::NoDevice) (both name the `sim` transport). The
+//! local GID is chosen by [`select_gid`](crate::verbs::gid::select_gid) (index `-1` = automatic).
+//!
+//! # Testing
+//! Tests that need a device skip with a printed reason without one, and fail instead when
+//! `RPC_REQUIRE_RDMA=1`. `scripts/softroce-test` runs them, and the `ibverbs` instantiation of
+//! the verbs conformance suite, against Soft-RoCE (`rdma_rxe`) in one qemu guest boot.
+//!
 //! # Hot path
 //! `post_send`, `post_recv` and `poll` allocate nothing: work requests are chained in fixed-size
 //! stack arrays ([`POST_CHUNK_WRS`] WRs per doorbell, longer slices are posted in chunks), and

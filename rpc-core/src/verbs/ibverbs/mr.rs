@@ -224,6 +224,19 @@ impl MemoryRegion for IbvMemoryRegion {
     }
 }
 
+impl std::fmt::Debug for IbvMemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvMemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr as u64))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .field("access", &self.access)
+            .field("owned", &(self.mapped != 0))
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,3 +71,9 @@ impl ProtectionDomain<Ibverbs> for IbvProtectionDomain {
         IbvQueuePair::create(self, attr)
     }
 }
+
+impl std::fmt::Debug for IbvProtectionDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvProtectionDomain").field("device", &self.inner.ctx).finish()
+    }
+}

@@ -21,16 +21,24 @@ use super::Ibverbs;
 use crate::verbs::{QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendWr, VerbsError};
 
 /// An RC queue pair. Holds its PD, CQs and SRQ alive; dropping it destroys the QP.
+///
+/// Posting checks the state this handle last saw (set by `modify`, refreshed by `state()`), an
+/// atomic load with no system call: sends are refused before RTS, receives in RESET, and both in
+/// ERR with [`VerbsError::BadQpState`]. Real NICs flush WRs posted in ERR, but Soft-RoCE (rxe)
+/// never completes them, so refusing is the one behaviour that holds everywhere. A QP the NIC moved
+/// to ERR by itself flushes what was posted before, as in verbs.
 pub struct IbvQueuePair {
     qp: NonNull<ibv_qp>,
     qp_num: u32,
     cap: QpCap,
     uses_srq: bool,
-    /// The state of the last successful `modify` or `state()` query (a `qp_state_code`).
-    state: AtomicU8,
+    /// The state of the last successful `modify` or `state()` query (a `qp_state_code`); set to
+    /// ERR by the context's async event thread on a QP error event (`qp_context` points here,
+    /// boxed so that the address is stable while the QP exists).
+    state: Box<AtomicU8>,
     _srq: Option<IbvSharedReceiveQueue>,
     _send_cq: IbvCompletionQueue,
-    _recv_cq: IbvCompletionQueue,
+    recv_cq: IbvCompletionQueue,
     _pd: IbvProtectionDomain,
 }
 
@@ -42,6 +50,9 @@ unsafe impl Sync for IbvQueuePair {}
 
 impl Drop for IbvQueuePair {
     fn drop(&mut self) {
+        if let Ok(mut peers) = self.recv_cq.inner.peers.write() {
+            peers.remove(&self.qp_num);
+        }
         // SAFETY: created by us, destroyed once; its PD, CQs and SRQ are still alive (fields).
         let rc = unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
         if rc != 0 {
@@ -65,9 +76,10 @@ fn raw_create(
     srq: Option<&IbvSharedReceiveQueue>,
     cap: ibv_qp_cap,
     sq_sig_all: bool,
+    qp_context: *mut std::os::raw::c_void,
 ) -> (*mut ibv_qp, ibv_qp_cap) {
     let mut init = ibv_qp_init_attr {
-        qp_context: std::ptr::null_mut(),
+        qp_context,
         send_cq: send_cq.inner.cq.as_ptr(),
         recv_cq: recv_cq.inner.cq.as_ptr(),
         srq: srq.map_or(std::ptr::null_mut(), |s| s.inner.srq.as_ptr()),
@@ -81,29 +93,60 @@ fn raw_create(
     (qp, init.cap)
 }
 
-/// The largest `max_inline_data` below `requested` that the device accepts, found by creating
-/// small QPs (only after a refusal; about log2(requested) creations).
-fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested: u32) -> u32 {
-    let (mut lo, mut hi) = (0u32, requested); // lo accepted (0 always is), hi refused
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
+/// After a refused creation: the largest `max_inline_data` below `requested` that the device
+/// accepts, found by creating small QPs (about log2(requested) creations), or `None` when a small
+/// QP with `requested` itself is accepted (the refusal had another cause).
+fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested: u32) -> Option<u32> {
+    let accepts = |inline: u32| {
         let cap = ibv_qp_cap {
             max_send_wr: 1,
             max_recv_wr: 1,
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: mid,
+            max_inline_data: inline,
         };
-        let (qp, _) = raw_create(pd, cq, cq, None, cap, false);
+        let (qp, _) = raw_create(pd, cq, cq, None, cap, false, std::ptr::null_mut());
         if qp.is_null() {
-            hi = mid;
-        } else {
-            // SAFETY: the probe QP was just created and is destroyed once.
-            unsafe { ibv_destroy_qp(qp) };
+            return false;
+        }
+        // SAFETY: the probe QP was just created and is destroyed once.
+        unsafe { ibv_destroy_qp(qp) };
+        true
+    };
+    if accepts(requested) {
+        return None;
+    }
+    let (mut lo, mut hi) = (0u32, requested); // lo accepted (0 always is), hi refused
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if accepts(mid) {
             lo = mid;
+        } else {
+            hi = mid;
         }
     }
-    lo
+    Some(lo)
+}
+
+impl std::fmt::Debug for IbvQueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvQueuePair")
+            .field("qp_num", &self.qp_num)
+            .field("state", &self.cached_state())
+            .field("cap", &self.cap)
+            .field("srq", &self.uses_srq)
+            .finish()
+    }
+}
+
+/// The QP's capacities as the provider has them (`ibv_query_qp` with `IBV_QP_CAP`).
+fn query_cap(qp: NonNull<ibv_qp>) -> Option<ibv_qp_cap> {
+    // SAFETY: plain C data; all-zero is valid for both.
+    let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) = unsafe { std::mem::zeroed() };
+    // SAFETY: live QP; live out-parameters.
+    let rc =
+        unsafe { ibv_query_qp(qp.as_ptr(), &mut attr, ibv_qp_attr_mask::IBV_QP_CAP.0 as i32, &mut init) };
+    (rc == 0).then_some(attr.cap)
 }
 
 impl IbvQueuePair {
@@ -129,20 +172,33 @@ impl IbvQueuePair {
             max_recv_sge: if with_srq { 0 } else { c.max_recv_sge },
             max_inline_data: c.max_inline_data,
         };
-        let (qp, actual) = raw_create(pd, attr.send_cq, attr.recv_cq, attr.srq, cap, attr.sq_sig_all);
+        let state = Box::new(AtomicU8::new(qp_state_code(QpState::Reset)));
+        let qp_context = (&*state as *const AtomicU8).cast_mut().cast();
+        let (qp, actual) =
+            raw_create(pd, attr.send_cq, attr.recv_cq, attr.srq, cap, attr.sq_sig_all, qp_context);
         let Some(qp) = NonNull::new(qp) else {
             let err = last_os("ibv_create_qp");
             if let VerbsError::Os { source, .. } = &err {
                 if source.raw_os_error() == Some(libc::EINVAL) && c.max_inline_data > 0 {
-                    let limit = probe_max_inline(pd, attr.send_cq, c.max_inline_data);
-                    ctx.inner.max_inline.store(limit, Ordering::Relaxed);
-                    cap_check("create_qp max_inline_data", "max_inline_data", c.max_inline_data, limit)?;
+                    if let Some(limit) = probe_max_inline(pd, attr.send_cq, c.max_inline_data) {
+                        ctx.inner.max_inline.store(limit, Ordering::Relaxed);
+                        cap_check("create_qp max_inline_data", "max_inline_data", c.max_inline_data, limit)?;
+                    }
                 }
             }
             return Err(err);
         };
         // SAFETY: `qp` is live; `qp_num` is set at creation.
         let qp_num = unsafe { (*qp.as_ptr()).qp_num };
+        // Some providers (rxe) round the queues up without saying so in the create answer;
+        // `ibv_query_qp` reports the real depths.
+        let actual = query_cap(qp).map_or(actual, |q| ibv_qp_cap {
+            max_send_wr: q.max_send_wr.max(actual.max_send_wr),
+            max_recv_wr: q.max_recv_wr.max(actual.max_recv_wr),
+            max_send_sge: q.max_send_sge.max(actual.max_send_sge),
+            max_recv_sge: q.max_recv_sge.max(actual.max_recv_sge),
+            max_inline_data: q.max_inline_data.max(actual.max_inline_data),
+        });
         let cap = QpCap {
             max_send_wr: actual.max_send_wr.max(c.max_send_wr),
             max_recv_wr: if with_srq { 0 } else { actual.max_recv_wr.max(c.max_recv_wr) },
@@ -156,10 +212,10 @@ impl IbvQueuePair {
             qp_num,
             cap,
             uses_srq: with_srq,
-            state: AtomicU8::new(qp_state_code(QpState::Reset)),
+            state,
             _srq: attr.srq.cloned(),
             _send_cq: attr.send_cq.clone(),
-            _recv_cq: attr.recv_cq.clone(),
+            recv_cq: attr.recv_cq.clone(),
             _pd: pd.clone(),
         })
     }
@@ -174,24 +230,24 @@ fn required(from: QpState, to: QpState) -> &'static [(ibv_qp_attr_mask, &'static
     use ibv_qp_attr_mask as m;
     match (from, to) {
         (QpState::Reset, QpState::Init) => &[
-            (m::IBV_QP_PKEY_INDEX, "pkey_index"),
-            (m::IBV_QP_PORT, "port_num"),
-            (m::IBV_QP_ACCESS_FLAGS, "access"),
+            (m::IBV_QP_PKEY_INDEX, "pkey_index (IBV_QP_PKEY_INDEX)"),
+            (m::IBV_QP_PORT, "port_num (IBV_QP_PORT)"),
+            (m::IBV_QP_ACCESS_FLAGS, "access (IBV_QP_ACCESS_FLAGS)"),
         ],
         (QpState::Init, QpState::Rtr) => &[
-            (m::IBV_QP_AV, "ah"),
-            (m::IBV_QP_PATH_MTU, "path_mtu"),
-            (m::IBV_QP_DEST_QPN, "dest_qp_num"),
-            (m::IBV_QP_RQ_PSN, "rq_psn"),
-            (m::IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
-            (m::IBV_QP_MIN_RNR_TIMER, "min_rnr_timer"),
+            (m::IBV_QP_AV, "ah (IBV_QP_AV)"),
+            (m::IBV_QP_PATH_MTU, "path_mtu (IBV_QP_PATH_MTU)"),
+            (m::IBV_QP_DEST_QPN, "dest_qp_num (IBV_QP_DEST_QPN)"),
+            (m::IBV_QP_RQ_PSN, "rq_psn (IBV_QP_RQ_PSN)"),
+            (m::IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic (IBV_QP_MAX_DEST_RD_ATOMIC)"),
+            (m::IBV_QP_MIN_RNR_TIMER, "min_rnr_timer (IBV_QP_MIN_RNR_TIMER)"),
         ],
         (QpState::Rtr, QpState::Rts) => &[
-            (m::IBV_QP_SQ_PSN, "sq_psn"),
-            (m::IBV_QP_TIMEOUT, "timeout"),
-            (m::IBV_QP_RETRY_CNT, "retry_cnt"),
-            (m::IBV_QP_RNR_RETRY, "rnr_retry"),
-            (m::IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"),
+            (m::IBV_QP_SQ_PSN, "sq_psn (IBV_QP_SQ_PSN)"),
+            (m::IBV_QP_TIMEOUT, "timeout (IBV_QP_TIMEOUT)"),
+            (m::IBV_QP_RETRY_CNT, "retry_cnt (IBV_QP_RETRY_CNT)"),
+            (m::IBV_QP_RNR_RETRY, "rnr_retry (IBV_QP_RNR_RETRY)"),
+            (m::IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic (IBV_QP_MAX_QP_RD_ATOMIC)"),
         ],
         _ => &[],
     }
@@ -337,6 +393,9 @@ impl QueuePair for IbvQueuePair {
             });
         }
         self.state.store(qp_state_code(a.state), Ordering::Release);
+        if let (Some(dest), Ok(mut peers)) = (a.dest_qp_num, self.recv_cq.inner.peers.write()) {
+            peers.insert(self.qp_num, dest);
+        }
         tracing::trace!(qp_num = self.qp_num, ?from, to = ?a.state, "QP transition");
         Ok(())
     }
@@ -344,7 +403,7 @@ impl QueuePair for IbvQueuePair {
     #[inline]
     unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let state = self.cached_state();
-        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr | QpState::Err) {
             return Err(VerbsError::BadQpState { call: "ibv_post_send", qp_num: self.qp_num, state });
         }
         let lim = SendLimits { max_sge: self.cap.max_send_sge, max_inline: self.cap.max_inline_data };
@@ -368,7 +427,7 @@ impl QueuePair for IbvQueuePair {
             });
         }
         let state = self.cached_state();
-        if state == QpState::Reset {
+        if matches!(state, QpState::Reset | QpState::Err) {
             return Err(VerbsError::BadQpState { call: "ibv_post_recv", qp_num: self.qp_num, state });
         }
         let qp = self.qp.as_ptr();
@@ -418,9 +477,12 @@ mod tests {
     #[test]
     fn required_attributes_follow_the_man_page() {
         let names = |f, t| required(f, t).iter().map(|(_, n)| *n).collect::<Vec<_>>();
-        assert_eq!(names(QpState::Reset, QpState::Init), ["pkey_index", "port_num", "access"]);
-        assert!(names(QpState::Init, QpState::Rtr).contains(&"dest_qp_num"));
-        assert!(names(QpState::Rtr, QpState::Rts).contains(&"sq_psn"));
+        assert_eq!(
+            names(QpState::Reset, QpState::Init),
+            ["pkey_index (IBV_QP_PKEY_INDEX)", "port_num (IBV_QP_PORT)", "access (IBV_QP_ACCESS_FLAGS)"]
+        );
+        assert!(names(QpState::Init, QpState::Rtr).contains(&"dest_qp_num (IBV_QP_DEST_QPN)"));
+        assert!(names(QpState::Rtr, QpState::Rts).contains(&"sq_psn (IBV_QP_SQ_PSN)"));
         assert!(names(QpState::Rts, QpState::Err).is_empty());
         let mut a = QpAttr::new(QpState::Init);
         a.access = Some(AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE);

@@ -100,3 +100,12 @@ impl SharedReceiveQueue for IbvSharedReceiveQueue {
         unsafe { post_recv_chain("ibv_post_srq_recv", wrs, self.inner.max_sge, post) }
     }
 }
+
+impl std::fmt::Debug for IbvSharedReceiveQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvSharedReceiveQueue")
+            .field("max_wr", &self.inner.max_wr)
+            .field("max_sge", &self.inner.max_sge)
+            .finish()
+    }
+}
