@@ -1,5 +1,7 @@
 //! Picks the provider at run time from `--transport` and runs everything monomorphized for it.
 
+use rpc_core::verbs::sim::Sim;
+
 use crate::cli::{Args, TransportKind};
 use crate::error::PerfError;
 use crate::results::RunReport;
@@ -27,7 +29,7 @@ pub fn resolve(args: &Args) -> Resolved {
 #[cfg(feature = "ibverbs")]
 fn rdma_devices_exist() -> bool {
     use rpc_core::verbs::Provider as _;
-    rpc_core::verbs::ibverbs::IbverbsProvider::devices().is_ok_and(|d| !d.is_empty())
+    rpc_core::verbs::ibverbs::Ibverbs::devices().is_ok_and(|d| !d.is_empty())
 }
 
 #[cfg(not(feature = "ibverbs"))]
@@ -42,14 +44,14 @@ fn rdma_devices_exist() -> bool {
 pub fn run(args: &Args) -> Result<Option<RunReport>, PerfError> {
     args.validate().map_err(PerfError::Setup)?;
     match resolve(args) {
-        Resolved::Sim => Err(PerfError::Setup("TEMP: sim provider not merged yet".into())), // TEMP-SIM
+        Resolved::Sim => crate::run::run::<Sim>(args),
         Resolved::Rdma => run_rdma(args),
     }
 }
 
 #[cfg(feature = "ibverbs")]
 fn run_rdma(args: &Args) -> Result<Option<RunReport>, PerfError> {
-    crate::run::run::<rpc_core::verbs::ibverbs::IbverbsProvider>(args)
+    crate::run::run::<rpc_core::verbs::ibverbs::Ibverbs>(args)
 }
 
 #[cfg(not(feature = "ibverbs"))]

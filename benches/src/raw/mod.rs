@@ -65,20 +65,19 @@ pub fn run_client<P: Provider>(
     ch.expect(&Msg::Connected, "after connecting")?;
 
     let depth = if test == TestKind::WriteBw { args.tx_depth } else { 1 };
-    sink.begin_test(
-        test,
-        sizes.len(),
-        vec![
-            ("Transport", P::NAME.to_string()),
-            ("Device", qp.device_name()),
-            ("Connection type", "RC".into()),
-            ("TX depth", depth.to_string()),
-            ("Max inline data", format!("{}[B]", qp.max_inline())),
-            ("CQ moderation", args.cq_mod.to_string()),
-            ("Poll", format!("{:?}", args.poll).to_lowercase()),
-            ("Latency", "round trip".into()),
-        ],
-    );
+    let mut info = vec![
+        ("Transport", P::NAME.to_string()),
+        ("Device", qp.device_name()),
+        ("Connection type", "RC".into()),
+        ("TX depth", depth.to_string()),
+        ("Max inline data", format!("{}[B]", qp.max_inline())),
+        ("CQ moderation", args.cq_mod.to_string()),
+        ("Poll", format!("{:?}", args.poll).to_lowercase()),
+    ];
+    if test.is_latency() {
+        info.push(("Latency", "round trip (perftest prints half)".into()));
+    }
+    sink.begin_test(test, sizes.len(), info);
     for (slot, &size) in sizes.iter().enumerate() {
         sink.progress().start_size(slot, size);
         qp.clear_recv_area(size);
