@@ -113,6 +113,15 @@ pub enum Msg {
         test: TestKind,
         /// Largest message of the run, in bytes.
         max_size: usize,
+        /// Calls in flight (RPC tests; 1 for raw tests).
+        #[serde(default)]
+        concurrency: u32,
+    },
+    /// Server → client: the RPC server of the benchmark service listens on this TCP port of the
+    /// server's address.
+    RpcServer {
+        /// TCP port.
+        port: u16,
     },
     /// Both ways: this side's QP and writable buffer.
     Endpoint(WireEndpoint),
@@ -258,11 +267,12 @@ mod tests {
             rkey: 9,
             len: 64,
         };
-        a.send(&Msg::Setup { version: OOB_VERSION, test: TestKind::SendLat, max_size: 32 }).unwrap();
+        a.send(&Msg::Setup { version: OOB_VERSION, test: TestKind::SendLat, max_size: 32, concurrency: 1 })
+            .unwrap();
         a.send(&Msg::Endpoint(ep)).unwrap();
         assert_eq!(
             b.recv("setup").unwrap(),
-            Msg::Setup { version: OOB_VERSION, test: TestKind::SendLat, max_size: 32 }
+            Msg::Setup { version: OOB_VERSION, test: TestKind::SendLat, max_size: 32, concurrency: 1 }
         );
         assert!(b.readable().unwrap());
         assert_eq!(b.expect(&Msg::Endpoint(ep), "ep").unwrap(), Msg::Endpoint(ep));

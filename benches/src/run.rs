@@ -10,20 +10,22 @@ use crate::error::PerfError;
 use crate::oob::{Msg, OobChannel, OobError, OOB_VERSION};
 use crate::report;
 use crate::results::{MemcpyFigure, RunReport};
+use crate::rpc;
 use crate::sink::Sink;
+use crate::transport::Resolved;
 
 /// Runs what `args` asks on provider `P`. Returns the report on the client side (and in
 /// loopback), `None` on the server side.
 ///
 /// # Errors
 /// The first failure, named.
-pub fn run<P: Provider>(args: &Args) -> Result<Option<RunReport>, PerfError> {
+pub fn run<P: Provider>(args: &Args, resolved: Resolved) -> Result<Option<RunReport>, PerfError> {
     if args.loopback {
-        loopback::<P>(args).map(Some)
+        loopback::<P>(args, resolved).map(Some)
     } else if let Some(host) = &args.host {
-        client::<P>(args, host).map(Some)
+        client::<P>(args, resolved, host).map(Some)
     } else {
-        server::<P>(args).map(|()| None)
+        server::<P>(args, resolved).map(|()| None)
     }
 }
 
@@ -31,7 +33,7 @@ pub fn run<P: Provider>(args: &Args) -> Result<Option<RunReport>, PerfError> {
 ///
 /// # Errors
 /// Connection and test failures.
-pub fn client<P: Provider>(args: &Args, host: &str) -> Result<RunReport, PerfError> {
+pub fn client<P: Provider>(args: &Args, resolved: Resolved, host: &str) -> Result<RunReport, PerfError> {
     let target =
         if host.contains(':') && !host.starts_with('[') && host.parse::<std::net::Ipv6Addr>().is_err() {
             host.to_string()
@@ -46,14 +48,14 @@ pub fn client<P: Provider>(args: &Args, host: &str) -> Result<RunReport, PerfErr
         what: format!("connecting to the rpc-perf server at {target}"),
         source,
     })?;
-    client_session::<P>(args, OobChannel::new(stream)?)
+    client_session::<P>(args, resolved, OobChannel::new(stream)?)
 }
 
 /// Server mode: waits for one client on `-p` and serves its tests.
 ///
 /// # Errors
 /// Listen, accept and test failures.
-pub fn server<P: Provider>(args: &Args) -> Result<(), PerfError> {
+pub fn server<P: Provider>(args: &Args, resolved: Resolved) -> Result<(), PerfError> {
     let addr = format!("0.0.0.0:{}", args.port);
     let l = TcpListener::bind(&addr)
         .map_err(|source| PerfError::Io { what: format!("listening on {addr}"), source })?;
@@ -63,14 +65,16 @@ pub fn server<P: Provider>(args: &Args) -> Result<(), PerfError> {
     let (stream, peer) =
         l.accept().map_err(|source| PerfError::Io { what: format!("accepting on {addr}"), source })?;
     println!(" client {peer} connected");
-    server_session::<P>(args, OobChannel::new(stream)?)
+    let rpc_bind = format!("0.0.0.0:{}", args.port.wrapping_add(1));
+    let core = args.cores.as_ref().map(|c| c[0]);
+    server_session::<P>(args, OobChannel::new(stream)?, rpc::ServerState::new(resolved, core, rpc_bind))
 }
 
 /// Loopback: the server on one core, the client on another, joined over TCP on 127.0.0.1.
 ///
 /// # Errors
 /// Either side's failure (the client's first).
-pub fn loopback<P: Provider>(args: &Args) -> Result<RunReport, PerfError> {
+pub fn loopback<P: Provider>(args: &Args, resolved: Resolved) -> Result<RunReport, PerfError> {
     let l = TcpListener::bind("127.0.0.1:0")
         .map_err(|source| PerfError::Io { what: "listening on 127.0.0.1".into(), source })?;
     let addr = l.local_addr().map_err(|source| PerfError::Io { what: "local_addr".into(), source })?;
@@ -85,7 +89,8 @@ pub fn loopback<P: Provider>(args: &Args) -> Result<RunReport, PerfError> {
             let (stream, _) = l
                 .accept()
                 .map_err(|source| PerfError::Io { what: "accepting on loopback".into(), source })?;
-            server_session::<P>(&sargs, OobChannel::new(stream)?)
+            let rpc = rpc::ServerState::new(resolved, server_core.map(|c| c.id), "127.0.0.1:0".into());
+            server_session::<P>(&sargs, OobChannel::new(stream)?, rpc)
         })
         .map_err(|source| PerfError::Io { what: "spawning the server thread".into(), source })?;
     if let Some(c) = client_core {
@@ -93,7 +98,7 @@ pub fn loopback<P: Provider>(args: &Args) -> Result<RunReport, PerfError> {
     }
     let stream = TcpStream::connect(addr)
         .map_err(|source| PerfError::Io { what: format!("connecting to {addr}"), source })?;
-    let res = client_session::<P>(args, OobChannel::new(stream)?);
+    let res = client_session::<P>(args, resolved, OobChannel::new(stream)?);
     let srv = server.join().unwrap_or_else(|_| Err(PerfError::Setup("the server thread panicked".into())));
     let report = res?;
     srv?;
@@ -114,11 +119,15 @@ fn pick_cores(args: &Args) -> (Option<core_affinity::CoreId>, Option<core_affini
 ///
 /// # Errors
 /// The first failing test.
-pub fn client_session<P: Provider>(args: &Args, mut ch: OobChannel) -> Result<RunReport, PerfError> {
+pub fn client_session<P: Provider>(
+    args: &Args,
+    resolved: Resolved,
+    mut ch: OobChannel,
+) -> Result<RunReport, PerfError> {
     let mut sink = Sink::new(P::NAME, !args.no_progress);
     for &test in &args.tests {
         if test.is_rpc() {
-            crate::rpc::run_client::<P>(args, test, &mut ch, &mut sink)?;
+            rpc::run_client(args, resolved, test, &mut ch, &mut sink)?;
         } else {
             crate::raw::run_client::<P>(args, test, &mut ch, &mut sink)?;
         }
@@ -132,8 +141,11 @@ pub fn client_session<P: Provider>(args: &Args, mut ch: OobChannel) -> Result<Ru
 ///
 /// # Errors
 /// A failing test (also reported to the client).
-pub fn server_session<P: Provider>(args: &Args, mut ch: OobChannel) -> Result<(), PerfError> {
-    let mut rpc = crate::rpc::ServerState::<P>::default();
+pub fn server_session<P: Provider>(
+    args: &Args,
+    mut ch: OobChannel,
+    mut rpc: rpc::ServerState,
+) -> Result<(), PerfError> {
     loop {
         let msg = match ch.recv("waiting for the next test") {
             Ok(m) => m,
@@ -144,7 +156,9 @@ pub fn server_session<P: Provider>(args: &Args, mut ch: OobChannel) -> Result<()
             Msg::Setup { version, .. } if version != OOB_VERSION => Err(PerfError::Setup(format!(
                 "client speaks out-of-band version {version}, this server {OOB_VERSION}: use the same rpc-perf on both sides"
             ))),
-            Msg::Setup { test, max_size, .. } if test.is_rpc() => rpc.serve(args, test, max_size, &mut ch),
+            Msg::Setup { test, max_size, concurrency, .. } if test.is_rpc() => {
+                rpc.serve(args, test, max_size, concurrency, &mut ch)
+            }
             Msg::Setup { test, max_size, .. } => crate::raw::serve::<P>(args, test, max_size, &mut ch),
             other => Err(PerfError::Setup(format!("expected a test setup, got {other:?}"))),
         };

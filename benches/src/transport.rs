@@ -44,14 +44,14 @@ fn rdma_devices_exist() -> bool {
 pub fn run(args: &Args) -> Result<Option<RunReport>, PerfError> {
     args.validate().map_err(PerfError::Setup)?;
     match resolve(args) {
-        Resolved::Sim => crate::run::run::<Sim>(args),
+        Resolved::Sim => crate::run::run::<Sim>(args, Resolved::Sim),
         Resolved::Rdma => run_rdma(args),
     }
 }
 
 #[cfg(feature = "ibverbs")]
 fn run_rdma(args: &Args) -> Result<Option<RunReport>, PerfError> {
-    crate::run::run::<rpc_core::verbs::ibverbs::Ibverbs>(args)
+    crate::run::run::<rpc_core::verbs::ibverbs::Ibverbs>(args, Resolved::Rdma)
 }
 
 #[cfg(not(feature = "ibverbs"))]

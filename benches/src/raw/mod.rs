@@ -55,7 +55,7 @@ pub fn run_client<P: Provider>(
     let sizes = args.sizes();
     let max_size = *sizes.iter().max().unwrap_or(&args.size);
     let mut qp = RawQp::<P>::open(&raw_config(args, max_size), side_name(test, true))?;
-    ch.send(&Msg::Setup { version: OOB_VERSION, test, max_size })?;
+    ch.send(&Msg::Setup { version: OOB_VERSION, test, max_size, concurrency: 1 })?;
     let Msg::Endpoint(remote) = ch.expect(&Msg::Endpoint(qp.wire_endpoint()), "after setup")? else {
         unreachable!("expect checks the variant")
     };
