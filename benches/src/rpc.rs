@@ -32,8 +32,9 @@ use pb::bench_client::BenchClient;
 use pb::bench_server::{Bench, BenchServer};
 use pb::{EchoReply, EchoRequest};
 
-/// Completions between two samples of the peak-rate window in rpc_bw.
-const PEAK_BATCH: u64 = 1024;
+/// Most completions between two samples of the peak-rate window in rpc_bw (fewer for large
+/// messages: one sample per MiB moved, at least one per call).
+const PEAK_BATCH_MAX: u64 = 1024;
 
 /// The benchmark service: answers `resp_size` bytes, sliced from one preallocated buffer (no
 /// allocation or copy per call on the server beyond the runtime's own).
@@ -235,7 +236,7 @@ pub fn run_client(
         };
         sink.result(TestResult {
             test,
-            bytes: size,
+            bytes: req_size,
             req_bytes: req_size,
             resp_bytes: resp_size,
             concurrency,
@@ -312,6 +313,7 @@ fn windowed(
         }
     }
 
+    let peak_batch = ((1u64 << 20) / bytes_per_call.max(1)).clamp(1, PEAK_BATCH_MAX);
     let mut peak = PeakWindow::new(8);
     let start = Instant::now();
     let (mut sent, mut done) = (0u64, 0u64);
@@ -333,7 +335,7 @@ fn windowed(
             check_len(r.map_err(|s| rpc_err("Bench.Echo", s))?.payload.len(), want)?;
             q.pop_front();
             done += 1;
-            if done % PEAK_BATCH == 0 {
+            if done % peak_batch == 0 {
                 let e = start.elapsed();
                 peak.completed(e.as_nanos() as u64, done * bytes_per_call);
                 progress.fraction(crate::measure::fraction(limit, done, e));
