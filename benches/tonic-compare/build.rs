@@ -13,5 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&tonic_out)?;
     let fds = protox::compile([&file], [&proto_dir])?;
     tonic_prost_build::configure().out_dir(&tonic_out).compile_fds(fds)?;
+
+    let ours_out = out.join("ours");
+    std::fs::create_dir_all(&ours_out)?;
+    rpc_codegen::configure().out_dir(&ours_out).compile_protos(&[&file], &[&proto_dir])?;
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! cargo run --release --manifest-path benches/tonic-compare/Cargo.toml
 //! ```
 
+mod ours_side;
 mod tonic_side;
 
 use clap::Parser;
@@ -25,6 +26,10 @@ struct Args {
     /// Bytes of the `name` field (the reply is "Hello " + name).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(0..=65536))]
     name_len: u64,
+    /// Let our side's waiting threads yield the core after a few empty polls (instead of
+    /// busy-polling, which is the product's default and what the comparison is about).
+    #[arg(long = "yield")]
+    yield_poll: bool,
 }
 
 fn main() {
@@ -44,10 +49,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let name = "x".repeat(args.name_len as usize);
 
     let bytes = args.name_len as usize;
+    let ours = ours_side::measure(&name, args.warmup, args.iters, server_core, polling(args))?;
+    print_table("rpc-core over sim (Greeter.SayHello, round trip)", bytes, &ours);
     let tonic = tonic_side::measure(&name, args.warmup, args.iters, server_core)?;
     print_table("tonic 0.14, HTTP/2 over TCP loopback (Greeter.SayHello, round trip)", bytes, &tonic);
-    let ours = ours_side(&name, args)?;
-    print_table("rpc-core over sim (Greeter.SayHello, round trip)", bytes, &ours);
     let (t, o) = (p50(&tonic), p50(&ours));
     println!(
         " p50 round trip: tonic {:.2} usec / ours {:.2} usec = {:.0}x",
@@ -71,6 +76,10 @@ fn print_table(title: &str, bytes: usize, rec: &LatencyRecorder) {
     println!("{}", report::RESULT_LINE);
 }
 
-fn ours_side(_name: &str, _args: &Args) -> Result<LatencyRecorder, Box<dyn std::error::Error>> {
-    Err("TEMP: our side lands with the runtime".into())
+fn polling(args: &Args) -> rpc_core::PollingPolicy {
+    if args.yield_poll {
+        rpc_core::PollingPolicy::SpinThenYield { spins: 64 }
+    } else {
+        rpc_core::PollingPolicy::Busy
+    }
 }

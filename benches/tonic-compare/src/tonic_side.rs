@@ -7,7 +7,7 @@ use rpc_perf::stats::LatencyRecorder;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt as _;
 
-#[allow(missing_docs, clippy::all)]
+#[allow(missing_docs, dead_code, clippy::all)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/tonic/helloworld.rs"));
 }
