@@ -88,6 +88,11 @@ pub struct Args {
     #[arg(short = 'Q', long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub cq_mod: u32,
 
+    /// Raw tests receive through a shared receive queue, as the RPC workers do (perftest's
+    /// --use_srq).
+    #[arg(long)]
+    pub use_srq: bool,
+
     /// TCP port of the out-of-band exchange (the RPC server listens on the next one).
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
@@ -359,6 +364,8 @@ mod tests {
         assert_eq!(*a.sizes().last().unwrap(), 8 << 20);
         assert_eq!(a.limit_for(1 << 20), Limit::Duration(std::time::Duration::from_secs(2)));
         assert_eq!(a.poll, PollKind::Yield);
+        assert!(!a.use_srq);
+        assert!(parse(&["--use-srq"]).unwrap().use_srq);
         assert_eq!(parse(&["-x", "-1"]).unwrap().gid_index, -1);
     }
 

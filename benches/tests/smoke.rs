@@ -101,6 +101,9 @@ fn bulk_sizes_use_the_ring_and_check_lengths() {
     assert_eq!(res[0]["latency"]["iterations"], 20);
     assert_eq!(res[1]["bytes"], 65536);
     assert_eq!(res[1]["latency"]["iterations"], 20);
+    // send_lat through an SRQ, 64 KiB SENDs (not inline).
+    assert_eq!(res[2]["bytes"], 65536);
+    assert_eq!(res[2]["latency"]["iterations"], 20);
 }
 
 #[test]

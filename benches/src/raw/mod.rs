@@ -25,6 +25,7 @@ pub fn raw_config(args: &Args, max_size: usize) -> RawConfig {
         cq_mod: args.cq_mod,
         max_size,
         poll: args.poll,
+        use_srq: args.use_srq,
     }
 }
 
@@ -73,6 +74,7 @@ pub fn run_client<P: Provider>(
         ("Max inline data", format!("{}[B]", qp.max_inline())),
         ("CQ moderation", args.cq_mod.to_string()),
         ("Poll", format!("{:?}", args.poll).to_lowercase()),
+        ("Using SRQ", if args.use_srq { "ON" } else { "OFF" }.into()),
     ];
     if test.is_latency() {
         info.push(("Latency", "round trip (perftest prints half)".into()));

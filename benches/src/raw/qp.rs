@@ -11,7 +11,8 @@ use std::hash::{BuildHasher, Hasher};
 use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
 use rpc_core::verbs::{
     AccessFlags, CompletionQueue, Context, DeviceSelector, GidEntry, GidType, MemoryRegion, ProtectionDomain,
-    Provider, QpCap, QpInitAttr, QueuePair, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WorkCompletion,
+    Provider, QpCap, QpInitAttr, QueuePair, RecvWr, SendFlags, SendOp, SendWr, SharedReceiveQueue,
+    SrqInitAttr, WcOpcode, WorkCompletion,
 };
 
 use crate::cli::PollKind;
@@ -43,6 +44,8 @@ pub struct RawConfig {
     pub max_size: usize,
     /// Polling policy while waiting.
     pub poll: PollKind,
+    /// Receive through a shared receive queue (as the RPC workers do) instead of the QP's own.
+    pub use_srq: bool,
 }
 
 /// Picks the GID index: `wanted` when ≥ 0, else the first RoCEv2 entry with an IPv4-mapped
@@ -78,6 +81,7 @@ pub fn pick_gid(table: &[GidEntry], wanted: i32) -> Result<(u8, rpc_core::verbs:
 /// One side of a raw test. Field order is drop order: the QP goes before the MR it uses.
 pub struct RawQp<P: Provider> {
     qp: P::QueuePair,
+    srq: Option<P::SharedReceiveQueue>,
     cq: P::CompletionQueue,
     mr: P::MemoryRegion,
     ctx: P::Context,
@@ -126,8 +130,18 @@ impl<P: Provider> RawQp<P> {
             max_recv_sge: 1,
             max_inline_data: inline,
         };
-        let qp =
-            pd.create_qp(&QpInitAttr::<P> { send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
+        let srq = if cfg.use_srq {
+            Some(pd.create_srq(&SrqInitAttr { max_wr: RX_DEPTH, max_sge: 1 })?)
+        } else {
+            None
+        };
+        let qp = pd.create_qp(&QpInitAttr::<P> {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: srq.as_ref(),
+            cap,
+            sq_sig_all: false,
+        })?;
         let rc = RcConfig {
             port_num: cfg.port_num,
             gid_index,
@@ -139,6 +153,7 @@ impl<P: Provider> RawQp<P> {
         let max_inline = qp.cap().max_inline_data;
         Ok(RawQp {
             qp,
+            srq,
             cq,
             mr,
             ctx,
@@ -233,7 +248,12 @@ impl<P: Provider> RawQp<P> {
         // SAFETY: the SGE lies in `self.mr` (LOCAL_WRITE), which outlives the QP (dropped after it,
         // field order). All receives share the receive area; the caller never reads it while a
         // receive could land except through `recv_byte`, which is the RDMA WRITE tests' protocol.
-        unsafe { self.qp.post_recv(&wrs[..n])? };
+        unsafe {
+            match &self.srq {
+                Some(srq) => srq.post_recv(&wrs[..n])?,
+                None => self.qp.post_recv(&wrs[..n])?,
+            }
+        };
         self.rx_posted += n as u32;
         Ok(())
     }
