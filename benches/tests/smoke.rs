@@ -91,9 +91,10 @@ fn bulk_sizes_use_the_ring_and_check_lengths() {
         "--resp-size",
         "16",
         "--test",
-        "rpc_lat,write_lat",
+        "rpc_lat,write_lat,send_lat",
         "-s",
         "64K",
+        "--use-srq",
     ]);
     let res = v["results"].as_array().unwrap();
     assert_eq!(res[0]["req_bytes"], 65536);
