@@ -20,6 +20,12 @@ use crate::transport::Resolved;
 /// # Errors
 /// The first failure, named.
 pub fn run<P: Provider>(args: &Args, resolved: Resolved) -> Result<Option<RunReport>, PerfError> {
+    if !args.loopback && resolved == Resolved::Sim {
+        eprintln!(
+            "rpc-perf: note: the software NIC (sim) connects hosts inside one process; server and client \
+             in two processes need --transport rdma (or use --loopback)"
+        );
+    }
     if args.loopback {
         loopback::<P>(args, resolved).map(Some)
     } else if let Some(host) = &args.host {
@@ -96,6 +102,14 @@ pub fn loopback<P: Provider>(args: &Args, resolved: Resolved) -> Result<RunRepor
     if let Some(c) = client_core {
         core_affinity::set_for_current(c);
     }
+    let core =
+        |c: Option<core_affinity::CoreId>| c.map_or("unpinned".to_string(), |c| format!("core {}", c.id));
+    println!(
+        " rpc-perf --loopback on {}: server (and its RPC worker) on {}, client on {}",
+        P::NAME,
+        core(server_core),
+        core(client_core)
+    );
     let stream = TcpStream::connect(addr)
         .map_err(|source| PerfError::Io { what: format!("connecting to {addr}"), source })?;
     let res = client_session::<P>(args, resolved, OobChannel::new(stream)?);
