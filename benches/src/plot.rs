@@ -82,7 +82,8 @@ fn draw_inner(report: &RunReport, path: &Path) -> Result<(), Box<dyn std::error:
             .filter_map(|r| Some((r.test, r.bytes as f64, value(&r.measure)?)))
             .collect();
         let x_max = pts.iter().map(|p| p.1).fold(2.0, f64::max);
-        let y_max = pts.iter().map(|p| p.2).fold(0.0, f64::max) * 1.1;
+        let y_max = pts.iter().map(|p| p.2).fold(0.0, f64::max) * 1.5;
+        let y_min = (pts.iter().map(|p| p.2).fold(f64::MAX, f64::min) * 0.5).max(1e-6);
         let mut chart = ChartBuilder::on(&right)
             .caption(
                 if any_lat { "Median round trip vs size" } else { "Average bandwidth vs size" },
@@ -91,7 +92,7 @@ fn draw_inner(report: &RunReport, path: &Path) -> Result<(), Box<dyn std::error:
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(65)
-            .build_cartesian_2d((1f64..x_max * 1.5).log_scale(), (0.001f64..y_max.max(0.01)).log_scale())?;
+            .build_cartesian_2d((1f64..x_max * 1.5).log_scale(), (y_min..y_max.max(y_min * 10.0)).log_scale())?;
         chart
             .configure_mesh()
             .x_desc("message size [bytes]")
