@@ -92,7 +92,10 @@ fn draw_inner(report: &RunReport, path: &Path) -> Result<(), Box<dyn std::error:
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(65)
-            .build_cartesian_2d((1f64..x_max * 1.5).log_scale(), (y_min..y_max.max(y_min * 10.0)).log_scale())?;
+            .build_cartesian_2d(
+                (1f64..x_max * 1.5).log_scale(),
+                (y_min..y_max.max(y_min * 10.0)).log_scale(),
+            )?;
         chart
             .configure_mesh()
             .x_desc("message size [bytes]")

@@ -97,9 +97,12 @@ pub struct SizeRatio {
 pub struct MemcpyFigure {
     /// Copy size in bytes.
     pub bytes: usize,
-    /// memcpy bandwidth in MB/s (2^20 bytes/s).
-    pub mb_per_s: f64,
-    /// rpc_bw goodput at this size / memcpy bandwidth.
+    /// memcpy bandwidth with the same buffers each time (cache-resident when they fit), in MB/s
+    /// (2^20 bytes/s).
+    pub hot_mb_per_s: f64,
+    /// memcpy bandwidth through a 64 MiB working set, in MB/s.
+    pub cold_mb_per_s: f64,
+    /// rpc_bw goodput at this size / the larger of the two memcpy figures.
     pub rpc_fraction: f64,
 }
 

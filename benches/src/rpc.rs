@@ -34,7 +34,7 @@ use pb::{EchoReply, EchoRequest};
 
 /// Most completions between two samples of the peak-rate window in rpc_bw (fewer for large
 /// messages: one sample per MiB moved, at least one per call).
-const PEAK_BATCH_MAX: u64 = 1024;
+const PEAK_BATCH_MAX: u64 = 256;
 
 /// The benchmark service: answers `resp_size` bytes, sliced from one preallocated buffer (no
 /// allocation or copy per call on the server beyond the runtime's own).
@@ -314,7 +314,7 @@ fn windowed(
     }
 
     let peak_batch = ((1u64 << 20) / bytes_per_call.max(1)).clamp(1, PEAK_BATCH_MAX);
-    let mut peak = PeakWindow::new(8);
+    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
     let start = Instant::now();
     let (mut sent, mut done) = (0u64, 0u64);
     let mut issuing = true;

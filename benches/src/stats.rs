@@ -163,57 +163,49 @@ impl BandwidthSummary {
     }
 }
 
-/// Tracks the best window of a bandwidth run: the fastest stretch of `window` consecutive
-/// completion batches, measured between batch completion times.
+/// Tracks the peak rate of a bandwidth run: the best rate over consecutive intervals of at
+/// least `min_ns` each, measured between completion samples (so a burst of completions polled
+/// together cannot fake a rate).
 #[derive(Clone, Debug)]
 pub struct PeakWindow {
-    window: usize,
-    /// (completion time ns since start, cumulative bytes) of the last `window + 1` batches.
-    ring: Vec<(u64, u64)>,
-    head: usize,
-    filled: usize,
+    min_ns: u64,
+    /// Start of the current interval: (ns since start, cumulative bytes).
+    start: (u64, u64),
     best_bytes: u64,
     best_ns: u64,
 }
 
 impl PeakWindow {
-    /// A tracker over windows of `window` batches (at least 1).
-    pub fn new(window: usize) -> Self {
-        let window = window.max(1);
-        PeakWindow { window, ring: vec![(0, 0); window + 1], head: 0, filled: 0, best_bytes: 0, best_ns: 0 }
+    /// Default shortest interval: 1 ms.
+    pub const DEFAULT_MIN_NS: u64 = 1_000_000;
+
+    /// A tracker over intervals of at least `min_ns` ns (at least 1).
+    pub fn new(min_ns: u64) -> Self {
+        PeakWindow { min_ns: min_ns.max(1), start: (0, 0), best_bytes: 0, best_ns: 0 }
     }
 
     /// Notes that, at `t_ns` since the start, `total_bytes` bytes in all had completed.
     #[inline]
     pub fn completed(&mut self, t_ns: u64, total_bytes: u64) {
-        let n = self.ring.len();
-        self.ring[self.head] = (t_ns, total_bytes);
-        self.head = (self.head + 1) % n;
-        if self.filled < n {
-            self.filled += 1;
+        let (t0, b0) = self.start;
+        let dt = t_ns.saturating_sub(t0);
+        if dt < self.min_ns {
+            return;
         }
-        if self.filled == n {
-            let (t0, b0) = self.ring[self.head];
-            let (dt, db) = (t_ns.saturating_sub(t0), total_bytes - b0);
-            // db/dt > best_bytes/best_ns, in integers.
-            if dt > 0
-                && (self.best_ns == 0
-                    || (db as u128) * (self.best_ns as u128) > (self.best_bytes as u128) * (dt as u128))
-            {
-                self.best_bytes = db;
-                self.best_ns = dt;
-            }
+        let db = total_bytes.saturating_sub(b0);
+        // db/dt > best_bytes/best_ns, in integers.
+        if self.best_ns == 0
+            || (db as u128) * (self.best_ns as u128) > (self.best_bytes as u128) * (dt as u128)
+        {
+            self.best_bytes = db;
+            self.best_ns = dt;
         }
+        self.start = (t_ns, total_bytes);
     }
 
-    /// (bytes, ns) of the best window; (0, 0) when fewer than `window + 1` batches completed.
+    /// (bytes, ns) of the best interval; (0, 0) when no interval reached `min_ns`.
     pub fn best(&self) -> (u64, u64) {
         (self.best_bytes, self.best_ns)
-    }
-
-    /// Window length in batches.
-    pub fn window(&self) -> usize {
-        self.window
     }
 }
 
@@ -277,13 +269,17 @@ mod tests {
     }
 
     #[test]
-    fn peak_window_finds_fastest_stretch() {
-        let mut p = PeakWindow::new(2);
-        // Batches of 100 bytes completing at 10, 20, 25, 30, 60 ns.
-        for (i, t) in [10u64, 20, 25, 30, 60].into_iter().enumerate() {
-            p.completed(t, 100 * (i as u64 + 1));
+    fn peak_is_the_best_interval_of_at_least_min() {
+        let mut p = PeakWindow::new(10);
+        assert_eq!(p.best(), (0, 0));
+        // Samples (ns, cumulative bytes). Intervals close at >= 10 ns: 0->12 (600 B),
+        // 12->22 (100 B, the burst at 13 is inside it), 22->40 (900 B).
+        for (t, b) in [(5u64, 100u64), (12, 600), (13, 650), (22, 700), (30, 1000), (40, 1600)] {
+            p.completed(t, b);
         }
-        // Windows of 2 batches: 10->25 (15 ns), 20->30 (10 ns), 25->60 (35 ns): best is 200 B / 10 ns.
-        assert_eq!(p.best(), (200, 10));
+        // Rates: 600/12 = 50, 100/10 = 10, 900/18 = 50 B/ns; the first best is kept on ties.
+        assert_eq!(p.best(), (600, 12));
+        p.completed(45, 2600); // 1000 B in 5 ns: shorter than the minimum, ignored
+        assert_eq!(p.best(), (600, 12));
     }
 }

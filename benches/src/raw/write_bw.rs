@@ -1,5 +1,5 @@
 //! write_bw: RDMA WRITE bandwidth (as ib_write_bw): up to `tx_depth` WRITEs in flight, one in
-//! `cq_mod` signaled; average over the whole run, peak over the best window of completions.
+//! `cq_mod` signaled; average over the whole run, peak over the best interval of at least 1 ms.
 
 use std::time::Instant;
 
@@ -10,9 +10,6 @@ use crate::cli::Limit;
 use crate::error::PerfError;
 use crate::progress::Progress;
 use crate::stats::{BandwidthSummary, PeakWindow};
-
-/// Signaled completions per peak window.
-const PEAK_BATCHES: usize = 8;
 
 /// Client: writes `size`-byte messages until `limit`, after `warmup` unmeasured ones.
 ///
@@ -30,7 +27,7 @@ pub fn client<P: Provider>(
     }
     qp.drain_sends()?;
     let (base, _) = qp.send_counts();
-    let mut peak = PeakWindow::new(PEAK_BATCHES);
+    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
     let start = Instant::now();
     let mut i = 0u64;
     let mut last_done = base;
