@@ -88,6 +88,10 @@ pub struct Args {
     #[arg(short = 'Q', long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub cq_mod: u32,
 
+    /// Bytes sent inline by the raw tests (perftest's -I); 0 never inlines, as the RPC workers.
+    #[arg(short = 'I', long, default_value_t = 220, value_parser = clap::value_parser!(u32).range(0..=912))]
+    pub inline_size: u32,
+
     /// Raw tests receive through a shared receive queue, as the RPC workers do (perftest's
     /// --use_srq).
     #[arg(long)]
@@ -366,6 +370,9 @@ mod tests {
         assert_eq!(a.poll, PollKind::Yield);
         assert!(!a.use_srq);
         assert!(parse(&["--use-srq"]).unwrap().use_srq);
+        assert_eq!(a.inline_size, 220);
+        assert_eq!(parse(&["-I", "0"]).unwrap().inline_size, 0);
+        assert!(parse(&["-I", "913"]).is_err());
         assert_eq!(parse(&["-x", "-1"]).unwrap().gid_index, -1);
     }
 

@@ -95,6 +95,8 @@ fn bulk_sizes_use_the_ring_and_check_lengths() {
         "-s",
         "64K",
         "--use-srq",
+        "-I",
+        "0",
     ]);
     let res = v["results"].as_array().unwrap();
     assert_eq!(res[0]["req_bytes"], 65536);

@@ -26,6 +26,7 @@ pub fn raw_config(args: &Args, max_size: usize) -> RawConfig {
         max_size,
         poll: args.poll,
         use_srq: args.use_srq,
+        inline: args.inline_size,
     }
 }
 

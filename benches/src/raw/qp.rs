@@ -24,8 +24,6 @@ use crate::poll::Waiter;
 const POLL_BATCH: usize = 32;
 /// Receive WRs kept posted.
 const RX_DEPTH: u32 = 64;
-/// Inline data asked of the QP in bytes (perftest's default for RC WRITE).
-const WANT_INLINE: u32 = 220;
 
 /// How to open and size one side.
 #[derive(Clone, Debug)]
@@ -46,6 +44,9 @@ pub struct RawConfig {
     pub poll: PollKind,
     /// Receive through a shared receive queue (as the RPC workers do) instead of the QP's own.
     pub use_srq: bool,
+    /// Inline data asked of the QP in bytes (0 = never inline, as the RPC workers); capped by the
+    /// device.
+    pub inline: u32,
 }
 
 /// Picks the GID index: `wanted` when ≥ 0, else the first RoCEv2 entry with an IPv4-mapped
@@ -122,7 +123,7 @@ impl<P: Provider> RawQp<P> {
         let area = cfg.max_size.max(64).next_multiple_of(64);
         let mr = pd.reg_mr(2 * area, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
         let dev_inline = ctx.attr().max_inline_data;
-        let inline = if dev_inline > 0 { dev_inline.min(WANT_INLINE) } else { 64 };
+        let inline = if dev_inline > 0 { dev_inline.min(cfg.inline) } else { cfg.inline.min(64) };
         let cap = QpCap {
             max_send_wr: sq_depth,
             max_recv_wr: RX_DEPTH,
