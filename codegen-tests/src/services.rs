@@ -163,6 +163,9 @@ impl deep::ledger_server::Ledger for Impl {
         }
         .into()
     }
+    fn annotate(&self, _ctx: &RequestContext, request: deep::outer::Inner) -> Reply<deep::outer::Inner> {
+        deep::outer::Inner { note: format!("[{}]", request.note) }.into()
+    }
 }
 
 impl deep::inner::v1::pricing_server::Pricing for Impl {

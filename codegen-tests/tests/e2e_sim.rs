@@ -202,6 +202,8 @@ fn packages_imports_and_well_known_types() {
     let outer = ledger.sum(&common::Page { offset: 3, limit: 4 }).expect("sum");
     assert_eq!(outer.total.as_ref().map(|m| m.units), Some(7));
     assert_eq!(outer.inner.as_ref().map(|i| i.note.as_str()), Some("3+4"));
+    let note = deep::outer::Inner { note: "n".into() };
+    assert_eq!(ledger.annotate(&note).expect("annotate").note, "[n]");
 
     let pricing = deep::inner::v1::pricing_client::PricingClient::new(ledger.into_client());
     let money = common::Money { currency: "CHF".into(), units: 5 };

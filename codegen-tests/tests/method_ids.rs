@@ -73,7 +73,7 @@ fn build_time_ids_equal_the_runtime_hash() {
         ("codegen.shadowing.Service", 1),
         ("codegen.shadowing.Shadow", 5),
         ("codegen.shadowing.T", 1),
-        ("codegen.deep.Ledger", 1),
+        ("codegen.deep.Ledger", 2),
         ("codegen.deep.inner.v1.Pricing", 2),
         ("Pinger", 1),
         ("codegen.only_service.Exchange", 1),

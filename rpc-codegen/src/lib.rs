@@ -45,6 +45,10 @@
 //! }
 //! ```
 //!
+//! (Packages that refer to each other need modules nested like the package names —
+//! `codegen.deep.inner.v1` in `codegen::deep::inner::v1` — since prost's paths between packages
+//! are relative; a file without `package` is `include_proto!("_")`.)
+//!
 //! **3. Implement and call it.** The server implements the trait; the client calls the stub:
 //!
 //! ```ignore

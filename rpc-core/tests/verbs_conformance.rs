@@ -148,6 +148,28 @@ mod sim_only {
     }
 
     #[test]
+    fn delayed_wrs_arrive_later_and_in_order() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+        for i in 0..3 {
+            post_recv(&b.qp, &[RecvWr { wr_id: 10 + i, sg_list: &[b.sge(i as usize * 64, 64)] }]).unwrap();
+        }
+        a.qp.set_delay(Some(Duration::from_millis(5)));
+        let s = [a.sge(0, 8)];
+        post_send(&a.qp, &[send(1, &s, SIG), send(2, &s, SIG), send(3, &s, SIG)]).unwrap();
+        let mut buf = [WorkCompletion::default(); 4];
+        assert_eq!(b.rcq.poll(&mut buf).unwrap(), 0, "nothing delivered at post time");
+        let w = poll_n::<H, _>(&a.scq, 3, "delayed sends");
+        assert_eq!(
+            statuses(&w),
+            [(1, WcStatus::IBV_WC_SUCCESS), (2, WcStatus::IBV_WC_SUCCESS), (3, WcStatus::IBV_WC_SUCCESS)]
+        );
+        let r = poll_n::<H, _>(&b.rcq, 3, "delayed receives");
+        assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [10, 11, 12]);
+        a.qp.set_delay(None);
+    }
+
+    #[test]
     fn force_error_flushes_outstanding_work() {
         let (ca, cb) = hosts();
         let (a, _b) = pair::<H>(&ca, &cb, Opts { min_rnr_timer: 1, ..Opts::default() });
@@ -297,6 +319,19 @@ mod sim_only {
             poll_one::<H, _>(&a.scq, "write-imm without receive").status,
             WcStatus::IBV_WC_RNR_RETRY_EXC_ERR
         );
+    }
+
+    #[test]
+    fn receive_too_small_is_exactly_local_length_error_at_the_receiver() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts::default());
+        post_recv(&b.qp, &[RecvWr { wr_id: 3, sg_list: &[b.sge(0, 8)] }]).unwrap();
+        post_send(&a.qp, &[send(1, &[a.sge(0, 9)], SIG)]).unwrap();
+        let r = poll_one::<H, _>(&b.rcq, "receive");
+        assert_eq!((r.wr_id, r.status, r.qp_num), (3, WcStatus::IBV_WC_LOC_LEN_ERR, b.qp.qp_num()));
+        assert_eq!(poll_one::<H, _>(&a.scq, "send").status, WcStatus::IBV_WC_REM_INV_REQ_ERR);
+        assert_eq!((a.qp.state(), b.qp.state()), (QpState::Err, QpState::Err));
+        assert!(b.bytes()[..8].iter().all(|&x| x == 0), "nothing written into a too-small buffer");
     }
 
     #[test]

@@ -31,9 +31,9 @@ pub enum VerbsError {
         limit: u64,
     },
     /// Registering memory failed because the locked-memory limit is too small.
-    #[error("ibv_reg_mr of {needed} bytes failed: locked-memory limit (ulimit -l) is {limit}; raise it (e.g. `ulimit -l unlimited`, or memlock in /etc/security/limits.conf)")]
+    #[error("ibv_reg_mr failed: registering this memory needs {needed} bytes locked, but the locked-memory limit (ulimit -l) is {limit}; raise it (e.g. `ulimit -l unlimited`, or memlock in /etc/security/limits.conf)")]
     MemlockLimit {
-        /// Bytes needed by this registration.
+        /// Bytes of locked memory the process needs with this registration (all its MRs).
         needed: u64,
         /// The current RLIMIT_MEMLOCK, human-readable ("unlimited" or "N bytes").
         limit: String,

@@ -35,6 +35,23 @@ fn expect_status(wc: &rpc_core::verbs::WorkCompletion, wr_id: u64, status: WcSta
     assert_eq!((wc.wr_id, wc.status), (wr_id, status), "completion {wc:?}");
 }
 
+/// `status` exactly on the software NIC; on a device also one of `quirks`, statuses a kernel
+/// driver is known to report instead (Soft-RoCE `rxe` on Linux 6.1 answers a bad lkey and a
+/// too-small receive with `IBV_WC_LOC_QP_OP_ERR`, and the sender of the latter gets
+/// `IBV_WC_REM_OP_ERR`).
+fn expect_status_or<H: Harness>(
+    wc: &rpc_core::verbs::WorkCompletion,
+    wr_id: u64,
+    status: WcStatus,
+    quirks: &[WcStatus],
+) {
+    if <H::P as Provider>::NAME != "sim" && quirks.contains(&wc.status) {
+        assert_eq!(wc.wr_id, wr_id, "completion {wc:?}");
+    } else {
+        expect_status(wc, wr_id, status);
+    }
+}
+
 pub fn device_and_port_attributes<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let devices = <H::P as Provider>::devices().expect("devices");
     assert!(!devices.is_empty());
@@ -381,9 +398,9 @@ pub fn receive_too_small_is_local_length_error<H: Harness>(ca: Ctx<H>, cb: Ctx<H
     post_one_recv(&b, 32, 16, 16);
     post_send(&a.qp, &[send(1, &[a.sge(0, 100)], SendOp::Send, SIG)]).unwrap();
     let r = poll_one::<H, _>(&b.rcq, "receive too small");
-    expect_status(&r, 31, WcStatus::IBV_WC_LOC_LEN_ERR);
+    expect_status_or::<H>(&r, 31, WcStatus::IBV_WC_LOC_LEN_ERR, &[WcStatus::IBV_WC_LOC_QP_OP_ERR]);
     let s = poll_one::<H, _>(&a.scq, "send to a too-small receive");
-    expect_status(&s, 1, WcStatus::IBV_WC_REM_INV_REQ_ERR);
+    expect_status_or::<H>(&s, 1, WcStatus::IBV_WC_REM_INV_REQ_ERR, &[WcStatus::IBV_WC_REM_OP_ERR]);
     // The responder QP is in ERR: its other receive is flushed.
     let f = poll_one::<H, _>(&b.rcq, "flushed receive");
     expect_status(&f, 32, WcStatus::IBV_WC_WR_FLUSH_ERR);
@@ -395,7 +412,8 @@ pub fn bad_lkey_is_local_protection_error<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let mut sge = a.sge(0, 8);
     sge.lkey ^= 0x0077_0000;
     post_send(&a.qp, &[send(1, &[sge], SendOp::Send, SIG)]).unwrap();
-    expect_status(&poll_one::<H, _>(&a.scq, "send with a bad lkey"), 1, WcStatus::IBV_WC_LOC_PROT_ERR);
+    let w = poll_one::<H, _>(&a.scq, "send with a bad lkey");
+    expect_status_or::<H>(&w, 1, WcStatus::IBV_WC_LOC_PROT_ERR, &[WcStatus::IBV_WC_LOC_QP_OP_ERR]);
     wait_until::<H>("the requester QP in ERR", || a.qp.state() == QpState::Err);
 }
 
@@ -658,7 +676,7 @@ pub fn req_notify_and_wait<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let flag = armed.clone();
     let waiter = std::thread::spawn(move || {
         flag.store(true, Ordering::SeqCst);
-        let woke = rcq.wait(Some(H::TIMEOUT)).expect("wait");
+        let woke = rcq.wait(Some(H::timeout())).expect("wait");
         let mut buf = [rpc_core::verbs::WorkCompletion::default(); 4];
         let n = rcq.poll(&mut buf).expect("poll");
         (woke, buf[..n].to_vec())

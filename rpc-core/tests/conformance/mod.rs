@@ -24,8 +24,17 @@ pub trait Harness: 'static {
     /// The provider.
     type P: Provider;
 
-    /// Hang guard for polling loops (not a timing assertion).
+    /// Hang guard for polling loops (not a timing assertion). Default 10 s; an emulated guest
+    /// may want more.
     const TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// The hang guard in effect: `RPC_TEST_TIMEOUT_SECS` if set, else [`Harness::TIMEOUT`].
+    fn timeout() -> Duration {
+        std::env::var("RPC_TEST_TIMEOUT_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(Self::TIMEOUT, Duration::from_secs)
+    }
 
     /// Two contexts to connect to each other (two hosts on `sim`; the same device opened twice
     /// on a NIC), or the reason the provider cannot run here.
@@ -61,7 +70,9 @@ pub struct Address {
     pub cfg: RcConfig,
 }
 
-/// Opens the first device twice: the harness for any provider with real devices.
+/// Opens one device twice (two contexts, as two processes would): the harness for any
+/// provider. The device is `RXE_DEV` (name or index, as `scripts/softroce-test` exports it) or
+/// the provider's first one.
 pub struct DeviceHarness<Pr>(PhantomData<Pr>);
 
 impl<Pr: Provider> Harness for DeviceHarness<Pr> {
@@ -72,17 +83,20 @@ impl<Pr: Provider> Harness for DeviceHarness<Pr> {
         if devices.is_empty() {
             return Err(hint.into());
         }
-        let a = Pr::open(&DeviceSelector::First).map_err(|e| format!("{hint} ({e})"))?;
-        let b = Pr::open(&DeviceSelector::First).map_err(|e| format!("{hint} ({e})"))?;
+        let sel: DeviceSelector = std::env::var("RXE_DEV").unwrap_or_default().parse().unwrap_or_default();
+        let a = Pr::open(&sel).map_err(|e| format!("{hint} ({e})"))?;
+        let b = Pr::open(&sel).map_err(|e| format!("{hint} ({e})"))?;
         Ok((a, b))
     }
 }
 
-/// Runs one case: opens the pair or prints why it is skipped (a skip fails on `sim`).
+/// Runs one case: opens the pair or prints why it is skipped. A skip is a failure on `sim` and
+/// wherever `RPC_REQUIRE_RDMA=1` (inside the Soft-RoCE guest).
 pub fn run<H: Harness>(name: &str, case: fn(Ctx<H>, Ctx<H>)) {
+    let required = <P<H>>::NAME == "sim" || std::env::var("RPC_REQUIRE_RDMA").is_ok_and(|v| v == "1");
     match H::open_pair() {
         Ok((a, b)) => case(a, b),
-        Err(reason) if <P<H>>::NAME == "sim" => panic!("{name}: the software NIC must always run: {reason}"),
+        Err(reason) if required => panic!("{name} on {}: the provider must run here: {reason}", <P<H>>::NAME),
         Err(reason) => eprintln!("skipped {name} on {}: {reason}", <P<H>>::NAME),
     }
 }
@@ -311,11 +325,11 @@ pub fn post_srq_recv<S: SharedReceiveQueue>(srq: &S, wrs: &[RecvWr<'_>]) -> rpc_
 }
 
 /// Polls until `n` completions arrived, yielding between empty polls; panics after
-/// `H::TIMEOUT` (a hang guard) naming what it was waiting for.
+/// `H::timeout()` (a hang guard) naming what it was waiting for.
 pub fn poll_n<H: Harness, C: CompletionQueue>(cq: &C, n: usize, what: &str) -> Vec<WorkCompletion> {
     let mut out = Vec::with_capacity(n);
     let mut buf = [WorkCompletion::default(); 16];
-    let deadline = Instant::now() + H::TIMEOUT;
+    let deadline = Instant::now() + H::timeout();
     while out.len() < n {
         let want = (n - out.len()).min(buf.len());
         let got = cq.poll(&mut buf[..want]).unwrap_or_else(|e| panic!("poll while waiting for {what}: {e}"));
@@ -324,7 +338,7 @@ pub fn poll_n<H: Harness, C: CompletionQueue>(cq: &C, n: usize, what: &str) -> V
             assert!(
                 Instant::now() < deadline,
                 "timed out after {:?} waiting for {what}: {} of {n} completions: {out:?}",
-                H::TIMEOUT,
+                H::timeout(),
                 out.len()
             );
             std::thread::yield_now();
@@ -348,11 +362,11 @@ pub fn assert_empty<C: CompletionQueue>(cq: &C, what: &str) {
     }
 }
 
-/// Waits (yielding) until `cond` holds; panics after `H::TIMEOUT` naming `what`.
+/// Waits (yielding) until `cond` holds; panics after `H::timeout()` naming `what`.
 pub fn wait_until<H: Harness>(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + H::TIMEOUT;
+    let deadline = Instant::now() + H::timeout();
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {:?} waiting for {what}", H::TIMEOUT);
+        assert!(Instant::now() < deadline, "timed out after {:?} waiting for {what}", H::timeout());
         std::thread::yield_now();
     }
 }

@@ -4,13 +4,63 @@
 //! The event path is the only place with a lock and a condition variable, and a CQ created
 //! without events never touches it: a push on such a CQ is a CAS, a copy and a release store.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::host::HostCore;
-use super::ring::Ring;
-use crate::verbs::{CompletionQueue, Result, VerbsError, WorkCompletion};
+use super::ring::{ld, st, Ring};
+use crate::verbs::{CompletionQueue, Result, VerbsError, WcOpcode, WcStatus, WorkCompletion};
+
+/// Words of a CQE in the ring (see [`encode`]).
+pub(crate) const CQE_WORDS: usize = 5;
+
+const OPCODES: [WcOpcode; 8] = [
+    WcOpcode::IBV_WC_SEND,
+    WcOpcode::IBV_WC_RDMA_WRITE,
+    WcOpcode::IBV_WC_RDMA_READ,
+    WcOpcode::IBV_WC_COMP_SWAP,
+    WcOpcode::IBV_WC_FETCH_ADD,
+    WcOpcode::IBV_WC_BIND_MW,
+    WcOpcode::IBV_WC_RECV,
+    WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM,
+];
+
+/// `wr_id`; `status | opcode << 32 | has_imm << 40`; `byte_len | imm << 32`;
+/// `qp_num | src_qp << 32`; `vendor_err`.
+#[inline(always)]
+fn encode(w: &[AtomicU64; CQE_WORDS], wc: &WorkCompletion) {
+    // Fieldless enum: its discriminant is the index into `OPCODES` (checked by a test).
+    let op = wc.opcode as u64;
+    st(&w[0], wc.wr_id);
+    st(&w[1], wc.status as u32 as u64 | op << 32 | (wc.imm_data.is_some() as u64) << 40);
+    st(&w[2], wc.byte_len as u64 | (wc.imm_data.unwrap_or(0) as u64) << 32);
+    st(&w[3], wc.qp_num as u64 | (wc.src_qp as u64) << 32);
+    st(&w[4], wc.vendor_err as u64);
+}
+
+#[inline(always)]
+fn decode(w: &[AtomicU64; CQE_WORDS]) -> WorkCompletion {
+    let (w1, w2, w3) = (ld(&w[1]), ld(&w[2]), ld(&w[3]));
+    WorkCompletion {
+        wr_id: ld(&w[0]),
+        status: WcStatus::from_u32(w1 as u32),
+        opcode: OPCODES[((w1 >> 32) & 7) as usize],
+        byte_len: w2 as u32,
+        imm_data: ((w1 >> 40) & 1 == 1).then_some((w2 >> 32) as u32),
+        qp_num: w3 as u32,
+        src_qp: (w3 >> 32) as u32,
+        vendor_err: ld(&w[4]) as u32,
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn opcode_discriminants_index_the_table() {
+    for (i, op) in OPCODES.iter().enumerate() {
+        assert_eq!(*op as usize, i);
+    }
+}
 
 const ARMED_NONE: u8 = 0;
 const ARMED_ANY: u8 = 1;
@@ -24,7 +74,7 @@ struct CqEvents {
 }
 
 pub(crate) struct CqCore {
-    ring: Ring<WorkCompletion>,
+    ring: Ring<CQE_WORDS>,
     cqe: u32,
     overrun: AtomicBool,
     events: Option<CqEvents>,
@@ -38,13 +88,30 @@ impl CqCore {
     }
 
     /// Queues a completion; `solicited` (a receive of a SOLICITED send) wakes a
-    /// `solicited_only` waiter, as any error does. On overflow the completion is lost and the CQ is marked overrun:
-    /// every later `poll` reports [`VerbsError::CqOverrun`].
+    /// `solicited_only` waiter, as any error does. On overflow the completion is lost and the CQ
+    /// is marked overrun: every later `poll` reports [`VerbsError::CqOverrun`].
     #[inline]
     pub(crate) fn push(&self, wc: WorkCompletion, solicited: bool) {
-        if !self.ring.push(wc) {
-            self.overrun.store(true, Ordering::Release);
-            tracing::warn!(cqe = self.cqe, "sim: completion queue overrun, a completion was lost");
+        let slot = self.claim();
+        self.publish(slot, wc, solicited);
+    }
+
+    /// Reserves the CQ's next entry (before the data transfer it will report, so that no locked
+    /// instruction follows the payload stores); `None` when the CQ is full.
+    #[inline]
+    pub(crate) fn claim(&self) -> Option<usize> {
+        self.ring.claim()
+    }
+
+    /// Publishes a completion into an entry from [`CqCore::claim`] (or records the overrun).
+    #[inline]
+    pub(crate) fn publish(&self, slot: Option<usize>, wc: WorkCompletion, solicited: bool) {
+        match slot {
+            Some(pos) => self.ring.publish(pos, |w| encode(w, &wc)),
+            None => {
+                self.overrun.store(true, Ordering::Release);
+                tracing::warn!(cqe = self.cqe, "sim: completion queue overrun, a completion was lost");
+            }
         }
         if let Some(ev) = &self.events {
             // Pairs with the fence in `req_notify`: either the armer's next poll sees this CQE or
@@ -110,7 +177,7 @@ impl CompletionQueue for SimCq {
         }
         let mut n = 0;
         while n < wc.len() {
-            match core.ring.pop() {
+            match core.ring.pop(decode) {
                 Some(w) => {
                     wc[n] = w;
                     n += 1;
@@ -130,6 +197,10 @@ impl CompletionQueue for SimCq {
 
     fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
         let ev = self.events("ibv_get_cq_event")?;
+        if self.core.overrun.load(Ordering::Acquire) {
+            // An overrun CQ raises no more completion events (as after IBV_EVENT_CQ_ERR).
+            return Err(VerbsError::CqOverrun { cqe: self.core.cqe });
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut pending = ev.pending.lock().unwrap_or_else(|e| e.into_inner());
         while *pending == 0 {

@@ -8,11 +8,13 @@
 //! completions. A responder-side failure also moves the responder QP to ERR, as rxe does
 //! (`do_class_ac_error` in `rxe_resp.c`).
 
+use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::fabric::fabric;
 use super::qp::{Link, QpCore, StallKind, ST_RTR, ST_RTS};
-use super::srq::take_recv;
+use super::srq::{pop_recv, pop_recv_id, rq_sge};
 use super::MAX_SGE;
 use crate::verbs::{AccessFlags, SendFlags, SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
 
@@ -56,6 +58,17 @@ type Seg = (*mut u8, usize);
 /// thread may access the `dst` bytes meanwhile (the verbs ownership contract).
 #[inline]
 unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
+    if let ([(s, sn)], [(d, dn)]) = (src, dst) {
+        let n = (*sn).min(*dn);
+        let (s, d) = (*s as *const u8, *d);
+        let disjoint = (s as usize + n <= d as usize) || (d as usize + n <= s as usize);
+        if n <= 64 && disjoint {
+            // Small messages: inline word copies instead of a call into memmove.
+            // SAFETY: both ranges are valid for `n` bytes (caller's contract) and disjoint.
+            unsafe { copy_small(s, d, n) };
+            return;
+        }
+    }
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while si < src.len() && di < dst.len() {
         let n = (src[si].1 - so).min(dst[di].1 - doff);
@@ -75,13 +88,46 @@ unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
     }
 }
 
+/// Copies `n <= 64` bytes with at most two (overlapping) loads and stores per size class, as
+/// small-size memcpy does, instead of a call.
+///
+/// # Safety
+/// `s` valid for reads and `d` for writes of `n` bytes; the ranges do not overlap.
+#[inline(always)]
+unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
+    #[inline(always)]
+    unsafe fn two<T: Copy>(s: *const u8, d: *mut u8, n: usize) {
+        let k = std::mem::size_of::<T>();
+        // SAFETY: `k <= n <= 2k` (callers' size classes), so `[0, k)` and `[n - k, n)` lie in
+        // both ranges; unaligned accesses are allowed; both loads happen before the stores.
+        unsafe {
+            let a = (s as *const T).read_unaligned();
+            let b = (s.add(n - k) as *const T).read_unaligned();
+            (d as *mut T).write_unaligned(a);
+            (d.add(n - k) as *mut T).write_unaligned(b);
+        }
+    }
+    // SAFETY: in every arm the size class satisfies `two`'s bound; ranges as the caller promised.
+    unsafe {
+        match n {
+            0 => {}
+            1 => *d = *s,
+            2..=3 => two::<u16>(s, d, n),
+            4..=7 => two::<u32>(s, d, n),
+            8..=15 => two::<u64>(s, d, n),
+            16..=31 => two::<u128>(s, d, n),
+            _ => two::<[u128; 2]>(s, d, n),
+        }
+    }
+}
+
 impl QpCore {
     /// One attempt at executing `v`.
     #[inline]
     pub(crate) fn exec(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
         let is_read = matches!(v.op, SendOp::RdmaRead { .. });
         let need = if is_read { AccessFlags::LOCAL_WRITE } else { AccessFlags::EMPTY };
-        let mut segs: [Seg; MAX_SGE] = [(std::ptr::null_mut(), 0); MAX_SGE];
+        let mut segs: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
         let mut n = 0;
         let mut len = 0u64;
         match v.src {
@@ -92,7 +138,7 @@ impl QpCore {
                     }
                     match self.host.mrs.resolve(s.lkey, self.pd, s.addr, s.length, need) {
                         Ok(p) => {
-                            segs[n] = (p, s.length as usize);
+                            segs[n].write((p, s.length as usize));
                             n += 1;
                             len += s.length as u64;
                         }
@@ -102,20 +148,21 @@ impl QpCore {
             }
             Src::Inline(bytes) => {
                 if !bytes.is_empty() {
-                    segs[0] = (bytes.as_ptr() as *mut u8, bytes.len());
+                    segs[0].write((bytes.as_ptr() as *mut u8, bytes.len()));
                     n = 1;
                     len = bytes.len() as u64;
                 }
             }
             Src::Raw(sges) => {
-                for s in sges.iter().filter(|s| s.length > 0) {
-                    segs[n] = (s.addr as *mut u8, s.length as usize);
+                for s in sges.iter().filter(|s| s.length > 0).take(MAX_SGE) {
+                    segs[n].write((s.addr as *mut u8, s.length as usize));
                     n += 1;
                     len += s.length as u64;
                 }
             }
         }
-        let segs = &segs[..n];
+        // SAFETY: the first `n` entries of `segs` were written above.
+        let segs = unsafe { std::slice::from_raw_parts(segs.as_ptr() as *const Seg, n) };
         if len > MAX_MSG {
             return Outcome::Fail(WcStatus::IBV_WC_LOC_LEN_ERR);
         }
@@ -133,7 +180,7 @@ impl QpCore {
                 None => return Outcome::Stall(StallKind::Lost),
             }
         }
-        let Some(peer) = link.peer.as_deref() else {
+        let Some(peer) = link.peer.as_ref() else {
             return Outcome::Stall(StallKind::Lost);
         };
         if peer.destroyed.load(Ordering::Relaxed)
@@ -146,54 +193,66 @@ impl QpCore {
         if (pst != ST_RTR && pst != ST_RTS) || peer.epsn.load(Ordering::Relaxed) != link.psn {
             return Outcome::Stall(StallKind::Lost);
         }
-        let npkts = len.div_ceil(link.mtu as u64).max(1) as u32;
+        // Path MTUs are powers of two: a shift, not a division.
+        let shift = link.mtu.trailing_zeros();
+        let npkts = ((len + link.mtu as u64 - 1) >> shift).max(1) as u32;
         let next_psn = link.psn.wrapping_add(npkts) & 0x00ff_ffff;
         let solicited = v.flags.contains(SendFlags::SOLICITED);
 
         // The responder.
         match v.op {
             SendOp::Send | SendOp::SendWithImm { .. } => {
-                let Some(r) = take_recv(peer.recv_ring()) else {
+                let pd = peer.recv_pd();
+                let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
+                let mut dn = 0;
+                let popped = pop_recv(peer.recv_ring(), |wr_id, nsge, w| {
+                    dn = 0;
+                    let mut room = 0u64;
+                    for i in 0..nsge {
+                        let s = rq_sge(w, i);
+                        if s.length == 0 {
+                            continue;
+                        }
+                        match peer.host.mrs.resolve(s.lkey, pd, s.addr, s.length, AccessFlags::LOCAL_WRITE) {
+                            Ok(p) => {
+                                dst[dn].write((p, s.length as usize));
+                                dn += 1;
+                                room += s.length as u64;
+                            }
+                            Err(_) => return (wr_id, None),
+                        }
+                    }
+                    (wr_id, Some(room))
+                });
+                let Some((recv_wr_id, room)) = popped else {
                     return Outcome::Stall(StallKind::Rnr);
                 };
-                let pd = peer.recv_pd();
-                let mut dst: [Seg; MAX_SGE] = [(std::ptr::null_mut(), 0); MAX_SGE];
-                let mut dn = 0;
-                let mut room = 0u64;
-                for s in &r.sges[..r.nsge] {
-                    if s.length == 0 {
-                        continue;
-                    }
-                    match peer.host.mrs.resolve(s.lkey, pd, s.addr, s.length, AccessFlags::LOCAL_WRITE) {
-                        Ok(p) => {
-                            dst[dn] = (p, s.length as usize);
-                            dn += 1;
-                            room += s.length as u64;
-                        }
-                        Err(_) => {
-                            self.responder_fault(peer, Some(r.wr_id), WcStatus::IBV_WC_LOC_PROT_ERR);
-                            return Outcome::Fail(WcStatus::IBV_WC_REM_OP_ERR);
-                        }
-                    }
-                }
+                let Some(room) = room else {
+                    self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_PROT_ERR);
+                    return Outcome::Fail(WcStatus::IBV_WC_REM_OP_ERR);
+                };
                 if room < len {
-                    self.responder_fault(peer, Some(r.wr_id), WcStatus::IBV_WC_LOC_LEN_ERR);
+                    self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_LEN_ERR);
                     return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
                 }
+                // SAFETY: the first `dn` entries of `dst` were written above.
+                let dst = unsafe { std::slice::from_raw_parts(dst.as_ptr() as *const Seg, dn) };
+                let cqe = peer.recv_cq.claim();
                 // SAFETY: `segs` were resolved against live MRs (or are inline bytes / the
                 // caller's inline buffers valid during the post), `dst` against the responder's
                 // live MRs with LOCAL_WRITE; MRs cannot be deregistered while we hold our guard
                 // (quiescence), and the receive buffer belongs to the NIC until its CQE is polled.
-                unsafe { copy_segs(segs, &dst[..dn]) };
+                unsafe { copy_segs(segs, dst) };
                 peer.epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
                 let imm = match v.op {
                     SendOp::SendWithImm { imm } => Some(imm),
                     _ => None,
                 };
-                peer.recv_cq.push(
+                peer.recv_cq.publish(
+                    cqe,
                     WorkCompletion {
-                        wr_id: r.wr_id,
+                        wr_id: recv_wr_id,
                         status: WcStatus::IBV_WC_SUCCESS,
                         opcode: WcOpcode::IBV_WC_RECV,
                         byte_len: len as u32,
@@ -204,6 +263,7 @@ impl QpCore {
                     },
                     solicited,
                 );
+                peer.recv_ring().prefetch_next();
                 Outcome::Done(len)
             }
             SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. } => {
@@ -230,8 +290,8 @@ impl QpCore {
                     }
                 };
                 let recv = match v.op {
-                    SendOp::RdmaWriteWithImm { imm, .. } => match take_recv(peer.recv_ring()) {
-                        Some(r) => Some((r.wr_id, imm)),
+                    SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(peer.recv_ring()) {
+                        Some(wr_id) => Some((wr_id, imm, peer.recv_cq.claim())),
                         None => return Outcome::Stall(StallKind::Rnr),
                     },
                     _ => None,
@@ -243,8 +303,9 @@ impl QpCore {
                 }
                 peer.epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
-                if let Some((wr_id, imm)) = recv {
-                    peer.recv_cq.push(
+                if let Some((wr_id, imm, cqe)) = recv {
+                    peer.recv_cq.publish(
+                        cqe,
                         WorkCompletion {
                             wr_id,
                             status: WcStatus::IBV_WC_SUCCESS,
@@ -293,7 +354,7 @@ impl QpCore {
 
     /// The responder detected an error: its receive WQE (if one was consumed) completes with
     /// `status` and the responder QP goes to ERR (class A/C responder errors).
-    fn responder_fault(&self, peer: &QpCore, recv_wr_id: Option<u64>, status: WcStatus) {
+    fn responder_fault(&self, peer: &Arc<QpCore>, recv_wr_id: Option<u64>, status: WcStatus) {
         tracing::debug!(qp = peer.qpn, ?status, "sim: responder error, QP -> ERR");
         if let Some(wr_id) = recv_wr_id {
             peer.recv_cq.push(
@@ -311,5 +372,30 @@ impl QpCore {
             );
         }
         peer.set_error();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_segs_small_and_split_sizes() {
+        for n in 0..=200usize {
+            let src: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+            let mut dst = vec![0xaau8; n + 8];
+            // SAFETY: both buffers are live and at least `n` bytes long, and disjoint.
+            unsafe { copy_segs(&[(src.as_ptr() as *mut u8, n)], &[(dst.as_mut_ptr(), n)]) };
+            assert_eq!(&dst[..n], &src[..], "{n} bytes");
+            assert!(dst[n..].iter().all(|&b| b == 0xaa), "nothing past {n} bytes");
+            // Scattered into three pieces.
+            let mut out = vec![0u8; n + 2];
+            let (a, rest) = out.split_at_mut(n / 3);
+            let (b, c) = rest.split_at_mut(n / 3 + 1);
+            let segs = [(a.as_mut_ptr(), a.len()), (b.as_mut_ptr(), b.len()), (c.as_mut_ptr(), c.len())];
+            // SAFETY: as above; the destination pieces are disjoint and cover `n + 2` bytes.
+            unsafe { copy_segs(&[(src.as_ptr() as *mut u8, n)], &segs) };
+            assert_eq!(&out[..n], &src[..], "{n} bytes scattered");
+        }
     }
 }

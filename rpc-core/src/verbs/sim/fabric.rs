@@ -96,7 +96,7 @@ impl Fabric {
     /// Removes a host from the fabric (lookups no longer find it or its QPs), calling `each` on
     /// every one of its QPs outside the lock (fault injection: the host vanished). The QPs stay
     /// registered for quiescence until destroyed.
-    pub(crate) fn detach_host_qps(&self, id: u32, each: impl Fn(&QpCore)) {
+    pub(crate) fn detach_host_qps(&self, id: u32, each: impl Fn(&Arc<QpCore>)) {
         self.remove_host(id);
         let gone: Vec<Arc<QpCore>> =
             lock(&self.qps).iter().filter(|((h, _), _)| *h == id).filter_map(|(_, q)| q.upgrade()).collect();
@@ -139,20 +139,34 @@ pub(crate) fn quiesce() {
 
 fn timer_loop() {
     let f = &*FABRIC;
-    let mut list = lock(&f.timers);
     loop {
-        if list.is_empty() {
-            list = f.timers_cond.wait(list).unwrap_or_else(|e| e.into_inner());
-            continue;
-        }
+        // Work on a snapshot, without the list's lock: retrying a QP may schedule another one
+        // (a responder error moves the peer to ERR and asks for its flush).
+        let snapshot: Vec<Arc<QpCore>> = {
+            let mut list = lock(&f.timers);
+            while list.is_empty() {
+                list = f.timers_cond.wait(list).unwrap_or_else(|e| e.into_inner());
+            }
+            list.clone()
+        };
         let now = now_ns();
-        // Retry the QPs whose deadline passed; forget those no longer waiting.
-        list.retain(|qp| qp.on_timer(now));
+        for qp in &snapshot {
+            qp.on_timer(now);
+        }
+        drop(snapshot);
+        let mut list = lock(&f.timers);
+        // `scheduled` is cleared (under the QP's guard) when a QP no longer waits, and set again
+        // by whoever schedules it anew, so nothing scheduled meanwhile is forgotten.
+        list.retain(|qp| qp.scheduled.load(Ordering::Acquire));
         let next = list.iter().map(|qp| qp.deadline_ns()).min().unwrap_or(u64::MAX);
         let now = now_ns();
         if next > now {
             let wait = Duration::from_nanos((next - now).min(100_000_000));
-            list = f.timers_cond.wait_timeout(list, wait).unwrap_or_else(|e| e.into_inner()).0;
+            drop(f.timers_cond.wait_timeout(list, wait).unwrap_or_else(|e| e.into_inner()));
+        } else {
+            // Due, but its guard was busy: let the holder finish.
+            drop(list);
+            std::thread::yield_now();
         }
     }
 }

@@ -37,9 +37,9 @@ impl SpinGuard {
         }
     }
 
-    /// Releases the guard.
+    /// Releases the guard (a plain release store: no fence on the hot path).
     #[inline]
     pub(crate) fn unlock(&self) {
-        self.locked.store(false, Ordering::SeqCst);
+        self.locked.store(false, Ordering::Release);
     }
 }

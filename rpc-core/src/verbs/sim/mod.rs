@@ -16,9 +16,16 @@
 //!   queued in order and are retried by the fabric's timer thread (`sim-nic-timers`, idle unless
 //!   some QP is backing off), which plays the NIC's autonomous part.
 //! - Completions become visible only through [`CompletionQueue::poll`] (never returned by
-//!   `post_*`). The hot path (post, execute, poll) takes no lock, allocates nothing and makes no
-//!   system call: a CAS on the QP's send-queue guard (uncontended), key lookups in a fixed
-//!   array (`slot | generation << 16`), ring operations on the responder's receive queue and CQ.
+//!   `post_*`). The hot path (post, execute, poll) takes no blocking lock, allocates nothing and
+//!   makes no system call: a CAS on the QP's send-queue guard (uncontended; the counterpart of
+//!   the spinlock in mlx5's `ibv_post_send`), key lookups in a fixed array
+//!   (`slot | generation << 16`), lock-free ring operations on the responder's receive queue and
+//!   CQ, laid out so that a message moves as few cache lines between cores as possible.
+//! - **Capacities**: a CQ holds exactly the `cqe` asked for; a QP's send queue is rounded up to
+//!   a power of two; receive queues (RQ, SRQ) are granted twice the depth asked, rounded up to a
+//!   power of two (verbs may grant more than asked; the spare depth lets the poster see the
+//!   consumer's progress once per lap instead of at every post). [`QueuePair::cap`] and
+//!   [`SharedReceiveQueue::max_wr`] report what was granted.
 //!
 //! # Semantics (as on an RC NIC)
 //!
@@ -32,9 +39,13 @@
 //!   `IBV_WC_WR_FLUSH_ERR` (signaled or not). A responder-side error also moves the responder QP
 //!   to ERR (rxe's `do_class_ac_error`; mlx5 does the same).
 //! - **Receive too small**: the receive WQE completes with `IBV_WC_LOC_LEN_ERR` at the responder
-//!   (responder QP → ERR) and the SEND with `IBV_WC_REM_INV_REQ_ERR` at the requester (the NAK
-//!   "invalid request" rxe and mlx5 send). A receive WQE with a bad lkey: `IBV_WC_LOC_PROT_ERR`
-//!   at the responder, `IBV_WC_REM_OP_ERR` at the requester.
+//!   (as `man ibv_poll_cq` describes it) and the responder QP goes to ERR; the SEND completes
+//!   with `IBV_WC_REM_INV_REQ_ERR` at the requester (the "invalid request" NAK). Nothing is
+//!   written into the too-small buffer. Soft-RoCE differs: rxe of Linux 6.1 (the CI guest)
+//!   reports `IBV_WC_LOC_QP_OP_ERR` / `IBV_WC_REM_OP_ERR` (its "malformed WQE" path), and the
+//!   conformance suite accepts those on devices only. A receive WQE with a bad lkey:
+//!   `IBV_WC_LOC_PROT_ERR` at the responder (rxe says `IBV_WC_LOC_QP_OP_ERR`),
+//!   `IBV_WC_REM_OP_ERR` at the requester.
 //! - **Receive WQEs**: SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume one, from the QP's SRQ
 //!   or RQ, in order; the receive completion carries `byte_len`, `imm_data`, `qp_num` (the
 //!   receiving QP, which tells SRQ users which QP it was) and `src_qp`.
@@ -74,8 +85,9 @@
 //!
 //! # Fault injection
 //!
-//! [`SimQp::set_drop_traffic`], [`SimQp::force_error`] and [`SimContext::vanish`] (see their
-//! docs): for tests of the retry, error and peer-death paths.
+//! [`SimQp::set_drop_traffic`], [`SimQp::set_delay`], [`SimQp::force_error`] and
+//! [`SimContext::vanish`] (see their docs): for tests of the retry, error, slow-path and
+//! peer-death paths.
 
 mod cq;
 mod exec;
@@ -95,7 +107,7 @@ pub use qp::SimQp;
 pub use srq::SimSrq;
 
 #[allow(unused_imports)] // Linked from the docs above.
-use crate::verbs::{CompletionQueue, LinkLayer};
+use crate::verbs::{CompletionQueue, LinkLayer, QueuePair, SharedReceiveQueue};
 use crate::verbs::{DeviceInfo, DeviceSelector, Provider, Result, VerbsError};
 
 /// Max SGEs per WR (send and receive), the sim's `max_sge` / `max_srq_sge`.

@@ -10,7 +10,7 @@ use super::fabric::{fabric, Dest};
 use super::guard::SpinGuard;
 use super::host::{HostCore, SimPd};
 use super::ring::{Padded, Ring};
-use super::srq::{post_recv_ring, take_recv, RecvWqe, SrqCore};
+use super::srq::{pop_recv_id, post_recv_ring, RecvRing, SrqCore};
 use super::{Sim, MAX_INLINE, MAX_QP_WR, MAX_SGE};
 use crate::verbs::{
     QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendFlags, SendOp, SendWr, Sge,
@@ -55,6 +55,8 @@ pub(crate) enum StallKind {
     /// Packet lost (peer unreachable, dropped, wrong PSN, peer not ready): retried after the
     /// local ACK timeout.
     Lost,
+    /// Held back by injected delay ([`super::SimQp::set_delay`]); no retry budget involved.
+    Delay,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +99,11 @@ pub(crate) struct RespSide {
     pub(crate) min_rnr_timer: AtomicU8,
 }
 
+pub(crate) struct SqGuard {
+    lock: SpinGuard,
+    flush_pending: AtomicBool,
+}
+
 pub(crate) struct QpCore {
     pub(crate) host: Arc<HostCore>,
     pub(crate) qpn: u32,
@@ -104,18 +111,22 @@ pub(crate) struct QpCore {
     pub(crate) send_cq: Arc<CqCore>,
     pub(crate) recv_cq: Arc<CqCore>,
     pub(crate) srq: Option<Arc<SrqCore>>,
-    pub(crate) rq: Option<Ring<RecvWqe>>,
+    pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
     pub(crate) sig_all: bool,
     pub(crate) resp: Padded<RespSide>,
     /// Expected PSN of the next incoming request: written by the requester at the other end.
     pub(crate) epsn: Padded<AtomicU32>,
-    guard: Padded<SpinGuard>,
-    sq: UnsafeCell<SqState>,
-    flush_pending: AtomicBool,
+    /// The send-queue guard and, on the same line (local to the QP's thread), the flag by which
+    /// other threads ask the guard holder to flush.
+    guard: Padded<SqGuard>,
+    /// Own cache lines: the executor writes it on every WR, peers never read it.
+    sq: Padded<UnsafeCell<SqState>>,
     pub(crate) destroyed: AtomicBool,
     /// Fault injection: every packet from or to this QP is lost.
     pub(crate) drop_traffic: AtomicBool,
+    /// Fault injection: each send WR waits this long (ns) at the head of the SQ; 0 = none.
+    pub(crate) delay_ns: AtomicU64,
     /// Handed to the timer thread (set under the guard or before scheduling).
     pub(crate) scheduled: AtomicBool,
     /// Mirror of the stall deadline for the timer thread.
@@ -134,7 +145,7 @@ impl QpCore {
 
     /// The receive queue this QP's incoming SENDs consume.
     #[inline]
-    pub(crate) fn recv_ring(&self) -> &Ring<RecvWqe> {
+    pub(crate) fn recv_ring(&self) -> &RecvRing {
         match (&self.srq, &self.rq) {
             (Some(srq), _) => &srq.ring,
             (None, Some(rq)) => rq,
@@ -152,7 +163,7 @@ impl QpCore {
     /// another thread asked for meanwhile).
     #[inline]
     pub(crate) fn with_sq<R>(&self, f: impl FnOnce(&mut SqState) -> R) -> R {
-        self.guard.lock();
+        self.guard.lock.lock();
         // SAFETY: the guard is held, so this is the only reference to the send queue.
         let r = f(unsafe { &mut *self.sq.get() });
         self.release();
@@ -161,7 +172,7 @@ impl QpCore {
 
     /// Like [`QpCore::with_sq`] but gives up when the guard is busy.
     fn try_with_sq<R>(&self, f: impl FnOnce(&mut SqState) -> R) -> Option<R> {
-        if !self.guard.try_lock() {
+        if !self.guard.lock.try_lock() {
             return None;
         }
         // SAFETY: the guard is held, so this is the only reference to the send queue.
@@ -170,11 +181,13 @@ impl QpCore {
         Some(r)
     }
 
+    /// Releases the guard, first performing a flush another thread asked for meanwhile (if it
+    /// is visible yet; otherwise the timer thread does it, see [`QpCore::set_error`]).
     #[inline]
     fn release(&self) {
         loop {
-            self.guard.unlock();
-            if !self.flush_pending.load(Ordering::SeqCst) || !self.guard.try_lock() {
+            self.guard.lock.unlock();
+            if !self.guard.flush_pending.load(Ordering::Acquire) || !self.guard.lock.try_lock() {
                 return;
             }
             // SAFETY: the guard is held again.
@@ -192,23 +205,29 @@ impl QpCore {
         self.deadline.load(Ordering::Relaxed)
     }
 
-    /// Called by the timer thread: retries the stalled WQE if due. Returns whether the QP must
-    /// stay scheduled.
-    pub(crate) fn on_timer(&self, now: u64) -> bool {
+    /// Called by the timer thread: performs a requested flush and retries the stalled WQE if
+    /// due. Clears `scheduled` (under the guard) once the QP no longer needs the timer thread.
+    pub(crate) fn on_timer(&self, now: u64) {
         if self.destroyed.load(Ordering::Acquire) {
-            return false;
+            self.scheduled.store(false, Ordering::Release);
+            return;
         }
         if now < self.deadline_ns() {
-            return true;
+            return;
         }
-        self.try_with_sq(|st| {
-            let waiting = self.progress_locked(st);
-            if !waiting {
-                self.scheduled.store(false, Ordering::Release);
+        let _ = self.try_with_sq(|st| {
+            if self.guard.flush_pending.load(Ordering::Acquire) {
+                self.flush_sq_locked(st);
             }
-            waiting
-        })
-        .unwrap_or(true)
+            if !self.progress_locked(st) {
+                self.scheduled.store(false, Ordering::SeqCst);
+                // A flush requested meanwhile keeps the QP scheduled (pairs with `set_error`:
+                // its flag store precedes its `scheduled` store).
+                if self.guard.flush_pending.load(Ordering::SeqCst) {
+                    self.scheduled.store(true, Ordering::SeqCst);
+                }
+            }
+        });
     }
 
     /// Records a stall of the head WQE. Returns `true` while retries remain (the QP waits),
@@ -221,7 +240,7 @@ impl QpCore {
     ) -> std::result::Result<(), WcStatus> {
         let (budget, infinite, exhausted) = match kind {
             StallKind::Rnr => (link.rnr_retry, link.rnr_retry == 7, WcStatus::IBV_WC_RNR_RETRY_EXC_ERR),
-            StallKind::Lost => (link.retry_cnt, false, WcStatus::IBV_WC_RETRY_EXC_ERR),
+            StallKind::Lost | StallKind::Delay => (link.retry_cnt, false, WcStatus::IBV_WC_RETRY_EXC_ERR),
         };
         let left = match *stall {
             Some(s) if s.kind == kind => {
@@ -243,7 +262,7 @@ impl QpCore {
                 let code = link.peer.as_ref().map_or(12, |p| p.resp.min_rnr_timer.load(Ordering::Relaxed));
                 rnr_delay_ns(code)
             }
-            StallKind::Lost => ack_timeout_ns(link.timeout),
+            StallKind::Lost | StallKind::Delay => ack_timeout_ns(link.timeout),
         };
         let deadline = now.saturating_add(delay);
         *stall = Some(Stall { kind, deadline, left });
@@ -265,6 +284,13 @@ impl QpCore {
                 if super::fabric::now_ns() < s.deadline {
                     return true;
                 }
+            }
+            let delay = self.delay_ns.load(Ordering::Relaxed);
+            if delay > 0 && !st.stall.is_some_and(|s| s.kind == StallKind::Delay) {
+                let deadline = super::fabric::now_ns().saturating_add(delay);
+                st.stall = Some(Stall { kind: StallKind::Delay, deadline, left: 0 });
+                self.deadline.store(deadline, Ordering::Relaxed);
+                return true;
             }
             let idx = st.head as usize & mask;
             let wqe = st.wqes[idx];
@@ -341,21 +367,26 @@ impl QpCore {
         self.flush_sq_locked(st);
     }
 
-    /// Moves the QP to ERR from any thread not holding its guard: flushes the RQ now and the SQ
-    /// now or at the guard holder's release.
-    pub(crate) fn set_error(&self) {
+    /// Moves the QP to ERR from any thread (holding its guard or not): flushes the RQ now, and
+    /// the SQ now if the guard is free, else at the holder's release or, failing that, from the
+    /// timer thread (so the hot path's unlock needs no fence).
+    pub(crate) fn set_error(self: &Arc<Self>) {
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
         self.resp.state.store(ST_ERR, Ordering::SeqCst);
         self.flush_rq();
-        self.flush_pending.store(true, Ordering::SeqCst);
-        let _ = self.try_with_sq(|st| self.flush_sq_locked(st));
+        self.guard.flush_pending.store(true, Ordering::SeqCst);
+        if self.try_with_sq(|st| self.flush_sq_locked(st)).is_none() {
+            self.deadline.store(0, Ordering::Relaxed);
+            self.scheduled.store(true, Ordering::SeqCst);
+            fabric().schedule(self.clone());
+        }
     }
 
     /// Completes every queued send WQE with `IBV_WC_WR_FLUSH_ERR`. Guard held.
     fn flush_sq_locked(&self, st: &mut SqState) {
-        self.flush_pending.store(false, Ordering::SeqCst);
+        self.guard.flush_pending.store(false, Ordering::SeqCst);
         if self.state_raw() != ST_ERR || self.destroyed.load(Ordering::Acquire) {
             return;
         }
@@ -372,8 +403,8 @@ impl QpCore {
     /// shared and not flushed, as in verbs).
     pub(crate) fn flush_rq(&self) {
         if let Some(rq) = &self.rq {
-            while let Some(r) = take_recv(rq) {
-                self.recv_cq.push(flush_wc(r.wr_id, WcOpcode::IBV_WC_RECV, self.qpn), true);
+            while let Some(wr_id) = pop_recv_id(rq) {
+                self.recv_cq.push(flush_wc(wr_id, WcOpcode::IBV_WC_RECV, self.qpn), true);
             }
         }
     }
@@ -475,7 +506,7 @@ impl SimQp {
             });
         }
         let depth = (c.max_send_wr as usize).next_power_of_two();
-        let rq = attr.srq.is_none().then(|| Ring::new(c.max_recv_wr as usize));
+        let rq = attr.srq.is_none().then(|| Ring::with_headroom(c.max_recv_wr as usize));
         let cap = QpCap {
             max_send_wr: depth as u32,
             max_recv_wr: rq.as_ref().map_or(c.max_recv_wr, |r| r.capacity() as u32),
@@ -507,8 +538,8 @@ impl SimQp {
                 min_rnr_timer: AtomicU8::new(12),
             }),
             epsn: Padded(AtomicU32::new(0)),
-            guard: Padded(SpinGuard::new()),
-            sq: UnsafeCell::new(SqState {
+            guard: Padded(SqGuard { lock: SpinGuard::new(), flush_pending: AtomicBool::new(false) }),
+            sq: Padded(UnsafeCell::new(SqState {
                 wqes: vec![empty; depth].into_boxed_slice(),
                 inline: vec![0u8; depth * cap.max_inline_data as usize].into_boxed_slice(),
                 head: 0,
@@ -523,10 +554,10 @@ impl SimQp {
                     rnr_retry: 7,
                 },
                 stall: None,
-            }),
-            flush_pending: AtomicBool::new(false),
+            })),
             destroyed: AtomicBool::new(false),
             drop_traffic: AtomicBool::new(false),
+            delay_ns: AtomicU64::new(0),
             scheduled: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
         });
@@ -619,7 +650,7 @@ impl SimQp {
                     reason: format!("send queue full ({depth} WQEs outstanding)"),
                 });
             }
-            if st.head == st.tail && c.state_raw() == ST_RTS {
+            if st.head == st.tail && c.state_raw() == ST_RTS && c.delay_ns.load(Ordering::Relaxed) == 0 {
                 // Fast path: nothing queued ahead, execute at once from the caller's WR.
                 let src = if wr.flags.contains(SendFlags::INLINE) {
                     super::exec::Src::Raw(wr.sg_list)
@@ -719,9 +750,9 @@ impl SimQp {
                 st.link.peer = None;
                 st.link.dest = None;
                 if let Some(rq) = &c.rq {
-                    while rq.pop().is_some() {}
+                    while pop_recv_id(rq).is_some() {}
                 }
-                c.flush_pending.store(false, Ordering::SeqCst);
+                c.guard.flush_pending.store(false, Ordering::SeqCst);
                 c.resp.state.store(ST_RESET, Ordering::SeqCst);
                 return Ok(());
             }
@@ -897,7 +928,7 @@ impl Drop for SimQp {
             st.link.peer = None;
         });
         if let Some(rq) = &c.rq {
-            while rq.pop().is_some() {}
+            while pop_recv_id(rq).is_some() {}
         }
         fabric().unregister_qp(c.host.id, c.qpn);
     }

@@ -1,14 +1,23 @@
-//! A bounded, lock-free multi-producer multi-consumer ring (Dmitry Vyukov's bounded MPMC queue,
-//! the algorithm behind crossbeam's `ArrayQueue`), with in-place access to the slots so that a
-//! work queue entry is written and read where it lies, without moving whole fixed-size arrays.
+//! A bounded, lock-free multi-producer multi-consumer ring of fixed-size entries made of
+//! `W` atomic 64-bit words, laid out so that a message crosses cores with as few cache-line
+//! transfers as possible.
 //!
 //! Used for the receive queues (RQ, SRQ: posted by the owner, consumed by the requester's
 //! executor) and the completion queues (pushed by any executor, popped by the poller).
-//! Capacity is a power of two; nothing allocates after construction.
+//!
+//! The protocol (a variant of Vyukov's bounded queue, see crossbeam's `ArrayQueue`):
+//! - a producer claims position `pos` with a CAS on `tail`, after checking that the ring has
+//!   room against a *cached* copy of the consumers' `head` (re-read only when the cache says
+//!   full), writes the words, then publishes with `seq = pos + 1` (release);
+//! - a consumer at `head` waits for `seq == head + 1` (acquire), reads the words, and claims the
+//!   entry with a CAS `head → head + 1` (release); a consumer that loses the race discards what
+//!   it read (the words are atomics, so a concurrent overwrite is no data race).
+//!
+//! Unlike Vyukov's queue, a consumer never writes the slot and a producer never reads it: the
+//! slot's line goes from producer to consumer once per entry, and the consumers' `head` line is
+//! read by producers only once per lap.
 
-use std::cell::UnsafeCell;
-use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Aligns (and pads) a value to 128 bytes: two cache lines, since x86 prefetches line pairs.
 #[repr(align(128))]
@@ -23,128 +32,177 @@ impl<T> std::ops::Deref for Padded<T> {
 }
 
 #[repr(align(64))]
-struct Slot<T> {
-    /// Position stamp: `pos` when free for the producer of `pos`, `pos + 1` when full for the
-    /// consumer of `pos`.
+struct Slot<const W: usize> {
+    /// `pos + 1` once the entry for position `pos` is published.
     seq: AtomicUsize,
-    val: UnsafeCell<MaybeUninit<T>>,
+    words: [AtomicU64; W],
 }
 
-/// The ring. `T: Copy` so that dropping a ring with entries in it leaks nothing.
-pub(crate) struct Ring<T: Copy> {
+#[derive(Default)]
+struct Producers {
+    tail: AtomicUsize,
+    /// A recent value of `head` (never ahead of it).
+    head_cache: AtomicUsize,
+}
+
+/// The ring.
+pub(crate) struct Ring<const W: usize> {
+    prod: Padded<Producers>,
     head: Padded<AtomicUsize>,
-    tail: Padded<AtomicUsize>,
-    slots: Box<[Slot<T>]>,
+    slots: Box<[Slot<W>]>,
     mask: usize,
+    /// Most entries held at once (`<= slots.len() / 2`: the spare half lets producers go a
+    /// whole `limit` between two reads of `head`).
+    limit: usize,
 }
 
-// SAFETY: slots are handed to exactly one producer or consumer at a time by the `seq` protocol
-// (a successful CAS on `tail`/`head` for the slot's position), so sharing the ring between
-// threads only moves `T` values between them, which `T: Send` allows.
-unsafe impl<T: Copy + Send> Sync for Ring<T> {}
-// SAFETY: as above; the ring owns plain `T: Send` values.
-unsafe impl<T: Copy + Send> Send for Ring<T> {}
-
-impl<T: Copy> Ring<T> {
-    /// A ring of `capacity.next_power_of_two()` slots (at least 1).
-    pub(crate) fn new(capacity: usize) -> Ring<T> {
-        let cap = capacity.max(1).next_power_of_two();
-        let slots = (0..cap)
-            .map(|i| Slot { seq: AtomicUsize::new(i), val: UnsafeCell::new(MaybeUninit::uninit()) })
+impl<const W: usize> Ring<W> {
+    /// A ring holding up to `capacity` entries (at least 1), in `2 * capacity` slots rounded up
+    /// to a power of two.
+    pub(crate) fn new(capacity: usize) -> Ring<W> {
+        let limit = capacity.max(1);
+        let n = (2 * limit).next_power_of_two();
+        let slots = (0..n)
+            .map(|_| Slot { seq: AtomicUsize::new(0), words: std::array::from_fn(|_| AtomicU64::new(0)) })
             .collect();
-        Ring { head: Padded(AtomicUsize::new(0)), tail: Padded(AtomicUsize::new(0)), slots, mask: cap - 1 }
+        Ring { prod: Padded::default(), head: Padded::default(), slots, mask: n - 1, limit }
     }
 
-    /// Number of slots.
+    /// A ring holding up to `2 * capacity` entries rounded up to a power of two: a receive queue
+    /// (verbs may grant more WQEs than asked). A producer that keeps about `capacity` entries
+    /// posted then reads the consumers' `head` only once per `capacity` posts, not at every post.
+    pub(crate) fn with_headroom(capacity: usize) -> Ring<W> {
+        let mut r = Ring::new(capacity);
+        r.limit = r.slots.len();
+        r
+    }
+
+    /// Number of entries it holds when full.
     pub(crate) fn capacity(&self) -> usize {
-        self.mask + 1
+        self.limit
     }
 
     /// Entries currently in the ring (a snapshot; exact when no one else is operating).
     pub(crate) fn len(&self) -> usize {
-        let tail = self.tail.load(Ordering::Acquire);
         let head = self.head.load(Ordering::Acquire);
+        let tail = self.prod.tail.load(Ordering::Acquire);
         tail.wrapping_sub(head).min(self.capacity())
     }
 
-    /// Appends the value `fill` writes into the slot. Returns `false` (and does not call `fill`)
-    /// when the ring is full.
+    /// Claims the next position for writing; `None` when the ring is full. The claimed position
+    /// must then be [`Ring::publish`]ed (consumers wait for it in order).
     #[inline]
-    pub(crate) fn push_with(&self, fill: impl FnOnce(&mut MaybeUninit<T>)) -> bool {
-        let mut pos = self.tail.load(Ordering::Relaxed);
+    pub(crate) fn claim(&self) -> Option<usize> {
+        let cap = self.capacity();
+        let mut pos = self.prod.tail.load(Ordering::Relaxed);
         loop {
-            let slot = &self.slots[pos & self.mask];
-            let seq = slot.seq.load(Ordering::Acquire);
-            let dif = seq.wrapping_sub(pos) as isize;
-            if dif == 0 {
-                match self.tail.compare_exchange_weak(
-                    pos,
-                    pos.wrapping_add(1),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        // SAFETY: the CAS made this thread the only producer of position `pos`,
-                        // and `seq == pos` says its consumer of the previous lap is done with it.
-                        fill(unsafe { &mut *slot.val.get() });
-                        slot.seq.store(pos.wrapping_add(1), Ordering::Release);
-                        return true;
-                    }
-                    Err(now) => pos = now,
+            let cached = self.prod.head_cache.load(Ordering::Acquire);
+            let used = pos.wrapping_sub(cached) as isize;
+            if used < 0 {
+                // `pos` is stale (others advanced the tail and consumers the head since).
+                pos = self.prod.tail.load(Ordering::Relaxed);
+                continue;
+            }
+            if used as usize >= cap {
+                let head = self.head.load(Ordering::Acquire);
+                self.prod.head_cache.fetch_max(head, Ordering::AcqRel);
+                let used = pos.wrapping_sub(head) as isize;
+                if used < 0 {
+                    pos = self.prod.tail.load(Ordering::Relaxed);
+                    continue;
                 }
-            } else if dif < 0 {
-                return false;
-            } else {
-                pos = self.tail.load(Ordering::Relaxed);
+                if used as usize >= cap {
+                    return None;
+                }
+            }
+            match self.prod.tail.compare_exchange_weak(
+                pos,
+                pos.wrapping_add(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(pos),
+                Err(now) => pos = now,
             }
         }
     }
 
-    /// Appends `v`; `false` when full.
+    /// Writes the entry at a claimed position with `fill` (relaxed stores into the words) and
+    /// publishes it.
     #[inline]
-    pub(crate) fn push(&self, v: T) -> bool {
-        self.push_with(|slot| {
-            slot.write(v);
-        })
+    pub(crate) fn publish(&self, pos: usize, fill: impl FnOnce(&[AtomicU64; W])) {
+        let slot = &self.slots[pos & self.mask];
+        fill(&slot.words);
+        slot.seq.store(pos.wrapping_add(1), Ordering::Release);
     }
 
-    /// Removes the oldest entry, giving `read` a reference to it in place. `None` when empty.
+    /// Claims, fills and publishes one entry; `false` (and `fill` not called) when full.
     #[inline]
-    pub(crate) fn pop_with<R>(&self, read: impl FnOnce(&T) -> R) -> Option<R> {
+    pub(crate) fn push(&self, fill: impl FnOnce(&[AtomicU64; W])) -> bool {
+        match self.claim() {
+            Some(pos) => {
+                self.publish(pos, fill);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Hints the CPU to fetch the entry the next `pop` will read (no effect on semantics): a
+    /// consumer calls it after a pop, while it waits anyway, so that the next pop hits its cache.
+    #[inline]
+    pub(crate) fn prefetch_next(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let pos = self.head.load(Ordering::Relaxed);
+            let p = &self.slots[pos & self.mask] as *const Slot<W> as *const i8;
+            // SAFETY: a prefetch never faults and has no architectural effect; `p` points into
+            // the live slot array anyway.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) };
+        }
+    }
+
+    /// Takes the oldest entry, giving `read` its words (relaxed loads) in place. `read` may run
+    /// more than once when consumers race; only the result of the winning run is returned.
+    /// `None` when empty.
+    #[inline]
+    pub(crate) fn pop<R>(&self, mut read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
         let mut pos = self.head.load(Ordering::Relaxed);
         loop {
             let slot = &self.slots[pos & self.mask];
             let seq = slot.seq.load(Ordering::Acquire);
-            let dif = seq.wrapping_sub(pos.wrapping_add(1)) as isize;
-            if dif == 0 {
-                match self.head.compare_exchange_weak(
-                    pos,
-                    pos.wrapping_add(1),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        // SAFETY: the CAS made this thread the only consumer of position `pos`,
-                        // and `seq == pos + 1` (acquired) says its producer finished writing it.
-                        let r = read(unsafe { (*slot.val.get()).assume_init_ref() });
-                        slot.seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
-                        return Some(r);
-                    }
-                    Err(now) => pos = now,
+            if seq != pos.wrapping_add(1) {
+                if (seq.wrapping_sub(pos.wrapping_add(1)) as isize) < 0 {
+                    return None;
                 }
-            } else if dif < 0 {
-                return None;
-            } else {
+                // The slot is already a lap ahead: another consumer took `pos`.
                 pos = self.head.load(Ordering::Relaxed);
+                continue;
+            }
+            let r = read(&slot.words);
+            match self.head.compare_exchange_weak(
+                pos,
+                pos.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(r),
+                Err(now) => pos = now,
             }
         }
     }
+}
 
-    /// Removes the oldest entry. `None` when empty.
-    #[inline]
-    pub(crate) fn pop(&self) -> Option<T> {
-        self.pop_with(|v| *v)
-    }
+/// Relaxed load of a word (the ring's ordering comes from `seq` and `head`).
+#[inline(always)]
+pub(crate) fn ld(w: &AtomicU64) -> u64 {
+    w.load(Ordering::Relaxed)
+}
+
+/// Relaxed store of a word.
+#[inline(always)]
+pub(crate) fn st(w: &AtomicU64, v: u64) {
+    w.store(v, Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -152,56 +210,86 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn push1(r: &Ring<1>, v: u64) -> bool {
+        r.push(|w| st(&w[0], v))
+    }
+
+    fn pop1(r: &Ring<1>) -> Option<u64> {
+        r.pop(|w| ld(&w[0]))
+    }
+
     #[test]
     fn fifo_and_full() {
-        let r = Ring::<u64>::new(3);
-        assert_eq!(r.capacity(), 4);
-        for i in 0..4 {
-            assert!(r.push(i));
+        let r = Ring::<1>::new(3);
+        assert_eq!(r.capacity(), 3);
+        for i in 0..3 {
+            assert!(push1(&r, i));
         }
-        assert!(!r.push(99), "a full ring refuses");
-        assert_eq!(r.len(), 4);
-        for i in 0..4 {
-            assert_eq!(r.pop(), Some(i));
+        assert!(!push1(&r, 99), "a full ring refuses");
+        assert_eq!(r.len(), 3);
+        for i in 0..3 {
+            assert_eq!(pop1(&r), Some(i));
         }
-        assert_eq!(r.pop(), None);
+        assert_eq!(pop1(&r), None);
         for lap in 0..10u64 {
-            assert!(r.push(lap));
-            assert_eq!(r.pop(), Some(lap));
+            assert!(push1(&r, lap));
+            assert_eq!(pop1(&r), Some(lap));
         }
     }
 
     #[test]
-    fn two_producers_one_consumer_lose_nothing() {
-        let r = Arc::new(Ring::<u64>::new(64));
+    fn two_producers_two_consumers_lose_nothing() {
+        let r = Arc::new(Ring::<2>::new(16));
         let producers: Vec<_> = (0..2u64)
             .map(|p| {
                 let r = r.clone();
                 std::thread::spawn(move || {
-                    for i in 0..10_000u64 {
-                        while !r.push(p << 32 | i) {
+                    for i in 0..20_000u64 {
+                        while !r.push(|w| {
+                            st(&w[0], p);
+                            st(&w[1], i);
+                        }) {
                             std::thread::yield_now();
                         }
                     }
                 })
             })
             .collect();
-        let mut next = [0u64; 2];
-        let mut got = 0;
-        while got < 20_000 {
-            match r.pop() {
-                Some(v) => {
-                    let p = (v >> 32) as usize;
-                    assert_eq!(v & 0xffff_ffff, next[p], "per-producer order kept");
-                    next[p] += 1;
-                    got += 1;
-                }
-                None => std::thread::yield_now(),
-            }
-        }
+        let consumers: Vec<_> = (0..2)
+            .map(|_| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    let mut idle = 0u32;
+                    while idle < 200_000 {
+                        match r.pop(|w| (ld(&w[0]), ld(&w[1]))) {
+                            Some(v) => {
+                                got.push(v);
+                                idle = 0;
+                            }
+                            None => {
+                                idle += 1;
+                                std::thread::yield_now();
+                            }
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
         for p in producers {
             p.join().unwrap();
         }
-        assert_eq!(next, [10_000, 10_000]);
+        let mut all: Vec<Vec<(u64, u64)>> = consumers.into_iter().map(|c| c.join().unwrap()).collect();
+        for got in &all {
+            for p in 0..2 {
+                let mine: Vec<u64> = got.iter().filter(|v| v.0 == p).map(|v| v.1).collect();
+                assert!(mine.windows(2).all(|w| w[0] < w[1]), "each consumer sees a producer's order");
+            }
+        }
+        let mut merged: Vec<(u64, u64)> = all.drain(..).flatten().collect();
+        merged.sort();
+        let expected: Vec<(u64, u64)> = (0..2).flat_map(|p| (0..20_000).map(move |i| (p, i))).collect();
+        assert_eq!(merged, expected, "every entry delivered exactly once");
     }
 }

@@ -2,59 +2,70 @@
 //! shared receive queue (SRQ). Both are a [`Ring`] of fixed-size receive WQEs, posted by the
 //! owner and consumed by the requester's executor (lock-free on both sides).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::host::{HostCore, SimPd};
-use super::ring::Ring;
+use super::ring::{ld, st, Ring};
 use super::{MAX_SGE, MAX_SRQ_WR};
 use crate::verbs::{RecvWr, Result, Sge, SharedReceiveQueue, SrqInitAttr, VerbsError};
 
-/// A posted receive WQE (SGEs copied at post time, as the NIC copies the WQE).
-#[derive(Clone, Copy)]
-pub(crate) struct RecvWqe {
-    pub(crate) wr_id: u64,
-    pub(crate) nsge: u32,
-    pub(crate) sges: [Sge; MAX_SGE],
-}
+/// Words of a receive WQE in its ring: `wr_id`, the SGE count, then per SGE `addr` and
+/// `length | lkey << 32`. Only the first `2 + 2 * nsge` words are written and read.
+pub(crate) const RQ_WORDS: usize = 2 + 2 * MAX_SGE;
 
-/// A receive WQE taken off a queue by an executor (only the used SGEs copied).
-pub(crate) struct TakenRecv {
-    pub(crate) wr_id: u64,
-    pub(crate) nsge: usize,
-    pub(crate) sges: [Sge; MAX_SGE],
-}
+/// A receive queue ring (RQ or SRQ).
+pub(crate) type RecvRing = Ring<RQ_WORDS>;
 
-/// Pops the oldest receive WQE of `ring`.
+/// Pops the oldest receive WQE of `ring` and gives `f` its `wr_id`, SGE count and words (read
+/// the SGEs with [`rq_sge`]), in place. `f` may run more than once if consumers race; the
+/// winning run's result is returned.
 #[inline]
-pub(crate) fn take_recv(ring: &Ring<RecvWqe>) -> Option<TakenRecv> {
-    ring.pop_with(|w| {
-        let nsge = (w.nsge as usize).min(MAX_SGE);
-        let mut sges = [Sge::default(); MAX_SGE];
-        sges[..nsge].copy_from_slice(&w.sges[..nsge]);
-        TakenRecv { wr_id: w.wr_id, nsge, sges }
-    })
+pub(crate) fn pop_recv<R>(
+    ring: &RecvRing,
+    mut f: impl FnMut(u64, usize, &[AtomicU64; RQ_WORDS]) -> R,
+) -> Option<R> {
+    ring.pop(|w| f(ld(&w[0]), (ld(&w[1]) as usize).min(MAX_SGE), w))
+}
+
+/// SGE `i` of a receive WQE's words.
+#[inline(always)]
+pub(crate) fn rq_sge(w: &[AtomicU64; RQ_WORDS], i: usize) -> Sge {
+    let lk = ld(&w[3 + 2 * i]);
+    Sge { addr: ld(&w[2 + 2 * i]), length: lk as u32, lkey: (lk >> 32) as u32 }
+}
+
+/// Pops the oldest receive WQE of `ring`, returning its `wr_id`.
+#[inline]
+pub(crate) fn pop_recv_id(ring: &RecvRing) -> Option<u64> {
+    ring.pop(|w| ld(&w[0]))
 }
 
 /// Posts `wrs` to `ring`, in order; stops at the first WR that does not fit.
 #[inline]
 pub(crate) fn post_recv_ring(
-    ring: &Ring<RecvWqe>,
+    ring: &RecvRing,
     call: &'static str,
     max_sge: u32,
     wrs: &[RecvWr<'_>],
 ) -> Result<()> {
     for (index, wr) in wrs.iter().enumerate() {
-        if wr.sg_list.len() > max_sge as usize {
+        let n = wr.sg_list.len();
+        if n > max_sge as usize || n > MAX_SGE {
             return Err(VerbsError::BadWorkRequest {
                 call,
                 index,
-                reason: format!("{} SGEs, the queue allows {max_sge}", wr.sg_list.len()),
+                reason: format!("{n} SGEs, the queue allows {max_sge}"),
             });
         }
-        let mut wqe =
-            RecvWqe { wr_id: wr.wr_id, nsge: wr.sg_list.len() as u32, sges: [Sge::default(); MAX_SGE] };
-        wqe.sges[..wr.sg_list.len()].copy_from_slice(wr.sg_list);
-        let pushed = ring.push(wqe);
+        let pushed = ring.push(|w| {
+            st(&w[0], wr.wr_id);
+            st(&w[1], n as u64);
+            for (i, sge) in wr.sg_list.iter().enumerate() {
+                st(&w[2 + 2 * i], sge.addr);
+                st(&w[3 + 2 * i], sge.length as u64 | (sge.lkey as u64) << 32);
+            }
+        });
         if !pushed {
             return Err(VerbsError::BadWorkRequest {
                 call,
@@ -67,7 +78,7 @@ pub(crate) fn post_recv_ring(
 }
 
 pub(crate) struct SrqCore {
-    pub(crate) ring: Ring<RecvWqe>,
+    pub(crate) ring: RecvRing,
     pub(crate) max_sge: u32,
     pub(crate) pd: u32,
     pub(crate) _host: Arc<HostCore>,
@@ -108,7 +119,7 @@ impl SimSrq {
         }
         Ok(SimSrq {
             core: Arc::new(SrqCore {
-                ring: Ring::new(attr.max_wr as usize),
+                ring: Ring::with_headroom(attr.max_wr as usize),
                 max_sge: attr.max_sge.max(1),
                 pd: pd.inner.id,
                 _host: pd.inner.host.clone(),
