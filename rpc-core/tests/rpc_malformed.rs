@@ -64,7 +64,7 @@ fn rogue_send(addr: std::net::SocketAddr, make: impl FnOnce(u32) -> Vec<u8>) -> 
     let bytes = make(reply.session);
     let b = pool.acquire().unwrap();
     pool.buf_mut(b)[..bytes.len()].copy_from_slice(&bytes);
-    sq.send(&pool, b, bytes.len() as u32);
+    sq.send(&pool, b, bytes.len() as u32, false);
     sq.flush(&qp, &mut pool, 1).unwrap();
     // Keep the verbs objects alive until the server has reacted: the caller reads the TCP stream.
     std::mem::forget((qp, recv, ring, pool, cq, pd, ctx));

@@ -46,8 +46,14 @@ fn unary_echo_round_trip() {
         .unwrap();
     assert_eq!(String::from_utf8(ctx.payload).unwrap(), "/test.Echo/Context|127.0.0.1|true");
     drop(client);
+    // Counters are published by the idle worker; wait for the session's close to show.
+    while server.counters().sessions_closed < 1 {
+        std::thread::yield_now();
+    }
     let c = server.counters();
-    assert_eq!(c.sessions_opened, 1);
+    assert_eq!((c.sessions_opened, c.sessions_closed), (1, 1));
+    assert_eq!(c.rpcs, 2);
+    assert_eq!(c.with_code(Code::Ok), 2);
     server.shutdown();
 }
 

@@ -251,6 +251,8 @@ struct PendingWr {
     op: SendOp,
     /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE from the mirror).
     buf: u16,
+    /// Copied into the WQE at post time: the buffer is free again right after posting.
+    inline: bool,
 }
 
 /// The send WRs of one QP gathered during a loop iteration, posted with one doorbell.
@@ -258,6 +260,8 @@ pub struct SendQueue {
     pending: Vec<PendingWr>,
     /// WRs posted and not yet retired by a signaled completion.
     outstanding: usize,
+    /// WRs posted since the last signaled one.
+    unsignaled: usize,
     /// Send queue depth in WQEs.
     depth: usize,
 }
@@ -265,7 +269,7 @@ pub struct SendQueue {
 impl SendQueue {
     /// A queue for a QP whose send queue holds `depth` WQEs.
     pub fn new(depth: usize) -> SendQueue {
-        SendQueue { pending: Vec::with_capacity(depth), outstanding: 0, depth }
+        SendQueue { pending: Vec::with_capacity(depth), outstanding: 0, unsignaled: 0, depth }
     }
 
     /// WRs waiting for the next flush.
@@ -296,23 +300,29 @@ impl SendQueue {
             sge: mirror.mr.sge(offset as usize, len),
             op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
             buf: u16::MAX,
+            inline: false,
         });
     }
 
-    /// Queues a SEND of the first `len` bytes of send buffer `buf`.
-    pub fn send<P: Provider>(&mut self, pool: &SendPool<P>, buf: u16, len: u32) {
-        self.pending.push(PendingWr { sge: pool.sge(buf, len), op: SendOp::Send, buf });
+    /// Queues a SEND of the first `len` bytes of send buffer `buf`; with `inline`, the bytes are
+    /// copied into the WQE (`len` must not exceed the QP's `max_inline_data`).
+    pub fn send<P: Provider>(&mut self, pool: &SendPool<P>, buf: u16, len: u32, inline: bool) {
+        self.pending.push(PendingWr { sge: pool.sge(buf, len), op: SendOp::Send, buf, inline });
     }
 
-    /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs; the last WR of each is
-    /// signaled and its `wr_id` carries `tag`, the number of WRs and of send buffers its
-    /// completion retires ([`split_send_wr_id`]). Allocates nothing.
+    /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs. The last WR of a batch
+    /// is signaled when the batch holds non-inline sends or half the send queue went unsignaled;
+    /// its `wr_id` carries `tag`, the number of WRs and of send buffers its completion retires
+    /// ([`split_send_wr_id`]). Allocates nothing.
     ///
     /// # Errors
     /// The verbs error of posting; the QP is then unusable (the caller closes the connection).
     pub fn flush<P: Provider>(&mut self, qp: &P::QueuePair, pool: &mut SendPool<P>, tag: u32) -> Result<()> {
         while !self.pending.is_empty() {
-            if self.pending.len() <= SMALL_BATCH {
+            if self.pending.len() == 1 {
+                // The latency case: one message, nothing to fill but one WR.
+                self.post_chunk::<P, 1>(qp, pool, tag)?;
+            } else if self.pending.len() <= SMALL_BATCH {
                 self.post_chunk::<P, SMALL_BATCH>(qp, pool, tag)?;
             } else {
                 self.post_chunk::<P, POST_BATCH>(qp, pool, tag)?;
@@ -331,26 +341,36 @@ impl SendQueue {
         let mut bufs = 0u16;
         let mut wrs = [SendWr { wr_id: 0, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; N];
         for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
-            *wr =
-                SendWr { wr_id: 0, sg_list: std::slice::from_ref(&p.sge), op: p.op, flags: SendFlags::EMPTY };
-            if p.buf != u16::MAX {
+            let flags = if p.inline { SendFlags::INLINE } else { SendFlags::EMPTY };
+            *wr = SendWr { wr_id: 0, sg_list: std::slice::from_ref(&p.sge), op: p.op, flags };
+            if p.buf != u16::MAX && !p.inline {
                 bufs += 1;
             }
         }
-        wrs[n - 1].flags = SendFlags::SIGNALED;
-        wrs[n - 1].wr_id = send_wr_id(tag, n as u16, bufs);
+        // Selective signaling: a completion is needed to retire send buffers (non-inline WRs)
+        // and, at least every half queue, to retire WQEs; inline-only batches go unsignaled.
+        let unsignaled = self.unsignaled + n;
+        let signal = bufs > 0 || unsignaled >= self.depth / 2;
+        if signal {
+            wrs[n - 1].flags |= SendFlags::SIGNALED;
+            wrs[n - 1].wr_id = send_wr_id(tag, unsignaled as u16, bufs);
+        }
         // SAFETY: every SGE lies in a send buffer of `pool` or in the send mirror, MRs owned
-        // next to `qp` by the same connection and dropped after it; a send buffer is not
-        // written again until a signaled completion at or after its WR retires it, and a
-        // mirror range is not reserved again until the peer reports it freed, which it does
-        // only after the SEND that follows the WRITE arrived.
+        // next to `qp` by the same connection and dropped after it; an inline WR's bytes are
+        // copied into the WQE by `post_send`, so its buffer is free again on return; any other
+        // send buffer is not written again until a signaled completion at or after its WR
+        // retires it, and a mirror range is not reserved again until the peer reports it freed,
+        // which it does only after the SEND that follows the WRITE arrived.
         unsafe { qp.post_send(&wrs[..n]) }?;
         for p in &self.pending[..n] {
-            if p.buf != u16::MAX {
+            if p.inline {
+                pool.free.push(p.buf);
+            } else if p.buf != u16::MAX {
                 pool.posted.push_back(p.buf);
             }
         }
         self.outstanding += n;
+        self.unsignaled = if signal { 0 } else { unsignaled };
         self.pending.drain(..n);
         Ok(())
     }
@@ -363,6 +383,7 @@ impl SendQueue {
     /// Every posted WR is gone (the QP was destroyed or flushed).
     pub fn reset(&mut self) {
         self.outstanding = 0;
+        self.unsignaled = 0;
         self.pending.clear();
     }
 }

@@ -117,7 +117,8 @@ impl<P: Provider> ClientCore<P> {
             .map_err(unavailable)?;
         let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
             .map_err(unavailable)?;
-        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs).map_err(unavailable)?;
+        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, dev.ctx.attr().max_inline_data)
+            .map_err(unavailable)?;
         let ring = RingBuf::<P>::receive(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
         let local = dev.endpoint(&qp);
 
@@ -193,6 +194,7 @@ impl<P: Provider> ClientCore<P> {
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
             .map_err(|e| unavailable(format!("connecting the QP: {e}")))?;
+        let qp_inline = qp.cap().max_inline_data;
         tcp.set_nonblocking(true).map_err(unavailable)?;
         let params = SessionParams {
             id: reply.session,
@@ -214,6 +216,7 @@ impl<P: Provider> ClientCore<P> {
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
+                max_inline: qp_inline,
             },
             recv,
             cq,
@@ -514,21 +517,27 @@ impl<P: Provider> ClientCore<P> {
             self.idle.reset();
             return Ok(());
         }
+        self.note_empty();
         if let Some(d) = deadline {
             if Instant::now() >= d {
                 return Err(Status::deadline_exceeded("deadline passed before the call could be sent"));
             }
         }
-        self.idle_step();
+        self.pause();
         Ok(())
     }
 
-    fn idle_step(&mut self) {
-        if self.idle.empty_polls() % LIVENESS_EVERY == LIVENESS_EVERY - 1 {
+    /// An empty poll: counted, and every [`LIVENESS_EVERY`] of them the TCP channel is checked.
+    fn note_empty(&mut self) {
+        self.idle.note_empty();
+        if self.idle.empty_polls() % LIVENESS_EVERY == 0 {
             self.check_liveness();
         }
+    }
+
+    fn pause(&mut self) {
         let cq = &self.cq;
-        self.idle.idle(|| {
+        self.idle.pause(|| {
             if cq.req_notify(false).is_ok() {
                 let _ = cq.wait(Some(EVENT_WAIT));
             }
@@ -558,8 +567,8 @@ impl<P: Provider> ClientCore<P> {
             if let Some(a) = self.slots.take_done(id.slot, id.generation) {
                 return Some(self.finish(a));
             }
-        } else if self.idle.empty_polls() % LIVENESS_EVERY == LIVENESS_EVERY - 1 {
-            self.check_liveness();
+        } else {
+            self.note_empty();
         }
         if let Some(d) = id.deadline {
             if Instant::now() >= d {
@@ -578,7 +587,7 @@ impl<P: Provider> ClientCore<P> {
                 return r;
             }
             if self.idle.empty_polls() > 0 {
-                self.idle_step();
+                self.pause();
             }
         }
     }

@@ -18,7 +18,7 @@ use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
-use crate::verbs::{Context, DeviceSelector, Provider};
+use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, PROTOCOL_VERSION,
 };
@@ -268,7 +268,9 @@ impl<P: Provider> Listener<P> {
         let verbs =
             |e: crate::verbs::VerbsError| Status::resource_exhausted(format!("creating the session: {e}"));
         let bufs = send_bufs_for(credits);
-        let qp = create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs).map_err(verbs)?;
+        let qp =
+            create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs, self.dev.ctx.attr().max_inline_data).map_err(verbs)?;
+        let max_inline = qp.cap().max_inline_data;
         let body_cap = body_area(eager);
         let pool = SendPool::<P>::new(&w.pd, bufs, HEADER_LEN + body_cap).map_err(verbs)?;
         let ring = RingBuf::<P>::receive(&w.pd, self.config.ring_bytes as usize).map_err(verbs)?;
@@ -297,6 +299,7 @@ impl<P: Provider> Listener<P> {
             session: Session::new(Role::Server, params),
             peer_ring: (hello.ring_addr, hello.ring_rkey),
             body_cap,
+            max_inline,
         };
         Ok((conn, local, remote_ring))
     }

@@ -120,8 +120,10 @@ pub struct RingConsumer {
 }
 
 impl RingConsumer {
-    /// State for an empty ring of `len` bytes; `max_pending` bodies may be held at once
-    /// (allocated here, never on the message path).
+    /// State for an empty ring of `len` bytes, with room for `max_pending` unfreed bodies
+    /// allocated here. Bodies released out of order stay listed until the ones before them are
+    /// released, so the list may grow past `max_pending` (bounded by the ring: every body takes at
+    /// least one byte of it); that growth is the only allocation, and only then.
     pub fn new(len: u32, max_pending: usize) -> RingConsumer {
         RingConsumer {
             len,
@@ -155,9 +157,6 @@ impl RingConsumer {
         let was_empty = self.accepted == self.freed;
         if in_use > self.len as u64 && !was_empty {
             return Err("ring body overlaps unread data");
-        }
-        if self.pending.len() == self.pending.capacity() {
-            return Err("more ring bodies held than the session allows");
         }
         self.accepted = end;
         self.expect = if offset + n == self.len { 0 } else { offset + n };
@@ -252,6 +251,21 @@ mod tests {
         assert!(c.accept(0, 80).is_err(), "overlaps the unread 30 bytes");
         let mut p = RingProducer::new(100);
         assert!(p.on_freed(1).is_err());
+    }
+
+    #[test]
+    fn many_bodies_released_behind_a_held_one() {
+        let mut c = RingConsumer::new(1000, 2);
+        let first = c.accept(0, 10).unwrap();
+        let mut off = 10;
+        for _ in 0..50 {
+            let t = c.accept(off, 10).unwrap();
+            c.release(t);
+            off += 10;
+        }
+        assert_eq!(c.unreported(), 0, "nothing frees before the first body");
+        c.release(first);
+        assert_eq!(c.unreported(), 510);
     }
 
     #[test]

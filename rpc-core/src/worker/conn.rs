@@ -20,20 +20,25 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
+/// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the
+/// send buffer, and the buffer is free again as soon as it is posted).
+pub(crate) const MAX_INLINE: u32 = 256;
+
 /// Creates an RC QP on `cq` (send and receive) and `srq`, able to post every buffer twice
-/// (a WRITE and a SEND per message).
+/// (a WRITE and a SEND per message), with up to `max_inline` bytes of inline data.
 pub(crate) fn create_qp<P: Provider>(
     pd: &P::ProtectionDomain,
     cq: &P::CompletionQueue,
     srq: &P::SharedReceiveQueue,
     send_bufs: u16,
+    max_inline: u32,
 ) -> Result<P::QueuePair> {
     let cap = QpCap {
         max_send_wr: u32::from(send_bufs) * 2 + 8,
         max_recv_wr: 1,
         max_send_sge: 1,
         max_recv_sge: 1,
-        max_inline_data: 0,
+        max_inline_data: max_inline.min(MAX_INLINE),
     };
     pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, srq: Some(srq), cap, sq_sig_all: false })
 }
@@ -59,6 +64,9 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) peer_ring: (u64, u32),
     /// Eager body area of each send buffer in bytes.
     pub(crate) body_cap: usize,
+    /// Messages up to this many bytes (header included) are sent inline (the QP's
+    /// `max_inline_data` after creation).
+    pub(crate) max_inline: u32,
 }
 
 impl<P: Provider> Conn<P> {
@@ -84,7 +92,8 @@ impl<P: Provider> Conn<P> {
         let dst: &mut [u8; HEADER_LEN] =
             (&mut self.pool.buf_mut(buf)[..HEADER_LEN]).try_into().expect("send buffers hold a header");
         h.encode(dst);
-        self.sq.send(&self.pool, buf, HEADER_LEN as u32 + eager);
+        let len = HEADER_LEN as u32 + eager;
+        self.sq.send(&self.pool, buf, len, len <= self.max_inline);
     }
 
     /// Copies `bytes` (a body encoded elsewhere: a deferred answer, a spilled body, a status

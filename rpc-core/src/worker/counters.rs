@@ -83,12 +83,12 @@ impl SharedCounters {
             c.sessions_closed,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
-            f.store(*v, Ordering::Relaxed);
+            f.store(*v, Ordering::Release);
         }
     }
 
     pub(crate) fn snapshot(&self) -> Counters {
-        let g = |i: usize| self.fields[i].load(Ordering::Relaxed);
+        let g = |i: usize| self.fields[i].load(Ordering::Acquire);
         let mut by_code = [0u64; 17];
         for (i, b) in by_code.iter_mut().enumerate() {
             *b = g(10 + i);

@@ -31,8 +31,14 @@ use counters::{Counters, SharedCounters};
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
+/// Busy loop iterations between looks at the control and deferred-answer queues.
+const QUEUE_CHECK_EVERY: u32 = 16;
 /// Receive buffers reposted per doorbell while busy.
 const REPOST_BATCH: usize = 16;
+/// Empty polls after which every waiting receive buffer is reposted.
+const REPOST_IDLE: u32 = 64;
+/// Counters are published every this many empty polls (first after half of it).
+const PUBLISH_IDLE: u32 = 1024;
 
 /// A connection handed from the listener to a worker.
 pub(crate) struct NewConn<P: Provider> {
@@ -157,8 +163,13 @@ impl<P: Provider> Worker<P> {
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
         loop {
-            self.drain_control();
-            self.drain_deferred();
+            // The cross-thread queues are looked at when idle and every few busy iterations, not
+            // between every two polls of a busy CQ (a new QP's first message drains the control
+            // queue itself, see `lookup_qpn`).
+            if idle.empty_polls() > 0 || iterations % QUEUE_CHECK_EVERY == 0 {
+                self.drain_control();
+                self.drain_deferred();
+            }
             let n = match self.shared.cq.poll(&mut self.wcs) {
                 Ok(n) => n,
                 Err(e) => {
@@ -175,8 +186,9 @@ impl<P: Provider> Worker<P> {
                 self.on_completion(&wc);
             }
             self.flush_dirty();
-            // Receive buffers go back in batches; all of them when idle.
-            let threshold = if n == 0 { 1 } else { REPOST_BATCH };
+            // Receive buffers go back in batches; all of them once the worker is idle for a while
+            // (not at the first empty poll, where the next request may already be landing).
+            let threshold = if idle.empty_polls() >= REPOST_IDLE { 1 } else { REPOST_BATCH };
             if let Err(e) = self.recv.flush_batched(threshold) {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
@@ -195,7 +207,7 @@ impl<P: Provider> Worker<P> {
                     break;
                 }
             }
-            if idle.empty_polls() % 1024 == 0 {
+            if idle.empty_polls() % PUBLISH_IDLE == PUBLISH_IDLE / 2 {
                 self.shared.counters.publish(&self.counters);
             }
             let cq = &self.shared.cq;

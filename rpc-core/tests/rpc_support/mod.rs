@@ -159,17 +159,21 @@ impl Service for TestService {
 /// What the tests use: spin a little, then yield (tests share two cores).
 pub const POLLING: PollingPolicy = PollingPolicy::SpinThenYield { spins: 200 };
 
-/// The transport under test: `sim`, or the RDMA NIC when `RPC_TEST_TRANSPORT=rdma` (device from
-/// `RPC_TEST_DEVICE`, GID index from `RPC_TEST_GID_INDEX`, default automatic), as the Soft-RoCE
-/// tier runs the starred tests inside its guest.
+/// The transport under test: `sim`, or the RDMA NIC when `RPC_TEST_TRANSPORT=rdma` or
+/// `RPC_REQUIRE_RDMA=1` (what `scripts/softroce-test` sets in its guest). Device from
+/// `RPC_TEST_DEVICE` or `RXE_DEV`, GID index from `RPC_TEST_GID_INDEX` or `RXE_GID_IDX`
+/// (default: automatic).
 pub fn transport() -> Transport {
-    match std::env::var("RPC_TEST_TRANSPORT").as_deref() {
-        Ok("rdma") => Transport::Rdma {
-            device: std::env::var("RPC_TEST_DEVICE").unwrap_or_default(),
-            port: 1,
-            gid_index: std::env::var("RPC_TEST_GID_INDEX").ok().and_then(|v| v.parse().ok()).unwrap_or(-1),
-        },
-        _ => Transport::Sim,
+    let env = |a: &str, b: &str| std::env::var(a).or_else(|_| std::env::var(b)).ok();
+    let rdma = std::env::var("RPC_TEST_TRANSPORT").as_deref() == Ok("rdma")
+        || std::env::var("RPC_REQUIRE_RDMA").as_deref() == Ok("1");
+    if !rdma {
+        return Transport::Sim;
+    }
+    Transport::Rdma {
+        device: env("RPC_TEST_DEVICE", "RXE_DEV").unwrap_or_default(),
+        port: 1,
+        gid_index: env("RPC_TEST_GID_INDEX", "RXE_GID_IDX").and_then(|v| v.parse().ok()).unwrap_or(-1),
     }
 }
 

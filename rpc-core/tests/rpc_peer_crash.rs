@@ -1,0 +1,201 @@
+//! A server that crashes (no Close message): a fake server built from the public verbs, buffers
+//! and wire modules accepts a session, takes a request, then vanishes. Every call in flight ends
+//! UNAVAILABLE — through the QP (its sends fail) or through the TCP liveness channel.
+
+mod rpc_support;
+
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use rpc_core::buffers::{RecvPool, RingBuf};
+use rpc_core::codegen::*;
+use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
+use rpc_core::verbs::sim::{Sim, SimContext};
+use rpc_core::verbs::{
+    CompletionQueue, Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
+    WorkCompletion,
+};
+use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
+use rpc_core::Client;
+use rpc_support::*;
+
+struct FakeServer {
+    /// The liveness channel: open while the fake server lives.
+    _tcp: TcpStream,
+    ctx: SimContext,
+    cq: <Sim as Provider>::CompletionQueue,
+    recv: RecvPool<Sim>,
+    _qp: <Sim as Provider>::QueuePair,
+    _ring: RingBuf<Sim>,
+}
+
+/// Accepts one client and answers its handshake like a server would.
+fn accept(listener: &TcpListener) -> FakeServer {
+    let (mut tcp, _) = listener.accept().unwrap();
+    let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+    let ctx = Sim::open(&DeviceSelector::First).unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let gid = ctx.gid_table(1).unwrap()[0].gid;
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, false).unwrap();
+    let recv = RecvPool::<Sim>::new(&pd, 64, HEADER_LEN + 4096).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: Some(recv.srq()),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let ring = RingBuf::<Sim>::receive(&pd, 1 << 16).unwrap();
+    let (ring_addr, ring_len, ring_rkey) = ring.remote();
+    let local = Endpoint { qp_num: qp.qp_num(), psn: 7, lid: port.lid, gid, mtu: port.active_mtu };
+    let remote =
+        Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
+    // Short retries so that the client's sends to a vanished host fail quickly.
+    let cfg = RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() };
+    rc::connect(&qp, &cfg, &local, &remote).unwrap();
+    let reply = Handshake {
+        version: PROTOCOL_VERSION,
+        qp_num: local.qp_num,
+        psn: local.psn,
+        lid: local.lid,
+        mtu: local.mtu,
+        gid,
+        ring_addr,
+        ring_len,
+        ring_rkey,
+        credits: hello.credits.min(8),
+        eager_threshold: hello.eager_threshold.min(4096),
+        max_message: hello.max_message,
+        session: 77,
+        auth_token: Vec::new(),
+    };
+    write_frame(&mut tcp, &Frame::Handshake(reply)).unwrap();
+    FakeServer { _tcp: tcp, ctx, cq, recv, _qp: qp, _ring: ring }
+}
+
+impl FakeServer {
+    /// Waits for one request and returns its header.
+    fn take_request(&mut self) -> Header {
+        let mut wcs = [WorkCompletion::default(); 4];
+        loop {
+            let n = self.cq.poll(&mut wcs).unwrap();
+            for wc in &wcs[..n] {
+                if let Some(msg) = self.recv.received(wc.wr_id as u32, wc.byte_len as usize) {
+                    let h = Header::decode(msg).unwrap();
+                    assert_eq!(h.kind, Kind::Request);
+                    return h;
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn server_host_vanishes_sends_fail_and_every_call_ends_unavailable() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = std::thread::spawn(move || {
+        let mut s = accept(&listener);
+        let h = s.take_request();
+        assert_eq!(h.method, ECHO);
+        s.ctx.vanish(); // the machine is gone; its TCP connection lingers (as until a TCP timeout)
+        std::thread::sleep(Duration::from_secs(3));
+        drop(s);
+    });
+    let client = Client::connect_with(addr, &client_config()).unwrap();
+    let first = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::default());
+    // Make sure the first request went out and was taken before the host vanished.
+    while client.counters().bytes_out == 0 {
+        client.progress();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    // The next call's SEND is retried and fails: the session breaks, both calls end UNAVAILABLE.
+    // Whichever comes first ends the session: the SEND's retries running out at the QP, or the
+    // TCP connection closing.
+    let err = client.unary::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert_eq!(block_on(first).unwrap_err().code(), Code::Unavailable);
+    assert!(client.closed_reason().is_some());
+    drop(client);
+    fake.join().unwrap();
+}
+
+#[test]
+fn server_process_gone_tcp_closes_and_the_blocked_call_ends_unavailable() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = std::thread::spawn(move || {
+        let mut s = accept(&listener);
+        let h = s.take_request();
+        assert_eq!(h.method, ECHO);
+        // Crash: everything dropped at once, no Close message, no answer.
+        drop(s);
+    });
+    let client = Client::connect_with(addr, &client_config()).unwrap();
+    let err = client.unary::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    fake.join().unwrap();
+    let err = client.unary::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+}
+
+#[test]
+fn client_vanishing_without_close_frees_its_server_session() {
+    let (server, _) = spawn(server());
+    let keep = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    // A client whose TCP connection closes without a Close message (a crashed process).
+    let gone = TcpStream::connect(server.local_addr()).unwrap();
+    let ctx = Sim::open(&DeviceSelector::First).unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, false).unwrap();
+    let recv = RecvPool::<Sim>::new(&pd, 8, 4096).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: Some(recv.srq()),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let ring = RingBuf::<Sim>::receive(&pd, 4096).unwrap();
+    let (ring_addr, ring_len, ring_rkey) = ring.remote();
+    let hello = Handshake {
+        version: PROTOCOL_VERSION,
+        qp_num: qp.qp_num(),
+        psn: 1,
+        lid: port.lid,
+        mtu: port.active_mtu,
+        gid: ctx.gid_table(1).unwrap()[0].gid,
+        ring_addr,
+        ring_len,
+        ring_rkey,
+        credits: 2,
+        eager_threshold: 1024,
+        max_message: 1 << 20,
+        session: 0,
+        auth_token: Vec::new(),
+    };
+    let mut tcp = gone;
+    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
+    let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+    while server.counters().sessions_opened < 2 {
+        keep.progress();
+        std::thread::yield_now();
+    }
+    drop(tcp);
+    while server.counters().sessions_closed < 1 {
+        keep.progress();
+        std::thread::yield_now();
+    }
+    assert_eq!(server.counters().sessions_closed, 1);
+    check_reply(&keep.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    drop((qp, recv, ring, cq, pd, ctx));
+    drop(keep);
+    server.shutdown();
+}
