@@ -75,12 +75,48 @@ pub struct RunReport {
     pub device: String,
     /// Latency figures are round trip (never halved).
     pub latency_is_round_trip: bool,
+    /// The flags that shape the figures.
+    pub config: RunConfig,
     /// Every measurement, in the order run.
     pub results: Vec<TestResult>,
     /// rpc_lat p50 / send_lat p50 at each size both ran.
     pub rpc_over_send_lat_p50: Vec<SizeRatio>,
     /// Single-thread memcpy bandwidth of this machine at the RPC sizes of rpc_bw, in MB/s.
     pub memcpy: Vec<MemcpyFigure>,
+}
+
+/// The flags that shape the figures, recorded with them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunConfig {
+    /// Both sides in one process.
+    pub loopback: bool,
+    /// Polling policy (`busy` or `yield`).
+    pub poll: String,
+    /// Unmeasured iterations per size.
+    pub warmup: u64,
+    /// Raw tests: outstanding WRITEs of write_bw.
+    pub tx_depth: u32,
+    /// Raw tests: one signaled WR in this many.
+    pub cq_mod: u32,
+    /// Raw tests: inline bytes asked for.
+    pub inline_size: u32,
+    /// Raw tests: receives through an SRQ.
+    pub use_srq: bool,
+}
+
+impl RunConfig {
+    /// From the flags.
+    pub fn from_args(a: &crate::cli::Args) -> Self {
+        RunConfig {
+            loopback: a.loopback,
+            poll: format!("{:?}", a.poll).to_lowercase(),
+            warmup: a.warmup,
+            tx_depth: a.tx_depth,
+            cq_mod: a.cq_mod,
+            inline_size: a.inline_size,
+            use_srq: a.use_srq,
+        }
+    }
 }
 
 /// A ratio at one size.
@@ -115,6 +151,7 @@ impl RunReport {
             transport: transport.to_string(),
             device: device.to_string(),
             latency_is_round_trip: true,
+            config: RunConfig::default(),
             results: Vec::new(),
             rpc_over_send_lat_p50: Vec::new(),
             memcpy: Vec::new(),
@@ -193,6 +230,7 @@ mod tests {
         assert_eq!(v["transport"], "sim");
         assert_eq!(v["device"], "sim0");
         assert_eq!(v["latency_is_round_trip"], true);
+        assert_eq!(v["config"]["use_srq"], false);
         let res = v["results"].as_array().unwrap();
         assert_eq!(res.len(), 3);
         assert_eq!(res[0]["test"], "send_lat");

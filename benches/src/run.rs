@@ -147,6 +147,7 @@ pub fn client_session<P: Provider>(
         }
     }
     let mut report = sink.report;
+    report.config = crate::results::RunConfig::from_args(args);
     finish(args, &mut report)?;
     Ok(report)
 }

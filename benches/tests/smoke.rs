@@ -51,6 +51,9 @@ fn every_test_runs_on_sim_loopback() {
     ]);
     assert_eq!(v["transport"], "sim");
     assert_eq!(v["device"], "sim0");
+    assert_eq!(v["config"]["poll"], "yield");
+    assert_eq!(v["config"]["loopback"], true);
+    assert_eq!(v["config"]["warmup"], 10);
     let res = v["results"].as_array().unwrap();
     let names: Vec<&str> = res.iter().map(|r| r["test"].as_str().unwrap()).collect();
     assert_eq!(names, ["rpc_lat", "rpc_bw", "send_lat", "write_lat", "write_bw"]);
