@@ -277,16 +277,19 @@ impl<P: Provider> ClientCore<P> {
                 }
             }
         };
+        // The destination is exactly `encoded_len()` bytes: encode without measuring again.
         let body = match placement {
             Placement::Eager => {
                 let mut dst = &mut self.conn.pool.buf_mut(buf)[HEADER_LEN..HEADER_LEN + len];
-                req.encode(&mut dst).map_err(|e| Status::internal(format!("encoding the request: {e}")))?;
-                BodyAt::Eager(len as u32)
+                req.encode_raw(&mut dst);
+                BodyAt::Eager((len - dst.len()) as u32)
             }
             Placement::Ring(off) => {
                 let o = off as usize;
                 let mut dst = &mut self.conn.mirror.bytes_mut()[o..o + len];
-                req.encode(&mut dst).map_err(|e| Status::internal(format!("encoding the request: {e}")))?;
+                req.encode_raw(&mut dst);
+                // A body shorter than announced keeps its reserved length (zero padding would not
+                // decode the same): send what was reserved, as the ring accounting requires.
                 BodyAt::Ring { offset: off, len: len as u32 }
             }
         };

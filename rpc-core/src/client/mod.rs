@@ -41,6 +41,13 @@ macro_rules! with_core {
 }
 
 /// One session to a server (see the module docs).
+///
+/// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time):
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<rpc_core::Client>();
+/// ```
 pub struct Client {
     core: RefCell<AnyCore>,
     peer: SocketAddr,
@@ -206,5 +213,16 @@ impl<T> Drop for ResponseFuture<'_, T> {
                 with_core!(&mut *core, c => c.abandon(call));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    fn sendable<T: Send>() {}
+
+    #[test]
+    fn client_and_responder_are_send() {
+        sendable::<super::Client>();
+        sendable::<crate::codegen::Responder<()>>();
     }
 }

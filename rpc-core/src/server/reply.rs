@@ -202,9 +202,15 @@ pub(crate) fn encode_body<M: Message>(
     let Some(mut dst) = dst else {
         return Outcome::Error(Status::internal(format!("no buffer space for a body of {len} bytes")));
     };
-    match msg.encode(&mut dst) {
-        Ok(()) => outcome,
-        Err(e) => Outcome::Error(Status::internal(format!("encoding the body failed: {e}"))),
+    // `dst` is exactly `encoded_len()` bytes: encode without prost measuring the message again.
+    msg.encode_raw(&mut dst);
+    if dst.is_empty() {
+        outcome
+    } else {
+        Outcome::Error(Status::internal(format!(
+            "{} encoded shorter than its encoded_len",
+            std::any::type_name::<M>()
+        )))
     }
 }
 
