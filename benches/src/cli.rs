@@ -1,0 +1,415 @@
+//! Command-line flags, perftest's where they mean the same (`-d -i -x -s -a -n -D -p -t -Q`).
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+/// Default TCP port of the out-of-band exchange (perftest's `DEF_PORT`).
+pub const DEFAULT_PORT: u16 = 18515;
+/// Default message size in bytes (the goal's "small RPC": 32 B each way).
+pub const DEFAULT_SIZE: usize = 32;
+/// Largest message of a `-a` sweep and of `-s`: 8 MiB (perftest's `MAX_SIZE`).
+pub const MAX_SIZE: usize = 8 << 20;
+
+/// perftest-style latency and bandwidth of RPCs and of raw verbs, on the same transport.
+///
+/// `rpc-perf` serves; `rpc-perf HOST` connects to a server and runs the tests; `rpc-perf --loopback`
+/// runs both sides in one process on two pinned cores. Latency is always reported as round trip.
+#[derive(Parser, Debug, Clone, PartialEq)]
+#[command(name = "rpc-perf", version, about, max_term_width = 110)]
+pub struct Args {
+    /// Server to connect to (client mode). Without it, and without --loopback, rpc-perf serves.
+    #[arg(value_name = "HOST", conflicts_with = "loopback")]
+    pub host: Option<String>,
+
+    /// Run server and client in this process, each on its own pinned core.
+    #[arg(long)]
+    pub loopback: bool,
+
+    /// Tests to run, comma-separated.
+    #[arg(long = "test", value_enum, value_delimiter = ',', default_values_t = [TestKind::RpcLat, TestKind::SendLat])]
+    pub tests: Vec<TestKind>,
+
+    /// NIC provider: `sim` (software NIC), `rdma` (libibverbs), or `auto` (rdma when a device exists).
+    #[arg(long, value_enum, default_value_t = TransportKind::Auto)]
+    pub transport: TransportKind,
+
+    /// RDMA device, by name (mlx5_0, rxe0) or index; default: the first one.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub ib_dev: Option<String>,
+
+    /// Port of the device (1-based).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    pub ib_port: u8,
+
+    /// GID index; -1 picks one automatically (RoCEv2 with an IPv4 address first).
+    #[arg(short = 'x', long = "gid-index", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1..=255))]
+    pub gid_index: i32,
+
+    /// Message size in bytes (raw tests; RPC request and response unless --req-size/--resp-size).
+    #[arg(short = 's', long, default_value_t = DEFAULT_SIZE, value_parser = parse_size)]
+    pub size: usize,
+
+    /// Sweep sizes 2, 4, 8, .. 8 MiB (perftest's -a).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+
+    /// RPC request payload in bytes (default: --size).
+    #[arg(long, value_parser = parse_size)]
+    pub req_size: Option<usize>,
+
+    /// RPC response payload in bytes (default: --size).
+    #[arg(long, value_parser = parse_size)]
+    pub resp_size: Option<usize>,
+
+    /// Iterations per size (default: 100000 for small messages, fewer above 8 KiB so that one size
+    /// moves at most 1 GiB, and never fewer than 1000).
+    #[arg(short = 'n', long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(5..))]
+    pub iters: Option<u64>,
+
+    /// Run each size for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub duration: Option<u64>,
+
+    /// Iterations run before measuring, at each size.
+    #[arg(long, default_value_t = 1000)]
+    pub warmup: u64,
+
+    /// Outstanding RPCs (rpc_lat default 1, rpc_bw default 32).
+    #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub concurrency: Option<u32>,
+
+    /// Outstanding WRITEs of write_bw, in WQEs (perftest's -t).
+    #[arg(short = 't', long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=15000))]
+    pub tx_depth: u32,
+
+    /// Signal one send WR in this many (perftest's -Q), at most --tx-depth.
+    #[arg(short = 'Q', long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub cq_mod: u32,
+
+    /// Bytes sent inline by the raw tests (perftest's -I); 0 never inlines, as the RPC workers.
+    #[arg(short = 'I', long, default_value_t = 220, value_parser = clap::value_parser!(u32).range(0..=912))]
+    pub inline_size: u32,
+
+    /// Raw tests receive through a shared receive queue, as the RPC workers do (perftest's
+    /// --use_srq).
+    #[arg(long)]
+    pub use_srq: bool,
+
+    /// TCP port of the out-of-band exchange (the RPC server listens on the next one).
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+
+    /// How waiting threads poll: `busy` spins; `yield` spins a little then yields the core.
+    #[arg(long, value_enum, default_value_t = PollKind::Busy)]
+    pub poll: PollKind,
+
+    /// Cores for --loopback as `SERVER,CLIENT` (default: the first two cores).
+    #[arg(long, value_name = "S,C", value_delimiter = ',')]
+    pub cores: Option<Vec<usize>>,
+
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Draw the latency distribution (CDF) and the size sweep to FILE (SVG).
+    #[arg(long, value_name = "FILE", value_parser = parse_svg_path)]
+    pub plot: Option<PathBuf>,
+
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// One benchmark.
+#[derive(
+    ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[value(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum TestKind {
+    /// Unary RPC round trip (one call in flight unless -c).
+    RpcLat,
+    /// Unary RPC throughput and goodput with -c calls in flight.
+    RpcBw,
+    /// Raw SEND/RECV ping-pong round trip.
+    SendLat,
+    /// Raw RDMA WRITE ping-pong round trip, polling the last byte (as ib_write_lat).
+    WriteLat,
+    /// Raw RDMA WRITE bandwidth (as ib_write_bw).
+    WriteBw,
+}
+
+impl TestKind {
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            TestKind::RpcLat => "rpc_lat",
+            TestKind::RpcBw => "rpc_bw",
+            TestKind::SendLat => "send_lat",
+            TestKind::WriteLat => "write_lat",
+            TestKind::WriteBw => "write_bw",
+        }
+    }
+
+    /// True for ping-pong latency tests, false for bandwidth tests.
+    pub fn is_latency(self) -> bool {
+        matches!(self, TestKind::RpcLat | TestKind::SendLat | TestKind::WriteLat)
+    }
+
+    /// True for the RPC tests (as opposed to raw verbs).
+    pub fn is_rpc(self) -> bool {
+        matches!(self, TestKind::RpcLat | TestKind::RpcBw)
+    }
+}
+
+/// Which NIC provider carries the tests.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKind {
+    /// `rdma` when an RDMA device exists (or -d is given), else `sim`.
+    Auto,
+    /// The software NIC.
+    Sim,
+    /// libibverbs.
+    Rdma,
+}
+
+/// How a waiting thread polls.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PollKind {
+    /// Spin on the CQ (the product's default).
+    Busy,
+    /// Spin a little, then `std::thread::yield_now()` (for tests and shared machines).
+    Yield,
+}
+
+/// Parses a byte count: a number with an optional `K`, `M` or `G` suffix (binary: 1K = 1024),
+/// from 1 byte to [`MAX_SIZE`].
+///
+/// # Errors
+/// A message naming the accepted forms and range.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = digits.parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 32, 4K, 1M)"))?;
+    let bytes = n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))?;
+    if !(1..=MAX_SIZE).contains(&bytes) {
+        return Err(format!("{bytes} bytes is outside 1..={MAX_SIZE} (8M)"));
+    }
+    Ok(bytes)
+}
+
+fn parse_svg_path(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    match p.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(p),
+        _ => Err(format!("`{s}`: the plot is drawn as SVG; give a file name ending in .svg")),
+    }
+}
+
+/// The sizes of a `-a` sweep: powers of two from 2 bytes to [`MAX_SIZE`], as perftest's.
+pub fn sweep_sizes() -> Vec<usize> {
+    (1..=MAX_SIZE.trailing_zeros()).map(|e| 1usize << e).collect()
+}
+
+impl Args {
+    /// Message sizes to run: the sweep with `-a`, else `--size`.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.all {
+            sweep_sizes()
+        } else {
+            vec![self.size]
+        }
+    }
+
+    /// RPC request and response payload sizes for a run at `size`.
+    pub fn rpc_sizes(&self, size: usize) -> (usize, usize) {
+        if self.all {
+            (size, size)
+        } else {
+            (self.req_size.unwrap_or(size), self.resp_size.unwrap_or(size))
+        }
+    }
+
+    /// Calls in flight for `test`.
+    pub fn concurrency_for(&self, test: TestKind) -> u32 {
+        self.concurrency.unwrap_or(if test == TestKind::RpcBw { 32 } else { 1 })
+    }
+
+    /// How long to run one size: a number of iterations or a duration.
+    pub fn limit_for(&self, bytes_per_iter: usize) -> Limit {
+        match (self.duration, self.iters) {
+            (Some(secs), _) => Limit::Duration(std::time::Duration::from_secs(secs)),
+            (None, Some(n)) => Limit::Iters(n),
+            (None, None) => Limit::Iters(default_iters(bytes_per_iter)),
+        }
+    }
+
+    /// Checks combinations clap cannot express.
+    ///
+    /// # Errors
+    /// A message naming the flags in conflict.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cq_mod > self.tx_depth {
+            return Err(format!(
+                "--cq-mod {} must not exceed --tx-depth {} (a signaled WR must fit in the send queue)",
+                self.cq_mod, self.tx_depth
+            ));
+        }
+        if self.tests.is_empty() {
+            return Err("--test needs at least one test".into());
+        }
+        if self.all && (self.req_size.is_some() || self.resp_size.is_some()) {
+            return Err("-a/--all sweeps request and response together; drop --req-size/--resp-size".into());
+        }
+        if let Some(c) = &self.cores {
+            if c.len() != 2 {
+                return Err(format!("--cores takes two core numbers, SERVER,CLIENT; got {}", c.len()));
+            }
+            if c[0] == c[1] {
+                return Err(format!("--cores {},{}: server and client need two different cores", c[0], c[1]));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How long one measurement runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    /// Exactly this many measured iterations.
+    Iters(u64),
+    /// As many iterations as fit in this time.
+    Duration(std::time::Duration),
+}
+
+/// Default iterations for `bytes` per iteration: 100000, reduced so that one size moves at most
+/// 1 GiB, never below 1000.
+pub fn default_iters(bytes: usize) -> u64 {
+    const BUDGET: u64 = 1 << 30;
+    (BUDGET / bytes.max(1) as u64).clamp(1000, 100_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("rpc-perf").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_are_the_main_job() {
+        let a = parse(&["--loopback"]).unwrap();
+        assert!(a.loopback);
+        assert_eq!(a.host, None);
+        assert_eq!(a.tests, vec![TestKind::RpcLat, TestKind::SendLat]);
+        assert_eq!(a.transport, TransportKind::Auto);
+        assert_eq!((a.ib_port, a.gid_index, a.size, a.port), (1, -1, 32, 18515));
+        assert_eq!(a.sizes(), vec![32]);
+        assert_eq!(a.rpc_sizes(32), (32, 32));
+        assert_eq!(a.concurrency_for(TestKind::RpcLat), 1);
+        assert_eq!(a.concurrency_for(TestKind::RpcBw), 32);
+        assert_eq!(a.limit_for(32), Limit::Iters(100_000));
+        assert_eq!(a.poll, PollKind::Busy);
+        a.validate().unwrap();
+    }
+
+    #[test]
+    fn perftest_flags() {
+        let a = parse(&[
+            "server1",
+            "-d",
+            "mlx5_0",
+            "-i",
+            "2",
+            "-x",
+            "3",
+            "-s",
+            "4K",
+            "-n",
+            "500",
+            "--transport",
+            "rdma",
+            "--test",
+            "send_lat,write_bw",
+            "-t",
+            "64",
+            "-Q",
+            "16",
+            "-c",
+            "8",
+            "--req-size",
+            "1M",
+            "--resp-size",
+            "16",
+        ])
+        .unwrap();
+        assert_eq!(a.host.as_deref(), Some("server1"));
+        assert_eq!(a.ib_dev.as_deref(), Some("mlx5_0"));
+        assert_eq!((a.ib_port, a.gid_index, a.size), (2, 3, 4096));
+        assert_eq!(a.tests, vec![TestKind::SendLat, TestKind::WriteBw]);
+        assert_eq!(a.transport, TransportKind::Rdma);
+        assert_eq!((a.tx_depth, a.cq_mod, a.concurrency), (64, 16, Some(8)));
+        assert_eq!(a.rpc_sizes(4096), (1 << 20, 16));
+        assert_eq!(a.limit_for(4096), Limit::Iters(500));
+        let a = parse(&["-a", "-D", "2", "--loopback", "--test", "write_lat", "--poll", "yield"]).unwrap();
+        assert_eq!(a.sizes().len(), 23);
+        assert_eq!(a.sizes()[0], 2);
+        assert_eq!(*a.sizes().last().unwrap(), 8 << 20);
+        assert_eq!(a.limit_for(1 << 20), Limit::Duration(std::time::Duration::from_secs(2)));
+        assert_eq!(a.poll, PollKind::Yield);
+        assert!(!a.use_srq);
+        assert!(parse(&["--use-srq"]).unwrap().use_srq);
+        assert_eq!(a.inline_size, 220);
+        assert_eq!(parse(&["-I", "0"]).unwrap().inline_size, 0);
+        assert!(parse(&["-I", "913"]).is_err());
+        assert_eq!(parse(&["-x", "-1"]).unwrap().gid_index, -1);
+    }
+
+    #[test]
+    fn bad_flags_are_clap_errors() {
+        use clap::error::ErrorKind;
+        assert_eq!(parse(&["--test", "nope"]).unwrap_err().kind(), ErrorKind::InvalidValue);
+        assert_eq!(parse(&["-x", "-2"]).unwrap_err().kind(), ErrorKind::ValueValidation);
+        assert_eq!(parse(&["-i", "0"]).unwrap_err().kind(), ErrorKind::ValueValidation);
+        assert_eq!(parse(&["-n", "10", "-D", "1"]).unwrap_err().kind(), ErrorKind::ArgumentConflict);
+        assert_eq!(parse(&["host", "--loopback"]).unwrap_err().kind(), ErrorKind::ArgumentConflict);
+        assert_eq!(parse(&["--transport", "tcp"]).unwrap_err().kind(), ErrorKind::InvalidValue);
+        let e = parse(&["-s", "9M"]).unwrap_err().to_string();
+        assert!(e.contains("outside 1..=8388608"), "{e}");
+        let e = parse(&["-s", "abc"]).unwrap_err().to_string();
+        assert!(e.contains("not a byte count"), "{e}");
+        let e = parse(&["--plot", "x.png"]).unwrap_err().to_string();
+        assert!(e.contains("ending in .svg"), "{e}");
+        let a = parse(&["-t", "8", "-Q", "9"]).unwrap();
+        assert!(a.validate().unwrap_err().contains("--cq-mod 9 must not exceed --tx-depth 8"));
+        let a = parse(&["-a", "--req-size", "8"]).unwrap();
+        assert!(a.validate().unwrap_err().contains("drop --req-size"));
+        let a = parse(&["--cores", "1,1"]).unwrap();
+        assert!(a.validate().unwrap_err().contains("two different cores"));
+        let a = parse(&["--cores", "1"]).unwrap();
+        assert!(a.validate().unwrap_err().contains("takes two core numbers"));
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("32"), Ok(32));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1G").is_err());
+        assert_eq!(default_iters(32), 100_000);
+        assert_eq!(default_iters(1 << 20), 1024);
+        assert_eq!(default_iters(8 << 20), 1000);
+    }
+}

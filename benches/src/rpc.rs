@@ -1,0 +1,364 @@
+//! rpc_lat and rpc_bw: unary calls of the benchmark service (proto/bench.proto) through the
+//! runtime, on the same provider as the raw tests. The rpc-perf server runs an RPC server for it;
+//! the client learns its port over the out-of-band channel and calls it.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use bytes::Bytes;
+use rpc_core::codegen::{Reply, RequestContext, Status};
+use rpc_core::{ClientConfig, PollingPolicy, Server, ServerHandle, Transport};
+
+use crate::cli::{Args, Limit, PollKind, TestKind, MAX_SIZE};
+use crate::error::PerfError;
+use crate::oob::{Msg, OobChannel, OOB_VERSION};
+use crate::progress::Progress;
+use crate::results::{Measure, TestResult};
+use crate::sink::Sink;
+use crate::stats::{BandwidthSummary, LatencyRecorder, PeakWindow};
+use crate::transport::Resolved;
+
+/// The generated messages and stubs of `package rpcperf`.
+#[allow(missing_docs)]
+pub mod pb {
+    rpc_core::include_proto!("rpcperf");
+}
+
+use pb::bench_client::BenchClient;
+use pb::bench_server::{Bench, BenchServer};
+use pb::{EchoReply, EchoRequest};
+
+/// Most completions between two samples of the peak-rate window in rpc_bw (fewer for large
+/// messages: one sample per MiB moved, at least one per call).
+const PEAK_BATCH_MAX: u64 = 256;
+
+/// The benchmark service: answers `resp_size` bytes, sliced from one preallocated buffer (no
+/// allocation or copy per call on the server beyond the runtime's own).
+pub struct BenchService {
+    payload: Bytes,
+}
+
+impl Default for BenchService {
+    fn default() -> Self {
+        BenchService { payload: Bytes::from(vec![0xa5u8; MAX_SIZE]) }
+    }
+}
+
+impl Bench for BenchService {
+    fn echo(&self, _ctx: &RequestContext, req: EchoRequest) -> Reply<EchoReply> {
+        let n = req.resp_size as usize;
+        if n > self.payload.len() {
+            return Status::invalid_argument(format!("resp_size {n} is over the {MAX_SIZE}-byte limit"))
+                .into();
+        }
+        EchoReply { payload: self.payload.slice(..n) }.into()
+    }
+}
+
+/// The runtime's transport for the resolved provider and the flags.
+pub fn runtime_transport(resolved: Resolved, args: &Args) -> Transport {
+    match resolved {
+        Resolved::Sim => Transport::Sim,
+        Resolved::Rdma => Transport::Rdma {
+            device: args.ib_dev.clone().unwrap_or_default(),
+            port: args.ib_port,
+            gid_index: args.gid_index,
+        },
+    }
+}
+
+/// The runtime's polling policy for `--poll`.
+pub fn polling(kind: PollKind) -> PollingPolicy {
+    match kind {
+        PollKind::Busy => PollingPolicy::Busy,
+        PollKind::Yield => PollingPolicy::SpinThenYield { spins: crate::poll::SPINS_BEFORE_YIELD },
+    }
+}
+
+/// Receive-ring bytes for messages up to `max_size`: room for four in flight, 1 MiB .. 1 GiB.
+pub fn ring_bytes_for(max_size: usize) -> u32 {
+    (4 * (max_size as u64 + (64 << 10))).next_power_of_two().clamp(1 << 20, 1 << 30) as u32
+}
+
+/// The RPC server side of a session: one RPC server, restarted when a test needs bigger rings
+/// or more credits than the running one has.
+pub struct ServerState {
+    resolved: Resolved,
+    worker_core: Option<usize>,
+    bind: String,
+    running: Option<(ServerHandle, u32, u16)>,
+}
+
+impl ServerState {
+    /// State for a session on `resolved`, the RPC server's worker pinned to `worker_core`,
+    /// listening on `bind` (`host:port`).
+    pub fn new(resolved: Resolved, worker_core: Option<usize>, bind: String) -> Self {
+        ServerState { resolved, worker_core, bind, running: None }
+    }
+
+    /// Serves an RPC test after the client's `Setup`: makes sure the server runs with rings for
+    /// `max_size` and `concurrency` credits, tells the client its port, and waits for `Done`.
+    ///
+    /// # Errors
+    /// [`PerfError::Setup`] when the server cannot start; channel errors.
+    pub fn serve(
+        &mut self,
+        args: &Args,
+        test: TestKind,
+        max_size: usize,
+        concurrency: u32,
+        ch: &mut OobChannel,
+    ) -> Result<(), PerfError> {
+        if !(1..=MAX_SIZE).contains(&max_size) || !(1..=4096).contains(&concurrency) {
+            return Err(PerfError::Setup(format!(
+                "{}: client asked for {max_size}-byte messages and {concurrency} calls in flight; limits are 1..=8M and 1..=4096",
+                test.name()
+            )));
+        }
+        let ring = ring_bytes_for(max_size);
+        let credits = concurrency.max(32) as u16;
+        let fits = matches!(&self.running, Some((_, r, c)) if *r >= ring && *c >= credits);
+        if !fits {
+            if let Some((h, _, _)) = self.running.take() {
+                h.shutdown();
+            }
+            let handle = Server::builder()
+                .transport(runtime_transport(self.resolved, args))
+                .polling(polling(args.poll))
+                .worker_cores(self.worker_core.into_iter().collect())
+                .ring_bytes(ring)
+                .credits_per_session(credits)
+                .srq_depth((2 * u32::from(credits) + 1).max(4096))
+                .add_service(BenchServer::new(BenchService::default()))
+                .spawn(self.bind.as_str())
+                .map_err(|e| PerfError::Setup(format!("starting the RPC server on {}: {e}", self.bind)))?;
+            self.running = Some((handle, ring, credits));
+        }
+        let port = self.running.as_ref().map_or(0, |(h, _, _)| h.local_addr().port());
+        ch.send(&Msg::RpcServer { port })?;
+        ch.expect(&Msg::Done, "while the client runs the RPC test")?;
+        Ok(())
+    }
+}
+
+impl Drop for ServerState {
+    fn drop(&mut self) {
+        if let Some((h, _, _)) = self.running.take() {
+            h.shutdown();
+        }
+    }
+}
+
+fn rpc_err(what: &str, s: Status) -> PerfError {
+    PerfError::Rpc(format!("{what}: {s}"))
+}
+
+/// Client side of an RPC test over all sizes.
+///
+/// # Errors
+/// Setup, connect, call and channel errors.
+pub fn run_client(
+    args: &Args,
+    resolved: Resolved,
+    test: TestKind,
+    ch: &mut OobChannel,
+    sink: &mut Sink,
+) -> Result<(), PerfError> {
+    let sizes = args.sizes();
+    let max_size = sizes.iter().map(|&s| args.rpc_sizes(s)).map(|(a, b)| a.max(b)).max().unwrap_or(args.size);
+    let concurrency = args.concurrency_for(test);
+    ch.send(&Msg::Setup { version: OOB_VERSION, test, max_size, concurrency })?;
+    let Msg::RpcServer { port } = ch.expect(&Msg::RpcServer { port: 0 }, "after an RPC setup")? else {
+        unreachable!("expect checks the variant")
+    };
+    let peer =
+        ch.peer_addr().ok_or_else(|| PerfError::Setup("the out-of-band peer has no address".into()))?;
+    let addr = SocketAddr::new(peer.ip(), port);
+    let cfg = ClientConfig::default()
+        .transport(runtime_transport(resolved, args))
+        .polling(polling(args.poll))
+        .window(concurrency as u16)
+        .ring_bytes(ring_bytes_for(max_size));
+    let client =
+        BenchClient::connect_with(addr, &cfg).map_err(|s| rpc_err(&format!("connecting to {addr}"), s))?;
+
+    let transport = match resolved {
+        Resolved::Sim => "sim",
+        Resolved::Rdma => "rdma (ibverbs)",
+    };
+    let mut info = vec![
+        ("Transport", transport.to_string()),
+        ("Server", addr.to_string()),
+        ("Concurrency", concurrency.to_string()),
+        ("Poll", format!("{:?}", args.poll).to_lowercase()),
+        ("Eager threshold", format!("{}[B]", cfg.eager_threshold)),
+        ("Ring", format!("{}[B]", cfg.ring_bytes)),
+    ];
+    if !args.all {
+        let (q, r) = args.rpc_sizes(args.size);
+        info.push(("Request size", format!("{q}[B]")));
+        info.push(("Response size", format!("{r}[B]")));
+    }
+    if test == TestKind::RpcLat {
+        info.push(("Latency", "round trip, per call".into()));
+    } else {
+        info.push(("BW", "request + response payload".into()));
+    }
+    sink.begin_test(test, sizes.len(), info);
+    for (slot, &size) in sizes.iter().enumerate() {
+        sink.progress().start_size(slot, size);
+        let (req_size, resp_size) = args.rpc_sizes(size);
+        let req = EchoRequest { payload: Bytes::from(vec![0x5au8; req_size]), resp_size: resp_size as u32 };
+        let limit = args.limit_for(req_size + resp_size);
+        let measure = if test == TestKind::RpcLat {
+            let rec = if concurrency == 1 {
+                blocking_latency(&client, &req, limit, args.warmup, sink.progress())?
+            } else {
+                let mut rec = LatencyRecorder::new();
+                windowed(&client, &req, concurrency, limit, args.warmup, sink.progress(), Some(&mut rec))?;
+                rec
+            };
+            crate::raw::latency_measure(&rec)
+        } else {
+            Measure::Bandwidth(windowed(
+                &client,
+                &req,
+                concurrency,
+                limit,
+                args.warmup,
+                sink.progress(),
+                None,
+            )?)
+        };
+        sink.result(TestResult {
+            test,
+            bytes: req_size,
+            req_bytes: req_size,
+            resp_bytes: resp_size,
+            concurrency,
+            measure,
+        });
+    }
+    let c = client.client().counters();
+    drop(client);
+    ch.send(&Msg::Done)?;
+    sink.end_test();
+    println!(
+        " client counters: rpcs {}, credit stalls {}, ring-full stalls {}, RNR events {}",
+        c.rpcs, c.credit_stalls, c.ring_full_stalls, c.rnr_events
+    );
+    Ok(())
+}
+
+/// One blocking call per round trip.
+fn blocking_latency(
+    client: &BenchClient,
+    req: &EchoRequest,
+    limit: Limit,
+    warmup: u64,
+    progress: &Progress,
+) -> Result<LatencyRecorder, PerfError> {
+    let want = req.resp_size as usize;
+    crate::measure::latency(limit, warmup, progress, || {
+        let r = client.echo(req).map_err(|s| rpc_err("Bench.Echo", s))?;
+        check_len(r.payload.len(), want)
+    })
+}
+
+#[inline]
+fn check_len(got: usize, want: usize) -> Result<(), PerfError> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(PerfError::Rpc(format!("Bench.Echo answered {got} bytes, expected {want}")))
+    }
+}
+
+/// Keeps `window` async calls in flight until `limit` (after `warmup` calls), polling the oldest
+/// (answers arrive in order). With `per_call`, records each call's round trip (two clock reads
+/// per call); the throughput figures are returned either way.
+fn windowed(
+    client: &BenchClient,
+    req: &EchoRequest,
+    window: u32,
+    limit: Limit,
+    warmup: u64,
+    progress: &Progress,
+    mut per_call: Option<&mut LatencyRecorder>,
+) -> Result<BandwidthSummary, PerfError> {
+    let want = req.resp_size as usize;
+    let window = window as usize;
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut q = VecDeque::with_capacity(window);
+    let timed = per_call.is_some();
+    let bytes_per_call = (req.payload.len() + want) as u64;
+
+    // Warm-up: the same pipeline, unmeasured.
+    let (mut sent, mut done) = (0u64, 0u64);
+    while done < warmup {
+        while q.len() < window && sent < warmup {
+            q.push_back((client.echo_async(req), None::<Instant>));
+            sent += 1;
+        }
+        if let Some((f, _)) = q.front_mut() {
+            if let Poll::Ready(r) = Pin::new(f).poll(&mut cx) {
+                check_len(r.map_err(|s| rpc_err("Bench.Echo", s))?.payload.len(), want)?;
+                q.pop_front();
+                done += 1;
+            }
+        }
+    }
+
+    let peak_batch = ((1u64 << 20) / bytes_per_call.max(1)).clamp(1, PEAK_BATCH_MAX);
+    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
+    let start = Instant::now();
+    let (mut sent, mut done) = (0u64, 0u64);
+    let mut issuing = true;
+    loop {
+        while issuing && q.len() < window {
+            let t = if timed { Some(Instant::now()) } else { None };
+            q.push_back((client.echo_async(req), t));
+            sent += 1;
+            if let Limit::Iters(n) = limit {
+                issuing = sent < n;
+            }
+        }
+        let Some((f, t0)) = q.front_mut() else { break };
+        if let Poll::Ready(r) = Pin::new(f).poll(&mut cx) {
+            if let (Some(rec), Some(t0)) = (per_call.as_deref_mut(), *t0) {
+                rec.record(t0.elapsed().as_nanos() as u64);
+            }
+            check_len(r.map_err(|s| rpc_err("Bench.Echo", s))?.payload.len(), want)?;
+            q.pop_front();
+            done += 1;
+            if done % peak_batch == 0 {
+                let e = start.elapsed();
+                peak.completed(e.as_nanos() as u64, done * bytes_per_call);
+                progress.fraction(crate::measure::fraction(limit, done, e));
+                if let Limit::Duration(d) = limit {
+                    issuing = issuing && e < d;
+                }
+            }
+        }
+    }
+    let elapsed = start.elapsed().as_nanos() as u64;
+    progress.fraction(1.0);
+    let (pb, pns) = peak.best();
+    Ok(BandwidthSummary::new(done, bytes_per_call, elapsed, pb, pns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_sizes() {
+        assert_eq!(ring_bytes_for(32), 1 << 20);
+        assert_eq!(ring_bytes_for(1 << 20), 8 << 20);
+        assert_eq!(ring_bytes_for(8 << 20), 64 << 20);
+    }
+}

@@ -1,0 +1,85 @@
+//! Where results go while a run proceeds: printed as perftest tables on stdout (each row as soon
+//! as its size is done) and collected for the JSON file, the plot and the closing ratios.
+
+use crate::cli::TestKind;
+use crate::progress::Progress;
+use crate::report;
+use crate::results::{RunReport, TestResult};
+
+/// Prints and collects results.
+pub struct Sink {
+    /// Everything measured so far.
+    pub report: RunReport,
+    progress: Progress,
+    show_progress: bool,
+    current: Option<TestKind>,
+}
+
+impl Sink {
+    /// A sink for a run on `transport`; progress bars shown when `show_progress`.
+    pub fn new(transport: &str, show_progress: bool) -> Self {
+        Sink {
+            report: RunReport::new(transport, ""),
+            progress: Progress::hidden(),
+            show_progress,
+            current: None,
+        }
+    }
+
+    /// Prints a test's banner and table header, and starts its progress bar over `sizes` sizes.
+    pub fn begin_test(&mut self, test: TestKind, sizes: usize, info: Vec<(&str, String)>) {
+        if let Some((_, dev)) = info.iter().find(|(k, _)| *k == "Device") {
+            if self.report.device.is_empty() {
+                self.report.device = dev.clone();
+            }
+        }
+        println!("{}", report::banner(title(test), &info));
+        match test {
+            TestKind::RpcBw => println!("{}{}", report::BW_HEADER, report::RPC_BW_HEADER_EXT),
+            TestKind::WriteBw => println!("{}", report::BW_HEADER),
+            _ => println!("{}", report::LAT_HEADER),
+        }
+        self.progress = Progress::new(test.name(), sizes, self.show_progress);
+        self.current = Some(test);
+    }
+
+    /// The current test's progress bar.
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// Prints a result row and keeps the result.
+    pub fn result(&mut self, r: TestResult) {
+        let line = if let Some(l) = r.latency() {
+            report::latency_row(r.bytes, l)
+        } else if let Some(b) = r.bandwidth() {
+            if r.test == TestKind::RpcBw {
+                format!("{}{}", report::bandwidth_row(r.bytes, b), report::rpc_bw_ext(b))
+            } else {
+                report::bandwidth_row(r.bytes, b)
+            }
+        } else {
+            String::new()
+        };
+        self.progress.println(&line);
+        self.report.results.push(r);
+    }
+
+    /// Ends the current test's table.
+    pub fn end_test(&mut self) {
+        self.progress.finish();
+        println!("{}", report::RESULT_LINE);
+        self.current = None;
+    }
+}
+
+/// perftest-style title of a test.
+pub fn title(test: TestKind) -> &'static str {
+    match test {
+        TestKind::RpcLat => "RPC Latency Test (rpc_lat, unary round trip)",
+        TestKind::RpcBw => "RPC BW Test (rpc_bw, unary, payload both ways)",
+        TestKind::SendLat => "Send Latency Test (send_lat, round trip)",
+        TestKind::WriteLat => "RDMA Write Latency Test (write_lat, round trip)",
+        TestKind::WriteBw => "RDMA Write BW Test (write_bw)",
+    }
+}

@@ -1,0 +1,139 @@
+//! A tiny loopback run of every test on `sim` with the yielding polling policy (tests share two
+//! cores), checked through the JSON and SVG it writes; and the command's error paths.
+
+use std::process::Command;
+
+use clap::Parser;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("rpc-perf-smoke-{}-{name}", std::process::id()))
+}
+
+fn run(extra: &[&str]) -> serde_json::Value {
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let json = tmp(&format!("{}.json", RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let mut argv = vec![
+        "rpc-perf",
+        "--loopback",
+        "--transport",
+        "sim",
+        "--poll",
+        "yield",
+        "--warmup",
+        "10",
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    argv.extend_from_slice(extra);
+    let args = rpc_perf::Args::try_parse_from(argv).unwrap();
+    let report = rpc_perf::transport::run(&args).unwrap().expect("loopback returns a report");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(v["results"].as_array().unwrap().len(), report.results.len());
+    v
+}
+
+#[test]
+fn every_test_runs_on_sim_loopback() {
+    let plot = tmp("plot.svg");
+    let v = run(&[
+        "-n",
+        "200",
+        "-s",
+        "64",
+        "--test",
+        "rpc_lat,rpc_bw,send_lat,write_lat,write_bw",
+        "-c",
+        "4",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert_eq!(v["transport"], "sim");
+    assert_eq!(v["device"], "sim0");
+    assert_eq!(v["config"]["poll"], "yield");
+    assert_eq!(v["config"]["loopback"], true);
+    assert_eq!(v["config"]["warmup"], 10);
+    let res = v["results"].as_array().unwrap();
+    let names: Vec<&str> = res.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(names, ["rpc_lat", "rpc_bw", "send_lat", "write_lat", "write_bw"]);
+    for r in res {
+        assert_eq!(r["bytes"], 64, "{r}");
+        let m = r.get("latency").or_else(|| r.get("bandwidth")).unwrap();
+        assert_eq!(m["iterations"], 200, "{r}");
+    }
+    // -c 4 applies to both RPC tests; rpc_lat at -c 4 is latency under load.
+    assert_eq!(res[0]["concurrency"], 4);
+    assert_eq!(res[1]["concurrency"], 4);
+    let lat = &res[2]["latency"];
+    assert!(lat["min_ns"].as_f64().unwrap() > 0.0);
+    assert!(lat["min_ns"].as_f64() <= lat["typical_ns"].as_f64());
+    assert!(lat["typical_ns"].as_f64() <= lat["p99_ns"].as_f64());
+    assert!(lat["p99_ns"].as_f64() <= lat["max_ns"].as_f64());
+    let bw = &res[4]["bandwidth"];
+    assert_eq!(bw["bytes_per_iter"], 64);
+    assert!(bw["avg_mb_per_s"].as_f64().unwrap() > 0.0);
+    // rpc_bw counts request and response payload.
+    assert_eq!(res[1]["bandwidth"]["bytes_per_iter"], 128);
+    assert_eq!(v["rpc_over_send_lat_p50"][0]["bytes"], 64);
+    assert!(v["rpc_over_send_lat_p50"][0]["ratio"].as_f64().unwrap() > 0.0);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    let _ = std::fs::remove_file(&plot);
+    assert!(svg.contains("rpc_lat 64 B") && svg.contains("write_lat 64 B"));
+}
+
+#[test]
+fn bulk_sizes_use_the_ring_and_check_lengths() {
+    // 64 KiB requests go by RDMA WRITE into the ring (eager threshold 4 KiB); 16-byte answers
+    // by SEND. write_lat polls the last byte of a 64 KiB buffer.
+    let v = run(&[
+        "-n",
+        "20",
+        "--req-size",
+        "64K",
+        "--resp-size",
+        "16",
+        "--test",
+        "rpc_lat,write_lat,send_lat",
+        "-s",
+        "64K",
+        "--use-srq",
+        "-I",
+        "0",
+    ]);
+    let res = v["results"].as_array().unwrap();
+    assert_eq!(res[0]["req_bytes"], 65536);
+    assert_eq!(res[0]["resp_bytes"], 16);
+    assert_eq!(res[0]["latency"]["iterations"], 20);
+    assert_eq!(res[1]["bytes"], 65536);
+    assert_eq!(res[1]["latency"]["iterations"], 20);
+    // send_lat through an SRQ, 64 KiB SENDs (not inline).
+    assert_eq!(res[2]["bytes"], 65536);
+    assert_eq!(res[2]["latency"]["iterations"], 20);
+}
+
+#[test]
+fn missing_device_is_a_clean_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rpc-perf"))
+        .args(["--loopback", "--transport", "rdma", "-d", "no_such_dev9", "--test", "send_lat", "-n", "10"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("rpc-perf: error:"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // Either no libibverbs device matches, or this build has no ibverbs provider.
+    assert!(err.contains("no_such_dev9") || err.contains("no RDMA") || err.contains("ibverbs"), "{err}");
+}
+
+#[test]
+fn bad_flags_exit_with_usage() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rpc-perf")).args(["--test", "bogus"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("invalid value 'bogus' for '--test"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_rpc-perf")).args(["-t", "4", "-Q", "8"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--cq-mod 8 must not exceed --tx-depth 4"), "{err}");
+}

@@ -1,0 +1,22 @@
+//! The examples' shared parts: generated code, the transport flags, the Greeter and the
+//! key-value store, and the key-value client workload that checks what it reads back.
+//!
+//! Binaries: `hello-server`, `hello-client`, `hello` (both in one process on `sim`),
+//! `kv-server`, `kv-client`, `kv` (both in one process on `sim`).
+
+pub mod greeter;
+pub mod kv_store;
+pub mod kv_workload;
+pub mod transport_args;
+
+/// `package helloworld` (proto/helloworld.proto).
+#[allow(missing_docs)]
+pub mod helloworld {
+    rpc_core::include_proto!("helloworld");
+}
+
+/// `package kv` (proto/kv.proto).
+#[allow(missing_docs)]
+pub mod kv {
+    rpc_core::include_proto!("kv");
+}

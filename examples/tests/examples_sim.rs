@@ -1,0 +1,54 @@
+//! The examples end to end on `sim` in this process (yielding policy: tests share two cores).
+
+use rpc_core::{ClientConfig, PollingPolicy, Server, Transport};
+use rpc_examples::greeter::MyGreeter;
+use rpc_examples::helloworld::greeter_client::GreeterClient;
+use rpc_examples::helloworld::greeter_server::GreeterServer;
+use rpc_examples::helloworld::HelloRequest;
+use rpc_examples::kv::kv_client::KvClient;
+use rpc_examples::kv::kv_server::KvServer;
+use rpc_examples::kv::GetRequest;
+use rpc_examples::kv_store::KvStore;
+
+const POLL: PollingPolicy = PollingPolicy::SpinThenYield { spins: 64 };
+
+#[test]
+fn hello_round_trip_and_bad_name() {
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLL)
+        .add_service(GreeterServer::new(MyGreeter))
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let cfg = ClientConfig::default().transport(Transport::Sim).polling(POLL);
+    let client = GreeterClient::connect_with(server.local_addr(), &cfg).unwrap();
+    let r = client.say_hello(&HelloRequest { name: "rdma".into() }).unwrap();
+    assert_eq!(r.message, "Hello rdma");
+    let e = client.say_hello(&HelloRequest { name: "x".repeat(2000) }).unwrap_err();
+    assert_eq!(e.code(), rpc_core::Code::InvalidArgument);
+    assert!(e.message().contains("2000 bytes"), "{}", e.message());
+    drop(client);
+    server.shutdown();
+}
+
+#[test]
+fn kv_workload_checks_every_answer() {
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLL)
+        .ring_bytes(32 << 20)
+        .add_service(KvServer::new(KvStore::default()))
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let cfg = ClientConfig::default().transport(Transport::Sim).polling(POLL).ring_bytes(32 << 20);
+    let client = KvClient::connect_with(server.local_addr(), &cfg).unwrap();
+    let mut log = Vec::new();
+    let calls = rpc_examples::kv_workload::run(&client, &mut log).unwrap();
+    assert_eq!(calls, 2 * rpc_examples::kv_workload::SIZES.len() as u64 + 2 + 3 + 2);
+    let log = String::from_utf8(log).unwrap();
+    assert!(log.contains("get      key-010     6291456"), "{log}");
+    let e = client.get(&GetRequest { key: String::new() }).unwrap_err();
+    assert_eq!(e.code(), rpc_core::Code::InvalidArgument);
+    drop(client);
+    server.shutdown();
+}
