@@ -158,11 +158,20 @@ impl Session {
         h.freed_head = self.consumer.take_freed();
     }
 
+    /// Server: a response is being sent for one request, the oldest unanswered (returns its
+    /// credit). The runtime names the call with [`Session::on_answer_for`], which also refuses a
+    /// second answer.
+    pub fn on_answer(&mut self) {
+        if !self.unanswered.is_empty() {
+            self.unanswered.remove(0);
+        }
+    }
+
     /// Server: a response is being sent for the request `(slot, generation)` (returns its
     /// credit). Returns false, changing nothing, when that request is not waiting for an answer
     /// (a second answer to one call, e.g. a deferred one after the handler also answered or
     /// panicked): such an answer must not be sent.
-    pub fn on_answer(&mut self, slot: u16, generation: u32) -> bool {
+    pub fn on_answer_for(&mut self, slot: u16, generation: u32) -> bool {
         match self.unanswered.iter().position(|&c| c == (slot, generation)) {
             Some(i) => {
                 self.unanswered.swap_remove(i);

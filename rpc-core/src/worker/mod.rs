@@ -389,7 +389,7 @@ impl<P: Provider> Worker<P> {
                 }
             };
             if header.kind == Kind::Response {
-                slot.conn.session.on_answer(header.slot, header.generation);
+                slot.conn.session.on_answer_for(header.slot, header.generation);
                 self.counters.rpcs += 1;
                 self.counters.status(header.status);
                 let (BodyAt::Ring { len, .. } | BodyAt::Eager(len)) = body;
@@ -591,7 +591,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Eager(n), Some(b)) => {
                 counters.bytes_out += u64::from(n);
                 slot.conn.queue(b, header, BodyAt::Eager(n));
-                slot.conn.session.on_answer(h.slot, h.generation);
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -600,7 +600,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Ring { offset, len }, Some(b)) => {
                 counters.bytes_out += u64::from(len);
                 slot.conn.queue(b, header, BodyAt::Ring { offset, len });
-                slot.conn.session.on_answer(h.slot, h.generation);
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -610,7 +610,7 @@ impl<P: Provider> Worker<P> {
                 status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
                 let body = slot.conn.copy_body(b, s.message().as_bytes(), None);
                 slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer(h.slot, h.generation);
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -620,7 +620,7 @@ impl<P: Provider> Worker<P> {
                 status = Code::Internal;
                 let body = slot.conn.copy_body(b, b"handler returned no answer", None);
                 slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer(h.slot, h.generation);
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
