@@ -91,8 +91,7 @@ impl Idle {
     #[inline]
     pub(crate) fn pause(&mut self, wait: impl FnOnce()) {
         match self.policy {
-            // Poll again at once: a PAUSE costs ~40 ns on recent x86 cores, on the critical path.
-            PollingPolicy::Busy => {}
+            PollingPolicy::Busy => std::hint::spin_loop(),
             PollingPolicy::SpinThenYield { spins } => {
                 if self.empty > spins {
                     std::thread::yield_now();
