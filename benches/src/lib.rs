@@ -29,7 +29,8 @@
 //!   best interval of at least 1 ms. For rpc_bw it counts request + response payload, and the
 //!   RPC columns give calls per second and that goodput in Gbit/s.
 //! - memcpy (after an rpc_bw of 64 KiB or more per call): single-thread copies of the call's
-//!   size, hot (same buffers) and cold (64 MiB working set); the ratio is against the faster.
+//!   size, hot (same buffers) and cold (64 MiB working set); the average goodput is given as a
+//!   fraction of each.
 //! - The raw tests use the same provider as the RPCs and an RC QP set up like perftest's;
 //!   `--use-srq -I 0` makes their receive side and inlining match the RPC workers' (SRQ, no
 //!   inline).

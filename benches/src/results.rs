@@ -138,8 +138,10 @@ pub struct MemcpyFigure {
     pub hot_mb_per_s: f64,
     /// memcpy bandwidth through a 64 MiB working set, in MB/s.
     pub cold_mb_per_s: f64,
-    /// rpc_bw goodput at this size / the larger of the two memcpy figures.
-    pub rpc_fraction: f64,
+    /// rpc_bw average goodput at this size / hot memcpy bandwidth.
+    pub rpc_fraction_of_hot: f64,
+    /// rpc_bw average goodput at this size / cold memcpy bandwidth.
+    pub rpc_fraction_of_cold: f64,
 }
 
 impl RunReport {

@@ -203,18 +203,20 @@ fn finish(args: &Args, report: &mut RunReport) -> Result<(), PerfError> {
         .collect();
     for (size, goodput) in bw {
         let (hot, cold) = (crate::memcpy::hot_mb_per_s(size), crate::memcpy::cold_mb_per_s(size));
-        let frac = goodput / (hot.max(cold) * (1u64 << 20) as f64);
+        let mb = goodput / (1u64 << 20) as f64;
+        let (of_hot, of_cold) = (mb / hot, mb / cold);
         println!(
             " memcpy of {size} B: {hot:.0} MB/sec hot (same buffers), {cold:.0} MB/sec cold (64 MiB set); \
-             rpc_bw goodput {:.0} MB/sec = {:.0}% of the faster",
-            goodput / (1u64 << 20) as f64,
-            frac * 100.0
+             rpc_bw average goodput {mb:.0} MB/sec = {:.0}% of hot, {:.0}% of cold",
+            of_hot * 100.0,
+            of_cold * 100.0
         );
         report.memcpy.push(MemcpyFigure {
             bytes: size,
             hot_mb_per_s: hot,
             cold_mb_per_s: cold,
-            rpc_fraction: frac,
+            rpc_fraction_of_hot: of_hot,
+            rpc_fraction_of_cold: of_cold,
         });
     }
     if let Some(path) = &args.json {
