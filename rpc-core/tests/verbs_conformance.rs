@@ -65,6 +65,7 @@ mod sim_only {
             let mut expected = [0u8; 16];
             expected[0] = 0xfe;
             expected[1] = 0x80;
+            expected[8..12].copy_from_slice(&std::process::id().to_be_bytes());
             expected[12..].copy_from_slice(&ctx.host_id().to_be_bytes());
             assert_eq!(table[0].gid.0, expected);
             assert!(table[0].gid.is_link_local());

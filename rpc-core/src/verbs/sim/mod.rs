@@ -96,8 +96,11 @@ mod fault;
 mod guard;
 mod host;
 mod mr;
+mod peer;
 mod qp;
+mod remote;
 mod ring;
+mod shm;
 mod srq;
 
 pub use cq::SimCq;
@@ -149,6 +152,6 @@ impl Provider for Sim {
         if !ok {
             return Err(VerbsError::NoDevice { wanted: format!("{selector:?}"), found: vec!["sim0".into()] });
         }
-        Ok(SimContext { host: fabric::fabric().new_host() })
+        Ok(SimContext { host: fabric::fabric().new_host()? })
     }
 }
