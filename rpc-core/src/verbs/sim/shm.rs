@@ -299,6 +299,8 @@ pub(crate) fn remember_own(path: &CString) {
 /// and their pages are returned to the system at once (`MADV_REMOVE`: they read as zeros again).
 pub(crate) struct Arena {
     inner: Mutex<ArenaInner>,
+    /// How long a freed range waits before reuse (ns).
+    quarantine_ns: u64,
 }
 
 struct ArenaInner {
@@ -314,9 +316,13 @@ const PAGE: usize = 4096;
 
 impl Arena {
     pub(crate) fn new() -> Arena {
+        Arena::with_quarantine(QUARANTINE_NS)
+    }
+
+    fn with_quarantine(quarantine_ns: u64) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(HEAP_OFF, SEG_LEN - HEAP_OFF);
-        Arena { inner: Mutex::new(ArenaInner { free, quarantine: Vec::new() }) }
+        Arena { inner: Mutex::new(ArenaInner { free, quarantine: Vec::new() }), quarantine_ns }
     }
 
     /// Allocates `len` bytes aligned to `align` (a power of two, at least 128) in `seg`;
@@ -370,7 +376,7 @@ impl Arena {
             unsafe { libc::madvise(seg.at(fp) as *mut libc::c_void, ep - fp, libc::MADV_REMOVE) };
         }
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.quarantine.push((off, len, monotonic_ns() + QUARANTINE_NS));
+        g.quarantine.push((off, len, monotonic_ns() + self.quarantine_ns));
     }
 }
 
@@ -423,4 +429,89 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64
 pub(crate) fn futex_wake(word: &AtomicU32) {
     // SAFETY: as in `futex_wait`.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_seg() -> Segment {
+        static NEXT: AtomicU32 = AtomicU32::new(0xf000_0000);
+        Segment::create(NEXT.fetch_add(1, Ordering::Relaxed)).expect("segment")
+    }
+
+    #[test]
+    fn arena_aligns_zeroes_quarantines_and_coalesces() {
+        let seg = host_seg();
+        let arena = Arena::with_quarantine(0);
+        let a = arena.alloc(&seg, 100, 128).unwrap();
+        let b = arena.alloc(&seg, 5000, 4096).unwrap();
+        assert_eq!((a % 128, b % 4096), (0, 0));
+        assert!(a >= HEAP_OFF && b >= a + 128, "{a} {b}");
+        // SAFETY: both ranges are ours, inside the mapping.
+        unsafe {
+            std::ptr::write_bytes(seg.at(a), 0xab, 100);
+            std::ptr::write_bytes(seg.at(b), 0xcd, 5000);
+        }
+        arena.free(&seg, a, 100);
+        arena.free(&seg, b, 5000);
+        // Freed (quarantine 0 here) and coalesced: the first fit is `a` again, zeroed.
+        let c = arena.alloc(&seg, 6000, 128).unwrap();
+        assert_eq!(c, a);
+        // SAFETY: ours, inside the mapping.
+        let bytes = unsafe { std::slice::from_raw_parts(seg.at(c), 6000) };
+        assert!(bytes.iter().all(|&x| x == 0), "reallocated memory reads as zeros");
+
+        let q = Arena::new();
+        let d = q.alloc(&seg, 256, 128).unwrap();
+        q.free(&seg, d, 256);
+        assert_ne!(q.alloc(&seg, 256, 128).unwrap(), d, "a freed range waits out the quarantine");
+    }
+
+    #[test]
+    fn segments_are_private_named_by_pid_and_host_and_unlinked_on_drop() {
+        let seg = host_seg();
+        let id = seg.header().host_id.load(Ordering::Relaxed);
+        let path = seg_path(my_pid(), id);
+        let meta = std::fs::metadata(&path).expect("the segment file exists");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(meta.len(), SEG_LEN as u64);
+        assert!(Segment::create(id).is_err(), "O_EXCL: a second create of the same name fails");
+        // Another mapping of the same file sees the same bytes (what a peer process does).
+        let peer = Segment::open(my_pid(), id).expect("open by pid and host id");
+        // SAFETY: inside both mappings, past the header.
+        unsafe { *seg.at(HEAP_OFF) = 42 };
+        // SAFETY: as above.
+        assert_eq!(unsafe { *peer.at(HEAP_OFF) }, 42);
+        assert!(Segment::open(my_pid(), id + 1).is_none(), "no such host");
+        drop(peer);
+        drop(seg);
+        assert!(std::fs::metadata(&path).is_err(), "unlinked when the owner drops it");
+    }
+
+    #[test]
+    fn a_segment_readable_by_others_is_refused() {
+        let seg = host_seg();
+        let id = seg.header().host_id.load(Ordering::Relaxed);
+        let path = seg_path(my_pid(), id);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(Segment::open(my_pid(), id).is_none());
+    }
+
+    #[test]
+    fn stale_segments_of_dead_processes_are_removed() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = seg_path(dead, 7);
+        let live = seg_path(my_pid(), 0xeeee_eeee);
+        std::fs::write(&stale, b"x").unwrap();
+        std::fs::write(&live, b"x").unwrap();
+        remove_stale();
+        assert!(std::fs::metadata(&stale).is_err(), "the dead pid's segment is gone");
+        assert!(std::fs::metadata(&live).is_ok(), "a live process's segment stays");
+        std::fs::remove_file(&live).unwrap();
+    }
 }
