@@ -352,7 +352,8 @@ mod sim_only {
 mod xproc {
     use rpc_core::verbs::sim::{Sim, SimContext};
     use rpc_core::verbs::{
-        DeviceSelector, Provider, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
+        CompletionQueue, DeviceSelector, Provider, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
+        WcOpcode, WcStatus,
     };
 
     use crate::conformance::xproc::{connect_pair, is_agent, segments_of, serve, Agent, Wc};
@@ -565,5 +566,22 @@ mod xproc {
         b.exit();
         assert_eq!(segments_of(pid), Vec::<String>::new());
         assert!(!segments_of(std::process::id()).is_empty(), "ours stays while our host lives");
+    }
+
+    #[test]
+    fn completion_event_wakes_a_waiter_from_the_other_process() {
+        let opts = Opts { events: true, ..Opts::default() };
+        let (_c, a, mut b) = setup(opts);
+        post_recv(&a.qp, &[RecvWr { wr_id: 4, sg_list: &[a.sge(0, 64)] }]).unwrap();
+        a.rcq.req_notify(false).unwrap();
+        let waiter = std::thread::scope(|s| {
+            let h = s.spawn(|| a.rcq.wait(Some(std::time::Duration::from_secs(10))));
+            assert_eq!(b.cmd("send 1 send 0 16 0 0 0"), ["ok"]);
+            h.join().unwrap()
+        });
+        assert!(waiter.unwrap(), "the child's completion woke the waiter (not the hang guard)");
+        let w = poll_one::<H, _>(&a.rcq, "the child's send");
+        assert_eq!((w.wr_id, w.status, w.byte_len), (4, WcStatus::IBV_WC_SUCCESS, 16));
+        b.exit();
     }
 }
