@@ -133,7 +133,7 @@ impl Drop for HostCore {
     }
 }
 
-/// An open software-NIC device: one simulated host with its own GID (`fe80::<host id>`), LID
+/// An open software-NIC device: one simulated host with its own GID (`fe80::<pid>:<host id>`), LID
 /// (the host id) and key space. Cheap to clone.
 #[derive(Clone)]
 pub struct SimContext {

@@ -176,7 +176,13 @@ impl Provider for Sim {
         Ok(vec![DeviceInfo { index: 0, name: "sim0".into(), guid: 0 }])
     }
 
-    /// Creates a new host on the fabric (every call: a new GID, LID and key space).
+    /// Creates a new host on the fabric (every call: a new GID, LID and key space) with its
+    /// shared-memory segment in /dev/shm.
+    ///
+    /// # Errors
+    /// [`VerbsError::NoDevice`] for a selector other than `sim0` / index 0 / first;
+    /// [`VerbsError::Os`] when the host segment cannot be created or mapped (e.g. /dev/shm
+    /// missing or not writable).
     fn open(selector: &DeviceSelector) -> Result<SimContext> {
         let ok = match selector {
             DeviceSelector::First => true,
