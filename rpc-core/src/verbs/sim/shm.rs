@@ -68,11 +68,22 @@ pub(crate) fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Whether a process with this pid exists (`kill(pid, 0)`; EPERM means it exists).
+/// Whether a process with this pid exists and has not exited (`kill(pid, 0)`, EPERM meaning
+/// it exists; a zombie, killed but not yet reaped, counts as gone).
 pub(crate) fn pid_alive(pid: u32) -> bool {
     // SAFETY: signal 0 performs only the existence and permission check.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // `/proc/<pid>/stat`: "pid (comm) S ...", the state after the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z' | 'X'))
+        }
+        Err(_) => true,
+    }
 }
 
 pub(crate) fn my_pid() -> u32 {
@@ -498,6 +509,20 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(Segment::open(my_pid(), id).is_none());
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id();
+        // Not reaped yet: a zombie once it exits.
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+            std::thread::yield_now();
+        }
+        assert!(!pid_alive(pid), "a zombie counts as gone");
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(pid_alive(my_pid()));
     }
 
     #[test]
