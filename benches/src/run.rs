@@ -20,12 +20,6 @@ use crate::transport::Resolved;
 /// # Errors
 /// The first failure, named.
 pub fn run<P: Provider>(args: &Args, resolved: Resolved) -> Result<Option<RunReport>, PerfError> {
-    if !args.loopback && resolved == Resolved::Sim {
-        eprintln!(
-            "rpc-perf: note: the software NIC (sim) connects hosts inside one process; server and client \
-             in two processes need --transport rdma (or use --loopback)"
-        );
-    }
     if args.loopback {
         loopback::<P>(args, resolved).map(Some)
     } else if let Some(host) = &args.host {

@@ -45,12 +45,4 @@ impl TransportArgs {
             },
         }
     }
-
-    /// A note for `sim` across processes, which needs the shared-memory software NIC.
-    pub fn cross_process_note(&self) -> Option<&'static str> {
-        (self.transport == TransportKind::Sim).then_some(
-            "note: the software NIC (sim) connects hosts inside one process; a client in another \
-             process needs --transport rdma (or the one-process examples `hello` and `kv`)",
-        )
-    }
 }

@@ -21,9 +21,6 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    if let Some(note) = args.transport.cross_process_note() {
-        eprintln!("{note}");
-    }
     let server = Server::builder()
         .transport(args.transport.transport())
         .polling(args.transport.poll)

@@ -28,9 +28,6 @@ fn main() {
         Ok(c) => c,
         Err(s) => {
             eprintln!("kv-client: error: connecting to {}: {s}", args.addr);
-            if let Some(note) = args.transport.cross_process_note() {
-                eprintln!("{note}");
-            }
             std::process::exit(1);
         }
     };

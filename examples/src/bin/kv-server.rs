@@ -24,9 +24,6 @@ pub const RING_BYTES: u32 = 32 << 20;
 
 fn main() {
     let args = Args::parse();
-    if let Some(note) = args.transport.cross_process_note() {
-        eprintln!("{note}");
-    }
     let server = Server::builder()
         .transport(args.transport.transport())
         .polling(args.transport.poll)

@@ -9,6 +9,7 @@
 #![allow(dead_code, unsafe_code)]
 
 pub mod cases;
+pub mod xproc;
 
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};

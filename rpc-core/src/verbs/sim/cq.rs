@@ -1,15 +1,18 @@
 //! Completion queues: a lock-free ring of work completions, pushed by whichever thread executes a
 //! transfer and popped by the poller, plus the optional event path (`req_notify` / `wait`).
 //!
-//! The event path is the only place with a lock and a condition variable, and a CQ created
-//! without events never touches it: a push on such a CQ is a CAS, a copy and a release store.
+//! The CQ (ring and shared state) lives in its host's segment, so a requester in another process
+//! pushes completions into it directly. The event path is the only place with a system call (a
+//! futex wake on the shared `pending` word), and a CQ created without events never takes it: a
+//! push on such a CQ is a CAS, a copy and a release store.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::host::HostCore;
 use super::ring::{ld, st, Ring};
+use super::shm::{futex_wait, futex_wake};
 use crate::verbs::{CompletionQueue, Result, VerbsError, WcOpcode, WcStatus, WorkCompletion};
 
 /// Words of a CQE in the ring (see [`encode`]).
@@ -62,29 +65,61 @@ fn opcode_discriminants_index_the_table() {
     }
 }
 
-const ARMED_NONE: u8 = 0;
-const ARMED_ANY: u8 = 1;
-const ARMED_SOLICITED: u8 = 2;
+const ARMED_NONE: u32 = 0;
+const ARMED_ANY: u32 = 1;
+const ARMED_SOLICITED: u32 = 2;
 
-struct CqEvents {
-    armed: AtomicU8,
-    /// Events delivered and not yet consumed by `wait`.
-    pending: Mutex<u64>,
-    cond: Condvar,
+/// The CQ state producers touch besides the ring, in the host segment next to it.
+#[repr(C)]
+pub(crate) struct CqShared {
+    /// Set when a completion was lost.
+    overrun: AtomicU32,
+    /// 1 if the CQ was created with events.
+    events: AtomicU32,
+    /// The exact capacity (entries).
+    cqe: AtomicU32,
+    armed: AtomicU32,
+    /// Events delivered and not yet consumed by `wait` (a futex word).
+    pending: AtomicU32,
 }
 
-pub(crate) struct CqCore {
+/// Bytes before the ring in a CQ's allocation.
+const CQ_HDR: usize = 128;
+
+/// A CQ as a producer sees it (its own process or a peer's): the ring and the shared state.
+pub(crate) struct CqView {
     ring: Ring<CQE_WORDS>,
-    cqe: u32,
-    overrun: AtomicBool,
-    events: Option<CqEvents>,
-    /// The CQ belongs to a host (it keeps the host's key table alive while QPs use it).
-    _host: Arc<HostCore>,
+    sh: *const CqShared,
 }
 
-impl CqCore {
-    pub(crate) fn host(&self) -> &Arc<HostCore> {
-        &self._host
+// SAFETY: a view of atomics in a mapping kept alive by its holder.
+unsafe impl Send for CqView {}
+// SAFETY: as above.
+unsafe impl Sync for CqView {}
+
+impl CqView {
+    /// Attaches to the CQ whose allocation starts at `mem` (`avail` bytes to the mapping's end).
+    ///
+    /// # Safety
+    /// `mem` is valid for `avail` bytes and outlives the view.
+    pub(crate) unsafe fn attach(mem: *mut u8, avail: usize) -> Option<CqView> {
+        if avail < CQ_HDR {
+            return None;
+        }
+        // SAFETY: the ring follows the header inside `avail` (checked by `attach`).
+        let ring = unsafe { Ring::attach(mem.add(CQ_HDR), avail - CQ_HDR)? };
+        Some(CqView { ring, sh: mem as *const CqShared })
+    }
+
+    /// A second view of the same CQ.
+    pub(crate) fn view(&self) -> CqView {
+        CqView { ring: self.ring.view(), sh: self.sh }
+    }
+
+    #[inline(always)]
+    fn sh(&self) -> &CqShared {
+        // SAFETY: valid while the view is (constructors' contracts).
+        unsafe { &*self.sh }
     }
 
     /// Queues a completion; `solicited` (a receive of a SOLICITED send) wakes a
@@ -103,29 +138,65 @@ impl CqCore {
         self.ring.claim()
     }
 
-    /// Publishes a completion into an entry from [`CqCore::claim`] (or records the overrun).
+    /// Publishes a completion into an entry from [`CqView::claim`] (or records the overrun).
     #[inline]
     pub(crate) fn publish(&self, slot: Option<usize>, wc: WorkCompletion, solicited: bool) {
+        let sh = self.sh();
         match slot {
             Some(pos) => self.ring.publish(pos, |w| encode(w, &wc)),
             None => {
-                self.overrun.store(true, Ordering::Release);
-                tracing::warn!(cqe = self.cqe, "sim: completion queue overrun, a completion was lost");
+                sh.overrun.store(1, Ordering::Release);
+                tracing::warn!(
+                    cqe = sh.cqe.load(Ordering::Relaxed),
+                    "sim: completion queue overrun, a completion was lost"
+                );
             }
         }
-        if let Some(ev) = &self.events {
+        if sh.events.load(Ordering::Relaxed) != 0 {
             // Pairs with the fence in `req_notify`: either the armer's next poll sees this CQE or
             // this load sees the armed flag.
             fence(Ordering::SeqCst);
-            let armed = ev.armed.load(Ordering::Relaxed);
+            let armed = sh.armed.load(Ordering::Relaxed);
             let wakes =
                 armed == ARMED_ANY || (armed == ARMED_SOLICITED && (solicited || !wc.status.is_success()));
-            if wakes && ev.armed.swap(ARMED_NONE, Ordering::AcqRel) != ARMED_NONE {
-                let mut pending = ev.pending.lock().unwrap_or_else(|e| e.into_inner());
-                *pending += 1;
-                ev.cond.notify_all();
+            if wakes && sh.armed.swap(ARMED_NONE, Ordering::AcqRel) != ARMED_NONE {
+                sh.pending.fetch_add(1, Ordering::AcqRel);
+                futex_wake(&sh.pending);
             }
         }
+    }
+}
+
+pub(crate) struct CqCore {
+    view: CqView,
+    /// Offset and bytes of the CQ's allocation in its host's segment.
+    off: usize,
+    bytes: usize,
+    /// The CQ belongs to a host (its segment holds the CQ).
+    _host: Arc<HostCore>,
+}
+
+impl std::ops::Deref for CqCore {
+    type Target = CqView;
+    fn deref(&self) -> &CqView {
+        &self.view
+    }
+}
+
+impl Drop for CqCore {
+    fn drop(&mut self) {
+        self._host.arena.free(&self._host.seg, self.off, self.bytes);
+    }
+}
+
+impl CqCore {
+    pub(crate) fn host(&self) -> &Arc<HostCore> {
+        &self._host
+    }
+
+    /// Offset of the CQ in its host's segment (peers attach there).
+    pub(crate) fn offset(&self) -> usize {
+        self.off
     }
 }
 
@@ -138,42 +209,53 @@ pub struct SimCq {
 impl std::fmt::Debug for SimCq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimCq")
-            .field("cqe", &self.core.cqe)
-            .field("events", &self.core.events.is_some())
+            .field("cqe", &self.capacity())
+            .field("events", &(self.core.sh().events.load(Ordering::Relaxed) != 0))
             .finish()
     }
 }
 
 impl SimCq {
-    pub(crate) fn new(host: Arc<HostCore>, cqe: u32, with_events: bool) -> SimCq {
-        let ring = Ring::new(cqe as usize);
-        let cqe = ring.capacity() as u32;
-        let events = with_events.then(|| CqEvents {
-            armed: AtomicU8::new(ARMED_NONE),
-            pending: Mutex::new(0),
-            cond: Condvar::new(),
-        });
-        SimCq { core: Arc::new(CqCore { ring, cqe, overrun: AtomicBool::new(false), events, _host: host }) }
+    pub(crate) fn new(host: Arc<HostCore>, cqe: u32, with_events: bool) -> Result<SimCq> {
+        let bytes = CQ_HDR + Ring::<CQE_WORDS>::bytes(cqe as usize);
+        let off = host.alloc("ibv_create_cq", bytes, 128)?;
+        let mem = host.seg.at(off);
+        // SAFETY: a fresh zeroed allocation of `bytes` (128-aligned) in the segment, which the
+        // CQ's `Arc<HostCore>` keeps mapped; freed only when the CQ is dropped.
+        let ring = unsafe { Ring::init(mem.add(CQ_HDR), cqe as usize, false) };
+        let view = CqView { ring, sh: mem as *const CqShared };
+        let sh = view.sh();
+        sh.cqe.store(view.ring.capacity() as u32, Ordering::Relaxed);
+        sh.events.store(with_events as u32, Ordering::Release);
+        Ok(SimCq { core: Arc::new(CqCore { view, off, bytes, _host: host }) })
     }
 
-    fn events(&self, call: &'static str) -> Result<&CqEvents> {
-        self.core.events.as_ref().ok_or_else(|| VerbsError::InvalidArgument {
-            call,
-            reason: "the CQ was created without events (create_cq(.., with_events: false))".into(),
-        })
+    fn events(&self, call: &'static str) -> Result<&CqShared> {
+        let sh = self.core.sh();
+        if sh.events.load(Ordering::Relaxed) == 0 {
+            return Err(VerbsError::InvalidArgument {
+                call,
+                reason: "the CQ was created without events (create_cq(.., with_events: false))".into(),
+            });
+        }
+        Ok(sh)
+    }
+
+    fn overrun(&self) -> bool {
+        self.core.sh().overrun.load(Ordering::Acquire) != 0
     }
 }
 
 impl CompletionQueue for SimCq {
     fn capacity(&self) -> u32 {
-        self.core.cqe
+        self.core.ring.capacity() as u32
     }
 
     #[inline]
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let core = &*self.core;
-        if core.overrun.load(Ordering::Acquire) {
-            return Err(VerbsError::CqOverrun { cqe: core.cqe });
+        if self.overrun() {
+            return Err(VerbsError::CqOverrun { cqe: self.capacity() });
         }
         let mut n = 0;
         while n < wc.len() {
@@ -195,28 +277,34 @@ impl CompletionQueue for SimCq {
         Ok(())
     }
 
+    /// Blocks on a futex in the CQ's shared state (so a requester in another process wakes it).
     fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
         let ev = self.events("ibv_get_cq_event")?;
-        if self.core.overrun.load(Ordering::Acquire) {
+        if self.overrun() {
             // An overrun CQ raises no more completion events (as after IBV_EVENT_CQ_ERR).
-            return Err(VerbsError::CqOverrun { cqe: self.core.cqe });
+            return Err(VerbsError::CqOverrun { cqe: self.capacity() });
         }
         // A timeout too large to add to the clock (`Duration::MAX`) waits forever.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let mut pending = ev.pending.lock().unwrap_or_else(|e| e.into_inner());
-        while *pending == 0 {
-            match deadline {
-                None => pending = ev.cond.wait(pending).unwrap_or_else(|e| e.into_inner()),
+        loop {
+            let p = ev.pending.load(Ordering::Acquire);
+            if p > 0 {
+                if ev.pending.compare_exchange(p, p - 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    return Ok(true);
+                }
+                continue;
+            }
+            let left = match deadline {
+                None => None,
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         return Ok(false);
                     }
-                    pending = ev.cond.wait_timeout(pending, d - now).unwrap_or_else(|e| e.into_inner()).0;
+                    Some((d - now).as_nanos().min(u64::MAX as u128) as u64)
                 }
-            }
+            };
+            futex_wait(&ev.pending, 0, left);
         }
-        *pending -= 1;
-        Ok(true)
     }
 }

@@ -10,9 +10,9 @@
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use super::fabric::fabric;
+use super::peer::PeerQp;
 use super::qp::{Link, QpCore, StallKind, ST_RTR, ST_RTS};
 use super::srq::{pop_recv, pop_recv_id, rq_sge};
 use super::MAX_SGE;
@@ -168,7 +168,7 @@ impl QpCore {
         }
 
         // The network.
-        if self.drop_traffic.load(Ordering::Relaxed) || !self.host.is_alive() {
+        if self.sh().resp.drop_traffic.load(Ordering::Relaxed) || !self.host.is_alive() {
             return Outcome::Stall(StallKind::Lost);
         }
         if link.peer.is_none() {
@@ -183,14 +183,11 @@ impl QpCore {
         let Some(peer) = link.peer.as_ref() else {
             return Outcome::Stall(StallKind::Lost);
         };
-        if peer.destroyed.load(Ordering::Relaxed)
-            || !peer.host.is_alive()
-            || peer.drop_traffic.load(Ordering::Relaxed)
-        {
+        if !peer.reachable() {
             return Outcome::Stall(StallKind::Lost);
         }
         let pst = peer.state_raw();
-        if (pst != ST_RTR && pst != ST_RTS) || peer.epsn.load(Ordering::Relaxed) != link.psn {
+        if (pst != ST_RTR && pst != ST_RTS) || peer.sh().epsn.load(Ordering::Relaxed) != link.psn {
             return Outcome::Stall(StallKind::Lost);
         }
         // Path MTUs are powers of two: a shift, not a division.
@@ -202,10 +199,10 @@ impl QpCore {
         // The responder.
         match v.op {
             SendOp::Send | SendOp::SendWithImm { .. } => {
-                let pd = peer.recv_pd();
+                let pd = peer.recv_pd;
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
                 let mut dn = 0;
-                let popped = pop_recv(peer.recv_ring(), |wr_id, nsge, w| {
+                let popped = pop_recv(&peer.ring, |wr_id, nsge, w| {
                     dn = 0;
                     let mut room = 0u64;
                     for i in 0..nsge {
@@ -213,7 +210,7 @@ impl QpCore {
                         if s.length == 0 {
                             continue;
                         }
-                        match peer.host.mrs.resolve(s.lkey, pd, s.addr, s.length, AccessFlags::LOCAL_WRITE) {
+                        match peer.mrs.resolve(s.lkey, pd, s.addr, s.length, AccessFlags::LOCAL_WRITE) {
                             Ok(p) => {
                                 dst[dn].write((p, s.length as usize));
                                 dn += 1;
@@ -237,19 +234,19 @@ impl QpCore {
                 }
                 // SAFETY: the first `dn` entries of `dst` were written above.
                 let dst = unsafe { std::slice::from_raw_parts(dst.as_ptr() as *const Seg, dn) };
-                let cqe = peer.recv_cq.claim();
+                let cqe = peer.cq.claim();
                 // SAFETY: `segs` were resolved against live MRs (or are inline bytes / the
                 // caller's inline buffers valid during the post), `dst` against the responder's
                 // live MRs with LOCAL_WRITE; MRs cannot be deregistered while we hold our guard
                 // (quiescence), and the receive buffer belongs to the NIC until its CQE is polled.
                 unsafe { copy_segs(segs, dst) };
-                peer.epsn.store(next_psn, Ordering::Relaxed);
+                peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
                 let imm = match v.op {
                     SendOp::SendWithImm { imm } => Some(imm),
                     _ => None,
                 };
-                peer.recv_cq.publish(
+                peer.cq.publish(
                     cqe,
                     WorkCompletion {
                         wr_id: recv_wr_id,
@@ -263,11 +260,11 @@ impl QpCore {
                     },
                     solicited,
                 );
-                peer.recv_ring().prefetch_next();
+                peer.ring.prefetch_next();
                 Outcome::Done(len)
             }
             SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. } => {
-                let qp_access = AccessFlags(peer.resp.access.load(Ordering::Relaxed));
+                let qp_access = AccessFlags(peer.sh().resp.access.load(Ordering::Relaxed));
                 if !qp_access.contains(AccessFlags::REMOTE_WRITE) {
                     self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_QP_OP_ERR);
                     return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
@@ -275,13 +272,8 @@ impl QpCore {
                 let target = if len == 0 {
                     std::ptr::null_mut()
                 } else {
-                    match peer.host.mrs.resolve(
-                        rkey,
-                        peer.pd,
-                        remote_addr,
-                        len as u32,
-                        AccessFlags::REMOTE_WRITE,
-                    ) {
+                    match peer.mrs.resolve(rkey, peer.pd, remote_addr, len as u32, AccessFlags::REMOTE_WRITE)
+                    {
                         Ok(p) => p,
                         Err(_) => {
                             self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_PROT_ERR);
@@ -290,8 +282,8 @@ impl QpCore {
                     }
                 };
                 let recv = match v.op {
-                    SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(peer.recv_ring()) {
-                        Some(wr_id) => Some((wr_id, imm, peer.recv_cq.claim())),
+                    SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(&peer.ring) {
+                        Some(wr_id) => Some((wr_id, imm, peer.cq.claim())),
                         None => return Outcome::Stall(StallKind::Rnr),
                     },
                     _ => None,
@@ -301,10 +293,10 @@ impl QpCore {
                     // against the responder's MR under its rkey.
                     unsafe { copy_segs(segs, &[(target, len as usize)]) };
                 }
-                peer.epsn.store(next_psn, Ordering::Relaxed);
+                peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
                 if let Some((wr_id, imm, cqe)) = recv {
-                    peer.recv_cq.publish(
+                    peer.cq.publish(
                         cqe,
                         WorkCompletion {
                             wr_id,
@@ -322,13 +314,13 @@ impl QpCore {
                 Outcome::Done(len)
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
-                let qp_access = AccessFlags(peer.resp.access.load(Ordering::Relaxed));
+                let qp_access = AccessFlags(peer.sh().resp.access.load(Ordering::Relaxed));
                 if !qp_access.contains(AccessFlags::REMOTE_READ) {
                     self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_QP_OP_ERR);
                     return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
                 }
                 if len > 0 {
-                    let source = match peer.host.mrs.resolve(
+                    let source = match peer.mrs.resolve(
                         rkey,
                         peer.pd,
                         remote_addr,
@@ -345,7 +337,7 @@ impl QpCore {
                     // the local scatter list against our MRs with LOCAL_WRITE; see SEND.
                     unsafe { copy_segs(&[(source, len as usize)], segs) };
                 }
-                peer.epsn.store(next_psn, Ordering::Relaxed);
+                peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
                 Outcome::Done(len)
             }
@@ -354,10 +346,10 @@ impl QpCore {
 
     /// The responder detected an error: its receive WQE (if one was consumed) completes with
     /// `status` and the responder QP goes to ERR (class A/C responder errors).
-    fn responder_fault(&self, peer: &Arc<QpCore>, recv_wr_id: Option<u64>, status: WcStatus) {
+    fn responder_fault(&self, peer: &PeerQp, recv_wr_id: Option<u64>, status: WcStatus) {
         tracing::debug!(qp = peer.qpn, ?status, "sim: responder error, QP -> ERR");
         if let Some(wr_id) = recv_wr_id {
-            peer.recv_cq.push(
+            peer.cq.push(
                 WorkCompletion {
                     wr_id,
                     status,

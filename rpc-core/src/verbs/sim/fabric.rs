@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::host::HostCore;
+use super::host::{gid_host, HostCore};
+use super::peer::PeerQp;
 use super::qp::QpCore;
 use crate::verbs::Gid;
 
@@ -56,12 +57,21 @@ pub(crate) struct Dest {
 }
 
 impl Fabric {
-    /// Creates a new host with the next free id.
-    pub(crate) fn new_host(&self) -> Arc<HostCore> {
+    /// Creates a new host with the next free id (and its segment).
+    pub(crate) fn new_host(&self) -> crate::verbs::Result<Arc<HostCore>> {
         let id = self.next_host.fetch_add(1, Ordering::Relaxed);
-        let host = Arc::new(HostCore::new(id));
+        let host = Arc::new(HostCore::new(id)?);
         lock(&self.hosts).insert(id, Arc::downgrade(&host));
-        host
+        super::remote::start_monitor();
+        Ok(host)
+    }
+
+    /// Writes the heartbeat of every host of this process (the monitor thread).
+    pub(crate) fn heartbeat(&self, now: u64) {
+        let hosts: Vec<Arc<HostCore>> = lock(&self.hosts).values().filter_map(Weak::upgrade).collect();
+        for h in &hosts {
+            h.seg.header().heartbeat.store(now, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn remove_host(&self, id: u32) {
@@ -72,17 +82,23 @@ impl Fabric {
         lock(&self.qps).insert((qp.host.id, qp.qpn), Arc::downgrade(qp));
     }
 
-    /// Whether a live QP of host `host` has number `qpn`.
-    pub(crate) fn qpn_in_use(&self, host: u32, qpn: u32) -> bool {
-        lock(&self.qps).get(&(host, qpn)).is_some_and(|q| q.strong_count() > 0)
-    }
-
     pub(crate) fn unregister_qp(&self, host: u32, qpn: u32) {
         lock(&self.qps).remove(&(host, qpn));
     }
 
-    /// The live QP `dest` names, as the network would deliver a packet to it.
-    pub(crate) fn resolve(&self, dest: &Dest) -> Option<Arc<QpCore>> {
+    /// The live QP `dest` names, as the network would deliver a packet to it: a host of this
+    /// process, or (by GID) a host of another process, mapped on first contact.
+    pub(crate) fn resolve(&self, dest: &Dest) -> Option<PeerQp> {
+        if let Some(g) = dest.dgid {
+            let (pid, host_id) = gid_host(&g);
+            if g.0[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] && pid != super::shm::my_pid() {
+                return super::remote::resolve(pid, host_id, dest.qpn);
+            }
+        }
+        self.resolve_local(dest).map(PeerQp::local)
+    }
+
+    fn resolve_local(&self, dest: &Dest) -> Option<Arc<QpCore>> {
         // Upgrade under the lock, search and drop outside it (a host's last handle may go here,
         // and its drop takes this lock).
         let hosts: Vec<Arc<HostCore>> = lock(&self.hosts).values().filter_map(Weak::upgrade).collect();

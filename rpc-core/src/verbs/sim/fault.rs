@@ -21,7 +21,7 @@ use super::qp::SimQp;
 impl SimQp {
     /// Drops (`true`) or stops dropping (`false`) every packet sent by or addressed to this QP.
     pub fn set_drop_traffic(&self, drop: bool) {
-        self.core().drop_traffic.store(drop, Ordering::SeqCst);
+        self.core().sh().resp.drop_traffic.store(drop, Ordering::SeqCst);
     }
 
     /// Holds each send WR of this QP for `delay` before it executes (`None` or zero: no delay).
@@ -41,7 +41,7 @@ impl SimContext {
     /// Makes this host vanish from the fabric: packets to it are lost from now on (peers get
     /// `IBV_WC_RETRY_EXC_ERR`), and its QPs go to ERR. Irreversible.
     pub fn vanish(&self) {
-        self.host.alive.store(false, Ordering::SeqCst);
+        self.host.alive_word().store(0, Ordering::SeqCst);
         fabric().detach_host_qps(self.host.id, |qp| qp.set_error());
     }
 }

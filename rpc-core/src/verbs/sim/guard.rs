@@ -7,15 +7,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Free when zeroed (it lives in a QP's shared state, in the host segment).
 pub(crate) struct SpinGuard {
     locked: AtomicBool,
 }
 
 impl SpinGuard {
-    pub(crate) const fn new() -> SpinGuard {
-        SpinGuard { locked: AtomicBool::new(false) }
-    }
-
     /// Takes the guard if it is free.
     #[inline]
     pub(crate) fn try_lock(&self) -> bool {

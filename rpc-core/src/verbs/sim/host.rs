@@ -1,12 +1,12 @@
 //! A simulated host: its device context, protection domains and memory-region key table.
 
-use std::alloc::Layout;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::cq::SimCq;
 use super::mr::{SimMr, MR_ALIGN, MR_SLOTS};
 use super::qp::SimQp;
+use super::shm::{Arena, Segment, QP_DIR_LEN, QP_DIR_OFF};
 use super::srq::SimSrq;
 use super::{Sim, MAX_CQE, MAX_INLINE, MAX_QP_WR, MAX_SGE, MAX_SRQ_WR};
 use crate::verbs::{
@@ -23,21 +23,22 @@ pub(crate) struct HostCore {
     pub(crate) lid: u16,
     pub(crate) attr: DeviceAttr,
     pub(crate) mrs: super::mr::MrTable,
-    /// False once the host vanished (fault injection): it neither sends nor answers.
-    pub(crate) alive: AtomicBool,
+    /// The host's shared memory; the heap allocator over it (process-private bookkeeping).
+    pub(crate) arena: Arena,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
+    /// Declared last: unmapped (and unlinked) after everything above.
+    pub(crate) seg: Segment,
 }
 
 impl HostCore {
-    pub(crate) fn new(id: u32) -> HostCore {
-        let mut gid = [0u8; 16];
-        gid[0] = 0xfe;
-        gid[1] = 0x80;
-        gid[12..].copy_from_slice(&id.to_be_bytes());
-        HostCore {
+    /// A new host with its segment, or the OS error of creating it.
+    pub(crate) fn new(id: u32) -> Result<HostCore> {
+        let seg = Segment::create(id)?;
+        let gid = host_gid(super::shm::my_pid(), id);
+        Ok(HostCore {
             id,
-            gid: Gid(gid),
+            gid,
             lid: id as u16,
             attr: DeviceAttr {
                 max_qp_wr: MAX_QP_WR,
@@ -45,30 +46,45 @@ impl HostCore {
                 max_cqe: MAX_CQE,
                 max_srq_wr: MAX_SRQ_WR,
                 max_srq_sge: MAX_SGE as u32,
-                max_qp: 1 << 16,
+                max_qp: QP_DIR_LEN as u32,
                 max_mr_size: MAX_MR_SIZE,
                 max_qp_rd_atom: 16,
                 max_inline_data: MAX_INLINE as u32,
                 phys_port_cnt: 1,
             },
-            mrs: super::mr::MrTable::new(),
-            alive: AtomicBool::new(true),
+            mrs: super::mr::MrTable::new(&seg),
+            arena: Arena::new(),
             next_qpn: AtomicU32::new(0x11),
             next_pd: AtomicU32::new(1),
-        }
+            seg,
+        })
     }
 
-    /// The next free QP number: 24 bits, never 0..=0x10 (QP0 and QP1 are special in verbs, the
-    /// rest kept free as on most NICs), never one a live QP of this host has. After 2^24
-    /// creations the counter wraps; skipping the numbers in use keeps the fabric's routing
-    /// (host, QPN) → QP unambiguous.
-    pub(crate) fn alloc_qpn(&self) -> u32 {
-        loop {
+    /// The QP directory of this host's segment: `qpn % QP_DIR_LEN` → offset of the QP's shared
+    /// state (0 = none).
+    pub(crate) fn qp_dir(&self) -> &[AtomicU64] {
+        // SAFETY: the directory lies inside the segment (layout constants), atomics only.
+        unsafe { std::slice::from_raw_parts(self.seg.at(QP_DIR_OFF) as *const AtomicU64, QP_DIR_LEN) }
+    }
+
+    /// Picks a QPN whose directory entry is free and points the entry at `off`; `None` when
+    /// the directory is full.
+    pub(crate) fn alloc_qpn(&self, off: usize) -> Option<u32> {
+        let dir = self.qp_dir();
+        for _ in 0..QP_DIR_LEN {
             let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
-            if qpn > 0x10 && !super::fabric::fabric().qpn_in_use(self.id, qpn) {
-                return qpn;
+            // Never 0..=0x10 (QP0 and QP1 are special in verbs, the rest kept free as on most
+            // NICs); a QPN whose directory entry is taken (a live QP) is skipped, so the counter
+            // wrapping after 2^24 creations never hands out a number in use.
+            if qpn <= 0x10 {
+                continue;
+            }
+            let e = &dir[qpn as usize % QP_DIR_LEN];
+            if e.compare_exchange(0, off as u64, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                return Some(qpn);
             }
         }
+        None
     }
 
     /// Test hook: where the QP number counter continues.
@@ -77,9 +93,47 @@ impl HostCore {
         self.next_qpn.store(next, Ordering::Relaxed);
     }
 
-    pub(crate) fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Relaxed)
+    /// Clears the directory entry of `qpn`.
+    pub(crate) fn free_qpn(&self, qpn: u32) {
+        self.qp_dir()[qpn as usize % QP_DIR_LEN].store(0, Ordering::Release);
     }
+
+    /// The host's liveness word (in its segment: peers read it).
+    #[inline]
+    pub(crate) fn alive_word(&self) -> &AtomicU32 {
+        &self.seg.header().alive
+    }
+
+    #[inline]
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive_word().load(Ordering::Relaxed) != 0
+    }
+
+    /// Allocates `len` zeroed bytes of the segment (`align`: a power of two); returns the
+    /// offset.
+    pub(crate) fn alloc(&self, call: &'static str, len: usize, align: usize) -> Result<usize> {
+        self.arena.alloc(&self.seg, len, align).ok_or_else(|| VerbsError::Os {
+            call,
+            source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+        })
+    }
+}
+
+/// The GID of host `id` of process `pid`: `fe80::<pid>:<id>` (bytes 8..12 the pid, 12..16 the
+/// host id, big-endian).
+pub(crate) fn host_gid(pid: u32, id: u32) -> Gid {
+    let mut gid = [0u8; 16];
+    gid[0] = 0xfe;
+    gid[1] = 0x80;
+    gid[8..12].copy_from_slice(&pid.to_be_bytes());
+    gid[12..].copy_from_slice(&id.to_be_bytes());
+    Gid(gid)
+}
+
+/// The (pid, host id) a sim GID names.
+pub(crate) fn gid_host(gid: &Gid) -> (u32, u32) {
+    let g = gid.0;
+    (u32::from_be_bytes([g[8], g[9], g[10], g[11]]), u32::from_be_bytes([g[12], g[13], g[14], g[15]]))
 }
 
 impl Drop for HostCore {
@@ -88,7 +142,7 @@ impl Drop for HostCore {
     }
 }
 
-/// An open software-NIC device: one simulated host with its own GID (`fe80::<host id>`), LID
+/// An open software-NIC device: one simulated host with its own GID (`fe80::<pid>:<host id>`), LID
 /// (the host id) and key space. Cheap to clone.
 #[derive(Clone)]
 pub struct SimContext {
@@ -162,7 +216,7 @@ impl Context<Sim> for SimContext {
                 limit: MAX_CQE as u64,
             });
         }
-        Ok(SimCq::new(self.host.clone(), cqe, with_events))
+        SimCq::new(self.host.clone(), cqe, with_events)
     }
 }
 
@@ -213,25 +267,17 @@ impl SimPd {
 }
 
 impl ProtectionDomain<Sim> for SimPd {
+    /// The buffer is allocated (zeroed, 4096-byte aligned) in the host's shared segment, where
+    /// peers in other processes reach it under its rkey.
     fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<SimMr> {
         self.check_len(len)?;
-        let layout = Layout::from_size_align(len, MR_ALIGN).map_err(|e| VerbsError::InvalidArgument {
-            call: "ibv_reg_mr",
-            reason: format!("length {len}: {e}"),
-        })?;
-        // SAFETY: `layout` has a non-zero size (checked above).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(VerbsError::Os {
-                call: "ibv_reg_mr (allocating the buffer)",
-                source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
-            });
-        }
-        match SimMr::register(self.inner.host.clone(), self.inner.id, ptr, len, access, Some(layout)) {
+        let host = &self.inner.host;
+        let off = host.alloc("ibv_reg_mr (allocating the buffer)", len, MR_ALIGN)?;
+        let ptr = host.seg.at(off);
+        match SimMr::register(host.clone(), self.inner.id, ptr, len, access, Some((off, len))) {
             Some(mr) => Ok(mr),
             None => {
-                // SAFETY: `ptr` was just allocated with `layout` and never shared.
-                unsafe { std::alloc::dealloc(ptr, layout) };
+                host.arena.free(&host.seg, off, len);
                 Err(Self::full())
             }
         }

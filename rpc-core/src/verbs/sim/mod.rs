@@ -1,14 +1,43 @@
-//! The software NIC: an in-process RC NIC with the semantics of verbs, so that everything above
-//! the verbs layer runs, and fails, the way it does on hardware.
+//! The software NIC: an RC NIC with the semantics of verbs, between hosts of one process or of
+//! several processes of one machine (through shared memory), so that everything above the verbs
+//! layer runs, and fails, the way it does on hardware.
 //!
 //! # Model
 //!
 //! - [`Sim::devices`] lists one device, `sim0`. Every [`Sim::open`] creates a new, independent
-//!   **host**: its own GID (`fe80::<host id>`, type RoCEv2, index 0 of port 1), LID (= host id),
+//!   **host**: its own GID (`fe80::<pid>:<host id>`: bytes 8..12 the process id, 12..16 the host
+//!   id; type RoCEv2, index 0 of port 1), LID (= host id, meaningful inside the process only),
 //!   key space and QP numbers; port 1 is `Active`, link layer [`LinkLayer::Sim`], MTU 4096.
-//!   Hosts find each other through a process-wide fabric keyed by GID (or LID without a GRH) and
-//!   QPN: the first packet of a QP resolves the `ah`/`dest_qp_num` given at RTR, as the network
-//!   would deliver it.
+//!   Hosts find each other by GID (or LID without a GRH, in-process only) and QPN: the first
+//!   packet of a QP resolves the `ah`/`dest_qp_num` given at RTR, as the network would deliver
+//!   it — to a host of this process through the process-wide fabric, or to a host of another
+//!   process by mapping its **host segment** (below).
+//! - **Host segments.** Everything a peer touches lives in a shared-memory segment per host
+//!   (`/dev/shm/rpc-sim.<uid>.<pid>.<host id>`, created `O_EXCL` with mode 0600, sparse, mapped
+//!   `MAP_SHARED`): the MR key table, every MR buffer allocated by `reg_mr`, the QP directory and
+//!   each QP's responder state (state, access, expected PSN, send-queue guard), the RQ/SRQ rings
+//!   and the CQs (ring, overrun flag, event word). The same data structures and the same code
+//!   serve a peer in this process and a peer in another: an rkey and an address resolve through
+//!   the responder's key table to the responder's segment as mapped by the requester, with
+//!   bounds and access checked. The data path makes no system call either way (a CQ's event
+//!   path wakes a waiter with a futex). Memory from `reg_user_mr` is not in the segment: peers
+//!   in other processes get a remote access error for it.
+//! - **Peer processes.** A requester maps a peer host's segment on first contact (found by the
+//!   GID's pid and host id; only a file of the same user with mode 0600 and the expected header
+//!   is accepted). A monitor thread per process (`sim-shm-monitor`, asleep between 100 ms ticks)
+//!   writes its hosts' heartbeats into their segments and checks mapped peers: when a peer's pid
+//!   is gone (or its heartbeat is older than 10 s) its host is marked dead in the segment, its
+//!   file unlinked, and the mapping dropped once unused; packets to it are then lost, so WRs to
+//!   it fail with `IBV_WC_RETRY_EXC_ERR` and the requester QP goes to ERR (flushing the rest),
+//!   as after a crashed machine. The owner unlinks its segments when a host is dropped and at
+//!   process exit (`atexit`); a process killed outright leaves its files to the peers' monitors
+//!   or, failing those, to the next process that opens a host (segments of dead pids of the
+//!   same user are removed then).
+//! - **Trust model**: the processes sharing hosts are processes of one machine and one user,
+//!   which trust each other as threads of one program do: a peer can read and write every MR of
+//!   a host it connects to (keys and bounds are checked as a NIC checks them, to catch bugs, not
+//!   attacks) and can corrupt the segments it maps. Other users cannot open the segments (0600,
+//!   owner and mode verified before mapping). Use `rdma` or TCP between users or machines.
 //! - **The requester's thread is the NIC.** A send WR executes in `post_send` when nothing is
 //!   queued ahead of it: the payload is copied straight from the requester's MR (or inline bytes)
 //!   into the responder's posted receive buffer or target MR, and the completions are pushed
@@ -84,6 +113,11 @@
 //! - Receive completions for a QP forced to ERR can race with a transfer already executing, so
 //!   one successful receive CQE may follow its flush CQEs.
 //! - Ports have no P_Key table; `pkey_index` is accepted and ignored.
+//! - Across processes: a responder in another process whose QP goes to ERR through a peer's
+//!   transfer (a responder-side error) has its RQ flushed at once, and its send queue flushed
+//!   at its next post or timer tick. MR deregistration waits for this process's transfers
+//!   (quiescence) and keeps the segment range out of reuse for 1 s, which bounds how long a
+//!   peer process's transfer that resolved the key just before may still run.
 //!
 //! # Fault injection
 //!
@@ -98,8 +132,11 @@ mod fault;
 mod guard;
 mod host;
 mod mr;
+mod peer;
 mod qp;
+mod remote;
 mod ring;
+mod shm;
 mod srq;
 
 pub use cq::SimCq;
@@ -141,7 +178,13 @@ impl Provider for Sim {
         Ok(vec![DeviceInfo { index: 0, name: "sim0".into(), guid: 0 }])
     }
 
-    /// Creates a new host on the fabric (every call: a new GID, LID and key space).
+    /// Creates a new host on the fabric (every call: a new GID, LID and key space) with its
+    /// shared-memory segment in /dev/shm.
+    ///
+    /// # Errors
+    /// [`VerbsError::NoDevice`] for a selector other than `sim0` / index 0 / first;
+    /// [`VerbsError::Os`] when the host segment cannot be created or mapped (e.g. /dev/shm
+    /// missing or not writable).
     fn open(selector: &DeviceSelector) -> Result<SimContext> {
         let ok = match selector {
             DeviceSelector::First => true,
@@ -151,6 +194,6 @@ impl Provider for Sim {
         if !ok {
             return Err(VerbsError::NoDevice { wanted: format!("{selector:?}"), found: vec!["sim0".into()] });
         }
-        Ok(SimContext { host: fabric::fabric().new_host() })
+        Ok(SimContext { host: fabric::fabric().new_host()? })
     }
 }

@@ -10,11 +10,11 @@
 //! invalidating the slot, deregistration takes and releases every QP's guard in the fabric; from
 //! then on no copy can still be using the old range (see [`super::fabric::quiesce`]).
 
-use std::alloc::Layout;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::host::HostCore;
+use super::shm::{Segment, MR_TABLE_OFF};
 use crate::verbs::{AccessFlags, MemoryRegion};
 
 /// MR slots per host (the sim's `max_mr`).
@@ -23,15 +23,17 @@ pub(crate) const MR_SLOTS: usize = 4096;
 /// Alignment of MR buffers allocated by [`crate::verbs::ProtectionDomain::reg_mr`], in bytes.
 pub(crate) const MR_ALIGN: usize = 4096;
 
-#[repr(align(64))]
-#[derive(Default)]
-struct MrSlot {
+#[repr(C, align(64))]
+pub(crate) struct MrSlot {
     /// The valid key, or 0 when free.
     key: AtomicU32,
     pd: AtomicU32,
     access: AtomicU32,
-    /// Where the region's bytes are in this process (today equal to `addr`).
-    base: AtomicUsize,
+    /// 1 for caller memory (`reg_user_mr`): `base` is a pointer valid in the owner's process
+    /// only, so peers in other processes cannot reach it.
+    user: AtomicU32,
+    /// Where the region's bytes are: an offset in the host segment, or a pointer (`user`).
+    base: AtomicU64,
     /// The region's virtual address as peers and SGEs name it.
     addr: AtomicU64,
     len: AtomicU64,
@@ -46,46 +48,36 @@ pub(crate) enum KeyFault {
     Access,
 }
 
-pub(crate) struct MrTable {
-    slots: Box<[MrSlot]>,
-    /// Free slot indexes and, per slot, the generation the next key gets.
-    free: Mutex<(Vec<u16>, Vec<u16>)>,
+/// A view of a host's key table (in its segment), as its own process or a peer process sees it.
+#[derive(Clone, Copy)]
+pub(crate) struct MrView {
+    slots: *const MrSlot,
+    seg_base: *mut u8,
+    seg_len: u64,
+    /// Seen from another process (caller-memory regions are out of reach).
+    remote: bool,
 }
 
-impl MrTable {
-    pub(crate) fn new() -> MrTable {
-        let slots = (0..MR_SLOTS).map(|_| MrSlot::default()).collect();
-        let free = (0..MR_SLOTS as u16).rev().collect();
-        MrTable { slots, free: Mutex::new((free, vec![1; MR_SLOTS])) }
+// SAFETY: a view of atomics in a mapping that its holder keeps alive.
+unsafe impl Send for MrView {}
+// SAFETY: as above.
+unsafe impl Sync for MrView {}
+
+impl MrView {
+    /// The key table of the segment mapped at `seg`.
+    pub(crate) fn of(seg: &Segment, remote: bool) -> MrView {
+        MrView {
+            slots: seg.at(MR_TABLE_OFF) as *const MrSlot,
+            seg_base: seg.base(),
+            seg_len: seg.len() as u64,
+            remote,
+        }
     }
 
-    /// Fills a free slot and returns its key; `None` when all [`MR_SLOTS`] are in use.
-    fn insert(&self, pd: u32, access: AccessFlags, base: *mut u8, len: usize) -> Option<u32> {
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (free, gens) = &mut *guard;
-        let idx = free.pop()?;
-        let gen = gens[idx as usize];
-        gens[idx as usize] = if gen == u16::MAX { 1 } else { gen + 1 };
-        let key = (gen as u32) << 16 | idx as u32;
-        let s = &self.slots[idx as usize];
-        s.pd.store(pd, Ordering::Relaxed);
-        s.access.store(access.0, Ordering::Relaxed);
-        s.base.store(base as usize, Ordering::Relaxed);
-        s.addr.store(base as u64, Ordering::Relaxed);
-        s.len.store(len as u64, Ordering::Relaxed);
-        s.key.store(key, Ordering::Release);
-        Some(key)
-    }
-
-    /// Invalidates `key` (new lookups fail at once). The caller must quiesce before reusing the
-    /// memory, then call [`MrTable::release`].
-    fn invalidate(&self, key: u32) {
-        self.slots[(key & 0xffff) as usize].key.store(0, Ordering::SeqCst);
-    }
-
-    fn release(&self, key: u32) {
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        guard.0.push((key & 0xffff) as u16);
+    #[inline(always)]
+    fn slot(&self, idx: usize) -> Option<&MrSlot> {
+        // SAFETY: the table holds `MR_SLOTS` slots inside the mapping (layout constant).
+        (idx < MR_SLOTS).then(|| unsafe { &*self.slots.add(idx) })
     }
 
     /// Resolves `[addr, addr + len)` under `key` for protection domain `pd` needing `need`, to a
@@ -99,7 +91,7 @@ impl MrTable {
         len: u32,
         need: AccessFlags,
     ) -> Result<*mut u8, KeyFault> {
-        let Some(s) = self.slots.get((key & 0xffff) as usize) else {
+        let Some(s) = self.slot((key & 0xffff) as usize) else {
             return Err(KeyFault::Key);
         };
         if key == 0 || s.key.load(Ordering::Acquire) != key || s.pd.load(Ordering::Relaxed) != pd {
@@ -114,7 +106,87 @@ impl MrTable {
         if !AccessFlags(s.access.load(Ordering::Relaxed)).contains(need) {
             return Err(KeyFault::Access);
         }
-        Ok((s.base.load(Ordering::Relaxed) + (addr - start) as usize) as *mut u8)
+        let base = s.base.load(Ordering::Relaxed);
+        let at = base + (addr - start);
+        if s.user.load(Ordering::Relaxed) != 0 {
+            if self.remote {
+                return Err(KeyFault::Key);
+            }
+            return Ok(at as usize as *mut u8);
+        }
+        if base.checked_add(mr_len).is_none_or(|end| end > self.seg_len) {
+            return Err(KeyFault::Key);
+        }
+        // SAFETY: `at + len <= base + mr_len <= seg_len`: inside the mapping.
+        Ok(unsafe { self.seg_base.add(at as usize) })
+    }
+}
+
+pub(crate) struct MrTable {
+    pub(crate) view: MrView,
+    /// Free slot indexes and, per slot, the generation the next key gets.
+    free: Mutex<(Vec<u16>, Vec<u16>)>,
+}
+
+impl MrTable {
+    /// The key table of an own segment (all slots free).
+    pub(crate) fn new(seg: &Segment) -> MrTable {
+        let free = (0..MR_SLOTS as u16).rev().collect();
+        MrTable { view: MrView::of(seg, false), free: Mutex::new((free, vec![1; MR_SLOTS])) }
+    }
+
+    /// Fills a free slot and returns its key; `None` when all [`MR_SLOTS`] are in use. `base`
+    /// is a segment offset, or a pointer for caller memory (`user`).
+    fn insert(
+        &self,
+        pd: u32,
+        access: AccessFlags,
+        base: u64,
+        user: bool,
+        addr: u64,
+        len: usize,
+    ) -> Option<u32> {
+        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (free, gens) = &mut *guard;
+        let idx = free.pop()?;
+        let gen = gens[idx as usize];
+        gens[idx as usize] = if gen == u16::MAX { 1 } else { gen + 1 };
+        let key = (gen as u32) << 16 | idx as u32;
+        let s = self.view.slot(idx as usize)?;
+        s.pd.store(pd, Ordering::Relaxed);
+        s.access.store(access.0, Ordering::Relaxed);
+        s.user.store(user as u32, Ordering::Relaxed);
+        s.base.store(base, Ordering::Relaxed);
+        s.addr.store(addr, Ordering::Relaxed);
+        s.len.store(len as u64, Ordering::Relaxed);
+        s.key.store(key, Ordering::Release);
+        Some(key)
+    }
+
+    /// Invalidates `key` (new lookups fail at once). The caller must quiesce before reusing the
+    /// memory, then call [`MrTable::release`].
+    fn invalidate(&self, key: u32) {
+        if let Some(s) = self.view.slot((key & 0xffff) as usize) {
+            s.key.store(0, Ordering::SeqCst);
+        }
+    }
+
+    fn release(&self, key: u32) {
+        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        guard.0.push((key & 0xffff) as u16);
+    }
+
+    /// See [`MrView::resolve`].
+    #[inline]
+    pub(crate) fn resolve(
+        &self,
+        key: u32,
+        pd: u32,
+        addr: u64,
+        len: u32,
+        need: AccessFlags,
+    ) -> Result<*mut u8, KeyFault> {
+        self.view.resolve(key, pd, addr, len, need)
     }
 }
 
@@ -126,8 +198,8 @@ pub struct SimMr {
     ptr: *mut u8,
     len: usize,
     access: AccessFlags,
-    /// The layout of an owned buffer; `None` for caller memory.
-    owned: Option<Layout>,
+    /// The segment range of an owned buffer (offset, bytes); `None` for caller memory.
+    owned: Option<(usize, usize)>,
 }
 
 // SAFETY: the MR is a handle to memory it owns (or that the caller promised stays valid until it
@@ -138,16 +210,21 @@ unsafe impl Send for SimMr {}
 unsafe impl Sync for SimMr {}
 
 impl SimMr {
-    /// Registers `[ptr, ptr + len)`; `owned` tells whether the MR frees it on drop.
+    /// Registers `[ptr, ptr + len)`: the segment range `owned` (offset, bytes), which the MR
+    /// frees on drop, or caller memory (`None`).
     pub(crate) fn register(
         host: Arc<HostCore>,
         pd: u32,
         ptr: *mut u8,
         len: usize,
         access: AccessFlags,
-        owned: Option<Layout>,
+        owned: Option<(usize, usize)>,
     ) -> Option<SimMr> {
-        let key = host.mrs.insert(pd, access, ptr, len)?;
+        let (base, user) = match owned {
+            Some((off, _)) => (off as u64, false),
+            None => (ptr as u64, true),
+        };
+        let key = host.mrs.insert(pd, access, base, user, ptr as u64, len)?;
         Some(SimMr { host, key, ptr, len, access, owned })
     }
 }
@@ -185,10 +262,10 @@ impl Drop for SimMr {
         self.host.mrs.invalidate(self.key);
         super::fabric::quiesce();
         self.host.mrs.release(self.key);
-        if let Some(layout) = self.owned {
-            // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `reg_mr`, and after quiescence no
-            // transfer can still be copying to or from it.
-            unsafe { std::alloc::dealloc(self.ptr, layout) };
+        if let Some((off, bytes)) = self.owned {
+            // After quiescence no transfer of this process can still be copying to or from it;
+            // peers in other processes have the arena's quarantine.
+            self.host.arena.free(&self.host.seg, off, bytes);
         }
     }
 }

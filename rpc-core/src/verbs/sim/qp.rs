@@ -72,7 +72,7 @@ pub(crate) struct Stall {
 pub(crate) struct Link {
     pub(crate) dest: Option<Dest>,
     /// The resolved peer QP (cached at the first packet; cleared on RESET and destroy).
-    pub(crate) peer: Option<Arc<QpCore>>,
+    pub(crate) peer: Option<super::peer::PeerQp>,
     /// Next PSN to send (24 bits).
     pub(crate) psn: u32,
     /// Path MTU in bytes.
@@ -92,16 +92,48 @@ pub(crate) struct SqState {
     pub(crate) stall: Option<Stall>,
 }
 
-/// What a peer's executor reads of this QP as a responder.
+/// What a peer's executor reads of this QP as a responder (read-mostly).
 pub(crate) struct RespSide {
     pub(crate) state: AtomicU8,
-    pub(crate) access: AtomicU32,
+    pub(crate) destroyed: AtomicBool,
+    /// Fault injection: every packet from or to this QP is lost.
+    pub(crate) drop_traffic: AtomicBool,
     pub(crate) min_rnr_timer: AtomicU8,
+    pub(crate) access: AtomicU32,
+    /// The QPN (a peer checks it: the memory of a destroyed QP may be reused).
+    pub(crate) qpn: AtomicU32,
+    pub(crate) pd: AtomicU32,
+    /// The PD receive buffers are checked against (the SRQ's for an SRQ).
+    pub(crate) recv_pd: AtomicU32,
+    /// Segment offsets of the receive ring (RQ or SRQ) and of the receive CQ.
+    pub(crate) recv_ring_off: AtomicU64,
+    pub(crate) recv_cq_off: AtomicU64,
 }
 
 pub(crate) struct SqGuard {
     lock: SpinGuard,
     flush_pending: AtomicBool,
+}
+
+/// The part of a QP that lives in its host's segment, where peers (in this process or another)
+/// reach it: responder state, expected PSN, and the send-queue guard (a peer may ask for a
+/// flush). Valid when zeroed (RESET).
+#[repr(C)]
+pub(crate) struct QpShared {
+    pub(crate) resp: Padded<RespSide>,
+    /// Expected PSN of the next incoming request: written by the requester at the other end.
+    pub(crate) epsn: Padded<AtomicU32>,
+    /// The send-queue guard and, on the same line (local to the QP's thread), the flag by which
+    /// other threads ask the guard holder to flush.
+    pub(crate) guard: Padded<SqGuard>,
+}
+
+impl QpShared {
+    /// Moves the QP to ERR from outside its process: the RQ is flushed by the caller; the send
+    /// queue by the owner at its next post or timer tick.
+    pub(crate) fn request_flush(&self) {
+        self.guard.flush_pending.store(true, Ordering::SeqCst);
+    }
 }
 
 pub(crate) struct QpCore {
@@ -114,17 +146,12 @@ pub(crate) struct QpCore {
     pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
     pub(crate) sig_all: bool,
-    pub(crate) resp: Padded<RespSide>,
-    /// Expected PSN of the next incoming request: written by the requester at the other end.
-    pub(crate) epsn: Padded<AtomicU32>,
-    /// The send-queue guard and, on the same line (local to the QP's thread), the flag by which
-    /// other threads ask the guard holder to flush.
-    guard: Padded<SqGuard>,
+    /// The shared part, in the host's segment at `off` (with the RQ ring after it).
+    sh: *const QpShared,
+    off: usize,
+    bytes: usize,
     /// Own cache lines: the executor writes it on every WR, peers never read it.
     sq: Padded<UnsafeCell<SqState>>,
-    pub(crate) destroyed: AtomicBool,
-    /// Fault injection: every packet from or to this QP is lost.
-    pub(crate) drop_traffic: AtomicBool,
     /// Fault injection: each send WR waits this long (ns) at the head of the SQ; 0 = none.
     pub(crate) delay_ns: AtomicU64,
     /// Handed to the timer thread (set under the guard or before scheduling).
@@ -133,14 +160,30 @@ pub(crate) struct QpCore {
     deadline: AtomicU64,
 }
 
-// SAFETY: `sq` is only accessed with `guard` held (see `with_sq`); everything else is atomics,
-// immutable data, or `Sync` types.
+// SAFETY: `sq` is only accessed with `guard` held (see `with_sq`); `sh` points to atomics in the
+// segment the QP's `host` keeps mapped; everything else is immutable data or `Sync` types.
 unsafe impl Sync for QpCore {}
+// SAFETY: as above.
+unsafe impl Send for QpCore {}
+
+impl Drop for QpCore {
+    fn drop(&mut self) {
+        self.host.arena.free(&self.host.seg, self.off, self.bytes);
+    }
+}
 
 impl QpCore {
+    /// The shared part (responder state, PSN, guard).
+    #[inline(always)]
+    pub(crate) fn sh(&self) -> &QpShared {
+        // SAFETY: `sh` points into the segment, which `self.host` keeps mapped, and is freed
+        // only when this core drops.
+        unsafe { &*self.sh }
+    }
+
     #[inline]
     pub(crate) fn state_raw(&self) -> u8 {
-        self.resp.state.load(Ordering::Acquire)
+        self.sh().resp.state.load(Ordering::Acquire)
     }
 
     /// The receive queue this QP's incoming SENDs consume.
@@ -163,7 +206,7 @@ impl QpCore {
     /// another thread asked for meanwhile).
     #[inline]
     pub(crate) fn with_sq<R>(&self, f: impl FnOnce(&mut SqState) -> R) -> R {
-        self.guard.lock.lock();
+        self.sh().guard.lock.lock();
         // SAFETY: the guard is held, so this is the only reference to the send queue.
         let r = f(unsafe { &mut *self.sq.get() });
         self.release();
@@ -172,7 +215,7 @@ impl QpCore {
 
     /// Like [`QpCore::with_sq`] but gives up when the guard is busy.
     fn try_with_sq<R>(&self, f: impl FnOnce(&mut SqState) -> R) -> Option<R> {
-        if !self.guard.lock.try_lock() {
+        if !self.sh().guard.lock.try_lock() {
             return None;
         }
         // SAFETY: the guard is held, so this is the only reference to the send queue.
@@ -186,8 +229,8 @@ impl QpCore {
     #[inline]
     fn release(&self) {
         loop {
-            self.guard.lock.unlock();
-            if !self.guard.flush_pending.load(Ordering::Acquire) || !self.guard.lock.try_lock() {
+            self.sh().guard.lock.unlock();
+            if !self.sh().guard.flush_pending.load(Ordering::Acquire) || !self.sh().guard.lock.try_lock() {
                 return;
             }
             // SAFETY: the guard is held again.
@@ -208,7 +251,7 @@ impl QpCore {
     /// Called by the timer thread: performs a requested flush and retries the stalled WQE if
     /// due. Clears `scheduled` (under the guard) once the QP no longer needs the timer thread.
     pub(crate) fn on_timer(&self, now: u64) {
-        if self.destroyed.load(Ordering::Acquire) {
+        if self.sh().resp.destroyed.load(Ordering::Acquire) {
             self.scheduled.store(false, Ordering::Release);
             return;
         }
@@ -216,14 +259,14 @@ impl QpCore {
             return;
         }
         let _ = self.try_with_sq(|st| {
-            if self.guard.flush_pending.load(Ordering::Acquire) {
+            if self.sh().guard.flush_pending.load(Ordering::Acquire) {
                 self.flush_sq_locked(st);
             }
             if !self.progress_locked(st) {
                 self.scheduled.store(false, Ordering::SeqCst);
                 // A flush requested meanwhile keeps the QP scheduled (pairs with `set_error`:
                 // its flag store precedes its `scheduled` store).
-                if self.guard.flush_pending.load(Ordering::SeqCst) {
+                if self.sh().guard.flush_pending.load(Ordering::SeqCst) {
                     self.scheduled.store(true, Ordering::SeqCst);
                 }
             }
@@ -259,7 +302,8 @@ impl QpCore {
         let now = super::fabric::now_ns();
         let delay = match kind {
             StallKind::Rnr => {
-                let code = link.peer.as_ref().map_or(12, |p| p.resp.min_rnr_timer.load(Ordering::Relaxed));
+                let code =
+                    link.peer.as_ref().map_or(12, |p| p.sh().resp.min_rnr_timer.load(Ordering::Relaxed));
                 rnr_delay_ns(code)
             }
             StallKind::Lost | StallKind::Delay => ack_timeout_ns(link.timeout),
@@ -362,7 +406,7 @@ impl QpCore {
             },
             true,
         );
-        self.resp.state.store(ST_ERR, Ordering::SeqCst);
+        self.sh().resp.state.store(ST_ERR, Ordering::SeqCst);
         self.flush_rq();
         self.flush_sq_locked(st);
     }
@@ -371,12 +415,12 @@ impl QpCore {
     /// the SQ now if the guard is free, else at the holder's release or, failing that, from the
     /// timer thread (so the hot path's unlock needs no fence).
     pub(crate) fn set_error(self: &Arc<Self>) {
-        if self.destroyed.load(Ordering::Acquire) {
+        if self.sh().resp.destroyed.load(Ordering::Acquire) {
             return;
         }
-        self.resp.state.store(ST_ERR, Ordering::SeqCst);
+        self.sh().resp.state.store(ST_ERR, Ordering::SeqCst);
         self.flush_rq();
-        self.guard.flush_pending.store(true, Ordering::SeqCst);
+        self.sh().guard.flush_pending.store(true, Ordering::SeqCst);
         if self.try_with_sq(|st| self.flush_sq_locked(st)).is_none() {
             self.deadline.store(0, Ordering::Relaxed);
             self.scheduled.store(true, Ordering::SeqCst);
@@ -386,8 +430,8 @@ impl QpCore {
 
     /// Completes every queued send WQE with `IBV_WC_WR_FLUSH_ERR`. Guard held.
     fn flush_sq_locked(&self, st: &mut SqState) {
-        self.guard.flush_pending.store(false, Ordering::SeqCst);
-        if self.state_raw() != ST_ERR || self.destroyed.load(Ordering::Acquire) {
+        self.sh().guard.flush_pending.store(false, Ordering::SeqCst);
+        if self.state_raw() != ST_ERR || self.sh().resp.destroyed.load(Ordering::Acquire) {
             return;
         }
         let mask = st.wqes.len() - 1;
@@ -506,7 +550,14 @@ impl SimQp {
             });
         }
         let depth = (c.max_send_wr as usize).next_power_of_two();
-        let rq = attr.srq.is_none().then(|| Ring::with_headroom(c.max_recv_wr as usize));
+        let sh_bytes = std::mem::size_of::<QpShared>();
+        let rq_depth = if attr.srq.is_none() { c.max_recv_wr as usize } else { 0 };
+        let bytes = sh_bytes + if rq_depth > 0 { super::srq::RecvRing::bytes(rq_depth) } else { 0 };
+        let off = host.alloc("ibv_create_qp", bytes, 128)?;
+        let sh_ptr = host.seg.at(off) as *const QpShared;
+        // SAFETY: a fresh zeroed 128-aligned allocation of `bytes` in the segment (freed when the
+        // core drops, after the ring view); the ring follows the shared part.
+        let rq = (rq_depth > 0).then(|| unsafe { Ring::init(host.seg.at(off + sh_bytes), rq_depth, true) });
         let cap = QpCap {
             max_send_wr: depth as u32,
             max_recv_wr: rq.as_ref().map_or(c.max_recv_wr, |r| r.capacity() as u32),
@@ -522,8 +573,30 @@ impl SimQp {
             sges: [Sge::default(); MAX_SGE],
             inline_len: NOT_INLINE,
         };
+        // SAFETY: as above: zeroed atomics (a valid RESET state).
+        let sh = unsafe { &*sh_ptr };
+        let Some(qpn) = host.alloc_qpn(off) else {
+            host.arena.free(&host.seg, off, bytes);
+            return Err(cap_err(
+                "ibv_create_qp",
+                "max_qp",
+                super::shm::QP_DIR_LEN as u32 + 1,
+                super::shm::QP_DIR_LEN as u32,
+            ));
+        };
+        let r = &sh.resp;
+        r.min_rnr_timer.store(12, Ordering::Relaxed);
+        r.pd.store(pd.inner.id, Ordering::Relaxed);
+        r.recv_pd.store(attr.srq.map_or(pd.inner.id, |s| s.core.pd), Ordering::Relaxed);
+        let ring_off = match attr.srq {
+            Some(s) => s.core.off,
+            None => off + sh_bytes,
+        };
+        r.recv_ring_off.store(ring_off as u64, Ordering::Relaxed);
+        r.recv_cq_off.store(attr.recv_cq.core.offset() as u64, Ordering::Relaxed);
+        r.qpn.store(qpn, Ordering::Release);
         let core = Arc::new(QpCore {
-            qpn: host.alloc_qpn(),
+            qpn,
             host,
             pd: pd.inner.id,
             send_cq: attr.send_cq.core.clone(),
@@ -532,13 +605,9 @@ impl SimQp {
             rq,
             cap,
             sig_all: attr.sq_sig_all,
-            resp: Padded(RespSide {
-                state: AtomicU8::new(ST_RESET),
-                access: AtomicU32::new(0),
-                min_rnr_timer: AtomicU8::new(12),
-            }),
-            epsn: Padded(AtomicU32::new(0)),
-            guard: Padded(SqGuard { lock: SpinGuard::new(), flush_pending: AtomicBool::new(false) }),
+            sh: sh_ptr,
+            off,
+            bytes,
             sq: Padded(UnsafeCell::new(SqState {
                 wqes: vec![empty; depth].into_boxed_slice(),
                 inline: vec![0u8; depth * cap.max_inline_data as usize].into_boxed_slice(),
@@ -555,8 +624,6 @@ impl SimQp {
                 },
                 stall: None,
             })),
-            destroyed: AtomicBool::new(false),
-            drop_traffic: AtomicBool::new(false),
             delay_ns: AtomicU64::new(0),
             scheduled: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
@@ -759,12 +826,12 @@ impl SimQp {
                 if let Some(rq) = &c.rq {
                     while pop_recv_id(rq).is_some() {}
                 }
-                c.guard.flush_pending.store(false, Ordering::SeqCst);
-                c.resp.state.store(ST_RESET, Ordering::SeqCst);
+                c.sh().guard.flush_pending.store(false, Ordering::SeqCst);
+                c.sh().resp.state.store(ST_RESET, Ordering::SeqCst);
                 return Ok(());
             }
             QpState::Err => {
-                c.resp.state.store(ST_ERR, Ordering::SeqCst);
+                c.sh().resp.state.store(ST_ERR, Ordering::SeqCst);
                 c.flush_rq();
                 c.flush_sq_locked(st);
                 return Ok(());
@@ -772,10 +839,10 @@ impl SimQp {
             _ => {}
         }
         if let Some(a) = attr.access {
-            c.resp.access.store(a.0, Ordering::Release);
+            c.sh().resp.access.store(a.0, Ordering::Release);
         }
         if let Some(t) = attr.min_rnr_timer {
-            c.resp.min_rnr_timer.store(t, Ordering::Release);
+            c.sh().resp.min_rnr_timer.store(t, Ordering::Release);
         }
         if let (Some(ah), Some(qpn)) = (attr.ah, attr.dest_qp_num) {
             st.link.dest = Some(Dest { dgid: ah.grh.map(|g| g.dgid), dlid: ah.dlid, qpn });
@@ -785,7 +852,7 @@ impl SimQp {
             st.link.mtu = m.bytes();
         }
         if let Some(p) = attr.rq_psn {
-            c.epsn.store(p, Ordering::Release);
+            c.sh().epsn.store(p, Ordering::Release);
         }
         if let Some(p) = attr.sq_psn {
             st.link.psn = p;
@@ -804,7 +871,7 @@ impl SimQp {
             QpState::Rtr => ST_RTR,
             _ => ST_RTS,
         };
-        c.resp.state.store(raw, Ordering::SeqCst);
+        c.sh().resp.state.store(raw, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -928,7 +995,7 @@ impl QueuePair for SimQp {
 impl Drop for SimQp {
     fn drop(&mut self) {
         let c = &*self.core;
-        c.destroyed.store(true, Ordering::SeqCst);
+        c.sh().resp.destroyed.store(true, Ordering::SeqCst);
         // A peer's transfer into this QP's receive buffers runs under the *peer's* guard: wait
         // for every transfer that may have seen the QP alive (a grace period, as for MR
         // deregistration), so that no byte lands in a receive buffer, and no CQE of this QP
@@ -944,6 +1011,7 @@ impl Drop for SimQp {
             while pop_recv_id(rq).is_some() {}
         }
         fabric().unregister_qp(c.host.id, c.qpn);
+        c.host.free_qpn(c.qpn);
     }
 }
 

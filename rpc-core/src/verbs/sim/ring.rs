@@ -45,36 +45,127 @@ struct Producers {
     head_cache: AtomicUsize,
 }
 
-/// The ring.
-pub(crate) struct Ring<const W: usize> {
+/// The ring's shared header, followed in memory by its slots. It may live in a host segment
+/// (shared memory), so it holds only atomics and is valid when zeroed.
+#[repr(C)]
+struct RingHdr {
     prod: Padded<Producers>,
     head: Padded<AtomicUsize>,
-    slots: Box<[Slot<W>]>,
+    /// Slot count (a power of two) and the most entries held at once.
+    meta: Padded<[AtomicUsize; 2]>,
+}
+
+/// The ring: a view of a header and slots in memory it may or may not own.
+pub(crate) struct Ring<const W: usize> {
+    hdr: *const RingHdr,
+    slots: *const Slot<W>,
     mask: usize,
-    /// Most entries held at once (`<= slots.len() / 2`: the spare half lets producers go a
-    /// whole `limit` between two reads of `head`).
+    /// Most entries held at once (`<= slots / 2` for a CQ: the spare half lets producers go a
+    /// whole `limit` between two reads of `head`; all slots for a receive queue).
     limit: usize,
+    /// The heap layout of memory this ring owns (rings made by [`Ring::new`], for tests).
+    heap: Option<std::alloc::Layout>,
+}
+
+// SAFETY: the ring's memory is atomics only; its owner keeps it alive while views exist.
+unsafe impl<const W: usize> Send for Ring<W> {}
+// SAFETY: as above.
+unsafe impl<const W: usize> Sync for Ring<W> {}
+
+impl<const W: usize> Drop for Ring<W> {
+    fn drop(&mut self) {
+        if let Some(layout) = self.heap {
+            // SAFETY: `hdr` came from `alloc_zeroed(layout)` in `Ring::new`.
+            unsafe { std::alloc::dealloc(self.hdr as *mut u8, layout) };
+        }
+    }
 }
 
 impl<const W: usize> Ring<W> {
-    /// A ring holding up to `capacity` entries (at least 1), in `2 * capacity` slots rounded up
-    /// to a power of two.
-    pub(crate) fn new(capacity: usize) -> Ring<W> {
-        let limit = capacity.max(1);
-        let n = (2 * limit).next_power_of_two();
-        let slots = (0..n)
-            .map(|_| Slot { seq: AtomicUsize::new(0), words: std::array::from_fn(|_| AtomicU64::new(0)) })
-            .collect();
-        Ring { prod: Padded::default(), head: Padded::default(), slots, mask: n - 1, limit }
+    fn slots_for(capacity: usize) -> usize {
+        (2 * capacity.max(1)).next_power_of_two()
     }
 
-    /// A ring holding up to `2 * capacity` entries rounded up to a power of two: a receive queue
-    /// (verbs may grant more WQEs than asked). A producer that keeps about `capacity` entries
-    /// posted then reads the consumers' `head` only once per `capacity` posts, not at every post.
-    pub(crate) fn with_headroom(capacity: usize) -> Ring<W> {
-        let mut r = Ring::new(capacity);
-        r.limit = r.slots.len();
+    /// Bytes of memory (128-byte aligned) a ring of `capacity` needs.
+    pub(crate) fn bytes(capacity: usize) -> usize {
+        std::mem::size_of::<RingHdr>() + Self::slots_for(capacity) * std::mem::size_of::<Slot<W>>()
+    }
+
+    /// Builds a ring holding up to `capacity` entries (at least 1), in `2 * capacity` slots
+    /// rounded up to a power of two, in `mem`; `headroom`: a receive queue that holds up to all
+    /// its slots (verbs may grant more WQEs than asked; a producer that keeps about `capacity`
+    /// entries posted then reads the consumers' `head` only once per `capacity` posts).
+    ///
+    /// # Safety
+    /// `mem` is 128-byte aligned, valid for [`Ring::bytes`]`(capacity)` bytes, zeroed, and
+    /// outlives the ring and every view of it.
+    pub(crate) unsafe fn init(mem: *mut u8, capacity: usize, headroom: bool) -> Ring<W> {
+        let n = Self::slots_for(capacity);
+        let limit = if headroom { n } else { capacity.max(1) };
+        let hdr = mem as *const RingHdr;
+        // SAFETY: `mem` holds a zeroed header (valid atomics), per the contract.
+        let h = unsafe { &*hdr };
+        h.meta[0].store(n, Ordering::Relaxed);
+        h.meta[1].store(limit, Ordering::Release);
+        // SAFETY: the slots follow the header inside `mem`.
+        let slots = unsafe { mem.add(std::mem::size_of::<RingHdr>()) } as *const Slot<W>;
+        Ring { hdr, slots, mask: n - 1, limit, heap: None }
+    }
+
+    /// A view of a ring built by [`Ring::init`] at `mem` (a peer's, in its segment); `None` if
+    /// its header does not fit in `avail` bytes.
+    ///
+    /// # Safety
+    /// `mem` is valid for `avail` bytes and outlives the view.
+    pub(crate) unsafe fn attach(mem: *mut u8, avail: usize) -> Option<Ring<W>> {
+        if avail < std::mem::size_of::<RingHdr>() || (mem as usize) % 128 != 0 {
+            return None;
+        }
+        // SAFETY: the header fits (checked) and is atomics only.
+        let h = unsafe { &*(mem as *const RingHdr) };
+        let n = h.meta[0].load(Ordering::Acquire);
+        let limit = h.meta[1].load(Ordering::Acquire);
+        let fits = n.is_power_of_two()
+            && limit >= 1
+            && limit <= n
+            && n.checked_mul(std::mem::size_of::<Slot<W>>())
+                .is_some_and(|b| b + std::mem::size_of::<RingHdr>() <= avail);
+        if !fits {
+            return None;
+        }
+        // SAFETY: inside `mem` (checked above).
+        let slots = unsafe { mem.add(std::mem::size_of::<RingHdr>()) } as *const Slot<W>;
+        Some(Ring { hdr: mem as *const RingHdr, slots, mask: n - 1, limit, heap: None })
+    }
+
+    /// A non-owning view of this ring (valid while the ring's memory is).
+    pub(crate) fn view(&self) -> Ring<W> {
+        Ring { hdr: self.hdr, slots: self.slots, mask: self.mask, limit: self.limit, heap: None }
+    }
+
+    /// A heap-allocated ring holding up to `capacity` entries (see [`Ring::init`]).
+    #[cfg(test)]
+    pub(crate) fn new(capacity: usize) -> Ring<W> {
+        let layout = std::alloc::Layout::from_size_align(Self::bytes(capacity), 128).expect("ring layout");
+        // SAFETY: non-zero size.
+        let mem = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!mem.is_null(), "ring allocation");
+        // SAFETY: fresh, zeroed, aligned, sized by `bytes`; freed in `drop` after the ring.
+        let mut r = unsafe { Ring::init(mem, capacity, false) };
+        r.heap = Some(layout);
         r
+    }
+
+    #[inline(always)]
+    fn h(&self) -> &RingHdr {
+        // SAFETY: `hdr` is valid while the ring is (constructors' contracts).
+        unsafe { &*self.hdr }
+    }
+
+    #[inline(always)]
+    fn slot(&self, pos: usize) -> &Slot<W> {
+        // SAFETY: `pos & mask` is below the slot count; the slots are valid with the ring.
+        unsafe { &*self.slots.add(pos & self.mask) }
     }
 
     /// Number of entries it holds when full.
@@ -84,8 +175,8 @@ impl<const W: usize> Ring<W> {
 
     /// Entries currently in the ring (a snapshot; exact when no one else is operating).
     pub(crate) fn len(&self) -> usize {
-        let head = self.head.load(Ordering::Acquire);
-        let tail = self.prod.tail.load(Ordering::Acquire);
+        let head = self.h().head.load(Ordering::Acquire);
+        let tail = self.h().prod.tail.load(Ordering::Acquire);
         tail.wrapping_sub(head).min(self.capacity())
     }
 
@@ -94,28 +185,28 @@ impl<const W: usize> Ring<W> {
     #[inline]
     pub(crate) fn claim(&self) -> Option<usize> {
         let cap = self.capacity();
-        let mut pos = self.prod.tail.load(Ordering::Relaxed);
+        let mut pos = self.h().prod.tail.load(Ordering::Relaxed);
         loop {
-            let cached = self.prod.head_cache.load(Ordering::Acquire);
+            let cached = self.h().prod.head_cache.load(Ordering::Acquire);
             let used = pos.wrapping_sub(cached) as isize;
             if used < 0 {
                 // `pos` is stale (others advanced the tail and consumers the head since).
-                pos = self.prod.tail.load(Ordering::Relaxed);
+                pos = self.h().prod.tail.load(Ordering::Relaxed);
                 continue;
             }
             if used as usize >= cap {
-                let head = self.head.load(Ordering::Acquire);
-                self.prod.head_cache.fetch_max(head, Ordering::AcqRel);
+                let head = self.h().head.load(Ordering::Acquire);
+                self.h().prod.head_cache.fetch_max(head, Ordering::AcqRel);
                 let used = pos.wrapping_sub(head) as isize;
                 if used < 0 {
-                    pos = self.prod.tail.load(Ordering::Relaxed);
+                    pos = self.h().prod.tail.load(Ordering::Relaxed);
                     continue;
                 }
                 if used as usize >= cap {
                     return None;
                 }
             }
-            match self.prod.tail.compare_exchange_weak(
+            match self.h().prod.tail.compare_exchange_weak(
                 pos,
                 pos.wrapping_add(1),
                 Ordering::Relaxed,
@@ -131,7 +222,7 @@ impl<const W: usize> Ring<W> {
     /// publishes it.
     #[inline]
     pub(crate) fn publish(&self, pos: usize, fill: impl FnOnce(&[AtomicU64; W])) {
-        let slot = &self.slots[pos & self.mask];
+        let slot = self.slot(pos);
         fill(&slot.words);
         slot.seq.store(pos.wrapping_add(1), Ordering::Release);
     }
@@ -154,8 +245,8 @@ impl<const W: usize> Ring<W> {
     pub(crate) fn prefetch_next(&self) {
         #[cfg(target_arch = "x86_64")]
         {
-            let pos = self.head.load(Ordering::Relaxed);
-            let p = &self.slots[pos & self.mask] as *const Slot<W> as *const i8;
+            let pos = self.h().head.load(Ordering::Relaxed);
+            let p = self.slot(pos) as *const Slot<W> as *const i8;
             // SAFETY: a prefetch never faults and has no architectural effect; `p` points into
             // the live slot array anyway.
             unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) };
@@ -182,15 +273,15 @@ impl<const W: usize> Ring<W> {
 
     #[inline(always)]
     fn pop_inner<R>(&self, wait_claimed: bool, mut read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
-        let mut pos = self.head.load(Ordering::Relaxed);
+        let mut pos = self.h().head.load(Ordering::Relaxed);
         let mut spins = 0u32;
         loop {
-            let slot = &self.slots[pos & self.mask];
+            let slot = self.slot(pos);
             let seq = slot.seq.load(Ordering::Acquire);
             if seq != pos.wrapping_add(1) {
                 if (seq.wrapping_sub(pos.wrapping_add(1)) as isize) < 0 {
                     // Not published for this lap. Empty unless a producer has claimed `pos`.
-                    if !wait_claimed || self.prod.tail.load(Ordering::Acquire) == pos {
+                    if !wait_claimed || self.h().prod.tail.load(Ordering::Acquire) == pos {
                         return None;
                     }
                     spins += 1;
@@ -199,15 +290,15 @@ impl<const W: usize> Ring<W> {
                     } else {
                         std::thread::yield_now();
                     }
-                    pos = self.head.load(Ordering::Relaxed);
+                    pos = self.h().head.load(Ordering::Relaxed);
                     continue;
                 }
                 // The slot is already a lap ahead: another consumer took `pos`.
-                pos = self.head.load(Ordering::Relaxed);
+                pos = self.h().head.load(Ordering::Relaxed);
                 continue;
             }
             let r = read(&slot.words);
-            match self.head.compare_exchange_weak(
+            match self.h().head.compare_exchange_weak(
                 pos,
                 pos.wrapping_add(1),
                 Ordering::AcqRel,

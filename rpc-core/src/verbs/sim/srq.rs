@@ -78,10 +78,34 @@ pub(crate) fn post_recv_ring(
 }
 
 pub(crate) struct SrqCore {
+    /// In the host's segment, at `off` (peers attach there).
     pub(crate) ring: RecvRing,
     pub(crate) max_sge: u32,
     pub(crate) pd: u32,
+    pub(crate) off: usize,
+    bytes: usize,
     pub(crate) _host: Arc<HostCore>,
+}
+
+impl Drop for SrqCore {
+    fn drop(&mut self) {
+        self._host.arena.free(&self._host.seg, self.off, self.bytes);
+    }
+}
+
+/// Allocates a receive ring of `depth` WQEs (with headroom) in `host`'s segment: the ring and
+/// its (offset, bytes).
+pub(crate) fn alloc_recv_ring(
+    host: &HostCore,
+    call: &'static str,
+    depth: u32,
+) -> Result<(RecvRing, usize, usize)> {
+    let bytes = RecvRing::bytes(depth as usize);
+    let off = host.alloc(call, bytes, 128)?;
+    // SAFETY: a fresh zeroed 128-aligned allocation of `bytes` in the segment, freed only by the
+    // ring's owner after the ring (the owner holds the host, which keeps the segment mapped).
+    let ring = unsafe { RecvRing::init(host.seg.at(off), depth as usize, true) };
+    Ok((ring, off, bytes))
 }
 
 /// A shared receive queue of the software NIC. Cheap to clone.
@@ -117,12 +141,16 @@ impl SimSrq {
                 limit: MAX_SGE as u64,
             });
         }
+        let host = pd.inner.host.clone();
+        let (ring, off, bytes) = alloc_recv_ring(&host, "ibv_create_srq", attr.max_wr)?;
         Ok(SimSrq {
             core: Arc::new(SrqCore {
-                ring: Ring::with_headroom(attr.max_wr as usize),
+                ring,
                 max_sge: attr.max_sge.max(1),
                 pd: pd.inner.id,
-                _host: pd.inner.host.clone(),
+                off,
+                bytes,
+                _host: host,
             }),
         })
     }

@@ -1,0 +1,542 @@
+//! Host segments: the shared memory that holds everything a peer touches (the MR key table, the
+//! QP directory and responder state, receive and completion rings, MR buffers), so that a
+//! requester in another process of the same user can execute a transfer with plain loads,
+//! stores and atomics in its own mapping of the responder's segment.
+//!
+//! A segment is a `/dev/shm/rpc-sim.<uid>.<pid>.<host id>` file created `O_EXCL`, mode 0600,
+//! sized [`SEG_LEN`] (sparse: tmpfs allocates pages on first touch and [`Arena::free`] punches
+//! them out again), mapped `MAP_SHARED | MAP_NORESERVE`. Its name is derived from the host's GID
+//! (`fe80::<pid>:<host id>`), so a peer finds it from the address exchanged at connection setup.
+//! The owner unlinks it when the host is dropped or the process exits (`atexit`); a peer that
+//! finds the owner's pid gone unlinks it; and every process removes the segments of dead pids
+//! of its user when it opens its first host.
+//!
+//! Everything here is control path: creating, mapping, allocating and freeing.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, Once};
+
+use crate::verbs::{Result, VerbsError};
+
+/// Virtual size of a host segment, in bytes (256 GiB; sparse, pages exist only once touched).
+pub(crate) const SEG_LEN: usize = 1 << 38;
+/// `b"RPCSIMH1"`: the first word of a host segment.
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPCSIMH1");
+/// Layout version of the segment (both sides must agree).
+pub(crate) const VERSION: u32 = 1;
+/// Where the MR key table starts.
+pub(crate) const MR_TABLE_OFF: usize = 4096;
+/// Where the QP directory starts (after 4096 MR slots of 64 bytes).
+pub(crate) const QP_DIR_OFF: usize = MR_TABLE_OFF + 4096 * 64;
+/// Entries of the QP directory (the sim's `max_qp` per host).
+pub(crate) const QP_DIR_LEN: usize = 16384;
+/// Where the heap starts.
+pub(crate) const HEAP_OFF: usize = QP_DIR_OFF + QP_DIR_LEN * 8;
+/// A freed range is reused only after this long (ns): a peer process whose transfer resolved a
+/// key just before its deregistration has finished by then (see the module docs of `sim`).
+const QUARANTINE_NS: u64 = 1_000_000_000;
+
+/// The segment header (first page).
+#[repr(C)]
+pub(crate) struct Header {
+    pub(crate) magic: AtomicU64,
+    pub(crate) version: AtomicU32,
+    pub(crate) pid: AtomicU32,
+    pub(crate) host_id: AtomicU32,
+    /// 1 while the host is up; 0 once it vanished or its process died (set by a peer's monitor).
+    pub(crate) alive: AtomicU32,
+    /// `CLOCK_MONOTONIC` ns of the owner's last heartbeat (every [`HEARTBEAT_NS`]).
+    pub(crate) heartbeat: AtomicU64,
+}
+
+/// Heartbeat period of a host's owner, in ns.
+pub(crate) const HEARTBEAT_NS: u64 = 100_000_000;
+/// A host whose heartbeat is older than this (ns) is dead even if a process has its pid.
+pub(crate) const HEARTBEAT_DEAD_NS: u64 = 10_000_000_000;
+
+fn os(call: &'static str) -> VerbsError {
+    VerbsError::Os { call, source: std::io::Error::last_os_error() }
+}
+
+/// `CLOCK_MONOTONIC` in ns (the same clock in every process of the machine; a vDSO call).
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Whether a process with this pid exists and has not exited (`kill(pid, 0)`, EPERM meaning
+/// it exists; a zombie, killed but not yet reaped, counts as gone).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 performs only the existence and permission check.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // `/proc/<pid>/stat`: "pid (comm) S ...", the state after the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z' | 'X'))
+        }
+        Err(_) => true,
+    }
+}
+
+pub(crate) fn my_pid() -> u32 {
+    std::process::id()
+}
+
+fn my_uid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// The file name (under /dev/shm) of host `host_id` of process `pid`.
+pub(crate) fn seg_path(pid: u32, host_id: u32) -> String {
+    format!("/dev/shm/rpc-sim.{}.{pid}.{host_id}", my_uid())
+}
+
+/// A mapping of a host segment (own or a peer's). Unmapped on drop; the owner's also unlinked.
+pub(crate) struct Segment {
+    base: *mut u8,
+    len: usize,
+    /// The file to unlink on drop (the owner's segment).
+    unlink: Option<CString>,
+}
+
+// SAFETY: the mapping is plain shared memory; all accesses to it go through atomics or through
+// ranges whose ownership the verbs contract assigns.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Creates and maps the segment of host `host_id` of this process.
+    pub(crate) fn create(host_id: u32) -> Result<Segment> {
+        init_process();
+        let path = CString::new(seg_path(my_pid(), host_id)).map_err(|_| VerbsError::InvalidArgument {
+            call: "sim host segment",
+            reason: "path with NUL".into(),
+        })?;
+        // SAFETY: `path` is a valid C string.
+        let fd = unsafe {
+            libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600)
+        };
+        if fd < 0 {
+            return Err(os("open(/dev/shm/rpc-sim.*, O_CREAT | O_EXCL)"));
+        }
+        let seg = (|| {
+            // SAFETY: `fd` is an open file.
+            if unsafe { libc::ftruncate(fd, SEG_LEN as libc::off_t) } != 0 {
+                return Err(os("ftruncate (sim host segment)"));
+            }
+            let seg = Segment::map(fd, SEG_LEN)?;
+            let h = seg.header();
+            h.version.store(VERSION, Ordering::Relaxed);
+            h.pid.store(my_pid(), Ordering::Relaxed);
+            h.host_id.store(host_id, Ordering::Relaxed);
+            h.alive.store(1, Ordering::Relaxed);
+            h.heartbeat.store(monotonic_ns(), Ordering::Relaxed);
+            h.magic.store(MAGIC, Ordering::Release);
+            Ok(seg)
+        })();
+        // SAFETY: `fd` is ours; the mapping stays valid after close.
+        unsafe { libc::close(fd) };
+        match seg {
+            Ok(mut s) => {
+                remember_own(&path);
+                s.unlink = Some(path);
+                Ok(s)
+            }
+            Err(e) => {
+                // SAFETY: `path` is a valid C string.
+                unsafe { libc::unlink(path.as_ptr()) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps the segment of host `host_id` of process `pid` (a peer). `None` when it does not
+    /// exist, belongs to another user, is not private to its user, or is not a host segment of
+    /// this layout version.
+    pub(crate) fn open(pid: u32, host_id: u32) -> Option<Segment> {
+        let path = CString::new(seg_path(pid, host_id)).ok()?;
+        // SAFETY: `path` is a valid C string.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW) };
+        if fd < 0 {
+            return None;
+        }
+        let seg = (|| {
+            // SAFETY: `st` is a valid out-pointer, `fd` an open file.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            if unsafe { libc::fstat(fd, &mut st) } != 0 {
+                return None;
+            }
+            let private = st.st_uid == my_uid() && st.st_mode & 0o077 == 0;
+            if !private || st.st_size as usize != SEG_LEN {
+                tracing::warn!(pid, host_id, "sim: ignoring a host segment that is not ours or not private");
+                return None;
+            }
+            let seg = Segment::map(fd, SEG_LEN).ok()?;
+            let h = seg.header();
+            let ok = h.magic.load(Ordering::Acquire) == MAGIC
+                && h.version.load(Ordering::Relaxed) == VERSION
+                && h.pid.load(Ordering::Relaxed) == pid
+                && h.host_id.load(Ordering::Relaxed) == host_id;
+            ok.then_some(seg)
+        })();
+        // SAFETY: `fd` is ours.
+        unsafe { libc::close(fd) };
+        seg
+    }
+
+    fn map(fd: libc::c_int, len: usize) -> Result<Segment> {
+        // SAFETY: a fresh shared mapping of an open file; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os("mmap (sim host segment)"));
+        }
+        Ok(Segment { base: p as *mut u8, len, unlink: None })
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn header(&self) -> &Header {
+        // SAFETY: the first page of the mapping is the header, all atomics (zero is valid).
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    /// A pointer to offset `off` (which must be inside the mapping).
+    #[inline]
+    pub(crate) fn at(&self, off: usize) -> *mut u8 {
+        debug_assert!(off < self.len);
+        // SAFETY: `off < len` (callers' invariant), so the result is inside the mapping.
+        unsafe { self.base.add(off) }
+    }
+
+    /// Unlinks the file now (the mapping stays valid): a peer found its owner dead.
+    pub(crate) fn unlink_dead(pid: u32, host_id: u32) {
+        if let Ok(p) = CString::new(seg_path(pid, host_id)) {
+            // SAFETY: `p` is a valid C string.
+            unsafe { libc::unlink(p.as_ptr()) };
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if let Some(p) = &self.unlink {
+            self.header().alive.store(0, Ordering::SeqCst);
+            // SAFETY: `p` is a valid C string.
+            unsafe { libc::unlink(p.as_ptr()) };
+            forget_own(p);
+        }
+        // SAFETY: `base..base+len` is a mapping this value owns; nothing refers to it any more
+        // (every holder of a pointer into it holds an `Arc` to its owner).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process-wide: stale cleanup at the first host, unlink at exit.
+
+static OWN: Mutex<Vec<CString>> = Mutex::new(Vec::new());
+static INIT: Once = Once::new();
+
+fn forget_own(p: &CString) {
+    let mut own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    own.retain(|q| q != p);
+}
+
+extern "C" fn unlink_own_at_exit() {
+    let own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    for p in own.iter() {
+        // SAFETY: `p` is a valid C string.
+        unsafe { libc::unlink(p.as_ptr()) };
+    }
+}
+
+fn init_process() {
+    INIT.call_once(|| {
+        remove_stale();
+        // SAFETY: registering a plain `extern "C"` function.
+        unsafe { libc::atexit(unlink_own_at_exit) };
+    });
+}
+
+/// Removes this user's host segments whose process is gone.
+pub(crate) fn remove_stale() {
+    let prefix = format!("rpc-sim.{}.", my_uid());
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != my_pid() && !pid_alive(pid) {
+            tracing::info!(file = ?name, "sim: removing the host segment of a dead process");
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+pub(crate) fn remember_own(path: &CString) {
+    OWN.lock().unwrap_or_else(|e| e.into_inner()).push(path.clone());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The heap allocator of an own segment (process-private bookkeeping).
+
+/// First-fit allocator over the segment's heap; freed ranges wait [`QUARANTINE_NS`] before reuse
+/// and their pages are returned to the system at once (`MADV_REMOVE`: they read as zeros again).
+pub(crate) struct Arena {
+    inner: Mutex<ArenaInner>,
+    /// How long a freed range waits before reuse (ns).
+    quarantine_ns: u64,
+}
+
+struct ArenaInner {
+    /// Free ranges by offset (coalesced).
+    free: BTreeMap<usize, usize>,
+    /// Freed ranges not yet reusable: (offset, length, reusable at).
+    quarantine: Vec<(usize, usize, u64)>,
+}
+
+/// Allocation granularity and alignment (bytes): two cache lines.
+const GRAIN: usize = 128;
+const PAGE: usize = 4096;
+
+impl Arena {
+    pub(crate) fn new() -> Arena {
+        Arena::with_quarantine(QUARANTINE_NS)
+    }
+
+    fn with_quarantine(quarantine_ns: u64) -> Arena {
+        let mut free = BTreeMap::new();
+        free.insert(HEAP_OFF, SEG_LEN - HEAP_OFF);
+        Arena { inner: Mutex::new(ArenaInner { free, quarantine: Vec::new() }), quarantine_ns }
+    }
+
+    /// Allocates `len` bytes aligned to `align` (a power of two, at least 128) in `seg`;
+    /// returns the offset, or `None` when the segment is exhausted. The bytes are zero.
+    pub(crate) fn alloc(&self, seg: &Segment, len: usize, align: usize) -> Option<usize> {
+        let align = align.max(GRAIN);
+        let len = len.max(1).checked_add(GRAIN - 1)? & !(GRAIN - 1);
+        let a = {
+            let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            g.release_due(monotonic_ns());
+            let (&start, &flen) = g.free.iter().find(|(&s, &l)| {
+                let a = (s + align - 1) & !(align - 1);
+                a + len <= s + l
+            })?;
+            g.free.remove(&start);
+            let a = (start + align - 1) & !(align - 1);
+            if a > start {
+                g.free.insert(start, a - start);
+            }
+            if a + len < start + flen {
+                g.free.insert(a + len, start + flen - (a + len));
+            }
+            a
+        };
+        let end = a + len;
+        let (fp, ep) = (a.div_ceil(PAGE) * PAGE, end / PAGE * PAGE);
+        // SAFETY: `[a, end)` is inside the mapping and now ours alone. Whole pages are dropped
+        // (MADV_REMOVE: they read as zeros, and untouched ones cost nothing); partial pages are
+        // cleared.
+        unsafe {
+            if len > (1 << 20) && ep > fp {
+                std::ptr::write_bytes(seg.at(a), 0, fp - a);
+                libc::madvise(seg.at(fp) as *mut libc::c_void, ep - fp, libc::MADV_REMOVE);
+                std::ptr::write_bytes(seg.at(ep), 0, end - ep);
+            } else {
+                std::ptr::write_bytes(seg.at(a), 0, len);
+            }
+        }
+        Some(a)
+    }
+
+    /// Frees `[off, off + len)` of `seg` (as allocated): its whole pages go back to the system
+    /// now; the range is reusable after the quarantine.
+    pub(crate) fn free(&self, seg: &Segment, off: usize, len: usize) {
+        let len = len.max(1).div_ceil(GRAIN) * GRAIN;
+        let end = off + len;
+        let (fp, ep) = (off.div_ceil(PAGE) * PAGE, end / PAGE * PAGE);
+        if ep > fp && len > (1 << 16) {
+            // SAFETY: whole pages inside the freed range; a late peer write there only
+            // re-creates a page, which the next `alloc` clears.
+            unsafe { libc::madvise(seg.at(fp) as *mut libc::c_void, ep - fp, libc::MADV_REMOVE) };
+        }
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.quarantine.push((off, len, monotonic_ns() + self.quarantine_ns));
+    }
+}
+
+impl ArenaInner {
+    fn release_due(&mut self, now: u64) {
+        let mut i = 0;
+        while i < self.quarantine.len() {
+            if self.quarantine[i].2 <= now {
+                let (off, len, _) = self.quarantine.swap_remove(i);
+                self.insert_free(off, len);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn insert_free(&mut self, mut off: usize, mut len: usize) {
+        if let Some((&s, &l)) = self.free.range(..off).next_back() {
+            if s + l == off {
+                self.free.remove(&s);
+                off = s;
+                len += l;
+            }
+        }
+        if let Some(&l) = self.free.get(&(off + len)) {
+            self.free.remove(&(off + len));
+            len += l;
+        }
+        self.free.insert(off, len);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Futex wake-ups on shared words (the CQ event path only).
+
+/// Waits while `*word == expected`, at most `timeout_ns` (`None`: no limit). Spurious returns
+/// are possible; callers re-check.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid aligned u32 for the call's duration; FUTEX_WAIT (not PRIVATE)
+    // works across processes sharing the mapping.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp) };
+}
+
+/// Wakes every waiter on `word`.
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_seg() -> Segment {
+        static NEXT: AtomicU32 = AtomicU32::new(0xf000_0000);
+        Segment::create(NEXT.fetch_add(1, Ordering::Relaxed)).expect("segment")
+    }
+
+    #[test]
+    fn arena_aligns_zeroes_quarantines_and_coalesces() {
+        let seg = host_seg();
+        let arena = Arena::with_quarantine(0);
+        let a = arena.alloc(&seg, 100, 128).unwrap();
+        let b = arena.alloc(&seg, 5000, 4096).unwrap();
+        assert_eq!((a % 128, b % 4096), (0, 0));
+        assert!(a >= HEAP_OFF && b >= a + 128, "{a} {b}");
+        // SAFETY: both ranges are ours, inside the mapping.
+        unsafe {
+            std::ptr::write_bytes(seg.at(a), 0xab, 100);
+            std::ptr::write_bytes(seg.at(b), 0xcd, 5000);
+        }
+        arena.free(&seg, a, 100);
+        arena.free(&seg, b, 5000);
+        // Freed (quarantine 0 here) and coalesced: the first fit is `a` again, zeroed.
+        let c = arena.alloc(&seg, 6000, 128).unwrap();
+        assert_eq!(c, a);
+        // SAFETY: ours, inside the mapping.
+        let bytes = unsafe { std::slice::from_raw_parts(seg.at(c), 6000) };
+        assert!(bytes.iter().all(|&x| x == 0), "reallocated memory reads as zeros");
+
+        let q = Arena::new();
+        let d = q.alloc(&seg, 256, 128).unwrap();
+        q.free(&seg, d, 256);
+        assert_ne!(q.alloc(&seg, 256, 128).unwrap(), d, "a freed range waits out the quarantine");
+    }
+
+    #[test]
+    fn segments_are_private_named_by_pid_and_host_and_unlinked_on_drop() {
+        let seg = host_seg();
+        let id = seg.header().host_id.load(Ordering::Relaxed);
+        let path = seg_path(my_pid(), id);
+        let meta = std::fs::metadata(&path).expect("the segment file exists");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(meta.len(), SEG_LEN as u64);
+        assert!(Segment::create(id).is_err(), "O_EXCL: a second create of the same name fails");
+        // Another mapping of the same file sees the same bytes (what a peer process does).
+        let peer = Segment::open(my_pid(), id).expect("open by pid and host id");
+        // SAFETY: inside both mappings, past the header.
+        unsafe { *seg.at(HEAP_OFF) = 42 };
+        // SAFETY: as above.
+        assert_eq!(unsafe { *peer.at(HEAP_OFF) }, 42);
+        assert!(Segment::open(my_pid(), id + 1).is_none(), "no such host");
+        drop(peer);
+        drop(seg);
+        assert!(std::fs::metadata(&path).is_err(), "unlinked when the owner drops it");
+    }
+
+    #[test]
+    fn a_segment_readable_by_others_is_refused() {
+        let seg = host_seg();
+        let id = seg.header().host_id.load(Ordering::Relaxed);
+        let path = seg_path(my_pid(), id);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(Segment::open(my_pid(), id).is_none());
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id();
+        // Not reaped yet: a zombie once it exits.
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+            std::thread::yield_now();
+        }
+        assert!(!pid_alive(pid), "a zombie counts as gone");
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(pid_alive(my_pid()));
+    }
+
+    #[test]
+    fn stale_segments_of_dead_processes_are_removed() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = seg_path(dead, 7);
+        let live = seg_path(my_pid(), 0xeeee_eeee);
+        std::fs::write(&stale, b"x").unwrap();
+        std::fs::write(&live, b"x").unwrap();
+        remove_stale();
+        assert!(std::fs::metadata(&stale).is_err(), "the dead pid's segment is gone");
+        assert!(std::fs::metadata(&live).is_ok(), "a live process's segment stays");
+        std::fs::remove_file(&live).unwrap();
+    }
+}

@@ -1,0 +1,148 @@
+//! RPCs on `sim` between two processes: the server runs in a child process (this test binary
+//! re-executed to run only the ignored `server_process` entry, with `RPC_SIM_SERVER_PROCESS=1`),
+//! the client here; every SEND and ring WRITE crosses the shared-memory host segments. The
+//! child prints its handshake address on stdout and serves until its stdin closes.
+//!
+//! Run: `cargo test -p rpc-core --test sim_two_process_rpc`.
+
+mod rpc_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use rpc_core::codegen::*;
+use rpc_core::Client;
+use rpc_support::*;
+
+const ENV: &str = "RPC_SIM_SERVER_PROCESS";
+const EAGER: u32 = 1024;
+const RING: u32 = 256 * 1024;
+
+/// The child's entry point (run by the tests below, never on its own).
+#[test]
+#[ignore = "the server side of the two-process tests; they run it in a child process"]
+fn server_process() {
+    if std::env::var(ENV).is_ok_and(|v| v == "1") {
+        let (server, _stash) = spawn(server().eager_threshold(EAGER).ring_bytes(RING));
+        println!("\nSERVER {}", server.local_addr());
+        // Serve until the parent closes our stdin (or kills us).
+        let mut line = String::new();
+        while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+            line.clear();
+        }
+        server.shutdown();
+    }
+}
+
+struct ServerProcess {
+    child: Child,
+    addr: std::net::SocketAddr,
+    /// Kept open: the child writes libtest's report to it when it exits.
+    _out: BufReader<std::process::ChildStdout>,
+}
+
+impl ServerProcess {
+    fn start() -> ServerProcess {
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut child = Command::new(exe)
+            .args(["--ignored", "--exact", "server_process", "--nocapture", "--test-threads=1"])
+            .env(ENV, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning the server process");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let addr = loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).expect("reading the server's stdout") > 0, "server exited");
+            if let Some(a) = line.trim().strip_prefix("SERVER ") {
+                break a.parse().expect("server address");
+            }
+        };
+        ServerProcess { child, addr, _out: out }
+    }
+
+    fn segments(&self) -> usize {
+        // `rpc-sim.<uid>.<pid>.<host id>`
+        let pid = self.child.id().to_string();
+        let ours = |name: &str| {
+            let f: Vec<&str> = name.split('.').collect();
+            f.len() == 4 && f[0] == "rpc-sim" && f[2] == pid
+        };
+        std::fs::read_dir("/dev/shm")
+            .map(|d| d.flatten().filter(|e| ours(&e.file_name().to_string_lossy())).count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client_for(s: &ServerProcess) -> Client {
+    Client::connect_with(s.addr, &client_config().eager_threshold(EAGER).ring_bytes(RING).window(16))
+        .expect("connect to the server process")
+}
+
+#[test]
+fn unary_calls_of_every_size_class_between_two_processes() {
+    let s = ServerProcess::start();
+    assert!(s.segments() >= 1, "the server process has its host segment");
+    let client = client_for(&s);
+    let sizes = [(0, 0), (32, 32), (EAGER as usize - 64, 100), (5000, 3), (100_000, 200_000), (200_000, 10)];
+    for (seq, (len, reply)) in sizes.into_iter().enumerate() {
+        let r: EchoMsg = client
+            .unary(ECHO, &request(seq as u64, len, reply), &CallOptions::default())
+            .unwrap_or_else(|e| panic!("call {seq} ({len} B request, {reply} B reply): {e}"));
+        check_reply(&r, seq as u64, reply);
+    }
+    // A window of async calls at once.
+    let futs: Vec<_> = (100..116u64)
+        .map(|i| client.unary_async::<_, EchoMsg>(ECHO, &request(i, 64, 64), &CallOptions::default()))
+        .collect();
+    for (i, f) in (100..116u64).zip(futs) {
+        check_reply(&block_on(f).unwrap(), i, 64);
+    }
+    drop(client);
+    let mut s = s;
+    drop(s.child.stdin.take());
+    let status = s.child.wait().expect("wait");
+    assert!(status.success(), "server exit status {status}");
+    assert_eq!(s.segments(), 0, "a normal exit leaves nothing in /dev/shm");
+}
+
+#[test]
+fn killed_server_process_fails_calls_in_flight_unavailable_and_its_segment_goes() {
+    let s = ServerProcess::start();
+    let client = client_for(&s);
+    check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    // Calls the handler keeps without answering, then the server process dies.
+    let futs: Vec<_> = (0..4u64)
+        .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 64, 0), &CallOptions::default()))
+        .collect();
+    for _ in 0..1000 {
+        client.progress();
+        std::thread::yield_now();
+    }
+    let mut s = s;
+    s.child.kill().expect("kill");
+    s.child.wait().expect("wait");
+    // A blocking call notices the dead peer (TCP liveness) and breaks the connection, which
+    // fails the calls in flight. (Polling only the futures would not: the runtime's future
+    // path checks liveness on idle steps it does not take; reported to the runtime owner.)
+    let err = client.unary::<_, EchoMsg>(ECHO, &request(2, 4, 4), &CallOptions::default()).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    for f in futs {
+        let err = block_on(f).unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err}");
+    }
+    // This process mapped the dead server's segment; its monitor removes the file.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while s.segments() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the killed server's segment is still in /dev/shm");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
