@@ -318,7 +318,17 @@ impl<P: Provider> ClientCore<P> {
         }
     }
 
+    /// Posts queued sends and due receive reposts. Inlined check first: an empty poll with
+    /// nothing queued (the common case while waiting) costs a few compares, not a call.
+    #[inline]
     fn flush(&mut self) {
+        if self.credit_return || !self.conn.sq.is_empty() || self.recv.pending_reposts() >= REPOST_BATCH {
+            self.flush_slow();
+        }
+    }
+
+    #[inline(never)]
+    fn flush_slow(&mut self) {
         if self.credit_return {
             self.credit_return = false;
             if self.conn.sq.is_empty()
@@ -531,6 +541,7 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// An empty poll: counted, and every [`LIVENESS_EVERY`] of them the TCP channel is checked.
+    #[inline]
     fn note_empty(&mut self) {
         self.idle.note_empty();
         if self.idle.empty_polls() % LIVENESS_EVERY == 0 {
@@ -547,6 +558,8 @@ impl<P: Provider> ClientCore<P> {
         });
     }
 
+    #[cold]
+    #[inline(never)]
     fn check_liveness(&mut self) {
         let mut b = [0u8; 1];
         match self.tcp.peek(&mut b) {
