@@ -5,7 +5,7 @@
 //! `cargo run --release -p rpc-core --example rpc_measure [ITERS]`
 //!
 //! For instruction counts (callgrind), `RPC_MEASURE_COUNT=N` runs only N blocking Echo calls and
-//! N blocking Fixed calls, both sides polling with yields (no time lost to spinning under
+//! N blocking Fixed calls, both sides waiting on completion events (no time lost to spinning under
 //! valgrind, which runs one thread at a time):
 //! `RPC_MEASURE_COUNT=20000 valgrind --tool=callgrind target/release/examples/rpc_measure`
 
