@@ -83,7 +83,11 @@ impl Idle {
     /// Counts an empty poll without waiting.
     #[inline]
     pub(crate) fn note_empty(&mut self) {
-        self.empty = self.empty.saturating_add(1);
+        // Past u32::MAX (minutes of busy polling) the count goes back to 2^31, not stuck at the
+        // maximum: periodic work keyed on `empty_polls() % N` (N a power of two up to 2^31: the
+        // client's liveness check, counter publishing) keeps its period, and the count stays
+        // above every spin threshold.
+        self.empty = self.empty.checked_add(1).unwrap_or(1 << 31);
     }
 
     /// Spins, yields or blocks per the policy and the empty polls counted so far. `wait` blocks on
@@ -113,6 +117,25 @@ impl Idle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wait that lasts beyond u32::MAX empty polls (a few minutes of busy polling) still runs
+    /// the work keyed on `empty_polls() % N` (the client's TCP liveness check every 4096). Before
+    /// the fix the count saturated at u32::MAX, where `% 4096` is 4095 forever: a client blocked
+    /// that long never noticed its server die.
+    #[test]
+    fn periodic_checks_survive_the_empty_poll_count_overflowing() {
+        let mut idle = Idle::new(PollingPolicy::SpinThenYield { spins: 100 });
+        idle.empty = u32::MAX - 5000;
+        let mut checks = 0;
+        for _ in 0..20_000 {
+            idle.note_empty();
+            if idle.empty_polls() % 4096 == 0 {
+                checks += 1;
+            }
+            assert!(idle.empty_polls() > 100, "still past the spin phase");
+        }
+        assert!(checks >= 4, "{checks} liveness checks in 20000 empty polls");
+    }
 
     #[test]
     fn parses_cli_forms() {

@@ -1,7 +1,7 @@
 //! The client's connection, generic over the provider: its own CQ, SRQ, QP, rings and session,
 //! driven by the calling thread (no other thread, no cross-thread hop).
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,10 @@ const TAG: u32 = 1;
 const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
 const LIVENESS_EVERY: u32 = 4096;
+/// Empty polls of a waiting call after which responses held in the ring for calls not yet taken
+/// are copied out and their ring space freed (the server may be waiting for that space to answer
+/// the call being waited for; futures may be awaited in any order).
+const UNPIN_RING_AFTER: u32 = 256;
 
 /// Where a response's body is, held until the caller takes it.
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +49,8 @@ pub(crate) enum BodyRef {
 #[derive(Debug)]
 pub(crate) enum Answer {
     Ok(BodyRef),
+    /// A ring body copied out because another call waited for the ring space it held.
+    Copied(Vec<u8>),
     Err(Status),
 }
 
@@ -106,6 +112,14 @@ impl<P: Provider> ClientCore<P> {
                 cfg.ring_bytes
             )));
         }
+        if let Some(t) = cfg.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
+            // It would not fit the handshake frame (beyond 64 KiB its length field even wraps).
+            return Err(Status::invalid_argument(format!(
+                "ClientConfig::auth_token is {} bytes, at most {}",
+                t.len(),
+                crate::wire::MAX_AUTH_TOKEN
+            )));
+        }
         let span = tracing::info_span!("connect", transport = P::NAME);
         let _entered = span.enter();
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
@@ -117,7 +131,8 @@ impl<P: Provider> ClientCore<P> {
             .map_err(unavailable)?;
         let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
             .map_err(unavailable)?;
-        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, dev.ctx.attr().max_inline_data)
+        let attr = dev.ctx.attr();
+        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr)
             .map_err(unavailable)?;
         let ring = RingBuf::<P>::receive(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
         let local = dev.endpoint(&qp);
@@ -195,6 +210,7 @@ impl<P: Provider> ClientCore<P> {
         rc::connect(&qp, &dev.rc, &local, &remote)
             .map_err(|e| unavailable(format!("connecting the QP: {e}")))?;
         let qp_inline = qp.cap().max_inline_data;
+        let sq_depth = qp.cap().max_send_wr as usize;
         tcp.set_nonblocking(true).map_err(unavailable)?;
         let params = SessionParams {
             id: reply.session,
@@ -212,7 +228,7 @@ impl<P: Provider> ClientCore<P> {
                 pool,
                 ring,
                 mirror,
-                sq: SendQueue::new(usize::from(bufs) * 2 + 8),
+                sq: SendQueue::new(sq_depth),
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
@@ -288,8 +304,10 @@ impl<P: Provider> ClientCore<P> {
                 let o = off as usize;
                 let mut dst = &mut self.conn.mirror.bytes_mut()[o..o + len];
                 req.encode_raw(&mut dst);
-                // A body shorter than announced keeps its reserved length (zero padding would not
-                // decode the same): send what was reserved, as the ring accounting requires.
+                // A body shorter than announced keeps its reserved length, as the ring accounting
+                // requires; the gap is zeroed (a zero tag never decodes: the server answers
+                // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
+                dst.fill(0);
                 BodyAt::Ring { offset: off, len: len as u32 }
             }
         };
@@ -331,10 +349,9 @@ impl<P: Provider> ClientCore<P> {
     fn flush_slow(&mut self) {
         if self.credit_return {
             self.credit_return = false;
-            if self.conn.sq.is_empty()
-                && self.slots.in_flight() > 0
-                && self.conn.session.unreported_ring_bytes() > 0
-            {
+            // Messages are stamped with the freed head when queued: bytes still unreported are
+            // carried by none of the pending ones (they were queued before the release).
+            if self.slots.in_flight() > 0 && self.conn.session.unreported_ring_bytes() > 0 {
                 if let Some(b) = self.conn.pool.acquire() {
                     self.conn.queue(b, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
                 }
@@ -488,6 +505,9 @@ impl<P: Provider> ClientCore<P> {
     fn finish<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
         let r = match a {
             Answer::Err(s) => Err(s),
+            Answer::Copied(bytes) => R::decode(&bytes[..]).map_err(|e| {
+                Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+            }),
             Answer::Ok(body) => {
                 let bytes: &[u8] = match body {
                     BodyRef::Eager { buf, len } => self
@@ -561,9 +581,11 @@ impl<P: Provider> ClientCore<P> {
     #[cold]
     #[inline(never)]
     fn check_liveness(&mut self) {
-        let mut b = [0u8; 1];
-        match self.tcp.peek(&mut b) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
+        // dropped; a peek would see them forever and never notice the connection closing.
+        let mut b = [0u8; 64];
+        match (&self.tcp).read(&mut b) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
             Ok(n) if n > 0 => {}
             _ => {
                 // Let what already arrived (a Close, responses) be handled first.
@@ -585,6 +607,9 @@ impl<P: Provider> ClientCore<P> {
             }
         } else {
             self.note_empty();
+            if self.idle.empty_polls() % UNPIN_RING_AFTER == 0 {
+                self.unpin_ring();
+            }
         }
         if let Some(d) = id.deadline {
             if Instant::now() >= d {
@@ -594,6 +619,24 @@ impl<P: Provider> ClientCore<P> {
             }
         }
         None
+    }
+
+    /// Copies the ring bodies of finished calls not yet taken to the heap and frees their ring
+    /// space (an allocation on a stall path only).
+    fn unpin_ring(&mut self) {
+        let mut freed = false;
+        for a in self.slots.done_results_mut() {
+            if let Answer::Ok(BodyRef::Ring { token, offset, len }) = *a {
+                let bytes = self.conn.ring.bytes()[offset as usize..(offset + len) as usize].to_vec();
+                self.conn.session.release(token);
+                *a = Answer::Copied(bytes);
+                freed = true;
+            }
+        }
+        if freed {
+            self.credit_return = true;
+            self.flush();
+        }
     }
 
     /// Blocks (busy-polling per policy) until the call finishes.

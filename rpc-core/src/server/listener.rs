@@ -2,11 +2,11 @@
 //! and buffers on the least-loaded worker, hands it over through the worker's control queue, and
 //! watches the TCP connections as the liveness and teardown channel.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
@@ -20,9 +20,9 @@ use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, PROTOCOL_VERSION,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
 };
-use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, Conn};
+use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, srq_need, Conn};
 use crate::worker::counters::SharedCounters;
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 
@@ -71,6 +71,7 @@ pub(super) fn start<P: Provider>(
             counters: Arc::new(SharedCounters::default()),
             draining: draining.clone(),
             sessions: AtomicUsize::new(0),
+            srq_reserved: AtomicU32::new(0),
             closed: closed.clone(),
             pd,
             cq,
@@ -94,10 +95,21 @@ pub(super) fn start<P: Provider>(
     }
     tcp.set_nonblocking(true).map_err(|e| ServerError::Listen { addr: local_addr.to_string(), source: e })?;
     let stop = stop_listener.clone();
+    let shutting_down = draining.clone();
     let listener = std::thread::Builder::new()
         .name("rpc-listener".into())
         .spawn(move || {
-            Listener { config, dev, workers: shared_all, closed, conns: Vec::new(), stop }.run(tcp)
+            Listener {
+                config,
+                dev,
+                workers: shared_all,
+                closed,
+                conns: Vec::new(),
+                handshakes: Vec::new(),
+                stop,
+                draining: shutting_down,
+            }
+            .run(tcp)
         })
         .map_err(|e| ServerError::Thread { what: "listener", source: e })?;
     tracing::info!(%local_addr, transport = P::NAME, workers = joins.len(), "server listening");
@@ -118,7 +130,12 @@ struct Listener<P: Provider> {
     closed: Arc<ArrayQueue<u32>>,
     /// Live sessions: (session id, worker index, TCP stream).
     conns: Vec<(u32, usize, TcpStream)>,
+    /// Accepted connections whose handshake frame is still arriving (read without blocking, so
+    /// a slow or silent peer holds up nobody).
+    handshakes: Vec<PendingHandshake>,
     stop: Arc<AtomicBool>,
+    /// Set by shutdown: no new sessions (a worker may already have stopped).
+    draining: Arc<AtomicBool>,
 }
 
 impl<P: Provider> Listener<P> {
@@ -128,13 +145,12 @@ impl<P: Provider> Listener<P> {
             match tcp.accept() {
                 Ok((stream, peer)) => {
                     busy = true;
-                    if let Err(e) = self.setup(stream, peer) {
-                        tracing::info!(%peer, error = %e, "connection refused");
-                    }
+                    self.admit(stream, peer);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => tracing::warn!(error = %e, "accept failed"),
             }
+            busy |= self.advance_handshakes();
             while let Some(session) = self.closed.pop() {
                 self.conns.retain(|c| c.0 != session);
             }
@@ -144,14 +160,65 @@ impl<P: Provider> Listener<P> {
             }
         }
         self.conns.clear();
+        self.handshakes.clear();
         tracing::info!("server stopped");
     }
 
+    /// Starts reading the handshake of an accepted connection (without blocking).
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
+        if let Err(e) = stream.set_nonblocking(true) {
+            tracing::info!(%peer, error = %e, "connection dropped");
+            return;
+        }
+        let _ = stream.set_nodelay(true);
+        if self.handshakes.len() >= MAX_PENDING_HANDSHAKES {
+            let oldest = self.handshakes.remove(0);
+            tracing::info!(peer = %oldest.peer, "too many handshakes in progress: the oldest dropped");
+        }
+        self.handshakes.push(PendingHandshake { stream, peer, since: Instant::now(), buf: Vec::new() });
+    }
+
+    /// Reads what arrived of every pending handshake; sets up the sessions whose frame is complete
+    /// and drops the connections that closed or ran out of `handshake_timeout`. Returns whether
+    /// anything happened.
+    fn advance_handshakes(&mut self) -> bool {
+        let mut progressed = false;
+        let mut i = 0;
+        while i < self.handshakes.len() {
+            match self.handshakes[i].step() {
+                HandshakeStep::Wait => {
+                    if self.handshakes[i].since.elapsed() >= self.config.handshake_timeout {
+                        let hs = self.handshakes.swap_remove(i);
+                        tracing::info!(peer = %hs.peer, "connection refused: no handshake within handshake_timeout");
+                    } else {
+                        i += 1;
+                    }
+                }
+                HandshakeStep::Gone(why) => {
+                    let hs = self.handshakes.swap_remove(i);
+                    tracing::info!(peer = %hs.peer, error = %why, "connection closed during the handshake");
+                    progressed = true;
+                }
+                HandshakeStep::Frame(frame) => {
+                    let hs = self.handshakes.swap_remove(i);
+                    progressed = true;
+                    let peer = hs.peer;
+                    if let Err(e) = self.setup(hs.stream, peer, frame) {
+                        tracing::info!(%peer, error = %e, "connection refused");
+                    }
+                }
+            }
+        }
+        progressed
+    }
+
     fn check_liveness(&mut self) {
-        let mut byte = [0u8; 1];
+        // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
+        // dropped; a peek would see them forever and never notice the connection closing.
+        let mut junk = [0u8; 64];
         let workers = &self.workers;
-        self.conns.retain(|(session, w, stream)| match stream.peek(&mut byte) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock => true,
+        self.conns.retain(|(session, w, stream)| match (&*stream).read(&mut junk) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => true,
             Ok(n) if n > 0 => true,
             _ => {
                 tracing::info!(session, "peer disconnected");
@@ -169,14 +236,18 @@ impl<P: Provider> Listener<P> {
         status
     }
 
-    fn setup(&mut self, mut stream: TcpStream, peer: SocketAddr) -> Result<(), Status> {
+    fn setup(
+        &mut self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        frame: Result<Frame, FrameError>,
+    ) -> Result<(), Status> {
         let span = tracing::info_span!("connect", %peer, transport = P::NAME);
         let _entered = span.enter();
         let io = |e: std::io::Error| Status::unavailable(format!("handshake with {peer}: {e}"));
         stream.set_nonblocking(false).map_err(io)?;
-        stream.set_read_timeout(Some(self.config.handshake_timeout)).map_err(io)?;
-        let _ = stream.set_nodelay(true);
-        let hello = match read_frame(&mut stream) {
+        stream.set_write_timeout(Some(self.config.handshake_timeout)).map_err(io)?;
+        let hello = match frame {
             Ok(Frame::Handshake(h)) => h,
             Ok(Frame::Refusal(r)) => return Err(Status::new(r.code, r.message)),
             Err(FrameError::Wire(e)) => {
@@ -187,6 +258,9 @@ impl<P: Provider> Listener<P> {
             }
             Err(e) => return Err(Status::unavailable(format!("handshake with {peer}: {e}"))),
         };
+        if self.draining.load(Ordering::Acquire) {
+            return Err(Self::refuse(&mut stream, Status::unavailable("server is shutting down")));
+        }
         if let Some(token) = &self.config.auth_token {
             if &hello.auth_token != token {
                 return Err(Self::refuse(
@@ -209,12 +283,15 @@ impl<P: Provider> Listener<P> {
             .enumerate()
             .min_by_key(|(_, w)| w.sessions.load(Ordering::Relaxed))
             .expect("at least one worker");
-        let on_worker = w.sessions.load(Ordering::Relaxed) as u64 + 1;
-        if on_worker * (2 * u64::from(credits) + 1) > u64::from(self.config.srq_depth) {
+        // The sessions of a worker may have different credits: what they reserve is summed.
+        let reserved = w.srq_reserved.load(Ordering::Relaxed);
+        let need = srq_need(credits);
+        if u64::from(reserved) + u64::from(need) > u64::from(self.config.srq_depth) {
             return Err(Self::refuse(
                 &mut stream,
                 Status::resource_exhausted(format!(
-                    "srq_depth {} cannot hold {on_worker} sessions of {credits} credits on one worker",
+                    "srq_depth {} cannot hold another session of {credits} credits ({need} receive \
+                     WQEs) on a worker whose sessions reserve {reserved}",
                     self.config.srq_depth
                 )),
             ));
@@ -245,6 +322,7 @@ impl<P: Provider> Listener<P> {
             auth_token: Vec::new(),
         };
         w.sessions.fetch_add(1, Ordering::Relaxed);
+        w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         push(&w.control, Control::Open(Box::new(NewConn { conn: conn.0, session, peer })));
         if let Err(e) = write_frame(&mut stream, &Frame::Handshake(reply)) {
             push(&w.control, Control::Close(session));
@@ -268,9 +346,11 @@ impl<P: Provider> Listener<P> {
         let verbs =
             |e: crate::verbs::VerbsError| Status::resource_exhausted(format!("creating the session: {e}"));
         let bufs = send_bufs_for(credits);
-        let qp =
-            create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs, self.dev.ctx.attr().max_inline_data).map_err(verbs)?;
+        let attr = self.dev.ctx.attr();
+        let qp = create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs, attr.max_inline_data, attr.max_qp_wr)
+            .map_err(verbs)?;
         let max_inline = qp.cap().max_inline_data;
+        let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
         let pool = SendPool::<P>::new(&w.pd, bufs, HEADER_LEN + body_cap).map_err(verbs)?;
         let ring = RingBuf::<P>::receive(&w.pd, self.config.ring_bytes as usize).map_err(verbs)?;
@@ -295,13 +375,58 @@ impl<P: Provider> Listener<P> {
             pool,
             ring,
             mirror,
-            sq: SendQueue::new(usize::from(bufs) * 2 + 8),
+            sq: SendQueue::new(sq_depth),
             session: Session::new(Role::Server, params),
             peer_ring: (hello.ring_addr, hello.ring_rkey),
             body_cap,
             max_inline,
         };
         Ok((conn, local, remote_ring))
+    }
+}
+
+/// Most handshakes in progress at once; a new connection beyond it drops the oldest.
+const MAX_PENDING_HANDSHAKES: usize = 64;
+
+/// An accepted connection whose handshake frame is still arriving.
+struct PendingHandshake {
+    stream: TcpStream,
+    peer: SocketAddr,
+    since: Instant,
+    /// The frame's bytes so far (at most 3 + [`MAX_FRAME`]).
+    buf: Vec<u8>,
+}
+
+enum HandshakeStep {
+    /// More bytes are needed.
+    Wait,
+    /// The connection closed or failed.
+    Gone(String),
+    /// The whole frame arrived (or its header is invalid).
+    Frame(Result<Frame, FrameError>),
+}
+
+impl PendingHandshake {
+    /// Reads what is available, up to the end of the frame (never past it).
+    fn step(&mut self) -> HandshakeStep {
+        let mut chunk = [0u8; 256];
+        loop {
+            let want = match self.buf.get(1..3) {
+                Some(l) => 3 + usize::from(u16::from_le_bytes([l[0], l[1]])),
+                None => 3,
+            };
+            if self.buf.len() >= want || (self.buf.len() >= 3 && want - 3 > MAX_FRAME) {
+                return HandshakeStep::Frame(read_frame(&mut self.buf.as_slice()));
+            }
+            let n = (want - self.buf.len()).min(chunk.len());
+            match (&self.stream).read(&mut chunk[..n]) {
+                Ok(0) => return HandshakeStep::Gone("closed by the peer".into()),
+                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return HandshakeStep::Wait,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return HandshakeStep::Gone(e.to_string()),
+            }
+        }
     }
 }
 

@@ -95,6 +95,7 @@ pub struct ServerConfig {
     pub credits_per_session: u16,
     /// Sessions over all workers. Default 256 (each holds a receive ring, a send mirror and send
     /// buffers: about 2 × `ring_bytes` + 72 × (`eager_threshold` + 36) bytes at default credits).
+    /// Valid range: 1 ..= 32767 per worker.
     pub max_sessions: usize,
     /// Bodies up to this many bytes travel in the SEND; larger ones by RDMA WRITE into the ring.
     /// Default 4096 bytes. The agreed value is the smaller of server's and client's.
@@ -153,9 +154,28 @@ impl ServerConfig {
         if self.max_sessions == 0 {
             return bad("max_sessions", "0".into());
         }
+        if let Some(t) = self.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
+            // No client could present it: every handshake would be refused.
+            return bad("auth_token", format!("{} bytes, at most {}", t.len(), crate::wire::MAX_AUTH_TOKEN));
+        }
+        // A worker numbers its sessions in 15 bits (the connection tag in a send `wr_id`).
+        let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1));
+        if per_worker > MAX_SESSIONS_PER_WORKER {
+            return bad(
+                "max_sessions",
+                format!(
+                    "{} over {} worker(s) is {per_worker} per worker, above {MAX_SESSIONS_PER_WORKER}",
+                    self.max_sessions,
+                    self.worker_cores.len().max(1)
+                ),
+            );
+        }
         Ok(())
     }
 }
+
+/// Most sessions one worker serves (its session index and generation share a 31-bit tag).
+const MAX_SESSIONS_PER_WORKER: usize = 0x7fff;
 
 /// Entry point: `Server::builder()`.
 pub struct Server;

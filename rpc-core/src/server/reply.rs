@@ -5,7 +5,8 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::ThreadId;
 use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
@@ -55,11 +56,38 @@ pub(crate) struct DeferQueue {
     pub(crate) queue: ArrayQueue<Deferred>,
     /// Set when the worker stops: answers are dropped instead of queued.
     pub(crate) closed: AtomicBool,
+    /// The worker thread, which empties the queue: it cannot wait for room in it (a handler that
+    /// answers its own deferred call inline while the queue is full).
+    pub(crate) worker: OnceLock<ThreadId>,
+    /// Answers the worker thread gave while the queue was full (a lock and an allocation on that
+    /// stall only); `overflowed` says when there are some.
+    pub(crate) overflow: Mutex<Vec<Deferred>>,
+    pub(crate) overflowed: AtomicBool,
 }
 
 impl DeferQueue {
     pub(crate) fn new(capacity: usize) -> Arc<DeferQueue> {
-        Arc::new(DeferQueue { queue: ArrayQueue::new(capacity.max(1)), closed: AtomicBool::new(false) })
+        Arc::new(DeferQueue {
+            queue: ArrayQueue::new(capacity.max(1)),
+            closed: AtomicBool::new(false),
+            worker: OnceLock::new(),
+            overflow: Mutex::new(Vec::new()),
+            overflowed: AtomicBool::new(false),
+        })
+    }
+
+    /// Takes the answers the worker thread put aside while the queue was full.
+    pub(crate) fn take_overflow(&self) -> Vec<Deferred> {
+        // A plain load first: the common case (nothing put aside) writes nothing.
+        if !self.overflowed.load(Ordering::Acquire) || !self.overflowed.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.overflow.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// True when no answer waits (in the queue or put aside).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty() && !self.overflowed.load(Ordering::Acquire)
     }
 
     fn push(&self, mut d: Deferred) {
@@ -70,6 +98,12 @@ impl DeferQueue {
             match self.queue.push(d) {
                 Ok(()) => return,
                 Err(back) => {
+                    if self.worker.get() == Some(&std::thread::current().id()) {
+                        // Waiting would wait for ourselves: put it aside for the worker's next look.
+                        self.overflow.lock().unwrap_or_else(|e| e.into_inner()).push(back);
+                        self.overflowed.store(true, Ordering::Release);
+                        return;
+                    }
                     d = back;
                     std::thread::yield_now();
                 }
@@ -205,12 +239,20 @@ pub(crate) fn encode_body<M: Message>(
     // `dst` is exactly `encoded_len()` bytes: encode without prost measuring the message again.
     msg.encode_raw(&mut dst);
     if dst.is_empty() {
-        outcome
-    } else {
-        Outcome::Error(Status::internal(format!(
+        return outcome;
+    }
+    match outcome {
+        // The ring space is reserved: the body must be sent at its reserved length or the next
+        // ring body lands off the peer's expected offset. The gap is zeroed (a zero tag never
+        // decodes: the peer fails cleanly instead of reading stale bytes).
+        Outcome::Ring { .. } => {
+            dst.fill(0);
+            outcome
+        }
+        _ => Outcome::Error(Status::internal(format!(
             "{} encoded shorter than its encoded_len",
             std::any::type_name::<M>()
-        )))
+        ))),
     }
 }
 

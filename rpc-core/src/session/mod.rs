@@ -74,8 +74,9 @@ pub struct Session {
     params: SessionParams,
     producer: RingProducer,
     consumer: RingConsumer,
-    /// Server: requests received and not yet answered.
-    unanswered: u16,
+    /// Server: requests received and not yet answered, as (slot, generation); at most `credits`
+    /// entries (allocated once). An answer for a call not listed here is a duplicate.
+    unanswered: Vec<(u16, u32)>,
     closed: bool,
 }
 
@@ -87,7 +88,10 @@ impl Session {
             params,
             producer: RingProducer::new(params.peer_ring_len),
             consumer: RingConsumer::new(params.own_ring_len, params.max_held.max(1)),
-            unanswered: 0,
+            unanswered: match role {
+                Role::Server => Vec::with_capacity(usize::from(params.credits)),
+                Role::Client => Vec::new(),
+            },
             closed: false,
         }
     }
@@ -104,7 +108,12 @@ impl Session {
 
     /// Server: requests received and not yet answered.
     pub fn unanswered(&self) -> u16 {
-        self.unanswered
+        self.unanswered.len() as u16
+    }
+
+    /// Server: whether the request `(slot, generation)` was received and not yet answered.
+    pub fn is_unanswered(&self, slot: u16, generation: u32) -> bool {
+        self.unanswered.contains(&(slot, generation))
     }
 
     /// True once a Close was received or sent.
@@ -151,9 +160,27 @@ impl Session {
         h.freed_head = self.consumer.take_freed();
     }
 
-    /// Server: a response is being sent for one request (returns its credit).
+    /// Server: a response is being sent for one request, the oldest unanswered (returns its
+    /// credit). The runtime names the call with [`Session::on_answer_for`], which also refuses a
+    /// second answer.
     pub fn on_answer(&mut self) {
-        self.unanswered = self.unanswered.saturating_sub(1);
+        if !self.unanswered.is_empty() {
+            self.unanswered.remove(0);
+        }
+    }
+
+    /// Server: a response is being sent for the request `(slot, generation)` (returns its
+    /// credit). Returns false, changing nothing, when that request is not waiting for an answer
+    /// (a second answer to one call, e.g. a deferred one after the handler also answered or
+    /// panicked): such an answer must not be sent.
+    pub fn on_answer_for(&mut self, slot: u16, generation: u32) -> bool {
+        match self.unanswered.iter().position(|&c| c == (slot, generation)) {
+            Some(i) => {
+                self.unanswered.swap_remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Bytes of our ring freed since a header last told the peer.
@@ -179,7 +206,7 @@ impl Session {
         }
         match (self.role, h.kind) {
             (Role::Server, Kind::Request) => {
-                if self.unanswered >= self.params.credits {
+                if self.unanswered.len() >= usize::from(self.params.credits) {
                     return Err("request beyond the granted credits");
                 }
             }
@@ -200,7 +227,7 @@ impl Session {
             None
         };
         match h.kind {
-            Kind::Request => self.unanswered += 1,
+            Kind::Request => self.unanswered.push((h.slot, h.generation)),
             Kind::Close => self.closed = true,
             _ => {}
         }

@@ -182,6 +182,12 @@ impl<T> CallSlots<T> {
         s.result.take()
     }
 
+    /// The results of finished calls not yet taken by their callers, mutable (their owner may move
+    /// what they hold, e.g. copy a body out of a ring so the ring can be freed).
+    pub fn done_results_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
+        self.slots.iter_mut().filter(|s| s.state == SlotState::Done).filter_map(|s| s.result.as_mut())
+    }
+
     /// The caller gives up on `(slot, generation)` (deadline passed, future dropped). Returns the
     /// stored result when the response had already arrived (the caller releases its buffers).
     pub fn abandon(&mut self, slot: u16, generation: u32) -> Option<T> {

@@ -153,7 +153,7 @@ impl Pair {
             unmark(&mut self.server_ring, req.ring_offset, req.body_len, req.method)?;
             self.server.release(t);
         }
-        self.server.on_answer();
+        assert!(self.server.on_answer_for(req.slot, req.generation));
         self.server.stamp(&mut h);
         self.to_client.push_back(h);
         Ok(())

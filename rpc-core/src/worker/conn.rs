@@ -20,21 +20,32 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves (`2 × credits + 1`): its
+/// requests in flight plus its control messages. The sessions of one worker together reserve at
+/// most the SRQ depth, so flow control never leans on RNR.
+pub(crate) fn srq_need(credits: u16) -> u32 {
+    2 * u32::from(credits) + 1
+}
+
 /// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the
 /// send buffer, and the buffer is free again as soon as it is posted).
 pub(crate) const MAX_INLINE: u32 = 256;
 
 /// Creates an RC QP on `cq` (send and receive) and `srq`, able to post every buffer twice
-/// (a WRITE and a SEND per message), with up to `max_inline` bytes of inline data.
+/// (a WRITE and a SEND per message) up to the device's `max_qp_wr`, with up to `max_inline`
+/// bytes of inline data. Size the connection's [`crate::buffers::SendQueue`] by the created QP's
+/// `max_send_wr`.
 pub(crate) fn create_qp<P: Provider>(
     pd: &P::ProtectionDomain,
     cq: &P::CompletionQueue,
     srq: &P::SharedReceiveQueue,
     send_bufs: u16,
     max_inline: u32,
+    max_qp_wr: u32,
 ) -> Result<P::QueuePair> {
     let cap = QpCap {
-        max_send_wr: u32::from(send_bufs) * 2 + 8,
+        // The most credits (4096) would ask 16 408 WQEs, above common devices' 16 384.
+        max_send_wr: (u32::from(send_bufs) * 2 + 8).min(max_qp_wr.max(1)),
         max_recv_wr: 1,
         max_send_sge: 1,
         max_recv_sge: 1,

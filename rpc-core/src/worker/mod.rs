@@ -12,7 +12,7 @@ pub(crate) mod counters;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,8 @@ pub(crate) struct WorkerShared<P: Provider> {
     /// Set by shutdown: answer new requests UNAVAILABLE, finish the others, then stop.
     pub(crate) draining: Arc<AtomicBool>,
     pub(crate) sessions: AtomicUsize,
+    /// SRQ receive WQEs reserved by the live sessions ([`conn::srq_need`] each).
+    pub(crate) srq_reserved: AtomicU32,
     /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
     pub(crate) closed: Arc<ArrayQueue<u32>>,
     pub(crate) pd: P::ProtectionDomain,
@@ -159,6 +161,7 @@ impl<P: Provider> Worker<P> {
 
     /// Runs until shutdown has drained every session.
     pub(crate) fn run(mut self) {
+        let _ = self.shared.defer.worker.set(std::thread::current().id());
         let mut idle = Idle::new(self.limits.polling);
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
@@ -229,7 +232,7 @@ impl<P: Provider> Worker<P> {
 
     fn drained(&self) -> bool {
         self.slots.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
-            && self.shared.defer.queue.is_empty()
+            && self.shared.defer.is_empty()
     }
 
     #[inline(never)]
@@ -252,6 +255,9 @@ impl<P: Provider> Worker<P> {
         let Some(idx) = self.slots.iter().position(Option::is_none) else {
             tracing::warn!(worker = self.shared.index, session = nc.session, "no free session slot; closing");
             let _ = self.shared.closed.push(nc.session);
+            self.shared
+                .srq_reserved
+                .fetch_sub(conn::srq_need(nc.conn.session.params().credits), Ordering::Relaxed);
             self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
             return;
         };
@@ -287,6 +293,9 @@ impl<P: Provider> Worker<P> {
             let _ = self.shared.closed.push(slot.session);
         }
         self.counters.sessions_closed += 1;
+        self.shared
+            .srq_reserved
+            .fetch_sub(conn::srq_need(slot.conn.session.params().credits), Ordering::Relaxed);
         self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
         drop(slot);
     }
@@ -319,17 +328,24 @@ impl<P: Provider> Worker<P> {
     #[inline(never)]
     fn drain_deferred(&mut self) {
         while let Some(d) = self.shared.defer.queue.pop() {
-            let Some((idx, slot)) = self.slot_by_tag(d.conn) else { continue };
-            let header = Header {
-                slot: d.slot,
-                generation: d.generation,
-                method: d.method,
-                credits: 1,
-                ..Header::new(Kind::Response)
-            };
-            slot.backlog.push_back(Spill { header, body: d.result });
-            self.try_backlog(idx);
+            self.deliver_deferred(d);
         }
+        for d in self.shared.defer.take_overflow() {
+            self.deliver_deferred(d);
+        }
+    }
+
+    fn deliver_deferred(&mut self, d: crate::server::reply::Deferred) {
+        let Some((idx, slot)) = self.slot_by_tag(d.conn) else { return };
+        let header = Header {
+            slot: d.slot,
+            generation: d.generation,
+            method: d.method,
+            credits: 1,
+            ..Header::new(Kind::Response)
+        };
+        slot.backlog.push_back(Spill { header, body: d.result });
+        self.try_backlog(idx);
     }
 
     fn mark_dirty(&mut self, idx: u16) {
@@ -346,6 +362,20 @@ impl<P: Provider> Worker<P> {
         let Some(slot) = self.slots[idx as usize].as_mut() else { return };
         let mut sent = false;
         while let Some(sp) = slot.backlog.front() {
+            if sp.header.kind == Kind::Response
+                && !slot.conn.session.is_unanswered(sp.header.slot, sp.header.generation)
+            {
+                // A second answer to one call (a deferred responder after the handler answered
+                // or panicked): the client has its answer already; sending this one would make it
+                // close the session.
+                tracing::debug!(
+                    session = slot.session,
+                    call_slot = sp.header.slot,
+                    "second answer to one call dropped"
+                );
+                slot.backlog.pop_front();
+                continue;
+            }
             let Some(buf) = slot.conn.pool.acquire() else { break };
             let mut header = sp.header;
             let body = match &sp.body {
@@ -367,7 +397,7 @@ impl<P: Provider> Worker<P> {
                 }
             };
             if header.kind == Kind::Response {
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer_for(header.slot, header.generation);
                 self.counters.rpcs += 1;
                 self.counters.status(header.status);
                 let (BodyAt::Ring { len, .. } | BodyAt::Eager(len)) = body;
@@ -389,7 +419,9 @@ impl<P: Provider> Worker<P> {
             slot.dirty = false;
             if slot.credit_return {
                 slot.credit_return = false;
-                if slot.conn.sq.is_empty() && slot.conn.session.unreported_ring_bytes() > 0 {
+                // Messages are stamped with the freed head when queued: bytes still unreported are
+                // carried by none of the pending ones (they were queued before the release).
+                if slot.conn.session.unreported_ring_bytes() > 0 {
                     if let Some(buf) = slot.conn.pool.acquire() {
                         slot.conn.queue(buf, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
                     }
@@ -567,7 +599,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Eager(n), Some(b)) => {
                 counters.bytes_out += u64::from(n);
                 slot.conn.queue(b, header, BodyAt::Eager(n));
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -576,7 +608,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Ring { offset, len }, Some(b)) => {
                 counters.bytes_out += u64::from(len);
                 slot.conn.queue(b, header, BodyAt::Ring { offset, len });
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -586,7 +618,7 @@ impl<P: Provider> Worker<P> {
                 status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
                 let body = slot.conn.copy_body(b, s.message().as_bytes(), None);
                 slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
@@ -596,7 +628,7 @@ impl<P: Provider> Worker<P> {
                 status = Code::Internal;
                 let body = slot.conn.copy_body(b, b"handler returned no answer", None);
                 slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer();
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 counters.rpcs += 1;
                 counters.status(status);
                 queued = true;
