@@ -175,7 +175,8 @@ impl<P: Provider> Worker<P> {
                 if !self.shared.control.is_empty() {
                     self.drain_control();
                 }
-                if !self.shared.defer.queue.is_empty() {
+                // The queue and the answers put aside when it was full (review2's overflow).
+                if !self.shared.defer.is_empty() {
                     self.drain_deferred();
                 }
             }
