@@ -375,7 +375,12 @@ impl SendQueue {
         }
         self.outstanding += n;
         self.unsignaled = if signal { 0 } else { unsignaled };
-        self.pending.drain(..n);
+        if n == self.pending.len() {
+            // The usual case (one batch): no drain bookkeeping for `Copy` entries.
+            self.pending.clear();
+        } else {
+            self.pending.drain(..n);
+        }
         Ok(())
     }
 
