@@ -3,6 +3,11 @@
 //! and one server worker. Two pinned busy-polling threads: run it on an otherwise idle machine.
 //!
 //! `cargo run --release -p rpc-core --example rpc_measure [ITERS]`
+//!
+//! For instruction counts (callgrind), `RPC_MEASURE_COUNT=N` runs only N blocking Echo calls and
+//! N blocking Fixed calls, both sides waiting on completion events (no time lost to spinning under
+//! valgrind, which runs one thread at a time):
+//! `RPC_MEASURE_COUNT=20000 valgrind --tool=callgrind target/release/examples/rpc_measure`
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -217,6 +222,9 @@ fn main() {
             .unwrap()
     };
     pin(0);
+    if let Some(n) = std::env::var("RPC_MEASURE_COUNT").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return count_only(n);
+    }
     let req = Blob { data: vec![7u8; 30] }; // 32 bytes encoded
     assert_eq!(req.encoded_len(), 32);
     let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
@@ -303,6 +311,32 @@ fn main() {
         "  client counters: rpcs {} credit stalls {} ring-full stalls {} rnr {}",
         c.rpcs, c.credit_stalls, c.ring_full_stalls, c.rnr_events
     );
+    drop(client);
+    server.shutdown();
+}
+
+/// `RPC_MEASURE_COUNT=N`: N blocking Echo (32-byte `Vec` body) and N blocking Fixed calls, one
+/// session, both sides `Event { spins: 0 }` (an idle side blocks, so empty polls stay few and steady), for instruction counts per RPC.
+fn count_only(n: usize) {
+    let server = Server::builder()
+        .worker_cores(vec![1])
+        .polling(PollingPolicy::Event { spins: 0 })
+        .add_service(EchoService)
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let cfg = ClientConfig::default().window(32).polling(PollingPolicy::Event { spins: 0 });
+    let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
+    let req = Blob { data: vec![7u8; 30] };
+    let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
+    for _ in 0..n {
+        let r: Blob = client.unary(ECHO, &req, &CallOptions::default()).unwrap();
+        assert_eq!(r, req);
+    }
+    for _ in 0..n {
+        let r: Fixed = client.unary(FIXED, &fixed, &CallOptions::default()).unwrap();
+        assert_eq!(r.a, 2);
+    }
+    println!("{} RPCs", client.counters().rpcs);
     drop(client);
     server.shutdown();
 }

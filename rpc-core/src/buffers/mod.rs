@@ -64,6 +64,7 @@ impl<P: Provider> RecvPool<P> {
 
     /// The first `len` bytes of completed buffer `idx` (its receive completion was polled and it
     /// was not reposted yet, so the NIC does not write it). `None` when out of range.
+    #[inline]
     pub fn received(&self, idx: u32, len: usize) -> Option<&[u8]> {
         if idx >= self.count || len > self.buf_size {
             return None;
@@ -73,6 +74,7 @@ impl<P: Provider> RecvPool<P> {
     }
 
     /// Gives a completed buffer back; it is posted again by the next [`RecvPool::flush`].
+    #[inline]
     pub fn repost(&mut self, idx: u32) {
         if idx < self.count && self.repost.len() < self.count as usize {
             self.repost.push(idx);
@@ -180,6 +182,7 @@ impl<P: Provider> SendPool<P> {
     }
 
     /// The bytes of a free (acquired, not posted) buffer.
+    #[inline]
     pub fn buf_mut(&mut self, idx: u16) -> &mut [u8] {
         let start = idx as usize * self.buf_size;
         &mut self.mr.as_mut_slice()[start..start + self.buf_size]
@@ -306,6 +309,7 @@ impl SendQueue {
 
     /// Queues a SEND of the first `len` bytes of send buffer `buf`; with `inline`, the bytes are
     /// copied into the WQE (`len` must not exceed the QP's `max_inline_data`).
+    #[inline]
     pub fn send<P: Provider>(&mut self, pool: &SendPool<P>, buf: u16, len: u32, inline: bool) {
         self.pending.push(PendingWr { sge: pool.sge(buf, len), op: SendOp::Send, buf, inline });
     }
@@ -371,7 +375,12 @@ impl SendQueue {
         }
         self.outstanding += n;
         self.unsignaled = if signal { 0 } else { unsignaled };
-        self.pending.drain(..n);
+        if n == self.pending.len() {
+            // The usual case (one batch): no drain bookkeeping for `Copy` entries.
+            self.pending.clear();
+        } else {
+            self.pending.drain(..n);
+        }
         Ok(())
     }
 

@@ -336,7 +336,17 @@ impl<P: Provider> ClientCore<P> {
         }
     }
 
+    /// Posts queued sends and due receive reposts. Inlined check first: an empty poll with
+    /// nothing queued (the common case while waiting) costs a few compares, not a call.
+    #[inline]
     fn flush(&mut self) {
+        if self.credit_return || !self.conn.sq.is_empty() || self.recv.pending_reposts() >= REPOST_BATCH {
+            self.flush_slow();
+        }
+    }
+
+    #[inline(never)]
+    fn flush_slow(&mut self) {
         if self.credit_return {
             self.credit_return = false;
             // Messages are stamped with the freed head when queued: bytes still unreported are
@@ -551,6 +561,7 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// An empty poll: counted, and every [`LIVENESS_EVERY`] of them the TCP channel is checked.
+    #[inline]
     fn note_empty(&mut self) {
         self.idle.note_empty();
         if self.idle.empty_polls() % LIVENESS_EVERY == 0 {
@@ -567,6 +578,8 @@ impl<P: Provider> ClientCore<P> {
         });
     }
 
+    #[cold]
+    #[inline(never)]
     fn check_liveness(&mut self) {
         // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
         // dropped; a peek would see them forever and never notice the connection closing.

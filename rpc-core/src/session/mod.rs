@@ -131,6 +131,7 @@ impl Session {
     /// # Errors
     /// [`PlaceError::Refused`] (RESOURCE_EXHAUSTED naming `max_message` or the ring length) when it
     /// can never be sent; [`PlaceError::RingFull`] when it must wait for ring space.
+    #[inline]
     pub fn place_body(&mut self, len: usize) -> Result<Placement, PlaceError> {
         if len > self.params.max_message as usize {
             return Err(PlaceError::Refused(Status::resource_exhausted(format!(
@@ -153,6 +154,7 @@ impl Session {
     }
 
     /// Fills the session id and the freed head of our ring into an outgoing header.
+    #[inline]
     pub fn stamp(&mut self, h: &mut Header) {
         h.session = self.params.id;
         h.freed_head = self.consumer.take_freed();
@@ -197,6 +199,7 @@ impl Session {
     /// # Errors
     /// A reason when the peer broke the protocol (wrong session id, wrong direction, more requests
     /// than credits, a ring body out of place, a freed head out of range): close the connection.
+    #[inline]
     pub fn handle_header(&mut self, h: &Header) -> Result<Incoming, &'static str> {
         if h.session != self.params.id {
             return Err("header for another session");

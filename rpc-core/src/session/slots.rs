@@ -98,6 +98,7 @@ impl<T> CallSlots<T> {
 
     /// Takes a free slot for a new call and queues it for a credit. Returns `(slot, generation)`,
     /// or `None` when all `window` slots are taken.
+    #[inline]
     pub fn start(&mut self) -> Option<(u16, u32)> {
         let slot = self.free.pop()?;
         let s = &mut self.slots[slot as usize];
@@ -111,6 +112,7 @@ impl<T> CallSlots<T> {
     /// The next queued call that may go on the wire now (a credit is free); it is counted in flight.
     /// `None` when nothing is queued (or every credit is in use: a credit stall, see
     /// [`CallSlots::credit_stalled`]).
+    #[inline]
     pub fn next_sendable(&mut self) -> Option<(u16, u32)> {
         if self.in_flight >= self.credits {
             return None;
@@ -169,6 +171,7 @@ impl<T> CallSlots<T> {
 
     /// Takes the result of a finished call, freeing its slot. `None` when `(slot, generation)` is
     /// not finished.
+    #[inline]
     pub fn take_done(&mut self, slot: u16, generation: u32) -> Option<T> {
         let s = self.slots.get_mut(slot as usize)?;
         if s.generation != generation || s.state != SlotState::Done {

@@ -106,6 +106,7 @@ impl Header {
     }
 
     /// Writes the header into `out`. Never fails; allocates nothing.
+    #[inline]
     pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
         out[0] = self.kind as u8;
         out[1] = if self.in_ring { BODY_IN_RING } else { 0 };
@@ -143,6 +144,7 @@ impl Header {
     ///
     /// # Errors
     /// [`WireError`] naming the first bad field.
+    #[inline]
     pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
         let have = msg.len();
         let b: &[u8; HEADER_LEN] = msg

@@ -83,6 +83,7 @@ pub(crate) struct Conn<P: Provider> {
 impl<P: Provider> Conn<P> {
     /// Queues a message whose body is already in send buffer `buf` or in the mirror: stamps the
     /// session id and freed head, writes the header, queues the WRITE (ring body) and the SEND.
+    #[inline]
     pub(crate) fn queue(&mut self, buf: u16, mut h: Header, body: BodyAt) {
         let eager = match body {
             BodyAt::Eager(len) => {

@@ -170,8 +170,15 @@ impl<P: Provider> Worker<P> {
             // between every two polls of a busy CQ (a new QP's first message drains the control
             // queue itself, see `lookup_qpn`).
             if idle.empty_polls() > 0 || iterations % QUEUE_CHECK_EVERY == 0 {
-                self.drain_control();
-                self.drain_deferred();
+                // Usually both are empty: look before calling (what lands meanwhile is taken at
+                // the next look, or by `lookup_qpn` for a new QP's first message).
+                if !self.shared.control.is_empty() {
+                    self.drain_control();
+                }
+                // The queue and the answers put aside when it was full (review2's overflow).
+                if !self.shared.defer.is_empty() {
+                    self.drain_deferred();
+                }
             }
             let n = match self.shared.cq.poll(&mut self.wcs) {
                 Ok(n) => n,
@@ -229,6 +236,7 @@ impl<P: Provider> Worker<P> {
             && self.shared.defer.is_empty()
     }
 
+    #[inline(never)]
     fn drain_control(&mut self) {
         while let Some(c) = self.shared.control.pop() {
             match c {
@@ -318,6 +326,7 @@ impl<P: Provider> Worker<P> {
         }
     }
 
+    #[inline(never)]
     fn drain_deferred(&mut self) {
         while let Some(d) = self.shared.defer.queue.pop() {
             self.deliver_deferred(d);
