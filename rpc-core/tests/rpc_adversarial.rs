@@ -137,47 +137,12 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
     use std::io::Write;
     use std::net::TcpStream;
 
-    use rpc_core::buffers::{RecvPool, RingBuf};
-    use rpc_core::verbs::sim::Sim;
-    use rpc_core::verbs::{
-        Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
-    };
-    use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, PROTOCOL_VERSION};
+    use rpc_core::wire::{read_frame, write_frame, Frame};
 
     let (server, _) = spawn(server());
     let keep = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    let ctx = Sim::open(&DeviceSelector::First).unwrap();
-    let port = ctx.query_port(1).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, false).unwrap();
-    let recv = RecvPool::<Sim>::new(&pd, 8, 4096).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: Some(recv.srq()),
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let ring = RingBuf::<Sim>::receive(&pd, 4096).unwrap();
-    let (ring_addr, ring_len, ring_rkey) = ring.remote();
-    let hello = Handshake {
-        version: PROTOCOL_VERSION,
-        qp_num: qp.qp_num(),
-        psn: 1,
-        lid: port.lid,
-        mtu: port.active_mtu,
-        gid: ctx.gid_table(1).unwrap()[0].gid,
-        ring_addr,
-        ring_len,
-        ring_rkey,
-        credits: 2,
-        eager_threshold: 1024,
-        max_message: 1 << 20,
-        session: 0,
-        auth_token: Vec::new(),
-    };
+    let peer = RawPeer::new(64, 8, 4096, 4096, 1);
+    let hello = peer.handshake(2, 1024, 1 << 20, 0);
     let mut tcp = TcpStream::connect(server.local_addr()).unwrap();
     write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
     let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
@@ -195,7 +160,7 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
     }
     assert_eq!(server.counters().sessions_closed, 1, "the session of the vanished peer is freed");
     check_reply(&keep.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
-    drop((qp, recv, ring, cq, pd, ctx));
+    drop(peer);
     drop(keep);
     server.shutdown();
 }
@@ -398,14 +363,8 @@ fn stray_bytes_from_the_server_do_not_hide_its_tcp_closing() {
     use std::net::TcpListener;
     use std::time::Duration;
 
-    use rpc_core::buffers::{RecvPool, RingBuf};
-    use rpc_core::verbs::rc::{self, Endpoint};
-    use rpc_core::verbs::sim::Sim;
-    use rpc_core::verbs::{
-        CompletionQueue, Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
-        WorkCompletion,
-    };
-    use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, HEADER_LEN, PROTOCOL_VERSION};
+    use rpc_core::verbs::{CompletionQueue, WorkCompletion};
+    use rpc_core::wire::{read_frame, write_frame, Frame, HEADER_LEN};
 
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -413,53 +372,20 @@ fn stray_bytes_from_the_server_do_not_hide_its_tcp_closing() {
     let fake = std::thread::spawn(move || {
         let (mut tcp, _) = listener.accept().unwrap();
         let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
-        let ctx = Sim::open(&DeviceSelector::First).unwrap();
-        let port = ctx.query_port(1).unwrap();
-        let gid = ctx.gid_table(1).unwrap()[0].gid;
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(256, false).unwrap();
-        let recv = RecvPool::<Sim>::new(&pd, 64, HEADER_LEN + 4096).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: Some(recv.srq()),
-                cap: QpCap::default(),
-                sq_sig_all: false,
-            })
-            .unwrap();
-        let ring = RingBuf::<Sim>::receive(&pd, 1 << 16).unwrap();
-        let (ring_addr, ring_len, ring_rkey) = ring.remote();
-        let local = Endpoint { qp_num: qp.qp_num(), psn: 7, lid: port.lid, gid, mtu: port.active_mtu };
-        let remote =
-            Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
-        rc::connect(&qp, &Default::default(), &local, &remote).unwrap();
-        let reply = Handshake {
-            version: PROTOCOL_VERSION,
-            qp_num: local.qp_num,
-            psn: local.psn,
-            lid: local.lid,
-            mtu: local.mtu,
-            gid,
-            ring_addr,
-            ring_len,
-            ring_rkey,
-            credits: hello.credits.min(8),
-            eager_threshold: hello.eager_threshold.min(4096),
-            max_message: hello.max_message,
-            session: 77,
-            auth_token: Vec::new(),
-        };
+        let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
+        peer.connect(&Default::default(), &hello);
+        let reply =
+            peer.handshake(hello.credits.min(8), hello.eager_threshold.min(4096), hello.max_message, 77);
         write_frame(&mut tcp, &Frame::Handshake(reply)).unwrap();
         // Take the request, then garbage on the channel and close it; the QP stays up, silent.
         let mut wcs = [WorkCompletion::default(); 4];
-        while cq.poll(&mut wcs).unwrap() == 0 {
+        while peer.cq.poll(&mut wcs).unwrap() == 0 {
             std::thread::yield_now();
         }
         tcp.write_all(b"stray").unwrap();
         drop(tcp);
         let _ = done_rx.recv();
-        drop((qp, recv, ring, cq, pd, ctx));
+        drop(peer);
     });
     let client = Client::connect_with(addr, &client_config()).unwrap();
     let err = client

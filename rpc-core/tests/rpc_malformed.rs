@@ -8,66 +8,30 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use rpc_core::buffers::{RecvPool, RingBuf, SendPool, SendQueue};
+use rpc_core::buffers::{SendPool, SendQueue};
 use rpc_core::codegen::*;
-use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
+use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair};
-use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
+use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
 use rpc_core::Client;
 use rpc_support::*;
 
 /// Connects like a client would, then SENDs `bytes` as one message and returns the TCP stream.
 fn rogue_send(addr: std::net::SocketAddr, make: impl FnOnce(u32) -> Vec<u8>) -> TcpStream {
-    let ctx = Sim::open(&DeviceSelector::First).unwrap();
-    let port = ctx.query_port(1).unwrap();
-    let gid = ctx.gid_table(1).unwrap()[0].gid;
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, false).unwrap();
-    let recv = RecvPool::<Sim>::new(&pd, 16, 4096 + HEADER_LEN).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: Some(recv.srq()),
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let ring = RingBuf::<Sim>::receive(&pd, 4096).unwrap();
-    let (ring_addr, ring_len, ring_rkey) = ring.remote();
-    let local = Endpoint { qp_num: qp.qp_num(), psn: 1, lid: port.lid, gid, mtu: port.active_mtu };
+    let peer = RawPeer::new(64, 16, 4096 + HEADER_LEN, 4096, 1);
     let mut tcp = TcpStream::connect(addr).unwrap();
-    let hello = Handshake {
-        version: PROTOCOL_VERSION,
-        qp_num: local.qp_num,
-        psn: local.psn,
-        lid: local.lid,
-        mtu: local.mtu,
-        gid,
-        ring_addr,
-        ring_len,
-        ring_rkey,
-        credits: 4,
-        eager_threshold: 4096,
-        max_message: 1 << 20,
-        session: 0,
-        auth_token: Vec::new(),
-    };
-    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
+    write_frame(&mut tcp, &Frame::Handshake(peer.handshake(4, 4096, 1 << 20, 0))).unwrap();
     let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-    let remote =
-        Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
-    rc::connect(&qp, &RcConfig::default(), &local, &remote).unwrap();
-    let mut pool = SendPool::<Sim>::new(&pd, 4, 4096).unwrap();
+    peer.connect(&RcConfig::default(), &reply);
+    let mut pool = SendPool::<Sim>::new(&peer.pd, 4, 4096).unwrap();
     let mut sq = SendQueue::new(16);
     let bytes = make(reply.session);
     let b = pool.acquire().unwrap();
     pool.buf_mut(b)[..bytes.len()].copy_from_slice(&bytes);
     sq.send(&pool, b, bytes.len() as u32, false);
-    sq.flush(&qp, &mut pool, 1).unwrap();
+    sq.flush(&peer.qp, &mut pool, 1).unwrap();
     // Keep the verbs objects alive until the server has reacted: the caller reads the TCP stream.
-    std::mem::forget((qp, recv, ring, pool, cq, pd, ctx));
+    std::mem::forget((peer, pool));
     tcp
 }
 

@@ -7,73 +7,30 @@ mod rpc_support;
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use rpc_core::buffers::{RecvPool, RingBuf};
 use rpc_core::codegen::*;
-use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
-use rpc_core::verbs::sim::{Sim, SimContext};
-use rpc_core::verbs::{
-    CompletionQueue, Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
-    WorkCompletion,
-};
-use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
+use rpc_core::verbs::rc::RcConfig;
+use rpc_core::verbs::{CompletionQueue, WorkCompletion};
+use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
 use rpc_core::Client;
 use rpc_support::*;
 
 struct FakeServer {
     /// The liveness channel: open while the fake server lives.
     _tcp: TcpStream,
-    ctx: SimContext,
-    cq: <Sim as Provider>::CompletionQueue,
-    recv: RecvPool<Sim>,
-    _qp: <Sim as Provider>::QueuePair,
-    _ring: RingBuf<Sim>,
+    peer: RawPeer,
 }
 
 /// Accepts one client and answers its handshake like a server would.
 fn accept(listener: &TcpListener) -> FakeServer {
     let (mut tcp, _) = listener.accept().unwrap();
     let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
-    let ctx = Sim::open(&DeviceSelector::First).unwrap();
-    let port = ctx.query_port(1).unwrap();
-    let gid = ctx.gid_table(1).unwrap()[0].gid;
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256, false).unwrap();
-    let recv = RecvPool::<Sim>::new(&pd, 64, HEADER_LEN + 4096).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: Some(recv.srq()),
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let ring = RingBuf::<Sim>::receive(&pd, 1 << 16).unwrap();
-    let (ring_addr, ring_len, ring_rkey) = ring.remote();
-    let local = Endpoint { qp_num: qp.qp_num(), psn: 7, lid: port.lid, gid, mtu: port.active_mtu };
-    let remote =
-        Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
+    let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
     // Short retries so that the client's sends to a vanished host fail quickly.
     let cfg = RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() };
-    rc::connect(&qp, &cfg, &local, &remote).unwrap();
-    let reply = Handshake {
-        version: PROTOCOL_VERSION,
-        qp_num: local.qp_num,
-        psn: local.psn,
-        lid: local.lid,
-        mtu: local.mtu,
-        gid,
-        ring_addr,
-        ring_len,
-        ring_rkey,
-        credits: hello.credits.min(8),
-        eager_threshold: hello.eager_threshold.min(4096),
-        max_message: hello.max_message,
-        session: 77,
-        auth_token: Vec::new(),
-    };
+    peer.connect(&cfg, &hello);
+    let reply = peer.handshake(hello.credits.min(8), hello.eager_threshold.min(4096), hello.max_message, 77);
     write_frame(&mut tcp, &Frame::Handshake(reply)).unwrap();
-    FakeServer { _tcp: tcp, ctx, cq, recv, _qp: qp, _ring: ring }
+    FakeServer { _tcp: tcp, peer }
 }
 
 impl FakeServer {
@@ -81,9 +38,9 @@ impl FakeServer {
     fn take_request(&mut self) -> Header {
         let mut wcs = [WorkCompletion::default(); 4];
         loop {
-            let n = self.cq.poll(&mut wcs).unwrap();
+            let n = self.peer.cq.poll(&mut wcs).unwrap();
             for wc in &wcs[..n] {
-                if let Some(msg) = self.recv.received(wc.wr_id as u32, wc.byte_len as usize) {
+                if let Some(msg) = self.peer.recv.received(wc.wr_id as u32, wc.byte_len as usize) {
                     let h = Header::decode(msg).unwrap();
                     assert_eq!(h.kind, Kind::Request);
                     return h;
@@ -102,7 +59,7 @@ fn server_host_vanishes_sends_fail_and_every_call_ends_unavailable() {
         let mut s = accept(&listener);
         let h = s.take_request();
         assert_eq!(h.method, ECHO);
-        s.ctx.vanish(); // the machine is gone; its TCP connection lingers (as until a TCP timeout)
+        s.peer.ctx.vanish(); // the machine is gone; its TCP connection lingers (as until a TCP timeout)
         std::thread::sleep(Duration::from_secs(3));
         drop(s);
     });
@@ -149,40 +106,9 @@ fn client_vanishing_without_close_frees_its_server_session() {
     let keep = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     // A client whose TCP connection closes without a Close message (a crashed process).
     let gone = TcpStream::connect(server.local_addr()).unwrap();
-    let ctx = Sim::open(&DeviceSelector::First).unwrap();
-    let port = ctx.query_port(1).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, false).unwrap();
-    let recv = RecvPool::<Sim>::new(&pd, 8, 4096).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: Some(recv.srq()),
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let ring = RingBuf::<Sim>::receive(&pd, 4096).unwrap();
-    let (ring_addr, ring_len, ring_rkey) = ring.remote();
-    let hello = Handshake {
-        version: PROTOCOL_VERSION,
-        qp_num: qp.qp_num(),
-        psn: 1,
-        lid: port.lid,
-        mtu: port.active_mtu,
-        gid: ctx.gid_table(1).unwrap()[0].gid,
-        ring_addr,
-        ring_len,
-        ring_rkey,
-        credits: 2,
-        eager_threshold: 1024,
-        max_message: 1 << 20,
-        session: 0,
-        auth_token: Vec::new(),
-    };
+    let peer = RawPeer::new(64, 8, 4096, 4096, 1);
     let mut tcp = gone;
-    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
+    write_frame(&mut tcp, &Frame::Handshake(peer.handshake(2, 1024, 1 << 20, 0))).unwrap();
     let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
     while server.counters().sessions_opened < 2 {
         keep.progress();
@@ -195,7 +121,7 @@ fn client_vanishing_without_close_frees_its_server_session() {
     }
     assert_eq!(server.counters().sessions_closed, 1);
     check_reply(&keep.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
-    drop((qp, recv, ring, cq, pd, ctx));
+    drop(peer);
     drop(keep);
     server.shutdown();
 }

@@ -5,7 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rpc_core::buffers::{RecvPool, RingBuf};
 use rpc_core::codegen::*;
+use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
+use rpc_core::verbs::sim::{Sim, SimContext};
+use rpc_core::verbs::{Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair};
+use rpc_core::wire::{Handshake, PROTOCOL_VERSION};
 use rpc_core::{ClientConfig, PollingPolicy, Server, ServerBuilder, ServerHandle, Transport};
 
 /// Test messages.
@@ -232,5 +237,77 @@ impl prost::Message for RawBytes {
     }
     fn clear(&mut self) {
         self.0.clear();
+    }
+}
+
+/// A peer built by hand from the public verbs and buffers modules (a rogue client or a fake
+/// server): one `sim` context, PD, CQ, a `RecvPool` whose SRQ the RC QP uses, and a receive
+/// `RingBuf`. Fields drop in declaration order (QP first, context last).
+pub struct RawPeer {
+    pub qp: <Sim as Provider>::QueuePair,
+    pub recv: RecvPool<Sim>,
+    pub ring: RingBuf<Sim>,
+    pub cq: <Sim as Provider>::CompletionQueue,
+    pub pd: <Sim as Provider>::ProtectionDomain,
+    pub ctx: SimContext,
+    /// This side's connection parameters (port 1, GID index 0).
+    pub local: Endpoint,
+}
+
+impl RawPeer {
+    /// A CQ of `cq_depth` WCs, `recv_count` receive buffers of `recv_size` bytes, a receive ring
+    /// of `ring_len` bytes, and `psn` as the first PSN this side sends.
+    pub fn new(cq_depth: u32, recv_count: u32, recv_size: usize, ring_len: usize, psn: u32) -> RawPeer {
+        let ctx = Sim::open(&DeviceSelector::First).unwrap();
+        let port = ctx.query_port(1).unwrap();
+        let gid = ctx.gid_table(1).unwrap()[0].gid;
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(cq_depth, false).unwrap();
+        let recv = RecvPool::<Sim>::new(&pd, recv_count, recv_size).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: Some(recv.srq()),
+                cap: QpCap::default(),
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let ring = RingBuf::<Sim>::receive(&pd, ring_len).unwrap();
+        let local = Endpoint { qp_num: qp.qp_num(), psn, lid: port.lid, gid, mtu: port.active_mtu };
+        RawPeer { qp, recv, ring, cq, pd, ctx, local }
+    }
+
+    /// This side's handshake (no auth token) with the given window and session.
+    pub fn handshake(&self, credits: u16, eager_threshold: u32, max_message: u32, session: u32) -> Handshake {
+        let (ring_addr, ring_len, ring_rkey) = self.ring.remote();
+        Handshake {
+            version: PROTOCOL_VERSION,
+            qp_num: self.local.qp_num,
+            psn: self.local.psn,
+            lid: self.local.lid,
+            mtu: self.local.mtu,
+            gid: self.local.gid,
+            ring_addr,
+            ring_len,
+            ring_rkey,
+            credits,
+            eager_threshold,
+            max_message,
+            session,
+            auth_token: Vec::new(),
+        }
+    }
+
+    /// Connects the QP to the peer that sent `remote`.
+    pub fn connect(&self, cfg: &RcConfig, remote: &Handshake) {
+        let remote = Endpoint {
+            qp_num: remote.qp_num,
+            psn: remote.psn,
+            lid: remote.lid,
+            gid: remote.gid,
+            mtu: remote.mtu,
+        };
+        rc::connect(&self.qp, cfg, &self.local, &remote).unwrap();
     }
 }
