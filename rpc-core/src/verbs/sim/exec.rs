@@ -351,14 +351,9 @@ impl QpCore {
         if let Some(wr_id) = recv_wr_id {
             peer.cq.push(
                 WorkCompletion {
-                    wr_id,
                     status,
-                    opcode: WcOpcode::IBV_WC_RECV,
-                    byte_len: 0,
-                    imm_data: None,
-                    qp_num: peer.qpn,
                     src_qp: self.qpn,
-                    vendor_err: 0,
+                    ..super::qp::flush_wc(wr_id, WcOpcode::IBV_WC_RECV, peer.qpn)
                 },
                 true,
             );

@@ -10,7 +10,7 @@ use super::mr::MrView;
 use super::qp::{QpCore, QpShared, ST_ERR};
 use super::remote::RemoteHost;
 use super::srq::{pop_recv_id, RecvRing};
-use crate::verbs::{WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::WcOpcode;
 
 pub(crate) struct PeerQp {
     sh: *const QpShared,
@@ -130,19 +130,7 @@ impl PeerQp {
         sh.resp.state.store(ST_ERR, Ordering::SeqCst);
         if self.has_rq {
             while let Some(wr_id) = pop_recv_id(&self.ring) {
-                self.cq.push(
-                    WorkCompletion {
-                        wr_id,
-                        status: WcStatus::IBV_WC_WR_FLUSH_ERR,
-                        opcode: WcOpcode::IBV_WC_RECV,
-                        byte_len: 0,
-                        imm_data: None,
-                        qp_num: self.qpn,
-                        src_qp: 0,
-                        vendor_err: 0,
-                    },
-                    true,
-                );
+                self.cq.push(super::qp::flush_wc(wr_id, WcOpcode::IBV_WC_RECV, self.qpn), true);
             }
         }
         sh.request_flush();

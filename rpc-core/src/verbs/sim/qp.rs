@@ -393,19 +393,7 @@ impl QpCore {
     /// (whatever its signaling), then the QP goes to ERR and everything else is flushed.
     pub(crate) fn fail_locked(&self, st: &mut SqState, wr_id: u64, op: &SendOp, status: WcStatus) {
         tracing::debug!(qp = self.qpn, wr_id, ?status, "sim: send WR failed, QP -> ERR");
-        self.send_cq.push(
-            WorkCompletion {
-                wr_id,
-                status,
-                opcode: send_opcode(op),
-                byte_len: 0,
-                imm_data: None,
-                qp_num: self.qpn,
-                src_qp: 0,
-                vendor_err: 0,
-            },
-            true,
-        );
+        self.send_cq.push(WorkCompletion { status, ..flush_wc(wr_id, send_opcode(op), self.qpn) }, true);
         self.sh().resp.state.store(ST_ERR, Ordering::SeqCst);
         self.flush_rq();
         self.flush_sq_locked(st);
@@ -454,7 +442,9 @@ impl QpCore {
     }
 }
 
-fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
+/// The completion of a WR flushed by a QP in ERR (`IBV_WC_WR_FLUSH_ERR`); error completions
+/// start from it and set their own status.
+pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
     WorkCompletion {
         wr_id,
         status: WcStatus::IBV_WC_WR_FLUSH_ERR,
