@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rpc_core::codegen::{decode, method_id, Message};
+use rpc_core::codegen::{decode, method_id, Body, Message};
 use rpc_perf::rpc::pb::{EchoReply, EchoRequest};
 
 fn dispatch(c: &mut Criterion) {
@@ -18,7 +18,7 @@ fn dispatch(c: &mut Criterion) {
         let body = req.encode_to_vec();
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_function(format!("decode_request_{label}"), |b| {
-            b.iter(|| decode::<EchoRequest>(black_box(&body)).map(|r| r.payload.len()))
+            b.iter(|| decode::<EchoRequest>(Body::slice(black_box(&body))).map(|r| r.payload.len()))
         });
         let reply = EchoReply { payload: Bytes::from(vec![0xa5; n]) };
         let mut out = vec![0u8; reply.encoded_len()];

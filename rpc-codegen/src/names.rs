@@ -66,6 +66,7 @@ impl Scope {
 /// these names (a trait named after the service) would shadow the glob import, so generated code
 /// spells such a name with its full path instead.
 pub const FACADE_NAMES: &[&str] = &[
+    "Body",
     "CallOptions",
     "Client",
     "ClientConfig",

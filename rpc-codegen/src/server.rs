@@ -18,6 +18,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     let method_desc = model.facade("MethodDesc");
     let method_id = model.facade("MethodId");
     let reply_writer = model.facade("ReplyWriter");
+    let body_ty = model.facade("Body");
     let decode = model.facade("decode");
 
     let _ = writeln!(
@@ -101,13 +102,13 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     if model.rpcs.is_empty() {
         let _ = writeln!(
             buf,
-            "fn call(&self, method: {method_id}, _ctx: &{ctx_ty}, _body: &[u8], out: &mut {reply_writer}<'_>) {{"
+            "fn call(&self, method: {method_id}, _ctx: &{ctx_ty}, _body: {body_ty}<'_>, out: &mut {reply_writer}<'_>) {{"
         );
         let _ = writeln!(buf, "{unknown};");
     } else {
         let _ = writeln!(
             buf,
-            "fn call(&self, method: {method_id}, ctx: &{ctx_ty}, body: &[u8], out: &mut {reply_writer}<'_>) {{"
+            "fn call(&self, method: {method_id}, ctx: &{ctx_ty}, body: {body_ty}<'_>, out: &mut {reply_writer}<'_>) {{"
         );
         buf.push_str("match method {\n");
         for rpc in &model.rpcs {

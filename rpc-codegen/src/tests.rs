@@ -367,7 +367,7 @@ fn streaming_rpcs_are_left_out_with_a_warning_each() {
     // A service with only streaming RPCs: an empty trait, no methods, everything UNIMPLEMENTED.
     assert_has(code, "pub trait Firehose: ::core::marker::Send + ::core::marker::Sync + 'static {}");
     assert_has(code, "const METHODS: &'static [MethodDesc] = &[];");
-    assert_has(code, "fn call(&self, method: MethodId, _ctx: &RequestContext, _body: &[u8], out: &mut ReplyWriter<'_>) { out.error(");
+    assert_has(code, "fn call(&self, method: MethodId, _ctx: &RequestContext, _body: Body<'_>, out: &mut ReplyWriter<'_>) { out.error(");
 }
 
 #[test]

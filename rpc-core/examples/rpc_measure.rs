@@ -55,7 +55,7 @@ impl Service for EchoService {
         MethodDesc { id: ECHO, name: "/measure.Echo/Echo" },
         MethodDesc { id: FIXED, name: "/measure.Echo/Fixed" },
     ];
-    fn call(&self, method: MethodId, _: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+    fn call(&self, method: MethodId, _: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
         if method == FIXED {
             return match decode::<Fixed>(body) {
                 Ok(f) => out.reply(Reply::from(Fixed { a: f.a + 1, ..f })),
@@ -102,7 +102,7 @@ fn side() -> Side {
         })
         .unwrap();
     let pool = SendPool::<Sim>::new(&pd, 64, 256).unwrap();
-    Side { qp, cq, recv, pool, sq: SendQueue::new(256), _ctx: ctx }
+    Side { qp, cq, recv, pool, sq: SendQueue::new(256, 64), _ctx: ctx }
 }
 
 fn endpoint(s: &Side) -> Endpoint {
@@ -114,7 +114,7 @@ fn endpoint(s: &Side) -> Endpoint {
 /// Sends 32 bytes and waits for the receive; returns when both completions are handled.
 fn send_and_wait(s: &mut Side, wcs: &mut [WorkCompletion]) {
     let b = s.pool.acquire().unwrap();
-    s.sq.send(&s.pool, b, 32, true);
+    s.sq.send(&mut s.pool, b, 32, true);
     s.sq.flush(&s.qp, &mut s.pool, 1).unwrap();
     let mut got_recv = false;
     while !got_recv {
@@ -124,7 +124,9 @@ fn send_and_wait(s: &mut Side, wcs: &mut [WorkCompletion]) {
                 s.pool.retire(usize::from(bufs));
                 s.sq.on_completion(wrs);
             } else {
-                s.recv.repost(wc.wr_id as u32);
+                if let Some(buf) = s.recv.take(wc.wr_id, wc.byte_len) {
+                    s.recv.repost(buf);
+                }
                 got_recv = true;
             }
         }
@@ -141,7 +143,9 @@ fn wait_recv_then_send(s: &mut Side, wcs: &mut [WorkCompletion]) {
                 s.pool.retire(usize::from(bufs));
                 s.sq.on_completion(wrs);
             } else {
-                s.recv.repost(wc.wr_id as u32);
+                if let Some(buf) = s.recv.take(wc.wr_id, wc.byte_len) {
+                    s.recv.repost(buf);
+                }
                 got = true;
             }
         }
@@ -150,7 +154,7 @@ fn wait_recv_then_send(s: &mut Side, wcs: &mut [WorkCompletion]) {
         }
     }
     let b = s.pool.acquire().unwrap();
-    s.sq.send(&s.pool, b, 32, true);
+    s.sq.send(&mut s.pool, b, 32, true);
     s.sq.flush(&s.qp, &mut s.pool, 2).unwrap();
     s.recv.flush().unwrap();
 }

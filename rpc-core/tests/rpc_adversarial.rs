@@ -53,7 +53,7 @@ impl Service for Hostile {
         MethodDesc { id: BIG, name: "/test.Hostile/Big" },
     ];
 
-    fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
         let req = match decode::<EchoMsg>(body) {
             Ok(r) => r,
             Err(s) => return out.error(s),
@@ -425,7 +425,7 @@ fn a_worker_answering_inline_into_its_full_deferred_queue_does_not_deadlock() {
             MethodDesc { id: STASH, name: "/test.Inline/Stash" },
             MethodDesc { id: INLINE, name: "/test.Inline/Inline" },
         ];
-        fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+        fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
             let req = match decode::<EchoMsg>(body) {
                 Ok(r) => r,
                 Err(s) => return out.error(s),

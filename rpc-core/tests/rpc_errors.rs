@@ -120,7 +120,7 @@ fn bad_configuration_names_the_field() {
     impl Service for Twice {
         const NAME: &'static str = "test.Twice";
         const METHODS: &'static [MethodDesc] = &[MethodDesc { id: ECHO, name: "/test.Twice/Echo" }];
-        fn call(&self, _: MethodId, _: &RequestContext, _: &[u8], out: &mut ReplyWriter<'_>) {
+        fn call(&self, _: MethodId, _: &RequestContext, _: Body<'_>, out: &mut ReplyWriter<'_>) {
             out.error(Status::internal("unused"));
         }
     }

@@ -24,11 +24,11 @@ fn rogue_send(addr: std::net::SocketAddr, make: impl FnOnce(u32) -> Vec<u8>) -> 
     let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
     peer.connect(&RcConfig::default(), &reply);
     let mut pool = SendPool::<Sim>::new(&peer.pd, 4, 4096).unwrap();
-    let mut sq = SendQueue::new(16);
+    let mut sq = SendQueue::new(16, 4);
     let bytes = make(reply.session);
-    let b = pool.acquire().unwrap();
-    pool.buf_mut(b)[..bytes.len()].copy_from_slice(&bytes);
-    sq.send(&pool, b, bytes.len() as u32, false);
+    let mut b = pool.acquire().unwrap();
+    pool.buf_mut(&mut b)[..bytes.len()].copy_from_slice(&bytes);
+    sq.send(&mut pool, b, bytes.len() as u32, false);
     sq.flush(&peer.qp, &mut pool, 1).unwrap();
     // Keep the verbs objects alive until the server has reacted: the caller reads the TCP stream.
     std::mem::forget((peer, pool));

@@ -40,8 +40,9 @@ impl FakeServer {
         loop {
             let n = self.peer.cq.poll(&mut wcs).unwrap();
             for wc in &wcs[..n] {
-                if let Some(msg) = self.peer.recv.received(wc.wr_id as u32, wc.byte_len as usize) {
-                    let h = Header::decode(msg).unwrap();
+                if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
+                    let h = Header::decode(self.peer.recv.bytes(&buf)).unwrap();
+                    self.peer.recv.repost(buf);
                     assert_eq!(h.kind, Kind::Request);
                     return h;
                 }

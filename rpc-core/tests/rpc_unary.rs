@@ -1,5 +1,6 @@
 //! Unary calls on `sim`: sizes around every boundary (0 and 1 byte, eager threshold −1/0/+1,
-//! 64 KiB, ring size −1, exactly the ring size, ring size +1 refused), in both directions.
+//! 64 KiB, ring size −1, exactly the ring size, ring size +1 and several rings in pieces, one byte
+//! over `max_message_size` refused), in both directions.
 
 mod rpc_support;
 
@@ -95,21 +96,85 @@ fn bodies_at_every_size_boundary_both_directions() {
     server.shutdown();
 }
 
+/// Largest message of the sessions of [`pieces_setup`].
+const MAX: u32 = 4 * RING + 4096;
+
+fn pieces_setup() -> (rpc_core::ServerHandle, Client) {
+    let (server, _) = spawn(server().eager_threshold(EAGER).ring_bytes(RING).max_message_size(MAX));
+    let cfg = client_config().eager_threshold(EAGER).ring_bytes(RING).max_message_size(MAX);
+    let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
+    (server, client)
+}
+
 #[test]
-fn one_byte_over_the_ring_is_refused_before_sending() {
-    let (server, client) = setup();
-    let req = RawBytes(vec![7; RING as usize + 1]);
+fn bodies_larger_than_the_ring_travel_in_pieces_both_ways_many_in_flight() {
+    let (server, client) = pieces_setup();
+    let r = RING as usize;
+    let sizes = [r - 1, r, r + 1, 3 * r + 7, 0, 2 * r, r / 2 + 3];
+    // Requests: several of every size in flight at once, each checked byte for byte (the server
+    // answers with the checksum of exactly the bytes it got).
+    let raws: Vec<Vec<u8>> =
+        sizes.iter().cycle().take(3 * sizes.len()).enumerate().map(|(i, &n)| payload(i as u64, n)).collect();
+    let calls: Vec<_> = raws
+        .iter()
+        .map(|raw| client.unary_async::<_, EchoMsg>(RAW, &RawBytes(raw.clone()), &CallOptions::default()))
+        .collect();
+    for (raw, call) in raws.iter().zip(calls) {
+        let rep = block_on(call).unwrap();
+        assert_eq!(
+            (rep.seq, rep.checksum),
+            (raw.len() as u64, fnv64(raw)),
+            "request of {} bytes intact",
+            raw.len()
+        );
+    }
+    // Responses of the same sizes, in flight together and taken in reverse order.
+    let calls: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            (
+                i as u64,
+                n,
+                client.unary_async::<_, EchoMsg>(ECHO, &request(i as u64, 8, n), &CallOptions::default()),
+            )
+        })
+        .collect();
+    for (seq, n, call) in calls.into_iter().rev() {
+        check_reply(&block_on(call).unwrap(), seq, n);
+    }
+    // The largest message the limit allows, both ways at once.
+    let p = payload_for(99, MAX as usize, MAX as usize - 64);
+    let rep: EchoMsg =
+        client.unary(ECHO, &request(99, p, MAX as usize - 64), &CallOptions::default()).unwrap();
+    check_reply(&rep, 99, MAX as usize - 64);
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+    drop(client);
+    server.shutdown();
+}
+
+#[test]
+fn one_byte_over_max_message_size_is_refused_before_sending() {
+    let (server, client) = pieces_setup();
+    let req = RawBytes(vec![7; MAX as usize + 1]);
     let before = client.counters().bytes_out;
     let err = client.unary::<_, EchoMsg>(RAW, &req, &CallOptions::default()).unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
-    assert!(err.message().contains(&format!("ring of {RING} bytes")), "{}", err.message());
+    assert_eq!(
+        err.message(),
+        format!("message of {} bytes exceeds max_message_size of {MAX} bytes", MAX + 1)
+    );
     assert_eq!(client.counters().bytes_out, before, "nothing was sent");
-    // A response over the client's ring is refused by the server the same way.
+    // Exactly the limit goes.
+    let raw = payload(1, MAX as usize);
+    let rep: EchoMsg = client.unary(RAW, &RawBytes(raw.clone()), &CallOptions::default()).unwrap();
+    assert_eq!((rep.seq, rep.checksum), (MAX as u64, fnv64(&raw)));
+    // A response over the limit is refused by the server the same way.
     let err = client
-        .unary::<_, EchoMsg>(ECHO, &request(2, 4, RING as usize + 1), &CallOptions::default())
+        .unary::<_, EchoMsg>(ECHO, &request(2, 4, MAX as usize + 1), &CallOptions::default())
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
-    assert!(err.message().contains(&format!("ring of {RING} bytes")), "{}", err.message());
+    assert!(err.message().contains(&format!("exceeds max_message_size of {MAX} bytes")), "{}", err.message());
     // The session still works.
     let r: EchoMsg = client.unary(ECHO, &request(3, 100, 100), &CallOptions::default()).unwrap();
     check_reply(&r, 3, 100);

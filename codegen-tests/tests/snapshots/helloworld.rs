@@ -77,7 +77,7 @@ pub mod greeter_server {
             &self,
             method: MethodId,
             ctx: &RequestContext,
-            body: &[u8],
+            body: Body<'_>,
             out: &mut ReplyWriter<'_>,
         ) {
             match method {

@@ -1,20 +1,61 @@
-//! Registered buffers and the two unsafe calls of the runtime: posting receive buffers to an
-//! SRQ and posting send work requests.
+//! Registered buffers as owned tokens, and the two unsafe calls of the runtime: posting receive
+//! buffers to an SRQ and posting send work requests.
 //!
 //! The verbs `post_*` calls are `unsafe` because the NIC reads or writes the posted memory until
-//! the completion is polled. This module owns that memory and hands it out under a discipline
-//! that makes the rest of the runtime safe:
-//! - [`RecvPool`]: a receive buffer is either posted (only the NIC touches it) or completed and
-//!   held by the worker (only read) until it is given back with [`RecvPool::repost`].
-//! - [`SendPool`]: a send buffer is either free (the worker writes it) or posted (untouched) until
-//!   a signaled completion at or after its WR retires it ([`SendPool::retire`]).
+//! the completion is polled. This module owns that memory and hands it out as values whose
+//! ownership says who may touch it, so the rest of the runtime is safe by construction:
+//! - [`RecvPool`]: a receive buffer is posted (the NIC may write it; nobody holds a token) or
+//!   completed: [`RecvPool::take`] turns its completion into a [`RecvBuf`] token, whose bytes are
+//!   readable through the pool while the token lives, and which is posted again only by giving it
+//!   back by value ([`RecvPool::repost`]). Reading a posted buffer, or reposting one that is being
+//!   read, does not compile.
+//! - [`SendPool`]: a send buffer is free (a [`SendBuf`] token; the owner writes it) or posted
+//!   (the token was consumed by [`SendQueue::send`]) until a signaled completion at or after its
+//!   WR retires it ([`SendPool::retire`]). Inline sends too: their buffer is reused only after a
+//!   signaled completion covers its WQE, so the free buffers bound the WQEs outstanding.
+//! - [`RecvRing`]: our ring, which the peer may RDMA WRITE at any time. No reference to it is
+//!   ever handed out: a body is copied out once ([`RecvRing::copy_out`]) into memory we own.
+//! - [`SendMirror`]: the local image of the peer's ring that bodies are encoded into before their
+//!   RDMA WRITE. Only the local NIC reads it (it is never exposed to a peer).
 //! - [`SendQueue`]: the work requests of one QP collected during a loop iteration and posted with
-//!   one doorbell; the last WR of each batch is signaled (selective signaling).
+//!   one doorbell; room in the QP's send queue is checked when a buffer is taken
+//!   ([`SendQueue::has_room`]), and selective signaling retires WQEs and buffers.
 //!
 //! Drop order: every owner declares its QP before these pools, so the QP is destroyed (its WRs
 //! discarded) before the memory is deregistered.
+//!
+//! Misuse does not compile. Reading a buffer after giving it back:
+//! ```compile_fail
+//! # use rpc_core::buffers::RecvPool;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut RecvPool<Sim>, wr_id: u64) {
+//!     let buf = pool.take(wr_id, 8).unwrap();
+//!     let bytes = pool.bytes(&buf);
+//!     pool.repost(buf); // error: `buf` is borrowed by `bytes`, and `pool` too
+//!     let _ = bytes[0];
+//! }
+//! ```
+//! Writing a send buffer after posting it:
+//! ```compile_fail
+//! # use rpc_core::buffers::{SendPool, SendQueue};
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut SendPool<Sim>, sq: &mut SendQueue) {
+//!     let mut buf = pool.acquire().unwrap();
+//!     sq.send(pool, buf, 8, false);
+//!     pool.buf_mut(&mut buf)[0] = 1; // error: `buf` was moved into the send queue
+//! }
+//! ```
+//! A view of the receive ring does not exist:
+//! ```compile_fail
+//! # use rpc_core::buffers::RecvRing;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(ring: &RecvRing<Sim>) -> &[u8] {
+//!     ring.bytes() // error: no such method; only `copy_out`
+//! }
+//! ```
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::verbs::{
     AccessFlags, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, Result, SendFlags, SendOp,
@@ -24,12 +65,65 @@ use crate::verbs::{
 /// Most WRs posted with one doorbell.
 pub const POST_BATCH: usize = 64;
 
+/// WRs per doorbell for small batches (a smaller stack array to fill).
+const SMALL_BATCH: usize = 8;
+
+/// Identity of a pool, so that a token is only ever used with the pool it came from.
+static NEXT_POOL: AtomicU32 = AtomicU32::new(1);
+
+/// Tokens dropped without being given back (their buffer is lost to its pool until it is
+/// dropped); a bug of the runtime, counted and logged.
+static LEAKED: AtomicU64 = AtomicU64::new(0);
+
+/// Buffer tokens dropped without being given back to their pool since the process started
+/// (0 unless the runtime has a bug; tests assert it).
+pub fn leaked_tokens() -> u64 {
+    LEAKED.load(Ordering::Relaxed)
+}
+
+#[cold]
+fn leaked(what: &'static str, idx: u32) {
+    LEAKED.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(what, idx, "buffer token dropped without being given back");
+}
+
+/// A completed receive buffer: the NIC wrote it and will not again until it is given back with
+/// [`RecvPool::repost`]. Its bytes are read through [`RecvPool::bytes`].
+#[must_use = "a receive buffer is lost to the SRQ unless given back with RecvPool::repost"]
+#[derive(Debug)]
+pub struct RecvBuf {
+    idx: u32,
+    len: u32,
+    pool: u32,
+}
+
+impl RecvBuf {
+    /// Bytes the NIC wrote (the completion's `byte_len`).
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True when the message was empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for RecvBuf {
+    fn drop(&mut self) {
+        leaked("receive buffer", self.idx);
+    }
+}
+
 /// Fixed-size receive buffers in one MR, posted to one SRQ.
 pub struct RecvPool<P: Provider> {
     srq: P::SharedReceiveQueue,
     mr: P::MemoryRegion,
     buf_size: usize,
     count: u32,
+    id: u32,
+    /// Per buffer: posted (or queued to be), i.e. no token exists for it.
+    posted: Vec<bool>,
     repost: Vec<u32>,
 }
 
@@ -41,7 +135,15 @@ impl<P: Provider> RecvPool<P> {
     pub fn new(pd: &P::ProtectionDomain, count: u32, buf_size: usize) -> Result<RecvPool<P>> {
         let srq = pd.create_srq(&SrqInitAttr { max_wr: count, max_sge: 1 })?;
         let mr = pd.reg_mr(count as usize * buf_size, AccessFlags::LOCAL_WRITE)?;
-        let mut pool = RecvPool { srq, mr, buf_size, count, repost: Vec::with_capacity(count as usize) };
+        let mut pool = RecvPool {
+            srq,
+            mr,
+            buf_size,
+            count,
+            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            posted: vec![true; count as usize],
+            repost: Vec::with_capacity(count as usize),
+        };
         pool.repost.extend(0..count);
         pool.flush()?;
         Ok(pool)
@@ -62,23 +164,56 @@ impl<P: Provider> RecvPool<P> {
         self.count
     }
 
-    /// The first `len` bytes of completed buffer `idx` (its receive completion was polled and it
-    /// was not reposted yet, so the NIC does not write it). `None` when out of range.
+    /// Takes the buffer a receive completion names (`wr_id`, `byte_len`): the NIC is done with
+    /// it. `None` when `wr_id` is not a buffer of this pool that was posted (a completion seen
+    /// twice) or `byte_len` exceeds a buffer; a failed completion's buffer is taken too (to give
+    /// it back).
     #[inline]
-    pub fn received(&self, idx: u32, len: usize) -> Option<&[u8]> {
-        if idx >= self.count || len > self.buf_size {
+    pub fn take(&mut self, wr_id: u64, byte_len: u32) -> Option<RecvBuf> {
+        let idx = u32::try_from(wr_id).ok().filter(|&i| i < self.count)?;
+        let posted = &mut self.posted[idx as usize];
+        if !*posted {
             return None;
         }
-        let start = idx as usize * self.buf_size;
-        self.mr.as_slice().get(start..start + len)
+        *posted = false;
+        let len = if byte_len as usize <= self.buf_size { byte_len } else { self.buf_size as u32 + 1 };
+        Some(RecvBuf { idx, len, pool: self.id })
     }
 
-    /// Gives a completed buffer back; it is posted again by the next [`RecvPool::flush`].
+    /// The bytes the NIC wrote into `buf`: empty when `buf` is not of this pool, or when its
+    /// completion reported more bytes than a buffer holds (see [`RecvPool::fits`]).
     #[inline]
-    pub fn repost(&mut self, idx: u32) {
-        if idx < self.count && self.repost.len() < self.count as usize {
-            self.repost.push(idx);
+    pub fn bytes<'a>(&'a self, buf: &'a RecvBuf) -> &'a [u8] {
+        if buf.pool != self.id || buf.len as usize > self.buf_size {
+            return &[];
         }
+        let start = buf.idx as usize * self.buf_size;
+        // SAFETY: `[start, start + len)` lies in `self.mr` (idx < count, len <= buf_size), which
+        // lives as long as `&self`. A token exists only for a buffer whose completion was polled
+        // and that is not posted: `take` cleared its `posted` flag and only `repost` (which takes
+        // the token by value, so not while this borrow of it lives) queues it again. So neither
+        // the NIC nor a peer (a SEND lands only in a posted buffer) writes it while the slice lives.
+        unsafe {
+            std::slice::from_raw_parts((self.mr.addr() as usize + start) as *const u8, buf.len as usize)
+        }
+    }
+
+    /// Whether the completion's byte count fit the buffer (a longer one is a provider fault).
+    pub fn fits(&self, buf: &RecvBuf) -> bool {
+        buf.len as usize <= self.buf_size
+    }
+
+    /// Gives a buffer back; it is posted again by the next [`RecvPool::flush`]. A token of
+    /// another pool is dropped (and counted as leaked).
+    #[inline]
+    pub fn repost(&mut self, buf: RecvBuf) {
+        if buf.pool != self.id {
+            return;
+        }
+        let idx = buf.idx;
+        std::mem::forget(buf);
+        self.posted[idx as usize] = true;
+        self.repost.push(idx);
     }
 
     /// Buffers waiting to be posted again.
@@ -124,26 +259,41 @@ impl<P: Provider> RecvPool<P> {
         for (i, wr) in wrs.iter_mut().enumerate().take(n) {
             *wr = RecvWr { wr_id: u64::from(self.repost[first + i]), sg_list: &sges[i..i + 1] };
         }
-        // SAFETY: every SGE lies in `self.mr` (LOCAL_WRITE), which lives as long as this pool,
-        // and each buffer was given back by the worker, which reads a buffer only between its
-        // completion and `repost`; the owner drops its QPs before this pool, and a dropped MR
-        // is deregistered, so the NIC cannot write freed memory.
+        // SAFETY: every SGE lies in `self.mr` (LOCAL_WRITE), which lives as long as this pool;
+        // each buffer was given back by value (`repost`), so no token and no slice of it exists
+        // (`bytes` borrows a token); the owner drops its QPs before this pool, and a dropped MR is
+        // deregistered, so the NIC cannot write freed memory.
         unsafe { self.srq.post_recv(&wrs[..n]) }?;
         self.repost.truncate(first);
         Ok(())
     }
 }
 
-/// WRs per doorbell for small batches (a smaller stack array to fill).
-const SMALL_BATCH: usize = 8;
+/// A free send buffer: the owner writes it ([`SendPool::buf_mut`]) and then posts it
+/// ([`SendQueue::send`], which consumes the token) or gives it back ([`SendPool::give_back`]).
+#[must_use = "a send buffer is lost to its pool unless sent or given back"]
+#[derive(Debug)]
+pub struct SendBuf {
+    idx: u16,
+    pool: u32,
+}
+
+impl Drop for SendBuf {
+    fn drop(&mut self) {
+        leaked("send buffer", u32::from(self.idx));
+    }
+}
 
 /// Fixed-size send buffers of one connection in one MR, with their free list.
 pub struct SendPool<P: Provider> {
     mr: P::MemoryRegion,
     buf_size: usize,
+    id: u32,
     free: Vec<u16>,
     /// Buffers of posted WRs, in posting order, until a signaled completion retires them.
     posted: VecDeque<u16>,
+    /// Buffers taken and neither posted nor given back (each will need up to 2 WQEs).
+    out: usize,
 }
 
 impl<P: Provider> SendPool<P> {
@@ -156,8 +306,10 @@ impl<P: Provider> SendPool<P> {
         Ok(SendPool {
             mr,
             buf_size,
+            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
             free: (0..count).rev().collect(),
             posted: VecDeque::with_capacity(count as usize),
+            out: 0,
         })
     }
 
@@ -167,8 +319,21 @@ impl<P: Provider> SendPool<P> {
     }
 
     /// Takes a free buffer.
-    pub fn acquire(&mut self) -> Option<u16> {
-        self.free.pop()
+    #[inline]
+    pub fn acquire(&mut self) -> Option<SendBuf> {
+        let idx = self.free.pop()?;
+        self.out += 1;
+        Some(SendBuf { idx, pool: self.id })
+    }
+
+    /// Takes a free buffer when the send queue has room for its WRs (a WRITE and a SEND) on top
+    /// of those of every buffer already taken.
+    #[inline]
+    pub fn acquire_for(&mut self, sq: &SendQueue) -> Option<SendBuf> {
+        if !sq.has_room(2 * (self.out + 1)) {
+            return None;
+        }
+        self.acquire()
     }
 
     /// Free buffers.
@@ -176,16 +341,30 @@ impl<P: Provider> SendPool<P> {
         self.free.len()
     }
 
-    /// Returns a buffer that was acquired but never posted.
-    pub fn give_back(&mut self, idx: u16) {
+    /// Returns a buffer that was taken but not posted.
+    #[inline]
+    pub fn give_back(&mut self, buf: SendBuf) {
+        if buf.pool != self.id {
+            return;
+        }
+        let idx = buf.idx;
+        std::mem::forget(buf);
+        self.out -= 1;
         self.free.push(idx);
     }
 
-    /// The bytes of a free (acquired, not posted) buffer.
+    /// The bytes of a taken buffer, to write the message into. Empty for a token of another pool.
     #[inline]
-    pub fn buf_mut(&mut self, idx: u16) -> &mut [u8] {
-        let start = idx as usize * self.buf_size;
-        &mut self.mr.as_mut_slice()[start..start + self.buf_size]
+    pub fn buf_mut<'a>(&'a mut self, buf: &'a mut SendBuf) -> &'a mut [u8] {
+        if buf.pool != self.id {
+            return &mut [];
+        }
+        let start = buf.idx as usize * self.buf_size;
+        // SAFETY: the range lies in `self.mr`, alive as long as `&mut self`. The token exists only
+        // while the buffer is neither posted nor free (`acquire` made it, `send`/`give_back`
+        // consume it), so the NIC does not read it, no other token names it, and both borrows
+        // (`&mut self`, `&mut buf`) make this the only view.
+        unsafe { std::slice::from_raw_parts_mut((self.mr.addr() as usize + start) as *mut u8, self.buf_size) }
     }
 
     fn sge(&self, idx: u16, len: u32) -> Sge {
@@ -210,26 +389,19 @@ impl<P: Provider> SendPool<P> {
     }
 }
 
-/// A registered region for bulk bodies: the receive ring (REMOTE_WRITE) or the send mirror.
-pub struct RingBuf<P: Provider> {
+/// Our ring, registered for the peer's RDMA WRITEs. The peer may write any byte of it at any
+/// time, so it is never read in place: bodies are copied out.
+pub struct RecvRing<P: Provider> {
     mr: P::MemoryRegion,
 }
 
-impl<P: Provider> RingBuf<P> {
-    /// The receive ring a peer writes into: `LOCAL_WRITE | REMOTE_WRITE`.
+impl<P: Provider> RecvRing<P> {
+    /// Registers a ring of `len` bytes: `LOCAL_WRITE | REMOTE_WRITE`.
     ///
     /// # Errors
     /// The verbs error of registering.
-    pub fn receive(pd: &P::ProtectionDomain, len: usize) -> Result<RingBuf<P>> {
-        Ok(RingBuf { mr: pd.reg_mr(len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)? })
-    }
-
-    /// The send mirror bodies are encoded into before their RDMA WRITE: local access only.
-    ///
-    /// # Errors
-    /// The verbs error of registering.
-    pub fn mirror(pd: &P::ProtectionDomain, len: usize) -> Result<RingBuf<P>> {
-        Ok(RingBuf { mr: pd.reg_mr(len, AccessFlags::LOCAL_WRITE)? })
+    pub fn new(pd: &P::ProtectionDomain, len: usize) -> Result<RecvRing<P>> {
+        Ok(RecvRing { mr: pd.reg_mr(len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)? })
     }
 
     /// Address, length and rkey for the handshake.
@@ -237,14 +409,82 @@ impl<P: Provider> RingBuf<P> {
         (self.mr.addr(), self.mr.len() as u32, self.mr.rkey())
     }
 
-    /// The bytes (the session's ring accounting says which ones are settled).
-    pub fn bytes(&self) -> &[u8] {
-        self.mr.as_slice()
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.len()
     }
 
-    /// The bytes, mutable (the mirror: only ranges the producer reserved).
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        self.mr.as_mut_slice()
+    /// True for an empty ring (never: rings are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.mr.is_empty()
+    }
+
+    /// Appends the `len` bytes at `offset` to `dst` (one copy; `dst` grows if needed). A peer
+    /// writing the range meanwhile can only change which bytes are copied, never what happens
+    /// to them afterwards: from here on they are ours. Returns false, copying nothing, when the
+    /// range is outside the ring.
+    #[inline]
+    pub fn copy_out(&self, offset: u32, len: u32, dst: &mut Vec<u8>) -> bool {
+        let (o, n) = (offset as usize, len as usize);
+        if o.checked_add(n).is_none_or(|end| end > self.mr.len()) {
+            return false;
+        }
+        dst.reserve(n);
+        let at = dst.len();
+        // SAFETY: the source range lies in `self.mr` (checked above), alive for `&self`; the
+        // destination is `n` bytes of `dst`'s spare capacity (reserved above), which no one else
+        // can reach. The copy goes through raw pointers: no reference to ring memory is formed,
+        // so a concurrent RDMA WRITE by the peer (outside this process's control) only decides
+        // the copied values. After the copy those bytes are initialized, so `set_len` is valid.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.mr.addr() as usize + o) as *const u8,
+                dst.as_mut_ptr().add(at),
+                n,
+            );
+            dst.set_len(at + n);
+        }
+        true
+    }
+}
+
+/// The local image of the peer's ring: bodies are encoded at the offset they will have in the
+/// peer's ring, then RDMA WRITTEN there. Registered for local access only: no peer can write it.
+pub struct SendMirror<P: Provider> {
+    mr: P::MemoryRegion,
+}
+
+impl<P: Provider> SendMirror<P> {
+    /// Registers a mirror of `len` bytes (the peer's ring length): `LOCAL_WRITE`.
+    ///
+    /// # Errors
+    /// The verbs error of registering.
+    pub fn new(pd: &P::ProtectionDomain, len: usize) -> Result<SendMirror<P>> {
+        Ok(SendMirror { mr: pd.reg_mr(len, AccessFlags::LOCAL_WRITE)? })
+    }
+
+    /// The whole mirror, to encode bodies into at offsets the session reserved (see
+    /// [`SendMirror::range_mut`] for why this view is sound).
+    #[inline]
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.mr.len() as u32;
+        self.range_mut(0, len)
+    }
+
+    /// The bytes `[offset, offset + len)`, to encode a body into: a range the session reserved
+    /// in the peer's ring (so no posted WRITE still reads it). Empty when out of bounds.
+    #[inline]
+    pub fn range_mut(&mut self, offset: u32, len: u32) -> &mut [u8] {
+        let (o, n) = (offset as usize, len as usize);
+        if o.checked_add(n).is_none_or(|end| end > self.mr.len()) {
+            return &mut [];
+        }
+        // SAFETY: the range lies in `self.mr` (checked), alive for `&mut self`, which makes this
+        // the only view. The mirror is never posted as a receive target nor exposed with a remote
+        // key, so nothing writes it behind us; the local NIC only reads ranges of posted WRITEs,
+        // and the session reserves a range again only after the peer reported it freed, which it
+        // does after the SEND that followed that WRITE arrived (RC order: the WRITE was done).
+        unsafe { std::slice::from_raw_parts_mut((self.mr.addr() as usize + o) as *mut u8, n) }
     }
 }
 
@@ -254,7 +494,7 @@ struct PendingWr {
     op: SendOp,
     /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE from the mirror).
     buf: u16,
-    /// Copied into the WQE at post time: the buffer is free again right after posting.
+    /// Copied into the WQE at post time.
     inline: bool,
 }
 
@@ -265,14 +505,26 @@ pub struct SendQueue {
     outstanding: usize,
     /// WRs posted since the last signaled one.
     unsignaled: usize,
+    /// Send buffers posted since the last signaled WR.
+    unsignaled_bufs: usize,
     /// Send queue depth in WQEs.
     depth: usize,
+    /// Signal at least every this many send buffers (so free buffers never run out waiting).
+    signal_bufs: usize,
 }
 
 impl SendQueue {
-    /// A queue for a QP whose send queue holds `depth` WQEs.
-    pub fn new(depth: usize) -> SendQueue {
-        SendQueue { pending: Vec::with_capacity(depth), outstanding: 0, unsignaled: 0, depth }
+    /// A queue for a QP whose send queue holds `depth` WQEs and whose pool has `bufs` send
+    /// buffers.
+    pub fn new(depth: usize, bufs: usize) -> SendQueue {
+        SendQueue {
+            pending: Vec::with_capacity(depth),
+            outstanding: 0,
+            unsignaled: 0,
+            unsignaled_bufs: 0,
+            depth,
+            signal_bufs: (bufs / 4).clamp(1, 16),
+        }
     }
 
     /// WRs waiting for the next flush.
@@ -285,15 +537,21 @@ impl SendQueue {
         self.pending.is_empty()
     }
 
-    /// Room for `n` more WRs in the send queue (posted plus pending).
+    /// Room for `n` more WRs in the send queue (posted and not retired, plus pending).
+    #[inline]
     pub fn has_room(&self, n: usize) -> bool {
         self.outstanding + self.pending.len() + n <= self.depth
+    }
+
+    /// WRs posted and not yet retired by a polled signaled completion.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
     }
 
     /// Queues an RDMA WRITE of `mirror[offset, offset + len)` to the peer's ring at the same offset.
     pub fn write<P: Provider>(
         &mut self,
-        mirror: &RingBuf<P>,
+        mirror: &SendMirror<P>,
         offset: u32,
         len: u32,
         ring_addr: u64,
@@ -307,17 +565,25 @@ impl SendQueue {
         });
     }
 
-    /// Queues a SEND of the first `len` bytes of send buffer `buf`; with `inline`, the bytes are
-    /// copied into the WQE (`len` must not exceed the QP's `max_inline_data`).
+    /// Queues a SEND of the first `len` bytes of send buffer `buf` (consumed: it is the NIC's
+    /// until a signaled completion retires it); with `inline`, the bytes are copied into the WQE
+    /// (`len` must not exceed the QP's `max_inline_data`). A token of another pool is dropped.
     #[inline]
-    pub fn send<P: Provider>(&mut self, pool: &SendPool<P>, buf: u16, len: u32, inline: bool) {
-        self.pending.push(PendingWr { sge: pool.sge(buf, len), op: SendOp::Send, buf, inline });
+    pub fn send<P: Provider>(&mut self, pool: &mut SendPool<P>, buf: SendBuf, len: u32, inline: bool) {
+        if buf.pool != pool.id {
+            return;
+        }
+        let idx = buf.idx;
+        std::mem::forget(buf);
+        pool.out -= 1;
+        let len = len.min(pool.buf_size as u32);
+        self.pending.push(PendingWr { sge: pool.sge(idx, len), op: SendOp::Send, buf: idx, inline });
     }
 
     /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs. The last WR of a batch
-    /// is signaled when the batch holds non-inline sends or half the send queue went unsignaled;
-    /// its `wr_id` carries `tag`, the number of WRs and of send buffers its completion retires
-    /// ([`split_send_wr_id`]). Allocates nothing.
+    /// is signaled when the batch holds non-inline sends, or a quarter of the send buffers (at
+    /// most 16) or half the send queue went unsignaled; its `wr_id` carries `tag`, the number of
+    /// WRs and of send buffers its completion retires ([`split_send_wr_id`]). Allocates nothing.
     ///
     /// # Errors
     /// The verbs error of posting; the QP is then unusable (the caller closes the connection).
@@ -342,39 +608,47 @@ impl SendQueue {
         tag: u32,
     ) -> Result<()> {
         let n = self.pending.len().min(N);
-        let mut bufs = 0u16;
+        let mut bufs = 0usize;
+        let mut dma_bufs = false;
         let mut wrs = [SendWr { wr_id: 0, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; N];
         for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
             let flags = if p.inline { SendFlags::INLINE } else { SendFlags::EMPTY };
             *wr = SendWr { wr_id: 0, sg_list: std::slice::from_ref(&p.sge), op: p.op, flags };
-            if p.buf != u16::MAX && !p.inline {
+            if p.buf != u16::MAX {
                 bufs += 1;
+                dma_bufs |= !p.inline;
             }
         }
-        // Selective signaling: a completion is needed to retire send buffers (non-inline WRs)
-        // and, at least every half queue, to retire WQEs; inline-only batches go unsignaled.
+        // Selective signaling: a completion retires WQEs and send buffers. Buffers the NIC reads
+        // by DMA want it soon; inline ones only before the free list runs low.
         let unsignaled = self.unsignaled + n;
-        let signal = bufs > 0 || unsignaled >= self.depth / 2;
+        let unsignaled_bufs = self.unsignaled_bufs + bufs;
+        let signal = dma_bufs || unsignaled_bufs >= self.signal_bufs || unsignaled >= (self.depth / 2).max(1);
         if signal {
             wrs[n - 1].flags |= SendFlags::SIGNALED;
-            wrs[n - 1].wr_id = send_wr_id(tag, unsignaled as u16, bufs);
+            wrs[n - 1].wr_id = send_wr_id(tag, unsignaled as u16, unsignaled_bufs as u16);
         }
         // SAFETY: every SGE lies in a send buffer of `pool` or in the send mirror, MRs owned
-        // next to `qp` by the same connection and dropped after it; an inline WR's bytes are
-        // copied into the WQE by `post_send`, so its buffer is free again on return; any other
-        // send buffer is not written again until a signaled completion at or after its WR
-        // retires it, and a mirror range is not reserved again until the peer reports it freed,
-        // which it does only after the SEND that follows the WRITE arrived.
+        // next to `qp` by the same connection and dropped after it. A send buffer's token was
+        // consumed by `send`, so nothing writes it until a signaled completion at or after its WR
+        // retires it (`retire`, from that completion's count); a mirror range is not reserved
+        // again until the peer reports it freed, which it does only after the SEND that follows
+        // the WRITE arrived. `has_room`, checked when each buffer was taken, keeps the posted
+        // WQEs within the send queue.
         unsafe { qp.post_send(&wrs[..n]) }?;
         for p in &self.pending[..n] {
-            if p.inline {
-                pool.free.push(p.buf);
-            } else if p.buf != u16::MAX {
+            if p.buf != u16::MAX {
                 pool.posted.push_back(p.buf);
             }
         }
         self.outstanding += n;
-        self.unsignaled = if signal { 0 } else { unsignaled };
+        if signal {
+            self.unsignaled = 0;
+            self.unsignaled_bufs = 0;
+        } else {
+            self.unsignaled = unsignaled;
+            self.unsignaled_bufs = unsignaled_bufs;
+        }
         if n == self.pending.len() {
             // The usual case (one batch): no drain bookkeeping for `Copy` entries.
             self.pending.clear();
@@ -389,11 +663,17 @@ impl SendQueue {
         self.outstanding = self.outstanding.saturating_sub(usize::from(wrs));
     }
 
-    /// Every posted WR is gone (the QP was destroyed or flushed).
-    pub fn reset(&mut self) {
+    /// Every posted WR is gone (the QP was destroyed or flushed). Queued sends are dropped: their
+    /// buffers go back to `pool`.
+    pub fn reset<P: Provider>(&mut self, pool: &mut SendPool<P>) {
+        for p in self.pending.drain(..) {
+            if p.buf != u16::MAX {
+                pool.free.push(p.buf);
+            }
+        }
         self.outstanding = 0;
         self.unsignaled = 0;
-        self.pending.clear();
+        self.unsignaled_bufs = 0;
     }
 }
 

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 
+use std::collections::VecDeque;
+
 use super::config::ClientConfig;
-use crate::buffers::{split_send_wr_id, RecvPool, RingBuf, SendPool, SendQueue};
-use crate::config::{Idle, EVENT_WAIT};
-use crate::session::{
-    CallSlots, PlaceError, Placement, ResponseFate, RingToken, Role, Session, SessionParams,
+use crate::buffers::{
+    split_send_wr_id, RecvBuf, RecvPool, RecvRing, SendBuf, SendMirror, SendPool, SendQueue,
 };
+use crate::config::{Idle, EVENT_WAIT};
+use crate::session::{CallSlots, PlaceError, Placement, ResponseFate, Role, Session, SessionParams};
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
@@ -23,7 +25,7 @@ use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
     PROTOCOL_VERSION,
 };
-use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, BodyAt, Conn};
+use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, BodyAt, Conn, Outgoing};
 use crate::worker::counters::Counters;
 
 const POLL_BATCH: usize = 32;
@@ -33,30 +35,28 @@ const TAG: u32 = 1;
 const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
 const LIVENESS_EVERY: u32 = 4096;
-/// Empty polls of a waiting call after which responses held in the ring for calls not yet taken
-/// are copied out and their ring space freed (the server may be waiting for that space to answer
-/// the call being waited for; futures may be awaited in any order).
-const UNPIN_RING_AFTER: u32 = 256;
 
-/// Where a response's body is, held until the caller takes it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum BodyRef {
-    Eager { buf: u32, len: u32 },
-    Ring { token: RingToken, offset: u32, len: u32 },
-}
-
-/// What a response leaves in its slot.
+/// What a response leaves in its slot until the caller takes it.
 #[derive(Debug)]
 pub(crate) enum Answer {
-    Ok(BodyRef),
-    /// A ring body copied out because another call waited for the ring space it held.
-    Copied(Vec<u8>),
+    /// The body is in this receive buffer, after the header.
+    Eager(RecvBuf),
+    /// The body came through the ring and was copied out into this buffer.
+    Owned(Vec<u8>),
     Err(Status),
 }
 
+/// A request's body while its call waits for a credit.
+enum PendingBody {
+    /// In a send buffer, after the header (`len` bytes), or in the mirror at a ring offset
+    /// reserved just before (then the call is sent at once).
+    Placed(SendBuf, BodyAt),
+    /// On the heap: sent through the ring whole or in pieces as space frees.
+    Heap(Vec<u8>),
+}
+
 struct Pending {
-    buf: u16,
-    body: BodyAt,
+    body: PendingBody,
     method: u32,
     deadline: Option<Instant>,
 }
@@ -77,6 +77,8 @@ pub(crate) struct ClientCore<P: Provider> {
     cq: P::CompletionQueue,
     slots: CallSlots<Answer>,
     pending: Vec<Option<Pending>>,
+    /// Requests on the wire whose bodies are still being sent through the ring, in order.
+    outbox: VecDeque<Outgoing>,
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
@@ -134,7 +136,7 @@ impl<P: Provider> ClientCore<P> {
         let attr = dev.ctx.attr();
         let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr)
             .map_err(unavailable)?;
-        let ring = RingBuf::<P>::receive(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
+        let ring = RecvRing::<P>::new(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
         let local = dev.endpoint(&qp);
 
         let addrs: Vec<SocketAddr> = addr
@@ -204,7 +206,7 @@ impl<P: Provider> ClientCore<P> {
         }
         let body_cap = body_area(reply.eager_threshold);
         let pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
-        let mirror = RingBuf::<P>::mirror(&pd, reply.ring_len as usize).map_err(unavailable)?;
+        let mirror = SendMirror::<P>::new(&pd, reply.ring_len as usize).map_err(unavailable)?;
         let remote =
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
@@ -228,7 +230,7 @@ impl<P: Provider> ClientCore<P> {
                 pool,
                 ring,
                 mirror,
-                sq: SendQueue::new(sq_depth),
+                sq: SendQueue::new(sq_depth, usize::from(bufs)),
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
@@ -238,6 +240,7 @@ impl<P: Provider> ClientCore<P> {
             cq,
             slots: CallSlots::new(window, reply.credits),
             pending: (0..window).map(|_| None).collect(),
+            outbox: VecDeque::new(),
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
@@ -251,7 +254,9 @@ impl<P: Provider> ClientCore<P> {
 
     /// Encodes a request and queues it (sending it when a credit is free). With `flush_now`, it
     /// is posted at once; otherwise with the next progress (so calls started back to back share
-    /// one doorbell).
+    /// one doorbell). A body above the eager threshold is encoded straight into the mirror of the
+    /// server's ring when the call goes out now and the ring has room; otherwise onto the heap,
+    /// and sent through the ring (in pieces when larger than a piece) as space frees.
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
@@ -269,51 +274,55 @@ impl<P: Provider> ClientCore<P> {
             )));
         }
         let deadline = timeout.map(|t| Instant::now() + t);
-        let buf = loop {
-            if let Some(b) = self.conn.pool.acquire() {
-                break b;
-            }
-            self.wait_step(deadline)?;
-        };
         let len = req.encoded_len();
-        let placement = loop {
+        if len > self.conn.session.params().max_message as usize {
+            // Refused before anything is sent or taken.
+            let s = match self.conn.session.place_body(len) {
+                Err(PlaceError::Refused(s)) => s,
+                Ok(_) => Status::resource_exhausted("message over max_message_size"),
+            };
+            self.counters.status(s.code());
+            return Err(s);
+        }
+        let eager = len <= self.conn.session.params().eager_threshold as usize;
+        // A ring reservation must be queued before anything else is placed: only a call that goes
+        // on the wire now (a credit free, nothing waiting) may take one.
+        let now = self.slots.queued() == 0 && self.slots.in_flight() < self.slots.credits();
+        let body = if eager || now {
+            let mut buf = loop {
+                if let Some(b) = self.conn.acquire() {
+                    break b;
+                }
+                self.wait_step(deadline)?;
+            };
             match self.conn.session.place_body(len) {
-                Ok(p) => break p,
-                Err(PlaceError::Refused(s)) => {
+                Ok(Placement::Eager) => {
+                    let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                    req.encode_raw(&mut dst);
+                    let n = (len - dst.len()) as u32;
+                    PendingBody::Placed(buf, BodyAt::Eager(n))
+                }
+                Ok(Placement::Ring(off)) => {
+                    let mut dst = self.conn.mirror.range_mut(off, len as u32);
+                    req.encode_raw(&mut dst);
+                    // A body shorter than announced keeps its reserved length, as the ring accounting
+                    // requires; the gap is zeroed (a zero tag never decodes: the server answers
+                    // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
+                    dst.fill(0);
+                    PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 })
+                }
+                Ok(Placement::Pieces) | Err(_) => {
                     self.conn.pool.give_back(buf);
-                    self.counters.status(s.code());
-                    return Err(s);
-                }
-                Err(PlaceError::RingFull) => {
                     self.counters.ring_full_stalls += 1;
-                    if let Err(s) = self.wait_step(deadline) {
-                        self.conn.pool.give_back(buf);
-                        return Err(s);
-                    }
+                    PendingBody::Heap(req.encode_to_vec())
                 }
             }
-        };
-        // The destination is exactly `encoded_len()` bytes: encode without measuring again.
-        let body = match placement {
-            Placement::Eager => {
-                let mut dst = &mut self.conn.pool.buf_mut(buf)[HEADER_LEN..HEADER_LEN + len];
-                req.encode_raw(&mut dst);
-                BodyAt::Eager((len - dst.len()) as u32)
-            }
-            Placement::Ring(off) => {
-                let o = off as usize;
-                let mut dst = &mut self.conn.mirror.bytes_mut()[o..o + len];
-                req.encode_raw(&mut dst);
-                // A body shorter than announced keeps its reserved length, as the ring accounting
-                // requires; the gap is zeroed (a zero tag never decodes: the server answers
-                // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
-                dst.fill(0);
-                BodyAt::Ring { offset: off, len: len as u32 }
-            }
+        } else {
+            PendingBody::Heap(req.encode_to_vec())
         };
         self.counters.bytes_out += len as u64;
         let (slot, generation) = self.slots.start().expect("a free slot was checked");
-        self.pending[slot as usize] = Some(Pending { buf, body, method, deadline });
+        self.pending[slot as usize] = Some(Pending { body, method, deadline });
         self.pump();
         if flush_now {
             self.flush();
@@ -321,7 +330,7 @@ impl<P: Provider> ClientCore<P> {
         Ok(CallId { slot, generation, deadline })
     }
 
-    /// Sends queued calls while credits allow.
+    /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
     fn pump(&mut self) {
         while let Some((slot, generation)) = self.slots.next_sendable() {
             let Some(p) = self.pending[slot as usize].take() else { continue };
@@ -329,10 +338,19 @@ impl<P: Provider> ClientCore<P> {
                 d.saturating_duration_since(Instant::now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
             });
             let h = Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
-            self.conn.queue(p.buf, h, p.body);
+            match p.body {
+                PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
+                PendingBody::Heap(body) => self.outbox.push_back(Outgoing::new(h, body)),
+            }
         }
         if self.slots.credit_stalled() {
             self.counters.credit_stalls += 1;
+        }
+        while let Some(out) = self.outbox.front_mut() {
+            if !self.conn.send_outgoing(out) {
+                break;
+            }
+            self.outbox.pop_front();
         }
     }
 
@@ -350,9 +368,12 @@ impl<P: Provider> ClientCore<P> {
         if self.credit_return {
             self.credit_return = false;
             // Messages are stamped with the freed head when queued: bytes still unreported are
-            // carried by none of the pending ones (they were queued before the release).
-            if self.slots.in_flight() > 0 && self.conn.session.unreported_ring_bytes() > 0 {
-                if let Some(b) = self.conn.pool.acquire() {
+            // carried by none of the pending ones (they were queued before the release). With
+            // nothing in flight the next request carries them, unless a response is still
+            // arriving in pieces (its sender waits for the space).
+            let needed = self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0;
+            if needed && self.conn.session.unreported_ring_bytes() > 0 {
+                if let Some(b) = self.conn.acquire() {
                     self.conn.queue(b, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
                 }
             }
@@ -375,10 +396,13 @@ impl<P: Provider> ClientCore<P> {
         // Each failed call is counted when its caller takes the answer.
         self.slots.fail_all(|| Answer::Err(status.clone()));
         for p in self.pending.iter_mut().filter_map(Option::take) {
-            self.conn.pool.give_back(p.buf);
+            if let PendingBody::Placed(buf, _) = p.body {
+                self.conn.pool.give_back(buf);
+            }
         }
+        self.outbox.clear();
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
-        self.conn.sq.reset();
+        self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
         self.counters.sessions_closed += 1;
         self.broken = Some(status);
@@ -420,19 +444,18 @@ impl<P: Provider> ClientCore<P> {
             self.conn.sq.on_completion(wrs);
             return;
         }
-        let buf = wc.wr_id as u32;
+        let Some(buf) = self.recv.take(wc.wr_id, wc.byte_len) else { return };
         if !wc.status.is_success() {
             self.recv.repost(buf);
             self.break_conn(unavailable(format!("receive failed ({})", wc.status)));
             return;
         }
-        let len = wc.byte_len as usize;
-        let Some(msg) = self.recv.received(buf, len) else {
+        if !self.recv.fits(&buf) {
             self.recv.repost(buf);
             self.malformed("message longer than a receive buffer".into());
             return;
-        };
-        let h = match Header::decode(msg) {
+        }
+        let h = match Header::decode(self.recv.bytes(&buf)) {
             Ok(h) => h,
             Err(e) => {
                 self.recv.repost(buf);
@@ -448,50 +471,57 @@ impl<P: Provider> ClientCore<P> {
                 return;
             }
         };
+        // A ring body is copied out at once (the server could rewrite the ring) and its space
+        // freed; the response is complete with its last piece.
+        let (h, body) = match inc.ring {
+            None => (h, Answer::Eager(buf)),
+            Some(piece) => {
+                self.recv.repost(buf);
+                self.credit_return = true;
+                match self.conn.take_piece(piece) {
+                    Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
+                    Ok(None) => return,
+                    Err(reason) => {
+                        self.malformed(format!("protocol violation: {reason}"));
+                        return;
+                    }
+                }
+            }
+        };
         match h.kind {
             Kind::Response => {
                 self.counters.bytes_in += u64::from(h.body_len);
                 let answer = if h.status == Code::Ok {
-                    match inc.ring {
-                        Some(token) => {
-                            self.recv.repost(buf);
-                            Answer::Ok(BodyRef::Ring { token, offset: h.ring_offset, len: h.body_len })
-                        }
-                        None => Answer::Ok(BodyRef::Eager { buf, len: h.body_len }),
-                    }
+                    body
                 } else {
-                    let text = match inc.ring {
-                        Some(t) => {
-                            let o = h.ring_offset as usize;
-                            let s =
-                                String::from_utf8_lossy(&self.conn.ring.bytes()[o..o + h.body_len as usize])
-                                    .into_owned();
-                            self.conn.session.release(t);
-                            self.credit_return = true;
-                            s
+                    let text = match &body {
+                        Answer::Eager(b) => {
+                            String::from_utf8_lossy(self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]))
+                                .into_owned()
                         }
-                        None => String::from_utf8_lossy(&msg[HEADER_LEN..]).into_owned(),
+                        Answer::Owned(v) => String::from_utf8_lossy(v).into_owned(),
+                        Answer::Err(_) => String::new(),
                     };
-                    self.recv.repost(buf);
+                    self.release(body);
                     Answer::Err(Status::new(h.status, text))
                 };
                 match self.slots.on_response(h.slot, h.generation, answer) {
                     Ok(ResponseFate::Stored) => {}
                     Ok(ResponseFate::Discard(a)) => {
                         self.counters.late_replies += 1;
-                        if let Answer::Ok(body) = a {
-                            self.release(body);
-                        }
+                        self.release(a);
                     }
-                    Err(reason) => self.malformed(format!("protocol violation: {reason}")),
+                    Err((reason, a)) => {
+                        self.release(a);
+                        self.malformed(format!("protocol violation: {reason}"));
+                    }
                 }
             }
-            Kind::CreditReturn => self.recv.repost(buf),
             Kind::Close => {
-                self.recv.repost(buf);
+                self.release(body);
                 self.break_conn(unavailable("the server closed the session"));
             }
-            Kind::Request => self.recv.repost(buf),
+            Kind::CreditReturn | Kind::Request => self.release(body),
         }
     }
 
@@ -503,25 +533,17 @@ impl<P: Provider> ClientCore<P> {
 
     /// Decodes a finished call's answer and releases its buffers.
     fn finish<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
+        let undecodable = |e: prost::DecodeError| {
+            Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+        };
         let r = match a {
             Answer::Err(s) => Err(s),
-            Answer::Copied(bytes) => R::decode(&bytes[..]).map_err(|e| {
-                Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
-            }),
-            Answer::Ok(body) => {
-                let bytes: &[u8] = match body {
-                    BodyRef::Eager { buf, len } => self
-                        .recv
-                        .received(buf, HEADER_LEN + len as usize)
-                        .map_or(&[][..], |m| &m[HEADER_LEN..]),
-                    BodyRef::Ring { offset, len, .. } => {
-                        &self.conn.ring.bytes()[offset as usize..(offset + len) as usize]
-                    }
-                };
-                let r = R::decode(bytes).map_err(|e| {
-                    Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
-                });
-                self.release(body);
+            // `bytes` fields become slices of this buffer: no second copy.
+            Answer::Owned(body) => R::decode(bytes::Bytes::from(body)).map_err(undecodable),
+            Answer::Eager(buf) => {
+                let r =
+                    R::decode(self.recv.bytes(&buf).get(HEADER_LEN..).unwrap_or(&[])).map_err(undecodable);
+                self.recv.repost(buf);
                 r
             }
         };
@@ -530,13 +552,10 @@ impl<P: Provider> ClientCore<P> {
         r
     }
 
-    fn release(&mut self, body: BodyRef) {
-        match body {
-            BodyRef::Eager { buf, .. } => self.recv.repost(buf),
-            BodyRef::Ring { token, .. } => {
-                self.conn.session.release(token);
-                self.credit_return = true;
-            }
+    /// Gives an answer's receive buffer back (an owned body is simply dropped).
+    fn release(&mut self, a: Answer) {
+        if let Answer::Eager(b) = a {
+            self.recv.repost(b);
         }
     }
 
@@ -607,9 +626,6 @@ impl<P: Provider> ClientCore<P> {
             }
         } else {
             self.note_empty();
-            if self.idle.empty_polls() % UNPIN_RING_AFTER == 0 {
-                self.unpin_ring();
-            }
         }
         if let Some(d) = id.deadline {
             if Instant::now() >= d {
@@ -619,24 +635,6 @@ impl<P: Provider> ClientCore<P> {
             }
         }
         None
-    }
-
-    /// Copies the ring bodies of finished calls not yet taken to the heap and frees their ring
-    /// space (an allocation on a stall path only).
-    fn unpin_ring(&mut self) {
-        let mut freed = false;
-        for a in self.slots.done_results_mut() {
-            if let Answer::Ok(BodyRef::Ring { token, offset, len }) = *a {
-                let bytes = self.conn.ring.bytes()[offset as usize..(offset + len) as usize].to_vec();
-                self.conn.session.release(token);
-                *a = Answer::Copied(bytes);
-                freed = true;
-            }
-        }
-        if freed {
-            self.credit_return = true;
-            self.flush();
-        }
     }
 
     /// Blocks (busy-polling per policy) until the call finishes.
@@ -654,9 +652,7 @@ impl<P: Provider> ClientCore<P> {
     /// The caller gave up on a call (future dropped or deadline passed).
     pub(crate) fn abandon(&mut self, id: CallId) {
         if let Some(a) = self.slots.abandon(id.slot, id.generation) {
-            if let Answer::Ok(body) = a {
-                self.release(body);
-            }
+            self.release(a);
             self.flush();
         }
     }
@@ -666,7 +662,7 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return;
         }
-        if let Some(b) = self.conn.pool.acquire() {
+        if let Some(b) = self.conn.acquire() {
             self.conn.queue(b, Header::new(Kind::Close), BodyAt::Eager(0));
             let _ = self.conn.flush(TAG);
             // Give the SEND a moment to leave before the QP is destroyed.

@@ -13,7 +13,7 @@ use crossbeam_queue::ArrayQueue;
 use super::registry::Registry;
 use super::reply::DeferQueue;
 use super::{ServerConfig, ServerError, ServerHandle};
-use crate::buffers::{RecvPool, RingBuf, SendPool, SendQueue};
+use crate::buffers::{RecvPool, RecvRing, SendMirror, SendPool, SendQueue};
 use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
@@ -353,8 +353,8 @@ impl<P: Provider> Listener<P> {
         let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
         let pool = SendPool::<P>::new(&w.pd, bufs, HEADER_LEN + body_cap).map_err(verbs)?;
-        let ring = RingBuf::<P>::receive(&w.pd, self.config.ring_bytes as usize).map_err(verbs)?;
-        let mirror = RingBuf::<P>::mirror(&w.pd, hello.ring_len as usize).map_err(verbs)?;
+        let ring = RecvRing::<P>::new(&w.pd, self.config.ring_bytes as usize).map_err(verbs)?;
+        let mirror = SendMirror::<P>::new(&w.pd, hello.ring_len as usize).map_err(verbs)?;
         let local = self.dev.endpoint(&qp);
         let remote =
             Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
@@ -375,7 +375,7 @@ impl<P: Provider> Listener<P> {
             pool,
             ring,
             mirror,
-            sq: SendQueue::new(sq_depth),
+            sq: SendQueue::new(sq_depth, usize::from(bufs)),
             session: Session::new(Role::Server, params),
             peer_ring: (hello.ring_addr, hello.ring_rkey),
             body_cap,

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::codegen::{MethodId, ReplyWriter, RequestContext, Service};
+use crate::codegen::{Body, MethodId, ReplyWriter, RequestContext, Service};
 
 /// Hasher for keys that are already hashes (method ids, QPNs): the value itself.
 #[derive(Default)]
@@ -28,11 +28,11 @@ pub(crate) type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
 
 /// A service with its associated constants erased, callable through `dyn`.
 pub(crate) trait ErasedService: Send + Sync + 'static {
-    fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>);
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>);
 }
 
 impl<S: Service> ErasedService for S {
-    fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
         Service::call(self, method, ctx, body, out)
     }
 }

@@ -206,7 +206,8 @@ pub(crate) enum Outcome {
     Error(Status),
     /// The handler deferred its answer.
     Deferred,
-    /// The peer's ring was full: the body waits in the heap until space is freed (a stall).
+    /// No send buffer was free, or the body goes in pieces (larger than a piece of the peer's
+    /// ring, or no room for it now): it waits on the heap.
     Spilled(Vec<u8>),
 }
 
@@ -225,9 +226,10 @@ pub(crate) fn encode_body<M: Message>(
     let placement = match session.place_body(len) {
         Ok(p) => p,
         Err(PlaceError::Refused(s)) => return Outcome::Error(s),
-        Err(PlaceError::RingFull) => return Outcome::Spilled(msg.encode_to_vec()),
     };
     let (dst, outcome) = match placement {
+        // Larger than a piece or no room now: the body waits on the heap and goes in pieces.
+        Placement::Pieces => return Outcome::Spilled(msg.encode_to_vec()),
         Placement::Eager => (eager.get_mut(..len), Outcome::Eager(len as u32)),
         Placement::Ring(off) => {
             (mirror.get_mut(off as usize..off as usize + len), Outcome::Ring { offset: off, len: len as u32 })

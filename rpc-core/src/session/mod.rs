@@ -1,12 +1,23 @@
 //! Per-connection protocol state, sans-IO: credits, call slots with generations, the producer
-//! state of the peer's ring and the consumer state of our own. No verbs and no clock: inputs are
-//! received headers (`handle_header`) and body sizes (`place_body`); outputs are placements and
-//! header fields to send.
+//! state of the peer's ring and the consumer state of our own, and the reassembly of bodies that
+//! arrive through the ring. No verbs and no clock: inputs are received headers (`handle_header`)
+//! and body sizes (`place_body`, `next_piece`); outputs are placements, header fields to send and
+//! complete messages.
+//!
+//! Ring bodies are untrusted while they sit in the ring (the peer can write it at any time), so the
+//! receiver copies every ring body out once, into a buffer this session owns, and frees its ring
+//! space at once ([`Session::piece_buffer`], [`Session::piece_done`]); nothing ever reads a body in
+//! place. A body larger than the peer's ring, or than what it has free, travels in pieces of at
+//! most a quarter of the ring ([`Session::next_piece`]), pipelined: the receiver copies one piece
+//! out while the next is written.
 
 mod ring;
 mod slots;
 
 pub use ring::{RingConsumer, RingProducer, RingReserveError, RingToken};
+
+/// Fraction of the peer's ring one piece may take (a quarter: four pieces in flight pipeline).
+const PIECE_FRACTION: u32 = 4;
 pub use slots::{CallSlots, ResponseFate, SlotState};
 
 use crate::status::Status;
@@ -45,17 +56,32 @@ pub struct SessionParams {
 pub enum Placement {
     /// After the header in the SEND.
     Eager,
-    /// In the peer's ring at this offset (RDMA WRITE before the header SEND).
+    /// In the peer's ring at this offset, reserved now (RDMA WRITE before the header SEND): queue
+    /// it before anything else is placed.
     Ring(u32),
+    /// In pieces through the peer's ring, as [`Session::next_piece`] grants space: the body is
+    /// larger than a piece, or the ring has no contiguous room for it now.
+    Pieces,
 }
 
-/// Why a body cannot be sent now.
+/// Why a body cannot be sent.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PlaceError {
-    /// Never (too large): RESOURCE_EXHAUSTED naming the limit.
+    /// Never (over `max_message_size`): RESOURCE_EXHAUSTED naming the limit.
     Refused(Status),
-    /// Not now: the peer's ring is full until it frees (a ring-full stall).
-    RingFull,
+}
+
+/// A body (or piece of one) the session accepted into our ring: copy `len` bytes at `offset` of
+/// the ring into [`Session::piece_buffer`], then hand it to [`Session::piece_done`] before the
+/// next header is handled.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RingPiece {
+    token: RingToken,
+    /// Offset in our ring in bytes.
+    pub offset: u32,
+    /// Length in bytes.
+    pub len: u32,
+    assembly: usize,
 }
 
 /// A received message the session accepted.
@@ -63,8 +89,24 @@ pub enum PlaceError {
 pub struct Incoming {
     /// The header.
     pub header: Header,
-    /// For a body in our ring: its token, to release when the body is no longer read.
-    pub ring: Option<RingToken>,
+    /// For a body (or piece) in our ring: where it is, to copy out.
+    pub ring: Option<RingPiece>,
+}
+
+/// A message whose body arrived through the ring, complete and copied out.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Complete {
+    /// The header of its first piece, with `body_len` set to the whole body's length.
+    pub header: Header,
+    /// The whole body, owned.
+    pub body: Vec<u8>,
+}
+
+/// A ring message being received piece by piece.
+#[derive(Debug)]
+struct Assembly {
+    header: Header,
+    body: Vec<u8>,
 }
 
 /// Protocol state of one connection.
@@ -77,6 +119,8 @@ pub struct Session {
     /// Server: requests received and not yet answered, as (slot, generation); at most `credits`
     /// entries (allocated once). An answer for a call not listed here is a duplicate.
     unanswered: Vec<(u16, u32)>,
+    /// Ring messages being received (at most `max_held`, bounded by credits or the window).
+    assemblies: Vec<Assembly>,
     closed: bool,
 }
 
@@ -92,6 +136,7 @@ impl Session {
                 Role::Server => Vec::with_capacity(usize::from(params.credits)),
                 Role::Client => Vec::new(),
             },
+            assemblies: Vec::new(),
             closed: false,
         }
     }
@@ -126,11 +171,12 @@ impl Session {
         self.closed = true;
     }
 
-    /// Chooses where a body of `len` bytes goes and reserves ring space for it.
+    /// Chooses where a body of `len` bytes goes and, for [`Placement::Ring`], reserves its
+    /// space in the peer's ring.
     ///
     /// # Errors
-    /// [`PlaceError::Refused`] (RESOURCE_EXHAUSTED naming `max_message` or the ring length) when it
-    /// can never be sent; [`PlaceError::RingFull`] when it must wait for ring space.
+    /// [`PlaceError::Refused`] (RESOURCE_EXHAUSTED naming `max_message_size`) when it can never be
+    /// sent; nothing was reserved.
     #[inline]
     pub fn place_body(&mut self, len: usize) -> Result<Placement, PlaceError> {
         if len > self.params.max_message as usize {
@@ -144,13 +190,24 @@ impl Session {
         }
         match self.producer.reserve(len as u32) {
             Ok(off) => Ok(Placement::Ring(off)),
-            Err(RingReserveError::Full) => Err(PlaceError::RingFull),
-            Err(RingReserveError::TooLarge { len, ring_len }) => {
-                Err(PlaceError::Refused(Status::resource_exhausted(format!(
-                    "message of {len} bytes exceeds the peer's ring of {ring_len} bytes (ring_bytes)"
-                ))))
-            }
+            Err(RingReserveError::Full | RingReserveError::TooLarge { .. }) => Ok(Placement::Pieces),
         }
+    }
+
+    /// Largest piece in bytes: a quarter of the peer's ring (at least 1).
+    pub fn max_piece(&self) -> u32 {
+        (self.params.peer_ring_len / PIECE_FRACTION).max(1)
+    }
+
+    /// Reserves the next piece of a body of which `remaining` bytes (at least 1) are still to be
+    /// sent: `(offset, length)` in the peer's ring, at most [`Session::max_piece`] and at least a
+    /// quarter of that (or `remaining`, when smaller). `None` while the ring lacks that much room
+    /// (a ring-full stall: wait for the peer to free). Queue the piece before anything else is
+    /// placed. Allocates nothing.
+    #[inline]
+    pub fn next_piece(&mut self, remaining: u32) -> Option<(u32, u32)> {
+        let max = self.max_piece();
+        self.producer.reserve_piece(remaining.min(max), max / PIECE_FRACTION)
     }
 
     /// Fills the session id and the freed head of our ring into an outgoing header.
@@ -205,33 +262,112 @@ impl Session {
             return Err("header for another session");
         }
         match (self.role, h.kind) {
-            (Role::Server, Kind::Request) => {
-                if self.unanswered.len() >= usize::from(self.params.credits) {
-                    return Err("request beyond the granted credits");
-                }
-            }
-            (Role::Client, Kind::Response) | (_, Kind::CreditReturn) | (_, Kind::Close) => {}
+            (Role::Server, Kind::Request)
+            | (Role::Client, Kind::Response)
+            | (_, Kind::CreditReturn)
+            | (_, Kind::Close) => {}
             (Role::Server, Kind::Response) => return Err("response sent to a server"),
             (Role::Client, Kind::Request) => return Err("request sent to a client"),
         }
-        if h.body_len > self.params.max_message && h.kind == Kind::Request {
+        if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
         }
         self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
+        let mut first = true;
         let ring = if h.in_ring {
-            if h.body_len <= self.params.eager_threshold {
+            if h.total_len <= self.params.eager_threshold {
                 return Err("ring body at or below the eager threshold");
             }
-            Some(self.consumer.accept(h.ring_offset, h.body_len)?)
+            let assembly = match self
+                .assemblies
+                .iter()
+                .position(|a| a.header.kind == h.kind && a.header.slot == h.slot && h.kind != Kind::Close)
+            {
+                Some(i) => {
+                    let a = &self.assemblies[i].header;
+                    if a.generation != h.generation
+                        || a.method != h.method
+                        || a.total_len != h.total_len
+                        || a.status != h.status
+                    {
+                        return Err("ring piece does not continue its message");
+                    }
+                    if self.assemblies[i].body.len() as u64 + u64::from(h.body_len) > u64::from(h.total_len) {
+                        return Err("ring pieces exceed their message's total_len");
+                    }
+                    first = false;
+                    i
+                }
+                None => {
+                    if self.assemblies.len() >= self.params.max_held.max(usize::from(self.params.credits)) {
+                        return Err("more ring messages in progress than calls in flight");
+                    }
+                    usize::MAX
+                }
+            };
+            if first && self.role == Role::Server && h.kind == Kind::Request {
+                self.check_credit()?;
+            }
+            let token = self.consumer.accept(h.ring_offset, h.body_len)?;
+            let assembly = if assembly == usize::MAX {
+                self.assemblies.push(Assembly {
+                    header: Header { body_len: h.total_len, ..*h },
+                    body: Vec::with_capacity(h.total_len as usize),
+                });
+                self.assemblies.len() - 1
+            } else {
+                assembly
+            };
+            Some(RingPiece { token, offset: h.ring_offset, len: h.body_len, assembly })
         } else {
+            if self.role == Role::Server && h.kind == Kind::Request {
+                self.check_credit()?;
+            }
             None
         };
         match h.kind {
-            Kind::Request => self.unanswered.push((h.slot, h.generation)),
+            Kind::Request if first => self.unanswered.push((h.slot, h.generation)),
             Kind::Close => self.closed = true,
             _ => {}
         }
         Ok(Incoming { header: *h, ring })
+    }
+
+    fn check_credit(&self) -> Result<(), &'static str> {
+        if self.unanswered.len() >= usize::from(self.params.credits) {
+            return Err("request beyond the granted credits");
+        }
+        Ok(())
+    }
+
+    /// Where the bytes of `piece` go: the end of its message's buffer (which has room for them).
+    /// The caller copies exactly `piece.len` bytes out of the ring and appends them.
+    pub fn piece_buffer(&mut self, piece: &RingPiece) -> &mut Vec<u8> {
+        &mut self.assemblies[piece.assembly].body
+    }
+
+    /// The piece was copied out: frees its ring space (in order) and returns the message once all
+    /// its pieces are in.
+    ///
+    /// # Errors
+    /// A reason when the caller appended a different number of bytes than the piece has (the
+    /// message cannot be trusted): close the connection.
+    pub fn piece_done(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
+        self.consumer.release(piece.token);
+        let a = &self.assemblies[piece.assembly];
+        if a.body.len() > a.header.total_len as usize {
+            return Err("ring piece copied past its message's total_len");
+        }
+        if a.body.len() < a.header.total_len as usize {
+            return Ok(None);
+        }
+        let a = self.assemblies.swap_remove(piece.assembly);
+        Ok(Some(Complete { header: a.header, body: a.body }))
+    }
+
+    /// Ring messages being received (partly arrived).
+    pub fn assemblies(&self) -> usize {
+        self.assemblies.len()
     }
 }
 

@@ -80,6 +80,38 @@ impl RingProducer {
         Ok(offset)
     }
 
+    /// Reserves a piece of a body that travels in pieces: up to `max` contiguous bytes at the
+    /// tail (skipping the end of the ring when too little is left there), but never fewer than
+    /// `min(max, min_piece)` (a piece too small to be worth its SEND waits for the consumer to free
+    /// more). Returns `(offset, length)`, or `None` while not enough is free. Allocates nothing.
+    pub fn reserve_piece(&mut self, max: u32, min_piece: u32) -> Option<(u32, u32)> {
+        let max = max.min(self.len);
+        if max == 0 {
+            return None;
+        }
+        let floor = min_piece.clamp(1, max);
+        let used = self.used();
+        // May exceed the length after an empty ring took a body over its skipped end.
+        let free = self.len.saturating_sub(used);
+        let till_end = self.len - self.pos;
+        let (offset, n, skip) = if used == 0 && till_end < max {
+            // Nothing unread: start over at 0 with the whole ring (the skipped end is freed with
+            // this piece, as `reserve` does for an empty ring).
+            (0, max, till_end)
+        } else if till_end >= floor {
+            (self.pos, max.min(till_end).min(free), 0)
+        } else {
+            // Too little before the end: skip it; the piece starts at 0 in what is free after it.
+            (0, max.min(free.saturating_sub(till_end)), till_end)
+        };
+        if n < floor {
+            return None;
+        }
+        self.tail = self.tail.wrapping_add(skip).wrapping_add(n);
+        self.pos = if offset + n == self.len { 0 } else { offset + n };
+        Some((offset, n))
+    }
+
     /// Takes the consumer's `freed_head` from a received header.
     ///
     /// # Errors
@@ -279,7 +311,72 @@ mod tests {
         assert_eq!(c.unreported(), 20);
     }
 
+    #[test]
+    fn pieces_fill_the_free_space_and_wait_below_the_floor() {
+        let mut p = RingProducer::new(100);
+        let mut c = RingConsumer::new(100, 8);
+        assert_eq!(p.reserve_piece(40, 10), Some((0, 40)));
+        let a = c.accept(0, 40).unwrap();
+        assert_eq!(p.reserve_piece(40, 10), Some((40, 40)));
+        let b = c.accept(40, 40).unwrap();
+        // 20 left, all before the end: a piece of 20 (above the floor of 10).
+        assert_eq!(p.reserve_piece(40, 10), Some((80, 20)));
+        let d = c.accept(80, 20).unwrap();
+        assert_eq!(p.reserve_piece(40, 10), None, "ring full");
+        c.release(a);
+        p.on_freed(c.take_freed()).unwrap();
+        assert_eq!(p.reserve_piece(40, 10), Some((0, 40)));
+        c.accept(0, 40).unwrap();
+        c.release(b);
+        c.release(d);
+        p.on_freed(c.take_freed()).unwrap();
+        // 5 free before the end is below the floor: skip them, take 40 from 40.
+        assert_eq!(p.reserve_piece(40, 10), Some((40, 40)));
+        assert_eq!(c.accept(40, 40), Ok(RingToken { seq: 4 }));
+    }
+
     proptest! {
+        /// Pieces and whole bodies mixed: the producer never places over unread bytes and the
+        /// consumer accepts every placement.
+        #[test]
+        fn pieces_and_bodies_agree(
+            len in 1u32..300,
+            ops in proptest::collection::vec((1u32..320, 0u8..3, any::<u8>()), 1..200),
+        ) {
+            let mut p = RingProducer::new(len);
+            let mut c = RingConsumer::new(len, 16);
+            let mut owner: Vec<Option<usize>> = vec![None; len as usize];
+            let mut held: Vec<(RingToken, u32, u32, usize)> = Vec::new();
+            for (i, (n, what, pick)) in ops.into_iter().enumerate() {
+                if what == 0 && !held.is_empty() {
+                    let (t, off, n, id) = held.swap_remove(pick as usize % held.len());
+                    for b in &mut owner[off as usize..(off + n) as usize] {
+                        prop_assert_eq!(*b, Some(id));
+                        *b = None;
+                    }
+                    c.release(t);
+                    p.on_freed(c.take_freed()).unwrap();
+                    continue;
+                }
+                if held.len() == 16 { continue; }
+                let placed = if what == 1 {
+                    p.reserve_piece(n, n / 3)
+                } else {
+                    p.reserve(n).ok().map(|off| (off, n))
+                };
+                if let Some((off, n)) = placed {
+                    prop_assert!(n >= 1 && off + n <= len);
+                    for b in &mut owner[off as usize..(off + n) as usize] {
+                        prop_assert_eq!(*b, None, "overwrote unread data");
+                        *b = Some(i);
+                    }
+                    held.push((c.accept(off, n).unwrap(), off, n, i));
+                } else {
+                    prop_assert!(!held.is_empty() || (what != 1 && n > len), "an empty ring takes a piece");
+                }
+            }
+        }
+
         /// Random sequences of sends and out-of-order releases: the producer never places a body
         /// over unread bytes (checked against a byte map), the consumer accepts every body the
         /// producer placed, and the counters agree when everything is freed.

@@ -136,20 +136,22 @@ impl<T> CallSlots<T> {
     /// A response for `(slot, generation)` arrived; `result` is what the caller will get.
     ///
     /// # Errors
-    /// A reason when no call of that slot and generation is on the wire (a peer bug or a
-    /// malformed header): the connection must close.
+    /// A reason, with `result` given back, when no call of that slot and generation is on the
+    /// wire (a peer bug or a malformed header): the connection must close.
     pub fn on_response(
         &mut self,
         slot: u16,
         generation: u32,
         result: T,
-    ) -> Result<ResponseFate<T>, &'static str> {
-        let s = self.slots.get_mut(slot as usize).ok_or("response for a slot outside the window")?;
+    ) -> Result<ResponseFate<T>, (&'static str, T)> {
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return Err(("response for a slot outside the window", result));
+        };
         if s.generation != generation {
-            return Err("response with a stale generation");
+            return Err(("response with a stale generation", result));
         }
         if !s.sent {
-            return Err("response for a call not yet sent");
+            return Err(("response for a call not yet sent", result));
         }
         let fate = match s.state {
             SlotState::InFlight => {
@@ -162,7 +164,7 @@ impl<T> CallSlots<T> {
                 self.free.push(slot);
                 ResponseFate::Discard(result)
             }
-            _ => return Err("response for a slot with no call on the wire"),
+            _ => return Err(("response for a slot with no call on the wire", result)),
         };
         s.sent = false;
         self.in_flight -= 1;

@@ -11,19 +11,23 @@ type Ring = Vec<Option<u32>>;
 
 struct Done {
     id: u32,
-    ring: Option<(RingToken, u32, u32)>,
+    len: u32,
 }
 
 struct Pair {
     client: Session,
     server: Session,
     slots: CallSlots<Done>,
-    pending_client: VecDeque<Header>,
+    /// Calls waiting for a credit, with the bytes still to send when they go in pieces.
+    pending_client: VecDeque<(Header, Option<u32>)>,
+    /// Responses the server sends in pieces: header and bytes still to send.
+    server_streams: VecDeque<(Header, u32)>,
     to_server: VecDeque<Header>,
     to_client: VecDeque<Header>,
     server_ring: Ring,
     client_ring: Ring,
-    server_held: VecDeque<(Header, Option<RingToken>)>,
+    server_held: VecDeque<Header>,
+    pieces_sent: usize,
     calls: Vec<(u16, u32)>,
     next_id: u32,
 }
@@ -63,11 +67,13 @@ impl Pair {
             server: Session::new(Role::Server, params(credits, eager, ring)),
             slots: CallSlots::new(credits * 2, credits),
             pending_client: VecDeque::new(),
+            server_streams: VecDeque::new(),
             to_server: VecDeque::new(),
             to_client: VecDeque::new(),
             server_ring: vec![None; ring as usize],
             client_ring: vec![None; ring as usize],
             server_held: VecDeque::new(),
+            pieces_sent: 0,
             calls: Vec::new(),
             next_id: 1,
         }
@@ -83,49 +89,109 @@ impl Pair {
             return Ok(());
         }
         let id = self.id();
-        let mut h = Header { method: id, body_len: len, ..Header::new(Kind::Request) };
-        match self.client.place_body(len as usize) {
-            Ok(Placement::Eager) => {}
-            Ok(Placement::Ring(off)) => {
-                h.in_ring = true;
-                h.ring_offset = off;
-                mark(&mut self.server_ring, off, len, id)?;
-            }
-            Err(PlaceError::RingFull) => return Ok(()),
-            Err(PlaceError::Refused(s)) => {
-                prop_assert_eq!(s.code(), Code::ResourceExhausted);
-                return Ok(());
+        let mut h = Header { method: id, body_len: len, total_len: len, ..Header::new(Kind::Request) };
+        // As the runtime does: a ring reservation is queued at once, so only a call that is
+        // sent now (a credit free, nothing waiting) may place its body in the ring directly.
+        let now = self.pending_client.is_empty() && self.slots.in_flight() < self.slots.credits();
+        let mut pieces = None;
+        let eager = len <= self.client.params().eager_threshold;
+        if !eager && !now && len <= self.client.params().max_message {
+            pieces = Some(len);
+        } else {
+            match self.client.place_body(len as usize) {
+                Ok(Placement::Eager) => {}
+                Ok(Placement::Ring(off)) => {
+                    h.in_ring = true;
+                    h.ring_offset = off;
+                    mark(&mut self.server_ring, off, len, id)?;
+                }
+                Ok(Placement::Pieces) => pieces = Some(len),
+                Err(PlaceError::Refused(s)) => {
+                    prop_assert_eq!(s.code(), Code::ResourceExhausted);
+                    return Ok(());
+                }
             }
         }
         let (slot, generation) = self.slots.start().unwrap();
         h.slot = slot;
         h.generation = generation;
         self.calls.push((slot, generation));
-        self.pending_client.push_back(h);
-        self.pump();
+        self.pending_client.push_back((h, pieces));
+        self.pump()
+    }
+
+    /// Sends calls while credits allow; a call in pieces sends what the server's ring has room
+    /// for and keeps the rest (and every call behind it) waiting.
+    fn pump(&mut self) -> Result<(), TestCaseError> {
+        while let Some(&(h, pieces)) = self.pending_client.front() {
+            let Some(mut remaining) = pieces else {
+                let Some((slot, generation)) = self.slots.next_sendable() else { break };
+                let (mut h, _) = self.pending_client.pop_front().unwrap();
+                assert_eq!((h.slot, h.generation), (slot, generation), "sent in start order");
+                self.client.stamp(&mut h);
+                self.to_server.push_back(h);
+                continue;
+            };
+            if remaining == h.total_len {
+                // The first piece takes the credit.
+                if self.slots.in_flight() >= self.slots.credits() {
+                    break;
+                }
+            }
+            while remaining > 0 {
+                let Some((off, n)) = self.client.next_piece(remaining) else { break };
+                if remaining == h.total_len {
+                    let (slot, generation) = self.slots.next_sendable().unwrap();
+                    assert_eq!((h.slot, h.generation), (slot, generation));
+                }
+                mark(&mut self.server_ring, off, n, h.method)?;
+                let mut p = Header { in_ring: true, ring_offset: off, body_len: n, ..h };
+                self.client.stamp(&mut p);
+                self.to_server.push_back(p);
+                self.pieces_sent += 1;
+                remaining -= n;
+                self.pending_client[0].1 = Some(remaining);
+            }
+            if remaining > 0 {
+                break;
+            }
+            self.pending_client.pop_front();
+        }
         Ok(())
     }
 
-    fn pump(&mut self) {
-        while let Some((slot, generation)) = self.slots.next_sendable() {
-            let mut h = self.pending_client.pop_front().unwrap();
-            assert_eq!((h.slot, h.generation), (slot, generation), "sent in start order");
-            self.client.stamp(&mut h);
-            self.to_server.push_back(h);
-        }
+    /// Copies a ring body out as the runtime does (checking it is still the sender's), then
+    /// completes it. Returns the complete message's header, if any.
+    fn take_ring(
+        session: &mut Session,
+        ring: &mut Ring,
+        inc: Incoming,
+    ) -> Result<Option<Header>, TestCaseError> {
+        let Some(piece) = inc.ring else { return Ok(Some(inc.header)) };
+        unmark(ring, piece.offset, piece.len, inc.header.method)?;
+        let n = piece.len as usize;
+        session.piece_buffer(&piece).extend(std::iter::repeat_n(0u8, n));
+        let done = session.piece_done(piece).map_err(TestCaseError::fail)?;
+        Ok(done.map(|c| {
+            assert_eq!(c.body.len() as u32, c.header.total_len);
+            c.header
+        }))
     }
 
     fn server_deliver(&mut self) -> Result<(), TestCaseError> {
         let Some(h) = self.to_server.pop_front() else { return Ok(()) };
         let inc = self.server.handle_header(&h).map_err(TestCaseError::fail)?;
-        if h.kind == Kind::Request {
-            self.server_held.push_back((h, inc.ring));
+        if let Some(h) = Self::take_ring(&mut self.server, &mut self.server_ring, inc)? {
+            if h.kind == Kind::Request {
+                self.server_held.push_back(h);
+            }
         }
         Ok(())
     }
 
     fn server_answer(&mut self, len: u32) -> Result<(), TestCaseError> {
-        let Some(&(req, token)) = self.server_held.front() else { return Ok(()) };
+        self.server_pump()?;
+        let Some(&req) = self.server_held.front() else { return Ok(()) };
         let id = self.id();
         let mut h = Header {
             slot: req.slot,
@@ -133,42 +199,68 @@ impl Pair {
             method: id,
             credits: 1,
             body_len: len,
+            total_len: len,
             ..Header::new(Kind::Response)
         };
-        match self.server.place_body(len as usize) {
+        let mut pieces = false;
+        // As the worker does: behind answers still waiting, a body is not placed (it waits on
+        // the heap, in order).
+        let behind = !self.server_streams.is_empty()
+            && len > self.server.params().eager_threshold
+            && len <= self.server.params().max_message;
+        match if behind { Ok(Placement::Pieces) } else { self.server.place_body(len as usize) } {
             Ok(Placement::Eager) => {}
             Ok(Placement::Ring(off)) => {
                 h.in_ring = true;
                 h.ring_offset = off;
                 mark(&mut self.client_ring, off, len, id)?;
             }
-            Err(PlaceError::RingFull) => return Ok(()),
+            Ok(Placement::Pieces) => pieces = true,
             Err(PlaceError::Refused(_)) => {
                 h.status = Code::ResourceExhausted;
                 h.body_len = 0;
+                h.total_len = 0;
             }
         }
         self.server_held.pop_front();
-        if let Some(t) = token {
-            unmark(&mut self.server_ring, req.ring_offset, req.body_len, req.method)?;
-            self.server.release(t);
-        }
         assert!(self.server.on_answer_for(req.slot, req.generation));
+        if pieces {
+            self.server_streams.push_back((h, len));
+            return self.server_pump();
+        }
         self.server.stamp(&mut h);
         self.to_client.push_back(h);
+        Ok(())
+    }
+
+    fn server_pump(&mut self) -> Result<(), TestCaseError> {
+        while let Some(&(h, mut remaining)) = self.server_streams.front() {
+            while remaining > 0 {
+                let Some((off, n)) = self.server.next_piece(remaining) else { return Ok(()) };
+                mark(&mut self.client_ring, off, n, h.method)?;
+                let mut p = Header { in_ring: true, ring_offset: off, body_len: n, ..h };
+                self.server.stamp(&mut p);
+                self.to_client.push_back(p);
+                self.pieces_sent += 1;
+                remaining -= n;
+                self.server_streams[0].1 = remaining;
+            }
+            self.server_streams.pop_front();
+        }
         Ok(())
     }
 
     fn client_deliver(&mut self) -> Result<(), TestCaseError> {
         let Some(h) = self.to_client.pop_front() else { return Ok(()) };
         let inc = self.client.handle_header(&h).map_err(TestCaseError::fail)?;
-        if h.kind == Kind::Response {
-            let ring = inc.ring.map(|t| (t, h.ring_offset, h.body_len));
-            let fate = self.slots.on_response(h.slot, h.generation, Done { id: h.method, ring });
-            prop_assert!(matches!(fate, Ok(ResponseFate::Stored)));
-            self.pump();
+        if let Some(h) = Self::take_ring(&mut self.client, &mut self.client_ring, inc)? {
+            if h.kind == Kind::Response {
+                let fate =
+                    self.slots.on_response(h.slot, h.generation, Done { id: h.method, len: h.body_len });
+                prop_assert!(matches!(fate, Ok(ResponseFate::Stored)));
+            }
         }
-        Ok(())
+        self.pump()
     }
 
     fn client_take(&mut self, pick: usize) -> Result<(), TestCaseError> {
@@ -179,10 +271,7 @@ impl Pair {
         let (slot, generation) = self.calls[k];
         if let Some(done) = self.slots.take_done(slot, generation) {
             self.calls.swap_remove(k);
-            if let Some((t, off, len)) = done.ring {
-                unmark(&mut self.client_ring, off, len, done.id)?;
-                self.client.release(t);
-            }
+            prop_assert!(done.id != 0 && done.len <= 1 << 20);
         }
         Ok(())
     }
@@ -247,7 +336,7 @@ proptest! {
         // Drain: deliver everything, answering with empty bodies.
         for _ in 0..10_000 {
             if p.to_server.is_empty() && p.to_client.is_empty() && p.server_held.is_empty()
-                && p.calls.is_empty() && p.pending_client.is_empty() {
+                && p.calls.is_empty() && p.pending_client.is_empty() && p.server_streams.is_empty() {
                 break;
             }
             p.server_deliver()?;
@@ -255,31 +344,118 @@ proptest! {
             p.client_deliver()?;
             p.client_take(0)?;
             p.credit_returns();
+            p.pump()?;
+            p.server_pump()?;
         }
         prop_assert!(p.calls.is_empty(), "every call completed");
+        prop_assert!(p.server_streams.is_empty() && p.pending_client.is_empty());
         prop_assert!(p.server_ring.iter().all(Option::is_none));
         prop_assert!(p.client_ring.iter().all(Option::is_none));
     }
 }
 
 #[test]
-fn refuses_what_can_never_fit_naming_the_limit() {
+fn refuses_only_what_exceeds_the_message_limit_naming_it() {
     let mut s = Session::new(Role::Client, params(4, 16, 100));
     assert_eq!(s.place_body(16), Ok(Placement::Eager));
     assert_eq!(s.place_body(100), Ok(Placement::Ring(0)));
-    match s.place_body(101) {
-        Err(PlaceError::Refused(st)) => {
-            assert_eq!(st.code(), Code::ResourceExhausted);
-            assert!(st.message().contains("ring of 100 bytes"), "{}", st.message());
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(s.place_body(101), Ok(Placement::Pieces), "larger than the ring: in pieces");
+    assert_eq!(s.place_body(17), Ok(Placement::Pieces), "the ring is full: in pieces");
+    assert_eq!(s.place_body(1 << 20), Ok(Placement::Pieces));
     match s.place_body((1 << 20) + 1) {
         Err(PlaceError::Refused(st)) => {
-            assert!(st.message().contains("max_message_size"), "{}", st.message())
+            assert_eq!(st.code(), Code::ResourceExhausted);
+            assert_eq!(st.message(), "message of 1048577 bytes exceeds max_message_size of 1048576 bytes");
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Bodies at the edges of the ring, in both directions, many in flight: every one arrives
+/// complete, in pieces when it must, and the rings drain.
+#[test]
+fn bodies_at_the_ring_edges_travel_in_pieces_both_ways() {
+    let ring = 256;
+    for len in [ring - 1, ring, ring + 1, 3 * ring + 7, 0, 17, 64 * ring] {
+        let mut p = Pair::new(4, 16, ring);
+        let mut started = 0;
+        for _ in 0..6 {
+            p.call(len).unwrap();
+            started += 1;
+        }
+        for _ in 0..100_000 {
+            if p.calls.is_empty() {
+                break;
+            }
+            p.server_deliver().unwrap();
+            p.server_answer(len).unwrap();
+            p.client_deliver().unwrap();
+            p.client_take(0).unwrap();
+            p.credit_returns();
+            p.pump().unwrap();
+            p.server_pump().unwrap();
+            if started < 40 && p.calls.len() < 6 && p.slots.has_free() {
+                p.call(len).unwrap();
+                started += 1;
+            }
+        }
+        assert!(
+            p.calls.is_empty(),
+            "len {len}: every call completed; pending {} streams {} held {} to_server {} to_client {} in_flight {} client used {} server used {} asm {} {}",
+            p.pending_client.len(),
+            p.server_streams.len(),
+            p.server_held.len(),
+            p.to_server.len(),
+            p.to_client.len(),
+            p.slots.in_flight(),
+            p.client.producer.used(),
+            p.server.producer.used(),
+            p.client.assemblies(),
+            p.server.assemblies(),
+        );
+        assert!(p.server_ring.iter().all(Option::is_none) && p.client_ring.iter().all(Option::is_none));
+        if len > ring {
+            assert!(p.pieces_sent >= 2 * (len / (ring / 4)) as usize, "len {len}: {} pieces", p.pieces_sent);
+        }
+    }
+}
+
+#[test]
+fn pieces_must_continue_their_message() {
+    let mut s = Session::new(Role::Server, params(2, 16, 100));
+    let first = Header {
+        method: 1,
+        session: 5,
+        slot: 0,
+        generation: 3,
+        in_ring: true,
+        body_len: 25,
+        total_len: 60,
+        ..Header::new(Kind::Request)
+    };
+    let inc = s.handle_header(&first).unwrap();
+    let piece = inc.ring.unwrap();
+    s.piece_buffer(&piece).extend([0u8; 25]);
+    assert_eq!(s.piece_done(piece), Ok(None));
+    assert_eq!(s.unanswered(), 1, "the first piece takes the credit");
+    let other_gen = Header { generation: 4, ring_offset: 25, ..first };
+    assert_eq!(s.handle_header(&other_gen).unwrap_err(), "ring piece does not continue its message");
+    let mut s2 = Session::new(Role::Server, params(2, 16, 100));
+    let inc = s2.handle_header(&first).unwrap();
+    let piece = inc.ring.unwrap();
+    s2.piece_buffer(&piece).extend([0u8; 25]);
+    s2.piece_done(piece).unwrap();
+    let over = Header { ring_offset: 25, body_len: 36, ..first };
+    assert_eq!(s2.handle_header(&over).unwrap_err(), "ring pieces exceed their message's total_len");
+    let last = Header { ring_offset: 25, body_len: 35, ..first };
+    let piece = s2.handle_header(&last).unwrap().ring.unwrap();
+    s2.piece_buffer(&piece).extend([1u8; 35]);
+    let done = s2.piece_done(piece).unwrap().unwrap();
+    assert_eq!(done.body.len(), 60);
+    assert_eq!(done.header.body_len, 60);
+    assert_eq!(s2.unanswered(), 1, "later pieces take no credit");
+    let huge = Header { total_len: (1 << 20) + 1, slot: 1, ..first };
+    assert_eq!(s2.handle_header(&huge).unwrap_err(), "body larger than max_message_size");
 }
 
 #[test]
@@ -290,9 +466,9 @@ fn protocol_violations_are_reported() {
     s.handle_header(&req).unwrap();
     assert_eq!(s.handle_header(&req).unwrap_err(), "request beyond the granted credits");
     let mut s = Session::new(Role::Server, params(2, 16, 100));
-    let ring = Header { in_ring: true, ring_offset: 50, body_len: 60, ..req };
+    let ring = Header { in_ring: true, ring_offset: 50, body_len: 60, total_len: 60, ..req };
     assert!(s.handle_header(&ring).is_err());
-    let small = Header { in_ring: true, ring_offset: 0, body_len: 10, ..req };
+    let small = Header { in_ring: true, ring_offset: 0, body_len: 10, total_len: 10, ..req };
     assert!(s.handle_header(&small).is_err());
     assert!(s.handle_header(&Header { freed_head: 7, ..req }).is_err());
 }

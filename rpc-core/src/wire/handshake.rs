@@ -34,7 +34,7 @@ use crate::verbs::{Gid, Mtu};
 /// `b"RPCH"` as a little-endian u32.
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Longest auth token in bytes.
 pub const MAX_AUTH_TOKEN: usize = 256;
 /// Longest frame payload in bytes.
@@ -391,7 +391,7 @@ mod tests {
     fn bad_handshakes_name_the_field() {
         let h = sample();
         assert_eq!(field_of(&h, |v| v[0] = b'X'), "magic");
-        assert_eq!(field_of(&h, |v| v[4] = 2), "version");
+        assert_eq!(field_of(&h, |v| v[4] = 9), "version");
         assert_eq!(field_of(&Handshake { qp_num: 0, ..h.clone() }, |_| ()), "qp_num");
         assert_eq!(field_of(&Handshake { qp_num: 1 << 24, ..h.clone() }, |_| ()), "qp_num");
         assert_eq!(field_of(&Handshake { psn: 1 << 24, ..h.clone() }, |_| ()), "psn");

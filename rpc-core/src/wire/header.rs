@@ -1,6 +1,6 @@
 //! The message header: the first [`HEADER_LEN`] bytes of every SEND between two sessions.
 //!
-//! Layout (little endian, 36 bytes):
+//! Layout (little endian, 40 bytes):
 //!
 //! | offset | size | field |
 //! |---|---|---|
@@ -12,20 +12,24 @@
 //! | 6 | 2 | credits returned by this message (1 on a response, else 0) |
 //! | 8 | 4 | slot generation |
 //! | 12 | 4 | method id (requests; echoed on responses) |
-//! | 16 | 4 | body length in bytes |
+//! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
 //! | 20 | 4 | ring offset of the body (when in the ring), else 0 |
 //! | 24 | 4 | freed head: bytes of the sender's ring freed so far (wrapping counter) |
 //! | 28 | 4 | timeout in µs (requests; 0 = none) |
 //! | 32 | 4 | session id assigned by the server at handshake |
+//! | 36 | 4 | total body length of the message in bytes (equals the body length unless pieced) |
 //!
 //! The body follows the header in the same SEND (eager) or was written by RDMA WRITE into the
-//! receiver's ring before the SEND (RC ordering makes it visible first).
+//! receiver's ring before the SEND (RC ordering makes it visible first). A ring body larger than
+//! the ring, or than what the ring has free, travels in pieces: several messages with the same
+//! kind, slot, generation, method and `total_len`, each a ring body of `body_len` bytes, in order;
+//! the message is complete when the pieces add up to `total_len`.
 
 use super::WireError;
 use crate::status::Code;
 
 /// Bytes of an encoded header.
-pub const HEADER_LEN: usize = 36;
+pub const HEADER_LEN: usize = 40;
 
 /// Flag: the body is in the receiver's ring at `ring_offset`, not after the header.
 pub const BODY_IN_RING: u8 = 1;
@@ -74,7 +78,7 @@ pub struct Header {
     pub generation: u32,
     /// Method id (requests and responses; 0 otherwise).
     pub method: u32,
-    /// Body length in bytes.
+    /// Body length in bytes of this message (of this piece when the body travels in pieces).
     pub body_len: u32,
     /// Offset of the body in the receiver's ring (0 when not in the ring).
     pub ring_offset: u32,
@@ -84,6 +88,9 @@ pub struct Header {
     pub timeout_us: u32,
     /// Session id the server assigned at handshake.
     pub session: u32,
+    /// Total body length in bytes of the message this piece belongs to; equals `body_len` for a
+    /// message in one piece (every eager body). Bounded by the session's `max_message_size`.
+    pub total_len: u32,
 }
 
 impl Header {
@@ -102,6 +109,7 @@ impl Header {
             freed_head: 0,
             timeout_us: 0,
             session: 0,
+            total_len: 0,
         }
     }
 
@@ -121,6 +129,7 @@ impl Header {
         out[24..28].copy_from_slice(&self.freed_head.to_le_bytes());
         out[28..32].copy_from_slice(&self.timeout_us.to_le_bytes());
         out[32..36].copy_from_slice(&self.session.to_le_bytes());
+        out[36..40].copy_from_slice(&self.total_len.to_le_bytes());
     }
 
     /// Writes the header at the start of `out`.
@@ -177,6 +186,7 @@ impl Header {
             freed_head: u32_at(24),
             timeout_us: u32_at(28),
             session: u32_at(32),
+            total_len: u32_at(36),
         };
         let eager = (have - HEADER_LEN) as u64;
         if !h.in_ring && u64::from(h.body_len) != eager {
@@ -195,6 +205,20 @@ impl Header {
         }
         if !h.in_ring && h.ring_offset != 0 {
             return Err(WireError::bad("header", "ring_offset", "non-zero without a ring body"));
+        }
+        if h.total_len < h.body_len {
+            return Err(WireError::bad(
+                "header",
+                "total_len",
+                format!("{} below the piece's body_len {}", h.total_len, h.body_len),
+            ));
+        }
+        if h.total_len != h.body_len && (!h.in_ring || h.body_len == 0) {
+            return Err(WireError::bad(
+                "header",
+                "total_len",
+                format!("{} but only a non-empty ring body travels in pieces", h.total_len),
+            ));
         }
         match kind {
             Kind::Request => {
@@ -218,7 +242,7 @@ impl Header {
                 }
             }
             Kind::CreditReturn | Kind::Close => {
-                if h.body_len != 0 || h.in_ring {
+                if h.body_len != 0 || h.in_ring || h.total_len != 0 {
                     return Err(WireError::bad("header", "body_len", "a control message carries no body"));
                 }
                 if status != Code::Ok || h.credits != 0 || h.method != 0 {
@@ -242,7 +266,7 @@ mod tests {
     }
 
     fn request() -> Header {
-        Header { method: 7, slot: 3, generation: 9, body_len: 5, ..Header::new(Kind::Request) }
+        Header { method: 7, slot: 3, generation: 9, body_len: 5, total_len: 5, ..Header::new(Kind::Request) }
     }
 
     #[test]
@@ -278,16 +302,29 @@ mod tests {
         let mut m = encode_msg(&Header::new(Kind::CreditReturn));
         m.push(0);
         m[16] = 1;
+        m[36] = 1;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "body_len");
     }
 
     #[test]
     fn ring_body_must_not_follow_header() {
-        let h = Header { in_ring: true, ring_offset: 64, body_len: 100_000, ..request() };
+        let h = Header { in_ring: true, ring_offset: 64, body_len: 100_000, total_len: 100_000, ..request() };
         let mut m = encode_msg(&h);
         assert_eq!(Header::decode(&m).unwrap(), h);
         m.push(1);
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+    }
+
+    #[test]
+    fn pieces_are_ring_bodies_within_their_total() {
+        let piece = Header { in_ring: true, body_len: 4096, total_len: 1 << 20, ..request() };
+        assert_eq!(Header::decode(&encode_msg(&piece)).unwrap(), piece);
+        let short = Header { total_len: 4095, ..piece };
+        assert_eq!(Header::decode(&encode_msg(&short)).unwrap_err().field(), "total_len");
+        let eager = Header { total_len: 6, ..request() };
+        assert_eq!(Header::decode(&encode_msg(&eager)).unwrap_err().field(), "total_len");
+        let empty = Header { body_len: 0, ..piece };
+        assert_eq!(Header::decode(&encode_msg(&empty)).unwrap_err().field(), "total_len");
     }
 
     fn arb_header() -> impl Strategy<Value = Header> {
@@ -301,9 +338,10 @@ mod tests {
             any::<bool>(),
             0u8..=16,
             any::<(u16, u32, u32, u32, u32, u32, u32, u32)>(),
+            any::<u32>(),
         )
             .prop_map(
-                |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session))| {
+                |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session), extra)| {
                     let call = matches!(kind, Kind::Request | Kind::Response);
                     let in_ring = in_ring && call;
                     Header {
@@ -322,6 +360,15 @@ mod tests {
                         },
                         body_len: if !call {
                             0
+                        } else if in_ring {
+                            len
+                        } else {
+                            len % 2048
+                        },
+                        total_len: if !call {
+                            0
+                        } else if in_ring && len > 0 {
+                            len.saturating_add(extra % 4)
                         } else if in_ring {
                             len
                         } else {

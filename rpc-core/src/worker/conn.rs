@@ -1,8 +1,8 @@
 //! One connection's verbs resources and protocol state, shared by server workers and clients:
 //! QP, send buffers, receive ring, send mirror, send queue and the sans-IO [`Session`].
 
-use crate::buffers::{RingBuf, SendPool, SendQueue};
-use crate::session::Session;
+use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue};
+use crate::session::{Complete, RingPiece, Session};
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
 use crate::wire::{Header, HEADER_LEN};
 
@@ -63,12 +63,29 @@ pub(crate) enum BodyAt {
     Ring { offset: u32, len: u32 },
 }
 
+/// A message whose body waits on the heap to be sent in pieces through the peer's ring (larger
+/// than a piece, or no room when it was encoded), or whole once ring space frees.
+pub(crate) struct Outgoing {
+    /// Its header (kind, slot, generation, method, status, timeout).
+    pub(crate) header: Header,
+    /// The encoded body.
+    pub(crate) body: Vec<u8>,
+    /// Bytes of `body` already queued.
+    pub(crate) sent: u32,
+}
+
+impl Outgoing {
+    pub(crate) fn new(header: Header, body: Vec<u8>) -> Outgoing {
+        Outgoing { header, body, sent: 0 }
+    }
+}
+
 /// A connection's resources. Field order is drop order: the QP goes first.
 pub(crate) struct Conn<P: Provider> {
     pub(crate) qp: P::QueuePair,
     pub(crate) pool: SendPool<P>,
-    pub(crate) ring: RingBuf<P>,
-    pub(crate) mirror: RingBuf<P>,
+    pub(crate) ring: RecvRing<P>,
+    pub(crate) mirror: SendMirror<P>,
     pub(crate) sq: SendQueue,
     pub(crate) session: Session,
     /// Peer's ring address and rkey.
@@ -81,48 +98,94 @@ pub(crate) struct Conn<P: Provider> {
 }
 
 impl<P: Provider> Conn<P> {
+    /// Takes a send buffer when one is free and the send queue has room for its WRs.
+    #[inline]
+    pub(crate) fn acquire(&mut self) -> Option<SendBuf> {
+        self.pool.acquire_for(&self.sq)
+    }
+
     /// Queues a message whose body is already in send buffer `buf` or in the mirror: stamps the
     /// session id and freed head, writes the header, queues the WRITE (ring body) and the SEND.
+    /// A ring body's `total_len` is the header's when set (a piece), else the body's length.
     #[inline]
-    pub(crate) fn queue(&mut self, buf: u16, mut h: Header, body: BodyAt) {
+    pub(crate) fn queue(&mut self, mut buf: SendBuf, mut h: Header, body: BodyAt) {
         let eager = match body {
             BodyAt::Eager(len) => {
                 h.in_ring = false;
                 h.body_len = len;
+                h.total_len = len;
                 h.ring_offset = 0;
                 len
             }
             BodyAt::Ring { offset, len } => {
                 h.in_ring = true;
                 h.body_len = len;
+                h.total_len = h.total_len.max(len);
                 h.ring_offset = offset;
                 self.sq.write(&self.mirror, offset, len, self.peer_ring.0, self.peer_ring.1);
                 0
             }
         };
         self.session.stamp(&mut h);
-        let dst: &mut [u8; HEADER_LEN] =
-            (&mut self.pool.buf_mut(buf)[..HEADER_LEN]).try_into().expect("send buffers hold a header");
-        h.encode(dst);
-        let len = HEADER_LEN as u32 + eager;
-        self.sq.send(&self.pool, buf, len, len <= self.max_inline);
-    }
-
-    /// Copies `bytes` (a body encoded elsewhere: a deferred answer, a spilled body, a status
-    /// message) into send buffer `buf` or the mirror at `offset`, returning where it is.
-    pub(crate) fn copy_body(&mut self, buf: u16, bytes: &[u8], ring_offset: Option<u32>) -> BodyAt {
-        match ring_offset {
-            None => {
-                let n = bytes.len().min(self.body_cap);
-                self.pool.buf_mut(buf)[HEADER_LEN..HEADER_LEN + n].copy_from_slice(&bytes[..n]);
-                BodyAt::Eager(n as u32)
-            }
-            Some(off) => {
-                let o = off as usize;
-                self.mirror.bytes_mut()[o..o + bytes.len()].copy_from_slice(bytes);
-                BodyAt::Ring { offset: off, len: bytes.len() as u32 }
+        if let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
+            if let Ok(dst) = <&mut [u8; HEADER_LEN]>::try_from(dst) {
+                h.encode(dst);
             }
         }
+        let len = HEADER_LEN as u32 + eager;
+        self.sq.send(&mut self.pool, buf, len, len <= self.max_inline);
+    }
+
+    /// Copies `bytes` (a status message, or a short body encoded elsewhere) into send buffer
+    /// `buf` after the header, truncated to the eager area.
+    pub(crate) fn copy_eager(&mut self, buf: &mut SendBuf, bytes: &[u8]) -> BodyAt {
+        let n = bytes.len().min(self.body_cap);
+        if let Some(dst) = self.pool.buf_mut(buf).get_mut(HEADER_LEN..HEADER_LEN + n) {
+            dst.copy_from_slice(&bytes[..n]);
+        }
+        BodyAt::Eager(n as u32)
+    }
+
+    /// Queues what ring space, send buffers and send-queue room allow of a heap body: whole
+    /// (eager, or one ring body when it fits now) or piece after piece. Returns true once all of
+    /// it is queued; false while it must wait (call again after completions or freed ring space).
+    pub(crate) fn send_outgoing(&mut self, out: &mut Outgoing) -> bool {
+        let total = out.body.len() as u32;
+        if out.sent == 0 && total as usize <= self.body_cap && total <= self.session.params().eager_threshold
+        {
+            let Some(mut buf) = self.acquire() else { return false };
+            let body = self.copy_eager(&mut buf, &out.body);
+            self.queue(buf, out.header, body);
+            out.sent = total;
+            return true;
+        }
+        while out.sent < total {
+            let Some(buf) = self.acquire() else { return false };
+            let remaining = total - out.sent;
+            let Some((offset, len)) = self.session.next_piece(remaining) else {
+                self.pool.give_back(buf);
+                return false;
+            };
+            let from = out.sent as usize;
+            self.mirror.range_mut(offset, len).copy_from_slice(&out.body[from..from + len as usize]);
+            let h = Header { total_len: total, ..out.header };
+            self.queue(buf, h, BodyAt::Ring { offset, len });
+            out.sent += len;
+        }
+        true
+    }
+
+    /// Copies a ring body (or piece) out of our ring into the session's buffer for its message and
+    /// frees its ring space; returns the message once complete.
+    ///
+    /// # Errors
+    /// A reason when the piece lies outside the ring or does not add up (close the connection).
+    #[inline]
+    pub(crate) fn take_piece(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
+        if !self.ring.copy_out(piece.offset, piece.len, self.session.piece_buffer(&piece)) {
+            return Err("ring body outside the ring");
+        }
+        self.session.piece_done(piece)
     }
 
     /// Posts what was queued (one doorbell per batch). `tag` identifies the connection in the

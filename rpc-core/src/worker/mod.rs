@@ -18,15 +18,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::buffers::{split_send_wr_id, RecvPool};
+use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
+use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::server::registry::Registry;
 use crate::server::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext};
-use crate::session::{PlaceError, Placement};
 use crate::status::{Code, Status};
 use crate::verbs::{CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion};
 use crate::wire::{Header, Kind, HEADER_LEN};
-use conn::{BodyAt, Conn};
+use conn::{BodyAt, Conn, Outgoing};
 use counters::{Counters, SharedCounters};
 
 /// Completions polled per `poll` call.
@@ -73,9 +73,41 @@ pub(crate) struct WorkerShared<P: Provider> {
     pub(crate) srq: P::SharedReceiveQueue,
 }
 
-struct Spill {
-    header: Header,
-    body: Result<Vec<u8>, Status>,
+/// A request's body: in its receive buffer (eager), or copied out of the ring.
+enum Received {
+    Eager(RecvBuf),
+    Owned(Vec<u8>),
+}
+
+/// An answer waiting for a send buffer or ring space: a body on the heap (sent whole or in
+/// pieces), or an error status.
+enum Spill {
+    Body(Outgoing),
+    Error(Header, Status),
+}
+
+impl Spill {
+    fn new(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
+        match body {
+            Ok(b) => Spill::Body(Outgoing::new(header, b)),
+            Err(s) => Spill::Error(header, s),
+        }
+    }
+
+    fn header(&self) -> &Header {
+        match self {
+            Spill::Body(o) => &o.header,
+            Spill::Error(h, _) => h,
+        }
+    }
+
+    /// Nothing of it was queued yet.
+    fn untouched(&self) -> bool {
+        match self {
+            Spill::Body(o) => o.sent == 0,
+            Spill::Error(..) => true,
+        }
+    }
 }
 
 struct Slot<P: Provider> {
@@ -345,7 +377,7 @@ impl<P: Provider> Worker<P> {
             credits: 1,
             ..Header::new(Kind::Response)
         };
-        slot.backlog.push_back(Spill { header, body: d.result });
+        slot.backlog.push_back(Spill::new(header, d.result));
         self.try_backlog(idx);
     }
 
@@ -358,53 +390,62 @@ impl<P: Provider> Worker<P> {
         }
     }
 
-    /// Sends spilled and deferred answers of one connection while buffers and ring space allow.
+    /// Sends spilled and deferred answers of one connection, in order, while send buffers and
+    /// ring space allow (a body larger than what the ring has free goes in pieces).
     fn try_backlog(&mut self, idx: u16) {
         let Some(slot) = self.slots[idx as usize].as_mut() else { return };
         let mut sent = false;
-        while let Some(sp) = slot.backlog.front() {
-            if sp.header.kind == Kind::Response
-                && !slot.conn.session.is_unanswered(sp.header.slot, sp.header.generation)
+        while let Some(sp) = slot.backlog.front_mut() {
+            let h = *sp.header();
+            if h.kind == Kind::Response
+                && sp.untouched()
+                && !slot.conn.session.is_unanswered(h.slot, h.generation)
             {
                 // A second answer to one call (a deferred responder after the handler answered
                 // or panicked): the client has its answer already; sending this one would make it
                 // close the session.
                 tracing::debug!(
                     session = slot.session,
-                    call_slot = sp.header.slot,
+                    call_slot = h.slot,
                     "second answer to one call dropped"
                 );
                 slot.backlog.pop_front();
                 continue;
             }
-            let Some(buf) = slot.conn.pool.acquire() else { break };
-            let mut header = sp.header;
-            let body = match &sp.body {
-                Ok(bytes) => match slot.conn.session.place_body(bytes.len()) {
-                    Ok(Placement::Eager) => slot.conn.copy_body(buf, bytes, None),
-                    Ok(Placement::Ring(off)) => slot.conn.copy_body(buf, bytes, Some(off)),
-                    Err(PlaceError::RingFull) => {
-                        slot.conn.pool.give_back(buf);
+            let (status, len) = match sp {
+                Spill::Body(out) if out.body.len() > slot.conn.session.params().max_message as usize => {
+                    let s = Status::resource_exhausted(format!(
+                        "response of {} bytes exceeds max_message_size of {} bytes",
+                        out.body.len(),
+                        slot.conn.session.params().max_message
+                    ));
+                    *sp = Spill::Error(h, s);
+                    continue;
+                }
+                Spill::Body(out) => {
+                    if out.sent > 0 || out.body.len() > slot.conn.body_cap {
+                        sent |= out.sent > 0;
+                    }
+                    if !slot.conn.send_outgoing(out) {
+                        sent |= out.sent > 0;
                         break;
                     }
-                    Err(PlaceError::Refused(s)) => {
-                        header.status = s.code();
-                        slot.conn.copy_body(buf, s.message().as_bytes(), None)
-                    }
-                },
-                Err(s) => {
-                    header.status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                    slot.conn.copy_body(buf, s.message().as_bytes(), None)
+                    (Code::Ok, out.body.len() as u32)
+                }
+                Spill::Error(h, s) => {
+                    let Some(mut buf) = slot.conn.acquire() else { break };
+                    let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
+                    let body = slot.conn.copy_eager(&mut buf, s.message().as_bytes());
+                    slot.conn.queue(buf, Header { status, ..*h }, body);
+                    (status, 0)
                 }
             };
-            if header.kind == Kind::Response {
-                slot.conn.session.on_answer_for(header.slot, header.generation);
+            if h.kind == Kind::Response {
+                slot.conn.session.on_answer_for(h.slot, h.generation);
                 self.counters.rpcs += 1;
-                self.counters.status(header.status);
-                let (BodyAt::Ring { len, .. } | BodyAt::Eager(len)) = body;
+                self.counters.status(status);
                 self.counters.bytes_out += u64::from(len);
             }
-            slot.conn.queue(buf, header, body);
             slot.backlog.pop_front();
             sent = true;
         }
@@ -465,9 +506,12 @@ impl<P: Provider> Worker<P> {
             }
             return;
         }
-        let buf = wc.wr_id as u32;
-        self.recv.repost(buf);
+        let Some(buf) = self.recv.take(wc.wr_id, wc.byte_len) else {
+            tracing::debug!(wr_id = wc.wr_id, "receive completion for a buffer not posted");
+            return;
+        };
         if !wc.status.is_success() {
+            self.recv.repost(buf);
             if let Some(&idx) = self.by_qpn.get(&wc.qp_num) {
                 if wc.status != WcStatus::IBV_WC_WR_FLUSH_ERR {
                     tracing::debug!(status = %wc.status, "receive completion error");
@@ -477,29 +521,36 @@ impl<P: Provider> Worker<P> {
             return;
         }
         let Some(idx) = self.lookup_qpn(wc.qp_num) else {
+            self.recv.repost(buf);
             tracing::debug!(qp_num = wc.qp_num, "message on an unknown QP dropped");
             return;
         };
-        self.on_message(idx, buf, wc.byte_len as usize);
+        self.on_message(idx, buf);
     }
 
-    fn on_message(&mut self, idx: u16, buf: u32, len: usize) {
-        let Some(msg) = self.recv.received(buf, len) else {
+    fn on_message(&mut self, idx: u16, buf: RecvBuf) {
+        if !self.recv.fits(&buf) {
+            self.recv.repost(buf);
             self.close_slot(idx, "message longer than a receive buffer", true, true);
             return;
-        };
-        let h = match Header::decode(msg) {
+        }
+        let h = match Header::decode(self.recv.bytes(&buf)) {
             Ok(h) => h,
             Err(e) => {
+                self.recv.repost(buf);
                 let reason = format!("malformed header: {e}");
                 self.close_slot(idx, &reason, true, true);
                 return;
             }
         };
-        let Some(slot) = self.slots[idx as usize].as_mut() else { return };
+        let Some(slot) = self.slots[idx as usize].as_mut() else {
+            self.recv.repost(buf);
+            return;
+        };
         let inc = match slot.conn.session.handle_header(&h) {
             Ok(inc) => inc,
             Err(reason) => {
+                self.recv.repost(buf);
                 let reason = format!("protocol violation: {reason}");
                 self.close_slot(idx, &reason, true, true);
                 return;
@@ -508,26 +559,56 @@ impl<P: Provider> Worker<P> {
         if !slot.backlog.is_empty() {
             self.try_backlog(idx);
         }
-        match h.kind {
-            Kind::Request => self.dispatch(idx, buf, len, inc.header, inc.ring),
-            Kind::CreditReturn => {}
-            Kind::Close => self.close_slot(idx, "peer sent Close", false, true),
-            Kind::Response => {}
+        let Some(slot) = self.slots[idx as usize].as_mut() else {
+            self.recv.repost(buf);
+            return;
+        };
+        // A ring body is copied out of the ring at once (the peer could rewrite it) and its ring
+        // space freed; the request is dispatched when its last piece is in.
+        let (header, body) = match inc.ring {
+            None => (inc.header, Received::Eager(buf)),
+            Some(piece) => {
+                self.recv.repost(buf);
+                let done = slot.conn.take_piece(piece);
+                // The freed ring space travels back on the answer, or in a credit message.
+                slot.credit_return = true;
+                match done {
+                    Ok(Some(c)) => (c.header, Received::Owned(c.body)),
+                    Ok(None) => {
+                        self.mark_dirty(idx);
+                        return;
+                    }
+                    Err(reason) => {
+                        let reason = format!("protocol violation: {reason}");
+                        self.close_slot(idx, &reason, true, true);
+                        return;
+                    }
+                }
+            }
+        };
+        match header.kind {
+            Kind::Request => self.dispatch(idx, body, header),
+            kind => {
+                if let Received::Eager(b) = body {
+                    self.recv.repost(b);
+                }
+                if kind == Kind::Close {
+                    self.close_slot(idx, "peer sent Close", false, true);
+                }
+            }
         }
     }
 
-    fn dispatch(
-        &mut self,
-        idx: u16,
-        buf: u32,
-        len: usize,
-        h: Header,
-        ring: Option<crate::session::RingToken>,
-    ) {
+    fn dispatch(&mut self, idx: u16, received: Received, h: Header) {
         let tag = self.tag(idx);
         let draining = self.shared.draining.load(Ordering::Relaxed);
         let Worker { slots, registry, recv, counters, scratch, ctx, .. } = self;
-        let Some(slot) = slots[idx as usize].as_mut() else { return };
+        let Some(slot) = slots[idx as usize].as_mut() else {
+            if let Received::Eager(b) = received {
+                recv.repost(b);
+            }
+            return;
+        };
         counters.bytes_in += u64::from(h.body_len);
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
@@ -538,25 +619,24 @@ impl<P: Provider> Worker<P> {
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
         let ctx = &*ctx;
-        // Answers leave in order: while earlier ones wait for ring space, this one waits behind them
-        // (so a client consuming responses in call order can always make progress).
-        let send_buf = if slot.backlog.is_empty() { slot.conn.pool.acquire() } else { None };
-        let Conn { ring: rx_ring, pool, mirror, session, body_cap, .. } = &mut slot.conn;
-        let body: &[u8] = if h.in_ring {
-            let o = h.ring_offset as usize;
-            &rx_ring.bytes()[o..o + h.body_len as usize]
-        } else {
-            match recv.received(buf, len) {
-                Some(m) => &m[HEADER_LEN..],
-                None => &[],
-            }
+        // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
+        let mut send_buf = if slot.backlog.is_empty() { slot.conn.acquire() } else { None };
+        let (eager_buf, owned) = match received {
+            Received::Eager(b) => (Some(b), None),
+            Received::Owned(v) => (None, Some(v)),
         };
-        let cap = *body_cap;
-        let (eager, session) = match send_buf {
+        let body = match (&eager_buf, owned) {
+            (Some(b), _) => Body::slice(recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
+            (None, Some(o)) => Body::owned(bytes::Bytes::from(o)),
+            (None, None) => Body::slice(&[]),
+        };
+        let cap = slot.conn.body_cap;
+        let Conn { pool, mirror, session, .. } = &mut slot.conn;
+        let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
             None => (&mut scratch[..cap], None),
         };
-        let mut out = ReplyWriter { eager, mirror: mirror.bytes_mut(), session, outcome: Outcome::Unset };
+        let mut out = ReplyWriter { eager, mirror: mirror.as_mut_slice(), session, outcome: Outcome::Unset };
         if draining {
             out.error(Status::unavailable("server is shutting down"));
         } else {
@@ -578,8 +658,8 @@ impl<P: Provider> Worker<P> {
         }
         let outcome = std::mem::replace(&mut out.outcome, Outcome::Unset);
         drop(out);
-        if let Some(t) = ring {
-            slot.conn.session.release(t);
+        if let Some(b) = eager_buf {
+            recv.repost(b);
         }
         let header = Header {
             slot: h.slot,
@@ -588,7 +668,11 @@ impl<P: Provider> Worker<P> {
             credits: 1,
             ..Header::new(Kind::Response)
         };
-        let mut status = Code::Ok;
+        let answered = |status: Code, len: u32, counters: &mut Counters| {
+            counters.bytes_out += u64::from(len);
+            counters.rpcs += 1;
+            counters.status(status);
+        };
         let mut queued = false;
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
@@ -598,40 +682,33 @@ impl<P: Provider> Worker<P> {
                 None
             }
             (Outcome::Eager(n), Some(b)) => {
-                counters.bytes_out += u64::from(n);
                 slot.conn.queue(b, header, BodyAt::Eager(n));
                 slot.conn.session.on_answer_for(h.slot, h.generation);
-                counters.rpcs += 1;
-                counters.status(status);
+                answered(Code::Ok, n, counters);
                 queued = true;
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
-                counters.bytes_out += u64::from(len);
                 slot.conn.queue(b, header, BodyAt::Ring { offset, len });
                 slot.conn.session.on_answer_for(h.slot, h.generation);
-                counters.rpcs += 1;
-                counters.status(status);
+                answered(Code::Ok, len, counters);
                 queued = true;
                 None
             }
-            (Outcome::Error(s), Some(b)) => {
-                status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                let body = slot.conn.copy_body(b, s.message().as_bytes(), None);
+            (Outcome::Error(s), Some(mut b)) => {
+                let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
+                let body = slot.conn.copy_eager(&mut b, s.message().as_bytes());
                 slot.conn.queue(b, Header { status, ..header }, body);
                 slot.conn.session.on_answer_for(h.slot, h.generation);
-                counters.rpcs += 1;
-                counters.status(status);
+                answered(status, 0, counters);
                 queued = true;
                 None
             }
-            (Outcome::Unset, Some(b)) => {
-                status = Code::Internal;
-                let body = slot.conn.copy_body(b, b"handler returned no answer", None);
-                slot.conn.queue(b, Header { status, ..header }, body);
+            (Outcome::Unset, Some(mut b)) => {
+                let body = slot.conn.copy_eager(&mut b, b"handler returned no answer");
+                slot.conn.queue(b, Header { status: Code::Internal, ..header }, body);
                 slot.conn.session.on_answer_for(h.slot, h.generation);
-                counters.rpcs += 1;
-                counters.status(status);
+                answered(Code::Internal, 0, counters);
                 queued = true;
                 None
             }
@@ -648,12 +725,16 @@ impl<P: Provider> Worker<P> {
                 Some(Err(Status::internal("handler returned no answer")))
             }
         };
+        let had_backlog = !slot.backlog.is_empty();
         if let Some(body) = spilled {
-            slot.backlog.push_back(Spill { header, body });
+            slot.backlog.push_back(Spill::new(header, body));
         }
-        if ring.is_some() && !queued {
-            // The freed ring space has no response to ride on now: a credit message returns it.
-            slot.credit_return = true;
+        if queued && slot.conn.session.unreported_ring_bytes() == 0 {
+            // The answer carried the freed ring head.
+            slot.credit_return = false;
+        }
+        if !had_backlog && !slot.backlog.is_empty() {
+            self.try_backlog(idx);
         }
         self.mark_dirty(idx);
     }

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rpc_core::buffers::{RecvPool, RingBuf};
+use rpc_core::buffers::{RecvPool, RecvRing};
 use rpc_core::codegen::*;
 use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
 use rpc_core::verbs::sim::{Sim, SimContext};
@@ -114,9 +114,10 @@ impl Service for TestService {
         MethodDesc { id: RAW, name: "/test.Echo/Raw" },
     ];
 
-    fn call(&self, method: MethodId, ctx: &RequestContext, body: &[u8], out: &mut ReplyWriter<'_>) {
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
         if method == RAW {
             // Any bytes: answers with their length and checksum (the payload back only when short).
+            let body = body.as_slice();
             let payload = if body.len() <= 16 { body.to_vec() } else { Vec::new() };
             let m = EchoMsg { seq: body.len() as u64, checksum: fnv64(body), payload, reply_len: 0 };
             return out.reply(Reply::from(m));
@@ -242,11 +243,11 @@ impl prost::Message for RawBytes {
 
 /// A peer built by hand from the public verbs and buffers modules (a rogue client or a fake
 /// server): one `sim` context, PD, CQ, a `RecvPool` whose SRQ the RC QP uses, and a receive
-/// `RingBuf`. Fields drop in declaration order (QP first, context last).
+/// `RecvRing`. Fields drop in declaration order (QP first, context last).
 pub struct RawPeer {
     pub qp: <Sim as Provider>::QueuePair,
     pub recv: RecvPool<Sim>,
-    pub ring: RingBuf<Sim>,
+    pub ring: RecvRing<Sim>,
     pub cq: <Sim as Provider>::CompletionQueue,
     pub pd: <Sim as Provider>::ProtectionDomain,
     pub ctx: SimContext,
@@ -273,7 +274,7 @@ impl RawPeer {
                 sq_sig_all: false,
             })
             .unwrap();
-        let ring = RingBuf::<Sim>::receive(&pd, ring_len).unwrap();
+        let ring = RecvRing::<Sim>::new(&pd, ring_len).unwrap();
         let local = Endpoint { qp_num: qp.qp_num(), psn, lid: port.lid, gid, mtu: port.active_mtu };
         RawPeer { qp, recv, ring, cq, pd, ctx, local }
     }
