@@ -166,29 +166,29 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
 }
 
 /// Sessions with different credits on one worker: admission sums what each reserves of the SRQ
-/// (`2 × credits + 1` receive WQEs), so the SRQ is never over-committed and flow control never
+/// (`2 × credits + 17` receive WQEs), so the SRQ is never over-committed and flow control never
 /// leans on RNR. Before the fix the listener multiplied the session count by the *new* session's
-/// need, so small sessions were admitted after large ones past the SRQ depth (here 3 × 65 + 2 × 3
-/// = 201 WQEs reserved on an SRQ of 200).
+/// need, so small sessions were admitted after large ones past the SRQ depth (here 2 × 81 + 2 × 19
+/// = 200 WQEs reserved on an SRQ of 200, and a third small one refused).
 #[test]
 fn srq_admission_sums_the_credits_of_every_session() {
     let (server, _) = spawn(server().srq_depth(200).credits_per_session(32));
     let connect = |window: u16| Client::connect_with(server.local_addr(), &client_config().window(window));
-    let big: Vec<Client> = (0..3).map(|_| connect(32).expect("3 × 65 WQEs fit in 200")).collect();
-    let small = connect(1).expect("3 × 65 + 3 = 198 WQEs fit in 200");
-    let err = connect(1).err().expect("3 × 65 + 2 × 3 = 201 WQEs do not fit in 200");
+    let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 81 WQEs fit in 200")).collect();
+    let small = [connect(1).expect("2 × 81 + 19 fit in 200"), connect(1).expect("2 × 81 + 2 × 19 = 200 fit")];
+    let err = connect(1).err().expect("2 × 81 + 3 × 19 = 219 WQEs do not fit in 200");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
     assert!(err.message().contains("srq_depth"), "{err}");
     // Freeing a large session makes room again.
     drop(big);
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while server.counters().sessions_closed < 3 && std::time::Instant::now() < give_up {
+    while server.counters().sessions_closed < 2 && std::time::Instant::now() < give_up {
         std::thread::yield_now();
     }
-    assert_eq!(server.counters().sessions_closed, 3);
+    assert_eq!(server.counters().sessions_closed, 2);
     let again = connect(32).expect("room again after the large sessions closed");
     check_reply(&again.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
-    check_reply(&small.unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
+    check_reply(&small[0].unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
     drop((again, small));
     server.shutdown();
 }
@@ -312,8 +312,29 @@ fn more_sessions_per_worker_than_the_tag_holds_is_refused() {
     let err = server().max_sessions(40_000).add_service(TestService::default()).spawn("127.0.0.1:0").err();
     let err = err.expect("40000 sessions on one worker is refused");
     assert!(err.to_string().contains("max_sessions"), "{err}");
-    let ok = server().max_sessions(32_767).add_service(TestService::default()).spawn("127.0.0.1:0");
+    let ok = server()
+        .max_sessions(32_767)
+        .srq_depth(4096)
+        .add_service(TestService::default())
+        .spawn("127.0.0.1:0");
     ok.expect("32767 sessions on one worker is fine").shutdown();
+}
+
+/// The default SRQ depth is sized for `max_sessions` at full credits; when the device cannot
+/// hold that, spawning fails naming every field involved (not a session refused much later).
+#[test]
+fn limits_are_validated_together_at_spawn() {
+    let err = server().max_sessions(4096).add_service(TestService::default()).spawn("127.0.0.1:0").err();
+    let err =
+        err.expect("4096 sessions of 32 credits need more receive WQEs than the device has").to_string();
+    for field in ["srq_depth", "max_sessions 4096", "credits_per_session 32", "worker_cores", "max_srq_wr"] {
+        assert!(err.contains(field), "{field} in: {err}");
+    }
+    // The defaults serve the default max_sessions.
+    let c = rpc_core::ServerConfig::default();
+    assert_eq!(c.effective_srq_depth(), c.max_sessions as u64 * (2 * u64::from(c.credits_per_session) + 17));
+    let ok = server().add_service(TestService::default()).spawn("127.0.0.1:0");
+    ok.expect("the defaults are consistent").shutdown();
 }
 
 /// A bulk body that encodes shorter than its `encoded_len` (a hand-written `Message` that lies)

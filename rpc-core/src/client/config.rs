@@ -18,7 +18,9 @@ pub struct ClientConfig {
     /// Bodies up to this many bytes travel in the SEND. Default 4096 bytes (the smaller of the
     /// client's and the server's value is used).
     pub eager_threshold: u32,
-    /// Largest body in bytes. Default 16 MiB.
+    /// Largest request or response body in bytes. Default 64 MiB; 1 ..= 4 GiB − 1. Larger bodies
+    /// than the rings travel in pieces; a request over the limit (the smaller of client's and
+    /// server's) is refused before anything is sent.
     pub max_message_size: u32,
     /// How a waiting call polls. Default [`PollingPolicy::Busy`].
     pub polling: PollingPolicy,
@@ -35,7 +37,7 @@ impl Default for ClientConfig {
             window: 32,
             ring_bytes: 1 << 20,
             eager_threshold: 4096,
-            max_message_size: 16 << 20,
+            max_message_size: 64 << 20,
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,

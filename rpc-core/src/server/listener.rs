@@ -40,6 +40,26 @@ pub(super) fn start<P: Provider>(
     gid_index: i32,
 ) -> Result<ServerHandle, ServerError> {
     let dev = Arc::new(Device::<P>::open(selector, port, gid_index)?);
+    let mut config = config;
+    let depth = config.effective_srq_depth();
+    let max_srq_wr = dev.ctx.attr().max_srq_wr;
+    if depth > u64::from(max_srq_wr) {
+        let why = if config.srq_depth == 0 {
+            format!(
+                "sizing for max_sessions {} over {} worker(s) at credits_per_session {} needs {depth} \
+                 receive WQEs per worker, above the device's max_srq_wr {max_srq_wr}: lower \
+                 max_sessions or credits_per_session, add worker_cores, or set srq_depth (sessions \
+                 are then admitted while it has room)",
+                config.max_sessions,
+                config.worker_cores.len().max(1),
+                config.credits_per_session
+            )
+        } else {
+            format!("{depth} is above the device's max_srq_wr {max_srq_wr}")
+        };
+        return Err(ServerError::Config { field: "srq_depth", reason: why });
+    }
+    config.srq_depth = depth as u32;
     let cores: Vec<Option<usize>> = if config.worker_cores.is_empty() {
         vec![None]
     } else {

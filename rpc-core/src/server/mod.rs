@@ -82,20 +82,26 @@ pub struct ServerConfig {
     /// Cores to pin one worker each to (core ids as `core_affinity` numbers them). Empty = one
     /// unpinned worker. Default empty.
     pub worker_cores: Vec<usize>,
-    /// Largest request or response body in bytes. Default 16 MiB (bodies are also limited by the
-    /// rings).
+    /// Largest request or response body in bytes. Default 64 MiB; 1 ..= 4 GiB − 1. A body larger
+    /// than the ring (or than what it has free) travels through it in pieces; one over this
+    /// limit is refused before anything is sent (RESOURCE_EXHAUSTED naming the limit). The agreed
+    /// value is the smaller of server's and client's.
     pub max_message_size: u32,
     /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 1 ..= 1 GiB.
     pub ring_bytes: u32,
-    /// Receive buffers (WQEs) of each worker's SRQ. Default 2048. Bounds sessions per worker:
-    /// each needs `2 × credits + 1`. Every buffer is `eager_threshold` + 36 bytes and the SRQ
-    /// cycles through all of them, so a smaller SRQ stays in cache (measurably lower latency).
+    /// Receive buffers (WQEs) of each worker's SRQ. Default 0 = sized for `max_sessions` at full
+    /// credits: sessions per worker × (2 × `credits_per_session` + 17), which must not exceed
+    /// the device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must
+    /// hold one session of full credits; sessions are then admitted while what they reserve
+    /// (`2 × credits + 17` each, for the credits they were granted) fits. Every buffer is
+    /// `eager_threshold` + 40 bytes and the SRQ cycles through all of them, so a smaller SRQ
+    /// stays in cache (measurably lower latency).
     pub srq_depth: u32,
     /// Requests in flight granted per session (a client asks for its window). Default 32; 1 ..= 4096.
     pub credits_per_session: u16,
-    /// Sessions over all workers. Default 256 (each holds a receive ring, a send mirror and send
-    /// buffers: about 2 × `ring_bytes` + 72 × (`eager_threshold` + 36) bytes at default credits).
-    /// Valid range: 1 ..= 32767 per worker.
+    /// Sessions over all workers. Default 128 (each holds a receive ring, a send mirror and send
+    /// buffers: about 2 × `ring_bytes` + 72 × (`eager_threshold` + 40) bytes at default credits,
+    /// 2.3 MiB; and reserves `2 × credits + 17` SRQ WQEs). Valid range: 1 ..= 32767 per worker.
     pub max_sessions: usize,
     /// Bodies up to this many bytes travel in the SEND; larger ones by RDMA WRITE into the ring.
     /// Default 4096 bytes. The agreed value is the smaller of server's and client's.
@@ -115,11 +121,11 @@ impl Default for ServerConfig {
         ServerConfig {
             transport: Transport::Sim,
             worker_cores: Vec::new(),
-            max_message_size: 16 << 20,
+            max_message_size: 64 << 20,
             ring_bytes: 1 << 20,
-            srq_depth: 2048,
+            srq_depth: 0,
             credits_per_session: 32,
-            max_sessions: 256,
+            max_sessions: 128,
             eager_threshold: 4096,
             polling: PollingPolicy::Busy,
             auth_token: None,
@@ -141,9 +147,15 @@ impl ServerConfig {
         if self.credits_per_session == 0 || self.credits_per_session > crate::wire::MAX_CREDITS {
             return bad("credits_per_session", format!("{} is not in 1..=4096", self.credits_per_session));
         }
-        let per_session = 2 * u32::from(self.credits_per_session) + 1;
-        if self.srq_depth < per_session {
-            return bad("srq_depth", format!("{} is below 2 × credits + 1 = {per_session}", self.srq_depth));
+        let per_session = crate::worker::conn::srq_need(self.credits_per_session);
+        if self.srq_depth != 0 && self.srq_depth < per_session {
+            return bad(
+                "srq_depth",
+                format!(
+                    "{} is below one session's 2 × credits_per_session + 17 = {per_session}",
+                    self.srq_depth
+                ),
+            );
         }
         if self.max_message_size == 0 {
             return bad("max_message_size", "0 bytes".into());
@@ -171,6 +183,16 @@ impl ServerConfig {
             );
         }
         Ok(())
+    }
+
+    /// The SRQ depth each worker gets: `srq_depth`, or when 0 what `max_sessions` (spread over
+    /// the workers) need at full credits.
+    pub fn effective_srq_depth(&self) -> u64 {
+        if self.srq_depth != 0 {
+            return u64::from(self.srq_depth);
+        }
+        let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1)) as u64;
+        per_worker * u64::from(crate::worker::conn::srq_need(self.credits_per_session))
     }
 }
 

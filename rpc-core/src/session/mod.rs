@@ -18,6 +18,10 @@ pub use ring::{RingConsumer, RingProducer, RingReserveError, RingToken};
 
 /// Fraction of the peer's ring one piece may take (a quarter: four pieces in flight pipeline).
 const PIECE_FRACTION: u32 = 4;
+
+/// Most pieces that are not the last of their message one ring holds at once: every such piece
+/// takes at least `1 / PIECE_FRACTION²` of it.
+pub const MAX_PIECES_IN_RING: u32 = PIECE_FRACTION * PIECE_FRACTION;
 pub use slots::{CallSlots, ResponseFate, SlotState};
 
 use crate::status::Status;

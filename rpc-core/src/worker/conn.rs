@@ -20,11 +20,13 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
-/// Receive WQEs of the worker's SRQ a session of `credits` reserves (`2 × credits + 1`): its
-/// requests in flight plus its control messages. The sessions of one worker together reserve at
-/// most the SRQ depth, so flow control never leans on RNR.
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves (`2 × credits + 17`): its
+/// requests in flight (the last or only piece of each), its credit messages (at most one per
+/// response in flight), the other pieces a ring can hold at once (each at least 1/16 of it:
+/// [`crate::session::Session::next_piece`]) and a Close. The sessions of one worker together
+/// reserve at most the SRQ depth, so flow control never leans on RNR.
 pub(crate) fn srq_need(credits: u16) -> u32 {
-    2 * u32::from(credits) + 1
+    2 * u32::from(credits) + 1 + crate::session::MAX_PIECES_IN_RING
 }
 
 /// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the
