@@ -1,0 +1,245 @@
+//! Ring bodies are untrusted: a raw peer (built from the public verbs, buffers and wire modules)
+//! that keeps rewriting the ring range of a request after its SEND cannot change what the
+//! handler sees, and a peer gone in the middle of a message in pieces ends the call UNAVAILABLE
+//! on the other side, which frees everything.
+
+mod rpc_support;
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rpc_core::buffers::{split_send_wr_id, SendMirror, SendPool, SendQueue};
+use rpc_core::codegen::*;
+use rpc_core::verbs::rc::RcConfig;
+use rpc_core::verbs::sim::Sim;
+use rpc_core::verbs::{CompletionQueue, WorkCompletion};
+use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
+use rpc_core::Client;
+use rpc_support::*;
+
+const TWICE: MethodId = method_id("/test.Twice/Twice");
+
+/// Hashes its body, keeps hashing it again for 100 ms, and answers whether it ever changed.
+struct Twice;
+
+impl Service for Twice {
+    const NAME: &'static str = "test.Twice";
+    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: TWICE, name: "/test.Twice/Twice" }];
+
+    fn call(&self, _: MethodId, _: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
+        let first = fnv64(body.as_slice());
+        let until = Instant::now() + Duration::from_millis(100);
+        let mut changed = 0u64;
+        while Instant::now() < until {
+            if fnv64(body.as_slice()) != first {
+                changed += 1;
+            }
+            std::thread::yield_now();
+        }
+        out.reply(Reply::from(EchoMsg { seq: changed, checksum: first, ..Default::default() }));
+    }
+}
+
+/// A connected raw client with a send pool, a mirror of the server's ring and a send queue.
+struct RawClient {
+    sq: SendQueue,
+    mirror: SendMirror<Sim>,
+    pool: SendPool<Sim>,
+    peer: RawPeer,
+    ring: (u64, u32),
+    session: u32,
+    _tcp: std::net::TcpStream,
+}
+
+impl RawClient {
+    fn connect(addr: std::net::SocketAddr) -> RawClient {
+        let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(4, 4096, 1 << 20, 0))).unwrap();
+        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+        peer.connect(&RcConfig::default(), &reply);
+        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 64).unwrap();
+        let mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
+        RawClient {
+            sq: SendQueue::new(64, 16),
+            mirror,
+            pool,
+            ring: (reply.ring_addr, reply.ring_rkey),
+            session: reply.session,
+            peer,
+            _tcp: tcp,
+        }
+    }
+
+    /// WRITEs `bytes` at `offset` of the server's ring, then (with `header`) SENDs it.
+    fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
+        self.mirror.range_mut(offset, bytes.len() as u32).copy_from_slice(bytes);
+        self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1);
+        if let Some(h) = header {
+            let mut b = self.pool.acquire().unwrap();
+            h.encode_into(self.pool.buf_mut(&mut b)).unwrap();
+            self.sq.send(&mut self.pool, b, HEADER_LEN as u32, false);
+        }
+        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
+    }
+
+    /// Polls once; returns a received message's header and eager body.
+    fn poll(&mut self) -> Option<(Header, Vec<u8>)> {
+        let mut wcs = [WorkCompletion::default(); 8];
+        let n = self.peer.cq.poll(&mut wcs).unwrap();
+        let mut got = None;
+        for wc in &wcs[..n] {
+            assert!(wc.status.is_success(), "{wc:?}");
+            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+                self.pool.retire(usize::from(bufs));
+                self.sq.on_completion(wrs);
+            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
+                let bytes = self.peer.recv.bytes(&buf);
+                let h = Header::decode(bytes).unwrap();
+                got = Some((h, bytes[HEADER_LEN..].to_vec()));
+                self.peer.recv.repost(buf);
+            }
+        }
+        self.peer.recv.flush().unwrap();
+        got
+    }
+}
+
+fn ring_request(session: u32, len: u32) -> Header {
+    Header {
+        method: TWICE,
+        in_ring: true,
+        body_len: len,
+        total_len: len,
+        session,
+        ..Header::new(Kind::Request)
+    }
+}
+
+#[test]
+fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees() {
+    let server = server().add_service(Twice).spawn("127.0.0.1:0").unwrap();
+    let mut c = RawClient::connect(server.local_addr());
+    let len = 16 << 10;
+    let a = vec![0xaa; len];
+    c.write(0, &a, Some(ring_request(c.session, len as u32)));
+    // Keep rewriting the range with other bytes while the handler looks at its body.
+    let mut flip = 0u8;
+    let reply = loop {
+        flip = flip.wrapping_add(1);
+        c.write(0, &vec![flip; len], None);
+        if let Some((h, body)) = c.poll() {
+            break (h, body);
+        }
+    };
+    assert_eq!(reply.0.kind, Kind::Response);
+    assert_eq!(reply.0.status, Code::Ok);
+    let r = EchoMsg::decode(&reply.1[..]).unwrap();
+    assert_eq!(r.seq, 0, "the handler's body changed {} times under it", r.seq);
+    assert!(flip > 3, "the ring was rewritten while the handler ran ({flip} times)");
+    // (What it saw may mix the request's bytes with a rewrite that raced the copy: the peer's
+    // own doing. It cannot change afterwards.)
+    server.shutdown();
+}
+
+/// A fake server that answers the first request with the first piece of a response three
+/// pieces long, then vanishes (its host and its TCP connection gone).
+#[test]
+fn a_server_gone_mid_message_ends_the_call_unavailable_and_frees_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut tcp, _) = listener.accept().unwrap();
+        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+        let mut peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
+        peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
+        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(8, 4096, hello.max_message, 77))).unwrap();
+        let mut pool = SendPool::<Sim>::new(&peer.pd, 4, HEADER_LEN + 64).unwrap();
+        let mut mirror = SendMirror::<Sim>::new(&peer.pd, hello.ring_len as usize).unwrap();
+        let mut sq = SendQueue::new(16, 4);
+        let mut wcs = [WorkCompletion::default(); 4];
+        let req = loop {
+            let n = peer.cq.poll(&mut wcs).unwrap();
+            if let Some(wc) = wcs[..n].iter().find(|w| split_send_wr_id(w.wr_id).is_none()) {
+                let buf = peer.recv.take(wc.wr_id, wc.byte_len).unwrap();
+                let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
+                peer.recv.repost(buf);
+                break h;
+            }
+            std::thread::yield_now();
+        };
+        let piece = hello.ring_len / 4;
+        mirror.range_mut(0, piece).fill(0x11);
+        sq.write(&mirror, 0, piece, hello.ring_addr, hello.ring_rkey);
+        let h = Header {
+            slot: req.slot,
+            generation: req.generation,
+            method: req.method,
+            credits: 1,
+            in_ring: true,
+            body_len: piece,
+            total_len: 3 * piece,
+            session: 77,
+            ..Header::new(Kind::Response)
+        };
+        let mut b = pool.acquire().unwrap();
+        h.encode_into(pool.buf_mut(&mut b)).unwrap();
+        sq.send(&mut pool, b, HEADER_LEN as u32, false);
+        sq.flush(&peer.qp, &mut pool, 1).unwrap();
+        while peer.cq.poll(&mut wcs).unwrap() == 0 {
+            std::thread::yield_now();
+        }
+        peer.ctx.vanish();
+        drop(tcp);
+        std::thread::sleep(Duration::from_millis(200));
+        drop((sq, mirror, pool, peer));
+    });
+    let client = Client::connect_with(addr, &client_config()).unwrap();
+    let started = Instant::now();
+    let err = client
+        .unary::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::deadline(Duration::from_secs(30)))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10), "noticed in {:?}", started.elapsed());
+    assert!(client.closed_reason().is_some());
+    fake.join().unwrap();
+    drop(client);
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// A client that vanishes after the first piece of a request three pieces long: the server
+/// closes its session (dropping the partial message) and keeps serving others.
+#[test]
+fn a_client_gone_mid_message_is_closed_by_the_server_which_serves_on() {
+    let (server, _) = spawn(rpc_support::server().ring_bytes(1 << 16));
+    let closed = Arc::new(AtomicBool::new(false));
+    {
+        let mut c = RawClient::connect(server.local_addr());
+        let piece = 1u32 << 14;
+        let h = Header { method: ECHO, total_len: 3 * piece, ..ring_request(c.session, piece) };
+        c.write(0, &vec![0x22; piece as usize], Some(h));
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while c.sq.outstanding() > 0 && Instant::now() < give_up {
+            c.poll();
+        }
+        c.peer.ctx.vanish();
+        closed.store(true, Ordering::Release);
+    }
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while server.counters().sessions_closed < 1 && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.counters().sessions_closed, 1, "the vanished client's session was closed");
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    check_reply(
+        &client.unary(ECHO, &request(5, 100_000, 100_000), &CallOptions::default()).unwrap(),
+        5,
+        100_000,
+    );
+    assert!(closed.load(Ordering::Acquire));
+    drop(client);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
