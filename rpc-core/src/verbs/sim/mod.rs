@@ -100,14 +100,20 @@
 //! - **Events**: a CQ created with events supports `req_notify`/`wait` (a condition variable on
 //!   the event path only; a CQ without events never touches it).
 //! - **Inline** sends copy the payload at post time (up to `max_inline_data`, at most 256 bytes).
+//! - **Send-queue slots**: a send WQE, signaled or not, holds its slot until a signaled
+//!   completion at or after it (or an error or flush completion, which every WR gets) has been
+//!   *polled* from the send CQ, as mlx5's `ibv_poll_cq` retires WQEs; generating the CQE is not
+//!   enough. With `max_send_wr` WQEs outstanding, `post_send` fails with
+//!   [`VerbsError::BadWorkRequest`] "the work queue is full (ENOMEM ...)", the error the
+//!   `ibverbs` provider gives for ENOMEM; WRs before it in the list were posted. A move to RESET
+//!   frees every slot. [`set_send_queue_mode`] (or `RPC_SIM_SQ_RETIRE=execute`) restores the
+//!   sim's former leniency (a slot is free once its WR has executed) for code not ready yet.
 //!
 //! # Departures from hardware
 //!
 //! - Delivery is synchronous with the requester's execution: a successful SEND's data and
 //!   receive CQE are in place before `post_send` returns (still visible only through `poll`), and
 //!   a send completion does not wait for an ACK.
-//! - A send-queue slot is free again as soon as its WR has executed, not when a later signaled
-//!   CQE is polled: a program that never signals fills the SQ on hardware but not here.
 //! - RDMA READ is performed at once by the requester (no `max_rd_atomic` limit on outstanding
 //!   READs, which cannot be outstanding here); atomics, memory windows, UD/UC, SQD are absent.
 //! - Receive completions for a QP forced to ERR can race with a transfer already executing, so
@@ -137,12 +143,14 @@ mod qp;
 mod remote;
 mod ring;
 mod shm;
+mod sqslots;
 mod srq;
 
 pub use cq::SimCq;
 pub use host::{SimContext, SimPd};
 pub use mr::SimMr;
 pub use qp::SimQp;
+pub use sqslots::{send_queue_mode, set_send_queue_mode, SendQueueMode};
 pub use srq::SimSrq;
 
 #[allow(unused_imports)] // Linked from the docs above.
