@@ -20,8 +20,11 @@
 //!   serve a peer in this process and a peer in another: an rkey and an address resolve through
 //!   the responder's key table to the responder's segment as mapped by the requester, with
 //!   bounds and access checked. The data path makes no system call either way (a CQ's event
-//!   path wakes a waiter with a futex). Memory from `reg_user_mr` is not in the segment: peers
-//!   in other processes get a remote access error for it.
+//!   path wakes a waiter with a futex). Memory from `reg_user_mr` is not in the segment, and
+//!   neither is its address: the pointer lives in a table private to the owner's process (the
+//!   shared key table marks the key as caller memory and holds no pointer), so a peer process
+//!   that corrupts the segment cannot make the owner follow a pointer of its choosing; peers in
+//!   other processes get a remote access error for such a region.
 //! - **Peer processes.** A requester maps a peer host's segment on first contact (found by the
 //!   GID's pid and host id; only a file of the same user with mode 0600 and the expected header
 //!   is accepted). A monitor thread per process (`sim-shm-monitor`, asleep between 100 ms ticks)

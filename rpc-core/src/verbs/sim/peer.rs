@@ -84,7 +84,7 @@ impl PeerQp {
             recv_pd: r.recv_pd.load(Ordering::Relaxed),
             ring,
             cq,
-            mrs: MrView::of(seg, true),
+            mrs: MrView::of(seg),
             alive: &seg.header().alive as *const AtomicU32,
             has_rq: ring_off == off + sh_bytes,
             local: None,
