@@ -354,8 +354,8 @@ mod sim_only {
 mod xproc {
     use rpc_core::verbs::sim::{Sim, SimContext};
     use rpc_core::verbs::{
-        CompletionQueue, DeviceSelector, Provider, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
-        WcOpcode, WcStatus,
+        AccessFlags, CompletionQueue, DeviceSelector, MemoryRegion, ProtectionDomain, Provider, QpState,
+        QueuePair, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
     };
 
     use crate::conformance::xproc::{connect_pair, is_agent, segments_of, serve, Agent, Wc};
@@ -568,6 +568,35 @@ mod xproc {
         b.exit();
         assert_eq!(segments_of(pid), Vec::<String>::new());
         assert!(!segments_of(std::process::id()).is_empty(), "ours stays while our host lives");
+    }
+
+    #[test]
+    fn memory_deregistered_while_a_peer_process_maps_the_host_is_reusable_at_once() {
+        let (_c, a, mut b) = setup(Opts::default());
+        // The child writes into our MR: it has mapped our segment and holds a reader slot there.
+        assert_eq!(b.cmd("fill 0 64 5"), ["ok"]);
+        let w = format!("send 1 write 0 64 {} {} 0", a.mr.addr(), a.mr.rkey());
+        assert_eq!(b.cmd(&w), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(&a.bytes()[..64], &pattern(5, 64)[..]);
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let first = a.pd.reg_mr(1 << 20, access).unwrap();
+        let (addr, rkey) = (first.addr(), first.rkey());
+        drop(first);
+        // No transfer of the peer is in progress: the grace period is over at once and the
+        // range is free again (a fixed quarantine kept it out of reuse for a second).
+        let second = a.pd.reg_mr(1 << 20, access).unwrap();
+        assert_eq!(second.addr(), addr, "the freed range is reused at once");
+        // The old key stays dead for the peer; the new one works.
+        let w = format!("send 2 write 0 64 {addr} {rkey} 0");
+        assert_eq!(b.cmd(&w), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_REM_ACCESS_ERR));
+        drop(second);
+        // A killed peer's slot does not hold deregistration up either.
+        b.kill();
+        let t0 = std::time::Instant::now();
+        drop(a);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{:?}", t0.elapsed());
     }
 
     #[test]

@@ -183,6 +183,9 @@ impl QpCore {
         let Some(peer) = link.peer.as_ref() else {
             return Outcome::Stall(StallKind::Lost);
         };
+        // From here to the end of the transfer, a responder host of another process waits for
+        // us before reusing anything we may find (keys, QP state, rings, MR memory).
+        let _pin = peer.pin();
         if !peer.reachable() {
             return Outcome::Stall(StallKind::Lost);
         }

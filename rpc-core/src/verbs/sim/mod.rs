@@ -99,7 +99,11 @@
 //! - **Destroy** (drop) with WRs outstanding discards them without completions; peers' packets
 //!   to it are lost from then on. Dropping a QP or an MR waits until no transfer can still be
 //!   using it (a peer's SEND into the QP's receive buffers included), so the memory is the
-//!   caller's again when the drop returns.
+//!   caller's again when the drop returns: in this process by quiescence (every transfer runs
+//!   under its requester's QP guard), for peer processes by an epoch grace period (each pins
+//!   its transfers in a reader slot of the responder's segment; the owner advances the
+//!   segment's epoch and waits for the pins older than it, skipping dead peers). Segment memory
+//!   freed this way is reusable at once.
 //! - **Events**: a CQ created with events supports `req_notify`/`wait` (a condition variable on
 //!   the event path only; a CQ without events never touches it).
 //! - **Inline** sends copy the payload at post time (up to `max_inline_data`, at most 256 bytes).
@@ -124,9 +128,7 @@
 //! - Ports have no P_Key table; `pkey_index` is accepted and ignored.
 //! - Across processes: a responder in another process whose QP goes to ERR through a peer's
 //!   transfer (a responder-side error) has its RQ flushed at once, and its send queue flushed
-//!   at its next post or timer tick. MR deregistration waits for this process's transfers
-//!   (quiescence) and keeps the segment range out of reuse for 1 s, which bounds how long a
-//!   peer process's transfer that resolved the key just before may still run.
+//!   at its next post or timer tick.
 //!
 //! # Fault injection
 //!
@@ -135,6 +137,7 @@
 //! peer-death paths.
 
 mod cq;
+mod epoch;
 mod exec;
 mod fabric;
 mod fault;

@@ -5,10 +5,12 @@
 //! hashing; a stale key (slot reused) fails the generation compare. Registration and
 //! deregistration take the table's free-list lock (control path only).
 //!
-//! Deregistration is safe against transfers in flight by quiescence: every transfer runs while
+//! Deregistration is safe against transfers in flight: every transfer of this process runs while
 //! its requester holds its QP's send-queue guard and resolves keys inside that section, so after
-//! invalidating the slot, deregistration takes and releases every QP's guard in the fabric; from
-//! then on no copy can still be using the old range (see [`super::fabric::quiesce`]).
+//! invalidating the slot, deregistration takes and releases every QP's guard in the fabric
+//! ([`super::fabric::quiesce`]); a transfer of a peer process is pinned in the host's reader
+//! table, and deregistration waits out an epoch grace period for those
+//! ([`super::epoch::synchronize`]). From then on no copy can still be using the old range or key.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -109,7 +111,8 @@ impl MrView {
         let Some(s) = self.slot((key & 0xffff) as usize) else {
             return Err(KeyFault::Key);
         };
-        if key == 0 || s.key.load(Ordering::Acquire) != key || s.pd.load(Ordering::Relaxed) != pd {
+        // `SeqCst` (a plain load on x86): ordered after a peer's pin, see `super::epoch`.
+        if key == 0 || s.key.load(Ordering::SeqCst) != key || s.pd.load(Ordering::Relaxed) != pd {
             return Err(KeyFault::Key);
         }
         let start = s.addr.load(Ordering::Relaxed);
@@ -301,11 +304,12 @@ impl MemoryRegion for SimMr {
 impl Drop for SimMr {
     fn drop(&mut self) {
         self.host.mrs.invalidate(self.key);
+        // No transfer of this process (quiescence) nor of a peer process (an epoch grace
+        // period) can still be using the key or the memory once these return.
         super::fabric::quiesce();
+        super::epoch::synchronize(&self.host.seg);
         self.host.mrs.release(self.key);
         if let Some((off, bytes)) = self.owned {
-            // After quiescence no transfer of this process can still be copying to or from it;
-            // peers in other processes have the arena's quarantine.
             self.host.arena.free(&self.host.seg, off, bytes);
         }
     }

@@ -1052,6 +1052,8 @@ impl Drop for SimQp {
         // appears, once the drop has returned and the buffers are the caller's again. Later
         // transfers see `destroyed` and lose their packets.
         super::fabric::quiesce();
+        // The same for peers in other processes (their transfers are pinned, see `epoch`).
+        super::epoch::synchronize(&c.host.seg);
         c.with_sq(|st| {
             st.head = st.tail;
             st.stall = None;

@@ -12,11 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
+use super::epoch::Reader;
 use super::peer::PeerQp;
 use super::shm::{monotonic_ns, pid_alive, Segment, HEARTBEAT_DEAD_NS, HEARTBEAT_NS, QP_DIR_LEN, QP_DIR_OFF};
 
 /// A host of another process, mapped.
 pub(crate) struct RemoteHost {
+    /// This process's reader slot in the host's segment (released before the unmapping).
+    pub(crate) reader: Reader,
     pub(crate) seg: Segment,
     pid: u32,
     host_id: u32,
@@ -74,7 +77,11 @@ pub(crate) fn resolve(pid: u32, host_id: u32, qpn: u32) -> Option<PeerQp> {
             Some((_, h)) => h.clone(),
             None => {
                 let seg = Segment::open(pid, host_id)?;
-                let h = Arc::new(RemoteHost { seg, pid, host_id });
+                let Some(reader) = Reader::claim(&seg) else {
+                    tracing::warn!(pid, host_id, "sim: the peer host's reader table is full; not connecting");
+                    return None;
+                };
+                let h = Arc::new(RemoteHost { reader, seg, pid, host_id });
                 list.push(((pid, host_id), h.clone()));
                 start_monitor();
                 h
@@ -105,6 +112,7 @@ fn monitor_loop() {
         super::fabric::fabric().heartbeat(now);
         let list: Vec<Arc<RemoteHost>> = remotes().iter().map(|(_, h)| h.clone()).collect();
         for h in &list {
+            h.reader.beat(now);
             h.check(now);
         }
         drop(list);

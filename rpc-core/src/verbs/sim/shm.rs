@@ -25,18 +25,19 @@ pub(crate) const SEG_LEN: usize = 1 << 38;
 /// `b"RPCSIMH1"`: the first word of a host segment.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPCSIMH1");
 /// Layout version of the segment (both sides must agree).
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// Where the MR key table starts.
 pub(crate) const MR_TABLE_OFF: usize = 4096;
 /// Where the QP directory starts (after 4096 MR slots of 64 bytes).
 pub(crate) const QP_DIR_OFF: usize = MR_TABLE_OFF + 4096 * 64;
 /// Entries of the QP directory (the sim's `max_qp` per host).
 pub(crate) const QP_DIR_LEN: usize = 16384;
+/// Where the reader table of peer processes starts (see [`super::epoch`]).
+pub(crate) const READERS_OFF: usize = QP_DIR_OFF + QP_DIR_LEN * 8;
+/// Reader slots per host: how many peer processes may map a host at once.
+pub(crate) const READERS_LEN: usize = 4096;
 /// Where the heap starts.
-pub(crate) const HEAP_OFF: usize = QP_DIR_OFF + QP_DIR_LEN * 8;
-/// A freed range is reused only after this long (ns): a peer process whose transfer resolved a
-/// key just before its deregistration has finished by then (see the module docs of `sim`).
-const QUARANTINE_NS: u64 = 1_000_000_000;
+pub(crate) const HEAP_OFF: usize = READERS_OFF + READERS_LEN * 64;
 
 /// The segment header (first page).
 #[repr(C)]
@@ -49,6 +50,10 @@ pub(crate) struct Header {
     pub(crate) alive: AtomicU32,
     /// `CLOCK_MONOTONIC` ns of the owner's last heartbeat (every [`HEARTBEAT_NS`]).
     pub(crate) heartbeat: AtomicU64,
+    /// The reclamation epoch, advanced by the owner at every grace period ([`super::epoch`]).
+    pub(crate) epoch: AtomicU64,
+    /// Reader slots ever claimed (the owner scans `[0, readers_hw)`).
+    pub(crate) readers_hw: AtomicU32,
 }
 
 /// Heartbeat period of a host's owner, in ns.
@@ -306,19 +311,16 @@ pub(crate) fn remember_own(path: &CString) {
 // ---------------------------------------------------------------------------------------------
 // The heap allocator of an own segment (process-private bookkeeping).
 
-/// First-fit allocator over the segment's heap; freed ranges wait [`QUARANTINE_NS`] before reuse
-/// and their pages are returned to the system at once (`MADV_REMOVE`: they read as zeros again).
+/// First-fit allocator over the segment's heap. A freed range is reusable once no peer process
+/// can still be inside a transfer that found it (an epoch grace period, [`super::epoch`]), and
+/// its pages are returned to the system at once (`MADV_REMOVE`: they read as zeros again).
 pub(crate) struct Arena {
     inner: Mutex<ArenaInner>,
-    /// How long a freed range waits before reuse (ns).
-    quarantine_ns: u64,
 }
 
 struct ArenaInner {
     /// Free ranges by offset (coalesced).
     free: BTreeMap<usize, usize>,
-    /// Freed ranges not yet reusable: (offset, length, reusable at).
-    quarantine: Vec<(usize, usize, u64)>,
 }
 
 /// Allocation granularity and alignment (bytes): two cache lines.
@@ -327,13 +329,9 @@ const PAGE: usize = 4096;
 
 impl Arena {
     pub(crate) fn new() -> Arena {
-        Arena::with_quarantine(QUARANTINE_NS)
-    }
-
-    fn with_quarantine(quarantine_ns: u64) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(HEAP_OFF, SEG_LEN - HEAP_OFF);
-        Arena { inner: Mutex::new(ArenaInner { free, quarantine: Vec::new() }), quarantine_ns }
+        Arena { inner: Mutex::new(ArenaInner { free }) }
     }
 
     /// Allocates `len` bytes aligned to `align` (a power of two, at least 128) in `seg`;
@@ -343,7 +341,6 @@ impl Arena {
         let len = len.max(1).checked_add(GRAIN - 1)? & !(GRAIN - 1);
         let a = {
             let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            g.release_due(monotonic_ns());
             let (&start, &flen) = g.free.iter().find(|(&s, &l)| {
                 let a = (s + align - 1) & !(align - 1);
                 a + len <= s + l
@@ -375,8 +372,10 @@ impl Arena {
         Some(a)
     }
 
-    /// Frees `[off, off + len)` of `seg` (as allocated): its whole pages go back to the system
-    /// now; the range is reusable after the quarantine.
+    /// Frees `[off, off + len)` of `seg` (as allocated), which nothing may reach any more (key
+    /// invalidated, QP marked destroyed): its whole pages go back to the system now; the range
+    /// is reusable when this returns, after a grace period for the peer processes
+    /// ([`super::epoch::synchronize`]; at once unless a peer is inside a transfer).
     pub(crate) fn free(&self, seg: &Segment, off: usize, len: usize) {
         let len = len.max(1).div_ceil(GRAIN) * GRAIN;
         let end = off + len;
@@ -386,24 +385,13 @@ impl Arena {
             // re-creates a page, which the next `alloc` clears.
             unsafe { libc::madvise(seg.at(fp) as *mut libc::c_void, ep - fp, libc::MADV_REMOVE) };
         }
+        super::epoch::synchronize(seg);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.quarantine.push((off, len, monotonic_ns() + self.quarantine_ns));
+        g.insert_free(off, len);
     }
 }
 
 impl ArenaInner {
-    fn release_due(&mut self, now: u64) {
-        let mut i = 0;
-        while i < self.quarantine.len() {
-            if self.quarantine[i].2 <= now {
-                let (off, len, _) = self.quarantine.swap_remove(i);
-                self.insert_free(off, len);
-            } else {
-                i += 1;
-            }
-        }
-    }
-
     fn insert_free(&mut self, mut off: usize, mut len: usize) {
         if let Some((&s, &l)) = self.free.range(..off).next_back() {
             if s + l == off {
@@ -452,9 +440,9 @@ mod tests {
     }
 
     #[test]
-    fn arena_aligns_zeroes_quarantines_and_coalesces() {
+    fn arena_aligns_zeroes_and_coalesces() {
         let seg = host_seg();
-        let arena = Arena::with_quarantine(0);
+        let arena = Arena::new();
         let a = arena.alloc(&seg, 100, 128).unwrap();
         let b = arena.alloc(&seg, 5000, 4096).unwrap();
         assert_eq!((a % 128, b % 4096), (0, 0));
@@ -466,17 +454,34 @@ mod tests {
         }
         arena.free(&seg, a, 100);
         arena.free(&seg, b, 5000);
-        // Freed (quarantine 0 here) and coalesced: the first fit is `a` again, zeroed.
+        // Freed (no peer inside a transfer: at once) and coalesced: the first fit is `a` again,
+        // zeroed.
         let c = arena.alloc(&seg, 6000, 128).unwrap();
         assert_eq!(c, a);
         // SAFETY: ours, inside the mapping.
         let bytes = unsafe { std::slice::from_raw_parts(seg.at(c), 6000) };
         assert!(bytes.iter().all(|&x| x == 0), "reallocated memory reads as zeros");
+    }
 
-        let q = Arena::new();
-        let d = q.alloc(&seg, 256, 128).unwrap();
-        q.free(&seg, d, 256);
-        assert_ne!(q.alloc(&seg, 256, 128).unwrap(), d, "a freed range waits out the quarantine");
+    #[test]
+    fn a_freed_range_is_reused_after_the_pinned_peer_transfer_ends() {
+        let seg = std::sync::Arc::new(host_seg());
+        let arena = std::sync::Arc::new(Arena::new());
+        let d = arena.alloc(&seg, 256, 128).unwrap();
+        // A peer process (simulated: a reader slot of this live process) is inside a transfer.
+        let reader = super::super::epoch::Reader::claim(&seg).unwrap();
+        let pin = reader.pin();
+        let t = {
+            let (seg, arena) = (seg.clone(), arena.clone());
+            std::thread::spawn(move || {
+                arena.free(&seg, d, 256);
+                arena.alloc(&seg, 256, 128).unwrap()
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!t.is_finished(), "the free waits for the transfer that may still use the range");
+        drop(pin);
+        assert_eq!(t.join().unwrap(), d, "then the range is reused at once, no quarantine");
     }
 
     #[test]
