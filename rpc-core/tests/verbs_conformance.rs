@@ -600,6 +600,38 @@ mod xproc {
     }
 
     #[test]
+    fn a_peer_process_follows_the_segment_as_it_grows() {
+        let (_c, a, mut b) = setup(Opts::default());
+        // The child maps our segment (the part in use, a few MiB) at its first transfer.
+        assert_eq!(b.cmd("fill 0 64 5"), ["ok"]);
+        assert_eq!(b.cmd(&format!("send 1 write 0 64 {} {} 0", a.mr.addr(), a.mr.rkey())), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let mib = 1usize << 20;
+        // A SEND into a receive buffer past the child's mapping: it maps us again, larger.
+        let big = a.pd.reg_mr(64 * mib, access).unwrap();
+        post_recv(&a.qp, &[RecvWr { wr_id: 7, sg_list: &[big.sge(64 * mib - 4096, 256)] }]).unwrap();
+        assert_eq!(b.cmd("send 2 send 0 64 0 0 0"), ["ok"]);
+        let r = poll_one::<H, _>(&a.rcq, "the child's send into the grown segment");
+        assert_eq!((r.wr_id, r.status, r.byte_len), (7, WcStatus::IBV_WC_SUCCESS, 64));
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        // Read back by the child (RDMA READ from the grown part) into its MR at 1000.
+        let rd = format!("send 3 read 1000 64 {} {} 0", big.addr() + (64 * mib - 4096) as u64, big.rkey());
+        assert_eq!(b.cmd(&rd), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.read(1000, 64), pattern(5, 64));
+        // Grown again: an RDMA WRITE to the last bytes of a second large region, read back.
+        let bigger = a.pd.reg_mr(128 * mib, access).unwrap();
+        let end = bigger.addr() + (128 * mib - 64) as u64;
+        assert_eq!(b.cmd(&format!("send 4 write 0 64 {end} {} 0", bigger.rkey())), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.cmd(&format!("send 5 read 2000 64 {end} {} 0", bigger.rkey())), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.read(2000, 64), pattern(5, 64));
+        b.exit();
+    }
+
+    #[test]
     fn completion_event_wakes_a_waiter_from_the_other_process() {
         let opts = Opts { events: true, ..Opts::default() };
         let (_c, a, mut b) = setup(opts);

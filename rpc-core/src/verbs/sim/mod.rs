@@ -27,7 +27,13 @@
 //!   other processes get a remote access error for such a region.
 //! - **Peer processes.** A requester maps a peer host's segment on first contact (found by the
 //!   GID's pid and host id; only a file of the same user with mode 0600 and the expected header
-//!   is accepted). A monitor thread per process (`sim-shm-monitor`, asleep between 100 ms ticks)
+//!   is accepted): only the part in use (the segment header's `size`, a power of two from
+//!   16 MiB, grown by the owner before it allocates past it), not the 256 GiB reservation, so
+//!   that a server process can map the segments of thousands of client processes (the whole
+//!   reservation each held 47 bits of address space to about 500). A transfer that meets
+//!   memory past its mapping (a region or receive buffer registered since) maps the segment
+//!   again, larger, and retries before anything changed; the old mapping stays until no view
+//!   uses it. At most 4096 peer processes map one host at once (its reader table, see below). A monitor thread per process (`sim-shm-monitor`, asleep between 100 ms ticks)
 //!   writes its hosts' heartbeats into their segments and checks mapped peers: when a peer's pid
 //!   is gone (or its heartbeat is older than 10 s) its host is marked dead in the segment, its
 //!   file unlinked, and the mapping dropped once unused; packets to it are then lost, so WRs to

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::host::HostCore;
-use super::shm::{Segment, MR_TABLE_OFF};
+use super::shm::{Segment, MR_TABLE_OFF, SEG_LEN};
 use crate::verbs::{AccessFlags, MemoryRegion};
 
 /// MR slots per host (the sim's `max_mr`).
@@ -62,6 +62,9 @@ pub(crate) enum KeyFault {
     Key,
     /// The region lacks the access the operation needs.
     Access,
+    /// A valid region of another process's host that lies past this process's mapping of the
+    /// host's segment (the segment grew since it was mapped): map it again and retry.
+    Beyond,
 }
 
 /// A view of a host's key table (in its segment), as its own process or a peer process sees it.
@@ -142,8 +145,10 @@ impl MrView {
         }
         let base = s.base.load(Ordering::Relaxed);
         let at = base + (addr - start);
-        if base.checked_add(mr_len).is_none_or(|end| end > self.seg_len) {
-            return Err(KeyFault::Key);
+        match base.checked_add(mr_len) {
+            Some(end) if end <= self.seg_len => {}
+            Some(end) if end <= SEG_LEN as u64 => return Err(KeyFault::Beyond),
+            _ => return Err(KeyFault::Key),
         }
         // SAFETY: `at + len <= base + mr_len <= seg_len`: inside the mapping.
         Ok(unsafe { self.seg_base.add(at as usize) })

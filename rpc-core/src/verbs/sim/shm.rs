@@ -5,7 +5,8 @@
 //!
 //! A segment is a `/dev/shm/rpc-sim.<uid>.<pid>.<host id>` file created `O_EXCL`, mode 0600,
 //! sized [`SEG_LEN`] (sparse: tmpfs allocates pages on first touch and [`Arena::free`] punches
-//! them out again), mapped `MAP_SHARED | MAP_NORESERVE`. Its name is derived from the host's GID
+//! them out again), mapped `MAP_SHARED | MAP_NORESERVE`: whole by its owner, and by a peer only
+//! as far as [`Header::size`] says it is in use. Its name is derived from the host's GID
 //! (`fe80::<pid>:<host id>`), so a peer finds it from the address exchanged at connection setup.
 //! The owner unlinks it when the host is dropped or the process exits (`atexit`); a peer that
 //! finds the owner's pid gone unlinks it; and every process removes the segments of dead pids
@@ -21,7 +22,10 @@ use std::sync::{Mutex, Once};
 use crate::verbs::{Result, VerbsError};
 
 /// Virtual size of a host segment, in bytes (256 GiB; sparse, pages exist only once touched).
+/// The owner maps all of it; a peer process maps only the part in use ([`Header::size`]).
 pub(crate) const SEG_LEN: usize = 1 << 38;
+/// The part of a new segment peers map at first (bytes; the tables and the start of the heap).
+pub(crate) const INITIAL_SIZE: usize = 16 << 20;
 /// `b"RPCSIMH1"`: the first word of a host segment.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPCSIMH1");
 /// Layout version of the segment (both sides must agree).
@@ -54,6 +58,10 @@ pub(crate) struct Header {
     pub(crate) epoch: AtomicU64,
     /// Reader slots ever claimed (the owner scans `[0, readers_hw)`).
     pub(crate) readers_hw: AtomicU32,
+    /// Bytes at the start of the segment that hold everything allocated so far (a power of two,
+    /// at least [`INITIAL_SIZE`]; only grows, before anything is allocated past it): how much a
+    /// peer process maps. A peer that meets memory past its mapping maps the segment again.
+    pub(crate) size: AtomicU64,
 }
 
 /// Heartbeat period of a host's owner, in ns.
@@ -146,6 +154,7 @@ impl Segment {
             h.host_id.store(host_id, Ordering::Relaxed);
             h.alive.store(1, Ordering::Relaxed);
             h.heartbeat.store(monotonic_ns(), Ordering::Relaxed);
+            h.size.store(INITIAL_SIZE as u64, Ordering::Relaxed);
             h.magic.store(MAGIC, Ordering::Release);
             Ok(seg)
         })();
@@ -165,9 +174,10 @@ impl Segment {
         }
     }
 
-    /// Maps the segment of host `host_id` of process `pid` (a peer). `None` when it does not
-    /// exist, belongs to another user, is not private to its user, or is not a host segment of
-    /// this layout version.
+    /// Maps the segment of host `host_id` of process `pid` (a peer): the part in use now
+    /// ([`Header::size`]), not the whole reservation, so that a process can map the hosts of
+    /// thousands of peers. `None` when it does not exist, belongs to another user, is not
+    /// private to its user, or is not a host segment of this layout version.
     pub(crate) fn open(pid: u32, host_id: u32) -> Option<Segment> {
         let path = CString::new(seg_path(pid, host_id)).ok()?;
         // SAFETY: `path` is a valid C string.
@@ -187,13 +197,23 @@ impl Segment {
                 tracing::warn!(pid, host_id, "sim: ignoring a host segment that is not ours or not private");
                 return None;
             }
-            let seg = Segment::map(fd, SEG_LEN).ok()?;
-            let h = seg.header();
-            let ok = h.magic.load(Ordering::Acquire) == MAGIC
-                && h.version.load(Ordering::Relaxed) == VERSION
-                && h.pid.load(Ordering::Relaxed) == pid
-                && h.host_id.load(Ordering::Relaxed) == host_id;
-            ok.then_some(seg)
+            let ours = |seg: &Segment| {
+                let h = seg.header();
+                h.magic.load(Ordering::Acquire) == MAGIC
+                    && h.version.load(Ordering::Relaxed) == VERSION
+                    && h.pid.load(Ordering::Relaxed) == pid
+                    && h.host_id.load(Ordering::Relaxed) == host_id
+            };
+            // The tables first, to read how much is in use; then that much.
+            let tables = Segment::map(fd, HEAP_OFF).ok()?;
+            if !ours(&tables) {
+                return None;
+            }
+            let size = tables.header().size.load(Ordering::Acquire) as usize;
+            drop(tables);
+            let len = size.clamp(HEAP_OFF, SEG_LEN).div_ceil(PAGE) * PAGE;
+            let seg = Segment::map(fd, len).ok()?;
+            ours(&seg).then_some(seg)
         })();
         // SAFETY: `fd` is ours.
         unsafe { libc::close(fd) };
@@ -353,6 +373,10 @@ impl Arena {
             if a + len < start + flen {
                 g.free.insert(a + len, start + flen - (a + len));
             }
+            // Published before the offset is handed out (so before anything a peer can learn
+            // of is placed there).
+            let end = (a + len).next_power_of_two().clamp(INITIAL_SIZE, SEG_LEN);
+            seg.header().size.fetch_max(end as u64, Ordering::AcqRel);
             a
         };
         let end = a + len;
@@ -504,6 +528,29 @@ mod tests {
         drop(peer);
         drop(seg);
         assert!(std::fs::metadata(&path).is_err(), "unlinked when the owner drops it");
+    }
+
+    #[test]
+    fn thousands_of_peer_mappings_fit_in_the_address_space() {
+        // A server process maps the segment of every client host it talks to. Mapping the
+        // whole 256 GiB reservation each time, 47 bits of address space held about 500; peers
+        // map the part in use, so thousands fit (here: one segment mapped 2000 times, as 2000
+        // client processes' segments would be).
+        let seg = host_seg();
+        let id = seg.header().host_id.load(Ordering::Relaxed);
+        const PEERS: usize = 2000;
+        let peers: Vec<Segment> = (0..PEERS)
+            .map(|i| Segment::open(my_pid(), id).unwrap_or_else(|| panic!("peer mapping #{i} failed")))
+            .collect();
+        assert!(peers.iter().all(|p| p.len() == INITIAL_SIZE), "{}", peers[0].len());
+        // The owner's allocations grow the part in use; a mapping made afterwards covers them.
+        let arena = Arena::new();
+        let big = arena.alloc(&seg, 40 << 20, 4096).unwrap();
+        let size = seg.header().size.load(Ordering::Relaxed) as usize;
+        assert!(size >= big + (40 << 20) && size.is_power_of_two(), "{size}");
+        let later = Segment::open(my_pid(), id).unwrap();
+        assert_eq!(later.len(), size);
+        assert_eq!(peers[0].len(), INITIAL_SIZE, "an existing mapping is not moved");
     }
 
     #[test]
