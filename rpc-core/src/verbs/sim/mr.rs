@@ -44,7 +44,6 @@ pub(crate) struct MrSlot {
 
 /// Where a caller-memory region (`reg_user_mr`) is: process-private, so that a peer process
 /// (which can write the shared key table) cannot turn it into a pointer this process follows.
-#[derive(Default)]
 pub(crate) struct UserSlot {
     /// The key the entry belongs to (0 = none).
     key: AtomicU32,
@@ -167,7 +166,8 @@ impl MrTable {
     /// The key table of an own segment (all slots free).
     pub(crate) fn new(seg: &Segment) -> MrTable {
         let free = (0..MR_SLOTS as u16).rev().collect();
-        let user: Box<[UserSlot]> = (0..MR_SLOTS).map(|_| UserSlot::default()).collect();
+        // SAFETY: `UserSlot` is atomics only, for which all-zero bytes are a valid value.
+        let user = unsafe { super::sqslots::zeroed_slice::<UserSlot>(MR_SLOTS) };
         let view = MrView { user: user.as_ptr(), ..MrView::of(seg) };
         MrTable { view, user, free: Mutex::new((free, vec![1; MR_SLOTS])) }
     }

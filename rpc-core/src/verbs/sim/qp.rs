@@ -726,7 +726,7 @@ impl SimQp {
         }
         // Re-read the count the CQ's poller advances only when the cached one says full. It
         // never passes `head` (a WQE completes only once executed or flushed).
-        st.retired_seen = c.host.sq_slots.retired(c.qpn).clamp(st.retired_seen, st.head);
+        st.retired_seen = c.host.sq_slots.retired(c.qpn).max(st.retired_seen).min(st.head);
         let outstanding = st.tail - st.retired_seen;
         (outstanding >= depth).then_some(outstanding)
     }

@@ -71,9 +71,28 @@ pub fn send_queue_mode() -> SendQueueMode {
     }
 }
 
+/// A boxed slice of `n` zeroed `T` from the allocator (which hands out fresh zero pages for a
+/// large one, instead of writing every byte).
+///
+/// # Safety
+/// All-zero bytes must be a valid `T` (atomics, integers).
+pub(crate) unsafe fn zeroed_slice<T>(n: usize) -> Box<[T]> {
+    let layout = std::alloc::Layout::array::<T>(n).expect("a table of a fixed, small size");
+    if layout.size() == 0 {
+        return Box::new([]);
+    }
+    // SAFETY: a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `p` is a fresh allocation of `layout` (= `[T; n]`, which a `Box<[T]>` frees with
+    // the same layout), zeroed, which the caller promises is a valid `[T; n]`.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) }
+}
+
 /// One QP's slot: who owns it and how many of its WQEs are retired.
 #[repr(align(64))]
-#[derive(Default)]
 struct Slot {
     /// `qpn | tag << 32` of the QP using the slot (0 = none).
     owner: AtomicU64,
@@ -89,7 +108,10 @@ pub(crate) struct SqSlots {
 
 impl SqSlots {
     pub(crate) fn new() -> SqSlots {
-        SqSlots { slots: (0..QP_DIR_LEN).map(|_| Slot::default()).collect(), next_tag: AtomicU32::new(0) }
+        // 1 MiB per host: zeroed by the allocator (pages untouched until a QP uses its slot).
+        // SAFETY: `Slot` is two atomics, for which all-zero bytes are a valid value.
+        let slots = unsafe { zeroed_slice::<Slot>(QP_DIR_LEN) };
+        SqSlots { slots, next_tag: AtomicU32::new(0) }
     }
 
     /// Claims the slot of a new QP `qpn` (whose directory entry it holds); returns its tag.
@@ -131,7 +153,10 @@ impl SqSlots {
         // anything "ahead" by 2^31 or more is an old completion, behind it).
         let ahead = seq.wrapping_sub(r as u32);
         if ahead < 1 << 31 {
-            s.retired.fetch_max(r + ahead as u64 + 1, Ordering::AcqRel);
+            // A plain store, no locked instruction: a CQ is normally polled by one thread; two
+            // racing pollers can at worst store a smaller count last, which makes the queue look
+            // fuller until the next send completion (the poster never moves its view back).
+            s.retired.store(r + ahead as u64 + 1, Ordering::Release);
         }
     }
 }
