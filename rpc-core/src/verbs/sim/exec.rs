@@ -131,14 +131,18 @@ impl QpCore {
     pub(crate) fn exec(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
         match self.exec_mapped(link, v) {
             Ok(o) => o,
-            Err(Remap) => {
-                // The responder's segment (another process's) grew past this process's
-                // mapping of it: resolve the peer again, which maps the segment afresh at its
-                // current size, and retry once. Nothing was changed by the first attempt.
-                link.peer = None;
-                self.exec_mapped(link, v).unwrap_or(Outcome::Stall(StallKind::Lost))
-            }
+            Err(Remap) => self.exec_remapped(link, v),
         }
+    }
+
+    /// The responder's segment (another process's) grew past this process's mapping of it:
+    /// resolves the peer again, which maps the segment afresh at its current size, and retries
+    /// once. Nothing was changed by the first attempt. Out of line: rare.
+    #[cold]
+    #[inline(never)]
+    fn exec_remapped(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
+        link.peer = None;
+        self.exec_mapped(link, v).unwrap_or(Outcome::Stall(StallKind::Lost))
     }
 
     /// [`QpCore::exec`] with the responder's segment as mapped now; `Err(Remap)` (before any
