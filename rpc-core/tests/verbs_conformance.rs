@@ -354,8 +354,8 @@ mod sim_only {
 mod xproc {
     use rpc_core::verbs::sim::{Sim, SimContext};
     use rpc_core::verbs::{
-        CompletionQueue, DeviceSelector, Provider, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
-        WcOpcode, WcStatus,
+        AccessFlags, CompletionQueue, DeviceSelector, MemoryRegion, ProtectionDomain, Provider, QpState,
+        QueuePair, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
     };
 
     use crate::conformance::xproc::{connect_pair, is_agent, segments_of, serve, Agent, Wc};
@@ -568,6 +568,67 @@ mod xproc {
         b.exit();
         assert_eq!(segments_of(pid), Vec::<String>::new());
         assert!(!segments_of(std::process::id()).is_empty(), "ours stays while our host lives");
+    }
+
+    #[test]
+    fn memory_deregistered_while_a_peer_process_maps_the_host_is_reusable_at_once() {
+        let (_c, a, mut b) = setup(Opts::default());
+        // The child writes into our MR: it has mapped our segment and holds a reader slot there.
+        assert_eq!(b.cmd("fill 0 64 5"), ["ok"]);
+        let w = format!("send 1 write 0 64 {} {} 0", a.mr.addr(), a.mr.rkey());
+        assert_eq!(b.cmd(&w), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(&a.bytes()[..64], &pattern(5, 64)[..]);
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let first = a.pd.reg_mr(1 << 20, access).unwrap();
+        let (addr, rkey) = (first.addr(), first.rkey());
+        drop(first);
+        // No transfer of the peer is in progress: the grace period is over at once and the
+        // range is free again (a fixed quarantine kept it out of reuse for a second).
+        let second = a.pd.reg_mr(1 << 20, access).unwrap();
+        assert_eq!(second.addr(), addr, "the freed range is reused at once");
+        // The old key stays dead for the peer; the new one works.
+        let w = format!("send 2 write 0 64 {addr} {rkey} 0");
+        assert_eq!(b.cmd(&w), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_REM_ACCESS_ERR));
+        drop(second);
+        // A killed peer's slot does not hold deregistration up either.
+        b.kill();
+        let t0 = std::time::Instant::now();
+        drop(a);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn a_peer_process_follows_the_segment_as_it_grows() {
+        let (_c, a, mut b) = setup(Opts::default());
+        // The child maps our segment (the part in use, a few MiB) at its first transfer.
+        assert_eq!(b.cmd("fill 0 64 5"), ["ok"]);
+        assert_eq!(b.cmd(&format!("send 1 write 0 64 {} {} 0", a.mr.addr(), a.mr.rkey())), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let mib = 1usize << 20;
+        // A SEND into a receive buffer past the child's mapping: it maps us again, larger.
+        let big = a.pd.reg_mr(64 * mib, access).unwrap();
+        post_recv(&a.qp, &[RecvWr { wr_id: 7, sg_list: &[big.sge(64 * mib - 4096, 256)] }]).unwrap();
+        assert_eq!(b.cmd("send 2 send 0 64 0 0 0"), ["ok"]);
+        let r = poll_one::<H, _>(&a.rcq, "the child's send into the grown segment");
+        assert_eq!((r.wr_id, r.status, r.byte_len), (7, WcStatus::IBV_WC_SUCCESS, 64));
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        // Read back by the child (RDMA READ from the grown part) into its MR at 1000.
+        let rd = format!("send 3 read 1000 64 {} {} 0", big.addr() + (64 * mib - 4096) as u64, big.rkey());
+        assert_eq!(b.cmd(&rd), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.read(1000, 64), pattern(5, 64));
+        // Grown again: an RDMA WRITE to the last bytes of a second large region, read back.
+        let bigger = a.pd.reg_mr(128 * mib, access).unwrap();
+        let end = bigger.addr() + (128 * mib - 64) as u64;
+        assert_eq!(b.cmd(&format!("send 4 write 0 64 {end} {} 0", bigger.rkey())), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.cmd(&format!("send 5 read 2000 64 {end} {} 0", bigger.rkey())), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.read(2000, 64), pattern(5, 64));
+        b.exit();
     }
 
     #[test]

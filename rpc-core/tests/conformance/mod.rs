@@ -142,6 +142,9 @@ macro_rules! conformance_suite {
                 req_notify_needs_event_cq,
                 rnr_waits_for_late_receive,
                 send_queue_full_is_rejected,
+                executed_unsignaled_wrs_hold_the_send_queue,
+                send_queue_room_returns_when_the_signaled_completion_is_polled,
+                flushed_completions_retire_send_queue_slots,
                 write_then_send_is_ordered,
             );
         }

@@ -29,23 +29,36 @@ const OPCODES: [WcOpcode; 8] = [
     WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM,
 ];
 
-/// `wr_id`; `status | opcode << 32 | has_imm << 40`; `byte_len | imm << 32`;
-/// `qp_num | src_qp << 32`; `vendor_err`.
+/// Which send WQE a send completion covers, for the send queue's accounting
+/// ([`super::sqslots`]): the QP's tag (never 0) and the WQE's sequence number (low 32 bits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SqRef {
+    /// 0 for a receive completion (covers no send WQE).
+    pub(crate) tag: u16,
+    pub(crate) seq: u32,
+}
+
+/// `wr_id`; `status | opcode << 32 | has_imm << 40 | sq.tag << 48`; `byte_len | imm << 32`;
+/// `qp_num | src_qp << 32`; `vendor_err | sq.seq << 32`.
 #[inline(always)]
-fn encode(w: &[AtomicU64; CQE_WORDS], wc: &WorkCompletion) {
+fn encode(w: &[AtomicU64; CQE_WORDS], wc: &WorkCompletion, sq: SqRef) {
     // Fieldless enum: its discriminant is the index into `OPCODES` (checked by a test).
     let op = wc.opcode as u64;
     st(&w[0], wc.wr_id);
-    st(&w[1], wc.status as u32 as u64 | op << 32 | (wc.imm_data.is_some() as u64) << 40);
+    st(
+        &w[1],
+        wc.status as u32 as u64 | op << 32 | (wc.imm_data.is_some() as u64) << 40 | (sq.tag as u64) << 48,
+    );
     st(&w[2], wc.byte_len as u64 | (wc.imm_data.unwrap_or(0) as u64) << 32);
     st(&w[3], wc.qp_num as u64 | (wc.src_qp as u64) << 32);
-    st(&w[4], wc.vendor_err as u64);
+    st(&w[4], wc.vendor_err as u64 | (sq.seq as u64) << 32);
 }
 
 #[inline(always)]
-fn decode(w: &[AtomicU64; CQE_WORDS]) -> WorkCompletion {
-    let (w1, w2, w3) = (ld(&w[1]), ld(&w[2]), ld(&w[3]));
-    WorkCompletion {
+fn decode(w: &[AtomicU64; CQE_WORDS]) -> (WorkCompletion, SqRef) {
+    let (w1, w2, w3, w4) = (ld(&w[1]), ld(&w[2]), ld(&w[3]), ld(&w[4]));
+    let sq = SqRef { tag: (w1 >> 48) as u16, seq: (w4 >> 32) as u32 };
+    let wc = WorkCompletion {
         wr_id: ld(&w[0]),
         status: WcStatus::from_u32(w1 as u32),
         opcode: OPCODES[((w1 >> 32) & 7) as usize],
@@ -53,8 +66,9 @@ fn decode(w: &[AtomicU64; CQE_WORDS]) -> WorkCompletion {
         imm_data: ((w1 >> 40) & 1 == 1).then_some((w2 >> 32) as u32),
         qp_num: w3 as u32,
         src_qp: (w3 >> 32) as u32,
-        vendor_err: ld(&w[4]) as u32,
-    }
+        vendor_err: w4 as u32,
+    };
+    (wc, sq)
 }
 
 #[cfg(test)]
@@ -131,6 +145,13 @@ impl CqView {
         self.publish(slot, wc, solicited);
     }
 
+    /// [`CqView::push`] of a send completion covering the send WQE `sq`.
+    #[inline]
+    pub(crate) fn push_send(&self, wc: WorkCompletion, solicited: bool, sq: SqRef) {
+        let slot = self.claim();
+        self.publish_send(slot, wc, solicited, sq);
+    }
+
     /// Reserves the CQ's next entry (before the data transfer it will report, so that no locked
     /// instruction follows the payload stores); `None` when the CQ is full.
     #[inline]
@@ -141,9 +162,15 @@ impl CqView {
     /// Publishes a completion into an entry from [`CqView::claim`] (or records the overrun).
     #[inline]
     pub(crate) fn publish(&self, slot: Option<usize>, wc: WorkCompletion, solicited: bool) {
+        self.publish_send(slot, wc, solicited, SqRef::default());
+    }
+
+    /// [`CqView::publish`] of a completion covering the send WQE `sq` (none for a receive).
+    #[inline]
+    fn publish_send(&self, slot: Option<usize>, wc: WorkCompletion, solicited: bool, sq: SqRef) {
         let sh = self.sh();
         match slot {
-            Some(pos) => self.ring.publish(pos, |w| encode(w, &wc)),
+            Some(pos) => self.ring.publish(pos, |w| encode(w, &wc, sq)),
             None => {
                 sh.overrun.store(1, Ordering::Release);
                 tracing::warn!(
@@ -260,7 +287,12 @@ impl CompletionQueue for SimCq {
         let mut n = 0;
         while n < wc.len() {
             match core.ring.pop(decode) {
-                Some(w) => {
+                Some((w, sq)) => {
+                    if sq.tag != 0 {
+                        // A send completion: its WQE and every one before it leave the QP's
+                        // send queue now that the completion is polled (as on hardware).
+                        core._host.sq_slots.retire(w.qp_num, sq.tag, sq.seq);
+                    }
                     wc[n] = w;
                     n += 1;
                 }

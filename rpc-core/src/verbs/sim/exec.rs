@@ -12,6 +12,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 
 use super::fabric::fabric;
+use super::mr::KeyFault;
 use super::peer::PeerQp;
 use super::qp::{Link, QpCore, StallKind, ST_RTR, ST_RTS};
 use super::srq::{pop_recv, pop_recv_id, rq_sge};
@@ -48,6 +49,9 @@ pub(crate) enum Outcome {
     /// Failed with this requester status (responder side already handled).
     Fail(WcStatus),
 }
+
+/// A transfer named memory of another process's host past this process's mapping of it.
+pub(crate) struct Remap;
 
 type Seg = (*mut u8, usize);
 
@@ -125,6 +129,26 @@ impl QpCore {
     /// One attempt at executing `v`.
     #[inline]
     pub(crate) fn exec(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
+        match self.exec_mapped(link, v) {
+            Ok(o) => o,
+            Err(Remap) => self.exec_remapped(link, v),
+        }
+    }
+
+    /// The responder's segment (another process's) grew past this process's mapping of it:
+    /// resolves the peer again, which maps the segment afresh at its current size, and retries
+    /// once. Nothing was changed by the first attempt. Out of line: rare.
+    #[cold]
+    #[inline(never)]
+    fn exec_remapped(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
+        link.peer = None;
+        self.exec_mapped(link, v).unwrap_or(Outcome::Stall(StallKind::Lost))
+    }
+
+    /// [`QpCore::exec`] with the responder's segment as mapped now; `Err(Remap)` (before any
+    /// effect) when something it names lies past the mapping.
+    #[inline(always)]
+    fn exec_mapped(&self, link: &mut Link, v: &WqeView<'_>) -> Result<Outcome, Remap> {
         let is_read = matches!(v.op, SendOp::RdmaRead { .. });
         let need = if is_read { AccessFlags::LOCAL_WRITE } else { AccessFlags::EMPTY };
         let mut segs: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
@@ -142,7 +166,7 @@ impl QpCore {
                             n += 1;
                             len += s.length as u64;
                         }
-                        Err(_) => return Outcome::Fail(WcStatus::IBV_WC_LOC_PROT_ERR),
+                        Err(_) => return Ok(Outcome::Fail(WcStatus::IBV_WC_LOC_PROT_ERR)),
                     }
                 }
             }
@@ -164,31 +188,34 @@ impl QpCore {
         // SAFETY: the first `n` entries of `segs` were written above.
         let segs = unsafe { std::slice::from_raw_parts(segs.as_ptr() as *const Seg, n) };
         if len > MAX_MSG {
-            return Outcome::Fail(WcStatus::IBV_WC_LOC_LEN_ERR);
+            return Ok(Outcome::Fail(WcStatus::IBV_WC_LOC_LEN_ERR));
         }
 
         // The network.
         if self.sh().resp.drop_traffic.load(Ordering::Relaxed) || !self.host.is_alive() {
-            return Outcome::Stall(StallKind::Lost);
+            return Ok(Outcome::Stall(StallKind::Lost));
         }
         if link.peer.is_none() {
             let Some(dest) = link.dest else {
-                return Outcome::Stall(StallKind::Lost);
+                return Ok(Outcome::Stall(StallKind::Lost));
             };
             match fabric().resolve(&dest) {
                 Some(p) => link.peer = Some(p),
-                None => return Outcome::Stall(StallKind::Lost),
+                None => return Ok(Outcome::Stall(StallKind::Lost)),
             }
         }
         let Some(peer) = link.peer.as_ref() else {
-            return Outcome::Stall(StallKind::Lost);
+            return Ok(Outcome::Stall(StallKind::Lost));
         };
+        // From here to the end of the transfer, a responder host of another process waits for
+        // us before reusing anything we may find (keys, QP state, rings, MR memory).
+        let _pin = peer.pin();
         if !peer.reachable() {
-            return Outcome::Stall(StallKind::Lost);
+            return Ok(Outcome::Stall(StallKind::Lost));
         }
         let pst = peer.state_raw();
         if (pst != ST_RTR && pst != ST_RTS) || peer.sh().epsn.load(Ordering::Relaxed) != link.psn {
-            return Outcome::Stall(StallKind::Lost);
+            return Ok(Outcome::Stall(StallKind::Lost));
         }
         // Path MTUs are powers of two: a shift, not a division.
         let shift = link.mtu.trailing_zeros();
@@ -202,6 +229,7 @@ impl QpCore {
                 let pd = peer.recv_pd;
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
                 let mut dn = 0;
+                // A receive WQE naming memory past our mapping is left in place (`Beyond`).
                 let popped = pop_recv(&peer.ring, |wr_id, nsge, w| {
                     dn = 0;
                     let mut room = 0u64;
@@ -216,21 +244,25 @@ impl QpCore {
                                 dn += 1;
                                 room += s.length as u64;
                             }
-                            Err(_) => return (wr_id, None),
+                            Err(KeyFault::Beyond) => return ((wr_id, None, true), false),
+                            Err(_) => return ((wr_id, None, false), true),
                         }
                     }
-                    (wr_id, Some(room))
+                    ((wr_id, Some(room), false), true)
                 });
-                let Some((recv_wr_id, room)) = popped else {
-                    return Outcome::Stall(StallKind::Rnr);
+                let Some((recv_wr_id, room, beyond)) = popped else {
+                    return Ok(Outcome::Stall(StallKind::Rnr));
                 };
+                if beyond {
+                    return Err(Remap);
+                }
                 let Some(room) = room else {
                     self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_PROT_ERR);
-                    return Outcome::Fail(WcStatus::IBV_WC_REM_OP_ERR);
+                    return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_OP_ERR));
                 };
                 if room < len {
                     self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_LEN_ERR);
-                    return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
+                    return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
                 }
                 // SAFETY: the first `dn` entries of `dst` were written above.
                 let dst = unsafe { std::slice::from_raw_parts(dst.as_ptr() as *const Seg, dn) };
@@ -261,13 +293,13 @@ impl QpCore {
                     solicited,
                 );
                 peer.ring.prefetch_next();
-                Outcome::Done(len)
+                Ok(Outcome::Done(len))
             }
             SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. } => {
                 let qp_access = AccessFlags(peer.sh().resp.access.load(Ordering::Relaxed));
                 if !qp_access.contains(AccessFlags::REMOTE_WRITE) {
                     self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_QP_OP_ERR);
-                    return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
+                    return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
                 }
                 let target = if len == 0 {
                     std::ptr::null_mut()
@@ -275,16 +307,17 @@ impl QpCore {
                     match peer.mrs.resolve(rkey, peer.pd, remote_addr, len as u32, AccessFlags::REMOTE_WRITE)
                     {
                         Ok(p) => p,
+                        Err(KeyFault::Beyond) => return Err(Remap),
                         Err(_) => {
                             self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_PROT_ERR);
-                            return Outcome::Fail(WcStatus::IBV_WC_REM_ACCESS_ERR);
+                            return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_ACCESS_ERR));
                         }
                     }
                 };
                 let recv = match v.op {
                     SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(&peer.ring) {
                         Some(wr_id) => Some((wr_id, imm, peer.cq.claim())),
-                        None => return Outcome::Stall(StallKind::Rnr),
+                        None => return Ok(Outcome::Stall(StallKind::Rnr)),
                     },
                     _ => None,
                 };
@@ -311,13 +344,13 @@ impl QpCore {
                         solicited,
                     );
                 }
-                Outcome::Done(len)
+                Ok(Outcome::Done(len))
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
                 let qp_access = AccessFlags(peer.sh().resp.access.load(Ordering::Relaxed));
                 if !qp_access.contains(AccessFlags::REMOTE_READ) {
                     self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_QP_OP_ERR);
-                    return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
+                    return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
                 }
                 if len > 0 {
                     let source = match peer.mrs.resolve(
@@ -328,9 +361,10 @@ impl QpCore {
                         AccessFlags::REMOTE_READ,
                     ) {
                         Ok(p) => p,
+                        Err(KeyFault::Beyond) => return Err(Remap),
                         Err(_) => {
                             self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_PROT_ERR);
-                            return Outcome::Fail(WcStatus::IBV_WC_REM_ACCESS_ERR);
+                            return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_ACCESS_ERR));
                         }
                     };
                     // SAFETY: the source range was checked against the responder's MR (REMOTE_READ),
@@ -339,7 +373,7 @@ impl QpCore {
                 }
                 peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
-                Outcome::Done(len)
+                Ok(Outcome::Done(len))
             }
         }
     }

@@ -23,6 +23,8 @@ pub(crate) struct HostCore {
     pub(crate) lid: u16,
     pub(crate) attr: DeviceAttr,
     pub(crate) mrs: super::mr::MrTable,
+    /// Send-queue occupancy of this host's QPs (process-private), advanced by CQ polls.
+    pub(crate) sq_slots: super::sqslots::SqSlots,
     /// The host's shared memory; the heap allocator over it (process-private bookkeeping).
     pub(crate) arena: Arena,
     next_qpn: AtomicU32,
@@ -53,6 +55,7 @@ impl HostCore {
                 phys_port_cnt: 1,
             },
             mrs: super::mr::MrTable::new(&seg),
+            sq_slots: super::sqslots::SqSlots::new(),
             arena: Arena::new(),
             next_qpn: AtomicU32::new(0x11),
             next_pd: AtomicU32::new(1),

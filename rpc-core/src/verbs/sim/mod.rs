@@ -20,11 +20,20 @@
 //!   serve a peer in this process and a peer in another: an rkey and an address resolve through
 //!   the responder's key table to the responder's segment as mapped by the requester, with
 //!   bounds and access checked. The data path makes no system call either way (a CQ's event
-//!   path wakes a waiter with a futex). Memory from `reg_user_mr` is not in the segment: peers
-//!   in other processes get a remote access error for it.
+//!   path wakes a waiter with a futex). Memory from `reg_user_mr` is not in the segment, and
+//!   neither is its address: the pointer lives in a table private to the owner's process (the
+//!   shared key table marks the key as caller memory and holds no pointer), so a peer process
+//!   that corrupts the segment cannot make the owner follow a pointer of its choosing; peers in
+//!   other processes get a remote access error for such a region.
 //! - **Peer processes.** A requester maps a peer host's segment on first contact (found by the
 //!   GID's pid and host id; only a file of the same user with mode 0600 and the expected header
-//!   is accepted). A monitor thread per process (`sim-shm-monitor`, asleep between 100 ms ticks)
+//!   is accepted): only the part in use (the segment header's `size`, a power of two from
+//!   16 MiB, grown by the owner before it allocates past it), not the 256 GiB reservation, so
+//!   that a server process can map the segments of thousands of client processes (the whole
+//!   reservation each held 47 bits of address space to about 500). A transfer that meets
+//!   memory past its mapping (a region or receive buffer registered since) maps the segment
+//!   again, larger, and retries before anything changed; the old mapping stays until no view
+//!   uses it. At most 4096 peer processes map one host at once (its reader table, see below). A monitor thread per process (`sim-shm-monitor`, asleep between 100 ms ticks)
 //!   writes its hosts' heartbeats into their segments and checks mapped peers: when a peer's pid
 //!   is gone (or its heartbeat is older than 10 s) its host is marked dead in the segment, its
 //!   file unlinked, and the mapping dropped once unused; packets to it are then lost, so WRs to
@@ -96,18 +105,28 @@
 //! - **Destroy** (drop) with WRs outstanding discards them without completions; peers' packets
 //!   to it are lost from then on. Dropping a QP or an MR waits until no transfer can still be
 //!   using it (a peer's SEND into the QP's receive buffers included), so the memory is the
-//!   caller's again when the drop returns.
+//!   caller's again when the drop returns: in this process by quiescence (every transfer runs
+//!   under its requester's QP guard), for peer processes by an epoch grace period (each pins
+//!   its transfers in a reader slot of the responder's segment; the owner advances the
+//!   segment's epoch and waits for the pins older than it, skipping dead peers). Segment memory
+//!   freed this way is reusable at once.
 //! - **Events**: a CQ created with events supports `req_notify`/`wait` (a condition variable on
 //!   the event path only; a CQ without events never touches it).
 //! - **Inline** sends copy the payload at post time (up to `max_inline_data`, at most 256 bytes).
+//! - **Send-queue slots**: a send WQE, signaled or not, holds its slot until a signaled
+//!   completion at or after it (or an error or flush completion, which every WR gets) has been
+//!   *polled* from the send CQ, as mlx5's `ibv_poll_cq` retires WQEs; generating the CQE is not
+//!   enough. With `max_send_wr` WQEs outstanding, `post_send` fails with
+//!   [`VerbsError::BadWorkRequest`] "the work queue is full (ENOMEM ...)", the error the
+//!   `ibverbs` provider gives for ENOMEM; WRs before it in the list were posted. A move to RESET
+//!   frees every slot. [`set_send_queue_mode`] (or `RPC_SIM_SQ_RETIRE=execute`) restores the
+//!   sim's former leniency (a slot is free once its WR has executed) for code not ready yet.
 //!
 //! # Departures from hardware
 //!
 //! - Delivery is synchronous with the requester's execution: a successful SEND's data and
 //!   receive CQE are in place before `post_send` returns (still visible only through `poll`), and
 //!   a send completion does not wait for an ACK.
-//! - A send-queue slot is free again as soon as its WR has executed, not when a later signaled
-//!   CQE is polled: a program that never signals fills the SQ on hardware but not here.
 //! - RDMA READ is performed at once by the requester (no `max_rd_atomic` limit on outstanding
 //!   READs, which cannot be outstanding here); atomics, memory windows, UD/UC, SQD are absent.
 //! - Receive completions for a QP forced to ERR can race with a transfer already executing, so
@@ -115,9 +134,7 @@
 //! - Ports have no P_Key table; `pkey_index` is accepted and ignored.
 //! - Across processes: a responder in another process whose QP goes to ERR through a peer's
 //!   transfer (a responder-side error) has its RQ flushed at once, and its send queue flushed
-//!   at its next post or timer tick. MR deregistration waits for this process's transfers
-//!   (quiescence) and keeps the segment range out of reuse for 1 s, which bounds how long a
-//!   peer process's transfer that resolved the key just before may still run.
+//!   at its next post or timer tick.
 //!
 //! # Fault injection
 //!
@@ -126,6 +143,7 @@
 //! peer-death paths.
 
 mod cq;
+mod epoch;
 mod exec;
 mod fabric;
 mod fault;
@@ -137,12 +155,14 @@ mod qp;
 mod remote;
 mod ring;
 mod shm;
+mod sqslots;
 mod srq;
 
 pub use cq::SimCq;
 pub use host::{SimContext, SimPd};
 pub use mr::SimMr;
 pub use qp::SimQp;
+pub use sqslots::{send_queue_mode, set_send_queue_mode, SendQueueMode};
 pub use srq::SimSrq;
 
 #[allow(unused_imports)] // Linked from the docs above.

@@ -5,16 +5,18 @@
 //! hashing; a stale key (slot reused) fails the generation compare. Registration and
 //! deregistration take the table's free-list lock (control path only).
 //!
-//! Deregistration is safe against transfers in flight by quiescence: every transfer runs while
+//! Deregistration is safe against transfers in flight: every transfer of this process runs while
 //! its requester holds its QP's send-queue guard and resolves keys inside that section, so after
-//! invalidating the slot, deregistration takes and releases every QP's guard in the fabric; from
-//! then on no copy can still be using the old range (see [`super::fabric::quiesce`]).
+//! invalidating the slot, deregistration takes and releases every QP's guard in the fabric
+//! ([`super::fabric::quiesce`]); a transfer of a peer process is pinned in the host's reader
+//! table, and deregistration waits out an epoch grace period for those
+//! ([`super::epoch::synchronize`]). From then on no copy can still be using the old range or key.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::host::HostCore;
-use super::shm::{Segment, MR_TABLE_OFF};
+use super::shm::{Segment, MR_TABLE_OFF, SEG_LEN};
 use crate::verbs::{AccessFlags, MemoryRegion};
 
 /// MR slots per host (the sim's `max_mr`).
@@ -29,12 +31,25 @@ pub(crate) struct MrSlot {
     key: AtomicU32,
     pd: AtomicU32,
     access: AtomicU32,
-    /// 1 for caller memory (`reg_user_mr`): `base` is a pointer valid in the owner's process
-    /// only, so peers in other processes cannot reach it.
+    /// 1 for caller memory (`reg_user_mr`): its address is valid in the owner's process only, so
+    /// it lives in the owner's private [`UserSlot`] table, never here; peers in other processes
+    /// cannot reach the region.
     user: AtomicU32,
-    /// Where the region's bytes are: an offset in the host segment, or a pointer (`user`).
+    /// Where the region's bytes are: an offset in the host segment (0 for caller memory).
     base: AtomicU64,
     /// The region's virtual address as peers and SGEs name it.
+    addr: AtomicU64,
+    len: AtomicU64,
+}
+
+/// Where a caller-memory region (`reg_user_mr`) is: process-private, so that a peer process
+/// (which can write the shared key table) cannot turn it into a pointer this process follows.
+pub(crate) struct UserSlot {
+    /// The key the entry belongs to (0 = none).
+    key: AtomicU32,
+    /// The region's first byte in this process.
+    ptr: AtomicU64,
+    /// The region's virtual address as SGEs name it, and its length in bytes.
     addr: AtomicU64,
     len: AtomicU64,
 }
@@ -46,6 +61,9 @@ pub(crate) enum KeyFault {
     Key,
     /// The region lacks the access the operation needs.
     Access,
+    /// A valid region of another process's host that lies past this process's mapping of the
+    /// host's segment (the segment grew since it was mapped): map it again and retry.
+    Beyond,
 }
 
 /// A view of a host's key table (in its segment), as its own process or a peer process sees it.
@@ -54,8 +72,9 @@ pub(crate) struct MrView {
     slots: *const MrSlot,
     seg_base: *mut u8,
     seg_len: u64,
-    /// Seen from another process (caller-memory regions are out of reach).
-    remote: bool,
+    /// The owner's private caller-memory table ([`MR_SLOTS`] entries), or null when seen from
+    /// another process (caller-memory regions are out of reach there).
+    user: *const UserSlot,
 }
 
 // SAFETY: a view of atomics in a mapping that its holder keeps alive.
@@ -64,13 +83,13 @@ unsafe impl Send for MrView {}
 unsafe impl Sync for MrView {}
 
 impl MrView {
-    /// The key table of the segment mapped at `seg`.
-    pub(crate) fn of(seg: &Segment, remote: bool) -> MrView {
+    /// The key table of the segment of another process's host, mapped at `seg`.
+    pub(crate) fn of(seg: &Segment) -> MrView {
         MrView {
             slots: seg.at(MR_TABLE_OFF) as *const MrSlot,
             seg_base: seg.base(),
             seg_len: seg.len() as u64,
-            remote,
+            user: std::ptr::null(),
         }
     }
 
@@ -94,7 +113,8 @@ impl MrView {
         let Some(s) = self.slot((key & 0xffff) as usize) else {
             return Err(KeyFault::Key);
         };
-        if key == 0 || s.key.load(Ordering::Acquire) != key || s.pd.load(Ordering::Relaxed) != pd {
+        // `SeqCst` (a plain load on x86): ordered after a peer's pin, see `super::epoch`.
+        if key == 0 || s.key.load(Ordering::SeqCst) != key || s.pd.load(Ordering::Relaxed) != pd {
             return Err(KeyFault::Key);
         }
         let start = s.addr.load(Ordering::Relaxed);
@@ -106,16 +126,28 @@ impl MrView {
         if !AccessFlags(s.access.load(Ordering::Relaxed)).contains(need) {
             return Err(KeyFault::Access);
         }
-        let base = s.base.load(Ordering::Relaxed);
-        let at = base + (addr - start);
         if s.user.load(Ordering::Relaxed) != 0 {
-            if self.remote {
+            if self.user.is_null() {
                 return Err(KeyFault::Key);
             }
-            return Ok(at as usize as *mut u8);
+            // SAFETY: a non-null `user` is the owner's table of `MR_SLOTS` entries, kept alive
+            // with the view's host; the index was checked by `slot` above.
+            let u = unsafe { &*self.user.add((key & 0xffff) as usize) };
+            // Only the private entry says where the bytes are (and how many there are).
+            let (u_addr, u_len) = (u.addr.load(Ordering::Relaxed), u.len.load(Ordering::Relaxed));
+            let inside =
+                addr >= u_addr && addr.checked_add(len as u64).is_some_and(|end| end <= u_addr + u_len);
+            if u.key.load(Ordering::Acquire) != key || !inside {
+                return Err(KeyFault::Key);
+            }
+            return Ok((u.ptr.load(Ordering::Relaxed) + (addr - u_addr)) as usize as *mut u8);
         }
-        if base.checked_add(mr_len).is_none_or(|end| end > self.seg_len) {
-            return Err(KeyFault::Key);
+        let base = s.base.load(Ordering::Relaxed);
+        let at = base + (addr - start);
+        match base.checked_add(mr_len) {
+            Some(end) if end <= self.seg_len => {}
+            Some(end) if end <= SEG_LEN as u64 => return Err(KeyFault::Beyond),
+            _ => return Err(KeyFault::Key),
         }
         // SAFETY: `at + len <= base + mr_len <= seg_len`: inside the mapping.
         Ok(unsafe { self.seg_base.add(at as usize) })
@@ -124,6 +156,8 @@ impl MrView {
 
 pub(crate) struct MrTable {
     pub(crate) view: MrView,
+    /// Caller-memory regions by slot (process-private; `view.user` points here).
+    user: Box<[UserSlot]>,
     /// Free slot indexes and, per slot, the generation the next key gets.
     free: Mutex<(Vec<u16>, Vec<u16>)>,
 }
@@ -132,11 +166,15 @@ impl MrTable {
     /// The key table of an own segment (all slots free).
     pub(crate) fn new(seg: &Segment) -> MrTable {
         let free = (0..MR_SLOTS as u16).rev().collect();
-        MrTable { view: MrView::of(seg, false), free: Mutex::new((free, vec![1; MR_SLOTS])) }
+        // SAFETY: `UserSlot` is atomics only, for which all-zero bytes are a valid value.
+        let user = unsafe { super::sqslots::zeroed_slice::<UserSlot>(MR_SLOTS) };
+        let view = MrView { user: user.as_ptr(), ..MrView::of(seg) };
+        MrTable { view, user, free: Mutex::new((free, vec![1; MR_SLOTS])) }
     }
 
     /// Fills a free slot and returns its key; `None` when all [`MR_SLOTS`] are in use. `base`
-    /// is a segment offset, or a pointer for caller memory (`user`).
+    /// is a segment offset, or for caller memory (`user`) a pointer, which goes to the private
+    /// table only.
     fn insert(
         &self,
         pd: u32,
@@ -153,10 +191,18 @@ impl MrTable {
         gens[idx as usize] = if gen == u16::MAX { 1 } else { gen + 1 };
         let key = (gen as u32) << 16 | idx as u32;
         let s = self.view.slot(idx as usize)?;
+        let u = &self.user[idx as usize];
+        u.key.store(0, Ordering::Relaxed);
+        if user {
+            u.ptr.store(base, Ordering::Relaxed);
+            u.addr.store(addr, Ordering::Relaxed);
+            u.len.store(len as u64, Ordering::Relaxed);
+            u.key.store(key, Ordering::Release);
+        }
         s.pd.store(pd, Ordering::Relaxed);
         s.access.store(access.0, Ordering::Relaxed);
         s.user.store(user as u32, Ordering::Relaxed);
-        s.base.store(base, Ordering::Relaxed);
+        s.base.store(if user { 0 } else { base }, Ordering::Relaxed);
         s.addr.store(addr, Ordering::Relaxed);
         s.len.store(len as u64, Ordering::Relaxed);
         s.key.store(key, Ordering::Release);
@@ -168,6 +214,9 @@ impl MrTable {
     fn invalidate(&self, key: u32) {
         if let Some(s) = self.view.slot((key & 0xffff) as usize) {
             s.key.store(0, Ordering::SeqCst);
+        }
+        if let Some(u) = self.user.get((key & 0xffff) as usize) {
+            u.key.store(0, Ordering::SeqCst);
         }
     }
 
@@ -260,11 +309,12 @@ impl MemoryRegion for SimMr {
 impl Drop for SimMr {
     fn drop(&mut self) {
         self.host.mrs.invalidate(self.key);
+        // No transfer of this process (quiescence) nor of a peer process (an epoch grace
+        // period) can still be using the key or the memory once these return.
         super::fabric::quiesce();
+        super::epoch::synchronize(&self.host.seg);
         self.host.mrs.release(self.key);
         if let Some((off, bytes)) = self.owned {
-            // After quiescence no transfer of this process can still be copying to or from it;
-            // peers in other processes have the arena's quarantine.
             self.host.arena.free(&self.host.seg, off, bytes);
         }
     }
@@ -278,5 +328,45 @@ impl std::fmt::Debug for SimMr {
             .field("key", &format_args!("{:#x}", self.key))
             .field("access", &self.access)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::{MrSlot, MR_TABLE_OFF};
+    use crate::verbs::sim::Sim;
+    use crate::verbs::Context;
+    use crate::verbs::{AccessFlags, DeviceSelector, MemoryRegion, ProtectionDomain, Provider};
+
+    #[test]
+    fn a_corrupted_shared_slot_cannot_redirect_a_caller_memory_region() {
+        let ctx = Sim::open(&DeviceSelector::First).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut mem = vec![0u8; 4096];
+        let access = AccessFlags::LOCAL_WRITE;
+        // SAFETY: `mem` outlives the MR (dropped first, below).
+        let mr = unsafe { pd.reg_user_mr(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
+        let host = &ctx.host;
+        let idx = (mr.lkey() & 0xffff) as usize;
+        // SAFETY: slot `idx` of the key table in the host's segment (layout constants).
+        let slot = unsafe { &*(host.seg.at(MR_TABLE_OFF + idx * 64) as *const MrSlot) };
+        assert_eq!(slot.base.load(Ordering::Relaxed), 0, "no caller-memory pointer in shared memory");
+        let pd_id = pd.inner.id;
+        let at = |off: u64, len: u32| host.mrs.resolve(mr.lkey(), pd_id, mr.addr() + off, len, access);
+        assert_eq!(at(100, 8).unwrap(), mem[100..].as_mut_ptr());
+        // A peer process rewrites the shared slot: another base, a larger length.
+        let mut elsewhere = vec![0u8; 1 << 20];
+        slot.base.store(elsewhere.as_mut_ptr() as u64, Ordering::Relaxed);
+        slot.len.store(1 << 20, Ordering::Relaxed);
+        assert_eq!(
+            at(100, 8).unwrap(),
+            mem[100..].as_mut_ptr(),
+            "the private table says where the bytes are"
+        );
+        assert!(at(4000, 200).is_err(), "and how many there are");
+        drop(mr);
+        drop(mem);
     }
 }

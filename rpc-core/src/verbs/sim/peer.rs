@@ -84,12 +84,20 @@ impl PeerQp {
             recv_pd: r.recv_pd.load(Ordering::Relaxed),
             ring,
             cq,
-            mrs: MrView::of(seg, true),
+            mrs: MrView::of(seg),
             alive: &seg.header().alive as *const AtomicU32,
             has_rq: ring_off == off + sh_bytes,
             local: None,
             _remote: Some(host),
         })
+    }
+
+    /// For a peer in another process: announces a transfer into its host until the guard drops
+    /// (the host's owner waits for it before reusing memory, see [`super::epoch`]). In this
+    /// process the requester's QP guard plays that part.
+    #[inline(always)]
+    pub(crate) fn pin(&self) -> Option<super::epoch::Pin<'_>> {
+        self._remote.as_ref().map(|h| h.reader.pin())
     }
 
     #[inline(always)]
@@ -105,8 +113,9 @@ impl PeerQp {
         let r = &self.sh().resp;
         // SAFETY: `alive` points into a mapping kept alive by `self`.
         let alive = unsafe { &*self.alive }.load(Ordering::Relaxed) != 0;
+        // `SeqCst` (a plain load on x86): ordered after a pin, see `super::epoch`.
         alive
-            && !r.destroyed.load(Ordering::Relaxed)
+            && !r.destroyed.load(Ordering::SeqCst)
             && !r.drop_traffic.load(Ordering::Relaxed)
             && r.qpn.load(Ordering::Relaxed) == self.qpn
     }

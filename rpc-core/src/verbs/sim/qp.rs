@@ -5,7 +5,7 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use super::cq::CqCore;
+use super::cq::{CqCore, SqRef};
 use super::fabric::{fabric, Dest};
 use super::guard::SpinGuard;
 use super::host::{HostCore, SimPd};
@@ -83,11 +83,17 @@ pub(crate) struct Link {
 }
 
 /// The send queue: everything here is touched only with the QP's guard held.
+///
+/// Positions count WQEs since the QP's creation (a WQE's position is its sequence number):
+/// `[head, tail)` are posted and not executed yet; `[retired, tail)` hold send-queue slots,
+/// where `retired` (in [`super::sqslots::SqSlots`]) advances when a send completion is polled.
 pub(crate) struct SqState {
     pub(crate) wqes: Box<[SendWqe]>,
     pub(crate) inline: Box<[u8]>,
     pub(crate) head: u64,
     pub(crate) tail: u64,
+    /// The retired count as last read (never ahead of the real one, nor of `head`).
+    pub(crate) retired_seen: u64,
     pub(crate) link: Link,
     pub(crate) stall: Option<Stall>,
 }
@@ -146,6 +152,10 @@ pub(crate) struct QpCore {
     pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
     pub(crate) sig_all: bool,
+    /// This QP's tag in its host's send-queue table (send CQEs carry it).
+    sq_tag: u16,
+    /// Slots are held until a send completion is polled ([`super::SendQueueMode::RetireOnPoll`]).
+    retire_on_poll: bool,
     /// The shared part, in the host's segment at `off` (with the RQ ring after it).
     sh: *const QpShared,
     off: usize,
@@ -347,9 +357,10 @@ impl QpCore {
             };
             let view = super::exec::WqeView { wr_id: wqe.wr_id, op: wqe.op, flags: wqe.flags, src };
             let outcome = self.exec(&mut st.link, &view);
+            let seq = st.head;
             let status = match outcome {
                 super::exec::Outcome::Done(len) => {
-                    self.complete_ok(&view, len);
+                    self.complete_ok(&view, len, seq);
                     st.stall = None;
                     st.head += 1;
                     continue;
@@ -362,18 +373,24 @@ impl QpCore {
             };
             st.stall = None;
             st.head += 1;
-            self.fail_locked(st, wqe.wr_id, &wqe.op, status);
+            self.fail_locked(st, seq, wqe.wr_id, &wqe.op, status);
             return false;
         }
         st.stall = None;
         false
     }
 
-    /// A successful send WQE: a CQE if signaled.
+    /// The send-queue reference a CQE of WQE `seq` carries.
+    #[inline(always)]
+    fn sq_ref(&self, seq: u64) -> SqRef {
+        SqRef { tag: self.sq_tag, seq: seq as u32 }
+    }
+
+    /// A successful send WQE (sequence number `seq`): a CQE if signaled.
     #[inline]
-    pub(crate) fn complete_ok(&self, v: &super::exec::WqeView<'_>, len: u64) {
+    pub(crate) fn complete_ok(&self, v: &super::exec::WqeView<'_>, len: u64, seq: u64) {
         if self.sig_all || v.flags.contains(SendFlags::SIGNALED) {
-            self.send_cq.push(
+            self.send_cq.push_send(
                 WorkCompletion {
                     wr_id: v.wr_id,
                     status: WcStatus::IBV_WC_SUCCESS,
@@ -385,15 +402,18 @@ impl QpCore {
                     vendor_err: 0,
                 },
                 false,
+                self.sq_ref(seq),
             );
         }
     }
 
     /// A failed send WQE (already removed from the queue, or never queued): its error CQE
     /// (whatever its signaling), then the QP goes to ERR and everything else is flushed.
-    pub(crate) fn fail_locked(&self, st: &mut SqState, wr_id: u64, op: &SendOp, status: WcStatus) {
+    /// `seq` is the WQE's sequence number (its CQE retires it and everything before).
+    pub(crate) fn fail_locked(&self, st: &mut SqState, seq: u64, wr_id: u64, op: &SendOp, status: WcStatus) {
         tracing::debug!(qp = self.qpn, wr_id, ?status, "sim: send WR failed, QP -> ERR");
-        self.send_cq.push(WorkCompletion { status, ..flush_wc(wr_id, send_opcode(op), self.qpn) }, true);
+        let wc = WorkCompletion { status, ..flush_wc(wr_id, send_opcode(op), self.qpn) };
+        self.send_cq.push_send(wc, true, self.sq_ref(seq));
         self.sh().resp.state.store(ST_ERR, Ordering::SeqCst);
         self.flush_rq();
         self.flush_sq_locked(st);
@@ -425,7 +445,8 @@ impl QpCore {
         let mask = st.wqes.len() - 1;
         while st.head != st.tail {
             let wqe = &st.wqes[st.head as usize & mask];
-            self.send_cq.push(flush_wc(wqe.wr_id, send_opcode(&wqe.op), self.qpn), true);
+            let wc = flush_wc(wqe.wr_id, send_opcode(&wqe.op), self.qpn);
+            self.send_cq.push_send(wc, true, self.sq_ref(st.head));
             st.head += 1;
         }
         st.stall = None;
@@ -565,6 +586,7 @@ impl SimQp {
         };
         // SAFETY: as above: zeroed atomics (a valid RESET state).
         let sh = unsafe { &*sh_ptr };
+        let retire_on_poll = super::sqslots::send_queue_mode() == super::SendQueueMode::RetireOnPoll;
         let Some(qpn) = host.alloc_qpn(off) else {
             host.arena.free(&host.seg, off, bytes);
             return Err(cap_err(
@@ -585,6 +607,7 @@ impl SimQp {
         r.recv_ring_off.store(ring_off as u64, Ordering::Relaxed);
         r.recv_cq_off.store(attr.recv_cq.core.offset() as u64, Ordering::Relaxed);
         r.qpn.store(qpn, Ordering::Release);
+        let sq_tag = host.sq_slots.attach(qpn);
         let core = Arc::new(QpCore {
             qpn,
             host,
@@ -595,6 +618,8 @@ impl SimQp {
             rq,
             cap,
             sig_all: attr.sq_sig_all,
+            sq_tag,
+            retire_on_poll,
             sh: sh_ptr,
             off,
             bytes,
@@ -603,6 +628,7 @@ impl SimQp {
                 inline: vec![0u8; depth * cap.max_inline_data as usize].into_boxed_slice(),
                 head: 0,
                 tail: 0,
+                retired_seen: 0,
                 link: Link {
                     dest: None,
                     peer: None,
@@ -687,6 +713,24 @@ impl SimQp {
         Ok(())
     }
 
+    /// `Some(outstanding WQEs)` when the send queue has no free slot for another WR. Guard held.
+    #[inline]
+    fn sq_full(&self, st: &mut SqState, depth: u64) -> Option<u64> {
+        let c = &*self.core;
+        if !c.retire_on_poll {
+            let queued = st.tail - st.head;
+            return (queued >= depth).then_some(queued);
+        }
+        if st.tail - st.retired_seen < depth {
+            return None;
+        }
+        // Re-read the count the CQ's poller advances only when the cached one says full. It
+        // never passes `head` (a WQE completes only once executed or flushed).
+        st.retired_seen = c.host.sq_slots.retired(c.qpn).max(st.retired_seen).min(st.head);
+        let outstanding = st.tail - st.retired_seen;
+        (outstanding >= depth).then_some(outstanding)
+    }
+
     fn post_send_locked(&self, st: &mut SqState, wrs: &[SendWr<'_>]) -> Result<()> {
         let c = &*self.core;
         let state = c.state_raw();
@@ -706,11 +750,14 @@ impl SimQp {
                 result = Err(e);
                 break;
             }
-            if st.tail - st.head >= depth {
+            if let Some(outstanding) = self.sq_full(st, depth) {
                 result = Err(VerbsError::BadWorkRequest {
                     call: "ibv_post_send",
                     index,
-                    reason: format!("send queue full ({depth} WQEs outstanding)"),
+                    reason: format!(
+                        "the work queue is full (ENOMEM: {outstanding} WQEs outstanding, max_send_wr {depth}; \
+                         a WQE is retired when a signaled completion at or after it is polled)"
+                    ),
                 });
                 break;
             }
@@ -722,16 +769,26 @@ impl SimQp {
                     super::exec::Src::Sges(wr.sg_list)
                 };
                 let view = super::exec::WqeView { wr_id: wr.wr_id, op: wr.op, flags: wr.flags, src };
+                // The WR takes its send-queue slot (position `seq`) whatever happens.
+                let seq = st.tail;
                 match c.exec(&mut st.link, &view) {
-                    super::exec::Outcome::Done(len) => c.complete_ok(&view, len),
+                    super::exec::Outcome::Done(len) => {
+                        c.complete_ok(&view, len, seq);
+                        st.tail += 1;
+                        st.head += 1;
+                    }
                     super::exec::Outcome::Stall(kind) => {
                         self.enqueue(st, wr);
                         if let Err(status) = c.note_stall(&mut st.stall, &st.link, kind) {
                             st.head += 1;
-                            c.fail_locked(st, wr.wr_id, &wr.op, status);
+                            c.fail_locked(st, seq, wr.wr_id, &wr.op, status);
                         }
                     }
-                    super::exec::Outcome::Fail(status) => c.fail_locked(st, wr.wr_id, &wr.op, status),
+                    super::exec::Outcome::Fail(status) => {
+                        st.tail += 1;
+                        st.head += 1;
+                        c.fail_locked(st, seq, wr.wr_id, &wr.op, status);
+                    }
                 }
             } else {
                 self.enqueue(st, wr);
@@ -809,7 +866,10 @@ impl SimQp {
 
         match to {
             QpState::Reset => {
+                // Everything posted is discarded, and its send-queue slots with it.
                 st.head = st.tail;
+                st.retired_seen = st.tail;
+                c.host.sq_slots.reset(c.qpn, st.tail);
                 st.stall = None;
                 st.link.peer = None;
                 st.link.dest = None;
@@ -992,6 +1052,8 @@ impl Drop for SimQp {
         // appears, once the drop has returned and the buffers are the caller's again. Later
         // transfers see `destroyed` and lose their packets.
         super::fabric::quiesce();
+        // The same for peers in other processes (their transfers are pinned, see `epoch`).
+        super::epoch::synchronize(&c.host.seg);
         c.with_sq(|st| {
             st.head = st.tail;
             st.stall = None;
@@ -1001,6 +1063,7 @@ impl Drop for SimQp {
             while pop_recv_id(rq).is_some() {}
         }
         fabric().unregister_qp(c.host.id, c.qpn);
+        c.host.sq_slots.detach(c.qpn);
         c.host.free_qpn(c.qpn);
     }
 }

@@ -12,11 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
+use super::epoch::Reader;
 use super::peer::PeerQp;
 use super::shm::{monotonic_ns, pid_alive, Segment, HEARTBEAT_DEAD_NS, HEARTBEAT_NS, QP_DIR_LEN, QP_DIR_OFF};
 
 /// A host of another process, mapped.
 pub(crate) struct RemoteHost {
+    /// This process's reader slot in the host's segment (released before the unmapping).
+    pub(crate) reader: Reader,
     pub(crate) seg: Segment,
     pid: u32,
     host_id: u32,
@@ -65,16 +68,49 @@ fn remotes() -> std::sync::MutexGuard<'static, Remotes> {
     REMOTES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// QP `qpn` of host `host_id` of process `pid`, mapping the host on first contact; `None` if the
-/// host or the QP does not exist (or the host is dead).
+/// Maps host `host_id` of process `pid` (the part of its segment in use) and claims a reader
+/// slot there.
+fn map(pid: u32, host_id: u32) -> Option<Arc<RemoteHost>> {
+    let seg = Segment::open(pid, host_id)?;
+    let Some(reader) = Reader::claim(&seg) else {
+        tracing::warn!(pid, host_id, "sim: the peer host's reader table is full; not connecting");
+        return None;
+    };
+    Some(Arc::new(RemoteHost { reader, seg, pid, host_id }))
+}
+
+/// `host`, or a new, larger mapping of it when its segment has grown past this one (which
+/// stays mapped while views of it exist). The list keeps the largest.
+fn refresh(host: Arc<RemoteHost>) -> Arc<RemoteHost> {
+    if host.seg.len() as u64 >= host.seg.header().size.load(Ordering::Acquire) {
+        return host;
+    }
+    let key = (host.pid, host.host_id);
+    let mut list = remotes();
+    let Some(entry) = list.iter_mut().find(|(k, _)| *k == key) else { return host };
+    if entry.1.seg.len() > host.seg.len() {
+        return entry.1.clone();
+    }
+    match map(key.0, key.1) {
+        Some(bigger) => {
+            tracing::debug!(pid = key.0, host = key.1, len = bigger.seg.len(), "sim: peer segment remapped");
+            entry.1 = bigger.clone();
+            bigger
+        }
+        None => host,
+    }
+}
+
+/// QP `qpn` of host `host_id` of process `pid`, mapping the host on first contact (and again,
+/// larger, when its segment has grown); `None` if the host or the QP does not exist (or the
+/// host is dead).
 pub(crate) fn resolve(pid: u32, host_id: u32, qpn: u32) -> Option<PeerQp> {
     let host = {
         let mut list = remotes();
         match list.iter().find(|(k, _)| *k == (pid, host_id)) {
             Some((_, h)) => h.clone(),
             None => {
-                let seg = Segment::open(pid, host_id)?;
-                let h = Arc::new(RemoteHost { seg, pid, host_id });
+                let h = map(pid, host_id)?;
                 list.push(((pid, host_id), h.clone()));
                 start_monitor();
                 h
@@ -84,7 +120,12 @@ pub(crate) fn resolve(pid: u32, host_id: u32, qpn: u32) -> Option<PeerQp> {
     if !host.alive() {
         return None;
     }
-    PeerQp::remote(host, qpn)
+    let host = refresh(host);
+    // A QP created after the size was read may lie past the mapping: once more, remapped.
+    PeerQp::remote(host.clone(), qpn).or_else(|| {
+        let again = refresh(host.clone());
+        (!Arc::ptr_eq(&again, &host)).then(|| PeerQp::remote(again, qpn)).flatten()
+    })
 }
 
 static MONITOR: Once = Once::new();
@@ -105,6 +146,7 @@ fn monitor_loop() {
         super::fabric::fabric().heartbeat(now);
         let list: Vec<Arc<RemoteHost>> = remotes().iter().map(|(_, h)| h.clone()).collect();
         for h in &list {
+            h.reader.beat(now);
             h.check(now);
         }
         drop(list);

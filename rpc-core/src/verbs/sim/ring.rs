@@ -258,8 +258,8 @@ impl<const W: usize> Ring<W> {
     /// `None` when the oldest entry is not published (none claimed, or its producer is still
     /// writing it: a CQ poll does not wait for a payload copy).
     #[inline]
-    pub(crate) fn pop<R>(&self, read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
-        self.pop_inner(false, read)
+    pub(crate) fn pop<R>(&self, mut read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
+        self.pop_inner(false, |w| (read(w), true))
     }
 
     /// Like [`Ring::pop`], but an oldest entry a producer has claimed and not yet published is
@@ -267,12 +267,23 @@ impl<const W: usize> Ring<W> {
     /// is claimed. For receive queues: posted to from several threads (an SRQ is shared), a
     /// queue must not look empty to a SEND (an RNR) while a later WQE's post has returned.
     #[inline]
-    pub(crate) fn pop_claimed<R>(&self, read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
+    pub(crate) fn pop_claimed<R>(&self, mut read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
+        self.pop_inner(true, |w| (read(w), true))
+    }
+
+    /// Like [`Ring::pop_claimed`], but `read` also says whether to take the entry: with
+    /// `false` its result is returned and the entry stays the oldest one.
+    #[inline]
+    pub(crate) fn pop_claimed_if<R>(&self, read: impl FnMut(&[AtomicU64; W]) -> (R, bool)) -> Option<R> {
         self.pop_inner(true, read)
     }
 
     #[inline(always)]
-    fn pop_inner<R>(&self, wait_claimed: bool, mut read: impl FnMut(&[AtomicU64; W]) -> R) -> Option<R> {
+    fn pop_inner<R>(
+        &self,
+        wait_claimed: bool,
+        mut read: impl FnMut(&[AtomicU64; W]) -> (R, bool),
+    ) -> Option<R> {
         let mut pos = self.h().head.load(Ordering::Relaxed);
         let mut spins = 0u32;
         loop {
@@ -297,7 +308,10 @@ impl<const W: usize> Ring<W> {
                 pos = self.h().head.load(Ordering::Relaxed);
                 continue;
             }
-            let r = read(&slot.words);
+            let (r, take) = read(&slot.words);
+            if !take {
+                return Some(r);
+            }
             match self.h().head.compare_exchange_weak(
                 pos,
                 pos.wrapping_add(1),

@@ -5,7 +5,8 @@
 //!
 //! A segment is a `/dev/shm/rpc-sim.<uid>.<pid>.<host id>` file created `O_EXCL`, mode 0600,
 //! sized [`SEG_LEN`] (sparse: tmpfs allocates pages on first touch and [`Arena::free`] punches
-//! them out again), mapped `MAP_SHARED | MAP_NORESERVE`. Its name is derived from the host's GID
+//! them out again), mapped `MAP_SHARED | MAP_NORESERVE`: whole by its owner, and by a peer only
+//! as far as [`Header::size`] says it is in use. Its name is derived from the host's GID
 //! (`fe80::<pid>:<host id>`), so a peer finds it from the address exchanged at connection setup.
 //! The owner unlinks it when the host is dropped or the process exits (`atexit`); a peer that
 //! finds the owner's pid gone unlinks it; and every process removes the segments of dead pids
@@ -21,22 +22,26 @@ use std::sync::{Mutex, Once};
 use crate::verbs::{Result, VerbsError};
 
 /// Virtual size of a host segment, in bytes (256 GiB; sparse, pages exist only once touched).
+/// The owner maps all of it; a peer process maps only the part in use ([`Header::size`]).
 pub(crate) const SEG_LEN: usize = 1 << 38;
+/// The part of a new segment peers map at first (bytes; the tables and the start of the heap).
+pub(crate) const INITIAL_SIZE: usize = 16 << 20;
 /// `b"RPCSIMH1"`: the first word of a host segment.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPCSIMH1");
 /// Layout version of the segment (both sides must agree).
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// Where the MR key table starts.
 pub(crate) const MR_TABLE_OFF: usize = 4096;
 /// Where the QP directory starts (after 4096 MR slots of 64 bytes).
 pub(crate) const QP_DIR_OFF: usize = MR_TABLE_OFF + 4096 * 64;
 /// Entries of the QP directory (the sim's `max_qp` per host).
 pub(crate) const QP_DIR_LEN: usize = 16384;
+/// Where the reader table of peer processes starts (see [`super::epoch`]).
+pub(crate) const READERS_OFF: usize = QP_DIR_OFF + QP_DIR_LEN * 8;
+/// Reader slots per host: how many peer processes may map a host at once.
+pub(crate) const READERS_LEN: usize = 4096;
 /// Where the heap starts.
-pub(crate) const HEAP_OFF: usize = QP_DIR_OFF + QP_DIR_LEN * 8;
-/// A freed range is reused only after this long (ns): a peer process whose transfer resolved a
-/// key just before its deregistration has finished by then (see the module docs of `sim`).
-const QUARANTINE_NS: u64 = 1_000_000_000;
+pub(crate) const HEAP_OFF: usize = READERS_OFF + READERS_LEN * 64;
 
 /// The segment header (first page).
 #[repr(C)]
@@ -49,6 +54,14 @@ pub(crate) struct Header {
     pub(crate) alive: AtomicU32,
     /// `CLOCK_MONOTONIC` ns of the owner's last heartbeat (every [`HEARTBEAT_NS`]).
     pub(crate) heartbeat: AtomicU64,
+    /// The reclamation epoch, advanced by the owner at every grace period ([`super::epoch`]).
+    pub(crate) epoch: AtomicU64,
+    /// Reader slots ever claimed (the owner scans `[0, readers_hw)`).
+    pub(crate) readers_hw: AtomicU32,
+    /// Bytes at the start of the segment that hold everything allocated so far (a power of two,
+    /// at least [`INITIAL_SIZE`]; only grows, before anything is allocated past it): how much a
+    /// peer process maps. A peer that meets memory past its mapping maps the segment again.
+    pub(crate) size: AtomicU64,
 }
 
 /// Heartbeat period of a host's owner, in ns.
@@ -141,6 +154,7 @@ impl Segment {
             h.host_id.store(host_id, Ordering::Relaxed);
             h.alive.store(1, Ordering::Relaxed);
             h.heartbeat.store(monotonic_ns(), Ordering::Relaxed);
+            h.size.store(INITIAL_SIZE as u64, Ordering::Relaxed);
             h.magic.store(MAGIC, Ordering::Release);
             Ok(seg)
         })();
@@ -160,9 +174,10 @@ impl Segment {
         }
     }
 
-    /// Maps the segment of host `host_id` of process `pid` (a peer). `None` when it does not
-    /// exist, belongs to another user, is not private to its user, or is not a host segment of
-    /// this layout version.
+    /// Maps the segment of host `host_id` of process `pid` (a peer): the part in use now
+    /// ([`Header::size`]), not the whole reservation, so that a process can map the hosts of
+    /// thousands of peers. `None` when it does not exist, belongs to another user, is not
+    /// private to its user, or is not a host segment of this layout version.
     pub(crate) fn open(pid: u32, host_id: u32) -> Option<Segment> {
         let path = CString::new(seg_path(pid, host_id)).ok()?;
         // SAFETY: `path` is a valid C string.
@@ -182,13 +197,23 @@ impl Segment {
                 tracing::warn!(pid, host_id, "sim: ignoring a host segment that is not ours or not private");
                 return None;
             }
-            let seg = Segment::map(fd, SEG_LEN).ok()?;
-            let h = seg.header();
-            let ok = h.magic.load(Ordering::Acquire) == MAGIC
-                && h.version.load(Ordering::Relaxed) == VERSION
-                && h.pid.load(Ordering::Relaxed) == pid
-                && h.host_id.load(Ordering::Relaxed) == host_id;
-            ok.then_some(seg)
+            let ours = |seg: &Segment| {
+                let h = seg.header();
+                h.magic.load(Ordering::Acquire) == MAGIC
+                    && h.version.load(Ordering::Relaxed) == VERSION
+                    && h.pid.load(Ordering::Relaxed) == pid
+                    && h.host_id.load(Ordering::Relaxed) == host_id
+            };
+            // The tables first, to read how much is in use; then that much.
+            let tables = Segment::map(fd, HEAP_OFF).ok()?;
+            if !ours(&tables) {
+                return None;
+            }
+            let size = tables.header().size.load(Ordering::Acquire) as usize;
+            drop(tables);
+            let len = size.clamp(HEAP_OFF, SEG_LEN).div_ceil(PAGE) * PAGE;
+            let seg = Segment::map(fd, len).ok()?;
+            ours(&seg).then_some(seg)
         })();
         // SAFETY: `fd` is ours.
         unsafe { libc::close(fd) };
@@ -306,19 +331,16 @@ pub(crate) fn remember_own(path: &CString) {
 // ---------------------------------------------------------------------------------------------
 // The heap allocator of an own segment (process-private bookkeeping).
 
-/// First-fit allocator over the segment's heap; freed ranges wait [`QUARANTINE_NS`] before reuse
-/// and their pages are returned to the system at once (`MADV_REMOVE`: they read as zeros again).
+/// First-fit allocator over the segment's heap. A freed range is reusable once no peer process
+/// can still be inside a transfer that found it (an epoch grace period, [`super::epoch`]), and
+/// its pages are returned to the system at once (`MADV_REMOVE`: they read as zeros again).
 pub(crate) struct Arena {
     inner: Mutex<ArenaInner>,
-    /// How long a freed range waits before reuse (ns).
-    quarantine_ns: u64,
 }
 
 struct ArenaInner {
     /// Free ranges by offset (coalesced).
     free: BTreeMap<usize, usize>,
-    /// Freed ranges not yet reusable: (offset, length, reusable at).
-    quarantine: Vec<(usize, usize, u64)>,
 }
 
 /// Allocation granularity and alignment (bytes): two cache lines.
@@ -327,13 +349,9 @@ const PAGE: usize = 4096;
 
 impl Arena {
     pub(crate) fn new() -> Arena {
-        Arena::with_quarantine(QUARANTINE_NS)
-    }
-
-    fn with_quarantine(quarantine_ns: u64) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(HEAP_OFF, SEG_LEN - HEAP_OFF);
-        Arena { inner: Mutex::new(ArenaInner { free, quarantine: Vec::new() }), quarantine_ns }
+        Arena { inner: Mutex::new(ArenaInner { free }) }
     }
 
     /// Allocates `len` bytes aligned to `align` (a power of two, at least 128) in `seg`;
@@ -343,7 +361,6 @@ impl Arena {
         let len = len.max(1).checked_add(GRAIN - 1)? & !(GRAIN - 1);
         let a = {
             let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            g.release_due(monotonic_ns());
             let (&start, &flen) = g.free.iter().find(|(&s, &l)| {
                 let a = (s + align - 1) & !(align - 1);
                 a + len <= s + l
@@ -356,6 +373,10 @@ impl Arena {
             if a + len < start + flen {
                 g.free.insert(a + len, start + flen - (a + len));
             }
+            // Published before the offset is handed out (so before anything a peer can learn
+            // of is placed there).
+            let end = (a + len).next_power_of_two().clamp(INITIAL_SIZE, SEG_LEN);
+            seg.header().size.fetch_max(end as u64, Ordering::AcqRel);
             a
         };
         let end = a + len;
@@ -375,8 +396,10 @@ impl Arena {
         Some(a)
     }
 
-    /// Frees `[off, off + len)` of `seg` (as allocated): its whole pages go back to the system
-    /// now; the range is reusable after the quarantine.
+    /// Frees `[off, off + len)` of `seg` (as allocated), which nothing may reach any more (key
+    /// invalidated, QP marked destroyed): its whole pages go back to the system now; the range
+    /// is reusable when this returns, after a grace period for the peer processes
+    /// ([`super::epoch::synchronize`]; at once unless a peer is inside a transfer).
     pub(crate) fn free(&self, seg: &Segment, off: usize, len: usize) {
         let len = len.max(1).div_ceil(GRAIN) * GRAIN;
         let end = off + len;
@@ -386,24 +409,13 @@ impl Arena {
             // re-creates a page, which the next `alloc` clears.
             unsafe { libc::madvise(seg.at(fp) as *mut libc::c_void, ep - fp, libc::MADV_REMOVE) };
         }
+        super::epoch::synchronize(seg);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.quarantine.push((off, len, monotonic_ns() + self.quarantine_ns));
+        g.insert_free(off, len);
     }
 }
 
 impl ArenaInner {
-    fn release_due(&mut self, now: u64) {
-        let mut i = 0;
-        while i < self.quarantine.len() {
-            if self.quarantine[i].2 <= now {
-                let (off, len, _) = self.quarantine.swap_remove(i);
-                self.insert_free(off, len);
-            } else {
-                i += 1;
-            }
-        }
-    }
-
     fn insert_free(&mut self, mut off: usize, mut len: usize) {
         if let Some((&s, &l)) = self.free.range(..off).next_back() {
             if s + l == off {
@@ -452,9 +464,9 @@ mod tests {
     }
 
     #[test]
-    fn arena_aligns_zeroes_quarantines_and_coalesces() {
+    fn arena_aligns_zeroes_and_coalesces() {
         let seg = host_seg();
-        let arena = Arena::with_quarantine(0);
+        let arena = Arena::new();
         let a = arena.alloc(&seg, 100, 128).unwrap();
         let b = arena.alloc(&seg, 5000, 4096).unwrap();
         assert_eq!((a % 128, b % 4096), (0, 0));
@@ -466,17 +478,34 @@ mod tests {
         }
         arena.free(&seg, a, 100);
         arena.free(&seg, b, 5000);
-        // Freed (quarantine 0 here) and coalesced: the first fit is `a` again, zeroed.
+        // Freed (no peer inside a transfer: at once) and coalesced: the first fit is `a` again,
+        // zeroed.
         let c = arena.alloc(&seg, 6000, 128).unwrap();
         assert_eq!(c, a);
         // SAFETY: ours, inside the mapping.
         let bytes = unsafe { std::slice::from_raw_parts(seg.at(c), 6000) };
         assert!(bytes.iter().all(|&x| x == 0), "reallocated memory reads as zeros");
+    }
 
-        let q = Arena::new();
-        let d = q.alloc(&seg, 256, 128).unwrap();
-        q.free(&seg, d, 256);
-        assert_ne!(q.alloc(&seg, 256, 128).unwrap(), d, "a freed range waits out the quarantine");
+    #[test]
+    fn a_freed_range_is_reused_after_the_pinned_peer_transfer_ends() {
+        let seg = std::sync::Arc::new(host_seg());
+        let arena = std::sync::Arc::new(Arena::new());
+        let d = arena.alloc(&seg, 256, 128).unwrap();
+        // A peer process (simulated: a reader slot of this live process) is inside a transfer.
+        let reader = super::super::epoch::Reader::claim(&seg).unwrap();
+        let pin = reader.pin();
+        let t = {
+            let (seg, arena) = (seg.clone(), arena.clone());
+            std::thread::spawn(move || {
+                arena.free(&seg, d, 256);
+                arena.alloc(&seg, 256, 128).unwrap()
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!t.is_finished(), "the free waits for the transfer that may still use the range");
+        drop(pin);
+        assert_eq!(t.join().unwrap(), d, "then the range is reused at once, no quarantine");
     }
 
     #[test]
@@ -499,6 +528,29 @@ mod tests {
         drop(peer);
         drop(seg);
         assert!(std::fs::metadata(&path).is_err(), "unlinked when the owner drops it");
+    }
+
+    #[test]
+    fn thousands_of_peer_mappings_fit_in_the_address_space() {
+        // A server process maps the segment of every client host it talks to. Mapping the
+        // whole 256 GiB reservation each time, 47 bits of address space held about 500; peers
+        // map the part in use, so thousands fit (here: one segment mapped 2000 times, as 2000
+        // client processes' segments would be).
+        let seg = host_seg();
+        let id = seg.header().host_id.load(Ordering::Relaxed);
+        const PEERS: usize = 2000;
+        let peers: Vec<Segment> = (0..PEERS)
+            .map(|i| Segment::open(my_pid(), id).unwrap_or_else(|| panic!("peer mapping #{i} failed")))
+            .collect();
+        assert!(peers.iter().all(|p| p.len() == INITIAL_SIZE), "{}", peers[0].len());
+        // The owner's allocations grow the part in use; a mapping made afterwards covers them.
+        let arena = Arena::new();
+        let big = arena.alloc(&seg, 40 << 20, 4096).unwrap();
+        let size = seg.header().size.load(Ordering::Relaxed) as usize;
+        assert!(size >= big + (40 << 20) && size.is_power_of_two(), "{size}");
+        let later = Segment::open(my_pid(), id).unwrap();
+        assert_eq!(later.len(), size);
+        assert_eq!(peers[0].len(), INITIAL_SIZE, "an existing mapping is not moved");
     }
 
     #[test]
