@@ -23,6 +23,13 @@ pub enum Error {
         /// What is wrong, as protox says it (plus its hint, if it has one).
         reason: String,
     },
+    /// Imports that are not found, every one of the build (not only the first): one line each,
+    /// `file:line:col: import 'name' not found`, in the order the files were read.
+    #[error("{}", imports.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    MissingImports {
+        /// The import statements, with their importing files.
+        imports: Vec<crate::MissingImport>,
+    },
     /// A `.proto` file could not be used and the problem has no position: a file to compile that
     /// does not exist or is outside every include path, an import cycle, an unreadable file.
     #[error("{}{reason}", file.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]

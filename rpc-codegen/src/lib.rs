@@ -109,9 +109,13 @@ mod builder;
 mod check;
 mod client;
 mod comments;
+mod enums;
 mod error;
 mod generator;
+mod imports;
+mod location;
 mod method_id;
+mod modules;
 mod names;
 mod proto_error;
 mod server;
@@ -124,6 +128,7 @@ use std::path::Path;
 
 pub use builder::Builder;
 pub use error::Error;
+pub use imports::MissingImport;
 pub use method_id::{full_method_name, method_id};
 
 /// Generates messages, server traits and client stubs for `protos` into `OUT_DIR`, with the
