@@ -391,6 +391,18 @@ fn comments_have_no_rust_code_blocks() {
     assert_has(&code, r"/// and a list\<string> and \<b>bold\</b> text");
     assert_has(&code, "`Vec<u8>` in code");
     assert_has(&code, r"/// A trailing comment with \<T>.");
+    // Links to proto names are plain text (rustdoc would look for Rust items of those names);
+    // links to URLs stay links.
+    assert_has(
+        &code,
+        "/// Documented (`codegen.comments.Documented`) message, `Level`, `Level` (`codegen.comments.Level`),",
+    );
+    assert_has(
+        &code,
+        "/// the service (`Commented`) and Run (`codegen.comments.Commented.Run`); real links stay links:",
+    );
+    assert_has(&code, "/// [the docs](<https://example.com/docs>) and [a section](#linked).");
+    assert_has(&code, "/// See Documented.field (`codegen.comments.Documented.field`).");
 }
 
 #[test]
