@@ -324,8 +324,12 @@ impl Builder {
     /// and generates the code. No system `protoc` is used.
     ///
     /// # Errors
-    /// - [`Error::Proto`]: a syntax error, unknown type or missing import, or a name made of
-    ///   underscores only (it has no Rust form), with file, line, column and reason;
+    /// - [`Error::Proto`], with file, line, column and reason: a syntax error or unknown type; a
+    ///   name made of underscores only (it has no Rust form); two values of one enum that become
+    ///   one Rust variant; a module collision with no safe rename (a service module that is a
+    ///   package's module, two messages with one module, any collision after
+    ///   [`prost_config`](Self::prost_config)), naming the other item's place in the reason;
+    /// - [`Error::MissingImports`]: every import of the build that is not found;
     /// - [`Error::ProtoFile`]: a file not found or outside every include path, an import cycle;
     /// - [`Error::MethodIdCollision`], [`Error::ReservedMethodId`], [`Error::NameClash`];
     /// - [`Error::Generate`]: prost-build could not assemble the code (an attribute given to

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A `.proto` file is invalid at a known place: a syntax error, an unknown type, an import
-    /// that is not found, a duplicate name. `line` and `column` count from 1.
+    /// A `.proto` file is invalid at a known place: a syntax error, an unknown type, a duplicate
+    /// name, a shape prost-build would refuse, a module collision with no safe rename. `line`
+    /// and `column` count from 1.
     #[error("{}:{line}:{column}: {reason}", path.display())]
     Proto {
         /// The file, as found through the include paths (or its import name when not on disk).

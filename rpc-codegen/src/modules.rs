@@ -139,8 +139,18 @@ pub fn plan(fds: &FileDescriptorSet, includes: &[PathBuf], tree: &Tree<'_>) -> R
             taken.entry(module[..len - 1].to_vec()).or_default().insert(module[len - 1].clone());
         }
     }
+    // The place and name of the package whose module is `key`; a module that only parents deeper
+    // packages is named with the one that needs it: `a.foo` (parent of `a.foo.v1`).
     let package_at = |key: &[String]| {
-        packages.get(key).map(|(i, name)| (describe(&fds.file[*i], &[FILE_PACKAGE], includes), name.clone()))
+        packages.get(key).map(|(i, name)| {
+            let file = &fds.file[*i];
+            let place = describe(file, &[FILE_PACKAGE], includes);
+            if file.package() == name {
+                format!("package `{name}` ({place})")
+            } else {
+                format!("package `{name}` (parent of `{}`, {place})", file.package())
+            }
+        })
     };
 
     // Services' modules: a package module of the same name is an error.
@@ -154,10 +164,10 @@ pub fn plan(fds: &FileDescriptorSet, includes: &[PathBuf], tree: &Tree<'_>) -> R
                     continue;
                 }
                 let key = [parent.as_slice(), std::slice::from_ref(&module)].concat();
-                if let Some((place, package)) = package_at(&key) {
+                if let Some(package) = package_at(&key) {
                     let reason = format!(
-                        "service `{}` gets the module `{}`, which is also the module of package \
-                         `{package}` ({place}); rename the service or the package",
+                        "service `{}` gets the module `{}`, which is also the module of {package}; rename \
+                         the service or the package",
                         qualified(file.package(), service.name()),
                         rust_path(&parent, &module),
                     );
@@ -229,11 +239,10 @@ pub fn plan(fds: &FileDescriptorSet, includes: &[PathBuf], tree: &Tree<'_>) -> R
             None
         };
         if let Some(refusal) = refusal {
-            let (place, package) = package_at(&key).unwrap_or_default();
+            let package = package_at(&key).unwrap_or_default();
             let reason = format!(
                 "message `{}` has nested types, so its module would be `{}`, which is also the module of \
-                 package `{package}` ({place}); rpc-codegen renames such a message module to `{renamed}`, \
-                 {refusal}",
+                 {package}; rpc-codegen renames such a message module to `{renamed}`, {refusal}",
                 qualified(file.package(), message),
                 rust_path(parent, module),
             );

@@ -578,12 +578,17 @@ fn generate_text(test: &str, name: &str, contents: &str) -> Result<Generated, Er
 
 /// Writes `files` (name, contents) into a fresh include directory and generates the first.
 fn generate_texts(test: &str, files: &[(&str, &str)]) -> Result<Generated, Error> {
+    generate_texts_with(configure(), test, files)
+}
+
+/// [`generate_texts`] with a configured builder.
+fn generate_texts_with(builder: Builder, test: &str, files: &[(&str, &str)]) -> Result<Generated, Error> {
     let include = out_dir(&format!("{test}-proto"));
     for (name, contents) in files {
         std::fs::write(include.join(name), contents).expect("write proto");
     }
     let dir = out_dir(test);
-    let result = configure()
+    let result = builder
         .out_dir(&dir)
         .emit_rerun_if_changed(false)
         .compile_protos_report(&[include.join(files[0].0)], std::slice::from_ref(&include));
@@ -924,5 +929,72 @@ fn bytes_fields_are_bytes_unless_turned_off() {
     assert_has(
         file(&files, "codegen.shadowing.rs"),
         "pub chunks: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>",
+    );
+}
+
+/// A message `Self` (module `self_`, as prost-build escapes it) beside package `k.self` (module
+/// `self_` too), and a package that only parents another (`k.only.v1` needs `k::only`).
+const KEYWORD_COLLISION: &[(&str, &str)] = &[
+    (
+        "k.proto",
+        "syntax = \"proto3\";\npackage k;\nimport \"self.proto\";\nimport \"v1.proto\";\n\
+         message Self {\n  message In {}\n  In in = 1;\n}\nmessage Only {\n  oneof o {\n    int32 a = 1;\n  }\n}\n\
+         service S {\n  rpc Go(Self.In) returns (k.self.M);\n}\n",
+    ),
+    ("self.proto", "syntax = \"proto3\";\npackage k.self;\nmessage M {}\n"),
+    ("v1.proto", "syntax = \"proto3\";\npackage k.only.v1;\nmessage V {}\n"),
+];
+
+#[test]
+fn keyword_and_parent_only_collisions_are_renamed() {
+    let (_, files) = generate_texts("collide_keyword", KEYWORD_COLLISION).expect("generation succeeds");
+    let code = file(&files, "k.rs");
+    // `self_` is taken by the package: the message module gets one more underscore.
+    assert_has(code, "pub struct Self_ { #[prost(message, optional, tag = \"1\")] pub r#in: ::core::option::Option<self__::In> }");
+    assert_has(code, "pub mod self__ {");
+    assert_has(code, "pub mod only_ {");
+    assert_has(
+        code,
+        "fn go(&self, ctx: &RequestContext, request: super::self__::In) -> Reply<super::self_::M>;",
+    );
+}
+
+#[test]
+fn a_refused_rename_names_the_package_that_only_parents_another() {
+    let files = [
+        ("k.proto", "syntax = \"proto3\";\npackage k;\nimport \"v1.proto\";\nmessage Only {\n  oneof o {\n    int32 a = 1;\n  }\n}\n"),
+        ("v1.proto", "syntax = \"proto3\";\npackage k.only.v1;\nmessage V {}\n"),
+    ];
+    let builder = configure().prost_config(prost_build::Config::new());
+    let err = generate_texts_with(builder, "collide_parent_refused", &files).expect_err("must fail");
+    let text = err.to_string();
+    let (dir, rest) = text.rsplit_once("k.proto:").expect("the message's file");
+    assert_eq!(
+        rest,
+        format!(
+            "4:1: message `k.Only` has nested types, so its module would be `k::only`, which is also the module \
+             of package `k.only` (parent of `k.only.v1`, {dir}v1.proto:2:1); rpc-codegen renames such a message \
+             module to `only_`, but not when the prost-build configuration was replaced with prost_config(..), \
+             whose path options it cannot carry over to the renamed module; give those options through the \
+             Builder instead, or rename the message or the package"
+        )
+    );
+}
+
+#[test]
+fn a_rename_is_refused_when_the_input_has_the_stand_in_word() {
+    let files = [
+        ("m.proto", "syntax = \"proto3\";\npackage m;\nimport \"n.proto\";\n// Rpccodegenmoved\nmessage N {\n  message I {}\n}\n"),
+        ("n.proto", "syntax = \"proto3\";\npackage m.n;\nmessage X {}\n"),
+    ];
+    let err = generate_texts("collide_marker", &files).expect_err("must fail");
+    let Error::Proto { line, column, reason, .. } = &err else { panic!("wrong error: {err}") };
+    assert_eq!((*line, *column), (5, 1));
+    assert!(
+        reason.ends_with(
+            "rpc-codegen renames such a message module to `n_`, but not in a build whose protos contain the \
+             word `rpccodegenmoved` (its stand-in names)"
+        ),
+        "{reason}"
     );
 }
