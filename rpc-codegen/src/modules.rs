@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use prost_types::{DescriptorProto, FieldDescriptorProto, FileDescriptorProto, FileDescriptorSet};
 
-use crate::location::{describe, error_at, FILE_MESSAGE, FILE_PACKAGE, FILE_SERVICE};
+use crate::location::{describe, error_at, FILE_MESSAGE, FILE_PACKAGE, FILE_SERVICE, MESSAGE_NESTED};
 use crate::names::{camel, sanitize, snake};
 use crate::Error;
 
@@ -202,6 +202,7 @@ pub fn plan(fds: &FileDescriptorSet, includes: &[PathBuf], tree: &Tree<'_>) -> R
                 );
                 return Err(error_at(file, &[FILE_MESSAGE, m as i32], includes, reason));
             }
+            nested_modules(file, message, &[FILE_MESSAGE, m as i32], &fq[1..], &key, includes)?;
             messages.insert(key.clone(), (*i, m));
             taken.entry(parent.clone()).or_default().insert(module);
             if packages.contains_key(&key) {
@@ -265,6 +266,41 @@ pub fn plan(fds: &FileDescriptorSet, includes: &[PathBuf], tree: &Tree<'_>) -> R
         });
     }
     Ok(renames)
+}
+
+/// Checks that no two messages nested in `message` (at `path` in `file`, full name `name`, module
+/// `module`) get one module, at every depth.
+fn nested_modules(
+    file: &FileDescriptorProto,
+    message: &DescriptorProto,
+    path: &[i32],
+    name: &str,
+    module: &[String],
+    includes: &[PathBuf],
+) -> Result<(), Error> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (k, nested) in message.nested_type.iter().enumerate() {
+        if !has_nested_module(nested) {
+            continue;
+        }
+        let nested_path = [path, &[MESSAGE_NESTED, k as i32]].concat();
+        let nested_name = format!("{name}.{}", nested.name());
+        let nested_module = module_name(nested.name());
+        if let Some(&first) = seen.get(&nested_module) {
+            let reason = format!(
+                "messages `{name}.{}` ({}) and `{nested_name}` both get the module `{}` for their nested \
+                 types; rename one of them",
+                message.nested_type[first].name(),
+                describe(file, &[path, &[MESSAGE_NESTED, first as i32]].concat(), includes),
+                rust_path(module, &nested_module),
+            );
+            return Err(error_at(file, &nested_path, includes, reason));
+        }
+        seen.insert(nested_module.clone(), k);
+        let key = [module, std::slice::from_ref(&nested_module)].concat();
+        nested_modules(file, nested, &nested_path, &nested_name, &key, includes)?;
+    }
+    Ok(())
 }
 
 /// Gives each renamed message its stand-in name in `fds`, in its declaration and in every

@@ -861,6 +861,23 @@ fn two_messages_with_one_module_are_refused() {
 }
 
 #[test]
+fn two_nested_messages_with_one_module_are_refused() {
+    let err = generate("nested_modules", &["codegen/errors/nested_modules.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/nested_modules.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (12, 5));
+    assert_eq!(
+        reason,
+        &format!(
+            "messages `codegen.errors.nested.Outer.Mid.Part` ({}:9:5) and `codegen.errors.nested.Outer.Mid.part` \
+             both get the module `codegen::errors::nested::outer::mid::part` for their nested types; rename one \
+             of them",
+            proto_dir().join("codegen/errors/nested_modules.proto").display()
+        )
+    );
+}
+
+#[test]
 fn enum_values_with_one_variant_are_refused_at_the_second_value() {
     for builder in [configure(), configure().include_file("_includes.rs")] {
         let err = generate_with(builder, "enum_overlap", &["codegen/errors/enum_overlap.proto"])
