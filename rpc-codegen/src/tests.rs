@@ -919,21 +919,24 @@ fn enum_values_with_one_variant_are_refused_at_the_second_value() {
 
 #[test]
 fn every_missing_import_is_named_with_its_importing_line() {
-    let err = generate("missing_imports", &["codegen/errors/missing_imports.proto"]).expect_err("must fail");
-    let Error::MissingImports { imports } = &err else { panic!("wrong error: {err}") };
-    assert_eq!(imports.len(), 3, "{err}");
-    let a = proto_dir().join("codegen/errors/missing_imports.proto");
-    let b = proto_dir().join("codegen/errors/missing_imports_b.proto");
-    assert_eq!(
-        err.to_string(),
-        format!(
-            "{a}:6:1: import 'codegen/nowhere/first.proto' not found\n\
+    for builder in [configure(), configure().include_file("_includes.rs")] {
+        let err = generate_with(builder, "missing_imports", &["codegen/errors/missing_imports.proto"])
+            .expect_err("must fail");
+        let Error::MissingImports { imports } = &err else { panic!("wrong error: {err}") };
+        assert_eq!(imports.len(), 3, "{err}");
+        let a = proto_dir().join("codegen/errors/missing_imports.proto");
+        let b = proto_dir().join("codegen/errors/missing_imports_b.proto");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{a}:6:1: import 'codegen/nowhere/first.proto' not found\n\
              {a}:8:1: import 'codegen/nowhere/second.proto' not found\n\
              {b}:6:1: import 'codegen/nowhere/third.proto' not found",
-            a = a.display(),
-            b = b.display()
-        )
-    );
+                a = a.display(),
+                b = b.display()
+            )
+        );
+    }
 }
 
 #[test]
