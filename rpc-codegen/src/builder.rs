@@ -326,7 +326,7 @@ impl Builder {
     /// # Errors
     /// - [`Error::Proto`], with file, line, column and reason: a syntax error or unknown type; a
     ///   name made of underscores only (it has no Rust form); two values of one enum that become
-    ///   one Rust variant; a module collision with no safe rename (a service module that is a
+    ///   one Rust variant; two items that become one Rust type; a module collision with no safe rename (a service module that is a
     ///   package's module, two messages with one module, any collision after
     ///   [`prost_config`](Self::prost_config)), naming the other item's place in the reason;
     /// - [`Error::MissingImports`]: every import of the build that is not found;
@@ -408,6 +408,9 @@ impl Builder {
         };
         check_enum_variants(&fds, includes, !self.retain_enum_prefix, &|fq| tree.is_extern(fq))?;
         let renames = modules::plan(&fds, includes, &tree)?;
+        // After the modules: two messages with one module have one struct name too, and the
+        // module error says more.
+        crate::types::check_type_names(&fds, includes, &|fq| tree.is_extern(fq))?;
         escape_fds_comments(&mut fds);
         modules::apply(&mut fds, &renames);
         self.give_options_to_stand_ins(&renames);

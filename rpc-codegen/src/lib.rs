@@ -139,7 +139,10 @@
 //! variant `Foo` (prost-build drops the enum's name from the front of its values' names); rename one of them
 //! ```
 //!
-//! (one line in cargo's output). Anything prost-build still panics on (an attribute passed through
+//! (one line in cargo's output). Two items that would be one Rust type in one module — `Stock`
+//! and `stock`, an enum `STOCK` beside a message `Stock`, a oneof `value` beside a nested message
+//! `Value` — are refused the same way, naming both (rustc would refuse the second, `E0428`).
+//! Anything prost-build still panics on (an attribute passed through
 //! the builder that is not valid Rust) is an [`Error::Generate`], without the panic banner.
 //!
 //! **Comments** become rustdoc. Code blocks in them become `text` blocks, so they neither run as
@@ -165,6 +168,7 @@ mod modules;
 mod names;
 mod proto_error;
 mod server;
+mod types;
 mod unnamed;
 
 #[cfg(test)]

@@ -1018,3 +1018,31 @@ fn a_rename_is_refused_when_the_input_has_the_stand_in_word() {
         "{reason}"
     );
 }
+
+#[test]
+fn two_items_with_one_rust_type_are_refused() {
+    let err = generate("type_names", &["codegen/errors/type_names.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/type_names.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (12, 5));
+    assert_eq!(
+        reason,
+        &format!(
+            "message `codegen.errors.types.Outer.Holder.Value` ({}:9:5) and oneof \
+             `codegen.errors.types.Outer.Holder.value` both become the Rust type \
+             `codegen::errors::types::outer::holder::Value`; rename one of them",
+            proto_dir().join("codegen/errors/type_names.proto").display()
+        )
+    );
+    let err = generate("type_names_top", &["codegen/errors/type_names_top.proto"]).expect_err("must fail");
+    let Error::Proto { line, column, reason, .. } = &err else { panic!("wrong error: {err}") };
+    assert_eq!((*line, *column), (8, 1));
+    assert_eq!(
+        reason,
+        &format!(
+            "message `codegen.errors.types.Stock` ({}:6:1) and enum `codegen.errors.types.STOCK` both become \
+             the Rust type `codegen::errors::types::Stock`; rename one of them",
+            proto_dir().join("codegen/errors/type_names_top.proto").display()
+        )
+    );
+}
