@@ -1,5 +1,6 @@
 //! Compiles every proto under `proto/` that must build (all but `proto/codegen/errors/`), the way a
-//! user's build script does; then the hostile inputs: `codegen-tests/proto/` and two protos
+//! user's build script does (the module-collision set a second time through an include file);
+//! then the hostile inputs: `codegen-tests/proto/` and two protos
 //! written here (control characters in comments, a service with many methods).
 
 use std::fmt::Write as _;
@@ -24,12 +25,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "../proto/codegen/shapes.proto",
             "../proto/codegen/streaming.proto",
             "../proto/codegen/comments.proto",
+            "../proto/codegen/collide/shop/v1.proto",
+            "../proto/codegen/collide/type/v2.proto",
+            "../proto/codegen/collide/deep/er/node.proto",
         ],
         &["../proto"],
     )?;
 
+    // The module-collision set once more, reached through prost-build's include file (which
+    // nests the package modules itself) instead of hand-written modules.
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    rpc_codegen::configure()
+        .out_dir(out_dir.join("with-include-file"))
+        .include_file("collide.rs")
+        .compile_protos(
+            &[
+                "../proto/codegen/collide/shop/v1.proto",
+                "../proto/codegen/collide/type/v2.proto",
+                "../proto/codegen/collide/deep/er/node.proto",
+            ],
+            &["../proto"],
+        )?;
+
     // Written from here so that no editor or checkout normalizes the control characters.
-    let generated = PathBuf::from(std::env::var("OUT_DIR")?).join("hostile-protos");
+    let generated = out_dir.join("hostile-protos");
     std::fs::create_dir_all(&generated)?;
     std::fs::write(
         generated.join("control_chars.proto"),

@@ -7,6 +7,7 @@
 // prost's messages carry docs only where the proto has comments.
 #![allow(missing_docs)]
 
+pub mod collide_services;
 pub mod hostile_services;
 pub mod services;
 
@@ -64,6 +65,42 @@ pub mod codegen {
     pub mod comments {
         rpc_core::include_proto!("codegen.comments");
     }
+    /// Message modules named like the package modules next to them: the messages' modules are
+    /// renamed `shop_`, `type_` and `node_`; the packages keep `shop`, `r#type` and `node`.
+    pub mod collide {
+        rpc_core::include_proto!("codegen.collide");
+        /// `codegen.collide.shop`: the module message `Shop` would have taken.
+        pub mod shop {
+            rpc_core::include_proto!("codegen.collide.shop");
+            /// `codegen.collide.shop.v1`.
+            pub mod v1 {
+                rpc_core::include_proto!("codegen.collide.shop.v1");
+            }
+        }
+        /// Only a parent of `codegen.collide.type.v2`, but a module `r#type` all the same.
+        pub mod r#type {
+            /// `codegen.collide.type.v2` (prost-build names its file after the module path).
+            pub mod v2 {
+                rpc_core::include_proto!("codegen.collide.r#type.v2");
+            }
+        }
+        /// Three parents deep.
+        pub mod deep {
+            /// `codegen.collide.deep.er`: message `Node`, module `node_`.
+            pub mod er {
+                rpc_core::include_proto!("codegen.collide.deep.er");
+                /// `codegen.collide.deep.er.node`.
+                pub mod node {
+                    rpc_core::include_proto!("codegen.collide.deep.er.node");
+                }
+            }
+        }
+    }
+}
+
+/// The module-collision protos again, nested by prost-build's include file.
+pub mod with_include_file {
+    include!(concat!(env!("OUT_DIR"), "/with-include-file/collide.rs"));
 }
 
 /// A file without `package` (prost-build names its output `_.rs`).

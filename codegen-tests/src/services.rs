@@ -117,7 +117,8 @@ impl shadowing::reply_server::Reply for Impl {
 
 impl shadowing::service_server::Service for Impl {
     fn call(&self, _ctx: &RequestContext, request: shadowing::Status) -> Reply<shadowing::Stream> {
-        shadowing::Stream { chunks: vec![request.code.to_le_bytes().to_vec()] }.into()
+        shadowing::Stream { chunks: vec![prost::bytes::Bytes::copy_from_slice(&request.code.to_le_bytes())] }
+            .into()
     }
 }
 
@@ -127,7 +128,7 @@ impl shadowing::shadow_server::Shadow for Impl {
             // A handler's error status travels back to the caller as is.
             return Status::invalid_argument(format!("negative code {}", request.code)).into();
         }
-        shadowing::Stream { chunks: vec![vec![request.code as u8; 3]] }.into()
+        shadowing::Stream { chunks: vec![vec![request.code as u8; 3].into()] }.into()
     }
     fn wrap(&self, _ctx: &RequestContext, request: shadowing::Vec) -> Reply<shadowing::String> {
         shadowing::String { s: request.items.join(",") }.into()

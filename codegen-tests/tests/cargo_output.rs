@@ -37,8 +37,18 @@ fn fixture(name: &str, protos: &[(&str, &str)]) -> PathBuf {
 
 /// Runs `cargo build` on the fixture with `PROTO_FILE=proto`; returns (success, stderr).
 fn cargo_build(dir: &Path, proto: &str) -> (bool, String) {
+    cargo_build_with(dir, proto, None)
+}
+
+/// [`cargo_build`], with `PROTO_ATTRIBUTE=attribute` (a type attribute for every message) if given.
+fn cargo_build_with(dir: &Path, proto: &str, attribute: Option<&str>) -> (bool, String) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    match attribute {
+        Some(attribute) => command.env("PROTO_ATTRIBUTE", attribute),
+        None => command.env_remove("PROTO_ATTRIBUTE"),
+    };
+    let output = command
         .current_dir(dir)
         .args(["build", "--offline", "--target-dir"])
         .arg(Path::new(env!("CARGO_TARGET_TMPDIR")).join("proto-user-target"))
@@ -59,6 +69,15 @@ fn bad_protos_fail_the_build_with_a_readable_position() {
         &[
             ("syntax.proto", "syntax = \"proto3\";\n\npackage user;\n\nmessage A {\n  string name = 1\n}\n"),
             ("import.proto", "syntax = \"proto3\";\n\nimport \"nowhere/missing.proto\";\n"),
+            (
+                "imports.proto",
+                "syntax = \"proto3\";\n\nimport \"nowhere/one.proto\";\nimport \"nowhere/two.proto\";\n",
+            ),
+            (
+                "enum.proto",
+                "syntax = \"proto3\";\npackage user;\nenum Kind {\n  KIND_UNSPECIFIED = 0;\n  KIND_A = 1;\n  A = 2;\n}\n",
+            ),
+            ("import_free.proto", "syntax = \"proto3\";\npackage user;\nmessage M {}\n"),
         ],
     );
 
@@ -75,6 +94,39 @@ fn bad_protos_fail_the_build_with_a_readable_position() {
         stderr.contains("Error: proto/import.proto:3:1: import 'nowhere/missing.proto' not found"),
         "cargo's output lacks the position and reason:\n{stderr}"
     );
+
+    // Every missing import at once, one line each.
+    let (ok, stderr) = cargo_build(&dir, "proto/imports.proto");
+    assert!(!ok, "the build must fail:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().map(str::trim).collect();
+    let first = lines
+        .iter()
+        .position(|l| *l == "Error: proto/imports.proto:3:1: import 'nowhere/one.proto' not found")
+        .unwrap_or_else(|| panic!("cargo's output lacks the first missing import:\n{stderr}"));
+    assert_eq!(
+        lines.get(first + 1),
+        Some(&"proto/imports.proto:4:1: import 'nowhere/two.proto' not found"),
+        "cargo's output lacks the second missing import on the next line:\n{stderr}"
+    );
+
+    // A shape prost-build would panic on is reported at its place, with no panic banner.
+    let (ok, stderr) = cargo_build(&dir, "proto/enum.proto");
+    assert!(!ok, "the build must fail:\n{stderr}");
+    assert!(
+        stderr.contains(
+            "Error: proto/enum.proto:6:3: enum `user.Kind`: values `KIND_A` and `A` both become the Rust \
+             variant `A` (prost-build drops the enum's name from the front of its values' names); rename \
+             one of them"
+        ),
+        "cargo's output lacks the position and reason:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "a panic banner reached the user:\n{stderr}");
+
+    // What prost-build still panics on (an attribute that is not one) is an error without a banner.
+    let (ok, stderr) = cargo_build_with(&dir, "proto/import_free.proto", Some("#[derive("));
+    assert!(!ok, "the build must fail:\n{stderr}");
+    assert!(stderr.contains("Error: generating Rust code failed: "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "a panic banner reached the user:\n{stderr}");
 }
 
 #[test]

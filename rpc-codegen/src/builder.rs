@@ -7,11 +7,76 @@ use prost_types::FileDescriptorSet;
 
 use crate::check::check;
 use crate::comments::escape_fds_comments;
+use crate::enums::check_enum_variants;
 use crate::generator::RpcServiceGenerator;
 use crate::method_id::check_method_ids;
-use crate::proto_error::from_protox;
+use crate::modules::{self, Rename, Tree};
 use crate::unnamed::check_rust_names;
 use crate::Error;
+
+/// A prost-build option keyed by a proto path, kept so that it can be given again for the
+/// stand-in names of renamed message modules (see `modules.rs`).
+#[derive(Debug, Clone)]
+enum PathOption {
+    TypeAttribute(String, String),
+    MessageAttribute(String, String),
+    EnumAttribute(String, String),
+    FieldAttribute(String, String),
+    ExternPath(String, String),
+    BtreeMap(String),
+    Bytes(String),
+    Boxed(String),
+    DisableComments(String),
+}
+
+impl PathOption {
+    fn path(&self) -> &str {
+        match self {
+            Self::TypeAttribute(p, _)
+            | Self::MessageAttribute(p, _)
+            | Self::EnumAttribute(p, _)
+            | Self::FieldAttribute(p, _)
+            | Self::ExternPath(p, _)
+            | Self::BtreeMap(p)
+            | Self::Bytes(p)
+            | Self::Boxed(p)
+            | Self::DisableComments(p) => p,
+        }
+    }
+
+    /// Gives this option to `config` for `path` instead of its own.
+    fn apply(&self, config: &mut prost_build::Config, path: &str) {
+        match self {
+            Self::TypeAttribute(_, a) => {
+                config.type_attribute(path, a);
+            }
+            Self::MessageAttribute(_, a) => {
+                config.message_attribute(path, a);
+            }
+            Self::EnumAttribute(_, a) => {
+                config.enum_attribute(path, a);
+            }
+            Self::FieldAttribute(_, a) => {
+                config.field_attribute(path, a);
+            }
+            Self::ExternPath(_, rust) => {
+                config.extern_path(path, rust);
+            }
+            Self::BtreeMap(_) => {
+                config.btree_map([path]);
+            }
+            Self::Bytes(_) => {
+                config.bytes([path]);
+            }
+            Self::Boxed(_) => {
+                config.boxed(path);
+            }
+            Self::DisableComments(_) => {
+                config.disable_comments([path]);
+            }
+        }
+    }
+}
 
 /// Configures code generation; made by [`configure`](crate::configure). Every option has a default
 /// that suits a build script: output to `OUT_DIR`, server and client both generated,
@@ -22,6 +87,11 @@ pub struct Builder {
     build_client: bool,
     emit_rerun_if_changed: bool,
     file_descriptor_set_path: Option<PathBuf>,
+    bytes_everywhere: bool,
+    retain_enum_prefix: bool,
+    well_known_types: bool,
+    prost_replaced: bool,
+    path_options: Vec<PathOption>,
     prost: prost_build::Config,
 }
 
@@ -33,6 +103,11 @@ impl Default for Builder {
             build_client: true,
             emit_rerun_if_changed: true,
             file_descriptor_set_path: None,
+            bytes_everywhere: true,
+            retain_enum_prefix: false,
+            well_known_types: false,
+            prost_replaced: false,
+            path_options: Vec::new(),
             prost: prost_build::Config::new(),
         }
     }
@@ -46,6 +121,9 @@ impl std::fmt::Debug for Builder {
             .field("build_client", &self.build_client)
             .field("emit_rerun_if_changed", &self.emit_rerun_if_changed)
             .field("file_descriptor_set_path", &self.file_descriptor_set_path)
+            .field("bytes_everywhere", &self.bytes_everywhere)
+            .field("retain_enum_prefix", &self.retain_enum_prefix)
+            .field("path_options", &self.path_options)
             .finish_non_exhaustive()
     }
 }
@@ -93,6 +171,7 @@ impl Builder {
     /// `type_attribute`; `"."` matches all, `".helloworld.HelloRequest"` one).
     #[must_use]
     pub fn type_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.path_options.push(PathOption::TypeAttribute(path.as_ref().into(), attribute.as_ref().into()));
         self.prost.type_attribute(path, attribute);
         self
     }
@@ -100,6 +179,7 @@ impl Builder {
     /// Adds an attribute to the messages matched by `path` (prost-build's `message_attribute`).
     #[must_use]
     pub fn message_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.path_options.push(PathOption::MessageAttribute(path.as_ref().into(), attribute.as_ref().into()));
         self.prost.message_attribute(path, attribute);
         self
     }
@@ -107,6 +187,7 @@ impl Builder {
     /// Adds an attribute to the enums matched by `path` (prost-build's `enum_attribute`).
     #[must_use]
     pub fn enum_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.path_options.push(PathOption::EnumAttribute(path.as_ref().into(), attribute.as_ref().into()));
         self.prost.enum_attribute(path, attribute);
         self
     }
@@ -115,6 +196,7 @@ impl Builder {
     /// `".helloworld.HelloRequest.name"`).
     #[must_use]
     pub fn field_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.path_options.push(PathOption::FieldAttribute(path.as_ref().into(), attribute.as_ref().into()));
         self.prost.field_attribute(path, attribute);
         self
     }
@@ -124,6 +206,7 @@ impl Builder {
     /// type by that path too.
     #[must_use]
     pub fn extern_path(mut self, proto_path: impl AsRef<str>, rust_path: impl AsRef<str>) -> Self {
+        self.path_options.push(PathOption::ExternPath(proto_path.as_ref().into(), rust_path.as_ref().into()));
         self.prost.extern_path(proto_path.as_ref(), rust_path.as_ref());
         self
     }
@@ -135,25 +218,56 @@ impl Builder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        let paths: Vec<String> = paths.into_iter().map(|p| p.as_ref().to_owned()).collect();
+        self.path_options.extend(paths.iter().cloned().map(PathOption::BtreeMap));
         self.prost.btree_map(paths);
         self
     }
 
-    /// Generates `bytes::Bytes` instead of `Vec<u8>` for the bytes fields matched by `paths` (the
-    /// crate then needs a `bytes` dependency).
+    /// Generates `bytes::Bytes` instead of `Vec<u8>` for the bytes fields matched by `paths`, when
+    /// [`bytes_everywhere`](Self::bytes_everywhere) is turned off (it is on by default, and then
+    /// every `bytes` field is a `Bytes` already).
     #[must_use]
     pub fn bytes<I, S>(mut self, paths: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        let paths: Vec<String> = paths.into_iter().map(|p| p.as_ref().to_owned()).collect();
+        self.path_options.extend(paths.iter().cloned().map(PathOption::Bytes));
         self.prost.bytes(paths);
+        self
+    }
+
+    /// Whether every proto `bytes` field (singular, repeated, map values) becomes
+    /// `::prost::bytes::Bytes` (prost-build's `.bytes(["."])`): decoding then slices one buffer
+    /// instead of copying each field into a `Vec<u8>`, and a field is cheap to clone. The type
+    /// comes through `prost` (which re-exports the `bytes` crate), so the crate needs no `bytes`
+    /// dependency to build; to construct values, `bytes::Bytes::from(vec)` or
+    /// `Bytes::from_static(b"..")` (a `bytes` dependency, or `prost::bytes::Bytes`).
+    ///
+    /// Default: true. With false, `bytes` fields are `Vec<u8>` (prost-build's default), except
+    /// those given to [`bytes`](Self::bytes).
+    #[must_use]
+    pub fn bytes_everywhere(mut self, enable: bool) -> Self {
+        self.bytes_everywhere = enable;
+        self
+    }
+
+    /// Keeps the enum's name at the front of its values' Rust variants (prost-build's
+    /// `retain_enum_prefix`): `Kind::KindFoo` instead of `Kind::Foo`. Default: the prefix is
+    /// dropped.
+    #[must_use]
+    pub fn retain_enum_prefix(mut self) -> Self {
+        self.retain_enum_prefix = true;
+        self.prost.retain_enum_prefix();
         self
     }
 
     /// Boxes the message fields matched by `path`.
     #[must_use]
     pub fn boxed(mut self, path: impl AsRef<str>) -> Self {
+        self.path_options.push(PathOption::Boxed(path.as_ref().into()));
         self.prost.boxed(path);
         self
     }
@@ -165,6 +279,8 @@ impl Builder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        let paths: Vec<String> = paths.into_iter().map(|p| p.as_ref().to_owned()).collect();
+        self.path_options.extend(paths.iter().cloned().map(PathOption::DisableComments));
         self.prost.disable_comments(paths);
         self
     }
@@ -172,6 +288,7 @@ impl Builder {
     /// Generates the `google.protobuf` types instead of using `prost_types` (default: use them).
     #[must_use]
     pub fn compile_well_known_types(mut self) -> Self {
+        self.well_known_types = true;
         self.prost.compile_well_known_types();
         self
     }
@@ -185,10 +302,21 @@ impl Builder {
     }
 
     /// Replaces the prost-build configuration wholesale, for options not mirrored here. Its service
-    /// generator and output directory are overridden by this builder's.
+    /// generator and output directory are overridden by this builder's, and `bytes` fields become
+    /// `Bytes` unless [`bytes_everywhere(false)`](Self::bytes_everywhere). The options set
+    /// through this builder before are dropped with the old configuration.
+    ///
+    /// rpc-codegen cannot see the path options of such a configuration, so it cannot carry them
+    /// over to a message module it renames (see the crate docs): a build that needs a rename then
+    /// fails with an error naming the message and the package. Call `prost_config` first and give
+    /// the path options through this builder's methods, and the rename works. It also assumes that
+    /// enum prefixes are stripped (call [`retain_enum_prefix`](Self::retain_enum_prefix) here
+    /// when the configuration retains them).
     #[must_use]
     pub fn prost_config(mut self, config: prost_build::Config) -> Self {
         self.prost = config;
+        self.prost_replaced = true;
+        self.path_options.clear();
         self
     }
 
@@ -196,8 +324,12 @@ impl Builder {
     /// and generates the code. No system `protoc` is used.
     ///
     /// # Errors
-    /// - [`Error::Proto`]: a syntax error, unknown type or missing import, or a name made of
-    ///   underscores only (it has no Rust form), with file, line, column and reason;
+    /// - [`Error::Proto`], with file, line, column and reason: a syntax error or unknown type; a
+    ///   name made of underscores only (it has no Rust form); two values of one enum that become
+    ///   one Rust variant; two items that become one Rust type; a module collision with no safe rename (a service module that is a
+    ///   package's module, two messages with one module, any collision after
+    ///   [`prost_config`](Self::prost_config)), naming the other item's place in the reason;
+    /// - [`Error::MissingImports`]: every import of the build that is not found;
     /// - [`Error::ProtoFile`]: a file not found or outside every include path, an import cycle;
     /// - [`Error::MethodIdCollision`], [`Error::ReservedMethodId`], [`Error::NameClash`];
     /// - [`Error::Generate`]: prost-build could not assemble the code (an attribute given to
@@ -227,11 +359,7 @@ impl Builder {
         includes: &[impl AsRef<Path>],
     ) -> Result<Vec<String>, Error> {
         let includes: Vec<PathBuf> = includes.iter().map(|p| p.as_ref().to_owned()).collect();
-        let mut compiler = protox::Compiler::new(&includes).map_err(|e| from_protox(&e, &includes))?;
-        compiler.include_imports(true).include_source_info(true);
-        for proto in protos {
-            compiler.open_file(proto.as_ref()).map_err(|e| from_protox(&e, &includes))?;
-        }
+        let compiler = crate::imports::parse(protos, &includes)?;
         if self.emit_rerun_if_changed {
             for file in compiler.files() {
                 if let Some(path) = file.path() {
@@ -248,13 +376,48 @@ impl Builder {
         self.generate(compiler.file_descriptor_set(), &includes)
     }
 
+    /// Gives every path option that names a renamed message again, for its stand-in name.
+    fn give_options_to_stand_ins(&mut self, renames: &[Rename]) {
+        for option in &self.path_options {
+            for path in modules::option_paths(option.path(), renames) {
+                option.apply(&mut self.prost, &path);
+            }
+        }
+    }
+
     /// Checks, then runs prost-build with our service generator; prints and returns the warnings.
     /// `includes` resolve proto file names to paths on disk for the messages.
     fn generate(mut self, mut fds: FileDescriptorSet, includes: &[PathBuf]) -> Result<Vec<String>, Error> {
         check_rust_names(&fds, includes)?;
         check_method_ids(&fds)?;
         let findings = check(&fds, includes)?;
+        let extern_paths: Vec<String> = self
+            .path_options
+            .iter()
+            .filter_map(|o| match o {
+                PathOption::ExternPath(proto, _) => Some(proto.clone()),
+                _ => None,
+            })
+            .collect();
+        let tree = Tree {
+            extern_paths: &extern_paths,
+            well_known_types: self.well_known_types,
+            build_server: self.build_server,
+            build_client: self.build_client,
+            prost_replaced: self.prost_replaced,
+        };
+        check_enum_variants(&fds, includes, !self.retain_enum_prefix, &|fq| tree.is_extern(fq))?;
+        let renames = modules::plan(&fds, includes, &tree)?;
+        // After the modules: two messages with one module have one struct name too, and the
+        // module error says more.
+        crate::types::check_type_names(&fds, includes, &|fq| tree.is_extern(fq))?;
         escape_fds_comments(&mut fds);
+        modules::apply(&mut fds, &renames);
+        self.give_options_to_stand_ins(&renames);
+        if self.bytes_everywhere {
+            self.prost.bytes(["."]);
+        }
+        let outputs = modules::output_files(&fds);
         let out_dir = match self.out_dir.take() {
             Some(dir) => dir,
             None => std::env::var_os("OUT_DIR").map(PathBuf::from).ok_or(Error::NoOutDir)?,
@@ -272,17 +435,44 @@ impl Builder {
         // `type_attribute` that is not one, or an input the checks above do not know yet): the
         // build script gets an error naming the cause instead of a panic.
         let prost = &mut self.prost;
-        let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prost.compile_fds(fds)))
+        let generated = catch_quietly(|| prost.compile_fds(fds))
             .map_err(|panic| Error::Generate { reason: panic_text(panic.as_ref()) })?;
         generated.map_err(|source| Error::Io {
             context: format!("prost-build generating into {}", out_dir.display()),
             source,
         })?;
+        if !renames.is_empty() {
+            modules::rewrite_outputs(&outputs, &out_dir, &renames)?;
+        }
         for warning in &findings.warnings {
             println!("cargo:warning={warning}");
         }
         Ok(findings.warnings)
     }
+}
+
+thread_local! {
+    /// Set while prost-build runs on this thread: its panics are caught and reported as errors,
+    /// so the panic hook must not print them.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, catching a panic without the hook's `thread '..' panicked at` banner (other threads'
+/// panics still reach the hook that was installed before).
+fn catch_quietly<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(false));
+    result
 }
 
 /// The message of a caught panic.

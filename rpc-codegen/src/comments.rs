@@ -10,6 +10,11 @@
 //! - every indented code block becomes a fenced `text` block (measured with the indentation the
 //!   line will have after prost-build adds its own leading space);
 //! - outside code, a `<` that would open an HTML tag (`<T>`, `list<string>`) is escaped as `\<`;
+//! - outside code, a link whose destination is not a URL — googleapis' `[Shelf][google.x.v1.Shelf]`,
+//!   `[Shelf][]`, `[the service](Library)` — would be an intra-doc link to a Rust item that does not
+//!   exist (or not by that name): it becomes plain text with the destination as code,
+//!   ``Shelf (`google.x.v1.Shelf`)``, `` `Shelf` ``. Links to URLs (`https://..`, `#anchor`,
+//!   `mailto:`, relative `.html` pages) stay links;
 //! - a carriage return inside a line (a "bare CR", which no doc comment may contain) becomes a
 //!   space;
 //! - a code point that changes the direction of text (`U+202E`, ...), which rustc refuses in any
@@ -148,7 +153,7 @@ pub fn escape_doc(text: &str) -> String {
             prev_blank = false;
             continue;
         }
-        escape_html_tags(line, &mut out);
+        escape_html_tags(&unlink(line), &mut out);
         out.push('\n');
         prev_blank = blank;
     }
@@ -169,6 +174,98 @@ pub fn escape_doc(text: &str) -> String {
         out.pop();
     }
     out
+}
+
+/// Whether a link destination is a URL (a link rustdoc follows as is), not an item path.
+fn is_url(dest: &str) -> bool {
+    let dest = dest.trim();
+    dest.contains("://")
+        || dest.starts_with("mailto:")
+        || dest.starts_with('#')
+        || dest.starts_with('/')
+        || dest.starts_with("./")
+        || dest.starts_with("../")
+        || dest.contains(".html")
+}
+
+/// `line` with every link whose destination is not a URL written as plain text (see the module
+/// docs), outside inline code spans.
+fn unlink(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut in_code = false;
+    let mut i = 0;
+    let bytes = line.as_bytes();
+    while i < line.len() {
+        let c = bytes[i];
+        match c {
+            b'`' => {
+                let run = line[i..].bytes().take_while(|b| *b == b'`').count();
+                out.push_str(&line[i..i + run]);
+                in_code = !in_code;
+                i += run;
+            }
+            b'\\' => {
+                let next = line[i + 1..].chars().next().map_or(0, char::len_utf8);
+                out.push_str(&line[i..i + 1 + next]);
+                i += 1 + next;
+            }
+            b'[' if !in_code => match link_at(&line[i..]) {
+                Some((len, text, dest)) => {
+                    out.push_str(&plain_link(text, dest));
+                    i += len;
+                }
+                None => {
+                    out.push('[');
+                    i += 1;
+                }
+            },
+            _ => {
+                let len = line[i..].chars().next().map_or(1, char::len_utf8);
+                out.push_str(&line[i..i + len]);
+                i += len;
+            }
+        }
+    }
+    out
+}
+
+/// A link to rewrite at the start of `text` (`[..][..]` or `[..](..)` whose destination is not a
+/// URL): its length, text and destination.
+fn link_at(text: &str) -> Option<(usize, &str, &str)> {
+    let close = text.find(']')?;
+    let label = &text[1..close];
+    if label.contains('[') {
+        return None;
+    }
+    let rest = &text[close + 1..];
+    let (open, end) = match rest.chars().next()? {
+        '[' => ('[', ']'),
+        '(' => ('(', ')'),
+        _ => return None,
+    };
+    let dest_len = rest[1..].find(end)?;
+    let dest = &rest[1..1 + dest_len];
+    if dest.contains(open) || (open == '(' && is_url(dest)) || (open == '[' && is_url(dest)) {
+        return None;
+    }
+    Some((close + 1 + 1 + dest_len + 1, label, dest))
+}
+
+/// The plain form of a link: its text, then the destination as code (just the text as code for
+/// `[Name][]`).
+fn plain_link(text: &str, dest: &str) -> String {
+    let code = |s: &str| {
+        if s.starts_with('`') && s.ends_with('`') && s.len() > 1 {
+            s.to_owned()
+        } else {
+            format!("`{s}`")
+        }
+    };
+    if dest.trim().is_empty() {
+        code(text)
+    } else {
+        format!("{text} ({})", code(dest.trim()))
+    }
 }
 
 /// The code points rustc's `text_direction_codepoint_in_comment` lint refuses (bidirectional
@@ -222,7 +319,7 @@ mod tests {
 
     #[test]
     fn plain_text_is_unchanged() {
-        let text = " Says hello.\n\n Second paragraph with `code` and a [link](x).\n";
+        let text = " Says hello.\n\n Second paragraph with `code` and a [link](https://example.com/x).\n";
         assert_eq!(escape_doc(text), text);
     }
 
@@ -279,6 +376,21 @@ mod tests {
             escape_doc(" admin\u{202E} \u{2066}x\u{2069} \u{200F}ok"),
             " adminU+202E U+2066xU+2069 \u{200F}ok"
         );
+    }
+
+    #[test]
+    fn links_to_proto_names_become_plain_text() {
+        assert_eq!(
+            escape_doc(
+                " the [Shelf][google.x.v1.Shelf], [Book][], [`Book`][google.x.v1.Book] and [it](Library)"
+            ),
+            " the Shelf (`google.x.v1.Shelf`), `Book`, `Book` (`google.x.v1.Book`) and it (`Library`)"
+        );
+        assert_eq!(
+            escape_doc(" [docs](https://example.com/a), [up](#top), [page](other.html), [mail](mailto:a@b)"),
+            " [docs](https://example.com/a), [up](#top), [page](other.html), [mail](mailto:a@b)"
+        );
+        assert_eq!(escape_doc(" `[a][b]` and \\[c][d] and [e]"), " `[a][b]` and \\[c][d] and [e]");
     }
 
     #[test]

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A `.proto` file is invalid at a known place: a syntax error, an unknown type, an import
-    /// that is not found, a duplicate name. `line` and `column` count from 1.
+    /// A `.proto` file is invalid at a known place: a syntax error, an unknown type, a duplicate
+    /// name, a shape prost-build would refuse, a module collision with no safe rename. `line`
+    /// and `column` count from 1.
     #[error("{}:{line}:{column}: {reason}", path.display())]
     Proto {
         /// The file, as found through the include paths (or its import name when not on disk).
@@ -22,6 +23,13 @@ pub enum Error {
         column: usize,
         /// What is wrong, as protox says it (plus its hint, if it has one).
         reason: String,
+    },
+    /// Imports that are not found, every one of the build (not only the first): one line each,
+    /// `file:line:col: import 'name' not found`, in the order the files were read.
+    #[error("{}", imports.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    MissingImports {
+        /// The import statements, with their importing files.
+        imports: Vec<crate::MissingImport>,
     },
     /// A `.proto` file could not be used and the problem has no position: a file to compile that
     /// does not exist or is outside every include path, an import cycle, an unreadable file.

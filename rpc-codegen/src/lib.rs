@@ -71,7 +71,13 @@
 //! ```
 //!
 //! A syntax error or a missing import fails the build with `file:line:column: reason` in cargo's
-//! output.
+//! output. Every missing import of the build is named at once, one line each, with its importing
+//! file and line:
+//!
+//! ```text
+//! proto/a.proto:6:1: import 'nowhere/first.proto' not found
+//! proto/a.proto:8:1: import 'nowhere/second.proto' not found
+//! ```
 //!
 //! # What is generated, per service `Greeter` of package `helloworld`
 //!
@@ -99,8 +105,51 @@
 //! Proto names that differ only in case (`SayHello`, `say_hello`) are refused with an error, and so
 //! are names made of underscores only (`_`, `__`: protobuf allows them, but they have no Rust form).
 //!
+//! **`bytes` fields are `bytes::Bytes`** by default (prost-build's `.bytes(["."])`): decoding
+//! slices the received buffer instead of copying every field into a `Vec<u8>`, and a field is
+//! cheap to clone. The generated code names the type `::prost::bytes::Bytes` (prost re-exports the
+//! `bytes` crate), so no extra dependency is needed to build; values are made with
+//! `Bytes::from(vec)`, `Bytes::from_static(b"..")` or `Bytes::copy_from_slice(..)`.
+//! [`Builder::bytes_everywhere(false)`](Builder::bytes_everywhere) gives prost-build's `Vec<u8>`
+//! back (then [`Builder::bytes`] picks fields one by one).
+//!
+//! **Message modules named like packages.** prost-build puts a message's nested types, enums and
+//! oneofs in a module named after the message (`snake_case`), next to it; a package's code lives in
+//! a module named after its last part, inside its parent package's module. When both names meet in
+//! one parent — message `shop.Catalog` with nested types and package `shop.catalog` (or only
+//! `shop.catalog.v1`, which needs a module `shop::catalog` all the same), in any parent, at the root
+//! too — **the message's module gets a trailing underscore: `shop::catalog_`** (a raw identifier
+//! loses its `r#` first: `r#type` → `type_`; if that name is taken as well, more underscores). The
+//! struct keeps its name (`shop::Catalog`), the package keeps `shop::catalog`, and every generated
+//! path through the message's module — fields, oneofs, enums, references from other packages, RPC
+//! signatures — uses the new name, with or without an include file. Path options given to the
+//! [`Builder`] (`type_attribute(".shop.Catalog.Item", ..)`, `bytes`, `extern_path`, ...) keep
+//! applying to the renamed message. Collisions with no safe rename fail with `file:line:col` naming
+//! both items: a service module (`greeter_server`) that is also a package's module, two messages
+//! whose modules are one (`Stock` and `stock`), and any collision when the prost-build
+//! configuration was replaced with [`Builder::prost_config`] (its path options cannot be carried
+//! over).
+//!
+//! **Shapes prost-build refuses** are checked before it runs and reported at their place, never as
+//! a panic: enum values whose Rust variants would be one once the enum's name is dropped from their
+//! front,
+//!
+//! ```text
+//! proto/kinds.proto:12:7: enum `pkg.Outer.Kind`: values `KIND_FOO` and `FOO` both become the Rust
+//! variant `Foo` (prost-build drops the enum's name from the front of its values' names); rename one of them
+//! ```
+//!
+//! (one line in cargo's output). Two items that would be one Rust type in one module — `Stock`
+//! and `stock`, an enum `STOCK` beside a message `Stock`, a oneof `value` beside a nested message
+//! `Value` — are refused the same way, naming both (rustc would refuse the second, `E0428`).
+//! Anything prost-build still panics on (an attribute passed through
+//! the builder that is not valid Rust) is an [`Error::Generate`], without the panic banner.
+//!
 //! **Comments** become rustdoc. Code blocks in them become `text` blocks, so they neither run as
-//! doctests nor break `cargo doc`; `<tag>`-looking text is escaped.
+//! doctests nor break `cargo doc`; `<tag>`-looking text is escaped. Links whose destination is not a URL —
+//! googleapis' `[Shelf][google.example.v1.Shelf]`, `[Shelf][]`, `[text](Item)` — would be
+//! intra-doc links to Rust items that do not exist under those names: they become plain text with
+//! the destination as code (``Shelf (`google.example.v1.Shelf`)``), so `cargo doc` stays quiet.
 //!
 //! **Streaming RPCs** are not supported yet: a file with them builds, and each one is left out of
 //! the trait and the stub with a `cargo:warning` naming it.
@@ -109,12 +158,17 @@ mod builder;
 mod check;
 mod client;
 mod comments;
+mod enums;
 mod error;
 mod generator;
+mod imports;
+mod location;
 mod method_id;
+mod modules;
 mod names;
 mod proto_error;
 mod server;
+mod types;
 mod unnamed;
 
 #[cfg(test)]
@@ -124,6 +178,7 @@ use std::path::Path;
 
 pub use builder::Builder;
 pub use error::Error;
+pub use imports::MissingImport;
 pub use method_id::{full_method_name, method_id};
 
 /// Generates messages, server traits and client stubs for `protos` into `OUT_DIR`, with the

@@ -391,6 +391,18 @@ fn comments_have_no_rust_code_blocks() {
     assert_has(&code, r"/// and a list\<string> and \<b>bold\</b> text");
     assert_has(&code, "`Vec<u8>` in code");
     assert_has(&code, r"/// A trailing comment with \<T>.");
+    // Links to proto names are plain text (rustdoc would look for Rust items of those names);
+    // links to URLs stay links.
+    assert_has(
+        &code,
+        "/// Documented (`codegen.comments.Documented`) message, `Level`, `Level` (`codegen.comments.Level`),",
+    );
+    assert_has(
+        &code,
+        "/// the service (`Commented`) and Run (`codegen.comments.Commented.Run`); real links stay links:",
+    );
+    assert_has(&code, "/// [the docs](<https://example.com/docs>) and [a section](#linked).");
+    assert_has(&code, "/// See Documented.field (`codegen.comments.Documented.field`).");
 }
 
 #[test]
@@ -566,12 +578,17 @@ fn generate_text(test: &str, name: &str, contents: &str) -> Result<Generated, Er
 
 /// Writes `files` (name, contents) into a fresh include directory and generates the first.
 fn generate_texts(test: &str, files: &[(&str, &str)]) -> Result<Generated, Error> {
+    generate_texts_with(configure(), test, files)
+}
+
+/// [`generate_texts`] with a configured builder.
+fn generate_texts_with(builder: Builder, test: &str, files: &[(&str, &str)]) -> Result<Generated, Error> {
     let include = out_dir(&format!("{test}-proto"));
     for (name, contents) in files {
         std::fs::write(include.join(name), contents).expect("write proto");
     }
     let dir = out_dir(test);
-    let result = configure()
+    let result = builder
         .out_dir(&dir)
         .emit_rerun_if_changed(false)
         .compile_protos_report(&[include.join(files[0].0)], std::slice::from_ref(&include));
@@ -667,4 +684,365 @@ fn an_attribute_that_does_not_parse_is_an_error_not_a_panic() {
     let Error::Generate { reason } = &err else { panic!("wrong error: {err}") };
     assert!(!reason.is_empty());
     assert!(err.to_string().starts_with("generating Rust code failed: "), "{err}");
+}
+
+/// The protos of the module-collision set, by their deepest files (the others are imported).
+const COLLIDE: &[&str] =
+    &["codegen/collide/shop/v1.proto", "codegen/collide/type/v2.proto", "codegen/collide/deep/er/node.proto"];
+
+/// Asserts the renamed modules of the collision set in `files`.
+#[track_caller]
+fn assert_collide_renamed(files: &[(String, String)]) {
+    let top = file(files, "codegen.collide.rs");
+    // The message keeps its name; its module moves aside; the package's module keeps its name.
+    assert_has(top, "pub struct Shop {");
+    assert_has(top, "/// Nested message and enum types in `Shop`. pub mod shop_ {");
+    assert_has(top, "pub items: ::prost::alloc::vec::Vec<shop_::Item>");
+    assert_has(top, r#"#[prost(enumeration = "shop_::Kind", tag = "2")] pub kind: i32"#);
+    assert_has(
+        top,
+        r#"#[prost(oneof = "shop_::Owner", tags = "3, 4")] pub owner: ::core::option::Option<shop_::Owner>"#,
+    );
+    assert_has(top, "pub listed: ::core::option::Option<shop::Item>");
+    // `r#type` becomes `type_` (a raw identifier's name plus the underscore).
+    assert_has(top, "pub struct Type { #[prost(message, optional, tag = \"1\")] pub tag: ::core::option::Option<type_::Tag>, }");
+    assert_has(top, "pub mod type_ {");
+    // RPC signatures go through the renamed modules too.
+    assert_has(
+        top,
+        "fn stock(&self, ctx: &RequestContext, request: super::shop_::Item) -> Reply<super::Shop>;",
+    );
+    assert_has(
+        top,
+        "fn label(&self, ctx: &RequestContext, request: super::type_::Tag) -> Reply<super::Type>;",
+    );
+    assert_has(
+        top,
+        "fn list(&self, ctx: &RequestContext, request: super::shop::Item) -> Reply<super::shop_::Item>;",
+    );
+    assert_has(
+        top,
+        "pub fn stock(&self, request: &super::shop_::Item) -> ::core::result::Result<super::Shop, Status>",
+    );
+    // From the packages below, into the renamed module and into their own parent package.
+    let v1 = file(files, "codegen.collide.shop.v1.rs");
+    assert_has(v1, "pub nested: ::core::option::Option<super::super::shop_::Item>");
+    assert_has(v1, "pub listed: ::core::option::Option<super::Item>");
+    assert_has(v1, r#"#[prost(enumeration = "super::super::shop_::Kind", tag = "3")]"#);
+    assert_has(v1, r#"#[prost(enumeration = "super::Kind", tag = "4")]"#);
+    assert_has(v1, "fn place(&self, ctx: &RequestContext, request: super::super::super::shop_::Item) -> Reply<super::Order>;");
+    let v2 = file(files, "codegen.collide.r#type.v2.rs");
+    assert_has(v2, "pub nested: ::core::option::Option<super::super::type_::Tag>");
+    // Three parents deep.
+    let er = file(files, "codegen.collide.deep.er.rs");
+    assert_has(er, "pub leaf: ::core::option::Option<node_::Leaf>");
+    assert_has(er, "pub mod node_ {");
+    assert_has(
+        er,
+        "fn grow(&self, ctx: &RequestContext, request: super::node_::Leaf) -> Reply<super::Node>;",
+    );
+    let node = file(files, "codegen.collide.deep.er.node.rs");
+    assert_has(node, "pub nested: ::core::option::Option<super::node_::Leaf>");
+    assert_has(
+        node,
+        "fn fork(&self, ctx: &RequestContext, request: super::super::node_::Leaf) -> Reply<super::Leaf>;",
+    );
+    for (name, code) in files {
+        assert!(
+            !code.to_lowercase().contains("rpccodegenmoved"),
+            "a stand-in name is left in {name}:\n{code}"
+        );
+        if name != "_includes.rs" {
+            // Only the include file has the package modules.
+            assert_lacks(code, "pub mod shop {");
+            assert_lacks(code, "pub mod node {");
+        }
+    }
+}
+
+#[test]
+fn message_modules_named_like_packages_get_a_trailing_underscore() {
+    let (warnings, files) = generate("collide", COLLIDE).expect("generation succeeds");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_collide_renamed(&files);
+}
+
+#[test]
+fn the_rename_is_the_same_with_an_include_file() {
+    let (_, files) = generate_with(configure().include_file("_includes.rs"), "collide_include", COLLIDE)
+        .expect("generation succeeds");
+    assert_collide_renamed(&files);
+    let includes = file(&files, "_includes.rs");
+    // The package modules, as prost-build nests them; the message modules live in the files.
+    assert_has(
+        includes,
+        r#"pub mod collide { include!("codegen.collide.rs"); pub mod deep { pub mod er { include!("codegen.collide.deep.er.rs"); pub mod node { include!("codegen.collide.deep.er.node.rs"); } } }"#,
+    );
+    assert_has(
+        includes,
+        r#"pub mod shop { include!("codegen.collide.shop.rs"); pub mod v1 { include!("codegen.collide.shop.v1.rs"); } }"#,
+    );
+}
+
+#[test]
+fn a_message_module_at_the_root_is_renamed_too() {
+    let root = "syntax = \"proto3\";\nimport \"foo.proto\";\nmessage Foo {\n  message Inner {}\n  Inner inner = 1;\n  foo.Inner other = 2;\n}\n";
+    let foo = "syntax = \"proto3\";\npackage foo;\nimport \"root.proto\";\nmessage Inner {\n  .Foo.Inner nested = 1;\n}\n";
+    let foo = foo.replace("import \"root.proto\";\n", "");
+    let foo = foo.replace(".Foo.Inner nested = 1;", "string s = 1;");
+    let (_, files) = generate_texts("collide_root", &[("root.proto", root), ("foo.proto", &foo)])
+        .expect("generation succeeds");
+    let code = file(&files, "_.rs");
+    assert_has(code, "pub mod foo_ {");
+    assert_has(code, "pub inner: ::core::option::Option<foo_::Inner>");
+    assert_has(code, "pub other: ::core::option::Option<foo::Inner>");
+}
+
+#[test]
+fn path_options_reach_a_renamed_message() {
+    let builder = configure()
+        .type_attribute(".codegen.collide.Shop", "#[doc(alias = \"store\")]")
+        .type_attribute("Shop.Item", "#[doc(alias = \"article\")]")
+        .field_attribute(".codegen.collide.Shop.Item.name", "#[doc(alias = \"title\")]")
+        .bytes_everywhere(false)
+        .bytes([".codegen.collide.Shop.logo"]);
+    let (_, files) = generate_with(builder, "collide_options", COLLIDE).expect("generation succeeds");
+    let top = file(&files, "codegen.collide.rs");
+    assert_has(
+        top,
+        "#[doc(alias = \"store\")] #[derive(Clone, PartialEq, ::prost::Message)] pub struct Shop {",
+    );
+    assert_has(top, "#[doc(alias = \"article\")] #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)] pub struct Item {");
+    assert_has(top, "#[prost(string, tag = \"1\")] #[doc(alias = \"title\")] pub name:");
+    assert_has(top, "pub logo: ::prost::bytes::Bytes");
+}
+
+#[test]
+fn no_rename_with_a_replaced_prost_configuration() {
+    let err =
+        generate_with(configure().prost_config(prost_build::Config::new()), "collide_prost_config", COLLIDE)
+            .expect_err("must fail");
+    let text = err.to_string();
+    assert!(text.ends_with("proto/codegen/collide/collide.proto:11:1: message `codegen.collide.Shop` has nested types, so its module would be `codegen::collide::shop`, which is also the module of package `codegen.collide.shop` (PKG:5:1); rpc-codegen renames such a message module to `shop_`, but not when the prost-build configuration was replaced with prost_config(..), whose path options it cannot carry over to the renamed module; give those options through the Builder instead, or rename the message or the package".replace("PKG", &proto_dir().join("codegen/collide/shop.proto").display().to_string()).as_str()), "{text}");
+}
+
+#[test]
+fn a_service_module_named_like_a_package_module_is_refused() {
+    let err = generate("service_package", &["codegen/errors/service_package.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/service_package.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (11, 1));
+    let package = proto_dir().join("codegen/errors/svc/greeter_server.proto");
+    assert_eq!(
+        reason,
+        &format!(
+            "service `codegen.errors.svc.Greeter` gets the module `codegen::errors::svc::greeter_server`, which \
+             is also the module of package `codegen.errors.svc.greeter_server` ({}:3:1); rename the service or \
+             the package",
+            package.display()
+        )
+    );
+}
+
+#[test]
+fn two_messages_with_one_module_are_refused() {
+    let err = generate("message_modules", &["codegen/errors/message_modules.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/message_modules.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (10, 1));
+    assert_eq!(
+        reason,
+        &format!(
+            "messages `codegen.errors.twice.Stock` ({}:6:1) and `codegen.errors.twice.stock` both get the \
+             module `codegen::errors::twice::stock` for their nested types; rename one of them",
+            proto_dir().join("codegen/errors/message_modules.proto").display()
+        )
+    );
+}
+
+#[test]
+fn two_nested_messages_with_one_module_are_refused() {
+    let err = generate("nested_modules", &["codegen/errors/nested_modules.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/nested_modules.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (12, 5));
+    assert_eq!(
+        reason,
+        &format!(
+            "messages `codegen.errors.nested.Outer.Mid.Part` ({}:9:5) and `codegen.errors.nested.Outer.Mid.part` \
+             both get the module `codegen::errors::nested::outer::mid::part` for their nested types; rename one \
+             of them",
+            proto_dir().join("codegen/errors/nested_modules.proto").display()
+        )
+    );
+}
+
+#[test]
+fn enum_values_with_one_variant_are_refused_at_the_second_value() {
+    for builder in [configure(), configure().include_file("_includes.rs")] {
+        let err = generate_with(builder, "enum_overlap", &["codegen/errors/enum_overlap.proto"])
+            .expect_err("must fail");
+        let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+        assert!(path.ends_with("proto/codegen/errors/enum_overlap.proto"), "{}", path.display());
+        assert_eq!((*line, *column), (12, 7));
+        assert_eq!(
+            reason,
+            "enum `codegen.errors.enums.deep.Outer.Inner.Kind`: values `KIND_FOO` and `FOO` both become the Rust \
+             variant `Foo` (prost-build drops the enum's name from the front of its values' names); rename one \
+             of them"
+        );
+    }
+    // Kept prefixes: `KindFoo` and `Foo` differ.
+    generate_with(configure().retain_enum_prefix(), "enum_retained", &["codegen/errors/enum_overlap.proto"])
+        .expect("generation succeeds");
+    // Values that differ only in case and underscores overlap either way; an alias does not count.
+    for builder in [configure(), configure().retain_enum_prefix()] {
+        let retained = format!("{builder:?}").contains("retain_enum_prefix: true");
+        let err = generate_with(builder, "enum_top", &["codegen/errors/enum_overlap_top.proto"])
+            .expect_err("must fail");
+        let Error::Proto { line, column, reason, .. } = &err else { panic!("wrong error: {err}") };
+        assert_eq!((*line, *column), (12, 3));
+        let (variant, how) = if retained {
+            ("ColorDarkRed", "")
+        } else {
+            ("DarkRed", " (prost-build drops the enum's name from the front of its values' names)")
+        };
+        assert_eq!(
+            reason,
+            &format!(
+                "enum `codegen.errors.enums.Color`: values `COLOR_DARK_RED` and `ColorDarkRed` both become the \
+                 Rust variant `{variant}`{how}; rename one of them"
+            )
+        );
+    }
+}
+
+#[test]
+fn every_missing_import_is_named_with_its_importing_line() {
+    for builder in [configure(), configure().include_file("_includes.rs")] {
+        let err = generate_with(builder, "missing_imports", &["codegen/errors/missing_imports.proto"])
+            .expect_err("must fail");
+        let Error::MissingImports { imports } = &err else { panic!("wrong error: {err}") };
+        assert_eq!(imports.len(), 3, "{err}");
+        let a = proto_dir().join("codegen/errors/missing_imports.proto");
+        let b = proto_dir().join("codegen/errors/missing_imports_b.proto");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{a}:6:1: import 'codegen/nowhere/first.proto' not found\n\
+             {a}:8:1: import 'codegen/nowhere/second.proto' not found\n\
+             {b}:6:1: import 'codegen/nowhere/third.proto' not found",
+                a = a.display(),
+                b = b.display()
+            )
+        );
+    }
+}
+
+#[test]
+fn bytes_fields_are_bytes_unless_turned_off() {
+    let code = code_of("bytes_default", "codegen/shadowing.proto", "codegen.shadowing.rs");
+    assert_has(&code, "pub chunks: ::prost::alloc::vec::Vec<::prost::bytes::Bytes>");
+    let (_, files) =
+        generate_with(configure().bytes_everywhere(false), "bytes_off", &["codegen/shadowing.proto"])
+            .expect("generation succeeds");
+    assert_has(
+        file(&files, "codegen.shadowing.rs"),
+        "pub chunks: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>",
+    );
+}
+
+/// A message `Self` (module `self_`, as prost-build escapes it) beside package `k.self` (module
+/// `self_` too), and a package that only parents another (`k.only.v1` needs `k::only`).
+const KEYWORD_COLLISION: &[(&str, &str)] = &[
+    (
+        "k.proto",
+        "syntax = \"proto3\";\npackage k;\nimport \"self.proto\";\nimport \"v1.proto\";\n\
+         message Self {\n  message In {}\n  In in = 1;\n}\nmessage Only {\n  oneof o {\n    int32 a = 1;\n  }\n}\n\
+         service S {\n  rpc Go(Self.In) returns (k.self.M);\n}\n",
+    ),
+    ("self.proto", "syntax = \"proto3\";\npackage k.self;\nmessage M {}\n"),
+    ("v1.proto", "syntax = \"proto3\";\npackage k.only.v1;\nmessage V {}\n"),
+];
+
+#[test]
+fn keyword_and_parent_only_collisions_are_renamed() {
+    let (_, files) = generate_texts("collide_keyword", KEYWORD_COLLISION).expect("generation succeeds");
+    let code = file(&files, "k.rs");
+    // `self_` is taken by the package: the message module gets one more underscore.
+    assert_has(code, "pub struct Self_ { #[prost(message, optional, tag = \"1\")] pub r#in: ::core::option::Option<self__::In> }");
+    assert_has(code, "pub mod self__ {");
+    assert_has(code, "pub mod only_ {");
+    assert_has(
+        code,
+        "fn go(&self, ctx: &RequestContext, request: super::self__::In) -> Reply<super::self_::M>;",
+    );
+}
+
+#[test]
+fn a_refused_rename_names_the_package_that_only_parents_another() {
+    let files = [
+        ("k.proto", "syntax = \"proto3\";\npackage k;\nimport \"v1.proto\";\nmessage Only {\n  oneof o {\n    int32 a = 1;\n  }\n}\n"),
+        ("v1.proto", "syntax = \"proto3\";\npackage k.only.v1;\nmessage V {}\n"),
+    ];
+    let builder = configure().prost_config(prost_build::Config::new());
+    let err = generate_texts_with(builder, "collide_parent_refused", &files).expect_err("must fail");
+    let text = err.to_string();
+    let (dir, rest) = text.rsplit_once("k.proto:").expect("the message's file");
+    assert_eq!(
+        rest,
+        format!(
+            "4:1: message `k.Only` has nested types, so its module would be `k::only`, which is also the module \
+             of package `k.only` (parent of `k.only.v1`, {dir}v1.proto:2:1); rpc-codegen renames such a message \
+             module to `only_`, but not when the prost-build configuration was replaced with prost_config(..), \
+             whose path options it cannot carry over to the renamed module; give those options through the \
+             Builder instead, or rename the message or the package"
+        )
+    );
+}
+
+#[test]
+fn a_rename_is_refused_when_the_input_has_the_stand_in_word() {
+    let files = [
+        ("m.proto", "syntax = \"proto3\";\npackage m;\nimport \"n.proto\";\n// Rpccodegenmoved\nmessage N {\n  message I {}\n}\n"),
+        ("n.proto", "syntax = \"proto3\";\npackage m.n;\nmessage X {}\n"),
+    ];
+    let err = generate_texts("collide_marker", &files).expect_err("must fail");
+    let Error::Proto { line, column, reason, .. } = &err else { panic!("wrong error: {err}") };
+    assert_eq!((*line, *column), (5, 1));
+    assert!(
+        reason.ends_with(
+            "rpc-codegen renames such a message module to `n_`, but not in a build whose protos contain the \
+             word `rpccodegenmoved` (its stand-in names)"
+        ),
+        "{reason}"
+    );
+}
+
+#[test]
+fn two_items_with_one_rust_type_are_refused() {
+    let err = generate("type_names", &["codegen/errors/type_names.proto"]).expect_err("must fail");
+    let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
+    assert!(path.ends_with("proto/codegen/errors/type_names.proto"), "{}", path.display());
+    assert_eq!((*line, *column), (12, 5));
+    assert_eq!(
+        reason,
+        &format!(
+            "message `codegen.errors.types.Outer.Holder.Value` ({}:9:5) and oneof \
+             `codegen.errors.types.Outer.Holder.value` both become the Rust type \
+             `codegen::errors::types::outer::holder::Value`; rename one of them",
+            proto_dir().join("codegen/errors/type_names.proto").display()
+        )
+    );
+    let err = generate("type_names_top", &["codegen/errors/type_names_top.proto"]).expect_err("must fail");
+    let Error::Proto { line, column, reason, .. } = &err else { panic!("wrong error: {err}") };
+    assert_eq!((*line, *column), (8, 1));
+    assert_eq!(
+        reason,
+        &format!(
+            "message `codegen.errors.types.Stock` ({}:6:1) and enum `codegen.errors.types.STOCK` both become \
+             the Rust type `codegen::errors::types::Stock`; rename one of them",
+            proto_dir().join("codegen/errors/type_names_top.proto").display()
+        )
+    );
 }
