@@ -174,7 +174,7 @@ pub mod store_server {
             &self,
             method: MethodId,
             ctx: &RequestContext,
-            body: &[u8],
+            body: Body<'_>,
             out: &mut ReplyWriter<'_>,
         ) {
             match method {
