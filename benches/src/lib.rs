@@ -36,6 +36,7 @@
 //!   inline).
 
 pub mod cli;
+pub mod dynamic;
 pub mod error;
 pub mod measure;
 pub mod memcpy;
