@@ -63,10 +63,10 @@ pub struct NicArgs {
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct CallArgs {
     /// Server address, HOST or HOST:PORT (the server's TCP handshake port; default port: -p).
-    #[arg(value_name = "HOST", required_unless_present = "list")]
+    #[arg(value_name = "HOST", required_unless_present_any = ["list", "describe"])]
     pub host: Option<String>,
     /// Method to call: package.Service/Method.
-    #[arg(value_name = "METHOD", required_unless_present = "list")]
+    #[arg(value_name = "METHOD", required_unless_present_any = ["list", "describe"])]
     pub method: Option<String>,
     /// Where the service is defined.
     #[command(flatten)]
@@ -76,8 +76,12 @@ pub struct CallArgs {
     #[arg(long, value_name = "JSON|@FILE|-", allow_hyphen_values = true)]
     pub data: Option<String>,
     /// Print the services and methods the .proto files define, and exit.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "describe")]
     pub list: bool,
+    /// Print the fields of message NAME (or the methods of service NAME), by full name
+    /// (`package.Message`), and exit.
+    #[arg(long, value_name = "NAME")]
+    pub describe: Option<String>,
     /// Deadline of the call, e.g. `500ms`, `2s`, `250us` (default: none). After it the call ends
     /// with DEADLINE_EXCEEDED.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]

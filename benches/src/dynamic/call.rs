@@ -21,6 +21,9 @@ pub fn run(a: &CallArgs) -> Result<String, PerfError> {
     if a.list {
         return Ok(schema.listing());
     }
+    if let Some(name) = &a.describe {
+        return schema.describe(name);
+    }
     let (Some(host), Some(name)) = (&a.host, &a.method) else {
         return Err(PerfError::Setup("rpc-perf call needs HOST and METHOD (or --list)".into()));
     };

@@ -154,6 +154,44 @@ impl Schema {
         })
     }
 
+    /// `--describe NAME`: a message's fields (`  type json_name = number;`, oneof members
+    /// marked) or a service's methods, in .proto-like text.
+    ///
+    /// # Errors
+    /// [`PerfError::Setup`] naming the unknown message or service.
+    pub fn describe(&self, name: &str) -> Result<String, PerfError> {
+        let n = name.trim_start_matches('.');
+        let mut out = String::new();
+        if let Some(svc) = self.pool.get_service_by_name(n) {
+            let _ = writeln!(out, "service {} {{", svc.full_name());
+            for m in svc.methods() {
+                let _ = writeln!(
+                    out,
+                    "  rpc {}({}) returns ({});",
+                    m.name(),
+                    m.input().full_name(),
+                    m.output().full_name()
+                );
+            }
+            out.push_str("}\n");
+            return Ok(out);
+        }
+        let Some(msg) = self.pool.get_message_by_name(n) else {
+            return Err(PerfError::Setup(format!(
+                "unknown message or service `{n}` in {} (give its full name, package.Name)",
+                self.files.join(", ")
+            )));
+        };
+        let _ = writeln!(out, "message {} {{", msg.full_name());
+        for f in msg.fields() {
+            let oneof = f.containing_oneof().map(|o| format!("  // oneof {}", o.name())).unwrap_or_default();
+            let _ =
+                writeln!(out, "  {} {} = {};{oneof}", super::json::type_name(&f), f.json_name(), f.number());
+        }
+        out.push_str("}\n");
+        Ok(out)
+    }
+
     /// `--list`: every service of the named files with its methods, one per line:
     /// `package.Service/Method(Request) returns (Reply)`, streaming ones marked.
     pub fn listing(&self) -> String {
@@ -219,6 +257,13 @@ mod tests {
         assert!(l.starts_with("kv.Kv\n"), "{l}");
         assert!(l.contains("  kv.Kv/Put(kv.PutRequest) returns (kv.PutReply)\n"), "{l}");
         assert!(l.contains("  kv.Kv/Scan(kv.ScanRequest) returns (kv.ScanReply)\n"), "{l}");
+        assert_eq!(
+            s.describe("kv.Entry").unwrap(),
+            "message kv.Entry {\n  string key = 1;\n  uint64 len = 2;\n  bytes (base64) value = 3;\n}\n"
+        );
+        assert!(s.describe("kv.Kv").unwrap().contains("  rpc Get(kv.GetRequest) returns (kv.GetReply);\n"));
+        let e = s.describe("kv.Nope").unwrap_err().to_string();
+        assert!(e.starts_with("unknown message or service `kv.Nope` in kv.proto"), "{e}");
         let s = Schema::compile(&[proto("codegen/streaming.proto")], &[proto("")]).unwrap();
         assert!(s.listing().contains("[streaming: not callable yet]"), "{}", s.listing());
     }
