@@ -295,3 +295,54 @@ fn open_loop_bench_sends_exactly_n_at_the_rate() {
     assert_eq!(c.rpcs, 301);
     h.shutdown();
 }
+
+/// `kv.Kv/Get` answered after `DELAY` (the handler sleeps on the worker): for deadlines.
+struct SlowKv;
+
+const DELAY: Duration = Duration::from_millis(30);
+
+impl rpc_core::codegen::Service for SlowKv {
+    const NAME: &'static str = "kv.Kv";
+    const METHODS: &'static [rpc_core::codegen::MethodDesc] = &[rpc_core::codegen::MethodDesc {
+        id: rpc_core::codegen::method_id("/kv.Kv/Get"),
+        name: "/kv.Kv/Get",
+    }];
+    fn call(
+        &self,
+        _method: rpc_core::codegen::MethodId,
+        _ctx: &rpc_core::codegen::RequestContext,
+        _body: &[u8],
+        out: &mut rpc_core::codegen::ReplyWriter<'_>,
+    ) {
+        std::thread::sleep(DELAY);
+        // GetReply { value: "hi" }.
+        let reply = rpc_perf::dynamic::body::EncodedRequest(bytes::Bytes::from_static(b"\x0a\x02hi"));
+        out.reply(rpc_core::codegen::Reply::from(reply));
+    }
+}
+
+#[test]
+fn deadlines_end_calls_with_deadline_exceeded() {
+    let h = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLL)
+        .add_service(SlowKv)
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let addr = h.local_addr().to_string();
+    let kv = proto_dir().join("kv.proto").display().to_string();
+    let get = [addr.as_str(), "kv.Kv/Get", "--proto", &kv, "--data", r#"{"key":"k"}"#];
+    assert_eq!(call(&get).unwrap(), "{\n  \"value\": \"aGk=\"\n}\n");
+    let mut late = get.to_vec();
+    late.extend(["--deadline", "5ms"]);
+    let e = call(&late).unwrap_err();
+    assert!(e.starts_with("kv.Kv/Get: DEADLINE_EXCEEDED: "), "{e}");
+    // bench: every measured call misses its deadline and is counted as such, none fails otherwise.
+    let mut b = late.clone();
+    b.extend(["-n", "12", "-c", "2", "--warmup", "0"]);
+    let rep = rpc_perf::dynamic::bench::run(&bench_args(&b)).unwrap();
+    assert_eq!(rep.calls, 12);
+    assert_eq!(rep.status_counts.get("DEADLINE_EXCEEDED"), Some(&12), "{:?}", rep.status_counts);
+    assert!(rep.latency.is_none());
+    h.shutdown();
+}

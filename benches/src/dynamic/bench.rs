@@ -141,6 +141,12 @@ pub fn probe(client: &Client, plan: &Plan<'_>, addr: &str) -> Result<(), PerfErr
     }
 }
 
+/// The client refused to start a call because all its slots are taken (by calls abandoned at
+/// their deadline whose answers have not arrived yet): a local condition, not an answer.
+fn local_window_full(s: &Status) -> bool {
+    s.code() == Code::ResourceExhausted && s.message().contains("ClientConfig::window")
+}
+
 fn opts(plan: &Plan<'_>) -> CallOptions {
     plan.deadline.map_or_else(CallOptions::default, CallOptions::deadline)
 }
@@ -237,12 +243,18 @@ fn drive<R: Taken>(client: &Client, plan: &Plan<'_>, progress: &Progress) -> Res
     let t = Instant::now();
     while done < plan.warmup {
         while q.len() < window && sent < plan.warmup {
-            q.push_back((client.unary_async::<EncodedRequest, R>(id, &reqs[next], &opts), t, 0));
+            q.push_back((client.unary_async::<EncodedRequest, R>(id, &reqs[next], &opts), t, next));
             next = (next + 1) % n_reqs;
             sent += 1;
         }
-        if let Some((f, _, _)) = q.front_mut() {
+        if let Some((f, _, which)) = q.front_mut() {
             match Pin::new(f).poll(&mut cx) {
+                Poll::Ready(Err(ref s)) if local_window_full(s) => {
+                    let which = *which;
+                    q.pop_front();
+                    client.progress();
+                    q.push_back((client.unary_async::<EncodedRequest, R>(id, &reqs[which], &opts), t, which));
+                }
                 Poll::Ready(r) => {
                     q.pop_front();
                     done += 1;
@@ -306,6 +318,14 @@ fn drive<R: Taken>(client: &Client, plan: &Plan<'_>, progress: &Progress) -> Res
             continue;
         };
         match Pin::new(f).poll(&mut cx) {
+            Poll::Ready(Err(ref s)) if local_window_full(s) => {
+                // Slots still held by calls abandoned at their deadline (until their late answers
+                // arrive): not an answer. Let answers in and start the call again, same start time.
+                let (t0, which) = (*t0, *which);
+                q.pop_front();
+                client.progress();
+                q.push_back((client.unary_async::<EncodedRequest, R>(id, &reqs[which], &opts), t0, which));
+            }
             Poll::Ready(r) => {
                 now = Instant::now();
                 let (t0, which) = (*t0, *which);
