@@ -346,3 +346,32 @@ fn deadlines_end_calls_with_deadline_exceeded() {
     assert!(rep.latency.is_none());
     h.shutdown();
 }
+
+#[test]
+fn open_loop_for_a_duration_accounts_for_every_scheduled_call() {
+    let h = server();
+    let addr = h.local_addr().to_string();
+    let proto = bench_proto();
+    let rep = rpc_perf::dynamic::bench::run(&bench_args(&[
+        &addr,
+        "rpcperf.Bench/Echo",
+        "--proto",
+        &proto,
+        "-D",
+        "1",
+        "--rate",
+        "2000",
+        "-c",
+        "4",
+        "--warmup",
+        "0",
+    ]))
+    .unwrap();
+    // 1 s at 2000 calls/s: 2000 calls scheduled, each either finished or reported unsent.
+    assert_eq!(rep.calls + rep.unsent, 2000, "{} finished, {} unsent", rep.calls, rep.unsent);
+    assert!(rep.calls > 0);
+    assert_eq!(rep.status_counts.get("OK"), Some(&rep.calls));
+    assert!(rep.bandwidth.elapsed_ns >= 990_000_000, "{:?}", rep.bandwidth);
+    assert!(rep.bandwidth.elapsed_ns < 5_000_000_000, "{:?}", rep.bandwidth);
+    h.shutdown();
+}

@@ -11,7 +11,7 @@ use crate::cli::{PollKind, TransportKind, DEFAULT_PORT};
 #[derive(Subcommand, Debug, Clone, PartialEq)]
 pub enum Command {
     /// Call one method of a running server with a request written as JSON; print the reply as
-    /// JSON (grpcurl for this framework).
+    /// JSON (grpcurl for this framework). Unary methods only: the framework has no streams yet.
     ///
     /// Example: rpc-perf call 127.0.0.1:50052 kv.Kv/Get --proto proto/kv.proto --data '{"key":"a"}'
     Call(CallArgs),
