@@ -72,6 +72,9 @@ pub struct Outcome {
     /// Calls started later than intended by more than 1 ms (open loop: window full or the client
     /// too slow for the rate).
     pub late_starts: u64,
+    /// Open loop with `-D`: calls due before the end that were never started (the server or the
+    /// client could not keep up with the rate).
+    pub unsent: u64,
 }
 
 impl Outcome {
@@ -296,7 +299,11 @@ fn drive<R: Taken>(client: &Client, plan: &Plan<'_>, progress: &Progress) -> Res
                 sent += 1;
                 issuing = match plan.limit {
                     Limit::Iters(n) => sent < n,
-                    Limit::Duration(d) => Duration::from_nanos((sent as f64 * iv) as u64) < d,
+                    // Stop at -D even when behind the schedule (the calls not started are
+                    // reported as unsent).
+                    Limit::Duration(d) => {
+                        Duration::from_nanos((sent as f64 * iv) as u64) < d && now.duration_since(start) < d
+                    }
                 };
             }
         } else {
@@ -308,6 +315,9 @@ fn drive<R: Taken>(client: &Client, plan: &Plan<'_>, progress: &Progress) -> Res
                     issuing = sent < n;
                 }
             }
+        }
+        if let (Some(_), Limit::Duration(d)) = (interval_ns, plan.limit) {
+            issuing = issuing && now.duration_since(start) < d;
         }
         let Some((f, t0, which)) = q.front_mut() else {
             if !issuing {
@@ -358,7 +368,12 @@ fn drive<R: Taken>(client: &Client, plan: &Plan<'_>, progress: &Progress) -> Res
     // and MB/s only what was answered.
     let per_call = tally.bytes.checked_div(tally.calls).unwrap_or(0);
     let bandwidth = BandwidthSummary::new(tally.calls, per_call, elapsed, pb, pns);
+    let unsent = match (interval_ns, plan.limit) {
+        (Some(iv), Limit::Duration(d)) => ((d.as_nanos() as f64 / iv).ceil() as u64).saturating_sub(sent),
+        _ => 0,
+    };
     Ok(Outcome {
+        unsent,
         latency: tally.rec,
         calls: tally.calls,
         by_code: tally.by_code,
@@ -410,6 +425,8 @@ pub struct BenchReport {
     pub undecodable: u64,
     /// Open loop: calls started more than 1 ms late.
     pub late_starts: u64,
+    /// Open loop with `-D`: calls due before the end but never started.
+    pub unsent: u64,
 }
 
 /// Runs `rpc-perf bench`: prints the banner, tables and status counts on stdout, writes
@@ -492,7 +509,10 @@ pub fn run(a: &BenchArgs) -> Result<BenchReport, PerfError> {
         println!("   first {code}: {msg}");
     }
     if a.rate.is_some() {
-        println!(" late starts (> 1 ms after the intended time): {}", out.late_starts);
+        println!(
+            " late starts (> 1 ms after the intended time): {}; due but never started: {}",
+            out.late_starts, out.unsent
+        );
     }
     let c = client.counters();
     println!(
@@ -522,6 +542,7 @@ pub fn run(a: &BenchArgs) -> Result<BenchReport, PerfError> {
         status_messages: out.messages.iter().map(|(c, m)| (c.to_string(), m.clone())).collect(),
         undecodable: out.undecodable,
         late_starts: out.late_starts,
+        unsent: out.unsent,
     };
     if let Some(path) = &a.json {
         let text =
