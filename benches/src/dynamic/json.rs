@@ -281,6 +281,9 @@ mod tests {
         let want =
             crate::rpc::pb::EchoRequest { payload: vec![0u8, 1, 2].into(), resp_size: 32 }.encode_to_vec();
         assert_eq!(&got[..], &want[..]);
+        // lowerCamelCase names on output (the proto3 JSON mapping), whatever the input used.
+        let got = encode(&d, &parse(r#"{"resp_size":7}"#).unwrap()).unwrap();
+        assert_eq!(to_json(&d, &got).unwrap(), "{\n  \"respSize\": 7\n}");
     }
 
     #[test]
