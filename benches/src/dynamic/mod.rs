@@ -77,8 +77,16 @@ pub fn connect(
         .polling(crate::rpc::polling(nic.poll))
         .window(window.clamp(1, 4096) as u16)
         .ring_bytes(ring_bytes);
-    let client = Client::connect_with(addr.as_str(), &cfg)
-        .map_err(|s| PerfError::Setup(format!("cannot reach {addr}: {}", one_line(&s.to_string()))))?;
+    let client = Client::connect_with(addr.as_str(), &cfg).map_err(|s| {
+        let text = one_line(&s.to_string());
+        let hint = if text.contains("handshake") {
+            " (is an RPC server of this framework listening there, on the same --transport? \
+             `rpc-perf --persist` serves rpcperf.Bench on its -p port + 1)"
+        } else {
+            ""
+        };
+        PerfError::Setup(format!("cannot reach {addr}: {text}{hint}"))
+    })?;
     Ok((client, addr))
 }
 
