@@ -59,8 +59,10 @@ impl Schema {
                 }
             }
         }
+        // A file is given by its path, or by its name under an import directory (`-I proto
+        // --proto kv.proto`), as protoc and grpcurl take it.
         for p in protos {
-            if !p.is_file() {
+            if !p.is_file() && !dirs.iter().any(|d| d.join(p).is_file()) {
                 return Err(PerfError::Setup(format!("--proto {}: no such file", p.display())));
             }
         }
@@ -252,6 +254,9 @@ mod tests {
 
     #[test]
     fn lists_services_and_methods() {
+        // By name under an import directory, too.
+        let by_name = Schema::compile(&[PathBuf::from("kv.proto")], &[proto("")]).unwrap();
+        assert_eq!(by_name.unary_method("kv.Kv/Get").unwrap().id, rpc_core::codegen::method_id("/kv.Kv/Get"));
         let s = Schema::compile(&[proto("kv.proto")], &[]).unwrap();
         let l = s.listing();
         assert!(l.starts_with("kv.Kv\n"), "{l}");
