@@ -15,9 +15,16 @@ pub const MAX_SIZE: usize = 8 << 20;
 ///
 /// `rpc-perf` serves; `rpc-perf HOST` connects to a server and runs the tests; `rpc-perf --loopback`
 /// runs both sides in one process on two pinned cores. Latency is always reported as round trip.
+/// `rpc-perf call` and `rpc-perf bench` call and benchmark any unary method of any server of
+/// ours from its .proto, with requests written as JSON.
 #[derive(Parser, Debug, Clone, PartialEq)]
-#[command(name = "rpc-perf", version, about, max_term_width = 110)]
+#[command(name = "rpc-perf", version, about, max_term_width = 110, args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// Call or benchmark any method from its .proto (see `rpc-perf call --help`,
+    /// `rpc-perf bench --help`).
+    #[command(subcommand)]
+    pub command: Option<crate::dynamic::args::Command>,
+
     /// Server to connect to (client mode). Without it, and without --loopback, rpc-perf serves.
     #[arg(value_name = "HOST", conflicts_with = "loopback")]
     pub host: Option<String>,
@@ -120,6 +127,12 @@ pub struct Args {
     /// Hide the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+
+    /// Server mode: serve clients one after another until killed, and keep the benchmark service
+    /// (proto/bench.proto) up on TCP port `-p`+1 all along, for `rpc-perf call` and
+    /// `rpc-perf bench` (default: serve one client, then exit, as perftest).
+    #[arg(long, conflicts_with_all = ["host", "loopback"])]
+    pub persist: bool,
 }
 
 /// One benchmark.
@@ -207,7 +220,11 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
-fn parse_svg_path(s: &str) -> Result<PathBuf, String> {
+/// Accepts a path ending in `.svg`.
+///
+/// # Errors
+/// A message asking for an .svg name.
+pub fn parse_svg_path(s: &str) -> Result<PathBuf, String> {
     let p = PathBuf::from(s);
     match p.extension().and_then(|e| e.to_str()) {
         Some(e) if e.eq_ignore_ascii_case("svg") => Ok(p),

@@ -20,6 +20,14 @@
 //! rpc-perf --transport rdma -d mlx5_0 -x 3 hostA          # client on host B
 //! ```
 //!
+//! Any service of ours, from its .proto, with requests as JSON ([`dynamic`]):
+//!
+//! ```text
+//! rpc-perf call  HOST:PORT kv.Kv/Get --proto proto/kv.proto --data '{"key":"a"}'
+//! rpc-perf bench HOST:PORT kv.Kv/Get --proto proto/kv.proto --data '{"key":"a"}' -c 32 -D 5
+//! rpc-perf --persist        # serve clients until killed; the bench service stays up on -p + 1
+//! ```
+//!
 //! What the figures mean:
 //! - Latency is always the **round trip** (perftest's send_lat/write_lat print half of it), in
 //!   µs, from one timestamp per iteration (perftest's `tposted[i+1] - tposted[i]`), after
@@ -36,6 +44,7 @@
 //!   inline).
 
 pub mod cli;
+pub mod dynamic;
 pub mod error;
 pub mod measure;
 pub mod memcpy;

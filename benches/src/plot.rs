@@ -19,7 +19,45 @@ pub fn draw(report: &RunReport, path: &Path) -> Result<(), String> {
     draw_inner(report, path).map_err(|e| format!("--plot {}: {e}", path.display()))
 }
 
+/// Draws one latency distribution (CDF of `rec`, up to p99.9) labelled `label` to `path` as SVG,
+/// titled `title` (`rpc-perf bench --plot`).
+///
+/// # Errors
+/// A message naming the file and what failed (also when `rec` is empty).
+pub fn draw_cdf(
+    path: &Path,
+    title: &str,
+    label: &str,
+    rec: &crate::stats::LatencyRecorder,
+) -> Result<(), String> {
+    let Some(summary) = rec.summary() else {
+        return Err(format!("--plot {}: no call answered OK, nothing to draw", path.display()));
+    };
+    let mut report = RunReport::new(title, "");
+    report.results.push(crate::results::TestResult {
+        test: TestKind::RpcLat,
+        bytes: 0,
+        req_bytes: 0,
+        resp_bytes: 0,
+        concurrency: 0,
+        measure: Measure::Latency(crate::results::LatencyMeasure { summary, cdf: rec.cdf() }),
+    });
+    draw_labelled(&report, path, Some(label))
+}
+
 fn draw_inner(report: &RunReport, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    draw_lines(report, path, None)
+}
+
+fn draw_labelled(report: &RunReport, path: &Path, label: Option<&str>) -> Result<(), String> {
+    draw_lines(report, path, label).map_err(|e| format!("--plot {}: {e}", path.display()))
+}
+
+fn draw_lines(
+    report: &RunReport,
+    path: &Path,
+    label: Option<&str>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let lat: Vec<_> = report
         .results
         .iter()
@@ -53,7 +91,7 @@ fn draw_inner(report: &RunReport, path: &Path) -> Result<(), Box<dyn std::error:
             let pts = m.cdf.iter().map(|&(ns, f)| (ns / 1000.0, f)).filter(|&(x, _)| x <= x_max);
             chart
                 .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
-                .label(format!("{} {} B", r.test.name(), r.bytes))
+                .label(label.map_or_else(|| format!("{} {} B", r.test.name(), r.bytes), str::to_owned))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         }
         chart

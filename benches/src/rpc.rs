@@ -109,23 +109,21 @@ impl ServerState {
         ServerState { resolved, worker_core, bind, running: None }
     }
 
-    /// Serves an RPC test after the client's `Setup`: makes sure the server runs with rings for
-    /// `max_size` and `concurrency` credits, tells the client its port, and waits for `Done`.
+    /// Makes sure the server runs with rings for `max_size`-byte messages and `concurrency`
+    /// credits (restarting it with bigger ones if needed); returns its TCP port.
     ///
     /// # Errors
-    /// [`PerfError::Setup`] when the server cannot start; channel errors.
-    pub fn serve(
+    /// [`PerfError::Setup`] for limits out of range or a server that cannot start.
+    pub fn ensure(
         &mut self,
         args: &Args,
-        test: TestKind,
+        what: &str,
         max_size: usize,
         concurrency: u32,
-        ch: &mut OobChannel,
-    ) -> Result<(), PerfError> {
+    ) -> Result<u16, PerfError> {
         if !(1..=MAX_SIZE).contains(&max_size) || !(1..=4096).contains(&concurrency) {
             return Err(PerfError::Setup(format!(
-                "{}: client asked for {max_size}-byte messages and {concurrency} calls in flight; limits are 1..=8M and 1..=4096",
-                test.name()
+                "{what}: client asked for {max_size}-byte messages and {concurrency} calls in flight; limits are 1..=8M and 1..=4096"
             )));
         }
         let ring = ring_bytes_for(max_size);
@@ -147,7 +145,23 @@ impl ServerState {
                 .map_err(|e| PerfError::Setup(format!("starting the RPC server on {}: {e}", self.bind)))?;
             self.running = Some((handle, ring, credits));
         }
-        let port = self.running.as_ref().map_or(0, |(h, _, _)| h.local_addr().port());
+        Ok(self.running.as_ref().map_or(0, |(h, _, _)| h.local_addr().port()))
+    }
+
+    /// Serves an RPC test after the client's `Setup`: makes sure the server runs with rings for
+    /// `max_size` and `concurrency` credits, tells the client its port, and waits for `Done`.
+    ///
+    /// # Errors
+    /// [`PerfError::Setup`] when the server cannot start; channel errors.
+    pub fn serve(
+        &mut self,
+        args: &Args,
+        test: TestKind,
+        max_size: usize,
+        concurrency: u32,
+        ch: &mut OobChannel,
+    ) -> Result<(), PerfError> {
+        let port = self.ensure(args, test.name(), max_size, concurrency)?;
         ch.send(&Msg::RpcServer { port })?;
         ch.expect(&Msg::Done, "while the client runs the RPC test")?;
         Ok(())

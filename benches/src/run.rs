@@ -61,13 +61,27 @@ pub fn server<P: Provider>(args: &Args, resolved: Resolved) -> Result<(), PerfEr
         .map_err(|source| PerfError::Io { what: format!("listening on {addr}"), source })?;
     println!("{}", report::RESULT_LINE);
     println!(" rpc-perf server ({}) waiting for a client on TCP port {}", P::NAME, args.port);
-    println!("{}", report::RESULT_LINE);
-    let (stream, peer) =
-        l.accept().map_err(|source| PerfError::Io { what: format!("accepting on {addr}"), source })?;
-    println!(" client {peer} connected");
     let rpc_bind = format!("0.0.0.0:{}", args.port.wrapping_add(1));
     let core = args.cores.as_ref().map(|c| c[0]);
-    server_session::<P>(args, OobChannel::new(stream)?, rpc::ServerState::new(resolved, core, rpc_bind))
+    let mut rpc = rpc::ServerState::new(resolved, core, rpc_bind);
+    if args.persist {
+        let port = rpc.ensure(args, "--persist", crate::cli::DEFAULT_SIZE, 32)?;
+        println!(" benchmark service rpcperf.Bench (proto/bench.proto) on TCP port {port}, until killed");
+    }
+    println!("{}", report::RESULT_LINE);
+    loop {
+        let (stream, peer) =
+            l.accept().map_err(|source| PerfError::Io { what: format!("accepting on {addr}"), source })?;
+        println!(" client {peer} connected");
+        let res = server_session::<P>(args, OobChannel::new(stream)?, &mut rpc);
+        if !args.persist {
+            return res;
+        }
+        match res {
+            Ok(()) => println!(" client {peer} done"),
+            Err(e) => println!(" client {peer} failed: {e}"),
+        }
+    }
 }
 
 /// Loopback: the server on one core, the client on another, joined over TCP on 127.0.0.1.
@@ -89,8 +103,8 @@ pub fn loopback<P: Provider>(args: &Args, resolved: Resolved) -> Result<RunRepor
             let (stream, _) = l
                 .accept()
                 .map_err(|source| PerfError::Io { what: "accepting on loopback".into(), source })?;
-            let rpc = rpc::ServerState::new(resolved, server_core.map(|c| c.id), "127.0.0.1:0".into());
-            server_session::<P>(&sargs, OobChannel::new(stream)?, rpc)
+            let mut rpc = rpc::ServerState::new(resolved, server_core.map(|c| c.id), "127.0.0.1:0".into());
+            server_session::<P>(&sargs, OobChannel::new(stream)?, &mut rpc)
         })
         .map_err(|source| PerfError::Io { what: "spawning the server thread".into(), source })?;
     if let Some(c) = client_core {
@@ -153,7 +167,7 @@ pub fn client_session<P: Provider>(
 pub fn server_session<P: Provider>(
     args: &Args,
     mut ch: OobChannel,
-    mut rpc: rpc::ServerState,
+    rpc: &mut rpc::ServerState,
 ) -> Result<(), PerfError> {
     loop {
         let msg = match ch.recv("waiting for the next test") {

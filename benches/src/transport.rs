@@ -27,13 +27,13 @@ pub fn resolve(args: &Args) -> Resolved {
 }
 
 #[cfg(feature = "ibverbs")]
-fn rdma_devices_exist() -> bool {
+pub(crate) fn rdma_devices_exist() -> bool {
     use rpc_core::verbs::Provider as _;
     rpc_core::verbs::ibverbs::Ibverbs::devices().is_ok_and(|d| !d.is_empty())
 }
 
 #[cfg(not(feature = "ibverbs"))]
-fn rdma_devices_exist() -> bool {
+pub(crate) fn rdma_devices_exist() -> bool {
     false
 }
 
