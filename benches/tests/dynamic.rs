@@ -311,7 +311,7 @@ impl rpc_core::codegen::Service for SlowKv {
         &self,
         _method: rpc_core::codegen::MethodId,
         _ctx: &rpc_core::codegen::RequestContext,
-        _body: &[u8],
+        _body: rpc_core::codegen::Body<'_>,
         out: &mut rpc_core::codegen::ReplyWriter<'_>,
     ) {
         std::thread::sleep(DELAY);
