@@ -269,7 +269,9 @@ mod sim_only {
         let op = SendOp::RdmaWrite { remote_addr: foreign.addr(), rkey: foreign.rkey() };
         post_send(&a.qp, &[SendWr { wr_id: 1, sg_list: &[a.sge(0, 8)], op, flags: SIG }]).unwrap();
         assert_eq!(poll_one::<H, _>(&a.scq, "write into another PD").status, WcStatus::IBV_WC_REM_ACCESS_ERR);
-        assert!(foreign.as_slice()[..8].iter().all(|&x| x == 0));
+        let mut head = [0xffu8; 8];
+        foreign.read_at(0, &mut head).unwrap();
+        assert_eq!(head, [0; 8]);
     }
 
     #[test]
@@ -396,7 +398,7 @@ mod xproc {
         assert_ne!(b.pid(), std::process::id());
         assert_eq!(b.cmd("recv 77 512 1024"), ["ok"]);
         let data = pattern(3, 700);
-        a.bytes_mut()[..700].copy_from_slice(&data);
+        a.write(0, &data);
         post_send(&a.qp, &[wr(1, &[a.sge(0, 700)], SendOp::Send)]).unwrap();
         let w = poll_one::<H, _>(&a.scq, "send completion");
         assert_eq!((w.wr_id, w.status, w.opcode), (1, WcStatus::IBV_WC_SUCCESS, WcOpcode::IBV_WC_SEND));
@@ -419,7 +421,7 @@ mod xproc {
     fn send_with_imm_both_directions() {
         let (_c, mut a, mut b) = setup(Opts::default());
         assert_eq!(b.cmd("recv 5 0 64"), ["ok"]);
-        a.bytes_mut()[..16].copy_from_slice(&pattern(9, 16));
+        a.write(0, &pattern(9, 16));
         post_send(&a.qp, &[wr(2, &[a.sge(0, 16)], SendOp::SendWithImm { imm: 0xdead_beef })]).unwrap();
         let r = b.poll("rcq", 1);
         assert_eq!((r[0].wr_id, r[0].imm, r[0].byte_len), (5, Some(0xdead_beef), 16));
@@ -441,7 +443,7 @@ mod xproc {
     fn rdma_write_and_write_with_imm_across_processes() {
         let (_c, mut a, mut b) = setup(Opts::default());
         let data = pattern(17, 5000);
-        a.bytes_mut()[..5000].copy_from_slice(&data);
+        a.write(0, &data);
         post_send(
             &a.qp,
             &[wr(1, &[a.sge(0, 5000)], SendOp::RdmaWrite { remote_addr: b.mr_addr + 1000, rkey: b.rkey })],

@@ -70,7 +70,10 @@ impl<P: Provider> RecvPool<P> {
             return None;
         }
         let start = idx as usize * self.buf_size;
-        self.mr.as_slice().get(start..start + len)
+        // SAFETY: the existing discipline (to be replaced by owned tokens, issue 10): a buffer
+        // whose receive completion was polled is not posted again until `repost`, so no WR
+        // writes it while the caller holds this view, and no peer has remote access to the pool.
+        unsafe { self.mr.as_slice() }.get(start..start + len)
     }
 
     /// Gives a completed buffer back; it is posted again by the next [`RecvPool::flush`].
@@ -185,7 +188,11 @@ impl<P: Provider> SendPool<P> {
     #[inline]
     pub fn buf_mut(&mut self, idx: u16) -> &mut [u8] {
         let start = idx as usize * self.buf_size;
-        &mut self.mr.as_mut_slice()[start..start + self.buf_size]
+        // SAFETY: the existing discipline (to be replaced by owned tokens, issue 10): an acquired,
+        // unposted buffer is not touched by any WR, and the pool has no remote access. The whole
+        // region is viewed, but only this buffer's range is handed out.
+        let whole = unsafe { self.mr.as_mut_slice() };
+        &mut whole[start..start + self.buf_size]
     }
 
     fn sge(&self, idx: u16, len: u32) -> Sge {
@@ -239,12 +246,17 @@ impl<P: Provider> RingBuf<P> {
 
     /// The bytes (the session's ring accounting says which ones are settled).
     pub fn bytes(&self) -> &[u8] {
-        self.mr.as_slice()
+        // SAFETY: NOT sound against a peer's concurrent RDMA WRITE (issue 10, being rewritten):
+        // the existing discipline is that the session's ring accounting hands out only settled
+        // ranges, which a well-behaved peer no longer writes.
+        unsafe { self.mr.as_slice() }
     }
 
     /// The bytes, mutable (the mirror: only ranges the producer reserved).
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        self.mr.as_mut_slice()
+        // SAFETY: the existing discipline (issue 10, being rewritten): the mirror has no remote
+        // access, and the producer writes only ranges it reserved, which no posted WRITE reads.
+        unsafe { self.mr.as_mut_slice() }
     }
 }
 

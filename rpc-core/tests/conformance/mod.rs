@@ -273,14 +273,21 @@ impl<H: Harness> Node<H> {
         self.mr.sge(offset, len)
     }
 
-    /// The MR's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        self.mr.as_slice()
+    /// A copy of the MR's bytes (registered memory is read by copying, `MemoryRegion::read_at`).
+    pub fn bytes(&self) -> Vec<u8> {
+        self.read(0, self.mr.len())
     }
 
-    /// The MR's bytes, writable.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        self.mr.as_mut_slice()
+    /// A copy of `len` bytes of the MR at `offset`.
+    pub fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        self.mr.read_at(offset, &mut out).expect("read_at inside the MR");
+        out
+    }
+
+    /// Copies `data` into the MR at `offset` (`MemoryRegion::write_at`).
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
+        self.mr.write_at(offset, data).expect("write_at inside the MR");
     }
 }
 

@@ -250,7 +250,7 @@ pub fn serve() {
                     }
                     "fill" => {
                         let (off, len) = (num(1) as usize, num(2) as usize);
-                        n.bytes_mut()[off..off + len].copy_from_slice(&pattern(num(3) as u8, len));
+                        n.write(off, &pattern(num(3) as u8, len));
                         say("ok".into());
                     }
                     "read" => {

@@ -30,9 +30,9 @@ pub struct IbvMemoryRegion {
     _pd: IbvProtectionDomain,
 }
 
-// SAFETY: the MR handle is only passed to thread-safe libibverbs calls (dereg in drop); the byte
-// views follow Rust's rules (`&self` shared, `&mut self` exclusive) and the trait documents that
-// NIC access is coordinated by the protocol, as for any DMA buffer.
+// SAFETY: the MR handle is only passed to thread-safe libibverbs calls (dereg in drop); safe
+// access copies through a raw pointer (`read_at`/`write_at`), and the byte views are `unsafe`
+// with the contract stated on `MemoryRegion` (as for any DMA buffer).
 unsafe impl Send for IbvMemoryRegion {}
 // SAFETY: see `Send`.
 unsafe impl Sync for IbvMemoryRegion {}
@@ -212,14 +212,27 @@ impl MemoryRegion for IbvMemoryRegion {
         self.access
     }
 
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `addr` is valid for `len` bytes while the MR lives (own mapping, or the caller's
-        // contract of `reg_user_mr`); the borrow is tied to `&self`.
+    fn as_ptr(&self) -> *mut u8 {
+        self.addr
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: `self.addr` is valid for `len` bytes while the MR lives (owned allocation, or
+        // the caller's promise in `reg_user_mr`).
+        unsafe { crate::verbs::mr_read_at(self.addr, self.len, offset, dst) }
+    }
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: as in `read_at`.
+        unsafe { crate::verbs::mr_write_at(self.addr, self.len, offset, src) }
+    }
+    unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: `self.addr..+len` is valid for the MR's lifetime (owned allocation, or the
+        // caller's promise in `reg_user_mr`); the caller guarantees that no WR and no peer
+        // writes it while the slice lives (this method's contract).
         unsafe { std::slice::from_raw_parts(self.addr, self.len) }
     }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as `as_slice`, with `&mut self` making this the only view.
+    unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` excludes other views through this handle and
+        // the caller guarantees that no WR and no peer accesses the region meanwhile.
         unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use super::host::HostCore;
 use super::shm::{Segment, MR_TABLE_OFF};
-use crate::verbs::{AccessFlags, MemoryRegion};
+use crate::verbs::{AccessFlags, MemoryRegion, Result};
 
 /// MR slots per host (the sim's `max_mr`).
 pub(crate) const MR_SLOTS: usize = 4096;
@@ -203,8 +203,8 @@ pub struct SimMr {
 }
 
 // SAFETY: the MR is a handle to memory it owns (or that the caller promised stays valid until it
-// is dropped); `as_slice`/`as_mut_slice` follow normal borrow rules on the handle, and what peers
-// do concurrently is the protocol contract stated on `MemoryRegion`.
+// is dropped); safe access copies through a raw pointer (`read_at`/`write_at`), and the byte
+// views are `unsafe` with the contract stated on `MemoryRegion`.
 unsafe impl Send for SimMr {}
 // SAFETY: as above; `&SimMr` gives read-only views.
 unsafe impl Sync for SimMr {}
@@ -245,14 +245,27 @@ impl MemoryRegion for SimMr {
     fn access(&self) -> AccessFlags {
         self.access
     }
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is valid for the MR's lifetime (owned allocation, or the
-        // caller's promise in `reg_user_mr`); concurrent NIC writes are excluded by the protocol
-        // contract documented on `MemoryRegion`.
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: `self.ptr` is valid for `len` bytes while the MR lives (owned allocation, or
+        // the caller's promise in `reg_user_mr`).
+        unsafe { crate::verbs::mr_read_at(self.ptr, self.len, offset, dst) }
+    }
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: as in `read_at`.
+        unsafe { crate::verbs::mr_write_at(self.ptr, self.len, offset, src) }
+    }
+    unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: `self.ptr..+len` is valid for the MR's lifetime (owned allocation, or the
+        // caller's promise in `reg_user_mr`); the caller guarantees that no WR and no peer
+        // writes it while the slice lives (this method's contract).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` excludes other views through this handle.
+    unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` excludes other views through this handle and
+        // the caller guarantees that no WR and no peer accesses the region meanwhile.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
