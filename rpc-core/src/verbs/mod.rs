@@ -76,6 +76,8 @@ pub trait Provider: Sized + Send + Sync + 'static {
     type ProtectionDomain: ProtectionDomain<Self>;
     /// A registered memory region (`struct ibv_mr`) owning or borrowing its buffer.
     type MemoryRegion: MemoryRegion;
+    /// A memory window (`struct ibv_mw`).
+    type MemoryWindow: MemoryWindow;
     /// A completion queue (`struct ibv_cq`), optionally with a completion channel.
     type CompletionQueue: CompletionQueue;
     /// A shared receive queue (`struct ibv_srq`).
@@ -165,6 +167,18 @@ pub trait ProtectionDomain<P: Provider>: Clone + Send + Sync + 'static {
     /// As [`ProtectionDomain::reg_mr`].
     unsafe fn reg_user_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<P::MemoryRegion>;
 
+    /// Allocates a memory window (`ibv_alloc_mw`), unbound. A type-2 window is bound to a QP of
+    /// this PD by posting [`SendOp::BindMw`] on it, and invalidated by [`SendOp::LocalInv`] or a
+    /// peer's [`SendOp::SendWithInv`]. Dropping it deallocates it (`ibv_dealloc_mw`); it holds
+    /// the PD alive. Drop (or invalidate) the windows bound to an MR before the MR: a device
+    /// refuses to deregister an MR with bound windows (the software NIC invalidates them).
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a type the provider does not support (check
+    /// [`DeviceAttr::mw_type2`]); [`VerbsError::CapExceeded`] over `max_mw`;
+    /// [`VerbsError::Os`] naming `ibv_alloc_mw` otherwise.
+    fn alloc_mw(&self, mw_type: MwType) -> Result<P::MemoryWindow>;
+
     /// Creates a shared receive queue (`ibv_create_srq`).
     ///
     /// # Errors
@@ -231,6 +245,8 @@ pub trait MemoryRegion: Send + Sync + 'static {
     fn rkey(&self) -> u32;
     /// Access flags it was registered with.
     fn access(&self) -> AccessFlags;
+    /// The MR as a work request names it ([`MwBind::mr`]).
+    fn handle(&self) -> MrHandle;
     /// The first byte of the region, as a pointer in this process (`addr()` as a pointer). Safe to
     /// obtain; dereferencing it is the caller's `unsafe` business, under the contract of
     /// [`MemoryRegion::as_slice`]. Valid for `len()` bytes while the MR lives.
@@ -286,6 +302,21 @@ pub trait MemoryRegion: Send + Sync + 'static {
         );
         Sge { addr: self.addr() + offset as u64, length: len, lkey: self.lkey() }
     }
+}
+
+/// A memory window (`struct ibv_mw`): a range of an MR with its own rkey and rights, bound and
+/// invalidated by work requests ([`SendOp::BindMw`], [`SendOp::LocalInv`],
+/// [`SendOp::SendWithInv`]). Dropping it deallocates it (`ibv_dealloc_mw`).
+pub trait MemoryWindow: Send + Sync + 'static {
+    /// The window's current rkey: the one from allocation, then the `rkey` of the last
+    /// [`SendOp::BindMw`] for it (on `ibverbs` recorded when `post_send` accepts the bind, as
+    /// the device reports nothing else; on `sim` when the bind executes, which is at once unless
+    /// WRs are queued ahead of it). The upper 24 bits never change; [`inc_rkey`] gives the next.
+    fn rkey(&self) -> u32;
+    /// Its type.
+    fn mw_type(&self) -> MwType;
+    /// The window as a work request names it ([`SendOp::BindMw`]).
+    fn handle(&self) -> MwHandle;
 }
 
 /// A completion queue. Cheap to clone (a shared handle); normally polled by one thread.
@@ -358,7 +389,11 @@ pub trait QueuePair: Send + Sync + 'static {
     /// # Safety
     /// Except for `INLINE` WRs, every SGE must lie in a live MR of this QP's PD, and the memory must
     /// stay alive and untouched (for READ: unread) until the WR's completion has been polled —
-    /// for an unsignaled WR, until a later signaled WR of this QP has completed.
+    /// for an unsignaled WR, until a later signaled WR of this QP has completed. A
+    /// [`SendOp::BindMw`] must name a live window and a live MR of this QP's PD (their handles),
+    /// both alive until its completion, and no other bind of the same window may be posted
+    /// concurrently from another thread. Binding a window with `REMOTE_WRITE` is granting the
+    /// peer write access: the range falls under the contract of [`MemoryRegion::as_slice`].
     ///
     /// # Errors
     /// [`VerbsError::BadQpState`] before RTS (or in ERR on providers that refuse),

@@ -9,6 +9,7 @@
 #![allow(dead_code, unsafe_code)]
 
 pub mod cases;
+pub mod mw;
 pub mod xproc;
 
 use std::marker::PhantomData;
@@ -144,7 +145,25 @@ macro_rules! conformance_suite {
                 send_queue_full_is_rejected,
                 write_then_send_is_ordered,
             );
+            conformance_suite!(@mw_cases $h;
+                mw_bind_then_write_and_read_through_it,
+                mw_rkey_of_another_connection_is_refused,
+                write_outside_the_window_inside_the_mr,
+                write_past_the_mr_through_a_window_fails,
+                window_rights_are_enforced,
+                local_inv_kills_the_rkey_and_the_window_rebinds,
+                send_with_inv_kills_the_rkey,
+                bind_checks_the_mr,
+            );
         }
+    };
+    (@mw_cases $h:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run::<$h>(stringify!($case), $crate::conformance::mw::$case::<$h>)
+            }
+        )*
     };
     (@cases $h:ty; $($case:ident),* $(,)?) => {
         $(

@@ -106,6 +106,11 @@ impl IbvContext {
             max_qp_rd_atom: nonneg(a.max_qp_rd_atom),
             max_inline_data: 0,
             phys_port_cnt: a.phys_port_cnt,
+            max_mw: nonneg(a.max_mw),
+            mw_type2: a.device_cap_flags
+                & (rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+                    | rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
+                != 0,
         };
         // SAFETY: `ctx` stays open until `ContextInner::drop`, which drops the events first.
         let events = unsafe { AsyncEvents::start(ctx.as_ptr(), &name) }.map_err(close)?;

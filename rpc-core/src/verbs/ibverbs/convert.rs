@@ -85,6 +85,7 @@ fn wc_opcode_from_ibv(o: ibv_wc_opcode::Type) -> WcOpcode {
         ibv_wc_opcode::IBV_WC_BIND_MW => WcOpcode::IBV_WC_BIND_MW,
         ibv_wc_opcode::IBV_WC_RECV => WcOpcode::IBV_WC_RECV,
         ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM,
+        ibv_wc_opcode::IBV_WC_LOCAL_INV => WcOpcode::IBV_WC_LOCAL_INV,
         _ => WcOpcode::IBV_WC_SEND,
     }
 }
@@ -93,6 +94,7 @@ fn wc_opcode_from_ibv(o: ibv_wc_opcode::Type) -> WcOpcode {
 #[inline]
 pub(super) fn wc_from_ibv(w: &ibv_wc) -> WorkCompletion {
     let with_imm = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    let with_inv = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0;
     WorkCompletion {
         wr_id: w.wr_id,
         status: WcStatus::from_u32(w.status),
@@ -103,6 +105,9 @@ pub(super) fn wc_from_ibv(w: &ibv_wc) -> WorkCompletion {
         qp_num: w.qp_num,
         src_qp: w.src_qp,
         vendor_err: w.vendor_err,
+        // SAFETY: a `u32` union field (any bits are valid); with IBV_WC_WITH_INV set it holds the
+        // invalidated rkey (host order).
+        invalidated_rkey: with_inv.then_some(unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey }),
     }
 }
 

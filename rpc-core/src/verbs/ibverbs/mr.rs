@@ -9,7 +9,7 @@ use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr};
 
 use super::errno::rc_error;
 use super::pd::IbvProtectionDomain;
-use crate::verbs::{AccessFlags, MemoryRegion, Result, VerbsError};
+use crate::verbs::{AccessFlags, MemoryRegion, MrHandle, Result, VerbsError};
 
 /// Bytes this process has registered through this provider (what counts against
 /// RLIMIT_MEMLOCK, next to whatever else the process locks).
@@ -105,7 +105,7 @@ fn verbs_access(access: AccessFlags) -> i32 {
     if a.contains(AccessFlags::REMOTE_WRITE) || a.contains(AccessFlags::REMOTE_ATOMIC) {
         a |= AccessFlags::LOCAL_WRITE;
     }
-    (a.0 & 0xf) as i32
+    (a.0 & 0x1f) as i32
 }
 
 impl IbvMemoryRegion {
@@ -212,6 +212,10 @@ impl MemoryRegion for IbvMemoryRegion {
         self.access
     }
 
+    fn handle(&self) -> MrHandle {
+        MrHandle(self.mr.as_ptr() as u64)
+    }
+
     fn as_ptr(&self) -> *mut u8 {
         self.addr
     }
@@ -282,5 +286,6 @@ mod tests {
         assert_eq!(verbs_access(AccessFlags::REMOTE_WRITE), 3);
         assert_eq!(verbs_access(AccessFlags::REMOTE_READ), 4);
         assert_eq!(verbs_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ), 5);
+        assert_eq!(verbs_access(AccessFlags::MW_BIND | AccessFlags::REMOTE_READ), 0x14, "MW_BIND is kept");
     }
 }

@@ -18,7 +18,7 @@ use crate::verbs::{CompletionQueue, Result, VerbsError, WcOpcode, WcStatus, Work
 /// Words of a CQE in the ring (see [`encode`]).
 pub(crate) const CQE_WORDS: usize = 5;
 
-const OPCODES: [WcOpcode; 8] = [
+const OPCODES: [WcOpcode; 9] = [
     WcOpcode::IBV_WC_SEND,
     WcOpcode::IBV_WC_RDMA_WRITE,
     WcOpcode::IBV_WC_RDMA_READ,
@@ -27,17 +27,20 @@ const OPCODES: [WcOpcode; 8] = [
     WcOpcode::IBV_WC_BIND_MW,
     WcOpcode::IBV_WC_RECV,
     WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM,
+    WcOpcode::IBV_WC_LOCAL_INV,
 ];
 
-/// `wr_id`; `status | opcode << 32 | has_imm << 40`; `byte_len | imm << 32`;
-/// `qp_num | src_qp << 32`; `vendor_err`.
+/// `wr_id`; `status | opcode << 32 | has_imm << 40 | has_inv << 41`;
+/// `byte_len | (imm or invalidated rkey) << 32`; `qp_num | src_qp << 32`; `vendor_err`.
 #[inline(always)]
 fn encode(w: &[AtomicU64; CQE_WORDS], wc: &WorkCompletion) {
     // Fieldless enum: its discriminant is the index into `OPCODES` (checked by a test).
     let op = wc.opcode as u64;
     st(&w[0], wc.wr_id);
-    st(&w[1], wc.status as u32 as u64 | op << 32 | (wc.imm_data.is_some() as u64) << 40);
-    st(&w[2], wc.byte_len as u64 | (wc.imm_data.unwrap_or(0) as u64) << 32);
+    let inv = wc.invalidated_rkey.is_some() as u64;
+    st(&w[1], wc.status as u32 as u64 | op << 32 | (wc.imm_data.is_some() as u64) << 40 | inv << 41);
+    let word = wc.imm_data.or(wc.invalidated_rkey).unwrap_or(0);
+    st(&w[2], wc.byte_len as u64 | (word as u64) << 32);
     st(&w[3], wc.qp_num as u64 | (wc.src_qp as u64) << 32);
     st(&w[4], wc.vendor_err as u64);
 }
@@ -48,12 +51,13 @@ fn decode(w: &[AtomicU64; CQE_WORDS]) -> WorkCompletion {
     WorkCompletion {
         wr_id: ld(&w[0]),
         status: WcStatus::from_u32(w1 as u32),
-        opcode: OPCODES[((w1 >> 32) & 7) as usize],
+        opcode: OPCODES.get(((w1 >> 32) & 15) as usize).copied().unwrap_or(WcOpcode::IBV_WC_SEND),
         byte_len: w2 as u32,
         imm_data: ((w1 >> 40) & 1 == 1).then_some((w2 >> 32) as u32),
         qp_num: w3 as u32,
         src_qp: (w3 >> 32) as u32,
         vendor_err: ld(&w[4]) as u32,
+        invalidated_rkey: ((w1 >> 41) & 1 == 1).then_some((w2 >> 32) as u32),
     }
 }
 

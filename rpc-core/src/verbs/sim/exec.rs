@@ -125,6 +125,9 @@ impl QpCore {
     /// One attempt at executing `v`.
     #[inline]
     pub(crate) fn exec(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
+        if let Some(done) = self.exec_mw(&v.op) {
+            return done; // bind / local invalidate: no packet (see `super::mw`)
+        }
         let is_read = matches!(v.op, SendOp::RdmaRead { .. });
         let need = if is_read { AccessFlags::LOCAL_WRITE } else { AccessFlags::EMPTY };
         let mut segs: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
@@ -198,7 +201,7 @@ impl QpCore {
 
         // The responder.
         match v.op {
-            SendOp::Send | SendOp::SendWithImm { .. } => {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
                 let pd = peer.recv_pd;
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
                 let mut dn = 0;
@@ -232,6 +235,17 @@ impl QpCore {
                     self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_LEN_ERR);
                     return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
                 }
+                let invalidated = match v.op {
+                    SendOp::SendWithInv { invalidate_rkey } => {
+                        // Before the receive CQE: once it is polled, the rkey is dead.
+                        if !peer.mrs.remote_invalidate(invalidate_rkey, peer.pd, peer.qpn) {
+                            self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_REM_INV_REQ_ERR);
+                            return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
+                        }
+                        Some(invalidate_rkey)
+                    }
+                    _ => None,
+                };
                 // SAFETY: the first `dn` entries of `dst` were written above.
                 let dst = unsafe { std::slice::from_raw_parts(dst.as_ptr() as *const Seg, dn) };
                 let cqe = peer.cq.claim();
@@ -257,6 +271,7 @@ impl QpCore {
                         qp_num: peer.qpn,
                         src_qp: self.qpn,
                         vendor_err: 0,
+                        invalidated_rkey: invalidated,
                     },
                     solicited,
                 );
@@ -272,8 +287,14 @@ impl QpCore {
                 let target = if len == 0 {
                     std::ptr::null_mut()
                 } else {
-                    match peer.mrs.resolve(rkey, peer.pd, remote_addr, len as u32, AccessFlags::REMOTE_WRITE)
-                    {
+                    match peer.mrs.resolve_rkey(
+                        rkey,
+                        peer.pd,
+                        peer.qpn,
+                        remote_addr,
+                        len as u32,
+                        AccessFlags::REMOTE_WRITE,
+                    ) {
                         Ok(p) => p,
                         Err(_) => {
                             self.responder_fault(peer, None, WcStatus::IBV_WC_LOC_PROT_ERR);
@@ -307,6 +328,7 @@ impl QpCore {
                             qp_num: peer.qpn,
                             src_qp: self.qpn,
                             vendor_err: 0,
+                            invalidated_rkey: None,
                         },
                         solicited,
                     );
@@ -320,9 +342,10 @@ impl QpCore {
                     return Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR);
                 }
                 if len > 0 {
-                    let source = match peer.mrs.resolve(
+                    let source = match peer.mrs.resolve_rkey(
                         rkey,
                         peer.pd,
+                        peer.qpn,
                         remote_addr,
                         len as u32,
                         AccessFlags::REMOTE_READ,
@@ -341,6 +364,8 @@ impl QpCore {
                 link.psn = next_psn;
                 Outcome::Done(len)
             }
+            // Executed by `exec_mw` above.
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } => Outcome::Fail(WcStatus::IBV_WC_LOC_QP_OP_ERR),
         }
     }
 

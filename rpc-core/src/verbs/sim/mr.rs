@@ -1,9 +1,11 @@
 //! Memory regions and the per-host key table.
 //!
 //! A key (`lkey == rkey`, as on mlx5) is `generation << 16 | slot index` into a fixed array of
-//! [`MR_SLOTS`] slots per host, so a lookup is one indexed load and a compare, with no lock and no
-//! hashing; a stale key (slot reused) fails the generation compare. Registration and
-//! deregistration take the table's free-list lock (control path only).
+//! [`MR_SLOTS`] slots per host (generation 1..=0x7fff, so bit 31 is clear), so a lookup is one
+//! indexed load and a compare, with no lock and no hashing; a stale key (slot reused) fails the
+//! generation compare. Registration and deregistration take the table's free-list lock (control
+//! path only). Memory windows take slots of the same table, with keys of another shape (bit 31
+//! set; see [`super::mw`]).
 //!
 //! Deregistration is safe against transfers in flight by quiescence: every transfer runs while
 //! its requester holds its QP's send-queue guard and resolves keys inside that section, so after
@@ -15,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use super::host::HostCore;
 use super::shm::{Segment, MR_TABLE_OFF};
-use crate::verbs::{AccessFlags, MemoryRegion, Result};
+use crate::verbs::{AccessFlags, MemoryRegion, MrHandle, Result};
 
 /// MR slots per host (the sim's `max_mr`).
 pub(crate) const MR_SLOTS: usize = 4096;
@@ -25,18 +27,26 @@ pub(crate) const MR_ALIGN: usize = 4096;
 
 #[repr(C, align(64))]
 pub(crate) struct MrSlot {
-    /// The valid key, or 0 when free.
-    key: AtomicU32,
-    pd: AtomicU32,
-    access: AtomicU32,
+    /// The valid key, or 0 when free (a window: its rkey while bound, 0 while free).
+    pub(super) key: AtomicU32,
+    pub(super) pd: AtomicU32,
+    pub(super) access: AtomicU32,
     /// 1 for caller memory (`reg_user_mr`): `base` is a pointer valid in the owner's process
     /// only, so peers in other processes cannot reach it.
-    user: AtomicU32,
+    pub(super) user: AtomicU32,
     /// Where the region's bytes are: an offset in the host segment, or a pointer (`user`).
-    base: AtomicU64,
+    pub(super) base: AtomicU64,
     /// The region's virtual address as peers and SGEs name it.
-    addr: AtomicU64,
-    len: AtomicU64,
+    pub(super) addr: AtomicU64,
+    pub(super) len: AtomicU64,
+    /// A memory window's current rkey (bound or not); 0 for an MR or a free slot.
+    pub(super) mw: AtomicU32,
+    /// A bound type-2 window: the QP number it is bound to (0 = none).
+    pub(super) qpn: AtomicU32,
+    /// A bound window: the key of the MR it exposes.
+    pub(super) mr_key: AtomicU32,
+    /// A window's sequence lock: odd while a bind or an invalidation rewrites the slot.
+    pub(super) seq: AtomicU32,
 }
 
 /// Why a key lookup failed.
@@ -75,7 +85,7 @@ impl MrView {
     }
 
     #[inline(always)]
-    fn slot(&self, idx: usize) -> Option<&MrSlot> {
+    pub(super) fn slot(&self, idx: usize) -> Option<&MrSlot> {
         // SAFETY: the table holds `MR_SLOTS` slots inside the mapping (layout constant).
         (idx < MR_SLOTS).then(|| unsafe { &*self.slots.add(idx) })
     }
@@ -94,7 +104,11 @@ impl MrView {
         let Some(s) = self.slot((key & 0xffff) as usize) else {
             return Err(KeyFault::Key);
         };
-        if key == 0 || s.key.load(Ordering::Acquire) != key || s.pd.load(Ordering::Relaxed) != pd {
+        if key == 0
+            || key & MW_KEY_BIT != 0
+            || s.key.load(Ordering::Acquire) != key
+            || s.pd.load(Ordering::Relaxed) != pd
+        {
             return Err(KeyFault::Key);
         }
         let start = s.addr.load(Ordering::Relaxed);
@@ -106,21 +120,50 @@ impl MrView {
         if !AccessFlags(s.access.load(Ordering::Relaxed)).contains(need) {
             return Err(KeyFault::Access);
         }
+        self.locate(s, addr - start, mr_len)
+    }
+
+    /// The pointer to byte `off` of a region of `len` bytes described by slot `s` (segment
+    /// offset or caller pointer), checked against the mapping.
+    #[inline]
+    pub(super) fn locate(&self, s: &MrSlot, off: u64, len: u64) -> Result<*mut u8, KeyFault> {
         let base = s.base.load(Ordering::Relaxed);
-        let at = base + (addr - start);
+        let at = base + off;
         if s.user.load(Ordering::Relaxed) != 0 {
             if self.remote {
                 return Err(KeyFault::Key);
             }
             return Ok(at as usize as *mut u8);
         }
-        if base.checked_add(mr_len).is_none_or(|end| end > self.seg_len) {
+        if base.checked_add(len).is_none_or(|end| end > self.seg_len) || off > len {
             return Err(KeyFault::Key);
         }
-        // SAFETY: `at + len <= base + mr_len <= seg_len`: inside the mapping.
+        // SAFETY: `at <= base + len <= seg_len`: inside the mapping.
         Ok(unsafe { self.seg_base.add(at as usize) })
     }
+
+    /// Resolves a remote key as the responder QP `qpn` (of PD `pd`) sees it: an MR's rkey, or a
+    /// memory window's, which must also be bound to `qpn` (see [`MrView::resolve`]).
+    #[inline]
+    pub(crate) fn resolve_rkey(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        addr: u64,
+        len: u32,
+        need: AccessFlags,
+    ) -> Result<*mut u8, KeyFault> {
+        if key & MW_KEY_BIT != 0 {
+            self.resolve_mw(key, pd, qpn, addr, len, need)
+        } else {
+            self.resolve(key, pd, addr, len, need)
+        }
+    }
 }
+
+/// Bit 31 marks the key of a memory window (MR keys have it clear).
+pub(crate) const MW_KEY_BIT: u32 = 1 << 31;
 
 pub(crate) struct MrTable {
     pub(crate) view: MrView,
@@ -146,13 +189,12 @@ impl MrTable {
         addr: u64,
         len: usize,
     ) -> Option<u32> {
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (free, gens) = &mut *guard;
-        let idx = free.pop()?;
-        let gen = gens[idx as usize];
-        gens[idx as usize] = if gen == u16::MAX { 1 } else { gen + 1 };
-        let key = (gen as u32) << 16 | idx as u32;
+        let (idx, gen) = self.take_slot()?;
+        // Generations 1..=0x7fff: bit 31 stays clear (window keys have it set).
+        let key = ((gen % 0x7fff) as u32 + 1) << 16 | idx as u32;
         let s = self.view.slot(idx as usize)?;
+        s.mw.store(0, Ordering::Relaxed);
+        s.qpn.store(0, Ordering::Relaxed);
         s.pd.store(pd, Ordering::Relaxed);
         s.access.store(access.0, Ordering::Relaxed);
         s.user.store(user as u32, Ordering::Relaxed);
@@ -172,8 +214,24 @@ impl MrTable {
     }
 
     fn release(&self, key: u32) {
+        self.release_slot((key & 0xffff) as u16);
+    }
+
+    /// Takes a free slot: its index and a generation for its next key (`None` when all
+    /// [`MR_SLOTS`] are in use).
+    pub(super) fn take_slot(&self) -> Option<(u16, u16)> {
         let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        guard.0.push((key & 0xffff) as u16);
+        let (free, gens) = &mut *guard;
+        let idx = free.pop()?;
+        let gen = gens[idx as usize];
+        gens[idx as usize] = gen.wrapping_add(1);
+        Some((idx, gen))
+    }
+
+    /// Returns slot `idx` to the free list.
+    pub(super) fn release_slot(&self, idx: u16) {
+        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        guard.0.push(idx);
     }
 
     /// See [`MrView::resolve`].
@@ -245,6 +303,9 @@ impl MemoryRegion for SimMr {
     fn access(&self) -> AccessFlags {
         self.access
     }
+    fn handle(&self) -> MrHandle {
+        MrHandle(self.key as u64)
+    }
     fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
@@ -273,7 +334,14 @@ impl MemoryRegion for SimMr {
 impl Drop for SimMr {
     fn drop(&mut self) {
         self.host.mrs.invalidate(self.key);
+        // Windows bound to this MR die with it (a device would refuse the deregistration). A
+        // bind racing the invalidation has finished after the quiescence (it runs under its
+        // QP's guard): look again, and wait out transfers through what that finds.
+        self.host.mrs.invalidate_windows_of_mr(self.key);
         super::fabric::quiesce();
+        if self.host.mrs.invalidate_windows_of_mr(self.key) > 0 {
+            super::fabric::quiesce();
+        }
         self.host.mrs.release(self.key);
         if let Some((off, bytes)) = self.owned {
             // After quiescence no transfer of this process can still be copying to or from it;

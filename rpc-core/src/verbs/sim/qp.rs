@@ -383,6 +383,7 @@ impl QpCore {
                     qp_num: self.qpn,
                     src_qp: 0,
                     vendor_err: 0,
+                    invalidated_rkey: None,
                 },
                 false,
             );
@@ -454,14 +455,17 @@ pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkComplet
         qp_num,
         src_qp: 0,
         vendor_err: 0,
+        invalidated_rkey: None,
     }
 }
 
 pub(crate) fn send_opcode(op: &SendOp) -> WcOpcode {
     match op {
-        SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::IBV_WC_SEND,
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::IBV_WC_SEND,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::IBV_WC_RDMA_WRITE,
         SendOp::RdmaRead { .. } => WcOpcode::IBV_WC_RDMA_READ,
+        SendOp::BindMw { .. } => WcOpcode::IBV_WC_BIND_MW,
+        SendOp::LocalInv { .. } => WcOpcode::IBV_WC_LOCAL_INV,
     }
 }
 
@@ -1001,6 +1005,7 @@ impl Drop for SimQp {
             while pop_recv_id(rq).is_some() {}
         }
         fabric().unregister_qp(c.host.id, c.qpn);
+        c.host.mrs.detach_windows_of_qp(c.qpn); // see `super::mw`
         c.host.free_qpn(c.qpn);
     }
 }
