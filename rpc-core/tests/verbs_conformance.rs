@@ -417,6 +417,74 @@ mod xproc {
         b.exit();
     }
 
+    /// A type-2 window of this process, bound to the QP of one child's connection: that child
+    /// writes through it; another child, connected to another QP of the same PD, gets
+    /// `IBV_WC_REM_ACCESS_ERR` with the same rkey and writes nothing (the key check runs in the
+    /// child, on this process's key table in shared memory); the first child's SEND_WITH_INV
+    /// then kills the rkey, for it too.
+    #[test]
+    fn memory_window_keys_are_checked_across_processes() {
+        use rpc_core::verbs::rc::{connect, Endpoint};
+        use rpc_core::verbs::{
+            inc_rkey, AccessFlags, MemoryRegion, MemoryWindow, Mtu, MwBind, MwType, ProtectionDomain,
+        };
+
+        let opts = Opts { mr_access: Opts::default().mr_access | AccessFlags::MW_BIND, ..Opts::default() };
+        let (_c, b, mut one) = setup(opts);
+        let mut two = Agent::spawn(Opts::default());
+        let q2 = b.extra_qp();
+        let r = two.cmd(&format!(
+            "connect {} {} 768 1024",
+            q2.qp_num(),
+            crate::conformance::xproc::gid_hex(&b.addr.gid)
+        ));
+        assert_eq!(r, ["ok"]);
+        let eb = Endpoint { qp_num: two.qpn, psn: 768, lid: 0, gid: two.gid, mtu: Mtu::Mtu4096 };
+        connect(&q2, &b.addr.cfg, &b.endpoint(&q2, 1024), &eb).expect("connect to the second agent");
+
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        let win = b.mr.addr() + 4096;
+        let bind = MwBind { mr: b.mr.handle(), addr: win, length: 1024, access: AccessFlags::REMOTE_WRITE };
+        post_send(&b.qp, &[wr(9, &[], SendOp::BindMw { mw: mw.handle(), rkey, bind })]).unwrap();
+        assert_eq!(poll_one::<H, _>(&b.scq, "bind").status, WcStatus::IBV_WC_SUCCESS);
+
+        assert_eq!(one.cmd("fill 0 64 3"), ["ok"]);
+        assert_eq!(one.cmd(&format!("send 1 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(one.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.read(4096, 64), pattern(3, 64), "written through the window from the child");
+
+        assert_eq!(two.cmd("fill 0 64 9"), ["ok"]);
+        assert_eq!(two.cmd(&format!("send 2 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(
+            two.poll("scq", 1)[0].status,
+            name(WcStatus::IBV_WC_REM_ACCESS_ERR),
+            "another QP's window"
+        );
+        assert_eq!(b.read(4096, 64), pattern(3, 64), "nothing written by the other connection");
+        wait_until::<H>("the refused WRITE's responder QP in ERR", || q2.state() == QpState::Err);
+        assert_eq!(b.qp.state(), QpState::Rts, "the window's own QP is untouched");
+
+        post_recv(&b.qp, &[RecvWr { wr_id: 70, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        assert_eq!(one.cmd(&format!("send 3 send_inv 0 4 0 {rkey} 0")), ["ok"]);
+        let r = poll_one::<H, _>(&b.rcq, "the SEND_WITH_INV");
+        assert_eq!(
+            (r.wr_id, r.status, r.invalidated_rkey),
+            (70, WcStatus::IBV_WC_SUCCESS, Some(rkey)),
+            "{r:?}"
+        );
+        assert_eq!(one.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(one.cmd(&format!("send 4 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(
+            one.poll("scq", 1)[0].status,
+            name(WcStatus::IBV_WC_REM_ACCESS_ERR),
+            "the invalidated rkey"
+        );
+        drop(mw);
+        one.exit();
+        two.exit();
+    }
+
     #[test]
     fn send_with_imm_both_directions() {
         let (_c, mut a, mut b) = setup(Opts::default());

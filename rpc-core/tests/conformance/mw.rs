@@ -311,3 +311,39 @@ pub fn bind_checks_the_mr<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     assert_eq!(wc.status, WcStatus::IBV_WC_MW_BIND_ERR, "a bound window bound again: {wc:?}");
     assert_empty(&b.scq, "after the failed bind");
 }
+
+/// A window outlives the QP it is bound to (IBA leaves the window valid; rxe keeps its
+/// reference to the dead QP): no QP answers for it any more, but another QP of the PD can
+/// invalidate it with LOCAL_INV and bind it to itself, and then only that QP's peer gets in.
+pub fn window_of_a_destroyed_qp_is_invalidated_and_rebound<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
+    if !supported::<H>(&ca, "window_of_a_destroyed_qp_is_invalidated_and_rebound") {
+        return;
+    }
+    let (_a, mut b, mw, k1) = bound_pair::<H>(&ca, &cb, AccessFlags::REMOTE_WRITE);
+    let mut c = Node::<H>::new(&ca, mw_opts());
+    let q2 = b.extra_qp();
+    connect_qps(&c, &c.qp, &b, &q2);
+    let spare = b.extra_qp();
+    drop(std::mem::replace(&mut b.qp, spare)); // the window's QP is gone
+    post_send(&q2, &[wr(902, &[], SendOp::LocalInv { rkey: k1 })]).unwrap();
+    let inv = poll_one::<H, _>(&b.scq, "LOCAL_INV from another QP");
+    assert_eq!(
+        (inv.wr_id, inv.status, inv.opcode),
+        (902, WcStatus::IBV_WC_SUCCESS, WcOpcode::IBV_WC_LOCAL_INV),
+        "{inv:?}"
+    );
+    let k2 = inc_rkey(mw.rkey());
+    let bind = MwBind {
+        mr: b.mr.handle(),
+        addr: win_addr(&b),
+        length: WIN_LEN as u64,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    post_send(&q2, &[wr(903, &[], SendOp::BindMw { mw: mw.handle(), rkey: k2, bind })]).unwrap();
+    let wc = poll_one::<H, _>(&b.scq, "the bind on the other QP");
+    assert_eq!((wc.wr_id, wc.status), (903, WcStatus::IBV_WC_SUCCESS), "{wc:?}");
+    c.write(0, b"new owner");
+    assert_eq!(write(&c, win_addr(&b), k2, 9), WcStatus::IBV_WC_SUCCESS);
+    assert_eq!(b.read(WIN_OFF, 9), b"new owner");
+    assert_eq!(write(&c, win_addr(&b), k1, 9), WcStatus::IBV_WC_REM_ACCESS_ERR, "the old rkey");
+}
