@@ -307,6 +307,11 @@ pub trait MemoryRegion: Send + Sync + 'static {
 /// A memory window (`struct ibv_mw`): a range of an MR with its own rkey and rights, bound and
 /// invalidated by work requests ([`SendOp::BindMw`], [`SendOp::LocalInv`],
 /// [`SendOp::SendWithInv`]). Dropping it deallocates it (`ibv_dealloc_mw`).
+///
+/// Tear down in this order: windows (or their invalidation), then the QPs they were bound to,
+/// then the MRs. Soft-RoCE (`rxe`, Linux 6.1) blocks in `ibv_destroy_qp` while a bound window
+/// still references the QP, until its pool timeout (about 100 s seen); devices refuse to
+/// deregister an MR with bound windows.
 pub trait MemoryWindow: Send + Sync + 'static {
     /// The window's current rkey: the one from allocation, then the `rkey` of the last
     /// [`SendOp::BindMw`] for it (on `ibverbs` recorded when `post_send` accepts the bind, as

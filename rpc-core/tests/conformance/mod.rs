@@ -154,7 +154,7 @@ macro_rules! conformance_suite {
                 local_inv_kills_the_rkey_and_the_window_rebinds,
                 send_with_inv_kills_the_rkey,
                 bind_checks_the_mr,
-                window_of_a_destroyed_qp_is_invalidated_and_rebound,
+                window_is_invalidated_and_rebound_from_another_qp,
             );
         }
     };

@@ -41,6 +41,9 @@ pub(super) struct ContextInner {
     /// The largest `max_inline_data` a QP of this device was seen to accept, learned by probing
     /// after a refusal (`u32::MAX` = not known yet).
     pub(super) max_inline: AtomicU32,
+    /// Soft-RoCE (`rdma_rxe`, vendor id 0xffffff), whose completions need the fix-ups of
+    /// [`super::convert::wc_from_ibv`].
+    pub(super) soft_roce: bool,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread concurrently (the library is
@@ -95,6 +98,7 @@ impl IbvContext {
             return Err(close(from_rc("ibv_query_device", rc)));
         }
         let nonneg = |v: i32| u32::try_from(v).unwrap_or(0);
+        let soft_roce = a.vendor_id == 0x00ff_ffff;
         let attr = DeviceAttr {
             max_qp_wr: nonneg(a.max_qp_wr),
             max_sge: nonneg(a.max_sge),
@@ -123,6 +127,7 @@ impl IbvContext {
                 sysfs: PathBuf::from(sysfs),
                 attr,
                 max_inline: AtomicU32::new(u32::MAX),
+                soft_roce,
             }),
         })
     }
