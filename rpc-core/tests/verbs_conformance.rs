@@ -657,3 +657,178 @@ mod xproc {
         b.exit();
     }
 }
+
+/// Sim-only memory-window cases: refusals with exact statuses, what MR deregistration and QP
+/// reset do to a window, a wrong SEND_WITH_INV (see `rpc_core::verbs::sim`, `sim/mw.rs`).
+mod sim_mw {
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::{
+        inc_rkey, AccessFlags, Context, DeviceSelector, MemoryRegion, MemoryWindow, MwBind, MwType,
+        ProtectionDomain, Provider, QpAttr, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
+        VerbsError, WcOpcode, WcStatus,
+    };
+
+    use crate::conformance::{connect_qps, pair, poll_one, post_recv, post_send, DeviceHarness, Node, Opts};
+
+    type H = DeviceHarness<Sim>;
+
+    fn opts() -> Opts {
+        Opts { mr_access: Opts::default().mr_access | AccessFlags::MW_BIND, ..Opts::default() }
+    }
+
+    fn wr(wr_id: u64, sg_list: &[Sge], op: SendOp) -> SendWr<'_> {
+        SendWr { wr_id, sg_list, op, flags: SendFlags::SIGNALED }
+    }
+
+    fn nodes() -> (Node<H>, Node<H>) {
+        let ca = Sim::open(&DeviceSelector::First).unwrap();
+        let cb = Sim::open(&DeviceSelector::First).unwrap();
+        pair::<H>(&ca, &cb, opts())
+    }
+
+    fn rw() -> AccessFlags {
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+    }
+
+    /// Posts a bind on `n`'s QP and returns its completion status.
+    fn bind_status<M: MemoryRegion>(
+        n: &Node<H>,
+        mw: &rpc_core::verbs::sim::SimMw,
+        rkey: u32,
+        mr: &M,
+        off: u64,
+        len: u64,
+    ) -> WcStatus {
+        let bind = MwBind { mr: mr.handle(), addr: mr.addr() + off, length: len, access: rw() };
+        post_send(&n.qp, &[wr(9, &[], SendOp::BindMw { mw: mw.handle(), rkey, bind })]).unwrap();
+        let w = poll_one::<H, _>(&n.scq, "bind");
+        assert!(w.status.is_success() || n.qp.state() == QpState::Err, "a failed bind moves the QP to ERR");
+        w.status
+    }
+
+    fn write(a: &Node<H>, remote_addr: u64, rkey: u32) -> WcStatus {
+        post_send(&a.qp, &[wr(1, &[a.sge(0, 8)], SendOp::RdmaWrite { remote_addr, rkey })]).unwrap();
+        poll_one::<H, _>(&a.scq, "write").status
+    }
+
+    #[test]
+    fn capabilities_and_types() {
+        let (_a, b) = nodes();
+        let attr = b.ctx.attr();
+        assert!(attr.mw_type2);
+        assert_eq!(attr.max_mw, 4096);
+        assert!(matches!(b.pd.alloc_mw(MwType::Type1), Err(VerbsError::InvalidArgument { .. })));
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(mw.mw_type(), MwType::Type2);
+        assert_ne!(mw.rkey() & (1 << 31), 0, "window keys are told from MR keys by bit 31");
+        // BIND_MW and LOCAL_INV take no SGEs.
+        let bind = MwBind { mr: b.mr.handle(), addr: b.mr.addr(), length: 64, access: rw() };
+        let op = SendOp::BindMw { mw: mw.handle(), rkey: inc_rkey(mw.rkey()), bind };
+        let e = post_send(&b.qp, &[wr(1, &[b.sge(0, 8)], op)]).unwrap_err();
+        assert!(matches!(e, VerbsError::BadWorkRequest { index: 0, .. }), "{e}");
+    }
+
+    #[test]
+    fn bind_refusals_are_mw_bind_errors() {
+        // A window of another PD than the QP's (C10-72).
+        let (_a, b) = nodes();
+        let other = b.ctx.alloc_pd().unwrap();
+        let mw = other.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(bind_status(&b, &mw, inc_rkey(mw.rkey()), &b.mr, 0, 64), WcStatus::IBV_WC_MW_BIND_ERR);
+        // A new rkey that does not keep the window's upper 24 bits.
+        let (_a, b) = nodes();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(bind_status(&b, &mw, mw.rkey() ^ (1 << 20), &b.mr, 0, 64), WcStatus::IBV_WC_MW_BIND_ERR);
+        // Zero length (o10-37.2.40), and a range leaving the MR (C10-75).
+        let (_a, b) = nodes();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(bind_status(&b, &mw, inc_rkey(mw.rkey()), &b.mr, 0, 0), WcStatus::IBV_WC_MW_BIND_ERR);
+        let (_a, b) = nodes();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let len = b.mr.len() as u64;
+        assert_eq!(bind_status(&b, &mw, inc_rkey(mw.rkey()), &b.mr, 8, len), WcStatus::IBV_WC_MW_BIND_ERR);
+    }
+
+    #[test]
+    fn local_inv_of_what_is_not_a_window_is_a_local_qp_error() {
+        for what in ["an MR's rkey", "a deallocated window's rkey"] {
+            let (_a, b) = nodes();
+            let rkey = if what.contains("MR") {
+                b.mr.rkey()
+            } else {
+                let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+                mw.rkey()
+            };
+            post_send(&b.qp, &[wr(3, &[], SendOp::LocalInv { rkey })]).unwrap();
+            let w = poll_one::<H, _>(&b.scq, what);
+            assert_eq!(
+                (w.status, w.opcode),
+                (WcStatus::IBV_WC_LOC_QP_OP_ERR, WcOpcode::IBV_WC_LOCAL_INV),
+                "{what}"
+            );
+            assert_eq!(b.qp.state(), QpState::Err);
+        }
+    }
+
+    #[test]
+    fn windows_die_with_their_mr() {
+        let (mut a, b) = nodes();
+        let m2 = b.pd.reg_mr(8192, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        assert_eq!(bind_status(&b, &mw, rkey, &m2, 0, 4096), WcStatus::IBV_WC_SUCCESS);
+        a.write(0, b"m2 bytes");
+        assert_eq!(write(&a, m2.addr(), rkey), WcStatus::IBV_WC_SUCCESS);
+        let mut got = [0u8; 8];
+        m2.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"m2 bytes");
+        let addr = m2.addr();
+        drop(m2);
+        assert_eq!(write(&a, addr, rkey), WcStatus::IBV_WC_REM_ACCESS_ERR, "the window died with its MR");
+        assert_eq!(mw.rkey(), rkey, "the window itself lives on");
+    }
+
+    #[test]
+    fn a_window_stays_bound_through_its_qps_error_and_reset() {
+        let (mut a, b) = nodes();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        assert_eq!(bind_status(&b, &mw, rkey, &b.mr, 4096, 1024), WcStatus::IBV_WC_SUCCESS);
+        for q in [&a.qp, &b.qp] {
+            q.modify(&QpAttr::new(QpState::Err)).unwrap();
+            q.modify(&QpAttr::new(QpState::Reset)).unwrap();
+        }
+        while poll_one_opt(&a) || poll_one_opt(&b) {}
+        connect_qps(&a, &a.qp, &b, &b.qp);
+        a.write(0, b"again!!!");
+        assert_eq!(write(&a, b.mr.addr() + 4096, rkey), WcStatus::IBV_WC_SUCCESS, "bound to the same QP");
+        assert_eq!(b.read(4096, 8), b"again!!!");
+    }
+
+    fn poll_one_opt(n: &Node<H>) -> bool {
+        use rpc_core::verbs::{CompletionQueue, WorkCompletion};
+        let mut w = [WorkCompletion::default(); 8];
+        n.scq.poll(&mut w).unwrap() + n.rcq.poll(&mut w).unwrap() > 0
+    }
+
+    #[test]
+    fn send_with_inv_of_a_window_of_another_qp_is_a_responder_error() {
+        let ca = Sim::open(&DeviceSelector::First).unwrap();
+        let cb = Sim::open(&DeviceSelector::First).unwrap();
+        let (_a, b) = pair::<H>(&ca, &cb, opts());
+        let c = Node::<H>::new(&ca, opts());
+        let q2 = b.extra_qp();
+        connect_qps(&c, &c.qp, &b, &q2);
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        assert_eq!(bind_status(&b, &mw, rkey, &b.mr, 0, 64), WcStatus::IBV_WC_SUCCESS);
+        // c is connected to q2; the window is bound to b.qp.
+        post_recv(&q2, &[RecvWr { wr_id: 5, sg_list: &[b.sge(1024, 64)] }]).unwrap();
+        post_send(&c.qp, &[wr(6, &[c.sge(0, 4)], SendOp::SendWithInv { invalidate_rkey: rkey })]).unwrap();
+        assert_eq!(poll_one::<H, _>(&c.scq, "SEND_WITH_INV").status, WcStatus::IBV_WC_REM_INV_REQ_ERR);
+        let r = poll_one::<H, _>(&b.rcq, "its receive");
+        assert_eq!((r.wr_id, r.status, r.invalidated_rkey), (5, WcStatus::IBV_WC_REM_INV_REQ_ERR, None));
+        assert_eq!((c.qp.state(), q2.state(), b.qp.state()), (QpState::Err, QpState::Err, QpState::Rts));
+        assert_eq!(mw.rkey(), rkey, "the window was not invalidated");
+    }
+}

@@ -671,6 +671,9 @@ impl SimQp {
     fn validate(&self, index: usize, wr: &SendWr<'_>) -> Result<()> {
         let cap = &self.core.cap;
         let bad = |reason: String| Err(VerbsError::BadWorkRequest { call: "ibv_post_send", index, reason });
+        if matches!(wr.op, SendOp::BindMw { .. } | SendOp::LocalInv { .. }) && !wr.sg_list.is_empty() {
+            return bad("BIND_MW and LOCAL_INV take no SGEs".into());
+        }
         if wr.flags.contains(SendFlags::INLINE) {
             if matches!(wr.op, SendOp::RdmaRead { .. }) {
                 return bad("INLINE is not valid for RDMA READ".into());
