@@ -51,11 +51,19 @@ fn mw_slot(rkey: u32) -> usize {
     ((rkey >> 8) & 0xfff) as usize
 }
 
+/// How long (ns) a window slot's lock may stay taken before a waiter takes it over (1 s).
+const SEQ_TAKEOVER_NS: u64 = 1_000_000_000;
+
 /// Holds a window slot's sequence lock while it lives (the slot is being rewritten).
 struct SeqGuard<'a>(&'a MrSlot);
 
 impl<'a> SeqGuard<'a> {
+    /// Takes the lock. Holders keep it for a few stores; a holder in a peer process that was
+    /// killed inside that section would keep it forever, so after [`SEQ_TAKEOVER_NS`] of
+    /// waiting (yielding) the lock is taken over, with a warning.
     fn lock(s: &'a MrSlot) -> SeqGuard<'a> {
+        let mut spins = 0u32;
+        let mut since = None;
         loop {
             let v = s.seq.load(Ordering::Relaxed);
             if v & 1 == 0
@@ -67,7 +75,20 @@ impl<'a> SeqGuard<'a> {
                 fence(Ordering::Release);
                 return SeqGuard(s);
             }
-            std::hint::spin_loop();
+            spins += 1;
+            if spins < 128 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let start = *since.get_or_insert_with(super::shm::monotonic_ns);
+            if super::shm::monotonic_ns().saturating_sub(start) > SEQ_TAKEOVER_NS {
+                tracing::warn!(
+                    "sim: a memory window's slot stayed locked for 1 s (holder died?); taking it over"
+                );
+                fence(Ordering::Acquire);
+                return SeqGuard(s); // still odd: the release makes it even
+            }
+            std::thread::yield_now();
         }
     }
 }
