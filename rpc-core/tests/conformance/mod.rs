@@ -155,6 +155,7 @@ macro_rules! conformance_suite {
                 send_with_inv_kills_the_rkey,
                 bind_checks_the_mr,
                 window_is_invalidated_and_rebound_from_another_qp,
+                window_stays_bound_through_its_qps_error_and_reset,
             );
         }
     };

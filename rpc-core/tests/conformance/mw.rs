@@ -8,7 +8,7 @@
 
 use rpc_core::verbs::{
     inc_rkey, AccessFlags, Context, MemoryRegion, MemoryWindow, MwBind, MwType, ProtectionDomain, Provider,
-    QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    QpAttr, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::{
@@ -352,4 +352,21 @@ pub fn window_is_invalidated_and_rebound_from_another_qp<H: Harness>(ca: Ctx<H>,
     assert_eq!(write(&c, win_addr(&b), k2, 9), WcStatus::IBV_WC_SUCCESS);
     assert_eq!(b.read(WIN_OFF, 9), b"new owner");
     assert_eq!(write(&c, win_addr(&b), k1, 9), WcStatus::IBV_WC_REM_ACCESS_ERR, "the old rkey");
+}
+
+/// A window stays bound to its QP through the QP's ERR and RESET (IBA does not unbind it; rxe
+/// keeps its QP reference): once the QP is connected again, the same rkey works again.
+pub fn window_stays_bound_through_its_qps_error_and_reset<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
+    if !supported::<H>(&ca, "window_stays_bound_through_its_qps_error_and_reset") {
+        return;
+    }
+    let (mut a, b, _mw, rkey) = bound_pair::<H>(&ca, &cb, AccessFlags::REMOTE_WRITE);
+    for q in [&a.qp, &b.qp] {
+        q.modify(&QpAttr::new(QpState::Err)).expect("to ERR");
+        q.modify(&QpAttr::new(QpState::Reset)).expect("to RESET");
+    }
+    connect_qps(&a, &a.qp, &b, &b.qp);
+    a.write(0, b"again!!!");
+    assert_eq!(write(&a, win_addr(&b), rkey, 8), WcStatus::IBV_WC_SUCCESS, "bound to the same QP");
+    assert_eq!(b.read(WIN_OFF, 8), b"again!!!");
 }
