@@ -216,14 +216,17 @@ impl MemoryRegion for IbvMemoryRegion {
         MrHandle(self.mr.as_ptr() as u64)
     }
 
+    #[inline]
     fn as_ptr(&self) -> *mut u8 {
         self.addr
     }
+    #[inline]
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         // SAFETY: `self.addr` is valid for `len` bytes while the MR lives (owned allocation, or
         // the caller's promise in `reg_user_mr`).
         unsafe { crate::verbs::mr_read_at(self.addr, self.len, offset, dst) }
     }
+    #[inline]
     fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         // SAFETY: as in `read_at`.
         unsafe { crate::verbs::mr_write_at(self.addr, self.len, offset, src) }

@@ -306,14 +306,17 @@ impl MemoryRegion for SimMr {
     fn handle(&self) -> MrHandle {
         MrHandle(self.key as u64)
     }
+    #[inline]
     fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
+    #[inline]
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         // SAFETY: `self.ptr` is valid for `len` bytes while the MR lives (owned allocation, or
         // the caller's promise in `reg_user_mr`).
         unsafe { crate::verbs::mr_read_at(self.ptr, self.len, offset, dst) }
     }
+    #[inline]
     fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         // SAFETY: as in `read_at`.
         unsafe { crate::verbs::mr_write_at(self.ptr, self.len, offset, src) }
