@@ -31,6 +31,13 @@ struct Pair {
     b: IbvQueuePair,
 }
 
+/// A copy of an MR's bytes (registered memory is read by copying).
+fn bytes<M: MemoryRegion>(mr: &M) -> Vec<u8> {
+    let mut out = vec![0; mr.len()];
+    mr.read_at(0, &mut out).expect("read_at");
+    out
+}
+
 fn pair(ctx: &IbvContext, cap: QpCap) -> Pair {
     let pd = ctx.alloc_pd().expect("alloc_pd");
     let cq = ctx.create_cq(1024, false).expect("create_cq");
@@ -112,10 +119,9 @@ fn ibverbs_send_write_read_imm_inline_and_sges() {
     let mut src = p.pd.reg_mr(8192, RW).expect("reg_mr src");
     let dst = p.pd.reg_mr(8192, RW).expect("reg_mr dst");
     assert_eq!(src.addr() % 4096, 0, "provider buffers are page-aligned");
-    assert!(src.as_slice().iter().all(|&b| b == 0), "provider buffers are zeroed");
-    for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
-        *b = (i * 7 % 251) as u8;
-    }
+    assert!(bytes(&src).iter().all(|&b| b == 0), "provider buffers are zeroed");
+    let fill: Vec<u8> = (0..8192).map(|i| (i * 7 % 251) as u8).collect();
+    src.write_at(0, &fill).unwrap();
 
     // SEND with immediate, gathered from two SGEs, scattered into two SGEs.
     let gather = [src.sge(0, 100), src.sge(1000, 50)];
@@ -141,10 +147,10 @@ fn ibverbs_send_write_read_imm_inline_and_sges() {
     assert_eq!((recv.status, recv.opcode), (WcStatus::IBV_WC_SUCCESS, WcOpcode::IBV_WC_RECV));
     assert_eq!((recv.byte_len, recv.imm_data, recv.qp_num), (150, Some(0xdead_beef), p.b.qp_num()));
     assert_eq!(recv.src_qp, p.a.qp_num(), "src_qp names the sending QP (filled in where rxe leaves 0)");
-    let d = dst.as_slice();
-    assert_eq!(&d[..100], &src.as_slice()[..100]);
-    assert_eq!(&d[100..120], &src.as_slice()[1000..1020]);
-    assert_eq!(&d[4096..4126], &src.as_slice()[1020..1050]);
+    let d = bytes(&dst);
+    assert_eq!(&d[..100], &bytes(&src)[..100]);
+    assert_eq!(&d[100..120], &bytes(&src)[1000..1020]);
+    assert_eq!(&d[4096..4126], &bytes(&src)[1020..1050]);
 
     // INLINE SEND from an unregistered stack buffer (no lkey needed), and a zero-length SEND.
     let msg = *b"inline payload!";
@@ -169,7 +175,7 @@ fn ibverbs_send_write_read_imm_inline_and_sges() {
     let r = |id| *wcs.iter().find(|w| w.wr_id == id).unwrap_or_else(|| panic!("wc {id}: {wcs:?}"));
     assert!(wcs.iter().all(|w| w.status.is_success()), "{wcs:?}");
     assert_eq!((r(101).byte_len, r(101).imm_data), (msg.len() as u32, None));
-    assert_eq!(&dst.as_slice()[6000..6000 + msg.len()], &msg);
+    assert_eq!(&bytes(&dst)[6000..6000 + msg.len()], &msg);
     assert_eq!(r(102).byte_len, 0);
 
     // RDMA WRITE, WRITE_WITH_IMM (consumes a receive), READ back.
@@ -212,7 +218,7 @@ fn ibverbs_send_write_read_imm_inline_and_sges() {
         (by(103).opcode, by(103).imm_data, by(103).byte_len),
         (WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM, Some(7), 32)
     );
-    let (s, d) = (src.as_slice(), dst.as_slice());
+    let (s, d) = (bytes(&src), bytes(&dst));
     assert_eq!(&d[2048..2304], &s[2000..2256]);
     assert_eq!(&d[3000..3032], &s[3000..3032]);
     assert_eq!(&s[5000..5256], &s[2000..2256], "READ brought back what WRITE put there");
@@ -228,7 +234,7 @@ fn ibverbs_post_lists_longer_than_a_chunk_keep_order() {
     let mut src = p.pd.reg_mr(n * 8, RW).unwrap();
     let dst = p.pd.reg_mr(n * 8, RW).unwrap();
     for i in 0..n {
-        src.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&(i as u64).to_le_bytes());
+        src.write_at(i * 8, &(i as u64).to_le_bytes()).unwrap();
     }
     let rsges: Vec<_> = (0..n).map(|i| [dst.sge(i * 8, 8)]).collect();
     let ssges: Vec<_> = (0..n).map(|i| [src.sge(i * 8, 8)]).collect();
@@ -254,7 +260,7 @@ fn ibverbs_post_lists_longer_than_a_chunk_keep_order() {
         wcs.iter().filter(|w| w.opcode == WcOpcode::IBV_WC_SEND).map(|w| w.wr_id).collect();
     assert_eq!(recv_ids, (1000..1000 + n as u64).collect::<Vec<_>>(), "receives complete in order");
     assert_eq!(send_ids, (0..n as u64).filter(|i| i % 10 == 9).collect::<Vec<_>>(), "only signaled sends");
-    assert_eq!(dst.as_slice(), src.as_slice());
+    assert_eq!(bytes(&dst), bytes(&src));
     assert_empty(&p.cq);
 }
 
@@ -288,7 +294,7 @@ fn ibverbs_srq_shared_by_two_qps_and_event_mode() {
     connect_pair(&s2, &l, &r2, &l);
     let buf = pd.reg_mr(4096, RW).unwrap();
     let mut msg = pd.reg_mr(64, RW).unwrap();
-    msg.as_mut_slice()[..5].copy_from_slice(b"hello");
+    msg.write_at(0, b"hello").unwrap();
 
     // A QP on an SRQ refuses its own receives.
     // SAFETY: never posted (refused before reaching the provider).
@@ -461,7 +467,7 @@ fn ibverbs_remote_access_error_moves_qp_to_err_and_flushes() {
     assert_eq!(wcs[0].status, WcStatus::IBV_WC_REM_ACCESS_ERR, "{wcs:?}");
     assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::IBV_WC_WR_FLUSH_ERR), "{wcs:?}");
     assert_eq!(p.a.state(), QpState::Err);
-    assert!(ro.as_slice().iter().all(|&b| b == 0), "nothing was written");
+    assert!(bytes(&ro).iter().all(|&b| b == 0), "nothing was written");
     // Posting to a QP known to be in ERR is refused (rxe would never complete it).
     // SAFETY: refused before reaching the provider.
     let e = unsafe {
@@ -509,7 +515,7 @@ fn ibverbs_user_memory_two_contexts_and_drop_order() {
     let user = unsafe { pd2.reg_user_mr(mine.as_mut_ptr(), mine.len(), RW) }.unwrap();
     assert_eq!((user.addr(), user.len()), (mine.as_ptr() as u64, 10_000));
     let mut src = pd1.reg_mr(256, RW).unwrap();
-    src.as_mut_slice().copy_from_slice(&[0x5a; 256]);
+    src.write_at(0, &[0x5a; 256]).unwrap();
     // Drop the handles we no longer need: the QPs keep PDs, CQs and contexts alive.
     drop((c1, c2, pd1));
     // SAFETY: SGE in a live MR; remote range inside `user`.
@@ -524,8 +530,8 @@ fn ibverbs_user_memory_two_contexts_and_drop_order() {
     }
     let wc = poll_n(&cq1, 1)[0];
     assert_eq!((wc.wr_id, wc.status, wc.qp_num), (9, WcStatus::IBV_WC_SUCCESS, q1.qp_num()));
-    assert_eq!(&user.as_slice()[9000..9256], &[0x5a; 256]);
-    assert!(user.as_slice()[..9000].iter().all(|&b| b == 0));
+    assert_eq!(&bytes(&user)[9000..9256], &[0x5a; 256]);
+    assert!(bytes(&user)[..9000].iter().all(|&b| b == 0));
     drop(user);
     assert_eq!(mine[9100], 0x5a, "the caller's memory got the data");
     // Drop in the "wrong" order: CQs before QPs, QPs with receives outstanding.

@@ -269,7 +269,9 @@ mod sim_only {
         let op = SendOp::RdmaWrite { remote_addr: foreign.addr(), rkey: foreign.rkey() };
         post_send(&a.qp, &[SendWr { wr_id: 1, sg_list: &[a.sge(0, 8)], op, flags: SIG }]).unwrap();
         assert_eq!(poll_one::<H, _>(&a.scq, "write into another PD").status, WcStatus::IBV_WC_REM_ACCESS_ERR);
-        assert!(foreign.as_slice()[..8].iter().all(|&x| x == 0));
+        let mut head = [0xffu8; 8];
+        foreign.read_at(0, &mut head).unwrap();
+        assert_eq!(head, [0; 8]);
     }
 
     #[test]
@@ -396,7 +398,7 @@ mod xproc {
         assert_ne!(b.pid(), std::process::id());
         assert_eq!(b.cmd("recv 77 512 1024"), ["ok"]);
         let data = pattern(3, 700);
-        a.bytes_mut()[..700].copy_from_slice(&data);
+        a.write(0, &data);
         post_send(&a.qp, &[wr(1, &[a.sge(0, 700)], SendOp::Send)]).unwrap();
         let w = poll_one::<H, _>(&a.scq, "send completion");
         assert_eq!((w.wr_id, w.status, w.opcode), (1, WcStatus::IBV_WC_SUCCESS, WcOpcode::IBV_WC_SEND));
@@ -415,11 +417,147 @@ mod xproc {
         b.exit();
     }
 
+    /// A type-2 window of this process, bound to the QP of one child's connection: that child
+    /// writes through it; another child, connected to another QP of the same PD, gets
+    /// `IBV_WC_REM_ACCESS_ERR` with the same rkey and writes nothing (the key check runs in the
+    /// child, on this process's key table in shared memory); the first child's SEND_WITH_INV
+    /// then kills the rkey, for it too.
+    #[test]
+    fn memory_window_keys_are_checked_across_processes() {
+        use rpc_core::verbs::rc::{connect, Endpoint};
+        use rpc_core::verbs::{
+            inc_rkey, AccessFlags, MemoryRegion, MemoryWindow, Mtu, MwBind, MwType, ProtectionDomain,
+        };
+
+        let opts = Opts { mr_access: Opts::default().mr_access | AccessFlags::MW_BIND, ..Opts::default() };
+        let (_c, b, mut one) = setup(opts);
+        let mut two = Agent::spawn(Opts::default());
+        let q2 = b.extra_qp();
+        let r = two.cmd(&format!(
+            "connect {} {} 768 1024",
+            q2.qp_num(),
+            crate::conformance::xproc::gid_hex(&b.addr.gid)
+        ));
+        assert_eq!(r, ["ok"]);
+        let eb = Endpoint { qp_num: two.qpn, psn: 768, lid: 0, gid: two.gid, mtu: Mtu::Mtu4096 };
+        connect(&q2, &b.addr.cfg, &b.endpoint(&q2, 1024), &eb).expect("connect to the second agent");
+
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        let win = b.mr.addr() + 4096;
+        let bind = MwBind { mr: b.mr.handle(), addr: win, length: 1024, access: AccessFlags::REMOTE_WRITE };
+        post_send(&b.qp, &[wr(9, &[], SendOp::BindMw { mw: mw.handle(), rkey, bind })]).unwrap();
+        assert_eq!(poll_one::<H, _>(&b.scq, "bind").status, WcStatus::IBV_WC_SUCCESS);
+
+        assert_eq!(one.cmd("fill 0 64 3"), ["ok"]);
+        assert_eq!(one.cmd(&format!("send 1 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(one.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.read(4096, 64), pattern(3, 64), "written through the window from the child");
+
+        assert_eq!(two.cmd("fill 0 64 9"), ["ok"]);
+        assert_eq!(two.cmd(&format!("send 2 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(
+            two.poll("scq", 1)[0].status,
+            name(WcStatus::IBV_WC_REM_ACCESS_ERR),
+            "another QP's window"
+        );
+        assert_eq!(b.read(4096, 64), pattern(3, 64), "nothing written by the other connection");
+        wait_until::<H>("the refused WRITE's responder QP in ERR", || q2.state() == QpState::Err);
+        assert_eq!(b.qp.state(), QpState::Rts, "the window's own QP is untouched");
+
+        post_recv(&b.qp, &[RecvWr { wr_id: 70, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        assert_eq!(one.cmd(&format!("send 3 send_inv 0 4 0 {rkey} 0")), ["ok"]);
+        let r = poll_one::<H, _>(&b.rcq, "the SEND_WITH_INV");
+        assert_eq!(
+            (r.wr_id, r.status, r.invalidated_rkey),
+            (70, WcStatus::IBV_WC_SUCCESS, Some(rkey)),
+            "{r:?}"
+        );
+        assert_eq!(one.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(one.cmd(&format!("send 4 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(
+            one.poll("scq", 1)[0].status,
+            name(WcStatus::IBV_WC_REM_ACCESS_ERR),
+            "the invalidated rkey"
+        );
+        drop(mw);
+        one.exit();
+        two.exit();
+    }
+
+    /// A window over an MR of caller memory (`reg_user_mr`) is out of reach of another process,
+    /// exactly as the MR itself is (its pointer is in this process's private table only): the
+    /// child's WRITE through it is a remote access error and writes nothing.
+    #[test]
+    fn a_window_over_caller_memory_is_out_of_reach_of_another_process() {
+        use rpc_core::verbs::{inc_rkey, MemoryWindow, MwBind, MwType};
+
+        let (_c, a, mut b) = setup(Opts::default());
+        let mut mem = vec![0u8; 8192];
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        // SAFETY: `mem` outlives the MR (dropped before it, below).
+        let user = unsafe { a.pd.reg_user_mr(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
+        let mw = a.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        let win = user.addr() + 1024;
+        let bind = MwBind { mr: user.handle(), addr: win, length: 1024, access: AccessFlags::REMOTE_WRITE };
+        post_send(&a.qp, &[wr(9, &[], SendOp::BindMw { mw: mw.handle(), rkey, bind })]).unwrap();
+        assert_eq!(poll_one::<H, _>(&a.scq, "bind").status, WcStatus::IBV_WC_SUCCESS);
+        assert_eq!(b.cmd("fill 0 64 3"), ["ok"]);
+        assert_eq!(b.cmd(&format!("send 1 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_REM_ACCESS_ERR));
+        drop(mw);
+        drop(user);
+        assert!(mem.iter().all(|&x| x == 0), "nothing written by the other process");
+        b.exit();
+    }
+
+    /// A window over memory past the child's mapping of our segment (an MR registered after
+    /// the child mapped it): the child maps the segment again and the transfer lands, as for
+    /// the MR's own rkey; it is neither refused nor read from the stale mapping. Then the MR is
+    /// deregistered while the child maps us: its window dies for the child too.
+    #[test]
+    fn a_window_past_the_peers_mapping_is_remapped() {
+        use rpc_core::verbs::{inc_rkey, MemoryWindow, MwBind, MwType};
+
+        let (_c, a, mut b) = setup(Opts::default());
+        assert_eq!(b.cmd("fill 0 64 5"), ["ok"]);
+        assert_eq!(b.cmd(&format!("send 1 write 0 64 {} {} 0", a.mr.addr(), a.mr.rkey())), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        let mib = 1usize << 20;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        let big = a.pd.reg_mr(64 * mib, access).unwrap();
+        let mw = a.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        let win = big.addr() + (64 * mib - 4096) as u64;
+        let rights = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let bind = MwBind { mr: big.handle(), addr: win, length: 4096, access: rights };
+        post_send(&a.qp, &[wr(9, &[], SendOp::BindMw { mw: mw.handle(), rkey, bind })]).unwrap();
+        assert_eq!(poll_one::<H, _>(&a.scq, "bind").status, WcStatus::IBV_WC_SUCCESS);
+        assert_eq!(b.cmd(&format!("send 2 write 0 64 {} {rkey} 0", win + 4032)), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        let mut got = vec![0u8; 64];
+        big.read_at(64 * mib - 64, &mut got).unwrap();
+        assert_eq!(got, pattern(5, 64), "written through the window past the first mapping");
+        assert_eq!(b.cmd(&format!("send 3 read 1000 64 {} {rkey} 0", win + 4032)), ["ok"]);
+        assert_eq!(b.poll("scq", 1)[0].status, name(WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(b.read(1000, 64), pattern(5, 64));
+        drop(big);
+        assert_eq!(b.cmd(&format!("send 4 write 0 64 {win} {rkey} 0")), ["ok"]);
+        assert_eq!(
+            b.poll("scq", 1)[0].status,
+            name(WcStatus::IBV_WC_REM_ACCESS_ERR),
+            "the window died with its MR"
+        );
+        drop(mw);
+        b.exit();
+    }
+
     #[test]
     fn send_with_imm_both_directions() {
         let (_c, mut a, mut b) = setup(Opts::default());
         assert_eq!(b.cmd("recv 5 0 64"), ["ok"]);
-        a.bytes_mut()[..16].copy_from_slice(&pattern(9, 16));
+        a.write(0, &pattern(9, 16));
         post_send(&a.qp, &[wr(2, &[a.sge(0, 16)], SendOp::SendWithImm { imm: 0xdead_beef })]).unwrap();
         let r = b.poll("rcq", 1);
         assert_eq!((r[0].wr_id, r[0].imm, r[0].byte_len), (5, Some(0xdead_beef), 16));
@@ -441,7 +579,7 @@ mod xproc {
     fn rdma_write_and_write_with_imm_across_processes() {
         let (_c, mut a, mut b) = setup(Opts::default());
         let data = pattern(17, 5000);
-        a.bytes_mut()[..5000].copy_from_slice(&data);
+        a.write(0, &data);
         post_send(
             &a.qp,
             &[wr(1, &[a.sge(0, 5000)], SendOp::RdmaWrite { remote_addr: b.mr_addr + 1000, rkey: b.rkey })],
@@ -646,5 +784,259 @@ mod xproc {
         let w = poll_one::<H, _>(&a.rcq, "the child's send");
         assert_eq!((w.wr_id, w.status, w.byte_len), (4, WcStatus::IBV_WC_SUCCESS, 16));
         b.exit();
+    }
+}
+
+/// Sim-only memory-window cases: refusals with exact statuses, what MR deregistration does to a
+/// window, a wrong SEND_WITH_INV (see `rpc_core::verbs::sim`, `sim/mw.rs`).
+mod sim_mw {
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::{
+        inc_rkey, AccessFlags, Context, DeviceSelector, MemoryRegion, MemoryWindow, MwBind, MwType,
+        ProtectionDomain, Provider, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError,
+        WcOpcode, WcStatus,
+    };
+
+    use crate::conformance::{connect_qps, pair, poll_one, post_recv, post_send, DeviceHarness, Node, Opts};
+
+    type H = DeviceHarness<Sim>;
+
+    fn opts() -> Opts {
+        Opts { mr_access: Opts::default().mr_access | AccessFlags::MW_BIND, ..Opts::default() }
+    }
+
+    fn wr(wr_id: u64, sg_list: &[Sge], op: SendOp) -> SendWr<'_> {
+        SendWr { wr_id, sg_list, op, flags: SendFlags::SIGNALED }
+    }
+
+    fn nodes() -> (Node<H>, Node<H>) {
+        let ca = Sim::open(&DeviceSelector::First).unwrap();
+        let cb = Sim::open(&DeviceSelector::First).unwrap();
+        pair::<H>(&ca, &cb, opts())
+    }
+
+    fn rw() -> AccessFlags {
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+    }
+
+    /// Posts a bind on `n`'s QP and returns its completion status.
+    fn bind_status<M: MemoryRegion>(
+        n: &Node<H>,
+        mw: &rpc_core::verbs::sim::SimMw,
+        rkey: u32,
+        mr: &M,
+        off: u64,
+        len: u64,
+    ) -> WcStatus {
+        let bind = MwBind { mr: mr.handle(), addr: mr.addr() + off, length: len, access: rw() };
+        post_send(&n.qp, &[wr(9, &[], SendOp::BindMw { mw: mw.handle(), rkey, bind })]).unwrap();
+        let w = poll_one::<H, _>(&n.scq, "bind");
+        assert!(w.status.is_success() || n.qp.state() == QpState::Err, "a failed bind moves the QP to ERR");
+        w.status
+    }
+
+    fn write(a: &Node<H>, remote_addr: u64, rkey: u32) -> WcStatus {
+        post_send(&a.qp, &[wr(1, &[a.sge(0, 8)], SendOp::RdmaWrite { remote_addr, rkey })]).unwrap();
+        poll_one::<H, _>(&a.scq, "write").status
+    }
+
+    #[test]
+    fn capabilities_and_types() {
+        let (_a, b) = nodes();
+        let attr = b.ctx.attr();
+        assert!(attr.mw_type2);
+        assert_eq!(attr.max_mw, 4096);
+        assert!(matches!(b.pd.alloc_mw(MwType::Type1), Err(VerbsError::InvalidArgument { .. })));
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(mw.mw_type(), MwType::Type2);
+        assert_ne!(mw.rkey() & (1 << 31), 0, "window keys are told from MR keys by bit 31");
+        // BIND_MW and LOCAL_INV take no SGEs.
+        let bind = MwBind { mr: b.mr.handle(), addr: b.mr.addr(), length: 64, access: rw() };
+        let op = SendOp::BindMw { mw: mw.handle(), rkey: inc_rkey(mw.rkey()), bind };
+        let e = post_send(&b.qp, &[wr(1, &[b.sge(0, 8)], op)]).unwrap_err();
+        assert!(matches!(e, VerbsError::BadWorkRequest { index: 0, .. }), "{e}");
+    }
+
+    #[test]
+    fn bind_refusals_are_mw_bind_errors() {
+        // A window of another PD than the QP's (C10-72).
+        let (_a, b) = nodes();
+        let other = b.ctx.alloc_pd().unwrap();
+        let mw = other.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(bind_status(&b, &mw, inc_rkey(mw.rkey()), &b.mr, 0, 64), WcStatus::IBV_WC_MW_BIND_ERR);
+        // A new rkey that does not keep the window's upper 24 bits.
+        let (_a, b) = nodes();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(bind_status(&b, &mw, mw.rkey() ^ (1 << 20), &b.mr, 0, 64), WcStatus::IBV_WC_MW_BIND_ERR);
+        // Zero length (o10-37.2.40), and a range leaving the MR (C10-75).
+        let (_a, b) = nodes();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        assert_eq!(bind_status(&b, &mw, inc_rkey(mw.rkey()), &b.mr, 0, 0), WcStatus::IBV_WC_MW_BIND_ERR);
+        let (_a, b) = nodes();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let len = b.mr.len() as u64;
+        assert_eq!(bind_status(&b, &mw, inc_rkey(mw.rkey()), &b.mr, 8, len), WcStatus::IBV_WC_MW_BIND_ERR);
+    }
+
+    #[test]
+    fn local_inv_of_what_is_not_a_window_is_a_local_qp_error() {
+        for what in ["an MR's rkey", "a deallocated window's rkey"] {
+            let (_a, b) = nodes();
+            let rkey = if what.contains("MR") {
+                b.mr.rkey()
+            } else {
+                let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+                mw.rkey()
+            };
+            post_send(&b.qp, &[wr(3, &[], SendOp::LocalInv { rkey })]).unwrap();
+            let w = poll_one::<H, _>(&b.scq, what);
+            assert_eq!(
+                (w.status, w.opcode),
+                (WcStatus::IBV_WC_LOC_QP_OP_ERR, WcOpcode::IBV_WC_LOCAL_INV),
+                "{what}"
+            );
+            assert_eq!(b.qp.state(), QpState::Err);
+        }
+    }
+
+    #[test]
+    fn windows_die_with_their_mr() {
+        let (mut a, b) = nodes();
+        let m2 = b.pd.reg_mr(8192, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        assert_eq!(bind_status(&b, &mw, rkey, &m2, 0, 4096), WcStatus::IBV_WC_SUCCESS);
+        a.write(0, b"m2 bytes");
+        assert_eq!(write(&a, m2.addr(), rkey), WcStatus::IBV_WC_SUCCESS);
+        let mut got = [0u8; 8];
+        m2.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"m2 bytes");
+        let addr = m2.addr();
+        drop(m2);
+        assert_eq!(write(&a, addr, rkey), WcStatus::IBV_WC_REM_ACCESS_ERR, "the window died with its MR");
+        assert_eq!(mw.rkey(), rkey, "the window itself lives on");
+    }
+
+    /// BIND_MW and LOCAL_INV are WQEs like any other: executed unsignaled, they keep their
+    /// send-queue slots until a signaled completion at or after them is polled (and a failed one
+    /// retires its slot and everything before it with its error completion).
+    #[test]
+    fn window_wrs_hold_send_queue_slots_until_a_covering_completion_is_polled() {
+        let ca = Sim::open(&DeviceSelector::First).unwrap();
+        let cb = Sim::open(&DeviceSelector::First).unwrap();
+        let o = Opts { cap: rpc_core::verbs::QpCap { max_send_wr: 8, ..opts().cap }, ..opts() };
+        let (_a, b) = pair::<H>(&ca, &cb, o);
+        let depth = b.qp.cap().max_send_wr as u64;
+        assert_eq!(depth % 2, 0, "binds and invalidations alternate; the last WR is a LOCAL_INV");
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let bind = |rkey: u32| {
+            let bind = MwBind { mr: b.mr.handle(), addr: b.mr.addr(), length: 64, access: rw() };
+            SendOp::BindMw { mw: mw.handle(), rkey, bind }
+        };
+        let unsig = |wr_id: u64, op: SendOp| SendWr { wr_id, sg_list: &[], op, flags: SendFlags::EMPTY };
+        // depth - 1 unsignaled window WRs (bind, invalidate, bind, ...), then a signaled one.
+        let mut rkey = mw.rkey();
+        let mut ops = Vec::new();
+        for i in 0..depth {
+            let op = if i % 2 == 0 {
+                rkey = inc_rkey(rkey);
+                bind(rkey)
+            } else {
+                SendOp::LocalInv { rkey }
+            };
+            ops.push(op);
+        }
+        for (i, op) in ops.iter().enumerate().take(depth as usize - 1) {
+            post_send(&b.qp, &[unsig(i as u64, *op)]).expect("fits");
+        }
+        crate::conformance::assert_empty(&b.scq, "unsignaled window WRs");
+        let last = SendWr { flags: SendFlags::SIGNALED, ..unsig(depth - 1, ops[depth as usize - 1]) };
+        post_send(&b.qp, &[last]).expect("the last slot");
+        // Another bind (the last WR was a LOCAL_INV: the window is free).
+        let one_more = unsig(50, bind(inc_rkey(rkey)));
+        match post_send(&b.qp, &[one_more]) {
+            Err(VerbsError::BadWorkRequest { index: 0, reason, .. }) => {
+                assert!(reason.contains("work queue is full"), "{reason}")
+            }
+            other => panic!("expected a full send queue, got {other:?}"),
+        }
+        let w = poll_one::<H, _>(&b.scq, "the signaled window WR");
+        assert_eq!((w.wr_id, w.status), (depth - 1, WcStatus::IBV_WC_SUCCESS));
+        assert_eq!(w.opcode, WcOpcode::IBV_WC_LOCAL_INV);
+        // Polled: every slot is free again.
+        post_send(&b.qp, &[one_more]).expect("room after the poll");
+        assert_eq!(b.qp.state(), QpState::Rts);
+    }
+
+    /// A window over an MR registered from caller memory (`reg_user_mr`, whose pointer lives in
+    /// the owner's private table, not in the shared key table): WRITE and READ through it land
+    /// in the caller's bytes, within the window only, and it dies with its MR.
+    #[test]
+    fn a_window_over_caller_memory_reaches_the_callers_bytes() {
+        let (mut a, b) = nodes();
+        let mut mem = vec![0u8; 8192];
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        // SAFETY: `mem` outlives the MR (dropped before it, below).
+        let user = unsafe { b.pd.reg_user_mr(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        assert_eq!(bind_status(&b, &mw, rkey, &user, 1024, 256), WcStatus::IBV_WC_SUCCESS);
+        let win = user.addr() + 1024;
+        a.write(0, b"callers!");
+        assert_eq!(write(&a, win + 8, rkey), WcStatus::IBV_WC_SUCCESS);
+        let mut got = [0u8; 8];
+        user.read_at(1032, &mut got).unwrap();
+        assert_eq!(&got, b"callers!", "written into the caller's memory through the window");
+        user.read_at(1024 + 200, &mut got).unwrap();
+        assert_eq!(got, [0; 8]);
+        // READ back into `a` at 512.
+        let rd = SendOp::RdmaRead { remote_addr: win + 8, rkey };
+        post_send(&a.qp, &[wr(2, &[a.sge(512, 8)], rd)]).unwrap();
+        assert_eq!(poll_one::<H, _>(&a.scq, "read").status, WcStatus::IBV_WC_SUCCESS);
+        assert_eq!(a.read(512, 8), b"callers!");
+        drop(user);
+        assert_eq!(write(&a, win, rkey), WcStatus::IBV_WC_REM_ACCESS_ERR, "the window died with its MR");
+        assert_eq!(&mem[1032..1040], b"callers!");
+        assert_eq!(mem[1024..1032], [0; 8], "nothing written after the deregistration");
+        drop(mw);
+    }
+
+    /// Past the window's end (still inside the caller-memory MR): a remote access error.
+    #[test]
+    fn a_window_over_caller_memory_stops_at_its_end() {
+        let (mut a, b) = nodes();
+        let mut mem = vec![0u8; 8192];
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        // SAFETY: `mem` outlives the MR (dropped before it, below).
+        let user = unsafe { b.pd.reg_user_mr(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        assert_eq!(bind_status(&b, &mw, rkey, &user, 1024, 256), WcStatus::IBV_WC_SUCCESS);
+        a.write(0, b"overflow");
+        assert_eq!(write(&a, user.addr() + 1024 + 252, rkey), WcStatus::IBV_WC_REM_ACCESS_ERR);
+        drop(mw);
+        drop(user);
+        assert!(mem.iter().all(|&x| x == 0), "nothing written");
+    }
+
+    #[test]
+    fn send_with_inv_of_a_window_of_another_qp_is_a_responder_error() {
+        let ca = Sim::open(&DeviceSelector::First).unwrap();
+        let cb = Sim::open(&DeviceSelector::First).unwrap();
+        let (_a, b) = pair::<H>(&ca, &cb, opts());
+        let c = Node::<H>::new(&ca, opts());
+        let q2 = b.extra_qp();
+        connect_qps(&c, &c.qp, &b, &q2);
+        let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        assert_eq!(bind_status(&b, &mw, rkey, &b.mr, 0, 64), WcStatus::IBV_WC_SUCCESS);
+        // c is connected to q2; the window is bound to b.qp.
+        post_recv(&q2, &[RecvWr { wr_id: 5, sg_list: &[b.sge(1024, 64)] }]).unwrap();
+        post_send(&c.qp, &[wr(6, &[c.sge(0, 4)], SendOp::SendWithInv { invalidate_rkey: rkey })]).unwrap();
+        assert_eq!(poll_one::<H, _>(&c.scq, "SEND_WITH_INV").status, WcStatus::IBV_WC_REM_INV_REQ_ERR);
+        let r = poll_one::<H, _>(&b.rcq, "its receive");
+        assert_eq!((r.wr_id, r.status, r.invalidated_rkey), (5, WcStatus::IBV_WC_REM_INV_REQ_ERR, None));
+        assert_eq!((c.qp.state(), q2.state(), b.qp.state()), (QpState::Err, QpState::Err, QpState::Rts));
+        assert_eq!(mw.rkey(), rkey, "the window was not invalidated");
     }
 }

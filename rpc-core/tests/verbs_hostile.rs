@@ -77,7 +77,7 @@ fn bad_wr_mid_list_in_rts_posts_the_ones_before_it() {
     for i in 0..4u64 {
         post_recv(&b.qp, &[RecvWr { wr_id: 10 + i, sg_list: &[b.sge(i as usize * 64, 64)] }]).unwrap();
     }
-    a.bytes_mut()[..16].copy_from_slice(b"0123456789abcdef");
+    a.write(0, b"0123456789abcdef");
     let s0 = [a.sge(0, 8)];
     let s1 = [a.sge(8, 8)];
     let big = vec![0u8; 1024];
@@ -180,7 +180,7 @@ fn two_senders_into_one_srq_and_cq_lose_nothing() {
         for w in &buf[..n] {
             assert_eq!((w.status, w.byte_len), (WcStatus::IBV_WC_SUCCESS, 8), "{w:?}");
             let off = w.wr_id as usize * 64;
-            let v = u64::from_le_bytes(b.bytes()[off..off + 8].try_into().unwrap());
+            let v = u64::from_le_bytes(b.read(off, 8).try_into().unwrap());
             let (tag, seq) = ((v >> 56) as usize, v & ((1 << 56) - 1));
             assert!(tag == 1 || tag == 2, "garbage {v:#x}");
             assert_eq!(seq, next[tag], "sender {tag} in order");
@@ -248,7 +248,7 @@ fn a_qp_connected_to_itself() {
     let mut a = conformance::Node::<H>::new(&ca, Opts::default());
     let ea = a.endpoint(&a.qp, 0x42);
     rpc_core::verbs::rc::connect(&a.qp, &a.addr.cfg, &ea, &ea).unwrap();
-    a.bytes_mut()[..4].copy_from_slice(b"echo");
+    a.write(0, b"echo");
     post_recv(&a.qp, &[RecvWr { wr_id: 7, sg_list: &[a.sge(100, 16)] }]).unwrap();
     post_send(&a.qp, &[send(1, &[a.sge(0, 4)], SIG)]).unwrap();
     assert_eq!(poll_one::<H, _>(&a.rcq, "loopback receive").byte_len, 4);
@@ -426,7 +426,7 @@ fn no_write_lands_in_a_receive_buffer_after_its_qp_is_dropped() {
         let (ca, cb) = hosts();
         let opts = Opts { mr_len: LEN, cqe: 4096, timeout: 1, retry_cnt: 1, ..Opts::default() };
         let (mut a, mut b) = pair::<H>(&ca, &cb, opts);
-        a.bytes_mut().fill(0x5a);
+        a.write(0, &vec![0x5a; LEN]);
         // Every receive WQE scatters into the same buffer: the whole MR.
         let whole = [b.sge(0, LEN as u32)];
         let wrs: Vec<RecvWr<'_>> = (0..64).map(|i| RecvWr { wr_id: i, sg_list: &whole }).collect();
@@ -451,7 +451,7 @@ fn no_write_lands_in_a_receive_buffer_after_its_qp_is_dropped() {
         poll_one::<H, _>(&b.rcq, "a first receive");
         let spare = b.extra_qp();
         drop(std::mem::replace(&mut b.qp, spare));
-        b.bytes_mut().fill(0xab);
+        b.write(0, &vec![0xab; LEN]);
         streaming.store(false, Ordering::Release);
         let _a = sender.join().unwrap();
         let stray = b.bytes().iter().filter(|&&x| x != 0xab).count();

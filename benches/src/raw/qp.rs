@@ -215,7 +215,7 @@ impl<P: Provider> RawQp<P> {
     /// Zeroes the receive area's first `size` bytes (before a size starts; no WR targets them then).
     pub fn clear_recv_area(&mut self, size: usize) {
         let area = self.area;
-        self.mr.as_mut_slice()[area..area + size].fill(0);
+        self.mr.write_at(area, &vec![0; size]).expect("the receive area lies in the MR");
     }
 
     /// The byte at `offset` of the receive area, as the peer's RDMA WRITE left it.
@@ -223,7 +223,9 @@ impl<P: Provider> RawQp<P> {
     pub fn recv_byte(&self, offset: usize) -> u8 {
         // The peer writes this byte by RDMA while we spin: make the compiler load it every time.
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        std::hint::black_box(self.mr.as_slice()[self.area + offset])
+        let mut b = [0u8];
+        self.mr.read_at(self.area + offset, &mut b).expect("offset inside the receive area");
+        std::hint::black_box(b[0])
     }
 
     /// Sets the byte at `offset` of the send area (the tag a write_lat peer polls for).
@@ -232,7 +234,7 @@ impl<P: Provider> RawQp<P> {
     /// answered the previous message.
     #[inline]
     pub fn set_send_byte(&mut self, offset: usize, v: u8) {
-        self.mr.as_mut_slice()[offset] = v;
+        self.mr.write_at(offset, &[v]).expect("offset inside the send area");
     }
 
     /// Tops the receive queue up to its depth, in one post.

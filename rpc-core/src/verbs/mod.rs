@@ -27,6 +27,45 @@ pub mod sim;
 pub use error::{Result, VerbsError};
 pub use types::*;
 
+/// Checks that `[offset, offset + n)` lies in a region of `len` bytes, naming `call`.
+fn check_range(call: &'static str, offset: usize, n: usize, len: usize) -> Result<()> {
+    if offset.checked_add(n).is_some_and(|end| end <= len) {
+        Ok(())
+    } else {
+        Err(VerbsError::InvalidArgument {
+            call,
+            reason: format!("range [{offset}, +{n}) outside the MR of {len} bytes"),
+        })
+    }
+}
+
+/// [`MemoryRegion::read_at`] for a region of `len` bytes at `base`.
+///
+/// # Safety
+/// `base` must be valid for reads of `len` bytes (the MR's memory, alive).
+#[inline]
+unsafe fn mr_read_at(base: *const u8, len: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
+    check_range("MemoryRegion::read_at", offset, dst.len(), len)?;
+    // SAFETY: `[offset, offset + dst.len())` is inside the `len` valid bytes at `base` (checked
+    // above); `dst` is a distinct, exclusively borrowed buffer (registered memory is never
+    // handed out as a Rust reference by a safe function, so it cannot overlap). A concurrent DMA
+    // or peer write may make the copied bytes a mix, which the contract allows.
+    unsafe { std::ptr::copy_nonoverlapping(base.add(offset), dst.as_mut_ptr(), dst.len()) };
+    Ok(())
+}
+
+/// [`MemoryRegion::write_at`] for a region of `len` bytes at `base`.
+///
+/// # Safety
+/// `base` must be valid for writes of `len` bytes (the MR's memory, alive).
+#[inline]
+unsafe fn mr_write_at(base: *mut u8, len: usize, offset: usize, src: &[u8]) -> Result<()> {
+    check_range("MemoryRegion::write_at", offset, src.len(), len)?;
+    // SAFETY: as in `mr_read_at`, the other way round.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(offset), src.len()) };
+    Ok(())
+}
+
 /// A NIC provider: the set of verbs object types and how to find a device.
 pub trait Provider: Sized + Send + Sync + 'static {
     /// Short name used in logs and on the command line: `"sim"` or `"ibverbs"`.
@@ -37,6 +76,8 @@ pub trait Provider: Sized + Send + Sync + 'static {
     type ProtectionDomain: ProtectionDomain<Self>;
     /// A registered memory region (`struct ibv_mr`) owning or borrowing its buffer.
     type MemoryRegion: MemoryRegion;
+    /// A memory window (`struct ibv_mw`).
+    type MemoryWindow: MemoryWindow;
     /// A completion queue (`struct ibv_cq`), optionally with a completion channel.
     type CompletionQueue: CompletionQueue;
     /// A shared receive queue (`struct ibv_srq`).
@@ -126,6 +167,18 @@ pub trait ProtectionDomain<P: Provider>: Clone + Send + Sync + 'static {
     /// As [`ProtectionDomain::reg_mr`].
     unsafe fn reg_user_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<P::MemoryRegion>;
 
+    /// Allocates a memory window (`ibv_alloc_mw`), unbound. A type-2 window is bound to a QP of
+    /// this PD by posting [`SendOp::BindMw`] on it, and invalidated by [`SendOp::LocalInv`] or a
+    /// peer's [`SendOp::SendWithInv`]. Dropping it deallocates it (`ibv_dealloc_mw`); it holds
+    /// the PD alive. Drop (or invalidate) the windows bound to an MR before the MR: a device
+    /// refuses to deregister an MR with bound windows (the software NIC invalidates them).
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a type the provider does not support (check
+    /// [`DeviceAttr::mw_type2`]); [`VerbsError::CapExceeded`] over `max_mw`;
+    /// [`VerbsError::Os`] naming `ibv_alloc_mw` otherwise.
+    fn alloc_mw(&self, mw_type: MwType) -> Result<P::MemoryWindow>;
+
     /// Creates a shared receive queue (`ibv_create_srq`).
     ///
     /// # Errors
@@ -141,10 +194,42 @@ pub trait ProtectionDomain<P: Provider>: Clone + Send + Sync + 'static {
 
 /// A registered memory region. Dropping it deregisters (`ibv_dereg_mr`) and frees an owned buffer.
 ///
-/// The byte views below are how the owner reads and writes the memory. Which bytes a peer (or the
-/// local NIC) may be writing at a given moment is a protocol matter: a range handed to a posted
-/// work request, or granted to a peer with `REMOTE_WRITE`, must not be read or written through
-/// these views until the protocol says the transfer has completed.
+/// Registered memory is shared with the NIC and, with `REMOTE_WRITE`/`REMOTE_READ`, with peers,
+/// outside the borrow checker's sight. So the safe surface is address, length, keys, and copies:
+/// [`MemoryRegion::read_at`] copies bytes out and [`MemoryRegion::write_at`] copies bytes in,
+/// and no reference into the region ever escapes them. Byte views ([`MemoryRegion::as_slice`],
+/// [`MemoryRegion::as_mut_slice`]) are `unsafe`, because a peer's RDMA WRITE into the range a
+/// `&[u8]` covers is a data race that no safe code could rule out:
+///
+/// ```compile_fail,E0133
+/// use rpc_core::verbs::{sim::Sim, AccessFlags, Context, MemoryRegion, ProtectionDomain, Provider};
+/// let ctx = Sim::open(&Default::default()).unwrap();
+/// let pd = ctx.alloc_pd().unwrap();
+/// let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+/// let first = mr.as_slice()[0]; // error[E0133]: call to unsafe function
+/// ```
+///
+/// ```compile_fail,E0133
+/// use rpc_core::verbs::{sim::Sim, AccessFlags, Context, MemoryRegion, ProtectionDomain, Provider};
+/// let ctx = Sim::open(&Default::default()).unwrap();
+/// let pd = ctx.alloc_pd().unwrap();
+/// let mut mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+/// mr.as_mut_slice()[0] = 1; // error[E0133]: call to unsafe function
+/// ```
+///
+/// The safe way, copying:
+///
+/// ```
+/// use rpc_core::verbs::{sim::Sim, AccessFlags, Context, MemoryRegion, ProtectionDomain, Provider};
+/// let ctx = Sim::open(&Default::default()).unwrap();
+/// let pd = ctx.alloc_pd().unwrap();
+/// let mut mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+/// mr.write_at(100, b"hello").unwrap();
+/// let mut out = [0u8; 5];
+/// mr.read_at(100, &mut out).unwrap();
+/// assert_eq!(&out, b"hello");
+/// assert!(mr.read_at(4095, &mut out).is_err(), "out of bounds");
+/// ```
 pub trait MemoryRegion: Send + Sync + 'static {
     /// Virtual address of the first byte (what an [`Sge`] or a peer's `remote_addr` uses).
     fn addr(&self) -> u64;
@@ -160,10 +245,51 @@ pub trait MemoryRegion: Send + Sync + 'static {
     fn rkey(&self) -> u32;
     /// Access flags it was registered with.
     fn access(&self) -> AccessFlags;
+    /// The MR as a work request names it ([`MwBind::mr`]).
+    fn handle(&self) -> MrHandle;
+    /// The first byte of the region, as a pointer in this process (`addr()` as a pointer). Safe to
+    /// obtain; dereferencing it is the caller's `unsafe` business, under the contract of
+    /// [`MemoryRegion::as_slice`]. Valid for `len()` bytes while the MR lives.
+    fn as_ptr(&self) -> *mut u8;
+
+    /// Copies `[offset, offset + dst.len())` of the region into `dst`.
+    ///
+    /// No reference to registered memory escapes: the bytes are copied through a raw pointer. If
+    /// a transfer (a posted WR, or a peer granted `REMOTE_WRITE`) writes the range concurrently,
+    /// the copied bytes may be any mix of old and new ones: treat them as untrusted until the
+    /// protocol says the range is settled. Nothing worse happens to this process.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] when the range is not inside the region (nothing copied).
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+
+    /// Copies `src` into `[offset, offset + src.len())` of the region.
+    ///
+    /// The caller must not write a range that a posted WR is still reading (or that a peer is
+    /// reading with RDMA READ): the NIC would send a mix of old and new bytes. That is a protocol
+    /// error, not undefined behaviour of this process.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] when the range is not inside the region (nothing copied).
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()>;
+
     /// The whole region as bytes.
-    fn as_slice(&self) -> &[u8];
+    ///
+    /// # Safety
+    /// For as long as the returned slice lives, nothing may write the region but through it:
+    /// no posted work request may write any of it (receives, RDMA READ targets), and no peer may
+    /// write it (the MR, or a memory window on it, granted `REMOTE_WRITE`, and its rkey known to
+    /// a peer that could still use it).
+    unsafe fn as_slice(&self) -> &[u8];
+
     /// The whole region as mutable bytes.
-    fn as_mut_slice(&mut self) -> &mut [u8];
+    ///
+    /// # Safety
+    /// For as long as the returned slice lives, nothing may access the region but through it: no
+    /// posted work request may read or write any of it (gathers of sends and WRITEs, receives,
+    /// READ targets), and no peer may read or write it (`REMOTE_WRITE` or `REMOTE_READ` granted
+    /// on the MR or on a window of it, with the rkey usable by a peer).
+    unsafe fn as_mut_slice(&mut self) -> &mut [u8];
     /// An SGE for `[offset, offset + len)` of this region.
     ///
     /// # Panics
@@ -176,6 +302,26 @@ pub trait MemoryRegion: Send + Sync + 'static {
         );
         Sge { addr: self.addr() + offset as u64, length: len, lkey: self.lkey() }
     }
+}
+
+/// A memory window (`struct ibv_mw`): a range of an MR with its own rkey and rights, bound and
+/// invalidated by work requests ([`SendOp::BindMw`], [`SendOp::LocalInv`],
+/// [`SendOp::SendWithInv`]). Dropping it deallocates it (`ibv_dealloc_mw`).
+///
+/// Tear down in this order: windows (or their invalidation), then the QPs they were bound to,
+/// then the MRs. Soft-RoCE (`rxe`, Linux 6.1) blocks in `ibv_destroy_qp` while a bound window
+/// still references the QP, until its pool timeout (about 100 s seen); devices refuse to
+/// deregister an MR with bound windows.
+pub trait MemoryWindow: Send + Sync + 'static {
+    /// The window's current rkey: the one from allocation, then the `rkey` of the last
+    /// [`SendOp::BindMw`] for it (on `ibverbs` recorded when `post_send` accepts the bind, as
+    /// the device reports nothing else; on `sim` when the bind executes, which is at once unless
+    /// WRs are queued ahead of it). The upper 24 bits never change; [`inc_rkey`] gives the next.
+    fn rkey(&self) -> u32;
+    /// Its type.
+    fn mw_type(&self) -> MwType;
+    /// The window as a work request names it ([`SendOp::BindMw`]).
+    fn handle(&self) -> MwHandle;
 }
 
 /// A completion queue. Cheap to clone (a shared handle); normally polled by one thread.
@@ -248,7 +394,11 @@ pub trait QueuePair: Send + Sync + 'static {
     /// # Safety
     /// Except for `INLINE` WRs, every SGE must lie in a live MR of this QP's PD, and the memory must
     /// stay alive and untouched (for READ: unread) until the WR's completion has been polled —
-    /// for an unsignaled WR, until a later signaled WR of this QP has completed.
+    /// for an unsignaled WR, until a later signaled WR of this QP has completed. A
+    /// [`SendOp::BindMw`] must name a live window and a live MR of this QP's PD (their handles),
+    /// both alive until its completion, and no other bind of the same window may be posted
+    /// concurrently from another thread. Binding a window with `REMOTE_WRITE` is granting the
+    /// peer write access: the range falls under the contract of [`MemoryRegion::as_slice`].
     ///
     /// # Errors
     /// [`VerbsError::BadQpState`] before RTS (or in ERR on providers that refuse),

@@ -179,6 +179,12 @@ pub struct DeviceAttr {
     pub max_inline_data: u32,
     /// Number of physical ports.
     pub phys_port_cnt: u8,
+    /// Max memory windows (`max_mw`; 0 = none).
+    pub max_mw: u32,
+    /// Whether type-2 memory windows work ([`SendOp::BindMw`], [`SendOp::LocalInv`],
+    /// [`SendOp::SendWithInv`]): `device_cap_flags` has `IBV_DEVICE_MEM_WINDOW_TYPE_2A` or
+    /// `_2B`. When false, fall back to plain MRs.
+    pub mw_type2: bool,
 }
 
 /// A device as listed by the provider (`ibv_get_device_list`).
@@ -266,6 +272,9 @@ bitflags_u32! {
         REMOTE_READ = 4;
         /// Peers may perform atomics on it.
         REMOTE_ATOMIC = 8;
+        /// Memory windows may be bound to it (`IBV_ACCESS_MW_BIND`). Needed on an MR before a
+        /// [`SendOp::BindMw`] can bind a window to any of its range.
+        MW_BIND = 16;
     }
 }
 
@@ -293,6 +302,52 @@ pub struct Sge {
     pub length: u32,
     /// Local key of the MR holding the range (ignored for inline sends).
     pub lkey: u32,
+}
+
+/// An opaque reference to a live memory region, for use inside a work request
+/// ([`MwBind::mr`]); from [`MemoryRegion`](crate::verbs::MemoryRegion)`::handle`. It names the
+/// MR only while the MR lives (posting it afterwards breaks `post_send`'s safety contract).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MrHandle(pub(crate) u64);
+
+/// An opaque reference to a live memory window, for use inside a work request
+/// ([`SendOp::BindMw`]); from [`MemoryWindow`](crate::verbs::MemoryWindow)`::handle`. It names
+/// the window only while the window lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MwHandle(pub(crate) u64);
+
+/// The kind of a memory window (`enum ibv_mw_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MwType {
+    /// Type 1: bound by a verb (`ibv_bind_mw`), not to a QP. Not offered by this API beyond
+    /// allocation; the software NIC refuses it.
+    Type1,
+    /// Type 2: bound by a [`SendOp::BindMw`] work request to the QP it is posted on; only
+    /// requests arriving on that QP may use its rkey.
+    Type2,
+}
+
+/// What a [`SendOp::BindMw`] binds a window to (`struct ibv_mw_bind_info`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MwBind {
+    /// The MR whose range the window exposes; it must have been registered with
+    /// [`AccessFlags::MW_BIND`].
+    pub mr: MrHandle,
+    /// First byte of the window (a virtual address inside the MR).
+    pub addr: u64,
+    /// Length of the window in bytes (more than 0; `addr + length` inside the MR).
+    pub length: u64,
+    /// Remote rights of the window: a subset of `REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC`.
+    /// `REMOTE_WRITE` and `REMOTE_ATOMIC` need `LOCAL_WRITE` on the MR (IBA C10-74).
+    pub access: AccessFlags,
+}
+
+/// `ibv_inc_rkey`: `rkey` with its low 8 bits (the consumer's key of a type-2 window)
+/// incremented, wrapping; the upper 24 bits (which name the window) unchanged. The usual new
+/// rkey of a [`SendOp::BindMw`].
+pub const fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
 }
 
 /// The operation of a send WR, with its operation-specific fields.
@@ -326,6 +381,33 @@ pub enum SendOp {
         /// Remote virtual address.
         remote_addr: u64,
         /// Remote key of the source MR (needs `REMOTE_READ`).
+        rkey: u32,
+    },
+    /// SEND that also invalidates `invalidate_rkey` at the receiver (`IBV_WR_SEND_WITH_INV`):
+    /// a type-2 window of the receiving QP's PD, bound to the receiving QP. The receiver's
+    /// completion carries [`WorkCompletion::invalidated_rkey`]; by then the rkey is dead.
+    SendWithInv {
+        /// The receiver's rkey to invalidate.
+        invalidate_rkey: u32,
+    },
+    /// Binds a type-2 memory window to this QP (`IBV_WR_BIND_MW`): from its completion on, the
+    /// peer of this QP, and only it, may access `bind`'s range with `rkey` and `bind.access`.
+    /// The window must be free (just allocated, or invalidated since its last bind). No SGEs;
+    /// completes with opcode [`WcOpcode::IBV_WC_BIND_MW`], or `IBV_WC_MW_BIND_ERR` (QP to ERR)
+    /// when a check fails. The window's own [`rkey`](crate::verbs::MemoryWindow::rkey) follows.
+    BindMw {
+        /// The window.
+        mw: MwHandle,
+        /// Its new rkey: the window's rkey with new low 8 bits (see [`inc_rkey`]).
+        rkey: u32,
+        /// What it exposes.
+        bind: MwBind,
+    },
+    /// Invalidates `rkey` locally (`IBV_WR_LOCAL_INV`): a type-2 window of this QP's PD. From its
+    /// completion (opcode [`WcOpcode::IBV_WC_LOCAL_INV`]) on, requests with `rkey` fail and the
+    /// window may be bound again. An rkey that names no window: `IBV_WC_LOC_QP_OP_ERR`, QP to ERR.
+    LocalInv {
+        /// The rkey to invalidate.
         rkey: u32,
     },
 }
@@ -436,10 +518,12 @@ pub enum WcOpcode {
     IBV_WC_COMP_SWAP,
     IBV_WC_FETCH_ADD,
     IBV_WC_BIND_MW,
-    /// A receive completed by a SEND or SEND_WITH_IMM.
+    /// A receive completed by a SEND, SEND_WITH_IMM or SEND_WITH_INV.
     IBV_WC_RECV,
     /// A receive completed by an RDMA_WRITE_WITH_IMM.
     IBV_WC_RECV_RDMA_WITH_IMM,
+    /// A [`SendOp::LocalInv`] completed.
+    IBV_WC_LOCAL_INV,
 }
 
 /// A work completion (`struct ibv_wc`), the subset every provider fills.
@@ -464,6 +548,9 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// Vendor-specific error syndrome (0 when not provided).
     pub vendor_err: u32,
+    /// The rkey a SEND_WITH_INV invalidated at this receiver: `Some` exactly when verbs sets
+    /// `IBV_WC_WITH_INV` in `wc_flags` (receive completions only).
+    pub invalidated_rkey: Option<u32>,
 }
 
 /// QP state (`enum ibv_qp_state`).

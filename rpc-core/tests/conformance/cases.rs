@@ -79,7 +79,7 @@ pub fn device_and_port_attributes<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
 pub fn send_recv_delivers_bytes_and_metadata<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts::default());
     let msg = pattern(3, 1000);
-    a.bytes_mut()[..1000].copy_from_slice(&msg);
+    a.write(0, &msg);
     post_one_recv(&b, 77, 4096, 2048);
     post_send(&a.qp, &[send(5, &[a.sge(0, 1000)], SendOp::Send, SIG)]).expect("post_send");
     let s = poll_one::<H, _>(&a.scq, "send completion");
@@ -99,7 +99,7 @@ pub fn send_recv_delivers_bytes_and_metadata<H: Harness>(ca: Ctx<H>, cb: Ctx<H>)
 
 pub fn send_with_imm_delivers_imm<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts::default());
-    a.bytes_mut()[..4].copy_from_slice(b"ping");
+    a.write(0, b"ping");
     post_one_recv(&b, 1, 0, 64);
     post_send(&a.qp, &[send(2, &[a.sge(0, 4)], SendOp::SendWithImm { imm: 0xdead_beef }, SIG)]).unwrap();
     expect_status(&poll_one::<H, _>(&a.scq, "send"), 2, WcStatus::IBV_WC_SUCCESS);
@@ -112,7 +112,7 @@ pub fn send_with_imm_delivers_imm<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
 pub fn rdma_write_lands_without_receive_completion<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts::default());
     let data = pattern(9, 3000);
-    a.bytes_mut()[..3000].copy_from_slice(&data);
+    a.write(0, &data);
     post_one_recv(&b, 40, 0, 64);
     let remote_addr = b.mr.addr() + 10_000;
     let op = SendOp::RdmaWrite { remote_addr, rkey: b.mr.rkey() };
@@ -132,7 +132,7 @@ pub fn rdma_write_lands_without_receive_completion<H: Harness>(ca: Ctx<H>, cb: C
 pub fn rdma_write_with_imm_consumes_receive<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts::default());
     let data = pattern(1, 512);
-    a.bytes_mut()[..512].copy_from_slice(&data);
+    a.write(0, &data);
     post_one_recv(&b, 11, 0, 16);
     let op = SendOp::RdmaWriteWithImm { remote_addr: b.mr.addr() + 2048, rkey: b.mr.rkey(), imm: 42 };
     post_send(&a.qp, &[send(12, &[a.sge(0, 512)], op, SIG)]).unwrap();
@@ -150,7 +150,7 @@ pub fn rdma_write_with_imm_consumes_receive<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) 
 pub fn rdma_read_fetches_remote_bytes<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (a, mut b) = pair::<H>(&ca, &cb, Opts::default());
     let data = pattern(5, 5000);
-    b.bytes_mut()[1000..6000].copy_from_slice(&data);
+    b.write(1000, &data);
     let op = SendOp::RdmaRead { remote_addr: b.mr.addr() + 1000, rkey: b.mr.rkey() };
     post_send(&a.qp, &[send(3, &[a.sge(100, 5000)], op, SIG)]).unwrap();
     let s = poll_one::<H, _>(&a.scq, "read completion");
@@ -178,9 +178,9 @@ pub fn zero_length_send_consumes_receive<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
 
 pub fn sge_gather_on_send<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts::default());
-    a.bytes_mut()[0..3].copy_from_slice(b"abc");
-    a.bytes_mut()[1000..1005].copy_from_slice(b"defgh");
-    a.bytes_mut()[5000..5002].copy_from_slice(b"ij");
+    a.write(0, b"abc");
+    a.write(1000, b"defgh");
+    a.write(5000, b"ij");
     post_one_recv(&b, 1, 0, 100);
     let sges = [a.sge(0, 3), a.sge(1000, 5), a.sge(5000, 2)];
     post_send(&a.qp, &[send(1, &sges, SendOp::Send, SIG)]).unwrap();
@@ -192,7 +192,7 @@ pub fn sge_gather_on_send<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
 
 pub fn sge_scatter_on_receive<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts::default());
-    a.bytes_mut()[..12].copy_from_slice(b"0123456789AB");
+    a.write(0, b"0123456789AB");
     let sges = [b.sge(100, 4), b.sge(2000, 3), b.sge(9000, 8)];
     post_recv(&b.qp, &[recv(9, &sges)]).unwrap();
     post_send(&a.qp, &[send(1, &[a.sge(0, 12)], SendOp::Send, SIG)]).unwrap();
@@ -244,7 +244,7 @@ pub fn multi_mtu_message<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, opts);
     let len = 100_000;
     let data = pattern(77, len);
-    a.bytes_mut()[..len].copy_from_slice(&data);
+    a.write(0, &data);
     post_one_recv(&b, 1, 0, 1 << 17);
     post_send(&a.qp, &[send(1, &[a.sge(0, len as u32)], SendOp::Send, SIG)]).unwrap();
     expect_status(&poll_one::<H, _>(&a.scq, "send"), 1, WcStatus::IBV_WC_SUCCESS);
@@ -257,7 +257,7 @@ pub fn wrs_complete_in_order<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts::default());
     let n = 64usize;
     for i in 0..n {
-        a.bytes_mut()[i * 8..i * 8 + 8].copy_from_slice(&(i as u64).to_le_bytes());
+        a.write(i * 8, &(i as u64).to_le_bytes());
     }
     let rsges: Vec<[Sge; 1]> = (0..n).map(|i| [b.sge(i * 16, 16)]).collect();
     let rwrs: Vec<RecvWr<'_>> = (0..n).map(|i| recv(1000 + i as u64, &rsges[i])).collect();
@@ -271,7 +271,7 @@ pub fn wrs_complete_in_order<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let r = poll_n::<H, _>(&b.rcq, n, "64 receives");
     assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), (1000..1000 + n as u64).collect::<Vec<_>>());
     for i in 0..n {
-        let got = u64::from_le_bytes(b.bytes()[i * 16..i * 16 + 8].try_into().unwrap());
+        let got = u64::from_le_bytes(b.read(i * 16, 8).try_into().unwrap());
         assert_eq!(got, i as u64, "message {i} landed in receive {i}");
     }
 }
@@ -318,7 +318,7 @@ pub fn srq_shared_by_several_qps<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     post_srq_recv(srq, &wrs).unwrap();
     let mut a = a;
     for i in 0..3 {
-        a.bytes_mut()[i * 8] = b'x' + i as u8;
+        a.write(i * 8, &[b'x' + i as u8]);
     }
     for (i, qa) in a_qps.iter().enumerate() {
         post_send(qa, &[send(i as u64, &[a.sge(i * 8, 1)], SendOp::Send, SIG)]).unwrap();
@@ -585,7 +585,7 @@ pub fn destroy_qp_with_outstanding_wrs<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     drop(std::mem::replace(&mut b.qp, fresh_b));
     connect_qps(&a, &a.qp, &b, &b.qp);
     post_one_recv(&b, 99, 0, 64);
-    a.bytes_mut()[..2].copy_from_slice(b"ok");
+    a.write(0, b"ok");
     post_send(&a.qp, &[send(100, &[a.sge(0, 2)], SendOp::Send, SIG)]).unwrap();
     let r = poll_one::<H, _>(&b.rcq, "receive on the new QPs");
     assert_eq!((r.wr_id, r.status, r.byte_len), (99, WcStatus::IBV_WC_SUCCESS, 2));
@@ -604,19 +604,19 @@ pub fn two_threads_drive_two_qps<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
             post_recv(&b.qp, &[RecvWr { wr_id: i, sg_list: &[b.sge(0, 16)] }]).unwrap();
             post_recv(&a.qp, &[RecvWr { wr_id: i, sg_list: &[a.sge(64, 16)] }]).unwrap();
             let v = tag * 1_000_000 + i;
-            a.bytes_mut()[..8].copy_from_slice(&v.to_le_bytes());
+            a.write(0, &v.to_le_bytes());
             post_send(&a.qp, &[SendWr { wr_id: i, sg_list: &[a.sge(0, 8)], op: SendOp::Send, flags: SIG }])
                 .unwrap();
             let r = poll_one::<H, _>(&b.rcq, "ping");
             assert_eq!((r.wr_id, r.byte_len, r.status), (i, 8, WcStatus::IBV_WC_SUCCESS));
-            let got = u64::from_le_bytes(b.bytes()[..8].try_into().unwrap());
+            let got = u64::from_le_bytes(b.read(0, 8).try_into().unwrap());
             assert_eq!(got, v);
-            b.bytes_mut()[32..40].copy_from_slice(&(got + 1).to_le_bytes());
+            b.write(32, &(got + 1).to_le_bytes());
             post_send(&b.qp, &[SendWr { wr_id: i, sg_list: &[b.sge(32, 8)], op: SendOp::Send, flags: SIG }])
                 .unwrap();
             let r = poll_one::<H, _>(&a.rcq, "pong");
             assert_eq!((r.wr_id, r.status), (i, WcStatus::IBV_WC_SUCCESS));
-            let back = u64::from_le_bytes(a.bytes()[64..72].try_into().unwrap());
+            let back = u64::from_le_bytes(a.read(64, 8).try_into().unwrap());
             assert_eq!(back, v + 1);
             poll_one::<H, _>(&a.scq, "ping sent");
             poll_one::<H, _>(&b.scq, "pong sent");
@@ -699,7 +699,7 @@ pub fn req_notify_needs_event_cq<H: Harness>(ca: Ctx<H>, _cb: Ctx<H>) {
 
 pub fn rnr_waits_for_late_receive<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let (mut a, b) = pair::<H>(&ca, &cb, Opts { min_rnr_timer: 1, ..Opts::default() });
-    a.bytes_mut()[..5].copy_from_slice(b"later");
+    a.write(0, b"later");
     post_send(&a.qp, &[send(1, &[a.sge(0, 5)], SendOp::Send, SIG)]).unwrap();
     std::thread::sleep(Duration::from_millis(30));
     let mut buf = [rpc_core::verbs::WorkCompletion::default(); 1];
@@ -740,7 +740,7 @@ pub fn write_then_send_is_ordered<H: Harness>(ca: Ctx<H>, cb: Ctx<H>) {
     let opts = Opts { mr_len: 1 << 18, ..Opts::default() };
     let (mut a, b) = pair::<H>(&ca, &cb, opts);
     let data = pattern(200, 60_000);
-    a.bytes_mut()[..60_000].copy_from_slice(&data);
+    a.write(0, &data);
     post_one_recv(&b, 1, 200_000, 64);
     let w = SendOp::RdmaWrite { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() };
     let sw = [a.sge(0, 60_000)];

@@ -9,6 +9,7 @@
 #![allow(dead_code, unsafe_code)]
 
 pub mod cases;
+pub mod mw;
 pub mod xproc;
 
 use std::marker::PhantomData;
@@ -147,7 +148,27 @@ macro_rules! conformance_suite {
                 flushed_completions_retire_send_queue_slots,
                 write_then_send_is_ordered,
             );
+            conformance_suite!(@mw_cases $h;
+                mw_bind_then_write_and_read_through_it,
+                mw_rkey_of_another_connection_is_refused,
+                write_outside_the_window_inside_the_mr,
+                write_past_the_mr_through_a_window_fails,
+                window_rights_are_enforced,
+                local_inv_kills_the_rkey_and_the_window_rebinds,
+                send_with_inv_kills_the_rkey,
+                bind_checks_the_mr,
+                window_is_invalidated_and_rebound_from_another_qp,
+                window_stays_bound_through_its_qps_error_and_reset,
+            );
         }
+    };
+    (@mw_cases $h:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run::<$h>(stringify!($case), $crate::conformance::mw::$case::<$h>)
+            }
+        )*
     };
     (@cases $h:ty; $($case:ident),* $(,)?) => {
         $(
@@ -276,14 +297,21 @@ impl<H: Harness> Node<H> {
         self.mr.sge(offset, len)
     }
 
-    /// The MR's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        self.mr.as_slice()
+    /// A copy of the MR's bytes (registered memory is read by copying, `MemoryRegion::read_at`).
+    pub fn bytes(&self) -> Vec<u8> {
+        self.read(0, self.mr.len())
     }
 
-    /// The MR's bytes, writable.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        self.mr.as_mut_slice()
+    /// A copy of `len` bytes of the MR at `offset`.
+    pub fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        self.mr.read_at(offset, &mut out).expect("read_at inside the MR");
+        out
+    }
+
+    /// Copies `data` into the MR at `offset` (`MemoryRegion::write_at`).
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
+        self.mr.write_at(offset, data).expect("write_at inside the MR");
     }
 }
 

@@ -8,7 +8,7 @@
 //! <retry_cnt>` → `addr <qpn> <gid> <mr_addr> <rkey>`; `connect <remote_qpn> <remote_gid>
 //! <local_psn> <remote_psn>`; `recv <wr_id> <off> <len>`; `fill <off> <len> <seed>`;
 //! `read <off> <len>` → `bytes <hex>`; `send <wr_id> <op> <off> <len> <remote_addr> <rkey> <imm>`
-//! (op: send, send_imm, write, write_imm, read; always signaled); `poll <rcq|scq> <n>` →
+//! (op: send, send_imm, write, write_imm, read, send_inv (invalidates `rkey`); always signaled); `poll <rcq|scq> <n>` →
 //! `wc` lines `<wr_id> <status> <opcode> <byte_len> <imm|-> <qp_num> <src_qp>`; `idle <rcq|scq>`
 //! → the number of completions found in a few yielding polls; `state` → the QP state; `exit`.
 
@@ -250,7 +250,7 @@ pub fn serve() {
                     }
                     "fill" => {
                         let (off, len) = (num(1) as usize, num(2) as usize);
-                        n.bytes_mut()[off..off + len].copy_from_slice(&pattern(num(3) as u8, len));
+                        n.write(off, &pattern(num(3) as u8, len));
                         say("ok".into());
                     }
                     "read" => {
@@ -268,6 +268,7 @@ pub fn serve() {
                             "write" => SendOp::RdmaWrite { remote_addr, rkey },
                             "write_imm" => SendOp::RdmaWriteWithImm { remote_addr, rkey, imm },
                             "read" => SendOp::RdmaRead { remote_addr, rkey },
+                            "send_inv" => SendOp::SendWithInv { invalidate_rkey: rkey },
                             other => panic!("unknown op {other}"),
                         };
                         let sge = [n.sge(num(3) as usize, num(4) as u32)];

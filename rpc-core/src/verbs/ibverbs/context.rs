@@ -41,6 +41,9 @@ pub(super) struct ContextInner {
     /// The largest `max_inline_data` a QP of this device was seen to accept, learned by probing
     /// after a refusal (`u32::MAX` = not known yet).
     pub(super) max_inline: AtomicU32,
+    /// Soft-RoCE (`rdma_rxe`, vendor id 0xffffff), whose completions need the fix-ups of
+    /// [`super::convert::wc_from_ibv`].
+    pub(super) soft_roce: bool,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread concurrently (the library is
@@ -95,6 +98,7 @@ impl IbvContext {
             return Err(close(from_rc("ibv_query_device", rc)));
         }
         let nonneg = |v: i32| u32::try_from(v).unwrap_or(0);
+        let soft_roce = a.vendor_id == 0x00ff_ffff;
         let attr = DeviceAttr {
             max_qp_wr: nonneg(a.max_qp_wr),
             max_sge: nonneg(a.max_sge),
@@ -106,6 +110,11 @@ impl IbvContext {
             max_qp_rd_atom: nonneg(a.max_qp_rd_atom),
             max_inline_data: 0,
             phys_port_cnt: a.phys_port_cnt,
+            max_mw: nonneg(a.max_mw),
+            mw_type2: a.device_cap_flags
+                & (rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+                    | rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
+                != 0,
         };
         // SAFETY: `ctx` stays open until `ContextInner::drop`, which drops the events first.
         let events = unsafe { AsyncEvents::start(ctx.as_ptr(), &name) }.map_err(close)?;
@@ -118,6 +127,7 @@ impl IbvContext {
                 sysfs: PathBuf::from(sysfs),
                 attr,
                 max_inline: AtomicU32::new(u32::MAX),
+                soft_roce,
             }),
         })
     }

@@ -85,14 +85,23 @@ fn wc_opcode_from_ibv(o: ibv_wc_opcode::Type) -> WcOpcode {
         ibv_wc_opcode::IBV_WC_BIND_MW => WcOpcode::IBV_WC_BIND_MW,
         ibv_wc_opcode::IBV_WC_RECV => WcOpcode::IBV_WC_RECV,
         ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM,
+        ibv_wc_opcode::IBV_WC_LOCAL_INV => WcOpcode::IBV_WC_LOCAL_INV,
         _ => WcOpcode::IBV_WC_SEND,
     }
 }
 
-/// A [`WorkCompletion`] from a polled `ibv_wc`.
+/// `IBV_WC_IP_CSUM_OK` (1 << 2) is the bit of the kernel's `IB_WC_WITH_INVALIDATE`.
+const KERNEL_WITH_INVALIDATE: u32 = 1 << 2;
+
+/// A [`WorkCompletion`] from a polled `ibv_wc`. `soft_roce`: the device is rxe, which (Linux
+/// 6.1) marks the receive of a SEND_WITH_INV with the kernel's `IB_WC_WITH_INVALIDATE` bit
+/// (1 << 2, which libibverbs names `IBV_WC_IP_CSUM_OK`) instead of `IBV_WC_WITH_INV` (1 << 3),
+/// with the rkey in the union as usual; rxe never reports a checksum flag on an RC receive.
 #[inline]
-pub(super) fn wc_from_ibv(w: &ibv_wc) -> WorkCompletion {
+pub(super) fn wc_from_ibv(w: &ibv_wc, soft_roce: bool) -> WorkCompletion {
     let with_imm = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    let with_inv = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0
+        || (soft_roce && w.opcode == ibv_wc_opcode::IBV_WC_RECV && w.wc_flags & KERNEL_WITH_INVALIDATE != 0);
     WorkCompletion {
         wr_id: w.wr_id,
         status: WcStatus::from_u32(w.status),
@@ -103,6 +112,9 @@ pub(super) fn wc_from_ibv(w: &ibv_wc) -> WorkCompletion {
         qp_num: w.qp_num,
         src_qp: w.src_qp,
         vendor_err: w.vendor_err,
+        // SAFETY: a `u32` union field (any bits are valid); with IBV_WC_WITH_INV set it holds the
+        // invalidated rkey (host order).
+        invalidated_rkey: with_inv.then_some(unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey }),
     }
 }
 
@@ -177,12 +189,30 @@ mod tests {
         w.byte_len = 64;
         w.imm_data_invalidated_rkey_union.imm_data = 0x1234_5678u32.to_be();
         w.status = 12;
-        let wc = wc_from_ibv(&w);
+        let wc = wc_from_ibv(&w, false);
         assert_eq!(wc.imm_data, None);
         assert_eq!(wc.status, WcStatus::IBV_WC_RETRY_EXC_ERR);
         w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
-        let wc = wc_from_ibv(&w);
+        let wc = wc_from_ibv(&w, false);
         assert_eq!(wc.imm_data, Some(0x1234_5678));
         assert_eq!((wc.wr_id, wc.opcode, wc.byte_len), (9, WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM, 64));
+        assert_eq!(wc.invalidated_rkey, None);
+    }
+
+    #[test]
+    fn wc_conversion_reads_the_invalidated_rkey_when_flagged() {
+        // SAFETY: `ibv_wc` is plain C data; all-zero is a valid value.
+        let mut w: ibv_wc = unsafe { std::mem::zeroed() };
+        w.opcode = ibv_wc_opcode::IBV_WC_RECV;
+        w.imm_data_invalidated_rkey_union.invalidated_rkey = 0x8000_0786;
+        w.wc_flags = ibv_wc_flags::IBV_WC_GRH.0;
+        assert_eq!(wc_from_ibv(&w, true).invalidated_rkey, None, "a plain receive");
+        w.wc_flags = ibv_wc_flags::IBV_WC_WITH_INV.0;
+        assert_eq!(wc_from_ibv(&w, false).invalidated_rkey, Some(0x8000_0786));
+        assert_eq!(wc_from_ibv(&w, false).imm_data, None);
+        // What rxe (Linux 6.1) reports: GRH | the kernel's IB_WC_WITH_INVALIDATE bit.
+        w.wc_flags = 0x5;
+        assert_eq!(wc_from_ibv(&w, true).invalidated_rkey, Some(0x8000_0786), "rxe");
+        assert_eq!(wc_from_ibv(&w, false).invalidated_rkey, None, "IBV_WC_IP_CSUM_OK elsewhere");
     }
 }

@@ -38,6 +38,8 @@ pub(super) struct CqInner {
     /// fills it in. Read only for such completions, once per `poll` call, so NICs that report
     /// `src_qp` never touch the lock.
     pub(super) peers: RwLock<HashMap<u32, u32>>,
+    /// The device is Soft-RoCE (see [`wc_from_ibv`]).
+    soft_roce: bool,
     /// Keeps the device open while the CQ exists.
     _ctx: IbvContext,
 }
@@ -127,6 +129,7 @@ impl IbvCompletionQueue {
                 cqe: actual,
                 overrun,
                 peers: RwLock::default(),
+                soft_roce: ctx.inner.soft_roce,
                 _ctx: ctx.clone(),
             }),
         })
@@ -205,7 +208,7 @@ impl CompletionQueue for IbvCompletionQueue {
             let n = n as usize;
             for (out, raw) in wc[total..total + n].iter_mut().zip(&buf[..n]) {
                 // SAFETY: `ibv_poll_cq` initialised the first `n` entries.
-                *out = wc_from_ibv(unsafe { raw.assume_init_ref() });
+                *out = wc_from_ibv(unsafe { raw.assume_init_ref() }, self.inner.soft_roce);
             }
             total += n;
             if n < want {

@@ -8,7 +8,7 @@
 //!
 //! # Ownership
 //! Each object holds its parent through an `Arc`: a QP holds its PD, its CQs and its SRQ; an MR,
-//! an SRQ and a PD hold their context; a CQ holds its context and its completion channel. Drop
+//! a memory window and an SRQ hold their PD, a PD its context; a CQ holds its context and its completion channel. Drop
 //! destroys the verbs object first, then releases the parents, so any drop order is safe.
 //!
 //! # Threads
@@ -42,6 +42,7 @@ mod cq;
 mod device;
 mod errno;
 mod mr;
+mod mw;
 mod pd;
 mod post;
 mod qp;
@@ -50,6 +51,7 @@ mod srq;
 pub use context::IbvContext;
 pub use cq::IbvCompletionQueue;
 pub use mr::IbvMemoryRegion;
+pub use mw::IbvMemoryWindow;
 pub use pd::IbvProtectionDomain;
 pub use post::{POLL_CHUNK_WCS, POST_CHUNK_SGES, POST_CHUNK_WRS};
 pub use qp::IbvQueuePair;
@@ -66,6 +68,7 @@ impl Provider for Ibverbs {
     type Context = IbvContext;
     type ProtectionDomain = IbvProtectionDomain;
     type MemoryRegion = IbvMemoryRegion;
+    type MemoryWindow = IbvMemoryWindow;
     type CompletionQueue = IbvCompletionQueue;
     type SharedReceiveQueue = IbvSharedReceiveQueue;
     type QueuePair = IbvQueuePair;

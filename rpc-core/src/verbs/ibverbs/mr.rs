@@ -9,7 +9,7 @@ use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr};
 
 use super::errno::rc_error;
 use super::pd::IbvProtectionDomain;
-use crate::verbs::{AccessFlags, MemoryRegion, Result, VerbsError};
+use crate::verbs::{AccessFlags, MemoryRegion, MrHandle, Result, VerbsError};
 
 /// Bytes this process has registered through this provider (what counts against
 /// RLIMIT_MEMLOCK, next to whatever else the process locks).
@@ -30,9 +30,9 @@ pub struct IbvMemoryRegion {
     _pd: IbvProtectionDomain,
 }
 
-// SAFETY: the MR handle is only passed to thread-safe libibverbs calls (dereg in drop); the byte
-// views follow Rust's rules (`&self` shared, `&mut self` exclusive) and the trait documents that
-// NIC access is coordinated by the protocol, as for any DMA buffer.
+// SAFETY: the MR handle is only passed to thread-safe libibverbs calls (dereg in drop); safe
+// access copies through a raw pointer (`read_at`/`write_at`), and the byte views are `unsafe`
+// with the contract stated on `MemoryRegion` (as for any DMA buffer).
 unsafe impl Send for IbvMemoryRegion {}
 // SAFETY: see `Send`.
 unsafe impl Sync for IbvMemoryRegion {}
@@ -105,7 +105,7 @@ fn verbs_access(access: AccessFlags) -> i32 {
     if a.contains(AccessFlags::REMOTE_WRITE) || a.contains(AccessFlags::REMOTE_ATOMIC) {
         a |= AccessFlags::LOCAL_WRITE;
     }
-    (a.0 & 0xf) as i32
+    (a.0 & 0x1f) as i32
 }
 
 impl IbvMemoryRegion {
@@ -212,14 +212,34 @@ impl MemoryRegion for IbvMemoryRegion {
         self.access
     }
 
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `addr` is valid for `len` bytes while the MR lives (own mapping, or the caller's
-        // contract of `reg_user_mr`); the borrow is tied to `&self`.
-        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
+    fn handle(&self) -> MrHandle {
+        MrHandle(self.mr.as_ptr() as u64)
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as `as_slice`, with `&mut self` making this the only view.
+    #[inline]
+    fn as_ptr(&self) -> *mut u8 {
+        self.addr
+    }
+    #[inline]
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: `self.addr` is valid for `len` bytes while the MR lives (owned allocation, or
+        // the caller's promise in `reg_user_mr`).
+        unsafe { crate::verbs::mr_read_at(self.addr, self.len, offset, dst) }
+    }
+    #[inline]
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: as in `read_at`.
+        unsafe { crate::verbs::mr_write_at(self.addr, self.len, offset, src) }
+    }
+    unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: `self.addr..+len` is valid for the MR's lifetime (owned allocation, or the
+        // caller's promise in `reg_user_mr`); the caller guarantees that no WR and no peer
+        // writes it while the slice lives (this method's contract).
+        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
+    }
+    unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` excludes other views through this handle and
+        // the caller guarantees that no WR and no peer accesses the region meanwhile.
         unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
     }
 }
@@ -269,5 +289,6 @@ mod tests {
         assert_eq!(verbs_access(AccessFlags::REMOTE_WRITE), 3);
         assert_eq!(verbs_access(AccessFlags::REMOTE_READ), 4);
         assert_eq!(verbs_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ), 5);
+        assert_eq!(verbs_access(AccessFlags::MW_BIND | AccessFlags::REMOTE_READ), 0x14, "MW_BIND is kept");
     }
 }

@@ -8,10 +8,11 @@ use rdma_sys::{ibv_dealloc_pd, ibv_pd};
 use super::context::IbvContext;
 use super::errno::rc_error;
 use super::mr::IbvMemoryRegion;
+use super::mw::IbvMemoryWindow;
 use super::qp::IbvQueuePair;
 use super::srq::IbvSharedReceiveQueue;
 use super::Ibverbs;
-use crate::verbs::{AccessFlags, ProtectionDomain, QpInitAttr, Result, SrqInitAttr};
+use crate::verbs::{AccessFlags, MwType, ProtectionDomain, QpInitAttr, Result, SrqInitAttr};
 
 /// A protection domain. Cheap to clone (clones share the PD).
 #[derive(Clone)]
@@ -61,6 +62,10 @@ impl ProtectionDomain<Ibverbs> for IbvProtectionDomain {
     unsafe fn reg_user_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<IbvMemoryRegion> {
         // SAFETY: forwarded caller contract (memory alive and unmoved while registered).
         unsafe { IbvMemoryRegion::register_user(self, addr, len, access) }
+    }
+
+    fn alloc_mw(&self, mw_type: MwType) -> Result<IbvMemoryWindow> {
+        IbvMemoryWindow::alloc(self, mw_type)
     }
 
     fn create_srq(&self, attr: &SrqInitAttr) -> Result<IbvSharedReceiveQueue> {

@@ -5,9 +5,11 @@
 use std::mem::MaybeUninit;
 use std::ptr;
 
+use std::sync::atomic::Ordering;
+
 use rdma_sys::{
-    bind_mw_tso_union_t, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wr_opcode, imm_data_invalidated_rkey_union_t,
-    qp_type_t, rdma_t, tso_t, wr_t, xrc_t,
+    bind_mw_t, bind_mw_tso_union_t, ibv_mr, ibv_mw, ibv_mw_bind_info, ibv_recv_wr, ibv_send_wr, ibv_sge,
+    ibv_wr_opcode, imm_data_invalidated_rkey_union_t, qp_type_t, rdma_t, tso_t, wr_t, xrc_t,
 };
 
 use super::errno::rc_error;
@@ -43,9 +45,16 @@ fn check_send(wr: &SendWr<'_>, index: usize, lim: SendLimits) -> Result<()> {
             format!("{n} SGEs, but the QP's max_send_sge is {}", lim.max_sge.min(POST_CHUNK_SGES as u32)),
         ));
     }
+    if matches!(wr.op, SendOp::BindMw { .. } | SendOp::LocalInv { .. }) && n != 0 {
+        return Err(bad_wr("ibv_post_send", index, "BIND_MW and LOCAL_INV take no SGEs".into()));
+    }
     if wr.flags.contains(SendFlags::INLINE) {
-        if matches!(wr.op, SendOp::RdmaRead { .. }) {
-            return Err(bad_wr("ibv_post_send", index, "RDMA READ cannot be INLINE".into()));
+        if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::BindMw { .. } | SendOp::LocalInv { .. }) {
+            return Err(bad_wr(
+                "ibv_post_send",
+                index,
+                "RDMA READ, BIND_MW and LOCAL_INV cannot be INLINE".into(),
+            ));
         }
         let bytes: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         if bytes > u64::from(lim.max_inline) {
@@ -89,6 +98,47 @@ fn ibv_opcode(op: &SendOp) -> (ibv_wr_opcode::Type, u32, u64, u32) {
             (ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, imm.to_be(), remote_addr, rkey)
         }
         SendOp::RdmaRead { remote_addr, rkey } => (ibv_wr_opcode::IBV_WR_RDMA_READ, 0, remote_addr, rkey),
+        // The union word carries the rkey to invalidate (host order, not an immediate).
+        SendOp::SendWithInv { invalidate_rkey } => {
+            (ibv_wr_opcode::IBV_WR_SEND_WITH_INV, invalidate_rkey, 0, 0)
+        }
+        SendOp::LocalInv { rkey } => (ibv_wr_opcode::IBV_WR_LOCAL_INV, rkey, 0, 0),
+        SendOp::BindMw { .. } => (ibv_wr_opcode::IBV_WR_BIND_MW, 0, 0, 0),
+    }
+}
+
+/// The `bind_mw` / `tso` union of a send WR: the bind of a [`SendOp::BindMw`] (its handles are
+/// the `ibv_mw` and `ibv_mr` pointers), zeroes otherwise.
+fn bind_union(op: &SendOp) -> bind_mw_tso_union_t {
+    match *op {
+        SendOp::BindMw { mw, rkey, bind } => bind_mw_tso_union_t {
+            bind_mw: bind_mw_t {
+                mw: mw.0 as usize as *mut ibv_mw,
+                rkey,
+                bind_info: ibv_mw_bind_info {
+                    mr: bind.mr.0 as usize as *mut ibv_mr,
+                    addr: bind.addr,
+                    length: bind.length,
+                    mw_access_flags: bind.access.0,
+                },
+            },
+        },
+        _ => bind_mw_tso_union_t { tso: tso_t { hdr: ptr::null_mut(), hdr_sz: 0, mss: 0 } },
+    }
+}
+
+/// After `ibv_post_send` accepted `wrs`: each bound window's `ibv_mw::rkey` becomes its new rkey
+/// (what the next bind of it names, and [`MemoryWindow::rkey`](crate::verbs::MemoryWindow::rkey)
+/// reads), as a consumer of type-2 windows must do.
+///
+/// # Safety
+/// Every `BindMw` handle in `wrs` names a live window (`post_send`'s contract).
+unsafe fn note_binds(wrs: &[SendWr<'_>]) {
+    for wr in wrs {
+        if let SendOp::BindMw { mw, rkey, .. } = wr.op {
+            // SAFETY: a live window (caller).
+            unsafe { super::mw::rkey_cell(mw.0 as usize as *mut ibv_mw) }.store(rkey, Ordering::Release);
+        }
     }
 }
 
@@ -136,9 +186,7 @@ pub(super) unsafe fn post_send_chain(
                 imm_data_invalidated_rkey_union: imm_data_invalidated_rkey_union_t { imm_data: imm_be },
                 wr: wr_t { rdma: rdma_t { remote_addr, rkey } },
                 qp_type: qp_type_t { xrc: xrc_t { remote_srqn: 0 } },
-                bind_mw_tso_union: bind_mw_tso_union_t {
-                    tso: tso_t { hdr: ptr::null_mut(), hdr_sz: 0, mss: 0 },
-                },
+                bind_mw_tso_union: bind_union(&wr.op),
             });
             s += k;
             n += 1;
@@ -153,8 +201,11 @@ pub(super) unsafe fn post_send_chain(
             let mut bad: *mut ibv_send_wr = ptr::null_mut();
             // The chain and its SGEs live on this stack frame for the duration of the call.
             let rc = post(base, &mut bad);
+            let posted = if rc != 0 { chain_index(base, bad, n) } else { n };
+            // SAFETY: the windows of posted binds are live (caller's contract).
+            unsafe { note_binds(&wrs[start..start + posted]) };
             if rc != 0 {
-                return Err(post_error("ibv_post_send", start + chain_index(base, bad, n), rc));
+                return Err(post_error("ibv_post_send", start + posted, rc));
             }
         }
         start += n;

@@ -18,7 +18,7 @@ use crate::verbs::{CompletionQueue, Result, VerbsError, WcOpcode, WcStatus, Work
 /// Words of a CQE in the ring (see [`encode`]).
 pub(crate) const CQE_WORDS: usize = 5;
 
-const OPCODES: [WcOpcode; 8] = [
+const OPCODES: [WcOpcode; 9] = [
     WcOpcode::IBV_WC_SEND,
     WcOpcode::IBV_WC_RDMA_WRITE,
     WcOpcode::IBV_WC_RDMA_READ,
@@ -27,6 +27,7 @@ const OPCODES: [WcOpcode; 8] = [
     WcOpcode::IBV_WC_BIND_MW,
     WcOpcode::IBV_WC_RECV,
     WcOpcode::IBV_WC_RECV_RDMA_WITH_IMM,
+    WcOpcode::IBV_WC_LOCAL_INV,
 ];
 
 /// Which send WQE a send completion covers, for the send queue's accounting
@@ -38,18 +39,26 @@ pub(crate) struct SqRef {
     pub(crate) seq: u32,
 }
 
-/// `wr_id`; `status | opcode << 32 | has_imm << 40 | sq.tag << 48`; `byte_len | imm << 32`;
-/// `qp_num | src_qp << 32`; `vendor_err | sq.seq << 32`.
+/// `wr_id`; `status | opcode << 32 | has_imm << 40 | has_inv << 41 | sq.tag << 48`;
+/// `byte_len | (imm or invalidated rkey) << 32`; `qp_num | src_qp << 32`;
+/// `vendor_err | sq.seq << 32`. A completion has an immediate or an invalidated rkey, never
+/// both (SEND_WITH_INV carries no immediate), so they share the upper half of word 2.
 #[inline(always)]
 fn encode(w: &[AtomicU64; CQE_WORDS], wc: &WorkCompletion, sq: SqRef) {
     // Fieldless enum: its discriminant is the index into `OPCODES` (checked by a test).
     let op = wc.opcode as u64;
     st(&w[0], wc.wr_id);
+    let inv = wc.invalidated_rkey.is_some() as u64;
     st(
         &w[1],
-        wc.status as u32 as u64 | op << 32 | (wc.imm_data.is_some() as u64) << 40 | (sq.tag as u64) << 48,
+        wc.status as u32 as u64
+            | op << 32
+            | (wc.imm_data.is_some() as u64) << 40
+            | inv << 41
+            | (sq.tag as u64) << 48,
     );
-    st(&w[2], wc.byte_len as u64 | (wc.imm_data.unwrap_or(0) as u64) << 32);
+    let word = wc.imm_data.or(wc.invalidated_rkey).unwrap_or(0);
+    st(&w[2], wc.byte_len as u64 | (word as u64) << 32);
     st(&w[3], wc.qp_num as u64 | (wc.src_qp as u64) << 32);
     st(&w[4], wc.vendor_err as u64 | (sq.seq as u64) << 32);
 }
@@ -61,12 +70,13 @@ fn decode(w: &[AtomicU64; CQE_WORDS]) -> (WorkCompletion, SqRef) {
     let wc = WorkCompletion {
         wr_id: ld(&w[0]),
         status: WcStatus::from_u32(w1 as u32),
-        opcode: OPCODES[((w1 >> 32) & 7) as usize],
+        opcode: OPCODES.get(((w1 >> 32) & 15) as usize).copied().unwrap_or(WcOpcode::IBV_WC_SEND),
         byte_len: w2 as u32,
         imm_data: ((w1 >> 40) & 1 == 1).then_some((w2 >> 32) as u32),
         qp_num: w3 as u32,
         src_qp: (w3 >> 32) as u32,
         vendor_err: w4 as u32,
+        invalidated_rkey: ((w1 >> 41) & 1 == 1).then_some((w2 >> 32) as u32),
     };
     (wc, sq)
 }
@@ -76,6 +86,33 @@ fn decode(w: &[AtomicU64; CQE_WORDS]) -> (WorkCompletion, SqRef) {
 fn opcode_discriminants_index_the_table() {
     for (i, op) in OPCODES.iter().enumerate() {
         assert_eq!(*op as usize, i);
+    }
+}
+
+/// Both branches' spare bits at once: the send queue's tag and sequence number next to an
+/// immediate or an invalidated rkey (sharing word 2's upper half), all opcodes, all-ones values.
+#[cfg(test)]
+#[test]
+fn cqe_fields_round_trip_with_the_send_queue_reference() {
+    let words: [AtomicU64; CQE_WORDS] = Default::default();
+    for (i, &opcode) in OPCODES.iter().enumerate() {
+        for (imm_data, invalidated_rkey) in [(None, None), (Some(u32::MAX), None), (None, Some(0x8012_3456))]
+        {
+            let wc = WorkCompletion {
+                wr_id: u64::MAX - i as u64,
+                status: WcStatus::IBV_WC_REM_ACCESS_ERR,
+                opcode,
+                byte_len: u32::MAX,
+                imm_data,
+                qp_num: 0x00ff_ffff,
+                src_qp: 0x00ab_cdef,
+                vendor_err: u32::MAX,
+                invalidated_rkey,
+            };
+            let sq = SqRef { tag: u16::MAX - i as u16, seq: u32::MAX - 7 };
+            encode(&words, &wc, sq);
+            assert_eq!(decode(&words), (wc, sq));
+        }
     }
 }
 

@@ -129,6 +129,9 @@ impl QpCore {
     /// One attempt at executing `v`.
     #[inline]
     pub(crate) fn exec(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
+        if let Some(done) = self.exec_mw(&v.op) {
+            return done; // bind / local invalidate: no packet, no peer (see `super::mw`)
+        }
         match self.exec_mapped(link, v) {
             Ok(o) => o,
             Err(Remap) => self.exec_remapped(link, v),
@@ -225,7 +228,7 @@ impl QpCore {
 
         // The responder.
         match v.op {
-            SendOp::Send | SendOp::SendWithImm { .. } => {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
                 let pd = peer.recv_pd;
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
                 let mut dn = 0;
@@ -264,6 +267,17 @@ impl QpCore {
                     self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_LEN_ERR);
                     return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
                 }
+                let invalidated = match v.op {
+                    SendOp::SendWithInv { invalidate_rkey } => {
+                        // Before the receive CQE: once it is polled, the rkey is dead.
+                        if !peer.mrs.remote_invalidate(invalidate_rkey, peer.pd, peer.qpn) {
+                            self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_REM_INV_REQ_ERR);
+                            return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
+                        }
+                        Some(invalidate_rkey)
+                    }
+                    _ => None,
+                };
                 // SAFETY: the first `dn` entries of `dst` were written above.
                 let dst = unsafe { std::slice::from_raw_parts(dst.as_ptr() as *const Seg, dn) };
                 let cqe = peer.cq.claim();
@@ -289,6 +303,7 @@ impl QpCore {
                         qp_num: peer.qpn,
                         src_qp: self.qpn,
                         vendor_err: 0,
+                        invalidated_rkey: invalidated,
                     },
                     solicited,
                 );
@@ -304,8 +319,14 @@ impl QpCore {
                 let target = if len == 0 {
                     std::ptr::null_mut()
                 } else {
-                    match peer.mrs.resolve(rkey, peer.pd, remote_addr, len as u32, AccessFlags::REMOTE_WRITE)
-                    {
+                    match peer.mrs.resolve_rkey(
+                        rkey,
+                        peer.pd,
+                        peer.qpn,
+                        remote_addr,
+                        len as u32,
+                        AccessFlags::REMOTE_WRITE,
+                    ) {
                         Ok(p) => p,
                         Err(KeyFault::Beyond) => return Err(Remap),
                         Err(_) => {
@@ -340,6 +361,7 @@ impl QpCore {
                             qp_num: peer.qpn,
                             src_qp: self.qpn,
                             vendor_err: 0,
+                            invalidated_rkey: None,
                         },
                         solicited,
                     );
@@ -353,9 +375,10 @@ impl QpCore {
                     return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
                 }
                 if len > 0 {
-                    let source = match peer.mrs.resolve(
+                    let source = match peer.mrs.resolve_rkey(
                         rkey,
                         peer.pd,
+                        peer.qpn,
                         remote_addr,
                         len as u32,
                         AccessFlags::REMOTE_READ,
@@ -374,6 +397,10 @@ impl QpCore {
                 peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
                 Ok(Outcome::Done(len))
+            }
+            // Executed by `exec_mw` above.
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } => {
+                Ok(Outcome::Fail(WcStatus::IBV_WC_LOC_QP_OP_ERR))
             }
         }
     }

@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use super::cq::SimCq;
 use super::mr::{SimMr, MR_ALIGN, MR_SLOTS};
+use super::mw::SimMw;
 use super::qp::SimQp;
 use super::shm::{Arena, Segment, QP_DIR_LEN, QP_DIR_OFF};
 use super::srq::SimSrq;
 use super::{Sim, MAX_CQE, MAX_INLINE, MAX_QP_WR, MAX_SGE, MAX_SRQ_WR};
 use crate::verbs::{
-    AccessFlags, Context, DeviceAttr, Gid, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState,
+    AccessFlags, Context, DeviceAttr, Gid, GidEntry, GidType, LinkLayer, Mtu, MwType, PortAttr, PortState,
     ProtectionDomain, QpInitAttr, Result, SrqInitAttr, VerbsError,
 };
 
@@ -53,6 +54,8 @@ impl HostCore {
                 max_qp_rd_atom: 16,
                 max_inline_data: MAX_INLINE as u32,
                 phys_port_cnt: 1,
+                max_mw: MR_SLOTS as u32,
+                mw_type2: true,
             },
             mrs: super::mr::MrTable::new(&seg),
             sq_slots: super::sqslots::SqSlots::new(),
@@ -293,6 +296,11 @@ impl ProtectionDomain<Sim> for SimPd {
         }
         SimMr::register(self.inner.host.clone(), self.inner.id, addr, len, access, None)
             .ok_or_else(Self::full)
+    }
+
+    /// Type 2 only; windows share the key table with MRs (4096 slots in all).
+    fn alloc_mw(&self, mw_type: MwType) -> Result<SimMw> {
+        SimMw::alloc(self, mw_type)
     }
 
     fn create_srq(&self, attr: &SrqInitAttr) -> Result<SimSrq> {

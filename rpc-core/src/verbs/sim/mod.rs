@@ -84,6 +84,12 @@
 //!   conformance suite accepts those on devices only. A receive WQE with a bad lkey:
 //!   `IBV_WC_LOC_PROT_ERR` at the responder (rxe says `IBV_WC_LOC_QP_OP_ERR`),
 //!   `IBV_WC_REM_OP_ERR` at the requester.
+//! - **Memory windows** (type 2): bound to a QP by a BIND_MW work request, usable only by
+//!   requests arriving on that QP, within the bound range and rights; LOCAL_INV and a received
+//!   SEND_WITH_INV invalidate them. The checks, and what QP errors, QP destruction and MR
+//!   deregistration do to bound windows, are listed in `sim/mw.rs`; window keys live in the key
+//!   table of the host segment, so a requester in another process checks them too. A window
+//!   over caller memory (`reg_user_mr`) is reachable in the owner's process only, as its MR is.
 //! - **Receive WQEs**: SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume one, from the QP's SRQ
 //!   or RQ, in order; the receive completion carries `byte_len`, `imm_data`, `qp_num` (the
 //!   receiving QP, which tells SRQ users which QP it was) and `src_qp`.
@@ -113,7 +119,7 @@
 //! - **Events**: a CQ created with events supports `req_notify`/`wait` (a condition variable on
 //!   the event path only; a CQ without events never touches it).
 //! - **Inline** sends copy the payload at post time (up to `max_inline_data`, at most 256 bytes).
-//! - **Send-queue slots**: a send WQE, signaled or not, holds its slot until a signaled
+//! - **Send-queue slots**: a send WQE (BIND_MW and LOCAL_INV included), signaled or not, holds its slot until a signaled
 //!   completion at or after it (or an error or flush completion, which every WR gets) has been
 //!   *polled* from the send CQ, as mlx5's `ibv_poll_cq` retires WQEs; generating the CQE is not
 //!   enough. With `max_send_wr` WQEs outstanding, `post_send` fails with
@@ -128,7 +134,10 @@
 //!   receive CQE are in place before `post_send` returns (still visible only through `poll`), and
 //!   a send completion does not wait for an ACK.
 //! - RDMA READ is performed at once by the requester (no `max_rd_atomic` limit on outstanding
-//!   READs, which cannot be outstanding here); atomics, memory windows, UD/UC, SQD are absent.
+//!   READs, which cannot be outstanding here); atomics, type-1 memory windows, UD/UC, SQD are
+//!   absent. A LOCAL_INV completes once the rkey is invalid; a transfer of the peer that had
+//!   resolved the rkey just before may still be copying (a SEND_WITH_INV from the peer has no
+//!   such window: the peer's transfers run in order).
 //! - Receive completions for a QP forced to ERR can race with a transfer already executing, so
 //!   one successful receive CQE may follow its flush CQEs.
 //! - Ports have no P_Key table; `pkey_index` is accepted and ignored.
@@ -150,6 +159,7 @@ mod fault;
 mod guard;
 mod host;
 mod mr;
+mod mw;
 mod peer;
 mod qp;
 mod remote;
@@ -161,6 +171,7 @@ mod srq;
 pub use cq::SimCq;
 pub use host::{SimContext, SimPd};
 pub use mr::SimMr;
+pub use mw::SimMw;
 pub use qp::SimQp;
 pub use sqslots::{send_queue_mode, set_send_queue_mode, SendQueueMode};
 pub use srq::SimSrq;
@@ -189,6 +200,7 @@ impl Provider for Sim {
     type Context = SimContext;
     type ProtectionDomain = SimPd;
     type MemoryRegion = SimMr;
+    type MemoryWindow = SimMw;
     type CompletionQueue = SimCq;
     type SharedReceiveQueue = SimSrq;
     type QueuePair = SimQp;

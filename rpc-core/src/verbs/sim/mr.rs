@@ -1,9 +1,11 @@
 //! Memory regions and the per-host key table.
 //!
 //! A key (`lkey == rkey`, as on mlx5) is `generation << 16 | slot index` into a fixed array of
-//! [`MR_SLOTS`] slots per host, so a lookup is one indexed load and a compare, with no lock and no
-//! hashing; a stale key (slot reused) fails the generation compare. Registration and
-//! deregistration take the table's free-list lock (control path only).
+//! [`MR_SLOTS`] slots per host (generation 1..=0x7fff, so bit 31 is clear), so a lookup is one
+//! indexed load and a compare, with no lock and no hashing; a stale key (slot reused) fails the
+//! generation compare. Registration and deregistration take the table's free-list lock (control
+//! path only). Memory windows take slots of the same table, with keys of another shape (bit 31
+//! set; see [`super::mw`]).
 //!
 //! Deregistration is safe against transfers in flight: every transfer of this process runs while
 //! its requester holds its QP's send-queue guard and resolves keys inside that section, so after
@@ -17,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use super::host::HostCore;
 use super::shm::{Segment, MR_TABLE_OFF, SEG_LEN};
-use crate::verbs::{AccessFlags, MemoryRegion};
+use crate::verbs::{AccessFlags, MemoryRegion, MrHandle, Result};
 
 /// MR slots per host (the sim's `max_mr`).
 pub(crate) const MR_SLOTS: usize = 4096;
@@ -27,19 +29,27 @@ pub(crate) const MR_ALIGN: usize = 4096;
 
 #[repr(C, align(64))]
 pub(crate) struct MrSlot {
-    /// The valid key, or 0 when free.
-    key: AtomicU32,
-    pd: AtomicU32,
-    access: AtomicU32,
-    /// 1 for caller memory (`reg_user_mr`): its address is valid in the owner's process only, so
-    /// it lives in the owner's private [`UserSlot`] table, never here; peers in other processes
-    /// cannot reach the region.
-    user: AtomicU32,
+    /// The valid key, or 0 when free (a window: its rkey while bound, 0 while free).
+    pub(super) key: AtomicU32,
+    pub(super) pd: AtomicU32,
+    pub(super) access: AtomicU32,
+    /// 1 for caller memory (`reg_user_mr`, or a window bound to such an MR): its address is
+    /// valid in the owner's process only, so it lives in the owner's private [`UserSlot`] table,
+    /// never here; peers in other processes cannot reach the region (nor such a window).
+    pub(super) user: AtomicU32,
     /// Where the region's bytes are: an offset in the host segment (0 for caller memory).
-    base: AtomicU64,
+    pub(super) base: AtomicU64,
     /// The region's virtual address as peers and SGEs name it.
-    addr: AtomicU64,
-    len: AtomicU64,
+    pub(super) addr: AtomicU64,
+    pub(super) len: AtomicU64,
+    /// A memory window's current rkey (bound or not); 0 for an MR or a free slot.
+    pub(super) mw: AtomicU32,
+    /// A bound type-2 window: the QP number it is bound to (0 = none).
+    pub(super) qpn: AtomicU32,
+    /// A bound window: the key of the MR it exposes.
+    pub(super) mr_key: AtomicU32,
+    /// A window's sequence lock: odd while a bind or an invalidation rewrites the slot.
+    pub(super) seq: AtomicU32,
 }
 
 /// Where a caller-memory region (`reg_user_mr`) is: process-private, so that a peer process
@@ -94,7 +104,7 @@ impl MrView {
     }
 
     #[inline(always)]
-    fn slot(&self, idx: usize) -> Option<&MrSlot> {
+    pub(super) fn slot(&self, idx: usize) -> Option<&MrSlot> {
         // SAFETY: the table holds `MR_SLOTS` slots inside the mapping (layout constant).
         (idx < MR_SLOTS).then(|| unsafe { &*self.slots.add(idx) })
     }
@@ -114,7 +124,11 @@ impl MrView {
             return Err(KeyFault::Key);
         };
         // `SeqCst` (a plain load on x86): ordered after a peer's pin, see `super::epoch`.
-        if key == 0 || s.key.load(Ordering::SeqCst) != key || s.pd.load(Ordering::Relaxed) != pd {
+        if key == 0
+            || key & MW_KEY_BIT != 0
+            || s.key.load(Ordering::SeqCst) != key
+            || s.pd.load(Ordering::Relaxed) != pd
+        {
             return Err(KeyFault::Key);
         }
         let start = s.addr.load(Ordering::Relaxed);
@@ -127,32 +141,87 @@ impl MrView {
             return Err(KeyFault::Access);
         }
         if s.user.load(Ordering::Relaxed) != 0 {
-            if self.user.is_null() {
-                return Err(KeyFault::Key);
-            }
-            // SAFETY: a non-null `user` is the owner's table of `MR_SLOTS` entries, kept alive
-            // with the view's host; the index was checked by `slot` above.
-            let u = unsafe { &*self.user.add((key & 0xffff) as usize) };
-            // Only the private entry says where the bytes are (and how many there are).
-            let (u_addr, u_len) = (u.addr.load(Ordering::Relaxed), u.len.load(Ordering::Relaxed));
-            let inside =
-                addr >= u_addr && addr.checked_add(len as u64).is_some_and(|end| end <= u_addr + u_len);
-            if u.key.load(Ordering::Acquire) != key || !inside {
-                return Err(KeyFault::Key);
-            }
-            return Ok((u.ptr.load(Ordering::Relaxed) + (addr - u_addr)) as usize as *mut u8);
+            return self.locate_user(key, addr, len);
         }
+        self.locate(s, addr - start, mr_len)
+    }
+
+    /// `[addr, addr + len)` of the caller-memory MR with key `mr_key`, as only the owner's
+    /// private table says where its bytes are (and how many there are): a shared slot rewritten
+    /// by a peer process cannot redirect it. Out of reach (`Key`) in a view of another process.
+    #[inline]
+    pub(super) fn locate_user(&self, mr_key: u32, addr: u64, len: u32) -> Result<*mut u8, KeyFault> {
+        let idx = (mr_key & 0xffff) as usize;
+        if self.user.is_null() || idx >= MR_SLOTS || mr_key == 0 {
+            return Err(KeyFault::Key);
+        }
+        // SAFETY: a non-null `user` is the owner's table of `MR_SLOTS` entries, kept alive with
+        // the view's host; `idx < MR_SLOTS` (checked).
+        let u = unsafe { &*self.user.add(idx) };
+        let (u_addr, u_len) = (u.addr.load(Ordering::Relaxed), u.len.load(Ordering::Relaxed));
+        let inside = addr >= u_addr
+            && addr
+                .checked_add(len as u64)
+                .is_some_and(|end| u_addr.checked_add(u_len).is_some_and(|e| end <= e));
+        if u.key.load(Ordering::Acquire) != mr_key || !inside {
+            return Err(KeyFault::Key);
+        }
+        Ok((u.ptr.load(Ordering::Relaxed) + (addr - u_addr)) as usize as *mut u8)
+    }
+
+    /// The pointer to byte `off` of a segment-memory region (or window) of `len` bytes described
+    /// by slot `s`, checked against the mapping: `Beyond` when it lies past this process's
+    /// mapping of another process's segment (remap and retry).
+    #[inline]
+    pub(super) fn locate(&self, s: &MrSlot, off: u64, len: u64) -> Result<*mut u8, KeyFault> {
         let base = s.base.load(Ordering::Relaxed);
-        let at = base + (addr - start);
-        match base.checked_add(mr_len) {
+        if off > len {
+            return Err(KeyFault::Key);
+        }
+        match base.checked_add(len) {
             Some(end) if end <= self.seg_len => {}
             Some(end) if end <= SEG_LEN as u64 => return Err(KeyFault::Beyond),
             _ => return Err(KeyFault::Key),
         }
-        // SAFETY: `at + len <= base + mr_len <= seg_len`: inside the mapping.
-        Ok(unsafe { self.seg_base.add(at as usize) })
+        // SAFETY: `base + off <= base + len <= seg_len`: inside the mapping.
+        Ok(unsafe { self.seg_base.add((base + off) as usize) })
+    }
+
+    /// The private entry of caller-memory MR `mr_key` (its address and length), `None` when
+    /// there is none (not caller memory, deregistered, or a view of another process).
+    pub(super) fn user_range(&self, mr_key: u32) -> Option<(u64, u64)> {
+        let idx = (mr_key & 0xffff) as usize;
+        if self.user.is_null() || idx >= MR_SLOTS || mr_key == 0 {
+            return None;
+        }
+        // SAFETY: as in `locate_user`.
+        let u = unsafe { &*self.user.add(idx) };
+        let range = (u.addr.load(Ordering::Relaxed), u.len.load(Ordering::Relaxed));
+        (u.key.load(Ordering::Acquire) == mr_key).then_some(range)
+    }
+
+    /// Resolves a remote key as the responder QP `qpn` (of PD `pd`) sees it: an MR's rkey, or a
+    /// memory window's, which must also be bound to `qpn` (see [`MrView::resolve`]).
+    #[inline]
+    pub(crate) fn resolve_rkey(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        addr: u64,
+        len: u32,
+        need: AccessFlags,
+    ) -> Result<*mut u8, KeyFault> {
+        if key & MW_KEY_BIT != 0 {
+            self.resolve_mw(key, pd, qpn, addr, len, need)
+        } else {
+            self.resolve(key, pd, addr, len, need)
+        }
     }
 }
+
+/// Bit 31 marks the key of a memory window (MR keys have it clear).
+pub(crate) const MW_KEY_BIT: u32 = 1 << 31;
 
 pub(crate) struct MrTable {
     pub(crate) view: MrView,
@@ -184,12 +253,9 @@ impl MrTable {
         addr: u64,
         len: usize,
     ) -> Option<u32> {
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (free, gens) = &mut *guard;
-        let idx = free.pop()?;
-        let gen = gens[idx as usize];
-        gens[idx as usize] = if gen == u16::MAX { 1 } else { gen + 1 };
-        let key = (gen as u32) << 16 | idx as u32;
+        let (idx, gen) = self.take_slot()?;
+        // Generations 1..=0x7fff: bit 31 stays clear (window keys have it set).
+        let key = ((gen % 0x7fff) as u32 + 1) << 16 | idx as u32;
         let s = self.view.slot(idx as usize)?;
         let u = &self.user[idx as usize];
         u.key.store(0, Ordering::Relaxed);
@@ -199,6 +265,9 @@ impl MrTable {
             u.len.store(len as u64, Ordering::Relaxed);
             u.key.store(key, Ordering::Release);
         }
+        s.mw.store(0, Ordering::Relaxed);
+        s.qpn.store(0, Ordering::Relaxed);
+        s.mr_key.store(0, Ordering::Relaxed);
         s.pd.store(pd, Ordering::Relaxed);
         s.access.store(access.0, Ordering::Relaxed);
         s.user.store(user as u32, Ordering::Relaxed);
@@ -221,8 +290,24 @@ impl MrTable {
     }
 
     fn release(&self, key: u32) {
+        self.release_slot((key & 0xffff) as u16);
+    }
+
+    /// Takes a free slot: its index and a generation for its next key (`None` when all
+    /// [`MR_SLOTS`] are in use).
+    pub(super) fn take_slot(&self) -> Option<(u16, u16)> {
         let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        guard.0.push((key & 0xffff) as u16);
+        let (free, gens) = &mut *guard;
+        let idx = free.pop()?;
+        let gen = gens[idx as usize];
+        gens[idx as usize] = gen.wrapping_add(1);
+        Some((idx, gen))
+    }
+
+    /// Returns slot `idx` to the free list.
+    pub(super) fn release_slot(&self, idx: u16) {
+        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        guard.0.push(idx);
     }
 
     /// See [`MrView::resolve`].
@@ -252,8 +337,8 @@ pub struct SimMr {
 }
 
 // SAFETY: the MR is a handle to memory it owns (or that the caller promised stays valid until it
-// is dropped); `as_slice`/`as_mut_slice` follow normal borrow rules on the handle, and what peers
-// do concurrently is the protocol contract stated on `MemoryRegion`.
+// is dropped); safe access copies through a raw pointer (`read_at`/`write_at`), and the byte
+// views are `unsafe` with the contract stated on `MemoryRegion`.
 unsafe impl Send for SimMr {}
 // SAFETY: as above; `&SimMr` gives read-only views.
 unsafe impl Sync for SimMr {}
@@ -294,14 +379,33 @@ impl MemoryRegion for SimMr {
     fn access(&self) -> AccessFlags {
         self.access
     }
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is valid for the MR's lifetime (owned allocation, or the
-        // caller's promise in `reg_user_mr`); concurrent NIC writes are excluded by the protocol
-        // contract documented on `MemoryRegion`.
+    fn handle(&self) -> MrHandle {
+        MrHandle(self.key as u64)
+    }
+    #[inline]
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    #[inline]
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: `self.ptr` is valid for `len` bytes while the MR lives (owned allocation, or
+        // the caller's promise in `reg_user_mr`).
+        unsafe { crate::verbs::mr_read_at(self.ptr, self.len, offset, dst) }
+    }
+    #[inline]
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: as in `read_at`.
+        unsafe { crate::verbs::mr_write_at(self.ptr, self.len, offset, src) }
+    }
+    unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: `self.ptr..+len` is valid for the MR's lifetime (owned allocation, or the
+        // caller's promise in `reg_user_mr`); the caller guarantees that no WR and no peer
+        // writes it while the slice lives (this method's contract).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` excludes other views through this handle.
+    unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` excludes other views through this handle and
+        // the caller guarantees that no WR and no peer accesses the region meanwhile.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
@@ -309,9 +413,17 @@ impl MemoryRegion for SimMr {
 impl Drop for SimMr {
     fn drop(&mut self) {
         self.host.mrs.invalidate(self.key);
-        // No transfer of this process (quiescence) nor of a peer process (an epoch grace
-        // period) can still be using the key or the memory once these return.
+        // Windows bound to this MR die with it (a device would refuse the deregistration). A
+        // bind racing the invalidation has finished after the quiescence (it runs under its
+        // QP's guard): look again, and wait out this process's transfers through what that finds.
+        self.host.mrs.invalidate_windows_of_mr(self.key);
         super::fabric::quiesce();
+        if self.host.mrs.invalidate_windows_of_mr(self.key) > 0 {
+            super::fabric::quiesce();
+        }
+        // Transfers of peer processes (which reach the MR through its key or a window) are
+        // pinned: an epoch grace period after the last invalidation (key and windows) waits
+        // them out. Then no transfer can still be using the key, the windows or the memory.
         super::epoch::synchronize(&self.host.seg);
         self.host.mrs.release(self.key);
         if let Some((off, bytes)) = self.owned {

@@ -400,6 +400,7 @@ impl QpCore {
                     qp_num: self.qpn,
                     src_qp: 0,
                     vendor_err: 0,
+                    invalidated_rkey: None,
                 },
                 false,
                 self.sq_ref(seq),
@@ -475,14 +476,17 @@ pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkComplet
         qp_num,
         src_qp: 0,
         vendor_err: 0,
+        invalidated_rkey: None,
     }
 }
 
 pub(crate) fn send_opcode(op: &SendOp) -> WcOpcode {
     match op {
-        SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::IBV_WC_SEND,
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::IBV_WC_SEND,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::IBV_WC_RDMA_WRITE,
         SendOp::RdmaRead { .. } => WcOpcode::IBV_WC_RDMA_READ,
+        SendOp::BindMw { .. } => WcOpcode::IBV_WC_BIND_MW,
+        SendOp::LocalInv { .. } => WcOpcode::IBV_WC_LOCAL_INV,
     }
 }
 
@@ -693,6 +697,9 @@ impl SimQp {
     fn validate(&self, index: usize, wr: &SendWr<'_>) -> Result<()> {
         let cap = &self.core.cap;
         let bad = |reason: String| Err(VerbsError::BadWorkRequest { call: "ibv_post_send", index, reason });
+        if matches!(wr.op, SendOp::BindMw { .. } | SendOp::LocalInv { .. }) && !wr.sg_list.is_empty() {
+            return bad("BIND_MW and LOCAL_INV take no SGEs".into());
+        }
         if wr.flags.contains(SendFlags::INLINE) {
             if matches!(wr.op, SendOp::RdmaRead { .. }) {
                 return bad("INLINE is not valid for RDMA READ".into());
@@ -1063,6 +1070,8 @@ impl Drop for SimQp {
             while pop_recv_id(rq).is_some() {}
         }
         fabric().unregister_qp(c.host.id, c.qpn);
+        // Before the number can be reused: a later QP of that number inherits no window.
+        c.host.mrs.detach_windows_of_qp(c.qpn); // see `super::mw`
         c.host.sq_slots.detach(c.qpn);
         c.host.free_qpn(c.qpn);
     }

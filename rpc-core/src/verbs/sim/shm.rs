@@ -28,8 +28,9 @@ pub(crate) const SEG_LEN: usize = 1 << 38;
 pub(crate) const INITIAL_SIZE: usize = 16 << 20;
 /// `b"RPCSIMH1"`: the first word of a host segment.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPCSIMH1");
-/// Layout version of the segment (both sides must agree).
-pub(crate) const VERSION: u32 = 2;
+/// Layout version of the segment (both sides must agree). 3: key-table slots also hold memory
+/// windows (bit-31 keys, `mw`/`qpn`/`mr_key`/`seq`; see `super::mw`).
+pub(crate) const VERSION: u32 = 3;
 /// Where the MR key table starts.
 pub(crate) const MR_TABLE_OFF: usize = 4096;
 /// Where the QP directory starts (after 4096 MR slots of 64 bytes).
