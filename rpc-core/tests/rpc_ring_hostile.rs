@@ -144,6 +144,46 @@ fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees(
     server.shutdown();
 }
 
+/// Each session's ring is reachable only through a memory window bound to that session's QP: a
+/// peer using another session's ring address and rkey gets REM_ACCESS_ERR and writes nothing;
+/// the other session is intact.
+#[test]
+fn a_peer_writing_with_another_sessions_ring_rkey_gets_rem_access_err() {
+    let server = server().add_service(Twice).spawn("127.0.0.1:0").unwrap();
+    let mut a = RawClient::connect(server.local_addr());
+    let mut b = RawClient::connect(server.local_addr());
+    assert_eq!(server.counters().window_fallbacks, 0, "the software NIC has type-2 windows");
+    let len = 8 << 10;
+    // B aims at A's ring.
+    b.ring = a.ring;
+    b.write(0, &vec![0xbb; len], None);
+    // A failed WRITE completes even unsignaled; a successful one (the bug) would not.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        assert!(Instant::now() < give_up, "the WRITE with another session's rkey did not fail");
+        let mut wcs = [WorkCompletion::default(); 4];
+        let n = b.peer.cq.poll(&mut wcs).unwrap();
+        if let Some(wc) = wcs[..n].first() {
+            break wc.status;
+        }
+        b.sq.flush(&b.peer.qp, &mut b.pool, 1).unwrap();
+        std::thread::yield_now();
+    };
+    assert_eq!(status, rpc_core::verbs::WcStatus::IBV_WC_REM_ACCESS_ERR);
+    // A's session works, and its ring holds A's bytes only.
+    let mine = vec![0xaa; len];
+    a.write(0, &mine, Some(ring_request(a.session, len as u32)));
+    let reply = loop {
+        if let Some(r) = a.poll() {
+            break r;
+        }
+    };
+    assert_eq!((reply.0.kind, reply.0.status), (Kind::Response, Code::Ok));
+    let r = EchoMsg::decode(&reply.1[..]).unwrap();
+    assert_eq!(r.checksum, fnv64(&mine), "A's request arrived as A wrote it");
+    server.shutdown();
+}
+
 /// A fake server that answers the first request with the first piece of a response three
 /// pieces long, then vanishes (its host and its TCP connection gone).
 #[test]

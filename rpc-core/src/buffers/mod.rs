@@ -58,8 +58,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::verbs::{
-    AccessFlags, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, Result, SendFlags, SendOp,
-    SendWr, Sge, SharedReceiveQueue, SrqInitAttr,
+    inc_rkey, AccessFlags, MemoryRegion, MemoryWindow, MwBind, MwType, ProtectionDomain, Provider, QueuePair,
+    RecvWr, Result, SendFlags, SendOp, SendWr, Sge, SharedReceiveQueue, SrqInitAttr,
 };
 
 /// Most WRs posted with one doorbell.
@@ -391,22 +391,51 @@ impl<P: Provider> SendPool<P> {
 
 /// Our ring, registered for the peer's RDMA WRITEs. The peer may write any byte of it at any
 /// time, so it is never read in place: bodies are copied out.
+///
+/// With memory windows ([`RecvRing::with_window`], the default where the device has type-2
+/// windows), the MR itself grants no remote access: the peer reaches the ring only through a
+/// type-2 window bound to this connection's QP ([`SendQueue::bind_window`]), so a peer using the
+/// rkey over another connection gets REM_ACCESS_ERR and writes nothing. Field order is drop
+/// order: the window is deallocated before the MR is deregistered.
 pub struct RecvRing<P: Provider> {
+    mw: Option<(P::MemoryWindow, u32)>,
     mr: P::MemoryRegion,
 }
 
 impl<P: Provider> RecvRing<P> {
-    /// Registers a ring of `len` bytes: `LOCAL_WRITE | REMOTE_WRITE`.
+    /// Registers a ring of `len` bytes that any QP of the PD can reach with its rkey:
+    /// `LOCAL_WRITE | REMOTE_WRITE` (the fallback where the device has no type-2 windows).
     ///
     /// # Errors
     /// The verbs error of registering.
     pub fn new(pd: &P::ProtectionDomain, len: usize) -> Result<RecvRing<P>> {
-        Ok(RecvRing { mr: pd.reg_mr(len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)? })
+        Ok(RecvRing { mw: None, mr: pd.reg_mr(len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)? })
     }
 
-    /// Address, length and rkey for the handshake.
+    /// Registers a ring of `len` bytes for local access and window binding only
+    /// (`LOCAL_WRITE | MW_BIND`) and allocates the type-2 window that will expose it; the rkey
+    /// the peer gets ([`RecvRing::remote`]) is the window's after its bind. Post the bind with
+    /// [`SendQueue::bind_window`] on the connection's QP, in RTS, before the peer may write.
+    ///
+    /// # Errors
+    /// The verbs error of registering or of allocating the window (no type-2 windows, `max_mw`).
+    pub fn with_window(pd: &P::ProtectionDomain, len: usize) -> Result<RecvRing<P>> {
+        let mr = pd.reg_mr(len, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+        let mw = pd.alloc_mw(MwType::Type2)?;
+        let rkey = inc_rkey(mw.rkey());
+        Ok(RecvRing { mw: Some((mw, rkey)), mr })
+    }
+
+    /// Whether the peer reaches the ring through a window bound to one QP (else through the MR's
+    /// rkey, from any QP of the PD).
+    pub fn has_window(&self) -> bool {
+        self.mw.is_some()
+    }
+
+    /// Address, length and rkey for the handshake (the window's rkey when there is one).
     pub fn remote(&self) -> (u64, u32, u32) {
-        (self.mr.addr(), self.mr.len() as u32, self.mr.rkey())
+        let rkey = self.mw.as_ref().map_or(self.mr.rkey(), |(_, k)| *k);
+        (self.mr.addr(), self.mr.len() as u32, rkey)
     }
 
     /// Length in bytes.
@@ -655,6 +684,40 @@ impl SendQueue {
         } else {
             self.pending.drain(..n);
         }
+        Ok(())
+    }
+
+    /// Binds `ring`'s window to `qp` (a signaled BIND_MW WR, one WQE of this queue, whose
+    /// completion carries `tag` and retires it like any other): from that completion on, the
+    /// peer of `qp`, and only it, can RDMA WRITE the ring with [`RecvRing::remote`]'s rkey.
+    /// Nothing is posted for a ring without a window. Posted at once, before anything queued.
+    ///
+    /// # Errors
+    /// The verbs error of posting (QP not in RTS, send queue full).
+    pub fn bind_window<P: Provider>(
+        &mut self,
+        qp: &P::QueuePair,
+        ring: &RecvRing<P>,
+        tag: u32,
+    ) -> Result<()> {
+        let Some((mw, rkey)) = &ring.mw else { return Ok(()) };
+        let bind = MwBind {
+            mr: ring.mr.handle(),
+            addr: ring.mr.addr(),
+            length: ring.mr.len() as u64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        let wr = SendWr {
+            wr_id: send_wr_id(tag, 1, 0),
+            sg_list: &[],
+            op: SendOp::BindMw { mw: mw.handle(), rkey: *rkey, bind },
+            flags: SendFlags::SIGNALED,
+        };
+        // SAFETY: a bind WR has no SGEs; the window and the MR it names are owned by `ring`,
+        // which the caller keeps next to `qp` (the connection's fields), and only this call binds
+        // that window, once, from the thread that owns the connection.
+        unsafe { qp.post_send(std::slice::from_ref(&wr)) }?;
+        self.outstanding += 1;
         Ok(())
     }
 

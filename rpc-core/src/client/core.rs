@@ -10,9 +10,7 @@ use prost::Message;
 use std::collections::VecDeque;
 
 use super::config::ClientConfig;
-use crate::buffers::{
-    split_send_wr_id, RecvBuf, RecvPool, RecvRing, SendBuf, SendMirror, SendPool, SendQueue,
-};
+use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue};
 use crate::config::{Idle, EVENT_WAIT};
 use crate::session::{CallSlots, PlaceError, Placement, ResponseFate, Role, Session, SessionParams};
 use crate::status::{Code, Status};
@@ -25,7 +23,9 @@ use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
     PROTOCOL_VERSION,
 };
-use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, BodyAt, Conn, Outgoing};
+use crate::worker::conn::{
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, BodyAt, Conn, Outgoing,
+};
 use crate::worker::counters::Counters;
 
 const POLL_BATCH: usize = 32;
@@ -136,7 +136,9 @@ impl<P: Provider> ClientCore<P> {
         let attr = dev.ctx.attr();
         let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr)
             .map_err(unavailable)?;
-        let ring = RecvRing::<P>::new(&pd, cfg.ring_bytes as usize).map_err(unavailable)?;
+        let mut window_fallbacks = 0;
+        let ring = create_ring::<P>(&dev.ctx, &pd, cfg.ring_bytes as usize, &mut window_fallbacks)
+            .map_err(unavailable)?;
         let local = dev.endpoint(&qp);
 
         let addrs: Vec<SocketAddr> = addr
@@ -213,6 +215,31 @@ impl<P: Provider> ClientCore<P> {
             .map_err(|e| unavailable(format!("connecting the QP: {e}")))?;
         let qp_inline = qp.cap().max_inline_data;
         let sq_depth = qp.cap().max_send_wr as usize;
+        let mut sq = SendQueue::new(sq_depth, usize::from(bufs));
+        // The server may write our ring once it has our first request: bind the ring's window to
+        // the QP and wait for the bind's completion before any call.
+        if ring.has_window() {
+            sq.bind_window(&qp, &ring, TAG)
+                .map_err(|e| unavailable(format!("binding the ring's window: {e}")))?;
+            let give_up = Instant::now() + cfg.connect_timeout;
+            let mut wcs = [WorkCompletion::default(); 4];
+            'bind: loop {
+                let n = cq.poll(&mut wcs).map_err(unavailable)?;
+                for wc in &wcs[..n] {
+                    if !wc.status.is_success() {
+                        return Err(unavailable(format!("binding the ring's window: {}", wc.status)));
+                    }
+                    if let Some((_, wrs, _)) = split_send_wr_id(wc.wr_id) {
+                        sq.on_completion(wrs);
+                        break 'bind;
+                    }
+                }
+                if Instant::now() >= give_up {
+                    return Err(unavailable("binding the ring's window: no completion"));
+                }
+                std::thread::yield_now();
+            }
+        }
         tcp.set_nonblocking(true).map_err(unavailable)?;
         let params = SessionParams {
             id: reply.session,
@@ -230,7 +257,7 @@ impl<P: Provider> ClientCore<P> {
                 pool,
                 ring,
                 mirror,
-                sq: SendQueue::new(sq_depth, usize::from(bufs)),
+                sq,
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
@@ -245,7 +272,7 @@ impl<P: Provider> ClientCore<P> {
             broken: None,
             idle: Idle::new(cfg.polling),
             wcs: [WorkCompletion::default(); POLL_BATCH],
-            counters: Counters { sessions_opened: 1, ..Counters::default() },
+            counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
             credit_return: false,
             peer,
             _dev: dev,

@@ -4,7 +4,7 @@
 
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use crossbeam_queue::ArrayQueue;
 use super::registry::Registry;
 use super::reply::DeferQueue;
 use super::{ServerConfig, ServerError, ServerHandle};
-use crate::buffers::{RecvPool, RecvRing, SendMirror, SendPool, SendQueue};
+use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue};
 use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
@@ -22,12 +22,25 @@ use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
 };
-use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, srq_need, Conn};
+use crate::worker::conn::{body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, Conn};
 use crate::worker::counters::SharedCounters;
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
+use crate::worker::{BIND_FAILED, BIND_PENDING};
 
 /// Session ids are unique per process.
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
+
+/// Waits (yielding, at most 2 s) for the worker to report the bind of a new session's window.
+fn wait_bound(bound: &AtomicU8) -> bool {
+    let give_up = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match bound.load(Ordering::Acquire) {
+            BIND_PENDING if std::time::Instant::now() < give_up => std::thread::yield_now(),
+            BIND_PENDING | BIND_FAILED => return false,
+            _ => return true,
+        }
+    }
+}
 
 /// Opens the device, starts the workers and the listener thread.
 pub(super) fn start<P: Provider>(
@@ -343,7 +356,21 @@ impl<P: Provider> Listener<P> {
         };
         w.sessions.fetch_add(1, Ordering::Relaxed);
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
-        push(&w.control, Control::Open(Box::new(NewConn { conn: conn.0, session, peer })));
+        let bound = Arc::new(AtomicU8::new(BIND_PENDING));
+        let window = conn.0.ring.has_window();
+        push(
+            &w.control,
+            Control::Open(Box::new(NewConn { conn: conn.0, session, peer, bound: bound.clone() })),
+        );
+        // The peer may write our ring as soon as it has the reply: the worker binds the ring's
+        // window to the QP first, and says when the bind completed.
+        if window && !wait_bound(&bound) {
+            push(&w.control, Control::Close(session));
+            return Err(Self::refuse(
+                &mut stream,
+                Status::unavailable("binding the receive ring's memory window to the QP failed"),
+            ));
+        }
         if let Err(e) = write_frame(&mut stream, &Frame::Handshake(reply)) {
             push(&w.control, Control::Close(session));
             return Err(io(e));
@@ -373,7 +400,9 @@ impl<P: Provider> Listener<P> {
         let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
         let pool = SendPool::<P>::new(&w.pd, bufs, HEADER_LEN + body_cap).map_err(verbs)?;
-        let ring = RecvRing::<P>::new(&w.pd, self.config.ring_bytes as usize).map_err(verbs)?;
+        let mut fallback = 0;
+        let ring = create_ring::<P>(&self.dev.ctx, &w.pd, self.config.ring_bytes as usize, &mut fallback)
+            .map_err(verbs)?;
         let mirror = SendMirror::<P>::new(&w.pd, hello.ring_len as usize).map_err(verbs)?;
         let local = self.dev.endpoint(&qp);
         let remote =

@@ -6,6 +6,30 @@ use crate::session::{Complete, RingPiece, Session};
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
 use crate::wire::{Header, HEADER_LEN};
 
+/// Our receive ring of `len` bytes: behind a type-2 memory window bound to the connection's QP
+/// where the device has them (so a peer can write only its own ring), else the plain MR with a
+/// logged warning (once per process) and `fallback` counted.
+pub(crate) fn create_ring<P: Provider>(
+    ctx: &P::Context,
+    pd: &P::ProtectionDomain,
+    len: usize,
+    fallback: &mut u64,
+) -> Result<RecvRing<P>> {
+    if ctx.attr().mw_type2 {
+        return RecvRing::with_window(pd, len);
+    }
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            device = ctx.device_name(),
+            "the device has no type-2 memory windows: each receive ring is exposed by its MR's rkey, \
+             reachable from any QP of the protection domain"
+        );
+    });
+    *fallback += 1;
+    RecvRing::new(pd, len)
+}
+
 /// Smallest eager body area in bytes, so that a status message always fits in one SEND.
 pub(crate) const MIN_BODY_AREA: usize = 256;
 
@@ -82,11 +106,14 @@ impl Outgoing {
     }
 }
 
-/// A connection's resources. Field order is drop order: the QP goes first.
+/// A connection's resources. Field order is drop order: the receive ring's memory window goes
+/// first (a QP destroyed with a window still bound to it can block for minutes on rxe), then
+/// the QP, then the memory its posted WRs read.
 pub(crate) struct Conn<P: Provider> {
+    /// Our ring; the peer writes it only through its window (or the MR's rkey, as a fallback).
+    pub(crate) ring: RecvRing<P>,
     pub(crate) qp: P::QueuePair,
     pub(crate) pool: SendPool<P>,
-    pub(crate) ring: RecvRing<P>,
     pub(crate) mirror: SendMirror<P>,
     pub(crate) sq: SendQueue,
     pub(crate) session: Session,

@@ -28,6 +28,9 @@ pub struct Counters {
     pub sessions_opened: u64,
     /// Sessions closed.
     pub sessions_closed: u64,
+    /// Sessions whose receive ring is exposed by its MR's rkey (reachable from any QP of the
+    /// protection domain) because the device has no type-2 memory windows; 0 on devices with them.
+    pub window_fallbacks: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -56,16 +59,20 @@ impl Counters {
         self.malformed += other.malformed;
         self.sessions_opened += other.sessions_opened;
         self.sessions_closed += other.sessions_closed;
+        self.window_fallbacks += other.window_fallbacks;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
         }
     }
 }
 
+/// Counters other than `by_code`.
+const FIELDS: usize = 11;
+
 /// The published copy, readable from any thread.
 #[derive(Default)]
 pub(crate) struct SharedCounters {
-    fields: [AtomicU64; 10 + 17],
+    fields: [AtomicU64; FIELDS + 17],
 }
 
 impl SharedCounters {
@@ -81,6 +88,7 @@ impl SharedCounters {
             c.malformed,
             c.sessions_opened,
             c.sessions_closed,
+            c.window_fallbacks,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -91,7 +99,7 @@ impl SharedCounters {
         let g = |i: usize| self.fields[i].load(Ordering::Acquire);
         let mut by_code = [0u64; 17];
         for (i, b) in by_code.iter_mut().enumerate() {
-            *b = g(10 + i);
+            *b = g(FIELDS + i);
         }
         Counters {
             rpcs: g(0),
@@ -104,6 +112,7 @@ impl SharedCounters {
             malformed: g(7),
             sessions_opened: g(8),
             sessions_closed: g(9),
+            window_fallbacks: g(10),
             by_code,
         }
     }

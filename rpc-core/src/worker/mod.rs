@@ -12,7 +12,7 @@ pub(crate) mod counters;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,9 @@ use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::server::registry::Registry;
 use crate::server::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext};
 use crate::status::{Code, Status};
-use crate::verbs::{CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion};
+use crate::verbs::{
+    CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
+};
 use crate::wire::{Header, Kind, HEADER_LEN};
 use conn::{BodyAt, Conn, Outgoing};
 use counters::{Counters, SharedCounters};
@@ -40,11 +42,21 @@ const REPOST_IDLE: u32 = 64;
 /// Counters are published every this many empty polls (first after half of it).
 const PUBLISH_IDLE: u32 = 1024;
 
+/// [`NewConn::bound`]: the worker has not bound the ring's window yet.
+pub(crate) const BIND_PENDING: u8 = 0;
+/// [`NewConn::bound`]: the bind completed (or the ring has no window): the peer may write.
+pub(crate) const BIND_DONE: u8 = 1;
+/// [`NewConn::bound`]: the bind failed; the session is closed.
+pub(crate) const BIND_FAILED: u8 = 2;
+
 /// A connection handed from the listener to a worker.
 pub(crate) struct NewConn<P: Provider> {
     pub(crate) conn: Conn<P>,
     pub(crate) session: u32,
     pub(crate) peer: SocketAddr,
+    /// Set by the worker once the ring's window is bound to the QP (the listener answers the
+    /// handshake only then).
+    pub(crate) bound: Arc<AtomicU8>,
 }
 
 /// Messages into a worker.
@@ -117,6 +129,8 @@ struct Slot<P: Provider> {
     dirty: bool,
     credit_return: bool,
     backlog: VecDeque<Spill>,
+    /// Until the window bind's completion is polled: whom to tell.
+    binding: Option<Arc<AtomicU8>>,
 }
 
 /// Limits a worker applies.
@@ -287,6 +301,7 @@ impl<P: Provider> Worker<P> {
     fn open(&mut self, nc: NewConn<P>) {
         let Some(idx) = self.slots.iter().position(Option::is_none) else {
             tracing::warn!(worker = self.shared.index, session = nc.session, "no free session slot; closing");
+            nc.bound.store(BIND_FAILED, Ordering::Release);
             let _ = self.shared.closed.push(nc.session);
             self.shared
                 .srq_reserved
@@ -296,6 +311,7 @@ impl<P: Provider> Worker<P> {
         };
         self.gens[idx] = self.gens[idx].wrapping_add(1);
         self.by_qpn.insert(nc.conn.qp.qp_num(), idx as u16);
+        let window = nc.conn.ring.has_window();
         self.slots[idx] = Some(Slot {
             conn: nc.conn,
             session: nc.session,
@@ -303,7 +319,25 @@ impl<P: Provider> Worker<P> {
             dirty: false,
             credit_return: false,
             backlog: VecDeque::new(),
+            binding: None,
         });
+        let tag = self.tag(idx as u16);
+        let Some(slot) = self.slots[idx].as_mut() else { return };
+        if !window {
+            self.counters.window_fallbacks += 1;
+            nc.bound.store(BIND_DONE, Ordering::Release);
+        } else {
+            let Conn { sq, qp, ring, .. } = &mut slot.conn;
+            match sq.bind_window(qp, ring, tag) {
+                Ok(()) => slot.binding = Some(nc.bound),
+                Err(e) => {
+                    tracing::warn!(worker = self.shared.index, session = nc.session, error = %e, "binding the ring's window failed");
+                    nc.bound.store(BIND_FAILED, Ordering::Release);
+                    self.close_slot(idx as u16, "binding the ring's window failed", false, true);
+                    return;
+                }
+            }
+        }
         self.counters.sessions_opened += 1;
     }
 
@@ -311,6 +345,9 @@ impl<P: Provider> Worker<P> {
     /// close its TCP connection (the client then sees the session gone).
     fn close_slot(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
         let Some(slot) = self.slots.get_mut(idx as usize).and_then(Option::take) else { return };
+        if let Some(b) = &slot.binding {
+            b.store(BIND_FAILED, Ordering::Release);
+        }
         let span = tracing::info_span!("disconnect", worker = self.shared.index, session = slot.session);
         let _entered = span.enter();
         self.by_qpn.remove(&slot.conn.qp.qp_num());
@@ -423,11 +460,10 @@ impl<P: Provider> Worker<P> {
                     continue;
                 }
                 Spill::Body(out) => {
-                    if out.sent > 0 || out.body.len() > slot.conn.body_cap {
-                        sent |= out.sent > 0;
-                    }
-                    if !slot.conn.send_outgoing(out) {
-                        sent |= out.sent > 0;
+                    let before = out.sent;
+                    let done = slot.conn.send_outgoing(out);
+                    sent |= out.sent != before;
+                    if !done {
                         break;
                     }
                     (Code::Ok, out.body.len() as u32)
@@ -501,6 +537,11 @@ impl<P: Provider> Worker<P> {
             }
             slot.conn.pool.retire(usize::from(bufs));
             slot.conn.sq.on_completion(wrs);
+            if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
+                if let Some(b) = slot.binding.take() {
+                    b.store(BIND_DONE, Ordering::Release);
+                }
+            }
             if !slot.backlog.is_empty() {
                 self.try_backlog(idx);
             }
