@@ -215,10 +215,10 @@ timeout -k 5 "$TIMEOUT" qemu-system-x86_64 $ACC -smp "$SMP" -m "$MEM" \
 qrc=${PIPESTATUS[0]}
 set -e
 log "qemu exited rc=$qrc"
-if grep -qE 'BUG:|Oops|WARNING: CPU|Kernel panic|general protection' "$CONSOLE"; then
+if grep -aqE 'BUG:|Oops|WARNING: CPU|Kernel panic|general protection' "$CONSOLE"; then
   echo "rxe-vm: WARNING: the guest kernel logged a BUG/Oops/WARNING/panic (see $CONSOLE)" >&2
 fi
-rc=$(grep -oE '@@RXE_VM_EXIT=[0-9]+@@' "$CONSOLE" | tail -1 | grep -oE '[0-9]+' || true)
+rc=$(grep -aoE '@@RXE_VM_EXIT=[0-9]+@@' "$CONSOLE" | tail -1 | grep -oE '[0-9]+' || true)
 if [ -z "$rc" ]; then
   [ "$qrc" = 124 ] && { echo "guest timed out after ${TIMEOUT}s" >&2; exit 124; }
   echo "guest did not report a result (qemu rc=$qrc)" >&2; exit 3
