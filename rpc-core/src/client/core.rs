@@ -11,7 +11,8 @@ use std::collections::VecDeque;
 
 use super::config::ClientConfig;
 use crate::buffers::{
-    split_send_wr_id, RecvBuf, RecvPool, RecvRing, SendBuf, SendMirror, SendPool, SendQueue,
+    split_send_wr_id, RecvBuf, RecvPool, RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging,
+    Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::session::{CallSlots, PlaceError, Placement, ResponseFate, Role, Session, SessionParams};
@@ -25,7 +26,9 @@ use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
     PROTOCOL_VERSION,
 };
-use crate::worker::conn::{body_area, create_cq, create_qp, send_bufs_for, BodyAt, Conn, Outgoing};
+use crate::worker::conn::{
+    body_area, create_cq, create_qp, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
+};
 use crate::worker::counters::Counters;
 
 const POLL_BATCH: usize = 32;
@@ -51,7 +54,9 @@ enum PendingBody {
     /// In a send buffer, after the header (`len` bytes), or in the mirror at a ring offset
     /// reserved just before (then the call is sent at once).
     Placed(SendBuf, BodyAt),
-    /// On the heap: sent through the ring whole or in pieces as space frees.
+    /// In the staging area: sent through the ring whole or in pieces as space frees.
+    Staged(Staged),
+    /// On the heap (no staging room): sent through the ring whole or in pieces as space frees.
     Heap(Vec<u8>),
 }
 
@@ -207,6 +212,8 @@ impl<P: Provider> ClientCore<P> {
         let body_cap = body_area(reply.eager_threshold);
         let pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
         let mirror = SendMirror::<P>::new(&pd, reply.ring_len as usize).map_err(unavailable)?;
+        let staging = SendStaging::<P>::new(&pd, staging_len(reply.ring_len), usize::from(window))
+            .map_err(unavailable)?;
         let remote =
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
@@ -230,6 +237,7 @@ impl<P: Provider> ClientCore<P> {
                 pool,
                 ring,
                 mirror,
+                staging,
                 sq: SendQueue::new(sq_depth, usize::from(bufs)),
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
@@ -255,8 +263,9 @@ impl<P: Provider> ClientCore<P> {
     /// Encodes a request and queues it (sending it when a credit is free). With `flush_now`, it
     /// is posted at once; otherwise with the next progress (so calls started back to back share
     /// one doorbell). A body above the eager threshold is encoded straight into the mirror of the
-    /// server's ring when the call goes out now and the ring has room; otherwise onto the heap,
-    /// and sent through the ring (in pieces when larger than a piece) as space frees.
+    /// server's ring when the call goes out now and the ring has room; otherwise into the staging
+    /// area (or, when that is full too, onto the heap), and sent through the ring (in pieces when
+    /// larger than a piece) as space frees.
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
@@ -314,11 +323,11 @@ impl<P: Provider> ClientCore<P> {
                 Ok(Placement::Pieces) | Err(_) => {
                     self.conn.pool.give_back(buf);
                     self.counters.ring_full_stalls += 1;
-                    PendingBody::Heap(req.encode_to_vec())
+                    self.stage(req, len)
                 }
             }
         } else {
-            PendingBody::Heap(req.encode_to_vec())
+            self.stage(req, len)
         };
         self.counters.bytes_out += len as u64;
         let (slot, generation) = self.slots.start().expect("a free slot was checked");
@@ -328,6 +337,20 @@ impl<P: Provider> ClientCore<P> {
             self.flush();
         }
         Ok(CallId { slot, generation, deadline })
+    }
+
+    /// Encodes a body above the eager threshold that cannot go into the peer's ring now: into
+    /// the staging area when it has room (one copy, no allocation), else onto the heap.
+    fn stage<M: Message>(&mut self, req: &M, len: usize) -> PendingBody {
+        let (at, spare) = self.conn.staging.spare_mut();
+        if let Some(mut dst) = spare.get_mut(..len) {
+            req.encode_raw(&mut dst);
+            let written = (len - dst.len()) as u32;
+            if let Some(s) = self.conn.staging.commit(at, written) {
+                return PendingBody::Staged(s);
+            }
+        }
+        PendingBody::Heap(req.encode_to_vec())
     }
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
@@ -340,6 +363,7 @@ impl<P: Provider> ClientCore<P> {
             let h = Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
             match p.body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
+                PendingBody::Staged(body) => self.outbox.push_back(Outgoing::staged(h, body)),
                 PendingBody::Heap(body) => self.outbox.push_back(Outgoing::new(h, body)),
             }
         }
@@ -396,14 +420,17 @@ impl<P: Provider> ClientCore<P> {
         // Each failed call is counted when its caller takes the answer.
         self.slots.fail_all(|| Answer::Err(status.clone()));
         for p in self.pending.iter_mut().filter_map(Option::take) {
-            if let PendingBody::Placed(buf, _) = p.body {
-                self.conn.pool.give_back(buf);
+            match p.body {
+                PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
+                PendingBody::Staged(s) => self.conn.staging.release(s),
+                PendingBody::Heap(_) => {}
             }
         }
         self.outbox.clear();
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
+        self.conn.staging.reset();
         self.counters.sessions_closed += 1;
         self.broken = Some(status);
     }
@@ -442,6 +469,7 @@ impl<P: Provider> ClientCore<P> {
             }
             self.conn.pool.retire(usize::from(bufs));
             self.conn.sq.on_completion(wrs);
+            self.conn.sq.retire_staged(&mut self.conn.staging);
             return;
         }
         let Some(buf) = self.recv.take(wc.wr_id, wc.byte_len) else { return };
@@ -539,7 +567,7 @@ impl<P: Provider> ClientCore<P> {
         let r = match a {
             Answer::Err(s) => Err(s),
             // `bytes` fields become slices of this buffer: no second copy.
-            Answer::Owned(body) => R::decode(bytes::Bytes::from(body)).map_err(undecodable),
+            Answer::Owned(body) => R::decode(self.conn.session.body_bytes(body)).map_err(undecodable),
             Answer::Eager(buf) => {
                 let r =
                     R::decode(self.recv.bytes(&buf).get(HEADER_LEN..).unwrap_or(&[])).map_err(undecodable);
