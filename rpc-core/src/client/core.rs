@@ -264,8 +264,9 @@ impl<P: Provider> ClientCore<P> {
     /// is posted at once; otherwise with the next progress (so calls started back to back share
     /// one doorbell). A body above the eager threshold is encoded straight into the mirror of the
     /// server's ring when the call goes out now and the ring has room; otherwise into the staging
-    /// area (or, when that is full too, onto the heap), and sent through the ring (in pieces when
-    /// larger than a piece) as space frees.
+    /// area (waiting for room there or in the ring when both are full; onto the heap when the
+    /// body is larger than the staging area), and sent through the ring (in pieces when larger
+    /// than a piece) as space frees.
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
@@ -294,40 +295,18 @@ impl<P: Provider> ClientCore<P> {
             return Err(s);
         }
         let eager = len <= self.conn.session.params().eager_threshold as usize;
-        // A ring reservation must be queued before anything else is placed: only a call that goes
-        // on the wire now (a credit free, nothing waiting) may take one.
-        let now = self.slots.queued() == 0 && self.slots.in_flight() < self.slots.credits();
-        let body = if eager || now {
-            let mut buf = loop {
-                if let Some(b) = self.conn.acquire() {
-                    break b;
-                }
-                self.wait_step(deadline)?;
-            };
-            match self.conn.session.place_body(len) {
-                Ok(Placement::Eager) => {
-                    let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
-                    req.encode_raw(&mut dst);
-                    let n = (len - dst.len()) as u32;
-                    PendingBody::Placed(buf, BodyAt::Eager(n))
-                }
-                Ok(Placement::Ring(off)) => {
-                    let mut dst = self.conn.mirror.range_mut(off, len as u32);
-                    req.encode_raw(&mut dst);
-                    // A body shorter than announced keeps its reserved length, as the ring accounting
-                    // requires; the gap is zeroed (a zero tag never decodes: the server answers
-                    // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
-                    dst.fill(0);
-                    PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 })
-                }
-                Ok(Placement::Pieces) | Err(_) => {
-                    self.conn.pool.give_back(buf);
-                    self.counters.ring_full_stalls += 1;
-                    self.stage(req, len)
-                }
+        let mut stalled = false;
+        let body = loop {
+            if let Some(body) = self.place(req, len, eager, &mut stalled, deadline)? {
+                break body;
             }
-        } else {
-            self.stage(req, len)
+            // Neither the server's ring nor the staging area has room: wait for either (bodies in
+            // the staging area need only ring space to leave, so room comes), unless the body
+            // could never fit the staging area.
+            if len > self.conn.staging.len() as usize {
+                break PendingBody::Heap(req.encode_to_vec());
+            }
+            self.wait_step(deadline)?;
         };
         self.counters.bytes_out += len as u64;
         let (slot, generation) = self.slots.start().expect("a free slot was checked");
@@ -339,18 +318,68 @@ impl<P: Provider> ClientCore<P> {
         Ok(CallId { slot, generation, deadline })
     }
 
-    /// Encodes a body above the eager threshold that cannot go into the peer's ring now: into
-    /// the staging area when it has room (one copy, no allocation), else onto the heap.
-    fn stage<M: Message>(&mut self, req: &M, len: usize) -> PendingBody {
-        let (at, spare) = self.conn.staging.spare_mut();
-        if let Some(mut dst) = spare.get_mut(..len) {
-            req.encode_raw(&mut dst);
-            let written = (len - dst.len()) as u32;
-            if let Some(s) = self.conn.staging.commit(at, written) {
-                return PendingBody::Staged(s);
+    /// Encodes a request body where it can go now: the eager area, the server's ring (through
+    /// the mirror), or the staging area. `None` when it is above the eager threshold and neither
+    /// the ring nor the staging area has room.
+    fn place<M: Message>(
+        &mut self,
+        req: &M,
+        len: usize,
+        eager: bool,
+        stalled: &mut bool,
+        deadline: Option<Instant>,
+    ) -> Result<Option<PendingBody>, Status> {
+        // A ring reservation must be queued before anything else is placed: only a call that goes
+        // on the wire now (a credit free, nothing waiting) may take one.
+        let now = self.slots.queued() == 0 && self.slots.in_flight() < self.slots.credits();
+        Ok(if eager || now {
+            let mut buf = loop {
+                if let Some(b) = self.conn.acquire() {
+                    break b;
+                }
+                self.wait_step(deadline)?;
+            };
+            match self.conn.session.place_body(len) {
+                Ok(Placement::Eager) => {
+                    let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                    req.encode_raw(&mut dst);
+                    let n = (len - dst.len()) as u32;
+                    Some(PendingBody::Placed(buf, BodyAt::Eager(n)))
+                }
+                Ok(Placement::Ring(off)) => {
+                    let mut dst = self.conn.mirror.range_mut(off, len as u32);
+                    req.encode_raw(&mut dst);
+                    // A body shorter than announced keeps its reserved length, as the ring accounting
+                    // requires; the gap is zeroed (a zero tag never decodes: the server answers
+                    // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
+                    dst.fill(0);
+                    Some(PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 }))
+                }
+                Ok(Placement::Pieces) | Err(_) => {
+                    self.conn.pool.give_back(buf);
+                    if !std::mem::replace(stalled, true) {
+                        self.counters.ring_full_stalls += 1;
+                    }
+                    self.stage(req, len)
+                }
             }
-        }
-        PendingBody::Heap(req.encode_to_vec())
+        } else {
+            self.stage(req, len)
+        })
+    }
+
+    /// Encodes a body above the eager threshold that cannot go into the peer's ring now into the
+    /// staging area (one copy, no allocation); `None` when it has no room for it.
+    fn stage<M: Message>(&mut self, req: &M, len: usize) -> Option<PendingBody> {
+        let (at, spare) = self.conn.staging.spare_mut();
+        let mut dst = spare.get_mut(..len)?;
+        req.encode_raw(&mut dst);
+        let written = (len - dst.len()) as u32;
+        Some(match self.conn.staging.commit(at, written) {
+            Some(s) => PendingBody::Staged(s),
+            // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
+            None => PendingBody::Heap(req.encode_to_vec()),
+        })
     }
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
