@@ -322,10 +322,12 @@ impl Session {
             }
             let token = self.consumer.accept(h.ring_offset, h.body_len)?;
             let assembly = if assembly == usize::MAX {
-                self.assemblies.push(Assembly {
-                    header: Header { body_len: h.total_len, ..*h },
-                    body: self.recycler.take(h.total_len as usize),
-                });
+                // Up to `max_message_size` per message, announced by the peer: an allocation
+                // that fails closes the session instead of aborting the process.
+                let Some(body) = self.recycler.take(h.total_len as usize) else {
+                    return Err("no memory for the message's buffer");
+                };
+                self.assemblies.push(Assembly { header: Header { body_len: h.total_len, ..*h }, body });
                 self.assemblies.len() - 1
             } else {
                 assembly

@@ -39,19 +39,19 @@ impl BodyRecycler {
     }
 
     /// An empty buffer with room for `len` bytes: a spare one when it is large enough, else a
-    /// new allocation (a spare one too small is dropped).
-    pub fn take(&self, len: usize) -> Vec<u8> {
-        match self.spare.pop() {
-            Some(v) => {
-                self.held.fetch_sub(v.capacity(), Ordering::Relaxed);
-                if v.capacity() >= len {
-                    v
-                } else {
-                    Vec::with_capacity(len)
-                }
+    /// new allocation (a spare one too small is dropped). `None` when that allocation fails
+    /// (`len` is announced by the peer, up to `max_message_size`): the caller closes the session
+    /// instead of aborting the process.
+    pub fn take(&self, len: usize) -> Option<Vec<u8>> {
+        if let Some(v) = self.spare.pop() {
+            self.held.fetch_sub(v.capacity(), Ordering::Relaxed);
+            if v.capacity() >= len {
+                return Some(v);
             }
-            None => Vec::with_capacity(len),
         }
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).ok()?;
+        Some(v)
     }
 
     /// Keeps `v` for a later message when there is room within the count and the byte budget.
@@ -111,7 +111,7 @@ mod tests {
     #[test]
     fn buffers_come_back_when_the_last_bytes_is_dropped() {
         let r = BodyRecycler::new(4, 1 << 20);
-        let mut v = r.take(1000);
+        let mut v = r.take(1000).unwrap();
         v.extend_from_slice(&[7u8; 1000]);
         let ptr = v.as_ptr();
         let b = RecycledBody::new(v, r.clone()).into_bytes();
@@ -120,7 +120,7 @@ mod tests {
         assert_eq!(&field[..], &[7u8; 10]);
         assert!(r.spare.is_empty(), "a slice still shares the buffer");
         drop(field);
-        let again = r.take(500);
+        let again = r.take(500).unwrap();
         assert_eq!(again.as_ptr(), ptr, "the buffer is reused");
         assert!(again.is_empty());
     }
@@ -134,11 +134,13 @@ mod tests {
             r.give_back(Vec::with_capacity(100));
         }
         assert_eq!(r.spare.len(), 3);
-        assert!(r.take(200).capacity() >= 200, "a spare too small is not handed out");
+        assert!(r.take(200).unwrap().capacity() >= 200, "a spare too small is not handed out");
         assert_eq!(r.held.load(Ordering::Relaxed), 200);
         r.give_back(Vec::with_capacity(3896));
         assert_eq!(r.spare.len(), 3, "exactly the budget");
         r.give_back(Vec::with_capacity(1));
         assert_eq!(r.spare.len(), 3, "over the budget by one byte");
+        let empty = BodyRecycler::new(1, 0);
+        assert!(empty.take(usize::MAX / 2).is_none(), "a failed allocation is reported");
     }
 }
