@@ -57,3 +57,132 @@ fn more_messages_than_the_send_queue_holds_wait_for_room_instead_of_overrunning_
     assert!(waits > 0, "the send queue filled up at least once ({depth} WQEs, {bufs} buffers)");
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
+
+/// Bodies encoded once into the staging area are written in pieces to offsets of the peer's ring
+/// that have nothing to do with their staging offsets; a staged range is handed out again only
+/// after the completion of its last WRITE is polled, and what arrives is what was encoded.
+#[test]
+fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_writes_completion() {
+    use rpc_core::buffers::SendStaging;
+    const RING: usize = 4096;
+    let a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let mut b = RawPeer::new(1024, 64, 256, RING, 2);
+    let hb = b.handshake(4, 64, 1 << 20, 1);
+    a.connect(&RcConfig::default(), &hb);
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    let depth = a.qp.cap().max_send_wr as usize;
+    let mut pool = SendPool::<Sim>::new(&a.pd, 16, 64).unwrap();
+    let mut sq = SendQueue::new(depth, 16);
+    let mut staging = SendStaging::<Sim>::new(&a.pd, 3000, 4).unwrap();
+    let mut wcs = [WorkCompletion::default(); 64];
+
+    // Two bodies of 1200 bytes: both fit, a third does not fit contiguously.
+    let mut bodies = Vec::new();
+    for k in 0..2u8 {
+        let (at, spare) = staging.spare_mut();
+        assert!(spare.len() >= 1200, "room for body {k}: {}", spare.len());
+        for (i, x) in spare[..1200].iter_mut().enumerate() {
+            *x = k.wrapping_mul(31).wrapping_add(i as u8);
+        }
+        bodies.push(staging.commit(at, 1200).expect("the span just handed out"));
+    }
+    assert!(staging.spare_mut().1.len() < 1200);
+    assert!(staging.commit(0, 1).is_none(), "not the spare span");
+
+    // Body 0 in three pieces at ring offsets 3000, 100 and 2000 (any offsets the ring grants).
+    let first = bodies.remove(0);
+    let pieces = [(0u32, 500u32, 3000u64), (500, 400, 100), (900, 300, 2000)];
+    let mut token = Some(first);
+    for (i, &(from, len, ring_off)) in pieces.iter().enumerate() {
+        let t = token.take().unwrap();
+        token = sq.write_staged(&staging, t, from, len, hb.ring_addr + ring_off, hb.ring_rkey);
+        assert_eq!(token.is_none(), i == pieces.len() - 1, "only the last piece consumes the token");
+    }
+    let buf = pool.acquire_for(&sq).unwrap();
+    sq.send(&mut pool, buf, 8, true);
+    let used = staging.used();
+    sq.flush(&a.qp, &mut pool, 1).unwrap();
+    assert_eq!(staging.used(), used, "nothing frees at posting");
+
+    // Body 1 is given back unsent: its space frees only behind body 0 (in order).
+    staging.release(bodies.remove(0));
+    assert_eq!(staging.used(), used);
+
+    let mut done = false;
+    for _ in 0..1000 {
+        let n = a.cq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            assert!(wc.status.is_success(), "{wc:?}");
+            let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
+            pool.retire(usize::from(retired));
+            sq.on_completion(wrs);
+            sq.retire_staged(&mut staging);
+            done = true;
+        }
+        if done {
+            break;
+        }
+    }
+    assert!(done, "a batch with a staged WRITE is signaled");
+    assert_eq!(staging.used(), 0, "both ranges free once the last WRITE completed");
+    let (at, spare) = staging.spare_mut();
+    assert_eq!((at, spare.len()), (0, 3000), "an empty area starts over at 0");
+
+    let n = b.cq.poll(&mut wcs).unwrap();
+    assert_eq!(n, 1);
+    let r = b.recv.take(wcs[0].wr_id, wcs[0].byte_len).unwrap();
+    b.recv.repost(r);
+    let mut got = Vec::new();
+    for &(from, len, ring_off) in &pieces {
+        got.clear();
+        assert!(b.ring.copy_out(ring_off as u32, len, &mut got));
+        let want: Vec<u8> = (from..from + len).map(|i| i as u8).collect();
+        assert_eq!(got, want, "piece at ring offset {ring_off}");
+    }
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+proptest::proptest! {
+    /// Random encodes and out-of-order releases: the spare span handed out never overlaps a live
+    /// staged range, and everything is free once every range is released.
+    #[test]
+    fn staging_never_hands_out_live_bytes(
+        len in 1u32..400,
+        ops in proptest::collection::vec((1u32..450, proptest::bool::ANY, 0u8..255), 1..200),
+    ) {
+        use rpc_core::buffers::SendStaging;
+        let peer = RawPeer::new(16, 1, 64, 64, 1);
+        let mut staging = SendStaging::<Sim>::new(&peer.pd, len, 4).unwrap();
+        let mut owner: Vec<Option<usize>> = vec![None; len as usize];
+        let mut live = Vec::new();
+        for (i, (n, release, pick)) in ops.into_iter().enumerate() {
+            if release && !live.is_empty() {
+                let (s, at, n): (rpc_core::buffers::Staged, u32, u32) = live.swap_remove(pick as usize % live.len());
+                for b in &mut owner[at as usize..(at + n) as usize] {
+                    *b = None;
+                }
+                staging.release(s);
+                continue;
+            }
+            let (at, spare) = staging.spare_mut();
+            let room = spare.len() as u32;
+            proptest::prop_assert!(!live.is_empty() || room == len, "an empty area offers all of it");
+            for o in &owner[at as usize..(at + room) as usize] {
+                proptest::prop_assert_eq!(*o, None, "spare span over a live range");
+            }
+            if n <= room {
+                let s = staging.commit(at, n).unwrap();
+                for b in &mut owner[at as usize..(at + n) as usize] {
+                    *b = Some(i);
+                }
+                live.push((s, at, n));
+            } else {
+                proptest::prop_assert!(staging.commit(at, n).is_none());
+            }
+        }
+        for (s, ..) in live.drain(..) {
+            staging.release(s);
+        }
+        proptest::prop_assert_eq!(staging.used(), 0);
+    }
+}

@@ -97,3 +97,49 @@ fn ring_responses_taken_out_of_order() {
     drop(client);
     server.shutdown();
 }
+
+/// A window of calls whose bodies together far exceed both the ring and the staging area (twice
+/// the ring): bodies wait for staging room, go in pieces from the staging area when larger than
+/// the ring, and from the heap when larger than the staging area too; every body intact.
+#[test]
+fn bodies_beyond_the_ring_and_the_staging_area_wait_or_go_from_the_heap() {
+    const SMALL_RING: u32 = 16 * 1024;
+    let (server, _) = spawn(server().eager_threshold(512).ring_bytes(SMALL_RING));
+    let client = Client::connect_with(
+        server.local_addr(),
+        &client_config().eager_threshold(512).ring_bytes(SMALL_RING).window(16),
+    )
+    .unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut inflight: VecDeque<(u64, usize, ResponseFuture<'_, EchoMsg>)> = VecDeque::new();
+    // Below a piece, above a piece, above the ring, above the staging area (32 KiB).
+    let sizes = [3_000usize, 6_000, 20_000, 40_000, 9_000];
+    let total = 400u64;
+    let (mut next, mut done) = (0u64, 0u64);
+    while done < total {
+        while inflight.len() < 16 && next < total {
+            let req_len = sizes[(next % 5) as usize];
+            let rep_len = sizes[((next + 2) % 5) as usize];
+            inflight.push_back((
+                next,
+                rep_len,
+                client.unary_async(ECHO, &request(next, req_len, rep_len), &CallOptions::default()),
+            ));
+            next += 1;
+        }
+        let (seq, rep_len, fut) = inflight.front_mut().unwrap();
+        if let Poll::Ready(r) = Pin::new(fut).poll(&mut cx) {
+            let r = r.unwrap_or_else(|s| panic!("call {seq}: {s}"));
+            check_reply(&r, *seq, *rep_len);
+            inflight.pop_front();
+            done += 1;
+        }
+    }
+    let c = client.counters();
+    assert_eq!(c.with_code(Code::Ok), total);
+    assert!(c.ring_full_stalls > 0, "the ring filled up");
+    drop(inflight);
+    drop(client);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}

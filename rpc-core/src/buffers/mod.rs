@@ -17,6 +17,10 @@
 //!   ever handed out: a body is copied out once ([`RecvRing::copy_out`]) into memory we own.
 //! - [`SendMirror`]: the local image of the peer's ring that bodies are encoded into before their
 //!   RDMA WRITE. Only the local NIC reads it (it is never exposed to a peer).
+//! - [`SendStaging`]: a local byte ring of its own (not tied to the peer's ring offsets) that
+//!   bodies the peer's ring cannot take yet are encoded into once; a [`Staged`] token seals the
+//!   range, its pieces are WRITTEN from there to whatever ring offsets the session grants, and the
+//!   completion of its last WRITE frees it.
 //! - [`SendQueue`]: the work requests of one QP collected during a loop iteration and posted with
 //!   one doorbell; room in the QP's send queue is checked when a buffer is taken
 //!   ([`SendQueue::has_room`]), and selective signaling retires WQEs and buffers.
@@ -451,14 +455,16 @@ impl<P: Provider> RecvRing<P> {
     /// Appends the `len` bytes at `offset` to `dst` (one copy; `dst` grows if needed). A peer
     /// writing the range meanwhile can only change which bytes are copied, never what happens
     /// to them afterwards: from here on they are ours. Returns false, copying nothing, when the
-    /// range is outside the ring.
+    /// range is outside the ring or `dst` cannot grow (no memory).
     #[inline]
     pub fn copy_out(&self, offset: u32, len: u32, dst: &mut Vec<u8>) -> bool {
         let (o, n) = (offset as usize, len as usize);
         if o.checked_add(n).is_none_or(|end| end > self.mr.len()) {
             return false;
         }
-        dst.reserve(n);
+        if dst.try_reserve(n).is_err() {
+            return false;
+        }
         let at = dst.len();
         // SAFETY: the source range lies in `self.mr` (checked above), alive for `&self`; the
         // destination is `n` bytes of `dst`'s spare capacity (reserved above), which no one else
@@ -517,12 +523,179 @@ impl<P: Provider> SendMirror<P> {
     }
 }
 
+/// A body encoded into the [`SendStaging`] area, sealed: no view of its bytes exists any more; its
+/// range is read only by the RDMA WRITEs of its pieces ([`SendQueue::write_staged`]) and is free
+/// again once the completion of the WRITE of its last piece is polled, or when it is given back
+/// unsent ([`SendStaging::release`]).
+#[must_use = "a staged body holds staging space until it is written or released"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Staged {
+    seq: u32,
+    offset: u32,
+    len: u32,
+    pool: u32,
+}
+
+impl Staged {
+    /// Length of the body in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// True for an empty body.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A connection's registered staging area for bodies that cannot be placed in the peer's ring
+/// when they are encoded (ring full, or larger than a piece): a byte ring of its own, unrelated to
+/// the peer's ring offsets. A body is encoded into it once ([`SendStaging::spare_mut`], then
+/// [`SendStaging::commit`]) and its pieces are RDMA WRITTEN from it to whatever offsets the
+/// peer's ring grants, so no heap copy and no allocation is needed. Space is allocated at the tail
+/// and freed in allocation order once every earlier range was freed too (ranges may finish out of
+/// order). Registered for local access only: no peer can write it.
+pub struct SendStaging<P: Provider> {
+    mr: P::MemoryRegion,
+    len: u32,
+    id: u32,
+    /// Bytes allocated so far (ranges plus skipped ends).
+    tail: u64,
+    /// Bytes freed so far, in order.
+    head: u64,
+    /// Physical offset of the next allocation.
+    pos: u32,
+    /// Allocated, not yet freed ranges, oldest first: (end counter, finished).
+    pending: VecDeque<(u64, bool)>,
+    /// Sequence number of `pending[0]`.
+    first_seq: u32,
+}
+
+impl<P: Provider> SendStaging<P> {
+    /// Registers a staging area of `len` bytes (`LOCAL_WRITE`); room for `bodies` ranges at once
+    /// is allocated here (more grow the list).
+    ///
+    /// # Errors
+    /// The verbs error of registering.
+    pub fn new(pd: &P::ProtectionDomain, len: u32, bodies: usize) -> Result<SendStaging<P>> {
+        let len = len.max(1);
+        Ok(SendStaging {
+            mr: pd.reg_mr(len as usize, AccessFlags::LOCAL_WRITE)?,
+            len,
+            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            tail: 0,
+            head: 0,
+            pos: 0,
+            pending: VecDeque::with_capacity(bodies),
+            first_seq: 0,
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Always false: the area has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes allocated and not yet freed (skipped ends included).
+    pub fn used(&self) -> u64 {
+        self.tail - self.head
+    }
+
+    /// The largest contiguous free span a body can be encoded into now: `(offset, length)`, and
+    /// how many bytes before the end of the area its allocation skips.
+    fn spare(&self) -> (u32, u32, u32) {
+        let used = self.used();
+        if used == 0 {
+            return (0, self.len, 0);
+        }
+        let free = u64::from(self.len).saturating_sub(used) as u32;
+        let till_end = self.len - self.pos;
+        if till_end >= free {
+            (self.pos, free, 0)
+        } else if till_end >= free - till_end {
+            (self.pos, till_end, 0)
+        } else {
+            (0, free - till_end, till_end)
+        }
+    }
+
+    /// The largest contiguous free span: its offset and its bytes, to encode a body into; then
+    /// [`SendStaging::commit`] the bytes written. Empty when the area is full.
+    #[inline]
+    pub fn spare_mut(&mut self) -> (u32, &mut [u8]) {
+        let (offset, n, _) = self.spare();
+        // SAFETY: `[offset, offset + n)` lies in `self.mr` (`spare` stays within `len`, the MR's
+        // length), alive for `&mut self`, which makes this the only view. It is free space: no
+        // allocated range overlaps it, and the local NIC reads only allocated ranges (a WRITE is
+        // queued only for a `Staged` token, whose range stays allocated until the completion of
+        // its last WRITE is polled). The area is never a receive target nor exposed with a remote
+        // key, so nothing else writes it.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut((self.mr.addr() as usize + offset as usize) as *mut u8, n as usize)
+        };
+        (offset, bytes)
+    }
+
+    /// Allocates the first `len` bytes (at least 1) of the span [`SendStaging::spare_mut`]
+    /// returned at `offset` (the body written there) and seals them: no view of them is given
+    /// out again until they are freed. `None` when `offset` and `len` are not within the current
+    /// spare span.
+    pub fn commit(&mut self, offset: u32, len: u32) -> Option<Staged> {
+        let (at, n, skip) = self.spare();
+        if offset != at || len == 0 || len > n {
+            return None;
+        }
+        if self.used() == 0 {
+            self.pos = 0;
+        }
+        self.tail += u64::from(skip) + u64::from(len);
+        self.pos = if offset + len == self.len { 0 } else { offset + len };
+        let seq = self.first_seq.wrapping_add(self.pending.len() as u32);
+        self.pending.push_back((self.tail, false));
+        Some(Staged { seq, offset, len, pool: self.id })
+    }
+
+    /// Gives back a staged body that will not be sent (nothing of it is posted).
+    pub fn release(&mut self, staged: Staged) {
+        if staged.pool == self.id {
+            self.finish(staged.seq);
+        }
+    }
+
+    fn finish(&mut self, seq: u32) {
+        let idx = seq.wrapping_sub(self.first_seq) as usize;
+        if let Some(e) = self.pending.get_mut(idx) {
+            e.1 = true;
+        }
+        while let Some(&(end, true)) = self.pending.front() {
+            self.head = end;
+            self.pending.pop_front();
+            self.first_seq = self.first_seq.wrapping_add(1);
+        }
+    }
+
+    /// Everything is free (the QP was destroyed or flushed: no WRITE reads the area any more).
+    pub fn reset(&mut self) {
+        self.pending.clear();
+        self.first_seq = 0;
+        self.head = self.tail;
+        self.pos = 0;
+    }
+}
+
 #[derive(Clone, Copy)]
 struct PendingWr {
     sge: Sge,
     op: SendOp,
-    /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE from the mirror).
+    /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE).
     buf: u16,
+    /// Staged range whose last WRITE this is (freed by its completion), or `u32::MAX`.
+    staged: u32,
     /// Copied into the WQE at post time.
     inline: bool,
 }
@@ -540,6 +713,13 @@ pub struct SendQueue {
     depth: usize,
     /// Signal at least every this many send buffers (so free buffers never run out waiting).
     signal_bufs: usize,
+    /// WRs posted so far.
+    posted: u64,
+    /// WRs retired by polled completions so far.
+    completed: u64,
+    /// Staged ranges whose last WRITE is posted, in posting order: (value of `posted` once that
+    /// WRITE is posted, range sequence number).
+    staged: VecDeque<(u64, u32)>,
 }
 
 impl SendQueue {
@@ -553,6 +733,9 @@ impl SendQueue {
             unsignaled_bufs: 0,
             depth,
             signal_bufs: (bufs / 4).clamp(1, 16),
+            posted: 0,
+            completed: 0,
+            staged: VecDeque::with_capacity(bufs),
         }
     }
 
@@ -590,8 +773,41 @@ impl SendQueue {
             sge: mirror.mr.sge(offset as usize, len),
             op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
             buf: u16::MAX,
+            staged: u32::MAX,
             inline: false,
         });
+    }
+
+    /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote_addr`.
+    /// Returns the token while bytes after this piece remain; the WRITE of the last piece consumes
+    /// it (its range is freed by the completion covering that WRITE, see
+    /// [`SendQueue::retire_staged`]). A piece outside the body, or a token of another staging
+    /// area, queues nothing and gives the token back.
+    pub fn write_staged<P: Provider>(
+        &mut self,
+        staging: &SendStaging<P>,
+        staged: Staged,
+        from: u32,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Option<Staged> {
+        if staged.pool != staging.id || from.checked_add(len).is_none_or(|end| end > staged.len) {
+            return Some(staged);
+        }
+        let last = from + len == staged.len;
+        self.pending.push(PendingWr {
+            sge: staging.mr.sge((staged.offset + from) as usize, len),
+            op: SendOp::RdmaWrite { remote_addr, rkey },
+            buf: u16::MAX,
+            staged: if last { staged.seq } else { u32::MAX },
+            inline: false,
+        });
+        if last {
+            None
+        } else {
+            Some(staged)
+        }
     }
 
     /// Queues a SEND of the first `len` bytes of send buffer `buf` (consumed: it is the NIC's
@@ -606,7 +822,13 @@ impl SendQueue {
         std::mem::forget(buf);
         pool.out -= 1;
         let len = len.min(pool.buf_size as u32);
-        self.pending.push(PendingWr { sge: pool.sge(idx, len), op: SendOp::Send, buf: idx, inline });
+        self.pending.push(PendingWr {
+            sge: pool.sge(idx, len),
+            op: SendOp::Send,
+            buf: idx,
+            staged: u32::MAX,
+            inline,
+        });
     }
 
     /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs. The last WR of a batch
@@ -647,6 +869,8 @@ impl SendQueue {
                 bufs += 1;
                 dma_bufs |= !p.inline;
             }
+            // A staged range is free again only with the completion of its last WRITE.
+            dma_bufs |= p.staged != u32::MAX;
         }
         // Selective signaling: a completion retires WQEs and send buffers. Buffers the NIC reads
         // by DMA want it soon; inline ones only before the free list runs low.
@@ -657,19 +881,25 @@ impl SendQueue {
             wrs[n - 1].flags |= SendFlags::SIGNALED;
             wrs[n - 1].wr_id = send_wr_id(tag, unsignaled as u16, unsignaled_bufs as u16);
         }
-        // SAFETY: every SGE lies in a send buffer of `pool` or in the send mirror, MRs owned
-        // next to `qp` by the same connection and dropped after it. A send buffer's token was
-        // consumed by `send`, so nothing writes it until a signaled completion at or after its WR
-        // retires it (`retire`, from that completion's count); a mirror range is not reserved
-        // again until the peer reports it freed, which it does only after the SEND that follows
-        // the WRITE arrived. `has_room`, checked when each buffer was taken, keeps the posted
+        // SAFETY: every SGE lies in a send buffer of `pool`, in the send mirror or in the staging
+        // area, MRs owned next to `qp` by the same connection and dropped after it. A send
+        // buffer's token was consumed by `send`, so nothing writes it until a signaled completion
+        // at or after its WR retires it (`retire`, from that completion's count); a mirror range
+        // is not reserved again until the peer reports it freed, which it does only after the
+        // SEND that follows the WRITE arrived; a staged range stays allocated (no view of it is
+        // handed out) until the signaled completion at or after its last WRITE is polled
+        // (`retire_staged`; every batch with such a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the posted
         // WQEs within the send queue.
         unsafe { qp.post_send(&wrs[..n]) }?;
-        for p in &self.pending[..n] {
+        for (i, p) in self.pending[..n].iter().enumerate() {
             if p.buf != u16::MAX {
                 pool.posted.push_back(p.buf);
             }
+            if p.staged != u32::MAX {
+                self.staged.push_back((self.posted + i as u64 + 1, p.staged));
+            }
         }
+        self.posted += n as u64;
         self.outstanding += n;
         if signal {
             self.unsignaled = 0;
@@ -724,10 +954,24 @@ impl SendQueue {
     /// A signaled completion retired `wrs` WRs (from its `wr_id`, see [`split_send_wr_id`]).
     pub fn on_completion(&mut self, wrs: u16) {
         self.outstanding = self.outstanding.saturating_sub(usize::from(wrs));
+        self.completed = (self.completed + u64::from(wrs)).min(self.posted);
+    }
+
+    /// Frees the staged ranges whose last WRITE a polled completion retired (call after
+    /// [`SendQueue::on_completion`]).
+    #[inline]
+    pub fn retire_staged<P: Provider>(&mut self, staging: &mut SendStaging<P>) {
+        while let Some(&(at, seq)) = self.staged.front() {
+            if at > self.completed {
+                break;
+            }
+            self.staged.pop_front();
+            staging.finish(seq);
+        }
     }
 
     /// Every posted WR is gone (the QP was destroyed or flushed). Queued sends are dropped: their
-    /// buffers go back to `pool`.
+    /// buffers go back to `pool`; the caller resets the staging area ([`SendStaging::reset`]).
     pub fn reset<P: Provider>(&mut self, pool: &mut SendPool<P>) {
         for p in self.pending.drain(..) {
             if p.buf != u16::MAX {
@@ -737,6 +981,8 @@ impl SendQueue {
         self.outstanding = 0;
         self.unsignaled = 0;
         self.unsignaled_bufs = 0;
+        self.staged.clear();
+        self.completed = self.posted;
     }
 }
 

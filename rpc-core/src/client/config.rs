@@ -22,6 +22,10 @@ pub struct ClientConfig {
     /// than the rings travel in pieces; a request over the limit (the smaller of client's and
     /// server's) is refused before anything is sent.
     pub max_message_size: u32,
+    /// Largest ring a server may announce, in bytes: the client registers a send mirror (and a
+    /// staging area) of that size, so a larger one is refused at the handshake, naming
+    /// `ring_len`. Default 64 MiB; 1 ..= 1 GiB.
+    pub max_peer_ring_bytes: u32,
     /// How a waiting call polls. Default [`PollingPolicy::Busy`].
     pub polling: PollingPolicy,
     /// TCP connect and handshake timeout. Default 5 s.
@@ -38,6 +42,7 @@ impl Default for ClientConfig {
             ring_bytes: 1 << 20,
             eager_threshold: 4096,
             max_message_size: 64 << 20,
+            max_peer_ring_bytes: 64 << 20,
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,
@@ -69,6 +74,8 @@ impl ClientConfig {
         eager_threshold: u32;
         /// See [`ClientConfig::max_message_size`].
         max_message_size: u32;
+        /// See [`ClientConfig::max_peer_ring_bytes`].
+        max_peer_ring_bytes: u32;
         /// See [`ClientConfig::polling`].
         polling: PollingPolicy;
         /// See [`ClientConfig::connect_timeout`].

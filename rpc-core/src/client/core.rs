@@ -10,7 +10,9 @@ use prost::Message;
 use std::collections::VecDeque;
 
 use super::config::ClientConfig;
-use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue};
+use crate::buffers::{
+    split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged,
+};
 use crate::config::{Idle, EVENT_WAIT};
 use crate::session::{CallSlots, PlaceError, Placement, ResponseFate, Role, Session, SessionParams};
 use crate::status::{Code, Status};
@@ -24,7 +26,7 @@ use crate::wire::{
     PROTOCOL_VERSION,
 };
 use crate::worker::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, BodyAt, Conn, Outgoing,
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
 };
 use crate::worker::counters::Counters;
 
@@ -51,7 +53,9 @@ enum PendingBody {
     /// In a send buffer, after the header (`len` bytes), or in the mirror at a ring offset
     /// reserved just before (then the call is sent at once).
     Placed(SendBuf, BodyAt),
-    /// On the heap: sent through the ring whole or in pieces as space frees.
+    /// In the staging area: sent through the ring whole or in pieces as space frees.
+    Staged(Staged),
+    /// On the heap (no staging room): sent through the ring whole or in pieces as space frees.
     Heap(Vec<u8>),
 }
 
@@ -206,9 +210,21 @@ impl<P: Provider> ClientCore<P> {
         if reply.session == 0 {
             return refuse("session", "0 is not a session id".into());
         }
+        if reply.ring_len > cfg.max_peer_ring_bytes {
+            // The client registers a mirror (and staging) of the server's ring length.
+            return refuse(
+                "ring_len",
+                format!(
+                    "{} bytes above ClientConfig::max_peer_ring_bytes {}",
+                    reply.ring_len, cfg.max_peer_ring_bytes
+                ),
+            );
+        }
         let body_cap = body_area(reply.eager_threshold);
         let pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
         let mirror = SendMirror::<P>::new(&pd, reply.ring_len as usize).map_err(unavailable)?;
+        let staging = SendStaging::<P>::new(&pd, staging_len(reply.ring_len), usize::from(window))
+            .map_err(unavailable)?;
         let remote =
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
@@ -257,6 +273,7 @@ impl<P: Provider> ClientCore<P> {
                 pool,
                 ring,
                 mirror,
+                staging,
                 sq,
                 session: Session::new(Role::Client, params),
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
@@ -282,8 +299,10 @@ impl<P: Provider> ClientCore<P> {
     /// Encodes a request and queues it (sending it when a credit is free). With `flush_now`, it
     /// is posted at once; otherwise with the next progress (so calls started back to back share
     /// one doorbell). A body above the eager threshold is encoded straight into the mirror of the
-    /// server's ring when the call goes out now and the ring has room; otherwise onto the heap,
-    /// and sent through the ring (in pieces when larger than a piece) as space frees.
+    /// server's ring when the call goes out now and the ring has room; otherwise into the staging
+    /// area (waiting for room there or in the ring when both are full; onto the heap when the
+    /// body is larger than the staging area), and sent through the ring (in pieces when larger
+    /// than a piece) as space frees.
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
@@ -312,10 +331,44 @@ impl<P: Provider> ClientCore<P> {
             return Err(s);
         }
         let eager = len <= self.conn.session.params().eager_threshold as usize;
+        let mut stalled = false;
+        let body = loop {
+            if let Some(body) = self.place(req, len, eager, &mut stalled, deadline)? {
+                break body;
+            }
+            // Neither the server's ring nor the staging area has room: wait for either (bodies in
+            // the staging area need only ring space to leave, so room comes), unless the body
+            // could never fit the staging area.
+            if len > self.conn.staging.len() as usize {
+                break PendingBody::Heap(req.encode_to_vec());
+            }
+            self.wait_step(deadline)?;
+        };
+        self.counters.bytes_out += len as u64;
+        let (slot, generation) = self.slots.start().expect("a free slot was checked");
+        self.pending[slot as usize] = Some(Pending { body, method, deadline });
+        self.pump();
+        if flush_now {
+            self.flush();
+        }
+        Ok(CallId { slot, generation, deadline })
+    }
+
+    /// Encodes a request body where it can go now: the eager area, the server's ring (through
+    /// the mirror), or the staging area. `None` when it is above the eager threshold and neither
+    /// the ring nor the staging area has room.
+    fn place<M: Message>(
+        &mut self,
+        req: &M,
+        len: usize,
+        eager: bool,
+        stalled: &mut bool,
+        deadline: Option<Instant>,
+    ) -> Result<Option<PendingBody>, Status> {
         // A ring reservation must be queued before anything else is placed: only a call that goes
         // on the wire now (a credit free, nothing waiting) may take one.
         let now = self.slots.queued() == 0 && self.slots.in_flight() < self.slots.credits();
-        let body = if eager || now {
+        Ok(if eager || now {
             let mut buf = loop {
                 if let Some(b) = self.conn.acquire() {
                     break b;
@@ -327,7 +380,7 @@ impl<P: Provider> ClientCore<P> {
                     let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
                     req.encode_raw(&mut dst);
                     let n = (len - dst.len()) as u32;
-                    PendingBody::Placed(buf, BodyAt::Eager(n))
+                    Some(PendingBody::Placed(buf, BodyAt::Eager(n)))
                 }
                 Ok(Placement::Ring(off)) => {
                     let mut dst = self.conn.mirror.range_mut(off, len as u32);
@@ -336,25 +389,33 @@ impl<P: Provider> ClientCore<P> {
                     // requires; the gap is zeroed (a zero tag never decodes: the server answers
                     // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
                     dst.fill(0);
-                    PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 })
+                    Some(PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 }))
                 }
                 Ok(Placement::Pieces) | Err(_) => {
                     self.conn.pool.give_back(buf);
-                    self.counters.ring_full_stalls += 1;
-                    PendingBody::Heap(req.encode_to_vec())
+                    if !std::mem::replace(stalled, true) {
+                        self.counters.ring_full_stalls += 1;
+                    }
+                    self.stage(req, len)
                 }
             }
         } else {
-            PendingBody::Heap(req.encode_to_vec())
-        };
-        self.counters.bytes_out += len as u64;
-        let (slot, generation) = self.slots.start().expect("a free slot was checked");
-        self.pending[slot as usize] = Some(Pending { body, method, deadline });
-        self.pump();
-        if flush_now {
-            self.flush();
-        }
-        Ok(CallId { slot, generation, deadline })
+            self.stage(req, len)
+        })
+    }
+
+    /// Encodes a body above the eager threshold that cannot go into the peer's ring now into the
+    /// staging area (one copy, no allocation); `None` when it has no room for it.
+    fn stage<M: Message>(&mut self, req: &M, len: usize) -> Option<PendingBody> {
+        let (at, spare) = self.conn.staging.spare_mut();
+        let mut dst = spare.get_mut(..len)?;
+        req.encode_raw(&mut dst);
+        let written = (len - dst.len()) as u32;
+        Some(match self.conn.staging.commit(at, written) {
+            Some(s) => PendingBody::Staged(s),
+            // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
+            None => PendingBody::Heap(req.encode_to_vec()),
+        })
     }
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
@@ -367,6 +428,7 @@ impl<P: Provider> ClientCore<P> {
             let h = Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
             match p.body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
+                PendingBody::Staged(body) => self.outbox.push_back(Outgoing::staged(h, body)),
                 PendingBody::Heap(body) => self.outbox.push_back(Outgoing::new(h, body)),
             }
         }
@@ -423,14 +485,17 @@ impl<P: Provider> ClientCore<P> {
         // Each failed call is counted when its caller takes the answer.
         self.slots.fail_all(|| Answer::Err(status.clone()));
         for p in self.pending.iter_mut().filter_map(Option::take) {
-            if let PendingBody::Placed(buf, _) = p.body {
-                self.conn.pool.give_back(buf);
+            match p.body {
+                PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
+                PendingBody::Staged(s) => self.conn.staging.release(s),
+                PendingBody::Heap(_) => {}
             }
         }
         self.outbox.clear();
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
+        self.conn.staging.reset();
         self.counters.sessions_closed += 1;
         self.broken = Some(status);
     }
@@ -469,12 +534,19 @@ impl<P: Provider> ClientCore<P> {
             }
             self.conn.pool.retire(usize::from(bufs));
             self.conn.sq.on_completion(wrs);
+            self.conn.sq.retire_staged(&mut self.conn.staging);
             return;
         }
         let Some(buf) = self.recv.take(wc.wr_id, wc.byte_len) else { return };
         if !wc.status.is_success() {
             self.recv.repost(buf);
             self.break_conn(unavailable(format!("receive failed ({})", wc.status)));
+            return;
+        }
+        if wc.invalidated_rkey.is_some() {
+            // Nothing in the protocol invalidates a key: the peer killed our ring's window.
+            self.recv.repost(buf);
+            self.malformed("the server invalidated a key (SEND_WITH_INV)".into());
             return;
         }
         if !self.recv.fits(&buf) {
@@ -566,7 +638,7 @@ impl<P: Provider> ClientCore<P> {
         let r = match a {
             Answer::Err(s) => Err(s),
             // `bytes` fields become slices of this buffer: no second copy.
-            Answer::Owned(body) => R::decode(bytes::Bytes::from(body)).map_err(undecodable),
+            Answer::Owned(body) => R::decode(self.conn.session.body_bytes(body)).map_err(undecodable),
             Answer::Eager(buf) => {
                 let r =
                     R::decode(self.recv.bytes(&buf).get(HEADER_LEN..).unwrap_or(&[])).map_err(undecodable);

@@ -13,7 +13,7 @@ use crossbeam_queue::ArrayQueue;
 use super::registry::Registry;
 use super::reply::DeferQueue;
 use super::{ServerConfig, ServerError, ServerHandle};
-use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue};
+use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue, SendStaging};
 use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
@@ -22,7 +22,9 @@ use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
 };
-use crate::worker::conn::{body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, Conn};
+use crate::worker::conn::{
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, staging_len, Conn,
+};
 use crate::worker::counters::SharedCounters;
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_FAILED, BIND_PENDING};
@@ -404,6 +406,8 @@ impl<P: Provider> Listener<P> {
         let ring = create_ring::<P>(&self.dev.ctx, &w.pd, self.config.ring_bytes as usize, &mut fallback)
             .map_err(verbs)?;
         let mirror = SendMirror::<P>::new(&w.pd, hello.ring_len as usize).map_err(verbs)?;
+        let staging =
+            SendStaging::<P>::new(&w.pd, staging_len(hello.ring_len), usize::from(credits)).map_err(verbs)?;
         let local = self.dev.endpoint(&qp);
         let remote =
             Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
@@ -424,6 +428,7 @@ impl<P: Provider> Listener<P> {
             pool,
             ring,
             mirror,
+            staging,
             sq: SendQueue::new(sq_depth, usize::from(bufs)),
             session: Session::new(Role::Server, params),
             peer_ring: (hello.ring_addr, hello.ring_rkey),

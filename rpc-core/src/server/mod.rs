@@ -99,9 +99,12 @@ pub struct ServerConfig {
     pub srq_depth: u32,
     /// Requests in flight granted per session (a client asks for its window). Default 32; 1 ..= 4096.
     pub credits_per_session: u16,
-    /// Sessions over all workers. Default 128 (each holds a receive ring, a send mirror and send
-    /// buffers: about 2 × `ring_bytes` + 72 × (`eager_threshold` + 40) bytes at default credits,
-    /// 2.3 MiB; and reserves `2 × credits + 17` SRQ WQEs). Valid range: 1 ..= 32767 per worker.
+    /// Sessions over all workers. Default 128 (each holds a receive ring, a send mirror, a send
+    /// staging area of twice the client's ring (at most 64 MiB more than it) and send buffers:
+    /// about 4 × `ring_bytes` + 72 × (`eager_threshold` + 40) bytes at default credits and
+    /// rings, 4.3 MiB, plus spare buffers of received bodies, at most `ring_bytes` more once
+    /// bodies that large arrived; and reserves `2 × credits + 17` SRQ WQEs). Valid range:
+    /// 1 ..= 32767 per worker.
     pub max_sessions: usize,
     /// Bodies up to this many bytes travel in the SEND; larger ones by RDMA WRITE into the ring.
     /// Default 4096 bytes. The agreed value is the smaller of server's and client's.

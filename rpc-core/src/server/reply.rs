@@ -202,34 +202,61 @@ pub(crate) enum Outcome {
     Eager(u32),
     /// `len` bytes at `offset` of the send mirror (to RDMA WRITE to the same offset of the peer's ring).
     Ring { offset: u32, len: u32 },
+    /// `len` bytes at `offset` of the staging area (its free span when the handler ran), to commit
+    /// and send in pieces as the peer's ring grants space.
+    Staged { offset: u32, len: u32 },
     /// An error status to send.
     Error(Status),
     /// The handler deferred its answer.
     Deferred,
     /// No send buffer was free, or the body goes in pieces (larger than a piece of the peer's
-    /// ring, or no room for it now): it waits on the heap.
+    /// ring, or no room for it now) and the staging area had no room: it waits on the heap.
     Spilled(Vec<u8>),
 }
 
-/// Encodes `msg` into the eager area, or into the send mirror at a reserved ring offset.
+/// The free span of the staging area a reply above the eager threshold may be encoded into.
+pub(crate) struct StagingSpan<'a> {
+    /// Its offset in the staging area.
+    pub(crate) offset: u32,
+    /// Its bytes.
+    pub(crate) bytes: &'a mut [u8],
+    /// Bodies up to this many bytes are eager (never staged).
+    pub(crate) eager_threshold: u32,
+}
+
+/// Encodes a body that waits for ring space into the staging span when it fits (one copy, no
+/// allocation), else onto the heap.
+fn stage<M: Message>(msg: &M, len: usize, staging: &mut StagingSpan<'_>) -> Outcome {
+    if len > staging.eager_threshold as usize {
+        if let Some(mut dst) = staging.bytes.get_mut(..len) {
+            msg.encode_raw(&mut dst);
+            return Outcome::Staged { offset: staging.offset, len: (len - dst.len()) as u32 };
+        }
+    }
+    Outcome::Spilled(msg.encode_to_vec())
+}
+
+/// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the
+/// staging area.
 pub(crate) fn encode_body<M: Message>(
     msg: &M,
     eager: &mut [u8],
     mirror: &mut [u8],
+    staging: &mut StagingSpan<'_>,
     session: Option<&mut Session>,
 ) -> Outcome {
     let len = msg.encoded_len();
     let Some(session) = session else {
-        // No send buffer was free: the body waits in the heap (a stall path, not the hot path).
-        return Outcome::Spilled(msg.encode_to_vec());
+        // No send buffer was free, or earlier answers wait: this one waits behind them.
+        return stage(msg, len, staging);
     };
     let placement = match session.place_body(len) {
         Ok(p) => p,
         Err(PlaceError::Refused(s)) => return Outcome::Error(s),
     };
     let (dst, outcome) = match placement {
-        // Larger than a piece or no room now: the body waits on the heap and goes in pieces.
-        Placement::Pieces => return Outcome::Spilled(msg.encode_to_vec()),
+        // Larger than a piece or no room now: the body waits and goes in pieces.
+        Placement::Pieces => return stage(msg, len, staging),
         Placement::Eager => (eager.get_mut(..len), Outcome::Eager(len as u32)),
         Placement::Ring(off) => {
             (mirror.get_mut(off as usize..off as usize + len), Outcome::Ring { offset: off, len: len as u32 })
@@ -263,6 +290,7 @@ pub(crate) fn encode_body<M: Message>(
 pub struct ReplyWriter<'a> {
     pub(crate) eager: &'a mut [u8],
     pub(crate) mirror: &'a mut [u8],
+    pub(crate) staging: StagingSpan<'a>,
     /// `None` when no send buffer was free: the answer is encoded into the heap and sent later.
     pub(crate) session: Option<&'a mut Session>,
     pub(crate) outcome: Outcome,
@@ -276,7 +304,9 @@ impl ReplyWriter<'_> {
             return;
         }
         self.outcome = match r.0 {
-            ReplyKind::Ready(Ok(m)) => encode_body(&m, self.eager, self.mirror, self.session.as_deref_mut()),
+            ReplyKind::Ready(Ok(m)) => {
+                encode_body(&m, self.eager, self.mirror, &mut self.staging, self.session.as_deref_mut())
+            }
             ReplyKind::Ready(Err(s)) => Outcome::Error(s),
             ReplyKind::Deferred => Outcome::Deferred,
         };

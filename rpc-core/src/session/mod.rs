@@ -11,8 +11,11 @@
 //! most a quarter of the ring ([`Session::next_piece`]), pipelined: the receiver copies one piece
 //! out while the next is written.
 
+mod recycle;
 mod ring;
 mod slots;
+
+pub use recycle::{BodyRecycler, RecycledBody, SPARE_BODIES};
 
 pub use ring::{RingConsumer, RingProducer, RingReserveError, RingToken};
 
@@ -125,6 +128,8 @@ pub struct Session {
     unanswered: Vec<(u16, u32)>,
     /// Ring messages being received (at most `max_held`, bounded by credits or the window).
     assemblies: Vec<Assembly>,
+    /// Buffers of earlier ring messages, to copy the next ones into.
+    recycler: std::sync::Arc<BodyRecycler>,
     closed: bool,
 }
 
@@ -141,6 +146,9 @@ impl Session {
                 Role::Client => Vec::new(),
             },
             assemblies: Vec::new(),
+            // Spare buffers for the bodies that may be held at once, at most our ring's length
+            // together (what the peer can have in flight towards us anyway).
+            recycler: BodyRecycler::new(params.max_held, params.own_ring_len as usize),
             closed: false,
         }
     }
@@ -316,10 +324,15 @@ impl Session {
             let assembly = if assembly == usize::MAX {
                 // Up to `max_message_size` per message, announced by the peer: an allocation
                 // that fails closes the session instead of aborting the process.
-                let mut body = Vec::new();
-                if body.try_reserve_exact(h.total_len as usize).is_err() {
+                // A peer announces `total_len` with its first piece, which may be 1 byte: reserve
+                // the whole message only when it arrives in one piece, else twice the first piece
+                // (at least 64 KiB), so memory follows the bytes that really arrive; the buffer
+                // grows as pieces come in (doubling; large reallocations move pages, they are
+                // not copied). A failed allocation closes the session instead of aborting.
+                let upfront = h.total_len.min(h.body_len.saturating_mul(2).max(64 << 10));
+                let Some(body) = self.recycler.take(upfront as usize) else {
                     return Err("no memory for the message's buffer");
-                }
+                };
                 self.assemblies.push(Assembly { header: Header { body_len: h.total_len, ..*h }, body });
                 self.assemblies.len() - 1
             } else {
@@ -370,6 +383,12 @@ impl Session {
         }
         let a = self.assemblies.swap_remove(piece.assembly);
         Ok(Some(Complete { header: a.header, body: a.body }))
+    }
+
+    /// A complete body as `Bytes` whose buffer is reused for a later message of this session
+    /// once the last `Bytes` sharing it is dropped (on any thread).
+    pub fn body_bytes(&self, body: Vec<u8>) -> bytes::Bytes {
+        RecycledBody::new(body, self.recycler.clone()).into_bytes()
     }
 
     /// Ring messages being received (partly arrived).

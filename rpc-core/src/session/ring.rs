@@ -65,7 +65,10 @@ impl RingProducer {
             return Err(RingReserveError::TooLarge { len: n, ring_len: self.len });
         }
         let used = self.used();
-        let (offset, need) = if self.pos as u64 + n as u64 <= self.len as u64 {
+        // An empty ring starts over at 0 (skipping the rest): consecutive bodies then reuse the
+        // same bytes of both rings, which stay in the CPU caches on the software NIC.
+        let (offset, need) = if self.pos == 0 || (used != 0 && self.pos as u64 + n as u64 <= self.len as u64)
+        {
             (self.pos, n)
         } else {
             (0, self.len - self.pos + n)
@@ -94,7 +97,7 @@ impl RingProducer {
         // May exceed the length after an empty ring took a body over its skipped end.
         let free = self.len.saturating_sub(used);
         let till_end = self.len - self.pos;
-        let (offset, n, skip) = if used == 0 && till_end < max {
+        let (offset, n, skip) = if used == 0 && self.pos != 0 {
             // Nothing unread: start over at 0 with the whole ring (the skipped end is freed with
             // this piece, as `reserve` does for an empty ring).
             (0, max, till_end)

@@ -1,7 +1,8 @@
 //! One connection's verbs resources and protocol state, shared by server workers and clients:
-//! QP, send buffers, receive ring, send mirror, send queue and the sans-IO [`Session`].
+//! QP, send buffers, receive ring, send mirror, staging area, send queue and the sans-IO
+//! [`Session`].
 
-use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue};
+use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
 use crate::session::{Complete, RingPiece, Session};
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
 use crate::wire::{Header, HEADER_LEN};
@@ -87,22 +88,55 @@ pub(crate) enum BodyAt {
     Eager(u32),
     /// `len` bytes at `offset` of the send mirror, to be written to the peer's ring.
     Ring { offset: u32, len: u32 },
+    /// A piece of `len` bytes for `offset` of the peer's ring: in the mirror at that offset, or,
+    /// when `staged`, in the staging area with its WRITE queued already.
+    Piece { offset: u32, len: u32, staged: bool },
 }
 
-/// A message whose body waits on the heap to be sent in pieces through the peer's ring (larger
-/// than a piece, or no room when it was encoded), or whole once ring space frees.
+/// Staging bytes for a peer ring of `peer_ring_len` bytes: as much again as the ring (bodies
+/// waiting for ring space are encoded there at once instead of onto the heap), at most 64 MiB
+/// more than the ring.
+pub(crate) fn staging_len(peer_ring_len: u32) -> u32 {
+    peer_ring_len.saturating_mul(2).min(peer_ring_len.saturating_add(64 << 20))
+}
+
+/// Where the body of an [`Outgoing`] message waits.
+pub(crate) enum OutBody {
+    /// On the heap (no staging room when it was encoded, or encoded on another thread): each
+    /// piece is copied into the mirror at its ring offset before its WRITE.
+    Heap(Vec<u8>),
+    /// In the staging area: pieces are written from there (no copy). `None` once the last piece
+    /// is queued.
+    Staged(Option<Staged>),
+}
+
+/// A message whose body waits to be sent in pieces through the peer's ring (larger than a piece,
+/// or no room when it was encoded), or whole once ring space frees.
 pub(crate) struct Outgoing {
     /// Its header (kind, slot, generation, method, status, timeout).
     pub(crate) header: Header,
     /// The encoded body.
-    pub(crate) body: Vec<u8>,
+    pub(crate) body: OutBody,
+    /// Its length in bytes.
+    pub(crate) len: u32,
     /// Bytes of `body` already queued.
     pub(crate) sent: u32,
 }
 
 impl Outgoing {
     pub(crate) fn new(header: Header, body: Vec<u8>) -> Outgoing {
-        Outgoing { header, body, sent: 0 }
+        Outgoing { header, len: body.len() as u32, body: OutBody::Heap(body), sent: 0 }
+    }
+
+    pub(crate) fn staged(header: Header, body: Staged) -> Outgoing {
+        Outgoing { header, len: body.len(), body: OutBody::Staged(Some(body)), sent: 0 }
+    }
+
+    /// Gives a staged body's space back when the message will not be sent.
+    pub(crate) fn discard<P: Provider>(self, staging: &mut SendStaging<P>) {
+        if let OutBody::Staged(Some(s)) = self.body {
+            staging.release(s);
+        }
     }
 }
 
@@ -115,6 +149,7 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) qp: P::QueuePair,
     pub(crate) pool: SendPool<P>,
     pub(crate) mirror: SendMirror<P>,
+    pub(crate) staging: SendStaging<P>,
     pub(crate) sq: SendQueue,
     pub(crate) session: Session,
     /// Peer's ring address and rkey.
@@ -146,12 +181,20 @@ impl<P: Provider> Conn<P> {
                 h.ring_offset = 0;
                 len
             }
-            BodyAt::Ring { offset, len } => {
+            BodyAt::Ring { offset, len } | BodyAt::Piece { offset, len, staged: false } => {
                 h.in_ring = true;
                 h.body_len = len;
                 h.total_len = h.total_len.max(len);
                 h.ring_offset = offset;
                 self.sq.write(&self.mirror, offset, len, self.peer_ring.0, self.peer_ring.1);
+                0
+            }
+            BodyAt::Piece { offset, len, staged: true } => {
+                // Its WRITE from the staging area is queued already.
+                h.in_ring = true;
+                h.body_len = len;
+                h.total_len = h.total_len.max(len);
+                h.ring_offset = offset;
                 0
             }
         };
@@ -179,14 +222,18 @@ impl<P: Provider> Conn<P> {
     /// (eager, or one ring body when it fits now) or piece after piece. Returns true once all of
     /// it is queued; false while it must wait (call again after completions or freed ring space).
     pub(crate) fn send_outgoing(&mut self, out: &mut Outgoing) -> bool {
-        let total = out.body.len() as u32;
-        if out.sent == 0 && total as usize <= self.body_cap && total <= self.session.params().eager_threshold
-        {
-            let Some(mut buf) = self.acquire() else { return false };
-            let body = self.copy_eager(&mut buf, &out.body);
-            self.queue(buf, out.header, body);
-            out.sent = total;
-            return true;
+        let total = out.len;
+        if let OutBody::Heap(body) = &out.body {
+            if out.sent == 0
+                && total as usize <= self.body_cap
+                && total <= self.session.params().eager_threshold
+            {
+                let Some(mut buf) = self.acquire() else { return false };
+                let body = self.copy_eager(&mut buf, body);
+                self.queue(buf, out.header, body);
+                out.sent = total;
+                return true;
+            }
         }
         while out.sent < total {
             let Some(buf) = self.acquire() else { return false };
@@ -195,10 +242,22 @@ impl<P: Provider> Conn<P> {
                 self.pool.give_back(buf);
                 return false;
             };
-            let from = out.sent as usize;
-            self.mirror.range_mut(offset, len).copy_from_slice(&out.body[from..from + len as usize]);
+            let from = out.sent;
+            match &mut out.body {
+                OutBody::Heap(body) => {
+                    let from = from as usize;
+                    self.mirror.range_mut(offset, len).copy_from_slice(&body[from..from + len as usize]);
+                }
+                OutBody::Staged(staged) => {
+                    // Written straight from the staging area to the granted ring offset.
+                    if let Some(s) = staged.take() {
+                        let remote = self.peer_ring.0 + u64::from(offset);
+                        *staged = self.sq.write_staged(&self.staging, s, from, len, remote, self.peer_ring.1);
+                    }
+                }
+            }
             let h = Header { total_len: total, ..out.header };
-            self.queue(buf, h, BodyAt::Ring { offset, len });
+            self.queue(buf, h, BodyAt::Piece { offset, len, staged: matches!(out.body, OutBody::Staged(_)) });
             out.sent += len;
         }
         true
@@ -212,7 +271,7 @@ impl<P: Provider> Conn<P> {
     #[inline]
     pub(crate) fn take_piece(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
         if !self.ring.copy_out(piece.offset, piece.len, self.session.piece_buffer(&piece)) {
-            return Err("ring body outside the ring");
+            return Err("ring body outside the ring, or no memory to copy it out");
         }
         self.session.piece_done(piece)
     }

@@ -22,7 +22,7 @@ use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
 use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::server::registry::Registry;
-use crate::server::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext};
+use crate::server::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
 use crate::status::{Code, Status};
 use crate::verbs::{
     CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
@@ -446,17 +446,21 @@ impl<P: Provider> Worker<P> {
                     call_slot = h.slot,
                     "second answer to one call dropped"
                 );
-                slot.backlog.pop_front();
+                if let Some(Spill::Body(out)) = slot.backlog.pop_front() {
+                    out.discard(&mut slot.conn.staging);
+                }
                 continue;
             }
             let (status, len) = match sp {
-                Spill::Body(out) if out.body.len() > slot.conn.session.params().max_message as usize => {
+                Spill::Body(out) if out.len > slot.conn.session.params().max_message => {
                     let s = Status::resource_exhausted(format!(
                         "response of {} bytes exceeds max_message_size of {} bytes",
-                        out.body.len(),
+                        out.len,
                         slot.conn.session.params().max_message
                     ));
-                    *sp = Spill::Error(h, s);
+                    if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
+                        out.discard(&mut slot.conn.staging);
+                    }
                     continue;
                 }
                 Spill::Body(out) => {
@@ -466,7 +470,7 @@ impl<P: Provider> Worker<P> {
                     if !done {
                         break;
                     }
-                    (Code::Ok, out.body.len() as u32)
+                    (Code::Ok, out.len)
                 }
                 Spill::Error(h, s) => {
                     let Some(mut buf) = slot.conn.acquire() else { break };
@@ -537,6 +541,7 @@ impl<P: Provider> Worker<P> {
             }
             slot.conn.pool.retire(usize::from(bufs));
             slot.conn.sq.on_completion(wrs);
+            slot.conn.sq.retire_staged(&mut slot.conn.staging);
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
                 if let Some(b) = slot.binding.take() {
                     b.store(BIND_DONE, Ordering::Release);
@@ -566,6 +571,17 @@ impl<P: Provider> Worker<P> {
             tracing::debug!(qp_num = wc.qp_num, "message on an unknown QP dropped");
             return;
         };
+        if wc.invalidated_rkey.is_some() {
+            // Nothing in the protocol invalidates a key: the peer killed its ring's window.
+            self.recv.repost(buf);
+            self.close_slot(
+                idx,
+                "protocol violation: the peer invalidated a key (SEND_WITH_INV)",
+                true,
+                true,
+            );
+            return;
+        }
         self.on_message(idx, buf);
     }
 
@@ -668,16 +684,20 @@ impl<P: Provider> Worker<P> {
         };
         let body = match (&eager_buf, owned) {
             (Some(b), _) => Body::slice(recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
-            (None, Some(o)) => Body::owned(bytes::Bytes::from(o)),
+            (None, Some(o)) => Body::owned(slot.conn.session.body_bytes(o)),
             (None, None) => Body::slice(&[]),
         };
         let cap = slot.conn.body_cap;
-        let Conn { pool, mirror, session, .. } = &mut slot.conn;
+        let Conn { pool, mirror, staging, session, .. } = &mut slot.conn;
+        let eager_threshold = session.params().eager_threshold;
         let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
             None => (&mut scratch[..cap], None),
         };
-        let mut out = ReplyWriter { eager, mirror: mirror.as_mut_slice(), session, outcome: Outcome::Unset };
+        let (offset, bytes) = staging.spare_mut();
+        let staging = StagingSpan { offset, bytes, eager_threshold };
+        let mut out =
+            ReplyWriter { eager, mirror: mirror.as_mut_slice(), staging, session, outcome: Outcome::Unset };
         if draining {
             out.error(Status::unavailable("server is shutting down"));
         } else {
@@ -753,22 +773,35 @@ impl<P: Provider> Worker<P> {
                 queued = true;
                 None
             }
+            (Outcome::Staged { offset, len }, b) => {
+                if let Some(b) = b {
+                    slot.conn.pool.give_back(b);
+                }
+                counters.ring_full_stalls += 1;
+                match slot.conn.staging.commit(offset, len) {
+                    Some(staged) => Some(Spill::Body(Outgoing::staged(header, staged))),
+                    None => Some(Spill::new(
+                        header,
+                        Err(Status::internal("staged answer outside the staging area")),
+                    )),
+                }
+            }
             (Outcome::Spilled(bytes), b) => {
                 if let Some(b) = b {
                     slot.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(Ok(bytes))
+                Some(Spill::new(header, Ok(bytes)))
             }
-            (Outcome::Eager(n), None) => Some(Ok(scratch[..n as usize].to_vec())),
-            (Outcome::Error(s), None) => Some(Err(s)),
+            (Outcome::Eager(n), None) => Some(Spill::new(header, Ok(scratch[..n as usize].to_vec()))),
+            (Outcome::Error(s), None) => Some(Spill::new(header, Err(s))),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
-                Some(Err(Status::internal("handler returned no answer")))
+                Some(Spill::new(header, Err(Status::internal("handler returned no answer"))))
             }
         };
         let had_backlog = !slot.backlog.is_empty();
-        if let Some(body) = spilled {
-            slot.backlog.push_back(Spill::new(header, body));
+        if let Some(spill) = spilled {
+            slot.backlog.push_back(spill);
         }
         if queued && slot.conn.session.unreported_ring_bytes() == 0 {
             // The answer carried the freed ring head.

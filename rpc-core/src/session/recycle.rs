@@ -1,0 +1,146 @@
+//! Reuse of the buffers ring bodies are copied out into.
+//!
+//! A body above the eager threshold is copied out of the ring into a buffer of its own, which
+//! the caller (or the handler) keeps as a `bytes::Bytes` while it reads decoded `bytes` fields.
+//! A fresh allocation of that size per message costs more than the copy itself (the allocator
+//! maps fresh pages and the kernel zeroes them on first touch), so the buffer comes back here
+//! when the last `Bytes` of it is dropped, on whatever thread that is, through a bounded
+//! lock-free queue, and the next message of the session reuses it. At most [`SPARE_BODIES`]
+//! buffers, of at most `budget` bytes together, wait: the memory a session keeps idle is bounded
+//! (by its own ring's length, as the runtime sizes it).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+
+/// Most spare body buffers a session keeps.
+pub const SPARE_BODIES: usize = 16;
+
+/// The spare body buffers of one session.
+#[derive(Debug)]
+pub struct BodyRecycler {
+    spare: ArrayQueue<Vec<u8>>,
+    /// Most bytes (capacities) the spare buffers may hold together.
+    budget: usize,
+    /// Bytes the spare buffers hold now.
+    held: AtomicUsize,
+}
+
+impl BodyRecycler {
+    /// A recycler keeping up to `count` (at most [`SPARE_BODIES`]) buffers of at most `budget`
+    /// bytes together.
+    pub fn new(count: usize, budget: usize) -> Arc<BodyRecycler> {
+        Arc::new(BodyRecycler {
+            spare: ArrayQueue::new(count.clamp(1, SPARE_BODIES)),
+            budget,
+            held: AtomicUsize::new(0),
+        })
+    }
+
+    /// An empty buffer with room for `len` bytes: a spare one when it is large enough, else a
+    /// new allocation (a spare one too small is dropped). `None` when that allocation fails
+    /// (`len` is announced by the peer, up to `max_message_size`): the caller closes the session
+    /// instead of aborting the process.
+    pub fn take(&self, len: usize) -> Option<Vec<u8>> {
+        if let Some(v) = self.spare.pop() {
+            self.held.fetch_sub(v.capacity(), Ordering::Relaxed);
+            if v.capacity() >= len {
+                return Some(v);
+            }
+        }
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).ok()?;
+        Some(v)
+    }
+
+    /// Keeps `v` for a later message when there is room within the count and the byte budget.
+    pub fn give_back(&self, mut v: Vec<u8>) {
+        let cap = v.capacity();
+        if cap == 0 {
+            return;
+        }
+        // Reserve its bytes in the budget first; undo when over it or when the queue is full.
+        let before = self.held.fetch_add(cap, Ordering::Relaxed);
+        if before + cap > self.budget {
+            self.held.fetch_sub(cap, Ordering::Relaxed);
+            return;
+        }
+        v.clear();
+        if self.spare.push(v).is_err() {
+            self.held.fetch_sub(cap, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A complete body as the owner of a `bytes::Bytes`: its buffer returns to the recycler when the
+/// last `Bytes` sharing it is dropped.
+pub struct RecycledBody {
+    body: Vec<u8>,
+    home: Arc<BodyRecycler>,
+}
+
+impl RecycledBody {
+    /// Wraps `body` so that it returns to `home`.
+    pub fn new(body: Vec<u8>, home: Arc<BodyRecycler>) -> RecycledBody {
+        RecycledBody { body, home }
+    }
+
+    /// The body as `Bytes` (decoded `bytes` fields become slices of it).
+    pub fn into_bytes(self) -> bytes::Bytes {
+        bytes::Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for RecycledBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.body
+    }
+}
+
+impl Drop for RecycledBody {
+    fn drop(&mut self) {
+        self.home.give_back(std::mem::take(&mut self.body));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_come_back_when_the_last_bytes_is_dropped() {
+        let r = BodyRecycler::new(4, 1 << 20);
+        let mut v = r.take(1000).unwrap();
+        v.extend_from_slice(&[7u8; 1000]);
+        let ptr = v.as_ptr();
+        let b = RecycledBody::new(v, r.clone()).into_bytes();
+        let field = b.slice(10..20);
+        drop(b);
+        assert_eq!(&field[..], &[7u8; 10]);
+        assert!(r.spare.is_empty(), "a slice still shares the buffer");
+        drop(field);
+        let again = r.take(500).unwrap();
+        assert_eq!(again.as_ptr(), ptr, "the buffer is reused");
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn bounded_in_count_and_bytes() {
+        let r = BodyRecycler::new(3, 4096);
+        r.give_back(Vec::with_capacity(8192));
+        assert!(r.spare.is_empty(), "over the budget");
+        for _ in 0..5 {
+            r.give_back(Vec::with_capacity(100));
+        }
+        assert_eq!(r.spare.len(), 3);
+        assert!(r.take(200).unwrap().capacity() >= 200, "a spare too small is not handed out");
+        assert_eq!(r.held.load(Ordering::Relaxed), 200);
+        r.give_back(Vec::with_capacity(3896));
+        assert_eq!(r.spare.len(), 3, "exactly the budget");
+        r.give_back(Vec::with_capacity(1));
+        assert_eq!(r.spare.len(), 3, "over the budget by one byte");
+        let empty = BodyRecycler::new(1, 0);
+        assert!(empty.take(usize::MAX / 2).is_none(), "a failed allocation is reported");
+    }
+}

@@ -1,0 +1,943 @@
+//! Breaker review (branch `breaker`): a hostile peer, a careless user and races against the data
+//! path of 145152a.. (ring bodies copied out once, bodies in pieces, buffer tokens, memory
+//! windows, limits). Every test here that passes is something that held. A test whose name
+//! starts with `finding_` FAILS on purpose: it reproduces a defect (see its comment for the
+//! cause, file:line).
+//!
+//! All tests run on `sim`, with the yielding polling policy and bounded loops.
+#![allow(unsafe_code)]
+
+mod rpc_support;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use rpc_core::buffers::{split_send_wr_id, SendMirror, SendPool, SendQueue};
+use rpc_core::codegen::*;
+use rpc_core::verbs::rc::RcConfig;
+use rpc_core::verbs::sim::Sim;
+use rpc_core::verbs::{CompletionQueue, QueuePair, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
+use rpc_core::{Client, ServerHandle};
+use rpc_support::*;
+
+/// A connected raw client: a send pool, a mirror of the server's ring and a send queue.
+struct RawClient {
+    sq: SendQueue,
+    mirror: SendMirror<Sim>,
+    pool: SendPool<Sim>,
+    peer: RawPeer,
+    ring: (u64, u32),
+    ring_len: u32,
+    session: u32,
+    max_message: u32,
+    eager: u32,
+    credits: u16,
+    /// Messages received and not yet returned by `poll` (one poll may complete several).
+    inbox: std::collections::VecDeque<(Header, Vec<u8>)>,
+    _tcp: std::net::TcpStream,
+}
+
+impl RawClient {
+    fn connect(addr: std::net::SocketAddr) -> RawClient {
+        RawClient::connect_with(addr, 4, 4096, 1 << 20)
+    }
+
+    fn connect_with(addr: std::net::SocketAddr, credits: u16, eager: u32, max_message: u32) -> RawClient {
+        let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(credits, eager, max_message, 0))).unwrap();
+        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+        peer.connect(&RcConfig::default(), &reply);
+        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 4096).unwrap();
+        let mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
+        RawClient {
+            sq: SendQueue::new(64, 16),
+            mirror,
+            pool,
+            ring: (reply.ring_addr, reply.ring_rkey),
+            ring_len: reply.ring_len,
+            session: reply.session,
+            max_message: reply.max_message.min(max_message),
+            eager: reply.eager_threshold,
+            credits: reply.credits,
+            inbox: Default::default(),
+            peer,
+            _tcp: tcp,
+        }
+    }
+
+    fn buf(&mut self) -> rpc_core::buffers::SendBuf {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(b) = self.pool.acquire_for(&self.sq) {
+                return b;
+            }
+            assert!(Instant::now() < give_up, "no send buffer came back");
+            self.poll();
+            std::thread::yield_now();
+        }
+    }
+
+    /// WRITEs `bytes` at `offset` of the server's ring, then (with `header`) SENDs it.
+    fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
+        if !bytes.is_empty() {
+            self.mirror.range_mut(offset, bytes.len() as u32).copy_from_slice(bytes);
+            self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1);
+        }
+        if let Some(h) = header {
+            let mut b = self.buf();
+            h.encode_into(self.pool.buf_mut(&mut b)).unwrap();
+            self.sq.send(&mut self.pool, b, HEADER_LEN as u32, false);
+        }
+        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
+    }
+
+    /// SENDs `h` followed by `body` (an eager message; `h.body_len`/`total_len` as given).
+    fn send_eager(&mut self, h: Header, body: &[u8]) {
+        let mut b = self.buf();
+        let dst = self.pool.buf_mut(&mut b);
+        h.encode_into(dst).unwrap();
+        dst[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+        self.sq.send(&mut self.pool, b, (HEADER_LEN + body.len()) as u32, false);
+        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
+    }
+
+    /// Polls once; returns a received message's header and eager body. Send errors are returned
+    /// as `Err(status)`.
+    fn try_poll(&mut self) -> Result<Option<(Header, Vec<u8>)>, rpc_core::verbs::WcStatus> {
+        let mut wcs = [WorkCompletion::default(); 8];
+        let n = self.peer.cq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            if !wc.status.is_success() {
+                return Err(wc.status);
+            }
+            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+                self.pool.retire(usize::from(bufs));
+                self.sq.on_completion(wrs);
+            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
+                let bytes = self.peer.recv.bytes(&buf);
+                let h = Header::decode(bytes).unwrap();
+                if h.kind != Kind::CreditReturn {
+                    self.inbox.push_back((h, bytes[HEADER_LEN..].to_vec()));
+                }
+                self.peer.recv.repost(buf);
+            }
+        }
+        self.peer.recv.flush().unwrap();
+        Ok(self.inbox.pop_front())
+    }
+
+    fn poll(&mut self) -> Option<(Header, Vec<u8>)> {
+        self.try_poll().unwrap_or(None)
+    }
+
+    /// Waits up to `d` for a response.
+    fn response(&mut self, d: Duration) -> Option<(Header, Vec<u8>)> {
+        let give_up = Instant::now() + d;
+        while Instant::now() < give_up {
+            if let Some(r) = self.poll() {
+                return Some(r);
+            }
+            std::thread::yield_now();
+        }
+        None
+    }
+}
+
+fn raw_request(session: u32, slot: u16, body_len: u32) -> Header {
+    Header { method: RAW, slot, body_len, total_len: body_len, session, ..Header::new(Kind::Request) }
+}
+
+fn ring_piece(session: u32, slot: u16, offset: u32, body_len: u32, total_len: u32) -> Header {
+    Header { in_ring: true, ring_offset: offset, total_len, ..raw_request(session, slot, body_len) }
+}
+
+/// Waits until the server has closed `n` sessions and counted `malformed` of them as malformed.
+fn wait_closed(server: &ServerHandle, n: u64, malformed: u64) {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = server.counters();
+        if c.sessions_closed >= n && c.malformed >= malformed {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "server closed {} sessions ({} malformed), expected {n} ({malformed})",
+            c.sessions_closed,
+            c.malformed
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn serves_on(server: &ServerHandle) {
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    check_reply(
+        &client.unary(ECHO, &request(9, 200_000, 200_000), &CallOptions::default()).unwrap(),
+        9,
+        200_000,
+    );
+}
+
+/// Each hostile sequence of headers closes only its own session (counted malformed), never
+/// panics a worker, and the server keeps serving. Held.
+#[test]
+fn hostile_piece_sequences_close_only_their_session() {
+    let (server, _) = spawn(server().ring_bytes(1 << 16));
+    let piece = 1u32 << 12;
+    let body = vec![0x5a; piece as usize];
+    type Attack = fn(&mut RawClient, u32, &[u8]);
+    let attacks: Vec<(&str, Attack)> = vec![
+        ("total_len changes between pieces", |c, p, b| {
+            let s = c.session;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, 3 * p)));
+            c.write(p, b, Some(ring_piece(s, 0, p, p, 4 * p)));
+        }),
+        ("two generations interleaved on one slot", |c, p, b| {
+            let s = c.session;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, 3 * p)));
+            c.write(p, b, Some(Header { generation: 1, ..ring_piece(s, 0, p, p, 3 * p) }));
+        }),
+        ("another method continues the slot", |c, p, b| {
+            let s = c.session;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, 3 * p)));
+            c.write(p, b, Some(Header { method: ECHO, ..ring_piece(s, 0, p, p, 3 * p) }));
+        }),
+        ("pieces add up past total_len", |c, p, b| {
+            let s = c.session;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, p + 1)));
+            c.write(p, b, Some(ring_piece(s, 0, p, p, p + 1)));
+        }),
+        ("a piece with body_len 0", |c, p, b| {
+            let s = c.session;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, 3 * p)));
+            c.write(0, &[], Some(ring_piece(s, 0, p, 0, 3 * p)));
+        }),
+        ("total_len = u32::MAX", |c, p, b| {
+            let s = c.session;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, u32::MAX)));
+        }),
+        ("total_len one over max_message_size", |c, p, b| {
+            let s = c.session;
+            let m = c.max_message;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, m + 1)));
+        }),
+        ("first piece not at the ring's tail", |c, p, b| {
+            let s = c.session;
+            c.write(64, b, Some(ring_piece(s, 0, 64, p, 3 * p)));
+        }),
+        ("piece past the end of the ring", |c, p, b| {
+            let s = c.session;
+            let off = c.ring_len - p / 2;
+            c.write(0, b, Some(ring_piece(s, 0, off, p, 3 * p)));
+        }),
+        ("ring body at the eager threshold", |c, _, b| {
+            let s = c.session;
+            let e = c.eager;
+            c.write(0, &b[..e as usize], Some(ring_piece(s, 0, 0, e, e)));
+        }),
+        ("freed_head beyond anything the server wrote", |c, _, _| {
+            let s = c.session;
+            c.send_eager(Header { freed_head: 12_345, ..raw_request(s, 0, 4) }, b"abcd");
+        }),
+        ("freed_head u32::MAX", |c, _, _| {
+            let s = c.session;
+            c.send_eager(Header { freed_head: u32::MAX, ..raw_request(s, 0, 4) }, b"abcd");
+        }),
+        ("more requests than credits, the first still in pieces", |c, p, b| {
+            let s = c.session;
+            c.write(0, b, Some(ring_piece(s, 0, 0, p, 3 * p)));
+            // STASH answers never: with the unfinished slot 0 these hold every credit, and one
+            // more is beyond them.
+            for slot in 1..=c.credits {
+                c.send_eager(Header { method: STASH, ..raw_request(s, slot, 0) }, &[]);
+            }
+        }),
+        ("a response sent to the server", |c, _, _| {
+            let s = c.session;
+            c.send_eager(Header { credits: 1, ..Header::new(Kind::Response) }.with_session(s), &[]);
+        }),
+        ("another session's id", |c, _, _| {
+            let s = c.session;
+            c.send_eager(raw_request(s ^ 0x55, 0, 4), b"abcd");
+        }),
+    ];
+    let mut closed = 0;
+    for (what, attack) in attacks {
+        let mut c = RawClient::connect(server.local_addr());
+        attack(&mut c, piece, &body);
+        closed += 1;
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while server.counters().sessions_closed < closed {
+            assert!(Instant::now() < give_up, "`{what}`: the session was not closed");
+            c.poll();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(server.counters().malformed, closed, "`{what}` counted as malformed");
+    }
+    serves_on(&server);
+    server.shutdown();
+}
+
+trait WithSession {
+    fn with_session(self, s: u32) -> Self;
+}
+impl WithSession for Header {
+    fn with_session(self, s: u32) -> Header {
+        Header { session: s, ..self }
+    }
+}
+
+/// A request in pieces that never finishes holds one credit (and one assembly), nothing more:
+/// the other credits keep working, and the ring does not fill (each piece is freed at once).
+/// Held.
+#[test]
+fn an_unfinished_request_in_pieces_holds_one_credit_and_no_ring_space() {
+    let (server, _) = spawn(server().ring_bytes(1 << 16));
+    let mut c = RawClient::connect(server.local_addr());
+    let p = 1u32 << 12;
+    let s = c.session;
+    // Slot 0: first piece of a message 100 pieces long; then 40 more pieces (far more than the
+    // ring holds) interleaved with eager requests on the other slots, never the last piece.
+    c.write(0, &vec![1; p as usize], Some(ring_piece(s, 0, 0, p, 100 * p)));
+    let mut off = p;
+    let mut answered = 0;
+    for i in 0..40u32 {
+        if off + p > c.ring_len {
+            off = 0;
+        }
+        c.write(off, &vec![i as u8; p as usize], Some(ring_piece(s, 0, off, p, 100 * p)));
+        off += p;
+        let slot = 1 + (i % 3) as u16;
+        c.send_eager(Header { generation: i, ..raw_request(s, slot, 4) }, b"wxyz");
+        let (h, _) = c.response(Duration::from_secs(10)).expect("an eager request beside the unfinished one");
+        assert_eq!((h.slot, h.status), (slot, Code::Ok));
+        answered += 1;
+    }
+    assert_eq!(answered, 40);
+    assert_eq!(server.counters().malformed, 0);
+    drop(c);
+    wait_closed(&server, 1, 0);
+    serves_on(&server);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// 20 000 CreditReturns (each freeing nothing) from one peer: its session stays up and
+/// answers, another client is served meanwhile. Held.
+#[test]
+fn a_credit_return_flood_does_not_break_the_session_or_others() {
+    let (server, _) = spawn(server());
+    let mut c = RawClient::connect(server.local_addr());
+    let s = c.session;
+    let other = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    for i in 0..20_000u32 {
+        let mut b = c.buf();
+        Header { session: s, ..Header::new(Kind::CreditReturn) }.encode_into(c.pool.buf_mut(&mut b)).unwrap();
+        c.sq.send(&mut c.pool, b, HEADER_LEN as u32, false);
+        if i % 8 == 7 {
+            c.sq.flush(&c.peer.qp, &mut c.pool, 1).unwrap();
+            c.poll();
+        }
+        if i % 2000 == 0 {
+            check_reply(
+                &other.unary(ECHO, &request(u64::from(i), 10, 10), &CallOptions::default()).unwrap(),
+                u64::from(i),
+                10,
+            );
+        }
+    }
+    c.sq.flush(&c.peer.qp, &mut c.pool, 1).unwrap();
+    c.send_eager(raw_request(s, 0, 4), b"abcd");
+    let (h, _) = c.response(Duration::from_secs(20)).expect("the flooding session still answers");
+    assert_eq!(h.status, Code::Ok);
+    assert_eq!(server.counters().malformed, 0);
+    server.shutdown();
+}
+
+/// A response streamed in pieces to a call whose deadline passed mid-stream: the client
+/// discards it when complete, the slot is reused only afterwards, and every later call on the
+/// same client gets its own, intact answer. Swept over deadlines to hit every phase. Held.
+#[test]
+fn responses_in_pieces_to_abandoned_calls_never_reach_the_next_call() {
+    let (server, _) = spawn(server().ring_bytes(1 << 16));
+    let client =
+        Client::connect_with(server.local_addr(), &client_config().ring_bytes(1 << 15).window(2)).unwrap();
+    let mut expired = 0;
+    for i in 0..30u64 {
+        let d = Duration::from_micros(200 + 300 * i);
+        match client.unary::<_, EchoMsg>(ECHO, &request(i, 50_000, 400_000), &CallOptions::deadline(d)) {
+            Ok(r) => check_reply(&r, i, 400_000),
+            Err(e) => {
+                assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+                expired += 1;
+            }
+        }
+        let r =
+            client.unary::<_, EchoMsg>(ECHO, &request(1000 + i, 10, 3000), &CallOptions::default()).unwrap();
+        check_reply(&r, 1000 + i, 3000);
+    }
+    assert!(expired > 0, "no deadline expired: the sweep did not test abandonment");
+    assert_eq!(client.counters().malformed, 0);
+    assert!(client.closed_reason().is_none());
+    drop(client);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// A client dropped while its request is still going out in pieces (future polled a few
+/// times, then the future and the client dropped): the server closes that session, frees
+/// everything and serves on. Held.
+#[test]
+fn a_client_dropped_mid_stream_is_cleaned_up() {
+    let (server, _) = spawn(server().ring_bytes(1 << 16));
+    for round in 0..3u64 {
+        let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+        {
+            let fut =
+                client.unary_async::<_, EchoMsg>(ECHO, &request(round, 2 << 20, 10), &CallOptions::default());
+            let mut fut = std::pin::pin!(fut);
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            for _ in 0..(5 + round * 20) {
+                assert!(fut.as_mut().poll(&mut cx).is_pending());
+            }
+        }
+        drop(client);
+    }
+    wait_closed(&server, 3, 0);
+    serves_on(&server);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// Degenerate but valid limits: rings of 1, 3, 31 and 100 bytes on both sides, eager
+/// threshold 0. Bodies of a few KB go through in 1-byte (..25-byte) pieces, both ways. Held.
+#[test]
+fn tiny_rings_and_eager_threshold_zero_still_carry_bodies() {
+    for ring in [1u32, 3, 31, 100] {
+        let (server, _) = spawn(server().ring_bytes(ring).eager_threshold(0));
+        let cfg = client_config().ring_bytes(ring).eager_threshold(0);
+        let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
+        let started = Instant::now();
+        for (i, (req, rep)) in [(0usize, 0usize), (1, 1), (700, 1500)].into_iter().enumerate() {
+            let r = client
+                .unary::<_, EchoMsg>(
+                    ECHO,
+                    &request(i as u64, req, rep),
+                    &CallOptions::deadline(Duration::from_secs(60)),
+                )
+                .unwrap_or_else(|e| panic!("ring {ring}: {e}"));
+            check_reply(&r, i as u64, rep);
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "ring {ring}: {:?}", started.elapsed());
+        drop(client);
+        server.shutdown();
+    }
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// Eight sessions on one worker, each with two calls of 300 KB bodies in flight through a
+/// 64 KiB ring, from two threads. Held.
+#[test]
+fn many_sessions_with_big_bodies_in_pieces() {
+    let (server, _) = spawn(server().ring_bytes(1 << 16));
+    let addr = server.local_addr();
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let cfg = client_config().ring_bytes(1 << 16);
+                let clients: Vec<Client> =
+                    (0..4).map(|_| Client::connect_with(addr, &cfg).unwrap()).collect();
+                for round in 0..3u64 {
+                    let futs: Vec<_> = clients
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(k, c)| {
+                            (0..2u64).map(move |j| {
+                                let seq = t * 1000 + round * 100 + k as u64 * 10 + j;
+                                (
+                                    seq,
+                                    c.unary_async::<_, EchoMsg>(
+                                        ECHO,
+                                        &request(seq, 300_000, 300_000),
+                                        &CallOptions::deadline(Duration::from_secs(60)),
+                                    ),
+                                )
+                            })
+                        })
+                        .collect();
+                    for (seq, f) in futs {
+                        check_reply(&block_on(f).unwrap(), seq, 300_000);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(server.counters().malformed, 0);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// A peer that SENDs with invalidate naming the rkey of its own session's ring window (which it
+/// learned at handshake). FINDING: the server never looks at `WorkCompletion::invalidated_rkey`
+/// (rpc-core/src/worker/mod.rs:550-569 `on_completion` → `on_message` handle the receive like a
+/// plain SEND), so it answers the request and keeps the session open with its ring window dead.
+/// Every ring body after that fails at the peer with REM_ACCESS_ERR (the peer's QP goes to
+/// ERR). Only the peer itself is hurt, but a peer invalidating our window is a protocol
+/// violation that should close the session (malformed) at once; on a client (same code in
+/// client/core.rs:472-505) a server can do the same and the client learns of it only by its
+/// next ring response failing.
+#[test]
+fn send_with_inv_of_our_ring_window_closes_the_session() {
+    let (server, _) = spawn(server());
+    let mut c = RawClient::connect(server.local_addr());
+    let s = c.session;
+    let mut msg = vec![0u8; HEADER_LEN + 4];
+    raw_request(s, 0, 4).encode_into(&mut msg).unwrap();
+    msg[HEADER_LEN..].copy_from_slice(b"abcd");
+    let sge = [Sge { addr: msg.as_ptr() as u64, length: msg.len() as u32, lkey: 0 }];
+    let wr = SendWr {
+        wr_id: 0xdead,
+        sg_list: &sge,
+        op: SendOp::SendWithInv { invalidate_rkey: c.ring.1 },
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+    };
+    // SAFETY: an inline SEND: the data is copied at post time from `msg`, alive here.
+    unsafe { c.peer.qp.post_send(&[wr]) }.unwrap();
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let mut answered = false;
+    while Instant::now() < give_up && server.counters().sessions_closed == 0 {
+        let mut wcs = [WorkCompletion::default(); 8];
+        let n = c.peer.cq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            if wc.wr_id != 0xdead && split_send_wr_id(wc.wr_id).is_none() {
+                if let Some(buf) = c.peer.recv.take(wc.wr_id, wc.byte_len) {
+                    answered = true;
+                    c.peer.recv.repost(buf);
+                }
+            }
+        }
+        c.peer.recv.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("answered after invalidating the window: {answered}");
+    assert_eq!(
+        server.counters().sessions_closed,
+        1,
+        "a peer invalidated its session's ring window: the session must close (answered: {answered})"
+    );
+    server.shutdown();
+}
+
+/// How many pieces (not the last of their message) one ring holds at once, for every ring
+/// length 1..=1024 and consumers that free the oldest piece on a stall and/or at random.
+/// `srq_need` (worker/conn.rs:52) reserves `MAX_PIECES_IN_RING` = 16 SRQ WQEs per session
+/// for them, on the claim (session/mod.rs:22-24) that every such piece takes at least 1/16 of
+/// the ring. HELD: that claim is loose (the floor is `(len / 4) / 4` rounded down,
+/// session/mod.rs:212-214, e.g. 1 byte for a 31-byte ring) but pieces stay within 16 because
+/// a piece is only small at the end of the ring. A count above 16 would mean SENDs beyond the
+/// SRQ WQEs reserved, i.e. flow control leaning on RNR.
+#[test]
+fn small_rings_never_hold_more_pieces_than_srq_need_reserves() {
+    use rpc_core::session::{RingConsumer, RingProducer, MAX_PIECES_IN_RING};
+    use std::collections::VecDeque;
+    let mut worst = Vec::new();
+    for (len, policy) in (1u32..=1024).flat_map(|l| (0u64..6).map(move |k| (l, k))) {
+        let max = (len / 4).max(1);
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (u64::from(len) << 8) ^ policy;
+        let mut p = RingProducer::new(len);
+        let mut c = RingConsumer::new(len, 64);
+        let mut held = VecDeque::new();
+        let mut most = 0usize;
+        for _ in 0..2000 {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            // Policy 0: free only on a stall; 1..=5: also free the oldest at random (10..50%).
+            if policy > 0 && !held.is_empty() && (rng >> 33) % 10 < policy * 2 - 1 {
+                let t = held.pop_front().unwrap();
+                c.release(t);
+                p.on_freed(c.take_freed()).unwrap();
+                continue;
+            }
+            match p.reserve_piece(max, max / 4) {
+                Some((off, n)) => {
+                    held.push_back(c.accept(off, n).unwrap());
+                    most = most.max(held.len());
+                }
+                None => {
+                    let t = held.pop_front().expect("an empty ring takes a piece");
+                    c.release(t);
+                    p.on_freed(c.take_freed()).unwrap();
+                }
+            }
+        }
+        if most > MAX_PIECES_IN_RING as usize {
+            worst.push((len, policy, most));
+        }
+    }
+    assert!(
+        worst.is_empty(),
+        "{} ring lengths hold more than {MAX_PIECES_IN_RING} pieces at once, e.g. {:?}",
+        worst.len(),
+        &worst[..worst.len().min(12)]
+    );
+}
+
+/// A fake server: handshakes (with `tweak` applied to its reply), waits for the first request,
+/// then lets `answer` send what it likes through `RawClient`-like parts. Returns the thread.
+fn fake_server(
+    tweak: fn(&mut rpc_core::wire::Handshake),
+    answer: fn(&mut RawClient, Header),
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut tcp, _) = listener.accept().unwrap();
+        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+        let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
+        peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
+        let mut mine = peer.handshake(hello.credits, hello.eager_threshold, hello.max_message, 77);
+        tweak(&mut mine);
+        write_frame(&mut tcp, &Frame::Handshake(mine)).unwrap();
+        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 4096).unwrap();
+        let mirror = SendMirror::<Sim>::new(&peer.pd, hello.ring_len as usize).unwrap();
+        let mut c = RawClient {
+            sq: SendQueue::new(64, 16),
+            mirror,
+            pool,
+            ring: (hello.ring_addr, hello.ring_rkey),
+            ring_len: hello.ring_len,
+            session: 77,
+            max_message: hello.max_message,
+            eager: hello.eager_threshold,
+            credits: hello.credits,
+            inbox: Default::default(),
+            peer,
+            _tcp: tcp.try_clone().unwrap(),
+        };
+        let Some((req, _)) = c.response(Duration::from_secs(10)) else { return };
+        answer(&mut c, req);
+        // Stay up (the TCP channel open) for a while so the client judges the messages only.
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(tcp);
+    });
+    (addr, t)
+}
+
+fn response_to(req: Header) -> Header {
+    Header {
+        slot: req.slot,
+        generation: req.generation,
+        method: req.method,
+        credits: 1,
+        session: 77,
+        ..Header::new(Kind::Response)
+    }
+}
+
+/// A fake server answering in ways the client must refuse: the client closes the session
+/// (malformed, UNAVAILABLE for the call), never panics and leaks nothing. Held.
+#[test]
+fn a_hostile_server_answering_wrongly_is_refused_by_the_client() {
+    type Answer = fn(&mut RawClient, Header);
+    let cases: Vec<(&str, Answer)> = vec![
+        ("response piece with total_len over the client's max_message_size", |c, req| {
+            let m = c.max_message;
+            c.write(
+                0,
+                &[1; 8192],
+                Some(Header { in_ring: true, body_len: 8192, total_len: m + 1, ..response_to(req) }),
+            );
+        }),
+        ("response piece with total_len u32::MAX", |c, req| {
+            c.write(
+                0,
+                &[1; 8192],
+                Some(Header { in_ring: true, body_len: 8192, total_len: u32::MAX, ..response_to(req) }),
+            );
+        }),
+        ("pieces whose total_len changes", |c, req| {
+            c.write(
+                0,
+                &[1; 8192],
+                Some(Header { in_ring: true, body_len: 8192, total_len: 3 * 8192, ..response_to(req) }),
+            );
+            c.write(
+                8192,
+                &[1; 8192],
+                Some(Header {
+                    in_ring: true,
+                    ring_offset: 8192,
+                    body_len: 8192,
+                    total_len: 4 * 8192,
+                    ..response_to(req)
+                }),
+            );
+        }),
+        ("response to a slot outside the window", |c, req| {
+            c.send_eager(Header { slot: 999, ..response_to(req) }, &[]);
+        }),
+        ("response with a stale generation", |c, req| {
+            c.send_eager(Header { generation: req.generation.wrapping_add(5), ..response_to(req) }, &[]);
+        }),
+        ("two responses to one call", |c, req| {
+            c.send_eager(response_to(req), &[]);
+            c.send_eager(response_to(req), &[]);
+        }),
+        ("a request sent to the client", |c, req| {
+            c.send_eager(Header { method: ECHO, ..raw_request(77, req.slot, 0) }, &[]);
+        }),
+        ("ring body past the end of the client's ring", |c, req| {
+            let off = c.ring_len - 100;
+            c.write(
+                0,
+                &[1; 8192],
+                Some(Header {
+                    in_ring: true,
+                    ring_offset: off,
+                    body_len: 8192,
+                    total_len: 8192,
+                    ..response_to(req)
+                }),
+            );
+        }),
+        ("freed_head out of range", |c, req| {
+            c.send_eager(Header { freed_head: 0x8000_0000, ..response_to(req) }, &[]);
+        }),
+    ];
+    for (what, answer) in cases {
+        let (addr, fake) = fake_server(|_| {}, answer);
+        let client = Client::connect_with(addr, &client_config()).unwrap();
+        let first = client.unary::<_, EchoMsg>(
+            ECHO,
+            &request(1, 10, 10),
+            &CallOptions::deadline(Duration::from_secs(20)),
+        );
+        // "two responses": the first is a valid (empty) answer; the second must close.
+        let second = client.unary::<_, EchoMsg>(
+            ECHO,
+            &request(2, 10, 10),
+            &CallOptions::deadline(Duration::from_secs(5)),
+        );
+        assert!(first.is_err() || second.is_err(), "`{what}`: accepted");
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while client.counters().malformed == 0 && Instant::now() < give_up {
+            client.progress();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(client.counters().malformed, 1, "`{what}`: the client counted it malformed");
+        assert!(client.closed_reason().is_some(), "`{what}`: the session is closed");
+        drop(client);
+        fake.join().unwrap();
+    }
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// A server whose handshake advertises a 1 GiB ring (the protocol's maximum): the client
+/// registers a send mirror that large for the connection, whatever its own configuration
+/// (client/core.rs:211 `SendMirror::new(&pd, reply.ring_len as usize)`; only credits,
+/// eager_threshold and session are checked at client/core.rs:197-207). FINDING: a hostile or
+/// misconfigured server makes every client pin 1 GiB of registered memory per connection (on
+/// a NIC: locked memory, usually an ENOMEM at connect under RLIMIT_MEMLOCK). Suggested fix: a
+/// client-side cap (e.g. `ClientConfig::max_peer_ring`, default a few MiB) refusing larger
+/// rings at the handshake, naming the field, as the server caps what a client asks.
+#[test]
+fn a_server_advertising_a_1_gib_ring_is_refused_at_the_handshake() {
+    let (addr, fake) = fake_server(
+        |h| h.ring_len = rpc_core::wire::MAX_RING_LEN,
+        |c, req| {
+            c.send_eager(response_to(req), &[]);
+        },
+    );
+    let started = Instant::now();
+    let r = Client::connect_with(addr, &client_config());
+    eprintln!("connect with a 1 GiB peer ring: {:?} in {:?}", r.as_ref().map(|_| ()), started.elapsed());
+    let refused = match &r {
+        Err(e) => e.message().contains("ring_len"),
+        Ok(c) => {
+            let _ = c.unary::<_, EchoMsg>(
+                ECHO,
+                &request(1, 10, 10),
+                &CallOptions::deadline(Duration::from_secs(5)),
+            );
+            false
+        }
+    };
+    drop(r);
+    fake.join().unwrap();
+    assert!(refused, "the client accepted (and registered a mirror for) a 1 GiB peer ring");
+}
+
+/// A careless handler that defers and never answers (STASH keeps the responder), called with a
+/// deadline. DESIGN.md: "the server ... answers DEADLINE_EXCEEDED itself when the deadline
+/// passes", and the client reuses a slot only once the server can no longer write it. FINDING:
+/// no timer answers an expired deferred call on the server (rpc-core/src/worker/mod.rs:658-660
+/// only stores `ctx.deadline` for the handler; nothing in `Worker::run`, mod.rs:209-278, looks
+/// at it again), so the client's abandoned slots (session/slots.rs:201-203 → Abandoned, freed
+/// only by a response, slots.rs:162-165) are never returned: after `window` such calls the
+/// client answers RESOURCE_EXHAUSTED to every call, forever, on a healthy connection.
+/// Suggested fix: the worker keeps a deadline wheel of unanswered calls and, at expiry, answers
+/// DEADLINE_EXCEEDED itself (on_answer_for makes the late Responder's answer a dropped second
+/// answer, as try_backlog already does).
+#[test]
+#[ignore = "issue 11 (deadlines at the server, cancellation on the wire) is not built yet"]
+fn finding_expired_deferred_calls_never_answered_exhaust_the_client_window() {
+    let (server, stash) = spawn(server());
+    let client = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();
+    for i in 0..2 {
+        let e = client
+            .unary::<_, EchoMsg>(STASH, &request(i, 1, 1), &CallOptions::deadline(Duration::from_millis(50)))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    }
+    // Long after both deadlines: the server has had 2 s to answer DEADLINE_EXCEEDED itself.
+    let give_up = Instant::now() + Duration::from_secs(2);
+    let mut last = None;
+    while Instant::now() < give_up {
+        match client.unary::<_, EchoMsg>(
+            ECHO,
+            &request(7, 10, 10),
+            &CallOptions::deadline(Duration::from_secs(1)),
+        ) {
+            Ok(r) => {
+                check_reply(&r, 7, 10);
+                last = None;
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stashed = stash.lock().unwrap().len();
+    stash.lock().unwrap().clear();
+    drop(client);
+    server.shutdown();
+    assert!(last.is_none(), "a healthy connection refuses every call: {last:?} ({stashed} stashed calls)");
+}
+
+/// max_sessions 2: a third client is refused with a clear status, the two work, and 20 cycles
+/// of connect/drop never leak a session slot or SRQ reservation (srq_reserved / sessions
+/// counted back on every close path). Held.
+#[test]
+fn session_limit_refuses_cleanly_and_never_leaks_across_cycles() {
+    let (server, _) = spawn(server().max_sessions(2));
+    let a = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let b = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let third = Client::connect_with(server.local_addr(), &client_config());
+    match &third {
+        Err(e) => eprintln!("third refused: {e}"),
+        Ok(c) => {
+            let r = c.unary::<_, EchoMsg>(
+                ECHO,
+                &request(3, 10, 10),
+                &CallOptions::deadline(Duration::from_secs(5)),
+            );
+            panic!("a third session over max_sessions 2 was accepted (call: {r:?})");
+        }
+    }
+    drop(third);
+    for c in [&a, &b] {
+        check_reply(&c.unary(ECHO, &request(1, 10, 10), &CallOptions::default()).unwrap(), 1, 10);
+    }
+    drop(b);
+    for i in 0..20u64 {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let c = loop {
+            match Client::connect_with(server.local_addr(), &client_config()) {
+                Ok(c) => break c,
+                Err(e) => {
+                    assert!(Instant::now() < give_up, "cycle {i}: the freed session never came back: {e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        check_reply(&c.unary(ECHO, &request(i, 20_000, 20_000), &CallOptions::default()).unwrap(), i, 20_000);
+    }
+    check_reply(&a.unary(ECHO, &request(99, 10, 10), &CallOptions::default()).unwrap(), 99, 10);
+    drop(a);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// Pieces of three messages on three slots interleaved (A B C A C B A ...), finishing in an
+/// order different from their start (the assemblies are swap_removed as they complete): each
+/// handler sees exactly its own bytes. Held.
+#[test]
+fn interleaved_messages_on_different_slots_are_reassembled_apart() {
+    let (server, _) = spawn(server().ring_bytes(1 << 16));
+    let mut c = RawClient::connect(server.local_addr());
+    let s = c.session;
+    let p = 1u32 << 12;
+    // Slot k's message has pieces[k] pieces, byte value = slot * 16 + piece index.
+    let pieces = [5u32, 2, 3];
+    let order = [0u16, 1, 2, 0, 2, 1, 0, 2, 0, 0];
+    let mut next = [0u32; 3];
+    let mut off = 0u32;
+    let mut bodies: [Vec<u8>; 3] = Default::default();
+    for &k in &order {
+        let i = next[k as usize];
+        let bytes = vec![(k as u8) * 16 + i as u8; p as usize];
+        bodies[k as usize].extend_from_slice(&bytes);
+        if off + p > c.ring_len {
+            off = 0;
+        }
+        let total = pieces[k as usize] * p;
+        c.write(off, &bytes, Some(ring_piece(s, k, off, p, total)));
+        off += p;
+        next[k as usize] += 1;
+    }
+    assert_eq!(next, pieces);
+    let mut seen = 0;
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while seen < 3 {
+        assert!(Instant::now() < give_up, "{seen} of 3 answered");
+        if let Some((h, body)) = c.poll() {
+            assert_eq!(h.status, Code::Ok);
+            let r = EchoMsg::decode(&body[..]).unwrap();
+            let want = &bodies[h.slot as usize];
+            assert_eq!((r.seq, r.checksum), (want.len() as u64, fnv64(want)), "slot {}", h.slot);
+            seen += 1;
+        }
+        std::thread::yield_now();
+    }
+    assert_eq!(server.counters().malformed, 0);
+    server.shutdown();
+}
+
+/// A client that asks for large answers and never frees its ring (every header it sends
+/// carries freed_head 0): the server's answers stall in its backlog for that session only;
+/// another client is served meanwhile; when the stalling client goes, everything is freed.
+/// Held.
+#[test]
+fn a_client_that_never_frees_its_ring_stalls_only_itself() {
+    let (server, _) = spawn(server());
+    let mut c = RawClient::connect(server.local_addr());
+    let s = c.session;
+    for slot in 0..c.credits {
+        let body = request(u64::from(slot), 10, 300_000).encode_to_vec();
+        c.send_eager(Header { method: ECHO, ..raw_request(s, slot, body.len() as u32) }, &body);
+    }
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        c.poll();
+        std::thread::yield_now();
+    }
+    let other = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    for i in 0..5 {
+        check_reply(
+            &other.unary(ECHO, &request(i, 100_000, 100_000), &CallOptions::default()).unwrap(),
+            i,
+            100_000,
+        );
+    }
+    drop(c);
+    wait_closed(&server, 1, 0);
+    check_reply(&other.unary(ECHO, &request(9, 10, 10), &CallOptions::default()).unwrap(), 9, 10);
+    drop(other);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}

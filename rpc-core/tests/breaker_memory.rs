@@ -1,0 +1,112 @@
+//! Breaker review: what a hostile client's unfinished messages in pieces cost the server's
+//! memory. Own test binary: a counting global allocator sees every allocation of the process
+//! (the in-process server's included), so nothing else may run here.
+//!
+//! FINDING (`finding_...` fails on purpose): the first piece of a ring message makes the
+//! receiver reserve the whole announced `total_len` at once —
+//! rpc-core/src/session/mod.rs:316-320 (line 319) `Vec::with_capacity(h.total_len as usize)` in
+//! `Session::handle_header` — before a single byte beyond the first piece has arrived. A peer
+//! that sends, per credit, one 40-byte header and a 1-byte piece announcing `total_len =
+//! max_message_size` (64 MiB by default) makes the server allocate credits × 64 MiB per session
+//! (32 × 64 MiB = 2 GiB at default credits; × 128 sessions = 256 GiB of address space), and the
+//! same on a client against a hostile server (client/core.rs takes the same session code). With
+//! strict overcommit (vm.overcommit_memory=2) or a memory cgroup, that allocation fails and Rust
+//! aborts the whole server process (handle_alloc_error), every other session with it.
+//! Suggested fix: grow the assembly buffer with the bytes that actually arrived (reserve
+//! `body_len` per piece, or cap the up-front reservation at, say, the ring length), and/or
+//! bound the bytes held in unfinished assemblies per session (e.g. total_len of unfinished
+//! assemblies ≤ a per-session budget), refusing a first piece beyond it.
+#![allow(unsafe_code)]
+
+mod rpc_support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rpc_core::buffers::{SendMirror, SendPool, SendQueue};
+use rpc_core::verbs::rc::RcConfig;
+use rpc_core::verbs::sim::Sim;
+use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
+use rpc_support::*;
+
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+#[test]
+fn one_byte_first_pieces_make_the_server_reserve_little_each() {
+    const CREDITS: u16 = 8;
+    let (server, _) = spawn(server().credits_per_session(CREDITS));
+    let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
+    let mut tcp = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    write_frame(&mut tcp, &Frame::Handshake(peer.handshake(CREDITS, 4096, 64 << 20, 0))).unwrap();
+    let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+    peer.connect(&RcConfig::default(), &reply);
+    let mut pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 64).unwrap();
+    let mut mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
+    let mut sq = SendQueue::new(64, 16);
+    // Let the server settle, then take the baseline.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = LIVE.load(Ordering::Relaxed);
+    let total = reply.max_message.min(64 << 20);
+    for slot in 0..CREDITS {
+        let off = u32::from(slot);
+        mirror.range_mut(off, 1).fill(0x77);
+        sq.write(&mirror, off, 1, reply.ring_addr, reply.ring_rkey);
+        let h = Header {
+            method: RAW,
+            slot,
+            in_ring: true,
+            ring_offset: off,
+            body_len: 1,
+            total_len: total,
+            session: reply.session,
+            ..Header::new(Kind::Request)
+        };
+        let mut b = pool.acquire().unwrap();
+        h.encode_into(pool.buf_mut(&mut b)).unwrap();
+        sq.send(&mut pool, b, HEADER_LEN as u32, false);
+    }
+    sq.flush(&peer.qp, &mut pool, 1).unwrap();
+    // Wait for the worker to take them (its counters do not show pieces: watch memory).
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let mut grown = 0;
+    while Instant::now() < give_up {
+        grown = LIVE.load(Ordering::Relaxed) - before;
+        if grown > (total as isize) * (CREDITS as isize) / 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("{CREDITS} first pieces of 1 byte (total_len {total}) grew the heap by {grown} bytes");
+    assert_eq!(server.counters().malformed, 0, "the pieces were legal");
+    let sent = (CREDITS as isize) * (HEADER_LEN as isize + 1);
+    assert!(
+        grown < 64 * sent + (4 << 20),
+        "{sent} bytes from the peer made the server hold {grown} bytes (credits × max_message_size)"
+    );
+    drop((sq, mirror, pool, peer, tcp));
+    server.shutdown();
+}
