@@ -166,7 +166,8 @@ impl RunReport {
         self.rpc_over_send_lat_p50 = self
             .results
             .iter()
-            .filter(|r| r.test == TestKind::RpcLat)
+            // A latency with several calls in flight is no ping-pong: no ratio against send_lat.
+            .filter(|r| r.test == TestKind::RpcLat && r.concurrency == 1)
             .filter_map(|rpc| {
                 let raw =
                     self.results.iter().find(|r| r.test == TestKind::SendLat && r.bytes == rpc.bytes)?;

@@ -196,7 +196,10 @@ pub fn server_session<P: Provider>(
 fn finish(args: &Args, report: &mut RunReport) -> Result<(), PerfError> {
     report.compute_ratios();
     for r in &report.rpc_over_send_lat_p50 {
-        let rpc = report.results.iter().find(|x| x.test == TestKind::RpcLat && x.bytes == r.bytes);
+        let rpc = report
+            .results
+            .iter()
+            .find(|x| x.test == TestKind::RpcLat && x.bytes == r.bytes && x.concurrency == 1);
         let raw = report.results.iter().find(|x| x.test == TestKind::SendLat && x.bytes == r.bytes);
         if let (Some(a), Some(b)) = (rpc.and_then(|x| x.latency()), raw.and_then(|x| x.latency())) {
             println!("{}", report::ratio_line("RPC overhead", r.bytes, a.typical_ns, b.typical_ns));
