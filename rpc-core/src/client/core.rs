@@ -14,7 +14,7 @@ use crate::buffers::{
     split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
-use crate::session::{CallSlots, PlaceError, Placement, ResponseFate, Role, Session, SessionParams};
+use crate::session::{CallSlots, Placement, ResponseFate, Role, Session, SessionParams};
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
@@ -321,12 +321,8 @@ impl<P: Provider> ClientCore<P> {
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         let len = req.encoded_len();
-        if len > self.conn.session.params().max_message as usize {
-            // Refused before anything is sent or taken.
-            let s = match self.conn.session.place_body(len) {
-                Err(PlaceError::Refused(s)) => s,
-                Ok(_) => Status::resource_exhausted("message over max_message_size"),
-            };
+        // Refused before anything is sent or taken.
+        if let Err(s) = self.conn.session.check_len(len) {
             self.counters.status(s.code());
             return Err(s);
         }

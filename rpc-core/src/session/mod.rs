@@ -191,12 +191,7 @@ impl Session {
     /// sent; nothing was reserved.
     #[inline]
     pub fn place_body(&mut self, len: usize) -> Result<Placement, PlaceError> {
-        if len > self.params.max_message as usize {
-            return Err(PlaceError::Refused(Status::resource_exhausted(format!(
-                "message of {len} bytes exceeds max_message_size of {} bytes",
-                self.params.max_message
-            ))));
-        }
+        self.check_len(len).map_err(PlaceError::Refused)?;
         if len <= self.params.eager_threshold as usize {
             return Ok(Placement::Eager);
         }
@@ -204,6 +199,21 @@ impl Session {
             Ok(off) => Ok(Placement::Ring(off)),
             Err(RingReserveError::Full | RingReserveError::TooLarge { .. }) => Ok(Placement::Pieces),
         }
+    }
+
+    /// Whether a body of `len` bytes may be sent at all.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming `max_message_size` when `len` exceeds it.
+    #[inline]
+    pub fn check_len(&self, len: usize) -> Result<(), Status> {
+        if len > self.params.max_message as usize {
+            return Err(Status::resource_exhausted(format!(
+                "message of {len} bytes exceeds max_message_size of {} bytes",
+                self.params.max_message
+            )));
+        }
+        Ok(())
     }
 
     /// Largest piece in bytes: a quarter of the peer's ring (at least 1).

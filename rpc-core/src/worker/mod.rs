@@ -451,18 +451,18 @@ impl<P: Provider> Worker<P> {
                 }
                 continue;
             }
-            let (status, len) = match sp {
-                Spill::Body(out) if out.len > slot.conn.session.params().max_message => {
-                    let s = Status::resource_exhausted(format!(
-                        "response of {} bytes exceeds max_message_size of {} bytes",
-                        out.len,
-                        slot.conn.session.params().max_message
-                    ));
-                    if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
-                        out.discard(&mut slot.conn.staging);
-                    }
-                    continue;
+            let over = match sp {
+                Spill::Body(out) => slot.conn.session.check_len(out.len as usize).err(),
+                Spill::Error(..) => None,
+            };
+            if let Some(s) = over {
+                // Too large to send: the caller gets RESOURCE_EXHAUSTED naming the limit instead.
+                if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
+                    out.discard(&mut slot.conn.staging);
                 }
+                continue;
+            }
+            let (status, len) = match sp {
                 Spill::Body(out) => {
                     let before = out.sent;
                     let done = slot.conn.send_outgoing(out);
