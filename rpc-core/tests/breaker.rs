@@ -536,7 +536,7 @@ fn send_with_inv_of_our_ring_window_closes_the_session() {
 
 /// How many pieces (not the last of their message) one ring holds at once, for every ring
 /// length 1..=1024 and consumers that free the oldest piece on a stall and/or at random.
-/// `srq_need` (worker/conn.rs:52) reserves `MAX_PIECES_IN_RING` = 16 SRQ WQEs per session
+/// `srq_need` (endpoint/conn.rs) reserves `MAX_PIECES_IN_RING` = 16 SRQ WQEs per session
 /// for them, on the claim (session/mod.rs:22-24) that every such piece takes at least 1/16 of
 /// the ring. HELD: that claim is loose (the floor is `(len / 4) / 4` rounded down,
 /// session/mod.rs:212-214, e.g. 1 byte for a 31-byte ring) but pieces stay within 16 because

@@ -14,6 +14,10 @@ use crate::buffers::{
     split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
+use crate::endpoint::conn::{
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
+};
+use crate::endpoint::counters::Counters;
 use crate::session::{CallSlots, Placement, ResponseFate, Role, Session, SessionParams};
 use crate::status::{Code, Status};
 use crate::transport::Device;
@@ -25,10 +29,6 @@ use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
     PROTOCOL_VERSION,
 };
-use crate::worker::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
-};
-use crate::worker::counters::Counters;
 
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.

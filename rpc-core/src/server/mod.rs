@@ -10,8 +10,6 @@
 //! ```
 
 mod listener;
-pub(crate) mod registry;
-pub(crate) mod reply;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,10 +19,10 @@ use std::time::Duration;
 
 use crate::codegen::Service;
 use crate::config::PollingPolicy;
+use crate::dispatch::registry::Registry;
+use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::transport::Transport;
 use crate::verbs::VerbsError;
-use crate::worker::counters::{Counters, SharedCounters};
-use registry::Registry;
 
 /// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -150,7 +148,7 @@ impl ServerConfig {
         if self.credits_per_session == 0 || self.credits_per_session > crate::wire::MAX_CREDITS {
             return bad("credits_per_session", format!("{} is not in 1..=4096", self.credits_per_session));
         }
-        let per_session = crate::worker::conn::srq_need(self.credits_per_session);
+        let per_session = crate::endpoint::conn::srq_need(self.credits_per_session);
         if self.srq_depth != 0 && self.srq_depth < per_session {
             return bad(
                 "srq_depth",
@@ -195,7 +193,7 @@ impl ServerConfig {
             return u64::from(self.srq_depth);
         }
         let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1)) as u64;
-        per_worker * u64::from(crate::worker::conn::srq_need(self.credits_per_session))
+        per_worker * u64::from(crate::endpoint::conn::srq_need(self.credits_per_session))
     }
 }
 

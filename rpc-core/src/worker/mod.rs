@@ -6,9 +6,6 @@
 //! one doorbell (selective signaling) → repost receive buffers in batches → idle per policy.
 //! Other threads talk to a worker only through bounded crossbeam queues.
 
-pub(crate) mod conn;
-pub(crate) mod counters;
-
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,15 +18,15 @@ use crossbeam_queue::ArrayQueue;
 use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
 use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
-use crate::server::registry::Registry;
-use crate::server::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::dispatch::registry::Registry;
+use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
+use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::status::{Code, Status};
 use crate::verbs::{
     CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{Header, Kind, HEADER_LEN};
-use conn::{BodyAt, Conn, Outgoing};
-use counters::{Counters, SharedCounters};
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
@@ -149,7 +146,7 @@ pub(crate) struct Worker<P: Provider> {
     limits: WorkerLimits,
     slots: Vec<Option<Slot<P>>>,
     gens: Vec<u16>,
-    by_qpn: crate::server::registry::IdMap<u16>,
+    by_qpn: crate::dispatch::registry::IdMap<u16>,
     dirty: Vec<u16>,
     counters: Counters,
     scratch: Vec<u8>,
@@ -167,7 +164,7 @@ impl<P: Provider> Worker<P> {
         limits: WorkerLimits,
     ) -> Worker<P> {
         let n = limits.max_sessions;
-        let mut by_qpn = crate::server::registry::IdMap::default();
+        let mut by_qpn = crate::dispatch::registry::IdMap::default();
         by_qpn.reserve(n);
         let queue = shared.defer.clone();
         Worker {
@@ -405,7 +402,7 @@ impl<P: Provider> Worker<P> {
         }
     }
 
-    fn deliver_deferred(&mut self, d: crate::server::reply::Deferred) {
+    fn deliver_deferred(&mut self, d: crate::dispatch::reply::Deferred) {
         let Some((idx, slot)) = self.slot_by_tag(d.conn) else { return };
         let header = Header {
             slot: d.slot,
