@@ -118,7 +118,7 @@ impl RawClient {
             } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
                 let bytes = self.peer.recv.bytes(&buf);
                 let h = Header::decode(bytes).unwrap();
-                if h.kind != Kind::CreditReturn {
+                if h.kind != Kind::RingReturn {
                     self.inbox.push_back((h, bytes[HEADER_LEN..].to_vec()));
                 }
                 self.peer.recv.repost(buf);
@@ -256,7 +256,7 @@ fn hostile_piece_sequences_close_only_their_session() {
         }),
         ("a response sent to the server", |c, _, _| {
             let s = c.session;
-            c.send_eager(Header { credits: 1, ..Header::new(Kind::Response) }.with_session(s), &[]);
+            c.send_eager(Header::new(Kind::Response).with_session(s), &[]);
         }),
         ("another session's id", |c, _, _| {
             let s = c.session;
@@ -324,17 +324,17 @@ fn an_unfinished_request_in_pieces_holds_one_credit_and_no_ring_space() {
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
-/// 20 000 CreditReturns (each freeing nothing) from one peer: its session stays up and
+/// 20 000 RingReturns (each freeing nothing) from one peer: its session stays up and
 /// answers, another client is served meanwhile. Held.
 #[test]
-fn a_credit_return_flood_does_not_break_the_session_or_others() {
+fn a_ring_return_flood_does_not_break_the_session_or_others() {
     let (server, _) = spawn(server());
     let mut c = RawClient::connect(server.local_addr());
     let s = c.session;
     let other = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     for i in 0..20_000u32 {
         let mut b = c.buf();
-        Header { session: s, ..Header::new(Kind::CreditReturn) }.encode_into(c.pool.buf_mut(&mut b)).unwrap();
+        Header { session: s, ..Header::new(Kind::RingReturn) }.encode_into(c.pool.buf_mut(&mut b)).unwrap();
         c.sq.send(&mut c.pool, b, HEADER_LEN as u32, false);
         if i % 8 == 7 {
             c.sq.flush(&c.peer.qp, &mut c.pool, 1).unwrap();
@@ -633,7 +633,6 @@ fn response_to(req: Header) -> Header {
         slot: req.slot,
         generation: req.generation,
         method: req.method,
-        credits: 1,
         session: 77,
         ..Header::new(Kind::Response)
     }
@@ -784,7 +783,6 @@ fn a_server_advertising_a_1_gib_ring_is_refused_at_the_handshake() {
 /// DEADLINE_EXCEEDED itself (on_answer_for makes the late Responder's answer a dropped second
 /// answer, as try_backlog already does).
 #[test]
-#[ignore = "issue 11 (deadlines at the server, cancellation on the wire) is not built yet"]
 fn finding_expired_deferred_calls_never_answered_exhaust_the_client_window() {
     let (server, stash) = spawn(server());
     let client = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();

@@ -89,6 +89,7 @@ pub(super) fn start<P: Provider>(
         max_sessions: per_worker,
         polling: config.polling,
         drain_timeout: config.drain_timeout,
+        peer_timeout: config.peer_timeout,
         body_cap,
     };
     let mut shared_all = Vec::new();

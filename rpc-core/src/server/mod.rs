@@ -115,6 +115,14 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// How long a client may take to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
+    /// How long a client may stay silent on the RDMA path while its calls are unanswered (a
+    /// deferred handler runs): after a third of it the worker sends a Ping (again after each
+    /// further third; a client that polls for its calls answers with a Pong), after all of it the
+    /// session closes (counted in `Counters::peers_lost`) and its memory is freed. Catches a
+    /// stopped or hung client process, which its NIC still acknowledges. Sessions without
+    /// unanswered calls are not probed (an idle blocking client does not poll). Default 6 s;
+    /// `None` disables the probe.
+    pub peer_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -132,6 +140,7 @@ impl Default for ServerConfig {
             auth_token: None,
             drain_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
+            peer_timeout: Some(Duration::from_secs(6)),
         }
     }
 }
@@ -139,6 +148,9 @@ impl Default for ServerConfig {
 impl ServerConfig {
     fn validate(&self) -> Result<(), ServerError> {
         let bad = |field, reason: String| Err(ServerError::Config { field, reason });
+        if self.peer_timeout.is_some_and(|t| t.is_zero()) {
+            return bad("peer_timeout", "0 (use None for no probe)".into());
+        }
         if self.ring_bytes == 0 || self.ring_bytes > crate::wire::MAX_RING_LEN {
             return bad(
                 "ring_bytes",
@@ -250,6 +262,8 @@ impl ServerBuilder {
         polling: PollingPolicy;
         /// See [`ServerConfig::drain_timeout`].
         drain_timeout: Duration;
+        /// See [`ServerConfig::peer_timeout`].
+        peer_timeout: Option<Duration>;
         /// See [`ServerConfig::handshake_timeout`].
         handshake_timeout: Duration;
     }

@@ -22,6 +22,7 @@ use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
+use crate::session::Event;
 use crate::status::{Code, Status};
 use crate::verbs::{
     CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
@@ -38,6 +39,12 @@ const REPOST_BATCH: usize = 16;
 const REPOST_IDLE: u32 = 64;
 /// Counters are published every this many empty polls (first after half of it).
 const PUBLISH_IDLE: u32 = 1024;
+/// The clock is read (for the sessions' timers) every this many empty polls, and every
+/// `TIMER_CHECK_BUSY` busy iterations: never once per loop.
+const TIMER_CHECK_IDLE: u32 = 64;
+const TIMER_CHECK_BUSY: u32 = 1024;
+/// Granularity of the sessions' timers (call deadlines, the idle probe).
+const TIMER_TICK: Duration = Duration::from_millis(2);
 
 /// [`NewConn::bound`]: the worker has not bound the ring's window yet.
 pub(crate) const BIND_PENDING: u8 = 0;
@@ -124,10 +131,22 @@ struct Slot<P: Provider> {
     session: u32,
     peer: SocketAddr,
     dirty: bool,
-    credit_return: bool,
+    ring_return: bool,
     backlog: VecDeque<Spill>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
+    /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
+    /// cancel, expiry, close).
+    deferred: Vec<(u16, u32, Arc<AtomicBool>)>,
+}
+
+impl<P: Provider> Drop for Slot<P> {
+    fn drop(&mut self) {
+        // The session is gone: no deferred answer of it can be delivered any more.
+        for (_, _, flag) in &self.deferred {
+            flag.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// Limits a worker applies.
@@ -136,6 +155,8 @@ pub(crate) struct WorkerLimits {
     pub(crate) max_sessions: usize,
     pub(crate) polling: PollingPolicy,
     pub(crate) drain_timeout: Duration,
+    /// Silence of a client with unanswered calls after which its session closes.
+    pub(crate) peer_timeout: Option<Duration>,
     pub(crate) body_cap: usize,
 }
 
@@ -184,6 +205,7 @@ impl<P: Provider> Worker<P> {
                 queue,
                 target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
                 deferred: std::cell::Cell::new(false),
+                cancel_flag: std::cell::Cell::new(None),
             },
             wcs: [WorkCompletion::default(); POLL_BATCH],
             recv,
@@ -208,6 +230,7 @@ impl<P: Provider> Worker<P> {
         let mut idle = Idle::new(self.limits.polling);
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
+        let mut next_tick = Instant::now();
         loop {
             // The cross-thread queues are looked at when idle and every few busy iterations, not
             // between every two polls of a busy CQ (a new QP's first message drains the control
@@ -246,6 +269,20 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
+            // Timers: the clock is read rarely (every few dozen empty polls, every thousand busy
+            // iterations), the sessions are visited once per tick.
+            let check = if n > 0 {
+                iterations % TIMER_CHECK_BUSY == 0
+            } else {
+                idle.empty_polls() % TIMER_CHECK_IDLE == 0
+            };
+            if check {
+                let now = Instant::now();
+                if now >= next_tick {
+                    next_tick = now + TIMER_TICK;
+                    self.run_timers(now);
+                }
+            }
             if n > 0 {
                 idle.reset();
                 if iterations % 4096 == 0 {
@@ -272,6 +309,62 @@ impl<P: Provider> Worker<P> {
         }
         self.close_all();
         self.shared.counters.publish(&self.counters);
+    }
+
+    /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
+    /// idle probe) and acts on what expired.
+    #[inline(never)]
+    fn run_timers(&mut self, now: Instant) {
+        for idx in 0..self.slots.len() as u16 {
+            let Some(slot) = self.slots[idx as usize].as_mut() else { continue };
+            let session = &mut slot.conn.session;
+            let waiting = session.unanswered() > 0;
+            if session.poll_timeout(waiting).is_none_or(|t| t > now) {
+                continue;
+            }
+            session.handle_timeout(now, waiting);
+            if session.has_control() {
+                self.mark_dirty(idx);
+            }
+            self.handle_events(idx);
+        }
+        self.flush_dirty();
+    }
+
+    /// Acts on the session's events: cancelled and expired calls are answered now (their
+    /// deferred `Responder` is told), a silent peer's session closes.
+    fn handle_events(&mut self, idx: u16) {
+        loop {
+            let Some(slot) = self.slots[idx as usize].as_mut() else { return };
+            let Some(event) = slot.conn.session.poll_event() else { return };
+            let (slot_no, generation, status) = match event {
+                Event::Cancelled { slot, generation } => {
+                    self.counters.cancels += 1;
+                    (slot, generation, Status::cancelled("the client cancelled the call"))
+                }
+                Event::Expired { slot, generation } => (
+                    slot,
+                    generation,
+                    Status::deadline_exceeded("the call's deadline passed before its answer"),
+                ),
+                Event::PeerDead { silent } => {
+                    self.counters.peers_lost += 1;
+                    let reason = format!(
+                        "no message from the client for {} ms while its calls were unanswered \
+                         (ServerConfig::peer_timeout)",
+                        silent.as_millis()
+                    );
+                    self.close_slot(idx, &reason, false, true);
+                    return;
+                }
+            };
+            if let Some(i) = slot.deferred.iter().position(|d| (d.0, d.1) == (slot_no, generation)) {
+                slot.deferred.swap_remove(i).2.store(true, Ordering::Release);
+            }
+            let header = Header { slot: slot_no, generation, ..Header::new(Kind::Response) };
+            slot.backlog.push_back(Spill::Error(header, status));
+            self.try_backlog(idx);
+        }
     }
 
     fn drained(&self) -> bool {
@@ -314,10 +407,14 @@ impl<P: Provider> Worker<P> {
             session: nc.session,
             peer: nc.peer,
             dirty: false,
-            credit_return: false,
+            ring_return: false,
             backlog: VecDeque::new(),
             binding: None,
+            deferred: Vec::new(),
         });
+        if let Some(s) = self.slots[idx].as_mut() {
+            s.conn.session.set_peer_timeout(self.limits.peer_timeout);
+        }
         let tag = self.tag(idx as u16);
         let Some(slot) = self.slots[idx].as_mut() else { return };
         if !window {
@@ -404,11 +501,13 @@ impl<P: Provider> Worker<P> {
 
     fn deliver_deferred(&mut self, d: crate::dispatch::reply::Deferred) {
         let Some((idx, slot)) = self.slot_by_tag(d.conn) else { return };
+        if let Some(i) = slot.deferred.iter().position(|c| (c.0, c.1) == (d.slot, d.generation)) {
+            slot.deferred.swap_remove(i);
+        }
         let header = Header {
             slot: d.slot,
             generation: d.generation,
             method: d.method,
-            credits: 1,
             ..Header::new(Kind::Response)
         };
         slot.backlog.push_back(Spill::new(header, d.result));
@@ -441,8 +540,9 @@ impl<P: Provider> Worker<P> {
                 tracing::debug!(
                     session = slot.session,
                     call_slot = h.slot,
-                    "second answer to one call dropped"
+                    "answer to a call answered already dropped"
                 );
+                self.counters.late_answers += 1;
                 if let Some(Spill::Body(out)) = slot.backlog.pop_front() {
                     out.discard(&mut slot.conn.staging);
                 }
@@ -496,16 +596,11 @@ impl<P: Provider> Worker<P> {
             let tag = self.tag(idx);
             let Some(slot) = self.slots[idx as usize].as_mut() else { continue };
             slot.dirty = false;
-            if slot.credit_return {
-                slot.credit_return = false;
-                // Messages are stamped with the freed head when queued: bytes still unreported are
-                // carried by none of the pending ones (they were queued before the release).
-                if slot.conn.session.unreported_ring_bytes() > 0 {
-                    if let Some(buf) = slot.conn.pool.acquire() {
-                        slot.conn.queue(buf, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
-                    }
-                }
+            if slot.ring_return {
+                slot.ring_return = false;
+                slot.conn.queue_ring_return();
             }
+            slot.conn.queue_controls();
             if let Err(e) = slot.conn.flush(tag) {
                 tracing::warn!(worker = self.shared.index, session = slot.session, error = %e, "posting sends failed");
                 self.close_slot(idx, "posting sends failed", false, true);
@@ -568,48 +663,24 @@ impl<P: Provider> Worker<P> {
             tracing::debug!(qp_num = wc.qp_num, "message on an unknown QP dropped");
             return;
         };
-        if wc.invalidated_rkey.is_some() {
-            // Nothing in the protocol invalidates a key: the peer killed its ring's window.
-            self.recv.repost(buf);
-            self.close_slot(
-                idx,
-                "protocol violation: the peer invalidated a key (SEND_WITH_INV)",
-                true,
-                true,
-            );
-            return;
-        }
-        self.on_message(idx, buf);
+        self.on_message(idx, buf, wc.invalidated_rkey.is_some());
     }
 
-    fn on_message(&mut self, idx: u16, buf: RecvBuf) {
-        if !self.recv.fits(&buf) {
-            self.recv.repost(buf);
-            self.close_slot(idx, "message longer than a receive buffer", true, true);
-            return;
-        }
-        let h = match Header::decode(self.recv.bytes(&buf)) {
-            Ok(h) => h,
-            Err(e) => {
-                self.recv.repost(buf);
-                let reason = format!("malformed header: {e}");
-                self.close_slot(idx, &reason, true, true);
-                return;
-            }
-        };
+    fn on_message(&mut self, idx: u16, buf: RecvBuf, invalidated_key: bool) {
         let Some(slot) = self.slots[idx as usize].as_mut() else {
             self.recv.repost(buf);
             return;
         };
-        let inc = match slot.conn.session.handle_header(&h) {
-            Ok(inc) => inc,
-            Err(reason) => {
-                self.recv.repost(buf);
-                let reason = format!("protocol violation: {reason}");
-                self.close_slot(idx, &reason, true, true);
-                return;
-            }
-        };
+        let overlong = !self.recv.fits(&buf);
+        let inc =
+            match slot.conn.session.receive(self.recv.bytes(&buf), overlong, invalidated_key, Instant::now) {
+                Ok(inc) => inc,
+                Err(reason) => {
+                    self.recv.repost(buf);
+                    self.close_slot(idx, &reason, true, true);
+                    return;
+                }
+            };
         if !slot.backlog.is_empty() {
             self.try_backlog(idx);
         }
@@ -625,7 +696,7 @@ impl<P: Provider> Worker<P> {
                 self.recv.repost(buf);
                 let done = slot.conn.take_piece(piece);
                 // The freed ring space travels back on the answer, or in a credit message.
-                slot.credit_return = true;
+                slot.ring_return = true;
                 match done {
                     Ok(Some(c)) => (c.header, Received::Owned(c.body)),
                     Ok(None) => {
@@ -646,8 +717,12 @@ impl<P: Provider> Worker<P> {
                 if let Received::Eager(b) = body {
                     self.recv.repost(b);
                 }
-                if kind == Kind::Close {
-                    self.close_slot(idx, "peer sent Close", false, true);
+                match kind {
+                    Kind::Close => self.close_slot(idx, "peer sent Close", false, true),
+                    Kind::Cancel => self.handle_events(idx),
+                    // A Pong became due.
+                    Kind::Ping => self.mark_dirty(idx),
+                    _ => {}
                 }
             }
         }
@@ -664,14 +739,22 @@ impl<P: Provider> Worker<P> {
             return;
         };
         counters.bytes_in += u64::from(h.body_len);
+        if !slot.conn.session.is_live(h.slot, h.generation) {
+            // Cancelled or expired while its body was arriving: answered already, never run.
+            if let Received::Eager(b) = received {
+                recv.repost(b);
+            }
+            return;
+        }
+        let deadline = slot.conn.session.deadline_of(h.slot, h.generation);
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.method = found.map_or("", |f| f.1);
         ctx.peer = slot.peer;
-        ctx.deadline =
-            (h.timeout_us > 0).then(|| Instant::now() + Duration::from_micros(u64::from(h.timeout_us)));
+        ctx.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
+        ctx.cancel_flag.set(None);
         let ctx = &*ctx;
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
         let mut send_buf = if slot.backlog.is_empty() { slot.conn.acquire() } else { None };
@@ -697,6 +780,8 @@ impl<P: Provider> Worker<P> {
             ReplyWriter { eager, mirror: mirror.as_mut_slice(), staging, session, outcome: Outcome::Unset };
         if draining {
             out.error(Status::unavailable("server is shutting down"));
+        } else if deadline.is_some_and(|d| d <= Instant::now()) {
+            out.error(Status::deadline_exceeded("the call's deadline passed before it was dispatched"));
         } else {
             match found {
                 None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
@@ -723,7 +808,6 @@ impl<P: Provider> Worker<P> {
             slot: h.slot,
             generation: h.generation,
             method: h.method,
-            credits: 1,
             ..Header::new(Kind::Response)
         };
         let answered = |status: Code, len: u32, counters: &mut Counters| {
@@ -736,6 +820,9 @@ impl<P: Provider> Worker<P> {
             (Outcome::Deferred, b) => {
                 if let Some(b) = b {
                     slot.conn.pool.give_back(b);
+                }
+                if let Some(flag) = ctx.cancel_flag.take() {
+                    slot.deferred.push((h.slot, h.generation, flag));
                 }
                 None
             }
@@ -802,7 +889,7 @@ impl<P: Provider> Worker<P> {
         }
         if queued && slot.conn.session.unreported_ring_bytes() == 0 {
             // The answer carried the freed ring head.
-            slot.credit_return = false;
+            slot.ring_return = false;
         }
         if !had_backlog && !slot.backlog.is_empty() {
             self.try_backlog(idx);
