@@ -126,7 +126,8 @@ impl Spill {
     }
 }
 
-struct Slot<P: Provider> {
+/// One session this worker serves (an entry of its session table; "slot" names call slots only).
+struct Entry<P: Provider> {
     conn: Conn<P>,
     session: u32,
     peer: SocketAddr,
@@ -140,7 +141,7 @@ struct Slot<P: Provider> {
     deferred: Vec<(u16, u32, Arc<AtomicBool>)>,
 }
 
-impl<P: Provider> Drop for Slot<P> {
+impl<P: Provider> Drop for Entry<P> {
     fn drop(&mut self) {
         // The session is gone: no deferred answer of it can be delivered any more.
         for (_, _, flag) in &self.deferred {
@@ -165,7 +166,7 @@ pub(crate) struct Worker<P: Provider> {
     shared: Arc<WorkerShared<P>>,
     registry: Arc<Registry>,
     limits: WorkerLimits,
-    slots: Vec<Option<Slot<P>>>,
+    entries: Vec<Option<Entry<P>>>,
     gens: Vec<u16>,
     by_qpn: crate::dispatch::registry::IdMap<u16>,
     dirty: Vec<u16>,
@@ -192,7 +193,7 @@ impl<P: Provider> Worker<P> {
             shared,
             registry,
             limits,
-            slots: (0..n).map(|_| None).collect(),
+            entries: (0..n).map(|_| None).collect(),
             gens: vec![0; n],
             by_qpn,
             dirty: Vec::with_capacity(n),
@@ -216,12 +217,12 @@ impl<P: Provider> Worker<P> {
         (u32::from(idx) << 16) | u32::from(self.gens[idx as usize])
     }
 
-    fn slot_by_tag(&mut self, tag: u32) -> Option<(u16, &mut Slot<P>)> {
+    fn entry_by_tag(&mut self, tag: u32) -> Option<(u16, &mut Entry<P>)> {
         let idx = (tag >> 16) as u16;
         if self.gens.get(idx as usize).copied() != Some(tag as u16) {
             return None;
         }
-        self.slots[idx as usize].as_mut().map(|s| (idx, s))
+        self.entries[idx as usize].as_mut().map(|s| (idx, s))
     }
 
     /// Runs until shutdown has drained every session.
@@ -251,8 +252,8 @@ impl<P: Provider> Worker<P> {
                 Err(e) => {
                     let _span = tracing::error_span!("worker", index = self.shared.index).entered();
                     tracing::error!(error = %e, "CQ failed; closing every session");
-                    for idx in 0..self.slots.len() as u16 {
-                        self.close_slot(idx, "completion queue failed", false, true);
+                    for idx in 0..self.entries.len() as u16 {
+                        self.close_entry(idx, "completion queue failed", false, true);
                     }
                     break;
                 }
@@ -315,9 +316,9 @@ impl<P: Provider> Worker<P> {
     /// idle probe) and acts on what expired.
     #[inline(never)]
     fn run_timers(&mut self, now: Instant) {
-        for idx in 0..self.slots.len() as u16 {
-            let Some(slot) = self.slots[idx as usize].as_mut() else { continue };
-            let session = &mut slot.conn.session;
+        for idx in 0..self.entries.len() as u16 {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            let session = &mut entry.conn.session;
             let waiting = session.unanswered() > 0;
             if session.poll_timeout(waiting).is_none_or(|t| t > now) {
                 continue;
@@ -335,15 +336,15 @@ impl<P: Provider> Worker<P> {
     /// deferred `Responder` is told), a silent peer's session closes.
     fn handle_events(&mut self, idx: u16) {
         loop {
-            let Some(slot) = self.slots[idx as usize].as_mut() else { return };
-            let Some(event) = slot.conn.session.poll_event() else { return };
-            let (slot_no, generation, status) = match event {
-                Event::Cancelled { slot, generation } => {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+            let Some(event) = entry.conn.session.poll_event() else { return };
+            let (call, generation, status) = match event {
+                Event::Cancelled { slot: call, generation } => {
                     self.counters.cancels += 1;
-                    (slot, generation, Status::cancelled("the client cancelled the call"))
+                    (call, generation, Status::cancelled("the client cancelled the call"))
                 }
-                Event::Expired { slot, generation } => (
-                    slot,
+                Event::Expired { slot: call, generation } => (
+                    call,
                     generation,
                     Status::deadline_exceeded("the call's deadline passed before its answer"),
                 ),
@@ -354,21 +355,21 @@ impl<P: Provider> Worker<P> {
                          (ServerConfig::peer_timeout)",
                         silent.as_millis()
                     );
-                    self.close_slot(idx, &reason, false, true);
+                    self.close_entry(idx, &reason, false, true);
                     return;
                 }
             };
-            if let Some(i) = slot.deferred.iter().position(|d| (d.0, d.1) == (slot_no, generation)) {
-                slot.deferred.swap_remove(i).2.store(true, Ordering::Release);
+            if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
+                entry.deferred.swap_remove(i).2.store(true, Ordering::Release);
             }
-            let header = Header { slot: slot_no, generation, ..Header::new(Kind::Response) };
-            slot.backlog.push_back(Spill::Error(header, status));
+            let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
+            entry.backlog.push_back(Spill::Error(header, status));
             self.try_backlog(idx);
         }
     }
 
     fn drained(&self) -> bool {
-        self.slots.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
+        self.entries.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
             && self.shared.defer.is_empty()
     }
 
@@ -379,9 +380,9 @@ impl<P: Provider> Worker<P> {
                 Control::Open(nc) => self.open(*nc),
                 Control::Close(session) => {
                     if let Some(idx) =
-                        self.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.session == session))
+                        self.entries.iter().position(|s| s.as_ref().is_some_and(|s| s.session == session))
                     {
-                        self.close_slot(idx as u16, "peer closed the connection", false, false);
+                        self.close_entry(idx as u16, "peer closed the connection", false, false);
                     }
                 }
             }
@@ -389,8 +390,12 @@ impl<P: Provider> Worker<P> {
     }
 
     fn open(&mut self, nc: NewConn<P>) {
-        let Some(idx) = self.slots.iter().position(Option::is_none) else {
-            tracing::warn!(worker = self.shared.index, session = nc.session, "no free session slot; closing");
+        let Some(idx) = self.entries.iter().position(Option::is_none) else {
+            tracing::warn!(
+                worker = self.shared.index,
+                session = nc.session,
+                "no free session entry; closing"
+            );
             nc.bound.store(BIND_FAILED, Ordering::Release);
             let _ = self.shared.closed.push(nc.session);
             self.shared
@@ -402,7 +407,7 @@ impl<P: Provider> Worker<P> {
         self.gens[idx] = self.gens[idx].wrapping_add(1);
         self.by_qpn.insert(nc.conn.qp.qp_num(), idx as u16);
         let window = nc.conn.ring.has_window();
-        self.slots[idx] = Some(Slot {
+        self.entries[idx] = Some(Entry {
             conn: nc.conn,
             session: nc.session,
             peer: nc.peer,
@@ -412,22 +417,22 @@ impl<P: Provider> Worker<P> {
             binding: None,
             deferred: Vec::new(),
         });
-        if let Some(s) = self.slots[idx].as_mut() {
+        if let Some(s) = self.entries[idx].as_mut() {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout);
         }
         let tag = self.tag(idx as u16);
-        let Some(slot) = self.slots[idx].as_mut() else { return };
+        let Some(entry) = self.entries[idx].as_mut() else { return };
         if !window {
             self.counters.window_fallbacks += 1;
             nc.bound.store(BIND_DONE, Ordering::Release);
         } else {
-            let Conn { sq, qp, ring, .. } = &mut slot.conn;
+            let Conn { sq, qp, ring, .. } = &mut entry.conn;
             match sq.bind_window(qp, ring, tag) {
-                Ok(()) => slot.binding = Some(nc.bound),
+                Ok(()) => entry.binding = Some(nc.bound),
                 Err(e) => {
                     tracing::warn!(worker = self.shared.index, session = nc.session, error = %e, "binding the ring's window failed");
                     nc.bound.store(BIND_FAILED, Ordering::Release);
-                    self.close_slot(idx as u16, "binding the ring's window failed", false, true);
+                    self.close_entry(idx as u16, "binding the ring's window failed", false, true);
                     return;
                 }
             }
@@ -437,41 +442,41 @@ impl<P: Provider> Worker<P> {
 
     /// Closes a session: QP to ERR and destroyed, memory freed; `notify` tells the listener to
     /// close its TCP connection (the client then sees the session gone).
-    fn close_slot(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
-        let Some(slot) = self.slots.get_mut(idx as usize).and_then(Option::take) else { return };
-        if let Some(b) = &slot.binding {
+    fn close_entry(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
+        let Some(entry) = self.entries.get_mut(idx as usize).and_then(Option::take) else { return };
+        if let Some(b) = &entry.binding {
             b.store(BIND_FAILED, Ordering::Release);
         }
-        let span = tracing::info_span!("disconnect", worker = self.shared.index, session = slot.session);
+        let span = tracing::info_span!("disconnect", worker = self.shared.index, session = entry.session);
         let _entered = span.enter();
-        self.by_qpn.remove(&slot.conn.qp.qp_num());
+        self.by_qpn.remove(&entry.conn.qp.qp_num());
         self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
-        let _ = slot.conn.qp.modify(&QpAttr::new(QpState::Err));
+        let _ = entry.conn.qp.modify(&QpAttr::new(QpState::Err));
         if malformed {
             self.counters.malformed += 1;
-            tracing::warn!(worker = self.shared.index, session = slot.session, peer = %slot.peer, reason, "closing session");
+            tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
         } else {
-            tracing::debug!(worker = self.shared.index, session = slot.session, peer = %slot.peer, reason, "session closed");
+            tracing::debug!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "session closed");
         }
         if notify {
-            let _ = self.shared.closed.push(slot.session);
+            let _ = self.shared.closed.push(entry.session);
         }
         self.counters.sessions_closed += 1;
         self.shared
             .srq_reserved
-            .fetch_sub(conn::srq_need(slot.conn.session.params().credits), Ordering::Relaxed);
+            .fetch_sub(conn::srq_need(entry.conn.session.params().credits), Ordering::Relaxed);
         self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
-        drop(slot);
+        drop(entry);
     }
 
     /// Shutdown: tell every peer (Close), give the sends a moment to complete, free everything.
     fn close_all(&mut self) {
-        for idx in 0..self.slots.len() {
+        for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
-            if let Some(slot) = self.slots[idx].as_mut() {
-                if let Some(buf) = slot.conn.pool.acquire() {
-                    slot.conn.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
-                    let _ = slot.conn.flush(tag);
+            if let Some(entry) = self.entries[idx].as_mut() {
+                if let Some(buf) = entry.conn.pool.acquire() {
+                    entry.conn.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
+                    let _ = entry.conn.flush(tag);
                 }
             }
         }
@@ -484,8 +489,8 @@ impl<P: Provider> Worker<P> {
             }
         }
         self.shared.defer.closed.store(true, Ordering::Release);
-        for idx in 0..self.slots.len() as u16 {
-            self.close_slot(idx, "server shutdown", false, false);
+        for idx in 0..self.entries.len() as u16 {
+            self.close_entry(idx, "server shutdown", false, false);
         }
     }
 
@@ -500,9 +505,9 @@ impl<P: Provider> Worker<P> {
     }
 
     fn deliver_deferred(&mut self, d: crate::dispatch::reply::Deferred) {
-        let Some((idx, slot)) = self.slot_by_tag(d.conn) else { return };
-        if let Some(i) = slot.deferred.iter().position(|c| (c.0, c.1) == (d.slot, d.generation)) {
-            slot.deferred.swap_remove(i);
+        let Some((idx, entry)) = self.entry_by_tag(d.conn) else { return };
+        if let Some(i) = entry.deferred.iter().position(|c| (c.0, c.1) == (d.slot, d.generation)) {
+            entry.deferred.swap_remove(i);
         }
         let header = Header {
             slot: d.slot,
@@ -510,12 +515,12 @@ impl<P: Provider> Worker<P> {
             method: d.method,
             ..Header::new(Kind::Response)
         };
-        slot.backlog.push_back(Spill::new(header, d.result));
+        entry.backlog.push_back(Spill::new(header, d.result));
         self.try_backlog(idx);
     }
 
     fn mark_dirty(&mut self, idx: u16) {
-        if let Some(s) = self.slots[idx as usize].as_mut() {
+        if let Some(s) = self.entries[idx as usize].as_mut() {
             if !s.dirty {
                 s.dirty = true;
                 self.dirty.push(idx);
@@ -526,43 +531,43 @@ impl<P: Provider> Worker<P> {
     /// Sends spilled and deferred answers of one connection, in order, while send buffers and
     /// ring space allow (a body larger than what the ring has free goes in pieces).
     fn try_backlog(&mut self, idx: u16) {
-        let Some(slot) = self.slots[idx as usize].as_mut() else { return };
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
         let mut sent = false;
-        while let Some(sp) = slot.backlog.front_mut() {
+        while let Some(sp) = entry.backlog.front_mut() {
             let h = *sp.header();
             if h.kind == Kind::Response
                 && sp.untouched()
-                && !slot.conn.session.is_unanswered(h.slot, h.generation)
+                && !entry.conn.session.is_unanswered(h.slot, h.generation)
             {
                 // A second answer to one call (a deferred responder after the handler answered
                 // or panicked): the client has its answer already; sending this one would make it
                 // close the session.
                 tracing::debug!(
-                    session = slot.session,
+                    session = entry.session,
                     call_slot = h.slot,
                     "answer to a call answered already dropped"
                 );
                 self.counters.late_answers += 1;
-                if let Some(Spill::Body(out)) = slot.backlog.pop_front() {
-                    out.discard(&mut slot.conn.staging);
+                if let Some(Spill::Body(out)) = entry.backlog.pop_front() {
+                    out.discard(&mut entry.conn.staging);
                 }
                 continue;
             }
             let over = match sp {
-                Spill::Body(out) => slot.conn.session.check_len(out.len as usize).err(),
+                Spill::Body(out) => entry.conn.session.check_len(out.len as usize).err(),
                 Spill::Error(..) => None,
             };
             if let Some(s) = over {
                 // Too large to send: the caller gets RESOURCE_EXHAUSTED naming the limit instead.
                 if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
-                    out.discard(&mut slot.conn.staging);
+                    out.discard(&mut entry.conn.staging);
                 }
                 continue;
             }
             let (status, len) = match sp {
                 Spill::Body(out) => {
                     let before = out.sent;
-                    let done = slot.conn.send_outgoing(out);
+                    let done = entry.conn.send_outgoing(out);
                     sent |= out.sent != before;
                     if !done {
                         break;
@@ -570,20 +575,20 @@ impl<P: Provider> Worker<P> {
                     (Code::Ok, out.len)
                 }
                 Spill::Error(h, s) => {
-                    let Some(mut buf) = slot.conn.acquire() else { break };
+                    let Some(mut buf) = entry.conn.acquire() else { break };
                     let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                    let body = slot.conn.copy_eager(&mut buf, s.message().as_bytes());
-                    slot.conn.queue(buf, Header { status, ..*h }, body);
+                    let body = entry.conn.copy_eager(&mut buf, s.message().as_bytes());
+                    entry.conn.queue(buf, Header { status, ..*h }, body);
                     (status, 0)
                 }
             };
             if h.kind == Kind::Response {
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 self.counters.rpcs += 1;
                 self.counters.status(status);
                 self.counters.bytes_out += u64::from(len);
             }
-            slot.backlog.pop_front();
+            entry.backlog.pop_front();
             sent = true;
         }
         if sent {
@@ -594,16 +599,16 @@ impl<P: Provider> Worker<P> {
     fn flush_dirty(&mut self) {
         while let Some(idx) = self.dirty.pop() {
             let tag = self.tag(idx);
-            let Some(slot) = self.slots[idx as usize].as_mut() else { continue };
-            slot.dirty = false;
-            if slot.ring_return {
-                slot.ring_return = false;
-                slot.conn.queue_ring_return();
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            entry.dirty = false;
+            if entry.ring_return {
+                entry.ring_return = false;
+                entry.conn.queue_ring_return();
             }
-            slot.conn.queue_controls();
-            if let Err(e) = slot.conn.flush(tag) {
-                tracing::warn!(worker = self.shared.index, session = slot.session, error = %e, "posting sends failed");
-                self.close_slot(idx, "posting sends failed", false, true);
+            entry.conn.queue_controls();
+            if let Err(e) = entry.conn.flush(tag) {
+                tracing::warn!(worker = self.shared.index, session = entry.session, error = %e, "posting sends failed");
+                self.close_entry(idx, "posting sends failed", false, true);
             }
         }
     }
@@ -620,7 +625,7 @@ impl<P: Provider> Worker<P> {
 
     fn on_completion(&mut self, wc: &WorkCompletion) {
         if let Some((tag, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
-            let Some((idx, slot)) = self.slot_by_tag(tag) else { return };
+            let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
             if !wc.status.is_success() {
                 if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
                     self.counters.rnr_events += 1;
@@ -628,18 +633,18 @@ impl<P: Provider> Worker<P> {
                 let reason =
                     if wc.status == WcStatus::IBV_WC_WR_FLUSH_ERR { "QP flushed" } else { "send failed" };
                 tracing::debug!(status = %wc.status, "send completion error");
-                self.close_slot(idx, reason, false, true);
+                self.close_entry(idx, reason, false, true);
                 return;
             }
-            slot.conn.pool.retire(usize::from(bufs));
-            slot.conn.sq.on_completion(wrs);
-            slot.conn.sq.retire_staged(&mut slot.conn.staging);
+            entry.conn.pool.retire(usize::from(bufs));
+            entry.conn.sq.on_completion(wrs);
+            entry.conn.sq.retire_staged(&mut entry.conn.staging);
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
-                if let Some(b) = slot.binding.take() {
+                if let Some(b) = entry.binding.take() {
                     b.store(BIND_DONE, Ordering::Release);
                 }
             }
-            if !slot.backlog.is_empty() {
+            if !entry.backlog.is_empty() {
                 self.try_backlog(idx);
             }
             return;
@@ -654,7 +659,7 @@ impl<P: Provider> Worker<P> {
                 if wc.status != WcStatus::IBV_WC_WR_FLUSH_ERR {
                     tracing::debug!(status = %wc.status, "receive completion error");
                 }
-                self.close_slot(idx, "receive failed", false, true);
+                self.close_entry(idx, "receive failed", false, true);
             }
             return;
         }
@@ -667,24 +672,28 @@ impl<P: Provider> Worker<P> {
     }
 
     fn on_message(&mut self, idx: u16, buf: RecvBuf, invalidated_key: bool) {
-        let Some(slot) = self.slots[idx as usize].as_mut() else {
+        let Some(entry) = self.entries[idx as usize].as_mut() else {
             self.recv.repost(buf);
             return;
         };
         let overlong = !self.recv.fits(&buf);
-        let inc =
-            match slot.conn.session.receive(self.recv.bytes(&buf), overlong, invalidated_key, Instant::now) {
-                Ok(inc) => inc,
-                Err(reason) => {
-                    self.recv.repost(buf);
-                    self.close_slot(idx, &reason, true, true);
-                    return;
-                }
-            };
-        if !slot.backlog.is_empty() {
+        let inc = match entry.conn.session.receive(
+            self.recv.bytes(&buf),
+            overlong,
+            invalidated_key,
+            Instant::now,
+        ) {
+            Ok(inc) => inc,
+            Err(reason) => {
+                self.recv.repost(buf);
+                self.close_entry(idx, &reason, true, true);
+                return;
+            }
+        };
+        if !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
-        let Some(slot) = self.slots[idx as usize].as_mut() else {
+        let Some(entry) = self.entries[idx as usize].as_mut() else {
             self.recv.repost(buf);
             return;
         };
@@ -694,9 +703,9 @@ impl<P: Provider> Worker<P> {
             None => (inc.header, Received::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                let done = slot.conn.take_piece(piece);
+                let done = entry.conn.take_piece(piece);
                 // The freed ring space travels back on the answer, or in a credit message.
-                slot.ring_return = true;
+                entry.ring_return = true;
                 match done {
                     Ok(Some(c)) => (c.header, Received::Owned(c.body)),
                     Ok(None) => {
@@ -705,7 +714,7 @@ impl<P: Provider> Worker<P> {
                     }
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
-                        self.close_slot(idx, &reason, true, true);
+                        self.close_entry(idx, &reason, true, true);
                         return;
                     }
                 }
@@ -718,7 +727,7 @@ impl<P: Provider> Worker<P> {
                     self.recv.repost(b);
                 }
                 match kind {
-                    Kind::Close => self.close_slot(idx, "peer sent Close", false, true),
+                    Kind::Close => self.close_entry(idx, "peer sent Close", false, true),
                     Kind::Cancel => self.handle_events(idx),
                     // A Pong became due.
                     Kind::Ping => self.mark_dirty(idx),
@@ -731,44 +740,44 @@ impl<P: Provider> Worker<P> {
     fn dispatch(&mut self, idx: u16, received: Received, h: Header) {
         let tag = self.tag(idx);
         let draining = self.shared.draining.load(Ordering::Relaxed);
-        let Worker { slots, registry, recv, counters, scratch, ctx, .. } = self;
-        let Some(slot) = slots[idx as usize].as_mut() else {
+        let Worker { entries, registry, recv, counters, scratch, ctx, .. } = self;
+        let Some(entry) = entries[idx as usize].as_mut() else {
             if let Received::Eager(b) = received {
                 recv.repost(b);
             }
             return;
         };
         counters.bytes_in += u64::from(h.body_len);
-        if !slot.conn.session.is_live(h.slot, h.generation) {
+        if !entry.conn.session.is_live(h.slot, h.generation) {
             // Cancelled or expired while its body was arriving: answered already, never run.
             if let Received::Eager(b) = received {
                 recv.repost(b);
             }
             return;
         }
-        let deadline = slot.conn.session.deadline_of(h.slot, h.generation);
+        let deadline = entry.conn.session.deadline_of(h.slot, h.generation);
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.method = found.map_or("", |f| f.1);
-        ctx.peer = slot.peer;
+        ctx.peer = entry.peer;
         ctx.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
         ctx.cancel_flag.set(None);
         let ctx = &*ctx;
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
-        let mut send_buf = if slot.backlog.is_empty() { slot.conn.acquire() } else { None };
+        let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
         let (eager_buf, owned) = match received {
             Received::Eager(b) => (Some(b), None),
             Received::Owned(v) => (None, Some(v)),
         };
         let body = match (&eager_buf, owned) {
             (Some(b), _) => Body::slice(recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
-            (None, Some(o)) => Body::owned(slot.conn.session.body_bytes(o)),
+            (None, Some(o)) => Body::owned(entry.conn.session.body_bytes(o)),
             (None, None) => Body::slice(&[]),
         };
-        let cap = slot.conn.body_cap;
-        let Conn { pool, mirror, staging, session, .. } = &mut slot.conn;
+        let cap = entry.conn.body_cap;
+        let Conn { pool, mirror, staging, session, .. } = &mut entry.conn;
         let eager_threshold = session.params().eager_threshold;
         let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
@@ -819,50 +828,50 @@ impl<P: Provider> Worker<P> {
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 if let Some(b) = b {
-                    slot.conn.pool.give_back(b);
+                    entry.conn.pool.give_back(b);
                 }
                 if let Some(flag) = ctx.cancel_flag.take() {
-                    slot.deferred.push((h.slot, h.generation, flag));
+                    entry.deferred.push((h.slot, h.generation, flag));
                 }
                 None
             }
             (Outcome::Eager(n), Some(b)) => {
-                slot.conn.queue(b, header, BodyAt::Eager(n));
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                entry.conn.queue(b, header, BodyAt::Eager(n));
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
                 queued = true;
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
-                slot.conn.queue(b, header, BodyAt::Ring { offset, len });
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                entry.conn.queue(b, header, BodyAt::Ring { offset, len });
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, len, counters);
                 queued = true;
                 None
             }
             (Outcome::Error(s), Some(mut b)) => {
                 let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                let body = slot.conn.copy_eager(&mut b, s.message().as_bytes());
-                slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                let body = entry.conn.copy_eager(&mut b, s.message().as_bytes());
+                entry.conn.queue(b, Header { status, ..header }, body);
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
                 queued = true;
                 None
             }
             (Outcome::Unset, Some(mut b)) => {
-                let body = slot.conn.copy_eager(&mut b, b"handler returned no answer");
-                slot.conn.queue(b, Header { status: Code::Internal, ..header }, body);
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                let body = entry.conn.copy_eager(&mut b, b"handler returned no answer");
+                entry.conn.queue(b, Header { status: Code::Internal, ..header }, body);
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Internal, 0, counters);
                 queued = true;
                 None
             }
             (Outcome::Staged { offset, len }, b) => {
                 if let Some(b) = b {
-                    slot.conn.pool.give_back(b);
+                    entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                match slot.conn.staging.commit(offset, len) {
+                match entry.conn.staging.commit(offset, len) {
                     Some(staged) => Some(Spill::Body(Outgoing::staged(header, staged))),
                     None => Some(Spill::new(
                         header,
@@ -872,7 +881,7 @@ impl<P: Provider> Worker<P> {
             }
             (Outcome::Spilled(bytes), b) => {
                 if let Some(b) = b {
-                    slot.conn.pool.give_back(b);
+                    entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
                 Some(Spill::new(header, Ok(bytes)))
@@ -883,15 +892,15 @@ impl<P: Provider> Worker<P> {
                 Some(Spill::new(header, Err(Status::internal("handler returned no answer"))))
             }
         };
-        let had_backlog = !slot.backlog.is_empty();
+        let had_backlog = !entry.backlog.is_empty();
         if let Some(spill) = spilled {
-            slot.backlog.push_back(spill);
+            entry.backlog.push_back(spill);
         }
-        if queued && slot.conn.session.unreported_ring_bytes() == 0 {
+        if queued && entry.conn.session.unreported_ring_bytes() == 0 {
             // The answer carried the freed ring head.
-            slot.ring_return = false;
+            entry.ring_return = false;
         }
-        if !had_backlog && !slot.backlog.is_empty() {
+        if !had_backlog && !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
         self.mark_dirty(idx);
