@@ -288,7 +288,7 @@ impl<P: Provider> ClientCore<P> {
                 sq,
                 session: {
                     let mut s = Session::new(Role::Client, params);
-                    s.set_peer_timeout(cfg.peer_timeout);
+                    s.set_peer_timeout(cfg.peer_timeout, Instant::now());
                     s
                 },
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
@@ -452,7 +452,12 @@ impl<P: Provider> ClientCore<P> {
             if !self.conn.send_outgoing(out) {
                 break;
             }
+            let h = out.header;
             self.outbox.pop_front();
+            if self.slots.is_abandoned(h.slot, h.generation) {
+                // Abandoned while its body was still leaving: the Cancel follows its last piece.
+                self.conn.session.cancel(h.slot, h.generation);
+            }
         }
     }
 
@@ -799,7 +804,17 @@ impl<P: Provider> ClientCore<P> {
             }
             Abandoned::OnWire => {
                 self.counters.cancels += 1;
-                self.conn.session.cancel(id.slot, id.generation);
+                // A request still leaving in pieces is finished first (its ring space is
+                // reserved, and the server must never see a Cancel overtake pieces of its call,
+                // whose slot may be reused once the Cancel is answered): `pump` sends the Cancel
+                // after its last piece.
+                let leaving = self
+                    .outbox
+                    .iter()
+                    .any(|o| (o.header.slot, o.header.generation) == (id.slot, id.generation));
+                if !leaving {
+                    self.conn.session.cancel(id.slot, id.generation);
+                }
             }
         }
         self.flush();

@@ -203,10 +203,11 @@ impl Session {
         self.unanswered.iter().find(|c| (c.slot, c.generation) == (slot, generation))?.deadline
     }
 
-    /// Enables the idle probe: while this end waits for the peer, a Ping after a third of
-    /// `peer_timeout` of silence, [`Event::PeerDead`] after all of it (`None`: never).
-    pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>) {
+    /// Enables the idle probe from `now` on: while this end waits for the peer, a Ping after a
+    /// third of `peer_timeout` of silence, [`Event::PeerDead`] after all of it (`None`: never).
+    pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>, now: Instant) {
         self.liveness = Liveness::new(peer_timeout);
+        self.liveness.last_check = Some(now);
     }
 
     /// When [`Session::handle_timeout`] has something to do next (`waiting`: this end expects

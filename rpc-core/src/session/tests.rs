@@ -565,7 +565,7 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
     let mut c = Session::new(Role::Client, params(2, 16, 100));
     c.handle_timeout(clock.at(0), true);
     assert!(!c.has_control(), "no probe configured");
-    c.set_peer_timeout(Some(std::time::Duration::from_millis(300)));
+    c.set_peer_timeout(Some(std::time::Duration::from_millis(300)), clock.at(0));
     c.handle_timeout(clock.at(0), true);
     assert_eq!(c.poll_timeout(true), Some(clock.at(100)));
     assert_eq!(c.poll_timeout(false), None, "not waiting: nothing to time");
@@ -594,7 +594,8 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
 
     // Not waiting: never a Ping nor a death, and waiting again starts a fresh silence.
     let mut s = Session::new(Role::Server, params(2, 16, 100));
-    s.set_peer_timeout(Some(std::time::Duration::from_millis(300)));
+    s.set_peer_timeout(Some(std::time::Duration::from_millis(300)), clock.at(0));
+    assert_eq!(s.poll_timeout(true), Some(clock.at(0)), "a first check is due at once when waiting");
     for t in (0..2000).step_by(50) {
         s.handle_timeout(clock.at(t), false);
     }
@@ -602,7 +603,7 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
     s.handle_timeout(clock.at(2050), true);
     s.handle_timeout(clock.at(2100), true);
     assert!(!s.has_control(), "silence counts from when waiting began");
-    // A gap longer than a probe interval between checks: nobody watched, nothing counted.
+    // A gap longer than two probe intervals between checks: nobody watched, nothing counted.
     s.handle_timeout(clock.at(9000), true);
     assert!(!s.has_control() && s.poll_event().is_none());
     // A Ping received: a Pong is due at once.

@@ -418,7 +418,7 @@ impl<P: Provider> Worker<P> {
             deferred: Vec::new(),
         });
         if let Some(s) = self.entries[idx].as_mut() {
-            s.conn.session.set_peer_timeout(self.limits.peer_timeout);
+            s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
         }
         let tag = self.tag(idx as u16);
         let Some(entry) = self.entries[idx].as_mut() else { return };
