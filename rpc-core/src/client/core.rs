@@ -848,9 +848,7 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return;
         }
-        if let Some(b) = self.conn.acquire() {
-            self.conn.queue(b, Header::new(Kind::Close), BodyAt::Eager(0));
-            let _ = self.conn.flush(TAG);
+        if self.conn.send_close(TAG) {
             // Give the SEND a moment to leave before the QP is destroyed.
             let until = Instant::now() + Duration::from_millis(5);
             while Instant::now() < until {

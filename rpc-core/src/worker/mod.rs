@@ -474,10 +474,7 @@ impl<P: Provider> Worker<P> {
         for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
             if let Some(entry) = self.entries[idx].as_mut() {
-                if let Some(buf) = entry.conn.pool.acquire() {
-                    entry.conn.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
-                    let _ = entry.conn.flush(tag);
-                }
+                entry.conn.send_close(tag);
             }
         }
         let until = Instant::now() + Duration::from_millis(20);
@@ -748,14 +745,14 @@ impl<P: Provider> Worker<P> {
             return;
         };
         counters.bytes_in += u64::from(h.body_len);
-        if !entry.conn.session.is_live(h.slot, h.generation) {
+        let Some(live) = entry.conn.session.live_call(h.slot, h.generation) else {
             // Cancelled or expired while its body was arriving: answered already, never run.
             if let Received::Eager(b) = received {
                 recv.repost(b);
             }
             return;
-        }
-        let deadline = entry.conn.session.deadline_of(h.slot, h.generation);
+        };
+        let deadline = live.deadline;
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.method = found.map_or("", |f| f.1);
