@@ -36,6 +36,7 @@ pub(crate) mod worker;
 pub use channel::{Channel, ChannelConfig, UnaryCall};
 pub use client::{CallOptions, Client, ClientConfig, ResponseFuture};
 pub use config::PollingPolicy;
+pub use server::async_service::{AsyncContext, AsyncRuntime};
 pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle};
 pub use status::{Code, Status};
 pub use transport::Transport;

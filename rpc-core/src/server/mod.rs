@@ -9,6 +9,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod async_service;
 mod listener;
 pub(crate) mod registry;
 pub(crate) mod reply;
