@@ -7,8 +7,8 @@
 
 pub use crate::channel::{Channel, ChannelConfig, UnaryCall};
 pub use crate::client::{CallOptions, Client, ClientConfig, ResponseFuture};
+pub use crate::dispatch::reply::{Reply, ReplyWriter, RequestContext, Responder};
 pub use crate::server::async_service::{spawn_async, AsyncContext, AsyncRuntime};
-pub use crate::server::reply::{Reply, ReplyWriter, RequestContext, Responder};
 pub use crate::status::{Code, Status};
 pub use prost::Message;
 

@@ -1,5 +1,6 @@
 //! The shareable handle (`Channel`) under tokio's multi-thread runtime: many tasks on one handle,
-//! cancellation by dropping futures (timeout, select!), dropping the runtime mid-call, and
+//! cancellation by dropping futures (timeout, select!; the server sees the CANCEL), dropping the
+//! runtime mid-call, and
 //! waker-driven waiting (an executor thread waiting on a slow reply uses no CPU).
 
 #[path = "rpc_support/mod.rs"]
@@ -124,7 +125,13 @@ fn timeout_and_select_cancel_calls_and_release_their_slots() {
         "{} calls still in flight after their futures were dropped",
         ch.in_flight()
     );
-    // Their late answers are discarded, never handed to later calls.
+    // Each dropped future sent a CANCEL: the server sees all four calls cancelled.
+    assert!(
+        eventually(|| stash.lock().unwrap().iter().all(|r| r.is_cancelled())),
+        "the server saw {} of 4 cancels",
+        stash.lock().unwrap().iter().filter(|r| r.is_cancelled()).count()
+    );
+    // Answers given anyway are discarded, never handed to later calls.
     for (i, r) in stash.lock().unwrap().drain(..).enumerate() {
         r.send(Ok(EchoMsg { seq: 1000 + i as u64, ..Default::default() }));
     }

@@ -1,6 +1,8 @@
 //! Async handlers: a generated async service's adapter decodes the request on the worker, defers
 //! the answer ([`RequestContext::defer`]) and runs the handler's future on a tokio runtime; the
-//! future's output is the answer, sent back through the [`Responder`] to the worker.
+//! future's output is the answer, sent back through the [`Responder`] to the worker. The future
+//! is dropped when the client cancels the call (its CANCEL reaches the worker, which raises the
+//! responder's flag and wakes the task), when the session closes, or at the call's deadline.
 //!
 //! The synchronous, inline handlers stay the fastest path (no hop to another thread); an async
 //! handler costs a task spawn and the deferred answer's trip through the worker's queue.
@@ -15,7 +17,7 @@ use std::time::Instant;
 
 use prost::Message;
 
-use super::reply::{Reply, RequestContext, Responder};
+use crate::dispatch::reply::{Reply, RequestContext, Responder};
 use crate::status::Status;
 
 /// Where async handlers run: a tokio runtime's handle.
@@ -112,16 +114,32 @@ async fn answer<T: Message>(
     fut: impl Future<Output = Result<T, Status>>,
     deadline: Option<Instant>,
 ) {
-    let r = match deadline {
-        None => fut.await,
-        Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
-            Ok(r) => r,
-            Err(_) => {
-                Err(Status::deadline_exceeded("the call's deadline passed before its handler answered"))
+    let r = {
+        // Dropped (with the handler's future) when the client cancels the call or its session
+        // closes: the worker raises the responder's flag and wakes this task.
+        let mut fut = std::pin::pin!(fut);
+        let mut cancelled = std::pin::pin!(responder.cancelled());
+        let run = std::future::poll_fn(|cx| {
+            if cancelled.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
             }
-        },
+            fut.as_mut().poll(cx).map(Some)
+        });
+        match deadline {
+            None => run.await,
+            Some(d) => match tokio::time::timeout_at(d.into(), run).await {
+                Ok(r) => r,
+                Err(_) => Some(Err(Status::deadline_exceeded(
+                    "the call's deadline passed before its handler answered",
+                ))),
+            },
+        }
     };
-    responder.send(r);
+    match r {
+        Some(r) => responder.send(r),
+        // Nobody wants the answer any more.
+        None => drop(responder),
+    }
 }
 
 /// A handler's future whose panic becomes an INTERNAL answer.
