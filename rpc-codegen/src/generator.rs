@@ -30,7 +30,7 @@ impl ServiceGenerator for RpcServiceGenerator {
     fn generate(&mut self, service: Service, buf: &mut String) {
         let model = ServiceModel::new(&service);
         if self.build_server {
-            let asynchronous = self.async_servers.iter().any(|s| *s == model.full_name);
+            let asynchronous = self.async_servers.contains(&model.full_name);
             server::generate(&model, buf, asynchronous);
         }
         if self.build_client {
