@@ -774,6 +774,44 @@ impl<P: Provider> ClientCore<P> {
         None
     }
 
+    /// A finished call's result, without progressing the session (a dispatcher progresses once
+    /// per loop for all its calls); `None` while it runs.
+    pub(crate) fn take_done<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        let a = self.slots.take_done(id.slot, id.generation)?;
+        Some(self.finish(a))
+    }
+
+    /// True when a call can start now (a slot is free).
+    pub(crate) fn has_free_slot(&self) -> bool {
+        self.broken.is_some() || self.slots.has_free()
+    }
+
+    /// One progress step of a dispatcher: polls the CQ once; an empty poll counts toward the TCP
+    /// liveness check. Returns the completions handled.
+    pub(crate) fn dispatch_step(&mut self) -> usize {
+        let n = self.progress();
+        if n > 0 {
+            self.idle.reset();
+        } else if self.broken.is_none() {
+            self.note_empty();
+        }
+        n
+    }
+
+    /// Arms the CQ and, unless a completion is already there, blocks on its completion channel
+    /// for at most `timeout`. Returns the completions handled (0 also when the CQ has no events).
+    pub(crate) fn wait_cq(&mut self, timeout: Duration) -> usize {
+        if self.broken.is_some() || self.cq.req_notify(false).is_err() {
+            return 0;
+        }
+        // Completions that arrived before the CQ was armed raise no event: poll once more.
+        let n = self.dispatch_step();
+        if n == 0 {
+            let _ = self.cq.wait(Some(timeout));
+        }
+        n
+    }
+
     /// Blocks (busy-polling per policy) until the call finishes.
     pub(crate) fn wait<R: Message + Default>(&mut self, id: CallId) -> Result<R, Status> {
         loop {

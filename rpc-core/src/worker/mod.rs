@@ -138,14 +138,14 @@ struct Entry<P: Provider> {
     binding: Option<Arc<AtomicU8>>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
-    deferred: Vec<(u16, u32, Arc<AtomicBool>)>,
+    deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
 }
 
 impl<P: Provider> Drop for Entry<P> {
     fn drop(&mut self) {
         // The session is gone: no deferred answer of it can be delivered any more.
         for (_, _, flag) in &self.deferred {
-            flag.store(true, Ordering::Release);
+            flag.raise();
         }
     }
 }
@@ -360,7 +360,7 @@ impl<P: Provider> Worker<P> {
                 }
             };
             if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
-                entry.deferred.swap_remove(i).2.store(true, Ordering::Release);
+                entry.deferred.swap_remove(i).2.raise();
             }
             let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
             entry.backlog.push_back(Spill::Error(header, status));
