@@ -32,6 +32,22 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Token for servers that require one.
     pub auth_token: Option<Vec<u8>>,
+    /// Calls that may wait for a slot when all `window` slots are taken (tonic's `buffer`).
+    /// Such a call is encoded once (onto the heap) and waits in FIFO order, sent as slots and
+    /// ring space free; beyond this many waiting, a new call fails at once with
+    /// RESOURCE_EXHAUSTED naming `ClientConfig::max_queued_calls`. Default 1024; 0 refuses every
+    /// call that finds the window full.
+    pub max_queued_calls: usize,
+    /// Delay before the second attempt to reconnect a broken session (the first is made by the
+    /// first call after the break). Default 100 ms; above 0, at most `reconnect_max_backoff`.
+    pub reconnect_initial_backoff: Duration,
+    /// Longest delay between reconnect attempts (after jitter). Default 10 s.
+    pub reconnect_max_backoff: Duration,
+    /// Factor by which the delay grows after each failed attempt. Default 1.6 (gRPC's); 1.0 ..= 100.
+    pub reconnect_multiplier: f64,
+    /// Each delay is scaled by a uniform random factor in `[1 − jitter, 1 + jitter]` (so clients
+    /// that broke together do not retry together). Default 0.2 (gRPC's); 0.0 ..= 1.0.
+    pub reconnect_jitter: f64,
 }
 
 impl Default for ClientConfig {
@@ -46,6 +62,11 @@ impl Default for ClientConfig {
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,
+            max_queued_calls: 1024,
+            reconnect_initial_backoff: Duration::from_millis(100),
+            reconnect_max_backoff: Duration::from_secs(10),
+            reconnect_multiplier: 1.6,
+            reconnect_jitter: 0.2,
         }
     }
 }
@@ -80,6 +101,16 @@ impl ClientConfig {
         polling: PollingPolicy;
         /// See [`ClientConfig::connect_timeout`].
         connect_timeout: Duration;
+        /// See [`ClientConfig::max_queued_calls`].
+        max_queued_calls: usize;
+        /// See [`ClientConfig::reconnect_initial_backoff`].
+        reconnect_initial_backoff: Duration;
+        /// See [`ClientConfig::reconnect_max_backoff`].
+        reconnect_max_backoff: Duration;
+        /// See [`ClientConfig::reconnect_multiplier`].
+        reconnect_multiplier: f64;
+        /// See [`ClientConfig::reconnect_jitter`].
+        reconnect_jitter: f64;
     }
 
     /// Sets the auth token (at most 256 bytes).
