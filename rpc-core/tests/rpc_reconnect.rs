@@ -135,8 +135,11 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     // Mid-call: the server holds the request, then its process is killed.
     let mut call = client.unary_async::<_, EchoMsg>(STASH, &request(2, 8, 0), &CallOptions::default());
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    while first.count().1 < 1 {
+    // And one more, left unpolled until after the reconnect.
+    let mut stale = client.unary_async::<_, EchoMsg>(STASH, &request(3, 8, 0), &CallOptions::default());
+    while first.count().1 < 2 {
         assert!(std::pin::Pin::new(&mut call).poll(&mut cx).is_pending());
+        assert!(std::pin::Pin::new(&mut stale).poll(&mut cx).is_pending());
     }
     first.kill();
     let killed = Instant::now();
@@ -144,6 +147,7 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     let noticed = killed.elapsed();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert!(noticed < Duration::from_secs(1), "the call ended {noticed:?} after the kill");
+    eprintln!("the call in flight ended UNAVAILABLE {noticed:?} after the kill: {err}");
     assert_eq!(client.reconnect_attempts(), 0, "nothing reconnects until a later call");
 
     // The next call tries at once, finds nobody, and sets the backoff.
@@ -187,6 +191,13 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
         }
     };
     check_reply(&r, 10, 8);
+    // A call of the broken session, polled only now, ends UNAVAILABLE: it cannot be mistaken
+    // for a call of the new session in the same slot.
+    let busy = client.unary_async::<_, EchoMsg>(ECHO, &request(40, 8, 8), &CallOptions::default());
+    let err = block_on(stale).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("ended"), "{err}");
+    check_reply(&block_on(busy).unwrap(), 40, 8);
     // Attempts were spaced by the backoff (300 ms, then 600 ms, ...), not one per call.
     assert!(client.reconnect_attempts() <= 4, "{} attempts", client.reconnect_attempts());
     assert!(client.closed_reason().is_none());
@@ -197,9 +208,9 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     // A new client connects to the restart too.
     let other = Client::connect_with(addr, &client_config()).unwrap();
     check_reply(&other.unary(ECHO, &request(30, 8, 8), &CallOptions::default()).unwrap(), 30, 8);
-    // Nothing was re-sent: the restarted server answered exactly the 11 calls made to it and
-    // holds no stashed call (the one in flight at the kill).
-    assert_eq!(second.count_settled(11), (11, 0));
+    // Nothing was re-sent: the restarted server answered exactly the 12 calls made to it and
+    // holds no stashed call (those in flight at the kill).
+    assert_eq!(second.count_settled(12), (12, 0));
     drop(other);
     drop(client);
 }
