@@ -244,8 +244,18 @@ impl Service for Gated {
 }
 
 fn open_gate(gate: &(Mutex<bool>, Condvar)) {
-    *gate.0.lock().unwrap() = true;
+    *gate.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
     gate.1.notify_all();
+}
+
+/// Opens the gate when dropped, so that a failing test unwinds instead of hanging in the server's
+/// shutdown (its worker would wait at the gate forever).
+struct OpenOnDrop(Arc<(Mutex<bool>, Condvar)>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        open_gate(&self.0);
+    }
 }
 
 #[test]
@@ -255,6 +265,7 @@ fn starting_async_calls_against_a_stalled_server_returns_at_once() {
     let gate = Arc::new((Mutex::new(false), Condvar::new()));
     let server =
         server().ring_bytes(64 << 10).add_service(Gated { gate: gate.clone() }).spawn("127.0.0.1:0").unwrap();
+    let _open = OpenOnDrop(gate.clone());
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     // If starting blocked (waiting for ring room the stalled server never frees), only this
     // watchdog would end it, much later: it records that it had to.
