@@ -171,11 +171,17 @@ fn a_waiting_call_whose_deadline_passes_ends_deadline_exceeded_and_is_never_sent
         &request(3, 8, 8),
         &CallOptions::deadline(Duration::from_millis(50)),
     );
-    assert_eq!(client.queued_calls(), 1);
+    // Another, not polled until the window frees: the queue itself must expire it.
+    let unpolled = client.unary_async::<_, EchoMsg>(
+        ECHO,
+        &request(5, 8, 8),
+        &CallOptions::deadline(Duration::from_millis(50)),
+    );
+    assert_eq!(client.queued_calls(), 2);
     let err = block_on(late).unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
     assert!(err.message().contains("never sent"), "{err}");
-    assert_eq!(client.queued_calls(), 0);
+    assert_eq!(client.queued_calls(), 1);
     // Free the window; a later call goes on the wire after anything sent before it.
     for (i, r) in stash.lock().unwrap().drain(..).enumerate() {
         r.send(Ok(EchoMsg { seq: i as u64, ..Default::default() }));
@@ -183,10 +189,13 @@ fn a_waiting_call_whose_deadline_passes_ends_deadline_exceeded_and_is_never_sent
     for r in join_all(held) {
         r.unwrap();
     }
+    let err = block_on(unpolled).unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    assert_eq!(client.queued_calls(), 0);
     check_reply(&client.unary(ECHO, &request(4, 8, 8), &CallOptions::default()).unwrap(), 4, 8);
-    // Two stashed and the last one: the expired call never reached the server.
+    // Two stashed and the last one: the expired calls never reached the server.
     assert_eq!(server_rpcs_settled(&server, 3), 3);
-    assert_eq!(client.counters().with_code(Code::DeadlineExceeded), 1);
+    assert_eq!(client.counters().with_code(Code::DeadlineExceeded), 2);
     drop(client);
     server.shutdown();
 }
