@@ -94,8 +94,14 @@ fn a_bound_of_zero_refuses_a_call_that_finds_the_window_full() {
     let futs: Vec<_> = (0..4)
         .map(|i| client.unary_async::<_, EchoMsg>(ECHO, &request(i, 8, 8), &CallOptions::default()))
         .collect();
-    let err = block_on(client.unary_async::<_, EchoMsg>(ECHO, &request(9, 8, 8), &CallOptions::default()))
-        .unwrap_err();
+    // Refused at the start: ready at the first poll (it would wait forever otherwise, since
+    // the four are not polled).
+    let mut over = client.unary_async::<_, EchoMsg>(ECHO, &request(9, 8, 8), &CallOptions::default());
+    let Poll::Ready(r) = Pin::new(&mut over).poll(&mut Context::from_waker(Waker::noop())) else {
+        panic!("the call waits for a slot with max_queued_calls(0)");
+    };
+    drop(over);
+    let err = r.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
     assert!(err.message().contains("ClientConfig::max_queued_calls (0)"), "{err}");
     for (i, r) in join_all(futs).into_iter().enumerate() {
