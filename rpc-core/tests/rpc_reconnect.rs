@@ -194,7 +194,14 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     // A call of the broken session, polled only now, ends UNAVAILABLE: it cannot be mistaken
     // for a call of the new session in the same slot.
     let busy = client.unary_async::<_, EchoMsg>(ECHO, &request(40, 8, 8), &CallOptions::default());
-    let err = block_on(stale).unwrap_err();
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let err = loop {
+        if let std::task::Poll::Ready(r) = std::pin::Pin::new(&mut stale).poll(&mut cx) {
+            break r.unwrap_err();
+        }
+        assert!(Instant::now() < give_up, "a call of the broken session never ended");
+    };
+    drop(stale);
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert!(err.message().contains("ended"), "{err}");
     check_reply(&block_on(busy).unwrap(), 40, 8);
