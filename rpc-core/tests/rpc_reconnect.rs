@@ -125,10 +125,8 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     const BACKOFF: Duration = Duration::from_millis(300);
     let mut first = ServerProcess::start("127.0.0.1:0");
     let addr = first.addr;
-    let cfg = client_config()
-        .reconnect_initial_backoff(BACKOFF)
-        .reconnect_multiplier(2.0)
-        .reconnect_jitter(0.0);
+    let cfg =
+        client_config().reconnect_initial_backoff(BACKOFF).reconnect_multiplier(2.0).reconnect_jitter(0.0);
     let client = Client::connect_with(addr, &cfg).unwrap();
     check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
 

@@ -48,6 +48,17 @@ pub struct ClientConfig {
     /// Each delay is scaled by a uniform random factor in `[1 − jitter, 1 + jitter]` (so clients
     /// that broke together do not retry together). Default 0.2 (gRPC's); 0.0 ..= 1.0.
     pub reconnect_jitter: f64,
+    /// How long the server may stay silent on the RDMA path while calls wait for it: after a
+    /// third of it a Ping goes out (again after each further third; a running server answers
+    /// with a Pong), after all of it the session closes and its calls end UNAVAILABLE. Catches
+    /// a stopped or hung server process, which its NIC still acknowledges. Checked while a call
+    /// polls, every 4096 empty polls. Default 6 s; `None` disables the probe.
+    pub peer_timeout: Option<Duration>,
+    /// Calls abandoned on the wire (future dropped, deadline passed) whose acknowledgement from
+    /// the server has not arrived at which the client stops to wait for one, for up to
+    /// `peer_timeout`, and then resets the session (calls UNAVAILABLE, logged) instead of
+    /// starving the window. Default 32; 1 ..= 65535, at most the window in effect.
+    pub max_abandoned: u16,
 }
 
 impl Default for ClientConfig {
@@ -67,6 +78,8 @@ impl Default for ClientConfig {
             reconnect_max_backoff: Duration::from_secs(10),
             reconnect_multiplier: 1.6,
             reconnect_jitter: 0.2,
+            peer_timeout: Some(Duration::from_secs(6)),
+            max_abandoned: 32,
         }
     }
 }
@@ -111,6 +124,10 @@ impl ClientConfig {
         reconnect_multiplier: f64;
         /// See [`ClientConfig::reconnect_jitter`].
         reconnect_jitter: f64;
+        /// See [`ClientConfig::peer_timeout`].
+        peer_timeout: Option<Duration>;
+        /// See [`ClientConfig::max_abandoned`].
+        max_abandoned: u16;
     }
 
     /// Sets the auth token (at most 256 bytes).

@@ -10,7 +10,7 @@
 
 mod backoff;
 mod config;
-mod core;
+pub(crate) mod core;
 mod queue;
 
 use std::cell::RefCell;
@@ -27,9 +27,9 @@ use prost::Message;
 pub use config::{CallOptions, ClientConfig};
 
 use crate::codegen::MethodId;
+use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
-use crate::worker::counters::Counters;
 use backoff::{Backoff, BackoffParams};
 use core::ClientCore;
 use queue::{Calls, Ticket};

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use prost::Message;
 
-use super::core::{CallId, ClientCore};
+use super::core::{CallId, ClientCore, StartMode};
 use crate::status::{Code, Status};
 use crate::verbs::Provider;
 
@@ -127,7 +127,8 @@ impl<P: Provider> Calls<P> {
         blocking: bool,
     ) -> Result<Ticket, Status> {
         if self.waiting.is_empty() {
-            if let Some(id) = self.core.start(method, req, deadline, blocking)? {
+            let mode = if blocking { StartMode::Now } else { StartMode::NoWait };
+            if let Some(id) = self.core.start(method, req, deadline, mode)? {
                 return Ok(Ticket::Slot(id));
             }
         } else if let Some(s) = self.core.broken() {
@@ -187,7 +188,7 @@ impl<P: Provider> Calls<P> {
             }
             let seq = *e.key();
             let w = e.get();
-            match self.core.start(w.method, &Encoded(&w.body), w.deadline, false) {
+            match self.core.start(w.method, &Encoded(&w.body), w.deadline, StartMode::NoWait) {
                 Ok(None) => break,
                 Ok(Some(id)) => {
                     started = true;
