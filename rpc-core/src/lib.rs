@@ -25,6 +25,7 @@ pub mod buffers;
 pub mod client;
 pub mod codegen;
 pub mod config;
+pub(crate) mod control;
 pub mod server;
 pub mod session;
 pub mod status;

@@ -32,6 +32,11 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Token for servers that require one.
     pub auth_token: Option<Vec<u8>>,
+    /// How long the server's host may stay silent before the connection is declared broken
+    /// (its calls end UNAVAILABLE). Set as TCP keepalive (probes from half this time on) and
+    /// `TCP_USER_TIMEOUT` on the control connection. Default 10 s; 2 s ..= 1 h (else `connect`
+    /// fails with INVALID_ARGUMENT).
+    pub liveness_timeout: Duration,
 }
 
 impl Default for ClientConfig {
@@ -46,6 +51,7 @@ impl Default for ClientConfig {
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,
+            liveness_timeout: crate::control::DEFAULT_LIVENESS_TIMEOUT,
         }
     }
 }
@@ -80,6 +86,8 @@ impl ClientConfig {
         polling: PollingPolicy;
         /// See [`ClientConfig::connect_timeout`].
         connect_timeout: Duration;
+        /// See [`ClientConfig::liveness_timeout`].
+        liveness_timeout: Duration;
     }
 
     /// Sets the auth token (at most 256 bytes).

@@ -126,6 +126,7 @@ impl<P: Provider> ClientCore<P> {
                 crate::wire::MAX_AUTH_TOKEN
             )));
         }
+        let liveness = crate::control::Liveness::for_client(cfg.liveness_timeout)?;
         let span = tracing::info_span!("connect", transport = P::NAME);
         let _entered = span.enter();
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
@@ -165,6 +166,7 @@ impl<P: Provider> ClientCore<P> {
         };
         let peer = tcp.peer_addr().map_err(unavailable)?;
         let _ = tcp.set_nodelay(true);
+        liveness.apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
         let (ring_addr, ring_len, ring_rkey) = ring.remote();
         let hello = Handshake {

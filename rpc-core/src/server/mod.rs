@@ -117,6 +117,12 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// How long a client may take to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
+    /// How long a client host may stay silent before it is declared gone: its session is closed,
+    /// its calls dropped and its memory freed. Set as TCP keepalive (probes from half this time
+    /// on) and `TCP_USER_TIMEOUT` on each control connection, which the listener watches for
+    /// readiness. Default 10 s; 2 s ..= 1 h. A client sets its own
+    /// ([`ClientConfig::liveness_timeout`](crate::ClientConfig::liveness_timeout)).
+    pub liveness_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -134,6 +140,7 @@ impl Default for ServerConfig {
             auth_token: None,
             drain_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
+            liveness_timeout: crate::control::DEFAULT_LIVENESS_TIMEOUT,
         }
     }
 }
@@ -172,6 +179,9 @@ impl ServerConfig {
         if let Some(t) = self.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
             // No client could present it: every handshake would be refused.
             return bad("auth_token", format!("{} bytes, at most {}", t.len(), crate::wire::MAX_AUTH_TOKEN));
+        }
+        if let Err(reason) = crate::control::Liveness::new(self.liveness_timeout) {
+            return bad("liveness_timeout", reason);
         }
         // A worker numbers its sessions in 15 bits (the connection tag in a send `wr_id`).
         let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1));
@@ -254,6 +264,8 @@ impl ServerBuilder {
         drain_timeout: Duration;
         /// See [`ServerConfig::handshake_timeout`].
         handshake_timeout: Duration;
+        /// See [`ServerConfig::liveness_timeout`].
+        liveness_timeout: Duration;
     }
 
     /// Requires clients to present `token` (at most 256 bytes).
@@ -341,7 +353,7 @@ impl ServerBuilder {
 pub struct ServerHandle {
     local_addr: SocketAddr,
     draining: Arc<AtomicBool>,
-    stop_listener: Arc<AtomicBool>,
+    stop_listener: Arc<listener::ListenerStop>,
     workers: Vec<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     counters: Vec<Arc<SharedCounters>>,
@@ -374,7 +386,7 @@ impl ServerHandle {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
-        self.stop_listener.store(true, Ordering::Release);
+        self.stop_listener.stop();
         if let Some(l) = self.listener.take() {
             let _ = l.join();
         }
