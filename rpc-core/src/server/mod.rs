@@ -374,6 +374,12 @@ impl ServerHandle {
         c
     }
 
+    /// Each worker's counters, in worker order (index `i` is the worker pinned to
+    /// `worker_cores[i]`); [`ServerHandle::counters`] is their sum.
+    pub fn worker_counters(&self) -> Vec<Counters> {
+        self.counters.iter().map(|w| w.snapshot()).collect()
+    }
+
     /// Stops the server: new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
     /// included) are finished up to `drain_timeout`, peers get a Close, then QPs are destroyed,
     /// memory freed and TCP connections closed. Blocks until done.
