@@ -5,7 +5,7 @@
 //! [`Client::unary_async`] with a method-id constant.
 
 pub use crate::client::{CallOptions, Client, ClientConfig, ResponseFuture};
-pub use crate::server::reply::{Reply, ReplyWriter, RequestContext, Responder};
+pub use crate::dispatch::reply::{Reply, ReplyWriter, RequestContext, Responder};
 pub use crate::status::{Code, Status};
 pub use prost::Message;
 

@@ -26,6 +26,8 @@ pub mod client;
 pub mod codegen;
 pub mod config;
 pub(crate) mod control;
+pub(crate) mod dispatch;
+pub(crate) mod endpoint;
 pub mod server;
 pub mod session;
 pub mod status;
@@ -35,7 +37,7 @@ pub(crate) mod worker;
 
 pub use client::{CallOptions, Client, ClientConfig, ResponseFuture};
 pub use config::PollingPolicy;
+pub use endpoint::counters::Counters;
 pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle};
 pub use status::{Code, Status};
 pub use transport::Transport;
-pub use worker::counters::Counters;

@@ -14,7 +14,11 @@ use crate::buffers::{
     split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
-use crate::session::{CallSlots, Placement, ResponseFate, Role, Session, SessionParams};
+use crate::endpoint::conn::{
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
+};
+use crate::endpoint::counters::Counters;
+use crate::session::{Abandoned, CallSlots, Event, Placement, ResponseFate, Role, Session, SessionParams};
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
@@ -25,10 +29,6 @@ use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
     PROTOCOL_VERSION,
 };
-use crate::worker::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
-};
-use crate::worker::counters::Counters;
 
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
@@ -88,7 +88,12 @@ pub(crate) struct ClientCore<P: Provider> {
     idle: Idle,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
-    credit_return: bool,
+    ring_return: bool,
+    /// Calls abandoned on the wire and not yet acknowledged at which the session resets (at most
+    /// the window).
+    max_abandoned: u16,
+    /// How long the server may stay silent while calls wait for it (`None`: unbounded).
+    peer_timeout: Option<Duration>,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -112,6 +117,12 @@ impl<P: Provider> ClientCore<P> {
                 cfg.window
             )));
         }
+        if cfg.max_abandoned == 0 {
+            return Err(Status::invalid_argument("ClientConfig::max_abandoned 0 is not in 1..=65535"));
+        }
+        if cfg.peer_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Status::invalid_argument("ClientConfig::peer_timeout of 0 (use None for no probe)"));
+        }
         if cfg.ring_bytes == 0 || cfg.ring_bytes > crate::wire::MAX_RING_LEN {
             return Err(Status::invalid_argument(format!(
                 "ClientConfig::ring_bytes {} is not in 1..=1 GiB",
@@ -126,7 +137,6 @@ impl<P: Provider> ClientCore<P> {
                 crate::wire::MAX_AUTH_TOKEN
             )));
         }
-        let liveness = crate::control::Liveness::for_client(cfg.liveness_timeout)?;
         let span = tracing::info_span!("connect", transport = P::NAME);
         let _entered = span.enter();
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
@@ -166,7 +176,7 @@ impl<P: Provider> ClientCore<P> {
         };
         let peer = tcp.peer_addr().map_err(unavailable)?;
         let _ = tcp.set_nodelay(true);
-        liveness.apply(&tcp).map_err(unavailable)?;
+        crate::control::Liveness::for_peer_timeout(cfg.peer_timeout).apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
         let (ring_addr, ring_len, ring_rkey) = ring.remote();
         let hello = Handshake {
@@ -277,7 +287,11 @@ impl<P: Provider> ClientCore<P> {
                 mirror,
                 staging,
                 sq,
-                session: Session::new(Role::Client, params),
+                session: {
+                    let mut s = Session::new(Role::Client, params);
+                    s.set_peer_timeout(cfg.peer_timeout);
+                    s
+                },
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
                 max_inline: qp_inline,
@@ -292,7 +306,9 @@ impl<P: Provider> ClientCore<P> {
             idle: Idle::new(cfg.polling),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
-            credit_return: false,
+            ring_return: false,
+            max_abandoned: cfg.max_abandoned.min(window),
+            peer_timeout: cfg.peer_timeout,
             peer,
             _dev: dev,
         })
@@ -445,26 +461,28 @@ impl<P: Provider> ClientCore<P> {
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
     #[inline]
     fn flush(&mut self) {
-        if self.credit_return || !self.conn.sq.is_empty() || self.recv.pending_reposts() >= REPOST_BATCH {
+        if self.ring_return
+            || !self.conn.sq.is_empty()
+            || self.conn.session.has_control()
+            || self.recv.pending_reposts() >= REPOST_BATCH
+        {
             self.flush_slow();
         }
     }
 
     #[inline(never)]
     fn flush_slow(&mut self) {
-        if self.credit_return {
-            self.credit_return = false;
+        if self.ring_return {
+            self.ring_return = false;
             // Messages are stamped with the freed head when queued: bytes still unreported are
             // carried by none of the pending ones (they were queued before the release). With
             // nothing in flight the next request carries them, unless a response is still
             // arriving in pieces (its sender waits for the space).
-            let needed = self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0;
-            if needed && self.conn.session.unreported_ring_bytes() > 0 {
-                if let Some(b) = self.conn.acquire() {
-                    self.conn.queue(b, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
-                }
+            if self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0 {
+                self.conn.queue_ring_return();
             }
         }
+        self.conn.queue_controls();
         if let Err(e) = self.conn.flush(TAG) {
             self.break_conn(unavailable(format!("posting sends: {e}")));
         }
@@ -482,11 +500,9 @@ impl<P: Provider> ClientCore<P> {
         tracing::info!(%status, "client session closed");
         // Each failed call is counted when its caller takes the answer.
         self.slots.fail_all(|| Answer::Err(status.clone()));
-        for p in self.pending.iter_mut().filter_map(Option::take) {
-            match p.body {
-                PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
-                PendingBody::Staged(s) => self.conn.staging.release(s),
-                PendingBody::Heap(_) => {}
+        for i in 0..self.pending.len() {
+            if let Some(p) = self.pending[i].take() {
+                self.drop_pending(p);
             }
         }
         self.outbox.clear();
@@ -496,6 +512,15 @@ impl<P: Provider> ClientCore<P> {
         self.conn.staging.reset();
         self.counters.sessions_closed += 1;
         self.broken = Some(status);
+    }
+
+    /// Gives back what a call that never went on the wire holds.
+    fn drop_pending(&mut self, p: Pending) {
+        match p.body {
+            PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
+            PendingBody::Staged(s) => self.conn.staging.release(s),
+            PendingBody::Heap(_) => {}
+        }
     }
 
     /// Polls the CQ once and handles what completed. Returns how many completions there were.
@@ -541,40 +566,25 @@ impl<P: Provider> ClientCore<P> {
             self.break_conn(unavailable(format!("receive failed ({})", wc.status)));
             return;
         }
-        if wc.invalidated_rkey.is_some() {
-            // Nothing in the protocol invalidates a key: the peer killed our ring's window.
-            self.recv.repost(buf);
-            self.malformed("the server invalidated a key (SEND_WITH_INV)".into());
-            return;
-        }
-        if !self.recv.fits(&buf) {
-            self.recv.repost(buf);
-            self.malformed("message longer than a receive buffer".into());
-            return;
-        }
-        let h = match Header::decode(self.recv.bytes(&buf)) {
-            Ok(h) => h,
-            Err(e) => {
-                self.recv.repost(buf);
-                self.malformed(format!("malformed header: {e}"));
-                return;
-            }
-        };
-        let inc = match self.conn.session.handle_header(&h) {
+        let msg = self.recv.bytes(&buf);
+        let overlong = !self.recv.fits(&buf);
+        let inc = match self.conn.session.receive(msg, overlong, wc.invalidated_rkey.is_some(), Instant::now)
+        {
             Ok(inc) => inc,
             Err(reason) => {
                 self.recv.repost(buf);
-                self.malformed(format!("protocol violation: {reason}"));
+                self.malformed(reason);
                 return;
             }
         };
+        let h = inc.header;
         // A ring body is copied out at once (the server could rewrite the ring) and its space
         // freed; the response is complete with its last piece.
         let (h, body) = match inc.ring {
             None => (h, Answer::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                self.credit_return = true;
+                self.ring_return = true;
                 match self.conn.take_piece(piece) {
                     Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
                     Ok(None) => return,
@@ -618,7 +628,9 @@ impl<P: Provider> ClientCore<P> {
                 self.release(body);
                 self.break_conn(unavailable("the server closed the session"));
             }
-            Kind::CreditReturn | Kind::Request => self.release(body),
+            // A Ping made a Pong due (sent with the next flush); the rest only carried the
+            // freed head (the session refused a Request or a Cancel).
+            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
         }
     }
 
@@ -697,6 +709,10 @@ impl<P: Provider> ClientCore<P> {
     #[cold]
     #[inline(never)]
     fn check_liveness(&mut self) {
+        self.check_timers();
+        if self.broken.is_some() {
+            return;
+        }
         // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
         // dropped; a peek would see them forever and never notice the connection closing.
         let mut b = [0u8; 64];
@@ -709,6 +725,26 @@ impl<P: Provider> ClientCore<P> {
                 self.break_conn(unavailable("the server closed the connection"));
             }
         }
+    }
+
+    /// The session's timers (the idle probe): a Ping when the server has been silent for a third
+    /// of `peer_timeout` while calls wait for it, the session closed after all of it.
+    fn check_timers(&mut self) {
+        let waiting = self.slots.in_flight() > 0;
+        self.conn.session.handle_timeout(Instant::now(), waiting);
+        while let Some(e) = self.conn.session.poll_event() {
+            if let Event::PeerDead { silent } = e {
+                let reason = format!(
+                    "no message from the server for {} ms while calls waited (ClientConfig::peer_timeout)",
+                    silent.as_millis()
+                );
+                tracing::warn!(peer = %self.peer, %reason, "closing the session");
+                self.counters.peers_lost += 1;
+                self.break_conn(unavailable(reason));
+                return;
+            }
+        }
+        self.flush();
     }
 
     /// Polls a call once: its result when finished (or failed), `None` while it runs.
@@ -746,11 +782,50 @@ impl<P: Provider> ClientCore<P> {
         }
     }
 
-    /// The caller gave up on a call (future dropped or deadline passed).
+    /// The caller gave up on a call (future dropped, deadline passed, explicit cancel). A call
+    /// not yet sent is dropped and its slot is free at once; one on the wire gets a Cancel and
+    /// keeps its slot until the server's answer to it (CANCELLED, or the answer that was already
+    /// on its way) arrives, since until then the server may still write into our ring for it.
+    /// When [`ClientConfig::max_abandoned`](super::ClientConfig::max_abandoned) calls wait for
+    /// that acknowledgement, the session polls for up to `peer_timeout` (5 s without one) for
+    /// one to arrive, then resets with a logged reason instead of starving the window.
     pub(crate) fn abandon(&mut self, id: CallId) {
-        if let Some(a) = self.slots.abandon(id.slot, id.generation) {
-            self.release(a);
-            self.flush();
+        match self.slots.abandon(id.slot, id.generation) {
+            Abandoned::Nothing => return,
+            Abandoned::Answered(a) => self.release(a),
+            Abandoned::Unsent => {
+                if let Some(p) = self.pending[id.slot as usize].take() {
+                    self.drop_pending(p);
+                }
+            }
+            Abandoned::OnWire => {
+                self.counters.cancels += 1;
+                self.conn.session.cancel(id.slot, id.generation);
+            }
+        }
+        self.flush();
+        if self.broken.is_none() && self.slots.abandoned() >= self.max_abandoned {
+            self.await_acknowledgement();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn await_acknowledgement(&mut self) {
+        let before = self.slots.abandoned();
+        let give_up = Instant::now() + self.peer_timeout.unwrap_or(Duration::from_secs(5));
+        while self.broken.is_none() && self.slots.abandoned() >= before {
+            if self.progress() == 0 {
+                if Instant::now() >= give_up {
+                    let reason = format!(
+                        "{before} abandoned calls and no acknowledgement from the server                          (ClientConfig::max_abandoned)"
+                    );
+                    tracing::warn!(peer = %self.peer, %reason, "resetting the session");
+                    self.break_conn(unavailable(reason));
+                    return;
+                }
+                std::thread::yield_now();
+            }
         }
     }
 

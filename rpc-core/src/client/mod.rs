@@ -19,9 +19,9 @@ use prost::Message;
 pub use config::{CallOptions, ClientConfig};
 
 use crate::codegen::MethodId;
+use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
-use crate::worker::counters::Counters;
 use core::{CallId, ClientCore};
 
 enum AnyCore {

@@ -5,7 +5,7 @@
 //! It sleeps in `epoll_wait` (through `mio`) until the listening socket or a connection is
 //! readable, a handshake's deadline passes, the server stops (a [`mio::Waker`]) or
 //! [`HOUSEKEEPING`] elapses (to close the TCP of sessions a worker closed). Each connection has
-//! TCP keepalive and `TCP_USER_TIMEOUT` set from `ServerConfig::liveness_timeout`, so a client
+//! TCP keepalive and `TCP_USER_TIMEOUT` set from `ServerConfig::peer_timeout`, so a client
 //! host that vanishes silently makes its connection readable with an error within that time.
 
 use std::collections::HashMap;
@@ -20,11 +20,15 @@ use crossbeam_queue::ArrayQueue;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::registry::Registry;
-use super::reply::DeferQueue;
 use super::{ServerConfig, ServerError, ServerHandle};
 use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue, SendStaging};
 use crate::control::Liveness;
+use crate::dispatch::registry::Registry;
+use crate::dispatch::reply::DeferQueue;
+use crate::endpoint::conn::{
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, staging_len, Conn,
+};
+use crate::endpoint::counters::SharedCounters;
 use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
@@ -33,10 +37,6 @@ use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
 };
-use crate::worker::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, staging_len, Conn,
-};
-use crate::worker::counters::SharedCounters;
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_FAILED, BIND_PENDING};
 
@@ -92,8 +92,7 @@ pub(super) fn start<P: Provider>(
         config.worker_cores.iter().map(|&c| Some(c)).collect()
     };
     let per_worker = config.max_sessions.div_ceil(cores.len()).max(1);
-    let liveness = Liveness::new(config.liveness_timeout)
-        .map_err(|reason| ServerError::Config { field: "liveness_timeout", reason })?;
+    let liveness = Liveness::for_peer_timeout(config.peer_timeout);
     let poll = Poll::new().map_err(|e| ServerError::Thread { what: "listener poll", source: e })?;
     let waker = Waker::new(poll.registry(), WAKE)
         .map_err(|e| ServerError::Thread { what: "listener waker", source: e })?;
@@ -105,6 +104,7 @@ pub(super) fn start<P: Provider>(
         max_sessions: per_worker,
         polling: config.polling,
         drain_timeout: config.drain_timeout,
+        peer_timeout: config.peer_timeout,
         body_cap,
     };
     let mut shared_all = Vec::new();

@@ -10,8 +10,6 @@
 //! ```
 
 mod listener;
-pub(crate) mod registry;
-pub(crate) mod reply;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,10 +19,10 @@ use std::time::Duration;
 
 use crate::codegen::Service;
 use crate::config::PollingPolicy;
+use crate::dispatch::registry::Registry;
+use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::transport::Transport;
 use crate::verbs::VerbsError;
-use crate::worker::counters::{Counters, SharedCounters};
-use registry::Registry;
 
 /// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -117,12 +115,21 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// How long a client may take to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
-    /// How long a client host may stay silent before it is declared gone: its session is closed,
-    /// its calls dropped and its memory freed. Set as TCP keepalive (probes from half this time
-    /// on) and `TCP_USER_TIMEOUT` on each control connection, which the listener watches for
-    /// readiness. Default 10 s; 2 s ..= 1 h. A client sets its own
-    /// ([`ClientConfig::liveness_timeout`](crate::ClientConfig::liveness_timeout)).
-    pub liveness_timeout: Duration,
+    /// How long a client may stay silent on the RDMA path while its calls are unanswered (a
+    /// deferred handler runs): after a third of it the worker sends a Ping (again after each
+    /// further third; a client that polls for its calls answers with a Pong), after all of it the
+    /// session closes (counted in `Counters::peers_lost`) and its memory is freed. Catches a
+    /// stopped or hung client process, which its NIC still acknowledges. Sessions without
+    /// unanswered calls are not probed (an idle blocking client does not poll). Default 6 s;
+    /// `None` disables the probe.
+    ///
+    /// The same time bounds the TCP control connection, idle or not: TCP keepalive (probes from
+    /// half of it on) and `TCP_USER_TIMEOUT` make the connection of a client host that vanished
+    /// (power, cable, partition: nothing answers, not even its kernel) fail within it, and the
+    /// listener, which waits on the connections' readiness, closes the session and frees its
+    /// memory. Below 2 s the TCP bound is 2 s (keepalive counts seconds); with `None` it is 10 s
+    /// (a stopped process's kernel still answers keepalive, so it never trips on one).
+    pub peer_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -140,7 +147,7 @@ impl Default for ServerConfig {
             auth_token: None,
             drain_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
-            liveness_timeout: crate::control::DEFAULT_LIVENESS_TIMEOUT,
+            peer_timeout: Some(Duration::from_secs(6)),
         }
     }
 }
@@ -148,6 +155,9 @@ impl Default for ServerConfig {
 impl ServerConfig {
     fn validate(&self) -> Result<(), ServerError> {
         let bad = |field, reason: String| Err(ServerError::Config { field, reason });
+        if self.peer_timeout.is_some_and(|t| t.is_zero()) {
+            return bad("peer_timeout", "0 (use None for no probe)".into());
+        }
         if self.ring_bytes == 0 || self.ring_bytes > crate::wire::MAX_RING_LEN {
             return bad(
                 "ring_bytes",
@@ -157,7 +167,7 @@ impl ServerConfig {
         if self.credits_per_session == 0 || self.credits_per_session > crate::wire::MAX_CREDITS {
             return bad("credits_per_session", format!("{} is not in 1..=4096", self.credits_per_session));
         }
-        let per_session = crate::worker::conn::srq_need(self.credits_per_session);
+        let per_session = crate::endpoint::conn::srq_need(self.credits_per_session);
         if self.srq_depth != 0 && self.srq_depth < per_session {
             return bad(
                 "srq_depth",
@@ -179,9 +189,6 @@ impl ServerConfig {
         if let Some(t) = self.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
             // No client could present it: every handshake would be refused.
             return bad("auth_token", format!("{} bytes, at most {}", t.len(), crate::wire::MAX_AUTH_TOKEN));
-        }
-        if let Err(reason) = crate::control::Liveness::new(self.liveness_timeout) {
-            return bad("liveness_timeout", reason);
         }
         // A worker numbers its sessions in 15 bits (the connection tag in a send `wr_id`).
         let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1));
@@ -205,7 +212,7 @@ impl ServerConfig {
             return u64::from(self.srq_depth);
         }
         let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1)) as u64;
-        per_worker * u64::from(crate::worker::conn::srq_need(self.credits_per_session))
+        per_worker * u64::from(crate::endpoint::conn::srq_need(self.credits_per_session))
     }
 }
 
@@ -262,10 +269,10 @@ impl ServerBuilder {
         polling: PollingPolicy;
         /// See [`ServerConfig::drain_timeout`].
         drain_timeout: Duration;
+        /// See [`ServerConfig::peer_timeout`].
+        peer_timeout: Option<Duration>;
         /// See [`ServerConfig::handshake_timeout`].
         handshake_timeout: Duration;
-        /// See [`ServerConfig::liveness_timeout`].
-        liveness_timeout: Duration;
     }
 
     /// Requires clients to present `token` (at most 256 bytes).
