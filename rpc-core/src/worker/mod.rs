@@ -138,14 +138,14 @@ struct Entry<P: Provider> {
     binding: Option<Arc<AtomicU8>>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
-    deferred: Vec<(u16, u32, Arc<AtomicBool>)>,
+    deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
 }
 
 impl<P: Provider> Drop for Entry<P> {
     fn drop(&mut self) {
         // The session is gone: no deferred answer of it can be delivered any more.
         for (_, _, flag) in &self.deferred {
-            flag.store(true, Ordering::Release);
+            flag.raise();
         }
     }
 }
@@ -360,7 +360,7 @@ impl<P: Provider> Worker<P> {
                 }
             };
             if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
-                entry.deferred.swap_remove(i).2.store(true, Ordering::Release);
+                entry.deferred.swap_remove(i).2.raise();
             }
             let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
             entry.backlog.push_back(Spill::Error(header, status));
@@ -418,7 +418,7 @@ impl<P: Provider> Worker<P> {
             deferred: Vec::new(),
         });
         if let Some(s) = self.entries[idx].as_mut() {
-            s.conn.session.set_peer_timeout(self.limits.peer_timeout);
+            s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
         }
         let tag = self.tag(idx as u16);
         let Some(entry) = self.entries[idx].as_mut() else { return };
@@ -474,10 +474,7 @@ impl<P: Provider> Worker<P> {
         for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
             if let Some(entry) = self.entries[idx].as_mut() {
-                if let Some(buf) = entry.conn.pool.acquire() {
-                    entry.conn.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
-                    let _ = entry.conn.flush(tag);
-                }
+                entry.conn.send_close(tag);
             }
         }
         let until = Instant::now() + Duration::from_millis(20);
@@ -748,14 +745,14 @@ impl<P: Provider> Worker<P> {
             return;
         };
         counters.bytes_in += u64::from(h.body_len);
-        if !entry.conn.session.is_live(h.slot, h.generation) {
+        let Some(live) = entry.conn.session.live_call(h.slot, h.generation) else {
             // Cancelled or expired while its body was arriving: answered already, never run.
             if let Received::Eager(b) = received {
                 recv.repost(b);
             }
             return;
-        }
-        let deadline = entry.conn.session.deadline_of(h.slot, h.generation);
+        };
+        let deadline = live.deadline;
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.method = found.map_or("", |f| f.1);
