@@ -53,6 +53,11 @@ pub struct ClientConfig {
     /// with a Pong), after all of it the session closes and its calls end UNAVAILABLE. Catches
     /// a stopped or hung server process, which its NIC still acknowledges. Checked while a call
     /// polls, every 4096 empty polls. Default 6 s; `None` disables the probe.
+    ///
+    /// The same time bounds the TCP control connection: TCP keepalive (probes from half of it
+    /// on) and `TCP_USER_TIMEOUT` make the connection to a server host that vanished (nothing
+    /// answers, not even its kernel) fail within it, and a waiting call then ends UNAVAILABLE.
+    /// Below 2 s the TCP bound is 2 s (keepalive counts seconds); with `None` it is 10 s.
     pub peer_timeout: Option<Duration>,
     /// Calls abandoned on the wire (future dropped, deadline passed) whose acknowledgement from
     /// the server has not arrived at which the client stops to wait for one, for up to

@@ -187,6 +187,7 @@ impl<P: Provider> ClientCore<P> {
         };
         let peer = tcp.peer_addr().map_err(unavailable)?;
         let _ = tcp.set_nodelay(true);
+        crate::control::Liveness::for_peer_timeout(cfg.peer_timeout).apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
         let (ring_addr, ring_len, ring_rkey) = ring.remote();
         let hello = Handshake {
