@@ -267,15 +267,17 @@ impl<P: Provider> ClientCore<P> {
             max_held: usize::from(window),
         };
         tracing::info!(%peer, session = reply.session, credits = reply.credits, transport = P::NAME, "client connected");
+        let session = Session::new(Role::Client, params);
         Ok(ClientCore {
             conn: Conn {
+                spare: session.spare_bodies().clone(),
                 qp,
                 pool,
                 ring,
                 mirror,
                 staging,
                 sq,
-                session: Session::new(Role::Client, params),
+                session,
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
                 max_inline: qp_inline,
@@ -336,7 +338,12 @@ impl<P: Provider> ClientCore<P> {
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
             if len > self.conn.staging.len() as usize {
-                break PendingBody::Heap(req.encode_to_vec());
+                let Some(v) = self.conn.spare.encode(req, len) else {
+                    return Err(Status::resource_exhausted(format!(
+                        "no memory for a request of {len} bytes"
+                    )));
+                };
+                break PendingBody::Heap(v);
             }
             self.wait_step(deadline)?;
         };

@@ -146,9 +146,13 @@ impl Session {
                 Role::Client => Vec::new(),
             },
             assemblies: Vec::new(),
-            // Spare buffers for the bodies that may be held at once, at most our ring's length
-            // together (what the peer can have in flight towards us anyway).
-            recycler: BodyRecycler::new(params.max_held, params.own_ring_len as usize),
+            // Spare buffers for the bodies that may be held at once, received or waiting to be
+            // sent: at most our ring's length plus one largest message together (fresh memory
+            // costs a page fault per 4 KiB on first touch, more than the copy into it).
+            recycler: BodyRecycler::new(
+                params.max_held,
+                (params.own_ring_len as usize).saturating_add(params.max_message as usize),
+            ),
             closed: false,
         }
     }
@@ -393,6 +397,12 @@ impl Session {
         }
         let a = self.assemblies.swap_remove(piece.assembly);
         Ok(Some(Complete { header: a.header, body: a.body }))
+    }
+
+    /// The spare body buffers of this session (received bodies come back there; bodies waiting
+    /// on the heap to be sent are encoded into them and given back once copied out).
+    pub fn spare_bodies(&self) -> &std::sync::Arc<BodyRecycler> {
+        &self.recycler
     }
 
     /// A complete body as `Bytes` whose buffer is reused for a later message of this session

@@ -3,7 +3,9 @@
 //! [`Session`].
 
 use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
-use crate::session::{Complete, RingPiece, Session};
+use std::sync::Arc;
+
+use crate::session::{BodyRecycler, Complete, RingPiece, Session};
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
 use crate::wire::{Header, HEADER_LEN};
 
@@ -159,6 +161,9 @@ pub(crate) struct Conn<P: Provider> {
     /// Messages up to this many bytes (header included) are sent inline (the QP's
     /// `max_inline_data` after creation).
     pub(crate) max_inline: u32,
+    /// The session's spare body buffers ([`Session::spare_bodies`]): bodies that wait on the heap
+    /// are encoded into one and give it back once queued, so a large body costs no fresh pages.
+    pub(crate) spare: Arc<BodyRecycler>,
 }
 
 impl<P: Provider> Conn<P> {
@@ -232,6 +237,7 @@ impl<P: Provider> Conn<P> {
                 let body = self.copy_eager(&mut buf, body);
                 self.queue(buf, out.header, body);
                 out.sent = total;
+                self.recycle_heap(out);
                 return true;
             }
         }
@@ -260,7 +266,16 @@ impl<P: Provider> Conn<P> {
             self.queue(buf, h, BodyAt::Piece { offset, len, staged: matches!(out.body, OutBody::Staged(_)) });
             out.sent += len;
         }
+        self.recycle_heap(out);
         true
+    }
+
+    /// A heap body fully queued (each piece copied into the mirror): its buffer goes back to the
+    /// spare ones.
+    fn recycle_heap(&mut self, out: &mut Outgoing) {
+        if let OutBody::Heap(body) = &mut out.body {
+            self.spare.give_back(std::mem::take(body));
+        }
     }
 
     /// Copies a ring body (or piece) out of our ring into the session's buffer for its message and
