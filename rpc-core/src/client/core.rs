@@ -464,7 +464,7 @@ impl<P: Provider> ClientCore<P> {
             // nothing in flight the next request carries them, unless a response is still
             // arriving in pieces (its sender waits for the space).
             let needed = self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0;
-            if needed && self.conn.session.unreported_ring_bytes() > 0 {
+            if needed && self.conn.session.credit_return_due() {
                 if let Some(b) = self.conn.acquire() {
                     self.conn.queue(b, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
                 }

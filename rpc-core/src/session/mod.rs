@@ -271,6 +271,18 @@ impl Session {
         self.consumer.unreported()
     }
 
+    /// Whether the bytes of our ring freed since a header last told the peer are worth a credit
+    /// message of their own (when no other message carries them): at least a quarter of the
+    /// ring (a whole largest piece), or any amount once no message is arriving in pieces. While
+    /// a message arrives and less is unreported, the peer is not waiting for it: with all it
+    /// placed copied out and freed, it sees more than three quarters of the ring free, room for
+    /// any piece; and its pieces still in flight bring their headers, after which this is asked
+    /// again.
+    pub fn credit_return_due(&self) -> bool {
+        let unreported = self.consumer.unreported();
+        unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty())
+    }
+
     /// Releases a ring body (frees it, in order).
     pub fn release(&mut self, token: RingToken) {
         self.consumer.release(token);

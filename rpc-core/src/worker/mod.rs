@@ -503,7 +503,7 @@ impl<P: Provider> Worker<P> {
                 slot.credit_return = false;
                 // Messages are stamped with the freed head when queued: bytes still unreported are
                 // carried by none of the pending ones (they were queued before the release).
-                if slot.conn.session.unreported_ring_bytes() > 0 {
+                if slot.conn.session.credit_return_due() {
                     if let Some(buf) = slot.conn.pool.acquire() {
                         slot.conn.queue(buf, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
                     }
