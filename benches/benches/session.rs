@@ -41,7 +41,7 @@ fn cycle(client: &mut Session, server: &mut Session, slots: &mut CallSlots<u32>,
         Placement::Pieces => unreachable!("the ring is never full here"),
     }
     client.stamp(&mut req);
-    let inc = server.handle_header(black_box(&req)).expect("valid request");
+    let inc = server.handle_header(black_box(&req), std::time::Instant::now).expect("valid request");
     if let Some(piece) = inc.ring {
         // The runtime copies the body out of the ring here (the copy is not this bench's).
         let n = piece.len as usize;
@@ -52,9 +52,8 @@ fn cycle(client: &mut Session, server: &mut Session, slots: &mut CallSlots<u32>,
     let mut resp = Header::new(Kind::Response);
     resp.slot = slot;
     resp.generation = generation;
-    resp.credits = 1;
     server.stamp(&mut resp);
-    client.handle_header(black_box(&resp)).expect("valid response");
+    client.handle_header(black_box(&resp), std::time::Instant::now).expect("valid response");
     slots.on_response(slot, generation, 7).expect("in flight");
     black_box(slots.take_done(slot, generation));
 }

@@ -12,7 +12,6 @@ fn request_header() -> Header {
         in_ring: false,
         status: Code::Ok,
         slot: 7,
-        credits: 0,
         generation: 42,
         method: 0x1234_5678,
         body_len: 32,

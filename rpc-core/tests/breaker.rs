@@ -118,7 +118,8 @@ impl RawClient {
             } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
                 let bytes = self.peer.recv.bytes(&buf);
                 let h = Header::decode(bytes).unwrap();
-                if h.kind != Kind::CreditReturn {
+                // Ring space returns and the server's idle probe are not answers.
+                if !matches!(h.kind, Kind::RingReturn | Kind::Ping | Kind::Pong) {
                     self.inbox.push_back((h, bytes[HEADER_LEN..].to_vec()));
                 }
                 self.peer.recv.repost(buf);
@@ -256,7 +257,7 @@ fn hostile_piece_sequences_close_only_their_session() {
         }),
         ("a response sent to the server", |c, _, _| {
             let s = c.session;
-            c.send_eager(Header { credits: 1, ..Header::new(Kind::Response) }.with_session(s), &[]);
+            c.send_eager(Header::new(Kind::Response).with_session(s), &[]);
         }),
         ("another session's id", |c, _, _| {
             let s = c.session;
@@ -324,17 +325,17 @@ fn an_unfinished_request_in_pieces_holds_one_credit_and_no_ring_space() {
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
-/// 20 000 CreditReturns (each freeing nothing) from one peer: its session stays up and
+/// 20 000 RingReturns (each freeing nothing) from one peer: its session stays up and
 /// answers, another client is served meanwhile. Held.
 #[test]
-fn a_credit_return_flood_does_not_break_the_session_or_others() {
+fn a_ring_return_flood_does_not_break_the_session_or_others() {
     let (server, _) = spawn(server());
     let mut c = RawClient::connect(server.local_addr());
     let s = c.session;
     let other = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     for i in 0..20_000u32 {
         let mut b = c.buf();
-        Header { session: s, ..Header::new(Kind::CreditReturn) }.encode_into(c.pool.buf_mut(&mut b)).unwrap();
+        Header { session: s, ..Header::new(Kind::RingReturn) }.encode_into(c.pool.buf_mut(&mut b)).unwrap();
         c.sq.send(&mut c.pool, b, HEADER_LEN as u32, false);
         if i % 8 == 7 {
             c.sq.flush(&c.peer.qp, &mut c.pool, 1).unwrap();
@@ -536,7 +537,7 @@ fn send_with_inv_of_our_ring_window_closes_the_session() {
 
 /// How many pieces (not the last of their message) one ring holds at once, for every ring
 /// length 1..=1024 and consumers that free the oldest piece on a stall and/or at random.
-/// `srq_need` (worker/conn.rs:52) reserves `MAX_PIECES_IN_RING` = 16 SRQ WQEs per session
+/// `srq_need` (endpoint/conn.rs) reserves `MAX_PIECES_IN_RING` = 16 SRQ WQEs per session
 /// for them, on the claim (session/mod.rs:22-24) that every such piece takes at least 1/16 of
 /// the ring. HELD: that claim is loose (the floor is `(len / 4) / 4` rounded down,
 /// session/mod.rs:212-214, e.g. 1 byte for a 31-byte ring) but pieces stay within 16 because
@@ -633,7 +634,6 @@ fn response_to(req: Header) -> Header {
         slot: req.slot,
         generation: req.generation,
         method: req.method,
-        credits: 1,
         session: 77,
         ..Header::new(Kind::Response)
     }
@@ -784,7 +784,6 @@ fn a_server_advertising_a_1_gib_ring_is_refused_at_the_handshake() {
 /// DEADLINE_EXCEEDED itself (on_answer_for makes the late Responder's answer a dropped second
 /// answer, as try_backlog already does).
 #[test]
-#[ignore = "issue 11 (deadlines at the server, cancellation on the wire) is not built yet"]
 fn finding_expired_deferred_calls_never_answered_exhaust_the_client_window() {
     let (server, stash) = spawn(server());
     let client = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();
@@ -817,6 +816,134 @@ fn finding_expired_deferred_calls_never_answered_exhaust_the_client_window() {
     drop(client);
     server.shutdown();
     assert!(last.is_none(), "a healthy connection refuses every call: {last:?} ({stashed} stashed calls)");
+}
+
+/// A deferred call that is never answered and not cancelled (a raw client: it sends no
+/// Cancel), with a 50 ms timeout: the server answers DEADLINE_EXCEEDED itself at the deadline,
+/// the responder sees `is_cancelled`, and its late answer is dropped and counted. Without the
+/// worker's timers no answer ever came.
+#[test]
+fn server_answers_an_expired_deferred_call_deadline_exceeded_itself() {
+    let (server, stash) = spawn(server());
+    let mut c = RawClient::connect(server.local_addr());
+    let s = c.session;
+    c.send_eager(Header { method: STASH, generation: 3, timeout_us: 50_000, ..raw_request(s, 1, 0) }, &[]);
+    let (h, body) = c.response(Duration::from_secs(5)).expect("the server answered the expired call");
+    assert_eq!((h.kind, h.slot, h.generation), (Kind::Response, 1, 3));
+    assert_eq!(h.status, Code::DeadlineExceeded, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(stash.lock().unwrap().len(), 1, "the handler ran (deferred) before the deadline");
+    let r = stash.lock().unwrap().pop().unwrap();
+    assert!(r.is_cancelled(), "the responder knows");
+    r.send(Ok(EchoMsg::default()));
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while server.counters().late_answers < 1 {
+        assert!(Instant::now() < give_up, "the late answer was not counted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(c.response(Duration::from_millis(100)).is_none(), "the late answer was not sent");
+    assert_eq!(server.counters().with_code(Code::DeadlineExceeded), 1);
+    // The credit came back: a full window of calls is served.
+    for slot in 0..c.credits {
+        c.send_eager(Header { generation: 4, ..raw_request(s, slot, 4) }, b"abcd");
+    }
+    for _ in 0..c.credits {
+        let (h, _) = c.response(Duration::from_secs(5)).expect("answered");
+        assert_eq!(h.status, Code::Ok);
+    }
+    server.shutdown();
+}
+
+/// A request whose deadline passes before its handler can run (its body still arriving in
+/// pieces when the 1 ms timeout ends) is answered DEADLINE_EXCEEDED and its handler never runs;
+/// a Cancel for an unanswered deferred call is answered CANCELLED at once and its responder
+/// told; a Cancel for a call answered already changes nothing.
+#[test]
+fn cancel_and_expiry_before_dispatch_answer_without_the_handler() {
+    let (server, stash) = spawn(server());
+    let mut c = RawClient::connect(server.local_addr());
+    let s = c.session;
+    c.send_eager(Header { method: STASH, generation: 1, ..raw_request(s, 0, 0) }, &[]);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while stash.lock().unwrap().is_empty() {
+        assert!(Instant::now() < give_up, "the handler did not run");
+        c.poll();
+        std::thread::yield_now();
+    }
+    c.send_eager(Header { slot: 0, generation: 1, session: s, ..Header::new(Kind::Cancel) }, &[]);
+    let (h, _) = c.response(Duration::from_secs(5)).expect("the cancelled call was answered");
+    assert_eq!((h.slot, h.generation, h.status), (0, 1, Code::Cancelled));
+    assert!(stash.lock().unwrap()[0].is_cancelled());
+    // Cancelling it again, or a call never sent: nothing.
+    c.send_eager(Header { slot: 0, generation: 1, session: s, ..Header::new(Kind::Cancel) }, &[]);
+    c.send_eager(Header { slot: 2, generation: 9, session: s, ..Header::new(Kind::Cancel) }, &[]);
+    assert!(c.response(Duration::from_millis(100)).is_none());
+    // A STASH request in two ring pieces with a 1 ms deadline, the second piece sent late.
+    let (p, total) = (c.eager + 100, 2 * (c.eager + 100));
+    let first = Header { method: STASH, generation: 2, timeout_us: 1_000, ..ring_piece(s, 1, 0, p, total) };
+    let zeros = vec![0u8; p as usize];
+    c.write(0, &zeros, Some(first));
+    let (h, _) = c.response(Duration::from_secs(5)).expect("the expired call was answered");
+    assert_eq!((h.slot, h.generation, h.status), (1, 2, Code::DeadlineExceeded));
+    c.write(p, &zeros, Some(Header { ring_offset: p, ..first }));
+    // Served in order after it: an echo; by then the pieced request was complete and dropped.
+    c.send_eager(Header { generation: 3, ..raw_request(s, 2, 4) }, b"abcd");
+    let (h, _) = c.response(Duration::from_secs(5)).expect("answered");
+    assert_eq!((h.slot, h.status), (2, Code::Ok));
+    assert_eq!(stash.lock().unwrap().len(), 1, "the expired request's handler never ran");
+    assert_eq!(server.counters().malformed, 0);
+    stash.lock().unwrap().clear();
+    server.shutdown();
+}
+
+/// A client that stops polling (a raw client here, as a SIGSTOPped process would) while its
+/// deferred call is unanswered: the worker's idle probe gets no Pong, and after
+/// `peer_timeout` the session is closed (counted in `peers_lost`), its responder told. A
+/// client that answers the Pings keeps its session past several probe intervals.
+#[test]
+fn server_closes_a_silent_client_with_unanswered_calls_after_peer_timeout() {
+    let (server, stash) = spawn(server().peer_timeout(Some(Duration::from_millis(600))));
+    let mut quiet = RawClient::connect(server.local_addr());
+    let s = quiet.session;
+    quiet.send_eager(Header { method: STASH, generation: 1, ..raw_request(s, 0, 0) }, &[]);
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while server.counters().peers_lost < 1 {
+        assert!(Instant::now() < give_up, "the silent client's session was never closed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.counters().sessions_closed, 1);
+    assert!(stash.lock().unwrap().iter().all(Responder::is_cancelled), "its responder was told");
+    stash.lock().unwrap().clear();
+    // A client that answers Pings (as a polling Client does) keeps its session.
+    let mut live = RawClient::connect(server.local_addr());
+    let s = live.session;
+    live.send_eager(Header { method: STASH, generation: 1, ..raw_request(s, 0, 0) }, &[]);
+    let until = Instant::now() + Duration::from_millis(2000);
+    let mut pings = 0;
+    while Instant::now() < until {
+        let mut wcs = [WorkCompletion::default(); 8];
+        let n = live.peer.cq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+                live.pool.retire(usize::from(bufs));
+                live.sq.on_completion(wrs);
+            } else if let Some(buf) = live.peer.recv.take(wc.wr_id, wc.byte_len) {
+                let h = Header::decode(live.peer.recv.bytes(&buf)).unwrap();
+                live.peer.recv.repost(buf);
+                if h.kind == Kind::Ping {
+                    pings += 1;
+                    live.send_eager(Header::new(Kind::Pong).with_session(s), &[]);
+                }
+            }
+        }
+        live.peer.recv.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(pings >= 3, "{pings} pings in 2 s with a 600 ms peer_timeout");
+    assert_eq!(server.counters().peers_lost, 1, "the answering client was not closed");
+    stash.lock().unwrap().pop().unwrap().send(Ok(EchoMsg::default()));
+    let (h, _) = live.response(Duration::from_secs(5)).expect("its answer");
+    assert_eq!(h.status, Code::Ok);
+    server.shutdown();
 }
 
 /// max_sessions 2: a third client is refused with a clear status, the two work, and 20 cycles

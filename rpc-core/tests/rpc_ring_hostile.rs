@@ -217,7 +217,6 @@ fn a_server_gone_mid_message_ends_the_call_unavailable_and_frees_it() {
             slot: req.slot,
             generation: req.generation,
             method: req.method,
-            credits: 1,
             in_ring: true,
             body_len: piece,
             total_len: 3 * piece,

@@ -146,3 +146,40 @@ fn killed_server_process_fails_calls_in_flight_unavailable_and_its_segment_goes(
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// A server process stopped with SIGSTOP (alive to the kernel: its TCP connection stays open
+/// and would answer keepalives) while a call waits: the idle probe gets no Pong, and the call
+/// ends UNAVAILABLE within the client's `peer_timeout` (1.5 s here), not at its 20 s deadline.
+/// Without the probe the call waited for its deadline (DEADLINE_EXCEEDED).
+#[test]
+fn stopped_server_process_is_detected_by_the_idle_probe() {
+    let s = ServerProcess::start();
+    let peer_timeout = std::time::Duration::from_millis(1500);
+    let client = Client::connect_with(
+        s.addr,
+        &client_config().eager_threshold(EAGER).ring_bytes(RING).window(4).peer_timeout(Some(peer_timeout)),
+    )
+    .expect("connect to the server process");
+    check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    let pid = s.child.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &pid]).status().is_ok_and(|st| st.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let started = std::time::Instant::now();
+    let err = client
+        .unary::<_, EchoMsg>(
+            STASH,
+            &request(2, 8, 0),
+            &CallOptions::deadline(std::time::Duration::from_secs(20)),
+        )
+        .unwrap_err();
+    let took = started.elapsed();
+    signal("-CONT");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("peer_timeout"), "{err}");
+    assert!(took < peer_timeout * 4, "detected after {took:?} (peer_timeout {peer_timeout:?})");
+    assert!(took >= peer_timeout, "declared dead after {took:?}, before peer_timeout");
+    assert_eq!(client.counters().peers_lost, 1);
+}

@@ -32,6 +32,17 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Token for servers that require one.
     pub auth_token: Option<Vec<u8>>,
+    /// How long the server may stay silent on the RDMA path while calls wait for it: after a
+    /// third of it a Ping goes out (again after each further third; a running server answers
+    /// with a Pong), after all of it the session closes and its calls end UNAVAILABLE. Catches
+    /// a stopped or hung server process, which its NIC still acknowledges. Checked while a call
+    /// polls, every 4096 empty polls. Default 6 s; `None` disables the probe.
+    pub peer_timeout: Option<Duration>,
+    /// Calls abandoned on the wire (future dropped, deadline passed) whose acknowledgement from
+    /// the server has not arrived at which the client stops to wait for one, for up to
+    /// `peer_timeout`, and then resets the session (calls UNAVAILABLE, logged) instead of
+    /// starving the window. Default 32; 1 ..= 65535, at most the window in effect.
+    pub max_abandoned: u16,
 }
 
 impl Default for ClientConfig {
@@ -46,6 +57,8 @@ impl Default for ClientConfig {
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,
+            peer_timeout: Some(Duration::from_secs(6)),
+            max_abandoned: 32,
         }
     }
 }
@@ -80,6 +93,10 @@ impl ClientConfig {
         polling: PollingPolicy;
         /// See [`ClientConfig::connect_timeout`].
         connect_timeout: Duration;
+        /// See [`ClientConfig::peer_timeout`].
+        peer_timeout: Option<Duration>;
+        /// See [`ClientConfig::max_abandoned`].
+        max_abandoned: u16;
     }
 
     /// Sets the auth token (at most 256 bytes).

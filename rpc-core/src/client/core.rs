@@ -14,7 +14,11 @@ use crate::buffers::{
     split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
-use crate::session::{CallSlots, Placement, ResponseFate, Role, Session, SessionParams};
+use crate::endpoint::conn::{
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
+};
+use crate::endpoint::counters::Counters;
+use crate::session::{Abandoned, CallSlots, Event, Placement, ResponseFate, Role, Session, SessionParams};
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
@@ -25,10 +29,6 @@ use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
     PROTOCOL_VERSION,
 };
-use crate::worker::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
-};
-use crate::worker::counters::Counters;
 
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
@@ -88,7 +88,12 @@ pub(crate) struct ClientCore<P: Provider> {
     idle: Idle,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
-    credit_return: bool,
+    ring_return: bool,
+    /// Calls abandoned on the wire and not yet acknowledged at which the session resets (at most
+    /// the window).
+    max_abandoned: u16,
+    /// How long the server may stay silent while calls wait for it (`None`: unbounded).
+    peer_timeout: Option<Duration>,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -111,6 +116,12 @@ impl<P: Provider> ClientCore<P> {
                 "ClientConfig::window {} is not in 1..=4096",
                 cfg.window
             )));
+        }
+        if cfg.max_abandoned == 0 {
+            return Err(Status::invalid_argument("ClientConfig::max_abandoned 0 is not in 1..=65535"));
+        }
+        if cfg.peer_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Status::invalid_argument("ClientConfig::peer_timeout of 0 (use None for no probe)"));
         }
         if cfg.ring_bytes == 0 || cfg.ring_bytes > crate::wire::MAX_RING_LEN {
             return Err(Status::invalid_argument(format!(
@@ -277,7 +288,11 @@ impl<P: Provider> ClientCore<P> {
                 mirror,
                 staging,
                 sq,
-                session,
+                session: {
+                    let mut s = session;
+                    s.set_peer_timeout(cfg.peer_timeout, Instant::now());
+                    s
+                },
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
                 body_cap,
                 max_inline: qp_inline,
@@ -292,7 +307,9 @@ impl<P: Provider> ClientCore<P> {
             idle: Idle::new(cfg.polling),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
-            credit_return: false,
+            ring_return: false,
+            max_abandoned: cfg.max_abandoned.min(window),
+            peer_timeout: cfg.peer_timeout,
             peer,
             _dev: dev,
         })
@@ -442,7 +459,12 @@ impl<P: Provider> ClientCore<P> {
             if !self.conn.send_outgoing(out) {
                 break;
             }
+            let h = out.header;
             self.outbox.pop_front();
+            if self.slots.is_abandoned(h.slot, h.generation) {
+                // Abandoned while its body was still leaving: the Cancel follows its last piece.
+                self.conn.session.cancel(h.slot, h.generation);
+            }
         }
     }
 
@@ -450,26 +472,28 @@ impl<P: Provider> ClientCore<P> {
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
     #[inline]
     fn flush(&mut self) {
-        if self.credit_return || !self.conn.sq.is_empty() || self.recv.pending_reposts() >= REPOST_BATCH {
+        if self.ring_return
+            || !self.conn.sq.is_empty()
+            || self.conn.session.has_control()
+            || self.recv.pending_reposts() >= REPOST_BATCH
+        {
             self.flush_slow();
         }
     }
 
     #[inline(never)]
     fn flush_slow(&mut self) {
-        if self.credit_return {
-            self.credit_return = false;
+        if self.ring_return {
+            self.ring_return = false;
             // Messages are stamped with the freed head when queued: bytes still unreported are
             // carried by none of the pending ones (they were queued before the release). With
             // nothing in flight the next request carries them, unless a response is still
             // arriving in pieces (its sender waits for the space).
-            let needed = self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0;
-            if needed && self.conn.session.credit_return_due() {
-                if let Some(b) = self.conn.acquire() {
-                    self.conn.queue(b, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
-                }
+            if self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0 {
+                self.conn.queue_ring_return();
             }
         }
+        self.conn.queue_controls();
         if let Err(e) = self.conn.flush(TAG) {
             self.break_conn(unavailable(format!("posting sends: {e}")));
         }
@@ -487,11 +511,9 @@ impl<P: Provider> ClientCore<P> {
         tracing::info!(%status, "client session closed");
         // Each failed call is counted when its caller takes the answer.
         self.slots.fail_all(|| Answer::Err(status.clone()));
-        for p in self.pending.iter_mut().filter_map(Option::take) {
-            match p.body {
-                PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
-                PendingBody::Staged(s) => self.conn.staging.release(s),
-                PendingBody::Heap(_) => {}
+        for i in 0..self.pending.len() {
+            if let Some(p) = self.pending[i].take() {
+                self.drop_pending(p);
             }
         }
         self.outbox.clear();
@@ -501,6 +523,15 @@ impl<P: Provider> ClientCore<P> {
         self.conn.staging.reset();
         self.counters.sessions_closed += 1;
         self.broken = Some(status);
+    }
+
+    /// Gives back what a call that never went on the wire holds.
+    fn drop_pending(&mut self, p: Pending) {
+        match p.body {
+            PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
+            PendingBody::Staged(s) => self.conn.staging.release(s),
+            PendingBody::Heap(_) => {}
+        }
     }
 
     /// Polls the CQ once and handles what completed. Returns how many completions there were.
@@ -546,40 +577,25 @@ impl<P: Provider> ClientCore<P> {
             self.break_conn(unavailable(format!("receive failed ({})", wc.status)));
             return;
         }
-        if wc.invalidated_rkey.is_some() {
-            // Nothing in the protocol invalidates a key: the peer killed our ring's window.
-            self.recv.repost(buf);
-            self.malformed("the server invalidated a key (SEND_WITH_INV)".into());
-            return;
-        }
-        if !self.recv.fits(&buf) {
-            self.recv.repost(buf);
-            self.malformed("message longer than a receive buffer".into());
-            return;
-        }
-        let h = match Header::decode(self.recv.bytes(&buf)) {
-            Ok(h) => h,
-            Err(e) => {
-                self.recv.repost(buf);
-                self.malformed(format!("malformed header: {e}"));
-                return;
-            }
-        };
-        let inc = match self.conn.session.handle_header(&h) {
+        let msg = self.recv.bytes(&buf);
+        let overlong = !self.recv.fits(&buf);
+        let inc = match self.conn.session.receive(msg, overlong, wc.invalidated_rkey.is_some(), Instant::now)
+        {
             Ok(inc) => inc,
             Err(reason) => {
                 self.recv.repost(buf);
-                self.malformed(format!("protocol violation: {reason}"));
+                self.malformed(reason);
                 return;
             }
         };
+        let h = inc.header;
         // A ring body is copied out at once (the server could rewrite the ring) and its space
         // freed; the response is complete with its last piece.
         let (h, body) = match inc.ring {
             None => (h, Answer::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                self.credit_return = true;
+                self.ring_return = true;
                 match self.conn.take_piece(piece) {
                     Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
                     Ok(None) => return,
@@ -623,7 +639,9 @@ impl<P: Provider> ClientCore<P> {
                 self.release(body);
                 self.break_conn(unavailable("the server closed the session"));
             }
-            Kind::CreditReturn | Kind::Request => self.release(body),
+            // A Ping made a Pong due (sent with the next flush); the rest only carried the
+            // freed head (the session refused a Request or a Cancel).
+            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
         }
     }
 
@@ -702,6 +720,10 @@ impl<P: Provider> ClientCore<P> {
     #[cold]
     #[inline(never)]
     fn check_liveness(&mut self) {
+        self.check_timers();
+        if self.broken.is_some() {
+            return;
+        }
         // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
         // dropped; a peek would see them forever and never notice the connection closing.
         let mut b = [0u8; 64];
@@ -714,6 +736,26 @@ impl<P: Provider> ClientCore<P> {
                 self.break_conn(unavailable("the server closed the connection"));
             }
         }
+    }
+
+    /// The session's timers (the idle probe): a Ping when the server has been silent for a third
+    /// of `peer_timeout` while calls wait for it, the session closed after all of it.
+    fn check_timers(&mut self) {
+        let waiting = self.slots.in_flight() > 0;
+        self.conn.session.handle_timeout(Instant::now(), waiting);
+        while let Some(e) = self.conn.session.poll_event() {
+            if let Event::PeerDead { silent } = e {
+                let reason = format!(
+                    "no message from the server for {} ms while calls waited (ClientConfig::peer_timeout)",
+                    silent.as_millis()
+                );
+                tracing::warn!(peer = %self.peer, %reason, "closing the session");
+                self.counters.peers_lost += 1;
+                self.break_conn(unavailable(reason));
+                return;
+            }
+        }
+        self.flush();
     }
 
     /// Polls a call once: its result when finished (or failed), `None` while it runs.
@@ -739,6 +781,44 @@ impl<P: Provider> ClientCore<P> {
         None
     }
 
+    /// A finished call's result, without progressing the session (a dispatcher progresses once
+    /// per loop for all its calls); `None` while it runs.
+    pub(crate) fn take_done<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        let a = self.slots.take_done(id.slot, id.generation)?;
+        Some(self.finish(a))
+    }
+
+    /// True when a call can start now (a slot is free).
+    pub(crate) fn has_free_slot(&self) -> bool {
+        self.broken.is_some() || self.slots.has_free()
+    }
+
+    /// One progress step of a dispatcher: polls the CQ once; an empty poll counts toward the TCP
+    /// liveness check. Returns the completions handled.
+    pub(crate) fn dispatch_step(&mut self) -> usize {
+        let n = self.progress();
+        if n > 0 {
+            self.idle.reset();
+        } else if self.broken.is_none() {
+            self.note_empty();
+        }
+        n
+    }
+
+    /// Arms the CQ and, unless a completion is already there, blocks on its completion channel
+    /// for at most `timeout`. Returns the completions handled (0 also when the CQ has no events).
+    pub(crate) fn wait_cq(&mut self, timeout: Duration) -> usize {
+        if self.broken.is_some() || self.cq.req_notify(false).is_err() {
+            return 0;
+        }
+        // Completions that arrived before the CQ was armed raise no event: poll once more.
+        let n = self.dispatch_step();
+        if n == 0 {
+            let _ = self.cq.wait(Some(timeout));
+        }
+        n
+    }
+
     /// Blocks (busy-polling per policy) until the call finishes.
     pub(crate) fn wait<R: Message + Default>(&mut self, id: CallId) -> Result<R, Status> {
         loop {
@@ -751,11 +831,60 @@ impl<P: Provider> ClientCore<P> {
         }
     }
 
-    /// The caller gave up on a call (future dropped or deadline passed).
+    /// The caller gave up on a call (future dropped, deadline passed, explicit cancel). A call
+    /// not yet sent is dropped and its slot is free at once; one on the wire gets a Cancel and
+    /// keeps its slot until the server's answer to it (CANCELLED, or the answer that was already
+    /// on its way) arrives, since until then the server may still write into our ring for it.
+    /// When [`ClientConfig::max_abandoned`](super::ClientConfig::max_abandoned) calls wait for
+    /// that acknowledgement, the session polls for up to `peer_timeout` (5 s without one) for
+    /// one to arrive, then resets with a logged reason instead of starving the window.
     pub(crate) fn abandon(&mut self, id: CallId) {
-        if let Some(a) = self.slots.abandon(id.slot, id.generation) {
-            self.release(a);
-            self.flush();
+        match self.slots.abandon(id.slot, id.generation) {
+            Abandoned::Nothing => return,
+            Abandoned::Answered(a) => self.release(a),
+            Abandoned::Unsent => {
+                if let Some(p) = self.pending[id.slot as usize].take() {
+                    self.drop_pending(p);
+                }
+            }
+            Abandoned::OnWire => {
+                self.counters.cancels += 1;
+                // A request still leaving in pieces is finished first (its ring space is
+                // reserved, and the server must never see a Cancel overtake pieces of its call,
+                // whose slot may be reused once the Cancel is answered): `pump` sends the Cancel
+                // after its last piece.
+                let leaving = self
+                    .outbox
+                    .iter()
+                    .any(|o| (o.header.slot, o.header.generation) == (id.slot, id.generation));
+                if !leaving {
+                    self.conn.session.cancel(id.slot, id.generation);
+                }
+            }
+        }
+        self.flush();
+        if self.broken.is_none() && self.slots.abandoned() >= self.max_abandoned {
+            self.await_acknowledgement();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn await_acknowledgement(&mut self) {
+        let before = self.slots.abandoned();
+        let give_up = Instant::now() + self.peer_timeout.unwrap_or(Duration::from_secs(5));
+        while self.broken.is_none() && self.slots.abandoned() >= before {
+            if self.progress() == 0 {
+                if Instant::now() >= give_up {
+                    let reason = format!(
+                        "{before} abandoned calls and no acknowledgement from the server                          (ClientConfig::max_abandoned)"
+                    );
+                    tracing::warn!(peer = %self.peer, %reason, "resetting the session");
+                    self.break_conn(unavailable(reason));
+                    return;
+                }
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -764,9 +893,7 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return;
         }
-        if let Some(b) = self.conn.acquire() {
-            self.conn.queue(b, Header::new(Kind::Close), BodyAt::Eager(0));
-            let _ = self.conn.flush(TAG);
+        if self.conn.send_close(TAG) {
             // Give the SEND a moment to leave before the QP is destroyed.
             let until = Instant::now() + Duration::from_millis(5);
             while Instant::now() < until {

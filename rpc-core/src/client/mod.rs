@@ -5,7 +5,7 @@
 //! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time.
 
 mod config;
-mod core;
+pub(crate) mod core;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -19,9 +19,9 @@ use prost::Message;
 pub use config::{CallOptions, ClientConfig};
 
 use crate::codegen::MethodId;
+use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
-use crate::worker::counters::Counters;
 use core::{CallId, ClientCore};
 
 enum AnyCore {

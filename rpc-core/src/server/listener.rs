@@ -10,10 +10,14 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use super::registry::Registry;
-use super::reply::DeferQueue;
 use super::{ServerConfig, ServerError, ServerHandle};
 use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue, SendStaging};
+use crate::dispatch::registry::Registry;
+use crate::dispatch::reply::DeferQueue;
+use crate::endpoint::conn::{
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, staging_len, Conn,
+};
+use crate::endpoint::counters::SharedCounters;
 use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
@@ -22,10 +26,6 @@ use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
 };
-use crate::worker::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, staging_len, Conn,
-};
-use crate::worker::counters::SharedCounters;
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_FAILED, BIND_PENDING};
 
@@ -89,6 +89,7 @@ pub(super) fn start<P: Provider>(
         max_sessions: per_worker,
         polling: config.polling,
         drain_timeout: config.drain_timeout,
+        peer_timeout: config.peer_timeout,
         body_cap,
     };
     let mut shared_all = Vec::new();

@@ -9,9 +9,8 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod async_service;
 mod listener;
-pub(crate) mod registry;
-pub(crate) mod reply;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,10 +20,10 @@ use std::time::Duration;
 
 use crate::codegen::Service;
 use crate::config::PollingPolicy;
+use crate::dispatch::registry::Registry;
+use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::transport::Transport;
 use crate::verbs::VerbsError;
-use crate::worker::counters::{Counters, SharedCounters};
-use registry::Registry;
 
 /// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +116,14 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// How long a client may take to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
+    /// How long a client may stay silent on the RDMA path while its calls are unanswered (a
+    /// deferred handler runs): after a third of it the worker sends a Ping (again after each
+    /// further third; a client that polls for its calls answers with a Pong), after all of it the
+    /// session closes (counted in `Counters::peers_lost`) and its memory is freed. Catches a
+    /// stopped or hung client process, which its NIC still acknowledges. Sessions without
+    /// unanswered calls are not probed (an idle blocking client does not poll). Default 6 s;
+    /// `None` disables the probe.
+    pub peer_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -134,6 +141,7 @@ impl Default for ServerConfig {
             auth_token: None,
             drain_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
+            peer_timeout: Some(Duration::from_secs(6)),
         }
     }
 }
@@ -141,6 +149,9 @@ impl Default for ServerConfig {
 impl ServerConfig {
     fn validate(&self) -> Result<(), ServerError> {
         let bad = |field, reason: String| Err(ServerError::Config { field, reason });
+        if self.peer_timeout.is_some_and(|t| t.is_zero()) {
+            return bad("peer_timeout", "0 (use None for no probe)".into());
+        }
         if self.ring_bytes == 0 || self.ring_bytes > crate::wire::MAX_RING_LEN {
             return bad(
                 "ring_bytes",
@@ -150,7 +161,7 @@ impl ServerConfig {
         if self.credits_per_session == 0 || self.credits_per_session > crate::wire::MAX_CREDITS {
             return bad("credits_per_session", format!("{} is not in 1..=4096", self.credits_per_session));
         }
-        let per_session = crate::worker::conn::srq_need(self.credits_per_session);
+        let per_session = crate::endpoint::conn::srq_need(self.credits_per_session);
         if self.srq_depth != 0 && self.srq_depth < per_session {
             return bad(
                 "srq_depth",
@@ -195,7 +206,7 @@ impl ServerConfig {
             return u64::from(self.srq_depth);
         }
         let per_worker = self.max_sessions.div_ceil(self.worker_cores.len().max(1)) as u64;
-        per_worker * u64::from(crate::worker::conn::srq_need(self.credits_per_session))
+        per_worker * u64::from(crate::endpoint::conn::srq_need(self.credits_per_session))
     }
 }
 
@@ -252,6 +263,8 @@ impl ServerBuilder {
         polling: PollingPolicy;
         /// See [`ServerConfig::drain_timeout`].
         drain_timeout: Duration;
+        /// See [`ServerConfig::peer_timeout`].
+        peer_timeout: Option<Duration>;
         /// See [`ServerConfig::handshake_timeout`].
         handshake_timeout: Duration;
     }

@@ -1,8 +1,10 @@
 //! Per-connection protocol state, sans-IO: credits, call slots with generations, the producer
-//! state of the peer's ring and the consumer state of our own, and the reassembly of bodies that
-//! arrive through the ring. No verbs and no clock: inputs are received headers (`handle_header`)
-//! and body sizes (`place_body`, `next_piece`); outputs are placements, header fields to send and
-//! complete messages.
+//! state of the peer's ring and the consumer state of our own, the reassembly of bodies that
+//! arrive through the ring, and the life of calls and of the peer (cancel, server-side deadlines,
+//! the idle probe; see [`lifecycle`]). No verbs and no clock: inputs are received headers
+//! (`handle_header`), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
+//! outputs are placements, header fields to send, control messages to send (`next_control`),
+//! events (`poll_event`) and complete messages.
 //!
 //! Ring bodies are untrusted while they sit in the ring (the peer can write it at any time), so the
 //! receiver copies every ring body out once, into a buffer this session owns, and frees its ring
@@ -11,9 +13,15 @@
 //! most a quarter of the ring ([`Session::next_piece`]), pipelined: the receiver copies one piece
 //! out while the next is written.
 
+pub mod lifecycle;
 mod recycle;
 mod ring;
 mod slots;
+
+pub use lifecycle::Event;
+use lifecycle::{Liveness, Unanswered};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 pub use recycle::{BodyRecycler, RecycledBody, SPARE_BODIES};
 
@@ -25,10 +33,17 @@ const PIECE_FRACTION: u32 = 4;
 /// Most pieces that are not the last of their message one ring holds at once: every such piece
 /// takes at least `1 / PIECE_FRACTION²` of it.
 pub const MAX_PIECES_IN_RING: u32 = PIECE_FRACTION * PIECE_FRACTION;
-pub use slots::{CallSlots, ResponseFate, SlotState};
+pub use slots::{Abandoned, CallSlots, ResponseFate, SlotState};
 
 use crate::status::Status;
 use crate::wire::{Header, Kind};
+
+/// A request still waiting for its handler's answer ([`Session::live_call`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveCall {
+    /// When the client stops waiting (`None`: no deadline).
+    pub deadline: Option<Instant>,
+}
 
 /// Which end of the connection this session is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,9 +138,14 @@ pub struct Session {
     params: SessionParams,
     producer: RingProducer,
     consumer: RingConsumer,
-    /// Server: requests received and not yet answered, as (slot, generation); at most `credits`
+    /// Server: requests received and not yet answered, with their deadlines; at most `credits`
     /// entries (allocated once). An answer for a call not listed here is a duplicate.
-    unanswered: Vec<(u16, u32)>,
+    unanswered: Vec<Unanswered>,
+    /// Server: events for the driver (at most one per unanswered call, plus one).
+    events: VecDeque<Event>,
+    /// Client: Cancels to send, as (slot, generation) (at most the window).
+    cancels: VecDeque<(u16, u32)>,
+    liveness: Liveness,
     /// Ring messages being received (at most `max_held`, bounded by credits or the window).
     assemblies: Vec<Assembly>,
     /// Buffers of earlier ring messages, to copy the next ones into.
@@ -145,6 +165,12 @@ impl Session {
                 Role::Server => Vec::with_capacity(usize::from(params.credits)),
                 Role::Client => Vec::new(),
             },
+            events: VecDeque::with_capacity(usize::from(params.credits) + 1),
+            cancels: match role {
+                Role::Client => VecDeque::with_capacity(params.max_held),
+                Role::Server => VecDeque::new(),
+            },
+            liveness: Liveness::new(None),
             assemblies: Vec::new(),
             // Spare buffers for the bodies that may be held at once, received or waiting to be
             // sent: at most our ring's length plus one largest message together (fresh memory
@@ -174,7 +200,81 @@ impl Session {
 
     /// Server: whether the request `(slot, generation)` was received and not yet answered.
     pub fn is_unanswered(&self, slot: u16, generation: u32) -> bool {
-        self.unanswered.contains(&(slot, generation))
+        self.unanswered.iter().any(|c| (c.slot, c.generation) == (slot, generation))
+    }
+
+    /// Server: the request `(slot, generation)` when it still waits for its handler's answer
+    /// (unanswered, not cancelled, not expired), with its deadline (from its `timeout_us`;
+    /// `None`: no deadline). `None` when it does not: drop it undispatched.
+    #[inline]
+    pub fn live_call(&self, slot: u16, generation: u32) -> Option<LiveCall> {
+        let c = self.unanswered.iter().find(|c| (c.slot, c.generation) == (slot, generation))?;
+        (!c.ended).then_some(LiveCall { deadline: c.deadline })
+    }
+
+    /// Enables the idle probe from `now` on: while this end waits for the peer, a Ping after a
+    /// third of `peer_timeout` of silence, [`Event::PeerDead`] after all of it (`None`: never).
+    pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>, now: Instant) {
+        self.liveness = Liveness::new(peer_timeout);
+        self.liveness.last_check = Some(now);
+    }
+
+    /// When [`Session::handle_timeout`] has something to do next (`waiting`: this end expects
+    /// something from the peer): the earliest deadline of an unanswered call, or of the probe.
+    pub fn poll_timeout(&self, waiting: bool) -> Option<Instant> {
+        let calls = self.unanswered.iter().filter(|c| !c.ended).filter_map(|c| c.deadline).min();
+        match (calls, self.liveness.next(waiting)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Applies the passage of time up to `now`. `waiting`: this end expects something from the
+    /// peer (client: calls on the wire; server: unanswered calls). Expired calls and a dead peer
+    /// become [`Event`]s; a due probe becomes a Ping in [`Session::next_control`].
+    pub fn handle_timeout(&mut self, now: Instant, waiting: bool) {
+        for c in self.unanswered.iter_mut().filter(|c| !c.ended) {
+            if c.deadline.is_some_and(|d| d <= now) {
+                c.ended = true;
+                self.events.push_back(Event::Expired { slot: c.slot, generation: c.generation });
+            }
+        }
+        if let Some(silent) = self.liveness.check(now, waiting) {
+            self.events.push_back(Event::PeerDead { silent });
+        }
+    }
+
+    /// The next event for the driver, oldest first.
+    #[inline]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Client: the caller gave up on `(slot, generation)`, which is on the wire: a Cancel goes to
+    /// the server (from [`Session::next_control`]). The slot is reused only once the call's
+    /// response arrives (the server answers every request exactly once).
+    pub fn cancel(&mut self, slot: u16, generation: u32) {
+        self.cancels.push_back((slot, generation));
+    }
+
+    /// Whether a control message waits to be sent ([`Session::next_control`]). Inlined: a few
+    /// compares on the hot path.
+    #[inline]
+    pub fn has_control(&self) -> bool {
+        self.liveness.pong_due || self.liveness.ping_due || !self.cancels.is_empty()
+    }
+
+    /// The next control message to send (a Pong, a Ping or a Cancel; the caller stamps and
+    /// queues it). Take it only when a send buffer is at hand: it is gone from the session.
+    pub fn next_control(&mut self) -> Option<Header> {
+        if std::mem::take(&mut self.liveness.pong_due) {
+            return Some(Header::new(Kind::Pong));
+        }
+        if std::mem::take(&mut self.liveness.ping_due) {
+            return Some(Header::new(Kind::Ping));
+        }
+        let (slot, generation) = self.cancels.pop_front()?;
+        Some(Header { slot, generation, ..Header::new(Kind::Cancel) })
     }
 
     /// True once a Close was received or sent.
@@ -257,7 +357,7 @@ impl Session {
     /// (a second answer to one call, e.g. a deferred one after the handler also answered or
     /// panicked): such an answer must not be sent.
     pub fn on_answer_for(&mut self, slot: u16, generation: u32) -> bool {
-        match self.unanswered.iter().position(|&c| c == (slot, generation)) {
+        match self.unanswered.iter().position(|c| (c.slot, c.generation) == (slot, generation)) {
             Some(i) => {
                 self.unanswered.swap_remove(i);
                 true
@@ -271,14 +371,14 @@ impl Session {
         self.consumer.unreported()
     }
 
-    /// Whether the bytes of our ring freed since a header last told the peer are worth a credit
+    /// Whether the bytes of our ring freed since a header last told the peer are worth a RingReturn
     /// message of their own (when no other message carries them): at least a quarter of the
     /// ring (a whole largest piece), or any amount once no message is arriving in pieces. While
     /// a message arrives and less is unreported, the peer is not waiting for it: with all it
     /// placed copied out and freed, it sees more than three quarters of the ring free, room for
     /// any piece; and its pieces still in flight bring their headers, after which this is asked
     /// again.
-    pub fn credit_return_due(&self) -> bool {
+    pub fn ring_return_due(&self) -> bool {
         let unreported = self.consumer.unreported();
         unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty())
     }
@@ -288,24 +388,32 @@ impl Session {
         self.consumer.release(token);
     }
 
-    /// Validates a decoded header against the session state and applies its piggy-backed freed
-    /// head.
+    /// Validates a decoded header against the session state and applies it: its piggy-backed
+    /// freed head, a Cancel (server: [`Event::Cancelled`] when the call is unanswered), a Ping (a
+    /// Pong becomes due). `now` is read only for the first piece of a request with a timeout (its
+    /// deadline).
     ///
     /// # Errors
     /// A reason when the peer broke the protocol (wrong session id, wrong direction, more requests
     /// than credits, a ring body out of place, a freed head out of range): close the connection.
     #[inline]
-    pub fn handle_header(&mut self, h: &Header) -> Result<Incoming, &'static str> {
+    pub fn handle_header(
+        &mut self,
+        h: &Header,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Incoming, &'static str> {
         if h.session != self.params.id {
             return Err("header for another session");
         }
+        self.liveness.rx_seen = true;
         match (self.role, h.kind) {
             (Role::Server, Kind::Request)
             | (Role::Client, Kind::Response)
-            | (_, Kind::CreditReturn)
-            | (_, Kind::Close) => {}
+            | (Role::Server, Kind::Cancel)
+            | (_, Kind::RingReturn | Kind::Close | Kind::Ping | Kind::Pong) => {}
             (Role::Server, Kind::Response) => return Err("response sent to a server"),
             (Role::Client, Kind::Request) => return Err("request sent to a client"),
+            (Role::Client, Kind::Cancel) => return Err("cancel sent to a client"),
         }
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
@@ -372,11 +480,57 @@ impl Session {
             None
         };
         match h.kind {
-            Kind::Request if first => self.unanswered.push((h.slot, h.generation)),
+            Kind::Request if first => {
+                let deadline =
+                    (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
+                self.unanswered.push(Unanswered {
+                    slot: h.slot,
+                    generation: h.generation,
+                    deadline,
+                    ended: false,
+                });
+            }
             Kind::Close => self.closed = true,
+            Kind::Ping => self.liveness.pong_due = true,
+            Kind::Cancel => {
+                // A call answered already (its answer is on its way: that is the acknowledgement)
+                // or cancelled twice changes nothing.
+                let c = self.unanswered.iter_mut().find(|c| (c.slot, c.generation) == (h.slot, h.generation));
+                if let Some(c) = c.filter(|c| !c.ended) {
+                    c.ended = true;
+                    self.events.push_back(Event::Cancelled { slot: h.slot, generation: h.generation });
+                }
+            }
             _ => {}
         }
         Ok(Incoming { header: *h, ring })
+    }
+
+    /// One received message as its completion delivered it: `msg` the bytes in the receive
+    /// buffer, `overlong` when the message did not fit the buffer, `invalidated_key` when it
+    /// came as SEND_WITH_INV. Checks, decodes ([`Header::decode`]) and applies the header
+    /// ([`Session::handle_header`]). The one receive path of both ends.
+    ///
+    /// # Errors
+    /// The reason to close the session with (the peer broke the protocol): log it, count it as
+    /// malformed, close.
+    #[inline]
+    pub fn receive(
+        &mut self,
+        msg: &[u8],
+        overlong: bool,
+        invalidated_key: bool,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Incoming, String> {
+        if invalidated_key {
+            // Nothing in the protocol invalidates a key: the peer killed a ring's window.
+            return Err("protocol violation: the peer invalidated a key (SEND_WITH_INV)".into());
+        }
+        if overlong {
+            return Err("message longer than a receive buffer".into());
+        }
+        let h = Header::decode(msg).map_err(|e| format!("malformed header: {e}"))?;
+        self.handle_header(&h, now).map_err(|reason| format!("protocol violation: {reason}"))
     }
 
     fn check_credit(&self) -> Result<(), &'static str> {

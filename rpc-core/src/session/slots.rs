@@ -3,9 +3,11 @@
 //!
 //! A call takes a free slot (its generation increments), waits in FIFO order for a credit, goes
 //! on the wire, and ends when its response arrives (the credit returns with it). A call whose
-//! caller gave up (deadline passed, future dropped) is *abandoned*: the slot stays taken until
-//! the late response arrives and is discarded, so a late response can never land in a reused
-//! slot; the generation check rejects anything else.
+//! caller gave up (deadline passed, future dropped) before it was sent is dropped at once (its
+//! slot is free again). One on the wire is *abandoned*: the driver sends a Cancel, and the slot
+//! stays taken until the response arrives (the server answers every request once: its answer or
+//! CANCELLED) and is discarded, so the server can no longer write into ring space of the call and
+//! a late response can never land in a reused slot; the generation check rejects anything else.
 
 use std::collections::VecDeque;
 
@@ -22,6 +24,19 @@ pub enum SlotState {
     Done,
     /// The caller gave up; the response will be discarded when it arrives.
     Abandoned,
+}
+
+/// What [`CallSlots::abandon`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Abandoned<T> {
+    /// Not a call of this slot and generation, or abandoned already: nothing.
+    Nothing,
+    /// It had not been sent: the slot is free again (the caller releases the call's body).
+    Unsent,
+    /// It is on the wire: send a Cancel; the slot frees when the response arrives.
+    OnWire,
+    /// Its response had arrived: the slot is free again, here is the result to release.
+    Answered(T),
 }
 
 /// What to do with a response that arrived.
@@ -49,6 +64,8 @@ pub struct CallSlots<T> {
     queue: VecDeque<u16>,
     credits: u16,
     in_flight: u16,
+    /// Calls abandoned on the wire whose response has not arrived.
+    abandoned: u16,
 }
 
 impl<T> CallSlots<T> {
@@ -63,6 +80,7 @@ impl<T> CallSlots<T> {
             queue: VecDeque::with_capacity(window as usize),
             credits: credits.clamp(1, window),
             in_flight: 0,
+            abandoned: 0,
         }
     }
 
@@ -79,6 +97,18 @@ impl<T> CallSlots<T> {
     /// Requests on the wire (abandoned ones included, until their response arrives).
     pub fn in_flight(&self) -> u16 {
         self.in_flight
+    }
+
+    /// Calls abandoned on the wire whose response (the server's acknowledgement) has not arrived.
+    pub fn abandoned(&self) -> u16 {
+        self.abandoned
+    }
+
+    /// Whether `(slot, generation)` is a call abandoned on the wire, response not yet arrived.
+    pub fn is_abandoned(&self, slot: u16, generation: u32) -> bool {
+        self.slots
+            .get(slot as usize)
+            .is_some_and(|s| s.generation == generation && s.state == SlotState::Abandoned)
     }
 
     /// Calls waiting for a credit.
@@ -119,10 +149,7 @@ impl<T> CallSlots<T> {
         }
         let slot = self.queue.pop_front()?;
         let s = &mut self.slots[slot as usize];
-        s.state = match s.state {
-            SlotState::Queued => SlotState::InFlight,
-            other => other, // Abandoned while queued: still sent, answer discarded.
-        };
+        s.state = SlotState::InFlight;
         s.sent = true;
         self.in_flight += 1;
         Some((slot, s.generation))
@@ -162,6 +189,7 @@ impl<T> CallSlots<T> {
             SlotState::Abandoned => {
                 s.state = SlotState::Free;
                 self.free.push(slot);
+                self.abandoned -= 1;
                 ResponseFate::Discard(result)
             }
             _ => return Err(("response for a slot with no call on the wire", result)),
@@ -190,24 +218,31 @@ impl<T> CallSlots<T> {
         self.slots.iter_mut().filter(|s| s.state == SlotState::Done).filter_map(|s| s.result.as_mut())
     }
 
-    /// The caller gives up on `(slot, generation)` (deadline passed, future dropped). Returns the
-    /// stored result when the response had already arrived (the caller releases its buffers).
-    pub fn abandon(&mut self, slot: u16, generation: u32) -> Option<T> {
-        let s = self.slots.get_mut(slot as usize)?;
+    /// The caller gives up on `(slot, generation)` (deadline passed, future dropped, explicit
+    /// cancel); see [`Abandoned`] for what the caller does next.
+    pub fn abandon(&mut self, slot: u16, generation: u32) -> Abandoned<T> {
+        let Some(s) = self.slots.get_mut(slot as usize) else { return Abandoned::Nothing };
         if s.generation != generation {
-            return None;
+            return Abandoned::Nothing;
         }
         match s.state {
-            SlotState::Queued | SlotState::InFlight => {
+            SlotState::Queued => {
+                s.state = SlotState::Free;
+                self.free.push(slot);
+                self.queue.retain(|&q| q != slot);
+                Abandoned::Unsent
+            }
+            SlotState::InFlight => {
                 s.state = SlotState::Abandoned;
-                None
+                self.abandoned += 1;
+                Abandoned::OnWire
             }
             SlotState::Done => {
                 s.state = SlotState::Free;
                 self.free.push(slot);
-                s.result.take()
+                s.result.take().map_or(Abandoned::Nothing, Abandoned::Answered)
             }
-            SlotState::Free | SlotState::Abandoned => None,
+            SlotState::Free | SlotState::Abandoned => Abandoned::Nothing,
         }
     }
 
@@ -231,6 +266,7 @@ impl<T> CallSlots<T> {
             }
         }
         self.in_flight = 0;
+        self.abandoned = 0;
         n
     }
 }
@@ -261,9 +297,11 @@ mod tests {
         let mut s: CallSlots<u32> = CallSlots::new(1, 1);
         let a = s.start().unwrap();
         s.next_sendable().unwrap();
-        assert_eq!(s.abandon(a.0, a.1), None); // deadline passed
+        assert_eq!(s.abandon(a.0, a.1), Abandoned::OnWire); // deadline passed
+        assert_eq!(s.abandoned(), 1);
         assert!(s.start().is_none(), "the slot stays taken until the late reply arrives");
         assert_eq!(s.on_response(a.0, a.1, 1), Ok(ResponseFate::Discard(1)));
+        assert_eq!(s.abandoned(), 0);
         let b = s.start().unwrap();
         assert_eq!(b.0, a.0);
         assert_ne!(b.1, a.1);
@@ -271,6 +309,21 @@ mod tests {
         assert!(s.on_response(a.0, a.1, 2).is_err(), "old generation refused");
         assert_eq!(s.on_response(b.0, b.1, 3), Ok(ResponseFate::Stored));
         assert_eq!(s.take_done(b.0, b.1), Some(3));
+    }
+
+    #[test]
+    fn a_call_abandoned_before_it_was_sent_frees_its_slot_at_once() {
+        let mut s: CallSlots<u32> = CallSlots::new(2, 1);
+        let a = s.start().unwrap();
+        let b = s.start().unwrap();
+        assert_eq!(s.next_sendable(), Some(a));
+        assert_eq!(s.abandon(b.0, b.1), Abandoned::Unsent);
+        assert_eq!(s.queued(), 0, "never sent");
+        assert_eq!(s.abandoned(), 0);
+        assert!(s.has_free());
+        assert_eq!(s.on_response(a.0, a.1, 4), Ok(ResponseFate::Stored));
+        assert_eq!(s.abandon(a.0, a.1), Abandoned::Answered(4));
+        assert_eq!(s.abandon(a.0, a.1), Abandoned::Nothing);
     }
 
     #[test]
@@ -322,7 +375,7 @@ mod tests {
                     }
                     Op::Abandon(i) if !calls.is_empty() => {
                         let c = calls.remove(i as usize % calls.len());
-                        if let Some(r) = s.abandon(c.0, c.1) { prop_assert_eq!(r, c); }
+                        if let Abandoned::Answered(r) = s.abandon(c.0, c.1) { prop_assert_eq!(r, c); }
                     }
                     _ => {}
                 }

@@ -180,7 +180,7 @@ impl Pair {
 
     fn server_deliver(&mut self) -> Result<(), TestCaseError> {
         let Some(h) = self.to_server.pop_front() else { return Ok(()) };
-        let inc = self.server.handle_header(&h).map_err(TestCaseError::fail)?;
+        let inc = self.server.handle_header(&h, std::time::Instant::now).map_err(TestCaseError::fail)?;
         if let Some(h) = Self::take_ring(&mut self.server, &mut self.server_ring, inc)? {
             if h.kind == Kind::Request {
                 self.server_held.push_back(h);
@@ -197,7 +197,6 @@ impl Pair {
             slot: req.slot,
             generation: req.generation,
             method: id,
-            credits: 1,
             body_len: len,
             total_len: len,
             ..Header::new(Kind::Response)
@@ -252,7 +251,7 @@ impl Pair {
 
     fn client_deliver(&mut self) -> Result<(), TestCaseError> {
         let Some(h) = self.to_client.pop_front() else { return Ok(()) };
-        let inc = self.client.handle_header(&h).map_err(TestCaseError::fail)?;
+        let inc = self.client.handle_header(&h, std::time::Instant::now).map_err(TestCaseError::fail)?;
         if let Some(h) = Self::take_ring(&mut self.client, &mut self.client_ring, inc)? {
             if h.kind == Kind::Response {
                 let fate =
@@ -276,14 +275,14 @@ impl Pair {
         Ok(())
     }
 
-    fn credit_returns(&mut self) {
+    fn ring_returns(&mut self) {
         if self.client.unreported_ring_bytes() > 0 {
-            let mut h = Header::new(Kind::CreditReturn);
+            let mut h = Header::new(Kind::RingReturn);
             self.client.stamp(&mut h);
             self.to_server.push_back(h);
         }
         if self.server.unreported_ring_bytes() > 0 {
-            let mut h = Header::new(Kind::CreditReturn);
+            let mut h = Header::new(Kind::RingReturn);
             self.server.stamp(&mut h);
             self.to_client.push_back(h);
         }
@@ -297,7 +296,7 @@ enum Op {
     ServerAnswer(u32),
     ClientDeliver,
     ClientTake(u8),
-    CreditReturns,
+    RingReturns,
 }
 
 fn op(max_len: u32) -> impl Strategy<Value = Op> {
@@ -307,7 +306,7 @@ fn op(max_len: u32) -> impl Strategy<Value = Op> {
         (0..max_len).prop_map(Op::ServerAnswer),
         Just(Op::ClientDeliver),
         any::<u8>().prop_map(Op::ClientTake),
-        Just(Op::CreditReturns),
+        Just(Op::RingReturns),
     ]
 }
 
@@ -328,7 +327,7 @@ proptest! {
                 Op::ServerAnswer(n) => p.server_answer(n)?,
                 Op::ClientDeliver => p.client_deliver()?,
                 Op::ClientTake(k) => p.client_take(k as usize)?,
-                Op::CreditReturns => p.credit_returns(),
+                Op::RingReturns => p.ring_returns(),
             }
             prop_assert!(p.slots.in_flight() <= credits);
             prop_assert!(p.server.unanswered() <= credits);
@@ -343,7 +342,7 @@ proptest! {
             p.server_answer(0)?;
             p.client_deliver()?;
             p.client_take(0)?;
-            p.credit_returns();
+            p.ring_returns();
             p.pump()?;
             p.server_pump()?;
         }
@@ -391,7 +390,7 @@ fn bodies_at_the_ring_edges_travel_in_pieces_both_ways() {
             p.server_answer(len).unwrap();
             p.client_deliver().unwrap();
             p.client_take(0).unwrap();
-            p.credit_returns();
+            p.ring_returns();
             p.pump().unwrap();
             p.server_pump().unwrap();
             if started < 40 && p.calls.len() < 6 && p.slots.has_free() {
@@ -433,42 +432,181 @@ fn pieces_must_continue_their_message() {
         total_len: 60,
         ..Header::new(Kind::Request)
     };
-    let inc = s.handle_header(&first).unwrap();
+    let inc = s.handle_header(&first, std::time::Instant::now).unwrap();
     let piece = inc.ring.unwrap();
     s.piece_buffer(&piece).extend([0u8; 25]);
     assert_eq!(s.piece_done(piece), Ok(None));
     assert_eq!(s.unanswered(), 1, "the first piece takes the credit");
     let other_gen = Header { generation: 4, ring_offset: 25, ..first };
-    assert_eq!(s.handle_header(&other_gen).unwrap_err(), "ring piece does not continue its message");
+    assert_eq!(
+        s.handle_header(&other_gen, std::time::Instant::now).unwrap_err(),
+        "ring piece does not continue its message"
+    );
     let mut s2 = Session::new(Role::Server, params(2, 16, 100));
-    let inc = s2.handle_header(&first).unwrap();
+    let inc = s2.handle_header(&first, std::time::Instant::now).unwrap();
     let piece = inc.ring.unwrap();
     s2.piece_buffer(&piece).extend([0u8; 25]);
     s2.piece_done(piece).unwrap();
     let over = Header { ring_offset: 25, body_len: 36, ..first };
-    assert_eq!(s2.handle_header(&over).unwrap_err(), "ring pieces exceed their message's total_len");
+    assert_eq!(
+        s2.handle_header(&over, std::time::Instant::now).unwrap_err(),
+        "ring pieces exceed their message's total_len"
+    );
     let last = Header { ring_offset: 25, body_len: 35, ..first };
-    let piece = s2.handle_header(&last).unwrap().ring.unwrap();
+    let piece = s2.handle_header(&last, std::time::Instant::now).unwrap().ring.unwrap();
     s2.piece_buffer(&piece).extend([1u8; 35]);
     let done = s2.piece_done(piece).unwrap().unwrap();
     assert_eq!(done.body.len(), 60);
     assert_eq!(done.header.body_len, 60);
     assert_eq!(s2.unanswered(), 1, "later pieces take no credit");
     let huge = Header { total_len: (1 << 20) + 1, slot: 1, ..first };
-    assert_eq!(s2.handle_header(&huge).unwrap_err(), "body larger than max_message_size");
+    assert_eq!(
+        s2.handle_header(&huge, std::time::Instant::now).unwrap_err(),
+        "body larger than max_message_size"
+    );
 }
 
 #[test]
 fn protocol_violations_are_reported() {
     let mut s = Session::new(Role::Server, params(1, 16, 100));
     let req = Header { method: 1, session: 5, ..Header::new(Kind::Request) };
-    assert!(s.handle_header(&Header { session: 6, ..req }).is_err());
-    s.handle_header(&req).unwrap();
-    assert_eq!(s.handle_header(&req).unwrap_err(), "request beyond the granted credits");
+    assert!(s.handle_header(&Header { session: 6, ..req }, std::time::Instant::now).is_err());
+    s.handle_header(&req, std::time::Instant::now).unwrap();
+    assert_eq!(
+        s.handle_header(&req, std::time::Instant::now).unwrap_err(),
+        "request beyond the granted credits"
+    );
     let mut s = Session::new(Role::Server, params(2, 16, 100));
     let ring = Header { in_ring: true, ring_offset: 50, body_len: 60, total_len: 60, ..req };
-    assert!(s.handle_header(&ring).is_err());
+    assert!(s.handle_header(&ring, std::time::Instant::now).is_err());
     let small = Header { in_ring: true, ring_offset: 0, body_len: 10, total_len: 10, ..req };
-    assert!(s.handle_header(&small).is_err());
-    assert!(s.handle_header(&Header { freed_head: 7, ..req }).is_err());
+    assert!(s.handle_header(&small, std::time::Instant::now).is_err());
+    assert!(s.handle_header(&Header { freed_head: 7, ..req }, std::time::Instant::now).is_err());
+}
+
+/// A fake clock: a base instant plus a chosen offset, never read from the system while a test
+/// runs.
+struct Clock(std::time::Instant);
+
+impl Clock {
+    fn at(&self, ms: u64) -> std::time::Instant {
+        self.0 + std::time::Duration::from_millis(ms)
+    }
+}
+
+fn request(slot: u16, generation: u32, timeout_us: u32) -> Header {
+    Header { method: 1, session: 5, slot, generation, timeout_us, ..Header::new(Kind::Request) }
+}
+
+/// A Cancel for an unanswered call ends it once (an event, the call no longer live); a Cancel
+/// for a call answered already, a second Cancel, or one for an unknown call changes nothing; a
+/// client refuses a Cancel.
+#[test]
+fn cancel_ends_an_unanswered_call_once() {
+    let clock = Clock(std::time::Instant::now());
+    let mut s = Session::new(Role::Server, params(2, 16, 100));
+    s.handle_header(&request(0, 1, 0), || clock.at(0)).unwrap();
+    s.handle_header(&request(1, 1, 0), || clock.at(0)).unwrap();
+    assert!(s.live_call(0, 1).is_some());
+    let cancel = Header { session: 5, slot: 0, generation: 1, ..Header::new(Kind::Cancel) };
+    s.handle_header(&cancel, || clock.at(1)).unwrap();
+    assert_eq!(s.poll_event(), Some(Event::Cancelled { slot: 0, generation: 1 }));
+    assert_eq!(s.live_call(0, 1), None, "dropped undispatched");
+    assert!(s.is_unanswered(0, 1), "still owed its CANCELLED answer (which returns the credit)");
+    s.handle_header(&cancel, || clock.at(2)).unwrap();
+    assert_eq!(s.poll_event(), None, "a second cancel changes nothing");
+    assert!(s.on_answer_for(1, 1));
+    s.handle_header(&Header { slot: 1, ..cancel }, || clock.at(2)).unwrap();
+    s.handle_header(&Header { slot: 1, generation: 9, ..cancel }, || clock.at(2)).unwrap();
+    assert_eq!(s.poll_event(), None, "answered or unknown calls: the answer is the acknowledgement");
+    assert!(s.on_answer_for(0, 1));
+    assert_eq!(s.unanswered(), 0);
+    let mut c = Session::new(Role::Client, params(2, 16, 100));
+    assert_eq!(c.handle_header(&cancel, || clock.at(0)).unwrap_err(), "cancel sent to a client");
+    c.cancel(3, 7);
+    assert!(c.has_control());
+    assert_eq!(c.next_control(), Some(Header { slot: 3, generation: 7, ..Header::new(Kind::Cancel) }));
+    assert!(!c.has_control());
+}
+
+/// A request's deadline runs from its arrival (its `timeout_us`); `poll_timeout` names the
+/// earliest; `handle_timeout` before it does nothing, at it the call expires once.
+#[test]
+fn deadlines_expire_at_the_server_on_the_fake_clock() {
+    let clock = Clock(std::time::Instant::now());
+    let mut s = Session::new(Role::Server, params(3, 16, 100));
+    s.handle_header(&request(0, 1, 50_000), || clock.at(10)).unwrap();
+    s.handle_header(&request(1, 1, 20_000), || clock.at(20)).unwrap();
+    s.handle_header(&request(2, 1, 0), || panic!("no deadline: the clock is not read")).unwrap();
+    assert_eq!(s.live_call(0, 1), Some(LiveCall { deadline: Some(clock.at(60)) }));
+    assert_eq!(s.live_call(2, 1), Some(LiveCall { deadline: None }));
+    assert_eq!(s.poll_timeout(true), Some(clock.at(40)));
+    s.handle_timeout(clock.at(39), true);
+    assert_eq!(s.poll_event(), None);
+    s.handle_timeout(clock.at(40), true);
+    assert_eq!(s.poll_event(), Some(Event::Expired { slot: 1, generation: 1 }));
+    assert_eq!(s.poll_event(), None);
+    assert!(s.live_call(1, 1).is_none() && s.live_call(0, 1).is_some() && s.live_call(2, 1).is_some());
+    assert_eq!(s.poll_timeout(true), Some(clock.at(60)), "an expired call is not timed again");
+    s.handle_timeout(clock.at(1000), true);
+    assert_eq!(s.poll_event(), Some(Event::Expired { slot: 0, generation: 1 }));
+    assert_eq!(s.poll_event(), None, "each call expires once; the one without a deadline never");
+    assert!(s.on_answer_for(1, 1) && s.on_answer_for(0, 1));
+    assert_eq!(s.poll_timeout(false), None);
+}
+
+/// The idle probe: while waiting, a Ping after a third of `peer_timeout` of silence, another
+/// after two thirds, PeerDead after all of it; anything received restarts the silence; a Ping
+/// received makes a Pong due; nothing happens while not waiting, and a long gap between checks
+/// (nobody watching) is not counted as silence.
+#[test]
+fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
+    let clock = Clock(std::time::Instant::now());
+    let mut c = Session::new(Role::Client, params(2, 16, 100));
+    c.handle_timeout(clock.at(0), true);
+    assert!(!c.has_control(), "no probe configured");
+    c.set_peer_timeout(Some(std::time::Duration::from_millis(300)), clock.at(0));
+    c.handle_timeout(clock.at(0), true);
+    assert_eq!(c.poll_timeout(true), Some(clock.at(100)));
+    assert_eq!(c.poll_timeout(false), None, "not waiting: nothing to time");
+    c.handle_timeout(clock.at(99), true);
+    assert!(!c.has_control());
+    c.handle_timeout(clock.at(100), true);
+    assert_eq!(c.next_control(), Some(Header::new(Kind::Ping)));
+    c.handle_timeout(clock.at(150), true);
+    assert!(!c.has_control(), "one Ping per third");
+    c.handle_timeout(clock.at(200), true);
+    assert_eq!(c.next_control(), Some(Header::new(Kind::Ping)));
+    // The Pong arrives: silence starts again from the next check.
+    c.handle_header(&Header { session: 5, ..Header::new(Kind::Pong) }, || clock.at(0)).unwrap();
+    c.handle_timeout(clock.at(250), true);
+    c.handle_timeout(clock.at(349), true);
+    assert!(!c.has_control() && c.poll_event().is_none());
+    c.handle_timeout(clock.at(350), true);
+    assert_eq!(c.next_control(), Some(Header::new(Kind::Ping)));
+    for t in [400, 450, 500, 549] {
+        c.handle_timeout(clock.at(t), true);
+        let _ = c.next_control();
+        assert_eq!(c.poll_event(), None, "at {t} ms");
+    }
+    c.handle_timeout(clock.at(550), true);
+    assert_eq!(c.poll_event(), Some(Event::PeerDead { silent: std::time::Duration::from_millis(300) }));
+
+    // Not waiting: never a Ping nor a death, and waiting again starts a fresh silence.
+    let mut s = Session::new(Role::Server, params(2, 16, 100));
+    s.set_peer_timeout(Some(std::time::Duration::from_millis(300)), clock.at(0));
+    assert_eq!(s.poll_timeout(true), Some(clock.at(0)), "a first check is due at once when waiting");
+    for t in (0..2000).step_by(50) {
+        s.handle_timeout(clock.at(t), false);
+    }
+    assert!(!s.has_control() && s.poll_event().is_none());
+    s.handle_timeout(clock.at(2050), true);
+    s.handle_timeout(clock.at(2100), true);
+    assert!(!s.has_control(), "silence counts from when waiting began");
+    // A gap longer than two probe intervals between checks: nobody watched, nothing counted.
+    s.handle_timeout(clock.at(9000), true);
+    assert!(!s.has_control() && s.poll_event().is_none());
+    // A Ping received: a Pong is due at once.
+    s.handle_header(&Header { session: 5, ..Header::new(Kind::Ping) }, || clock.at(0)).unwrap();
+    assert_eq!(s.next_control(), Some(Header::new(Kind::Pong)));
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 mod error;
 pub mod gid;
 pub mod rc;
+pub(crate) mod rules;
 mod types;
 
 #[cfg(feature = "ibverbs")]

@@ -4,12 +4,12 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind (1 request, 2 response, 3 credit return, 4 close) |
+//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong) |
 //! | 1 | 1 | flags (bit 0: body in the receiver's ring) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
-//! | 6 | 2 | credits returned by this message (1 on a response, else 0) |
+//! | 6 | 2 | reserved, 0 (every response returns exactly one request credit; nothing else does) |
 //! | 8 | 4 | slot generation |
 //! | 12 | 4 | method id (requests; echoed on responses) |
 //! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
@@ -24,6 +24,9 @@
 //! the ring, or than what the ring has free, travels in pieces: several messages with the same
 //! kind, slot, generation, method and `total_len`, each a ring body of `body_len` bytes, in order;
 //! the message is complete when the pieces add up to `total_len`.
+//!
+//! Control messages carry no body and no call fields except: a Cancel names the call by `slot`
+//! and `generation`; every message carries `freed_head` and `session`.
 
 use super::WireError;
 use crate::status::Code;
@@ -41,12 +44,21 @@ pub enum Kind {
     /// A call: method id, slot/generation, body.
     Request = 1,
     /// The answer to a call: status, slot/generation echoed, body (message on error). Returns one
-    /// credit.
+    /// request credit. Every request gets exactly one response (a cancelled call gets one with
+    /// CANCELLED, or its real answer when that was already on its way).
     Response = 2,
-    /// No call: only carries the freed ring head back (sent when there is no other traffic).
-    CreditReturn = 3,
+    /// No call: only carries the freed head of the sender's ring back (ring space, sent when there
+    /// is no other traffic).
+    RingReturn = 3,
     /// The sender closes the session; nothing follows.
     Close = 4,
+    /// Client to server: the caller gave up on the call `(slot, generation)`. The server answers
+    /// it CANCELLED unless its answer was already queued.
+    Cancel = 5,
+    /// Liveness probe: the receiver answers [`Kind::Pong`].
+    Ping = 6,
+    /// The answer to a [`Kind::Ping`].
+    Pong = 7,
 }
 
 impl Kind {
@@ -54,8 +66,11 @@ impl Kind {
         Some(match v {
             1 => Kind::Request,
             2 => Kind::Response,
-            3 => Kind::CreditReturn,
+            3 => Kind::RingReturn,
             4 => Kind::Close,
+            5 => Kind::Cancel,
+            6 => Kind::Ping,
+            7 => Kind::Pong,
             _ => return None,
         })
     }
@@ -70,10 +85,8 @@ pub struct Header {
     pub in_ring: bool,
     /// Status of a response ([`Code::Ok`] otherwise).
     pub status: Code,
-    /// Request slot at the client.
+    /// Call slot at the client (requests, responses, cancels).
     pub slot: u16,
-    /// Credits this message returns (1 on responses).
-    pub credits: u16,
     /// Generation of the slot: a late response to an earlier use of the slot carries an older one.
     pub generation: u32,
     /// Method id (requests and responses; 0 otherwise).
@@ -101,7 +114,6 @@ impl Header {
             in_ring: false,
             status: Code::Ok,
             slot: 0,
-            credits: 0,
             generation: 0,
             method: 0,
             body_len: 0,
@@ -121,7 +133,7 @@ impl Header {
         out[2] = self.status as u8;
         out[3] = 0;
         out[4..6].copy_from_slice(&self.slot.to_le_bytes());
-        out[6..8].copy_from_slice(&self.credits.to_le_bytes());
+        out[6..8].copy_from_slice(&[0, 0]);
         out[8..12].copy_from_slice(&self.generation.to_le_bytes());
         out[12..16].copy_from_slice(&self.method.to_le_bytes());
         out[16..20].copy_from_slice(&self.body_len.to_le_bytes());
@@ -163,22 +175,21 @@ impl Header {
         let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let kind = Kind::from_u8(b[0])
-            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=4", b[0])))?;
+            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=7", b[0])))?;
         if b[1] & !BODY_IN_RING != 0 {
             return Err(WireError::bad("header", "flags", format!("unknown bits {:#04x}", b[1])));
         }
         let in_ring = b[1] & BODY_IN_RING != 0;
         let status = Code::from_u8(b[2])
             .ok_or_else(|| WireError::bad("header", "status", format!("{} is not a status code", b[2])))?;
-        if b[3] != 0 {
-            return Err(WireError::bad("header", "reserved", format!("{} must be 0", b[3])));
+        if b[3] != 0 || b[6] != 0 || b[7] != 0 {
+            return Err(WireError::bad("header", "reserved", "bytes 3, 6 and 7 must be 0"));
         }
         let h = Header {
             kind,
             in_ring,
             status,
             slot: u16_at(4),
-            credits: u16_at(6),
             generation: u32_at(8),
             method: u32_at(12),
             body_len: u32_at(16),
@@ -228,25 +239,17 @@ impl Header {
                 if status != Code::Ok {
                     return Err(WireError::bad("header", "status", "a request carries no status"));
                 }
-                if h.credits != 0 {
-                    return Err(WireError::bad("header", "credits", "a request returns no credits"));
-                }
             }
-            Kind::Response => {
-                if h.credits != 1 {
-                    return Err(WireError::bad(
-                        "header",
-                        "credits",
-                        format!("{} on a response, not 1", h.credits),
-                    ));
-                }
-            }
-            Kind::CreditReturn | Kind::Close => {
+            Kind::Response => {}
+            Kind::RingReturn | Kind::Close | Kind::Cancel | Kind::Ping | Kind::Pong => {
                 if h.body_len != 0 || h.in_ring || h.total_len != 0 {
                     return Err(WireError::bad("header", "body_len", "a control message carries no body"));
                 }
-                if status != Code::Ok || h.credits != 0 || h.method != 0 {
+                if status != Code::Ok || h.method != 0 || h.timeout_us != 0 {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
+                }
+                if kind != Kind::Cancel && (h.slot != 0 || h.generation != 0) {
+                    return Err(WireError::bad("header", "slot", "only a Cancel names a call"));
                 }
             }
         }
@@ -297,9 +300,16 @@ mod tests {
         ));
         let m = encode_msg(&Header { method: 0, ..request() });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "method");
-        let m = encode_msg(&Header { credits: 0, ..Header::new(Kind::Response) });
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
-        let mut m = encode_msg(&Header::new(Kind::CreditReturn));
+        let mut m = encode_msg(&Header::new(Kind::Response));
+        m[7] = 1;
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "reserved");
+        let m = encode_msg(&Header { slot: 2, ..Header::new(Kind::Ping) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "slot");
+        let m = encode_msg(&Header { timeout_us: 2, ..Header::new(Kind::Cancel) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
+        let c = Header { slot: 3, generation: 9, session: 4, freed_head: 7, ..Header::new(Kind::Cancel) };
+        assert_eq!(Header::decode(&encode_msg(&c)).unwrap(), c);
+        let mut m = encode_msg(&Header::new(Kind::RingReturn));
         m.push(0);
         m[16] = 1;
         m[36] = 1;
@@ -332,8 +342,11 @@ mod tests {
             prop_oneof![
                 Just(Kind::Request),
                 Just(Kind::Response),
-                Just(Kind::CreditReturn),
-                Just(Kind::Close)
+                Just(Kind::RingReturn),
+                Just(Kind::Close),
+                Just(Kind::Cancel),
+                Just(Kind::Ping),
+                Just(Kind::Pong)
             ],
             any::<bool>(),
             0u8..=16,
@@ -348,9 +361,8 @@ mod tests {
                         kind,
                         in_ring,
                         status: if kind == Kind::Response { Code::from_u8(st).unwrap() } else { Code::Ok },
-                        slot,
-                        credits: u16::from(kind == Kind::Response),
-                        generation,
+                        slot: if call || kind == Kind::Cancel { slot } else { 0 },
+                        generation: if call || kind == Kind::Cancel { generation } else { 0 },
                         method: if kind == Kind::Request {
                             method.max(1)
                         } else if call {
@@ -376,7 +388,7 @@ mod tests {
                         },
                         ring_offset: if in_ring { off } else { 0 },
                         freed_head: freed,
-                        timeout_us: t,
+                        timeout_us: if call { t } else { 0 },
                         session,
                     }
                 },

@@ -6,9 +6,6 @@
 //! one doorbell (selective signaling) → repost receive buffers in batches → idle per policy.
 //! Other threads talk to a worker only through bounded crossbeam queues.
 
-pub(crate) mod conn;
-pub(crate) mod counters;
-
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,15 +18,16 @@ use crossbeam_queue::ArrayQueue;
 use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
 use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
-use crate::server::registry::Registry;
-use crate::server::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::dispatch::registry::Registry;
+use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
+use crate::endpoint::counters::{Counters, SharedCounters};
+use crate::session::Event;
 use crate::status::{Code, Status};
 use crate::verbs::{
     CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{Header, Kind, HEADER_LEN};
-use conn::{BodyAt, Conn, Outgoing};
-use counters::{Counters, SharedCounters};
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
@@ -41,6 +39,12 @@ const REPOST_BATCH: usize = 16;
 const REPOST_IDLE: u32 = 64;
 /// Counters are published every this many empty polls (first after half of it).
 const PUBLISH_IDLE: u32 = 1024;
+/// The clock is read (for the sessions' timers) every this many empty polls, and every
+/// `TIMER_CHECK_BUSY` busy iterations: never once per loop.
+const TIMER_CHECK_IDLE: u32 = 64;
+const TIMER_CHECK_BUSY: u32 = 1024;
+/// Granularity of the sessions' timers (call deadlines, the idle probe).
+const TIMER_TICK: Duration = Duration::from_millis(2);
 
 /// [`NewConn::bound`]: the worker has not bound the ring's window yet.
 pub(crate) const BIND_PENDING: u8 = 0;
@@ -122,15 +126,28 @@ impl Spill {
     }
 }
 
-struct Slot<P: Provider> {
+/// One session this worker serves (an entry of its session table; "slot" names call slots only).
+struct Entry<P: Provider> {
     conn: Conn<P>,
     session: u32,
     peer: SocketAddr,
     dirty: bool,
-    credit_return: bool,
+    ring_return: bool,
     backlog: VecDeque<Spill>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
+    /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
+    /// cancel, expiry, close).
+    deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
+}
+
+impl<P: Provider> Drop for Entry<P> {
+    fn drop(&mut self) {
+        // The session is gone: no deferred answer of it can be delivered any more.
+        for (_, _, flag) in &self.deferred {
+            flag.raise();
+        }
+    }
 }
 
 /// Limits a worker applies.
@@ -139,6 +156,8 @@ pub(crate) struct WorkerLimits {
     pub(crate) max_sessions: usize,
     pub(crate) polling: PollingPolicy,
     pub(crate) drain_timeout: Duration,
+    /// Silence of a client with unanswered calls after which its session closes.
+    pub(crate) peer_timeout: Option<Duration>,
     pub(crate) body_cap: usize,
 }
 
@@ -147,9 +166,9 @@ pub(crate) struct Worker<P: Provider> {
     shared: Arc<WorkerShared<P>>,
     registry: Arc<Registry>,
     limits: WorkerLimits,
-    slots: Vec<Option<Slot<P>>>,
+    entries: Vec<Option<Entry<P>>>,
     gens: Vec<u16>,
-    by_qpn: crate::server::registry::IdMap<u16>,
+    by_qpn: crate::dispatch::registry::IdMap<u16>,
     dirty: Vec<u16>,
     counters: Counters,
     scratch: Vec<u8>,
@@ -167,14 +186,14 @@ impl<P: Provider> Worker<P> {
         limits: WorkerLimits,
     ) -> Worker<P> {
         let n = limits.max_sessions;
-        let mut by_qpn = crate::server::registry::IdMap::default();
+        let mut by_qpn = crate::dispatch::registry::IdMap::default();
         by_qpn.reserve(n);
         let queue = shared.defer.clone();
         Worker {
             shared,
             registry,
             limits,
-            slots: (0..n).map(|_| None).collect(),
+            entries: (0..n).map(|_| None).collect(),
             gens: vec![0; n],
             by_qpn,
             dirty: Vec::with_capacity(n),
@@ -187,6 +206,7 @@ impl<P: Provider> Worker<P> {
                 queue,
                 target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
                 deferred: std::cell::Cell::new(false),
+                cancel_flag: std::cell::Cell::new(None),
             },
             wcs: [WorkCompletion::default(); POLL_BATCH],
             recv,
@@ -197,12 +217,12 @@ impl<P: Provider> Worker<P> {
         (u32::from(idx) << 16) | u32::from(self.gens[idx as usize])
     }
 
-    fn slot_by_tag(&mut self, tag: u32) -> Option<(u16, &mut Slot<P>)> {
+    fn entry_by_tag(&mut self, tag: u32) -> Option<(u16, &mut Entry<P>)> {
         let idx = (tag >> 16) as u16;
         if self.gens.get(idx as usize).copied() != Some(tag as u16) {
             return None;
         }
-        self.slots[idx as usize].as_mut().map(|s| (idx, s))
+        self.entries[idx as usize].as_mut().map(|s| (idx, s))
     }
 
     /// Runs until shutdown has drained every session.
@@ -211,6 +231,7 @@ impl<P: Provider> Worker<P> {
         let mut idle = Idle::new(self.limits.polling);
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
+        let mut next_tick = Instant::now();
         loop {
             // The cross-thread queues are looked at when idle and every few busy iterations, not
             // between every two polls of a busy CQ (a new QP's first message drains the control
@@ -231,8 +252,8 @@ impl<P: Provider> Worker<P> {
                 Err(e) => {
                     let _span = tracing::error_span!("worker", index = self.shared.index).entered();
                     tracing::error!(error = %e, "CQ failed; closing every session");
-                    for idx in 0..self.slots.len() as u16 {
-                        self.close_slot(idx, "completion queue failed", false, true);
+                    for idx in 0..self.entries.len() as u16 {
+                        self.close_entry(idx, "completion queue failed", false, true);
                     }
                     break;
                 }
@@ -249,6 +270,20 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
+            // Timers: the clock is read rarely (every few dozen empty polls, every thousand busy
+            // iterations), the sessions are visited once per tick.
+            let check = if n > 0 {
+                iterations % TIMER_CHECK_BUSY == 0
+            } else {
+                idle.empty_polls() % TIMER_CHECK_IDLE == 0
+            };
+            if check {
+                let now = Instant::now();
+                if now >= next_tick {
+                    next_tick = now + TIMER_TICK;
+                    self.run_timers(now);
+                }
+            }
             if n > 0 {
                 idle.reset();
                 if iterations % 4096 == 0 {
@@ -277,8 +312,64 @@ impl<P: Provider> Worker<P> {
         self.shared.counters.publish(&self.counters);
     }
 
+    /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
+    /// idle probe) and acts on what expired.
+    #[inline(never)]
+    fn run_timers(&mut self, now: Instant) {
+        for idx in 0..self.entries.len() as u16 {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            let session = &mut entry.conn.session;
+            let waiting = session.unanswered() > 0;
+            if session.poll_timeout(waiting).is_none_or(|t| t > now) {
+                continue;
+            }
+            session.handle_timeout(now, waiting);
+            if session.has_control() {
+                self.mark_dirty(idx);
+            }
+            self.handle_events(idx);
+        }
+        self.flush_dirty();
+    }
+
+    /// Acts on the session's events: cancelled and expired calls are answered now (their
+    /// deferred `Responder` is told), a silent peer's session closes.
+    fn handle_events(&mut self, idx: u16) {
+        loop {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+            let Some(event) = entry.conn.session.poll_event() else { return };
+            let (call, generation, status) = match event {
+                Event::Cancelled { slot: call, generation } => {
+                    self.counters.cancels += 1;
+                    (call, generation, Status::cancelled("the client cancelled the call"))
+                }
+                Event::Expired { slot: call, generation } => (
+                    call,
+                    generation,
+                    Status::deadline_exceeded("the call's deadline passed before its answer"),
+                ),
+                Event::PeerDead { silent } => {
+                    self.counters.peers_lost += 1;
+                    let reason = format!(
+                        "no message from the client for {} ms while its calls were unanswered \
+                         (ServerConfig::peer_timeout)",
+                        silent.as_millis()
+                    );
+                    self.close_entry(idx, &reason, false, true);
+                    return;
+                }
+            };
+            if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
+                entry.deferred.swap_remove(i).2.raise();
+            }
+            let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
+            entry.backlog.push_back(Spill::Error(header, status));
+            self.try_backlog(idx);
+        }
+    }
+
     fn drained(&self) -> bool {
-        self.slots.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
+        self.entries.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
             && self.shared.defer.is_empty()
     }
 
@@ -289,9 +380,9 @@ impl<P: Provider> Worker<P> {
                 Control::Open(nc) => self.open(*nc),
                 Control::Close(session) => {
                     if let Some(idx) =
-                        self.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.session == session))
+                        self.entries.iter().position(|s| s.as_ref().is_some_and(|s| s.session == session))
                     {
-                        self.close_slot(idx as u16, "peer closed the connection", false, false);
+                        self.close_entry(idx as u16, "peer closed the connection", false, false);
                     }
                 }
             }
@@ -299,8 +390,12 @@ impl<P: Provider> Worker<P> {
     }
 
     fn open(&mut self, nc: NewConn<P>) {
-        let Some(idx) = self.slots.iter().position(Option::is_none) else {
-            tracing::warn!(worker = self.shared.index, session = nc.session, "no free session slot; closing");
+        let Some(idx) = self.entries.iter().position(Option::is_none) else {
+            tracing::warn!(
+                worker = self.shared.index,
+                session = nc.session,
+                "no free session entry; closing"
+            );
             nc.bound.store(BIND_FAILED, Ordering::Release);
             let _ = self.shared.closed.push(nc.session);
             self.shared
@@ -312,28 +407,32 @@ impl<P: Provider> Worker<P> {
         self.gens[idx] = self.gens[idx].wrapping_add(1);
         self.by_qpn.insert(nc.conn.qp.qp_num(), idx as u16);
         let window = nc.conn.ring.has_window();
-        self.slots[idx] = Some(Slot {
+        self.entries[idx] = Some(Entry {
             conn: nc.conn,
             session: nc.session,
             peer: nc.peer,
             dirty: false,
-            credit_return: false,
+            ring_return: false,
             backlog: VecDeque::new(),
             binding: None,
+            deferred: Vec::new(),
         });
+        if let Some(s) = self.entries[idx].as_mut() {
+            s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
+        }
         let tag = self.tag(idx as u16);
-        let Some(slot) = self.slots[idx].as_mut() else { return };
+        let Some(entry) = self.entries[idx].as_mut() else { return };
         if !window {
             self.counters.window_fallbacks += 1;
             nc.bound.store(BIND_DONE, Ordering::Release);
         } else {
-            let Conn { sq, qp, ring, .. } = &mut slot.conn;
+            let Conn { sq, qp, ring, .. } = &mut entry.conn;
             match sq.bind_window(qp, ring, tag) {
-                Ok(()) => slot.binding = Some(nc.bound),
+                Ok(()) => entry.binding = Some(nc.bound),
                 Err(e) => {
                     tracing::warn!(worker = self.shared.index, session = nc.session, error = %e, "binding the ring's window failed");
                     nc.bound.store(BIND_FAILED, Ordering::Release);
-                    self.close_slot(idx as u16, "binding the ring's window failed", false, true);
+                    self.close_entry(idx as u16, "binding the ring's window failed", false, true);
                     return;
                 }
             }
@@ -343,42 +442,39 @@ impl<P: Provider> Worker<P> {
 
     /// Closes a session: QP to ERR and destroyed, memory freed; `notify` tells the listener to
     /// close its TCP connection (the client then sees the session gone).
-    fn close_slot(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
-        let Some(slot) = self.slots.get_mut(idx as usize).and_then(Option::take) else { return };
-        if let Some(b) = &slot.binding {
+    fn close_entry(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
+        let Some(entry) = self.entries.get_mut(idx as usize).and_then(Option::take) else { return };
+        if let Some(b) = &entry.binding {
             b.store(BIND_FAILED, Ordering::Release);
         }
-        let span = tracing::info_span!("disconnect", worker = self.shared.index, session = slot.session);
+        let span = tracing::info_span!("disconnect", worker = self.shared.index, session = entry.session);
         let _entered = span.enter();
-        self.by_qpn.remove(&slot.conn.qp.qp_num());
+        self.by_qpn.remove(&entry.conn.qp.qp_num());
         self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
-        let _ = slot.conn.qp.modify(&QpAttr::new(QpState::Err));
+        let _ = entry.conn.qp.modify(&QpAttr::new(QpState::Err));
         if malformed {
             self.counters.malformed += 1;
-            tracing::warn!(worker = self.shared.index, session = slot.session, peer = %slot.peer, reason, "closing session");
+            tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
         } else {
-            tracing::debug!(worker = self.shared.index, session = slot.session, peer = %slot.peer, reason, "session closed");
+            tracing::debug!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "session closed");
         }
         if notify {
-            let _ = self.shared.closed.push(slot.session);
+            let _ = self.shared.closed.push(entry.session);
         }
         self.counters.sessions_closed += 1;
         self.shared
             .srq_reserved
-            .fetch_sub(conn::srq_need(slot.conn.session.params().credits), Ordering::Relaxed);
+            .fetch_sub(conn::srq_need(entry.conn.session.params().credits), Ordering::Relaxed);
         self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
-        drop(slot);
+        drop(entry);
     }
 
     /// Shutdown: tell every peer (Close), give the sends a moment to complete, free everything.
     fn close_all(&mut self) {
-        for idx in 0..self.slots.len() {
+        for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
-            if let Some(slot) = self.slots[idx].as_mut() {
-                if let Some(buf) = slot.conn.pool.acquire() {
-                    slot.conn.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
-                    let _ = slot.conn.flush(tag);
-                }
+            if let Some(entry) = self.entries[idx].as_mut() {
+                entry.conn.send_close(tag);
             }
         }
         let until = Instant::now() + Duration::from_millis(20);
@@ -390,8 +486,8 @@ impl<P: Provider> Worker<P> {
             }
         }
         self.shared.defer.closed.store(true, Ordering::Release);
-        for idx in 0..self.slots.len() as u16 {
-            self.close_slot(idx, "server shutdown", false, false);
+        for idx in 0..self.entries.len() as u16 {
+            self.close_entry(idx, "server shutdown", false, false);
         }
     }
 
@@ -405,21 +501,23 @@ impl<P: Provider> Worker<P> {
         }
     }
 
-    fn deliver_deferred(&mut self, d: crate::server::reply::Deferred) {
-        let Some((idx, slot)) = self.slot_by_tag(d.conn) else { return };
+    fn deliver_deferred(&mut self, d: crate::dispatch::reply::Deferred) {
+        let Some((idx, entry)) = self.entry_by_tag(d.conn) else { return };
+        if let Some(i) = entry.deferred.iter().position(|c| (c.0, c.1) == (d.slot, d.generation)) {
+            entry.deferred.swap_remove(i);
+        }
         let header = Header {
             slot: d.slot,
             generation: d.generation,
             method: d.method,
-            credits: 1,
             ..Header::new(Kind::Response)
         };
-        slot.backlog.push_back(Spill::new(header, d.result));
+        entry.backlog.push_back(Spill::new(header, d.result));
         self.try_backlog(idx);
     }
 
     fn mark_dirty(&mut self, idx: u16) {
-        if let Some(s) = self.slots[idx as usize].as_mut() {
+        if let Some(s) = self.entries[idx as usize].as_mut() {
             if !s.dirty {
                 s.dirty = true;
                 self.dirty.push(idx);
@@ -430,42 +528,43 @@ impl<P: Provider> Worker<P> {
     /// Sends spilled and deferred answers of one connection, in order, while send buffers and
     /// ring space allow (a body larger than what the ring has free goes in pieces).
     fn try_backlog(&mut self, idx: u16) {
-        let Some(slot) = self.slots[idx as usize].as_mut() else { return };
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
         let mut sent = false;
-        while let Some(sp) = slot.backlog.front_mut() {
+        while let Some(sp) = entry.backlog.front_mut() {
             let h = *sp.header();
             if h.kind == Kind::Response
                 && sp.untouched()
-                && !slot.conn.session.is_unanswered(h.slot, h.generation)
+                && !entry.conn.session.is_unanswered(h.slot, h.generation)
             {
                 // A second answer to one call (a deferred responder after the handler answered
                 // or panicked): the client has its answer already; sending this one would make it
                 // close the session.
                 tracing::debug!(
-                    session = slot.session,
+                    session = entry.session,
                     call_slot = h.slot,
-                    "second answer to one call dropped"
+                    "answer to a call answered already dropped"
                 );
-                if let Some(Spill::Body(out)) = slot.backlog.pop_front() {
-                    out.discard(&mut slot.conn.staging);
+                self.counters.late_answers += 1;
+                if let Some(Spill::Body(out)) = entry.backlog.pop_front() {
+                    out.discard(&mut entry.conn.staging);
                 }
                 continue;
             }
             let over = match sp {
-                Spill::Body(out) => slot.conn.session.check_len(out.len as usize).err(),
+                Spill::Body(out) => entry.conn.session.check_len(out.len as usize).err(),
                 Spill::Error(..) => None,
             };
             if let Some(s) = over {
                 // Too large to send: the caller gets RESOURCE_EXHAUSTED naming the limit instead.
                 if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
-                    out.discard(&mut slot.conn.staging);
+                    out.discard(&mut entry.conn.staging);
                 }
                 continue;
             }
             let (status, len) = match sp {
                 Spill::Body(out) => {
                     let before = out.sent;
-                    let done = slot.conn.send_outgoing(out);
+                    let done = entry.conn.send_outgoing(out);
                     sent |= out.sent != before;
                     if !done {
                         break;
@@ -473,20 +572,20 @@ impl<P: Provider> Worker<P> {
                     (Code::Ok, out.len)
                 }
                 Spill::Error(h, s) => {
-                    let Some(mut buf) = slot.conn.acquire() else { break };
+                    let Some(mut buf) = entry.conn.acquire() else { break };
                     let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                    let body = slot.conn.copy_eager(&mut buf, s.message().as_bytes());
-                    slot.conn.queue(buf, Header { status, ..*h }, body);
+                    let body = entry.conn.copy_eager(&mut buf, s.message().as_bytes());
+                    entry.conn.queue(buf, Header { status, ..*h }, body);
                     (status, 0)
                 }
             };
             if h.kind == Kind::Response {
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 self.counters.rpcs += 1;
                 self.counters.status(status);
                 self.counters.bytes_out += u64::from(len);
             }
-            slot.backlog.pop_front();
+            entry.backlog.pop_front();
             sent = true;
         }
         if sent {
@@ -497,21 +596,16 @@ impl<P: Provider> Worker<P> {
     fn flush_dirty(&mut self) {
         while let Some(idx) = self.dirty.pop() {
             let tag = self.tag(idx);
-            let Some(slot) = self.slots[idx as usize].as_mut() else { continue };
-            slot.dirty = false;
-            if slot.credit_return {
-                slot.credit_return = false;
-                // Messages are stamped with the freed head when queued: bytes still unreported are
-                // carried by none of the pending ones (they were queued before the release).
-                if slot.conn.session.credit_return_due() {
-                    if let Some(buf) = slot.conn.pool.acquire() {
-                        slot.conn.queue(buf, Header::new(Kind::CreditReturn), BodyAt::Eager(0));
-                    }
-                }
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            entry.dirty = false;
+            if entry.ring_return {
+                entry.ring_return = false;
+                entry.conn.queue_ring_return();
             }
-            if let Err(e) = slot.conn.flush(tag) {
-                tracing::warn!(worker = self.shared.index, session = slot.session, error = %e, "posting sends failed");
-                self.close_slot(idx, "posting sends failed", false, true);
+            entry.conn.queue_controls();
+            if let Err(e) = entry.conn.flush(tag) {
+                tracing::warn!(worker = self.shared.index, session = entry.session, error = %e, "posting sends failed");
+                self.close_entry(idx, "posting sends failed", false, true);
             }
         }
     }
@@ -528,7 +622,7 @@ impl<P: Provider> Worker<P> {
 
     fn on_completion(&mut self, wc: &WorkCompletion) {
         if let Some((tag, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
-            let Some((idx, slot)) = self.slot_by_tag(tag) else { return };
+            let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
             if !wc.status.is_success() {
                 if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
                     self.counters.rnr_events += 1;
@@ -536,18 +630,18 @@ impl<P: Provider> Worker<P> {
                 let reason =
                     if wc.status == WcStatus::IBV_WC_WR_FLUSH_ERR { "QP flushed" } else { "send failed" };
                 tracing::debug!(status = %wc.status, "send completion error");
-                self.close_slot(idx, reason, false, true);
+                self.close_entry(idx, reason, false, true);
                 return;
             }
-            slot.conn.pool.retire(usize::from(bufs));
-            slot.conn.sq.on_completion(wrs);
-            slot.conn.sq.retire_staged(&mut slot.conn.staging);
+            entry.conn.pool.retire(usize::from(bufs));
+            entry.conn.sq.on_completion(wrs);
+            entry.conn.sq.retire_staged(&mut entry.conn.staging);
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
-                if let Some(b) = slot.binding.take() {
+                if let Some(b) = entry.binding.take() {
                     b.store(BIND_DONE, Ordering::Release);
                 }
             }
-            if !slot.backlog.is_empty() {
+            if !entry.backlog.is_empty() {
                 self.try_backlog(idx);
             }
             return;
@@ -562,7 +656,7 @@ impl<P: Provider> Worker<P> {
                 if wc.status != WcStatus::IBV_WC_WR_FLUSH_ERR {
                     tracing::debug!(status = %wc.status, "receive completion error");
                 }
-                self.close_slot(idx, "receive failed", false, true);
+                self.close_entry(idx, "receive failed", false, true);
             }
             return;
         }
@@ -571,52 +665,32 @@ impl<P: Provider> Worker<P> {
             tracing::debug!(qp_num = wc.qp_num, "message on an unknown QP dropped");
             return;
         };
-        if wc.invalidated_rkey.is_some() {
-            // Nothing in the protocol invalidates a key: the peer killed its ring's window.
-            self.recv.repost(buf);
-            self.close_slot(
-                idx,
-                "protocol violation: the peer invalidated a key (SEND_WITH_INV)",
-                true,
-                true,
-            );
-            return;
-        }
-        self.on_message(idx, buf);
+        self.on_message(idx, buf, wc.invalidated_rkey.is_some());
     }
 
-    fn on_message(&mut self, idx: u16, buf: RecvBuf) {
-        if !self.recv.fits(&buf) {
-            self.recv.repost(buf);
-            self.close_slot(idx, "message longer than a receive buffer", true, true);
-            return;
-        }
-        let h = match Header::decode(self.recv.bytes(&buf)) {
-            Ok(h) => h,
-            Err(e) => {
-                self.recv.repost(buf);
-                let reason = format!("malformed header: {e}");
-                self.close_slot(idx, &reason, true, true);
-                return;
-            }
-        };
-        let Some(slot) = self.slots[idx as usize].as_mut() else {
+    fn on_message(&mut self, idx: u16, buf: RecvBuf, invalidated_key: bool) {
+        let Some(entry) = self.entries[idx as usize].as_mut() else {
             self.recv.repost(buf);
             return;
         };
-        let inc = match slot.conn.session.handle_header(&h) {
+        let overlong = !self.recv.fits(&buf);
+        let inc = match entry.conn.session.receive(
+            self.recv.bytes(&buf),
+            overlong,
+            invalidated_key,
+            Instant::now,
+        ) {
             Ok(inc) => inc,
             Err(reason) => {
                 self.recv.repost(buf);
-                let reason = format!("protocol violation: {reason}");
-                self.close_slot(idx, &reason, true, true);
+                self.close_entry(idx, &reason, true, true);
                 return;
             }
         };
-        if !slot.backlog.is_empty() {
+        if !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
-        let Some(slot) = self.slots[idx as usize].as_mut() else {
+        let Some(entry) = self.entries[idx as usize].as_mut() else {
             self.recv.repost(buf);
             return;
         };
@@ -626,9 +700,9 @@ impl<P: Provider> Worker<P> {
             None => (inc.header, Received::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                let done = slot.conn.take_piece(piece);
+                let done = entry.conn.take_piece(piece);
                 // The freed ring space travels back on the answer, or in a credit message.
-                slot.credit_return = true;
+                entry.ring_return = true;
                 match done {
                     Ok(Some(c)) => (c.header, Received::Owned(c.body)),
                     Ok(None) => {
@@ -637,7 +711,7 @@ impl<P: Provider> Worker<P> {
                     }
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
-                        self.close_slot(idx, &reason, true, true);
+                        self.close_entry(idx, &reason, true, true);
                         return;
                     }
                 }
@@ -649,8 +723,12 @@ impl<P: Provider> Worker<P> {
                 if let Received::Eager(b) = body {
                     self.recv.repost(b);
                 }
-                if kind == Kind::Close {
-                    self.close_slot(idx, "peer sent Close", false, true);
+                match kind {
+                    Kind::Close => self.close_entry(idx, "peer sent Close", false, true),
+                    Kind::Cancel => self.handle_events(idx),
+                    // A Pong became due.
+                    Kind::Ping => self.mark_dirty(idx),
+                    _ => {}
                 }
             }
         }
@@ -659,36 +737,44 @@ impl<P: Provider> Worker<P> {
     fn dispatch(&mut self, idx: u16, received: Received, h: Header) {
         let tag = self.tag(idx);
         let draining = self.shared.draining.load(Ordering::Relaxed);
-        let Worker { slots, registry, recv, counters, scratch, ctx, .. } = self;
-        let Some(slot) = slots[idx as usize].as_mut() else {
+        let Worker { entries, registry, recv, counters, scratch, ctx, .. } = self;
+        let Some(entry) = entries[idx as usize].as_mut() else {
             if let Received::Eager(b) = received {
                 recv.repost(b);
             }
             return;
         };
         counters.bytes_in += u64::from(h.body_len);
+        let Some(live) = entry.conn.session.live_call(h.slot, h.generation) else {
+            // Cancelled or expired while its body was arriving: answered already, never run.
+            if let Received::Eager(b) = received {
+                recv.repost(b);
+            }
+            return;
+        };
+        let deadline = live.deadline;
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.method = found.map_or("", |f| f.1);
-        ctx.peer = slot.peer;
-        ctx.deadline =
-            (h.timeout_us > 0).then(|| Instant::now() + Duration::from_micros(u64::from(h.timeout_us)));
+        ctx.peer = entry.peer;
+        ctx.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
+        ctx.cancel_flag.set(None);
         let ctx = &*ctx;
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
-        let mut send_buf = if slot.backlog.is_empty() { slot.conn.acquire() } else { None };
+        let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
         let (eager_buf, owned) = match received {
             Received::Eager(b) => (Some(b), None),
             Received::Owned(v) => (None, Some(v)),
         };
         let body = match (&eager_buf, owned) {
             (Some(b), _) => Body::slice(recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
-            (None, Some(o)) => Body::owned(slot.conn.session.body_bytes(o)),
+            (None, Some(o)) => Body::owned(entry.conn.session.body_bytes(o)),
             (None, None) => Body::slice(&[]),
         };
-        let cap = slot.conn.body_cap;
-        let Conn { pool, mirror, staging, session, spare, .. } = &mut slot.conn;
+        let cap = entry.conn.body_cap;
+        let Conn { pool, mirror, staging, session, spare, .. } = &mut entry.conn;
         let eager_threshold = session.params().eager_threshold;
         let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
@@ -700,6 +786,8 @@ impl<P: Provider> Worker<P> {
             ReplyWriter { eager, mirror: mirror.as_mut_slice(), staging, session, outcome: Outcome::Unset };
         if draining {
             out.error(Status::unavailable("server is shutting down"));
+        } else if deadline.is_some_and(|d| d <= Instant::now()) {
+            out.error(Status::deadline_exceeded("the call's deadline passed before it was dispatched"));
         } else {
             match found {
                 None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
@@ -726,7 +814,6 @@ impl<P: Provider> Worker<P> {
             slot: h.slot,
             generation: h.generation,
             method: h.method,
-            credits: 1,
             ..Header::new(Kind::Response)
         };
         let answered = |status: Code, len: u32, counters: &mut Counters| {
@@ -738,47 +825,50 @@ impl<P: Provider> Worker<P> {
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 if let Some(b) = b {
-                    slot.conn.pool.give_back(b);
+                    entry.conn.pool.give_back(b);
+                }
+                if let Some(flag) = ctx.cancel_flag.take() {
+                    entry.deferred.push((h.slot, h.generation, flag));
                 }
                 None
             }
             (Outcome::Eager(n), Some(b)) => {
-                slot.conn.queue(b, header, BodyAt::Eager(n));
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                entry.conn.queue(b, header, BodyAt::Eager(n));
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
                 queued = true;
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
-                slot.conn.queue(b, header, BodyAt::Ring { offset, len });
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                entry.conn.queue(b, header, BodyAt::Ring { offset, len });
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, len, counters);
                 queued = true;
                 None
             }
             (Outcome::Error(s), Some(mut b)) => {
                 let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                let body = slot.conn.copy_eager(&mut b, s.message().as_bytes());
-                slot.conn.queue(b, Header { status, ..header }, body);
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                let body = entry.conn.copy_eager(&mut b, s.message().as_bytes());
+                entry.conn.queue(b, Header { status, ..header }, body);
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
                 queued = true;
                 None
             }
             (Outcome::Unset, Some(mut b)) => {
-                let body = slot.conn.copy_eager(&mut b, b"handler returned no answer");
-                slot.conn.queue(b, Header { status: Code::Internal, ..header }, body);
-                slot.conn.session.on_answer_for(h.slot, h.generation);
+                let body = entry.conn.copy_eager(&mut b, b"handler returned no answer");
+                entry.conn.queue(b, Header { status: Code::Internal, ..header }, body);
+                entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Internal, 0, counters);
                 queued = true;
                 None
             }
             (Outcome::Staged { offset, len }, b) => {
                 if let Some(b) = b {
-                    slot.conn.pool.give_back(b);
+                    entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                match slot.conn.staging.commit(offset, len) {
+                match entry.conn.staging.commit(offset, len) {
                     Some(staged) => Some(Spill::Body(Outgoing::staged(header, staged))),
                     None => Some(Spill::new(
                         header,
@@ -788,7 +878,7 @@ impl<P: Provider> Worker<P> {
             }
             (Outcome::Spilled(bytes), b) => {
                 if let Some(b) = b {
-                    slot.conn.pool.give_back(b);
+                    entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
                 Some(Spill::new(header, Ok(bytes)))
@@ -799,15 +889,15 @@ impl<P: Provider> Worker<P> {
                 Some(Spill::new(header, Err(Status::internal("handler returned no answer"))))
             }
         };
-        let had_backlog = !slot.backlog.is_empty();
+        let had_backlog = !entry.backlog.is_empty();
         if let Some(spill) = spilled {
-            slot.backlog.push_back(spill);
+            entry.backlog.push_back(spill);
         }
-        if queued && slot.conn.session.unreported_ring_bytes() == 0 {
+        if queued && entry.conn.session.unreported_ring_bytes() == 0 {
             // The answer carried the freed ring head.
-            slot.credit_return = false;
+            entry.ring_return = false;
         }
-        if !had_backlog && !slot.backlog.is_empty() {
+        if !had_backlog && !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
         self.mark_dirty(idx);

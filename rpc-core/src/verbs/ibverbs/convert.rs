@@ -1,8 +1,6 @@
 //! Conversions between the verbs API's plain types and libibverbs' C values.
 
-use rdma_sys::{
-    ibv_mtu, ibv_port_state, ibv_qp_attr_mask, ibv_qp_state, ibv_wc, ibv_wc_flags, ibv_wc_opcode,
-};
+use rdma_sys::{ibv_mtu, ibv_port_state, ibv_qp_state, ibv_wc, ibv_wc_flags, ibv_wc_opcode};
 
 use crate::verbs::{LinkLayer, Mtu, PortState, QpState, WcOpcode, WcStatus, WorkCompletion};
 
@@ -118,28 +116,6 @@ pub(super) fn wc_from_ibv(w: &ibv_wc, soft_roce: bool) -> WorkCompletion {
     }
 }
 
-/// Names of the bits of an `ibv_qp_attr_mask`, for error messages.
-pub(super) fn mask_names(mask: u32) -> String {
-    const NAMES: [(ibv_qp_attr_mask, &str); 15] = [
-        (ibv_qp_attr_mask::IBV_QP_STATE, "STATE"),
-        (ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS, "ACCESS_FLAGS"),
-        (ibv_qp_attr_mask::IBV_QP_PKEY_INDEX, "PKEY_INDEX"),
-        (ibv_qp_attr_mask::IBV_QP_PORT, "PORT"),
-        (ibv_qp_attr_mask::IBV_QP_AV, "AV"),
-        (ibv_qp_attr_mask::IBV_QP_PATH_MTU, "PATH_MTU"),
-        (ibv_qp_attr_mask::IBV_QP_TIMEOUT, "TIMEOUT"),
-        (ibv_qp_attr_mask::IBV_QP_RETRY_CNT, "RETRY_CNT"),
-        (ibv_qp_attr_mask::IBV_QP_RNR_RETRY, "RNR_RETRY"),
-        (ibv_qp_attr_mask::IBV_QP_RQ_PSN, "RQ_PSN"),
-        (ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC, "MAX_QP_RD_ATOMIC"),
-        (ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER, "MIN_RNR_TIMER"),
-        (ibv_qp_attr_mask::IBV_QP_SQ_PSN, "SQ_PSN"),
-        (ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC, "MAX_DEST_RD_ATOMIC"),
-        (ibv_qp_attr_mask::IBV_QP_DEST_QPN, "DEST_QPN"),
-    ];
-    NAMES.iter().filter(|(bit, _)| mask & bit.0 != 0).map(|(_, n)| *n).collect::<Vec<_>>().join("|")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,15 +145,6 @@ mod tests {
         assert_eq!(port_state_from_ibv(5), PortState::Other(5));
         assert_eq!(link_layer_from_ibv(2), LinkLayer::Ethernet);
         assert_eq!(link_layer_from_ibv(1), LinkLayer::InfiniBand);
-    }
-
-    #[test]
-    fn mask_names_lists_set_bits() {
-        let m = (ibv_qp_attr_mask::IBV_QP_STATE
-            | ibv_qp_attr_mask::IBV_QP_AV
-            | ibv_qp_attr_mask::IBV_QP_DEST_QPN)
-            .0;
-        assert_eq!(mask_names(m), "STATE|AV|DEST_QPN");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use rdma_sys::{
 };
 
 use super::errno::rc_error;
-use crate::verbs::{RecvWr, Result, SendFlags, SendOp, SendWr, VerbsError};
+use crate::verbs::rules::{self, SendLimits};
+use crate::verbs::{RecvWr, Result, SendOp, SendWr, VerbsError};
 
 /// Work requests chained per doorbell; longer slices are posted in several chunks.
 pub const POST_CHUNK_WRS: usize = 32;
@@ -22,50 +23,8 @@ pub const POST_CHUNK_SGES: usize = 256;
 /// Work completions fetched per `ibv_poll_cq` call.
 pub const POLL_CHUNK_WCS: usize = 32;
 
-/// The limits a send WR is checked against before it reaches the provider.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct SendLimits {
-    /// The QP's `max_send_sge`.
-    pub max_sge: u32,
-    /// The QP's `max_inline_data` in bytes.
-    pub max_inline: u32,
-}
-
 fn bad_wr(call: &'static str, index: usize, reason: String) -> VerbsError {
     VerbsError::BadWorkRequest { call, index, reason }
-}
-
-/// Checks one send WR against the QP's limits.
-fn check_send(wr: &SendWr<'_>, index: usize, lim: SendLimits) -> Result<()> {
-    let n = wr.sg_list.len();
-    if n > lim.max_sge as usize || n > POST_CHUNK_SGES {
-        return Err(bad_wr(
-            "ibv_post_send",
-            index,
-            format!("{n} SGEs, but the QP's max_send_sge is {}", lim.max_sge.min(POST_CHUNK_SGES as u32)),
-        ));
-    }
-    if matches!(wr.op, SendOp::BindMw { .. } | SendOp::LocalInv { .. }) && n != 0 {
-        return Err(bad_wr("ibv_post_send", index, "BIND_MW and LOCAL_INV take no SGEs".into()));
-    }
-    if wr.flags.contains(SendFlags::INLINE) {
-        if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::BindMw { .. } | SendOp::LocalInv { .. }) {
-            return Err(bad_wr(
-                "ibv_post_send",
-                index,
-                "RDMA READ, BIND_MW and LOCAL_INV cannot be INLINE".into(),
-            ));
-        }
-        let bytes: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        if bytes > u64::from(lim.max_inline) {
-            return Err(bad_wr(
-                "ibv_post_send",
-                index,
-                format!("{bytes} bytes inline, but the QP's max_inline_data is {}", lim.max_inline),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Explains a non-zero return of `ibv_post_*`.
@@ -156,6 +115,8 @@ pub(super) unsafe fn post_send_chain(
         [const { MaybeUninit::uninit() }; POST_CHUNK_WRS];
     let mut sges: [MaybeUninit<ibv_sge>; POST_CHUNK_SGES] =
         [const { MaybeUninit::uninit() }; POST_CHUNK_SGES];
+    // A WR never spans two chunks: no more SGEs than one chunk holds.
+    let lim = SendLimits { max_sge: lim.max_sge.min(POST_CHUNK_SGES as u32), ..lim };
     let mut start = 0;
     while start < wrs.len() {
         let mut n = 0;
@@ -163,7 +124,7 @@ pub(super) unsafe fn post_send_chain(
         let mut invalid = None;
         while n < POST_CHUNK_WRS && start + n < wrs.len() {
             let wr = &wrs[start + n];
-            if let Err(e) = check_send(wr, start + n, lim) {
+            if let Err(e) = rules::check_send_wr(start + n, wr, lim) {
                 invalid = Some(e);
                 break;
             }
@@ -238,15 +199,11 @@ pub(super) unsafe fn post_recv_chain(
         let mut invalid = None;
         while n < POST_CHUNK_WRS && start + n < wrs.len() {
             let wr = &wrs[start + n];
-            let k = wr.sg_list.len();
-            if k > max_sge as usize || k > POST_CHUNK_SGES {
-                invalid = Some(bad_wr(
-                    call,
-                    start + n,
-                    format!("{k} SGEs, but the queue's max_sge is {}", max_sge.min(POST_CHUNK_SGES as u32)),
-                ));
+            if let Err(e) = rules::check_recv_wr(call, start + n, wr, max_sge.min(POST_CHUNK_SGES as u32)) {
+                invalid = Some(e);
                 break;
             }
+            let k = wr.sg_list.len();
             if s + k > POST_CHUNK_SGES {
                 break;
             }
@@ -287,7 +244,7 @@ pub(super) unsafe fn post_recv_chain(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::Sge;
+    use crate::verbs::{SendFlags, Sge};
 
     const LIM: SendLimits = SendLimits { max_sge: 4, max_inline: 64 };
 

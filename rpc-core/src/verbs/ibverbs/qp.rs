@@ -9,15 +9,14 @@ use rdma_sys::{
     ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type, ibv_query_qp,
 };
 
-use super::convert::{
-    mask_names, mtu_to_ibv, qp_state_code, qp_state_from_code, qp_state_from_ibv, qp_state_to_ibv,
-};
+use super::convert::{mtu_to_ibv, qp_state_code, qp_state_from_code, qp_state_from_ibv, qp_state_to_ibv};
 use super::cq::IbvCompletionQueue;
 use super::errno::{last_os, rc_error};
 use super::pd::IbvProtectionDomain;
-use super::post::{post_recv_chain, post_send_chain, SendLimits};
+use super::post::{post_recv_chain, post_send_chain};
 use super::srq::IbvSharedReceiveQueue;
 use super::Ibverbs;
+use crate::verbs::rules::{self, InErr, SendLimits};
 use crate::verbs::{QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendWr, VerbsError};
 
 /// An RC queue pair. Holds its PD, CQs and SRQ alive; dropping it destroys the QP.
@@ -225,34 +224,6 @@ impl IbvQueuePair {
     }
 }
 
-/// The attributes verbs requires for the RC transitions of `man ibv_modify_qp`, by mask bit name.
-fn required(from: QpState, to: QpState) -> &'static [(ibv_qp_attr_mask, &'static str)] {
-    use ibv_qp_attr_mask as m;
-    match (from, to) {
-        (QpState::Reset, QpState::Init) => &[
-            (m::IBV_QP_PKEY_INDEX, "pkey_index (IBV_QP_PKEY_INDEX)"),
-            (m::IBV_QP_PORT, "port_num (IBV_QP_PORT)"),
-            (m::IBV_QP_ACCESS_FLAGS, "access (IBV_QP_ACCESS_FLAGS)"),
-        ],
-        (QpState::Init, QpState::Rtr) => &[
-            (m::IBV_QP_AV, "ah (IBV_QP_AV)"),
-            (m::IBV_QP_PATH_MTU, "path_mtu (IBV_QP_PATH_MTU)"),
-            (m::IBV_QP_DEST_QPN, "dest_qp_num (IBV_QP_DEST_QPN)"),
-            (m::IBV_QP_RQ_PSN, "rq_psn (IBV_QP_RQ_PSN)"),
-            (m::IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic (IBV_QP_MAX_DEST_RD_ATOMIC)"),
-            (m::IBV_QP_MIN_RNR_TIMER, "min_rnr_timer (IBV_QP_MIN_RNR_TIMER)"),
-        ],
-        (QpState::Rtr, QpState::Rts) => &[
-            (m::IBV_QP_SQ_PSN, "sq_psn (IBV_QP_SQ_PSN)"),
-            (m::IBV_QP_TIMEOUT, "timeout (IBV_QP_TIMEOUT)"),
-            (m::IBV_QP_RETRY_CNT, "retry_cnt (IBV_QP_RETRY_CNT)"),
-            (m::IBV_QP_RNR_RETRY, "rnr_retry (IBV_QP_RNR_RETRY)"),
-            (m::IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic (IBV_QP_MAX_QP_RD_ATOMIC)"),
-        ],
-        _ => &[],
-    }
-}
-
 /// The `ibv_qp_attr` and mask of a [`QpAttr`].
 fn to_ibv_attr(a: &QpAttr) -> (ibv_qp_attr, u32) {
     use ibv_qp_attr_mask as m;
@@ -357,27 +328,9 @@ impl QueuePair for IbvQueuePair {
     }
 
     fn modify(&self, a: &QpAttr) -> Result<()> {
-        let (mut attr, mask) = to_ibv_attr(a);
         let from = self.cached_state();
-        let missing: Vec<&str> = required(from, a.state)
-            .iter()
-            .filter(|(bit, _)| mask & bit.0 == 0)
-            .map(|(_, name)| *name)
-            .collect();
-        if !missing.is_empty() {
-            return Err(VerbsError::QpTransition {
-                call: "ibv_modify_qp",
-                qp_num: self.qp_num,
-                from,
-                to: a.state,
-                mask,
-                reason: format!(
-                    "missing required attribute(s): {} (mask {})",
-                    missing.join(", "),
-                    mask_names(mask)
-                ),
-            });
-        }
+        rules::check_modify("ibv_modify_qp", self.qp_num, from, a)?;
+        let (mut attr, mask) = to_ibv_attr(a);
         // SAFETY: live QP; `attr` is a live, fully initialised parameter matching `mask`.
         let rc = unsafe { ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask as i32) };
         if rc != 0 {
@@ -389,7 +342,7 @@ impl QueuePair for IbvQueuePair {
                 from,
                 to: a.state,
                 mask,
-                reason: format!("{err} (mask {})", mask_names(mask)),
+                reason: format!("{err} (mask: {})", rules::mask_names(mask)),
             });
         }
         self.state.store(qp_state_code(a.state), Ordering::Release);
@@ -402,10 +355,7 @@ impl QueuePair for IbvQueuePair {
 
     #[inline]
     unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let state = self.cached_state();
-        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr | QpState::Err) {
-            return Err(VerbsError::BadQpState { call: "ibv_post_send", qp_num: self.qp_num, state });
-        }
+        rules::check_send_state(self.qp_num, self.cached_state(), InErr::Refuse)?;
         let lim = SendLimits { max_sge: self.cap.max_send_sge, max_inline: self.cap.max_inline_data };
         let qp = self.qp.as_ptr();
         let post = |wr, bad| {
@@ -426,10 +376,7 @@ impl QueuePair for IbvQueuePair {
                 reason: format!("QP {} receives from an SRQ; post receives to the SRQ", self.qp_num),
             });
         }
-        let state = self.cached_state();
-        if matches!(state, QpState::Reset | QpState::Err) {
-            return Err(VerbsError::BadQpState { call: "ibv_post_recv", qp_num: self.qp_num, state });
-        }
+        rules::check_recv_state(self.qp_num, self.cached_state(), InErr::Refuse)?;
         let qp = self.qp.as_ptr();
         let post = |wr, bad| {
             // SAFETY: live QP (while `self` is), a valid chain on `post_recv_chain`'s stack, live
@@ -465,7 +412,12 @@ mod tests {
             }),
         });
         let (attr, mask) = to_ibv_attr(&a);
-        assert_eq!(mask_names(mask), "STATE|AV|PATH_MTU|RQ_PSN|DEST_QPN");
+        assert_eq!(mask, rules::attr_mask(&a), "the shared rules see the mask libibverbs gets");
+        assert_eq!(
+            rules::mask_names(mask),
+            "state (IBV_QP_STATE), ah (IBV_QP_AV), path_mtu (IBV_QP_PATH_MTU), rq_psn (IBV_QP_RQ_PSN), \
+             dest_qp_num (IBV_QP_DEST_QPN)"
+        );
         assert_eq!(attr.ah_attr.is_global, 1);
         assert_eq!(attr.ah_attr.grh.sgid_index, 1);
         // SAFETY: written as `raw` above.
@@ -474,20 +426,34 @@ mod tests {
         assert_eq!(attr.dest_qp_num, 17);
     }
 
+    /// The shared rules' mask bits are libibverbs' (`ibv_qp_attr_mask`), bit for bit.
     #[test]
-    fn required_attributes_follow_the_man_page() {
-        let names = |f, t| required(f, t).iter().map(|(_, n)| *n).collect::<Vec<_>>();
-        assert_eq!(
-            names(QpState::Reset, QpState::Init),
-            ["pkey_index (IBV_QP_PKEY_INDEX)", "port_num (IBV_QP_PORT)", "access (IBV_QP_ACCESS_FLAGS)"]
-        );
-        assert!(names(QpState::Init, QpState::Rtr).contains(&"dest_qp_num (IBV_QP_DEST_QPN)"));
-        assert!(names(QpState::Rtr, QpState::Rts).contains(&"sq_psn (IBV_QP_SQ_PSN)"));
-        assert!(names(QpState::Rts, QpState::Err).is_empty());
+    fn rules_mask_bits_are_libibverbs_bits() {
+        use ibv_qp_attr_mask as m;
+        use rules::mask;
+        for (ours, theirs) in [
+            (mask::STATE, m::IBV_QP_STATE),
+            (mask::ACCESS, m::IBV_QP_ACCESS_FLAGS),
+            (mask::PKEY, m::IBV_QP_PKEY_INDEX),
+            (mask::PORT, m::IBV_QP_PORT),
+            (mask::AV, m::IBV_QP_AV),
+            (mask::PATH_MTU, m::IBV_QP_PATH_MTU),
+            (mask::TIMEOUT, m::IBV_QP_TIMEOUT),
+            (mask::RETRY, m::IBV_QP_RETRY_CNT),
+            (mask::RNR_RETRY, m::IBV_QP_RNR_RETRY),
+            (mask::RQ_PSN, m::IBV_QP_RQ_PSN),
+            (mask::MAX_RD, m::IBV_QP_MAX_QP_RD_ATOMIC),
+            (mask::MIN_RNR, m::IBV_QP_MIN_RNR_TIMER),
+            (mask::SQ_PSN, m::IBV_QP_SQ_PSN),
+            (mask::MAX_DEST_RD, m::IBV_QP_MAX_DEST_RD_ATOMIC),
+            (mask::DEST_QPN, m::IBV_QP_DEST_QPN),
+        ] {
+            assert_eq!(ours, theirs.0, "{}", rules::mask_names(ours));
+        }
         let mut a = QpAttr::new(QpState::Init);
         a.access = Some(AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE);
         let (attr, mask) = to_ibv_attr(&a);
         assert_eq!(attr.qp_access_flags, 3);
-        assert_eq!(mask_names(mask), "STATE|ACCESS_FLAGS");
+        assert_eq!(mask, rules::attr_mask(&a));
     }
 }

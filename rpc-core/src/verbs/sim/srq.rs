@@ -51,14 +51,8 @@ pub(crate) fn post_recv_ring(
     wrs: &[RecvWr<'_>],
 ) -> Result<()> {
     for (index, wr) in wrs.iter().enumerate() {
+        crate::verbs::rules::check_recv_wr(call, index, wr, max_sge.min(MAX_SGE as u32))?;
         let n = wr.sg_list.len();
-        if n > max_sge as usize || n > MAX_SGE {
-            return Err(VerbsError::BadWorkRequest {
-                call,
-                index,
-                reason: format!("{n} SGEs, the queue allows {max_sge}"),
-            });
-        }
         let pushed = ring.push(|w| {
             st(&w[0], wr.wr_id);
             st(&w[1], n as u64);

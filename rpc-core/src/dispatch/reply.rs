@@ -128,6 +128,9 @@ pub struct RequestContext {
     pub(crate) queue: Arc<DeferQueue>,
     pub(crate) target: CallTarget,
     pub(crate) deferred: Cell<bool>,
+    /// Set by [`RequestContext::defer`]: the flag the worker raises when the deferred call is
+    /// cancelled, expires or loses its session (taken by the worker after the handler returns).
+    pub(crate) cancel_flag: Cell<Option<Arc<CancelFlag>>>,
 }
 
 impl RequestContext {
@@ -146,20 +149,80 @@ impl RequestContext {
         self.deadline
     }
 
+    /// True once the call's deadline has passed: the client has given up (it sent a Cancel) and
+    /// the server answers DEADLINE_EXCEEDED itself, so a long handler may stop early. Reads the
+    /// clock only for calls with a deadline. A Cancel from the client is handled between handler
+    /// runs, so a running inline handler cannot see one; a deferred call asks its
+    /// [`Responder::is_cancelled`].
+    pub fn is_cancelled(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
     /// Defers the answer: returns a [`Responder`] to answer later from any thread, and the marker
     /// the handler returns now. A second call gives a responder whose answer is ignored (the first
     /// answer wins).
     pub fn defer<T: Message>(&self) -> (Responder<T>, Reply<T>) {
         let first = !self.deferred.replace(true);
         let target = first.then(|| (self.queue.clone(), self.target));
-        (Responder { target, _t: PhantomData }, Reply(ReplyKind::Deferred))
+        let cancelled = Arc::new(CancelFlag::default());
+        if first {
+            self.cancel_flag.set(Some(cancelled.clone()));
+        }
+        (Responder { target, cancelled, _t: PhantomData }, Reply(ReplyKind::Deferred))
+    }
+}
+
+/// The flag the worker raises when a deferred call no longer wants an answer; raising it wakes
+/// the task awaiting [`Responder::cancelled`], if any.
+#[derive(Default)]
+pub(crate) struct CancelFlag {
+    raised: AtomicBool,
+    waker: atomic_waker::AtomicWaker,
+}
+
+impl CancelFlag {
+    /// Raises the flag and wakes the task that waits for it.
+    pub(crate) fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Acquire)
     }
 }
 
 /// Answers a deferred call from any thread. Dropping it unsent answers CANCELLED.
 pub struct Responder<T> {
     target: Option<(Arc<DeferQueue>, CallTarget)>,
+    cancelled: Arc<CancelFlag>,
     _t: PhantomData<fn(T)>,
+}
+
+impl<T> Responder<T> {
+    /// True once the call no longer wants an answer: the client cancelled it (future dropped,
+    /// its deadline passed), the server answered DEADLINE_EXCEEDED at the call's deadline, or
+    /// the session closed. A [`Responder::send`] after that is dropped by the worker (counted in
+    /// `Counters::late_answers`).
+    pub fn is_cancelled(&self) -> bool {
+        self.target.is_none() || self.cancelled.is_raised()
+    }
+
+    /// Resolves once [`Responder::is_cancelled`] is true: woken by the worker when it raises the
+    /// flag (no polling), so a task can `select!` its work against it and stop early.
+    pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.is_cancelled() {
+                return std::task::Poll::Ready(());
+            }
+            self.cancelled.waker.register(cx.waker());
+            if self.is_cancelled() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
 }
 
 impl<T: Message> Responder<T> {

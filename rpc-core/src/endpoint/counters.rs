@@ -31,6 +31,16 @@ pub struct Counters {
     /// Sessions whose receive ring is exposed by its MR's rkey (reachable from any QP of the
     /// protection domain) because the device has no type-2 memory windows; 0 on devices with them.
     pub window_fallbacks: u64,
+    /// Client: Cancels sent (calls abandoned on the wire). Server: Cancels received for calls
+    /// not yet answered (answered CANCELLED, their handler not run if not yet dispatched).
+    pub cancels: u64,
+    /// Server: answers dropped because their call was answered already (a deferred
+    /// `Responder::send` after the server answered CANCELLED or DEADLINE_EXCEEDED, or a second
+    /// answer to one call).
+    pub late_answers: u64,
+    /// Sessions closed because the peer stayed silent for `peer_timeout` while calls waited
+    /// for it (the idle probe got no Pong).
+    pub peers_lost: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -60,6 +70,9 @@ impl Counters {
         self.sessions_opened += other.sessions_opened;
         self.sessions_closed += other.sessions_closed;
         self.window_fallbacks += other.window_fallbacks;
+        self.cancels += other.cancels;
+        self.late_answers += other.late_answers;
+        self.peers_lost += other.peers_lost;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
         }
@@ -67,7 +80,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code`.
-const FIELDS: usize = 11;
+const FIELDS: usize = 14;
 
 /// The published copy, readable from any thread.
 #[derive(Default)]
@@ -89,6 +102,9 @@ impl SharedCounters {
             c.sessions_opened,
             c.sessions_closed,
             c.window_fallbacks,
+            c.cancels,
+            c.late_answers,
+            c.peers_lost,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -113,6 +129,9 @@ impl SharedCounters {
             sessions_opened: g(8),
             sessions_closed: g(9),
             window_fallbacks: g(10),
+            cancels: g(11),
+            late_answers: g(12),
+            peers_lost: g(13),
             by_code,
         }
     }

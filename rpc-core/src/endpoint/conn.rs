@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::session::{BodyRecycler, Complete, RingPiece, Session};
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
-use crate::wire::{Header, HEADER_LEN};
+use crate::wire::{Header, Kind, HEADER_LEN};
 
 /// Our receive ring of `len` bytes: behind a type-2 memory window bound to the connection's QP
 /// where the device has them (so a peer can write only its own ring), else the plain MR with a
@@ -338,6 +338,42 @@ impl<P: Provider> Conn<P> {
             return Err("ring body outside the ring, or no memory to copy it out");
         }
         self.session.piece_done(piece)
+    }
+
+    /// Queues the control messages the session wants sent (Pong, Ping, Cancel) while send
+    /// buffers last; what finds none stays due in the session for the next flush.
+    #[inline]
+    pub(crate) fn queue_controls(&mut self) {
+        while self.session.has_control() {
+            let Some(buf) = self.acquire() else { return };
+            let Some(h) = self.session.next_control() else {
+                self.pool.give_back(buf);
+                return;
+            };
+            self.queue(buf, h, BodyAt::Eager(0));
+        }
+    }
+
+    /// Returns freed ring space to the peer in a RingReturn when bytes are unreported
+    /// (messages are stamped with the freed head when queued, so bytes freed after the last one
+    /// was queued ride on none of them). Best effort: with no send buffer free, the next message
+    /// carries them.
+    pub(crate) fn queue_ring_return(&mut self) {
+        if self.session.ring_return_due() {
+            if let Some(buf) = self.acquire() {
+                self.queue(buf, Header::new(Kind::RingReturn), BodyAt::Eager(0));
+            }
+        }
+    }
+
+    /// The Close handshake's one message: marks the session closed, queues a Close and posts it
+    /// with what was queued (best effort: with no send buffer free, nothing is sent and the peer
+    /// learns from the control channel). Returns whether a Close was posted.
+    pub(crate) fn send_close(&mut self, tag: u32) -> bool {
+        self.session.close();
+        let Some(buf) = self.acquire() else { return false };
+        self.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
+        self.flush(tag).is_ok()
     }
 
     /// Posts what was queued (one doorbell per batch). `tag` identifies the connection in the

@@ -1,0 +1,131 @@
+//! The life of calls and of the peer, sans-IO: server-side call deadlines, cancellation, and the
+//! idle probe of the RDMA path. Driven by [`super::Session`]: received headers feed it, the
+//! driver calls [`super::Session::handle_timeout`] with `now` when [`super::Session::poll_timeout`]
+//! says so (or on its own coarser tick), and takes control messages to send
+//! ([`super::Session::next_control`]) and events ([`super::Session::poll_event`]).
+//!
+//! Liveness: the peer is *silent* while nothing arrives from it. A driver that is waiting for the
+//! peer (calls outstanding) sends a Ping after `peer_timeout / 3` of silence, again after each
+//! further third, and reports [`Event::PeerDead`] after `peer_timeout` of silence. Only a process
+//! that runs answers a Ping (a NIC acknowledges a SEND even for a stopped process), so a
+//! SIGSTOPped or hung peer is detected, not only a vanished host. Arrivals are noted with a flag
+//! (no clock read per message); the clock is read only by `handle_timeout`, so silence is measured
+//! from the first check that saw the last arrival (never shorter than the real silence).
+
+use std::time::{Duration, Instant};
+
+/// Something the driver must act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Server: the client cancelled the unanswered call `(slot, generation)`: answer it CANCELLED
+    /// now (tell its deferred `Responder`); a later answer is dropped.
+    Cancelled {
+        /// Call slot.
+        slot: u16,
+        /// Slot generation.
+        generation: u32,
+    },
+    /// Server: the unanswered call's deadline passed: answer it DEADLINE_EXCEEDED now (tell its
+    /// deferred `Responder`); a later answer is dropped.
+    Expired {
+        /// Call slot.
+        slot: u16,
+        /// Slot generation.
+        generation: u32,
+    },
+    /// Nothing arrived from the peer for `peer_timeout` while this end waited for it, probes
+    /// included: close the session; its calls end UNAVAILABLE.
+    PeerDead {
+        /// The silence observed.
+        silent: Duration,
+    },
+}
+
+/// A request received and not yet answered (server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Unanswered {
+    pub(super) slot: u16,
+    pub(super) generation: u32,
+    /// When the client stops waiting, from the request's `timeout_us`.
+    pub(super) deadline: Option<Instant>,
+    /// Cancelled or expired: an answer is already decided (CANCELLED / DEADLINE_EXCEEDED).
+    pub(super) ended: bool,
+}
+
+/// Idle-probe state of one session.
+#[derive(Debug)]
+pub(super) struct Liveness {
+    /// `None`: no probing.
+    pub(super) peer_timeout: Option<Duration>,
+    /// Something arrived since the last check.
+    pub(super) rx_seen: bool,
+    /// When silence started (at the check that last saw an arrival).
+    pub(super) quiet_since: Option<Instant>,
+    /// The last check (a gap longer than two probe intervals since then resets the silence:
+    /// nobody was watching).
+    pub(super) last_check: Option<Instant>,
+    /// Pings sent in the current silence.
+    pub(super) pings: u32,
+    /// The last check was made while waiting (silence counts only from a waiting check on).
+    pub(super) was_waiting: bool,
+    /// A Ping or a Pong waits to be sent.
+    pub(super) ping_due: bool,
+    pub(super) pong_due: bool,
+}
+
+impl Liveness {
+    pub(super) fn new(peer_timeout: Option<Duration>) -> Liveness {
+        Liveness {
+            peer_timeout,
+            rx_seen: false,
+            quiet_since: None,
+            last_check: None,
+            pings: 0,
+            was_waiting: false,
+            ping_due: false,
+            pong_due: false,
+        }
+    }
+
+    fn interval(t: Duration) -> Duration {
+        (t / 3).max(Duration::from_millis(1))
+    }
+
+    /// The next instant at which [`Liveness::check`] has something to do, when `waiting`.
+    pub(super) fn next(&self, waiting: bool) -> Option<Instant> {
+        let t = self.peer_timeout?;
+        if !waiting {
+            return None;
+        }
+        let Some(q) = self.quiet_since.filter(|_| self.was_waiting) else { return self.last_check };
+        let ping = q + Liveness::interval(t) * (self.pings + 1);
+        Some(ping.min(q + t))
+    }
+
+    /// Applies the passage of time. `waiting`: this end expects something from the peer (calls
+    /// outstanding). Returns the silence when the peer is to be declared dead.
+    pub(super) fn check(&mut self, now: Instant, waiting: bool) -> Option<Duration> {
+        let t = self.peer_timeout?;
+        let interval = Liveness::interval(t);
+        // A driver checks at least at each `next()` (one interval apart): a gap of two intervals
+        // means nobody was watching (the thread did not run), and that is not the peer's silence.
+        let unwatched = self.last_check.is_none_or(|c| now.saturating_duration_since(c) > 2 * interval);
+        self.last_check = Some(now);
+        let was_waiting = std::mem::replace(&mut self.was_waiting, waiting);
+        if self.rx_seen || !waiting || !was_waiting || unwatched || self.quiet_since.is_none() {
+            self.rx_seen = false;
+            self.quiet_since = Some(now);
+            self.pings = 0;
+            return None;
+        }
+        let silent = now.saturating_duration_since(self.quiet_since?);
+        if silent >= t {
+            return Some(silent);
+        }
+        if silent >= interval * (self.pings + 1) {
+            self.pings += 1;
+            self.ping_due = true;
+        }
+        None
+    }
+}

@@ -1,0 +1,86 @@
+//! The call lifecycle end to end on `sim`: a dropped future reaches the server as a Cancel and
+//! its slot comes back.
+//! (The server's own DEADLINE_EXCEEDED and Cancel handling on the wire are in breaker.rs, with
+//! its raw client; the idle probe against a stopped server process in sim_two_process_rpc.rs.)
+
+mod rpc_support;
+
+use std::time::{Duration, Instant};
+
+use rpc_core::codegen::*;
+use rpc_core::Client;
+use rpc_support::*;
+
+/// A window of calls the server never answers (STASH keeps the responders), their futures
+/// dropped: each sends a Cancel (the server counts it and answers CANCELLED, its responder
+/// sees `is_cancelled`), and more calls than the window succeed afterwards. Before
+/// cancellation on the wire, the four abandoned calls held the window forever: every later call
+/// failed RESOURCE_EXHAUSTED.
+#[test]
+fn dropped_futures_reach_the_server_and_their_slots_come_back() {
+    let (server, stash) = spawn(server());
+    let client = Client::connect_with(server.local_addr(), &client_config().window(4)).unwrap();
+    let futs: Vec<_> = (0..4u64)
+        .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
+        .collect();
+    // Let the handlers run (and stash their responders) before the futures go.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while stash.lock().unwrap().len() < 4 {
+        assert!(Instant::now() < give_up, "the handlers did not run");
+        client.progress();
+        std::thread::yield_now();
+    }
+    drop(futs);
+    assert_eq!(client.counters().cancels, 4, "one Cancel per dropped future");
+    for i in 0..12u64 {
+        let r = client
+            .unary::<_, EchoMsg>(ECHO, &request(i, 16, 16), &CallOptions::deadline(Duration::from_secs(5)))
+            .unwrap_or_else(|e| panic!("call {i} after the dropped futures: {e}"));
+        check_reply(&r, i, 16);
+    }
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while server.counters().cancels < 4 {
+        assert!(Instant::now() < give_up, "server counted {} cancels", server.counters().cancels);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(stash.lock().unwrap().iter().all(Responder::is_cancelled), "every responder was told");
+    let c = client.counters();
+    assert_eq!(c.late_replies, 4, "the four CANCELLED answers were discarded as acknowledgements");
+    // A late answer from a responder whose call was cancelled is dropped and counted.
+    for r in stash.lock().unwrap().drain(..) {
+        r.send(Ok(EchoMsg::default()));
+    }
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while server.counters().late_answers < 4 {
+        assert!(Instant::now() < give_up, "late answers counted: {}", server.counters().late_answers);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    check_reply(&client.unary(ECHO, &request(99, 4, 4), &CallOptions::default()).unwrap(), 99, 4);
+    assert_eq!(client.counters().malformed, 0);
+    drop(client);
+    server.shutdown();
+}
+
+/// A call dropped before it was sent (it waited for a credit) never reaches the server: its
+/// slot is free at once and no Cancel is sent for it.
+#[test]
+fn a_future_dropped_before_its_call_was_sent_frees_its_slot_without_a_cancel() {
+    let (server, stash) = spawn(server().credits_per_session(1));
+    let client = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();
+    let first = client.unary_async::<_, EchoMsg>(STASH, &request(0, 8, 0), &CallOptions::default());
+    let queued = client.unary_async::<_, EchoMsg>(STASH, &request(1, 8, 0), &CallOptions::default());
+    drop(queued);
+    assert_eq!(client.counters().cancels, 0, "nothing to cancel at the server");
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while stash.lock().unwrap().is_empty() {
+        assert!(Instant::now() < give_up, "the first call did not arrive");
+        client.progress();
+        std::thread::yield_now();
+    }
+    stash.lock().unwrap().pop().unwrap().send(Ok(EchoMsg { seq: 7, ..Default::default() }));
+    assert_eq!(block_on(first).unwrap().seq, 7);
+    check_reply(&client.unary(ECHO, &request(3, 4, 4), &CallOptions::default()).unwrap(), 3, 4);
+    assert_eq!(stash.lock().unwrap().len(), 0, "the dropped call's handler never ran");
+    drop(client);
+    server.shutdown();
+}
