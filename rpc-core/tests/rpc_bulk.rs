@@ -157,3 +157,42 @@ fn bodies_beyond_the_ring_and_the_staging_area_wait_or_go_from_the_heap() {
     server.shutdown();
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
+
+/// Bodies that fit the peer's ring whole but span at least two pipeline pieces (64 KiB, and
+/// 1/16 of the ring) are reserved whole and sent as consecutive pieces of that range: many in
+/// flight, both directions, odd lengths, every byte checked on both sides.
+#[test]
+fn ring_bodies_sent_as_pipelined_pieces_arrive_intact() {
+    const BIG_RING: u32 = 1 << 20;
+    let (server, _) = spawn(server().ring_bytes(BIG_RING));
+    let client =
+        Client::connect_with(server.local_addr(), &client_config().ring_bytes(BIG_RING).window(4)).unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut inflight: VecDeque<(u64, usize, ResponseFuture<'_, EchoMsg>)> = VecDeque::new();
+    let sizes = [128 << 10, (128 << 10) + 1, 300_007, 700_001, 10, 200_000];
+    let total = 120u64;
+    let (mut next, mut done) = (0u64, 0u64);
+    while done < total {
+        while inflight.len() < 4 && next < total {
+            let req_len = sizes[(next % 6) as usize];
+            let rep_len = sizes[((next + 2) % 6) as usize];
+            inflight.push_back((
+                next,
+                rep_len,
+                client.unary_async(ECHO, &request(next, req_len, rep_len), &CallOptions::default()),
+            ));
+            next += 1;
+        }
+        let (seq, rep_len, fut) = inflight.front_mut().unwrap();
+        if let Poll::Ready(r) = Pin::new(fut).poll(&mut cx) {
+            let r = r.unwrap_or_else(|s| panic!("call {seq}: {s}"));
+            check_reply(&r, *seq, *rep_len);
+            inflight.pop_front();
+            done += 1;
+        }
+    }
+    assert_eq!(client.counters().with_code(Code::Ok), total);
+    drop(inflight);
+    drop(client);
+    server.shutdown();
+}

@@ -290,8 +290,10 @@ impl<P: Provider> ClientCore<P> {
             max_held: usize::from(window),
         };
         tracing::info!(%peer, session = reply.session, credits = reply.credits, transport = P::NAME, "client connected");
+        let session = Session::new(Role::Client, params);
         Ok(ClientCore {
             conn: Conn {
+                spare: session.spare_bodies().clone(),
                 qp,
                 pool,
                 ring,
@@ -299,7 +301,7 @@ impl<P: Provider> ClientCore<P> {
                 staging,
                 sq,
                 session: {
-                    let mut s = Session::new(Role::Client, params);
+                    let mut s = session;
                     s.set_peer_timeout(cfg.peer_timeout, Instant::now());
                     s
                 },
@@ -366,7 +368,12 @@ impl<P: Provider> ClientCore<P> {
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
             if len > self.conn.staging.len() as usize {
-                break PendingBody::Heap(req.encode_to_vec());
+                let Some(v) = self.conn.spare.encode(req, len) else {
+                    return Err(Status::resource_exhausted(format!(
+                        "no memory for a request of {len} bytes"
+                    )));
+                };
+                break PendingBody::Heap(v);
             }
             if !blocking {
                 return Ok(None);

@@ -561,14 +561,17 @@ impl<P: Provider> Listener<P> {
             max_held: usize::from(credits),
         };
         let remote_ring = ring.remote();
+        let session = Session::new(Role::Server, params);
+        let spare = session.spare_bodies().clone();
         let conn = Conn {
+            spare,
             qp,
             pool,
             ring,
             mirror,
             staging,
             sq: SendQueue::new(sq_depth, usize::from(bufs)),
-            session: Session::new(Role::Server, params),
+            session,
             peer_ring: (hello.ring_addr, hello.ring_rkey),
             body_cap,
             max_inline,
