@@ -16,6 +16,7 @@ use rpc_examples::helloworld::HelloRequest;
 use rpc_examples::kv::kv_client::KvClient;
 use rpc_examples::kv::kv_server::KvServer;
 use rpc_examples::kv_store::KvStore;
+use std::time::Duration;
 
 const POLL: PollingPolicy = PollingPolicy::SpinThenYield { spins: 64 };
 
@@ -40,11 +41,19 @@ fn hello_and_kv_on_rdma() {
         .transport(t.clone())
         .polling(POLL)
         .ring_bytes(32 << 20)
+        // The Soft-RoCE guest is emulated (TCG): registering 4 x 32 MiB rings takes seconds there.
+        .handshake_timeout(Duration::from_secs(60))
+        .peer_timeout(Some(Duration::from_secs(60)))
         .add_service(GreeterServer::new(MyGreeter))
         .add_service(KvServer::new(KvStore::default()))
         .spawn("127.0.0.1:0")
         .unwrap();
-    let cfg = ClientConfig::default().transport(t).polling(POLL).ring_bytes(32 << 20);
+    let cfg = ClientConfig::default()
+        .transport(t)
+        .polling(POLL)
+        .ring_bytes(32 << 20)
+        .connect_timeout(Duration::from_secs(60))
+        .peer_timeout(Some(Duration::from_secs(60)));
     let hello = GreeterClient::connect_with(server.local_addr(), &cfg).unwrap();
     assert_eq!(hello.say_hello(&HelloRequest { name: "rxe".into() }).unwrap().message, "Hello rxe");
     let kv = KvClient::connect_with(server.local_addr(), &cfg).unwrap();

@@ -216,6 +216,13 @@ impl<P: Provider> ClientCore<P> {
             Err(FrameError::Wire(e)) => {
                 return Err(Status::internal(format!("bad handshake from {peer}: {e}")))
             }
+            // The read timeout is `connect_timeout`: it expires as WouldBlock (or TimedOut).
+            Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(unavailable(format!(
+                    "handshake with {peer}: no answer within {} ms (ClientConfig::connect_timeout)",
+                    cfg.connect_timeout.as_millis()
+                )))
+            }
             Err(e) => return Err(unavailable(format!("handshake with {peer}: {e}"))),
         };
         let refuse = |field: &str, why: String| {
