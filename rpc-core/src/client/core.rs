@@ -630,6 +630,9 @@ impl<P: Provider> ClientCore<P> {
             // A Ping made a Pong due (sent with the next flush); the rest only carried the
             // freed head (the session refused a Request or a Cancel).
             Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
+            // Streams are not driven by this client yet: the session refuses stream messages for
+            // a stream it never opened, and credits or ends for none change nothing.
+            Kind::StreamMsg | Kind::StreamEnd | Kind::StreamCredit => self.release(body),
         }
     }
 
