@@ -4,8 +4,9 @@
 //! [`MethodId`] constants; generated client stubs wrap a [`Client`] and call [`Client::unary`] or
 //! [`Client::unary_async`] with a method-id constant.
 
-pub use crate::client::{CallOptions, Client, ClientConfig, ResponseFuture};
+pub use crate::client::{CallOptions, Client, ClientConfig, ResponseFuture, Streaming};
 pub use crate::dispatch::reply::{Reply, ReplyWriter, RequestContext, Responder};
+pub use crate::dispatch::stream::{StreamSink, SINK_DEPTH};
 pub use crate::status::{Code, Status};
 pub use prost::Message;
 

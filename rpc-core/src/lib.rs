@@ -34,7 +34,7 @@ pub mod transport;
 pub mod wire;
 pub(crate) mod worker;
 
-pub use client::{CallOptions, Client, ClientConfig, ResponseFuture};
+pub use client::{CallOptions, Client, ClientConfig, ResponseFuture, Streaming};
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;
 pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle};

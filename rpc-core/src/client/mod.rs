@@ -139,6 +139,25 @@ impl Client {
         ResponseFuture { client: self, state, _t: PhantomData }
     }
 
+    /// Opens a server stream: sends `req` to method `id` (a server-streaming method; generated
+    /// stubs call this) and returns its [`Streaming`] messages. `opts`' timeout is the deadline of
+    /// the whole stream (both ends end it DEADLINE_EXCEEDED when it passes).
+    ///
+    /// # Errors
+    /// As [`Client::unary`] for the request (the window full, a request over
+    /// `max_message_size`, a broken session).
+    pub fn server_stream<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Streaming<'_, Resp>, Status> {
+        let call = with_core!(&mut *self.core.borrow_mut(), c => {
+            c.start_with(id, req, opts.timeout(), true, crate::wire::STREAM_OUT)
+        })?;
+        Ok(Streaming { client: self, call, done: false, _t: PhantomData })
+    }
+
     /// Polls the CQ once and handles what arrived (responses are stored for their futures).
     /// Returns how many completions were handled.
     pub fn progress(&self) -> usize {
@@ -212,6 +231,68 @@ impl<T> Drop for ResponseFuture<'_, T> {
             if let Ok(mut core) = self.client.core.try_borrow_mut() {
                 with_core!(&mut *core, c => c.abandon(call));
             }
+        }
+    }
+}
+
+/// The messages of a server stream, in order, taken by the calling thread
+/// ([`Client::server_stream`]). Each message taken returns its credit to the server, so a caller
+/// that stops taking them stalls the server's producer once the stream's credits (half the
+/// session's, 16 messages by default) are held here. Dropping it before its end cancels the
+/// stream (the server's sink sees it cancelled).
+pub struct Streaming<'a, T> {
+    client: &'a Client,
+    call: CallId,
+    done: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Message + Default> Streaming<'_, T> {
+    /// Blocks (busy-polling per the client's policy) for the next message: `Ok(Some(m))`, or
+    /// `Ok(None)` at the stream's clean end (the server finished it with OK).
+    ///
+    /// # Errors
+    /// The stream's final status when not OK: the server's error, DEADLINE_EXCEEDED once the
+    /// call's timeout (the whole stream's deadline) passed, UNAVAILABLE when the session broke
+    /// (the server died mid-stream), CANCELLED. After the end (either way) every call returns
+    /// `Ok(None)`.
+    pub fn message(&mut self) -> Result<Option<T>, Status> {
+        if self.done {
+            return Ok(None);
+        }
+        let r = with_core!(&mut *self.client.core.borrow_mut(), c => c.wait_stream(self.call));
+        if !matches!(r, Ok(Some(_))) {
+            self.done = true;
+        }
+        r
+    }
+
+    /// Polls once without blocking: `None` while no message and no end is there, else what
+    /// [`Streaming::message`] would return.
+    pub fn try_message(&mut self) -> Option<Result<Option<T>, Status>> {
+        if self.done {
+            return Some(Ok(None));
+        }
+        let r = with_core!(&mut *self.client.core.borrow_mut(), c => c.poll_stream(self.call))?;
+        if !matches!(r, Ok(Some(_))) {
+            self.done = true;
+        }
+        Some(r)
+    }
+}
+
+impl<T: Message + Default> Iterator for Streaming<'_, T> {
+    type Item = Result<T, Status>;
+
+    fn next(&mut self) -> Option<Result<T, Status>> {
+        self.message().transpose()
+    }
+}
+
+impl<T> Drop for Streaming<'_, T> {
+    fn drop(&mut self) {
+        if !self.done {
+            with_core!(&mut *self.client.core.borrow_mut(), c => c.abandon_stream(self.call));
         }
     }
 }

@@ -41,6 +41,10 @@ use stream::Streams;
 use crate::status::Status;
 use crate::wire::{Header, Kind, STREAM_IN, STREAM_OUT};
 
+/// Most stream messages one end of a session holds or has granted at once, across its streams
+/// (the stream budget is the session's credits up to this; each stream gets at most half).
+pub const MAX_STREAM_BUDGET: u32 = 256;
+
 /// Which end of the connection this session is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -166,7 +170,7 @@ impl Session {
             },
             events: VecDeque::with_capacity(usize::from(params.credits) + 1),
             controls: VecDeque::with_capacity(params.max_held.max(usize::from(params.credits))),
-            streams: Streams::new(u32::from(params.credits)),
+            streams: Streams::new(u32::from(params.credits).min(MAX_STREAM_BUDGET)),
             liveness: Liveness::new(None),
             assemblies: Vec::new(),
             // Spare buffers for the bodies that may be held at once, at most our ring's length
