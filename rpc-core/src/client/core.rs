@@ -296,7 +296,7 @@ impl<P: Provider> ClientCore<P> {
                 sq,
                 session: {
                     let mut s = Session::new(Role::Client, params);
-                    s.set_peer_timeout(cfg.peer_timeout);
+                    s.set_peer_timeout(cfg.peer_timeout, Instant::now());
                     s
                 },
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
@@ -481,7 +481,12 @@ impl<P: Provider> ClientCore<P> {
             if !self.conn.send_outgoing(out) {
                 break;
             }
+            let h = out.header;
             self.outbox.pop_front();
+            if self.slots.is_abandoned(h.slot, h.generation) {
+                // Abandoned while its body was still leaving: the Cancel follows its last piece.
+                self.conn.session.cancel(h.slot, h.generation);
+            }
         }
     }
 
@@ -889,6 +894,44 @@ impl<P: Provider> ClientCore<P> {
         self.abandon(id);
     }
 
+    /// A finished call's result, without progressing the session (a dispatcher progresses once
+    /// per loop for all its calls); `None` while it runs.
+    pub(crate) fn take_done<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        let a = self.slots.take_done(id.slot, id.generation)?;
+        Some(self.finish(a))
+    }
+
+    /// True when a call can start now (a slot is free).
+    pub(crate) fn has_free_slot(&self) -> bool {
+        self.broken.is_some() || self.slots.has_free()
+    }
+
+    /// One progress step of a dispatcher: polls the CQ once; an empty poll counts toward the TCP
+    /// liveness check. Returns the completions handled.
+    pub(crate) fn dispatch_step(&mut self) -> usize {
+        let n = self.progress();
+        if n > 0 {
+            self.idle.reset();
+        } else if self.broken.is_none() {
+            self.note_empty();
+        }
+        n
+    }
+
+    /// Arms the CQ and, unless a completion is already there, blocks on its completion channel
+    /// for at most `timeout`. Returns the completions handled (0 also when the CQ has no events).
+    pub(crate) fn wait_cq(&mut self, timeout: Duration) -> usize {
+        if self.broken.is_some() || self.cq.req_notify(false).is_err() {
+            return 0;
+        }
+        // Completions that arrived before the CQ was armed raise no event: poll once more.
+        let n = self.dispatch_step();
+        if n == 0 {
+            let _ = self.cq.wait(Some(timeout));
+        }
+        n
+    }
+
     /// Blocks (busy-polling per policy) until the call finishes.
     pub(crate) fn wait<R: Message + Default>(&mut self, id: CallId) -> Result<R, Status> {
         loop {
@@ -919,7 +962,17 @@ impl<P: Provider> ClientCore<P> {
             }
             Abandoned::OnWire => {
                 self.counters.cancels += 1;
-                self.conn.session.cancel(id.slot, id.generation);
+                // A request still leaving in pieces is finished first (its ring space is
+                // reserved, and the server must never see a Cancel overtake pieces of its call,
+                // whose slot may be reused once the Cancel is answered): `pump` sends the Cancel
+                // after its last piece.
+                let leaving = self
+                    .outbox
+                    .iter()
+                    .any(|o| (o.header.slot, o.header.generation) == (id.slot, id.generation));
+                if !leaving {
+                    self.conn.session.cancel(id.slot, id.generation);
+                }
             }
         }
         self.flush();
@@ -953,9 +1006,7 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return;
         }
-        if let Some(b) = self.conn.acquire() {
-            self.conn.queue(b, Header::new(Kind::Close), BodyAt::Eager(0));
-            let _ = self.conn.flush(TAG);
+        if self.conn.send_close(TAG) {
             // Give the SEND a moment to leave before the QP is destroyed.
             let until = Instant::now() + Duration::from_millis(5);
             while Instant::now() < until {

@@ -5,7 +5,7 @@
 //! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time.
 
 mod config;
-mod core;
+pub(crate) mod core;
 
 use std::cell::RefCell;
 use std::future::Future;

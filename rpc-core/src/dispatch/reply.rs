@@ -130,7 +130,7 @@ pub struct RequestContext {
     pub(crate) deferred: Cell<bool>,
     /// Set by [`RequestContext::defer`]: the flag the worker raises when the deferred call is
     /// cancelled, expires or loses its session (taken by the worker after the handler returns).
-    pub(crate) cancel_flag: Cell<Option<Arc<AtomicBool>>>,
+    pub(crate) cancel_flag: Cell<Option<Arc<CancelFlag>>>,
     /// Set by [`RequestContext::stream`]: the sink the worker drains (taken after the handler
     /// returns).
     pub(crate) stream: Cell<Option<Arc<super::stream::SinkShared>>>,
@@ -167,7 +167,7 @@ impl RequestContext {
     pub fn defer<T: Message>(&self) -> (Responder<T>, Reply<T>) {
         let first = !self.deferred.replace(true);
         let target = first.then(|| (self.queue.clone(), self.target));
-        let cancelled = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::new(CancelFlag::default());
         if first {
             self.cancel_flag.set(Some(cancelled.clone()));
         }
@@ -184,7 +184,10 @@ impl RequestContext {
     pub fn stream<T: Message>(&self) -> (super::stream::StreamSink<T>, Reply<()>) {
         // Deferred like `defer`, but the worker answers the stream when it ends.
         let first = !self.deferred.replace(true);
-        let cancelled = Arc::new(AtomicBool::new(!first));
+        let cancelled = Arc::new(CancelFlag::default());
+        if !first {
+            cancelled.raise();
+        }
         let shared = super::stream::SinkShared::new(cancelled.clone());
         if first {
             self.cancel_flag.set(Some(cancelled));
@@ -194,10 +197,30 @@ impl RequestContext {
     }
 }
 
+/// The flag the worker raises when a deferred call no longer wants an answer; raising it wakes
+/// the task awaiting [`Responder::cancelled`], if any.
+#[derive(Default)]
+pub(crate) struct CancelFlag {
+    raised: AtomicBool,
+    waker: atomic_waker::AtomicWaker,
+}
+
+impl CancelFlag {
+    /// Raises the flag and wakes the task that waits for it.
+    pub(crate) fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    pub(crate) fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Acquire)
+    }
+}
+
 /// Answers a deferred call from any thread. Dropping it unsent answers CANCELLED.
 pub struct Responder<T> {
     target: Option<(Arc<DeferQueue>, CallTarget)>,
-    cancelled: Arc<AtomicBool>,
+    cancelled: Arc<CancelFlag>,
     _t: PhantomData<fn(T)>,
 }
 
@@ -207,7 +230,23 @@ impl<T> Responder<T> {
     /// the session closed. A [`Responder::send`] after that is dropped by the worker (counted in
     /// `Counters::late_answers`).
     pub fn is_cancelled(&self) -> bool {
-        self.target.is_none() || self.cancelled.load(Ordering::Acquire)
+        self.target.is_none() || self.cancelled.is_raised()
+    }
+
+    /// Resolves once [`Responder::is_cancelled`] is true: woken by the worker when it raises the
+    /// flag (no polling), so a task can `select!` its work against it and stop early.
+    pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.is_cancelled() {
+                return std::task::Poll::Ready(());
+            }
+            self.cancelled.waker.register(cx.waker());
+            if self.is_cancelled() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
     }
 }
 

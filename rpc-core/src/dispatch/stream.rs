@@ -9,6 +9,8 @@
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::reply::CancelFlag;
 use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 use std::time::Duration;
@@ -30,14 +32,14 @@ pub(crate) struct SinkShared {
     pub(crate) ended: AtomicBool,
     /// Raised by the worker when the stream is over without the handler (cancel, deadline,
     /// session gone).
-    pub(crate) cancelled: Arc<AtomicBool>,
+    pub(crate) cancelled: Arc<CancelFlag>,
     /// The producer waits for room: whom to wake.
     pub(crate) waiter: Mutex<Option<Thread>>,
     pub(crate) waiting: AtomicBool,
 }
 
 impl SinkShared {
-    pub(crate) fn new(cancelled: Arc<AtomicBool>) -> Arc<SinkShared> {
+    pub(crate) fn new(cancelled: Arc<CancelFlag>) -> Arc<SinkShared> {
         Arc::new(SinkShared {
             queue: ArrayQueue::new(SINK_DEPTH),
             end: Mutex::new(None),
@@ -83,7 +85,7 @@ impl<T> StreamSink<T> {
     /// deadline passed), the server answered DEADLINE_EXCEEDED at the stream's deadline, or the
     /// session closed. Later sends fail.
     pub fn is_cancelled(&self) -> bool {
-        self.shared.cancelled.load(Ordering::Acquire)
+        self.shared.cancelled.is_raised()
     }
 
     /// Ends the stream with `result` (OK: a clean end; an error status: the client's stream

@@ -302,6 +302,16 @@ impl<P: Provider> Conn<P> {
         }
     }
 
+    /// The Close handshake's one message: marks the session closed, queues a Close and posts it
+    /// with what was queued (best effort: with no send buffer free, nothing is sent and the peer
+    /// learns from the control channel). Returns whether a Close was posted.
+    pub(crate) fn send_close(&mut self, tag: u32) -> bool {
+        self.session.close();
+        let Some(buf) = self.acquire() else { return false };
+        self.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
+        self.flush(tag).is_ok()
+    }
+
     /// Posts what was queued (one doorbell per batch). `tag` identifies the connection in the
     /// signaled WR's `wr_id`.
     pub(crate) fn flush(&mut self, tag: u32) -> Result<()> {

@@ -9,6 +9,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod async_service;
 mod listener;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};

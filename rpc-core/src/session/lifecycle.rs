@@ -61,8 +61,8 @@ pub(super) struct Liveness {
     pub(super) rx_seen: bool,
     /// When silence started (at the check that last saw an arrival).
     pub(super) quiet_since: Option<Instant>,
-    /// The last check (a gap longer than a probe interval since then resets the silence: nobody
-    /// was watching).
+    /// The last check (a gap longer than two probe intervals since then resets the silence:
+    /// nobody was watching).
     pub(super) last_check: Option<Instant>,
     /// Pings sent in the current silence.
     pub(super) pings: u32,
@@ -107,7 +107,9 @@ impl Liveness {
     pub(super) fn check(&mut self, now: Instant, waiting: bool) -> Option<Duration> {
         let t = self.peer_timeout?;
         let interval = Liveness::interval(t);
-        let unwatched = self.last_check.is_none_or(|c| now.saturating_duration_since(c) > interval);
+        // A driver checks at least at each `next()` (one interval apart): a gap of two intervals
+        // means nobody was watching (the thread did not run), and that is not the peer's silence.
+        let unwatched = self.last_check.is_none_or(|c| now.saturating_duration_since(c) > 2 * interval);
         self.last_check = Some(now);
         let was_waiting = std::mem::replace(&mut self.was_waiting, waiting);
         if self.rx_seen || !waiting || !was_waiting || unwatched || self.quiet_since.is_none() {

@@ -45,6 +45,13 @@ use crate::wire::{Header, Kind, STREAM_IN, STREAM_OUT};
 /// (the stream budget is the session's credits up to this; each stream gets at most half).
 pub const MAX_STREAM_BUDGET: u32 = 256;
 
+/// A request still waiting for its handler's answer ([`Session::live_call`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveCall {
+    /// When the client stops waiting (`None`: no deadline).
+    pub deadline: Option<Instant>,
+}
+
 /// Which end of the connection this session is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -200,21 +207,20 @@ impl Session {
         self.unanswered.iter().any(|c| (c.slot, c.generation) == (slot, generation))
     }
 
-    /// Server: whether the request `(slot, generation)` still waits for its handler's answer:
-    /// unanswered, not cancelled and not expired. A request that is not is dropped undispatched.
-    pub fn is_live(&self, slot: u16, generation: u32) -> bool {
-        self.unanswered.iter().any(|c| (c.slot, c.generation) == (slot, generation) && !c.ended)
+    /// Server: the request `(slot, generation)` when it still waits for its handler's answer
+    /// (unanswered, not cancelled, not expired), with its deadline (from its `timeout_us`;
+    /// `None`: no deadline). `None` when it does not: drop it undispatched.
+    #[inline]
+    pub fn live_call(&self, slot: u16, generation: u32) -> Option<LiveCall> {
+        let c = self.unanswered.iter().find(|c| (c.slot, c.generation) == (slot, generation))?;
+        (!c.ended).then_some(LiveCall { deadline: c.deadline })
     }
 
-    /// Server: the deadline of the unanswered request `(slot, generation)`, from its `timeout_us`.
-    pub fn deadline_of(&self, slot: u16, generation: u32) -> Option<Instant> {
-        self.unanswered.iter().find(|c| (c.slot, c.generation) == (slot, generation))?.deadline
-    }
-
-    /// Enables the idle probe: while this end waits for the peer, a Ping after a third of
-    /// `peer_timeout` of silence, [`Event::PeerDead`] after all of it (`None`: never).
-    pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>) {
+    /// Enables the idle probe from `now` on: while this end waits for the peer, a Ping after a
+    /// third of `peer_timeout` of silence, [`Event::PeerDead`] after all of it (`None`: never).
+    pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>, now: Instant) {
         self.liveness = Liveness::new(peer_timeout);
+        self.liveness.last_check = Some(now);
     }
 
     /// When [`Session::handle_timeout`] has something to do next (`waiting`: this end expects

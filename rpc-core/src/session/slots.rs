@@ -104,6 +104,13 @@ impl<T> CallSlots<T> {
         self.abandoned
     }
 
+    /// Whether `(slot, generation)` is a call abandoned on the wire, response not yet arrived.
+    pub fn is_abandoned(&self, slot: u16, generation: u32) -> bool {
+        self.slots
+            .get(slot as usize)
+            .is_some_and(|s| s.generation == generation && s.state == SlotState::Abandoned)
+    }
+
     /// Calls waiting for a credit.
     pub fn queued(&self) -> usize {
         self.queue.len()

@@ -507,11 +507,11 @@ fn cancel_ends_an_unanswered_call_once() {
     let mut s = Session::new(Role::Server, params(2, 16, 100));
     s.handle_header(&request(0, 1, 0), || clock.at(0)).unwrap();
     s.handle_header(&request(1, 1, 0), || clock.at(0)).unwrap();
-    assert!(s.is_live(0, 1));
+    assert!(s.live_call(0, 1).is_some());
     let cancel = Header { session: 5, slot: 0, generation: 1, ..Header::new(Kind::Cancel) };
     s.handle_header(&cancel, || clock.at(1)).unwrap();
     assert_eq!(s.poll_event(), Some(Event::Cancelled { slot: 0, generation: 1 }));
-    assert!(!s.is_live(0, 1), "dropped undispatched");
+    assert_eq!(s.live_call(0, 1), None, "dropped undispatched");
     assert!(s.is_unanswered(0, 1), "still owed its CANCELLED answer (which returns the credit)");
     s.handle_header(&cancel, || clock.at(2)).unwrap();
     assert_eq!(s.poll_event(), None, "a second cancel changes nothing");
@@ -538,15 +538,15 @@ fn deadlines_expire_at_the_server_on_the_fake_clock() {
     s.handle_header(&request(0, 1, 50_000), || clock.at(10)).unwrap();
     s.handle_header(&request(1, 1, 20_000), || clock.at(20)).unwrap();
     s.handle_header(&request(2, 1, 0), || panic!("no deadline: the clock is not read")).unwrap();
-    assert_eq!(s.deadline_of(0, 1), Some(clock.at(60)));
-    assert_eq!(s.deadline_of(2, 1), None);
+    assert_eq!(s.live_call(0, 1), Some(LiveCall { deadline: Some(clock.at(60)) }));
+    assert_eq!(s.live_call(2, 1), Some(LiveCall { deadline: None }));
     assert_eq!(s.poll_timeout(true), Some(clock.at(40)));
     s.handle_timeout(clock.at(39), true);
     assert_eq!(s.poll_event(), None);
     s.handle_timeout(clock.at(40), true);
     assert_eq!(s.poll_event(), Some(Event::Expired { slot: 1, generation: 1 }));
     assert_eq!(s.poll_event(), None);
-    assert!(!s.is_live(1, 1) && s.is_live(0, 1) && s.is_live(2, 1));
+    assert!(s.live_call(1, 1).is_none() && s.live_call(0, 1).is_some() && s.live_call(2, 1).is_some());
     assert_eq!(s.poll_timeout(true), Some(clock.at(60)), "an expired call is not timed again");
     s.handle_timeout(clock.at(1000), true);
     assert_eq!(s.poll_event(), Some(Event::Expired { slot: 0, generation: 1 }));
@@ -565,7 +565,7 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
     let mut c = Session::new(Role::Client, params(2, 16, 100));
     c.handle_timeout(clock.at(0), true);
     assert!(!c.has_control(), "no probe configured");
-    c.set_peer_timeout(Some(std::time::Duration::from_millis(300)));
+    c.set_peer_timeout(Some(std::time::Duration::from_millis(300)), clock.at(0));
     c.handle_timeout(clock.at(0), true);
     assert_eq!(c.poll_timeout(true), Some(clock.at(100)));
     assert_eq!(c.poll_timeout(false), None, "not waiting: nothing to time");
@@ -594,7 +594,8 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
 
     // Not waiting: never a Ping nor a death, and waiting again starts a fresh silence.
     let mut s = Session::new(Role::Server, params(2, 16, 100));
-    s.set_peer_timeout(Some(std::time::Duration::from_millis(300)));
+    s.set_peer_timeout(Some(std::time::Duration::from_millis(300)), clock.at(0));
+    assert_eq!(s.poll_timeout(true), Some(clock.at(0)), "a first check is due at once when waiting");
     for t in (0..2000).step_by(50) {
         s.handle_timeout(clock.at(t), false);
     }
@@ -602,7 +603,7 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
     s.handle_timeout(clock.at(2050), true);
     s.handle_timeout(clock.at(2100), true);
     assert!(!s.has_control(), "silence counts from when waiting began");
-    // A gap longer than a probe interval between checks: nobody watched, nothing counted.
+    // A gap longer than two probe intervals between checks: nobody watched, nothing counted.
     s.handle_timeout(clock.at(9000), true);
     assert!(!s.has_control() && s.poll_event().is_none());
     // A Ping received: a Pong is due at once.

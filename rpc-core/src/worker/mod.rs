@@ -139,7 +139,7 @@ struct Entry<P: Provider> {
     binding: Option<Arc<AtomicU8>>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
-    deferred: Vec<(u16, u32, Arc<AtomicBool>)>,
+    deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
     /// Server streams of this session whose handler may still send: drained as the client grants
     /// stream credits ([`Worker::pump_streams`]).
     streams: Vec<SinkStream>,
@@ -157,7 +157,7 @@ impl<P: Provider> Drop for Entry<P> {
     fn drop(&mut self) {
         // The session is gone: no deferred answer of it can be delivered any more.
         for (_, _, flag) in &self.deferred {
-            flag.store(true, Ordering::Release);
+            flag.raise();
         }
     }
 }
@@ -379,7 +379,7 @@ impl<P: Provider> Worker<P> {
                 }
             };
             if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
-                entry.deferred.swap_remove(i).2.store(true, Ordering::Release);
+                entry.deferred.swap_remove(i).2.raise();
             }
             let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
             entry.backlog.push_back(Spill::Error(header, status));
@@ -404,9 +404,9 @@ impl<P: Provider> Worker<P> {
             while i < entry.streams.len() {
                 let st = &entry.streams[i];
                 let (slot, generation) = (st.slot, st.generation);
-                if !entry.conn.session.is_live(slot, generation) {
+                if entry.conn.session.live_call(slot, generation).is_none() {
                     // Answered by the session's events already (CANCELLED, DEADLINE_EXCEEDED).
-                    st.sink.cancelled.store(true, Ordering::Release);
+                    st.sink.cancelled.raise();
                     st.sink.wake();
                     while st.sink.queue.pop().is_some() {}
                     entry.streams.swap_remove(i);
@@ -416,7 +416,7 @@ impl<P: Provider> Worker<P> {
                     let Some(bytes) = st.sink.queue.pop() else { break };
                     if let Err(status) = entry.conn.session.check_len(bytes.len()) {
                         // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
-                        st.sink.cancelled.store(true, Ordering::Release);
+                        st.sink.cancelled.raise();
                         st.sink.wake();
                         *st.sink.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
                         st.sink.ended.store(true, Ordering::Release);
@@ -502,7 +502,7 @@ impl<P: Provider> Worker<P> {
             streams: Vec::new(),
         });
         if let Some(s) = self.entries[idx].as_mut() {
-            s.conn.session.set_peer_timeout(self.limits.peer_timeout);
+            s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
         }
         let tag = self.tag(idx as u16);
         let Some(entry) = self.entries[idx].as_mut() else { return };
@@ -558,10 +558,7 @@ impl<P: Provider> Worker<P> {
         for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
             if let Some(entry) = self.entries[idx].as_mut() {
-                if let Some(buf) = entry.conn.pool.acquire() {
-                    entry.conn.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
-                    let _ = entry.conn.flush(tag);
-                }
+                entry.conn.send_close(tag);
             }
         }
         let until = Instant::now() + Duration::from_millis(20);
@@ -832,14 +829,14 @@ impl<P: Provider> Worker<P> {
             return;
         };
         counters.bytes_in += u64::from(h.body_len);
-        if !entry.conn.session.is_live(h.slot, h.generation) {
+        let Some(live) = entry.conn.session.live_call(h.slot, h.generation) else {
             // Cancelled or expired while its body was arriving: answered already, never run.
             if let Received::Eager(b) = received {
                 recv.repost(b);
             }
             return;
-        }
-        let deadline = entry.conn.session.deadline_of(h.slot, h.generation);
+        };
+        let deadline = live.deadline;
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.method = found.map_or("", |f| f.1);
