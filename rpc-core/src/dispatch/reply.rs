@@ -188,7 +188,7 @@ impl RequestContext {
         if !first {
             cancelled.raise();
         }
-        let shared = super::stream::SinkShared::new(cancelled.clone());
+        let shared = super::stream::SinkShared::new(cancelled.clone(), self.queue.worker.get().copied());
         if first {
             self.cancel_flag.set(Some(cancelled));
             self.stream.set(Some(shared.clone()));

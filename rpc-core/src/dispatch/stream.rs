@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::reply::CancelFlag;
 use std::sync::{Arc, Mutex};
-use std::thread::Thread;
+use std::thread::{Thread, ThreadId};
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
@@ -36,10 +36,12 @@ pub(crate) struct SinkShared {
     /// The producer waits for room: whom to wake.
     pub(crate) waiter: Mutex<Option<Thread>>,
     pub(crate) waiting: AtomicBool,
+    /// The worker thread that drains the sink: a send from it cannot wait for room.
+    worker: Option<ThreadId>,
 }
 
 impl SinkShared {
-    pub(crate) fn new(cancelled: Arc<CancelFlag>) -> Arc<SinkShared> {
+    pub(crate) fn new(cancelled: Arc<CancelFlag>, worker: Option<ThreadId>) -> Arc<SinkShared> {
         Arc::new(SinkShared {
             queue: ArrayQueue::new(SINK_DEPTH),
             end: Mutex::new(None),
@@ -47,6 +49,7 @@ impl SinkShared {
             cancelled,
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
+            worker,
         })
     }
 
@@ -109,8 +112,10 @@ impl<T: Message> StreamSink<T> {
     /// here.
     ///
     /// # Errors
-    /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]); the message
-    /// is dropped.
+    /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]);
+    /// RESOURCE_EXHAUSTED for a send on the worker thread (inline in the handler) that finds
+    /// [`SINK_DEPTH`] messages queued (it cannot wait for the worker it blocks). The message is
+    /// dropped.
     pub fn send(&self, msg: &T) -> Result<(), Status> {
         let mut bytes = msg.encode_to_vec();
         loop {
@@ -120,6 +125,14 @@ impl<T: Message> StreamSink<T> {
             match self.shared.queue.push(bytes) {
                 Ok(()) => return Ok(()),
                 Err(back) => bytes = back,
+            }
+            if self.shared.worker == Some(std::thread::current().id()) {
+                // Waiting would wait for ourselves: the worker drains the sink only after the
+                // handler returns.
+                return Err(Status::resource_exhausted(format!(
+                    "a handler sent more than SINK_DEPTH ({SINK_DEPTH}) stream messages inline: \
+                     send from a thread of its own"
+                )));
             }
             *self.shared.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
             self.shared.waiting.store(true, Ordering::Release);
