@@ -120,7 +120,8 @@ fn helloworld_has_the_facade_shape() {
     );
     // The client module.
     assert_has(&code, "pub mod greeter_client {");
-    assert_has(&code, "pub struct GreeterClient { inner: Client, }");
+    assert_has(&code, "pub struct GreeterClient<C = Client> { inner: C, }");
+    assert_has(&code, "impl GreeterClient<Client> {");
     assert_has(
         &code,
         "pub fn connect(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status>",
@@ -129,7 +130,12 @@ fn helloworld_has_the_facade_shape() {
     assert_has(&code, "pub fn say_hello(&self, request: &super::HelloRequest) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
     assert_has(&code, "pub fn say_hello_with(&self, request: &super::HelloRequest, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, options) }");
     assert_has(&code, "pub fn say_hello_async(&self, request: &super::HelloRequest) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
-    assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient");
+    assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient<Client>");
+    // The same stub over the shareable handle.
+    assert_has(&code, "impl GreeterClient<Channel> {");
+    assert_has(&code, "pub fn say_hello(&self, request: super::HelloRequest) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello_with(&self, request: super::HelloRequest, options: &CallOptions) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, options) }");
+    assert_has(&code, "impl ::core::convert::From<Channel> for GreeterClient<Channel>");
     // Proto comments became docs of the trait, its method and the stub.
     assert_has(&code, "/// Says hello.");
     assert_has(&code, "/// Answers a greeting with a greeting that names the sender.");

@@ -154,7 +154,9 @@ fn timeout_and_select_cancel_calls_and_release_their_slots() {
             .unwrap_err();
         assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
     });
-    assert_eq!(ch.in_flight(), 0);
+    // The expired call's slot comes back once the server's DEADLINE_EXCEEDED (or the Cancel's
+    // acknowledgement) arrives, a moment after the client gave up on it.
+    assert!(eventually(|| ch.in_flight() == 0), "{} calls still in flight", ch.in_flight());
     drop(ch);
     drop(rt);
     server.shutdown();

@@ -104,7 +104,10 @@ where
             return Err(Status::internal("call started twice"));
         };
         // Queued calls share one doorbell: the dispatcher flushes after taking a batch.
-        with_any_core!(core, c => c.start(self.method, &req, self.timeout, false))
+        let deadline = self.timeout.map(|t| std::time::Instant::now() + t);
+        let mode = crate::client::core::StartMode::Batched;
+        with_any_core!(core, c => c.start(self.method, &req, deadline, mode))?
+            .ok_or_else(|| Status::internal("no free slot for a started call"))
     }
 
     fn try_finish(&self, core: &mut AnyCore, id: CallId, expired: bool) -> bool {

@@ -310,6 +310,8 @@ pub(crate) struct StagingSpan<'a> {
     pub(crate) bytes: &'a mut [u8],
     /// Bodies up to this many bytes are eager (never staged).
     pub(crate) eager_threshold: u32,
+    /// Spare body buffers of the session, for a body that fits neither (encoded onto the heap).
+    pub(crate) spare: &'a crate::session::BodyRecycler,
 }
 
 /// Encodes a body that waits for ring space into the staging span when it fits (one copy, no
@@ -321,7 +323,10 @@ fn stage<M: Message>(msg: &M, len: usize, staging: &mut StagingSpan<'_>) -> Outc
             return Outcome::Staged { offset: staging.offset, len: (len - dst.len()) as u32 };
         }
     }
-    Outcome::Spilled(msg.encode_to_vec())
+    match staging.spare.encode(msg, len) {
+        Some(v) => Outcome::Spilled(v),
+        None => Outcome::Error(Status::resource_exhausted(format!("no memory for an answer of {len} bytes"))),
+    }
 }
 
 /// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the

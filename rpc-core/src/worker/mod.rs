@@ -858,14 +858,14 @@ impl<P: Provider> Worker<P> {
             (None, None) => Body::slice(&[]),
         };
         let cap = entry.conn.body_cap;
-        let Conn { pool, mirror, staging, session, .. } = &mut entry.conn;
+        let Conn { pool, mirror, staging, session, spare, .. } = &mut entry.conn;
         let eager_threshold = session.params().eager_threshold;
         let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
             None => (&mut scratch[..cap], None),
         };
         let (offset, bytes) = staging.spare_mut();
-        let staging = StagingSpan { offset, bytes, eager_threshold };
+        let staging = StagingSpan { offset, bytes, eager_threshold, spare };
         let mut out =
             ReplyWriter { eager, mirror: mirror.as_mut_slice(), staging, session, outcome: Outcome::Unset };
         if draining {
