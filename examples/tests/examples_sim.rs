@@ -52,3 +52,16 @@ fn kv_workload_checks_every_answer() {
     drop(client);
     server.shutdown();
 }
+
+/// `hello-tokio`: one channel shared by tasks of a multi-thread runtime, every reply checked by
+/// the program itself (it exits non-zero on a wrong or missing reply).
+#[test]
+fn hello_tokio_shares_one_channel_between_tasks() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hello-tokio"))
+        .args(["--tasks", "8", "--calls", "200", "--poll", "yield"])
+        .output()
+        .expect("run hello-tokio");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("client: 1600 replies from 8 tasks over one channel, all checked"), "{stdout}");
+}
