@@ -2,7 +2,7 @@
 //! reply is computed from the request, so a test asserts that the request arrived intact and the
 //! right handler answered.
 
-use rpc_core::codegen::{Reply, RequestContext, Status};
+use rpc_core::codegen::{Code, Reply, RequestContext, Status, StreamSink, SINK_DEPTH};
 
 use crate::codegen::{common, deep, keywords, only_service, shadowing, shapes, stub_names, well_known};
 use crate::{codegen, helloworld, no_package};
@@ -257,9 +257,39 @@ impl codegen::streaming::feed_server::Feed for Impl {
     ) -> Reply<codegen::streaming::Item> {
         codegen::streaming::Item { n: request.n + 100 }.into()
     }
+
+    fn subscribe(
+        &self,
+        _ctx: &RequestContext,
+        request: codegen::streaming::Item,
+        sink: StreamSink<codegen::streaming::Item>,
+    ) {
+        // A few messages inline (at most SINK_DEPTH fit before the worker drains them).
+        for n in 0..request.n.min(SINK_DEPTH as u32) {
+            if sink.send(&codegen::streaming::Item { n }).is_err() {
+                return;
+            }
+        }
+    }
 }
 
-impl codegen::streaming::firehose_server::Firehose for Impl {}
+impl codegen::streaming::firehose_server::Firehose for Impl {
+    fn drink(
+        &self,
+        _ctx: &RequestContext,
+        request: codegen::streaming::Item,
+        sink: StreamSink<codegen::streaming::Item>,
+    ) {
+        std::thread::spawn(move || {
+            for n in 0..request.n {
+                if sink.send(&codegen::streaming::Item { n }).is_err() {
+                    return;
+                }
+            }
+            sink.finish(Err(Status::new(Code::ResourceExhausted, "dry")));
+        });
+    }
+}
 
 impl codegen::comments::commented_server::Commented for Impl {
     fn run(

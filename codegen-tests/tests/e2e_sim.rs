@@ -263,9 +263,22 @@ fn shapes_streaming_leftovers_and_comments() {
     let swapped = commented.run(&doc).expect("run");
     assert_eq!((swapped.field.as_str(), swapped.other.as_str()), ("o", "f"));
 
-    // The streaming RPCs were not generated; calling one by id is answered UNIMPLEMENTED.
-    let client = commented.into_client();
-    let id = rpc_core::codegen::method_id("/codegen.streaming.Firehose/Drink");
+    // Server streams: messages in order, then the clean end (inline sends) or the handler's status.
+    let feed = streaming::feed_client::FeedClient::new(commented.into_client());
+    let got: Vec<u32> =
+        feed.subscribe(&streaming::Item { n: 5 }).expect("subscribe").map(|m| m.unwrap().n).collect();
+    assert_eq!(got, [0, 1, 2, 3, 4]);
+    let firehose = streaming::firehose_client::FirehoseClient::new(feed.into_client());
+    let mut drink = firehose.drink(&streaming::Item { n: 1000 }).expect("drink");
+    for n in 0..1000 {
+        assert_eq!(drink.message().expect("a message").expect("not the end").n, n);
+    }
+    assert_eq!(drink.message().expect_err("the handler's status").code(), Code::ResourceExhausted);
+    drop(drink);
+
+    // Client streams were not generated; calling one by id is answered UNIMPLEMENTED.
+    let client = firehose.into_client();
+    let id = rpc_core::codegen::method_id("/codegen.streaming.Feed/Upload");
     let err = client
         .unary::<_, streaming::Item>(id, &streaming::Item { n: 1 }, &CallOptions::default())
         .expect_err("not generated");

@@ -81,8 +81,8 @@ fn build_time_ids_equal_the_runtime_hash() {
         ("codegen.shapes.Profiles", 2),
         ("codegen.shapes.Health", 1),
         ("codegen.shapes.Counter", 1),
-        ("codegen.streaming.Feed", 1),
-        ("codegen.streaming.Firehose", 0),
+        ("codegen.streaming.Feed", 2),
+        ("codegen.streaming.Firehose", 1),
         ("codegen.comments.Commented", 1),
     ]);
     assert_eq!(counts, expected);

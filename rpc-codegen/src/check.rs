@@ -1,5 +1,6 @@
 //! Checks on the whole `FileDescriptorSet` before any code is written: Rust names that two proto
-//! names would share, and the streaming RPCs that are left out (each one becomes a warning).
+//! names would share, and the client-streaming and bidirectional RPCs that are left out (each one
+//! becomes a warning; server streams are generated).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,16 +15,15 @@ use crate::Error;
 /// What the checks found that is not an error.
 #[derive(Debug, Default)]
 pub struct Findings {
-    /// One line per streaming RPC left out of the trait and the stub.
+    /// One line per client-streaming or bidirectional RPC left out of the trait and the stub.
     pub warnings: Vec<String>,
 }
 
 /// The kind of a streaming RPC, for the warning.
 fn streaming_kind(method: &MethodDescriptorProto) -> Option<&'static str> {
     match (method.client_streaming(), method.server_streaming()) {
-        (false, false) => None,
+        (false, false) | (false, true) => None,
         (true, false) => Some("client-streaming"),
-        (false, true) => Some("server-streaming"),
         (true, true) => Some("bidirectional streaming"),
     }
 }
@@ -79,7 +79,7 @@ pub fn check(fds: &FileDescriptorSet, includes: &[PathBuf]) -> Result<Findings, 
                 let full = full_method_name(package, service.name(), method.name());
                 if let Some(kind) = streaming_kind(method) {
                     findings.warnings.push(format!(
-                        "{}: {full} is a {kind} RPC; streaming is not supported yet, so it is left out of \
+                        "{}: {full} is a {kind} RPC; client and bidirectional streaming are not supported yet, so it is left out of \
                          the {} trait and client stub",
                         on_disk(file.name(), includes).display(),
                         service.name()

@@ -20,6 +20,13 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with"))).collect();
     let asynchronous: Vec<String> =
         model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_async"))).collect();
+    let streams: Vec<String> = model.server_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+    let streams_with: Vec<String> = model
+        .server_streams
+        .iter()
+        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
+        .collect();
+    let streaming = model.facade("Streaming");
     let connect = scope.claim("connect");
     let connect_with = scope.claim("connect_with");
     let new = scope.claim("new");
@@ -116,6 +123,33 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             name = blocking[i],
             with_name = with[i],
             async_name = asynchronous[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.server_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        write_comments(&rpc.method.comments, buf);
+        let _ = writeln!(
+            buf,
+            "///
+            /// Opens the server stream `{full}`: its messages, in order, as the returned
+            /// `Streaming` yields them (taking one returns its credit to the server; dropping the
+            /// stream early cancels it).
+            ///
+            /// # Errors
+            /// As a unary call's start (a broken session, a request over the size limit).
+            pub fn {name}(&self, request: &{input}) -> ::core::result::Result<{streaming}<'_, {output}>, Status> {{
+                self.inner.server_stream({id}, request, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the server stream `{full}` with `options` (a deadline for the whole stream, ...).
+            ///
+            /// # Errors
+            /// As `{name}`.
+            pub fn {with_name}(&self, request: &{input}, options: &CallOptions) -> ::core::result::Result<{streaming}<'_, {output}>, Status> {{
+                self.inner.server_stream({id}, request, options)
+            }}",
+            name = streams[i],
+            with_name = streams_with[i],
             full = rpc.full_name,
         );
     }

@@ -80,6 +80,8 @@ pub const FACADE_NAMES: &[&str] = &[
     "MethodId",
     "Reply",
     "ReplyWriter",
+    "StreamSink",
+    "Streaming",
     "RequestContext",
     "Responder",
     "ResponseFuture",

@@ -24,6 +24,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
     let async_ctx = model.facade("AsyncContext");
     let async_rt = model.facade("AsyncRuntime");
     let spawn_async = model.facade("spawn_async");
+    let sink_ty = model.facade("StreamSink");
 
     let _ = writeln!(
         buf,
@@ -40,7 +41,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
 
     let _ = writeln!(buf, "/// The full names of the methods, `\"/package.Service/Method\"`.");
     buf.push_str("pub mod method_names {\n");
-    for rpc in &model.rpcs {
+    for rpc in model.rpcs.iter().chain(&model.server_streams) {
         let _ = writeln!(buf, "/// `{}`.", rpc.full_name);
         let _ = writeln!(buf, "pub const {}: &str = \"{}\";", rpc.id_const, rpc.full_name);
     }
@@ -88,6 +89,26 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 output = rpc.output
             );
         }
+    }
+    for rpc in &model.server_streams {
+        write_comments(&rpc.method.comments, buf);
+        if rpc.method.comments.leading.is_empty() && rpc.method.comments.trailing.is_empty() {
+            let _ = writeln!(buf, "/// Handles `{}` (server streaming).", rpc.full_name);
+        } else {
+            let _ = writeln!(buf, "///\n/// Server streaming.");
+        }
+        let _ = writeln!(
+            buf,
+            "///
+            /// Send the stream's messages into `sink` (from any thread: its `send` blocks while the
+            /// client's credits are used up, so send from a thread of your own, or at most
+            /// `SINK_DEPTH` messages inline); drop it to end the stream OK, or `finish` it with a
+            /// status. The stream's deadline is the call's.
+            fn {name}(&self, ctx: &{ctx_ty}, request: {input}, sink: {sink_ty}<{output}>);",
+            name = rpc.method.name,
+            input = rpc.input,
+            output = rpc.output
+        );
     }
     buf.push_str("}\n");
 
@@ -143,7 +164,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
     let _ = writeln!(buf, "impl<{param}: {trait_name}> {service} for {adapter}<{param}> {{");
     let _ = writeln!(buf, "const NAME: &'static str = {};", model.service_name_const);
     let _ = write!(buf, "const METHODS: &'static [{method_desc}] = &[");
-    for rpc in &model.rpcs {
+    for rpc in model.rpcs.iter().chain(&model.server_streams) {
         let _ = write!(buf, "{method_desc} {{ id: {id}, name: method_names::{id} }},", id = rpc.id_const);
     }
     buf.push_str("];\n");
@@ -151,7 +172,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
         "out.error({status}::unimplemented(::std::format!(\"{{}}: unknown method id {{method:#x}}\", {})))",
         model.service_name_const
     );
-    if model.rpcs.is_empty() {
+    if model.rpcs.is_empty() && model.server_streams.is_empty() {
         let _ = writeln!(
             buf,
             "fn call(&self, method: {method_id}, _ctx: &{ctx_ty}, _body: {body_ty}<'_>, out: &mut {reply_writer}<'_>) {{"
@@ -189,6 +210,23 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 }},",
                 id = rpc.id_const,
                 input = rpc.input,
+                name = rpc.method.name,
+            );
+        }
+        for rpc in &model.server_streams {
+            let _ = writeln!(
+                buf,
+                "{id} => match {decode}::<{input}>(body) {{
+                    ::core::result::Result::Ok(request) => {{
+                        let (sink, reply) = ctx.stream::<{output}>();
+                        <{param} as {trait_name}>::{name}(&self.inner, ctx, request, sink);
+                        out.reply(reply)
+                    }}
+                    ::core::result::Result::Err(status) => out.error(status),
+                }},",
+                id = rpc.id_const,
+                input = rpc.input,
+                output = rpc.output,
                 name = rpc.method.name,
             );
         }

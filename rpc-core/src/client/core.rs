@@ -33,7 +33,8 @@ use crate::wire::{
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
-/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8`, so a few may wait).
+/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8` and the stream budget,
+/// so a few may wait).
 const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
 const LIVENESS_EVERY: u32 = 4096;
@@ -63,6 +64,8 @@ struct Pending {
     body: PendingBody,
     method: u32,
     deadline: Option<Instant>,
+    /// Stream flags of the request ([`crate::wire::STREAM_OUT`]...; 0: unary).
+    stream: u8,
 }
 
 /// How [`ClientCore::start`] may wait and when it posts.
@@ -92,6 +95,9 @@ pub(crate) struct ClientCore<P: Provider> {
     cq: P::CompletionQueue,
     slots: CallSlots<Answer>,
     pending: Vec<Option<Pending>>,
+    /// Per slot: stream messages received and not yet taken by the caller (at most the stream's
+    /// credits; empty for unary calls, allocated only when a stream uses the slot).
+    stream_msgs: Vec<VecDeque<Answer>>,
     /// Requests on the wire whose bodies are still being sent through the ring, in order.
     outbox: VecDeque<Outgoing>,
     tcp: TcpStream,
@@ -153,7 +159,9 @@ impl<P: Provider> ClientCore<P> {
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
-        let recv_depth = 3 * u32::from(window) + 8;
+        // 3 × window for calls, credit messages and pieces, and the stream messages held or
+        // granted (the session's stream budget: its credits, at most MAX_STREAM_BUDGET).
+        let recv_depth = 3 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET);
         let pd = dev.ctx.alloc_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
@@ -320,6 +328,7 @@ impl<P: Provider> ClientCore<P> {
             cq,
             slots: CallSlots::new(window, reply.credits),
             pending: (0..window).map(|_| None).collect(),
+            stream_msgs: (0..window).map(|_| VecDeque::new()).collect(),
             outbox: VecDeque::new(),
             tcp,
             broken: None,
@@ -344,12 +353,27 @@ impl<P: Provider> ClientCore<P> {
     /// the mirror of the server's ring when the call goes out now and the ring has room;
     /// otherwise into the staging area (onto the heap when the body is larger than the staging
     /// area), and sent through the ring (in pieces when larger than a piece) as space frees.
+    #[inline]
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
         req: &M,
         deadline: Option<Instant>,
         mode: StartMode,
+    ) -> Result<Option<CallId>, Status> {
+        self.start_with(method, req, deadline, mode, 0)
+    }
+
+    /// [`ClientCore::start`] of a call that opens a stream (`stream`: its request flags,
+    /// [`crate::wire::STREAM_OUT`] for a server stream), whose messages the caller takes with
+    /// [`ClientCore::poll_stream`].
+    pub(crate) fn start_with<M: Message>(
+        &mut self,
+        method: u32,
+        req: &M,
+        deadline: Option<Instant>,
+        mode: StartMode,
+        stream: u8,
     ) -> Result<Option<CallId>, Status> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
@@ -389,7 +413,7 @@ impl<P: Provider> ClientCore<P> {
         };
         self.counters.bytes_out += len as u64;
         let (slot, generation) = self.slots.start().expect("a free slot was checked");
-        self.pending[slot as usize] = Some(Pending { body, method, deadline });
+        self.pending[slot as usize] = Some(Pending { body, method, deadline, stream });
         self.pump();
         if flush_now {
             self.flush();
@@ -472,7 +496,12 @@ impl<P: Provider> ClientCore<P> {
             let timeout_us = p.deadline.map_or(0, |d| {
                 d.saturating_duration_since(Instant::now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
             });
-            let h = Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
+            let mut h =
+                Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
+            if p.stream != 0 {
+                h.stream = p.stream;
+                h.credits = self.conn.session.stream_open(slot, generation, p.stream);
+            }
             match p.body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
                 PendingBody::Staged(body) => self.outbox.push_back(Outgoing::staged(h, body)),
@@ -538,6 +567,13 @@ impl<P: Provider> ClientCore<P> {
         tracing::info!(%status, "client session closed");
         // Each failed call is counted when its caller takes the answer.
         self.slots.fail_all(|| Answer::Err(status.clone()));
+        for q in &mut self.stream_msgs {
+            for a in std::mem::take(q) {
+                if let Answer::Eager(b) = a {
+                    self.recv.repost(b);
+                }
+            }
+        }
         for i in 0..self.pending.len() {
             if let Some(p) = self.pending[i].take() {
                 self.drop_pending(p);
@@ -650,6 +686,9 @@ impl<P: Provider> ClientCore<P> {
                     self.release(body);
                     Answer::Err(Status::new(h.status, text))
                 };
+                if self.conn.session.streams_open() > 0 {
+                    self.conn.session.stream_close(h.slot, h.generation);
+                }
                 match self.slots.on_response(h.slot, h.generation, answer) {
                     Ok(ResponseFate::Stored) => {}
                     Ok(ResponseFate::Discard(a)) => {
@@ -669,6 +708,19 @@ impl<P: Provider> ClientCore<P> {
             // A Ping made a Pong due (sent with the next flush); the rest only carried the
             // freed head (the session refused a Request or a Cancel).
             Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
+            // The session checked it belongs to an open stream of this slot, within its credits.
+            Kind::StreamMsg => {
+                self.counters.bytes_in += u64::from(h.body_len);
+                if self.slots.state(h.slot) == crate::session::SlotState::InFlight {
+                    self.stream_msgs[h.slot as usize].push_back(body);
+                } else {
+                    // Abandoned: dropped, its credit returned so the server reaches the Cancel.
+                    self.release(body);
+                    self.conn.session.stream_consumed(h.slot, h.generation);
+                }
+            }
+            // Credits changed the session's state; a stream end is refused by the session.
+            Kind::StreamEnd | Kind::StreamCredit => self.release(body),
         }
     }
 
@@ -680,6 +732,14 @@ impl<P: Provider> ClientCore<P> {
 
     /// Decodes a finished call's answer and releases its buffers.
     fn finish<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
+        let r = self.decode(a);
+        self.counters.rpcs += 1;
+        self.counters.status(r.as_ref().err().map_or(Code::Ok, Status::code));
+        r
+    }
+
+    /// Decodes an answer or a stream message and releases its buffers.
+    fn decode<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
         let undecodable = |e: prost::DecodeError| {
             Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
         };
@@ -694,8 +754,6 @@ impl<P: Provider> ClientCore<P> {
                 r
             }
         };
-        self.counters.rpcs += 1;
-        self.counters.status(r.as_ref().err().map_or(Code::Ok, Status::code));
         r
     }
 
@@ -806,6 +864,68 @@ impl<P: Provider> ClientCore<P> {
             }
         }
         None
+    }
+
+    /// Polls a stream once: its next message (`Some(Ok(Some(m)))`), its end (`Some(Ok(None))`
+    /// after an OK status, `Some(Err(status))` otherwise: the server's error, CANCELLED,
+    /// DEADLINE_EXCEEDED at the stream's deadline, UNAVAILABLE when the session broke), or
+    /// `None` while nothing is there. Taking a message returns its credit to the server.
+    pub(crate) fn poll_stream<R: Message + Default>(
+        &mut self,
+        id: CallId,
+    ) -> Option<Result<Option<R>, Status>> {
+        for round in 0..2 {
+            if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
+                self.conn.session.stream_consumed(id.slot, id.generation);
+                let r = self.decode::<R>(a).map(Some);
+                self.flush();
+                return Some(r);
+            }
+            if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+                self.conn.session.stream_close(id.slot, id.generation);
+                return Some(self.finish::<()>(a).map(|()| None));
+            }
+            if round == 0 {
+                if self.progress() > 0 {
+                    self.idle.reset();
+                } else {
+                    self.note_empty();
+                    break;
+                }
+            }
+        }
+        if let Some(d) = id.deadline {
+            if Instant::now() >= d {
+                self.abandon_stream(id);
+                self.counters.status(Code::DeadlineExceeded);
+                return Some(Err(Status::deadline_exceeded("the stream's deadline passed before its end")));
+            }
+        }
+        None
+    }
+
+    /// Blocks (busy-polling per policy) until the stream's next message or its end.
+    pub(crate) fn wait_stream<R: Message + Default>(&mut self, id: CallId) -> Result<Option<R>, Status> {
+        loop {
+            if let Some(r) = self.poll_stream(id) {
+                return r;
+            }
+            if self.idle.empty_polls() > 0 {
+                self.pause();
+            }
+        }
+    }
+
+    /// The caller gave up on a stream: messages not taken are dropped (their credits return, so
+    /// the server is not blocked until it sees the Cancel) and the call is abandoned.
+    pub(crate) fn abandon_stream(&mut self, id: CallId) {
+        if self.slots.state(id.slot) != crate::session::SlotState::Free {
+            while let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
+                self.release(a);
+                self.conn.session.stream_consumed(id.slot, id.generation);
+            }
+        }
+        self.abandon(id);
     }
 
     /// A finished call's result, without progressing the session (a dispatcher progresses once

@@ -31,7 +31,7 @@ use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
 use backoff::{Backoff, BackoffParams};
-use core::ClientCore;
+use core::{CallId, ClientCore};
 use queue::{Calls, Ticket};
 
 enum AnyCalls {
@@ -293,6 +293,35 @@ impl Client {
         ResponseFuture { client: self, state, _t: PhantomData }
     }
 
+    /// Opens a server stream: sends `req` to method `id` (a server-streaming method; generated
+    /// stubs call this) and returns its [`Streaming`] messages. `opts`' timeout is the deadline of
+    /// the whole stream (both ends end it DEADLINE_EXCEEDED when it passes).
+    ///
+    /// # Errors
+    /// As [`Client::unary`] for the request (a request over `max_message_size`, a broken
+    /// session that cannot reconnect); RESOURCE_EXHAUSTED when every slot of the window is taken
+    /// (a stream does not wait in the call queue).
+    pub fn server_stream<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Streaming<'_, Resp>, Status> {
+        let mut inner = self.inner.borrow_mut();
+        inner.ensure_session()?;
+        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let started = with_calls!(&mut inner.calls, c => {
+            c.core.start_with(id, req, deadline, core::StartMode::Now, crate::wire::STREAM_OUT)
+        })?;
+        let Some(call) = started else {
+            return Err(Status::resource_exhausted(
+                "every slot of the client's window (ClientConfig::window) is taken: a stream needs a free one \
+                 (streams do not wait in the call queue)",
+            ));
+        };
+        Ok(Streaming { client: self, call, epoch: inner.epoch, done: false, _t: PhantomData })
+    }
+
     /// Polls the CQ once and handles what arrived (responses are stored for their futures;
     /// waiting calls move into freed slots). Returns how many completions were handled. It
     /// never reconnects.
@@ -372,6 +401,87 @@ impl<T> Drop for ResponseFuture<'_, T> {
                 if inner.epoch == epoch {
                     with_calls!(&mut inner.calls, c => c.abandon(ticket));
                 }
+            }
+        }
+    }
+}
+
+/// The messages of a server stream, in order, taken by the calling thread
+/// ([`Client::server_stream`]). Each message taken returns its credit to the server, so a caller
+/// that stops taking them stalls the server's producer once the stream's credits (half the
+/// session's, 16 messages by default) are held here. Dropping it before its end cancels the
+/// stream (the server's sink sees it cancelled).
+pub struct Streaming<'a, T> {
+    client: &'a Client,
+    call: CallId,
+    /// The session the stream was opened on (a reconnect ends it UNAVAILABLE).
+    epoch: u64,
+    done: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Message + Default> Streaming<'_, T> {
+    /// Blocks (busy-polling per the client's policy) for the next message: `Ok(Some(m))`, or
+    /// `Ok(None)` at the stream's clean end (the server finished it with OK).
+    ///
+    /// # Errors
+    /// The stream's final status when not OK: the server's error, DEADLINE_EXCEEDED once the
+    /// call's timeout (the whole stream's deadline) passed, UNAVAILABLE when the session broke
+    /// (the server died mid-stream), CANCELLED. After the end (either way) every call returns
+    /// `Ok(None)`.
+    pub fn message(&mut self) -> Result<Option<T>, Status> {
+        if self.done {
+            return Ok(None);
+        }
+        let r = {
+            let mut inner = self.client.inner.borrow_mut();
+            if inner.epoch != self.epoch {
+                Err(inner.ended_status(self.epoch))
+            } else {
+                with_calls!(&mut inner.calls, c => c.core.wait_stream(self.call))
+            }
+        };
+        if !matches!(r, Ok(Some(_))) {
+            self.done = true;
+        }
+        r
+    }
+
+    /// Polls once without blocking: `None` while no message and no end is there, else what
+    /// [`Streaming::message`] would return.
+    pub fn try_message(&mut self) -> Option<Result<Option<T>, Status>> {
+        if self.done {
+            return Some(Ok(None));
+        }
+        let r = {
+            let mut inner = self.client.inner.borrow_mut();
+            if inner.epoch != self.epoch {
+                Err(inner.ended_status(self.epoch))
+            } else {
+                with_calls!(&mut inner.calls, c => c.core.poll_stream(self.call))?
+            }
+        };
+        if !matches!(r, Ok(Some(_))) {
+            self.done = true;
+        }
+        Some(r)
+    }
+}
+
+impl<T: Message + Default> Iterator for Streaming<'_, T> {
+    type Item = Result<T, Status>;
+
+    fn next(&mut self) -> Option<Result<T, Status>> {
+        self.message().transpose()
+    }
+}
+
+impl<T> Drop for Streaming<'_, T> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut inner = self.client.inner.borrow_mut();
+            if inner.epoch == self.epoch {
+                with_calls!(&mut inner.calls, c => c.core.abandon_stream(self.call));
             }
         }
     }

@@ -4,3 +4,4 @@
 
 pub(crate) mod registry;
 pub(crate) mod reply;
+pub(crate) mod stream;

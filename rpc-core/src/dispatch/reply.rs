@@ -131,6 +131,9 @@ pub struct RequestContext {
     /// Set by [`RequestContext::defer`]: the flag the worker raises when the deferred call is
     /// cancelled, expires or loses its session (taken by the worker after the handler returns).
     pub(crate) cancel_flag: Cell<Option<Arc<CancelFlag>>>,
+    /// Set by [`RequestContext::stream`]: the sink the worker drains (taken after the handler
+    /// returns).
+    pub(crate) stream: Cell<Option<Arc<super::stream::SinkShared>>>,
 }
 
 impl RequestContext {
@@ -172,6 +175,28 @@ impl RequestContext {
     }
 }
 
+impl RequestContext {
+    /// Server streaming: returns the [`StreamSink`](super::stream::StreamSink) to send the
+    /// stream's messages with, from any thread, and the marker the handler returns now. The
+    /// stream ends when the sink is dropped (OK) or finished with a status; its deadline is the
+    /// call's. Only for a call that opened a stream of server messages (a generated
+    /// server-streaming method); a second call gives a sink whose messages go nowhere.
+    pub fn stream<T: Message>(&self) -> (super::stream::StreamSink<T>, Reply<()>) {
+        // Deferred like `defer`, but the worker answers the stream when it ends.
+        let first = !self.deferred.replace(true);
+        let cancelled = Arc::new(CancelFlag::default());
+        if !first {
+            cancelled.raise();
+        }
+        let shared = super::stream::SinkShared::new(cancelled.clone(), self.queue.worker.get().copied());
+        if first {
+            self.cancel_flag.set(Some(cancelled));
+            self.stream.set(Some(shared.clone()));
+        }
+        (super::stream::StreamSink::new(shared), Reply(ReplyKind::Deferred))
+    }
+}
+
 /// The flag the worker raises when a deferred call no longer wants an answer; raising it wakes
 /// the task awaiting [`Responder::cancelled`], if any.
 #[derive(Default)]
@@ -187,7 +212,7 @@ impl CancelFlag {
         self.waker.wake();
     }
 
-    fn is_raised(&self) -> bool {
+    pub(crate) fn is_raised(&self) -> bool {
         self.raised.load(Ordering::Acquire)
     }
 }

@@ -20,6 +20,7 @@ use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::dispatch::stream::SinkShared;
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::session::Event;
@@ -139,6 +140,17 @@ struct Entry<P: Provider> {
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
     deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
+    /// Server streams of this session whose handler may still send: drained as the client grants
+    /// stream credits ([`Worker::pump_streams`]).
+    streams: Vec<SinkStream>,
+}
+
+/// A server stream being sent: its call and the sink its handler sends into.
+struct SinkStream {
+    slot: u16,
+    generation: u32,
+    method: u32,
+    sink: Arc<SinkShared>,
 }
 
 impl<P: Provider> Drop for Entry<P> {
@@ -174,6 +186,8 @@ pub(crate) struct Worker<P: Provider> {
     scratch: Vec<u8>,
     ctx: RequestContext,
     wcs: [WorkCompletion; POLL_BATCH],
+    /// Server streams open on this worker's sessions (0: the loop skips [`Worker::pump_streams`]).
+    open_streams: usize,
     // Last: dropped after every QP.
     recv: RecvPool<P>,
 }
@@ -207,7 +221,9 @@ impl<P: Provider> Worker<P> {
                 target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
                 deferred: std::cell::Cell::new(false),
                 cancel_flag: std::cell::Cell::new(None),
+                stream: std::cell::Cell::new(None),
             },
+            open_streams: 0,
             wcs: [WorkCompletion::default(); POLL_BATCH],
             recv,
         }
@@ -246,6 +262,9 @@ impl<P: Provider> Worker<P> {
                 if !self.shared.defer.is_empty() {
                     self.drain_deferred();
                 }
+            }
+            if self.open_streams > 0 {
+                self.pump_streams();
             }
             let n = match self.shared.cq.poll(&mut self.wcs) {
                 Ok(n) => n,
@@ -368,6 +387,70 @@ impl<P: Provider> Worker<P> {
         }
     }
 
+    /// Moves the messages of server streams from their sinks into the backlog while the client's
+    /// stream credits allow (one credit per message), and answers each stream whose handler ended
+    /// it once its last message is queued; forgets streams the session ended (cancelled,
+    /// expired, closed), waking their producers.
+    #[inline(never)]
+    fn pump_streams(&mut self) {
+        let mut open = 0;
+        for idx in 0..self.entries.len() as u16 {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            if entry.streams.is_empty() {
+                continue;
+            }
+            let mut moved = false;
+            let mut i = 0;
+            while i < entry.streams.len() {
+                let st = &entry.streams[i];
+                let (slot, generation) = (st.slot, st.generation);
+                if entry.conn.session.live_call(slot, generation).is_none() {
+                    // Answered by the session's events already (CANCELLED, DEADLINE_EXCEEDED).
+                    st.sink.cancelled.raise();
+                    st.sink.wake();
+                    while st.sink.queue.pop().is_some() {}
+                    entry.streams.swap_remove(i);
+                    continue;
+                }
+                while entry.conn.session.stream_send_credits(slot, generation).unwrap_or(0) > 0 {
+                    let Some(bytes) = st.sink.queue.pop() else { break };
+                    if let Err(status) = entry.conn.session.check_len(bytes.len()) {
+                        // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
+                        st.sink.cancelled.raise();
+                        st.sink.wake();
+                        *st.sink.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
+                        st.sink.ended.store(true, Ordering::Release);
+                        while st.sink.queue.pop().is_some() {}
+                        break;
+                    }
+                    let _ = entry.conn.session.stream_send(slot, generation);
+                    let h = Header { slot, generation, method: st.method, ..Header::new(Kind::StreamMsg) };
+                    entry.backlog.push_back(Spill::new(h, Ok(bytes)));
+                    st.sink.wake();
+                    moved = true;
+                }
+                if let Some(end) = st.sink.take_end() {
+                    let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
+                    entry.backlog.push_back(Spill::new(h, end.map(|()| Vec::new())));
+                    if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
+                        entry.deferred.swap_remove(d);
+                    }
+                    entry.streams.swap_remove(i);
+                    moved = true;
+                    continue;
+                }
+                i += 1;
+            }
+            open += entry.streams.len();
+            if moved {
+                self.try_backlog(idx);
+                self.mark_dirty(idx);
+            }
+        }
+        self.open_streams = open;
+        self.flush_dirty();
+    }
+
     fn drained(&self) -> bool {
         self.entries.iter().flatten().all(|s| s.conn.session.unanswered() == 0 && s.backlog.is_empty())
             && self.shared.defer.is_empty()
@@ -416,6 +499,7 @@ impl<P: Provider> Worker<P> {
             backlog: VecDeque::new(),
             binding: None,
             deferred: Vec::new(),
+            streams: Vec::new(),
         });
         if let Some(s) = self.entries[idx].as_mut() {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
@@ -829,6 +913,15 @@ impl<P: Provider> Worker<P> {
                 }
                 if let Some(flag) = ctx.cancel_flag.take() {
                     entry.deferred.push((h.slot, h.generation, flag));
+                }
+                if let Some(sink) = ctx.stream.take() {
+                    entry.streams.push(SinkStream {
+                        slot: h.slot,
+                        generation: h.generation,
+                        method: h.method,
+                        sink,
+                    });
+                    self.open_streams += 1;
                 }
                 None
             }
