@@ -815,10 +815,15 @@ impl<P: Provider> ClientCore<P> {
         match (&self.tcp).read(&mut b) {
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
             Ok(n) if n > 0 => {}
-            _ => {
+            end => {
                 // Let what already arrived (a Close, responses) be handled first.
                 while self.progress() > 0 {}
-                self.break_conn(unavailable("the server closed the connection"));
+                let why = match end {
+                    Ok(_) => "the server closed the connection".to_string(),
+                    // ETIMEDOUT here is TCP keepalive or TCP_USER_TIMEOUT giving up on the host.
+                    Err(e) => format!("the control connection failed: {e} (ClientConfig::peer_timeout)"),
+                };
+                self.break_conn(unavailable(why));
             }
         }
     }
