@@ -86,7 +86,8 @@ fn eight_tasks_share_one_handle_every_reply_checked() {
             total += t.await.unwrap();
         }
         assert_eq!(total, 80_000);
-        assert_eq!(ch.in_flight(), 0);
+        // `in_flight` is what the dispatchers last published: after the batch that woke the tasks.
+        assert!(eventually(|| ch.in_flight() == 0), "{} calls still in flight", ch.in_flight());
     });
     drop(rt);
     server.shutdown();
