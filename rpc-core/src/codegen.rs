@@ -6,8 +6,11 @@
 //! [`Channel::unary`]. Adapters of async services run their handlers through [`spawn_async`].
 
 pub use crate::channel::{Channel, ChannelConfig, UnaryCall};
-pub use crate::client::{CallOptions, Client, ClientConfig, ResponseFuture, Streaming};
+pub use crate::client::{
+    BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, ResponseFuture, Streaming,
+};
 pub use crate::dispatch::reply::{Reply, ReplyWriter, RequestContext, Responder};
+pub use crate::dispatch::source::RequestStream;
 pub use crate::dispatch::stream::{StreamSink, SINK_DEPTH};
 pub use crate::server::async_service::{spawn_async, AsyncContext, AsyncRuntime};
 pub use crate::status::{Code, Status};

@@ -37,7 +37,9 @@ pub mod wire;
 pub(crate) mod worker;
 
 pub use channel::{Channel, ChannelConfig, UnaryCall};
-pub use client::{CallOptions, Client, ClientConfig, ResponseFuture, Streaming};
+pub use client::{
+    BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, ResponseFuture, Streaming,
+};
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;
 pub use server::async_service::{AsyncContext, AsyncRuntime};

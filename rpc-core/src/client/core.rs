@@ -98,8 +98,12 @@ pub(crate) struct ClientCore<P: Provider> {
     /// Per slot: stream messages received and not yet taken by the caller (at most the stream's
     /// credits; empty for unary calls, allocated only when a stream uses the slot).
     stream_msgs: Vec<VecDeque<Answer>>,
-    /// Requests on the wire whose bodies are still being sent through the ring, in order.
+    /// Requests on the wire whose bodies are still being sent through the ring, and stream
+    /// messages that could not go straight into a send buffer, in order.
     outbox: VecDeque<Outgoing>,
+    /// Streams whose caller ended its messages: the StreamEnd goes once the request is on the
+    /// wire and none of the stream's messages waits in the outbox (it must not overtake them).
+    stream_ends: Vec<(u16, u32)>,
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
@@ -330,6 +334,7 @@ impl<P: Provider> ClientCore<P> {
             pending: (0..window).map(|_| None).collect(),
             stream_msgs: (0..window).map(|_| VecDeque::new()).collect(),
             outbox: VecDeque::new(),
+            stream_ends: Vec::new(),
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
@@ -517,10 +522,33 @@ impl<P: Provider> ClientCore<P> {
             }
             let h = out.header;
             self.outbox.pop_front();
-            if self.slots.is_abandoned(h.slot, h.generation) {
+            let last =
+                !self.outbox.iter().any(|o| (o.header.slot, o.header.generation) == (h.slot, h.generation));
+            if last && self.slots.is_abandoned(h.slot, h.generation) {
                 // Abandoned while its body was still leaving: the Cancel follows its last piece.
                 self.conn.session.cancel(h.slot, h.generation);
             }
+        }
+        if !self.stream_ends.is_empty() {
+            self.send_stream_ends();
+        }
+    }
+
+    /// Sends the StreamEnd of each stream whose caller ended it once nothing of the stream waits.
+    #[cold]
+    fn send_stream_ends(&mut self) {
+        let mut i = 0;
+        while i < self.stream_ends.len() {
+            let (slot, generation) = self.stream_ends[i];
+            let waiting = self.pending[slot as usize].is_some()
+                || self.outbox.iter().any(|o| (o.header.slot, o.header.generation) == (slot, generation));
+            if waiting {
+                i += 1;
+                continue;
+            }
+            // Refused when the stream ended meanwhile (answered): nothing to end then.
+            let _ = self.conn.session.stream_end(slot, generation);
+            self.stream_ends.swap_remove(i);
         }
     }
 
@@ -922,7 +950,8 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// The caller gave up on a stream: messages not taken are dropped (their credits return, so
-    /// the server is not blocked until it sees the Cancel) and the call is abandoned.
+    /// the server is not blocked until it sees the Cancel), messages of ours not yet begun are
+    /// never sent, and the call is abandoned.
     pub(crate) fn abandon_stream(&mut self, id: CallId) {
         if self.slots.state(id.slot) != crate::session::SlotState::Free {
             while let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
@@ -930,7 +959,121 @@ impl<P: Provider> ClientCore<P> {
                 self.conn.session.stream_consumed(id.slot, id.generation);
             }
         }
+        let key = (id.slot, id.generation);
+        self.stream_ends.retain(|&e| e != key);
+        let mut i = 0;
+        while i < self.outbox.len() {
+            let o = &self.outbox[i];
+            if (o.header.slot, o.header.generation) == key && o.header.kind == Kind::StreamMsg && o.sent == 0
+            {
+                if let Some(o) = self.outbox.remove(i) {
+                    o.discard(&mut self.conn.staging);
+                }
+            } else {
+                i += 1;
+            }
+        }
         self.abandon(id);
+    }
+
+    /// Sends one message of the caller's stream `id` (client or bidirectional streaming), after
+    /// the messages sent before it. Waits (progressing the session, per the polling policy) for
+    /// a stream credit of the server when `wait`, else returns `Ok(false)` without one. Small
+    /// bodies are encoded straight into a send buffer; others go through the outbox, whole or
+    /// in pieces through the server's ring, so the stream's order holds.
+    ///
+    /// # Errors
+    /// FAILED_PRECONDITION when the server already answered the stream (its answer is the
+    /// call's result) or the caller ended its messages; DEADLINE_EXCEEDED at the stream's
+    /// deadline (the stream is cancelled); RESOURCE_EXHAUSTED for a message over
+    /// `max_message_size`; UNAVAILABLE when the session broke.
+    pub(crate) fn stream_send<M: Message>(
+        &mut self,
+        id: CallId,
+        msg: &M,
+        wait: bool,
+    ) -> Result<bool, Status> {
+        let len = msg.encoded_len();
+        self.check_len(len)?;
+        let (slot, generation) = (id.slot, id.generation);
+        let mut looked = false;
+        loop {
+            if let Some(s) = &self.broken {
+                return Err(s.clone());
+            }
+            match self.conn.session.stream_send(slot, generation) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(crate::session::StreamError::NotSending) => {
+                    return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
+                }
+                // Not open yet (the request waits for a credit), or over (answered).
+                Err(crate::session::StreamError::NoStream) => {
+                    if self.pending[slot as usize].is_none() {
+                        return Err(Status::failed_precondition(
+                            "the server ended the stream before its messages did; the call's result is its answer",
+                        ));
+                    }
+                }
+            }
+            if !wait {
+                // One look at what arrived (a grant may have), then no waiting.
+                if std::mem::replace(&mut looked, true) {
+                    return Ok(false);
+                }
+                if self.progress() > 0 {
+                    self.idle.reset();
+                } else {
+                    self.note_empty();
+                }
+                continue;
+            }
+            if self.progress() > 0 {
+                self.idle.reset();
+                continue;
+            }
+            self.note_empty();
+            if id.deadline.is_some_and(|d| Instant::now() >= d) {
+                self.abandon_stream(id);
+                self.counters.status(Code::DeadlineExceeded);
+                return Err(Status::deadline_exceeded("the stream's deadline passed before its end"));
+            }
+            self.pause();
+        }
+        let h = Header { slot, generation, method: 0, ..Header::new(Kind::StreamMsg) };
+        self.counters.bytes_out += len as u64;
+        let eager = len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap;
+        if eager && self.outbox.is_empty() {
+            if let Some(mut buf) = self.conn.acquire() {
+                let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                msg.encode_raw(&mut dst);
+                let n = (len - dst.len()) as u32;
+                self.conn.queue(buf, h, BodyAt::Eager(n));
+                self.flush();
+                return Ok(true);
+            }
+        }
+        let Some(body) = self.conn.spare.encode(msg, len) else {
+            return Err(Status::resource_exhausted(format!("no memory for a stream message of {len} bytes")));
+        };
+        self.outbox.push_back(Outgoing::new(h, body));
+        self.pump();
+        self.flush();
+        Ok(true)
+    }
+
+    /// The caller ended its messages on the stream `id` cleanly (not a cancel): the StreamEnd
+    /// follows its last message. Nothing happens for a stream that is over already.
+    pub(crate) fn stream_finish(&mut self, id: CallId) {
+        if self.broken.is_some() {
+            return;
+        }
+        let key = (id.slot, id.generation);
+        if !self.stream_ends.contains(&key) {
+            self.stream_ends.push(key);
+        }
+        self.pump();
+        self.flush();
     }
 
     /// A finished call's result, without progressing the session (a dispatcher progresses once

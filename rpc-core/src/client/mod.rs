@@ -12,6 +12,7 @@ mod backoff;
 mod config;
 pub(crate) mod core;
 mod queue;
+mod stream;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
+pub use stream::{BidiStreaming, ClientStreaming};
 
 use crate::codegen::MethodId;
 use crate::endpoint::counters::Counters;
@@ -49,6 +51,8 @@ macro_rules! with_calls {
         }
     };
 }
+
+pub(crate) use with_calls;
 
 /// Why sessions of earlier epochs ended, kept for their calls polled after a reconnect.
 const ENDED_KEPT: usize = 8;

@@ -4,4 +4,5 @@
 
 pub(crate) mod registry;
 pub(crate) mod reply;
+pub(crate) mod source;
 pub(crate) mod stream;

@@ -134,6 +134,11 @@ pub struct RequestContext {
     /// Set by [`RequestContext::stream`]: the sink the worker drains (taken after the handler
     /// returns).
     pub(crate) stream: Cell<Option<Arc<super::stream::SinkShared>>>,
+    /// Set by [`RequestContext::requests`]: the queue the worker fills with the client's stream
+    /// messages (taken after the handler returns).
+    pub(crate) source: Cell<Option<Arc<super::source::SourceShared>>>,
+    /// The request opened a stream of client messages ([`crate::wire::STREAM_IN`]).
+    pub(crate) stream_in: Cell<bool>,
 }
 
 impl RequestContext {
@@ -194,6 +199,26 @@ impl RequestContext {
             self.stream.set(Some(shared.clone()));
         }
         (super::stream::StreamSink::new(shared), Reply(ReplyKind::Deferred))
+    }
+}
+
+impl RequestContext {
+    /// Client streaming, bidirectional: returns the [`RequestStream`](super::source::RequestStream)
+    /// of the client's messages, to read from any thread (or task). Answer the call as usual
+    /// (a client-streaming method defers its answer with [`RequestContext::defer`]; a
+    /// bidirectional one sends its messages through [`RequestContext::stream`]). Only for a call
+    /// that opened a stream of client messages; a second call, or a call without that stream,
+    /// gives a stream that is empty and ended.
+    pub fn requests<T: Message + Default>(&self) -> super::source::RequestStream<T> {
+        let shared = super::source::SourceShared::new(self.queue.worker.get().copied());
+        let taken = self.source.take();
+        if taken.is_some() || !self.stream_in.get() {
+            shared.ended.store(true, Ordering::Release);
+            self.source.set(taken);
+        } else {
+            self.source.set(Some(shared.clone()));
+        }
+        super::source::RequestStream::new(shared)
     }
 }
 

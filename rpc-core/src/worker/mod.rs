@@ -20,6 +20,7 @@ use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::dispatch::source::SourceShared;
 use crate::dispatch::stream::SinkShared;
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
@@ -140,17 +141,21 @@ struct Entry<P: Provider> {
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
     deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
-    /// Server streams of this session whose handler may still send: drained as the client grants
-    /// stream credits ([`Worker::pump_streams`]).
-    streams: Vec<SinkStream>,
+    /// Streams of this session with a handler on them: server messages drained from their sink
+    /// as the client grants stream credits, client messages handed to their reader and credited
+    /// back as it takes them ([`Worker::pump_streams`]).
+    streams: Vec<OpenStream>,
 }
 
-/// A server stream being sent: its call and the sink its handler sends into.
-struct SinkStream {
+/// A stream with a handler on it: its call, the sink its handler sends into (server and
+/// bidirectional streaming) and the queue it reads the client's messages from (client and
+/// bidirectional streaming).
+struct OpenStream {
     slot: u16,
     generation: u32,
     method: u32,
-    sink: Arc<SinkShared>,
+    sink: Option<Arc<SinkShared>>,
+    source: Option<Arc<SourceShared>>,
 }
 
 impl<P: Provider> Drop for Entry<P> {
@@ -158,6 +163,15 @@ impl<P: Provider> Drop for Entry<P> {
         // The session is gone: no deferred answer of it can be delivered any more.
         for (_, _, flag) in &self.deferred {
             flag.raise();
+        }
+        for st in &self.streams {
+            if let Some(source) = &st.source {
+                source.cancel();
+            }
+            if let Some(sink) = &st.sink {
+                sink.cancelled.raise();
+                sink.wake();
+            }
         }
     }
 }
@@ -222,6 +236,8 @@ impl<P: Provider> Worker<P> {
                 deferred: std::cell::Cell::new(false),
                 cancel_flag: std::cell::Cell::new(None),
                 stream: std::cell::Cell::new(None),
+                source: std::cell::Cell::new(None),
+                stream_in: std::cell::Cell::new(false),
             },
             open_streams: 0,
             wcs: [WorkCompletion::default(); POLL_BATCH],
@@ -389,8 +405,9 @@ impl<P: Provider> Worker<P> {
 
     /// Moves the messages of server streams from their sinks into the backlog while the client's
     /// stream credits allow (one credit per message), and answers each stream whose handler ended
-    /// it once its last message is queued; forgets streams the session ended (cancelled,
-    /// expired, closed), waking their producers.
+    /// it once its last message is queued; returns the credits of the client's messages its
+    /// reader took; forgets streams the session ended (cancelled, expired, answered, closed),
+    /// waking their producers and readers.
     #[inline(never)]
     fn pump_streams(&mut self) {
         let mut open = 0;
@@ -405,35 +422,58 @@ impl<P: Provider> Worker<P> {
                 let st = &entry.streams[i];
                 let (slot, generation) = (st.slot, st.generation);
                 if entry.conn.session.live_call(slot, generation).is_none() {
-                    // Answered by the session's events already (CANCELLED, DEADLINE_EXCEEDED).
-                    st.sink.cancelled.raise();
-                    st.sink.wake();
-                    while st.sink.queue.pop().is_some() {}
+                    // Answered already: by the session's events (CANCELLED, DEADLINE_EXCEEDED), or
+                    // by the handler of a client stream.
+                    if let Some(sink) = &st.sink {
+                        sink.cancelled.raise();
+                        sink.wake();
+                        while sink.queue.pop().is_some() {}
+                    }
+                    if let Some(source) = &st.source {
+                        source.cancel();
+                    }
                     entry.streams.swap_remove(i);
                     continue;
                 }
+                if let Some(source) = &st.source {
+                    let taken = source.taken.swap(0, Ordering::AcqRel);
+                    for _ in 0..taken {
+                        entry.conn.session.stream_consumed(slot, generation);
+                    }
+                    if taken > 0 && entry.conn.session.has_control() {
+                        moved = true;
+                    }
+                }
+                let Some(sink) = &st.sink else {
+                    i += 1;
+                    continue;
+                };
                 while entry.conn.session.stream_send_credits(slot, generation).unwrap_or(0) > 0 {
-                    let Some(bytes) = st.sink.queue.pop() else { break };
+                    let Some(bytes) = sink.queue.pop() else { break };
                     if let Err(status) = entry.conn.session.check_len(bytes.len()) {
                         // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
-                        st.sink.cancelled.raise();
-                        st.sink.wake();
-                        *st.sink.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
-                        st.sink.ended.store(true, Ordering::Release);
-                        while st.sink.queue.pop().is_some() {}
+                        sink.cancelled.raise();
+                        sink.wake();
+                        *sink.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
+                        sink.ended.store(true, Ordering::Release);
+                        while sink.queue.pop().is_some() {}
                         break;
                     }
                     let _ = entry.conn.session.stream_send(slot, generation);
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::StreamMsg) };
                     entry.backlog.push_back(Spill::new(h, Ok(bytes)));
-                    st.sink.wake();
+                    sink.wake();
                     moved = true;
                 }
-                if let Some(end) = st.sink.take_end() {
+                if let Some(end) = sink.take_end() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
                     entry.backlog.push_back(Spill::new(h, end.map(|()| Vec::new())));
                     if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
                         entry.deferred.swap_remove(d);
+                    }
+                    if let Some(source) = &st.source {
+                        // The answer ends the stream: the client's messages still coming are dropped.
+                        source.cancel();
                     }
                     entry.streams.swap_remove(i);
                     moved = true;
@@ -449,6 +489,70 @@ impl<P: Provider> Worker<P> {
         }
         self.open_streams = open;
         self.flush_dirty();
+    }
+
+    /// A message of the client's stream arrived: it goes to the stream's reader (copied out of
+    /// its receive buffer, which goes back at once). A message of a stream with no reader (its
+    /// handler answered, or took no request stream) is dropped and its credit returned.
+    fn on_stream_msg(&mut self, idx: u16, body: Received, h: Header) {
+        let Worker { entries, recv, counters, .. } = self;
+        let Some(entry) = entries[idx as usize].as_mut() else {
+            if let Received::Eager(b) = body {
+                recv.repost(b);
+            }
+            return;
+        };
+        counters.bytes_in += u64::from(h.body_len);
+        // A body that came through the ring freed its space: tell the client (a RingReturn when
+        // due), else a sender of more than the ring holds waits for its idle probe.
+        let freed = entry.ring_return;
+        let bytes = match body {
+            Received::Eager(b) => {
+                let v = recv.bytes(&b).get(HEADER_LEN..).unwrap_or(&[]).to_vec();
+                recv.repost(b);
+                v
+            }
+            Received::Owned(v) => v,
+        };
+        let open = entry.conn.session.stream_receive_window(h.slot, h.generation).is_some();
+        let reader = entry
+            .streams
+            .iter()
+            .find(|s| (s.slot, s.generation) == (h.slot, h.generation))
+            .and_then(|s| s.source.as_ref());
+        match reader {
+            Some(source) if open => {
+                if source.queue.push(bytes).is_err() {
+                    // The session admits at most the stream's credits, fewer than the queue holds.
+                    self.close_entry(idx, "protocol violation: stream messages beyond the queue", true, true);
+                    return;
+                }
+                source.wake();
+                if freed {
+                    self.mark_dirty(idx);
+                }
+            }
+            _ => {
+                if open {
+                    entry.conn.session.stream_consumed(h.slot, h.generation);
+                }
+                self.mark_dirty(idx);
+            }
+        }
+    }
+
+    /// The client ended its messages on a stream: its reader sees the end after the last one.
+    fn on_stream_end(&mut self, idx: u16, h: Header) {
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if let Some(source) = entry
+            .streams
+            .iter()
+            .find(|s| (s.slot, s.generation) == (h.slot, h.generation))
+            .and_then(|s| s.source.as_ref())
+        {
+            source.ended.store(true, Ordering::Release);
+            source.wake();
+        }
     }
 
     fn drained(&self) -> bool {
@@ -803,6 +907,7 @@ impl<P: Provider> Worker<P> {
         };
         match header.kind {
             Kind::Request => self.dispatch(idx, body, header),
+            Kind::StreamMsg => self.on_stream_msg(idx, body, header),
             kind => {
                 if let Received::Eager(b) = body {
                     self.recv.repost(b);
@@ -810,6 +915,7 @@ impl<P: Provider> Worker<P> {
                 match kind {
                     Kind::Close => self.close_entry(idx, "peer sent Close", false, true),
                     Kind::Cancel => self.handle_events(idx),
+                    Kind::StreamEnd => self.on_stream_end(idx, header),
                     // A Pong became due.
                     Kind::Ping => self.mark_dirty(idx),
                     _ => {}
@@ -845,6 +951,8 @@ impl<P: Provider> Worker<P> {
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
         ctx.cancel_flag.set(None);
+        ctx.source.set(None);
+        ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
         let ctx = &*ctx;
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
         let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
@@ -890,6 +998,11 @@ impl<P: Provider> Worker<P> {
             }
         }
         let outcome = std::mem::replace(&mut out.outcome, Outcome::Unset);
+        let source = ctx.source.take();
+        if let Some(src) = source.as_ref().filter(|_| !matches!(outcome, Outcome::Deferred)) {
+            // Answered at once: the answer ends the stream, nothing will be read.
+            src.cancel();
+        }
         drop(out);
         if let Some(b) = eager_buf {
             recv.repost(b);
@@ -914,12 +1027,14 @@ impl<P: Provider> Worker<P> {
                 if let Some(flag) = ctx.cancel_flag.take() {
                     entry.deferred.push((h.slot, h.generation, flag));
                 }
-                if let Some(sink) = ctx.stream.take() {
-                    entry.streams.push(SinkStream {
+                let sink = ctx.stream.take();
+                if sink.is_some() || source.is_some() {
+                    entry.streams.push(OpenStream {
                         slot: h.slot,
                         generation: h.generation,
                         method: h.method,
                         sink,
+                        source,
                     });
                     self.open_streams += 1;
                 }
