@@ -276,13 +276,23 @@ fn shapes_streaming_leftovers_and_comments() {
     assert_eq!(drink.message().expect_err("the handler's status").code(), Code::ResourceExhausted);
     drop(drink);
 
-    // Client streams were not generated; calling one by id is answered UNIMPLEMENTED.
-    let client = firehose.into_client();
-    let id = rpc_core::codegen::method_id("/codegen.streaming.Feed/Upload");
-    let err = client
-        .unary::<_, streaming::Item>(id, &streaming::Item { n: 1 }, &CallOptions::default())
-        .expect_err("not generated");
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    // A client stream: the server's answer after the clean end.
+    let feed = streaming::feed_client::FeedClient::new(firehose.into_client());
+    let mut up = feed.upload().expect("upload");
+    for n in 1..=100 {
+        up.send(&streaming::Item { n }).expect("send");
+    }
+    assert_eq!(up.finish().expect("the sum").n, 5050);
+    // A bidirectional stream: each message back, doubled, then the clean end.
+    let mut chat = feed.chat().expect("chat");
+    for n in 0..50 {
+        chat.send(&streaming::Item { n }).expect("send");
+        assert_eq!(chat.message().expect("an answer").expect("not the end").n, n * 2);
+    }
+    chat.finish();
+    assert_eq!(chat.message().expect("the clean end"), None);
+    drop(chat);
+    let client = feed.into_client();
     drop(client);
     server.shutdown();
 }

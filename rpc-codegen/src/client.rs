@@ -26,7 +26,21 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         .iter()
         .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
         .collect();
+    let ups: Vec<String> = model.client_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+    let ups_with: Vec<String> = model
+        .client_streams
+        .iter()
+        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
+        .collect();
+    let bidis: Vec<String> = model.bidi_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+    let bidis_with: Vec<String> = model
+        .bidi_streams
+        .iter()
+        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
+        .collect();
     let streaming = model.facade("Streaming");
+    let client_streaming = model.facade("ClientStreaming");
+    let bidi_streaming = model.facade("BidiStreaming");
     let connect = scope.claim("connect");
     let connect_with = scope.claim("connect_with");
     let new = scope.claim("new");
@@ -150,6 +164,60 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             }}",
             name = streams[i],
             with_name = streams_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.client_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        write_comments(&rpc.method.comments, buf);
+        let _ = writeln!(
+            buf,
+            "///
+            /// Opens the client stream `{full}`: `send` its messages (each waits for the server's
+            /// credits), then `finish` for the answer; dropping it before cancels the call.
+            ///
+            /// # Errors
+            /// As a unary call's start (a broken session, every slot taken).
+            pub fn {name}(&self) -> ::core::result::Result<{client_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.client_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the client stream `{full}` with `options` (a deadline for the whole stream, ...).
+            ///
+            /// # Errors
+            /// As `{name}`.
+            pub fn {with_name}(&self, options: &CallOptions) -> ::core::result::Result<{client_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.client_stream({id}, options)
+            }}",
+            name = ups[i],
+            with_name = ups_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.bidi_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        write_comments(&rpc.method.comments, buf);
+        let _ = writeln!(
+            buf,
+            "///
+            /// Opens the bidirectional stream `{full}`: `send` and `finish` the caller's messages,
+            /// take the server's with `message`, in any interleaving; dropping it before the end
+            /// cancels the call.
+            ///
+            /// # Errors
+            /// As a unary call's start (a broken session, every slot taken).
+            pub fn {name}(&self) -> ::core::result::Result<{bidi_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.bidi_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the bidirectional stream `{full}` with `options` (a deadline for the whole
+            /// stream, ...).
+            ///
+            /// # Errors
+            /// As `{name}`.
+            pub fn {with_name}(&self, options: &CallOptions) -> ::core::result::Result<{bidi_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.bidi_stream({id}, options)
+            }}",
+            name = bidis[i],
+            with_name = bidis_with[i],
             full = rpc.full_name,
         );
     }

@@ -55,8 +55,7 @@ pub struct RpcModel<'a> {
     pub output: String,
 }
 
-/// A service as the emitted code names it. Client-streaming and bidirectional RPCs are in neither
-/// list (they were reported as warnings by the checks).
+/// A service as the emitted code names it, its RPCs by shape.
 pub struct ServiceModel<'a> {
     /// prost-build's view of the service.
     pub service: &'a Service,
@@ -66,6 +65,10 @@ pub struct ServiceModel<'a> {
     pub rpcs: Vec<RpcModel<'a>>,
     /// The server-streaming RPCs, in declaration order.
     pub server_streams: Vec<RpcModel<'a>>,
+    /// The client-streaming RPCs, in declaration order.
+    pub client_streams: Vec<RpcModel<'a>>,
+    /// The bidirectional streaming RPCs, in declaration order.
+    pub bidi_streams: Vec<RpcModel<'a>>,
     /// The constant holding the service name (`SERVICE_NAME` unless an RPC took that name).
     pub service_name_const: String,
     /// The trait (the service's name, sanitized like prost-build does).
@@ -97,11 +100,14 @@ impl<'a> ServiceModel<'a> {
         };
         let mut rpcs = Vec::new();
         let mut server_streams = Vec::new();
+        let mut client_streams = Vec::new();
+        let mut bidi_streams = Vec::new();
         for method in &service.methods {
             match (method.client_streaming, method.server_streaming) {
                 (false, false) => rpcs.push(model(method)),
                 (false, true) => server_streams.push(model(method)),
-                _ => {}
+                (true, false) => client_streams.push(model(method)),
+                (true, true) => bidi_streams.push(model(method)),
             }
         }
         let service_name_const = consts.claim("SERVICE_NAME");
@@ -110,6 +116,8 @@ impl<'a> ServiceModel<'a> {
             full_name,
             rpcs,
             server_streams,
+            client_streams,
+            bidi_streams,
             service_name_const,
             trait_name: service.name.clone(),
             module_stem: snake(&service.proto_name),
@@ -128,12 +136,18 @@ impl<'a> ServiceModel<'a> {
         }
     }
 
+    /// Every RPC: unary, server-streaming, client-streaming, bidirectional (each in declaration
+    /// order).
+    pub fn all(&self) -> impl Iterator<Item = &RpcModel<'a>> + '_ {
+        self.rpcs.iter().chain(&self.server_streams).chain(&self.client_streams).chain(&self.bidi_streams)
+    }
+
     /// Emits the constants both modules have: the service name and one method id per RPC.
     pub fn write_consts(&self, buf: &mut String) {
         let _ = writeln!(buf, "/// The full name of the service, `{}`.", self.full_name);
         let _ = writeln!(buf, "pub const {}: &str = \"{}\";", self.service_name_const, self.full_name);
         let method_id = self.facade("MethodId");
-        for rpc in self.rpcs.iter().chain(&self.server_streams) {
+        for rpc in self.all() {
             let _ = writeln!(buf, "/// Method id of `{}` (FNV-1a 32 of the full name).", rpc.full_name);
             let _ = writeln!(
                 buf,

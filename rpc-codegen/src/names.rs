@@ -68,12 +68,14 @@ impl Scope {
 pub const FACADE_NAMES: &[&str] = &[
     "AsyncContext",
     "AsyncRuntime",
+    "BidiStreaming",
     "Body",
     "CallOptions",
     "Channel",
     "ChannelConfig",
     "Client",
     "ClientConfig",
+    "ClientStreaming",
     "Code",
     "Message",
     "MethodDesc",
@@ -83,6 +85,7 @@ pub const FACADE_NAMES: &[&str] = &[
     "StreamSink",
     "Streaming",
     "RequestContext",
+    "RequestStream",
     "Responder",
     "ResponseFuture",
     "Service",
@@ -91,6 +94,7 @@ pub const FACADE_NAMES: &[&str] = &[
     "decode",
     "method_id",
     "spawn_async",
+    "spawn_async_stream",
 ];
 
 #[cfg(test)]

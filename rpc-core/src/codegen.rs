@@ -12,7 +12,7 @@ pub use crate::client::{
 pub use crate::dispatch::reply::{Reply, ReplyWriter, RequestContext, Responder};
 pub use crate::dispatch::source::RequestStream;
 pub use crate::dispatch::stream::{StreamSink, SINK_DEPTH};
-pub use crate::server::async_service::{spawn_async, AsyncContext, AsyncRuntime};
+pub use crate::server::async_service::{spawn_async, spawn_async_stream, AsyncContext, AsyncRuntime};
 pub use crate::status::{Code, Status};
 pub use prost::Message;
 

@@ -240,6 +240,11 @@ impl CancelFlag {
     pub(crate) fn is_raised(&self) -> bool {
         self.raised.load(Ordering::Acquire)
     }
+
+    /// Registers the task to wake when the flag is raised.
+    pub(crate) fn register(&self, waker: &std::task::Waker) {
+        self.waker.register(waker);
+    }
 }
 
 /// Answers a deferred call from any thread. Dropping it unsent answers CANCELLED.

@@ -36,6 +36,8 @@ pub(crate) struct SinkShared {
     /// The producer waits for room: whom to wake.
     pub(crate) waiter: Mutex<Option<Thread>>,
     pub(crate) waiting: AtomicBool,
+    /// A producing task waits for room ([`StreamSink::send_async`]).
+    pub(crate) waker: atomic_waker::AtomicWaker,
     /// The worker thread that drains the sink: a send from it cannot wait for room.
     worker: Option<ThreadId>,
 }
@@ -49,12 +51,14 @@ impl SinkShared {
             cancelled,
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
+            waker: atomic_waker::AtomicWaker::new(),
             worker,
         })
     }
 
     /// Worker: a message was taken (room for the producer) or the stream is over: wake it.
     pub(crate) fn wake(&self) {
+        self.waker.wake();
         if self.waiting.swap(false, Ordering::AcqRel) {
             if let Some(t) = self.waiter.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 t.unpark();
@@ -76,12 +80,58 @@ impl SinkShared {
 /// with OK (a clean end-of-stream); [`StreamSink::finish`] ends it with a status.
 pub struct StreamSink<T> {
     shared: Arc<SinkShared>,
+    /// Dropping the sink ends the stream OK (not for an async handler's sink: its future's
+    /// output ends the stream).
+    end_on_drop: bool,
     _t: PhantomData<fn(T)>,
+}
+
+/// The end of an async handler's stream: ends it with the future's output, or sees it cancelled.
+pub(crate) struct SinkEnd {
+    shared: Arc<SinkShared>,
+}
+
+impl SinkEnd {
+    /// Ends the stream with `result` after every message sent before.
+    pub(crate) fn finish(&self, result: Result<(), Status>) {
+        end(&self.shared, result);
+    }
+
+    /// Resolves once the stream is over without the handler (cancelled, expired, session gone).
+    pub(crate) fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.shared.cancelled.is_raised() {
+                return std::task::Poll::Ready(());
+            }
+            self.shared.cancelled.register(cx.waker());
+            if self.shared.cancelled.is_raised() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
+}
+
+fn end(shared: &SinkShared, result: Result<(), Status>) {
+    let mut end = shared.end.lock().unwrap_or_else(|e| e.into_inner());
+    if !shared.ended.load(Ordering::Acquire) {
+        *end = Some(result);
+        shared.ended.store(true, Ordering::Release);
+    }
 }
 
 impl<T> StreamSink<T> {
     pub(crate) fn new(shared: Arc<SinkShared>) -> StreamSink<T> {
-        StreamSink { shared, _t: PhantomData }
+        StreamSink { shared, end_on_drop: true, _t: PhantomData }
+    }
+
+    /// For an async handler: the sink it sends with (whose drop does not end the stream) and the
+    /// end that its future's output goes to.
+    pub(crate) fn into_async(mut self) -> (StreamSink<T>, SinkEnd) {
+        self.end_on_drop = false;
+        let ender = SinkEnd { shared: self.shared.clone() };
+        (self, ender)
     }
 
     /// True once the stream is over without us: the client cancelled it (its stream dropped, its
@@ -98,11 +148,7 @@ impl<T> StreamSink<T> {
     }
 
     fn end(&self, result: Result<(), Status>) {
-        let mut end = self.shared.end.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.shared.ended.load(Ordering::Acquire) {
-            *end = Some(result);
-            self.shared.ended.store(true, Ordering::Release);
-        }
+        end(&self.shared, result);
     }
 }
 
@@ -144,6 +190,33 @@ impl<T: Message> StreamSink<T> {
         }
     }
 
+    /// Sends one message from a task (async handlers): as [`StreamSink::send`], but waits for room
+    /// by yielding to the executor, woken by the worker when it takes a message (no polling).
+    ///
+    /// # Errors
+    /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]). The message
+    /// is dropped.
+    pub async fn send_async(&self, msg: &T) -> Result<(), Status> {
+        let mut bytes = Some(msg.encode_to_vec());
+        std::future::poll_fn(|cx| {
+            let cancelled = || Status::cancelled("the stream was cancelled, expired or lost its session");
+            for _ in 0..2 {
+                if self.is_cancelled() {
+                    return std::task::Poll::Ready(Err(cancelled()));
+                }
+                let Some(b) = bytes.take() else { return std::task::Poll::Ready(Ok(())) };
+                match self.shared.queue.push(b) {
+                    Ok(()) => return std::task::Poll::Ready(Ok(())),
+                    Err(back) => bytes = Some(back),
+                }
+                // Room may come between the failed push and the registration: look once more.
+                self.shared.waker.register(cx.waker());
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
     /// Messages waiting in the sink for the client's credits (at most [`SINK_DEPTH`]).
     pub fn queued(&self) -> usize {
         self.shared.queue.len()
@@ -152,6 +225,8 @@ impl<T: Message> StreamSink<T> {
 
 impl<T> Drop for StreamSink<T> {
     fn drop(&mut self) {
-        self.end(Ok(()));
+        if self.end_on_drop {
+            self.end(Ok(()));
+        }
     }
 }

@@ -18,6 +18,7 @@ use std::time::Instant;
 use prost::Message;
 
 use crate::dispatch::reply::{Reply, RequestContext, Responder};
+use crate::dispatch::stream::StreamSink;
 use crate::status::Status;
 
 /// Where async handlers run: a tokio runtime's handle.
@@ -140,6 +141,47 @@ async fn answer<T: Message>(
         // Nobody wants the answer any more.
         None => drop(responder),
     }
+}
+
+/// Runs an async streaming handler (server streaming, bidirectional) for the call of `ctx`,
+/// whose `sink` and deferred `reply` came from [`RequestContext::stream`]: spawns `handler`'s
+/// future on `runtime` with the sink; its output ends the stream (`Ok(())` cleanly, an error
+/// status otherwise) after the messages sent before. The future is dropped when the client
+/// cancels, the session closes or the stream's deadline passes (the worker answers then); a panic
+/// ends the stream INTERNAL. Returns `reply` for the reply writer.
+pub fn spawn_async_stream<T, F, Fut>(
+    runtime: &AsyncRuntime,
+    ctx: &RequestContext,
+    sink: StreamSink<T>,
+    reply: Reply<()>,
+    handler: F,
+) -> Reply<()>
+where
+    T: Message + Send + 'static,
+    F: FnOnce(AsyncContext, StreamSink<T>) -> Fut,
+    Fut: Future<Output = Result<(), Status>> + Send + 'static,
+{
+    let actx = AsyncContext { method: ctx.method, peer: ctx.peer, deadline: ctx.deadline };
+    let method = ctx.method;
+    let (sink, ender) = sink.into_async();
+    let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method };
+    runtime.handle.spawn(async move {
+        let r = {
+            let mut fut = std::pin::pin!(fut);
+            let mut cancelled = std::pin::pin!(ender.cancelled());
+            std::future::poll_fn(|cx| {
+                if cancelled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                fut.as_mut().poll(cx).map(Some)
+            })
+            .await
+        };
+        if let Some(r) = r {
+            ender.finish(r);
+        }
+    });
+    reply
 }
 
 /// A handler's future whose panic becomes an INTERNAL answer.
