@@ -214,3 +214,55 @@ fn async_streaming_handlers_of_every_shape_through_the_blocking_stub() {
     }
     server.shutdown();
 }
+
+#[test]
+fn channel_stubs_of_every_streaming_shape_from_tasks() {
+    use codegen_tests::codegen::asynchronous::{pipe_client, pipe_server};
+    let svc = AsyncImpl::default();
+    let rt = user_runtime();
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(pipe_server::PipeServer::with_runtime(
+            svc.clone(),
+            AsyncRuntime::from_handle(rt.handle().clone()),
+        ))
+        .spawn("127.0.0.1:0")
+        .expect("spawn the server on sim");
+    let addr = server.local_addr();
+    rt.block_on(async move {
+        let client = pipe_client::PipeClient::connect_channel_with(addr, &channel_config()).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut rx = client.watch(ask(&format!("t{t}"), 50));
+                for i in 0..50 {
+                    assert_eq!(rx.message().await.unwrap().unwrap().value, format!("t{t} {i}"));
+                }
+                assert_eq!(rx.message().await.unwrap(), None);
+                let mut up = client.join();
+                for i in 0..20 {
+                    up.send(&ask(&format!("{t}.{i}"), 0)).await.unwrap();
+                }
+                assert_eq!(up.finish().await.unwrap().value.split(',').count(), 20);
+                let (mut tx, mut rx) = client.shout();
+                let sender = tokio::spawn(async move {
+                    for i in 0..20 {
+                        tx.send(&ask(&format!("x{t}{i}"), 0)).await.unwrap();
+                    }
+                    tx.finish();
+                });
+                for i in 0..20 {
+                    assert_eq!(rx.message().await.unwrap().unwrap().value, format!("X{t}{i}"));
+                }
+                assert_eq!(rx.message().await.unwrap(), None);
+                sender.await.unwrap();
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    server.shutdown();
+}

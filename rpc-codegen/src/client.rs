@@ -283,6 +283,65 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             full = rpc.full_name,
         );
     }
+    let receiver = model.facade("StreamReceiver");
+    let sender = model.facade("StreamSender");
+    let client_call = model.facade("ClientStreamCall");
+    for (i, rpc) in model.server_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        let _ = writeln!(
+            buf,
+            "/// Opens the server stream `{full}`: `message().await` yields its messages; dropping
+            /// the receiver early cancels the stream.
+            pub fn {name}(&self, request: {input}) -> {receiver}<{output}> {{
+                self.inner.server_stream({id}, request, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the server stream `{full}` with `options` (a deadline for the whole stream, ...).
+            pub fn {with_name}(&self, request: {input}, options: &CallOptions) -> {receiver}<{output}> {{
+                self.inner.server_stream({id}, request, options)
+            }}",
+            name = streams[i],
+            with_name = streams_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.client_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        let _ = writeln!(
+            buf,
+            "/// Opens the client stream `{full}`: `send(..).await` its messages, then
+            /// `finish().await` for the answer; dropping it before cancels the call.
+            pub fn {name}(&self) -> {client_call}<{input}, {output}> {{
+                self.inner.client_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the client stream `{full}` with `options` (a deadline for the whole stream, ...).
+            pub fn {with_name}(&self, options: &CallOptions) -> {client_call}<{input}, {output}> {{
+                self.inner.client_stream({id}, options)
+            }}",
+            name = ups[i],
+            with_name = ups_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.bidi_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        let _ = writeln!(
+            buf,
+            "/// Opens the bidirectional stream `{full}`: the caller's messages go into the sender
+            /// (`send(..).await`, `finish()`), the server's come from the receiver; each half may
+            /// move to its own task. Dropping either before the end cancels the call.
+            pub fn {name}(&self) -> ({sender}<{input}>, {receiver}<{output}>) {{
+                self.inner.bidi_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the bidirectional stream `{full}` with `options` (a deadline for the whole
+            /// stream, ...).
+            pub fn {with_name}(&self, options: &CallOptions) -> ({sender}<{input}>, {receiver}<{output}>) {{
+                self.inner.bidi_stream({id}, options)
+            }}",
+            name = bidis[i],
+            with_name = bidis_with[i],
+            full = rpc.full_name,
+        );
+    }
     buf.push_str("}\n");
     let _ = writeln!(
         buf,

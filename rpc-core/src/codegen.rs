@@ -5,7 +5,7 @@
 //! [`Client::unary_async`] with a method-id constant, or wrap a [`Channel`] and call
 //! [`Channel::unary`]. Adapters of async services run their handlers through [`spawn_async`].
 
-pub use crate::channel::{Channel, ChannelConfig, UnaryCall};
+pub use crate::channel::{Channel, ChannelConfig, ClientStreamCall, StreamReceiver, StreamSender, UnaryCall};
 pub use crate::client::{
     BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, ResponseFuture, Streaming,
 };

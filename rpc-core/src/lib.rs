@@ -36,7 +36,9 @@ pub mod transport;
 pub mod wire;
 pub(crate) mod worker;
 
-pub use channel::{Channel, ChannelConfig, UnaryCall};
+pub use channel::{
+    Channel, ChannelConfig, ClientStreamCall, StreamReceiver, StreamSender, UnaryCall, STREAM_QUEUE,
+};
 pub use client::{
     BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, ResponseFuture, Streaming,
 };

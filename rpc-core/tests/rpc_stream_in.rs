@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_core::codegen::*;
+use rpc_core::STREAM_QUEUE;
 use rpc_core::{CallOptions, Client, ServerHandle};
 use rpc_support::*;
 
@@ -20,6 +21,8 @@ const SUM: MethodId = method_id("/test.Up/Sum");
 const STALL: MethodId = method_id("/test.Up/Stall");
 /// Client streaming: answers FAILED_PRECONDITION after 3 messages, reading no more.
 const REFUSE: MethodId = method_id("/test.Up/Refuse");
+/// Server streaming: the request's `seq` messages of its `reply_len` bytes.
+const LIST: MethodId = method_id("/test.Up/List");
 /// Bidirectional: each message comes back (payload and seq) as it is read; the end after the
 /// client's end.
 const ECHO: MethodId = method_id("/test.Up/Echo");
@@ -103,11 +106,28 @@ impl Service for UpService {
         MethodDesc { id: STALL, name: "/test.Up/Stall" },
         MethodDesc { id: REFUSE, name: "/test.Up/Refuse" },
         MethodDesc { id: ECHO, name: "/test.Up/Echo" },
+        MethodDesc { id: LIST, name: "/test.Up/List" },
     ];
 
-    fn call(&self, method: MethodId, ctx: &RequestContext, _body: Body<'_>, out: &mut ReplyWriter<'_>) {
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
         let probe = self.probe.clone();
         match method {
+            LIST => {
+                let req: EchoMsg = match decode(body) {
+                    Ok(r) => r,
+                    Err(s) => return out.error(s),
+                };
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                std::thread::spawn(move || {
+                    for seq in 0..req.seq {
+                        if sink.send(&msg(seq, req.reply_len as usize)).is_err() {
+                            probe.cancelled.store(true, Ordering::Release);
+                            return;
+                        }
+                    }
+                });
+                out.reply(reply);
+            }
             SUM | STALL | REFUSE => {
                 let mut requests = ctx.requests::<EchoMsg>();
                 let (responder, reply) = ctx.defer::<EchoMsg>();
@@ -409,4 +429,142 @@ fn sixteen_mib_streamed_in_64_kib_messages_both_ways_byte_for_byte() {
 #[ignore = "1 GiB each way; run in release (see the doc comment)"]
 fn one_gib_streamed_in_64_kib_messages_both_ways_byte_for_byte() {
     stream_in_64_kib_messages(1 << 30);
+}
+
+// ---- The same streams on the shareable Channel, from tasks of a multi-thread tokio runtime. ----
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn channel(h: &ServerHandle) -> rpc_core::Channel {
+    let cfg = rpc_core::ChannelConfig::default()
+        .client(client_config().polling(rpc_core::PollingPolicy::Event { spins: 0 }))
+        .spins(500);
+    rpc_core::Channel::connect_blocking(h.local_addr(), &cfg).unwrap()
+}
+
+#[test]
+fn channel_streams_of_every_shape_from_eight_tasks_byte_for_byte() {
+    let (h, probe, _c) = start();
+    let ch = channel(&h);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for t in 0..8u64 {
+            let ch = ch.clone();
+            tasks.push(tokio::spawn(async move {
+                let size = [16usize, 3000, 70_000][t as usize % 3];
+                // Server streaming.
+                let mut rx = ch.server_stream::<_, EchoMsg>(
+                    LIST,
+                    EchoMsg { seq: 300, reply_len: size as u32, ..Default::default() },
+                    &CallOptions::default(),
+                );
+                for seq in 0..300 {
+                    let m = rx.message().await.unwrap().expect("a message");
+                    assert_eq!(m.seq, seq);
+                    assert!(m.payload == words(seq, size), "task {t}: message {seq} differs");
+                }
+                assert_eq!(rx.message().await.unwrap(), None);
+                // Client streaming.
+                let mut up = ch.client_stream::<EchoMsg, EchoMsg>(SUM, &CallOptions::default());
+                let mut acc = 0;
+                for seq in 0..300 {
+                    let m = msg(seq + t, size);
+                    acc = digest(acc, &EchoMsg { seq, ..m.clone() });
+                    up.send(&EchoMsg { seq, ..m }).await.unwrap();
+                }
+                let r = up.finish().await.unwrap();
+                assert_eq!((r.seq, r.checksum), (300, acc), "task {t}: client stream");
+                // Bidirectional, the two halves in two tasks.
+                let (mut tx, mut rx) = ch.bidi_stream::<EchoMsg, EchoMsg>(ECHO, &CallOptions::default());
+                let sender = tokio::spawn(async move {
+                    for seq in 0..300 {
+                        tx.send(&msg(seq, size)).await.unwrap();
+                    }
+                    tx.finish();
+                });
+                for seq in 0..300 {
+                    let m = rx.message().await.unwrap().expect("an echo");
+                    assert_eq!(m.seq, seq);
+                    assert!(m.payload == words(seq, size), "task {t}: echo {seq} differs");
+                }
+                assert_eq!(rx.message().await.unwrap(), None, "a clean end after the client's end");
+                sender.await.unwrap();
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    assert!(!probe.cancelled.load(Ordering::Acquire));
+    assert_eq!(ch.in_flight(), 0);
+}
+
+#[test]
+fn a_channel_sender_stalls_on_a_server_that_stops_reading_and_cancels_when_dropped() {
+    let (h, probe, _c) = start();
+    let ch = channel(&h);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut up = ch.client_stream::<EchoMsg, EchoMsg>(STALL, &CallOptions::default());
+        let mut sent = 0u64;
+        loop {
+            let m = msg(sent, 1000);
+            let send = up.send(&m);
+            match tokio::time::timeout(Duration::from_millis(300), send).await {
+                Ok(r) => {
+                    r.unwrap();
+                    sent += 1;
+                    assert!(sent < 10_000, "a server that reads nothing took {sent} messages");
+                }
+                Err(_) => break,
+            }
+        }
+        // The stream's credits (16) + the queue to the dispatcher + the one held back for a credit.
+        let bound = 16 + STREAM_QUEUE as u64 + 1;
+        assert!(sent <= bound, "{sent} messages went to a server that reads none (bound {bound})");
+        assert!(sent >= 4, "only {sent} sent: no credits were granted");
+        drop(up);
+    });
+    until("the reader to see the cancel", || probe.cancelled.load(Ordering::Acquire));
+    assert!(!probe.ended.load(Ordering::Acquire));
+    // A receiver dropped mid-stream cancels it too; the channel goes on.
+    probe.cancelled.store(false, Ordering::Release);
+    rt.block_on(async {
+        let (mut tx, mut rx) = ch.bidi_stream::<EchoMsg, EchoMsg>(ECHO, &CallOptions::default());
+        tx.send(&msg(0, 8)).await.unwrap();
+        assert_eq!(rx.message().await.unwrap().unwrap().seq, 0);
+        drop(rx);
+        until("the server to see the cancel", || probe.cancelled.load(Ordering::Acquire));
+        assert!(tx.send(&msg(1, 8)).await.is_err(), "a cancelled stream takes no more messages");
+        let mut up = ch.client_stream::<EchoMsg, EchoMsg>(SUM, &CallOptions::default());
+        up.send(&msg(0, 8)).await.unwrap();
+        assert_eq!(up.finish().await.unwrap().seq, 1);
+    });
+}
+
+#[test]
+fn the_deadline_ends_a_channel_stream() {
+    let (h, probe, _c) = start();
+    let ch = channel(&h);
+    runtime().block_on(async {
+        let mut rx = ch.server_stream::<_, EchoMsg>(
+            LIST,
+            EchoMsg { seq: u64::MAX, reply_len: 8, ..Default::default() },
+            &CallOptions::deadline(Duration::from_millis(300)),
+        );
+        let t0 = Instant::now();
+        let e = loop {
+            match rx.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("an endless stream ended cleanly"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+        assert!(t0.elapsed() >= Duration::from_millis(250));
+    });
+    until("the producer to see the end", || probe.cancelled.load(Ordering::Acquire));
 }

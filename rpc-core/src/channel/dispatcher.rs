@@ -73,7 +73,8 @@ pub(crate) struct Inner {
     /// The dispatcher is parked (no calls in flight): a caller that queues one unparks it.
     sleeping: AtomicBool,
     thread: OnceLock<Thread>,
-    /// Bumped by every dropped future, so the dispatcher looks for cancelled calls only then.
+    /// Bumped by every dropped future (and by a stream's task that queued or took a message), so
+    /// the dispatcher looks at its calls only then.
     pub(crate) cancels: AtomicU64,
     /// Calls started on the session and not yet finished or dropped.
     pub(crate) in_flight: AtomicUsize,
@@ -268,8 +269,9 @@ impl Dispatcher {
             let (id, job) = &self.in_flight[i];
             let expired = id.deadline.is_some_and(|d| *now.get_or_insert_with(Instant::now) >= d);
             let finished = if job.is_cancelled() {
-                // The future was dropped: its late answer is discarded when it comes.
-                with_any_core!(&mut self.core, c => c.abandon(*id));
+                // The future was dropped: its late answer is discarded when it comes (a
+                // stream's held messages and unsent ones are dropped too).
+                with_any_core!(&mut self.core, c => c.abandon_stream(*id));
                 true
             } else {
                 job.try_finish(&mut self.core, *id, expired)

@@ -20,6 +20,7 @@
 
 pub(crate) mod call;
 pub(crate) mod dispatcher;
+pub(crate) mod stream;
 
 use std::future::Future;
 use std::net::ToSocketAddrs;
@@ -37,6 +38,7 @@ use crate::config::PollingPolicy;
 use crate::status::Status;
 use call::{Completion, Job, UnaryJob};
 use dispatcher::Inner;
+pub use stream::{ClientStreamCall, StreamReceiver, StreamSender, STREAM_QUEUE};
 
 /// The connection outcomes a connecting channel waits for, one per dispatcher.
 type Pending = Vec<Arc<Completion<Result<(), Status>>>>;

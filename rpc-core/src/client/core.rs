@@ -1062,6 +1062,70 @@ impl<P: Provider> ClientCore<P> {
         Ok(true)
     }
 
+    /// [`ClientCore::stream_send`] of a message encoded already (by a task of a channel), never
+    /// waiting and not progressing the session: `Ok(None)` gives `bytes` back when no stream
+    /// credit is free now.
+    ///
+    /// # Errors
+    /// As [`ClientCore::stream_send`].
+    pub(crate) fn stream_send_encoded(
+        &mut self,
+        id: CallId,
+        bytes: Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, Status> {
+        if let Some(s) = &self.broken {
+            return Err(s.clone());
+        }
+        self.check_len(bytes.len())?;
+        let (slot, generation) = (id.slot, id.generation);
+        match self.conn.session.stream_send(slot, generation) {
+            Ok(true) => {}
+            Ok(false) => return Ok(Some(bytes)),
+            Err(crate::session::StreamError::NotSending) => {
+                return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
+            }
+            Err(crate::session::StreamError::NoStream) => {
+                if self.pending[slot as usize].is_some() {
+                    return Ok(Some(bytes));
+                }
+                return Err(Status::failed_precondition(
+                    "the server ended the stream before its messages did; the call's result is its answer",
+                ));
+            }
+        }
+        let h = Header { slot, generation, method: 0, ..Header::new(Kind::StreamMsg) };
+        self.counters.bytes_out += bytes.len() as u64;
+        let eager = bytes.len() <= self.conn.session.params().eager_threshold as usize
+            && bytes.len() <= self.conn.body_cap;
+        if eager && self.outbox.is_empty() {
+            if let Some(mut buf) = self.conn.acquire() {
+                let body = self.conn.copy_eager(&mut buf, &bytes);
+                self.conn.queue(buf, h, body);
+                self.conn.spare.give_back(bytes);
+                return Ok(None);
+            }
+        }
+        self.outbox.push_back(Outgoing::new(h, bytes));
+        self.pump();
+        Ok(None)
+    }
+
+    /// A stream's next message or its end, without progressing the session (a dispatcher
+    /// progresses once per loop for all its calls): as [`ClientCore::poll_stream`], `None`
+    /// while nothing is there. The deadline is the caller's to check.
+    pub(crate) fn take_stream<R: Message + Default>(
+        &mut self,
+        id: CallId,
+    ) -> Option<Result<Option<R>, Status>> {
+        if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
+            self.conn.session.stream_consumed(id.slot, id.generation);
+            return Some(self.decode::<R>(a).map(Some));
+        }
+        let a = self.slots.take_done(id.slot, id.generation)?;
+        self.conn.session.stream_close(id.slot, id.generation);
+        Some(self.finish::<()>(a).map(|()| None))
+    }
+
     /// The caller ended its messages on the stream `id` cleanly (not a cancel): the StreamEnd
     /// follows its last message. Nothing happens for a stream that is over already.
     pub(crate) fn stream_finish(&mut self, id: CallId) {
