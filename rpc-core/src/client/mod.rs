@@ -26,7 +26,7 @@ use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
 
-use crate::codegen::MethodId;
+use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;

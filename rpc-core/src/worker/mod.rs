@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 
 use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
-use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
-use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::dispatch::reply::{
+    panic_text, CallInfo, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
+};
+use crate::dispatch::service::Body;
 use crate::dispatch::stream::SinkShared;
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
@@ -214,9 +216,7 @@ impl<P: Provider> Worker<P> {
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx: RequestContext {
-                method: "",
-                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
-                deadline: None,
+                info: CallInfo { method: "", peer: SocketAddr::from(([0, 0, 0, 0], 0)), deadline: None },
                 queue,
                 target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
                 deferred: std::cell::Cell::new(false),
@@ -839,9 +839,9 @@ impl<P: Provider> Worker<P> {
         let deadline = live.deadline;
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
-        ctx.method = found.map_or("", |f| f.1);
-        ctx.peer = entry.peer;
-        ctx.deadline = deadline;
+        ctx.info.method = found.map_or("", |f| f.1);
+        ctx.info.peer = entry.peer;
+        ctx.info.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
         ctx.cancel_flag.set(None);
@@ -878,11 +878,7 @@ impl<P: Provider> Worker<P> {
                 Some((svc, name)) => {
                     let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
                     if let Err(p) = r {
-                        let what = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
+                        let what = panic_text(&*p);
                         tracing::warn!(method = name, panic = %what, "handler panicked");
                         out.error(Status::internal(format!("handler of {name} panicked: {what}")));
                     }
