@@ -39,6 +39,15 @@ pub enum Event {
         /// The silence observed.
         silent: Duration,
     },
+    /// Client: `max_abandoned` calls were abandoned on the wire and no acknowledgement of any
+    /// arrived within the acknowledgement timeout: reset the session (its calls end
+    /// UNAVAILABLE) instead of starving the window.
+    Unacknowledged {
+        /// Calls abandoned and not acknowledged.
+        abandoned: u16,
+        /// How long the session waited for one acknowledgement.
+        waited: Duration,
+    },
 }
 
 /// A request received and not yet answered (server).

@@ -13,12 +13,14 @@
 //! most a quarter of the ring ([`Session::next_piece`]), pipelined: the receiver copies one piece
 //! out while the next is written.
 
+mod calls;
 pub mod lifecycle;
 mod recycle;
 mod ring;
 mod slots;
 mod stream;
 
+pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
 use lifecycle::{Liveness, Unanswered};
 use std::collections::VecDeque;
@@ -156,6 +158,8 @@ pub struct Session {
     /// Open streams and their credits.
     streams: Streams,
     liveness: Liveness,
+    /// Client: the call slots and what the calls go out with ([`calls`]).
+    calls: calls::Calls,
     /// Ring messages being received (at most `max_held`, bounded by credits or the window).
     assemblies: Vec<Assembly>,
     /// Buffers of earlier ring messages, to copy the next ones into.
@@ -179,6 +183,12 @@ impl Session {
             controls: VecDeque::with_capacity(params.max_held.max(usize::from(params.credits))),
             streams: Streams::new(u32::from(params.credits).min(MAX_STREAM_BUDGET)),
             liveness: Liveness::new(None),
+            calls: match role {
+                Role::Client => {
+                    calls::Calls::new(params.max_held.min(usize::from(u16::MAX)) as u16, params.credits)
+                }
+                Role::Server => calls::Calls::new(1, 1),
+            },
             assemblies: Vec::new(),
             // Spare buffers for the bodies that may be held at once, received or waiting to be
             // sent: at most our ring's length plus one largest message together (fresh memory
@@ -231,15 +241,13 @@ impl Session {
     /// something from the peer): the earliest deadline of an unanswered call, or of the probe.
     pub fn poll_timeout(&self, waiting: bool) -> Option<Instant> {
         let calls = self.unanswered.iter().filter(|c| !c.ended).filter_map(|c| c.deadline).min();
-        match (calls, self.liveness.next(waiting)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [calls, self.liveness.next(waiting), self.calls.next_timeout()].into_iter().flatten().min()
     }
 
     /// Applies the passage of time up to `now`. `waiting`: this end expects something from the
     /// peer (client: calls on the wire; server: unanswered calls). Expired calls and a dead peer
-    /// become [`Event`]s; a due probe becomes a Ping in [`Session::next_control`].
+    /// become [`Event`]s, and so does the abandon cap's watch when no acknowledgement came
+    /// ([`Event::Unacknowledged`]); a due probe becomes a Ping in [`Session::next_control`].
     pub fn handle_timeout(&mut self, now: Instant, waiting: bool) {
         for c in self.unanswered.iter_mut().filter(|c| !c.ended) {
             if c.deadline.is_some_and(|d| d <= now) {
@@ -249,6 +257,9 @@ impl Session {
         }
         if let Some(silent) = self.liveness.check(now, waiting) {
             self.events.push_back(Event::PeerDead { silent });
+        }
+        if let Some(e) = self.calls.check(now) {
+            self.events.push_back(e);
         }
     }
 

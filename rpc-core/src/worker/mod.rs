@@ -377,6 +377,8 @@ impl<P: Provider> Worker<P> {
                     self.close_entry(idx, &reason, false, true);
                     return;
                 }
+                // A client's (its abandon cap): never raised by a server session.
+                Event::Unacknowledged { .. } => continue,
             };
             if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
                 entry.deferred.swap_remove(i).2.raise();
