@@ -15,10 +15,13 @@ use crate::buffers::{
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
+    body_area, create_cq, create_qp, create_ring, send_bufs_for, send_waiting, staging_len, BodyAt, Conn,
+    Outgoing,
 };
 use crate::endpoint::counters::Counters;
-use crate::session::{Abandoned, Event, Placement, ResponseFate, Role, Session, SessionParams};
+use crate::session::{
+    Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
+};
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
@@ -93,7 +96,7 @@ pub(crate) struct ClientCore<P: Provider> {
     /// credits; empty for unary calls, allocated only when a stream uses the slot).
     stream_msgs: Vec<VecDeque<Answer>>,
     /// Requests on the wire whose bodies are still being sent through the ring, in order.
-    outbox: VecDeque<Outgoing>,
+    outbox: Outbox<Outgoing>,
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
@@ -322,7 +325,7 @@ impl<P: Provider> ClientCore<P> {
             answers: (0..window).map(|_| None).collect(),
             pending: (0..window).map(|_| None).collect(),
             stream_msgs: (0..window).map(|_| VecDeque::new()).collect(),
-            outbox: VecDeque::new(),
+            outbox: Outbox::default(),
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
@@ -488,21 +491,17 @@ impl<P: Provider> ClientCore<P> {
             let Some(body) = self.pending[h.slot as usize].take() else { continue };
             match body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
-                PendingBody::Staged(body) => self.outbox.push_back(Outgoing::staged(h, body)),
-                PendingBody::Heap(body) => self.outbox.push_back(Outgoing::new(h, body)),
+                PendingBody::Staged(body) => self.outbox.push(Waiting::Body(Outgoing::staged(h, body))),
+                PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, body))),
             }
         }
         if self.conn.session.calls().credit_stalled() {
             self.counters.credit_stalls += 1;
         }
-        while let Some(out) = self.outbox.front_mut() {
-            if !self.conn.send_outgoing(out) {
-                break;
-            }
-            let h = out.header;
-            self.outbox.pop_front();
-            // Abandoned while its body was still leaving: the Cancel follows its last piece.
-            self.conn.session.request_left(h.slot, h.generation);
+        // Requests leave in order; one abandoned while it was leaving gets its Cancel after its
+        // last piece (the session's rule: `Outbox::sent`).
+        if !self.outbox.is_empty() {
+            send_waiting(&mut self.conn, &mut self.outbox, |_, _, _| {}, |_| {});
         }
     }
 
@@ -566,7 +565,7 @@ impl<P: Provider> ClientCore<P> {
                 self.drop_pending(p);
             }
         }
-        self.outbox.clear();
+        self.outbox.drain().for_each(drop);
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
@@ -984,8 +983,7 @@ impl<P: Provider> ClientCore<P> {
     /// reason, [`Event::Unacknowledged`]) if none arrives within `peer_timeout` (5 s without
     /// one).
     pub(crate) fn abandon(&mut self, id: CallId) {
-        let leaving =
-            self.outbox.iter().any(|o| (o.header.slot, o.header.generation) == (id.slot, id.generation));
+        let leaving = self.outbox.holds(id.slot, id.generation);
         match self.conn.session.abandon_call(id.slot, id.generation, leaving, Instant::now) {
             Abandoned::Nothing => return,
             Abandoned::Answered(()) => {

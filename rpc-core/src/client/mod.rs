@@ -123,7 +123,17 @@ impl Inner {
     /// # Errors
     /// UNAVAILABLE naming why the session broke and when the next attempt may be made (or why
     /// this attempt failed).
+    #[inline]
     fn ensure_session(&mut self) -> Result<(), Status> {
+        if with_calls!(&self.calls, c => c.core.broken().is_none()) {
+            return Ok(());
+        }
+        self.reconnect()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reconnect(&mut self) -> Result<(), Status> {
         let Some(reason) = self.reconnect_due()? else { return Ok(()) };
         self.reconnect_attempts += 1;
         match open(&self.addrs, &self.config) {
@@ -161,6 +171,7 @@ impl Inner {
     ///
     /// # Errors
     /// UNAVAILABLE naming why the session broke and when the backoff allows the next attempt.
+    #[cold]
     fn reconnect_due(&self) -> Result<Option<Status>, Status> {
         let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(None) };
         let now = Instant::now();
@@ -294,7 +305,12 @@ impl Client {
     ) -> ResponseFuture<'_, Resp> {
         let deadline = opts.timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
-        let state = match inner.reconnect_due() {
+        let due = if with_calls!(&inner.calls, c => c.core.broken().is_none()) {
+            Ok(None)
+        } else {
+            inner.reconnect_due()
+        };
+        let state = match due {
             Ok(None) => match with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false)) {
                 Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
                 Err(s) => State::Failed(Some(s)),

@@ -15,6 +15,7 @@
 
 mod calls;
 pub mod lifecycle;
+mod outbox;
 mod recycle;
 mod ring;
 mod slots;
@@ -23,6 +24,7 @@ mod stream;
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
 use lifecycle::{Liveness, Unanswered};
+pub use outbox::{Front, Outbox, Queued, Waiting};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,6 @@
 //! one doorbell (selective signaling) → repost receive buffers in batches → idle per policy.
 //! Other threads talk to a worker only through bounded crossbeam queues.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -25,7 +24,7 @@ use crate::dispatch::service::Body;
 use crate::dispatch::stream::SinkShared;
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
-use crate::session::Event;
+use crate::session::{Event, Outbox, Waiting};
 use crate::status::{Code, Status};
 use crate::verbs::{
     CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
@@ -98,34 +97,15 @@ enum Received {
     Owned(Vec<u8>),
 }
 
-/// An answer waiting for a send buffer or ring space: a body on the heap (sent whole or in
-/// pieces), or an error status.
-enum Spill {
-    Body(Outgoing),
-    Error(Header, Status),
-}
+/// A message waiting in a session's outbox: a body on the heap or in the staging area (sent
+/// whole or in pieces), or an error status.
+type Spill = Waiting<Outgoing>;
 
-impl Spill {
-    fn new(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
-        match body {
-            Ok(b) => Spill::Body(Outgoing::new(header, b)),
-            Err(s) => Spill::Error(header, s),
-        }
-    }
-
-    fn header(&self) -> &Header {
-        match self {
-            Spill::Body(o) => &o.header,
-            Spill::Error(h, _) => h,
-        }
-    }
-
-    /// Nothing of it was queued yet.
-    fn untouched(&self) -> bool {
-        match self {
-            Spill::Body(o) => o.sent == 0,
-            Spill::Error(..) => true,
-        }
+/// An answer or stream message for the outbox: its body, or the error it ends with.
+fn spill(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
+    match body {
+        Ok(b) => Waiting::Body(Outgoing::new(header, b)),
+        Err(s) => Waiting::Error(header, s),
     }
 }
 
@@ -136,7 +116,9 @@ struct Entry<P: Provider> {
     peer: SocketAddr,
     dirty: bool,
     ring_return: bool,
-    backlog: VecDeque<Spill>,
+    /// Answers and stream messages waiting for send buffers or ring space, in order (the
+    /// session's rules: [`Outbox`]).
+    backlog: Outbox<Outgoing>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
@@ -384,7 +366,7 @@ impl<P: Provider> Worker<P> {
                 entry.deferred.swap_remove(i).2.raise();
             }
             let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
-            entry.backlog.push_back(Spill::Error(header, status));
+            entry.backlog.push(Waiting::Error(header, status));
             self.try_backlog(idx);
         }
     }
@@ -427,13 +409,13 @@ impl<P: Provider> Worker<P> {
                     }
                     let _ = entry.conn.session.stream_send(slot, generation);
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::StreamMsg) };
-                    entry.backlog.push_back(Spill::new(h, Ok(bytes)));
+                    entry.backlog.push(spill(h, Ok(bytes)));
                     st.sink.wake();
                     moved = true;
                 }
                 if let Some(end) = st.sink.take_end() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
-                    entry.backlog.push_back(Spill::new(h, end.map(|()| Vec::new())));
+                    entry.backlog.push(spill(h, end.map(|()| Vec::new())));
                     if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
                         entry.deferred.swap_remove(d);
                     }
@@ -498,7 +480,7 @@ impl<P: Provider> Worker<P> {
             peer: nc.peer,
             dirty: false,
             ring_return: false,
-            backlog: VecDeque::new(),
+            backlog: Outbox::default(),
             binding: None,
             deferred: Vec::new(),
             streams: Vec::new(),
@@ -598,7 +580,7 @@ impl<P: Provider> Worker<P> {
             method: d.method,
             ..Header::new(Kind::Response)
         };
-        entry.backlog.push_back(Spill::new(header, d.result));
+        entry.backlog.push(spill(header, d.result));
         self.try_backlog(idx);
     }
 
@@ -612,68 +594,31 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Sends spilled and deferred answers of one connection, in order, while send buffers and
-    /// ring space allow (a body larger than what the ring has free goes in pieces).
+    /// ring space allow (a body larger than what the ring has free goes in pieces); what may go
+    /// and what is dropped is the session's rule ([`Outbox::front`]).
     fn try_backlog(&mut self, idx: u16) {
         let Some(entry) = self.entries[idx as usize].as_mut() else { return };
-        let mut sent = false;
-        while let Some(sp) = entry.backlog.front_mut() {
-            let h = *sp.header();
-            if h.kind == Kind::Response
-                && sp.untouched()
-                && !entry.conn.session.is_unanswered(h.slot, h.generation)
-            {
+        let counters = &mut self.counters;
+        let session = entry.session;
+        let mut late = 0;
+        let sent = conn::send_waiting(
+            &mut entry.conn,
+            &mut entry.backlog,
+            |h, status, len| {
+                if h.kind == Kind::Response {
+                    counters.rpcs += 1;
+                    counters.status(status);
+                    counters.bytes_out += u64::from(len);
+                }
+            },
+            |h| {
                 // A second answer to one call (a deferred responder after the handler answered
-                // or panicked): the client has its answer already; sending this one would make it
-                // close the session.
-                tracing::debug!(
-                    session = entry.session,
-                    call_slot = h.slot,
-                    "answer to a call answered already dropped"
-                );
-                self.counters.late_answers += 1;
-                if let Some(Spill::Body(out)) = entry.backlog.pop_front() {
-                    out.discard(&mut entry.conn.staging);
-                }
-                continue;
-            }
-            let over = match sp {
-                Spill::Body(out) => entry.conn.session.check_len(out.len as usize).err(),
-                Spill::Error(..) => None,
-            };
-            if let Some(s) = over {
-                // Too large to send: the caller gets RESOURCE_EXHAUSTED naming the limit instead.
-                if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
-                    out.discard(&mut entry.conn.staging);
-                }
-                continue;
-            }
-            let (status, len) = match sp {
-                Spill::Body(out) => {
-                    let before = out.sent;
-                    let done = entry.conn.send_outgoing(out);
-                    sent |= out.sent != before;
-                    if !done {
-                        break;
-                    }
-                    (Code::Ok, out.len)
-                }
-                Spill::Error(h, s) => {
-                    let Some(mut buf) = entry.conn.acquire() else { break };
-                    let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                    let body = entry.conn.copy_eager(&mut buf, s.message().as_bytes());
-                    entry.conn.queue(buf, Header { status, ..*h }, body);
-                    (status, 0)
-                }
-            };
-            if h.kind == Kind::Response {
-                entry.conn.session.on_answer_for(h.slot, h.generation);
-                self.counters.rpcs += 1;
-                self.counters.status(status);
-                self.counters.bytes_out += u64::from(len);
-            }
-            entry.backlog.pop_front();
-            sent = true;
-        }
+                // or panicked, or after the call was cancelled or expired).
+                tracing::debug!(session, call_slot = h.slot, "answer to a call answered already dropped");
+                late += 1;
+            },
+        );
+        self.counters.late_answers += late;
         if sent {
             self.mark_dirty(idx);
         }
@@ -960,11 +905,10 @@ impl<P: Provider> Worker<P> {
                 }
                 counters.ring_full_stalls += 1;
                 match entry.conn.staging.commit(offset, len) {
-                    Some(staged) => Some(Spill::Body(Outgoing::staged(header, staged))),
-                    None => Some(Spill::new(
-                        header,
-                        Err(Status::internal("staged answer outside the staging area")),
-                    )),
+                    Some(staged) => Some(Waiting::Body(Outgoing::staged(header, staged))),
+                    None => {
+                        Some(spill(header, Err(Status::internal("staged answer outside the staging area"))))
+                    }
                 }
             }
             (Outcome::Spilled(bytes), b) => {
@@ -972,17 +916,17 @@ impl<P: Provider> Worker<P> {
                     entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(Spill::new(header, Ok(bytes)))
+                Some(spill(header, Ok(bytes)))
             }
-            (Outcome::Eager(n), None) => Some(Spill::new(header, Ok(scratch[..n as usize].to_vec()))),
-            (Outcome::Error(s), None) => Some(Spill::new(header, Err(s))),
+            (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
+            (Outcome::Error(s), None) => Some(spill(header, Err(s))),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
-                Some(Spill::new(header, Err(Status::internal("handler returned no answer"))))
+                Some(spill(header, Err(Status::internal("handler returned no answer"))))
             }
         };
         let had_backlog = !entry.backlog.is_empty();
         if let Some(spill) = spilled {
-            entry.backlog.push_back(spill);
+            entry.backlog.push(spill);
         }
         if queued && entry.conn.session.unreported_ring_bytes() == 0 {
             // The answer carried the freed ring head.
