@@ -673,7 +673,12 @@ impl<P: Provider> ClientCore<P> {
                     Answer::Err(Status::new(h.status, text))
                 };
                 match self.conn.session.on_response(h.slot, h.generation) {
-                    Ok(ResponseFate::Stored) => self.answers[h.slot as usize] = Some(answer),
+                    Ok(ResponseFate::Stored) => {
+                        // The slot's answer was taken before it was reused: nothing to drop.
+                        if let Some(stale) = self.answers[h.slot as usize].replace(answer) {
+                            self.release(stale);
+                        }
+                    }
                     Ok(ResponseFate::Discard(())) => {
                         self.counters.late_replies += 1;
                         self.release(answer);

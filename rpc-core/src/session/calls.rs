@@ -124,8 +124,12 @@ impl Session {
     /// free), in the order the calls started: its slot, generation, method, the time left of
     /// its deadline (`now` is read only for a call with one; at least 1 µs) and, for a stream,
     /// its first credits. The call counts as in flight from here. `None` when nothing may go.
-    #[inline]
+    #[inline(always)]
     pub fn next_request(&mut self, now: impl FnOnce() -> Instant) -> Option<Header> {
+        // Inlined into the driver's loop: usually nothing waits, and that costs two compares.
+        if !self.calls.slots.has_sendable() {
+            return None;
+        }
         let (slot, generation) = self.calls.slots.next_sendable()?;
         let m = self.calls.meta[slot as usize];
         let timeout_us = m.deadline.map_or(0, |d| {
