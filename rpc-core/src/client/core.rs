@@ -15,8 +15,8 @@ use crate::buffers::{
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, send_waiting, staging_len, BodyAt, Conn,
-    Outgoing,
+    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, send_waiting, staging_len,
+    BodyAt, Conn, Outgoing,
 };
 use crate::endpoint::counters::Counters;
 use crate::session::{
@@ -28,9 +28,7 @@ use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{
     CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion,
 };
-use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Kind, HEADER_LEN, MAX_CREDITS, PROTOCOL_VERSION,
-};
+use crate::wire::{read_frame, write_frame, Frame, FrameError, Kind, HEADER_LEN, MAX_CREDITS};
 
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
@@ -189,23 +187,15 @@ impl<P: Provider> ClientCore<P> {
         let _ = tcp.set_nodelay(true);
         crate::control::Liveness::for_peer_timeout(cfg.peer_timeout).apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
-        let (ring_addr, ring_len, ring_rkey) = ring.remote();
-        let hello = Handshake {
-            version: PROTOCOL_VERSION,
-            qp_num: local.qp_num,
-            psn: local.psn,
-            lid: local.lid,
-            mtu: local.mtu,
-            gid: local.gid,
-            ring_addr,
-            ring_len,
-            ring_rkey,
-            credits: window,
-            eager_threshold: cfg.eager_threshold,
-            max_message: cfg.max_message_size,
-            session: 0,
-            auth_token: cfg.auth_token.clone().unwrap_or_default(),
-        };
+        let hello = handshake(
+            &local,
+            ring.remote(),
+            window,
+            cfg.eager_threshold,
+            cfg.max_message_size,
+            0,
+            cfg.auth_token.clone().unwrap_or_default(),
+        );
         write_frame(&mut tcp, &Frame::Handshake(hello))
             .map_err(|e| unavailable(format!("handshake: {e}")))?;
         let reply = match read_frame(&mut tcp) {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use crate::session::{BodyRecycler, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
 use crate::status::Code;
+use crate::verbs::rc::Endpoint;
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
-use crate::wire::{Header, Kind, HEADER_LEN};
+use crate::wire::{Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
 
 /// Our receive ring of `len` bytes: behind a type-2 memory window bound to the connection's QP
 /// where the device has them (so a peer can write only its own ring), else the plain MR with a
@@ -148,6 +149,36 @@ impl Outgoing {
         if let OutBody::Staged(Some(s)) = self.body {
             staging.release(s);
         }
+    }
+}
+
+/// This end's handshake: its QP's address (`local`), its ring (`(addr, len, rkey)`), and the
+/// limits it offers or grants (`credits`, `eager_threshold`, `max_message` in bytes), the session
+/// id (0 from a client) and the client's auth token (empty from a server).
+pub(crate) fn handshake(
+    local: &Endpoint,
+    ring: (u64, u32, u32),
+    credits: u16,
+    eager_threshold: u32,
+    max_message: u32,
+    session: u32,
+    auth_token: Vec<u8>,
+) -> Handshake {
+    Handshake {
+        version: PROTOCOL_VERSION,
+        qp_num: local.qp_num,
+        psn: local.psn,
+        lid: local.lid,
+        mtu: local.mtu,
+        gid: local.gid,
+        ring_addr: ring.0,
+        ring_len: ring.1,
+        ring_rkey: ring.2,
+        credits,
+        eager_threshold,
+        max_message,
+        session,
+        auth_token,
     }
 }
 

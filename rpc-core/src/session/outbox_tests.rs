@@ -114,3 +114,24 @@ fn a_request_abandoned_while_leaving_cancels_after_its_last_piece() {
     o.sent(&mut c);
     assert!(!c.has_control(), "{b:?} was not abandoned: no Cancel");
 }
+
+/// A Cancel's event means a CANCELLED answer for its call, which returns its credit when
+/// posted; a later answer from its handler is then late. A session-ending event has no answer.
+#[test]
+fn a_cancelled_call_is_answered_cancelled_once() {
+    let mut s = session(Role::Server);
+    s.handle_header(&request(2), std::time::Instant::now).unwrap();
+    let cancel = Header { session: 5, slot: 2, generation: 1, ..Header::new(Kind::Cancel) };
+    s.handle_header(&cancel, std::time::Instant::now).unwrap();
+    let (h, st) = s.poll_event().and_then(|e| e.answer()).expect("a call-ending event");
+    assert_eq!((h.kind, h.slot, h.generation, st.code()), (Kind::Response, 2, 1, Code::Cancelled));
+    let mut o: Outbox<Fake> = Outbox::default();
+    o.push(Waiting::Error(h, st));
+    o.push(Waiting::Body(Fake(answer(2), 8, 0)));
+    assert!(matches!(o.front(&s), Some(Front::Send(Waiting::Error(..)))));
+    o.sent(&mut s);
+    assert_eq!(s.unanswered(), 0);
+    assert!(matches!(o.front(&s), Some(Front::Late(_))), "the handler's answer came too late");
+    let dead = super::super::Event::PeerDead { silent: std::time::Duration::from_secs(1) };
+    assert!(dead.answer().is_none());
+}

@@ -339,16 +339,8 @@ impl<P: Provider> Worker<P> {
         loop {
             let Some(entry) = self.entries[idx as usize].as_mut() else { return };
             let Some(event) = entry.conn.session.poll_event() else { return };
-            let (call, generation, status) = match event {
-                Event::Cancelled { slot: call, generation } => {
-                    self.counters.cancels += 1;
-                    (call, generation, Status::cancelled("the client cancelled the call"))
-                }
-                Event::Expired { slot: call, generation } => (
-                    call,
-                    generation,
-                    Status::deadline_exceeded("the call's deadline passed before its answer"),
-                ),
+            match event {
+                Event::Cancelled { .. } => self.counters.cancels += 1,
                 Event::PeerDead { silent } => {
                     self.counters.peers_lost += 1;
                     let reason = format!(
@@ -359,13 +351,15 @@ impl<P: Provider> Worker<P> {
                     self.close_entry(idx, &reason, false, true);
                     return;
                 }
-                // A client's (its abandon cap): never raised by a server session.
-                Event::Unacknowledged { .. } => continue,
-            };
-            if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
+                Event::Expired { .. } | Event::Unacknowledged { .. } => {}
+            }
+            // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
+            let Some((header, status)) = event.answer() else { continue };
+            if let Some(i) =
+                entry.deferred.iter().position(|d| (d.0, d.1) == (header.slot, header.generation))
+            {
                 entry.deferred.swap_remove(i).2.raise();
             }
-            let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
             entry.backlog.push(Waiting::Error(header, status));
             self.try_backlog(idx);
         }
