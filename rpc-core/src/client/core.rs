@@ -1,5 +1,11 @@
 //! The client's connection, generic over the provider: its own CQ, SRQ, QP, rings and session,
 //! driven by the calling thread (no other thread, no cross-thread hop).
+//!
+//! A driver: it polls the CQ, encodes bodies into registered memory, posts WRs, and keeps what
+//! the calls carry (bodies waiting for a credit, answers until their caller takes them) in
+//! arrays indexed by slot. What may be sent now, in which order, what waits, and what a
+//! response, a completion or a timer means is the session's ([`Session`]: `session/calls.rs`,
+//! `session/outbox.rs`, `session/lifecycle.rs`).
 
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

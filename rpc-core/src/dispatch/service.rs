@@ -90,7 +90,8 @@ impl<'a> From<&'a [u8]> for Body<'a> {
 /// with `bytes` fields sharing it.
 ///
 /// # Errors
-/// [`Code::InvalidArgument`] naming the message type and the decode error.
+/// [`Code::InvalidArgument`](crate::status::Code::InvalidArgument) naming the message type and
+/// the decode error.
 pub fn decode<M: Message + Default>(body: Body<'_>) -> Result<M, Status> {
     let r = match body.0 {
         BodyRepr::Slice(s) => M::decode(s),

@@ -1,10 +1,14 @@
-//! Per-connection protocol state, sans-IO: credits, call slots with generations, the producer
-//! state of the peer's ring and the consumer state of our own, the reassembly of bodies that
-//! arrive through the ring, and the life of calls and of the peer (cancel, server-side deadlines,
-//! the idle probe; see [`lifecycle`]). No verbs and no clock: inputs are received headers
-//! (`handle_header`), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
-//! outputs are placements, header fields to send, control messages to send (`next_control`),
-//! events (`poll_event`) and complete messages.
+//! Per-connection protocol state and policy, sans-IO, as quinn-proto's `Connection`: the one
+//! home of the protocol's rules for both ends, which the client and the server workers drive.
+//! Credits; the client's call slots with generations and what its requests carry, when a Cancel
+//! may go and the abandon cap (`calls.rs`); the order of waiting messages and what never goes
+//! ([`Outbox`]); the producer state of the peer's ring and the consumer state of our own; the
+//! reassembly of bodies that arrive through the ring; and the life of calls and of the peer
+//! (cancel, server-side deadlines, the idle probe; see [`lifecycle`]). No verbs and no clock:
+//! inputs are received headers (`handle_header`), completions of what was posted
+//! ([`Outbox::sent`]), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
+//! outputs are placements, headers to send (`next_request`, `next_control`), answers
+//! ([`Event::answer`]), events (`poll_event`) and complete messages.
 //!
 //! Ring bodies are untrusted while they sit in the ring (the peer can write it at any time), so the
 //! receiver copies every ring body out once, into a buffer this session owns, and frees its ring

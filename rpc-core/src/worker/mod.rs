@@ -5,6 +5,11 @@
 //! the CQ in batches → handle receives (handlers run inline) → post each connection's sends with
 //! one doorbell (selective signaling) → repost receive buffers in batches → idle per policy.
 //! Other threads talk to a worker only through bounded crossbeam queues.
+//!
+//! A driver of its sessions: it does the IO (polls, runs handlers, posts WRs) and asks the
+//! session what a received header, a completion or a timer means and what may go now: answers
+//! leave in order through the session's [`Outbox`] (a second answer to one call is dropped
+//! there), and a cancelled or expired call gets the answer [`Event::answer`] names.
 
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
