@@ -106,7 +106,6 @@ pub(crate) struct ClientCore<P: Provider> {
     idle: Idle,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
-    ring_return: bool,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -327,7 +326,6 @@ impl<P: Provider> ClientCore<P> {
             idle: Idle::new(cfg.polling),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
-            ring_return: false,
             peer,
             _dev: dev,
         })
@@ -505,7 +503,7 @@ impl<P: Provider> ClientCore<P> {
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
     #[inline]
     pub(crate) fn flush(&mut self) {
-        if self.ring_return
+        if self.conn.session.ring_freed()
             || !self.conn.sq.is_empty()
             || self.conn.session.has_control()
             || self.recv.pending_reposts() >= REPOST_BATCH
@@ -516,15 +514,11 @@ impl<P: Provider> ClientCore<P> {
 
     #[inline(never)]
     fn flush_slow(&mut self) {
-        if self.ring_return {
-            self.ring_return = false;
-            // Messages are stamped with the freed head when queued: bytes still unreported are
-            // carried by none of the pending ones (they were queued before the release). With
-            // nothing in flight the next request carries them, unless a response is still
-            // arriving in pieces (its sender waits for the space).
-            if self.conn.session.calls().in_flight() > 0 || self.conn.session.assemblies() > 0 {
-                self.conn.queue_ring_return();
-            }
+        // Messages are stamped with the freed head when queued: bytes still unreported are
+        // carried by none of the pending ones (they were queued before the release); whether
+        // they are worth a message of their own is the session's rule.
+        if self.conn.session.take_ring_return() {
+            self.conn.queue_ring_return();
         }
         self.conn.queue_controls();
         if let Err(e) = self.conn.flush(TAG) {
@@ -640,7 +634,6 @@ impl<P: Provider> ClientCore<P> {
             None => (h, Answer::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                self.ring_return = true;
                 match self.conn.take_piece(piece) {
                     Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
                     Ok(None) => return,

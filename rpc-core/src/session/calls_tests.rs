@@ -115,3 +115,53 @@ fn the_abandon_cap_resets_the_session_only_without_an_acknowledgement() {
     assert_eq!(s.poll_event(), None, "acknowledged in time");
     assert_eq!(s.poll_timeout(false), None);
 }
+
+/// Delivers a ring body of `len` bytes at `offset` for `(slot, generation)` of `kind` and copies
+/// it out as a driver does (freeing its ring space).
+fn ring_body(s: &mut Session, kind: Kind, slot: u16, generation: u32, offset: u32, len: u32) {
+    let h = Header {
+        session: 5,
+        method: 1,
+        slot,
+        generation,
+        body_len: len,
+        total_len: len,
+        in_ring: true,
+        ring_offset: offset,
+        ..Header::new(kind)
+    };
+    let inc = s.handle_header(&h, Instant::now).unwrap();
+    let piece = inc.ring.expect("a ring body");
+    s.piece_buffer(&piece).extend(std::iter::repeat_n(0u8, len as usize));
+    s.piece_done(piece).unwrap().expect("whole");
+}
+
+/// Freed ring space is worth a RingReturn only while the peer can need it: a client's server
+/// answers only calls in flight (with none, the next request carries the head); a server's
+/// client may call at any time. Asked once per freeing; nothing freed, nothing to send.
+#[test]
+fn a_ring_return_goes_only_when_the_peer_may_send() {
+    let mut c = client(4, 4);
+    assert!(!c.ring_freed() && !c.take_ring_return());
+    let a = c.start_call(1, None, 0).unwrap();
+    let b = c.start_call(1, None, 0).unwrap();
+    c.next_request(Instant::now).unwrap();
+    c.next_request(Instant::now).unwrap();
+    ring_body(&mut c, Kind::Response, a.0, a.1, 0, 100);
+    assert_eq!(c.on_response(a.0, a.1), Ok(ResponseFate::Stored));
+    assert!(c.ring_freed());
+    assert!(c.take_ring_return(), "call b is in flight: its answer may need the space");
+    assert!(!c.take_ring_return(), "once per freeing");
+    ring_body(&mut c, Kind::Response, b.0, b.1, 100, 100);
+    assert_eq!(c.on_response(b.0, b.1), Ok(ResponseFate::Stored));
+    assert!(c.ring_freed());
+    assert!(!c.take_ring_return(), "nothing in flight: the next request carries the head");
+    assert!(!c.ring_freed());
+
+    let mut s = Session::new(Role::Server, SessionParams { max_held: 4, ..*c.params() });
+    ring_body(&mut s, Kind::Request, 0, 1, 0, 100);
+    assert!(s.take_ring_return(), "a client may start a call at any time");
+    let mut h = Header::new(Kind::Response);
+    s.stamp(&mut h);
+    assert!(!s.take_ring_return(), "nothing freed since");
+}

@@ -171,6 +171,8 @@ pub struct Session {
     /// Buffers of earlier ring messages, to copy the next ones into.
     recycler: std::sync::Arc<BodyRecycler>,
     closed: bool,
+    /// Ring space was freed since [`Session::take_ring_return`] was last asked.
+    ring_freed: bool,
 }
 
 impl Session {
@@ -204,6 +206,7 @@ impl Session {
                 (params.own_ring_len as usize).saturating_add(params.max_message as usize),
             ),
             closed: false,
+            ring_freed: false,
         }
     }
 
@@ -405,14 +408,43 @@ impl Session {
     /// placed copied out and freed, it sees more than three quarters of the ring free, room for
     /// any piece; and its pieces still in flight bring their headers, after which this is asked
     /// again.
+    ///
+    /// Drivers ask [`Session::take_ring_return`], which also knows whether the peer can be
+    /// waiting for the space.
     pub fn ring_return_due(&self) -> bool {
         let unreported = self.consumer.unreported();
         unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty())
     }
 
+    /// Whether ring space was freed since [`Session::take_ring_return`] was last asked (inlined:
+    /// the drivers' fast check before posting).
+    #[inline]
+    pub fn ring_freed(&self) -> bool {
+        self.ring_freed
+    }
+
+    /// Whether a RingReturn message should be posted now for the ring space freed since this was
+    /// last asked (the flag is cleared either way: a later message carries the head). The peer
+    /// needs our ring only to send into it: a server answers only calls in flight, so a client
+    /// with none in flight and nothing arriving in pieces lets its next request carry the head;
+    /// a client may start a call at any time, so a server tells it whenever
+    /// [`Session::ring_return_due`].
+    #[inline]
+    pub fn take_ring_return(&mut self) -> bool {
+        if !std::mem::take(&mut self.ring_freed) {
+            return false;
+        }
+        let peer_may_send = match self.role {
+            Role::Server => true,
+            Role::Client => self.calls.slots.in_flight() > 0 || !self.assemblies.is_empty(),
+        };
+        peer_may_send && self.ring_return_due()
+    }
+
     /// Releases a ring body (frees it, in order).
     pub fn release(&mut self, token: RingToken) {
         self.consumer.release(token);
+        self.ring_freed = true;
     }
 
     /// Validates a decoded header against the session state and applies it: its piggy-backed
@@ -749,6 +781,7 @@ impl Session {
     /// message cannot be trusted): close the connection.
     pub fn piece_done(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
         self.consumer.release(piece.token);
+        self.ring_freed = true;
         let a = &self.assemblies[piece.assembly];
         if a.body.len() > a.header.total_len as usize {
             return Err("ring piece copied past its message's total_len");

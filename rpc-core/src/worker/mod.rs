@@ -120,7 +120,6 @@ struct Entry<P: Provider> {
     session: u32,
     peer: SocketAddr,
     dirty: bool,
-    ring_return: bool,
     /// Answers and stream messages waiting for send buffers or ring space, in order (the
     /// session's rules: [`Outbox`]).
     backlog: Outbox<Outgoing>,
@@ -478,7 +477,6 @@ impl<P: Provider> Worker<P> {
             session: nc.session,
             peer: nc.peer,
             dirty: false,
-            ring_return: false,
             backlog: Outbox::default(),
             binding: None,
             deferred: Vec::new(),
@@ -628,8 +626,7 @@ impl<P: Provider> Worker<P> {
             let tag = self.tag(idx);
             let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
             entry.dirty = false;
-            if entry.ring_return {
-                entry.ring_return = false;
+            if entry.conn.session.take_ring_return() {
                 entry.conn.queue_ring_return();
             }
             entry.conn.queue_controls();
@@ -731,8 +728,8 @@ impl<P: Provider> Worker<P> {
             Some(piece) => {
                 self.recv.repost(buf);
                 let done = entry.conn.take_piece(piece);
-                // The freed ring space travels back on the answer, or in a credit message.
-                entry.ring_return = true;
+                // The freed ring space travels back on the answer, or in a RingReturn
+                // (`Session::take_ring_return`).
                 match done {
                     Ok(Some(c)) => (c.header, Received::Owned(c.body)),
                     Ok(None) => {
@@ -847,7 +844,6 @@ impl<P: Provider> Worker<P> {
             counters.rpcs += 1;
             counters.status(status);
         };
-        let mut queued = false;
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 if let Some(b) = b {
@@ -871,14 +867,12 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, header, BodyAt::Eager(n));
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
-                queued = true;
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
                 entry.conn.queue(b, header, BodyAt::Ring { offset, len });
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, len, counters);
-                queued = true;
                 None
             }
             (Outcome::Error(s), Some(mut b)) => {
@@ -887,7 +881,6 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, Header { status, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
-                queued = true;
                 None
             }
             (Outcome::Unset, Some(mut b)) => {
@@ -895,7 +888,6 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, Header { status: Code::Internal, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Internal, 0, counters);
-                queued = true;
                 None
             }
             (Outcome::Staged { offset, len }, b) => {
@@ -926,10 +918,6 @@ impl<P: Provider> Worker<P> {
         let had_backlog = !entry.backlog.is_empty();
         if let Some(spill) = spilled {
             entry.backlog.push(spill);
-        }
-        if queued && entry.conn.session.unreported_ring_bytes() == 0 {
-            // The answer carried the freed ring head.
-            entry.ring_return = false;
         }
         if !had_backlog && !entry.backlog.is_empty() {
             self.try_backlog(idx);
