@@ -422,10 +422,7 @@ impl<P: Provider> ClientCore<P> {
         deadline: Option<Instant>,
         blocking: bool,
     ) -> Result<Option<PendingBody>, Status> {
-        // A ring reservation must be queued before anything else is placed: only a call that goes
-        // on the wire now (a credit free, nothing waiting) may take one.
-        let calls = self.conn.session.calls();
-        let now = calls.queued() == 0 && calls.in_flight() < calls.credits();
+        let now = self.conn.session.call_goes_now();
         Ok(if eager || now {
             let mut buf = loop {
                 if let Some(b) = self.conn.acquire() {

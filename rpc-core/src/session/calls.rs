@@ -120,6 +120,15 @@ impl Session {
         Some((slot, generation))
     }
 
+    /// Client: whether a call started now goes on the wire at once (a credit is free and no call
+    /// waits before it). Only such a call may take a ring reservation
+    /// ([`super::Placement::Ring`]), which must be queued before anything else is placed.
+    #[inline]
+    pub fn call_goes_now(&self) -> bool {
+        let c = &self.calls.slots;
+        c.queued() == 0 && c.in_flight() < c.credits()
+    }
+
     /// Client: the header of the next queued call that may go on the wire now (a credit is
     /// free), in the order the calls started: its slot, generation, method, the time left of
     /// its deadline (`now` is read only for a call with one; at least 1 µs) and, for a stream,

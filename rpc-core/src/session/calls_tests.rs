@@ -33,7 +33,9 @@ impl Clock {
 fn requests_leave_in_order_within_credits_with_the_time_left() {
     let clock = Clock(Instant::now());
     let mut s = client(4, 2);
+    assert!(s.call_goes_now());
     let a = s.start_call(7, Some(clock.at(30)), 0).unwrap();
+    assert!(!s.call_goes_now(), "a call waits before it");
     let b = s.start_call(8, None, 0).unwrap();
     let c = s.start_call(9, None, 0).unwrap();
     let h = s.next_request(|| clock.at(10)).unwrap();
@@ -41,6 +43,7 @@ fn requests_leave_in_order_within_credits_with_the_time_left() {
     let h = s.next_request(|| panic!("no deadline: the clock is not read")).unwrap();
     assert_eq!((h.slot, h.method, h.timeout_us), (b.0, 8, 0));
     assert!(s.next_request(|| clock.at(10)).is_none(), "two credits");
+    assert!(!s.call_goes_now(), "no credit free");
     assert!(s.calls().credit_stalled());
     assert_eq!(s.on_response(a.0, a.1), Ok(ResponseFate::Stored));
     assert_eq!(s.next_request(|| clock.at(11)).map(|h| h.slot), Some(c.0));
