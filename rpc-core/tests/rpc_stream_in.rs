@@ -570,3 +570,98 @@ fn the_deadline_ends_a_channel_stream() {
     });
     until("the producer to see the end", || probe.cancelled.load(Ordering::Acquire));
 }
+
+// ---- A peer killed mid-stream: the other end of the stream ends, it does not hang. ----
+
+const PEER_ENV: &str = "RPC_STREAM_PEER_PROCESS";
+
+/// The child's entry point (run by the tests below, never on its own): `server` serves `UpService`
+/// and prints its address; `client:ADDR` streams to ADDR's SUM until killed.
+#[test]
+#[ignore = "the peer side of the killed-peer tests; they run it in a child process"]
+fn peer_process() {
+    let Ok(role) = std::env::var(PEER_ENV) else { return };
+    if role == "server" {
+        let probe = Arc::new(Probe::default());
+        let h = server().add_service(UpService { probe }).spawn("127.0.0.1:0").unwrap();
+        println!("\nSERVER {}", h.local_addr());
+        loop {
+            std::thread::park();
+        }
+    }
+    if let Some(addr) = role.strip_prefix("client:") {
+        let c = Client::connect_with(addr, &client_config()).unwrap();
+        let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(ECHO, &CallOptions::default()).unwrap();
+        for seq in 0.. {
+            s.send(&msg(seq, 5000)).unwrap();
+            assert_eq!(s.message().unwrap().unwrap().seq, seq);
+            if seq == 10 {
+                println!("\nSTREAMING");
+            }
+        }
+    }
+}
+
+fn spawn_peer(role: &str) -> (std::process::Child, std::io::BufReader<std::process::ChildStdout>) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe)
+        .args(["--ignored", "--exact", "peer_process", "--nocapture", "--test-threads=1"])
+        .env(PEER_ENV, role)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning the peer process");
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
+fn read_line_with(out: &mut impl std::io::BufRead, prefix: &str) -> String {
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the peer exited before {prefix:?}");
+        if let Some(rest) = line.trim().strip_prefix(prefix) {
+            return rest.to_owned();
+        }
+    }
+}
+
+#[test]
+fn a_server_killed_mid_stream_ends_the_clients_streams_unavailable() {
+    let (mut child, mut out) = spawn_peer("server");
+    let addr: std::net::SocketAddr = read_line_with(&mut out, "SERVER ").parse().unwrap();
+    let c = Client::connect_with(addr, &client_config()).unwrap();
+    let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(ECHO, &CallOptions::default()).unwrap();
+    for seq in 0..20 {
+        s.send(&msg(seq, 3000)).unwrap();
+        assert_eq!(s.message().unwrap().unwrap().seq, seq);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    let e = loop {
+        match s.send(&msg(99, 3000)) {
+            Ok(()) => match s.try_message() {
+                Some(Err(e)) => break e,
+                Some(Ok(None)) => panic!("a stream cut off ended cleanly"),
+                _ => {}
+            },
+            Err(e) => break e,
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the stream outlived its server by 20 s");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    let e = s.message().unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+}
+
+#[test]
+fn a_client_killed_mid_stream_ends_the_servers_reader_and_sink() {
+    let (h, probe, _c) = start();
+    let (mut child, mut out) = spawn_peer(&format!("client:{}", h.local_addr()));
+    read_line_with(&mut out, "STREAMING");
+    assert!(!probe.cancelled.load(Ordering::Acquire));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    until("the server's stream to end with the client gone", || probe.cancelled.load(Ordering::Acquire));
+    assert!(!probe.ended.load(Ordering::Acquire), "a killed client is not a clean end");
+}
