@@ -57,11 +57,14 @@ pub fn distance(a: &Point, b: &Point) -> i32 {
     (R * 2.0 * h.sqrt().atan2((1.0 - h).sqrt())) as i32
 }
 
+/// RouteChat's notes by location (latitude, longitude).
+type Notes = Arc<Mutex<HashMap<(i32, i32), Vec<RouteNote>>>>;
+
 /// The server: the database, and the notes of RouteChat by location.
 #[derive(Default)]
 pub struct RouteGuideService {
     features: Arc<Vec<Feature>>,
-    notes: Arc<Mutex<HashMap<(i32, i32), Vec<RouteNote>>>>,
+    notes: Notes,
 }
 
 impl RouteGuideService {
