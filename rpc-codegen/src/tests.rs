@@ -374,15 +374,16 @@ fn all_four_shapes_are_generated_without_warnings() {
         "fn upload(&self, ctx: &RequestContext, requests: RequestStream<super::Item>, responder: Responder<super::Item>);",
     );
     assert_has(code, "let requests = ctx.requests::<super::Item>();");
-    assert_has(code, "-> ::core::result::Result<ClientStreaming<'_, super::Item, super::Item>, Status>");
+    assert_has(code, "ClientStreaming<'_, super::Item, super::Item>,");
+    assert_has(code, "pub fn upload(&self) -> ClientStreamCall<super::Item, super::Item> {");
     assert_has(code, "MethodDesc { id: UPLOAD, name: method_names::UPLOAD }");
     // Bidirectional: both.
     assert_has(
         code,
         "fn chat(&self, ctx: &RequestContext, requests: RequestStream<super::Item>, sink: StreamSink<super::Item>);",
     );
-    assert_has(code, "-> ::core::result::Result<BidiStreaming<'_, super::Item, super::Item>, Status>");
-    assert_has(code, "self.inner.bidi_stream(CHAT, options)");
+    assert_has(code, "BidiStreaming<'_, super::Item, super::Item>,");
+    assert_has(code, ".bidi_stream(CHAT, options)");
 }
 
 #[test]

@@ -270,6 +270,6 @@ mod tests {
         let e = s.describe("kv.Nope").unwrap_err().to_string();
         assert!(e.starts_with("unknown message or service `kv.Nope` in kv.proto"), "{e}");
         let s = Schema::compile(&[proto("codegen/streaming.proto")], &[proto("")]).unwrap();
-        assert!(s.listing().contains("[streaming: not callable yet]"), "{}", s.listing());
+        assert!(s.listing().contains("[streaming: not callable by rpc-perf]"), "{}", s.listing());
     }
 }
