@@ -133,6 +133,8 @@ struct Entry<P: Provider> {
     session: u32,
     peer: SocketAddr,
     dirty: bool,
+    /// In [`Worker::timed`]: the session has unanswered calls (deadlines, the idle probe).
+    timed: bool,
     ring_return: bool,
     backlog: VecDeque<Spill>,
     /// Until the window bind's completion is polled: whom to tell.
@@ -182,6 +184,9 @@ pub(crate) struct Worker<P: Provider> {
     gens: Vec<u16>,
     by_qpn: crate::dispatch::registry::IdMap<u16>,
     dirty: Vec<u16>,
+    /// Sessions whose timers may be armed (unanswered calls: their deadlines, the idle probe while
+    /// waiting for the client); the clock is read for timers only while this is not empty.
+    timed: Vec<u16>,
     counters: Counters,
     scratch: Vec<u8>,
     ctx: RequestContext,
@@ -211,6 +216,7 @@ impl<P: Provider> Worker<P> {
             gens: vec![0; n],
             by_qpn,
             dirty: Vec::with_capacity(n),
+            timed: Vec::with_capacity(n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx: RequestContext {
@@ -289,13 +295,15 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
-            // Timers: the clock is read rarely (every few dozen empty polls, every thousand busy
-            // iterations), the sessions are visited once per tick.
-            let check = if n > 0 {
-                iterations % TIMER_CHECK_BUSY == 0
-            } else {
-                idle.empty_polls() % TIMER_CHECK_IDLE == 0
-            };
+            // Timers: the clock is read only while a session has unanswered calls, and then rarely
+            // (every few dozen empty polls, every thousand busy iterations); the sessions with
+            // unanswered calls are visited once per tick.
+            let check = !self.timed.is_empty()
+                && if n > 0 {
+                    iterations % TIMER_CHECK_BUSY == 0
+                } else {
+                    idle.empty_polls() % TIMER_CHECK_IDLE == 0
+                };
             if check {
                 let now = Instant::now();
                 if now >= next_tick {
@@ -332,13 +340,26 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
-    /// idle probe) and acts on what expired.
+    /// idle probe) and acts on what expired. Sessions whose calls are all answered leave
+    /// [`Worker::timed`] (with no unanswered call a server session has no timer: no deadline to
+    /// enforce, and the idle probe runs only while waiting for the client).
     #[inline(never)]
     fn run_timers(&mut self, now: Instant) {
-        for idx in 0..self.entries.len() as u16 {
-            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+        let mut i = 0;
+        while i < self.timed.len() {
+            let idx = self.timed[i];
+            let Some(entry) = self.entries[idx as usize].as_mut() else {
+                self.timed.swap_remove(i);
+                continue;
+            };
             let session = &mut entry.conn.session;
             let waiting = session.unanswered() > 0;
+            if !waiting {
+                entry.timed = false;
+                self.timed.swap_remove(i);
+                continue;
+            }
+            i += 1;
             if session.poll_timeout(waiting).is_none_or(|t| t > now) {
                 continue;
             }
@@ -495,6 +516,7 @@ impl<P: Provider> Worker<P> {
             session: nc.session,
             peer: nc.peer,
             dirty: false,
+            timed: false,
             ring_return: false,
             backlog: VecDeque::new(),
             binding: None,
@@ -528,6 +550,9 @@ impl<P: Provider> Worker<P> {
     /// close its TCP connection (the client then sees the session gone).
     fn close_entry(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
         let Some(entry) = self.entries.get_mut(idx as usize).and_then(Option::take) else { return };
+        if entry.timed {
+            self.timed.retain(|&i| i != idx);
+        }
         if let Some(b) = &entry.binding {
             b.store(BIND_FAILED, Ordering::Release);
         }
@@ -750,6 +775,14 @@ impl<P: Provider> Worker<P> {
             return;
         };
         self.on_message(idx, buf, wc.invalidated_rkey.is_some());
+        // A request left unanswered (deferred, streaming, or still arriving in pieces) arms
+        // the session's timers.
+        if let Some(entry) = self.entries[idx as usize].as_mut() {
+            if !entry.timed && entry.conn.session.unanswered() > 0 {
+                entry.timed = true;
+                self.timed.push(idx);
+            }
+        }
     }
 
     fn on_message(&mut self, idx: u16, buf: RecvBuf, invalidated_key: bool) {
