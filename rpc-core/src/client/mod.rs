@@ -122,7 +122,19 @@ impl Inner {
     /// # Errors
     /// UNAVAILABLE naming why the session broke and when the next attempt may be made (or why
     /// this attempt failed).
+    #[inline]
     fn ensure_session(&mut self) -> Result<(), Status> {
+        // The fast path: one look at the session's state, no call.
+        if with_calls!(&self.calls, c => c.core.broken().is_none()) {
+            return Ok(());
+        }
+        self.reconnect()
+    }
+
+    /// [`Inner::ensure_session`] for a broken session.
+    #[cold]
+    #[inline(never)]
+    fn reconnect(&mut self) -> Result<(), Status> {
         let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(()) };
         let now = Instant::now();
         if let Err(at) = self.backoff.check(now) {
