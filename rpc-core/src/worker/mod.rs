@@ -733,9 +733,6 @@ impl<P: Provider> Worker<P> {
         if let Some((tag, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
             let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
             if !wc.status.is_success() {
-                if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
-                    self.counters.rnr_events += 1;
-                }
                 let reason =
                     if wc.status == WcStatus::IBV_WC_WR_FLUSH_ERR { "QP flushed" } else { "send failed" };
                 tracing::debug!(status = %wc.status, "send completion error");
