@@ -54,6 +54,15 @@ pub(crate) const BIND_DONE: u8 = 1;
 /// [`NewConn::bound`]: the bind failed; the session is closed.
 pub(crate) const BIND_FAILED: u8 = 2;
 
+impl<P: Provider> WorkerShared<P> {
+    /// Tells the listener to look at `closed` and at the binds of its pending handshakes.
+    pub(crate) fn wake_listener(&self) {
+        if let Err(e) = self.listener.wake() {
+            tracing::warn!(worker = self.index, error = %e, "waking the listener failed; it looks at its next tick");
+        }
+    }
+}
+
 /// A connection handed from the listener to a worker.
 pub(crate) struct NewConn<P: Provider> {
     pub(crate) conn: Conn<P>,
@@ -85,6 +94,9 @@ pub(crate) struct WorkerShared<P: Provider> {
     pub(crate) srq_reserved: AtomicU32,
     /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
     pub(crate) closed: Arc<ArrayQueue<u32>>,
+    /// Wakes the listener: a session in `closed`, or a window bind that completed or failed (the
+    /// listener answers the handshake then).
+    pub(crate) listener: Arc<mio::Waker>,
     pub(crate) pd: P::ProtectionDomain,
     pub(crate) cq: P::CompletionQueue,
     pub(crate) srq: P::SharedReceiveQueue,
@@ -502,6 +514,7 @@ impl<P: Provider> Worker<P> {
             );
             nc.bound.store(BIND_FAILED, Ordering::Release);
             let _ = self.shared.closed.push(nc.session);
+            self.shared.wake_listener();
             self.shared
                 .srq_reserved
                 .fetch_sub(conn::srq_need(nc.conn.session.params().credits), Ordering::Relaxed);
@@ -531,6 +544,7 @@ impl<P: Provider> Worker<P> {
         if !window {
             self.counters.window_fallbacks += 1;
             nc.bound.store(BIND_DONE, Ordering::Release);
+            self.shared.wake_listener();
         } else {
             let Conn { sq, qp, ring, .. } = &mut entry.conn;
             match sq.bind_window(qp, ring, tag) {
@@ -538,6 +552,7 @@ impl<P: Provider> Worker<P> {
                 Err(e) => {
                     tracing::warn!(worker = self.shared.index, session = nc.session, error = %e, "binding the ring's window failed");
                     nc.bound.store(BIND_FAILED, Ordering::Release);
+                    self.shared.wake_listener();
                     self.close_entry(idx as u16, "binding the ring's window failed", false, true);
                     return;
                 }
@@ -555,6 +570,7 @@ impl<P: Provider> Worker<P> {
         }
         if let Some(b) = &entry.binding {
             b.store(BIND_FAILED, Ordering::Release);
+            self.shared.wake_listener();
         }
         let span = tracing::info_span!("disconnect", worker = self.shared.index, session = entry.session);
         let _entered = span.enter();
@@ -569,6 +585,7 @@ impl<P: Provider> Worker<P> {
         }
         if notify {
             let _ = self.shared.closed.push(entry.session);
+            self.shared.wake_listener();
         }
         self.counters.sessions_closed += 1;
         self.shared
@@ -742,12 +759,14 @@ impl<P: Provider> Worker<P> {
             entry.conn.pool.retire(usize::from(bufs));
             entry.conn.sq.on_completion(wrs);
             entry.conn.sq.retire_staged(&mut entry.conn.staging);
+            let backlog = !entry.backlog.is_empty();
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
                 if let Some(b) = entry.binding.take() {
                     b.store(BIND_DONE, Ordering::Release);
+                    self.shared.wake_listener();
                 }
             }
-            if !entry.backlog.is_empty() {
+            if backlog {
                 self.try_backlog(idx);
             }
             return;
