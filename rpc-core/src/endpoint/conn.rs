@@ -57,13 +57,35 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
-/// Receive WQEs of the worker's SRQ a session of `credits` reserves (`2 × credits + 17`): its
-/// requests in flight (the last or only piece of each), its credit messages (at most one per
-/// response in flight), the other pieces a ring can hold at once (each at least 1/16 of it:
-/// [`crate::session::Session::next_piece`]) and a Close. The sessions of one worker together
-/// reserve at most the SRQ depth, so flow control never leans on RNR.
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves: `3 × credits + 21` (117
+/// at 32 credits). What a client that keeps the protocol can have sent before the worker takes
+/// any of it (a worker held in a handler takes nothing):
+///
+/// | messages | at most | why |
+/// |---|---|---|
+/// | Requests (the last or only piece of each) | `credits` | credits return with the answers |
+/// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
+/// | Cancels | `credits` | one per call on the wire |
+/// | RingReturns | `credits` | one per answer in flight |
+/// | Pings, Pongs | 2 + 2 | the client pings after a third and two thirds of its `peer_timeout` of silence, and answers each of our (at most two) Pings |
+/// | Close | 1 | |
+///
+/// The sessions of one worker together reserve at most the SRQ depth, so such a session never
+/// makes another's SENDs wait for a receive WQE (RNR). Not reserved, because they would not fit
+/// the SRQs of devices (`max_srq_wr` 16 384 on sim) at the default 128 sessions: stream messages
+/// and stream credits (each within the stream budget, `min(credits, 256)`), client-stream ends,
+/// and a Cancel or stream end that crossed its call's answer while the slot's next call is on
+/// the wire. A session using those leans on the WQEs other sessions do not use at that moment,
+/// and at worst makes SENDs wait for a repost (RNR retries forever: a delay, never a failure).
 pub(crate) fn srq_need(credits: u16) -> u32 {
-    2 * u32::from(credits) + 1 + crate::session::MAX_PIECES_IN_RING
+    let c = u32::from(credits);
+    let requests = c;
+    let pieces = crate::session::MAX_PIECES_IN_RING;
+    let cancels = c;
+    let ring_returns = c;
+    let probe = 4;
+    let close = 1;
+    requests + pieces + cancels + ring_returns + probe + close
 }
 
 /// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the
