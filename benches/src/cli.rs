@@ -163,6 +163,8 @@ pub enum TestKind {
     ChanLat,
     /// Unary RPC throughput through the shareable handle from --tasks tokio tasks, -c in flight.
     ChanBw,
+    /// Server-streaming messages/s and goodput: one stream of -n messages of -s bytes.
+    StreamBw,
     /// Raw SEND/RECV ping-pong round trip.
     SendLat,
     /// Raw RDMA WRITE ping-pong round trip, polling the last byte (as ib_write_lat).
@@ -179,6 +181,7 @@ impl TestKind {
             TestKind::RpcBw => "rpc_bw",
             TestKind::ChanLat => "chan_lat",
             TestKind::ChanBw => "chan_bw",
+            TestKind::StreamBw => "stream_bw",
             TestKind::SendLat => "send_lat",
             TestKind::WriteLat => "write_lat",
             TestKind::WriteBw => "write_bw",
@@ -192,7 +195,10 @@ impl TestKind {
 
     /// True for the RPC tests (as opposed to raw verbs).
     pub fn is_rpc(self) -> bool {
-        matches!(self, TestKind::RpcLat | TestKind::RpcBw | TestKind::ChanLat | TestKind::ChanBw)
+        matches!(
+            self,
+            TestKind::RpcLat | TestKind::RpcBw | TestKind::ChanLat | TestKind::ChanBw | TestKind::StreamBw
+        )
     }
 
     /// True for the tests of the shareable handle (`Channel`).
