@@ -10,7 +10,7 @@ use prost::Message;
 
 use super::dispatcher::{with_any_core, AnyCore};
 use crate::client::core::CallId;
-use crate::codegen::MethodId;
+use crate::dispatch::service::MethodId;
 use crate::status::Status;
 
 const PENDING: u8 = 0;

@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 use crate::client::{CallOptions, ClientConfig};
-use crate::codegen::MethodId;
 use crate::config::PollingPolicy;
+use crate::dispatch::service::MethodId;
 use crate::status::Status;
 use call::{Completion, Job, UnaryJob};
 use dispatcher::Inner;

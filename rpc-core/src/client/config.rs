@@ -60,9 +60,11 @@ pub struct ClientConfig {
     /// Below 2 s the TCP bound is 2 s (keepalive counts seconds); with `None` it is 10 s.
     pub peer_timeout: Option<Duration>,
     /// Calls abandoned on the wire (future dropped, deadline passed) whose acknowledgement from
-    /// the server has not arrived at which the client stops to wait for one, for up to
-    /// `peer_timeout`, and then resets the session (calls UNAVAILABLE, logged) instead of
-    /// starving the window. Default 32; 1 ..= 65535, at most the window in effect.
+    /// the server has not arrived at which the session starts watching for one: if none arrives
+    /// within `peer_timeout` (5 s with `None`), it resets (calls UNAVAILABLE, logged) instead of
+    /// starving the window. Nothing waits for it (dropping a future never blocks); the watch is
+    /// checked as the session is progressed. Default 32; 1 ..= 65535, at most the window in
+    /// effect.
     pub max_abandoned: u16,
 }
 

@@ -1,5 +1,11 @@
 //! The client's connection, generic over the provider: its own CQ, SRQ, QP, rings and session,
 //! driven by the calling thread (no other thread, no cross-thread hop).
+//!
+//! A driver: it polls the CQ, encodes bodies into registered memory, posts WRs, and keeps what
+//! the calls carry (bodies waiting for a credit, answers until their caller takes them) in
+//! arrays indexed by slot. What may be sent now, in which order, what waits, and what a
+//! response, a completion or a timer means is the session's ([`Session`]: `session/calls.rs`,
+//! `session/outbox.rs`, `session/lifecycle.rs`).
 
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -15,20 +21,20 @@ use crate::buffers::{
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
+    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, send_waiting, staging_len,
+    BodyAt, Conn, Outgoing,
 };
 use crate::endpoint::counters::Counters;
-use crate::session::{Abandoned, CallSlots, Event, Placement, ResponseFate, Role, Session, SessionParams};
+use crate::session::{
+    Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
+};
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{
     CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion,
 };
-use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
-    PROTOCOL_VERSION,
-};
+use crate::wire::{read_frame, write_frame, Frame, FrameError, Kind, HEADER_LEN, MAX_CREDITS};
 
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
@@ -60,14 +66,6 @@ enum PendingBody {
     Heap(Vec<u8>),
 }
 
-struct Pending {
-    body: PendingBody,
-    method: u32,
-    deadline: Option<Instant>,
-    /// Stream flags of the request ([`crate::wire::STREAM_OUT`]...; 0: unary).
-    stream: u8,
-}
-
 /// How [`ClientCore::start`] may wait and when it posts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StartMode {
@@ -93,24 +91,21 @@ pub(crate) struct ClientCore<P: Provider> {
     conn: Conn<P>,
     recv: RecvPool<P>,
     cq: P::CompletionQueue,
-    slots: CallSlots<Answer>,
-    pending: Vec<Option<Pending>>,
+    /// Per slot: the answer of a finished call until its caller takes it (the slots' states
+    /// are the session's: [`Session::calls`]).
+    answers: Vec<Option<Answer>>,
+    /// Per slot: the body of a call waiting for a credit.
+    pending: Vec<Option<PendingBody>>,
     /// Per slot: stream messages received and not yet taken by the caller (at most the stream's
     /// credits; empty for unary calls, allocated only when a stream uses the slot).
     stream_msgs: Vec<VecDeque<Answer>>,
     /// Requests on the wire whose bodies are still being sent through the ring, in order.
-    outbox: VecDeque<Outgoing>,
+    outbox: Outbox<Outgoing>,
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
-    ring_return: bool,
-    /// Calls abandoned on the wire and not yet acknowledged at which the session resets (at most
-    /// the window).
-    max_abandoned: u16,
-    /// How long the server may stay silent while calls wait for it (`None`: unbounded).
-    peer_timeout: Option<Duration>,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -197,23 +192,15 @@ impl<P: Provider> ClientCore<P> {
         let _ = tcp.set_nodelay(true);
         crate::control::Liveness::for_peer_timeout(cfg.peer_timeout).apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
-        let (ring_addr, ring_len, ring_rkey) = ring.remote();
-        let hello = Handshake {
-            version: PROTOCOL_VERSION,
-            qp_num: local.qp_num,
-            psn: local.psn,
-            lid: local.lid,
-            mtu: local.mtu,
-            gid: local.gid,
-            ring_addr,
-            ring_len,
-            ring_rkey,
-            credits: window,
-            eager_threshold: cfg.eager_threshold,
-            max_message: cfg.max_message_size,
-            session: 0,
-            auth_token: cfg.auth_token.clone().unwrap_or_default(),
-        };
+        let hello = handshake(
+            &local,
+            ring.remote(),
+            window,
+            cfg.eager_threshold,
+            cfg.max_message_size,
+            0,
+            cfg.auth_token.clone().unwrap_or_default(),
+        );
         write_frame(&mut tcp, &Frame::Handshake(hello))
             .map_err(|e| unavailable(format!("handshake: {e}")))?;
         let reply = match read_frame(&mut tcp) {
@@ -318,6 +305,10 @@ impl<P: Provider> ClientCore<P> {
                 session: {
                     let mut s = session;
                     s.set_peer_timeout(cfg.peer_timeout, Instant::now());
+                    s.set_abandon_cap(
+                        cfg.max_abandoned,
+                        cfg.peer_timeout.unwrap_or(crate::session::DEFAULT_ACK_TIMEOUT),
+                    );
                     s
                 },
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
@@ -326,18 +317,15 @@ impl<P: Provider> ClientCore<P> {
             },
             recv,
             cq,
-            slots: CallSlots::new(window, reply.credits),
+            answers: (0..window).map(|_| None).collect(),
             pending: (0..window).map(|_| None).collect(),
             stream_msgs: (0..window).map(|_| VecDeque::new()).collect(),
-            outbox: VecDeque::new(),
+            outbox: Outbox::default(),
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
-            ring_return: false,
-            max_abandoned: cfg.max_abandoned.min(window),
-            peer_timeout: cfg.peer_timeout,
             peer,
             _dev: dev,
         })
@@ -378,7 +366,7 @@ impl<P: Provider> ClientCore<P> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
         }
-        if !self.slots.has_free() {
+        if !self.conn.session.calls().has_free() {
             return Ok(None);
         }
         let flush_now = mode == StartMode::Now;
@@ -412,8 +400,9 @@ impl<P: Provider> ClientCore<P> {
             self.wait_step(deadline)?;
         };
         self.counters.bytes_out += len as u64;
-        let (slot, generation) = self.slots.start().expect("a free slot was checked");
-        self.pending[slot as usize] = Some(Pending { body, method, deadline, stream });
+        let (slot, generation) =
+            self.conn.session.start_call(method, deadline, stream).expect("a free slot was checked");
+        self.pending[slot as usize] = Some(body);
         self.pump();
         if flush_now {
             self.flush();
@@ -433,9 +422,7 @@ impl<P: Provider> ClientCore<P> {
         deadline: Option<Instant>,
         blocking: bool,
     ) -> Result<Option<PendingBody>, Status> {
-        // A ring reservation must be queued before anything else is placed: only a call that goes
-        // on the wire now (a credit free, nothing waiting) may take one.
-        let now = self.slots.queued() == 0 && self.slots.in_flight() < self.slots.credits();
+        let now = self.conn.session.call_goes_now();
         Ok(if eager || now {
             let mut buf = loop {
                 if let Some(b) = self.conn.acquire() {
@@ -491,36 +478,21 @@ impl<P: Provider> ClientCore<P> {
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
     fn pump(&mut self) {
-        while let Some((slot, generation)) = self.slots.next_sendable() {
-            let Some(p) = self.pending[slot as usize].take() else { continue };
-            let timeout_us = p.deadline.map_or(0, |d| {
-                d.saturating_duration_since(Instant::now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
-            });
-            let mut h =
-                Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
-            if p.stream != 0 {
-                h.stream = p.stream;
-                h.credits = self.conn.session.stream_open(slot, generation, p.stream);
-            }
-            match p.body {
+        while let Some(h) = self.conn.session.next_request(Instant::now) {
+            let Some(body) = self.pending[h.slot as usize].take() else { continue };
+            match body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
-                PendingBody::Staged(body) => self.outbox.push_back(Outgoing::staged(h, body)),
-                PendingBody::Heap(body) => self.outbox.push_back(Outgoing::new(h, body)),
+                PendingBody::Staged(body) => self.outbox.push(Waiting::Body(Outgoing::staged(h, body))),
+                PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, body))),
             }
         }
-        if self.slots.credit_stalled() {
+        if self.conn.session.calls().credit_stalled() {
             self.counters.credit_stalls += 1;
         }
-        while let Some(out) = self.outbox.front_mut() {
-            if !self.conn.send_outgoing(out) {
-                break;
-            }
-            let h = out.header;
-            self.outbox.pop_front();
-            if self.slots.is_abandoned(h.slot, h.generation) {
-                // Abandoned while its body was still leaving: the Cancel follows its last piece.
-                self.conn.session.cancel(h.slot, h.generation);
-            }
+        // Requests leave in order; one abandoned while it was leaving gets its Cancel after its
+        // last piece (the session's rule: `Outbox::sent`).
+        if !self.outbox.is_empty() {
+            send_waiting(&mut self.conn, &mut self.outbox, |_, _, _| {}, |_| {});
         }
     }
 
@@ -528,7 +500,7 @@ impl<P: Provider> ClientCore<P> {
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
     #[inline]
     pub(crate) fn flush(&mut self) {
-        if self.ring_return
+        if self.conn.session.ring_freed()
             || !self.conn.sq.is_empty()
             || self.conn.session.has_control()
             || self.recv.pending_reposts() >= REPOST_BATCH
@@ -539,15 +511,11 @@ impl<P: Provider> ClientCore<P> {
 
     #[inline(never)]
     fn flush_slow(&mut self) {
-        if self.ring_return {
-            self.ring_return = false;
-            // Messages are stamped with the freed head when queued: bytes still unreported are
-            // carried by none of the pending ones (they were queued before the release). With
-            // nothing in flight the next request carries them, unless a response is still
-            // arriving in pieces (its sender waits for the space).
-            if self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0 {
-                self.conn.queue_ring_return();
-            }
+        // Messages are stamped with the freed head when queued: bytes still unreported are
+        // carried by none of the pending ones (they were queued before the release); whether
+        // they are worth a message of their own is the session's rule.
+        if self.conn.session.take_ring_return() {
+            self.conn.queue_ring_return();
         }
         self.conn.queue_controls();
         if let Err(e) = self.conn.flush(TAG) {
@@ -566,7 +534,12 @@ impl<P: Provider> ClientCore<P> {
         let _span = tracing::info_span!("disconnect", peer = %self.peer).entered();
         tracing::info!(%status, "client session closed");
         // Each failed call is counted when its caller takes the answer.
-        self.slots.fail_all(|| Answer::Err(status.clone()));
+        self.conn.session.fail_calls();
+        for (i, a) in self.answers.iter_mut().enumerate() {
+            if a.is_none() && self.conn.session.calls().state(i as u16) == crate::session::SlotState::Done {
+                *a = Some(Answer::Err(status.clone()));
+            }
+        }
         for q in &mut self.stream_msgs {
             for a in std::mem::take(q) {
                 if let Answer::Eager(b) = a {
@@ -579,7 +552,7 @@ impl<P: Provider> ClientCore<P> {
                 self.drop_pending(p);
             }
         }
-        self.outbox.clear();
+        self.outbox.drain().for_each(drop);
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
@@ -589,8 +562,8 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// Gives back what a call that never went on the wire holds.
-    fn drop_pending(&mut self, p: Pending) {
-        match p.body {
+    fn drop_pending(&mut self, p: PendingBody) {
+        match p {
             PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
             PendingBody::Staged(s) => self.conn.staging.release(s),
             PendingBody::Heap(_) => {}
@@ -658,7 +631,6 @@ impl<P: Provider> ClientCore<P> {
             None => (h, Answer::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                self.ring_return = true;
                 match self.conn.take_piece(piece) {
                     Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
                     Ok(None) => return,
@@ -686,17 +658,19 @@ impl<P: Provider> ClientCore<P> {
                     self.release(body);
                     Answer::Err(Status::new(h.status, text))
                 };
-                if self.conn.session.streams_open() > 0 {
-                    self.conn.session.stream_close(h.slot, h.generation);
-                }
-                match self.slots.on_response(h.slot, h.generation, answer) {
-                    Ok(ResponseFate::Stored) => {}
-                    Ok(ResponseFate::Discard(a)) => {
-                        self.counters.late_replies += 1;
-                        self.release(a);
+                match self.conn.session.on_response(h.slot, h.generation) {
+                    Ok(ResponseFate::Stored) => {
+                        // The slot's answer was taken before it was reused: nothing to drop.
+                        if let Some(stale) = self.answers[h.slot as usize].replace(answer) {
+                            self.release(stale);
+                        }
                     }
-                    Err((reason, a)) => {
-                        self.release(a);
+                    Ok(ResponseFate::Discard(())) => {
+                        self.counters.late_replies += 1;
+                        self.release(answer);
+                    }
+                    Err(reason) => {
+                        self.release(answer);
                         self.malformed(format!("protocol violation: {reason}"));
                     }
                 }
@@ -711,7 +685,7 @@ impl<P: Provider> ClientCore<P> {
             // The session checked it belongs to an open stream of this slot, within its credits.
             Kind::StreamMsg => {
                 self.counters.bytes_in += u64::from(h.body_len);
-                if self.slots.state(h.slot) == crate::session::SlotState::InFlight {
+                if self.conn.session.calls().state(h.slot) == crate::session::SlotState::InFlight {
                     self.stream_msgs[h.slot as usize].push_back(body);
                 } else {
                     // Abandoned: dropped, its credit returned so the server reaches the Cancel.
@@ -831,31 +805,39 @@ impl<P: Provider> ClientCore<P> {
     /// The session's timers (the idle probe): a Ping when the server has been silent for a third
     /// of `peer_timeout` while calls wait for it, the session closed after all of it.
     fn check_timers(&mut self) {
-        let waiting = self.slots.in_flight() > 0;
+        let waiting = self.conn.session.calls().in_flight() > 0;
         self.conn.session.handle_timeout(Instant::now(), waiting);
         while let Some(e) = self.conn.session.poll_event() {
-            if let Event::PeerDead { silent } = e {
-                let reason = format!(
-                    "no message from the server for {} ms while calls waited (ClientConfig::peer_timeout)",
-                    silent.as_millis()
-                );
-                tracing::warn!(peer = %self.peer, %reason, "closing the session");
-                self.counters.peers_lost += 1;
-                self.break_conn(unavailable(reason));
-                return;
-            }
+            let reason = match e {
+                Event::PeerDead { silent } => {
+                    self.counters.peers_lost += 1;
+                    format!(
+                        "no message from the server for {} ms while calls waited (ClientConfig::peer_timeout)",
+                        silent.as_millis()
+                    )
+                }
+                Event::Unacknowledged { abandoned, waited } => format!(
+                    "{abandoned} abandoned calls and no acknowledgement from the server for {} ms \
+                     (ClientConfig::max_abandoned)",
+                    waited.as_millis()
+                ),
+                Event::Cancelled { .. } | Event::Expired { .. } => continue,
+            };
+            tracing::warn!(peer = %self.peer, %reason, "resetting the session");
+            self.break_conn(unavailable(reason));
+            return;
         }
         self.flush();
     }
 
     /// Polls a call once: its result when finished (or failed), `None` while it runs.
     pub(crate) fn poll_call<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
-        if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+        if let Some(a) = self.take_answer(id) {
             return Some(self.finish(a));
         }
         if self.progress() > 0 {
             self.idle.reset();
-            if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+            if let Some(a) = self.take_answer(id) {
                 return Some(self.finish(a));
             }
         } else {
@@ -886,7 +868,7 @@ impl<P: Provider> ClientCore<P> {
                 self.flush();
                 return Some(r);
             }
-            if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+            if let Some(a) = self.take_answer(id) {
                 self.conn.session.stream_close(id.slot, id.generation);
                 return Some(self.finish::<()>(a).map(|()| None));
             }
@@ -924,7 +906,7 @@ impl<P: Provider> ClientCore<P> {
     /// The caller gave up on a stream: messages not taken are dropped (their credits return, so
     /// the server is not blocked until it sees the Cancel) and the call is abandoned.
     pub(crate) fn abandon_stream(&mut self, id: CallId) {
-        if self.slots.state(id.slot) != crate::session::SlotState::Free {
+        if self.conn.session.calls().state(id.slot) != crate::session::SlotState::Free {
             while let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
                 self.release(a);
                 self.conn.session.stream_consumed(id.slot, id.generation);
@@ -936,13 +918,13 @@ impl<P: Provider> ClientCore<P> {
     /// A finished call's result, without progressing the session (a dispatcher progresses once
     /// per loop for all its calls); `None` while it runs.
     pub(crate) fn take_done<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
-        let a = self.slots.take_done(id.slot, id.generation)?;
+        let a = self.take_answer(id)?;
         Some(self.finish(a))
     }
 
     /// True when a call can start now (a slot is free).
     pub(crate) fn has_free_slot(&self) -> bool {
-        self.broken.is_some() || self.slots.has_free()
+        self.broken.is_some() || self.conn.session.calls().has_free()
     }
 
     /// One progress step of a dispatcher: polls the CQ once; an empty poll counts toward the TCP
@@ -987,57 +969,36 @@ impl<P: Provider> ClientCore<P> {
     /// not yet sent is dropped and its slot is free at once; one on the wire gets a Cancel and
     /// keeps its slot until the server's answer to it (CANCELLED, or the answer that was already
     /// on its way) arrives, since until then the server may still write into our ring for it.
-    /// When [`ClientConfig::max_abandoned`](super::ClientConfig::max_abandoned) calls wait for
-    /// that acknowledgement, the session polls for up to `peer_timeout` (5 s without one) for
-    /// one to arrive, then resets with a logged reason instead of starving the window.
+    /// Never waits: when [`ClientConfig::max_abandoned`](super::ClientConfig::max_abandoned)
+    /// calls wait for that acknowledgement, the session watches for one, and resets (a logged
+    /// reason, [`Event::Unacknowledged`]) if none arrives within `peer_timeout` (5 s without
+    /// one).
     pub(crate) fn abandon(&mut self, id: CallId) {
-        match self.slots.abandon(id.slot, id.generation) {
+        let leaving = self.outbox.holds(id.slot, id.generation);
+        match self.conn.session.abandon_call(id.slot, id.generation, leaving, Instant::now) {
             Abandoned::Nothing => return,
-            Abandoned::Answered(a) => self.release(a),
+            Abandoned::Answered(()) => {
+                if let Some(a) = self.answers[id.slot as usize].take() {
+                    self.release(a);
+                }
+            }
             Abandoned::Unsent => {
                 if let Some(p) = self.pending[id.slot as usize].take() {
                     self.drop_pending(p);
                 }
             }
-            Abandoned::OnWire => {
-                self.counters.cancels += 1;
-                // A request still leaving in pieces is finished first (its ring space is
-                // reserved, and the server must never see a Cancel overtake pieces of its call,
-                // whose slot may be reused once the Cancel is answered): `pump` sends the Cancel
-                // after its last piece.
-                let leaving = self
-                    .outbox
-                    .iter()
-                    .any(|o| (o.header.slot, o.header.generation) == (id.slot, id.generation));
-                if !leaving {
-                    self.conn.session.cancel(id.slot, id.generation);
-                }
-            }
+            Abandoned::OnWire => self.counters.cancels += 1,
         }
         self.flush();
-        if self.broken.is_none() && self.slots.abandoned() >= self.max_abandoned {
-            self.await_acknowledgement();
-        }
     }
 
-    #[cold]
-    #[inline(never)]
-    fn await_acknowledgement(&mut self) {
-        let before = self.slots.abandoned();
-        let give_up = Instant::now() + self.peer_timeout.unwrap_or(Duration::from_secs(5));
-        while self.broken.is_none() && self.slots.abandoned() >= before {
-            if self.progress() == 0 {
-                if Instant::now() >= give_up {
-                    let reason = format!(
-                        "{before} abandoned calls and no acknowledgement from the server                          (ClientConfig::max_abandoned)"
-                    );
-                    tracing::warn!(peer = %self.peer, %reason, "resetting the session");
-                    self.break_conn(unavailable(reason));
-                    return;
-                }
-                std::thread::yield_now();
-            }
+    /// The answer of a finished call, its slot freed; `None` while it runs.
+    #[inline]
+    fn take_answer(&mut self, id: CallId) -> Option<Answer> {
+        if !self.conn.session.take_done(id.slot, id.generation) {
+            return None;
         }
+        self.answers[id.slot as usize].take()
     }
 
     /// Sends a Close (best effort) before the connection is dropped.
@@ -1070,21 +1031,20 @@ impl<P: Provider> ClientCore<P> {
 
     /// Number of call slots.
     pub(crate) fn window(&self) -> u16 {
-        self.slots.window()
+        self.conn.session.calls().window()
     }
 
     /// Requests on the wire.
     pub(crate) fn in_flight(&self) -> u16 {
-        self.slots.in_flight()
+        self.conn.session.calls().in_flight()
     }
 
     /// Slots that free without their caller: abandoned calls whose answer (or acknowledgement)
     /// is still to arrive. A blocking call that needs a slot can only get one of these (every
     /// other slot is freed by its own caller, who cannot run while this thread blocks).
     pub(crate) fn self_freeing_slots(&self) -> usize {
-        (0..self.slots.window())
-            .filter(|&i| self.slots.state(i) == crate::session::SlotState::Abandoned)
-            .count()
+        let calls = self.conn.session.calls();
+        (0..calls.window()).filter(|&i| calls.state(i) == crate::session::SlotState::Abandoned).count()
     }
 
     /// Refuses a body of `len` bytes over the agreed `max_message_size` (RESOURCE_EXHAUSTED

@@ -26,7 +26,7 @@ use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
 
-use crate::codegen::MethodId;
+use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
@@ -67,7 +67,8 @@ const ENDED_KEPT: usize = 8;
 /// failed attempt the next waits an exponentially growing, jittered delay
 /// (`ClientConfig::reconnect_*`). A call made before that delay ran out ends UNAVAILABLE at
 /// once, naming the time left, without a connect attempt. The attempt itself (TCP connect and
-/// handshake, at most `ClientConfig::connect_timeout`) runs in the call that makes it.
+/// handshake, at most `ClientConfig::connect_timeout`) runs in the blocking call that makes it,
+/// or in the first poll of an async call's future: starting an async call never blocks.
 ///
 /// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time):
 ///
@@ -122,17 +123,18 @@ impl Inner {
     /// # Errors
     /// UNAVAILABLE naming why the session broke and when the next attempt may be made (or why
     /// this attempt failed).
+    #[inline]
     fn ensure_session(&mut self) -> Result<(), Status> {
-        let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(()) };
-        let now = Instant::now();
-        if let Err(at) = self.backoff.check(now) {
-            return Err(Status::unavailable(format!(
-                "the session to {} broke ({}); next reconnect attempt in {} ms",
-                self.peer,
-                reason.message(),
-                ms_ceil(at - now)
-            )));
+        if with_calls!(&self.calls, c => c.core.broken().is_none()) {
+            return Ok(());
         }
+        self.reconnect()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reconnect(&mut self) -> Result<(), Status> {
+        let Some(reason) = self.reconnect_due()? else { return Ok(()) };
         self.reconnect_attempts += 1;
         match open(&self.addrs, &self.config) {
             Ok(calls) => {
@@ -162,6 +164,26 @@ impl Inner {
                 )))
             }
         }
+    }
+
+    /// Without connecting: `None` while the session is up; why it broke when a reconnect
+    /// attempt may be made now.
+    ///
+    /// # Errors
+    /// UNAVAILABLE naming why the session broke and when the backoff allows the next attempt.
+    #[cold]
+    fn reconnect_due(&self) -> Result<Option<Status>, Status> {
+        let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(None) };
+        let now = Instant::now();
+        if let Err(at) = self.backoff.check(now) {
+            return Err(Status::unavailable(format!(
+                "the session to {} broke ({}); next reconnect attempt in {} ms",
+                self.peer,
+                reason.message(),
+                ms_ceil(at - now)
+            )));
+        }
+        Ok(Some(reason))
     }
 
     /// What a call of an earlier session gets when polled after the reconnect.
@@ -283,11 +305,19 @@ impl Client {
     ) -> ResponseFuture<'_, Resp> {
         let deadline = opts.timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
-        let r = inner
-            .ensure_session()
-            .and_then(|()| with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false)));
-        let state = match r {
-            Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
+        let due = if with_calls!(&inner.calls, c => c.core.broken().is_none()) {
+            Ok(None)
+        } else {
+            inner.reconnect_due()
+        };
+        let state = match due {
+            Ok(None) => match with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false)) {
+                Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
+                Err(s) => State::Failed(Some(s)),
+            },
+            // The session broke and an attempt is due: the call waits, encoded, and its first
+            // poll reconnects (starting a call never blocks).
+            Ok(Some(_)) => State::Reconnect { method: id, body: req.encode_to_vec(), deadline },
             Err(s) => State::Failed(Some(s)),
         };
         ResponseFuture { client: self, state, _t: PhantomData }
@@ -337,7 +367,16 @@ impl Drop for Client {
 }
 
 enum State {
-    Waiting { epoch: u64, ticket: Ticket },
+    /// Started on a broken session: the first poll reconnects, then starts the call.
+    Reconnect {
+        method: MethodId,
+        body: Vec<u8>,
+        deadline: Option<Instant>,
+    },
+    Waiting {
+        epoch: u64,
+        ticket: Ticket,
+    },
     Failed(Option<Status>),
     Done,
 }
@@ -361,13 +400,28 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        if let State::Reconnect { method, body, deadline } = &this.state {
+            let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            };
+            let r = inner.ensure_session().and_then(|()| {
+                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Encoded(body), *deadline, false))
+            });
+            this.state = match r {
+                Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
+                Err(s) => State::Failed(Some(s)),
+            };
+        }
         match &mut this.state {
             State::Failed(s) => {
                 let s = s.take().unwrap_or_else(|| Status::internal("future polled after completion"));
                 this.state = State::Done;
                 Poll::Ready(Err(s))
             }
-            State::Done => Poll::Ready(Err(Status::internal("future polled after completion"))),
+            State::Done | State::Reconnect { .. } => {
+                Poll::Ready(Err(Status::internal("future polled after completion")))
+            }
             State::Waiting { epoch, ticket } => {
                 let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
                     cx.waker().wake_by_ref();

@@ -122,9 +122,8 @@ pub(crate) struct CallTarget {
 
 /// Given to a handler with each request.
 pub struct RequestContext {
-    pub(crate) method: &'static str,
-    pub(crate) peer: SocketAddr,
-    pub(crate) deadline: Option<Instant>,
+    /// The method, the client and the deadline (read through `Deref`: `ctx.method()`...).
+    pub(crate) info: CallInfo,
     pub(crate) queue: Arc<DeferQueue>,
     pub(crate) target: CallTarget,
     pub(crate) deferred: Cell<bool>,
@@ -136,7 +135,16 @@ pub struct RequestContext {
     pub(crate) stream: Cell<Option<Arc<super::stream::SinkShared>>>,
 }
 
-impl RequestContext {
+/// What a handler knows of its call: the method, the client, the deadline. A [`RequestContext`]
+/// derefs to it; an async handler gets an owned copy (`AsyncContext`).
+#[derive(Clone, Debug)]
+pub struct CallInfo {
+    pub(crate) method: &'static str,
+    pub(crate) peer: SocketAddr,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl CallInfo {
     /// Full name of the called method, `"/package.Service/Method"`.
     pub fn method(&self) -> &str {
         self.method
@@ -147,18 +155,38 @@ impl RequestContext {
         self.peer
     }
 
-    /// When the caller stops waiting (from the call's timeout), if it set one.
+    /// When the caller stops waiting (from the call's timeout), if it set one. An async
+    /// handler's future is dropped then and the call answered DEADLINE_EXCEEDED.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
     }
+}
 
+impl std::ops::Deref for RequestContext {
+    type Target = CallInfo;
+
+    fn deref(&self) -> &CallInfo {
+        &self.info
+    }
+}
+
+/// The text of a caught panic's payload (a `&str` or `String`; empty for anything else).
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+impl RequestContext {
     /// True once the call's deadline has passed: the client has given up (it sent a Cancel) and
     /// the server answers DEADLINE_EXCEEDED itself, so a long handler may stop early. Reads the
     /// clock only for calls with a deadline. A Cancel from the client is handled between handler
     /// runs, so a running inline handler cannot see one; a deferred call asks its
     /// [`Responder::is_cancelled`].
     pub fn is_cancelled(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
+        self.info.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
     /// Defers the answer: returns a [`Responder`] to answer later from any thread, and the marker

@@ -5,9 +5,11 @@
 use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
 use std::sync::Arc;
 
-use crate::session::{BodyRecycler, Complete, RingPiece, Session};
+use crate::session::{BodyRecycler, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
+use crate::status::Code;
+use crate::verbs::rc::Endpoint;
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
-use crate::wire::{Header, Kind, HEADER_LEN};
+use crate::wire::{Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
 
 /// Our receive ring of `len` bytes: behind a type-2 memory window bound to the connection's QP
 /// where the device has them (so a peer can write only its own ring), else the plain MR with a
@@ -148,6 +150,99 @@ impl Outgoing {
             staging.release(s);
         }
     }
+}
+
+/// This end's handshake: its QP's address (`local`), its ring (`(addr, len, rkey)`), and the
+/// limits it offers or grants (`credits`, `eager_threshold`, `max_message` in bytes), the session
+/// id (0 from a client) and the client's auth token (empty from a server).
+pub(crate) fn handshake(
+    local: &Endpoint,
+    ring: (u64, u32, u32),
+    credits: u16,
+    eager_threshold: u32,
+    max_message: u32,
+    session: u32,
+    auth_token: Vec<u8>,
+) -> Handshake {
+    Handshake {
+        version: PROTOCOL_VERSION,
+        qp_num: local.qp_num,
+        psn: local.psn,
+        lid: local.lid,
+        mtu: local.mtu,
+        gid: local.gid,
+        ring_addr: ring.0,
+        ring_len: ring.1,
+        ring_rkey: ring.2,
+        credits,
+        eager_threshold,
+        max_message,
+        session,
+        auth_token,
+    }
+}
+
+impl Queued for Outgoing {
+    fn header(&self) -> &Header {
+        &self.header
+    }
+    fn body_len(&self) -> usize {
+        self.len as usize
+    }
+    fn untouched(&self) -> bool {
+        self.sent == 0
+    }
+}
+
+/// Posts what waits in `outbox` (the session's order and checks: [`Outbox::front`]) while send
+/// buffers and ring space allow; a body larger than what the ring has free goes in pieces.
+/// `on_sent(header, status, body_len)` for each message posted whole (an error answer with its
+/// status and length 0), `on_late(header)` for each second answer to one call, dropped. Returns
+/// whether anything was posted.
+pub(crate) fn send_waiting<P: Provider>(
+    conn: &mut Conn<P>,
+    outbox: &mut Outbox<Outgoing>,
+    mut on_sent: impl FnMut(&Header, Code, u32),
+    mut on_late: impl FnMut(&Header),
+) -> bool {
+    let mut posted = false;
+    loop {
+        let (status, len) = match outbox.front(&conn.session) {
+            None => break,
+            Some(Front::Late(m)) => {
+                on_late(m.header());
+                if let Waiting::Body(out) = m {
+                    out.discard(&mut conn.staging);
+                }
+                continue;
+            }
+            Some(Front::Refused(out)) => {
+                out.discard(&mut conn.staging);
+                continue;
+            }
+            Some(Front::Send(Waiting::Body(out))) => {
+                let before = out.sent;
+                let done = conn.send_outgoing(out);
+                posted |= out.sent != before;
+                if !done {
+                    break;
+                }
+                (Code::Ok, out.len)
+            }
+            Some(Front::Send(Waiting::Error(h, s))) => {
+                let Some(mut buf) = conn.acquire() else { break };
+                let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
+                let body = conn.copy_eager(&mut buf, s.message().as_bytes());
+                conn.queue(buf, Header { status, ..*h }, body);
+                (status, 0)
+            }
+        };
+        if let Some(m) = outbox.sent(&mut conn.session) {
+            on_sent(m.header(), status, len);
+        }
+        posted = true;
+    }
+    posted
 }
 
 /// A connection's resources. Field order is drop order: the receive ring's memory window goes

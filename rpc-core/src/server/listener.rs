@@ -26,7 +26,7 @@ use crate::control::Liveness;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, staging_len, Conn,
+    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, srq_need, staging_len, Conn,
 };
 use crate::endpoint::counters::SharedCounters;
 use crate::session::{Role, Session, SessionParams};
@@ -34,9 +34,7 @@ use crate::status::Status;
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
-use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
-};
+use crate::wire::{read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME};
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_FAILED, BIND_PENDING};
 
@@ -479,22 +477,7 @@ impl<P: Provider> Listener<P> {
         };
         let local = conn.1;
         let session = conn.0.session.params().id;
-        let reply = Handshake {
-            version: PROTOCOL_VERSION,
-            qp_num: local.qp_num,
-            psn: local.psn,
-            lid: local.lid,
-            mtu: local.mtu,
-            gid: local.gid,
-            ring_addr: conn.2 .0,
-            ring_len: conn.2 .1,
-            ring_rkey: conn.2 .2,
-            credits,
-            eager_threshold: eager,
-            max_message,
-            session,
-            auth_token: Vec::new(),
-        };
+        let reply = handshake(&local, conn.2, credits, eager, max_message, session, Vec::new());
         w.sessions.fetch_add(1, Ordering::Relaxed);
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::codegen::Service;
 use crate::config::PollingPolicy;
 use crate::dispatch::registry::Registry;
+use crate::dispatch::service::Service;
 use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::transport::Transport;
 use crate::verbs::VerbsError;

@@ -1,10 +1,14 @@
-//! Per-connection protocol state, sans-IO: credits, call slots with generations, the producer
-//! state of the peer's ring and the consumer state of our own, the reassembly of bodies that
-//! arrive through the ring, and the life of calls and of the peer (cancel, server-side deadlines,
-//! the idle probe; see [`lifecycle`]). No verbs and no clock: inputs are received headers
-//! (`handle_header`), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
-//! outputs are placements, header fields to send, control messages to send (`next_control`),
-//! events (`poll_event`) and complete messages.
+//! Per-connection protocol state and policy, sans-IO, as quinn-proto's `Connection`: the one
+//! home of the protocol's rules for both ends, which the client and the server workers drive.
+//! Credits; the client's call slots with generations and what its requests carry, when a Cancel
+//! may go and the abandon cap (`calls.rs`); the order of waiting messages and what never goes
+//! ([`Outbox`]); the producer state of the peer's ring and the consumer state of our own; the
+//! reassembly of bodies that arrive through the ring; and the life of calls and of the peer
+//! (cancel, server-side deadlines, the idle probe; see [`lifecycle`]). No verbs and no clock:
+//! inputs are received headers (`handle_header`), completions of what was posted
+//! ([`Outbox::sent`]), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
+//! outputs are placements, headers to send (`next_request`, `next_control`), answers
+//! ([`Event::answer`]), events (`poll_event`) and complete messages.
 //!
 //! Ring bodies are untrusted while they sit in the ring (the peer can write it at any time), so the
 //! receiver copies every ring body out once, into a buffer this session owns, and frees its ring
@@ -13,14 +17,18 @@
 //! most a quarter of the ring ([`Session::next_piece`]), pipelined: the receiver copies one piece
 //! out while the next is written.
 
+mod calls;
 pub mod lifecycle;
+mod outbox;
 mod recycle;
 mod ring;
 mod slots;
 mod stream;
 
+pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
 use lifecycle::{Liveness, Unanswered};
+pub use outbox::{Front, Outbox, Queued, Waiting};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -156,11 +164,15 @@ pub struct Session {
     /// Open streams and their credits.
     streams: Streams,
     liveness: Liveness,
+    /// Client: the call slots and what the calls go out with ([`calls`]).
+    calls: calls::Calls,
     /// Ring messages being received (at most `max_held`, bounded by credits or the window).
     assemblies: Vec<Assembly>,
     /// Buffers of earlier ring messages, to copy the next ones into.
     recycler: std::sync::Arc<BodyRecycler>,
     closed: bool,
+    /// Ring space was freed since [`Session::take_ring_return`] was last asked.
+    ring_freed: bool,
 }
 
 impl Session {
@@ -179,6 +191,12 @@ impl Session {
             controls: VecDeque::with_capacity(params.max_held.max(usize::from(params.credits))),
             streams: Streams::new(u32::from(params.credits).min(MAX_STREAM_BUDGET)),
             liveness: Liveness::new(None),
+            calls: match role {
+                Role::Client => {
+                    calls::Calls::new(params.max_held.min(usize::from(u16::MAX)) as u16, params.credits)
+                }
+                Role::Server => calls::Calls::new(1, 1),
+            },
             assemblies: Vec::new(),
             // Spare buffers for the bodies that may be held at once, received or waiting to be
             // sent: at most our ring's length plus one largest message together (fresh memory
@@ -188,6 +206,7 @@ impl Session {
                 (params.own_ring_len as usize).saturating_add(params.max_message as usize),
             ),
             closed: false,
+            ring_freed: false,
         }
     }
 
@@ -231,15 +250,13 @@ impl Session {
     /// something from the peer): the earliest deadline of an unanswered call, or of the probe.
     pub fn poll_timeout(&self, waiting: bool) -> Option<Instant> {
         let calls = self.unanswered.iter().filter(|c| !c.ended).filter_map(|c| c.deadline).min();
-        match (calls, self.liveness.next(waiting)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [calls, self.liveness.next(waiting), self.calls.next_timeout()].into_iter().flatten().min()
     }
 
     /// Applies the passage of time up to `now`. `waiting`: this end expects something from the
     /// peer (client: calls on the wire; server: unanswered calls). Expired calls and a dead peer
-    /// become [`Event`]s; a due probe becomes a Ping in [`Session::next_control`].
+    /// become [`Event`]s, and so does the abandon cap's watch when no acknowledgement came
+    /// ([`Event::Unacknowledged`]); a due probe becomes a Ping in [`Session::next_control`].
     pub fn handle_timeout(&mut self, now: Instant, waiting: bool) {
         for c in self.unanswered.iter_mut().filter(|c| !c.ended) {
             if c.deadline.is_some_and(|d| d <= now) {
@@ -249,6 +266,9 @@ impl Session {
         }
         if let Some(silent) = self.liveness.check(now, waiting) {
             self.events.push_back(Event::PeerDead { silent });
+        }
+        if let Some(e) = self.calls.check(now) {
+            self.events.push_back(e);
         }
     }
 
@@ -388,14 +408,43 @@ impl Session {
     /// placed copied out and freed, it sees more than three quarters of the ring free, room for
     /// any piece; and its pieces still in flight bring their headers, after which this is asked
     /// again.
+    ///
+    /// Drivers ask [`Session::take_ring_return`], which also knows whether the peer can be
+    /// waiting for the space.
     pub fn ring_return_due(&self) -> bool {
         let unreported = self.consumer.unreported();
         unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty())
     }
 
+    /// Whether ring space was freed since [`Session::take_ring_return`] was last asked (inlined:
+    /// the drivers' fast check before posting).
+    #[inline]
+    pub fn ring_freed(&self) -> bool {
+        self.ring_freed
+    }
+
+    /// Whether a RingReturn message should be posted now for the ring space freed since this was
+    /// last asked (the flag is cleared either way: a later message carries the head). The peer
+    /// needs our ring only to send into it: a server answers only calls in flight, so a client
+    /// with none in flight and nothing arriving in pieces lets its next request carry the head;
+    /// a client may start a call at any time, so a server tells it whenever
+    /// [`Session::ring_return_due`].
+    #[inline]
+    pub fn take_ring_return(&mut self) -> bool {
+        if !std::mem::take(&mut self.ring_freed) {
+            return false;
+        }
+        let peer_may_send = match self.role {
+            Role::Server => true,
+            Role::Client => self.calls.slots.in_flight() > 0 || !self.assemblies.is_empty(),
+        };
+        peer_may_send && self.ring_return_due()
+    }
+
     /// Releases a ring body (frees it, in order).
     pub fn release(&mut self, token: RingToken) {
         self.consumer.release(token);
+        self.ring_freed = true;
     }
 
     /// Validates a decoded header against the session state and applies it: its piggy-backed
@@ -732,6 +781,7 @@ impl Session {
     /// message cannot be trusted): close the connection.
     pub fn piece_done(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
         self.consumer.release(piece.token);
+        self.ring_freed = true;
         let a = &self.assemblies[piece.assembly];
         if a.body.len() > a.header.total_len as usize {
             return Err("ring piece copied past its message's total_len");

@@ -5,8 +5,12 @@
 //! the CQ in batches → handle receives (handlers run inline) → post each connection's sends with
 //! one doorbell (selective signaling) → repost receive buffers in batches → idle per policy.
 //! Other threads talk to a worker only through bounded crossbeam queues.
+//!
+//! A driver of its sessions: it does the IO (polls, runs handlers, posts WRs) and asks the
+//! session what a received header, a completion or a timer means and what may go now: answers
+//! leave in order through the session's [`Outbox`] (a second answer to one call is dropped
+//! there), and a cancelled or expired call gets the answer [`Event::answer`] names.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -16,14 +20,16 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 
 use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
-use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
-use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::dispatch::reply::{
+    panic_text, CallInfo, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
+};
+use crate::dispatch::service::Body;
 use crate::dispatch::stream::SinkShared;
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
-use crate::session::Event;
+use crate::session::{Event, Outbox, Waiting};
 use crate::status::{Code, Status};
 use crate::verbs::{
     CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
@@ -96,34 +102,15 @@ enum Received {
     Owned(Vec<u8>),
 }
 
-/// An answer waiting for a send buffer or ring space: a body on the heap (sent whole or in
-/// pieces), or an error status.
-enum Spill {
-    Body(Outgoing),
-    Error(Header, Status),
-}
+/// A message waiting in a session's outbox: a body on the heap or in the staging area (sent
+/// whole or in pieces), or an error status.
+type Spill = Waiting<Outgoing>;
 
-impl Spill {
-    fn new(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
-        match body {
-            Ok(b) => Spill::Body(Outgoing::new(header, b)),
-            Err(s) => Spill::Error(header, s),
-        }
-    }
-
-    fn header(&self) -> &Header {
-        match self {
-            Spill::Body(o) => &o.header,
-            Spill::Error(h, _) => h,
-        }
-    }
-
-    /// Nothing of it was queued yet.
-    fn untouched(&self) -> bool {
-        match self {
-            Spill::Body(o) => o.sent == 0,
-            Spill::Error(..) => true,
-        }
+/// An answer or stream message for the outbox: its body, or the error it ends with.
+fn spill(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
+    match body {
+        Ok(b) => Waiting::Body(Outgoing::new(header, b)),
+        Err(s) => Waiting::Error(header, s),
     }
 }
 
@@ -133,8 +120,9 @@ struct Entry<P: Provider> {
     session: u32,
     peer: SocketAddr,
     dirty: bool,
-    ring_return: bool,
-    backlog: VecDeque<Spill>,
+    /// Answers and stream messages waiting for send buffers or ring space, in order (the
+    /// session's rules: [`Outbox`]).
+    backlog: Outbox<Outgoing>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
@@ -214,9 +202,7 @@ impl<P: Provider> Worker<P> {
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx: RequestContext {
-                method: "",
-                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
-                deadline: None,
+                info: CallInfo { method: "", peer: SocketAddr::from(([0, 0, 0, 0], 0)), deadline: None },
                 queue,
                 target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
                 deferred: std::cell::Cell::new(false),
@@ -357,16 +343,8 @@ impl<P: Provider> Worker<P> {
         loop {
             let Some(entry) = self.entries[idx as usize].as_mut() else { return };
             let Some(event) = entry.conn.session.poll_event() else { return };
-            let (call, generation, status) = match event {
-                Event::Cancelled { slot: call, generation } => {
-                    self.counters.cancels += 1;
-                    (call, generation, Status::cancelled("the client cancelled the call"))
-                }
-                Event::Expired { slot: call, generation } => (
-                    call,
-                    generation,
-                    Status::deadline_exceeded("the call's deadline passed before its answer"),
-                ),
+            match event {
+                Event::Cancelled { .. } => self.counters.cancels += 1,
                 Event::PeerDead { silent } => {
                     self.counters.peers_lost += 1;
                     let reason = format!(
@@ -377,12 +355,16 @@ impl<P: Provider> Worker<P> {
                     self.close_entry(idx, &reason, false, true);
                     return;
                 }
-            };
-            if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
+                Event::Expired { .. } | Event::Unacknowledged { .. } => {}
+            }
+            // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
+            let Some((header, status)) = event.answer() else { continue };
+            if let Some(i) =
+                entry.deferred.iter().position(|d| (d.0, d.1) == (header.slot, header.generation))
+            {
                 entry.deferred.swap_remove(i).2.raise();
             }
-            let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
-            entry.backlog.push_back(Spill::Error(header, status));
+            entry.backlog.push(Waiting::Error(header, status));
             self.try_backlog(idx);
         }
     }
@@ -425,13 +407,13 @@ impl<P: Provider> Worker<P> {
                     }
                     let _ = entry.conn.session.stream_send(slot, generation);
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::StreamMsg) };
-                    entry.backlog.push_back(Spill::new(h, Ok(bytes)));
+                    entry.backlog.push(spill(h, Ok(bytes)));
                     st.sink.wake();
                     moved = true;
                 }
                 if let Some(end) = st.sink.take_end() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
-                    entry.backlog.push_back(Spill::new(h, end.map(|()| Vec::new())));
+                    entry.backlog.push(spill(h, end.map(|()| Vec::new())));
                     if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
                         entry.deferred.swap_remove(d);
                     }
@@ -495,8 +477,7 @@ impl<P: Provider> Worker<P> {
             session: nc.session,
             peer: nc.peer,
             dirty: false,
-            ring_return: false,
-            backlog: VecDeque::new(),
+            backlog: Outbox::default(),
             binding: None,
             deferred: Vec::new(),
             streams: Vec::new(),
@@ -596,7 +577,7 @@ impl<P: Provider> Worker<P> {
             method: d.method,
             ..Header::new(Kind::Response)
         };
-        entry.backlog.push_back(Spill::new(header, d.result));
+        entry.backlog.push(spill(header, d.result));
         self.try_backlog(idx);
     }
 
@@ -610,68 +591,31 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Sends spilled and deferred answers of one connection, in order, while send buffers and
-    /// ring space allow (a body larger than what the ring has free goes in pieces).
+    /// ring space allow (a body larger than what the ring has free goes in pieces); what may go
+    /// and what is dropped is the session's rule ([`Outbox::front`]).
     fn try_backlog(&mut self, idx: u16) {
         let Some(entry) = self.entries[idx as usize].as_mut() else { return };
-        let mut sent = false;
-        while let Some(sp) = entry.backlog.front_mut() {
-            let h = *sp.header();
-            if h.kind == Kind::Response
-                && sp.untouched()
-                && !entry.conn.session.is_unanswered(h.slot, h.generation)
-            {
+        let counters = &mut self.counters;
+        let session = entry.session;
+        let mut late = 0;
+        let sent = conn::send_waiting(
+            &mut entry.conn,
+            &mut entry.backlog,
+            |h, status, len| {
+                if h.kind == Kind::Response {
+                    counters.rpcs += 1;
+                    counters.status(status);
+                    counters.bytes_out += u64::from(len);
+                }
+            },
+            |h| {
                 // A second answer to one call (a deferred responder after the handler answered
-                // or panicked): the client has its answer already; sending this one would make it
-                // close the session.
-                tracing::debug!(
-                    session = entry.session,
-                    call_slot = h.slot,
-                    "answer to a call answered already dropped"
-                );
-                self.counters.late_answers += 1;
-                if let Some(Spill::Body(out)) = entry.backlog.pop_front() {
-                    out.discard(&mut entry.conn.staging);
-                }
-                continue;
-            }
-            let over = match sp {
-                Spill::Body(out) => entry.conn.session.check_len(out.len as usize).err(),
-                Spill::Error(..) => None,
-            };
-            if let Some(s) = over {
-                // Too large to send: the caller gets RESOURCE_EXHAUSTED naming the limit instead.
-                if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
-                    out.discard(&mut entry.conn.staging);
-                }
-                continue;
-            }
-            let (status, len) = match sp {
-                Spill::Body(out) => {
-                    let before = out.sent;
-                    let done = entry.conn.send_outgoing(out);
-                    sent |= out.sent != before;
-                    if !done {
-                        break;
-                    }
-                    (Code::Ok, out.len)
-                }
-                Spill::Error(h, s) => {
-                    let Some(mut buf) = entry.conn.acquire() else { break };
-                    let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                    let body = entry.conn.copy_eager(&mut buf, s.message().as_bytes());
-                    entry.conn.queue(buf, Header { status, ..*h }, body);
-                    (status, 0)
-                }
-            };
-            if h.kind == Kind::Response {
-                entry.conn.session.on_answer_for(h.slot, h.generation);
-                self.counters.rpcs += 1;
-                self.counters.status(status);
-                self.counters.bytes_out += u64::from(len);
-            }
-            entry.backlog.pop_front();
-            sent = true;
-        }
+                // or panicked, or after the call was cancelled or expired).
+                tracing::debug!(session, call_slot = h.slot, "answer to a call answered already dropped");
+                late += 1;
+            },
+        );
+        self.counters.late_answers += late;
         if sent {
             self.mark_dirty(idx);
         }
@@ -682,8 +626,7 @@ impl<P: Provider> Worker<P> {
             let tag = self.tag(idx);
             let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
             entry.dirty = false;
-            if entry.ring_return {
-                entry.ring_return = false;
+            if entry.conn.session.take_ring_return() {
                 entry.conn.queue_ring_return();
             }
             entry.conn.queue_controls();
@@ -785,8 +728,8 @@ impl<P: Provider> Worker<P> {
             Some(piece) => {
                 self.recv.repost(buf);
                 let done = entry.conn.take_piece(piece);
-                // The freed ring space travels back on the answer, or in a credit message.
-                entry.ring_return = true;
+                // The freed ring space travels back on the answer, or in a RingReturn
+                // (`Session::take_ring_return`).
                 match done {
                     Ok(Some(c)) => (c.header, Received::Owned(c.body)),
                     Ok(None) => {
@@ -839,9 +782,9 @@ impl<P: Provider> Worker<P> {
         let deadline = live.deadline;
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
-        ctx.method = found.map_or("", |f| f.1);
-        ctx.peer = entry.peer;
-        ctx.deadline = deadline;
+        ctx.info.method = found.map_or("", |f| f.1);
+        ctx.info.peer = entry.peer;
+        ctx.info.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
         ctx.cancel_flag.set(None);
@@ -878,11 +821,7 @@ impl<P: Provider> Worker<P> {
                 Some((svc, name)) => {
                     let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
                     if let Err(p) = r {
-                        let what = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
+                        let what = panic_text(&*p);
                         tracing::warn!(method = name, panic = %what, "handler panicked");
                         out.error(Status::internal(format!("handler of {name} panicked: {what}")));
                     }
@@ -905,7 +844,6 @@ impl<P: Provider> Worker<P> {
             counters.rpcs += 1;
             counters.status(status);
         };
-        let mut queued = false;
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 if let Some(b) = b {
@@ -929,14 +867,12 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, header, BodyAt::Eager(n));
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
-                queued = true;
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
                 entry.conn.queue(b, header, BodyAt::Ring { offset, len });
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, len, counters);
-                queued = true;
                 None
             }
             (Outcome::Error(s), Some(mut b)) => {
@@ -945,7 +881,6 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, Header { status, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
-                queued = true;
                 None
             }
             (Outcome::Unset, Some(mut b)) => {
@@ -953,7 +888,6 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, Header { status: Code::Internal, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Internal, 0, counters);
-                queued = true;
                 None
             }
             (Outcome::Staged { offset, len }, b) => {
@@ -962,11 +896,10 @@ impl<P: Provider> Worker<P> {
                 }
                 counters.ring_full_stalls += 1;
                 match entry.conn.staging.commit(offset, len) {
-                    Some(staged) => Some(Spill::Body(Outgoing::staged(header, staged))),
-                    None => Some(Spill::new(
-                        header,
-                        Err(Status::internal("staged answer outside the staging area")),
-                    )),
+                    Some(staged) => Some(Waiting::Body(Outgoing::staged(header, staged))),
+                    None => {
+                        Some(spill(header, Err(Status::internal("staged answer outside the staging area"))))
+                    }
                 }
             }
             (Outcome::Spilled(bytes), b) => {
@@ -974,21 +907,17 @@ impl<P: Provider> Worker<P> {
                     entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(Spill::new(header, Ok(bytes)))
+                Some(spill(header, Ok(bytes)))
             }
-            (Outcome::Eager(n), None) => Some(Spill::new(header, Ok(scratch[..n as usize].to_vec()))),
-            (Outcome::Error(s), None) => Some(Spill::new(header, Err(s))),
+            (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
+            (Outcome::Error(s), None) => Some(spill(header, Err(s))),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
-                Some(Spill::new(header, Err(Status::internal("handler returned no answer"))))
+                Some(spill(header, Err(Status::internal("handler returned no answer"))))
             }
         };
         let had_backlog = !entry.backlog.is_empty();
         if let Some(spill) = spilled {
-            entry.backlog.push_back(spill);
-        }
-        if queued && entry.conn.session.unreported_ring_bytes() == 0 {
-            // The answer carried the freed ring head.
-            entry.ring_return = false;
+            entry.backlog.push(spill);
         }
         if !had_backlog && !entry.backlog.is_empty() {
             self.try_backlog(idx);
