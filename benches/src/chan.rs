@@ -59,7 +59,8 @@ pub fn run_client(
         .client(client.clone())
         .dispatchers(dispatchers as usize)
         .queue_depth((4 * concurrency as usize).max(64))
-        .spins(if args.poll == PollKind::Busy { u32::MAX } else { 1000 });
+        .spins(if args.poll == PollKind::Busy { u32::MAX } else { 1000 })
+        .poll_spin(std::time::Duration::from_micros(args.poll_spin));
     let rt = if args.rt_threads == 1 {
         tokio::runtime::Builder::new_current_thread().enable_all().build()
     } else {
@@ -77,6 +78,7 @@ pub fn run_client(
     let extra = vec![
         ("Runtime", format!("tokio, {} worker thread(s)", args.rt_threads)),
         ("Dispatchers", dispatchers.to_string()),
+        ("Poll spin", format!("{}[usec]", args.poll_spin)),
     ];
     let timed = test == TestKind::ChanLat;
     let what = if timed {

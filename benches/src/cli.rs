@@ -100,6 +100,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dispatchers: u32,
 
+    /// chan_lat / chan_bw: how long a call's poll may drive the channel's session waiting for
+    /// its reply, in µs (`ChannelConfig::poll_spin`; 0: one step per poll, the dispatcher
+    /// threads do the waiting).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub poll_spin: u64,
+
     /// Outstanding WRITEs of write_bw, in WQEs (perftest's -t).
     #[arg(short = 't', long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=15000))]
     pub tx_depth: u32,
