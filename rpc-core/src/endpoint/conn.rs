@@ -526,7 +526,7 @@ mod tests {
                 let piece = pipeline_split(len, floor);
                 let count = len.div_ceil(piece);
                 let last = len - (count - 1) * piece;
-                assert!(count >= 2 && count <= PIPELINE_PIECES, "{len} B, floor {floor}: {count} pieces");
+                assert!((2..=PIPELINE_PIECES).contains(&count), "{len} B, floor {floor}: {count} pieces");
                 assert!(piece >= floor && piece % 64 == 0, "{len} B, floor {floor}: pieces of {piece}");
                 assert!(
                     last > 0 && last + 64 * count >= piece,
