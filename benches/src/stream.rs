@@ -68,8 +68,10 @@ pub fn run_client(
     drop(client);
     rpc::finish(ch, sink)?;
     println!(
-        " client counters: rpcs {}, credit stalls {}, RNR events {}",
-        c.rpcs, c.credit_stalls, c.rnr_events
+        " client counters: rpcs {}, credit stalls {}; sim RNR waits {}",
+        c.rpcs,
+        c.credit_stalls,
+        rpc_core::verbs::sim::stats().rnr_stalls
     );
     Ok(())
 }
