@@ -11,10 +11,11 @@
 //! they are polled: the session is "owed" to them) or wakes the dispatcher thread
 //! ([`Inner::want_driver`]).
 //!
-//! The dispatcher thread, once woken, drives while there is work and no caller drives: with
-//! nothing to do it spins (`spins` empty loops), then, with calls in flight, waits per the polling
-//! policy (`Event`: arms the CQ and blocks on its completion channel, at most 1 ms at a time),
-//! and parks when nothing is in flight or a caller holds the session.
+//! The dispatcher thread sleeps until a driver leaves work to it (or, after [`PARK`], finds work
+//! stranded). Then it drives while calls are queued or in flight and no caller holds the session:
+//! with nothing to do it spins (`spins` empty loops), then waits per the polling policy (`Event`:
+//! arms the CQ and blocks on its completion channel, at most 1 ms at a time). Once it has woken
+//! tasks it leaves the session to them and sleeps again.
 
 use std::cell::RefCell;
 use std::net::ToSocketAddrs;
