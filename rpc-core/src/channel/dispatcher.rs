@@ -11,10 +11,11 @@
 //! they are polled: the session is "owed" to them) or wakes the dispatcher thread
 //! ([`Inner::want_driver`]).
 //!
-//! The dispatcher thread, once woken, drives while there is work and no caller drives: with
-//! nothing to do it spins (`spins` empty loops), then, with calls in flight, waits per the polling
-//! policy (`Event`: arms the CQ and blocks on its completion channel, at most 1 ms at a time),
-//! and parks when nothing is in flight or a caller holds the session.
+//! The dispatcher thread sleeps until a driver leaves work to it (or, after [`PARK`], finds work
+//! stranded). Then it drives while calls are queued or in flight and no caller holds the session:
+//! with nothing to do it spins (`spins` empty loops), then waits per the polling policy (`Event`:
+//! arms the CQ and blocks on its completion channel, at most 1 ms at a time). Once it has woken
+//! tasks it leaves the session to them and sleeps again.
 
 use std::cell::RefCell;
 use std::net::ToSocketAddrs;
@@ -101,6 +102,10 @@ pub(crate) struct Inner {
     space_wanted: AtomicBool,
     /// How long a caller's poll drives the session waiting for an imminent reply.
     pub(crate) poll_spin: Duration,
+    /// Calls started (encoded into registered memory and posted) by a caller's poll, and by
+    /// the dispatcher thread.
+    pub(crate) started_by_callers: AtomicU64,
+    started_by_thread: AtomicU64,
 }
 
 thread_local! {
@@ -159,7 +164,7 @@ impl Inner {
         let mut since: Option<Instant> = None;
         let mut spins = 0u32;
         loop {
-            let work = d.step(self);
+            let work = d.step(self, true);
             drove.work += work;
             if done() || (others_first && d.woken() > 0) || !d.has_work() {
                 break;
@@ -204,6 +209,11 @@ impl Inner {
     pub(crate) fn counters(&self) -> Counters {
         let g = self.session.lock().unwrap_or_else(|e| e.into_inner());
         g.as_ref().map(|d| with_any_core!(&d.core, c => c.counters.clone())).unwrap_or_default()
+    }
+
+    /// Calls started by callers' polls and by the dispatcher thread.
+    pub(crate) fn started(&self) -> (u64, u64) {
+        (self.started_by_callers.load(Ordering::Relaxed), self.started_by_thread.load(Ordering::Relaxed))
     }
 
     /// Registers `waker` to be woken when a driver takes calls out of the queue.
@@ -272,6 +282,8 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         space: Mutex::new(Vec::new()),
         space_wanted: AtomicBool::new(false),
         poll_spin: setup.poll_spin,
+        started_by_callers: AtomicU64::new(0),
+        started_by_thread: AtomicU64::new(0),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -333,8 +345,8 @@ impl Driver {
     /// finished calls handed over (their wakers collected, see [`Driver::take_wakers`]),
     /// cancelled ones released, deadlines looked at now and then. Returns the work done (calls
     /// started + completions).
-    fn step(&mut self, inner: &Inner) -> usize {
-        let mut work = self.take_calls(inner);
+    fn step(&mut self, inner: &Inner, by_caller: bool) -> usize {
+        let mut work = self.take_calls(inner, by_caller);
         let completions = with_any_core!(&mut self.core, c => c.dispatch_step());
         work += completions;
         let cancels = inner.cancels.load(Ordering::Acquire);
@@ -372,8 +384,9 @@ impl Driver {
     }
 
     /// Starts queued calls while the session has slots; one doorbell for all of them.
-    fn take_calls(&mut self, inner: &Inner) -> usize {
+    fn take_calls(&mut self, inner: &Inner, by_caller: bool) -> usize {
         let mut n = 0;
+        let before = self.in_flight.len();
         while with_any_core!(&self.core, c => c.has_free_slot()) {
             let Some(job) = inner.queue.pop() else { break };
             n += 1;
@@ -386,6 +399,9 @@ impl Driver {
             }
         }
         if n > 0 {
+            let started = (self.in_flight.len() - before) as u64;
+            let by = if by_caller { &inner.started_by_callers } else { &inner.started_by_thread };
+            by.fetch_add(started, Ordering::Relaxed);
             // The doorbell for the batch rings in the progress step that follows.
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.wake_space_waiters();
@@ -450,49 +466,50 @@ struct Dispatcher {
 /// most this).
 const PARK: Duration = Duration::from_millis(50);
 
-/// Empty loops with nothing in flight before the dispatcher thread parks (callers drive the
-/// session themselves, so it need not stay up for the next call).
-const IDLE_SPINS: u32 = 256;
-
 impl Dispatcher {
     fn run(self) {
         let inner = &*self.inner;
-        let mut empty: u32 = 0;
-        // Parked once because the tasks were driving the session (`owed`): if it is still owed
-        // when we wake without being wanted, the baton was lost and we drive.
-        let mut deferred = false;
         while !inner.stop.load(Ordering::Acquire) {
-            let Some(mut g) = inner.try_session() else {
-                // A caller drives the session; whoever leaves work wants us back.
-                self.park();
-                empty = 0;
-                continue;
-            };
+            // Callers drive their own calls: the thread sleeps until one leaves work to it (or,
+            // as a safety net, finds work after PARK: a session left to tasks never polled).
+            let wanted = self.park();
+            let stranded = !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
+            if wanted || stranded {
+                self.drive();
+            }
+        }
+        let mut g = inner.session.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut d) = g.take() {
+            d.shut_down(inner);
+        }
+    }
+
+    /// Drives the session until nothing is queued or in flight, a caller holds it, or the
+    /// tasks woken last are to drive it (`owed`): busy-polls, then after `spins` empty loops
+    /// waits per the polling policy.
+    fn drive(&self) {
+        let inner = &*self.inner;
+        let mut empty: u32 = 0;
+        while !inner.stop.load(Ordering::Acquire) {
+            // A caller holding the session leaves it to someone when it lets go.
+            let Some(mut g) = inner.try_session() else { return };
             let d = g.as_mut().expect("checked by try_session");
-            let work = d.step(inner);
-            let busy = d.has_work();
+            let work = d.step(inner, false);
+            let busy = d.has_work() || !inner.queue.is_empty();
             let batch = d.take_wakers();
             drop(g);
+            let woke = !batch.is_empty();
             wake_all(batch);
+            if !busy {
+                return;
+            }
+            if woke {
+                // The tasks just woken drive it when polled (each poll of a call takes the
+                // session if it is owed); they want us back if they leave work.
+                inner.owed.store(true, Ordering::SeqCst);
+                return;
+            }
             if work > 0 {
-                empty = 0;
-                deferred = false;
-                continue;
-            }
-            if !busy && inner.queue.is_empty() {
-                // Nothing to do: a short spin, then sleep until a caller wants us.
-                empty = empty.saturating_add(1);
-                if empty < self.spins.min(IDLE_SPINS) {
-                    std::hint::spin_loop();
-                } else {
-                    self.park();
-                    empty = 0;
-                }
-                continue;
-            }
-            if inner.is_owed() && !deferred {
-                // The tasks that were woken drive the session when polled.
-                deferred = !self.park();
                 empty = 0;
                 continue;
             }
@@ -505,7 +522,7 @@ impl Dispatcher {
                 PollingPolicy::Busy => std::hint::spin_loop(),
                 PollingPolicy::SpinThenYield { .. } => std::thread::yield_now(),
                 _ => {
-                    let Some(mut g) = inner.try_session() else { continue };
+                    let Some(mut g) = inner.try_session() else { return };
                     let d = g.as_mut().expect("checked by try_session");
                     with_any_core!(&mut d.core, c => c.wait_cq(EVENT_WAIT));
                     // After each wait: deadlines too.
@@ -515,10 +532,6 @@ impl Dispatcher {
                     wake_all(batch);
                 }
             }
-        }
-        let mut g = inner.session.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut d) = g.take() {
-            d.shut_down(inner);
         }
     }
 

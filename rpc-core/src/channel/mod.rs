@@ -304,6 +304,14 @@ impl Channel {
         self.shared.dispatchers.iter().map(|d| d.in_flight.load(Ordering::Acquire)).sum()
     }
 
+    /// Calls started so far (request encoded into the session's registered memory and posted)
+    /// by the polls of calls on the callers' threads, and by the dispatcher threads, over all
+    /// dispatchers. With the session free, a call's own poll starts it (no hop between threads);
+    /// a dispatcher thread starts the calls queued while it drives a wait no caller stayed for.
+    pub fn calls_started(&self) -> (u64, u64) {
+        self.shared.dispatchers.iter().map(|d| d.started()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
     /// The counters of the channel's sessions, summed (RPCs, bytes, stalls, cancels, status
     /// codes...). Waits for a session another thread is driving (at most about one
     /// completion-event wait, 1 ms): for monitoring, not for a hot path.
