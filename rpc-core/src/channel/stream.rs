@@ -193,6 +193,10 @@ where
         }
     }
 
+    fn release(&self, _wakers: &mut Vec<std::task::Waker>) {
+        // The end woke both halves when it was stored (`StreamState::end`).
+    }
+
     fn fail(&self, status: Status) {
         self.state.end(Err(status));
     }
@@ -214,7 +218,8 @@ impl Poke {
     fn poke(&self) {
         let d = &self.shared.dispatchers[self.dispatcher];
         d.cancels.fetch_add(1, Ordering::AcqRel);
-        d.wake();
+        // A stream's futures do not drive the session themselves: the dispatcher thread does.
+        d.want_driver();
     }
 }
 
@@ -246,7 +251,9 @@ impl Channel {
                 "the dispatcher's queue is full (ChannelConfig::queue_depth): the stream was not started",
             )));
         }
-        (state, Poke { shared: self.shared.clone(), dispatcher })
+        let poke = Poke { shared: self.shared.clone(), dispatcher };
+        poke.poke();
+        (state, poke)
     }
 
     /// Opens a server stream: sends `req` to method `id` (a server-streaming method; generated
@@ -369,6 +376,7 @@ impl<Req: Message> StreamSender<Req> {
                 // Room may come between the failed push and the registration: look once more.
                 out.out().waker.register(cx.waker());
             }
+            poke.poke();
             Poll::Pending
         })
         .await
@@ -436,12 +444,15 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
             }
             self.state.inb.waker.register(cx.waker());
         }
+        // Nothing here: make sure the dispatcher drives the session meanwhile.
+        self.poke.poke();
         Poll::Pending
     }
 
     /// Awaits the answer of a client stream (its end carries it).
     async fn answer(&mut self) -> Result<Resp, Status> {
         let state = self.state.clone();
+        let poke = self.poke.clone();
         let r = std::future::poll_fn(|cx| {
             for _ in 0..2 {
                 if state.inb.ended.load(Ordering::Acquire) {
@@ -456,6 +467,7 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
                 }
                 state.inb.waker.register(cx.waker());
             }
+            poke.poke();
             Poll::Pending
         })
         .await;

@@ -32,7 +32,7 @@ use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{
-    CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion,
+    CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WorkCompletion,
 };
 use crate::wire::{read_frame, write_frame, Frame, FrameError, Header, Kind, HEADER_LEN, MAX_CREDITS};
 
@@ -113,6 +113,10 @@ pub(crate) struct ClientCore<P: Provider> {
     idle: Idle,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
+    /// The last [`StartMode::NoWait`] start gave up on a body that found the server's ring full,
+    /// its stall counted (`ring_full_stalls`): the call queue starts that same call again (its
+    /// head; see `super::queue`), and the retries are not counted as stalls again.
+    unplaced_stall: bool,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -335,6 +339,7 @@ impl<P: Provider> ClientCore<P> {
             idle: Idle::new(cfg.polling),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
+            unplaced_stall: false,
             peer,
             _dev: dev,
         })
@@ -387,7 +392,8 @@ impl<P: Provider> ClientCore<P> {
             return Err(s);
         }
         let eager = len <= self.conn.session.params().eager_threshold as usize;
-        let mut stalled = false;
+        // A retry of the body whose stall was counted already does not count it again.
+        let mut stalled = std::mem::take(&mut self.unplaced_stall);
         let body = loop {
             if let Some(body) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
                 break body;
@@ -404,6 +410,7 @@ impl<P: Provider> ClientCore<P> {
                 break PendingBody::Heap(v);
             }
             if !blocking {
+                self.unplaced_stall = stalled;
                 return Ok(None);
             }
             self.wait_step(deadline)?;
@@ -635,9 +642,6 @@ impl<P: Provider> ClientCore<P> {
     fn on_completion(&mut self, wc: &WorkCompletion) {
         if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
             if !wc.status.is_success() {
-                if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
-                    self.counters.rnr_events += 1;
-                }
                 self.break_conn(unavailable(format!("send failed ({}): the server is gone", wc.status)));
                 return;
             }

@@ -136,9 +136,6 @@ impl Session {
     #[inline(always)]
     pub fn next_request(&mut self, now: impl FnOnce() -> Instant) -> Option<Header> {
         // Inlined into the driver's loop: usually nothing waits, and that costs two compares.
-        if !self.calls.slots.has_sendable() {
-            return None;
-        }
         let (slot, generation) = self.calls.slots.next_sendable()?;
         let m = self.calls.meta[slot as usize];
         let timeout_us = m.deadline.map_or(0, |d| {

@@ -155,12 +155,6 @@ impl<T> CallSlots<T> {
         Some((slot, s.generation))
     }
 
-    /// Whether a queued call may go on the wire now ([`CallSlots::next_sendable`] would give one).
-    #[inline]
-    pub fn has_sendable(&self) -> bool {
-        self.in_flight < self.credits && !self.queue.is_empty()
-    }
-
     /// True when calls wait and every credit is in use.
     pub fn credit_stalled(&self) -> bool {
         !self.queue.is_empty() && self.in_flight >= self.credits

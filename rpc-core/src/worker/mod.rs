@@ -61,6 +61,15 @@ pub(crate) const BIND_DONE: u8 = 1;
 /// [`NewConn::bound`]: the bind failed; the session is closed.
 pub(crate) const BIND_FAILED: u8 = 2;
 
+impl<P: Provider> WorkerShared<P> {
+    /// Tells the listener to look at `closed` and at the binds of its pending handshakes.
+    pub(crate) fn wake_listener(&self) {
+        if let Err(e) = self.listener.wake() {
+            tracing::warn!(worker = self.index, error = %e, "waking the listener failed; it looks at its next tick");
+        }
+    }
+}
+
 /// A connection handed from the listener to a worker.
 pub(crate) struct NewConn<P: Provider> {
     pub(crate) conn: Conn<P>,
@@ -92,6 +101,9 @@ pub(crate) struct WorkerShared<P: Provider> {
     pub(crate) srq_reserved: AtomicU32,
     /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
     pub(crate) closed: Arc<ArrayQueue<u32>>,
+    /// Wakes the listener: a session in `closed`, or a window bind that completed or failed (the
+    /// listener answers the handshake then).
+    pub(crate) listener: Arc<mio::Waker>,
     pub(crate) pd: P::ProtectionDomain,
     pub(crate) cq: P::CompletionQueue,
     pub(crate) srq: P::SharedReceiveQueue,
@@ -121,6 +133,8 @@ struct Entry<P: Provider> {
     session: u32,
     peer: SocketAddr,
     dirty: bool,
+    /// In [`Worker::timed`]: the session has unanswered calls (deadlines, the idle probe).
+    timed: bool,
     /// Answers and stream messages waiting for send buffers or ring space, in order (the
     /// session's rules: [`Outbox`]).
     backlog: Outbox<Outgoing>,
@@ -184,6 +198,9 @@ pub(crate) struct Worker<P: Provider> {
     gens: Vec<u16>,
     by_qpn: crate::dispatch::registry::IdMap<u16>,
     dirty: Vec<u16>,
+    /// Sessions whose timers may be armed (unanswered calls: their deadlines, the idle probe while
+    /// waiting for the client); the clock is read for timers only while this is not empty.
+    timed: Vec<u16>,
     counters: Counters,
     scratch: Vec<u8>,
     ctx: RequestContext,
@@ -213,6 +230,7 @@ impl<P: Provider> Worker<P> {
             gens: vec![0; n],
             by_qpn,
             dirty: Vec::with_capacity(n),
+            timed: Vec::with_capacity(n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx: RequestContext {
@@ -291,13 +309,15 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
-            // Timers: the clock is read rarely (every few dozen empty polls, every thousand busy
-            // iterations), the sessions are visited once per tick.
-            let check = if n > 0 {
-                iterations % TIMER_CHECK_BUSY == 0
-            } else {
-                idle.empty_polls() % TIMER_CHECK_IDLE == 0
-            };
+            // Timers: the clock is read only while a session has unanswered calls, and then rarely
+            // (every few dozen empty polls, every thousand busy iterations); the sessions with
+            // unanswered calls are visited once per tick.
+            let check = !self.timed.is_empty()
+                && if n > 0 {
+                    iterations % TIMER_CHECK_BUSY == 0
+                } else {
+                    idle.empty_polls() % TIMER_CHECK_IDLE == 0
+                };
             if check {
                 let now = Instant::now();
                 if now >= next_tick {
@@ -334,13 +354,26 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
-    /// idle probe) and acts on what expired.
+    /// idle probe) and acts on what expired. Sessions whose calls are all answered leave
+    /// [`Worker::timed`] (with no unanswered call a server session has no timer: no deadline to
+    /// enforce, and the idle probe runs only while waiting for the client).
     #[inline(never)]
     fn run_timers(&mut self, now: Instant) {
-        for idx in 0..self.entries.len() as u16 {
-            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+        let mut i = 0;
+        while i < self.timed.len() {
+            let idx = self.timed[i];
+            let Some(entry) = self.entries[idx as usize].as_mut() else {
+                self.timed.swap_remove(i);
+                continue;
+            };
             let session = &mut entry.conn.session;
             let waiting = session.unanswered() > 0;
+            if !waiting {
+                entry.timed = false;
+                self.timed.swap_remove(i);
+                continue;
+            }
+            i += 1;
             if session.poll_timeout(waiting).is_none_or(|t| t > now) {
                 continue;
             }
@@ -567,6 +600,7 @@ impl<P: Provider> Worker<P> {
             );
             nc.bound.store(BIND_FAILED, Ordering::Release);
             let _ = self.shared.closed.push(nc.session);
+            self.shared.wake_listener();
             self.shared
                 .srq_reserved
                 .fetch_sub(conn::srq_need(nc.conn.session.params().credits), Ordering::Relaxed);
@@ -581,6 +615,7 @@ impl<P: Provider> Worker<P> {
             session: nc.session,
             peer: nc.peer,
             dirty: false,
+            timed: false,
             backlog: Outbox::default(),
             binding: None,
             deferred: Vec::new(),
@@ -594,6 +629,7 @@ impl<P: Provider> Worker<P> {
         if !window {
             self.counters.window_fallbacks += 1;
             nc.bound.store(BIND_DONE, Ordering::Release);
+            self.shared.wake_listener();
         } else {
             let Conn { sq, qp, ring, .. } = &mut entry.conn;
             match sq.bind_window(qp, ring, tag) {
@@ -601,6 +637,7 @@ impl<P: Provider> Worker<P> {
                 Err(e) => {
                     tracing::warn!(worker = self.shared.index, session = nc.session, error = %e, "binding the ring's window failed");
                     nc.bound.store(BIND_FAILED, Ordering::Release);
+                    self.shared.wake_listener();
                     self.close_entry(idx as u16, "binding the ring's window failed", false, true);
                     return;
                 }
@@ -613,8 +650,12 @@ impl<P: Provider> Worker<P> {
     /// close its TCP connection (the client then sees the session gone).
     fn close_entry(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
         let Some(entry) = self.entries.get_mut(idx as usize).and_then(Option::take) else { return };
+        if entry.timed {
+            self.timed.retain(|&i| i != idx);
+        }
         if let Some(b) = &entry.binding {
             b.store(BIND_FAILED, Ordering::Release);
+            self.shared.wake_listener();
         }
         let span = tracing::info_span!("disconnect", worker = self.shared.index, session = entry.session);
         let _entered = span.enter();
@@ -629,6 +670,7 @@ impl<P: Provider> Worker<P> {
         }
         if notify {
             let _ = self.shared.closed.push(entry.session);
+            self.shared.wake_listener();
         }
         self.counters.sessions_closed += 1;
         self.shared
@@ -755,9 +797,6 @@ impl<P: Provider> Worker<P> {
         if let Some((tag, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
             let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
             if !wc.status.is_success() {
-                if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
-                    self.counters.rnr_events += 1;
-                }
                 let reason =
                     if wc.status == WcStatus::IBV_WC_WR_FLUSH_ERR { "QP flushed" } else { "send failed" };
                 tracing::debug!(status = %wc.status, "send completion error");
@@ -767,12 +806,14 @@ impl<P: Provider> Worker<P> {
             entry.conn.pool.retire(usize::from(bufs));
             entry.conn.sq.on_completion(wrs);
             entry.conn.sq.retire_staged(&mut entry.conn.staging);
+            let backlog = !entry.backlog.is_empty();
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
                 if let Some(b) = entry.binding.take() {
                     b.store(BIND_DONE, Ordering::Release);
+                    self.shared.wake_listener();
                 }
             }
-            if !entry.backlog.is_empty() {
+            if backlog {
                 self.try_backlog(idx);
             }
             return;
@@ -797,6 +838,14 @@ impl<P: Provider> Worker<P> {
             return;
         };
         self.on_message(idx, buf, wc.invalidated_rkey.is_some());
+        // A request left unanswered (deferred, streaming, or still arriving in pieces) arms
+        // the session's timers.
+        if let Some(entry) = self.entries[idx as usize].as_mut() {
+            if !entry.timed && entry.conn.session.unanswered() > 0 {
+                entry.timed = true;
+                self.timed.push(idx);
+            }
+        }
     }
 
     fn on_message(&mut self, idx: u16, buf: RecvBuf, invalidated_key: bool) {
