@@ -43,15 +43,6 @@ pub(crate) const PIPELINE_MIN_PIECE: u32 = 64 << 10;
 /// Most pieces a ring body reserved whole is cut into for pipelining.
 pub(crate) const PIPELINE_PIECES: u32 = 4;
 
-/// The piece length [`Conn::queue_pipelined`] cuts a body of `len` bytes into, given the
-/// smallest piece `floor` (`len >= 2 * floor`, `floor >= 64 KiB`): `len / floor` pieces, at most
-/// [`PIPELINE_PIECES`], of equal length rounded up to 64 bytes; the last piece is the rest (a
-/// few bytes shorter, never empty).
-pub(crate) fn pipeline_split(len: u32, floor: u32) -> u32 {
-    let count = (len / floor.max(1)).clamp(1, PIPELINE_PIECES);
-    len.div_ceil(count).next_multiple_of(64).min(len)
-}
-
 /// Smallest eager body area in bytes, so that a status message always fits in one SEND.
 pub(crate) const MIN_BODY_AREA: usize = 256;
 
@@ -331,13 +322,10 @@ impl<P: Provider> Conn<P> {
         (self.session.params().peer_ring_len / crate::session::MAX_PIECES_IN_RING).max(PIPELINE_MIN_PIECE)
     }
 
-    /// Queues a ring body reserved whole at `offset` as consecutive pieces of that range: as
-    /// many pieces of at least [`Conn::pipeline_piece`] as fit, at most [`PIPELINE_PIECES`], of
-    /// equal length (rounded up to a cache line, the last one takes the rest) rather than full
-    /// pieces and a short tail, which would cost a WRITE, a SEND and a receive of its own.
+    /// Queues a ring body reserved whole at `offset` as consecutive pieces of that range.
     #[cold]
     fn queue_pipelined(&mut self, mut buf: SendBuf, h: Header, offset: u32, len: u32) {
-        let piece = pipeline_split(len, self.pipeline_piece());
+        let piece = self.pipeline_piece().max(len.div_ceil(PIPELINE_PIECES));
         let h = Header { total_len: len, ..h };
         let mut done = 0;
         loop {
@@ -527,34 +515,4 @@ pub(crate) fn create_cq<P: Provider>(
     let cq = ctx.create_cq(cqe, events)?;
     debug_assert!(cq.capacity() >= cqe);
     Ok(cq)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{pipeline_split, PIPELINE_MIN_PIECE, PIPELINE_PIECES};
-
-    /// The pieces of a pipelined body: at most PIPELINE_PIECES, every one but the last at least
-    /// the floor, cache-line multiples, and the last one about as long as the others, not a
-    /// tail of a few bytes (1 MiB + 4 bytes in an 8 MiB ring used to go as 512 KiB, 512 KiB
-    /// and 4 bytes: a third WRITE, SEND and receive for nothing).
-    #[test]
-    fn pipelined_bodies_are_cut_into_even_pieces() {
-        let floors = [PIPELINE_MIN_PIECE, 512 << 10, 1 << 20, 4 << 20];
-        for floor in floors {
-            for len in [2 * floor, 2 * floor + 4, 3 * floor - 1, 4 * floor + 7, 9 * floor + 4095, 64 << 20] {
-                if len < 2 * floor {
-                    continue;
-                }
-                let piece = pipeline_split(len, floor);
-                let count = len.div_ceil(piece);
-                let last = len - (count - 1) * piece;
-                assert!((2..=PIPELINE_PIECES).contains(&count), "{len} B, floor {floor}: {count} pieces");
-                assert!(piece >= floor && piece % 64 == 0, "{len} B, floor {floor}: pieces of {piece}");
-                assert!(
-                    last > 0 && last + 64 * count >= piece,
-                    "{len} B, floor {floor}: last piece {last} of {piece}"
-                );
-            }
-        }
-    }
 }
