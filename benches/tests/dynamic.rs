@@ -182,7 +182,7 @@ fn unknown_methods_services_messages_and_bad_json_are_named() {
     assert_eq!(
         out,
         "rpcperf.Bench\n  rpcperf.Bench/Echo(rpcperf.EchoRequest) returns (rpcperf.EchoReply)\n  \
-         rpcperf.Bench/Stream(rpcperf.StreamRequest) returns (stream rpcperf.EchoReply)  [streaming: not callable yet]\n"
+         rpcperf.Bench/Stream(rpcperf.StreamRequest) returns (stream rpcperf.EchoReply)  [streaming: not callable by rpc-perf]\n"
     );
 }
 
