@@ -442,16 +442,23 @@ fn a_stream_message_over_max_message_size_closes_the_offender() {
 #[test]
 fn bidi_send_after_finish_and_finish_twice_are_clear_errors() {
     let (_h, c) = start();
-    let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(DROP_SINK, &CallOptions::default()).unwrap();
+    // HOLD answers only once cancelled: the stream stays open after the finish.
+    let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(HOLD, &CallOptions::default()).unwrap();
+    s.send(&request_msg(0)).unwrap();
     s.finish();
     s.finish();
     let e = s.send(&request_msg(1)).unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
-    // DROP_SINK dropped its sink: a clean end.
+    assert!(e.message().contains("ended (finish)"), "{e}");
+    assert_eq!(s.try_send(&request_msg(2)).unwrap_err().code(), Code::FailedPrecondition);
+    drop(s);
+    // A handler that drops its sink at once: a clean end, then the end again.
+    let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(DROP_SINK, &CallOptions::default()).unwrap();
     assert_eq!(s.message().unwrap(), None);
     assert_eq!(s.message().unwrap(), None, "after the end, the end again");
-    let e = s.send(&request_msg(2)).unwrap_err();
+    let e = s.send(&request_msg(3)).unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    s.finish();
     drop(s);
     check_reply(&c.unary(rpc_support::ECHO, &request_msg(4), &CallOptions::default()).unwrap(), 4, 10);
 }
