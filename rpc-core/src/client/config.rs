@@ -52,7 +52,8 @@ pub struct ClientConfig {
     /// third of it a Ping goes out (again after each further third; a running server answers
     /// with a Pong), after all of it the session closes and its calls end UNAVAILABLE. Catches
     /// a stopped or hung server process, which its NIC still acknowledges. Checked while a call
-    /// polls, every 4096 empty polls. Default 6 s; `None` disables the probe.
+    /// polls: every 4096 empty polls, or every 16 that yield or block. Default 6 s; `None`
+    /// disables the probe.
     ///
     /// The same time bounds the TCP control connection: TCP keepalive (probes from half of it
     /// on) and `TCP_USER_TIMEOUT` make the connection to a server host that vanished (nothing

@@ -44,6 +44,9 @@ const TAG: u32 = 1;
 const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
 const LIVENESS_EVERY: u32 = 4096;
+/// While empty polls yield or block, the timers and the TCP channel are checked every this many
+/// of them instead (a power of two; each such poll already made a system call).
+const LIVENESS_EVERY_SLEPT: u32 = 16;
 
 /// What a response leaves in its slot until the caller takes it.
 #[derive(Debug)]
@@ -812,11 +815,17 @@ impl<P: Provider> ClientCore<P> {
 
     fn pause(&mut self) {
         let cq = &self.cq;
-        self.idle.pause(|| {
+        let slept = self.idle.pause(|| {
             if cq.req_notify(false).is_ok() {
                 let _ = cq.wait(Some(EVENT_WAIT));
             }
         });
+        // A yield or an event wait can last milliseconds (a loaded machine's time slice, a whole
+        // EVENT_WAIT): counted in empty polls alone, LIVENESS_EVERY of them could pass the idle
+        // probe's deadline by seconds. Beside a system call, the check costs nothing more.
+        if slept && self.idle.empty_polls() % LIVENESS_EVERY_SLEPT == 0 {
+            self.check_liveness();
+        }
     }
 
     #[cold]
