@@ -46,7 +46,7 @@ impl Client {
     ) -> Result<BidiStreaming<'_, Req, Resp>, Status> {
         let (call, epoch) = self.open_stream(id, opts, STREAM_IN | STREAM_OUT)?;
         let rx = Streaming { client: self, call, epoch, done: false, _t: PhantomData };
-        Ok(BidiStreaming { rx, finished: false, _t: PhantomData })
+        Ok(BidiStreaming { rx, finished: false, end: None, _t: PhantomData })
     }
 
     /// Sends the (empty) request that opens a stream with `flags`.
@@ -170,6 +170,8 @@ impl<Req, Resp> Drop for ClientStreaming<'_, Req, Resp> {
 pub struct BidiStreaming<'a, Req, Resp> {
     rx: Streaming<'a, Resp>,
     finished: bool,
+    /// The stream's end a send saw first (its deadline): the reading half reports it once.
+    end: Option<Status>,
     _t: PhantomData<fn(Req)>,
 }
 
@@ -197,8 +199,11 @@ impl<Req: Message, Resp: Message + Default> BidiStreaming<'_, Req, Resp> {
             return Err(Status::failed_precondition("the stream is over"));
         }
         let r = self.rx.client.stream_send(self.rx.call, self.rx.epoch, msg, wait);
-        if r.as_ref().is_err_and(|s| s.code() == crate::status::Code::DeadlineExceeded) {
-            self.rx.done = true;
+        if let Err(s) = &r {
+            if s.code() == crate::status::Code::DeadlineExceeded {
+                self.rx.done = true;
+                self.end = Some(s.clone());
+            }
         }
         r
     }
@@ -215,13 +220,20 @@ impl<Req: Message, Resp: Message + Default> BidiStreaming<'_, Req, Resp> {
     /// end (the server finished it with OK).
     ///
     /// # Errors
-    /// As [`Streaming::message`].
+    /// As [`Streaming::message`]; DEADLINE_EXCEEDED (once) when a send saw the stream's deadline
+    /// first: the reading half never takes a deadline for a clean end.
     pub fn message(&mut self) -> Result<Option<Resp>, Status> {
+        if let Some(e) = self.end.take() {
+            return Err(e);
+        }
         self.rx.message()
     }
 
     /// Polls once without blocking: `None` while no message and no end is there.
     pub fn try_message(&mut self) -> Option<Result<Option<Resp>, Status>> {
+        if let Some(e) = self.end.take() {
+            return Some(Err(e));
+        }
         self.rx.try_message()
     }
 }

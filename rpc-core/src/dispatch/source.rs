@@ -34,6 +34,9 @@ pub(crate) struct SourceShared {
     pub(crate) cancelled: CancelFlag,
     /// Messages taken since the worker last returned their credits.
     pub(crate) taken: AtomicU32,
+    /// The handler dropped its [`RequestStream`]: messages arriving from here are dropped and
+    /// their credits returned (else the client's sends stall at the credits forever).
+    pub(crate) dropped: AtomicBool,
     /// A blocked reader's thread, woken when a message or the end arrives.
     waiter: Mutex<Option<Thread>>,
     waiting: AtomicBool,
@@ -50,6 +53,7 @@ impl SourceShared {
             ended: AtomicBool::new(false),
             cancelled: CancelFlag::default(),
             taken: AtomicU32::new(0),
+            dropped: AtomicBool::new(false),
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
             waker: AtomicWaker::new(),
@@ -64,6 +68,13 @@ impl SourceShared {
             if let Some(t) = self.waiter.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 t.unpark();
             }
+        }
+    }
+
+    /// Drops the messages queued, counted as taken (their credits return): the reader is gone.
+    pub(crate) fn drop_queued(&self) {
+        while self.queue.pop().is_some() {
+            self.taken.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -108,6 +119,8 @@ impl SourceShared {
 /// thread (`Send`): [`RequestStream::message`] blocks, [`RequestStream::message_async`] is for a task.
 /// Each message taken returns its stream credit to the client (batched by the worker), so a
 /// handler that stops reading stalls the client's sender at the stream's credit limit.
+/// Dropping it drops the messages queued and every later one, returning their credits: the
+/// client's sends go on until the call's answer.
 pub struct RequestStream<T> {
     shared: Arc<SourceShared>,
     done: bool,
@@ -192,6 +205,15 @@ impl<T: Message + Default> RequestStream<T> {
             }
             None => Poll::Pending,
         }
+    }
+}
+
+impl<T> Drop for RequestStream<T> {
+    fn drop(&mut self) {
+        // The worker checks `dropped` before it queues a message and drops what it queued
+        // once it sees it set, so every message is dropped (and its credit returned) once.
+        self.shared.dropped.store(true, Ordering::Release);
+        self.shared.drop_queued();
     }
 }
 

@@ -454,7 +454,8 @@ impl Session {
     ///
     /// # Errors
     /// A reason when the peer broke the protocol (wrong session id, wrong direction, more requests
-    /// than credits, a ring body out of place, a freed head out of range): close the connection.
+    /// than credits, stream credits beyond
+    /// any stream budget, a ring body out of place, a freed head out of range): close the connection.
     #[inline]
     pub fn handle_header(
         &mut self,
@@ -542,13 +543,23 @@ impl Session {
         };
         match h.kind {
             Kind::Request if first && h.stream != 0 => {
+                if u32::from(h.credits) > MAX_STREAM_BUDGET {
+                    return Err("stream credits beyond any stream budget");
+                }
                 self.open_peer_stream(h, now);
             }
             Kind::StreamMsg if first => self.on_stream_msg(h)?,
             Kind::StreamCredit => {
                 if let Some(i) = self.streams.find(h.slot, h.generation) {
+                    // A consumer never has more than its budget (at most MAX_STREAM_BUDGET)
+                    // granted: more would let the peer make us queue every message our
+                    // application produces while it reads none (unbounded memory).
                     let st = &mut self.streams.list[i];
-                    st.send_credits = st.send_credits.saturating_add(u32::from(h.credits));
+                    let credits = st.send_credits.saturating_add(u32::from(h.credits));
+                    if credits > MAX_STREAM_BUDGET {
+                        return Err("stream credits beyond any stream budget");
+                    }
+                    st.send_credits = credits;
                 }
             }
             Kind::StreamEnd => {

@@ -508,7 +508,8 @@ impl<P: Provider> Worker<P> {
 
     /// A message of the client's stream arrived: it goes to the stream's reader (copied out of
     /// its receive buffer, which goes back at once). A message of a stream with no reader (its
-    /// handler answered, or took no request stream) is dropped and its credit returned.
+    /// handler answered, took no request stream, or dropped it) is dropped and its credit
+    /// returned.
     fn on_stream_msg(&mut self, idx: u16, body: Received, h: Header) {
         let Worker { entries, recv, counters, .. } = self;
         let Some(entry) = entries[idx as usize].as_mut() else {
@@ -536,11 +537,15 @@ impl<P: Provider> Worker<P> {
             .find(|s| (s.slot, s.generation) == (h.slot, h.generation))
             .and_then(|s| s.source.as_ref());
         match reader {
-            Some(source) if open => {
+            Some(source) if open && !source.dropped.load(Ordering::Acquire) => {
                 if source.queue.push(bytes).is_err() {
                     // The session admits at most the stream's credits, fewer than the queue holds.
                     self.close_entry(idx, "protocol violation: stream messages beyond the queue", true, true);
                     return;
+                }
+                if source.dropped.load(Ordering::Acquire) {
+                    // The reader went meanwhile: what it did not drain goes here.
+                    source.drop_queued();
                 }
                 source.wake();
                 if freed {
