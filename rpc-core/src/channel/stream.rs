@@ -86,6 +86,14 @@ impl<Resp> StreamState<Resp> {
 
     /// Stores the end (the first one wins) and wakes both halves.
     fn end(&self, r: Result<Option<Resp>, Status>) {
+        self.stage_end(r);
+        self.inb.waker.wake();
+        self.out.waker.wake();
+    }
+
+    /// Stores the end (the first one wins) without waking: the driver wakes both halves with
+    /// [`Job::release`] once it has published `in_flight`, as it does for unary calls.
+    fn stage_end(&self, r: Result<Option<Resp>, Status>) {
         {
             let mut end = self.inb.end.lock().unwrap_or_else(|e| e.into_inner());
             if self.inb.ended.load(Ordering::Acquire) {
@@ -95,8 +103,6 @@ impl<Resp> StreamState<Resp> {
             self.inb.ended.store(true, Ordering::Release);
         }
         while self.out.queue.pop().is_some() {}
-        self.inb.waker.wake();
-        self.out.waker.wake();
     }
 }
 
@@ -129,7 +135,7 @@ where
         let st = &*self.state;
         if expired {
             with_any_core!(core, c => c.abandon_stream(id));
-            st.end(Err(Status::deadline_exceeded("the stream's deadline passed before its end")));
+            st.stage_end(Err(Status::deadline_exceeded("the stream's deadline passed before its end")));
             return true;
         }
         // The caller's messages, one per stream credit.
@@ -172,7 +178,7 @@ where
                         got = true;
                     }
                     Some(end) => {
-                        st.end(end);
+                        st.stage_end(end);
                         return true;
                     }
                     None => break,
@@ -185,7 +191,7 @@ where
         } else {
             match with_any_core!(core, c => c.take_done::<Resp>(id)) {
                 Some(r) => {
-                    st.end(r.map(Some));
+                    st.stage_end(r.map(Some));
                     true
                 }
                 None => false,
@@ -193,8 +199,10 @@ where
         }
     }
 
-    fn release(&self, _wakers: &mut Vec<std::task::Waker>) {
-        // The end woke both halves when it was stored (`StreamState::end`).
+    fn release(&self, wakers: &mut Vec<std::task::Waker>) {
+        // try_finish staged the end; both halves wake only now, after in_flight went down.
+        wakers.extend(self.state.inb.waker.take());
+        wakers.extend(self.state.out.waker.take());
     }
 
     fn fail(&self, status: Status) {
