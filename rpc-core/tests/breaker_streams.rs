@@ -133,6 +133,8 @@ struct Raw {
     session: u32,
     /// Headers received (bodies dropped).
     got: Vec<Header>,
+    /// The eager body of the last response received.
+    response_body: Vec<u8>,
     /// Receive buffers are reposted (false: a peer that stops reading).
     reading: bool,
     /// A completion failed: the server closed the session (sends do nothing from here).
@@ -158,6 +160,7 @@ impl Raw {
             session: reply.session,
             peer,
             got: Vec::new(),
+            response_body: Vec::new(),
             reading: true,
             dead: false,
             _tcp: tcp,
@@ -209,7 +212,11 @@ impl Raw {
                 self.pool.retire(usize::from(bufs));
                 self.sq.on_completion(wrs);
             } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
-                let h = Header::decode(self.peer.recv.bytes(&buf)).unwrap();
+                let bytes = self.peer.recv.bytes(&buf);
+                let h = Header::decode(bytes).unwrap();
+                if h.kind == Kind::Response {
+                    self.response_body = bytes[HEADER_LEN..].to_vec();
+                }
                 self.got.push(h);
                 if self.reading {
                     self.peer.recv.repost(buf);
@@ -441,6 +448,63 @@ fn a_stream_message_over_max_message_size_closes_the_offender() {
     let h0 = Header { in_ring: true, body_len: 4096, total_len: 64 << 20, ..stream_msg(0, &[]) };
     raw.send(h0, &[]);
     closed_as_malformed(&h, 0, "a stream message over max_message_size");
+    drop(raw);
+    h.shutdown();
+}
+
+/// A batch header for `n` messages with `body`.
+fn batch_msg(slot: u16, n: u16, body: &[u8]) -> Header {
+    Header { stream: rpc_core::wire::STREAM_BATCH, credits: n, ..stream_msg(slot, body) }
+}
+
+#[test]
+fn a_stream_batch_whose_frames_do_not_add_up_closes_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
+    raw.wait_for(Kind::StreamCredit, 0);
+    // Announces 3 messages, carries 2.
+    let mut body = Vec::new();
+    rpc_core::wire::push_frame(&mut body, &echo_body(1));
+    rpc_core::wire::push_frame(&mut body, &echo_body(2));
+    raw.send(batch_msg(0, 3, &body), &body);
+    closed_as_malformed(&h, 0, "a batch short of its count");
+    drop(raw);
+    // A frame whose length runs past the body.
+    let mut raw = Raw::connect(h.local_addr());
+    raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
+    raw.wait_for(Kind::StreamCredit, 0);
+    let mut body = Vec::new();
+    rpc_core::wire::push_frame(&mut body, &echo_body(1));
+    body[0] = 100;
+    raw.send(batch_msg(0, 1, &body), &body);
+    closed_as_malformed(&h, 1, "a frame past the batch's end");
+    drop(raw);
+    h.shutdown();
+}
+
+/// A batch takes one stream credit and reaches the reader as its messages: every credit the
+/// server granted carries 50 messages, none is refused, and the handler counts them all.
+#[test]
+fn a_batch_takes_one_credit_and_reaches_the_reader_message_by_message() {
+    use prost::Message;
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
+    let granted = raw.wait_for(Kind::StreamCredit, 0).credits;
+    let mut body = Vec::new();
+    for _ in 0..50 {
+        rpc_core::wire::push_frame(&mut body, &echo_body(0));
+    }
+    for _ in 0..granted {
+        raw.send(batch_msg(0, 50, &body), &body);
+    }
+    raw.send(control(Kind::StreamEnd, 0, 0), &[]);
+    let r = raw.wait_for(Kind::Response, 0);
+    assert_eq!(r.status, Code::Ok, "{r:?}");
+    let counted = EchoMsg::decode(&raw.response_body[..]).unwrap().seq;
+    assert_eq!(counted, 50 * u64::from(granted), "every message of the {granted} batches");
+    assert_eq!(h.counters().malformed, 0);
     drop(raw);
     h.shutdown();
 }

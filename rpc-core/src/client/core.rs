@@ -56,6 +56,14 @@ pub(crate) enum Answer {
     /// The body came through the ring and was copied out into this buffer.
     Owned(Vec<u8>),
     Err(Status),
+    /// Stream messages batched in one receive buffer ([`crate::wire::STREAM_BATCH`], checked by
+    /// the session): `left` of them from body offset `at` on. The buffer (the stream's credit)
+    /// goes back with the last.
+    Batch {
+        buf: RecvBuf,
+        at: u32,
+        left: u16,
+    },
 }
 
 /// A request's body while its call waits for a credit.
@@ -591,7 +599,7 @@ impl<P: Provider> ClientCore<P> {
         }
         for q in &mut self.stream_msgs {
             for a in std::mem::take(q) {
-                if let Answer::Eager(b) = a {
+                if let Answer::Eager(b) | Answer::Batch { buf: b, .. } = a {
                     self.recv.repost(b);
                 }
             }
@@ -699,7 +707,7 @@ impl<P: Provider> ClientCore<P> {
                                 .into_owned()
                         }
                         Answer::Owned(v) => String::from_utf8_lossy(v).into_owned(),
-                        Answer::Err(_) => String::new(),
+                        Answer::Err(_) | Answer::Batch { .. } => String::new(),
                     };
                     self.release(body);
                     Answer::Err(Status::new(h.status, text))
@@ -732,6 +740,12 @@ impl<P: Provider> ClientCore<P> {
             Kind::StreamMsg => {
                 self.counters.bytes_in += u64::from(h.body_len);
                 if self.conn.session.calls().state(h.slot) == crate::session::SlotState::InFlight {
+                    let body = match body {
+                        Answer::Eager(buf) if h.stream & crate::wire::STREAM_BATCH != 0 => {
+                            Answer::Batch { buf, at: 0, left: h.credits }
+                        }
+                        other => other,
+                    };
                     self.stream_msgs[h.slot as usize].push_back(body);
                 } else {
                     // Abandoned: dropped, its credit returned so the server reaches the Cancel.
@@ -773,14 +787,51 @@ impl<P: Provider> ClientCore<P> {
                 self.recv.repost(buf);
                 r
             }
+            // Batches are taken message by message (`next_stream_msg`).
+            Answer::Batch { buf, .. } => {
+                self.recv.repost(buf);
+                Err(Status::internal("a stream batch taken as one message"))
+            }
         };
         r
     }
 
     /// Gives an answer's receive buffer back (an owned body is simply dropped).
     fn release(&mut self, a: Answer) {
-        if let Answer::Eager(b) = a {
+        if let Answer::Eager(b) | Answer::Batch { buf: b, .. } = a {
             self.recv.repost(b);
+        }
+    }
+
+    /// The stream `id`'s next received message, decoded; its credit returns with the last
+    /// message of its SEND (a batch's buffer stays until its last message is taken).
+    fn next_stream_msg<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        let q = &mut self.stream_msgs[id.slot as usize];
+        match q.pop_front()? {
+            Answer::Batch { buf, at, left } => {
+                let body = self.recv.bytes(&buf).get(HEADER_LEN..).unwrap_or(&[]);
+                // The session checked the frames: a missing one only ends the batch early.
+                let frame = crate::wire::frame_at(body, at as usize);
+                let r = frame.map(|(s, e)| {
+                    R::decode(&body[s..e]).map_err(|e| {
+                        Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+                    })
+                });
+                match frame {
+                    Some((_, end)) if left > 1 => {
+                        q.push_front(Answer::Batch { buf, at: end as u32, left: left - 1 })
+                    }
+                    _ => {
+                        self.recv.repost(buf);
+                        self.conn.session.stream_consumed(id.slot, id.generation);
+                    }
+                }
+                r.or_else(|| self.next_stream_msg(id))
+            }
+            a => {
+                self.conn.session.stream_consumed(id.slot, id.generation);
+                Some(self.decode::<R>(a))
+            }
         }
     }
 
@@ -914,11 +965,9 @@ impl<P: Provider> ClientCore<P> {
         id: CallId,
     ) -> Option<Result<Option<R>, Status>> {
         for round in 0..2 {
-            if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
-                self.conn.session.stream_consumed(id.slot, id.generation);
-                let r = self.decode::<R>(a).map(Some);
+            if let Some(r) = self.next_stream_msg::<R>(id) {
                 self.flush();
-                return Some(r);
+                return Some(r.map(Some));
             }
             if let Some(a) = self.take_answer(id) {
                 self.conn.session.stream_close(id.slot, id.generation);
@@ -1119,9 +1168,8 @@ impl<P: Provider> ClientCore<P> {
         &mut self,
         id: CallId,
     ) -> Option<Result<Option<R>, Status>> {
-        if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
-            self.conn.session.stream_consumed(id.slot, id.generation);
-            return Some(self.decode::<R>(a).map(Some));
+        if let Some(r) = self.next_stream_msg::<R>(id) {
+            return Some(r.map(Some));
         }
         let a = self.take_answer(id)?;
         self.conn.session.stream_close(id.slot, id.generation);

@@ -617,6 +617,11 @@ impl Session {
             return Err("message longer than a receive buffer".into());
         }
         let h = Header::decode(msg).map_err(|e| format!("malformed header: {e}"))?;
+        if h.stream & crate::wire::STREAM_BATCH != 0 {
+            // Checked whole before anything reads it (the readers walk its frames unchecked).
+            crate::wire::batch_frames(msg.get(crate::wire::HEADER_LEN..).unwrap_or(&[]), h.credits)
+                .map_err(|e| format!("malformed stream batch: {e}"))?;
+        }
         self.handle_header(&h, now).map_err(|reason| format!("protocol violation: {reason}"))
     }
 
