@@ -66,6 +66,16 @@ pub(crate) enum Answer {
     },
 }
 
+/// Stream messages waiting in one send buffer for a stream credit: `len` body bytes of `count`
+/// frames after the header.
+struct OpenBatch {
+    slot: u16,
+    generation: u32,
+    buf: SendBuf,
+    len: u32,
+    count: u16,
+}
+
 /// A request's body while its call waits for a credit.
 enum PendingBody {
     /// In a send buffer, after the header (`len` bytes), or in the mirror at a ring offset
@@ -119,6 +129,9 @@ pub(crate) struct ClientCore<P: Provider> {
     /// Streams cancelled while a message of theirs was leaving in pieces: the Cancel follows
     /// its last piece (the session's [`Session::request_left`]).
     stream_cancels: Vec<(u16, u32)>,
+    /// Messages of one caller's stream that found no stream credit, framed into one send
+    /// buffer ([`crate::wire::STREAM_BATCH`]): they leave as one SEND with the next credit.
+    stream_batch: Option<OpenBatch>,
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
@@ -345,6 +358,7 @@ impl<P: Provider> ClientCore<P> {
             outbox: Outbox::default(),
             stream_ends: Vec::new(),
             stream_cancels: Vec::new(),
+            stream_batch: None,
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
@@ -521,9 +535,73 @@ impl<P: Provider> ClientCore<P> {
         if !self.outbox.is_empty() {
             send_waiting(&mut self.conn, &mut self.outbox, |_, _, _| {}, |_| {});
         }
+        if self.stream_batch.is_some() {
+            self.send_batch();
+        }
         if !self.stream_ends.is_empty() || !self.stream_cancels.is_empty() {
             self.send_stream_controls();
         }
+    }
+
+    /// Sends the open batch of stream messages when its stream has a credit (it takes one).
+    fn send_batch(&mut self) {
+        let Some(b) = &self.stream_batch else { return };
+        match self.conn.session.stream_send(b.slot, b.generation) {
+            Ok(false) => return,
+            Ok(true) => {}
+            // Over (answered) or ended: its messages go nowhere.
+            Err(_) => {
+                if let Some(b) = self.stream_batch.take() {
+                    self.conn.pool.give_back(b.buf);
+                }
+                return;
+            }
+        }
+        let Some(b) = self.stream_batch.take() else { return };
+        let h = Header {
+            slot: b.slot,
+            generation: b.generation,
+            stream: crate::wire::STREAM_BATCH,
+            credits: b.count,
+            ..Header::new(Kind::StreamMsg)
+        };
+        self.conn.queue(b.buf, h, BodyAt::Eager(b.len));
+    }
+
+    /// Frames `msg` (`len` bytes encoded) into the open batch of stream `id`, opening one when
+    /// none is: false when it does not fit (an eager buffer), another stream's batch is open,
+    /// the outbox holds messages (they go first), or no send buffer is free.
+    fn batch_append<M: Message>(&mut self, id: CallId, msg: &M, len: usize) -> bool {
+        use crate::wire::{FRAME_LEN, MAX_BATCH};
+        let cap = (self.conn.session.params().eager_threshold as usize).min(self.conn.body_cap);
+        if self.stream_batch.is_none() {
+            if !self.outbox.is_empty() || FRAME_LEN + len > cap {
+                return false;
+            }
+            let Some(buf) = self.conn.acquire() else { return false };
+            self.stream_batch =
+                Some(OpenBatch { slot: id.slot, generation: id.generation, buf, len: 0, count: 0 });
+        }
+        let Some(b) = self.stream_batch.as_mut() else { return false };
+        if (b.slot, b.generation) != (id.slot, id.generation)
+            || b.len as usize + FRAME_LEN + len > cap
+            || b.count == MAX_BATCH
+        {
+            return false;
+        }
+        let at = HEADER_LEN + b.len as usize;
+        let dst = &mut self.conn.pool.buf_mut(&mut b.buf)[at..at + FRAME_LEN + len];
+        dst[..FRAME_LEN].copy_from_slice(&(len as u32).to_le_bytes());
+        let mut body = &mut dst[FRAME_LEN..];
+        msg.encode_raw(&mut body);
+        b.len += (FRAME_LEN + len) as u32;
+        b.count += 1;
+        true
+    }
+
+    /// True while the open batch holds messages of the stream `(slot, generation)`.
+    fn batch_holds(&self, slot: u16, generation: u32) -> bool {
+        self.stream_batch.as_ref().is_some_and(|b| (b.slot, b.generation) == (slot, generation))
     }
 
     /// Sends the StreamEnd of each stream whose caller ended it, and the Cancel of each stream
@@ -533,7 +611,10 @@ impl<P: Provider> ClientCore<P> {
         let mut i = 0;
         while i < self.stream_ends.len() {
             let (slot, generation) = self.stream_ends[i];
-            if self.pending[slot as usize].is_some() || self.outbox.holds(slot, generation) {
+            if self.pending[slot as usize].is_some()
+                || self.outbox.holds(slot, generation)
+                || self.batch_holds(slot, generation)
+            {
                 i += 1;
                 continue;
             }
@@ -610,6 +691,9 @@ impl<P: Provider> ClientCore<P> {
             }
         }
         self.outbox.drain().for_each(drop);
+        if let Some(b) = self.stream_batch.take() {
+            self.conn.pool.give_back(b.buf);
+        }
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
@@ -1015,6 +1099,11 @@ impl<P: Provider> ClientCore<P> {
         }
         let key = (id.slot, id.generation);
         self.stream_ends.retain(|&e| e != key);
+        if self.batch_holds(id.slot, id.generation) {
+            if let Some(b) = self.stream_batch.take() {
+                self.conn.pool.give_back(b.buf);
+            }
+        }
         for o in self.outbox.take_unsent(id.slot, id.generation, Kind::StreamMsg) {
             o.discard(&mut self.conn.staging);
         }
@@ -1047,13 +1136,36 @@ impl<P: Provider> ClientCore<P> {
         let len = msg.encoded_len();
         self.check_len(len)?;
         let (slot, generation) = (id.slot, id.generation);
+        if self.stream_ends.contains(&(slot, generation)) {
+            // Finished, its StreamEnd still waiting for the messages before it.
+            return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
+        }
         let mut looked = false;
         loop {
             if let Some(s) = &self.broken {
                 return Err(s.clone());
             }
             match self.conn.session.stream_send(slot, generation) {
+                Ok(true) if self.batch_holds(slot, generation) => {
+                    // The batch before this message goes first, with this credit.
+                    let Some(b) = self.stream_batch.take() else { continue };
+                    let h = Header {
+                        slot,
+                        generation,
+                        stream: crate::wire::STREAM_BATCH,
+                        credits: b.count,
+                        ..Header::new(Kind::StreamMsg)
+                    };
+                    self.conn.queue(b.buf, h, BodyAt::Eager(b.len));
+                    self.flush();
+                    continue;
+                }
                 Ok(true) => break,
+                // No credit: coalesced with the messages before it, to leave with the next.
+                Ok(false) if self.batch_append(id, msg, len) => {
+                    self.counters.bytes_out += len as u64;
+                    return Ok(true);
+                }
                 Ok(false) => {}
                 Err(crate::session::StreamError::NotSending) => {
                     return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
