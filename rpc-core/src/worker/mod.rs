@@ -701,7 +701,7 @@ impl<P: Provider> Worker<P> {
             Some(piece) => {
                 self.recv.repost(buf);
                 let done = entry.conn.take_piece(piece);
-                // The freed ring space travels back on the answer, or in a credit message.
+                // The freed ring space travels back on the answer, or in a RingReturn.
                 entry.ring_return = true;
                 match done {
                     Ok(Some(c)) => (c.header, Received::Owned(c.body)),
