@@ -32,6 +32,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &["../proto"],
     )?;
 
+    // Async server traits, for two services (one named like the facade's `AsyncContext`).
+    rpc_codegen::configure()
+        .async_server("codegen.asynchronous.Lookup")
+        .async_server(".codegen.asynchronous.AsyncContext")
+        .compile_protos(&["../proto/codegen/asynchronous.proto"], &["../proto"])?;
+
     // The module-collision set once more, reached through prost-build's include file (which
     // nests the package modules itself) instead of hand-written modules.
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);

@@ -87,6 +87,19 @@ pub struct Args {
     #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrency: Option<u32>,
 
+    /// chan_lat / chan_bw: tokio tasks sharing one `Channel`, each keeping its share of -c calls
+    /// in flight (at least one; default 1 for chan_lat, 8 for chan_bw).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub tasks: Option<u32>,
+
+    /// chan_lat / chan_bw: worker threads of the tokio runtime the tasks run on.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub rt_threads: u32,
+
+    /// chan_lat / chan_bw: the channel's dispatcher threads (one session each).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub dispatchers: u32,
+
     /// Outstanding WRITEs of write_bw, in WQEs (perftest's -t).
     #[arg(short = 't', long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=15000))]
     pub tx_depth: u32,
@@ -146,6 +159,10 @@ pub enum TestKind {
     RpcLat,
     /// Unary RPC throughput and goodput with -c calls in flight.
     RpcBw,
+    /// Unary RPC round trip through the shareable handle (`Channel`) from --tasks tokio tasks.
+    ChanLat,
+    /// Unary RPC throughput through the shareable handle from --tasks tokio tasks, -c in flight.
+    ChanBw,
     /// Raw SEND/RECV ping-pong round trip.
     SendLat,
     /// Raw RDMA WRITE ping-pong round trip, polling the last byte (as ib_write_lat).
@@ -160,6 +177,8 @@ impl TestKind {
         match self {
             TestKind::RpcLat => "rpc_lat",
             TestKind::RpcBw => "rpc_bw",
+            TestKind::ChanLat => "chan_lat",
+            TestKind::ChanBw => "chan_bw",
             TestKind::SendLat => "send_lat",
             TestKind::WriteLat => "write_lat",
             TestKind::WriteBw => "write_bw",
@@ -168,12 +187,17 @@ impl TestKind {
 
     /// True for ping-pong latency tests, false for bandwidth tests.
     pub fn is_latency(self) -> bool {
-        matches!(self, TestKind::RpcLat | TestKind::SendLat | TestKind::WriteLat)
+        matches!(self, TestKind::RpcLat | TestKind::ChanLat | TestKind::SendLat | TestKind::WriteLat)
     }
 
     /// True for the RPC tests (as opposed to raw verbs).
     pub fn is_rpc(self) -> bool {
-        matches!(self, TestKind::RpcLat | TestKind::RpcBw)
+        matches!(self, TestKind::RpcLat | TestKind::RpcBw | TestKind::ChanLat | TestKind::ChanBw)
+    }
+
+    /// True for the tests of the shareable handle (`Channel`).
+    pub fn is_channel(self) -> bool {
+        matches!(self, TestKind::ChanLat | TestKind::ChanBw)
     }
 }
 
@@ -258,7 +282,12 @@ impl Args {
 
     /// Calls in flight for `test`.
     pub fn concurrency_for(&self, test: TestKind) -> u32 {
-        self.concurrency.unwrap_or(if test == TestKind::RpcBw { 32 } else { 1 })
+        self.concurrency.unwrap_or(if matches!(test, TestKind::RpcBw | TestKind::ChanBw) { 32 } else { 1 })
+    }
+
+    /// Tokio tasks of a chan_* test.
+    pub fn tasks_for(&self, test: TestKind) -> u32 {
+        self.tasks.unwrap_or(if test == TestKind::ChanBw { 8 } else { 1 })
     }
 
     /// How long to run one size: a number of iterations or a duration.

@@ -43,6 +43,7 @@
 //!   `--use-srq -I 0` makes their receive side and inlining match the RPC workers' (SRQ, no
 //!   inline).
 
+pub mod chan;
 pub mod cli;
 pub mod dynamic;
 pub mod error;

@@ -148,7 +148,9 @@ pub fn client_session<P: Provider>(
 ) -> Result<RunReport, PerfError> {
     let mut sink = Sink::new(P::NAME, !args.no_progress);
     for &test in &args.tests {
-        if test.is_rpc() {
+        if test.is_channel() {
+            crate::chan::run_client(args, resolved, test, &mut ch, &mut sink)?;
+        } else if test.is_rpc() {
             rpc::run_client(args, resolved, test, &mut ch, &mut sink)?;
         } else {
             crate::raw::run_client::<P>(args, test, &mut ch, &mut sink)?;

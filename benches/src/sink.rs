@@ -35,7 +35,9 @@ impl Sink {
         }
         println!("{}", report::banner(title(test), &info));
         match test {
-            TestKind::RpcBw => println!("{}{}", report::BW_HEADER, report::RPC_BW_HEADER_EXT),
+            TestKind::RpcBw | TestKind::ChanBw => {
+                println!("{}{}", report::BW_HEADER, report::RPC_BW_HEADER_EXT)
+            }
             TestKind::WriteBw => println!("{}", report::BW_HEADER),
             _ => println!("{}", report::LAT_HEADER),
         }
@@ -53,7 +55,7 @@ impl Sink {
         let line = if let Some(l) = r.latency() {
             report::latency_row(r.bytes, l)
         } else if let Some(b) = r.bandwidth() {
-            if r.test == TestKind::RpcBw {
+            if matches!(r.test, TestKind::RpcBw | TestKind::ChanBw) {
                 format!("{}{}", report::bandwidth_row(r.bytes, b), report::rpc_bw_ext(b))
             } else {
                 report::bandwidth_row(r.bytes, b)
@@ -78,6 +80,10 @@ pub fn title(test: TestKind) -> &'static str {
     match test {
         TestKind::RpcLat => "RPC Latency Test (rpc_lat, unary round trip)",
         TestKind::RpcBw => "RPC BW Test (rpc_bw, unary, payload both ways)",
+        TestKind::ChanLat => {
+            "Channel Latency Test (chan_lat, unary round trip, shareable handle, tokio tasks)"
+        }
+        TestKind::ChanBw => "Channel BW Test (chan_bw, unary, shareable handle, tokio tasks)",
         TestKind::SendLat => "Send Latency Test (send_lat, round trip)",
         TestKind::WriteLat => "RDMA Write Latency Test (write_lat, round trip)",
         TestKind::WriteBw => "RDMA Write BW Test (write_bw)",

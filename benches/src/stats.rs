@@ -40,6 +40,13 @@ impl LatencyRecorder {
         let _ = self.hist.record(v);
     }
 
+    /// Adds `other`'s samples (one recorder per task, merged at the end).
+    pub fn merge(&mut self, other: &LatencyRecorder) {
+        // Same bounds on both sides, so this cannot fail.
+        let _ = self.hist.add(&other.hist);
+        self.clamped += other.clamped;
+    }
+
     /// Number of samples.
     pub fn len(&self) -> u64 {
         self.hist.len()

@@ -7,6 +7,7 @@
 // prost's messages carry docs only where the proto has comments.
 #![allow(missing_docs)]
 
+pub mod async_services;
 pub mod collide_services;
 pub mod hostile_services;
 pub mod services;
@@ -18,6 +19,10 @@ pub mod helloworld {
 
 /// `package codegen.*`.
 pub mod codegen {
+    /// Services with async server traits.
+    pub mod asynchronous {
+        rpc_core::include_proto!("codegen.asynchronous");
+    }
     /// Rust keywords as names everywhere.
     pub mod keywords {
         rpc_core::include_proto!("codegen.keywords");

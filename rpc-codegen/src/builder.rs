@@ -85,6 +85,7 @@ pub struct Builder {
     out_dir: Option<PathBuf>,
     build_server: bool,
     build_client: bool,
+    async_servers: Vec<String>,
     emit_rerun_if_changed: bool,
     file_descriptor_set_path: Option<PathBuf>,
     bytes_everywhere: bool,
@@ -101,6 +102,7 @@ impl Default for Builder {
             out_dir: None,
             build_server: true,
             build_client: true,
+            async_servers: Vec::new(),
             emit_rerun_if_changed: true,
             file_descriptor_set_path: None,
             bytes_everywhere: true,
@@ -119,6 +121,7 @@ impl std::fmt::Debug for Builder {
             .field("out_dir", &self.out_dir)
             .field("build_server", &self.build_server)
             .field("build_client", &self.build_client)
+            .field("async_servers", &self.async_servers)
             .field("emit_rerun_if_changed", &self.emit_rerun_if_changed)
             .field("file_descriptor_set_path", &self.file_descriptor_set_path)
             .field("bytes_everywhere", &self.bytes_everywhere)
@@ -148,6 +151,20 @@ impl Builder {
     #[must_use]
     pub fn build_client(mut self, enable: bool) -> Self {
         self.build_client = enable;
+        self
+    }
+
+    /// Makes the server trait of `service` async: its full proto name, `package.Service`
+    /// (`Service` without a package; a leading `.` is accepted). Its methods then take an
+    /// `AsyncContext` and return `impl Future<Output = Result<Reply, Status>> + Send` (write them
+    /// as `async fn`), and its adapter runs them on a tokio runtime (`with_runtime`, or the
+    /// caller's / a shared one with `new`). Other services keep inline synchronous handlers, the
+    /// fastest path. Call once per service. Default: none.
+    ///
+    /// A name that matches no service of the compiled files fails the build, naming it.
+    #[must_use]
+    pub fn async_server(mut self, service: impl AsRef<str>) -> Self {
+        self.async_servers.push(service.as_ref().trim_start_matches('.').to_owned());
         self
     }
 
@@ -390,6 +407,7 @@ impl Builder {
     fn generate(mut self, mut fds: FileDescriptorSet, includes: &[PathBuf]) -> Result<Vec<String>, Error> {
         check_rust_names(&fds, includes)?;
         check_method_ids(&fds)?;
+        check_async_servers(&fds, &self.async_servers)?;
         let findings = check(&fds, includes)?;
         let extern_paths: Vec<String> = self
             .path_options
@@ -430,6 +448,7 @@ impl Builder {
         self.prost.service_generator(Box::new(RpcServiceGenerator {
             build_server: self.build_server,
             build_client: self.build_client,
+            async_servers: self.async_servers.clone(),
         }));
         // prost-build panics when the code it assembles does not parse (an attribute given to
         // `type_attribute` that is not one, or an input the checks above do not know yet): the
@@ -482,4 +501,26 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Every service named by `async_server` exists among the compiled files.
+fn check_async_servers(fds: &FileDescriptorSet, names: &[String]) -> Result<(), Error> {
+    for name in names {
+        let found = fds.file.iter().any(|f| {
+            f.service.iter().any(|s| {
+                let pkg = f.package();
+                let full = if pkg.is_empty() { s.name().to_owned() } else { format!("{pkg}.{}", s.name()) };
+                full == *name
+            })
+        });
+        if !found {
+            return Err(Error::ProtoFile {
+                file: None,
+                reason: format!(
+                    "async_server(\"{name}\"): no service of that full name (`package.Service`) in the compiled files"
+                ),
+            });
+        }
+    }
+    Ok(())
 }

@@ -1,5 +1,7 @@
-//! `<service>_client`: the stub over the runtime's `Client`, with per RPC a blocking call, a
-//! `_with` variant taking `CallOptions`, and an `_async` call.
+//! `<service>_client`: the stub, generic over the session under it. Over the runtime's `Client`
+//! (the default) it has per RPC a blocking call, a `_with` variant taking `CallOptions`, and an
+//! `_async` call; over a `Channel` (the shareable handle) per RPC a call returning a
+//! `Send + 'static` future and its `_with` variant.
 
 use std::fmt::Write as _;
 
@@ -23,6 +25,10 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     let new = scope.claim("new");
     let client_ref = scope.claim("client");
     let into_client = scope.claim("into_client");
+    let connect_channel = scope.claim("connect_channel");
+    let connect_channel_with = scope.claim("connect_channel_with");
+    let from_channel = scope.claim("from_channel");
+    let channel_ref = scope.claim("channel");
 
     let _ = writeln!(
         buf,
@@ -39,14 +45,17 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         let _ = writeln!(buf, "/// Calls the RPCs of `{}`.", model.full_name);
     }
     buf.push_str(
-        "///\n/// One session to one server. `Send` but not `Sync`: open one per thread. Blocking calls \
-         busy-poll\n/// in the calling thread; `_async` calls return a future that progresses when polled \
-         (no executor\n/// needed).\n",
+        "///\n/// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open \
+         one per\n/// thread. Blocking calls busy-poll in the calling thread; `_async` calls return a \
+         future that\n/// progresses when polled (no executor needed). The lowest latency.\n///\n\
+         /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return \
+         `Send +\n/// 'static` futures woken by the channel's dispatcher threads.\n",
     );
-    let _ = writeln!(buf, "pub struct {stub} {{");
-    buf.push_str("inner: Client,\n}\n");
+    buf.push_str("#[derive(Clone, Debug)]\n");
+    let _ = writeln!(buf, "pub struct {stub}<C = Client> {{");
+    buf.push_str("inner: C,\n}\n");
 
-    let _ = writeln!(buf, "impl {stub} {{");
+    let _ = writeln!(buf, "impl {stub}<Client> {{");
     let _ = writeln!(
         buf,
         "/// Connects to the server at `addr` with the default client configuration.
@@ -113,9 +122,71 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     buf.push_str("}\n");
     let _ = writeln!(
         buf,
-        "impl ::core::convert::From<Client> for {stub} {{
+        "impl ::core::convert::From<Client> for {stub}<Client> {{
             fn from(client: Client) -> Self {{
                 Self {{ inner: client }}
+            }}
+        }}"
+    );
+
+    let _ = writeln!(buf, "impl {stub}<Channel> {{");
+    let _ = writeln!(
+        buf,
+        "/// Opens a shareable channel to the server at `addr` with the default channel configuration
+        /// (the sessions are opened on the channel's dispatcher threads: awaiting this does not
+        /// block the executor).
+        ///
+        /// # Errors
+        /// As `Channel::connect`.
+        pub async fn {connect_channel}<A>(addr: A) -> ::core::result::Result<Self, Status>
+        where
+            A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send + 'static,
+        {{
+            ::core::result::Result::Ok(Self {{ inner: Channel::connect(addr).await? }})
+        }}
+        /// Opens a shareable channel to the server at `addr` with `config`.
+        ///
+        /// # Errors
+        /// As `Channel::connect_with`.
+        pub async fn {connect_channel_with}<A>(addr: A, config: &ChannelConfig) -> ::core::result::Result<Self, Status>
+        where
+            A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send + 'static,
+        {{
+            ::core::result::Result::Ok(Self {{ inner: Channel::connect_with(addr, config).await? }})
+        }}
+        /// Uses an open channel (which other stubs may share).
+        pub fn {from_channel}(channel: Channel) -> Self {{
+            Self {{ inner: channel }}
+        }}
+        /// The channel under this stub.
+        pub fn {channel_ref}(&self) -> &Channel {{
+            &self.inner
+        }}"
+    );
+    for (i, rpc) in model.rpcs.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        let _ = writeln!(
+            buf,
+            "/// Calls `{full}`: the future (`Send + 'static`) resolves to the reply; dropping it
+            /// cancels the call.
+            pub fn {name}(&self, request: {input}) -> UnaryCall<{output}> {{
+                self.inner.unary({id}, request, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Calls `{full}` with `options` (a deadline, ...).
+            pub fn {with_name}(&self, request: {input}, options: &CallOptions) -> UnaryCall<{output}> {{
+                self.inner.unary({id}, request, options)
+            }}",
+            name = blocking[i],
+            with_name = with[i],
+            full = rpc.full_name,
+        );
+    }
+    buf.push_str("}\n");
+    let _ = writeln!(
+        buf,
+        "impl ::core::convert::From<Channel> for {stub}<Channel> {{
+            fn from(channel: Channel) -> Self {{
+                Self {{ inner: channel }}
             }}
         }}"
     );

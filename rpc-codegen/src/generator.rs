@@ -16,19 +16,22 @@ pub const ALLOW_USER_NAMES: &str =
     "#![allow(clippy::new_ret_no_self, clippy::wrong_self_convention, clippy::should_implement_trait)]\n";
 
 /// Generates the server and client modules of every service prost-build hands over.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RpcServiceGenerator {
     /// Emit `<service>_server`.
     pub build_server: bool,
     /// Emit `<service>_client`.
     pub build_client: bool,
+    /// Services (`package.Service`) whose server trait is async.
+    pub async_servers: Vec<String>,
 }
 
 impl ServiceGenerator for RpcServiceGenerator {
     fn generate(&mut self, service: Service, buf: &mut String) {
         let model = ServiceModel::new(&service);
         if self.build_server {
-            server::generate(&model, buf);
+            let asynchronous = self.async_servers.contains(&model.full_name);
+            server::generate(&model, buf, asynchronous);
         }
         if self.build_client {
             client::generate(&model, buf);

@@ -66,8 +66,12 @@ impl Scope {
 /// these names (a trait named after the service) would shadow the glob import, so generated code
 /// spells such a name with its full path instead.
 pub const FACADE_NAMES: &[&str] = &[
+    "AsyncContext",
+    "AsyncRuntime",
     "Body",
     "CallOptions",
+    "Channel",
+    "ChannelConfig",
     "Client",
     "ClientConfig",
     "Code",
@@ -81,8 +85,10 @@ pub const FACADE_NAMES: &[&str] = &[
     "ResponseFuture",
     "Service",
     "Status",
+    "UnaryCall",
     "decode",
     "method_id",
+    "spawn_async",
 ];
 
 #[cfg(test)]

@@ -120,7 +120,8 @@ fn helloworld_has_the_facade_shape() {
     );
     // The client module.
     assert_has(&code, "pub mod greeter_client {");
-    assert_has(&code, "pub struct GreeterClient { inner: Client, }");
+    assert_has(&code, "pub struct GreeterClient<C = Client> { inner: C, }");
+    assert_has(&code, "impl GreeterClient<Client> {");
     assert_has(
         &code,
         "pub fn connect(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status>",
@@ -129,7 +130,12 @@ fn helloworld_has_the_facade_shape() {
     assert_has(&code, "pub fn say_hello(&self, request: &super::HelloRequest) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
     assert_has(&code, "pub fn say_hello_with(&self, request: &super::HelloRequest, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, options) }");
     assert_has(&code, "pub fn say_hello_async(&self, request: &super::HelloRequest) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
-    assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient");
+    assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient<Client>");
+    // The same stub over the shareable handle.
+    assert_has(&code, "impl GreeterClient<Channel> {");
+    assert_has(&code, "pub fn say_hello(&self, request: super::HelloRequest) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello_with(&self, request: super::HelloRequest, options: &CallOptions) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, options) }");
+    assert_has(&code, "impl ::core::convert::From<Channel> for GreeterClient<Channel>");
     // Proto comments became docs of the trait, its method and the stub.
     assert_has(&code, "/// Says hello.");
     assert_has(&code, "/// Answers a greeting with a greeting that names the sender.");
@@ -1045,4 +1051,50 @@ fn two_items_with_one_rust_type_are_refused() {
             proto_dir().join("codegen/errors/type_names_top.proto").display()
         )
     );
+}
+
+#[test]
+fn async_server_makes_only_the_named_services_traits_async() {
+    let builder = configure().async_server("codegen.asynchronous.Lookup");
+    let (_, files) = generate_with(builder, "async-one", &["codegen/asynchronous.proto"]).expect("generates");
+    // Compared with whitespace squashed (the output is pretty-printed).
+    let code = file(&files, "codegen.asynchronous.rs").split_whitespace().collect::<Vec<_>>().join(" ");
+    let lookup =
+        &code[code.find("pub mod lookup_server").unwrap()..code.find("pub mod lookup_client").unwrap()];
+    assert!(
+        lookup.contains(
+            "fn get( &self, ctx: AsyncContext, request: super::Ask, ) -> impl ::core::future::Future"
+        ),
+        "{lookup}"
+    );
+    assert!(lookup.contains("spawn_async( &self.runtime, ctx,"), "{lookup}");
+    assert!(lookup.contains("pub fn with_runtime(inner: T, runtime: AsyncRuntime)"), "{lookup}");
+    // The other service of the file keeps inline handlers; its trait shadows the facade's
+    // `AsyncContext`, so nothing there may name it bare.
+    let other = &code[code.find("pub mod async_context_server").unwrap()
+        ..code.find("pub mod async_context_client").unwrap()];
+    assert!(
+        other.contains("ctx: &RequestContext, request: super::Ask, ) -> Reply<super::Answer>;"),
+        "{other}"
+    );
+    assert!(!other.contains("spawn_async"), "{other}");
+    // Both stubs have the channel form.
+    assert!(code.contains("impl LookupClient<Channel> {"), "{code}");
+    assert!(code.contains("pub fn get(&self, request: super::Ask) -> UnaryCall<super::Answer>"), "{code}");
+    assert!(
+        code.contains(
+            "pub fn get( &self, request: &super::Ask, ) -> ::core::result::Result<super::Answer, Status>"
+        ),
+        "{code}"
+    );
+}
+
+#[test]
+fn an_async_server_name_that_matches_no_service_fails_naming_it() {
+    let builder = configure().async_server("codegen.asynchronous.Nope");
+    let e = generate_with(builder, "async-none", &["codegen/asynchronous.proto"]).unwrap_err().to_string();
+    assert!(e.contains("async_server(\"codegen.asynchronous.Nope\")"), "{e}");
+    // The package alone is not a service.
+    let builder = configure().async_server("codegen.asynchronous");
+    assert!(generate_with(builder, "async-pkg", &["codegen/asynchronous.proto"]).is_err());
 }

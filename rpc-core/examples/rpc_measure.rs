@@ -330,7 +330,9 @@ fn count_only(n: usize) {
         .unwrap();
     let cfg = ClientConfig::default().window(32).polling(PollingPolicy::Event { spins: 0 });
     let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
-    let req = Blob { data: vec![7u8; 30] };
+    // RPC_MEASURE_SIZE=N: Echo bodies of N data bytes instead of 30 (e.g. to count the ring path).
+    let size = std::env::var("RPC_MEASURE_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    let req = Blob { data: vec![7u8; size] };
     let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
     for _ in 0..n {
         let r: Blob = client.unary(ECHO, &req, &CallOptions::default()).unwrap();

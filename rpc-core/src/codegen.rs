@@ -2,10 +2,13 @@
 //!
 //! The contract is `docs/facade.md`. Generated server adapters implement [`Service`] and match on
 //! [`MethodId`] constants; generated client stubs wrap a [`Client`] and call [`Client::unary`] or
-//! [`Client::unary_async`] with a method-id constant.
+//! [`Client::unary_async`] with a method-id constant, or wrap a [`Channel`] and call
+//! [`Channel::unary`]. Adapters of async services run their handlers through [`spawn_async`].
 
+pub use crate::channel::{Channel, ChannelConfig, UnaryCall};
 pub use crate::client::{CallOptions, Client, ClientConfig, ResponseFuture};
 pub use crate::dispatch::reply::{Reply, ReplyWriter, RequestContext, Responder};
+pub use crate::server::async_service::{spawn_async, AsyncContext, AsyncRuntime};
 pub use crate::status::{Code, Status};
 pub use prost::Message;
 

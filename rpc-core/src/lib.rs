@@ -22,9 +22,11 @@ pub mod verbs;
 
 #[allow(unsafe_code)] // Posting registered buffers to the NIC; every block with a `// SAFETY:` note.
 pub mod buffers;
+pub mod channel;
 pub mod client;
 pub mod codegen;
 pub mod config;
+pub(crate) mod control;
 pub(crate) mod dispatch;
 pub(crate) mod endpoint;
 pub mod server;
@@ -34,9 +36,11 @@ pub mod transport;
 pub mod wire;
 pub(crate) mod worker;
 
+pub use channel::{Channel, ChannelConfig, UnaryCall};
 pub use client::{CallOptions, Client, ClientConfig, ResponseFuture};
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;
+pub use server::async_service::{AsyncContext, AsyncRuntime};
 pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle};
 pub use status::{Code, Status};
 pub use transport::Transport;

@@ -151,9 +151,16 @@ fn auth_token_is_checked() {
     server.shutdown();
 }
 
+/// Both sides block on their completion channels between calls and are woken by completion
+/// events, not by the 1 ms bound on each wait: on sim the NIC counts the events delivered (no
+/// other test of this binary arms a CQ, so they are this test's). A policy that never armed or
+/// never waited would still answer every call, a millisecond late, and fail here.
 #[test]
 fn event_polling_server_answers_after_sleeping() {
     use rpc_core::PollingPolicy;
+    let events =
+        || matches!(transport(), rpc_core::Transport::Sim).then(|| rpc_core::verbs::sim::stats().cq_events);
+    let before = events();
     let (server, _) = spawn(server().polling(PollingPolicy::Event { spins: 10 }));
     let client = Client::connect_with(
         server.local_addr(),
@@ -166,6 +173,12 @@ fn event_polling_server_answers_after_sleeping() {
             std::thread::sleep(Duration::from_millis(5));
         }
         check_reply(&client.unary(ECHO, &request(seq, 100, 100), &CallOptions::default()).unwrap(), seq, 100);
+    }
+    match (before, events()) {
+        // After each of the 5 sleeps at least the server's CQ, armed and waited on, gets the
+        // request's completion as an event.
+        (Some(b), Some(a)) => assert!(a - b >= 5, "{} completion events delivered", a - b),
+        _ => eprintln!("completion events not counted: only the software NIC counts them"),
     }
     drop(client);
     server.shutdown();

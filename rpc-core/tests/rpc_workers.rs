@@ -48,5 +48,9 @@ fn two_workers_and_64_sessions() {
     let c = server.counters();
     assert_eq!(c.sessions_opened, 64);
     assert_eq!(c.rpcs, 64 * 20);
+    // Both workers served: connections go to the least-loaded worker, 32 each.
+    let per_worker: Vec<(u64, u64)> =
+        server.worker_counters().iter().map(|w| (w.sessions_opened, w.rpcs)).collect();
+    assert_eq!(per_worker, [(32, 32 * 20), (32, 32 * 20)], "(sessions, rpcs) per worker");
     server.shutdown();
 }

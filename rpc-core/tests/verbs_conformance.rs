@@ -107,6 +107,36 @@ mod sim_only {
         assert_eq!(b.qp.state(), QpState::Rts, "an RNR is no error at the responder");
     }
 
+    /// With `rnr_retry = 7` an RNR is never an error, so only the NIC can tell it happened:
+    /// every wait counts on the QP and in the process-wide [`rpc_core::verbs::sim::stats`], and a
+    /// send that found its receive posted counts none.
+    #[test]
+    fn rnr_waits_are_counted_by_the_nic() {
+        let (ca, cb) = hosts();
+        let (a, b) = pair::<H>(&ca, &cb, Opts { rnr_retry: 7, min_rnr_timer: 1, ..Opts::default() });
+        post_recv(&b.qp, &[RecvWr { wr_id: 1, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        post_send(&a.qp, &[send(1, &[a.sge(0, 8)], SIG)]).unwrap();
+        assert_eq!(poll_one::<H, _>(&a.scq, "send with a receive posted").status, WcStatus::IBV_WC_SUCCESS);
+        assert_eq!(a.qp.rnr_stalls(), 0, "a receive was posted");
+        let before = rpc_core::verbs::sim::stats().rnr_stalls;
+        post_send(&a.qp, &[send(2, &[a.sge(0, 8)], SIG)]).unwrap();
+        // No receive at b: the send waits (0.01 ms RNR timer) and retries, forever.
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while a.qp.rnr_stalls() < 3 {
+            assert!(std::time::Instant::now() < give_up, "{} RNR waits counted in 10 s", a.qp.rnr_stalls());
+            assert_eq!(
+                a.scq.poll(&mut [WorkCompletion::default()]).unwrap(),
+                0,
+                "no completion while it waits"
+            );
+            std::thread::yield_now();
+        }
+        assert!(rpc_core::verbs::sim::stats().rnr_stalls >= before + 3, "the process-wide count follows");
+        assert_eq!(b.qp.rnr_stalls(), 0, "the responder's own sends met no RNR");
+        post_recv(&b.qp, &[RecvWr { wr_id: 2, sg_list: &[b.sge(0, 64)] }]).unwrap();
+        assert_eq!(poll_one::<H, _>(&a.scq, "send after the RNR waits").status, WcStatus::IBV_WC_SUCCESS);
+    }
+
     #[test]
     fn rnr_retry_zero_fails_at_the_first_rnr() {
         let (ca, cb) = hosts();

@@ -233,13 +233,17 @@ pub mod store_client {
     pub const LIST: MethodId = 0xea17_102d;
     /// Calls the RPCs of `codegen.collide.Store`.
     ///
-    /// One session to one server. `Send` but not `Sync`: open one per thread. Blocking calls busy-poll
-    /// in the calling thread; `_async` calls return a future that progresses when polled (no executor
-    /// needed).
-    pub struct StoreClient {
-        inner: Client,
+    /// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open one per
+    /// thread. Blocking calls busy-poll in the calling thread; `_async` calls return a future that
+    /// progresses when polled (no executor needed). The lowest latency.
+    ///
+    /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return `Send +
+    /// 'static` futures woken by the channel's dispatcher threads.
+    #[derive(Clone, Debug)]
+    pub struct StoreClient<C = Client> {
+        inner: C,
     }
-    impl StoreClient {
+    impl StoreClient<Client> {
         /// Connects to the server at `addr` with the default client configuration.
         ///
         /// # Errors
@@ -391,9 +395,118 @@ pub mod store_client {
                 )
         }
     }
-    impl ::core::convert::From<Client> for StoreClient {
+    impl ::core::convert::From<Client> for StoreClient<Client> {
         fn from(client: Client) -> Self {
             Self { inner: client }
+        }
+    }
+    impl StoreClient<Channel> {
+        /// Opens a shareable channel to the server at `addr` with the default channel configuration
+        /// (the sessions are opened on the channel's dispatcher threads: awaiting this does not
+        /// block the executor).
+        ///
+        /// # Errors
+        /// As `Channel::connect`.
+        pub async fn connect_channel<A>(addr: A) -> ::core::result::Result<Self, Status>
+        where
+            A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send
+                + 'static,
+        {
+            ::core::result::Result::Ok(Self {
+                inner: Channel::connect(addr).await?,
+            })
+        }
+        /// Opens a shareable channel to the server at `addr` with `config`.
+        ///
+        /// # Errors
+        /// As `Channel::connect_with`.
+        pub async fn connect_channel_with<A>(
+            addr: A,
+            config: &ChannelConfig,
+        ) -> ::core::result::Result<Self, Status>
+        where
+            A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send
+                + 'static,
+        {
+            ::core::result::Result::Ok(Self {
+                inner: Channel::connect_with(addr, config).await?,
+            })
+        }
+        /// Uses an open channel (which other stubs may share).
+        pub fn from_channel(channel: Channel) -> Self {
+            Self { inner: channel }
+        }
+        /// The channel under this stub.
+        pub fn channel(&self) -> &Channel {
+            &self.inner
+        }
+        /// Calls `/codegen.collide.Store/Stock`: the future (`Send + 'static`) resolves to the reply; dropping it
+        /// cancels the call.
+        pub fn stock(
+            &self,
+            request: super::shop_::Item,
+        ) -> UnaryCall<super::Shop> {
+            self.inner
+                .unary(
+                    STOCK,
+                    request,
+                    &<CallOptions as ::core::default::Default>::default(),
+                )
+        }
+        /// Calls `/codegen.collide.Store/Stock` with `options` (a deadline, ...).
+        pub fn stock_with(
+            &self,
+            request: super::shop_::Item,
+            options: &CallOptions,
+        ) -> UnaryCall<super::Shop> {
+            self.inner.unary(STOCK, request, options)
+        }
+        /// Calls `/codegen.collide.Store/Label`: the future (`Send + 'static`) resolves to the reply; dropping it
+        /// cancels the call.
+        pub fn label(
+            &self,
+            request: super::type_::Tag,
+        ) -> UnaryCall<super::Type> {
+            self.inner
+                .unary(
+                    LABEL,
+                    request,
+                    &<CallOptions as ::core::default::Default>::default(),
+                )
+        }
+        /// Calls `/codegen.collide.Store/Label` with `options` (a deadline, ...).
+        pub fn label_with(
+            &self,
+            request: super::type_::Tag,
+            options: &CallOptions,
+        ) -> UnaryCall<super::Type> {
+            self.inner.unary(LABEL, request, options)
+        }
+        /// Calls `/codegen.collide.Store/List`: the future (`Send + 'static`) resolves to the reply; dropping it
+        /// cancels the call.
+        pub fn list(
+            &self,
+            request: super::shop::Item,
+        ) -> UnaryCall<super::shop_::Item> {
+            self.inner
+                .unary(
+                    LIST,
+                    request,
+                    &<CallOptions as ::core::default::Default>::default(),
+                )
+        }
+        /// Calls `/codegen.collide.Store/List` with `options` (a deadline, ...).
+        pub fn list_with(
+            &self,
+            request: super::shop::Item,
+            options: &CallOptions,
+        ) -> UnaryCall<super::shop_::Item> {
+            self.inner.unary(LIST, request, options)
+        }
+    }
+    impl ::core::convert::From<Channel> for StoreClient<Channel> {
+        fn from(channel: Channel) -> Self {
+            Self { inner: channel }
         }
     }
 }

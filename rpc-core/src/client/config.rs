@@ -32,11 +32,32 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Token for servers that require one.
     pub auth_token: Option<Vec<u8>>,
+    /// Calls that may wait for a slot when all `window` slots are taken (tonic's `buffer`).
+    /// Such a call is encoded once (onto the heap) and waits in FIFO order, sent as slots and
+    /// ring space free; beyond this many waiting, a new call fails at once with
+    /// RESOURCE_EXHAUSTED naming `ClientConfig::max_queued_calls`. Default 1024; 0 refuses every
+    /// call that finds the window full.
+    pub max_queued_calls: usize,
+    /// Delay before the second attempt to reconnect a broken session (the first is made by the
+    /// first call after the break). Default 100 ms; above 0, at most `reconnect_max_backoff`.
+    pub reconnect_initial_backoff: Duration,
+    /// Longest delay between reconnect attempts (after jitter). Default 10 s.
+    pub reconnect_max_backoff: Duration,
+    /// Factor by which the delay grows after each failed attempt. Default 1.6 (gRPC's); 1.0 ..= 100.
+    pub reconnect_multiplier: f64,
+    /// Each delay is scaled by a uniform random factor in `[1 − jitter, 1 + jitter]` (so clients
+    /// that broke together do not retry together). Default 0.2 (gRPC's); 0.0 ..= 1.0.
+    pub reconnect_jitter: f64,
     /// How long the server may stay silent on the RDMA path while calls wait for it: after a
     /// third of it a Ping goes out (again after each further third; a running server answers
     /// with a Pong), after all of it the session closes and its calls end UNAVAILABLE. Catches
     /// a stopped or hung server process, which its NIC still acknowledges. Checked while a call
     /// polls, every 4096 empty polls. Default 6 s; `None` disables the probe.
+    ///
+    /// The same time bounds the TCP control connection: TCP keepalive (probes from half of it
+    /// on) and `TCP_USER_TIMEOUT` make the connection to a server host that vanished (nothing
+    /// answers, not even its kernel) fail within it, and a waiting call then ends UNAVAILABLE.
+    /// Below 2 s the TCP bound is 2 s (keepalive counts seconds); with `None` it is 10 s.
     pub peer_timeout: Option<Duration>,
     /// Calls abandoned on the wire (future dropped, deadline passed) whose acknowledgement from
     /// the server has not arrived at which the client stops to wait for one, for up to
@@ -57,6 +78,11 @@ impl Default for ClientConfig {
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,
+            max_queued_calls: 1024,
+            reconnect_initial_backoff: Duration::from_millis(100),
+            reconnect_max_backoff: Duration::from_secs(10),
+            reconnect_multiplier: 1.6,
+            reconnect_jitter: 0.2,
             peer_timeout: Some(Duration::from_secs(6)),
             max_abandoned: 32,
         }
@@ -93,6 +119,16 @@ impl ClientConfig {
         polling: PollingPolicy;
         /// See [`ClientConfig::connect_timeout`].
         connect_timeout: Duration;
+        /// See [`ClientConfig::max_queued_calls`].
+        max_queued_calls: usize;
+        /// See [`ClientConfig::reconnect_initial_backoff`].
+        reconnect_initial_backoff: Duration;
+        /// See [`ClientConfig::reconnect_max_backoff`].
+        reconnect_max_backoff: Duration;
+        /// See [`ClientConfig::reconnect_multiplier`].
+        reconnect_multiplier: f64;
+        /// See [`ClientConfig::reconnect_jitter`].
+        reconnect_jitter: f64;
         /// See [`ClientConfig::peer_timeout`].
         peer_timeout: Option<Duration>;
         /// See [`ClientConfig::max_abandoned`].

@@ -65,6 +65,17 @@ struct Pending {
     deadline: Option<Instant>,
 }
 
+/// How [`ClientCore::start`] may wait and when it posts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StartMode {
+    /// Waits for a send buffer or ring room, posts at once (a blocking call).
+    Now,
+    /// Waits for a send buffer or ring room, posts with the next flush (a batch of calls).
+    Batched,
+    /// Never waits (`Ok(None)` instead), posts with the next flush (an async call).
+    NoWait,
+}
+
 /// A call in progress: slot, generation, deadline.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CallId {
@@ -176,6 +187,7 @@ impl<P: Provider> ClientCore<P> {
         };
         let peer = tcp.peer_addr().map_err(unavailable)?;
         let _ = tcp.set_nodelay(true);
+        crate::control::Liveness::for_peer_timeout(cfg.peer_timeout).apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
         let (ring_addr, ring_len, ring_rkey) = ring.remote();
         let hello = Handshake {
@@ -278,8 +290,10 @@ impl<P: Provider> ClientCore<P> {
             max_held: usize::from(window),
         };
         tracing::info!(%peer, session = reply.session, credits = reply.credits, transport = P::NAME, "client connected");
+        let session = Session::new(Role::Client, params);
         Ok(ClientCore {
             conn: Conn {
+                spare: session.spare_bodies().clone(),
                 qp,
                 pool,
                 ring,
@@ -287,7 +301,7 @@ impl<P: Provider> ClientCore<P> {
                 staging,
                 sq,
                 session: {
-                    let mut s = Session::new(Role::Client, params);
+                    let mut s = session;
                     s.set_peer_timeout(cfg.peer_timeout, Instant::now());
                     s
                 },
@@ -313,30 +327,31 @@ impl<P: Provider> ClientCore<P> {
         })
     }
 
-    /// Encodes a request and queues it (sending it when a credit is free). With `flush_now`, it
-    /// is posted at once; otherwise with the next progress (so calls started back to back share
-    /// one doorbell). A body above the eager threshold is encoded straight into the mirror of the
-    /// server's ring when the call goes out now and the ring has room; otherwise into the staging
-    /// area (waiting for room there or in the ring when both are full; onto the heap when the
-    /// body is larger than the staging area), and sent through the ring (in pieces when larger
-    /// than a piece) as space frees.
+    /// Encodes a request into a free slot and queues it (sending it when a credit is free).
+    /// `Ok(None)` when no slot is free (the caller queues the call: `super::queue`), and, with
+    /// [`StartMode::NoWait`], when the body cannot be placed without waiting (no send buffer, or
+    /// neither ring nor staging room); nothing is taken then. Otherwise it waits for those
+    /// (progressing the session, until `deadline`). With [`StartMode::Now`] the call is posted
+    /// at once; otherwise with the next progress or [`ClientCore::flush`] (so calls started back
+    /// to back share one doorbell). A body above the eager threshold is encoded straight into
+    /// the mirror of the server's ring when the call goes out now and the ring has room;
+    /// otherwise into the staging area (onto the heap when the body is larger than the staging
+    /// area), and sent through the ring (in pieces when larger than a piece) as space frees.
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
         req: &M,
-        timeout: Option<Duration>,
-        flush_now: bool,
-    ) -> Result<CallId, Status> {
+        deadline: Option<Instant>,
+        mode: StartMode,
+    ) -> Result<Option<CallId>, Status> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
         }
         if !self.slots.has_free() {
-            return Err(Status::resource_exhausted(format!(
-                "{} calls outstanding: the client's window (ClientConfig::window) is full",
-                self.slots.window()
-            )));
+            return Ok(None);
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let flush_now = mode == StartMode::Now;
+        let blocking = mode != StartMode::NoWait;
         let len = req.encoded_len();
         // Refused before anything is sent or taken.
         if let Err(s) = self.conn.session.check_len(len) {
@@ -346,14 +361,22 @@ impl<P: Provider> ClientCore<P> {
         let eager = len <= self.conn.session.params().eager_threshold as usize;
         let mut stalled = false;
         let body = loop {
-            if let Some(body) = self.place(req, len, eager, &mut stalled, deadline)? {
+            if let Some(body) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
                 break body;
             }
             // Neither the server's ring nor the staging area has room: wait for either (bodies in
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
             if len > self.conn.staging.len() as usize {
-                break PendingBody::Heap(req.encode_to_vec());
+                let Some(v) = self.conn.spare.encode(req, len) else {
+                    return Err(Status::resource_exhausted(format!(
+                        "no memory for a request of {len} bytes"
+                    )));
+                };
+                break PendingBody::Heap(v);
+            }
+            if !blocking {
+                return Ok(None);
             }
             self.wait_step(deadline)?;
         };
@@ -364,7 +387,7 @@ impl<P: Provider> ClientCore<P> {
         if flush_now {
             self.flush();
         }
-        Ok(CallId { slot, generation, deadline })
+        Ok(Some(CallId { slot, generation, deadline }))
     }
 
     /// Encodes a request body where it can go now: the eager area, the server's ring (through
@@ -377,6 +400,7 @@ impl<P: Provider> ClientCore<P> {
         eager: bool,
         stalled: &mut bool,
         deadline: Option<Instant>,
+        blocking: bool,
     ) -> Result<Option<PendingBody>, Status> {
         // A ring reservation must be queued before anything else is placed: only a call that goes
         // on the wire now (a credit free, nothing waiting) may take one.
@@ -385,6 +409,9 @@ impl<P: Provider> ClientCore<P> {
             let mut buf = loop {
                 if let Some(b) = self.conn.acquire() {
                     break b;
+                }
+                if !blocking {
+                    return Ok(None);
                 }
                 self.wait_step(deadline)?;
             };
@@ -464,7 +491,7 @@ impl<P: Provider> ClientCore<P> {
     /// Posts queued sends and due receive reposts. Inlined check first: an empty poll with
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
     #[inline]
-    fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         if self.ring_return
             || !self.conn.sq.is_empty()
             || self.conn.session.has_control()
@@ -674,7 +701,7 @@ impl<P: Provider> ClientCore<P> {
 
     /// One step of waiting: progress; when idle, check the deadline, the TCP liveness channel, and
     /// spin/yield/block per the polling policy.
-    fn wait_step(&mut self, deadline: Option<Instant>) -> Result<(), Status> {
+    pub(crate) fn wait_step(&mut self, deadline: Option<Instant>) -> Result<(), Status> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
         }
@@ -774,6 +801,44 @@ impl<P: Provider> ClientCore<P> {
         None
     }
 
+    /// A finished call's result, without progressing the session (a dispatcher progresses once
+    /// per loop for all its calls); `None` while it runs.
+    pub(crate) fn take_done<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        let a = self.slots.take_done(id.slot, id.generation)?;
+        Some(self.finish(a))
+    }
+
+    /// True when a call can start now (a slot is free).
+    pub(crate) fn has_free_slot(&self) -> bool {
+        self.broken.is_some() || self.slots.has_free()
+    }
+
+    /// One progress step of a dispatcher: polls the CQ once; an empty poll counts toward the TCP
+    /// liveness check. Returns the completions handled.
+    pub(crate) fn dispatch_step(&mut self) -> usize {
+        let n = self.progress();
+        if n > 0 {
+            self.idle.reset();
+        } else if self.broken.is_none() {
+            self.note_empty();
+        }
+        n
+    }
+
+    /// Arms the CQ and, unless a completion is already there, blocks on its completion channel
+    /// for at most `timeout`. Returns the completions handled (0 also when the CQ has no events).
+    pub(crate) fn wait_cq(&mut self, timeout: Duration) -> usize {
+        if self.broken.is_some() || self.cq.req_notify(false).is_err() {
+            return 0;
+        }
+        // Completions that arrived before the CQ was armed raise no event: poll once more.
+        let n = self.dispatch_step();
+        if n == 0 {
+            let _ = self.cq.wait(Some(timeout));
+        }
+        n
+    }
+
     /// Blocks (busy-polling per policy) until the call finishes.
     pub(crate) fn wait<R: Message + Default>(&mut self, id: CallId) -> Result<R, Status> {
         loop {
@@ -867,5 +932,49 @@ impl<P: Provider> ClientCore<P> {
     /// Whether the connection is broken, and why.
     pub(crate) fn broken(&self) -> Option<&Status> {
         self.broken.as_ref()
+    }
+
+    // ---- Hooks of the call queue (`super::queue`), which owns calls waiting for a slot. ----
+
+    /// Number of call slots.
+    pub(crate) fn window(&self) -> u16 {
+        self.slots.window()
+    }
+
+    /// Requests on the wire.
+    pub(crate) fn in_flight(&self) -> u16 {
+        self.slots.in_flight()
+    }
+
+    /// Slots that free without their caller: abandoned calls whose answer (or acknowledgement)
+    /// is still to arrive. A blocking call that needs a slot can only get one of these (every
+    /// other slot is freed by its own caller, who cannot run while this thread blocks).
+    pub(crate) fn self_freeing_slots(&self) -> usize {
+        (0..self.slots.window())
+            .filter(|&i| self.slots.state(i) == crate::session::SlotState::Abandoned)
+            .count()
+    }
+
+    /// Refuses a body of `len` bytes over the agreed `max_message_size` (RESOURCE_EXHAUSTED
+    /// naming it), before anything is encoded or queued.
+    pub(crate) fn check_len(&mut self, len: usize) -> Result<(), Status> {
+        let r = self.conn.session.check_len(len);
+        if let Err(s) = &r {
+            self.counters.status(s.code());
+        }
+        r
+    }
+
+    /// Progresses the session once without pausing: handles what completed and, on an empty
+    /// poll, counts it (checking the TCP liveness channel now and then). For a caller whose call
+    /// has no slot yet. Returns how many completions were handled.
+    pub(crate) fn poll_step(&mut self) -> usize {
+        let n = self.progress();
+        if n > 0 {
+            self.idle.reset();
+        } else if self.broken.is_none() {
+            self.note_empty();
+        }
+        n
     }
 }

@@ -3,16 +3,24 @@
 //! Blocking calls busy-poll the client's own CQ in the calling thread (per its polling policy);
 //! async calls return a [`ResponseFuture`] that progresses the session whenever it is polled (no
 //! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time.
+//!
+//! A call that finds every slot taken waits for one (`queue`: in order, encoded once, bounded
+//! by `ClientConfig::max_queued_calls`); a broken session is reconnected by a later call, with
+//! exponential backoff and jitter (`backoff`). Nothing is retried silently.
 
+mod backoff;
 mod config;
-mod core;
+pub(crate) mod core;
+mod queue;
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use prost::Message;
 
@@ -22,25 +30,44 @@ use crate::codegen::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
-use core::{CallId, ClientCore};
+use backoff::{Backoff, BackoffParams};
+use core::ClientCore;
+use queue::{Calls, Ticket};
 
-enum AnyCore {
-    Sim(Box<ClientCore<crate::verbs::sim::Sim>>),
+enum AnyCalls {
+    Sim(Box<Calls<crate::verbs::sim::Sim>>),
     #[cfg(feature = "ibverbs")]
-    Rdma(Box<ClientCore<crate::verbs::ibverbs::Ibverbs>>),
+    Rdma(Box<Calls<crate::verbs::ibverbs::Ibverbs>>),
 }
 
-macro_rules! with_core {
-    ($core:expr, $c:ident => $body:expr) => {
-        match $core {
-            AnyCore::Sim($c) => $body,
+macro_rules! with_calls {
+    ($calls:expr, $c:ident => $body:expr) => {
+        match $calls {
+            AnyCalls::Sim($c) => $body,
             #[cfg(feature = "ibverbs")]
-            AnyCore::Rdma($c) => $body,
+            AnyCalls::Rdma($c) => $body,
         }
     };
 }
 
-/// One session to a server (see the module docs).
+/// Why sessions of earlier epochs ended, kept for their calls polled after a reconnect.
+const ENDED_KEPT: usize = 8;
+
+/// One session to a server (see the module docs), reconnected when it breaks.
+///
+/// **Backpressure.** `ClientConfig::window` calls run at once; a call started while every slot
+/// is taken waits in a FIFO queue (encoded once) and is sent as slots and ring space free.
+/// Starting an async call never blocks. At most `ClientConfig::max_queued_calls` calls wait;
+/// beyond, RESOURCE_EXHAUSTED naming that field. A waiting call whose deadline passes ends
+/// DEADLINE_EXCEEDED without being sent.
+///
+/// **Reconnect.** When the session breaks (the server closed it, its process died, a send
+/// failed), every call in flight or waiting ends UNAVAILABLE; none is ever re-sent. A later call
+/// reconnects to the same address: the first call after a break tries at once, and after each
+/// failed attempt the next waits an exponentially growing, jittered delay
+/// (`ClientConfig::reconnect_*`). A call made before that delay ran out ends UNAVAILABLE at
+/// once, naming the time left, without a connect attempt. The attempt itself (TCP connect and
+/// handshake, at most `ClientConfig::connect_timeout`) runs in the call that makes it.
 ///
 /// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time):
 ///
@@ -49,8 +76,103 @@ macro_rules! with_core {
 /// shared::<rpc_core::Client>();
 /// ```
 pub struct Client {
-    core: RefCell<AnyCore>,
+    inner: RefCell<Inner>,
+}
+
+struct Inner {
+    calls: AnyCalls,
+    /// Counts sessions: a call belongs to the session of its epoch.
+    epoch: u64,
     peer: SocketAddr,
+    /// Where the session reconnects (resolved once, at [`Client::connect_with`]).
+    addrs: Vec<SocketAddr>,
+    config: ClientConfig,
+    backoff: Backoff,
+    /// Counters of the sessions before this one.
+    retired: Counters,
+    /// Reconnect attempts made (successful or not).
+    reconnect_attempts: u64,
+    ended: VecDeque<(u64, Status)>,
+}
+
+/// Opens a session to the first of `addrs` that answers.
+fn open(addrs: &[SocketAddr], config: &ClientConfig) -> Result<AnyCalls, Status> {
+    let q = config.max_queued_calls;
+    Ok(match &config.transport {
+        Transport::Sim => AnyCalls::Sim(Box::new(Calls::new(
+            ClientCore::connect(addrs, config, &crate::verbs::DeviceSelector::First, 1, -1)?,
+            q,
+        ))),
+        #[cfg(feature = "ibverbs")]
+        Transport::Rdma { device, port, gid_index } => {
+            let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
+            AnyCalls::Rdma(Box::new(Calls::new(
+                ClientCore::connect(addrs, config, &sel, *port, *gid_index)?,
+                q,
+            )))
+        }
+        #[cfg(not(feature = "ibverbs"))]
+        Transport::Rdma { .. } => return Err(Transport::rdma_unavailable()),
+    })
+}
+
+impl Inner {
+    /// The session, reconnected if it broke and the backoff allows an attempt now.
+    ///
+    /// # Errors
+    /// UNAVAILABLE naming why the session broke and when the next attempt may be made (or why
+    /// this attempt failed).
+    fn ensure_session(&mut self) -> Result<(), Status> {
+        let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(()) };
+        let now = Instant::now();
+        if let Err(at) = self.backoff.check(now) {
+            return Err(Status::unavailable(format!(
+                "the session to {} broke ({}); next reconnect attempt in {} ms",
+                self.peer,
+                reason.message(),
+                ms_ceil(at - now)
+            )));
+        }
+        self.reconnect_attempts += 1;
+        match open(&self.addrs, &self.config) {
+            Ok(calls) => {
+                let old = std::mem::replace(&mut self.calls, calls);
+                self.retired.add(&with_calls!(&old, c => c.core.counters.clone()));
+                drop(old);
+                if self.ended.len() == ENDED_KEPT {
+                    self.ended.pop_front();
+                }
+                self.ended.push_back((self.epoch, reason));
+                self.epoch += 1;
+                self.peer = with_calls!(&self.calls, c => c.core.peer);
+                self.backoff.on_success();
+                tracing::info!(peer = %self.peer, epoch = self.epoch, "client reconnected");
+                Ok(())
+            }
+            Err(e) => {
+                let delay = self.backoff.on_failure(Instant::now());
+                tracing::info!(peer = %self.peer, error = %e, ?delay, "reconnect attempt failed");
+                Err(Status::unavailable(format!(
+                    "the session to {} broke ({}); reconnect attempt {} failed ({}); next attempt in {} ms",
+                    self.peer,
+                    reason.message(),
+                    self.backoff.failures(),
+                    e.message(),
+                    ms_ceil(delay)
+                )))
+            }
+        }
+    }
+
+    /// What a call of an earlier session gets when polled after the reconnect.
+    fn ended_status(&self, epoch: u64) -> Status {
+        let why = self.ended.iter().find(|(e, _)| *e == epoch).map_or("broke", |(_, s)| s.message());
+        Status::unavailable(format!("the session this call was sent on ended: {why}"))
+    }
+}
+
+fn ms_ceil(d: Duration) -> u128 {
+    d.as_nanos().div_ceil(1_000_000)
 }
 
 impl Client {
@@ -63,97 +185,130 @@ impl Client {
         Client::connect_with(addr, &ClientConfig::default())
     }
 
-    /// Connects with `config`.
+    /// Connects with `config`. `addr` is resolved once; reconnects go to the same addresses.
     ///
     /// # Errors
-    /// As [`Client::connect`]; INVALID_ARGUMENT for a configuration value out of range.
+    /// As [`Client::connect`]; INVALID_ARGUMENT for a configuration value out of range (naming
+    /// the field).
     pub fn connect_with(addr: impl ToSocketAddrs, config: &ClientConfig) -> Result<Client, Status> {
-        let core = match &config.transport {
-            Transport::Sim => AnyCore::Sim(Box::new(ClientCore::connect(
-                addr,
-                config,
-                &crate::verbs::DeviceSelector::First,
-                1,
-                -1,
-            )?)),
-            #[cfg(feature = "ibverbs")]
-            Transport::Rdma { device, port, gid_index } => {
-                let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
-                AnyCore::Rdma(Box::new(ClientCore::connect(addr, config, &sel, *port, *gid_index)?))
-            }
-            #[cfg(not(feature = "ibverbs"))]
-            Transport::Rdma { .. } => return Err(Transport::rdma_unavailable()),
-        };
-        let peer = with_core!(&core, c => c.peer);
-        Ok(Client { core: RefCell::new(core), peer })
+        let params = BackoffParams::from_config(config)?;
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| Status::unavailable(format!("resolving the server address: {e}")))?
+            .collect();
+        let calls = open(&addrs, config)?;
+        let peer = with_calls!(&calls, c => c.core.peer);
+        Ok(Client {
+            inner: RefCell::new(Inner {
+                calls,
+                epoch: 0,
+                peer,
+                addrs,
+                config: config.clone(),
+                backoff: Backoff::new(params, fastrand::Rng::new()),
+                retired: Counters::default(),
+                reconnect_attempts: 0,
+                ended: VecDeque::new(),
+            }),
+        })
     }
 
-    /// The server's TCP address.
+    /// The server's TCP address (of the current session).
     pub fn peer_addr(&self) -> SocketAddr {
-        self.peer
+        self.inner.borrow().peer
     }
 
-    /// This client's counters.
+    /// This client's counters, summed over its sessions (reconnects included).
     pub fn counters(&self) -> Counters {
-        with_core!(&*self.core.borrow(), c => c.counters.clone())
+        let inner = self.inner.borrow();
+        let mut c = inner.retired.clone();
+        c.add(&with_calls!(&inner.calls, q => q.core.counters.clone()));
+        c
     }
 
-    /// Why the session is closed, if it is.
+    /// Why the current session is closed, if it is (until a call reconnects it).
     pub fn closed_reason(&self) -> Option<Status> {
-        with_core!(&*self.core.borrow(), c => c.broken().cloned())
+        with_calls!(&self.inner.borrow().calls, c => c.core.broken().cloned())
+    }
+
+    /// Reconnect attempts made since [`Client::connect_with`] (successful or not).
+    pub fn reconnect_attempts(&self) -> u64 {
+        self.inner.borrow().reconnect_attempts
+    }
+
+    /// Calls waiting for a slot (see [`ClientConfig::max_queued_calls`]).
+    pub fn queued_calls(&self) -> usize {
+        with_calls!(&self.inner.borrow().calls, c => c.queued())
     }
 
     /// A blocking unary call: encodes `req` straight into a registered buffer, sends it, and
-    /// busy-polls (per the polling policy) in this thread until the response arrives.
+    /// busy-polls (per the polling policy) in this thread until the response arrives. When every
+    /// slot is taken it waits (progressing the session) for one, in FIFO order with other
+    /// waiting calls, until its deadline.
     ///
     /// # Errors
-    /// The server's status; DEADLINE_EXCEEDED after `opts`' deadline; UNAVAILABLE when the
-    /// session is gone; RESOURCE_EXHAUSTED for a body over a limit (named) or a full window.
+    /// The server's status; DEADLINE_EXCEEDED after `opts`' deadline (never sent when it passed
+    /// while the call waited for a slot); UNAVAILABLE when the session is gone (reconnecting:
+    /// see [`Client`]); RESOURCE_EXHAUSTED for a body over a limit (named), when
+    /// `max_queued_calls` calls already wait, or when every slot is held by calls only their
+    /// own futures can finish (waiting would never end).
     pub fn unary<Req: Message, Resp: Message + Default>(
         &self,
         id: MethodId,
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        let mut core = self.core.borrow_mut();
-        with_core!(&mut *core, c => {
-            let call = c.start(id, req, opts.timeout(), true)?;
-            c.wait(call)
+        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let mut inner = self.inner.borrow_mut();
+        inner.ensure_session()?;
+        with_calls!(&mut inner.calls, c => {
+            let t = c.start(id, req, deadline, true)?;
+            c.wait(t)
         })
     }
 
-    /// An async unary call: the request is encoded and queued now; the returned future completes
-    /// with the response. Polling it progresses the session (no executor or other thread needed);
-    /// dropping it abandons the call (its late answer is discarded).
+    /// An async unary call: the request is encoded now, into its slot or (every slot taken, or
+    /// no ring room yet) into the queue of waiting calls; this never waits. The returned future
+    /// completes with the response. Polling it progresses the session (no executor or other
+    /// thread needed); dropping it abandons the call (a waiting call is never sent; a late
+    /// answer is discarded).
+    ///
+    /// Errors (in the future's output) are [`Client::unary`]'s, except that it never fails for
+    /// slots held by other futures.
     pub fn unary_async<Req: Message, Resp: Message + Default>(
         &self,
         id: MethodId,
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
-        let r = with_core!(&mut *self.core.borrow_mut(), c => c.start(id, req, opts.timeout(), false));
+        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let mut inner = self.inner.borrow_mut();
+        let r = inner
+            .ensure_session()
+            .and_then(|()| with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false)));
         let state = match r {
-            Ok(call) => State::Waiting(call),
+            Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
             Err(s) => State::Failed(Some(s)),
         };
         ResponseFuture { client: self, state, _t: PhantomData }
     }
 
-    /// Polls the CQ once and handles what arrived (responses are stored for their futures).
-    /// Returns how many completions were handled.
+    /// Polls the CQ once and handles what arrived (responses are stored for their futures;
+    /// waiting calls move into freed slots). Returns how many completions were handled. It
+    /// never reconnects.
     pub fn progress(&self) -> usize {
-        with_core!(&mut *self.core.borrow_mut(), c => c.progress())
+        with_calls!(&mut self.inner.borrow_mut().calls, c => c.progress())
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
-        with_core!(self.core.get_mut(), c => c.close());
+        with_calls!(&mut self.inner.get_mut().calls, c => c.core.close());
     }
 }
 
 enum State {
-    Waiting(CallId),
+    Waiting { epoch: u64, ticket: Ticket },
     Failed(Option<Status>),
     Done,
 }
@@ -184,13 +339,17 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
                 Poll::Ready(Err(s))
             }
             State::Done => Poll::Ready(Err(Status::internal("future polled after completion"))),
-            State::Waiting(call) => {
-                let call = *call;
-                let Ok(mut core) = this.client.core.try_borrow_mut() else {
+            State::Waiting { epoch, ticket } => {
+                let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 };
-                match with_core!(&mut *core, c => c.poll_call::<T>(call)) {
+                let r = if *epoch == inner.epoch {
+                    with_calls!(&mut inner.calls, c => c.poll_call::<T>(ticket))
+                } else {
+                    Some(Err(inner.ended_status(*epoch)))
+                };
+                match r {
                     Some(r) => {
                         this.state = State::Done;
                         Poll::Ready(r)
@@ -208,9 +367,11 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
 
 impl<T> Drop for ResponseFuture<'_, T> {
     fn drop(&mut self) {
-        if let State::Waiting(call) = self.state {
-            if let Ok(mut core) = self.client.core.try_borrow_mut() {
-                with_core!(&mut *core, c => c.abandon(call));
+        if let State::Waiting { epoch, ticket } = self.state {
+            if let Ok(mut inner) = self.client.inner.try_borrow_mut() {
+                if inner.epoch == epoch {
+                    with_calls!(&mut inner.calls, c => c.abandon(ticket));
+                }
             }
         }
     }

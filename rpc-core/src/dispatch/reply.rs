@@ -130,7 +130,7 @@ pub struct RequestContext {
     pub(crate) deferred: Cell<bool>,
     /// Set by [`RequestContext::defer`]: the flag the worker raises when the deferred call is
     /// cancelled, expires or loses its session (taken by the worker after the handler returns).
-    pub(crate) cancel_flag: Cell<Option<Arc<AtomicBool>>>,
+    pub(crate) cancel_flag: Cell<Option<Arc<CancelFlag>>>,
 }
 
 impl RequestContext {
@@ -164,7 +164,7 @@ impl RequestContext {
     pub fn defer<T: Message>(&self) -> (Responder<T>, Reply<T>) {
         let first = !self.deferred.replace(true);
         let target = first.then(|| (self.queue.clone(), self.target));
-        let cancelled = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::new(CancelFlag::default());
         if first {
             self.cancel_flag.set(Some(cancelled.clone()));
         }
@@ -172,10 +172,30 @@ impl RequestContext {
     }
 }
 
+/// The flag the worker raises when a deferred call no longer wants an answer; raising it wakes
+/// the task awaiting [`Responder::cancelled`], if any.
+#[derive(Default)]
+pub(crate) struct CancelFlag {
+    raised: AtomicBool,
+    waker: atomic_waker::AtomicWaker,
+}
+
+impl CancelFlag {
+    /// Raises the flag and wakes the task that waits for it.
+    pub(crate) fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Acquire)
+    }
+}
+
 /// Answers a deferred call from any thread. Dropping it unsent answers CANCELLED.
 pub struct Responder<T> {
     target: Option<(Arc<DeferQueue>, CallTarget)>,
-    cancelled: Arc<AtomicBool>,
+    cancelled: Arc<CancelFlag>,
     _t: PhantomData<fn(T)>,
 }
 
@@ -185,7 +205,23 @@ impl<T> Responder<T> {
     /// the session closed. A [`Responder::send`] after that is dropped by the worker (counted in
     /// `Counters::late_answers`).
     pub fn is_cancelled(&self) -> bool {
-        self.target.is_none() || self.cancelled.load(Ordering::Acquire)
+        self.target.is_none() || self.cancelled.is_raised()
+    }
+
+    /// Resolves once [`Responder::is_cancelled`] is true: woken by the worker when it raises the
+    /// flag (no polling), so a task can `select!` its work against it and stop early.
+    pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.is_cancelled() {
+                return std::task::Poll::Ready(());
+            }
+            self.cancelled.waker.register(cx.waker());
+            if self.is_cancelled() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
     }
 }
 
@@ -249,6 +285,8 @@ pub(crate) struct StagingSpan<'a> {
     pub(crate) bytes: &'a mut [u8],
     /// Bodies up to this many bytes are eager (never staged).
     pub(crate) eager_threshold: u32,
+    /// Spare body buffers of the session, for a body that fits neither (encoded onto the heap).
+    pub(crate) spare: &'a crate::session::BodyRecycler,
 }
 
 /// Encodes a body that waits for ring space into the staging span when it fits (one copy, no
@@ -260,7 +298,10 @@ fn stage<M: Message>(msg: &M, len: usize, staging: &mut StagingSpan<'_>) -> Outc
             return Outcome::Staged { offset: staging.offset, len: (len - dst.len()) as u32 };
         }
     }
-    Outcome::Spilled(msg.encode_to_vec())
+    match staging.spare.encode(msg, len) {
+        Some(v) => Outcome::Spilled(v),
+        None => Outcome::Error(Status::resource_exhausted(format!("no memory for an answer of {len} bytes"))),
+    }
 }
 
 /// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the

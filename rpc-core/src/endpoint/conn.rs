@@ -3,7 +3,9 @@
 //! [`Session`].
 
 use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
-use crate::session::{Complete, RingPiece, Session};
+use std::sync::Arc;
+
+use crate::session::{BodyRecycler, Complete, RingPiece, Session};
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
 use crate::wire::{Header, Kind, HEADER_LEN};
 
@@ -30,6 +32,14 @@ pub(crate) fn create_ring<P: Provider>(
     *fallback += 1;
     RecvRing::new(pd, len)
 }
+
+/// Smallest piece, in bytes, a ring body is cut into so that the receiver's copy-out overlaps
+/// the sender's WRITE of the next piece (below it a piece's SEND costs more than the overlap
+/// gains).
+pub(crate) const PIPELINE_MIN_PIECE: u32 = 64 << 10;
+
+/// Most pieces a ring body reserved whole is cut into for pipelining.
+pub(crate) const PIPELINE_PIECES: u32 = 4;
 
 /// Smallest eager body area in bytes, so that a status message always fits in one SEND.
 pub(crate) const MIN_BODY_AREA: usize = 256;
@@ -159,6 +169,9 @@ pub(crate) struct Conn<P: Provider> {
     /// Messages up to this many bytes (header included) are sent inline (the QP's
     /// `max_inline_data` after creation).
     pub(crate) max_inline: u32,
+    /// The session's spare body buffers ([`Session::spare_bodies`]): bodies that wait on the heap
+    /// are encoded into one and give it back once queued, so a large body costs no fresh pages.
+    pub(crate) spare: Arc<BodyRecycler>,
 }
 
 impl<P: Provider> Conn<P> {
@@ -171,8 +184,49 @@ impl<P: Provider> Conn<P> {
     /// Queues a message whose body is already in send buffer `buf` or in the mirror: stamps the
     /// session id and freed head, writes the header, queues the WRITE (ring body) and the SEND.
     /// A ring body's `total_len` is the header's when set (a piece), else the body's length.
+    /// A ring body of at least two [`Conn::pipeline_piece`]s goes as up to
+    /// [`PIPELINE_PIECES`] pieces of its reserved range (each a WRITE and a SEND), as far as
+    /// send buffers allow: the peer copies a piece out while the next one is written.
     #[inline]
-    pub(crate) fn queue(&mut self, mut buf: SendBuf, mut h: Header, body: BodyAt) {
+    pub(crate) fn queue(&mut self, buf: SendBuf, h: Header, body: BodyAt) {
+        if let BodyAt::Ring { offset, len } = body {
+            if len >= 2 * self.pipeline_piece() {
+                return self.queue_pipelined(buf, h, offset, len);
+            }
+        }
+        self.queue_one(buf, h, body);
+    }
+
+    /// Smallest piece a ring body is cut into for pipelining, in bytes: [`PIPELINE_MIN_PIECE`],
+    /// and never less than 1/[`crate::session::MAX_PIECES_IN_RING`] of the peer's ring (what
+    /// the peer's receive WQEs are reserved for, see [`srq_need`]).
+    #[inline]
+    pub(crate) fn pipeline_piece(&self) -> u32 {
+        (self.session.params().peer_ring_len / crate::session::MAX_PIECES_IN_RING).max(PIPELINE_MIN_PIECE)
+    }
+
+    /// Queues a ring body reserved whole at `offset` as consecutive pieces of that range.
+    #[cold]
+    fn queue_pipelined(&mut self, mut buf: SendBuf, h: Header, offset: u32, len: u32) {
+        let piece = self.pipeline_piece().max(len.div_ceil(PIPELINE_PIECES));
+        let h = Header { total_len: len, ..h };
+        let mut done = 0;
+        loop {
+            let rest = len - done;
+            // The last piece takes the rest, and so does this one when no other send buffer is free.
+            let next = if rest > piece { self.acquire() } else { None };
+            let n = if next.is_some() { piece } else { rest };
+            self.queue_one(buf, h, BodyAt::Piece { offset: offset + done, len: n, staged: false });
+            done += n;
+            match next {
+                Some(b) => buf = b,
+                None => return,
+            }
+        }
+    }
+
+    #[inline]
+    fn queue_one(&mut self, mut buf: SendBuf, mut h: Header, body: BodyAt) {
         let eager = match body {
             BodyAt::Eager(len) => {
                 h.in_ring = false;
@@ -232,6 +286,7 @@ impl<P: Provider> Conn<P> {
                 let body = self.copy_eager(&mut buf, body);
                 self.queue(buf, out.header, body);
                 out.sent = total;
+                self.recycle_heap(out);
                 return true;
             }
         }
@@ -260,7 +315,16 @@ impl<P: Provider> Conn<P> {
             self.queue(buf, h, BodyAt::Piece { offset, len, staged: matches!(out.body, OutBody::Staged(_)) });
             out.sent += len;
         }
+        self.recycle_heap(out);
         true
+    }
+
+    /// A heap body fully queued (each piece copied into the mirror): its buffer goes back to the
+    /// spare ones.
+    fn recycle_heap(&mut self, out: &mut Outgoing) {
+        if let OutBody::Heap(body) = &mut out.body {
+            self.spare.give_back(std::mem::take(body));
+        }
     }
 
     /// Copies a ring body (or piece) out of our ring into the session's buffer for its message and
@@ -295,7 +359,7 @@ impl<P: Provider> Conn<P> {
     /// was queued ride on none of them). Best effort: with no send buffer free, the next message
     /// carries them.
     pub(crate) fn queue_ring_return(&mut self) {
-        if self.session.unreported_ring_bytes() > 0 {
+        if self.session.ring_return_due() {
             if let Some(buf) = self.acquire() {
                 self.queue(buf, Header::new(Kind::RingReturn), BodyAt::Eager(0));
             }

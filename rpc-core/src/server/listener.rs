@@ -1,17 +1,28 @@
 //! The listener thread: accepts TCP connections, runs the handshake, creates each session's QP
 //! and buffers on the least-loaded worker, hands it over through the worker's control queue, and
 //! watches the TCP connections as the liveness and teardown channel.
+//!
+//! It sleeps in `epoll_wait` (through `mio`) until the listening socket or a connection is
+//! readable, a handshake's deadline passes, the server stops (a [`mio::Waker`]) or
+//! [`HOUSEKEEPING`] elapses (to close the TCP of sessions a worker closed). Each connection has
+//! TCP keepalive and `TCP_USER_TIMEOUT` set from `ServerConfig::peer_timeout`, so a client
+//! host that vanishes silently makes its connection readable with an error within that time.
 
+use std::collections::HashMap;
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::{ServerConfig, ServerError, ServerHandle};
 use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue, SendStaging};
+use crate::control::Liveness;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
 use crate::endpoint::conn::{
@@ -81,8 +92,12 @@ pub(super) fn start<P: Provider>(
         config.worker_cores.iter().map(|&c| Some(c)).collect()
     };
     let per_worker = config.max_sessions.div_ceil(cores.len()).max(1);
+    let liveness = Liveness::for_peer_timeout(config.peer_timeout);
+    let poll = Poll::new().map_err(|e| ServerError::Thread { what: "listener poll", source: e })?;
+    let waker = Waker::new(poll.registry(), WAKE)
+        .map_err(|e| ServerError::Thread { what: "listener waker", source: e })?;
     let draining = Arc::new(AtomicBool::new(false));
-    let stop_listener = Arc::new(AtomicBool::new(false));
+    let stop_listener = Arc::new(ListenerStop { stop: AtomicBool::new(false), waker });
     let closed = Arc::new(ArrayQueue::new(config.max_sessions.max(16)));
     let body_cap = body_area(config.eager_threshold);
     let limits = WorkerLimits {
@@ -140,8 +155,11 @@ pub(super) fn start<P: Provider>(
                 dev,
                 workers: shared_all,
                 closed,
-                conns: Vec::new(),
-                handshakes: Vec::new(),
+                poll,
+                liveness,
+                next_token: FIRST_CONN,
+                conns: HashMap::new(),
+                handshakes: HashMap::new(),
                 stop,
                 draining: shutting_down,
             }
@@ -159,40 +177,92 @@ pub(super) fn start<P: Provider>(
     })
 }
 
+/// Tells the listener thread to stop, and wakes it.
+pub(super) struct ListenerStop {
+    stop: AtomicBool,
+    waker: Waker,
+}
+
+impl ListenerStop {
+    /// Sets the flag and wakes the listener out of its wait.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Err(e) = self.waker.wake() {
+            tracing::warn!(error = %e, "waking the listener failed; it stops at its next housekeeping tick");
+        }
+    }
+}
+
+/// The listening socket's token.
+const LISTEN: Token = Token(0);
+/// The [`ListenerStop`] waker's token.
+const WAKE: Token = Token(1);
+/// The first connection token (each accepted connection gets the next one).
+const FIRST_CONN: usize = 2;
+/// Longest wait without an event: how late the TCP of a session a worker closed is closed.
+const HOUSEKEEPING: Duration = Duration::from_millis(20);
+
+/// A live session's control connection.
+struct Watched {
+    session: u32,
+    worker: usize,
+    stream: TcpStream,
+}
+
 struct Listener<P: Provider> {
     config: ServerConfig,
     dev: Arc<Device<P>>,
     workers: Vec<Arc<WorkerShared<P>>>,
     closed: Arc<ArrayQueue<u32>>,
-    /// Live sessions: (session id, worker index, TCP stream).
-    conns: Vec<(u32, usize, TcpStream)>,
+    poll: Poll,
+    liveness: Liveness,
+    next_token: usize,
+    /// Live sessions by the token of their TCP connection.
+    conns: HashMap<Token, Watched>,
     /// Accepted connections whose handshake frame is still arriving (read without blocking, so
     /// a slow or silent peer holds up nobody).
-    handshakes: Vec<PendingHandshake>,
-    stop: Arc<AtomicBool>,
+    handshakes: HashMap<Token, PendingHandshake>,
+    stop: Arc<ListenerStop>,
     /// Set by shutdown: no new sessions (a worker may already have stopped).
     draining: Arc<AtomicBool>,
 }
 
 impl<P: Provider> Listener<P> {
     fn run(mut self, tcp: TcpListener) {
-        while !self.stop.load(Ordering::Acquire) {
-            let mut busy = false;
-            match tcp.accept() {
-                Ok((stream, peer)) => {
-                    busy = true;
-                    self.admit(stream, peer);
+        if let Err(e) =
+            self.poll.registry().register(&mut SourceFd(&tcp.as_raw_fd()), LISTEN, Interest::READABLE)
+        {
+            tracing::error!(error = %e, "registering the listening socket failed: no connection will be accepted");
+        }
+        let mut events = Events::with_capacity(256);
+        while !self.stop.stop.load(Ordering::Acquire) {
+            let wait = self
+                .next_deadline()
+                .map_or(HOUSEKEEPING, |d| d.saturating_duration_since(Instant::now()).min(HOUSEKEEPING));
+            if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    tracing::warn!(error = %e, "listener poll failed");
+                    std::thread::sleep(HOUSEKEEPING);
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
+                continue;
             }
-            busy |= self.advance_handshakes();
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTEN => self.accept_all(&tcp),
+                    WAKE => {}
+                    t if self.handshakes.contains_key(&t) => self.advance_handshake(t),
+                    t => self.check_conn(t),
+                }
+            }
+            self.expire_handshakes();
             while let Some(session) = self.closed.pop() {
-                self.conns.retain(|c| c.0 != session);
-            }
-            self.check_liveness();
-            if !busy {
-                std::thread::sleep(Duration::from_millis(1));
+                let gone: Vec<Token> =
+                    self.conns.iter().filter(|(_, c)| c.session == session).map(|(t, _)| *t).collect();
+                for t in gone {
+                    if let Some(c) = self.conns.remove(&t) {
+                        self.forget(&c.stream);
+                    }
+                }
             }
         }
         self.conns.clear();
@@ -200,68 +270,125 @@ impl<P: Provider> Listener<P> {
         tracing::info!("server stopped");
     }
 
+    /// The earliest handshake deadline.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.handshakes.values().map(|h| h.since + self.config.handshake_timeout).min()
+    }
+
+    /// Stops watching `stream` (before it is dropped or handed on).
+    fn forget(&self, stream: &TcpStream) {
+        let _ = self.poll.registry().deregister(&mut SourceFd(&stream.as_raw_fd()));
+    }
+
+    /// Accepts every pending connection.
+    fn accept_all(&mut self, tcp: &TcpListener) {
+        loop {
+            match tcp.accept() {
+                Ok((stream, peer)) => self.admit(stream, peer),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE, ENOBUFS...: the connection stays in the backlog; the next event or
+                    // tick retries.
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Starts reading the handshake of an accepted connection (without blocking).
     fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
-        if let Err(e) = stream.set_nonblocking(true) {
+        if let Err(e) = stream.set_nonblocking(true).and_then(|()| self.liveness.apply(&stream)) {
             tracing::info!(%peer, error = %e, "connection dropped");
             return;
         }
         let _ = stream.set_nodelay(true);
         if self.handshakes.len() >= MAX_PENDING_HANDSHAKES {
-            let oldest = self.handshakes.remove(0);
-            tracing::info!(peer = %oldest.peer, "too many handshakes in progress: the oldest dropped");
+            if let Some(t) = self.handshakes.iter().min_by_key(|(_, h)| h.since).map(|(t, _)| *t) {
+                if let Some(oldest) = self.handshakes.remove(&t) {
+                    self.forget(&oldest.stream);
+                    tracing::info!(peer = %oldest.peer, "too many handshakes in progress: the oldest dropped");
+                }
+            }
         }
-        self.handshakes.push(PendingHandshake { stream, peer, since: Instant::now(), buf: Vec::new() });
+        let token = Token(self.next_token);
+        self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CONN);
+        if let Err(e) =
+            self.poll.registry().register(&mut SourceFd(&stream.as_raw_fd()), token, Interest::READABLE)
+        {
+            tracing::info!(%peer, error = %e, "connection dropped: cannot watch it");
+            return;
+        }
+        self.handshakes
+            .insert(token, PendingHandshake { stream, peer, since: Instant::now(), buf: Vec::new() });
+        // Bytes may have arrived before the registration (no edge would report them).
+        self.advance_handshake(token);
     }
 
-    /// Reads what arrived of every pending handshake; sets up the sessions whose frame is complete
-    /// and drops the connections that closed or ran out of `handshake_timeout`. Returns whether
-    /// anything happened.
-    fn advance_handshakes(&mut self) -> bool {
-        let mut progressed = false;
-        let mut i = 0;
-        while i < self.handshakes.len() {
-            match self.handshakes[i].step() {
-                HandshakeStep::Wait => {
-                    if self.handshakes[i].since.elapsed() >= self.config.handshake_timeout {
-                        let hs = self.handshakes.swap_remove(i);
-                        tracing::info!(peer = %hs.peer, "connection refused: no handshake within handshake_timeout");
-                    } else {
-                        i += 1;
-                    }
-                }
-                HandshakeStep::Gone(why) => {
-                    let hs = self.handshakes.swap_remove(i);
+    /// Reads what arrived of a pending handshake; sets up the session when its frame is complete,
+    /// drops the connection when it closed.
+    fn advance_handshake(&mut self, token: Token) {
+        let Some(hs) = self.handshakes.get_mut(&token) else { return };
+        match hs.step() {
+            HandshakeStep::Wait => {}
+            HandshakeStep::Gone(why) => {
+                if let Some(hs) = self.handshakes.remove(&token) {
+                    self.forget(&hs.stream);
                     tracing::info!(peer = %hs.peer, error = %why, "connection closed during the handshake");
-                    progressed = true;
                 }
-                HandshakeStep::Frame(frame) => {
-                    let hs = self.handshakes.swap_remove(i);
-                    progressed = true;
-                    let peer = hs.peer;
-                    if let Err(e) = self.setup(hs.stream, peer, frame) {
+            }
+            HandshakeStep::Frame(frame) => {
+                let Some(hs) = self.handshakes.remove(&token) else { return };
+                let peer = hs.peer;
+                match self.setup(hs.stream, peer, frame) {
+                    Ok(watched) => {
+                        self.conns.insert(token, watched);
+                        // What arrived after the frame (or the peer's close) sent no new edge.
+                        self.check_conn(token);
+                    }
+                    Err((stream, e)) => {
+                        self.forget(&stream);
                         tracing::info!(%peer, error = %e, "connection refused");
                     }
                 }
             }
         }
-        progressed
     }
 
-    fn check_liveness(&mut self) {
-        // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
-        // dropped; a peek would see them forever and never notice the connection closing.
-        let mut junk = [0u8; 64];
-        let workers = &self.workers;
-        self.conns.retain(|(session, w, stream)| match (&*stream).read(&mut junk) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => true,
-            Ok(n) if n > 0 => true,
-            _ => {
-                tracing::info!(session, "peer disconnected");
-                push(&workers[*w].control, Control::Close(*session));
-                false
+    /// Drops the handshakes that ran out of `handshake_timeout`.
+    fn expire_handshakes(&mut self) {
+        let limit = self.config.handshake_timeout;
+        let late: Vec<Token> =
+            self.handshakes.iter().filter(|(_, h)| h.since.elapsed() >= limit).map(|(t, _)| *t).collect();
+        for t in late {
+            if let Some(hs) = self.handshakes.remove(&t) {
+                self.forget(&hs.stream);
+                tracing::info!(peer = %hs.peer, "connection refused: no handshake within handshake_timeout");
             }
-        });
+        }
+    }
+
+    /// A live session's connection is readable: drains it (nothing is defined after the
+    /// handshake, so stray bytes are dropped) and closes the session when the connection closed
+    /// or failed (a keepalive or user timeout reads as `ETIMEDOUT`).
+    fn check_conn(&mut self, token: Token) {
+        let Some(c) = self.conns.get(&token) else { return };
+        let mut junk = [0u8; 64];
+        let why = loop {
+            match (&c.stream).read(&mut junk) {
+                Ok(0) => break "closed by the peer".to_string(),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => break e.to_string(),
+            }
+        };
+        if let Some(c) = self.conns.remove(&token) {
+            self.forget(&c.stream);
+            tracing::info!(session = c.session, reason = %why, "peer disconnected");
+            push(&self.workers[c.worker].control, Control::Close(c.session));
+        }
     }
 
     fn refuse(stream: &mut TcpStream, status: Status) -> Status {
@@ -272,12 +399,26 @@ impl<P: Provider> Listener<P> {
         status
     }
 
+    /// Answers a complete handshake frame: the watched connection of the new session, or the
+    /// stream (to be dropped) and why it was refused.
     fn setup(
         &mut self,
         mut stream: TcpStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
-    ) -> Result<(), Status> {
+    ) -> Result<Watched, (TcpStream, Status)> {
+        match self.setup_inner(&mut stream, peer, frame) {
+            Ok((session, worker)) => Ok(Watched { session, worker, stream }),
+            Err(e) => Err((stream, e)),
+        }
+    }
+
+    fn setup_inner(
+        &mut self,
+        stream: &mut TcpStream,
+        peer: SocketAddr,
+        frame: Result<Frame, FrameError>,
+    ) -> Result<(u32, usize), Status> {
         let span = tracing::info_span!("connect", %peer, transport = P::NAME);
         let _entered = span.enter();
         let io = |e: std::io::Error| Status::unavailable(format!("handshake with {peer}: {e}"));
@@ -287,20 +428,17 @@ impl<P: Provider> Listener<P> {
             Ok(Frame::Handshake(h)) => h,
             Ok(Frame::Refusal(r)) => return Err(Status::new(r.code, r.message)),
             Err(FrameError::Wire(e)) => {
-                return Err(Self::refuse(
-                    &mut stream,
-                    Status::invalid_argument(format!("bad handshake: {e}")),
-                ))
+                return Err(Self::refuse(stream, Status::invalid_argument(format!("bad handshake: {e}"))))
             }
             Err(e) => return Err(Status::unavailable(format!("handshake with {peer}: {e}"))),
         };
         if self.draining.load(Ordering::Acquire) {
-            return Err(Self::refuse(&mut stream, Status::unavailable("server is shutting down")));
+            return Err(Self::refuse(stream, Status::unavailable("server is shutting down")));
         }
         if let Some(token) = &self.config.auth_token {
             if &hello.auth_token != token {
                 return Err(Self::refuse(
-                    &mut stream,
+                    stream,
                     Status::unauthenticated("handshake field `auth_token` does not match"),
                 ));
             }
@@ -308,7 +446,7 @@ impl<P: Provider> Listener<P> {
         let live: usize = self.workers.iter().map(|w| w.sessions.load(Ordering::Relaxed)).sum();
         if live >= self.config.max_sessions {
             return Err(Self::refuse(
-                &mut stream,
+                stream,
                 Status::resource_exhausted(format!("max_sessions {} reached", self.config.max_sessions)),
             ));
         }
@@ -324,7 +462,7 @@ impl<P: Provider> Listener<P> {
         let need = srq_need(credits);
         if u64::from(reserved) + u64::from(need) > u64::from(self.config.srq_depth) {
             return Err(Self::refuse(
-                &mut stream,
+                stream,
                 Status::resource_exhausted(format!(
                     "srq_depth {} cannot hold another session of {credits} credits ({need} receive \
                      WQEs) on a worker whose sessions reserve {reserved}",
@@ -337,7 +475,7 @@ impl<P: Provider> Listener<P> {
         let w = w.clone();
         let conn = match self.create_conn(&w, &hello, credits, eager, max_message) {
             Ok(c) => c,
-            Err(e) => return Err(Self::refuse(&mut stream, e)),
+            Err(e) => return Err(Self::refuse(stream, e)),
         };
         let local = conn.1;
         let session = conn.0.session.params().id;
@@ -370,18 +508,17 @@ impl<P: Provider> Listener<P> {
         if window && !wait_bound(&bound) {
             push(&w.control, Control::Close(session));
             return Err(Self::refuse(
-                &mut stream,
+                stream,
                 Status::unavailable("binding the receive ring's memory window to the QP failed"),
             ));
         }
-        if let Err(e) = write_frame(&mut stream, &Frame::Handshake(reply)) {
+        if let Err(e) = write_frame(stream, &Frame::Handshake(reply)) {
             push(&w.control, Control::Close(session));
             return Err(io(e));
         }
         stream.set_nonblocking(true).map_err(io)?;
         tracing::info!(session, %peer, worker = wi, credits, eager, "session connected");
-        self.conns.push((session, wi, stream));
-        Ok(())
+        Ok((session, wi))
     }
 
     #[allow(clippy::type_complexity)]
@@ -424,14 +561,17 @@ impl<P: Provider> Listener<P> {
             max_held: usize::from(credits),
         };
         let remote_ring = ring.remote();
+        let session = Session::new(Role::Server, params);
+        let spare = session.spare_bodies().clone();
         let conn = Conn {
+            spare,
             qp,
             pool,
             ring,
             mirror,
             staging,
             sq: SendQueue::new(sq_depth, usize::from(bufs)),
-            session: Session::new(Role::Server, params),
+            session,
             peer_ring: (hello.ring_addr, hello.ring_rkey),
             body_cap,
             max_inline,

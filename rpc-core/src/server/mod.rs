@@ -9,6 +9,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod async_service;
 mod listener;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
@@ -122,6 +123,13 @@ pub struct ServerConfig {
     /// stopped or hung client process, which its NIC still acknowledges. Sessions without
     /// unanswered calls are not probed (an idle blocking client does not poll). Default 6 s;
     /// `None` disables the probe.
+    ///
+    /// The same time bounds the TCP control connection, idle or not: TCP keepalive (probes from
+    /// half of it on) and `TCP_USER_TIMEOUT` make the connection of a client host that vanished
+    /// (power, cable, partition: nothing answers, not even its kernel) fail within it, and the
+    /// listener, which waits on the connections' readiness, closes the session and frees its
+    /// memory. Below 2 s the TCP bound is 2 s (keepalive counts seconds); with `None` it is 10 s
+    /// (a stopped process's kernel still answers keepalive, so it never trips on one).
     pub peer_timeout: Option<Duration>,
 }
 
@@ -353,7 +361,7 @@ impl ServerBuilder {
 pub struct ServerHandle {
     local_addr: SocketAddr,
     draining: Arc<AtomicBool>,
-    stop_listener: Arc<AtomicBool>,
+    stop_listener: Arc<listener::ListenerStop>,
     workers: Vec<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     counters: Vec<Arc<SharedCounters>>,
@@ -374,6 +382,12 @@ impl ServerHandle {
         c
     }
 
+    /// Each worker's counters, in worker order (index `i` is the worker pinned to
+    /// `worker_cores[i]`); [`ServerHandle::counters`] is their sum.
+    pub fn worker_counters(&self) -> Vec<Counters> {
+        self.counters.iter().map(|w| w.snapshot()).collect()
+    }
+
     /// Stops the server: new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
     /// included) are finished up to `drain_timeout`, peers get a Close, then QPs are destroyed,
     /// memory freed and TCP connections closed. Blocks until done.
@@ -386,7 +400,7 @@ impl ServerHandle {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
-        self.stop_listener.store(true, Ordering::Release);
+        self.stop_listener.stop();
         if let Some(l) = self.listener.take() {
             let _ = l.join();
         }

@@ -172,9 +172,13 @@ impl Session {
             },
             liveness: Liveness::new(None),
             assemblies: Vec::new(),
-            // Spare buffers for the bodies that may be held at once, at most our ring's length
-            // together (what the peer can have in flight towards us anyway).
-            recycler: BodyRecycler::new(params.max_held, params.own_ring_len as usize),
+            // Spare buffers for the bodies that may be held at once, received or waiting to be
+            // sent: at most our ring's length plus one largest message together (fresh memory
+            // costs a page fault per 4 KiB on first touch, more than the copy into it).
+            recycler: BodyRecycler::new(
+                params.max_held,
+                (params.own_ring_len as usize).saturating_add(params.max_message as usize),
+            ),
             closed: false,
         }
     }
@@ -367,6 +371,18 @@ impl Session {
         self.consumer.unreported()
     }
 
+    /// Whether the bytes of our ring freed since a header last told the peer are worth a RingReturn
+    /// message of their own (when no other message carries them): at least a quarter of the
+    /// ring (a whole largest piece), or any amount once no message is arriving in pieces. While
+    /// a message arrives and less is unreported, the peer is not waiting for it: with all it
+    /// placed copied out and freed, it sees more than three quarters of the ring free, room for
+    /// any piece; and its pieces still in flight bring their headers, after which this is asked
+    /// again.
+    pub fn ring_return_due(&self) -> bool {
+        let unreported = self.consumer.unreported();
+        unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty())
+    }
+
     /// Releases a ring body (frees it, in order).
     pub fn release(&mut self, token: RingToken) {
         self.consumer.release(token);
@@ -547,6 +563,12 @@ impl Session {
         }
         let a = self.assemblies.swap_remove(piece.assembly);
         Ok(Some(Complete { header: a.header, body: a.body }))
+    }
+
+    /// The spare body buffers of this session (received bodies come back there; bodies waiting
+    /// on the heap to be sent are encoded into them and given back once copied out).
+    pub fn spare_bodies(&self) -> &std::sync::Arc<BodyRecycler> {
+        &self.recycler
     }
 
     /// A complete body as `Bytes` whose buffer is reused for a later message of this session

@@ -38,19 +38,32 @@ impl BodyRecycler {
         })
     }
 
-    /// An empty buffer with room for `len` bytes: a spare one when it is large enough, else a
-    /// new allocation (a spare one too small is dropped). `None` when that allocation fails
+    /// An empty buffer with room for `len` bytes: a spare one (grown when too small), else a new
+    /// allocation. `None` when that allocation fails
     /// (`len` is announced by the peer, up to `max_message_size`): the caller closes the session
     /// instead of aborting the process.
     pub fn take(&self, len: usize) -> Option<Vec<u8>> {
-        if let Some(v) = self.spare.pop() {
-            self.held.fetch_sub(v.capacity(), Ordering::Relaxed);
-            if v.capacity() >= len {
-                return Some(v);
+        // A spare one too small grows (its pages, touched already, are kept) instead of being
+        // dropped for a fresh allocation.
+        let mut v = match self.spare.pop() {
+            Some(v) => {
+                self.held.fetch_sub(v.capacity(), Ordering::Relaxed);
+                if v.capacity() >= len {
+                    return Some(v);
+                }
+                v
             }
-        }
-        let mut v = Vec::new();
+            None => Vec::new(),
+        };
         v.try_reserve_exact(len).ok()?;
+        Some(v)
+    }
+
+    /// Encodes `msg` (`len` = its `encoded_len()`) into a buffer of [`BodyRecycler::take`], for a
+    /// body that waits on the heap to be sent. `None` when no memory could be had for it.
+    pub fn encode<M: prost::Message>(&self, msg: &M, len: usize) -> Option<Vec<u8>> {
+        let mut v = self.take(len)?;
+        msg.encode_raw(&mut v);
         Some(v)
     }
 

@@ -138,14 +138,14 @@ struct Entry<P: Provider> {
     binding: Option<Arc<AtomicU8>>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
-    deferred: Vec<(u16, u32, Arc<AtomicBool>)>,
+    deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
 }
 
 impl<P: Provider> Drop for Entry<P> {
     fn drop(&mut self) {
         // The session is gone: no deferred answer of it can be delivered any more.
         for (_, _, flag) in &self.deferred {
-            flag.store(true, Ordering::Release);
+            flag.raise();
         }
     }
 }
@@ -360,7 +360,7 @@ impl<P: Provider> Worker<P> {
                 }
             };
             if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
-                entry.deferred.swap_remove(i).2.store(true, Ordering::Release);
+                entry.deferred.swap_remove(i).2.raise();
             }
             let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
             entry.backlog.push_back(Spill::Error(header, status));
@@ -774,14 +774,14 @@ impl<P: Provider> Worker<P> {
             (None, None) => Body::slice(&[]),
         };
         let cap = entry.conn.body_cap;
-        let Conn { pool, mirror, staging, session, .. } = &mut entry.conn;
+        let Conn { pool, mirror, staging, session, spare, .. } = &mut entry.conn;
         let eager_threshold = session.params().eager_threshold;
         let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
             None => (&mut scratch[..cap], None),
         };
         let (offset, bytes) = staging.spare_mut();
-        let staging = StagingSpan { offset, bytes, eager_threshold };
+        let staging = StagingSpan { offset, bytes, eager_threshold, spare };
         let mut out =
             ReplyWriter { eager, mirror: mirror.as_mut_slice(), staging, session, outcome: Outcome::Unset };
         if draining {

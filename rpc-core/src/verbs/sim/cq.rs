@@ -359,6 +359,7 @@ impl CompletionQueue for SimCq {
             let p = ev.pending.load(Ordering::Acquire);
             if p > 0 {
                 if ev.pending.compare_exchange(p, p - 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    super::stats::count_cq_event();
                     return Ok(true);
                 }
                 continue;

@@ -167,6 +167,7 @@ mod ring;
 mod shm;
 mod sqslots;
 mod srq;
+mod stats;
 
 pub use cq::SimCq;
 pub use host::{SimContext, SimPd};
@@ -175,6 +176,7 @@ pub use mw::SimMw;
 pub use qp::SimQp;
 pub use sqslots::{send_queue_mode, set_send_queue_mode, SendQueueMode};
 pub use srq::SimSrq;
+pub use stats::{stats, SimStats};
 
 #[allow(unused_imports)] // Linked from the docs above.
 use crate::verbs::{CompletionQueue, LinkLayer, QueuePair, SharedReceiveQueue};

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::host::HostCore;
-use super::shm::{Segment, MR_TABLE_OFF, SEG_LEN};
+use super::shm::{seg_len, Segment, MR_TABLE_OFF};
 use crate::verbs::{AccessFlags, MemoryRegion, MrHandle, Result};
 
 /// MR slots per host (the sim's `max_mr`).
@@ -180,7 +180,7 @@ impl MrView {
         }
         match base.checked_add(len) {
             Some(end) if end <= self.seg_len => {}
-            Some(end) if end <= SEG_LEN as u64 => return Err(KeyFault::Beyond),
+            Some(end) if end <= seg_len() as u64 => return Err(KeyFault::Beyond),
             _ => return Err(KeyFault::Key),
         }
         // SAFETY: `base + off <= base + len <= seg_len`: inside the mapping.

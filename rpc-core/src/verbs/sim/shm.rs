@@ -4,7 +4,7 @@
 //! stores and atomics in its own mapping of the responder's segment.
 //!
 //! A segment is a `/dev/shm/rpc-sim.<uid>.<pid>.<host id>` file created `O_EXCL`, mode 0600,
-//! sized [`SEG_LEN`] (sparse: tmpfs allocates pages on first touch and [`Arena::free`] punches
+//! sized [`seg_len`] (sparse: tmpfs allocates pages on first touch and [`Arena::free`] punches
 //! them out again), mapped `MAP_SHARED | MAP_NORESERVE`: whole by its owner, and by a peer only
 //! as far as [`Header::size`] says it is in use. Its name is derived from the host's GID
 //! (`fe80::<pid>:<host id>`), so a peer finds it from the address exchanged at connection setup.
@@ -21,9 +21,25 @@ use std::sync::{Mutex, Once};
 
 use crate::verbs::{Result, VerbsError};
 
-/// Virtual size of a host segment, in bytes (256 GiB; sparse, pages exist only once touched).
-/// The owner maps all of it; a peer process maps only the part in use ([`Header::size`]).
-pub(crate) const SEG_LEN: usize = 1 << 38;
+/// Default virtual size of a host segment, in bytes (256 GiB; sparse, pages exist only once
+/// touched). The owner maps all of it; a peer process maps only the part in use
+/// ([`Header::size`]).
+const DEFAULT_SEG_LEN: usize = 1 << 38;
+
+/// Virtual size of this process's host segments in bytes: [`DEFAULT_SEG_LEN`], or
+/// `RPC_SIM_SEGMENT_BYTES` when that is a power of two from 1 GiB to 256 GiB (for tools with a
+/// smaller address space, such as valgrind, which cannot map 256 GiB; every process of one
+/// fabric must use the same value: a segment of another size is not accepted). Read once.
+pub(crate) fn seg_len() -> usize {
+    static LEN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LEN.get_or_init(|| {
+        std::env::var("RPC_SIM_SEGMENT_BYTES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n.is_power_of_two() && ((1 << 30)..=DEFAULT_SEG_LEN).contains(&n))
+            .unwrap_or(DEFAULT_SEG_LEN)
+    })
+}
 /// The part of a new segment peers map at first (bytes; the tables and the start of the heap).
 pub(crate) const INITIAL_SIZE: usize = 16 << 20;
 /// `b"RPCSIMH1"`: the first word of a host segment.
@@ -145,10 +161,10 @@ impl Segment {
         }
         let seg = (|| {
             // SAFETY: `fd` is an open file.
-            if unsafe { libc::ftruncate(fd, SEG_LEN as libc::off_t) } != 0 {
+            if unsafe { libc::ftruncate(fd, seg_len() as libc::off_t) } != 0 {
                 return Err(os("ftruncate (sim host segment)"));
             }
-            let seg = Segment::map(fd, SEG_LEN)?;
+            let seg = Segment::map(fd, seg_len())?;
             let h = seg.header();
             h.version.store(VERSION, Ordering::Relaxed);
             h.pid.store(my_pid(), Ordering::Relaxed);
@@ -194,7 +210,7 @@ impl Segment {
                 return None;
             }
             let private = st.st_uid == my_uid() && st.st_mode & 0o077 == 0;
-            if !private || st.st_size as usize != SEG_LEN {
+            if !private || st.st_size as usize != seg_len() {
                 tracing::warn!(pid, host_id, "sim: ignoring a host segment that is not ours or not private");
                 return None;
             }
@@ -212,7 +228,7 @@ impl Segment {
             }
             let size = tables.header().size.load(Ordering::Acquire) as usize;
             drop(tables);
-            let len = size.clamp(HEAP_OFF, SEG_LEN).div_ceil(PAGE) * PAGE;
+            let len = size.clamp(HEAP_OFF, seg_len()).div_ceil(PAGE) * PAGE;
             let seg = Segment::map(fd, len).ok()?;
             ours(&seg).then_some(seg)
         })();
@@ -351,7 +367,7 @@ const PAGE: usize = 4096;
 impl Arena {
     pub(crate) fn new() -> Arena {
         let mut free = BTreeMap::new();
-        free.insert(HEAP_OFF, SEG_LEN - HEAP_OFF);
+        free.insert(HEAP_OFF, seg_len() - HEAP_OFF);
         Arena { inner: Mutex::new(ArenaInner { free }) }
     }
 
@@ -376,7 +392,7 @@ impl Arena {
             }
             // Published before the offset is handed out (so before anything a peer can learn
             // of is placed there).
-            let end = (a + len).next_power_of_two().clamp(INITIAL_SIZE, SEG_LEN);
+            let end = (a + len).next_power_of_two().clamp(INITIAL_SIZE, seg_len());
             seg.header().size.fetch_max(end as u64, Ordering::AcqRel);
             a
         };
@@ -517,7 +533,7 @@ mod tests {
         let meta = std::fs::metadata(&path).expect("the segment file exists");
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-        assert_eq!(meta.len(), SEG_LEN as u64);
+        assert_eq!(meta.len(), seg_len() as u64);
         assert!(Segment::create(id).is_err(), "O_EXCL: a second create of the same name fails");
         // Another mapping of the same file sees the same bytes (what a peer process does).
         let peer = Segment::open(my_pid(), id).expect("open by pid and host id");

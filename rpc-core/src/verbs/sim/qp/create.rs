@@ -123,6 +123,7 @@ impl SimQp {
             delay_ns: AtomicU64::new(0),
             scheduled: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
+            rnr_stalls: AtomicU64::new(0),
         });
         fabric().register_qp(&core);
         Ok(SimQp { core })

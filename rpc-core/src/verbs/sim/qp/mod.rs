@@ -189,6 +189,8 @@ pub(crate) struct QpCore {
     pub(crate) scheduled: AtomicBool,
     /// Mirror of the stall deadline for the timer thread.
     deadline: AtomicU64,
+    /// RNR waits of this QP's send queue (see [`SimQp::rnr_stalls`]).
+    rnr_stalls: AtomicU64,
 }
 
 // SAFETY: `sq` is only accessed with `guard` held (see `with_sq`); `sh` points to atomics in the
@@ -368,6 +370,12 @@ impl Drop for SimQp {
 }
 
 impl SimQp {
+    /// How many times a send WR of this QP met a responder with no receive WQE and waited its
+    /// RNR timer (each retry counts; see [`super::SimStats::rnr_stalls`] for the whole process).
+    pub fn rnr_stalls(&self) -> u64 {
+        self.core.rnr_stalls.load(Ordering::Relaxed)
+    }
+
     /// Access to the core for the fault-injection API.
     pub(crate) fn core(&self) -> &Arc<QpCore> {
         &self.core

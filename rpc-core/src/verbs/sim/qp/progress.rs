@@ -37,6 +37,10 @@ impl QpCore {
         link: &Link,
         kind: StallKind,
     ) -> std::result::Result<(), WcStatus> {
+        if kind == StallKind::Rnr {
+            self.rnr_stalls.fetch_add(1, Ordering::Relaxed);
+            sim::stats::count_rnr_stall();
+        }
         let (budget, infinite, exhausted) = match kind {
             StallKind::Rnr => (link.rnr_retry, link.rnr_retry == 7, WcStatus::IBV_WC_RNR_RETRY_EXC_ERR),
             StallKind::Lost | StallKind::Delay => (link.retry_cnt, false, WcStatus::IBV_WC_RETRY_EXC_ERR),

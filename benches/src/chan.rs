@@ -1,0 +1,262 @@
+//! chan_lat and chan_bw: the benchmark service's unary calls through the shareable handle
+//! (`Channel`) from `--tasks` tokio tasks, each keeping its share of `-c` calls in flight. The
+//! server side is the one of rpc_lat/rpc_bw (`rpc::ServerState`), so the same run compares the
+//! per-thread `Client` (rpc_*) with the shareable handle (chan_*).
+//!
+//! With `--rt-threads 1` (the default) the tasks run on a current-thread runtime in the client's
+//! thread; with more, on a multi-thread runtime of that many workers. The channel's dispatchers
+//! poll per `--poll` (`busy`: they spin while calls are in flight; `yield`: they yield).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use rpc_core::{Channel, ChannelConfig, ClientConfig, PollingPolicy, Status};
+
+use crate::cli::{Args, Limit, PollKind, TestKind};
+use crate::error::PerfError;
+use crate::oob::{Msg, OobChannel, OOB_VERSION};
+use crate::results::{Measure, TestResult};
+use crate::rpc::pb::bench_client::BenchClient;
+use crate::rpc::pb::EchoRequest;
+use crate::rpc::{polling, ring_bytes_for, runtime_transport};
+use crate::sink::Sink;
+use crate::stats::{BandwidthSummary, LatencyRecorder};
+use crate::transport::Resolved;
+
+fn rpc_err(what: &str, s: Status) -> PerfError {
+    PerfError::Rpc(format!("{what}: {s}"))
+}
+
+/// What one task measured.
+struct TaskResult {
+    calls: u64,
+    latency: Option<LatencyRecorder>,
+}
+
+/// Client side of a chan_* test over all sizes.
+///
+/// # Errors
+/// Setup, connect, call and channel errors.
+pub fn run_client(
+    args: &Args,
+    resolved: Resolved,
+    test: TestKind,
+    ch: &mut OobChannel,
+    sink: &mut Sink,
+) -> Result<(), PerfError> {
+    let sizes = args.sizes();
+    let max_size = sizes.iter().map(|&s| args.rpc_sizes(s)).map(|(a, b)| a.max(b)).max().unwrap_or(args.size);
+    let tasks = args.tasks_for(test);
+    let per_task = (args.concurrency_for(test) / tasks).max(1);
+    let concurrency = per_task * tasks;
+    let dispatchers = args.dispatchers;
+    // Each dispatcher's session carries its share of the calls.
+    let window = concurrency.div_ceil(dispatchers).clamp(1, 4096) as u16;
+    ch.send(&Msg::Setup { version: OOB_VERSION, test, max_size, concurrency })?;
+    let Msg::RpcServer { port } = ch.expect(&Msg::RpcServer { port: 0 }, "after an RPC setup")? else {
+        unreachable!("expect checks the variant")
+    };
+    let peer =
+        ch.peer_addr().ok_or_else(|| PerfError::Setup("the out-of-band peer has no address".into()))?;
+    let addr = SocketAddr::new(peer.ip(), port);
+    let client = ClientConfig::default()
+        .transport(runtime_transport(resolved, args))
+        .polling(match args.poll {
+            PollKind::Busy => PollingPolicy::Busy,
+            PollKind::Yield => polling(args.poll),
+        })
+        .window(window)
+        .ring_bytes(ring_bytes_for(max_size));
+    let cfg = ChannelConfig::default()
+        .client(client.clone())
+        .dispatchers(dispatchers as usize)
+        .queue_depth((4 * concurrency as usize).max(64))
+        .spins(if args.poll == PollKind::Busy { u32::MAX } else { 1000 });
+    let rt = if args.rt_threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.rt_threads as usize)
+            .enable_all()
+            .build()
+    }
+    .map_err(|e| PerfError::Setup(format!("building the tokio runtime: {e}")))?;
+    let channel = rt
+        .block_on(Channel::connect_with(addr, &cfg))
+        .map_err(|s| rpc_err(&format!("connecting to {addr}"), s))?;
+    let stub = BenchClient::from_channel(channel);
+
+    let transport = match resolved {
+        Resolved::Sim => "sim",
+        Resolved::Rdma => "rdma (ibverbs)",
+    };
+    let mut info = vec![
+        ("Transport", transport.to_string()),
+        ("Server", addr.to_string()),
+        ("Concurrency", format!("{concurrency} ({tasks} tasks x {per_task})")),
+        ("Runtime", format!("tokio, {} worker thread(s)", args.rt_threads)),
+        ("Dispatchers", dispatchers.to_string()),
+        ("Poll", format!("{:?}", args.poll).to_lowercase()),
+        ("Eager threshold", format!("{}[B]", client.eager_threshold)),
+        ("Ring", format!("{}[B]", client.ring_bytes)),
+    ];
+    if !args.all {
+        let (q, r) = args.rpc_sizes(args.size);
+        info.push(("Request size", format!("{q}[B]")));
+        info.push(("Response size", format!("{r}[B]")));
+    }
+    if test == TestKind::ChanLat {
+        info.push(("Latency", "round trip, per call (issue to reply in the task)".into()));
+    } else {
+        info.push(("BW", "request + response payload".into()));
+    }
+    sink.begin_test(test, sizes.len(), info);
+    for (slot, &size) in sizes.iter().enumerate() {
+        sink.progress().start_size(slot, size);
+        let (req_size, resp_size) = args.rpc_sizes(size);
+        let req = EchoRequest { payload: Bytes::from(vec![0x5au8; req_size]), resp_size: resp_size as u32 };
+        let limit = args.limit_for(req_size + resp_size);
+        let timed = test == TestKind::ChanLat;
+        let bytes_per_call = (req_size + resp_size) as u64;
+        let (elapsed, results) =
+            rt.block_on(run_tasks(&stub, &req, tasks, per_task, limit, args.warmup, timed))?;
+        sink.progress().fraction(1.0);
+        let calls: u64 = results.iter().map(|r| r.calls).sum();
+        let measure = if timed {
+            let mut rec = LatencyRecorder::new();
+            for r in results.iter().filter_map(|r| r.latency.as_ref()) {
+                rec.merge(r);
+            }
+            crate::raw::latency_measure(&rec)
+        } else {
+            let ns = elapsed.as_nanos() as u64;
+            Measure::Bandwidth(BandwidthSummary::new(calls, bytes_per_call, ns, calls * bytes_per_call, ns))
+        };
+        sink.result(TestResult {
+            test,
+            bytes: req_size,
+            req_bytes: req_size,
+            resp_bytes: resp_size,
+            concurrency,
+            measure,
+        });
+    }
+    drop(stub);
+    drop(rt);
+    ch.send(&Msg::Done)?;
+    sink.end_test();
+    Ok(())
+}
+
+/// Runs `tasks` tasks, each with `per_task` calls in flight, `warmup` calls in all first
+/// (unmeasured), then until `limit` (calls over all tasks, or time). Returns the measured time
+/// and each task's figures.
+async fn run_tasks(
+    stub: &BenchClient<Channel>,
+    req: &EchoRequest,
+    tasks: u32,
+    per_task: u32,
+    limit: Limit,
+    warmup: u64,
+    timed: bool,
+) -> Result<(std::time::Duration, Vec<TaskResult>), PerfError> {
+    // Warm-up: every task's pipeline, unmeasured.
+    let warm_each = warmup.div_ceil(u64::from(tasks));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| tokio::spawn(task(stub.clone(), req.clone(), per_task, Budget::Calls(warm_each), false)))
+        .collect();
+    for h in handles {
+        h.await.map_err(|e| PerfError::Rpc(format!("a task failed: {e}")))??;
+    }
+    let budget = match limit {
+        Limit::Iters(n) => Budget::Shared(Arc::new(AtomicU64::new(n))),
+        Limit::Duration(d) => Budget::Until(Instant::now() + d, Arc::new(AtomicBool::new(false))),
+    };
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| tokio::spawn(task(stub.clone(), req.clone(), per_task, budget.clone(), timed)))
+        .collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.map_err(|e| PerfError::Rpc(format!("a task failed: {e}")))??);
+    }
+    Ok((start.elapsed(), out))
+}
+
+/// How many calls a task may still start.
+#[derive(Clone)]
+enum Budget {
+    /// This many, for this task alone.
+    Calls(u64),
+    /// From a counter all tasks draw on.
+    Shared(Arc<AtomicU64>),
+    /// Until this instant (the flag caches that it passed).
+    Until(Instant, Arc<AtomicBool>),
+}
+
+impl Budget {
+    fn take(&mut self) -> bool {
+        match self {
+            Budget::Calls(n) => {
+                let ok = *n > 0;
+                *n = n.saturating_sub(1);
+                ok
+            }
+            Budget::Shared(n) => {
+                n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1)).is_ok()
+            }
+            Budget::Until(t, passed) => {
+                if passed.load(Ordering::Relaxed) {
+                    return false;
+                }
+                let ok = Instant::now() < *t;
+                if !ok {
+                    passed.store(true, Ordering::Relaxed);
+                }
+                ok
+            }
+        }
+    }
+}
+
+/// One task: keeps `window` calls in flight while the budget lasts, awaiting the oldest.
+async fn task(
+    stub: BenchClient<Channel>,
+    req: EchoRequest,
+    window: u32,
+    mut budget: Budget,
+    timed: bool,
+) -> Result<TaskResult, PerfError> {
+    let want = req.resp_size as usize;
+    let mut q = VecDeque::with_capacity(window as usize);
+    let mut rec = timed.then(LatencyRecorder::new);
+    let mut calls = 0;
+    let mut issuing = true;
+    loop {
+        while issuing && q.len() < window as usize {
+            if !budget.take() {
+                issuing = false;
+                break;
+            }
+            let t0 = timed.then(Instant::now);
+            q.push_back((stub.echo(req.clone()), t0));
+        }
+        let Some((call, t0)) = q.pop_front() else { break };
+        let r = call.await.map_err(|s| rpc_err("Bench.Echo", s))?;
+        if let (Some(rec), Some(t0)) = (rec.as_mut(), t0) {
+            rec.record(t0.elapsed().as_nanos() as u64);
+        }
+        if r.payload.len() != want {
+            return Err(PerfError::Rpc(format!(
+                "Bench.Echo answered {} bytes, expected {want}",
+                r.payload.len()
+            )));
+        }
+        calls += 1;
+    }
+    Ok(TaskResult { calls, latency: rec })
+}

@@ -1,0 +1,160 @@
+//! Generated async server traits and the channel stubs, end to end on `sim`: async handlers on a
+//! runtime the test gives (or the one the library builds), deadlines and client cancels that drop
+//! the handler's future, panics, and the same service called through the per-thread `Client` stub and through
+//! a `Channel` shared by many tasks.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use codegen_tests::async_services::AsyncImpl;
+use codegen_tests::codegen::asynchronous::{
+    async_context_client, async_context_server, lookup_client, lookup_server, Ask,
+};
+use codegen_tests::helloworld::{greeter_client::GreeterClient, greeter_server::GreeterServer, HelloRequest};
+use codegen_tests::services::Impl;
+use rpc_core::codegen::{AsyncRuntime, CallOptions, Channel, ChannelConfig, ClientConfig, Code};
+use rpc_core::{PollingPolicy, Server, ServerHandle, Transport};
+
+const POLLING: PollingPolicy = PollingPolicy::SpinThenYield { spins: 64 };
+
+fn config() -> ClientConfig {
+    ClientConfig::default().transport(Transport::Sim).polling(POLLING)
+}
+
+fn channel_config() -> ChannelConfig {
+    ChannelConfig::default().client(config().polling(PollingPolicy::Event { spins: 0 })).spins(500)
+}
+
+fn user_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("user-rt")
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn spawn_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime) -> ServerHandle {
+    Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(lookup_server::LookupServer::with_runtime(
+            svc.clone(),
+            AsyncRuntime::from_handle(rt.handle().clone()),
+        ))
+        // Made outside any runtime: runs on the library's shared runtime.
+        .add_service(async_context_server::AsyncContextServer::new(svc))
+        .add_service(GreeterServer::new(Impl))
+        .spawn("127.0.0.1:0")
+        .expect("spawn the server on sim")
+}
+
+fn ask(key: &str, delay_ms: u32) -> Ask {
+    Ask { key: key.into(), delay_ms, panic: false }
+}
+
+#[test]
+fn async_handlers_answer_through_the_blocking_stub_on_their_runtime() {
+    let svc = AsyncImpl::default();
+    let rt = user_runtime();
+    let server = spawn_server(svc.clone(), &rt);
+    let client = lookup_client::LookupClient::connect_with(server.local_addr(), &config()).unwrap();
+    for i in 0..50 {
+        let a = client.get(&ask(&format!("k{i}"), (i % 3) as u32)).unwrap();
+        assert_eq!(a.value, format!("value of k{i}"));
+        assert_eq!(a.method, "/codegen.asynchronous.Lookup/Get");
+        assert!(!a.had_deadline);
+        assert!(a.thread.starts_with("user-rt"), "ran on {:?}, not the given runtime", a.thread);
+    }
+    let a = client.slow_with(&ask("d", 0), &CallOptions::deadline(Duration::from_secs(5))).unwrap();
+    assert!(a.had_deadline, "the deadline reaches the handler");
+    // The other service runs on the runtime the library builds.
+    let other = async_context_client::AsyncContextClient::new(client.into_client());
+    let a = other.call(&ask("x", 1)).unwrap();
+    assert_eq!(a.method, "/codegen.asynchronous.AsyncContext/Call");
+    assert!(a.thread.starts_with("rpc-async"), "ran on {:?}", a.thread);
+    assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 52);
+    server.shutdown();
+}
+
+#[test]
+fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal() {
+    let svc = AsyncImpl::default();
+    let rt = user_runtime();
+    let server = spawn_server(svc.clone(), &rt);
+    let client = lookup_client::LookupClient::connect_with(server.local_addr(), &config()).unwrap();
+    let t = Instant::now();
+    let e = client
+        .slow_with(&ask("late", 60_000), &CallOptions::deadline(Duration::from_millis(100)))
+        .unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(30));
+    // The server dropped the handler's future at the deadline instead of letting it sleep on.
+    let until = Instant::now() + Duration::from_secs(10);
+    while svc.seen.dropped.load(Ordering::SeqCst) == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(svc.seen.dropped.load(Ordering::SeqCst), 1, "the handler's future was dropped");
+    assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 0);
+
+    let e = client.get(&Ask { key: "boom".into(), delay_ms: 0, panic: true }).unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{e}");
+    assert!(e.message().contains("panicked"), "{e}");
+    // The service still answers.
+    assert_eq!(client.get(&ask("after", 0)).unwrap().value, "value of after");
+    server.shutdown();
+}
+
+#[test]
+fn channel_stubs_from_many_tasks_on_sync_and_async_services() {
+    let svc = AsyncImpl::default();
+    let rt = user_runtime();
+    let server = spawn_server(svc.clone(), &rt);
+    let addr = server.local_addr();
+    rt.block_on(async move {
+        let greeter = GreeterClient::connect_channel_with(addr, &channel_config()).await.unwrap();
+        // Another stub over the same channel.
+        let lookup = lookup_client::LookupClient::from_channel(greeter.channel().clone());
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let (greeter, lookup) = (greeter.clone(), lookup.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..200 {
+                    let name = format!("t{t}-{i}");
+                    let r = greeter.say_hello(HelloRequest { name: name.clone() }).await.unwrap();
+                    assert_eq!(r.message, format!("Hello {name}!"));
+                    let a = lookup.get(ask(&name, 0)).await.unwrap();
+                    assert_eq!(a.value, format!("value of {name}"));
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // A deadline through the channel stub, and a future dropped by a timeout.
+        let e = lookup
+            .slow_with(ask("late", 60_000), &CallOptions::deadline(Duration::from_millis(50)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded);
+        assert!(tokio::time::timeout(Duration::from_millis(20), lookup.slow(ask("late", 300)))
+            .await
+            .is_err());
+        let ch: Channel = lookup.channel().clone();
+        let until = Instant::now() + Duration::from_secs(10);
+        while ch.in_flight() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(ch.in_flight(), 0, "the timed-out call was released");
+    });
+    // The call past its deadline and the one whose future the timeout dropped (its CANCEL reached
+    // the server): both handler futures were dropped on the server, neither finished.
+    let until = Instant::now() + Duration::from_secs(10);
+    while svc.seen.dropped.load(Ordering::SeqCst) < 2 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(svc.seen.dropped.load(Ordering::SeqCst), 2, "both handler futures were dropped");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 8 * 200, "the cancelled 300 ms call did not finish");
+    server.shutdown();
+}

@@ -1,0 +1,385 @@
+//! The shareable client handle: [`Channel`], in tonic's `Channel` shape.
+//!
+//! `Clone + Send + Sync`; its calls are futures that are `Send + 'static`, so any task of a
+//! multi-thread runtime (tokio or another) may call through one handle at once, with calls from
+//! all of them pipelined on the same sessions. Kernel bypass stays: behind the handle, one
+//! dispatcher thread per configured core ([`ChannelConfig::dispatchers`], optionally pinned)
+//! owns a session to the server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call
+//! goes to a dispatcher through a bounded lock-free queue; the dispatcher encodes the request
+//! straight into the session's registered memory (one encoding, no heap copy), and a completion
+//! wakes exactly the task that waits for it (nothing wakes itself). The dispatcher busy-polls
+//! while it has work and falls back to completion events when idle (see
+//! [`ChannelConfig::polling`]).
+//!
+//! Dropping a call's future cancels the call: its slot is released and its late answer
+//! discarded. Neither [`Channel::connect`] nor dropping blocks an executor thread: sessions are
+//! opened on the dispatcher threads, and the last handle's drop only flags them to close.
+//!
+//! For the lowest latency from one thread, [`crate::Client`] drives its session in the calling
+//! thread (no hop between threads).
+
+pub(crate) mod call;
+pub(crate) mod dispatcher;
+
+use std::future::Future;
+use std::net::ToSocketAddrs;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use prost::Message;
+
+use crate::client::{CallOptions, ClientConfig};
+use crate::codegen::MethodId;
+use crate::config::PollingPolicy;
+use crate::status::Status;
+use call::{Completion, Job, UnaryJob};
+use dispatcher::Inner;
+
+/// The connection outcomes a connecting channel waits for, one per dispatcher.
+type Pending = Vec<Arc<Completion<Result<(), Status>>>>;
+
+/// Configuration of a [`Channel`]. Every field has a documented default.
+#[derive(Clone, Debug)]
+pub struct ChannelConfig {
+    /// Each dispatcher's session: transport, window (calls in flight per session), rings,
+    /// limits, and the polling policy of the dispatcher when it has calls in flight and nothing
+    /// to do (after [`ChannelConfig::spins`] empty loops): [`PollingPolicy::Event`] arms the CQ
+    /// and sleeps on its completion channel (at most 1 ms at a time, so a call queued meanwhile
+    /// waits up to that long), `SpinThenYield` yields, `Busy` spins. Default
+    /// `ClientConfig::default()` with `polling = Event { spins: 0 }`.
+    pub client: ClientConfig,
+    /// Dispatcher threads, each with its own session; calls are spread round robin.
+    /// Default 1; 1 ..= 64.
+    pub dispatchers: usize,
+    /// Cores to pin the dispatchers to (dispatcher `i` on `core_ids[i % len]`, ids as
+    /// `core_affinity` numbers them); empty = not pinned. Default empty.
+    pub core_ids: Vec<usize>,
+    /// Calls that may wait in each dispatcher's queue (beyond the session's window); a caller
+    /// that finds it full waits (its future stays pending) until there is room. Default 1024;
+    /// 1 ..= 1 048 576.
+    pub queue_depth: usize,
+    /// Empty loops a dispatcher spins before it waits per the polling policy (or, with nothing
+    /// in flight, parks until a call comes). Default 20 000 (tens of µs).
+    pub spins: u32,
+    /// Name of the dispatcher threads (`NAME-0`, `NAME-1`, ...). Default `rpc-dispatch`.
+    pub thread_name: String,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            client: ClientConfig::default().polling(PollingPolicy::Event { spins: 0 }),
+            dispatchers: 1,
+            core_ids: Vec::new(),
+            queue_depth: 1024,
+            spins: 20_000,
+            thread_name: "rpc-dispatch".into(),
+        }
+    }
+}
+
+impl ChannelConfig {
+    /// See [`ChannelConfig::client`].
+    pub fn client(mut self, v: ClientConfig) -> Self {
+        self.client = v;
+        self
+    }
+    /// See [`ChannelConfig::dispatchers`].
+    pub fn dispatchers(mut self, v: usize) -> Self {
+        self.dispatchers = v;
+        self
+    }
+    /// See [`ChannelConfig::core_ids`].
+    pub fn core_ids(mut self, v: Vec<usize>) -> Self {
+        self.core_ids = v;
+        self
+    }
+    /// See [`ChannelConfig::queue_depth`].
+    pub fn queue_depth(mut self, v: usize) -> Self {
+        self.queue_depth = v;
+        self
+    }
+    /// See [`ChannelConfig::spins`].
+    pub fn spins(mut self, v: u32) -> Self {
+        self.spins = v;
+        self
+    }
+    /// See [`ChannelConfig::thread_name`].
+    pub fn thread_name(mut self, v: impl Into<String>) -> Self {
+        self.thread_name = v.into();
+        self
+    }
+
+    fn check(&self) -> Result<(), Status> {
+        if !(1..=64).contains(&self.dispatchers) {
+            return Err(Status::invalid_argument(format!(
+                "ChannelConfig::dispatchers {} is not in 1..=64",
+                self.dispatchers
+            )));
+        }
+        if !(1..=1 << 20).contains(&self.queue_depth) {
+            return Err(Status::invalid_argument(format!(
+                "ChannelConfig::queue_depth {} is not in 1..=1048576",
+                self.queue_depth
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What the handles share; its drop (the last handle and the last call gone) stops the
+/// dispatchers.
+struct Shared {
+    dispatchers: Vec<Arc<Inner>>,
+    next: AtomicUsize,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for d in &self.dispatchers {
+            d.stop.store(true, Ordering::Release);
+            d.wake();
+        }
+    }
+}
+
+/// A shareable handle to a server (see the module docs). Cheap to clone.
+///
+/// ```
+/// fn shareable<T: Clone + Send + Sync + 'static>() {}
+/// shareable::<rpc_core::Channel>();
+/// ```
+#[derive(Clone)]
+pub struct Channel {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel").field("dispatchers", &self.shared.dispatchers.len()).finish()
+    }
+}
+
+impl Channel {
+    /// Connects with [`ChannelConfig::default`]: opens one session per dispatcher, on the
+    /// dispatcher threads (resolving `addr`, TCP connect and handshake happen there, so awaiting
+    /// this does not block the executor thread).
+    ///
+    /// # Errors
+    /// As [`crate::Client::connect`].
+    pub async fn connect<A>(addr: A) -> Result<Channel, Status>
+    where
+        A: ToSocketAddrs + Clone + Send + 'static,
+    {
+        Channel::connect_with(addr, &ChannelConfig::default()).await
+    }
+
+    /// Connects with `config` (see [`Channel::connect`]).
+    ///
+    /// # Errors
+    /// As [`crate::Client::connect_with`]; INVALID_ARGUMENT for a configuration value out of
+    /// range (named).
+    pub async fn connect_with<A>(addr: A, config: &ChannelConfig) -> Result<Channel, Status>
+    where
+        A: ToSocketAddrs + Clone + Send + 'static,
+    {
+        let (channel, pending) = Channel::start(addr, config)?;
+        for c in pending {
+            WaitCompletion(&c).await?;
+        }
+        Ok(channel)
+    }
+
+    /// [`Channel::connect_with`] for a thread that is not an executor's: blocks until the
+    /// sessions are open.
+    ///
+    /// # Errors
+    /// As [`Channel::connect_with`].
+    pub fn connect_blocking<A>(addr: A, config: &ChannelConfig) -> Result<Channel, Status>
+    where
+        A: ToSocketAddrs + Clone + Send + 'static,
+    {
+        let (channel, pending) = Channel::start(addr, config)?;
+        for c in pending {
+            block_on(&c)?;
+        }
+        Ok(channel)
+    }
+
+    fn start<A>(addr: A, config: &ChannelConfig) -> Result<(Channel, Pending), Status>
+    where
+        A: ToSocketAddrs + Clone + Send + 'static,
+    {
+        config.check()?;
+        let mut dispatchers = Vec::with_capacity(config.dispatchers);
+        let mut pending = Vec::with_capacity(config.dispatchers);
+        for i in 0..config.dispatchers {
+            let connected = Arc::new(Completion::new());
+            let setup = dispatcher::Setup {
+                addr: addr.clone(),
+                client: config.client.clone(),
+                queue_depth: config.queue_depth,
+                core_id: (!config.core_ids.is_empty()).then(|| config.core_ids[i % config.core_ids.len()]),
+                name: format!("{}-{i}", config.thread_name),
+                spins: config.spins,
+            };
+            match dispatcher::spawn(setup, connected.clone()) {
+                Ok(d) => {
+                    dispatchers.push(d);
+                    pending.push(connected);
+                }
+                Err(s) => {
+                    // Stops the dispatchers spawned so far.
+                    drop(Shared { dispatchers, next: AtomicUsize::new(0) });
+                    return Err(s);
+                }
+            }
+        }
+        Ok((Channel { shared: Arc::new(Shared { dispatchers, next: AtomicUsize::new(0) }) }, pending))
+    }
+
+    /// A unary call: the future resolves to the response. The request is queued to a dispatcher
+    /// at once, which encodes it into registered memory and sends it; dropping the future cancels
+    /// the call (its slot is released; a late answer is discarded).
+    ///
+    /// The future is `Send + 'static` and resolves with the server's status, DEADLINE_EXCEEDED
+    /// after `opts`' deadline, UNAVAILABLE when the session is gone (or the channel was dropped
+    /// while the call was queued), RESOURCE_EXHAUSTED for a body over a limit (named).
+    pub fn unary<Req, Resp>(&self, id: MethodId, req: Req, opts: &CallOptions) -> UnaryCall<Resp>
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let job = Arc::new(UnaryJob {
+            method: id,
+            timeout: opts.timeout(),
+            request: Mutex::new(Some(req)),
+            done: Completion::new(),
+        });
+        let n = self.shared.dispatchers.len();
+        let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
+        let submit: Arc<dyn Job> = job.clone();
+        let mut call = UnaryCall { done: job, submit: Some(submit), shared: self.shared.clone(), dispatcher };
+        call.try_queue();
+        call
+    }
+
+    /// Calls started and not yet finished or dropped, over all dispatchers (as the dispatchers
+    /// last published it; calls still in a queue are not counted).
+    pub fn in_flight(&self) -> usize {
+        self.shared.dispatchers.iter().map(|d| d.in_flight.load(Ordering::Acquire)).sum()
+    }
+}
+
+/// The result side of a call, whatever its request type.
+trait Outcome<Resp>: Send + Sync {
+    fn done(&self) -> &Completion<Result<Resp, Status>>;
+}
+
+impl<Req: Send, Resp: Send> Outcome<Resp> for UnaryJob<Req, Resp> {
+    fn done(&self) -> &Completion<Result<Resp, Status>> {
+        &self.done
+    }
+}
+
+/// The future of a [`Channel::unary`] call: `Send + 'static`; dropping it cancels the call.
+#[must_use = "a call does nothing useful unless awaited, and dropping it cancels the call"]
+pub struct UnaryCall<Resp> {
+    done: Arc<dyn Outcome<Resp>>,
+    /// The call until a dispatcher's queue took it (it was full).
+    submit: Option<Arc<dyn Job>>,
+    shared: Arc<Shared>,
+    dispatcher: usize,
+}
+
+impl<Resp> UnaryCall<Resp> {
+    /// Queues the call if it is not yet; false while the queue is full.
+    fn try_queue(&mut self) -> bool {
+        let Some(job) = self.submit.take() else { return true };
+        match self.shared.dispatchers[self.dispatcher].submit(job) {
+            Ok(()) => true,
+            Err(job) => {
+                self.submit = Some(job);
+                false
+            }
+        }
+    }
+}
+
+impl<Resp> Future for UnaryCall<Resp> {
+    type Output = Result<Resp, Status>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.submit.is_some() {
+            let d = &this.shared.dispatchers[this.dispatcher];
+            d.wait_for_space(cx.waker());
+            // Room may have come between the failed push and the registration.
+            if !this.try_queue() {
+                return Poll::Pending;
+            }
+        }
+        match this.done.done().poll(cx) {
+            Poll::Ready(Some(r)) => Poll::Ready(r),
+            Poll::Ready(None) => Poll::Ready(Err(Status::internal("call polled after completion"))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<Resp> Drop for UnaryCall<Resp> {
+    fn drop(&mut self) {
+        if self.done.done().cancel() {
+            let d = &self.shared.dispatchers[self.dispatcher];
+            d.cancels.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl<Resp> std::fmt::Debug for UnaryCall<Resp> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnaryCall").field("done", &self.done.done().is_done()).finish()
+    }
+}
+
+/// Awaits a completion (a connecting dispatcher's outcome).
+struct WaitCompletion<'a, T>(&'a Completion<T>);
+
+impl<T> Future for WaitCompletion<'_, T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.0.poll(cx) {
+            Poll::Ready(Some(v)) => Poll::Ready(v),
+            // Taken already: cannot happen for the one waiter of a connect.
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Wakes a blocked thread.
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Blocks the calling thread until `c` has its result.
+fn block_on<T>(c: &Completion<T>) -> T {
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(Some(v)) = c.poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}

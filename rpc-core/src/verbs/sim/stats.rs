@@ -1,0 +1,39 @@
+//! Counters of the software NIC for this process, as a NIC's port counters are (rxe's
+//! `hw_counters`): what the NIC did that the verbs calls do not report. Tests read them to check
+//! what the layers above must or must not cause.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static RNR_STALLS: AtomicU64 = AtomicU64::new(0);
+static CQ_EVENTS: AtomicU64 = AtomicU64::new(0);
+
+/// A snapshot of the counters of every sim host in this process, since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SimStats {
+    /// Receiver-not-ready NAKs: a SEND (or WRITE with immediate) found no receive WQE at the
+    /// responder and waited its RNR timer before a retry. Counted at every such wait, with or
+    /// without retries left (with `rnr_retry = 7` the sender waits forever and no completion
+    /// reports it).
+    pub rnr_stalls: u64,
+    /// Completion events delivered: a `CompletionQueue::wait` that returned because an armed
+    /// CQ got a completion (not because it timed out).
+    pub cq_events: u64,
+}
+
+/// The counters now.
+pub fn stats() -> SimStats {
+    SimStats { rnr_stalls: RNR_STALLS.load(Ordering::Relaxed), cq_events: CQ_EVENTS.load(Ordering::Relaxed) }
+}
+
+/// Counts one RNR wait.
+#[inline]
+pub(crate) fn count_rnr_stall() {
+    RNR_STALLS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one completion event delivered to a waiter.
+#[inline]
+pub(crate) fn count_cq_event() {
+    CQ_EVENTS.fetch_add(1, Ordering::Relaxed);
+}

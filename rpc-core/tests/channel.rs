@@ -1,0 +1,306 @@
+//! The shareable handle (`Channel`) under tokio's multi-thread runtime: many tasks on one handle,
+//! cancellation by dropping futures (timeout, select!; the server sees the CANCEL), dropping the
+//! runtime mid-call, and
+//! waker-driven waiting (an executor thread waiting on a slow reply uses no CPU).
+
+#[path = "rpc_support/mod.rs"]
+mod rpc_support;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use rpc_core::{CallOptions, Channel, ChannelConfig, Code, PollingPolicy};
+use rpc_support::*;
+
+/// Dispatchers spin a little, then sleep on completion events (tests share two cores).
+fn channel_config(name: &str) -> ChannelConfig {
+    ChannelConfig::default()
+        .client(client_config().polling(PollingPolicy::Event { spins: 0 }))
+        .spins(500)
+        .thread_name(name)
+}
+
+fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().unwrap()
+}
+
+/// Names of this process's threads.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .map(|s| s.trim().to_owned())
+        .collect()
+}
+
+/// Waits (up to 10 s) until `cond` holds; false if it never did.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cond()
+}
+
+#[test]
+fn eight_tasks_share_one_handle_every_reply_checked() {
+    let (server, _) = spawn(server());
+    let rt = runtime(2);
+    let addr = server.local_addr();
+    rt.block_on(async move {
+        let ch = Channel::connect_with(addr, &channel_config("chan-share").dispatchers(2)).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..8u64 {
+            let ch = ch.clone();
+            tasks.push(tokio::spawn(async move {
+                // Up to 4 calls of this task in flight at once, so all 8 tasks pipeline together.
+                let mut seq = t << 32;
+                let end = seq + 10_000;
+                let mut window = std::collections::VecDeque::new();
+                while seq < end || !window.is_empty() {
+                    while seq < end && window.len() < 4 {
+                        let len = (seq % 64) as usize;
+                        let call = ch.unary::<EchoMsg, EchoMsg>(
+                            ECHO,
+                            request(seq, len, len),
+                            &CallOptions::default(),
+                        );
+                        window.push_back((seq, len, call));
+                        seq += 1;
+                    }
+                    let (s, len, call) = window.pop_front().unwrap();
+                    let r = call.await.unwrap_or_else(|e| panic!("call {s}: {e}"));
+                    check_reply(&r, s, len);
+                }
+                10_000
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        assert_eq!(total, 80_000);
+        assert_eq!(ch.in_flight(), 0);
+    });
+    drop(rt);
+    server.shutdown();
+}
+
+#[test]
+fn timeout_and_select_cancel_calls_and_release_their_slots() {
+    let (server, stash) = spawn(server());
+    let rt = runtime(2);
+    let addr = server.local_addr();
+    let ch = rt
+        .block_on(Channel::connect_with(
+            addr,
+            &channel_config("chan-cancel")
+                .client(client_config().window(4).polling(PollingPolicy::Event { spins: 0 })),
+        ))
+        .unwrap();
+    rt.block_on(async {
+        // STASH is never answered until the test says so: only dropping the future ends the call.
+        for i in 0..2 {
+            let call = ch.unary::<EchoMsg, EchoMsg>(STASH, request(i, 4, 0), &CallOptions::default());
+            assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err(), "timed out");
+        }
+        for i in 2..4 {
+            let call = ch.unary::<EchoMsg, EchoMsg>(STASH, request(i, 4, 0), &CallOptions::default());
+            tokio::select! {
+                r = call => panic!("a stashed call answered: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    });
+    assert!(eventually(|| stash.lock().unwrap().len() == 4), "the server has the four calls");
+    // The dispatcher released all four, though the server still holds them.
+    assert!(
+        eventually(|| ch.in_flight() == 0),
+        "{} calls still in flight after their futures were dropped",
+        ch.in_flight()
+    );
+    // Each dropped future sent a CANCEL: the server sees all four calls cancelled.
+    assert!(
+        eventually(|| stash.lock().unwrap().iter().all(|r| r.is_cancelled())),
+        "the server saw {} of 4 cancels",
+        stash.lock().unwrap().iter().filter(|r| r.is_cancelled()).count()
+    );
+    // Answers given anyway are discarded, never handed to later calls.
+    for (i, r) in stash.lock().unwrap().drain(..).enumerate() {
+        r.send(Ok(EchoMsg { seq: 1000 + i as u64, ..Default::default() }));
+    }
+    rt.block_on(async {
+        for seq in 10..50u64 {
+            let r = ch
+                .unary::<EchoMsg, EchoMsg>(ECHO, request(seq, 8, 8), &CallOptions::default())
+                .await
+                .unwrap();
+            check_reply(&r, seq, 8);
+        }
+        // A deadline ends a call by itself, DEADLINE_EXCEEDED.
+        let e = ch
+            .unary::<EchoMsg, EchoMsg>(
+                STASH,
+                request(99, 1, 0),
+                &CallOptions::deadline(Duration::from_millis(30)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    });
+    // The expired call's slot comes back once the server's DEADLINE_EXCEEDED (or the Cancel's
+    // acknowledgement) arrives, a moment after the client gave up on it.
+    assert!(eventually(|| ch.in_flight() == 0), "{} calls still in flight", ch.in_flight());
+    drop(ch);
+    drop(rt);
+    server.shutdown();
+}
+
+#[test]
+fn dropping_the_runtime_with_calls_in_flight_neither_hangs_nor_leaks() {
+    let (server, stash) = spawn(server());
+    let rt = runtime(2);
+    let addr = server.local_addr();
+    let ch = rt.block_on(Channel::connect_with(addr, &channel_config("chan-drop"))).unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    for t in 0..8u64 {
+        let ch = ch.clone();
+        let started = started.clone();
+        rt.spawn(async move {
+            // One call that is never answered, then echoes until the runtime goes away.
+            let stuck = ch.unary::<EchoMsg, EchoMsg>(STASH, request(t, 4, 0), &CallOptions::default());
+            let mut seq = t << 32;
+            loop {
+                let r =
+                    ch.unary::<EchoMsg, EchoMsg>(ECHO, request(seq, 16, 16), &CallOptions::default()).await;
+                check_reply(&r.unwrap(), seq, 16);
+                started.fetch_add(1, Ordering::Relaxed);
+                seq += 1;
+                if seq == u64::MAX {
+                    let _ = stuck.await;
+                    break;
+                }
+            }
+        });
+    }
+    drop(ch);
+    assert!(eventually(|| started.load(Ordering::Relaxed) >= 100), "the tasks are calling");
+    let t = Instant::now();
+    drop(rt);
+    assert!(t.elapsed() < Duration::from_secs(5), "dropping the runtime took {:?}", t.elapsed());
+    assert!(
+        eventually(|| !thread_names().iter().any(|n| n.starts_with("chan-drop"))),
+        "the dispatcher thread is still running: {:?}",
+        thread_names()
+    );
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0, "no buffer token leaked");
+    drop(stash);
+    server.shutdown();
+}
+
+/// Counts wake-ups.
+struct CountingWaker(AtomicUsize, std::thread::Thread);
+
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        self.1.unpark();
+    }
+}
+
+#[test]
+fn a_completion_wakes_its_task_once_and_nothing_wakes_itself() {
+    let (server, _) = spawn(server());
+    let ch = Channel::connect_blocking(server.local_addr(), &channel_config("chan-wake")).unwrap();
+    let counter = Arc::new(CountingWaker(AtomicUsize::new(0), std::thread::current()));
+    let waker = Waker::from(counter.clone());
+    let mut cx = Context::from_waker(&waker);
+    // The server answers after 100 ms.
+    let mut call =
+        std::pin::pin!(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(7, 0, 100), &CallOptions::default()));
+    assert!(call.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(counter.0.load(Ordering::SeqCst), 0, "a pending poll does not wake its own task");
+    let t = Instant::now();
+    while counter.0.load(Ordering::SeqCst) == 0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    assert_eq!(counter.0.load(Ordering::SeqCst), 1, "the reply woke the task once");
+    match call.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => assert_eq!(r.unwrap().seq, 7),
+        Poll::Pending => panic!("woken but not ready"),
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(counter.0.load(Ordering::SeqCst), 1, "no wake-up after the result");
+    drop(ch);
+    server.shutdown();
+}
+
+/// CPU time of the calling thread in µs (the scheduler's run time, `/proc/thread-self/schedstat`,
+/// in ns: finer than getrusage's ticks and needing no FFI).
+fn thread_cpu_us() -> u64 {
+    schedstat_us(std::path::Path::new("/proc/thread-self")).expect("schedstat readable")
+}
+
+fn schedstat_us(task: &std::path::Path) -> Option<u64> {
+    let s = std::fs::read_to_string(task.join("schedstat")).ok()?;
+    Some(s.split_whitespace().next()?.parse::<u64>().ok()? / 1000)
+}
+
+/// CPU time of thread `name` of this process, in µs.
+fn named_thread_cpu_us(name: &str) -> Option<u64> {
+    for e in std::fs::read_dir("/proc/self/task").ok()? {
+        let p = e.ok()?.path();
+        if std::fs::read_to_string(p.join("comm")).ok()?.trim() == name {
+            return schedstat_us(&p);
+        }
+    }
+    None
+}
+
+#[test]
+fn an_executor_thread_waiting_on_a_slow_reply_uses_no_cpu() {
+    let (server, _) = spawn(server());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ch = rt.block_on(Channel::connect_with(server.local_addr(), &channel_config("chan-idle"))).unwrap();
+    let dispatcher_before = named_thread_cpu_us("chan-idle-0");
+    let (cpu0, t0) = (thread_cpu_us(), Instant::now());
+    // The server answers from a thread of its own after 1 s (a deferred reply).
+    let r = rt.block_on(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(3, 0, 1000), &CallOptions::default()));
+    let (cpu, wall) = (thread_cpu_us() - cpu0, t0.elapsed());
+    assert_eq!(r.unwrap().seq, 3);
+    let dispatcher = named_thread_cpu_us("chan-idle-0").zip(dispatcher_before).map(|(a, b)| a - b);
+    eprintln!(
+        "waiting {wall:?} on a deferred reply: executor thread {cpu} µs CPU ({:.3} % of a core), dispatcher {dispatcher:?} µs",
+        cpu as f64 / wall.as_micros() as f64 * 100.0
+    );
+    assert!(wall >= Duration::from_millis(1000));
+    assert!(
+        (cpu as u128) * 100 < wall.as_micros(),
+        "the executor thread used {cpu} µs of CPU in {wall:?} (1 % is the bound)"
+    );
+    drop(ch);
+    server.shutdown();
+}
+
+#[test]
+fn connect_errors_are_statuses() {
+    let rt = runtime(1);
+    // A port nothing listens on.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    let e = rt.block_on(Channel::connect_with(addr, &channel_config("chan-err"))).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    let e = rt.block_on(Channel::connect_with(addr, &channel_config("chan-err").dispatchers(0))).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("dispatchers"), "{e}");
+}
