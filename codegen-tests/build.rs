@@ -36,6 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     rpc_codegen::configure()
         .async_server("codegen.asynchronous.Lookup")
         .async_server(".codegen.asynchronous.AsyncContext")
+        .async_server("codegen.asynchronous.Pipe")
         .compile_protos(&["../proto/codegen/asynchronous.proto"], &["../proto"])?;
 
     // The module-collision set once more, reached through prost-build's include file (which

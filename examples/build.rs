@@ -3,6 +3,9 @@
 //! the received message, not a copy.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    rpc_codegen::compile_protos(&["../proto/helloworld.proto", "../proto/kv.proto"], &["../proto"])?;
+    rpc_codegen::compile_protos(
+        &["../proto/helloworld.proto", "../proto/kv.proto", "../proto/route_guide.proto"],
+        &["../proto"],
+    )?;
     Ok(())
 }

@@ -10,6 +10,8 @@ fn request_header() -> Header {
     Header {
         kind: Kind::Request,
         in_ring: false,
+        stream: 0,
+        credits: 0,
         status: Code::Ok,
         slot: 7,
         generation: 42,

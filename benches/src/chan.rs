@@ -8,21 +8,19 @@
 //! poll per `--poll` (`busy`: they spin while calls are in flight; `yield`: they yield).
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use rpc_core::{Channel, ChannelConfig, ClientConfig, PollingPolicy, Status};
+use rpc_core::{Channel, ChannelConfig, Status};
 
 use crate::cli::{Args, Limit, PollKind, TestKind};
 use crate::error::PerfError;
-use crate::oob::{Msg, OobChannel, OOB_VERSION};
-use crate::results::{Measure, TestResult};
+use crate::oob::OobChannel;
+use crate::results::Measure;
+use crate::rpc;
 use crate::rpc::pb::bench_client::BenchClient;
 use crate::rpc::pb::EchoRequest;
-use crate::rpc::{polling, ring_bytes_for, runtime_transport};
 use crate::sink::Sink;
 use crate::stats::{BandwidthSummary, LatencyRecorder};
 use crate::transport::Resolved;
@@ -48,34 +46,21 @@ pub fn run_client(
     ch: &mut OobChannel,
     sink: &mut Sink,
 ) -> Result<(), PerfError> {
-    let sizes = args.sizes();
-    let max_size = sizes.iter().map(|&s| args.rpc_sizes(s)).map(|(a, b)| a.max(b)).max().unwrap_or(args.size);
     let tasks = args.tasks_for(test);
     let per_task = (args.concurrency_for(test) / tasks).max(1);
     let concurrency = per_task * tasks;
     let dispatchers = args.dispatchers;
+    let started = rpc::start(args, resolved, test, concurrency, ch)?;
+    let addr = started.addr;
     // Each dispatcher's session carries its share of the calls.
     let window = concurrency.div_ceil(dispatchers).clamp(1, 4096) as u16;
-    ch.send(&Msg::Setup { version: OOB_VERSION, test, max_size, concurrency })?;
-    let Msg::RpcServer { port } = ch.expect(&Msg::RpcServer { port: 0 }, "after an RPC setup")? else {
-        unreachable!("expect checks the variant")
-    };
-    let peer =
-        ch.peer_addr().ok_or_else(|| PerfError::Setup("the out-of-band peer has no address".into()))?;
-    let addr = SocketAddr::new(peer.ip(), port);
-    let client = ClientConfig::default()
-        .transport(runtime_transport(resolved, args))
-        .polling(match args.poll {
-            PollKind::Busy => PollingPolicy::Busy,
-            PollKind::Yield => polling(args.poll),
-        })
-        .window(window)
-        .ring_bytes(ring_bytes_for(max_size));
+    let client = rpc::client_config(args, resolved, rpc::polling(args.poll), window);
     let cfg = ChannelConfig::default()
         .client(client.clone())
         .dispatchers(dispatchers as usize)
         .queue_depth((4 * concurrency as usize).max(64))
-        .spins(if args.poll == PollKind::Busy { u32::MAX } else { 1000 });
+        .spins(if args.poll == PollKind::Busy { u32::MAX } else { 1000 })
+        .poll_spin(std::time::Duration::from_micros(args.poll_spin));
     let rt = if args.rt_threads == 1 {
         tokio::runtime::Builder::new_current_thread().enable_all().build()
     } else {
@@ -90,43 +75,34 @@ pub fn run_client(
         .map_err(|s| rpc_err(&format!("connecting to {addr}"), s))?;
     let stub = BenchClient::from_channel(channel);
 
-    let transport = match resolved {
-        Resolved::Sim => "sim",
-        Resolved::Rdma => "rdma (ibverbs)",
-    };
-    let mut info = vec![
-        ("Transport", transport.to_string()),
-        ("Server", addr.to_string()),
-        ("Concurrency", format!("{concurrency} ({tasks} tasks x {per_task})")),
+    let extra = vec![
         ("Runtime", format!("tokio, {} worker thread(s)", args.rt_threads)),
         ("Dispatchers", dispatchers.to_string()),
-        ("Poll", format!("{:?}", args.poll).to_lowercase()),
-        ("Eager threshold", format!("{}[B]", client.eager_threshold)),
-        ("Ring", format!("{}[B]", client.ring_bytes)),
+        ("Poll spin", format!("{}[usec]", args.poll_spin)),
     ];
-    if !args.all {
-        let (q, r) = args.rpc_sizes(args.size);
-        info.push(("Request size", format!("{q}[B]")));
-        info.push(("Response size", format!("{r}[B]")));
-    }
-    if test == TestKind::ChanLat {
-        info.push(("Latency", "round trip, per call (issue to reply in the task)".into()));
+    let timed = test == TestKind::ChanLat;
+    let what = if timed {
+        ("Latency", "round trip, per call (issue to reply in the task)")
     } else {
-        info.push(("BW", "request + response payload".into()));
-    }
-    sink.begin_test(test, sizes.len(), info);
-    for (slot, &size) in sizes.iter().enumerate() {
-        sink.progress().start_size(slot, size);
-        let (req_size, resp_size) = args.rpc_sizes(size);
-        let req = EchoRequest { payload: Bytes::from(vec![0x5au8; req_size]), resp_size: resp_size as u32 };
-        let limit = args.limit_for(req_size + resp_size);
-        let timed = test == TestKind::ChanLat;
+        ("BW", "request + response payload")
+    };
+    let info = rpc::banner_info(
+        args,
+        &started,
+        &client,
+        format!("{concurrency} ({tasks} tasks x {per_task})"),
+        extra,
+        true,
+        what,
+    );
+    sink.begin_test(test, started.sizes.len(), info);
+    rpc::each_size(args, test, &started, concurrency, sink, |req_size, resp_size, limit, _| {
+        let req = rpc::echo_request(req_size, resp_size);
         let bytes_per_call = (req_size + resp_size) as u64;
         let (elapsed, results) =
             rt.block_on(run_tasks(&stub, &req, tasks, per_task, limit, args.warmup, timed))?;
-        sink.progress().fraction(1.0);
         let calls: u64 = results.iter().map(|r| r.calls).sum();
-        let measure = if timed {
+        Ok(if timed {
             let mut rec = LatencyRecorder::new();
             for r in results.iter().filter_map(|r| r.latency.as_ref()) {
                 rec.merge(r);
@@ -135,21 +111,11 @@ pub fn run_client(
         } else {
             let ns = elapsed.as_nanos() as u64;
             Measure::Bandwidth(BandwidthSummary::new(calls, bytes_per_call, ns, calls * bytes_per_call, ns))
-        };
-        sink.result(TestResult {
-            test,
-            bytes: req_size,
-            req_bytes: req_size,
-            resp_bytes: resp_size,
-            concurrency,
-            measure,
-        });
-    }
+        })
+    })?;
     drop(stub);
     drop(rt);
-    ch.send(&Msg::Done)?;
-    sink.end_test();
-    Ok(())
+    rpc::finish(ch, sink)
 }
 
 /// Runs `tasks` tasks, each with `per_task` calls in flight, `warmup` calls in all first

@@ -100,6 +100,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dispatchers: u32,
 
+    /// chan_lat / chan_bw: how long a call's poll may drive the channel's session waiting for
+    /// its reply, in µs (`ChannelConfig::poll_spin`; 0: one step per poll, the dispatcher
+    /// threads do the waiting).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub poll_spin: u64,
+
     /// Outstanding WRITEs of write_bw, in WQEs (perftest's -t).
     #[arg(short = 't', long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=15000))]
     pub tx_depth: u32,
@@ -163,6 +169,8 @@ pub enum TestKind {
     ChanLat,
     /// Unary RPC throughput through the shareable handle from --tasks tokio tasks, -c in flight.
     ChanBw,
+    /// Server-streaming messages/s and goodput: one stream of -n messages of -s bytes.
+    StreamBw,
     /// Raw SEND/RECV ping-pong round trip.
     SendLat,
     /// Raw RDMA WRITE ping-pong round trip, polling the last byte (as ib_write_lat).
@@ -179,6 +187,7 @@ impl TestKind {
             TestKind::RpcBw => "rpc_bw",
             TestKind::ChanLat => "chan_lat",
             TestKind::ChanBw => "chan_bw",
+            TestKind::StreamBw => "stream_bw",
             TestKind::SendLat => "send_lat",
             TestKind::WriteLat => "write_lat",
             TestKind::WriteBw => "write_bw",
@@ -192,7 +201,10 @@ impl TestKind {
 
     /// True for the RPC tests (as opposed to raw verbs).
     pub fn is_rpc(self) -> bool {
-        matches!(self, TestKind::RpcLat | TestKind::RpcBw | TestKind::ChanLat | TestKind::ChanBw)
+        matches!(
+            self,
+            TestKind::RpcLat | TestKind::RpcBw | TestKind::ChanLat | TestKind::ChanBw | TestKind::StreamBw
+        )
     }
 
     /// True for the tests of the shareable handle (`Channel`).

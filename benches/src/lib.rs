@@ -15,6 +15,8 @@
 //! ```text
 //! rpc-perf --loopback --test rpc_bw -c 32 -D 5            # RPCs/s with 32 calls in flight
 //! rpc-perf --loopback --test rpc_bw -s 1M -D 5            # 1 MiB each way, vs memcpy
+//! rpc-perf --loopback --test chan_bw --tasks 8 -c 32      # the shareable handle from 8 tokio tasks
+//! rpc-perf --loopback --test stream_bw -s 64K              # server-streaming messages/s, goodput
 //! rpc-perf --loopback -a --test rpc_lat,send_lat --plot sweep.svg --json sweep.json
 //! rpc-perf --transport rdma -d mlx5_0 -x 3                # server on host A
 //! rpc-perf --transport rdma -d mlx5_0 -x 3 hostA          # client on host B
@@ -35,7 +37,8 @@
 //!   digits); `t_typical` is the median.
 //! - Bandwidth is perftest's: MB = 2^20 bytes, BW average over the whole run, BW peak over the
 //!   best interval of at least 1 ms. For rpc_bw it counts request + response payload, and the
-//!   RPC columns give calls per second and that goodput in Gbit/s.
+//!   RPC columns give calls per second and that goodput in Gbit/s; for stream_bw it counts the
+//!   streamed payload (one way) and the columns give messages per second.
 //! - memcpy (after an rpc_bw of 64 KiB or more per call): single-thread copies of the call's
 //!   size, hot (same buffers) and cold (64 MiB working set); the average goodput is given as a
 //!   fraction of each.
@@ -60,6 +63,7 @@ pub mod rpc;
 pub mod run;
 pub mod sink;
 pub mod stats;
+pub mod stream;
 pub mod transport;
 
 pub use cli::Args;

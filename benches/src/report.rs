@@ -19,6 +19,9 @@ pub const BW_HEADER: &str =
 /// Extra columns of an RPC bandwidth row: calls per second and payload goodput.
 pub const RPC_BW_HEADER_EXT: &str = "   RPCs/sec        Goodput[Gb/sec]";
 
+/// The same columns for a stream: messages per second and streamed payload in Gbit/s.
+pub const STREAM_BW_HEADER_EXT: &str = "   Msgs/sec        Goodput[Gb/sec]";
+
 fn us(ns: f64) -> f64 {
     ns / 1000.0
 }

@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
-use rpc_core::codegen::{Reply, RequestContext, Status};
+use rpc_core::codegen::{Reply, RequestContext, Status, StreamSink};
 use rpc_core::{ClientConfig, PollingPolicy, Server, ServerHandle, Transport};
 
 use crate::cli::{Args, Limit, PollKind, TestKind, MAX_SIZE};
@@ -31,7 +31,7 @@ pub mod pb {
 
 use pb::bench_client::BenchClient;
 use pb::bench_server::{Bench, BenchServer};
-use pb::{EchoReply, EchoRequest};
+use pb::{EchoReply, EchoRequest, StreamRequest};
 
 /// Most completions between two samples of the peak-rate window in rpc_bw (fewer for large
 /// messages: one sample per MiB moved, at least one per call).
@@ -65,6 +65,29 @@ impl Bench for BenchService {
                 .into();
         }
         EchoReply { payload: self.payload.slice(..n) }.into()
+    }
+
+    /// `count` messages of `size` bytes from a producer thread (a send inline in the handler
+    /// could not wait for credits), each a slice of the static payload; then a clean end.
+    fn stream(&self, _ctx: &RequestContext, req: StreamRequest, sink: StreamSink<EchoReply>) {
+        let n = req.size as usize;
+        if n > self.payload.len() {
+            sink.finish(Err(Status::invalid_argument(format!("size {n} is over the {MAX_SIZE}-byte limit"))));
+            return;
+        }
+        let payload = self.payload.slice(..n);
+        let spawned = std::thread::Builder::new().name("bench-stream".into()).spawn(move || {
+            for _ in 0..req.count {
+                if sink.send(&EchoReply { payload: payload.clone() }).is_err() {
+                    return;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            // The sink moved into the closure that was not run: it ends the stream when dropped
+            // with it, so the client sees a clean end with fewer messages and says so.
+            eprintln!("rpc-perf: Bench.Stream: spawning the producer thread: {e}");
+        }
     }
 }
 
@@ -180,6 +203,142 @@ fn rpc_err(what: &str, s: Status) -> PerfError {
     PerfError::Rpc(format!("{what}: {s}"))
 }
 
+/// What the client side of every RPC test (rpc_*, chan_*, stream_bw) does first: the sizes to
+/// run, the `Setup` exchange that makes the server side start an RPC server fit for them, and
+/// that server's address.
+pub(crate) struct Started {
+    /// Sizes to run (`-a` or `-s`).
+    pub sizes: Vec<usize>,
+    /// The RPC server.
+    pub addr: SocketAddr,
+    /// The provider the test runs on.
+    pub resolved: Resolved,
+}
+
+/// Sends the test's `Setup` (largest request or response over `args`' sizes, `concurrency`
+/// credits) and learns the RPC server's port.
+///
+/// # Errors
+/// Channel errors; a peer without an address.
+pub(crate) fn start(
+    args: &Args,
+    resolved: Resolved,
+    test: TestKind,
+    concurrency: u32,
+    ch: &mut OobChannel,
+) -> Result<Started, PerfError> {
+    let sizes = args.sizes();
+    let max_size = sizes.iter().map(|&s| args.rpc_sizes(s)).map(|(a, b)| a.max(b)).max().unwrap_or(args.size);
+    ch.send(&Msg::Setup { version: OOB_VERSION, test, max_size, concurrency })?;
+    let Msg::RpcServer { port } = ch.expect(&Msg::RpcServer { port: 0 }, "after an RPC setup")? else {
+        unreachable!("expect checks the variant")
+    };
+    let peer =
+        ch.peer_addr().ok_or_else(|| PerfError::Setup("the out-of-band peer has no address".into()))?;
+    Ok(Started { sizes, addr: SocketAddr::new(peer.ip(), port), resolved })
+}
+
+/// The client configuration of an RPC test: transport, `poll`, `window` calls in flight, rings
+/// for the largest size of the run.
+pub(crate) fn client_config(
+    args: &Args,
+    resolved: Resolved,
+    poll: PollingPolicy,
+    window: u16,
+) -> ClientConfig {
+    let max_size =
+        args.sizes().iter().map(|&s| args.rpc_sizes(s)).map(|(a, b)| a.max(b)).max().unwrap_or(args.size);
+    ClientConfig::default()
+        .transport(runtime_transport(resolved, args))
+        .polling(poll)
+        .window(window)
+        .ring_bytes(ring_bytes_for(max_size))
+}
+
+/// The banner lines of an RPC test: transport, server, concurrency, then `extra` (the test's
+/// own), poll, eager threshold and ring, the request and response sizes when one size is run
+/// and `sizes` is set, and `what` (how the figures are taken).
+pub(crate) fn banner_info(
+    args: &Args,
+    started: &Started,
+    cfg: &ClientConfig,
+    concurrency: String,
+    extra: Vec<(&'static str, String)>,
+    sizes: bool,
+    what: (&'static str, &'static str),
+) -> Vec<(&'static str, String)> {
+    let transport = match started.resolved {
+        Resolved::Sim => "sim",
+        Resolved::Rdma => "rdma (ibverbs)",
+    };
+    let mut info = vec![
+        ("Transport", transport.to_string()),
+        ("Server", started.addr.to_string()),
+        ("Concurrency", concurrency),
+    ];
+    info.extend(extra);
+    info.push(("Poll", format!("{:?}", args.poll).to_lowercase()));
+    info.push(("Eager threshold", format!("{}[B]", cfg.eager_threshold)));
+    info.push(("Ring", format!("{}[B]", cfg.ring_bytes)));
+    if sizes && !args.all {
+        let (q, r) = args.rpc_sizes(args.size);
+        info.push(("Request size", format!("{q}[B]")));
+        info.push(("Response size", format!("{r}[B]")));
+    }
+    info.push((what.0, what.1.to_string()));
+    info
+}
+
+/// Runs `measure` at each size of the run (request and response payload sizes, the limit for
+/// that size, the progress bar) and hands each result to `sink`; `concurrency` is recorded with
+/// it.
+///
+/// # Errors
+/// The first error of `measure`.
+pub(crate) fn each_size<F>(
+    args: &Args,
+    test: TestKind,
+    started: &Started,
+    concurrency: u32,
+    sink: &mut Sink,
+    mut measure: F,
+) -> Result<(), PerfError>
+where
+    F: FnMut(usize, usize, Limit, &Progress) -> Result<Measure, PerfError>,
+{
+    for (slot, &size) in started.sizes.iter().enumerate() {
+        sink.progress().start_size(slot, size);
+        let (req_size, resp_size) = args.rpc_sizes(size);
+        let limit = args.limit_for(req_size + resp_size);
+        let measure = measure(req_size, resp_size, limit, sink.progress())?;
+        sink.progress().fraction(1.0);
+        sink.result(TestResult {
+            test,
+            bytes: req_size,
+            req_bytes: req_size,
+            resp_bytes: resp_size,
+            concurrency,
+            measure,
+        });
+    }
+    Ok(())
+}
+
+/// Ends an RPC test once its client is closed: tells the server side, closes the table.
+///
+/// # Errors
+/// Channel errors.
+pub(crate) fn finish(ch: &mut OobChannel, sink: &mut Sink) -> Result<(), PerfError> {
+    ch.send(&Msg::Done)?;
+    sink.end_test();
+    Ok(())
+}
+
+/// The benchmark request for `req_size` bytes out and `resp_size` back.
+pub(crate) fn echo_request(req_size: usize, resp_size: usize) -> EchoRequest {
+    EchoRequest { payload: Bytes::from(vec![0x5au8; req_size]), resp_size: resp_size as u32 }
+}
+
 /// Client side of an RPC test over all sizes.
 ///
 /// # Errors
@@ -191,88 +350,43 @@ pub fn run_client(
     ch: &mut OobChannel,
     sink: &mut Sink,
 ) -> Result<(), PerfError> {
-    let sizes = args.sizes();
-    let max_size = sizes.iter().map(|&s| args.rpc_sizes(s)).map(|(a, b)| a.max(b)).max().unwrap_or(args.size);
     let concurrency = args.concurrency_for(test);
-    ch.send(&Msg::Setup { version: OOB_VERSION, test, max_size, concurrency })?;
-    let Msg::RpcServer { port } = ch.expect(&Msg::RpcServer { port: 0 }, "after an RPC setup")? else {
-        unreachable!("expect checks the variant")
-    };
-    let peer =
-        ch.peer_addr().ok_or_else(|| PerfError::Setup("the out-of-band peer has no address".into()))?;
-    let addr = SocketAddr::new(peer.ip(), port);
-    let cfg = ClientConfig::default()
-        .transport(runtime_transport(resolved, args))
-        .polling(polling(args.poll))
-        .window(concurrency as u16)
-        .ring_bytes(ring_bytes_for(max_size));
+    let started = start(args, resolved, test, concurrency, ch)?;
+    let addr = started.addr;
+    let cfg = client_config(args, resolved, polling(args.poll), concurrency as u16);
     let client =
         BenchClient::connect_with(addr, &cfg).map_err(|s| rpc_err(&format!("connecting to {addr}"), s))?;
-
-    let transport = match resolved {
-        Resolved::Sim => "sim",
-        Resolved::Rdma => "rdma (ibverbs)",
-    };
-    let mut info = vec![
-        ("Transport", transport.to_string()),
-        ("Server", addr.to_string()),
-        ("Concurrency", concurrency.to_string()),
-        ("Poll", format!("{:?}", args.poll).to_lowercase()),
-        ("Eager threshold", format!("{}[B]", cfg.eager_threshold)),
-        ("Ring", format!("{}[B]", cfg.ring_bytes)),
-    ];
-    if !args.all {
-        let (q, r) = args.rpc_sizes(args.size);
-        info.push(("Request size", format!("{q}[B]")));
-        info.push(("Response size", format!("{r}[B]")));
-    }
-    if test == TestKind::RpcLat {
-        info.push(("Latency", "round trip, per call".into()));
+    let what = if test == TestKind::RpcLat {
+        ("Latency", "round trip, per call")
     } else {
-        info.push(("BW", "request + response payload".into()));
-    }
-    sink.begin_test(test, sizes.len(), info);
-    for (slot, &size) in sizes.iter().enumerate() {
-        sink.progress().start_size(slot, size);
-        let (req_size, resp_size) = args.rpc_sizes(size);
-        let req = EchoRequest { payload: Bytes::from(vec![0x5au8; req_size]), resp_size: resp_size as u32 };
-        let limit = args.limit_for(req_size + resp_size);
-        let measure = if test == TestKind::RpcLat {
+        ("BW", "request + response payload")
+    };
+    let info = banner_info(args, &started, &cfg, concurrency.to_string(), Vec::new(), true, what);
+    sink.begin_test(test, started.sizes.len(), info);
+    each_size(args, test, &started, concurrency, sink, |req_size, resp_size, limit, progress| {
+        let req = echo_request(req_size, resp_size);
+        Ok(if test == TestKind::RpcLat {
             let rec = if concurrency == 1 {
-                blocking_latency(&client, &req, limit, args.warmup, sink.progress())?
+                blocking_latency(&client, &req, limit, args.warmup, progress)?
             } else {
                 let mut rec = LatencyRecorder::new();
-                windowed(&client, &req, concurrency, limit, args.warmup, sink.progress(), Some(&mut rec))?;
+                windowed(&client, &req, concurrency, limit, args.warmup, progress, Some(&mut rec))?;
                 rec
             };
             crate::raw::latency_measure(&rec)
         } else {
-            Measure::Bandwidth(windowed(
-                &client,
-                &req,
-                concurrency,
-                limit,
-                args.warmup,
-                sink.progress(),
-                None,
-            )?)
-        };
-        sink.result(TestResult {
-            test,
-            bytes: req_size,
-            req_bytes: req_size,
-            resp_bytes: resp_size,
-            concurrency,
-            measure,
-        });
-    }
+            Measure::Bandwidth(windowed(&client, &req, concurrency, limit, args.warmup, progress, None)?)
+        })
+    })?;
     let c = client.client().counters();
     drop(client);
-    ch.send(&Msg::Done)?;
-    sink.end_test();
+    finish(ch, sink)?;
     println!(
-        " client counters: rpcs {}, credit stalls {}, ring-full stalls {}, RNR events {}",
-        c.rpcs, c.credit_stalls, c.ring_full_stalls, c.rnr_events
+        " client counters: rpcs {}, credit stalls {}, ring-full stalls {}; sim RNR waits {}",
+        c.rpcs,
+        c.credit_stalls,
+        c.ring_full_stalls,
+        rpc_core::verbs::sim::stats().rnr_stalls
     );
     Ok(())
 }

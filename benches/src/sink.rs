@@ -38,6 +38,7 @@ impl Sink {
             TestKind::RpcBw | TestKind::ChanBw => {
                 println!("{}{}", report::BW_HEADER, report::RPC_BW_HEADER_EXT)
             }
+            TestKind::StreamBw => println!("{}{}", report::BW_HEADER, report::STREAM_BW_HEADER_EXT),
             TestKind::WriteBw => println!("{}", report::BW_HEADER),
             _ => println!("{}", report::LAT_HEADER),
         }
@@ -55,7 +56,7 @@ impl Sink {
         let line = if let Some(l) = r.latency() {
             report::latency_row(r.bytes, l)
         } else if let Some(b) = r.bandwidth() {
-            if matches!(r.test, TestKind::RpcBw | TestKind::ChanBw) {
+            if matches!(r.test, TestKind::RpcBw | TestKind::ChanBw | TestKind::StreamBw) {
                 format!("{}{}", report::bandwidth_row(r.bytes, b), report::rpc_bw_ext(b))
             } else {
                 report::bandwidth_row(r.bytes, b)
@@ -84,6 +85,7 @@ pub fn title(test: TestKind) -> &'static str {
             "Channel Latency Test (chan_lat, unary round trip, shareable handle, tokio tasks)"
         }
         TestKind::ChanBw => "Channel BW Test (chan_bw, unary, shareable handle, tokio tasks)",
+        TestKind::StreamBw => "Stream BW Test (stream_bw, server streaming, one stream)",
         TestKind::SendLat => "Send Latency Test (send_lat, round trip)",
         TestKind::WriteLat => "RDMA Write Latency Test (write_lat, round trip)",
         TestKind::WriteBw => "RDMA Write BW Test (write_bw)",

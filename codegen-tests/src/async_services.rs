@@ -69,3 +69,47 @@ impl asynchronous::async_context_server::AsyncContext for AsyncImpl {
         self.answer(ctx, request).await
     }
 }
+
+impl asynchronous::pipe_server::Pipe for AsyncImpl {
+    async fn watch(
+        &self,
+        _ctx: AsyncContext,
+        request: Ask,
+        sink: rpc_core::codegen::StreamSink<Answer>,
+    ) -> Result<(), Status> {
+        for i in 0..request.delay_ms {
+            let value = format!("{} {i}", request.key);
+            sink.send_async(&Answer { value, ..Default::default() }).await?;
+        }
+        if request.panic {
+            return Err(Status::aborted("watch ends with an error on purpose"));
+        }
+        Ok(())
+    }
+
+    async fn join(
+        &self,
+        _ctx: AsyncContext,
+        mut requests: rpc_core::codegen::RequestStream<Ask>,
+    ) -> Result<Answer, Status> {
+        let mut keys = Vec::new();
+        while let Some(m) = requests.message_async().await? {
+            keys.push(m.key);
+        }
+        Ok(Answer { value: keys.join(","), ..Default::default() })
+    }
+
+    async fn shout(
+        &self,
+        _ctx: AsyncContext,
+        mut requests: rpc_core::codegen::RequestStream<Ask>,
+        sink: rpc_core::codegen::StreamSink<Answer>,
+    ) -> Result<(), Status> {
+        let mut guard = Guard(&self.seen, false);
+        while let Some(m) = requests.message_async().await? {
+            sink.send_async(&Answer { value: m.key.to_uppercase(), ..Default::default() }).await?;
+        }
+        guard.1 = true;
+        Ok(())
+    }
+}

@@ -2,7 +2,9 @@
 //! reply is computed from the request, so a test asserts that the request arrived intact and the
 //! right handler answered.
 
-use rpc_core::codegen::{Reply, RequestContext, Status};
+use rpc_core::codegen::{
+    Code, Reply, RequestContext, RequestStream, Responder, Status, StreamSink, SINK_DEPTH,
+};
 
 use crate::codegen::{common, deep, keywords, only_service, shadowing, shapes, stub_names, well_known};
 use crate::{codegen, helloworld, no_package};
@@ -257,9 +259,69 @@ impl codegen::streaming::feed_server::Feed for Impl {
     ) -> Reply<codegen::streaming::Item> {
         codegen::streaming::Item { n: request.n + 100 }.into()
     }
+
+    fn subscribe(
+        &self,
+        _ctx: &RequestContext,
+        request: codegen::streaming::Item,
+        sink: StreamSink<codegen::streaming::Item>,
+    ) {
+        // A few messages inline (at most SINK_DEPTH fit before the worker drains them).
+        for n in 0..request.n.min(SINK_DEPTH as u32) {
+            if sink.send(&codegen::streaming::Item { n }).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn upload(
+        &self,
+        _ctx: &RequestContext,
+        requests: RequestStream<codegen::streaming::Item>,
+        responder: Responder<codegen::streaming::Item>,
+    ) {
+        // The sum of the client's numbers.
+        std::thread::spawn(move || {
+            let sum: Result<u32, Status> = requests.map(|m| m.map(|m| m.n)).sum();
+            responder.send(sum.map(|n| codegen::streaming::Item { n }));
+        });
+    }
+
+    fn chat(
+        &self,
+        _ctx: &RequestContext,
+        requests: RequestStream<codegen::streaming::Item>,
+        sink: StreamSink<codegen::streaming::Item>,
+    ) {
+        // Each number back, doubled.
+        std::thread::spawn(move || {
+            for m in requests {
+                let Ok(m) = m else { return };
+                if sink.send(&codegen::streaming::Item { n: m.n * 2 }).is_err() {
+                    return;
+                }
+            }
+        });
+    }
 }
 
-impl codegen::streaming::firehose_server::Firehose for Impl {}
+impl codegen::streaming::firehose_server::Firehose for Impl {
+    fn drink(
+        &self,
+        _ctx: &RequestContext,
+        request: codegen::streaming::Item,
+        sink: StreamSink<codegen::streaming::Item>,
+    ) {
+        std::thread::spawn(move || {
+            for n in 0..request.n {
+                if sink.send(&codegen::streaming::Item { n }).is_err() {
+                    return;
+                }
+            }
+            sink.finish(Err(Status::new(Code::ResourceExhausted, "dry")));
+        });
+    }
+}
 
 impl codegen::comments::commented_server::Commented for Impl {
     fn run(

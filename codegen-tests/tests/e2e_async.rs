@@ -158,3 +158,111 @@ fn channel_stubs_from_many_tasks_on_sync_and_async_services() {
     assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 8 * 200, "the cancelled 300 ms call did not finish");
     server.shutdown();
 }
+
+#[test]
+fn async_streaming_handlers_of_every_shape_through_the_blocking_stub() {
+    use codegen_tests::codegen::asynchronous::{pipe_client, pipe_server};
+    let svc = AsyncImpl::default();
+    let rt = user_runtime();
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(pipe_server::PipeServer::with_runtime(
+            svc.clone(),
+            AsyncRuntime::from_handle(rt.handle().clone()),
+        ))
+        .spawn("127.0.0.1:0")
+        .expect("spawn the server on sim");
+    let client = pipe_client::PipeClient::connect_with(server.local_addr(), &config()).unwrap();
+    // Server streaming: more messages than the sink and the credits hold, then the clean end.
+    let got: Vec<String> = client.watch(&ask("w", 100)).unwrap().map(|m| m.unwrap().value).collect();
+    assert_eq!(got.len(), 100);
+    assert_eq!(got[99], "w 99");
+    // The future's error ends the stream with it, after its messages.
+    let mut s = client.watch(&Ask { key: "e".into(), delay_ms: 3, panic: true }).unwrap();
+    for i in 0..3 {
+        assert_eq!(s.message().unwrap().unwrap().value, format!("e {i}"));
+    }
+    assert_eq!(s.message().unwrap_err().code(), Code::Aborted);
+    drop(s);
+    // Client streaming.
+    let mut up = client.join().unwrap();
+    for i in 0..40 {
+        up.send(&ask(&format!("k{i}"), 0)).unwrap();
+    }
+    let joined = up.finish().unwrap().value;
+    assert_eq!(joined.split(',').count(), 40);
+    assert!(joined.starts_with("k0,k1,") && joined.ends_with(",k39"));
+    // Bidirectional, and a cancel that drops the handler's future.
+    let mut chat = client.shout().unwrap();
+    for i in 0..30 {
+        chat.send(&ask(&format!("a{i}"), 0)).unwrap();
+        assert_eq!(chat.message().unwrap().unwrap().value, format!("A{i}"));
+    }
+    chat.finish();
+    assert_eq!(chat.message().unwrap(), None);
+    assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 1);
+    let mut chat = client.shout().unwrap();
+    chat.send(&ask("b", 0)).unwrap();
+    assert_eq!(chat.message().unwrap().unwrap().value, "B");
+    drop(chat);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while svc.seen.dropped.load(Ordering::SeqCst) == 0 {
+        client.client().progress();
+        assert!(Instant::now() < give_up, "the cancelled stream's future was never dropped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    server.shutdown();
+}
+
+#[test]
+fn channel_stubs_of_every_streaming_shape_from_tasks() {
+    use codegen_tests::codegen::asynchronous::{pipe_client, pipe_server};
+    let svc = AsyncImpl::default();
+    let rt = user_runtime();
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(pipe_server::PipeServer::with_runtime(
+            svc.clone(),
+            AsyncRuntime::from_handle(rt.handle().clone()),
+        ))
+        .spawn("127.0.0.1:0")
+        .expect("spawn the server on sim");
+    let addr = server.local_addr();
+    rt.block_on(async move {
+        let client = pipe_client::PipeClient::connect_channel_with(addr, &channel_config()).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut rx = client.watch(ask(&format!("t{t}"), 50));
+                for i in 0..50 {
+                    assert_eq!(rx.message().await.unwrap().unwrap().value, format!("t{t} {i}"));
+                }
+                assert_eq!(rx.message().await.unwrap(), None);
+                let mut up = client.join();
+                for i in 0..20 {
+                    up.send(&ask(&format!("{t}.{i}"), 0)).await.unwrap();
+                }
+                assert_eq!(up.finish().await.unwrap().value.split(',').count(), 20);
+                let (mut tx, mut rx) = client.shout();
+                let sender = tokio::spawn(async move {
+                    for i in 0..20 {
+                        tx.send(&ask(&format!("x{t}{i}"), 0)).await.unwrap();
+                    }
+                    tx.finish();
+                });
+                for i in 0..20 {
+                    assert_eq!(rx.message().await.unwrap().unwrap().value, format!("X{t}{i}"));
+                }
+                assert_eq!(rx.message().await.unwrap(), None);
+                sender.await.unwrap();
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    server.shutdown();
+}

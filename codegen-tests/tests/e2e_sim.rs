@@ -263,13 +263,36 @@ fn shapes_streaming_leftovers_and_comments() {
     let swapped = commented.run(&doc).expect("run");
     assert_eq!((swapped.field.as_str(), swapped.other.as_str()), ("o", "f"));
 
-    // The streaming RPCs were not generated; calling one by id is answered UNIMPLEMENTED.
-    let client = commented.into_client();
-    let id = rpc_core::codegen::method_id("/codegen.streaming.Firehose/Drink");
-    let err = client
-        .unary::<_, streaming::Item>(id, &streaming::Item { n: 1 }, &CallOptions::default())
-        .expect_err("not generated");
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    // Server streams: messages in order, then the clean end (inline sends) or the handler's status.
+    let feed = streaming::feed_client::FeedClient::new(commented.into_client());
+    let got: Vec<u32> =
+        feed.subscribe(&streaming::Item { n: 5 }).expect("subscribe").map(|m| m.unwrap().n).collect();
+    assert_eq!(got, [0, 1, 2, 3, 4]);
+    let firehose = streaming::firehose_client::FirehoseClient::new(feed.into_client());
+    let mut drink = firehose.drink(&streaming::Item { n: 1000 }).expect("drink");
+    for n in 0..1000 {
+        assert_eq!(drink.message().expect("a message").expect("not the end").n, n);
+    }
+    assert_eq!(drink.message().expect_err("the handler's status").code(), Code::ResourceExhausted);
+    drop(drink);
+
+    // A client stream: the server's answer after the clean end.
+    let feed = streaming::feed_client::FeedClient::new(firehose.into_client());
+    let mut up = feed.upload().expect("upload");
+    for n in 1..=100 {
+        up.send(&streaming::Item { n }).expect("send");
+    }
+    assert_eq!(up.finish().expect("the sum").n, 5050);
+    // A bidirectional stream: each message back, doubled, then the clean end.
+    let mut chat = feed.chat().expect("chat");
+    for n in 0..50 {
+        chat.send(&streaming::Item { n }).expect("send");
+        assert_eq!(chat.message().expect("an answer").expect("not the end").n, n * 2);
+    }
+    chat.finish();
+    assert_eq!(chat.message().expect("the clean end"), None);
+    drop(chat);
+    let client = feed.into_client();
     drop(client);
     server.shutdown();
 }

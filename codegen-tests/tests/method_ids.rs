@@ -61,7 +61,7 @@ fn build_time_ids_equal_the_runtime_hash() {
         }
         counts.insert(service, descs.len());
     }
-    // Every unary RPC of the test protos, and no streaming one.
+    // Every RPC of the test protos, streaming ones included.
     let expected = BTreeMap::from([
         ("helloworld.Greeter", 1),
         ("codegen.keywords.match", 7),
@@ -81,8 +81,8 @@ fn build_time_ids_equal_the_runtime_hash() {
         ("codegen.shapes.Profiles", 2),
         ("codegen.shapes.Health", 1),
         ("codegen.shapes.Counter", 1),
-        ("codegen.streaming.Feed", 1),
-        ("codegen.streaming.Firehose", 0),
+        ("codegen.streaming.Feed", 4),
+        ("codegen.streaming.Firehose", 1),
         ("codegen.comments.Commented", 1),
     ]);
     assert_eq!(counts, expected);

@@ -52,3 +52,38 @@ fn kv_workload_checks_every_answer() {
     drop(client);
     server.shutdown();
 }
+
+/// `hello-tokio`: one channel shared by tasks of a multi-thread runtime, every reply checked by
+/// the program itself (it exits non-zero on a wrong or missing reply).
+#[test]
+fn hello_tokio_shares_one_channel_between_tasks() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hello-tokio"))
+        .args(["--tasks", "8", "--calls", "200", "--poll", "yield"])
+        .output()
+        .expect("run hello-tokio");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("client: 1600 replies from 8 tasks over one channel, all checked"), "{stdout}");
+}
+
+/// `route-guide`: tonic's route_guide, all four RPC shapes through a blocking client and a
+/// channel, every answer checked by the program itself (it exits non-zero on a wrong one).
+#[test]
+fn route_guide_checks_all_four_shapes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_route-guide"))
+        .args(["--poll", "yield"])
+        .output()
+        .expect("run route-guide");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "GetFeature: 3 points, checked",
+        "ListFeatures: 24 features in the rectangle, checked",
+        "RecordRoute: 42 points, ",
+        "RouteChat: 12 notes, 12 notes back, checked",
+        "route-guide: blocking client: all four RPC shapes checked",
+        "route-guide: channel from tokio tasks: all four RPC shapes checked",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+}

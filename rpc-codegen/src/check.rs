@@ -1,31 +1,21 @@
 //! Checks on the whole `FileDescriptorSet` before any code is written: Rust names that two proto
-//! names would share, and the streaming RPCs that are left out (each one becomes a warning).
+//! names would share.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use prost_types::{DescriptorProto, FileDescriptorSet, MethodDescriptorProto};
+use prost_types::{DescriptorProto, FileDescriptorSet};
 
 use crate::method_id::full_method_name;
 use crate::names::{sanitize, snake};
-use crate::proto_error::on_disk;
 use crate::Error;
 
 /// What the checks found that is not an error.
 #[derive(Debug, Default)]
 pub struct Findings {
-    /// One line per streaming RPC left out of the trait and the stub.
+    /// Warnings for the build output, one line each (none are raised today: every RPC shape is
+    /// generated).
     pub warnings: Vec<String>,
-}
-
-/// The kind of a streaming RPC, for the warning.
-fn streaming_kind(method: &MethodDescriptorProto) -> Option<&'static str> {
-    match (method.client_streaming(), method.server_streaming()) {
-        (false, false) => None,
-        (true, false) => Some("client-streaming"),
-        (false, true) => Some("server-streaming"),
-        (true, true) => Some("bidirectional streaming"),
-    }
 }
 
 /// Whether prost-build gives `message` a module of nested items (named after the message).
@@ -48,8 +38,8 @@ fn qualified(package: &str, name: &str) -> String {
 /// [`Error::NameClash`] when two RPCs of one service get the same Rust method name, two services
 /// of one package the same module name, or a service module the name of a message's nested-items
 /// module.
-pub fn check(fds: &FileDescriptorSet, includes: &[PathBuf]) -> Result<Findings, Error> {
-    let mut findings = Findings::default();
+pub fn check(fds: &FileDescriptorSet, _includes: &[PathBuf]) -> Result<Findings, Error> {
+    let findings = Findings::default();
     // package → Rust module name → the proto item that claimed it.
     let mut modules: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
     for file in &fds.file {
@@ -77,14 +67,6 @@ pub fn check(fds: &FileDescriptorSet, includes: &[PathBuf]) -> Result<Findings, 
             let mut methods: BTreeMap<String, String> = BTreeMap::new();
             for method in &service.method {
                 let full = full_method_name(package, service.name(), method.name());
-                if let Some(kind) = streaming_kind(method) {
-                    findings.warnings.push(format!(
-                        "{}: {full} is a {kind} RPC; streaming is not supported yet, so it is left out of \
-                         the {} trait and client stub",
-                        on_disk(file.name(), includes).display(),
-                        service.name()
-                    ));
-                }
                 let rust = sanitize(&snake(method.name()));
                 if let Some(first) = methods.get(&rust) {
                     return Err(Error::NameClash { rust, first: first.clone(), second: full });

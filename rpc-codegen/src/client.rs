@@ -20,6 +20,27 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with"))).collect();
     let asynchronous: Vec<String> =
         model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_async"))).collect();
+    let streams: Vec<String> = model.server_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+    let streams_with: Vec<String> = model
+        .server_streams
+        .iter()
+        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
+        .collect();
+    let ups: Vec<String> = model.client_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+    let ups_with: Vec<String> = model
+        .client_streams
+        .iter()
+        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
+        .collect();
+    let bidis: Vec<String> = model.bidi_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+    let bidis_with: Vec<String> = model
+        .bidi_streams
+        .iter()
+        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
+        .collect();
+    let streaming = model.facade("Streaming");
+    let client_streaming = model.facade("ClientStreaming");
+    let bidi_streaming = model.facade("BidiStreaming");
     let connect = scope.claim("connect");
     let connect_with = scope.claim("connect_with");
     let new = scope.claim("new");
@@ -119,6 +140,87 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             full = rpc.full_name,
         );
     }
+    for (i, rpc) in model.server_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        write_comments(&rpc.method.comments, buf);
+        let _ = writeln!(
+            buf,
+            "///
+            /// Opens the server stream `{full}`: its messages, in order, as the returned
+            /// `Streaming` yields them (taking one returns its credit to the server; dropping the
+            /// stream early cancels it).
+            ///
+            /// # Errors
+            /// As a unary call's start (a broken session, a request over the size limit).
+            pub fn {name}(&self, request: &{input}) -> ::core::result::Result<{streaming}<'_, {output}>, Status> {{
+                self.inner.server_stream({id}, request, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the server stream `{full}` with `options` (a deadline for the whole stream, ...).
+            ///
+            /// # Errors
+            /// As `{name}`.
+            pub fn {with_name}(&self, request: &{input}, options: &CallOptions) -> ::core::result::Result<{streaming}<'_, {output}>, Status> {{
+                self.inner.server_stream({id}, request, options)
+            }}",
+            name = streams[i],
+            with_name = streams_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.client_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        write_comments(&rpc.method.comments, buf);
+        let _ = writeln!(
+            buf,
+            "///
+            /// Opens the client stream `{full}`: `send` its messages (each waits for the server's
+            /// credits), then `finish` for the answer; dropping it before cancels the call.
+            ///
+            /// # Errors
+            /// As a unary call's start (a broken session, every slot taken).
+            pub fn {name}(&self) -> ::core::result::Result<{client_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.client_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the client stream `{full}` with `options` (a deadline for the whole stream, ...).
+            ///
+            /// # Errors
+            /// As `{name}`.
+            pub fn {with_name}(&self, options: &CallOptions) -> ::core::result::Result<{client_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.client_stream({id}, options)
+            }}",
+            name = ups[i],
+            with_name = ups_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.bidi_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        write_comments(&rpc.method.comments, buf);
+        let _ = writeln!(
+            buf,
+            "///
+            /// Opens the bidirectional stream `{full}`: `send` and `finish` the caller's messages,
+            /// take the server's with `message`, in any interleaving; dropping it before the end
+            /// cancels the call.
+            ///
+            /// # Errors
+            /// As a unary call's start (a broken session, every slot taken).
+            pub fn {name}(&self) -> ::core::result::Result<{bidi_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.bidi_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the bidirectional stream `{full}` with `options` (a deadline for the whole
+            /// stream, ...).
+            ///
+            /// # Errors
+            /// As `{name}`.
+            pub fn {with_name}(&self, options: &CallOptions) -> ::core::result::Result<{bidi_streaming}<'_, {input}, {output}>, Status> {{
+                self.inner.bidi_stream({id}, options)
+            }}",
+            name = bidis[i],
+            with_name = bidis_with[i],
+            full = rpc.full_name,
+        );
+    }
     buf.push_str("}\n");
     let _ = writeln!(
         buf,
@@ -178,6 +280,65 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             }}",
             name = blocking[i],
             with_name = with[i],
+            full = rpc.full_name,
+        );
+    }
+    let receiver = model.facade("StreamReceiver");
+    let sender = model.facade("StreamSender");
+    let client_call = model.facade("ClientStreamCall");
+    for (i, rpc) in model.server_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        let _ = writeln!(
+            buf,
+            "/// Opens the server stream `{full}`: `message().await` yields its messages; dropping
+            /// the receiver early cancels the stream.
+            pub fn {name}(&self, request: {input}) -> {receiver}<{output}> {{
+                self.inner.server_stream({id}, request, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the server stream `{full}` with `options` (a deadline for the whole stream, ...).
+            pub fn {with_name}(&self, request: {input}, options: &CallOptions) -> {receiver}<{output}> {{
+                self.inner.server_stream({id}, request, options)
+            }}",
+            name = streams[i],
+            with_name = streams_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.client_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        let _ = writeln!(
+            buf,
+            "/// Opens the client stream `{full}`: `send(..).await` its messages, then
+            /// `finish().await` for the answer; dropping it before cancels the call.
+            pub fn {name}(&self) -> {client_call}<{input}, {output}> {{
+                self.inner.client_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the client stream `{full}` with `options` (a deadline for the whole stream, ...).
+            pub fn {with_name}(&self, options: &CallOptions) -> {client_call}<{input}, {output}> {{
+                self.inner.client_stream({id}, options)
+            }}",
+            name = ups[i],
+            with_name = ups_with[i],
+            full = rpc.full_name,
+        );
+    }
+    for (i, rpc) in model.bidi_streams.iter().enumerate() {
+        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
+        let _ = writeln!(
+            buf,
+            "/// Opens the bidirectional stream `{full}`: the caller's messages go into the sender
+            /// (`send(..).await`, `finish()`), the server's come from the receiver; each half may
+            /// move to its own task. Dropping either before the end cancels the call.
+            pub fn {name}(&self) -> ({sender}<{input}>, {receiver}<{output}>) {{
+                self.inner.bidi_stream({id}, &<CallOptions as ::core::default::Default>::default())
+            }}
+            /// Opens the bidirectional stream `{full}` with `options` (a deadline for the whole
+            /// stream, ...).
+            pub fn {with_name}(&self, options: &CallOptions) -> ({sender}<{input}>, {receiver}<{output}>) {{
+                self.inner.bidi_stream({id}, options)
+            }}",
+            name = bidis[i],
+            with_name = bidis_with[i],
             full = rpc.full_name,
         );
     }

@@ -55,8 +55,7 @@ pub struct RpcModel<'a> {
     pub output: String,
 }
 
-/// A service as the emitted code names it. Streaming RPCs are not in `rpcs` (they were reported as
-/// warnings by the checks).
+/// A service as the emitted code names it, its RPCs by shape.
 pub struct ServiceModel<'a> {
     /// prost-build's view of the service.
     pub service: &'a Service,
@@ -64,6 +63,12 @@ pub struct ServiceModel<'a> {
     pub full_name: String,
     /// The unary RPCs, in declaration order.
     pub rpcs: Vec<RpcModel<'a>>,
+    /// The server-streaming RPCs, in declaration order.
+    pub server_streams: Vec<RpcModel<'a>>,
+    /// The client-streaming RPCs, in declaration order.
+    pub client_streams: Vec<RpcModel<'a>>,
+    /// The bidirectional streaming RPCs, in declaration order.
+    pub bidi_streams: Vec<RpcModel<'a>>,
     /// The constant holding the service name (`SERVICE_NAME` unless an RPC took that name).
     pub service_name_const: String,
     /// The trait (the service's name, sanitized like prost-build does).
@@ -82,27 +87,37 @@ impl<'a> ServiceModel<'a> {
             format!("{}.{}", service.package, service.proto_name)
         };
         let mut consts = Scope::default();
-        let rpcs: Vec<RpcModel<'a>> = service
-            .methods
-            .iter()
-            .filter(|m| !m.client_streaming && !m.server_streaming)
-            .map(|method| {
-                let full_name = full_method_name(&service.package, &service.proto_name, &method.proto_name);
-                RpcModel {
-                    method,
-                    id: method_id(&full_name),
-                    full_name,
-                    id_const: consts.claim(&shouty(&method.proto_name)),
-                    input: local_type(&method.input_type),
-                    output: local_type(&method.output_type),
-                }
-            })
-            .collect();
+        let mut model = |method: &'a Method| {
+            let full_name = full_method_name(&service.package, &service.proto_name, &method.proto_name);
+            RpcModel {
+                method,
+                id: method_id(&full_name),
+                full_name,
+                id_const: consts.claim(&shouty(&method.proto_name)),
+                input: local_type(&method.input_type),
+                output: local_type(&method.output_type),
+            }
+        };
+        let mut rpcs = Vec::new();
+        let mut server_streams = Vec::new();
+        let mut client_streams = Vec::new();
+        let mut bidi_streams = Vec::new();
+        for method in &service.methods {
+            match (method.client_streaming, method.server_streaming) {
+                (false, false) => rpcs.push(model(method)),
+                (false, true) => server_streams.push(model(method)),
+                (true, false) => client_streams.push(model(method)),
+                (true, true) => bidi_streams.push(model(method)),
+            }
+        }
         let service_name_const = consts.claim("SERVICE_NAME");
         ServiceModel {
             service,
             full_name,
             rpcs,
+            server_streams,
+            client_streams,
+            bidi_streams,
             service_name_const,
             trait_name: service.name.clone(),
             module_stem: snake(&service.proto_name),
@@ -121,12 +136,18 @@ impl<'a> ServiceModel<'a> {
         }
     }
 
+    /// Every RPC: unary, server-streaming, client-streaming, bidirectional (each in declaration
+    /// order).
+    pub fn all(&self) -> impl Iterator<Item = &RpcModel<'a>> + '_ {
+        self.rpcs.iter().chain(&self.server_streams).chain(&self.client_streams).chain(&self.bidi_streams)
+    }
+
     /// Emits the constants both modules have: the service name and one method id per RPC.
     pub fn write_consts(&self, buf: &mut String) {
         let _ = writeln!(buf, "/// The full name of the service, `{}`.", self.full_name);
         let _ = writeln!(buf, "pub const {}: &str = \"{}\";", self.service_name_const, self.full_name);
         let method_id = self.facade("MethodId");
-        for rpc in &self.rpcs {
+        for rpc in self.all() {
             let _ = writeln!(buf, "/// Method id of `{}` (FNV-1a 32 of the full name).", rpc.full_name);
             let _ = writeln!(
                 buf,

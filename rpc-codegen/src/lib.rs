@@ -151,8 +151,12 @@
 //! intra-doc links to Rust items that do not exist under those names: they become plain text with
 //! the destination as code (``Shelf (`google.example.v1.Shelf`)``), so `cargo doc` stays quiet.
 //!
-//! **Streaming RPCs** are not supported yet: a file with them builds, and each one is left out of
-//! the trait and the stub with a `cargo:warning` naming it.
+//! **Streaming RPCs** of every shape are generated. Server streaming: the handler gets a
+//! `StreamSink`, the stub returns `Streaming`. Client streaming: the handler gets a
+//! `RequestStream` and a `Responder`, the stub returns `ClientStreaming` (`send`, `finish`).
+//! Bidirectional: a `RequestStream` and a `StreamSink`; the stub returns `BidiStreaming`. With
+//! `async_server`, streaming handlers are async (`message_async`, `send_async`; the future's
+//! output ends the stream).
 
 mod builder;
 mod check;

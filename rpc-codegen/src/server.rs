@@ -24,6 +24,10 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
     let async_ctx = model.facade("AsyncContext");
     let async_rt = model.facade("AsyncRuntime");
     let spawn_async = model.facade("spawn_async");
+    let sink_ty = model.facade("StreamSink");
+    let requests_ty = model.facade("RequestStream");
+    let responder_ty = model.facade("Responder");
+    let spawn_stream = model.facade("spawn_async_stream");
 
     let _ = writeln!(
         buf,
@@ -40,7 +44,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
 
     let _ = writeln!(buf, "/// The full names of the methods, `\"/package.Service/Method\"`.");
     buf.push_str("pub mod method_names {\n");
-    for rpc in &model.rpcs {
+    for rpc in model.all() {
         let _ = writeln!(buf, "/// `{}`.", rpc.full_name);
         let _ = writeln!(buf, "pub const {}: &str = \"{}\";", rpc.id_const, rpc.full_name);
     }
@@ -86,6 +90,81 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 name = rpc.method.name,
                 input = rpc.input,
                 output = rpc.output
+            );
+        }
+    }
+    for rpc in &model.server_streams {
+        write_rpc_doc(rpc, buf, "server streaming");
+        let (name, input, output) = (&rpc.method.name, &rpc.input, &rpc.output);
+        if asynchronous {
+            let _ = writeln!(
+                buf,
+                "///
+                /// Send the stream's messages with `sink.send_async(..).await` (it waits while the
+                /// client's credits are used up); the output ends the stream (`Ok(())`: a clean
+                /// end). The future is dropped at the stream's deadline or when the client cancels.
+                fn {name}(&self, ctx: {async_ctx}, request: {input}, sink: {sink_ty}<{output}>) -> impl \
+                 ::core::future::Future<Output = ::core::result::Result<(), {status}>> + ::core::marker::Send;"
+            );
+        } else {
+            let _ = writeln!(
+                buf,
+                "///
+                /// Send the stream's messages into `sink` (from any thread: its `send` blocks while the
+                /// client's credits are used up, so send from a thread of your own, or at most
+                /// `SINK_DEPTH` messages inline); drop it to end the stream OK, or `finish` it with a
+                /// status. The stream's deadline is the call's.
+                fn {name}(&self, ctx: &{ctx_ty}, request: {input}, sink: {sink_ty}<{output}>);"
+            );
+        }
+    }
+    for rpc in &model.client_streams {
+        write_rpc_doc(rpc, buf, "client streaming");
+        let (name, input, output) = (&rpc.method.name, &rpc.input, &rpc.output);
+        if asynchronous {
+            let _ = writeln!(
+                buf,
+                "///
+                /// Read the client's messages with `requests.message_async().await` (`Ok(None)` at
+                /// the client's clean end; each message taken returns its credit); the output is the
+                /// answer. The future is dropped at the stream's deadline or when the client cancels.
+                fn {name}(&self, ctx: {async_ctx}, requests: {requests_ty}<{input}>) -> impl \
+                 ::core::future::Future<Output = ::core::result::Result<{output}, {status}>> + ::core::marker::Send;"
+            );
+        } else {
+            let _ = writeln!(
+                buf,
+                "///
+                /// Read the client's messages from `requests` on a thread of your own (`message()`
+                /// blocks; `Ok(None)` at the client's clean end, CANCELLED when it cancelled; each
+                /// message taken returns its credit, so not reading stalls the client), then answer
+                /// with `responder`. The stream's deadline is the call's.
+                fn {name}(&self, ctx: &{ctx_ty}, requests: {requests_ty}<{input}>, responder: {responder_ty}<{output}>);"
+            );
+        }
+    }
+    for rpc in &model.bidi_streams {
+        write_rpc_doc(rpc, buf, "bidirectional streaming");
+        let (name, input, output) = (&rpc.method.name, &rpc.input, &rpc.output);
+        if asynchronous {
+            let _ = writeln!(
+                buf,
+                "///
+                /// Read the client's messages with `requests.message_async().await`, send with
+                /// `sink.send_async(..).await`; the output ends the stream (`Ok(())`: a clean end).
+                /// The future is dropped at the stream's deadline or when the client cancels.
+                fn {name}(&self, ctx: {async_ctx}, requests: {requests_ty}<{input}>, sink: {sink_ty}<{output}>) -> impl \
+                 ::core::future::Future<Output = ::core::result::Result<(), {status}>> + ::core::marker::Send;"
+            );
+        } else {
+            let _ = writeln!(
+                buf,
+                "///
+                /// Read the client's messages from `requests` and send into `sink`, from threads of
+                /// your own (both block: on the client's messages, and on its credits); drop the
+                /// sink to end the stream OK, or `finish` it with a status. The stream's deadline is
+                /// the call's.
+                fn {name}(&self, ctx: &{ctx_ty}, requests: {requests_ty}<{input}>, sink: {sink_ty}<{output}>);"
             );
         }
     }
@@ -143,7 +222,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
     let _ = writeln!(buf, "impl<{param}: {trait_name}> {service} for {adapter}<{param}> {{");
     let _ = writeln!(buf, "const NAME: &'static str = {};", model.service_name_const);
     let _ = write!(buf, "const METHODS: &'static [{method_desc}] = &[");
-    for rpc in &model.rpcs {
+    for rpc in model.all() {
         let _ = write!(buf, "{method_desc} {{ id: {id}, name: method_names::{id} }},", id = rpc.id_const);
     }
     buf.push_str("];\n");
@@ -151,7 +230,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
         "out.error({status}::unimplemented(::std::format!(\"{{}}: unknown method id {{method:#x}}\", {})))",
         model.service_name_const
     );
-    if model.rpcs.is_empty() {
+    if model.all().next().is_none() {
         let _ = writeln!(
             buf,
             "fn call(&self, method: {method_id}, _ctx: &{ctx_ty}, _body: {body_ty}<'_>, out: &mut {reply_writer}<'_>) {{"
@@ -192,8 +271,91 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 name = rpc.method.name,
             );
         }
+        for rpc in &model.server_streams {
+            let (id, input, output, name) = (&rpc.id_const, &rpc.input, &rpc.output, &rpc.method.name);
+            let call = if asynchronous {
+                format!(
+                    "let inner = ::std::sync::Arc::clone(&self.inner);
+                    out.reply({spawn_stream}(&self.runtime, ctx, sink, reply, move |ctx, sink| async move {{
+                        <{param} as {trait_name}>::{name}(&*inner, ctx, request, sink).await
+                    }}))"
+                )
+            } else {
+                format!(
+                    "<{param} as {trait_name}>::{name}(&self.inner, ctx, request, sink);\nout.reply(reply)"
+                )
+            };
+            let _ = writeln!(
+                buf,
+                "{id} => match {decode}::<{input}>(body) {{
+                    ::core::result::Result::Ok(request) => {{
+                        let (sink, reply) = ctx.stream::<{output}>();
+                        {call}
+                    }}
+                    ::core::result::Result::Err(status) => out.error(status),
+                }},"
+            );
+        }
+        for rpc in &model.client_streams {
+            let (id, input, output, name) = (&rpc.id_const, &rpc.input, &rpc.output, &rpc.method.name);
+            if asynchronous {
+                let _ = writeln!(
+                    buf,
+                    "{id} => {{
+                        let requests = ctx.requests::<{input}>();
+                        let inner = ::std::sync::Arc::clone(&self.inner);
+                        out.reply({spawn_async}(&self.runtime, ctx, move |ctx| async move {{
+                            <{param} as {trait_name}>::{name}(&*inner, ctx, requests).await
+                        }}))
+                    }}"
+                );
+            } else {
+                let _ = writeln!(
+                    buf,
+                    "{id} => {{
+                        let requests = ctx.requests::<{input}>();
+                        let (responder, reply) = ctx.defer::<{output}>();
+                        <{param} as {trait_name}>::{name}(&self.inner, ctx, requests, responder);
+                        out.reply(reply)
+                    }}"
+                );
+            }
+        }
+        for rpc in &model.bidi_streams {
+            let (id, input, output, name) = (&rpc.id_const, &rpc.input, &rpc.output, &rpc.method.name);
+            let call = if asynchronous {
+                format!(
+                    "let inner = ::std::sync::Arc::clone(&self.inner);
+                    out.reply({spawn_stream}(&self.runtime, ctx, sink, reply, move |ctx, sink| async move {{
+                        <{param} as {trait_name}>::{name}(&*inner, ctx, requests, sink).await
+                    }}))"
+                )
+            } else {
+                format!(
+                    "<{param} as {trait_name}>::{name}(&self.inner, ctx, requests, sink);\nout.reply(reply)"
+                )
+            };
+            let _ = writeln!(
+                buf,
+                "{id} => {{
+                    let requests = ctx.requests::<{input}>();
+                    let (sink, reply) = ctx.stream::<{output}>();
+                    {call}
+                }}"
+            );
+        }
         let _ = writeln!(buf, "_ => {unknown},");
         buf.push_str("}\n");
     }
     buf.push_str("}\n}\n}\n");
+}
+
+/// The doc line of a streaming RPC's trait method: its comments, or a default naming the shape.
+fn write_rpc_doc(rpc: &crate::generator::RpcModel<'_>, buf: &mut String, shape: &str) {
+    write_comments(&rpc.method.comments, buf);
+    if rpc.method.comments.leading.is_empty() && rpc.method.comments.trailing.is_empty() {
+        let _ = writeln!(buf, "/// Handles `{}` ({shape}).", rpc.full_name);
+    } else {
+        let _ = writeln!(buf, "///\n/// {}{}.", shape[..1].to_uppercase(), &shape[1..]);
+    }
 }

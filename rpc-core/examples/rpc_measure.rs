@@ -312,8 +312,11 @@ fn main() {
     );
     let c = client.counters();
     println!(
-        "  client counters: rpcs {} credit stalls {} ring-full stalls {} rnr {}",
-        c.rpcs, c.credit_stalls, c.ring_full_stalls, c.rnr_events
+        "  client counters: rpcs {} credit stalls {} ring-full stalls {}; sim RNR waits {}",
+        c.rpcs,
+        c.credit_stalls,
+        c.ring_full_stalls,
+        rpc_core::verbs::sim::stats().rnr_stalls
     );
     drop(client);
     server.shutdown();

@@ -91,23 +91,33 @@ impl Idle {
     }
 
     /// Spins, yields or blocks per the policy and the empty polls counted so far. `wait` blocks on
-    /// the CQ's completion channel (after arming it) for at most [`EVENT_WAIT`].
+    /// the CQ's completion channel (after arming it) for at most [`EVENT_WAIT`]. True when it
+    /// yielded or blocked: the thread gave up its core, so an empty poll may have lasted
+    /// milliseconds (a loaded machine's time slice, or a whole event wait) and periodic work
+    /// keyed on the count of empty polls must run more often.
     #[inline]
-    pub(crate) fn pause(&mut self, wait: impl FnOnce()) {
+    pub(crate) fn pause(&mut self, wait: impl FnOnce()) -> bool {
         match self.policy {
-            PollingPolicy::Busy => std::hint::spin_loop(),
+            PollingPolicy::Busy => {
+                std::hint::spin_loop();
+                false
+            }
             PollingPolicy::SpinThenYield { spins } => {
                 if self.empty > spins {
                     std::thread::yield_now();
+                    true
                 } else {
                     std::hint::spin_loop();
+                    false
                 }
             }
             PollingPolicy::Event { spins } => {
                 if self.empty > spins {
                     wait();
+                    true
                 } else {
                     std::hint::spin_loop();
+                    false
                 }
             }
         }

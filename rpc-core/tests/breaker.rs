@@ -1068,3 +1068,105 @@ fn a_client_that_never_frees_its_ring_stalls_only_itself() {
     server.shutdown();
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
+
+/// Holds its worker (runs inline) until released; answers an empty message.
+struct Hold {
+    entered: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    release: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+const HOLD: MethodId = method_id("/test.Hold/Hold");
+
+impl Service for Hold {
+    const NAME: &'static str = "test.Hold";
+    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: HOLD, name: "/test.Hold/Hold" }];
+    fn call(&self, _: MethodId, _: &RequestContext, _: Body<'_>, out: &mut ReplyWriter<'_>) {
+        self.entered.store(true, std::sync::atomic::Ordering::Release);
+        let (lock, cv) = &*self.release;
+        let mut released = lock.lock().unwrap();
+        while !*released {
+            released = cv.wait(released).unwrap();
+        }
+        out.reply(Reply::from(EchoMsg::default()));
+    }
+}
+
+/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 21) while its
+/// worker takes nothing (held in a handler): every request its credits allow, 15 more pieces of a
+/// ring body, a Cancel per call, a RingReturn per call, two Pings, two Pongs and a Close all find
+/// a receive WQE, on an SRQ sized by default for one such session: its SENDs never wait for one
+/// (RNR). With the old reservation (2 × credits + 17 = 81 WQEs) its 116 messages ran the SRQ dry
+/// and its SENDs waited.
+#[test]
+fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Condvar, Mutex};
+    const CREDITS: u16 = 32;
+    let entered = Arc::new(AtomicBool::new(false));
+    let release = Arc::new((Mutex::new(false), Condvar::new()));
+    let hold = Hold { entered: entered.clone(), release: release.clone() };
+    let server = server()
+        .max_sessions(1)
+        .credits_per_session(CREDITS)
+        .ring_bytes(1 << 16)
+        .add_service(TestService::default())
+        .add_service(hold)
+        .spawn("127.0.0.1:0")
+        .expect("server starts");
+    // Released also when an assertion fails (else the held worker would block shutdown).
+    struct Release(Arc<(Mutex<bool>, Condvar)>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            self.0 .1.notify_all();
+        }
+    }
+    let guard = Release(release.clone());
+    let reserved = rpc_core::ServerConfig::srq_per_session(CREDITS);
+    let mut c = RawClient::connect_with(server.local_addr(), CREDITS, 4096, 1 << 20);
+    assert_eq!(c.credits, CREDITS);
+    let s = c.session;
+    let mut sent = 0u32;
+    // Slot 0 holds the worker.
+    c.send_eager(Header { method: HOLD, session: s, ..raw_request(s, 0, 0) }, &[]);
+    sent += 1;
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !entered.load(Ordering::Acquire) {
+        assert!(Instant::now() < give_up, "the held call never reached its handler");
+        c.poll();
+        std::thread::yield_now();
+    }
+    // Slot 1: a ring body of 16 pieces of 1/16 of the ring each (15 more than its request).
+    let piece = c.ring_len / 16;
+    let body = vec![0x33u8; piece as usize];
+    for k in 0..16 {
+        c.write(k * piece, &body, Some(ring_piece(s, 1, k * piece, piece, 16 * piece)));
+    }
+    sent += 16;
+    for slot in 2..CREDITS {
+        c.send_eager(raw_request(s, slot, 0), &[]);
+        sent += 1;
+    }
+    for slot in 0..CREDITS {
+        c.send_eager(Header { slot, session: s, ..Header::new(Kind::Cancel) }, &[]);
+        c.send_eager(Header { session: s, ..Header::new(Kind::RingReturn) }, &[]);
+        sent += 2;
+    }
+    for kind in [Kind::Ping, Kind::Ping, Kind::Pong, Kind::Pong, Kind::Close] {
+        c.send_eager(Header { session: s, ..Header::new(kind) }, &[]);
+        sent += 1;
+    }
+    // Every SEND completes (lands in a receive WQE) while the worker is still held.
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while c.sq.outstanding() > 0 && Instant::now() < give_up {
+        c.poll();
+        std::thread::yield_now();
+    }
+    let stalls = c.peer.qp.rnr_stalls();
+    drop(guard);
+    assert_eq!(stalls, 0, "{sent} messages of a session reserving {reserved} WQEs waited for a receive WQE");
+    assert!(sent <= reserved, "{sent} messages sent, {reserved} reserved");
+    wait_closed(&server, 1, 0);
+    drop(c);
+    server.shutdown();
+}

@@ -86,7 +86,11 @@ fn eight_tasks_share_one_handle_every_reply_checked() {
             total += t.await.unwrap();
         }
         assert_eq!(total, 80_000);
-        assert_eq!(ch.in_flight(), 0);
+        // Every driver publishes the count still in flight before any task can see its result,
+        // so once every task has its last reply the count is 0, with no waiting.
+        assert_eq!(ch.in_flight(), 0, "calls still counted in flight after every reply was taken");
+        let c = ch.counters();
+        assert_eq!(c.rpcs, 80_000, "the sessions' counters, summed: {c:?}");
     });
     drop(rt);
     server.shutdown();
@@ -240,6 +244,26 @@ fn a_completion_wakes_its_task_once_and_nothing_wakes_itself() {
     }
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(counter.0.load(Ordering::SeqCst), 1, "no wake-up after the result");
+    drop(ch);
+    server.shutdown();
+}
+
+#[test]
+fn calls_from_one_task_are_started_by_its_own_polls_not_the_dispatcher_thread() {
+    let (server, _) = spawn(server());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ch = rt.block_on(Channel::connect_with(server.local_addr(), &channel_config("chan-comb"))).unwrap();
+    rt.block_on(async {
+        for seq in 0..1000u64 {
+            let r = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(seq, 16, 16), &CallOptions::default()).await;
+            check_reply(&r.unwrap(), seq, 16);
+        }
+    });
+    // Each call is queued, then its first poll finds the session free and starts it on this
+    // thread. (A reply later than poll_spin is waited for by the dispatcher thread, which then
+    // leaves the session to the task it woke: the next call is started by that task's poll.)
+    let (callers, thread) = ch.calls_started();
+    assert_eq!((callers, thread), (1000, 0), "calls started by callers' polls, by the dispatcher thread");
     drop(ch);
     server.shutdown();
 }

@@ -177,17 +177,22 @@ fn a_waiting_call_whose_deadline_passes_ends_deadline_exceeded_and_is_never_sent
         &request(3, 8, 8),
         &CallOptions::deadline(Duration::from_millis(50)),
     );
-    // Another, not polled until the window frees: the queue itself must expire it.
+    // Another, not polled until the window frees: the queue itself must expire it. Its
+    // deadline is later than `late`'s (with the same one, a loaded machine could see both pass
+    // in the poll that ends `late`).
     let unpolled = client.unary_async::<_, EchoMsg>(
         ECHO,
         &request(5, 8, 8),
-        &CallOptions::deadline(Duration::from_millis(50)),
+        &CallOptions::deadline(Duration::from_millis(300)),
     );
+    let unpolled_deadline = Instant::now() + Duration::from_millis(300);
     assert_eq!(client.queued_calls(), 2);
     let err = block_on(late).unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
     assert!(err.message().contains("never sent"), "{err}");
     assert_eq!(client.queued_calls(), 1);
+    // Past `unpolled`'s deadline before anything frees a slot for it.
+    std::thread::sleep(unpolled_deadline.saturating_duration_since(Instant::now()));
     // Free the window; a later call goes on the wire after anything sent before it.
     for (i, r) in stash.lock().unwrap().drain(..).enumerate() {
         r.send(Ok(EchoMsg { seq: i as u64, ..Default::default() }));

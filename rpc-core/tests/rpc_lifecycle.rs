@@ -84,3 +84,72 @@ fn a_future_dropped_before_its_call_was_sent_frees_its_slot_without_a_cancel() {
     drop(client);
     server.shutdown();
 }
+
+/// Runs inline on the worker for `reply_len` ms: while it runs, that worker reads nothing, so
+/// the Cancels of other calls wait unacknowledged.
+struct Sleeper(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+const SLEEP: MethodId = method_id("/test.Sleeper/Sleep");
+
+impl Service for Sleeper {
+    const NAME: &'static str = "test.Sleeper";
+    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: SLEEP, name: "/test.Sleeper/Sleep" }];
+
+    fn call(&self, _: MethodId, _: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
+        let req = match decode::<EchoMsg>(body) {
+            Ok(r) => r,
+            Err(s) => return out.error(s),
+        };
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+        std::thread::sleep(Duration::from_millis(u64::from(req.reply_len)));
+        out.reply(Reply::from(EchoMsg { seq: req.seq, ..Default::default() }));
+    }
+}
+
+/// Dropping futures never waits, even when the abandoned calls reach `max_abandoned` while the
+/// server cannot acknowledge them (its only worker is busy in a 2 s handler): the session
+/// watches for an acknowledgement instead (`session::calls`), the acknowledgements arrive once
+/// the worker runs again, and the session goes on (no reset, no reconnect). Before, the second
+/// drop polled in the dropping thread until an acknowledgement came (about 2 s here).
+#[test]
+fn dropping_futures_at_the_abandon_cap_never_blocks() {
+    let sleeping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (server, stash) = spawn(server().add_service(Sleeper(sleeping.clone())));
+    let cfg = client_config().window(4).max_abandoned(2).peer_timeout(Some(Duration::from_secs(20)));
+    let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
+    let futs: Vec<_> = (0..2u64)
+        .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
+        .collect();
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while stash.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < give_up, "the handlers did not run");
+        client.progress();
+        std::thread::yield_now();
+    }
+    // A second client occupies the server's only worker for 2 s.
+    let other = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let slow = other.unary_async::<_, EchoMsg>(SLEEP, &request(9, 0, 2000), &CallOptions::default());
+    while !sleeping.load(std::sync::atomic::Ordering::Acquire) {
+        assert!(Instant::now() < give_up, "the slow handler did not start");
+        other.progress();
+        std::thread::yield_now();
+    }
+    let t = Instant::now();
+    drop(futs);
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(1), "dropping two futures at the cap took {took:?}");
+    assert_eq!(client.counters().cancels, 2);
+    assert_eq!(block_on(slow).unwrap().seq, 9);
+    // The acknowledgements arrive; the slots come back on the same session.
+    for i in 0..8u64 {
+        let r = client
+            .unary::<_, EchoMsg>(ECHO, &request(i, 16, 16), &CallOptions::deadline(Duration::from_secs(10)))
+            .unwrap_or_else(|e| panic!("call {i} after the drops: {e}"));
+        check_reply(&r, i, 16);
+    }
+    assert!(client.closed_reason().is_none());
+    assert_eq!(client.reconnect_attempts(), 0);
+    assert_eq!(client.counters().late_replies, 2, "both acknowledgements discarded");
+    drop((client, other));
+    server.shutdown();
+}

@@ -241,3 +241,35 @@ fn calls_waiting_for_a_slot_when_the_session_breaks_end_unavailable_never_sent()
     }
     assert_eq!(client.queued_calls(), 0);
 }
+
+/// Starting an async call on a broken session never blocks, even when the reconnect attempt
+/// will take its whole `connect_timeout` (a listener that accepts and never answers the
+/// handshake stands where the server was): the call waits, encoded, and the future's first
+/// poll makes the attempt. Before, `unary_async` itself ran the attempt (1.5 s here).
+#[test]
+fn starting_an_async_call_never_waits_for_the_reconnect() {
+    let (server, _stash) = spawn(server());
+    let addr = server.local_addr();
+    let client =
+        Client::connect_with(addr, &client_config().connect_timeout(Duration::from_millis(1500))).unwrap();
+    check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    server.shutdown();
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while client.closed_reason().is_none() {
+        assert!(Instant::now() < give_up, "the client never saw the server go");
+        client.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Accepts TCP connections and never answers a handshake.
+    let mute = std::net::TcpListener::bind(addr).expect("the server's address is free again");
+    let t = Instant::now();
+    let fut = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default());
+    let started = t.elapsed();
+    assert!(started < Duration::from_millis(500), "starting the call took {started:?}");
+    assert_eq!(client.reconnect_attempts(), 0, "no attempt before the future is polled");
+    let err = block_on(fut).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("connect_timeout"), "{err}");
+    assert_eq!(client.reconnect_attempts(), 1);
+    drop(mute);
+}

@@ -11,12 +11,14 @@ use crate::cli::{PollKind, TransportKind, DEFAULT_PORT};
 #[derive(Subcommand, Debug, Clone, PartialEq)]
 pub enum Command {
     /// Call one method of a running server with a request written as JSON; print the reply as
-    /// JSON (grpcurl for this framework). Unary methods only: the framework has no streams yet.
+    /// JSON (grpcurl for this framework). Unary methods only: streaming methods (which generated
+    /// stubs call) are refused with a message naming the method.
     ///
     /// Example: rpc-perf call 127.0.0.1:50052 kv.Kv/Get --proto proto/kv.proto --data '{"key":"a"}'
     Call(CallArgs),
     /// Benchmark one method of a running server: perftest-style latency table, calls/s, status
-    /// counts (ghz for this framework). Unary methods only: the framework has no streams yet.
+    /// counts (ghz for this framework). Unary methods only: streaming methods are refused with a
+    /// message naming the method (stream rates: `rpc-core --example stream_measure`).
     ///
     /// Example: rpc-perf bench 127.0.0.1:50052 kv.Kv/Get --proto proto/kv.proto --data '{"key":"a"}' -c 32
     Bench(BenchArgs),

@@ -516,8 +516,11 @@ pub fn run(a: &BenchArgs) -> Result<BenchReport, PerfError> {
     }
     let c = client.counters();
     println!(
-        " client counters: rpcs {}, credit stalls {}, ring-full stalls {}, RNR events {}",
-        c.rpcs, c.credit_stalls, c.ring_full_stalls, c.rnr_events
+        " client counters: rpcs {}, credit stalls {}, ring-full stalls {}; sim RNR waits {}",
+        c.rpcs,
+        c.credit_stalls,
+        c.ring_full_stalls,
+        rpc_core::verbs::sim::stats().rnr_stalls
     );
     let rep = BenchReport {
         tool: "rpc-perf bench",

@@ -100,7 +100,7 @@ impl Schema {
     ///
     /// # Errors
     /// [`PerfError::Setup`] naming the unknown service (and the known ones), the unknown method
-    /// (and the service's methods), or a streaming method (not supported yet).
+    /// (and the service's methods), or a streaming method (`call` and `bench` take unary methods only).
     pub fn unary_method(&self, name: &str) -> Result<UnaryMethod, PerfError> {
         let trimmed = name.trim_start_matches('/');
         let (svc_name, m_name) = match trimmed.rsplit_once('/') {
@@ -127,7 +127,7 @@ impl Schema {
         };
         if m.is_client_streaming() || m.is_server_streaming() {
             return Err(PerfError::Setup(format!(
-                "{}/{} is a streaming method: rpc-perf calls unary methods only (the framework has no streams yet)",
+                "{}/{} is a streaming method: rpc-perf call and bench take unary methods only (streams are called through generated stubs)",
                 svc.full_name(),
                 m.name()
             )));
@@ -212,7 +212,7 @@ impl Schema {
                     stream(m.is_server_streaming()),
                     m.output().full_name(),
                     if m.is_client_streaming() || m.is_server_streaming() {
-                        "  [streaming: not callable yet]"
+                        "  [streaming: not callable by rpc-perf]"
                     } else {
                         ""
                     }
@@ -270,6 +270,6 @@ mod tests {
         let e = s.describe("kv.Nope").unwrap_err().to_string();
         assert!(e.starts_with("unknown message or service `kv.Nope` in kv.proto"), "{e}");
         let s = Schema::compile(&[proto("codegen/streaming.proto")], &[proto("")]).unwrap();
-        assert!(s.listing().contains("[streaming: not callable yet]"), "{}", s.listing());
+        assert!(s.listing().contains("[streaming: not callable by rpc-perf]"), "{}", s.listing());
     }
 }

@@ -100,7 +100,11 @@ pub fn run_client<P: Provider>(
             TestKind::WriteBw => {
                 Measure::Bandwidth(write_bw::client(&mut qp, size, limit, warmup, sink.progress())?)
             }
-            TestKind::RpcLat | TestKind::RpcBw | TestKind::ChanLat | TestKind::ChanBw => {
+            TestKind::RpcLat
+            | TestKind::RpcBw
+            | TestKind::ChanLat
+            | TestKind::ChanBw
+            | TestKind::StreamBw => {
                 return Err(PerfError::Setup(format!("{} is not a raw verbs test", test.name())))
             }
         };

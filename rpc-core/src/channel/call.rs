@@ -3,14 +3,14 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use atomic_waker::AtomicWaker;
 use prost::Message;
 
 use super::dispatcher::{with_any_core, AnyCore};
 use crate::client::core::CallId;
-use crate::codegen::MethodId;
+use crate::dispatch::service::MethodId;
 use crate::status::Status;
 
 const PENDING: u8 = 0;
@@ -45,6 +45,39 @@ impl<T> Completion<T> {
         }
     }
 
+    /// Stores the result without handing it over yet (see [`Completion::release`]): the
+    /// producer publishes what it must first (a driver, its count of calls in flight).
+    pub(crate) fn stage(&self, value: T) {
+        if self.state.load(Ordering::Acquire) == PENDING {
+            *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        }
+    }
+
+    /// Hands over the staged result; the waiting task's waker goes into `wakers`, to be woken
+    /// once the producer has let go of the session. When the waiter gave up meanwhile, the result
+    /// is dropped here.
+    pub(crate) fn release(&self, wakers: &mut Vec<Waker>) {
+        if self.state.compare_exchange(PENDING, DONE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if let Some(w) = self.waker.take() {
+                wakers.push(w);
+            }
+        } else if self.state.load(Ordering::Acquire) == CANCELLED {
+            self.result.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    }
+
+    /// Forgets the registered waker: the waiter polls for itself for a while (it drives the
+    /// session), so a completion meanwhile must not wake it.
+    pub(crate) fn unregister(&self) {
+        drop(self.waker.take());
+    }
+
+    /// The result, if it is there (no waker registered).
+    pub(crate) fn try_take(&self) -> Option<Option<T>> {
+        (self.state.load(Ordering::Acquire) == DONE)
+            .then(|| self.result.lock().unwrap_or_else(|e| e.into_inner()).take())
+    }
+
     /// The result once there; otherwise registers `cx`'s waker and returns `Pending`.
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Option<T>> {
         if self.state.load(Ordering::Acquire) != DONE {
@@ -77,9 +110,12 @@ impl<T> Completion<T> {
 pub(crate) trait Job: Send + Sync {
     /// Encodes the request straight into the session's registered memory and starts the call.
     fn start(&self, core: &mut AnyCore) -> Result<CallId, Status>;
-    /// Takes the call's result when it is finished, delivers it and wakes its task: true then.
-    /// `expired` (its deadline passed) ends it with DEADLINE_EXCEEDED when no answer is there.
+    /// Takes the call's result when it is finished and stages it for its task: true then (the
+    /// driver hands it over with [`Job::release`]). `expired` (its deadline passed) ends it with
+    /// DEADLINE_EXCEEDED when no answer is there.
     fn try_finish(&self, core: &mut AnyCore, id: CallId, expired: bool) -> bool;
+    /// Hands the staged result to the task, its waker pushed to `wakers`.
+    fn release(&self, wakers: &mut Vec<Waker>);
     /// Ends the call with `status` (before it started, or when the dispatcher stops).
     fn fail(&self, status: Status);
     /// True when the caller dropped its future.
@@ -118,11 +154,15 @@ where
         };
         match r {
             Some(r) => {
-                self.done.complete(r);
+                self.done.stage(r);
                 true
             }
             None => false,
         }
+    }
+
+    fn release(&self, wakers: &mut Vec<Waker>) {
+        self.done.release(wakers);
     }
 
     fn fail(&self, status: Status) {

@@ -1,16 +1,26 @@
-//! A dispatcher: one thread that owns one client session (its QP, CQ, SRQ and rings), takes calls
-//! from a bounded lock-free queue, and completes them by waking the tasks that wait.
+//! A dispatcher: one client session (its QP, CQ, SRQ and rings) behind a lock that is only ever
+//! tried, a bounded lock-free queue of calls, and one thread that drives the session when no
+//! caller does.
 //!
-//! Loop: take queued calls while the session has slots (each request is encoded straight into
-//! the session's registered memory) → one doorbell for the batch → poll the CQ → hand finished
-//! calls to their tasks → drop cancelled ones. With nothing to do it spins (`spins` empty
-//! loops), then, with calls in flight, waits per the polling policy (`Event`: arms the CQ and
-//! blocks on its completion channel, at most 1 ms at a time), and with none, parks until a caller
-//! queues a call.
+//! Whoever holds the session drives it ([`Driver::step`]): takes queued calls while the session
+//! has slots (each request is encoded straight into the session's registered memory) → one
+//! doorbell for the batch → polls the CQ → hands finished calls to their tasks → releases
+//! cancelled ones. A caller's poll drives it when it is free (see [`super::UnaryCall`]), so a
+//! call can go out and come back on the caller's own thread with no hop between threads. A
+//! driver that leaves with calls queued or in flight either woke other tasks (which drive it when
+//! they are polled: the session is "owed" to them) or wakes the dispatcher thread
+//! ([`Inner::want_driver`]).
+//!
+//! The dispatcher thread sleeps until a driver leaves work to it (or, after [`PARK`], finds work
+//! stranded). Then it drives while calls are queued or in flight and no caller holds the session:
+//! with nothing to do it spins (`spins` empty loops), then waits per the polling policy (`Event`:
+//! arms the CQ and blocks on its completion channel, at most 1 ms at a time). Once it has woken
+//! tasks it leaves the session to them and sleeps again.
 
+use std::cell::RefCell;
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::task::Waker;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -21,6 +31,7 @@ use super::call::{Completion, Job};
 use crate::client::core::{CallId, ClientCore};
 use crate::client::ClientConfig;
 use crate::config::{PollingPolicy, EVENT_WAIT};
+use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
 
@@ -66,32 +77,59 @@ impl AnyCore {
 
 /// What callers and the dispatcher thread share.
 pub(crate) struct Inner {
-    /// Calls waiting for the dispatcher (bounded: a full queue makes callers wait).
+    /// Calls waiting for a driver (bounded: a full queue makes callers wait).
     pub(crate) queue: ArrayQueue<Arc<dyn Job>>,
+    /// The session, held by whoever drives it (only ever `try_lock`ed on the data path, so an
+    /// unlock never has a sleeper to wake). `None` until connected and after shutdown.
+    session: Mutex<Option<Driver>>,
     /// Set when the last handle is gone: the dispatcher ends its calls and closes the session.
     pub(crate) stop: AtomicBool,
-    /// The dispatcher is parked (no calls in flight): a caller that queues one unparks it.
+    /// The dispatcher thread is parked: whoever wants it unparks it.
     sleeping: AtomicBool,
+    /// Someone left work for the dispatcher thread (checked by it before it parks).
+    wanted: AtomicBool,
+    /// A driver left calls in flight having woken other tasks: the next poll of any call drives
+    /// the session (or hands it to the dispatcher thread).
+    owed: AtomicBool,
     thread: OnceLock<Thread>,
-    /// Bumped by every dropped future, so the dispatcher looks for cancelled calls only then.
+    /// Bumped by every dropped future (and by a stream's task that queued or took a message), so
+    /// a driver looks at its calls only then.
     pub(crate) cancels: AtomicU64,
-    /// Calls started on the session and not yet finished or dropped.
+    /// Calls started on the session and not yet finished or dropped (published before the
+    /// tasks of finished calls are woken).
     pub(crate) in_flight: AtomicUsize,
-    /// Tasks waiting for room in a full queue, woken when the dispatcher takes calls.
+    /// Tasks waiting for room in a full queue, woken when a driver takes calls.
     space: Mutex<Vec<Waker>>,
     space_wanted: AtomicBool,
+    /// How long a caller's poll drives the session waiting for an imminent reply.
+    pub(crate) poll_spin: Duration,
+    /// Calls started (encoded into registered memory and posted) by a caller's poll, and by
+    /// the dispatcher thread.
+    pub(crate) started_by_callers: AtomicU64,
+    started_by_thread: AtomicU64,
+}
+
+thread_local! {
+    /// The wakers a driver collected, woken once it has let go of the session.
+    static WAKE_BATCH: RefCell<Vec<Waker>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What one drive by a caller did.
+pub(crate) struct Drove {
+    /// Completions handled and calls started.
+    pub(crate) work: usize,
+    /// Other tasks woken.
+    pub(crate) woke: usize,
 }
 
 impl Inner {
-    /// Queues a call and wakes the dispatcher if it sleeps. Gives the call back when the queue
-    /// is full.
+    /// Queues a call (it goes out with the next step of whoever drives the session). Gives the
+    /// call back when the queue is full.
     pub(crate) fn submit(&self, job: Arc<dyn Job>) -> Result<(), Arc<dyn Job>> {
-        self.queue.push(job)?;
-        self.wake();
-        Ok(())
+        self.queue.push(job)
     }
 
-    /// Unparks the dispatcher when it sleeps.
+    /// Unparks the dispatcher thread when it sleeps.
     pub(crate) fn wake(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
             if let Some(t) = self.thread.get() {
@@ -100,7 +138,86 @@ impl Inner {
         }
     }
 
-    /// Registers `waker` to be woken when the dispatcher takes calls out of the queue.
+    /// Hands the session to the dispatcher thread: work is left and no caller will drive it.
+    pub(crate) fn want_driver(&self) {
+        self.wanted.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
+    /// Takes the session if it is free (and connected).
+    fn try_session(&self) -> Option<MutexGuard<'_, Option<Driver>>> {
+        let g = match self.session.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        g.is_some().then_some(g)
+    }
+
+    /// A caller drives the session, if it is free, until `done()` holds, `spin` passes with no
+    /// completion, or (with `others_first`) another task was woken; then lets it go and makes
+    /// sure someone drives what it leaves. `None` when another thread holds the session.
+    pub(crate) fn drive(&self, spin: Duration, others_first: bool, done: &dyn Fn() -> bool) -> Option<Drove> {
+        let mut g = self.try_session()?;
+        self.owed.store(false, Ordering::Relaxed);
+        let d = g.as_mut().expect("checked by try_session");
+        let mut drove = Drove { work: 0, woke: 0 };
+        let mut since: Option<Instant> = None;
+        let mut spins = 0u32;
+        loop {
+            let work = d.step(self, true);
+            drove.work += work;
+            if done() || (others_first && d.woken() > 0) || !d.has_work() {
+                break;
+            }
+            if work > 0 {
+                since = None;
+                spins = 0;
+                continue;
+            }
+            spins += 1;
+            if spins % 16 == 0 {
+                let now = Instant::now();
+                if now.duration_since(*since.get_or_insert(now)) >= spin {
+                    break;
+                }
+            }
+            std::hint::spin_loop();
+        }
+        let left = d.has_work() || !self.queue.is_empty();
+        drove.woke = d.woken();
+        let batch = d.take_wakers();
+        drop(g);
+        wake_all(batch);
+        if left {
+            if drove.woke > 0 {
+                self.owed.store(true, Ordering::SeqCst);
+            } else {
+                self.want_driver();
+            }
+        }
+        Some(drove)
+    }
+
+    /// True when a driver left the session to the tasks it woke: the caller polled now should
+    /// drive it.
+    pub(crate) fn is_owed(&self) -> bool {
+        self.owed.load(Ordering::Relaxed)
+    }
+
+    /// The session's counters (waits while another thread drives it: at most about one
+    /// completion-event wait, 1 ms).
+    pub(crate) fn counters(&self) -> Counters {
+        let g = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().map(|d| with_any_core!(&d.core, c => c.counters.clone())).unwrap_or_default()
+    }
+
+    /// Calls started by callers' polls and by the dispatcher thread.
+    pub(crate) fn started(&self) -> (u64, u64) {
+        (self.started_by_callers.load(Ordering::Relaxed), self.started_by_thread.load(Ordering::Relaxed))
+    }
+
+    /// Registers `waker` to be woken when a driver takes calls out of the queue.
     pub(crate) fn wait_for_space(&self, waker: &Waker) {
         let mut w = self.space.lock().unwrap_or_else(|e| e.into_inner());
         if !w.iter().any(|x| x.will_wake(waker)) {
@@ -120,6 +237,20 @@ impl Inner {
     }
 }
 
+/// Wakes a driver's collected wakers (after it let go of the session), keeping the buffer.
+fn wake_all(mut batch: Vec<Waker>) {
+    for w in batch.drain(..) {
+        w.wake();
+    }
+    WAKE_BATCH.with(|b| {
+        if let Ok(mut b) = b.try_borrow_mut() {
+            if b.capacity() < batch.capacity() {
+                *b = batch;
+            }
+        }
+    });
+}
+
 /// How a dispatcher thread is set up.
 pub(crate) struct Setup<A> {
     pub(crate) addr: A,
@@ -128,6 +259,7 @@ pub(crate) struct Setup<A> {
     pub(crate) core_id: Option<usize>,
     pub(crate) name: String,
     pub(crate) spins: u32,
+    pub(crate) poll_spin: Duration,
 }
 
 /// Starts a dispatcher thread, which connects its session; `connected` gets the outcome.
@@ -140,13 +272,19 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
 ) -> Result<Arc<Inner>, Status> {
     let inner = Arc::new(Inner {
         queue: ArrayQueue::new(setup.queue_depth),
+        session: Mutex::new(None),
         stop: AtomicBool::new(false),
         sleeping: AtomicBool::new(false),
+        wanted: AtomicBool::new(false),
+        owed: AtomicBool::new(false),
         thread: OnceLock::new(),
         cancels: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         space: Mutex::new(Vec::new()),
         space_wanted: AtomicBool::new(false),
+        poll_spin: setup.poll_spin,
+        started_by_callers: AtomicU64::new(0),
+        started_by_thread: AtomicU64::new(0),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -164,16 +302,18 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                     return;
                 }
             };
+            *shared.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(Driver {
+                core,
+                in_flight: Vec::new(),
+                wakers: Vec::new(),
+                finished: Vec::new(),
+                cancels_seen: 0,
+                empty: 0,
+                looks: 0,
+            });
             connected.complete(Ok(()));
             drop(connected);
-            Dispatcher {
-                core,
-                inner: shared,
-                in_flight: Vec::new(),
-                spins: setup.spins,
-                policy: setup.client.polling,
-            }
-            .run();
+            Dispatcher { inner: shared, spins: setup.spins, policy: setup.client.polling }.run();
         })
         .map_err(|e| Status::unavailable(format!("spawning a dispatcher thread: {e}")))?;
     let _ = inner.thread.set(handle.thread().clone());
@@ -183,66 +323,73 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
     Ok(inner)
 }
 
-struct Dispatcher {
+/// The session and the calls on it, driven by whoever holds it.
+pub(crate) struct Driver {
     core: AnyCore,
-    inner: Arc<Inner>,
     in_flight: Vec<(CallId, Arc<dyn Job>)>,
-    spins: u32,
-    policy: PollingPolicy,
+    /// Wakers of the tasks whose calls finished in this hold of the session.
+    wakers: Vec<Waker>,
+    /// Calls finished in this step, handed over once the count in flight is published.
+    finished: Vec<Arc<dyn Job>>,
+    cancels_seen: u64,
+    /// Steps in a row that found nothing to do.
+    empty: u32,
+    /// Empty steps between two looks at deadlines.
+    looks: u32,
 }
 
-/// Longest park with nothing in flight (so a lost unpark costs at most this).
-const PARK: Duration = Duration::from_millis(50);
+/// Empty steps between two looks at the calls' deadlines while a driver spins.
+const LOOK_EVERY: u32 = 64;
 
-impl Dispatcher {
-    fn run(mut self) {
-        let mut empty: u32 = 0;
-        let mut cancels_seen = 0;
-        loop {
-            if self.inner.stop.load(Ordering::Acquire) {
-                break;
-            }
-            let mut work = self.take_calls();
-            let completions = with_any_core!(&mut self.core, c => c.dispatch_step());
-            work += completions;
-            let cancels = self.inner.cancels.load(Ordering::Acquire);
-            // Deadlines are looked at every 64 empty loops while spinning, every loop after.
-            let look = !self.in_flight.is_empty() && (empty >= self.spins || empty % 64 == 63);
-            if work > 0 || cancels != cancels_seen || look {
-                cancels_seen = cancels;
-                work += self.finish_calls();
-            }
-            if work > 0 {
-                empty = 0;
-                continue;
-            }
-            empty = empty.saturating_add(1);
-            if empty < self.spins {
-                std::hint::spin_loop();
-                continue;
-            }
-            if self.in_flight.is_empty() {
-                self.park();
-                continue;
-            }
-            match self.policy {
-                PollingPolicy::Busy => std::hint::spin_loop(),
-                PollingPolicy::SpinThenYield { .. } => std::thread::yield_now(),
-                _ => {
-                    if with_any_core!(&mut self.core, c => c.wait_cq(EVENT_WAIT)) > 0 {
-                        self.finish_calls();
-                    }
-                }
-            }
+impl Driver {
+    /// One round: queued calls started while slots are free (one doorbell), the CQ polled once,
+    /// finished calls handed over (their wakers collected, see [`Driver::take_wakers`]),
+    /// cancelled ones released, deadlines looked at now and then. Returns the work done (calls
+    /// started + completions).
+    fn step(&mut self, inner: &Inner, by_caller: bool) -> usize {
+        let mut work = self.take_calls(inner, by_caller);
+        let completions = with_any_core!(&mut self.core, c => c.dispatch_step());
+        work += completions;
+        let cancels = inner.cancels.load(Ordering::Acquire);
+        let look = !self.in_flight.is_empty() && {
+            self.looks += 1;
+            self.looks % LOOK_EVERY == 0
+        };
+        if work > 0 || cancels != self.cancels_seen || look {
+            self.cancels_seen = cancels;
+            work += self.finish_calls(inner);
         }
-        self.shut_down();
+        if work > 0 {
+            self.empty = 0;
+        } else {
+            self.empty = self.empty.saturating_add(1);
+        }
+        work
+    }
+
+    /// Calls started and not yet finished.
+    fn has_work(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// Tasks to wake so far.
+    fn woken(&self) -> usize {
+        self.wakers.len()
+    }
+
+    /// The wakers collected, to be woken once the session is let go.
+    fn take_wakers(&mut self) -> Vec<Waker> {
+        let spare =
+            WAKE_BATCH.with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default());
+        std::mem::replace(&mut self.wakers, spare)
     }
 
     /// Starts queued calls while the session has slots; one doorbell for all of them.
-    fn take_calls(&mut self) -> usize {
+    fn take_calls(&mut self, inner: &Inner, by_caller: bool) -> usize {
         let mut n = 0;
+        let before = self.in_flight.len();
         while with_any_core!(&self.core, c => c.has_free_slot()) {
-            let Some(job) = self.inner.queue.pop() else { break };
+            let Some(job) = inner.queue.pop() else { break };
             n += 1;
             if job.is_cancelled() {
                 continue;
@@ -253,59 +400,155 @@ impl Dispatcher {
             }
         }
         if n > 0 {
-            self.inner.in_flight.store(self.in_flight.len(), Ordering::Release);
-            self.inner.wake_space_waiters();
+            let started = (self.in_flight.len() - before) as u64;
+            let by = if by_caller { &inner.started_by_callers } else { &inner.started_by_thread };
+            by.fetch_add(started, Ordering::Relaxed);
+            // The doorbell for the batch rings in the progress step that follows.
+            inner.in_flight.store(self.in_flight.len(), Ordering::Release);
+            inner.wake_space_waiters();
         }
         n
     }
 
-    /// Delivers finished calls, ends expired ones, releases cancelled ones.
-    fn finish_calls(&mut self) -> usize {
+    /// Delivers finished calls, ends expired ones, releases cancelled ones; publishes the count
+    /// still in flight before any of their tasks can see its result (or is woken).
+    fn finish_calls(&mut self, inner: &Inner) -> usize {
         let mut n = 0;
         let mut now = None;
         let mut i = 0;
         while i < self.in_flight.len() {
             let (id, job) = &self.in_flight[i];
             let expired = id.deadline.is_some_and(|d| *now.get_or_insert_with(Instant::now) >= d);
-            let finished = if job.is_cancelled() {
-                // The future was dropped: its late answer is discarded when it comes.
-                with_any_core!(&mut self.core, c => c.abandon(*id));
-                true
-            } else {
-                job.try_finish(&mut self.core, *id, expired)
-            };
-            if finished {
+            if job.is_cancelled() {
+                // The future was dropped: its late answer is discarded when it comes (a
+                // stream's held messages and unsent ones are dropped too).
+                with_any_core!(&mut self.core, c => c.abandon_stream(*id));
                 self.in_flight.swap_remove(i);
+                n += 1;
+            } else if job.try_finish(&mut self.core, *id, expired) {
+                let (_, job) = self.in_flight.swap_remove(i);
+                self.finished.push(job);
                 n += 1;
             } else {
                 i += 1;
             }
         }
         if n > 0 {
-            self.inner.in_flight.store(self.in_flight.len(), Ordering::Release);
+            inner.in_flight.store(self.in_flight.len(), Ordering::Release);
+            for job in self.finished.drain(..) {
+                job.release(&mut self.wakers);
+            }
         }
         n
     }
 
-    fn park(&mut self) {
-        self.inner.sleeping.store(true, Ordering::SeqCst);
-        // A call queued before the flag was visible did not unpark us: look once more.
-        if self.inner.queue.is_empty() && !self.inner.stop.load(Ordering::SeqCst) {
-            std::thread::park_timeout(PARK);
-        }
-        self.inner.sleeping.store(false, Ordering::SeqCst);
-    }
-
-    fn shut_down(&mut self) {
+    /// Ends every call (the channel is gone) and closes the session.
+    fn shut_down(&mut self, inner: &Inner) {
         let gone = || Status::unavailable("the channel was dropped");
-        while let Some(job) = self.inner.queue.pop() {
+        while let Some(job) = inner.queue.pop() {
             job.fail(gone());
         }
         for (id, job) in self.in_flight.drain(..) {
             with_any_core!(&mut self.core, c => c.abandon(id));
             job.fail(gone());
         }
-        self.inner.in_flight.store(0, Ordering::Release);
+        inner.in_flight.store(0, Ordering::Release);
         with_any_core!(&mut self.core, c => c.close());
+    }
+}
+
+/// The dispatcher thread.
+struct Dispatcher {
+    inner: Arc<Inner>,
+    spins: u32,
+    policy: PollingPolicy,
+}
+
+/// Longest park (so a lost unpark, or a session left to tasks that were never polled, costs at
+/// most this).
+const PARK: Duration = Duration::from_millis(50);
+
+impl Dispatcher {
+    fn run(self) {
+        let inner = &*self.inner;
+        while !inner.stop.load(Ordering::Acquire) {
+            // Callers drive their own calls: the thread sleeps until one leaves work to it (or,
+            // as a safety net, finds work after PARK: a session left to tasks never polled).
+            let wanted = self.park();
+            let stranded = !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
+            if wanted || stranded {
+                self.drive();
+            }
+        }
+        let mut g = inner.session.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut d) = g.take() {
+            d.shut_down(inner);
+        }
+    }
+
+    /// Drives the session until nothing is queued or in flight, a caller holds it, or the
+    /// tasks woken last are to drive it (`owed`): busy-polls, then after `spins` empty loops
+    /// waits per the polling policy.
+    fn drive(&self) {
+        let inner = &*self.inner;
+        let mut empty: u32 = 0;
+        while !inner.stop.load(Ordering::Acquire) {
+            // A caller holding the session leaves it to someone when it lets go.
+            let Some(mut g) = inner.try_session() else { return };
+            let d = g.as_mut().expect("checked by try_session");
+            let work = d.step(inner, false);
+            let busy = d.has_work() || !inner.queue.is_empty();
+            let batch = d.take_wakers();
+            drop(g);
+            let woke = !batch.is_empty();
+            wake_all(batch);
+            if !busy {
+                return;
+            }
+            if woke {
+                // The tasks just woken drive it when polled (each poll of a call takes the
+                // session if it is owed); they want us back if they leave work.
+                inner.owed.store(true, Ordering::SeqCst);
+                return;
+            }
+            if work > 0 {
+                empty = 0;
+                continue;
+            }
+            empty = empty.saturating_add(1);
+            if empty < self.spins {
+                std::hint::spin_loop();
+                continue;
+            }
+            match self.policy {
+                PollingPolicy::Busy => std::hint::spin_loop(),
+                PollingPolicy::SpinThenYield { .. } => std::thread::yield_now(),
+                _ => {
+                    let Some(mut g) = inner.try_session() else { return };
+                    let d = g.as_mut().expect("checked by try_session");
+                    with_any_core!(&mut d.core, c => c.wait_cq(EVENT_WAIT));
+                    // After each wait: deadlines too.
+                    d.finish_calls(inner);
+                    let batch = d.take_wakers();
+                    drop(g);
+                    wake_all(batch);
+                }
+            }
+        }
+    }
+
+    /// Sleeps until someone wants the thread (or [`PARK`] passes), unless work was left for it
+    /// meanwhile. True when it was wanted.
+    fn park(&self) -> bool {
+        let inner = &*self.inner;
+        inner.sleeping.store(true, Ordering::SeqCst);
+        // Work left before the flag was visible did not unpark us: look once more.
+        let mut wanted = inner.wanted.swap(false, Ordering::SeqCst);
+        if !wanted && !inner.stop.load(Ordering::SeqCst) {
+            std::thread::park_timeout(PARK);
+            wanted = inner.wanted.swap(false, Ordering::SeqCst);
+        }
+        inner.sleeping.store(false, Ordering::SeqCst);
+        wanted
     }
 }

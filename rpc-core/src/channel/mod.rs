@@ -2,14 +2,18 @@
 //!
 //! `Clone + Send + Sync`; its calls are futures that are `Send + 'static`, so any task of a
 //! multi-thread runtime (tokio or another) may call through one handle at once, with calls from
-//! all of them pipelined on the same sessions. Kernel bypass stays: behind the handle, one
-//! dispatcher thread per configured core ([`ChannelConfig::dispatchers`], optionally pinned)
-//! owns a session to the server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call
-//! goes to a dispatcher through a bounded lock-free queue; the dispatcher encodes the request
-//! straight into the session's registered memory (one encoding, no heap copy), and a completion
-//! wakes exactly the task that waits for it (nothing wakes itself). The dispatcher busy-polls
-//! while it has work and falls back to completion events when idle (see
-//! [`ChannelConfig::polling`]).
+//! all of them pipelined on the same sessions. Kernel bypass stays: behind the handle, each
+//! dispatcher ([`ChannelConfig::dispatchers`], its thread optionally pinned) has a session to the
+//! server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call goes to a dispatcher
+//! through a bounded lock-free queue. Whoever holds the dispatcher's session drives it: the poll
+//! of a call, when the session is free, takes the queued calls, encodes each request straight
+//! into the session's registered memory (one encoding, no heap copy), rings one doorbell, polls
+//! the CQ and hands finished calls to their tasks ("combining": the call goes out and its answer
+//! comes back on the caller's own thread, no hop between threads); otherwise the dispatcher's
+//! thread does. A completion wakes exactly the task that waits for it (nothing wakes itself). A
+//! poll drives for at most [`ChannelConfig::poll_spin`] without a completion (a reply that is not
+//! imminent is left to the dispatcher thread, which busy-polls while it has work and falls back
+//! to completion events when idle: see [`ChannelConfig::client`]).
 //!
 //! Dropping a call's future cancels the call: its slot is released and its late answer
 //! discarded. Neither [`Channel::connect`] nor dropping blocks an executor thread: sessions are
@@ -20,6 +24,7 @@
 
 pub(crate) mod call;
 pub(crate) mod dispatcher;
+pub(crate) mod stream;
 
 use std::future::Future;
 use std::net::ToSocketAddrs;
@@ -27,16 +32,17 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prost::Message;
 
 use crate::client::{CallOptions, ClientConfig};
-use crate::codegen::MethodId;
 use crate::config::PollingPolicy;
+use crate::dispatch::service::MethodId;
 use crate::status::Status;
 use call::{Completion, Job, UnaryJob};
 use dispatcher::Inner;
+pub use stream::{ClientStreamCall, StreamReceiver, StreamSender, STREAM_QUEUE};
 
 /// The connection outcomes a connecting channel waits for, one per dispatcher.
 type Pending = Vec<Arc<Completion<Result<(), Status>>>>;
@@ -66,6 +72,13 @@ pub struct ChannelConfig {
     pub spins: u32,
     /// Name of the dispatcher threads (`NAME-0`, `NAME-1`, ...). Default `rpc-dispatch`.
     pub thread_name: String,
+    /// How long the poll of a call may drive the session (post, poll the CQ, complete calls) while
+    /// no completion comes, waiting for its reply before it returns `Pending` and leaves the
+    /// session to the dispatcher thread. The clock restarts at each completion, so a poll keeps
+    /// driving while replies flow; a reply that is not imminent (a slow handler) costs the
+    /// executor thread this much once. `Duration::ZERO`: one step per poll. Default 20 µs;
+    /// at most 1 ms.
+    pub poll_spin: Duration,
 }
 
 impl Default for ChannelConfig {
@@ -77,6 +90,7 @@ impl Default for ChannelConfig {
             queue_depth: 1024,
             spins: 20_000,
             thread_name: "rpc-dispatch".into(),
+            poll_spin: Duration::from_micros(20),
         }
     }
 }
@@ -112,6 +126,11 @@ impl ChannelConfig {
         self.thread_name = v.into();
         self
     }
+    /// See [`ChannelConfig::poll_spin`].
+    pub fn poll_spin(mut self, v: Duration) -> Self {
+        self.poll_spin = v;
+        self
+    }
 
     fn check(&self) -> Result<(), Status> {
         if !(1..=64).contains(&self.dispatchers) {
@@ -124,6 +143,12 @@ impl ChannelConfig {
             return Err(Status::invalid_argument(format!(
                 "ChannelConfig::queue_depth {} is not in 1..=1048576",
                 self.queue_depth
+            )));
+        }
+        if self.poll_spin > Duration::from_millis(1) {
+            return Err(Status::invalid_argument(format!(
+                "ChannelConfig::poll_spin {:?} is over 1 ms",
+                self.poll_spin
             )));
         }
         Ok(())
@@ -225,6 +250,7 @@ impl Channel {
                 core_id: (!config.core_ids.is_empty()).then(|| config.core_ids[i % config.core_ids.len()]),
                 name: format!("{}-{i}", config.thread_name),
                 spins: config.spins,
+                poll_spin: config.poll_spin,
             };
             match dispatcher::spawn(setup, connected.clone()) {
                 Ok(d) => {
@@ -242,8 +268,9 @@ impl Channel {
     }
 
     /// A unary call: the future resolves to the response. The request is queued to a dispatcher
-    /// at once, which encodes it into registered memory and sends it; dropping the future cancels
-    /// the call (its slot is released; a late answer is discarded).
+    /// at once; whoever drives its session next (this call's poll, another call's, or the
+    /// dispatcher thread) encodes it into registered memory and sends it. Dropping the future
+    /// cancels the call (its slot is released; a late answer is discarded).
     ///
     /// The future is `Send + 'static` and resolves with the server's status, DEADLINE_EXCEEDED
     /// after `opts`' deadline, UNAVAILABLE when the session is gone (or the channel was dropped
@@ -262,7 +289,13 @@ impl Channel {
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         let submit: Arc<dyn Job> = job.clone();
-        let mut call = UnaryCall { done: job, submit: Some(submit), shared: self.shared.clone(), dispatcher };
+        let mut call = UnaryCall {
+            done: job,
+            submit: Some(submit),
+            shared: self.shared.clone(),
+            dispatcher,
+            taken: false,
+        };
         call.try_queue();
         call
     }
@@ -271,6 +304,25 @@ impl Channel {
     /// last published it; calls still in a queue are not counted).
     pub fn in_flight(&self) -> usize {
         self.shared.dispatchers.iter().map(|d| d.in_flight.load(Ordering::Acquire)).sum()
+    }
+
+    /// Calls started so far (request encoded into the session's registered memory and posted)
+    /// by the polls of calls on the callers' threads, and by the dispatcher threads, over all
+    /// dispatchers. With the session free, a call's own poll starts it (no hop between threads);
+    /// a dispatcher thread starts the calls queued while it drives a wait no caller stayed for.
+    pub fn calls_started(&self) -> (u64, u64) {
+        self.shared.dispatchers.iter().map(|d| d.started()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// The counters of the channel's sessions, summed (RPCs, bytes, stalls, cancels, status
+    /// codes...). Waits for a session another thread is driving (at most about one
+    /// completion-event wait, 1 ms): for monitoring, not for a hot path.
+    pub fn counters(&self) -> crate::Counters {
+        let mut c = crate::Counters::default();
+        for d in &self.shared.dispatchers {
+            c.add(&d.counters());
+        }
+        c
     }
 }
 
@@ -293,6 +345,8 @@ pub struct UnaryCall<Resp> {
     submit: Option<Arc<dyn Job>>,
     shared: Arc<Shared>,
     dispatcher: usize,
+    /// The result was handed out.
+    taken: bool,
 }
 
 impl<Resp> UnaryCall<Resp> {
@@ -312,29 +366,83 @@ impl<Resp> UnaryCall<Resp> {
 impl<Resp> Future for UnaryCall<Resp> {
     type Output = Result<Resp, Status>;
 
+    /// Drives the session while the reply is imminent (see [`ChannelConfig::poll_spin`]), then
+    /// registers the waker. When it woke other tasks, it returns at once: they drive next.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if this.submit.is_some() {
-            let d = &this.shared.dispatchers[this.dispatcher];
-            d.wait_for_space(cx.waker());
+            this.shared.dispatchers[this.dispatcher].wait_for_space(cx.waker());
             // Room may have come between the failed push and the registration.
             if !this.try_queue() {
+                // A driver takes calls out (and wakes us) only if there is one.
+                let d = &*this.shared.dispatchers[this.dispatcher];
+                if d.drive(Duration::ZERO, true, &|| false).is_none() {
+                    d.want_driver();
+                }
                 return Poll::Pending;
             }
         }
-        match this.done.done().poll(cx) {
-            Poll::Ready(Some(r)) => Poll::Ready(r),
-            Poll::Ready(None) => Poll::Ready(Err(Status::internal("call polled after completion"))),
+        let d = &*this.shared.dispatchers[this.dispatcher];
+        let done = this.done.done();
+        if let Some(r) = done.try_take() {
+            return this.ready(r);
+        }
+        // From here until the waker is registered again, we poll for ourselves: a completion
+        // meanwhile must not wake this task (nothing wakes itself).
+        done.unregister();
+        let is_done = || done.is_done();
+        let started = Instant::now();
+        loop {
+            if d.drive(d.poll_spin, true, &is_done).is_some() {
+                break;
+            }
+            // Another thread drives the session: our answer may be imminent all the same.
+            if is_done() {
+                break;
+            }
+            if started.elapsed() >= d.poll_spin {
+                // Whoever drives leaves it to someone when it lets go; in case it looked at the
+                // queue before our call was in it, the dispatcher thread is told.
+                d.want_driver();
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        match done.poll(cx) {
+            Poll::Ready(r) => this.ready(r),
             Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<Resp> UnaryCall<Resp> {
+    /// Hands out the result; when the session was left to the tasks that were woken (this one
+    /// among them), drives it on until the next completion, or hands it to the dispatcher.
+    fn ready(&mut self, r: Option<Result<Resp, Status>>) -> Poll<Result<Resp, Status>> {
+        self.taken = true;
+        let d = &*self.shared.dispatchers[self.dispatcher];
+        if d.is_owed() {
+            let _ = d.drive(d.poll_spin, true, &|| false);
+        }
+        match r {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Ready(Err(Status::internal("call polled after completion"))),
         }
     }
 }
 
 impl<Resp> Drop for UnaryCall<Resp> {
     fn drop(&mut self) {
+        let d = &*self.shared.dispatchers[self.dispatcher];
         if self.done.done().cancel() {
-            let d = &self.shared.dispatchers[self.dispatcher];
             d.cancels.fetch_add(1, Ordering::AcqRel);
+            // The Cancel goes out (and the slot comes back) with the next step of a driver.
+            if d.drive(Duration::ZERO, true, &|| true).is_none() {
+                d.want_driver();
+            }
+        } else if !self.taken && d.is_owed() {
+            // Woken and dropped unpolled: the session was left to us.
+            let _ = d.drive(d.poll_spin, true, &|| false);
         }
     }
 }

@@ -52,7 +52,8 @@ pub struct ClientConfig {
     /// third of it a Ping goes out (again after each further third; a running server answers
     /// with a Pong), after all of it the session closes and its calls end UNAVAILABLE. Catches
     /// a stopped or hung server process, which its NIC still acknowledges. Checked while a call
-    /// polls, every 4096 empty polls. Default 6 s; `None` disables the probe.
+    /// polls: every 4096 empty polls, or every 16 that yield or block. Default 6 s; `None`
+    /// disables the probe.
     ///
     /// The same time bounds the TCP control connection: TCP keepalive (probes from half of it
     /// on) and `TCP_USER_TIMEOUT` make the connection to a server host that vanished (nothing
@@ -60,9 +61,11 @@ pub struct ClientConfig {
     /// Below 2 s the TCP bound is 2 s (keepalive counts seconds); with `None` it is 10 s.
     pub peer_timeout: Option<Duration>,
     /// Calls abandoned on the wire (future dropped, deadline passed) whose acknowledgement from
-    /// the server has not arrived at which the client stops to wait for one, for up to
-    /// `peer_timeout`, and then resets the session (calls UNAVAILABLE, logged) instead of
-    /// starving the window. Default 32; 1 ..= 65535, at most the window in effect.
+    /// the server has not arrived at which the session starts watching for one: if none arrives
+    /// within `peer_timeout` (5 s with `None`), it resets (calls UNAVAILABLE, logged) instead of
+    /// starving the window. Nothing waits for it (dropping a future never blocks); the watch is
+    /// checked as the session is progressed. Default 32; 1 ..= 65535, at most the window in
+    /// effect.
     pub max_abandoned: u16,
 }
 

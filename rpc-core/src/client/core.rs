@@ -1,5 +1,11 @@
 //! The client's connection, generic over the provider: its own CQ, SRQ, QP, rings and session,
 //! driven by the calling thread (no other thread, no cross-thread hop).
+//!
+//! A driver: it polls the CQ, encodes bodies into registered memory, posts WRs, and keeps what
+//! the calls carry (bodies waiting for a credit, answers until their caller takes them) in
+//! arrays indexed by slot. What may be sent now, in which order, what waits, and what a
+//! response, a completion or a timer means is the session's ([`Session`]: `session/calls.rs`,
+//! `session/outbox.rs`, `session/lifecycle.rs`).
 
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -15,28 +21,32 @@ use crate::buffers::{
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, staging_len, BodyAt, Conn, Outgoing,
+    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, send_waiting, staging_len,
+    BodyAt, Conn, Outgoing,
 };
 use crate::endpoint::counters::Counters;
-use crate::session::{Abandoned, CallSlots, Event, Placement, ResponseFate, Role, Session, SessionParams};
+use crate::session::{
+    Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
+};
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{
-    CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WcStatus, WorkCompletion,
+    CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WorkCompletion,
 };
-use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
-    PROTOCOL_VERSION,
-};
+use crate::wire::{read_frame, write_frame, Frame, FrameError, Header, Kind, HEADER_LEN, MAX_CREDITS};
 
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
-/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8`, so a few may wait).
+/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8` and the stream budget,
+/// so a few may wait).
 const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
 const LIVENESS_EVERY: u32 = 4096;
+/// While empty polls yield or block, the timers and the TCP channel are checked every this many
+/// of them instead (a power of two; each such poll already made a system call).
+const LIVENESS_EVERY_SLEPT: u32 = 16;
 
 /// What a response leaves in its slot until the caller takes it.
 #[derive(Debug)]
@@ -57,12 +67,6 @@ enum PendingBody {
     Staged(Staged),
     /// On the heap (no staging room): sent through the ring whole or in pieces as space frees.
     Heap(Vec<u8>),
-}
-
-struct Pending {
-    body: PendingBody,
-    method: u32,
-    deadline: Option<Instant>,
 }
 
 /// How [`ClientCore::start`] may wait and when it posts.
@@ -90,21 +94,32 @@ pub(crate) struct ClientCore<P: Provider> {
     conn: Conn<P>,
     recv: RecvPool<P>,
     cq: P::CompletionQueue,
-    slots: CallSlots<Answer>,
-    pending: Vec<Option<Pending>>,
-    /// Requests on the wire whose bodies are still being sent through the ring, in order.
-    outbox: VecDeque<Outgoing>,
+    /// Per slot: the answer of a finished call until its caller takes it (the slots' states
+    /// are the session's: [`Session::calls`]).
+    answers: Vec<Option<Answer>>,
+    /// Per slot: the body of a call waiting for a credit.
+    pending: Vec<Option<PendingBody>>,
+    /// Per slot: stream messages received and not yet taken by the caller (at most the stream's
+    /// credits; empty for unary calls, allocated only when a stream uses the slot).
+    stream_msgs: Vec<VecDeque<Answer>>,
+    /// Requests on the wire whose bodies are still being sent through the ring, and stream
+    /// messages that could not go straight into a send buffer, in order.
+    outbox: Outbox<Outgoing>,
+    /// Streams whose caller ended its messages: the StreamEnd goes once the request is on the
+    /// wire and none of the stream's messages waits in the outbox (it must not overtake them).
+    stream_ends: Vec<(u16, u32)>,
+    /// Streams cancelled while a message of theirs was leaving in pieces: the Cancel follows
+    /// its last piece (the session's [`Session::request_left`]).
+    stream_cancels: Vec<(u16, u32)>,
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
-    ring_return: bool,
-    /// Calls abandoned on the wire and not yet acknowledged at which the session resets (at most
-    /// the window).
-    max_abandoned: u16,
-    /// How long the server may stay silent while calls wait for it (`None`: unbounded).
-    peer_timeout: Option<Duration>,
+    /// The last [`StartMode::NoWait`] start gave up on a body that found the server's ring full,
+    /// its stall counted (`ring_full_stalls`): the call queue starts that same call again (its
+    /// head; see `super::queue`), and the retries are not counted as stalls again.
+    unplaced_stall: bool,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -153,7 +168,9 @@ impl<P: Provider> ClientCore<P> {
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
-        let recv_depth = 3 * u32::from(window) + 8;
+        // 3 × window for calls, credit messages and pieces, and the stream messages held or
+        // granted (the session's stream budget: its credits, at most MAX_STREAM_BUDGET).
+        let recv_depth = 3 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET);
         let pd = dev.ctx.alloc_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
@@ -189,23 +206,15 @@ impl<P: Provider> ClientCore<P> {
         let _ = tcp.set_nodelay(true);
         crate::control::Liveness::for_peer_timeout(cfg.peer_timeout).apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
-        let (ring_addr, ring_len, ring_rkey) = ring.remote();
-        let hello = Handshake {
-            version: PROTOCOL_VERSION,
-            qp_num: local.qp_num,
-            psn: local.psn,
-            lid: local.lid,
-            mtu: local.mtu,
-            gid: local.gid,
-            ring_addr,
-            ring_len,
-            ring_rkey,
-            credits: window,
-            eager_threshold: cfg.eager_threshold,
-            max_message: cfg.max_message_size,
-            session: 0,
-            auth_token: cfg.auth_token.clone().unwrap_or_default(),
-        };
+        let hello = handshake(
+            &local,
+            ring.remote(),
+            window,
+            cfg.eager_threshold,
+            cfg.max_message_size,
+            0,
+            cfg.auth_token.clone().unwrap_or_default(),
+        );
         write_frame(&mut tcp, &Frame::Handshake(hello))
             .map_err(|e| unavailable(format!("handshake: {e}")))?;
         let reply = match read_frame(&mut tcp) {
@@ -215,6 +224,13 @@ impl<P: Provider> ClientCore<P> {
             }
             Err(FrameError::Wire(e)) => {
                 return Err(Status::internal(format!("bad handshake from {peer}: {e}")))
+            }
+            // The read timeout is `connect_timeout`: it expires as WouldBlock (or TimedOut).
+            Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(unavailable(format!(
+                    "handshake with {peer}: no answer within {} ms (ClientConfig::connect_timeout)",
+                    cfg.connect_timeout.as_millis()
+                )))
             }
             Err(e) => return Err(unavailable(format!("handshake with {peer}: {e}"))),
         };
@@ -303,6 +319,10 @@ impl<P: Provider> ClientCore<P> {
                 session: {
                     let mut s = session;
                     s.set_peer_timeout(cfg.peer_timeout, Instant::now());
+                    s.set_abandon_cap(
+                        cfg.max_abandoned,
+                        cfg.peer_timeout.unwrap_or(crate::session::DEFAULT_ACK_TIMEOUT),
+                    );
                     s
                 },
                 peer_ring: (reply.ring_addr, reply.ring_rkey),
@@ -311,17 +331,18 @@ impl<P: Provider> ClientCore<P> {
             },
             recv,
             cq,
-            slots: CallSlots::new(window, reply.credits),
+            answers: (0..window).map(|_| None).collect(),
             pending: (0..window).map(|_| None).collect(),
-            outbox: VecDeque::new(),
+            stream_msgs: (0..window).map(|_| VecDeque::new()).collect(),
+            outbox: Outbox::default(),
+            stream_ends: Vec::new(),
+            stream_cancels: Vec::new(),
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
-            ring_return: false,
-            max_abandoned: cfg.max_abandoned.min(window),
-            peer_timeout: cfg.peer_timeout,
+            unplaced_stall: false,
             peer,
             _dev: dev,
         })
@@ -337,6 +358,7 @@ impl<P: Provider> ClientCore<P> {
     /// the mirror of the server's ring when the call goes out now and the ring has room;
     /// otherwise into the staging area (onto the heap when the body is larger than the staging
     /// area), and sent through the ring (in pieces when larger than a piece) as space frees.
+    #[inline]
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
@@ -344,10 +366,24 @@ impl<P: Provider> ClientCore<P> {
         deadline: Option<Instant>,
         mode: StartMode,
     ) -> Result<Option<CallId>, Status> {
+        self.start_with(method, req, deadline, mode, 0)
+    }
+
+    /// [`ClientCore::start`] of a call that opens a stream (`stream`: its request flags,
+    /// [`crate::wire::STREAM_OUT`] for a server stream), whose messages the caller takes with
+    /// [`ClientCore::poll_stream`].
+    pub(crate) fn start_with<M: Message>(
+        &mut self,
+        method: u32,
+        req: &M,
+        deadline: Option<Instant>,
+        mode: StartMode,
+        stream: u8,
+    ) -> Result<Option<CallId>, Status> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
         }
-        if !self.slots.has_free() {
+        if !self.conn.session.calls().has_free() {
             return Ok(None);
         }
         let flush_now = mode == StartMode::Now;
@@ -359,7 +395,8 @@ impl<P: Provider> ClientCore<P> {
             return Err(s);
         }
         let eager = len <= self.conn.session.params().eager_threshold as usize;
-        let mut stalled = false;
+        // A retry of the body whose stall was counted already does not count it again.
+        let mut stalled = std::mem::take(&mut self.unplaced_stall);
         let body = loop {
             if let Some(body) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
                 break body;
@@ -376,13 +413,15 @@ impl<P: Provider> ClientCore<P> {
                 break PendingBody::Heap(v);
             }
             if !blocking {
+                self.unplaced_stall = stalled;
                 return Ok(None);
             }
             self.wait_step(deadline)?;
         };
         self.counters.bytes_out += len as u64;
-        let (slot, generation) = self.slots.start().expect("a free slot was checked");
-        self.pending[slot as usize] = Some(Pending { body, method, deadline });
+        let (slot, generation) =
+            self.conn.session.start_call(method, deadline, stream).expect("a free slot was checked");
+        self.pending[slot as usize] = Some(body);
         self.pump();
         if flush_now {
             self.flush();
@@ -402,9 +441,7 @@ impl<P: Provider> ClientCore<P> {
         deadline: Option<Instant>,
         blocking: bool,
     ) -> Result<Option<PendingBody>, Status> {
-        // A ring reservation must be queued before anything else is placed: only a call that goes
-        // on the wire now (a credit free, nothing waiting) may take one.
-        let now = self.slots.queued() == 0 && self.slots.in_flight() < self.slots.credits();
+        let now = self.conn.session.call_goes_now();
         Ok(if eager || now {
             let mut buf = loop {
                 if let Some(b) = self.conn.acquire() {
@@ -460,31 +497,51 @@ impl<P: Provider> ClientCore<P> {
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
     fn pump(&mut self) {
-        while let Some((slot, generation)) = self.slots.next_sendable() {
-            let Some(p) = self.pending[slot as usize].take() else { continue };
-            let timeout_us = p.deadline.map_or(0, |d| {
-                d.saturating_duration_since(Instant::now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
-            });
-            let h = Header { slot, generation, method: p.method, timeout_us, ..Header::new(Kind::Request) };
-            match p.body {
+        while let Some(h) = self.conn.session.next_request(Instant::now) {
+            let Some(body) = self.pending[h.slot as usize].take() else { continue };
+            match body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
-                PendingBody::Staged(body) => self.outbox.push_back(Outgoing::staged(h, body)),
-                PendingBody::Heap(body) => self.outbox.push_back(Outgoing::new(h, body)),
+                PendingBody::Staged(body) => self.outbox.push(Waiting::Body(Outgoing::staged(h, body))),
+                PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, body))),
             }
         }
-        if self.slots.credit_stalled() {
+        if self.conn.session.calls().credit_stalled() {
             self.counters.credit_stalls += 1;
         }
-        while let Some(out) = self.outbox.front_mut() {
-            if !self.conn.send_outgoing(out) {
-                break;
+        // Requests leave in order; one abandoned while it was leaving gets its Cancel after its
+        // last piece (the session's rule: `Outbox::sent`).
+        if !self.outbox.is_empty() {
+            send_waiting(&mut self.conn, &mut self.outbox, |_, _, _| {}, |_| {});
+        }
+        if !self.stream_ends.is_empty() || !self.stream_cancels.is_empty() {
+            self.send_stream_controls();
+        }
+    }
+
+    /// Sends the StreamEnd of each stream whose caller ended it, and the Cancel of each stream
+    /// cancelled while its messages were leaving, once nothing of the stream waits.
+    #[cold]
+    fn send_stream_controls(&mut self) {
+        let mut i = 0;
+        while i < self.stream_ends.len() {
+            let (slot, generation) = self.stream_ends[i];
+            if self.pending[slot as usize].is_some() || self.outbox.holds(slot, generation) {
+                i += 1;
+                continue;
             }
-            let h = out.header;
-            self.outbox.pop_front();
-            if self.slots.is_abandoned(h.slot, h.generation) {
-                // Abandoned while its body was still leaving: the Cancel follows its last piece.
-                self.conn.session.cancel(h.slot, h.generation);
+            // Refused when the stream ended meanwhile (answered): nothing to end then.
+            let _ = self.conn.session.stream_end(slot, generation);
+            self.stream_ends.swap_remove(i);
+        }
+        let mut i = 0;
+        while i < self.stream_cancels.len() {
+            let (slot, generation) = self.stream_cancels[i];
+            if self.outbox.holds(slot, generation) {
+                i += 1;
+                continue;
             }
+            self.conn.session.request_left(slot, generation);
+            self.stream_cancels.swap_remove(i);
         }
     }
 
@@ -492,7 +549,7 @@ impl<P: Provider> ClientCore<P> {
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
     #[inline]
     pub(crate) fn flush(&mut self) {
-        if self.ring_return
+        if self.conn.session.ring_freed()
             || !self.conn.sq.is_empty()
             || self.conn.session.has_control()
             || self.recv.pending_reposts() >= REPOST_BATCH
@@ -503,15 +560,11 @@ impl<P: Provider> ClientCore<P> {
 
     #[inline(never)]
     fn flush_slow(&mut self) {
-        if self.ring_return {
-            self.ring_return = false;
-            // Messages are stamped with the freed head when queued: bytes still unreported are
-            // carried by none of the pending ones (they were queued before the release). With
-            // nothing in flight the next request carries them, unless a response is still
-            // arriving in pieces (its sender waits for the space).
-            if self.slots.in_flight() > 0 || self.conn.session.assemblies() > 0 {
-                self.conn.queue_ring_return();
-            }
+        // Messages are stamped with the freed head when queued: bytes still unreported are
+        // carried by none of the pending ones (they were queued before the release); whether
+        // they are worth a message of their own is the session's rule.
+        if self.conn.session.take_ring_return() {
+            self.conn.queue_ring_return();
         }
         self.conn.queue_controls();
         if let Err(e) = self.conn.flush(TAG) {
@@ -530,13 +583,25 @@ impl<P: Provider> ClientCore<P> {
         let _span = tracing::info_span!("disconnect", peer = %self.peer).entered();
         tracing::info!(%status, "client session closed");
         // Each failed call is counted when its caller takes the answer.
-        self.slots.fail_all(|| Answer::Err(status.clone()));
+        self.conn.session.fail_calls();
+        for (i, a) in self.answers.iter_mut().enumerate() {
+            if a.is_none() && self.conn.session.calls().state(i as u16) == crate::session::SlotState::Done {
+                *a = Some(Answer::Err(status.clone()));
+            }
+        }
+        for q in &mut self.stream_msgs {
+            for a in std::mem::take(q) {
+                if let Answer::Eager(b) = a {
+                    self.recv.repost(b);
+                }
+            }
+        }
         for i in 0..self.pending.len() {
             if let Some(p) = self.pending[i].take() {
                 self.drop_pending(p);
             }
         }
-        self.outbox.clear();
+        self.outbox.drain().for_each(drop);
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
@@ -546,8 +611,8 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// Gives back what a call that never went on the wire holds.
-    fn drop_pending(&mut self, p: Pending) {
-        match p.body {
+    fn drop_pending(&mut self, p: PendingBody) {
+        match p {
             PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
             PendingBody::Staged(s) => self.conn.staging.release(s),
             PendingBody::Heap(_) => {}
@@ -580,9 +645,6 @@ impl<P: Provider> ClientCore<P> {
     fn on_completion(&mut self, wc: &WorkCompletion) {
         if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
             if !wc.status.is_success() {
-                if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
-                    self.counters.rnr_events += 1;
-                }
                 self.break_conn(unavailable(format!("send failed ({}): the server is gone", wc.status)));
                 return;
             }
@@ -615,7 +677,6 @@ impl<P: Provider> ClientCore<P> {
             None => (h, Answer::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                self.ring_return = true;
                 match self.conn.take_piece(piece) {
                     Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
                     Ok(None) => return,
@@ -643,14 +704,19 @@ impl<P: Provider> ClientCore<P> {
                     self.release(body);
                     Answer::Err(Status::new(h.status, text))
                 };
-                match self.slots.on_response(h.slot, h.generation, answer) {
-                    Ok(ResponseFate::Stored) => {}
-                    Ok(ResponseFate::Discard(a)) => {
-                        self.counters.late_replies += 1;
-                        self.release(a);
+                match self.conn.session.on_response(h.slot, h.generation) {
+                    Ok(ResponseFate::Stored) => {
+                        // The slot's answer was taken before it was reused: nothing to drop.
+                        if let Some(stale) = self.answers[h.slot as usize].replace(answer) {
+                            self.release(stale);
+                        }
                     }
-                    Err((reason, a)) => {
-                        self.release(a);
+                    Ok(ResponseFate::Discard(())) => {
+                        self.counters.late_replies += 1;
+                        self.release(answer);
+                    }
+                    Err(reason) => {
+                        self.release(answer);
                         self.malformed(format!("protocol violation: {reason}"));
                     }
                 }
@@ -662,6 +728,19 @@ impl<P: Provider> ClientCore<P> {
             // A Ping made a Pong due (sent with the next flush); the rest only carried the
             // freed head (the session refused a Request or a Cancel).
             Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
+            // The session checked it belongs to an open stream of this slot, within its credits.
+            Kind::StreamMsg => {
+                self.counters.bytes_in += u64::from(h.body_len);
+                if self.conn.session.calls().state(h.slot) == crate::session::SlotState::InFlight {
+                    self.stream_msgs[h.slot as usize].push_back(body);
+                } else {
+                    // Abandoned: dropped, its credit returned so the server reaches the Cancel.
+                    self.release(body);
+                    self.conn.session.stream_consumed(h.slot, h.generation);
+                }
+            }
+            // Credits changed the session's state; a stream end is refused by the session.
+            Kind::StreamEnd | Kind::StreamCredit => self.release(body),
         }
     }
 
@@ -673,6 +752,14 @@ impl<P: Provider> ClientCore<P> {
 
     /// Decodes a finished call's answer and releases its buffers.
     fn finish<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
+        let r = self.decode(a);
+        self.counters.rpcs += 1;
+        self.counters.status(r.as_ref().err().map_or(Code::Ok, Status::code));
+        r
+    }
+
+    /// Decodes an answer or a stream message and releases its buffers.
+    fn decode<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
         let undecodable = |e: prost::DecodeError| {
             Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
         };
@@ -687,8 +774,6 @@ impl<P: Provider> ClientCore<P> {
                 r
             }
         };
-        self.counters.rpcs += 1;
-        self.counters.status(r.as_ref().err().map_or(Code::Ok, Status::code));
         r
     }
 
@@ -730,11 +815,17 @@ impl<P: Provider> ClientCore<P> {
 
     fn pause(&mut self) {
         let cq = &self.cq;
-        self.idle.pause(|| {
+        let slept = self.idle.pause(|| {
             if cq.req_notify(false).is_ok() {
                 let _ = cq.wait(Some(EVENT_WAIT));
             }
         });
+        // A yield or an event wait can last milliseconds (a loaded machine's time slice, a whole
+        // EVENT_WAIT): counted in empty polls alone, LIVENESS_EVERY of them could pass the idle
+        // probe's deadline by seconds. Beside a system call, the check costs nothing more.
+        if slept && self.idle.empty_polls() % LIVENESS_EVERY_SLEPT == 0 {
+            self.check_liveness();
+        }
     }
 
     #[cold]
@@ -750,10 +841,15 @@ impl<P: Provider> ClientCore<P> {
         match (&self.tcp).read(&mut b) {
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
             Ok(n) if n > 0 => {}
-            _ => {
+            end => {
                 // Let what already arrived (a Close, responses) be handled first.
                 while self.progress() > 0 {}
-                self.break_conn(unavailable("the server closed the connection"));
+                let why = match end {
+                    Ok(_) => "the server closed the connection".to_string(),
+                    // ETIMEDOUT here is TCP keepalive or TCP_USER_TIMEOUT giving up on the host.
+                    Err(e) => format!("the control connection failed: {e} (ClientConfig::peer_timeout)"),
+                };
+                self.break_conn(unavailable(why));
             }
         }
     }
@@ -761,31 +857,39 @@ impl<P: Provider> ClientCore<P> {
     /// The session's timers (the idle probe): a Ping when the server has been silent for a third
     /// of `peer_timeout` while calls wait for it, the session closed after all of it.
     fn check_timers(&mut self) {
-        let waiting = self.slots.in_flight() > 0;
+        let waiting = self.conn.session.calls().in_flight() > 0;
         self.conn.session.handle_timeout(Instant::now(), waiting);
         while let Some(e) = self.conn.session.poll_event() {
-            if let Event::PeerDead { silent } = e {
-                let reason = format!(
-                    "no message from the server for {} ms while calls waited (ClientConfig::peer_timeout)",
-                    silent.as_millis()
-                );
-                tracing::warn!(peer = %self.peer, %reason, "closing the session");
-                self.counters.peers_lost += 1;
-                self.break_conn(unavailable(reason));
-                return;
-            }
+            let reason = match e {
+                Event::PeerDead { silent } => {
+                    self.counters.peers_lost += 1;
+                    format!(
+                        "no message from the server for {} ms while calls waited (ClientConfig::peer_timeout)",
+                        silent.as_millis()
+                    )
+                }
+                Event::Unacknowledged { abandoned, waited } => format!(
+                    "{abandoned} abandoned calls and no acknowledgement from the server for {} ms \
+                     (ClientConfig::max_abandoned)",
+                    waited.as_millis()
+                ),
+                Event::Cancelled { .. } | Event::Expired { .. } => continue,
+            };
+            tracing::warn!(peer = %self.peer, %reason, "resetting the session");
+            self.break_conn(unavailable(reason));
+            return;
         }
         self.flush();
     }
 
     /// Polls a call once: its result when finished (or failed), `None` while it runs.
     pub(crate) fn poll_call<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
-        if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+        if let Some(a) = self.take_answer(id) {
             return Some(self.finish(a));
         }
         if self.progress() > 0 {
             self.idle.reset();
-            if let Some(a) = self.slots.take_done(id.slot, id.generation) {
+            if let Some(a) = self.take_answer(id) {
                 return Some(self.finish(a));
             }
         } else {
@@ -801,16 +905,253 @@ impl<P: Provider> ClientCore<P> {
         None
     }
 
+    /// Polls a stream once: its next message (`Some(Ok(Some(m)))`), its end (`Some(Ok(None))`
+    /// after an OK status, `Some(Err(status))` otherwise: the server's error, CANCELLED,
+    /// DEADLINE_EXCEEDED at the stream's deadline, UNAVAILABLE when the session broke), or
+    /// `None` while nothing is there. Taking a message returns its credit to the server.
+    pub(crate) fn poll_stream<R: Message + Default>(
+        &mut self,
+        id: CallId,
+    ) -> Option<Result<Option<R>, Status>> {
+        for round in 0..2 {
+            if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
+                self.conn.session.stream_consumed(id.slot, id.generation);
+                let r = self.decode::<R>(a).map(Some);
+                self.flush();
+                return Some(r);
+            }
+            if let Some(a) = self.take_answer(id) {
+                self.conn.session.stream_close(id.slot, id.generation);
+                return Some(self.finish::<()>(a).map(|()| None));
+            }
+            if round == 0 {
+                if self.progress() > 0 {
+                    self.idle.reset();
+                } else {
+                    self.note_empty();
+                    break;
+                }
+            }
+        }
+        if let Some(d) = id.deadline {
+            if Instant::now() >= d {
+                self.abandon_stream(id);
+                self.counters.status(Code::DeadlineExceeded);
+                return Some(Err(Status::deadline_exceeded("the stream's deadline passed before its end")));
+            }
+        }
+        None
+    }
+
+    /// Blocks (busy-polling per policy) until the stream's next message or its end.
+    pub(crate) fn wait_stream<R: Message + Default>(&mut self, id: CallId) -> Result<Option<R>, Status> {
+        loop {
+            if let Some(r) = self.poll_stream(id) {
+                return r;
+            }
+            if self.idle.empty_polls() > 0 {
+                self.pause();
+            }
+        }
+    }
+
+    /// The caller gave up on a stream: messages not taken are dropped (their credits return, so
+    /// the server is not blocked until it sees the Cancel) and the call is abandoned.
+    pub(crate) fn abandon_stream(&mut self, id: CallId) {
+        if self.conn.session.calls().state(id.slot) != crate::session::SlotState::Free {
+            while let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
+                self.release(a);
+                self.conn.session.stream_consumed(id.slot, id.generation);
+            }
+        }
+        let key = (id.slot, id.generation);
+        self.stream_ends.retain(|&e| e != key);
+        for o in self.outbox.take_unsent(id.slot, id.generation, Kind::StreamMsg) {
+            o.discard(&mut self.conn.staging);
+        }
+        if self.outbox.holds_kind(id.slot, id.generation, Kind::StreamMsg)
+            && !self.outbox.holds_kind(id.slot, id.generation, Kind::Request)
+        {
+            // A message of the stream is leaving in pieces: the Cancel follows its last one.
+            self.stream_cancels.push(key);
+        }
+        self.abandon(id);
+    }
+
+    /// Sends one message of the caller's stream `id` (client or bidirectional streaming), after
+    /// the messages sent before it. Waits (progressing the session, per the polling policy) for
+    /// a stream credit of the server when `wait`, else returns `Ok(false)` without one. Small
+    /// bodies are encoded straight into a send buffer; others go through the outbox, whole or
+    /// in pieces through the server's ring, so the stream's order holds.
+    ///
+    /// # Errors
+    /// FAILED_PRECONDITION when the server already answered the stream (its answer is the
+    /// call's result) or the caller ended its messages; DEADLINE_EXCEEDED at the stream's
+    /// deadline (the stream is cancelled); RESOURCE_EXHAUSTED for a message over
+    /// `max_message_size`; UNAVAILABLE when the session broke.
+    pub(crate) fn stream_send<M: Message>(
+        &mut self,
+        id: CallId,
+        msg: &M,
+        wait: bool,
+    ) -> Result<bool, Status> {
+        let len = msg.encoded_len();
+        self.check_len(len)?;
+        let (slot, generation) = (id.slot, id.generation);
+        let mut looked = false;
+        loop {
+            if let Some(s) = &self.broken {
+                return Err(s.clone());
+            }
+            match self.conn.session.stream_send(slot, generation) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(crate::session::StreamError::NotSending) => {
+                    return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
+                }
+                // Not open yet (the request waits for a credit), or over (answered).
+                Err(crate::session::StreamError::NoStream) => {
+                    if self.pending[slot as usize].is_none() {
+                        return Err(Status::failed_precondition(
+                            "the server ended the stream before its messages did; the call's result is its answer",
+                        ));
+                    }
+                }
+            }
+            if !wait {
+                // One look at what arrived (a grant may have), then no waiting.
+                if std::mem::replace(&mut looked, true) {
+                    return Ok(false);
+                }
+                if self.progress() > 0 {
+                    self.idle.reset();
+                } else {
+                    self.note_empty();
+                }
+                continue;
+            }
+            if self.progress() > 0 {
+                self.idle.reset();
+                continue;
+            }
+            self.note_empty();
+            if id.deadline.is_some_and(|d| Instant::now() >= d) {
+                self.abandon_stream(id);
+                self.counters.status(Code::DeadlineExceeded);
+                return Err(Status::deadline_exceeded("the stream's deadline passed before its end"));
+            }
+            self.pause();
+        }
+        let h = Header { slot, generation, method: 0, ..Header::new(Kind::StreamMsg) };
+        self.counters.bytes_out += len as u64;
+        let eager = len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap;
+        if eager && self.outbox.is_empty() {
+            if let Some(mut buf) = self.conn.acquire() {
+                let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                msg.encode_raw(&mut dst);
+                let n = (len - dst.len()) as u32;
+                self.conn.queue(buf, h, BodyAt::Eager(n));
+                self.flush();
+                return Ok(true);
+            }
+        }
+        let Some(body) = self.conn.spare.encode(msg, len) else {
+            return Err(Status::resource_exhausted(format!("no memory for a stream message of {len} bytes")));
+        };
+        self.outbox.push(Waiting::Body(Outgoing::new(h, body)));
+        self.pump();
+        self.flush();
+        Ok(true)
+    }
+
+    /// [`ClientCore::stream_send`] of a message encoded already (by a task of a channel), never
+    /// waiting and not progressing the session: `Ok(None)` gives `bytes` back when no stream
+    /// credit is free now.
+    ///
+    /// # Errors
+    /// As [`ClientCore::stream_send`].
+    pub(crate) fn stream_send_encoded(
+        &mut self,
+        id: CallId,
+        bytes: Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, Status> {
+        if let Some(s) = &self.broken {
+            return Err(s.clone());
+        }
+        self.check_len(bytes.len())?;
+        let (slot, generation) = (id.slot, id.generation);
+        match self.conn.session.stream_send(slot, generation) {
+            Ok(true) => {}
+            Ok(false) => return Ok(Some(bytes)),
+            Err(crate::session::StreamError::NotSending) => {
+                return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
+            }
+            Err(crate::session::StreamError::NoStream) => {
+                if self.pending[slot as usize].is_some() {
+                    return Ok(Some(bytes));
+                }
+                return Err(Status::failed_precondition(
+                    "the server ended the stream before its messages did; the call's result is its answer",
+                ));
+            }
+        }
+        let h = Header { slot, generation, method: 0, ..Header::new(Kind::StreamMsg) };
+        self.counters.bytes_out += bytes.len() as u64;
+        let eager = bytes.len() <= self.conn.session.params().eager_threshold as usize
+            && bytes.len() <= self.conn.body_cap;
+        if eager && self.outbox.is_empty() {
+            if let Some(mut buf) = self.conn.acquire() {
+                let body = self.conn.copy_eager(&mut buf, &bytes);
+                self.conn.queue(buf, h, body);
+                self.conn.spare.give_back(bytes);
+                return Ok(None);
+            }
+        }
+        self.outbox.push(Waiting::Body(Outgoing::new(h, bytes)));
+        self.pump();
+        Ok(None)
+    }
+
+    /// A stream's next message or its end, without progressing the session (a dispatcher
+    /// progresses once per loop for all its calls): as [`ClientCore::poll_stream`], `None`
+    /// while nothing is there. The deadline is the caller's to check.
+    pub(crate) fn take_stream<R: Message + Default>(
+        &mut self,
+        id: CallId,
+    ) -> Option<Result<Option<R>, Status>> {
+        if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
+            self.conn.session.stream_consumed(id.slot, id.generation);
+            return Some(self.decode::<R>(a).map(Some));
+        }
+        let a = self.take_answer(id)?;
+        self.conn.session.stream_close(id.slot, id.generation);
+        Some(self.finish::<()>(a).map(|()| None))
+    }
+
+    /// The caller ended its messages on the stream `id` cleanly (not a cancel): the StreamEnd
+    /// follows its last message. Nothing happens for a stream that is over already.
+    pub(crate) fn stream_finish(&mut self, id: CallId) {
+        if self.broken.is_some() {
+            return;
+        }
+        let key = (id.slot, id.generation);
+        if !self.stream_ends.contains(&key) {
+            self.stream_ends.push(key);
+        }
+        self.pump();
+        self.flush();
+    }
+
     /// A finished call's result, without progressing the session (a dispatcher progresses once
     /// per loop for all its calls); `None` while it runs.
     pub(crate) fn take_done<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
-        let a = self.slots.take_done(id.slot, id.generation)?;
+        let a = self.take_answer(id)?;
         Some(self.finish(a))
     }
 
     /// True when a call can start now (a slot is free).
     pub(crate) fn has_free_slot(&self) -> bool {
-        self.broken.is_some() || self.slots.has_free()
+        self.broken.is_some() || self.conn.session.calls().has_free()
     }
 
     /// One progress step of a dispatcher: polls the CQ once; an empty poll counts toward the TCP
@@ -855,57 +1196,36 @@ impl<P: Provider> ClientCore<P> {
     /// not yet sent is dropped and its slot is free at once; one on the wire gets a Cancel and
     /// keeps its slot until the server's answer to it (CANCELLED, or the answer that was already
     /// on its way) arrives, since until then the server may still write into our ring for it.
-    /// When [`ClientConfig::max_abandoned`](super::ClientConfig::max_abandoned) calls wait for
-    /// that acknowledgement, the session polls for up to `peer_timeout` (5 s without one) for
-    /// one to arrive, then resets with a logged reason instead of starving the window.
+    /// Never waits: when [`ClientConfig::max_abandoned`](super::ClientConfig::max_abandoned)
+    /// calls wait for that acknowledgement, the session watches for one, and resets (a logged
+    /// reason, [`Event::Unacknowledged`]) if none arrives within `peer_timeout` (5 s without
+    /// one).
     pub(crate) fn abandon(&mut self, id: CallId) {
-        match self.slots.abandon(id.slot, id.generation) {
+        let leaving = self.outbox.holds(id.slot, id.generation);
+        match self.conn.session.abandon_call(id.slot, id.generation, leaving, Instant::now) {
             Abandoned::Nothing => return,
-            Abandoned::Answered(a) => self.release(a),
+            Abandoned::Answered(()) => {
+                if let Some(a) = self.answers[id.slot as usize].take() {
+                    self.release(a);
+                }
+            }
             Abandoned::Unsent => {
                 if let Some(p) = self.pending[id.slot as usize].take() {
                     self.drop_pending(p);
                 }
             }
-            Abandoned::OnWire => {
-                self.counters.cancels += 1;
-                // A request still leaving in pieces is finished first (its ring space is
-                // reserved, and the server must never see a Cancel overtake pieces of its call,
-                // whose slot may be reused once the Cancel is answered): `pump` sends the Cancel
-                // after its last piece.
-                let leaving = self
-                    .outbox
-                    .iter()
-                    .any(|o| (o.header.slot, o.header.generation) == (id.slot, id.generation));
-                if !leaving {
-                    self.conn.session.cancel(id.slot, id.generation);
-                }
-            }
+            Abandoned::OnWire => self.counters.cancels += 1,
         }
         self.flush();
-        if self.broken.is_none() && self.slots.abandoned() >= self.max_abandoned {
-            self.await_acknowledgement();
-        }
     }
 
-    #[cold]
-    #[inline(never)]
-    fn await_acknowledgement(&mut self) {
-        let before = self.slots.abandoned();
-        let give_up = Instant::now() + self.peer_timeout.unwrap_or(Duration::from_secs(5));
-        while self.broken.is_none() && self.slots.abandoned() >= before {
-            if self.progress() == 0 {
-                if Instant::now() >= give_up {
-                    let reason = format!(
-                        "{before} abandoned calls and no acknowledgement from the server                          (ClientConfig::max_abandoned)"
-                    );
-                    tracing::warn!(peer = %self.peer, %reason, "resetting the session");
-                    self.break_conn(unavailable(reason));
-                    return;
-                }
-                std::thread::yield_now();
-            }
+    /// The answer of a finished call, its slot freed; `None` while it runs.
+    #[inline]
+    fn take_answer(&mut self, id: CallId) -> Option<Answer> {
+        if !self.conn.session.take_done(id.slot, id.generation) {
+            return None;
         }
+        self.answers[id.slot as usize].take()
     }
 
     /// Sends a Close (best effort) before the connection is dropped.
@@ -938,21 +1258,20 @@ impl<P: Provider> ClientCore<P> {
 
     /// Number of call slots.
     pub(crate) fn window(&self) -> u16 {
-        self.slots.window()
+        self.conn.session.calls().window()
     }
 
     /// Requests on the wire.
     pub(crate) fn in_flight(&self) -> u16 {
-        self.slots.in_flight()
+        self.conn.session.calls().in_flight()
     }
 
     /// Slots that free without their caller: abandoned calls whose answer (or acknowledgement)
     /// is still to arrive. A blocking call that needs a slot can only get one of these (every
     /// other slot is freed by its own caller, who cannot run while this thread blocks).
     pub(crate) fn self_freeing_slots(&self) -> usize {
-        (0..self.slots.window())
-            .filter(|&i| self.slots.state(i) == crate::session::SlotState::Abandoned)
-            .count()
+        let calls = self.conn.session.calls();
+        (0..calls.window()).filter(|&i| calls.state(i) == crate::session::SlotState::Abandoned).count()
     }
 
     /// Refuses a body of `len` bytes over the agreed `max_message_size` (RESOURCE_EXHAUSTED

@@ -12,6 +12,7 @@ mod backoff;
 mod config;
 pub(crate) mod core;
 mod queue;
+mod stream;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -25,13 +26,14 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
+pub use stream::{BidiStreaming, ClientStreaming};
 
-use crate::codegen::MethodId;
+use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
 use backoff::{Backoff, BackoffParams};
-use core::ClientCore;
+use core::{CallId, ClientCore};
 use queue::{Calls, Ticket};
 
 enum AnyCalls {
@@ -50,6 +52,8 @@ macro_rules! with_calls {
     };
 }
 
+pub(crate) use with_calls;
+
 /// Why sessions of earlier epochs ended, kept for their calls polled after a reconnect.
 const ENDED_KEPT: usize = 8;
 
@@ -67,7 +71,8 @@ const ENDED_KEPT: usize = 8;
 /// failed attempt the next waits an exponentially growing, jittered delay
 /// (`ClientConfig::reconnect_*`). A call made before that delay ran out ends UNAVAILABLE at
 /// once, naming the time left, without a connect attempt. The attempt itself (TCP connect and
-/// handshake, at most `ClientConfig::connect_timeout`) runs in the call that makes it.
+/// handshake, at most `ClientConfig::connect_timeout`) runs in the blocking call that makes it,
+/// or in the first poll of an async call's future: starting an async call never blocks.
 ///
 /// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time):
 ///
@@ -122,17 +127,18 @@ impl Inner {
     /// # Errors
     /// UNAVAILABLE naming why the session broke and when the next attempt may be made (or why
     /// this attempt failed).
+    #[inline]
     fn ensure_session(&mut self) -> Result<(), Status> {
-        let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(()) };
-        let now = Instant::now();
-        if let Err(at) = self.backoff.check(now) {
-            return Err(Status::unavailable(format!(
-                "the session to {} broke ({}); next reconnect attempt in {} ms",
-                self.peer,
-                reason.message(),
-                ms_ceil(at - now)
-            )));
+        if with_calls!(&self.calls, c => c.core.broken().is_none()) {
+            return Ok(());
         }
+        self.reconnect()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reconnect(&mut self) -> Result<(), Status> {
+        let Some(reason) = self.reconnect_due()? else { return Ok(()) };
         self.reconnect_attempts += 1;
         match open(&self.addrs, &self.config) {
             Ok(calls) => {
@@ -162,6 +168,26 @@ impl Inner {
                 )))
             }
         }
+    }
+
+    /// Without connecting: `None` while the session is up; why it broke when a reconnect
+    /// attempt may be made now.
+    ///
+    /// # Errors
+    /// UNAVAILABLE naming why the session broke and when the backoff allows the next attempt.
+    #[cold]
+    fn reconnect_due(&self) -> Result<Option<Status>, Status> {
+        let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(None) };
+        let now = Instant::now();
+        if let Err(at) = self.backoff.check(now) {
+            return Err(Status::unavailable(format!(
+                "the session to {} broke ({}); next reconnect attempt in {} ms",
+                self.peer,
+                reason.message(),
+                ms_ceil(at - now)
+            )));
+        }
+        Ok(Some(reason))
     }
 
     /// What a call of an earlier session gets when polled after the reconnect.
@@ -283,14 +309,51 @@ impl Client {
     ) -> ResponseFuture<'_, Resp> {
         let deadline = opts.timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
-        let r = inner
-            .ensure_session()
-            .and_then(|()| with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false)));
-        let state = match r {
-            Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
+        let due = if with_calls!(&inner.calls, c => c.core.broken().is_none()) {
+            Ok(None)
+        } else {
+            inner.reconnect_due()
+        };
+        let state = match due {
+            Ok(None) => match with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false)) {
+                Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
+                Err(s) => State::Failed(Some(s)),
+            },
+            // The session broke and an attempt is due: the call waits, encoded, and its first
+            // poll reconnects (starting a call never blocks).
+            Ok(Some(_)) => State::Reconnect { method: id, body: req.encode_to_vec(), deadline },
             Err(s) => State::Failed(Some(s)),
         };
         ResponseFuture { client: self, state, _t: PhantomData }
+    }
+
+    /// Opens a server stream: sends `req` to method `id` (a server-streaming method; generated
+    /// stubs call this) and returns its [`Streaming`] messages. `opts`' timeout is the deadline of
+    /// the whole stream (both ends end it DEADLINE_EXCEEDED when it passes).
+    ///
+    /// # Errors
+    /// As [`Client::unary`] for the request (a request over `max_message_size`, a broken
+    /// session that cannot reconnect); RESOURCE_EXHAUSTED when every slot of the window is taken
+    /// (a stream does not wait in the call queue).
+    pub fn server_stream<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Streaming<'_, Resp>, Status> {
+        let mut inner = self.inner.borrow_mut();
+        inner.ensure_session()?;
+        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let started = with_calls!(&mut inner.calls, c => {
+            c.core.start_with(id, req, deadline, core::StartMode::Now, crate::wire::STREAM_OUT)
+        })?;
+        let Some(call) = started else {
+            return Err(Status::resource_exhausted(
+                "every slot of the client's window (ClientConfig::window) is taken: a stream needs a free one \
+                 (streams do not wait in the call queue)",
+            ));
+        };
+        Ok(Streaming { client: self, call, epoch: inner.epoch, done: false, _t: PhantomData })
     }
 
     /// Polls the CQ once and handles what arrived (responses are stored for their futures;
@@ -308,7 +371,16 @@ impl Drop for Client {
 }
 
 enum State {
-    Waiting { epoch: u64, ticket: Ticket },
+    /// Started on a broken session: the first poll reconnects, then starts the call.
+    Reconnect {
+        method: MethodId,
+        body: Vec<u8>,
+        deadline: Option<Instant>,
+    },
+    Waiting {
+        epoch: u64,
+        ticket: Ticket,
+    },
     Failed(Option<Status>),
     Done,
 }
@@ -332,13 +404,28 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        if let State::Reconnect { method, body, deadline } = &this.state {
+            let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            };
+            let r = inner.ensure_session().and_then(|()| {
+                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Encoded(body), *deadline, false))
+            });
+            this.state = match r {
+                Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
+                Err(s) => State::Failed(Some(s)),
+            };
+        }
         match &mut this.state {
             State::Failed(s) => {
                 let s = s.take().unwrap_or_else(|| Status::internal("future polled after completion"));
                 this.state = State::Done;
                 Poll::Ready(Err(s))
             }
-            State::Done => Poll::Ready(Err(Status::internal("future polled after completion"))),
+            State::Done | State::Reconnect { .. } => {
+                Poll::Ready(Err(Status::internal("future polled after completion")))
+            }
             State::Waiting { epoch, ticket } => {
                 let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
                     cx.waker().wake_by_ref();
@@ -372,6 +459,87 @@ impl<T> Drop for ResponseFuture<'_, T> {
                 if inner.epoch == epoch {
                     with_calls!(&mut inner.calls, c => c.abandon(ticket));
                 }
+            }
+        }
+    }
+}
+
+/// The messages of a server stream, in order, taken by the calling thread
+/// ([`Client::server_stream`]). Each message taken returns its credit to the server, so a caller
+/// that stops taking them stalls the server's producer once the stream's credits (half the
+/// session's, 16 messages by default) are held here. Dropping it before its end cancels the
+/// stream (the server's sink sees it cancelled).
+pub struct Streaming<'a, T> {
+    client: &'a Client,
+    call: CallId,
+    /// The session the stream was opened on (a reconnect ends it UNAVAILABLE).
+    epoch: u64,
+    done: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Message + Default> Streaming<'_, T> {
+    /// Blocks (busy-polling per the client's policy) for the next message: `Ok(Some(m))`, or
+    /// `Ok(None)` at the stream's clean end (the server finished it with OK).
+    ///
+    /// # Errors
+    /// The stream's final status when not OK: the server's error, DEADLINE_EXCEEDED once the
+    /// call's timeout (the whole stream's deadline) passed, UNAVAILABLE when the session broke
+    /// (the server died mid-stream), CANCELLED. After the end (either way) every call returns
+    /// `Ok(None)`.
+    pub fn message(&mut self) -> Result<Option<T>, Status> {
+        if self.done {
+            return Ok(None);
+        }
+        let r = {
+            let mut inner = self.client.inner.borrow_mut();
+            if inner.epoch != self.epoch {
+                Err(inner.ended_status(self.epoch))
+            } else {
+                with_calls!(&mut inner.calls, c => c.core.wait_stream(self.call))
+            }
+        };
+        if !matches!(r, Ok(Some(_))) {
+            self.done = true;
+        }
+        r
+    }
+
+    /// Polls once without blocking: `None` while no message and no end is there, else what
+    /// [`Streaming::message`] would return.
+    pub fn try_message(&mut self) -> Option<Result<Option<T>, Status>> {
+        if self.done {
+            return Some(Ok(None));
+        }
+        let r = {
+            let mut inner = self.client.inner.borrow_mut();
+            if inner.epoch != self.epoch {
+                Err(inner.ended_status(self.epoch))
+            } else {
+                with_calls!(&mut inner.calls, c => c.core.poll_stream(self.call))?
+            }
+        };
+        if !matches!(r, Ok(Some(_))) {
+            self.done = true;
+        }
+        Some(r)
+    }
+}
+
+impl<T: Message + Default> Iterator for Streaming<'_, T> {
+    type Item = Result<T, Status>;
+
+    fn next(&mut self) -> Option<Result<T, Status>> {
+        self.message().transpose()
+    }
+}
+
+impl<T> Drop for Streaming<'_, T> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut inner = self.client.inner.borrow_mut();
+            if inner.epoch == self.epoch {
+                with_calls!(&mut inner.calls, c => c.core.abandon_stream(self.call));
             }
         }
     }

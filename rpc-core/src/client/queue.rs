@@ -39,7 +39,7 @@ pub(crate) enum Ticket {
 /// A request body already encoded, handed to [`ClientCore::start`] as a message (it is copied,
 /// not encoded again).
 #[derive(Debug)]
-struct Encoded<'a>(&'a [u8]);
+pub(crate) struct Encoded<'a>(pub(crate) &'a [u8]);
 
 impl Message for Encoded<'_> {
     fn encode_raw(&self, buf: &mut impl bytes::BufMut) {

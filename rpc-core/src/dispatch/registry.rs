@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::codegen::{Body, MethodId, ReplyWriter, RequestContext, Service};
+use super::reply::{ReplyWriter, RequestContext};
+use super::service::{Body, MethodId, Service};
 
 /// Hasher for keys that are already hashes (method ids, QPNs): the value itself.
 #[derive(Default)]

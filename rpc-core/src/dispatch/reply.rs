@@ -122,18 +122,34 @@ pub(crate) struct CallTarget {
 
 /// Given to a handler with each request.
 pub struct RequestContext {
-    pub(crate) method: &'static str,
-    pub(crate) peer: SocketAddr,
-    pub(crate) deadline: Option<Instant>,
+    /// The method, the client and the deadline (read through `Deref`: `ctx.method()`...).
+    pub(crate) info: CallInfo,
     pub(crate) queue: Arc<DeferQueue>,
     pub(crate) target: CallTarget,
     pub(crate) deferred: Cell<bool>,
     /// Set by [`RequestContext::defer`]: the flag the worker raises when the deferred call is
     /// cancelled, expires or loses its session (taken by the worker after the handler returns).
     pub(crate) cancel_flag: Cell<Option<Arc<CancelFlag>>>,
+    /// Set by [`RequestContext::stream`]: the sink the worker drains (taken after the handler
+    /// returns).
+    pub(crate) stream: Cell<Option<Arc<super::stream::SinkShared>>>,
+    /// Set by [`RequestContext::requests`]: the queue the worker fills with the client's stream
+    /// messages (taken after the handler returns).
+    pub(crate) source: Cell<Option<Arc<super::source::SourceShared>>>,
+    /// The request opened a stream of client messages ([`crate::wire::STREAM_IN`]).
+    pub(crate) stream_in: Cell<bool>,
 }
 
-impl RequestContext {
+/// What a handler knows of its call: the method, the client, the deadline. A [`RequestContext`]
+/// derefs to it; an async handler gets an owned copy (`AsyncContext`).
+#[derive(Clone, Debug)]
+pub struct CallInfo {
+    pub(crate) method: &'static str,
+    pub(crate) peer: SocketAddr,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl CallInfo {
     /// Full name of the called method, `"/package.Service/Method"`.
     pub fn method(&self) -> &str {
         self.method
@@ -144,18 +160,38 @@ impl RequestContext {
         self.peer
     }
 
-    /// When the caller stops waiting (from the call's timeout), if it set one.
+    /// When the caller stops waiting (from the call's timeout), if it set one. An async
+    /// handler's future is dropped then and the call answered DEADLINE_EXCEEDED.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
     }
+}
 
+impl std::ops::Deref for RequestContext {
+    type Target = CallInfo;
+
+    fn deref(&self) -> &CallInfo {
+        &self.info
+    }
+}
+
+/// The text of a caught panic's payload (a `&str` or `String`; empty for anything else).
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+impl RequestContext {
     /// True once the call's deadline has passed: the client has given up (it sent a Cancel) and
     /// the server answers DEADLINE_EXCEEDED itself, so a long handler may stop early. Reads the
     /// clock only for calls with a deadline. A Cancel from the client is handled between handler
     /// runs, so a running inline handler cannot see one; a deferred call asks its
     /// [`Responder::is_cancelled`].
     pub fn is_cancelled(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
+        self.info.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
     /// Defers the answer: returns a [`Responder`] to answer later from any thread, and the marker
@@ -169,6 +205,48 @@ impl RequestContext {
             self.cancel_flag.set(Some(cancelled.clone()));
         }
         (Responder { target, cancelled, _t: PhantomData }, Reply(ReplyKind::Deferred))
+    }
+}
+
+impl RequestContext {
+    /// Server streaming: returns the [`StreamSink`](super::stream::StreamSink) to send the
+    /// stream's messages with, from any thread, and the marker the handler returns now. The
+    /// stream ends when the sink is dropped (OK) or finished with a status; its deadline is the
+    /// call's. Only for a call that opened a stream of server messages (a generated
+    /// server-streaming method); a second call gives a sink whose messages go nowhere.
+    pub fn stream<T: Message>(&self) -> (super::stream::StreamSink<T>, Reply<()>) {
+        // Deferred like `defer`, but the worker answers the stream when it ends.
+        let first = !self.deferred.replace(true);
+        let cancelled = Arc::new(CancelFlag::default());
+        if !first {
+            cancelled.raise();
+        }
+        let shared = super::stream::SinkShared::new(cancelled.clone(), self.queue.worker.get().copied());
+        if first {
+            self.cancel_flag.set(Some(cancelled));
+            self.stream.set(Some(shared.clone()));
+        }
+        (super::stream::StreamSink::new(shared), Reply(ReplyKind::Deferred))
+    }
+}
+
+impl RequestContext {
+    /// Client streaming, bidirectional: returns the [`RequestStream`](super::source::RequestStream)
+    /// of the client's messages, to read from any thread (or task). Answer the call as usual
+    /// (a client-streaming method defers its answer with [`RequestContext::defer`]; a
+    /// bidirectional one sends its messages through [`RequestContext::stream`]). Only for a call
+    /// that opened a stream of client messages; a second call, or a call without that stream,
+    /// gives a stream that is empty and ended.
+    pub fn requests<T: Message + Default>(&self) -> super::source::RequestStream<T> {
+        let shared = super::source::SourceShared::new(self.queue.worker.get().copied());
+        let taken = self.source.take();
+        if taken.is_some() || !self.stream_in.get() {
+            shared.ended.store(true, Ordering::Release);
+            self.source.set(taken);
+        } else {
+            self.source.set(Some(shared.clone()));
+        }
+        super::source::RequestStream::new(shared)
     }
 }
 
@@ -187,8 +265,13 @@ impl CancelFlag {
         self.waker.wake();
     }
 
-    fn is_raised(&self) -> bool {
+    pub(crate) fn is_raised(&self) -> bool {
         self.raised.load(Ordering::Acquire)
+    }
+
+    /// Registers the task to wake when the flag is raised.
+    pub(crate) fn register(&self, waker: &std::task::Waker) {
+        self.waker.register(waker);
     }
 }
 

@@ -5,9 +5,11 @@
 use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
 use std::sync::Arc;
 
-use crate::session::{BodyRecycler, Complete, RingPiece, Session};
+use crate::session::{BodyRecycler, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
+use crate::status::Code;
+use crate::verbs::rc::Endpoint;
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
-use crate::wire::{Header, Kind, HEADER_LEN};
+use crate::wire::{Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
 
 /// Our receive ring of `len` bytes: behind a type-2 memory window bound to the connection's QP
 /// where the device has them (so a peer can write only its own ring), else the plain MR with a
@@ -55,13 +57,35 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
-/// Receive WQEs of the worker's SRQ a session of `credits` reserves (`2 × credits + 17`): its
-/// requests in flight (the last or only piece of each), its credit messages (at most one per
-/// response in flight), the other pieces a ring can hold at once (each at least 1/16 of it:
-/// [`crate::session::Session::next_piece`]) and a Close. The sessions of one worker together
-/// reserve at most the SRQ depth, so flow control never leans on RNR.
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves: `3 × credits + 21` (117
+/// at 32 credits). What a client that keeps the protocol can have sent before the worker takes
+/// any of it (a worker held in a handler takes nothing):
+///
+/// | messages | at most | why |
+/// |---|---|---|
+/// | Requests (the last or only piece of each) | `credits` | credits return with the answers |
+/// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
+/// | Cancels | `credits` | one per call on the wire |
+/// | RingReturns | `credits` | one per answer in flight |
+/// | Pings, Pongs | 2 + 2 | the client pings after a third and two thirds of its `peer_timeout` of silence, and answers each of our (at most two) Pings |
+/// | Close | 1 | |
+///
+/// The sessions of one worker together reserve at most the SRQ depth, so such a session never
+/// makes another's SENDs wait for a receive WQE (RNR). Not reserved, because they would not fit
+/// the SRQs of devices (`max_srq_wr` 16 384 on sim) at the default 128 sessions: stream messages
+/// and stream credits (each within the stream budget, `min(credits, 256)`), client-stream ends,
+/// and a Cancel or stream end that crossed its call's answer while the slot's next call is on
+/// the wire. A session using those leans on the WQEs other sessions do not use at that moment,
+/// and at worst makes SENDs wait for a repost (RNR retries forever: a delay, never a failure).
 pub(crate) fn srq_need(credits: u16) -> u32 {
-    2 * u32::from(credits) + 1 + crate::session::MAX_PIECES_IN_RING
+    let c = u32::from(credits);
+    let requests = c;
+    let pieces = crate::session::MAX_PIECES_IN_RING;
+    let cancels = c;
+    let ring_returns = c;
+    let probe = 4;
+    let close = 1;
+    requests + pieces + cancels + ring_returns + probe + close
 }
 
 /// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the
@@ -148,6 +172,99 @@ impl Outgoing {
             staging.release(s);
         }
     }
+}
+
+/// This end's handshake: its QP's address (`local`), its ring (`(addr, len, rkey)`), and the
+/// limits it offers or grants (`credits`, `eager_threshold`, `max_message` in bytes), the session
+/// id (0 from a client) and the client's auth token (empty from a server).
+pub(crate) fn handshake(
+    local: &Endpoint,
+    ring: (u64, u32, u32),
+    credits: u16,
+    eager_threshold: u32,
+    max_message: u32,
+    session: u32,
+    auth_token: Vec<u8>,
+) -> Handshake {
+    Handshake {
+        version: PROTOCOL_VERSION,
+        qp_num: local.qp_num,
+        psn: local.psn,
+        lid: local.lid,
+        mtu: local.mtu,
+        gid: local.gid,
+        ring_addr: ring.0,
+        ring_len: ring.1,
+        ring_rkey: ring.2,
+        credits,
+        eager_threshold,
+        max_message,
+        session,
+        auth_token,
+    }
+}
+
+impl Queued for Outgoing {
+    fn header(&self) -> &Header {
+        &self.header
+    }
+    fn body_len(&self) -> usize {
+        self.len as usize
+    }
+    fn untouched(&self) -> bool {
+        self.sent == 0
+    }
+}
+
+/// Posts what waits in `outbox` (the session's order and checks: [`Outbox::front`]) while send
+/// buffers and ring space allow; a body larger than what the ring has free goes in pieces.
+/// `on_sent(header, status, body_len)` for each message posted whole (an error answer with its
+/// status and length 0), `on_late(header)` for each second answer to one call, dropped. Returns
+/// whether anything was posted.
+pub(crate) fn send_waiting<P: Provider>(
+    conn: &mut Conn<P>,
+    outbox: &mut Outbox<Outgoing>,
+    mut on_sent: impl FnMut(&Header, Code, u32),
+    mut on_late: impl FnMut(&Header),
+) -> bool {
+    let mut posted = false;
+    loop {
+        let (status, len) = match outbox.front(&conn.session) {
+            None => break,
+            Some(Front::Late(m)) => {
+                on_late(m.header());
+                if let Waiting::Body(out) = m {
+                    out.discard(&mut conn.staging);
+                }
+                continue;
+            }
+            Some(Front::Refused(out)) => {
+                out.discard(&mut conn.staging);
+                continue;
+            }
+            Some(Front::Send(Waiting::Body(out))) => {
+                let before = out.sent;
+                let done = conn.send_outgoing(out);
+                posted |= out.sent != before;
+                if !done {
+                    break;
+                }
+                (Code::Ok, out.len)
+            }
+            Some(Front::Send(Waiting::Error(h, s))) => {
+                let Some(mut buf) = conn.acquire() else { break };
+                let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
+                let body = conn.copy_eager(&mut buf, s.message().as_bytes());
+                conn.queue(buf, Header { status, ..*h }, body);
+                (status, 0)
+            }
+        };
+        if let Some(m) = outbox.sent(&mut conn.session) {
+            on_sent(m.header(), status, len);
+        }
+        posted = true;
+    }
+    posted
 }
 
 /// A connection's resources. Field order is drop order: the receive ring's memory window goes

@@ -6,6 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::status::Code;
 
 /// A snapshot of counters.
+///
+/// RNR (receiver not ready) has no counter here: QPs retry RNR forever (`rnr_retry = 7`), so it
+/// never ends a send, and flow control keeps it from happening. On `sim`,
+/// [`crate::verbs::sim::stats`] counts every RNR wait.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// RPCs completed (server: answered; client: calls that got a response).
@@ -16,10 +20,9 @@ pub struct Counters {
     pub bytes_out: u64,
     /// Times a call waited because every credit was in use.
     pub credit_stalls: u64,
-    /// Times a body waited because the peer's ring had no room.
+    /// Bodies that waited because the peer's ring had no room (each counted once, however often
+    /// it is tried again before it goes).
     pub ring_full_stalls: u64,
-    /// Send completions with `IBV_WC_RNR_RETRY_EXC_ERR` (zero in steady state: flow control is by credits).
-    pub rnr_events: u64,
     /// Late responses discarded (their call had been abandoned).
     pub late_replies: u64,
     /// Connections closed because the peer sent a malformed header.
@@ -64,7 +67,6 @@ impl Counters {
         self.bytes_out += other.bytes_out;
         self.credit_stalls += other.credit_stalls;
         self.ring_full_stalls += other.ring_full_stalls;
-        self.rnr_events += other.rnr_events;
         self.late_replies += other.late_replies;
         self.malformed += other.malformed;
         self.sessions_opened += other.sessions_opened;
@@ -80,7 +82,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code`.
-const FIELDS: usize = 14;
+const FIELDS: usize = 13;
 
 /// The published copy, readable from any thread.
 #[derive(Default)]
@@ -96,7 +98,6 @@ impl SharedCounters {
             c.bytes_out,
             c.credit_stalls,
             c.ring_full_stalls,
-            c.rnr_events,
             c.late_replies,
             c.malformed,
             c.sessions_opened,
@@ -123,15 +124,14 @@ impl SharedCounters {
             bytes_out: g(2),
             credit_stalls: g(3),
             ring_full_stalls: g(4),
-            rnr_events: g(5),
-            late_replies: g(6),
-            malformed: g(7),
-            sessions_opened: g(8),
-            sessions_closed: g(9),
-            window_fallbacks: g(10),
-            cancels: g(11),
-            late_answers: g(12),
-            peers_lost: g(13),
+            late_replies: g(5),
+            malformed: g(6),
+            sessions_opened: g(7),
+            sessions_closed: g(8),
+            window_fallbacks: g(9),
+            cancels: g(10),
+            late_answers: g(11),
+            peers_lost: g(12),
             by_code,
         }
     }

@@ -8,7 +8,6 @@
 //! handler costs a task spawn and the deferred answer's trip through the worker's queue.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::OnceLock;
@@ -17,7 +16,8 @@ use std::time::Instant;
 
 use prost::Message;
 
-use crate::dispatch::reply::{Reply, RequestContext, Responder};
+use crate::dispatch::reply::{panic_text, CallInfo, Reply, RequestContext, Responder};
+use crate::dispatch::stream::StreamSink;
 use crate::status::Status;
 
 /// Where async handlers run: a tokio runtime's handle.
@@ -64,31 +64,9 @@ impl AsyncRuntime {
     }
 }
 
-/// What an async handler knows of its call (an owned copy of the [`RequestContext`]).
-#[derive(Clone, Debug)]
-pub struct AsyncContext {
-    method: &'static str,
-    peer: SocketAddr,
-    deadline: Option<Instant>,
-}
-
-impl AsyncContext {
-    /// Full name of the called method, `"/package.Service/Method"`.
-    pub fn method(&self) -> &str {
-        self.method
-    }
-
-    /// TCP address of the client.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
-    /// When the caller stops waiting, if it set a deadline. The handler's future is dropped
-    /// then and the call answered DEADLINE_EXCEEDED.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
-}
+/// What an async handler knows of its call: an owned copy of the [`RequestContext`]'s
+/// [`CallInfo`] (method, peer, deadline; the handler's future is dropped at the deadline).
+pub type AsyncContext = CallInfo;
 
 /// Runs an async handler for the call of `ctx`: defers the answer, spawns `handler`'s future on
 /// `runtime`, and answers with its output. The future is dropped, and the call answered
@@ -101,9 +79,9 @@ where
     Fut: Future<Output = Result<T, Status>> + Send + 'static,
 {
     let (responder, reply) = ctx.defer::<T>();
-    let actx = AsyncContext { method: ctx.method, peer: ctx.peer, deadline: ctx.deadline };
-    let deadline = ctx.deadline;
-    let method = ctx.method;
+    let actx: AsyncContext = ctx.info.clone();
+    let deadline = actx.deadline;
+    let method = actx.method;
     let fut = CatchPanic { inner: Box::pin(handler(actx)), method };
     runtime.handle.spawn(answer(responder, fut, deadline));
     reply
@@ -142,6 +120,47 @@ async fn answer<T: Message>(
     }
 }
 
+/// Runs an async streaming handler (server streaming, bidirectional) for the call of `ctx`,
+/// whose `sink` and deferred `reply` came from [`RequestContext::stream`]: spawns `handler`'s
+/// future on `runtime` with the sink; its output ends the stream (`Ok(())` cleanly, an error
+/// status otherwise) after the messages sent before. The future is dropped when the client
+/// cancels, the session closes or the stream's deadline passes (the worker answers then); a panic
+/// ends the stream INTERNAL. Returns `reply` for the reply writer.
+pub fn spawn_async_stream<T, F, Fut>(
+    runtime: &AsyncRuntime,
+    ctx: &RequestContext,
+    sink: StreamSink<T>,
+    reply: Reply<()>,
+    handler: F,
+) -> Reply<()>
+where
+    T: Message + Send + 'static,
+    F: FnOnce(AsyncContext, StreamSink<T>) -> Fut,
+    Fut: Future<Output = Result<(), Status>> + Send + 'static,
+{
+    let actx = AsyncContext { method: ctx.method, peer: ctx.peer, deadline: ctx.deadline };
+    let method = ctx.method;
+    let (sink, ender) = sink.into_async();
+    let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method };
+    runtime.handle.spawn(async move {
+        let r = {
+            let mut fut = std::pin::pin!(fut);
+            let mut cancelled = std::pin::pin!(ender.cancelled());
+            std::future::poll_fn(|cx| {
+                if cancelled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                fut.as_mut().poll(cx).map(Some)
+            })
+            .await
+        };
+        if let Some(r) = r {
+            ender.finish(r);
+        }
+    });
+    reply
+}
+
 /// A handler's future whose panic becomes an INTERNAL answer.
 struct CatchPanic<T> {
     inner: Pin<Box<dyn Future<Output = Result<T, Status>> + Send>>,
@@ -156,11 +175,10 @@ impl<T> Future for CatchPanic<T> {
         match catch_unwind(AssertUnwindSafe(|| self.inner.as_mut().poll(cx))) {
             Ok(p) => p,
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a non-string panic".into());
+                let mut what = panic_text(&*panic);
+                if what.is_empty() {
+                    what = "a non-string panic".into();
+                }
                 tracing::warn!(method, panic = %what, "async handler panicked");
                 Poll::Ready(Err(Status::internal(format!("handler of {method} panicked: {what}"))))
             }

@@ -26,7 +26,7 @@ use crate::control::Liveness;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, send_bufs_for, srq_need, staging_len, Conn,
+    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, srq_need, staging_len, Conn,
 };
 use crate::endpoint::counters::SharedCounters;
 use crate::session::{Role, Session, SessionParams};
@@ -34,26 +34,12 @@ use crate::status::Status;
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
-use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME, PROTOCOL_VERSION,
-};
+use crate::wire::{read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME};
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
-use crate::worker::{BIND_FAILED, BIND_PENDING};
+use crate::worker::{BIND_DONE, BIND_PENDING};
 
 /// Session ids are unique per process.
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
-
-/// Waits (yielding, at most 2 s) for the worker to report the bind of a new session's window.
-fn wait_bound(bound: &AtomicU8) -> bool {
-    let give_up = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        match bound.load(Ordering::Acquire) {
-            BIND_PENDING if std::time::Instant::now() < give_up => std::thread::yield_now(),
-            BIND_PENDING | BIND_FAILED => return false,
-            _ => return true,
-        }
-    }
-}
 
 /// Opens the device, starts the workers and the listener thread.
 pub(super) fn start<P: Provider>(
@@ -94,10 +80,12 @@ pub(super) fn start<P: Provider>(
     let per_worker = config.max_sessions.div_ceil(cores.len()).max(1);
     let liveness = Liveness::for_peer_timeout(config.peer_timeout);
     let poll = Poll::new().map_err(|e| ServerError::Thread { what: "listener poll", source: e })?;
-    let waker = Waker::new(poll.registry(), WAKE)
-        .map_err(|e| ServerError::Thread { what: "listener waker", source: e })?;
+    let waker = Arc::new(
+        Waker::new(poll.registry(), WAKE)
+            .map_err(|e| ServerError::Thread { what: "listener waker", source: e })?,
+    );
     let draining = Arc::new(AtomicBool::new(false));
-    let stop_listener = Arc::new(ListenerStop { stop: AtomicBool::new(false), waker });
+    let stop_listener = Arc::new(ListenerStop { stop: AtomicBool::new(false), waker: waker.clone() });
     let closed = Arc::new(ArrayQueue::new(config.max_sessions.max(16)));
     let body_cap = body_area(config.eager_threshold);
     let limits = WorkerLimits {
@@ -124,6 +112,7 @@ pub(super) fn start<P: Provider>(
             sessions: AtomicUsize::new(0),
             srq_reserved: AtomicU32::new(0),
             closed: closed.clone(),
+            listener: waker.clone(),
             pd,
             cq,
             srq: recv.srq().clone(),
@@ -160,6 +149,7 @@ pub(super) fn start<P: Provider>(
                 next_token: FIRST_CONN,
                 conns: HashMap::new(),
                 handshakes: HashMap::new(),
+                binding: HashMap::new(),
                 stop,
                 draining: shutting_down,
             }
@@ -180,7 +170,7 @@ pub(super) fn start<P: Provider>(
 /// Tells the listener thread to stop, and wakes it.
 pub(super) struct ListenerStop {
     stop: AtomicBool,
-    waker: Waker,
+    waker: Arc<Waker>,
 }
 
 impl ListenerStop {
@@ -195,11 +185,13 @@ impl ListenerStop {
 
 /// The listening socket's token.
 const LISTEN: Token = Token(0);
-/// The [`ListenerStop`] waker's token.
+/// The token of the listener's waker ([`ListenerStop`], and the workers: a session they closed,
+/// a window bind that completed).
 const WAKE: Token = Token(1);
 /// The first connection token (each accepted connection gets the next one).
 const FIRST_CONN: usize = 2;
-/// Longest wait without an event: how late the TCP of a session a worker closed is closed.
+/// Longest wait without an event (the workers wake the listener for what they close and bind;
+/// this tick is the fallback when a wake fails).
 const HOUSEKEEPING: Duration = Duration::from_millis(20);
 
 /// A live session's control connection.
@@ -222,6 +214,9 @@ struct Listener<P: Provider> {
     /// Accepted connections whose handshake frame is still arriving (read without blocking, so
     /// a slow or silent peer holds up nobody).
     handshakes: HashMap<Token, PendingHandshake>,
+    /// Sessions handed to their worker whose handshake reply waits for the worker to bind the
+    /// ring's window (it wakes the listener when the bind completes or fails).
+    binding: HashMap<Token, PendingBind>,
     stop: Arc<ListenerStop>,
     /// Set by shutdown: no new sessions (a worker may already have stopped).
     draining: Arc<AtomicBool>,
@@ -255,6 +250,7 @@ impl<P: Provider> Listener<P> {
                 }
             }
             self.expire_handshakes();
+            self.finish_binds();
             while let Some(session) = self.closed.pop() {
                 let gone: Vec<Token> =
                     self.conns.iter().filter(|(_, c)| c.session == session).map(|(t, _)| *t).collect();
@@ -267,12 +263,64 @@ impl<P: Provider> Listener<P> {
         }
         self.conns.clear();
         self.handshakes.clear();
+        self.binding.clear();
         tracing::info!("server stopped");
     }
 
-    /// The earliest handshake deadline.
+    /// The earliest handshake deadline (of a frame still arriving, or of a bind).
     fn next_deadline(&self) -> Option<Instant> {
-        self.handshakes.values().map(|h| h.since + self.config.handshake_timeout).min()
+        let frames = self.handshakes.values().map(|h| h.since);
+        frames.chain(self.binding.values().map(|b| b.since)).min().map(|t| t + self.config.handshake_timeout)
+    }
+
+    /// Answers the handshakes whose window bind completed (the session is live from then on),
+    /// and refuses those whose bind failed or did not complete within `handshake_timeout`.
+    fn finish_binds(&mut self) {
+        if self.binding.is_empty() {
+            return;
+        }
+        let limit = self.config.handshake_timeout;
+        let done: Vec<Token> = self
+            .binding
+            .iter()
+            .filter(|(_, b)| b.bound.load(Ordering::Acquire) != BIND_PENDING || b.since.elapsed() >= limit)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in done {
+            let Some(mut b) = self.binding.remove(&t) else { continue };
+            let w = &self.workers[b.worker];
+            let refusal = match b.bound.load(Ordering::Acquire) {
+                BIND_DONE => match answer(&mut b.stream, &b.reply) {
+                    Ok(()) => None,
+                    Err(e) => Some(Status::unavailable(format!("handshake with {}: {e}", b.peer))),
+                },
+                BIND_PENDING => Some(Self::refuse(
+                    &mut b.stream,
+                    Status::unavailable(format!(
+                        "the worker did not bind the receive ring's memory window within {} ms \
+                         (ServerConfig::handshake_timeout)",
+                        limit.as_millis()
+                    )),
+                )),
+                _ => Some(Self::refuse(
+                    &mut b.stream,
+                    Status::unavailable("binding the receive ring's memory window to the QP failed"),
+                )),
+            };
+            match refusal {
+                None => {
+                    tracing::info!(session = b.session, peer = %b.peer, worker = b.worker, "session connected");
+                    self.conns.insert(t, Watched { session: b.session, worker: b.worker, stream: b.stream });
+                    // What arrived meanwhile (or the peer's close) sent no new edge.
+                    self.check_conn(t);
+                }
+                Some(e) => {
+                    push(&w.control, Control::Close(b.session));
+                    self.forget(&b.stream);
+                    tracing::info!(peer = %b.peer, error = %e, "connection refused");
+                }
+            }
+        }
     }
 
     /// Stops watching `stream` (before it is dropped or handed on).
@@ -342,10 +390,15 @@ impl<P: Provider> Listener<P> {
                 let Some(hs) = self.handshakes.remove(&token) else { return };
                 let peer = hs.peer;
                 match self.setup(hs.stream, peer, frame) {
-                    Ok(watched) => {
+                    Ok(Setup::Live(watched)) => {
                         self.conns.insert(token, watched);
                         // What arrived after the frame (or the peer's close) sent no new edge.
                         self.check_conn(token);
+                    }
+                    Ok(Setup::Binding(b)) => {
+                        self.binding.insert(token, b);
+                        // The worker may have bound it already (its wake came before the entry).
+                        self.finish_binds();
                     }
                     Err((stream, e)) => {
                         self.forget(&stream);
@@ -399,26 +452,39 @@ impl<P: Provider> Listener<P> {
         status
     }
 
-    /// Answers a complete handshake frame: the watched connection of the new session, or the
-    /// stream (to be dropped) and why it was refused.
+    /// Answers a complete handshake frame: the watched connection of the new session (or the
+    /// session waiting for its window bind before the reply), or the stream (to be dropped) and
+    /// why it was refused.
     fn setup(
         &mut self,
         mut stream: TcpStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
-    ) -> Result<Watched, (TcpStream, Status)> {
+    ) -> Result<Setup, (TcpStream, Status)> {
         match self.setup_inner(&mut stream, peer, frame) {
-            Ok((session, worker)) => Ok(Watched { session, worker, stream }),
+            Ok((session, worker, None)) => Ok(Setup::Live(Watched { session, worker, stream })),
+            Ok((session, worker, Some((reply, bound)))) => Ok(Setup::Binding(PendingBind {
+                stream,
+                peer,
+                session,
+                worker,
+                reply,
+                bound,
+                since: Instant::now(),
+            })),
             Err(e) => Err((stream, e)),
         }
     }
 
+    /// The session id and worker of an admitted session, and, when its ring has a window, the
+    /// reply to send once the worker bound it (sent here otherwise).
+    #[allow(clippy::type_complexity)]
     fn setup_inner(
         &mut self,
         stream: &mut TcpStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
-    ) -> Result<(u32, usize), Status> {
+    ) -> Result<(u32, usize, Option<(Handshake, Arc<AtomicU8>)>), Status> {
         let span = tracing::info_span!("connect", %peer, transport = P::NAME);
         let _entered = span.enter();
         let io = |e: std::io::Error| Status::unavailable(format!("handshake with {peer}: {e}"));
@@ -479,22 +545,7 @@ impl<P: Provider> Listener<P> {
         };
         let local = conn.1;
         let session = conn.0.session.params().id;
-        let reply = Handshake {
-            version: PROTOCOL_VERSION,
-            qp_num: local.qp_num,
-            psn: local.psn,
-            lid: local.lid,
-            mtu: local.mtu,
-            gid: local.gid,
-            ring_addr: conn.2 .0,
-            ring_len: conn.2 .1,
-            ring_rkey: conn.2 .2,
-            credits,
-            eager_threshold: eager,
-            max_message,
-            session,
-            auth_token: Vec::new(),
-        };
+        let reply = handshake(&local, conn.2, credits, eager, max_message, session, Vec::new());
         w.sessions.fetch_add(1, Ordering::Relaxed);
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));
@@ -504,21 +555,17 @@ impl<P: Provider> Listener<P> {
             Control::Open(Box::new(NewConn { conn: conn.0, session, peer, bound: bound.clone() })),
         );
         // The peer may write our ring as soon as it has the reply: the worker binds the ring's
-        // window to the QP first, and says when the bind completed.
-        if window && !wait_bound(&bound) {
-            push(&w.control, Control::Close(session));
-            return Err(Self::refuse(
-                stream,
-                Status::unavailable("binding the receive ring's memory window to the QP failed"),
-            ));
+        // window to the QP first, and wakes the listener when the bind completed (the reply goes
+        // then, from `finish_binds`; the listener serves other connections meanwhile).
+        if window {
+            return Ok((session, wi, Some((reply, bound))));
         }
-        if let Err(e) = write_frame(stream, &Frame::Handshake(reply)) {
+        if let Err(e) = answer(stream, &reply) {
             push(&w.control, Control::Close(session));
             return Err(io(e));
         }
-        stream.set_nonblocking(true).map_err(io)?;
         tracing::info!(session, %peer, worker = wi, credits, eager, "session connected");
-        Ok((session, wi))
+        Ok((session, wi, None))
     }
 
     #[allow(clippy::type_complexity)]
@@ -584,6 +631,33 @@ impl<P: Provider> Listener<P> {
 const MAX_PENDING_HANDSHAKES: usize = 64;
 
 /// An accepted connection whose handshake frame is still arriving.
+/// Sends the handshake reply on a blocking `stream` (with its write timeout), then makes it
+/// nonblocking for the watch.
+fn answer(stream: &mut TcpStream, reply: &Handshake) -> std::io::Result<()> {
+    write_frame(stream, &Frame::Handshake(reply.clone()))?;
+    stream.set_nonblocking(true)
+}
+
+/// What a complete handshake frame became.
+enum Setup {
+    /// The session is live; its connection is watched.
+    Live(Watched),
+    /// The session waits for its worker to bind the ring's window.
+    Binding(PendingBind),
+}
+
+/// A session whose handshake reply waits for its window bind.
+struct PendingBind {
+    stream: TcpStream,
+    peer: SocketAddr,
+    session: u32,
+    worker: usize,
+    reply: Handshake,
+    /// Set by the worker ([`BIND_DONE`] or [`BIND_FAILED`]).
+    bound: Arc<AtomicU8>,
+    since: Instant,
+}
+
 struct PendingHandshake {
     stream: TcpStream,
     peer: SocketAddr,

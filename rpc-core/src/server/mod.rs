@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::codegen::Service;
 use crate::config::PollingPolicy;
 use crate::dispatch::registry::Registry;
+use crate::dispatch::service::Service;
 use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::transport::Transport;
 use crate::verbs::VerbsError;
@@ -89,10 +89,11 @@ pub struct ServerConfig {
     /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 1 ..= 1 GiB.
     pub ring_bytes: u32,
     /// Receive buffers (WQEs) of each worker's SRQ. Default 0 = sized for `max_sessions` at full
-    /// credits: sessions per worker × (2 × `credits_per_session` + 17), which must not exceed
-    /// the device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must
-    /// hold one session of full credits; sessions are then admitted while what they reserve
-    /// (`2 × credits + 17` each, for the credits they were granted) fits. Every buffer is
+    /// credits: sessions per worker × [`ServerConfig::srq_per_session`]`(credits_per_session)`
+    /// (`3 × credits_per_session + 21`; 14 976 WQEs at the defaults), which must not exceed the
+    /// device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must hold
+    /// one session of full credits; sessions are then admitted while what they reserve
+    /// (`srq_per_session` of the credits they were granted) fits. Every buffer is
     /// `eager_threshold` + 40 bytes and the SRQ cycles through all of them, so a smaller SRQ
     /// stays in cache (measurably lower latency).
     pub srq_depth: u32,
@@ -102,7 +103,8 @@ pub struct ServerConfig {
     /// staging area of twice the client's ring (at most 64 MiB more than it) and send buffers:
     /// about 4 × `ring_bytes` + 72 × (`eager_threshold` + 40) bytes at default credits and
     /// rings, 4.3 MiB, plus spare buffers of received bodies, at most `ring_bytes` more once
-    /// bodies that large arrived; and reserves `2 × credits + 17` SRQ WQEs). Valid range:
+    /// bodies that large arrived; and reserves [`ServerConfig::srq_per_session`] SRQ WQEs).
+    /// Valid range:
     /// 1 ..= 32767 per worker.
     pub max_sessions: usize,
     /// Bodies up to this many bytes travel in the SEND; larger ones by RDMA WRITE into the ring.
@@ -173,7 +175,8 @@ impl ServerConfig {
             return bad(
                 "srq_depth",
                 format!(
-                    "{} is below one session's 2 × credits_per_session + 17 = {per_session}",
+                    "{} is below one session's 3 × credits_per_session + 21 = {per_session} \
+                     (ServerConfig::srq_per_session)",
                     self.srq_depth
                 ),
             );
@@ -204,6 +207,21 @@ impl ServerConfig {
             );
         }
         Ok(())
+    }
+
+    /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 21`
+    /// (117 at 32 credits). The most a client that keeps the protocol can have sent before the
+    /// worker takes any of it: its requests (within credits) and the other pieces of their ring
+    /// bodies (16), a Cancel per call on the wire, a ring return per answer, two Pings and two
+    /// Pongs of the idle probe, and a Close. The sessions of a worker reserve at most its SRQ
+    /// depth together, so no such session makes another's messages wait for a receive buffer
+    /// (RNR). Not reserved (they would not fit devices' `max_srq_wr` at the default sessions):
+    /// stream messages and stream credits, each within the stream budget `min(credits, 256)`,
+    /// client-stream ends, and a Cancel that crossed its call's answer while the slot's next
+    /// call is out; they use WQEs the other sessions leave free, at worst an RNR wait (a delay:
+    /// RNR is retried forever).
+    pub fn srq_per_session(credits: u16) -> u32 {
+        crate::endpoint::conn::srq_need(credits)
     }
 
     /// The SRQ depth each worker gets: `srq_depth`, or when 0 what `max_sessions` (spread over

@@ -14,6 +14,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::status::Status;
+use crate::wire::{Header, Kind};
+
 /// Something the driver must act on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -39,6 +42,33 @@ pub enum Event {
         /// The silence observed.
         silent: Duration,
     },
+    /// Client: `max_abandoned` calls were abandoned on the wire and no acknowledgement of any
+    /// arrived within the acknowledgement timeout: reset the session (its calls end
+    /// UNAVAILABLE) instead of starving the window.
+    Unacknowledged {
+        /// Calls abandoned and not acknowledged.
+        abandoned: u16,
+        /// How long the session waited for one acknowledgement.
+        waited: Duration,
+    },
+}
+
+impl Event {
+    /// Server: the answer an event that ends a call gives it now, as an error answer for the
+    /// outbox (its header and status): CANCELLED for [`Event::Cancelled`], DEADLINE_EXCEEDED for
+    /// [`Event::Expired`]. `None` for the events that end the session instead.
+    pub fn answer(&self) -> Option<(Header, Status)> {
+        let (slot, generation, status) = match *self {
+            Event::Cancelled { slot, generation } => {
+                (slot, generation, Status::cancelled("the client cancelled the call"))
+            }
+            Event::Expired { slot, generation } => {
+                (slot, generation, Status::deadline_exceeded("the call's deadline passed before its answer"))
+            }
+            Event::PeerDead { .. } | Event::Unacknowledged { .. } => return None,
+        };
+        Some((Header { slot, generation, ..Header::new(Kind::Response) }, status))
+    }
 }
 
 /// A request received and not yet answered (server).

@@ -1,10 +1,14 @@
-//! Per-connection protocol state, sans-IO: credits, call slots with generations, the producer
-//! state of the peer's ring and the consumer state of our own, the reassembly of bodies that
-//! arrive through the ring, and the life of calls and of the peer (cancel, server-side deadlines,
-//! the idle probe; see [`lifecycle`]). No verbs and no clock: inputs are received headers
-//! (`handle_header`), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
-//! outputs are placements, header fields to send, control messages to send (`next_control`),
-//! events (`poll_event`) and complete messages.
+//! Per-connection protocol state and policy, sans-IO, as quinn-proto's `Connection`: the one
+//! home of the protocol's rules for both ends, which the client and the server workers drive.
+//! Credits; the client's call slots with generations and what its requests carry, when a Cancel
+//! may go and the abandon cap (`calls.rs`); the order of waiting messages and what never goes
+//! ([`Outbox`]); the producer state of the peer's ring and the consumer state of our own; the
+//! reassembly of bodies that arrive through the ring; and the life of calls and of the peer
+//! (cancel, server-side deadlines, the idle probe; see [`lifecycle`]). No verbs and no clock:
+//! inputs are received headers (`handle_header`), completions of what was posted
+//! ([`Outbox::sent`]), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
+//! outputs are placements, headers to send (`next_request`, `next_control`), answers
+//! ([`Event::answer`]), events (`poll_event`) and complete messages.
 //!
 //! Ring bodies are untrusted while they sit in the ring (the peer can write it at any time), so the
 //! receiver copies every ring body out once, into a buffer this session owns, and frees its ring
@@ -13,13 +17,18 @@
 //! most a quarter of the ring ([`Session::next_piece`]), pipelined: the receiver copies one piece
 //! out while the next is written.
 
+mod calls;
 pub mod lifecycle;
+mod outbox;
 mod recycle;
 mod ring;
 mod slots;
+mod stream;
 
+pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
 use lifecycle::{Liveness, Unanswered};
+pub use outbox::{Front, Outbox, Queued, Waiting};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -34,9 +43,15 @@ const PIECE_FRACTION: u32 = 4;
 /// takes at least `1 / PIECE_FRACTION²` of it.
 pub const MAX_PIECES_IN_RING: u32 = PIECE_FRACTION * PIECE_FRACTION;
 pub use slots::{Abandoned, CallSlots, ResponseFate, SlotState};
+pub use stream::StreamError;
+use stream::Streams;
 
 use crate::status::Status;
-use crate::wire::{Header, Kind};
+use crate::wire::{Header, Kind, STREAM_IN, STREAM_OUT};
+
+/// Most stream messages one end of a session holds or has granted at once, across its streams
+/// (the stream budget is the session's credits up to this; each stream gets at most half).
+pub const MAX_STREAM_BUDGET: u32 = 256;
 
 /// A request still waiting for its handler's answer ([`Session::live_call`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,14 +158,21 @@ pub struct Session {
     unanswered: Vec<Unanswered>,
     /// Server: events for the driver (at most one per unanswered call, plus one).
     events: VecDeque<Event>,
-    /// Client: Cancels to send, as (slot, generation) (at most the window).
-    cancels: VecDeque<(u16, u32)>,
+    /// Call control messages to send: Cancels (client, at most the window), stream ends
+    /// (client) and stream credits (both; at most one per open stream).
+    controls: VecDeque<Header>,
+    /// Open streams and their credits.
+    streams: Streams,
     liveness: Liveness,
+    /// Client: the call slots and what the calls go out with ([`calls`]).
+    calls: calls::Calls,
     /// Ring messages being received (at most `max_held`, bounded by credits or the window).
     assemblies: Vec<Assembly>,
     /// Buffers of earlier ring messages, to copy the next ones into.
     recycler: std::sync::Arc<BodyRecycler>,
     closed: bool,
+    /// Ring space was freed since [`Session::take_ring_return`] was last asked.
+    ring_freed: bool,
 }
 
 impl Session {
@@ -166,11 +188,15 @@ impl Session {
                 Role::Client => Vec::new(),
             },
             events: VecDeque::with_capacity(usize::from(params.credits) + 1),
-            cancels: match role {
-                Role::Client => VecDeque::with_capacity(params.max_held),
-                Role::Server => VecDeque::new(),
-            },
+            controls: VecDeque::with_capacity(params.max_held.max(usize::from(params.credits))),
+            streams: Streams::new(u32::from(params.credits).min(MAX_STREAM_BUDGET)),
             liveness: Liveness::new(None),
+            calls: match role {
+                Role::Client => {
+                    calls::Calls::new(params.max_held.min(usize::from(u16::MAX)) as u16, params.credits)
+                }
+                Role::Server => calls::Calls::new(1, 1),
+            },
             assemblies: Vec::new(),
             // Spare buffers for the bodies that may be held at once, received or waiting to be
             // sent: at most our ring's length plus one largest message together (fresh memory
@@ -180,6 +206,7 @@ impl Session {
                 (params.own_ring_len as usize).saturating_add(params.max_message as usize),
             ),
             closed: false,
+            ring_freed: false,
         }
     }
 
@@ -223,15 +250,13 @@ impl Session {
     /// something from the peer): the earliest deadline of an unanswered call, or of the probe.
     pub fn poll_timeout(&self, waiting: bool) -> Option<Instant> {
         let calls = self.unanswered.iter().filter(|c| !c.ended).filter_map(|c| c.deadline).min();
-        match (calls, self.liveness.next(waiting)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [calls, self.liveness.next(waiting), self.calls.next_timeout()].into_iter().flatten().min()
     }
 
     /// Applies the passage of time up to `now`. `waiting`: this end expects something from the
     /// peer (client: calls on the wire; server: unanswered calls). Expired calls and a dead peer
-    /// become [`Event`]s; a due probe becomes a Ping in [`Session::next_control`].
+    /// become [`Event`]s, and so does the abandon cap's watch when no acknowledgement came
+    /// ([`Event::Unacknowledged`]); a due probe becomes a Ping in [`Session::next_control`].
     pub fn handle_timeout(&mut self, now: Instant, waiting: bool) {
         for c in self.unanswered.iter_mut().filter(|c| !c.ended) {
             if c.deadline.is_some_and(|d| d <= now) {
@@ -241,6 +266,9 @@ impl Session {
         }
         if let Some(silent) = self.liveness.check(now, waiting) {
             self.events.push_back(Event::PeerDead { silent });
+        }
+        if let Some(e) = self.calls.check(now) {
+            self.events.push_back(e);
         }
     }
 
@@ -254,17 +282,17 @@ impl Session {
     /// the server (from [`Session::next_control`]). The slot is reused only once the call's
     /// response arrives (the server answers every request exactly once).
     pub fn cancel(&mut self, slot: u16, generation: u32) {
-        self.cancels.push_back((slot, generation));
+        self.controls.push_back(Header { slot, generation, ..Header::new(Kind::Cancel) });
     }
 
     /// Whether a control message waits to be sent ([`Session::next_control`]). Inlined: a few
     /// compares on the hot path.
     #[inline]
     pub fn has_control(&self) -> bool {
-        self.liveness.pong_due || self.liveness.ping_due || !self.cancels.is_empty()
+        self.liveness.pong_due || self.liveness.ping_due || !self.controls.is_empty()
     }
 
-    /// The next control message to send (a Pong, a Ping or a Cancel; the caller stamps and
+    /// The next control message to send (a Pong, a Ping, a Cancel or a stream control; the caller stamps and
     /// queues it). Take it only when a send buffer is at hand: it is gone from the session.
     pub fn next_control(&mut self) -> Option<Header> {
         if std::mem::take(&mut self.liveness.pong_due) {
@@ -273,8 +301,7 @@ impl Session {
         if std::mem::take(&mut self.liveness.ping_due) {
             return Some(Header::new(Kind::Ping));
         }
-        let (slot, generation) = self.cancels.pop_front()?;
-        Some(Header { slot, generation, ..Header::new(Kind::Cancel) })
+        self.controls.pop_front()
     }
 
     /// True once a Close was received or sent.
@@ -360,6 +387,9 @@ impl Session {
         match self.unanswered.iter().position(|c| (c.slot, c.generation) == (slot, generation)) {
             Some(i) => {
                 self.unanswered.swap_remove(i);
+                if !self.streams.list.is_empty() {
+                    self.stream_close(slot, generation);
+                }
                 true
             }
             None => false,
@@ -378,14 +408,43 @@ impl Session {
     /// placed copied out and freed, it sees more than three quarters of the ring free, room for
     /// any piece; and its pieces still in flight bring their headers, after which this is asked
     /// again.
+    ///
+    /// Drivers ask [`Session::take_ring_return`], which also knows whether the peer can be
+    /// waiting for the space.
     pub fn ring_return_due(&self) -> bool {
         let unreported = self.consumer.unreported();
         unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty())
     }
 
+    /// Whether ring space was freed since [`Session::take_ring_return`] was last asked (inlined:
+    /// the drivers' fast check before posting).
+    #[inline]
+    pub fn ring_freed(&self) -> bool {
+        self.ring_freed
+    }
+
+    /// Whether a RingReturn message should be posted now for the ring space freed since this was
+    /// last asked (the flag is cleared either way: a later message carries the head). The peer
+    /// needs our ring only to send into it: a server answers only calls in flight, so a client
+    /// with none in flight and nothing arriving in pieces lets its next request carry the head;
+    /// a client may start a call at any time, so a server tells it whenever
+    /// [`Session::ring_return_due`].
+    #[inline]
+    pub fn take_ring_return(&mut self) -> bool {
+        if !std::mem::take(&mut self.ring_freed) {
+            return false;
+        }
+        let peer_may_send = match self.role {
+            Role::Server => true,
+            Role::Client => self.calls.slots.in_flight() > 0 || !self.assemblies.is_empty(),
+        };
+        peer_may_send && self.ring_return_due()
+    }
+
     /// Releases a ring body (frees it, in order).
     pub fn release(&mut self, token: RingToken) {
         self.consumer.release(token);
+        self.ring_freed = true;
     }
 
     /// Validates a decoded header against the session state and applies it: its piggy-backed
@@ -395,7 +454,8 @@ impl Session {
     ///
     /// # Errors
     /// A reason when the peer broke the protocol (wrong session id, wrong direction, more requests
-    /// than credits, a ring body out of place, a freed head out of range): close the connection.
+    /// than credits, stream credits beyond
+    /// any stream budget, a ring body out of place, a freed head out of range): close the connection.
     #[inline]
     pub fn handle_header(
         &mut self,
@@ -409,11 +469,13 @@ impl Session {
         match (self.role, h.kind) {
             (Role::Server, Kind::Request)
             | (Role::Client, Kind::Response)
-            | (Role::Server, Kind::Cancel)
-            | (_, Kind::RingReturn | Kind::Close | Kind::Ping | Kind::Pong) => {}
+            | (Role::Server, Kind::Cancel | Kind::StreamEnd)
+            | (_, Kind::RingReturn | Kind::Close | Kind::Ping | Kind::Pong)
+            | (_, Kind::StreamMsg | Kind::StreamCredit) => {}
             (Role::Server, Kind::Response) => return Err("response sent to a server"),
             (Role::Client, Kind::Request) => return Err("request sent to a client"),
             (Role::Client, Kind::Cancel) => return Err("cancel sent to a client"),
+            (Role::Client, Kind::StreamEnd) => return Err("stream end sent to a client"),
         }
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
@@ -480,6 +542,31 @@ impl Session {
             None
         };
         match h.kind {
+            Kind::Request if first && h.stream != 0 => {
+                if u32::from(h.credits) > MAX_STREAM_BUDGET {
+                    return Err("stream credits beyond any stream budget");
+                }
+                self.open_peer_stream(h, now);
+            }
+            Kind::StreamMsg if first => self.on_stream_msg(h)?,
+            Kind::StreamCredit => {
+                if let Some(i) = self.streams.find(h.slot, h.generation) {
+                    // A consumer never has more than its budget (at most MAX_STREAM_BUDGET)
+                    // granted: more would let the peer make us queue every message our
+                    // application produces while it reads none (unbounded memory).
+                    let st = &mut self.streams.list[i];
+                    let credits = st.send_credits.saturating_add(u32::from(h.credits));
+                    if credits > MAX_STREAM_BUDGET {
+                        return Err("stream credits beyond any stream budget");
+                    }
+                    st.send_credits = credits;
+                }
+            }
+            Kind::StreamEnd => {
+                if let Some(i) = self.streams.find(h.slot, h.generation) {
+                    self.streams.list[i].peer_ended = true;
+                }
+            }
             Kind::Request if first => {
                 let deadline =
                     (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
@@ -533,6 +620,157 @@ impl Session {
         self.handle_header(&h, now).map_err(|reason| format!("protocol violation: {reason}"))
     }
 
+    /// Server: a request opened a stream (its first piece): it is unanswered like any request,
+    /// and the client's messages get their first grant.
+    #[cold]
+    fn open_peer_stream(&mut self, h: &Header, now: impl FnOnce() -> Instant) {
+        let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
+        self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        let i = self.streams.open(
+            h.slot,
+            h.generation,
+            h.stream & STREAM_IN != 0,
+            h.stream & STREAM_OUT != 0,
+            u32::from(h.credits),
+        );
+        let g = self.streams.grant(i);
+        if g > 0 {
+            let c = stream::credit(&self.streams.list[i], g);
+            self.push_credit(c);
+        }
+    }
+
+    /// A stream message arrived (its first piece): it takes one of the credits granted to it.
+    /// On a server, a message for a stream that ended is dropped by the driver (the client sent
+    /// it before the answer reached it); a client always has the stream open until its answer.
+    fn on_stream_msg(&mut self, h: &Header) -> Result<(), &'static str> {
+        let Some(i) = self.streams.find(h.slot, h.generation) else {
+            return match self.role {
+                Role::Server => Ok(()),
+                Role::Client => Err("stream message for no open stream"),
+            };
+        };
+        let st = &mut self.streams.list[i];
+        if !st.receives || st.peer_ended {
+            return Err("stream message on a stream whose sender sends none, or ended");
+        }
+        if st.granted == 0 {
+            return Err("stream message beyond its stream credits");
+        }
+        st.granted -= 1;
+        st.held += 1;
+        Ok(())
+    }
+
+    /// Queues a StreamCredit, merged into one already waiting for the same stream.
+    fn push_credit(&mut self, c: Header) {
+        if let Some(q) = self
+            .controls
+            .iter_mut()
+            .find(|q| q.kind == Kind::StreamCredit && (q.slot, q.generation) == (c.slot, c.generation))
+        {
+            q.credits = q.credits.saturating_add(c.credits);
+        } else {
+            self.controls.push_back(c);
+        }
+    }
+
+    /// Client: the request `(slot, generation)` that opens a stream ([`STREAM_IN`] and/or
+    /// [`STREAM_OUT`] in `flags`) goes on the wire now: the stream opens, and the returned
+    /// credits (the server messages granted at once, 0 for a stream without server messages)
+    /// go into the request's `credits`.
+    pub fn stream_open(&mut self, slot: u16, generation: u32, flags: u8) -> u16 {
+        let i = self.streams.open(slot, generation, flags & STREAM_OUT != 0, flags & STREAM_IN != 0, 0);
+        self.streams.grant(i) as u16
+    }
+
+    /// Takes one send credit of the stream `(slot, generation)` for a message to send now.
+    /// `Ok(false)`: no credit (the consumer has not taken enough yet): wait for its grant.
+    ///
+    /// # Errors
+    /// [`StreamError::NoStream`] when the stream is not open (answered, never opened);
+    /// [`StreamError::NotSending`] when this end sends no messages on it or ended them.
+    pub fn stream_send(&mut self, slot: u16, generation: u32) -> Result<bool, StreamError> {
+        let i = self.streams.find(slot, generation).ok_or(StreamError::NoStream)?;
+        let st = &mut self.streams.list[i];
+        if !st.sends || st.ended {
+            return Err(StreamError::NotSending);
+        }
+        if st.send_credits == 0 {
+            return Ok(false);
+        }
+        st.send_credits -= 1;
+        Ok(true)
+    }
+
+    /// Send credits of the stream `(slot, generation)`: messages this end may send now (`None`:
+    /// no open stream).
+    pub fn stream_send_credits(&self, slot: u16, generation: u32) -> Option<u32> {
+        Some(self.streams.list[self.streams.find(slot, generation)?].send_credits)
+    }
+
+    /// Messages of the stream `(slot, generation)` received and not yet taken, and credits
+    /// granted and not yet used (`None`: no open stream).
+    pub fn stream_receive_window(&self, slot: u16, generation: u32) -> Option<(u32, u32)> {
+        let s = &self.streams.list[self.streams.find(slot, generation)?];
+        Some((s.held, s.granted))
+    }
+
+    /// Client: ends the client's messages on the stream `(slot, generation)` (a clean end, not a
+    /// cancel): a StreamEnd goes to the server; later sends are refused.
+    ///
+    /// # Errors
+    /// As [`Session::stream_send`].
+    pub fn stream_end(&mut self, slot: u16, generation: u32) -> Result<(), StreamError> {
+        let i = self.streams.find(slot, generation).ok_or(StreamError::NoStream)?;
+        let st = &mut self.streams.list[i];
+        if !st.sends || st.ended {
+            return Err(StreamError::NotSending);
+        }
+        st.ended = true;
+        self.controls.push_back(Header { slot, generation, ..Header::new(Kind::StreamEnd) });
+        Ok(())
+    }
+
+    /// Server: whether the client ended its messages on the stream (its StreamEnd arrived).
+    pub fn stream_peer_ended(&self, slot: u16, generation: u32) -> bool {
+        self.streams.find(slot, generation).is_some_and(|i| self.streams.list[i].peer_ended)
+    }
+
+    /// The application took one received message of the stream `(slot, generation)`: its credit
+    /// returns to the producer (batched; a StreamCredit from [`Session::next_control`]).
+    pub fn stream_consumed(&mut self, slot: u16, generation: u32) {
+        let Some(i) = self.streams.find(slot, generation) else { return };
+        let st = &mut self.streams.list[i];
+        if st.held == 0 {
+            return;
+        }
+        st.held -= 1;
+        self.streams.used = self.streams.used.saturating_sub(1);
+        let g = self.streams.grant(i);
+        if g > 0 {
+            let c = stream::credit(&self.streams.list[i], g);
+            self.push_credit(c);
+        }
+    }
+
+    /// The stream `(slot, generation)` is over (client: its response arrived or the session
+    /// failed; server: its answer is being sent, called by [`Session::on_answer_for`]): its
+    /// budget returns to the other streams. Messages still held are the application's to drop.
+    pub fn stream_close(&mut self, slot: u16, generation: u32) {
+        let Some(i) = self.streams.find(slot, generation) else { return };
+        let mut due = Vec::new();
+        self.streams.close(i, &mut |h| due.push(h));
+        for c in due {
+            self.push_credit(c);
+        }
+    }
+
+    /// Streams open.
+    pub fn streams_open(&self) -> usize {
+        self.streams.list.len()
+    }
+
     fn check_credit(&self) -> Result<(), &'static str> {
         if self.unanswered.len() >= usize::from(self.params.credits) {
             return Err("request beyond the granted credits");
@@ -554,6 +792,7 @@ impl Session {
     /// message cannot be trusted): close the connection.
     pub fn piece_done(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
         self.consumer.release(piece.token);
+        self.ring_freed = true;
         let a = &self.assemblies[piece.assembly];
         if a.body.len() > a.header.total_len as usize {
             return Err("ring piece copied past its message's total_len");
@@ -583,5 +822,7 @@ impl Session {
     }
 }
 
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;

@@ -190,6 +190,24 @@ pub(crate) struct SendLimits {
 /// [`VerbsError::BadWorkRequest`] (`ibv_post_send`, `index`) saying which rule.
 #[inline]
 pub(crate) fn check_send_wr(index: usize, wr: &SendWr<'_>, lim: SendLimits) -> Result<()> {
+    // The rules in a few compares, inlined into the post path; a WR that breaks one goes to the
+    // out-of-line check that names it.
+    let n = wr.sg_list.len();
+    let memory_op = matches!(wr.op, SendOp::BindMw { .. } | SendOp::LocalInv { .. });
+    let bad_inline = wr.flags.contains(SendFlags::INLINE)
+        && (memory_op
+            || matches!(wr.op, SendOp::RdmaRead { .. })
+            || wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() > u64::from(lim.max_inline));
+    if n > lim.max_sge as usize || (memory_op && n != 0) || bad_inline {
+        return check_send_wr_rules(index, wr, lim);
+    }
+    Ok(())
+}
+
+/// [`check_send_wr`]'s every rule, with the reason of the first one broken.
+#[cold]
+#[inline(never)]
+fn check_send_wr_rules(index: usize, wr: &SendWr<'_>, lim: SendLimits) -> Result<()> {
     let bad = |reason: String| Err(VerbsError::BadWorkRequest { call: "ibv_post_send", index, reason });
     let n = wr.sg_list.len();
     if n > lim.max_sge as usize {

@@ -4,12 +4,12 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong) |
-//! | 1 | 1 | flags (bit 0: body in the receiver's ring) |
+//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream credit) |
+//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
-//! | 6 | 2 | reserved, 0 (every response returns exactly one request credit; nothing else does) |
+//! | 6 | 2 | stream credits: messages the sender lets the receiver send on the stream (a stream-opening request, a stream credit; 0 otherwise) |
 //! | 8 | 4 | slot generation |
 //! | 12 | 4 | method id (requests; echoed on responses) |
 //! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
@@ -25,8 +25,18 @@
 //! kind, slot, generation, method and `total_len`, each a ring body of `body_len` bytes, in order;
 //! the message is complete when the pieces add up to `total_len`.
 //!
-//! Control messages carry no body and no call fields except: a Cancel names the call by `slot`
-//! and `generation`; every message carries `freed_head` and `session`.
+//! Control messages carry no body and no call fields except: a Cancel, a stream end and a stream
+//! credit name the call by `slot` and `generation`, a stream credit carries `credits`; every
+//! message carries `freed_head` and `session`.
+//!
+//! **Streams.** A stream is a call whose slot stays open: a request with [`STREAM_IN`] and/or
+//! [`STREAM_OUT`] opens it (its body is the request message of a server stream, empty
+//! otherwise; its `credits` are the server messages the client is ready for), stream messages
+//! ([`Kind::StreamMsg`], bodies like any other, eager or ring or in pieces) carry the messages in
+//! either direction, each taking one stream credit its receiver granted ([`Kind::StreamCredit`]),
+//! a stream end ([`Kind::StreamEnd`]) ends the client's messages, and the response (its status)
+//! ends the stream. A Cancel ends it from the client, an error status from the server. Every
+//! response still returns exactly one request credit; nothing else does.
 
 use super::WireError;
 use crate::status::Code;
@@ -36,6 +46,14 @@ pub const HEADER_LEN: usize = 40;
 
 /// Flag: the body is in the receiver's ring at `ring_offset`, not after the header.
 pub const BODY_IN_RING: u8 = 1;
+
+/// Flag of a request: it opens a stream on which the client sends messages (client streaming,
+/// bidirectional).
+pub const STREAM_IN: u8 = 2;
+
+/// Flag of a request: it opens a stream on which the server sends messages (server streaming,
+/// bidirectional).
+pub const STREAM_OUT: u8 = 4;
 
 /// What a message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,6 +77,15 @@ pub enum Kind {
     Ping = 6,
     /// The answer to a [`Kind::Ping`].
     Pong = 7,
+    /// One message of the stream `(slot, generation)`, in either direction: a body like a
+    /// request's (eager, ring, or in pieces). Takes one stream credit of its direction.
+    StreamMsg = 8,
+    /// Client to server: the client's messages of the stream `(slot, generation)` end (a clean
+    /// end, not a cancel). No body.
+    StreamEnd = 9,
+    /// `credits` more messages the receiver may send on the stream `(slot, generation)`: sent by
+    /// the consumer as its application takes messages. No body.
+    StreamCredit = 10,
 }
 
 impl Kind {
@@ -71,6 +98,9 @@ impl Kind {
             5 => Kind::Cancel,
             6 => Kind::Ping,
             7 => Kind::Pong,
+            8 => Kind::StreamMsg,
+            9 => Kind::StreamEnd,
+            10 => Kind::StreamCredit,
             _ => return None,
         })
     }
@@ -83,6 +113,11 @@ pub struct Header {
     pub kind: Kind,
     /// True when the body is in the receiver's ring (`ring_offset`), false when it follows the header.
     pub in_ring: bool,
+    /// Request flags [`STREAM_IN`] | [`STREAM_OUT`]: the request opens a stream (0: unary).
+    pub stream: u8,
+    /// Stream credits granted to the receiver: on a stream-opening request, the server messages
+    /// the client is ready for; on a [`Kind::StreamCredit`], more messages (at least 1).
+    pub credits: u16,
     /// Status of a response ([`Code::Ok`] otherwise).
     pub status: Code,
     /// Call slot at the client (requests, responses, cancels).
@@ -112,6 +147,8 @@ impl Header {
         Header {
             kind,
             in_ring: false,
+            stream: 0,
+            credits: 0,
             status: Code::Ok,
             slot: 0,
             generation: 0,
@@ -129,11 +166,11 @@ impl Header {
     #[inline]
     pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
         out[0] = self.kind as u8;
-        out[1] = if self.in_ring { BODY_IN_RING } else { 0 };
+        out[1] = u8::from(self.in_ring) | self.stream;
         out[2] = self.status as u8;
         out[3] = 0;
         out[4..6].copy_from_slice(&self.slot.to_le_bytes());
-        out[6..8].copy_from_slice(&[0, 0]);
+        out[6..8].copy_from_slice(&self.credits.to_le_bytes());
         out[8..12].copy_from_slice(&self.generation.to_le_bytes());
         out[12..16].copy_from_slice(&self.method.to_le_bytes());
         out[16..20].copy_from_slice(&self.body_len.to_le_bytes());
@@ -175,19 +212,21 @@ impl Header {
         let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let kind = Kind::from_u8(b[0])
-            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=7", b[0])))?;
-        if b[1] & !BODY_IN_RING != 0 {
+            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=10", b[0])))?;
+        if b[1] & !(BODY_IN_RING | STREAM_IN | STREAM_OUT) != 0 {
             return Err(WireError::bad("header", "flags", format!("unknown bits {:#04x}", b[1])));
         }
         let in_ring = b[1] & BODY_IN_RING != 0;
         let status = Code::from_u8(b[2])
             .ok_or_else(|| WireError::bad("header", "status", format!("{} is not a status code", b[2])))?;
-        if b[3] != 0 || b[6] != 0 || b[7] != 0 {
-            return Err(WireError::bad("header", "reserved", "bytes 3, 6 and 7 must be 0"));
+        if b[3] != 0 {
+            return Err(WireError::bad("header", "reserved", "byte 3 must be 0"));
         }
         let h = Header {
             kind,
             in_ring,
+            stream: b[1] & (STREAM_IN | STREAM_OUT),
+            credits: u16_at(6),
             status,
             slot: u16_at(4),
             generation: u32_at(8),
@@ -239,17 +278,56 @@ impl Header {
                 if status != Code::Ok {
                     return Err(WireError::bad("header", "status", "a request carries no status"));
                 }
+                if h.credits != 0 && h.stream & STREAM_OUT == 0 {
+                    return Err(WireError::bad(
+                        "header",
+                        "credits",
+                        "only a stream of server messages is granted credits",
+                    ));
+                }
             }
-            Kind::Response => {}
-            Kind::RingReturn | Kind::Close | Kind::Cancel | Kind::Ping | Kind::Pong => {
+            Kind::Response | Kind::StreamMsg => {
+                if h.stream != 0 || h.credits != 0 {
+                    return Err(WireError::bad(
+                        "header",
+                        "flags",
+                        "stream flags or credits outside a request",
+                    ));
+                }
+                if kind == Kind::StreamMsg && (status != Code::Ok || h.timeout_us != 0) {
+                    return Err(WireError::bad("header", "kind", "stream message with call fields set"));
+                }
+            }
+            Kind::RingReturn
+            | Kind::Close
+            | Kind::Cancel
+            | Kind::Ping
+            | Kind::Pong
+            | Kind::StreamEnd
+            | Kind::StreamCredit => {
+                if h.stream != 0 {
+                    return Err(WireError::bad("header", "flags", "stream flags outside a request"));
+                }
+                if (kind == Kind::StreamCredit) != (h.credits != 0) {
+                    return Err(WireError::bad(
+                        "header",
+                        "credits",
+                        "a stream credit, and only it, grants credits",
+                    ));
+                }
                 if h.body_len != 0 || h.in_ring || h.total_len != 0 {
                     return Err(WireError::bad("header", "body_len", "a control message carries no body"));
                 }
                 if status != Code::Ok || h.method != 0 || h.timeout_us != 0 {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
                 }
-                if kind != Kind::Cancel && (h.slot != 0 || h.generation != 0) {
-                    return Err(WireError::bad("header", "slot", "only a Cancel names a call"));
+                let names_call = matches!(kind, Kind::Cancel | Kind::StreamEnd | Kind::StreamCredit);
+                if !names_call && (h.slot != 0 || h.generation != 0) {
+                    return Err(WireError::bad(
+                        "header",
+                        "slot",
+                        "only a Cancel or a stream control names a call",
+                    ));
                 }
             }
         }
@@ -281,10 +359,10 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let mut m = encode_msg(&request());
-        m[0] = 9;
+        m[0] = 11;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let mut m = encode_msg(&request());
-        m[1] = 2;
+        m[1] = 8;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let mut m = encode_msg(&request());
         m[2] = 17;
@@ -302,7 +380,18 @@ mod tests {
         assert_eq!(Header::decode(&m).unwrap_err().field(), "method");
         let mut m = encode_msg(&Header::new(Kind::Response));
         m[7] = 1;
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "reserved");
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+        let mut m = encode_msg(&request());
+        m[6] = 1;
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits", "credits on a unary request");
+        let m = encode_msg(&Header { slot: 1, generation: 2, ..Header::new(Kind::StreamCredit) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits", "a credit of 0 messages");
+        let m = encode_msg(&Header { credits: 3, ..Header::new(Kind::StreamEnd) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+        let m = encode_msg(&Header { stream: STREAM_IN, ..Header::new(Kind::StreamMsg) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+        let m = encode_msg(&Header { status: Code::Internal, ..Header::new(Kind::StreamMsg) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let m = encode_msg(&Header { slot: 2, ..Header::new(Kind::Ping) });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "slot");
         let m = encode_msg(&Header { timeout_us: 2, ..Header::new(Kind::Cancel) });
@@ -314,6 +403,19 @@ mod tests {
         m[16] = 1;
         m[36] = 1;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "body_len");
+    }
+
+    #[test]
+    fn stream_headers_round_trip() {
+        let open = Header { stream: STREAM_IN | STREAM_OUT, credits: 16, ..request() };
+        assert_eq!(Header::decode(&encode_msg(&open)).unwrap(), open);
+        let msg =
+            Header { slot: 3, generation: 9, body_len: 5, total_len: 5, ..Header::new(Kind::StreamMsg) };
+        assert_eq!(Header::decode(&encode_msg(&msg)).unwrap(), msg);
+        let credit = Header { slot: 3, generation: 9, credits: 4, ..Header::new(Kind::StreamCredit) };
+        assert_eq!(Header::decode(&encode_msg(&credit)).unwrap(), credit);
+        let end = Header { slot: 3, generation: 9, ..Header::new(Kind::StreamEnd) };
+        assert_eq!(Header::decode(&encode_msg(&end)).unwrap(), end);
     }
 
     #[test]
@@ -346,7 +448,10 @@ mod tests {
                 Just(Kind::Close),
                 Just(Kind::Cancel),
                 Just(Kind::Ping),
-                Just(Kind::Pong)
+                Just(Kind::Pong),
+                Just(Kind::StreamMsg),
+                Just(Kind::StreamEnd),
+                Just(Kind::StreamCredit)
             ],
             any::<bool>(),
             0u8..=16,
@@ -355,29 +460,40 @@ mod tests {
         )
             .prop_map(
                 |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session), extra)| {
+                    let body = matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg);
                     let call = matches!(kind, Kind::Request | Kind::Response);
-                    let in_ring = in_ring && call;
+                    let names = body || matches!(kind, Kind::Cancel | Kind::StreamEnd | Kind::StreamCredit);
+                    let in_ring = in_ring && body;
+                    let stream =
+                        if kind == Kind::Request { (extra >> 8) as u8 & (STREAM_IN | STREAM_OUT) } else { 0 };
+                    let credits = match kind {
+                        Kind::StreamCredit => (extra >> 16) as u16 | 1,
+                        Kind::Request if stream & STREAM_OUT != 0 => (extra >> 16) as u16,
+                        _ => 0,
+                    };
                     Header {
                         kind,
                         in_ring,
+                        stream,
+                        credits,
                         status: if kind == Kind::Response { Code::from_u8(st).unwrap() } else { Code::Ok },
-                        slot: if call || kind == Kind::Cancel { slot } else { 0 },
-                        generation: if call || kind == Kind::Cancel { generation } else { 0 },
+                        slot: if names { slot } else { 0 },
+                        generation: if names { generation } else { 0 },
                         method: if kind == Kind::Request {
                             method.max(1)
-                        } else if call {
+                        } else if body {
                             method
                         } else {
                             0
                         },
-                        body_len: if !call {
+                        body_len: if !body {
                             0
                         } else if in_ring {
                             len
                         } else {
                             len % 2048
                         },
-                        total_len: if !call {
+                        total_len: if !body {
                             0
                         } else if in_ring && len > 0 {
                             len.saturating_add(extra % 4)

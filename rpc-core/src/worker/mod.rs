@@ -5,8 +5,12 @@
 //! the CQ in batches → handle receives (handlers run inline) → post each connection's sends with
 //! one doorbell (selective signaling) → repost receive buffers in batches → idle per policy.
 //! Other threads talk to a worker only through bounded crossbeam queues.
+//!
+//! A driver of its sessions: it does the IO (polls, runs handlers, posts WRs) and asks the
+//! session what a received header, a completion or a timer means and what may go now: answers
+//! leave in order through the session's [`Outbox`] (a second answer to one call is dropped
+//! there), and a cancelled or expired call gets the answer [`Event::answer`] names.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -16,13 +20,17 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 
 use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
-use crate::codegen::Body;
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
-use crate::dispatch::reply::{CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan};
+use crate::dispatch::reply::{
+    panic_text, CallInfo, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
+};
+use crate::dispatch::service::Body;
+use crate::dispatch::source::SourceShared;
+use crate::dispatch::stream::SinkShared;
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
-use crate::session::Event;
+use crate::session::{Event, Outbox, Waiting};
 use crate::status::{Code, Status};
 use crate::verbs::{
     CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
@@ -52,6 +60,15 @@ pub(crate) const BIND_PENDING: u8 = 0;
 pub(crate) const BIND_DONE: u8 = 1;
 /// [`NewConn::bound`]: the bind failed; the session is closed.
 pub(crate) const BIND_FAILED: u8 = 2;
+
+impl<P: Provider> WorkerShared<P> {
+    /// Tells the listener to look at `closed` and at the binds of its pending handshakes.
+    pub(crate) fn wake_listener(&self) {
+        if let Err(e) = self.listener.wake() {
+            tracing::warn!(worker = self.index, error = %e, "waking the listener failed; it looks at its next tick");
+        }
+    }
+}
 
 /// A connection handed from the listener to a worker.
 pub(crate) struct NewConn<P: Provider> {
@@ -84,6 +101,9 @@ pub(crate) struct WorkerShared<P: Provider> {
     pub(crate) srq_reserved: AtomicU32,
     /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
     pub(crate) closed: Arc<ArrayQueue<u32>>,
+    /// Wakes the listener: a session in `closed`, or a window bind that completed or failed (the
+    /// listener answers the handshake then).
+    pub(crate) listener: Arc<mio::Waker>,
     pub(crate) pd: P::ProtectionDomain,
     pub(crate) cq: P::CompletionQueue,
     pub(crate) srq: P::SharedReceiveQueue,
@@ -95,34 +115,15 @@ enum Received {
     Owned(Vec<u8>),
 }
 
-/// An answer waiting for a send buffer or ring space: a body on the heap (sent whole or in
-/// pieces), or an error status.
-enum Spill {
-    Body(Outgoing),
-    Error(Header, Status),
-}
+/// A message waiting in a session's outbox: a body on the heap or in the staging area (sent
+/// whole or in pieces), or an error status.
+type Spill = Waiting<Outgoing>;
 
-impl Spill {
-    fn new(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
-        match body {
-            Ok(b) => Spill::Body(Outgoing::new(header, b)),
-            Err(s) => Spill::Error(header, s),
-        }
-    }
-
-    fn header(&self) -> &Header {
-        match self {
-            Spill::Body(o) => &o.header,
-            Spill::Error(h, _) => h,
-        }
-    }
-
-    /// Nothing of it was queued yet.
-    fn untouched(&self) -> bool {
-        match self {
-            Spill::Body(o) => o.sent == 0,
-            Spill::Error(..) => true,
-        }
+/// An answer or stream message for the outbox: its body, or the error it ends with.
+fn spill(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
+    match body {
+        Ok(b) => Waiting::Body(Outgoing::new(header, b)),
+        Err(s) => Waiting::Error(header, s),
     }
 }
 
@@ -132,13 +133,31 @@ struct Entry<P: Provider> {
     session: u32,
     peer: SocketAddr,
     dirty: bool,
-    ring_return: bool,
-    backlog: VecDeque<Spill>,
+    /// In [`Worker::timed`]: the session has unanswered calls (deadlines, the idle probe).
+    timed: bool,
+    /// Answers and stream messages waiting for send buffers or ring space, in order (the
+    /// session's rules: [`Outbox`]).
+    backlog: Outbox<Outgoing>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
     deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
+    /// Streams of this session with a handler on them: server messages drained from their sink
+    /// as the client grants stream credits, client messages handed to their reader and credited
+    /// back as it takes them ([`Worker::pump_streams`]).
+    streams: Vec<OpenStream>,
+}
+
+/// A stream with a handler on it: its call, the sink its handler sends into (server and
+/// bidirectional streaming) and the queue it reads the client's messages from (client and
+/// bidirectional streaming).
+struct OpenStream {
+    slot: u16,
+    generation: u32,
+    method: u32,
+    sink: Option<Arc<SinkShared>>,
+    source: Option<Arc<SourceShared>>,
 }
 
 impl<P: Provider> Drop for Entry<P> {
@@ -146,6 +165,15 @@ impl<P: Provider> Drop for Entry<P> {
         // The session is gone: no deferred answer of it can be delivered any more.
         for (_, _, flag) in &self.deferred {
             flag.raise();
+        }
+        for st in &self.streams {
+            if let Some(source) = &st.source {
+                source.cancel();
+            }
+            if let Some(sink) = &st.sink {
+                sink.cancelled.raise();
+                sink.wake();
+            }
         }
     }
 }
@@ -170,10 +198,15 @@ pub(crate) struct Worker<P: Provider> {
     gens: Vec<u16>,
     by_qpn: crate::dispatch::registry::IdMap<u16>,
     dirty: Vec<u16>,
+    /// Sessions whose timers may be armed (unanswered calls: their deadlines, the idle probe while
+    /// waiting for the client); the clock is read for timers only while this is not empty.
+    timed: Vec<u16>,
     counters: Counters,
     scratch: Vec<u8>,
     ctx: RequestContext,
     wcs: [WorkCompletion; POLL_BATCH],
+    /// Server streams open on this worker's sessions (0: the loop skips [`Worker::pump_streams`]).
+    open_streams: usize,
     // Last: dropped after every QP.
     recv: RecvPool<P>,
 }
@@ -197,17 +230,20 @@ impl<P: Provider> Worker<P> {
             gens: vec![0; n],
             by_qpn,
             dirty: Vec::with_capacity(n),
+            timed: Vec::with_capacity(n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx: RequestContext {
-                method: "",
-                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
-                deadline: None,
+                info: CallInfo { method: "", peer: SocketAddr::from(([0, 0, 0, 0], 0)), deadline: None },
                 queue,
                 target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
                 deferred: std::cell::Cell::new(false),
                 cancel_flag: std::cell::Cell::new(None),
+                stream: std::cell::Cell::new(None),
+                source: std::cell::Cell::new(None),
+                stream_in: std::cell::Cell::new(false),
             },
+            open_streams: 0,
             wcs: [WorkCompletion::default(); POLL_BATCH],
             recv,
         }
@@ -247,6 +283,9 @@ impl<P: Provider> Worker<P> {
                     self.drain_deferred();
                 }
             }
+            if self.open_streams > 0 {
+                self.pump_streams();
+            }
             let n = match self.shared.cq.poll(&mut self.wcs) {
                 Ok(n) => n,
                 Err(e) => {
@@ -270,13 +309,15 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
-            // Timers: the clock is read rarely (every few dozen empty polls, every thousand busy
-            // iterations), the sessions are visited once per tick.
-            let check = if n > 0 {
-                iterations % TIMER_CHECK_BUSY == 0
-            } else {
-                idle.empty_polls() % TIMER_CHECK_IDLE == 0
-            };
+            // Timers: the clock is read only while a session has unanswered calls, and then rarely
+            // (every few dozen empty polls, every thousand busy iterations); the sessions with
+            // unanswered calls are visited once per tick.
+            let check = !self.timed.is_empty()
+                && if n > 0 {
+                    iterations % TIMER_CHECK_BUSY == 0
+                } else {
+                    idle.empty_polls() % TIMER_CHECK_IDLE == 0
+                };
             if check {
                 let now = Instant::now();
                 if now >= next_tick {
@@ -313,13 +354,26 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
-    /// idle probe) and acts on what expired.
+    /// idle probe) and acts on what expired. Sessions whose calls are all answered leave
+    /// [`Worker::timed`] (with no unanswered call a server session has no timer: no deadline to
+    /// enforce, and the idle probe runs only while waiting for the client).
     #[inline(never)]
     fn run_timers(&mut self, now: Instant) {
-        for idx in 0..self.entries.len() as u16 {
-            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+        let mut i = 0;
+        while i < self.timed.len() {
+            let idx = self.timed[i];
+            let Some(entry) = self.entries[idx as usize].as_mut() else {
+                self.timed.swap_remove(i);
+                continue;
+            };
             let session = &mut entry.conn.session;
             let waiting = session.unanswered() > 0;
+            if !waiting {
+                entry.timed = false;
+                self.timed.swap_remove(i);
+                continue;
+            }
+            i += 1;
             if session.poll_timeout(waiting).is_none_or(|t| t > now) {
                 continue;
             }
@@ -338,16 +392,8 @@ impl<P: Provider> Worker<P> {
         loop {
             let Some(entry) = self.entries[idx as usize].as_mut() else { return };
             let Some(event) = entry.conn.session.poll_event() else { return };
-            let (call, generation, status) = match event {
-                Event::Cancelled { slot: call, generation } => {
-                    self.counters.cancels += 1;
-                    (call, generation, Status::cancelled("the client cancelled the call"))
-                }
-                Event::Expired { slot: call, generation } => (
-                    call,
-                    generation,
-                    Status::deadline_exceeded("the call's deadline passed before its answer"),
-                ),
+            match event {
+                Event::Cancelled { .. } => self.counters.cancels += 1,
                 Event::PeerDead { silent } => {
                     self.counters.peers_lost += 1;
                     let reason = format!(
@@ -358,13 +404,174 @@ impl<P: Provider> Worker<P> {
                     self.close_entry(idx, &reason, false, true);
                     return;
                 }
-            };
-            if let Some(i) = entry.deferred.iter().position(|d| (d.0, d.1) == (call, generation)) {
+                Event::Expired { .. } | Event::Unacknowledged { .. } => {}
+            }
+            // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
+            let Some((header, status)) = event.answer() else { continue };
+            if let Some(i) =
+                entry.deferred.iter().position(|d| (d.0, d.1) == (header.slot, header.generation))
+            {
                 entry.deferred.swap_remove(i).2.raise();
             }
-            let header = Header { slot: call, generation, ..Header::new(Kind::Response) };
-            entry.backlog.push_back(Spill::Error(header, status));
+            entry.backlog.push(Waiting::Error(header, status));
             self.try_backlog(idx);
+        }
+    }
+
+    /// Moves the messages of server streams from their sinks into the backlog while the client's
+    /// stream credits allow (one credit per message), and answers each stream whose handler ended
+    /// it once its last message is queued; returns the credits of the client's messages its
+    /// reader took; forgets streams the session ended (cancelled, expired, answered, closed),
+    /// waking their producers and readers.
+    #[inline(never)]
+    fn pump_streams(&mut self) {
+        let mut open = 0;
+        for idx in 0..self.entries.len() as u16 {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            if entry.streams.is_empty() {
+                continue;
+            }
+            let mut moved = false;
+            let mut i = 0;
+            while i < entry.streams.len() {
+                let st = &entry.streams[i];
+                let (slot, generation) = (st.slot, st.generation);
+                if entry.conn.session.live_call(slot, generation).is_none() {
+                    // Answered already: by the session's events (CANCELLED, DEADLINE_EXCEEDED), or
+                    // by the handler of a client stream.
+                    if let Some(sink) = &st.sink {
+                        sink.cancelled.raise();
+                        sink.wake();
+                        while sink.queue.pop().is_some() {}
+                    }
+                    if let Some(source) = &st.source {
+                        source.cancel();
+                    }
+                    entry.streams.swap_remove(i);
+                    continue;
+                }
+                if let Some(source) = &st.source {
+                    let taken = source.taken.swap(0, Ordering::AcqRel);
+                    for _ in 0..taken {
+                        entry.conn.session.stream_consumed(slot, generation);
+                    }
+                    if taken > 0 && entry.conn.session.has_control() {
+                        moved = true;
+                    }
+                }
+                let Some(sink) = &st.sink else {
+                    i += 1;
+                    continue;
+                };
+                while entry.conn.session.stream_send_credits(slot, generation).unwrap_or(0) > 0 {
+                    let Some(bytes) = sink.queue.pop() else { break };
+                    if let Err(status) = entry.conn.session.check_len(bytes.len()) {
+                        // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
+                        sink.cancelled.raise();
+                        sink.wake();
+                        *sink.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
+                        sink.ended.store(true, Ordering::Release);
+                        while sink.queue.pop().is_some() {}
+                        break;
+                    }
+                    let _ = entry.conn.session.stream_send(slot, generation);
+                    let h = Header { slot, generation, method: st.method, ..Header::new(Kind::StreamMsg) };
+                    entry.backlog.push(spill(h, Ok(bytes)));
+                    sink.wake();
+                    moved = true;
+                }
+                if let Some(end) = sink.take_end() {
+                    let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
+                    entry.backlog.push(spill(h, end.map(|()| Vec::new())));
+                    if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
+                        entry.deferred.swap_remove(d);
+                    }
+                    if let Some(source) = &st.source {
+                        // The answer ends the stream: the client's messages still coming are dropped.
+                        source.cancel();
+                    }
+                    entry.streams.swap_remove(i);
+                    moved = true;
+                    continue;
+                }
+                i += 1;
+            }
+            open += entry.streams.len();
+            if moved {
+                self.try_backlog(idx);
+                self.mark_dirty(idx);
+            }
+        }
+        self.open_streams = open;
+        self.flush_dirty();
+    }
+
+    /// A message of the client's stream arrived: it goes to the stream's reader (copied out of
+    /// its receive buffer, which goes back at once). A message of a stream with no reader (its
+    /// handler answered, took no request stream, or dropped it) is dropped and its credit
+    /// returned.
+    fn on_stream_msg(&mut self, idx: u16, body: Received, h: Header) {
+        let Worker { entries, recv, counters, .. } = self;
+        let Some(entry) = entries[idx as usize].as_mut() else {
+            if let Received::Eager(b) = body {
+                recv.repost(b);
+            }
+            return;
+        };
+        counters.bytes_in += u64::from(h.body_len);
+        // A body that came through the ring freed its space: tell the client (a RingReturn when
+        // due), else a sender of more than the ring holds waits for its idle probe.
+        let freed = entry.conn.session.ring_freed();
+        let bytes = match body {
+            Received::Eager(b) => {
+                let v = recv.bytes(&b).get(HEADER_LEN..).unwrap_or(&[]).to_vec();
+                recv.repost(b);
+                v
+            }
+            Received::Owned(v) => v,
+        };
+        let open = entry.conn.session.stream_receive_window(h.slot, h.generation).is_some();
+        let reader = entry
+            .streams
+            .iter()
+            .find(|s| (s.slot, s.generation) == (h.slot, h.generation))
+            .and_then(|s| s.source.as_ref());
+        match reader {
+            Some(source) if open && !source.dropped.load(Ordering::Acquire) => {
+                if source.queue.push(bytes).is_err() {
+                    // The session admits at most the stream's credits, fewer than the queue holds.
+                    self.close_entry(idx, "protocol violation: stream messages beyond the queue", true, true);
+                    return;
+                }
+                if source.dropped.load(Ordering::Acquire) {
+                    // The reader went meanwhile: what it did not drain goes here.
+                    source.drop_queued();
+                }
+                source.wake();
+                if freed {
+                    self.mark_dirty(idx);
+                }
+            }
+            _ => {
+                if open {
+                    entry.conn.session.stream_consumed(h.slot, h.generation);
+                }
+                self.mark_dirty(idx);
+            }
+        }
+    }
+
+    /// The client ended its messages on a stream: its reader sees the end after the last one.
+    fn on_stream_end(&mut self, idx: u16, h: Header) {
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if let Some(source) = entry
+            .streams
+            .iter()
+            .find(|s| (s.slot, s.generation) == (h.slot, h.generation))
+            .and_then(|s| s.source.as_ref())
+        {
+            source.ended.store(true, Ordering::Release);
+            source.wake();
         }
     }
 
@@ -398,6 +605,7 @@ impl<P: Provider> Worker<P> {
             );
             nc.bound.store(BIND_FAILED, Ordering::Release);
             let _ = self.shared.closed.push(nc.session);
+            self.shared.wake_listener();
             self.shared
                 .srq_reserved
                 .fetch_sub(conn::srq_need(nc.conn.session.params().credits), Ordering::Relaxed);
@@ -412,10 +620,11 @@ impl<P: Provider> Worker<P> {
             session: nc.session,
             peer: nc.peer,
             dirty: false,
-            ring_return: false,
-            backlog: VecDeque::new(),
+            timed: false,
+            backlog: Outbox::default(),
             binding: None,
             deferred: Vec::new(),
+            streams: Vec::new(),
         });
         if let Some(s) = self.entries[idx].as_mut() {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
@@ -425,6 +634,7 @@ impl<P: Provider> Worker<P> {
         if !window {
             self.counters.window_fallbacks += 1;
             nc.bound.store(BIND_DONE, Ordering::Release);
+            self.shared.wake_listener();
         } else {
             let Conn { sq, qp, ring, .. } = &mut entry.conn;
             match sq.bind_window(qp, ring, tag) {
@@ -432,6 +642,7 @@ impl<P: Provider> Worker<P> {
                 Err(e) => {
                     tracing::warn!(worker = self.shared.index, session = nc.session, error = %e, "binding the ring's window failed");
                     nc.bound.store(BIND_FAILED, Ordering::Release);
+                    self.shared.wake_listener();
                     self.close_entry(idx as u16, "binding the ring's window failed", false, true);
                     return;
                 }
@@ -444,8 +655,12 @@ impl<P: Provider> Worker<P> {
     /// close its TCP connection (the client then sees the session gone).
     fn close_entry(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
         let Some(entry) = self.entries.get_mut(idx as usize).and_then(Option::take) else { return };
+        if entry.timed {
+            self.timed.retain(|&i| i != idx);
+        }
         if let Some(b) = &entry.binding {
             b.store(BIND_FAILED, Ordering::Release);
+            self.shared.wake_listener();
         }
         let span = tracing::info_span!("disconnect", worker = self.shared.index, session = entry.session);
         let _entered = span.enter();
@@ -460,6 +675,7 @@ impl<P: Provider> Worker<P> {
         }
         if notify {
             let _ = self.shared.closed.push(entry.session);
+            self.shared.wake_listener();
         }
         self.counters.sessions_closed += 1;
         self.shared
@@ -512,7 +728,7 @@ impl<P: Provider> Worker<P> {
             method: d.method,
             ..Header::new(Kind::Response)
         };
-        entry.backlog.push_back(Spill::new(header, d.result));
+        entry.backlog.push(spill(header, d.result));
         self.try_backlog(idx);
     }
 
@@ -526,68 +742,31 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Sends spilled and deferred answers of one connection, in order, while send buffers and
-    /// ring space allow (a body larger than what the ring has free goes in pieces).
+    /// ring space allow (a body larger than what the ring has free goes in pieces); what may go
+    /// and what is dropped is the session's rule ([`Outbox::front`]).
     fn try_backlog(&mut self, idx: u16) {
         let Some(entry) = self.entries[idx as usize].as_mut() else { return };
-        let mut sent = false;
-        while let Some(sp) = entry.backlog.front_mut() {
-            let h = *sp.header();
-            if h.kind == Kind::Response
-                && sp.untouched()
-                && !entry.conn.session.is_unanswered(h.slot, h.generation)
-            {
+        let counters = &mut self.counters;
+        let session = entry.session;
+        let mut late = 0;
+        let sent = conn::send_waiting(
+            &mut entry.conn,
+            &mut entry.backlog,
+            |h, status, len| {
+                if h.kind == Kind::Response {
+                    counters.rpcs += 1;
+                    counters.status(status);
+                    counters.bytes_out += u64::from(len);
+                }
+            },
+            |h| {
                 // A second answer to one call (a deferred responder after the handler answered
-                // or panicked): the client has its answer already; sending this one would make it
-                // close the session.
-                tracing::debug!(
-                    session = entry.session,
-                    call_slot = h.slot,
-                    "answer to a call answered already dropped"
-                );
-                self.counters.late_answers += 1;
-                if let Some(Spill::Body(out)) = entry.backlog.pop_front() {
-                    out.discard(&mut entry.conn.staging);
-                }
-                continue;
-            }
-            let over = match sp {
-                Spill::Body(out) => entry.conn.session.check_len(out.len as usize).err(),
-                Spill::Error(..) => None,
-            };
-            if let Some(s) = over {
-                // Too large to send: the caller gets RESOURCE_EXHAUSTED naming the limit instead.
-                if let Spill::Body(out) = std::mem::replace(sp, Spill::Error(h, s)) {
-                    out.discard(&mut entry.conn.staging);
-                }
-                continue;
-            }
-            let (status, len) = match sp {
-                Spill::Body(out) => {
-                    let before = out.sent;
-                    let done = entry.conn.send_outgoing(out);
-                    sent |= out.sent != before;
-                    if !done {
-                        break;
-                    }
-                    (Code::Ok, out.len)
-                }
-                Spill::Error(h, s) => {
-                    let Some(mut buf) = entry.conn.acquire() else { break };
-                    let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                    let body = entry.conn.copy_eager(&mut buf, s.message().as_bytes());
-                    entry.conn.queue(buf, Header { status, ..*h }, body);
-                    (status, 0)
-                }
-            };
-            if h.kind == Kind::Response {
-                entry.conn.session.on_answer_for(h.slot, h.generation);
-                self.counters.rpcs += 1;
-                self.counters.status(status);
-                self.counters.bytes_out += u64::from(len);
-            }
-            entry.backlog.pop_front();
-            sent = true;
-        }
+                // or panicked, or after the call was cancelled or expired).
+                tracing::debug!(session, call_slot = h.slot, "answer to a call answered already dropped");
+                late += 1;
+            },
+        );
+        self.counters.late_answers += late;
         if sent {
             self.mark_dirty(idx);
         }
@@ -598,8 +777,7 @@ impl<P: Provider> Worker<P> {
             let tag = self.tag(idx);
             let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
             entry.dirty = false;
-            if entry.ring_return {
-                entry.ring_return = false;
+            if entry.conn.session.take_ring_return() {
                 entry.conn.queue_ring_return();
             }
             entry.conn.queue_controls();
@@ -624,9 +802,6 @@ impl<P: Provider> Worker<P> {
         if let Some((tag, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
             let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
             if !wc.status.is_success() {
-                if wc.status == WcStatus::IBV_WC_RNR_RETRY_EXC_ERR {
-                    self.counters.rnr_events += 1;
-                }
                 let reason =
                     if wc.status == WcStatus::IBV_WC_WR_FLUSH_ERR { "QP flushed" } else { "send failed" };
                 tracing::debug!(status = %wc.status, "send completion error");
@@ -636,12 +811,14 @@ impl<P: Provider> Worker<P> {
             entry.conn.pool.retire(usize::from(bufs));
             entry.conn.sq.on_completion(wrs);
             entry.conn.sq.retire_staged(&mut entry.conn.staging);
+            let backlog = !entry.backlog.is_empty();
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
                 if let Some(b) = entry.binding.take() {
                     b.store(BIND_DONE, Ordering::Release);
+                    self.shared.wake_listener();
                 }
             }
-            if !entry.backlog.is_empty() {
+            if backlog {
                 self.try_backlog(idx);
             }
             return;
@@ -666,6 +843,14 @@ impl<P: Provider> Worker<P> {
             return;
         };
         self.on_message(idx, buf, wc.invalidated_rkey.is_some());
+        // A request left unanswered (deferred, streaming, or still arriving in pieces) arms
+        // the session's timers.
+        if let Some(entry) = self.entries[idx as usize].as_mut() {
+            if !entry.timed && entry.conn.session.unanswered() > 0 {
+                entry.timed = true;
+                self.timed.push(idx);
+            }
+        }
     }
 
     fn on_message(&mut self, idx: u16, buf: RecvBuf, invalidated_key: bool) {
@@ -701,8 +886,8 @@ impl<P: Provider> Worker<P> {
             Some(piece) => {
                 self.recv.repost(buf);
                 let done = entry.conn.take_piece(piece);
-                // The freed ring space travels back on the answer, or in a RingReturn.
-                entry.ring_return = true;
+                // The freed ring space travels back on the answer, or in a RingReturn
+                // (`Session::take_ring_return`).
                 match done {
                     Ok(Some(c)) => (c.header, Received::Owned(c.body)),
                     Ok(None) => {
@@ -719,6 +904,7 @@ impl<P: Provider> Worker<P> {
         };
         match header.kind {
             Kind::Request => self.dispatch(idx, body, header),
+            Kind::StreamMsg => self.on_stream_msg(idx, body, header),
             kind => {
                 if let Received::Eager(b) = body {
                     self.recv.repost(b);
@@ -726,6 +912,7 @@ impl<P: Provider> Worker<P> {
                 match kind {
                     Kind::Close => self.close_entry(idx, "peer sent Close", false, true),
                     Kind::Cancel => self.handle_events(idx),
+                    Kind::StreamEnd => self.on_stream_end(idx, header),
                     // A Pong became due.
                     Kind::Ping => self.mark_dirty(idx),
                     _ => {}
@@ -755,12 +942,14 @@ impl<P: Provider> Worker<P> {
         let deadline = live.deadline;
         let found = registry.lookup(h.method);
         // One context per worker, refilled per request (no reference count touched per call).
-        ctx.method = found.map_or("", |f| f.1);
-        ctx.peer = entry.peer;
-        ctx.deadline = deadline;
+        ctx.info.method = found.map_or("", |f| f.1);
+        ctx.info.peer = entry.peer;
+        ctx.info.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
         ctx.cancel_flag.set(None);
+        ctx.source.set(None);
+        ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
         let ctx = &*ctx;
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
         let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
@@ -794,11 +983,7 @@ impl<P: Provider> Worker<P> {
                 Some((svc, name)) => {
                     let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
                     if let Err(p) = r {
-                        let what = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
+                        let what = panic_text(&*p);
                         tracing::warn!(method = name, panic = %what, "handler panicked");
                         out.error(Status::internal(format!("handler of {name} panicked: {what}")));
                     }
@@ -806,6 +991,11 @@ impl<P: Provider> Worker<P> {
             }
         }
         let outcome = std::mem::replace(&mut out.outcome, Outcome::Unset);
+        let source = ctx.source.take();
+        if let Some(src) = source.as_ref().filter(|_| !matches!(outcome, Outcome::Deferred)) {
+            // Answered at once: the answer ends the stream, nothing will be read.
+            src.cancel();
+        }
         drop(out);
         if let Some(b) = eager_buf {
             recv.repost(b);
@@ -821,7 +1011,6 @@ impl<P: Provider> Worker<P> {
             counters.rpcs += 1;
             counters.status(status);
         };
-        let mut queued = false;
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 if let Some(b) = b {
@@ -830,20 +1019,29 @@ impl<P: Provider> Worker<P> {
                 if let Some(flag) = ctx.cancel_flag.take() {
                     entry.deferred.push((h.slot, h.generation, flag));
                 }
+                let sink = ctx.stream.take();
+                if sink.is_some() || source.is_some() {
+                    entry.streams.push(OpenStream {
+                        slot: h.slot,
+                        generation: h.generation,
+                        method: h.method,
+                        sink,
+                        source,
+                    });
+                    self.open_streams += 1;
+                }
                 None
             }
             (Outcome::Eager(n), Some(b)) => {
                 entry.conn.queue(b, header, BodyAt::Eager(n));
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
-                queued = true;
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
                 entry.conn.queue(b, header, BodyAt::Ring { offset, len });
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, len, counters);
-                queued = true;
                 None
             }
             (Outcome::Error(s), Some(mut b)) => {
@@ -852,7 +1050,6 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, Header { status, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
-                queued = true;
                 None
             }
             (Outcome::Unset, Some(mut b)) => {
@@ -860,7 +1057,6 @@ impl<P: Provider> Worker<P> {
                 entry.conn.queue(b, Header { status: Code::Internal, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Internal, 0, counters);
-                queued = true;
                 None
             }
             (Outcome::Staged { offset, len }, b) => {
@@ -869,11 +1065,10 @@ impl<P: Provider> Worker<P> {
                 }
                 counters.ring_full_stalls += 1;
                 match entry.conn.staging.commit(offset, len) {
-                    Some(staged) => Some(Spill::Body(Outgoing::staged(header, staged))),
-                    None => Some(Spill::new(
-                        header,
-                        Err(Status::internal("staged answer outside the staging area")),
-                    )),
+                    Some(staged) => Some(Waiting::Body(Outgoing::staged(header, staged))),
+                    None => {
+                        Some(spill(header, Err(Status::internal("staged answer outside the staging area"))))
+                    }
                 }
             }
             (Outcome::Spilled(bytes), b) => {
@@ -881,21 +1076,17 @@ impl<P: Provider> Worker<P> {
                     entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(Spill::new(header, Ok(bytes)))
+                Some(spill(header, Ok(bytes)))
             }
-            (Outcome::Eager(n), None) => Some(Spill::new(header, Ok(scratch[..n as usize].to_vec()))),
-            (Outcome::Error(s), None) => Some(Spill::new(header, Err(s))),
+            (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
+            (Outcome::Error(s), None) => Some(spill(header, Err(s))),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
-                Some(Spill::new(header, Err(Status::internal("handler returned no answer"))))
+                Some(spill(header, Err(Status::internal("handler returned no answer"))))
             }
         };
         let had_backlog = !entry.backlog.is_empty();
         if let Some(spill) = spilled {
-            entry.backlog.push_back(spill);
-        }
-        if queued && entry.conn.session.unreported_ring_bytes() == 0 {
-            // The answer carried the freed ring head.
-            entry.ring_return = false;
+            entry.backlog.push(spill);
         }
         if !had_backlog && !entry.backlog.is_empty() {
             self.try_backlog(idx);

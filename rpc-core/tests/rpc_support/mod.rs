@@ -183,9 +183,20 @@ pub fn transport() -> Transport {
     }
 }
 
+/// Timeouts on `rdma`: the Soft-RoCE tier runs in a qemu guest under TCG emulation, where a
+/// worker copying a multi-MiB body can be descheduled for seconds; the hardware-sized defaults
+/// (`peer_timeout` 6 s, connect 5 s) would declare a live peer dead there. `None` on sim.
+fn emulated_guest_timeout() -> Option<Duration> {
+    matches!(transport(), Transport::Rdma { .. }).then_some(Duration::from_secs(60))
+}
+
 /// A server builder with the test polling policy, the transport under test and one worker.
 pub fn server() -> ServerBuilder {
-    Server::builder().transport(transport()).polling(POLLING).drain_timeout(Duration::from_secs(2))
+    let b = Server::builder().transport(transport()).polling(POLLING).drain_timeout(Duration::from_secs(2));
+    match emulated_guest_timeout() {
+        Some(t) => b.peer_timeout(Some(t)).handshake_timeout(t),
+        None => b,
+    }
 }
 
 /// Starts `builder` with a fresh `TestService` on an ephemeral port.
@@ -198,7 +209,11 @@ pub fn spawn(builder: ServerBuilder) -> (ServerHandle, Arc<Mutex<Vec<Responder<E
 
 /// A client config with the test polling policy.
 pub fn client_config() -> ClientConfig {
-    ClientConfig::default().polling(POLLING).transport(transport())
+    let c = ClientConfig::default().polling(POLLING).transport(transport());
+    match emulated_guest_timeout() {
+        Some(t) => c.peer_timeout(Some(t)).connect_timeout(t),
+        None => c,
+    }
 }
 
 /// Drives a future to completion by polling it in a loop (no executor: polling progresses the

@@ -4,7 +4,8 @@
 //! stores and atomics in its own mapping of the responder's segment.
 //!
 //! A segment is a `/dev/shm/rpc-sim.<uid>.<pid>.<host id>` file created `O_EXCL`, mode 0600,
-//! sized [`seg_len`] (sparse: tmpfs allocates pages on first touch and [`Arena::free`] punches
+//! sized [`seg_len`] (sparse: tmpfs allocates pages on first touch, or when an MR is registered,
+//! see [`Arena::populate`], and [`Arena::free`] punches
 //! them out again), mapped `MAP_SHARED | MAP_NORESERVE`: whole by its owner, and by a peer only
 //! as far as [`Header::size`] says it is in use. Its name is derived from the host's GID
 //! (`fe80::<pid>:<host id>`), so a peer finds it from the address exchanged at connection setup.
@@ -411,6 +412,29 @@ impl Arena {
             }
         }
         Some(a)
+    }
+
+    /// Makes the pages of `[off, off + len)` of `seg` (an allocation of this arena) resident now,
+    /// as `ibv_reg_mr` pins a buffer's pages: a transfer into registered memory then never takes
+    /// a first-touch page fault (on tmpfs, allocating and clearing a page: microseconds on a VM,
+    /// where a real NIC writes into pinned pages). One `MADV_POPULATE_WRITE` (Linux 5.14); on an
+    /// older kernel, a write of zero per page (the bytes are zero already). The bytes stay zero.
+    pub(crate) fn populate(&self, seg: &Segment, off: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let (fp, ep) = (off / PAGE * PAGE, (off + len).div_ceil(PAGE) * PAGE);
+        // SAFETY: `[fp, ep)` covers whole pages of an allocation of ours inside the mapping (its
+        // partial pages belong to neighbouring allocations only through their own zeroed
+        // bytes, which populating leaves as they are); populating changes no byte.
+        let r = unsafe { libc::madvise(seg.at(fp) as *mut libc::c_void, ep - fp, libc::MADV_POPULATE_WRITE) };
+        if r != 0 {
+            for p in (off..off + len).step_by(PAGE) {
+                // SAFETY: `p` lies in the allocation, which is ours and zero (fresh from `alloc`);
+                // a volatile write of zero faults the page in and changes nothing.
+                unsafe { std::ptr::write_volatile(seg.at(p), 0) };
+            }
+        }
     }
 
     /// Frees `[off, off + len)` of `seg` (as allocated), which nothing may reach any more (key

@@ -1,0 +1,226 @@
+//! The server's end of the client's messages (client streaming, bidirectional): a
+//! [`RequestStream`] a handler reads from any thread (blocking, or awaiting in a task), filled by
+//! the worker that owns the session as the client's messages arrive.
+//!
+//! Backpressure is end to end: the worker grants the client stream credits only as the handler
+//! takes messages (each message taken is counted here; the worker returns the credits on its
+//! next loop), so a handler that stops reading stalls the client's `send` once the stream's
+//! credits (at most half the session's stream budget) are held here. The server's memory per
+//! stream is bounded by those credits, whatever the client's speed.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::thread::{Thread, ThreadId};
+use std::time::Duration;
+
+use atomic_waker::AtomicWaker;
+use crossbeam_queue::ArrayQueue;
+use prost::Message;
+
+use super::reply::CancelFlag;
+use crate::status::Status;
+
+/// What the reader and the worker share.
+pub(crate) struct SourceShared {
+    /// Encoded messages received and not yet taken (at most the stream's credits, so never more
+    /// than [`crate::session::MAX_STREAM_BUDGET`]).
+    pub(crate) queue: ArrayQueue<Vec<u8>>,
+    /// The client ended its messages cleanly (set after its last message is queued).
+    pub(crate) ended: AtomicBool,
+    /// Raised by the worker when the call is over without the handler (cancel, deadline,
+    /// session gone, or answered).
+    pub(crate) cancelled: CancelFlag,
+    /// Messages taken since the worker last returned their credits.
+    pub(crate) taken: AtomicU32,
+    /// The handler dropped its [`RequestStream`]: messages arriving from here are dropped and
+    /// their credits returned (else the client's sends stall at the credits forever).
+    pub(crate) dropped: AtomicBool,
+    /// A blocked reader's thread, woken when a message or the end arrives.
+    waiter: Mutex<Option<Thread>>,
+    waiting: AtomicBool,
+    /// A reading task's waker.
+    waker: AtomicWaker,
+    /// The worker thread that fills the queue: a read on it cannot wait.
+    worker: Option<ThreadId>,
+}
+
+impl SourceShared {
+    pub(crate) fn new(worker: Option<ThreadId>) -> Arc<SourceShared> {
+        Arc::new(SourceShared {
+            queue: ArrayQueue::new(crate::session::MAX_STREAM_BUDGET as usize),
+            ended: AtomicBool::new(false),
+            cancelled: CancelFlag::default(),
+            taken: AtomicU32::new(0),
+            dropped: AtomicBool::new(false),
+            waiter: Mutex::new(None),
+            waiting: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+            worker,
+        })
+    }
+
+    /// Worker: a message or the end arrived, or the call is over: wake the reader.
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+        if self.waiting.swap(false, Ordering::AcqRel) {
+            if let Some(t) = self.waiter.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Drops the messages queued, counted as taken (their credits return): the reader is gone.
+    pub(crate) fn drop_queued(&self) {
+        while self.queue.pop().is_some() {
+            self.taken.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Worker: the call is over without the handler; messages not taken are dropped.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.raise();
+        while self.queue.pop().is_some() {}
+        self.wake();
+    }
+
+    /// One look: a message, the end (`Some(Ok(None))`), the cancellation, or `None` for nothing yet.
+    fn poll_once<T: Message + Default>(&self) -> Option<Result<Option<T>, Status>> {
+        if let Some(bytes) = self.queue.pop() {
+            self.taken.fetch_add(1, Ordering::AcqRel);
+            // `bytes` fields become slices of this buffer: no second copy.
+            return Some(T::decode(bytes::Bytes::from(bytes)).map(Some).map_err(|e| {
+                Status::invalid_argument(format!("cannot decode {}: {e}", std::any::type_name::<T>()))
+            }));
+        }
+        if self.ended.load(Ordering::Acquire) {
+            // The end is set after the last message was queued: look once more.
+            return Some(match self.queue.pop() {
+                Some(bytes) => {
+                    self.taken.fetch_add(1, Ordering::AcqRel);
+                    T::decode(bytes::Bytes::from(bytes)).map(Some).map_err(|e| {
+                        Status::invalid_argument(format!("cannot decode {}: {e}", std::any::type_name::<T>()))
+                    })
+                }
+                None => Ok(None),
+            });
+        }
+        if self.cancelled.is_raised() {
+            return Some(Err(Status::cancelled(
+                "the stream was cancelled, expired or lost its session before the client ended it",
+            )));
+        }
+        None
+    }
+}
+
+/// The client's messages of a client-streaming or bidirectional call, in order, read from any
+/// thread (`Send`): [`RequestStream::message`] blocks, [`RequestStream::message_async`] is for a task.
+/// Each message taken returns its stream credit to the client (batched by the worker), so a
+/// handler that stops reading stalls the client's sender at the stream's credit limit.
+/// Dropping it drops the messages queued and every later one, returning their credits: the
+/// client's sends go on until the call's answer.
+pub struct RequestStream<T> {
+    shared: Arc<SourceShared>,
+    done: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> RequestStream<T> {
+    pub(crate) fn new(shared: Arc<SourceShared>) -> RequestStream<T> {
+        RequestStream { shared, done: false, _t: PhantomData }
+    }
+
+    /// True once the call is over without the handler: the client cancelled it, its deadline
+    /// passed, the session closed, or it was answered.
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.cancelled.is_raised()
+    }
+
+    /// Messages received and not yet taken.
+    pub fn queued(&self) -> usize {
+        self.shared.queue.len()
+    }
+}
+
+impl<T: Message + Default> RequestStream<T> {
+    /// Blocks for the next message: `Ok(Some(m))`, or `Ok(None)` once the client ended its
+    /// messages cleanly (`finish`). After the end (either way) every call returns `Ok(None)`.
+    ///
+    /// # Errors
+    /// CANCELLED when the call is over before the client's end (it cancelled, the deadline
+    /// passed, the session closed); INVALID_ARGUMENT for a message that does not decode (the
+    /// stream goes on); FAILED_PRECONDITION on the worker thread with nothing queued (an inline
+    /// handler cannot wait for the worker it blocks: read from a thread of its own).
+    pub fn message(&mut self) -> Result<Option<T>, Status> {
+        if self.done {
+            return Ok(None);
+        }
+        loop {
+            if let Some(r) = self.shared.poll_once::<T>() {
+                self.done = matches!(r, Ok(None)) || self.is_cancelled() && r.is_err();
+                return r;
+            }
+            if self.shared.worker == Some(std::thread::current().id()) {
+                return Err(Status::failed_precondition(
+                    "a handler read its request stream inline on the worker thread: read it from a thread of \
+                     its own (or an async handler)",
+                ));
+            }
+            *self.shared.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+            self.shared.waiting.store(true, Ordering::Release);
+            if self.shared.queue.is_empty()
+                && !self.shared.ended.load(Ordering::Acquire)
+                && !self.is_cancelled()
+            {
+                // Woken by the worker; the timeout covers a session that vanished unseen.
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// Awaits the next message (for async handlers): as [`RequestStream::message`], woken by the
+    /// worker (no polling).
+    ///
+    /// # Errors
+    /// As [`RequestStream::message`] (never FAILED_PRECONDITION).
+    pub async fn message_async(&mut self) -> Result<Option<T>, Status> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<T>, Status>> {
+        if self.done {
+            return Poll::Ready(Ok(None));
+        }
+        let mut r = self.shared.poll_once::<T>();
+        if r.is_none() {
+            self.shared.waker.register(cx.waker());
+            r = self.shared.poll_once::<T>();
+        }
+        match r {
+            Some(r) => {
+                self.done = matches!(r, Ok(None)) || self.is_cancelled() && r.is_err();
+                Poll::Ready(r)
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<T> Drop for RequestStream<T> {
+    fn drop(&mut self) {
+        // The worker checks `dropped` before it queues a message and drops what it queued
+        // once it sees it set, so every message is dropped (and its credit returned) once.
+        self.shared.dropped.store(true, Ordering::Release);
+        self.shared.drop_queued();
+    }
+}
+
+impl<T: Message + Default> Iterator for RequestStream<T> {
+    type Item = Result<T, Status>;
+
+    fn next(&mut self) -> Option<Result<T, Status>> {
+        self.message().transpose()
+    }
+}

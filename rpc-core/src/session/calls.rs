@@ -1,0 +1,222 @@
+//! The client's calls, sans-IO: which call may go on the wire now (slots, credits, FIFO order:
+//! [`CallSlots`]), what its request header carries (slot, generation, the time left of its
+//! deadline, its stream's first credits), when its Cancel goes (at once, or after the last piece
+//! of a request still leaving through the ring, never before), and the cap on calls abandoned
+//! but not yet acknowledged.
+//!
+//! **Abandon cap.** A call abandoned on the wire keeps its slot until the server's answer to it
+//! (its acknowledgement) arrives. When `max_abandoned` such calls wait, the session starts a
+//! watch; if no acknowledgement arrives within the acknowledgement timeout (`peer_timeout`, 5 s
+//! without one), [`Event::Unacknowledged`] tells the driver to reset the session. Nothing waits
+//! for it: the caller that reached the cap returns at once, and calls started meanwhile queue
+//! behind the held slots.
+//!
+//! The driver keeps what the calls carry (request bodies, answers) in arrays indexed by slot;
+//! this module holds only their state and metadata.
+
+use std::time::{Duration, Instant};
+
+use super::lifecycle::Event;
+use super::slots::{Abandoned, CallSlots, ResponseFate};
+use super::Session;
+use crate::wire::{Header, Kind};
+
+/// What the acknowledgement timeout is without a `peer_timeout`.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a call waiting for a credit goes out with.
+#[derive(Clone, Copy, Debug, Default)]
+struct CallMeta {
+    method: u32,
+    deadline: Option<Instant>,
+    /// Stream flags of the request ([`crate::wire::STREAM_OUT`]...; 0: unary).
+    stream: u8,
+}
+
+/// The watch started when the abandon cap was reached.
+#[derive(Clone, Copy, Debug)]
+struct AckWatch {
+    since: Instant,
+    /// Abandoned calls at that moment: one acknowledgement (fewer than these) ends the watch.
+    abandoned: u16,
+}
+
+/// A client session's calls (see the module docs).
+pub(super) struct Calls {
+    pub(super) slots: CallSlots<()>,
+    meta: Vec<CallMeta>,
+    /// Calls abandoned on the wire at which the watch starts (1..=window).
+    max_abandoned: u16,
+    ack_timeout: Duration,
+    watch: Option<AckWatch>,
+}
+
+impl std::fmt::Debug for Calls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Calls")
+            .field("window", &self.slots.window())
+            .field("in_flight", &self.slots.in_flight())
+            .field("abandoned", &self.slots.abandoned())
+            .field("watch", &self.watch)
+            .finish()
+    }
+}
+
+impl Calls {
+    /// `window` slots, `credits` on the wire; the cap defaults to the window.
+    pub(super) fn new(window: u16, credits: u16) -> Calls {
+        let slots = CallSlots::new(window, credits);
+        let window = slots.window();
+        Calls {
+            slots,
+            meta: vec![CallMeta::default(); usize::from(window)],
+            max_abandoned: window,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            watch: None,
+        }
+    }
+
+    /// When the watch ends the session.
+    pub(super) fn next_timeout(&self) -> Option<Instant> {
+        self.watch.map(|w| w.since + self.ack_timeout)
+    }
+
+    /// Applies `now` to the watch: ended by an acknowledgement, or expired (an event).
+    pub(super) fn check(&mut self, now: Instant) -> Option<Event> {
+        let w = self.watch?;
+        if self.slots.abandoned() < w.abandoned {
+            self.watch = None;
+            return None;
+        }
+        let waited = now.saturating_duration_since(w.since);
+        if waited < self.ack_timeout {
+            return None;
+        }
+        self.watch = None;
+        Some(Event::Unacknowledged { abandoned: self.slots.abandoned(), waited })
+    }
+}
+
+impl Session {
+    /// Client: the call slots (window, credits, states).
+    #[inline]
+    pub fn calls(&self) -> &CallSlots<()> {
+        &self.calls.slots
+    }
+
+    /// Client: sets the abandon cap (`max_abandoned`, at most the window) and how long the
+    /// session waits for an acknowledgement once it is reached (`ack_timeout`).
+    pub fn set_abandon_cap(&mut self, max_abandoned: u16, ack_timeout: Duration) {
+        self.calls.max_abandoned = max_abandoned.clamp(1, self.calls.slots.window());
+        self.calls.ack_timeout = ack_timeout;
+    }
+
+    /// Client: takes a free slot for a call to `method` and queues it for a credit. `None` when
+    /// every slot is taken.
+    #[inline]
+    pub fn start_call(&mut self, method: u32, deadline: Option<Instant>, stream: u8) -> Option<(u16, u32)> {
+        let (slot, generation) = self.calls.slots.start()?;
+        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream };
+        Some((slot, generation))
+    }
+
+    /// Client: whether a call started now goes on the wire at once (a credit is free and no call
+    /// waits before it). Only such a call may take a ring reservation
+    /// ([`super::Placement::Ring`]), which must be queued before anything else is placed.
+    #[inline]
+    pub fn call_goes_now(&self) -> bool {
+        let c = &self.calls.slots;
+        c.queued() == 0 && c.in_flight() < c.credits()
+    }
+
+    /// Client: the header of the next queued call that may go on the wire now (a credit is
+    /// free), in the order the calls started: its slot, generation, method, the time left of
+    /// its deadline (`now` is read only for a call with one; at least 1 µs) and, for a stream,
+    /// its first credits. The call counts as in flight from here. `None` when nothing may go.
+    #[inline(always)]
+    pub fn next_request(&mut self, now: impl FnOnce() -> Instant) -> Option<Header> {
+        // Inlined into the driver's loop: usually nothing waits, and that costs two compares.
+        let (slot, generation) = self.calls.slots.next_sendable()?;
+        let m = self.calls.meta[slot as usize];
+        let timeout_us = m.deadline.map_or(0, |d| {
+            d.saturating_duration_since(now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
+        });
+        let mut h = Header { slot, generation, method: m.method, timeout_us, ..Header::new(Kind::Request) };
+        if m.stream != 0 {
+            h.stream = m.stream;
+            h.credits = self.stream_open(slot, generation, m.stream);
+        }
+        Some(h)
+    }
+
+    /// Client: a response for `(slot, generation)` arrived (the session checked its header).
+    /// [`ResponseFate::Stored`]: the driver keeps the answer for the caller;
+    /// [`ResponseFate::Discard`]: the call was abandoned (this was its acknowledgement), release it.
+    ///
+    /// # Errors
+    /// The reason when no call of that slot and generation is on the wire: close the session.
+    #[inline]
+    pub fn on_response(&mut self, slot: u16, generation: u32) -> Result<ResponseFate<()>, &'static str> {
+        if self.streams_open() > 0 {
+            self.stream_close(slot, generation);
+        }
+        self.calls.slots.on_response(slot, generation, ()).map_err(|(reason, ())| reason)
+    }
+
+    /// Client: whether `(slot, generation)` has its answer; if so its slot is free again (the
+    /// driver hands the answer it kept to the caller).
+    #[inline]
+    pub fn take_done(&mut self, slot: u16, generation: u32) -> bool {
+        self.calls.slots.take_done(slot, generation).is_some()
+    }
+
+    /// Client: the caller gave up on `(slot, generation)` (future dropped, deadline passed,
+    /// explicit cancel). On the wire, its Cancel is queued now, or, when `leaving` (its request
+    /// is still being sent in pieces), by [`Session::request_left`] after its last piece: the
+    /// server must never see a Cancel overtake pieces of its call, whose slot may be reused once
+    /// the Cancel is answered. Reaching the abandon cap starts the acknowledgement watch at
+    /// `now` (read only then). See [`Abandoned`] for what the driver releases.
+    pub fn abandon_call(
+        &mut self,
+        slot: u16,
+        generation: u32,
+        leaving: bool,
+        now: impl FnOnce() -> Instant,
+    ) -> Abandoned<()> {
+        let r = self.calls.slots.abandon(slot, generation);
+        if r == Abandoned::OnWire {
+            if !leaving {
+                self.cancel(slot, generation);
+            }
+            let abandoned = self.calls.slots.abandoned();
+            if abandoned >= self.calls.max_abandoned && self.calls.watch.is_none() {
+                self.calls.watch = Some(AckWatch { since: now(), abandoned });
+            }
+        }
+        r
+    }
+
+    /// Client: the last piece of the request `(slot, generation)` left: its Cancel follows now
+    /// if its caller gave up while it was leaving.
+    pub fn request_left(&mut self, slot: u16, generation: u32) {
+        if self.calls.slots.is_abandoned(slot, generation) {
+            self.cancel(slot, generation);
+        }
+    }
+
+    /// Client: the connection is gone: every queued or in-flight call is done (the driver gives
+    /// each the session's failure), abandoned ones are freed. Returns how many calls failed.
+    pub fn fail_calls(&mut self) -> usize {
+        self.calls.watch = None;
+        self.calls.slots.fail_all(|| ())
+    }
+
+    /// Client: the abandoned calls held at which the watch starts.
+    pub fn max_abandoned(&self) -> u16 {
+        self.calls.max_abandoned
+    }
+}
+
+#[cfg(test)]
+#[path = "calls_tests.rs"]
+mod tests;

@@ -1,0 +1,170 @@
+//! The client's call policy on a fake clock: request headers, Cancel order, the abandon cap.
+
+use super::super::{Event, Role, Session, SessionParams, SlotState};
+use super::*;
+
+fn client(window: u16, credits: u16) -> Session {
+    Session::new(
+        Role::Client,
+        SessionParams {
+            id: 5,
+            credits,
+            eager_threshold: 16,
+            max_message: 1 << 20,
+            peer_ring_len: 1024,
+            own_ring_len: 1024,
+            max_held: usize::from(window),
+        },
+    )
+}
+
+/// A fake clock: a base instant plus a chosen offset.
+struct Clock(Instant);
+
+impl Clock {
+    fn at(&self, ms: u64) -> Instant {
+        self.0 + Duration::from_millis(ms)
+    }
+}
+
+/// Calls go out in the order they started, within the credits; a header carries the time left
+/// of its deadline (the clock read only for a call with one); the response frees the credit.
+#[test]
+fn requests_leave_in_order_within_credits_with_the_time_left() {
+    let clock = Clock(Instant::now());
+    let mut s = client(4, 2);
+    assert!(s.call_goes_now());
+    let a = s.start_call(7, Some(clock.at(30)), 0).unwrap();
+    assert!(!s.call_goes_now(), "a call waits before it");
+    let b = s.start_call(8, None, 0).unwrap();
+    let c = s.start_call(9, None, 0).unwrap();
+    let h = s.next_request(|| clock.at(10)).unwrap();
+    assert_eq!((h.slot, h.generation, h.method, h.timeout_us), (a.0, a.1, 7, 20_000));
+    let h = s.next_request(|| panic!("no deadline: the clock is not read")).unwrap();
+    assert_eq!((h.slot, h.method, h.timeout_us), (b.0, 8, 0));
+    assert!(s.next_request(|| clock.at(10)).is_none(), "two credits");
+    assert!(!s.call_goes_now(), "no credit free");
+    assert!(s.calls().credit_stalled());
+    assert_eq!(s.on_response(a.0, a.1), Ok(ResponseFate::Stored));
+    assert_eq!(s.next_request(|| clock.at(11)).map(|h| h.slot), Some(c.0));
+    assert!(s.take_done(a.0, a.1));
+    assert!(!s.take_done(a.0, a.1), "taken once");
+    assert!(s.on_response(a.0, a.1).is_err(), "no call of that slot on the wire");
+}
+
+/// A Cancel goes at once for a call on the wire, only after the last piece for one still
+/// leaving, never for one not sent (its slot is free at once).
+#[test]
+fn a_cancel_never_overtakes_its_request() {
+    let clock = Clock(Instant::now());
+    let mut s = client(4, 4);
+    let a = s.start_call(1, None, 0).unwrap();
+    let b = s.start_call(1, None, 0).unwrap();
+    s.next_request(|| clock.at(0)).unwrap();
+    s.next_request(|| clock.at(0)).unwrap();
+    let c = s.start_call(1, None, 0).unwrap();
+    assert_eq!(s.abandon_call(c.0, c.1, false, || clock.at(0)), Abandoned::Unsent);
+    assert_eq!(s.calls().state(c.0), SlotState::Free);
+    assert!(!s.has_control(), "nothing was sent: no Cancel");
+    assert_eq!(s.abandon_call(a.0, a.1, false, || clock.at(0)), Abandoned::OnWire);
+    assert_eq!(s.next_control(), Some(Header { slot: a.0, generation: a.1, ..Header::new(Kind::Cancel) }));
+    assert_eq!(s.abandon_call(b.0, b.1, true, || clock.at(0)), Abandoned::OnWire);
+    assert!(!s.has_control(), "its request is still leaving in pieces");
+    s.request_left(a.0, a.1 + 1);
+    assert!(!s.has_control(), "another generation: not this call");
+    s.request_left(b.0, b.1);
+    assert_eq!(s.next_control(), Some(Header { slot: b.0, generation: b.1, ..Header::new(Kind::Cancel) }));
+    assert_eq!(s.on_response(a.0, a.1), Ok(ResponseFate::Discard(())), "the acknowledgement");
+    assert_eq!(s.calls().state(a.0), SlotState::Free);
+}
+
+/// Reaching the abandon cap never waits: it starts a watch, which one acknowledgement ends;
+/// without one within the acknowledgement timeout it becomes `Unacknowledged` (once).
+#[test]
+fn the_abandon_cap_resets_the_session_only_without_an_acknowledgement() {
+    let clock = Clock(Instant::now());
+    let mut s = client(4, 4);
+    s.set_abandon_cap(2, Duration::from_millis(100));
+    let calls: Vec<_> = (0..3).map(|_| s.start_call(1, None, 0).unwrap()).collect();
+    for _ in 0..3 {
+        s.next_request(|| clock.at(0)).unwrap();
+    }
+    s.abandon_call(calls[0].0, calls[0].1, false, || panic!("below the cap: no clock"));
+    assert_eq!(s.poll_timeout(false), None, "below the cap: nothing timed");
+    s.abandon_call(calls[1].0, calls[1].1, false, || clock.at(10));
+    assert_eq!(s.poll_timeout(false), Some(clock.at(110)));
+    s.abandon_call(calls[2].0, calls[2].1, false, || panic!("the watch runs already"));
+    s.handle_timeout(clock.at(109), false);
+    assert_eq!(s.poll_event(), None);
+    s.handle_timeout(clock.at(110), false);
+    assert_eq!(
+        s.poll_event(),
+        Some(Event::Unacknowledged { abandoned: 3, waited: Duration::from_millis(100) })
+    );
+    s.handle_timeout(clock.at(500), false);
+    assert_eq!(s.poll_event(), None, "reported once");
+
+    // An acknowledgement within the timeout ends the watch.
+    let mut s = client(4, 4);
+    s.set_abandon_cap(2, Duration::from_millis(100));
+    let calls: Vec<_> = (0..2).map(|_| s.start_call(1, None, 0).unwrap()).collect();
+    for c in &calls {
+        s.next_request(|| clock.at(0)).unwrap();
+        s.abandon_call(c.0, c.1, false, || clock.at(0));
+    }
+    assert_eq!(s.poll_timeout(false), Some(clock.at(100)));
+    assert_eq!(s.on_response(calls[0].0, calls[0].1), Ok(ResponseFate::Discard(())));
+    s.handle_timeout(clock.at(1000), false);
+    assert_eq!(s.poll_event(), None, "acknowledged in time");
+    assert_eq!(s.poll_timeout(false), None);
+}
+
+/// Delivers a ring body of `len` bytes at `offset` for `(slot, generation)` of `kind` and copies
+/// it out as a driver does (freeing its ring space).
+fn ring_body(s: &mut Session, kind: Kind, slot: u16, generation: u32, offset: u32, len: u32) {
+    let h = Header {
+        session: 5,
+        method: 1,
+        slot,
+        generation,
+        body_len: len,
+        total_len: len,
+        in_ring: true,
+        ring_offset: offset,
+        ..Header::new(kind)
+    };
+    let inc = s.handle_header(&h, Instant::now).unwrap();
+    let piece = inc.ring.expect("a ring body");
+    s.piece_buffer(&piece).extend(std::iter::repeat_n(0u8, len as usize));
+    s.piece_done(piece).unwrap().expect("whole");
+}
+
+/// Freed ring space is worth a RingReturn only while the peer can need it: a client's server
+/// answers only calls in flight (with none, the next request carries the head); a server's
+/// client may call at any time. Asked once per freeing; nothing freed, nothing to send.
+#[test]
+fn a_ring_return_goes_only_when_the_peer_may_send() {
+    let mut c = client(4, 4);
+    assert!(!c.ring_freed() && !c.take_ring_return());
+    let a = c.start_call(1, None, 0).unwrap();
+    let b = c.start_call(1, None, 0).unwrap();
+    c.next_request(Instant::now).unwrap();
+    c.next_request(Instant::now).unwrap();
+    ring_body(&mut c, Kind::Response, a.0, a.1, 0, 100);
+    assert_eq!(c.on_response(a.0, a.1), Ok(ResponseFate::Stored));
+    assert!(c.ring_freed());
+    assert!(c.take_ring_return(), "call b is in flight: its answer may need the space");
+    assert!(!c.take_ring_return(), "once per freeing");
+    ring_body(&mut c, Kind::Response, b.0, b.1, 100, 100);
+    assert_eq!(c.on_response(b.0, b.1), Ok(ResponseFate::Stored));
+    assert!(c.ring_freed());
+    assert!(!c.take_ring_return(), "nothing in flight: the next request carries the head");
+    assert!(!c.ring_freed());
+
+    let mut s = Session::new(Role::Server, SessionParams { max_held: 4, ..*c.params() });
+    ring_body(&mut s, Kind::Request, 0, 1, 0, 100);
+    assert!(s.take_ring_return(), "a client may start a call at any time");
+    let mut h = Header::new(Kind::Response);
+    s.stamp(&mut h);
+    assert!(!s.take_ring_return(), "nothing freed since");
+}

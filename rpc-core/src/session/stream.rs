@@ -1,0 +1,149 @@
+//! Streams, sans-IO: per-stream credits in both directions, the clean end of the client's
+//! messages, and the budget that bounds what one end holds (see the wire module docs for the
+//! messages).
+//!
+//! A stream is a call whose slot stays open until its response. Each end is the *consumer* of the
+//! messages its peer sends: it grants them (credits, in messages) and counts what it granted and
+//! what it holds (received, not yet taken by its application). A stream never has more than
+//! `cap` messages granted or held, and all streams of a session together never more than
+//! `budget`: that is what bounds the consumer's memory (at most `budget` messages of at most
+//! `max_message_size` each) and the receive WQEs its messages take, whatever the producer's speed.
+//! Credits return only as the application takes messages, so a consumer that stops reading stalls
+//! its producer at the credit limit. Grants are batched (a quarter of `cap` at a time), and a grant never takes the last budget an open
+//! stream with nothing granted needs for its first message, so one stopped consumer cannot starve
+//! the other streams of the session beyond `cap` each.
+
+use crate::wire::{Header, Kind};
+
+/// One open stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Stream {
+    pub(super) slot: u16,
+    pub(super) generation: u32,
+    /// The peer sends messages on it (we grant them).
+    pub(super) receives: bool,
+    /// We send messages on it.
+    pub(super) sends: bool,
+    /// Messages we may still send (granted by the peer).
+    pub(super) send_credits: u32,
+    /// Messages we granted that have not arrived.
+    pub(super) granted: u32,
+    /// Messages received and not yet taken by the application.
+    pub(super) held: u32,
+    /// The peer's messages ended (its StreamEnd; for the client, the response).
+    pub(super) peer_ended: bool,
+    /// Our messages ended (client: StreamEnd queued).
+    pub(super) ended: bool,
+}
+
+/// What a session knows of its streams.
+#[derive(Debug)]
+pub(super) struct Streams {
+    /// Messages granted or held across streams, at most.
+    pub(super) budget: u32,
+    /// Messages granted or held per stream, at most.
+    pub(super) cap: u32,
+    /// Messages granted or held now.
+    pub(super) used: u32,
+    pub(super) list: Vec<Stream>,
+}
+
+/// Why a stream operation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamError {
+    /// No open stream of that slot and generation (it ended, or never was).
+    NoStream,
+    /// This end does not send messages on the stream (its shape), or ended its messages.
+    NotSending,
+}
+
+impl Streams {
+    pub(super) fn new(budget: u32) -> Streams {
+        let budget = budget.max(1);
+        Streams { budget, cap: (budget / 2).max(1), used: 0, list: Vec::new() }
+    }
+
+    pub(super) fn find(&self, slot: u16, generation: u32) -> Option<usize> {
+        self.list.iter().position(|s| (s.slot, s.generation) == (slot, generation))
+    }
+
+    /// Opens a stream; returns its index.
+    pub(super) fn open(
+        &mut self,
+        slot: u16,
+        generation: u32,
+        receives: bool,
+        sends: bool,
+        credits: u32,
+    ) -> usize {
+        if let Some(i) = self.find(slot, generation) {
+            return i;
+        }
+        self.list.push(Stream {
+            slot,
+            generation,
+            receives,
+            sends,
+            send_credits: credits,
+            granted: 0,
+            held: 0,
+            peer_ended: false,
+            ended: false,
+        });
+        self.list.len() - 1
+    }
+
+    /// Credits to grant stream `i` now (counted as granted), 0 when none are due: the stream
+    /// receives, its peer has not ended, and at least a quarter of `cap` is free for it (grants
+    /// are batched); never the budget that other open streams with nothing granted need.
+    pub(super) fn grant(&mut self, i: usize) -> u32 {
+        let s = self.list[i];
+        if !s.receives || s.peer_ended {
+            return 0;
+        }
+        let usage = s.granted + s.held;
+        let want = self.cap.saturating_sub(usage);
+        if want < (self.cap / 4).max(1) {
+            return 0;
+        }
+        let starving = self
+            .list
+            .iter()
+            .enumerate()
+            .filter(|&(j, o)| j != i && o.receives && !o.peer_ended && o.granted + o.held == 0)
+            .count() as u32;
+        let free = self.budget.saturating_sub(self.used).saturating_sub(starving);
+        let g = want.min(free).min(u32::from(u16::MAX));
+        self.list[i].granted += g;
+        self.used += g;
+        g
+    }
+
+    /// Removes stream `i`, returning its budget; returns the grants that became due for the other
+    /// streams, as control headers.
+    pub(super) fn close(&mut self, i: usize, out: &mut impl FnMut(Header)) {
+        let s = self.list.swap_remove(i);
+        self.used = self.used.saturating_sub(s.granted + s.held);
+        self.regrant(out);
+    }
+
+    /// Grants what is due to every stream (after budget returned).
+    pub(super) fn regrant(&mut self, out: &mut impl FnMut(Header)) {
+        for j in 0..self.list.len() {
+            let g = self.grant(j);
+            if g > 0 {
+                out(credit(&self.list[j], g));
+            }
+        }
+    }
+}
+
+/// The StreamCredit header granting `g` messages of `s`.
+pub(super) fn credit(s: &Stream, g: u32) -> Header {
+    Header {
+        slot: s.slot,
+        generation: s.generation,
+        credits: g.min(u32::from(u16::MAX)) as u16,
+        ..Header::new(Kind::StreamCredit)
+    }
+}

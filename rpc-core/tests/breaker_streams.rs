@@ -1,0 +1,539 @@
+//! Breaking client-streaming and bidirectional streams: a raw peer (built from the public verbs,
+//! buffers and wire modules) sending stream controls for calls that are not streams, in the wrong
+//! direction, beyond its credits, with credits beyond any budget, twice, out of the ring, over
+//! `max_message_size`; and misuse through the public API (send after finish, finish twice,
+//! halves dropped early, a deadline of 0). The offender gets a clear error or a closed session
+//! (counted as malformed), nothing panics or hangs, and other sessions are served on.
+
+mod rpc_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rpc_core::buffers::{split_send_wr_id, SendMirror, SendPool, SendQueue};
+use rpc_core::codegen::*;
+use rpc_core::verbs::rc::RcConfig;
+use rpc_core::verbs::sim::Sim;
+use rpc_core::verbs::{CompletionQueue, WorkCompletion};
+use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN, STREAM_IN, STREAM_OUT};
+use rpc_core::{CallOptions, Client, ServerHandle};
+use rpc_support::*;
+
+/// Client streaming: reads every message, answers their count.
+const COUNT: MethodId = method_id("/test.Break/Count");
+/// Client streaming: takes its request stream and drops it at once; answers once `RELEASE` is
+/// set (or after 20 s).
+const DROP_READER: MethodId = method_id("/test.Break/DropReader");
+/// Server streaming: sends messages of 32 bytes until the stream is cancelled.
+const FLOOD: MethodId = method_id("/test.Break/Flood");
+/// Client streaming: holds its request stream unread until the call is cancelled.
+const HOLD: MethodId = method_id("/test.Break/Hold");
+/// Bidirectional: takes both halves and drops the sink at once (a clean end), then the reader.
+const DROP_SINK: MethodId = method_id("/test.Break/DropSink");
+
+struct Break;
+
+/// DROP_READER may answer.
+static RELEASE: AtomicBool = AtomicBool::new(false);
+
+impl Service for Break {
+    const NAME: &'static str = "test.Break";
+    const METHODS: &'static [MethodDesc] = &[
+        MethodDesc { id: COUNT, name: "/test.Break/Count" },
+        MethodDesc { id: DROP_READER, name: "/test.Break/DropReader" },
+        MethodDesc { id: FLOOD, name: "/test.Break/Flood" },
+        MethodDesc { id: DROP_SINK, name: "/test.Break/DropSink" },
+        MethodDesc { id: HOLD, name: "/test.Break/Hold" },
+    ];
+
+    fn call(&self, method: MethodId, ctx: &RequestContext, _body: Body<'_>, out: &mut ReplyWriter<'_>) {
+        match method {
+            COUNT => {
+                let mut requests = ctx.requests::<EchoMsg>();
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                std::thread::spawn(move || {
+                    let mut n = 0;
+                    let r = loop {
+                        match requests.message() {
+                            Ok(Some(_)) => n += 1,
+                            Ok(None) => break Ok(EchoMsg { seq: n, ..Default::default() }),
+                            Err(e) => break Err(e),
+                        }
+                    };
+                    responder.send(r);
+                });
+                out.reply(reply);
+            }
+            DROP_READER => {
+                drop(ctx.requests::<EchoMsg>());
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                std::thread::spawn(move || {
+                    let give_up = Instant::now() + Duration::from_secs(20);
+                    while !RELEASE.load(Ordering::Acquire) && Instant::now() < give_up {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    responder.send(Ok(EchoMsg { seq: 7, ..Default::default() }));
+                });
+                out.reply(reply);
+            }
+            FLOOD => {
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                std::thread::spawn(move || {
+                    let m = EchoMsg { payload: vec![7; 32], ..Default::default() };
+                    while sink.send(&m).is_ok() {}
+                });
+                out.reply(reply);
+            }
+            HOLD => {
+                let requests = ctx.requests::<EchoMsg>();
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                std::thread::spawn(move || {
+                    let give_up = Instant::now() + Duration::from_secs(30);
+                    while !requests.is_cancelled() && Instant::now() < give_up {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    responder.send(Err(Status::cancelled("held")));
+                });
+                out.reply(reply);
+            }
+            DROP_SINK => {
+                let requests = ctx.requests::<EchoMsg>();
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                drop(sink);
+                drop(requests);
+                out.reply(reply);
+            }
+            _ => out.error(Status::unimplemented("no such method")),
+        }
+    }
+}
+
+fn start() -> (ServerHandle, Client) {
+    let h = server().add_service(Break).add_service(TestService::default()).spawn("127.0.0.1:0").unwrap();
+    let c = Client::connect_with(h.local_addr(), &client_config()).unwrap();
+    (h, c)
+}
+
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < give_up, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A connected raw client: a send pool, a mirror of the server's ring, a send queue.
+struct Raw {
+    sq: SendQueue,
+    mirror: SendMirror<Sim>,
+    pool: SendPool<Sim>,
+    peer: RawPeer,
+    ring: (u64, u32),
+    ring_len: u32,
+    session: u32,
+    /// Headers received (bodies dropped).
+    got: Vec<Header>,
+    /// Receive buffers are reposted (false: a peer that stops reading).
+    reading: bool,
+    /// A completion failed: the server closed the session (sends do nothing from here).
+    dead: bool,
+    _tcp: std::net::TcpStream,
+}
+
+impl Raw {
+    fn connect(addr: std::net::SocketAddr) -> Raw {
+        let peer = RawPeer::new(512, 32, HEADER_LEN + 4096, 1 << 16, 1);
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(8, 1024, 1 << 20, 0))).unwrap();
+        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+        peer.connect(&RcConfig::default(), &reply);
+        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 256).unwrap();
+        let mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
+        Raw {
+            sq: SendQueue::new(64, 16),
+            mirror,
+            pool,
+            ring: (reply.ring_addr, reply.ring_rkey),
+            ring_len: reply.ring_len,
+            session: reply.session,
+            peer,
+            got: Vec::new(),
+            reading: true,
+            dead: false,
+            _tcp: tcp,
+        }
+    }
+
+    /// SENDs `h` (its `session` set) with `body` after it (eager); nothing once the
+    /// connection failed.
+    fn send(&mut self, mut h: Header, body: &[u8]) {
+        h.session = self.session;
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let mut b = loop {
+            if self.dead {
+                return;
+            }
+            if let Some(b) = self.pool.acquire() {
+                break b;
+            }
+            assert!(Instant::now() < give_up, "no send buffer came back");
+            self.poll();
+        };
+        let buf = self.pool.buf_mut(&mut b);
+        h.encode_into(buf).unwrap();
+        buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+        self.sq.send(&mut self.pool, b, (HEADER_LEN + body.len()) as u32, false);
+        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
+    }
+
+    /// WRITEs `len` bytes at `offset` of the server's ring (no SEND).
+    fn write(&mut self, offset: u32, len: u32) {
+        self.mirror.range_mut(offset, len).fill(0x5a);
+        self.sq.write(&self.mirror, offset, len, self.ring.0, self.ring.1);
+        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
+    }
+
+    /// Polls once: send completions retire, received headers go to `got`. Returns false once
+    /// the connection failed (a completion in error: the server closed the session).
+    fn poll(&mut self) -> bool {
+        let mut wcs = [WorkCompletion::default(); 16];
+        let n = self.peer.cq.poll(&mut wcs).unwrap();
+        let mut ok = true;
+        for wc in &wcs[..n] {
+            if !wc.status.is_success() {
+                ok = false;
+                self.dead = true;
+                continue;
+            }
+            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+                self.pool.retire(usize::from(bufs));
+                self.sq.on_completion(wrs);
+            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
+                let h = Header::decode(self.peer.recv.bytes(&buf)).unwrap();
+                self.got.push(h);
+                if self.reading {
+                    self.peer.recv.repost(buf);
+                } else {
+                    std::mem::forget(buf);
+                }
+            }
+        }
+        if self.reading {
+            self.peer.recv.flush().unwrap();
+        }
+        ok
+    }
+
+    /// Polls until a header of `kind` for `slot` arrives; returns it.
+    fn wait_for(&mut self, kind: Kind, slot: u16) -> Header {
+        let give_up = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(i) = self.got.iter().position(|h| h.kind == kind && h.slot == slot) {
+                return self.got.remove(i);
+            }
+            assert!(Instant::now() < give_up, "no {kind:?} for slot {slot}: got {:?}", self.got);
+            self.poll();
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn request(slot: u16, method: MethodId, stream: u8, credits: u16) -> Header {
+    Header { slot, generation: 1, method, stream, credits, ..Header::new(Kind::Request) }
+}
+
+fn control(kind: Kind, slot: u16, credits: u16) -> Header {
+    Header { slot, generation: 1, credits, ..Header::new(kind) }
+}
+
+fn stream_msg(slot: u16, body: &[u8]) -> Header {
+    let len = body.len() as u32;
+    Header {
+        slot,
+        generation: 1,
+        method: COUNT,
+        body_len: len,
+        total_len: len,
+        ..Header::new(Kind::StreamMsg)
+    }
+}
+
+/// An encoded EchoMsg with `seq`.
+fn echo_body(seq: u64) -> Vec<u8> {
+    use prost::Message;
+    EchoMsg { seq, ..Default::default() }.encode_to_vec()
+}
+
+/// The server closes the raw session as malformed; another client is served.
+fn closed_as_malformed(h: &ServerHandle, before: u64, what: &str) {
+    until(what, || h.counters().malformed > before);
+    assert_eq!(h.counters().malformed, before + 1, "{what}: closed once");
+    let c = Client::connect_with(h.local_addr(), &client_config()).unwrap();
+    check_reply(&c.unary(rpc_support::ECHO, &request_msg(3), &CallOptions::default()).unwrap(), 3, 10);
+}
+
+fn request_msg(seq: u64) -> EchoMsg {
+    rpc_support::request(seq, 10, 10)
+}
+
+/// A unary round trip on the raw session: it is still served.
+fn raw_unary_works(raw: &mut Raw, slot: u16) {
+    use prost::Message;
+    let body = request_msg(9).encode_to_vec();
+    let len = body.len() as u32;
+    raw.send(Header { body_len: len, total_len: len, ..request(slot, rpc_support::ECHO, 0, 0) }, &body);
+    let r = raw.wait_for(Kind::Response, slot);
+    assert_eq!(r.status, Code::Ok);
+}
+
+#[test]
+fn stream_controls_for_calls_that_are_not_streams_change_nothing() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    // Nothing open on slot 5: a StreamCredit, a StreamEnd, a StreamMsg (dropped: it may be a
+    // message sent before the stream's answer reached the client).
+    raw.send(control(Kind::StreamCredit, 5, 9), &[]);
+    raw.send(control(Kind::StreamEnd, 5, 0), &[]);
+    raw.send(stream_msg(5, &echo_body(1)), &echo_body(1));
+    // A server stream (no client messages): its client ends "its messages" and sends one.
+    raw.send(request(0, FLOOD, STREAM_OUT, 4), &[]);
+    raw.wait_for(Kind::StreamMsg, 0);
+    raw.send(control(Kind::StreamEnd, 0, 0), &[]);
+    raw.send(control(Kind::Cancel, 0, 0), &[]);
+    raw.wait_for(Kind::Response, 0);
+    // Controls after the stream's answer (the slot's generation 1 is over).
+    raw.send(control(Kind::StreamCredit, 0, 3), &[]);
+    raw.send(control(Kind::StreamEnd, 0, 0), &[]);
+    raw.send(control(Kind::Cancel, 0, 0), &[]);
+    raw_unary_works(&mut raw, 1);
+    assert_eq!(h.counters().malformed, 0);
+    drop(raw);
+    h.shutdown();
+}
+
+#[test]
+fn stream_end_twice_and_a_cancel_after_the_end_answer_the_call_once() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.send(request(2, COUNT, STREAM_IN, 0), &[]);
+    raw.wait_for(Kind::StreamCredit, 2);
+    for seq in 0..3 {
+        raw.send(stream_msg(2, &echo_body(seq)), &echo_body(seq));
+    }
+    raw.send(control(Kind::StreamEnd, 2, 0), &[]);
+    raw.send(control(Kind::StreamEnd, 2, 0), &[]);
+    raw.send(control(Kind::Cancel, 2, 0), &[]);
+    let r = raw.wait_for(Kind::Response, 2);
+    assert!(matches!(r.status, Code::Ok | Code::Cancelled), "{r:?}");
+    // Exactly one answer: nothing more comes for the slot.
+    raw_unary_works(&mut raw, 3);
+    assert!(
+        !raw.got.iter().any(|g| g.kind == Kind::Response && g.slot == 2),
+        "a second answer: {:?}",
+        raw.got
+    );
+    assert_eq!(h.counters().malformed, 0);
+    drop(raw);
+    h.shutdown();
+}
+
+#[test]
+fn stream_messages_beyond_the_granted_credits_close_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    // HOLD never reads, so no grant follows the first: one message more than it.
+    raw.send(request(0, HOLD, STREAM_IN, 0), &[]);
+    let granted = raw.wait_for(Kind::StreamCredit, 0).credits;
+    assert!(granted > 0 && u32::from(granted) <= rpc_core::session::MAX_STREAM_BUDGET);
+    for seq in 0..u64::from(granted) {
+        raw.send(stream_msg(0, &echo_body(seq)), &echo_body(seq));
+    }
+    // Up to its credits, the stream is fine.
+    raw_unary_works(&mut raw, 1);
+    assert_eq!(h.counters().malformed, 0);
+    raw.send(stream_msg(0, &echo_body(99)), &echo_body(99));
+    closed_as_malformed(&h, 0, "messages beyond the stream's credits");
+    drop(raw);
+    h.shutdown();
+}
+
+#[test]
+fn a_stream_message_on_a_stream_whose_client_sends_none_closes_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.send(request(0, FLOOD, STREAM_OUT, 2), &[]);
+    raw.wait_for(Kind::StreamMsg, 0);
+    raw.send(stream_msg(0, &echo_body(1)), &echo_body(1));
+    closed_as_malformed(&h, 0, "a message in the wrong direction");
+    drop(raw);
+    h.shutdown();
+}
+
+#[test]
+fn a_stream_message_after_the_clients_end_closes_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    // HOLD answers only once cancelled: the end and the message after it come before.
+    raw.send(request(0, HOLD, STREAM_IN, 0), &[]);
+    raw.wait_for(Kind::StreamCredit, 0);
+    raw.send(control(Kind::StreamEnd, 0, 0), &[]);
+    raw.send(stream_msg(0, &echo_body(1)), &echo_body(1));
+    closed_as_malformed(&h, 0, "a message after StreamEnd");
+    drop(raw);
+    h.shutdown();
+}
+
+/// A peer granting credits beyond any stream's budget (a receiver never has more than half its
+/// budget, at most MAX_STREAM_BUDGET, granted) would make the server move every message its
+/// handler produces into the session's backlog while the peer reads nothing: unbounded memory.
+#[test]
+fn stream_credits_beyond_the_budget_in_the_request_close_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.reading = false;
+    raw.send(request(0, FLOOD, STREAM_OUT, u16::MAX), &[]);
+    closed_as_malformed(&h, 0, "65535 credits in the request");
+    drop(raw);
+    h.shutdown();
+}
+
+#[test]
+fn repeated_stream_credit_grants_beyond_the_budget_close_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.reading = false;
+    raw.send(request(0, FLOOD, STREAM_OUT, 1), &[]);
+    for _ in 0..64 {
+        raw.send(control(Kind::StreamCredit, 0, u16::MAX), &[]);
+        if !raw.poll() {
+            break;
+        }
+    }
+    closed_as_malformed(&h, 0, "repeated huge StreamCredits");
+    drop(raw);
+    h.shutdown();
+}
+
+#[test]
+fn a_stream_message_out_of_the_ring_closes_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
+    raw.wait_for(Kind::StreamCredit, 0);
+    let len = 4096u32;
+    let ring_len = raw.ring_len;
+    raw.write(0, len);
+    let h0 = Header { in_ring: true, ring_offset: ring_len - 16, ..stream_msg(0, &vec![0; len as usize]) };
+    raw.send(h0, &[]);
+    closed_as_malformed(&h, 0, "a ring range past the ring's end");
+    drop(raw);
+    h.shutdown();
+}
+
+#[test]
+fn a_stream_message_over_max_message_size_closes_the_offender() {
+    let (h, _c) = start();
+    let mut raw = Raw::connect(h.local_addr());
+    raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
+    raw.wait_for(Kind::StreamCredit, 0);
+    // 64 MiB announced, in pieces, the first of 4 KiB.
+    raw.write(0, 4096);
+    let h0 = Header { in_ring: true, body_len: 4096, total_len: 64 << 20, ..stream_msg(0, &[]) };
+    raw.send(h0, &[]);
+    closed_as_malformed(&h, 0, "a stream message over max_message_size");
+    drop(raw);
+    h.shutdown();
+}
+
+// ---- misuse through the public API ----
+
+#[test]
+fn bidi_send_after_finish_and_finish_twice_are_clear_errors() {
+    let (_h, c) = start();
+    // HOLD answers only once cancelled: the stream stays open after the finish.
+    let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(HOLD, &CallOptions::default()).unwrap();
+    s.send(&request_msg(0)).unwrap();
+    s.finish();
+    s.finish();
+    let e = s.send(&request_msg(1)).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("ended (finish)"), "{e}");
+    assert_eq!(s.try_send(&request_msg(2)).unwrap_err().code(), Code::FailedPrecondition);
+    drop(s);
+    // A handler that drops its sink at once: a clean end, then the end again.
+    let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(DROP_SINK, &CallOptions::default()).unwrap();
+    assert_eq!(s.message().unwrap(), None);
+    assert_eq!(s.message().unwrap(), None, "after the end, the end again");
+    let e = s.send(&request_msg(3)).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    s.finish();
+    drop(s);
+    check_reply(&c.unary(rpc_support::ECHO, &request_msg(4), &CallOptions::default()).unwrap(), 4, 10);
+}
+
+#[test]
+fn a_handler_that_drops_its_request_stream_lets_the_client_send_on_and_finish() {
+    let (_h, c) = start();
+    let mut s = c.client_stream::<EchoMsg, EchoMsg>(DROP_READER, &CallOptions::default()).unwrap();
+    // Far more than any stream's credits: each message dropped for want of a reader returns
+    // its credit, so no send stalls (the handler answers only after them).
+    for seq in 0..400 {
+        s.send(&request_msg(seq)).unwrap();
+    }
+    RELEASE.store(true, Ordering::Release);
+    assert_eq!(s.finish().unwrap().seq, 7);
+    check_reply(&c.unary(rpc_support::ECHO, &request_msg(5), &CallOptions::default()).unwrap(), 5, 10);
+}
+
+#[test]
+fn dropping_a_bidi_stream_in_odd_orders_cancels_and_frees_it() {
+    let (h, c) = start();
+    for round in 0..3 {
+        let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(FLOOD, &CallOptions::default()).unwrap();
+        match round {
+            0 => {}
+            1 => {
+                s.finish();
+            }
+            _ => {
+                let _ = s.message().unwrap();
+                s.finish();
+            }
+        }
+        drop(s);
+    }
+    check_reply(&c.unary(rpc_support::ECHO, &request_msg(6), &CallOptions::default()).unwrap(), 6, 10);
+    until("the server's streams to close", || h.counters().malformed == 0 && c.closed_reason().is_none());
+}
+
+/// A send either sees the deadline itself (DEADLINE_EXCEEDED) or finds the server's answer
+/// already there (FAILED_PRECONDITION, documented: the call's result is its answer); either way
+/// the call's result is DEADLINE_EXCEEDED, at once.
+#[test]
+fn a_stream_deadline_of_zero_ends_at_once_deadline_exceeded() {
+    let (_h, c) = start();
+    let opts = CallOptions::deadline(Duration::ZERO);
+    let started = Instant::now();
+    let sent = |r: Result<(), Status>| {
+        if let Err(e) = r {
+            assert!(matches!(e.code(), Code::DeadlineExceeded | Code::FailedPrecondition), "{e}");
+        }
+    };
+    for _ in 0..20 {
+        let mut s = c.client_stream::<EchoMsg, EchoMsg>(COUNT, &opts).unwrap();
+        sent(s.send(&request_msg(1)));
+        let e = s.finish().unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+        let mut s = c.bidi_stream::<EchoMsg, EchoMsg>(COUNT, &opts).unwrap();
+        sent(s.send(&request_msg(1)));
+        s.finish();
+        let e = s.message().unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+        drop(s);
+        // Drives the session: the abandoned streams' acknowledgements come in (streams do not
+        // wait for held slots; 32 back-to-back would find the window full).
+        check_reply(&c.unary(rpc_support::ECHO, &request_msg(8), &CallOptions::default()).unwrap(), 8, 10);
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    check_reply(&c.unary(rpc_support::ECHO, &request_msg(7), &CallOptions::default()).unwrap(), 7, 10);
+}

@@ -1,0 +1,254 @@
+//! Server streams end to end on sim: messages of any size byte for byte, backpressure (a client
+//! that stops taking messages stalls the server's producer at the credit limit), cancellation
+//! from either end, the deadline of the whole stream, a clean end distinct from an error, and a
+//! server that goes away mid-stream.
+
+mod rpc_support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rpc_core::codegen::*;
+use rpc_core::{CallOptions, Client, ServerHandle};
+use rpc_support::*;
+
+const LIST: MethodId = method_id("/test.Stream/List");
+
+/// What the client asks for.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListReq {
+    /// Messages to send (u64::MAX: until cancelled).
+    #[prost(uint64, tag = "1")]
+    count: u64,
+    /// Payload bytes per message.
+    #[prost(uint32, tag = "2")]
+    size: u32,
+    /// End with ABORTED instead of OK.
+    #[prost(bool, tag = "3")]
+    fail: bool,
+}
+
+/// What the producer saw.
+#[derive(Default)]
+struct Probe {
+    /// Messages `send` accepted.
+    sent: AtomicU64,
+    /// `send` failed: the stream was cancelled.
+    cancelled: AtomicBool,
+    /// The producer thread ended.
+    done: AtomicBool,
+}
+
+struct StreamService {
+    probe: Arc<Probe>,
+}
+
+impl Service for StreamService {
+    const NAME: &'static str = "test.Stream";
+    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: LIST, name: "/test.Stream/List" }];
+
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
+        if method != LIST {
+            return out.error(Status::unimplemented("no such method"));
+        }
+        let req: ListReq = match decode(body) {
+            Ok(r) => r,
+            Err(s) => return out.error(s),
+        };
+        let (sink, reply) = ctx.stream::<EchoMsg>();
+        let probe = self.probe.clone();
+        std::thread::spawn(move || {
+            let mut seq = 0;
+            while seq < req.count {
+                let p = payload(seq, req.size as usize);
+                if sink.send(&EchoMsg { seq, checksum: 0, payload: p, reply_len: 0 }).is_err() {
+                    probe.cancelled.store(true, Ordering::Release);
+                    break;
+                }
+                probe.sent.fetch_add(1, Ordering::AcqRel);
+                seq += 1;
+            }
+            if req.fail {
+                sink.finish(Err(Status::new(Code::Aborted, "the producer gave up")));
+            }
+            probe.done.store(true, Ordering::Release);
+        });
+        out.reply(reply);
+    }
+}
+
+fn start() -> (ServerHandle, Arc<Probe>, Client) {
+    let probe = Arc::new(Probe::default());
+    let h = server().add_service(StreamService { probe: probe.clone() }).spawn("127.0.0.1:0").unwrap();
+    let c = Client::connect_with(h.local_addr(), &client_config()).unwrap();
+    (h, probe, c)
+}
+
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < give_up, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn read_all(c: &Client, count: u64, size: u32) {
+    let mut s = c
+        .server_stream::<_, EchoMsg>(LIST, &ListReq { count, size, fail: false }, &CallOptions::default())
+        .unwrap();
+    for seq in 0..count {
+        let m = s.message().unwrap().unwrap_or_else(|| panic!("stream ended at {seq} of {count}"));
+        assert_eq!(m.seq, seq);
+        assert!(m.payload == payload(seq, size as usize), "message {seq} differs");
+    }
+    assert_eq!(s.message().unwrap(), None, "a clean end after the last message");
+    assert_eq!(s.message().unwrap(), None);
+}
+
+#[test]
+fn many_64_kib_messages_arrive_byte_for_byte() {
+    let (_h, _probe, c) = start();
+    read_all(&c, 256, 64 << 10);
+    read_all(&c, 2000, 32);
+}
+
+#[test]
+fn messages_larger_than_the_ring_arrive_byte_for_byte() {
+    let (_h, _probe, c) = start();
+    // 3 MiB each, three times the server's ring to us: each goes in pieces.
+    read_all(&c, 3, 3 << 20);
+}
+
+#[test]
+fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_credit_limit() {
+    let (_h, probe, c) = start();
+    let mut s = c
+        .server_stream::<_, EchoMsg>(
+            LIST,
+            &ListReq { count: 10_000, size: 32, fail: false },
+            &CallOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(s.message().unwrap().unwrap().seq, 0);
+    // The client keeps polling its CQ (messages arrive and are held) but takes none.
+    let mut last = u64::MAX;
+    let mut stable_since = Instant::now();
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        c.progress();
+        let now = probe.sent.load(Ordering::Acquire);
+        if now != last {
+            last = now;
+            stable_since = Instant::now();
+        } else if stable_since.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+        assert!(Instant::now() < give_up, "the producer never stalled");
+        std::thread::yield_now();
+    }
+    // Sent = taken (1) + held or granted at the client (the stream's credits, 16) + waiting in the
+    // sink (SINK_DEPTH); the producer blocks in `send` for the next.
+    let bound = 1 + 16 + SINK_DEPTH as u64;
+    assert!(last <= bound, "the producer sent {last} messages, above the credit limit {bound}");
+    assert!(last >= 16, "the producer sent only {last}: credits were not granted");
+    assert!(!probe.done.load(Ordering::Acquire));
+    // Taking messages lets it go on, to the end.
+    for seq in 1..10_000 {
+        assert_eq!(s.message().unwrap().unwrap().seq, seq);
+    }
+    assert_eq!(s.message().unwrap(), None);
+}
+
+#[test]
+fn the_client_cancels_by_dropping_its_stream_and_the_producer_sees_it() {
+    let (_h, probe, c) = start();
+    let mut s = c
+        .server_stream::<_, EchoMsg>(
+            LIST,
+            &ListReq { count: u64::MAX, size: 100, fail: false },
+            &CallOptions::default(),
+        )
+        .unwrap();
+    for seq in 0..5 {
+        assert_eq!(s.message().unwrap().unwrap().seq, seq);
+    }
+    drop(s);
+    until("the producer's send to fail", || {
+        c.progress();
+        probe.cancelled.load(Ordering::Acquire)
+    });
+    // The slot and the credits came back: the same client streams again.
+    read_all(&c, 100, 10);
+}
+
+#[test]
+fn the_server_ends_a_stream_with_an_error_distinct_from_a_clean_end() {
+    let (_h, _probe, c) = start();
+    let mut s = c
+        .server_stream::<_, EchoMsg>(
+            LIST,
+            &ListReq { count: 5, size: 8, fail: true },
+            &CallOptions::default(),
+        )
+        .unwrap();
+    for seq in 0..5 {
+        assert_eq!(s.message().unwrap().unwrap().seq, seq, "messages before the error arrive");
+    }
+    let e = s.message().unwrap_err();
+    assert_eq!(e.code(), Code::Aborted);
+    assert_eq!(e.message(), "the producer gave up");
+    assert_eq!(s.message().unwrap(), None);
+    read_all(&c, 5, 8);
+}
+
+#[test]
+fn the_deadline_ends_the_whole_stream_at_both_ends() {
+    let (_h, probe, c) = start();
+    let opts = CallOptions::deadline(Duration::from_millis(300));
+    let mut s = c
+        .server_stream::<_, EchoMsg>(LIST, &ListReq { count: u64::MAX, size: 16, fail: false }, &opts)
+        .unwrap();
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    let e = loop {
+        match s.message() {
+            Ok(Some(m)) => {
+                assert_eq!(m.seq, n);
+                n += 1;
+            }
+            Ok(None) => panic!("an endless stream ended cleanly"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    assert!(t0.elapsed() >= Duration::from_millis(250), "ended after {:?}", t0.elapsed());
+    assert!(n > 0);
+    until("the producer to see the stream end", || {
+        c.progress();
+        probe.cancelled.load(Ordering::Acquire)
+    });
+}
+
+#[test]
+fn a_server_that_goes_away_mid_stream_ends_it_unavailable() {
+    let (h, _probe, c) = start();
+    let mut s = c
+        .server_stream::<_, EchoMsg>(
+            LIST,
+            &ListReq { count: u64::MAX, size: 16, fail: false },
+            &CallOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(s.message().unwrap().unwrap().seq, 0);
+    let stopper = std::thread::spawn(move || h.shutdown());
+    let e = loop {
+        match s.message() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("a stream cut off ended cleanly"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    stopper.join().unwrap();
+}
