@@ -39,7 +39,7 @@ use crate::wire::{read_frame, write_frame, Frame, FrameError, Header, Kind, HEAD
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
-/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8` and the stream budget,
+/// Receive buffers reposted per doorbell (the SRQ holds `4 × window + 8` and the stream budget,
 /// so a few may wait).
 const REPOST_BATCH: usize = 8;
 /// Empty polls between checks of the TCP liveness channel.
@@ -168,9 +168,13 @@ impl<P: Provider> ClientCore<P> {
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
-        // 3 × window for calls, credit messages and pieces, and the stream messages held or
-        // granted (the session's stream budget: its credits, at most MAX_STREAM_BUDGET).
-        let recv_depth = 3 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET);
+        // 3 × window for calls, credit messages and pieces, a window of CancelAcks (one per
+        // Cancel, which holds its credit until then), and the stream messages held or granted
+        // (the session's stream budget: its credits, at most MAX_STREAM_BUDGET), as far as the
+        // device's SRQ goes (at the largest windows a burst may wait for a repost: RNR, a delay).
+        let recv_depth =
+            (4 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET))
+                .min(dev.ctx.attr().max_srq_wr);
         let pd = dev.ctx.alloc_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
@@ -725,9 +729,12 @@ impl<P: Provider> ClientCore<P> {
                 self.release(body);
                 self.break_conn(unavailable("the server closed the session"));
             }
-            // A Ping made a Pong due (sent with the next flush); the rest only carried the
-            // freed head (the session refused a Request or a Cancel).
-            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
+            // A Ping made a Pong due (sent with the next flush); a CancelAck may have freed an
+            // abandoned call's slot and credit (the session's); the rest only carried the freed
+            // head (the session refused a Request or a Cancel).
+            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::CancelAck | Kind::Request | Kind::Cancel => {
+                self.release(body)
+            }
             // The session checked it belongs to an open stream of this slot, within its credits.
             Kind::StreamMsg => {
                 self.counters.bytes_in += u64::from(h.body_len);
