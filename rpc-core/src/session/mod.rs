@@ -24,6 +24,7 @@ mod recycle;
 mod ring;
 mod slots;
 mod stream;
+pub mod tick;
 
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
