@@ -1136,6 +1136,50 @@ impl Service for Hold {
     }
 }
 
+/// Releases a [`Hold`] when dropped, also when an assertion fails (else the held worker would
+/// block shutdown).
+struct Release(std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.0 .1.notify_all();
+    }
+}
+
+/// A server of one session of `credits`, a 64 KiB ring and an SRQ sized for it, with the echo
+/// service and [`Hold`]: the flag turns true when a call holds the worker; dropping the guard
+/// lets it go.
+fn held_server(credits: u16) -> (ServerHandle, std::sync::Arc<std::sync::atomic::AtomicBool>, Release) {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Condvar, Mutex};
+    let entered = Arc::new(AtomicBool::new(false));
+    let release = Arc::new((Mutex::new(false), Condvar::new()));
+    let hold = Hold { entered: entered.clone(), release: release.clone() };
+    let server = server()
+        .max_sessions(1)
+        .credits_per_session(credits)
+        .ring_bytes(1 << 16)
+        .add_service(TestService::default())
+        .add_service(hold)
+        .spawn("127.0.0.1:0")
+        .expect("server starts");
+    (server, entered, Release(release))
+}
+
+/// Waits until every SEND of `c` completed (landed in a receive WQE) while the worker is still
+/// held, then lets it go; returns how many of them waited for a receive WQE (RNR).
+fn stalls_while_held(c: &mut RawClient, guard: Release) -> u64 {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while c.sq.outstanding() > 0 && Instant::now() < give_up {
+        c.poll();
+        std::thread::yield_now();
+    }
+    let stalls = c.peer.qp.rnr_stalls();
+    drop(guard);
+    stalls
+}
+
 /// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 21) while its
 /// worker takes nothing (held in a handler): every request its credits allow, 15 more pieces of a
 /// ring body, a Cancel per call, a RingReturn per call, two Pings, two Pongs and a Close all find
@@ -1144,29 +1188,9 @@ impl Service for Hold {
 /// and its SENDs waited.
 #[test]
 fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Condvar, Mutex};
+    use std::sync::atomic::Ordering;
     const CREDITS: u16 = 32;
-    let entered = Arc::new(AtomicBool::new(false));
-    let release = Arc::new((Mutex::new(false), Condvar::new()));
-    let hold = Hold { entered: entered.clone(), release: release.clone() };
-    let server = server()
-        .max_sessions(1)
-        .credits_per_session(CREDITS)
-        .ring_bytes(1 << 16)
-        .add_service(TestService::default())
-        .add_service(hold)
-        .spawn("127.0.0.1:0")
-        .expect("server starts");
-    // Released also when an assertion fails (else the held worker would block shutdown).
-    struct Release(Arc<(Mutex<bool>, Condvar)>);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            self.0 .1.notify_all();
-        }
-    }
-    let guard = Release(release.clone());
+    let (server, entered, guard) = held_server(CREDITS);
     let reserved = rpc_core::ServerConfig::srq_per_session(CREDITS);
     let mut c = RawClient::connect_with(server.local_addr(), CREDITS, 4096, 1 << 20);
     assert_eq!(c.credits, CREDITS);
@@ -1201,14 +1225,7 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
         c.send_eager(Header { session: s, ..Header::new(kind) }, &[]);
         sent += 1;
     }
-    // Every SEND completes (lands in a receive WQE) while the worker is still held.
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while c.sq.outstanding() > 0 && Instant::now() < give_up {
-        c.poll();
-        std::thread::yield_now();
-    }
-    let stalls = c.peer.qp.rnr_stalls();
-    drop(guard);
+    let stalls = stalls_while_held(&mut c, guard);
     assert_eq!(stalls, 0, "{sent} messages of a session reserving {reserved} WQEs waited for a receive WQE");
     assert!(sent <= reserved, "{sent} messages sent, {reserved} reserved");
     wait_closed(&server, 1, 0);
@@ -1231,29 +1248,10 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
 #[test]
 fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
     use rpc_core::session::{Role, Session, SessionParams};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Condvar, Mutex};
+    use std::sync::atomic::Ordering;
     const CREDITS: u16 = 32;
     const CROSSED: u16 = CREDITS / 2;
-    let entered = Arc::new(AtomicBool::new(false));
-    let release = Arc::new((Mutex::new(false), Condvar::new()));
-    let hold = Hold { entered: entered.clone(), release: release.clone() };
-    let server = server()
-        .max_sessions(1)
-        .credits_per_session(CREDITS)
-        .ring_bytes(1 << 16)
-        .add_service(TestService::default())
-        .add_service(hold)
-        .spawn("127.0.0.1:0")
-        .expect("server starts");
-    struct Release(Arc<(Mutex<bool>, Condvar)>);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            self.0 .1.notify_all();
-        }
-    }
-    let guard = Release(release.clone());
+    let (server, entered, guard) = held_server(CREDITS);
     let reserved = rpc_core::ServerConfig::srq_per_session(CREDITS);
     let mut c = RawClient::connect_with(server.local_addr(), CREDITS, 4096, 1 << 20);
     assert_eq!(c.credits, CREDITS);
@@ -1362,14 +1360,7 @@ fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
     for kind in [Kind::Ping, Kind::Ping, Kind::Pong, Kind::Pong, Kind::Close] {
         send(&mut c, &mut sess, Header::new(kind), &mut sent);
     }
-    // Every SEND completes (lands in a receive WQE) while the worker is still held.
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while c.sq.outstanding() > 0 && Instant::now() < give_up {
-        c.poll();
-        std::thread::yield_now();
-    }
-    let stalls = c.peer.qp.rnr_stalls();
-    drop(guard);
+    let stalls = stalls_while_held(&mut c, guard);
     assert_eq!(stalls, 0, "{sent} messages of a session reserving {reserved} WQEs waited for a receive WQE");
     assert!(sent <= reserved, "{sent} messages sent, {reserved} reserved");
     assert_eq!(sent, 3 * u32::from(CREDITS) + 20 - u32::from(CROSSED), "every kind at what the rule allows");

@@ -20,6 +20,7 @@
 mod calls;
 pub mod lifecycle;
 mod outbox;
+pub mod queue;
 mod recycle;
 mod ring;
 mod slots;
