@@ -15,7 +15,7 @@ pub const HOLD: MethodId = method_id("/test.Hold/Hold");
 /// What [`Hold`] and its [`HoldGate`] share.
 #[derive(Default)]
 struct State {
-    entered: AtomicBool,
+    entered: Arc<AtomicBool>,
     released: Mutex<bool>,
     wake: Condvar,
 }
@@ -39,6 +39,11 @@ impl HoldGate {
     /// Whether a call has reached the handler (its worker is held from then on).
     pub fn entered(&self) -> bool {
         self.0.entered.load(Ordering::Acquire)
+    }
+
+    /// The flag behind [`entered`](Self::entered), for code that watches it apart from the gate.
+    pub fn entered_flag(&self) -> Arc<AtomicBool> {
+        self.0.entered.clone()
     }
 }
 

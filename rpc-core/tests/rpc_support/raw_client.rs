@@ -43,8 +43,12 @@ pub struct RawClient {
     /// The credits the other side granted (requests in flight).
     pub credits: u16,
     /// Messages received and not yet taken, with their eager bodies, in arrival order; ring
-    /// returns and idle probes (`RingReturn`, `Ping`, `Pong`) are left out.
+    /// returns, idle probes and Cancel acknowledgements (`RingReturn`, `Ping`, `Pong`,
+    /// `CancelAck`) are left out.
     pub inbox: VecDeque<(Header, Vec<u8>)>,
+    /// CancelAcks received: `(slot, generation)`, in arrival order (the server acknowledges
+    /// every Cancel).
+    pub acks: Vec<(u16, u32)>,
     /// Whether receive buffers are reposted (default true). False plays a peer that stops
     /// reading: each buffer is kept away once its message arrived, so the receive WQEs run out.
     pub reading: bool,
@@ -98,6 +102,7 @@ impl RawClient {
             eager: remote.eager_threshold,
             credits: remote.credits,
             inbox: VecDeque::new(),
+            acks: Vec::new(),
             reading: true,
             dead: false,
             peer,
@@ -108,7 +113,8 @@ impl RawClient {
     /// A free send buffer, polling while none is (send completions bring them back).
     ///
     /// # Panics
-    /// When none comes back within 10 s.
+    /// When none comes back within 10 s, or none is free while a SEND of this side waited for a
+    /// receive WQE of the other (RNR: it holds every buffer behind it).
     pub fn buf(&mut self) -> SendBuf {
         let give_up = Instant::now() + Duration::from_secs(10);
         loop {
@@ -116,6 +122,11 @@ impl RawClient {
                 return b;
             }
             assert!(Instant::now() < give_up, "no send buffer came back");
+            assert_eq!(
+                self.peer.qp.rnr_stalls(),
+                0,
+                "out of send buffers: SENDs wait for a receive WQE (RNR)"
+            );
             self.poll();
             std::thread::yield_now();
         }
@@ -177,7 +188,9 @@ impl RawClient {
                 if wc.status.is_success() {
                     let bytes = self.peer.recv.bytes(&buf);
                     let h = Header::decode(bytes).unwrap();
-                    if !matches!(h.kind, Kind::RingReturn | Kind::Ping | Kind::Pong) {
+                    if h.kind == Kind::CancelAck {
+                        self.acks.push((h.slot, h.generation));
+                    } else if !matches!(h.kind, Kind::RingReturn | Kind::Ping | Kind::Pong) {
                         self.inbox.push_back((h, bytes[HEADER_LEN..].to_vec()));
                     }
                 }
