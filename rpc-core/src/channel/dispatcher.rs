@@ -84,6 +84,10 @@ pub(crate) struct Inner {
     session: Mutex<Option<Driver>>,
     /// Set when the last handle is gone: the dispatcher ends its calls and closes the session.
     pub(crate) stop: AtomicBool,
+    /// A caller's poll found the session held: the dispatcher thread, when it holds it, lets it
+    /// go after its step (the caller drives; two threads spinning on one session would share a
+    /// core on a small machine).
+    contended: AtomicBool,
     /// The dispatcher thread is parked: whoever wants it unparks it.
     sleeping: AtomicBool,
     /// Someone left work for the dispatcher thread (checked by it before it parks).
@@ -98,6 +102,14 @@ pub(crate) struct Inner {
     /// Calls started on the session and not yet finished or dropped (published before the
     /// tasks of finished calls are woken).
     pub(crate) in_flight: AtomicUsize,
+    /// Unary calls whose poll returned `Pending` with the task's waker registered, not polled
+    /// since: tasks that sleep until a driver wakes them. While there are none (every call's
+    /// task is running and polls its calls itself) and no stream is in flight, the dispatcher
+    /// thread has nothing to drive for.
+    pub(crate) waiters: AtomicUsize,
+    /// Streams in flight (as [`Inner::in_flight`] is published): their futures never drive the
+    /// session, the dispatcher thread does.
+    passive: AtomicUsize,
     /// Tasks waiting for room in a full queue, woken when a driver takes calls.
     space: Mutex<Vec<Waker>>,
     space_wanted: AtomicBool,
@@ -107,6 +119,30 @@ pub(crate) struct Inner {
     /// the dispatcher thread.
     pub(crate) started_by_callers: AtomicU64,
     started_by_thread: AtomicU64,
+    /// How the session was driven (see [`super::ChannelStats`]).
+    pub(crate) stats: Stats,
+}
+
+/// Counters of how a dispatcher's session is driven: relaxed atomics, bumped once per drive,
+/// wake or park (not per call), for [`super::Channel::stats`].
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) caller_drives: AtomicU64,
+    pub(crate) caller_busy: AtomicU64,
+    pub(crate) thread_drives: AtomicU64,
+    pub(crate) thread_runs: AtomicU64,
+    pub(crate) handoffs: AtomicU64,
+    pub(crate) unparks: AtomicU64,
+    pub(crate) wakes: AtomicU64,
+    pub(crate) steps: AtomicU64,
+    pub(crate) empty_steps: AtomicU64,
+    pub(crate) event_waits: AtomicU64,
+}
+
+/// Adds one to a statistics counter.
+#[inline]
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
 }
 
 thread_local! {
@@ -120,6 +156,10 @@ pub(crate) struct Drove {
     pub(crate) work: usize,
     /// Other tasks woken.
     pub(crate) woke: usize,
+    /// It left calls queued or in flight with no task woken and its own call not done: unless
+    /// the caller drives again, it hands the session to the dispatcher thread
+    /// ([`Inner::want_driver`]) once it has counted itself among the waiters.
+    pub(crate) unattended: bool,
 }
 
 impl Inner {
@@ -133,6 +173,7 @@ impl Inner {
     pub(crate) fn wake(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
             if let Some(t) = self.thread.get() {
+                bump(&self.stats.unparks, 1);
                 t.unpark();
             }
         }
@@ -140,6 +181,7 @@ impl Inner {
 
     /// Hands the session to the dispatcher thread: work is left and no caller will drive it.
     pub(crate) fn want_driver(&self) {
+        bump(&self.stats.handoffs, 1);
         self.wanted.store(true, Ordering::SeqCst);
         self.wake();
     }
@@ -155,19 +197,32 @@ impl Inner {
     }
 
     /// A caller drives the session, if it is free, until `done()` holds, `spin` passes with no
-    /// completion, or (with `others_first`) another task was woken; then lets it go and makes
-    /// sure someone drives what it leaves. `None` when another thread holds the session.
+    /// completion, or (with `others_first`) another task was woken; then lets it go. What it
+    /// leaves is owed to the tasks it woke (or to the caller's own task, whose call is done),
+    /// or else [`Drove::unattended`]. `None` when another thread holds the session.
     pub(crate) fn drive(&self, spin: Duration, others_first: bool, done: &dyn Fn() -> bool) -> Option<Drove> {
-        let mut g = self.try_session()?;
+        let Some(mut g) = self.try_session() else {
+            bump(&self.stats.caller_busy, 1);
+            // The dispatcher thread, if it is the holder, leaves the session to us.
+            self.contended.store(true, Ordering::Relaxed);
+            return None;
+        };
+        bump(&self.stats.caller_drives, 1);
         self.owed.store(false, Ordering::Relaxed);
         let d = g.as_mut().expect("checked by try_session");
-        let mut drove = Drove { work: 0, woke: 0 };
+        let mut drove = Drove { work: 0, woke: 0, unattended: false };
         let mut since: Option<Instant> = None;
         let mut spins = 0u32;
+        let mut steps = 0u64;
+        let mut empty = 0u64;
+        let mut own;
         loop {
             let work = d.step(self, true);
+            steps += 1;
+            empty += u64::from(work == 0);
             drove.work += work;
-            if done() || (others_first && d.woken() > 0) || !d.has_work() {
+            own = done();
+            if own || (others_first && d.woken() > 0) || !d.has_work() {
                 break;
             }
             if work > 0 {
@@ -188,12 +243,20 @@ impl Inner {
         drove.woke = d.woken();
         let batch = d.take_wakers();
         drop(g);
+        bump(&self.stats.steps, steps);
+        bump(&self.stats.empty_steps, empty);
+        bump(&self.stats.wakes, batch.len() as u64);
         wake_all(batch);
         if left {
-            if drove.woke > 0 {
+            if drove.woke > 0 || own {
+                // The tasks woken, or this caller's own task (its call is done: it goes on and
+                // polls its next call soon), drive it next; should none come back, the
+                // dispatcher thread, which watches the session while calls are in flight, takes
+                // it over after [`WATCH`] without a caller's drive. No unpark (a system call
+                // and a thread switch on the caller's core) per call.
                 self.owed.store(true, Ordering::SeqCst);
             } else {
-                self.want_driver();
+                drove.unattended = true;
             }
         }
         Some(drove)
@@ -203,6 +266,15 @@ impl Inner {
     /// drive it.
     pub(crate) fn is_owed(&self) -> bool {
         self.owed.load(Ordering::Relaxed)
+    }
+
+    /// [`Inner::drive`], handing what it leaves unattended (or, when another thread holds the
+    /// session, everything) to the dispatcher thread.
+    pub(crate) fn drive_or_hand_off(&self, spin: Duration, done: &dyn Fn() -> bool) {
+        match self.drive(spin, true, done) {
+            Some(d) if !d.unattended => {}
+            _ => self.want_driver(),
+        }
     }
 
     /// The session's counters (waits while another thread drives it: at most about one
@@ -274,17 +346,21 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         queue: ArrayQueue::new(setup.queue_depth),
         session: Mutex::new(None),
         stop: AtomicBool::new(false),
+        contended: AtomicBool::new(false),
         sleeping: AtomicBool::new(false),
         wanted: AtomicBool::new(false),
         owed: AtomicBool::new(false),
         thread: OnceLock::new(),
         cancels: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
+        waiters: AtomicUsize::new(0),
+        passive: AtomicUsize::new(0),
         space: Mutex::new(Vec::new()),
         space_wanted: AtomicBool::new(false),
         poll_spin: setup.poll_spin,
         started_by_callers: AtomicU64::new(0),
         started_by_thread: AtomicU64::new(0),
+        stats: Stats::default(),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -305,6 +381,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
             *shared.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(Driver {
                 core,
                 in_flight: Vec::new(),
+                passive: 0,
                 wakers: Vec::new(),
                 finished: Vec::new(),
                 cancels_seen: 0,
@@ -327,6 +404,9 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
 pub(crate) struct Driver {
     core: AnyCore,
     in_flight: Vec<(CallId, Arc<dyn Job>)>,
+    /// Calls in flight whose futures do not drive the session (streams): the dispatcher thread
+    /// drives for them.
+    passive: usize,
     /// Wakers of the tasks whose calls finished in this hold of the session.
     wakers: Vec<Waker>,
     /// Calls finished in this step, handed over once the count in flight is published.
@@ -395,7 +475,10 @@ impl Driver {
                 continue;
             }
             match job.start(&mut self.core) {
-                Ok(id) => self.in_flight.push((id, job)),
+                Ok(id) => {
+                    self.passive += usize::from(!job.polled_by_caller());
+                    self.in_flight.push((id, job));
+                }
                 Err(s) => job.fail(s),
             }
         }
@@ -405,6 +488,7 @@ impl Driver {
             by.fetch_add(started, Ordering::Relaxed);
             // The doorbell for the batch rings in the progress step that follows.
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
+            inner.passive.store(self.passive, Ordering::Relaxed);
             inner.wake_space_waiters();
         }
         n
@@ -423,10 +507,12 @@ impl Driver {
                 // The future was dropped: its late answer is discarded when it comes (a
                 // stream's held messages and unsent ones are dropped too).
                 with_any_core!(&mut self.core, c => c.abandon_stream(*id));
-                self.in_flight.swap_remove(i);
+                let (_, job) = self.in_flight.swap_remove(i);
+                self.passive -= usize::from(!job.polled_by_caller());
                 n += 1;
             } else if job.try_finish(&mut self.core, *id, expired) {
                 let (_, job) = self.in_flight.swap_remove(i);
+                self.passive -= usize::from(!job.polled_by_caller());
                 self.finished.push(job);
                 n += 1;
             } else {
@@ -435,6 +521,7 @@ impl Driver {
         }
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
+            inner.passive.store(self.passive, Ordering::Relaxed);
             for job in self.finished.drain(..) {
                 job.release(&mut self.wakers);
             }
@@ -448,11 +535,13 @@ impl Driver {
         while let Some(job) = inner.queue.pop() {
             job.fail(gone());
         }
+        self.passive = 0;
         for (id, job) in self.in_flight.drain(..) {
             with_any_core!(&mut self.core, c => c.abandon(id));
             job.fail(gone());
         }
         inner.in_flight.store(0, Ordering::Release);
+        inner.passive.store(0, Ordering::Relaxed);
         with_any_core!(&mut self.core, c => c.close());
     }
 }
@@ -468,16 +557,34 @@ struct Dispatcher {
 /// most this).
 const PARK: Duration = Duration::from_millis(50);
 
+/// How often the dispatcher thread looks at a session with calls queued or in flight that
+/// callers drive: when no caller drove it since the last look, it takes over (a session left to
+/// tasks that did not come back waits at most about twice this).
+pub(crate) const WATCH: Duration = Duration::from_micros(200);
+
 impl Dispatcher {
     fn run(self) {
         let inner = &*self.inner;
+        let busy = || !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
+        // Work no caller's poll will do by itself: tasks waiting (or streams, whose futures
+        // never drive: counted as in flight alone).
+        let needed = || inner.waiters.load(Ordering::SeqCst) > 0 || inner.passive.load(Ordering::Relaxed) > 0;
+        // Callers' drives counted at the last look while calls were in flight.
+        let mut seen: Option<u64> = None;
         while !inner.stop.load(Ordering::Acquire) {
-            // Callers drive their own calls: the thread sleeps until one leaves work to it (or,
-            // as a safety net, finds work after PARK: a session left to tasks never polled).
-            let wanted = self.park();
-            let stranded = !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
+            // Callers drive their own calls: the thread sleeps until one leaves work to it, and
+            // while calls are in flight looks every WATCH whether callers still drive them (a
+            // session left to tasks that did not come back is taken over after one WATCH
+            // without a caller's drive).
+            let wanted = self.park(if seen.is_some() || busy() { WATCH } else { PARK });
+            let drives = inner.stats.caller_drives.load(Ordering::Relaxed);
+            let stranded = busy() && needed() && seen == Some(drives);
             if wanted || stranded {
+                bump(&inner.stats.thread_runs, 1);
                 self.drive();
+                seen = None;
+            } else {
+                seen = busy().then_some(drives);
             }
         }
         let mut g = inner.session.lock().unwrap_or_else(|e| e.into_inner());
@@ -492,20 +599,28 @@ impl Dispatcher {
     fn drive(&self) {
         let inner = &*self.inner;
         let mut empty: u32 = 0;
+        inner.contended.store(false, Ordering::Relaxed);
         while !inner.stop.load(Ordering::Acquire) {
             // A caller holding the session leaves it to someone when it lets go.
             let Some(mut g) = inner.try_session() else { return };
             let d = g.as_mut().expect("checked by try_session");
             let work = d.step(inner, false);
             let busy = d.has_work() || !inner.queue.is_empty();
+            let needed = d.passive > 0 || inner.waiters.load(Ordering::SeqCst) > 0;
             let batch = d.take_wakers();
             drop(g);
+            bump(&inner.stats.thread_drives, 1);
+            bump(&inner.stats.empty_steps, u64::from(work == 0));
+            bump(&inner.stats.wakes, batch.len() as u64);
             let woke = !batch.is_empty();
             wake_all(batch);
             if !busy {
                 return;
             }
-            if woke {
+            // A caller that found the session held drives it now; with no task waiting (and no
+            // stream in flight) the calls' own polls drive them.
+            let contended = inner.contended.swap(false, Ordering::Relaxed);
+            if woke || contended || !needed {
                 // The tasks just woken drive it when polled (each poll of a call takes the
                 // session if it is owed); they want us back if they leave work.
                 inner.owed.store(true, Ordering::SeqCst);
@@ -526,6 +641,7 @@ impl Dispatcher {
                 _ => {
                     let Some(mut g) = inner.try_session() else { return };
                     let d = g.as_mut().expect("checked by try_session");
+                    bump(&inner.stats.event_waits, 1);
                     with_any_core!(&mut d.core, c => c.wait_cq(EVENT_WAIT));
                     // After each wait: deadlines too.
                     d.finish_calls(inner);
@@ -537,15 +653,15 @@ impl Dispatcher {
         }
     }
 
-    /// Sleeps until someone wants the thread (or [`PARK`] passes), unless work was left for it
+    /// Sleeps until someone wants the thread (or `timeout` passes), unless work was left for it
     /// meanwhile. True when it was wanted.
-    fn park(&self) -> bool {
+    fn park(&self, timeout: Duration) -> bool {
         let inner = &*self.inner;
         inner.sleeping.store(true, Ordering::SeqCst);
         // Work left before the flag was visible did not unpark us: look once more.
         let mut wanted = inner.wanted.swap(false, Ordering::SeqCst);
         if !wanted && !inner.stop.load(Ordering::SeqCst) {
-            std::thread::park_timeout(PARK);
+            std::thread::park_timeout(timeout);
             wanted = inner.wanted.swap(false, Ordering::SeqCst);
         }
         inner.sleeping.store(false, Ordering::SeqCst);
