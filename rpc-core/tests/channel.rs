@@ -268,6 +268,46 @@ fn calls_from_one_task_are_started_by_its_own_polls_not_the_dispatcher_thread() 
     server.shutdown();
 }
 
+#[test]
+fn a_dispatcher_waiting_for_a_completion_event_leaves_the_session_to_callers() {
+    let (server, _) = spawn(server());
+    // A caller's poll may try the session for up to 1 ms; the dispatcher thread sleeps on
+    // completion events (1 ms at a time) while a slow call waits.
+    let cfg = channel_config("chan-evwait").poll_spin(Duration::from_millis(1));
+    let ch = Channel::connect_blocking(server.local_addr(), &cfg).unwrap();
+    let counter = Arc::new(CountingWaker(AtomicUsize::new(0), std::thread::current()));
+    let waker = Waker::from(counter.clone());
+    let mut cx = Context::from_waker(&waker);
+    // The server answers after 2 s: its task waits, so the dispatcher thread drives for it.
+    let mut slow =
+        std::pin::pin!(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(1, 0, 2000), &CallOptions::default()));
+    assert!(slow.as_mut().poll(&mut cx).is_pending());
+    assert!(
+        eventually(|| ch.stats().event_waits >= 3),
+        "the dispatcher thread waits on events: {:?}",
+        ch.stats()
+    );
+    let before = ch.calls_started();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        for seq in 0..100u64 {
+            let r = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(seq, 16, 16), &CallOptions::default()).await;
+            check_reply(&r.unwrap(), seq, 16);
+        }
+    });
+    let after = ch.calls_started();
+    // Were the session held through each event wait, the calls' polls would find it held and
+    // leave them to the dispatcher thread.
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (100, 0),
+        "calls started by callers' polls, by the dispatcher thread, while it waits on events"
+    );
+    drop(slow);
+    drop(ch);
+    server.shutdown();
+}
+
 /// CPU time of the calling thread in µs (the scheduler's run time, `/proc/thread-self/schedstat`,
 /// in ns: finer than getrusage's ticks and needing no FFI).
 fn thread_cpu_us() -> u64 {

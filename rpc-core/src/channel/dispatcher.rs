@@ -7,15 +7,27 @@
 //! doorbell for the batch → polls the CQ → hands finished calls to their tasks → releases
 //! cancelled ones. A caller's poll drives it when it is free (see [`super::UnaryCall`]), so a
 //! call can go out and come back on the caller's own thread with no hop between threads. A
-//! driver that leaves with calls queued or in flight either woke other tasks (which drive it when
-//! they are polled: the session is "owed" to them) or wakes the dispatcher thread
-//! ([`Inner::want_driver`]).
+//! driver that leaves with calls queued or in flight either woke other tasks, or its own call is
+//! done (its task goes on and polls its next call): the session is "owed" to them, they drive it
+//! when polled. Otherwise it hands the session to the dispatcher thread
+//! ([`Inner::want_driver`]: a flag and, when the thread sleeps, an unpark).
 //!
-//! The dispatcher thread sleeps until a driver leaves work to it (or, after [`PARK`], finds work
-//! stranded). Then it drives while calls are queued or in flight and no caller holds the session:
-//! with nothing to do it spins (`spins` empty loops), then waits per the polling policy (`Event`:
-//! arms the CQ and blocks on its completion channel, at most 1 ms at a time). Once it has woken
-//! tasks it leaves the session to them and sleeps again.
+//! The dispatcher thread drives only for tasks that wait (their poll returned `Pending`,
+//! counted in [`Inner::waiters`]) and for streams (whose futures never drive): with neither,
+//! every call in flight belongs to a running task that drives it when it polls. It sleeps until
+//! a driver leaves work to it; while calls are in flight it looks every [`WATCH`] and takes over
+//! when waiting tasks exist and no caller drove since its last look (a task that did not come
+//! back). Driving, it steps while it is needed and no caller wants the session (a caller that
+//! found it held makes it let go); with nothing to do it spins (`spins` empty loops), then waits
+//! per the polling policy (`Event`: arms the CQ, lets the session go and blocks on its
+//! completion channel, at most 1 ms at a time; a caller's poll meanwhile drives the session
+//! itself). Once it has woken tasks it leaves the session to them and sleeps again.
+//!
+//! Threads that spin, on the benchmark's 2 cores with a current-thread runtime: the server's
+//! worker (one core) and the runtime's thread, whose calls' polls drive the session (at most
+//! [`super::ChannelConfig::poll_spin`] without a completion at a time); the dispatcher thread
+//! sleeps, waking every [`WATCH`] while calls are in flight, and spins only while every task
+//! waits (the runtime's thread is idle then).
 
 use std::cell::RefCell;
 use std::net::ToSocketAddrs;
@@ -54,7 +66,36 @@ macro_rules! with_any_core {
 }
 pub(crate) use with_any_core;
 
+/// A handle to a dispatcher session's CQ, for a completion-event wait outside the session.
+pub(crate) enum AnyCq {
+    Sim(<crate::verbs::sim::Sim as crate::verbs::Provider>::CompletionQueue),
+    #[cfg(feature = "ibverbs")]
+    Rdma(<crate::verbs::ibverbs::Ibverbs as crate::verbs::Provider>::CompletionQueue),
+}
+
+impl AnyCq {
+    /// Blocks until the armed CQ signals or `timeout` passes (an error counts as a wake-up:
+    /// the session finds out when it is next driven).
+    fn wait(&self, timeout: Duration) {
+        use crate::verbs::CompletionQueue;
+        let _ = match self {
+            AnyCq::Sim(cq) => cq.wait(Some(timeout)),
+            #[cfg(feature = "ibverbs")]
+            AnyCq::Rdma(cq) => cq.wait(Some(timeout)),
+        };
+    }
+}
+
 impl AnyCore {
+    /// Arms the CQ for a wait outside the session: see [`ClientCore::arm_cq`].
+    fn arm_cq(&mut self) -> Option<(usize, AnyCq)> {
+        match self {
+            AnyCore::Sim(c) => c.arm_cq().map(|(n, cq)| (n, AnyCq::Sim(cq))),
+            #[cfg(feature = "ibverbs")]
+            AnyCore::Rdma(c) => c.arm_cq().map(|(n, cq)| (n, AnyCq::Rdma(cq))),
+        }
+    }
+
     fn connect(addr: impl ToSocketAddrs, cfg: &ClientConfig) -> Result<AnyCore, Status> {
         Ok(match &cfg.transport {
             Transport::Sim => AnyCore::Sim(Box::new(ClientCore::connect(
@@ -277,8 +318,8 @@ impl Inner {
         }
     }
 
-    /// The session's counters (waits while another thread drives it: at most about one
-    /// completion-event wait, 1 ms).
+    /// The session's counters (waits while another thread drives it: one step, or a caller's
+    /// drive of at most about `poll_spin` without a completion).
     pub(crate) fn counters(&self) -> Counters {
         let g = self.session.lock().unwrap_or_else(|e| e.into_inner());
         g.as_ref().map(|d| with_any_core!(&d.core, c => c.counters.clone())).unwrap_or_default()
@@ -641,13 +682,18 @@ impl Dispatcher {
                 _ => {
                     let Some(mut g) = inner.try_session() else { return };
                     let d = g.as_mut().expect("checked by try_session");
-                    bump(&inner.stats.event_waits, 1);
-                    with_any_core!(&mut d.core, c => c.wait_cq(EVENT_WAIT));
-                    // After each wait: deadlines too.
+                    let armed = d.core.arm_cq();
+                    // After each wait (and what came before arming): deadlines too.
                     d.finish_calls(inner);
                     let batch = d.take_wakers();
                     drop(g);
                     wake_all(batch);
+                    if let Some((0, cq)) = armed {
+                        // Outside the session: a caller's poll meanwhile drives it itself (its
+                        // calls go out at once, not after this wait).
+                        bump(&inner.stats.event_waits, 1);
+                        cq.wait(EVENT_WAIT);
+                    }
                 }
             }
         }

@@ -53,8 +53,9 @@ pub struct ChannelConfig {
     /// Each dispatcher's session: transport, window (calls in flight per session), rings,
     /// limits, and the polling policy of the dispatcher when it has calls in flight and nothing
     /// to do (after [`ChannelConfig::spins`] empty loops): [`PollingPolicy::Event`] arms the CQ
-    /// and sleeps on its completion channel (at most 1 ms at a time, so a call queued meanwhile
-    /// waits up to that long), `SpinThenYield` yields, `Busy` spins. Default
+    /// and sleeps on its completion channel without holding the session (at most 1 ms at a
+    /// time; a call made meanwhile is driven by its own poll), `SpinThenYield` yields, `Busy`
+    /// spins. Default
     /// `ClientConfig::default()` with `polling = Event { spins: 0 }`.
     pub client: ClientConfig,
     /// Dispatcher threads, each with its own session; calls are spread round robin.
@@ -341,8 +342,8 @@ impl Channel {
     }
 
     /// The counters of the channel's sessions, summed (RPCs, bytes, stalls, cancels, status
-    /// codes...). Waits for a session another thread is driving (at most about one
-    /// completion-event wait, 1 ms): for monitoring, not for a hot path.
+    /// codes...). Waits for a session another thread is driving (one step, or a caller's drive
+    /// of at most about `poll_spin` without a completion): for monitoring, not for a hot path.
     pub fn counters(&self) -> crate::Counters {
         let mut c = crate::Counters::default();
         for d in &self.shared.dispatchers {

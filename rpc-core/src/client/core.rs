@@ -1166,18 +1166,17 @@ impl<P: Provider> ClientCore<P> {
         n
     }
 
-    /// Arms the CQ and, unless a completion is already there, blocks on its completion channel
-    /// for at most `timeout`. Returns the completions handled (0 also when the CQ has no events).
-    pub(crate) fn wait_cq(&mut self, timeout: Duration) -> usize {
+    /// Arms the CQ for a completion-event wait that the caller does outside the session (a
+    /// dispatcher waits without holding it): handles what completed before arming (completions
+    /// that arrived before the CQ was armed raise no event) and returns their count (wait only
+    /// when it is 0) with a handle to the CQ to wait on ([`CompletionQueue::wait`]). `None` when
+    /// the session is broken or its CQ has no events.
+    pub(crate) fn arm_cq(&mut self) -> Option<(usize, P::CompletionQueue)> {
         if self.broken.is_some() || self.cq.req_notify(false).is_err() {
-            return 0;
+            return None;
         }
-        // Completions that arrived before the CQ was armed raise no event: poll once more.
         let n = self.dispatch_step();
-        if n == 0 {
-            let _ = self.cq.wait(Some(timeout));
-        }
-        n
+        Some((n, self.cq.clone()))
     }
 
     /// Blocks (busy-polling per policy) until the call finishes.
