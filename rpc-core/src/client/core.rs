@@ -1149,6 +1149,13 @@ impl<P: Provider> ClientCore<P> {
         Some(self.finish(a))
     }
 
+    /// True when call `id` has its answer (or its failure) to take with
+    /// [`ClientCore::take_done`]; a compare, no progress.
+    #[inline]
+    pub(crate) fn is_answered(&self, id: CallId) -> bool {
+        self.conn.session.calls().state(id.slot) == crate::session::SlotState::Done
+    }
+
     /// True when a call can start now (a slot is free).
     pub(crate) fn has_free_slot(&self) -> bool {
         self.broken.is_some() || self.conn.session.calls().has_free()
