@@ -1,0 +1,260 @@
+//! Breaker review (branch `breaker3`) of the call-lifecycle work of 8ff73b9..3db0917: cancel
+//! acknowledgement (kind 11, protocol 4), stream batches, the abandon cap. A hostile fake server
+//! (a `RawClient` over a `RawPeer`) sends CancelAcks and batches the client must refuse, or never
+//! acknowledges; the client closes the session (malformed, UNAVAILABLE for the calls) or resets
+//! it with a logged reason, never panics, never starves its window.
+//!
+//! All tests run on `sim`, with the yielding polling policy and bounded loops.
+
+mod rpc_support;
+
+use std::time::{Duration, Instant};
+
+use rpc_core::verbs::rc::RcConfig;
+use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN, STREAM_BATCH};
+use rpc_core::{CallOptions, Client};
+use rpc_support::*;
+
+/// The fake server's session id.
+const SESSION: u32 = 77;
+
+/// A fake server: handshakes, then hands the connected raw session to `serve` on a thread (the
+/// TCP channel stays open while `serve` runs and 1.5 s after).
+fn fake_server(serve: fn(&mut RawClient)) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut tcp, _) = listener.accept().unwrap();
+        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+        let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
+        peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
+        let mine = peer.handshake(hello.credits, hello.eager_threshold, hello.max_message, SESSION);
+        write_frame(&mut tcp, &Frame::Handshake(mine)).unwrap();
+        let mut c = RawClient::over(peer, &hello, SESSION, tcp.try_clone().unwrap());
+        serve(&mut c);
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(tcp);
+    });
+    (addr, t)
+}
+
+/// The first request the client sends (polls for up to 10 s).
+fn first_request(c: &mut RawClient) -> Option<Header> {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < give_up {
+        match c.poll() {
+            Some((h, _)) if h.kind == Kind::Request => return Some(h),
+            _ => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
+/// A message of `kind` naming the call of `req` (the method only on a response or stream
+/// message: control messages carry none).
+fn header_for(req: Header, kind: Kind) -> Header {
+    let method = if matches!(kind, Kind::Response | Kind::StreamMsg) { req.method } else { 0 };
+    Header { slot: req.slot, generation: req.generation, method, ..Header::new(kind) }
+}
+
+/// Waits until the client counted a malformed message and closed its session.
+fn wait_malformed(client: &Client, what: &str) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while client.counters().malformed == 0 && Instant::now() < give_up {
+        client.progress();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(client.counters().malformed, 1, "`{what}`: the client counted it malformed");
+    assert!(client.closed_reason().is_some(), "`{what}`: the session is closed");
+}
+
+/// A fake server acknowledging Cancels the client never sent: for a slot outside the window,
+/// for the call in flight (no Cancel yet), with a stale generation. The client closes the session
+/// as malformed; the call fails UNAVAILABLE; nothing panics or leaks. Held (sabotage: making
+/// `CallSlots::on_cancel_ack` return Ok(()) for a call with no Cancel sent fails the second and
+/// third cases: no malformed count).
+#[test]
+fn stray_cancel_acks_from_a_server_close_the_session() {
+    type Serve = fn(&mut RawClient);
+    let cases: Vec<(&str, Serve)> = vec![
+        ("a CancelAck for a slot outside the window", |c| {
+            let Some(req) = first_request(c) else { return };
+            c.send(Header { slot: 999, ..header_for(req, Kind::CancelAck) }, &[]);
+        }),
+        ("a CancelAck for the call in flight, before any Cancel", |c| {
+            let Some(req) = first_request(c) else { return };
+            c.send(header_for(req, Kind::CancelAck), &[]);
+        }),
+        ("a CancelAck with a stale generation", |c| {
+            let Some(req) = first_request(c) else { return };
+            c.send(
+                Header { generation: req.generation.wrapping_add(3), ..header_for(req, Kind::CancelAck) },
+                &[],
+            );
+        }),
+    ];
+    for (what, serve) in cases {
+        let (addr, fake) = fake_server(serve);
+        let client = Client::connect_with(addr, &client_config()).unwrap();
+        let r = client.unary::<_, EchoMsg>(
+            ECHO,
+            &request(1, 10, 10),
+            &CallOptions::deadline(Duration::from_secs(20)),
+        );
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), rpc_core::Code::Unavailable, "`{what}`: {e:?}");
+        wait_malformed(&client, what);
+        drop(client);
+        fake.join().unwrap();
+    }
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// A fake server that answers every cancelled call (a CANCELLED response) but never sends its
+/// CancelAck, and keeps the session alive (a Pong every 50 ms). With `max_abandoned` 2, two
+/// calls abandoned on the wire hold both slots; a third call queues behind them and, within
+/// `peer_timeout` (1 s) and a margin, ends UNAVAILABLE naming `ClientConfig::max_abandoned`
+/// instead of waiting out its 20 s deadline. Held (sabotage: `Calls::check` returning None
+/// always: the third call waited until the fake server fell silent (6.9 s) and ended by the
+/// peer timeout instead).
+#[test]
+fn a_server_that_never_acknowledges_cancels_resets_the_session_with_a_reason() {
+    let (addr, fake) = fake_server(|c| {
+        let until = Instant::now() + Duration::from_secs(6);
+        let mut last_pong = Instant::now();
+        while Instant::now() < until && !c.dead {
+            if let Some((h, _)) = c.poll() {
+                if h.kind == Kind::Cancel {
+                    let answer =
+                        Header { status: rpc_core::Code::Cancelled, ..header_for(h, Kind::Response) };
+                    c.send(answer, &[]);
+                }
+            }
+            if last_pong.elapsed() > Duration::from_millis(50) {
+                c.send(Header::new(Kind::Pong), &[]);
+                last_pong = Instant::now();
+            }
+            std::thread::yield_now();
+        }
+    });
+    let cfg = client_config().window(2).max_abandoned(2).peer_timeout(Some(Duration::from_secs(1)));
+    let client = Client::connect_with(addr, &cfg).unwrap();
+    for seq in 0..2 {
+        let e = client
+            .unary::<_, EchoMsg>(
+                ECHO,
+                &request(seq, 10, 10),
+                &CallOptions::deadline(Duration::from_millis(50)),
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), rpc_core::Code::DeadlineExceeded, "{e:?}");
+    }
+    let t = Instant::now();
+    let e = client
+        .unary::<_, EchoMsg>(ECHO, &request(3, 10, 10), &CallOptions::deadline(Duration::from_secs(20)))
+        .unwrap_err();
+    let waited = t.elapsed();
+    assert_eq!(e.code(), rpc_core::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("max_abandoned"), "the reason names the cap: {e:?}");
+    // The fake stays alive for 6 s: a reset later than that is the peer timeout, not the cap.
+    assert!(waited < Duration::from_secs(5), "reset after {waited:?}: not by the abandon cap");
+    assert_eq!(client.counters().malformed, 0);
+    drop(client);
+    fake.join().unwrap();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// A server stream answered with batches the client must refuse: frames short of the count, a
+/// frame length past the body (and one of u32::MAX), a zero-length frame too many, a batch for
+/// a slot with no stream. The client closes the session as malformed and the stream's reader
+/// gets an error (no panic, no message made of other bytes); buffers are not leaked. Held
+/// (sabotage: skipping `batch_frames` in `Session::receive` delivered messages 1 and 2 of the
+/// batch announcing 3 to the reader).
+#[test]
+fn malformed_stream_batches_from_a_server_close_the_session() {
+    type Serve = fn(&mut RawClient);
+    fn batch(req: Header, count: u16, body: &[u8]) -> Header {
+        let len = body.len() as u32;
+        Header {
+            stream: STREAM_BATCH,
+            credits: count,
+            body_len: len,
+            total_len: len,
+            ..header_for(req, Kind::StreamMsg)
+        }
+    }
+    fn two_frames() -> Vec<u8> {
+        let mut body = Vec::new();
+        rpc_core::wire::push_frame(&mut body, &[8, 1]);
+        rpc_core::wire::push_frame(&mut body, &[8, 2]);
+        body
+    }
+    let cases: Vec<(&str, Serve)> = vec![
+        ("a batch announcing 3 messages carrying 2", |c| {
+            let Some(req) = first_request(c) else { return };
+            let body = two_frames();
+            c.send(batch(req, 3, &body), &body);
+        }),
+        ("a batch announcing 1 message carrying 2", |c| {
+            let Some(req) = first_request(c) else { return };
+            let body = two_frames();
+            c.send(batch(req, 1, &body), &body);
+        }),
+        ("a frame length past the body", |c| {
+            let Some(req) = first_request(c) else { return };
+            let mut body = two_frames();
+            body[0] = 200;
+            c.send(batch(req, 2, &body), &body);
+        }),
+        ("a frame length of u32::MAX", |c| {
+            let Some(req) = first_request(c) else { return };
+            let mut body = two_frames();
+            body[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+            body[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+            c.send(batch(req, 2, &body), &body);
+        }),
+        ("a batch on a slot with no stream", |c| {
+            let Some(req) = first_request(c) else { return };
+            let body = two_frames();
+            c.send(Header { slot: req.slot + 1, ..batch(req, 2, &body) }, &body);
+        }),
+        ("a batch after the stream's end (its response)", |c| {
+            let Some(req) = first_request(c) else { return };
+            c.send(header_for(req, Kind::Response), &[]);
+            let body = two_frames();
+            c.send(batch(req, 2, &body), &body);
+        }),
+    ];
+    for (what, serve) in cases {
+        let (addr, fake) = fake_server(serve);
+        let client = Client::connect_with(addr, &client_config()).unwrap();
+        let mut s = client
+            .server_stream::<_, EchoMsg>(
+                ECHO,
+                &request(1, 10, 10),
+                &CallOptions::deadline(Duration::from_secs(20)),
+            )
+            .unwrap();
+        let mut got = Vec::new();
+        let end = loop {
+            match s.message() {
+                Ok(Some(m)) => got.push(m.seq),
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        drop(s);
+        if what.starts_with("a batch after") {
+            // The stream ended cleanly first; the batch after it closes the session.
+            assert!(end.is_ok(), "`{what}`: {end:?}");
+        } else {
+            let e = end.expect_err(what);
+            assert_eq!(e.code(), rpc_core::Code::Unavailable, "`{what}`: {e:?} after {got:?}");
+            assert!(got.is_empty(), "`{what}`: no message of a refused batch reached the reader: {got:?}");
+        }
+        wait_malformed(&client, what);
+        drop(client);
+        fake.join().unwrap();
+    }
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
