@@ -8,6 +8,7 @@
 
 mod rpc_support;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use rpc_core::verbs::rc::RcConfig;
@@ -255,6 +256,82 @@ fn malformed_stream_batches_from_a_server_close_the_session() {
         wait_malformed(&client, what);
         drop(client);
         fake.join().unwrap();
+    }
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// Threads of this process named `name` (their `comm`).
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Waits (up to `d`) until no `rpc-reconnect` thread runs; whether none does.
+fn reconnect_threads_end_within(d: Duration) -> bool {
+    let give_up = Instant::now() + d;
+    while threads_named("rpc-reconnect") > 0 {
+        if Instant::now() >= give_up {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// An async call's reconnect attempt runs on a thread against a mute listener (accepts TCP,
+/// never answers the handshake; it stays up, so only the attempt's own `connect_timeout` of
+/// 1.5 s ends it). Dropping the future while the attempt runs, then the Client, then (second
+/// round) a tokio runtime whose `timeout` dropped the future: nothing blocks (each drop returns
+/// while the attempt still runs), nothing panics, and the attempt's thread ends by itself
+/// within its bound. Held (sabotage: no read timeout on the handshake, client/core.rs
+/// `set_read_timeout(None)`, left the thread running: the test failed on "still runs").
+#[test]
+fn dropping_the_future_client_and_runtime_while_a_reconnect_runs_leaks_no_thread() {
+    assert!(reconnect_threads_end_within(Duration::from_secs(10)), "no attempt runs at the start");
+    for round in 0..2 {
+        let (server, _stash) = spawn(server());
+        let addr = server.local_addr();
+        let cfg = client_config().connect_timeout(Duration::from_millis(1500));
+        let client = Client::connect_with(addr, &cfg).unwrap();
+        check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+        server.shutdown();
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while client.closed_reason().is_none() {
+            assert!(Instant::now() < give_up, "the client never saw the server go");
+            client.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mute = std::net::TcpListener::bind(addr).expect("the server's address is free again");
+        let fut = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default());
+        if round == 0 {
+            let mut fut = Box::pin(fut);
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            assert!(fut.as_mut().poll(&mut cx).is_pending(), "the attempt runs on its thread");
+            drop(fut);
+        } else {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let r = rt.block_on(async { tokio::time::timeout(Duration::from_millis(100), fut).await });
+            assert!(r.is_err(), "the call is still reconnecting after 100 ms: {r:?}");
+            drop(rt);
+        }
+        assert_eq!(client.reconnect_attempts(), 1);
+        let t = Instant::now();
+        drop(client);
+        let dropped = t.elapsed();
+        assert!(threads_named("rpc-reconnect") <= 1, "one attempt at most");
+        assert!(
+            dropped < Duration::from_millis(1000),
+            "round {round}: dropping the client waited {dropped:?} (for the attempt?)"
+        );
+        assert!(
+            reconnect_threads_end_within(Duration::from_secs(8)),
+            "round {round}: the attempt's thread still runs 8 s after its 1.5 s connect_timeout"
+        );
+        drop(mute);
     }
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
