@@ -335,3 +335,64 @@ fn dropping_the_future_client_and_runtime_while_a_reconnect_runs_leaks_no_thread
     }
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
+
+/// Polls `f` once (a no-op waker).
+fn poll_once<F: Future + Unpin>(f: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(f).poll(&mut cx)
+}
+
+/// The call queue with `window` 1 and `max_queued_calls` 2, its slot held by a stashed call:
+/// two calls wait (one without a deadline, one of 30 ms), a third is refused RESOURCE_EXHAUSTED
+/// naming the limit. Once the second's deadline passed, a new call may wait in its place although
+/// nobody polled the expired one (it is not waiting any more: the bound counts calls that wait);
+/// the expired call ends DEADLINE_EXCEEDED, never sent, and the live ones are served once the
+/// slot frees. FOUND and fixed: `CallQueue::admit` counted expired calls nobody polled as
+/// waiting (only the first waiting call is expired by `next`), so behind a call without a
+/// deadline they refused new calls RESOURCE_EXHAUSTED (the test failed at "the call waits in the
+/// expired call's place"; reverting the fix in session/queue.rs fails it again).
+#[test]
+fn calls_whose_deadline_passed_in_the_queue_do_not_hold_its_places() {
+    let (server, stash) = spawn(server());
+    let cfg = client_config().window(1).max_queued_calls(2);
+    let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
+    let mut held =
+        Box::pin(client.unary_async::<_, EchoMsg>(STASH, &request(0, 8, 8), &CallOptions::default()));
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while stash.lock().unwrap().is_empty() {
+        assert!(poll_once(&mut held).is_pending());
+        assert!(Instant::now() < give_up, "the stashed call never reached the server");
+        std::thread::yield_now();
+    }
+    let first = Box::pin(client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::default()));
+    let mut short = Box::pin(client.unary_async::<_, EchoMsg>(
+        ECHO,
+        &request(2, 8, 8),
+        &CallOptions::deadline(Duration::from_millis(30)),
+    ));
+    assert_eq!(client.queued_calls(), 2);
+    let mut refused =
+        Box::pin(client.unary_async::<_, EchoMsg>(ECHO, &request(3, 8, 8), &CallOptions::default()));
+    let std::task::Poll::Ready(Err(e)) = poll_once(&mut refused) else { panic!("a third call was queued") };
+    assert_eq!(e.code(), rpc_core::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("max_queued_calls"), "{e:?}");
+    std::thread::sleep(Duration::from_millis(60));
+    client.progress();
+    // `short` expired unpolled: its place is free.
+    let mut late =
+        Box::pin(client.unary_async::<_, EchoMsg>(ECHO, &request(4, 8, 8), &CallOptions::default()));
+    assert!(poll_once(&mut late).is_pending(), "the call waits in the expired call's place");
+    let std::task::Poll::Ready(Err(e)) = poll_once(&mut short) else {
+        panic!("the expired call is still waiting")
+    };
+    assert_eq!(e.code(), rpc_core::Code::DeadlineExceeded, "{e:?}");
+    assert!(e.message().contains("never sent"), "{e:?}");
+    let responder = stash.lock().unwrap().pop().unwrap();
+    responder.send(Ok(EchoMsg { seq: 0, ..Default::default() }));
+    assert_eq!(block_on(held).unwrap().seq, 0);
+    check_reply(&block_on(first).unwrap(), 1, 8);
+    check_reply(&block_on(late).unwrap(), 4, 8);
+    drop((refused, short));
+    drop(client);
+    server.shutdown();
+}

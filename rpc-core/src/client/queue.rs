@@ -92,7 +92,13 @@ impl<P: Provider> Calls<P> {
         } else if let Some(s) = self.core.broken() {
             return Err(s.clone());
         }
-        if let Err(s) = self.queue.admit(self.core.in_flight()) {
+        let in_flight = self.core.in_flight();
+        let (spare, counters) = (&mut self.spare, &mut self.core.counters);
+        let expired = |b| {
+            counters.status(Code::DeadlineExceeded);
+            recycle(spare, b);
+        };
+        if let Err(s) = self.queue.admit(in_flight, Instant::now, expired) {
             self.core.counters.status(Code::ResourceExhausted);
             return Err(s);
         }

@@ -123,11 +123,23 @@ impl<B> CallQueue<B> {
     }
 
     /// Whether `call` may wait, before the driver encodes it: `Ok` while fewer than `max` wait.
+    /// At the bound, calls whose deadline passed by `now` (read only then) but whose callers did
+    /// not look yet end first (DEADLINE_EXCEEDED, kept for their callers; each body to
+    /// `release`, which counts them): they wait no more, so they do not hold the places.
     ///
     /// # Errors
     /// RESOURCE_EXHAUSTED naming `ClientConfig::max_queued_calls`, with the `in_flight` calls
     /// and those waiting.
-    pub fn admit(&self, in_flight: u16) -> Result<(), Status> {
+    pub fn admit(
+        &mut self,
+        in_flight: u16,
+        now: impl FnOnce() -> Instant,
+        release: impl FnMut(B),
+    ) -> Result<(), Status> {
+        if self.waiting.len() < self.max {
+            return Ok(());
+        }
+        self.end_expired(now(), release);
         if self.waiting.len() < self.max {
             return Ok(());
         }
@@ -136,6 +148,23 @@ impl<B> CallQueue<B> {
             self.waiting.len(),
             self.max
         )))
+    }
+
+    /// Ends every waiting call whose deadline passed by `now` (the bound's cold path: it allocates).
+    #[cold]
+    fn end_expired(&mut self, now: Instant, mut release: impl FnMut(B)) {
+        let due: Vec<u64> = self
+            .waiting
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|d| now >= d))
+            .map(|(&seq, _)| seq)
+            .collect();
+        for seq in due {
+            if let Some(call) = self.waiting.remove(&seq) {
+                self.resolved.insert(seq, Resolved::Ended(expired()));
+                release(call.body);
+            }
+        }
     }
 
     /// Queues a call admitted by [`CallQueue::admit`] behind those waiting; returns its
@@ -271,12 +300,12 @@ mod tests {
         let clock = Clock(Instant::now());
         let mut q = CallQueue::new(2);
         assert!(!q.must_wait());
-        q.admit(4).unwrap();
+        q.admit(4, || clock.at(0), |_| {}).unwrap();
         let a = q.push(call(1, None));
-        q.admit(4).unwrap();
+        q.admit(4, || clock.at(0), |_| {}).unwrap();
         let b = q.push(call(2, None));
         assert!(q.must_wait(), "behind them, even with a slot free");
-        let e = q.admit(4).unwrap_err();
+        let e = q.admit(4, || clock.at(0), |_| {}).unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted);
         assert!(
             e.message().contains("max_queued_calls (2)") && e.message().contains("4 calls in flight"),
@@ -366,5 +395,30 @@ mod tests {
             "{s}"
         );
         assert!(q.next(clock.at(0), true).is_none());
+    }
+
+    /// At the bound, waiting calls whose deadline passed unpolled (behind one without a
+    /// deadline, which `next` does not look past) end and free their places; their callers get
+    /// DEADLINE_EXCEEDED; a bound of live calls still refuses.
+    #[test]
+    fn expired_calls_nobody_polled_do_not_hold_places_at_the_bound() {
+        let clock = Clock(Instant::now());
+        let mut q = CallQueue::new(2);
+        let a = q.push(call(1, None));
+        let b = q.push(call(2, Some(clock.at(10))));
+        let mut released = Vec::new();
+        q.admit(0, || clock.at(5), |body| released.push(body)).unwrap_err();
+        assert!(released.is_empty(), "not expired yet");
+        assert!(q.next(clock.at(20), false).is_none(), "the first has no deadline");
+        q.admit(0, || clock.at(20), |body| released.push(body)).unwrap();
+        assert_eq!(released, [2]);
+        assert_eq!(q.len(), 1);
+        let Queued::Ended(s) = q.poll(b, || clock.at(20), |_| panic!("released already")) else {
+            panic!("ended")
+        };
+        assert_eq!(s.code(), Code::DeadlineExceeded);
+        q.push(call(3, None));
+        q.admit(0, || clock.at(30), |_| panic!("nothing expired")).unwrap_err();
+        assert_eq!(q.poll(a, || clock.at(30), |_| {}), Queued::Waiting);
     }
 }
