@@ -171,6 +171,10 @@ pub enum TestKind {
     ChanBw,
     /// Server-streaming messages/s and goodput: one stream of -n messages of -s bytes.
     StreamBw,
+    /// Client-streaming messages/s and goodput: one stream of -n messages of -s bytes to the server.
+    StreamInBw,
+    /// Bidirectional streaming: -n messages of -s bytes each way, each answered by the server.
+    StreamBidiBw,
     /// Raw SEND/RECV ping-pong round trip.
     SendLat,
     /// Raw RDMA WRITE ping-pong round trip, polling the last byte (as ib_write_lat).
@@ -188,6 +192,8 @@ impl TestKind {
             TestKind::ChanLat => "chan_lat",
             TestKind::ChanBw => "chan_bw",
             TestKind::StreamBw => "stream_bw",
+            TestKind::StreamInBw => "stream_in_bw",
+            TestKind::StreamBidiBw => "stream_bidi_bw",
             TestKind::SendLat => "send_lat",
             TestKind::WriteLat => "write_lat",
             TestKind::WriteBw => "write_bw",
@@ -203,8 +209,19 @@ impl TestKind {
     pub fn is_rpc(self) -> bool {
         matches!(
             self,
-            TestKind::RpcLat | TestKind::RpcBw | TestKind::ChanLat | TestKind::ChanBw | TestKind::StreamBw
+            TestKind::RpcLat
+                | TestKind::RpcBw
+                | TestKind::ChanLat
+                | TestKind::ChanBw
+                | TestKind::StreamBw
+                | TestKind::StreamInBw
+                | TestKind::StreamBidiBw
         )
+    }
+
+    /// True for the streaming tests.
+    pub fn is_stream(self) -> bool {
+        matches!(self, TestKind::StreamBw | TestKind::StreamInBw | TestKind::StreamBidiBw)
     }
 
     /// True for the tests of the shareable handle (`Channel`).

@@ -17,6 +17,7 @@
 //! rpc-perf --loopback --test rpc_bw -s 1M -D 5            # 1 MiB each way, vs memcpy
 //! rpc-perf --loopback --test chan_bw --tasks 8 -c 32      # the shareable handle from 8 tokio tasks
 //! rpc-perf --loopback --test stream_bw -s 64K              # server-streaming messages/s, goodput
+//! rpc-perf --loopback --test stream_in_bw,stream_bidi_bw   # client and bidirectional streaming
 //! rpc-perf --loopback -a --test rpc_lat,send_lat --plot sweep.svg --json sweep.json
 //! rpc-perf --transport rdma -d mlx5_0 -x 3                # server on host A
 //! rpc-perf --transport rdma -d mlx5_0 -x 3 hostA          # client on host B

@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
-use rpc_core::codegen::{Reply, RequestContext, Status, StreamSink};
+use rpc_core::codegen::{Reply, RequestContext, RequestStream, Responder, Status, StreamSink};
 use rpc_core::{ClientConfig, PollingPolicy, Server, ServerHandle, Transport};
 
 use crate::cli::{Args, Limit, PollKind, TestKind, MAX_SIZE};
@@ -87,6 +87,55 @@ impl Bench for BenchService {
             // The sink moved into the closure that was not run: it ends the stream when dropped
             // with it, so the client sees a clean end with fewer messages and says so.
             eprintln!("rpc-perf: Bench.Stream: spawning the producer thread: {e}");
+        }
+    }
+
+    /// Reads the client's messages on a thread of its own (an inline handler cannot wait for
+    /// them) and answers their count and payload bytes.
+    fn upload(
+        &self,
+        _ctx: &RequestContext,
+        requests: RequestStream<EchoRequest>,
+        responder: Responder<StreamRequest>,
+    ) {
+        let spawned = std::thread::Builder::new().name("bench-upload".into()).spawn(move || {
+            let (mut count, mut bytes) = (0u64, 0u32);
+            for m in requests {
+                match m {
+                    Ok(m) => {
+                        count += 1;
+                        bytes = bytes.wrapping_add(m.payload.len() as u32);
+                    }
+                    Err(s) => return responder.send(Err(s)),
+                }
+            }
+            responder.send(Ok(StreamRequest { count, size: bytes }));
+        });
+        if let Err(e) = spawned {
+            eprintln!("rpc-perf: Bench.Upload: spawning the reader thread: {e}");
+        }
+    }
+
+    /// Answers each of the client's messages with one of `resp_size` payload bytes (a slice of
+    /// the static payload), from a thread of its own.
+    fn exchange(
+        &self,
+        _ctx: &RequestContext,
+        requests: RequestStream<EchoRequest>,
+        sink: StreamSink<EchoReply>,
+    ) {
+        let payload = self.payload.clone();
+        let spawned = std::thread::Builder::new().name("bench-exchange".into()).spawn(move || {
+            for m in requests {
+                let Ok(m) = m else { return };
+                let n = (m.resp_size as usize).min(payload.len());
+                if sink.send(&EchoReply { payload: payload.slice(..n) }).is_err() {
+                    return;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            eprintln!("rpc-perf: Bench.Exchange: spawning the echo thread: {e}");
         }
     }
 }

@@ -150,7 +150,7 @@ pub fn client_session<P: Provider>(
     for &test in &args.tests {
         if test.is_channel() {
             crate::chan::run_client(args, resolved, test, &mut ch, &mut sink)?;
-        } else if test == TestKind::StreamBw {
+        } else if test.is_stream() {
             crate::stream::run_client(args, resolved, test, &mut ch, &mut sink)?;
         } else if test.is_rpc() {
             rpc::run_client(args, resolved, test, &mut ch, &mut sink)?;

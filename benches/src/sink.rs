@@ -38,7 +38,9 @@ impl Sink {
             TestKind::RpcBw | TestKind::ChanBw => {
                 println!("{}{}", report::BW_HEADER, report::RPC_BW_HEADER_EXT)
             }
-            TestKind::StreamBw => println!("{}{}", report::BW_HEADER, report::STREAM_BW_HEADER_EXT),
+            TestKind::StreamBw | TestKind::StreamInBw | TestKind::StreamBidiBw => {
+                println!("{}{}", report::BW_HEADER, report::STREAM_BW_HEADER_EXT)
+            }
             TestKind::WriteBw => println!("{}", report::BW_HEADER),
             _ => println!("{}", report::LAT_HEADER),
         }
@@ -56,7 +58,7 @@ impl Sink {
         let line = if let Some(l) = r.latency() {
             report::latency_row(r.bytes, l)
         } else if let Some(b) = r.bandwidth() {
-            if matches!(r.test, TestKind::RpcBw | TestKind::ChanBw | TestKind::StreamBw) {
+            if matches!(r.test, TestKind::RpcBw | TestKind::ChanBw) || r.test.is_stream() {
                 format!("{}{}", report::bandwidth_row(r.bytes, b), report::rpc_bw_ext(b))
             } else {
                 report::bandwidth_row(r.bytes, b)
@@ -86,6 +88,10 @@ pub fn title(test: TestKind) -> &'static str {
         }
         TestKind::ChanBw => "Channel BW Test (chan_bw, unary, shareable handle, tokio tasks)",
         TestKind::StreamBw => "Stream BW Test (stream_bw, server streaming, one stream)",
+        TestKind::StreamInBw => "Stream BW Test (stream_in_bw, client streaming, one stream)",
+        TestKind::StreamBidiBw => {
+            "Stream BW Test (stream_bidi_bw, bidirectional, one stream, each message answered)"
+        }
         TestKind::SendLat => "Send Latency Test (send_lat, round trip)",
         TestKind::WriteLat => "RDMA Write Latency Test (write_lat, round trip)",
         TestKind::WriteBw => "RDMA Write BW Test (write_bw)",

@@ -5,8 +5,15 @@
 //! stream after that long). Every message's length is checked, and the stream must end cleanly
 //! after exactly the messages asked for. A warm-up stream of `--warmup` messages runs first.
 //!
-//! The figures count the streamed payload one way (the request is a few bytes); the RPC columns
-//! read messages/s and goodput.
+//! stream_in_bw: client-streaming, the same from the client's side: one stream (`Bench.Upload`)
+//! of `-n` messages of `-s` payload bytes sent as fast as credits allow, then `finish`; the
+//! server's answer must count every message and byte. stream_bidi_bw: one bidirectional stream
+//! (`Bench.Exchange`), `-n` messages of `-s` bytes each way: the client sends and takes the
+//! server's answers (one per message, same size) in one thread, interleaved.
+//!
+//! The figures count the streamed payload one way (the request is a few bytes; for
+//! stream_bidi_bw the messages the client received); the RPC columns read messages/s and
+//! goodput.
 
 use std::time::Instant;
 
@@ -19,7 +26,7 @@ use crate::progress::Progress;
 use crate::results::Measure;
 use crate::rpc;
 use crate::rpc::pb::bench_client::BenchClient;
-use crate::rpc::pb::StreamRequest;
+use crate::rpc::pb::{EchoRequest, StreamRequest};
 use crate::sink::Sink;
 use crate::stats::{BandwidthSummary, PeakWindow};
 use crate::transport::Resolved;
@@ -50,19 +57,33 @@ pub fn run_client(
     let cfg = rpc::client_config(args, resolved, rpc::polling(args.poll), 1);
     let client =
         BenchClient::connect_with(addr, &cfg).map_err(|s| rpc_err(&format!("connecting to {addr}"), s))?;
-    let mut extra = vec![("Producer", "a server thread, StreamSink::send per message".to_string())];
+    let producer = match test {
+        TestKind::StreamInBw => "the client thread, ClientStreaming::send per message",
+        TestKind::StreamBidiBw => "the client thread sends, a server thread answers each (StreamSink::send)",
+        _ => "a server thread, StreamSink::send per message",
+    };
+    let mut extra = vec![("Producer", producer.to_string())];
     if !args.all {
         extra.push(("Message size", format!("{}[B]", args.rpc_sizes(args.size).1)));
     }
-    let what = ("BW", "streamed payload (server to client)");
+    let what = match test {
+        TestKind::StreamInBw => ("BW", "streamed payload (client to server)"),
+        TestKind::StreamBidiBw => ("BW", "streamed payload received by the client (as much went out)"),
+        _ => ("BW", "streamed payload (server to client)"),
+    };
     let info = rpc::banner_info(args, &started, &cfg, "1 stream".into(), extra, false, what);
     sink.begin_test(test, started.sizes.len(), info);
     rpc::each_size(args, test, &started, 1, sink, |_, size, limit, progress| {
         // Warm-up: a stream of its own, unmeasured.
+        let run = |limit, progress| match test {
+            TestKind::StreamInBw => upload(&client, size, limit, progress),
+            TestKind::StreamBidiBw => exchange(&client, size, limit, progress),
+            _ => take(&client, size, limit, progress),
+        };
         if args.warmup > 0 {
-            take(&client, size, Limit::Iters(args.warmup), None)?;
+            run(Limit::Iters(args.warmup), None)?;
         }
-        Ok(Measure::Bandwidth(take(&client, size, limit, Some(progress))?))
+        Ok(Measure::Bandwidth(run(limit, Some(progress))?))
     })?;
     let c = client.client().counters();
     drop(client);
@@ -123,6 +144,122 @@ fn take(
         return Err(PerfError::Rpc(format!("Bench.Stream ended cleanly after {got} of {count} messages")));
     }
     drop(stream);
+    let (pb, pns) = peak.best();
+    Ok(BandwidthSummary::new(got, size as u64, elapsed, pb, pns))
+}
+
+/// Sends one client stream of `size`-byte messages until `limit`, then finishes it and checks
+/// the server's count of messages and bytes.
+fn upload(
+    client: &BenchClient,
+    size: usize,
+    limit: Limit,
+    progress: Option<&Progress>,
+) -> Result<BandwidthSummary, PerfError> {
+    let msg = EchoRequest { payload: bytes::Bytes::from(vec![0x5a; size]), resp_size: 0 };
+    let peak_every = ((1u64 << 20) / size.max(1) as u64).clamp(1, SAMPLE_EVERY);
+    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
+    let start = Instant::now();
+    let mut up = client.upload_with(&CallOptions::default()).map_err(|s| rpc_err("Bench.Upload", s))?;
+    let mut sent = 0u64;
+    loop {
+        if let Limit::Iters(n) = limit {
+            if sent == n {
+                break;
+            }
+        }
+        up.send(&msg).map_err(|s| rpc_err("Bench.Upload", s))?;
+        sent += 1;
+        if sent % peak_every == 0 {
+            let e = start.elapsed();
+            peak.completed(e.as_nanos() as u64, sent * size as u64);
+            if let Some(p) = progress {
+                p.fraction(crate::measure::fraction(limit, sent, e));
+            }
+            if matches!(limit, Limit::Duration(d) if e >= d) {
+                break;
+            }
+        }
+    }
+    let r = up.finish().map_err(|s| rpc_err("Bench.Upload", s))?;
+    let elapsed = start.elapsed().as_nanos() as u64;
+    let bytes = (sent * size as u64) as u32;
+    if r.count != sent || r.size != bytes {
+        return Err(PerfError::Rpc(format!(
+            "Bench.Upload counted {} messages ({} bytes mod 2^32) of {sent} ({bytes})",
+            r.count, r.size
+        )));
+    }
+    let (pb, pns) = peak.best();
+    Ok(BandwidthSummary::new(sent, size as u64, elapsed, pb, pns))
+}
+
+/// One bidirectional stream: sends `size`-byte messages until `limit` and takes the server's
+/// answers (one each, `size` bytes) in between, then finishes and takes the rest; checks every
+/// answer's length and that one came per message.
+fn exchange(
+    client: &BenchClient,
+    size: usize,
+    limit: Limit,
+    progress: Option<&Progress>,
+) -> Result<BandwidthSummary, PerfError> {
+    let msg = EchoRequest { payload: bytes::Bytes::from(vec![0x5a; size]), resp_size: size as u32 };
+    let peak_every = ((1u64 << 20) / size.max(1) as u64).clamp(1, SAMPLE_EVERY);
+    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
+    let start = Instant::now();
+    let mut s = client.exchange_with(&CallOptions::default()).map_err(|s| rpc_err("Bench.Exchange", s))?;
+    let (mut sent, mut got) = (0u64, 0u64);
+    let check = |m: crate::rpc::pb::EchoReply, got: u64| {
+        if m.payload.len() == size {
+            Ok(())
+        } else {
+            Err(PerfError::Rpc(format!(
+                "Bench.Exchange answer {got} has {} bytes, expected {size}",
+                m.payload.len()
+            )))
+        }
+    };
+    let mut sending = true;
+    while sending {
+        // Take what arrived, then send while credits allow (a one-thread caller must not block
+        // in send while the server waits for it to read).
+        while let Some(m) = s.try_message() {
+            let Some(m) = m.map_err(|e| rpc_err("Bench.Exchange", e))? else {
+                return Err(PerfError::Rpc(format!("Bench.Exchange ended after {got} of {sent} answers")));
+            };
+            check(m, got)?;
+            got += 1;
+            if got % peak_every == 0 {
+                let e = start.elapsed();
+                peak.completed(e.as_nanos() as u64, got * size as u64);
+                if let Some(p) = progress {
+                    p.fraction(crate::measure::fraction(limit, got, e));
+                }
+                if matches!(limit, Limit::Duration(d) if e >= d) {
+                    sending = false;
+                }
+            }
+        }
+        if matches!(limit, Limit::Iters(n) if sent == n) {
+            sending = false;
+        }
+        while sending && s.try_send(&msg).map_err(|e| rpc_err("Bench.Exchange", e))? {
+            sent += 1;
+            if matches!(limit, Limit::Iters(n) if sent == n) {
+                sending = false;
+            }
+        }
+    }
+    s.finish();
+    while got < sent {
+        let Some(m) = s.message().map_err(|e| rpc_err("Bench.Exchange", e))? else { break };
+        check(m, got)?;
+        got += 1;
+    }
+    if s.message().map_err(|e| rpc_err("Bench.Exchange", e))?.is_some() || got != sent {
+        return Err(PerfError::Rpc(format!("Bench.Exchange: {got} answers to {sent} messages")));
+    }
+    let elapsed = start.elapsed().as_nanos() as u64;
     let (pb, pns) = peak.best();
     Ok(BandwidthSummary::new(got, size as u64, elapsed, pb, pns))
 }

@@ -157,7 +157,7 @@ fn unknown_methods_services_messages_and_bad_json_are_named() {
     let proto = bench_proto();
     // None of these needs a server: they fail before connecting.
     let e = call(&["127.0.0.1:1", "rpcperf.Bench/Nope", "--proto", &proto]).unwrap_err();
-    assert_eq!(e, "unknown method `Nope` of service rpcperf.Bench (methods: Echo, Stream)");
+    assert_eq!(e, "unknown method `Nope` of service rpcperf.Bench (methods: Echo, Stream, Upload, Exchange)");
     let e = call(&["127.0.0.1:1", "rpcperf.Bnch/Echo", "--proto", &proto]).unwrap_err();
     assert_eq!(e, "unknown service `rpcperf.Bnch` in bench.proto (services: rpcperf.Bench)");
     let e = call(&["--proto", &proto, "--describe", "rpcperf.Nope"]).unwrap_err();
@@ -182,7 +182,9 @@ fn unknown_methods_services_messages_and_bad_json_are_named() {
     assert_eq!(
         out,
         "rpcperf.Bench\n  rpcperf.Bench/Echo(rpcperf.EchoRequest) returns (rpcperf.EchoReply)\n  \
-         rpcperf.Bench/Stream(rpcperf.StreamRequest) returns (stream rpcperf.EchoReply)  [streaming: not callable by rpc-perf]\n"
+         rpcperf.Bench/Stream(rpcperf.StreamRequest) returns (stream rpcperf.EchoReply)  [streaming: not callable by rpc-perf]\n  \
+         rpcperf.Bench/Upload(stream rpcperf.EchoRequest) returns (rpcperf.StreamRequest)  [streaming: not callable by rpc-perf]\n  \
+         rpcperf.Bench/Exchange(stream rpcperf.EchoRequest) returns (stream rpcperf.EchoReply)  [streaming: not callable by rpc-perf]\n"
     );
 }
 

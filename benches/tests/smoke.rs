@@ -88,6 +88,23 @@ fn every_test_runs_on_sim_loopback() {
     assert!(svg.contains("rpc_lat 64 B") && svg.contains("write_lat 64 B"));
 }
 
+/// The three streaming tests, small and ring-sized messages: every message arrives (each test
+/// checks its count and lengths and fails otherwise), results named and sized.
+#[test]
+fn streaming_tests_run_on_sim_loopback() {
+    for size in ["32", "65536"] {
+        let v = run(&["-n", "300", "-s", size, "--test", "stream_bw,stream_in_bw,stream_bidi_bw"]);
+        let res = v["results"].as_array().unwrap();
+        let names: Vec<&str> = res.iter().map(|r| r["test"].as_str().unwrap()).collect();
+        assert_eq!(names, ["stream_bw", "stream_in_bw", "stream_bidi_bw"]);
+        for r in res {
+            assert_eq!(r["bytes"].to_string(), size, "{r}");
+            assert_eq!(r["bandwidth"]["iterations"], 300, "{r}");
+            assert!(r["bandwidth"]["avg_mb_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+}
+
 #[test]
 fn bulk_sizes_use_the_ring_and_check_lengths() {
     // 64 KiB requests go by RDMA WRITE into the ring (eager threshold 4 KiB); 16-byte answers

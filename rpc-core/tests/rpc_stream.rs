@@ -147,9 +147,12 @@ fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_credit_limit()
         assert!(Instant::now() < give_up, "the producer never stalled");
         std::thread::yield_now();
     }
-    // Sent = taken (1) + held or granted at the client (the stream's credits, 16) + waiting in the
-    // sink (SINK_DEPTH); the producer blocks in `send` for the next.
-    let bound = 1 + 16 + SINK_DEPTH as u64;
+    // Sent = taken (1) + held or granted at the client (the stream's credits, 16 SENDs, each one
+    // message or a batch of as many as fit an eager buffer of 4096 bytes: at least 34 bytes
+    // each, plus a frame's length) + waiting in the sink (SINK_DEPTH); the producer blocks in
+    // `send` for the next.
+    let per_send = (4096 / (rpc_core::wire::FRAME_LEN as u64 + 34)).min(u64::from(rpc_core::wire::MAX_BATCH));
+    let bound = 1 + 16 * per_send + SINK_DEPTH as u64;
     assert!(last <= bound, "the producer sent {last} messages, above the credit limit {bound}");
     assert!(last >= 16, "the producer sent only {last}: credits were not granted");
     assert!(!probe.done.load(Ordering::Acquire));

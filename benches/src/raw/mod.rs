@@ -104,7 +104,9 @@ pub fn run_client<P: Provider>(
             | TestKind::RpcBw
             | TestKind::ChanLat
             | TestKind::ChanBw
-            | TestKind::StreamBw => {
+            | TestKind::StreamBw
+            | TestKind::StreamInBw
+            | TestKind::StreamBidiBw => {
                 return Err(PerfError::Setup(format!("{} is not a raw verbs test", test.name())))
             }
         };

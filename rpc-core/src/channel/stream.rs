@@ -11,7 +11,8 @@
 //! Memory per stream is bounded by the two queues and the stream's credits, whatever either
 //! side's speed. Dropping a half before the stream's end cancels the call; `finish` ends the
 //! caller's messages cleanly (distinct from a cancel). The call's timeout is the whole stream's
-//! deadline.
+//! deadline. A stream opened while the dispatcher's queue is full waits for room (its halves'
+//! futures stay pending, woken when the dispatcher takes calls out), as unary calls do.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -215,14 +216,45 @@ where
 }
 
 /// Wakes a stream's dispatcher to look at its calls (a task queued a message, took one from a
-/// full queue, or dropped a half).
+/// full queue, or dropped a half); holds the stream's job until the dispatcher's queue takes it.
 #[derive(Clone)]
 struct Poke {
     shared: Arc<Shared>,
     dispatcher: usize,
+    /// The stream's job while the dispatcher's queue was full when it opened (`queued` false).
+    pending: Arc<Mutex<Option<Arc<dyn Job>>>>,
+    queued: Arc<AtomicBool>,
 }
 
 impl Poke {
+    /// Hands the stream's job to its dispatcher if it is not there yet: true once it is; false
+    /// while the queue is full (then `cx`'s task is woken when the dispatcher makes room).
+    fn submitted(&self, cx: &mut Context<'_>) -> bool {
+        if self.queued.load(Ordering::Acquire) {
+            return true;
+        }
+        let d = &self.shared.dispatchers[self.dispatcher];
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for round in 0..2 {
+            let Some(job) = pending.take() else { return true };
+            match d.submit(job) {
+                Ok(()) => {
+                    self.queued.store(true, Ordering::Release);
+                    drop(pending);
+                    self.poke();
+                    return true;
+                }
+                Err(job) => *pending = Some(job),
+            }
+            if round == 0 {
+                // Room may come between the failed push and the registration: look once more.
+                d.wait_for_space(cx.waker());
+            }
+        }
+        d.want_driver();
+        false
+    }
+
     fn poke(&self) {
         let d = &self.shared.dispatchers[self.dispatcher];
         d.cancels.fetch_add(1, Ordering::AcqRel);
@@ -254,12 +286,18 @@ impl Channel {
         });
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
-        if self.shared.dispatchers[dispatcher].submit(job).is_err() {
-            state.end(Err(Status::resource_exhausted(
-                "the dispatcher's queue is full (ChannelConfig::queue_depth): the stream was not started",
-            )));
-        }
-        let poke = Poke { shared: self.shared.clone(), dispatcher };
+        // A full queue: the job waits in the halves, which hand it over as room comes (as a
+        // unary call does), instead of failing the stream.
+        let (pending, queued) = match self.shared.dispatchers[dispatcher].submit(job) {
+            Ok(()) => (None, true),
+            Err(job) => (Some(job), false),
+        };
+        let poke = Poke {
+            shared: self.shared.clone(),
+            dispatcher,
+            pending: Arc::new(Mutex::new(pending)),
+            queued: Arc::new(AtomicBool::new(queued)),
+        };
         poke.poke();
         (state, poke)
     }
@@ -268,8 +306,8 @@ impl Channel {
     /// stubs call this). The returned receiver yields the server's messages. `opts`' timeout is
     /// the deadline of the whole stream.
     ///
-    /// Errors come from the receiver: as [`Channel::unary`]'s, and RESOURCE_EXHAUSTED when the
-    /// dispatcher's queue is full (streams do not wait for room in it).
+    /// Errors come from the receiver: as [`Channel::unary`]'s. While the dispatcher's queue is
+    /// full the stream waits for room (its futures stay pending), as unary calls do.
     pub fn server_stream<Req, Resp>(&self, id: MethodId, req: Req, opts: &CallOptions) -> StreamReceiver<Resp>
     where
         Req: Message + Send + 'static,
@@ -367,6 +405,9 @@ impl<Req: Message> StreamSender<Req> {
         let out = self.out.clone();
         let poke = self.poke.clone();
         std::future::poll_fn(move |cx: &mut Context<'_>| {
+            if !poke.submitted(cx) {
+                return Poll::Pending;
+            }
             for _ in 0..2 {
                 if out.over() {
                     return Poll::Ready(Err(Status::failed_precondition(
@@ -433,6 +474,9 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
         if self.done {
             return Poll::Ready(Ok(None));
         }
+        if !self.poke.submitted(cx) {
+            return Poll::Pending;
+        }
         for _ in 0..2 {
             let was_full = self.state.inb.queue.is_full();
             if let Some(m) = self.state.inb.queue.pop() {
@@ -462,6 +506,9 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
         let state = self.state.clone();
         let poke = self.poke.clone();
         let r = std::future::poll_fn(|cx| {
+            if !poke.submitted(cx) {
+                return Poll::Pending;
+            }
             for _ in 0..2 {
                 if state.inb.ended.load(Ordering::Acquire) {
                     let end = state.inb.end.lock().unwrap_or_else(|e| e.into_inner()).take();

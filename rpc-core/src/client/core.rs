@@ -26,7 +26,7 @@ use crate::endpoint::conn::{
 };
 use crate::endpoint::counters::Counters;
 use crate::session::{
-    Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
+    tick::Tick, Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
 };
 use crate::status::{Code, Status};
 use crate::transport::Device;
@@ -39,14 +39,9 @@ use crate::wire::{read_frame, write_frame, Frame, FrameError, Header, Kind, HEAD
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
-/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8` and the stream budget,
+/// Receive buffers reposted per doorbell (the SRQ holds `4 × window + 8` and the stream budget,
 /// so a few may wait).
 const REPOST_BATCH: usize = 8;
-/// Empty polls between checks of the TCP liveness channel.
-const LIVENESS_EVERY: u32 = 4096;
-/// While empty polls yield or block, the timers and the TCP channel are checked every this many
-/// of them instead (a power of two; each such poll already made a system call).
-const LIVENESS_EVERY_SLEPT: u32 = 16;
 
 /// What a response leaves in its slot until the caller takes it.
 #[derive(Debug)]
@@ -56,6 +51,24 @@ pub(crate) enum Answer {
     /// The body came through the ring and was copied out into this buffer.
     Owned(Vec<u8>),
     Err(Status),
+    /// Stream messages batched in one receive buffer ([`crate::wire::STREAM_BATCH`], checked by
+    /// the session): `left` of them from body offset `at` on. The buffer (the stream's credit)
+    /// goes back with the last.
+    Batch {
+        buf: RecvBuf,
+        at: u32,
+        left: u16,
+    },
+}
+
+/// Stream messages waiting in one send buffer for a stream credit: `len` body bytes of `count`
+/// frames after the header.
+struct OpenBatch {
+    slot: u16,
+    generation: u32,
+    buf: SendBuf,
+    len: u32,
+    count: u16,
 }
 
 /// A request's body while its call waits for a credit.
@@ -111,9 +124,14 @@ pub(crate) struct ClientCore<P: Provider> {
     /// Streams cancelled while a message of theirs was leaving in pieces: the Cancel follows
     /// its last piece (the session's [`Session::request_left`]).
     stream_cancels: Vec<(u16, u32)>,
+    /// Messages of one caller's stream that found no stream credit, framed into one send
+    /// buffer ([`crate::wire::STREAM_BATCH`]): they leave as one SEND with the next credit.
+    stream_batch: Option<OpenBatch>,
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
+    /// When the timers and the TCP channel are checked ([`crate::session::tick`]).
+    tick: Tick,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
     /// The last [`StartMode::NoWait`] start gave up on a body that found the server's ring full,
@@ -168,9 +186,13 @@ impl<P: Provider> ClientCore<P> {
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
-        // 3 × window for calls, credit messages and pieces, and the stream messages held or
-        // granted (the session's stream budget: its credits, at most MAX_STREAM_BUDGET).
-        let recv_depth = 3 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET);
+        // 3 × window for calls, credit messages and pieces, a window of CancelAcks (one per
+        // Cancel, which holds its credit until then), and the stream messages held or granted
+        // (the session's stream budget: its credits, at most MAX_STREAM_BUDGET), as far as the
+        // device's SRQ goes (at the largest windows a burst may wait for a repost: RNR, a delay).
+        let recv_depth =
+            (4 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET))
+                .min(dev.ctx.attr().max_srq_wr);
         let pd = dev.ctx.alloc_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
@@ -337,9 +359,11 @@ impl<P: Provider> ClientCore<P> {
             outbox: Outbox::default(),
             stream_ends: Vec::new(),
             stream_cancels: Vec::new(),
+            stream_batch: None,
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
+            tick: Tick::new(),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
             unplaced_stall: false,
@@ -513,9 +537,73 @@ impl<P: Provider> ClientCore<P> {
         if !self.outbox.is_empty() {
             send_waiting(&mut self.conn, &mut self.outbox, |_, _, _| {}, |_| {});
         }
+        if self.stream_batch.is_some() {
+            self.send_batch();
+        }
         if !self.stream_ends.is_empty() || !self.stream_cancels.is_empty() {
             self.send_stream_controls();
         }
+    }
+
+    /// Sends the open batch of stream messages when its stream has a credit (it takes one).
+    fn send_batch(&mut self) {
+        let Some(b) = &self.stream_batch else { return };
+        match self.conn.session.stream_send(b.slot, b.generation) {
+            Ok(false) => return,
+            Ok(true) => {}
+            // Over (answered) or ended: its messages go nowhere.
+            Err(_) => {
+                if let Some(b) = self.stream_batch.take() {
+                    self.conn.pool.give_back(b.buf);
+                }
+                return;
+            }
+        }
+        let Some(b) = self.stream_batch.take() else { return };
+        let h = Header {
+            slot: b.slot,
+            generation: b.generation,
+            stream: crate::wire::STREAM_BATCH,
+            credits: b.count,
+            ..Header::new(Kind::StreamMsg)
+        };
+        self.conn.queue(b.buf, h, BodyAt::Eager(b.len));
+    }
+
+    /// Frames `msg` (`len` bytes encoded) into the open batch of stream `id`, opening one when
+    /// none is: false when it does not fit (an eager buffer), another stream's batch is open,
+    /// the outbox holds messages (they go first), or no send buffer is free.
+    fn batch_append<M: Message>(&mut self, id: CallId, msg: &M, len: usize) -> bool {
+        use crate::wire::{FRAME_LEN, MAX_BATCH};
+        let cap = (self.conn.session.params().eager_threshold as usize).min(self.conn.body_cap);
+        if self.stream_batch.is_none() {
+            if !self.outbox.is_empty() || FRAME_LEN + len > cap {
+                return false;
+            }
+            let Some(buf) = self.conn.acquire() else { return false };
+            self.stream_batch =
+                Some(OpenBatch { slot: id.slot, generation: id.generation, buf, len: 0, count: 0 });
+        }
+        let Some(b) = self.stream_batch.as_mut() else { return false };
+        if (b.slot, b.generation) != (id.slot, id.generation)
+            || b.len as usize + FRAME_LEN + len > cap
+            || b.count == MAX_BATCH
+        {
+            return false;
+        }
+        let at = HEADER_LEN + b.len as usize;
+        let dst = &mut self.conn.pool.buf_mut(&mut b.buf)[at..at + FRAME_LEN + len];
+        dst[..FRAME_LEN].copy_from_slice(&(len as u32).to_le_bytes());
+        let mut body = &mut dst[FRAME_LEN..];
+        msg.encode_raw(&mut body);
+        b.len += (FRAME_LEN + len) as u32;
+        b.count += 1;
+        true
+    }
+
+    /// True while the open batch holds messages of the stream `(slot, generation)`.
+    fn batch_holds(&self, slot: u16, generation: u32) -> bool {
+        self.stream_batch.as_ref().is_some_and(|b| (b.slot, b.generation) == (slot, generation))
     }
 
     /// Sends the StreamEnd of each stream whose caller ended it, and the Cancel of each stream
@@ -525,7 +613,10 @@ impl<P: Provider> ClientCore<P> {
         let mut i = 0;
         while i < self.stream_ends.len() {
             let (slot, generation) = self.stream_ends[i];
-            if self.pending[slot as usize].is_some() || self.outbox.holds(slot, generation) {
+            if self.pending[slot as usize].is_some()
+                || self.outbox.holds(slot, generation)
+                || self.batch_holds(slot, generation)
+            {
                 i += 1;
                 continue;
             }
@@ -591,7 +682,7 @@ impl<P: Provider> ClientCore<P> {
         }
         for q in &mut self.stream_msgs {
             for a in std::mem::take(q) {
-                if let Answer::Eager(b) = a {
+                if let Answer::Eager(b) | Answer::Batch { buf: b, .. } = a {
                     self.recv.repost(b);
                 }
             }
@@ -602,6 +693,9 @@ impl<P: Provider> ClientCore<P> {
             }
         }
         self.outbox.drain().for_each(drop);
+        if let Some(b) = self.stream_batch.take() {
+            self.conn.pool.give_back(b.buf);
+        }
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         self.conn.sq.reset(&mut self.conn.pool);
         self.conn.pool.retire_all();
@@ -699,7 +793,7 @@ impl<P: Provider> ClientCore<P> {
                                 .into_owned()
                         }
                         Answer::Owned(v) => String::from_utf8_lossy(v).into_owned(),
-                        Answer::Err(_) => String::new(),
+                        Answer::Err(_) | Answer::Batch { .. } => String::new(),
                     };
                     self.release(body);
                     Answer::Err(Status::new(h.status, text))
@@ -725,13 +819,22 @@ impl<P: Provider> ClientCore<P> {
                 self.release(body);
                 self.break_conn(unavailable("the server closed the session"));
             }
-            // A Ping made a Pong due (sent with the next flush); the rest only carried the
-            // freed head (the session refused a Request or a Cancel).
-            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
+            // A Ping made a Pong due (sent with the next flush); a CancelAck may have freed an
+            // abandoned call's slot and credit (the session's); the rest only carried the freed
+            // head (the session refused a Request or a Cancel).
+            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::CancelAck | Kind::Request | Kind::Cancel => {
+                self.release(body)
+            }
             // The session checked it belongs to an open stream of this slot, within its credits.
             Kind::StreamMsg => {
                 self.counters.bytes_in += u64::from(h.body_len);
                 if self.conn.session.calls().state(h.slot) == crate::session::SlotState::InFlight {
+                    let body = match body {
+                        Answer::Eager(buf) if h.stream & crate::wire::STREAM_BATCH != 0 => {
+                            Answer::Batch { buf, at: 0, left: h.credits }
+                        }
+                        other => other,
+                    };
                     self.stream_msgs[h.slot as usize].push_back(body);
                 } else {
                     // Abandoned: dropped, its credit returned so the server reaches the Cancel.
@@ -773,14 +876,51 @@ impl<P: Provider> ClientCore<P> {
                 self.recv.repost(buf);
                 r
             }
+            // Batches are taken message by message (`next_stream_msg`).
+            Answer::Batch { buf, .. } => {
+                self.recv.repost(buf);
+                Err(Status::internal("a stream batch taken as one message"))
+            }
         };
         r
     }
 
     /// Gives an answer's receive buffer back (an owned body is simply dropped).
     fn release(&mut self, a: Answer) {
-        if let Answer::Eager(b) = a {
+        if let Answer::Eager(b) | Answer::Batch { buf: b, .. } = a {
             self.recv.repost(b);
+        }
+    }
+
+    /// The stream `id`'s next received message, decoded; its credit returns with the last
+    /// message of its SEND (a batch's buffer stays until its last message is taken).
+    fn next_stream_msg<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        let q = &mut self.stream_msgs[id.slot as usize];
+        match q.pop_front()? {
+            Answer::Batch { buf, at, left } => {
+                let body = self.recv.bytes(&buf).get(HEADER_LEN..).unwrap_or(&[]);
+                // The session checked the frames: a missing one only ends the batch early.
+                let frame = crate::wire::frame_at(body, at as usize);
+                let r = frame.map(|(s, e)| {
+                    R::decode(&body[s..e]).map_err(|e| {
+                        Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+                    })
+                });
+                match frame {
+                    Some((_, end)) if left > 1 => {
+                        q.push_front(Answer::Batch { buf, at: end as u32, left: left - 1 })
+                    }
+                    _ => {
+                        self.recv.repost(buf);
+                        self.conn.session.stream_consumed(id.slot, id.generation);
+                    }
+                }
+                r.or_else(|| self.next_stream_msg(id))
+            }
+            a => {
+                self.conn.session.stream_consumed(id.slot, id.generation);
+                Some(self.decode::<R>(a))
+            }
         }
     }
 
@@ -804,15 +944,19 @@ impl<P: Provider> ClientCore<P> {
         Ok(())
     }
 
-    /// An empty poll: counted, and every [`LIVENESS_EVERY`] of them the TCP channel is checked.
+    /// An empty poll: counted; the timers and the TCP channel are checked when the session's
+    /// rule says so ([`Tick`]: by time, the clock read once per 4096 such polls).
     #[inline]
     fn note_empty(&mut self) {
         self.idle.note_empty();
-        if self.idle.empty_polls() % LIVENESS_EVERY == 0 {
+        if self.tick.spun(Instant::now) {
             self.check_liveness();
         }
     }
 
+    /// Spins, yields or blocks per the polling policy after an empty poll. A yield or an event
+    /// wait can last milliseconds, so it weighs more in the same rule ([`Tick::slept`]: the
+    /// clock is read once per 16 of them).
     fn pause(&mut self) {
         let cq = &self.cq;
         let slept = self.idle.pause(|| {
@@ -820,10 +964,7 @@ impl<P: Provider> ClientCore<P> {
                 let _ = cq.wait(Some(EVENT_WAIT));
             }
         });
-        // A yield or an event wait can last milliseconds (a loaded machine's time slice, a whole
-        // EVENT_WAIT): counted in empty polls alone, LIVENESS_EVERY of them could pass the idle
-        // probe's deadline by seconds. Beside a system call, the check costs nothing more.
-        if slept && self.idle.empty_polls() % LIVENESS_EVERY_SLEPT == 0 {
+        if slept && self.tick.slept(Instant::now) {
             self.check_liveness();
         }
     }
@@ -914,11 +1055,9 @@ impl<P: Provider> ClientCore<P> {
         id: CallId,
     ) -> Option<Result<Option<R>, Status>> {
         for round in 0..2 {
-            if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
-                self.conn.session.stream_consumed(id.slot, id.generation);
-                let r = self.decode::<R>(a).map(Some);
+            if let Some(r) = self.next_stream_msg::<R>(id) {
                 self.flush();
-                return Some(r);
+                return Some(r.map(Some));
             }
             if let Some(a) = self.take_answer(id) {
                 self.conn.session.stream_close(id.slot, id.generation);
@@ -966,6 +1105,11 @@ impl<P: Provider> ClientCore<P> {
         }
         let key = (id.slot, id.generation);
         self.stream_ends.retain(|&e| e != key);
+        if self.batch_holds(id.slot, id.generation) {
+            if let Some(b) = self.stream_batch.take() {
+                self.conn.pool.give_back(b.buf);
+            }
+        }
         for o in self.outbox.take_unsent(id.slot, id.generation, Kind::StreamMsg) {
             o.discard(&mut self.conn.staging);
         }
@@ -998,13 +1142,36 @@ impl<P: Provider> ClientCore<P> {
         let len = msg.encoded_len();
         self.check_len(len)?;
         let (slot, generation) = (id.slot, id.generation);
+        if self.stream_ends.contains(&(slot, generation)) {
+            // Finished, its StreamEnd still waiting for the messages before it.
+            return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
+        }
         let mut looked = false;
         loop {
             if let Some(s) = &self.broken {
                 return Err(s.clone());
             }
             match self.conn.session.stream_send(slot, generation) {
+                Ok(true) if self.batch_holds(slot, generation) => {
+                    // The batch before this message goes first, with this credit.
+                    let Some(b) = self.stream_batch.take() else { continue };
+                    let h = Header {
+                        slot,
+                        generation,
+                        stream: crate::wire::STREAM_BATCH,
+                        credits: b.count,
+                        ..Header::new(Kind::StreamMsg)
+                    };
+                    self.conn.queue(b.buf, h, BodyAt::Eager(b.len));
+                    self.flush();
+                    continue;
+                }
                 Ok(true) => break,
+                // No credit: coalesced with the messages before it, to leave with the next.
+                Ok(false) if self.batch_append(id, msg, len) => {
+                    self.counters.bytes_out += len as u64;
+                    return Ok(true);
+                }
                 Ok(false) => {}
                 Err(crate::session::StreamError::NotSending) => {
                     return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
@@ -1119,9 +1286,8 @@ impl<P: Provider> ClientCore<P> {
         &mut self,
         id: CallId,
     ) -> Option<Result<Option<R>, Status>> {
-        if let Some(a) = self.stream_msgs[id.slot as usize].pop_front() {
-            self.conn.session.stream_consumed(id.slot, id.generation);
-            return Some(self.decode::<R>(a).map(Some));
+        if let Some(r) = self.next_stream_msg::<R>(id) {
+            return Some(r.map(Some));
         }
         let a = self.take_answer(id)?;
         self.conn.session.stream_close(id.slot, id.generation);

@@ -24,15 +24,16 @@ use crate::status::Status;
 
 /// What the reader and the worker share.
 pub(crate) struct SourceShared {
-    /// Encoded messages received and not yet taken (at most the stream's credits, so never more
-    /// than [`crate::session::MAX_STREAM_BUDGET`]).
-    pub(crate) queue: ArrayQueue<Vec<u8>>,
+    /// Stream SENDs received and not yet taken (at most the stream's credits, so never more
+    /// than [`crate::session::MAX_STREAM_BUDGET`]): an encoded message (count 0), or a batch of
+    /// `count` messages in frames ([`crate::wire::STREAM_BATCH`], checked by the session).
+    pub(crate) queue: ArrayQueue<(Vec<u8>, u16)>,
     /// The client ended its messages cleanly (set after its last message is queued).
     pub(crate) ended: AtomicBool,
     /// Raised by the worker when the call is over without the handler (cancel, deadline,
     /// session gone, or answered).
     pub(crate) cancelled: CancelFlag,
-    /// Messages taken since the worker last returned their credits.
+    /// Stream SENDs (messages, whole batches) taken since the worker last returned their credits.
     pub(crate) taken: AtomicU32,
     /// The handler dropped its [`RequestStream`]: messages arriving from here are dropped and
     /// their credits returned (else the client's sends stall at the credits forever).
@@ -85,26 +86,15 @@ impl SourceShared {
         self.wake();
     }
 
-    /// One look: a message, the end (`Some(Ok(None))`), the cancellation, or `None` for nothing yet.
-    fn poll_once<T: Message + Default>(&self) -> Option<Result<Option<T>, Status>> {
-        if let Some(bytes) = self.queue.pop() {
-            self.taken.fetch_add(1, Ordering::AcqRel);
-            // `bytes` fields become slices of this buffer: no second copy.
-            return Some(T::decode(bytes::Bytes::from(bytes)).map(Some).map_err(|e| {
-                Status::invalid_argument(format!("cannot decode {}: {e}", std::any::type_name::<T>()))
-            }));
+    /// One look: a message, the end (`Some(Ok(None))`), the cancellation, or `None` for nothing
+    /// yet. `cur` is the reader's place in a batch it is taking.
+    fn poll_once<T: Message + Default>(&self, cur: &mut Option<Batch>) -> Option<Result<Option<T>, Status>> {
+        if let Some(r) = self.next_message::<T>(cur) {
+            return Some(r.map(Some));
         }
         if self.ended.load(Ordering::Acquire) {
             // The end is set after the last message was queued: look once more.
-            return Some(match self.queue.pop() {
-                Some(bytes) => {
-                    self.taken.fetch_add(1, Ordering::AcqRel);
-                    T::decode(bytes::Bytes::from(bytes)).map(Some).map_err(|e| {
-                        Status::invalid_argument(format!("cannot decode {}: {e}", std::any::type_name::<T>()))
-                    })
-                }
-                None => Ok(None),
-            });
+            return Some(self.next_message::<T>(cur).map_or(Ok(None), |r| r.map(Some)));
         }
         if self.cancelled.is_raised() {
             return Some(Err(Status::cancelled(
@@ -112,6 +102,50 @@ impl SourceShared {
             )));
         }
         None
+    }
+}
+
+/// A reader's place in a batch: the batch (`bytes` fields of its messages are slices of it), the
+/// offset of the next frame, and the messages left.
+pub(crate) struct Batch {
+    body: bytes::Bytes,
+    at: usize,
+    left: u16,
+}
+
+impl SourceShared {
+    /// The next message, from the batch being taken or the queue; a SEND's credit is counted
+    /// as taken with its last message.
+    fn next_message<T: Message + Default>(&self, cur: &mut Option<Batch>) -> Option<Result<T, Status>> {
+        let undecodable = |e: prost::DecodeError| {
+            Status::invalid_argument(format!("cannot decode {}: {e}", std::any::type_name::<T>()))
+        };
+        loop {
+            if let Some(b) = cur {
+                // The session checked the frames: a missing one only ends the batch early.
+                let frame = crate::wire::frame_at(&b.body, b.at);
+                b.left = b.left.saturating_sub(1);
+                let r = frame.map(|(s, e)| T::decode(b.body.slice(s..e)).map_err(undecodable));
+                match frame {
+                    Some((_, end)) if b.left > 0 => b.at = end,
+                    _ => {
+                        *cur = None;
+                        self.taken.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+                match r {
+                    Some(r) => return Some(r),
+                    None => continue,
+                }
+            }
+            let (bytes, count) = self.queue.pop()?;
+            if count == 0 {
+                self.taken.fetch_add(1, Ordering::AcqRel);
+                // `bytes` fields become slices of this buffer: no second copy.
+                return Some(T::decode(bytes::Bytes::from(bytes)).map_err(undecodable));
+            }
+            *cur = Some(Batch { body: bytes::Bytes::from(bytes), at: 0, left: count });
+        }
     }
 }
 
@@ -124,12 +158,14 @@ impl SourceShared {
 pub struct RequestStream<T> {
     shared: Arc<SourceShared>,
     done: bool,
+    /// The batch being taken.
+    cur: Option<Batch>,
     _t: PhantomData<fn() -> T>,
 }
 
 impl<T> RequestStream<T> {
     pub(crate) fn new(shared: Arc<SourceShared>) -> RequestStream<T> {
-        RequestStream { shared, done: false, _t: PhantomData }
+        RequestStream { shared, done: false, cur: None, _t: PhantomData }
     }
 
     /// True once the call is over without the handler: the client cancelled it, its deadline
@@ -138,7 +174,7 @@ impl<T> RequestStream<T> {
         self.shared.cancelled.is_raised()
     }
 
-    /// Messages received and not yet taken.
+    /// Stream SENDs (messages or batches of them) received and not yet taken.
     pub fn queued(&self) -> usize {
         self.shared.queue.len()
     }
@@ -158,7 +194,7 @@ impl<T: Message + Default> RequestStream<T> {
             return Ok(None);
         }
         loop {
-            if let Some(r) = self.shared.poll_once::<T>() {
+            if let Some(r) = self.shared.poll_once::<T>(&mut self.cur) {
                 self.done = matches!(r, Ok(None)) || self.is_cancelled() && r.is_err();
                 return r;
             }
@@ -193,10 +229,10 @@ impl<T: Message + Default> RequestStream<T> {
         if self.done {
             return Poll::Ready(Ok(None));
         }
-        let mut r = self.shared.poll_once::<T>();
+        let mut r = self.shared.poll_once::<T>(&mut self.cur);
         if r.is_none() {
             self.shared.waker.register(cx.waker());
-            r = self.shared.poll_once::<T>();
+            r = self.shared.poll_once::<T>(&mut self.cur);
         }
         match r {
             Some(r) => {
@@ -213,6 +249,9 @@ impl<T> Drop for RequestStream<T> {
         // The worker checks `dropped` before it queues a message and drops what it queued
         // once it sees it set, so every message is dropped (and its credit returned) once.
         self.shared.dropped.store(true, Ordering::Release);
+        if self.cur.take().is_some() {
+            self.shared.taken.fetch_add(1, Ordering::AcqRel);
+        }
         self.shared.drop_queued();
     }
 }

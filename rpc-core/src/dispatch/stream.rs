@@ -3,12 +3,18 @@
 //!
 //! Backpressure is end to end: the worker takes a message out of the sink only with a stream
 //! credit in hand (the client grants credits as its application takes messages), and the sink
-//! holds at most [`SINK_DEPTH`] encoded messages, so [`StreamSink::send`] blocks while the client
-//! does not read. The server's memory per stream is bounded by `SINK_DEPTH` plus the stream's
-//! credits, whatever the producer's speed.
+//! holds at most [`SINK_DEPTH`] encoded messages and about [`SINK_BYTES`] bytes, so
+//! [`StreamSink::send`] blocks while the client does not read. The server's memory per stream is
+//! bounded by the sink plus the stream's credits, whatever the producer's speed.
+//!
+//! The hot path allocates nothing: a message is encoded into a buffer the worker gave back
+//! (`free`), the worker copies it into the stream's next SEND (several small ones into one
+//! batch, [`crate::wire::STREAM_BATCH`]) and returns the buffer. A waiting producer is woken
+//! once the sink is down to half (not per message taken), so it runs in bursts instead of a
+//! context switch per message.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::reply::CancelFlag;
 use std::sync::{Arc, Mutex};
@@ -21,12 +27,24 @@ use prost::Message;
 use crate::status::Status;
 
 /// Encoded messages a [`StreamSink`] holds before [`StreamSink::send`] blocks.
-pub const SINK_DEPTH: usize = 16;
+pub const SINK_DEPTH: usize = 256;
+
+/// Bytes of encoded messages a [`StreamSink`] holds before [`StreamSink::send`] blocks: a send
+/// waits while this much is queued (so the sink holds at most this plus one message).
+pub const SINK_BYTES: usize = 1 << 20;
+
+/// Buffers of at most this capacity go back to the producer for its next messages; larger ones
+/// are freed.
+const RECYCLE_MAX: usize = 16 << 10;
 
 /// What the sink and the worker share.
 pub(crate) struct SinkShared {
     /// Encoded messages waiting for a stream credit.
     pub(crate) queue: ArrayQueue<Vec<u8>>,
+    /// Bytes of the messages in `queue`.
+    pub(crate) queued_bytes: AtomicUsize,
+    /// Emptied buffers for the producer's next messages (the worker gives them back).
+    free: ArrayQueue<Vec<u8>>,
     /// The stream's final status, once the handler finished (or dropped the sink).
     pub(crate) end: Mutex<Option<Result<(), Status>>>,
     pub(crate) ended: AtomicBool,
@@ -46,6 +64,8 @@ impl SinkShared {
     pub(crate) fn new(cancelled: Arc<CancelFlag>, worker: Option<ThreadId>) -> Arc<SinkShared> {
         Arc::new(SinkShared {
             queue: ArrayQueue::new(SINK_DEPTH),
+            queued_bytes: AtomicUsize::new(0),
+            free: ArrayQueue::new(SINK_DEPTH),
             end: Mutex::new(None),
             ended: AtomicBool::new(false),
             cancelled,
@@ -56,7 +76,40 @@ impl SinkShared {
         })
     }
 
-    /// Worker: a message was taken (room for the producer) or the stream is over: wake it.
+    /// Worker: the next message waiting, with its bytes no longer counted.
+    pub(crate) fn pop(&self) -> Option<Vec<u8>> {
+        let m = self.queue.pop()?;
+        self.queued_bytes.fetch_sub(m.len(), Ordering::AcqRel);
+        Some(m)
+    }
+
+    /// Worker: drops every message waiting.
+    pub(crate) fn clear(&self) {
+        while self.pop().is_some() {}
+    }
+
+    /// Worker: a message's buffer, copied out, goes back to the producer.
+    pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
+        if buf.capacity() <= RECYCLE_MAX {
+            buf.clear();
+            let _ = self.free.push(buf);
+        }
+    }
+
+    /// Room for one more message.
+    fn has_room(&self) -> bool {
+        !self.queue.is_full() && self.queued_bytes.load(Ordering::Acquire) < SINK_BYTES
+    }
+
+    /// Worker, after taking messages: wakes a waiting producer once the sink is down to half
+    /// (a burst of room, not a wake-up per message).
+    pub(crate) fn wake_if_low(&self) {
+        if self.queue.len() <= SINK_DEPTH / 2 && self.queued_bytes.load(Ordering::Acquire) <= SINK_BYTES / 2 {
+            self.wake();
+        }
+    }
+
+    /// Worker: the stream is over (or the sink has room): wake the producer.
     pub(crate) fn wake(&self) {
         self.waker.wake();
         if self.waiting.swap(false, Ordering::AcqRel) {
@@ -163,12 +216,12 @@ impl<T: Message> StreamSink<T> {
     /// [`SINK_DEPTH`] messages queued (it cannot wait for the worker it blocks). The message is
     /// dropped.
     pub fn send(&self, msg: &T) -> Result<(), Status> {
-        let mut bytes = msg.encode_to_vec();
+        let mut bytes = self.encode(msg);
         loop {
             if self.is_cancelled() {
                 return Err(Status::cancelled("the stream was cancelled, expired or lost its session"));
             }
-            match self.shared.queue.push(bytes) {
+            match self.try_push(bytes) {
                 Ok(()) => return Ok(()),
                 Err(back) => bytes = back,
             }
@@ -182,7 +235,7 @@ impl<T: Message> StreamSink<T> {
             }
             *self.shared.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
             self.shared.waiting.store(true, Ordering::Release);
-            if self.shared.queue.is_full() && !self.is_cancelled() {
+            if !self.shared.has_room() && !self.is_cancelled() {
                 // Woken by the worker when it takes a message; the timeout covers a session that
                 // vanished without a look at this stream.
                 std::thread::park_timeout(Duration::from_millis(10));
@@ -197,7 +250,7 @@ impl<T: Message> StreamSink<T> {
     /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]). The message
     /// is dropped.
     pub async fn send_async(&self, msg: &T) -> Result<(), Status> {
-        let mut bytes = Some(msg.encode_to_vec());
+        let mut bytes = Some(self.encode(msg));
         std::future::poll_fn(|cx| {
             let cancelled = || Status::cancelled("the stream was cancelled, expired or lost its session");
             for _ in 0..2 {
@@ -205,7 +258,7 @@ impl<T: Message> StreamSink<T> {
                     return std::task::Poll::Ready(Err(cancelled()));
                 }
                 let Some(b) = bytes.take() else { return std::task::Poll::Ready(Ok(())) };
-                match self.shared.queue.push(b) {
+                match self.try_push(b) {
                     Ok(()) => return std::task::Poll::Ready(Ok(())),
                     Err(back) => bytes = Some(back),
                 }
@@ -215,6 +268,27 @@ impl<T: Message> StreamSink<T> {
             std::task::Poll::Pending
         })
         .await
+    }
+
+    /// `msg` encoded into a recycled buffer (a fresh one only while none came back yet).
+    fn encode(&self, msg: &T) -> Vec<u8> {
+        let mut buf = self.shared.free.pop().unwrap_or_default();
+        buf.reserve(msg.encoded_len());
+        msg.encode_raw(&mut buf);
+        buf
+    }
+
+    /// Queues `bytes` when the sink has room, else gives them back.
+    fn try_push(&self, bytes: Vec<u8>) -> Result<(), Vec<u8>> {
+        if !self.shared.has_room() {
+            return Err(bytes);
+        }
+        let len = bytes.len();
+        // Counted before it is visible, so the worker's subtraction never underflows.
+        self.shared.queued_bytes.fetch_add(len, Ordering::AcqRel);
+        self.shared.queue.push(bytes).inspect_err(|_| {
+            self.shared.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+        })
     }
 
     /// Messages waiting in the sink for the client's credits (at most [`SINK_DEPTH`]).

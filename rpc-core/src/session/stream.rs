@@ -9,7 +9,11 @@
 //! `budget`: that is what bounds the consumer's memory (at most `budget` messages of at most
 //! `max_message_size` each) and the receive WQEs its messages take, whatever the producer's speed.
 //! Credits return only as the application takes messages, so a consumer that stops reading stalls
-//! its producer at the credit limit. Grants are batched (a quarter of `cap` at a time), and a grant never takes the last budget an open
+//! its producer at the credit limit. A credit is one stream SEND: one message, or a batch of small
+//! ones in one eager buffer ([`crate::wire::STREAM_BATCH`]), so the bound holds in receive WQEs
+//! and buffers whatever the batching. Grants come ahead, as a window: a stream is refilled once
+//! half of `cap` is free (one StreamCredit per half window, never per message), so a producer
+//! whose consumer keeps up never waits a round trip; and a grant never takes the last budget an open
 //! stream with nothing granted needs for its first message, so one stopped consumer cannot starve
 //! the other streams of the session beyond `cap` each.
 
@@ -94,8 +98,8 @@ impl Streams {
     }
 
     /// Credits to grant stream `i` now (counted as granted), 0 when none are due: the stream
-    /// receives, its peer has not ended, and at least a quarter of `cap` is free for it (grants
-    /// are batched); never the budget that other open streams with nothing granted need.
+    /// receives, its peer has not ended, and at least half of `cap` is free for it (the window
+    /// is refilled when half consumed); never the budget that other open streams with nothing granted need.
     pub(super) fn grant(&mut self, i: usize) -> u32 {
         let s = self.list[i];
         if !s.receives || s.peer_ended {
@@ -103,7 +107,7 @@ impl Streams {
         }
         let usage = s.granted + s.held;
         let want = self.cap.saturating_sub(usage);
-        if want < (self.cap / 4).max(1) {
+        if want < (self.cap / 2).max(1) {
             return 0;
         }
         let starving = self

@@ -4,12 +4,12 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream credit) |
-//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages) |
+//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream credit, 11 cancel acknowledgement) |
+//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
-//! | 6 | 2 | stream credits: messages the sender lets the receiver send on the stream (a stream-opening request, a stream credit; 0 otherwise) |
+//! | 6 | 2 | stream credits: stream SENDs the sender lets the receiver send on the stream (a stream-opening request, a stream credit); on a batch, the number of messages in it; 0 otherwise |
 //! | 8 | 4 | slot generation |
 //! | 12 | 4 | method id (requests; echoed on responses) |
 //! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
@@ -25,8 +25,8 @@
 //! kind, slot, generation, method and `total_len`, each a ring body of `body_len` bytes, in order;
 //! the message is complete when the pieces add up to `total_len`.
 //!
-//! Control messages carry no body and no call fields except: a Cancel, a stream end and a stream
-//! credit name the call by `slot` and `generation`, a stream credit carries `credits`; every
+//! Control messages carry no body and no call fields except: a Cancel, its acknowledgement, a
+//! stream end and a stream credit name the call by `slot` and `generation`, a stream credit carries `credits`; every
 //! message carries `freed_head` and `session`.
 //!
 //! **Streams.** A stream is a call whose slot stays open: a request with [`STREAM_IN`] and/or
@@ -37,6 +37,23 @@
 //! a stream end ([`Kind::StreamEnd`]) ends the client's messages, and the response (its status)
 //! ends the stream. A Cancel ends it from the client, an error status from the server. Every
 //! response still returns exactly one request credit; nothing else does.
+//!
+//! **Stream batches.** A stream credit is one stream SEND (one receive WQE, one receive buffer at
+//! the consumer), not one message: several small messages of one stream may travel in one eager
+//! SEND, a [`Kind::StreamMsg`] with the [`STREAM_BATCH`] flag. Its `credits` field is the number
+//! of messages `n` (1 ..= [`MAX_BATCH`]); its body (eager only, never in the ring, never in
+//! pieces) is `n` frames, each a 4-byte little-endian message length followed by that many bytes,
+//! and nothing after the last frame:
+//!
+//! | offset (in the body) | size | field |
+//! |---|---|---|
+//! | 0 | 4 | length `l0` of message 0 in bytes |
+//! | 4 | `l0` | message 0 |
+//! | 4 + `l0` | 4 | length `l1` of message 1 |
+//! | ... | | up to message `n - 1`, ending exactly at `body_len` |
+//!
+//! [`batch_frames`] checks a received batch (count, lengths, exact tiling) before anything reads
+//! it; a batch that does not check closes the session.
 
 use super::WireError;
 use crate::status::Code;
@@ -55,6 +72,90 @@ pub const STREAM_IN: u8 = 2;
 /// bidirectional).
 pub const STREAM_OUT: u8 = 4;
 
+/// Flag of a stream message: its eager body is a batch of `credits` messages in frames (see the
+/// module docs).
+pub const STREAM_BATCH: u8 = 8;
+
+/// Most messages in one stream batch.
+pub const MAX_BATCH: u16 = 1024;
+
+/// Bytes of a batch frame's length prefix.
+pub const FRAME_LEN: usize = 4;
+
+/// The messages of a stream batch's body, in order: checks that `body` is exactly `count`
+/// frames (1 ..= [`MAX_BATCH`]), each a 4-byte little-endian length and that many bytes.
+/// Nothing is read beyond `body`; allocates nothing.
+///
+/// # Errors
+/// [`WireError`] naming `credits` (a count out of range), `frame` (a truncated or overlong
+/// frame) or `body_len` (bytes after the last frame).
+pub fn batch_frames(body: &[u8], count: u16) -> Result<BatchFrames<'_>, WireError> {
+    if count == 0 || count > MAX_BATCH {
+        return Err(WireError::bad("batch", "credits", format!("{count} messages is not 1..={MAX_BATCH}")));
+    }
+    let mut rest = body;
+    for i in 0..count {
+        let Some((_, tail)) = split_frame(rest) else {
+            return Err(WireError::bad(
+                "batch",
+                "frame",
+                format!("frame {i} of {count} runs past the body's {} bytes", body.len()),
+            ));
+        };
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err(WireError::bad(
+            "batch",
+            "body_len",
+            format!("{} bytes after the last of {count} frames", rest.len()),
+        ));
+    }
+    Ok(BatchFrames { rest: body })
+}
+
+/// One frame off the front of `b`: its message and what follows, or `None` when truncated.
+fn split_frame(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u32::from_le_bytes(b.get(..FRAME_LEN)?.try_into().ok()?) as usize;
+    let rest = &b[FRAME_LEN..];
+    if len > rest.len() {
+        return None;
+    }
+    Some(rest.split_at(len))
+}
+
+/// Iterator over the messages of a checked batch ([`batch_frames`]).
+#[derive(Clone, Debug)]
+pub struct BatchFrames<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for BatchFrames<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let (m, rest) = split_frame(self.rest)?;
+        self.rest = rest;
+        Some(m)
+    }
+}
+
+/// The message of the frame at byte offset `at` of a batch body, as the byte range
+/// `(start, end)` of the body (the next frame starts at `end`), or `None` when no whole frame
+/// starts at `at` (past the end, or truncated). For a reader that keeps its place in a batch as
+/// an offset.
+pub fn frame_at(body: &[u8], at: usize) -> Option<(usize, usize)> {
+    let (m, _) = split_frame(body.get(at..)?)?;
+    let start = at + FRAME_LEN;
+    Some((start, start + m.len()))
+}
+
+/// Appends one frame (length prefix and `msg`) to a batch body.
+pub fn push_frame(body: &mut Vec<u8>, msg: &[u8]) {
+    body.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    body.extend_from_slice(msg);
+}
+
 /// What a message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -71,7 +172,11 @@ pub enum Kind {
     /// The sender closes the session; nothing follows.
     Close = 4,
     /// Client to server: the caller gave up on the call `(slot, generation)`. The server answers
-    /// it CANCELLED unless its answer was already queued.
+    /// it CANCELLED unless its answer was already queued, and acknowledges every Cancel with a
+    /// [`Kind::CancelAck`]. The call's request credit stays taken until both its response and
+    /// that acknowledgement arrived, so a Cancel never lets the client have more than `credits`
+    /// requests and Cancels unacknowledged at the server (`crate::endpoint` sizes the SRQ on
+    /// it).
     Cancel = 5,
     /// Liveness probe: the receiver answers [`Kind::Pong`].
     Ping = 6,
@@ -86,6 +191,9 @@ pub enum Kind {
     /// `credits` more messages the receiver may send on the stream `(slot, generation)`: sent by
     /// the consumer as its application takes messages. No body.
     StreamCredit = 10,
+    /// Server to client: the server took the Cancel of `(slot, generation)` (sent for every
+    /// Cancel, whether the call was answered before it arrived or not). No body.
+    CancelAck = 11,
 }
 
 impl Kind {
@@ -101,6 +209,7 @@ impl Kind {
             8 => Kind::StreamMsg,
             9 => Kind::StreamEnd,
             10 => Kind::StreamCredit,
+            11 => Kind::CancelAck,
             _ => return None,
         })
     }
@@ -113,10 +222,12 @@ pub struct Header {
     pub kind: Kind,
     /// True when the body is in the receiver's ring (`ring_offset`), false when it follows the header.
     pub in_ring: bool,
-    /// Request flags [`STREAM_IN`] | [`STREAM_OUT`]: the request opens a stream (0: unary).
+    /// Request flags [`STREAM_IN`] | [`STREAM_OUT`]: the request opens a stream (0: unary); on a
+    /// stream message, [`STREAM_BATCH`]: its body is a batch of `credits` messages.
     pub stream: u8,
-    /// Stream credits granted to the receiver: on a stream-opening request, the server messages
-    /// the client is ready for; on a [`Kind::StreamCredit`], more messages (at least 1).
+    /// Stream credits granted to the receiver (each one stream SEND: a message or a batch): on a
+    /// stream-opening request, the server SENDs the client is ready for; on a
+    /// [`Kind::StreamCredit`], more (at least 1). On a batch ([`STREAM_BATCH`]): its message count.
     pub credits: u16,
     /// Status of a response ([`Code::Ok`] otherwise).
     pub status: Code,
@@ -212,8 +323,8 @@ impl Header {
         let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let kind = Kind::from_u8(b[0])
-            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=10", b[0])))?;
-        if b[1] & !(BODY_IN_RING | STREAM_IN | STREAM_OUT) != 0 {
+            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=11", b[0])))?;
+        if b[1] & !(BODY_IN_RING | STREAM_IN | STREAM_OUT | STREAM_BATCH) != 0 {
             return Err(WireError::bad("header", "flags", format!("unknown bits {:#04x}", b[1])));
         }
         let in_ring = b[1] & BODY_IN_RING != 0;
@@ -225,7 +336,7 @@ impl Header {
         let h = Header {
             kind,
             in_ring,
-            stream: b[1] & (STREAM_IN | STREAM_OUT),
+            stream: b[1] & (STREAM_IN | STREAM_OUT | STREAM_BATCH),
             credits: u16_at(6),
             status,
             slot: u16_at(4),
@@ -238,6 +349,18 @@ impl Header {
             session: u32_at(32),
             total_len: u32_at(36),
         };
+        if h.stream & STREAM_BATCH != 0 {
+            if kind != Kind::StreamMsg || h.stream != STREAM_BATCH {
+                return Err(WireError::bad("header", "flags", "the batch flag outside a stream message"));
+            }
+            if h.in_ring || h.credits == 0 || h.credits > MAX_BATCH {
+                return Err(WireError::bad(
+                    "header",
+                    "credits",
+                    format!("a batch of {} messages (1..={MAX_BATCH}, eager only)", h.credits),
+                ));
+            }
+        }
         let eager = (have - HEADER_LEN) as u64;
         if !h.in_ring && u64::from(h.body_len) != eager {
             return Err(WireError::bad(
@@ -286,6 +409,11 @@ impl Header {
                     ));
                 }
             }
+            Kind::StreamMsg if h.stream == STREAM_BATCH => {
+                if status != Code::Ok || h.timeout_us != 0 {
+                    return Err(WireError::bad("header", "kind", "stream message with call fields set"));
+                }
+            }
             Kind::Response | Kind::StreamMsg => {
                 if h.stream != 0 || h.credits != 0 {
                     return Err(WireError::bad(
@@ -301,6 +429,7 @@ impl Header {
             Kind::RingReturn
             | Kind::Close
             | Kind::Cancel
+            | Kind::CancelAck
             | Kind::Ping
             | Kind::Pong
             | Kind::StreamEnd
@@ -321,7 +450,8 @@ impl Header {
                 if status != Code::Ok || h.method != 0 || h.timeout_us != 0 {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
                 }
-                let names_call = matches!(kind, Kind::Cancel | Kind::StreamEnd | Kind::StreamCredit);
+                let names_call =
+                    matches!(kind, Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamCredit);
                 if !names_call && (h.slot != 0 || h.generation != 0) {
                     return Err(WireError::bad(
                         "header",
@@ -359,7 +489,7 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let mut m = encode_msg(&request());
-        m[0] = 11;
+        m[0] = 12;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let mut m = encode_msg(&request());
         m[1] = 8;
@@ -403,6 +533,79 @@ mod tests {
         m[16] = 1;
         m[36] = 1;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "body_len");
+    }
+
+    fn batch(msgs: &[&[u8]]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for m in msgs {
+            push_frame(&mut b, m);
+        }
+        b
+    }
+
+    #[test]
+    fn batches_round_trip_and_hostile_batches_are_refused() {
+        let msgs: [&[u8]; 3] = [b"abc", b"", b"0123456789"];
+        let body = batch(&msgs);
+        let got: Vec<&[u8]> = batch_frames(&body, 3).unwrap().collect();
+        assert_eq!(got, msgs);
+        let (s, e) = frame_at(&body, 0).unwrap();
+        assert_eq!(&body[s..e], b"abc");
+        let (s2, e2) = frame_at(&body, e).unwrap();
+        assert_eq!((s2, e2), (e + FRAME_LEN, e + FRAME_LEN));
+        assert_eq!(frame_at(&body, body.len()), None);
+        // Fewer frames than the count, more, a count out of range, a length past the end.
+        assert_eq!(batch_frames(&body, 4).unwrap_err().field(), "frame");
+        assert_eq!(batch_frames(&body, 2).unwrap_err().field(), "body_len");
+        assert_eq!(batch_frames(&body, 0).unwrap_err().field(), "credits");
+        assert_eq!(batch_frames(&body, MAX_BATCH + 1).unwrap_err().field(), "credits");
+        let mut long = body.clone();
+        long[0] = 200;
+        assert_eq!(batch_frames(&long, 3).unwrap_err().field(), "frame");
+        let mut huge = body.clone();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(batch_frames(&huge, 3).unwrap_err().field(), "frame");
+        assert_eq!(batch_frames(&body[..2], 1).unwrap_err().field(), "frame");
+        // The header: a batch is a stream message, eager, of 1..=MAX_BATCH messages.
+        let h = Header {
+            slot: 3,
+            generation: 9,
+            stream: STREAM_BATCH,
+            credits: 3,
+            body_len: body.len() as u32,
+            total_len: body.len() as u32,
+            ..Header::new(Kind::StreamMsg)
+        };
+        assert_eq!(Header::decode(&encode_msg(&h)).unwrap(), h);
+        let m = encode_msg(&Header { credits: 0, ..h });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+        let m = encode_msg(&Header { credits: MAX_BATCH + 1, ..h });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+        let m = encode_msg(&Header { stream: STREAM_BATCH, ..request() });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+        let m = encode_msg(&Header { stream: STREAM_BATCH | STREAM_IN, ..h });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+        let m = encode_msg(&Header { in_ring: true, body_len: 5000, total_len: 5000, ..h });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+    }
+
+    proptest! {
+        #[test]
+        fn batch_decoding_never_panics(body in proptest::collection::vec(any::<u8>(), 0..64), count in any::<u16>()) {
+            if let Ok(frames) = batch_frames(&body, count) {
+                prop_assert_eq!(frames.count(), usize::from(count));
+            }
+        }
+
+        #[test]
+        fn batches_encode_and_decode_to_the_same_messages(
+            msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..20)
+        ) {
+            let refs: Vec<&[u8]> = msgs.iter().map(|m| m.as_slice()).collect();
+            let body = batch(&refs);
+            let got: Vec<&[u8]> = batch_frames(&body, msgs.len() as u16).unwrap().collect();
+            prop_assert_eq!(got, refs);
+        }
     }
 
     #[test]
@@ -451,7 +654,8 @@ mod tests {
                 Just(Kind::Pong),
                 Just(Kind::StreamMsg),
                 Just(Kind::StreamEnd),
-                Just(Kind::StreamCredit)
+                Just(Kind::StreamCredit),
+                Just(Kind::CancelAck)
             ],
             any::<bool>(),
             0u8..=16,
@@ -462,7 +666,11 @@ mod tests {
                 |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session), extra)| {
                     let body = matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg);
                     let call = matches!(kind, Kind::Request | Kind::Response);
-                    let names = body || matches!(kind, Kind::Cancel | Kind::StreamEnd | Kind::StreamCredit);
+                    let names = body
+                        || matches!(
+                            kind,
+                            Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamCredit
+                        );
                     let in_ring = in_ring && body;
                     let stream =
                         if kind == Kind::Request { (extra >> 8) as u8 & (STREAM_IN | STREAM_OUT) } else { 0 };

@@ -11,7 +11,10 @@ pub use handshake::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HANDSHAKE_MAGIC, MAX_AUTH_TOKEN,
     MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, PROTOCOL_VERSION,
 };
-pub use header::{Header, Kind, BODY_IN_RING, HEADER_LEN, STREAM_IN, STREAM_OUT};
+pub use header::{
+    batch_frames, frame_at, push_frame, BatchFrames, Header, Kind, BODY_IN_RING, FRAME_LEN, HEADER_LEN,
+    MAX_BATCH, STREAM_BATCH, STREAM_IN, STREAM_OUT,
+};
 
 /// Fuzz property for header decoding (used by `fuzz/` and by the proptest suite): decoding
 /// arbitrary bytes never panics, and whatever decodes re-encodes to the same header bytes.

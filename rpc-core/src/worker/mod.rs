@@ -127,6 +127,61 @@ fn spill(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
     }
 }
 
+/// The next stream SEND of a server stream, from its first message `first` (taken from the sink
+/// or carried over): when the next message waiting fits with it in `batch_cap` bytes, a batch
+/// ([`crate::wire::STREAM_BATCH`]) of as many as fit (at most [`crate::wire::MAX_BATCH`]), the
+/// first that does not fit left in `carry`; else `first` alone. Small bodies are copied into a
+/// spare buffer of the session and their buffers go back to the producer, so nothing is
+/// allocated per message. Returns the header (kind, batch flag and count) and the body.
+fn stream_body(
+    spare: &crate::session::BodyRecycler,
+    sink: &SinkShared,
+    first: Vec<u8>,
+    carry: &mut Option<Vec<u8>>,
+    batch_cap: usize,
+) -> (Header, Vec<u8>) {
+    use crate::wire::{push_frame, FRAME_LEN, MAX_BATCH, STREAM_BATCH};
+    let single = Header::new(Kind::StreamMsg);
+    let next = if first.len() + 2 * FRAME_LEN < batch_cap { sink.pop() } else { None };
+    let fits = next.as_ref().is_some_and(|n| first.len() + n.len() + 2 * FRAME_LEN <= batch_cap);
+    let mut next = match next {
+        Some(n) if fits => n,
+        other => {
+            *carry = other;
+            if first.len() > batch_cap {
+                return (single, first);
+            }
+            // Copied out, so its buffer goes back to the producer.
+            let Some(mut body) = spare.take(first.len()) else { return (single, first) };
+            body.extend_from_slice(&first);
+            sink.recycle(first);
+            return (single, body);
+        }
+    };
+    let Some(mut body) = spare.take(batch_cap) else {
+        *carry = Some(next);
+        return (single, first);
+    };
+    push_frame(&mut body, &first);
+    sink.recycle(first);
+    let mut n: u16 = 1;
+    loop {
+        push_frame(&mut body, &next);
+        sink.recycle(next);
+        n += 1;
+        if n == MAX_BATCH {
+            break;
+        }
+        let Some(m) = sink.pop() else { break };
+        if body.len() + FRAME_LEN + m.len() > batch_cap {
+            *carry = Some(m);
+            break;
+        }
+        next = m;
+    }
+    (Header { stream: STREAM_BATCH, credits: n, ..single }, body)
+}
+
 /// One session this worker serves (an entry of its session table; "slot" names call slots only).
 struct Entry<P: Provider> {
     conn: Conn<P>,
@@ -158,6 +213,9 @@ struct OpenStream {
     method: u32,
     sink: Option<Arc<SinkShared>>,
     source: Option<Arc<SourceShared>>,
+    /// A message taken out of the sink that did not fit the batch before it: the first of the
+    /// next SEND.
+    carry: Option<Vec<u8>>,
 }
 
 impl<P: Provider> Drop for Entry<P> {
@@ -442,7 +500,7 @@ impl<P: Provider> Worker<P> {
                     if let Some(sink) = &st.sink {
                         sink.cancelled.raise();
                         sink.wake();
-                        while sink.queue.pop().is_some() {}
+                        sink.clear();
                     }
                     if let Some(source) = &st.source {
                         source.cancel();
@@ -459,28 +517,37 @@ impl<P: Provider> Worker<P> {
                         moved = true;
                     }
                 }
-                let Some(sink) = &st.sink else {
+                if st.sink.is_none() {
                     i += 1;
                     continue;
-                };
-                while entry.conn.session.stream_send_credits(slot, generation).unwrap_or(0) > 0 {
-                    let Some(bytes) = sink.queue.pop() else { break };
-                    if let Err(status) = entry.conn.session.check_len(bytes.len()) {
+                }
+                let Entry { conn, backlog, streams, .. } = &mut *entry;
+                let OpenStream { sink: Some(sink), carry, method, .. } = &mut streams[i] else { continue };
+                let batch_cap = (conn.body_cap as u32).min(conn.session.params().eager_threshold) as usize;
+                let mut took = false;
+                while conn.session.stream_send_credits(slot, generation).unwrap_or(0) > 0 {
+                    let Some(first) = carry.take().or_else(|| sink.pop()) else { break };
+                    took = true;
+                    if let Err(status) = conn.session.check_len(first.len()) {
                         // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
                         sink.cancelled.raise();
                         sink.wake();
                         *sink.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
                         sink.ended.store(true, Ordering::Release);
-                        while sink.queue.pop().is_some() {}
+                        sink.clear();
                         break;
                     }
-                    let _ = entry.conn.session.stream_send(slot, generation);
-                    let h = Header { slot, generation, method: st.method, ..Header::new(Kind::StreamMsg) };
-                    entry.backlog.push(spill(h, Ok(bytes)));
-                    sink.wake();
+                    let _ = conn.session.stream_send(slot, generation);
+                    let (h, body) = stream_body(&conn.spare, sink, first, carry, batch_cap);
+                    backlog.push(spill(Header { slot, generation, method: *method, ..h }, Ok(body)));
                     moved = true;
                 }
-                if let Some(end) = sink.take_end() {
+                if took {
+                    sink.wake_if_low();
+                }
+                let st = &entry.streams[i];
+                let Some(sink) = &st.sink else { continue };
+                if let Some(end) = st.carry.is_none().then(|| sink.take_end()).flatten() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
                     entry.backlog.push(spill(h, end.map(|()| Vec::new())));
                     if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
@@ -538,7 +605,8 @@ impl<P: Provider> Worker<P> {
             .and_then(|s| s.source.as_ref());
         match reader {
             Some(source) if open && !source.dropped.load(Ordering::Acquire) => {
-                if source.queue.push(bytes).is_err() {
+                let count = if h.stream & crate::wire::STREAM_BATCH != 0 { h.credits } else { 0 };
+                if source.queue.push((bytes, count)).is_err() {
                     // The session admits at most the stream's credits, fewer than the queue holds.
                     self.close_entry(idx, "protocol violation: stream messages beyond the queue", true, true);
                     return;
@@ -911,7 +979,11 @@ impl<P: Provider> Worker<P> {
                 }
                 match kind {
                     Kind::Close => self.close_entry(idx, "peer sent Close", false, true),
-                    Kind::Cancel => self.handle_events(idx),
+                    Kind::Cancel => {
+                        self.handle_events(idx);
+                        // Its CancelAck is due.
+                        self.mark_dirty(idx);
+                    }
                     Kind::StreamEnd => self.on_stream_end(idx, header),
                     // A Pong became due.
                     Kind::Ping => self.mark_dirty(idx),
@@ -1027,6 +1099,7 @@ impl<P: Provider> Worker<P> {
                         method: h.method,
                         sink,
                         source,
+                        carry: None,
                     });
                     self.open_streams += 1;
                 }
