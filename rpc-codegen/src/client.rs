@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::generator::{variant_name, write_comments, ServiceModel};
+use crate::generator::{variant_name, write_comments, RpcModel, ServiceModel};
 use crate::names::Scope;
 
 /// Appends the `<service>_client` module of `model` to `buf`.
@@ -20,27 +20,8 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with"))).collect();
     let asynchronous: Vec<String> =
         model.rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_async"))).collect();
-    let streams: Vec<String> = model.server_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
-    let streams_with: Vec<String> = model
-        .server_streams
-        .iter()
-        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
-        .collect();
-    let ups: Vec<String> = model.client_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
-    let ups_with: Vec<String> = model
-        .client_streams
-        .iter()
-        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
-        .collect();
-    let bidis: Vec<String> = model.bidi_streams.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
-    let bidis_with: Vec<String> = model
-        .bidi_streams
-        .iter()
-        .map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with")))
-        .collect();
-    let streaming = model.facade("Streaming");
-    let client_streaming = model.facade("ClientStreaming");
-    let bidi_streaming = model.facade("BidiStreaming");
+    let streams: Vec<StreamNames> =
+        StreamShape::ALL.iter().map(|shape| StreamNames::claim(&mut scope, shape.rpcs(model))).collect();
     let connect = scope.claim("connect");
     let connect_with = scope.claim("connect_with");
     let new = scope.claim("new");
@@ -140,87 +121,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             full = rpc.full_name,
         );
     }
-    for (i, rpc) in model.server_streams.iter().enumerate() {
-        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
-        write_comments(&rpc.method.comments, buf);
-        let _ = writeln!(
-            buf,
-            "///
-            /// Opens the server stream `{full}`: its messages, in order, as the returned
-            /// `Streaming` yields them (taking one returns its credit to the server; dropping the
-            /// stream early cancels it).
-            ///
-            /// # Errors
-            /// As a unary call's start (a broken session, a request over the size limit).
-            pub fn {name}(&self, request: &{input}) -> ::core::result::Result<{streaming}<'_, {output}>, Status> {{
-                self.inner.server_stream({id}, request, &<CallOptions as ::core::default::Default>::default())
-            }}
-            /// Opens the server stream `{full}` with `options` (a deadline for the whole stream, ...).
-            ///
-            /// # Errors
-            /// As `{name}`.
-            pub fn {with_name}(&self, request: &{input}, options: &CallOptions) -> ::core::result::Result<{streaming}<'_, {output}>, Status> {{
-                self.inner.server_stream({id}, request, options)
-            }}",
-            name = streams[i],
-            with_name = streams_with[i],
-            full = rpc.full_name,
-        );
-    }
-    for (i, rpc) in model.client_streams.iter().enumerate() {
-        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
-        write_comments(&rpc.method.comments, buf);
-        let _ = writeln!(
-            buf,
-            "///
-            /// Opens the client stream `{full}`: `send` its messages (each waits for the server's
-            /// credits), then `finish` for the answer; dropping it before cancels the call.
-            ///
-            /// # Errors
-            /// As a unary call's start (a broken session, every slot taken).
-            pub fn {name}(&self) -> ::core::result::Result<{client_streaming}<'_, {input}, {output}>, Status> {{
-                self.inner.client_stream({id}, &<CallOptions as ::core::default::Default>::default())
-            }}
-            /// Opens the client stream `{full}` with `options` (a deadline for the whole stream, ...).
-            ///
-            /// # Errors
-            /// As `{name}`.
-            pub fn {with_name}(&self, options: &CallOptions) -> ::core::result::Result<{client_streaming}<'_, {input}, {output}>, Status> {{
-                self.inner.client_stream({id}, options)
-            }}",
-            name = ups[i],
-            with_name = ups_with[i],
-            full = rpc.full_name,
-        );
-    }
-    for (i, rpc) in model.bidi_streams.iter().enumerate() {
-        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
-        write_comments(&rpc.method.comments, buf);
-        let _ = writeln!(
-            buf,
-            "///
-            /// Opens the bidirectional stream `{full}`: `send` and `finish` the caller's messages,
-            /// take the server's with `message`, in any interleaving; dropping it before the end
-            /// cancels the call.
-            ///
-            /// # Errors
-            /// As a unary call's start (a broken session, every slot taken).
-            pub fn {name}(&self) -> ::core::result::Result<{bidi_streaming}<'_, {input}, {output}>, Status> {{
-                self.inner.bidi_stream({id}, &<CallOptions as ::core::default::Default>::default())
-            }}
-            /// Opens the bidirectional stream `{full}` with `options` (a deadline for the whole
-            /// stream, ...).
-            ///
-            /// # Errors
-            /// As `{name}`.
-            pub fn {with_name}(&self, options: &CallOptions) -> ::core::result::Result<{bidi_streaming}<'_, {input}, {output}>, Status> {{
-                self.inner.bidi_stream({id}, options)
-            }}",
-            name = bidis[i],
-            with_name = bidis_with[i],
-            full = rpc.full_name,
-        );
-    }
+    write_stream_stubs(model, &streams, Session::Client, buf);
     buf.push_str("}\n");
     let _ = writeln!(
         buf,
@@ -283,65 +184,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             full = rpc.full_name,
         );
     }
-    let receiver = model.facade("StreamReceiver");
-    let sender = model.facade("StreamSender");
-    let client_call = model.facade("ClientStreamCall");
-    for (i, rpc) in model.server_streams.iter().enumerate() {
-        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
-        let _ = writeln!(
-            buf,
-            "/// Opens the server stream `{full}`: `message().await` yields its messages; dropping
-            /// the receiver early cancels the stream.
-            pub fn {name}(&self, request: {input}) -> {receiver}<{output}> {{
-                self.inner.server_stream({id}, request, &<CallOptions as ::core::default::Default>::default())
-            }}
-            /// Opens the server stream `{full}` with `options` (a deadline for the whole stream, ...).
-            pub fn {with_name}(&self, request: {input}, options: &CallOptions) -> {receiver}<{output}> {{
-                self.inner.server_stream({id}, request, options)
-            }}",
-            name = streams[i],
-            with_name = streams_with[i],
-            full = rpc.full_name,
-        );
-    }
-    for (i, rpc) in model.client_streams.iter().enumerate() {
-        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
-        let _ = writeln!(
-            buf,
-            "/// Opens the client stream `{full}`: `send(..).await` its messages, then
-            /// `finish().await` for the answer; dropping it before cancels the call.
-            pub fn {name}(&self) -> {client_call}<{input}, {output}> {{
-                self.inner.client_stream({id}, &<CallOptions as ::core::default::Default>::default())
-            }}
-            /// Opens the client stream `{full}` with `options` (a deadline for the whole stream, ...).
-            pub fn {with_name}(&self, options: &CallOptions) -> {client_call}<{input}, {output}> {{
-                self.inner.client_stream({id}, options)
-            }}",
-            name = ups[i],
-            with_name = ups_with[i],
-            full = rpc.full_name,
-        );
-    }
-    for (i, rpc) in model.bidi_streams.iter().enumerate() {
-        let (input, output, id) = (&rpc.input, &rpc.output, &rpc.id_const);
-        let _ = writeln!(
-            buf,
-            "/// Opens the bidirectional stream `{full}`: the caller's messages go into the sender
-            /// (`send(..).await`, `finish()`), the server's come from the receiver; each half may
-            /// move to its own task. Dropping either before the end cancels the call.
-            pub fn {name}(&self) -> ({sender}<{input}>, {receiver}<{output}>) {{
-                self.inner.bidi_stream({id}, &<CallOptions as ::core::default::Default>::default())
-            }}
-            /// Opens the bidirectional stream `{full}` with `options` (a deadline for the whole
-            /// stream, ...).
-            pub fn {with_name}(&self, options: &CallOptions) -> ({sender}<{input}>, {receiver}<{output}>) {{
-                self.inner.bidi_stream({id}, options)
-            }}",
-            name = bidis[i],
-            with_name = bidis_with[i],
-            full = rpc.full_name,
-        );
-    }
+    write_stream_stubs(model, &streams, Session::Channel, buf);
     buf.push_str("}\n");
     let _ = writeln!(
         buf,
@@ -352,4 +195,200 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         }}"
     );
     buf.push_str("}\n");
+}
+
+/// What a stub is over; its two `impl` blocks open the same streams with different types and docs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Session {
+    /// The runtime's `Client`: blocking opens returning `Result<facade, Status>`, with `# Errors`.
+    Client,
+    /// The shareable `Channel`: opens returning the facade's `Send + 'static` halves.
+    Channel,
+}
+
+/// The streaming shapes of an RPC, in the order the stubs list them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StreamShape {
+    /// One request, a stream of replies (`server_stream`).
+    Server,
+    /// A stream of requests, one reply (`client_stream`).
+    Client,
+    /// A stream each way (`bidi_stream`).
+    Bidi,
+}
+
+impl StreamShape {
+    const ALL: [Self; 3] = [Self::Server, Self::Client, Self::Bidi];
+
+    /// The RPCs of `model` with this shape, in declaration order.
+    fn rpcs<'m, 'a>(self, model: &'m ServiceModel<'a>) -> &'m [RpcModel<'a>] {
+        match self {
+            Self::Server => &model.server_streams,
+            Self::Client => &model.client_streams,
+            Self::Bidi => &model.bidi_streams,
+        }
+    }
+
+    /// The session's method that opens a stream of this shape.
+    fn open(self) -> &'static str {
+        match self {
+            Self::Server => "server_stream",
+            Self::Client => "client_stream",
+            Self::Bidi => "bidi_stream",
+        }
+    }
+
+    /// How the docs name the stream.
+    fn noun(self) -> &'static str {
+        match self {
+            Self::Server => "server stream",
+            Self::Client => "client stream",
+            Self::Bidi => "bidirectional stream",
+        }
+    }
+
+    /// The doc text after "Opens the <noun> `<full name>`: ", lines joined by `\n/// `.
+    fn about(self, session: Session) -> &'static str {
+        match (session, self) {
+            (Session::Client, Self::Server) => {
+                "its messages, in order, as the returned\n/// `Streaming` yields them (taking one returns \
+                 its credit to the server; dropping the\n/// stream early cancels it)."
+            }
+            (Session::Client, Self::Client) => {
+                "`send` its messages (each waits for the server's\n/// credits), then `finish` for the \
+                 answer; dropping it before cancels the call."
+            }
+            (Session::Client, Self::Bidi) => {
+                "`send` and `finish` the caller's messages,\n/// take the server's with `message`, in any \
+                 interleaving; dropping it before the end\n/// cancels the call."
+            }
+            (Session::Channel, Self::Server) => {
+                "`message().await` yields its messages; dropping\n/// the receiver early cancels the stream."
+            }
+            (Session::Channel, Self::Client) => {
+                "`send(..).await` its messages, then\n/// `finish().await` for the answer; dropping it \
+                 before cancels the call."
+            }
+            (Session::Channel, Self::Bidi) => {
+                "the caller's messages go into the sender\n/// (`send(..).await`, `finish()`), the server's \
+                 come from the receiver; each half may\n/// move to its own task. Dropping either before \
+                 the end cancels the call."
+            }
+        }
+    }
+
+    /// The doc text after "with `options` " of the `_with` variant.
+    fn with_options(self) -> &'static str {
+        match self {
+            Self::Server | Self::Client => "(a deadline for the whole stream, ...).",
+            Self::Bidi => "(a deadline for the whole\n/// stream, ...).",
+        }
+    }
+
+    /// What a blocking open can fail with, besides the transport.
+    fn start_errors(self) -> &'static str {
+        match self {
+            Self::Server => "a broken session, a request over the size limit",
+            Self::Client | Self::Bidi => "a broken session, every slot taken",
+        }
+    }
+
+    /// The type an open over `session` returns for `rpc` (inside the `Result` over a `Client`).
+    fn returns(self, session: Session, model: &ServiceModel<'_>, rpc: &RpcModel<'_>) -> String {
+        let (input, output) = (&rpc.input, &rpc.output);
+        match (session, self) {
+            (Session::Client, Self::Server) => format!("{}<'_, {output}>", model.facade("Streaming")),
+            (Session::Client, Self::Client) => {
+                format!("{}<'_, {input}, {output}>", model.facade("ClientStreaming"))
+            }
+            (Session::Client, Self::Bidi) => {
+                format!("{}<'_, {input}, {output}>", model.facade("BidiStreaming"))
+            }
+            (Session::Channel, Self::Server) => format!("{}<{output}>", model.facade("StreamReceiver")),
+            (Session::Channel, Self::Client) => {
+                format!("{}<{input}, {output}>", model.facade("ClientStreamCall"))
+            }
+            (Session::Channel, Self::Bidi) => format!(
+                "({}<{input}>, {}<{output}>)",
+                model.facade("StreamSender"),
+                model.facade("StreamReceiver")
+            ),
+        }
+    }
+}
+
+/// The stub's method names for the RPCs of one stream shape: the plain open and its `_with`
+/// variant, per RPC in declaration order.
+struct StreamNames {
+    plain: Vec<String>,
+    with: Vec<String>,
+}
+
+impl StreamNames {
+    /// Claims the names in `scope`: every RPC's own name first, then the `_with` variants.
+    fn claim(scope: &mut Scope, rpcs: &[RpcModel<'_>]) -> Self {
+        let plain = rpcs.iter().map(|rpc| scope.claim(&rpc.method.name)).collect();
+        let with =
+            rpcs.iter().map(|rpc| scope.claim(&variant_name(&rpc.method.proto_name, "_with"))).collect();
+        Self { plain, with }
+    }
+}
+
+/// Appends, for every streaming RPC of `model` (server, client, then bidirectional streams), the
+/// stub's two opens over `session`: with the default `CallOptions` and with given ones. `names`
+/// holds the names claimed per shape, in [`StreamShape::ALL`] order.
+fn write_stream_stubs(model: &ServiceModel<'_>, names: &[StreamNames], session: Session, buf: &mut String) {
+    for (shape, names) in StreamShape::ALL.into_iter().zip(names) {
+        for (i, rpc) in shape.rpcs(model).iter().enumerate() {
+            let (id, full) = (&rpc.id_const, &rpc.full_name);
+            let (name, with_name) = (&names.plain[i], &names.with[i]);
+            let (noun, open, about, with_options) =
+                (shape.noun(), shape.open(), shape.about(session), shape.with_options());
+            // Only a server stream takes its request when it opens; over a `Client` by reference.
+            let (param, arg) = match (shape, session) {
+                (StreamShape::Server, Session::Client) => (format!(", request: &{}", rpc.input), ", request"),
+                (StreamShape::Server, Session::Channel) => (format!(", request: {}", rpc.input), ", request"),
+                _ => (String::new(), ""),
+            };
+            let returns = shape.returns(session, model, rpc);
+            let defaults = "&<CallOptions as ::core::default::Default>::default()";
+            match session {
+                Session::Client => {
+                    write_comments(&rpc.method.comments, buf);
+                    let _ = writeln!(
+                        buf,
+                        "///
+                        /// Opens the {noun} `{full}`: {about}
+                        ///
+                        /// # Errors
+                        /// As a unary call's start ({errors}).
+                        pub fn {name}(&self{param}) -> ::core::result::Result<{returns}, Status> {{
+                            self.inner.{open}({id}{arg}, {defaults})
+                        }}
+                        /// Opens the {noun} `{full}` with `options` {with_options}
+                        ///
+                        /// # Errors
+                        /// As `{name}`.
+                        pub fn {with_name}(&self{param}, options: &CallOptions) -> ::core::result::Result<{returns}, Status> {{
+                            self.inner.{open}({id}{arg}, options)
+                        }}",
+                        errors = shape.start_errors(),
+                    );
+                }
+                Session::Channel => {
+                    let _ = writeln!(
+                        buf,
+                        "/// Opens the {noun} `{full}`: {about}
+                        pub fn {name}(&self{param}) -> {returns} {{
+                            self.inner.{open}({id}{arg}, {defaults})
+                        }}
+                        /// Opens the {noun} `{full}` with `options` {with_options}
+                        pub fn {with_name}(&self{param}, options: &CallOptions) -> {returns} {{
+                            self.inner.{open}({id}{arg}, options)
+                        }}"
+                    );
+                }
+            }
+        }
+    }
 }

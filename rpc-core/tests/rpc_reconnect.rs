@@ -242,12 +242,15 @@ fn calls_waiting_for_a_slot_when_the_session_breaks_end_unavailable_never_sent()
     assert_eq!(client.queued_calls(), 0);
 }
 
-/// Starting an async call on a broken session never blocks, even when the reconnect attempt
-/// will take its whole `connect_timeout` (a listener that accepts and never answers the
-/// handshake stands where the server was): the call waits, encoded, and the future's first
-/// poll makes the attempt. Before, `unary_async` itself ran the attempt (1.5 s here).
+/// Starting an async call on a broken session never blocks, and neither does polling it, even
+/// when the reconnect attempt will take its whole `connect_timeout` (a listener that accepts
+/// and never answers the handshake stands where the server was): the call waits, encoded; its
+/// first poll starts the attempt on a thread of its own and returns `Pending` (the attempt
+/// cannot have ended: only `connect_timeout` ends it); the future ends UNAVAILABLE when the
+/// attempt does. Before, the first poll ran the attempt itself and returned its failure after
+/// 1.5 s (and before that, `unary_async` did).
 #[test]
-fn starting_an_async_call_never_waits_for_the_reconnect() {
+fn neither_starting_nor_polling_an_async_call_waits_for_the_reconnect() {
     let (server, _stash) = spawn(server());
     let addr = server.local_addr();
     let client =
@@ -262,14 +265,34 @@ fn starting_an_async_call_never_waits_for_the_reconnect() {
     }
     // Accepts TCP connections and never answers a handshake.
     let mute = std::net::TcpListener::bind(addr).expect("the server's address is free again");
-    let t = Instant::now();
-    let fut = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default());
-    let started = t.elapsed();
-    assert!(started < Duration::from_millis(500), "starting the call took {started:?}");
+    let mut fut =
+        Box::pin(client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default()));
     assert_eq!(client.reconnect_attempts(), 0, "no attempt before the future is polled");
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    assert!(fut.as_mut().poll(&mut cx).is_pending(), "the first poll returns while the attempt runs");
+    assert_eq!(client.reconnect_attempts(), 1, "the first poll started the attempt");
+    assert!(fut.as_mut().poll(&mut cx).is_pending(), "so does the next");
     let err = block_on(fut).unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert!(err.message().contains("connect_timeout"), "{err}");
     assert_eq!(client.reconnect_attempts(), 1);
     drop(mute);
+    // A server where it was: an async call reconnects on its thread and is answered.
+    let again =
+        rpc_support::server().add_service(TestService::default()).spawn(addr).expect("the address is free");
+    let give_up = Instant::now() + Duration::from_secs(20);
+    let reply = loop {
+        match block_on(client.unary_async::<_, EchoMsg>(ECHO, &request(3, 8, 8), &CallOptions::default())) {
+            Ok(r) => break r,
+            // The backoff's delay after the failed attempt.
+            Err(e) if e.code() == Code::Unavailable && Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    check_reply(&reply, 3, 8);
+    assert_eq!(client.reconnect_attempts(), 2, "one more attempt, which succeeded");
+    again.shutdown();
 }

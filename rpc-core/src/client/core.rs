@@ -26,7 +26,7 @@ use crate::endpoint::conn::{
 };
 use crate::endpoint::counters::Counters;
 use crate::session::{
-    Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
+    tick::Tick, Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
 };
 use crate::status::{Code, Status};
 use crate::transport::Device;
@@ -39,14 +39,9 @@ use crate::wire::{read_frame, write_frame, Frame, FrameError, Header, Kind, HEAD
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
-/// Receive buffers reposted per doorbell (the SRQ holds `3 × window + 8` and the stream budget,
+/// Receive buffers reposted per doorbell (the SRQ holds `4 × window + 8` and the stream budget,
 /// so a few may wait).
 const REPOST_BATCH: usize = 8;
-/// Empty polls between checks of the TCP liveness channel.
-const LIVENESS_EVERY: u32 = 4096;
-/// While empty polls yield or block, the timers and the TCP channel are checked every this many
-/// of them instead (a power of two; each such poll already made a system call).
-const LIVENESS_EVERY_SLEPT: u32 = 16;
 
 /// What a response leaves in its slot until the caller takes it.
 #[derive(Debug)]
@@ -114,6 +109,8 @@ pub(crate) struct ClientCore<P: Provider> {
     tcp: TcpStream,
     broken: Option<Status>,
     idle: Idle,
+    /// When the timers and the TCP channel are checked ([`crate::session::tick`]).
+    tick: Tick,
     wcs: [WorkCompletion; POLL_BATCH],
     pub(crate) counters: Counters,
     /// The last [`StartMode::NoWait`] start gave up on a body that found the server's ring full,
@@ -168,9 +165,13 @@ impl<P: Provider> ClientCore<P> {
         let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
-        // 3 × window for calls, credit messages and pieces, and the stream messages held or
-        // granted (the session's stream budget: its credits, at most MAX_STREAM_BUDGET).
-        let recv_depth = 3 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET);
+        // 3 × window for calls, credit messages and pieces, a window of CancelAcks (one per
+        // Cancel, which holds its credit until then), and the stream messages held or granted
+        // (the session's stream budget: its credits, at most MAX_STREAM_BUDGET), as far as the
+        // device's SRQ goes (at the largest windows a burst may wait for a repost: RNR, a delay).
+        let recv_depth =
+            (4 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET))
+                .min(dev.ctx.attr().max_srq_wr);
         let pd = dev.ctx.alloc_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
@@ -340,6 +341,7 @@ impl<P: Provider> ClientCore<P> {
             tcp,
             broken: None,
             idle: Idle::new(cfg.polling),
+            tick: Tick::new(),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
             unplaced_stall: false,
@@ -725,9 +727,12 @@ impl<P: Provider> ClientCore<P> {
                 self.release(body);
                 self.break_conn(unavailable("the server closed the session"));
             }
-            // A Ping made a Pong due (sent with the next flush); the rest only carried the
-            // freed head (the session refused a Request or a Cancel).
-            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::Request | Kind::Cancel => self.release(body),
+            // A Ping made a Pong due (sent with the next flush); a CancelAck may have freed an
+            // abandoned call's slot and credit (the session's); the rest only carried the freed
+            // head (the session refused a Request or a Cancel).
+            Kind::RingReturn | Kind::Ping | Kind::Pong | Kind::CancelAck | Kind::Request | Kind::Cancel => {
+                self.release(body)
+            }
             // The session checked it belongs to an open stream of this slot, within its credits.
             Kind::StreamMsg => {
                 self.counters.bytes_in += u64::from(h.body_len);
@@ -804,15 +809,19 @@ impl<P: Provider> ClientCore<P> {
         Ok(())
     }
 
-    /// An empty poll: counted, and every [`LIVENESS_EVERY`] of them the TCP channel is checked.
+    /// An empty poll: counted; the timers and the TCP channel are checked when the session's
+    /// rule says so ([`Tick`]: by time, the clock read once per 4096 such polls).
     #[inline]
     fn note_empty(&mut self) {
         self.idle.note_empty();
-        if self.idle.empty_polls() % LIVENESS_EVERY == 0 {
+        if self.tick.spun(Instant::now) {
             self.check_liveness();
         }
     }
 
+    /// Spins, yields or blocks per the polling policy after an empty poll. A yield or an event
+    /// wait can last milliseconds, so it weighs more in the same rule ([`Tick::slept`]: the
+    /// clock is read once per 16 of them).
     fn pause(&mut self) {
         let cq = &self.cq;
         let slept = self.idle.pause(|| {
@@ -820,10 +829,7 @@ impl<P: Provider> ClientCore<P> {
                 let _ = cq.wait(Some(EVENT_WAIT));
             }
         });
-        // A yield or an event wait can last milliseconds (a loaded machine's time slice, a whole
-        // EVENT_WAIT): counted in empty polls alone, LIVENESS_EVERY of them could pass the idle
-        // probe's deadline by seconds. Beside a system call, the check costs nothing more.
-        if slept && self.idle.empty_polls() % LIVENESS_EVERY_SLEPT == 0 {
+        if slept && self.tick.slept(Instant::now) {
             self.check_liveness();
         }
     }

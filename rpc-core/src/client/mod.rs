@@ -71,8 +71,10 @@ const ENDED_KEPT: usize = 8;
 /// failed attempt the next waits an exponentially growing, jittered delay
 /// (`ClientConfig::reconnect_*`). A call made before that delay ran out ends UNAVAILABLE at
 /// once, naming the time left, without a connect attempt. The attempt itself (TCP connect and
-/// handshake, at most `ClientConfig::connect_timeout`) runs in the blocking call that makes it,
-/// or in the first poll of an async call's future: starting an async call never blocks.
+/// handshake, at most `ClientConfig::connect_timeout`) runs in the blocking call that makes it;
+/// for an async call it runs on a thread of its own, started by the future's first poll, and
+/// the future's polls return `Pending` until it ends: neither starting nor polling an async call
+/// blocks. A blocking call made while such an attempt runs waits for that attempt.
 ///
 /// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time):
 ///
@@ -98,6 +100,8 @@ struct Inner {
     /// Reconnect attempts made (successful or not).
     reconnect_attempts: u64,
     ended: VecDeque<(u64, Status)>,
+    /// An attempt running on its own thread for an async call, and why the session broke.
+    attempt: Option<(std::sync::mpsc::Receiver<Result<AnyCalls, Status>>, Status)>,
 }
 
 /// Opens a session to the first of `addrs` that answers.
@@ -138,9 +142,55 @@ impl Inner {
     #[cold]
     #[inline(never)]
     fn reconnect(&mut self) -> Result<(), Status> {
+        if let Some((rx, reason)) = self.attempt.take() {
+            // An async call's attempt runs: its result is this call's too.
+            let r = rx.recv().unwrap_or_else(|_| Err(Status::internal("the reconnect thread ended")));
+            return self.attempted(r, reason);
+        }
         let Some(reason) = self.reconnect_due()? else { return Ok(()) };
         self.reconnect_attempts += 1;
-        match open(&self.addrs, &self.config) {
+        let r = open(&self.addrs, &self.config);
+        self.attempted(r, reason)
+    }
+
+    /// For an async call: `Ready` as [`Inner::ensure_session`] would return, without blocking:
+    /// the attempt (TCP connect and handshake) runs on a thread of its own, and until it ends
+    /// this is `Pending`.
+    #[cold]
+    fn poll_session(&mut self) -> Poll<Result<(), Status>> {
+        if let Some((rx, _)) = &self.attempt {
+            let r = match rx.try_recv() {
+                Ok(r) => r,
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Poll::Pending,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    Err(Status::internal("the reconnect thread ended"))
+                }
+            };
+            let (_, reason) = self.attempt.take().expect("an attempt runs");
+            return Poll::Ready(self.attempted(r, reason));
+        }
+        let reason = match self.reconnect_due() {
+            Ok(None) => return Poll::Ready(Ok(())),
+            Ok(Some(reason)) => reason,
+            Err(s) => return Poll::Ready(Err(s)),
+        };
+        self.reconnect_attempts += 1;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (addrs, config) = (self.addrs.clone(), self.config.clone());
+        let spawned = std::thread::Builder::new().name("rpc-reconnect".into()).spawn(move || {
+            let _ = tx.send(open(&addrs, &config));
+        });
+        if let Err(e) = spawned {
+            let r = Err(Status::unavailable(format!("starting the reconnect thread: {e}")));
+            return Poll::Ready(self.attempted(r, reason));
+        }
+        self.attempt = Some((rx, reason));
+        Poll::Pending
+    }
+
+    /// Applies the result of a reconnect attempt made because the session broke for `reason`.
+    fn attempted(&mut self, r: Result<AnyCalls, Status>, reason: Status) -> Result<(), Status> {
+        match r {
             Ok(calls) => {
                 let old = std::mem::replace(&mut self.calls, calls);
                 self.retired.add(&with_calls!(&old, c => c.core.counters.clone()));
@@ -235,6 +285,7 @@ impl Client {
                 retired: Counters::default(),
                 reconnect_attempts: 0,
                 ended: VecDeque::new(),
+                attempt: None,
             }),
         })
     }
@@ -320,7 +371,7 @@ impl Client {
                 Err(s) => State::Failed(Some(s)),
             },
             // The session broke and an attempt is due: the call waits, encoded, and its first
-            // poll reconnects (starting a call never blocks).
+            // poll starts the attempt on a thread (neither starting nor polling blocks).
             Ok(Some(_)) => State::Reconnect { method: id, body: req.encode_to_vec(), deadline },
             Err(s) => State::Failed(Some(s)),
         };
@@ -371,7 +422,8 @@ impl Drop for Client {
 }
 
 enum State {
-    /// Started on a broken session: the first poll reconnects, then starts the call.
+    /// Started on a broken session: polls reconnect (the attempt on its own thread), then start
+    /// the call.
     Reconnect {
         method: MethodId,
         body: Vec<u8>,
@@ -409,7 +461,23 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             };
-            let r = inner.ensure_session().and_then(|()| {
+            let r = if deadline.is_some_and(|d| Instant::now() >= d) {
+                // The attempt goes on for the calls after this one.
+                Poll::Ready(Err(Status::deadline_exceeded(
+                    "deadline passed while the session reconnected (the call was never sent)",
+                )))
+            } else {
+                inner.poll_session()
+            };
+            let r = match r {
+                Poll::Pending => {
+                    // Busy-polling future, as below: ask to be polled again.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Poll::Ready(r) => r,
+            };
+            let r = r.and_then(|()| {
                 with_calls!(&mut inner.calls, c => c.start(*method, &queue::Encoded(body), *deadline, false))
             });
             this.state = match r {

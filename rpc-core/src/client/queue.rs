@@ -1,31 +1,14 @@
-//! Calls waiting for a slot: backpressure instead of refusal.
-//!
-//! A session has `window` call slots ([`ClientCore`]). A call that finds none free, or (when it
-//! must not block) whose body cannot be placed yet for want of a send buffer or ring room, does
-//! not fail: it is encoded once (onto the heap) and waits in this FIFO queue. The semantics,
-//! which the shareable handle builds on:
-//!
-//! - **Order.** Waiting calls go on the wire in the order they were started. While any call
-//!   waits, a new call waits behind it even if a slot is free.
-//! - **Progress.** Whoever progresses the session (a future's poll, a blocking call's wait,
-//!   [`Calls::progress`]) moves waiting calls into slots as slots and ring space free. A slot
-//!   frees when its caller takes the answer (or drops the call and the answer arrives).
-//! - **Bound.** At most `ClientConfig::max_queued_calls` calls wait; one more fails at once with
-//!   RESOURCE_EXHAUSTED naming that field. Starting a non-blocking call never waits.
-//! - **Deadline.** A waiting call whose deadline passes ends DEADLINE_EXCEEDED and is never sent.
-//! - **Abandon.** A waiting call whose caller gives up is removed and never sent.
-//! - **Break.** When the session breaks, waiting calls end UNAVAILABLE; they were never sent, and
-//!   nothing re-sends them.
-//! - **Blocking callers.** A blocking call that waits for a slot can only get one freed by an
-//!   abandoned call's late answer (no other caller runs while it blocks): when no slot is free
-//!   and none is abandoned, it fails at once with RESOURCE_EXHAUSTED instead of waiting forever.
+//! Calls waiting for a slot: the driver of the session's call queue
+//! ([`crate::session::queue`], where its rules are: order, bound, deadline, abandon, break, the
+//! blocking caller). It keeps the encoded bodies (and their spare buffers), starts the calls the
+//! queue hands out in the session's slots ([`ClientCore`]) and counts what ends.
 
-use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use prost::Message;
 
 use super::core::{CallId, ClientCore, StartMode};
+use crate::session::queue::{CallQueue, Dropped, Next, Queued, QueuedCall};
 use crate::status::{Code, Status};
 use crate::verbs::Provider;
 
@@ -63,52 +46,27 @@ impl Message for Encoded<'_> {
     }
 }
 
-struct Waiting {
-    method: u32,
-    body: Vec<u8>,
-    deadline: Option<Instant>,
-}
-
-/// What became of a waiting call while its caller was not looking.
-enum Resolved {
-    Slot(CallId),
-    Failed(Status),
-}
-
 /// Encoded bodies kept for reuse, and the largest kept (bytes).
 const SPARE_BODIES: usize = 64;
 const SPARE_MAX_LEN: usize = 64 << 10;
 
-/// The calls of one session: those in its slots ([`ClientCore`]) and those waiting for one.
+/// The calls of one session: those in its slots ([`ClientCore`]) and those waiting for one (the
+/// session's [`CallQueue`], whose rules these are; this only carries them out).
 pub(crate) struct Calls<P: Provider> {
     pub(crate) core: ClientCore<P>,
-    waiting: BTreeMap<u64, Waiting>,
-    resolved: HashMap<u64, Resolved>,
-    next_seq: u64,
-    max_queued: usize,
+    queue: CallQueue<Vec<u8>>,
     spare: Vec<Vec<u8>>,
-}
-
-fn queued_deadline() -> Status {
-    Status::deadline_exceeded("deadline passed while the call waited for a slot (it was never sent)")
 }
 
 impl<P: Provider> Calls<P> {
     /// `core`'s calls, with at most `max_queued` waiting for a slot.
     pub(crate) fn new(core: ClientCore<P>, max_queued: usize) -> Calls<P> {
-        Calls {
-            core,
-            waiting: BTreeMap::new(),
-            resolved: HashMap::new(),
-            next_seq: 0,
-            max_queued,
-            spare: Vec::new(),
-        }
+        Calls { core, queue: CallQueue::new(max_queued), spare: Vec::new() }
     }
 
     /// Calls waiting for a slot.
     pub(crate) fn queued(&self) -> usize {
-        self.waiting.len()
+        self.queue.len()
     }
 
     /// Starts a call: into a slot when one is free and nothing waits, else into the queue. A
@@ -126,7 +84,7 @@ impl<P: Provider> Calls<P> {
         deadline: Option<Instant>,
         blocking: bool,
     ) -> Result<Ticket, Status> {
-        if self.waiting.is_empty() {
+        if !self.queue.must_wait() {
             let mode = if blocking { StartMode::Now } else { StartMode::NoWait };
             if let Some(id) = self.core.start(method, req, deadline, mode)? {
                 return Ok(Ticket::Slot(id));
@@ -134,88 +92,70 @@ impl<P: Provider> Calls<P> {
         } else if let Some(s) = self.core.broken() {
             return Err(s.clone());
         }
-        if self.waiting.len() >= self.max_queued {
+        if let Err(s) = self.queue.admit(self.core.in_flight()) {
             self.core.counters.status(Code::ResourceExhausted);
-            return Err(Status::resource_exhausted(format!(
-                "{} calls in flight and {} waiting for a slot: ClientConfig::max_queued_calls ({}) is exceeded",
-                self.core.in_flight(),
-                self.waiting.len(),
-                self.max_queued
-            )));
+            return Err(s);
         }
         let len = req.encoded_len();
         self.core.check_len(len)?;
         let mut body = self.spare.pop().unwrap_or_default();
         body.reserve(len);
         req.encode_raw(&mut body);
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.waiting.insert(seq, Waiting { method, body, deadline });
+        let seq = self.queue.push(QueuedCall { method, body, deadline });
         Ok(Ticket::Queued { seq, deadline })
     }
 
-    /// Moves waiting calls into slots while slots and ring space allow, in order; ends expired
-    /// ones DEADLINE_EXCEEDED and, on a broken session, all of them UNAVAILABLE.
+    /// Carries out the queue's rules: starts waiting calls while slots and ring space allow, in
+    /// order; ends expired ones and, on a broken session, all of them.
     pub(crate) fn pump(&mut self) {
-        if self.waiting.is_empty() {
+        if self.queue.is_empty() {
             return;
         }
         if let Some(s) = self.core.broken() {
-            let s = Status::unavailable(format!(
-                "{} (the call waited for a slot and was never sent)",
-                s.message()
-            ));
-            for (seq, w) in std::mem::take(&mut self.waiting) {
+            let s = s.clone();
+            let spare = &mut self.spare;
+            let n = self.queue.fail_all(&s, |b| recycle(spare, b));
+            for _ in 0..n {
                 self.core.counters.status(Code::Unavailable);
-                self.resolved.insert(seq, Resolved::Failed(s.clone()));
-                self.recycle(w.body);
             }
             return;
         }
         let now = Instant::now();
         let mut started = false;
-        while let Some(e) = self.waiting.first_entry() {
-            if e.get().deadline.is_some_and(|d| now >= d) {
-                let seq = *e.key();
-                let w = e.remove();
-                self.core.counters.status(Code::DeadlineExceeded);
-                self.resolved.insert(seq, Resolved::Failed(queued_deadline()));
-                self.recycle(w.body);
-                continue;
-            }
-            if !self.core.has_free_slot() {
-                break;
-            }
-            let seq = *e.key();
-            let w = e.get();
-            match self.core.start(w.method, &Encoded(&w.body), w.deadline, StartMode::NoWait) {
-                Ok(None) => break,
-                Ok(Some(id)) => {
-                    started = true;
-                    self.resolved.insert(seq, Resolved::Slot(id));
+        while let Some(next) = self.queue.next(now, self.core.has_free_slot()) {
+            match next {
+                Next::Ended(code, body) => {
+                    self.core.counters.status(code);
+                    recycle(&mut self.spare, body);
                 }
-                Err(s) => {
-                    self.resolved.insert(seq, Resolved::Failed(s));
+                Next::Start(seq, call) => {
+                    let r =
+                        self.core.start(call.method, &Encoded(&call.body), call.deadline, StartMode::NoWait);
+                    match r {
+                        // No send buffer or ring room yet: first again, after the session progressed.
+                        Ok(None) => {
+                            self.queue.retry_first(seq, call);
+                            break;
+                        }
+                        Ok(Some(id)) => {
+                            started = true;
+                            self.queue.started(seq, Ok((id.slot, id.generation)));
+                        }
+                        Err(s) => self.queue.started(seq, Err(s)),
+                    }
+                    recycle(&mut self.spare, call.body);
                 }
             }
-            let w = self.waiting.remove(&seq).expect("the first entry");
-            self.recycle(w.body);
         }
         if started {
             self.core.flush();
         }
     }
 
-    fn recycle(&mut self, mut body: Vec<u8>) {
-        if self.spare.len() < SPARE_BODIES && body.capacity() <= SPARE_MAX_LEN {
-            body.clear();
-            self.spare.push(body);
-        }
-    }
-
     /// Polls a call once (progressing the session): its result when finished, `None` while it
     /// runs or waits. A waiting call that got a slot has its ticket updated.
     pub(crate) fn poll_call<R: Message + Default>(&mut self, t: &mut Ticket) -> Option<Result<R, Status>> {
+        let mut progressed = false;
         loop {
             match *t {
                 Ticket::Slot(id) => {
@@ -224,28 +164,23 @@ impl<P: Provider> Calls<P> {
                     return r;
                 }
                 Ticket::Queued { seq, deadline } => {
-                    match self.resolved.remove(&seq) {
-                        Some(Resolved::Slot(id)) => {
-                            *t = Ticket::Slot(id);
+                    let spare = &mut self.spare;
+                    match self.queue.poll(seq, Instant::now, |b| recycle(spare, b)) {
+                        Queued::Started(slot, generation) => {
+                            *t = Ticket::Slot(CallId { slot, generation, deadline });
                             continue;
                         }
-                        Some(Resolved::Failed(s)) => return Some(Err(s)),
-                        None => {}
-                    }
-                    if !self.waiting.contains_key(&seq) {
-                        return Some(Err(Status::internal("the call is not known to this session")));
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        self.remove(seq);
-                        self.core.counters.status(Code::DeadlineExceeded);
-                        return Some(Err(queued_deadline()));
+                        Queued::Ended(s) => return Some(Err(s)),
+                        Queued::Expired(s) => {
+                            self.core.counters.status(Code::DeadlineExceeded);
+                            return Some(Err(s));
+                        }
+                        Queued::Waiting if progressed => return None,
+                        Queued::Waiting => {}
                     }
                     self.core.poll_step();
                     self.pump();
-                    if self.resolved.contains_key(&seq) {
-                        continue;
-                    }
-                    return None;
+                    progressed = true;
                 }
             }
         }
@@ -255,7 +190,7 @@ impl<P: Provider> Calls<P> {
     ///
     /// # Errors
     /// As the call's; RESOURCE_EXHAUSTED when it waits for a slot that no other caller can free
-    /// while this one blocks (see the module docs).
+    /// while this one blocks (see [`CallQueue::refuse_blocking`]).
     pub(crate) fn wait<R: Message + Default>(&mut self, mut t: Ticket) -> Result<R, Status> {
         loop {
             if let Ticket::Slot(id) = t {
@@ -265,15 +200,13 @@ impl<P: Provider> Calls<P> {
                 return r;
             }
             if let Ticket::Queued { seq, .. } = t {
-                if !self.core.has_free_slot() && self.core.self_freeing_slots() == 0 {
-                    self.remove(seq);
+                let (free, freeing, window) =
+                    (self.core.has_free_slot(), self.core.self_freeing_slots(), self.core.window());
+                let spare = &mut self.spare;
+                if let Some(s) = self.queue.refuse_blocking(seq, free, freeing, window, |b| recycle(spare, b))
+                {
                     self.core.counters.status(Code::ResourceExhausted);
-                    return Err(Status::resource_exhausted(format!(
-                        "all {} slots (ClientConfig::window) are held by calls that only their own \
-                         futures can finish, and a blocking call cannot wait for them: poll or drop \
-                         those futures first",
-                        self.core.window()
-                    )));
+                    return Err(s);
                 }
                 // Ends at once on a broken session: the next poll reports it.
                 let _ = self.core.wait_step(None);
@@ -285,24 +218,13 @@ impl<P: Provider> Calls<P> {
     pub(crate) fn abandon(&mut self, t: Ticket) {
         match t {
             Ticket::Slot(id) => self.core.abandon(id),
-            Ticket::Queued { seq, .. } => {
-                if !self.remove(seq) {
-                    if let Some(Resolved::Slot(id)) = self.resolved.remove(&seq) {
-                        self.core.abandon(id);
-                    }
+            Ticket::Queued { seq, deadline } => match self.queue.abandon(seq) {
+                Dropped::Waiting(body) => recycle(&mut self.spare, body),
+                Dropped::Started(slot, generation) => {
+                    self.core.abandon(CallId { slot, generation, deadline })
                 }
-            }
-        }
-    }
-
-    /// Removes a waiting call; false when it was not waiting.
-    fn remove(&mut self, seq: u64) -> bool {
-        match self.waiting.remove(&seq) {
-            Some(w) => {
-                self.recycle(w.body);
-                true
-            }
-            None => false,
+                Dropped::Nothing => {}
+            },
         }
     }
 
@@ -311,5 +233,13 @@ impl<P: Provider> Calls<P> {
         let n = self.core.progress();
         self.pump();
         n
+    }
+}
+
+/// Keeps an encoded body's buffer for the next waiting call.
+fn recycle(spare: &mut Vec<Vec<u8>>, mut body: Vec<u8>) {
+    if spare.len() < SPARE_BODIES && body.capacity() <= SPARE_MAX_LEN {
+        body.clear();
+        spare.push(body);
     }
 }

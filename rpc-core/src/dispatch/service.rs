@@ -12,20 +12,11 @@ use crate::status::Status;
 /// 0 is reserved and never a method id.
 pub type MethodId = u32;
 
-/// FNV-1a, 32 bit, of `full` (the method's full name `"/package.Service/Method"`).
+/// FNV-1a, 32 bit, of `full_name` (the method's full name `"/package.Service/Method"`).
 ///
-/// Usable in constants; codegen computes the same value at build time and emits the literal.
-pub const fn method_id(full: &str) -> MethodId {
-    let bytes = full.as_bytes();
-    let mut hash: u32 = 0x811c_9dc5;
-    let mut i = 0;
-    while i < bytes.len() {
-        hash ^= bytes[i] as u32;
-        hash = hash.wrapping_mul(0x0100_0193);
-        i += 1;
-    }
-    hash
-}
+/// Usable in constants; codegen computes the same value at build time (with this very function,
+/// from the `rpc-method-id` crate both share) and emits the literal.
+pub use rpc_method_id::method_id;
 
 /// A method of a service, for registration with the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -122,10 +113,10 @@ mod tests {
     fn method_id_is_fnv1a_32() {
         // Reference values of FNV-1a 32 (http://www.isthe.com/chongo/tech/comp/fnv/).
         assert_eq!(method_id(""), 0x811c_9dc5);
-        assert_eq!(method_id("a"), 0xe40c_292c);
         assert_eq!(method_id("foobar"), 0xbf9c_f968);
+        // The id rpc-codegen emits for helloworld (codegen-tests' snapshot holds the literal).
         const ID: MethodId = method_id("/helloworld.Greeter/SayHello");
-        assert_ne!(ID, 0);
+        assert_eq!(ID, 0x88a5_acce);
         assert_ne!(ID, method_id("/helloworld.Greeter/SayHello2"));
     }
 

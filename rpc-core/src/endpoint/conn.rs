@@ -66,7 +66,7 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
 /// |---|---|---|
 /// | Requests (the last or only piece of each) | `credits` | credits return with the answers |
 /// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
-/// | Cancels | `credits` | one per call on the wire |
+/// | Cancels | `credits` | a Cancel holds its call's credit until the server's CancelAck arrives ([`crate::session::CallSlots`]), so each credit covers at most one request and one Cancel, a Cancel that crossed its call's answer included |
 /// | RingReturns | `credits` | one per answer in flight |
 /// | Pings, Pongs | 2 + 2 | the client pings after a third and two thirds of its `peer_timeout` of silence, and answers each of our (at most two) Pings |
 /// | Close | 1 | |
@@ -75,13 +75,14 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
 /// makes another's SENDs wait for a receive WQE (RNR). Not reserved, because they would not fit
 /// the SRQs of devices (`max_srq_wr` 16 384 on sim) at the default 128 sessions: stream messages
 /// and stream credits (each within the stream budget, `min(credits, 256)`), client-stream ends,
-/// and a Cancel or stream end that crossed its call's answer while the slot's next call is on
-/// the wire. A session using those leans on the WQEs other sessions do not use at that moment,
+/// and a stream end that crossed its call's answer while the slot's next call is on the wire. A
+/// session using those leans on the WQEs other sessions do not use at that moment,
 /// and at worst makes SENDs wait for a repost (RNR retries forever: a delay, never a failure).
 pub(crate) fn srq_need(credits: u16) -> u32 {
     let c = u32::from(credits);
     let requests = c;
     let pieces = crate::session::MAX_PIECES_IN_RING;
+    // One per credit: the credit stays taken until the Cancel is acknowledged.
     let cancels = c;
     let ring_returns = c;
     let probe = 4;

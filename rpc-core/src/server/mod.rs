@@ -212,14 +212,15 @@ impl ServerConfig {
     /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 21`
     /// (117 at 32 credits). The most a client that keeps the protocol can have sent before the
     /// worker takes any of it: its requests (within credits) and the other pieces of their ring
-    /// bodies (16), a Cancel per call on the wire, a ring return per answer, two Pings and two
-    /// Pongs of the idle probe, and a Close. The sessions of a worker reserve at most its SRQ
-    /// depth together, so no such session makes another's messages wait for a receive buffer
-    /// (RNR). Not reserved (they would not fit devices' `max_srq_wr` at the default sessions):
-    /// stream messages and stream credits, each within the stream budget `min(credits, 256)`,
-    /// client-stream ends, and a Cancel that crossed its call's answer while the slot's next
-    /// call is out; they use WQEs the other sessions leave free, at worst an RNR wait (a delay:
-    /// RNR is retried forever).
+    /// bodies (16), a Cancel per credit (a Cancel holds its call's credit until the server's
+    /// CancelAck arrives, so a Cancel that crossed its call's answer is counted too), a ring
+    /// return per answer, two Pings and two Pongs of the idle probe, and a Close (the table is
+    /// on `endpoint::conn::srq_need`, the one place of this arithmetic). The sessions of a
+    /// worker reserve at most its SRQ depth together, so no such session makes another's
+    /// messages wait for a receive buffer (RNR). Not reserved (they would not fit devices'
+    /// `max_srq_wr` at the default sessions): stream messages and stream credits, each within
+    /// the stream budget `min(credits, 256)`, and client-stream ends; they use WQEs the other
+    /// sessions leave free, at worst an RNR wait (a delay: RNR is retried forever).
     pub fn srq_per_session(credits: u16) -> u32 {
         crate::endpoint::conn::srq_need(credits)
     }

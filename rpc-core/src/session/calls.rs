@@ -160,7 +160,22 @@ impl Session {
         if self.streams_open() > 0 {
             self.stream_close(slot, generation);
         }
-        self.calls.slots.on_response(slot, generation, ()).map_err(|(reason, ())| reason)
+        let fate = self.calls.slots.on_response(slot, generation, ()).map_err(|(reason, ())| reason)?;
+        if fate == ResponseFate::Discard(()) {
+            self.withdraw_cancel(slot, generation);
+        }
+        Ok(fate)
+    }
+
+    /// An abandoned call was answered while its Cancel still waited to be posted: the Cancel is
+    /// not sent (nothing is left to cancel), so no acknowledgement is awaited.
+    #[cold]
+    fn withdraw_cancel(&mut self, slot: u16, generation: u32) {
+        let before = self.controls.len();
+        self.controls.retain(|c| !(c.kind == Kind::Cancel && (c.slot, c.generation) == (slot, generation)));
+        if self.controls.len() != before {
+            self.calls.slots.cancel_withdrawn(slot, generation);
+        }
     }
 
     /// Client: whether `(slot, generation)` has its answer; if so its slot is free again (the

@@ -74,8 +74,75 @@ fn a_cancel_never_overtakes_its_request() {
     assert!(!s.has_control(), "another generation: not this call");
     s.request_left(b.0, b.1);
     assert_eq!(s.next_control(), Some(Header { slot: b.0, generation: b.1, ..Header::new(Kind::Cancel) }));
-    assert_eq!(s.on_response(a.0, a.1), Ok(ResponseFate::Discard(())), "the acknowledgement");
+    assert_eq!(s.on_response(a.0, a.1), Ok(ResponseFate::Discard(())), "its answer");
+    assert_eq!(s.calls().state(a.0), SlotState::Abandoned, "its Cancel is not acknowledged yet");
+    s.handle_header(&ack(a), || clock.at(0)).unwrap();
     assert_eq!(s.calls().state(a.0), SlotState::Free);
+}
+
+fn ack(c: (u16, u32)) -> Header {
+    Header { session: 5, slot: c.0, generation: c.1, ..Header::new(Kind::CancelAck) }
+}
+
+fn response(c: (u16, u32)) -> Header {
+    Header { session: 5, slot: c.0, generation: c.1, ..Header::new(Kind::Response) }
+}
+
+/// A Cancel holds its call's credit until the server acknowledged it, in whichever order the
+/// answer and the acknowledgement arrive: a Cancel that crossed its call's answer never lets
+/// the credit carry another request (and its Cancel) to the server while it still travels.
+#[test]
+fn a_cancel_holds_its_credit_until_acknowledged() {
+    let clock = Clock(Instant::now());
+    let mut s = client(4, 2);
+    let a = s.start_call(1, None, 0).unwrap();
+    let b = s.start_call(1, None, 0).unwrap();
+    s.next_request(|| clock.at(0)).unwrap();
+    s.next_request(|| clock.at(0)).unwrap();
+    assert_eq!(s.abandon_call(a.0, a.1, false, || clock.at(0)), Abandoned::OnWire);
+    assert_eq!(s.abandon_call(b.0, b.1, false, || clock.at(0)), Abandoned::OnWire);
+    assert_eq!(s.next_control().map(|h| h.kind), Some(Kind::Cancel));
+    assert_eq!(s.next_control().map(|h| h.kind), Some(Kind::Cancel));
+    let c = s.start_call(1, None, 0).unwrap();
+    // a: its answer crossed the Cancel (answer first, acknowledgement later).
+    s.handle_header(&response(a), || clock.at(0)).unwrap();
+    assert_eq!(s.on_response(a.0, a.1), Ok(ResponseFate::Discard(())));
+    assert!(s.next_request(|| clock.at(0)).is_none(), "the credit waits for the acknowledgement");
+    assert_eq!(s.calls().in_flight(), 2);
+    // b: acknowledged first, answered CANCELLED after.
+    s.handle_header(&ack(b), || clock.at(0)).unwrap();
+    assert!(s.next_request(|| clock.at(0)).is_none(), "and for the answer");
+    assert!(s.handle_header(&ack(b), || clock.at(0)).is_err(), "one acknowledgement per Cancel");
+    let mut s2 = client(4, 2);
+    let x = s2.start_call(1, None, 0).unwrap();
+    s2.next_request(|| clock.at(0)).unwrap();
+    assert!(s2.handle_header(&ack(x), || clock.at(0)).is_err(), "no Cancel was sent");
+    s.handle_header(&response(b), || clock.at(0)).unwrap();
+    assert_eq!(s.on_response(b.0, b.1), Ok(ResponseFate::Discard(())));
+    assert_eq!(s.calls().state(b.0), SlotState::Free);
+    assert_eq!(s.next_request(|| clock.at(0)).map(|h| h.slot), Some(c.0), "b's credit is back");
+    assert!(s.next_request(|| clock.at(0)).is_none());
+    s.handle_header(&ack(a), || clock.at(0)).unwrap();
+    assert_eq!(s.calls().state(a.0), SlotState::Free);
+    assert_eq!(s.calls().in_flight(), 1);
+    assert_eq!(s.calls().abandoned(), 0);
+}
+
+/// An abandoned call answered while its Cancel still waited to be posted sends no Cancel and
+/// frees its slot and credit at once (no acknowledgement will come).
+#[test]
+fn a_cancel_not_yet_posted_is_withdrawn_by_the_answer() {
+    let clock = Clock(Instant::now());
+    let mut s = client(2, 1);
+    let a = s.start_call(1, None, 0).unwrap();
+    s.next_request(|| clock.at(0)).unwrap();
+    assert_eq!(s.abandon_call(a.0, a.1, false, || clock.at(0)), Abandoned::OnWire);
+    assert!(s.has_control());
+    assert_eq!(s.on_response(a.0, a.1), Ok(ResponseFate::Discard(())));
+    assert!(!s.has_control(), "the Cancel is withdrawn");
+    assert_eq!(s.calls().state(a.0), SlotState::Free);
+    assert_eq!(s.calls().in_flight(), 0);
+    assert!(s.handle_header(&ack(a), || clock.at(0)).is_err(), "no acknowledgement is owed");
 }
 
 /// Reaching the abandon cap never waits: it starts a watch, which one acknowledgement ends;

@@ -20,10 +20,12 @@
 mod calls;
 pub mod lifecycle;
 mod outbox;
+pub mod queue;
 mod recycle;
 mod ring;
 mod slots;
 mod stream;
+pub mod tick;
 
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
@@ -173,6 +175,9 @@ pub struct Session {
     closed: bool,
     /// Ring space was freed since [`Session::take_ring_return`] was last asked.
     ring_freed: bool,
+    /// Server: CancelAcks waiting in `controls` (at most `credits`: a client holds a credit per
+    /// Cancel until its acknowledgement arrives).
+    acks_due: u16,
 }
 
 impl Session {
@@ -207,6 +212,7 @@ impl Session {
             ),
             closed: false,
             ring_freed: false,
+            acks_due: 0,
         }
     }
 
@@ -279,10 +285,13 @@ impl Session {
     }
 
     /// Client: the caller gave up on `(slot, generation)`, which is on the wire: a Cancel goes to
-    /// the server (from [`Session::next_control`]). The slot is reused only once the call's
-    /// response arrives (the server answers every request exactly once).
-    pub fn cancel(&mut self, slot: u16, generation: u32) {
-        self.controls.push_back(Header { slot, generation, ..Header::new(Kind::Cancel) });
+    /// the server (from [`Session::next_control`]). The slot and its credit are reused only once
+    /// the call's response (the server answers every request exactly once) and the Cancel's
+    /// acknowledgement arrived (see [`CallSlots`]).
+    pub(crate) fn cancel(&mut self, slot: u16, generation: u32) {
+        if self.calls.slots.cancel_queued(slot, generation) {
+            self.controls.push_back(Header { slot, generation, ..Header::new(Kind::Cancel) });
+        }
     }
 
     /// Whether a control message waits to be sent ([`Session::next_control`]). Inlined: a few
@@ -301,7 +310,11 @@ impl Session {
         if std::mem::take(&mut self.liveness.ping_due) {
             return Some(Header::new(Kind::Ping));
         }
-        self.controls.pop_front()
+        let h = self.controls.pop_front()?;
+        if h.kind == Kind::CancelAck {
+            self.acks_due -= 1;
+        }
+        Some(h)
     }
 
     /// True once a Close was received or sent.
@@ -470,11 +483,13 @@ impl Session {
             (Role::Server, Kind::Request)
             | (Role::Client, Kind::Response)
             | (Role::Server, Kind::Cancel | Kind::StreamEnd)
+            | (Role::Client, Kind::CancelAck)
             | (_, Kind::RingReturn | Kind::Close | Kind::Ping | Kind::Pong)
             | (_, Kind::StreamMsg | Kind::StreamCredit) => {}
             (Role::Server, Kind::Response) => return Err("response sent to a server"),
             (Role::Client, Kind::Request) => return Err("request sent to a client"),
             (Role::Client, Kind::Cancel) => return Err("cancel sent to a client"),
+            (Role::Server, Kind::CancelAck) => return Err("cancel acknowledgement sent to a server"),
             (Role::Client, Kind::StreamEnd) => return Err("stream end sent to a client"),
         }
         if h.total_len > self.params.max_message {
@@ -580,14 +595,26 @@ impl Session {
             Kind::Close => self.closed = true,
             Kind::Ping => self.liveness.pong_due = true,
             Kind::Cancel => {
-                // A call answered already (its answer is on its way: that is the acknowledgement)
-                // or cancelled twice changes nothing.
+                // Every Cancel is acknowledged (the client holds the call's credit until then);
+                // a client keeping that rule never has more than `credits` of them waiting.
+                if self.acks_due >= self.params.credits {
+                    return Err("more Cancels unacknowledged than credits");
+                }
+                self.acks_due += 1;
+                self.controls.push_back(Header {
+                    slot: h.slot,
+                    generation: h.generation,
+                    ..Header::new(Kind::CancelAck)
+                });
+                // A call answered already (its answer is on its way) or cancelled twice changes
+                // nothing more.
                 let c = self.unanswered.iter_mut().find(|c| (c.slot, c.generation) == (h.slot, h.generation));
                 if let Some(c) = c.filter(|c| !c.ended) {
                     c.ended = true;
                     self.events.push_back(Event::Cancelled { slot: h.slot, generation: h.generation });
                 }
             }
+            Kind::CancelAck => self.calls.slots.on_cancel_ack(h.slot, h.generation)?,
             _ => {}
         }
         Ok(Incoming { header: *h, ring })

@@ -5,9 +5,17 @@
 //! on the wire, and ends when its response arrives (the credit returns with it). A call whose
 //! caller gave up (deadline passed, future dropped) before it was sent is dropped at once (its
 //! slot is free again). One on the wire is *abandoned*: the driver sends a Cancel, and the slot
-//! stays taken until the response arrives (the server answers every request once: its answer or
-//! CANCELLED) and is discarded, so the server can no longer write into ring space of the call and
-//! a late response can never land in a reused slot; the generation check rejects anything else.
+//! and its credit stay taken until the response arrives (the server answers every request once:
+//! its answer or CANCELLED) and is discarded, so the server can no longer write into ring space
+//! of the call and a late response can never land in a reused slot (the generation check rejects
+//! anything else), **and** until the server's acknowledgement of the Cancel
+//! ([`crate::wire::Kind::CancelAck`]) arrived. The second half is the rule that bounds what a
+//! client can have sent that the server has not taken: a Cancel that crossed its call's answer
+//! would otherwise free the credit while the Cancel still travels, and the credit's next request
+//! (and its Cancel) would join it. With it, every credit covers at most one request and one
+//! Cancel at the server ([`CallSlots::in_flight`] counts both), so the server's receive
+//! reservation is a constant per credit (`endpoint::conn::srq_need`). A Cancel withdrawn before
+//! it was posted ([`CallSlots::cancel_withdrawn`]) needs no acknowledgement.
 
 use std::collections::VecDeque;
 
@@ -22,7 +30,8 @@ pub enum SlotState {
     InFlight,
     /// Response received, not yet taken by the caller.
     Done,
-    /// The caller gave up; the response will be discarded when it arrives.
+    /// The caller gave up; the response will be discarded when it arrives, and the slot (and
+    /// its credit) frees once the response and the acknowledgement of its Cancel both arrived.
     Abandoned,
 }
 
@@ -33,7 +42,8 @@ pub enum Abandoned<T> {
     Nothing,
     /// It had not been sent: the slot is free again (the caller releases the call's body).
     Unsent,
-    /// It is on the wire: send a Cancel; the slot frees when the response arrives.
+    /// It is on the wire: send a Cancel ([`CallSlots::cancel_queued`]); the slot frees when
+    /// the response and the Cancel's acknowledgement arrived.
     OnWire,
     /// Its response had arrived: the slot is free again, here is the result to release.
     Answered(T),
@@ -55,6 +65,12 @@ struct Slot<T> {
     /// is reserved, and its answer discarded).
     sent: bool,
     result: Option<T>,
+    /// Abandoned: its Cancel was queued for the wire (its acknowledgement is awaited).
+    cancel_sent: bool,
+    /// Abandoned: its response arrived (and was discarded).
+    answered: bool,
+    /// Abandoned: the acknowledgement of its Cancel arrived.
+    acked: bool,
 }
 
 /// A fixed window of call slots. `T` is what a response leaves for the caller.
@@ -74,7 +90,15 @@ impl<T> CallSlots<T> {
         let window = window.max(1);
         CallSlots {
             slots: (0..window)
-                .map(|_| Slot { generation: 0, state: SlotState::Free, sent: false, result: None })
+                .map(|_| Slot {
+                    generation: 0,
+                    state: SlotState::Free,
+                    sent: false,
+                    result: None,
+                    cancel_sent: false,
+                    answered: false,
+                    acked: false,
+                })
                 .collect(),
             free: (0..window).rev().collect(),
             queue: VecDeque::with_capacity(window as usize),
@@ -94,12 +118,13 @@ impl<T> CallSlots<T> {
         self.credits
     }
 
-    /// Requests on the wire (abandoned ones included, until their response arrives).
+    /// Credits in use: requests on the wire, abandoned ones included until their response and
+    /// their Cancel's acknowledgement arrived (at most [`CallSlots::credits`]).
     pub fn in_flight(&self) -> u16 {
         self.in_flight
     }
 
-    /// Calls abandoned on the wire whose response (the server's acknowledgement) has not arrived.
+    /// Calls abandoned on the wire not yet released (response or Cancel acknowledgement awaited).
     pub fn abandoned(&self) -> u16 {
         self.abandoned
     }
@@ -108,7 +133,59 @@ impl<T> CallSlots<T> {
     pub fn is_abandoned(&self, slot: u16, generation: u32) -> bool {
         self.slots
             .get(slot as usize)
-            .is_some_and(|s| s.generation == generation && s.state == SlotState::Abandoned)
+            .is_some_and(|s| s.generation == generation && s.state == SlotState::Abandoned && !s.answered)
+    }
+
+    /// The Cancel of the abandoned call `(slot, generation)` is queued for the wire: its credit
+    /// is now held until the Cancel's acknowledgement arrives too. Returns false (send no
+    /// Cancel) when the call is not abandoned on the wire, already answered, or its Cancel was
+    /// queued already.
+    pub fn cancel_queued(&mut self, slot: u16, generation: u32) -> bool {
+        let Some(s) = self.slots.get_mut(slot as usize) else { return false };
+        if s.generation != generation || s.state != SlotState::Abandoned || s.answered || s.cancel_sent {
+            return false;
+        }
+        s.cancel_sent = true;
+        true
+    }
+
+    /// The queued Cancel of `(slot, generation)` was taken back before it was posted (its
+    /// response arrived first): no acknowledgement will come; the slot frees if answered.
+    pub fn cancel_withdrawn(&mut self, slot: u16, generation: u32) {
+        let Some(s) = self.slots.get_mut(slot as usize) else { return };
+        if s.generation == generation && s.state == SlotState::Abandoned && s.cancel_sent && !s.acked {
+            s.cancel_sent = false;
+            self.release_if_settled(slot);
+        }
+    }
+
+    /// The server acknowledged the Cancel of `(slot, generation)`; the slot frees if answered.
+    ///
+    /// # Errors
+    /// A reason when no Cancel of that call awaits an acknowledgement: close the connection.
+    pub fn on_cancel_ack(&mut self, slot: u16, generation: u32) -> Result<(), &'static str> {
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return Err("cancel acknowledgement for a slot outside the window");
+        };
+        if s.generation != generation || s.state != SlotState::Abandoned || !s.cancel_sent || s.acked {
+            return Err("cancel acknowledgement for no Cancel awaiting one");
+        }
+        s.acked = true;
+        self.release_if_settled(slot);
+        Ok(())
+    }
+
+    /// Frees an abandoned slot (and its credit) once nothing of it can still arrive or wait at
+    /// the server: answered, and its Cancel acknowledged or never sent.
+    fn release_if_settled(&mut self, slot: u16) {
+        let s = &mut self.slots[slot as usize];
+        if s.state == SlotState::Abandoned && s.answered && (s.acked || !s.cancel_sent) {
+            s.state = SlotState::Free;
+            s.sent = false;
+            self.free.push(slot);
+            self.abandoned -= 1;
+            self.in_flight -= 1;
+        }
     }
 
     /// Calls waiting for a credit.
@@ -135,6 +212,9 @@ impl<T> CallSlots<T> {
         s.generation = s.generation.wrapping_add(1);
         s.state = SlotState::Queued;
         s.sent = false;
+        s.cancel_sent = false;
+        s.answered = false;
+        s.acked = false;
         self.queue.push_back(slot);
         Some((slot, s.generation))
     }
@@ -186,11 +266,10 @@ impl<T> CallSlots<T> {
                 s.result = Some(result);
                 ResponseFate::Stored
             }
-            SlotState::Abandoned => {
-                s.state = SlotState::Free;
-                self.free.push(slot);
-                self.abandoned -= 1;
-                ResponseFate::Discard(result)
+            SlotState::Abandoned if !s.answered => {
+                s.answered = true;
+                self.release_if_settled(slot);
+                return Ok(ResponseFate::Discard(result));
             }
             _ => return Err(("response for a slot with no call on the wire", result)),
         };
@@ -345,6 +424,7 @@ mod tests {
         Respond(u8),
         Take(u8),
         Abandon(u8),
+        Ack(u8),
     }
 
     proptest! {
@@ -355,11 +435,15 @@ mod tests {
             window in 1u16..8, credits in 1u16..8,
             ops in proptest::collection::vec(prop_oneof![
                 Just(Op::Start), Just(Op::Send), any::<u8>().prop_map(Op::Respond),
-                any::<u8>().prop_map(Op::Take), any::<u8>().prop_map(Op::Abandon)], 1..300),
+                any::<u8>().prop_map(Op::Take), any::<u8>().prop_map(Op::Abandon),
+                any::<u8>().prop_map(Op::Ack)], 1..300),
         ) {
             let mut s: CallSlots<(u16, u32)> = CallSlots::new(window, credits);
             let mut wire: Vec<(u16, u32)> = Vec::new();
             let mut calls: Vec<(u16, u32)> = Vec::new();
+            // Cancels sent and not acknowledged; those whose call was answered hold a credit
+            // without being on the wire.
+            let mut cancels: Vec<(u16, u32)> = Vec::new();
             for op in ops {
                 match op {
                     Op::Start => { if let Some(c) = s.start() { calls.push(c); } }
@@ -375,14 +459,30 @@ mod tests {
                     }
                     Op::Abandon(i) if !calls.is_empty() => {
                         let c = calls.remove(i as usize % calls.len());
-                        if let Abandoned::Answered(r) = s.abandon(c.0, c.1) { prop_assert_eq!(r, c); }
+                        match s.abandon(c.0, c.1) {
+                            Abandoned::Answered(r) => prop_assert_eq!(r, c),
+                            // Half of them send their Cancel.
+                            Abandoned::OnWire if i % 2 == 0 => {
+                                prop_assert!(s.cancel_queued(c.0, c.1));
+                                prop_assert!(!s.cancel_queued(c.0, c.1), "one Cancel per call");
+                                cancels.push(c);
+                            }
+                            _ => {}
+                        }
+                    }
+                    Op::Ack(i) if !cancels.is_empty() => {
+                        let c = cancels.remove(i as usize % cancels.len());
+                        prop_assert!(s.on_cancel_ack(c.0, c.1).is_ok());
+                        prop_assert!(s.on_cancel_ack(c.0, c.1).is_err(), "acknowledged once");
                     }
                     _ => {}
                 }
                 prop_assert!(s.in_flight() <= s.credits());
-                prop_assert_eq!(s.in_flight() as usize, wire.len());
+                let held = cancels.iter().filter(|c| !wire.contains(c)).count();
+                prop_assert_eq!(s.in_flight() as usize, wire.len() + held, "a Cancel holds its credit");
             }
             for c in wire.drain(..) { prop_assert!(s.on_response(c.0, c.1, c).is_ok()); }
+            for c in cancels.drain(..) { prop_assert!(s.on_cancel_ack(c.0, c.1).is_ok()); }
             while let Some(c) = s.next_sendable() { prop_assert!(s.on_response(c.0, c.1, c).is_ok()); }
             for c in calls.drain(..) { let _ = s.abandon(c.0, c.1); }
             prop_assert_eq!(s.free.len(), window as usize, "every slot is free again");

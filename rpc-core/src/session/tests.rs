@@ -509,24 +509,46 @@ fn cancel_ends_an_unanswered_call_once() {
     s.handle_header(&request(1, 1, 0), || clock.at(0)).unwrap();
     assert!(s.live_call(0, 1).is_some());
     let cancel = Header { session: 5, slot: 0, generation: 1, ..Header::new(Kind::Cancel) };
+    let ack = |slot, generation| Some(Header { slot, generation, ..Header::new(Kind::CancelAck) });
     s.handle_header(&cancel, || clock.at(1)).unwrap();
     assert_eq!(s.poll_event(), Some(Event::Cancelled { slot: 0, generation: 1 }));
+    assert_eq!(s.next_control(), ack(0, 1), "every Cancel is acknowledged");
     assert_eq!(s.live_call(0, 1), None, "dropped undispatched");
     assert!(s.is_unanswered(0, 1), "still owed its CANCELLED answer (which returns the credit)");
     s.handle_header(&cancel, || clock.at(2)).unwrap();
     assert_eq!(s.poll_event(), None, "a second cancel changes nothing");
+    assert_eq!(s.next_control(), ack(0, 1));
     assert!(s.on_answer_for(1, 1));
     s.handle_header(&Header { slot: 1, ..cancel }, || clock.at(2)).unwrap();
     s.handle_header(&Header { slot: 1, generation: 9, ..cancel }, || clock.at(2)).unwrap();
-    assert_eq!(s.poll_event(), None, "answered or unknown calls: the answer is the acknowledgement");
+    assert_eq!(s.poll_event(), None, "answered or unknown calls: nothing to end");
+    assert_eq!(s.next_control(), ack(1, 1), "a Cancel that crossed its answer is acknowledged too");
+    assert_eq!(s.next_control(), ack(1, 9));
+    assert_eq!(s.next_control(), None);
     assert!(s.on_answer_for(0, 1));
     assert_eq!(s.unanswered(), 0);
+    // A client keeps a credit per unacknowledged Cancel: more than `credits` waiting is a
+    // broken client (and would grow the queue of acknowledgements without bound).
+    s.handle_header(&cancel, || clock.at(3)).unwrap();
+    s.handle_header(&cancel, || clock.at(3)).unwrap();
+    assert_eq!(
+        s.handle_header(&cancel, || clock.at(3)).unwrap_err(),
+        "more Cancels unacknowledged than credits"
+    );
     let mut c = Session::new(Role::Client, params(2, 16, 100));
     assert_eq!(c.handle_header(&cancel, || clock.at(0)).unwrap_err(), "cancel sent to a client");
-    c.cancel(3, 7);
+    let a = c.start_call(1, None, 0).unwrap();
+    c.next_request(|| clock.at(0)).unwrap();
+    c.cancel(a.0, a.1);
+    assert!(!c.has_control(), "a call not abandoned is not cancelled");
+    c.abandon_call(a.0, a.1, false, || clock.at(0));
     assert!(c.has_control());
-    assert_eq!(c.next_control(), Some(Header { slot: 3, generation: 7, ..Header::new(Kind::Cancel) }));
+    assert_eq!(c.next_control(), Some(Header { slot: a.0, generation: a.1, ..Header::new(Kind::Cancel) }));
     assert!(!c.has_control());
+    assert_eq!(
+        s.handle_header(&Header { session: 5, ..Header::new(Kind::CancelAck) }, || clock.at(0)).unwrap_err(),
+        "cancel acknowledgement sent to a server"
+    );
 }
 
 /// A request's deadline runs from its arrival (its `timeout_us`); `poll_timeout` names the

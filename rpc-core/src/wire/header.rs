@@ -4,7 +4,7 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream credit) |
+//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream credit, 11 cancel acknowledgement) |
 //! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
@@ -25,8 +25,8 @@
 //! kind, slot, generation, method and `total_len`, each a ring body of `body_len` bytes, in order;
 //! the message is complete when the pieces add up to `total_len`.
 //!
-//! Control messages carry no body and no call fields except: a Cancel, a stream end and a stream
-//! credit name the call by `slot` and `generation`, a stream credit carries `credits`; every
+//! Control messages carry no body and no call fields except: a Cancel, its acknowledgement, a
+//! stream end and a stream credit name the call by `slot` and `generation`, a stream credit carries `credits`; every
 //! message carries `freed_head` and `session`.
 //!
 //! **Streams.** A stream is a call whose slot stays open: a request with [`STREAM_IN`] and/or
@@ -71,7 +71,11 @@ pub enum Kind {
     /// The sender closes the session; nothing follows.
     Close = 4,
     /// Client to server: the caller gave up on the call `(slot, generation)`. The server answers
-    /// it CANCELLED unless its answer was already queued.
+    /// it CANCELLED unless its answer was already queued, and acknowledges every Cancel with a
+    /// [`Kind::CancelAck`]. The call's request credit stays taken until both its response and
+    /// that acknowledgement arrived, so a Cancel never lets the client have more than `credits`
+    /// requests and Cancels unacknowledged at the server (`crate::endpoint` sizes the SRQ on
+    /// it).
     Cancel = 5,
     /// Liveness probe: the receiver answers [`Kind::Pong`].
     Ping = 6,
@@ -86,6 +90,9 @@ pub enum Kind {
     /// `credits` more messages the receiver may send on the stream `(slot, generation)`: sent by
     /// the consumer as its application takes messages. No body.
     StreamCredit = 10,
+    /// Server to client: the server took the Cancel of `(slot, generation)` (sent for every
+    /// Cancel, whether the call was answered before it arrived or not). No body.
+    CancelAck = 11,
 }
 
 impl Kind {
@@ -101,6 +108,7 @@ impl Kind {
             8 => Kind::StreamMsg,
             9 => Kind::StreamEnd,
             10 => Kind::StreamCredit,
+            11 => Kind::CancelAck,
             _ => return None,
         })
     }
@@ -212,7 +220,7 @@ impl Header {
         let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let kind = Kind::from_u8(b[0])
-            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=10", b[0])))?;
+            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=11", b[0])))?;
         if b[1] & !(BODY_IN_RING | STREAM_IN | STREAM_OUT) != 0 {
             return Err(WireError::bad("header", "flags", format!("unknown bits {:#04x}", b[1])));
         }
@@ -301,6 +309,7 @@ impl Header {
             Kind::RingReturn
             | Kind::Close
             | Kind::Cancel
+            | Kind::CancelAck
             | Kind::Ping
             | Kind::Pong
             | Kind::StreamEnd
@@ -321,7 +330,8 @@ impl Header {
                 if status != Code::Ok || h.method != 0 || h.timeout_us != 0 {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
                 }
-                let names_call = matches!(kind, Kind::Cancel | Kind::StreamEnd | Kind::StreamCredit);
+                let names_call =
+                    matches!(kind, Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamCredit);
                 if !names_call && (h.slot != 0 || h.generation != 0) {
                     return Err(WireError::bad(
                         "header",
@@ -359,7 +369,7 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let mut m = encode_msg(&request());
-        m[0] = 11;
+        m[0] = 12;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let mut m = encode_msg(&request());
         m[1] = 8;
@@ -451,7 +461,8 @@ mod tests {
                 Just(Kind::Pong),
                 Just(Kind::StreamMsg),
                 Just(Kind::StreamEnd),
-                Just(Kind::StreamCredit)
+                Just(Kind::StreamCredit),
+                Just(Kind::CancelAck)
             ],
             any::<bool>(),
             0u8..=16,
@@ -462,7 +473,11 @@ mod tests {
                 |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session), extra)| {
                     let body = matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg);
                     let call = matches!(kind, Kind::Request | Kind::Response);
-                    let names = body || matches!(kind, Kind::Cancel | Kind::StreamEnd | Kind::StreamCredit);
+                    let names = body
+                        || matches!(
+                            kind,
+                            Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamCredit
+                        );
                     let in_ring = in_ring && body;
                     let stream =
                         if kind == Kind::Request { (extra >> 8) as u8 & (STREAM_IN | STREAM_OUT) } else { 0 };

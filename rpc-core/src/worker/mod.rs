@@ -911,7 +911,11 @@ impl<P: Provider> Worker<P> {
                 }
                 match kind {
                     Kind::Close => self.close_entry(idx, "peer sent Close", false, true),
-                    Kind::Cancel => self.handle_events(idx),
+                    Kind::Cancel => {
+                        self.handle_events(idx);
+                        // Its CancelAck is due.
+                        self.mark_dirty(idx);
+                    }
                     Kind::StreamEnd => self.on_stream_end(idx, header),
                     // A Pong became due.
                     Kind::Ping => self.mark_dirty(idx),

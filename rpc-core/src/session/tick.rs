@@ -1,0 +1,131 @@
+//! When a driver that polls looks at its timers (the idle probe, the abandon watch, the control
+//! channel): one rule for every polling loop of a client, sans-IO.
+//!
+//! The checks run when [`CHECK_INTERVAL`] has passed since the last ones, so they cost the same
+//! however long a poll lasts. Reading the clock for that is itself rationed by a counter: an
+//! empty poll that kept its core (a spin, an async poll) weighs 1, one that yielded or blocked
+//! (it may have lasted a loaded machine's time slice, or a whole event wait) weighs
+//! [`SLEPT_WEIGHT`], and the clock is read once the weights reach [`CLOCK_AFTER`]: every 4096
+//! spins (a busy poll pays an add and a compare), every 16 yields or waits. Polls that found
+//! work do not count and do not reset the count, so steady traffic still reaches the checks.
+
+use std::time::{Duration, Instant};
+
+/// Least time between two checks.
+pub const CHECK_INTERVAL: Duration = Duration::from_millis(1);
+
+/// Weight of empty polls after which the clock is read.
+pub const CLOCK_AFTER: u32 = 4096;
+
+/// Weight of an empty poll that yielded or blocked (a spin weighs 1).
+pub const SLEPT_WEIGHT: u32 = CLOCK_AFTER / 16;
+
+/// The rule's state (see the module docs).
+#[derive(Debug, Default)]
+pub struct Tick {
+    weight: u32,
+    /// The earliest next check (`None`: due at the first clock reading).
+    next: Option<Instant>,
+}
+
+impl Tick {
+    /// A fresh rule: the first clock reading finds the checks due.
+    pub fn new() -> Tick {
+        Tick::default()
+    }
+
+    /// An empty poll that kept its core. True when the checks are due now (`now` is read only
+    /// when the count says so).
+    #[inline]
+    pub fn spun(&mut self, now: impl FnOnce() -> Instant) -> bool {
+        self.add(1, now)
+    }
+
+    /// An empty poll that yielded or blocked. True when the checks are due now.
+    #[inline]
+    pub fn slept(&mut self, now: impl FnOnce() -> Instant) -> bool {
+        self.add(SLEPT_WEIGHT, now)
+    }
+
+    #[inline]
+    fn add(&mut self, weight: u32, now: impl FnOnce() -> Instant) -> bool {
+        self.weight += weight;
+        if self.weight < CLOCK_AFTER {
+            return false;
+        }
+        self.weight = 0;
+        self.due(now())
+    }
+
+    /// Whether the checks are due at `now` (and if so, the next ones are not before
+    /// `now + CHECK_INTERVAL`).
+    #[cold]
+    fn due(&mut self, now: Instant) -> bool {
+        if self.next.is_some_and(|n| now < n) {
+            return false;
+        }
+        self.next = Some(now + CHECK_INTERVAL);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// Spins read the clock once per 4096, yields or waits once per 16, whatever mix; the
+    /// checks run at most once per interval; a slow poll (a 10 ms yield on a loaded machine)
+    /// cannot stretch the time between checks beyond 16 such polls.
+    #[test]
+    fn the_clock_is_read_by_count_and_the_checks_run_by_time() {
+        let base = Instant::now();
+        let t = Cell::new(base);
+        let reads = Cell::new(0u32);
+        let now = || {
+            reads.set(reads.get() + 1);
+            t.get()
+        };
+        let mut tick = Tick::new();
+        // Busy polling, 100 ns a poll: one clock reading per 4096 polls, a check at most per 1 ms.
+        let mut checks = 0;
+        for _ in 0..100_000 {
+            t.set(t.get() + Duration::from_nanos(100));
+            checks += u32::from(tick.spun(now));
+        }
+        assert_eq!(reads.get(), 100_000 / 4096);
+        // Readings at 0.41 ms steps; a check at the first reading at least 1 ms after the last
+        // check: 0.41, 1.64, 2.87, 4.10, 5.32, 6.55, 7.78, 9.01 ms.
+        assert_eq!(checks, 8, "10 ms of spinning: at most one check per 1 ms");
+        // Yields of 10 ms each: a reading per 16 of them, each due (160 ms apart).
+        let mut tick = Tick::new();
+        reads.set(0);
+        let mut gaps = Vec::new();
+        let mut last = t.get();
+        for _ in 0..64 {
+            t.set(t.get() + Duration::from_millis(10));
+            if tick.slept(now) {
+                gaps.push(t.get() - last);
+                last = t.get();
+            }
+        }
+        assert_eq!(reads.get(), 4);
+        assert!(gaps.iter().all(|g| *g <= Duration::from_millis(170)), "{gaps:?}");
+        // A mix: 15 yields and 256 spins read the clock once.
+        let mut tick = Tick::new();
+        reads.set(0);
+        for _ in 0..15 {
+            tick.slept(now);
+        }
+        for _ in 0..255 {
+            tick.spun(now);
+        }
+        assert_eq!(reads.get(), 0);
+        tick.spun(now);
+        assert_eq!(reads.get(), 1);
+        // Within the interval the reading finds nothing due.
+        for _ in 0..16 {
+            assert!(!tick.slept(now), "the clock has not moved");
+        }
+    }
+}
