@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use rpc_core::{Channel, ChannelConfig, Status};
+use rpc_core::{Channel, ChannelConfig, ChannelStats, Status};
 
 use crate::cli::{Args, Limit, PollKind, TestKind};
 use crate::error::PerfError;
@@ -99,9 +99,11 @@ pub fn run_client(
     rpc::each_size(args, test, &started, concurrency, sink, |req_size, resp_size, limit, _| {
         let req = rpc::echo_request(req_size, resp_size);
         let bytes_per_call = (req_size + resp_size) as u64;
+        let before = stub.channel().stats();
         let (elapsed, results) =
             rt.block_on(run_tasks(&stub, &req, tasks, per_task, limit, args.warmup, timed))?;
         let calls: u64 = results.iter().map(|r| r.calls).sum();
+        print_stats(&before, &stub.channel().stats());
         Ok(if timed {
             let mut rec = LatencyRecorder::new();
             for r in results.iter().filter_map(|r| r.latency.as_ref()) {
@@ -116,6 +118,31 @@ pub fn run_client(
     drop(stub);
     drop(rt);
     rpc::finish(ch, sink)
+}
+
+/// The channel's driving statistics of one size (warm-up included), per call, on stderr.
+fn print_stats(a: &ChannelStats, b: &ChannelStats) {
+    let calls = (b.started_by_callers + b.started_by_threads)
+        .saturating_sub(a.started_by_callers + a.started_by_threads)
+        .max(1) as f64;
+    let per = |x: u64, y: u64| x.saturating_sub(y) as f64 / calls;
+    eprintln!(
+        " channel per call: started by callers {:.3}, by threads {:.3}; caller drives {:.3} \
+         (session busy {:.3}); dispatcher steps {:.3}, runs {:.4}, handoffs {:.4}, unparks {:.4}, \
+         event waits {:.4}; task wakes {:.3}; steps {:.2} ({:.2} empty)",
+        per(b.started_by_callers, a.started_by_callers),
+        per(b.started_by_threads, a.started_by_threads),
+        per(b.caller_drives, a.caller_drives),
+        per(b.caller_busy, a.caller_busy),
+        per(b.thread_drives, a.thread_drives),
+        per(b.thread_runs, a.thread_runs),
+        per(b.handoffs, a.handoffs),
+        per(b.unparks, a.unparks),
+        per(b.event_waits, a.event_waits),
+        per(b.wakes, a.wakes),
+        per(b.steps, a.steps),
+        per(b.empty_steps, a.empty_steps),
+    );
 }
 
 /// Runs `tasks` tasks, each with `per_task` calls in flight, `warmup` calls in all first

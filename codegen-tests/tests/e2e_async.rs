@@ -49,6 +49,17 @@ fn spawn_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime) -> ServerHandle {
         .expect("spawn the server on sim")
 }
 
+/// A server of `Pipe` (async streaming handlers of every shape) on `rt`.
+fn spawn_pipe_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime) -> ServerHandle {
+    use codegen_tests::codegen::asynchronous::pipe_server::PipeServer;
+    Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(PipeServer::with_runtime(svc, AsyncRuntime::from_handle(rt.handle().clone())))
+        .spawn("127.0.0.1:0")
+        .expect("spawn the server on sim")
+}
+
 fn ask(key: &str, delay_ms: u32) -> Ask {
     Ask { key: key.into(), delay_ms, panic: false }
 }
@@ -161,18 +172,10 @@ fn channel_stubs_from_many_tasks_on_sync_and_async_services() {
 
 #[test]
 fn async_streaming_handlers_of_every_shape_through_the_blocking_stub() {
-    use codegen_tests::codegen::asynchronous::{pipe_client, pipe_server};
+    use codegen_tests::codegen::asynchronous::pipe_client;
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = Server::builder()
-        .transport(Transport::Sim)
-        .polling(POLLING)
-        .add_service(pipe_server::PipeServer::with_runtime(
-            svc.clone(),
-            AsyncRuntime::from_handle(rt.handle().clone()),
-        ))
-        .spawn("127.0.0.1:0")
-        .expect("spawn the server on sim");
+    let server = spawn_pipe_server(svc.clone(), &rt);
     let client = pipe_client::PipeClient::connect_with(server.local_addr(), &config()).unwrap();
     // Server streaming: more messages than the sink and the credits hold, then the clean end.
     let got: Vec<String> = client.watch(&ask("w", 100)).unwrap().map(|m| m.unwrap().value).collect();
@@ -217,18 +220,10 @@ fn async_streaming_handlers_of_every_shape_through_the_blocking_stub() {
 
 #[test]
 fn channel_stubs_of_every_streaming_shape_from_tasks() {
-    use codegen_tests::codegen::asynchronous::{pipe_client, pipe_server};
+    use codegen_tests::codegen::asynchronous::pipe_client;
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = Server::builder()
-        .transport(Transport::Sim)
-        .polling(POLLING)
-        .add_service(pipe_server::PipeServer::with_runtime(
-            svc.clone(),
-            AsyncRuntime::from_handle(rt.handle().clone()),
-        ))
-        .spawn("127.0.0.1:0")
-        .expect("spawn the server on sim");
+    let server = spawn_pipe_server(svc.clone(), &rt);
     let addr = server.local_addr();
     rt.block_on(async move {
         let client = pipe_client::PipeClient::connect_channel_with(addr, &channel_config()).await.unwrap();

@@ -1,15 +1,16 @@
-//! The examples' shared parts: generated code, the transport flags, the Greeter and the
-//! key-value store, and the key-value client workload that checks what it reads back.
+//! The examples' shared parts: generated code, what the binaries share (`cli`: flags, server
+//! and client configurations, how they serve and fail), the Greeter and the key-value store,
+//! and the key-value client workload that checks what it reads back.
 //!
 //! Binaries: `hello-server`, `hello-client`, `hello` (both in one process on `sim`),
 //! `kv-server`, `kv-client`, `kv` (both in one process on `sim`), `route-guide-server`,
 //! `route-guide-client`, `route-guide` (tonic's route_guide, all four RPC shapes, checked).
 
+pub mod cli;
 pub mod greeter;
 pub mod kv_store;
 pub mod kv_workload;
 pub mod route_guide;
-pub mod transport_args;
 
 /// `package helloworld` (proto/helloworld.proto).
 #[allow(missing_docs)]

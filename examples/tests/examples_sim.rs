@@ -87,3 +87,40 @@ fn route_guide_checks_all_four_shapes() {
         assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
     }
 }
+
+/// Every binary, given a bad value of a shared flag or a flag it does not have, stops before
+/// doing anything with clap's error naming the flag and exit status 2.
+#[test]
+fn every_binary_refuses_bad_flags_with_clap_error() {
+    let binaries = [
+        env!("CARGO_BIN_EXE_hello"),
+        env!("CARGO_BIN_EXE_hello-tokio"),
+        env!("CARGO_BIN_EXE_hello-server"),
+        env!("CARGO_BIN_EXE_hello-client"),
+        env!("CARGO_BIN_EXE_kv"),
+        env!("CARGO_BIN_EXE_kv-server"),
+        env!("CARGO_BIN_EXE_kv-client"),
+        env!("CARGO_BIN_EXE_route-guide"),
+        env!("CARGO_BIN_EXE_route-guide-server"),
+        env!("CARGO_BIN_EXE_route-guide-client"),
+    ];
+    let cases: [(&[&str], &str); 4] = [
+        (&["--transport", "tcp"], "invalid value 'tcp' for '--transport <TRANSPORT>'"),
+        (&["-x", "256"], "invalid value '256' for '--gid-index <GID_INDEX>'"),
+        (&["--ib-port", "0"], "invalid value '0' for '--ib-port <IB_PORT>'"),
+        (&["--no-such-flag"], "unexpected argument '--no-such-flag'"),
+    ];
+    for bin in binaries {
+        for (args, error) in cases {
+            let out = std::process::Command::new(bin).args(args).output().expect("run the binary");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{bin} {args:?}: {stderr}");
+            assert!(stderr.contains(error), "{bin} {args:?}: no {error:?} in {stderr:?}");
+            assert!(
+                out.stdout.is_empty(),
+                "{bin} {args:?} printed {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+}

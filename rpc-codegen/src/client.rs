@@ -123,14 +123,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     }
     write_stream_stubs(model, &streams, Session::Client, buf);
     buf.push_str("}\n");
-    let _ = writeln!(
-        buf,
-        "impl ::core::convert::From<Client> for {stub}<Client> {{
-            fn from(client: Client) -> Self {{
-                Self {{ inner: client }}
-            }}
-        }}"
-    );
+    write_from(buf, &stub, "Client", "client");
 
     let _ = writeln!(buf, "impl {stub}<Channel> {{");
     let _ = writeln!(
@@ -186,15 +179,21 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     }
     write_stream_stubs(model, &streams, Session::Channel, buf);
     buf.push_str("}\n");
+    write_from(buf, &stub, "Channel", "channel");
+    buf.push_str("}\n");
+}
+
+/// Appends `impl From<session> for stub<session>` (`session` the facade type, `var` its
+/// parameter's name).
+fn write_from(buf: &mut String, stub: &str, session: &str, var: &str) {
     let _ = writeln!(
         buf,
-        "impl ::core::convert::From<Channel> for {stub}<Channel> {{
-            fn from(channel: Channel) -> Self {{
-                Self {{ inner: channel }}
+        "impl ::core::convert::From<{session}> for {stub}<{session}> {{
+            fn from({var}: {session}) -> Self {{
+                Self {{ inner: {var} }}
             }}
         }}"
     );
-    buf.push_str("}\n");
 }
 
 /// What a stub is over; its two `impl` blocks open the same streams with different types and docs.

@@ -271,20 +271,25 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 name = rpc.method.name,
             );
         }
-        for rpc in &model.server_streams {
-            let (id, input, output, name) = (&rpc.id_const, &rpc.input, &rpc.output, &rpc.method.name);
-            let call = if asynchronous {
+        // A stream answered through a sink (server and bidirectional streams): the handler gets
+        // `first` (its request, or the request stream) and the sink; the reply carries the stream.
+        let stream_call = |name: &str, first: &str| {
+            if asynchronous {
                 format!(
                     "let inner = ::std::sync::Arc::clone(&self.inner);
                     out.reply({spawn_stream}(&self.runtime, ctx, sink, reply, move |ctx, sink| async move {{
-                        <{param} as {trait_name}>::{name}(&*inner, ctx, request, sink).await
+                        <{param} as {trait_name}>::{name}(&*inner, ctx, {first}, sink).await
                     }}))"
                 )
             } else {
                 format!(
-                    "<{param} as {trait_name}>::{name}(&self.inner, ctx, request, sink);\nout.reply(reply)"
+                    "<{param} as {trait_name}>::{name}(&self.inner, ctx, {first}, sink);\nout.reply(reply)"
                 )
-            };
+            }
+        };
+        for rpc in &model.server_streams {
+            let (id, input, output) = (&rpc.id_const, &rpc.input, &rpc.output);
+            let call = stream_call(&rpc.method.name, "request");
             let _ = writeln!(
                 buf,
                 "{id} => match {decode}::<{input}>(body) {{
@@ -322,19 +327,8 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
             }
         }
         for rpc in &model.bidi_streams {
-            let (id, input, output, name) = (&rpc.id_const, &rpc.input, &rpc.output, &rpc.method.name);
-            let call = if asynchronous {
-                format!(
-                    "let inner = ::std::sync::Arc::clone(&self.inner);
-                    out.reply({spawn_stream}(&self.runtime, ctx, sink, reply, move |ctx, sink| async move {{
-                        <{param} as {trait_name}>::{name}(&*inner, ctx, requests, sink).await
-                    }}))"
-                )
-            } else {
-                format!(
-                    "<{param} as {trait_name}>::{name}(&self.inner, ctx, requests, sink);\nout.reply(reply)"
-                )
-            };
+            let (id, input, output) = (&rpc.id_const, &rpc.input, &rpc.output);
+            let call = stream_call(&rpc.method.name, "requests");
             let _ = writeln!(
                 buf,
                 "{id} => {{

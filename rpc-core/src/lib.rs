@@ -43,7 +43,8 @@ pub mod wire;
 pub(crate) mod worker;
 
 pub use channel::{
-    Channel, ChannelConfig, ClientStreamCall, StreamReceiver, StreamSender, UnaryCall, STREAM_QUEUE,
+    Channel, ChannelConfig, ChannelStats, ClientStreamCall, StreamReceiver, StreamSender, UnaryCall,
+    STREAM_QUEUE,
 };
 pub use client::{
     BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, ResponseFuture, Streaming,

@@ -12,151 +12,13 @@ mod rpc_support;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use rpc_core::buffers::{split_send_wr_id, SendMirror, SendPool, SendQueue};
+use rpc_core::buffers::split_send_wr_id;
 use rpc_core::codegen::*;
 use rpc_core::verbs::rc::RcConfig;
-use rpc_core::verbs::sim::Sim;
 use rpc_core::verbs::{CompletionQueue, QueuePair, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
 use rpc_core::{Client, ServerHandle};
 use rpc_support::*;
-
-/// A connected raw client: a send pool, a mirror of the server's ring and a send queue.
-struct RawClient {
-    sq: SendQueue,
-    mirror: SendMirror<Sim>,
-    pool: SendPool<Sim>,
-    peer: RawPeer,
-    ring: (u64, u32),
-    ring_len: u32,
-    session: u32,
-    max_message: u32,
-    eager: u32,
-    credits: u16,
-    /// Messages received and not yet returned by `poll` (one poll may complete several).
-    inbox: std::collections::VecDeque<(Header, Vec<u8>)>,
-    /// CancelAcks received: `(slot, generation)` (the server acknowledges every Cancel).
-    acks: Vec<(u16, u32)>,
-    _tcp: std::net::TcpStream,
-}
-
-impl RawClient {
-    fn connect(addr: std::net::SocketAddr) -> RawClient {
-        RawClient::connect_with(addr, 4, 4096, 1 << 20)
-    }
-
-    fn connect_with(addr: std::net::SocketAddr, credits: u16, eager: u32, max_message: u32) -> RawClient {
-        let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
-        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
-        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(credits, eager, max_message, 0))).unwrap();
-        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-        peer.connect(&RcConfig::default(), &reply);
-        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 4096).unwrap();
-        let mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
-        RawClient {
-            sq: SendQueue::new(64, 16),
-            mirror,
-            pool,
-            ring: (reply.ring_addr, reply.ring_rkey),
-            ring_len: reply.ring_len,
-            session: reply.session,
-            max_message: reply.max_message.min(max_message),
-            eager: reply.eager_threshold,
-            credits: reply.credits,
-            inbox: Default::default(),
-            acks: Vec::new(),
-            peer,
-            _tcp: tcp,
-        }
-    }
-
-    fn buf(&mut self) -> rpc_core::buffers::SendBuf {
-        let give_up = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(b) = self.pool.acquire_for(&self.sq) {
-                return b;
-            }
-            assert!(Instant::now() < give_up, "no send buffer came back");
-            // A SEND that waits for a receive WQE holds every buffer behind it.
-            assert_eq!(
-                self.peer.qp.rnr_stalls(),
-                0,
-                "out of send buffers: SENDs wait for a receive WQE (RNR)"
-            );
-            self.poll();
-            std::thread::yield_now();
-        }
-    }
-
-    /// WRITEs `bytes` at `offset` of the server's ring, then (with `header`) SENDs it.
-    fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
-        if !bytes.is_empty() {
-            self.mirror.range_mut(offset, bytes.len() as u32).copy_from_slice(bytes);
-            self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1);
-        }
-        if let Some(h) = header {
-            let mut b = self.buf();
-            h.encode_into(self.pool.buf_mut(&mut b)).unwrap();
-            self.sq.send(&mut self.pool, b, HEADER_LEN as u32, false);
-        }
-        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
-    }
-
-    /// SENDs `h` followed by `body` (an eager message; `h.body_len`/`total_len` as given).
-    fn send_eager(&mut self, h: Header, body: &[u8]) {
-        let mut b = self.buf();
-        let dst = self.pool.buf_mut(&mut b);
-        h.encode_into(dst).unwrap();
-        dst[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
-        self.sq.send(&mut self.pool, b, (HEADER_LEN + body.len()) as u32, false);
-        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
-    }
-
-    /// Polls once; returns a received message's header and eager body. Send errors are returned
-    /// as `Err(status)`.
-    fn try_poll(&mut self) -> Result<Option<(Header, Vec<u8>)>, rpc_core::verbs::WcStatus> {
-        let mut wcs = [WorkCompletion::default(); 8];
-        let n = self.peer.cq.poll(&mut wcs).unwrap();
-        for wc in &wcs[..n] {
-            if !wc.status.is_success() {
-                return Err(wc.status);
-            }
-            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
-                self.pool.retire(usize::from(bufs));
-                self.sq.on_completion(wrs);
-            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
-                let bytes = self.peer.recv.bytes(&buf);
-                let h = Header::decode(bytes).unwrap();
-                // Ring space returns, the server's idle probe and Cancel acknowledgements are
-                // not answers.
-                if h.kind == Kind::CancelAck {
-                    self.acks.push((h.slot, h.generation));
-                } else if !matches!(h.kind, Kind::RingReturn | Kind::Ping | Kind::Pong) {
-                    self.inbox.push_back((h, bytes[HEADER_LEN..].to_vec()));
-                }
-                self.peer.recv.repost(buf);
-            }
-        }
-        self.peer.recv.flush().unwrap();
-        Ok(self.inbox.pop_front())
-    }
-
-    fn poll(&mut self) -> Option<(Header, Vec<u8>)> {
-        self.try_poll().unwrap_or(None)
-    }
-
-    /// Waits up to `d` for a response.
-    fn response(&mut self, d: Duration) -> Option<(Header, Vec<u8>)> {
-        let give_up = Instant::now() + d;
-        while Instant::now() < give_up {
-            if let Some(r) = self.poll() {
-                return Some(r);
-            }
-            std::thread::yield_now();
-        }
-        None
-    }
-}
 
 fn raw_request(session: u32, slot: u16, body_len: u32) -> Header {
     Header { method: RAW, slot, body_len, total_len: body_len, session, ..Header::new(Kind::Request) }
@@ -616,23 +478,7 @@ fn fake_server(
         let mut mine = peer.handshake(hello.credits, hello.eager_threshold, hello.max_message, 77);
         tweak(&mut mine);
         write_frame(&mut tcp, &Frame::Handshake(mine)).unwrap();
-        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 4096).unwrap();
-        let mirror = SendMirror::<Sim>::new(&peer.pd, hello.ring_len as usize).unwrap();
-        let mut c = RawClient {
-            sq: SendQueue::new(64, 16),
-            mirror,
-            pool,
-            ring: (hello.ring_addr, hello.ring_rkey),
-            ring_len: hello.ring_len,
-            session: 77,
-            max_message: hello.max_message,
-            eager: hello.eager_threshold,
-            credits: hello.credits,
-            inbox: Default::default(),
-            acks: Vec::new(),
-            peer,
-            _tcp: tcp.try_clone().unwrap(),
-        };
+        let mut c = RawClient::over(peer, &hello, 77, tcp.try_clone().unwrap());
         let Some((req, _)) = c.response(Duration::from_secs(10)) else { return };
         answer(&mut c, req);
         // Stay up (the TCP channel open) for a while so the client judges the messages only.
@@ -1114,48 +960,11 @@ fn a_client_that_never_frees_its_ring_stalls_only_itself() {
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
-/// Holds its worker (runs inline) until released; answers an empty message.
-struct Hold {
-    entered: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    release: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-}
-
-const HOLD: MethodId = method_id("/test.Hold/Hold");
-
-impl Service for Hold {
-    const NAME: &'static str = "test.Hold";
-    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: HOLD, name: "/test.Hold/Hold" }];
-    fn call(&self, _: MethodId, _: &RequestContext, _: Body<'_>, out: &mut ReplyWriter<'_>) {
-        self.entered.store(true, std::sync::atomic::Ordering::Release);
-        let (lock, cv) = &*self.release;
-        let mut released = lock.lock().unwrap();
-        while !*released {
-            released = cv.wait(released).unwrap();
-        }
-        out.reply(Reply::from(EchoMsg::default()));
-    }
-}
-
-/// Releases a [`Hold`] when dropped, also when an assertion fails (else the held worker would
-/// block shutdown).
-struct Release(std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.0 .1.notify_all();
-    }
-}
-
 /// A server of one session of `credits`, a 64 KiB ring and an SRQ sized for it, with the echo
-/// service and [`Hold`]: the flag turns true when a call holds the worker; dropping the guard
+/// service and [`Hold`]: the flag turns true when a call holds the worker; dropping the gate
 /// lets it go.
-fn held_server(credits: u16) -> (ServerHandle, std::sync::Arc<std::sync::atomic::AtomicBool>, Release) {
-    use std::sync::atomic::AtomicBool;
-    use std::sync::{Arc, Condvar, Mutex};
-    let entered = Arc::new(AtomicBool::new(false));
-    let release = Arc::new((Mutex::new(false), Condvar::new()));
-    let hold = Hold { entered: entered.clone(), release: release.clone() };
+fn held_server(credits: u16) -> (ServerHandle, std::sync::Arc<std::sync::atomic::AtomicBool>, HoldGate) {
+    let (hold, gate) = Hold::new();
     let server = server()
         .max_sessions(1)
         .credits_per_session(credits)
@@ -1164,12 +973,12 @@ fn held_server(credits: u16) -> (ServerHandle, std::sync::Arc<std::sync::atomic:
         .add_service(hold)
         .spawn("127.0.0.1:0")
         .expect("server starts");
-    (server, entered, Release(release))
+    (server, gate.entered_flag(), gate)
 }
 
 /// Waits until every SEND of `c` completed (landed in a receive WQE) while the worker is still
 /// held, then lets it go; returns how many of them waited for a receive WQE (RNR).
-fn stalls_while_held(c: &mut RawClient, guard: Release) -> u64 {
+fn stalls_while_held(c: &mut RawClient, guard: HoldGate) -> u64 {
     let give_up = Instant::now() + Duration::from_secs(20);
     while c.sq.outstanding() > 0 && Instant::now() < give_up {
         c.poll();

@@ -10,12 +10,8 @@ mod rpc_support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rpc_core::buffers::{split_send_wr_id, SendMirror, SendPool, SendQueue};
 use rpc_core::codegen::*;
-use rpc_core::verbs::rc::RcConfig;
-use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{CompletionQueue, WorkCompletion};
-use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN, STREAM_IN, STREAM_OUT};
+use rpc_core::wire::{Header, Kind, STREAM_IN, STREAM_OUT};
 use rpc_core::{CallOptions, Client, ServerHandle};
 use rpc_support::*;
 
@@ -122,120 +118,9 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// A connected raw client: a send pool, a mirror of the server's ring, a send queue.
-struct Raw {
-    sq: SendQueue,
-    mirror: SendMirror<Sim>,
-    pool: SendPool<Sim>,
-    peer: RawPeer,
-    ring: (u64, u32),
-    ring_len: u32,
-    session: u32,
-    /// Headers received (bodies dropped).
-    got: Vec<Header>,
-    /// Receive buffers are reposted (false: a peer that stops reading).
-    reading: bool,
-    /// A completion failed: the server closed the session (sends do nothing from here).
-    dead: bool,
-    _tcp: std::net::TcpStream,
-}
-
-impl Raw {
-    fn connect(addr: std::net::SocketAddr) -> Raw {
-        let peer = RawPeer::new(512, 32, HEADER_LEN + 4096, 1 << 16, 1);
-        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
-        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(8, 1024, 1 << 20, 0))).unwrap();
-        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-        peer.connect(&RcConfig::default(), &reply);
-        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 256).unwrap();
-        let mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
-        Raw {
-            sq: SendQueue::new(64, 16),
-            mirror,
-            pool,
-            ring: (reply.ring_addr, reply.ring_rkey),
-            ring_len: reply.ring_len,
-            session: reply.session,
-            peer,
-            got: Vec::new(),
-            reading: true,
-            dead: false,
-            _tcp: tcp,
-        }
-    }
-
-    /// SENDs `h` (its `session` set) with `body` after it (eager); nothing once the
-    /// connection failed.
-    fn send(&mut self, mut h: Header, body: &[u8]) {
-        h.session = self.session;
-        let give_up = Instant::now() + Duration::from_secs(10);
-        let mut b = loop {
-            if self.dead {
-                return;
-            }
-            if let Some(b) = self.pool.acquire() {
-                break b;
-            }
-            assert!(Instant::now() < give_up, "no send buffer came back");
-            self.poll();
-        };
-        let buf = self.pool.buf_mut(&mut b);
-        h.encode_into(buf).unwrap();
-        buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
-        self.sq.send(&mut self.pool, b, (HEADER_LEN + body.len()) as u32, false);
-        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
-    }
-
-    /// WRITEs `len` bytes at `offset` of the server's ring (no SEND).
-    fn write(&mut self, offset: u32, len: u32) {
-        self.mirror.range_mut(offset, len).fill(0x5a);
-        self.sq.write(&self.mirror, offset, len, self.ring.0, self.ring.1);
-        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
-    }
-
-    /// Polls once: send completions retire, received headers go to `got`. Returns false once
-    /// the connection failed (a completion in error: the server closed the session).
-    fn poll(&mut self) -> bool {
-        let mut wcs = [WorkCompletion::default(); 16];
-        let n = self.peer.cq.poll(&mut wcs).unwrap();
-        let mut ok = true;
-        for wc in &wcs[..n] {
-            if !wc.status.is_success() {
-                ok = false;
-                self.dead = true;
-                continue;
-            }
-            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
-                self.pool.retire(usize::from(bufs));
-                self.sq.on_completion(wrs);
-            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
-                let h = Header::decode(self.peer.recv.bytes(&buf)).unwrap();
-                self.got.push(h);
-                if self.reading {
-                    self.peer.recv.repost(buf);
-                } else {
-                    std::mem::forget(buf);
-                }
-            }
-        }
-        if self.reading {
-            self.peer.recv.flush().unwrap();
-        }
-        ok
-    }
-
-    /// Polls until a header of `kind` for `slot` arrives; returns it.
-    fn wait_for(&mut self, kind: Kind, slot: u16) -> Header {
-        let give_up = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(i) = self.got.iter().position(|h| h.kind == kind && h.slot == slot) {
-                return self.got.remove(i);
-            }
-            assert!(Instant::now() < give_up, "no {kind:?} for slot {slot}: got {:?}", self.got);
-            self.poll();
-            std::thread::yield_now();
-        }
-    }
+/// A raw client with 8 credits (slots 0 to 7), a 1 KiB eager threshold and 1 MiB messages.
+fn connect_raw(addr: std::net::SocketAddr) -> RawClient {
+    RawClient::connect_with(addr, 8, 1024, 1 << 20)
 }
 
 fn request(slot: u16, method: MethodId, stream: u8, credits: u16) -> Header {
@@ -277,7 +162,7 @@ fn request_msg(seq: u64) -> EchoMsg {
 }
 
 /// A unary round trip on the raw session: it is still served.
-fn raw_unary_works(raw: &mut Raw, slot: u16) {
+fn raw_unary_works(raw: &mut RawClient, slot: u16) {
     use prost::Message;
     let body = request_msg(9).encode_to_vec();
     let len = body.len() as u32;
@@ -289,7 +174,7 @@ fn raw_unary_works(raw: &mut Raw, slot: u16) {
 #[test]
 fn stream_controls_for_calls_that_are_not_streams_change_nothing() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     // Nothing open on slot 5: a StreamCredit, a StreamEnd, a StreamMsg (dropped: it may be a
     // message sent before the stream's answer reached the client).
     raw.send(control(Kind::StreamCredit, 5, 9), &[]);
@@ -314,7 +199,7 @@ fn stream_controls_for_calls_that_are_not_streams_change_nothing() {
 #[test]
 fn stream_end_twice_and_a_cancel_after_the_end_answer_the_call_once() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     raw.send(request(2, COUNT, STREAM_IN, 0), &[]);
     raw.wait_for(Kind::StreamCredit, 2);
     for seq in 0..3 {
@@ -328,9 +213,9 @@ fn stream_end_twice_and_a_cancel_after_the_end_answer_the_call_once() {
     // Exactly one answer: nothing more comes for the slot.
     raw_unary_works(&mut raw, 3);
     assert!(
-        !raw.got.iter().any(|g| g.kind == Kind::Response && g.slot == 2),
+        !raw.inbox.iter().any(|(g, _)| g.kind == Kind::Response && g.slot == 2),
         "a second answer: {:?}",
-        raw.got
+        raw.inbox
     );
     assert_eq!(h.counters().malformed, 0);
     drop(raw);
@@ -340,7 +225,7 @@ fn stream_end_twice_and_a_cancel_after_the_end_answer_the_call_once() {
 #[test]
 fn stream_messages_beyond_the_granted_credits_close_the_offender() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     // HOLD never reads, so no grant follows the first: one message more than it.
     raw.send(request(0, HOLD, STREAM_IN, 0), &[]);
     let granted = raw.wait_for(Kind::StreamCredit, 0).credits;
@@ -360,7 +245,7 @@ fn stream_messages_beyond_the_granted_credits_close_the_offender() {
 #[test]
 fn a_stream_message_on_a_stream_whose_client_sends_none_closes_the_offender() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, FLOOD, STREAM_OUT, 2), &[]);
     raw.wait_for(Kind::StreamMsg, 0);
     raw.send(stream_msg(0, &echo_body(1)), &echo_body(1));
@@ -372,7 +257,7 @@ fn a_stream_message_on_a_stream_whose_client_sends_none_closes_the_offender() {
 #[test]
 fn a_stream_message_after_the_clients_end_closes_the_offender() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     // HOLD answers only once cancelled: the end and the message after it come before.
     raw.send(request(0, HOLD, STREAM_IN, 0), &[]);
     raw.wait_for(Kind::StreamCredit, 0);
@@ -389,7 +274,7 @@ fn a_stream_message_after_the_clients_end_closes_the_offender() {
 #[test]
 fn stream_credits_beyond_the_budget_in_the_request_close_the_offender() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     raw.reading = false;
     raw.send(request(0, FLOOD, STREAM_OUT, u16::MAX), &[]);
     closed_as_malformed(&h, 0, "65535 credits in the request");
@@ -400,12 +285,12 @@ fn stream_credits_beyond_the_budget_in_the_request_close_the_offender() {
 #[test]
 fn repeated_stream_credit_grants_beyond_the_budget_close_the_offender() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     raw.reading = false;
     raw.send(request(0, FLOOD, STREAM_OUT, 1), &[]);
     for _ in 0..64 {
         raw.send(control(Kind::StreamCredit, 0, u16::MAX), &[]);
-        if !raw.poll() {
+        if raw.try_poll().is_err() {
             break;
         }
     }
@@ -417,12 +302,12 @@ fn repeated_stream_credit_grants_beyond_the_budget_close_the_offender() {
 #[test]
 fn a_stream_message_out_of_the_ring_closes_the_offender() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
     raw.wait_for(Kind::StreamCredit, 0);
     let len = 4096u32;
     let ring_len = raw.ring_len;
-    raw.write(0, len);
+    raw.write(0, &vec![0x5a; len as usize], None);
     let h0 = Header { in_ring: true, ring_offset: ring_len - 16, ..stream_msg(0, &vec![0; len as usize]) };
     raw.send(h0, &[]);
     closed_as_malformed(&h, 0, "a ring range past the ring's end");
@@ -433,11 +318,11 @@ fn a_stream_message_out_of_the_ring_closes_the_offender() {
 #[test]
 fn a_stream_message_over_max_message_size_closes_the_offender() {
     let (h, _c) = start();
-    let mut raw = Raw::connect(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
     raw.wait_for(Kind::StreamCredit, 0);
     // 64 MiB announced, in pieces, the first of 4 KiB.
-    raw.write(0, 4096);
+    raw.write(0, &[0x5a; 4096], None);
     let h0 = Header { in_ring: true, body_len: 4096, total_len: 64 << 20, ..stream_msg(0, &[]) };
     raw.send(h0, &[]);
     closed_as_malformed(&h, 0, "a stream message over max_message_size");

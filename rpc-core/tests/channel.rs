@@ -268,6 +268,47 @@ fn calls_from_one_task_are_started_by_its_own_polls_not_the_dispatcher_thread() 
     server.shutdown();
 }
 
+#[test]
+fn a_dispatcher_waiting_for_a_completion_event_leaves_the_session_to_callers() {
+    let (server, _) = spawn(server());
+    // A caller's poll tries the session once (one step); the dispatcher thread sleeps on
+    // completion events (1 ms at a time) while a slow call waits.
+    let cfg = channel_config("chan-evwait").poll_spin(Duration::ZERO);
+    let ch = Channel::connect_blocking(server.local_addr(), &cfg).unwrap();
+    let counter = Arc::new(CountingWaker(AtomicUsize::new(0), std::thread::current()));
+    let waker = Waker::from(counter.clone());
+    let mut cx = Context::from_waker(&waker);
+    // The server answers after 2 s: its task waits, so the dispatcher thread drives for it.
+    let mut slow =
+        std::pin::pin!(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(1, 0, 2000), &CallOptions::default()));
+    assert!(slow.as_mut().poll(&mut cx).is_pending());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (mut callers, mut thread) = (0, 0);
+    for seq in 0..10u64 {
+        // The dispatcher thread is (back) in its event waits: a caller's calls made it let go.
+        let waits = ch.stats().event_waits;
+        assert!(eventually(|| ch.stats().event_waits >= waits + 2), "no event waits: {:?}", ch.stats());
+        let before = ch.calls_started();
+        let r =
+            rt.block_on(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(seq, 16, 16), &CallOptions::default()));
+        check_reply(&r.unwrap(), seq, 16);
+        let after = ch.calls_started();
+        callers += after.0 - before.0;
+        thread += after.1 - before.1;
+    }
+    eprintln!(
+        "while the dispatcher waits on events: {callers} calls started by callers' polls, {thread} by it"
+    );
+    // Were the session held through each event wait, each call's poll would find it held and
+    // leave the call to the dispatcher thread. (The poll can still meet the dispatcher in its
+    // short step between two waits: rarely.)
+    assert_eq!(callers + thread, 10);
+    assert!(thread <= 2, "{thread} of 10 calls started by the dispatcher thread while it waits on events");
+    drop(slow);
+    drop(ch);
+    server.shutdown();
+}
+
 /// CPU time of the calling thread in µs (the scheduler's run time, `/proc/thread-self/schedstat`,
 /// in ns: finer than getrusage's ticks and needing no FFI).
 fn thread_cpu_us() -> u64 {

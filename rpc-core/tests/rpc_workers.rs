@@ -55,60 +55,26 @@ fn two_workers_and_64_sessions() {
     server.shutdown();
 }
 
-/// Blocks its worker (runs inline) until released; answers an empty message.
-struct Blocking {
-    entered: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    release: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-}
-
-const BLOCK: MethodId = method_id("/test.Block/Block");
-
-impl Service for Blocking {
-    const NAME: &'static str = "test.Block";
-    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: BLOCK, name: "/test.Block/Block" }];
-    fn call(&self, _: MethodId, _: &RequestContext, _: Body<'_>, out: &mut ReplyWriter<'_>) {
-        self.entered.store(true, std::sync::atomic::Ordering::Release);
-        let (lock, cv) = &*self.release;
-        let mut released = lock.lock().unwrap();
-        while !*released {
-            released = cv.wait(released).unwrap();
-        }
-        out.reply(Reply::from(EchoMsg::default()));
-    }
-}
-
 /// A client that connects while its worker is busy (a handler holding it for longer than the
 /// listener once waited for a window bind, 2 s) gets its session once the worker binds the
 /// window: the worker wakes the listener then, and the listener does not give up before
 /// `handshake_timeout`.
 #[test]
 fn a_handshake_waits_for_a_busy_worker_to_bind_the_window() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
-    let entered = Arc::new(AtomicBool::new(false));
-    let release = Arc::new((Mutex::new(false), Condvar::new()));
-    // Released also when an assertion fails (else the worker would hold shutdown forever).
-    struct Release(Arc<(Mutex<bool>, Condvar)>);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            self.0 .1.notify_all();
-        }
-    }
-    let svc = Blocking { entered: entered.clone(), release: release.clone() };
+    // The gate releases the worker also when an assertion fails (else it would hold shutdown).
+    let (hold, gate) = Hold::new();
     let server = server()
         .handshake_timeout(Duration::from_secs(30))
-        .add_service(svc)
+        .add_service(hold)
         .spawn("127.0.0.1:0")
         .expect("server starts");
-    let guard = Release(release.clone());
     let addr = server.local_addr();
     let cfg = client_config().connect_timeout(Duration::from_secs(30));
     let first = Client::connect_with(addr, &cfg).unwrap();
-    let mut call = first.unary_async::<_, EchoMsg>(BLOCK, &EchoMsg::default(), &CallOptions::default());
+    let mut call = first.unary_async::<_, EchoMsg>(HOLD, &EchoMsg::default(), &CallOptions::default());
     let mut cx = Context::from_waker(Waker::noop());
-    while !entered.load(Ordering::Acquire) {
+    while !gate.entered() {
         assert!(Pin::new(&mut call).poll(&mut cx).is_pending());
     }
     // The worker is held in the handler: a new session's window is not bound until it returns.
@@ -116,10 +82,10 @@ fn a_handshake_waits_for_a_busy_worker_to_bind_the_window() {
     let second = std::thread::spawn(move || Client::connect_with(addr, &cfg2));
     std::thread::sleep(Duration::from_millis(2500));
     assert!(!second.is_finished(), "the second client's handshake was answered while its worker was held");
-    drop(guard);
+    drop(gate);
     block_on(call).unwrap();
     let second = second.join().unwrap().unwrap_or_else(|e| panic!("the second client: {e}"));
-    let _: EchoMsg = second.unary(BLOCK, &EchoMsg::default(), &CallOptions::default()).unwrap();
+    let _: EchoMsg = second.unary(HOLD, &EchoMsg::default(), &CallOptions::default()).unwrap();
     drop((first, second));
     server.shutdown();
 }

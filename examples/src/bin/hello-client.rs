@@ -3,10 +3,9 @@
 //! `hello-client --transport rdma [-d DEV] [--addr HOST:50051] [--name NAME] [-n COUNT]`
 
 use clap::Parser;
-use rpc_core::ClientConfig;
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::helloworld::greeter_client::GreeterClient;
 use rpc_examples::helloworld::HelloRequest;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Greet a hello-server.
 #[derive(Parser, Debug)]
@@ -26,22 +25,18 @@ struct Args {
 }
 
 fn main() {
-    let args = Args::parse();
-    let cfg = ClientConfig::default().transport(args.transport.transport()).polling(args.transport.poll);
-    let client = match GreeterClient::connect_with(args.addr.as_str(), &cfg) {
-        Ok(c) => c,
-        Err(s) => {
-            eprintln!("hello-client: error: connecting to {}: {s}", args.addr);
-            std::process::exit(1);
-        }
-    };
+    cli::exit_on_error(env!("CARGO_BIN_NAME"), run(&Args::parse()));
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let cfg = args.transport.client_config();
+    let client = GreeterClient::connect_with(args.addr.as_str(), &cfg)
+        .map_err(|s| format!("connecting to {}: {s}", args.addr))?;
     for _ in 0..args.count {
-        match client.say_hello(&HelloRequest { name: args.name.clone() }) {
-            Ok(r) => println!("{}", r.message),
-            Err(s) => {
-                eprintln!("hello-client: error: SayHello: {s}");
-                std::process::exit(1);
-            }
-        }
+        let r = client
+            .say_hello(&HelloRequest { name: args.name.clone() })
+            .map_err(|s| format!("SayHello: {s}"))?;
+        println!("{}", r.message);
     }
+    Ok(())
 }

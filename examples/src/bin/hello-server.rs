@@ -3,10 +3,9 @@
 //! `hello-server --transport rdma [-d DEV] [--addr 0.0.0.0:50051]`
 
 use clap::Parser;
-use rpc_core::Server;
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::greeter::MyGreeter;
 use rpc_examples::helloworld::greeter_server::GreeterServer;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Serve the helloworld Greeter.
 #[derive(Parser, Debug)]
@@ -21,21 +20,6 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let server = Server::builder()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
-        .add_service(GreeterServer::new(MyGreeter))
-        .spawn(args.addr.as_str());
-    match server {
-        Ok(handle) => {
-            println!("hello-server: Greeter listening on {}", handle.local_addr());
-            loop {
-                std::thread::park();
-            }
-        }
-        Err(e) => {
-            eprintln!("hello-server: error: {e}");
-            std::process::exit(1);
-        }
-    }
+    let server = args.transport.server().add_service(GreeterServer::new(MyGreeter)).spawn(args.addr.as_str());
+    cli::serve_until_killed(env!("CARGO_BIN_NAME"), "Greeter", server);
 }

@@ -5,12 +5,12 @@
 //! `hello-tokio [--tasks N] [--calls N]`
 
 use clap::Parser;
-use rpc_core::{ChannelConfig, ClientConfig, PollingPolicy, Server};
+use rpc_core::{ChannelConfig, PollingPolicy};
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::greeter::MyGreeter;
 use rpc_examples::helloworld::greeter_client::GreeterClient;
 use rpc_examples::helloworld::greeter_server::GreeterServer;
 use rpc_examples::helloworld::HelloRequest;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Serve the Greeter and call it from many tokio tasks through one channel.
 #[derive(Parser, Debug)]
@@ -27,32 +27,22 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(&Args::parse()) {
-        eprintln!("hello-tokio: error: {e}");
-        std::process::exit(1);
-    }
+    cli::exit_on_error(env!("CARGO_BIN_NAME"), run(&Args::parse()));
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let server = Server::builder()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
+    let server = args
+        .transport
+        .server()
         .add_service(GreeterServer::new(MyGreeter))
         .spawn("127.0.0.1:0")
         .map_err(|e| format!("starting the server: {e}"))?;
     let addr = server.local_addr();
     println!("server: Greeter on {addr} ({:?})", args.transport.transport);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let rt = cli::tokio_runtime()?;
     // The dispatcher sleeps on completion events when it has nothing to do.
-    let cfg = ChannelConfig::default().client(
-        ClientConfig::default()
-            .transport(args.transport.transport())
-            .polling(PollingPolicy::Event { spins: 0 }),
-    );
+    let cfg = ChannelConfig::default()
+        .client(args.transport.client_config().polling(PollingPolicy::Event { spins: 0 }));
     let (tasks, calls) = (args.tasks, args.calls);
     let total = rt.block_on(async move {
         let client =

@@ -7,12 +7,11 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use clap::Parser;
-use rpc_core::{ClientConfig, Server};
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::greeter::MyGreeter;
 use rpc_examples::helloworld::greeter_client::GreeterClient;
 use rpc_examples::helloworld::greeter_server::GreeterServer;
 use rpc_examples::helloworld::HelloRequest;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Serve and call the Greeter in one process.
 #[derive(Parser, Debug)]
@@ -26,21 +25,18 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(&Args::parse()) {
-        eprintln!("hello: error: {e}");
-        std::process::exit(1);
-    }
+    cli::exit_on_error(env!("CARGO_BIN_NAME"), run(&Args::parse()));
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let server = Server::builder()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
+    let server = args
+        .transport
+        .server()
         .add_service(GreeterServer::new(MyGreeter))
         .spawn("127.0.0.1:0")
         .map_err(|e| format!("starting the server: {e}"))?;
     println!("server: Greeter on {} ({:?})", server.local_addr(), args.transport.transport);
-    let cfg = ClientConfig::default().transport(args.transport.transport()).polling(args.transport.poll);
+    let cfg = args.transport.client_config();
     let client =
         GreeterClient::connect_with(server.local_addr(), &cfg).map_err(|s| format!("connecting: {s}"))?;
     let want = format!("Hello {}", args.name);

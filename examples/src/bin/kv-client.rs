@@ -3,9 +3,8 @@
 //! `kv-client --transport rdma [-d DEV] [--addr HOST:50052]`
 
 use clap::Parser;
-use rpc_core::ClientConfig;
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::kv::kv_client::KvClient;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Exercise a kv-server and check every answer.
 #[derive(Parser, Debug)]
@@ -19,23 +18,14 @@ struct Args {
 }
 
 fn main() {
-    let args = Args::parse();
-    let cfg = ClientConfig::default()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
-        .ring_bytes(32 << 20);
-    let client = match KvClient::connect_with(args.addr.as_str(), &cfg) {
-        Ok(c) => c,
-        Err(s) => {
-            eprintln!("kv-client: error: connecting to {}: {s}", args.addr);
-            std::process::exit(1);
-        }
-    };
-    match rpc_examples::kv_workload::run(&client, &mut std::io::stdout()) {
-        Ok(calls) => println!("kv-client: {calls} calls, every answer checked"),
-        Err(e) => {
-            eprintln!("kv-client: error: {e}");
-            std::process::exit(1);
-        }
-    }
+    cli::exit_on_error(env!("CARGO_BIN_NAME"), run(&Args::parse()));
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let cfg = args.transport.client_config().ring_bytes(32 << 20);
+    let client = KvClient::connect_with(args.addr.as_str(), &cfg)
+        .map_err(|s| format!("connecting to {}: {s}", args.addr))?;
+    let calls = rpc_examples::kv_workload::run(&client, &mut std::io::stdout()).map_err(|e| e.to_string())?;
+    println!("kv-client: {calls} calls, every answer checked");
+    Ok(())
 }

@@ -3,10 +3,9 @@
 //! `kv-server --transport rdma [-d DEV] [--addr 0.0.0.0:50052]`
 
 use clap::Parser;
-use rpc_core::Server;
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::kv::kv_server::KvServer;
 use rpc_examples::kv_store::KvStore;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Serve the key-value store.
 #[derive(Parser, Debug)]
@@ -24,22 +23,11 @@ pub const RING_BYTES: u32 = 32 << 20;
 
 fn main() {
     let args = Args::parse();
-    let server = Server::builder()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
+    let server = args
+        .transport
+        .server()
         .ring_bytes(RING_BYTES)
         .add_service(KvServer::new(KvStore::default()))
         .spawn(args.addr.as_str());
-    match server {
-        Ok(handle) => {
-            println!("kv-server: Kv listening on {}", handle.local_addr());
-            loop {
-                std::thread::park();
-            }
-        }
-        Err(e) => {
-            eprintln!("kv-server: error: {e}");
-            std::process::exit(1);
-        }
-    }
+    cli::serve_until_killed(env!("CARGO_BIN_NAME"), "Kv", server);
 }

@@ -4,11 +4,10 @@
 //! `kv`
 
 use clap::Parser;
-use rpc_core::{ClientConfig, Server};
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::kv::kv_client::KvClient;
 use rpc_examples::kv::kv_server::KvServer;
 use rpc_examples::kv_store::KvStore;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Serve and exercise the key-value store in one process.
 #[derive(Parser, Debug)]
@@ -19,24 +18,18 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(&Args::parse()) {
-        eprintln!("kv: error: {e}");
-        std::process::exit(1);
-    }
+    cli::exit_on_error(env!("CARGO_BIN_NAME"), run(&Args::parse()));
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let server = Server::builder()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
+    let server = args
+        .transport
+        .server()
         .ring_bytes(32 << 20)
         .add_service(KvServer::new(KvStore::default()))
         .spawn("127.0.0.1:0")
         .map_err(|e| format!("starting the server: {e}"))?;
-    let cfg = ClientConfig::default()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
-        .ring_bytes(32 << 20);
+    let cfg = args.transport.client_config().ring_bytes(32 << 20);
     let client = KvClient::connect_with(server.local_addr(), &cfg).map_err(|s| format!("connecting: {s}"))?;
     let calls = rpc_examples::kv_workload::run(&client, &mut std::io::stdout()).map_err(|e| e.to_string())?;
     println!("kv: {calls} calls, every answer checked");

@@ -4,10 +4,10 @@
 //! `route-guide-client --transport rdma [-d DEV] [--addr 127.0.0.1:10000]`
 
 use clap::Parser;
-use rpc_core::{ChannelConfig, ClientConfig, PollingPolicy};
+use rpc_core::{ChannelConfig, PollingPolicy};
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::route_guide::{run_blocking, run_channel};
 use rpc_examples::routeguide::route_guide_client::RouteGuideClient;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Exercise a route-guide-server.
 #[derive(Parser, Debug)]
@@ -21,14 +21,11 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(&Args::parse()) {
-        eprintln!("route-guide-client: error: {e}");
-        std::process::exit(1);
-    }
+    cli::exit_on_error(env!("CARGO_BIN_NAME"), run(&Args::parse()));
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let cfg = ClientConfig::default().transport(args.transport.transport()).polling(args.transport.poll);
+    let cfg = args.transport.client_config();
     let client =
         RouteGuideClient::connect_with(args.addr.as_str(), &cfg).map_err(|s| format!("connecting: {s}"))?;
     // This run's chat notes at a location of their own (another client's do not mix in).
@@ -36,11 +33,7 @@ fn run(args: &Args) -> Result<(), String> {
     run_blocking(&client, run, &mut std::io::stdout()).map_err(|e| e.to_string())?;
     println!("route-guide-client: blocking client: all four RPC shapes checked");
     drop(client);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let rt = cli::tokio_runtime()?;
     let ccfg = ChannelConfig::default().client(cfg.polling(PollingPolicy::Event { spins: 0 }));
     let addr = args.addr.clone();
     rt.block_on(async move {

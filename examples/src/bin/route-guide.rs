@@ -6,11 +6,11 @@
 //! `route-guide [--transport rdma -d DEV]`
 
 use clap::Parser;
-use rpc_core::{ChannelConfig, ClientConfig, PollingPolicy, Server};
+use rpc_core::{ChannelConfig, PollingPolicy};
+use rpc_examples::cli::{self, TransportArgs};
 use rpc_examples::route_guide::{run_blocking, run_channel, RouteGuideService};
 use rpc_examples::routeguide::route_guide_client::RouteGuideClient;
 use rpc_examples::routeguide::route_guide_server::RouteGuideServer;
-use rpc_examples::transport_args::TransportArgs;
 
 /// Serve and exercise the route guide in one process.
 #[derive(Parser, Debug)]
@@ -21,31 +21,24 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(&Args::parse()) {
-        eprintln!("route-guide: error: {e}");
-        std::process::exit(1);
-    }
+    cli::exit_on_error(env!("CARGO_BIN_NAME"), run(&Args::parse()));
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let server = Server::builder()
-        .transport(args.transport.transport())
-        .polling(args.transport.poll)
+    let server = args
+        .transport
+        .server()
         .add_service(RouteGuideServer::new(RouteGuideService::new()))
         .spawn("127.0.0.1:0")
         .map_err(|e| format!("starting the server: {e}"))?;
-    let cfg = ClientConfig::default().transport(args.transport.transport()).polling(args.transport.poll);
+    let cfg = args.transport.client_config();
     let client =
         RouteGuideClient::connect_with(server.local_addr(), &cfg).map_err(|s| format!("connecting: {s}"))?;
     run_blocking(&client, 1, &mut std::io::stdout()).map_err(|e| e.to_string())?;
     println!("route-guide: blocking client: all four RPC shapes checked");
     drop(client);
     let addr = server.local_addr();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let rt = cli::tokio_runtime()?;
     let ccfg = ChannelConfig::default().client(cfg.polling(PollingPolicy::Event { spins: 0 }));
     rt.block_on(async move {
         let client = RouteGuideClient::connect_channel_with(addr, &ccfg)

@@ -120,6 +120,13 @@ pub(crate) trait Job: Send + Sync {
     fn fail(&self, status: Status);
     /// True when the caller dropped its future.
     fn is_cancelled(&self) -> bool;
+    /// True when the call's future drives the session itself whenever it is polled (a unary
+    /// call): the dispatcher thread need not drive for it unless its task waits (a registered
+    /// waker, counted in `Inner::waiters`). False (the default, streams): the dispatcher
+    /// thread drives while it is in flight.
+    fn polled_by_caller(&self) -> bool {
+        false
+    }
 }
 
 /// A unary call: method, request (until the dispatcher encodes it) and the completion.
@@ -171,5 +178,9 @@ where
 
     fn is_cancelled(&self) -> bool {
         self.done.is_cancelled()
+    }
+
+    fn polled_by_caller(&self) -> bool {
+        true
     }
 }

@@ -7,15 +7,27 @@
 //! doorbell for the batch → polls the CQ → hands finished calls to their tasks → releases
 //! cancelled ones. A caller's poll drives it when it is free (see [`super::UnaryCall`]), so a
 //! call can go out and come back on the caller's own thread with no hop between threads. A
-//! driver that leaves with calls queued or in flight either woke other tasks (which drive it when
-//! they are polled: the session is "owed" to them) or wakes the dispatcher thread
-//! ([`Inner::want_driver`]).
+//! driver that leaves with calls queued or in flight either woke other tasks, or its own call is
+//! done (its task goes on and polls its next call): the session is "owed" to them, they drive it
+//! when polled. Otherwise it hands the session to the dispatcher thread
+//! ([`Inner::want_driver`]: a flag and, when the thread sleeps, an unpark).
 //!
-//! The dispatcher thread sleeps until a driver leaves work to it (or, after [`PARK`], finds work
-//! stranded). Then it drives while calls are queued or in flight and no caller holds the session:
-//! with nothing to do it spins (`spins` empty loops), then waits per the polling policy (`Event`:
-//! arms the CQ and blocks on its completion channel, at most 1 ms at a time). Once it has woken
-//! tasks it leaves the session to them and sleeps again.
+//! The dispatcher thread drives only for tasks that wait (their poll returned `Pending`,
+//! counted in [`Inner::waiters`]) and for streams (whose futures never drive): with neither,
+//! every call in flight belongs to a running task that drives it when it polls. It sleeps until
+//! a driver leaves work to it; while calls are in flight it looks every [`WATCH`] and takes over
+//! when waiting tasks exist and no caller drove since its last look (a task that did not come
+//! back). Driving, it steps while it is needed and no caller wants the session (a caller that
+//! found it held makes it let go); with nothing to do it spins (`spins` empty loops), then waits
+//! per the polling policy (`Event`: arms the CQ, lets the session go and blocks on its
+//! completion channel, at most 1 ms at a time; a caller's poll meanwhile drives the session
+//! itself). Once it has woken tasks it leaves the session to them and sleeps again.
+//!
+//! Threads that spin, on the benchmark's 2 cores with a current-thread runtime: the server's
+//! worker (one core) and the runtime's thread, whose calls' polls drive the session (at most
+//! [`super::ChannelConfig::poll_spin`] without a completion at a time); the dispatcher thread
+//! sleeps, waking every [`WATCH`] while calls are in flight, and spins only while every task
+//! waits (the runtime's thread is idle then).
 
 use std::cell::RefCell;
 use std::net::ToSocketAddrs;
@@ -54,7 +66,36 @@ macro_rules! with_any_core {
 }
 pub(crate) use with_any_core;
 
+/// A handle to a dispatcher session's CQ, for a completion-event wait outside the session.
+pub(crate) enum AnyCq {
+    Sim(<crate::verbs::sim::Sim as crate::verbs::Provider>::CompletionQueue),
+    #[cfg(feature = "ibverbs")]
+    Rdma(<crate::verbs::ibverbs::Ibverbs as crate::verbs::Provider>::CompletionQueue),
+}
+
+impl AnyCq {
+    /// Blocks until the armed CQ signals or `timeout` passes (an error counts as a wake-up:
+    /// the session finds out when it is next driven).
+    fn wait(&self, timeout: Duration) {
+        use crate::verbs::CompletionQueue;
+        let _ = match self {
+            AnyCq::Sim(cq) => cq.wait(Some(timeout)),
+            #[cfg(feature = "ibverbs")]
+            AnyCq::Rdma(cq) => cq.wait(Some(timeout)),
+        };
+    }
+}
+
 impl AnyCore {
+    /// Arms the CQ for a wait outside the session: see [`ClientCore::arm_cq`].
+    fn arm_cq(&mut self) -> Option<(usize, AnyCq)> {
+        match self {
+            AnyCore::Sim(c) => c.arm_cq().map(|(n, cq)| (n, AnyCq::Sim(cq))),
+            #[cfg(feature = "ibverbs")]
+            AnyCore::Rdma(c) => c.arm_cq().map(|(n, cq)| (n, AnyCq::Rdma(cq))),
+        }
+    }
+
     fn connect(addr: impl ToSocketAddrs, cfg: &ClientConfig) -> Result<AnyCore, Status> {
         Ok(match &cfg.transport {
             Transport::Sim => AnyCore::Sim(Box::new(ClientCore::connect(
@@ -84,6 +125,10 @@ pub(crate) struct Inner {
     session: Mutex<Option<Driver>>,
     /// Set when the last handle is gone: the dispatcher ends its calls and closes the session.
     pub(crate) stop: AtomicBool,
+    /// A caller's poll found the session held: the dispatcher thread, when it holds it, lets it
+    /// go after its step (the caller drives; two threads spinning on one session would share a
+    /// core on a small machine).
+    contended: AtomicBool,
     /// The dispatcher thread is parked: whoever wants it unparks it.
     sleeping: AtomicBool,
     /// Someone left work for the dispatcher thread (checked by it before it parks).
@@ -98,6 +143,14 @@ pub(crate) struct Inner {
     /// Calls started on the session and not yet finished or dropped (published before the
     /// tasks of finished calls are woken).
     pub(crate) in_flight: AtomicUsize,
+    /// Unary calls whose poll returned `Pending` with the task's waker registered, not polled
+    /// since: tasks that sleep until a driver wakes them. While there are none (every call's
+    /// task is running and polls its calls itself) and no stream is in flight, the dispatcher
+    /// thread has nothing to drive for.
+    pub(crate) waiters: AtomicUsize,
+    /// Streams in flight (as [`Inner::in_flight`] is published): their futures never drive the
+    /// session, the dispatcher thread does.
+    passive: AtomicUsize,
     /// Tasks waiting for room in a full queue, woken when a driver takes calls.
     space: Mutex<Vec<Waker>>,
     space_wanted: AtomicBool,
@@ -107,6 +160,30 @@ pub(crate) struct Inner {
     /// the dispatcher thread.
     pub(crate) started_by_callers: AtomicU64,
     started_by_thread: AtomicU64,
+    /// How the session was driven (see [`super::ChannelStats`]).
+    pub(crate) stats: Stats,
+}
+
+/// Counters of how a dispatcher's session is driven: relaxed atomics, bumped once per drive,
+/// wake or park (not per call), for [`super::Channel::stats`].
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) caller_drives: AtomicU64,
+    pub(crate) caller_busy: AtomicU64,
+    pub(crate) thread_drives: AtomicU64,
+    pub(crate) thread_runs: AtomicU64,
+    pub(crate) handoffs: AtomicU64,
+    pub(crate) unparks: AtomicU64,
+    pub(crate) wakes: AtomicU64,
+    pub(crate) steps: AtomicU64,
+    pub(crate) empty_steps: AtomicU64,
+    pub(crate) event_waits: AtomicU64,
+}
+
+/// Adds one to a statistics counter.
+#[inline]
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
 }
 
 thread_local! {
@@ -120,6 +197,10 @@ pub(crate) struct Drove {
     pub(crate) work: usize,
     /// Other tasks woken.
     pub(crate) woke: usize,
+    /// It left calls queued or in flight with no task woken and its own call not done: unless
+    /// the caller drives again, it hands the session to the dispatcher thread
+    /// ([`Inner::want_driver`]) once it has counted itself among the waiters.
+    pub(crate) unattended: bool,
 }
 
 impl Inner {
@@ -133,6 +214,7 @@ impl Inner {
     pub(crate) fn wake(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
             if let Some(t) = self.thread.get() {
+                bump(&self.stats.unparks, 1);
                 t.unpark();
             }
         }
@@ -140,6 +222,7 @@ impl Inner {
 
     /// Hands the session to the dispatcher thread: work is left and no caller will drive it.
     pub(crate) fn want_driver(&self) {
+        bump(&self.stats.handoffs, 1);
         self.wanted.store(true, Ordering::SeqCst);
         self.wake();
     }
@@ -155,19 +238,32 @@ impl Inner {
     }
 
     /// A caller drives the session, if it is free, until `done()` holds, `spin` passes with no
-    /// completion, or (with `others_first`) another task was woken; then lets it go and makes
-    /// sure someone drives what it leaves. `None` when another thread holds the session.
+    /// completion, or (with `others_first`) another task was woken; then lets it go. What it
+    /// leaves is owed to the tasks it woke (or to the caller's own task, whose call is done),
+    /// or else [`Drove::unattended`]. `None` when another thread holds the session.
     pub(crate) fn drive(&self, spin: Duration, others_first: bool, done: &dyn Fn() -> bool) -> Option<Drove> {
-        let mut g = self.try_session()?;
+        let Some(mut g) = self.try_session() else {
+            bump(&self.stats.caller_busy, 1);
+            // The dispatcher thread, if it is the holder, leaves the session to us.
+            self.contended.store(true, Ordering::Relaxed);
+            return None;
+        };
+        bump(&self.stats.caller_drives, 1);
         self.owed.store(false, Ordering::Relaxed);
         let d = g.as_mut().expect("checked by try_session");
-        let mut drove = Drove { work: 0, woke: 0 };
+        let mut drove = Drove { work: 0, woke: 0, unattended: false };
         let mut since: Option<Instant> = None;
         let mut spins = 0u32;
+        let mut steps = 0u64;
+        let mut empty = 0u64;
+        let mut own;
         loop {
             let work = d.step(self, true);
+            steps += 1;
+            empty += u64::from(work == 0);
             drove.work += work;
-            if done() || (others_first && d.woken() > 0) || !d.has_work() {
+            own = done();
+            if own || (others_first && d.woken() > 0) || !d.has_work() {
                 break;
             }
             if work > 0 {
@@ -188,12 +284,20 @@ impl Inner {
         drove.woke = d.woken();
         let batch = d.take_wakers();
         drop(g);
+        bump(&self.stats.steps, steps);
+        bump(&self.stats.empty_steps, empty);
+        bump(&self.stats.wakes, batch.len() as u64);
         wake_all(batch);
         if left {
-            if drove.woke > 0 {
+            if drove.woke > 0 || own {
+                // The tasks woken, or this caller's own task (its call is done: it goes on and
+                // polls its next call soon), drive it next; should none come back, the
+                // dispatcher thread, which watches the session while calls are in flight, takes
+                // it over after [`WATCH`] without a caller's drive. No unpark (a system call
+                // and a thread switch on the caller's core) per call.
                 self.owed.store(true, Ordering::SeqCst);
             } else {
-                self.want_driver();
+                drove.unattended = true;
             }
         }
         Some(drove)
@@ -205,8 +309,17 @@ impl Inner {
         self.owed.load(Ordering::Relaxed)
     }
 
-    /// The session's counters (waits while another thread drives it: at most about one
-    /// completion-event wait, 1 ms).
+    /// [`Inner::drive`], handing what it leaves unattended (or, when another thread holds the
+    /// session, everything) to the dispatcher thread.
+    pub(crate) fn drive_or_hand_off(&self, spin: Duration, done: &dyn Fn() -> bool) {
+        match self.drive(spin, true, done) {
+            Some(d) if !d.unattended => {}
+            _ => self.want_driver(),
+        }
+    }
+
+    /// The session's counters (waits while another thread drives it: one step, or a caller's
+    /// drive of at most about `poll_spin` without a completion).
     pub(crate) fn counters(&self) -> Counters {
         let g = self.session.lock().unwrap_or_else(|e| e.into_inner());
         g.as_ref().map(|d| with_any_core!(&d.core, c => c.counters.clone())).unwrap_or_default()
@@ -274,17 +387,21 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         queue: ArrayQueue::new(setup.queue_depth),
         session: Mutex::new(None),
         stop: AtomicBool::new(false),
+        contended: AtomicBool::new(false),
         sleeping: AtomicBool::new(false),
         wanted: AtomicBool::new(false),
         owed: AtomicBool::new(false),
         thread: OnceLock::new(),
         cancels: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
+        waiters: AtomicUsize::new(0),
+        passive: AtomicUsize::new(0),
         space: Mutex::new(Vec::new()),
         space_wanted: AtomicBool::new(false),
         poll_spin: setup.poll_spin,
         started_by_callers: AtomicU64::new(0),
         started_by_thread: AtomicU64::new(0),
+        stats: Stats::default(),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -305,6 +422,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
             *shared.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(Driver {
                 core,
                 in_flight: Vec::new(),
+                passive: 0,
                 wakers: Vec::new(),
                 finished: Vec::new(),
                 cancels_seen: 0,
@@ -323,10 +441,21 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
     Ok(inner)
 }
 
+/// A call started on the session.
+struct InFlight {
+    id: CallId,
+    job: Arc<dyn Job>,
+    /// [`Job::polled_by_caller`] (a unary call), read once.
+    unary: bool,
+}
+
 /// The session and the calls on it, driven by whoever holds it.
 pub(crate) struct Driver {
     core: AnyCore,
-    in_flight: Vec<(CallId, Arc<dyn Job>)>,
+    in_flight: Vec<InFlight>,
+    /// Calls in flight whose futures do not drive the session (streams): the dispatcher thread
+    /// drives for them.
+    passive: usize,
     /// Wakers of the tasks whose calls finished in this hold of the session.
     wakers: Vec<Waker>,
     /// Calls finished in this step, handed over once the count in flight is published.
@@ -355,9 +484,10 @@ impl Driver {
             self.looks += 1;
             self.looks % LOOK_EVERY == 0
         };
-        if work > 0 || cancels != self.cancels_seen || look {
+        let full = cancels != self.cancels_seen || look;
+        if work > 0 || full {
             self.cancels_seen = cancels;
-            work += self.finish_calls(inner);
+            work += self.finish_calls(inner, full);
         }
         if work > 0 {
             self.empty = 0;
@@ -395,7 +525,11 @@ impl Driver {
                 continue;
             }
             match job.start(&mut self.core) {
-                Ok(id) => self.in_flight.push((id, job)),
+                Ok(id) => {
+                    let unary = job.polled_by_caller();
+                    self.passive += usize::from(!unary);
+                    self.in_flight.push(InFlight { id, job, unary });
+                }
                 Err(s) => job.fail(s),
             }
         }
@@ -405,6 +539,7 @@ impl Driver {
             by.fetch_add(started, Ordering::Relaxed);
             // The doorbell for the batch rings in the progress step that follows.
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
+            inner.passive.store(self.passive, Ordering::Relaxed);
             inner.wake_space_waiters();
         }
         n
@@ -412,22 +547,33 @@ impl Driver {
 
     /// Delivers finished calls, ends expired ones, releases cancelled ones; publishes the count
     /// still in flight before any of their tasks can see its result (or is woken).
-    fn finish_calls(&mut self, inner: &Inner) -> usize {
+    ///
+    /// Without `full` (completions came, no future was dropped, no look at deadlines due), a
+    /// unary call is looked at only when its slot has its answer (a compare, no call through
+    /// the job): the scan costs a few ns per call in flight, not two virtual calls.
+    fn finish_calls(&mut self, inner: &Inner, full: bool) -> usize {
         let mut n = 0;
         let mut now = None;
         let mut i = 0;
         while i < self.in_flight.len() {
-            let (id, job) = &self.in_flight[i];
+            let f = &self.in_flight[i];
+            if !full && f.unary && !with_any_core!(&self.core, c => c.is_answered(f.id)) {
+                i += 1;
+                continue;
+            }
+            let (id, job) = (&f.id, &f.job);
             let expired = id.deadline.is_some_and(|d| *now.get_or_insert_with(Instant::now) >= d);
             if job.is_cancelled() {
                 // The future was dropped: its late answer is discarded when it comes (a
                 // stream's held messages and unsent ones are dropped too).
                 with_any_core!(&mut self.core, c => c.abandon_stream(*id));
-                self.in_flight.swap_remove(i);
+                let f = self.in_flight.swap_remove(i);
+                self.passive -= usize::from(!f.unary);
                 n += 1;
             } else if job.try_finish(&mut self.core, *id, expired) {
-                let (_, job) = self.in_flight.swap_remove(i);
-                self.finished.push(job);
+                let f = self.in_flight.swap_remove(i);
+                self.passive -= usize::from(!f.unary);
+                self.finished.push(f.job);
                 n += 1;
             } else {
                 i += 1;
@@ -435,6 +581,7 @@ impl Driver {
         }
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
+            inner.passive.store(self.passive, Ordering::Relaxed);
             for job in self.finished.drain(..) {
                 job.release(&mut self.wakers);
             }
@@ -448,11 +595,13 @@ impl Driver {
         while let Some(job) = inner.queue.pop() {
             job.fail(gone());
         }
-        for (id, job) in self.in_flight.drain(..) {
+        self.passive = 0;
+        for InFlight { id, job, .. } in self.in_flight.drain(..) {
             with_any_core!(&mut self.core, c => c.abandon(id));
             job.fail(gone());
         }
         inner.in_flight.store(0, Ordering::Release);
+        inner.passive.store(0, Ordering::Relaxed);
         with_any_core!(&mut self.core, c => c.close());
     }
 }
@@ -468,16 +617,34 @@ struct Dispatcher {
 /// most this).
 const PARK: Duration = Duration::from_millis(50);
 
+/// How often the dispatcher thread looks at a session with calls queued or in flight that
+/// callers drive: when no caller drove it since the last look, it takes over (a session left to
+/// tasks that did not come back waits at most about twice this).
+pub(crate) const WATCH: Duration = Duration::from_micros(200);
+
 impl Dispatcher {
     fn run(self) {
         let inner = &*self.inner;
+        let busy = || !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
+        // Work no caller's poll will do by itself: tasks waiting (or streams, whose futures
+        // never drive: counted as in flight alone).
+        let needed = || inner.waiters.load(Ordering::SeqCst) > 0 || inner.passive.load(Ordering::Relaxed) > 0;
+        // Callers' drives counted at the last look while calls were in flight.
+        let mut seen: Option<u64> = None;
         while !inner.stop.load(Ordering::Acquire) {
-            // Callers drive their own calls: the thread sleeps until one leaves work to it (or,
-            // as a safety net, finds work after PARK: a session left to tasks never polled).
-            let wanted = self.park();
-            let stranded = !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
+            // Callers drive their own calls: the thread sleeps until one leaves work to it, and
+            // while calls are in flight looks every WATCH whether callers still drive them (a
+            // session left to tasks that did not come back is taken over after one WATCH
+            // without a caller's drive).
+            let wanted = self.park(if seen.is_some() || busy() { WATCH } else { PARK });
+            let drives = inner.stats.caller_drives.load(Ordering::Relaxed);
+            let stranded = busy() && needed() && seen == Some(drives);
             if wanted || stranded {
+                bump(&inner.stats.thread_runs, 1);
                 self.drive();
+                seen = None;
+            } else {
+                seen = busy().then_some(drives);
             }
         }
         let mut g = inner.session.lock().unwrap_or_else(|e| e.into_inner());
@@ -492,20 +659,32 @@ impl Dispatcher {
     fn drive(&self) {
         let inner = &*self.inner;
         let mut empty: u32 = 0;
+        inner.contended.store(false, Ordering::Relaxed);
+        let callers = inner.stats.caller_drives.load(Ordering::Relaxed);
         while !inner.stop.load(Ordering::Acquire) {
             // A caller holding the session leaves it to someone when it lets go.
             let Some(mut g) = inner.try_session() else { return };
             let d = g.as_mut().expect("checked by try_session");
             let work = d.step(inner, false);
             let busy = d.has_work() || !inner.queue.is_empty();
+            let needed = d.passive > 0 || inner.waiters.load(Ordering::SeqCst) > 0;
             let batch = d.take_wakers();
             drop(g);
+            bump(&inner.stats.thread_drives, 1);
+            bump(&inner.stats.empty_steps, u64::from(work == 0));
+            bump(&inner.stats.wakes, batch.len() as u64);
             let woke = !batch.is_empty();
             wake_all(batch);
             if !busy {
                 return;
             }
-            if woke {
+            // A caller that found the session held drives it now, and one that drove it between
+            // two steps will again (its task runs: it leaves the session to the tasks it wakes,
+            // or hands it back); with no task waiting (and no stream in flight) the calls' own
+            // polls drive them.
+            let contended = inner.contended.swap(false, Ordering::Relaxed)
+                || inner.stats.caller_drives.load(Ordering::Relaxed) != callers;
+            if woke || contended || !needed {
                 // The tasks just woken drive it when polled (each poll of a call takes the
                 // session if it is owed); they want us back if they leave work.
                 inner.owed.store(true, Ordering::SeqCst);
@@ -526,26 +705,32 @@ impl Dispatcher {
                 _ => {
                     let Some(mut g) = inner.try_session() else { return };
                     let d = g.as_mut().expect("checked by try_session");
-                    with_any_core!(&mut d.core, c => c.wait_cq(EVENT_WAIT));
-                    // After each wait: deadlines too.
-                    d.finish_calls(inner);
+                    let armed = d.core.arm_cq();
+                    // After each wait (and what came before arming): deadlines too.
+                    d.finish_calls(inner, true);
                     let batch = d.take_wakers();
                     drop(g);
                     wake_all(batch);
+                    if let Some((0, cq)) = armed {
+                        // Outside the session: a caller's poll meanwhile drives it itself (its
+                        // calls go out at once, not after this wait).
+                        bump(&inner.stats.event_waits, 1);
+                        cq.wait(EVENT_WAIT);
+                    }
                 }
             }
         }
     }
 
-    /// Sleeps until someone wants the thread (or [`PARK`] passes), unless work was left for it
+    /// Sleeps until someone wants the thread (or `timeout` passes), unless work was left for it
     /// meanwhile. True when it was wanted.
-    fn park(&self) -> bool {
+    fn park(&self, timeout: Duration) -> bool {
         let inner = &*self.inner;
         inner.sleeping.store(true, Ordering::SeqCst);
         // Work left before the flag was visible did not unpark us: look once more.
         let mut wanted = inner.wanted.swap(false, Ordering::SeqCst);
         if !wanted && !inner.stop.load(Ordering::SeqCst) {
-            std::thread::park_timeout(PARK);
+            std::thread::park_timeout(timeout);
             wanted = inner.wanted.swap(false, Ordering::SeqCst);
         }
         inner.sleeping.store(false, Ordering::SeqCst);

@@ -29,7 +29,7 @@ pub(crate) mod stream;
 use std::future::Future;
 use std::net::ToSocketAddrs;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -53,8 +53,9 @@ pub struct ChannelConfig {
     /// Each dispatcher's session: transport, window (calls in flight per session), rings,
     /// limits, and the polling policy of the dispatcher when it has calls in flight and nothing
     /// to do (after [`ChannelConfig::spins`] empty loops): [`PollingPolicy::Event`] arms the CQ
-    /// and sleeps on its completion channel (at most 1 ms at a time, so a call queued meanwhile
-    /// waits up to that long), `SpinThenYield` yields, `Busy` spins. Default
+    /// and sleeps on its completion channel without holding the session (at most 1 ms at a
+    /// time; a call made meanwhile is driven by its own poll), `SpinThenYield` yields, `Busy`
+    /// spins. Default
     /// `ClientConfig::default()` with `polling = Event { spins: 0 }`.
     pub client: ClientConfig,
     /// Dispatcher threads, each with its own session; calls are spread round robin.
@@ -295,6 +296,7 @@ impl Channel {
             shared: self.shared.clone(),
             dispatcher,
             taken: false,
+            waiting: false,
         };
         call.try_queue();
         call
@@ -314,9 +316,34 @@ impl Channel {
         self.shared.dispatchers.iter().map(|d| d.started()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
+    /// How the channel's sessions were driven so far, summed over the dispatchers (see
+    /// [`ChannelStats`]): for finding where a workload's time goes (drives per call, handoffs
+    /// to the dispatcher threads, their wake-ups and unparks), not for a hot path.
+    pub fn stats(&self) -> ChannelStats {
+        let mut t = ChannelStats::default();
+        for d in &self.shared.dispatchers {
+            let s = &d.stats;
+            let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            let (by_callers, by_threads) = d.started();
+            t.started_by_callers += by_callers;
+            t.started_by_threads += by_threads;
+            t.caller_drives += l(&s.caller_drives);
+            t.caller_busy += l(&s.caller_busy);
+            t.thread_drives += l(&s.thread_drives);
+            t.thread_runs += l(&s.thread_runs);
+            t.handoffs += l(&s.handoffs);
+            t.unparks += l(&s.unparks);
+            t.wakes += l(&s.wakes);
+            t.steps += l(&s.steps) + l(&s.thread_drives);
+            t.empty_steps += l(&s.empty_steps);
+            t.event_waits += l(&s.event_waits);
+        }
+        t
+    }
+
     /// The counters of the channel's sessions, summed (RPCs, bytes, stalls, cancels, status
-    /// codes...). Waits for a session another thread is driving (at most about one
-    /// completion-event wait, 1 ms): for monitoring, not for a hot path.
+    /// codes...). Waits for a session another thread is driving (one step, or a caller's drive
+    /// of at most about `poll_spin` without a completion): for monitoring, not for a hot path.
     pub fn counters(&self) -> crate::Counters {
         let mut c = crate::Counters::default();
         for d in &self.shared.dispatchers {
@@ -324,6 +351,36 @@ impl Channel {
         }
         c
     }
+}
+
+/// How a [`Channel`]'s sessions were driven ([`Channel::stats`]); every field counts since the
+/// channel was connected, summed over its dispatchers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelStats {
+    /// Calls started (request encoded into registered memory and posted) by callers' polls.
+    pub started_by_callers: u64,
+    /// Calls started by the dispatcher threads.
+    pub started_by_threads: u64,
+    /// Times a caller's poll took a session and drove it.
+    pub caller_drives: u64,
+    /// Times a caller's poll found the session held by another thread.
+    pub caller_busy: u64,
+    /// Steps (one CQ poll each) the dispatcher threads made.
+    pub thread_drives: u64,
+    /// Times a dispatcher thread came out of its park to drive.
+    pub thread_runs: u64,
+    /// Times a caller left work to a dispatcher thread (its `wanted` flag set).
+    pub handoffs: u64,
+    /// Unparks of a sleeping dispatcher thread (one system call each).
+    pub unparks: u64,
+    /// Task wakers woken by a driver (each a task the executor polls again).
+    pub wakes: u64,
+    /// Steps of all drivers: one pass of take queued calls, post, poll the CQ, finish calls.
+    pub steps: u64,
+    /// Steps that found nothing to do.
+    pub empty_steps: u64,
+    /// Completion-event waits of the dispatcher threads (`PollingPolicy::Event`).
+    pub event_waits: u64,
 }
 
 /// The result side of a call, whatever its request type.
@@ -347,9 +404,29 @@ pub struct UnaryCall<Resp> {
     dispatcher: usize,
     /// The result was handed out.
     taken: bool,
+    /// Counted in the dispatcher's `waiters`: the last poll returned `Pending` with the waker
+    /// registered.
+    waiting: bool,
 }
 
 impl<Resp> UnaryCall<Resp> {
+    /// Counts the call among the dispatcher's waiters (before it hands anything to the
+    /// dispatcher thread, which drives only while some task waits).
+    fn wait(&mut self) {
+        if !self.waiting {
+            self.waiting = true;
+            self.shared.dispatchers[self.dispatcher].waiters.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Takes the call out of the waiters (it is polled, or dropped).
+    fn unwait(&mut self) {
+        if self.waiting {
+            self.waiting = false;
+            self.shared.dispatchers[self.dispatcher].waiters.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// Queues the call if it is not yet; false while the queue is full.
     fn try_queue(&mut self) -> bool {
         let Some(job) = self.submit.take() else { return true };
@@ -370,20 +447,21 @@ impl<Resp> Future for UnaryCall<Resp> {
     /// registers the waker. When it woke other tasks, it returns at once: they drive next.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        this.unwait();
         if this.submit.is_some() {
             this.shared.dispatchers[this.dispatcher].wait_for_space(cx.waker());
             // Room may have come between the failed push and the registration.
             if !this.try_queue() {
                 // A driver takes calls out (and wakes us) only if there is one.
-                let d = &*this.shared.dispatchers[this.dispatcher];
-                if d.drive(Duration::ZERO, true, &|| false).is_none() {
-                    d.want_driver();
-                }
+                this.wait();
+                this.shared.dispatchers[this.dispatcher].drive_or_hand_off(Duration::ZERO, &|| false);
                 return Poll::Pending;
             }
         }
-        let d = &*this.shared.dispatchers[this.dispatcher];
-        let done = this.done.done();
+        let shared = this.shared.clone();
+        let d = &*shared.dispatchers[this.dispatcher];
+        let outcome = this.done.clone();
+        let done = outcome.done();
         if let Some(r) = done.try_take() {
             return this.ready(r);
         }
@@ -392,8 +470,11 @@ impl<Resp> Future for UnaryCall<Resp> {
         done.unregister();
         let is_done = || done.is_done();
         let started = Instant::now();
+        let mut hand_off = false;
+        let mut held = 0u32;
         loop {
-            if d.drive(d.poll_spin, true, &is_done).is_some() {
+            if let Some(drove) = d.drive(d.poll_spin, true, &is_done) {
+                hand_off = drove.unattended;
                 break;
             }
             // Another thread drives the session: our answer may be imminent all the same.
@@ -402,15 +483,34 @@ impl<Resp> Future for UnaryCall<Resp> {
             }
             if started.elapsed() >= d.poll_spin {
                 // Whoever drives leaves it to someone when it lets go; in case it looked at the
-                // queue before our call was in it, the dispatcher thread is told.
-                d.want_driver();
+                // queue (or the waiters) before our call was in it, the dispatcher thread is told.
+                hand_off = true;
                 break;
             }
-            std::hint::spin_loop();
+            held += 1;
+            if held % 64 == 0 {
+                // The holder may share our core (2 cores, the server's worker on the other).
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if !is_done() {
+            // Counted before the dispatcher thread is told, so that it finds us waiting.
+            this.wait();
+            if hand_off {
+                d.want_driver();
+            }
         }
         match done.poll(cx) {
-            Poll::Ready(r) => this.ready(r),
-            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                this.unwait();
+                this.ready(r)
+            }
+            Poll::Pending => {
+                this.wait();
+                Poll::Pending
+            }
         }
     }
 }
@@ -422,7 +522,7 @@ impl<Resp> UnaryCall<Resp> {
         self.taken = true;
         let d = &*self.shared.dispatchers[self.dispatcher];
         if d.is_owed() {
-            let _ = d.drive(d.poll_spin, true, &|| false);
+            d.drive_or_hand_off(d.poll_spin, &|| false);
         }
         match r {
             Some(r) => Poll::Ready(r),
@@ -433,16 +533,15 @@ impl<Resp> UnaryCall<Resp> {
 
 impl<Resp> Drop for UnaryCall<Resp> {
     fn drop(&mut self) {
+        self.unwait();
         let d = &*self.shared.dispatchers[self.dispatcher];
         if self.done.done().cancel() {
             d.cancels.fetch_add(1, Ordering::AcqRel);
             // The Cancel goes out (and the slot comes back) with the next step of a driver.
-            if d.drive(Duration::ZERO, true, &|| true).is_none() {
-                d.want_driver();
-            }
+            d.drive_or_hand_off(Duration::ZERO, &|| true);
         } else if !self.taken && d.is_owed() {
             // Woken and dropped unpolled: the session was left to us.
-            let _ = d.drive(d.poll_spin, true, &|| false);
+            d.drive_or_hand_off(d.poll_spin, &|| false);
         }
     }
 }

@@ -1155,6 +1155,13 @@ impl<P: Provider> ClientCore<P> {
         Some(self.finish(a))
     }
 
+    /// True when call `id` has its answer (or its failure) to take with
+    /// [`ClientCore::take_done`]; a compare, no progress.
+    #[inline]
+    pub(crate) fn is_answered(&self, id: CallId) -> bool {
+        self.conn.session.calls().state(id.slot) == crate::session::SlotState::Done
+    }
+
     /// True when a call can start now (a slot is free).
     pub(crate) fn has_free_slot(&self) -> bool {
         self.broken.is_some() || self.conn.session.calls().has_free()
@@ -1172,18 +1179,17 @@ impl<P: Provider> ClientCore<P> {
         n
     }
 
-    /// Arms the CQ and, unless a completion is already there, blocks on its completion channel
-    /// for at most `timeout`. Returns the completions handled (0 also when the CQ has no events).
-    pub(crate) fn wait_cq(&mut self, timeout: Duration) -> usize {
+    /// Arms the CQ for a completion-event wait that the caller does outside the session (a
+    /// dispatcher waits without holding it): handles what completed before arming (completions
+    /// that arrived before the CQ was armed raise no event) and returns their count (wait only
+    /// when it is 0) with a handle to the CQ to wait on ([`CompletionQueue::wait`]). `None` when
+    /// the session is broken or its CQ has no events.
+    pub(crate) fn arm_cq(&mut self) -> Option<(usize, P::CompletionQueue)> {
         if self.broken.is_some() || self.cq.req_notify(false).is_err() {
-            return 0;
+            return None;
         }
-        // Completions that arrived before the CQ was armed raise no event: poll once more.
         let n = self.dispatch_step();
-        if n == 0 {
-            let _ = self.cq.wait(Some(timeout));
-        }
-        n
+        Some((n, self.cq.clone()))
     }
 
     /// Blocks (busy-polling per policy) until the call finishes.

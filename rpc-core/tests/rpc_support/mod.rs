@@ -1,6 +1,17 @@
 //! A test-only service written by hand against the facade (as generated code would be), and
-//! helpers shared by the `rpc_*` tests. Everything runs on `sim` with a yielding polling policy.
+//! helpers shared by the `rpc_*` tests: a hand-built peer ([`RawPeer`]), a session driven by
+//! hand over it ([`RawClient`], `raw_client.rs`), a service that holds its worker ([`Hold`],
+//! `hold.rs`). Everything runs on `sim` with a yielding polling policy.
 #![allow(dead_code)]
+
+mod hold;
+mod raw_client;
+
+// Each test binary uses some of these.
+#[allow(unused_imports)]
+pub use hold::{Hold, HoldGate, HOLD};
+#[allow(unused_imports)]
+pub use raw_client::RawClient;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

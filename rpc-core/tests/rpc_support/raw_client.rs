@@ -1,0 +1,248 @@
+//! [`RawClient`]: a session driven by hand, speaking the wire protocol over a [`RawPeer`], for
+//! tests that act as a hostile client (or, through [`RawClient::over`], a fake server): it sends
+//! whatever headers, bodies and ring WRITEs a test builds, and shows every message it receives.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use rpc_core::buffers::{split_send_wr_id, SendBuf, SendMirror, SendPool, SendQueue};
+use rpc_core::verbs::rc::RcConfig;
+use rpc_core::verbs::sim::Sim;
+use rpc_core::verbs::{CompletionQueue, WcStatus, WorkCompletion};
+use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN};
+
+use super::RawPeer;
+
+/// Send buffers of a raw client (each holds a header and an eager body of up to 4 KiB).
+const SEND_BUFS: u16 = 16;
+
+/// A connected raw session: a [`RawPeer`] (QP, CQ, receive buffers, ring), a send pool, a
+/// mirror of the other side's ring and a send queue. Fields are public for tests that post by
+/// hand; they drop in declaration order (the send side first, the peer's QP before its PD).
+pub struct RawClient {
+    /// The send queue: batches WRs, counts what is outstanding.
+    pub sq: SendQueue,
+    /// Local source of the ring WRITEs, as long as the other side's ring.
+    pub mirror: SendMirror<Sim>,
+    /// `SEND_BUFS` send buffers of `HEADER_LEN + 4096` bytes.
+    pub pool: SendPool<Sim>,
+    /// The verbs resources (CQ of 256, 16 receive buffers of `HEADER_LEN + 4096` bytes, a
+    /// 64 KiB receive ring).
+    pub peer: RawPeer,
+    /// The other side's ring: address and rkey.
+    pub ring: (u64, u32),
+    /// The other side's ring, in bytes.
+    pub ring_len: u32,
+    /// The session id the other side assigned (headers carry it).
+    pub session: u32,
+    /// The smaller of the two sides' message limits, in bytes.
+    pub max_message: u32,
+    /// The other side's eager threshold, in bytes.
+    pub eager: u32,
+    /// The credits the other side granted (requests in flight).
+    pub credits: u16,
+    /// Messages received and not yet taken, with their eager bodies, in arrival order; ring
+    /// returns, idle probes and Cancel acknowledgements (`RingReturn`, `Ping`, `Pong`,
+    /// `CancelAck`) are left out.
+    pub inbox: VecDeque<(Header, Vec<u8>)>,
+    /// CancelAcks received: `(slot, generation)`, in arrival order (the server acknowledges
+    /// every Cancel).
+    pub acks: Vec<(u16, u32)>,
+    /// Whether receive buffers are reposted (default true). False plays a peer that stops
+    /// reading: each buffer is kept away once its message arrived, so the receive WQEs run out.
+    pub reading: bool,
+    /// A completion failed (the other side closed the session, the QP is in ERR): WRs posted
+    /// from here only flush.
+    pub dead: bool,
+    _tcp: TcpStream,
+}
+
+impl RawClient {
+    /// Connects to the server at `addr` asking 4 credits, a 4 KiB eager threshold and 1 MiB
+    /// messages.
+    ///
+    /// # Panics
+    /// When the server does not answer the handshake with its own (a test failure).
+    pub fn connect(addr: SocketAddr) -> RawClient {
+        RawClient::connect_with(addr, 4, 4096, 1 << 20)
+    }
+
+    /// Connects to the server at `addr` asking `credits`, an `eager` threshold and
+    /// `max_message` (bytes) in its handshake (session 0: the server assigns one).
+    ///
+    /// # Panics
+    /// As [`connect`](Self::connect).
+    pub fn connect_with(addr: SocketAddr, credits: u16, eager: u32, max_message: u32) -> RawClient {
+        let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(credits, eager, max_message, 0))).unwrap();
+        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+        peer.connect(&RcConfig::default(), &reply);
+        let session = reply.session;
+        let mut c = RawClient::over(peer, &reply, session, tcp);
+        c.max_message = c.max_message.min(max_message);
+        c
+    }
+
+    /// A raw session over `peer`, whose QP is already connected to the side that sent
+    /// `remote` (its ring, limits and credits are taken from there), with `session` in the
+    /// headers it sends; `tcp` is the control channel, kept open while this lives.
+    pub fn over(peer: RawPeer, remote: &Handshake, session: u32, tcp: TcpStream) -> RawClient {
+        let pool = SendPool::<Sim>::new(&peer.pd, SEND_BUFS, HEADER_LEN + 4096).unwrap();
+        let mirror = SendMirror::<Sim>::new(&peer.pd, remote.ring_len as usize).unwrap();
+        RawClient {
+            sq: SendQueue::new(64, 16),
+            mirror,
+            pool,
+            ring: (remote.ring_addr, remote.ring_rkey),
+            ring_len: remote.ring_len,
+            session,
+            max_message: remote.max_message,
+            eager: remote.eager_threshold,
+            credits: remote.credits,
+            inbox: VecDeque::new(),
+            acks: Vec::new(),
+            reading: true,
+            dead: false,
+            peer,
+            _tcp: tcp,
+        }
+    }
+
+    /// A free send buffer, polling while none is (send completions bring them back).
+    ///
+    /// # Panics
+    /// When none comes back within 10 s, or none is free while a SEND of this side waited for a
+    /// receive WQE of the other (RNR: it holds every buffer behind it).
+    pub fn buf(&mut self) -> SendBuf {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(b) = self.pool.acquire_for(&self.sq) {
+                return b;
+            }
+            assert!(Instant::now() < give_up, "no send buffer came back");
+            assert_eq!(
+                self.peer.qp.rnr_stalls(),
+                0,
+                "out of send buffers: SENDs wait for a receive WQE (RNR)"
+            );
+            self.poll();
+            std::thread::yield_now();
+        }
+    }
+
+    /// WRITEs `bytes` at `offset` of the other side's ring (none when empty), then, with
+    /// `header`, SENDs it; one doorbell.
+    pub fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
+        if !bytes.is_empty() {
+            self.mirror.range_mut(offset, bytes.len() as u32).copy_from_slice(bytes);
+            self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1);
+        }
+        if let Some(h) = header {
+            let mut b = self.buf();
+            h.encode_into(self.pool.buf_mut(&mut b)).unwrap();
+            self.sq.send(&mut self.pool, b, HEADER_LEN as u32, false);
+        }
+        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
+    }
+
+    /// SENDs `h` as given (its `session`, `body_len` and `total_len` too), followed by `body`
+    /// (an eager message of up to 4 KiB).
+    pub fn send_eager(&mut self, h: Header, body: &[u8]) {
+        let mut b = self.buf();
+        let dst = self.pool.buf_mut(&mut b);
+        h.encode_into(dst).unwrap();
+        dst[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+        self.sq.send(&mut self.pool, b, (HEADER_LEN + body.len()) as u32, false);
+        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
+    }
+
+    /// [`send_eager`](Self::send_eager) with this session's id in `h`.
+    pub fn send(&mut self, h: Header, body: &[u8]) {
+        let session = self.session;
+        self.send_eager(Header { session, ..h }, body);
+    }
+
+    /// Polls the CQ once: send completions give their buffers back, received messages go to
+    /// [`inbox`](Self::inbox). Returns the oldest message of the inbox, taking it.
+    ///
+    /// # Errors
+    /// The status of the first completion of this poll that failed (then [`dead`](Self::dead)
+    /// is set); the others were handled all the same, and the inbox keeps its messages.
+    pub fn try_poll(&mut self) -> Result<Option<(Header, Vec<u8>)>, WcStatus> {
+        self.receive()?;
+        Ok(self.inbox.pop_front())
+    }
+
+    /// Polls the CQ once into the inbox; the first failed completion's status, if any.
+    fn receive(&mut self) -> Result<(), WcStatus> {
+        let mut wcs = [WorkCompletion::default(); 16];
+        let n = self.peer.cq.poll(&mut wcs).unwrap();
+        let mut failed = None;
+        for wc in &wcs[..n] {
+            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+                self.pool.retire(usize::from(bufs));
+                self.sq.on_completion(wrs);
+            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
+                if wc.status.is_success() {
+                    let bytes = self.peer.recv.bytes(&buf);
+                    let h = Header::decode(bytes).unwrap();
+                    if h.kind == Kind::CancelAck {
+                        self.acks.push((h.slot, h.generation));
+                    } else if !matches!(h.kind, Kind::RingReturn | Kind::Ping | Kind::Pong) {
+                        self.inbox.push_back((h, bytes[HEADER_LEN..].to_vec()));
+                    }
+                }
+                if self.reading {
+                    self.peer.recv.repost(buf);
+                } else {
+                    // Kept away: dropping a token counts it as leaked.
+                    std::mem::forget(buf);
+                }
+            }
+            if !wc.status.is_success() {
+                self.dead = true;
+                failed.get_or_insert(wc.status);
+            }
+        }
+        if self.reading {
+            self.peer.recv.flush().unwrap();
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// [`try_poll`](Self::try_poll), a failed completion read as no message.
+    pub fn poll(&mut self) -> Option<(Header, Vec<u8>)> {
+        self.try_poll().unwrap_or(None)
+    }
+
+    /// Polls for up to `d` until a message arrives; takes it.
+    pub fn response(&mut self, d: Duration) -> Option<(Header, Vec<u8>)> {
+        let give_up = Instant::now() + d;
+        while Instant::now() < give_up {
+            if let Some(r) = self.poll() {
+                return Some(r);
+            }
+            std::thread::yield_now();
+        }
+        None
+    }
+
+    /// Polls until a message of `kind` for `slot` is in the inbox, and takes its header (the
+    /// messages before it stay).
+    ///
+    /// # Panics
+    /// When none arrives within 20 s, listing what did.
+    pub fn wait_for(&mut self, kind: Kind, slot: u16) -> Header {
+        let give_up = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(i) = self.inbox.iter().position(|(h, _)| h.kind == kind && h.slot == slot) {
+                return self.inbox.remove(i).unwrap().0;
+            }
+            assert!(Instant::now() < give_up, "no {kind:?} for slot {slot}: got {:?}", self.inbox);
+            let _ = self.receive();
+            std::thread::yield_now();
+        }
+    }
+}
