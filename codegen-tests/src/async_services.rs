@@ -13,6 +13,8 @@ use crate::codegen::asynchronous::{self, Answer, Ask};
 /// Counts of handler futures.
 #[derive(Debug, Default)]
 pub struct Seen {
+    /// Futures polled at least once (the handler's body began).
+    pub started: AtomicUsize,
     /// Futures dropped before they finished (a deadline passed, the call was cancelled).
     pub dropped: AtomicUsize,
     /// Futures that finished.
@@ -38,6 +40,7 @@ impl Drop for Guard<'_> {
 
 impl AsyncImpl {
     async fn answer(&self, ctx: AsyncContext, request: Ask) -> Result<Answer, Status> {
+        self.seen.started.fetch_add(1, Ordering::SeqCst);
         let mut guard = Guard(&self.seen, false);
         if request.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(u64::from(request.delay_ms))).await;
@@ -105,6 +108,7 @@ impl asynchronous::pipe_server::Pipe for AsyncImpl {
         mut requests: rpc_core::codegen::RequestStream<Ask>,
         sink: rpc_core::codegen::StreamSink<Answer>,
     ) -> Result<(), Status> {
+        self.seen.started.fetch_add(1, Ordering::SeqCst);
         let mut guard = Guard(&self.seen, false);
         while let Some(m) = requests.message_async().await? {
             sink.send_async(&Answer { value: m.key.to_uppercase(), ..Default::default() }).await?;

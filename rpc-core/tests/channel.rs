@@ -280,7 +280,7 @@ fn a_dispatcher_waiting_for_a_completion_event_leaves_the_session_to_callers() {
     let mut cx = Context::from_waker(&waker);
     // The server answers after 2 s: its task waits, so the dispatcher thread drives for it.
     let mut slow =
-        std::pin::pin!(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(1, 0, 2000), &CallOptions::default()));
+        Box::pin(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(1, 0, 2000), &CallOptions::default()));
     assert!(slow.as_mut().poll(&mut cx).is_pending());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let (mut callers, mut thread) = (0, 0);

@@ -180,10 +180,19 @@ pub(crate) struct Stats {
     pub(crate) event_waits: AtomicU64,
 }
 
-/// Adds one to a statistics counter.
+/// Adds `n` to a statistics counter any thread may bump.
 #[inline]
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Adds `n` to a statistics counter only the session's holder writes (a load and a store, no
+/// locked instruction).
+#[inline]
+fn bump_held(c: &AtomicU64, n: u64) {
+    if n > 0 {
+        c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
 }
 
 thread_local! {
@@ -248,7 +257,6 @@ impl Inner {
             self.contended.store(true, Ordering::Relaxed);
             return None;
         };
-        bump(&self.stats.caller_drives, 1);
         self.owed.store(false, Ordering::Relaxed);
         let d = g.as_mut().expect("checked by try_session");
         let mut drove = Drove { work: 0, woke: 0, unattended: false };
@@ -283,10 +291,11 @@ impl Inner {
         let left = d.has_work() || !self.queue.is_empty();
         drove.woke = d.woken();
         let batch = d.take_wakers();
+        bump_held(&self.stats.caller_drives, 1);
+        bump_held(&self.stats.steps, steps);
+        bump_held(&self.stats.empty_steps, empty);
+        bump_held(&self.stats.wakes, batch.len() as u64);
         drop(g);
-        bump(&self.stats.steps, steps);
-        bump(&self.stats.empty_steps, empty);
-        bump(&self.stats.wakes, batch.len() as u64);
         wake_all(batch);
         if left {
             if drove.woke > 0 || own {
@@ -669,10 +678,10 @@ impl Dispatcher {
             let busy = d.has_work() || !inner.queue.is_empty();
             let needed = d.passive > 0 || inner.waiters.load(Ordering::SeqCst) > 0;
             let batch = d.take_wakers();
+            bump_held(&inner.stats.thread_drives, 1);
+            bump_held(&inner.stats.empty_steps, u64::from(work == 0));
+            bump_held(&inner.stats.wakes, batch.len() as u64);
             drop(g);
-            bump(&inner.stats.thread_drives, 1);
-            bump(&inner.stats.empty_steps, u64::from(work == 0));
-            bump(&inner.stats.wakes, batch.len() as u64);
             let woke = !batch.is_empty();
             wake_all(batch);
             if !busy {

@@ -358,6 +358,48 @@ pub(crate) enum Outcome {
     /// No send buffer was free, or the body goes in pieces (larger than a piece of the peer's
     /// ring, or no room for it now) and the staging area had no room: it waits on the heap.
     Spilled(Vec<u8>),
+    /// A body above the eager threshold that fits the staging area but finds no room there now
+    /// (or earlier answers wait): the message itself waits, unencoded, and is encoded straight
+    /// into the staging area when its turn comes ([`LateBody`]), instead of onto the heap and
+    /// then again into the send mirror for each piece.
+    Later(Box<dyn LateBody>),
+}
+
+/// An answer's message kept unencoded until the staging area has room for it (type-erased:
+/// the worker's outbox holds answers of every method).
+pub(crate) trait LateBody: Send {
+    /// `encoded_len()` of the message, in bytes, when it was answered.
+    fn len(&self) -> usize;
+    /// Encodes the message into `dst` (exactly [`LateBody::len`] bytes); returns the bytes
+    /// written.
+    ///
+    /// # Panics
+    /// When the message encodes longer than its `encoded_len()` said (a buggy `Message`
+    /// implementation): callers catch it.
+    fn encode_into(&self, dst: &mut [u8]) -> usize;
+}
+
+impl std::fmt::Debug for dyn LateBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LateBody({} bytes)", self.len())
+    }
+}
+
+struct Unencoded<M> {
+    msg: M,
+    len: usize,
+}
+
+impl<M: Message> LateBody for Unencoded<M> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn encode_into(&self, dst: &mut [u8]) -> usize {
+        let mut rest = dst.get_mut(..self.len).unwrap_or_default();
+        let cap = rest.len();
+        self.msg.encode_raw(&mut rest);
+        cap - rest.len()
+    }
 }
 
 /// The free span of the staging area a reply above the eager threshold may be encoded into.
@@ -370,18 +412,25 @@ pub(crate) struct StagingSpan<'a> {
     pub(crate) eager_threshold: u32,
     /// Spare body buffers of the session, for a body that fits neither (encoded onto the heap).
     pub(crate) spare: &'a crate::session::BodyRecycler,
+    /// The whole staging area's length in bytes: a body up to this long waits unencoded
+    /// ([`Outcome::Later`]) when `bytes` has no room for it.
+    pub(crate) total: u32,
 }
 
 /// Encodes a body that waits for ring space into the staging span when it fits (one copy, no
-/// allocation), else onto the heap.
-fn stage<M: Message>(msg: &M, len: usize, staging: &mut StagingSpan<'_>) -> Outcome {
+/// allocation); keeps it unencoded when it would fit the staging area once earlier bodies left
+/// (one copy later, a box of the message's size now); else onto the heap.
+fn stage<M: Message + 'static>(msg: M, len: usize, staging: &mut StagingSpan<'_>) -> Outcome {
     if len > staging.eager_threshold as usize {
         if let Some(mut dst) = staging.bytes.get_mut(..len) {
             msg.encode_raw(&mut dst);
             return Outcome::Staged { offset: staging.offset, len: (len - dst.len()) as u32 };
         }
+        if len <= staging.total as usize {
+            return Outcome::Later(Box::new(Unencoded { msg, len }));
+        }
     }
-    match staging.spare.encode(msg, len) {
+    match staging.spare.encode(&msg, len) {
         Some(v) => Outcome::Spilled(v),
         None => Outcome::Error(Status::resource_exhausted(format!("no memory for an answer of {len} bytes"))),
     }
@@ -389,8 +438,8 @@ fn stage<M: Message>(msg: &M, len: usize, staging: &mut StagingSpan<'_>) -> Outc
 
 /// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the
 /// staging area.
-pub(crate) fn encode_body<M: Message>(
-    msg: &M,
+pub(crate) fn encode_body<M: Message + 'static>(
+    msg: M,
     eager: &mut [u8],
     mirror: &mut [u8],
     staging: &mut StagingSpan<'_>,
@@ -449,14 +498,15 @@ pub struct ReplyWriter<'a> {
 
 impl ReplyWriter<'_> {
     /// Answers with `r`: encodes a message, records a status, or notes that the call was deferred.
-    /// Only the first answer counts.
-    pub fn reply<T: Message>(&mut self, r: Reply<T>) {
+    /// Only the first answer counts. A message above the eager threshold that must wait for the
+    /// peer's ring and finds the staging area full is kept and encoded when its turn comes.
+    pub fn reply<T: Message + 'static>(&mut self, r: Reply<T>) {
         if !matches!(self.outcome, Outcome::Unset) {
             return;
         }
         self.outcome = match r.0 {
             ReplyKind::Ready(Ok(m)) => {
-                encode_body(&m, self.eager, self.mirror, &mut self.staging, self.session.as_deref_mut())
+                encode_body(m, self.eager, self.mirror, &mut self.staging, self.session.as_deref_mut())
             }
             ReplyKind::Ready(Err(s)) => Outcome::Error(s),
             ReplyKind::Deferred => Outcome::Deferred,

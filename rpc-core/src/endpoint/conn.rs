@@ -3,6 +3,7 @@
 //! [`Session`].
 
 use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
+use crate::dispatch::reply::LateBody;
 use std::sync::Arc;
 
 use crate::session::{BodyRecycler, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
@@ -143,6 +144,12 @@ pub(crate) enum OutBody {
     /// In the staging area: pieces are written from there (no copy). `None` once the last piece
     /// is queued.
     Staged(Option<Staged>),
+    /// Not encoded yet (an answer that found the staging area full): encoded straight into the
+    /// staging area when it reaches the front of the outbox and the area has room
+    /// ([`Conn::send_outgoing`]), then sent as `Staged`.
+    Later(Box<dyn LateBody>),
+    /// A `Later` body that did not encode as long as it said: this error goes as the answer.
+    Failed(crate::status::Status),
 }
 
 /// A message whose body waits to be sent in pieces through the peer's ring (larger than a piece,
@@ -165,6 +172,11 @@ impl Outgoing {
 
     pub(crate) fn staged(header: Header, body: Staged) -> Outgoing {
         Outgoing { header, len: body.len(), body: OutBody::Staged(Some(body)), sent: 0 }
+    }
+
+    /// A message encoded when its turn comes; `body.len()` is at most the staging area's length.
+    pub(crate) fn later(header: Header, body: Box<dyn LateBody>) -> Outgoing {
+        Outgoing { header, len: body.len() as u32, body: OutBody::Later(body), sent: 0 }
     }
 
     /// Gives a staged body's space back when the message will not be sent.
@@ -244,13 +256,29 @@ pub(crate) fn send_waiting<P: Provider>(
                 continue;
             }
             Some(Front::Send(Waiting::Body(out))) => {
-                let before = out.sent;
-                let done = conn.send_outgoing(out);
-                posted |= out.sent != before;
-                if !done {
-                    break;
+                if let OutBody::Later(_) = out.body {
+                    match conn.encode_later(out) {
+                        Ok(true) => {}
+                        // Waits for staging room (freed as earlier bodies' WRITEs complete).
+                        Ok(false) => break,
+                        // Sent as the answer instead, below.
+                        Err(s) => out.body = OutBody::Failed(s),
+                    }
                 }
-                (Code::Ok, out.len)
+                if let OutBody::Failed(s) = &out.body {
+                    let Some(mut buf) = conn.acquire() else { break };
+                    let body = conn.copy_eager(&mut buf, s.message().as_bytes());
+                    conn.queue(buf, Header { status: Code::Internal, ..out.header }, body);
+                    (Code::Internal, 0)
+                } else {
+                    let before = out.sent;
+                    let done = conn.send_outgoing(out);
+                    posted |= out.sent != before;
+                    if !done {
+                        break;
+                    }
+                    (Code::Ok, out.len)
+                }
             }
             Some(Front::Send(Waiting::Error(h, s))) => {
                 let Some(mut buf) = conn.acquire() else { break };
@@ -390,6 +418,36 @@ impl<P: Provider> Conn<P> {
         BodyAt::Eager(n as u32)
     }
 
+    /// Encodes a [`OutBody::Later`] body into the staging area when it has room: `Ok(true)` once
+    /// it is `Staged`, `Ok(false)` while the area lacks room (it comes: only bodies ahead of this
+    /// one in the outbox, or WRITEs posted already, hold staging space).
+    ///
+    /// # Errors
+    /// INTERNAL when the message does not encode as long as it said (sent as the answer instead).
+    fn encode_later(&mut self, out: &mut Outgoing) -> std::result::Result<bool, crate::status::Status> {
+        let OutBody::Later(msg) = &out.body else { return Ok(true) };
+        let len = msg.len();
+        let (at, span) = self.staging.spare_mut();
+        let Some(dst) = span.get_mut(..len) else { return Ok(false) };
+        // A `Message` whose `encoded_len()` undercounts panics in the encoder: that answer fails,
+        // not the worker.
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| msg.encode_into(dst)));
+        let staged = match written {
+            Ok(n) if n == len => self.staging.commit(at, n as u32),
+            _ => None,
+        };
+        match staged {
+            Some(s) => {
+                out.len = s.len();
+                out.body = OutBody::Staged(Some(s));
+                Ok(true)
+            }
+            None => Err(crate::status::Status::internal(format!(
+                "an answer did not encode to the {len} bytes its encoded_len() gave"
+            ))),
+        }
+    }
+
     /// Queues what ring space, send buffers and send-queue room allow of a heap body: whole
     /// (eager, or one ring body when it fits now) or piece after piece. Returns true once all of
     /// it is queued; false while it must wait (call again after completions or freed ring space).
@@ -427,6 +485,11 @@ impl<P: Provider> Conn<P> {
                         let remote = self.peer_ring.0 + u64::from(offset);
                         *staged = self.sq.write_staged(&self.staging, s, from, len, remote, self.peer_ring.1);
                     }
+                }
+                // Encoded before the first piece, or failed (`send_waiting`): never here.
+                OutBody::Later(_) | OutBody::Failed(_) => {
+                    self.pool.give_back(buf);
+                    return false;
                 }
             }
             let h = Header { total_len: total, ..out.header };

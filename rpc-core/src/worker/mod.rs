@@ -1041,8 +1041,12 @@ impl<P: Provider> Worker<P> {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
             None => (&mut scratch[..cap], None),
         };
-        let (offset, bytes) = staging.spare_mut();
-        let staging = StagingSpan { offset, bytes, eager_threshold, spare };
+        // Staging space is taken in outbox order: behind waiting answers, a body that must wait
+        // stays unencoded (`Outcome::Later`) and is encoded when it reaches the front, so it
+        // never waits for space an answer behind it holds.
+        let total = staging.len();
+        let (offset, bytes) = if entry.backlog.is_empty() { staging.spare_mut() } else { (0, &mut [][..]) };
+        let staging = StagingSpan { offset, bytes, eager_threshold, spare, total };
         let mut out =
             ReplyWriter { eager, mirror: mirror.as_mut_slice(), staging, session, outcome: Outcome::Unset };
         if draining {
@@ -1143,6 +1147,13 @@ impl<P: Provider> Worker<P> {
                         Some(spill(header, Err(Status::internal("staged answer outside the staging area"))))
                     }
                 }
+            }
+            (Outcome::Later(msg), b) => {
+                if let Some(b) = b {
+                    entry.conn.pool.give_back(b);
+                }
+                counters.ring_full_stalls += 1;
+                Some(Waiting::Body(Outgoing::later(header, msg)))
             }
             (Outcome::Spilled(bytes), b) => {
                 if let Some(b) = b {
