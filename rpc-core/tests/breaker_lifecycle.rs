@@ -396,3 +396,32 @@ fn calls_whose_deadline_passed_in_the_queue_do_not_hold_its_places() {
     drop(client);
     server.shutdown();
 }
+
+/// A hostile client floods Cancels (for calls it never made) in one doorbell, more than its
+/// credits: the server closes that session as malformed (more Cancels unacknowledged than
+/// credits, each would otherwise queue a CancelAck) and keeps serving others. Held (sabotage:
+/// the `acks_due >= credits` check in `Session::handle_header` disabled: no session closed).
+#[test]
+fn a_cancel_flood_beyond_the_credits_closes_the_flooding_session() {
+    let (server, _stash) = spawn(server());
+    let mut raw = RawClient::connect(server.local_addr());
+    assert_eq!(raw.credits, 4);
+    for slot in 0..12u16 {
+        let mut b = raw.buf();
+        let h = Header { slot, generation: 1, session: raw.session, ..Header::new(Kind::Cancel) };
+        h.encode_into(raw.pool.buf_mut(&mut b)).unwrap();
+        raw.sq.send(&mut raw.pool, b, HEADER_LEN as u32, false);
+    }
+    raw.sq.flush(&raw.peer.qp, &mut raw.pool, 1).unwrap();
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while server.counters().malformed == 0 && Instant::now() < give_up {
+        let _ = raw.try_poll();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(server.counters().malformed, 1, "the flood closed its session ({} acks)", raw.acks.len());
+    assert!(raw.acks.len() <= 12);
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    drop(raw);
+    server.shutdown();
+}
