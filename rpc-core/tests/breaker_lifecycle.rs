@@ -425,3 +425,90 @@ fn a_cancel_flood_beyond_the_credits_closes_the_flooding_session() {
     drop(raw);
     server.shutdown();
 }
+
+/// What the client-batching test's fake server received: stream messages, stream SENDs.
+static STREAM_MSGS: [std::sync::atomic::AtomicUsize; 2] =
+    [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];
+
+/// A client stream whose server granted one credit: the first message takes it, the next four
+/// wait in the client's open batch (a send buffer). The stream's deadline passes with the batch
+/// still open, 40 times over on one client: each round ends DEADLINE_EXCEEDED, its Cancel is
+/// answered, the batch never leaves (no credit), nothing is malformed, and every send buffer
+/// comes back. FOUND and fixed: the last round's batch was still open when the Client was
+/// dropped (it is given back by the next flush after its stream ended, and `ClientCore::close`
+/// did not release it): one leaked send token per client (`leaked_tokens` 1; the test failed
+/// there with the fix removed). Sabotage: dropping the batch's buffer instead of giving it back
+/// in `send_batch`'s ended-stream branch made it 39.
+#[test]
+fn a_deadline_passing_while_a_client_batch_is_open_gives_its_buffer_back() {
+    use std::sync::atomic::Ordering::Relaxed;
+    const ROUNDS: u64 = 40;
+    let (addr, fake) = fake_server(|c| {
+        let until = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < until && !c.dead {
+            let Some((h, _)) = c.poll() else {
+                std::thread::yield_now();
+                continue;
+            };
+            match h.kind {
+                Kind::Close => {
+                    // Its last SENDs complete before it goes.
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_millis(300) {
+                        let _ = c.try_poll();
+                        std::thread::yield_now();
+                    }
+                    return;
+                }
+                Kind::Request => c.send(Header { credits: 1, ..header_for(h, Kind::StreamCredit) }, &[]),
+                Kind::StreamMsg => {
+                    let batched = h.stream & STREAM_BATCH != 0;
+                    STREAM_MSGS[0].fetch_add(if batched { usize::from(h.credits) } else { 1 }, Relaxed);
+                    STREAM_MSGS[1].fetch_add(1, Relaxed);
+                }
+                Kind::Cancel => {
+                    let answer = Header {
+                        status: rpc_core::Code::Cancelled,
+                        method: 0,
+                        ..header_for(h, Kind::Response)
+                    };
+                    c.send(answer, &[]);
+                    c.send(header_for(h, Kind::CancelAck), &[]);
+                }
+                _ => {}
+            }
+        }
+    });
+    let client = Client::connect_with(addr, &client_config()).unwrap();
+    for round in 0..ROUNDS {
+        let mut s = client
+            .client_stream::<EchoMsg, EchoMsg>(ECHO, &CallOptions::deadline(Duration::from_millis(200)))
+            .unwrap();
+        s.send(&request(round * 10, 8, 8)).unwrap();
+        // The first message leaves with the one credit (alone, or as a batch of one)...
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while STREAM_MSGS[0].load(Relaxed) < round as usize + 1 {
+            assert!(Instant::now() < give_up, "round {round}: the first message never left");
+            client.progress();
+            std::thread::yield_now();
+        }
+        // ...the next four wait in the open batch for a credit that never comes.
+        for seq in 1..5 {
+            s.send(&request(round * 10 + seq, 8, 8))
+                .unwrap_or_else(|e| panic!("round {round}: send {seq}: {e}"));
+        }
+        let e = s.finish().unwrap_err();
+        assert_eq!(e.code(), rpc_core::Code::DeadlineExceeded, "round {round}: {e:?}");
+        assert!(client.closed_reason().is_none(), "round {round}: {:?}", client.closed_reason());
+    }
+    assert_eq!(client.counters().malformed, 0);
+    assert_eq!(
+        STREAM_MSGS[0].load(Relaxed),
+        ROUNDS as usize,
+        "one message per round: no batch left without a credit"
+    );
+    assert_eq!(STREAM_MSGS[1].load(Relaxed), ROUNDS as usize, "one SEND per granted credit");
+    drop(client);
+    fake.join().unwrap();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}

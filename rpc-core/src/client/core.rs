@@ -1418,6 +1418,10 @@ impl<P: Provider> ClientCore<P> {
                 }
             }
         }
+        // A stream that ended (deadline, answer) leaves its open batch until the next flush.
+        if let Some(b) = self.stream_batch.take() {
+            self.conn.pool.give_back(b.buf);
+        }
         self.broken = Some(unavailable("client closed"));
     }
 
