@@ -41,6 +41,51 @@ fn rpc_err(what: &str, s: Status) -> PerfError {
     PerfError::Rpc(format!("{what}: {s}"))
 }
 
+/// What the three stream loops share: the peak-rate window, the progress bar and the time limit,
+/// sampled every `SAMPLE_EVERY` messages (at least every MiB of payload).
+struct Sampler<'a> {
+    size: u64,
+    limit: Limit,
+    progress: Option<&'a Progress>,
+    every: u64,
+    peak: PeakWindow,
+    start: Instant,
+}
+
+impl<'a> Sampler<'a> {
+    /// Starts the clock.
+    fn start(size: usize, limit: Limit, progress: Option<&'a Progress>) -> Self {
+        Sampler {
+            size: size as u64,
+            limit,
+            progress,
+            every: ((1u64 << 20) / size.max(1) as u64).clamp(1, SAMPLE_EVERY),
+            peak: PeakWindow::new(PeakWindow::DEFAULT_MIN_NS),
+            start: Instant::now(),
+        }
+    }
+
+    /// `done` messages have been counted; true when a `-D` run's time is up.
+    fn counted(&mut self, done: u64) -> bool {
+        if done % self.every != 0 {
+            return false;
+        }
+        let e = self.start.elapsed();
+        self.peak.completed(e.as_nanos() as u64, done * self.size);
+        if let Some(p) = self.progress {
+            p.fraction(crate::measure::fraction(self.limit, done, e));
+        }
+        matches!(self.limit, Limit::Duration(d) if e >= d)
+    }
+
+    /// The summary of `done` messages, timed from `start` to now.
+    fn summary(&self, done: u64) -> BandwidthSummary {
+        let elapsed = self.start.elapsed().as_nanos() as u64;
+        let (pb, pns) = self.peak.best();
+        BandwidthSummary::new(done, self.size, elapsed, pb, pns)
+    }
+}
+
 /// Client side of stream_bw over all sizes (the message size is `-s`, or `--resp-size`).
 ///
 /// # Errors
@@ -111,9 +156,7 @@ fn take(
         Limit::Duration(_) => UNBOUNDED,
     };
     let req = StreamRequest { count, size: size as u32 };
-    let peak_every = ((1u64 << 20) / size.max(1) as u64).clamp(1, SAMPLE_EVERY);
-    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
-    let start = Instant::now();
+    let mut sampler = Sampler::start(size, limit, progress);
     let mut stream =
         client.stream_with(&req, &CallOptions::default()).map_err(|s| rpc_err("Bench.Stream", s))?;
     let mut got = 0u64;
@@ -128,24 +171,16 @@ fn take(
             )));
         }
         got += 1;
-        if got % peak_every == 0 {
-            let e = start.elapsed();
-            peak.completed(e.as_nanos() as u64, got * size as u64);
-            if let Some(p) = progress {
-                p.fraction(crate::measure::fraction(limit, got, e));
-            }
-            if matches!(limit, Limit::Duration(d) if e >= d) {
-                break;
-            }
+        if sampler.counted(got) {
+            break;
         }
     }
-    let elapsed = start.elapsed().as_nanos() as u64;
+    let summary = sampler.summary(got);
     if count != UNBOUNDED && got != count {
         return Err(PerfError::Rpc(format!("Bench.Stream ended cleanly after {got} of {count} messages")));
     }
     drop(stream);
-    let (pb, pns) = peak.best();
-    Ok(BandwidthSummary::new(got, size as u64, elapsed, pb, pns))
+    Ok(summary)
 }
 
 /// Sends one client stream of `size`-byte messages until `limit`, then finishes it and checks
@@ -157,9 +192,7 @@ fn upload(
     progress: Option<&Progress>,
 ) -> Result<BandwidthSummary, PerfError> {
     let msg = EchoRequest { payload: bytes::Bytes::from(vec![0x5a; size]), resp_size: 0 };
-    let peak_every = ((1u64 << 20) / size.max(1) as u64).clamp(1, SAMPLE_EVERY);
-    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
-    let start = Instant::now();
+    let mut sampler = Sampler::start(size, limit, progress);
     let mut up = client.upload_with(&CallOptions::default()).map_err(|s| rpc_err("Bench.Upload", s))?;
     let mut sent = 0u64;
     loop {
@@ -170,19 +203,12 @@ fn upload(
         }
         up.send(&msg).map_err(|s| rpc_err("Bench.Upload", s))?;
         sent += 1;
-        if sent % peak_every == 0 {
-            let e = start.elapsed();
-            peak.completed(e.as_nanos() as u64, sent * size as u64);
-            if let Some(p) = progress {
-                p.fraction(crate::measure::fraction(limit, sent, e));
-            }
-            if matches!(limit, Limit::Duration(d) if e >= d) {
-                break;
-            }
+        if sampler.counted(sent) {
+            break;
         }
     }
     let r = up.finish().map_err(|s| rpc_err("Bench.Upload", s))?;
-    let elapsed = start.elapsed().as_nanos() as u64;
+    let summary = sampler.summary(sent);
     let bytes = (sent * size as u64) as u32;
     if r.count != sent || r.size != bytes {
         return Err(PerfError::Rpc(format!(
@@ -190,8 +216,7 @@ fn upload(
             r.count, r.size
         )));
     }
-    let (pb, pns) = peak.best();
-    Ok(BandwidthSummary::new(sent, size as u64, elapsed, pb, pns))
+    Ok(summary)
 }
 
 /// One bidirectional stream: sends `size`-byte messages until `limit` and takes the server's
@@ -204,9 +229,7 @@ fn exchange(
     progress: Option<&Progress>,
 ) -> Result<BandwidthSummary, PerfError> {
     let msg = EchoRequest { payload: bytes::Bytes::from(vec![0x5a; size]), resp_size: size as u32 };
-    let peak_every = ((1u64 << 20) / size.max(1) as u64).clamp(1, SAMPLE_EVERY);
-    let mut peak = PeakWindow::new(PeakWindow::DEFAULT_MIN_NS);
-    let start = Instant::now();
+    let mut sampler = Sampler::start(size, limit, progress);
     let mut s = client.exchange_with(&CallOptions::default()).map_err(|s| rpc_err("Bench.Exchange", s))?;
     let (mut sent, mut got) = (0u64, 0u64);
     let check = |m: crate::rpc::pb::EchoReply, got: u64| {
@@ -229,15 +252,8 @@ fn exchange(
             };
             check(m, got)?;
             got += 1;
-            if got % peak_every == 0 {
-                let e = start.elapsed();
-                peak.completed(e.as_nanos() as u64, got * size as u64);
-                if let Some(p) = progress {
-                    p.fraction(crate::measure::fraction(limit, got, e));
-                }
-                if matches!(limit, Limit::Duration(d) if e >= d) {
-                    sending = false;
-                }
+            if sampler.counted(got) {
+                sending = false;
             }
         }
         if matches!(limit, Limit::Iters(n) if sent == n) {
@@ -259,7 +275,5 @@ fn exchange(
     if s.message().map_err(|e| rpc_err("Bench.Exchange", e))?.is_some() || got != sent {
         return Err(PerfError::Rpc(format!("Bench.Exchange: {got} answers to {sent} messages")));
     }
-    let elapsed = start.elapsed().as_nanos() as u64;
-    let (pb, pns) = peak.best();
-    Ok(BandwidthSummary::new(got, size as u64, elapsed, pb, pns))
+    Ok(sampler.summary(got))
 }
