@@ -21,7 +21,9 @@ use rpc_support::*;
 
 const TWICE: MethodId = method_id("/test.Twice/Twice");
 
-/// Hashes its body, keeps hashing it again for 100 ms, and answers whether it ever changed.
+/// Hashes its body, keeps hashing it again for 500 ms, and answers whether it ever changed.
+/// (500 ms, not less: the test's thread must get to rewrite the ring several times meanwhile,
+/// and CI, with this binary's other tests spinning on 2 cores, gave it only 2 turns in 100 ms.)
 struct Twice;
 
 impl Service for Twice {
@@ -30,7 +32,7 @@ impl Service for Twice {
 
     fn call(&self, _: MethodId, _: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
         let first = fnv64(body.as_slice());
-        let until = Instant::now() + Duration::from_millis(100);
+        let until = Instant::now() + Duration::from_millis(500);
         let mut changed = 0u64;
         while Instant::now() < until {
             if fnv64(body.as_slice()) != first {
