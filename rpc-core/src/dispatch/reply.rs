@@ -138,6 +138,9 @@ pub struct RequestContext {
     pub(crate) source: Cell<Option<Arc<super::source::SourceShared>>>,
     /// The request opened a stream of client messages ([`crate::wire::STREAM_IN`]).
     pub(crate) stream_in: Cell<bool>,
+    /// Most bytes of one stream SEND's body on this call's session (its eager body size): the
+    /// size of a server stream's batches.
+    pub(crate) batch_cap: Cell<usize>,
 }
 
 /// What a handler knows of its call: the method, the client, the deadline. A [`RequestContext`]
@@ -221,7 +224,11 @@ impl RequestContext {
         if !first {
             cancelled.raise();
         }
-        let shared = super::stream::SinkShared::new(cancelled.clone(), self.queue.worker.get().copied());
+        let shared = super::stream::SinkShared::new(
+            cancelled.clone(),
+            self.queue.worker.get().copied(),
+            self.batch_cap.get(),
+        );
         if first {
             self.cancel_flag.set(Some(cancelled));
             self.stream.set(Some(shared.clone()));

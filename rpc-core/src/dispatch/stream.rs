@@ -1,23 +1,29 @@
 //! The server's end of a server stream: a [`StreamSink`] a handler sends messages into from any
 //! thread, drained by the worker that owns the session as the client grants stream credits.
 //!
-//! Backpressure is end to end: the worker takes a message out of the sink only with a stream
-//! credit in hand (the client grants credits as its application takes messages), and the sink
-//! holds at most [`SINK_DEPTH`] encoded messages and about [`SINK_BYTES`] bytes, so
+//! Backpressure is end to end: the worker takes a SEND's worth of messages out of the sink only
+//! with a stream credit in hand (the client grants credits as its application takes messages),
+//! and the sink holds at most [`SINK_DEPTH`] encoded messages and about [`SINK_BYTES`] bytes, so
 //! [`StreamSink::send`] blocks while the client does not read. The server's memory per stream is
 //! bounded by the sink plus the stream's credits, whatever the producer's speed.
 //!
-//! The hot path allocates nothing: a message is encoded into a buffer the worker gave back
-//! (`free`), the worker copies it into the stream's next SEND (several small ones into one
-//! batch, [`crate::wire::STREAM_BATCH`]) and returns the buffer. A waiting producer is woken
-//! once the sink is down to half (not per message taken), so it runs in bursts instead of a
-//! context switch per message.
+//! The producer frames its messages itself: [`StreamSink::send`] encodes each one, behind its
+//! 4-byte length, straight into the stream's open batch ([`crate::wire::STREAM_BATCH`]), a
+//! buffer of one eager body's size; a full batch is sealed into the queue, where the worker
+//! takes it with one credit as one SEND, whole (no per-message work on the worker, which the
+//! producer often shares a core with). A message too large for a batch goes alone, unframed.
+//! The worker takes a batch still open only when the producer added nothing to it since its
+//! last look (the producer paused, waits or is descheduled), so a stream that trickles is not
+//! delayed and one that floods is not cut into small SENDs. Buffers circulate: the worker gives
+//! the producer a spare body buffer of the session for each batch it takes, so nothing is
+//! allocated per message or per batch. A waiting producer is woken once the sink is down to
+//! half, so it runs in bursts instead of a context switch per message.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::reply::CancelFlag;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{Thread, ThreadId};
 use std::time::Duration;
 
@@ -25,6 +31,7 @@ use crossbeam_queue::ArrayQueue;
 use prost::Message;
 
 use crate::status::Status;
+use crate::wire::{FRAME_LEN, MAX_BATCH};
 
 /// Encoded messages a [`StreamSink`] holds before [`StreamSink::send`] blocks.
 pub const SINK_DEPTH: usize = 256;
@@ -37,13 +44,41 @@ pub const SINK_BYTES: usize = 1 << 20;
 /// are freed.
 const RECYCLE_MAX: usize = 16 << 10;
 
+/// The batch the producer is filling.
+#[derive(Default)]
+struct OpenBatch {
+    /// Frames: each message's 4-byte little-endian length, then the message.
+    body: Vec<u8>,
+    /// Messages in `body`.
+    count: u16,
+    /// Bytes of those messages (frames' lengths not counted).
+    bytes: usize,
+}
+
+/// A SEND's worth of a server stream, sealed: `count` messages framed as a batch
+/// ([`crate::wire::STREAM_BATCH`]), or one message alone, unframed (`count` 0).
+pub(crate) struct Sealed {
+    pub(crate) body: Vec<u8>,
+    pub(crate) count: u16,
+}
+
 /// What the sink and the worker share.
 pub(crate) struct SinkShared {
-    /// Encoded messages waiting for a stream credit.
-    pub(crate) queue: ArrayQueue<Vec<u8>>,
-    /// Bytes of the messages in `queue`.
-    pub(crate) queued_bytes: AtomicUsize,
-    /// Emptied buffers for the producer's next messages (the worker gives them back).
+    /// SENDs sealed and waiting for a stream credit (at most one per message held, so it never
+    /// overflows).
+    queue: ArrayQueue<Sealed>,
+    /// Messages and bytes in `queue`.
+    queued_msgs: AtomicUsize,
+    queued_bytes: AtomicUsize,
+    /// The producer's open batch (a producer locks it per message; the worker only tries).
+    open: Mutex<OpenBatch>,
+    /// `open`'s count and bytes, stored under its lock, read by the worker and the room check
+    /// without it.
+    open_msgs: AtomicUsize,
+    open_bytes: AtomicUsize,
+    /// Most bytes of one batch body (the session's eager body size), at least one frame.
+    batch_cap: usize,
+    /// Emptied buffers for the producer's next batches (the worker gives them).
     free: ArrayQueue<Vec<u8>>,
     /// The stream's final status, once the handler finished (or dropped the sink).
     pub(crate) end: Mutex<Option<Result<(), Status>>>,
@@ -61,10 +96,20 @@ pub(crate) struct SinkShared {
 }
 
 impl SinkShared {
-    pub(crate) fn new(cancelled: Arc<CancelFlag>, worker: Option<ThreadId>) -> Arc<SinkShared> {
+    /// A sink whose batches hold at most `batch_cap` bytes (raised to one frame of one byte).
+    pub(crate) fn new(
+        cancelled: Arc<CancelFlag>,
+        worker: Option<ThreadId>,
+        batch_cap: usize,
+    ) -> Arc<SinkShared> {
         Arc::new(SinkShared {
             queue: ArrayQueue::new(SINK_DEPTH),
+            queued_msgs: AtomicUsize::new(0),
             queued_bytes: AtomicUsize::new(0),
+            open: Mutex::new(OpenBatch::default()),
+            open_msgs: AtomicUsize::new(0),
+            open_bytes: AtomicUsize::new(0),
+            batch_cap: batch_cap.max(FRAME_LEN + 1),
             free: ArrayQueue::new(SINK_DEPTH),
             end: Mutex::new(None),
             ended: AtomicBool::new(false),
@@ -76,35 +121,138 @@ impl SinkShared {
         })
     }
 
-    /// Worker: the next message waiting, with its bytes no longer counted.
-    pub(crate) fn pop(&self) -> Option<Vec<u8>> {
-        let m = self.queue.pop()?;
-        self.queued_bytes.fetch_sub(m.len(), Ordering::AcqRel);
-        Some(m)
+    fn lock_open(&self) -> MutexGuard<'_, OpenBatch> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Messages held (sealed and open).
+    fn held(&self) -> usize {
+        self.queued_msgs.load(Ordering::Acquire) + self.open_msgs.load(Ordering::Acquire)
+    }
+
+    /// Room for one more message.
+    fn has_room(&self) -> bool {
+        self.held() < SINK_DEPTH
+            && self.queued_bytes.load(Ordering::Acquire) + self.open_bytes.load(Ordering::Acquire)
+                < SINK_BYTES
+    }
+
+    /// Producer, holding `open`: queues `body` of `count` messages (`bytes` of them) as one SEND.
+    fn push_sealed(&self, body: Vec<u8>, count: u16, bytes: usize) {
+        // Counted before it is visible, so the worker's subtraction never underflows.
+        self.queued_msgs.fetch_add(usize::from(count.max(1)), Ordering::AcqRel);
+        self.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+        if let Err(lost) = self.queue.push(Sealed { body, count }) {
+            // Unreachable: the queue holds SINK_DEPTH SENDs of at least one message each, and a
+            // message is added only while fewer than SINK_DEPTH are held.
+            self.queued_msgs.fetch_sub(usize::from(lost.count.max(1)), Ordering::AcqRel);
+            self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
+
+    /// Producer or worker, holding `open`: its messages, taken out as a batch (None when empty).
+    fn take_open(&self, open: &mut OpenBatch) -> Option<(Vec<u8>, u16, usize)> {
+        if open.count == 0 {
+            return None;
+        }
+        let taken = (std::mem::take(&mut open.body), open.count, open.bytes);
+        open.count = 0;
+        open.bytes = 0;
+        self.open_msgs.store(0, Ordering::Release);
+        self.open_bytes.store(0, Ordering::Release);
+        Some(taken)
+    }
+
+    /// Producer, holding `open`: seals the open batch into the queue.
+    fn seal(&self, open: &mut OpenBatch) {
+        if let Some((body, count, bytes)) = self.take_open(open) {
+            self.push_sealed(body, count, bytes);
+        }
+    }
+
+    /// Producer: `msg` framed into the open batch (or queued alone when too large for one), if
+    /// the sink has room; false (nothing encoded) when it has none.
+    fn put<T: Message>(&self, msg: &T) -> bool {
+        let len = msg.encoded_len();
+        let mut open = self.lock_open();
+        // Under the lock: producers (a `&StreamSink` may be shared) add one at a time.
+        if !self.has_room() {
+            return false;
+        }
+        if FRAME_LEN + len > self.batch_cap {
+            // Alone, unframed, behind the batch before it.
+            self.seal(&mut open);
+            let mut body = self.free.pop().unwrap_or_default();
+            body.reserve(len);
+            msg.encode_raw(&mut body);
+            self.push_sealed(body, 0, len);
+            return true;
+        }
+        if open.count > 0 && (open.body.len() + FRAME_LEN + len > self.batch_cap || open.count == MAX_BATCH) {
+            self.seal(&mut open);
+        }
+        if open.count == 0 && open.body.capacity() < self.batch_cap {
+            // A buffer the worker gave back, or (until one comes back) a new one.
+            let mut body = self.free.pop().unwrap_or_default();
+            body.reserve(self.batch_cap);
+            open.body = body;
+        }
+        open.body.extend_from_slice(&(len as u32).to_le_bytes());
+        msg.encode_raw(&mut open.body);
+        open.count += 1;
+        open.bytes += len;
+        self.open_msgs.store(usize::from(open.count), Ordering::Release);
+        self.open_bytes.store(open.bytes, Ordering::Release);
+        true
+    }
+
+    /// Worker: the next SEND waiting: a sealed one, else the open batch when `take_open` and the
+    /// producer is not adding to it right now (its lock is free).
+    pub(crate) fn pop(&self, take_open: bool) -> Option<Sealed> {
+        if let Some(m) = self.queue.pop() {
+            self.queued_msgs.fetch_sub(usize::from(m.count.max(1)), Ordering::AcqRel);
+            let bytes =
+                if m.count == 0 { m.body.len() } else { m.body.len() - FRAME_LEN * usize::from(m.count) };
+            self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            return Some(m);
+        }
+        if !take_open || self.open_msgs.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut open = self.open.try_lock().ok()?;
+        let (body, count, _) = self.take_open(&mut open)?;
+        Some(Sealed { body, count })
+    }
+
+    /// Messages in the open batch (the worker compares two looks to see the producer pause).
+    pub(crate) fn open_count(&self) -> usize {
+        self.open_msgs.load(Ordering::Acquire)
+    }
+
+    /// True when no message is held (sealed or open).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held() == 0
     }
 
     /// Worker: drops every message waiting.
     pub(crate) fn clear(&self) {
-        while self.pop().is_some() {}
+        while self.pop(false).is_some() {}
+        let mut open = self.lock_open();
+        let _ = self.take_open(&mut open);
     }
 
-    /// Worker: a message's buffer, copied out, goes back to the producer.
+    /// Worker: an emptied buffer for the producer's next batch.
     pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
-        if buf.capacity() <= RECYCLE_MAX {
+        if buf.capacity() > 0 && buf.capacity() <= RECYCLE_MAX {
             buf.clear();
             let _ = self.free.push(buf);
         }
     }
 
-    /// Room for one more message.
-    fn has_room(&self) -> bool {
-        !self.queue.is_full() && self.queued_bytes.load(Ordering::Acquire) < SINK_BYTES
-    }
-
     /// Worker, after taking messages: wakes a waiting producer once the sink is down to half
     /// (a burst of room, not a wake-up per message).
     pub(crate) fn wake_if_low(&self) {
-        if self.queue.len() <= SINK_DEPTH / 2 && self.queued_bytes.load(Ordering::Acquire) <= SINK_BYTES / 2 {
+        if self.held() <= SINK_DEPTH / 2 && self.queued_bytes.load(Ordering::Acquire) <= SINK_BYTES / 2 {
             self.wake();
         }
     }
@@ -121,10 +269,19 @@ impl SinkShared {
 
     /// Worker: the final status once the handler ended the stream and every message left.
     pub(crate) fn take_end(&self) -> Option<Result<(), Status>> {
-        if !self.ended.load(Ordering::Acquire) || !self.queue.is_empty() {
+        if !self.ended.load(Ordering::Acquire) || !self.is_empty() {
             return None;
         }
         self.end.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Worker: ends the stream with `status` (a message it can never send), dropping what waits.
+    pub(crate) fn fail(&self, status: Status) {
+        self.cancelled.raise();
+        *self.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
+        self.ended.store(true, Ordering::Release);
+        self.clear();
+        self.wake();
     }
 }
 
@@ -167,6 +324,11 @@ impl SinkEnd {
 }
 
 fn end(shared: &SinkShared, result: Result<(), Status>) {
+    // What the open batch holds leaves before the end.
+    {
+        let mut open = shared.lock_open();
+        shared.seal(&mut open);
+    }
     let mut end = shared.end.lock().unwrap_or_else(|e| e.into_inner());
     if !shared.ended.load(Ordering::Acquire) {
         *end = Some(result);
@@ -216,14 +378,12 @@ impl<T: Message> StreamSink<T> {
     /// [`SINK_DEPTH`] messages queued (it cannot wait for the worker it blocks). The message is
     /// dropped.
     pub fn send(&self, msg: &T) -> Result<(), Status> {
-        let mut bytes = self.encode(msg);
         loop {
             if self.is_cancelled() {
                 return Err(Status::cancelled("the stream was cancelled, expired or lost its session"));
             }
-            match self.try_push(bytes) {
-                Ok(()) => return Ok(()),
-                Err(back) => bytes = back,
+            if self.shared.put(msg) {
+                return Ok(());
             }
             if self.shared.worker == Some(std::thread::current().id()) {
                 // Waiting would wait for ourselves: the worker drains the sink only after the
@@ -234,9 +394,13 @@ impl<T: Message> StreamSink<T> {
                 )));
             }
             *self.shared.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
-            self.shared.waiting.store(true, Ordering::Release);
+            // A read-modify-write, as the worker's `swap(false)` in `wake`: whichever comes
+            // second sees the other's change (a plain store may wait in the store buffer while
+            // the look at the room below reads the old state and the worker reads `waiting`
+            // false: a lost wake-up).
+            let _ = self.shared.waiting.swap(true, Ordering::AcqRel);
             if !self.shared.has_room() && !self.is_cancelled() {
-                // Woken by the worker when it takes a message; the timeout covers a session that
+                // Woken by the worker when it takes messages; the timeout covers a session that
                 // vanished without a look at this stream.
                 std::thread::park_timeout(Duration::from_millis(10));
             }
@@ -250,19 +414,17 @@ impl<T: Message> StreamSink<T> {
     /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]). The message
     /// is dropped.
     pub async fn send_async(&self, msg: &T) -> Result<(), Status> {
-        let mut bytes = Some(self.encode(msg));
         std::future::poll_fn(|cx| {
-            let cancelled = || Status::cancelled("the stream was cancelled, expired or lost its session");
             for _ in 0..2 {
                 if self.is_cancelled() {
-                    return std::task::Poll::Ready(Err(cancelled()));
+                    return std::task::Poll::Ready(Err(Status::cancelled(
+                        "the stream was cancelled, expired or lost its session",
+                    )));
                 }
-                let Some(b) = bytes.take() else { return std::task::Poll::Ready(Ok(())) };
-                match self.try_push(b) {
-                    Ok(()) => return std::task::Poll::Ready(Ok(())),
-                    Err(back) => bytes = Some(back),
+                if self.shared.put(msg) {
+                    return std::task::Poll::Ready(Ok(()));
                 }
-                // Room may come between the failed push and the registration: look once more.
+                // Room may come between the failed put and the registration: look once more.
                 self.shared.waker.register(cx.waker());
             }
             std::task::Poll::Pending
@@ -270,30 +432,9 @@ impl<T: Message> StreamSink<T> {
         .await
     }
 
-    /// `msg` encoded into a recycled buffer (a fresh one only while none came back yet).
-    fn encode(&self, msg: &T) -> Vec<u8> {
-        let mut buf = self.shared.free.pop().unwrap_or_default();
-        buf.reserve(msg.encoded_len());
-        msg.encode_raw(&mut buf);
-        buf
-    }
-
-    /// Queues `bytes` when the sink has room, else gives them back.
-    fn try_push(&self, bytes: Vec<u8>) -> Result<(), Vec<u8>> {
-        if !self.shared.has_room() {
-            return Err(bytes);
-        }
-        let len = bytes.len();
-        // Counted before it is visible, so the worker's subtraction never underflows.
-        self.shared.queued_bytes.fetch_add(len, Ordering::AcqRel);
-        self.shared.queue.push(bytes).inspect_err(|_| {
-            self.shared.queued_bytes.fetch_sub(len, Ordering::AcqRel);
-        })
-    }
-
     /// Messages waiting in the sink for the client's credits (at most [`SINK_DEPTH`]).
     pub fn queued(&self) -> usize {
-        self.shared.queue.len()
+        self.shared.held()
     }
 }
 
@@ -302,5 +443,105 @@ impl<T> Drop for StreamSink<T> {
         if self.end_on_drop {
             self.end(Ok(()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message of `n` payload bytes (`Vec<u8>` encodes as field 1: `n + 2` bytes for `n < 128`).
+    fn msg(n: usize, fill: u8) -> Vec<u8> {
+        vec![fill; n]
+    }
+
+    fn sink(batch_cap: usize) -> Arc<SinkShared> {
+        SinkShared::new(Arc::new(CancelFlag::default()), None, batch_cap)
+    }
+
+    /// The messages of a sealed SEND, decoded.
+    fn messages(s: &Sealed) -> Vec<Vec<u8>> {
+        if s.count == 0 {
+            return vec![Vec::<u8>::decode(&s.body[..]).unwrap()];
+        }
+        crate::wire::batch_frames(&s.body, s.count).unwrap().map(|m| Vec::<u8>::decode(m).unwrap()).collect()
+    }
+
+    #[test]
+    fn the_producer_frames_messages_into_batches_that_fill_one_send() {
+        // 30-byte messages, 34 with their frame: two fit 100 bytes, the third seals them.
+        let s = sink(100);
+        for i in 0..5 {
+            assert!(s.put(&msg(28, i)));
+        }
+        assert_eq!(s.held(), 5);
+        let a = s.pop(false).expect("the first two, sealed by the third");
+        assert_eq!((a.count, a.body.len()), (2, 68));
+        assert_eq!(messages(&a), vec![msg(28, 0), msg(28, 1)]);
+        let b = s.pop(false).expect("the next two");
+        assert_eq!(messages(&b), vec![msg(28, 2), msg(28, 3)]);
+        // The fifth is still open: the worker takes it only when asked to.
+        assert!(s.pop(false).is_none());
+        assert_eq!(s.open_count(), 1);
+        let c = s.pop(true).expect("the open batch");
+        assert_eq!(messages(&c), vec![msg(28, 4)]);
+        assert!(s.is_empty() && s.pop(true).is_none());
+    }
+
+    #[test]
+    fn a_message_too_large_for_a_batch_goes_alone_after_the_batch_before_it() {
+        let s = sink(100);
+        assert!(s.put(&msg(10, 1)));
+        assert!(s.put(&msg(200, 2)));
+        assert!(s.put(&msg(10, 3)));
+        let a = s.pop(false).unwrap();
+        assert_eq!((a.count, messages(&a)), (1, vec![msg(10, 1)]));
+        let b = s.pop(false).unwrap();
+        assert_eq!((b.count, messages(&b)), (0, vec![msg(200, 2)]), "unframed");
+        assert!(s.pop(false).is_none());
+        assert_eq!(messages(&s.pop(true).unwrap()), vec![msg(10, 3)]);
+    }
+
+    #[test]
+    fn the_end_seals_the_open_batch_and_waits_for_it_to_leave() {
+        let s = sink(4096);
+        assert!(s.put(&msg(5, 7)));
+        end(&s, Ok(()));
+        assert!(s.take_end().is_none(), "a message is still held");
+        let a = s.pop(false).expect("sealed by the end");
+        assert_eq!(messages(&a), vec![msg(5, 7)]);
+        assert_eq!(s.take_end().map(|r| r.is_ok()), Some(true));
+    }
+
+    #[test]
+    fn the_sink_holds_at_most_sink_depth_messages_and_refills_from_the_worker() {
+        let s = sink(4096);
+        let mut n = 0;
+        while s.put(&msg(1, 0)) {
+            n += 1;
+            assert!(n <= SINK_DEPTH, "no bound");
+        }
+        assert_eq!(n, SINK_DEPTH);
+        assert!(!s.has_room());
+        let mut taken = 0;
+        while let Some(b) = s.pop(true) {
+            taken += usize::from(b.count.max(1));
+            s.recycle(b.body);
+        }
+        assert_eq!(taken, SINK_DEPTH);
+        assert!(s.has_room() && s.put(&msg(1, 0)));
+    }
+
+    #[test]
+    fn the_byte_bound_holds_for_large_messages() {
+        let s = sink(4096);
+        let big = msg(64 << 10, 1);
+        let mut n = 0;
+        while s.put(&big) {
+            n += 1;
+            assert!(n <= SINK_DEPTH);
+        }
+        // A send waits once SINK_BYTES are held: at most that plus one message.
+        assert_eq!(n, SINK_BYTES.div_ceil(big.encoded_len()));
     }
 }

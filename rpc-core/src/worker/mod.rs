@@ -27,7 +27,7 @@ use crate::dispatch::reply::{
 };
 use crate::dispatch::service::Body;
 use crate::dispatch::source::SourceShared;
-use crate::dispatch::stream::SinkShared;
+use crate::dispatch::stream::{Sealed, SinkShared};
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::session::{Event, Outbox, Waiting};
@@ -127,59 +127,10 @@ fn spill(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
     }
 }
 
-/// The next stream SEND of a server stream, from its first message `first` (taken from the sink
-/// or carried over): when the next message waiting fits with it in `batch_cap` bytes, a batch
-/// ([`crate::wire::STREAM_BATCH`]) of as many as fit (at most [`crate::wire::MAX_BATCH`]), the
-/// first that does not fit left in `carry`; else `first` alone. Small bodies are copied into a
-/// spare buffer of the session and their buffers go back to the producer, so nothing is
-/// allocated per message. Returns the header (kind, batch flag and count) and the body.
-fn stream_body(
-    spare: &crate::session::BodyRecycler,
-    sink: &SinkShared,
-    first: Vec<u8>,
-    carry: &mut Option<Vec<u8>>,
-    batch_cap: usize,
-) -> (Header, Vec<u8>) {
-    use crate::wire::{push_frame, FRAME_LEN, MAX_BATCH, STREAM_BATCH};
-    let single = Header::new(Kind::StreamMsg);
-    let next = if first.len() + 2 * FRAME_LEN < batch_cap { sink.pop() } else { None };
-    let fits = next.as_ref().is_some_and(|n| first.len() + n.len() + 2 * FRAME_LEN <= batch_cap);
-    let mut next = match next {
-        Some(n) if fits => n,
-        other => {
-            *carry = other;
-            if first.len() > batch_cap {
-                return (single, first);
-            }
-            // Copied out, so its buffer goes back to the producer.
-            let Some(mut body) = spare.take(first.len()) else { return (single, first) };
-            body.extend_from_slice(&first);
-            sink.recycle(first);
-            return (single, body);
-        }
-    };
-    let Some(mut body) = spare.take(batch_cap) else {
-        *carry = Some(next);
-        return (single, first);
-    };
-    push_frame(&mut body, &first);
-    sink.recycle(first);
-    let mut n: u16 = 1;
-    loop {
-        push_frame(&mut body, &next);
-        sink.recycle(next);
-        n += 1;
-        if n == MAX_BATCH {
-            break;
-        }
-        let Some(m) = sink.pop() else { break };
-        if body.len() + FRAME_LEN + m.len() > batch_cap {
-            *carry = Some(m);
-            break;
-        }
-        next = m;
-    }
-    (Header { stream: STREAM_BATCH, credits: n, ..single }, body)
+/// Most bytes of one stream SEND's body on `conn`'s session: its eager body size, the size of a
+/// server stream's batches.
+fn batch_cap<P: Provider>(conn: &Conn<P>) -> usize {
+    (conn.body_cap as u32).min(conn.session.params().eager_threshold) as usize
 }
 
 /// One session this worker serves (an entry of its session table; "slot" names call slots only).
@@ -213,9 +164,9 @@ struct OpenStream {
     method: u32,
     sink: Option<Arc<SinkShared>>,
     source: Option<Arc<SourceShared>>,
-    /// A message taken out of the sink that did not fit the batch before it: the first of the
-    /// next SEND.
-    carry: Option<Vec<u8>>,
+    /// Messages in the sink's open batch at the last look: the batch is taken still open only
+    /// when the producer added none since (it paused), else it fills first.
+    seen_open: usize,
 }
 
 impl<P: Provider> Drop for Entry<P> {
@@ -263,8 +214,9 @@ pub(crate) struct Worker<P: Provider> {
     scratch: Vec<u8>,
     ctx: RequestContext,
     wcs: [WorkCompletion; POLL_BATCH],
-    /// Server streams open on this worker's sessions (0: the loop skips [`Worker::pump_streams`]).
-    open_streams: usize,
+    /// The sessions with open streams, each once (empty: the loop skips
+    /// [`Worker::pump_streams`]), so a pump visits those only, not every session entry.
+    streaming: Vec<u16>,
     // Last: dropped after every QP.
     recv: RecvPool<P>,
 }
@@ -300,8 +252,9 @@ impl<P: Provider> Worker<P> {
                 stream: std::cell::Cell::new(None),
                 source: std::cell::Cell::new(None),
                 stream_in: std::cell::Cell::new(false),
+                batch_cap: std::cell::Cell::new(limits.body_cap),
             },
-            open_streams: 0,
+            streaming: Vec::with_capacity(n),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             recv,
         }
@@ -341,7 +294,7 @@ impl<P: Provider> Worker<P> {
                     self.drain_deferred();
                 }
             }
-            if self.open_streams > 0 {
+            if !self.streaming.is_empty() {
                 self.pump_streams();
             }
             let n = match self.shared.cq.poll(&mut self.wcs) {
@@ -477,18 +430,22 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Moves the messages of server streams from their sinks into the backlog while the client's
-    /// stream credits allow (one credit per message), and answers each stream whose handler ended
+    /// stream credits allow (one credit per SEND: a batch the producer framed, or one message),
+    /// and answers each stream whose handler ended
     /// it once its last message is queued; returns the credits of the client's messages its
     /// reader took; forgets streams the session ended (cancelled, expired, answered, closed),
     /// waking their producers and readers.
     #[inline(never)]
     fn pump_streams(&mut self) {
-        let mut open = 0;
-        for idx in 0..self.entries.len() as u16 {
-            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
-            if entry.streams.is_empty() {
+        let mut k = 0;
+        while k < self.streaming.len() {
+            let idx = self.streaming[k];
+            let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.streams.is_empty()) else {
+                // Closed, or its streams all ended.
+                self.streaming.swap_remove(k);
                 continue;
-            }
+            };
+            k += 1;
             let mut moved = false;
             let mut i = 0;
             while i < entry.streams.len() {
@@ -522,24 +479,38 @@ impl<P: Provider> Worker<P> {
                     continue;
                 }
                 let Entry { conn, backlog, streams, .. } = &mut *entry;
-                let OpenStream { sink: Some(sink), carry, method, .. } = &mut streams[i] else { continue };
-                let batch_cap = (conn.body_cap as u32).min(conn.session.params().eager_threshold) as usize;
+                let OpenStream { sink: Some(sink), seen_open, method, .. } = &mut streams[i] else {
+                    continue;
+                };
                 let mut took = false;
                 while conn.session.stream_send_credits(slot, generation).unwrap_or(0) > 0 {
-                    let Some(first) = carry.take().or_else(|| sink.pop()) else { break };
-                    took = true;
-                    if let Err(status) = conn.session.check_len(first.len()) {
-                        // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
-                        sink.cancelled.raise();
-                        sink.wake();
-                        *sink.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
-                        sink.ended.store(true, Ordering::Release);
-                        sink.clear();
+                    // Sealed batches first; the open one only when the producer paused.
+                    let open_now = sink.open_count();
+                    let Some(Sealed { body, count }) = sink.pop(open_now == *seen_open) else {
+                        *seen_open = open_now;
                         break;
+                    };
+                    took = true;
+                    if count == 0 {
+                        if let Err(status) = conn.session.check_len(body.len()) {
+                            // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
+                            sink.fail(status);
+                            break;
+                        }
                     }
                     let _ = conn.session.stream_send(slot, generation);
-                    let (h, body) = stream_body(&conn.spare, sink, first, carry, batch_cap);
-                    backlog.push(spill(Header { slot, generation, method: *method, ..h }, Ok(body)));
+                    // The producer's next batch goes into a spare body buffer of the session (this
+                    // body goes back to the spare ones once copied out): nothing is allocated.
+                    if let Some(b) = conn.spare.take(0) {
+                        sink.recycle(b);
+                    }
+                    let single = Header { slot, generation, method: *method, ..Header::new(Kind::StreamMsg) };
+                    let h = if count == 0 {
+                        single
+                    } else {
+                        Header { stream: crate::wire::STREAM_BATCH, credits: count, ..single }
+                    };
+                    backlog.push(spill(h, Ok(body)));
                     moved = true;
                 }
                 if took {
@@ -547,7 +518,7 @@ impl<P: Provider> Worker<P> {
                 }
                 let st = &entry.streams[i];
                 let Some(sink) = &st.sink else { continue };
-                if let Some(end) = st.carry.is_none().then(|| sink.take_end()).flatten() {
+                if let Some(end) = sink.take_end() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
                     entry.backlog.push(spill(h, end.map(|()| Vec::new())));
                     if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
@@ -563,13 +534,11 @@ impl<P: Provider> Worker<P> {
                 }
                 i += 1;
             }
-            open += entry.streams.len();
             if moved {
                 self.try_backlog(idx);
                 self.mark_dirty(idx);
             }
         }
-        self.open_streams = open;
         self.flush_dirty();
     }
 
@@ -1022,6 +991,7 @@ impl<P: Provider> Worker<P> {
         ctx.cancel_flag.set(None);
         ctx.source.set(None);
         ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
+        ctx.batch_cap.set(batch_cap(&entry.conn));
         let ctx = &*ctx;
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
         let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
@@ -1103,9 +1073,11 @@ impl<P: Provider> Worker<P> {
                         method: h.method,
                         sink,
                         source,
-                        carry: None,
+                        seen_open: 0,
                     });
-                    self.open_streams += 1;
+                    if !self.streaming.contains(&idx) {
+                        self.streaming.push(idx);
+                    }
                 }
                 None
             }
