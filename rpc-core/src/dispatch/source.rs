@@ -22,6 +22,11 @@ use prost::Message;
 use super::reply::CancelFlag;
 use crate::status::Status;
 
+/// Bodies kept for reuse per stream.
+const RECYCLE_COUNT: usize = 8;
+/// Bodies of at most this capacity are reused; larger ones are freed.
+const RECYCLE_MAX: usize = 64 << 10;
+
 /// What the reader and the worker share.
 pub(crate) struct SourceShared {
     /// Stream SENDs received and not yet taken (at most the stream's credits, so never more
@@ -45,6 +50,9 @@ pub(crate) struct SourceShared {
     waker: AtomicWaker,
     /// The worker thread that fills the queue: a read on it cannot wait.
     worker: Option<ThreadId>,
+    /// Emptied bodies the reader gave back, for the worker to copy the next SENDs into (so a
+    /// SEND costs no allocation once the stream runs).
+    free: ArrayQueue<Vec<u8>>,
 }
 
 impl SourceShared {
@@ -59,7 +67,30 @@ impl SourceShared {
             waiting: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             worker,
+            free: ArrayQueue::new(RECYCLE_COUNT),
         })
+    }
+
+    /// Worker: a SEND's body (`bytes`) copied into a buffer the reader gave back (a new one only
+    /// while none came back yet, or when it is too small).
+    pub(crate) fn copy_in(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut v = self.free.pop().unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(bytes);
+        v
+    }
+
+    /// Reader: a body it finished with goes back to the worker when no decoded message holds a
+    /// slice of it any more; else it is kept (`held`) and tried again at the next look.
+    fn recycle(&self, held: &mut Option<bytes::Bytes>) {
+        let Some(b) = held.take() else { return };
+        match b.try_into_mut() {
+            Ok(m) if m.capacity() <= RECYCLE_MAX => {
+                let _ = self.free.push(Vec::from(m));
+            }
+            Ok(_) => {}
+            Err(b) => *held = Some(b),
+        }
     }
 
     /// Worker: a message or the end arrived, or the call is over: wake the reader.
@@ -88,13 +119,19 @@ impl SourceShared {
 
     /// One look: a message, the end (`Some(Ok(None))`), the cancellation, or `None` for nothing
     /// yet. `cur` is the reader's place in a batch it is taking.
-    fn poll_once<T: Message + Default>(&self, cur: &mut Option<Batch>) -> Option<Result<Option<T>, Status>> {
-        if let Some(r) = self.next_message::<T>(cur) {
+    fn poll_once<T: Message + Default>(
+        &self,
+        cur: &mut Option<Batch>,
+        last: &mut Option<bytes::Bytes>,
+    ) -> Option<Result<Option<T>, Status>> {
+        // The body of the message taken before goes back once the caller dropped that message.
+        self.recycle(last);
+        if let Some(r) = self.next_message::<T>(cur, last) {
             return Some(r.map(Some));
         }
         if self.ended.load(Ordering::Acquire) {
             // The end is set after the last message was queued: look once more.
-            return Some(self.next_message::<T>(cur).map_or(Ok(None), |r| r.map(Some)));
+            return Some(self.next_message::<T>(cur, last).map_or(Ok(None), |r| r.map(Some)));
         }
         if self.cancelled.is_raised() {
             return Some(Err(Status::cancelled(
@@ -116,7 +153,12 @@ pub(crate) struct Batch {
 impl SourceShared {
     /// The next message, from the batch being taken or the queue; a SEND's credit is counted
     /// as taken with its last message.
-    fn next_message<T: Message + Default>(&self, cur: &mut Option<Batch>) -> Option<Result<T, Status>> {
+    /// `last` keeps the body of a single message or a finished batch for recycling.
+    fn next_message<T: Message + Default>(
+        &self,
+        cur: &mut Option<Batch>,
+        last: &mut Option<bytes::Bytes>,
+    ) -> Option<Result<T, Status>> {
         let undecodable = |e: prost::DecodeError| {
             Status::invalid_argument(format!("cannot decode {}: {e}", std::any::type_name::<T>()))
         };
@@ -129,7 +171,10 @@ impl SourceShared {
                 match frame {
                     Some((_, end)) if b.left > 0 => b.at = end,
                     _ => {
-                        *cur = None;
+                        if let Some(done) = cur.take() {
+                            self.recycle(last);
+                            *last = Some(done.body);
+                        }
                         self.taken.fetch_add(1, Ordering::AcqRel);
                     }
                 }
@@ -142,7 +187,11 @@ impl SourceShared {
             if count == 0 {
                 self.taken.fetch_add(1, Ordering::AcqRel);
                 // `bytes` fields become slices of this buffer: no second copy.
-                return Some(T::decode(bytes::Bytes::from(bytes)).map_err(undecodable));
+                let body = bytes::Bytes::from(bytes);
+                let r = T::decode(body.clone()).map_err(undecodable);
+                self.recycle(last);
+                *last = Some(body);
+                return Some(r);
             }
             *cur = Some(Batch { body: bytes::Bytes::from(bytes), at: 0, left: count });
         }
@@ -160,12 +209,14 @@ pub struct RequestStream<T> {
     done: bool,
     /// The batch being taken.
     cur: Option<Batch>,
+    /// The body of the last message or batch taken, back to the worker once unshared.
+    last: Option<bytes::Bytes>,
     _t: PhantomData<fn() -> T>,
 }
 
 impl<T> RequestStream<T> {
     pub(crate) fn new(shared: Arc<SourceShared>) -> RequestStream<T> {
-        RequestStream { shared, done: false, cur: None, _t: PhantomData }
+        RequestStream { shared, done: false, cur: None, last: None, _t: PhantomData }
     }
 
     /// True once the call is over without the handler: the client cancelled it, its deadline
@@ -194,7 +245,7 @@ impl<T: Message + Default> RequestStream<T> {
             return Ok(None);
         }
         loop {
-            if let Some(r) = self.shared.poll_once::<T>(&mut self.cur) {
+            if let Some(r) = self.shared.poll_once::<T>(&mut self.cur, &mut self.last) {
                 self.done = matches!(r, Ok(None)) || self.is_cancelled() && r.is_err();
                 return r;
             }
@@ -233,10 +284,10 @@ impl<T: Message + Default> RequestStream<T> {
         if self.done {
             return Poll::Ready(Ok(None));
         }
-        let mut r = self.shared.poll_once::<T>(&mut self.cur);
+        let mut r = self.shared.poll_once::<T>(&mut self.cur, &mut self.last);
         if r.is_none() {
             self.shared.waker.register(cx.waker());
-            r = self.shared.poll_once::<T>(&mut self.cur);
+            r = self.shared.poll_once::<T>(&mut self.cur, &mut self.last);
         }
         match r {
             Some(r) => {
@@ -265,5 +316,45 @@ impl<T: Message + Default> Iterator for RequestStream<T> {
 
     fn next(&mut self) -> Option<Result<T, Status>> {
         self.message().transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker's side: a SEND of one message (`Vec<u8>` encoded) or a batch of them.
+    fn send_single(s: &SourceShared, m: &[u8]) -> *const u8 {
+        let v = s.copy_in(&m.to_vec().encode_to_vec());
+        let p = v.as_ptr();
+        s.queue.push((v, 0)).unwrap();
+        p
+    }
+
+    fn send_batch(s: &SourceShared, ms: &[&[u8]]) -> *const u8 {
+        let mut body = Vec::new();
+        for m in ms {
+            crate::wire::push_frame(&mut body, &m.to_vec().encode_to_vec());
+        }
+        let v = s.copy_in(&body);
+        let p = v.as_ptr();
+        s.queue.push((v, ms.len() as u16)).unwrap();
+        p
+    }
+
+    #[test]
+    fn bodies_go_back_to_the_worker_once_the_reader_dropped_their_messages() {
+        let s = SourceShared::new(None);
+        let mut r = RequestStream::<Vec<u8>>::new(s.clone());
+        let first = send_single(&s, b"one");
+        assert_eq!(r.message().unwrap().unwrap(), b"one");
+        // Taken and dropped: the next look gives its body back, and the next SEND reuses it.
+        let second = send_batch(&s, &[b"two", b"three"]);
+        assert_ne!(first, second, "the first body was still the reader's");
+        assert_eq!(r.message().unwrap().unwrap(), b"two");
+        assert_eq!(send_single(&s, b"four"), first, "the first body came back");
+        assert_eq!(r.message().unwrap().unwrap(), b"three");
+        assert_eq!(r.message().unwrap().unwrap(), b"four");
+        assert_eq!(send_single(&s, b"five"), second, "the batch's body came back");
     }
 }

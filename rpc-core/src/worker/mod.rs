@@ -558,20 +558,22 @@ impl<P: Provider> Worker<P> {
         // A body that came through the ring freed its space: tell the client (a RingReturn when
         // due), else a sender of more than the ring holds waits for its idle probe.
         let freed = entry.conn.session.ring_freed();
-        let bytes = match body {
-            Received::Eager(b) => {
-                let v = recv.bytes(&b).get(HEADER_LEN..).unwrap_or(&[]).to_vec();
-                recv.repost(b);
-                v
-            }
-            Received::Owned(v) => v,
-        };
         let open = entry.conn.session.stream_receive_window(h.slot, h.generation).is_some();
         let reader = entry
             .streams
             .iter()
             .find(|s| (s.slot, s.generation) == (h.slot, h.generation))
             .and_then(|s| s.source.as_ref());
+        let bytes = match body {
+            Received::Eager(b) => {
+                // Into a body the reader gave back: no allocation per SEND once the stream runs.
+                let bytes = recv.bytes(&b).get(HEADER_LEN..).unwrap_or(&[]);
+                let v = reader.map_or_else(Vec::new, |r| r.copy_in(bytes));
+                recv.repost(b);
+                v
+            }
+            Received::Owned(v) => v,
+        };
         match reader {
             Some(source) if open && !source.dropped.load(Ordering::Acquire) => {
                 let count = if h.stream & crate::wire::STREAM_BATCH != 0 { h.credits } else { 0 };
