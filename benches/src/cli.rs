@@ -91,6 +91,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub warmup: u64,
 
+    /// Receive-ring bytes of the RPC tests' client and server (default: room for four messages
+    /// of the largest size, 1M to 64M; `--ring-bytes 1M` is the runtime's default configuration,
+    /// where larger messages go through the ring in pieces).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ring)]
+    pub ring_bytes: Option<usize>,
+
     /// Outstanding RPCs (rpc_lat default 1, rpc_bw default 32).
     #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrency: Option<u32>,
@@ -266,6 +272,17 @@ pub enum PollKind {
 /// # Errors
 /// A message naming the accepted forms and range.
 pub fn parse_size(s: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(s)?;
+    if !(1..=MAX_SIZE).contains(&bytes) {
+        return Err(format!(
+            "{bytes} bytes is outside 1..={MAX_SIZE} (64M, the runtime's default max_message_size)"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A number with an optional binary `K`, `M` or `G` suffix.
+fn parse_bytes(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let (digits, mult) = match t.char_indices().last() {
         Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
@@ -274,11 +291,18 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         _ => (t, 1),
     };
     let n: usize = digits.parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 32, 4K, 1M)"))?;
-    let bytes = n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))?;
-    if !(1..=MAX_SIZE).contains(&bytes) {
-        return Err(format!(
-            "{bytes} bytes is outside 1..={MAX_SIZE} (64M, the runtime's default max_message_size)"
-        ));
+    n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// Parses a ring length: a byte count as [`parse_size`], from 4 KiB to 1 GiB (the runtime's
+/// `ring_bytes` range for rpc-perf's messages).
+///
+/// # Errors
+/// A message naming the range.
+pub fn parse_ring(s: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(s)?;
+    if !(4096..=1 << 30).contains(&bytes) {
+        return Err(format!("ring of {bytes} bytes is outside 4096..=1073741824 (4K to 1G)"));
     }
     Ok(bytes)
 }
@@ -512,5 +536,11 @@ mod tests {
         assert_eq!(a.sizes(), vec![64 << 20]);
         assert_eq!((a.warmup_for(32), a.warmup_for(128 << 20)), (1000, 16));
         assert_eq!(parse(&["--warmup", "3"]).unwrap().warmup_for(128 << 20), 3);
+        assert_eq!(a.ring_bytes, None);
+        assert_eq!(parse(&["--ring-bytes", "1M"]).unwrap().ring_bytes, Some(1 << 20));
+        assert!(parse(&["--ring-bytes", "2G"])
+            .unwrap_err()
+            .to_string()
+            .contains("outside 4096..=1073741824"));
     }
 }

@@ -203,7 +203,7 @@ impl ServerState {
                 "{what}: client asked for {max_size}-byte messages and {concurrency} calls in flight; limits are 1..={MAX_SIZE} (64M) and 1..=4096"
             )));
         }
-        let ring = ring_bytes_for(max_size);
+        let ring = args.ring_bytes.map_or_else(|| ring_bytes_for(max_size), |r| r as u32);
         let credits = concurrency.max(32) as u16;
         let fits = matches!(&self.running, Some((_, r, c)) if *r >= ring && *c >= credits);
         if !fits {
@@ -307,7 +307,7 @@ pub(crate) fn client_config(
         .transport(runtime_transport(resolved, args))
         .polling(poll)
         .window(window)
-        .ring_bytes(ring_bytes_for(max_size))
+        .ring_bytes(args.ring_bytes.map_or_else(|| ring_bytes_for(max_size), |r| r as u32))
         .max_message_size(MESSAGE_LIMIT)
 }
 

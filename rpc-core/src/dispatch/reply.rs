@@ -316,7 +316,10 @@ impl<T: Message> Responder<T> {
         if let Some((q, t)) = self.target.take() {
             // Large `bytes` fields are referenced, not copied (the worker copies each piece
             // once into the send mirror).
-            let result = result.map(|m| GatherBody::encode(&m, Vec::new()));
+            let result = result.map(|m| {
+                let own = Vec::with_capacity(GatherBody::own_capacity_for(m.encoded_len()));
+                GatherBody::encode(&m, own)
+            });
             q.push(Deferred {
                 conn: t.conn,
                 slot: t.slot,
