@@ -369,3 +369,50 @@ fn connect_errors_are_statuses() {
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("dispatchers"), "{e}");
 }
+
+/// A call dropped while its request still leaves in pieces (the server's ring is full and its
+/// worker reads nothing yet) owes the server the rest of the request and then its Cancel, with
+/// no other call in flight to drive the session: the dispatcher drives for them. Before, the
+/// dispatcher stopped once no call was in flight, so the pieces and the Cancel waited for the
+/// next call (the stash stayed empty: "the server got 0 calls"; the intermittent rxe0 failure of
+/// `rpc_stream_in::a_channel_sender_stalls_...` had the same shape).
+#[test]
+fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as_a_cancel() {
+    let (hold, gate) = Hold::new();
+    let svc = TestService::default();
+    let stash = svc.stash.clone();
+    let server =
+        server().ring_bytes(256 << 10).add_service(svc).add_service(hold).spawn("127.0.0.1:0").unwrap();
+    let addr = server.local_addr();
+    let rt = runtime(1);
+    let ch = rt.block_on(Channel::connect_with(addr, &channel_config("chan-pieces"))).unwrap();
+    // A blocking client holds the server's one worker: nothing the channel sends is read (and no
+    // ring space comes back) until the gate opens.
+    let holder = std::thread::spawn(move || {
+        let c = rpc_core::Client::connect_with(addr, &client_config()).unwrap();
+        c.unary::<_, EchoMsg>(HOLD, &request(0, 0, 0), &CallOptions::default()).map(|_| ())
+    });
+    assert!(eventually(|| gate.entered()), "the worker is not held");
+    let big = 2 << 20;
+    rt.block_on(async {
+        let call = ch.unary::<EchoMsg, EchoMsg>(STASH, request(1, big, 0), &CallOptions::default());
+        assert!(tokio::time::timeout(Duration::from_millis(100), call).await.is_err(), "answered");
+    });
+    assert_eq!(ch.in_flight(), 0, "a dropped call is no longer in flight");
+    assert!(stash.lock().unwrap().is_empty(), "the whole request arrived while the worker was held");
+    drop(gate);
+    holder.join().unwrap().unwrap();
+    let cancelled = eventually(|| stash.lock().unwrap().first().is_some_and(|r| r.is_cancelled()));
+    let got = stash.lock().unwrap().len();
+    assert!(cancelled, "the server got {got} calls, none cancelled ({:?})", server.counters());
+    assert!(eventually(|| server.counters().cancels == 1), "{:?}", server.counters());
+    // The slot came back: the channel goes on.
+    rt.block_on(async {
+        let r = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(2, 8, 8), &CallOptions::default()).await.unwrap();
+        check_reply(&r, 2, 8);
+    });
+    stash.lock().unwrap().clear();
+    drop(ch);
+    drop(rt);
+    server.shutdown();
+}

@@ -67,6 +67,8 @@ struct Probe {
     ended: AtomicBool,
     /// STALL readers may read.
     release: AtomicBool,
+    /// How the last stream a reader read ended, for failure messages.
+    last: std::sync::Mutex<String>,
 }
 
 struct UpService {
@@ -88,10 +90,12 @@ fn read_all(requests: &mut RequestStream<EchoMsg>, probe: &Probe) -> Result<Echo
                 probe.taken.fetch_add(1, Ordering::AcqRel);
             }
             Ok(None) => {
+                *probe.last.lock().unwrap() = format!("ended cleanly after {n} messages");
                 probe.ended.store(true, Ordering::Release);
                 return Ok(EchoMsg { seq: n, checksum: acc, payload: Vec::new(), reply_len: 0 });
             }
             Err(e) => {
+                *probe.last.lock().unwrap() = format!("ended after {n} messages: {e}");
                 probe.cancelled.store(true, Ordering::Release);
                 return Err(e);
             }
@@ -538,7 +542,21 @@ fn a_channel_sender_stalls_on_a_server_that_stops_reading_and_cancels_when_dropp
         assert!(sent >= 4, "only {sent} sent: no credits were granted");
         drop(up);
     });
-    until("the reader to see the cancel", || probe.cancelled.load(Ordering::Acquire));
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !probe.cancelled.load(Ordering::Acquire) {
+        assert!(
+            Instant::now() < give_up,
+            "timed out waiting for the reader to see the cancel (its stream: {:?}, ended {}); channel {:?}; \
+             client counters {:?}; server counters {:?}; in flight {}",
+            probe.last.lock().unwrap(),
+            probe.ended.load(Ordering::Acquire),
+            ch.stats(),
+            ch.counters(),
+            h.counters(),
+            ch.in_flight()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(!probe.ended.load(Ordering::Acquire));
     // A receiver dropped mid-stream cancels it too; the channel goes on.
     probe.cancelled.store(false, Ordering::Release);

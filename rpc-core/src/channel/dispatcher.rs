@@ -13,8 +13,10 @@
 //! ([`Inner::want_driver`]: a flag and, when the thread sleeps, an unpark).
 //!
 //! The dispatcher thread drives only for tasks that wait (their poll returned `Pending`,
-//! counted in [`Inner::waiters`]) and for streams (whose futures never drive): with neither,
-//! every call in flight belongs to a running task that drives it when it polls. It sleeps until
+//! counted in [`Inner::waiters`]), for streams (whose futures never drive), and for messages the
+//! session still has to post once no call is in flight (a dropped call's Cancel that follows
+//! the last piece of its request, or found no send buffer: no task will poll for it): with
+//! none of these, every call in flight belongs to a running task that drives it when it polls. It sleeps until
 //! a driver leaves work to it; while calls are in flight it looks every [`WATCH`] and takes over
 //! when waiting tasks exist and no caller drove since its last look (a task that did not come
 //! back). Driving, it steps while it is needed and no caller wants the session (a caller that
@@ -137,9 +139,10 @@ pub(crate) struct Inner {
     /// the session (or hands it to the dispatcher thread).
     owed: AtomicBool,
     thread: OnceLock<Thread>,
-    /// Bumped by every dropped future (and by a stream's task that queued or took a message), so
-    /// a driver looks at its calls only then.
-    pub(crate) cancels: AtomicU64,
+    /// Bumped by a task that changed one of its calls for the driver to act on (a dropped
+    /// future or stream half, a stream message queued or taken, a stream finished): a driver
+    /// looks at every call in flight only when it moved (or its deadline look is due).
+    pub(crate) changes: AtomicU64,
     /// Calls started on the session and not yet finished or dropped (published before the
     /// tasks of finished calls are woken).
     pub(crate) in_flight: AtomicUsize,
@@ -288,7 +291,8 @@ impl Inner {
             }
             std::hint::spin_loop();
         }
-        let left = d.has_work() || !self.queue.is_empty();
+        let calls = d.has_calls() || !self.queue.is_empty();
+        let owes = d.owes_sends();
         drove.woke = d.woken();
         let batch = d.take_wakers();
         bump_held(&self.stats.caller_drives, 1);
@@ -297,17 +301,17 @@ impl Inner {
         bump_held(&self.stats.wakes, batch.len() as u64);
         drop(g);
         wake_all(batch);
-        if left {
-            if drove.woke > 0 || own {
-                // The tasks woken, or this caller's own task (its call is done: it goes on and
-                // polls its next call soon), drive it next; should none come back, the
-                // dispatcher thread, which watches the session while calls are in flight, takes
-                // it over after [`WATCH`] without a caller's drive. No unpark (a system call
-                // and a thread switch on the caller's core) per call.
-                self.owed.store(true, Ordering::SeqCst);
-            } else {
-                drove.unattended = true;
-            }
+        if calls && (drove.woke > 0 || own) {
+            // The tasks woken, or this caller's own task (its call is done: it goes on and
+            // polls its next call soon), drive it next; should none come back, the dispatcher
+            // thread, which watches the session while calls are in flight, takes it over after
+            // [`WATCH`] without a caller's drive. No unpark (a system call and a thread switch
+            // on the caller's core) per call.
+            self.owed.store(true, Ordering::SeqCst);
+        } else if calls || owes {
+            // Nobody will come back for it: with no call in flight, messages still to post
+            // (a dropped call's Cancel) are no task's to drive.
+            drove.unattended = true;
         }
         Some(drove)
     }
@@ -401,7 +405,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         wanted: AtomicBool::new(false),
         owed: AtomicBool::new(false),
         thread: OnceLock::new(),
-        cancels: AtomicU64::new(0),
+        changes: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         waiters: AtomicUsize::new(0),
         passive: AtomicUsize::new(0),
@@ -434,7 +438,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 passive: 0,
                 wakers: Vec::new(),
                 finished: Vec::new(),
-                cancels_seen: 0,
+                changes_seen: 0,
                 empty: 0,
                 looks: 0,
             });
@@ -469,7 +473,7 @@ pub(crate) struct Driver {
     wakers: Vec<Waker>,
     /// Calls finished in this step, handed over once the count in flight is published.
     finished: Vec<Arc<dyn Job>>,
-    cancels_seen: u64,
+    changes_seen: u64,
     /// Steps in a row that found nothing to do.
     empty: u32,
     /// Empty steps between two looks at deadlines.
@@ -488,14 +492,14 @@ impl Driver {
         let mut work = self.take_calls(inner, by_caller);
         let completions = with_any_core!(&mut self.core, c => c.dispatch_step());
         work += completions;
-        let cancels = inner.cancels.load(Ordering::Acquire);
+        let changes = inner.changes.load(Ordering::Acquire);
         let look = !self.in_flight.is_empty() && {
             self.looks += 1;
             self.looks % LOOK_EVERY == 0
         };
-        let full = cancels != self.cancels_seen || look;
+        let full = changes != self.changes_seen || look;
         if work > 0 || full {
-            self.cancels_seen = cancels;
+            self.changes_seen = changes;
             work += self.finish_calls(inner, full);
         }
         if work > 0 {
@@ -506,9 +510,23 @@ impl Driver {
         work
     }
 
-    /// Calls started and not yet finished.
+    /// Calls started and not yet finished, or messages the session still has to post (a
+    /// dropped call's Cancel that found no send buffer, a stream's end): either way the session
+    /// must be driven again.
     fn has_work(&self) -> bool {
+        self.has_calls() || self.owes_sends()
+    }
+
+    /// Calls started and not yet finished.
+    fn has_calls(&self) -> bool {
         !self.in_flight.is_empty()
+    }
+
+    /// The session holds messages that leave only when it is driven (see
+    /// [`ClientCore::owes_sends`]): no task waits for them, so the dispatcher thread drives for
+    /// them as it does for waiting tasks.
+    fn owes_sends(&self) -> bool {
+        with_any_core!(&self.core, c => c.owes_sends())
     }
 
     /// Tasks to wake so far.
@@ -675,7 +693,10 @@ impl Dispatcher {
             let Some(mut g) = inner.try_session() else { return };
             let d = g.as_mut().expect("checked by try_session");
             let work = d.step(inner, false);
-            let busy = d.has_work() || !inner.queue.is_empty();
+            let calls = d.has_calls() || !inner.queue.is_empty();
+            // Messages to post with no call in flight: no task drives for them, this thread
+            // does until they are posted.
+            let unowned = !calls && d.owes_sends();
             let needed = d.passive > 0 || inner.waiters.load(Ordering::SeqCst) > 0;
             let batch = d.take_wakers();
             bump_held(&inner.stats.thread_drives, 1);
@@ -684,7 +705,7 @@ impl Dispatcher {
             drop(g);
             let woke = !batch.is_empty();
             wake_all(batch);
-            if !busy {
+            if !calls && !unowned {
                 return;
             }
             // A caller that found the session held drives it now, and one that drove it between
@@ -693,7 +714,11 @@ impl Dispatcher {
             // polls drive them.
             let contended = inner.contended.swap(false, Ordering::Relaxed)
                 || inner.stats.caller_drives.load(Ordering::Relaxed) != callers;
-            if woke || contended || !needed {
+            if contended && unowned {
+                // The caller drives it now and hands back what it leaves unposted.
+                return;
+            }
+            if (woke || contended || !needed) && !unowned {
                 // The tasks just woken drive it when polled (each poll of a call takes the
                 // session if it is owed); they want us back if they leave work.
                 inner.owed.store(true, Ordering::SeqCst);

@@ -536,7 +536,7 @@ impl<Resp> Drop for UnaryCall<Resp> {
         self.unwait();
         let d = &*self.shared.dispatchers[self.dispatcher];
         if self.done.done().cancel() {
-            d.cancels.fetch_add(1, Ordering::AcqRel);
+            d.changes.fetch_add(1, Ordering::AcqRel);
             // The Cancel goes out (and the slot comes back) with the next step of a driver.
             d.drive_or_hand_off(Duration::ZERO, &|| true);
         } else if !self.taken && d.is_owed() {

@@ -1325,6 +1325,22 @@ impl<P: Provider> ClientCore<P> {
         self.conn.session.calls().state(id.slot) == crate::session::SlotState::Done
     }
 
+    /// True while the session holds messages that only leave when it is driven again: queued
+    /// sends (a request, a stream message or a piece waiting for a send buffer, send-queue
+    /// room, ring space or a credit), controls (a Cancel, a StreamEnd, a credit grant) not yet
+    /// posted. A driver that lets the session go with this true must leave it to someone who
+    /// drives it: a Cancel that found no send buffer would otherwise wait for the next call.
+    #[inline]
+    pub(crate) fn owes_sends(&self) -> bool {
+        self.broken.is_none()
+            && (!self.outbox.is_empty()
+                || !self.conn.sq.is_empty()
+                || self.conn.session.has_control()
+                || self.stream_batch.is_some()
+                || !self.stream_ends.is_empty()
+                || !self.stream_cancels.is_empty())
+    }
+
     /// True when a call can start now (a slot is free).
     pub(crate) fn has_free_slot(&self) -> bool {
         self.broken.is_some() || self.conn.session.calls().has_free()
