@@ -259,7 +259,10 @@ fn bench_counts_exactly_n_calls_and_the_statuses_the_server_answered() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     assert_eq!(v["status_counts"]["INVALID_ARGUMENT"], 50);
-    assert_eq!(v["status_messages"]["INVALID_ARGUMENT"], "resp_size 70000000 is over the 67108864-byte limit");
+    assert_eq!(
+        v["status_messages"]["INVALID_ARGUMENT"],
+        "resp_size 70000000 is over the 67108864-byte limit"
+    );
     assert_eq!(v["calls"], 101);
     assert_eq!(v["method"], "rpcperf.Bench/Echo");
     h.shutdown();

@@ -60,7 +60,8 @@ fn main() {
         .spawn("127.0.0.1:0")
         .expect("server starts");
     let _ = core_affinity::set_for_current(core_affinity::CoreId { id: 0 });
-    let client = Client::connect_with(server.local_addr(), &ClientConfig::default().polling(polling)).expect("connects");
+    let client = Client::connect_with(server.local_addr(), &ClientConfig::default().polling(polling))
+        .expect("connects");
     let req = Blob { data: vec![3u8; size].into() };
     let want_sum = 3 * size as u64;
     let mut times = Vec::with_capacity(n);
