@@ -100,8 +100,15 @@ pub fn run_client(
         let req = rpc::echo_request(req_size, resp_size);
         let bytes_per_call = (req_size + resp_size) as u64;
         let before = stub.channel().stats();
-        let (elapsed, results) =
-            rt.block_on(run_tasks(&stub, &req, tasks, per_task, limit, args.warmup, timed))?;
+        let (elapsed, results) = rt.block_on(run_tasks(
+            &stub,
+            &req,
+            tasks,
+            per_task,
+            limit,
+            args.warmup_for(req_size + resp_size),
+            timed,
+        ))?;
         let calls: u64 = results.iter().map(|r| r.calls).sum();
         print_stats(&before, &stub.channel().stats());
         Ok(if timed {

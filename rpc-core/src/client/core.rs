@@ -17,7 +17,8 @@ use std::collections::VecDeque;
 
 use super::config::ClientConfig;
 use crate::buffers::{
-    split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged,
+    split_send_wr_id, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging,
+    Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
@@ -78,8 +79,9 @@ enum PendingBody {
     Placed(SendBuf, BodyAt),
     /// In the staging area: sent through the ring whole or in pieces as space frees.
     Staged(Staged),
-    /// On the heap (no staging room): sent through the ring whole or in pieces as space frees.
-    Heap(Vec<u8>),
+    /// On the heap (larger than the staging area, or an `encoded_len` that lied), its large
+    /// `bytes` fields referenced: sent through the ring whole or in pieces as space frees.
+    Heap(GatherBody),
 }
 
 /// How [`ClientCore::start`] may wait and when it posts.
@@ -429,12 +431,12 @@ impl<P: Provider> ClientCore<P> {
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
             if len > self.conn.staging.len() as usize {
-                let Some(v) = self.conn.spare.encode(req, len) else {
+                let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
                     return Err(Status::resource_exhausted(format!(
                         "no memory for a request of {len} bytes"
                     )));
                 };
-                break PendingBody::Heap(v);
+                break PendingBody::Heap(GatherBody::encode(req, own));
             }
             if !blocking {
                 self.unplaced_stall = stalled;
@@ -515,7 +517,7 @@ impl<P: Provider> ClientCore<P> {
         Some(match self.conn.staging.commit(at, written) {
             Some(s) => PendingBody::Staged(s),
             // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
-            None => PendingBody::Heap(req.encode_to_vec()),
+            None => PendingBody::Heap(req.encode_to_vec().into()),
         })
     }
 
@@ -1225,9 +1227,10 @@ impl<P: Provider> ClientCore<P> {
                 return Ok(true);
             }
         }
-        let Some(body) = self.conn.spare.encode(msg, len) else {
+        let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
             return Err(Status::resource_exhausted(format!("no memory for a stream message of {len} bytes")));
         };
+        let body = GatherBody::encode(msg, own);
         self.outbox.push(Waiting::Body(Outgoing::new(h, body)));
         self.pump();
         self.flush();
