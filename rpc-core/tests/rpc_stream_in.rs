@@ -536,10 +536,17 @@ fn a_channel_sender_stalls_on_a_server_that_stops_reading_and_cancels_when_dropp
                 Err(_) => break,
             }
         }
-        // The stream's credits (16) + the queue to the dispatcher + the one held back for a credit.
-        let bound = 16 + STREAM_QUEUE as u64 + 1;
+        // The stream's credits (16), each a SEND of one message or a batch of those that waited
+        // for a credit, + the open batch waiting for the next (an eager buffer of 4096 bytes,
+        // messages of 1000 bytes and a frame's length each) + the queue to the dispatcher + the
+        // one held back when the batch is full.
+        let batched = 4096 / (rpc_core::wire::FRAME_LEN as u64 + 1000);
+        let bound = (16 + 1) * batched + STREAM_QUEUE as u64 + 1;
         assert!(sent <= bound, "{sent} messages went to a server that reads none (bound {bound})");
         assert!(sent >= 4, "only {sent} sent: no credits were granted");
+        // Messages that found no credit were framed into a batch, not held one by one.
+        let unbatched = 16 + STREAM_QUEUE as u64 + 1;
+        assert!(sent > unbatched, "{sent} sent: no more than one per credit (+ queue, + held)");
         drop(up);
     });
     let give_up = Instant::now() + Duration::from_secs(20);

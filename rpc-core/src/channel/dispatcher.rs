@@ -7,7 +7,8 @@
 //! doorbell for the batch → polls the CQ → hands finished calls to their tasks → releases
 //! cancelled ones. A caller's poll drives it when it is free (see [`super::UnaryCall`]), so a
 //! call can go out and come back on the caller's own thread with no hop between threads. A
-//! driver that leaves with calls queued or in flight either woke other tasks, or its own call is
+//! driver that leaves with calls queued or in flight either finished other tasks' calls (woken
+//! now, or queued to run since an earlier wake), or its own call is
 //! done (its task goes on and polls its next call): the session is "owed" to them, they drive it
 //! when polled. Otherwise it hands the session to the dispatcher thread
 //! ([`Inner::want_driver`]: a flag and, when the thread sleeps, an unpark).
@@ -23,7 +24,7 @@
 //! found it held makes it let go); with nothing to do it spins (`spins` empty loops), then waits
 //! per the polling policy (`Event`: arms the CQ, lets the session go and blocks on its
 //! completion channel, at most 1 ms at a time; a caller's poll meanwhile drives the session
-//! itself). Once it has woken tasks it leaves the session to them and sleeps again.
+//! itself). Once it has finished calls it leaves the session to their tasks and sleeps again.
 //!
 //! Threads that spin, on the benchmark's 2 cores with a current-thread runtime: the server's
 //! worker (one core) and the runtime's thread, whose calls' polls drive the session (at most
@@ -181,6 +182,7 @@ pub(crate) struct Stats {
     pub(crate) steps: AtomicU64,
     pub(crate) empty_steps: AtomicU64,
     pub(crate) event_waits: AtomicU64,
+    pub(crate) in_flight_at_start: AtomicU64,
 }
 
 /// Adds `n` to a statistics counter any thread may bump.
@@ -250,7 +252,7 @@ impl Inner {
     }
 
     /// A caller drives the session, if it is free, until `done()` holds, `spin` passes with no
-    /// completion, or (with `others_first`) another task was woken; then lets it go. What it
+    /// completion, or (with `others_first`) another call finished; then lets it go. What it
     /// leaves is owed to the tasks it woke (or to the caller's own task, whose call is done),
     /// or else [`Drove::unattended`]. `None` when another thread holds the session.
     pub(crate) fn drive(&self, spin: Duration, others_first: bool, done: &dyn Fn() -> bool) -> Option<Drove> {
@@ -262,6 +264,7 @@ impl Inner {
         };
         self.owed.store(false, Ordering::Relaxed);
         let d = g.as_mut().expect("checked by try_session");
+        d.delivered = 0;
         let mut drove = Drove { work: 0, woke: 0, unattended: false };
         let mut since: Option<Instant> = None;
         let mut spins = 0u32;
@@ -274,7 +277,9 @@ impl Inner {
             empty += u64::from(work == 0);
             drove.work += work;
             own = done();
-            if own || (others_first && d.woken() > 0) || !d.has_work() {
+            // Others' calls finished: their tasks (woken now, or queued to run since an earlier
+            // wake) poll next; holding on would keep them from issuing their next calls.
+            if own || (others_first && d.delivered > 0) || !d.has_work() {
                 break;
             }
             if work > 0 {
@@ -294,6 +299,7 @@ impl Inner {
         let calls = d.has_calls() || !self.queue.is_empty();
         let owes = d.owes_sends();
         drove.woke = d.woken();
+        let delivered = std::mem::take(&mut d.delivered);
         let batch = d.take_wakers();
         bump_held(&self.stats.caller_drives, 1);
         bump_held(&self.stats.steps, steps);
@@ -301,12 +307,13 @@ impl Inner {
         bump_held(&self.stats.wakes, batch.len() as u64);
         drop(g);
         wake_all(batch);
-        if calls && (drove.woke > 0 || own) {
-            // The tasks woken, or this caller's own task (its call is done: it goes on and
-            // polls its next call soon), drive it next; should none come back, the dispatcher
-            // thread, which watches the session while calls are in flight, takes it over after
-            // [`WATCH`] without a caller's drive. No unpark (a system call and a thread switch
-            // on the caller's core) per call.
+        if calls && (delivered > 0 || own) {
+            // The tasks whose calls finished (woken now or earlier, and not yet polled), or this
+            // caller's own task (its call is done: it goes on and polls its next call soon),
+            // drive it next; should none come back, the dispatcher thread, which watches the
+            // session while calls are in flight, takes it over after [`WATCH`] without a
+            // caller's drive. No unpark (a system call and a thread switch on the caller's core)
+            // per call.
             self.owed.store(true, Ordering::SeqCst);
         } else if calls || owes {
             // Nobody will come back for it: with no call in flight, messages still to post
@@ -439,6 +446,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 wakers: Vec::new(),
                 finished: Vec::new(),
                 changes_seen: 0,
+                delivered: 0,
                 empty: 0,
                 looks: 0,
             });
@@ -474,6 +482,8 @@ pub(crate) struct Driver {
     /// Calls finished in this step, handed over once the count in flight is published.
     finished: Vec<Arc<dyn Job>>,
     changes_seen: u64,
+    /// Calls handed to their tasks since the holder took the session.
+    delivered: usize,
     /// Steps in a row that found nothing to do.
     empty: u32,
     /// Empty steps between two looks at deadlines.
@@ -544,6 +554,7 @@ impl Driver {
     /// Starts queued calls while the session has slots; one doorbell for all of them.
     fn take_calls(&mut self, inner: &Inner, by_caller: bool) -> usize {
         let mut n = 0;
+        let mut at_start = 0u64;
         let before = self.in_flight.len();
         while with_any_core!(&self.core, c => c.has_free_slot()) {
             let Some(job) = inner.queue.pop() else { break };
@@ -553,6 +564,7 @@ impl Driver {
             }
             match job.start(&mut self.core) {
                 Ok(id) => {
+                    at_start += self.in_flight.len() as u64 + 1;
                     let unary = job.polled_by_caller();
                     self.passive += usize::from(!unary);
                     self.in_flight.push(InFlight { id, job, unary });
@@ -564,6 +576,7 @@ impl Driver {
             let started = (self.in_flight.len() - before) as u64;
             let by = if by_caller { &inner.started_by_callers } else { &inner.started_by_thread };
             by.fetch_add(started, Ordering::Relaxed);
+            bump_held(&inner.stats.in_flight_at_start, at_start);
             // The doorbell for the batch rings in the progress step that follows.
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
@@ -609,6 +622,7 @@ impl Driver {
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
+            self.delivered += self.finished.len();
             for job in self.finished.drain(..) {
                 job.release(&mut self.wakers);
             }
@@ -692,7 +706,10 @@ impl Dispatcher {
             // A caller holding the session leaves it to someone when it lets go.
             let Some(mut g) = inner.try_session() else { return };
             let d = g.as_mut().expect("checked by try_session");
+            d.delivered = 0;
             let work = d.step(inner, false);
+            // Tasks whose calls finished (woken now, or queued since an earlier wake).
+            let delivered = std::mem::take(&mut d.delivered) > 0;
             let calls = d.has_calls() || !inner.queue.is_empty();
             // Messages to post with no call in flight: no task drives for them, this thread
             // does until they are posted.
@@ -703,7 +720,7 @@ impl Dispatcher {
             bump_held(&inner.stats.empty_steps, u64::from(work == 0));
             bump_held(&inner.stats.wakes, batch.len() as u64);
             drop(g);
-            let woke = !batch.is_empty();
+            let woke = !batch.is_empty() || delivered;
             wake_all(batch);
             if !calls && !unowned {
                 return;
