@@ -989,7 +989,7 @@ fn stalls_while_held(c: &mut RawClient, guard: HoldGate) -> u64 {
     stalls
 }
 
-/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 21) while its
+/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 29) while its
 /// worker takes nothing (held in a handler): every request its credits allow, 15 more pieces of a
 /// ring body, a Cancel per call, a RingReturn per call, two Pings, two Pongs and a Close all find
 /// a receive WQE, on an SRQ sized by default for one such session: its SENDs never wait for one
@@ -1053,7 +1053,7 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
 /// that a Cancel holds its call's credit until the server's CancelAck arrives keeps all of it
 /// within `ServerConfig::srq_per_session`: no SEND waits for a receive WQE (RNR). Under the
 /// old rule (the credit returned with the answer) the crossed Cancels' credits carry 16 more
-/// requests and 16 more Cancels: 132 messages for 117 WQEs, and SENDs wait.
+/// requests and 16 more Cancels: 132 messages for 125 WQEs, and SENDs wait.
 #[test]
 fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
     use rpc_core::session::{Role, Session, SessionParams};

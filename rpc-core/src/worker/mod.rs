@@ -989,6 +989,13 @@ impl<P: Provider> Worker<P> {
                     Kind::Ping => self.mark_dirty(idx),
                     _ => {}
                 }
+                // A stream end or credit is a stream SEND: a RingReturn may be due for the
+                // credits such SENDs hold (`Session::take_ring_return`).
+                if matches!(kind, Kind::StreamEnd | Kind::StreamCredit)
+                    && self.entries[idx as usize].as_ref().is_some_and(|e| e.conn.session.ring_freed())
+                {
+                    self.mark_dirty(idx);
+                }
             }
         }
     }
