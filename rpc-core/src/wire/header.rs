@@ -688,7 +688,6 @@ mod tests {
             .prop_map(
                 |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session), extra)| {
                     let body = matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg);
-                    let call = matches!(kind, Kind::Request | Kind::Response);
                     let names = body
                         || matches!(
                             kind,
