@@ -991,9 +991,10 @@ fn stalls_while_held(c: &mut RawClient, guard: HoldGate) -> u64 {
 
 /// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 29) while its
 /// worker takes nothing (held in a handler): every request its credits allow, 15 more pieces of a
-/// ring body, a Cancel per call, a RingReturn per call, two Pings, two Pongs and a Close all find
+/// ring body, a Cancel per call, a RingReturn per call, the 8 stream SENDs beyond its credits
+/// (stream ends), two Pings, two Pongs and a Close all find
 /// a receive WQE, on an SRQ sized by default for one such session: its SENDs never wait for one
-/// (RNR). With the old reservation (2 × credits + 17 = 81 WQEs) its 116 messages ran the SRQ dry
+/// (RNR). With the old reservation (2 × credits + 17 = 81 WQEs) such messages ran the SRQ dry
 /// and its SENDs waited.
 #[test]
 fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
@@ -1029,6 +1030,12 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
         c.send_eager(Header { slot, session: s, ..Header::new(Kind::Cancel) }, &[]);
         c.send_eager(Header { session: s, ..Header::new(Kind::RingReturn) }, &[]);
         sent += 2;
+    }
+    // The stream SENDs only the 8 credits beyond `credits` allow (stream ends of a unary call
+    // change nothing, but take their WQEs).
+    for _ in 0..rpc_core::session::STREAM_RESERVED_CREDITS {
+        c.send_eager(Header { slot: 0, session: s, ..Header::new(Kind::StreamEnd) }, &[]);
+        sent += 1;
     }
     for kind in [Kind::Ping, Kind::Ping, Kind::Pong, Kind::Pong, Kind::Close] {
         c.send_eager(Header { session: s, ..Header::new(kind) }, &[]);
