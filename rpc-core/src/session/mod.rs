@@ -889,7 +889,8 @@ impl Session {
 
     fn check_credit(&self) -> Result<(), &'static str> {
         if self.unanswered.len() >= usize::from(self.params.credits)
-            || self.unanswered.len() as u64 + u64::from(self.sends.unreported()) >= u64::from(self.send_pool())
+            || self.unanswered.len() as u64 + u64::from(self.sends.unreported())
+                >= u64::from(self.send_pool())
         {
             return Err("request beyond the granted credits");
         }

@@ -307,7 +307,10 @@ fn stream_sends_beyond_the_credits_are_refused_at_both_ends() {
     assert_eq!(carry(&mut s, &mut c, lie).map(|_| ()), Ok(()), "stamped by the server: its real count 0");
     let mut lie = Header { session: 5, ..Header::new(Kind::Pong) };
     lie.stream_taken = 1;
-    assert_eq!(c.handle_header(&lie, Instant::now).unwrap_err(), "stream SENDs counted taken beyond those sent");
+    assert_eq!(
+        c.handle_header(&lie, Instant::now).unwrap_err(),
+        "stream SENDs counted taken beyond those sent"
+    );
     let bad = Header { stream_taken: 1, session: 5, ..Header::new(Kind::Ping) };
     assert_eq!(s.handle_header(&bad, Instant::now).unwrap_err(), "a client's message carries a stream count");
 }
