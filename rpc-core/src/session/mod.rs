@@ -469,18 +469,18 @@ impl Session {
     /// Drivers ask [`Session::take_ring_return`], which also knows whether the peer can be
     /// waiting for the space.
     ///
-    /// A server also sends one when [`STREAM_RESERVED_CREDITS`] or more of the client's stream
-    /// SENDs it took are unreported (the client may wait for their credits).
+    /// A server also sends one when the client's stream SENDs it took and did not report, with
+    /// its unanswered requests, hold every credit of the client (it may wait for the count).
     pub fn ring_return_due(&self) -> bool {
         let unreported = self.consumer.unreported();
         (unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty()))
             || self.stream_return_due()
     }
 
-    /// Server: whether enough of the client's stream SENDs are taken and unreported for a
-    /// RingReturn of their own.
+    /// Server: whether the client's stream SENDs taken and unreported are worth a RingReturn of
+    /// their own ([`StreamSends::full`]).
     fn stream_return_due(&self) -> bool {
-        self.role == Role::Server && self.sends.unreported() >= u32::from(STREAM_RESERVED_CREDITS)
+        self.role == Role::Server && self.sends.full(self.unanswered.len(), self.send_pool())
     }
 
     /// Whether ring space was freed, or (server) enough of the client's stream SENDs were taken
@@ -496,10 +496,13 @@ impl Session {
     /// needs our ring only to send into it: a server answers only calls in flight, so a client
     /// with none in flight and nothing arriving in pieces lets its next request carry the head;
     /// a client may start a call at any time, so a server tells it whenever
-    /// [`Session::ring_return_due`].
+    /// [`Session::ring_return_due`]. For the client's stream SENDs taken unreported, a server
+    /// sends one only when no control message waits (which would carry the count).
     #[inline]
     pub fn take_ring_return(&mut self) -> bool {
-        if std::mem::take(&mut self.sends.due) && self.stream_return_due() {
+        // A control message waiting (a stream credit, a CancelAck) carries the count: the
+        // drivers queue those right after asking this.
+        if std::mem::take(&mut self.sends.due) && self.stream_return_due() && !self.has_control() {
             self.ring_freed = false;
             return true;
         }
@@ -666,6 +669,7 @@ impl Session {
                     deadline,
                     ended: false,
                 });
+                self.sends.note(self.unanswered.len(), self.send_pool());
             }
             Kind::Close => self.closed = true,
             Kind::Ping => self.liveness.pong_due = true,
@@ -733,6 +737,7 @@ impl Session {
     fn open_peer_stream(&mut self, h: &Header, now: impl FnOnce() -> Instant) {
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
         self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        self.sends.note(self.unanswered.len(), self.send_pool());
         let i = self.streams.open(
             h.slot,
             h.generation,

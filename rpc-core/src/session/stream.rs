@@ -174,8 +174,8 @@ pub(super) struct StreamSends {
     pub(super) taken: u32,
     /// Server: `taken` as the last stamped header carried it.
     pub(super) reported: u32,
-    /// Server: [`STREAM_RESERVED_CREDITS`] or more became unreported since a RingReturn was
-    /// last considered.
+    /// Server: the client's credits may all be held (see [`StreamSends::full`]) since a
+    /// RingReturn was last considered.
     pub(super) due: bool,
 }
 
@@ -222,9 +222,24 @@ impl StreamSends {
             return Err("stream SENDs beyond the session's credits");
         }
         self.taken = self.taken.wrapping_add(1);
-        if unreported + 1 >= u32::from(STREAM_RESERVED_CREDITS) {
+        self.note(unanswered, pool);
+        Ok(())
+    }
+
+    /// Server: whether every credit of the client may be held, by `unanswered` requests and the
+    /// stream SENDs taken and unreported: only then can the client be waiting for the count
+    /// (a client that waits has sent requests and stream SENDs up to `pool`, and what the server
+    /// took of them and did not answer is all it holds), so only then is a RingReturn of its own
+    /// worth it.
+    pub(super) fn full(&self, unanswered: usize, pool: u32) -> bool {
+        let unreported = self.unreported();
+        unreported > 0 && unanswered as u64 + u64::from(unreported) >= u64::from(pool)
+    }
+
+    /// Server: sets `due` when [`StreamSends::full`] (after a request or a stream SEND arrived).
+    pub(super) fn note(&mut self, unanswered: usize, pool: u32) {
+        if self.full(unanswered, pool) {
             self.due = true;
         }
-        Ok(())
     }
 }

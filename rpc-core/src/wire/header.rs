@@ -60,8 +60,9 @@
 //! the server has not taken are together at most its credits plus
 //! [`crate::session::STREAM_RESERVED_CREDITS`] (credits only stream SENDs use, so a stream always
 //! moves), and the server reserves receive WQEs per session for that (`endpoint::conn::srq_need`);
-//! a client beyond it is closed. A server sends a [`Kind::RingReturn`] when that many are
-//! unreported and no other message carries the count.
+//! a client beyond it is closed. A server sends a [`Kind::RingReturn`] for the count alone
+//! only when the SENDs it took unreported and its unanswered requests hold all those credits
+//! (only then can the client be waiting for it) and no other message carries the count.
 //!
 //! [`batch_frames`] checks a received batch (count, lengths, exact tiling) before anything reads
 //! it; a batch that does not check closes the session.
