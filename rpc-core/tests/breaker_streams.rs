@@ -244,25 +244,45 @@ fn stream_messages_beyond_the_granted_credits_close_the_offender() {
 
 /// Stream SENDs hold request credits: a raw client (8 credits) that sends stream ends for a
 /// call that is no stream (each harmless alone) beyond its credits plus the 8 only stream SENDs
-/// use, before any header of the server could have given one back, is closed as malformed, and
-/// the server serves others. Before, such a flood was unbounded (each took a receive WQE).
+/// use, while the worker is held (so no header of the server can have given one back), is
+/// closed as malformed, and the server serves others. Before, such a flood was unbounded (each took a receive WQE).
 #[test]
 fn stream_sends_beyond_the_sessions_credits_close_the_offender() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     let pool = u32::from(raw.credits) + u32::from(rpc_core::session::STREAM_RESERVED_CREDITS);
-    for _ in 0..pool {
+    for _ in 0..pool - 1 {
         raw.send(control(Kind::StreamEnd, 5, 0), &[]);
     }
-    // Up to the pool, it is legal: the next message of the server reports them taken.
+    // Up to the pool with a request, it is legal (and its answer reports them taken).
     raw_unary_works(&mut raw, 1);
     assert_eq!(h.counters().malformed, 0);
+    drop(raw);
+    h.shutdown();
+    // One more than the pool, all in the SRQ before the worker takes any (it is held by another
+    // session's call), so no header of the server can have reported some of them meanwhile.
+    let (hold, gate) = rpc_support::Hold::new();
+    let h = server()
+        .add_service(Break)
+        .add_service(TestService::default())
+        .add_service(hold)
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let mut holder = connect_raw(h.local_addr());
     let mut raw = connect_raw(h.local_addr());
+    holder.send(request(0, rpc_support::HOLD, 0, 0), &[]);
+    until("the held call reaches its handler", || gate.entered());
     for _ in 0..=pool {
         raw.send(control(Kind::StreamEnd, 5, 0), &[]);
     }
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while raw.sq.outstanding() > 0 && Instant::now() < give_up {
+        raw.poll();
+        std::thread::yield_now();
+    }
+    drop(gate);
     closed_as_malformed(&h, 0, "stream SENDs beyond credits + 8");
-    drop(raw);
+    drop((raw, holder));
     h.shutdown();
 }
 
