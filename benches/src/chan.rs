@@ -100,8 +100,15 @@ pub fn run_client(
         let req = rpc::echo_request(req_size, resp_size);
         let bytes_per_call = (req_size + resp_size) as u64;
         let before = stub.channel().stats();
-        let (elapsed, results) =
-            rt.block_on(run_tasks(&stub, &req, tasks, per_task, limit, args.warmup, timed))?;
+        let (elapsed, results) = rt.block_on(run_tasks(
+            &stub,
+            &req,
+            tasks,
+            per_task,
+            limit,
+            args.warmup_for(req_size + resp_size),
+            timed,
+        ))?;
         let calls: u64 = results.iter().map(|r| r.calls).sum();
         print_stats(&before, &stub.channel().stats());
         Ok(if timed {
@@ -129,7 +136,7 @@ fn print_stats(a: &ChannelStats, b: &ChannelStats) {
     eprintln!(
         " channel per call: started by callers {:.3}, by threads {:.3}; caller drives {:.3} \
          (session busy {:.3}); dispatcher steps {:.3}, runs {:.4}, handoffs {:.4}, unparks {:.4}, \
-         event waits {:.4}; task wakes {:.3}; steps {:.2} ({:.2} empty)",
+         event waits {:.4}; task wakes {:.3}; steps {:.2} ({:.2} empty); in flight at start {:.2}",
         per(b.started_by_callers, a.started_by_callers),
         per(b.started_by_threads, a.started_by_threads),
         per(b.caller_drives, a.caller_drives),
@@ -142,6 +149,7 @@ fn print_stats(a: &ChannelStats, b: &ChannelStats) {
         per(b.wakes, a.wakes),
         per(b.steps, a.steps),
         per(b.empty_steps, a.empty_steps),
+        per(b.in_flight_at_start, a.in_flight_at_start),
     );
 }
 

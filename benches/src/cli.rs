@@ -8,8 +8,14 @@ use clap::{Parser, ValueEnum};
 pub const DEFAULT_PORT: u16 = 18515;
 /// Default message size in bytes (the goal's "small RPC": 32 B each way).
 pub const DEFAULT_SIZE: usize = 32;
-/// Largest message of a `-a` sweep and of `-s`: 8 MiB (perftest's `MAX_SIZE`).
-pub const MAX_SIZE: usize = 8 << 20;
+/// Largest message of a `-a` sweep: 8 MiB (perftest's `MAX_SIZE`).
+pub const SWEEP_MAX: usize = 8 << 20;
+/// Largest message of `-s`, `--req-size` and `--resp-size`: 64 MiB, the runtime's default
+/// `max_message_size` (rpc-perf raises the limit of its own client and server by
+/// [`ENVELOPE`] so that a payload of this size fits with its protobuf framing).
+pub const MAX_SIZE: usize = 64 << 20;
+/// Bytes of protobuf framing allowed around a payload (field tags, lengths, `resp_size`).
+pub const ENVELOPE: usize = 64;
 
 /// perftest-style latency and bandwidth of RPCs and of raw verbs, on the same transport.
 ///
@@ -54,11 +60,12 @@ pub struct Args {
           value_parser = clap::value_parser!(i32).range(-1..=255))]
     pub gid_index: i32,
 
-    /// Message size in bytes (raw tests; RPC request and response unless --req-size/--resp-size).
+    /// Message size in bytes, 1 to 64M (raw tests; RPC request and response unless
+    /// --req-size/--resp-size).
     #[arg(short = 's', long, default_value_t = DEFAULT_SIZE, value_parser = parse_size)]
     pub size: usize,
 
-    /// Sweep sizes 2, 4, 8, .. 8 MiB (perftest's -a).
+    /// Sweep sizes 2, 4, 8, .. 8 MiB (perftest's -a; larger sizes with -s, up to 64 MiB).
     #[arg(short = 'a', long)]
     pub all: bool,
 
@@ -71,7 +78,7 @@ pub struct Args {
     pub resp_size: Option<usize>,
 
     /// Iterations per size (default: 100000 for small messages, fewer above 8 KiB so that one size
-    /// moves at most 1 GiB, and never fewer than 1000).
+    /// moves at most 1 GiB, and never fewer than 1000 up to 16 MiB per iteration, 16 above).
     #[arg(short = 'n', long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(5..))]
     pub iters: Option<u64>,
 
@@ -79,9 +86,16 @@ pub struct Args {
     #[arg(short = 'D', long, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub duration: Option<u64>,
 
-    /// Iterations run before measuring, at each size.
+    /// Iterations run before measuring, at each size (at most that size's default iterations,
+    /// so that a 64 MiB run does not warm up with 64 GB).
     #[arg(long, default_value_t = 1000)]
     pub warmup: u64,
+
+    /// Receive-ring bytes of the RPC tests' client and server (default: room for four messages
+    /// of the largest size, 1M to 64M; `--ring-bytes 1M` is the runtime's default configuration,
+    /// where larger messages go through the ring in pieces).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ring)]
+    pub ring_bytes: Option<usize>,
 
     /// Outstanding RPCs (rpc_lat default 1, rpc_bw default 32).
     #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -253,11 +267,22 @@ pub enum PollKind {
 }
 
 /// Parses a byte count: a number with an optional `K`, `M` or `G` suffix (binary: 1K = 1024),
-/// from 1 byte to [`MAX_SIZE`].
+/// from 1 byte to [`MAX_SIZE`] (64 MiB).
 ///
 /// # Errors
 /// A message naming the accepted forms and range.
 pub fn parse_size(s: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(s)?;
+    if !(1..=MAX_SIZE).contains(&bytes) {
+        return Err(format!(
+            "{bytes} bytes is outside 1..={MAX_SIZE} (64M, the runtime's default max_message_size)"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A number with an optional binary `K`, `M` or `G` suffix.
+fn parse_bytes(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let (digits, mult) = match t.char_indices().last() {
         Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
@@ -266,9 +291,18 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         _ => (t, 1),
     };
     let n: usize = digits.parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 32, 4K, 1M)"))?;
-    let bytes = n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))?;
-    if !(1..=MAX_SIZE).contains(&bytes) {
-        return Err(format!("{bytes} bytes is outside 1..={MAX_SIZE} (8M)"));
+    n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// Parses a ring length: a byte count as [`parse_size`], from 4 KiB to 1 GiB (the runtime's
+/// `ring_bytes` range for rpc-perf's messages).
+///
+/// # Errors
+/// A message naming the range.
+pub fn parse_ring(s: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(s)?;
+    if !(4096..=1 << 30).contains(&bytes) {
+        return Err(format!("ring of {bytes} bytes is outside 4096..=1073741824 (4K to 1G)"));
     }
     Ok(bytes)
 }
@@ -285,9 +319,9 @@ pub fn parse_svg_path(s: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// The sizes of a `-a` sweep: powers of two from 2 bytes to [`MAX_SIZE`], as perftest's.
+/// The sizes of a `-a` sweep: powers of two from 2 bytes to [`SWEEP_MAX`], as perftest's.
 pub fn sweep_sizes() -> Vec<usize> {
-    (1..=MAX_SIZE.trailing_zeros()).map(|e| 1usize << e).collect()
+    (1..=SWEEP_MAX.trailing_zeros()).map(|e| 1usize << e).collect()
 }
 
 impl Args {
@@ -317,6 +351,11 @@ impl Args {
     /// Tokio tasks of a chan_* test.
     pub fn tasks_for(&self, test: TestKind) -> u32 {
         self.tasks.unwrap_or(if test == TestKind::ChanBw { 8 } else { 1 })
+    }
+
+    /// Warm-up iterations for `bytes` per iteration: `--warmup`, at most [`default_iters`].
+    pub fn warmup_for(&self, bytes_per_iter: usize) -> u64 {
+        self.warmup.min(default_iters(bytes_per_iter))
     }
 
     /// How long to run one size: a number of iterations or a duration.
@@ -368,10 +407,11 @@ pub enum Limit {
 }
 
 /// Default iterations for `bytes` per iteration: 100000, reduced so that one size moves at most
-/// 1 GiB, never below 1000.
+/// 1 GiB, never below 1000 up to 16 MiB per iteration (8 MiB each way), never below 16 above.
 pub fn default_iters(bytes: usize) -> u64 {
     const BUDGET: u64 = 1 << 30;
-    (BUDGET / bytes.max(1) as u64).clamp(1000, 100_000)
+    let floor = if bytes <= 2 * SWEEP_MAX { 1000 } else { 16 };
+    (BUDGET / bytes.max(1) as u64).clamp(floor, 100_000)
 }
 
 #[cfg(test)]
@@ -460,8 +500,10 @@ mod tests {
         assert_eq!(parse(&["-n", "10", "-D", "1"]).unwrap_err().kind(), ErrorKind::ArgumentConflict);
         assert_eq!(parse(&["host", "--loopback"]).unwrap_err().kind(), ErrorKind::ArgumentConflict);
         assert_eq!(parse(&["--transport", "tcp"]).unwrap_err().kind(), ErrorKind::InvalidValue);
-        let e = parse(&["-s", "9M"]).unwrap_err().to_string();
-        assert!(e.contains("outside 1..=8388608"), "{e}");
+        let e = parse(&["-s", "65M"]).unwrap_err().to_string();
+        assert!(e.contains("outside 1..=67108864 (64M, the runtime's default max_message_size)"), "{e}");
+        let e = parse(&["--req-size", "67108865"]).unwrap_err().to_string();
+        assert!(e.contains("outside 1..=67108864"), "{e}");
         let e = parse(&["-s", "abc"]).unwrap_err().to_string();
         assert!(e.contains("not a byte count"), "{e}");
         let e = parse(&["--plot", "x.png"]).unwrap_err().to_string();
@@ -483,8 +525,22 @@ mod tests {
         assert_eq!(parse_size("1M"), Ok(1 << 20));
         assert!(parse_size("0").is_err());
         assert!(parse_size("1G").is_err());
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("9M"), Ok(9 << 20));
         assert_eq!(default_iters(32), 100_000);
         assert_eq!(default_iters(1 << 20), 1024);
         assert_eq!(default_iters(8 << 20), 1000);
+        assert_eq!(default_iters(16 << 20), 1000);
+        assert_eq!(default_iters(128 << 20), 16);
+        let a = parse(&["-s", "64M"]).unwrap();
+        assert_eq!(a.sizes(), vec![64 << 20]);
+        assert_eq!((a.warmup_for(32), a.warmup_for(128 << 20)), (1000, 16));
+        assert_eq!(parse(&["--warmup", "3"]).unwrap().warmup_for(128 << 20), 3);
+        assert_eq!(a.ring_bytes, None);
+        assert_eq!(parse(&["--ring-bytes", "1M"]).unwrap().ring_bytes, Some(1 << 20));
+        assert!(parse(&["--ring-bytes", "2G"])
+            .unwrap_err()
+            .to_string()
+            .contains("outside 4096..=1073741824"));
     }
 }

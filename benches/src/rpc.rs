@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rpc_core::codegen::{Reply, RequestContext, RequestStream, Responder, Status, StreamSink};
 use rpc_core::{ClientConfig, PollingPolicy, Server, ServerHandle, Transport};
 
-use crate::cli::{Args, Limit, PollKind, TestKind, MAX_SIZE};
+use crate::cli::{Args, Limit, PollKind, TestKind, ENVELOPE, MAX_SIZE};
 use crate::error::PerfError;
 use crate::oob::{Msg, OobChannel, OOB_VERSION};
 use crate::progress::Progress;
@@ -160,10 +160,15 @@ pub fn polling(kind: PollKind) -> PollingPolicy {
     }
 }
 
-/// Receive-ring bytes for messages up to `max_size`: room for four in flight, 1 MiB .. 1 GiB.
+/// Receive-ring bytes for messages up to `max_size`: room for four in flight, 1 MiB .. 64 MiB
+/// (larger messages go through the ring in pieces, as with the runtime's default 1 MiB ring).
 pub fn ring_bytes_for(max_size: usize) -> u32 {
-    (4 * (max_size as u64 + (64 << 10))).next_power_of_two().clamp(1 << 20, 1 << 30) as u32
+    (4 * (max_size as u64 + (64 << 10))).next_power_of_two().clamp(1 << 20, 64 << 20) as u32
 }
+
+/// The `max_message_size` of rpc-perf's own client and server: [`MAX_SIZE`] payload bytes and
+/// their protobuf framing.
+pub const MESSAGE_LIMIT: u32 = (MAX_SIZE + ENVELOPE) as u32;
 
 /// The RPC server side of a session: one RPC server, restarted when a test needs bigger rings
 /// or more credits than the running one has.
@@ -195,10 +200,10 @@ impl ServerState {
     ) -> Result<u16, PerfError> {
         if !(1..=MAX_SIZE).contains(&max_size) || !(1..=4096).contains(&concurrency) {
             return Err(PerfError::Setup(format!(
-                "{what}: client asked for {max_size}-byte messages and {concurrency} calls in flight; limits are 1..=8M and 1..=4096"
+                "{what}: client asked for {max_size}-byte messages and {concurrency} calls in flight; limits are 1..={MAX_SIZE} (64M) and 1..=4096"
             )));
         }
-        let ring = ring_bytes_for(max_size);
+        let ring = args.ring_bytes.map_or_else(|| ring_bytes_for(max_size), |r| r as u32);
         let credits = concurrency.max(32) as u16;
         let fits = matches!(&self.running, Some((_, r, c)) if *r >= ring && *c >= credits);
         if !fits {
@@ -210,6 +215,7 @@ impl ServerState {
                 .polling(polling(args.poll))
                 .worker_cores(self.worker_core.into_iter().collect())
                 .ring_bytes(ring)
+                .max_message_size(MESSAGE_LIMIT)
                 .credits_per_session(credits)
                 .srq_depth((2 * u32::from(credits) + 1).max(4096))
                 .add_service(BenchServer::new(BenchService::default()))
@@ -301,7 +307,8 @@ pub(crate) fn client_config(
         .transport(runtime_transport(resolved, args))
         .polling(poll)
         .window(window)
-        .ring_bytes(ring_bytes_for(max_size))
+        .ring_bytes(args.ring_bytes.map_or_else(|| ring_bytes_for(max_size), |r| r as u32))
+        .max_message_size(MESSAGE_LIMIT)
 }
 
 /// The banner lines of an RPC test: transport, server, concurrency, then `extra` (the test's
@@ -414,17 +421,18 @@ pub fn run_client(
     sink.begin_test(test, started.sizes.len(), info);
     each_size(args, test, &started, concurrency, sink, |req_size, resp_size, limit, progress| {
         let req = echo_request(req_size, resp_size);
+        let warmup = args.warmup_for(req_size + resp_size);
         Ok(if test == TestKind::RpcLat {
             let rec = if concurrency == 1 {
-                blocking_latency(&client, &req, limit, args.warmup, progress)?
+                blocking_latency(&client, &req, limit, warmup, progress)?
             } else {
                 let mut rec = LatencyRecorder::new();
-                windowed(&client, &req, concurrency, limit, args.warmup, progress, Some(&mut rec))?;
+                windowed(&client, &req, concurrency, limit, warmup, progress, Some(&mut rec))?;
                 rec
             };
             crate::raw::latency_measure(&rec)
         } else {
-            Measure::Bandwidth(windowed(&client, &req, concurrency, limit, args.warmup, progress, None)?)
+            Measure::Bandwidth(windowed(&client, &req, concurrency, limit, warmup, progress, None)?)
         })
     })?;
     let c = client.client().counters();
@@ -546,5 +554,16 @@ mod tests {
         assert_eq!(ring_bytes_for(32), 1 << 20);
         assert_eq!(ring_bytes_for(1 << 20), 8 << 20);
         assert_eq!(ring_bytes_for(8 << 20), 64 << 20);
+        assert_eq!(ring_bytes_for(64 << 20), 64 << 20);
+    }
+
+    #[test]
+    fn the_size_limit_is_the_runtimes_default_message_limit() {
+        assert_eq!(MAX_SIZE, rpc_core::ClientConfig::default().max_message_size as usize);
+        assert_eq!(MAX_SIZE, rpc_core::ServerConfig::default().max_message_size as usize);
+        let framed = echo_request(MAX_SIZE, MAX_SIZE);
+        assert!(prost::Message::encoded_len(&framed) <= MESSAGE_LIMIT as usize);
+        let reply = EchoReply { payload: Bytes::from_static(static_payload()) };
+        assert!(prost::Message::encoded_len(&reply) <= MESSAGE_LIMIT as usize);
     }
 }

@@ -125,8 +125,9 @@ pub fn run_client(
             TestKind::StreamBidiBw => exchange(&client, size, limit, progress),
             _ => take(&client, size, limit, progress),
         };
-        if args.warmup > 0 {
-            run(Limit::Iters(args.warmup), None)?;
+        let warmup = args.warmup_for(size);
+        if warmup > 0 {
+            run(Limit::Iters(warmup), None)?;
         }
         Ok(Measure::Bandwidth(run(limit, Some(progress))?))
     })?;

@@ -130,9 +130,9 @@ fn call_prints_the_reply_as_json() {
     let out = call(&[&addr, "rpcperf.Bench/Echo", "--proto", &proto, "--deadline", "5s"]).unwrap();
     assert_eq!(out, "{}\n");
     // The server's own error, shown with its code.
-    let e = call(&[&addr, "rpcperf.Bench/Echo", "--proto", &proto, "--data", r#"{"respSize":9000000}"#])
+    let e = call(&[&addr, "rpcperf.Bench/Echo", "--proto", &proto, "--data", r#"{"respSize":70000000}"#])
         .unwrap_err();
-    assert_eq!(e, "rpcperf.Bench/Echo: INVALID_ARGUMENT: resp_size 9000000 is over the 8388608-byte limit");
+    assert_eq!(e, "rpcperf.Bench/Echo: INVALID_ARGUMENT: resp_size 70000000 is over the 67108864-byte limit");
     h.shutdown();
 }
 
@@ -232,7 +232,7 @@ fn bench_counts_exactly_n_calls_and_the_statuses_the_server_answered() {
         "--data",
         r#"{"payload":"AAECAw==","respSize":16}"#,
         "--data",
-        r#"{"respSize":9000000}"#,
+        r#"{"respSize":70000000}"#,
         "-n",
         "101",
         "-c",
@@ -259,7 +259,10 @@ fn bench_counts_exactly_n_calls_and_the_statuses_the_server_answered() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     assert_eq!(v["status_counts"]["INVALID_ARGUMENT"], 50);
-    assert_eq!(v["status_messages"]["INVALID_ARGUMENT"], "resp_size 9000000 is over the 8388608-byte limit");
+    assert_eq!(
+        v["status_messages"]["INVALID_ARGUMENT"],
+        "resp_size 70000000 is over the 67108864-byte limit"
+    );
     assert_eq!(v["calls"], 101);
     assert_eq!(v["method"], "rpcperf.Bench/Echo");
     h.shutdown();

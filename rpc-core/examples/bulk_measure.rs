@@ -6,7 +6,8 @@
 //!
 //! `cargo run --release -p rpc-core --no-default-features --example bulk_measure [SIZE] [N]`
 //! (defaults: 64 MiB, 20 calls). SIZE must stay within the default `max_message_size` (64 MiB)
-//! minus the few bytes of protobuf framing.
+//! minus the few bytes of protobuf framing. With `BULK_MEASURE_EVENTS=1` both sides wait on
+//! completion events (for callgrind: `BULK_MEASURE_EVENTS=1 valgrind --tool=callgrind ... SIZE N`).
 
 use std::time::{Duration, Instant};
 
@@ -45,14 +46,22 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let size: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or((64 << 20) - 16);
     let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20);
+    // BULK_MEASURE_EVENTS=1: both sides wait on completion events instead of spinning (for
+    // instruction counts under callgrind, which runs one thread at a time).
+    let polling = if std::env::var_os("BULK_MEASURE_EVENTS").is_some() {
+        PollingPolicy::Event { spins: 0 }
+    } else {
+        PollingPolicy::Busy
+    };
     let server = Server::builder()
         .worker_cores(vec![1])
-        .polling(PollingPolicy::Busy)
+        .polling(polling)
         .add_service(Bulk)
         .spawn("127.0.0.1:0")
         .expect("server starts");
     let _ = core_affinity::set_for_current(core_affinity::CoreId { id: 0 });
-    let client = Client::connect_with(server.local_addr(), &ClientConfig::default()).expect("connects");
+    let client = Client::connect_with(server.local_addr(), &ClientConfig::default().polling(polling))
+        .expect("connects");
     let req = Blob { data: vec![3u8; size].into() };
     let want_sum = 3 * size as u64;
     let mut times = Vec::with_capacity(n);

@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use rpc_core::buffers::split_send_wr_id;
 use rpc_core::codegen::*;
-use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::{CompletionQueue, QueuePair, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
-use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
+use rpc_core::wire::{Header, Kind, HEADER_LEN};
 use rpc_core::{Client, ServerHandle};
 use rpc_support::*;
 
@@ -471,14 +470,7 @@ fn fake_server(
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let t = std::thread::spawn(move || {
-        let (mut tcp, _) = listener.accept().unwrap();
-        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
-        let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
-        peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
-        let mut mine = peer.handshake(hello.credits, hello.eager_threshold, hello.max_message, 77);
-        tweak(&mut mine);
-        write_frame(&mut tcp, &Frame::Handshake(mine)).unwrap();
-        let mut c = RawClient::over(peer, &hello, 77, tcp.try_clone().unwrap());
+        let (mut c, tcp) = RawClient::accept(&listener, 77, tweak);
         let Some((req, _)) = c.response(Duration::from_secs(10)) else { return };
         answer(&mut c, req);
         // Stay up (the TCP channel open) for a while so the client judges the messages only.

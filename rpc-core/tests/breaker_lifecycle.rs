@@ -11,8 +11,7 @@ mod rpc_support;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use rpc_core::verbs::rc::RcConfig;
-use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN, STREAM_BATCH};
+use rpc_core::wire::{Header, Kind, HEADER_LEN, STREAM_BATCH};
 use rpc_core::{CallOptions, Client};
 use rpc_support::*;
 
@@ -25,13 +24,7 @@ fn fake_server(serve: fn(&mut RawClient)) -> (std::net::SocketAddr, std::thread:
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let t = std::thread::spawn(move || {
-        let (mut tcp, _) = listener.accept().unwrap();
-        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
-        let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
-        peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
-        let mine = peer.handshake(hello.credits, hello.eager_threshold, hello.max_message, SESSION);
-        write_frame(&mut tcp, &Frame::Handshake(mine)).unwrap();
-        let mut c = RawClient::over(peer, &hello, SESSION, tcp.try_clone().unwrap());
+        let (mut c, tcp) = RawClient::accept(&listener, SESSION, |_| {});
         serve(&mut c);
         std::thread::sleep(Duration::from_millis(1500));
         drop(tcp);
@@ -298,12 +291,7 @@ fn dropping_the_future_client_and_runtime_while_a_reconnect_runs_leaks_no_thread
         let client = Client::connect_with(addr, &cfg).unwrap();
         check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
         server.shutdown();
-        let give_up = Instant::now() + Duration::from_secs(10);
-        while client.closed_reason().is_none() {
-            assert!(Instant::now() < give_up, "the client never saw the server go");
-            client.progress();
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until_closed(&client);
         let mute = std::net::TcpListener::bind(addr).expect("the server's address is free again");
         let fut = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default());
         if round == 0 {

@@ -248,6 +248,83 @@ fn a_completion_wakes_its_task_once_and_nothing_wakes_itself() {
     server.shutdown();
 }
 
+/// A call whose answer another poll's drive already delivered resolves at once: its poll does
+/// not drive the session on (waiting for someone else's answer before handing out its own would
+/// keep its task from issuing the next call; that call's poll drives).
+#[test]
+fn an_answer_already_delivered_is_taken_without_driving_the_session() {
+    let (server, stash) = spawn(server());
+    let ch = Channel::connect_blocking(
+        server.local_addr(),
+        &channel_config("chan-taken").poll_spin(Duration::from_millis(1)),
+    )
+    .unwrap();
+    let waker = Arc::new(CountingWaker(AtomicUsize::new(0), std::thread::current()));
+    let w = Waker::from(waker.clone());
+    let mut cx = Context::from_waker(&w);
+    // Never answered (nor polled: no task waits for it, so the dispatcher thread stays out of
+    // the way): the session keeps a call in flight, so a driver always leaves work.
+    let stuck = ch.unary::<EchoMsg, EchoMsg>(STASH, request(1, 4, 0), &CallOptions::default());
+    let mut a = Box::pin(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(2, 8, 8), &CallOptions::default()));
+    let mut b = Box::pin(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(3, 8, 8), &CallOptions::default()));
+    let mut c = Box::pin(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(4, 8, 8), &CallOptions::default()));
+    // c's polls drive the session; the server answers in order, so by the time c has its answer,
+    // a's and b's were delivered too.
+    let until = Instant::now() + Duration::from_secs(10);
+    let rc = loop {
+        if let Poll::Ready(r) = c.as_mut().poll(&mut cx) {
+            break r;
+        }
+        assert!(Instant::now() < until, "c never answered");
+        std::thread::park_timeout(Duration::from_millis(1));
+    };
+    check_reply(&rc.unwrap(), 4, 8);
+    let before = ch.stats();
+    for (seq, call) in [(2, &mut a), (3, &mut b)] {
+        let Poll::Ready(r) = call.as_mut().poll(&mut cx) else { panic!("{seq}'s answer was not there") };
+        check_reply(&r.unwrap(), seq, 8);
+    }
+    let after = ch.stats();
+    assert_eq!(
+        (after.caller_drives, after.caller_busy),
+        (before.caller_drives, before.caller_busy),
+        "taking a delivered answer drove the session (or tried to): {after:?}"
+    );
+    drop(stuck);
+    drop(stash);
+    server.shutdown();
+}
+
+/// Under tokio, each call spends the task's cooperative budget: a task whose answers are all
+/// there (so none of its polls returns `Pending`) still yields now and then, and the runtime's
+/// other tasks run (on one executor thread, they would wait until it is done).
+#[test]
+fn a_task_whose_answers_are_all_there_yields_to_the_other_tasks() {
+    let (server, _) = spawn(server());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let addr = server.local_addr();
+    let other_ran = rt.block_on(async move {
+        let ch = Channel::connect_with(addr, &channel_config("chan-coop")).await.unwrap();
+        let mut calls: Vec<_> = (0..400u64)
+            .map(|s| (s, ch.unary::<EchoMsg, EchoMsg>(ECHO, request(s, 8, 8), &CallOptions::default())))
+            .collect();
+        // The last call's answer comes last: once it is there, every other answer was delivered.
+        let (s, last) = calls.pop().unwrap();
+        check_reply(&last.await.unwrap(), s, 8);
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        // Runs only when this task yields (one executor thread).
+        tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
+        for (s, call) in calls {
+            check_reply(&call.await.unwrap(), s, 8);
+        }
+        ran.load(Ordering::SeqCst)
+    });
+    drop(rt);
+    server.shutdown();
+    assert!(other_ran, "399 answers taken without the other task running once");
+}
+
 #[test]
 fn calls_from_one_task_are_started_by_its_own_polls_not_the_dispatcher_thread() {
     let (server, _) = spawn(server());
@@ -368,4 +445,51 @@ fn connect_errors_are_statuses() {
     let e = rt.block_on(Channel::connect_with(addr, &channel_config("chan-err").dispatchers(0))).unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("dispatchers"), "{e}");
+}
+
+/// A call dropped while its request still leaves in pieces (the server's ring is full and its
+/// worker reads nothing yet) owes the server the rest of the request and then its Cancel, with
+/// no other call in flight to drive the session: the dispatcher drives for them. Before, the
+/// dispatcher stopped once no call was in flight, so the pieces and the Cancel waited for the
+/// next call (the stash stayed empty: "the server got 0 calls"; the intermittent rxe0 failure of
+/// `rpc_stream_in::a_channel_sender_stalls_...` had the same shape).
+#[test]
+fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as_a_cancel() {
+    let (hold, gate) = Hold::new();
+    let svc = TestService::default();
+    let stash = svc.stash.clone();
+    let server =
+        server().ring_bytes(256 << 10).add_service(svc).add_service(hold).spawn("127.0.0.1:0").unwrap();
+    let addr = server.local_addr();
+    let rt = runtime(1);
+    let ch = rt.block_on(Channel::connect_with(addr, &channel_config("chan-pieces"))).unwrap();
+    // A blocking client holds the server's one worker: nothing the channel sends is read (and no
+    // ring space comes back) until the gate opens.
+    let holder = std::thread::spawn(move || {
+        let c = rpc_core::Client::connect_with(addr, &client_config()).unwrap();
+        c.unary::<_, EchoMsg>(HOLD, &request(0, 0, 0), &CallOptions::default()).map(|_| ())
+    });
+    assert!(eventually(|| gate.entered()), "the worker is not held");
+    let big = 2 << 20;
+    rt.block_on(async {
+        let call = ch.unary::<EchoMsg, EchoMsg>(STASH, request(1, big, 0), &CallOptions::default());
+        assert!(tokio::time::timeout(Duration::from_millis(100), call).await.is_err(), "answered");
+    });
+    assert_eq!(ch.in_flight(), 0, "a dropped call is no longer in flight");
+    assert!(stash.lock().unwrap().is_empty(), "the whole request arrived while the worker was held");
+    drop(gate);
+    holder.join().unwrap().unwrap();
+    let cancelled = eventually(|| stash.lock().unwrap().first().is_some_and(|r| r.is_cancelled()));
+    let got = stash.lock().unwrap().len();
+    assert!(cancelled, "the server got {got} calls, none cancelled ({:?})", server.counters());
+    assert!(eventually(|| server.counters().cancels == 1), "{:?}", server.counters());
+    // The slot came back: the channel goes on.
+    rt.block_on(async {
+        let r = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(2, 8, 8), &CallOptions::default()).await.unwrap();
+        check_reply(&r, 2, 8);
+    });
+    stash.lock().unwrap().clear();
+    drop(ch);
+    drop(rt);
+    server.shutdown();
 }

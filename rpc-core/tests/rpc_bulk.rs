@@ -156,3 +156,46 @@ fn pipeline(client: &Client, total: u64, depth: usize, sizes: &[usize], reply_sh
         }
     }
 }
+
+/// [`EchoMsg`] with its payload as `bytes::Bytes` (the same wire format): a client request whose
+/// payload is referenced, not copied, when it goes from the heap ([`rpc_core::buffers::GatherBody`]).
+#[derive(Clone, PartialEq, prost::Message)]
+struct SharedEcho {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+    #[prost(bytes = "bytes", tag = "2")]
+    payload: bytes::Bytes,
+    #[prost(uint64, tag = "3")]
+    checksum: u64,
+    #[prost(uint32, tag = "4")]
+    reply_len: u32,
+}
+
+/// The default configuration (1 MiB rings, a 2 MiB staging area, 64 MiB messages): bodies just
+/// under the 64 MiB limit, far larger than the staging area, go through the ring in pieces from
+/// the heap both ways (the request's payload a shared `Bytes`, the reply's a `Vec`), then a
+/// small call; every byte checked on both sides (the server checks the request's checksum); one
+/// byte over the limit is refused naming it.
+#[test]
+fn messages_of_64_mib_round_trip_byte_for_byte_with_the_default_configuration() {
+    // A debug build spends seconds hashing and generating 64 MiB on each side: no peer timeout.
+    let patient = Some(std::time::Duration::from_secs(300));
+    let (server, _) = spawn(server().peer_timeout(patient));
+    let client =
+        Client::connect_with(server.local_addr(), &client_config().window(2).peer_timeout(patient)).unwrap();
+    let big = (64 << 20) - 64;
+    for (seq, req_len, rep_len) in [(1u64, big, big), (2, 10, 5000)] {
+        let p = payload(seq, req_len);
+        let req = SharedEcho { seq, checksum: fnv64(&p), payload: p.into(), reply_len: rep_len as u32 };
+        let r: EchoMsg =
+            client.unary(ECHO, &req, &CallOptions::default()).unwrap_or_else(|s| panic!("{seq}: {s}"));
+        check_reply(&r, seq, rep_len);
+    }
+    let over = SharedEcho { seq: 4, payload: vec![0u8; 64 << 20].into(), checksum: 0, reply_len: 0 };
+    let e = client.unary::<_, EchoMsg>(ECHO, &over, &CallOptions::default()).unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("max_message_size"), "{e}");
+    drop(client);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}

@@ -67,6 +67,8 @@ struct Probe {
     ended: AtomicBool,
     /// STALL readers may read.
     release: AtomicBool,
+    /// How the last stream a reader read ended, for failure messages.
+    last: std::sync::Mutex<String>,
 }
 
 struct UpService {
@@ -88,10 +90,12 @@ fn read_all(requests: &mut RequestStream<EchoMsg>, probe: &Probe) -> Result<Echo
                 probe.taken.fetch_add(1, Ordering::AcqRel);
             }
             Ok(None) => {
+                *probe.last.lock().unwrap() = format!("ended cleanly after {n} messages");
                 probe.ended.store(true, Ordering::Release);
                 return Ok(EchoMsg { seq: n, checksum: acc, payload: Vec::new(), reply_len: 0 });
             }
             Err(e) => {
+                *probe.last.lock().unwrap() = format!("ended after {n} messages: {e}");
                 probe.cancelled.store(true, Ordering::Release);
                 return Err(e);
             }
@@ -532,13 +536,34 @@ fn a_channel_sender_stalls_on_a_server_that_stops_reading_and_cancels_when_dropp
                 Err(_) => break,
             }
         }
-        // The stream's credits (16) + the queue to the dispatcher + the one held back for a credit.
-        let bound = 16 + STREAM_QUEUE as u64 + 1;
+        // The stream's credits (16), each a SEND of one message or a batch of those that waited
+        // for a credit, + the open batch waiting for the next (an eager buffer of 4096 bytes,
+        // messages of 1000 bytes and a frame's length each) + the queue to the dispatcher + the
+        // one held back when the batch is full.
+        let batched = 4096 / (rpc_core::wire::FRAME_LEN as u64 + 1000);
+        let bound = (16 + 1) * batched + STREAM_QUEUE as u64 + 1;
         assert!(sent <= bound, "{sent} messages went to a server that reads none (bound {bound})");
         assert!(sent >= 4, "only {sent} sent: no credits were granted");
+        // Messages that found no credit were framed into a batch, not held one by one.
+        let unbatched = 16 + STREAM_QUEUE as u64 + 1;
+        assert!(sent > unbatched, "{sent} sent: no more than one per credit (+ queue, + held)");
         drop(up);
     });
-    until("the reader to see the cancel", || probe.cancelled.load(Ordering::Acquire));
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !probe.cancelled.load(Ordering::Acquire) {
+        assert!(
+            Instant::now() < give_up,
+            "timed out waiting for the reader to see the cancel (its stream: {:?}, ended {}); channel {:?}; \
+             client counters {:?}; server counters {:?}; in flight {}",
+            probe.last.lock().unwrap(),
+            probe.ended.load(Ordering::Acquire),
+            ch.stats(),
+            ch.counters(),
+            h.counters(),
+            ch.in_flight()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(!probe.ended.load(Ordering::Acquire));
     // A receiver dropped mid-stream cancels it too; the channel goes on.
     probe.cancelled.store(false, Ordering::Release);

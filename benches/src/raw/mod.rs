@@ -87,7 +87,7 @@ pub fn run_client<P: Provider>(
         ch.send(&Msg::Start { size })?;
         ch.expect(&Msg::Ready, "after start")?;
         let limit = args.limit_for(size);
-        let warmup = args.warmup;
+        let warmup = args.warmup_for(size);
         let measure = match test {
             TestKind::SendLat => {
                 let rec = send_lat::client(&mut qp, size, limit, warmup, sink.progress())?;
@@ -157,7 +157,10 @@ pub fn serve<P: Provider>(
     ch: &mut OobChannel,
 ) -> Result<(), PerfError> {
     if !(1..=crate::cli::MAX_SIZE).contains(&max_size) {
-        return Err(PerfError::Setup(format!("client asked for {max_size}-byte messages; limit is 1..=8M")));
+        return Err(PerfError::Setup(format!(
+            "client asked for {max_size}-byte messages; limit is 1..={} (64M)",
+            crate::cli::MAX_SIZE
+        )));
     }
     let mut qp = RawQp::<P>::open(&raw_config(args, max_size), side_name(test, false))?;
     ch.send(&Msg::Endpoint(qp.wire_endpoint()))?;

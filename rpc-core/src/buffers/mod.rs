@@ -58,6 +58,9 @@
 //! }
 //! ```
 
+pub mod gather;
+pub use gather::GatherBody;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -452,7 +455,8 @@ impl<P: Provider> RecvRing<P> {
         self.mr.is_empty()
     }
 
-    /// Appends the `len` bytes at `offset` to `dst` (one copy; `dst` grows if needed). A peer
+    /// Appends the `len` bytes at `offset` to `dst` (one copy; `dst` grows by exactly what is
+    /// missing if needed: the caller sizes it). A peer
     /// writing the range meanwhile can only change which bytes are copied, never what happens
     /// to them afterwards: from here on they are ours. Returns false, copying nothing, when the
     /// range is outside the ring or `dst` cannot grow (no memory).
@@ -462,7 +466,7 @@ impl<P: Provider> RecvRing<P> {
         if o.checked_add(n).is_none_or(|end| end > self.mr.len()) {
             return false;
         }
-        if dst.try_reserve(n).is_err() {
+        if dst.try_reserve_exact(n).is_err() {
             return false;
         }
         let at = dst.len();

@@ -7,21 +7,24 @@
 //! doorbell for the batch → polls the CQ → hands finished calls to their tasks → releases
 //! cancelled ones. A caller's poll drives it when it is free (see [`super::UnaryCall`]), so a
 //! call can go out and come back on the caller's own thread with no hop between threads. A
-//! driver that leaves with calls queued or in flight either woke other tasks, or its own call is
+//! driver that leaves with calls queued or in flight either finished other tasks' calls (woken
+//! now, or queued to run since an earlier wake), or its own call is
 //! done (its task goes on and polls its next call): the session is "owed" to them, they drive it
 //! when polled. Otherwise it hands the session to the dispatcher thread
 //! ([`Inner::want_driver`]: a flag and, when the thread sleeps, an unpark).
 //!
 //! The dispatcher thread drives only for tasks that wait (their poll returned `Pending`,
-//! counted in [`Inner::waiters`]) and for streams (whose futures never drive): with neither,
-//! every call in flight belongs to a running task that drives it when it polls. It sleeps until
+//! counted in [`Inner::waiters`]), for streams (whose futures never drive), and for messages the
+//! session still has to post once no call is in flight (a dropped call's Cancel that follows
+//! the last piece of its request, or found no send buffer: no task will poll for it): with
+//! none of these, every call in flight belongs to a running task that drives it when it polls. It sleeps until
 //! a driver leaves work to it; while calls are in flight it looks every [`WATCH`] and takes over
 //! when waiting tasks exist and no caller drove since its last look (a task that did not come
 //! back). Driving, it steps while it is needed and no caller wants the session (a caller that
 //! found it held makes it let go); with nothing to do it spins (`spins` empty loops), then waits
 //! per the polling policy (`Event`: arms the CQ, lets the session go and blocks on its
 //! completion channel, at most 1 ms at a time; a caller's poll meanwhile drives the session
-//! itself). Once it has woken tasks it leaves the session to them and sleeps again.
+//! itself). Once it has finished calls it leaves the session to their tasks and sleeps again.
 //!
 //! Threads that spin, on the benchmark's 2 cores with a current-thread runtime: the server's
 //! worker (one core) and the runtime's thread, whose calls' polls drive the session (at most
@@ -137,9 +140,10 @@ pub(crate) struct Inner {
     /// the session (or hands it to the dispatcher thread).
     owed: AtomicBool,
     thread: OnceLock<Thread>,
-    /// Bumped by every dropped future (and by a stream's task that queued or took a message), so
-    /// a driver looks at its calls only then.
-    pub(crate) cancels: AtomicU64,
+    /// Bumped by a task that changed one of its calls for the driver to act on (a dropped
+    /// future or stream half, a stream message queued or taken, a stream finished): a driver
+    /// looks at every call in flight only when it moved (or its deadline look is due).
+    pub(crate) changes: AtomicU64,
     /// Calls started on the session and not yet finished or dropped (published before the
     /// tasks of finished calls are woken).
     pub(crate) in_flight: AtomicUsize,
@@ -178,6 +182,7 @@ pub(crate) struct Stats {
     pub(crate) steps: AtomicU64,
     pub(crate) empty_steps: AtomicU64,
     pub(crate) event_waits: AtomicU64,
+    pub(crate) in_flight_at_start: AtomicU64,
 }
 
 /// Adds `n` to a statistics counter any thread may bump.
@@ -247,7 +252,7 @@ impl Inner {
     }
 
     /// A caller drives the session, if it is free, until `done()` holds, `spin` passes with no
-    /// completion, or (with `others_first`) another task was woken; then lets it go. What it
+    /// completion, or (with `others_first`) another call finished; then lets it go. What it
     /// leaves is owed to the tasks it woke (or to the caller's own task, whose call is done),
     /// or else [`Drove::unattended`]. `None` when another thread holds the session.
     pub(crate) fn drive(&self, spin: Duration, others_first: bool, done: &dyn Fn() -> bool) -> Option<Drove> {
@@ -259,6 +264,7 @@ impl Inner {
         };
         self.owed.store(false, Ordering::Relaxed);
         let d = g.as_mut().expect("checked by try_session");
+        d.delivered = 0;
         let mut drove = Drove { work: 0, woke: 0, unattended: false };
         let mut since: Option<Instant> = None;
         let mut spins = 0u32;
@@ -271,7 +277,9 @@ impl Inner {
             empty += u64::from(work == 0);
             drove.work += work;
             own = done();
-            if own || (others_first && d.woken() > 0) || !d.has_work() {
+            // Others' calls finished: their tasks (woken now, or queued to run since an earlier
+            // wake) poll next; holding on would keep them from issuing their next calls.
+            if own || (others_first && d.delivered > 0) || !d.has_work() {
                 break;
             }
             if work > 0 {
@@ -288,8 +296,10 @@ impl Inner {
             }
             std::hint::spin_loop();
         }
-        let left = d.has_work() || !self.queue.is_empty();
+        let calls = d.has_calls() || !self.queue.is_empty();
+        let owes = d.owes_sends();
         drove.woke = d.woken();
+        let delivered = std::mem::take(&mut d.delivered);
         let batch = d.take_wakers();
         bump_held(&self.stats.caller_drives, 1);
         bump_held(&self.stats.steps, steps);
@@ -297,17 +307,18 @@ impl Inner {
         bump_held(&self.stats.wakes, batch.len() as u64);
         drop(g);
         wake_all(batch);
-        if left {
-            if drove.woke > 0 || own {
-                // The tasks woken, or this caller's own task (its call is done: it goes on and
-                // polls its next call soon), drive it next; should none come back, the
-                // dispatcher thread, which watches the session while calls are in flight, takes
-                // it over after [`WATCH`] without a caller's drive. No unpark (a system call
-                // and a thread switch on the caller's core) per call.
-                self.owed.store(true, Ordering::SeqCst);
-            } else {
-                drove.unattended = true;
-            }
+        if calls && (delivered > 0 || own) {
+            // The tasks whose calls finished (woken now or earlier, and not yet polled), or this
+            // caller's own task (its call is done: it goes on and polls its next call soon),
+            // drive it next; should none come back, the dispatcher thread, which watches the
+            // session while calls are in flight, takes it over after [`WATCH`] without a
+            // caller's drive. No unpark (a system call and a thread switch on the caller's core)
+            // per call.
+            self.owed.store(true, Ordering::SeqCst);
+        } else if calls || owes {
+            // Nobody will come back for it: with no call in flight, messages still to post
+            // (a dropped call's Cancel) are no task's to drive.
+            drove.unattended = true;
         }
         Some(drove)
     }
@@ -401,7 +412,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         wanted: AtomicBool::new(false),
         owed: AtomicBool::new(false),
         thread: OnceLock::new(),
-        cancels: AtomicU64::new(0),
+        changes: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         waiters: AtomicUsize::new(0),
         passive: AtomicUsize::new(0),
@@ -434,7 +445,8 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 passive: 0,
                 wakers: Vec::new(),
                 finished: Vec::new(),
-                cancels_seen: 0,
+                changes_seen: 0,
+                delivered: 0,
                 empty: 0,
                 looks: 0,
             });
@@ -469,7 +481,9 @@ pub(crate) struct Driver {
     wakers: Vec<Waker>,
     /// Calls finished in this step, handed over once the count in flight is published.
     finished: Vec<Arc<dyn Job>>,
-    cancels_seen: u64,
+    changes_seen: u64,
+    /// Calls handed to their tasks since the holder took the session.
+    delivered: usize,
     /// Steps in a row that found nothing to do.
     empty: u32,
     /// Empty steps between two looks at deadlines.
@@ -488,14 +502,14 @@ impl Driver {
         let mut work = self.take_calls(inner, by_caller);
         let completions = with_any_core!(&mut self.core, c => c.dispatch_step());
         work += completions;
-        let cancels = inner.cancels.load(Ordering::Acquire);
+        let changes = inner.changes.load(Ordering::Acquire);
         let look = !self.in_flight.is_empty() && {
             self.looks += 1;
             self.looks % LOOK_EVERY == 0
         };
-        let full = cancels != self.cancels_seen || look;
+        let full = changes != self.changes_seen || look;
         if work > 0 || full {
-            self.cancels_seen = cancels;
+            self.changes_seen = changes;
             work += self.finish_calls(inner, full);
         }
         if work > 0 {
@@ -506,9 +520,23 @@ impl Driver {
         work
     }
 
-    /// Calls started and not yet finished.
+    /// Calls started and not yet finished, or messages the session still has to post (a
+    /// dropped call's Cancel that found no send buffer, a stream's end): either way the session
+    /// must be driven again.
     fn has_work(&self) -> bool {
+        self.has_calls() || self.owes_sends()
+    }
+
+    /// Calls started and not yet finished.
+    fn has_calls(&self) -> bool {
         !self.in_flight.is_empty()
+    }
+
+    /// The session holds messages that leave only when it is driven (see
+    /// [`ClientCore::owes_sends`]): no task waits for them, so the dispatcher thread drives for
+    /// them as it does for waiting tasks.
+    fn owes_sends(&self) -> bool {
+        with_any_core!(&self.core, c => c.owes_sends())
     }
 
     /// Tasks to wake so far.
@@ -526,6 +554,7 @@ impl Driver {
     /// Starts queued calls while the session has slots; one doorbell for all of them.
     fn take_calls(&mut self, inner: &Inner, by_caller: bool) -> usize {
         let mut n = 0;
+        let mut at_start = 0u64;
         let before = self.in_flight.len();
         while with_any_core!(&self.core, c => c.has_free_slot()) {
             let Some(job) = inner.queue.pop() else { break };
@@ -535,6 +564,7 @@ impl Driver {
             }
             match job.start(&mut self.core) {
                 Ok(id) => {
+                    at_start += self.in_flight.len() as u64 + 1;
                     let unary = job.polled_by_caller();
                     self.passive += usize::from(!unary);
                     self.in_flight.push(InFlight { id, job, unary });
@@ -546,6 +576,7 @@ impl Driver {
             let started = (self.in_flight.len() - before) as u64;
             let by = if by_caller { &inner.started_by_callers } else { &inner.started_by_thread };
             by.fetch_add(started, Ordering::Relaxed);
+            bump_held(&inner.stats.in_flight_at_start, at_start);
             // The doorbell for the batch rings in the progress step that follows.
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
@@ -591,6 +622,7 @@ impl Driver {
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
+            self.delivered += self.finished.len();
             for job in self.finished.drain(..) {
                 job.release(&mut self.wakers);
             }
@@ -674,17 +706,23 @@ impl Dispatcher {
             // A caller holding the session leaves it to someone when it lets go.
             let Some(mut g) = inner.try_session() else { return };
             let d = g.as_mut().expect("checked by try_session");
+            d.delivered = 0;
             let work = d.step(inner, false);
-            let busy = d.has_work() || !inner.queue.is_empty();
+            // Tasks whose calls finished (woken now, or queued since an earlier wake).
+            let delivered = std::mem::take(&mut d.delivered) > 0;
+            let calls = d.has_calls() || !inner.queue.is_empty();
+            // Messages to post with no call in flight: no task drives for them, this thread
+            // does until they are posted.
+            let unowned = !calls && d.owes_sends();
             let needed = d.passive > 0 || inner.waiters.load(Ordering::SeqCst) > 0;
             let batch = d.take_wakers();
             bump_held(&inner.stats.thread_drives, 1);
             bump_held(&inner.stats.empty_steps, u64::from(work == 0));
             bump_held(&inner.stats.wakes, batch.len() as u64);
             drop(g);
-            let woke = !batch.is_empty();
+            let woke = !batch.is_empty() || delivered;
             wake_all(batch);
-            if !busy {
+            if !calls && !unowned {
                 return;
             }
             // A caller that found the session held drives it now, and one that drove it between
@@ -693,7 +731,11 @@ impl Dispatcher {
             // polls drive them.
             let contended = inner.contended.swap(false, Ordering::Relaxed)
                 || inner.stats.caller_drives.load(Ordering::Relaxed) != callers;
-            if woke || contended || !needed {
+            if contended && unowned {
+                // The caller drives it now and hands back what it leaves unposted.
+                return;
+            }
+            if (woke || contended || !needed) && !unowned {
                 // The tasks just woken drive it when polled (each poll of a call takes the
                 // session if it is owed); they want us back if they leave work.
                 inner.owed.store(true, Ordering::SeqCst);

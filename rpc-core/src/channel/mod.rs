@@ -337,6 +337,7 @@ impl Channel {
             t.steps += l(&s.steps) + l(&s.thread_drives);
             t.empty_steps += l(&s.empty_steps);
             t.event_waits += l(&s.event_waits);
+            t.in_flight_at_start += l(&s.in_flight_at_start);
         }
         t
     }
@@ -381,6 +382,10 @@ pub struct ChannelStats {
     pub empty_steps: u64,
     /// Completion-event waits of the dispatcher threads (`PollingPolicy::Event`).
     pub event_waits: u64,
+    /// Sum over the calls started of the calls in flight on their session just after each was
+    /// started (itself included): divided by the calls started, how full the pipeline was kept
+    /// (at most the session's window).
+    pub in_flight_at_start: u64,
 }
 
 /// The result side of a call, whatever its request type.
@@ -444,8 +449,13 @@ impl<Resp> Future for UnaryCall<Resp> {
     type Output = Result<Resp, Status>;
 
     /// Drives the session while the reply is imminent (see [`ChannelConfig::poll_spin`]), then
-    /// registers the waker. When it woke other tasks, it returns at once: they drive next.
+    /// registers the waker. When it finished other tasks' calls, it returns at once: they drive
+    /// next (and issue their next calls). A result already there is handed out at once.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Under tokio, a call spends one unit of the task's cooperative budget: a task whose
+        // answers are always there (its own polls drive the session) yields after the budget,
+        // so the runtime's other tasks get to issue their calls (outside tokio: no limit).
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let this = self.get_mut();
         this.unwait();
         if this.submit.is_some() {
@@ -463,6 +473,7 @@ impl<Resp> Future for UnaryCall<Resp> {
         let outcome = this.done.clone();
         let done = outcome.done();
         if let Some(r) = done.try_take() {
+            coop.made_progress();
             return this.ready(r);
         }
         // From here until the waker is registered again, we poll for ourselves: a completion
@@ -505,6 +516,7 @@ impl<Resp> Future for UnaryCall<Resp> {
         match done.poll(cx) {
             Poll::Ready(r) => {
                 this.unwait();
+                coop.made_progress();
                 this.ready(r)
             }
             Poll::Pending => {
@@ -516,14 +528,11 @@ impl<Resp> Future for UnaryCall<Resp> {
 }
 
 impl<Resp> UnaryCall<Resp> {
-    /// Hands out the result; when the session was left to the tasks that were woken (this one
-    /// among them), drives it on until the next completion, or hands it to the dispatcher.
+    /// Hands out the result, without driving the session: a task that goes on polls its next call,
+    /// which drives it (waiting here for someone else's answer would hold this task's next call
+    /// back); should none come, the dispatcher thread's watch takes the session over.
     fn ready(&mut self, r: Option<Result<Resp, Status>>) -> Poll<Result<Resp, Status>> {
         self.taken = true;
-        let d = &*self.shared.dispatchers[self.dispatcher];
-        if d.is_owed() {
-            d.drive_or_hand_off(d.poll_spin, &|| false);
-        }
         match r {
             Some(r) => Poll::Ready(r),
             None => Poll::Ready(Err(Status::internal("call polled after completion"))),
@@ -536,7 +545,7 @@ impl<Resp> Drop for UnaryCall<Resp> {
         self.unwait();
         let d = &*self.shared.dispatchers[self.dispatcher];
         if self.done.done().cancel() {
-            d.cancels.fetch_add(1, Ordering::AcqRel);
+            d.changes.fetch_add(1, Ordering::AcqRel);
             // The Cancel goes out (and the slot comes back) with the next step of a driver.
             d.drive_or_hand_off(Duration::ZERO, &|| true);
         } else if !self.taken && d.is_owed() {

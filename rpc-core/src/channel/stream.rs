@@ -257,7 +257,7 @@ impl Poke {
 
     fn poke(&self) {
         let d = &self.shared.dispatchers[self.dispatcher];
-        d.cancels.fetch_add(1, Ordering::AcqRel);
+        d.changes.fetch_add(1, Ordering::AcqRel);
         // A stream's futures do not drive the session themselves: the dispatcher thread does.
         d.want_driver();
     }

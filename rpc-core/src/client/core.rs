@@ -17,7 +17,8 @@ use std::collections::VecDeque;
 
 use super::config::ClientConfig;
 use crate::buffers::{
-    split_send_wr_id, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged,
+    split_send_wr_id, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging,
+    Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
@@ -78,8 +79,9 @@ enum PendingBody {
     Placed(SendBuf, BodyAt),
     /// In the staging area: sent through the ring whole or in pieces as space frees.
     Staged(Staged),
-    /// On the heap (no staging room): sent through the ring whole or in pieces as space frees.
-    Heap(Vec<u8>),
+    /// On the heap (larger than the staging area, or an `encoded_len` that lied), its large
+    /// `bytes` fields referenced: sent through the ring whole or in pieces as space frees.
+    Heap(GatherBody),
 }
 
 /// How [`ClientCore::start`] may wait and when it posts.
@@ -429,12 +431,12 @@ impl<P: Provider> ClientCore<P> {
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
             if len > self.conn.staging.len() as usize {
-                let Some(v) = self.conn.spare.encode(req, len) else {
+                let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
                     return Err(Status::resource_exhausted(format!(
                         "no memory for a request of {len} bytes"
                     )));
                 };
-                break PendingBody::Heap(v);
+                break PendingBody::Heap(GatherBody::encode(req, own));
             }
             if !blocking {
                 self.unplaced_stall = stalled;
@@ -515,7 +517,7 @@ impl<P: Provider> ClientCore<P> {
         Some(match self.conn.staging.commit(at, written) {
             Some(s) => PendingBody::Staged(s),
             // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
-            None => PendingBody::Heap(req.encode_to_vec()),
+            None => PendingBody::Heap(req.encode_to_vec().into()),
         })
     }
 
@@ -559,7 +561,13 @@ impl<P: Provider> ClientCore<P> {
                 return;
             }
         }
-        let Some(b) = self.stream_batch.take() else { return };
+        if let Some(b) = self.stream_batch.take() {
+            self.queue_batch(b);
+        }
+    }
+
+    /// Queues an open batch as one SEND (its stream's credit taken already).
+    fn queue_batch(&mut self, b: OpenBatch) {
         let h = Header {
             slot: b.slot,
             generation: b.generation,
@@ -574,6 +582,11 @@ impl<P: Provider> ClientCore<P> {
     /// none is: false when it does not fit (an eager buffer), another stream's batch is open,
     /// the outbox holds messages (they go first), or no send buffer is free.
     fn batch_append<M: Message>(&mut self, id: CallId, msg: &M, len: usize) -> bool {
+        self.batch_append_with(id, len, |mut body| msg.encode_raw(&mut body))
+    }
+
+    /// [`ClientCore::batch_append`] of a message `write` puts into the `len` bytes it is given.
+    fn batch_append_with(&mut self, id: CallId, len: usize, write: impl FnOnce(&mut [u8])) -> bool {
         use crate::wire::{FRAME_LEN, MAX_BATCH};
         let cap = (self.conn.session.params().eager_threshold as usize).min(self.conn.body_cap);
         if self.stream_batch.is_none() {
@@ -594,8 +607,7 @@ impl<P: Provider> ClientCore<P> {
         let at = HEADER_LEN + b.len as usize;
         let dst = &mut self.conn.pool.buf_mut(&mut b.buf)[at..at + FRAME_LEN + len];
         dst[..FRAME_LEN].copy_from_slice(&(len as u32).to_le_bytes());
-        let mut body = &mut dst[FRAME_LEN..];
-        msg.encode_raw(&mut body);
+        write(&mut dst[FRAME_LEN..]);
         b.len += (FRAME_LEN + len) as u32;
         b.count += 1;
         true
@@ -1155,14 +1167,7 @@ impl<P: Provider> ClientCore<P> {
                 Ok(true) if self.batch_holds(slot, generation) => {
                     // The batch before this message goes first, with this credit.
                     let Some(b) = self.stream_batch.take() else { continue };
-                    let h = Header {
-                        slot,
-                        generation,
-                        stream: crate::wire::STREAM_BATCH,
-                        credits: b.count,
-                        ..Header::new(Kind::StreamMsg)
-                    };
-                    self.conn.queue(b.buf, h, BodyAt::Eager(b.len));
+                    self.queue_batch(b);
                     self.flush();
                     continue;
                 }
@@ -1222,9 +1227,10 @@ impl<P: Provider> ClientCore<P> {
                 return Ok(true);
             }
         }
-        let Some(body) = self.conn.spare.encode(msg, len) else {
+        let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
             return Err(Status::resource_exhausted(format!("no memory for a stream message of {len} bytes")));
         };
+        let body = GatherBody::encode(msg, own);
         self.outbox.push(Waiting::Body(Outgoing::new(h, body)));
         self.pump();
         self.flush();
@@ -1247,19 +1253,38 @@ impl<P: Provider> ClientCore<P> {
         }
         self.check_len(bytes.len())?;
         let (slot, generation) = (id.slot, id.generation);
-        match self.conn.session.stream_send(slot, generation) {
-            Ok(true) => {}
-            Ok(false) => return Ok(Some(bytes)),
-            Err(crate::session::StreamError::NotSending) => {
-                return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
-            }
-            Err(crate::session::StreamError::NoStream) => {
-                if self.pending[slot as usize].is_some() {
+        loop {
+            match self.conn.session.stream_send(slot, generation) {
+                Ok(true) if self.batch_holds(slot, generation) => {
+                    // The batch before this message goes first, with this credit (the driver
+                    // rings the doorbell).
+                    if let Some(b) = self.stream_batch.take() {
+                        self.queue_batch(b);
+                    }
+                }
+                Ok(true) => break,
+                // No credit: framed into the stream's open batch (as `stream_send` does), which
+                // leaves as one SEND with the next credit; back to the caller when it is full.
+                Ok(false) => {
+                    let len = bytes.len();
+                    if self.batch_append_with(id, len, |dst| dst.copy_from_slice(&bytes)) {
+                        self.counters.bytes_out += len as u64;
+                        self.conn.spare.give_back(bytes);
+                        return Ok(None);
+                    }
                     return Ok(Some(bytes));
                 }
-                return Err(Status::failed_precondition(
-                    "the server ended the stream before its messages did; the call's result is its answer",
-                ));
+                Err(crate::session::StreamError::NotSending) => {
+                    return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
+                }
+                Err(crate::session::StreamError::NoStream) => {
+                    if self.pending[slot as usize].is_some() {
+                        return Ok(Some(bytes));
+                    }
+                    return Err(Status::failed_precondition(
+                        "the server ended the stream before its messages did; the call's result is its answer",
+                    ));
+                }
             }
         }
         let h = Header { slot, generation, method: 0, ..Header::new(Kind::StreamMsg) };
@@ -1320,6 +1345,22 @@ impl<P: Provider> ClientCore<P> {
     #[inline]
     pub(crate) fn is_answered(&self, id: CallId) -> bool {
         self.conn.session.calls().state(id.slot) == crate::session::SlotState::Done
+    }
+
+    /// True while the session holds messages that only leave when it is driven again: queued
+    /// sends (a request, a stream message or a piece waiting for a send buffer, send-queue
+    /// room, ring space or a credit), controls (a Cancel, a StreamEnd, a credit grant) not yet
+    /// posted. A driver that lets the session go with this true must leave it to someone who
+    /// drives it: a Cancel that found no send buffer would otherwise wait for the next call.
+    #[inline]
+    pub(crate) fn owes_sends(&self) -> bool {
+        self.broken.is_none()
+            && (!self.outbox.is_empty()
+                || !self.conn.sq.is_empty()
+                || self.conn.session.has_control()
+                || self.stream_batch.is_some()
+                || !self.stream_ends.is_empty()
+                || !self.stream_cancels.is_empty())
     }
 
     /// True when a call can start now (a slot is free).

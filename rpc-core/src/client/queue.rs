@@ -126,9 +126,13 @@ impl<P: Provider> Calls<P> {
             }
             return;
         }
-        let now = Instant::now();
+        // The clock is read once, and only when a waiting call has a deadline (this runs at
+        // every poll while calls wait for a slot or for ring room).
+        let mut now = None;
         let mut started = false;
-        while let Some(next) = self.queue.next(now, self.core.has_free_slot()) {
+        while let Some(next) =
+            self.queue.next(|| *now.get_or_insert_with(Instant::now), self.core.has_free_slot())
+        {
             match next {
                 Next::Ended(code, body) => {
                     self.core.counters.status(code);

@@ -12,6 +12,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use prost::Message;
 
+use crate::buffers::GatherBody;
 use crate::session::{PlaceError, Placement, Session};
 use crate::status::Status;
 
@@ -48,7 +49,7 @@ pub(crate) struct Deferred {
     pub(crate) slot: u16,
     pub(crate) generation: u32,
     pub(crate) method: u32,
-    pub(crate) result: Result<Vec<u8>, Status>,
+    pub(crate) result: Result<GatherBody, Status>,
 }
 
 /// The bounded queue of deferred answers into one worker.
@@ -313,7 +314,12 @@ impl<T: Message> Responder<T> {
     /// server has stopped or the client is gone, the answer is dropped.
     pub fn send(mut self, result: Result<T, Status>) {
         if let Some((q, t)) = self.target.take() {
-            let result = result.map(|m| m.encode_to_vec());
+            // Large `bytes` fields are referenced, not copied (the worker copies each piece
+            // once into the send mirror).
+            let result = result.map(|m| {
+                let own = Vec::with_capacity(GatherBody::own_capacity_for(m.encoded_len()));
+                GatherBody::encode(&m, own)
+            });
             q.push(Deferred {
                 conn: t.conn,
                 slot: t.slot,
@@ -357,7 +363,7 @@ pub(crate) enum Outcome {
     Deferred,
     /// No send buffer was free, or the body goes in pieces (larger than a piece of the peer's
     /// ring, or no room for it now) and the staging area had no room: it waits on the heap.
-    Spilled(Vec<u8>),
+    Spilled(GatherBody),
     /// A body above the eager threshold that fits the staging area but finds no room there now
     /// (or earlier answers wait): the message itself waits, unencoded, and is encoded straight
     /// into the staging area when its turn comes ([`LateBody`]), instead of onto the heap and
@@ -430,8 +436,8 @@ fn stage<M: Message + 'static>(msg: M, len: usize, staging: &mut StagingSpan<'_>
             return Outcome::Later(Box::new(Unencoded { msg, len }));
         }
     }
-    match staging.spare.encode(&msg, len) {
-        Some(v) => Outcome::Spilled(v),
+    match staging.spare.take(GatherBody::own_capacity_for(len)) {
+        Some(own) => Outcome::Spilled(GatherBody::encode(&msg, own)),
         None => Outcome::Error(Status::resource_exhausted(format!("no memory for an answer of {len} bytes"))),
     }
 }

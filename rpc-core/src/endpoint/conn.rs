@@ -2,7 +2,7 @@
 //! QP, send buffers, receive ring, send mirror, staging area, send queue and the sans-IO
 //! [`Session`].
 
-use crate::buffers::{RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
+use crate::buffers::{GatherBody, RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
 use crate::dispatch::reply::LateBody;
 use std::sync::Arc;
 
@@ -137,9 +137,11 @@ pub(crate) fn staging_len(peer_ring_len: u32) -> u32 {
 
 /// Where the body of an [`Outgoing`] message waits.
 pub(crate) enum OutBody {
-    /// On the heap (no staging room when it was encoded, or encoded on another thread): each
-    /// piece is copied into the mirror at its ring offset before its WRITE.
-    Heap(Vec<u8>),
+    /// On the heap (no staging room when it was encoded, larger than the staging area, or
+    /// encoded on another thread): each piece is copied into the mirror at its ring offset
+    /// before its WRITE, its large `bytes` fields straight from the caller's memory
+    /// ([`GatherBody`]).
+    Heap(GatherBody),
     /// In the staging area: pieces are written from there (no copy). `None` once the last piece
     /// is queued.
     Staged(Option<Staged>),
@@ -165,7 +167,8 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
-    pub(crate) fn new(header: Header, body: Vec<u8>) -> Outgoing {
+    pub(crate) fn new(header: Header, body: impl Into<GatherBody>) -> Outgoing {
+        let body = body.into();
         Outgoing { header, len: body.len() as u32, body: OutBody::Heap(body), sent: 0 }
     }
 
@@ -452,14 +455,17 @@ impl<P: Provider> Conn<P> {
     /// it is queued; false while it must wait (call again after completions or freed ring space).
     pub(crate) fn send_outgoing(&mut self, out: &mut Outgoing) -> bool {
         let total = out.len;
-        if let OutBody::Heap(body) = &out.body {
+        if let OutBody::Heap(body) = &mut out.body {
             if out.sent == 0
                 && total as usize <= self.body_cap
                 && total <= self.session.params().eager_threshold
             {
                 let Some(mut buf) = self.acquire() else { return false };
-                let body = self.copy_eager(&mut buf, body);
-                self.queue(buf, out.header, body);
+                let n = total as usize;
+                if let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + n) {
+                    body.copy_next(dst);
+                }
+                self.queue(buf, out.header, BodyAt::Eager(total));
                 out.sent = total;
                 self.recycle_heap(out);
                 return true;
@@ -475,8 +481,8 @@ impl<P: Provider> Conn<P> {
             let from = out.sent;
             match &mut out.body {
                 OutBody::Heap(body) => {
-                    let from = from as usize;
-                    self.mirror.range_mut(offset, len).copy_from_slice(&body[from..from + len as usize]);
+                    // Pieces go in order: the body's next `len` bytes.
+                    body.copy_next(self.mirror.range_mut(offset, len));
                 }
                 OutBody::Staged(staged) => {
                     // Written straight from the staging area to the granted ring offset.
@@ -503,7 +509,7 @@ impl<P: Provider> Conn<P> {
     /// spare ones.
     fn recycle_heap(&mut self, out: &mut Outgoing) {
         if let OutBody::Heap(body) = &mut out.body {
-            self.spare.give_back(std::mem::take(body));
+            self.spare.give_back(std::mem::take(body).into_own());
         }
     }
 

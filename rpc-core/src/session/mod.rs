@@ -610,8 +610,9 @@ impl Session {
                 // A peer announces `total_len` with its first piece, which may be 1 byte: reserve
                 // the whole message only when it arrives in one piece, else twice the first piece
                 // (at least 64 KiB), so memory follows the bytes that really arrive; the buffer
-                // grows as pieces come in (doubling; large reallocations move pages, they are
-                // not copied). A failed allocation closes the session instead of aborting.
+                // grows as pieces come in (below: doubling, never past `total_len`; large
+                // reallocations move pages, they are not copied). A failed allocation closes the
+                // session instead of aborting.
                 let upfront = h.total_len.min(h.body_len.saturating_mul(2).max(64 << 10));
                 let Some(body) = self.recycler.take(upfront as usize) else {
                     return Err("no memory for the message's buffer");
@@ -619,6 +620,18 @@ impl Session {
                 self.assemblies.push(Assembly { header: Header { body_len: h.total_len, ..*h }, body });
                 self.assemblies.len() - 1
             } else {
+                let body = &mut self.assemblies[assembly].body;
+                let need = body.len() + h.body_len as usize;
+                if body.capacity() < need {
+                    // Doubling keeps the reallocations few; capped at the message's length
+                    // (checked against `max_message_size` above, and `need` against it), so the
+                    // finished buffer is exactly `total_len` (1 MiB + 4 B takes 1 MiB + 4 B, not
+                    // 2 MiB).
+                    let target = body.capacity().saturating_mul(2).min(h.total_len as usize).max(need);
+                    if body.try_reserve_exact(target - body.len()).is_err() {
+                        return Err("no memory for the message's buffer");
+                    }
+                }
                 assembly
             };
             Some(RingPiece { token, offset: h.ring_offset, len: h.body_len, assembly })

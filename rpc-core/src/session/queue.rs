@@ -176,12 +176,12 @@ impl<B> CallQueue<B> {
         seq
     }
 
-    /// The next thing to do at `now` with a slot free or not: end the oldest waiting calls whose
-    /// deadline passed, then start the oldest one when `slot_free`. `None`: nothing (ask again
-    /// when a slot frees).
-    pub fn next(&mut self, now: Instant, slot_free: bool) -> Option<Next<B>> {
+    /// The next thing to do at `now` (read only when the oldest waiting call has a deadline)
+    /// with a slot free or not: end the oldest waiting calls whose deadline passed, then start
+    /// the oldest one when `slot_free`. `None`: nothing (ask again when a slot frees).
+    pub fn next(&mut self, now: impl FnOnce() -> Instant, slot_free: bool) -> Option<Next<B>> {
         let e = self.waiting.first_entry()?;
-        if e.get().deadline.is_some_and(|d| now >= d) {
+        if e.get().deadline.is_some_and(|d| now() >= d) {
             let (seq, call) = e.remove_entry();
             self.resolved.insert(seq, Resolved::Ended(expired()));
             return Some(Next::Ended(Code::DeadlineExceeded, call.body));
@@ -311,19 +311,31 @@ mod tests {
             e.message().contains("max_queued_calls (2)") && e.message().contains("4 calls in flight"),
             "{e}"
         );
-        assert!(q.next(clock.at(0), false).is_none(), "no slot: nothing starts");
-        let Some(Next::Start(seq, c)) = q.next(clock.at(0), true) else { panic!("a start") };
+        assert!(q.next(|| clock.at(0), false).is_none(), "no slot: nothing starts");
+        let Some(Next::Start(seq, c)) = q.next(|| clock.at(0), true) else { panic!("a start") };
         assert_eq!((seq, c.method), (a, 1));
         q.retry_first(seq, c);
-        let Some(Next::Start(seq, c)) = q.next(clock.at(0), true) else { panic!("a start") };
+        let Some(Next::Start(seq, c)) = q.next(|| clock.at(0), true) else { panic!("a start") };
         assert_eq!((seq, c.method), (a, 1), "still first");
         q.started(seq, Ok((3, 7)));
         assert_eq!(q.poll(b, || clock.at(0), |_| panic!("not released")), Queued::Waiting);
         assert_eq!(q.poll(a, || clock.at(0), |_| {}), Queued::Started(3, 7));
-        let Some(Next::Start(seq, _)) = q.next(clock.at(0), true) else { panic!("a start") };
+        let Some(Next::Start(seq, _)) = q.next(|| clock.at(0), true) else { panic!("a start") };
         q.started(seq, Err(Status::unavailable("gone")));
         assert_eq!(q.poll(b, || clock.at(0), |_| {}).code(), Some(Code::Unavailable));
         assert!(q.is_empty() && !q.must_wait());
+    }
+
+    /// Calls without a deadline start without a clock read (the driver asks at every poll
+    /// while calls wait).
+    #[test]
+    fn calls_without_deadlines_start_without_reading_the_clock() {
+        let mut q = CallQueue::new(2);
+        let a = q.push(call(1, None));
+        let unread = || -> Instant { panic!("the clock was read for calls without a deadline") };
+        assert!(q.next(unread, false).is_none());
+        let Some(Next::Start(seq, _)) = q.next(unread, true) else { panic!("a starts") };
+        assert_eq!(seq, a);
     }
 
     impl Queued {
@@ -345,10 +357,10 @@ mod tests {
         let a = q.push(call(1, Some(clock.at(10))));
         let b = q.push(call(2, Some(clock.at(20))));
         let c = q.push(call(3, None));
-        assert!(q.next(clock.at(9), false).is_none());
-        let Some(Next::Ended(code, body)) = q.next(clock.at(10), false) else { panic!("a ends") };
+        assert!(q.next(|| clock.at(9), false).is_none());
+        let Some(Next::Ended(code, body)) = q.next(|| clock.at(10), false) else { panic!("a ends") };
         assert_eq!((code, body), (Code::DeadlineExceeded, 1));
-        assert!(q.next(clock.at(10), false).is_none(), "b has 10 ms left");
+        assert!(q.next(|| clock.at(10), false).is_none(), "b has 10 ms left");
         assert_eq!(
             q.poll(a, || clock.at(10), |_| panic!("released already")).code(),
             Some(Code::DeadlineExceeded)
@@ -357,7 +369,7 @@ mod tests {
         let r = q.poll(b, || clock.at(25), |body| released = Some(body));
         assert!(matches!(r, Queued::Expired(_)), "ended by this poll: {r:?}");
         assert_eq!(released, Some(2));
-        let Some(Next::Start(seq, _)) = q.next(clock.at(1000), true) else { panic!("c starts") };
+        let Some(Next::Start(seq, _)) = q.next(|| clock.at(1000), true) else { panic!("c starts") };
         assert_eq!(seq, c);
     }
 
@@ -372,7 +384,7 @@ mod tests {
         let b = q.push(call(2, None));
         assert_eq!(q.abandon(b), Dropped::Waiting(2));
         assert_eq!(q.abandon(b), Dropped::Nothing);
-        let Some(Next::Start(seq, _)) = q.next(clock.at(0), true) else { panic!() };
+        let Some(Next::Start(seq, _)) = q.next(|| clock.at(0), true) else { panic!() };
         q.started(seq, Ok((0, 1)));
         assert_eq!(q.abandon(a), Dropped::Started(0, 1));
         let c = q.push(call(3, None));
@@ -394,7 +406,7 @@ mod tests {
             s.message().contains("the server closed the session") && s.message().contains("never sent"),
             "{s}"
         );
-        assert!(q.next(clock.at(0), true).is_none());
+        assert!(q.next(|| clock.at(0), true).is_none());
     }
 
     /// At the bound, waiting calls whose deadline passed unpolled (behind one without a
@@ -409,7 +421,7 @@ mod tests {
         let mut released = Vec::new();
         q.admit(0, || clock.at(5), |body| released.push(body)).unwrap_err();
         assert!(released.is_empty(), "not expired yet");
-        assert!(q.next(clock.at(20), false).is_none(), "the first has no deadline");
+        assert!(q.next(|| clock.at(20), false).is_none(), "the first has no deadline");
         q.admit(0, || clock.at(20), |body| released.push(body)).unwrap();
         assert_eq!(released, [2]);
         assert_eq!(q.len(), 1);

@@ -632,3 +632,54 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
     s.handle_header(&Header { session: 5, ..Header::new(Kind::Ping) }, || clock.at(0)).unwrap();
     assert_eq!(s.next_control(), Some(Header::new(Kind::Pong)));
 }
+
+/// A message in pieces ends in a buffer of exactly its `total_len` (doubling stops there: a
+/// message of 1 MiB and 4 B takes 1 MiB and 4 B, not 2 MiB), and an announced `total_len` alone
+/// allocates nothing of its size: a 1-byte first piece of a message at the limit reserves 64 KiB,
+/// one over the limit is refused before any buffer exists.
+#[test]
+fn assembly_buffers_are_sized_by_total_len_and_a_hostile_one_allocates_nothing() {
+    let max_message = 4 << 20;
+    let p = SessionParams { max_message, ..params(2, 16, 2 << 20) };
+    let mut s = Session::new(Role::Server, p);
+    let total = (1 << 20) + 4;
+    let first = Header {
+        method: 1,
+        session: 5,
+        slot: 0,
+        generation: 3,
+        in_ring: true,
+        body_len: 256 << 10,
+        total_len: total,
+        ..Header::new(Kind::Request)
+    };
+    let mut offset = 0u32;
+    let mut caps = Vec::new();
+    let done = loop {
+        let len = (256 << 10).min(total - offset);
+        let h = Header { ring_offset: offset, body_len: len, ..first };
+        let piece = s.handle_header(&h, std::time::Instant::now).unwrap().ring.unwrap();
+        let buf = s.piece_buffer(&piece);
+        assert!(buf.capacity() >= buf.len() + len as usize, "room for the piece before it is copied");
+        buf.extend(std::iter::repeat_n(7u8, len as usize));
+        caps.push(buf.capacity());
+        offset += len;
+        if let Some(done) = s.piece_done(piece).unwrap() {
+            break done;
+        }
+    };
+    assert_eq!(done.body.len(), total as usize);
+    assert_eq!(done.body.capacity(), total as usize, "capacities piece by piece: {caps:?}");
+    assert!(caps.windows(2).all(|w| w[0] <= w[1]) && caps.len() == 5, "{caps:?}");
+
+    let mut s = Session::new(Role::Server, p);
+    let hostile = Header { slot: 1, body_len: 1, total_len: max_message, ..first };
+    let piece = s.handle_header(&hostile, std::time::Instant::now).unwrap().ring.unwrap();
+    assert!(s.piece_buffer(&piece).capacity() <= 64 << 10, "{}", s.piece_buffer(&piece).capacity());
+    let over = Header { slot: 0, total_len: max_message + 1, ring_offset: 1, ..first };
+    assert_eq!(
+        s.handle_header(&over, std::time::Instant::now).unwrap_err(),
+        "body larger than max_message_size"
+    );
+    assert_eq!(s.assemblies(), 1, "no buffer for the refused message");
+}

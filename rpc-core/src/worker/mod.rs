@@ -120,7 +120,7 @@ enum Received {
 type Spill = Waiting<Outgoing>;
 
 /// An answer or stream message for the outbox: its body, or the error it ends with.
-fn spill(header: Header, body: Result<Vec<u8>, Status>) -> Spill {
+fn spill(header: Header, body: Result<impl Into<crate::buffers::GatherBody>, Status>) -> Spill {
     match body {
         Ok(b) => Waiting::Body(Outgoing::new(header, b)),
         Err(s) => Waiting::Error(header, s),
@@ -1157,9 +1157,10 @@ impl<P: Provider> Worker<P> {
                 counters.ring_full_stalls += 1;
                 match entry.conn.staging.commit(offset, len) {
                     Some(staged) => Some(Waiting::Body(Outgoing::staged(header, staged))),
-                    None => {
-                        Some(spill(header, Err(Status::internal("staged answer outside the staging area"))))
-                    }
+                    None => Some(Waiting::Error(
+                        header,
+                        Status::internal("staged answer outside the staging area"),
+                    )),
                 }
             }
             (Outcome::Later(msg), b) => {
@@ -1177,9 +1178,9 @@ impl<P: Provider> Worker<P> {
                 Some(spill(header, Ok(bytes)))
             }
             (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
-            (Outcome::Error(s), None) => Some(spill(header, Err(s))),
+            (Outcome::Error(s), None) => Some(Waiting::Error(header, s)),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
-                Some(spill(header, Err(Status::internal("handler returned no answer"))))
+                Some(Waiting::Error(header, Status::internal("handler returned no answer")))
             }
         };
         let had_backlog = !entry.backlog.is_empty();

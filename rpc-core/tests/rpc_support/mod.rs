@@ -89,6 +89,19 @@ pub fn request(seq: u64, len: usize, reply_len: usize) -> EchoMsg {
     EchoMsg { seq, checksum: fnv64(&p), payload: p, reply_len: reply_len as u32 }
 }
 
+/// Progresses `client` until it reports its session closed (the server went away), at most 10 s.
+///
+/// # Panics
+/// When the client still reports its session open after 10 s (a test failure).
+pub fn wait_until_closed(client: &rpc_core::Client) {
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while client.closed_reason().is_none() {
+        assert!(std::time::Instant::now() < give_up, "the client never saw the server go");
+        client.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Checks a reply to `request(seq, _, reply_len)`.
 pub fn check_reply(r: &EchoMsg, seq: u64, reply_len: usize) {
     assert_eq!(r.seq, seq, "reply matched to its request");

@@ -85,6 +85,28 @@ impl RawClient {
         c
     }
 
+    /// Plays a fake server: accepts one client on `listener`, answers its handshake as session
+    /// `session` (with `tweak` applied to the reply), connects the QP, and returns the raw
+    /// session with a clone of the TCP control channel (the caller decides when it closes).
+    ///
+    /// # Panics
+    /// When the client sends no handshake (a test failure).
+    pub fn accept(
+        listener: &std::net::TcpListener,
+        session: u32,
+        tweak: impl FnOnce(&mut Handshake),
+    ) -> (RawClient, TcpStream) {
+        let (mut tcp, _) = listener.accept().unwrap();
+        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+        let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
+        peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
+        let mut mine = peer.handshake(hello.credits, hello.eager_threshold, hello.max_message, session);
+        tweak(&mut mine);
+        write_frame(&mut tcp, &Frame::Handshake(mine)).unwrap();
+        let c = RawClient::over(peer, &hello, session, tcp.try_clone().unwrap());
+        (c, tcp)
+    }
+
     /// A raw session over `peer`, whose QP is already connected to the side that sent
     /// `remote` (its ring, limits and credits are taken from there), with `session` in the
     /// headers it sends; `tcp` is the control channel, kept open while this lives.
