@@ -20,6 +20,7 @@ fn request_header() -> Header {
         ring_offset: 0,
         freed_head: 4096,
         timeout_us: 0,
+        stream_taken: 0,
         session: 5,
         total_len: 32,
     }

@@ -981,11 +981,12 @@ fn stalls_while_held(c: &mut RawClient, guard: HoldGate) -> u64 {
     stalls
 }
 
-/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 21) while its
+/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 29) while its
 /// worker takes nothing (held in a handler): every request its credits allow, 15 more pieces of a
-/// ring body, a Cancel per call, a RingReturn per call, two Pings, two Pongs and a Close all find
+/// ring body, a Cancel per call, a RingReturn per call, the 8 stream SENDs beyond its credits
+/// (stream ends), two Pings, two Pongs and a Close all find
 /// a receive WQE, on an SRQ sized by default for one such session: its SENDs never wait for one
-/// (RNR). With the old reservation (2 × credits + 17 = 81 WQEs) its 116 messages ran the SRQ dry
+/// (RNR). With the old reservation (2 × credits + 17 = 81 WQEs) such messages ran the SRQ dry
 /// and its SENDs waited.
 #[test]
 fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
@@ -1022,6 +1023,12 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
         c.send_eager(Header { session: s, ..Header::new(Kind::RingReturn) }, &[]);
         sent += 2;
     }
+    // The stream SENDs only the 8 credits beyond `credits` allow (stream ends of a unary call
+    // change nothing, but take their WQEs).
+    for _ in 0..rpc_core::session::STREAM_RESERVED_CREDITS {
+        c.send_eager(Header { slot: 0, session: s, ..Header::new(Kind::StreamEnd) }, &[]);
+        sent += 1;
+    }
     for kind in [Kind::Ping, Kind::Ping, Kind::Pong, Kind::Pong, Kind::Close] {
         c.send_eager(Header { session: s, ..Header::new(kind) }, &[]);
         sent += 1;
@@ -1045,7 +1052,7 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
 /// that a Cancel holds its call's credit until the server's CancelAck arrives keeps all of it
 /// within `ServerConfig::srq_per_session`: no SEND waits for a receive WQE (RNR). Under the
 /// old rule (the credit returned with the answer) the crossed Cancels' credits carry 16 more
-/// requests and 16 more Cancels: 132 messages for 117 WQEs, and SENDs wait.
+/// requests and 16 more Cancels: 132 messages for 125 WQEs, and SENDs wait.
 #[test]
 fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
     use rpc_core::session::{Role, Session, SessionParams};

@@ -436,11 +436,17 @@ fn a_deadline_passing_while_a_client_batch_is_open_gives_its_buffer_back() {
     const ROUNDS: u64 = 16;
     let (addr, fake) = fake_server(|c| {
         let until = Instant::now() + Duration::from_secs(60);
+        // The client's stream SENDs taken, reported on every header (they hold its credits).
+        let mut taken = 0u32;
         while Instant::now() < until && !c.dead {
             let Some((h, _)) = c.poll() else {
                 std::thread::yield_now();
                 continue;
             };
+            if matches!(h.kind, Kind::StreamMsg | Kind::StreamEnd | Kind::StreamCredit) {
+                taken += 1;
+            }
+            let header_for = |h: Header, kind: Kind| Header { stream_taken: taken, ..header_for(h, kind) };
             match h.kind {
                 Kind::Close => {
                     // Its last SENDs complete before it goes.

@@ -242,6 +242,50 @@ fn stream_messages_beyond_the_granted_credits_close_the_offender() {
     h.shutdown();
 }
 
+/// Stream SENDs hold request credits: a raw client (8 credits) that sends stream ends for a
+/// call that is no stream (each harmless alone) beyond its credits plus the 8 only stream SENDs
+/// use, while the worker is held (so no header of the server can have given one back), is
+/// closed as malformed, and the server serves others. Before, such a flood was unbounded (each took a receive WQE).
+#[test]
+fn stream_sends_beyond_the_sessions_credits_close_the_offender() {
+    let (h, _c) = start();
+    let mut raw = connect_raw(h.local_addr());
+    let pool = u32::from(raw.credits) + u32::from(rpc_core::session::STREAM_RESERVED_CREDITS);
+    for _ in 0..pool - 1 {
+        raw.send(control(Kind::StreamEnd, 5, 0), &[]);
+    }
+    // Up to the pool with a request, it is legal (and its answer reports them taken).
+    raw_unary_works(&mut raw, 1);
+    assert_eq!(h.counters().malformed, 0);
+    drop(raw);
+    h.shutdown();
+    // One more than the pool, all in the SRQ before the worker takes any (it is held by another
+    // session's call), so no header of the server can have reported some of them meanwhile.
+    let (hold, gate) = rpc_support::Hold::new();
+    let h = server()
+        .add_service(Break)
+        .add_service(TestService::default())
+        .add_service(hold)
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let mut holder = connect_raw(h.local_addr());
+    let mut raw = connect_raw(h.local_addr());
+    holder.send(request(0, rpc_support::HOLD, 0, 0), &[]);
+    until("the held call reaches its handler", || gate.entered());
+    for _ in 0..=pool {
+        raw.send(control(Kind::StreamEnd, 5, 0), &[]);
+    }
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while raw.sq.outstanding() > 0 && Instant::now() < give_up {
+        raw.poll();
+        std::thread::yield_now();
+    }
+    drop(gate);
+    closed_as_malformed(&h, 0, "stream SENDs beyond credits + 8");
+    drop((raw, holder));
+    h.shutdown();
+}
+
 #[test]
 fn a_stream_message_on_a_stream_whose_client_sends_none_closes_the_offender() {
     let (h, _c) = start();
@@ -483,4 +527,181 @@ fn a_stream_deadline_of_zero_ends_at_once_deadline_exceeded() {
     }
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     check_reply(&c.unary(rpc_support::ECHO, &request_msg(7), &CallOptions::default()).unwrap(), 7, 10);
+}
+
+/// Applies what the server sent `c` to its client session `sess` (answers, CancelAcks and stream
+/// messages included); returns how many messages arrived.
+fn apply_incoming(c: &mut RawClient, sess: &mut rpc_core::session::Session) -> usize {
+    let mut n = 0;
+    while let Some((h, _)) = c.poll() {
+        sess.handle_header(&h, Instant::now).expect("a legal message from the server");
+        if h.kind == Kind::Response {
+            sess.on_response(h.slot, h.generation).expect("an answer to a call on the wire");
+        }
+        n += 1;
+    }
+    // The raw client keeps CancelAcks apart (and drops RingReturns, whose counts a later
+    // message carries again).
+    for (slot, generation) in std::mem::take(&mut c.acks) {
+        let ack = Header { slot, generation, session: c.session, ..Header::new(Kind::CancelAck) };
+        sess.handle_header(&ack, Instant::now).expect("a CancelAck for a Cancel sent");
+        n += 1;
+    }
+    n
+}
+
+/// Many sessions streaming at once while their worker takes nothing, each raw client sending
+/// everything a client [`rpc_core::session::Session`] of its own allows (the protocol's rule,
+/// not this test's): per session three client streams (their messages and stream ends), a
+/// server stream (the stream credits for the messages it received), every unary call its
+/// credits still allow, a Cancel per call and a RingReturn per credit. Stream SENDs hold request
+/// credits, so all of it stays within `ServerConfig::srq_per_session` per session, and on an SRQ
+/// sized for exactly these sessions no SEND waits for a receive WQE (RNR). Before stream SENDs
+/// held credits, a session sent 32 stream messages, 3 stream ends and stream credits on top of
+/// its 32 requests, and the SENDs waited.
+#[test]
+fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
+    use rpc_core::session::{Role, Session, SessionParams};
+    const SESSIONS: usize = 4;
+    const CREDITS: u16 = 32;
+    let (hold, gate) = rpc_support::Hold::new();
+    let server = server()
+        .max_sessions(SESSIONS)
+        .credits_per_session(CREDITS)
+        .ring_bytes(1 << 16)
+        .add_service(Break)
+        .add_service(TestService::default())
+        .add_service(hold)
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let reserved = rpc_core::ServerConfig::srq_per_session(CREDITS);
+    let now = Instant::now;
+    let mut peers = Vec::new();
+    // Phase 1, the worker free: each session opens its streams and gets the server's grants and
+    // a window of the server stream's messages (read, not yet taken by the application).
+    for _ in 0..SESSIONS {
+        let mut c = RawClient::connect_with(server.local_addr(), CREDITS, 1024, 1 << 20);
+        let mut sess = Session::new(
+            Role::Client,
+            SessionParams {
+                id: c.session,
+                credits: c.credits,
+                eager_threshold: c.eager,
+                max_message: c.max_message,
+                peer_ring_len: c.ring_len,
+                own_ring_len: 1 << 16,
+                max_held: usize::from(CREDITS),
+            },
+        );
+        let mut streams = Vec::new();
+        for (method, flags) in [(HOLD, STREAM_IN), (HOLD, STREAM_IN), (HOLD, STREAM_IN), (FLOOD, STREAM_OUT)]
+        {
+            let call = sess.start_call(method, None, flags).expect("a free slot");
+            let mut h = sess.next_request(now).expect("a free credit");
+            sess.stamp(&mut h);
+            c.send_eager(h, &[]);
+            streams.push(call);
+        }
+        let (flood, cap) = (streams[3], u32::from(CREDITS) / 2);
+        until("the grants and a window of the server stream", || {
+            apply_incoming(&mut c, &mut sess);
+            let granted =
+                streams[..3].iter().map(|&(s, g)| sess.stream_send_credits(s, g).unwrap()).sum::<u32>();
+            granted == u32::from(CREDITS) && sess.stream_receive_window(flood.0, flood.1) == Some((cap, 0))
+        });
+        peers.push((c, sess, streams));
+    }
+    // Phase 2: a call holds the worker.
+    {
+        let (c, sess, _) = &mut peers[0];
+        sess.start_call(rpc_support::HOLD, None, 0).expect("a free slot");
+        let mut h = sess.next_request(now).expect("a credit for the held call");
+        sess.stamp(&mut h);
+        c.send_eager(h, &[]);
+        until("the held call reaches its handler", || gate.entered());
+    }
+    // Phase 3: every session sends all its own session allows.
+    let msg = echo_body(1);
+    let mut sent = vec![0u32; SESSIONS];
+    for (i, (c, sess, streams)) in peers.iter_mut().enumerate() {
+        let mut send = |c: &mut RawClient, sess: &mut Session, mut h: Header, body: &[u8]| {
+            sess.stamp(&mut h);
+            c.send_eager(h, body);
+            sent[i] += 1;
+        };
+        let flood = streams[3];
+        while sess.stream_receive_window(flood.0, flood.1).is_some_and(|(held, _)| held > 0) {
+            sess.stream_consumed(flood.0, flood.1);
+        }
+        for &(slot, generation) in &streams[..3] {
+            while sess.stream_send(slot, generation).unwrap() {
+                let len = msg.len() as u32;
+                let h = Header {
+                    slot,
+                    generation,
+                    body_len: len,
+                    total_len: len,
+                    ..Header::new(Kind::StreamMsg)
+                };
+                send(c, sess, h, &msg);
+            }
+            sess.stream_end(slot, generation).unwrap();
+        }
+        let mut calls = Vec::new();
+        while let Some(call) = sess.start_call(rpc_support::RAW, None, 0) {
+            let Some(h) = sess.next_request(now) else {
+                sess.abandon_call(call.0, call.1, false, now);
+                break;
+            };
+            calls.push(call);
+            send(c, sess, h, &[]);
+        }
+        for (slot, generation) in calls.into_iter().chain(streams.iter().copied()) {
+            sess.abandon_call(slot, generation, false, now);
+        }
+        while let Some(h) = sess.next_control() {
+            send(c, sess, h, &[]);
+        }
+        for _ in 0..CREDITS {
+            send(c, sess, Header::new(Kind::RingReturn), &[]);
+        }
+    }
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while peers.iter().any(|(c, _, _)| c.sq.outstanding() > 0) && Instant::now() < give_up {
+        for (c, _, _) in peers.iter_mut() {
+            c.poll();
+        }
+        std::thread::yield_now();
+    }
+    let stalls: u64 = peers.iter().map(|(c, _, _)| c.peer.qp.rnr_stalls()).sum();
+    drop(gate);
+    assert_eq!(
+        stalls, 0,
+        "{sent:?} messages of sessions reserving {reserved} WQEs each waited for a receive WQE"
+    );
+    for &n in &sent {
+        assert!(n <= reserved, "{n} messages sent, {reserved} reserved");
+        assert!(n >= 2 * u32::from(CREDITS), "{n} messages: the streams' share is in");
+    }
+    // The server found all of it legal: it answers every call and acknowledges every Cancel.
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !peers.iter_mut().all(|(c, sess, _)| {
+        apply_incoming(c, sess);
+        sess.calls().in_flight() == 0
+    }) {
+        let state: Vec<_> = peers
+            .iter()
+            .map(|(_, s, _)| (s.calls().in_flight(), s.calls().abandoned(), s.stream_sends_unreturned()))
+            .collect();
+        let dead: Vec<_> = peers.iter().map(|(c, _, _)| (c.dead, c.inbox.len())).collect();
+        assert!(
+            Instant::now() < give_up,
+            "every call answered and every Cancel acknowledged: {state:?} {dead:?} {:?}",
+            server.counters()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(server.counters().malformed, 0);
+    drop(peers);
+    server.shutdown();
 }

@@ -58,13 +58,13 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
-/// Receive WQEs of the worker's SRQ a session of `credits` reserves: `3 × credits + 21` (117
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves: `3 × credits + 29` (125
 /// at 32 credits). What a client that keeps the protocol can have sent before the worker takes
 /// any of it (a worker held in a handler takes nothing):
 ///
 /// | messages | at most | why |
 /// |---|---|---|
-/// | Requests (the last or only piece of each) | `credits` | credits return with the answers |
+/// | Requests (the last or only piece of each) and stream SENDs (stream messages, the last or only piece of each; stream credits; stream ends) | `credits` + [`crate::session::STREAM_RESERVED_CREDITS`] (8) | credits return with the answers; a stream SEND holds a credit until a server header counts it taken (`stream_taken`), and only stream SENDs use the 8 beyond `credits` |
 /// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
 /// | Cancels | `credits` | a Cancel holds its call's credit until the server's CancelAck arrives ([`crate::session::CallSlots`]), so each credit covers at most one request and one Cancel, a Cancel that crossed its call's answer included |
 /// | RingReturns | `credits` | one per answer in flight |
@@ -72,22 +72,21 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
 /// | Close | 1 | |
 ///
 /// The sessions of one worker together reserve at most the SRQ depth, so such a session never
-/// makes another's SENDs wait for a receive WQE (RNR). Not reserved, because they would not fit
-/// the SRQs of devices (`max_srq_wr` 16 384 on sim) at the default 128 sessions: stream messages
-/// and stream credits (each within the stream budget, `min(credits, 256)`), client-stream ends,
-/// and a stream end that crossed its call's answer while the slot's next call is on the wire. A
-/// session using those leans on the WQEs other sessions do not use at that moment,
-/// and at worst makes SENDs wait for a repost (RNR retries forever: a delay, never a failure).
+/// makes another's SENDs wait for a receive WQE (RNR), whatever its calls and streams do; at the
+/// default 128 sessions of 32 credits on one worker they reserve 16 000 WQEs, within sim's
+/// `max_srq_wr` 16 384. The server closes a session that sends requests or stream SENDs beyond
+/// the first row (`Session::handle_header`).
 pub(crate) fn srq_need(credits: u16) -> u32 {
     let c = u32::from(credits);
-    let requests = c;
+    // Stream SENDs share the request credits, plus a few of their own.
+    let requests_and_stream_sends = c + u32::from(crate::session::STREAM_RESERVED_CREDITS);
     let pieces = crate::session::MAX_PIECES_IN_RING;
     // One per credit: the credit stays taken until the Cancel is acknowledged.
     let cancels = c;
     let ring_returns = c;
     let probe = 4;
     let close = 1;
-    requests + pieces + cancels + ring_returns + probe + close
+    requests_and_stream_sends + pieces + cancels + ring_returns + probe + close
 }
 
 /// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the

@@ -90,7 +90,7 @@ pub struct ServerConfig {
     pub ring_bytes: u32,
     /// Receive buffers (WQEs) of each worker's SRQ. Default 0 = sized for `max_sessions` at full
     /// credits: sessions per worker × [`ServerConfig::srq_per_session`]`(credits_per_session)`
-    /// (`3 × credits_per_session + 21`; 14 976 WQEs at the defaults), which must not exceed the
+    /// (`3 × credits_per_session + 29`; 16 000 WQEs at the defaults), which must not exceed the
     /// device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must hold
     /// one session of full credits; sessions are then admitted while what they reserve
     /// (`srq_per_session` of the credits they were granted) fits. Every buffer is
@@ -175,7 +175,7 @@ impl ServerConfig {
             return bad(
                 "srq_depth",
                 format!(
-                    "{} is below one session's 3 × credits_per_session + 21 = {per_session} \
+                    "{} is below one session's 3 × credits_per_session + 29 = {per_session} \
                      (ServerConfig::srq_per_session)",
                     self.srq_depth
                 ),
@@ -209,18 +209,19 @@ impl ServerConfig {
         Ok(())
     }
 
-    /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 21`
-    /// (117 at 32 credits). The most a client that keeps the protocol can have sent before the
-    /// worker takes any of it: its requests (within credits) and the other pieces of their ring
-    /// bodies (16), a Cancel per credit (a Cancel holds its call's credit until the server's
-    /// CancelAck arrives, so a Cancel that crossed its call's answer is counted too), a ring
-    /// return per answer, two Pings and two Pongs of the idle probe, and a Close (the table is
-    /// on `endpoint::conn::srq_need`, the one place of this arithmetic). The sessions of a
-    /// worker reserve at most its SRQ depth together, so no such session makes another's
-    /// messages wait for a receive buffer (RNR). Not reserved (they would not fit devices'
-    /// `max_srq_wr` at the default sessions): stream messages and stream credits, each within
-    /// the stream budget `min(credits, 256)`, and client-stream ends; they use WQEs the other
-    /// sessions leave free, at worst an RNR wait (a delay: RNR is retried forever).
+    /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 29`
+    /// (125 at 32 credits). The most a client that keeps the protocol can have sent before the
+    /// worker takes any of it, every message kind counted: its requests and stream SENDs (stream
+    /// messages, stream credits, stream ends: each holds a request credit until the server
+    /// reports it taken) within credits plus the 8 only stream SENDs use
+    /// ([`crate::session::STREAM_RESERVED_CREDITS`]), the other pieces of ring bodies (16), a
+    /// Cancel per credit (a Cancel holds its call's credit until the server's CancelAck arrives,
+    /// so a Cancel that crossed its call's answer is counted too), a ring return per answer, two
+    /// Pings and two Pongs of the idle probe, and a Close (the table is on
+    /// `endpoint::conn::srq_need`, the one place of this arithmetic). The sessions of a worker
+    /// reserve at most its SRQ depth together, so no such session makes another's messages wait
+    /// for a receive buffer (RNR), however many of them stream; a client that sends more is
+    /// closed as malformed.
     pub fn srq_per_session(credits: u16) -> u32 {
         crate::endpoint::conn::srq_need(credits)
     }

@@ -126,7 +126,7 @@ impl Session {
     #[inline]
     pub fn call_goes_now(&self) -> bool {
         let c = &self.calls.slots;
-        c.queued() == 0 && c.in_flight() < c.credits()
+        c.queued() == 0 && c.in_flight() < c.credits() && self.request_room()
     }
 
     /// Client: the header of the next queued call that may go on the wire now (a credit is
@@ -135,7 +135,11 @@ impl Session {
     /// its first credits. The call counts as in flight from here. `None` when nothing may go.
     #[inline(always)]
     pub fn next_request(&mut self, now: impl FnOnce() -> Instant) -> Option<Header> {
-        // Inlined into the driver's loop: usually nothing waits, and that costs two compares.
+        // Inlined into the driver's loop: usually nothing waits, and that costs a few compares.
+        // The client's stream SENDs not yet counted taken hold request credits too.
+        if !self.request_room() {
+            return None;
+        }
         let (slot, generation) = self.calls.slots.next_sendable()?;
         let m = self.calls.meta[slot as usize];
         let timeout_us = m.deadline.map_or(0, |d| {

@@ -45,8 +45,8 @@ const PIECE_FRACTION: u32 = 4;
 /// takes at least `1 / PIECE_FRACTION²` of it.
 pub const MAX_PIECES_IN_RING: u32 = PIECE_FRACTION * PIECE_FRACTION;
 pub use slots::{Abandoned, CallSlots, ResponseFate, SlotState};
-pub use stream::StreamError;
-use stream::Streams;
+pub use stream::{StreamError, STREAM_RESERVED_CREDITS};
+use stream::{StreamSends, Streams};
 
 use crate::status::Status;
 use crate::wire::{Header, Kind, STREAM_IN, STREAM_OUT};
@@ -165,6 +165,8 @@ pub struct Session {
     controls: VecDeque<Header>,
     /// Open streams and their credits.
     streams: Streams,
+    /// The request credits the client's stream SENDs hold ([`StreamSends`]).
+    sends: StreamSends,
     liveness: Liveness,
     /// Client: the call slots and what the calls go out with ([`calls`]).
     calls: calls::Calls,
@@ -195,6 +197,7 @@ impl Session {
             events: VecDeque::with_capacity(usize::from(params.credits) + 1),
             controls: VecDeque::with_capacity(params.max_held.max(usize::from(params.credits))),
             streams: Streams::new(u32::from(params.credits).min(MAX_STREAM_BUDGET)),
+            sends: StreamSends::default(),
             liveness: Liveness::new(None),
             calls: match role {
                 Role::Client => {
@@ -310,9 +313,18 @@ impl Session {
         if std::mem::take(&mut self.liveness.ping_due) {
             return Some(Header::new(Kind::Ping));
         }
-        let h = self.controls.pop_front()?;
-        if h.kind == Kind::CancelAck {
-            self.acks_due -= 1;
+        let i = if self.role == Role::Client && !self.stream_send_room() {
+            // A client's stream controls hold a request credit each: they wait for one, the
+            // others (Cancels) go.
+            self.controls.iter().position(|c| !matches!(c.kind, Kind::StreamEnd | Kind::StreamCredit))?
+        } else {
+            0
+        };
+        let h = self.controls.remove(i)?;
+        match h.kind {
+            Kind::CancelAck => self.acks_due -= 1,
+            Kind::StreamEnd | Kind::StreamCredit if self.role == Role::Client => self.sends.unreturned += 1,
+            _ => {}
         }
         Some(h)
     }
@@ -381,6 +393,38 @@ impl Session {
     pub fn stamp(&mut self, h: &mut Header) {
         h.session = self.params.id;
         h.freed_head = self.consumer.take_freed();
+        if self.role == Role::Server {
+            h.stream_taken = self.sends.taken;
+            self.sends.reported = self.sends.taken;
+        }
+    }
+
+    /// What requests and the client's stream SENDs not yet taken by the server add up to at
+    /// most: `credits` + [`STREAM_RESERVED_CREDITS`] (the server's SRQ reserves it,
+    /// `endpoint::conn::srq_need`).
+    fn send_pool(&self) -> u32 {
+        u32::from(self.params.credits) + u32::from(STREAM_RESERVED_CREDITS)
+    }
+
+    /// Client: whether a stream SEND (a message, a stream credit, a stream end) may go now: it
+    /// holds a request credit until the server counts it taken (see [`StreamSends`]).
+    #[inline]
+    pub fn stream_send_room(&self) -> bool {
+        let c = &self.calls.slots;
+        self.sends.may_send(c.in_flight(), c.queued(), c.credits(), self.send_pool())
+    }
+
+    /// Client: stream SENDs sent that the server has not yet counted taken (each holds a
+    /// request credit).
+    pub fn stream_sends_unreturned(&self) -> u32 {
+        self.sends.unreturned
+    }
+
+    /// Client: whether the requests on the wire and the stream SENDs not yet counted taken leave
+    /// a credit for one more request.
+    #[inline]
+    fn request_room(&self) -> bool {
+        u32::from(self.calls.slots.in_flight()) + self.sends.unreturned < self.send_pool()
     }
 
     /// Server: a response is being sent for one request, the oldest unanswered (returns its
@@ -424,16 +468,27 @@ impl Session {
     ///
     /// Drivers ask [`Session::take_ring_return`], which also knows whether the peer can be
     /// waiting for the space.
+    ///
+    /// A server also sends one when the client's stream SENDs it took and did not report, with
+    /// its unanswered requests, hold every credit of the client (it may wait for the count).
     pub fn ring_return_due(&self) -> bool {
         let unreported = self.consumer.unreported();
-        unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty())
+        (unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty()))
+            || self.stream_return_due()
     }
 
-    /// Whether ring space was freed since [`Session::take_ring_return`] was last asked (inlined:
-    /// the drivers' fast check before posting).
+    /// Server: whether the client's stream SENDs taken and unreported are worth a RingReturn of
+    /// their own ([`StreamSends::full`]).
+    fn stream_return_due(&self) -> bool {
+        self.role == Role::Server && self.sends.full(self.unanswered.len(), self.send_pool())
+    }
+
+    /// Whether ring space was freed, or (server) enough of the client's stream SENDs were taken
+    /// unreported, since [`Session::take_ring_return`] was last asked (inlined: the drivers' fast
+    /// check before posting).
     #[inline]
     pub fn ring_freed(&self) -> bool {
-        self.ring_freed
+        self.ring_freed || self.sends.due
     }
 
     /// Whether a RingReturn message should be posted now for the ring space freed since this was
@@ -441,9 +496,16 @@ impl Session {
     /// needs our ring only to send into it: a server answers only calls in flight, so a client
     /// with none in flight and nothing arriving in pieces lets its next request carry the head;
     /// a client may start a call at any time, so a server tells it whenever
-    /// [`Session::ring_return_due`].
+    /// [`Session::ring_return_due`]. For the client's stream SENDs taken unreported, a server
+    /// sends one only when no control message waits (which would carry the count).
     #[inline]
     pub fn take_ring_return(&mut self) -> bool {
+        // A control message waiting (a stream credit, a CancelAck) carries the count: the
+        // drivers queue those right after asking this.
+        if std::mem::take(&mut self.sends.due) && self.stream_return_due() && !self.has_control() {
+            self.ring_freed = false;
+            return true;
+        }
         if !std::mem::take(&mut self.ring_freed) {
             return false;
         }
@@ -496,7 +558,14 @@ impl Session {
             return Err("body larger than max_message_size");
         }
         self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
+        match self.role {
+            Role::Client => self.sends.on_taken(h.stream_taken)?,
+            Role::Server if h.stream_taken != 0 => return Err("a client's message carries a stream count"),
+            Role::Server => {}
+        }
         let mut first = true;
+        // The last (or only) piece of its message.
+        let mut last = true;
         let ring = if h.in_ring {
             if h.total_len <= self.params.eager_threshold {
                 return Err("ring body at or below the eager threshold");
@@ -515,13 +584,16 @@ impl Session {
                     {
                         return Err("ring piece does not continue its message");
                     }
-                    if self.assemblies[i].body.len() as u64 + u64::from(h.body_len) > u64::from(h.total_len) {
+                    let have = self.assemblies[i].body.len() as u64 + u64::from(h.body_len);
+                    if have > u64::from(h.total_len) {
                         return Err("ring pieces exceed their message's total_len");
                     }
                     first = false;
+                    last = have == u64::from(h.total_len);
                     i
                 }
                 None => {
+                    last = h.body_len == h.total_len;
                     if self.assemblies.len() >= self.params.max_held.max(usize::from(self.params.credits)) {
                         return Err("more ring messages in progress than calls in flight");
                     }
@@ -569,6 +641,12 @@ impl Session {
             }
             None
         };
+        if self.role == Role::Server
+            && (matches!(h.kind, Kind::StreamEnd | Kind::StreamCredit) || (h.kind == Kind::StreamMsg && last))
+        {
+            // Every stream SEND holds one of the client's credits until a header reports it taken.
+            self.sends.take(self.unanswered.len(), self.send_pool())?;
+        }
         match h.kind {
             Kind::Request if first && h.stream != 0 => {
                 if u32::from(h.credits) > MAX_STREAM_BUDGET {
@@ -604,6 +682,7 @@ impl Session {
                     deadline,
                     ended: false,
                 });
+                self.sends.note(self.unanswered.len(), self.send_pool());
             }
             Kind::Close => self.closed = true,
             Kind::Ping => self.liveness.pong_due = true,
@@ -671,6 +750,7 @@ impl Session {
     fn open_peer_stream(&mut self, h: &Header, now: impl FnOnce() -> Instant) {
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
         self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        self.sends.note(self.unanswered.len(), self.send_pool());
         let i = self.streams.open(
             h.slot,
             h.generation,
@@ -744,6 +824,15 @@ impl Session {
         if st.send_credits == 0 {
             return Ok(false);
         }
+        if self.role == Role::Client {
+            // A client's stream SEND holds a request credit until the server counts it taken.
+            let c = &self.calls.slots;
+            if !self.sends.may_send(c.in_flight(), c.queued(), c.credits(), self.send_pool()) {
+                return Ok(false);
+            }
+            self.sends.unreturned += 1;
+        }
+        let st = &mut self.streams.list[i];
         st.send_credits -= 1;
         Ok(true)
     }
@@ -817,7 +906,10 @@ impl Session {
     }
 
     fn check_credit(&self) -> Result<(), &'static str> {
-        if self.unanswered.len() >= usize::from(self.params.credits) {
+        if self.unanswered.len() >= usize::from(self.params.credits)
+            || self.unanswered.len() as u64 + u64::from(self.sends.unreported())
+                >= u64::from(self.send_pool())
+        {
             return Err("request beyond the granted credits");
         }
         Ok(())

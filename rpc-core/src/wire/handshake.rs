@@ -34,7 +34,7 @@ use crate::verbs::{Gid, Mtu};
 /// `b"RPCH"` as a little-endian u32.
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Longest auth token in bytes.
 pub const MAX_AUTH_TOKEN: usize = 256;
 /// Longest frame payload in bytes.

@@ -15,7 +15,7 @@
 //! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
 //! | 20 | 4 | ring offset of the body (when in the ring), else 0 |
 //! | 24 | 4 | freed head: bytes of the sender's ring freed so far (wrapping counter) |
-//! | 28 | 4 | timeout in µs (requests; 0 = none) |
+//! | 28 | 4 | requests: timeout in µs (0 = none); every other message from a server: the wrapping count of the client's stream SENDs the server has taken (`stream_taken`, see below); 0 in every other message from a client |
 //! | 32 | 4 | session id assigned by the server at handshake |
 //! | 36 | 4 | total body length of the message in bytes (equals the body length unless pieced) |
 //!
@@ -51,6 +51,18 @@
 //! | 4 | `l0` | message 0 |
 //! | 4 + `l0` | 4 | length `l1` of message 1 |
 //! | ... | | up to message `n - 1`, ending exactly at `body_len` |
+//!
+//! **Stream SENDs hold request credits.** Every stream SEND a client sends (a stream message, a
+//! stream credit, a stream end) holds one of the session's request credits from when it is sent
+//! until a server header counts it taken: every message from the server carries `stream_taken`,
+//! the wrapping count of the client's stream SENDs the server has taken off its receive queue (a
+//! message in pieces when its last piece is in). So the client's requests and stream SENDs that
+//! the server has not taken are together at most its credits plus
+//! [`crate::session::STREAM_RESERVED_CREDITS`] (credits only stream SENDs use, so a stream always
+//! moves), and the server reserves receive WQEs per session for that (`endpoint::conn::srq_need`);
+//! a client beyond it is closed. A server sends a [`Kind::RingReturn`] for the count alone
+//! only when the SENDs it took unreported and its unanswered requests hold all those credits
+//! (only then can the client be waiting for it) and no other message carries the count.
 //!
 //! [`batch_frames`] checks a received batch (count, lengths, exact tiling) before anything reads
 //! it; a batch that does not check closes the session.
@@ -245,6 +257,10 @@ pub struct Header {
     pub freed_head: u32,
     /// Remaining time of the call in µs (requests; 0 = no deadline).
     pub timeout_us: u32,
+    /// Server to client (every kind but a request, which never goes that way): the wrapping count
+    /// of the client's stream SENDs the server has taken (see the module docs); 0 from a client.
+    /// Encoded at the offset of `timeout_us`, which only requests carry.
+    pub stream_taken: u32,
     /// Session id the server assigned at handshake.
     pub session: u32,
     /// Total body length in bytes of the message this piece belongs to; equals `body_len` for a
@@ -268,6 +284,7 @@ impl Header {
             ring_offset: 0,
             freed_head: 0,
             timeout_us: 0,
+            stream_taken: 0,
             session: 0,
             total_len: 0,
         }
@@ -287,7 +304,8 @@ impl Header {
         out[16..20].copy_from_slice(&self.body_len.to_le_bytes());
         out[20..24].copy_from_slice(&self.ring_offset.to_le_bytes());
         out[24..28].copy_from_slice(&self.freed_head.to_le_bytes());
-        out[28..32].copy_from_slice(&self.timeout_us.to_le_bytes());
+        let at_28 = if self.kind == Kind::Request { self.timeout_us } else { self.stream_taken };
+        out[28..32].copy_from_slice(&at_28.to_le_bytes());
         out[32..36].copy_from_slice(&self.session.to_le_bytes());
         out[36..40].copy_from_slice(&self.total_len.to_le_bytes());
     }
@@ -345,7 +363,8 @@ impl Header {
             body_len: u32_at(16),
             ring_offset: u32_at(20),
             freed_head: u32_at(24),
-            timeout_us: u32_at(28),
+            timeout_us: if kind == Kind::Request { u32_at(28) } else { 0 },
+            stream_taken: if kind == Kind::Request { 0 } else { u32_at(28) },
             session: u32_at(32),
             total_len: u32_at(36),
         };
@@ -410,7 +429,7 @@ impl Header {
                 }
             }
             Kind::StreamMsg if h.stream == STREAM_BATCH => {
-                if status != Code::Ok || h.timeout_us != 0 {
+                if status != Code::Ok {
                     return Err(WireError::bad("header", "kind", "stream message with call fields set"));
                 }
             }
@@ -422,7 +441,7 @@ impl Header {
                         "stream flags or credits outside a request",
                     ));
                 }
-                if kind == Kind::StreamMsg && (status != Code::Ok || h.timeout_us != 0) {
+                if kind == Kind::StreamMsg && status != Code::Ok {
                     return Err(WireError::bad("header", "kind", "stream message with call fields set"));
                 }
             }
@@ -447,7 +466,7 @@ impl Header {
                 if h.body_len != 0 || h.in_ring || h.total_len != 0 {
                     return Err(WireError::bad("header", "body_len", "a control message carries no body"));
                 }
-                if status != Code::Ok || h.method != 0 || h.timeout_us != 0 {
+                if status != Code::Ok || h.method != 0 {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
                 }
                 let names_call =
@@ -524,8 +543,13 @@ mod tests {
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let m = encode_msg(&Header { slot: 2, ..Header::new(Kind::Ping) });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "slot");
-        let m = encode_msg(&Header { timeout_us: 2, ..Header::new(Kind::Cancel) });
+        let m = encode_msg(&Header { method: 2, ..Header::new(Kind::Cancel) });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
+        // Offset 28 is a request's timeout and every other message's stream count.
+        let r = Header { stream_taken: 5, ..Header::new(Kind::RingReturn) };
+        assert_eq!(Header::decode(&encode_msg(&r)).unwrap(), r);
+        let t = Header { timeout_us: 5, ..Header::new(Kind::StreamEnd) };
+        assert_eq!(Header::decode(&encode_msg(&t)).unwrap().timeout_us, 0, "a timeout only on a request");
         let c = Header { slot: 3, generation: 9, session: 4, freed_head: 7, ..Header::new(Kind::Cancel) };
         assert_eq!(Header::decode(&encode_msg(&c)).unwrap(), c);
         let mut m = encode_msg(&Header::new(Kind::RingReturn));
@@ -665,7 +689,6 @@ mod tests {
             .prop_map(
                 |(kind, in_ring, st, (slot, generation, method, len, off, freed, t, session), extra)| {
                     let body = matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg);
-                    let call = matches!(kind, Kind::Request | Kind::Response);
                     let names = body
                         || matches!(
                             kind,
@@ -712,7 +735,8 @@ mod tests {
                         },
                         ring_offset: if in_ring { off } else { 0 },
                         freed_head: freed,
-                        timeout_us: if call { t } else { 0 },
+                        timeout_us: if kind == Kind::Request { t } else { 0 },
+                        stream_taken: if kind == Kind::Request { 0 } else { t },
                         session,
                     }
                 },

@@ -942,7 +942,14 @@ impl<P: Provider> Worker<P> {
             }
         };
         match header.kind {
-            Kind::Request => self.dispatch(idx, body, header),
+            Kind::Request => {
+                self.dispatch(idx, body, header);
+                // The client's credits may all be held now: a RingReturn may be due
+                // (`Session::take_ring_return`).
+                if self.entries[idx as usize].as_ref().is_some_and(|e| e.conn.session.ring_freed()) {
+                    self.mark_dirty(idx);
+                }
+            }
             Kind::StreamMsg => self.on_stream_msg(idx, body, header),
             kind => {
                 if let Received::Eager(b) = body {
@@ -959,6 +966,13 @@ impl<P: Provider> Worker<P> {
                     // A Pong became due.
                     Kind::Ping => self.mark_dirty(idx),
                     _ => {}
+                }
+                // A stream end or credit is a stream SEND: a RingReturn may be due for the
+                // credits such SENDs hold (`Session::take_ring_return`).
+                if matches!(kind, Kind::StreamEnd | Kind::StreamCredit)
+                    && self.entries[idx as usize].as_ref().is_some_and(|e| e.conn.session.ring_freed())
+                {
+                    self.mark_dirty(idx);
                 }
             }
         }
