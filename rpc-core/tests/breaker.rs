@@ -1055,7 +1055,7 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
 /// requests and 16 more Cancels: 132 messages for 125 WQEs, and SENDs wait.
 #[test]
 fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
-    use rpc_core::session::{Role, Session, SessionParams};
+    use rpc_core::session::Session;
     use std::sync::atomic::Ordering;
     const CREDITS: u16 = 32;
     const CROSSED: u16 = CREDITS / 2;
@@ -1063,18 +1063,7 @@ fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
     let reserved = rpc_core::ServerConfig::srq_per_session(CREDITS);
     let mut c = RawClient::connect_with(server.local_addr(), CREDITS, 4096, 1 << 20);
     assert_eq!(c.credits, CREDITS);
-    let mut sess = Session::new(
-        Role::Client,
-        SessionParams {
-            id: c.session,
-            credits: c.credits,
-            eager_threshold: c.eager,
-            max_message: c.max_message,
-            peer_ring_len: c.ring_len,
-            own_ring_len: 1 << 16,
-            max_held: usize::from(CREDITS),
-        },
-    );
+    let mut sess = c.client_session();
     let now = Instant::now;
     let mut sent = 0u32;
     let send = |c: &mut RawClient, sess: &mut Session, mut h: Header, sent: &mut u32| {

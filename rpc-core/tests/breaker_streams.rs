@@ -561,7 +561,7 @@ fn apply_incoming(c: &mut RawClient, sess: &mut rpc_core::session::Session) -> u
 /// its 32 requests, and the SENDs waited.
 #[test]
 fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
-    use rpc_core::session::{Role, Session, SessionParams};
+    use rpc_core::session::Session;
     const SESSIONS: usize = 4;
     const CREDITS: u16 = 32;
     let (hold, gate) = rpc_support::Hold::new();
@@ -581,18 +581,7 @@ fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
     // a window of the server stream's messages (read, not yet taken by the application).
     for _ in 0..SESSIONS {
         let mut c = RawClient::connect_with(server.local_addr(), CREDITS, 1024, 1 << 20);
-        let mut sess = Session::new(
-            Role::Client,
-            SessionParams {
-                id: c.session,
-                credits: c.credits,
-                eager_threshold: c.eager,
-                max_message: c.max_message,
-                peer_ring_len: c.ring_len,
-                own_ring_len: 1 << 16,
-                max_held: usize::from(CREDITS),
-            },
-        );
+        let mut sess = c.client_session();
         let mut streams = Vec::new();
         for (method, flags) in [(HOLD, STREAM_IN), (HOLD, STREAM_IN), (HOLD, STREAM_IN), (FLOOD, STREAM_OUT)]
         {

@@ -107,6 +107,25 @@ impl RawClient {
         (c, tcp)
     }
 
+    /// A client-side [`Session`](rpc_core::session::Session) with this raw session's id, the
+    /// credits, limits and ring the server granted, a 64 KiB own ring and `CREDITS` answers
+    /// held: the protocol's own rules, to build and account for what a test sends by hand.
+    pub fn client_session(&self) -> rpc_core::session::Session {
+        use rpc_core::session::{Role, Session, SessionParams};
+        Session::new(
+            Role::Client,
+            SessionParams {
+                id: self.session,
+                credits: self.credits,
+                eager_threshold: self.eager,
+                max_message: self.max_message,
+                peer_ring_len: self.ring_len,
+                own_ring_len: 1 << 16,
+                max_held: usize::from(self.credits),
+            },
+        )
+    }
+
     /// A raw session over `peer`, whose QP is already connected to the side that sent
     /// `remote` (its ring, limits and credits are taken from there), with `session` in the
     /// headers it sends; `tcp` is the control channel, kept open while this lives.
