@@ -29,7 +29,7 @@
 //! discarded) before the memory is deregistered.
 //!
 //! Misuse does not compile. Reading a buffer after giving it back:
-//! ```compile_fail
+//! ```compile_fail,E0505
 //! # use rpc_core::buffers::RecvPool;
 //! # use rpc_core::verbs::sim::Sim;
 //! fn misuse(pool: &mut RecvPool<Sim>, wr_id: u64) {
@@ -40,7 +40,7 @@
 //! }
 //! ```
 //! Writing a send buffer after posting it:
-//! ```compile_fail
+//! ```compile_fail,E0382
 //! # use rpc_core::buffers::{SendPool, SendQueue};
 //! # use rpc_core::verbs::sim::Sim;
 //! fn misuse(pool: &mut SendPool<Sim>, sq: &mut SendQueue) {
@@ -50,7 +50,7 @@
 //! }
 //! ```
 //! A view of the receive ring does not exist:
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # use rpc_core::buffers::RecvRing;
 //! # use rpc_core::verbs::sim::Sim;
 //! fn misuse(ring: &RecvRing<Sim>) -> &[u8] {

@@ -78,7 +78,7 @@ const ENDED_KEPT: usize = 8;
 ///
 /// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn shared<T: Sync>() {}
 /// shared::<rpc_core::Client>();
 /// ```
