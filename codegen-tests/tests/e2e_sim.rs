@@ -54,14 +54,20 @@ fn config() -> ClientConfig {
 
 /// Drives a future to completion in this thread; the runtime's futures progress when polled, so
 /// a no-op waker and a yield between polls are all they need.
+///
+/// # Panics
+/// When the future is still pending after 60 s (a hang guard: a test failure, not a hang).
+#[track_caller]
 fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = std::pin::pin!(future);
     let mut cx = Context::from_waker(Waker::noop());
+    let start = std::time::Instant::now();
     loop {
         if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
             return output;
         }
         std::thread::yield_now();
+        assert!(start.elapsed() < Duration::from_secs(60), "the future was still pending after 60 s");
     }
 }
 

@@ -32,9 +32,9 @@ fn fake_server(serve: fn(&mut RawClient)) -> (std::net::SocketAddr, std::thread:
     (addr, t)
 }
 
-/// The first request the client sends (polls for up to 10 s).
+/// The first request the client sends (polls for up to `WAIT`).
 fn first_request(c: &mut RawClient) -> Option<Header> {
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     while Instant::now() < give_up {
         match c.poll() {
             Some((h, _)) if h.kind == Kind::Request => return Some(h),
@@ -53,7 +53,7 @@ fn header_for(req: Header, kind: Kind) -> Header {
 
 /// Waits until the client counted a malformed message and closed its session.
 fn wait_malformed(client: &Client, what: &str) {
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     while client.counters().malformed == 0 && Instant::now() < give_up {
         client.progress();
         std::thread::sleep(Duration::from_millis(2));
@@ -346,7 +346,7 @@ fn calls_whose_deadline_passed_in_the_queue_do_not_hold_its_places() {
     let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
     let mut held =
         Box::pin(client.unary_async::<_, EchoMsg>(STASH, &request(0, 8, 8), &CallOptions::default()));
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     while stash.lock().unwrap().is_empty() {
         assert!(poll_once(&mut held).is_pending());
         assert!(Instant::now() < give_up, "the stashed call never reached the server");
@@ -401,7 +401,7 @@ fn a_cancel_flood_beyond_the_credits_closes_the_flooding_session() {
         raw.sq.send(&mut raw.pool, b, HEADER_LEN as u32, false);
     }
     raw.sq.flush(&raw.peer.qp, &mut raw.pool, 1).unwrap();
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     while server.counters().malformed == 0 && Instant::now() < give_up {
         let _ = raw.try_poll();
         std::thread::sleep(Duration::from_millis(1));
@@ -483,7 +483,7 @@ fn a_deadline_passing_while_a_client_batch_is_open_gives_its_buffer_back() {
             .unwrap();
         s.send(&request(round * 10, 8, 8)).unwrap();
         // The first message leaves with the one credit (alone, or as a batch of one)...
-        let give_up = Instant::now() + Duration::from_secs(10);
+        let give_up = Instant::now() + WAIT;
         while STREAM_MSGS[0].load(Relaxed) < round as usize + 1 {
             assert!(Instant::now() < give_up, "round {round}: the first message never left");
             client.progress();

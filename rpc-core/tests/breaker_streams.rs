@@ -111,7 +111,7 @@ fn start() -> (ServerHandle, Client) {
 }
 
 fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(20);
+    let give_up = Instant::now() + WAIT;
     while !f() {
         assert!(Instant::now() < give_up, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(1));
@@ -275,7 +275,7 @@ fn stream_sends_beyond_the_sessions_credits_close_the_offender() {
     for _ in 0..=pool {
         raw.send(control(Kind::StreamEnd, 5, 0), &[]);
     }
-    let give_up = Instant::now() + Duration::from_secs(20);
+    let give_up = Instant::now() + WAIT;
     while raw.sq.outstanding() > 0 && Instant::now() < give_up {
         raw.poll();
         std::thread::yield_now();
@@ -655,7 +655,7 @@ fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
             send(c, sess, Header::new(Kind::RingReturn), &[]);
         }
     }
-    let give_up = Instant::now() + Duration::from_secs(20);
+    let give_up = Instant::now() + WAIT;
     while peers.iter().any(|(c, _, _)| c.sq.outstanding() > 0) && Instant::now() < give_up {
         for (c, _, _) in peers.iter_mut() {
             c.poll();
@@ -673,7 +673,7 @@ fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
         assert!(n >= 2 * u32::from(CREDITS), "{n} messages: the streams' share is in");
     }
     // The server found all of it legal: it answers every call and acknowledges every Cancel.
-    let give_up = Instant::now() + Duration::from_secs(20);
+    let give_up = Instant::now() + WAIT;
     while !peers.iter_mut().all(|(c, sess, _)| {
         apply_incoming(c, sess);
         sess.calls().in_flight() == 0

@@ -10,7 +10,7 @@ use rpc_core::buffers::{split_send_wr_id, SendPool, SendQueue};
 use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
 use rpc_core::verbs::{CompletionQueue, QueuePair, WorkCompletion};
-use rpc_support::RawPeer;
+use rpc_support::{RawPeer, WAIT};
 
 #[test]
 fn more_messages_than_the_send_queue_holds_wait_for_room_instead_of_overrunning_it() {
@@ -25,7 +25,13 @@ fn more_messages_than_the_send_queue_holds_wait_for_room_instead_of_overrunning_
     let mut wcs = [WorkCompletion::default(); 64];
     let (mut sent, mut received, mut waits) = (0usize, 0usize, 0usize);
     let total = 3 * depth;
+    let give_up = std::time::Instant::now() + WAIT;
     while received < total {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{received} of {total} messages received in {WAIT:?} ({sent} sent, {} outstanding)",
+            sq.outstanding()
+        );
         // Take and post as many as the send queue has room for, without polling in between.
         while sent < total {
             let Some(mut buf) = pool.acquire_for(&sq) else {

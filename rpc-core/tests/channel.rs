@@ -36,9 +36,10 @@ fn thread_names() -> Vec<String> {
         .collect()
 }
 
-/// Waits (up to 10 s) until `cond` holds; false if it never did.
+/// Waits (up to [`WAIT`], a hang guard) until `cond` holds; false if it never did (every caller
+/// asserts it, with its own message).
 fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + Duration::from_secs(10);
+    let until = Instant::now() + WAIT;
     while Instant::now() < until {
         if cond() {
             return true;
@@ -270,7 +271,7 @@ fn an_answer_already_delivered_is_taken_without_driving_the_session() {
     let mut c = Box::pin(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(4, 8, 8), &CallOptions::default()));
     // c's polls drive the session; the server answers in order, so by the time c has its answer,
     // a's and b's were delivered too.
-    let until = Instant::now() + Duration::from_secs(10);
+    let until = Instant::now() + WAIT;
     let rc = loop {
         if let Poll::Ready(r) = c.as_mut().poll(&mut cx) {
             break r;

@@ -146,18 +146,27 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
     let mut tcp = TcpStream::connect(server.local_addr()).unwrap();
     write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
     let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-    while server.counters().sessions_opened < 2 {
-        keep.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to publish the raw peer's session opened",
+        WAIT,
+        || {
+            keep.progress();
+            server.counters().sessions_opened >= 2
+        },
+        || format!("server {:?}", server.counters()),
+    );
     tcp.write_all(b"garbage after the handshake").unwrap();
     drop(tcp);
     // Hang guard only (the close is noticed within milliseconds): without the fix it never is.
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while server.counters().sessions_closed < 1 && std::time::Instant::now() < give_up {
-        keep.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the session of the vanished peer to be freed",
+        WAIT,
+        || {
+            keep.progress();
+            server.counters().sessions_closed >= 1
+        },
+        || format!("server {:?}", server.counters()),
+    );
     assert_eq!(server.counters().sessions_closed, 1, "the session of the vanished peer is freed");
     check_reply(&keep.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
     drop(peer);
@@ -186,10 +195,12 @@ fn srq_admission_sums_the_credits_of_every_session() {
     assert!(err.message().contains("srq_depth"), "{err}");
     // Freeing a large session makes room again.
     drop(big);
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while server.counters().sessions_closed < 2 && std::time::Instant::now() < give_up {
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to close the 2 large sessions",
+        WAIT,
+        || server.counters().sessions_closed >= 2,
+        || format!("server {:?}", server.counters()),
+    );
     assert_eq!(server.counters().sessions_closed, 2);
     let again = connect(32).expect("room again after the large sessions closed");
     check_reply(&again.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
@@ -210,22 +221,25 @@ fn connecting_during_shutdown_is_refused() {
     let a = Client::connect_with(addr, &client_config()).unwrap();
     // One call held by the server keeps it draining.
     let held = a.unary_async::<_, EchoMsg>(STASH, &request(1, 8, 8), &CallOptions::default());
-    while stash.lock().unwrap().is_empty() {
-        a.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the held call to reach the server",
+        WAIT,
+        || {
+            a.progress();
+            !stash.lock().unwrap().is_empty()
+        },
+        || format!("server {:?}, client {:?}", server.counters(), a.counters()),
+    );
     let stopper = std::thread::spawn(move || server.shutdown());
     // Draining has begun once new calls are answered UNAVAILABLE.
-    loop {
-        match a.unary::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default()) {
-            Ok(_) => std::thread::yield_now(),
-            Err(e) => {
-                assert_eq!(e.code(), Code::Unavailable, "{e}");
-                assert!(e.message().contains("shutting down"), "{e}");
-                break;
-            }
-        }
-    }
+    let e = wait_for(
+        "a call to be refused once the server drains",
+        WAIT,
+        || a.unary::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::deadline(WAIT)).err(),
+        || format!("client {:?}", a.counters()),
+    );
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("shutting down"), "{e}");
     let err = Client::connect_with(addr, &client_config()).err().expect("no new session while draining");
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert!(err.message().contains("shutting down"), "{err}");
@@ -282,10 +296,15 @@ fn bulk_responses_awaited_out_of_order_do_not_deadlock_the_ring() {
     let len = 40 << 10;
     let first = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, len), &CallOptions::default());
     // The first response arrives and waits in the ring for its future.
-    while client.counters().bytes_in == 0 {
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the first bulk response to arrive",
+        WAIT,
+        || {
+            client.progress();
+            client.counters().bytes_in > 0
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     let opts = CallOptions::deadline(Duration::from_secs(10));
     let second = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, len), &opts);
     check_reply(&block_on(second).expect("the second bulk response arrives"), 2, len);
@@ -293,10 +312,15 @@ fn bulk_responses_awaited_out_of_order_do_not_deadlock_the_ring() {
     // The same with a blocking call behind a finished async one.
     let third = client.unary_async::<_, EchoMsg>(ECHO, &request(3, 8, len), &CallOptions::default());
     let before = client.counters().bytes_in;
-    while client.counters().bytes_in == before {
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the third bulk response to arrive",
+        WAIT,
+        || {
+            client.progress();
+            client.counters().bytes_in > before
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     check_reply(
         &client.unary(ECHO, &request(4, 8, len), &opts).expect("the blocking call completes"),
         4,
@@ -405,9 +429,12 @@ fn stray_bytes_from_the_server_do_not_hide_its_tcp_closing() {
         write_frame(&mut tcp, &Frame::Handshake(reply)).unwrap();
         // Take the request, then garbage on the channel and close it; the QP stays up, silent.
         let mut wcs = [WorkCompletion::default(); 4];
-        while peer.cq.poll(&mut wcs).unwrap() == 0 {
-            std::thread::yield_now();
-        }
+        wait_until(
+            "the fake server to receive the request",
+            WAIT,
+            || peer.cq.poll(&mut wcs).unwrap() > 0,
+            String::new,
+        );
         tcp.write_all(b"stray").unwrap();
         drop(tcp);
         let _ = done_rx.recv();
@@ -492,12 +519,17 @@ fn a_worker_answering_inline_into_its_full_deferred_queue_does_not_deadlock() {
             )
         })
         .collect();
-    while state.stash.lock().unwrap().len() < N {
-        stashers.iter().for_each(|c| {
-            c.progress();
-        });
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the 4096 STASH calls to reach their handler",
+        WAIT,
+        || {
+            stashers.iter().for_each(|c| {
+                c.progress();
+            });
+            state.stash.lock().unwrap().len() >= N
+        },
+        || format!("{} stashed; server {:?}", state.stash.lock().unwrap().len(), server.counters()),
+    );
     // The worker enters the inline handler and waits there.
     let inline = std::thread::spawn({
         let addr = server.local_addr();
@@ -509,13 +541,23 @@ fn a_worker_answering_inline_into_its_full_deferred_queue_does_not_deadlock() {
     });
     // Once the inline call is in its handler, fill the queue (the worker is held in the handler
     // and does not drain it) and let the handler go on.
-    while !state.entered.load(Ordering::Acquire) {
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the inline call to enter its handler",
+        WAIT,
+        || state.entered.load(Ordering::Acquire),
+        || format!("server {:?}", server.counters()),
+    );
     for r in state.stash.lock().unwrap().drain(..) {
         r.send(Ok(EchoMsg::default()));
     }
     state.go.store(true, Ordering::Release);
+    // The deadlock this checks for would keep the worker (and the inline call) forever.
+    wait_until(
+        "the inline call to return (the worker answering into its full deferred queue)",
+        WAIT,
+        || inline.is_finished(),
+        || format!("server {:?}", server.counters()),
+    );
     assert_eq!(inline.join().unwrap(), Ok(9), "the inline answer arrives");
     for f in stashed {
         assert_eq!(block_on(f).map(|r| r.seq), Ok(0));
@@ -576,10 +618,15 @@ fn ring_space_freed_behind_a_queued_request_is_reported() {
     let client = Client::connect_with(server.local_addr(), &client_config().ring_bytes(16 << 10)).unwrap();
     let len = 10 << 10;
     let x = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, len), &CallOptions::default());
-    while client.counters().bytes_in == 0 {
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "X's bulk answer to arrive",
+        WAIT,
+        || {
+            client.progress();
+            client.counters().bytes_in > 0
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     // A is queued, not posted; then X is taken (its ring space freed).
     let opts = CallOptions::deadline(Duration::from_secs(10));
     let a = client.unary_async::<_, EchoMsg>(ECHO, &request(2, 8, len), &opts);

@@ -16,6 +16,10 @@ use rpc_core::Client;
 use rpc_support::*;
 
 /// Polls every future round robin until all are ready; outputs in their order.
+///
+/// # Panics
+/// When no future gets ready for [`WAIT`] (naming those still pending).
+#[track_caller]
 fn join_all<T>(mut futs: Vec<ResponseFuture<'_, T>>) -> Vec<Result<T, Status>>
 where
     T: Message + Default,
@@ -23,7 +27,16 @@ where
     let mut cx = Context::from_waker(Waker::noop());
     let mut out: Vec<Option<Result<T, Status>>> = futs.iter().map(|_| None).collect();
     let mut left = futs.len();
+    let mut last = (Instant::now(), left);
     while left > 0 {
+        if left != last.1 {
+            last = (Instant::now(), left);
+        }
+        if last.0.elapsed() >= WAIT {
+            let pending: Vec<usize> =
+                out.iter().enumerate().filter(|(_, o)| o.is_none()).map(|(i, _)| i).collect();
+            panic!("join_all: no call ended for {WAIT:?}; {left} pending: {pending:?}");
+        }
         for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
             if o.is_none() {
                 if let Poll::Ready(r) = Pin::new(f).poll(&mut cx) {
@@ -151,11 +164,12 @@ fn a_blocking_call_behind_slots_only_futures_can_free_fails_at_once_instead_of_h
 /// Waits until the server has published at least `n` answered RPCs, then a little longer, and
 /// returns the count.
 fn server_rpcs_settled(server: &rpc_core::ServerHandle, n: u64) -> u64 {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while server.counters().rpcs < n {
-        assert!(Instant::now() < give_up, "the server answered {} of {n}", server.counters().rpcs);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(
+        &format!("the server to publish {n} answered RPCs"),
+        WAIT,
+        || server.counters().rpcs >= n,
+        || format!("server {:?}", server.counters()),
+    );
     std::thread::sleep(Duration::from_millis(100));
     server.counters().rpcs
 }
@@ -168,10 +182,15 @@ fn a_waiting_call_whose_deadline_passes_ends_deadline_exceeded_and_is_never_sent
     let held: Vec<_> = (0..2)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
-    while stash.lock().unwrap().len() < 2 {
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the 2 held calls to reach the server",
+        WAIT,
+        || {
+            client.progress();
+            stash.lock().unwrap().len() >= 2
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     let late = client.unary_async::<_, EchoMsg>(
         ECHO,
         &request(3, 8, 8),
@@ -216,10 +235,15 @@ fn a_dropped_waiting_call_is_never_sent() {
     let (server, stash) = spawn(server());
     let client = Client::connect_with(server.local_addr(), &client_config().window(1)).unwrap();
     let held = client.unary_async::<_, EchoMsg>(STASH, &request(0, 8, 0), &CallOptions::default());
-    while stash.lock().unwrap().is_empty() {
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the held call to reach the server",
+        WAIT,
+        || {
+            client.progress();
+            !stash.lock().unwrap().is_empty()
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     drop(client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::default()));
     assert_eq!(client.queued_calls(), 0, "dropping the future removed the waiting call");
     stash.lock().unwrap().pop().unwrap().send(Ok(EchoMsg::default()));

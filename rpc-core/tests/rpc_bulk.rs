@@ -137,7 +137,17 @@ fn pipeline(client: &Client, total: u64, depth: usize, sizes: &[usize], reply_sh
     let mut inflight: VecDeque<(u64, usize, ResponseFuture<'_, EchoMsg>)> = VecDeque::new();
     let size = |i: u64| sizes[(i % sizes.len() as u64) as usize];
     let (mut next, mut done) = (0u64, 0u64);
+    // Hang guard: the oldest call completes within `WAIT` of the one before it.
+    let mut last = (std::time::Instant::now(), 0u64);
     while done < total {
+        if done != last.1 {
+            last = (std::time::Instant::now(), done);
+        }
+        assert!(
+            last.0.elapsed() < WAIT,
+            "call {done} of {total} not answered in {WAIT:?} (next to start {next}); client {:?}",
+            client.counters()
+        );
         while inflight.len() < depth && next < total {
             let (req_len, rep_len) = (size(next), size(next + reply_shift));
             inflight.push_back((

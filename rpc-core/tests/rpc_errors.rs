@@ -4,7 +4,7 @@
 
 mod rpc_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rpc_core::codegen::*;
 use rpc_core::Client;
@@ -77,18 +77,15 @@ fn deadline_expires_and_the_late_reply_is_discarded() {
     // it came in before the client's own deadline check (the call then ends with it), or the
     // client's abandon, when the server's answer is a late reply the client discards. Either way
     // the client ends the call DEADLINE_EXCEEDED once and sees nothing more of it.
-    let waited = Instant::now();
-    while server.counters().late_answers == 0 {
-        assert!(
-            waited.elapsed() < Duration::from_secs(30),
-            "the handler's answer 300 ms after the deadline was not dropped at the server within 30 s: \
-             server {:?}, client {:?}",
-            server.counters(),
-            client.counters()
-        );
-        client.progress();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        "the server to drop the handler's answer 300 ms after the deadline",
+        WAIT,
+        || {
+            client.progress();
+            server.counters().late_answers > 0
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     assert_eq!(server.counters().late_answers, 1);
     let counters = client.counters();
     assert!(counters.late_replies <= 1, "{counters:?}");

@@ -24,12 +24,22 @@ fn dropped_futures_reach_the_server_and_their_slots_come_back() {
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
     // Let the handlers run (and stash their responders) before the futures go.
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while stash.lock().unwrap().len() < 4 {
-        assert!(Instant::now() < give_up, "the handlers did not run");
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the 4 STASH handlers to run",
+        WAIT,
+        || {
+            client.progress();
+            stash.lock().unwrap().len() >= 4
+        },
+        || {
+            format!(
+                "{} stashed; server {:?}, client {:?}",
+                stash.lock().unwrap().len(),
+                server.counters(),
+                client.counters()
+            )
+        },
+    );
     drop(futs);
     assert_eq!(client.counters().cancels, 4, "one Cancel per dropped future");
     for i in 0..12u64 {
@@ -38,23 +48,36 @@ fn dropped_futures_reach_the_server_and_their_slots_come_back() {
             .unwrap_or_else(|e| panic!("call {i} after the dropped futures: {e}"));
         check_reply(&r, i, 16);
     }
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while server.counters().cancels < 4 {
-        assert!(Instant::now() < give_up, "server counted {} cancels", server.counters().cancels);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(
+        "the server to count the 4 Cancels",
+        WAIT,
+        || server.counters().cancels >= 4,
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     assert!(stash.lock().unwrap().iter().all(Responder::is_cancelled), "every responder was told");
+    // The twelve calls needed only one abandoned slot back (its CANCELLED answer and its
+    // CancelAck); nothing orders the other three answers before their replies, so wait for them.
+    wait_until(
+        "the four CANCELLED answers to arrive and be discarded",
+        WAIT,
+        || {
+            client.progress();
+            client.counters().late_replies >= 4
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     let c = client.counters();
     assert_eq!(c.late_replies, 4, "the four CANCELLED answers were discarded as acknowledgements");
     // A late answer from a responder whose call was cancelled is dropped and counted.
     for r in stash.lock().unwrap().drain(..) {
         r.send(Ok(EchoMsg::default()));
     }
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while server.counters().late_answers < 4 {
-        assert!(Instant::now() < give_up, "late answers counted: {}", server.counters().late_answers);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(
+        "the server to drop and count the 4 late answers of cancelled calls",
+        WAIT,
+        || server.counters().late_answers >= 4,
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     check_reply(&client.unary(ECHO, &request(99, 4, 4), &CallOptions::default()).unwrap(), 99, 4);
     assert_eq!(client.counters().malformed, 0);
     drop(client);
@@ -71,12 +94,15 @@ fn a_future_dropped_before_its_call_was_sent_frees_its_slot_without_a_cancel() {
     let queued = client.unary_async::<_, EchoMsg>(STASH, &request(1, 8, 0), &CallOptions::default());
     drop(queued);
     assert_eq!(client.counters().cancels, 0, "nothing to cancel at the server");
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while stash.lock().unwrap().is_empty() {
-        assert!(Instant::now() < give_up, "the first call did not arrive");
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the first STASH call to reach its handler",
+        WAIT,
+        || {
+            client.progress();
+            !stash.lock().unwrap().is_empty()
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     stash.lock().unwrap().pop().unwrap().send(Ok(EchoMsg { seq: 7, ..Default::default() }));
     assert_eq!(block_on(first).unwrap().seq, 7);
     check_reply(&client.unary(ECHO, &request(3, 4, 4), &CallOptions::default()).unwrap(), 3, 4);
@@ -120,20 +146,34 @@ fn dropping_futures_at_the_abandon_cap_never_blocks() {
     let futs: Vec<_> = (0..2u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while stash.lock().unwrap().len() < 2 {
-        assert!(Instant::now() < give_up, "the handlers did not run");
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the 2 STASH handlers to run",
+        WAIT,
+        || {
+            client.progress();
+            stash.lock().unwrap().len() >= 2
+        },
+        || {
+            format!(
+                "{} stashed; server {:?}, client {:?}",
+                stash.lock().unwrap().len(),
+                server.counters(),
+                client.counters()
+            )
+        },
+    );
     // A second client occupies the server's only worker for 2 s.
     let other = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     let slow = other.unary_async::<_, EchoMsg>(SLEEP, &request(9, 0, 2000), &CallOptions::default());
-    while !sleeping.load(std::sync::atomic::Ordering::Acquire) {
-        assert!(Instant::now() < give_up, "the slow handler did not start");
-        other.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the slow handler to start",
+        WAIT,
+        || {
+            other.progress();
+            sleeping.load(std::sync::atomic::Ordering::Acquire)
+        },
+        || format!("server {:?}, second client {:?}", server.counters(), other.counters()),
+    );
     let t = Instant::now();
     drop(futs);
     let took = t.elapsed();
@@ -149,6 +189,17 @@ fn dropping_futures_at_the_abandon_cap_never_blocks() {
     }
     assert!(client.closed_reason().is_none());
     assert_eq!(client.reconnect_attempts(), 0);
+    // The eight calls needed no abandoned slot back (two of the four are free): nothing orders the
+    // CANCELLED answers before their replies, so wait for them.
+    wait_until(
+        "both CANCELLED answers to arrive and be discarded",
+        WAIT,
+        || {
+            client.progress();
+            client.counters().late_replies >= 2
+        },
+        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+    );
     assert_eq!(client.counters().late_replies, 2, "both acknowledgements discarded");
     drop((client, other));
     server.shutdown();

@@ -194,9 +194,14 @@ fn server_process() {
     let server = server().add_service(svc).spawn(bind.as_str()).expect("server");
     println!("\nSERVER {}", server.local_addr());
     std::io::stdout().flush().unwrap();
-    while stash.lock().unwrap().is_empty() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Bounded: a call that never arrives ends this child (the parent reads its exit) instead of
+    // leaving the parent waiting for STASHED forever.
+    wait_until(
+        "the parent's STASH call to reach the child server",
+        WAIT,
+        || !stash.lock().unwrap().is_empty(),
+        || format!("server {:?}", server.counters()),
+    );
     println!("\nSTASHED");
     std::io::stdout().flush().unwrap();
     loop {
@@ -217,11 +222,12 @@ fn vanished_client_host_session_is_closed_and_freed() {
     let mut peer = ns.spawn_child("client_process", &server.local_addr().to_string());
     peer.expect("READY");
     // (Counters are published when a worker idles.)
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while server.counters().sessions_opened < 1 {
-        assert!(Instant::now() < give_up, "the session is not counted");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(
+        "the server to publish the namespaced client's session opened",
+        WAIT,
+        || server.counters().sessions_opened >= 1,
+        || format!("server {:?}", server.counters()),
+    );
     assert_eq!((server.counters().sessions_opened, server.counters().sessions_closed), (1, 0));
     // max_sessions 1: while the vanished client's session lives, nobody else gets in.
     let refused = Client::connect_with(server.local_addr(), &client_config()).map(|_| ()).unwrap_err();
@@ -241,7 +247,7 @@ fn vanished_client_host_session_is_closed_and_freed() {
     let detected = cut.elapsed();
     eprintln!("vanished client detected {detected:?} after the cut (peer_timeout {LIVENESS:?})");
     // Its session is freed: a new client is admitted and served.
-    let give_up = Instant::now() + Duration::from_secs(5);
+    let give_up = Instant::now() + WAIT;
     let client = loop {
         match Client::connect_with(server.local_addr(), &client_config()) {
             Ok(c) => break c,

@@ -20,6 +20,8 @@ use rpc_support::*;
 fn rogue_send(addr: std::net::SocketAddr, make: impl FnOnce(u32) -> Vec<u8>) -> TcpStream {
     let peer = RawPeer::new(64, 16, 4096 + HEADER_LEN, 4096, 1);
     let mut tcp = TcpStream::connect(addr).unwrap();
+    // A server that never answers the handshake fails the test, not hangs it.
+    tcp.set_read_timeout(Some(WAIT)).unwrap();
     write_frame(&mut tcp, &Frame::Handshake(peer.handshake(4, 4096, 1 << 20, 0))).unwrap();
     let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
     peer.connect(&RcConfig::default(), &reply);
@@ -77,10 +79,15 @@ fn malformed_header_closes_only_that_connection() {
     expect_closed(rogue_send(server.local_addr(), |_| vec![1, 0, 0]));
 
     check_reply(&good.unary(ECHO, &request(3, 5000, 5000), &CallOptions::default()).unwrap(), 3, 5000);
-    while server.counters().malformed < 3 {
-        good.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to count the 3 rogue sessions malformed",
+        WAIT,
+        || {
+            good.progress();
+            server.counters().malformed >= 3
+        },
+        || format!("server {:?}, good client {:?}", server.counters(), good.counters()),
+    );
     assert_eq!(server.counters().malformed, 3);
     drop(good);
     server.shutdown();

@@ -35,20 +35,29 @@ fn accept(listener: &TcpListener) -> FakeServer {
 
 impl FakeServer {
     /// Waits for one request and returns its header.
+    ///
+    /// # Panics
+    /// When none arrives within [`WAIT`].
     fn take_request(&mut self) -> Header {
         let mut wcs = [WorkCompletion::default(); 4];
-        loop {
-            let n = self.peer.cq.poll(&mut wcs).unwrap();
-            for wc in &wcs[..n] {
-                if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
-                    let h = Header::decode(self.peer.recv.bytes(&buf)).unwrap();
-                    self.peer.recv.repost(buf);
-                    assert_eq!(h.kind, Kind::Request);
-                    return h;
+        let peer = &mut self.peer;
+        wait_for(
+            "the fake server to receive a request",
+            WAIT,
+            || {
+                let n = peer.cq.poll(&mut wcs).unwrap();
+                for wc in &wcs[..n] {
+                    if let Some(buf) = peer.recv.take(wc.wr_id, wc.byte_len) {
+                        let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
+                        peer.recv.repost(buf);
+                        assert_eq!(h.kind, Kind::Request);
+                        return Some(h);
+                    }
                 }
-            }
-            std::thread::yield_now();
-        }
+                None
+            },
+            String::new,
+        )
     }
 }
 
@@ -67,9 +76,15 @@ fn server_host_vanishes_sends_fail_and_every_call_ends_unavailable() {
     let client = Client::connect_with(addr, &client_config()).unwrap();
     let first = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::default());
     // Make sure the first request went out and was taken before the host vanished.
-    while client.counters().bytes_out == 0 {
-        client.progress();
-    }
+    wait_until(
+        "the first request to go out",
+        WAIT,
+        || {
+            client.progress();
+            client.counters().bytes_out > 0
+        },
+        || format!("client {:?}", client.counters()),
+    );
     std::thread::sleep(Duration::from_millis(50));
     // The next call's SEND is retried and fails: the session breaks, both calls end UNAVAILABLE.
     // Whichever comes first ends the session: the SEND's retries running out at the QP, or the
@@ -111,15 +126,25 @@ fn client_vanishing_without_close_frees_its_server_session() {
     let mut tcp = gone;
     write_frame(&mut tcp, &Frame::Handshake(peer.handshake(2, 1024, 1 << 20, 0))).unwrap();
     let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-    while server.counters().sessions_opened < 2 {
-        keep.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to publish the raw client's session opened",
+        WAIT,
+        || {
+            keep.progress();
+            server.counters().sessions_opened >= 2
+        },
+        || format!("server {:?}", server.counters()),
+    );
     drop(tcp);
-    while server.counters().sessions_closed < 1 {
-        keep.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to close the session whose TCP connection closed",
+        WAIT,
+        || {
+            keep.progress();
+            server.counters().sessions_closed >= 1
+        },
+        || format!("server {:?}", server.counters()),
+    );
     assert_eq!(server.counters().sessions_closed, 1);
     check_reply(&keep.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
     drop(peer);

@@ -18,10 +18,22 @@ fn server_killed_with_calls_in_flight_fails_them_all_unavailable() {
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 64, 0), &CallOptions::default()))
         .collect();
     // All ten reached the handler (it keeps their responders and never answers).
-    while stash.lock().unwrap().len() < 10 {
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the 10 STASH calls to reach their handler",
+        WAIT,
+        || {
+            client.progress();
+            stash.lock().unwrap().len() >= 10
+        },
+        || {
+            format!(
+                "{} stashed; server {:?}, client {:?}",
+                stash.lock().unwrap().len(),
+                server.counters(),
+                client.counters()
+            )
+        },
+    );
     server.shutdown();
     for f in futs {
         let err = block_on(f).unwrap_err();
@@ -53,10 +65,15 @@ fn client_gone_frees_its_session_and_others_continue() {
             8,
         );
     }
-    while server.counters().sessions_closed < 5 {
-        keep.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to close the 5 gone clients' sessions",
+        WAIT,
+        || {
+            keep.progress();
+            server.counters().sessions_closed >= 5
+        },
+        || format!("server {:?}, kept client {:?}", server.counters(), keep.counters()),
+    );
     assert_eq!(server.counters().sessions_opened, 6);
     drop(keep);
     server.shutdown();

@@ -92,11 +92,12 @@ impl ServerProcess {
     /// [`ServerProcess::count`] once the server has published at least `rpcs` answered RPCs
     /// (counters are published now and then), and a little later.
     fn count_settled(&mut self, rpcs: u64) -> (u64, usize) {
-        let give_up = Instant::now() + Duration::from_secs(20);
-        while self.count().0 < rpcs {
-            assert!(Instant::now() < give_up, "the server answered {:?}, expected {rpcs}", self.count());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(
+            &format!("the server process to publish {rpcs} answered RPCs"),
+            WAIT,
+            || self.count().0 >= rpcs,
+            String::new,
+        );
         std::thread::sleep(Duration::from_millis(100));
         self.count()
     }
@@ -135,10 +136,18 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     // And one more, left unpolled until after the reconnect.
     let mut stale = client.unary_async::<_, EchoMsg>(STASH, &request(3, 8, 0), &CallOptions::default());
-    while first.count().1 < 2 {
-        assert!(std::pin::Pin::new(&mut call).poll(&mut cx).is_pending());
-        assert!(std::pin::Pin::new(&mut stale).poll(&mut cx).is_pending());
-    }
+    let seen = std::cell::Cell::new((0, 0));
+    wait_until(
+        "the server process to hold both STASH calls",
+        WAIT,
+        || {
+            assert!(std::pin::Pin::new(&mut call).poll(&mut cx).is_pending());
+            assert!(std::pin::Pin::new(&mut stale).poll(&mut cx).is_pending());
+            seen.set(first.count());
+            seen.get().1 >= 2
+        },
+        || format!("(answered, stashed) {:?}; client {:?}", seen.get(), client.counters()),
+    );
     first.kill();
     let killed = Instant::now();
     let err = block_on(call).unwrap_err();
@@ -177,7 +186,7 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     // The server comes back on the same address; the same client value reconnects.
     let mut second = ServerProcess::start(&addr.to_string());
     assert_eq!(second.addr, addr);
-    let give_up = Instant::now() + Duration::from_secs(20);
+    let give_up = Instant::now() + WAIT;
     let r = loop {
         match client.unary::<_, EchoMsg>(ECHO, &request(10, 8, 8), &CallOptions::default()) {
             Ok(r) => break r,
@@ -192,7 +201,7 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     // A call of the broken session, polled only now, ends UNAVAILABLE: it cannot be mistaken
     // for a call of the new session in the same slot.
     let busy = client.unary_async::<_, EchoMsg>(ECHO, &request(40, 8, 8), &CallOptions::default());
-    let give_up = Instant::now() + Duration::from_secs(5);
+    let give_up = Instant::now() + WAIT;
     let err = loop {
         if let std::task::Poll::Ready(r) = std::pin::Pin::new(&mut stale).poll(&mut cx) {
             break r.unwrap_err();
@@ -231,9 +240,15 @@ fn calls_waiting_for_a_slot_when_the_session_breaks_end_unavailable_never_sent()
         .map(|i| client.unary_async::<_, EchoMsg>(ECHO, &request(i, 8, 8), &CallOptions::default()))
         .collect();
     assert_eq!(client.queued_calls(), 4);
-    while s.count().1 < 2 {
-        client.progress();
-    }
+    wait_until(
+        "the server process to hold both STASH calls",
+        WAIT,
+        || {
+            client.progress();
+            s.count().1 >= 2
+        },
+        || format!("client {:?}", client.counters()),
+    );
     s.kill();
     for f in held.into_iter().chain(waiting) {
         let err = block_on(f).unwrap_err();
@@ -276,7 +291,7 @@ fn neither_starting_nor_polling_an_async_call_waits_for_the_reconnect() {
     // A server where it was: an async call reconnects on its thread and is answered.
     let again =
         rpc_support::server().add_service(TestService::default()).spawn(addr).expect("the address is free");
-    let give_up = Instant::now() + Duration::from_secs(20);
+    let give_up = Instant::now() + WAIT;
     let reply = loop {
         match block_on(client.unary_async::<_, EchoMsg>(ECHO, &request(3, 8, 8), &CallOptions::default())) {
             Ok(r) => break r,

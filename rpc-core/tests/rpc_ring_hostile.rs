@@ -129,12 +129,14 @@ fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees(
     c.write(0, &a, Some(ring_request(c.session, len as u32)));
     // Keep rewriting the range with other bytes while the handler looks at its body.
     let mut flip = 0u8;
+    let give_up = Instant::now() + WAIT;
     let reply = loop {
         flip = flip.wrapping_add(1);
         c.write(0, &vec![flip; len], None);
         if let Some((h, body)) = c.poll() {
             break (h, body);
         }
+        assert!(Instant::now() < give_up, "no answer in {WAIT:?}: server {:?}", server.counters());
     };
     assert_eq!(reply.0.kind, Kind::Response);
     assert_eq!(reply.0.status, Code::Ok);
@@ -160,7 +162,7 @@ fn a_peer_writing_with_another_sessions_ring_rkey_gets_rem_access_err() {
     b.ring = a.ring;
     b.write(0, &vec![0xbb; len], None);
     // A failed WRITE completes even unsignaled; a successful one (the bug) would not.
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     let status = loop {
         assert!(Instant::now() < give_up, "the WRITE with another session's rkey did not fail");
         let mut wcs = [WorkCompletion::default(); 4];
@@ -175,11 +177,7 @@ fn a_peer_writing_with_another_sessions_ring_rkey_gets_rem_access_err() {
     // A's session works, and its ring holds A's bytes only.
     let mine = vec![0xaa; len];
     a.write(0, &mine, Some(ring_request(a.session, len as u32)));
-    let reply = loop {
-        if let Some(r) = a.poll() {
-            break r;
-        }
-    };
+    let reply = wait_for("A's answer", WAIT, || a.poll(), || format!("server {:?}", server.counters()));
     assert_eq!((reply.0.kind, reply.0.status), (Kind::Response, Code::Ok));
     let r = EchoMsg::decode(&reply.1[..]).unwrap();
     assert_eq!(r.checksum, fnv64(&mine), "A's request arrived as A wrote it");
@@ -202,16 +200,19 @@ fn a_server_gone_mid_message_ends_the_call_unavailable_and_frees_it() {
         let mut mirror = SendMirror::<Sim>::new(&peer.pd, hello.ring_len as usize).unwrap();
         let mut sq = SendQueue::new(16, 4);
         let mut wcs = [WorkCompletion::default(); 4];
-        let req = loop {
-            let n = peer.cq.poll(&mut wcs).unwrap();
-            if let Some(wc) = wcs[..n].iter().find(|w| split_send_wr_id(w.wr_id).is_none()) {
+        let req = wait_for(
+            "the fake server to receive the request",
+            WAIT,
+            || {
+                let n = peer.cq.poll(&mut wcs).unwrap();
+                let wc = wcs[..n].iter().find(|w| split_send_wr_id(w.wr_id).is_none())?;
                 let buf = peer.recv.take(wc.wr_id, wc.byte_len).unwrap();
                 let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
                 peer.recv.repost(buf);
-                break h;
-            }
-            std::thread::yield_now();
-        };
+                Some(h)
+            },
+            String::new,
+        );
         let piece = hello.ring_len / 4;
         mirror.range_mut(0, piece).fill(0x11);
         sq.write(&mirror, 0, piece, hello.ring_addr, hello.ring_rkey);
@@ -229,9 +230,12 @@ fn a_server_gone_mid_message_ends_the_call_unavailable_and_frees_it() {
         h.encode_into(pool.buf_mut(&mut b)).unwrap();
         sq.send(&mut pool, b, HEADER_LEN as u32, false);
         sq.flush(&peer.qp, &mut pool, 1).unwrap();
-        while peer.cq.poll(&mut wcs).unwrap() == 0 {
-            std::thread::yield_now();
-        }
+        wait_until(
+            "the response piece's completion",
+            WAIT,
+            || peer.cq.poll(&mut wcs).unwrap() > 0,
+            String::new,
+        );
         peer.ctx.vanish();
         drop(tcp);
         std::thread::sleep(Duration::from_millis(200));
@@ -261,17 +265,25 @@ fn a_client_gone_mid_message_is_closed_by_the_server_which_serves_on() {
         let piece = 1u32 << 14;
         let h = Header { method: ECHO, total_len: 3 * piece, ..ring_request(c.session, piece) };
         c.write(0, &vec![0x22; piece as usize], Some(h));
-        let give_up = Instant::now() + Duration::from_secs(5);
-        while c.sq.outstanding() > 0 && Instant::now() < give_up {
-            c.poll();
-        }
+        // The first piece must have landed before the client vanishes (else nothing is mid-message).
+        wait_until(
+            "the request's first piece to complete",
+            WAIT,
+            || {
+                c.poll();
+                c.sq.outstanding() == 0
+            },
+            || format!("server {:?}", server.counters()),
+        );
         c.peer.ctx.vanish();
         closed.store(true, Ordering::Release);
     }
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while server.counters().sessions_closed < 1 && Instant::now() < give_up {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(
+        "the server to close the vanished client's session",
+        WAIT,
+        || server.counters().sessions_closed >= 1,
+        || format!("server {:?}", server.counters()),
+    );
     assert_eq!(server.counters().sessions_closed, 1, "the vanished client's session was closed");
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     check_reply(

@@ -85,12 +85,20 @@ fn start() -> (ServerHandle, Arc<Probe>, Client) {
     (h, probe, c)
 }
 
-fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < give_up, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+/// [`wait_until`] `f`, reporting the producer's probe and the counters of both ends.
+#[track_caller]
+fn until(what: &str, h: &ServerHandle, probe: &Probe, c: &Client, f: impl FnMut() -> bool) {
+    let state = || {
+        format!(
+            "producer sent {}, cancelled {}, done {}; server {:?}, client {:?}",
+            probe.sent.load(Ordering::Acquire),
+            probe.cancelled.load(Ordering::Acquire),
+            probe.done.load(Ordering::Acquire),
+            h.counters(),
+            c.counters()
+        )
+    };
+    wait_until(what, WAIT, f, state);
 }
 
 fn read_all(c: &Client, count: u64, size: u32) {
@@ -134,7 +142,7 @@ fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_credit_limit()
     // The client keeps polling its CQ (messages arrive and are held) but takes none.
     let mut last = u64::MAX;
     let mut stable_since = Instant::now();
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     loop {
         c.progress();
         let now = probe.sent.load(Ordering::Acquire);
@@ -144,7 +152,11 @@ fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_credit_limit()
         } else if stable_since.elapsed() > Duration::from_millis(300) {
             break;
         }
-        assert!(Instant::now() < give_up, "the producer never stalled");
+        assert!(
+            Instant::now() < give_up,
+            "the producer never stalled: it sent {now}; client {:?}",
+            c.counters()
+        );
         std::thread::yield_now();
     }
     // Sent = taken (1) + held or granted at the client (the stream's credits, 16 SENDs, each one
@@ -165,7 +177,7 @@ fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_credit_limit()
 
 #[test]
 fn the_client_cancels_by_dropping_its_stream_and_the_producer_sees_it() {
-    let (_h, probe, c) = start();
+    let (h, probe, c) = start();
     let mut s = c
         .server_stream::<_, EchoMsg>(
             LIST,
@@ -177,7 +189,7 @@ fn the_client_cancels_by_dropping_its_stream_and_the_producer_sees_it() {
         assert_eq!(s.message().unwrap().unwrap().seq, seq);
     }
     drop(s);
-    until("the producer's send to fail", || {
+    until("the producer's send to fail", &h, &probe, &c, || {
         c.progress();
         probe.cancelled.load(Ordering::Acquire)
     });
@@ -207,27 +219,32 @@ fn the_server_ends_a_stream_with_an_error_distinct_from_a_clean_end() {
 
 #[test]
 fn the_deadline_ends_the_whole_stream_at_both_ends() {
-    let (_h, probe, c) = start();
+    let (h, probe, c) = start();
     let opts = CallOptions::deadline(Duration::from_millis(300));
     let mut s = c
         .server_stream::<_, EchoMsg>(LIST, &ListReq { count: u64::MAX, size: 16, fail: false }, &opts)
         .unwrap();
     let t0 = Instant::now();
     let mut n = 0u64;
-    let e = loop {
-        match s.message() {
+    // Bounded: a deadline never enforced would stream forever.
+    let e = wait_for(
+        "the 300 ms deadline to end the endless stream",
+        WAIT,
+        || match s.message() {
             Ok(Some(m)) => {
                 assert_eq!(m.seq, n);
                 n += 1;
+                None
             }
             Ok(None) => panic!("an endless stream ended cleanly"),
-            Err(e) => break e,
-        }
-    };
+            Err(e) => Some(e),
+        },
+        || format!("producer sent {}; client {:?}", probe.sent.load(Ordering::Acquire), c.counters()),
+    );
     assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
     assert!(t0.elapsed() >= Duration::from_millis(250), "ended after {:?}", t0.elapsed());
     assert!(n > 0);
-    until("the producer to see the stream end", || {
+    until("the producer to see the stream end", &h, &probe, &c, || {
         c.progress();
         probe.cancelled.load(Ordering::Acquire)
     });
@@ -245,13 +262,17 @@ fn a_server_that_goes_away_mid_stream_ends_it_unavailable() {
         .unwrap();
     assert_eq!(s.message().unwrap().unwrap().seq, 0);
     let stopper = std::thread::spawn(move || h.shutdown());
-    let e = loop {
-        match s.message() {
-            Ok(Some(_)) => {}
+    // Bounded: a shutdown that never ends the stream would stream forever.
+    let e = wait_for(
+        "the server's shutdown to end the endless stream",
+        WAIT,
+        || match s.message() {
+            Ok(Some(_)) => None,
             Ok(None) => panic!("a stream cut off ended cleanly"),
-            Err(e) => break e,
-        }
-    };
+            Err(e) => Some(e),
+        },
+        || format!("client {:?}", c.counters()),
+    );
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     stopper.join().unwrap();
 }

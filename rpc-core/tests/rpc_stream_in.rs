@@ -187,12 +187,18 @@ fn start() -> (ServerHandle, Arc<Probe>, Client) {
     (h, probe, c)
 }
 
-fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < give_up, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+/// [`wait_until`] `f`, reporting what the server's readers saw.
+#[track_caller]
+fn until(what: &str, probe: &Probe, f: impl FnMut() -> bool) {
+    wait_until(what, WAIT, f, || {
+        format!(
+            "readers took {}, cancelled {}, ended {}, last stream: {}",
+            probe.taken.load(Ordering::Acquire),
+            probe.cancelled.load(Ordering::Acquire),
+            probe.ended.load(Ordering::Acquire),
+            probe.last.lock().unwrap_or_else(|e| e.into_inner())
+        )
+    });
 }
 
 /// Sends `count` messages of `size` bytes on a client stream and checks the server's digest.
@@ -262,7 +268,7 @@ fn bidi_stream_echoes_many_messages_byte_for_byte_in_order() {
             next += 1;
         }
         assert_eq!(s.message().unwrap(), None, "a clean end after the client's end");
-        until("the reader to see the end", || probe.ended.load(Ordering::Acquire));
+        until("the reader to see the end", &probe, || probe.ended.load(Ordering::Acquire));
         probe.ended.store(false, Ordering::Release);
     }
     assert!(!probe.cancelled.load(Ordering::Acquire));
@@ -275,7 +281,7 @@ fn a_server_that_stops_reading_stalls_the_clients_send_at_the_credit_limit() {
     let mut sent = 0u64;
     let mut acc = 0;
     let mut stable_since = Instant::now();
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     // Try to send for 300 ms after the last accepted message: the credits run out and stay out.
     while stable_since.elapsed() < Duration::from_millis(300) {
         let m = msg(sent, 1000);
@@ -316,12 +322,12 @@ fn the_client_cancels_by_dropping_its_stream_and_the_reader_sees_a_cancel_not_an
     for seq in 0..5 {
         s.send(&msg(seq, 100)).unwrap();
     }
-    until("the reader to take the messages", || {
+    until("the reader to take the messages", &probe, || {
         c.progress();
         probe.taken.load(Ordering::Acquire) == 5
     });
     drop(s);
-    until("the reader to see the cancel", || {
+    until("the reader to see the cancel", &probe, || {
         c.progress();
         probe.cancelled.load(Ordering::Acquire)
     });
@@ -339,7 +345,7 @@ fn the_client_cancels_a_bidi_stream_and_the_server_sees_it() {
         assert_eq!(s.message().unwrap().unwrap().seq, seq);
     }
     drop(s);
-    until("the server to see the cancel", || {
+    until("the server to see the cancel", &probe, || {
         c.progress();
         probe.cancelled.load(Ordering::Acquire)
     });
@@ -351,7 +357,7 @@ fn the_client_cancels_a_bidi_stream_and_the_server_sees_it() {
 fn the_server_ends_a_client_stream_early_and_the_client_gets_its_answer() {
     let (_h, _probe, c) = start();
     let mut s = c.client_stream::<EchoMsg, EchoMsg>(REFUSE, &CallOptions::default()).unwrap();
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + WAIT;
     let mut seq = 0;
     let e = loop {
         match s.send(&msg(seq, 100)) {
@@ -387,7 +393,7 @@ fn the_deadline_ends_the_whole_client_stream_at_both_ends() {
     assert!(matches!(e.code(), Code::DeadlineExceeded | Code::FailedPrecondition), "{e}");
     assert!(t0.elapsed() >= Duration::from_millis(250), "ended after {:?}", t0.elapsed());
     assert_eq!(s.finish().unwrap_err().code(), Code::DeadlineExceeded);
-    until("the reader to see the stream end", || {
+    until("the reader to see the stream end", &probe, || {
         c.progress();
         probe.cancelled.load(Ordering::Acquire)
     });
@@ -412,7 +418,17 @@ fn stream_in_64_kib_messages(total: u64) {
     let (mut sent, mut next) = (0, 0);
     // One thread both ways: send while credits allow, else take what came back.
     let mut m = msg(0, size);
+    // Hang guard: something goes out or comes back within `WAIT`.
+    let mut last = (Instant::now(), 0);
     while next < count {
+        if sent + next != last.1 {
+            last = (Instant::now(), sent + next);
+        }
+        assert!(
+            last.0.elapsed() < WAIT,
+            "the bidi echo made no progress for {WAIT:?}: {sent} sent, {next} of {count} back; client {:?}",
+            c.counters()
+        );
         if sent < count && s.try_send(&m).unwrap() {
             sent += 1;
             m = msg(sent, size);
@@ -549,21 +565,22 @@ fn a_channel_sender_stalls_on_a_server_that_stops_reading_and_cancels_when_dropp
         assert!(sent > unbatched, "{sent} sent: no more than one per credit (+ queue, + held)");
         drop(up);
     });
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while !probe.cancelled.load(Ordering::Acquire) {
-        assert!(
-            Instant::now() < give_up,
-            "timed out waiting for the reader to see the cancel (its stream: {:?}, ended {}); channel {:?}; \
-             client counters {:?}; server counters {:?}; in flight {}",
-            probe.last.lock().unwrap(),
-            probe.ended.load(Ordering::Acquire),
-            ch.stats(),
-            ch.counters(),
-            h.counters(),
-            ch.in_flight()
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        "the reader to see the cancel",
+        WAIT,
+        || probe.cancelled.load(Ordering::Acquire),
+        || {
+            format!(
+                "its stream: {:?}, ended {}; channel {:?}; client counters {:?}; server counters {:?}; in flight {}",
+                probe.last.lock().unwrap(),
+                probe.ended.load(Ordering::Acquire),
+                ch.stats(),
+                ch.counters(),
+                h.counters(),
+                ch.in_flight()
+            )
+        },
+    );
     assert!(!probe.ended.load(Ordering::Acquire));
     // A receiver dropped mid-stream cancels it too; the channel goes on.
     probe.cancelled.store(false, Ordering::Release);
@@ -572,7 +589,7 @@ fn a_channel_sender_stalls_on_a_server_that_stops_reading_and_cancels_when_dropp
         tx.send(&msg(0, 8)).await.unwrap();
         assert_eq!(rx.message().await.unwrap().unwrap().seq, 0);
         drop(rx);
-        until("the server to see the cancel", || probe.cancelled.load(Ordering::Acquire));
+        until("the server to see the cancel", &probe, || probe.cancelled.load(Ordering::Acquire));
         assert!(tx.send(&msg(1, 8)).await.is_err(), "a cancelled stream takes no more messages");
         let mut up = ch.client_stream::<EchoMsg, EchoMsg>(SUM, &CallOptions::default());
         up.send(&msg(0, 8)).await.unwrap();
@@ -591,17 +608,22 @@ fn the_deadline_ends_a_channel_stream() {
             &CallOptions::deadline(Duration::from_millis(300)),
         );
         let t0 = Instant::now();
-        let e = loop {
-            match rx.message().await {
-                Ok(Some(_)) => {}
-                Ok(None) => panic!("an endless stream ended cleanly"),
-                Err(e) => break e,
+        // Bounded: a deadline never enforced would stream forever.
+        let e = tokio::time::timeout(WAIT, async {
+            loop {
+                match rx.message().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => panic!("an endless stream ended cleanly"),
+                    Err(e) => break e,
+                }
             }
-        };
+        })
+        .await
+        .unwrap_or_else(|_| fail(&format!("the 300 ms deadline did not end the endless stream in {WAIT:?}")));
         assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
         assert!(t0.elapsed() >= Duration::from_millis(250));
     });
-    until("the producer to see the end", || probe.cancelled.load(Ordering::Acquire));
+    until("the producer to see the end", &probe, || probe.cancelled.load(Ordering::Acquire));
 }
 
 // ---- A peer killed mid-stream: the other end of the stream ends, it does not hang. ----
@@ -679,7 +701,7 @@ fn a_server_killed_mid_stream_ends_the_clients_streams_unavailable() {
             },
             Err(e) => break e,
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "the stream outlived its server by 20 s");
+        assert!(t0.elapsed() < WAIT, "the stream outlived its server by {WAIT:?}; client {:?}", c.counters());
         std::thread::sleep(Duration::from_millis(1));
     };
     assert_eq!(e.code(), Code::Unavailable, "{e}");
@@ -695,7 +717,9 @@ fn a_client_killed_mid_stream_ends_the_servers_reader_and_sink() {
     assert!(!probe.cancelled.load(Ordering::Acquire));
     child.kill().unwrap();
     child.wait().unwrap();
-    until("the server's stream to end with the client gone", || probe.cancelled.load(Ordering::Acquire));
+    until("the server's stream to end with the client gone", &probe, || {
+        probe.cancelled.load(Ordering::Acquire)
+    });
     assert!(!probe.ended.load(Ordering::Acquire), "a killed client is not a clean end");
 }
 

@@ -50,9 +50,12 @@ fn unary_echo_round_trip() {
     assert_eq!(String::from_utf8(ctx.payload).unwrap(), "/test.Echo/Context|127.0.0.1|true");
     drop(client);
     // Counters are published by the idle worker; wait for the session's close to show.
-    while server.counters().sessions_closed < 1 {
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to publish the dropped client's session closed",
+        WAIT,
+        || server.counters().sessions_closed >= 1,
+        || format!("server {:?}", server.counters()),
+    );
     let c = server.counters();
     assert_eq!((c.sessions_opened, c.sessions_closed), (1, 1));
     assert_eq!(c.rpcs, 2);

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rpc_core::codegen::*;
 use rpc_core::{Client, Transport};
@@ -33,13 +33,22 @@ fn hundred_thousand_rpcs_with_a_window_of_32() {
     let held: Vec<_> = (0..WINDOW as u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
-    let give_up = Instant::now() + Duration::from_secs(30);
-    while stash.lock().unwrap().len() < WINDOW {
-        let n = stash.lock().unwrap().len();
-        assert!(Instant::now() < give_up, "only {n} of the window's {WINDOW} calls reached the server");
-        client.progress();
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the window's 32 calls to reach the server",
+        WAIT,
+        || {
+            client.progress();
+            stash.lock().unwrap().len() >= WINDOW
+        },
+        || {
+            format!(
+                "{} reached it; server {:?}, client {:?}",
+                stash.lock().unwrap().len(),
+                server.counters(),
+                client.counters()
+            )
+        },
+    );
     let mut extra =
         Box::pin(client.unary_async::<_, EchoMsg>(STASH, &request(99, 8, 0), &CallOptions::default()));
     let extra_done = (0..2000).any(|_| {
@@ -56,10 +65,15 @@ fn hundred_thousand_rpcs_with_a_window_of_32() {
     }
     if !extra_done {
         // Queued behind the window (not refused): it goes now that slots are free.
-        while stash.lock().unwrap().is_empty() {
-            client.progress();
-            std::thread::yield_now();
-        }
+        wait_until(
+            "the call queued behind the window to reach the server once slots were free",
+            WAIT,
+            || {
+                client.progress();
+                !stash.lock().unwrap().is_empty()
+            },
+            || format!("server {:?}, client {:?}", server.counters(), client.counters()),
+        );
         stash.lock().unwrap().drain(..).for_each(|r| r.send(Ok(EchoMsg::default())));
         let _ = block_on(extra.as_mut());
     }
@@ -68,7 +82,19 @@ fn hundred_thousand_rpcs_with_a_window_of_32() {
     let mut inflight: VecDeque<(u64, ResponseFuture<'_, EchoMsg>)> = VecDeque::with_capacity(WINDOW);
     let mut next = 0u64;
     let mut done = 0u64;
+    // Hang guard: some call must complete within `WAIT` of the previous one.
+    let mut last_done = (Instant::now(), 0u64);
     while done < N {
+        if done != last_done.1 {
+            last_done = (Instant::now(), done);
+        }
+        assert!(
+            last_done.0.elapsed() < WAIT,
+            "no call completed for {WAIT:?} after {done} of {N}: in flight {:?}; server {:?}, client {:?}",
+            inflight.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            server.counters(),
+            client.counters()
+        );
         while inflight.len() < WINDOW && next < N {
             let len = (next % 97) as usize;
             inflight.push_back((

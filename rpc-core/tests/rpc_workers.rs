@@ -28,23 +28,34 @@ fn two_workers_and_64_sessions() {
                 (seq, len, c.unary_async(ECHO, &request(seq, len, len), &CallOptions::default()))
             })
             .collect();
-        while !futs.is_empty() {
-            futs.retain_mut(|(seq, len, f)| match Pin::new(f).poll(&mut cx) {
-                Poll::Ready(r) => {
-                    check_reply(&r.unwrap(), *seq, *len);
-                    false
-                }
-                Poll::Pending => true,
-            });
-        }
+        let left = std::cell::Cell::new(futs.len());
+        wait_until(
+            &format!("round {round}'s 64 calls to be answered"),
+            WAIT,
+            || {
+                futs.retain_mut(|(seq, len, f)| match Pin::new(f).poll(&mut cx) {
+                    Poll::Ready(r) => {
+                        check_reply(&r.unwrap(), *seq, *len);
+                        false
+                    }
+                    Poll::Pending => true,
+                });
+                left.set(futs.len());
+                futs.is_empty()
+            },
+            || format!("{} calls unanswered; server {:?}", left.get(), server.counters()),
+        );
     }
     for c in &clients {
         assert_eq!(c.counters().rpcs, 20);
     }
     drop(clients);
-    while server.counters().sessions_closed < 64 {
-        std::thread::yield_now();
-    }
+    wait_until(
+        "the server to publish the 64 dropped clients' sessions closed",
+        WAIT,
+        || server.counters().sessions_closed >= 64,
+        || format!("server {:?}, per worker {:?}", server.counters(), server.worker_counters()),
+    );
     let c = server.counters();
     assert_eq!(c.sessions_opened, 64);
     assert_eq!(c.rpcs, 64 * 20);
@@ -74,9 +85,15 @@ fn a_handshake_waits_for_a_busy_worker_to_bind_the_window() {
     let first = Client::connect_with(addr, &cfg).unwrap();
     let mut call = first.unary_async::<_, EchoMsg>(HOLD, &EchoMsg::default(), &CallOptions::default());
     let mut cx = Context::from_waker(Waker::noop());
-    while !gate.entered() {
-        assert!(Pin::new(&mut call).poll(&mut cx).is_pending());
-    }
+    wait_until(
+        "the HOLD call to reach its handler",
+        WAIT,
+        || {
+            assert!(Pin::new(&mut call).poll(&mut cx).is_pending());
+            gate.entered()
+        },
+        || format!("server {:?}, client {:?}", server.counters(), first.counters()),
+    );
     // The worker is held in the handler: a new session's window is not bound until it returns.
     let cfg2 = cfg.clone();
     let second = std::thread::spawn(move || Client::connect_with(addr, &cfg2));

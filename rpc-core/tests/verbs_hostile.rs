@@ -229,9 +229,11 @@ fn deregistering_the_target_mr_during_a_write_stream() {
             }
         }
     });
-    while !started.load(Ordering::Acquire) {
-        std::thread::yield_now();
-    }
+    // Bounded, and not on a writer that ended (a write failed before 20, or its poll timed out:
+    // `join` reports why) and would never set the flag.
+    conformance::wait_until::<H>("20 writes to complete", || {
+        started.load(Ordering::Acquire) || writer.is_finished()
+    });
     drop(target);
     let (ok, status, a) = writer.join().unwrap();
     assert!(ok >= 20);

@@ -89,17 +89,101 @@ pub fn request(seq: u64, len: usize, reply_len: usize) -> EchoMsg {
     EchoMsg { seq, checksum: fnv64(&p), payload: p, reply_len: reply_len as u32 }
 }
 
-/// Progresses `client` until it reports its session closed (the server went away), at most 10 s.
+/// How long a test waits for something that must happen before it fails: a hang guard, not a
+/// timed assertion (CI runs many test binaries at once on 2 cores, and the Soft-RoCE tier runs in a
+/// qemu guest under TCG emulation), so generous.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Calls `poll` until it returns `Some`, and returns that; between two calls it yields (the first
+/// 10 ms) then sleeps 1 ms. `poll` does the work the wait needs (progressing a client, polling a
+/// CQ): it runs at least once.
 ///
 /// # Panics
-/// When the client still reports its session open after 10 s (a test failure).
-pub fn wait_until_closed(client: &rpc_core::Client) {
-    let give_up = std::time::Instant::now() + Duration::from_secs(10);
-    while client.closed_reason().is_none() {
-        assert!(std::time::Instant::now() < give_up, "the client never saw the server go");
-        client.progress();
-        std::thread::sleep(Duration::from_millis(1));
+/// When `poll` still returns `None` after `timeout`: a test failure naming `what` was awaited and
+/// the state `state` reports then (the counters of both ends, what was seen), never a hang.
+#[track_caller]
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut poll: impl FnMut() -> Option<T>,
+    state: impl FnOnce() -> String,
+) -> T {
+    echo_panics();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = poll() {
+            return v;
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            fail(&format!("gave up after {waited:.1?} waiting for {what}: {}", state()));
+        }
+        if waited < Duration::from_millis(10) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
+}
+
+/// Panics with `message` (see [`echo_panics`]).
+#[track_caller]
+pub fn fail(message: &str) -> ! {
+    echo_panics();
+    panic!("{message}");
+}
+
+/// Makes every later panic of a test's own threads also write its message straight to stderr
+/// (idempotent). libtest shows a test's captured output only once the test ends, and a test that
+/// fails while a worker is wedged (the bug under test, or a sabotage) then hangs in the
+/// `ServerHandle` drop of its unwinding, which waits for that worker: without this, a failed
+/// assertion there would hang silently. Threads named `rpc-*` (the library's workers, where
+/// handlers panic on purpose and the panic is caught) are left to the default hook alone.
+/// Installed by [`server`], [`client_config`], [`wait_for`] and [`block_on`].
+pub fn echo_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            if !name.starts_with("rpc-") {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "[{name}] {info}");
+            }
+            default(info);
+        }));
+    });
+}
+
+/// [`wait_for`] a condition: calls `done` until it is true.
+///
+/// # Panics
+/// When `done` is still false after `timeout` (see [`wait_for`]).
+#[track_caller]
+pub fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+    state: impl FnOnce() -> String,
+) {
+    wait_for(what, timeout, || done().then_some(()), state)
+}
+
+/// Progresses `client` until it reports its session closed (the server went away).
+///
+/// # Panics
+/// When the client still reports its session open after [`WAIT`] (a test failure).
+#[track_caller]
+pub fn wait_until_closed(client: &rpc_core::Client) {
+    wait_until(
+        "the client to see its server go (its session closed)",
+        WAIT,
+        || {
+            client.progress();
+            client.closed_reason().is_some()
+        },
+        || format!("client {:?}", client.counters()),
+    );
 }
 
 /// Checks a reply to `request(seq, _, reply_len)`.
@@ -216,6 +300,7 @@ fn emulated_guest_timeout() -> Option<Duration> {
 
 /// A server builder with the test polling policy, the transport under test and one worker.
 pub fn server() -> ServerBuilder {
+    echo_panics();
     let b = Server::builder().transport(transport()).polling(POLLING).drain_timeout(Duration::from_secs(2));
     match emulated_guest_timeout() {
         Some(t) => b.peer_timeout(Some(t)).handshake_timeout(t),
@@ -233,6 +318,7 @@ pub fn spawn(builder: ServerBuilder) -> (ServerHandle, Arc<Mutex<Vec<Responder<E
 
 /// A client config with the test polling policy.
 pub fn client_config() -> ClientConfig {
+    echo_panics();
     let c = ClientConfig::default().polling(POLLING).transport(transport());
     match emulated_guest_timeout() {
         Some(t) => c.peer_timeout(Some(t)).connect_timeout(t),
@@ -242,13 +328,26 @@ pub fn client_config() -> ClientConfig {
 
 /// Drives a future to completion by polling it in a loop (no executor: polling progresses the
 /// session).
+///
+/// # Panics
+/// When the future is still pending after [`WAIT`] (a call with no deadline whose answer never
+/// comes: a test failure, not a hang).
+#[track_caller]
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     let mut f = std::pin::pin!(f);
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
+    echo_panics();
+    let start = std::time::Instant::now();
     loop {
         if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;
+        }
+        // Each poll progresses the session: yield only (a sleep would slow a call in many pieces).
+        std::thread::yield_now();
+        let waited = start.elapsed();
+        if waited >= WAIT {
+            fail(&format!("gave up after {waited:.1?} waiting for a future to be ready (block_on)"));
         }
     }
 }

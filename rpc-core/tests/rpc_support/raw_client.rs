@@ -76,8 +76,11 @@ impl RawClient {
     pub fn connect_with(addr: SocketAddr, credits: u16, eager: u32, max_message: u32) -> RawClient {
         let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
         let mut tcp = TcpStream::connect(addr).unwrap();
+        // A server that never answers fails the test after `WAIT`, not hangs it.
+        tcp.set_read_timeout(Some(super::WAIT)).unwrap();
         write_frame(&mut tcp, &Frame::Handshake(peer.handshake(credits, eager, max_message, 0))).unwrap();
         let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+        tcp.set_read_timeout(None).unwrap();
         peer.connect(&RcConfig::default(), &reply);
         let session = reply.session;
         let mut c = RawClient::over(peer, &reply, session, tcp);
@@ -97,7 +100,9 @@ impl RawClient {
         tweak: impl FnOnce(&mut Handshake),
     ) -> (RawClient, TcpStream) {
         let (mut tcp, _) = listener.accept().unwrap();
+        tcp.set_read_timeout(Some(super::WAIT)).unwrap();
         let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+        tcp.set_read_timeout(None).unwrap();
         let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
         peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
         let mut mine = peer.handshake(hello.credits, hello.eager_threshold, hello.max_message, session);
@@ -154,10 +159,10 @@ impl RawClient {
     /// A free send buffer, polling while none is (send completions bring them back).
     ///
     /// # Panics
-    /// When none comes back within 10 s, or none is free while a SEND of this side waited for a
+    /// When none comes back within `WAIT`, or none is free while a SEND of this side waited for a
     /// receive WQE of the other (RNR: it holds every buffer behind it).
     pub fn buf(&mut self) -> SendBuf {
-        let give_up = Instant::now() + Duration::from_secs(10);
+        let give_up = Instant::now() + super::WAIT;
         loop {
             if let Some(b) = self.pool.acquire_for(&self.sq) {
                 return b;
@@ -274,9 +279,9 @@ impl RawClient {
     /// messages before it stay).
     ///
     /// # Panics
-    /// When none arrives within 20 s, listing what did.
+    /// When none arrives within `WAIT`, listing what did.
     pub fn wait_for(&mut self, kind: Kind, slot: u16) -> Header {
-        let give_up = Instant::now() + Duration::from_secs(20);
+        let give_up = Instant::now() + super::WAIT;
         loop {
             if let Some(i) = self.inbox.iter().position(|(h, _)| h.kind == kind && h.slot == slot) {
                 return self.inbox.remove(i).unwrap().0;
