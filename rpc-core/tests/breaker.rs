@@ -358,14 +358,10 @@ fn many_sessions_with_big_bodies_in_pieces() {
 }
 
 /// A peer that SENDs with invalidate naming the rkey of its own session's ring window (which it
-/// learned at handshake). FINDING: the server never looks at `WorkCompletion::invalidated_rkey`
-/// (rpc-core/src/worker/mod.rs:550-569 `on_completion` → `on_message` handle the receive like a
-/// plain SEND), so it answers the request and keeps the session open with its ring window dead.
-/// Every ring body after that fails at the peer with REM_ACCESS_ERR (the peer's QP goes to
-/// ERR). Only the peer itself is hurt, but a peer invalidating our window is a protocol
-/// violation that should close the session (malformed) at once; on a client (same code in
-/// client/core.rs:472-505) a server can do the same and the client learns of it only by its
-/// next ring response failing.
+/// learned at handshake): a protocol violation (only the ring's owner may end its window), so the
+/// server closes the session as malformed instead of answering and serving on with its ring
+/// window dead. (Found by this test: the worker once ignored `WorkCompletion::invalidated_rkey`
+/// and handled the receive as a plain SEND.)
 #[test]
 fn send_with_inv_of_our_ring_window_closes_the_session() {
     let (server, _) = spawn(server());
@@ -588,14 +584,10 @@ fn a_hostile_server_answering_wrongly_is_refused_by_the_client() {
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
-/// A server whose handshake advertises a 1 GiB ring (the protocol's maximum): the client
-/// registers a send mirror that large for the connection, whatever its own configuration
-/// (client/core.rs:211 `SendMirror::new(&pd, reply.ring_len as usize)`; only credits,
-/// eager_threshold and session are checked at client/core.rs:197-207). FINDING: a hostile or
-/// misconfigured server makes every client pin 1 GiB of registered memory per connection (on
-/// a NIC: locked memory, usually an ENOMEM at connect under RLIMIT_MEMLOCK). Suggested fix: a
-/// client-side cap (e.g. `ClientConfig::max_peer_ring`, default a few MiB) refusing larger
-/// rings at the handshake, naming the field, as the server caps what a client asks.
+/// A server whose handshake advertises a 1 GiB ring (the protocol's maximum): the client refuses
+/// it at the handshake, naming its cap, instead of registering a send mirror that large for the
+/// connection. (Found by this test: a hostile or misconfigured server once made every client pin
+/// 1 GiB of registered memory per connection.)
 #[test]
 fn a_server_advertising_a_1_gib_ring_is_refused_at_the_handshake() {
     let (addr, fake) = fake_server(
@@ -624,16 +616,12 @@ fn a_server_advertising_a_1_gib_ring_is_refused_at_the_handshake() {
 }
 
 /// A careless handler that defers and never answers (STASH keeps the responder), called with a
-/// deadline. DESIGN.md: "the server ... answers DEADLINE_EXCEEDED itself when the deadline
-/// passes", and the client reuses a slot only once the server can no longer write it. FINDING:
-/// no timer answers an expired deferred call on the server (rpc-core/src/worker/mod.rs:658-660
-/// only stores `ctx.deadline` for the handler; nothing in `Worker::run`, mod.rs:209-278, looks
-/// at it again), so the client's abandoned slots (session/slots.rs:201-203 → Abandoned, freed
-/// only by a response, slots.rs:162-165) are never returned: after `window` such calls the
-/// client answers RESOURCE_EXHAUSTED to every call, forever, on a healthy connection.
-/// Suggested fix: the worker keeps a deadline wheel of unanswered calls and, at expiry, answers
-/// DEADLINE_EXCEEDED itself (on_answer_for makes the late Responder's answer a dropped second
-/// answer, as try_backlog already does).
+/// deadline, on a window of 2: after both deadlines a new call is served, because the abandoned
+/// slots come back (the server answers each expired call DEADLINE_EXCEEDED itself, or CANCELLED on
+/// the client's Cancel, and acknowledges the Cancel). This alone cannot tell the server's timer
+/// from the client's Cancel; `server_answers_an_expired_deferred_call_deadline_exceeded_itself`
+/// (a raw client that sends no Cancel) isolates the timer. (Found by this test: no timer once
+/// answered an expired deferred call, so the window was lost for good.)
 #[test]
 fn finding_expired_deferred_calls_never_answered_exhaust_the_client_window() {
     let (server, stash) = spawn(server());

@@ -2,20 +2,12 @@
 //! memory. Own test binary: a counting global allocator sees every allocation of the process
 //! (the in-process server's included), so nothing else may run here.
 //!
-//! FINDING (`finding_...` fails on purpose): the first piece of a ring message makes the
-//! receiver reserve the whole announced `total_len` at once —
-//! rpc-core/src/session/mod.rs:316-320 (line 319) `Vec::with_capacity(h.total_len as usize)` in
-//! `Session::handle_header` — before a single byte beyond the first piece has arrived. A peer
-//! that sends, per credit, one 40-byte header and a 1-byte piece announcing `total_len =
-//! max_message_size` (64 MiB by default) makes the server allocate credits × 64 MiB per session
-//! (32 × 64 MiB = 2 GiB at default credits; × 128 sessions = 256 GiB of address space), and the
-//! same on a client against a hostile server (client/core.rs takes the same session code). With
-//! strict overcommit (vm.overcommit_memory=2) or a memory cgroup, that allocation fails and Rust
-//! aborts the whole server process (handle_alloc_error), every other session with it.
-//! Suggested fix: grow the assembly buffer with the bytes that actually arrived (reserve
-//! `body_len` per piece, or cap the up-front reservation at, say, the ring length), and/or
-//! bound the bytes held in unfinished assemblies per session (e.g. total_len of unfinished
-//! assemblies ≤ a per-session budget), refusing a first piece beyond it.
+//! A peer that sends, per credit, one header and a 1-byte first piece announcing `total_len =
+//! max_message_size` (64 MiB by default) must not make the receiver reserve credits × 64 MiB per
+//! session: the assembly buffer grows with the bytes that arrived (validated first; see
+//! `buffers::gather` and the session's reassembly), so the server's heap stays small. (Found by
+//! this test: the first piece once reserved the whole announced `total_len` at once, 2 GiB per
+//! session at default credits, and a failed allocation aborts the whole server.)
 #![allow(unsafe_code)]
 
 mod rpc_support;
