@@ -556,7 +556,9 @@ impl Driver {
         let mut n = 0;
         let mut at_start = 0u64;
         let before = self.in_flight.len();
-        while with_any_core!(&self.core, c => c.has_free_slot()) {
+        // `is_empty` first: two loads, where a pop of an empty queue costs a SeqCst fence (every
+        // step of a driver looks, most find nothing).
+        while !inner.queue.is_empty() && with_any_core!(&self.core, c => c.has_free_slot()) {
             let Some(job) = inner.queue.pop() else { break };
             n += 1;
             if job.is_cancelled() {
