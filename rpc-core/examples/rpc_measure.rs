@@ -8,6 +8,15 @@
 //! N blocking Fixed calls, both sides waiting on completion events (no time lost to spinning under
 //! valgrind, which runs one thread at a time):
 //! `RPC_MEASURE_COUNT=20000 valgrind --tool=callgrind target/release/examples/rpc_measure`
+//! (under valgrind, add `RPC_SIM_SEGMENT_BYTES=1073741824`).
+//!
+//! `RPC_MEASURE_CHAN=TASKS[xWINDOW]` with `RPC_MEASURE_COUNT=N` runs N Fixed calls through the
+//! shareable handle (`Channel`) instead: TASKS tokio tasks on a current-thread runtime, each
+//! keeping WINDOW calls in flight (default 1), the dispatcher waiting on completion events
+//! (`spins(0)`), the calls' polls driving for `RPC_MEASURE_POLL_SPIN` µs (default 0: one drive
+//! per poll, the dispatcher thread does the waiting). `RPC_MEASURE_FIXED_ONLY=1` makes the
+//! blocking mode run the N Fixed calls only (the calls the Channel mode makes). Per call:
+//! (count with N - count with N=0) / N.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -227,6 +236,9 @@ fn main() {
     };
     pin(0);
     if let Some(n) = std::env::var("RPC_MEASURE_COUNT").ok().and_then(|v| v.parse::<usize>().ok()) {
+        if let Ok(spec) = std::env::var("RPC_MEASURE_CHAN") {
+            return chan_count(n, &spec);
+        }
         return count_only(n);
     }
     let req = Blob { data: vec![7u8; 30] }; // 32 bytes encoded
@@ -337,7 +349,8 @@ fn count_only(n: usize) {
     let size = std::env::var("RPC_MEASURE_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
     let req = Blob { data: vec![7u8; size] };
     let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
-    for _ in 0..n {
+    let echo = std::env::var("RPC_MEASURE_FIXED_ONLY").map_or(true, |v| v != "1");
+    for _ in 0..n * usize::from(echo) {
         let r: Blob = client.unary(ECHO, &req, &CallOptions::default()).unwrap();
         assert_eq!(r, req);
     }
@@ -347,5 +360,57 @@ fn count_only(n: usize) {
     }
     println!("{} RPCs", client.counters().rpcs);
     drop(client);
+    server.shutdown();
+}
+
+/// `RPC_MEASURE_CHAN=TASKS[xWINDOW]` (see the module docs): N Fixed calls through a `Channel`.
+fn chan_count(n: usize, spec: &str) {
+    let (tasks, window) = match spec.split_once('x') {
+        Some((t, w)) => (t.parse::<usize>().unwrap_or(1), w.parse::<usize>().unwrap_or(1)),
+        None => (spec.parse::<usize>().unwrap_or(1), 1),
+    };
+    let poll_spin = std::env::var("RPC_MEASURE_POLL_SPIN").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let server = Server::builder()
+        .worker_cores(vec![1])
+        .polling(PollingPolicy::Event { spins: 0 })
+        .add_service(EchoService)
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let window32 = (tasks * window).clamp(1, 4096) as u16;
+    let cfg = rpc_core::ChannelConfig::default()
+        .client(ClientConfig::default().window(window32).polling(PollingPolicy::Event { spins: 0 }))
+        .spins(0)
+        .queue_depth((4 * tasks * window).max(64))
+        .poll_spin(Duration::from_micros(poll_spin));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ch = rt.block_on(rpc_core::Channel::connect_with(server.local_addr(), &cfg)).unwrap();
+    let each = n / tasks.max(1);
+    let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
+    rt.block_on(async {
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let ch = ch.clone();
+                tokio::spawn(async move {
+                    let mut q = VecDeque::with_capacity(window);
+                    let mut sent = 0;
+                    loop {
+                        while sent < each && q.len() < window {
+                            q.push_back(ch.unary::<Fixed, Fixed>(FIXED, fixed, &CallOptions::default()));
+                            sent += 1;
+                        }
+                        let Some(call) = q.pop_front() else { break };
+                        let r = call.await.unwrap();
+                        assert_eq!(r.a, 2);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+    });
+    println!("{} RPCs; {:?}", ch.counters().rpcs, ch.stats());
+    drop(ch);
+    drop(rt);
     server.shutdown();
 }

@@ -418,18 +418,12 @@ impl<Resp> UnaryCall<Resp> {
     /// Counts the call among the dispatcher's waiters (before it hands anything to the
     /// dispatcher thread, which drives only while some task waits).
     fn wait(&mut self) {
-        if !self.waiting {
-            self.waiting = true;
-            self.shared.dispatchers[self.dispatcher].waiters.fetch_add(1, Ordering::SeqCst);
-        }
+        wait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
     }
 
     /// Takes the call out of the waiters (it is polled, or dropped).
     fn unwait(&mut self) {
-        if self.waiting {
-            self.waiting = false;
-            self.shared.dispatchers[self.dispatcher].waiters.fetch_sub(1, Ordering::SeqCst);
-        }
+        unwait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
     }
 
     /// Queues the call if it is not yet; false while the queue is full.
@@ -468,19 +462,21 @@ impl<Resp> Future for UnaryCall<Resp> {
                 return Poll::Pending;
             }
         }
-        let shared = this.shared.clone();
-        let d = &*shared.dispatchers[this.dispatcher];
-        let outcome = this.done.clone();
-        let done = outcome.done();
+        // Disjoint borrows of the fields (no clone of the shared handles per poll).
+        let d = &*this.shared.dispatchers[this.dispatcher];
+        let done = this.done.done();
+        let waiting = &mut this.waiting;
         if let Some(r) = done.try_take() {
             coop.made_progress();
-            return this.ready(r);
+            this.taken = true;
+            return ready(r);
         }
         // From here until the waker is registered again, we poll for ourselves: a completion
         // meanwhile must not wake this task (nothing wakes itself).
         done.unregister();
         let is_done = || done.is_done();
-        let started = Instant::now();
+        // Read only when another thread holds the session (no clock read per poll otherwise).
+        let mut started: Option<Instant> = None;
         let mut hand_off = false;
         let mut held = 0u32;
         loop {
@@ -492,7 +488,7 @@ impl<Resp> Future for UnaryCall<Resp> {
             if is_done() {
                 break;
             }
-            if started.elapsed() >= d.poll_spin {
+            if started.get_or_insert_with(Instant::now).elapsed() >= d.poll_spin {
                 // Whoever drives leaves it to someone when it lets go; in case it looked at the
                 // queue (or the waiters) before our call was in it, the dispatcher thread is told.
                 hand_off = true;
@@ -508,35 +504,49 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         if !is_done() {
             // Counted before the dispatcher thread is told, so that it finds us waiting.
-            this.wait();
+            wait(waiting, d);
             if hand_off {
                 d.want_driver();
             }
         }
         match done.poll(cx) {
             Poll::Ready(r) => {
-                this.unwait();
+                unwait(waiting, d);
                 coop.made_progress();
-                this.ready(r)
+                this.taken = true;
+                ready(r)
             }
             Poll::Pending => {
-                this.wait();
+                wait(waiting, d);
                 Poll::Pending
             }
         }
     }
 }
 
-impl<Resp> UnaryCall<Resp> {
-    /// Hands out the result, without driving the session: a task that goes on polls its next call,
-    /// which drives it (waiting here for someone else's answer would hold this task's next call
-    /// back); should none come, the dispatcher thread's watch takes the session over.
-    fn ready(&mut self, r: Option<Result<Resp, Status>>) -> Poll<Result<Resp, Status>> {
-        self.taken = true;
-        match r {
-            Some(r) => Poll::Ready(r),
-            None => Poll::Ready(Err(Status::internal("call polled after completion"))),
-        }
+/// Counts a call among its dispatcher's waiters (see [`UnaryCall::wait`]).
+fn wait(waiting: &mut bool, d: &Inner) {
+    if !*waiting {
+        *waiting = true;
+        d.waiters.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Takes a call out of its dispatcher's waiters (see [`UnaryCall::unwait`]).
+fn unwait(waiting: &mut bool, d: &Inner) {
+    if *waiting {
+        *waiting = false;
+        d.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Hands out a result, without driving the session: a task that goes on polls its next call,
+/// which drives it (waiting here for someone else's answer would hold this task's next call
+/// back); should none come, the dispatcher thread's watch takes the session over.
+fn ready<Resp>(r: Option<Result<Resp, Status>>) -> Poll<Result<Resp, Status>> {
+    match r {
+        Some(r) => Poll::Ready(r),
+        None => Poll::Ready(Err(Status::internal("call polled after completion"))),
     }
 }
 
