@@ -537,7 +537,7 @@ impl<P: Provider> ClientCore<P> {
         // Requests leave in order; one abandoned while it was leaving gets its Cancel after its
         // last piece (the session's rule: `Outbox::sent`).
         if !self.outbox.is_empty() {
-            send_waiting(&mut self.conn, &mut self.outbox, |_, _, _| {}, |_| {});
+            send_waiting(&mut self.conn, &mut self.outbox, TAG, |_, _, _| {}, |_| {});
         }
         if self.stream_batch.is_some() {
             self.send_batch();
@@ -742,6 +742,13 @@ impl<P: Provider> ClientCore<P> {
             self.on_completion(&wc);
         }
         if n > 0 {
+            // While an answer arrives in pieces, ring space this batch freed goes back to the
+            // server (a RingReturn when due) before this end copies its own pieces: the server's
+            // next pieces wait for it, and it would otherwise leave behind every WRITE `pump`
+            // queues. (Otherwise the next request carries the freed head: no extra message.)
+            if self.conn.session.assemblies() > 0 {
+                self.flush();
+            }
             self.pump();
         }
         self.flush();

@@ -235,10 +235,12 @@ impl Queued for Outgoing {
 /// buffers and ring space allow; a body larger than what the ring has free goes in pieces.
 /// `on_sent(header, status, body_len)` for each message posted whole (an error answer with its
 /// status and length 0), `on_late(header)` for each second answer to one call, dropped. Returns
-/// whether anything was posted.
+/// whether anything was posted. Pieces are posted as they are queued, with `tag` (the
+/// connection's tag in send `wr_id`s, as for [`Conn::flush`]).
 pub(crate) fn send_waiting<P: Provider>(
     conn: &mut Conn<P>,
     outbox: &mut Outbox<Outgoing>,
+    tag: u32,
     mut on_sent: impl FnMut(&Header, Code, u32),
     mut on_late: impl FnMut(&Header),
 ) -> bool {
@@ -274,7 +276,7 @@ pub(crate) fn send_waiting<P: Provider>(
                     (Code::Internal, 0)
                 } else {
                     let before = out.sent;
-                    let done = conn.send_outgoing(out);
+                    let done = conn.send_outgoing(out, tag);
                     posted |= out.sent != before;
                     if !done {
                         break;
@@ -453,7 +455,7 @@ impl<P: Provider> Conn<P> {
     /// Queues what ring space, send buffers and send-queue room allow of a heap body: whole
     /// (eager, or one ring body when it fits now) or piece after piece. Returns true once all of
     /// it is queued; false while it must wait (call again after completions or freed ring space).
-    pub(crate) fn send_outgoing(&mut self, out: &mut Outgoing) -> bool {
+    pub(crate) fn send_outgoing(&mut self, out: &mut Outgoing, tag: u32) -> bool {
         let total = out.len;
         if let OutBody::Heap(body) = &mut out.body {
             if out.sent == 0
@@ -500,6 +502,12 @@ impl<P: Provider> Conn<P> {
             let h = Header { total_len: total, ..out.header };
             self.queue(buf, h, BodyAt::Piece { offset, len, staged: matches!(out.body, OutBody::Staged(_)) });
             out.sent += len;
+            // Each piece is posted as soon as it is queued (one doorbell per piece of up to a
+            // quarter of the peer's ring, not one per batch): the peer copies it out and returns
+            // its space while the next piece is copied into the mirror, instead of seeing
+            // nothing until every piece the ring had room for is copied. A failed post leaves
+            // the WRs queued: the driver's own flush reports it and closes the session.
+            let _ = self.flush(tag);
         }
         self.recycle_heap(out);
         true

@@ -102,8 +102,9 @@ pub struct ServerConfig {
     /// Sessions over all workers. Default 128 (each holds a receive ring, a send mirror, a send
     /// staging area of twice the client's ring (at most 64 MiB more than it) and send buffers:
     /// about 4 × `ring_bytes` + 72 × (`eager_threshold` + 40) bytes at default credits and
-    /// rings, 4.3 MiB, plus spare buffers of received bodies, at most `ring_bytes` more once
-    /// bodies that large arrived; and reserves [`ServerConfig::srq_per_session`] SRQ WQEs).
+    /// rings, 4.3 MiB, plus spare buffers of received bodies once bodies above the eager
+    /// threshold arrived, at most `ring_bytes` plus twice the largest of them; and reserves
+    /// [`ServerConfig::srq_per_session`] SRQ WQEs).
     /// Valid range:
     /// 1 ..= 32767 per worker.
     pub max_sessions: usize,

@@ -207,11 +207,16 @@ impl Session {
             },
             assemblies: Vec::new(),
             // Spare buffers for the bodies that may be held at once, received or waiting to be
-            // sent: at most our ring's length plus one largest message together (fresh memory
-            // costs a page fault per 4 KiB on first touch, more than the copy into it).
+            // sent: at most our ring's length plus two largest messages together (fresh memory
+            // costs a page fault per 4 KiB on first touch, more than the copy into it). Two: a
+            // pipelined client has one answer its caller still reads, one complete and waiting
+            // to be taken, and the next arriving; with room for one, every third 64 MiB answer
+            // of `rpc_bw -s 64M` came back over the budget and the next one faulted in fresh
+            // pages.
             recycler: BodyRecycler::new(
                 params.max_held,
-                (params.own_ring_len as usize).saturating_add(params.max_message as usize),
+                (params.own_ring_len as usize)
+                    .saturating_add((params.max_message as usize).saturating_mul(2)),
             ),
             closed: false,
             ring_freed: false,
@@ -614,7 +619,9 @@ impl Session {
                 // reallocations move pages, they are not copied). A failed allocation closes the
                 // session instead of aborting.
                 let upfront = h.total_len.min(h.body_len.saturating_mul(2).max(64 << 10));
-                let Some(body) = self.recycler.take(upfront as usize) else {
+                // A spare buffer of the message's size class is reused when there is one (its
+                // pages are mapped already: no fresh allocation, whatever `total_len` says).
+                let Some(body) = self.recycler.take_for(upfront as usize, h.total_len as usize) else {
                     return Err("no memory for the message's buffer");
                 };
                 self.assemblies.push(Assembly { header: Header { body_len: h.total_len, ..*h }, body });

@@ -6,21 +6,40 @@
 //! maps fresh pages and the kernel zeroes them on first touch), so the buffer comes back here
 //! when the last `Bytes` of it is dropped, on whatever thread that is, through a bounded
 //! lock-free queue, and the next message of the session reuses it. At most [`SPARE_BODIES`]
-//! buffers, of at most `budget` bytes together, wait: the memory a session keeps idle is bounded
-//! (by its own ring's length, as the runtime sizes it).
+//! buffers per size class, of at most `budget` bytes together, wait: the memory a session keeps
+//! idle is bounded (by its own ring's length plus two largest messages, as the runtime sizes it).
+//!
+//! Spare buffers are kept by size class ([`SIZE_CLASSES`]) and handed out only within the class
+//! of the size asked for: the small buffers of bodies waiting to be sent (a [`GatherBody`]'s own
+//! bytes, at most 64 KiB) and stream batches never take a 64 MiB buffer a large message just
+//! gave back, which the next large message would then have to fault in afresh (with one class,
+//! a 64 MiB rpc_bw call both ways faulted in about 112 MiB of fresh pages per call).
+//!
+//! [`GatherBody`]: crate::buffers::GatherBody
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 
-/// Most spare body buffers a session keeps.
+/// Most spare body buffers a session keeps per size class.
 pub const SPARE_BODIES: usize = 16;
+
+/// Upper bounds in bytes of the size classes of spare buffers (the last class takes the rest):
+/// up to 64 KiB (the own bytes of bodies waiting to be sent, stream batches, small ring
+/// bodies), up to 1 MiB, up to 16 MiB, larger.
+pub const SIZE_CLASSES: [usize; 3] = [64 << 10, 1 << 20, 16 << 20];
+
+/// The size class of a buffer of `len` bytes (an index into the recycler's queues).
+fn class_of(len: usize) -> usize {
+    SIZE_CLASSES.iter().position(|&max| len <= max).unwrap_or(SIZE_CLASSES.len())
+}
 
 /// The spare body buffers of one session.
 #[derive(Debug)]
 pub struct BodyRecycler {
-    spare: ArrayQueue<Vec<u8>>,
+    /// Spare buffers by the class of their capacity.
+    spare: [ArrayQueue<Vec<u8>>; SIZE_CLASSES.len() + 1],
     /// Most bytes (capacities) the spare buffers may hold together.
     budget: usize,
     /// Bytes the spare buffers hold now.
@@ -28,24 +47,33 @@ pub struct BodyRecycler {
 }
 
 impl BodyRecycler {
-    /// A recycler keeping up to `count` (at most [`SPARE_BODIES`]) buffers of at most `budget`
-    /// bytes together.
+    /// A recycler keeping up to `count` (at most [`SPARE_BODIES`]) buffers per size class, of
+    /// at most `budget` bytes together.
     pub fn new(count: usize, budget: usize) -> Arc<BodyRecycler> {
+        let count = count.clamp(1, SPARE_BODIES);
         Arc::new(BodyRecycler {
-            spare: ArrayQueue::new(count.clamp(1, SPARE_BODIES)),
+            spare: std::array::from_fn(|_| ArrayQueue::new(count)),
             budget,
             held: AtomicUsize::new(0),
         })
     }
 
-    /// An empty buffer with room for `len` bytes: a spare one (grown when too small), else a new
-    /// allocation. `None` when that allocation fails
-    /// (`len` is announced by the peer, up to `max_message_size`): the caller closes the session
-    /// instead of aborting the process.
+    /// An empty buffer with room for `len` bytes: a spare one of `len`'s size class (grown when
+    /// too small), else a new allocation. `None` when that allocation fails (`len` is announced
+    /// by the peer, up to `max_message_size`): the caller closes the session instead of
+    /// aborting the process.
     pub fn take(&self, len: usize) -> Option<Vec<u8>> {
+        self.take_for(len, len)
+    }
+
+    /// As [`BodyRecycler::take`], for a buffer that will grow to about `expected` bytes
+    /// (at least `len`): a spare one comes from `expected`'s size class, but only `len` bytes
+    /// are allocated when there is none (a message arriving in pieces reserves what its first
+    /// piece justifies: an announced length alone allocates nothing of its size).
+    pub fn take_for(&self, len: usize, expected: usize) -> Option<Vec<u8>> {
         // A spare one too small grows (its pages, touched already, are kept) instead of being
         // dropped for a fresh allocation.
-        let mut v = match self.spare.pop() {
+        let mut v = match self.spare[class_of(expected.max(len))].pop() {
             Some(v) => {
                 self.held.fetch_sub(v.capacity(), Ordering::Relaxed);
                 if v.capacity() >= len {
@@ -67,7 +95,8 @@ impl BodyRecycler {
         Some(v)
     }
 
-    /// Keeps `v` for a later message when there is room within the count and the byte budget.
+    /// Keeps `v` for a later message when there is room in its size class and within the byte
+    /// budget.
     pub fn give_back(&self, mut v: Vec<u8>) {
         let cap = v.capacity();
         if cap == 0 {
@@ -80,9 +109,14 @@ impl BodyRecycler {
             return;
         }
         v.clear();
-        if self.spare.push(v).is_err() {
+        if self.spare[class_of(cap)].push(v).is_err() {
             self.held.fetch_sub(cap, Ordering::Relaxed);
         }
+    }
+
+    /// Spare buffers held now, over all classes.
+    pub fn spare_count(&self) -> usize {
+        self.spare.iter().map(ArrayQueue::len).sum()
     }
 }
 
@@ -131,7 +165,7 @@ mod tests {
         let field = b.slice(10..20);
         drop(b);
         assert_eq!(&field[..], &[7u8; 10]);
-        assert!(r.spare.is_empty(), "a slice still shares the buffer");
+        assert_eq!(r.spare_count(), 0, "a slice still shares the buffer");
         drop(field);
         let again = r.take(500).unwrap();
         assert_eq!(again.as_ptr(), ptr, "the buffer is reused");
@@ -142,18 +176,42 @@ mod tests {
     fn bounded_in_count_and_bytes() {
         let r = BodyRecycler::new(3, 4096);
         r.give_back(Vec::with_capacity(8192));
-        assert!(r.spare.is_empty(), "over the budget");
+        assert_eq!(r.spare_count(), 0, "over the budget");
         for _ in 0..5 {
             r.give_back(Vec::with_capacity(100));
         }
-        assert_eq!(r.spare.len(), 3);
+        assert_eq!(r.spare_count(), 3);
         assert!(r.take(200).unwrap().capacity() >= 200, "a spare too small is not handed out");
         assert_eq!(r.held.load(Ordering::Relaxed), 200);
         r.give_back(Vec::with_capacity(3896));
-        assert_eq!(r.spare.len(), 3, "exactly the budget");
+        assert_eq!(r.spare_count(), 3, "exactly the budget");
         r.give_back(Vec::with_capacity(1));
-        assert_eq!(r.spare.len(), 3, "over the budget by one byte");
+        assert_eq!(r.spare_count(), 3, "over the budget by one byte");
         let empty = BodyRecycler::new(1, 0);
         assert!(empty.take(usize::MAX / 2).is_none(), "a failed allocation is reported");
+    }
+
+    /// A small buffer asked for never takes a large spare one (which the next large message
+    /// would then fault in afresh), and a message expected to be large gets the large spare one
+    /// although it asks for its first piece's bytes only.
+    #[test]
+    fn small_takes_leave_large_buffers_to_large_messages() {
+        let r = BodyRecycler::new(4, 80 << 20);
+        let big = Vec::<u8>::with_capacity(64 << 20);
+        let big_ptr = big.as_ptr();
+        r.give_back(big);
+        let small = r.take(64 << 10).unwrap();
+        assert_ne!(small.as_ptr(), big_ptr, "a 64 KiB take took the 64 MiB buffer");
+        assert!(small.capacity() < 1 << 20);
+        let zero = r.take(0).unwrap();
+        assert_ne!(zero.as_ptr(), big_ptr, "an empty take took the 64 MiB buffer");
+        let mid = r.take_for(512 << 10, 2 << 20).unwrap();
+        assert_ne!(mid.as_ptr(), big_ptr, "a 2 MiB message took the 64 MiB buffer");
+        let large = r.take_for(512 << 10, (64 << 20) + 10).unwrap();
+        assert_eq!(large.as_ptr(), big_ptr, "the large message reuses the large buffer");
+        assert_eq!(r.held.load(Ordering::Relaxed), 0);
+        // Without a spare one, only the bytes asked for are allocated.
+        let fresh = r.take_for(512 << 10, 64 << 20).unwrap();
+        assert!(fresh.capacity() < 1 << 20, "{}", fresh.capacity());
     }
 }

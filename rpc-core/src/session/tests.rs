@@ -683,3 +683,51 @@ fn assembly_buffers_are_sized_by_total_len_and_a_hostile_one_allocates_nothing()
     );
     assert_eq!(s.assemblies(), 1, "no buffer for the refused message");
 }
+
+/// Receives one request of `total` bytes on `slot` in pieces of a quarter of the 1 MiB ring.
+fn receive_in_pieces(s: &mut Session, slot: u16, total: u32, at: &mut u32) -> Complete {
+    let mut got = 0;
+    loop {
+        let len = (256 << 10).min(total - got);
+        let h = Header {
+            method: 1,
+            session: 5,
+            slot,
+            generation: 1,
+            in_ring: true,
+            ring_offset: *at,
+            body_len: len,
+            total_len: total,
+            ..Header::new(Kind::Request)
+        };
+        let piece = s.handle_header(&h, std::time::Instant::now).unwrap().ring.unwrap();
+        s.piece_buffer(&piece).extend(std::iter::repeat_n(slot as u8, len as usize));
+        *at = (*at + len) % (1 << 20);
+        got += len;
+        if let Some(done) = s.piece_done(piece).unwrap() {
+            return done;
+        }
+    }
+}
+
+/// The buffers of two largest messages wait as spares once their `Bytes` are dropped (a
+/// pipelined client holds one answer its caller reads and one complete while the next arrives),
+/// and the next two large messages are copied into them: no fresh pages.
+#[test]
+fn two_largest_bodies_come_back_and_are_reused() {
+    let max_message = 4 << 20;
+    let p = SessionParams { max_message, ..params(4, 16, 1 << 20) };
+    let mut s = Session::new(Role::Server, p);
+    let mut at = 0;
+    let a = receive_in_pieces(&mut s, 0, max_message, &mut at);
+    let b = receive_in_pieces(&mut s, 1, max_message, &mut at);
+    let ptrs = [a.body.as_ptr(), b.body.as_ptr()];
+    let (a, b) = (s.body_bytes(a.body), s.body_bytes(b.body));
+    assert_eq!((a[0], b[0]), (0, 1));
+    drop((a, b));
+    assert_eq!(s.spare_bodies().spare_count(), 2, "both large buffers are kept");
+    let c = receive_in_pieces(&mut s, 2, max_message, &mut at);
+    let d = receive_in_pieces(&mut s, 3, max_message, &mut at);
+    assert!(ptrs.contains(&c.body.as_ptr()) && ptrs.contains(&d.body.as_ptr()), "reused");
+    assert_eq!(s.spare_bodies().spare_count(), 0);
+}

@@ -784,6 +784,7 @@ impl<P: Provider> Worker<P> {
     /// ring space allow (a body larger than what the ring has free goes in pieces); what may go
     /// and what is dropped is the session's rule ([`Outbox::front`]).
     fn try_backlog(&mut self, idx: u16) {
+        let tag = self.tag(idx);
         let Some(entry) = self.entries[idx as usize].as_mut() else { return };
         let counters = &mut self.counters;
         let session = entry.session;
@@ -791,6 +792,7 @@ impl<P: Provider> Worker<P> {
         let sent = conn::send_waiting(
             &mut entry.conn,
             &mut entry.backlog,
+            tag,
             |h, status, len| {
                 if h.kind == Kind::Response {
                     counters.rpcs += 1;
@@ -893,6 +895,7 @@ impl<P: Provider> Worker<P> {
     }
 
     fn on_message(&mut self, idx: u16, buf: RecvBuf, invalidated_key: bool) {
+        let tag = self.tag(idx);
         let Some(entry) = self.entries[idx as usize].as_mut() else {
             self.recv.repost(buf);
             return;
@@ -911,28 +914,17 @@ impl<P: Provider> Worker<P> {
                 return;
             }
         };
-        if !entry.backlog.is_empty() {
-            self.try_backlog(idx);
-        }
-        let Some(entry) = self.entries[idx as usize].as_mut() else {
-            self.recv.repost(buf);
-            return;
-        };
         // A ring body is copied out of the ring at once (the peer could rewrite it) and its ring
         // space freed; the request is dispatched when its last piece is in.
-        let (header, body) = match inc.ring {
-            None => (inc.header, Received::Eager(buf)),
+        let in_ring = inc.ring.is_some();
+        let received = match inc.ring {
+            None => Some((inc.header, Received::Eager(buf))),
             Some(piece) => {
                 self.recv.repost(buf);
                 let done = entry.conn.take_piece(piece);
-                // The freed ring space travels back on the answer, or in a RingReturn
-                // (`Session::take_ring_return`).
                 match done {
-                    Ok(Some(c)) => (c.header, Received::Owned(c.body)),
-                    Ok(None) => {
-                        self.mark_dirty(idx);
-                        return;
-                    }
+                    Ok(Some(c)) => Some((c.header, Received::Owned(c.body))),
+                    Ok(None) => None,
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
                         self.close_entry(idx, &reason, true, true);
@@ -941,6 +933,34 @@ impl<P: Provider> Worker<P> {
                 }
             }
         };
+        // The freed ring space travels back on the answer, or in a RingReturn
+        // (`Session::take_ring_return`). In the middle of a message in pieces (no answer comes
+        // yet, and the client's next pieces may wait for the space) one due goes now, before
+        // the answers waiting below copy their pieces: it would otherwise leave behind every
+        // WRITE queued before the end of the batch.
+        if in_ring && received.is_none() && entry.conn.session.take_ring_return() {
+            entry.conn.queue_ring_return();
+            if entry.conn.flush(tag).is_err() {
+                if let Some((_, Received::Eager(b))) = received {
+                    self.recv.repost(b);
+                }
+                self.close_entry(idx, "posting sends failed", false, true);
+                return;
+            }
+        }
+        if !entry.backlog.is_empty() {
+            self.try_backlog(idx);
+        }
+        let Some((header, body)) = received else {
+            self.mark_dirty(idx);
+            return;
+        };
+        if self.entries[idx as usize].is_none() {
+            if let Received::Eager(b) = body {
+                self.recv.repost(b);
+            }
+            return;
+        }
         match header.kind {
             Kind::Request => {
                 self.dispatch(idx, body, header);
