@@ -182,15 +182,7 @@ fn a_waiting_call_whose_deadline_passes_ends_deadline_exceeded_and_is_never_sent
     let held: Vec<_> = (0..2)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
-    wait_until(
-        "the 2 held calls to reach the server",
-        WAIT,
-        || {
-            client.progress();
-            stash.lock().unwrap().len() >= 2
-        },
-        || format!("server {:?}, client {:?}", server.counters(), client.counters()),
-    );
+    wait_stashed("the 2 held calls to reach the server", 2, &stash, &client, &server);
     let late = client.unary_async::<_, EchoMsg>(
         ECHO,
         &request(3, 8, 8),

@@ -24,22 +24,7 @@ fn dropped_futures_reach_the_server_and_their_slots_come_back() {
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
     // Let the handlers run (and stash their responders) before the futures go.
-    wait_until(
-        "the 4 STASH handlers to run",
-        WAIT,
-        || {
-            client.progress();
-            stash.lock().unwrap().len() >= 4
-        },
-        || {
-            format!(
-                "{} stashed; server {:?}, client {:?}",
-                stash.lock().unwrap().len(),
-                server.counters(),
-                client.counters()
-            )
-        },
-    );
+    wait_stashed("the 4 STASH handlers to run", 4, &stash, &client, &server);
     drop(futs);
     assert_eq!(client.counters().cancels, 4, "one Cancel per dropped future");
     for i in 0..12u64 {
@@ -146,22 +131,7 @@ fn dropping_futures_at_the_abandon_cap_never_blocks() {
     let futs: Vec<_> = (0..2u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
-    wait_until(
-        "the 2 STASH handlers to run",
-        WAIT,
-        || {
-            client.progress();
-            stash.lock().unwrap().len() >= 2
-        },
-        || {
-            format!(
-                "{} stashed; server {:?}, client {:?}",
-                stash.lock().unwrap().len(),
-                server.counters(),
-                client.counters()
-            )
-        },
-    );
+    wait_stashed("the 2 STASH handlers to run", 2, &stash, &client, &server);
     // A second client occupies the server's only worker for 2 s.
     let other = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     let slow = other.unary_async::<_, EchoMsg>(SLEEP, &request(9, 0, 2000), &CallOptions::default());

@@ -18,22 +18,7 @@ fn server_killed_with_calls_in_flight_fails_them_all_unavailable() {
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 64, 0), &CallOptions::default()))
         .collect();
     // All ten reached the handler (it keeps their responders and never answers).
-    wait_until(
-        "the 10 STASH calls to reach their handler",
-        WAIT,
-        || {
-            client.progress();
-            stash.lock().unwrap().len() >= 10
-        },
-        || {
-            format!(
-                "{} stashed; server {:?}, client {:?}",
-                stash.lock().unwrap().len(),
-                server.counters(),
-                client.counters()
-            )
-        },
-    );
+    wait_stashed("the 10 STASH calls to reach their handler", 10, &stash, &client, &server);
     server.shutdown();
     for f in futs {
         let err = block_on(f).unwrap_err();

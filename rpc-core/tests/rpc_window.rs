@@ -33,22 +33,7 @@ fn hundred_thousand_rpcs_with_a_window_of_32() {
     let held: Vec<_> = (0..WINDOW as u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
-    wait_until(
-        "the window's 32 calls to reach the server",
-        WAIT,
-        || {
-            client.progress();
-            stash.lock().unwrap().len() >= WINDOW
-        },
-        || {
-            format!(
-                "{} reached it; server {:?}, client {:?}",
-                stash.lock().unwrap().len(),
-                server.counters(),
-                client.counters()
-            )
-        },
-    );
+    wait_stashed("the window's 32 calls to reach the server", WINDOW, &stash, &client, &server);
     let mut extra =
         Box::pin(client.unary_async::<_, EchoMsg>(STASH, &request(99, 8, 0), &CallOptions::default()));
     let extra_done = (0..2000).any(|_| {

@@ -186,6 +186,37 @@ pub fn wait_until_closed(client: &rpc_core::Client) {
     );
 }
 
+/// Progresses `client` until `stash` holds `n` responders (that many STASH calls reached their
+/// handler, which kept them unanswered).
+///
+/// # Panics
+/// When fewer are there after [`WAIT`], naming `what`, with both ends' counters.
+#[track_caller]
+pub fn wait_stashed(
+    what: &str,
+    n: usize,
+    stash: &Mutex<Vec<Responder<EchoMsg>>>,
+    client: &rpc_core::Client,
+    server: &ServerHandle,
+) {
+    wait_until(
+        what,
+        WAIT,
+        || {
+            client.progress();
+            stash.lock().unwrap().len() >= n
+        },
+        || {
+            format!(
+                "{} stashed; server {:?}, client {:?}",
+                stash.lock().unwrap().len(),
+                server.counters(),
+                client.counters()
+            )
+        },
+    );
+}
+
 /// Checks a reply to `request(seq, _, reply_len)`.
 pub fn check_reply(r: &EchoMsg, seq: u64, reply_len: usize) {
     assert_eq!(r.seq, seq, "reply matched to its request");
