@@ -128,11 +128,13 @@ fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees(
     let a = vec![0xaa; len];
     c.write(0, &a, Some(ring_request(c.session, len as u32)));
     // Keep rewriting the range with other bytes while the handler looks at its body.
-    let mut flip = 0u8;
+    // `rewrites` counts them; the byte written is its low 8 bits (a u8 count of its own wrapped,
+    // and in about 1 run in 64 ended at 0..=3 after thousands of rewrites, failing the check below).
+    let mut rewrites = 0u64;
     let give_up = Instant::now() + WAIT;
     let reply = loop {
-        flip = flip.wrapping_add(1);
-        c.write(0, &vec![flip; len], None);
+        rewrites += 1;
+        c.write(0, &vec![rewrites as u8; len], None);
         if let Some((h, body)) = c.poll() {
             break (h, body);
         }
@@ -142,7 +144,7 @@ fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees(
     assert_eq!(reply.0.status, Code::Ok);
     let r = EchoMsg::decode(&reply.1[..]).unwrap();
     assert_eq!(r.seq, 0, "the handler's body changed {} times under it", r.seq);
-    assert!(flip > 3, "the ring was rewritten while the handler ran ({flip} times)");
+    assert!(rewrites > 3, "the ring was rewritten while the handler ran ({rewrites} times)");
     // (What it saw may mix the request's bytes with a rewrite that raced the copy: the peer's
     // own doing. It cannot change afterwards.)
     server.shutdown();
