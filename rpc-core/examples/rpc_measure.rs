@@ -334,15 +334,21 @@ fn main() {
     server.shutdown();
 }
 
-/// `RPC_MEASURE_COUNT=N`: N blocking Echo (32-byte `Vec` body) and N blocking Fixed calls, one
-/// session, both sides `Event { spins: 0 }` (an idle side blocks, so empty polls stay few and steady), for instruction counts per RPC.
-fn count_only(n: usize) {
-    let server = Server::builder()
+/// The server of the counting modes: one worker on core 1 that waits on completion events
+/// (`Event { spins: 0 }`), serving `EchoService`.
+fn counting_server() -> rpc_core::ServerHandle {
+    Server::builder()
         .worker_cores(vec![1])
         .polling(PollingPolicy::Event { spins: 0 })
         .add_service(EchoService)
         .spawn("127.0.0.1:0")
-        .unwrap();
+        .unwrap()
+}
+
+/// `RPC_MEASURE_COUNT=N`: N blocking Echo (32-byte `Vec` body) and N blocking Fixed calls, one
+/// session, both sides `Event { spins: 0 }` (an idle side blocks, so empty polls stay few and steady), for instruction counts per RPC.
+fn count_only(n: usize) {
+    let server = counting_server();
     let cfg = ClientConfig::default().window(32).polling(PollingPolicy::Event { spins: 0 });
     let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
     // RPC_MEASURE_SIZE=N: Echo bodies of N data bytes instead of 30 (e.g. to count the ring path).
@@ -370,12 +376,7 @@ fn chan_count(n: usize, spec: &str) {
         None => (spec.parse::<usize>().unwrap_or(1), 1),
     };
     let poll_spin = std::env::var("RPC_MEASURE_POLL_SPIN").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    let server = Server::builder()
-        .worker_cores(vec![1])
-        .polling(PollingPolicy::Event { spins: 0 })
-        .add_service(EchoService)
-        .spawn("127.0.0.1:0")
-        .unwrap();
+    let server = counting_server();
     let window32 = (tasks * window).clamp(1, 4096) as u16;
     let cfg = rpc_core::ChannelConfig::default()
         .client(ClientConfig::default().window(window32).polling(PollingPolicy::Event { spins: 0 }))
