@@ -490,7 +490,10 @@ fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as
         } else {
             "the holder's HOLD call is still waiting (connect or call)".to_owned()
         };
-        panic!("the worker is not held: {why}; server {:?}", server.counters());
+        let counters = server.counters();
+        // Release a HOLD that arrives now, before the server's drop joins its worker.
+        drop(gate);
+        panic!("the worker is not held: {why}; server {counters:?}");
     }
     let big = 2 << 20;
     rt.block_on(async {
