@@ -384,9 +384,12 @@ fn a_dispatcher_waiting_for_a_completion_event_leaves_the_session_to_callers() {
     let counter = Arc::new(CountingWaker(AtomicUsize::new(0), std::thread::current()));
     let waker = Waker::from(counter.clone());
     let mut cx = Context::from_waker(&waker);
-    // The server answers after 2 s: its task waits, so the dispatcher thread drives for it.
+    // The server would answer after 10 min (the call is dropped first): its task waits all
+    // through the loop, so the dispatcher thread drives for it. (With 2 s, the Soft-RoCE guest at
+    // host load 10 once took longer over the ten rounds: the answer came, no task waited, the
+    // dispatcher stopped its event waits and the next round's wait for them failed.)
     let mut slow =
-        Box::pin(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(1, 0, 2000), &CallOptions::default()));
+        Box::pin(ch.unary::<EchoMsg, EchoMsg>(DEFER, request(1, 0, 600_000), &CallOptions::default()));
     assert!(slow.as_mut().poll(&mut cx).is_pending());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let (mut callers, mut thread) = (0, 0);
