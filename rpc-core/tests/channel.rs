@@ -523,7 +523,9 @@ fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as
         let call = ch.unary::<EchoMsg, EchoMsg>(STASH, request(1, big, 0), &CallOptions::default());
         assert!(tokio::time::timeout(Duration::from_millis(100), call).await.is_err(), "answered");
     });
-    assert_eq!(ch.in_flight(), 0, "a dropped call is no longer in flight");
+    // Released by the next step of a driver (at once on sim; in the Soft-RoCE guest at host load
+    // 10 the dispatcher thread had not stepped yet once in ten runs).
+    assert!(eventually(|| ch.in_flight() == 0), "a dropped call is still in flight: {}", ch.in_flight());
     assert!(stash.lock().unwrap().is_empty(), "the whole request arrived while the worker was held");
     drop(gate);
     holder.join().unwrap().unwrap();
