@@ -54,13 +54,17 @@ fn blocking_bulk_calls_alternate_directions() {
 /// is taken, or freed the space only when its next request carried the news, would stall the
 /// server on the fifth (the deadline is the hang guard). Every body is checked intact after
 /// later ones went through the same ring space.
+///
+/// Both ends' idle probes are off: a Ping or a Pong carries the freed head too, so with them a
+/// client that never returned ring space on its own still passed, each stalled round waiting
+/// for the probe (a third of `peer_timeout`) instead of failing at the deadline.
 #[test]
 fn ring_responses_taken_out_of_order() {
     const SMALL_RING: u32 = 16 * 1024;
-    let (server, _) = spawn(server().eager_threshold(512).ring_bytes(SMALL_RING));
+    let (server, _) = spawn(server().eager_threshold(512).ring_bytes(SMALL_RING).peer_timeout(None));
     let client = Client::connect_with(
         server.local_addr(),
-        &client_config().eager_threshold(512).ring_bytes(SMALL_RING).window(8),
+        &client_config().eager_threshold(512).ring_bytes(SMALL_RING).window(8).peer_timeout(None),
     )
     .unwrap();
     let opts = CallOptions::deadline(std::time::Duration::from_secs(20));
