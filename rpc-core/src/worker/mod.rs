@@ -312,7 +312,10 @@ impl<P: Provider> Worker<P> {
                 let wc = self.wcs[i];
                 self.on_completion(&wc);
             }
-            self.flush_dirty();
+            // Looked at before calling: most empty polls leave nothing to post.
+            if !self.dirty.is_empty() {
+                self.flush_dirty();
+            }
             // Receive buffers go back in batches; all of them once the worker is idle for a while
             // (not at the first empty poll, where the next request may already be landing).
             let threshold = if idle.empty_polls() >= REPOST_IDLE { 1 } else { REPOST_BATCH };
@@ -1072,13 +1075,13 @@ impl<P: Provider> Worker<P> {
                 }
             }
         }
-        let outcome = std::mem::replace(&mut out.outcome, Outcome::Unset);
+        // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
+        let ReplyWriter { outcome, .. } = out;
         let source = ctx.source.take();
         if let Some(src) = source.as_ref().filter(|_| !matches!(outcome, Outcome::Deferred)) {
             // Answered at once: the answer ends the stream, nothing will be read.
             src.cancel();
         }
-        drop(out);
         if let Some(b) = eager_buf {
             recv.repost(b);
         }
@@ -1169,7 +1172,7 @@ impl<P: Provider> Worker<P> {
                     entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(spill(header, Ok(bytes)))
+                Some(spill(header, Ok(*bytes)))
             }
             (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
             (Outcome::Error(s), None) => Some(Waiting::Error(header, s)),
