@@ -81,7 +81,8 @@ enum PendingBody {
     Staged(Staged),
     /// On the heap (larger than the staging area, or an `encoded_len` that lied), its large
     /// `bytes` fields referenced: sent through the ring whole or in pieces as space frees.
-    Heap(GatherBody),
+    /// Boxed: a gather body is 80 bytes, and a body is moved into and out of its slot per call.
+    Heap(Box<GatherBody>),
 }
 
 /// How [`ClientCore::start`] may wait and when it posts.
@@ -436,7 +437,7 @@ impl<P: Provider> ClientCore<P> {
                         "no memory for a request of {len} bytes"
                     )));
                 };
-                break PendingBody::Heap(GatherBody::encode(req, own));
+                break PendingBody::Heap(Box::new(GatherBody::encode(req, own)));
             }
             if !blocking {
                 self.unplaced_stall = stalled;
@@ -517,7 +518,7 @@ impl<P: Provider> ClientCore<P> {
         Some(match self.conn.staging.commit(at, written) {
             Some(s) => PendingBody::Staged(s),
             // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
-            None => PendingBody::Heap(req.encode_to_vec().into()),
+            None => PendingBody::Heap(Box::new(req.encode_to_vec().into())),
         })
     }
 
@@ -542,7 +543,7 @@ impl<P: Provider> ClientCore<P> {
             match body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
                 PendingBody::Staged(body) => self.outbox.push(Waiting::Body(Outgoing::staged(h, body))),
-                PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, body))),
+                PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, *body))),
             }
         }
         if self.conn.session.calls().credit_stalled() {
