@@ -919,15 +919,32 @@ impl<P: Provider> Worker<P> {
         };
         // A ring body is copied out of the ring at once (the peer could rewrite it) and its ring
         // space freed; the request is dispatched when its last piece is in.
-        let in_ring = inc.ring.is_some();
-        let received = match inc.ring {
-            None => Some((inc.header, Received::Eager(buf))),
+        let (header, body) = match inc.ring {
+            None => (inc.header, Received::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                let done = entry.conn.take_piece(piece);
-                match done {
-                    Ok(Some(c)) => Some((c.header, Received::Owned(c.body))),
-                    Ok(None) => None,
+                match entry.conn.take_piece(piece) {
+                    Ok(Some(c)) => (c.header, Received::Owned(c.body)),
+                    Ok(None) => {
+                        // The freed ring space travels back on the answer, or in a RingReturn
+                        // (`Session::take_ring_return`). In the middle of a message in pieces (no
+                        // answer comes yet, and the client's next pieces may wait for the space)
+                        // one due goes now, before the answers waiting below copy their pieces:
+                        // it would otherwise leave behind every WRITE queued before the end of
+                        // the batch.
+                        if entry.conn.session.take_ring_return() {
+                            entry.conn.queue_ring_return();
+                            if entry.conn.flush(tag).is_err() {
+                                self.close_entry(idx, "posting sends failed", false, true);
+                                return;
+                            }
+                        }
+                        if !entry.backlog.is_empty() {
+                            self.try_backlog(idx);
+                        }
+                        self.mark_dirty(idx);
+                        return;
+                    }
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
                         self.close_entry(idx, &reason, true, true);
@@ -936,28 +953,9 @@ impl<P: Provider> Worker<P> {
                 }
             }
         };
-        // The freed ring space travels back on the answer, or in a RingReturn
-        // (`Session::take_ring_return`). In the middle of a message in pieces (no answer comes
-        // yet, and the client's next pieces may wait for the space) one due goes now, before
-        // the answers waiting below copy their pieces: it would otherwise leave behind every
-        // WRITE queued before the end of the batch.
-        if in_ring && received.is_none() && entry.conn.session.take_ring_return() {
-            entry.conn.queue_ring_return();
-            if entry.conn.flush(tag).is_err() {
-                if let Some((_, Received::Eager(b))) = received {
-                    self.recv.repost(b);
-                }
-                self.close_entry(idx, "posting sends failed", false, true);
-                return;
-            }
-        }
         if !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
-        let Some((header, body)) = received else {
-            self.mark_dirty(idx);
-            return;
-        };
         if self.entries[idx as usize].is_none() {
             if let Received::Eager(b) = body {
                 self.recv.repost(b);
