@@ -509,3 +509,78 @@ fn a_deadline_passing_while_a_client_batch_is_open_gives_its_buffer_back() {
     fake.join().unwrap();
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
+
+/// A server that keeps streaming past the stream's deadline (a correct server's own timer would
+/// have ended it; this fake one never does, and sends a message for every credit the client
+/// grants): the client ends the stream DEADLINE_EXCEEDED at its deadline all the same, with
+/// messages still arriving. Before, the client looked at the deadline only when no message was
+/// waiting, so such a stream never ended (found by sabotage: with the server's timers off, the
+/// deadline test ran forever).
+#[test]
+fn a_server_streaming_past_the_deadline_is_ended_by_the_client() {
+    let (addr, fake) = fake_server(|c| {
+        let Some(req) = first_request(c) else { return };
+        let body = prost::Message::encode_to_vec(&request(1, 8, 0));
+        let len = body.len() as u32;
+        let (mut credits, mut taken) = (u32::from(req.credits), 0u32);
+        let until = Instant::now() + WAIT;
+        while Instant::now() < until && !c.dead {
+            // The client's stream credits taken, reported on every header (they hold its credits).
+            let msg = Header {
+                body_len: len,
+                total_len: len,
+                stream_taken: taken,
+                ..header_for(req, Kind::StreamMsg)
+            };
+            while credits > 0
+                && c.pool.acquire_for(&c.sq).is_some_and(|b| {
+                    c.pool.give_back(b);
+                    true
+                })
+            {
+                c.send(msg, &body);
+                credits -= 1;
+            }
+            match c.poll() {
+                Some((h, _)) if h.kind == Kind::StreamCredit => {
+                    credits += u32::from(h.credits);
+                    taken += 1;
+                }
+                Some((h, _)) if h.kind == Kind::Cancel => {
+                    let answer = Header {
+                        status: rpc_core::Code::Cancelled,
+                        method: 0,
+                        ..header_for(h, Kind::Response)
+                    };
+                    c.send(Header { stream_taken: taken, ..answer }, &[]);
+                    c.send(Header { stream_taken: taken, ..header_for(h, Kind::CancelAck) }, &[]);
+                    return;
+                }
+                _ => std::thread::yield_now(),
+            }
+        }
+    });
+    let client = Client::connect_with(addr, &client_config()).unwrap();
+    let opts = CallOptions::deadline(Duration::from_millis(300));
+    let mut s = client.server_stream::<EchoMsg, EchoMsg>(ECHO, &request(0, 0, 0), &opts).unwrap();
+    let (start, mut got) = (Instant::now(), 0u64);
+    let end = loop {
+        match s.message() {
+            Ok(Some(m)) => {
+                assert_eq!(m.seq, 1);
+                got += 1;
+                // A slow reader: the next messages are already waiting when it looks again.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) => panic!("a clean end the server never sent"),
+            Err(e) => break e,
+        }
+        assert!(start.elapsed() < WAIT, "the stream went on past its deadline: {got} messages");
+    };
+    eprintln!("ended after {:?} and {got} messages: {end}", start.elapsed());
+    assert_eq!(end.code(), rpc_core::Code::DeadlineExceeded, "{end}");
+    assert!(got > 0, "messages arrived before the deadline");
+    drop(s);
+    drop(client);
+    fake.join().unwrap();
+}

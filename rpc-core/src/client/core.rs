@@ -1110,6 +1110,16 @@ impl<P: Provider> ClientCore<P> {
         &mut self,
         id: CallId,
     ) -> Option<Result<Option<R>, Status>> {
+        // The deadline first, also while messages keep coming: a server that streams on past
+        // it (its own timer should have ended the stream) does not keep the stream alive. One
+        // clock read per message, for streams with a deadline only.
+        if let Some(d) = id.deadline {
+            if Instant::now() >= d {
+                self.abandon_stream(id);
+                self.counters.status(Code::DeadlineExceeded);
+                return Some(Err(Status::deadline_exceeded("the stream's deadline passed before its end")));
+            }
+        }
         for round in 0..2 {
             if let Some(r) = self.next_stream_msg::<R>(id) {
                 self.flush();
@@ -1126,13 +1136,6 @@ impl<P: Provider> ClientCore<P> {
                     self.note_empty();
                     break;
                 }
-            }
-        }
-        if let Some(d) = id.deadline {
-            if Instant::now() >= d {
-                self.abandon_stream(id);
-                self.counters.status(Code::DeadlineExceeded);
-                return Some(Err(Status::deadline_exceeded("the stream's deadline passed before its end")));
             }
         }
         None
