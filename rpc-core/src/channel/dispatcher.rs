@@ -314,7 +314,7 @@ impl Inner {
             // session while calls are in flight, takes it over after [`WATCH`] without a
             // caller's drive. No unpark (a system call and a thread switch on the caller's core)
             // per call.
-            self.owed.store(true, Ordering::SeqCst);
+            self.owed.store(true, Ordering::Release);
         } else if calls || owes {
             // Nobody will come back for it: with no call in flight, messages still to post
             // (a dropped call's Cancel) are no task's to drive.
@@ -445,6 +445,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 passive: 0,
                 wakers: Vec::new(),
                 finished: Vec::new(),
+                answered: Vec::new(),
                 changes_seen: 0,
                 delivered: 0,
                 empty: 0,
@@ -479,8 +480,11 @@ pub(crate) struct Driver {
     passive: usize,
     /// Wakers of the tasks whose calls finished in this hold of the session.
     wakers: Vec<Waker>,
-    /// Calls finished in this step, handed over once the count in flight is published.
+    /// Streams finished in this step, handed over once the count in flight is published.
     finished: Vec<Arc<dyn Job>>,
+    /// Unary calls answered (or expired: `true`) in this step, their answers taken from the
+    /// session and handed over once the count in flight is published.
+    answered: Vec<(InFlight, bool)>,
     changes_seen: u64,
     /// Calls handed to their tasks since the holder took the session.
     delivered: usize,
@@ -577,7 +581,7 @@ impl Driver {
         if n > 0 {
             let started = (self.in_flight.len() - before) as u64;
             let by = if by_caller { &inner.started_by_callers } else { &inner.started_by_thread };
-            by.fetch_add(started, Ordering::Relaxed);
+            bump_held(by, started);
             bump_held(&inner.stats.in_flight_at_start, at_start);
             // The doorbell for the batch rings in the progress step that follows.
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
@@ -592,14 +596,17 @@ impl Driver {
     ///
     /// Without `full` (completions came, no future was dropped, no look at deadlines due), a
     /// unary call is looked at only when its slot has its answer (a compare, no call through
-    /// the job): the scan costs a few ns per call in flight, not two virtual calls.
+    /// the job): the scan costs a few ns per call in flight, not two virtual calls. A unary
+    /// call's answer stays in the session until the count is published; then one call through
+    /// its job decodes it and hands it over (one lock of the call's state).
     fn finish_calls(&mut self, inner: &Inner, full: bool) -> usize {
         let mut n = 0;
         let mut now = None;
         let mut i = 0;
         while i < self.in_flight.len() {
             let f = &self.in_flight[i];
-            if !full && f.unary && !with_any_core!(&self.core, c => c.is_answered(f.id)) {
+            let answered = f.unary && with_any_core!(&self.core, c => c.is_answered(f.id));
+            if !full && f.unary && !answered {
                 i += 1;
                 continue;
             }
@@ -612,9 +619,17 @@ impl Driver {
                 let f = self.in_flight.swap_remove(i);
                 self.passive -= usize::from(!f.unary);
                 n += 1;
+            } else if f.unary {
+                if answered || expired {
+                    let f = self.in_flight.swap_remove(i);
+                    self.answered.push((f, expired));
+                    n += 1;
+                } else {
+                    i += 1;
+                }
             } else if job.try_finish(&mut self.core, *id, expired) {
                 let f = self.in_flight.swap_remove(i);
-                self.passive -= usize::from(!f.unary);
+                self.passive -= 1;
                 self.finished.push(f.job);
                 n += 1;
             } else {
@@ -624,7 +639,10 @@ impl Driver {
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
-            self.delivered += self.finished.len();
+            self.delivered += self.finished.len() + self.answered.len();
+            for (f, expired) in self.answered.drain(..) {
+                f.job.finish(&mut self.core, f.id, expired, &mut self.wakers);
+            }
             for job in self.finished.drain(..) {
                 job.release(&mut self.wakers);
             }
@@ -743,7 +761,7 @@ impl Dispatcher {
             if (woke || contended || !needed) && !unowned {
                 // The tasks just woken drive it when polled (each poll of a call takes the
                 // session if it is owed); they want us back if they leave work.
-                inner.owed.store(true, Ordering::SeqCst);
+                inner.owed.store(true, Ordering::Release);
                 return;
             }
             if work > 0 {

@@ -281,23 +281,17 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
+        let n = self.shared.dispatchers.len();
+        let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
+        let timeout = opts.timeout();
         let job = Arc::new(UnaryJob {
             method: id,
-            timeout: opts.timeout(),
+            timeout,
             request: Mutex::new(Some(req)),
             done: Completion::new(),
         });
-        let n = self.shared.dispatchers.len();
-        let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         let submit: Arc<dyn Job> = job.clone();
-        let mut call = UnaryCall {
-            done: job,
-            submit: Some(submit),
-            shared: self.shared.clone(),
-            dispatcher,
-            taken: false,
-            waiting: false,
-        };
+        let mut call = UnaryCall::new(job, Some(submit), self.shared.clone(), dispatcher);
         call.try_queue();
         call
     }
@@ -412,9 +406,21 @@ pub struct UnaryCall<Resp> {
     /// Counted in the dispatcher's `waiters`: the last poll returned `Pending` with the waker
     /// registered.
     waiting: bool,
+    /// The completion may hold this task's waker (a poll returned `Pending` after registering
+    /// it): the next poll that drives forgets it first.
+    registered: bool,
 }
 
 impl<Resp> UnaryCall<Resp> {
+    fn new(
+        done: Arc<dyn Outcome<Resp>>,
+        submit: Option<Arc<dyn Job>>,
+        shared: Arc<Shared>,
+        dispatcher: usize,
+    ) -> UnaryCall<Resp> {
+        UnaryCall { done, submit, shared, dispatcher, taken: false, waiting: false, registered: false }
+    }
+
     /// Counts the call among the dispatcher's waiters (before it hands anything to the
     /// dispatcher thread, which drives only while some task waits).
     fn wait(&mut self) {
@@ -473,7 +479,9 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         // From here until the waker is registered again, we poll for ourselves: a completion
         // meanwhile must not wake this task (nothing wakes itself).
-        done.unregister();
+        if std::mem::take(&mut this.registered) {
+            done.unregister();
+        }
         let is_done = || done.is_done();
         // Read only when another thread holds the session (no clock read per poll otherwise).
         let mut started: Option<Instant> = None;
@@ -518,6 +526,7 @@ impl<Resp> Future for UnaryCall<Resp> {
             }
             Poll::Pending => {
                 wait(waiting, d);
+                this.registered = true;
                 Poll::Pending
             }
         }
