@@ -38,6 +38,11 @@ impl<T> Completion<T> {
         Completion { state: AtomicU8::new(PENDING), slot: Mutex::new(Slot { result: None, waker: None }) }
     }
 
+    /// A completion that has its result already (a call that failed before it started).
+    pub(crate) fn ready(value: T) -> Completion<T> {
+        Completion { state: AtomicU8::new(DONE), slot: Mutex::new(Slot { result: Some(value), waker: None }) }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Slot<T>> {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -158,7 +163,8 @@ pub(crate) trait Job: Send + Sync {
     }
 }
 
-/// A unary call: method, request (until the dispatcher encodes it) and the completion.
+/// A unary call: method, request (until the dispatcher encodes it; `None` for a call its
+/// caller started at once) and the completion.
 pub(crate) struct UnaryJob<Req, Resp> {
     pub(crate) method: MethodId,
     pub(crate) timeout: Option<std::time::Duration>,

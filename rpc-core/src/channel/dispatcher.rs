@@ -4,8 +4,9 @@
 //!
 //! Whoever holds the session drives it ([`Driver::step`]): takes queued calls while the session
 //! has slots (each request is encoded straight into the session's registered memory) → one
-//! doorbell for the batch → polls the CQ → hands finished calls to their tasks → releases
-//! cancelled ones. A caller's poll drives it when it is free (see [`super::UnaryCall`]), so a
+//! doorbell for the batch (and for calls their callers started at once, [`Inner::start_now`])
+//! → polls the CQ → hands finished calls to their tasks → releases cancelled ones. A caller's
+//! poll drives it when it is free (see [`super::UnaryCall`]), so a
 //! call can go out and come back on the caller's own thread with no hop between threads. A
 //! driver that leaves with calls queued or in flight either finished other tasks' calls (woken
 //! now, or queued to run since an earlier wake), or its own call is
@@ -41,11 +42,13 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
+use prost::Message;
 
 use super::call::{Completion, Job};
-use crate::client::core::{CallId, ClientCore};
+use crate::client::core::{CallId, ClientCore, StartMode};
 use crate::client::ClientConfig;
 use crate::config::{PollingPolicy, EVENT_WAIT};
+use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
@@ -222,6 +225,39 @@ impl Inner {
     /// call back when the queue is full.
     pub(crate) fn submit(&self, job: Arc<dyn Job>) -> Result<(), Arc<dyn Job>> {
         self.queue.push(job)
+    }
+
+    /// Starts a unary call at once, when nothing is queued (calls keep their order) and the
+    /// session is free with a slot and room for the request: encodes it straight into the
+    /// session's registered memory (it goes out with the next step of whoever drives, which
+    /// rings one doorbell for all calls started since). `make` builds the call's job (with the
+    /// status when the start failed: the call ends with it). `None`: the call is to be queued.
+    pub(crate) fn start_now<M: Message, J: Job + 'static>(
+        &self,
+        method: MethodId,
+        req: &M,
+        timeout: Option<Duration>,
+        make: impl FnOnce(Option<Status>) -> Arc<J>,
+    ) -> Option<Arc<J>> {
+        if !self.queue.is_empty() {
+            return None;
+        }
+        let mut g = self.try_session()?;
+        let d = g.as_mut().expect("checked by try_session");
+        let deadline = timeout.map(|t| Instant::now() + t);
+        match with_any_core!(&mut d.core, c => c.start(method, req, deadline, StartMode::NoWait)) {
+            Ok(Some(id)) => {
+                let job = make(None);
+                let at_start = d.in_flight.len() as u64 + 1;
+                d.in_flight.push(InFlight { id, job: job.clone(), unary: true });
+                bump_held(&self.started_by_callers, 1);
+                bump_held(&self.stats.in_flight_at_start, at_start);
+                self.in_flight.store(d.in_flight.len(), Ordering::Release);
+                Some(job)
+            }
+            Ok(None) => None,
+            Err(s) => Some(make(Some(s))),
+        }
     }
 
     /// Unparks the dispatcher thread when it sleeps.

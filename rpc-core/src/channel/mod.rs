@@ -4,10 +4,12 @@
 //! multi-thread runtime (tokio or another) may call through one handle at once, with calls from
 //! all of them pipelined on the same sessions. Kernel bypass stays: behind the handle, each
 //! dispatcher ([`ChannelConfig::dispatchers`], its thread optionally pinned) has a session to the
-//! server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call goes to a dispatcher
-//! through a bounded lock-free queue. Whoever holds the dispatcher's session drives it: the poll
-//! of a call, when the session is free, takes the queued calls, encodes each request straight
-//! into the session's registered memory (one encoding, no heap copy), rings one doorbell, polls
+//! server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call made while its
+//! dispatcher's session is free starts there and then: its request is encoded straight into the
+//! session's registered memory (one encoding, no heap copy) in the caller's thread; otherwise it
+//! goes to the dispatcher through a bounded lock-free queue. Whoever holds the dispatcher's
+//! session drives it: the poll of a call, when the session is free, takes the queued calls,
+//! encodes each request the same way, rings one doorbell for all calls started since, polls
 //! the CQ and hands finished calls to their tasks ("combining": the call goes out and its answer
 //! comes back on the caller's own thread, no hop between threads); otherwise the dispatcher's
 //! thread does. A completion wakes exactly the task that waits for it (nothing wakes itself). A
@@ -268,10 +270,12 @@ impl Channel {
         Ok((Channel { shared: Arc::new(Shared { dispatchers, next: AtomicUsize::new(0) }) }, pending))
     }
 
-    /// A unary call: the future resolves to the response. The request is queued to a dispatcher
-    /// at once; whoever drives its session next (this call's poll, another call's, or the
-    /// dispatcher thread) encodes it into registered memory and sends it. Dropping the future
-    /// cancels the call (its slot is released; a late answer is discarded).
+    /// A unary call: the future resolves to the response. The request is encoded into the
+    /// dispatcher's registered memory at once when its session is free (nothing queued, a slot
+    /// and room free), or else queued to the dispatcher, and then encoded by whoever drives its
+    /// session next (this call's poll, another call's, or the dispatcher thread); it is sent
+    /// with the next step of whoever drives. Dropping the future cancels the call (its slot is
+    /// released; a late answer is discarded).
     ///
     /// The future is `Send + 'static` and resolves with the server's status, DEADLINE_EXCEEDED
     /// after `opts`' deadline, UNAVAILABLE when the session is gone (or the channel was dropped
@@ -283,7 +287,20 @@ impl Channel {
     {
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
+        let d = &*self.shared.dispatchers[dispatcher];
         let timeout = opts.timeout();
+        // With the session free, the call starts here (no queue, nothing kept of the request).
+        let make = |failed: Option<Status>| {
+            Arc::new(UnaryJob {
+                method: id,
+                timeout,
+                request: Mutex::new(None::<Req>),
+                done: failed.map_or_else(Completion::new, |s| Completion::ready(Err(s))),
+            })
+        };
+        if let Some(job) = d.start_now(id, &req, timeout, make) {
+            return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
+        }
         let job = Arc::new(UnaryJob {
             method: id,
             timeout,
