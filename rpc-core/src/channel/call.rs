@@ -1,8 +1,10 @@
 //! One call between a task and a dispatcher: the request until the dispatcher encodes it, the
 //! result until the task takes it, and the waker of the task that waits.
 
+use std::any::Any;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use prost::Message;
@@ -38,9 +40,12 @@ impl<T> Completion<T> {
         Completion { state: AtomicU8::new(PENDING), slot: Mutex::new(Slot { result: None, waker: None }) }
     }
 
-    /// A completion that has its result already (a call that failed before it started).
-    pub(crate) fn ready(value: T) -> Completion<T> {
-        Completion { state: AtomicU8::new(DONE), slot: Mutex::new(Slot { result: Some(value), waker: None }) }
+    /// Back to its state when new (its owner is the only one left: no atomic operation).
+    pub(crate) fn reset(&mut self) {
+        *self.state.get_mut() = PENDING;
+        let slot = self.slot.get_mut().unwrap_or_else(|e| e.into_inner());
+        slot.result = None;
+        slot.waker = None;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Slot<T>> {
@@ -163,13 +168,61 @@ pub(crate) trait Job: Send + Sync {
     }
 }
 
-/// A unary call: method, request (until the dispatcher encodes it; `None` for a call its
-/// caller started at once) and the completion.
+/// A unary call: its request (until the dispatcher encodes it; `None` for a call its caller
+/// started at once) and its completion. Reused by the next call of the same types made on the
+/// thread that dropped it (see [`UnaryJob::new_or_spare`], [`UnaryJob::recycle`]).
 pub(crate) struct UnaryJob<Req, Resp> {
+    pub(crate) request: Mutex<Option<Queued<Req>>>,
+    pub(crate) done: Completion<Result<Resp, Status>>,
+}
+
+/// A queued call's request, until a driver encodes it.
+pub(crate) struct Queued<Req> {
     pub(crate) method: MethodId,
     pub(crate) timeout: Option<std::time::Duration>,
-    pub(crate) request: Mutex<Option<Req>>,
-    pub(crate) done: Completion<Result<Resp, Status>>,
+    pub(crate) req: Req,
+}
+
+/// Finished unary calls' states kept per thread for reuse, at most this many.
+const SPARE_CALLS: usize = 64;
+
+thread_local! {
+    /// States of finished unary calls dropped on this thread, each no longer referenced by
+    /// anyone else (so no stale waker, driver or task can touch one after its reuse), reset.
+    static SPARE: RefCell<Vec<Arc<dyn Any + Send + Sync>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl<Req, Resp> UnaryJob<Req, Resp>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+{
+    /// A fresh call state: the last one this thread gave back when its types match (no
+    /// allocation, no atomic operation), else a new one.
+    pub(crate) fn new_or_spare() -> Arc<UnaryJob<Req, Resp>> {
+        let spare = SPARE.with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            // Another type's: left for its own next call.
+            s.pop()?.downcast::<UnaryJob<Req, Resp>>().map_err(|other| s.push(other)).ok()
+        });
+        spare.unwrap_or_else(|| Arc::new(UnaryJob { request: Mutex::new(None), done: Completion::new() }))
+    }
+
+    /// Keeps `job` for the next call of these types made on this thread, if nobody else holds it
+    /// (a driver still does while it hands the call over; then it is just dropped).
+    pub(crate) fn recycle(mut job: Arc<UnaryJob<Req, Resp>>) {
+        let Some(j) = Arc::get_mut(&mut job) else { return };
+        j.done.reset();
+        *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        let job: Arc<dyn Any + Send + Sync> = job;
+        SPARE.with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                if s.len() < SPARE_CALLS {
+                    s.push(job);
+                }
+            }
+        });
+    }
 }
 
 impl<Req, Resp> Job for UnaryJob<Req, Resp>
@@ -178,13 +231,13 @@ where
     Resp: Message + Default + Send + 'static,
 {
     fn start(&self, core: &mut AnyCore) -> Result<CallId, Status> {
-        let Some(req) = self.request.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        let Some(q) = self.request.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Err(Status::internal("call started twice"));
         };
         // Queued calls share one doorbell: the dispatcher flushes after taking a batch.
-        let deadline = self.timeout.map(|t| std::time::Instant::now() + t);
+        let deadline = q.timeout.map(|t| std::time::Instant::now() + t);
         let mode = crate::client::core::StartMode::Batched;
-        with_any_core!(core, c => c.start(self.method, &req, deadline, mode))?
+        with_any_core!(core, c => c.start(q.method, &q.req, deadline, mode))?
             .ok_or_else(|| Status::internal("no free slot for a started call"))
     }
 

@@ -32,7 +32,7 @@ use std::future::Future;
 use std::net::ToSocketAddrs;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ use crate::client::{CallOptions, ClientConfig};
 use crate::config::PollingPolicy;
 use crate::dispatch::service::MethodId;
 use crate::status::Status;
-use call::{Completion, Job, UnaryJob};
+use call::{Completion, Job, Queued, UnaryJob};
 use dispatcher::Inner;
 pub use stream::{ClientStreamCall, StreamReceiver, StreamSender, STREAM_QUEUE};
 
@@ -291,22 +291,21 @@ impl Channel {
         let timeout = opts.timeout();
         // With the session free, the call starts here (no queue, nothing kept of the request).
         let make = |failed: Option<Status>| {
-            Arc::new(UnaryJob {
-                method: id,
-                timeout,
-                request: Mutex::new(None::<Req>),
-                done: failed.map_or_else(Completion::new, |s| Completion::ready(Err(s))),
-            })
+            let job = UnaryJob::<Req, Resp>::new_or_spare();
+            if let Some(s) = failed {
+                job.done.complete(Err(s));
+            }
+            job
         };
         if let Some(job) = d.start_now(id, &req, timeout, make) {
             return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
         }
-        let job = Arc::new(UnaryJob {
-            method: id,
-            timeout,
-            request: Mutex::new(Some(req)),
-            done: Completion::new(),
-        });
+        let mut job = UnaryJob::<Req, Resp>::new_or_spare();
+        let q = Queued { method: id, timeout, req };
+        match Arc::get_mut(&mut job) {
+            Some(j) => *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(q),
+            None => *job.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(q),
+        }
         let submit: Arc<dyn Job> = job.clone();
         let mut call = UnaryCall::new(job, Some(submit), self.shared.clone(), dispatcher);
         call.try_queue();
@@ -402,18 +401,24 @@ pub struct ChannelStats {
 /// The result side of a call, whatever its request type.
 trait Outcome<Resp>: Send + Sync {
     fn done(&self) -> &Completion<Result<Resp, Status>>;
+    /// The call is over: its state is kept for reuse if nobody else holds it.
+    fn give_back(self: Arc<Self>);
 }
 
-impl<Req: Send, Resp: Send> Outcome<Resp> for UnaryJob<Req, Resp> {
+impl<Req: Send + 'static, Resp: Send + 'static> Outcome<Resp> for UnaryJob<Req, Resp> {
     fn done(&self) -> &Completion<Result<Resp, Status>> {
         &self.done
+    }
+    fn give_back(self: Arc<Self>) {
+        UnaryJob::recycle(self);
     }
 }
 
 /// The future of a [`Channel::unary`] call: `Send + 'static`; dropping it cancels the call.
 #[must_use = "a call does nothing useful unless awaited, and dropping it cancels the call"]
 pub struct UnaryCall<Resp> {
-    done: Arc<dyn Outcome<Resp>>,
+    /// The call's state (`None` once dropped: given back for reuse).
+    done: Option<Arc<dyn Outcome<Resp>>>,
     /// The call until a dispatcher's queue took it (it was full).
     submit: Option<Arc<dyn Job>>,
     shared: Arc<Shared>,
@@ -435,7 +440,15 @@ impl<Resp> UnaryCall<Resp> {
         shared: Arc<Shared>,
         dispatcher: usize,
     ) -> UnaryCall<Resp> {
-        UnaryCall { done, submit, shared, dispatcher, taken: false, waiting: false, registered: false }
+        UnaryCall {
+            done: Some(done),
+            submit,
+            shared,
+            dispatcher,
+            taken: false,
+            waiting: false,
+            registered: false,
+        }
     }
 
     /// Counts the call among the dispatcher's waiters (before it hands anything to the
@@ -487,7 +500,7 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         // Disjoint borrows of the fields (no clone of the shared handles per poll).
         let d = &*this.shared.dispatchers[this.dispatcher];
-        let done = this.done.done();
+        let Some(done) = this.done.as_deref().map(|o| o.done()) else { return ready(None) };
         let waiting = &mut this.waiting;
         if let Some(r) = done.try_take() {
             coop.made_progress();
@@ -579,8 +592,9 @@ fn ready<Resp>(r: Option<Result<Resp, Status>>) -> Poll<Result<Resp, Status>> {
 impl<Resp> Drop for UnaryCall<Resp> {
     fn drop(&mut self) {
         self.unwait();
+        let Some(done) = self.done.take() else { return };
         let d = &*self.shared.dispatchers[self.dispatcher];
-        if self.done.done().cancel() {
+        if done.done().cancel() {
             d.changes.fetch_add(1, Ordering::AcqRel);
             // The Cancel goes out (and the slot comes back) with the next step of a driver.
             d.drive_or_hand_off(Duration::ZERO, &|| true);
@@ -588,12 +602,16 @@ impl<Resp> Drop for UnaryCall<Resp> {
             // Woken and dropped unpolled: the session was left to us.
             d.drive_or_hand_off(d.poll_spin, &|| false);
         }
+        self.submit = None;
+        done.give_back();
     }
 }
 
 impl<Resp> std::fmt::Debug for UnaryCall<Resp> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UnaryCall").field("done", &self.done.done().is_done()).finish()
+        f.debug_struct("UnaryCall")
+            .field("done", &self.done.as_ref().is_some_and(|o| o.done().is_done()))
+            .finish()
     }
 }
 
