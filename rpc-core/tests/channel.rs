@@ -396,6 +396,44 @@ fn a_call_made_on_a_free_session_starts_before_its_first_poll() {
     server.shutdown();
 }
 
+thread_local! {
+    /// A call kept by a thread until its end (see the test below).
+    static KEPT: std::cell::RefCell<Vec<rpc_core::UnaryCall<EchoMsg>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A call dropped while its thread's locals are torn down (a future kept in a thread local) is
+/// cancelled like any other, without touching the channel's own thread locals, which may be gone
+/// by then (that would abort the process).
+#[test]
+fn a_call_dropped_at_its_threads_teardown_is_cancelled_cleanly() {
+    let (server, stash) = spawn(server());
+    let ch = Channel::connect_blocking(server.local_addr(), &channel_config("chan-tls")).unwrap();
+    let c = ch.clone();
+    std::thread::spawn(move || {
+        // Registered first, so torn down after the locals the calls below use.
+        KEPT.with(|_| {});
+        let opts = CallOptions::default();
+        // One finished (its state kept for reuse), one in flight (its drop cancels it).
+        let done = c.unary::<EchoMsg, EchoMsg>(ECHO, request(1, 8, 8), &opts);
+        check_reply(&block_on(done).unwrap(), 1, 8);
+        let finished = c.unary::<EchoMsg, EchoMsg>(ECHO, request(2, 8, 8), &opts);
+        let mut finished = Box::pin(finished);
+        let until = Instant::now() + WAIT;
+        while finished.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
+            assert!(Instant::now() < until, "no answer");
+        }
+        KEPT.with(|k| k.borrow_mut().push(c.unary::<EchoMsg, EchoMsg>(STASH, request(3, 8, 8), &opts)));
+        let last = c.unary::<EchoMsg, EchoMsg>(ECHO, request(4, 8, 8), &opts);
+        KEPT.with(|k| k.borrow_mut().push(last));
+    })
+    .join()
+    .expect("the thread ended cleanly");
+    assert!(eventually(|| ch.in_flight() == 0), "{} calls still in flight", ch.in_flight());
+    drop(stash);
+    drop(ch);
+    server.shutdown();
+}
+
 #[test]
 fn a_dispatcher_waiting_for_a_completion_event_leaves_the_session_to_callers() {
     let (server, _) = spawn(server());

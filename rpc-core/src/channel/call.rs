@@ -200,11 +200,15 @@ where
     /// A fresh call state: the last one this thread gave back when its types match (no
     /// allocation, no atomic operation), else a new one.
     pub(crate) fn new_or_spare() -> Arc<UnaryJob<Req, Resp>> {
-        let spare = SPARE.with(|s| {
-            let mut s = s.try_borrow_mut().ok()?;
-            // Another type's: left for its own next call.
-            s.pop()?.downcast::<UnaryJob<Req, Resp>>().map_err(|other| s.push(other)).ok()
-        });
+        // (Not during the thread's teardown, when its locals may be gone.)
+        let spare = SPARE
+            .try_with(|s| {
+                let mut s = s.try_borrow_mut().ok()?;
+                // Another type's: left for its own next call.
+                s.pop()?.downcast::<UnaryJob<Req, Resp>>().map_err(|other| s.push(other)).ok()
+            })
+            .ok()
+            .flatten();
         spare.unwrap_or_else(|| Arc::new(UnaryJob { request: Mutex::new(None), done: Completion::new() }))
     }
 
@@ -215,7 +219,7 @@ where
         j.done.reset();
         *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
         let job: Arc<dyn Any + Send + Sync> = job;
-        SPARE.with(|s| {
+        let _ = SPARE.try_with(|s| {
             if let Ok(mut s) = s.try_borrow_mut() {
                 if s.len() < SPARE_CALLS {
                     s.push(job);

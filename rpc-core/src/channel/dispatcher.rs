@@ -411,7 +411,8 @@ fn wake_all(mut batch: Vec<Waker>) {
     for w in batch.drain(..) {
         w.wake();
     }
-    WAKE_BATCH.with(|b| {
+    // (Not during the thread's teardown, when its locals may be gone: a call dropped then.)
+    let _ = WAKE_BATCH.try_with(|b| {
         if let Ok(mut b) = b.try_borrow_mut() {
             if b.capacity() < batch.capacity() {
                 *b = batch;
@@ -586,8 +587,9 @@ impl Driver {
 
     /// The wakers collected, to be woken once the session is let go.
     fn take_wakers(&mut self) -> Vec<Waker> {
-        let spare =
-            WAKE_BATCH.with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default());
+        let spare = WAKE_BATCH
+            .try_with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default());
+        let spare = spare.unwrap_or_default();
         std::mem::replace(&mut self.wakers, spare)
     }
 
