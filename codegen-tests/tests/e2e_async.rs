@@ -1,6 +1,6 @@
 //! Generated async server traits and the channel stubs, end to end on `sim`: async handlers on a
-//! runtime the test gives (or the one the library builds), deadlines and client cancels that drop
-//! the handler's future, panics, and the same service called through the per-thread `Client` stub and through
+//! runtime the test gives (or the one the library builds), deadlines and client cancels (a
+//! dropped future, `select!`, no deadline) that drop the handler's future, panics, and the same service called through the per-thread `Client` stub and through
 //! a `Channel` shared by many tasks.
 
 use std::sync::atomic::Ordering;
@@ -123,6 +123,87 @@ fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal() {
     assert!(e.message().contains("panicked"), "{e}");
     // The service still answers.
     assert_eq!(client.get(&ask("after", 0)).unwrap().value, "value of after");
+    server.shutdown();
+}
+
+/// Waits (up to a minute, a hang guard) until `cond` holds, then asserts it, naming `what` and
+/// what `state` says then.
+#[track_caller]
+fn eventually(what: &str, mut cond: impl FnMut() -> bool, state: impl Fn() -> String) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !cond() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(cond(), "gave up waiting for {what}: {}", state());
+}
+
+/// A client that gives up on a call with no deadline (drops its future) sends a CANCEL; the
+/// server counts it and drops the running async handler's future, which never finishes: once
+/// through the blocking stub's future, once through a channel stub's future left by `select!`.
+/// Each handler has begun (its future was polled) before its call is given up.
+#[test]
+fn a_client_cancel_drops_the_running_handlers_future() {
+    use std::future::Future;
+    let svc = AsyncImpl::default();
+    let rt = user_runtime();
+    let server = spawn_server(svc.clone(), &rt);
+    let started = || svc.seen.started.load(Ordering::SeqCst);
+    let dropped = || svc.seen.dropped.load(Ordering::SeqCst);
+    let state = || format!("handlers {:?}; server {:?}", svc.seen, server.counters());
+
+    let client = lookup_client::LookupClient::connect_with(server.local_addr(), &config()).unwrap();
+    let mut call = Box::pin(client.slow_async(&ask("dropped", 60_000)));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // Polling the future drives the session: the request goes out and the handler begins.
+    eventually(
+        "the first handler to begin",
+        || {
+            assert!(call.as_mut().poll(&mut cx).is_pending(), "a 60 s handler answered");
+            started() == 1
+        },
+        state,
+    );
+    drop(call);
+    eventually(
+        "the server to drop the first handler's future",
+        || {
+            client.client().progress();
+            dropped() == 1
+        },
+        state,
+    );
+    eventually("the server to count the first Cancel", || server.counters().cancels == 1, state);
+    // The session serves on (the slot came back with the server's answer to the Cancel).
+    assert_eq!(client.get(&ask("after", 0)).unwrap().value, "value of after");
+
+    let addr = server.local_addr();
+    // The channel stays open until the end: its session's close would drop the handler's
+    // future too, with no Cancel.
+    let channel = rt.block_on(async {
+        let lookup =
+            lookup_client::LookupClient::connect_channel_with(addr, &channel_config()).await.unwrap();
+        let call = lookup.slow(ask("selected", 60_000));
+        tokio::select! {
+            r = call => panic!("a 60 s handler answered: {r:?}"),
+            _ = async {
+                // The first handler and the "after" one began already.
+                while started() < 3 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            } => {}
+        }
+        lookup
+    });
+    eventually("the server to drop the second handler's future", || dropped() == 2, state);
+    eventually("the server to count the second Cancel", || server.counters().cancels == 2, state);
+    assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 1, "only the 'after' call finished");
+    let c = server.counters();
+    assert_eq!(
+        (c.sessions_closed, c.with_code(Code::DeadlineExceeded)),
+        (0, 0),
+        "no close, no deadline: {c:?}"
+    );
+    drop(channel);
     server.shutdown();
 }
 

@@ -12,56 +12,73 @@ use rpc_core::verbs::sim::Sim;
 use rpc_core::verbs::{CompletionQueue, QueuePair, WorkCompletion};
 use rpc_support::{RawPeer, WAIT};
 
-#[test]
-fn more_messages_than_the_send_queue_holds_wait_for_room_instead_of_overrunning_it() {
-    let a = RawPeer::new(1024, 8, 256, 4096, 1);
-    let mut b = RawPeer::new(1024, 1024, 256, 4096, 2);
-    a.connect(&RcConfig::default(), &b.handshake(4, 64, 1 << 20, 1));
-    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
-    let depth = a.qp.cap().max_send_wr as usize;
-    let bufs = 2 * depth as u16;
-    let mut pool = SendPool::<Sim>::new(&a.pd, bufs, 64).unwrap();
-    let mut sq = SendQueue::new(depth, usize::from(bufs));
-    let mut wcs = [WorkCompletion::default(); 64];
-    let (mut sent, mut received, mut waits) = (0usize, 0usize, 0usize);
-    let total = 3 * depth;
-    let give_up = std::time::Instant::now() + WAIT;
-    while received < total {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "{received} of {total} messages received in {WAIT:?} ({sent} sent, {} outstanding)",
-            sq.outstanding()
-        );
-        // Take and post as many as the send queue has room for, without polling in between.
-        while sent < total {
-            let Some(mut buf) = pool.acquire_for(&sq) else {
-                waits += 1;
-                break;
-            };
-            pool.buf_mut(&mut buf)[..8].copy_from_slice(&(sent as u64).to_le_bytes());
-            sq.send(&mut pool, buf, 8, true);
-            sq.flush(&a.qp, &mut pool, 1).expect("posting never overruns the send queue");
-            sent += 1;
+/// Tests that run on any NIC: `sim`, and rxe0 in the Soft-RoCE tier (`scripts/softroce-test`
+/// runs `buffers_send_queue:on_any_nic::`; two QPs of the device connected to each other).
+mod on_any_nic {
+    use super::*;
+    use rpc_core::verbs::Provider;
+
+    #[test]
+    fn more_messages_than_the_send_queue_holds_wait_for_room_instead_of_overrunning_it() {
+        match rpc_support::transport() {
+            #[cfg(feature = "ibverbs")]
+            rpc_core::Transport::Rdma { .. } => {
+                let a = rpc_support::rdma_raw_peer(1024, 8, 256, 4096, 1);
+                let b = rpc_support::rdma_raw_peer(1024, 1024, 256, 4096, 2);
+                overrun(a, b)
+            }
+            _ => overrun(RawPeer::new(1024, 8, 256, 4096, 1), RawPeer::new(1024, 1024, 256, 4096, 2)),
         }
-        let n = a.cq.poll(&mut wcs).unwrap();
-        for wc in &wcs[..n] {
-            assert!(wc.status.is_success(), "{wc:?}");
-            let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
-            pool.retire(usize::from(retired));
-            sq.on_completion(wrs);
-        }
-        let n = b.cq.poll(&mut wcs).unwrap();
-        for wc in &wcs[..n] {
-            let buf = b.recv.take(wc.wr_id, wc.byte_len).expect("a posted receive buffer");
-            assert_eq!(b.recv.bytes(&buf), &(received as u64).to_le_bytes(), "in order");
-            b.recv.repost(buf);
-            received += 1;
-        }
-        b.recv.flush().unwrap();
-        assert!(sq.outstanding() <= depth);
     }
-    assert!(waits > 0, "the send queue filled up at least once ({depth} WQEs, {bufs} buffers)");
-    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+
+    fn overrun<P: Provider>(a: RawPeer<P>, mut b: RawPeer<P>) {
+        a.connect(&RcConfig::default(), &b.handshake(4, 64, 1 << 20, 1));
+        b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+        let depth = a.qp.cap().max_send_wr as usize;
+        let bufs = 2 * depth as u16;
+        let mut pool = SendPool::<P>::new(&a.pd, bufs, 64).unwrap();
+        let mut sq = SendQueue::new(depth, usize::from(bufs));
+        let mut wcs = [WorkCompletion::default(); 64];
+        let (mut sent, mut received, mut waits) = (0usize, 0usize, 0usize);
+        let total = 3 * depth;
+        let give_up = std::time::Instant::now() + WAIT;
+        while received < total {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "{received} of {total} messages received in {WAIT:?} ({sent} sent, {} outstanding)",
+                sq.outstanding()
+            );
+            // Take and post as many as the send queue has room for, without polling in between.
+            while sent < total {
+                let Some(mut buf) = pool.acquire_for(&sq) else {
+                    waits += 1;
+                    break;
+                };
+                pool.buf_mut(&mut buf)[..8].copy_from_slice(&(sent as u64).to_le_bytes());
+                sq.send(&mut pool, buf, 8, true);
+                sq.flush(&a.qp, &mut pool, 1).expect("posting never overruns the send queue");
+                sent += 1;
+            }
+            let n = a.cq.poll(&mut wcs).unwrap();
+            for wc in &wcs[..n] {
+                assert!(wc.status.is_success(), "{wc:?}");
+                let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
+                pool.retire(usize::from(retired));
+                sq.on_completion(wrs);
+            }
+            let n = b.cq.poll(&mut wcs).unwrap();
+            for wc in &wcs[..n] {
+                let buf = b.recv.take(wc.wr_id, wc.byte_len).expect("a posted receive buffer");
+                assert_eq!(b.recv.bytes(&buf), &(received as u64).to_le_bytes(), "in order");
+                b.recv.repost(buf);
+                received += 1;
+            }
+            b.recv.flush().unwrap();
+            assert!(sq.outstanding() <= depth);
+        }
+        assert!(waits > 0, "the send queue filled up at least once ({depth} WQEs, {bufs} buffers)");
+        assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+    }
 }
 
 /// Bodies encoded once into the staging area are written in pieces to offsets of the peer's ring

@@ -17,14 +17,17 @@ use rpc_support::*;
 /// cancellation on the wire, the four abandoned calls held the window forever: every later call
 /// failed RESOURCE_EXHAUSTED.
 #[test]
-fn dropped_futures_reach_the_server_and_their_slots_come_back() {
+fn cancelled_and_dropped_futures_reach_the_server_and_their_slots_come_back() {
     let (server, stash) = spawn(server());
     let client = Client::connect_with(server.local_addr(), &client_config().window(4)).unwrap();
-    let futs: Vec<_> = (0..4u64)
+    let mut futs: Vec<_> = (0..4u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
     // Let the handlers run (and stash their responders) before the futures go.
     wait_stashed("the 4 STASH handlers to run", 4, &stash, &client, &server);
+    // Two cancelled explicitly, two dropped: the same on the wire.
+    futs.drain(..2).for_each(ResponseFuture::cancel);
+    assert_eq!(client.counters().cancels, 2, "one Cancel per cancelled future");
     drop(futs);
     assert_eq!(client.counters().cancels, 4, "one Cancel per dropped future");
     for i in 0..12u64 {

@@ -9,7 +9,7 @@
 //! a network namespace, reached over a veth pair; "vanishing" removes the address from the
 //! namespace's end of the link (packets to it are dropped there, as beyond a dead switch port)
 //! and SIGSTOPs the child. Needs root and `ip netns`; where a namespace cannot be made the tests
-//! print why and skip.
+//! print why and skip (with `RPC_REQUIRE_NETNS=1`, as in CI, they fail instead).
 //!
 //! Run: `cargo test -p rpc-core --test rpc_liveness`.
 
@@ -117,10 +117,14 @@ impl Drop for Netns {
     }
 }
 
-/// A netns, or `None` after printing why the test is skipped.
+/// A netns, or `None` after printing why the test is skipped; with `RPC_REQUIRE_NETNS=1` (CI's
+/// `.ci/run` sets it: CI runs as root) a namespace that cannot be made fails the test instead.
 fn netns_or_skip(test: &str) -> Option<Netns> {
     match Netns::create() {
         Ok(ns) => Some(ns),
+        Err(why) if std::env::var("RPC_REQUIRE_NETNS").as_deref() == Ok("1") => {
+            panic!("{test}: RPC_REQUIRE_NETNS=1 but a network namespace cannot be made: {why}")
+        }
         Err(why) => {
             eprintln!("skipped {test}: cannot create a network namespace (needs root and `ip netns`): {why}");
             None

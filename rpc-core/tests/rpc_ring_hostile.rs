@@ -44,71 +44,6 @@ impl Service for Twice {
     }
 }
 
-/// A connected raw client with a send pool, a mirror of the server's ring and a send queue.
-struct RawClient {
-    sq: SendQueue,
-    mirror: SendMirror<Sim>,
-    pool: SendPool<Sim>,
-    peer: RawPeer,
-    ring: (u64, u32),
-    session: u32,
-    _tcp: std::net::TcpStream,
-}
-
-impl RawClient {
-    fn connect(addr: std::net::SocketAddr) -> RawClient {
-        let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
-        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
-        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(4, 4096, 1 << 20, 0))).unwrap();
-        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-        peer.connect(&RcConfig::default(), &reply);
-        let pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 64).unwrap();
-        let mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
-        RawClient {
-            sq: SendQueue::new(64, 16),
-            mirror,
-            pool,
-            ring: (reply.ring_addr, reply.ring_rkey),
-            session: reply.session,
-            peer,
-            _tcp: tcp,
-        }
-    }
-
-    /// WRITEs `bytes` at `offset` of the server's ring, then (with `header`) SENDs it.
-    fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
-        self.mirror.range_mut(offset, bytes.len() as u32).copy_from_slice(bytes);
-        self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1);
-        if let Some(h) = header {
-            let mut b = self.pool.acquire().unwrap();
-            h.encode_into(self.pool.buf_mut(&mut b)).unwrap();
-            self.sq.send(&mut self.pool, b, HEADER_LEN as u32, false);
-        }
-        self.sq.flush(&self.peer.qp, &mut self.pool, 1).unwrap();
-    }
-
-    /// Polls once; returns a received message's header and eager body.
-    fn poll(&mut self) -> Option<(Header, Vec<u8>)> {
-        let mut wcs = [WorkCompletion::default(); 8];
-        let n = self.peer.cq.poll(&mut wcs).unwrap();
-        let mut got = None;
-        for wc in &wcs[..n] {
-            assert!(wc.status.is_success(), "{wc:?}");
-            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
-                self.pool.retire(usize::from(bufs));
-                self.sq.on_completion(wrs);
-            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
-                let bytes = self.peer.recv.bytes(&buf);
-                let h = Header::decode(bytes).unwrap();
-                got = Some((h, bytes[HEADER_LEN..].to_vec()));
-                self.peer.recv.repost(buf);
-            }
-        }
-        self.peer.recv.flush().unwrap();
-        got
-    }
-}
-
 fn ring_request(session: u32, len: u32) -> Header {
     Header {
         method: TWICE,
@@ -150,40 +85,62 @@ fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees(
     server.shutdown();
 }
 
-/// Each session's ring is reachable only through a memory window bound to that session's QP: a
-/// peer using another session's ring address and rkey gets REM_ACCESS_ERR and writes nothing;
-/// the other session is intact.
-#[test]
-fn a_peer_writing_with_another_sessions_ring_rkey_gets_rem_access_err() {
-    let server = server().add_service(Twice).spawn("127.0.0.1:0").unwrap();
-    let mut a = RawClient::connect(server.local_addr());
-    let mut b = RawClient::connect(server.local_addr());
-    assert_eq!(server.counters().window_fallbacks, 0, "the software NIC has type-2 windows");
-    let len = 8 << 10;
-    // B aims at A's ring.
-    b.ring = a.ring;
-    b.write(0, &vec![0xbb; len], None);
-    // A failed WRITE completes even unsignaled; a successful one (the bug) would not.
-    let give_up = Instant::now() + WAIT;
-    let status = loop {
-        assert!(Instant::now() < give_up, "the WRITE with another session's rkey did not fail");
-        let mut wcs = [WorkCompletion::default(); 4];
-        let n = b.peer.cq.poll(&mut wcs).unwrap();
-        if let Some(wc) = wcs[..n].first() {
-            break wc.status;
+/// Tests that run on any NIC: `sim`, and rxe0 in the Soft-RoCE tier (`scripts/softroce-test`
+/// runs `rpc_ring_hostile:on_any_nic::`); the others need the software NIC's own hooks.
+mod on_any_nic {
+    use super::*;
+    use rpc_core::verbs::Provider;
+    use std::net::SocketAddr;
+
+    /// Each session's ring is reachable only through a memory window bound to that session's
+    /// QP: a peer using another session's ring address and rkey gets REM_ACCESS_ERR and writes
+    /// nothing; the other session is intact.
+    #[test]
+    fn a_peer_writing_with_another_sessions_ring_rkey_gets_rem_access_err() {
+        match transport() {
+            #[cfg(feature = "ibverbs")]
+            rpc_core::Transport::Rdma { .. } => another_sessions_rkey(|addr| {
+                let peer = rdma_raw_peer(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
+                RawClient::connect_peer(peer, addr, 4, 4096, 1 << 20)
+            }),
+            _ => another_sessions_rkey(RawClient::connect),
         }
-        b.sq.flush(&b.peer.qp, &mut b.pool, 1).unwrap();
-        std::thread::yield_now();
-    };
-    assert_eq!(status, rpc_core::verbs::WcStatus::IBV_WC_REM_ACCESS_ERR);
-    // A's session works, and its ring holds A's bytes only.
-    let mine = vec![0xaa; len];
-    a.write(0, &mine, Some(ring_request(a.session, len as u32)));
-    let reply = wait_for("A's answer", WAIT, || a.poll(), || format!("server {:?}", server.counters()));
-    assert_eq!((reply.0.kind, reply.0.status), (Kind::Response, Code::Ok));
-    let r = EchoMsg::decode(&reply.1[..]).unwrap();
-    assert_eq!(r.checksum, fnv64(&mine), "A's request arrived as A wrote it");
-    server.shutdown();
+    }
+
+    fn another_sessions_rkey<P: Provider>(connect: impl Fn(SocketAddr) -> RawClient<P>)
+    where
+        P::QueuePair: RnrStalls,
+    {
+        let server = server().add_service(Twice).spawn("127.0.0.1:0").unwrap();
+        let mut a = connect(server.local_addr());
+        let mut b = connect(server.local_addr());
+        assert_eq!(server.counters().window_fallbacks, 0, "the NIC has type-2 windows (sim, rxe0)");
+        let len = 8 << 10;
+        // B aims at A's ring.
+        b.ring = a.ring;
+        b.write(0, &vec![0xbb; len], None);
+        // A failed WRITE completes even unsignaled; a successful one (the bug) would not.
+        let give_up = Instant::now() + WAIT;
+        let status = loop {
+            assert!(Instant::now() < give_up, "the WRITE with another session's rkey did not fail");
+            let mut wcs = [WorkCompletion::default(); 4];
+            let n = b.peer.cq.poll(&mut wcs).unwrap();
+            if let Some(wc) = wcs[..n].first() {
+                break wc.status;
+            }
+            b.sq.flush(&b.peer.qp, &mut b.pool, 1).unwrap();
+            std::thread::yield_now();
+        };
+        assert_eq!(status, rpc_core::verbs::WcStatus::IBV_WC_REM_ACCESS_ERR);
+        // A's session works, and its ring holds A's bytes only.
+        let mine = vec![0xaa; len];
+        a.write(0, &mine, Some(ring_request(a.session, len as u32)));
+        let reply = wait_for("A's answer", WAIT, || a.poll(), || format!("server {:?}", server.counters()));
+        assert_eq!((reply.0.kind, reply.0.status), (Kind::Response, Code::Ok));
+        let r = EchoMsg::decode(&reply.1[..]).unwrap();
+        assert_eq!(r.checksum, fnv64(&mine), "A's request arrived as A wrote it");
+        server.shutdown();
+    }
 }
 
 /// A fake server that answers the first request with the first piece of a response three

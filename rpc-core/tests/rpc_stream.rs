@@ -5,6 +5,7 @@
 
 mod rpc_support;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -217,37 +218,106 @@ fn the_server_ends_a_stream_with_an_error_distinct_from_a_clean_end() {
     read_all(&c, 5, 8);
 }
 
+/// Each end enforces the stream's deadline on its own (either alone used to pass this test: the
+/// server's DEADLINE_EXCEEDED ended the client's stream too, and the client's Cancel ended the
+/// producer's).
+///
+/// The server's end: the client takes one message, then only progresses its session and never
+/// asks the stream for more, so its own deadline is never looked at and it sends no Cancel: the
+/// server's timer alone ends the endless stream, and the producer sees it.
+///
+/// The client's end: once the stream flows, a second client's [`HOLD`] keeps the server's one
+/// worker busy, so the server neither sends nor looks at its timers: the client ends the stream
+/// at the deadline itself, with its own status. Once the worker is let go the producer sees the
+/// end too (the client's Cancel, or the server's expiry).
 #[test]
 fn the_deadline_ends_the_whole_stream_at_both_ends() {
-    let (h, probe, c) = start();
-    let opts = CallOptions::deadline(Duration::from_millis(300));
-    let mut s = c
-        .server_stream::<_, EchoMsg>(LIST, &ListReq { count: u64::MAX, size: 16, fail: false }, &opts)
-        .unwrap();
-    let t0 = Instant::now();
-    let mut n = 0u64;
-    // Bounded: a deadline never enforced would stream forever.
-    let e = wait_for(
-        "the 300 ms deadline to end the endless stream",
-        WAIT,
-        || match s.message() {
-            Ok(Some(m)) => {
-                assert_eq!(m.seq, n);
-                n += 1;
-                None
-            }
-            Ok(None) => panic!("an endless stream ended cleanly"),
-            Err(e) => Some(e),
-        },
-        || format!("producer sent {}; client {:?}", probe.sent.load(Ordering::Acquire), c.counters()),
-    );
-    assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
-    assert!(t0.elapsed() >= Duration::from_millis(250), "ended after {:?}", t0.elapsed());
-    assert!(n > 0);
-    until("the producer to see the stream end", &h, &probe, &c, || {
-        c.progress();
-        probe.cancelled.load(Ordering::Acquire)
-    });
+    let endless = ListReq { count: u64::MAX, size: 16, fail: false };
+    {
+        let (h, probe, c) = start();
+        let opts = CallOptions::deadline(Duration::from_millis(300));
+        let mut s = c.server_stream::<_, EchoMsg>(LIST, &endless, &opts).unwrap();
+        assert_eq!(s.message().unwrap().unwrap().seq, 0);
+        until("the server's timer to end the stream the client does not read", &h, &probe, &c, || {
+            c.progress();
+            probe.cancelled.load(Ordering::Acquire)
+        });
+        // What arrived before the end, then the server's DEADLINE_EXCEEDED.
+        let e = wait_for(
+            "the stream the server ended to end at the client",
+            WAIT,
+            || match s.message() {
+                Ok(Some(_)) => None,
+                Ok(None) => panic!("an endless stream ended cleanly"),
+                Err(e) => Some(e),
+            },
+            || format!("client {:?}", c.counters()),
+        );
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    }
+    // The hold must begin before the deadline passes, or the server may end the stream first:
+    // on a machine too loaded for that, the round is repeated with a longer deadline.
+    for deadline in [Duration::from_millis(300), Duration::from_secs(2), Duration::from_secs(10)] {
+        let probe = Arc::new(Probe::default());
+        let (hold, gate) = Hold::new();
+        let h = server()
+            .add_service(StreamService { probe: probe.clone() })
+            .add_service(hold)
+            .spawn("127.0.0.1:0")
+            .unwrap();
+        // No idle probe: it would find the held server silent and end the stream UNAVAILABLE.
+        let c = Client::connect_with(h.local_addr(), &client_config().peer_timeout(None)).unwrap();
+        let holder = Client::connect_with(h.local_addr(), &client_config()).unwrap();
+        let t0 = Instant::now();
+        let mut s = c.server_stream::<_, EchoMsg>(LIST, &endless, &CallOptions::deadline(deadline)).unwrap();
+        assert_eq!(s.message().unwrap().unwrap().seq, 0);
+        let mut held =
+            Box::pin(holder.unary_async::<_, EchoMsg>(HOLD, &EchoMsg::default(), &CallOptions::default()));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        wait_until(
+            "the worker to be held",
+            WAIT,
+            || {
+                let _ = held.as_mut().poll(&mut cx);
+                gate.entered()
+            },
+            || format!("server {:?}", h.counters()),
+        );
+        if t0.elapsed() >= deadline {
+            eprintln!("the worker was held only after the {deadline:?} deadline: again, with a longer one");
+            drop(gate);
+            continue;
+        }
+        let mut n = 1u64;
+        let e = wait_for(
+            "the client to end the stream at its deadline while the server is held",
+            WAIT,
+            || match s.message() {
+                Ok(Some(m)) => {
+                    assert_eq!(m.seq, n);
+                    n += 1;
+                    None
+                }
+                Ok(None) => panic!("an endless stream ended cleanly"),
+                Err(e) => Some(e),
+            },
+            || format!("producer sent {}; client {:?}", probe.sent.load(Ordering::Acquire), c.counters()),
+        );
+        assert_eq!(
+            (e.code(), e.message()),
+            (Code::DeadlineExceeded, "the stream's deadline passed before its end"),
+            "the client's own status"
+        );
+        assert!(t0.elapsed() >= deadline, "ended after {:?}, before the {deadline:?} deadline", t0.elapsed());
+        drop(gate);
+        until("the producer to see the stream end", &h, &probe, &c, || {
+            c.progress();
+            let _ = held.as_mut().poll(&mut cx);
+            probe.cancelled.load(Ordering::Acquire)
+        });
+        return;
+    }
+    panic!("the worker was never held before the stream's deadline (10 s)");
 }
 
 #[test]

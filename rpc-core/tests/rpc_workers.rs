@@ -106,3 +106,41 @@ fn a_handshake_waits_for_a_busy_worker_to_bind_the_window() {
     drop((first, second));
     server.shutdown();
 }
+
+/// A handler that never returns does not hang the server's shutdown: once `drain_timeout` and
+/// the 5 s grace after it have passed, `shutdown` leaves the held worker running (an error is
+/// logged) and returns; the worker finishes when the handler returns. (Before, `shutdown` joined
+/// the worker, so it blocked as long as the handler did.)
+#[test]
+fn shutdown_returns_while_an_inline_handler_never_does() {
+    use std::time::Duration;
+    let (hold, gate) = Hold::new();
+    let server = server()
+        .drain_timeout(Duration::from_millis(100))
+        .add_service(hold)
+        .spawn("127.0.0.1:0")
+        .expect("server starts");
+    let addr = server.local_addr();
+    let holder = std::thread::spawn(move || {
+        let c = Client::connect_with(addr, &client_config()).unwrap();
+        // Answered once the gate opens, or UNAVAILABLE when the server closed the session first.
+        let _ = c.unary::<_, EchoMsg>(HOLD, &EchoMsg::default(), &CallOptions::default());
+    });
+    wait_until(
+        "the HOLD call to reach its handler",
+        WAIT,
+        || gate.entered(),
+        || format!("{:?}", server.counters()),
+    );
+    let (done, returned) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        server.shutdown();
+        let _ = done.send(());
+    });
+    // 100 ms + 5 s is what shutdown may take; 30 s is a hang guard (test.Hold itself gives up
+    // after WAIT, 60 s, so a shutdown that waits for the handler returns only after that).
+    let in_time = returned.recv_timeout(Duration::from_secs(30)).is_ok();
+    drop(gate);
+    assert!(in_time, "shutdown waited for a handler that does not return");
+    holder.join().unwrap();
+}

@@ -81,7 +81,8 @@ enum PendingBody {
     Staged(Staged),
     /// On the heap (larger than the staging area, or an `encoded_len` that lied), its large
     /// `bytes` fields referenced: sent through the ring whole or in pieces as space frees.
-    Heap(GatherBody),
+    /// Boxed: a gather body is 80 bytes, and a body is moved into and out of its slot per call.
+    Heap(Box<GatherBody>),
 }
 
 /// How [`ClientCore::start`] may wait and when it posts.
@@ -436,7 +437,7 @@ impl<P: Provider> ClientCore<P> {
                         "no memory for a request of {len} bytes"
                     )));
                 };
-                break PendingBody::Heap(GatherBody::encode(req, own));
+                break PendingBody::Heap(Box::new(GatherBody::encode(req, own)));
             }
             if !blocking {
                 self.unplaced_stall = stalled;
@@ -517,18 +518,32 @@ impl<P: Provider> ClientCore<P> {
         Some(match self.conn.staging.commit(at, written) {
             Some(s) => PendingBody::Staged(s),
             // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
-            None => PendingBody::Heap(req.encode_to_vec().into()),
+            None => PendingBody::Heap(Box::new(req.encode_to_vec().into())),
         })
     }
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
+    /// Inlined check first: after most completions nothing waits (a few compares, not a call).
+    #[inline]
     fn pump(&mut self) {
+        if self.conn.session.calls().queued() > 0
+            || !self.outbox.is_empty()
+            || self.stream_batch.is_some()
+            || !self.stream_ends.is_empty()
+            || !self.stream_cancels.is_empty()
+        {
+            self.pump_slow();
+        }
+    }
+
+    #[inline(never)]
+    fn pump_slow(&mut self) {
         while let Some(h) = self.conn.session.next_request(Instant::now) {
             let Some(body) = self.pending[h.slot as usize].take() else { continue };
             match body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
                 PendingBody::Staged(body) => self.outbox.push(Waiting::Body(Outgoing::staged(h, body))),
-                PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, body))),
+                PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, *body))),
             }
         }
         if self.conn.session.calls().credit_stalled() {
@@ -726,6 +741,9 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// Polls the CQ once and handles what completed. Returns how many completions there were.
+    /// Inlined up to the poll: an empty one (as many as the others while a call waits) costs no
+    /// call of its own.
+    #[inline(always)]
     pub(crate) fn progress(&mut self) -> usize {
         if self.broken.is_some() {
             return 0;
@@ -737,20 +755,28 @@ impl<P: Provider> ClientCore<P> {
                 return 0;
             }
         };
+        if n == 0 {
+            self.flush();
+            return 0;
+        }
+        self.completed(n)
+    }
+
+    /// Handles the `n` completions [`ClientCore::progress`] polled (at least 1).
+    #[inline(never)]
+    fn completed(&mut self, n: usize) -> usize {
         for i in 0..n {
             let wc = self.wcs[i];
             self.on_completion(&wc);
         }
-        if n > 0 {
-            // While an answer arrives in pieces, ring space this batch freed goes back to the
-            // server (a RingReturn when due) before this end copies its own pieces: the server's
-            // next pieces wait for it, and it would otherwise leave behind every WRITE `pump`
-            // queues. (Otherwise the next request carries the freed head: no extra message.)
-            if self.conn.session.assemblies() > 0 {
-                self.flush();
-            }
-            self.pump();
+        // While an answer arrives in pieces, ring space this batch freed goes back to the
+        // server (a RingReturn when due) before this end copies its own pieces: the server's
+        // next pieces wait for it, and it would otherwise leave behind every WRITE `pump`
+        // queues. (Otherwise the next request carries the freed head: no extra message.)
+        if self.conn.session.assemblies() > 0 {
+            self.flush();
         }
+        self.pump();
         self.flush();
         n
     }
@@ -1044,13 +1070,24 @@ impl<P: Provider> ClientCore<P> {
 
     /// Polls a call once: its result when finished (or failed), `None` while it runs.
     pub(crate) fn poll_call<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
+        match self.poll_answer(id) {
+            Ok(Some(a)) => Some(self.finish(a)),
+            Ok(None) => None,
+            Err(s) => Some(Err(s)),
+        }
+    }
+
+    /// [`ClientCore::poll_call`] up to the answer, not decoded (not generic over the response
+    /// type: one copy of the waiting loop for every method). `Err` when the deadline passed.
+    #[inline(always)]
+    fn poll_answer(&mut self, id: CallId) -> Result<Option<Answer>, Status> {
         if let Some(a) = self.take_answer(id) {
-            return Some(self.finish(a));
+            return Ok(Some(a));
         }
         if self.progress() > 0 {
             self.idle.reset();
             if let Some(a) = self.take_answer(id) {
-                return Some(self.finish(a));
+                return Ok(Some(a));
             }
         } else {
             self.note_empty();
@@ -1059,10 +1096,10 @@ impl<P: Provider> ClientCore<P> {
             if Instant::now() >= d {
                 self.abandon(id);
                 self.counters.status(Code::DeadlineExceeded);
-                return Some(Err(Status::deadline_exceeded("deadline passed before the response arrived")));
+                return Err(Status::deadline_exceeded("deadline passed before the response arrived"));
             }
         }
-        None
+        Ok(None)
     }
 
     /// Polls a stream once: its next message (`Some(Ok(Some(m)))`), its end (`Some(Ok(None))`
@@ -1402,9 +1439,16 @@ impl<P: Provider> ClientCore<P> {
 
     /// Blocks (busy-polling per policy) until the call finishes.
     pub(crate) fn wait<R: Message + Default>(&mut self, id: CallId) -> Result<R, Status> {
+        let a = self.wait_answer(id)?;
+        self.finish(a)
+    }
+
+    /// [`ClientCore::wait`] up to the answer, not decoded.
+    #[inline(never)]
+    fn wait_answer(&mut self, id: CallId) -> Result<Answer, Status> {
         loop {
-            if let Some(r) = self.poll_call(id) {
-                return r;
+            if let Some(a) = self.poll_answer(id)? {
+                return Ok(a);
             }
             if self.idle.empty_polls() > 0 {
                 self.pause();

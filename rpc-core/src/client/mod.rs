@@ -449,6 +449,18 @@ impl<T> ResponseFuture<'_, T> {
     pub fn is_terminated(&self) -> bool {
         matches!(self.state, State::Done)
     }
+
+    /// Cancels the call; the same as dropping the future, said explicitly. A call on the wire
+    /// gets a Cancel, posted before this returns: the server drops the request if it has not
+    /// been dispatched, raises [`Responder::is_cancelled`](crate::codegen::Responder::is_cancelled)
+    /// for a deferred call, drops an async handler's future, and gives the credit back; the
+    /// slot is reused once the server's answer or acknowledgement arrived
+    /// (`ClientConfig::max_abandoned` bounds the calls cancelled and not yet acknowledged). A
+    /// call still waiting for a slot, or for its reconnect, is forgotten (nothing was sent). A
+    /// call that already ended is left as it is.
+    pub fn cancel(self) {
+        drop(self);
+    }
 }
 
 impl<T: Message + Default> Future for ResponseFuture<'_, T> {

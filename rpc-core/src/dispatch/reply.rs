@@ -370,7 +370,7 @@ pub(crate) enum Outcome {
     Deferred,
     /// No send buffer was free, or the body goes in pieces (larger than a piece of the peer's
     /// ring, or no room for it now) and the staging area had no room: it waits on the heap.
-    Spilled(GatherBody),
+    Spilled(Box<GatherBody>),
     /// A body above the eager threshold that fits the staging area but finds no room there now
     /// (or earlier answers wait): the message itself waits, unencoded, and is encoded straight
     /// into the staging area when its turn comes ([`LateBody`]), instead of onto the heap and
@@ -444,7 +444,8 @@ fn stage<M: Message + 'static>(msg: M, len: usize, staging: &mut StagingSpan<'_>
         }
     }
     match staging.spare.take(GatherBody::own_capacity_for(len)) {
-        Some(own) => Outcome::Spilled(GatherBody::encode(&msg, own)),
+        // Boxed: an `Outcome` is moved a few times per answer, and a gather body is 80 bytes.
+        Some(own) => Outcome::Spilled(Box::new(GatherBody::encode(&msg, own))),
         None => Outcome::Error(Status::resource_exhausted(format!("no memory for an answer of {len} bytes"))),
     }
 }
@@ -517,13 +518,16 @@ impl ReplyWriter<'_> {
         if !matches!(self.outcome, Outcome::Unset) {
             return;
         }
-        self.outcome = match r.0 {
+        let outcome = match r.0 {
             ReplyKind::Ready(Ok(m)) => {
                 encode_body(m, self.eager, self.mirror, &mut self.staging, self.session.as_deref_mut())
             }
             ReplyKind::Ready(Err(s)) => Outcome::Error(s),
             ReplyKind::Deferred => Outcome::Deferred,
         };
+        // The value replaced is `Unset` (checked above), which owns nothing: forgotten, not
+        // dropped (an assignment would call the out-of-line drop of `Outcome` on every answer).
+        std::mem::forget(std::mem::replace(&mut self.outcome, outcome));
     }
 
     /// Answers with an error status. Only the first answer counts.

@@ -135,4 +135,52 @@ mod tests {
         assert_eq!(err.code(), Code::InvalidArgument);
         assert!(err.message().contains("Probe"), "{}", err.message());
     }
+
+    /// Whether `field`'s bytes lie inside the buffer at `body` (addresses compared, never read):
+    /// a slice of that buffer, not a copy.
+    fn inside(field: &bytes::Bytes, body: &std::ops::Range<*const u8>) -> bool {
+        let f = field.as_ptr_range();
+        body.start <= f.start && f.end <= body.end
+    }
+
+    /// A ring body, copied out of the ring once into a buffer of its own (a recycled one, as the
+    /// worker makes it: `Session::body_bytes`), decodes into `bytes` fields that are slices of
+    /// that buffer: no second copy (DESIGN.md, memory ownership). The buffer goes back to its
+    /// session's spares only when the last field sharing it is dropped. A borrowed body (an
+    /// eager one, in a receive buffer the NIC gets back) decodes into copies.
+    #[test]
+    fn bytes_fields_of_an_owned_body_are_slices_of_it() {
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct Blob {
+            #[prost(uint64, tag = "1")]
+            seq: u64,
+            #[prost(bytes = "bytes", tag = "2")]
+            data: bytes::Bytes,
+            #[prost(bytes = "bytes", repeated, tag = "3")]
+            chunks: Vec<bytes::Bytes>,
+        }
+        let sent = Blob {
+            seq: 7,
+            data: vec![0xab; 100_000].into(),
+            chunks: vec![vec![1; 5000].into(), vec![2; 3].into()],
+        };
+        let encoded = sent.encode_to_vec();
+        let home = crate::session::BodyRecycler::new(4, 1 << 20);
+        let body = crate::session::RecycledBody::new(encoded.clone(), home.clone()).into_bytes();
+        let range = body.as_ptr_range();
+        // The body's own handle goes with it: only the decoded fields keep its buffer alive.
+        let got: Blob = decode(Body::owned(body)).unwrap();
+        assert_eq!(got, sent);
+        assert!(inside(&got.data, &range), "the bytes field was copied out of the body");
+        for c in &got.chunks {
+            assert!(inside(c, &range), "a repeated bytes field was copied out of the body");
+        }
+        let spares = home.spare_count();
+        drop(got);
+        assert_eq!(home.spare_count(), spares + 1, "the buffer came back when its last field went");
+
+        let borrowed: Blob = decode(Body::slice(&encoded)).unwrap();
+        assert_eq!(borrowed, sent);
+        assert!(!inside(&borrowed.data, &encoded.as_ptr_range()), "a borrowed body's bytes are copied");
+    }
 }

@@ -53,6 +53,7 @@ pub(super) fn start<P: Provider>(
 ) -> Result<ServerHandle, ServerError> {
     let dev = Arc::new(Device::<P>::open(selector, port, gid_index)?);
     let mut config = config;
+    let drain_timeout = config.drain_timeout;
     let depth = config.effective_srq_depth();
     let max_srq_wr = dev.ctx.attr().max_srq_wr;
     if depth > u64::from(max_srq_wr) {
@@ -164,6 +165,7 @@ pub(super) fn start<P: Provider>(
         workers: joins,
         listener: Some(listener),
         counters,
+        drain_timeout,
     })
 }
 

@@ -16,7 +16,7 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::PollingPolicy;
 use crate::dispatch::registry::Registry;
@@ -115,7 +115,8 @@ pub struct ServerConfig {
     pub polling: PollingPolicy,
     /// When set, clients must present this token in the handshake.
     pub auth_token: Option<Vec<u8>>,
-    /// How long `shutdown` waits for in-flight RPCs. Default 5 s.
+    /// How long `shutdown` waits for in-flight RPCs. Default 5 s. A worker still inside an inline
+    /// handler 5 s after it is left running (see [`ServerHandle::shutdown`]).
     pub drain_timeout: Duration,
     /// How long a client may take to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
@@ -386,7 +387,12 @@ pub struct ServerHandle {
     workers: Vec<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     counters: Vec<Arc<SharedCounters>>,
+    drain_timeout: Duration,
 }
+
+/// How long `shutdown` waits for a worker after `drain_timeout` (closing its sessions: Close
+/// messages, QPs destroyed, memory freed) before it leaves the worker running.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 impl ServerHandle {
     /// The TCP address clients connect to (with the real port when bound to port 0).
@@ -411,15 +417,33 @@ impl ServerHandle {
 
     /// Stops the server: new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
     /// included) are finished up to `drain_timeout`, peers get a Close, then QPs are destroyed,
-    /// memory freed and TCP connections closed. Blocks until done.
+    /// memory freed and TCP connections closed. Blocks until done, at most `drain_timeout` + 5 s:
+    /// a worker still inside an inline handler by then (one that never returns) is left running,
+    /// with an error logged; it closes its sessions and frees their memory if the handler ever
+    /// returns.
     pub fn shutdown(mut self) {
         self.shutdown_inner();
     }
 
     fn shutdown_inner(&mut self) {
         self.draining.store(true, Ordering::Release);
-        for w in self.workers.drain(..) {
-            let _ = w.join();
+        let until = Instant::now() + self.drain_timeout + SHUTDOWN_GRACE;
+        for (i, w) in self.workers.drain(..).enumerate() {
+            // Not on any hot path: a 1 ms look at whether the thread ended, so that a handler
+            // that never returns cannot hang the caller.
+            while !w.is_finished() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if w.is_finished() {
+                let _ = w.join();
+            } else {
+                tracing::error!(
+                    worker = i,
+                    waited_ms = (self.drain_timeout + SHUTDOWN_GRACE).as_millis() as u64,
+                    "shutdown: the worker is still inside a handler after drain_timeout + 5 s; left \
+                     running (its sessions and their memory stay until the handler returns)"
+                );
+            }
         }
         self.stop_listener.stop();
         if let Some(l) = self.listener.take() {

@@ -536,8 +536,57 @@ impl Session {
     /// A reason when the peer broke the protocol (wrong session id, wrong direction, more requests
     /// than credits, stream credits beyond
     /// any stream budget, a ring body out of place, a freed head out of range): close the connection.
-    #[inline]
+    #[inline(always)]
     pub fn handle_header(
+        &mut self,
+        h: &Header,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Incoming, &'static str> {
+        // The common case, inlined into the drivers: a unary request at a server or a response
+        // at a client, eager. The same checks in the same order as the general path below.
+        if !h.in_ring && h.stream == 0 && h.session == self.params.id {
+            match (self.role, h.kind) {
+                (Role::Server, Kind::Request) => return self.eager_request(h, now),
+                (Role::Client, Kind::Response) => return self.eager_response(h),
+                _ => {}
+            }
+        }
+        self.handle_any_header(h, now)
+    }
+
+    /// [`Session::handle_header`] of an eager unary request at a server.
+    #[inline(always)]
+    fn eager_request(&mut self, h: &Header, now: impl FnOnce() -> Instant) -> Result<Incoming, &'static str> {
+        self.liveness.rx_seen = true;
+        if h.total_len > self.params.max_message {
+            return Err("body larger than max_message_size");
+        }
+        self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
+        if h.stream_taken != 0 {
+            return Err("a client's message carries a stream count");
+        }
+        self.check_credit()?;
+        let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
+        self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        self.sends.note(self.unanswered.len(), self.send_pool());
+        Ok(Incoming { header: *h, ring: None })
+    }
+
+    /// [`Session::handle_header`] of an eager response at a client.
+    #[inline(always)]
+    fn eager_response(&mut self, h: &Header) -> Result<Incoming, &'static str> {
+        self.liveness.rx_seen = true;
+        if h.total_len > self.params.max_message {
+            return Err("body larger than max_message_size");
+        }
+        self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
+        self.sends.on_taken(h.stream_taken)?;
+        Ok(Incoming { header: *h, ring: None })
+    }
+
+    /// [`Session::handle_header`] of any header (ring bodies, pieces, streams, controls).
+    #[inline(never)]
+    fn handle_any_header(
         &mut self,
         h: &Header,
         now: impl FnOnce() -> Instant,
@@ -727,7 +776,7 @@ impl Session {
     /// # Errors
     /// The reason to close the session with (the peer broke the protocol): log it, count it as
     /// malformed, close.
-    #[inline]
+    #[inline(always)]
     pub fn receive(
         &mut self,
         msg: &[u8],
@@ -735,20 +784,21 @@ impl Session {
         invalidated_key: bool,
         now: impl FnOnce() -> Instant,
     ) -> Result<Incoming, String> {
-        if invalidated_key {
-            // Nothing in the protocol invalidates a key: the peer killed a ring's window.
-            return Err("protocol violation: the peer invalidated a key (SEND_WITH_INV)".into());
+        if invalidated_key || overlong {
+            return Err(refused_completion(invalidated_key));
         }
-        if overlong {
-            return Err("message longer than a receive buffer".into());
-        }
-        let h = Header::decode(msg).map_err(|e| format!("malformed header: {e}"))?;
+        let h = match Header::decode(msg) {
+            Ok(h) => h,
+            Err(e) => return Err(malformed(e)),
+        };
         if h.stream & crate::wire::STREAM_BATCH != 0 {
             // Checked whole before anything reads it (the readers walk its frames unchecked).
-            crate::wire::batch_frames(msg.get(crate::wire::HEADER_LEN..).unwrap_or(&[]), h.credits)
-                .map_err(|e| format!("malformed stream batch: {e}"))?;
+            check_batch(msg, h.credits)?;
         }
-        self.handle_header(&h, now).map_err(|reason| format!("protocol violation: {reason}"))
+        match self.handle_header(&h, now) {
+            Ok(inc) => Ok(inc),
+            Err(reason) => Err(violation(reason)),
+        }
     }
 
     /// Server: a request opened a stream (its first piece): it is unanswered like any request,
@@ -964,6 +1014,39 @@ impl Session {
     pub fn assemblies(&self) -> usize {
         self.assemblies.len()
     }
+}
+
+/// Why a received message is refused before its header is read: SEND_WITH_INV
+/// (`invalidated_key`), or longer than a receive buffer.
+#[cold]
+#[inline(never)]
+fn refused_completion(invalidated_key: bool) -> String {
+    if invalidated_key {
+        // Nothing in the protocol invalidates a key: the peer killed a ring's window.
+        "protocol violation: the peer invalidated a key (SEND_WITH_INV)".into()
+    } else {
+        "message longer than a receive buffer".into()
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn malformed(e: crate::wire::WireError) -> String {
+    format!("malformed header: {e}")
+}
+
+#[cold]
+#[inline(never)]
+fn violation(reason: &str) -> String {
+    format!("protocol violation: {reason}")
+}
+
+/// Checks a stream batch's frames ([`crate::wire::batch_frames`]).
+#[inline(never)]
+fn check_batch(msg: &[u8], count: u16) -> Result<(), String> {
+    crate::wire::batch_frames(msg.get(crate::wire::HEADER_LEN..).unwrap_or(&[]), count)
+        .map(drop)
+        .map_err(|e| format!("malformed stream batch: {e}"))
 }
 
 #[cfg(test)]

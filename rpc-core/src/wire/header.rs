@@ -331,7 +331,7 @@ impl Header {
     ///
     /// # Errors
     /// [`WireError`] naming the first bad field.
-    #[inline]
+    #[inline(always)]
     pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
         let have = msg.len();
         let b: &[u8; HEADER_LEN] = msg

@@ -312,7 +312,10 @@ impl<P: Provider> Worker<P> {
                 let wc = self.wcs[i];
                 self.on_completion(&wc);
             }
-            self.flush_dirty();
+            // Looked at before calling: most empty polls leave nothing to post.
+            if !self.dirty.is_empty() {
+                self.flush_dirty();
+            }
             // Receive buffers go back in batches; all of them once the worker is idle for a while
             // (not at the first empty poll, where the next request may already be landing).
             let threshold = if idle.empty_polls() >= REPOST_IDLE { 1 } else { REPOST_BATCH };
@@ -916,15 +919,32 @@ impl<P: Provider> Worker<P> {
         };
         // A ring body is copied out of the ring at once (the peer could rewrite it) and its ring
         // space freed; the request is dispatched when its last piece is in.
-        let in_ring = inc.ring.is_some();
-        let received = match inc.ring {
-            None => Some((inc.header, Received::Eager(buf))),
+        let (header, body) = match inc.ring {
+            None => (inc.header, Received::Eager(buf)),
             Some(piece) => {
                 self.recv.repost(buf);
-                let done = entry.conn.take_piece(piece);
-                match done {
-                    Ok(Some(c)) => Some((c.header, Received::Owned(c.body))),
-                    Ok(None) => None,
+                match entry.conn.take_piece(piece) {
+                    Ok(Some(c)) => (c.header, Received::Owned(c.body)),
+                    Ok(None) => {
+                        // The freed ring space travels back on the answer, or in a RingReturn
+                        // (`Session::take_ring_return`). In the middle of a message in pieces (no
+                        // answer comes yet, and the client's next pieces may wait for the space)
+                        // one due goes now, before the answers waiting below copy their pieces:
+                        // it would otherwise leave behind every WRITE queued before the end of
+                        // the batch.
+                        if entry.conn.session.take_ring_return() {
+                            entry.conn.queue_ring_return();
+                            if entry.conn.flush(tag).is_err() {
+                                self.close_entry(idx, "posting sends failed", false, true);
+                                return;
+                            }
+                        }
+                        if !entry.backlog.is_empty() {
+                            self.try_backlog(idx);
+                        }
+                        self.mark_dirty(idx);
+                        return;
+                    }
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
                         self.close_entry(idx, &reason, true, true);
@@ -933,28 +953,9 @@ impl<P: Provider> Worker<P> {
                 }
             }
         };
-        // The freed ring space travels back on the answer, or in a RingReturn
-        // (`Session::take_ring_return`). In the middle of a message in pieces (no answer comes
-        // yet, and the client's next pieces may wait for the space) one due goes now, before
-        // the answers waiting below copy their pieces: it would otherwise leave behind every
-        // WRITE queued before the end of the batch.
-        if in_ring && received.is_none() && entry.conn.session.take_ring_return() {
-            entry.conn.queue_ring_return();
-            if entry.conn.flush(tag).is_err() {
-                if let Some((_, Received::Eager(b))) = received {
-                    self.recv.repost(b);
-                }
-                self.close_entry(idx, "posting sends failed", false, true);
-                return;
-            }
-        }
         if !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
-        let Some((header, body)) = received else {
-            self.mark_dirty(idx);
-            return;
-        };
         if self.entries[idx as usize].is_none() {
             if let Received::Eager(b) = body {
                 self.recv.repost(b);
@@ -1072,13 +1073,13 @@ impl<P: Provider> Worker<P> {
                 }
             }
         }
-        let outcome = std::mem::replace(&mut out.outcome, Outcome::Unset);
+        // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
+        let ReplyWriter { outcome, .. } = out;
         let source = ctx.source.take();
         if let Some(src) = source.as_ref().filter(|_| !matches!(outcome, Outcome::Deferred)) {
             // Answered at once: the answer ends the stream, nothing will be read.
             src.cancel();
         }
-        drop(out);
         if let Some(b) = eager_buf {
             recv.repost(b);
         }
@@ -1169,7 +1170,7 @@ impl<P: Provider> Worker<P> {
                     entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(spill(header, Ok(bytes)))
+                Some(spill(header, Ok(*bytes)))
             }
             (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
             (Outcome::Error(s), None) => Some(Waiting::Error(header, s)),

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use rpc_core::codegen::*;
 
@@ -20,7 +21,8 @@ struct State {
     wake: Condvar,
 }
 
-/// The service `test.Hold`; every call of [`HOLD`] holds its worker until the gate is released.
+/// The service `test.Hold`; every call of [`HOLD`] holds its worker until the gate is released
+/// (at most [`WAIT`](super::WAIT), then it answers and says so on stderr).
 pub struct Hold(Arc<State>);
 
 /// The test's side of a [`Hold`]: sees a call enter, releases every held call (now and later)
@@ -60,9 +62,18 @@ impl Service for Hold {
 
     fn call(&self, _: MethodId, _: &RequestContext, _: Body<'_>, out: &mut ReplyWriter<'_>) {
         self.0.entered.store(true, Ordering::Release);
+        // Bounded by WAIT: a test that fails while the gate lives (declared before its server,
+        // the gate is dropped after it) would otherwise hang in the server's shutdown, which
+        // joins this worker.
+        let until = Instant::now() + super::WAIT;
         let mut released = self.0.released.lock().unwrap_or_else(|e| e.into_inner());
         while !*released {
-            released = self.0.wake.wait(released).unwrap_or_else(|e| e.into_inner());
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                eprintln!("test.Hold: not released within {:?}; answering to let the worker go", super::WAIT);
+                break;
+            }
+            released = self.0.wake.wait_timeout(released, left).unwrap_or_else(|e| e.into_inner()).0;
         }
         out.reply(Reply::from(EchoMsg::default()));
     }

@@ -11,15 +11,16 @@ mod raw_client;
 #[allow(unused_imports)]
 pub use hold::{Hold, HoldGate, HOLD};
 #[allow(unused_imports)]
-pub use raw_client::RawClient;
+pub use raw_client::{RawClient, RnrStalls};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rpc_core::buffers::{RecvPool, RecvRing};
 use rpc_core::codegen::*;
+use rpc_core::verbs::gid::{select_gid, LocalAddress};
 use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
-use rpc_core::verbs::sim::{Sim, SimContext};
+use rpc_core::verbs::sim::Sim;
 use rpc_core::verbs::{Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair};
 use rpc_core::wire::{Handshake, PROTOCOL_VERSION};
 use rpc_core::{ClientConfig, PollingPolicy, Server, ServerBuilder, ServerHandle, Transport};
@@ -411,29 +412,76 @@ impl prost::Message for RawBytes {
 }
 
 /// A peer built by hand from the public verbs and buffers modules (a rogue client or a fake
-/// server): one `sim` context, PD, CQ, a `RecvPool` whose SRQ the RC QP uses, and a receive
-/// `RecvRing`. Fields drop in declaration order (QP first, context last).
-pub struct RawPeer {
-    pub qp: <Sim as Provider>::QueuePair,
-    pub recv: RecvPool<Sim>,
-    pub ring: RecvRing<Sim>,
-    pub cq: <Sim as Provider>::CompletionQueue,
-    pub pd: <Sim as Provider>::ProtectionDomain,
-    pub ctx: SimContext,
-    /// This side's connection parameters (port 1, GID index 0).
+/// server): one device context (`sim` by default; [`RawPeer::open`] takes any provider's), PD,
+/// CQ, a `RecvPool` whose SRQ the RC QP uses, and a receive `RecvRing`. Fields drop in
+/// declaration order (QP first, context last).
+pub struct RawPeer<P: Provider = Sim> {
+    pub qp: P::QueuePair,
+    pub recv: RecvPool<P>,
+    pub ring: RecvRing<P>,
+    pub cq: P::CompletionQueue,
+    pub pd: P::ProtectionDomain,
+    pub ctx: P::Context,
+    /// This side's connection parameters (port 1 and its GID).
     pub local: Endpoint,
+    /// Port 1's address: GID index and link layer, for the QP's path.
+    pub addr: LocalAddress,
 }
 
-impl RawPeer {
+impl RawPeer<Sim> {
     /// A CQ of `cq_depth` WCs, `recv_count` receive buffers of `recv_size` bytes, a receive ring
-    /// of `ring_len` bytes, and `psn` as the first PSN this side sends.
+    /// of `ring_len` bytes, and `psn` as the first PSN this side sends; on a new `sim` device
+    /// (GID index 0).
     pub fn new(cq_depth: u32, recv_count: u32, recv_size: usize, ring_len: usize, psn: u32) -> RawPeer {
-        let ctx = Sim::open(&DeviceSelector::First).unwrap();
-        let port = ctx.query_port(1).unwrap();
-        let gid = ctx.gid_table(1).unwrap()[0].gid;
+        RawPeer::open(
+            Sim::open(&DeviceSelector::First).unwrap(),
+            0,
+            cq_depth,
+            recv_count,
+            recv_size,
+            ring_len,
+            psn,
+        )
+    }
+}
+
+/// [`RawPeer::new`] on the RDMA device the tests use ([`transport`]'s device and GID index;
+/// `RPC_REQUIRE_RDMA=1` in the Soft-RoCE tier).
+///
+/// # Panics
+/// When the transport under test is not `rdma` or the device does not open (a test failure).
+#[cfg(feature = "ibverbs")]
+pub fn rdma_raw_peer(
+    cq_depth: u32,
+    recv_count: u32,
+    recv_size: usize,
+    ring_len: usize,
+    psn: u32,
+) -> RawPeer<rpc_core::verbs::ibverbs::Ibverbs> {
+    let Transport::Rdma { device, gid_index, .. } = transport() else {
+        panic!("the transport under test is sim")
+    };
+    let sel = if device.is_empty() { DeviceSelector::First } else { DeviceSelector::Name(device) };
+    let ctx = <rpc_core::verbs::ibverbs::Ibverbs as Provider>::open(&sel).unwrap();
+    RawPeer::open(ctx, gid_index, cq_depth, recv_count, recv_size, ring_len, psn)
+}
+
+impl<P: Provider> RawPeer<P> {
+    /// [`RawPeer::new`] on an open device `ctx`, port 1, GID index `gid_index` (-1: chosen as
+    /// the runtime chooses, RoCEv2 first).
+    pub fn open(
+        ctx: P::Context,
+        gid_index: i32,
+        cq_depth: u32,
+        recv_count: u32,
+        recv_size: usize,
+        ring_len: usize,
+        psn: u32,
+    ) -> RawPeer<P> {
+        let addr = select_gid::<P>(&ctx, 1, gid_index).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(cq_depth, false).unwrap();
-        let recv = RecvPool::<Sim>::new(&pd, recv_count, recv_size).unwrap();
+        let recv = RecvPool::<P>::new(&pd, recv_count, recv_size).unwrap();
         let qp = pd
             .create_qp(&QpInitAttr {
                 send_cq: &cq,
@@ -443,9 +491,9 @@ impl RawPeer {
                 sq_sig_all: false,
             })
             .unwrap();
-        let ring = RecvRing::<Sim>::new(&pd, ring_len).unwrap();
-        let local = Endpoint { qp_num: qp.qp_num(), psn, lid: port.lid, gid, mtu: port.active_mtu };
-        RawPeer { qp, recv, ring, cq, pd, ctx, local }
+        let ring = RecvRing::<P>::new(&pd, ring_len).unwrap();
+        let local = addr.endpoint(qp.qp_num(), psn);
+        RawPeer { qp, recv, ring, cq, pd, ctx, local, addr }
     }
 
     /// This side's handshake (no auth token) with the given window and session.
@@ -469,8 +517,12 @@ impl RawPeer {
         }
     }
 
-    /// Connects the QP to the peer that sent `remote`.
+    /// Connects the QP to the peer that sent `remote`, with `cfg`'s timers and retries (its port,
+    /// GID index and link layer are this peer's).
     pub fn connect(&self, cfg: &RcConfig, remote: &Handshake) {
+        let a = &self.addr;
+        let cfg =
+            &RcConfig { port_num: a.port_num, gid_index: a.gid_index, link_layer: a.link_layer, ..*cfg };
         let remote = Endpoint {
             qp_num: remote.qp_num,
             psn: remote.psn,

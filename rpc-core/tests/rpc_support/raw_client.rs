@@ -9,10 +9,30 @@ use std::time::{Duration, Instant};
 use rpc_core::buffers::{split_send_wr_id, SendBuf, SendMirror, SendPool, SendQueue};
 use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{CompletionQueue, WcStatus, WorkCompletion};
+use rpc_core::verbs::{CompletionQueue, Provider, WcStatus, WorkCompletion};
 use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN};
 
 use super::RawPeer;
+
+/// SENDs of a QP that waited for a receive WQE of the other side (RNR): counted by the software
+/// NIC; a hardware NIC retries RNR without telling, so 0 there.
+pub trait RnrStalls {
+    /// RNR waits so far.
+    fn rnr_stalls(&self) -> u64;
+}
+
+impl RnrStalls for rpc_core::verbs::sim::SimQp {
+    fn rnr_stalls(&self) -> u64 {
+        rpc_core::verbs::sim::SimQp::rnr_stalls(self)
+    }
+}
+
+#[cfg(feature = "ibverbs")]
+impl RnrStalls for rpc_core::verbs::ibverbs::IbvQueuePair {
+    fn rnr_stalls(&self) -> u64 {
+        0
+    }
+}
 
 /// Send buffers of a raw client (each holds a header and an eager body of up to 4 KiB).
 const SEND_BUFS: u16 = 16;
@@ -20,16 +40,16 @@ const SEND_BUFS: u16 = 16;
 /// A connected raw session: a [`RawPeer`] (QP, CQ, receive buffers, ring), a send pool, a
 /// mirror of the other side's ring and a send queue. Fields are public for tests that post by
 /// hand; they drop in declaration order (the send side first, the peer's QP before its PD).
-pub struct RawClient {
+pub struct RawClient<P: Provider = Sim> {
     /// The send queue: batches WRs, counts what is outstanding.
     pub sq: SendQueue,
     /// Local source of the ring WRITEs, as long as the other side's ring.
-    pub mirror: SendMirror<Sim>,
+    pub mirror: SendMirror<P>,
     /// `SEND_BUFS` send buffers of `HEADER_LEN + 4096` bytes.
-    pub pool: SendPool<Sim>,
+    pub pool: SendPool<P>,
     /// The verbs resources (CQ of 256, 16 receive buffers of `HEADER_LEN + 4096` bytes, a
     /// 64 KiB receive ring).
-    pub peer: RawPeer,
+    pub peer: RawPeer<P>,
     /// The other side's ring: address and rkey.
     pub ring: (u64, u32),
     /// The other side's ring, in bytes.
@@ -74,20 +94,14 @@ impl RawClient {
     /// # Panics
     /// As [`connect`](Self::connect).
     pub fn connect_with(addr: SocketAddr, credits: u16, eager: u32, max_message: u32) -> RawClient {
-        let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
-        let mut tcp = TcpStream::connect(addr).unwrap();
-        // A server that never answers fails the test after `WAIT`, not hangs it.
-        tcp.set_read_timeout(Some(super::WAIT)).unwrap();
-        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(credits, eager, max_message, 0))).unwrap();
-        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-        tcp.set_read_timeout(None).unwrap();
-        peer.connect(&RcConfig::default(), &reply);
-        let session = reply.session;
-        let mut c = RawClient::over(peer, &reply, session, tcp);
-        c.max_message = c.max_message.min(max_message);
-        c
+        RawClient::connect_peer(
+            RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1),
+            addr,
+            credits,
+            eager,
+            max_message,
+        )
     }
-
     /// Plays a fake server: accepts one client on `listener`, answers its handshake as session
     /// `session` (with `tweak` applied to the reply), connects the QP, and returns the raw
     /// session with a clone of the TCP control channel (the caller decides when it closes).
@@ -110,6 +124,35 @@ impl RawClient {
         write_frame(&mut tcp, &Frame::Handshake(mine)).unwrap();
         let c = RawClient::over(peer, &hello, session, tcp.try_clone().unwrap());
         (c, tcp)
+    }
+}
+
+impl<P: Provider> RawClient<P>
+where
+    P::QueuePair: RnrStalls,
+{
+    /// [`connect_with`](RawClient::connect_with) over `peer`, a raw peer on any device.
+    ///
+    /// # Panics
+    /// As [`connect`](RawClient::connect).
+    pub fn connect_peer(
+        peer: RawPeer<P>,
+        addr: SocketAddr,
+        credits: u16,
+        eager: u32,
+        max_message: u32,
+    ) -> RawClient<P> {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        // A server that never answers fails the test after `WAIT`, not hangs it.
+        tcp.set_read_timeout(Some(super::WAIT)).unwrap();
+        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(credits, eager, max_message, 0))).unwrap();
+        let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+        tcp.set_read_timeout(None).unwrap();
+        peer.connect(&RcConfig::default(), &reply);
+        let session = reply.session;
+        let mut c = RawClient::over(peer, &reply, session, tcp);
+        c.max_message = c.max_message.min(max_message);
+        c
     }
 
     /// A client-side [`Session`](rpc_core::session::Session) with this raw session's id, the
@@ -134,9 +177,9 @@ impl RawClient {
     /// A raw session over `peer`, whose QP is already connected to the side that sent
     /// `remote` (its ring, limits and credits are taken from there), with `session` in the
     /// headers it sends; `tcp` is the control channel, kept open while this lives.
-    pub fn over(peer: RawPeer, remote: &Handshake, session: u32, tcp: TcpStream) -> RawClient {
-        let pool = SendPool::<Sim>::new(&peer.pd, SEND_BUFS, HEADER_LEN + 4096).unwrap();
-        let mirror = SendMirror::<Sim>::new(&peer.pd, remote.ring_len as usize).unwrap();
+    pub fn over(peer: RawPeer<P>, remote: &Handshake, session: u32, tcp: TcpStream) -> RawClient<P> {
+        let pool = SendPool::<P>::new(&peer.pd, SEND_BUFS, HEADER_LEN + 4096).unwrap();
+        let mirror = SendMirror::<P>::new(&peer.pd, remote.ring_len as usize).unwrap();
         RawClient {
             sq: SendQueue::new(64, 16),
             mirror,

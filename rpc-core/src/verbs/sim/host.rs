@@ -1,6 +1,6 @@
 //! A simulated host: its device context, protection domains and memory-region key table.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::cq::SimCq;
@@ -17,6 +17,19 @@ use crate::verbs::{
 
 /// Largest MR the sim registers, in bytes (16 GiB).
 pub(crate) const MAX_MR_SIZE: u64 = 1 << 34;
+
+/// Whether devices opened from now on have type-2 memory windows (see [`set_memory_windows`]).
+static MEMORY_WINDOWS: AtomicBool = AtomicBool::new(true);
+
+/// Whether software NICs opened from now on (in this process) have type-2 memory windows:
+/// `true` (the default) as rxe and mlx5 do; `false` as a device without them (`max_mw` 0, the
+/// type-2 capability flag clear, `ibv_alloc_mw` failing [`VerbsError::CapExceeded`]), to test
+/// what the runtime does on such a device. Devices already open keep what they had.
+///
+/// [`VerbsError::CapExceeded`]: crate::verbs::VerbsError::CapExceeded
+pub fn set_memory_windows(on: bool) {
+    MEMORY_WINDOWS.store(on, Ordering::Relaxed);
+}
 
 pub(crate) struct HostCore {
     pub(crate) id: u32,
@@ -39,6 +52,7 @@ impl HostCore {
     pub(crate) fn new(id: u32) -> Result<HostCore> {
         let seg = Segment::create(id)?;
         let gid = host_gid(super::shm::my_pid(), id);
+        let windows = MEMORY_WINDOWS.load(Ordering::Relaxed);
         Ok(HostCore {
             id,
             gid,
@@ -54,8 +68,8 @@ impl HostCore {
                 max_qp_rd_atom: 16,
                 max_inline_data: MAX_INLINE as u32,
                 phys_port_cnt: 1,
-                max_mw: MR_SLOTS as u32,
-                mw_type2: true,
+                max_mw: if windows { MR_SLOTS as u32 } else { 0 },
+                mw_type2: windows,
             },
             mrs: super::mr::MrTable::new(&seg),
             sq_slots: super::sqslots::SqSlots::new(),

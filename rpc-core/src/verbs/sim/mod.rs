@@ -170,7 +170,7 @@ mod srq;
 mod stats;
 
 pub use cq::SimCq;
-pub use host::{SimContext, SimPd};
+pub use host::{set_memory_windows, SimContext, SimPd};
 pub use mr::SimMr;
 pub use mw::SimMw;
 pub use qp::SimQp;

@@ -409,6 +409,14 @@ impl SimMw {
             });
         }
         let host = pd.inner.host.clone();
+        if !host.attr.mw_type2 {
+            return Err(crate::verbs::VerbsError::CapExceeded {
+                what: "ibv_alloc_mw",
+                cap: "max_mw (this software NIC has no memory windows: sim::set_memory_windows)",
+                requested: 1,
+                limit: 0,
+            });
+        }
         let first = host.mrs.alloc_mw(pd.inner.id).ok_or(crate::verbs::VerbsError::CapExceeded {
             what: "ibv_alloc_mw",
             cap: "max_mw (shared with max_mr)",
