@@ -363,8 +363,7 @@ fn calls_from_one_task_are_started_by_its_own_polls_not_the_dispatcher_thread() 
             check_reply(&r.unwrap(), seq, 16);
         }
     });
-    // Each call is queued, then its first poll finds the session free and starts it on this
-    // thread. (A reply later than poll_spin is waited for by the dispatcher thread, which then
+    // Each call finds the session free when it is made and starts on this thread. (A reply later than poll_spin is waited for by the dispatcher thread, which then
     // leaves the session to the task it woke: the next call is started by that task's poll.)
     // At most 1 % by the dispatcher thread: when it waited for a reply and woke the task, the
     // task's next call can be queued before the dispatcher let go of the session, and then the
@@ -376,6 +375,87 @@ fn calls_from_one_task_are_started_by_its_own_polls_not_the_dispatcher_thread() 
         thread <= 10,
         "{thread} of 1000 calls started by the dispatcher thread, {callers} by callers' polls"
     );
+    drop(ch);
+    server.shutdown();
+}
+
+/// A call made while its session is free (nothing queued, a slot free) starts at once, in the
+/// caller's thread, before its first poll: no queue between the caller and the session, and the
+/// request is encoded there and then. One whose request is over the session's size limit ends at
+/// once with RESOURCE_EXHAUSTED; one made while the window is full waits in the queue.
+#[test]
+fn a_call_made_on_a_free_session_starts_before_its_first_poll() {
+    let (server, stash) = spawn(server());
+    let cfg = channel_config("chan-now")
+        .client(client_config().polling(PollingPolicy::Event { spins: 0 }).window(2).max_message_size(4096));
+    let ch = Channel::connect_blocking(server.local_addr(), &cfg).unwrap();
+    let opts = CallOptions::default();
+    let first = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(1, 16, 16), &opts);
+    assert_eq!(ch.calls_started(), (1, 0), "a call on a free session is started before its first poll");
+    assert_eq!(ch.in_flight(), 1);
+    check_reply(&block_on(first).unwrap(), 1, 16);
+    let big = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(2, 8192, 0), &opts);
+    let e = block_on(big).unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    // Two stashed calls fill the window: the third waits in the queue until a slot is free.
+    let held: Vec<_> = (3..5).map(|s| ch.unary::<EchoMsg, EchoMsg>(STASH, request(s, 8, 8), &opts)).collect();
+    assert_eq!(ch.calls_started(), (3, 0));
+    let queued = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(5, 8, 8), &opts);
+    assert_eq!(ch.calls_started(), (3, 0), "a call made while the window is full is queued");
+    let mut held = held.into_iter();
+    let mut one = Box::pin(held.next().unwrap());
+    // The server holds both: answer the first, then the queued call goes out.
+    let until = Instant::now() + WAIT;
+    while stash.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < until, "the stashed calls never reached the server");
+        let _ = one.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let r = stash.lock().unwrap().remove(0);
+    r.send(Ok(EchoMsg { seq: 3, ..EchoMsg::default() }));
+    assert_eq!(block_on(one).unwrap().seq, 3);
+    check_reply(&block_on(queued).unwrap(), 5, 8);
+    assert_eq!(ch.calls_started().0 + ch.calls_started().1, 4);
+    drop(held);
+    drop(stash);
+    drop(ch);
+    server.shutdown();
+}
+
+thread_local! {
+    /// A call kept by a thread until its end (see the test below).
+    static KEPT: std::cell::RefCell<Vec<rpc_core::UnaryCall<EchoMsg>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A call dropped while its thread's locals are torn down (a future kept in a thread local) is
+/// cancelled like any other, without touching the channel's own thread locals, which may be gone
+/// by then (that would abort the process).
+#[test]
+fn a_call_dropped_at_its_threads_teardown_is_cancelled_cleanly() {
+    let (server, stash) = spawn(server());
+    let ch = Channel::connect_blocking(server.local_addr(), &channel_config("chan-tls")).unwrap();
+    let c = ch.clone();
+    std::thread::spawn(move || {
+        // Registered first, so torn down after the locals the calls below use.
+        KEPT.with(|_| {});
+        let opts = CallOptions::default();
+        // One finished (its state kept for reuse), one in flight (its drop cancels it).
+        let done = c.unary::<EchoMsg, EchoMsg>(ECHO, request(1, 8, 8), &opts);
+        check_reply(&block_on(done).unwrap(), 1, 8);
+        let finished = c.unary::<EchoMsg, EchoMsg>(ECHO, request(2, 8, 8), &opts);
+        let mut finished = Box::pin(finished);
+        let until = Instant::now() + WAIT;
+        while finished.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
+            assert!(Instant::now() < until, "no answer");
+        }
+        KEPT.with(|k| k.borrow_mut().push(c.unary::<EchoMsg, EchoMsg>(STASH, request(3, 8, 8), &opts)));
+        let last = c.unary::<EchoMsg, EchoMsg>(ECHO, request(4, 8, 8), &opts);
+        KEPT.with(|k| k.borrow_mut().push(last));
+    })
+    .join()
+    .expect("the thread ended cleanly");
+    assert!(eventually(|| ch.in_flight() == 0), "{} calls still in flight", ch.in_flight());
+    drop(stash);
     drop(ch);
     server.shutdown();
 }

@@ -4,8 +4,9 @@
 //!
 //! Whoever holds the session drives it ([`Driver::step`]): takes queued calls while the session
 //! has slots (each request is encoded straight into the session's registered memory) → one
-//! doorbell for the batch → polls the CQ → hands finished calls to their tasks → releases
-//! cancelled ones. A caller's poll drives it when it is free (see [`super::UnaryCall`]), so a
+//! doorbell for the batch (and for calls their callers started at once, [`Inner::start_now`])
+//! → polls the CQ → hands finished calls to their tasks → releases cancelled ones. A caller's
+//! poll drives it when it is free (see [`super::UnaryCall`]), so a
 //! call can go out and come back on the caller's own thread with no hop between threads. A
 //! driver that leaves with calls queued or in flight either finished other tasks' calls (woken
 //! now, or queued to run since an earlier wake), or its own call is
@@ -41,11 +42,13 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
+use prost::Message;
 
 use super::call::{Completion, Job};
-use crate::client::core::{CallId, ClientCore};
+use crate::client::core::{CallId, ClientCore, StartMode};
 use crate::client::ClientConfig;
 use crate::config::{PollingPolicy, EVENT_WAIT};
+use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
@@ -224,6 +227,39 @@ impl Inner {
         self.queue.push(job)
     }
 
+    /// Starts a unary call at once, when nothing is queued (calls keep their order) and the
+    /// session is free with a slot and room for the request: encodes it straight into the
+    /// session's registered memory (it goes out with the next step of whoever drives, which
+    /// rings one doorbell for all calls started since). `make` builds the call's job (with the
+    /// status when the start failed: the call ends with it). `None`: the call is to be queued.
+    pub(crate) fn start_now<M: Message, J: Job + 'static>(
+        &self,
+        method: MethodId,
+        req: &M,
+        timeout: Option<Duration>,
+        make: impl FnOnce(Option<Status>) -> Arc<J>,
+    ) -> Option<Arc<J>> {
+        if !self.queue.is_empty() {
+            return None;
+        }
+        let mut g = self.try_session()?;
+        let d = g.as_mut().expect("checked by try_session");
+        let deadline = timeout.map(|t| Instant::now() + t);
+        match with_any_core!(&mut d.core, c => c.start(method, req, deadline, StartMode::NoWait)) {
+            Ok(Some(id)) => {
+                let job = make(None);
+                let at_start = d.in_flight.len() as u64 + 1;
+                d.in_flight.push(InFlight { id, job: job.clone(), unary: true });
+                bump_held(&self.started_by_callers, 1);
+                bump_held(&self.stats.in_flight_at_start, at_start);
+                self.in_flight.store(d.in_flight.len(), Ordering::Release);
+                Some(job)
+            }
+            Ok(None) => None,
+            Err(s) => Some(make(Some(s))),
+        }
+    }
+
     /// Unparks the dispatcher thread when it sleeps.
     pub(crate) fn wake(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
@@ -314,7 +350,7 @@ impl Inner {
             // session while calls are in flight, takes it over after [`WATCH`] without a
             // caller's drive. No unpark (a system call and a thread switch on the caller's core)
             // per call.
-            self.owed.store(true, Ordering::SeqCst);
+            self.owed.store(true, Ordering::Release);
         } else if calls || owes {
             // Nobody will come back for it: with no call in flight, messages still to post
             // (a dropped call's Cancel) are no task's to drive.
@@ -375,7 +411,8 @@ fn wake_all(mut batch: Vec<Waker>) {
     for w in batch.drain(..) {
         w.wake();
     }
-    WAKE_BATCH.with(|b| {
+    // (Not during the thread's teardown, when its locals may be gone: a call dropped then.)
+    let _ = WAKE_BATCH.try_with(|b| {
         if let Ok(mut b) = b.try_borrow_mut() {
             if b.capacity() < batch.capacity() {
                 *b = batch;
@@ -445,6 +482,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 passive: 0,
                 wakers: Vec::new(),
                 finished: Vec::new(),
+                answered: Vec::new(),
                 changes_seen: 0,
                 delivered: 0,
                 empty: 0,
@@ -479,8 +517,11 @@ pub(crate) struct Driver {
     passive: usize,
     /// Wakers of the tasks whose calls finished in this hold of the session.
     wakers: Vec<Waker>,
-    /// Calls finished in this step, handed over once the count in flight is published.
+    /// Streams finished in this step, handed over once the count in flight is published.
     finished: Vec<Arc<dyn Job>>,
+    /// Unary calls answered (or expired: `true`) in this step, their answers taken from the
+    /// session and handed over once the count in flight is published.
+    answered: Vec<(InFlight, bool)>,
     changes_seen: u64,
     /// Calls handed to their tasks since the holder took the session.
     delivered: usize,
@@ -546,8 +587,9 @@ impl Driver {
 
     /// The wakers collected, to be woken once the session is let go.
     fn take_wakers(&mut self) -> Vec<Waker> {
-        let spare =
-            WAKE_BATCH.with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default());
+        let spare = WAKE_BATCH
+            .try_with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default());
+        let spare = spare.unwrap_or_default();
         std::mem::replace(&mut self.wakers, spare)
     }
 
@@ -577,7 +619,7 @@ impl Driver {
         if n > 0 {
             let started = (self.in_flight.len() - before) as u64;
             let by = if by_caller { &inner.started_by_callers } else { &inner.started_by_thread };
-            by.fetch_add(started, Ordering::Relaxed);
+            bump_held(by, started);
             bump_held(&inner.stats.in_flight_at_start, at_start);
             // The doorbell for the batch rings in the progress step that follows.
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
@@ -592,14 +634,17 @@ impl Driver {
     ///
     /// Without `full` (completions came, no future was dropped, no look at deadlines due), a
     /// unary call is looked at only when its slot has its answer (a compare, no call through
-    /// the job): the scan costs a few ns per call in flight, not two virtual calls.
+    /// the job): the scan costs a few ns per call in flight, not two virtual calls. A unary
+    /// call's answer stays in the session until the count is published; then one call through
+    /// its job decodes it and hands it over (one lock of the call's state).
     fn finish_calls(&mut self, inner: &Inner, full: bool) -> usize {
         let mut n = 0;
         let mut now = None;
         let mut i = 0;
         while i < self.in_flight.len() {
             let f = &self.in_flight[i];
-            if !full && f.unary && !with_any_core!(&self.core, c => c.is_answered(f.id)) {
+            let answered = f.unary && with_any_core!(&self.core, c => c.is_answered(f.id));
+            if !full && f.unary && !answered {
                 i += 1;
                 continue;
             }
@@ -612,9 +657,17 @@ impl Driver {
                 let f = self.in_flight.swap_remove(i);
                 self.passive -= usize::from(!f.unary);
                 n += 1;
+            } else if f.unary {
+                if answered || expired {
+                    let f = self.in_flight.swap_remove(i);
+                    self.answered.push((f, expired));
+                    n += 1;
+                } else {
+                    i += 1;
+                }
             } else if job.try_finish(&mut self.core, *id, expired) {
                 let f = self.in_flight.swap_remove(i);
-                self.passive -= usize::from(!f.unary);
+                self.passive -= 1;
                 self.finished.push(f.job);
                 n += 1;
             } else {
@@ -624,7 +677,10 @@ impl Driver {
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
-            self.delivered += self.finished.len();
+            self.delivered += self.finished.len() + self.answered.len();
+            for (f, expired) in self.answered.drain(..) {
+                f.job.finish(&mut self.core, f.id, expired, &mut self.wakers);
+            }
             for job in self.finished.drain(..) {
                 job.release(&mut self.wakers);
             }
@@ -743,7 +799,7 @@ impl Dispatcher {
             if (woke || contended || !needed) && !unowned {
                 // The tasks just woken drive it when polled (each poll of a call takes the
                 // session if it is owed); they want us back if they leave work.
-                inner.owed.store(true, Ordering::SeqCst);
+                inner.owed.store(true, Ordering::Release);
                 return;
             }
             if work > 0 {

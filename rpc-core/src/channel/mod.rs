@@ -4,10 +4,12 @@
 //! multi-thread runtime (tokio or another) may call through one handle at once, with calls from
 //! all of them pipelined on the same sessions. Kernel bypass stays: behind the handle, each
 //! dispatcher ([`ChannelConfig::dispatchers`], its thread optionally pinned) has a session to the
-//! server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call goes to a dispatcher
-//! through a bounded lock-free queue. Whoever holds the dispatcher's session drives it: the poll
-//! of a call, when the session is free, takes the queued calls, encodes each request straight
-//! into the session's registered memory (one encoding, no heap copy), rings one doorbell, polls
+//! server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call made while its
+//! dispatcher's session is free starts there and then: its request is encoded straight into the
+//! session's registered memory (one encoding, no heap copy) in the caller's thread; otherwise it
+//! goes to the dispatcher through a bounded lock-free queue. Whoever holds the dispatcher's
+//! session drives it: the poll of a call, when the session is free, takes the queued calls,
+//! encodes each request the same way, rings one doorbell for all calls started since, polls
 //! the CQ and hands finished calls to their tasks ("combining": the call goes out and its answer
 //! comes back on the caller's own thread, no hop between threads); otherwise the dispatcher's
 //! thread does. A completion wakes exactly the task that waits for it (nothing wakes itself). A
@@ -30,7 +32,7 @@ use std::future::Future;
 use std::net::ToSocketAddrs;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -40,7 +42,7 @@ use crate::client::{CallOptions, ClientConfig};
 use crate::config::PollingPolicy;
 use crate::dispatch::service::MethodId;
 use crate::status::Status;
-use call::{Completion, Job, UnaryJob};
+use call::{Completion, Job, Queued, UnaryJob};
 use dispatcher::Inner;
 pub use stream::{ClientStreamCall, StreamReceiver, StreamSender, STREAM_QUEUE};
 
@@ -268,10 +270,12 @@ impl Channel {
         Ok((Channel { shared: Arc::new(Shared { dispatchers, next: AtomicUsize::new(0) }) }, pending))
     }
 
-    /// A unary call: the future resolves to the response. The request is queued to a dispatcher
-    /// at once; whoever drives its session next (this call's poll, another call's, or the
-    /// dispatcher thread) encodes it into registered memory and sends it. Dropping the future
-    /// cancels the call (its slot is released; a late answer is discarded).
+    /// A unary call: the future resolves to the response. The request is encoded into the
+    /// dispatcher's registered memory at once when its session is free (nothing queued, a slot
+    /// and room free), or else queued to the dispatcher, and then encoded by whoever drives its
+    /// session next (this call's poll, another call's, or the dispatcher thread); it is sent
+    /// with the next step of whoever drives. Dropping the future cancels the call (its slot is
+    /// released; a late answer is discarded).
     ///
     /// The future is `Send + 'static` and resolves with the server's status, DEADLINE_EXCEEDED
     /// after `opts`' deadline, UNAVAILABLE when the session is gone (or the channel was dropped
@@ -281,23 +285,29 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let job = Arc::new(UnaryJob {
-            method: id,
-            timeout: opts.timeout(),
-            request: Mutex::new(Some(req)),
-            done: Completion::new(),
-        });
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
-        let submit: Arc<dyn Job> = job.clone();
-        let mut call = UnaryCall {
-            done: job,
-            submit: Some(submit),
-            shared: self.shared.clone(),
-            dispatcher,
-            taken: false,
-            waiting: false,
+        let d = &*self.shared.dispatchers[dispatcher];
+        let timeout = opts.timeout();
+        // With the session free, the call starts here (no queue, nothing kept of the request).
+        let make = |failed: Option<Status>| {
+            let job = UnaryJob::<Req, Resp>::new_or_spare();
+            if let Some(s) = failed {
+                job.done.complete(Err(s));
+            }
+            job
         };
+        if let Some(job) = d.start_now(id, &req, timeout, make) {
+            return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
+        }
+        let mut job = UnaryJob::<Req, Resp>::new_or_spare();
+        let q = Queued { method: id, timeout, req };
+        match Arc::get_mut(&mut job) {
+            Some(j) => *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(q),
+            None => *job.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(q),
+        }
+        let submit: Arc<dyn Job> = job.clone();
+        let mut call = UnaryCall::new(job, Some(submit), self.shared.clone(), dispatcher);
         call.try_queue();
         call
     }
@@ -391,18 +401,24 @@ pub struct ChannelStats {
 /// The result side of a call, whatever its request type.
 trait Outcome<Resp>: Send + Sync {
     fn done(&self) -> &Completion<Result<Resp, Status>>;
+    /// The call is over: its state is kept for reuse if nobody else holds it.
+    fn give_back(self: Arc<Self>);
 }
 
-impl<Req: Send, Resp: Send> Outcome<Resp> for UnaryJob<Req, Resp> {
+impl<Req: Send + 'static, Resp: Send + 'static> Outcome<Resp> for UnaryJob<Req, Resp> {
     fn done(&self) -> &Completion<Result<Resp, Status>> {
         &self.done
+    }
+    fn give_back(self: Arc<Self>) {
+        UnaryJob::recycle(self);
     }
 }
 
 /// The future of a [`Channel::unary`] call: `Send + 'static`; dropping it cancels the call.
 #[must_use = "a call does nothing useful unless awaited, and dropping it cancels the call"]
 pub struct UnaryCall<Resp> {
-    done: Arc<dyn Outcome<Resp>>,
+    /// The call's state (`None` once dropped: given back for reuse).
+    done: Option<Arc<dyn Outcome<Resp>>>,
     /// The call until a dispatcher's queue took it (it was full).
     submit: Option<Arc<dyn Job>>,
     shared: Arc<Shared>,
@@ -412,9 +428,29 @@ pub struct UnaryCall<Resp> {
     /// Counted in the dispatcher's `waiters`: the last poll returned `Pending` with the waker
     /// registered.
     waiting: bool,
+    /// The completion may hold this task's waker (a poll returned `Pending` after registering
+    /// it): the next poll that drives forgets it first.
+    registered: bool,
 }
 
 impl<Resp> UnaryCall<Resp> {
+    fn new(
+        done: Arc<dyn Outcome<Resp>>,
+        submit: Option<Arc<dyn Job>>,
+        shared: Arc<Shared>,
+        dispatcher: usize,
+    ) -> UnaryCall<Resp> {
+        UnaryCall {
+            done: Some(done),
+            submit,
+            shared,
+            dispatcher,
+            taken: false,
+            waiting: false,
+            registered: false,
+        }
+    }
+
     /// Counts the call among the dispatcher's waiters (before it hands anything to the
     /// dispatcher thread, which drives only while some task waits).
     fn wait(&mut self) {
@@ -464,7 +500,7 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         // Disjoint borrows of the fields (no clone of the shared handles per poll).
         let d = &*this.shared.dispatchers[this.dispatcher];
-        let done = this.done.done();
+        let Some(done) = this.done.as_deref().map(|o| o.done()) else { return ready(None) };
         let waiting = &mut this.waiting;
         if let Some(r) = done.try_take() {
             coop.made_progress();
@@ -473,7 +509,9 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         // From here until the waker is registered again, we poll for ourselves: a completion
         // meanwhile must not wake this task (nothing wakes itself).
-        done.unregister();
+        if std::mem::take(&mut this.registered) {
+            done.unregister();
+        }
         let is_done = || done.is_done();
         // Read only when another thread holds the session (no clock read per poll otherwise).
         let mut started: Option<Instant> = None;
@@ -518,6 +556,7 @@ impl<Resp> Future for UnaryCall<Resp> {
             }
             Poll::Pending => {
                 wait(waiting, d);
+                this.registered = true;
                 Poll::Pending
             }
         }
@@ -553,8 +592,9 @@ fn ready<Resp>(r: Option<Result<Resp, Status>>) -> Poll<Result<Resp, Status>> {
 impl<Resp> Drop for UnaryCall<Resp> {
     fn drop(&mut self) {
         self.unwait();
+        let Some(done) = self.done.take() else { return };
         let d = &*self.shared.dispatchers[self.dispatcher];
-        if self.done.done().cancel() {
+        if done.done().cancel() {
             d.changes.fetch_add(1, Ordering::AcqRel);
             // The Cancel goes out (and the slot comes back) with the next step of a driver.
             d.drive_or_hand_off(Duration::ZERO, &|| true);
@@ -562,12 +602,16 @@ impl<Resp> Drop for UnaryCall<Resp> {
             // Woken and dropped unpolled: the session was left to us.
             d.drive_or_hand_off(d.poll_spin, &|| false);
         }
+        self.submit = None;
+        done.give_back();
     }
 }
 
 impl<Resp> std::fmt::Debug for UnaryCall<Resp> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UnaryCall").field("done", &self.done.done().is_done()).finish()
+        f.debug_struct("UnaryCall")
+            .field("done", &self.done.as_ref().is_some_and(|o| o.done().is_done()))
+            .finish()
     }
 }
 
