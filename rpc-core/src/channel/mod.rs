@@ -434,6 +434,17 @@ pub struct UnaryCall<Resp> {
 }
 
 impl<Resp> UnaryCall<Resp> {
+    /// Cancels the call; the same as dropping it, said explicitly. A call on the wire gets a
+    /// Cancel (posted by this thread when the session is free, else by the driver's next step):
+    /// the server drops the request if it has not been dispatched, raises
+    /// [`Responder::is_cancelled`](crate::codegen::Responder::is_cancelled) for a deferred call,
+    /// drops an async handler's future, and gives the credit back; the slot is reused once the
+    /// server's answer or acknowledgement arrived. A call not yet sent is forgotten; a call that
+    /// already ended is left as it is.
+    pub fn cancel(self) {
+        drop(self);
+    }
+
     fn new(
         done: Arc<dyn Outcome<Resp>>,
         submit: Option<Arc<dyn Job>>,
