@@ -11,7 +11,7 @@ fn request_header() -> Header {
         kind: Kind::Request,
         in_ring: false,
         stream: 0,
-        credits: 0,
+        count: 0,
         status: Code::Ok,
         slot: 7,
         generation: 42,

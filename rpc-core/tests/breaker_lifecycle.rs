@@ -171,7 +171,7 @@ fn malformed_stream_batches_from_a_server_close_the_session() {
         let len = body.len() as u32;
         Header {
             stream: STREAM_BATCH,
-            credits: count,
+            count,
             body_len: len,
             total_len: len,
             ..header_for(req, Kind::StreamMsg)
@@ -443,7 +443,7 @@ fn a_deadline_passing_while_a_client_batch_is_open_gives_its_buffer_back() {
                 std::thread::yield_now();
                 continue;
             };
-            if matches!(h.kind, Kind::StreamMsg | Kind::StreamEnd | Kind::StreamCredit) {
+            if matches!(h.kind, Kind::StreamMsg | Kind::StreamEnd | Kind::StreamGrant) {
                 taken += 1;
             }
             let header_for = |h: Header, kind: Kind| Header { stream_taken: taken, ..header_for(h, kind) };
@@ -457,10 +457,10 @@ fn a_deadline_passing_while_a_client_batch_is_open_gives_its_buffer_back() {
                     }
                     return;
                 }
-                Kind::Request => c.send(Header { credits: 1, ..header_for(h, Kind::StreamCredit) }, &[]),
+                Kind::Request => c.send(Header { count: 1, ..header_for(h, Kind::StreamGrant) }, &[]),
                 Kind::StreamMsg => {
                     let batched = h.stream & STREAM_BATCH != 0;
-                    STREAM_MSGS[0].fetch_add(if batched { usize::from(h.credits) } else { 1 }, Relaxed);
+                    STREAM_MSGS[0].fetch_add(if batched { usize::from(h.count) } else { 1 }, Relaxed);
                     STREAM_MSGS[1].fetch_add(1, Relaxed);
                 }
                 Kind::Cancel => {
@@ -522,10 +522,10 @@ fn a_server_streaming_past_the_deadline_is_ended_by_the_client() {
         let Some(req) = first_request(c) else { return };
         let body = prost::Message::encode_to_vec(&request(1, 8, 0));
         let len = body.len() as u32;
-        let (mut credits, mut taken) = (u32::from(req.credits), 0u32);
+        let (mut credits, mut taken) = (u32::from(req.count), 0u32);
         let until = Instant::now() + WAIT;
         while Instant::now() < until && !c.dead {
-            // The client's stream credits taken, reported on every header (they hold its credits).
+            // The client's stream grants taken, reported on every header (they hold its credits).
             let msg = Header {
                 body_len: len,
                 total_len: len,
@@ -542,8 +542,8 @@ fn a_server_streaming_past_the_deadline_is_ended_by_the_client() {
                 credits -= 1;
             }
             match c.poll() {
-                Some((h, _)) if h.kind == Kind::StreamCredit => {
-                    credits += u32::from(h.credits);
+                Some((h, _)) if h.kind == Kind::StreamGrant => {
+                    credits += u32::from(h.count);
                     taken += 1;
                 }
                 Some((h, _)) if h.kind == Kind::Cancel => {

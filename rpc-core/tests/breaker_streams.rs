@@ -124,11 +124,11 @@ fn connect_raw(addr: std::net::SocketAddr) -> RawClient {
 }
 
 fn request(slot: u16, method: MethodId, stream: u8, credits: u16) -> Header {
-    Header { slot, generation: 1, method, stream, credits, ..Header::new(Kind::Request) }
+    Header { slot, generation: 1, method, stream, count: credits, ..Header::new(Kind::Request) }
 }
 
 fn control(kind: Kind, slot: u16, credits: u16) -> Header {
-    Header { slot, generation: 1, credits, ..Header::new(kind) }
+    Header { slot, generation: 1, count: credits, ..Header::new(kind) }
 }
 
 fn stream_msg(slot: u16, body: &[u8]) -> Header {
@@ -175,9 +175,9 @@ fn raw_unary_works(raw: &mut RawClient, slot: u16) {
 fn stream_controls_for_calls_that_are_not_streams_change_nothing() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
-    // Nothing open on slot 5: a StreamCredit, a StreamEnd, a StreamMsg (dropped: it may be a
+    // Nothing open on slot 5: a StreamGrant, a StreamEnd, a StreamMsg (dropped: it may be a
     // message sent before the stream's answer reached the client).
-    raw.send(control(Kind::StreamCredit, 5, 9), &[]);
+    raw.send(control(Kind::StreamGrant, 5, 9), &[]);
     raw.send(control(Kind::StreamEnd, 5, 0), &[]);
     raw.send(stream_msg(5, &echo_body(1)), &echo_body(1));
     // A server stream (no client messages): its client ends "its messages" and sends one.
@@ -187,7 +187,7 @@ fn stream_controls_for_calls_that_are_not_streams_change_nothing() {
     raw.send(control(Kind::Cancel, 0, 0), &[]);
     raw.wait_for(Kind::Response, 0);
     // Controls after the stream's answer (the slot's generation 1 is over).
-    raw.send(control(Kind::StreamCredit, 0, 3), &[]);
+    raw.send(control(Kind::StreamGrant, 0, 3), &[]);
     raw.send(control(Kind::StreamEnd, 0, 0), &[]);
     raw.send(control(Kind::Cancel, 0, 0), &[]);
     raw_unary_works(&mut raw, 1);
@@ -201,7 +201,7 @@ fn stream_end_twice_and_a_cancel_after_the_end_answer_the_call_once() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     raw.send(request(2, COUNT, STREAM_IN, 0), &[]);
-    raw.wait_for(Kind::StreamCredit, 2);
+    raw.wait_for(Kind::StreamGrant, 2);
     for seq in 0..3 {
         raw.send(stream_msg(2, &echo_body(seq)), &echo_body(seq));
     }
@@ -223,12 +223,12 @@ fn stream_end_twice_and_a_cancel_after_the_end_answer_the_call_once() {
 }
 
 #[test]
-fn stream_messages_beyond_the_granted_credits_close_the_offender() {
+fn stream_messages_beyond_their_grants_close_the_offender() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     // HOLD never reads, so no grant follows the first: one message more than it.
     raw.send(request(0, HOLD, STREAM_IN, 0), &[]);
-    let granted = raw.wait_for(Kind::StreamCredit, 0).credits;
+    let granted = raw.wait_for(Kind::StreamGrant, 0).count;
     assert!(granted > 0 && u32::from(granted) <= rpc_core::session::MAX_STREAM_BUDGET);
     for seq in 0..u64::from(granted) {
         raw.send(stream_msg(0, &echo_body(seq)), &echo_body(seq));
@@ -237,7 +237,7 @@ fn stream_messages_beyond_the_granted_credits_close_the_offender() {
     raw_unary_works(&mut raw, 1);
     assert_eq!(h.counters().malformed, 0);
     raw.send(stream_msg(0, &echo_body(99)), &echo_body(99));
-    closed_as_malformed(&h, 0, "messages beyond the stream's credits");
+    closed_as_malformed(&h, 0, "messages beyond the stream's grants");
     drop(raw);
     h.shutdown();
 }
@@ -304,7 +304,7 @@ fn a_stream_message_after_the_clients_end_closes_the_offender() {
     let mut raw = connect_raw(h.local_addr());
     // HOLD answers only once cancelled: the end and the message after it come before.
     raw.send(request(0, HOLD, STREAM_IN, 0), &[]);
-    raw.wait_for(Kind::StreamCredit, 0);
+    raw.wait_for(Kind::StreamGrant, 0);
     raw.send(control(Kind::StreamEnd, 0, 0), &[]);
     raw.send(stream_msg(0, &echo_body(1)), &echo_body(1));
     closed_as_malformed(&h, 0, "a message after StreamEnd");
@@ -316,7 +316,7 @@ fn a_stream_message_after_the_clients_end_closes_the_offender() {
 /// budget, at most MAX_STREAM_BUDGET, granted) would make the server move every message its
 /// handler produces into the session's backlog while the peer reads nothing: unbounded memory.
 #[test]
-fn stream_credits_beyond_the_budget_in_the_request_close_the_offender() {
+fn stream_grants_beyond_the_budget_in_the_request_close_the_offender() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     raw.reading = false;
@@ -327,18 +327,18 @@ fn stream_credits_beyond_the_budget_in_the_request_close_the_offender() {
 }
 
 #[test]
-fn repeated_stream_credit_grants_beyond_the_budget_close_the_offender() {
+fn repeated_stream_grants_beyond_the_budget_close_the_offender() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     raw.reading = false;
     raw.send(request(0, FLOOD, STREAM_OUT, 1), &[]);
     for _ in 0..64 {
-        raw.send(control(Kind::StreamCredit, 0, u16::MAX), &[]);
+        raw.send(control(Kind::StreamGrant, 0, u16::MAX), &[]);
         if raw.try_poll().is_err() {
             break;
         }
     }
-    closed_as_malformed(&h, 0, "repeated huge StreamCredits");
+    closed_as_malformed(&h, 0, "repeated huge StreamGrants");
     drop(raw);
     h.shutdown();
 }
@@ -348,7 +348,7 @@ fn a_stream_message_out_of_the_ring_closes_the_offender() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
-    raw.wait_for(Kind::StreamCredit, 0);
+    raw.wait_for(Kind::StreamGrant, 0);
     let len = 4096u32;
     let ring_len = raw.ring_len;
     raw.write(0, &vec![0x5a; len as usize], None);
@@ -364,7 +364,7 @@ fn a_stream_message_over_max_message_size_closes_the_offender() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
-    raw.wait_for(Kind::StreamCredit, 0);
+    raw.wait_for(Kind::StreamGrant, 0);
     // 64 MiB announced, in pieces, the first of 4 KiB.
     raw.write(0, &[0x5a; 4096], None);
     let h0 = Header { in_ring: true, body_len: 4096, total_len: 64 << 20, ..stream_msg(0, &[]) };
@@ -376,7 +376,7 @@ fn a_stream_message_over_max_message_size_closes_the_offender() {
 
 /// A batch header for `n` messages with `body`.
 fn batch_msg(slot: u16, n: u16, body: &[u8]) -> Header {
-    Header { stream: rpc_core::wire::STREAM_BATCH, credits: n, ..stream_msg(slot, body) }
+    Header { stream: rpc_core::wire::STREAM_BATCH, count: n, ..stream_msg(slot, body) }
 }
 
 #[test]
@@ -384,7 +384,7 @@ fn a_stream_batch_whose_frames_do_not_add_up_closes_the_offender() {
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
-    raw.wait_for(Kind::StreamCredit, 0);
+    raw.wait_for(Kind::StreamGrant, 0);
     // Announces 3 messages, carries 2.
     let mut body = Vec::new();
     rpc_core::wire::push_frame(&mut body, &echo_body(1));
@@ -395,7 +395,7 @@ fn a_stream_batch_whose_frames_do_not_add_up_closes_the_offender() {
     // A frame whose length runs past the body.
     let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
-    raw.wait_for(Kind::StreamCredit, 0);
+    raw.wait_for(Kind::StreamGrant, 0);
     let mut body = Vec::new();
     rpc_core::wire::push_frame(&mut body, &echo_body(1));
     body[0] = 100;
@@ -405,15 +405,15 @@ fn a_stream_batch_whose_frames_do_not_add_up_closes_the_offender() {
     h.shutdown();
 }
 
-/// A batch takes one stream credit and reaches the reader as its messages: every credit the
+/// A batch takes one stream grant and reaches the reader as its messages: every credit the
 /// server granted carries 50 messages, none is refused, and the handler counts them all.
 #[test]
-fn a_batch_takes_one_credit_and_reaches_the_reader_message_by_message() {
+fn a_batch_takes_one_grant_and_reaches_the_reader_message_by_message() {
     use prost::Message;
     let (h, _c) = start();
     let mut raw = connect_raw(h.local_addr());
     raw.send(request(0, COUNT, STREAM_IN, 0), &[]);
-    let granted = raw.wait_for(Kind::StreamCredit, 0).credits;
+    let granted = raw.wait_for(Kind::StreamGrant, 0).count;
     let mut body = Vec::new();
     for _ in 0..50 {
         rpc_core::wire::push_frame(&mut body, &echo_body(0));
@@ -466,7 +466,7 @@ fn bidi_send_after_finish_and_finish_twice_are_clear_errors() {
 fn a_handler_that_drops_its_request_stream_lets_the_client_send_on_and_finish() {
     let (_h, c) = start();
     let mut s = c.client_stream::<EchoMsg, EchoMsg>(DROP_READER, &CallOptions::default()).unwrap();
-    // Far more than any stream's credits: each message dropped for want of a reader returns
+    // Far more than any stream's grants: each message dropped for want of a reader returns
     // its credit, so no send stalls (the handler answers only after them).
     for seq in 0..400 {
         s.send(&request_msg(seq)).unwrap();
@@ -553,11 +553,11 @@ fn apply_incoming(c: &mut RawClient, sess: &mut rpc_core::session::Session) -> u
 /// Many sessions streaming at once while their worker takes nothing, each raw client sending
 /// everything a client [`rpc_core::session::Session`] of its own allows (the protocol's rule,
 /// not this test's): per session three client streams (their messages and stream ends), a
-/// server stream (the stream credits for the messages it received), every unary call its
+/// server stream (the stream grants for the messages it received), every unary call its
 /// credits still allow, a Cancel per call and a RingReturn per credit. Stream SENDs hold request
 /// credits, so all of it stays within `ServerConfig::srq_per_session` per session, and on an SRQ
 /// sized for exactly these sessions no SEND waits for a receive WQE (RNR). Before stream SENDs
-/// held credits, a session sent 32 stream messages, 3 stream ends and stream credits on top of
+/// held credits, a session sent 32 stream messages, 3 stream ends and stream grants on top of
 /// its 32 requests, and the SENDs waited.
 #[test]
 fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
@@ -595,7 +595,7 @@ fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
         until("the grants and a window of the server stream", || {
             apply_incoming(&mut c, &mut sess);
             let granted =
-                streams[..3].iter().map(|&(s, g)| sess.stream_send_credits(s, g).unwrap()).sum::<u32>();
+                streams[..3].iter().map(|&(s, g)| sess.stream_send_grants(s, g).unwrap()).sum::<u32>();
             granted == u32::from(CREDITS) && sess.stream_receive_window(flood.0, flood.1) == Some((cap, 0))
         });
         peers.push((c, sess, streams));

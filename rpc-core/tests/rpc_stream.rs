@@ -130,7 +130,7 @@ fn messages_larger_than_the_ring_arrive_byte_for_byte() {
 }
 
 #[test]
-fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_credit_limit() {
+fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_grant_limit() {
     let (_h, probe, c) = start();
     let mut s = c
         .server_stream::<_, EchoMsg>(
@@ -160,7 +160,7 @@ fn a_client_that_stops_taking_messages_stalls_the_producer_at_the_credit_limit()
         );
         std::thread::yield_now();
     }
-    // Sent = taken (1) + held or granted at the client (the stream's credits, 16 SENDs, each one
+    // Sent = taken (1) + held or granted at the client (the stream's grants, 16 SENDs, each one
     // message or a batch of as many as fit an eager buffer of 4096 bytes: at least 34 bytes
     // each, plus a frame's length) + waiting in the sink (SINK_DEPTH); the producer blocks in
     // `send` for the next.

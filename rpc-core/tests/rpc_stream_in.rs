@@ -1,6 +1,6 @@
 //! Client-streaming and bidirectional streams end to end (sim, or rxe0 in the Soft-RoCE tier):
 //! many messages byte for byte, messages larger than the ring (in pieces), backpressure (a
-//! server that stops reading stalls the client's `send` at the stream's credits), cancel from
+//! server that stops reading stalls the client's `send` at the stream's grants), cancel from
 //! either end, the deadline of the whole stream, a clean end distinct from a cancel, and a large
 //! stream of 64 KiB messages.
 
@@ -275,7 +275,7 @@ fn bidi_stream_echoes_many_messages_byte_for_byte_in_order() {
 }
 
 #[test]
-fn a_server_that_stops_reading_stalls_the_clients_send_at_the_credit_limit() {
+fn a_server_that_stops_reading_stalls_the_clients_send_at_the_grant_limit() {
     let (_h, probe, c) = start();
     let mut s = c.client_stream::<EchoMsg, EchoMsg>(STALL, &CallOptions::default()).unwrap();
     let mut sent = 0u64;
@@ -293,7 +293,7 @@ fn a_server_that_stops_reading_stalls_the_clients_send_at_the_credit_limit() {
         assert!(Instant::now() < give_up, "the sender never stalled ({sent} sent)");
         std::thread::yield_now();
     }
-    // The stream's credits: half the session's stream budget (the window, 32 by default), each
+    // The stream's grants: half the session's stream budget (the window, 32 by default), each
     // a SEND of one message or a batch of those that waited for a credit, plus the client's one
     // open batch waiting for the next (batches: an eager buffer of 4096 bytes, messages of at
     // least 1000 bytes and a frame's length each).
@@ -552,7 +552,7 @@ fn a_channel_sender_stalls_on_a_server_that_stops_reading_and_cancels_when_dropp
                 Err(_) => break,
             }
         }
-        // The stream's credits (16), each a SEND of one message or a batch of those that waited
+        // The stream's grants (16), each a SEND of one message or a batch of those that waited
         // for a credit, + the open batch waiting for the next (an eager buffer of 4096 bytes,
         // messages of 1000 bytes and a frame's length each) + the queue to the dispatcher + the
         // one held back when the batch is full.

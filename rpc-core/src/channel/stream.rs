@@ -5,10 +5,10 @@
 //!
 //! The dispatcher that owns the session moves messages between it and the tasks: a task encodes
 //! its message and queues it (at most [`STREAM_QUEUE`] wait; `send` waits for room, woken by the
-//! dispatcher, which takes one per stream credit of the server); the dispatcher decodes the
+//! dispatcher, which takes one per stream grant of the server); the dispatcher decodes the
 //! server's messages into the receiver's queue (at most [`STREAM_QUEUE`]) and returns their
-//! credits only as that queue has room, so a task that stops reading stalls the server's producer.
-//! Memory per stream is bounded by the two queues and the stream's credits, whatever either
+//! stream grants only as that queue has room, so a task that stops reading stalls the server's producer.
+//! Memory per stream is bounded by the two queues and the stream's grants, whatever either
 //! side's speed. Dropping a half before the stream's end cancels the call; `finish` ends the
 //! caller's messages cleanly (distinct from a cancel). The call's timeout is the whole stream's
 //! deadline. A stream opened while the dispatcher's queue is full waits for room (its halves'
@@ -34,7 +34,7 @@ use crate::status::Status;
 use crate::wire::{STREAM_IN, STREAM_OUT};
 
 /// Messages that wait in each direction of a channel stream, between the tasks and the
-/// dispatcher (beyond the stream's credits at either end).
+/// dispatcher (beyond the stream's grants at either end).
 pub const STREAM_QUEUE: usize = 16;
 
 /// The caller's messages on their way to the dispatcher.
@@ -114,7 +114,7 @@ struct StreamJob<Req, Resp> {
     flags: u8,
     request: Mutex<Option<Req>>,
     state: Arc<StreamState<Resp>>,
-    /// A message taken from the queue that found no credit: first in line (dispatcher only).
+    /// A message taken from the queue that found no stream grant: first in line (dispatcher only).
     held: Mutex<Option<Vec<u8>>>,
 }
 
@@ -139,7 +139,7 @@ where
             st.stage_end(Err(Status::deadline_exceeded("the stream's deadline passed before its end")));
             return true;
         }
-        // The caller's messages, one per stream credit.
+        // The caller's messages, one per stream grant.
         if self.flags & STREAM_IN != 0 {
             let mut sent = false;
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -147,7 +147,7 @@ where
                 match with_any_core!(core, c => c.stream_send_encoded(id, bytes)) {
                     Ok(None) => sent = true,
                     Ok(Some(back)) => {
-                        // No credit: it waits first in line for the next grant.
+                        // No stream grant: it waits first in line for the next grant.
                         *held = Some(back);
                         break;
                     }
@@ -392,7 +392,7 @@ pub struct StreamSender<Req> {
 impl<Req: Message> StreamSender<Req> {
     /// Sends one message, after the ones sent before: encoded here, queued to the dispatcher.
     /// Waits (the future stays pending, woken by the dispatcher) while [`STREAM_QUEUE`] messages
-    /// wait for the server's credits: a server that stops reading stalls the sender here.
+    /// wait for the server's stream grants: a server that stops reading stalls the sender here.
     ///
     /// # Errors
     /// FAILED_PRECONDITION once the stream is over (the server answered, its deadline passed,
@@ -460,7 +460,7 @@ pub struct StreamReceiver<Resp> {
 impl<Resp: Message + Default> StreamReceiver<Resp> {
     /// The next message: `Ok(Some(m))`, or `Ok(None)` at the stream's clean end (the server
     /// finished it with OK). Woken by the dispatcher (no polling). Taking a message from a full
-    /// queue lets the dispatcher return credits to the server.
+    /// queue lets the dispatcher return stream grants to the server.
     ///
     /// # Errors
     /// The stream's final status when not OK: the server's error, DEADLINE_EXCEEDED at the
@@ -548,7 +548,7 @@ pub struct ClientStreamCall<Req, Resp> {
 }
 
 impl<Req: Message, Resp: Message + Default> ClientStreamCall<Req, Resp> {
-    /// Sends one message (as [`StreamSender::send`]: waits while the server's credits and the
+    /// Sends one message (as [`StreamSender::send`]: waits while the server's stream grants and the
     /// queue are used up).
     ///
     /// # Errors

@@ -62,7 +62,7 @@ pub(crate) enum Answer {
     },
 }
 
-/// Stream messages waiting in one send buffer for a stream credit: `len` body bytes of `count`
+/// Stream messages waiting in one send buffer for a stream grant: `len` body bytes of `count`
 /// frames after the header.
 struct OpenBatch {
     slot: u16,
@@ -127,7 +127,7 @@ pub(crate) struct ClientCore<P: Provider> {
     /// Streams cancelled while a message of theirs was leaving in pieces: the Cancel follows
     /// its last piece (the session's [`Session::request_left`]).
     stream_cancels: Vec<(u16, u32)>,
-    /// Messages of one caller's stream that found no stream credit, framed into one send
+    /// Messages of one caller's stream that found no stream grant, framed into one send
     /// buffer ([`crate::wire::STREAM_BATCH`]): they leave as one SEND with the next credit.
     stream_batch: Option<OpenBatch>,
     tcp: TcpStream,
@@ -587,7 +587,7 @@ impl<P: Provider> ClientCore<P> {
             slot: b.slot,
             generation: b.generation,
             stream: crate::wire::STREAM_BATCH,
-            credits: b.count,
+            count: b.count,
             ..Header::new(Kind::StreamMsg)
         };
         self.conn.queue(b.buf, h, BodyAt::Eager(b.len));
@@ -876,7 +876,7 @@ impl<P: Provider> ClientCore<P> {
                 if self.conn.session.calls().state(h.slot) == crate::session::SlotState::InFlight {
                     let body = match body {
                         Answer::Eager(buf) if h.stream & crate::wire::STREAM_BATCH != 0 => {
-                            Answer::Batch { buf, at: 0, left: h.credits }
+                            Answer::Batch { buf, at: 0, left: h.count }
                         }
                         other => other,
                     };
@@ -888,7 +888,7 @@ impl<P: Provider> ClientCore<P> {
                 }
             }
             // Credits changed the session's state; a stream end is refused by the session.
-            Kind::StreamEnd | Kind::StreamCredit => self.release(body),
+            Kind::StreamEnd | Kind::StreamGrant => self.release(body),
         }
     }
 
@@ -1183,7 +1183,7 @@ impl<P: Provider> ClientCore<P> {
 
     /// Sends one message of the caller's stream `id` (client or bidirectional streaming), after
     /// the messages sent before it. Waits (progressing the session, per the polling policy) for
-    /// a stream credit of the server when `wait`, else returns `Ok(false)` without one. Small
+    /// a stream grant of the server when `wait`, else returns `Ok(false)` without one. Small
     /// bodies are encoded straight into a send buffer; others go through the outbox, whole or
     /// in pieces through the server's ring, so the stream's order holds.
     ///

@@ -546,7 +546,7 @@ impl<T> Drop for ResponseFuture<'_, T> {
 
 /// The messages of a server stream, in order, taken by the calling thread
 /// ([`Client::server_stream`]). Each message taken returns its credit to the server, so a caller
-/// that stops taking them stalls the server's producer once the stream's credits (half the
+/// that stops taking them stalls the server's producer once the stream's grants (half the
 /// session's, 16 messages by default) are held here. Dropping it before its end cancels the
 /// stream (the server's sink sees it cancelled).
 pub struct Streaming<'a, T> {

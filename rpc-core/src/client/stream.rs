@@ -1,6 +1,6 @@
 //! Client-streaming and bidirectional calls on a [`Client`]: the caller pushes its messages with
-//! `send` (which waits for the server's stream credits: a server that stops reading stalls the
-//! caller here, and memory stays bounded by those credits), ends them cleanly with `finish`, and
+//! `send` (which waits for the server's stream grants: a server that stops reading stalls the
+//! caller here, and memory stays bounded by those grants), ends them cleanly with `finish`, and
 //! takes the answer (client streaming) or the server's messages (bidirectional). Dropping the
 //! call before its end cancels it; the call's timeout is the whole stream's deadline.
 
@@ -95,7 +95,7 @@ pub struct ClientStreaming<'a, Req, Resp> {
 
 impl<Req: Message, Resp: Message + Default> ClientStreaming<'_, Req, Resp> {
     /// Sends one message, after the ones sent before. Blocks (progressing the session per the
-    /// client's polling policy) while the server's stream credits are used up: a server that
+    /// client's polling policy) while the server's stream grants are used up: a server that
     /// stops reading stalls the caller here.
     ///
     /// # Errors
@@ -107,7 +107,7 @@ impl<Req: Message, Resp: Message + Default> ClientStreaming<'_, Req, Resp> {
         self.send_inner(msg, true).map(|_| ())
     }
 
-    /// Sends one message if a stream credit is free now: `Ok(false)` (nothing sent) otherwise.
+    /// Sends one message if a stream grant is free now: `Ok(false)` (nothing sent) otherwise.
     ///
     /// # Errors
     /// As [`ClientStreaming::send`].
@@ -164,7 +164,7 @@ impl<Req, Resp> Drop for ClientStreaming<'_, Req, Resp> {
 /// cancels the call.
 ///
 /// One thread drives both directions: a caller that only sends while the server only answers
-/// (and never reads) stalls once both sides' credits are used up, so interleave
+/// (and never reads) stalls once both sides' stream grants are used up, so interleave
 /// [`BidiStreaming::try_message`] or [`BidiStreaming::message`] with the sends when the server
 /// answers as it reads.
 pub struct BidiStreaming<'a, Req, Resp> {
@@ -176,7 +176,7 @@ pub struct BidiStreaming<'a, Req, Resp> {
 }
 
 impl<Req: Message, Resp: Message + Default> BidiStreaming<'_, Req, Resp> {
-    /// Sends one message, after the ones sent before; blocks while the server's stream credits
+    /// Sends one message, after the ones sent before; blocks while the server's stream grants
     /// are used up (as [`ClientStreaming::send`]). The server's messages that arrive meanwhile
     /// wait for [`BidiStreaming::message`].
     ///
@@ -186,7 +186,7 @@ impl<Req: Message, Resp: Message + Default> BidiStreaming<'_, Req, Resp> {
         self.send_inner(msg, true).map(|_| ())
     }
 
-    /// Sends one message if a stream credit is free now: `Ok(false)` (nothing sent) otherwise.
+    /// Sends one message if a stream grant is free now: `Ok(false)` (nothing sent) otherwise.
     ///
     /// # Errors
     /// As [`BidiStreaming::send`].

@@ -2,11 +2,11 @@
 //! [`RequestStream`] a handler reads from any thread (blocking, or awaiting in a task), filled by
 //! the worker that owns the session as the client's messages arrive.
 //!
-//! Backpressure is end to end: the worker grants the client stream credits only as the handler
-//! takes messages (each message taken is counted here; the worker returns the credits on its
+//! Backpressure is end to end: the worker grants the client stream grants only as the handler
+//! takes messages (each message taken is counted here; the worker returns their grants on its
 //! next loop), so a handler that stops reading stalls the client's `send` once the stream's
-//! credits (at most half the session's stream budget) are held here. The server's memory per
-//! stream is bounded by those credits, whatever the client's speed.
+//! grants (at most half the session's stream budget) are held here. The server's memory per
+//! stream is bounded by those grants, whatever the client's speed.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -29,7 +29,7 @@ const RECYCLE_MAX: usize = 64 << 10;
 
 /// What the reader and the worker share.
 pub(crate) struct SourceShared {
-    /// Stream SENDs received and not yet taken (at most the stream's credits, so never more
+    /// Stream SENDs received and not yet taken (at most the stream's grants, so never more
     /// than [`crate::session::MAX_STREAM_BUDGET`]): an encoded message (count 0), or a batch of
     /// `count` messages in frames ([`crate::wire::STREAM_BATCH`], checked by the session).
     pub(crate) queue: ArrayQueue<(Vec<u8>, u16)>,
@@ -38,10 +38,10 @@ pub(crate) struct SourceShared {
     /// Raised by the worker when the call is over without the handler (cancel, deadline,
     /// session gone, or answered).
     pub(crate) cancelled: CancelFlag,
-    /// Stream SENDs (messages, whole batches) taken since the worker last returned their credits.
+    /// Stream SENDs (messages, whole batches) taken since the worker last returned their grants.
     pub(crate) taken: AtomicU32,
     /// The handler dropped its [`RequestStream`]: messages arriving from here are dropped and
-    /// their credits returned (else the client's sends stall at the credits forever).
+    /// their grants returned (else the client's sends stall at the grant limit forever).
     pub(crate) dropped: AtomicBool,
     /// A blocked reader's thread, woken when a message or the end arrives.
     waiter: Mutex<Option<Thread>>,
@@ -103,7 +103,7 @@ impl SourceShared {
         }
     }
 
-    /// Drops the messages queued, counted as taken (their credits return): the reader is gone.
+    /// Drops the messages queued, counted as taken (their grants return): the reader is gone.
     pub(crate) fn drop_queued(&self) {
         while self.queue.pop().is_some() {
             self.taken.fetch_add(1, Ordering::AcqRel);
@@ -151,7 +151,7 @@ pub(crate) struct Batch {
 }
 
 impl SourceShared {
-    /// The next message, from the batch being taken or the queue; a SEND's credit is counted
+    /// The next message, from the batch being taken or the queue; a SEND's grant is counted
     /// as taken with its last message.
     /// `last` keeps the body of a single message or a finished batch for recycling.
     fn next_message<T: Message + Default>(
@@ -200,9 +200,9 @@ impl SourceShared {
 
 /// The client's messages of a client-streaming or bidirectional call, in order, read from any
 /// thread (`Send`): [`RequestStream::message`] blocks, [`RequestStream::message_async`] is for a task.
-/// Each message taken returns its stream credit to the client (batched by the worker), so a
-/// handler that stops reading stalls the client's sender at the stream's credit limit.
-/// Dropping it drops the messages queued and every later one, returning their credits: the
+/// Each message taken returns its stream grant to the client (batched by the worker), so a
+/// handler that stops reading stalls the client's sender at the stream's grant limit.
+/// Dropping it drops the messages queued and every later one, returning their grants: the
 /// client's sends go on until the call's answer.
 pub struct RequestStream<T> {
     shared: Arc<SourceShared>,
@@ -302,7 +302,7 @@ impl<T: Message + Default> RequestStream<T> {
 impl<T> Drop for RequestStream<T> {
     fn drop(&mut self) {
         // The worker checks `dropped` before it queues a message and drops what it queued
-        // once it sees it set, so every message is dropped (and its credit returned) once.
+        // once it sees it set, so every message is dropped (and its grant returned) once.
         self.shared.dropped.store(true, Ordering::Release);
         if self.cur.take().is_some() {
             self.shared.taken.fetch_add(1, Ordering::AcqRel);

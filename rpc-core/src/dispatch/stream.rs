@@ -1,16 +1,16 @@
 //! The server's end of a server stream: a [`StreamSink`] a handler sends messages into from any
-//! thread, drained by the worker that owns the session as the client grants stream credits.
+//! thread, drained by the worker that owns the session as the client grants stream grants.
 //!
 //! Backpressure is end to end: the worker takes a SEND's worth of messages out of the sink only
-//! with a stream credit in hand (the client grants credits as its application takes messages),
+//! with a stream grant in hand (the client grants more as its application takes messages),
 //! and the sink holds at most [`SINK_DEPTH`] encoded messages and about [`SINK_BYTES`] bytes, so
 //! [`StreamSink::send`] blocks while the client does not read. The server's memory per stream is
-//! bounded by the sink plus the stream's credits, whatever the producer's speed.
+//! bounded by the sink plus the stream's grants, whatever the producer's speed.
 //!
 //! The producer frames its messages itself: [`StreamSink::send`] encodes each one, behind its
 //! 4-byte length, straight into the stream's open batch ([`crate::wire::STREAM_BATCH`]), a
 //! buffer of one eager body's size; a full batch is sealed into the queue, where the worker
-//! takes it with one credit as one SEND, whole (no per-message work on the worker, which the
+//! takes it with one stream grant as one SEND, whole (no per-message work on the worker, which the
 //! producer often shares a core with). A message too large for a batch goes alone, unframed.
 //! The worker takes a batch still open only when the producer added nothing to it since its
 //! last look (the producer paused, waits or is descheduled), so a stream that trickles is not
@@ -64,7 +64,7 @@ pub(crate) struct Sealed {
 
 /// What the sink and the worker share.
 pub(crate) struct SinkShared {
-    /// SENDs sealed and waiting for a stream credit (at most one per message held, so it never
+    /// SENDs sealed and waiting for a stream grant (at most one per message held, so it never
     /// overflows).
     queue: ArrayQueue<Sealed>,
     /// Messages and bytes in `queue`.
@@ -369,7 +369,7 @@ impl<T> StreamSink<T> {
 
 impl<T: Message> StreamSink<T> {
     /// Sends one message (encoded here, in the calling thread). Blocks while [`SINK_DEPTH`]
-    /// messages wait for the client's credits: a client that stops reading stalls the producer
+    /// messages wait for the client's stream grants: a client that stops reading stalls the producer
     /// here.
     ///
     /// # Errors
@@ -432,7 +432,7 @@ impl<T: Message> StreamSink<T> {
         .await
     }
 
-    /// Messages waiting in the sink for the client's credits (at most [`SINK_DEPTH`]).
+    /// Messages waiting in the sink for the client's stream grants (at most [`SINK_DEPTH`]).
     pub fn queued(&self) -> usize {
         self.shared.held()
     }

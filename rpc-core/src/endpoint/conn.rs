@@ -64,7 +64,7 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
 ///
 /// | messages | at most | why |
 /// |---|---|---|
-/// | Requests (the last or only piece of each) and stream SENDs (stream messages, the last or only piece of each; stream credits; stream ends) | `credits` + [`crate::session::STREAM_RESERVED_CREDITS`] (8) | credits return with the answers; a stream SEND holds a credit until a server header counts it taken (`stream_taken`), and only stream SENDs use the 8 beyond `credits` |
+/// | Requests (the last or only piece of each) and stream SENDs (stream messages, the last or only piece of each; stream grants; stream ends) | `credits` + [`crate::session::STREAM_RESERVED_CREDITS`] (8) | credits return with the answers; a stream SEND holds a credit until a server header counts it taken (`stream_taken`), and only stream SENDs use the 8 beyond `credits` |
 /// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
 /// | Cancels | `credits` | a Cancel holds its call's credit until the server's CancelAck arrives ([`crate::session::CallSlots`]), so each credit covers at most one request and one Cancel, a Cancel that crossed its call's answer included |
 /// | RingReturns | `credits` | one per answer in flight |

@@ -214,7 +214,7 @@ impl ServerConfig {
     /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 29`
     /// (125 at 32 credits). The most a client that keeps the protocol can have sent before the
     /// worker takes any of it, every message kind counted: its requests and stream SENDs (stream
-    /// messages, stream credits, stream ends: each holds a request credit until the server
+    /// messages, stream grants, stream ends: each holds a request credit until the server
     /// reports it taken) within credits plus the 8 only stream SENDs use
     /// ([`crate::session::STREAM_RESERVED_CREDITS`]), the other pieces of ring bodies (16), a
     /// Cancel per credit (a Cancel holds its call's credit until the server's CancelAck arrives,

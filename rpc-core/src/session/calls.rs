@@ -148,7 +148,7 @@ impl Session {
         let mut h = Header { slot, generation, method: m.method, timeout_us, ..Header::new(Kind::Request) };
         if m.stream != 0 {
             h.stream = m.stream;
-            h.credits = self.stream_open(slot, generation, m.stream);
+            h.count = self.stream_open(slot, generation, m.stream);
         }
         Some(h)
     }

@@ -161,7 +161,7 @@ pub struct Session {
     /// Server: events for the driver (at most one per unanswered call, plus one).
     events: VecDeque<Event>,
     /// Call control messages to send: Cancels (client, at most the window), stream ends
-    /// (client) and stream credits (both; at most one per open stream).
+    /// (client) and stream grants (both; at most one per open stream).
     controls: VecDeque<Header>,
     /// Open streams and their credits.
     streams: Streams,
@@ -321,14 +321,14 @@ impl Session {
         let i = if self.role == Role::Client && !self.stream_send_room() {
             // A client's stream controls hold a request credit each: they wait for one, the
             // others (Cancels) go.
-            self.controls.iter().position(|c| !matches!(c.kind, Kind::StreamEnd | Kind::StreamCredit))?
+            self.controls.iter().position(|c| !matches!(c.kind, Kind::StreamEnd | Kind::StreamGrant))?
         } else {
             0
         };
         let h = self.controls.remove(i)?;
         match h.kind {
             Kind::CancelAck => self.acks_due -= 1,
-            Kind::StreamEnd | Kind::StreamCredit if self.role == Role::Client => self.sends.unreturned += 1,
+            Kind::StreamEnd | Kind::StreamGrant if self.role == Role::Client => self.sends.unreturned += 1,
             _ => {}
         }
         Some(h)
@@ -411,7 +411,7 @@ impl Session {
         u32::from(self.params.credits) + u32::from(STREAM_RESERVED_CREDITS)
     }
 
-    /// Client: whether a stream SEND (a message, a stream credit, a stream end) may go now: it
+    /// Client: whether a stream SEND (a message, a stream grant, a stream end) may go now: it
     /// holds a request credit until the server counts it taken (see [`StreamSends`]).
     #[inline]
     pub fn stream_send_room(&self) -> bool {
@@ -505,7 +505,7 @@ impl Session {
     /// sends one only when no control message waits (which would carry the count).
     #[inline]
     pub fn take_ring_return(&mut self) -> bool {
-        // A control message waiting (a stream credit, a CancelAck) carries the count: the
+        // A control message waiting (a stream grant, a CancelAck) carries the count: the
         // drivers queue those right after asking this.
         if std::mem::take(&mut self.sends.due) && self.stream_return_due() && !self.has_control() {
             self.ring_freed = false;
@@ -534,7 +534,7 @@ impl Session {
     ///
     /// # Errors
     /// A reason when the peer broke the protocol (wrong session id, wrong direction, more requests
-    /// than credits, stream credits beyond
+    /// than credits, stream grants beyond
     /// any stream budget, a ring body out of place, a freed head out of range): close the connection.
     #[inline(always)]
     pub fn handle_header(
@@ -601,7 +601,7 @@ impl Session {
             | (Role::Server, Kind::Cancel | Kind::StreamEnd)
             | (Role::Client, Kind::CancelAck)
             | (_, Kind::RingReturn | Kind::Close | Kind::Ping | Kind::Pong)
-            | (_, Kind::StreamMsg | Kind::StreamCredit) => {}
+            | (_, Kind::StreamMsg | Kind::StreamGrant) => {}
             (Role::Server, Kind::Response) => return Err("response sent to a server"),
             (Role::Client, Kind::Request) => return Err("request sent to a client"),
             (Role::Client, Kind::Cancel) => return Err("cancel sent to a client"),
@@ -698,30 +698,30 @@ impl Session {
             None
         };
         if self.role == Role::Server
-            && (matches!(h.kind, Kind::StreamEnd | Kind::StreamCredit) || (h.kind == Kind::StreamMsg && last))
+            && (matches!(h.kind, Kind::StreamEnd | Kind::StreamGrant) || (h.kind == Kind::StreamMsg && last))
         {
             // Every stream SEND holds one of the client's credits until a header reports it taken.
             self.sends.take(self.unanswered.len(), self.send_pool())?;
         }
         match h.kind {
             Kind::Request if first && h.stream != 0 => {
-                if u32::from(h.credits) > MAX_STREAM_BUDGET {
-                    return Err("stream credits beyond any stream budget");
+                if u32::from(h.count) > MAX_STREAM_BUDGET {
+                    return Err("stream grants beyond any stream budget");
                 }
                 self.open_peer_stream(h, now);
             }
             Kind::StreamMsg if first => self.on_stream_msg(h)?,
-            Kind::StreamCredit => {
+            Kind::StreamGrant => {
                 if let Some(i) = self.streams.find(h.slot, h.generation) {
                     // A consumer never has more than its budget (at most MAX_STREAM_BUDGET)
                     // granted: more would let the peer make us queue every message our
                     // application produces while it reads none (unbounded memory).
                     let st = &mut self.streams.list[i];
-                    let credits = st.send_credits.saturating_add(u32::from(h.credits));
-                    if credits > MAX_STREAM_BUDGET {
-                        return Err("stream credits beyond any stream budget");
+                    let grants = st.send_grants.saturating_add(u32::from(h.count));
+                    if grants > MAX_STREAM_BUDGET {
+                        return Err("stream grants beyond any stream budget");
                     }
-                    st.send_credits = credits;
+                    st.send_grants = grants;
                 }
             }
             Kind::StreamEnd => {
@@ -793,7 +793,7 @@ impl Session {
         };
         if h.stream & crate::wire::STREAM_BATCH != 0 {
             // Checked whole before anything reads it (the readers walk its frames unchecked).
-            check_batch(msg, h.credits)?;
+            check_batch(msg, h.count)?;
         }
         match self.handle_header(&h, now) {
             Ok(inc) => Ok(inc),
@@ -813,12 +813,12 @@ impl Session {
             h.generation,
             h.stream & STREAM_IN != 0,
             h.stream & STREAM_OUT != 0,
-            u32::from(h.credits),
+            u32::from(h.count),
         );
         let g = self.streams.grant(i);
         if g > 0 {
-            let c = stream::credit(&self.streams.list[i], g);
-            self.push_credit(c);
+            let c = stream::grant_header(&self.streams.list[i], g);
+            self.push_grant(c);
         }
     }
 
@@ -837,21 +837,21 @@ impl Session {
             return Err("stream message on a stream whose sender sends none, or ended");
         }
         if st.granted == 0 {
-            return Err("stream message beyond its stream credits");
+            return Err("stream message beyond its stream grants");
         }
         st.granted -= 1;
         st.held += 1;
         Ok(())
     }
 
-    /// Queues a StreamCredit, merged into one already waiting for the same stream.
-    fn push_credit(&mut self, c: Header) {
+    /// Queues a StreamGrant, merged into one already waiting for the same stream.
+    fn push_grant(&mut self, c: Header) {
         if let Some(q) = self
             .controls
             .iter_mut()
-            .find(|q| q.kind == Kind::StreamCredit && (q.slot, q.generation) == (c.slot, c.generation))
+            .find(|q| q.kind == Kind::StreamGrant && (q.slot, q.generation) == (c.slot, c.generation))
         {
-            q.credits = q.credits.saturating_add(c.credits);
+            q.count = q.count.saturating_add(c.count);
         } else {
             self.controls.push_back(c);
         }
@@ -878,7 +878,7 @@ impl Session {
         if !st.sends || st.ended {
             return Err(StreamError::NotSending);
         }
-        if st.send_credits == 0 {
+        if st.send_grants == 0 {
             return Ok(false);
         }
         if self.role == Role::Client {
@@ -890,14 +890,14 @@ impl Session {
             self.sends.unreturned += 1;
         }
         let st = &mut self.streams.list[i];
-        st.send_credits -= 1;
+        st.send_grants -= 1;
         Ok(true)
     }
 
     /// Send credits of the stream `(slot, generation)`: messages this end may send now (`None`:
     /// no open stream).
-    pub fn stream_send_credits(&self, slot: u16, generation: u32) -> Option<u32> {
-        Some(self.streams.list[self.streams.find(slot, generation)?].send_credits)
+    pub fn stream_send_grants(&self, slot: u16, generation: u32) -> Option<u32> {
+        Some(self.streams.list[self.streams.find(slot, generation)?].send_grants)
     }
 
     /// Messages of the stream `(slot, generation)` received and not yet taken, and credits
@@ -929,7 +929,7 @@ impl Session {
     }
 
     /// The application took one received message of the stream `(slot, generation)`: its credit
-    /// returns to the producer (batched; a StreamCredit from [`Session::next_control`]).
+    /// returns to the producer (batched; a StreamGrant from [`Session::next_control`]).
     pub fn stream_consumed(&mut self, slot: u16, generation: u32) {
         let Some(i) = self.streams.find(slot, generation) else { return };
         let st = &mut self.streams.list[i];
@@ -940,8 +940,8 @@ impl Session {
         self.streams.used = self.streams.used.saturating_sub(1);
         let g = self.streams.grant(i);
         if g > 0 {
-            let c = stream::credit(&self.streams.list[i], g);
-            self.push_credit(c);
+            let c = stream::grant_header(&self.streams.list[i], g);
+            self.push_grant(c);
         }
     }
 
@@ -953,7 +953,7 @@ impl Session {
         let mut due = Vec::new();
         self.streams.close(i, &mut |h| due.push(h));
         for c in due {
-            self.push_credit(c);
+            self.push_grant(c);
         }
     }
 

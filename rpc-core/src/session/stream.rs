@@ -1,18 +1,18 @@
-//! Streams, sans-IO: per-stream credits in both directions, the clean end of the client's
+//! Streams, sans-IO: per-stream grants in both directions, the clean end of the client's
 //! messages, and the budget that bounds what one end holds (see the wire module docs for the
 //! messages).
 //!
 //! A stream is a call whose slot stays open until its response. Each end is the *consumer* of the
-//! messages its peer sends: it grants them (credits, in messages) and counts what it granted and
+//! messages its peer sends: it grants them (stream grants, one per stream SEND) and counts what it granted and
 //! what it holds (received, not yet taken by its application). A stream never has more than
 //! `cap` messages granted or held, and all streams of a session together never more than
 //! `budget`: that is what bounds the consumer's memory (at most `budget` messages of at most
 //! `max_message_size` each) and the receive WQEs its messages take, whatever the producer's speed.
-//! Credits return only as the application takes messages, so a consumer that stops reading stalls
-//! its producer at the credit limit. A credit is one stream SEND: one message, or a batch of small
+//! Grants return only as the application takes messages, so a consumer that stops reading stalls
+//! its producer at the grant limit. A grant is one stream SEND: one message, or a batch of small
 //! ones in one eager buffer ([`crate::wire::STREAM_BATCH`]), so the bound holds in receive WQEs
 //! and buffers whatever the batching. Grants come ahead, as a window: a stream is refilled once
-//! half of `cap` is free (one StreamCredit per half window, never per message), so a producer
+//! half of `cap` is free (one StreamGrant per half window, never per message), so a producer
 //! whose consumer keeps up never waits a round trip; and a grant never takes the last budget an open
 //! stream with nothing granted needs for its first message, so one stopped consumer cannot starve
 //! the other streams of the session beyond `cap` each.
@@ -29,7 +29,7 @@ pub(super) struct Stream {
     /// We send messages on it.
     pub(super) sends: bool,
     /// Messages we may still send (granted by the peer).
-    pub(super) send_credits: u32,
+    pub(super) send_grants: u32,
     /// Messages we granted that have not arrived.
     pub(super) granted: u32,
     /// Messages received and not yet taken by the application.
@@ -78,7 +78,7 @@ impl Streams {
         generation: u32,
         receives: bool,
         sends: bool,
-        credits: u32,
+        grants: u32,
     ) -> usize {
         if let Some(i) = self.find(slot, generation) {
             return i;
@@ -88,7 +88,7 @@ impl Streams {
             generation,
             receives,
             sends,
-            send_credits: credits,
+            send_grants: grants,
             granted: 0,
             held: 0,
             peer_ended: false,
@@ -97,7 +97,7 @@ impl Streams {
         self.list.len() - 1
     }
 
-    /// Credits to grant stream `i` now (counted as granted), 0 when none are due: the stream
+    /// Grants due to stream `i` now (counted as granted), 0 when none are due: the stream
     /// receives, its peer has not ended, and at least half of `cap` is free for it (the window
     /// is refilled when half consumed); never the budget that other open streams with nothing granted need.
     pub(super) fn grant(&mut self, i: usize) -> u32 {
@@ -136,19 +136,19 @@ impl Streams {
         for j in 0..self.list.len() {
             let g = self.grant(j);
             if g > 0 {
-                out(credit(&self.list[j], g));
+                out(grant_header(&self.list[j], g));
             }
         }
     }
 }
 
-/// The StreamCredit header granting `g` messages of `s`.
-pub(super) fn credit(s: &Stream, g: u32) -> Header {
+/// The StreamGrant header granting `g` messages of `s`.
+pub(super) fn grant_header(s: &Stream, g: u32) -> Header {
     Header {
         slot: s.slot,
         generation: s.generation,
-        credits: g.min(u32::from(u16::MAX)) as u16,
-        ..Header::new(Kind::StreamCredit)
+        count: g.min(u32::from(u16::MAX)) as u16,
+        ..Header::new(Kind::StreamGrant)
     }
 }
 
@@ -159,7 +159,7 @@ pub(super) fn credit(s: &Stream, g: u32) -> Header {
 /// 16 384 WQEs.
 pub const STREAM_RESERVED_CREDITS: u16 = 8;
 
-/// The request credits a client's stream SENDs (stream messages, stream credits, stream ends)
+/// The request credits a client's stream SENDs (stream messages, stream grants, stream ends)
 /// hold (see the wire module docs): the client counts what it sent and what the server's
 /// `stream_taken` gave back; the server counts what it took and what its headers reported.
 /// Requests and stream SENDs the server has not taken stay at most

@@ -35,7 +35,14 @@ fn carry_controls(from: &mut Session, to: &mut Session) {
 
 fn open(c: &mut Session, s: &mut Session, slot: u16, flags: u8) {
     let credits = c.stream_open(slot, 1, flags);
-    let req = Header { method: 9, slot, generation: 1, stream: flags, credits, ..Header::new(Kind::Request) };
+    let req = Header {
+        method: 9,
+        slot,
+        generation: 1,
+        stream: flags,
+        count: credits,
+        ..Header::new(Kind::Request)
+    };
     carry(c, s, req).unwrap();
 }
 
@@ -48,7 +55,7 @@ fn msg(slot: u16) -> Header {
 /// no control message moving; each message taken lets exactly one more go (batched by a quarter
 /// of the cap), so the client never holds more than `cap`.
 #[test]
-fn a_consumer_that_stops_reading_blocks_its_producer_at_the_credit_limit() {
+fn a_consumer_that_stops_reading_blocks_its_producer_at_the_grant_limit() {
     let (mut c, mut s) = pair(16);
     open(&mut c, &mut s, 0, STREAM_OUT);
     let cap = 8; // half the budget of 16 credits
@@ -65,7 +72,7 @@ fn a_consumer_that_stops_reading_blocks_its_producer_at_the_credit_limit() {
         assert_eq!(s.stream_send(0, 1), Ok(false), "producer stays blocked");
     }
     // A message beyond the credits is a protocol violation, not buffered.
-    assert_eq!(carry(&mut s, &mut c, msg(0)).unwrap_err(), "stream message beyond its stream credits");
+    assert_eq!(carry(&mut s, &mut c, msg(0)).unwrap_err(), "stream message beyond its stream grants");
     let (mut c, mut s) = pair(16);
     open(&mut c, &mut s, 0, STREAM_OUT);
     for _ in 0..cap {
@@ -102,7 +109,7 @@ fn client_stream_is_granted_by_the_server_and_ends_cleanly() {
     assert_eq!(c.stream_send(3, 1), Ok(false), "nothing granted before the server's credit");
     assert!(s.has_control());
     carry_controls(&mut s, &mut c);
-    assert_eq!(c.stream_send_credits(3, 1), Some(4));
+    assert_eq!(c.stream_send_grants(3, 1), Some(4));
     for _ in 0..4 {
         assert!(c.stream_send(3, 1).unwrap());
         carry(&mut c, &mut s, msg(3)).unwrap();
@@ -159,7 +166,7 @@ fn the_session_budget_bounds_every_stream_together() {
     assert_eq!(c.stream_open(2, 1, STREAM_OUT), 0, "budget spent");
     c.stream_close(0, 1);
     let credit = c.next_control().expect("the third stream's grant");
-    assert_eq!((credit.kind, credit.slot, credit.credits), (Kind::StreamCredit, 2, 8));
+    assert_eq!((credit.kind, credit.slot, credit.count), (Kind::StreamGrant, 2, 8));
     // Reservation: with 2 free and two streams starving, each gets at least its first message.
     let (mut c, _) = pair(4);
     assert_eq!(c.stream_open(0, 1, STREAM_OUT), 2);
@@ -169,7 +176,7 @@ fn the_session_budget_bounds_every_stream_together() {
     c.stream_close(0, 1);
     let a = c.next_control().unwrap();
     let b = c.next_control().unwrap();
-    let mut got = [(a.slot, a.credits), (b.slot, b.credits)];
+    let mut got = [(a.slot, a.count), (b.slot, b.count)];
     got.sort();
     assert_eq!(got, [(2, 1), (3, 1)], "shared, not all to the first");
     let _ = &mut s;
@@ -273,7 +280,7 @@ fn client_stream_messages_hold_request_credits_until_the_server_counts_them_take
         }
     }
     assert_eq!(sent, STREAM_RESERVED_CREDITS, "16 requests + 8 stream messages = {pool}");
-    assert_eq!(c.stream_send_credits(b.0, b.1), Some(8), "stream credits left, no request credit");
+    assert_eq!(c.stream_send_grants(b.0, b.1), Some(8), "stream grants left, no request credit");
 }
 
 /// The server closes a client that sends stream SENDs or requests beyond what its credits hold
@@ -457,7 +464,7 @@ proptest::proptest! {
             }
             let counted = to_s
                 .iter()
-                .filter(|h| matches!(h.kind, Kind::Request | Kind::StreamMsg | Kind::StreamEnd | Kind::StreamCredit))
+                .filter(|h| matches!(h.kind, Kind::Request | Kind::StreamMsg | Kind::StreamEnd | Kind::StreamGrant))
                 .count();
             proptest::prop_assert!(counted <= pool, "{} requests and stream SENDs on the wire, {} reserved", counted, pool);
         }

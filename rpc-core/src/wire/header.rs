@@ -4,12 +4,12 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream credit, 11 cancel acknowledgement) |
+//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream grant, 11 cancel acknowledgement) |
 //! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
-//! | 6 | 2 | stream credits: stream SENDs the sender lets the receiver send on the stream (a stream-opening request, a stream credit); on a batch, the number of messages in it; 0 otherwise |
+//! | 6 | 2 | count: stream grants, stream SENDs the sender lets the receiver send on the stream (a stream-opening request, a stream grant); on a batch, the number of messages in it; 0 otherwise |
 //! | 8 | 4 | slot generation |
 //! | 12 | 4 | method id (requests; echoed on responses) |
 //! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
@@ -26,21 +26,21 @@
 //! the message is complete when the pieces add up to `total_len`.
 //!
 //! Control messages carry no body and no call fields except: a Cancel, its acknowledgement, a
-//! stream end and a stream credit name the call by `slot` and `generation`, a stream credit carries `credits`; every
+//! stream end and a stream grant name the call by `slot` and `generation`, a stream grant carries `count`; every
 //! message carries `freed_head` and `session`.
 //!
 //! **Streams.** A stream is a call whose slot stays open: a request with [`STREAM_IN`] and/or
 //! [`STREAM_OUT`] opens it (its body is the request message of a server stream, empty
-//! otherwise; its `credits` are the server messages the client is ready for), stream messages
+//! otherwise; its `count` is the stream grants for the server messages the client is ready for), stream messages
 //! ([`Kind::StreamMsg`], bodies like any other, eager or ring or in pieces) carry the messages in
-//! either direction, each taking one stream credit its receiver granted ([`Kind::StreamCredit`]),
+//! either direction, each taking one stream grant its receiver granted ([`Kind::StreamGrant`]),
 //! a stream end ([`Kind::StreamEnd`]) ends the client's messages, and the response (its status)
 //! ends the stream. A Cancel ends it from the client, an error status from the server. Every
 //! response still returns exactly one request credit; nothing else does.
 //!
-//! **Stream batches.** A stream credit is one stream SEND (one receive WQE, one receive buffer at
+//! **Stream batches.** A stream grant is one stream SEND (one receive WQE, one receive buffer at
 //! the consumer), not one message: several small messages of one stream may travel in one eager
-//! SEND, a [`Kind::StreamMsg`] with the [`STREAM_BATCH`] flag. Its `credits` field is the number
+//! SEND, a [`Kind::StreamMsg`] with the [`STREAM_BATCH`] flag. Its `count` field is the number
 //! of messages `n` (1 ..= [`MAX_BATCH`]); its body (eager only, never in the ring, never in
 //! pieces) is `n` frames, each a 4-byte little-endian message length followed by that many bytes,
 //! and nothing after the last frame:
@@ -53,7 +53,7 @@
 //! | ... | | up to message `n - 1`, ending exactly at `body_len` |
 //!
 //! **Stream SENDs hold request credits.** Every stream SEND a client sends (a stream message, a
-//! stream credit, a stream end) holds one of the session's request credits from when it is sent
+//! stream grant, a stream end) holds one of the session's request credits from when it is sent
 //! until a server header counts it taken: every message from the server carries `stream_taken`,
 //! the wrapping count of the client's stream SENDs the server has taken off its receive queue (a
 //! message in pieces when its last piece is in). So the client's requests and stream SENDs that
@@ -84,7 +84,7 @@ pub const STREAM_IN: u8 = 2;
 /// bidirectional).
 pub const STREAM_OUT: u8 = 4;
 
-/// Flag of a stream message: its eager body is a batch of `credits` messages in frames (see the
+/// Flag of a stream message: its eager body is a batch of `count` messages in frames (see the
 /// module docs).
 pub const STREAM_BATCH: u8 = 8;
 
@@ -99,11 +99,11 @@ pub const FRAME_LEN: usize = 4;
 /// Nothing is read beyond `body`; allocates nothing.
 ///
 /// # Errors
-/// [`WireError`] naming `credits` (a count out of range), `frame` (a truncated or overlong
+/// [`WireError`] naming `count` (a count out of range), `frame` (a truncated or overlong
 /// frame) or `body_len` (bytes after the last frame).
 pub fn batch_frames(body: &[u8], count: u16) -> Result<BatchFrames<'_>, WireError> {
     if count == 0 || count > MAX_BATCH {
-        return Err(WireError::bad("batch", "credits", format!("{count} messages is not 1..={MAX_BATCH}")));
+        return Err(WireError::bad("batch", "count", format!("{count} messages is not 1..={MAX_BATCH}")));
     }
     let mut rest = body;
     for i in 0..count {
@@ -195,14 +195,14 @@ pub enum Kind {
     /// The answer to a [`Kind::Ping`].
     Pong = 7,
     /// One message of the stream `(slot, generation)`, in either direction: a body like a
-    /// request's (eager, ring, or in pieces). Takes one stream credit of its direction.
+    /// request's (eager, ring, or in pieces). Takes one stream grant of its direction.
     StreamMsg = 8,
     /// Client to server: the client's messages of the stream `(slot, generation)` end (a clean
     /// end, not a cancel). No body.
     StreamEnd = 9,
-    /// `credits` more messages the receiver may send on the stream `(slot, generation)`: sent by
+    /// `count` more messages the receiver may send on the stream `(slot, generation)`: sent by
     /// the consumer as its application takes messages. No body.
-    StreamCredit = 10,
+    StreamGrant = 10,
     /// Server to client: the server took the Cancel of `(slot, generation)` (sent for every
     /// Cancel, whether the call was answered before it arrived or not). No body.
     CancelAck = 11,
@@ -220,7 +220,7 @@ impl Kind {
             7 => Kind::Pong,
             8 => Kind::StreamMsg,
             9 => Kind::StreamEnd,
-            10 => Kind::StreamCredit,
+            10 => Kind::StreamGrant,
             11 => Kind::CancelAck,
             _ => return None,
         })
@@ -235,12 +235,13 @@ pub struct Header {
     /// True when the body is in the receiver's ring (`ring_offset`), false when it follows the header.
     pub in_ring: bool,
     /// Request flags [`STREAM_IN`] | [`STREAM_OUT`]: the request opens a stream (0: unary); on a
-    /// stream message, [`STREAM_BATCH`]: its body is a batch of `credits` messages.
+    /// stream message, [`STREAM_BATCH`]: its body is a batch of `count` messages.
     pub stream: u8,
-    /// Stream credits granted to the receiver (each one stream SEND: a message or a batch): on a
-    /// stream-opening request, the server SENDs the client is ready for; on a
-    /// [`Kind::StreamCredit`], more (at least 1). On a batch ([`STREAM_BATCH`]): its message count.
-    pub credits: u16,
+    /// A count whose unit the kind gives: on a stream-opening request, the stream grants the client
+    /// gives the server (server SENDs it is ready for); on a [`Kind::StreamGrant`], more grants (at
+    /// least 1); on a batch ([`STREAM_BATCH`]), the messages in it; 0 otherwise. A stream grant lets
+    /// its receiver send one stream SEND (a message or a batch); it is not a request credit.
+    pub count: u16,
     /// Status of a response ([`Code::Ok`] otherwise).
     pub status: Code,
     /// Call slot at the client (requests, responses, cancels).
@@ -275,7 +276,7 @@ impl Header {
             kind,
             in_ring: false,
             stream: 0,
-            credits: 0,
+            count: 0,
             status: Code::Ok,
             slot: 0,
             generation: 0,
@@ -298,7 +299,7 @@ impl Header {
         out[2] = self.status as u8;
         out[3] = 0;
         out[4..6].copy_from_slice(&self.slot.to_le_bytes());
-        out[6..8].copy_from_slice(&self.credits.to_le_bytes());
+        out[6..8].copy_from_slice(&self.count.to_le_bytes());
         out[8..12].copy_from_slice(&self.generation.to_le_bytes());
         out[12..16].copy_from_slice(&self.method.to_le_bytes());
         out[16..20].copy_from_slice(&self.body_len.to_le_bytes());
@@ -355,7 +356,7 @@ impl Header {
             kind,
             in_ring,
             stream: b[1] & (STREAM_IN | STREAM_OUT | STREAM_BATCH),
-            credits: u16_at(6),
+            count: u16_at(6),
             status,
             slot: u16_at(4),
             generation: u32_at(8),
@@ -372,11 +373,11 @@ impl Header {
             if kind != Kind::StreamMsg || h.stream != STREAM_BATCH {
                 return Err(WireError::bad("header", "flags", "the batch flag outside a stream message"));
             }
-            if h.in_ring || h.credits == 0 || h.credits > MAX_BATCH {
+            if h.in_ring || h.count == 0 || h.count > MAX_BATCH {
                 return Err(WireError::bad(
                     "header",
-                    "credits",
-                    format!("a batch of {} messages (1..={MAX_BATCH}, eager only)", h.credits),
+                    "count",
+                    format!("a batch of {} messages (1..={MAX_BATCH}, eager only)", h.count),
                 ));
             }
         }
@@ -420,11 +421,11 @@ impl Header {
                 if status != Code::Ok {
                     return Err(WireError::bad("header", "status", "a request carries no status"));
                 }
-                if h.credits != 0 && h.stream & STREAM_OUT == 0 {
+                if h.count != 0 && h.stream & STREAM_OUT == 0 {
                     return Err(WireError::bad(
                         "header",
-                        "credits",
-                        "only a stream of server messages is granted credits",
+                        "count",
+                        "only a stream of server messages is granted stream grants",
                     ));
                 }
             }
@@ -434,11 +435,11 @@ impl Header {
                 }
             }
             Kind::Response | Kind::StreamMsg => {
-                if h.stream != 0 || h.credits != 0 {
+                if h.stream != 0 || h.count != 0 {
                     return Err(WireError::bad(
                         "header",
                         "flags",
-                        "stream flags or credits outside a request",
+                        "stream flags or a count outside a request",
                     ));
                 }
                 if kind == Kind::StreamMsg && status != Code::Ok {
@@ -452,15 +453,15 @@ impl Header {
             | Kind::Ping
             | Kind::Pong
             | Kind::StreamEnd
-            | Kind::StreamCredit => {
+            | Kind::StreamGrant => {
                 if h.stream != 0 {
                     return Err(WireError::bad("header", "flags", "stream flags outside a request"));
                 }
-                if (kind == Kind::StreamCredit) != (h.credits != 0) {
+                if (kind == Kind::StreamGrant) != (h.count != 0) {
                     return Err(WireError::bad(
                         "header",
-                        "credits",
-                        "a stream credit, and only it, grants credits",
+                        "count",
+                        "a stream grant, and only it, carries grants",
                     ));
                 }
                 if h.body_len != 0 || h.in_ring || h.total_len != 0 {
@@ -470,7 +471,7 @@ impl Header {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
                 }
                 let names_call =
-                    matches!(kind, Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamCredit);
+                    matches!(kind, Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamGrant);
                 if !names_call && (h.slot != 0 || h.generation != 0) {
                     return Err(WireError::bad(
                         "header",
@@ -532,11 +533,11 @@ mod tests {
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let mut m = encode_msg(&request());
         m[6] = 1;
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits", "credits on a unary request");
-        let m = encode_msg(&Header { slot: 1, generation: 2, ..Header::new(Kind::StreamCredit) });
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits", "a credit of 0 messages");
-        let m = encode_msg(&Header { credits: 3, ..Header::new(Kind::StreamEnd) });
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "count", "a count on a unary request");
+        let m = encode_msg(&Header { slot: 1, generation: 2, ..Header::new(Kind::StreamGrant) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "count", "a grant of 0 messages");
+        let m = encode_msg(&Header { count: 3, ..Header::new(Kind::StreamEnd) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "count");
         let m = encode_msg(&Header { stream: STREAM_IN, ..Header::new(Kind::StreamMsg) });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { status: Code::Internal, ..Header::new(Kind::StreamMsg) });
@@ -581,8 +582,8 @@ mod tests {
         // Fewer frames than the count, more, a count out of range, a length past the end.
         assert_eq!(batch_frames(&body, 4).unwrap_err().field(), "frame");
         assert_eq!(batch_frames(&body, 2).unwrap_err().field(), "body_len");
-        assert_eq!(batch_frames(&body, 0).unwrap_err().field(), "credits");
-        assert_eq!(batch_frames(&body, MAX_BATCH + 1).unwrap_err().field(), "credits");
+        assert_eq!(batch_frames(&body, 0).unwrap_err().field(), "count");
+        assert_eq!(batch_frames(&body, MAX_BATCH + 1).unwrap_err().field(), "count");
         let mut long = body.clone();
         long[0] = 200;
         assert_eq!(batch_frames(&long, 3).unwrap_err().field(), "frame");
@@ -595,22 +596,22 @@ mod tests {
             slot: 3,
             generation: 9,
             stream: STREAM_BATCH,
-            credits: 3,
+            count: 3,
             body_len: body.len() as u32,
             total_len: body.len() as u32,
             ..Header::new(Kind::StreamMsg)
         };
         assert_eq!(Header::decode(&encode_msg(&h)).unwrap(), h);
-        let m = encode_msg(&Header { credits: 0, ..h });
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
-        let m = encode_msg(&Header { credits: MAX_BATCH + 1, ..h });
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+        let m = encode_msg(&Header { count: 0, ..h });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "count");
+        let m = encode_msg(&Header { count: MAX_BATCH + 1, ..h });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "count");
         let m = encode_msg(&Header { stream: STREAM_BATCH, ..request() });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { stream: STREAM_BATCH | STREAM_IN, ..h });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { in_ring: true, body_len: 5000, total_len: 5000, ..h });
-        assert_eq!(Header::decode(&m).unwrap_err().field(), "credits");
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "count");
     }
 
     proptest! {
@@ -634,12 +635,12 @@ mod tests {
 
     #[test]
     fn stream_headers_round_trip() {
-        let open = Header { stream: STREAM_IN | STREAM_OUT, credits: 16, ..request() };
+        let open = Header { stream: STREAM_IN | STREAM_OUT, count: 16, ..request() };
         assert_eq!(Header::decode(&encode_msg(&open)).unwrap(), open);
         let msg =
             Header { slot: 3, generation: 9, body_len: 5, total_len: 5, ..Header::new(Kind::StreamMsg) };
         assert_eq!(Header::decode(&encode_msg(&msg)).unwrap(), msg);
-        let credit = Header { slot: 3, generation: 9, credits: 4, ..Header::new(Kind::StreamCredit) };
+        let credit = Header { slot: 3, generation: 9, count: 4, ..Header::new(Kind::StreamGrant) };
         assert_eq!(Header::decode(&encode_msg(&credit)).unwrap(), credit);
         let end = Header { slot: 3, generation: 9, ..Header::new(Kind::StreamEnd) };
         assert_eq!(Header::decode(&encode_msg(&end)).unwrap(), end);
@@ -678,7 +679,7 @@ mod tests {
                 Just(Kind::Pong),
                 Just(Kind::StreamMsg),
                 Just(Kind::StreamEnd),
-                Just(Kind::StreamCredit),
+                Just(Kind::StreamGrant),
                 Just(Kind::CancelAck)
             ],
             any::<bool>(),
@@ -692,13 +693,13 @@ mod tests {
                     let names = body
                         || matches!(
                             kind,
-                            Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamCredit
+                            Kind::Cancel | Kind::CancelAck | Kind::StreamEnd | Kind::StreamGrant
                         );
                     let in_ring = in_ring && body;
                     let stream =
                         if kind == Kind::Request { (extra >> 8) as u8 & (STREAM_IN | STREAM_OUT) } else { 0 };
                     let credits = match kind {
-                        Kind::StreamCredit => (extra >> 16) as u16 | 1,
+                        Kind::StreamGrant => (extra >> 16) as u16 | 1,
                         Kind::Request if stream & STREAM_OUT != 0 => (extra >> 16) as u16,
                         _ => 0,
                     };
@@ -706,7 +707,7 @@ mod tests {
                         kind,
                         in_ring,
                         stream,
-                        credits,
+                        count: credits,
                         status: if kind == Kind::Response { Code::from_u8(st).unwrap() } else { Code::Ok },
                         slot: if names { slot } else { 0 },
                         generation: if names { generation } else { 0 },

@@ -150,7 +150,7 @@ struct Entry<P: Provider> {
     /// cancel, expiry, close).
     deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
     /// Streams of this session with a handler on them: server messages drained from their sink
-    /// as the client grants stream credits, client messages handed to their reader and credited
+    /// as the client grants them, client messages handed to their reader and granted again
     /// back as it takes them ([`Worker::pump_streams`]).
     streams: Vec<OpenStream>,
 }
@@ -433,9 +433,9 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Moves the messages of server streams from their sinks into the backlog while the client's
-    /// stream credits allow (one credit per SEND: a batch the producer framed, or one message),
+    /// stream grants allow (one grant per SEND: a batch the producer framed, or one message),
     /// and answers each stream whose handler ended
-    /// it once its last message is queued; returns the credits of the client's messages its
+    /// it once its last message is queued; returns the grants of the client's messages its
     /// reader took; forgets streams the session ended (cancelled, expired, answered, closed),
     /// waking their producers and readers.
     #[inline(never)]
@@ -486,7 +486,7 @@ impl<P: Provider> Worker<P> {
                     continue;
                 };
                 let mut took = false;
-                while conn.session.stream_send_credits(slot, generation).unwrap_or(0) > 0 {
+                while conn.session.stream_send_grants(slot, generation).unwrap_or(0) > 0 {
                     // Sealed batches first; the open one only when the producer paused.
                     let open_now = sink.open_count();
                     let Some(Sealed { body, count }) = sink.pop(open_now == *seen_open) else {
@@ -511,7 +511,7 @@ impl<P: Provider> Worker<P> {
                     let h = if count == 0 {
                         single
                     } else {
-                        Header { stream: crate::wire::STREAM_BATCH, credits: count, ..single }
+                        Header { stream: crate::wire::STREAM_BATCH, count, ..single }
                     };
                     backlog.push(spill(h, Ok(body)));
                     moved = true;
@@ -547,7 +547,7 @@ impl<P: Provider> Worker<P> {
 
     /// A message of the client's stream arrived: it goes to the stream's reader (copied out of
     /// its receive buffer, which goes back at once). A message of a stream with no reader (its
-    /// handler answered, took no request stream, or dropped it) is dropped and its credit
+    /// handler answered, took no request stream, or dropped it) is dropped and its grant
     /// returned.
     fn on_stream_msg(&mut self, idx: u16, body: Received, h: Header) {
         let Worker { entries, recv, counters, .. } = self;
@@ -579,9 +579,9 @@ impl<P: Provider> Worker<P> {
         };
         match reader {
             Some(source) if open && !source.dropped.load(Ordering::Acquire) => {
-                let count = if h.stream & crate::wire::STREAM_BATCH != 0 { h.credits } else { 0 };
+                let count = if h.stream & crate::wire::STREAM_BATCH != 0 { h.count } else { 0 };
                 if source.queue.push((bytes, count)).is_err() {
-                    // The session admits at most the stream's credits, fewer than the queue holds.
+                    // The session admits at most the stream's grants, fewer than the queue holds.
                     self.close_entry(idx, "protocol violation: stream messages beyond the queue", true, true);
                     return;
                 }
@@ -988,9 +988,9 @@ impl<P: Provider> Worker<P> {
                     Kind::Ping => self.mark_dirty(idx),
                     _ => {}
                 }
-                // A stream end or credit is a stream SEND: a RingReturn may be due for the
+                // A stream end or grant is a stream SEND: a RingReturn may be due for the
                 // credits such SENDs hold (`Session::take_ring_return`).
-                if matches!(kind, Kind::StreamEnd | Kind::StreamCredit)
+                if matches!(kind, Kind::StreamEnd | Kind::StreamGrant)
                     && self.entries[idx as usize].as_ref().is_some_and(|e| e.conn.session.ring_freed())
                 {
                     self.mark_dirty(idx);
