@@ -1,6 +1,6 @@
 //! Breaking client-streaming and bidirectional streams: a raw peer (built from the public verbs,
 //! buffers and wire modules) sending stream controls for calls that are not streams, in the wrong
-//! direction, beyond its credits, with credits beyond any budget, twice, out of the ring, over
+//! direction, beyond its grants, with grants beyond any budget, twice, out of the ring, over
 //! `max_message_size`; and misuse through the public API (send after finish, finish twice,
 //! halves dropped early, a deadline of 0). The offender gets a clear error or a closed session
 //! (counted as malformed), nothing panics or hangs, and other sessions are served on.
@@ -123,12 +123,12 @@ fn connect_raw(addr: std::net::SocketAddr) -> RawClient {
     RawClient::connect_with(addr, 8, 1024, 1 << 20)
 }
 
-fn request(slot: u16, method: MethodId, stream: u8, credits: u16) -> Header {
-    Header { slot, generation: 1, method, stream, count: credits, ..Header::new(Kind::Request) }
+fn request(slot: u16, method: MethodId, stream: u8, grants: u16) -> Header {
+    Header { slot, generation: 1, method, stream, count: grants, ..Header::new(Kind::Request) }
 }
 
-fn control(kind: Kind, slot: u16, credits: u16) -> Header {
-    Header { slot, generation: 1, count: credits, ..Header::new(kind) }
+fn control(kind: Kind, slot: u16, grants: u16) -> Header {
+    Header { slot, generation: 1, count: grants, ..Header::new(kind) }
 }
 
 fn stream_msg(slot: u16, body: &[u8]) -> Header {
