@@ -1,5 +1,5 @@
 //! The server's end of a server stream: a [`StreamSink`] a handler sends messages into from any
-//! thread, drained by the worker that owns the session as the client grants stream grants.
+//! thread, drained by the worker that owns the session as the client gives it stream grants.
 //!
 //! Backpressure is end to end: the worker takes a SEND's worth of messages out of the sink only
 //! with a stream grant in hand (the client grants more as its application takes messages),
@@ -225,6 +225,7 @@ impl SinkShared {
         Some(Sealed { body, count })
     }
 
+    /// Worker: the oldest sealed SEND, its messages and bytes no longer counted as queued.
     fn pop_sealed(&self) -> Option<Sealed> {
         let m = self.queue.pop()?;
         self.queued_msgs.fetch_sub(usize::from(m.count.max(1)), Ordering::AcqRel);
