@@ -23,6 +23,9 @@ const STALL: MethodId = method_id("/test.Up/Stall");
 const REFUSE: MethodId = method_id("/test.Up/Refuse");
 /// Server streaming: the request's `seq` messages of its `reply_len` bytes.
 const LIST: MethodId = method_id("/test.Up/List");
+/// Server streaming, answered anyway: takes the stream's sink, starts a producer on it, and
+/// answers FAILED_PRECONDITION at once (the producer records the CANCELLED its send returns).
+const OOPS: MethodId = method_id("/test.Up/Oops");
 /// Bidirectional: each message comes back (payload and seq) as it is read; the end after the
 /// client's end.
 const ECHO: MethodId = method_id("/test.Up/Echo");
@@ -83,7 +86,9 @@ fn read_all(requests: &mut RequestStream<EchoMsg>, probe: &Probe) -> Result<Echo
         match requests.message() {
             Ok(Some(m)) => {
                 if m.seq != n {
-                    return Err(Status::data_loss(format!("message {} arrived as {n}", m.seq)));
+                    let e = Status::data_loss(format!("message {} arrived as {n}", m.seq));
+                    *probe.last.lock().unwrap() = format!("ended after {n} messages: {e}");
+                    return Err(e);
                 }
                 acc = digest(acc, &m);
                 n += 1;
@@ -111,6 +116,7 @@ impl Service for UpService {
         MethodDesc { id: REFUSE, name: "/test.Up/Refuse" },
         MethodDesc { id: ECHO, name: "/test.Up/Echo" },
         MethodDesc { id: LIST, name: "/test.Up/List" },
+        MethodDesc { id: OOPS, name: "/test.Up/Oops" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
@@ -131,6 +137,19 @@ impl Service for UpService {
                     }
                 });
                 out.reply(reply);
+            }
+            OOPS => {
+                let (sink, _reply) = ctx.stream::<EchoMsg>();
+                std::thread::spawn(move || {
+                    for seq in 0.. {
+                        if sink.send(&msg(seq, 100)).is_err() {
+                            *probe.last.lock().unwrap() = format!("the producer's send {seq} failed");
+                            probe.cancelled.store(true, Ordering::Release);
+                            return;
+                        }
+                    }
+                });
+                out.error(Status::failed_precondition("answered, not streamed"));
             }
             SUM | STALL | REFUSE => {
                 let mut requests = ctx.requests::<EchoMsg>();
@@ -217,6 +236,26 @@ fn upload_with(c: &Client, count: u64, size: usize, opts: &CallOptions) {
     let r = s.finish().unwrap();
     assert_eq!(r.seq, count, "every message arrived, in order");
     assert_eq!(r.checksum, acc, "every byte arrived");
+}
+
+/// A handler that takes a stream's sink and answers the call at once: the answer ends the
+/// stream, so the sink's producer gets CANCELLED (it does not wait forever for a worker that
+/// never takes its messages), and the sink is not the next deferred call's (the worker's
+/// per-call context kept it, and the next client stream's answer was preceded by the
+/// producer's messages).
+#[test]
+fn a_sink_of_a_call_answered_at_once_is_cancelled_not_left_to_the_next_call() {
+    let (_h, probe, c) = start();
+    let mut s = c.server_stream::<_, EchoMsg>(OOPS, &EchoMsg::default(), &CallOptions::default()).unwrap();
+    let e = s.message().unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    drop(s);
+    until("the producer to see its stream cancelled", &probe, || probe.cancelled.load(Ordering::Acquire));
+    probe.cancelled.store(false, Ordering::Release);
+    for _ in 0..3 {
+        upload(&c, 50, 100);
+    }
+    assert!(!probe.cancelled.load(Ordering::Acquire));
 }
 
 #[test]

@@ -110,10 +110,12 @@ impl SourceShared {
         }
     }
 
-    /// Worker: the call is over without the handler; messages not taken are dropped.
+    /// Worker: the call is over without the handler: the reader's next look returns CANCELLED
+    /// and drops the messages it did not take. The worker never pops a live reader's queue: a pop
+    /// racing the reader's would take a message ahead of the one the reader takes, and the reader
+    /// would go on past a gap (seen on rxe0 as "message 9 arrived as 0" after a cancel).
     pub(crate) fn cancel(&self) {
         self.cancelled.raise();
-        while self.queue.pop().is_some() {}
         self.wake();
     }
 
@@ -126,17 +128,21 @@ impl SourceShared {
     ) -> Option<Result<Option<T>, Status>> {
         // The body of the message taken before goes back once the caller dropped that message.
         self.recycle(last);
+        if self.cancelled.is_raised() {
+            // The call is over: what was not taken is dropped here, by the queue's one consumer
+            // while the reader lives (see `cancel`), so what the reader took is a gapless prefix.
+            *cur = None;
+            while self.queue.pop().is_some() {}
+            return Some(Err(Status::cancelled(
+                "the stream was cancelled, expired or lost its session before the client ended it",
+            )));
+        }
         if let Some(r) = self.next_message::<T>(cur, last) {
             return Some(r.map(Some));
         }
         if self.ended.load(Ordering::Acquire) {
             // The end is set after the last message was queued: look once more.
             return Some(self.next_message::<T>(cur, last).map_or(Ok(None), |r| r.map(Some)));
-        }
-        if self.cancelled.is_raised() {
-            return Some(Err(Status::cancelled(
-                "the stream was cancelled, expired or lost its session before the client ended it",
-            )));
         }
         None
     }
@@ -237,7 +243,9 @@ impl<T: Message + Default> RequestStream<T> {
     ///
     /// # Errors
     /// CANCELLED when the call is over before the client's end (it cancelled, the deadline
-    /// passed, the session closed); INVALID_ARGUMENT for a message that does not decode (the
+    /// passed, the session closed), from the first look after that: messages not taken by then
+    /// are dropped, so what was taken is the stream's first messages, in order, with no gap;
+    /// INVALID_ARGUMENT for a message that does not decode (the
     /// stream goes on); FAILED_PRECONDITION on the worker thread with nothing queued (an inline
     /// handler cannot wait for the worker it blocks: read from a thread of its own).
     pub fn message(&mut self) -> Result<Option<T>, Status> {
@@ -356,5 +364,45 @@ mod tests {
         assert_eq!(r.message().unwrap().unwrap(), b"three");
         assert_eq!(r.message().unwrap().unwrap(), b"four");
         assert_eq!(send_single(&s, b"five"), second, "the batch's body came back");
+    }
+
+    /// The worker cancels while the reader takes queued messages (a handler polling
+    /// `is_cancelled` between reads, as rpc_stream_in's STALL handler does): what the reader
+    /// takes is 0, 1, 2, ... then CANCELLED, never a message past a gap.
+    #[test]
+    fn a_cancel_racing_the_reader_never_leaves_a_gap_in_what_it_takes() {
+        let queued = crate::session::MAX_STREAM_BUDGET as usize;
+        for round in 0..400 {
+            let s = SourceShared::new(None);
+            let mut r = RequestStream::<Vec<u8>>::new(s.clone());
+            for i in 0..queued {
+                send_single(&s, &(i as u32).to_le_bytes());
+            }
+            let start = Arc::new(std::sync::Barrier::new(2));
+            let worker = {
+                let (s, start) = (s.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    s.cancel();
+                })
+            };
+            start.wait();
+            let mut next = 0u32;
+            loop {
+                match r.message() {
+                    Ok(Some(m)) => {
+                        assert_eq!(m, next.to_le_bytes(), "round {round}: message {next} due");
+                        next += 1;
+                    }
+                    Ok(None) => panic!("round {round}: an end, not a cancel"),
+                    Err(e) => {
+                        assert_eq!(e.code(), crate::status::Code::Cancelled, "round {round}: {e}");
+                        break;
+                    }
+                }
+            }
+            worker.join().unwrap();
+            assert!(s.queue.is_empty(), "round {round}: the reader dropped what it did not take");
+        }
     }
 }

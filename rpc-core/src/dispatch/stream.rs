@@ -285,6 +285,14 @@ impl SinkShared {
         self.end.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
+    /// Worker: the call is over without the producer (cancelled, expired, answered, its session
+    /// gone): its next send returns CANCELLED, what waits is dropped, a waiting producer wakes.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.raise();
+        self.wake();
+        self.clear();
+    }
+
     /// Worker: ends the stream with `status` (a message it can never send), dropping what waits.
     pub(crate) fn fail(&self, status: Status) {
         self.cancelled.raise();

@@ -180,8 +180,7 @@ impl<P: Provider> Drop for Entry<P> {
                 source.cancel();
             }
             if let Some(sink) = &st.sink {
-                sink.cancelled.raise();
-                sink.wake();
+                sink.cancel();
             }
         }
     }
@@ -458,9 +457,7 @@ impl<P: Provider> Worker<P> {
                     // Answered already: by the session's events (CANCELLED, DEADLINE_EXCEEDED), or
                     // by the handler of a client stream.
                     if let Some(sink) = &st.sink {
-                        sink.cancelled.raise();
-                        sink.wake();
-                        sink.clear();
+                        sink.cancel();
                     }
                     if let Some(source) = &st.source {
                         source.cancel();
@@ -1076,9 +1073,18 @@ impl<P: Provider> Worker<P> {
         // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
         let ReplyWriter { outcome, .. } = out;
         let source = ctx.source.take();
-        if let Some(src) = source.as_ref().filter(|_| !matches!(outcome, Outcome::Deferred)) {
-            // Answered at once: the answer ends the stream, nothing will be read.
-            src.cancel();
+        let sink = ctx.stream.take();
+        if !matches!(outcome, Outcome::Deferred) {
+            // Answered at once (a handler that took a stream and answered anyway, or panicked):
+            // the answer ends the streams, nothing is read and nothing sent. The sink's producer
+            // learns it at its next send (else it would wait forever for a worker that never
+            // takes its messages), and the sink goes with this call, not with the next one.
+            if let Some(src) = &source {
+                src.cancel();
+            }
+            if let Some(sink) = &sink {
+                sink.cancel();
+            }
         }
         if let Some(b) = eager_buf {
             recv.repost(b);
@@ -1102,7 +1108,6 @@ impl<P: Provider> Worker<P> {
                 if let Some(flag) = ctx.cancel_flag.take() {
                     entry.deferred.push((h.slot, h.generation, flag));
                 }
-                let sink = ctx.stream.take();
                 if sink.is_some() || source.is_some() {
                     entry.streams.push(OpenStream {
                         slot: h.slot,
