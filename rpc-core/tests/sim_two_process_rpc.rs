@@ -34,6 +34,36 @@ fn server_process() {
     }
 }
 
+/// Set (to the server's address) for the child that runs `channel_client_process`.
+const CLIENT_ENV: &str = "RPC_SIM_CHANNEL_CLIENT_OF";
+
+/// The child's entry point for `an_idle_channel_client_process_is_probed_and_found_stopped`: a
+/// `Channel` that makes one call, says READY and stays idle (no call on the wire) until its
+/// stdin closes.
+#[test]
+#[ignore = "the client side of an_idle_channel_client_process_is_probed_and_found_stopped; run in a child process"]
+fn channel_client_process() {
+    let Ok(addr) = std::env::var(CLIENT_ENV) else { return };
+    let cfg = rpc_core::ChannelConfig::default().client(
+        client_config()
+            .eager_threshold(EAGER)
+            .ring_bytes(RING)
+            .polling(rpc_core::PollingPolicy::Event { spins: 0 }),
+    );
+    let addr: std::net::SocketAddr = addr.parse().expect("the server's address");
+    let ch = rpc_core::Channel::connect_blocking(addr, &cfg).expect("a channel to the parent's server");
+    check_reply(
+        &block_on(ch.unary::<_, EchoMsg>(ECHO, request(1, 8, 8), &CallOptions::default())).unwrap(),
+        1,
+        8,
+    );
+    println!("\nREADY");
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+        line.clear();
+    }
+}
+
 struct ServerProcess {
     child: Child,
     addr: std::net::SocketAddr,
@@ -182,4 +212,63 @@ fn stopped_server_process_is_detected_by_the_idle_probe() {
     assert!(took < peer_timeout * 4, "detected after {took:?} (peer_timeout {peer_timeout:?})");
     assert!(took >= peer_timeout, "declared dead after {took:?}, before peer_timeout");
     assert_eq!(client.counters().peers_lost, 1);
+}
+
+/// The server probes the idle session of a client that answers probes while idle (a
+/// `Channel`, whose handshake says so): alive, its dispatcher thread answers every Ping and the
+/// session outlives three peer timeouts; stopped with SIGSTOP (its kernel keeps the TCP
+/// connection and would answer keepalives), it is found within the server's `peer_timeout` and
+/// its session closed, with no call in flight. An idle blocking `Client` in this process, which
+/// answers only while its thread drives it, is not probed: its session stays and serves.
+#[test]
+fn an_idle_channel_client_process_is_probed_and_found_stopped() {
+    let peer_timeout = std::time::Duration::from_millis(1500);
+    let (server, _stash) =
+        spawn(server().eager_threshold(EAGER).ring_bytes(RING).peer_timeout(Some(peer_timeout)));
+    let blocking =
+        Client::connect_with(server.local_addr(), &client_config().eager_threshold(EAGER).ring_bytes(RING))
+            .expect("a blocking client");
+    check_reply(&blocking.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--ignored", "--exact", "channel_client_process", "--nocapture", "--test-threads=1"])
+        .env(CLIENT_ENV, server.local_addr().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawning the client process");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).expect("reading the client's stdout") > 0, "the client exited");
+        if line.trim() == "READY" {
+            break;
+        }
+    }
+    let counters = || format!("server {:?}", server.counters());
+    wait_until("both sessions published", WAIT, || server.counters().sessions_opened == 2, counters);
+    std::thread::sleep(peer_timeout * 3);
+    assert_eq!(
+        (server.counters().peers_lost, server.counters().sessions_closed),
+        (0, 0),
+        "an idle Channel answers the server's probes; an idle blocking Client is not probed"
+    );
+    let pid = child.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &pid]).status().is_ok_and(|st| st.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let stopped = std::time::Instant::now();
+    wait_until("the stopped client's session to close", WAIT, || server.counters().peers_lost == 1, counters);
+    let took = stopped.elapsed();
+    signal("-CONT");
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!(
+        "the stopped idle Channel client was found {took:?} after SIGSTOP (peer_timeout {peer_timeout:?})"
+    );
+    assert!(took < peer_timeout * 4, "found after {took:?} (peer_timeout {peer_timeout:?})");
+    check_reply(&blocking.unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
+    assert_eq!(server.counters().peers_lost, 1, "{}", counters());
 }

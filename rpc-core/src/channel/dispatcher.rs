@@ -52,6 +52,7 @@ use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
 use crate::transport::Transport;
+use crate::wire::FLAG_IDLE_PONGS;
 
 /// The session of a dispatcher, on either provider.
 pub(crate) enum AnyCore {
@@ -102,6 +103,9 @@ impl AnyCore {
         }
     }
 
+    /// Connects a dispatcher's session. Its handshake says the client answers Pings while idle
+    /// ([`FLAG_IDLE_PONGS`]): the dispatcher thread looks at an idle session at every park
+    /// ([`Dispatcher::idle_look`]), so the server may probe it and find a stopped process.
     fn connect(addr: impl ToSocketAddrs, cfg: &ClientConfig) -> Result<AnyCore, Status> {
         Ok(match &cfg.transport {
             Transport::Sim => AnyCore::Sim(Box::new(ClientCore::connect(
@@ -110,11 +114,19 @@ impl AnyCore {
                 &crate::verbs::DeviceSelector::First,
                 1,
                 -1,
+                FLAG_IDLE_PONGS,
             )?)),
             #[cfg(feature = "ibverbs")]
             Transport::Rdma { device, port, gid_index } => {
                 let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
-                AnyCore::Rdma(Box::new(ClientCore::connect(addr, cfg, &sel, *port, *gid_index)?))
+                AnyCore::Rdma(Box::new(ClientCore::connect(
+                    addr,
+                    cfg,
+                    &sel,
+                    *port,
+                    *gid_index,
+                    FLAG_IDLE_PONGS,
+                )?))
             }
             #[cfg(not(feature = "ibverbs"))]
             Transport::Rdma { .. } => return Err(Transport::rdma_unavailable()),
@@ -745,8 +757,11 @@ impl Dispatcher {
                 bump(&inner.stats.thread_runs, 1);
                 self.drive();
                 seen = None;
+            } else if busy() {
+                seen = Some(drives);
             } else {
-                seen = busy().then_some(drives);
+                seen = None;
+                self.idle_look();
             }
         }
         let mut g = inner.session.lock().unwrap_or_else(|e| e.into_inner());
@@ -839,6 +854,23 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// An idle session (no call queued or in flight) is looked at once per park (at most
+    /// [`PARK`] apart): what arrived is handled, so the server's idle probe gets its Pong (the
+    /// handshake promised it: [`FLAG_IDLE_PONGS`]) and a broken session is seen. One poll of the
+    /// CQ, no system call on the software NIC; calls are left to their callers.
+    fn idle_look(&self) {
+        let inner = &*self.inner;
+        let Some(mut g) = inner.try_session() else { return };
+        let d = g.as_mut().expect("checked by try_session");
+        if with_any_core!(&mut d.core, c => c.dispatch_step()) > 0 {
+            // A call started meanwhile may have finished: its task is woken as after any step.
+            d.finish_calls(inner, true);
+        }
+        let batch = d.take_wakers();
+        drop(g);
+        wake_all(batch);
     }
 
     /// Sleeps until someone wants the thread (or `timeout` passes), unless work was left for it

@@ -35,7 +35,9 @@ use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{
     CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WorkCompletion,
 };
-use crate::wire::{read_frame, write_frame, Frame, FrameError, Header, Kind, HEADER_LEN, MAX_CREDITS};
+use crate::wire::{
+    read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
+};
 
 const POLL_BATCH: usize = 32;
 /// Tag of the client's only connection in send `wr_id`s.
@@ -150,13 +152,15 @@ fn unavailable(what: impl std::fmt::Display) -> Status {
 }
 
 impl<P: Provider> ClientCore<P> {
-    /// Connects over TCP, exchanges the handshake and brings the QP to RTS.
+    /// Connects over TCP, exchanges the handshake (with `flags`: [`crate::wire::FLAG_IDLE_PONGS`]
+    /// from a driver that answers Pings while idle, else 0) and brings the QP to RTS.
     pub(crate) fn connect(
         addr: impl ToSocketAddrs,
         cfg: &ClientConfig,
         selector: &DeviceSelector,
         port: u8,
         gid_index: i32,
+        flags: u16,
     ) -> Result<ClientCore<P>, Status> {
         if cfg.window == 0 || cfg.window > MAX_CREDITS {
             return Err(Status::invalid_argument(format!(
@@ -231,15 +235,18 @@ impl<P: Provider> ClientCore<P> {
         let _ = tcp.set_nodelay(true);
         crate::control::Liveness::for_peer_timeout(cfg.peer_timeout).apply(&tcp).map_err(unavailable)?;
         tcp.set_read_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
-        let hello = handshake(
-            &local,
-            ring.remote(),
-            window,
-            cfg.eager_threshold,
-            cfg.max_message_size,
-            0,
-            cfg.auth_token.clone().unwrap_or_default(),
-        );
+        let hello = Handshake {
+            flags,
+            ..handshake(
+                &local,
+                ring.remote(),
+                window,
+                cfg.eager_threshold,
+                cfg.max_message_size,
+                0,
+                cfg.auth_token.clone().unwrap_or_default(),
+            )
+        };
         write_frame(&mut tcp, &Frame::Handshake(hello))
             .map_err(|e| unavailable(format!("handshake: {e}")))?;
         let reply = match read_frame(&mut tcp) {

@@ -109,14 +109,14 @@ fn open(addrs: &[SocketAddr], config: &ClientConfig) -> Result<AnyCalls, Status>
     let q = config.max_queued_calls;
     Ok(match &config.transport {
         Transport::Sim => AnyCalls::Sim(Box::new(Calls::new(
-            ClientCore::connect(addrs, config, &crate::verbs::DeviceSelector::First, 1, -1)?,
+            ClientCore::connect(addrs, config, &crate::verbs::DeviceSelector::First, 1, -1, 0)?,
             q,
         ))),
         #[cfg(feature = "ibverbs")]
         Transport::Rdma { device, port, gid_index } => {
             let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
             AnyCalls::Rdma(Box::new(Calls::new(
-                ClientCore::connect(addrs, config, &sel, *port, *gid_index)?,
+                ClientCore::connect(addrs, config, &sel, *port, *gid_index, 0)?,
                 q,
             )))
         }

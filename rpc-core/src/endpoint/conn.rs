@@ -191,7 +191,8 @@ impl Outgoing {
 
 /// This end's handshake: its QP's address (`local`), its ring (`(addr, len, rkey)`), and the
 /// limits it offers or grants (`credits`, `eager_threshold`, `max_message` in bytes), the session
-/// id (0 from a client) and the client's auth token (empty from a server).
+/// id (0 from a client) and the client's auth token (empty from a server); no flags (a client
+/// that answers probes while idle sets [`crate::wire::FLAG_IDLE_PONGS`]).
 pub(crate) fn handshake(
     local: &Endpoint,
     ring: (u64, u32, u32),
@@ -203,6 +204,7 @@ pub(crate) fn handshake(
 ) -> Handshake {
     Handshake {
         version: PROTOCOL_VERSION,
+        flags: 0,
         qp_num: local.qp_num,
         psn: local.psn,
         lid: local.lid,

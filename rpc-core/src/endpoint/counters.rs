@@ -42,7 +42,8 @@ pub struct Counters {
     /// answer to one call).
     pub late_answers: u64,
     /// Sessions closed because the peer stayed silent for `peer_timeout` while calls waited
-    /// for it (the idle probe got no Pong).
+    /// for it, or (server) while a client that answers probes while idle was idle: the idle
+    /// probe got no Pong.
     pub peers_lost: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],

@@ -34,7 +34,9 @@ use crate::status::Status;
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
-use crate::wire::{read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HEADER_LEN, MAX_FRAME};
+use crate::wire::{
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HEADER_LEN, MAX_FRAME,
+};
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_DONE, BIND_PENDING};
 
@@ -545,16 +547,19 @@ impl<P: Provider> Listener<P> {
             Ok(c) => c,
             Err(e) => return Err(Self::refuse(stream, e)),
         };
-        let local = conn.1;
-        let session = conn.0.session.params().id;
+        let (mut conn0, local) = (conn.0, conn.1);
+        if hello.flags & FLAG_IDLE_PONGS != 0 {
+            conn0.session.probe_while_idle();
+        }
+        let session = conn0.session.params().id;
         let reply = handshake(&local, conn.2, credits, eager, max_message, session, Vec::new());
         w.sessions.fetch_add(1, Ordering::Relaxed);
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));
-        let window = conn.0.ring.has_window();
+        let window = conn0.ring.has_window();
         push(
             &w.control,
-            Control::Open(Box::new(NewConn { conn: conn.0, session, peer, bound: bound.clone() })),
+            Control::Open(Box::new(NewConn { conn: conn0, session, peer, bound: bound.clone() })),
         );
         // The peer may write our ring as soon as it has the reply: the worker binds the ring's
         // window to the QP first, and wakes the listener when the bind completed (the reply goes

@@ -124,9 +124,10 @@ pub struct ServerConfig {
     /// deferred handler runs): after a third of it the worker sends a Ping (again after each
     /// further third; a client that polls for its calls answers with a Pong), after all of it the
     /// session closes (counted in `Counters::peers_lost`) and its memory is freed. Catches a
-    /// stopped or hung client process, which its NIC still acknowledges. Sessions without
-    /// unanswered calls are not probed (an idle blocking client does not poll). Default 6 s;
-    /// `None` disables the probe.
+    /// stopped or hung client process, which its NIC still acknowledges. A session without
+    /// unanswered calls is probed only when its client answers Pings while idle (a `Channel`,
+    /// whose handshake says so: [`crate::wire::FLAG_IDLE_PONGS`]); an idle blocking `Client`
+    /// does not poll, so its idle session is not probed. Default 6 s; `None` disables the probe.
     ///
     /// The same time bounds the TCP control connection, idle or not: TCP keepalive (probes from
     /// half of it on) and `TCP_USER_TIMEOUT` make the connection of a client host that vanished

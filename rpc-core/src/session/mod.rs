@@ -180,6 +180,8 @@ pub struct Session {
     /// Server: CancelAcks waiting in `controls` (at most `credits`: a client holds a credit per
     /// Cancel until its acknowledgement arrives).
     acks_due: u16,
+    /// Server: the client answers Pings while idle ([`Session::probe_while_idle`]).
+    probe_idle: bool,
 }
 
 impl Session {
@@ -221,6 +223,7 @@ impl Session {
             closed: false,
             ring_freed: false,
             acks_due: 0,
+            probe_idle: false,
         }
     }
 
@@ -258,6 +261,22 @@ impl Session {
     pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>, now: Instant) {
         self.liveness = Liveness::new(peer_timeout);
         self.liveness.last_check = Some(now);
+    }
+
+    /// Server: the client said in its handshake that it answers Pings while it has no call on
+    /// the wire ([`crate::wire::FLAG_IDLE_PONGS`]): the idle probe watches this session also
+    /// while no call is unanswered ([`Session::watches_peer`]), so a client process that stopped
+    /// (SIGSTOP, hung) is found within `peer_timeout` even when idle.
+    pub fn probe_while_idle(&mut self) {
+        self.probe_idle = true;
+    }
+
+    /// Server: whether this end expects something from the client now (the `waiting` of
+    /// [`Session::poll_timeout`] and [`Session::handle_timeout`]): a call unanswered, or the
+    /// client answers probes while idle.
+    #[inline]
+    pub fn watches_peer(&self) -> bool {
+        self.probe_idle || !self.unanswered.is_empty()
     }
 
     /// When [`Session::handle_timeout`] has something to do next (`waiting`: this end expects

@@ -633,6 +633,39 @@ fn idle_probe_pings_then_declares_the_peer_dead_on_the_fake_clock() {
     assert_eq!(s.next_control(), Some(Header::new(Kind::Pong)));
 }
 
+/// A server session whose client answers probes while idle (its handshake's FLAG_IDLE_PONGS)
+/// is watched with no call unanswered: a Ping after a third of `peer_timeout` of silence,
+/// PeerDead after all of it; a session of a client without the flag is not watched while idle.
+#[test]
+fn an_idle_client_that_answers_probes_is_probed_and_declared_dead_on_the_fake_clock() {
+    let clock = Clock(std::time::Instant::now());
+    let t = std::time::Duration::from_millis(300);
+    let mut plain = Session::new(Role::Server, params(2, 16, 100));
+    plain.set_peer_timeout(Some(t), clock.at(0));
+    let mut probed = Session::new(Role::Server, params(2, 16, 100));
+    probed.set_peer_timeout(Some(t), clock.at(0));
+    probed.probe_while_idle();
+    assert!(!plain.watches_peer() && probed.watches_peer());
+    assert_eq!(plain.poll_timeout(plain.watches_peer()), None, "idle, not probed: no timer");
+    assert_eq!(probed.poll_timeout(probed.watches_peer()), Some(clock.at(0)));
+    let mut pings = 0;
+    for ms in (0..300).step_by(50) {
+        for s in [&mut plain, &mut probed] {
+            let waiting = s.watches_peer();
+            s.handle_timeout(clock.at(ms), waiting);
+        }
+        assert!(!plain.has_control() && plain.poll_event().is_none(), "at {ms} ms");
+        while let Some(h) = probed.next_control() {
+            assert_eq!(h, Header::new(Kind::Ping), "at {ms} ms");
+            pings += 1;
+        }
+        assert_eq!(probed.poll_event(), None, "at {ms} ms");
+    }
+    assert_eq!(pings, 2, "a Ping after a third and after two thirds of the silence");
+    probed.handle_timeout(clock.at(300), probed.watches_peer());
+    assert_eq!(probed.poll_event(), Some(Event::PeerDead { silent: t }));
+}
+
 /// A message in pieces ends in a buffer of exactly its `total_len` (doubling stops there: a
 /// message of 1 MiB and 4 B takes 1 MiB and 4 B, not 2 MiB), and an announced `total_len` alone
 /// allocates nothing of its size: a 1-byte first piece of a message at the limit reserves 64 KiB,

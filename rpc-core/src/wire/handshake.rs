@@ -7,7 +7,7 @@
 //! |---|---|
 //! | 4 | magic `b"RPCH"` |
 //! | 2 | protocol version ([`PROTOCOL_VERSION`]) |
-//! | 2 | reserved, 0 |
+//! | 2 | flags ([`FLAG_IDLE_PONGS`]; other bits 0) |
 //! | 4 | QPN (24 bits, non-zero) |
 //! | 4 | PSN (24 bits) |
 //! | 2 | LID (InfiniBand; 0 elsewhere) |
@@ -34,7 +34,15 @@ use crate::verbs::{Gid, Mtu};
 /// `b"RPCH"` as a little-endian u32.
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
+/// Handshake flag, client → server: this client answers Pings while it has no call on the wire
+/// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
+/// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of
+/// silence (a SIGSTOPped or hung client process, whose kernel still answers TCP keepalives). A
+/// blocking [`Client`](crate::Client) answers only while its thread drives it and leaves it 0.
+pub const FLAG_IDLE_PONGS: u16 = 1;
+/// Every handshake flag this build knows.
+const KNOWN_FLAGS: u16 = FLAG_IDLE_PONGS;
 /// Longest auth token in bytes.
 pub const MAX_AUTH_TOKEN: usize = 256;
 /// Longest frame payload in bytes.
@@ -53,6 +61,8 @@ const TYPE_REFUSAL: u8 = 2;
 pub struct Handshake {
     /// Protocol version ([`PROTOCOL_VERSION`]).
     pub version: u16,
+    /// [`FLAG_IDLE_PONGS`] or 0 (a server sends 0).
+    pub flags: u16,
     /// QP number (24 bits).
     pub qp_num: u32,
     /// First PSN (24 bits).
@@ -118,7 +128,7 @@ impl Handshake {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&HANDSHAKE_MAGIC.to_le_bytes());
         out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.qp_num.to_le_bytes());
         out.extend_from_slice(&self.psn.to_le_bytes());
         out.extend_from_slice(&self.lid.to_le_bytes());
@@ -158,8 +168,13 @@ impl Handshake {
                 format!("peer speaks protocol {version}, this build speaks {PROTOCOL_VERSION}"),
             ));
         }
-        if u16f(&mut b, "reserved")? != 0 {
-            return Err(WireError::bad("handshake", "reserved", "must be 0"));
+        let flags = u16f(&mut b, "flags")?;
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(WireError::bad(
+                "handshake",
+                "flags",
+                format!("{flags:#06x} has bits this build does not know (it knows {KNOWN_FLAGS:#06x})"),
+            ));
         }
         let u32f =
             |b: &mut &[u8], f| take(b, 4, f, total).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
@@ -234,6 +249,7 @@ impl Handshake {
         }
         Ok(Handshake {
             version,
+            flags,
             qp_num,
             psn,
             lid,
@@ -348,6 +364,7 @@ mod tests {
     fn sample() -> Handshake {
         Handshake {
             version: PROTOCOL_VERSION,
+            flags: FLAG_IDLE_PONGS,
             qp_num: 0x12,
             psn: 0xabcdef,
             lid: 0,
@@ -392,6 +409,8 @@ mod tests {
         let h = sample();
         assert_eq!(field_of(&h, |v| v[0] = b'X'), "magic");
         assert_eq!(field_of(&h, |v| v[4] = 9), "version");
+        assert_eq!(field_of(&Handshake { flags: 2, ..h.clone() }, |_| ()), "flags");
+        assert_eq!(field_of(&h, |v| v[7] = 0x80), "flags");
         assert_eq!(field_of(&Handshake { qp_num: 0, ..h.clone() }, |_| ()), "qp_num");
         assert_eq!(field_of(&Handshake { qp_num: 1 << 24, ..h.clone() }, |_| ()), "qp_num");
         assert_eq!(field_of(&Handshake { psn: 1 << 24, ..h.clone() }, |_| ()), "psn");
@@ -413,10 +432,10 @@ mod tests {
             qp in 1u32..=0xff_ffff, psn in 0u32..=0xff_ffff, lid: u16, m in 1u32..=5, gid: [u8; 16],
             addr: u64, len in 1u32..=MAX_RING_LEN, rkey: u32, credits in 1u16..=MAX_CREDITS,
             eager in 0u32..=MAX_RING_LEN, maxm in 1u32.., session: u32,
-            token in proptest::collection::vec(any::<u8>(), 0..=MAX_AUTH_TOKEN),
+            token in proptest::collection::vec(any::<u8>(), 0..=MAX_AUTH_TOKEN), flags in 0u16..=KNOWN_FLAGS,
         ) {
             let h = Handshake {
-                version: PROTOCOL_VERSION, qp_num: qp, psn, lid, mtu: Mtu::from_ibv(m).unwrap(), gid: Gid(gid),
+                version: PROTOCOL_VERSION, flags, qp_num: qp, psn, lid, mtu: Mtu::from_ibv(m).unwrap(), gid: Gid(gid),
                 ring_addr: addr, ring_len: len, ring_rkey: rkey, credits, eager_threshold: eager,
                 max_message: maxm, session, auth_token: token,
             };

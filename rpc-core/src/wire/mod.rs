@@ -8,8 +8,8 @@ mod header;
 
 pub use error::WireError;
 pub use handshake::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, HANDSHAKE_MAGIC, MAX_AUTH_TOKEN,
-    MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, PROTOCOL_VERSION,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HANDSHAKE_MAGIC,
+    MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, PROTOCOL_VERSION,
 };
 pub use header::{
     batch_frames, frame_at, push_frame, BatchFrames, Header, Kind, BODY_IN_RING, FRAME_LEN, HEADER_LEN,

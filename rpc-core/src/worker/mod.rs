@@ -367,9 +367,9 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
-    /// idle probe) and acts on what expired. Sessions whose calls are all answered leave
-    /// [`Worker::timed`] (with no unanswered call a server session has no timer: no deadline to
-    /// enforce, and the idle probe runs only while waiting for the client).
+    /// idle probe) and acts on what expired. Sessions the session layer no longer watches leave
+    /// [`Worker::timed`] ([`Session::watches_peer`]: with no unanswered call, a session has no
+    /// timer unless its client answers probes while idle).
     #[inline(never)]
     fn run_timers(&mut self, now: Instant) {
         let mut i = 0;
@@ -380,7 +380,7 @@ impl<P: Provider> Worker<P> {
                 continue;
             };
             let session = &mut entry.conn.session;
-            let waiting = session.unanswered() > 0;
+            let waiting = session.watches_peer();
             if !waiting {
                 entry.timed = false;
                 self.timed.swap_remove(i);
@@ -410,8 +410,8 @@ impl<P: Provider> Worker<P> {
                 Event::PeerDead { silent } => {
                     self.counters.peers_lost += 1;
                     let reason = format!(
-                        "no message from the client for {} ms while its calls were unanswered \
-                         (ServerConfig::peer_timeout)",
+                        "no message from the client for {} ms while its calls were unanswered or \
+                         it was probed while idle (ServerConfig::peer_timeout)",
                         silent.as_millis()
                     );
                     self.close_entry(idx, &reason, false, true);
@@ -667,6 +667,11 @@ impl<P: Provider> Worker<P> {
         });
         if let Some(s) = self.entries[idx].as_mut() {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
+            if s.conn.session.watches_peer() && self.limits.peer_timeout.is_some() {
+                // A client that answers probes while idle is watched from the start.
+                s.timed = true;
+                self.timed.push(idx as u16);
+            }
         }
         let tag = self.tag(idx as u16);
         let Some(entry) = self.entries[idx].as_mut() else { return };
@@ -887,7 +892,7 @@ impl<P: Provider> Worker<P> {
         // A request left unanswered (deferred, streaming, or still arriving in pieces) arms
         // the session's timers.
         if let Some(entry) = self.entries[idx as usize].as_mut() {
-            if !entry.timed && entry.conn.session.unanswered() > 0 {
+            if !entry.timed && entry.conn.session.watches_peer() {
                 entry.timed = true;
                 self.timed.push(idx);
             }

@@ -501,6 +501,7 @@ impl<P: Provider> RawPeer<P> {
         let (ring_addr, ring_len, ring_rkey) = self.ring.remote();
         Handshake {
             version: PROTOCOL_VERSION,
+            flags: 0,
             qp_num: self.local.qp_num,
             psn: self.local.psn,
             lid: self.local.lid,
