@@ -12,6 +12,29 @@ use rpc_core::verbs::sim::Sim;
 use rpc_core::verbs::{CompletionQueue, QueuePair, WorkCompletion};
 use rpc_support::{RawPeer, WAIT};
 
+/// Polls `qp`'s CQ once and retires what each send completion covers, as the client and the
+/// worker do: its send buffers, its WQEs, and (with `staging`) the staged ranges whose last WRITE
+/// it covers. Returns the completions polled (every one must succeed).
+fn retire_polled<P: rpc_core::verbs::Provider>(
+    peer: &RawPeer<P>,
+    wcs: &mut [WorkCompletion],
+    pool: &mut SendPool<P>,
+    sq: &mut SendQueue,
+    mut staging: Option<&mut rpc_core::buffers::SendStaging<P>>,
+) -> usize {
+    let n = peer.cq.poll(wcs).unwrap();
+    for wc in &wcs[..n] {
+        assert!(wc.status.is_success(), "{wc:?}");
+        let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
+        pool.retire(usize::from(retired));
+        sq.on_completion(wrs);
+        if let Some(staging) = staging.as_deref_mut() {
+            sq.retire_staged(staging);
+        }
+    }
+    n
+}
+
 /// Tests that run on any NIC: `sim`, and rxe0 in the Soft-RoCE tier (`scripts/softroce-test`
 /// runs `buffers_send_queue:on_any_nic::`; two QPs of the device connected to each other).
 mod on_any_nic {
@@ -59,13 +82,7 @@ mod on_any_nic {
                 sq.flush(&a.qp, &mut pool, 1).expect("posting never overruns the send queue");
                 sent += 1;
             }
-            let n = a.cq.poll(&mut wcs).unwrap();
-            for wc in &wcs[..n] {
-                assert!(wc.status.is_success(), "{wc:?}");
-                let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
-                pool.retire(usize::from(retired));
-                sq.on_completion(wrs);
-            }
+            retire_polled(&a, &mut wcs, &mut pool, &mut sq, None);
             let n = b.cq.poll(&mut wcs).unwrap();
             for wc in &wcs[..n] {
                 let buf = b.recv.take(wc.wr_id, wc.byte_len).expect("a posted receive buffer");
@@ -133,15 +150,7 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
 
     let mut done = false;
     for _ in 0..1000 {
-        let n = a.cq.poll(&mut wcs).unwrap();
-        for wc in &wcs[..n] {
-            assert!(wc.status.is_success(), "{wc:?}");
-            let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
-            pool.retire(usize::from(retired));
-            sq.on_completion(wrs);
-            sq.retire_staged(&mut staging);
-            done = true;
-        }
+        done = retire_polled(&a, &mut wcs, &mut pool, &mut sq, Some(&mut staging)) > 0;
         if done {
             break;
         }

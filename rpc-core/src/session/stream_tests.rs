@@ -34,15 +34,9 @@ fn carry_controls(from: &mut Session, to: &mut Session) {
 }
 
 fn open(c: &mut Session, s: &mut Session, slot: u16, flags: u8) {
-    let credits = c.stream_open(slot, 1, flags);
-    let req = Header {
-        method: 9,
-        slot,
-        generation: 1,
-        stream: flags,
-        count: credits,
-        ..Header::new(Kind::Request)
-    };
+    let grants = c.stream_open(slot, 1, flags);
+    let req =
+        Header { method: 9, slot, generation: 1, stream: flags, count: grants, ..Header::new(Kind::Request) };
     carry(c, s, req).unwrap();
 }
 
@@ -51,14 +45,14 @@ fn msg(slot: u16) -> Header {
 }
 
 /// Server streaming: the client grants `cap` messages; the server sends exactly that many and is
-/// then blocked at the credit limit for as long as the client's application takes nothing, with
+/// then blocked at the grant limit for as long as the client's application takes nothing, with
 /// no control message moving; each message taken lets exactly one more go (batched by a quarter
 /// of the cap), so the client never holds more than `cap`.
 #[test]
 fn a_consumer_that_stops_reading_blocks_its_producer_at_the_grant_limit() {
     let (mut c, mut s) = pair(16);
     open(&mut c, &mut s, 0, STREAM_OUT);
-    let cap = 8; // half the budget of 16 credits
+    let cap = 8; // half the stream budget of a session of 16 credits
     let mut sent = 0;
     while s.stream_send(0, 1).unwrap() {
         carry(&mut s, &mut c, msg(0)).unwrap();
@@ -68,10 +62,10 @@ fn a_consumer_that_stops_reading_blocks_its_producer_at_the_grant_limit() {
     assert_eq!(sent, cap);
     assert_eq!(c.stream_receive_window(0, 1), Some((cap, 0)));
     for _ in 0..100 {
-        assert!(!c.has_control(), "no credit returns while nothing is taken");
+        assert!(!c.has_control(), "no grant returns while nothing is taken");
         assert_eq!(s.stream_send(0, 1), Ok(false), "producer stays blocked");
     }
-    // A message beyond the credits is a protocol violation, not buffered.
+    // A message beyond the grants is a protocol violation, not buffered.
     assert_eq!(carry(&mut s, &mut c, msg(0)).unwrap_err(), "stream message beyond its stream grants");
     let (mut c, mut s) = pair(16);
     open(&mut c, &mut s, 0, STREAM_OUT);
@@ -165,8 +159,8 @@ fn the_session_budget_bounds_every_stream_together() {
     assert_eq!(c.stream_open(1, 1, STREAM_OUT), 8);
     assert_eq!(c.stream_open(2, 1, STREAM_OUT), 0, "budget spent");
     c.stream_close(0, 1);
-    let credit = c.next_control().expect("the third stream's grant");
-    assert_eq!((credit.kind, credit.slot, credit.count), (Kind::StreamGrant, 2, 8));
+    let grant = c.next_control().expect("the third stream's grant");
+    assert_eq!((grant.kind, grant.slot, grant.count), (Kind::StreamGrant, 2, 8));
     // Reservation: with 2 free and two streams starving, each gets at least its first message.
     let (mut c, _) = pair(4);
     assert_eq!(c.stream_open(0, 1, STREAM_OUT), 2);
@@ -185,9 +179,9 @@ fn the_session_budget_bounds_every_stream_together() {
 proptest::proptest! {
     /// Random interleavings of sending, delivering (in order, possibly delayed), taking and
     /// granting: the consumer never holds or has granted more than the cap, the producer never
-    /// exceeds its credits (the consumer would refuse), and every message sent arrives.
+    /// exceeds its grants (the consumer would refuse), and every message sent arrives.
     #[test]
-    fn credits_bound_in_flight_and_held_messages(ops in proptest::collection::vec(0u8..4, 1..400)) {
+    fn grants_bound_in_flight_and_held_messages(ops in proptest::collection::vec(0u8..4, 1..400)) {
         let (mut c, mut s) = pair(8);
         open(&mut c, &mut s, 0, STREAM_OUT);
         let mut wire = 0u32;

@@ -698,7 +698,7 @@ mod tests {
                     let in_ring = in_ring && body;
                     let stream =
                         if kind == Kind::Request { (extra >> 8) as u8 & (STREAM_IN | STREAM_OUT) } else { 0 };
-                    let credits = match kind {
+                    let count = match kind {
                         Kind::StreamGrant => (extra >> 16) as u16 | 1,
                         Kind::Request if stream & STREAM_OUT != 0 => (extra >> 16) as u16,
                         _ => 0,
@@ -707,7 +707,7 @@ mod tests {
                         kind,
                         in_ring,
                         stream,
-                        count: credits,
+                        count,
                         status: if kind == Kind::Response { Code::from_u8(st).unwrap() } else { Code::Ok },
                         slot: if names { slot } else { 0 },
                         generation: if names { generation } else { 0 },
