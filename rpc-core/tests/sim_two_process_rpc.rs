@@ -222,7 +222,7 @@ fn stopped_server_process_is_detected_by_the_idle_probe() {
 /// answers only while its thread drives it, is not probed: its session stays and serves.
 #[test]
 fn an_idle_channel_client_process_is_probed_and_found_stopped() {
-    let peer_timeout = std::time::Duration::from_millis(1500);
+    let peer_timeout = std::time::Duration::from_secs(2);
     let (server, _stash) =
         spawn(server().eager_threshold(EAGER).ring_bytes(RING).peer_timeout(Some(peer_timeout)));
     let blocking =
