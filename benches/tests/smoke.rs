@@ -88,6 +88,43 @@ fn every_test_runs_on_sim_loopback() {
     assert!(svg.contains("rpc_lat 64 B") && svg.contains("write_lat 64 B"));
 }
 
+/// The shareable handle's two tests, from four tokio tasks on a two-worker runtime through two
+/// dispatchers (a session each): every call answered with its length checked (a task fails the
+/// run otherwise), results named, sized and counted, and the channel's shape in the JSON.
+#[test]
+fn channel_tests_run_on_sim_loopback() {
+    let v = run(&[
+        "-n",
+        "400",
+        "-s",
+        "64",
+        "--test",
+        "chan_lat,chan_bw",
+        "--tasks",
+        "4",
+        "-c",
+        "8",
+        "--rt-threads",
+        "2",
+        "--dispatchers",
+        "2",
+    ]);
+    let res = v["results"].as_array().unwrap();
+    let names: Vec<&str> = res.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(names, ["chan_lat", "chan_bw"]);
+    for r in res {
+        assert_eq!(r["bytes"], 64, "{r}");
+        assert_eq!(r["concurrency"], 8, "{r}");
+    }
+    let lat = &res[0]["latency"];
+    assert_eq!(lat["iterations"], 400, "{lat}");
+    assert!(lat["min_ns"].as_f64().unwrap() > 0.0 && lat["min_ns"].as_f64() <= lat["p99_ns"].as_f64());
+    let bw = &res[1]["bandwidth"];
+    assert_eq!(bw["iterations"], 400, "{bw}");
+    assert_eq!(bw["bytes_per_iter"], 128, "request + response payload");
+    assert!(bw["avg_mb_per_s"].as_f64().unwrap() > 0.0);
+}
+
 /// The three streaming tests, small and ring-sized messages: every message arrives (each test
 /// checks its count and lengths and fails otherwise), results named and sized.
 #[test]

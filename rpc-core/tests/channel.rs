@@ -503,6 +503,55 @@ fn a_dispatcher_waiting_for_a_completion_event_leaves_the_session_to_callers() {
     server.shutdown();
 }
 
+/// The CPUs thread `name` of this process may run on (`Cpus_allowed_list` of its status, e.g.
+/// "1" or "0-1"); `None` when no thread has that name.
+fn allowed_cpus(name: &str) -> Option<String> {
+    for e in std::fs::read_dir("/proc/self/task").ok()? {
+        let p = e.ok()?.path();
+        if std::fs::read_to_string(p.join("comm")).ok()?.trim() == name {
+            let status = std::fs::read_to_string(p.join("status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
+            return Some(line["Cpus_allowed_list:".len()..].trim().to_owned());
+        }
+    }
+    None
+}
+
+/// `ChannelConfig::core_ids` pins dispatcher `i` to `core_ids[i % len]` (what the kernel lets
+/// each dispatcher thread run on is that core alone), and an unpinned channel's dispatcher keeps
+/// every CPU of the process; calls go through the pinned dispatchers.
+#[test]
+fn dispatchers_run_pinned_to_the_configured_cores() {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    if cores.len() < 2 {
+        eprintln!("skipped dispatchers_run_pinned_to_the_configured_cores: fewer than 2 cores");
+        return;
+    }
+    let (a, b) = (cores[0].id, cores[1].id);
+    let (server, _) = spawn(server());
+    let pinned = channel_config("rpc-pin").dispatchers(3).core_ids(vec![b, a]);
+    let ch = Channel::connect_blocking(server.local_addr(), &pinned).unwrap();
+    let free = Channel::connect_blocking(server.local_addr(), &channel_config("rpc-free")).unwrap();
+    let cpus =
+        |name: &str| allowed_cpus(name).unwrap_or_else(|| panic!("no thread {name}: {:?}", thread_names()));
+    assert_eq!(cpus("rpc-pin-0"), b.to_string());
+    assert_eq!(cpus("rpc-pin-1"), a.to_string());
+    assert_eq!(cpus("rpc-pin-2"), b.to_string(), "dispatcher 2 wraps around to core_ids[0]");
+    let all = std::fs::read_to_string("/proc/self/status").unwrap();
+    let all = all.lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap()
+        ["Cpus_allowed_list:".len()..]
+        .trim();
+    assert_eq!(cpus("rpc-free-0"), all, "an unpinned dispatcher keeps the process's CPUs");
+    let rt = runtime(2);
+    rt.block_on(async {
+        for i in 0..30u64 {
+            let r: EchoMsg = ch.unary(ECHO, request(i, 16, 16), &CallOptions::default()).await.unwrap();
+            check_reply(&r, i, 16);
+        }
+    });
+    drop((ch, free));
+}
+
 /// CPU time of the calling thread in µs (the scheduler's run time, `/proc/thread-self/schedstat`,
 /// in ns: finer than getrusage's ticks and needing no FFI).
 fn thread_cpu_us() -> u64 {
