@@ -767,8 +767,16 @@ impl Dispatcher {
                 seen = None;
                 watch = WATCH;
             } else if busy() {
+                if seen == Some(drives) {
+                    // Calls in flight that no task waits for and no caller drove since the last
+                    // look (futures not polled yet, answers not taken): nobody else looks at the
+                    // session, so this thread does (what arrives is taken; the server's Pings,
+                    // due while a call is unanswered or, with FLAG_IDLE_PONGS, any time, are
+                    // answered, else the server would close a session whose caller only waits).
+                    self.idle_look();
+                }
                 if seen.is_some() {
-                    // Callers drove it since the last look: look again later.
+                    // Looked at since the last look, by callers or by this thread: look again later.
                     watch = (watch * 2).min(WATCH_MAX);
                 }
                 seen = Some(drives);
@@ -870,10 +878,12 @@ impl Dispatcher {
         }
     }
 
-    /// An idle session (no call queued or in flight) is looked at once per park (at most
-    /// [`PARK`] apart): what arrived is handled, so the server's idle probe gets its Pong (the
-    /// handshake promised it: [`FLAG_IDLE_PONGS`]) and a broken session is seen. One poll of the
-    /// CQ, no system call on the software NIC; calls are left to their callers.
+    /// A session nobody else looks at (idle: once per park, at most [`PARK`] apart; with calls
+    /// in flight that no task waits for and no caller drove: once per look, at most
+    /// [`WATCH_MAX`] apart): what arrived is handled, so the server's probe gets its Pong (the
+    /// handshake promised it while idle: [`FLAG_IDLE_PONGS`]), answers wait for their callers,
+    /// and a broken session is seen. One poll of the CQ, no system call on the software NIC;
+    /// starting calls is left to their callers.
     fn idle_look(&self) {
         let inner = &*self.inner;
         let Some(mut g) = inner.try_session() else { return };
