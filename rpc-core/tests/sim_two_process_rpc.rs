@@ -64,6 +64,44 @@ fn channel_client_process() {
     }
 }
 
+/// Set (to the server's address) for the child that runs `raw_client_process`.
+const RAW_CLIENT_ENV: &str = "RPC_SIM_RAW_CLIENT_OF";
+/// The piece the raw client writes: a request of three such pieces, through a 64 KiB ring.
+const PIECE: u32 = 1 << 14;
+
+/// The child's entry point for `a_client_process_killed_mid_message_is_closed_and_the_server_serves_on`:
+/// a raw client that sends the first piece of a request three pieces long (its body through the
+/// server's ring, its header saying `total_len` = 3 pieces), says PIECE once that piece's WRITE and
+/// SEND completed, and waits to be killed.
+#[test]
+#[ignore = "the client side of a_client_process_killed_mid_message_is_closed_and_the_server_serves_on; run in a child process"]
+fn raw_client_process() {
+    let Ok(addr) = std::env::var(RAW_CLIENT_ENV) else { return };
+    let mut c = RawClient::connect(addr.parse().expect("the server's address"));
+    let h = rpc_core::wire::Header {
+        method: ECHO,
+        in_ring: true,
+        body_len: PIECE,
+        total_len: 3 * PIECE,
+        session: c.session,
+        ..rpc_core::wire::Header::new(rpc_core::wire::Kind::Request)
+    };
+    c.write(0, &vec![0x22; PIECE as usize], Some(h));
+    wait_until(
+        "the first piece's WRITE and SEND to complete",
+        WAIT,
+        || {
+            c.poll();
+            c.sq.outstanding() == 0
+        },
+        String::new,
+    );
+    println!("\nPIECE");
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 struct ServerProcess {
     child: Child,
     addr: std::net::SocketAddr,
@@ -271,4 +309,55 @@ fn an_idle_channel_client_process_is_probed_and_found_stopped() {
     assert!(took < peer_timeout * 4, "found after {took:?} (peer_timeout {peer_timeout:?})");
     check_reply(&blocking.unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
     assert_eq!(server.counters().peers_lost, 1, "{}", counters());
+}
+
+/// A client process killed (SIGKILL) in the middle of a message, one piece of three in the
+/// server's ring: the server sees its connection go, closes the session and drops the partial
+/// message, and serves the next client, ring bodies included; nothing of the dead session's
+/// buffers is left in use once the server shut down.
+#[test]
+fn a_client_process_killed_mid_message_is_closed_and_the_server_serves_on() {
+    let (server, _stash) = spawn(server().ring_bytes(1 << 16));
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--ignored", "--exact", "raw_client_process", "--nocapture", "--test-threads=1"])
+        .env(RAW_CLIENT_ENV, server.local_addr().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawning the raw client process");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).expect("reading the client's stdout") > 0, "the client exited");
+        if line.trim() == "PIECE" {
+            break;
+        }
+    }
+    let counters = || format!("server {:?}", server.counters());
+    wait_until(
+        "the raw client's session published",
+        WAIT,
+        || server.counters().sessions_opened == 1,
+        counters,
+    );
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    wait_until(
+        "the server to close the killed client's session",
+        WAIT,
+        || server.counters().sessions_closed == 1,
+        counters,
+    );
+    assert_eq!(server.counters().rpcs, 0, "the partial request was never dispatched: {}", counters());
+    let client =
+        Client::connect_with(server.local_addr(), &client_config()).expect("a client after the killed one");
+    check_reply(
+        &client.unary(ECHO, &request(5, 100_000, 100_000), &CallOptions::default()).unwrap(),
+        5,
+        100_000,
+    );
+    drop(client);
+    server.shutdown();
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
