@@ -166,38 +166,13 @@ impl Service for Brk {
             }
             PANIC_SINK => {
                 let (sink, _reply) = ctx.stream::<EchoMsg>();
-                std::thread::spawn(move || {
-                    let start = Instant::now();
-                    for seq in 0.. {
-                        if sink.send(&msg(seq, 64)).is_err() {
-                            probe.producers_cancelled.fetch_add(1, Ordering::AcqRel);
-                            return;
-                        }
-                        if start.elapsed() > WAIT {
-                            probe.fail("panic-sink producer never cancelled".into());
-                            return;
-                        }
-                    }
-                });
+                std::thread::spawn(move || produce_until_cancelled(&sink, &probe, "panic-sink", ()));
                 panic!("handler panics after taking its sink (on purpose)");
             }
             ERR_BIDI => {
                 let requests = ctx.requests::<EchoMsg>();
                 let (sink, _reply) = ctx.stream::<EchoMsg>();
-                std::thread::spawn(move || {
-                    let _keep = requests;
-                    let start = Instant::now();
-                    for seq in 0.. {
-                        if sink.send(&msg(seq, 64)).is_err() {
-                            probe.producers_cancelled.fetch_add(1, Ordering::AcqRel);
-                            return;
-                        }
-                        if start.elapsed() > WAIT {
-                            probe.fail("err-bidi producer never cancelled".into());
-                            return;
-                        }
-                    }
-                });
+                std::thread::spawn(move || produce_until_cancelled(&sink, &probe, "err-bidi", requests));
                 out.error(Status::failed_precondition("answered at once"));
             }
             DROP_EARLY => {
@@ -237,6 +212,22 @@ impl Service for Brk {
                 out.reply(reply);
             }
             _ => out.error(Status::unimplemented("no such method")),
+        }
+    }
+}
+
+/// A producer on a sink whose call was answered at once: sends until its send fails (counted
+/// in `producers_cancelled`), or records a failure after [`WAIT`]; `_keep` lives as long.
+fn produce_until_cancelled<K>(sink: &StreamSink<EchoMsg>, probe: &Probe, what: &str, _keep: K) {
+    let start = Instant::now();
+    for seq in 0.. {
+        if sink.send(&msg(seq, 64)).is_err() {
+            probe.producers_cancelled.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+        if start.elapsed() > WAIT {
+            probe.fail(format!("{what} producer never cancelled"));
+            return;
         }
     }
 }

@@ -102,6 +102,36 @@ fn raw_client_process() {
     }
 }
 
+/// Runs this binary's ignored client entry `entry` in a child process, told the server's
+/// address in `env`, and waits for its stdout line `word`. Returns the child (its stdin piped:
+/// closing it ends a client that reads it) and its stdout (kept open for libtest's report).
+fn client_child(
+    entry: &str,
+    env: &str,
+    server: &rpc_core::ServerHandle,
+    word: &str,
+) -> (Child, BufReader<std::process::ChildStdout>) {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"])
+        .env(env, server.local_addr().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawning the client process");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).expect("reading the client's stdout") == 0 {
+            let status = child.wait();
+            panic!("{entry} exited before saying {word}: {status:?}");
+        }
+        if line.trim() == word {
+            return (child, out);
+        }
+    }
+}
+
 struct ServerProcess {
     child: Child,
     addr: std::net::SocketAddr,
@@ -267,22 +297,7 @@ fn an_idle_channel_client_process_is_probed_and_found_stopped() {
         Client::connect_with(server.local_addr(), &client_config().eager_threshold(EAGER).ring_bytes(RING))
             .expect("a blocking client");
     check_reply(&blocking.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut child = Command::new(exe)
-        .args(["--ignored", "--exact", "channel_client_process", "--nocapture", "--test-threads=1"])
-        .env(CLIENT_ENV, server.local_addr().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawning the client process");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).expect("reading the client's stdout") > 0, "the client exited");
-        if line.trim() == "READY" {
-            break;
-        }
-    }
+    let (mut child, _out) = client_child("channel_client_process", CLIENT_ENV, &server, "READY");
     let counters = || format!("server {:?}", server.counters());
     wait_until("both sessions published", WAIT, || server.counters().sessions_opened == 2, counters);
     std::thread::sleep(peer_timeout * 3);
@@ -318,22 +333,7 @@ fn an_idle_channel_client_process_is_probed_and_found_stopped() {
 #[test]
 fn a_client_process_killed_mid_message_is_closed_and_the_server_serves_on() {
     let (server, _stash) = spawn(server().ring_bytes(1 << 16));
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut child = Command::new(exe)
-        .args(["--ignored", "--exact", "raw_client_process", "--nocapture", "--test-threads=1"])
-        .env(RAW_CLIENT_ENV, server.local_addr().to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawning the raw client process");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).expect("reading the client's stdout") > 0, "the client exited");
-        if line.trim() == "PIECE" {
-            break;
-        }
-    }
+    let (mut child, _out) = client_child("raw_client_process", RAW_CLIENT_ENV, &server, "PIECE");
     let counters = || format!("server {:?}", server.counters());
     wait_until(
         "the raw client's session published",
