@@ -119,15 +119,22 @@ fn client_child(
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawning the client process");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{entry}: no stdout");
+    };
+    let mut out = BufReader::new(stdout);
     loop {
         let mut line = String::new();
-        if out.read_line(&mut line).expect("reading the client's stdout") == 0 {
-            let status = child.wait();
-            panic!("{entry} exited before saying {word}: {status:?}");
-        }
-        if line.trim() == word {
-            return (child, out);
+        match out.read_line(&mut line) {
+            Ok(0) | Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!("{entry} exited before saying {word}: {status:?}");
+            }
+            Ok(_) if line.trim() == word => return (child, out),
+            Ok(_) => {}
         }
     }
 }
