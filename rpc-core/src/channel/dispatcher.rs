@@ -18,10 +18,11 @@
 //! counted in [`Inner::waiters`]), for streams (whose futures never drive), and for messages the
 //! session still has to post once no call is in flight (a dropped call's Cancel that follows
 //! the last piece of its request, or found no send buffer: no task will poll for it): with
-//! none of these, every call in flight belongs to a running task that drives it when it polls. It sleeps until
-//! a driver leaves work to it; while calls are in flight it looks every [`WATCH`] (spacing out
-//! to [`WATCH_MAX`] while callers keep driving) and takes over when waiting tasks exist and no
-//! caller drove since its last look (a task that did not come back). Driving, it steps while it is needed and no caller wants the session (a caller that
+//! none of these, every call in flight belongs to a running task that drives it when it polls.
+//! It sleeps until a driver leaves work to it; while calls are in flight it looks every
+//! [`WATCH`] (spacing out to [`WATCH_MAX`] while callers keep driving) and takes over when
+//! waiting tasks exist and no caller drove since its last look (a task that did not come back).
+//! Driving, it steps while it is needed and no caller wants the session (a caller that
 //! found it held makes it let go); with nothing to do it spins (`spins` empty loops), then waits
 //! per the polling policy (`Event`: arms the CQ, lets the session go and blocks on its
 //! completion channel, at most 1 ms at a time; a caller's poll meanwhile drives the session
@@ -30,8 +31,8 @@
 //! Threads that spin, on the benchmark's 2 cores with a current-thread runtime: the server's
 //! worker (one core) and the runtime's thread, whose calls' polls drive the session (at most
 //! [`super::ChannelConfig::poll_spin`] without a completion at a time); the dispatcher thread
-//! sleeps, waking every [`WATCH`] to [`WATCH_MAX`] while calls are in flight, and spins only while every task
-//! waits (the runtime's thread is idle then).
+//! sleeps, waking every [`WATCH`] to [`WATCH_MAX`] while calls are in flight, and spins only
+//! while every task waits (the runtime's thread is idle then).
 
 use std::cell::RefCell;
 use std::net::ToSocketAddrs;
@@ -360,8 +361,8 @@ impl Inner {
             // caller's own task (its call is done: it goes on and polls its next call soon),
             // drive it next; should none come back, the dispatcher thread, which watches the
             // session while calls are in flight, takes it over after one look (every [`WATCH`]
-            // to [`WATCH_MAX`]) without a caller's drive. No unpark (a system call and a thread switch on the caller's core)
-            // per call.
+            // to [`WATCH_MAX`]) without a caller's drive. No unpark (a system call and a thread
+            // switch on the caller's core) per call.
             self.owed.store(true, Ordering::Release);
         } else if calls || owes {
             // Nobody will come back for it: with no call in flight, messages still to post
