@@ -368,7 +368,7 @@ impl<P: Provider> Worker<P> {
 
     /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
     /// idle probe) and acts on what expired. Sessions the session layer no longer watches leave
-    /// [`Worker::timed`] ([`Session::watches_peer`]: with no unanswered call, a session has no
+    /// [`Worker::timed`] ([`crate::session::Session::watches_peer`]: with no unanswered call, a session has no
     /// timer unless its client answers probes while idle).
     #[inline(never)]
     fn run_timers(&mut self, now: Instant) {
