@@ -543,23 +543,23 @@ impl<P: Provider> Listener<P> {
         let eager = hello.eager_threshold.min(self.config.eager_threshold);
         let max_message = hello.max_message.min(self.config.max_message_size);
         let w = w.clone();
-        let conn = match self.create_conn(&w, &hello, credits, eager, max_message) {
+        let mut conn = match self.create_conn(&w, &hello, credits, eager, max_message) {
             Ok(c) => c,
             Err(e) => return Err(Self::refuse(stream, e)),
         };
-        let (mut conn0, local) = (conn.0, conn.1);
         if hello.flags & FLAG_IDLE_PONGS != 0 {
-            conn0.session.probe_while_idle();
+            conn.0.session.probe_while_idle();
         }
-        let session = conn0.session.params().id;
+        let local = conn.1;
+        let session = conn.0.session.params().id;
         let reply = handshake(&local, conn.2, credits, eager, max_message, session, Vec::new());
         w.sessions.fetch_add(1, Ordering::Relaxed);
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));
-        let window = conn0.ring.has_window();
+        let window = conn.0.ring.has_window();
         push(
             &w.control,
-            Control::Open(Box::new(NewConn { conn: conn0, session, peer, bound: bound.clone() })),
+            Control::Open(Box::new(NewConn { conn: conn.0, session, peer, bound: bound.clone() })),
         );
         // The peer may write our ring as soon as it has the reply: the worker binds the ring's
         // window to the QP first, and wakes the listener when the bind completed (the reply goes

@@ -273,10 +273,10 @@ impl Session {
 
     /// Server: whether this end expects something from the client now (the `waiting` of
     /// [`Session::poll_timeout`] and [`Session::handle_timeout`]): a call unanswered, or the
-    /// client answers probes while idle.
+    /// client answers probes while idle and the probe is on ([`Session::set_peer_timeout`]).
     #[inline]
     pub fn watches_peer(&self) -> bool {
-        self.probe_idle || !self.unanswered.is_empty()
+        !self.unanswered.is_empty() || self.probe_idle && self.liveness.peer_timeout.is_some()
     }
 
     /// When [`Session::handle_timeout`] has something to do next (`waiting`: this end expects

@@ -646,6 +646,9 @@ fn an_idle_client_that_answers_probes_is_probed_and_declared_dead_on_the_fake_cl
     probed.set_peer_timeout(Some(t), clock.at(0));
     probed.probe_while_idle();
     assert!(!plain.watches_peer() && probed.watches_peer());
+    let mut off = Session::new(Role::Server, params(2, 16, 100));
+    off.probe_while_idle();
+    assert!(!off.watches_peer(), "without a peer_timeout there is no probe: nothing to watch");
     assert_eq!(plain.poll_timeout(plain.watches_peer()), None, "idle, not probed: no timer");
     assert_eq!(probed.poll_timeout(probed.watches_peer()), Some(clock.at(0)));
     let mut pings = 0;

@@ -667,7 +667,7 @@ impl<P: Provider> Worker<P> {
         });
         if let Some(s) = self.entries[idx].as_mut() {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
-            if s.conn.session.watches_peer() && self.limits.peer_timeout.is_some() {
+            if s.conn.session.watches_peer() {
                 // A client that answers probes while idle is watched from the start.
                 s.timed = true;
                 self.timed.push(idx as u16);
