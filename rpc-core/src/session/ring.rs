@@ -36,7 +36,8 @@ pub enum RingReserveError {
 /// - 128 KiB: 36-47 us against 60-70; 256 KiB: 52-67 against 171-213. Bodies this large evict
 ///   their own lines within one round trip, and going on through the ring only adds misses.
 /// - [`RingProducer`] started over at 0 for every size before (commit 540f77a: 8 MiB bodies in a
-///   64 MiB ring otherwise cycled through both 64 MiB rings), and still does past 64 KiB.
+///   64 MiB ring otherwise cycled through both 64 MiB rings), and still does past
+///   [`ROTATE_BODY_MAX`] (96 KiB, so that the 65,540-byte body of a 64 KiB payload goes on).
 pub const ROTATE_BYTES: u32 = 1 << 20;
 
 /// Largest body (bytes) that goes on at the tail of an empty ring (see [`ROTATE_BYTES`]).
@@ -289,32 +290,24 @@ mod tests {
         let mut p = RingProducer::new(len);
         let mut c = RingConsumer::new(len, 4);
         // One body in flight at a time, as from a unary caller: the ring is empty at each reserve.
-        let mut one = |p: &mut RingProducer, n: u32| {
+        fn one(p: &mut RingProducer, c: &mut RingConsumer, n: u32) -> u32 {
             let off = p.reserve(n).unwrap();
             let t = c.accept(off, n).unwrap();
             c.release(t);
             p.on_freed(c.take_freed()).unwrap();
             off
-        };
+        }
         let small = ROTATE_BODY_MAX;
-        let offsets: Vec<u32> = (0..ROTATE_BYTES / small + 1).map(|_| one(&mut p, small)).collect();
+        let offsets: Vec<u32> = (0..ROTATE_BYTES / small + 1).map(|_| one(&mut p, &mut c, small)).collect();
         let expected: Vec<u32> = (0..ROTATE_BYTES / small).map(|i| i * small).chain([0]).collect();
         assert_eq!(offsets, expected, "on at the tail up to ROTATE_BYTES, then over at 0");
-        assert_eq!(one(&mut p, 100), small, "a small body after a wrap goes on at the tail");
-        assert_eq!(one(&mut p, small + 1), 0, "a body over ROTATE_BODY_MAX starts over at 0");
-        assert_eq!(one(&mut p, small + 1), 0);
+        assert_eq!(one(&mut p, &mut c, 100), small, "a small body after a wrap goes on at the tail");
+        assert_eq!(one(&mut p, &mut c, small + 1), 0, "a body over ROTATE_BODY_MAX starts over at 0");
+        assert_eq!(one(&mut p, &mut c, small + 1), 0);
         // A ring smaller than ROTATE_BYTES: on at the tail to its end, then over at 0.
         let mut p = RingProducer::new(3 * 1000);
         let mut c = RingConsumer::new(3 * 1000, 4);
-        let offsets: Vec<u32> = (0..4)
-            .map(|_| {
-                let off = p.reserve(1000).unwrap();
-                let t = c.accept(off, 1000).unwrap();
-                c.release(t);
-                p.on_freed(c.take_freed()).unwrap();
-                off
-            })
-            .collect();
+        let offsets: Vec<u32> = (0..4).map(|_| one(&mut p, &mut c, 1000)).collect();
         assert_eq!(offsets, [0, 1000, 2000, 0]);
     }
 
