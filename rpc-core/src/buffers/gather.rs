@@ -123,6 +123,24 @@ impl GatherBody {
         true
     }
 
+    /// Writes the whole body into `dst`, in order, leaving `self` as it was (for a body encoded
+    /// once and written later, whole, wherever room appears). A shared segment goes to `dst` as
+    /// the `Bytes` it is ([`BufMut::put`]): into registered memory that is its one copy, and a
+    /// `GatherBody` destination references it again instead of copying. Call it on a body that
+    /// [`GatherBody::copy_next`] has not started on (copied shared segments are released).
+    ///
+    /// # Panics
+    /// When `dst` has fewer than [`GatherBody::len`] bytes of room (as [`BufMut::put_slice`]).
+    pub fn put_into(&self, dst: &mut impl BufMut) {
+        for seg in &self.segs {
+            match seg {
+                Seg::Own { start, end } => dst.put_slice(&self.own[*start..*end]),
+                Seg::Shared(b) => dst.put(b.clone()),
+            }
+        }
+        dst.put_slice(&self.own[self.closed..]);
+    }
+
     /// The body's own heap buffer, to reuse for a later body.
     pub fn into_own(self) -> Vec<u8> {
         self.own
@@ -239,6 +257,30 @@ mod tests {
             panic!("no shared segment for the big field: {:?}", g.segs.len())
         };
         assert_eq!(b.as_ptr(), m.big.as_ptr(), "the field's own memory, not a copy");
+    }
+
+    #[test]
+    fn put_into_writes_the_encoding_and_a_gather_destination_references_the_large_field_again() {
+        let m = sample(100_000);
+        let want = prost::Message::encode_to_vec(&m);
+        let g = GatherBody::encode(&m, Vec::new());
+        let mut flat = vec![0u8; want.len()];
+        g.put_into(&mut &mut flat[..]);
+        assert_eq!(flat, want);
+        // Twice: writing leaves the body as it was.
+        let mut again = Vec::new();
+        g.put_into(&mut again);
+        assert_eq!(again, want);
+        let mut g2 = GatherBody::new(Vec::new());
+        g.put_into(&mut g2);
+        assert_eq!(g2.len(), want.len());
+        let Some(Seg::Shared(b)) = g2.segs.iter().find(|s| s.len() == 100_000) else {
+            panic!("the big field was copied into the second body's own bytes")
+        };
+        assert_eq!(b.as_ptr(), m.big.as_ptr());
+        let mut got = vec![0u8; want.len()];
+        assert!(g2.copy_next(&mut got));
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::Instant;
 use prost::Message;
 
 use super::core::{CallId, ClientCore, StartMode};
+use crate::buffers::gather::{GatherBody, GATHER_MIN};
 use crate::session::queue::{CallQueue, Dropped, Next, Queued, QueuedCall};
 use crate::status::{Code, Status};
 use crate::verbs::Provider;
@@ -46,7 +47,34 @@ impl Message for Encoded<'_> {
     }
 }
 
-/// Encoded bodies kept for reuse, and the largest kept (bytes).
+/// A body encoded once when its call was queued, handed to [`ClientCore::start`] as a message
+/// when the call gets a slot: written whole into the send buffer, the mirror or the staging area,
+/// its large `bytes` fields straight from the caller's memory (the one copy of those bytes before
+/// the WRITE; see [`GatherBody`]).
+#[derive(Debug)]
+pub(crate) struct Gathered<'a>(pub(crate) &'a GatherBody);
+
+impl Message for Gathered<'_> {
+    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
+        self.0.put_into(buf);
+    }
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // Send-only: never decoded.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+    fn clear(&mut self) {}
+}
+
+/// Own buffers of queued bodies kept for reuse, and the largest kept (bytes).
 const SPARE_BODIES: usize = 64;
 const SPARE_MAX_LEN: usize = 64 << 10;
 
@@ -54,7 +82,7 @@ const SPARE_MAX_LEN: usize = 64 << 10;
 /// session's [`CallQueue`], whose rules these are; this only carries them out).
 pub(crate) struct Calls<P: Provider> {
     pub(crate) core: ClientCore<P>,
-    queue: CallQueue<Vec<u8>>,
+    queue: CallQueue<GatherBody>,
     spare: Vec<Vec<u8>>,
 }
 
@@ -104,9 +132,14 @@ impl<P: Provider> Calls<P> {
         }
         let len = req.encoded_len();
         self.core.check_len(len)?;
-        let mut body = self.spare.pop().unwrap_or_default();
-        body.reserve(len);
-        req.encode_raw(&mut body);
+        // Encoded once, with its large `bytes` fields referenced, not copied: when the call
+        // starts, they are copied once, into registered memory (a heap encoding copied every
+        // byte twice before the WRITE, and a body over `SPARE_MAX_LEN` was a fresh allocation).
+        // Its own bytes are all of a small body, and mostly tags and lengths of a large one (any
+        // more grow the buffer as they come).
+        let mut own = self.spare.pop().unwrap_or_default();
+        own.reserve(len.min(GATHER_MIN));
+        let body = GatherBody::encode(req, own);
         let seq = self.queue.push(QueuedCall { method, body, deadline });
         Ok(Ticket::Queued { seq, deadline })
     }
@@ -140,7 +173,7 @@ impl<P: Provider> Calls<P> {
                 }
                 Next::Start(seq, call) => {
                     let r =
-                        self.core.start(call.method, &Encoded(&call.body), call.deadline, StartMode::NoWait);
+                        self.core.start(call.method, &Gathered(&call.body), call.deadline, StartMode::NoWait);
                     match r {
                         // No send buffer or ring room yet: first again, after the session progressed.
                         Ok(None) => {
@@ -246,8 +279,9 @@ impl<P: Provider> Calls<P> {
     }
 }
 
-/// Keeps an encoded body's buffer for the next waiting call.
-fn recycle(spare: &mut Vec<Vec<u8>>, mut body: Vec<u8>) {
+/// Keeps an encoded body's own buffer for the next waiting call (its shared fields are released).
+fn recycle(spare: &mut Vec<Vec<u8>>, body: GatherBody) {
+    let mut body = body.into_own();
     if spare.len() < SPARE_BODIES && body.capacity() <= SPARE_MAX_LEN {
         body.clear();
         spare.push(body);
