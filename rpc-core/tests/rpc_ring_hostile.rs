@@ -6,8 +6,6 @@
 mod rpc_support;
 
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_core::buffers::{split_send_wr_id, SendMirror, SendPool, SendQueue};
@@ -55,42 +53,61 @@ fn ring_request(session: u32, len: u32) -> Header {
     }
 }
 
-#[test]
-fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees() {
-    let server = server().add_service(Twice).spawn("127.0.0.1:0").unwrap();
-    let mut c = RawClient::connect(server.local_addr());
-    let len = 16 << 10;
-    let a = vec![0xaa; len];
-    c.write(0, &a, Some(ring_request(c.session, len as u32)));
-    // Keep rewriting the range with other bytes while the handler looks at its body.
-    // `rewrites` counts them; the byte written is its low 8 bits (a u8 count of its own wrapped,
-    // and in about 1 run in 64 ended at 0..=3 after thousands of rewrites, failing the check below).
-    let mut rewrites = 0u64;
-    let give_up = Instant::now() + WAIT;
-    let reply = loop {
-        rewrites += 1;
-        c.write(0, &vec![rewrites as u8; len], None);
-        if let Some((h, body)) = c.poll() {
-            break (h, body);
-        }
-        assert!(Instant::now() < give_up, "no answer in {WAIT:?}: server {:?}", server.counters());
-    };
-    assert_eq!(reply.0.kind, Kind::Response);
-    assert_eq!(reply.0.status, Code::Ok);
-    let r = EchoMsg::decode(&reply.1[..]).unwrap();
-    assert_eq!(r.seq, 0, "the handler's body changed {} times under it", r.seq);
-    assert!(rewrites > 3, "the ring was rewritten while the handler ran ({rewrites} times)");
-    // (What it saw may mix the request's bytes with a rewrite that raced the copy: the peer's
-    // own doing. It cannot change afterwards.)
-    server.shutdown();
-}
-
 /// Tests that run on any NIC: `sim`, and rxe0 in the Soft-RoCE tier (`scripts/softroce-test`
-/// runs `rpc_ring_hostile:on_any_nic::`); the others need the software NIC's own hooks.
+/// runs `rpc_ring_hostile:on_any_nic::`).
 mod on_any_nic {
     use super::*;
     use rpc_core::verbs::Provider;
     use std::net::SocketAddr;
+
+    /// A raw client on rxe0 (the Soft-RoCE tier), as [`RawClient::connect`] makes one on sim.
+    #[cfg(feature = "ibverbs")]
+    fn rdma_client(addr: SocketAddr) -> RawClient<rpc_core::verbs::ibverbs::Ibverbs> {
+        let peer = rdma_raw_peer(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
+        RawClient::connect_peer(peer, addr, 4, 4096, 1 << 20)
+    }
+
+    #[test]
+    fn a_peer_rewriting_the_ring_after_its_send_cannot_change_what_the_handler_sees() {
+        match transport() {
+            #[cfg(feature = "ibverbs")]
+            rpc_core::Transport::Rdma { .. } => ring_rewrite(rdma_client),
+            _ => ring_rewrite(RawClient::connect),
+        }
+    }
+
+    fn ring_rewrite<P: Provider>(connect: impl Fn(SocketAddr) -> RawClient<P>)
+    where
+        P::QueuePair: RnrStalls,
+    {
+        let server = server().add_service(Twice).spawn("127.0.0.1:0").unwrap();
+        let mut c = connect(server.local_addr());
+        let len = 16 << 10;
+        let a = vec![0xaa; len];
+        c.write(0, &a, Some(ring_request(c.session, len as u32)));
+        // Keep rewriting the range with other bytes while the handler looks at its body.
+        // `rewrites` counts them; the byte written is its low 8 bits (a u8 count of its own
+        // wrapped, and in about 1 run in 64 ended at 0..=3 after thousands of rewrites, failing
+        // the check below).
+        let mut rewrites = 0u64;
+        let give_up = Instant::now() + WAIT;
+        let reply = loop {
+            rewrites += 1;
+            c.write(0, &vec![rewrites as u8; len], None);
+            if let Some((h, body)) = c.poll() {
+                break (h, body);
+            }
+            assert!(Instant::now() < give_up, "no answer in {WAIT:?}: server {:?}", server.counters());
+        };
+        assert_eq!(reply.0.kind, Kind::Response);
+        assert_eq!(reply.0.status, Code::Ok);
+        let r = EchoMsg::decode(&reply.1[..]).unwrap();
+        assert_eq!(r.seq, 0, "the handler's body changed {} times under it", r.seq);
+        assert!(rewrites > 3, "the ring was rewritten while the handler ran ({rewrites} times)");
+        // (What it saw may mix the request's bytes with a rewrite that raced the copy: the peer's
+        // own doing. It cannot change afterwards.)
+        server.shutdown();
+    }
 
     /// Each session's ring is reachable only through a memory window bound to that session's
     /// QP: a peer using another session's ring address and rkey gets REM_ACCESS_ERR and writes
@@ -99,10 +116,7 @@ mod on_any_nic {
     fn a_peer_writing_with_another_sessions_ring_rkey_gets_rem_access_err() {
         match transport() {
             #[cfg(feature = "ibverbs")]
-            rpc_core::Transport::Rdma { .. } => another_sessions_rkey(|addr| {
-                let peer = rdma_raw_peer(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
-                RawClient::connect_peer(peer, addr, 4, 4096, 1 << 20)
-            }),
+            rpc_core::Transport::Rdma { .. } => another_sessions_rkey(rdma_client),
             _ => another_sessions_rkey(RawClient::connect),
         }
     }
@@ -141,90 +155,121 @@ mod on_any_nic {
         assert_eq!(r.checksum, fnv64(&mine), "A's request arrived as A wrote it");
         server.shutdown();
     }
-}
 
-/// A fake server that answers the first request with the first piece of a response three
-/// pieces long, then vanishes (its host and its TCP connection gone).
-#[test]
-fn a_server_gone_mid_message_ends_the_call_unavailable_and_frees_it() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let fake = std::thread::spawn(move || {
-        let (mut tcp, _) = listener.accept().unwrap();
-        let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
-        let mut peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
-        peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
-        write_frame(&mut tcp, &Frame::Handshake(peer.handshake(8, 4096, hello.max_message, 77))).unwrap();
-        let mut pool = SendPool::<Sim>::new(&peer.pd, 4, HEADER_LEN + 64).unwrap();
-        let mut mirror = SendMirror::<Sim>::new(&peer.pd, hello.ring_len as usize).unwrap();
-        let mut sq = SendQueue::new(16, 4);
-        let mut wcs = [WorkCompletion::default(); 4];
-        let req = wait_for(
-            "the fake server to receive the request",
-            WAIT,
-            || {
-                let n = peer.cq.poll(&mut wcs).unwrap();
-                let wc = wcs[..n].iter().find(|w| split_send_wr_id(w.wr_id).is_none())?;
-                let buf = peer.recv.take(wc.wr_id, wc.byte_len).unwrap();
-                let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
-                peer.recv.repost(buf);
-                Some(h)
-            },
-            String::new,
-        );
-        let piece = hello.ring_len / 4;
-        mirror.range_mut(0, piece).fill(0x11);
-        sq.write(&mirror, 0, piece, hello.ring_addr, hello.ring_rkey);
-        let h = Header {
-            slot: req.slot,
-            generation: req.generation,
-            method: req.method,
-            in_ring: true,
-            body_len: piece,
-            total_len: 3 * piece,
-            session: 77,
-            ..Header::new(Kind::Response)
-        };
-        let mut b = pool.acquire().unwrap();
-        h.encode_into(pool.buf_mut(&mut b)).unwrap();
-        sq.send(&mut pool, b, HEADER_LEN as u32, false);
-        sq.flush(&peer.qp, &mut pool, 1).unwrap();
-        wait_until(
-            "the response piece's completion",
-            WAIT,
-            || peer.cq.poll(&mut wcs).unwrap() > 0,
-            String::new,
-        );
-        peer.ctx.vanish();
-        drop(tcp);
-        std::thread::sleep(Duration::from_millis(200));
-        drop((sq, mirror, pool, peer));
-    });
-    let client = Client::connect_with(addr, &client_config()).unwrap();
-    let started = Instant::now();
-    let err = client
-        .unary::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::deadline(Duration::from_secs(30)))
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unavailable, "{err}");
-    assert!(started.elapsed() < Duration::from_secs(10), "noticed in {:?}", started.elapsed());
-    assert!(client.closed_reason().is_some());
-    fake.join().unwrap();
-    drop(client);
-    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
-}
+    /// A fake server that answers the first request with the first piece of a response three
+    /// pieces long, then is gone: on sim its host vanishes; on rxe0 its QP and TCP connection
+    /// are destroyed, as the kernel does for a killed process. The call ends UNAVAILABLE and
+    /// nothing leaks.
+    #[test]
+    fn a_server_gone_mid_message_ends_the_call_unavailable_and_frees_it() {
+        match transport() {
+            #[cfg(feature = "ibverbs")]
+            rpc_core::Transport::Rdma { .. } => {
+                server_gone_mid_message(|| rdma_raw_peer(256, 64, HEADER_LEN + 4096, 1 << 16, 7), |_| {})
+            }
+            _ => server_gone_mid_message(
+                || RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7),
+                |p: &RawPeer<Sim>| p.ctx.vanish(),
+            ),
+        }
+    }
 
-/// A client that vanishes after the first piece of a request three pieces long: the server
-/// closes its session (dropping the partial message) and keeps serving others.
-#[test]
-fn a_client_gone_mid_message_is_closed_by_the_server_which_serves_on() {
-    let (server, _) = spawn(rpc_support::server().ring_bytes(1 << 16));
-    let closed = Arc::new(AtomicBool::new(false));
+    fn server_gone_mid_message<P: Provider>(
+        make_peer: impl FnOnce() -> RawPeer<P> + Send + 'static,
+        vanish: impl FnOnce(&RawPeer<P>) + Send + 'static,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fake = std::thread::spawn(move || {
+            let (mut tcp, _) = listener.accept().unwrap();
+            let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
+            let mut peer = make_peer();
+            peer.connect(&RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() }, &hello);
+            write_frame(&mut tcp, &Frame::Handshake(peer.handshake(8, 4096, hello.max_message, 77))).unwrap();
+            let mut pool = SendPool::<P>::new(&peer.pd, 4, HEADER_LEN + 64).unwrap();
+            let mut mirror = SendMirror::<P>::new(&peer.pd, hello.ring_len as usize).unwrap();
+            let mut sq = SendQueue::new(16, 4);
+            let mut wcs = [WorkCompletion::default(); 4];
+            let req = wait_for(
+                "the fake server to receive the request",
+                WAIT,
+                || {
+                    let n = peer.cq.poll(&mut wcs).unwrap();
+                    let wc = wcs[..n].iter().find(|w| split_send_wr_id(w.wr_id).is_none())?;
+                    let buf = peer.recv.take(wc.wr_id, wc.byte_len).unwrap();
+                    let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
+                    peer.recv.repost(buf);
+                    Some(h)
+                },
+                String::new,
+            );
+            let piece = hello.ring_len / 4;
+            mirror.range_mut(0, piece).fill(0x11);
+            sq.write(&mirror, 0, piece, hello.ring_addr, hello.ring_rkey);
+            let h = Header {
+                slot: req.slot,
+                generation: req.generation,
+                method: req.method,
+                in_ring: true,
+                body_len: piece,
+                total_len: 3 * piece,
+                session: 77,
+                ..Header::new(Kind::Response)
+            };
+            let mut b = pool.acquire().unwrap();
+            h.encode_into(pool.buf_mut(&mut b)).unwrap();
+            sq.send(&mut pool, b, HEADER_LEN as u32, false);
+            sq.flush(&peer.qp, &mut pool, 1).unwrap();
+            wait_until(
+                "the response piece's completion",
+                WAIT,
+                || peer.cq.poll(&mut wcs).unwrap() > 0,
+                String::new,
+            );
+            vanish(&peer);
+            drop(tcp);
+            std::thread::sleep(Duration::from_millis(200));
+            drop((sq, mirror, pool, peer));
+        });
+        let client = Client::connect_with(addr, &client_config()).unwrap();
+        let started = Instant::now();
+        let err = client
+            .unary::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::deadline(Duration::from_secs(30)))
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "noticed in {:?}", started.elapsed());
+        assert!(client.closed_reason().is_some());
+        fake.join().unwrap();
+        drop(client);
+        assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+    }
+
+    /// A client gone after the first piece of a request three pieces long: the server closes its
+    /// session (dropping the partial message) and keeps serving others. On sim its host vanishes
+    /// (no completion, no answer ever again); on rxe0 its QP and TCP connection are destroyed,
+    /// as the kernel does for a killed process.
+    #[test]
+    fn a_client_gone_mid_message_is_closed_by_the_server_which_serves_on() {
+        match transport() {
+            #[cfg(feature = "ibverbs")]
+            rpc_core::Transport::Rdma { .. } => client_gone_mid_message(rdma_client, drop),
+            _ => client_gone_mid_message(RawClient::connect, |c: RawClient| c.peer.ctx.vanish()),
+        }
+    }
+
+    fn client_gone_mid_message<P: Provider>(
+        connect: impl Fn(SocketAddr) -> RawClient<P>,
+        vanish: impl FnOnce(RawClient<P>),
+    ) where
+        P::QueuePair: RnrStalls,
     {
-        let mut c = RawClient::connect(server.local_addr());
+        let (server, _) = spawn(rpc_support::server().ring_bytes(1 << 16));
+        let mut c = connect(server.local_addr());
         let piece = 1u32 << 14;
         let h = Header { method: ECHO, total_len: 3 * piece, ..ring_request(c.session, piece) };
         c.write(0, &vec![0x22; piece as usize], Some(h));
-        // The first piece must have landed before the client vanishes (else nothing is mid-message).
+        // The first piece must have landed before the client vanishes (else nothing is
+        // mid-message).
         wait_until(
             "the request's first piece to complete",
             WAIT,
@@ -234,24 +279,22 @@ fn a_client_gone_mid_message_is_closed_by_the_server_which_serves_on() {
             },
             || format!("server {:?}", server.counters()),
         );
-        c.peer.ctx.vanish();
-        closed.store(true, Ordering::Release);
+        vanish(c);
+        wait_until(
+            "the server to close the vanished client's session",
+            WAIT,
+            || server.counters().sessions_closed >= 1,
+            || format!("server {:?}", server.counters()),
+        );
+        assert_eq!(server.counters().sessions_closed, 1, "the vanished client's session was closed");
+        let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+        check_reply(
+            &client.unary(ECHO, &request(5, 100_000, 100_000), &CallOptions::default()).unwrap(),
+            5,
+            100_000,
+        );
+        drop(client);
+        server.shutdown();
+        assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
     }
-    wait_until(
-        "the server to close the vanished client's session",
-        WAIT,
-        || server.counters().sessions_closed >= 1,
-        || format!("server {:?}", server.counters()),
-    );
-    assert_eq!(server.counters().sessions_closed, 1, "the vanished client's session was closed");
-    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    check_reply(
-        &client.unary(ECHO, &request(5, 100_000, 100_000), &CallOptions::default()).unwrap(),
-        5,
-        100_000,
-    );
-    assert!(closed.load(Ordering::Acquire));
-    drop(client);
-    server.shutdown();
-    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
