@@ -246,7 +246,7 @@ impl StreamShape {
         }
     }
 
-    /// The doc text after "Opens the <noun> `<full name>`: ", lines joined by `\n/// `.
+    /// The doc text after `"Opens the <noun> <full name>: "`, lines joined by `\n/// `.
     fn about(self, session: Session) -> &'static str {
         match (session, self) {
             (Session::Client, Self::Server) => {

@@ -660,7 +660,7 @@ struct PendingBind {
     session: u32,
     worker: usize,
     reply: Handshake,
-    /// Set by the worker ([`BIND_DONE`] or [`BIND_FAILED`]).
+    /// Set by the worker ([`BIND_DONE`] or [`crate::worker::BIND_FAILED`]).
     bound: Arc<AtomicU8>,
     since: Instant,
 }

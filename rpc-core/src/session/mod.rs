@@ -431,7 +431,7 @@ impl Session {
     }
 
     /// Client: whether a stream SEND (a message, a stream grant, a stream end) may go now: it
-    /// holds a request credit until the server counts it taken (see [`StreamSends`]).
+    /// holds a request credit until the server counts it taken (the session's `StreamSends`).
     #[inline]
     pub fn stream_send_room(&self) -> bool {
         let c = &self.calls.slots;

@@ -63,7 +63,7 @@ pub(crate) struct Ring<const W: usize> {
     /// Most entries held at once (`<= slots / 2` for a CQ: the spare half lets producers go a
     /// whole `limit` between two reads of `head`; all slots for a receive queue).
     limit: usize,
-    /// The heap layout of memory this ring owns (rings made by [`Ring::new`], for tests).
+    /// The heap layout of memory this ring owns (rings made by `Ring::new`, for tests only).
     heap: Option<std::alloc::Layout>,
 }
 
