@@ -203,7 +203,7 @@ impl CqView {
     }
 
     /// [`CqView::publish`] of a completion covering the send WQE `sq` (none for a receive).
-    #[inline]
+    #[inline(always)]
     fn publish_send(&self, slot: Option<usize>, wc: WorkCompletion, solicited: bool, sq: SqRef) {
         let sh = self.sh();
         match slot {
