@@ -60,19 +60,30 @@ type Seg = (*mut u8, usize);
 /// # Safety
 /// Every segment must be valid for its length (reads for `src`, writes for `dst`) and no other
 /// thread may access the `dst` bytes meanwhile (the verbs ownership contract).
-#[inline]
+#[inline(always)]
 unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
     if let ([(s, sn)], [(d, dn)]) = (src, dst) {
         let n = (*sn).min(*dn);
         let (s, d) = (*s as *const u8, *d);
         let disjoint = (s as usize + n <= d as usize) || (d as usize + n <= s as usize);
         if n <= 64 && disjoint {
-            // Small messages: inline word copies instead of a call into memmove.
+            // Small messages: inline word copies instead of a call into memmove (and, inlined
+            // into the transfer, instead of a call at all).
             // SAFETY: both ranges are valid for `n` bytes (caller's contract) and disjoint.
             unsafe { copy_small(s, d, n) };
             return;
         }
     }
+    // SAFETY: the caller's contract is the same.
+    unsafe { copy_segs_loop(src, dst) }
+}
+
+/// [`copy_segs`] of anything but one small segment to one: segment by segment, through memmove.
+///
+/// # Safety
+/// As [`copy_segs`].
+#[inline(never)]
+unsafe fn copy_segs_loop(src: &[Seg], dst: &[Seg]) {
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while si < src.len() && di < dst.len() {
         let n = (src[si].1 - so).min(dst[di].1 - doff);
