@@ -66,7 +66,7 @@ unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
         let n = (*sn).min(*dn);
         let (s, d) = (*s as *const u8, *d);
         let disjoint = (s as usize + n <= d as usize) || (d as usize + n <= s as usize);
-        if n <= 64 && disjoint {
+        if n <= 128 && disjoint {
             // Small messages: inline word copies instead of a call into memmove (and, inlined
             // into the transfer, instead of a call at all).
             // SAFETY: both ranges are valid for `n` bytes (caller's contract) and disjoint.
@@ -103,7 +103,7 @@ unsafe fn copy_segs_loop(src: &[Seg], dst: &[Seg]) {
     }
 }
 
-/// Copies `n <= 64` bytes with at most two (overlapping) loads and stores per size class, as
+/// Copies `n <= 128` bytes with at most two (overlapping) loads and stores per size class, as
 /// small-size memcpy does, instead of a call.
 ///
 /// # Safety
@@ -131,7 +131,8 @@ unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
             4..=7 => two::<u32>(s, d, n),
             8..=15 => two::<u64>(s, d, n),
             16..=31 => two::<u128>(s, d, n),
-            _ => two::<[u128; 2]>(s, d, n),
+            32..=63 => two::<[u128; 2]>(s, d, n),
+            _ => two::<[u128; 4]>(s, d, n),
         }
     }
 }
