@@ -122,17 +122,24 @@ unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
             (d.add(n - k) as *mut T).write_unaligned(b);
         }
     }
-    // SAFETY: in every arm the size class satisfies `two`'s bound; ranges as the caller promised.
+    // SAFETY: in every branch the size class satisfies `two`'s bound (`n <= 128`: the caller's);
+    // ranges as the caller promised.
     unsafe {
-        match n {
-            0 => {}
-            1 => *d = *s,
-            2..=3 => two::<u16>(s, d, n),
-            4..=7 => two::<u32>(s, d, n),
-            8..=15 => two::<u64>(s, d, n),
-            16..=31 => two::<u128>(s, d, n),
-            32..=63 => two::<[u128; 2]>(s, d, n),
-            _ => two::<[u128; 4]>(s, d, n),
+        // Largest class first: a small RPC's SEND (header and body) is 64 to 128 bytes.
+        if n >= 64 {
+            two::<[u128; 4]>(s, d, n)
+        } else if n >= 32 {
+            two::<[u128; 2]>(s, d, n)
+        } else if n >= 16 {
+            two::<u128>(s, d, n)
+        } else if n >= 8 {
+            two::<u64>(s, d, n)
+        } else if n >= 4 {
+            two::<u32>(s, d, n)
+        } else if n >= 2 {
+            two::<u16>(s, d, n)
+        } else if n == 1 {
+            *d = *s
         }
     }
 }
