@@ -60,19 +60,30 @@ type Seg = (*mut u8, usize);
 /// # Safety
 /// Every segment must be valid for its length (reads for `src`, writes for `dst`) and no other
 /// thread may access the `dst` bytes meanwhile (the verbs ownership contract).
-#[inline]
+#[inline(always)]
 unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
     if let ([(s, sn)], [(d, dn)]) = (src, dst) {
         let n = (*sn).min(*dn);
         let (s, d) = (*s as *const u8, *d);
         let disjoint = (s as usize + n <= d as usize) || (d as usize + n <= s as usize);
-        if n <= 64 && disjoint {
-            // Small messages: inline word copies instead of a call into memmove.
+        if n <= 128 && disjoint {
+            // Small messages: inline word copies instead of a call into memmove (and, inlined
+            // into the transfer, instead of a call at all).
             // SAFETY: both ranges are valid for `n` bytes (caller's contract) and disjoint.
             unsafe { copy_small(s, d, n) };
             return;
         }
     }
+    // SAFETY: the caller's contract is the same.
+    unsafe { copy_segs_loop(src, dst) }
+}
+
+/// [`copy_segs`] of anything but one small segment to one: segment by segment, through memmove.
+///
+/// # Safety
+/// As [`copy_segs`].
+#[inline(never)]
+unsafe fn copy_segs_loop(src: &[Seg], dst: &[Seg]) {
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while si < src.len() && di < dst.len() {
         let n = (src[si].1 - so).min(dst[di].1 - doff);
@@ -92,7 +103,7 @@ unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
     }
 }
 
-/// Copies `n <= 64` bytes with at most two (overlapping) loads and stores per size class, as
+/// Copies `n <= 128` bytes with at most two (overlapping) loads and stores per size class, as
 /// small-size memcpy does, instead of a call.
 ///
 /// # Safety
@@ -111,16 +122,24 @@ unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
             (d.add(n - k) as *mut T).write_unaligned(b);
         }
     }
-    // SAFETY: in every arm the size class satisfies `two`'s bound; ranges as the caller promised.
+    // SAFETY: in every branch the size class satisfies `two`'s bound (`n <= 128`: the caller's);
+    // ranges as the caller promised.
     unsafe {
-        match n {
-            0 => {}
-            1 => *d = *s,
-            2..=3 => two::<u16>(s, d, n),
-            4..=7 => two::<u32>(s, d, n),
-            8..=15 => two::<u64>(s, d, n),
-            16..=31 => two::<u128>(s, d, n),
-            _ => two::<[u128; 2]>(s, d, n),
+        // Largest class first: a small RPC's SEND (header and body) is 64 to 128 bytes.
+        if n >= 64 {
+            two::<[u128; 4]>(s, d, n)
+        } else if n >= 32 {
+            two::<[u128; 2]>(s, d, n)
+        } else if n >= 16 {
+            two::<u128>(s, d, n)
+        } else if n >= 8 {
+            two::<u64>(s, d, n)
+        } else if n >= 4 {
+            two::<u32>(s, d, n)
+        } else if n >= 2 {
+            two::<u16>(s, d, n)
+        } else if n == 1 {
+            *d = *s
         }
     }
 }

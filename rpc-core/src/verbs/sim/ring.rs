@@ -182,7 +182,7 @@ impl<const W: usize> Ring<W> {
 
     /// Claims the next position for writing; `None` when the ring is full. The claimed position
     /// must then be [`Ring::publish`]ed (consumers wait for it in order).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn claim(&self) -> Option<usize> {
         let cap = self.capacity();
         let mut pos = self.h().prod.tail.load(Ordering::Relaxed);

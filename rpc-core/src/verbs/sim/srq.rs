@@ -21,7 +21,7 @@ pub(crate) type RecvRing = Ring<RQ_WORDS>;
 /// the SGEs with [`rq_sge`]), in place; when `f` says `false` the WQE is left in place (not
 /// consumed). `f` may run more than once if consumers race; the winning run's result is
 /// returned.
-#[inline]
+#[inline(always)]
 pub(crate) fn pop_recv<R>(
     ring: &RecvRing,
     mut f: impl FnMut(u64, usize, &[AtomicU64; RQ_WORDS]) -> (R, bool),

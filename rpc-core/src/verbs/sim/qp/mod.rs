@@ -331,7 +331,7 @@ impl QueuePair for SimQp {
             (r, st.stall.is_some())
         });
         self.schedule_if_waiting(waiting);
-        r
+        r.map_err(|e| *e)
     }
 
     #[inline]
