@@ -58,7 +58,9 @@
 //! }
 //! ```
 
+pub mod bounded;
 pub mod gather;
+pub use bounded::Bounded;
 pub use gather::GatherBody;
 
 use std::collections::VecDeque;

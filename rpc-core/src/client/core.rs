@@ -17,8 +17,8 @@ use std::collections::VecDeque;
 
 use super::config::ClientConfig;
 use crate::buffers::{
-    split_send_wr_id, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue, SendStaging,
-    Staged,
+    split_send_wr_id, Bounded, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue,
+    SendStaging, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
@@ -143,6 +143,10 @@ pub(crate) struct ClientCore<P: Provider> {
     /// its stall counted (`ring_full_stalls`): the call queue starts that same call again (its
     /// head; see `super::queue`), and the retries are not counted as stalls again.
     unplaced_stall: bool,
+    /// The body just placed in the server's ring overran the length its `encoded_len` gave: it
+    /// was sent as zeros (the ring's accounting needs the reserved range to go), and its call is
+    /// abandoned at once, failing with [`overran`].
+    overran: bool,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -377,6 +381,7 @@ impl<P: Provider> ClientCore<P> {
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
             unplaced_stall: false,
+            overran: false,
             peer,
             _dev: dev,
         })
@@ -460,7 +465,14 @@ impl<P: Provider> ClientCore<P> {
         if flush_now {
             self.flush();
         }
-        Ok(Some(CallId { slot, generation, deadline }))
+        let id = CallId { slot, generation, deadline };
+        if std::mem::take(&mut self.overran) {
+            self.abandon(id);
+            let s = overran(len);
+            self.counters.status(s.code());
+            return Err(s);
+        }
+        Ok(Some(id))
     }
 
     /// Encodes a request body where it can go now: the eager area, the server's ring (through
@@ -488,18 +500,28 @@ impl<P: Provider> ClientCore<P> {
             };
             match self.conn.session.place_body(len) {
                 Ok(Placement::Eager) => {
-                    let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
-                    req.encode_raw(&mut dst);
-                    let n = (len - dst.len()) as u32;
+                    let mut w =
+                        Bounded::new(&mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len]);
+                    req.encode_raw(&mut w);
+                    let (n, overran_it) = (w.written() as u32, w.overran());
+                    if overran_it {
+                        self.conn.pool.give_back(buf);
+                        self.counters.status(Code::InvalidArgument);
+                        return Err(overran(len));
+                    }
                     Some(PendingBody::Placed(buf, BodyAt::Eager(n)))
                 }
                 Ok(Placement::Ring(off)) => {
-                    let mut dst = self.conn.mirror.range_mut(off, len as u32);
-                    req.encode_raw(&mut dst);
+                    let mut w = Bounded::new(self.conn.mirror.range_mut(off, len as u32));
+                    req.encode_raw(&mut w);
+                    let (n, overran_it) = (w.written(), w.overran());
                     // A body shorter than announced keeps its reserved length, as the ring accounting
                     // requires; the gap is zeroed (a zero tag never decodes: the server answers
-                    // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body).
-                    dst.fill(0);
+                    // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body). One
+                    // longer than announced is all zeros, and its call is abandoned once started.
+                    let from = if overran_it { 0 } else { n };
+                    self.conn.mirror.range_mut(off, len as u32)[from..].fill(0);
+                    self.overran = overran_it;
                     Some(PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 }))
                 }
                 Ok(Placement::Pieces) | Err(_) => {
@@ -507,26 +529,35 @@ impl<P: Provider> ClientCore<P> {
                     if !std::mem::replace(stalled, true) {
                         self.counters.ring_full_stalls += 1;
                     }
-                    self.stage(req, len)
+                    self.stage(req, len)?
                 }
             }
         } else {
-            self.stage(req, len)
+            self.stage(req, len)?
         })
     }
 
     /// Encodes a body above the eager threshold that cannot go into the peer's ring now into the
     /// staging area (one copy, no allocation); `None` when it has no room for it.
-    fn stage<M: Message>(&mut self, req: &M, len: usize) -> Option<PendingBody> {
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT ([`overran`]) when the message writes more than `len` bytes (nothing is
+    /// taken).
+    fn stage<M: Message>(&mut self, req: &M, len: usize) -> Result<Option<PendingBody>, Status> {
         let (at, spare) = self.conn.staging.spare_mut();
-        let mut dst = spare.get_mut(..len)?;
-        req.encode_raw(&mut dst);
-        let written = (len - dst.len()) as u32;
-        Some(match self.conn.staging.commit(at, written) {
+        let Some(dst) = spare.get_mut(..len) else { return Ok(None) };
+        let mut w = Bounded::new(dst);
+        req.encode_raw(&mut w);
+        if w.overran() {
+            self.counters.status(Code::InvalidArgument);
+            return Err(overran(len));
+        }
+        let written = w.written() as u32;
+        Ok(Some(match self.conn.staging.commit(at, written) {
             Some(s) => PendingBody::Staged(s),
             // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
             None => PendingBody::Heap(Box::new(req.encode_to_vec().into())),
-        })
+        }))
     }
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
@@ -1574,4 +1605,12 @@ impl<P: Provider> ClientCore<P> {
         }
         n
     }
+}
+
+/// The error of a request whose `Message::encode_raw` wrote more than the `len` bytes its
+/// `encoded_len` gave (a hand-written `Message`; generated code never does): INVALID_ARGUMENT.
+fn overran(len: usize) -> Status {
+    Status::invalid_argument(format!(
+        "the request's encode_raw wrote more than the {len} bytes its encoded_len gave; nothing of the message was sent"
+    ))
 }
