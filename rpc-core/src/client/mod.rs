@@ -28,6 +28,7 @@ use prost::Message;
 pub use config::{CallOptions, ClientConfig};
 pub use stream::{BidiStreaming, ClientStreaming};
 
+use crate::buffers::GatherBody;
 use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
@@ -372,7 +373,9 @@ impl Client {
             },
             // The session broke and an attempt is due: the call waits, encoded, and its first
             // poll starts the attempt on a thread (neither starting nor polling blocks).
-            Ok(Some(_)) => State::Reconnect { method: id, body: req.encode_to_vec(), deadline },
+            Ok(Some(_)) => {
+                State::Reconnect { method: id, body: GatherBody::encode(req, Vec::new()), deadline }
+            }
             Err(s) => State::Failed(Some(s)),
         };
         ResponseFuture { client: self, state, _t: PhantomData }
@@ -426,7 +429,7 @@ enum State {
     /// the call.
     Reconnect {
         method: MethodId,
-        body: Vec<u8>,
+        body: GatherBody,
         deadline: Option<Instant>,
     },
     Waiting {
@@ -490,7 +493,7 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
                 Poll::Ready(r) => r,
             };
             let r = r.and_then(|()| {
-                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Encoded(body), *deadline, false))
+                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Gathered(body), *deadline, false))
             });
             this.state = match r {
                 Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },

@@ -20,35 +20,8 @@ pub(crate) enum Ticket {
     Queued { seq: u64, deadline: Option<Instant> },
 }
 
-/// A request body already encoded, handed to [`ClientCore::start`] as a message (it is copied,
-/// not encoded again).
-#[derive(Debug)]
-pub(crate) struct Encoded<'a>(pub(crate) &'a [u8]);
-
-impl Message for Encoded<'_> {
-    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
-        buf.put_slice(self.0);
-    }
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: prost::encoding::WireType,
-        buf: &mut impl bytes::Buf,
-        ctx: prost::encoding::DecodeContext,
-    ) -> Result<(), prost::DecodeError> {
-        // Send-only: never decoded.
-        prost::encoding::skip_field(wire_type, tag, buf, ctx)
-    }
-    fn encoded_len(&self) -> usize {
-        self.0.len()
-    }
-    fn clear(&mut self) {
-        self.0 = &[];
-    }
-}
-
-/// A body encoded once when its call was queued, handed to [`ClientCore::start`] as a message
-/// when the call gets a slot: written whole into the send buffer, the mirror or the staging area,
+/// A body encoded once while its call waited (for a slot, or for a new session), handed to
+/// [`ClientCore::start`] as a message when it can start: written whole into the send buffer, the mirror or the staging area,
 /// its large `bytes` fields straight from the caller's memory (the one copy of those bytes before
 /// the WRITE; see [`GatherBody`]).
 #[derive(Debug)]
