@@ -37,6 +37,29 @@ impl<'a> Bounded<'a> {
     pub fn overran(&self) -> bool {
         self.at == OVERRAN
     }
+
+    /// Zeroes what was not written: the rest of the slice, or all of it after an overrun.
+    pub fn zero_rest(&mut self) {
+        let from = if self.overran() { 0 } else { self.at };
+        self.dst[from..].fill(0);
+    }
+
+    /// The next `n` bytes, counted written; `None` (and an overrun from here on) when they do not
+    /// fit.
+    #[inline]
+    fn take(&mut self, n: usize) -> Option<&mut [u8]> {
+        let end = self.at.saturating_add(n);
+        match self.dst.get_mut(self.at..end) {
+            Some(d) => {
+                self.at = end;
+                Some(d)
+            }
+            None => {
+                self.at = OVERRAN;
+                None
+            }
+        }
+    }
 }
 
 // SAFETY: `chunk_mut` is the unwritten rest of `dst` (empty after an overrun), initialized memory
@@ -59,25 +82,16 @@ unsafe impl BufMut for Bounded<'_> {
 
     #[inline]
     fn put_slice(&mut self, src: &[u8]) {
-        let end = self.at.saturating_add(src.len());
-        match self.dst.get_mut(self.at..end) {
-            Some(d) => {
-                d.copy_from_slice(src);
-                self.at = end;
-            }
-            None => self.at = OVERRAN,
+        if let Some(d) = self.take(src.len()) {
+            d.copy_from_slice(src);
         }
     }
 
     #[inline]
     fn put_u8(&mut self, n: u8) {
         // prost writes varints a byte at a time.
-        match self.dst.get_mut(self.at) {
-            Some(b) => {
-                *b = n;
-                self.at += 1;
-            }
-            None => self.at = OVERRAN,
+        if let Some(d) = self.take(1) {
+            d[0] = n;
         }
     }
 
@@ -94,13 +108,8 @@ unsafe impl BufMut for Bounded<'_> {
     }
 
     fn put_bytes(&mut self, val: u8, cnt: usize) {
-        let end = self.at.saturating_add(cnt);
-        match self.dst.get_mut(self.at..end) {
-            Some(d) => {
-                d.fill(val);
-                self.at = end;
-            }
-            None => self.at = OVERRAN,
+        if let Some(d) = self.take(cnt) {
+            d.fill(val);
         }
     }
 }
@@ -124,6 +133,15 @@ mod tests {
         w.put_bytes(9, 0);
         assert_eq!(w.written(), 8);
         assert_eq!(buf, [1, 2, 3, 4, 5, 6, 7, 7]);
+        let mut buf = [9u8; 4];
+        let mut w = Bounded::new(&mut buf);
+        w.put_u8(1);
+        w.zero_rest();
+        assert_eq!(buf, [1, 0, 0, 0], "the rest is zeroed");
+        let mut w = Bounded::new(&mut buf);
+        w.put_slice(&[5; 5]);
+        w.zero_rest();
+        assert_eq!(buf, [0; 4], "all of it after an overrun");
     }
 
     #[test]

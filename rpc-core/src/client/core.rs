@@ -143,10 +143,6 @@ pub(crate) struct ClientCore<P: Provider> {
     /// its stall counted (`ring_full_stalls`): the call queue starts that same call again (its
     /// head; see `super::queue`), and the retries are not counted as stalls again.
     unplaced_stall: bool,
-    /// The body just placed in the server's ring overran the length its `encoded_len` gave: it
-    /// was sent as zeros (the ring's accounting needs the reserved range to go), and its call is
-    /// abandoned at once, failing with [`overran`].
-    overran: bool,
     pub(crate) peer: SocketAddr,
     _dev: Device<P>,
 }
@@ -381,7 +377,6 @@ impl<P: Provider> ClientCore<P> {
             wcs: [WorkCompletion::default(); POLL_BATCH],
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
             unplaced_stall: false,
-            overran: false,
             peer,
             _dev: dev,
         })
@@ -436,9 +431,9 @@ impl<P: Provider> ClientCore<P> {
         let eager = len <= self.conn.session.params().eager_threshold as usize;
         // A retry of the body whose stall was counted already does not count it again.
         let mut stalled = std::mem::take(&mut self.unplaced_stall);
-        let body = loop {
-            if let Some(body) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
-                break body;
+        let (body, overran_ring) = loop {
+            if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
+                break placed;
             }
             // Neither the server's ring nor the staging area has room: wait for either (bodies in
             // the staging area need only ring space to leave, so room comes), unless the body
@@ -449,7 +444,7 @@ impl<P: Provider> ClientCore<P> {
                         "no memory for a request of {len} bytes"
                     )));
                 };
-                break PendingBody::Heap(Box::new(GatherBody::encode(req, own)));
+                break (PendingBody::Heap(Box::new(GatherBody::encode(req, own))), false);
             }
             if !blocking {
                 self.unplaced_stall = stalled;
@@ -466,18 +461,24 @@ impl<P: Provider> ClientCore<P> {
             self.flush();
         }
         let id = CallId { slot, generation, deadline };
-        if std::mem::take(&mut self.overran) {
+        if overran_ring {
+            // Its reserved ring range goes (as zeros: the ring's accounting needs it to), the call
+            // does not.
             self.abandon(id);
-            let s = overran(len);
-            self.counters.status(s.code());
-            return Err(s);
+            return Err(self.overran(len));
         }
         Ok(Some(id))
     }
 
     /// Encodes a request body where it can go now: the eager area, the server's ring (through
     /// the mirror), or the staging area. `None` when it is above the eager threshold and neither
-    /// the ring nor the staging area has room.
+    /// the ring nor the staging area has room. With the body, whether it overran the server's
+    /// ring range reserved for it (see [`ClientCore::overran`]): the range was zeroed, and the
+    /// call must be abandoned once started.
+    ///
+    /// # Errors
+    /// As [`ClientCore::start`]'s; INVALID_ARGUMENT when the message overran its eager buffer or
+    /// staging room (nothing is taken then).
     fn place<M: Message>(
         &mut self,
         req: &M,
@@ -486,7 +487,7 @@ impl<P: Provider> ClientCore<P> {
         stalled: &mut bool,
         deadline: Option<Instant>,
         blocking: bool,
-    ) -> Result<Option<PendingBody>, Status> {
+    ) -> Result<Option<(PendingBody, bool)>, Status> {
         let now = self.conn.session.call_goes_now();
         Ok(if eager || now {
             let mut buf = loop {
@@ -503,37 +504,34 @@ impl<P: Provider> ClientCore<P> {
                     let mut w =
                         Bounded::new(&mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len]);
                     req.encode_raw(&mut w);
-                    let (n, overran_it) = (w.written() as u32, w.overran());
-                    if overran_it {
+                    let (n, overran) = (w.written() as u32, w.overran());
+                    if overran {
                         self.conn.pool.give_back(buf);
-                        self.counters.status(Code::InvalidArgument);
-                        return Err(overran(len));
+                        return Err(self.overran(len));
                     }
-                    Some(PendingBody::Placed(buf, BodyAt::Eager(n)))
+                    Some((PendingBody::Placed(buf, BodyAt::Eager(n)), false))
                 }
                 Ok(Placement::Ring(off)) => {
                     let mut w = Bounded::new(self.conn.mirror.range_mut(off, len as u32));
                     req.encode_raw(&mut w);
-                    let (n, overran_it) = (w.written(), w.overran());
                     // A body shorter than announced keeps its reserved length, as the ring accounting
                     // requires; the gap is zeroed (a zero tag never decodes: the server answers
                     // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body). One
                     // longer than announced is all zeros, and its call is abandoned once started.
-                    let from = if overran_it { 0 } else { n };
-                    self.conn.mirror.range_mut(off, len as u32)[from..].fill(0);
-                    self.overran = overran_it;
-                    Some(PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 }))
+                    w.zero_rest();
+                    let body = PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 });
+                    Some((body, w.overran()))
                 }
                 Ok(Placement::Pieces) | Err(_) => {
                     self.conn.pool.give_back(buf);
                     if !std::mem::replace(stalled, true) {
                         self.counters.ring_full_stalls += 1;
                     }
-                    self.stage(req, len)?
+                    self.stage(req, len)?.map(|b| (b, false))
                 }
             }
         } else {
-            self.stage(req, len)?
+            self.stage(req, len)?.map(|b| (b, false))
         })
     }
 
@@ -541,16 +539,15 @@ impl<P: Provider> ClientCore<P> {
     /// staging area (one copy, no allocation); `None` when it has no room for it.
     ///
     /// # Errors
-    /// INVALID_ARGUMENT ([`overran`]) when the message writes more than `len` bytes (nothing is
-    /// taken).
+    /// INVALID_ARGUMENT ([`ClientCore::overran`]) when the message writes more than `len` bytes
+    /// (nothing is taken).
     fn stage<M: Message>(&mut self, req: &M, len: usize) -> Result<Option<PendingBody>, Status> {
         let (at, spare) = self.conn.staging.spare_mut();
         let Some(dst) = spare.get_mut(..len) else { return Ok(None) };
         let mut w = Bounded::new(dst);
         req.encode_raw(&mut w);
         if w.overran() {
-            self.counters.status(Code::InvalidArgument);
-            return Err(overran(len));
+            return Err(self.overran(len));
         }
         let written = w.written() as u32;
         Ok(Some(match self.conn.staging.commit(at, written) {
@@ -558,6 +555,17 @@ impl<P: Provider> ClientCore<P> {
             // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
             None => PendingBody::Heap(Box::new(req.encode_to_vec().into())),
         }))
+    }
+
+    /// The error of a request whose `Message::encode_raw` wrote more than the `len` bytes its
+    /// `encoded_len` gave (a hand-written `Message`; generated code never does): INVALID_ARGUMENT,
+    /// counted.
+    #[cold]
+    fn overran(&mut self, len: usize) -> Status {
+        self.counters.status(Code::InvalidArgument);
+        Status::invalid_argument(format!(
+            "the request's encode_raw wrote more than the {len} bytes its encoded_len gave; nothing of the message was sent"
+        ))
     }
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
@@ -1605,12 +1613,4 @@ impl<P: Provider> ClientCore<P> {
         }
         n
     }
-}
-
-/// The error of a request whose `Message::encode_raw` wrote more than the `len` bytes its
-/// `encoded_len` gave (a hand-written `Message`; generated code never does): INVALID_ARGUMENT.
-fn overran(len: usize) -> Status {
-    Status::invalid_argument(format!(
-        "the request's encode_raw wrote more than the {len} bytes its encoded_len gave; nothing of the message was sent"
-    ))
 }
