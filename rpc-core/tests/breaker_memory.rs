@@ -8,12 +8,8 @@
 //! `buffers::gather` and the session's reassembly), so the server's heap stays small. (Found by
 //! this test: the first piece once reserved the whole announced `total_len` at once, 2 GiB per
 //! session at default credits, and a failed allocation aborts the whole server.)
-#![allow(unsafe_code)]
-
 mod rpc_support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rpc_core::buffers::{SendMirror, SendPool, SendQueue};
@@ -22,28 +18,7 @@ use rpc_core::verbs::sim::Sim;
 use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
 use rpc_support::*;
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
+/// Counts the process's live heap bytes (`live_bytes`).
 #[global_allocator]
 static A: Counting = Counting;
 
@@ -61,7 +36,7 @@ fn one_byte_first_pieces_make_the_server_reserve_little_each() {
     let mut sq = SendQueue::new(64, 16);
     // Let the server settle, then take the baseline.
     std::thread::sleep(Duration::from_millis(200));
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_bytes();
     let total = reply.max_message.min(64 << 20);
     for slot in 0..CREDITS {
         let off = u32::from(slot);
@@ -86,7 +61,7 @@ fn one_byte_first_pieces_make_the_server_reserve_little_each() {
     let give_up = Instant::now() + Duration::from_secs(5);
     let mut grown = 0;
     while Instant::now() < give_up {
-        grown = LIVE.load(Ordering::Relaxed) - before;
+        grown = live_bytes() - before;
         if grown > (total as isize) * (CREDITS as isize) / 2 {
             break;
         }

@@ -6,40 +6,14 @@
 //! memory, when the call gets its slot. (Before, the queue encoded every waiting body onto the
 //! heap, so each of its bytes was copied twice before its WRITE, and each body over 64 KiB was a
 //! fresh allocation of its whole length.)
-#![allow(unsafe_code)]
-
 mod rpc_support;
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use bytes::Bytes;
 use rpc_core::codegen::*;
 use rpc_core::Client;
 use rpc_support::*;
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
+/// Counts the process's live heap bytes (`live_bytes`).
 #[global_allocator]
 static A: Counting = Counting;
 
@@ -70,14 +44,14 @@ fn waiting_calls_reference_their_large_bytes_fields_and_send_them_byte_for_byte(
 
     let payload = Bytes::from(payload(7, LEN));
     let sum = fnv64(&payload);
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_bytes();
     let waiting: Vec<_> = (0..WAITING)
         .map(|seq| {
             let req = SharedEcho { seq, payload: payload.clone(), checksum: sum };
             client.unary_async::<_, EchoMsg>(ECHO, &req, &opts)
         })
         .collect();
-    let grew = LIVE.load(Ordering::Relaxed) - before;
+    let grew = live_bytes() - before;
     // The tags, lengths and scalars of each body, and the queue's bookkeeping: a few KiB in all,
     // against 16 MiB when each waiting body was a heap copy of its payload.
     assert!(grew < (LEN / 2) as isize, "{WAITING} waiting calls of {LEN} bytes took {grew} bytes of heap");

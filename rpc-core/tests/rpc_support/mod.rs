@@ -4,10 +4,13 @@
 //! `hold.rs`). Everything runs on `sim` with a yielding polling policy.
 #![allow(dead_code)]
 
+mod counting;
 mod hold;
 mod raw_client;
 
 // Each test binary uses some of these.
+#[allow(unused_imports)]
+pub use counting::{live_bytes, Counting};
 #[allow(unused_imports)]
 pub use hold::{Hold, HoldGate, HOLD};
 #[allow(unused_imports)]
