@@ -39,6 +39,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .async_server("codegen.asynchronous.Pipe")
         .compile_protos(&["../proto/codegen/asynchronous.proto"], &["../proto"])?;
 
+    // Default handlers: trait methods that answer UNIMPLEMENTED unless implemented.
+    rpc_codegen::configure()
+        .generate_default_stubs(true)
+        .async_server("codegen.defaults.PartialAsync")
+        .compile_protos(&["../proto/codegen/defaults.proto"], &["../proto"])?;
+
     // The module-collision set once more, reached through prost-build's include file (which
     // nests the package modules itself) instead of hand-written modules.
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);

@@ -66,6 +66,10 @@ pub mod codegen {
     pub mod streaming {
         rpc_core::include_proto!("codegen.streaming");
     }
+    /// Server traits with default handlers (`generate_default_stubs`), sync and async.
+    pub mod defaults {
+        rpc_core::include_proto!("codegen.defaults");
+    }
     /// Comments that must not become doctests or break rustdoc.
     pub mod comments {
         rpc_core::include_proto!("codegen.comments");

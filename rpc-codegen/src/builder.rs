@@ -86,6 +86,7 @@ pub struct Builder {
     build_server: bool,
     build_client: bool,
     async_servers: Vec<String>,
+    default_stubs: bool,
     emit_rerun_if_changed: bool,
     file_descriptor_set_path: Option<PathBuf>,
     bytes_everywhere: bool,
@@ -103,6 +104,7 @@ impl Default for Builder {
             build_server: true,
             build_client: true,
             async_servers: Vec::new(),
+            default_stubs: false,
             emit_rerun_if_changed: true,
             file_descriptor_set_path: None,
             bytes_everywhere: true,
@@ -122,6 +124,7 @@ impl std::fmt::Debug for Builder {
             .field("build_server", &self.build_server)
             .field("build_client", &self.build_client)
             .field("async_servers", &self.async_servers)
+            .field("default_stubs", &self.default_stubs)
             .field("emit_rerun_if_changed", &self.emit_rerun_if_changed)
             .field("file_descriptor_set_path", &self.file_descriptor_set_path)
             .field("bytes_everywhere", &self.bytes_everywhere)
@@ -165,6 +168,17 @@ impl Builder {
     #[must_use]
     pub fn async_server(mut self, service: impl AsRef<str>) -> Self {
         self.async_servers.push(service.as_ref().trim_start_matches('.').to_owned());
+        self
+    }
+
+    /// Whether every method of the generated server traits gets a default body that answers
+    /// UNIMPLEMENTED, naming the RPC (tonic-build's `generate_default_stubs`), so an
+    /// implementation of a large service writes only the methods it serves and compiles from the
+    /// start. A stream's default ends it with that status at once. Default: false (every method
+    /// must be written: the compiler lists the missing ones).
+    #[must_use]
+    pub fn generate_default_stubs(mut self, enable: bool) -> Self {
+        self.default_stubs = enable;
         self
     }
 
@@ -449,6 +463,7 @@ impl Builder {
             build_server: self.build_server,
             build_client: self.build_client,
             async_servers: self.async_servers.clone(),
+            default_stubs: self.default_stubs,
         }));
         // prost-build panics when the code it assembles does not parse (an attribute given to
         // `type_attribute` that is not one, or an input the checks above do not know yet): the

@@ -48,12 +48,16 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     }
     buf.push_str(
         "///\n/// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open \
-         one per\n/// thread. Blocking calls busy-poll in the calling thread; `_async` calls return a \
-         future that\n/// progresses when polled (no executor needed). The lowest latency.\n///\n\
+         one per\n/// thread (to share calls among tokio tasks, connect a `Channel` instead: \
+         `connect_channel`).\n/// Blocking calls busy-poll in the calling thread; `_async` calls return a \
+         future that\n/// progresses when polled (no executor needed). The lowest latency. Requests \
+         are taken by\n/// value or by reference (`stub.call(req)` or `stub.call(&req)`).\n///\n\
          /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return \
          `Send +\n/// 'static` futures woken by the channel's dispatcher threads.\n",
     );
-    buf.push_str("#[derive(Clone, Debug)]\n");
+    // Not `derive(Clone)`: only the stub over a `Channel` is `Clone` (a `Client` is one session
+    // of one thread), and rustdoc should say so.
+    buf.push_str("#[derive(Debug)]\n");
     let _ = writeln!(buf, "pub struct {stub}<C = Client> {{");
     buf.push_str("inner: C,\n}\n");
 
@@ -101,19 +105,20 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             "///
             /// # Errors
             /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
-            pub fn {name}(&self, request: &{input}) -> ::core::result::Result<{output}, Status> {{
-                self.inner.unary({id}, request, &<CallOptions as ::core::default::Default>::default())
+            pub fn {name}(&self, request: impl ::core::borrow::Borrow<{input}>) -> ::core::result::Result<{output}, Status> {{
+                self.inner.unary({id}, request.borrow(), &<CallOptions as ::core::default::Default>::default())
             }}
             /// Calls `{full}` with `options` (a deadline, ...) and waits for the reply.
             ///
             /// # Errors
             /// As `{name}`, plus `DEADLINE_EXCEEDED`.
-            pub fn {with_name}(&self, request: &{input}, options: &CallOptions) -> ::core::result::Result<{output}, Status> {{
-                self.inner.unary({id}, request, options)
+            pub fn {with_name}(&self, request: impl ::core::borrow::Borrow<{input}>, options: &CallOptions) -> ::core::result::Result<{output}, Status> {{
+                self.inner.unary({id}, request.borrow(), options)
             }}
-            /// Calls `{full}` without waiting: the future resolves to the reply when polled.
-            pub fn {async_name}(&self, request: &{input}) -> ResponseFuture<'_, {output}> {{
-                self.inner.unary_async({id}, request, &<CallOptions as ::core::default::Default>::default())
+            /// Calls `{full}` without waiting: the future resolves to the reply when polled (the
+            /// request is encoded now).
+            pub fn {async_name}(&self, request: impl ::core::borrow::Borrow<{input}>) -> ResponseFuture<'_, {output}> {{
+                self.inner.unary_async({id}, request.borrow(), &<CallOptions as ::core::default::Default>::default())
             }}",
             name = blocking[i],
             with_name = with[i],
@@ -180,6 +185,15 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     write_stream_stubs(model, &streams, Session::Channel, buf);
     buf.push_str("}\n");
     write_from(buf, &stub, "Channel", "channel");
+    let _ = writeln!(
+        buf,
+        "impl ::core::clone::Clone for {stub}<Channel> {{
+            /// Another handle on the same channel (its sessions are shared).
+            fn clone(&self) -> Self {{
+                Self {{ inner: ::core::clone::Clone::clone(&self.inner) }}
+            }}
+        }}"
+    );
     buf.push_str("}\n");
 }
 
@@ -343,9 +357,12 @@ fn write_stream_stubs(model: &ServiceModel<'_>, names: &[StreamNames], session: 
             let (name, with_name) = (&names.plain[i], &names.with[i]);
             let (noun, open, about, with_options) =
                 (shape.noun(), shape.open(), shape.about(session), shape.with_options());
-            // Only a server stream takes its request when it opens; over a `Client` by reference.
+            // Only a server stream takes its request when it opens: by value or by reference over a
+            // `Client` (it is encoded at once), by value over a `Channel`.
             let (param, arg) = match (shape, session) {
-                (StreamShape::Server, Session::Client) => (format!(", request: &{}", rpc.input), ", request"),
+                (StreamShape::Server, Session::Client) => {
+                    (format!(", request: impl ::core::borrow::Borrow<{}>", rpc.input), ", request.borrow()")
+                }
                 (StreamShape::Server, Session::Channel) => (format!(", request: {}", rpc.input), ", request"),
                 _ => (String::new(), ""),
             };

@@ -24,6 +24,8 @@ pub struct RpcServiceGenerator {
     pub build_client: bool,
     /// Services (`package.Service`) whose server trait is async.
     pub async_servers: Vec<String>,
+    /// Server trait methods get default bodies answering UNIMPLEMENTED.
+    pub default_stubs: bool,
 }
 
 impl ServiceGenerator for RpcServiceGenerator {
@@ -31,7 +33,7 @@ impl ServiceGenerator for RpcServiceGenerator {
         let model = ServiceModel::new(&service);
         if self.build_server {
             let asynchronous = self.async_servers.contains(&model.full_name);
-            server::generate(&model, buf, asynchronous);
+            server::generate(&model, buf, asynchronous, self.default_stubs);
         }
         if self.build_client {
             client::generate(&model, buf);

@@ -89,7 +89,28 @@
 //!   the runtime's `Service`.
 //! - `greeter_client`: the same constants and the stub `GreeterClient` (`connect`, `connect_with`,
 //!   `new`, `client`, `into_client`, `From<Client>`), with per RPC `say_hello` (blocking),
-//!   `say_hello_with(.., &CallOptions)` and `say_hello_async` (a future).
+//!   `say_hello_with(.., &CallOptions)` and `say_hello_async` (a future). Requests are taken by
+//!   value or by reference (`impl Borrow<HelloRequest>`); the stub over a `Channel` takes them by
+//!   value, so `stub.say_hello(req)` reads the same on both.
+//!
+//! **Default handlers.** [`Builder::generate_default_stubs(true)`](Builder::generate_default_stubs)
+//! gives every server trait method a default body answering UNIMPLEMENTED with the RPC's name
+//! (tonic-build's option of the same name), so a large service compiles before all its methods
+//! are written. Generated code never warns, under `-D warnings` too (services of client or
+//! bidirectional streams only included).
+//!
+//! **Imported packages need their modules.** Generated code refers to the messages of an imported
+//! package by a relative path (`super::mvccpb::KeyValue` from `etcdserverpb`), as prost-build does:
+//! include each package's file in a module of its own, nested as the package names are. etcd's
+//! `rpc.proto` (package `etcdserverpb`) imports `kv.proto` (package `mvccpb`), so:
+//!
+//! ```text
+//! pub mod mvccpb { rpc_core::include_proto!("mvccpb"); }
+//! pub mod etcdserverpb { rpc_core::include_proto!("etcdserverpb"); }
+//! ```
+//!
+//! Without the `mvccpb` module, rustc says `cannot find mvccpb in super`. An include file
+//! ([`Builder::include_file`]) writes the nesting for you.
 //!
 //! Generated code imports only `rpc_core::codegen::*` (and `super::` for the messages); the
 //! contract is `docs/facade.md`.
@@ -140,8 +161,11 @@
 //! ```
 //!
 //! (one line in cargo's output). Two items that would be one Rust type in one module — `Stock`
-//! and `stock`, an enum `STOCK` beside a message `Stock`, a oneof `value` beside a nested message
-//! `Value` — are refused the same way, naming both (rustc would refuse the second, `E0428`).
+//! and `stock`, an enum `STOCK` beside a message `Stock` — are refused the same way, naming both
+//! (rustc would refuse the second, `E0428`). A oneof named like a nested message or enum of its
+//! message (`oneof inner` beside `message Inner`, as in googleapis' `storage_control.proto`) is
+//! not such a case: prost-build names the oneof's type `InnerOneOf`, and the check knows it (it
+//! refuses the shape only when a nested `InnerOneOf` exists too).
 //! Anything prost-build still panics on (an attribute passed through
 //! the builder that is not valid Rust) is an [`Error::Generate`], without the panic banner.
 //!

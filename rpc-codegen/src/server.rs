@@ -6,8 +6,10 @@ use std::fmt::Write as _;
 use crate::generator::{write_comments, ServiceModel, ALLOW_USER_NAMES};
 
 /// Appends the `<service>_server` module of `model` to `buf`; with `asynchronous`, the trait's
-/// methods return `Send` futures that the adapter runs on a tokio runtime.
-pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) {
+/// methods return `Send` futures that the adapter runs on a tokio runtime; with `default_stubs`,
+/// every trait method has a default body answering UNIMPLEMENTED (tonic-build's
+/// `generate_default_stubs`), so an implementation writes only the methods it serves.
+pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool, default_stubs: bool) {
     let trait_name = &model.trait_name;
     let adapter = format!("{}Server", model.type_stem);
     // The adapter's type parameter must not be the trait's own name.
@@ -68,17 +70,19 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
         );
         buf.push_str("/// take a `Responder` from `ctx.defer()` and answer later from any thread.\n");
     }
+    let stub = DefaultStub { on: default_stubs, status: &status, reply: &reply };
     let _ = writeln!(buf, "pub trait {trait_name}: ::core::marker::Send + ::core::marker::Sync + 'static {{");
     for rpc in &model.rpcs {
         write_comments(&rpc.method.comments, buf);
         if rpc.method.comments.leading.is_empty() && rpc.method.comments.trailing.is_empty() {
             let _ = writeln!(buf, "/// Handles `{}`.", rpc.full_name);
         }
+        let body = stub.body(rpc, Shape::Unary, asynchronous);
         if asynchronous {
             let _ = writeln!(
                 buf,
                 "fn {name}(&self, ctx: {async_ctx}, request: {input}) -> impl ::core::future::Future<Output = \
-                 ::core::result::Result<{output}, {status}>> + ::core::marker::Send;",
+                 ::core::result::Result<{output}, {status}>> + ::core::marker::Send{body}",
                 name = rpc.method.name,
                 input = rpc.input,
                 output = rpc.output
@@ -86,7 +90,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
         } else {
             let _ = writeln!(
                 buf,
-                "fn {name}(&self, ctx: &{ctx_ty}, request: {input}) -> {reply}<{output}>;",
+                "fn {name}(&self, ctx: &{ctx_ty}, request: {input}) -> {reply}<{output}>{body}",
                 name = rpc.method.name,
                 input = rpc.input,
                 output = rpc.output
@@ -95,6 +99,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
     }
     for rpc in &model.server_streams {
         write_rpc_doc(rpc, buf, "server streaming");
+        let body = stub.body(rpc, Shape::ServerStream, asynchronous);
         let (name, input, output) = (&rpc.method.name, &rpc.input, &rpc.output);
         if asynchronous {
             let _ = writeln!(
@@ -104,7 +109,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 /// client's credits are used up); the output ends the stream (`Ok(())`: a clean
                 /// end). The future is dropped at the stream's deadline or when the client cancels.
                 fn {name}(&self, ctx: {async_ctx}, request: {input}, sink: {sink_ty}<{output}>) -> impl \
-                 ::core::future::Future<Output = ::core::result::Result<(), {status}>> + ::core::marker::Send;"
+                 ::core::future::Future<Output = ::core::result::Result<(), {status}>> + ::core::marker::Send{body}"
             );
         } else {
             let _ = writeln!(
@@ -114,12 +119,13 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 /// client's credits are used up, so send from a thread of your own, or at most
                 /// `SINK_DEPTH` messages inline); drop it to end the stream OK, or `finish` it with a
                 /// status. The stream's deadline is the call's.
-                fn {name}(&self, ctx: &{ctx_ty}, request: {input}, sink: {sink_ty}<{output}>);"
+                fn {name}(&self, ctx: &{ctx_ty}, request: {input}, sink: {sink_ty}<{output}>){body}"
             );
         }
     }
     for rpc in &model.client_streams {
         write_rpc_doc(rpc, buf, "client streaming");
+        let body = stub.body(rpc, Shape::ClientStream, asynchronous);
         let (name, input, output) = (&rpc.method.name, &rpc.input, &rpc.output);
         if asynchronous {
             let _ = writeln!(
@@ -129,7 +135,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 /// the client's clean end; each message taken returns its credit); the output is the
                 /// answer. The future is dropped at the stream's deadline or when the client cancels.
                 fn {name}(&self, ctx: {async_ctx}, requests: {requests_ty}<{input}>) -> impl \
-                 ::core::future::Future<Output = ::core::result::Result<{output}, {status}>> + ::core::marker::Send;"
+                 ::core::future::Future<Output = ::core::result::Result<{output}, {status}>> + ::core::marker::Send{body}"
             );
         } else {
             let _ = writeln!(
@@ -139,12 +145,13 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 /// blocks; `Ok(None)` at the client's clean end, CANCELLED when it cancelled; each
                 /// message taken returns its credit, so not reading stalls the client), then answer
                 /// with `responder`. The stream's deadline is the call's.
-                fn {name}(&self, ctx: &{ctx_ty}, requests: {requests_ty}<{input}>, responder: {responder_ty}<{output}>);"
+                fn {name}(&self, ctx: &{ctx_ty}, requests: {requests_ty}<{input}>, responder: {responder_ty}<{output}>){body}"
             );
         }
     }
     for rpc in &model.bidi_streams {
         write_rpc_doc(rpc, buf, "bidirectional streaming");
+        let body = stub.body(rpc, Shape::Bidi, asynchronous);
         let (name, input, output) = (&rpc.method.name, &rpc.input, &rpc.output);
         if asynchronous {
             let _ = writeln!(
@@ -154,7 +161,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 /// `sink.send_async(..).await`; the output ends the stream (`Ok(())`: a clean end).
                 /// The future is dropped at the stream's deadline or when the client cancels.
                 fn {name}(&self, ctx: {async_ctx}, requests: {requests_ty}<{input}>, sink: {sink_ty}<{output}>) -> impl \
-                 ::core::future::Future<Output = ::core::result::Result<(), {status}>> + ::core::marker::Send;"
+                 ::core::future::Future<Output = ::core::result::Result<(), {status}>> + ::core::marker::Send{body}"
             );
         } else {
             let _ = writeln!(
@@ -164,7 +171,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
                 /// your own (both block: on the client's messages, and on its credits); drop the
                 /// sink to end the stream OK, or `finish` it with a status. The stream's deadline is
                 /// the call's.
-                fn {name}(&self, ctx: &{ctx_ty}, requests: {requests_ty}<{input}>, sink: {sink_ty}<{output}>);"
+                fn {name}(&self, ctx: &{ctx_ty}, requests: {requests_ty}<{input}>, sink: {sink_ty}<{output}>){body}"
             );
         }
     }
@@ -237,9 +244,14 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool) 
         );
         let _ = writeln!(buf, "{unknown};");
     } else {
+        // Only unary and server-stream requests come in the call's body; a service of client and
+        // bidirectional streams alone reads its requests from the stream (an unused `body` would
+        // warn in the user's crate).
+        let body_arg =
+            if model.rpcs.is_empty() && model.server_streams.is_empty() { "_body" } else { "body" };
         let _ = writeln!(
             buf,
-            "fn call(&self, method: {method_id}, ctx: &{ctx_ty}, body: {body_ty}<'_>, out: &mut {reply_writer}<'_>) {{"
+            "fn call(&self, method: {method_id}, ctx: &{ctx_ty}, {body_arg}: {body_ty}<'_>, out: &mut {reply_writer}<'_>) {{"
         );
         buf.push_str("match method {\n");
         for rpc in model.rpcs.iter().filter(|_| asynchronous) {
@@ -351,5 +363,55 @@ fn write_rpc_doc(rpc: &crate::generator::RpcModel<'_>, buf: &mut String, shape: 
         let _ = writeln!(buf, "/// Handles `{}` ({shape}).", rpc.full_name);
     } else {
         let _ = writeln!(buf, "///\n/// {}{}.", shape[..1].to_uppercase(), &shape[1..]);
+    }
+}
+
+/// The four shapes of an RPC, for the default body of its trait method.
+#[derive(Clone, Copy)]
+enum Shape {
+    Unary,
+    ServerStream,
+    ClientStream,
+    Bidi,
+}
+
+/// The default bodies of the trait's methods ([`generate`]'s `default_stubs`).
+struct DefaultStub<'s> {
+    /// Whether methods get a default body (else they end in `;`).
+    on: bool,
+    /// The facade's `Status` path.
+    status: &'s str,
+    /// The facade's `Reply` path.
+    reply: &'s str,
+}
+
+impl DefaultStub<'_> {
+    /// `;` (no default), or a body that answers UNIMPLEMENTED naming the RPC; every argument is
+    /// used, so the default never warns.
+    fn body(&self, rpc: &crate::generator::RpcModel<'_>, shape: Shape, asynchronous: bool) -> String {
+        if !self.on {
+            return ";".to_owned();
+        }
+        let status = format!(
+            "{}::unimplemented(\"{} is not implemented by this server\")",
+            self.status, rpc.full_name
+        );
+        let err = format!("::core::result::Result::Err({status})");
+        // A sync stream's sink is used by its answer; everything else is consumed here.
+        let args = match (shape, asynchronous) {
+            (Shape::Unary, _) | (Shape::ServerStream, false) => "ctx, request",
+            (Shape::ClientStream, _) | (Shape::Bidi, false) => "ctx, requests",
+            (Shape::ServerStream, true) => "ctx, request, sink",
+            (Shape::Bidi, true) => "ctx, requests, sink",
+        };
+        if asynchronous {
+            return format!(" {{ async move {{ let _ = ({args}); {err} }} }}");
+        }
+        let end = match shape {
+            Shape::Unary => format!("{}::from({status})", self.reply),
+            Shape::ServerStream | Shape::Bidi => format!("sink.finish({err})"),
+            Shape::ClientStream => format!("responder.send({err})"),
+        };
+        format!(" {{ let _ = ({args}); {end} }}")
     }
 }

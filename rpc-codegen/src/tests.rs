@@ -127,9 +127,9 @@ fn helloworld_has_the_facade_shape() {
         "pub fn connect(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status>",
     );
     assert_has(&code, "pub fn connect_with(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig)");
-    assert_has(&code, "pub fn say_hello(&self, request: &super::HelloRequest) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
-    assert_has(&code, "pub fn say_hello_with(&self, request: &super::HelloRequest, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request, options) }");
-    assert_has(&code, "pub fn say_hello_async(&self, request: &super::HelloRequest) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello(&self, request: impl ::core::borrow::Borrow<super::HelloRequest>) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request.borrow(), &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello_with(&self, request: impl ::core::borrow::Borrow<super::HelloRequest>, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request.borrow(), options) }");
+    assert_has(&code, "pub fn say_hello_async(&self, request: impl ::core::borrow::Borrow<super::HelloRequest>) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, request.borrow(), &<CallOptions as ::core::default::Default>::default()) }");
     assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient<Client>");
     // The same stub over the shareable handle.
     assert_has(&code, "impl GreeterClient<Channel> {");
@@ -190,14 +190,14 @@ fn keywords_are_escaped_everywhere() {
             &format!("fn {method}(&self, ctx: &RequestContext, request: {input}) -> Reply<{input}>;"),
         );
         assert_has(&code, &format!("out.reply(<T as Match>::{method}(&self.inner, ctx, request))"));
-        assert_has(&code, &format!("pub fn {method}(&self, request: &{input})"));
+        assert_has(&code, &format!("pub fn {method}(&self, request: impl ::core::borrow::Borrow<{input}>)"));
     }
     for konst in ["SELF", "SUPER", "CRATE", "TYPE", "GEN", "ASYNC", "MATCH"] {
         assert_has(&code, &format!("pub const {konst}: MethodId = 0x"));
     }
     // Variants are built from the plain name, then escaped.
-    assert_has(&code, "pub fn type_with(&self, request: &super::Type, options: &CallOptions)");
-    assert_has(&code, "pub fn self_async(&self, request: &super::Self_)");
+    assert_has(&code, "pub fn type_with(&self, request: impl ::core::borrow::Borrow<super::Type>, options: &CallOptions)");
+    assert_has(&code, "pub fn self_async(&self, request: impl ::core::borrow::Borrow<super::Self_>)");
     assert_has(&code, "pub fn gen_with(");
     // Service `Self`: the trait is `Self_` (not a raw identifier), the adapter `SelfServer`.
     assert_has(&code, "pub mod self_server {");
@@ -220,15 +220,15 @@ fn rpcs_named_like_stub_methods_win_their_names() {
         assert_has(
             &code,
             &format!(
-                "pub fn {rpc}(&self, request: &super::Req) -> ::core::result::Result<super::Resp, Status>"
+                "pub fn {rpc}(&self, request: impl ::core::borrow::Borrow<super::Req>) -> ::core::result::Result<super::Resp, Status>"
             ),
         );
     }
     // ...the variants that collide move aside...
-    assert_has(&code, "pub fn connect_with_(&self, request: &super::Req, options: &CallOptions)");
-    assert_has(&code, "pub fn ping_with_(&self, request: &super::Req, options: &CallOptions)");
-    assert_has(&code, "pub fn ping_async_(&self, request: &super::Req) -> ResponseFuture<'_, super::Resp>");
-    assert_has(&code, "pub fn ping_with_with(&self, request: &super::Req, options: &CallOptions)");
+    assert_has(&code, "pub fn connect_with_(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
+    assert_has(&code, "pub fn ping_with_(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
+    assert_has(&code, "pub fn ping_async_(&self, request: impl ::core::borrow::Borrow<super::Req>) -> ResponseFuture<'_, super::Resp>");
+    assert_has(&code, "pub fn ping_with_with(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
     // ...and so do the stub's own methods.
     assert_has(&code, "pub fn connect_(addr: impl ::std::net::ToSocketAddrs)");
     assert_has(&code, "pub fn connect_with__(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig)");
@@ -243,7 +243,7 @@ fn rpcs_named_like_stub_methods_win_their_names() {
     assert_has(&code, "pub trait Echo:");
     assert_has(&code, "fn echo(&self, ctx: &RequestContext, request: super::Req) -> Reply<super::Resp>;");
     assert_has(&code, "pub const ECHO: MethodId");
-    assert_has(&code, "pub fn echo(&self, request: &super::Req)");
+    assert_has(&code, "pub fn echo(&self, request: impl ::core::borrow::Borrow<super::Req>)");
 }
 
 #[test]
@@ -327,7 +327,7 @@ fn well_known_types_in_signatures() {
     assert_has(&code, "match decode::<()>(body)");
     assert_has(
         &code,
-        "pub fn now(&self, request: &()) -> ::core::result::Result<::prost_types::Timestamp, Status>",
+        "pub fn now(&self, request: impl ::core::borrow::Borrow<()>) -> ::core::result::Result<::prost_types::Timestamp, Status>",
     );
     // google.protobuf itself is not generated (prost_types has it).
     let (_, files) =
@@ -366,7 +366,7 @@ fn all_four_shapes_are_generated_without_warnings() {
     );
     assert_has(code, "let (sink, reply) = ctx.stream::<super::Item>();");
     assert_has(code, "-> ::core::result::Result<Streaming<'_, super::Item>, Status>");
-    assert_has(code, "self.inner.server_stream(DRINK, request, options)");
+    assert_has(code, "self.inner.server_stream(DRINK, request.borrow(), options)");
     assert_has(code, "MethodDesc { id: DRINK, name: method_names::DRINK }");
     // Client streams: the reader and a responder; a stub returning the sender.
     assert_has(
@@ -738,7 +738,7 @@ fn assert_collide_renamed(files: &[(String, String)]) {
     );
     assert_has(
         top,
-        "pub fn stock(&self, request: &super::shop_::Item) -> ::core::result::Result<super::Shop, Status>",
+        "pub fn stock(&self, request: impl ::core::borrow::Borrow<super::shop_::Item>) -> ::core::result::Result<super::Shop, Status>",
     );
     // From the packages below, into the renamed module and into their own parent package.
     let v1 = file(files, "codegen.collide.shop.v1.rs");
@@ -1040,13 +1040,13 @@ fn two_items_with_one_rust_type_are_refused() {
     let err = generate("type_names", &["codegen/errors/type_names.proto"]).expect_err("must fail");
     let Error::Proto { path, line, column, reason } = &err else { panic!("wrong error: {err}") };
     assert!(path.ends_with("proto/codegen/errors/type_names.proto"), "{}", path.display());
-    assert_eq!((*line, *column), (12, 5));
+    assert_eq!((*line, *column), (16, 5));
     assert_eq!(
         reason,
         &format!(
-            "message `codegen.errors.types.Outer.Holder.Value` ({}:9:5) and oneof \
+            "message `codegen.errors.types.Outer.Holder.ValueOneOf` ({}:13:5) and oneof \
              `codegen.errors.types.Outer.Holder.value` both become the Rust type \
-             `codegen::errors::types::outer::holder::Value`; rename one of them",
+             `codegen::errors::types::outer::holder::ValueOneOf`; rename one of them",
             proto_dir().join("codegen/errors/type_names.proto").display()
         )
     );
@@ -1093,7 +1093,7 @@ fn async_server_makes_only_the_named_services_traits_async() {
     assert!(code.contains("pub fn get(&self, request: super::Ask) -> UnaryCall<super::Answer>"), "{code}");
     assert!(
         code.contains(
-            "pub fn get( &self, request: &super::Ask, ) -> ::core::result::Result<super::Answer, Status>"
+            "pub fn get( &self, request: impl ::core::borrow::Borrow<super::Ask>, ) -> ::core::result::Result<super::Answer, Status>"
         ),
         "{code}"
     );

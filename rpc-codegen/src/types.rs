@@ -1,7 +1,8 @@
 //! Rust type names that two proto items would share in one module: prost-build turns message,
 //! enum and oneof names into UpperCamelCase, so `Stock` and `stock`, an enum `STOCK` and a message
-//! `Stock`, or a oneof `value` and a nested message `Value` all become one type and rustc refuses
-//! the second (`E0428`). Refused before generation, at the second item.
+//! `Stock` all become one type and rustc refuses the second (`E0428`). Refused before generation,
+//! at the second item. A oneof `value` beside a nested message or enum `Value` is not such a case:
+//! prost-build names the oneof's type `ValueOneOf`, and so does this check.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -154,7 +155,22 @@ fn in_message<'a>(
             name: format!("{name}.{}", oneof.name()),
             kind: "oneof",
         };
-        scope.claim(module, sanitize(&camel(oneof.name())), item, includes)?;
+        scope.claim(module, oneof_type_name(message, oneof.name()), item, includes)?;
     }
     Ok(())
+}
+
+/// The Rust type prost-build gives the oneof `oneof` of `message`: its UpperCamelCase name, with
+/// `OneOf` appended when a nested message or enum of `message` has that name too (prost-build's
+/// `OneofField::type_name`: a oneof `inner` beside a `message Inner` becomes `InnerOneOf`, as in
+/// googleapis' `storage_control.proto`).
+fn oneof_type_name(message: &DescriptorProto, oneof: &str) -> String {
+    let name = camel(oneof);
+    let nested = message.nested_type.iter().map(DescriptorProto::name);
+    let enums = message.enum_type.iter().map(|e| e.name());
+    if nested.chain(enums).any(|t| camel(t) == name) {
+        sanitize(&format!("{name}OneOf"))
+    } else {
+        sanitize(&name)
+    }
 }

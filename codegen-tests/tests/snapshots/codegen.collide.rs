@@ -234,12 +234,14 @@ pub mod store_client {
     /// Calls the RPCs of `codegen.collide.Store`.
     ///
     /// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open one per
-    /// thread. Blocking calls busy-poll in the calling thread; `_async` calls return a future that
-    /// progresses when polled (no executor needed). The lowest latency.
+    /// thread (to share calls among tokio tasks, connect a `Channel` instead: `connect_channel`).
+    /// Blocking calls busy-poll in the calling thread; `_async` calls return a future that
+    /// progresses when polled (no executor needed). The lowest latency. Requests are taken by
+    /// value or by reference (`stub.call(req)` or `stub.call(&req)`).
     ///
     /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return `Send +
     /// 'static` futures woken by the channel's dispatcher threads.
-    #[derive(Clone, Debug)]
+    #[derive(Debug)]
     pub struct StoreClient<C = Client> {
         inner: C,
     }
@@ -286,12 +288,12 @@ pub mod store_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn stock(
             &self,
-            request: &super::shop_::Item,
+            request: impl ::core::borrow::Borrow<super::shop_::Item>,
         ) -> ::core::result::Result<super::Shop, Status> {
             self.inner
                 .unary(
                     STOCK,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -301,20 +303,21 @@ pub mod store_client {
         /// As `stock`, plus `DEADLINE_EXCEEDED`.
         pub fn stock_with(
             &self,
-            request: &super::shop_::Item,
+            request: impl ::core::borrow::Borrow<super::shop_::Item>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::Shop, Status> {
-            self.inner.unary(STOCK, request, options)
+            self.inner.unary(STOCK, request.borrow(), options)
         }
-        /// Calls `/codegen.collide.Store/Stock` without waiting: the future resolves to the reply when polled.
+        /// Calls `/codegen.collide.Store/Stock` without waiting: the future resolves to the reply when polled (the
+        /// request is encoded now).
         pub fn stock_async(
             &self,
-            request: &super::shop_::Item,
+            request: impl ::core::borrow::Borrow<super::shop_::Item>,
         ) -> ResponseFuture<'_, super::Shop> {
             self.inner
                 .unary_async(
                     STOCK,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -324,12 +327,12 @@ pub mod store_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn label(
             &self,
-            request: &super::type_::Tag,
+            request: impl ::core::borrow::Borrow<super::type_::Tag>,
         ) -> ::core::result::Result<super::Type, Status> {
             self.inner
                 .unary(
                     LABEL,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -339,20 +342,21 @@ pub mod store_client {
         /// As `label`, plus `DEADLINE_EXCEEDED`.
         pub fn label_with(
             &self,
-            request: &super::type_::Tag,
+            request: impl ::core::borrow::Borrow<super::type_::Tag>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::Type, Status> {
-            self.inner.unary(LABEL, request, options)
+            self.inner.unary(LABEL, request.borrow(), options)
         }
-        /// Calls `/codegen.collide.Store/Label` without waiting: the future resolves to the reply when polled.
+        /// Calls `/codegen.collide.Store/Label` without waiting: the future resolves to the reply when polled (the
+        /// request is encoded now).
         pub fn label_async(
             &self,
-            request: &super::type_::Tag,
+            request: impl ::core::borrow::Borrow<super::type_::Tag>,
         ) -> ResponseFuture<'_, super::Type> {
             self.inner
                 .unary_async(
                     LABEL,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -362,12 +366,12 @@ pub mod store_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn list(
             &self,
-            request: &super::shop::Item,
+            request: impl ::core::borrow::Borrow<super::shop::Item>,
         ) -> ::core::result::Result<super::shop_::Item, Status> {
             self.inner
                 .unary(
                     LIST,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -377,20 +381,21 @@ pub mod store_client {
         /// As `list`, plus `DEADLINE_EXCEEDED`.
         pub fn list_with(
             &self,
-            request: &super::shop::Item,
+            request: impl ::core::borrow::Borrow<super::shop::Item>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::shop_::Item, Status> {
-            self.inner.unary(LIST, request, options)
+            self.inner.unary(LIST, request.borrow(), options)
         }
-        /// Calls `/codegen.collide.Store/List` without waiting: the future resolves to the reply when polled.
+        /// Calls `/codegen.collide.Store/List` without waiting: the future resolves to the reply when polled (the
+        /// request is encoded now).
         pub fn list_async(
             &self,
-            request: &super::shop::Item,
+            request: impl ::core::borrow::Borrow<super::shop::Item>,
         ) -> ResponseFuture<'_, super::shop_::Item> {
             self.inner
                 .unary_async(
                     LIST,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -507,6 +512,14 @@ pub mod store_client {
     impl ::core::convert::From<Channel> for StoreClient<Channel> {
         fn from(channel: Channel) -> Self {
             Self { inner: channel }
+        }
+    }
+    impl ::core::clone::Clone for StoreClient<Channel> {
+        /// Another handle on the same channel (its sessions are shared).
+        fn clone(&self) -> Self {
+            Self {
+                inner: ::core::clone::Clone::clone(&self.inner),
+            }
         }
     }
 }

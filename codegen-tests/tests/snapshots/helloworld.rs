@@ -119,12 +119,14 @@ pub mod greeter_client {
     /// Says hello.
     ///
     /// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open one per
-    /// thread. Blocking calls busy-poll in the calling thread; `_async` calls return a future that
-    /// progresses when polled (no executor needed). The lowest latency.
+    /// thread (to share calls among tokio tasks, connect a `Channel` instead: `connect_channel`).
+    /// Blocking calls busy-poll in the calling thread; `_async` calls return a future that
+    /// progresses when polled (no executor needed). The lowest latency. Requests are taken by
+    /// value or by reference (`stub.call(req)` or `stub.call(&req)`).
     ///
     /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return `Send +
     /// 'static` futures woken by the channel's dispatcher threads.
-    #[derive(Clone, Debug)]
+    #[derive(Debug)]
     pub struct GreeterClient<C = Client> {
         inner: C,
     }
@@ -173,12 +175,12 @@ pub mod greeter_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn say_hello(
             &self,
-            request: &super::HelloRequest,
+            request: impl ::core::borrow::Borrow<super::HelloRequest>,
         ) -> ::core::result::Result<super::HelloReply, Status> {
             self.inner
                 .unary(
                     SAY_HELLO,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -188,20 +190,21 @@ pub mod greeter_client {
         /// As `say_hello`, plus `DEADLINE_EXCEEDED`.
         pub fn say_hello_with(
             &self,
-            request: &super::HelloRequest,
+            request: impl ::core::borrow::Borrow<super::HelloRequest>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::HelloReply, Status> {
-            self.inner.unary(SAY_HELLO, request, options)
+            self.inner.unary(SAY_HELLO, request.borrow(), options)
         }
-        /// Calls `/helloworld.Greeter/SayHello` without waiting: the future resolves to the reply when polled.
+        /// Calls `/helloworld.Greeter/SayHello` without waiting: the future resolves to the reply when polled (the
+        /// request is encoded now).
         pub fn say_hello_async(
             &self,
-            request: &super::HelloRequest,
+            request: impl ::core::borrow::Borrow<super::HelloRequest>,
         ) -> ResponseFuture<'_, super::HelloReply> {
             self.inner
                 .unary_async(
                     SAY_HELLO,
-                    request,
+                    request.borrow(),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -276,6 +279,14 @@ pub mod greeter_client {
     impl ::core::convert::From<Channel> for GreeterClient<Channel> {
         fn from(channel: Channel) -> Self {
             Self { inner: channel }
+        }
+    }
+    impl ::core::clone::Clone for GreeterClient<Channel> {
+        /// Another handle on the same channel (its sessions are shared).
+        fn clone(&self) -> Self {
+            Self {
+                inner: ::core::clone::Clone::clone(&self.inner),
+            }
         }
     }
 }

@@ -1,0 +1,107 @@
+//! What a new user of generated code meets first: server traits with default handlers
+//! (`generate_default_stubs`) that answer UNIMPLEMENTED naming the RPC, sync and async, for every
+//! RPC shape; blocking stubs that take a request by value or by reference; a oneof named like a
+//! nested type, which prost-build names `...OneOf`.
+
+use std::time::Duration;
+
+use codegen_tests::codegen::defaults::{
+    partial_async_client::PartialAsyncClient,
+    partial_async_server::{PartialAsync, PartialAsyncServer},
+    partial_client::PartialClient,
+    partial_server::{Partial, PartialServer},
+    Item,
+};
+use codegen_tests::codegen::shapes::{wrapper, Wrapper};
+use rpc_core::codegen::{AsyncContext, ClientConfig, Code, Message, Reply, RequestContext, Status};
+use rpc_core::{PollingPolicy, Server, Transport};
+
+const POLLING: PollingPolicy = PollingPolicy::SpinThenYield { spins: 64 };
+
+/// Implements one method; every other one is the generated default.
+struct Sync;
+impl Partial for Sync {
+    fn served(&self, _ctx: &RequestContext, request: Item) -> Reply<Item> {
+        Item { n: request.n + 1 }.into()
+    }
+}
+
+/// The same, async.
+struct Async;
+impl PartialAsync for Async {
+    async fn served(&self, _ctx: AsyncContext, request: Item) -> Result<Item, Status> {
+        Ok(Item { n: request.n + 2 })
+    }
+}
+
+/// Checks `status` is UNIMPLEMENTED naming `rpc`.
+#[track_caller]
+fn unimplemented(status: Status, rpc: &str) {
+    assert_eq!(status.code(), Code::Unimplemented, "{status}");
+    assert!(status.message().contains(rpc), "the status names {rpc}: {status}");
+}
+
+#[test]
+fn default_handlers_answer_unimplemented_naming_the_rpc() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(PartialServer::new(Sync))
+        .add_service(PartialAsyncServer::with_runtime(
+            Async,
+            rpc_core::codegen::AsyncRuntime::from_handle(runtime.handle().clone()),
+        ))
+        .spawn("127.0.0.1:0")
+        .expect("spawn");
+    let config = ClientConfig::default().transport(Transport::Sim).polling(POLLING);
+    let item = Item { n: 1 };
+
+    {
+        let sync = PartialClient::connect_with(server.local_addr(), &config).expect("connect");
+        // By reference and by value: one stub, both conventions.
+        assert_eq!(sync.served(&item).expect("served").n, 2);
+        assert_eq!(sync.served(item.clone()).expect("served").n, 2);
+        unimplemented(sync.unary(&item).expect_err("default"), "/codegen.defaults.Partial/Unary");
+        let mut sub = sync.subscribe(item.clone()).expect("open");
+        unimplemented(
+            sub.next().expect("an end").expect_err("default"),
+            "/codegen.defaults.Partial/Subscribe",
+        );
+        let up = sync.upload().expect("open");
+        unimplemented(up.finish().expect_err("default"), "/codegen.defaults.Partial/Upload");
+        let mut chat = sync.chat().expect("open");
+        unimplemented(chat.message().expect_err("default"), "/codegen.defaults.Partial/Chat");
+    }
+    {
+        let asynchronous = PartialAsyncClient::connect_with(server.local_addr(), &config).expect("connect");
+        assert_eq!(asynchronous.served(&item).expect("served").n, 3);
+        unimplemented(
+            asynchronous.unary(&item).expect_err("default"),
+            "/codegen.defaults.PartialAsync/Unary",
+        );
+        let mut sub = asynchronous.subscribe(&item).expect("open");
+        unimplemented(
+            sub.next().expect("an end").expect_err("default"),
+            "/codegen.defaults.PartialAsync/Subscribe",
+        );
+        let up = asynchronous.upload().expect("open");
+        unimplemented(up.finish().expect_err("default"), "/codegen.defaults.PartialAsync/Upload");
+        let mut chat = asynchronous.chat().expect("open");
+        unimplemented(chat.message().expect_err("default"), "/codegen.defaults.PartialAsync/Chat");
+    }
+    server.shutdown();
+    runtime.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// prost-build names a oneof's type `<Name>OneOf` when a nested message or enum has its name;
+/// codegen accepts the shape and every generated path uses that name.
+#[test]
+fn a_oneof_named_like_a_nested_type_is_its_name_with_one_of() {
+    let w = Wrapper {
+        inner: Some(wrapper::InnerOneOf::Message(wrapper::Inner { s: "x".into() })),
+        mode: Some(wrapper::ModeOneOf::Chosen(wrapper::Mode::Fast as i32)),
+    };
+    let back = Wrapper::decode(w.encode_to_vec().as_slice()).expect("decodes");
+    assert_eq!(back, w);
+}
