@@ -18,6 +18,8 @@
 //! out while the next is written.
 
 mod calls;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod lifecycle;
 mod outbox;
 pub mod queue;
