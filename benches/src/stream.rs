@@ -159,7 +159,7 @@ fn take(
     let req = StreamRequest { count, size: size as u32 };
     let mut sampler = Sampler::start(size, limit, progress);
     let mut stream =
-        client.stream_with(&req, &CallOptions::default()).map_err(|s| rpc_err("Bench.Stream", s))?;
+        client.stream_with(req, &CallOptions::default()).map_err(|s| rpc_err("Bench.Stream", s))?;
     let mut got = 0u64;
     loop {
         let Some(m) = stream.message().map_err(|s| rpc_err("Bench.Stream", s))? else {

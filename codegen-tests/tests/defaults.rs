@@ -60,10 +60,12 @@ fn default_handlers_answer_unimplemented_naming_the_rpc() {
     {
         let sync = PartialClient::connect_with(server.local_addr(), &config).expect("connect");
         // By reference and by value: one stub, both conventions.
-        assert_eq!(sync.served(&item).expect("served").n, 2);
-        assert_eq!(sync.served(item.clone()).expect("served").n, 2);
-        unimplemented(sync.unary(&item).expect_err("default"), "/codegen.defaults.Partial/Unary");
-        let mut sub = sync.subscribe(item.clone()).expect("open");
+        assert_eq!(sync.served(item).expect("served").n, 2);
+        #[allow(clippy::needless_borrows_for_generic_args)] // the reference form is the point here
+        let by_reference = sync.served(&item);
+        assert_eq!(by_reference.expect("served").n, 2);
+        unimplemented(sync.unary(item).expect_err("default"), "/codegen.defaults.Partial/Unary");
+        let mut sub = sync.subscribe(item).expect("open");
         unimplemented(
             sub.next().expect("an end").expect_err("default"),
             "/codegen.defaults.Partial/Subscribe",
@@ -75,12 +77,9 @@ fn default_handlers_answer_unimplemented_naming_the_rpc() {
     }
     {
         let asynchronous = PartialAsyncClient::connect_with(server.local_addr(), &config).expect("connect");
-        assert_eq!(asynchronous.served(&item).expect("served").n, 3);
-        unimplemented(
-            asynchronous.unary(&item).expect_err("default"),
-            "/codegen.defaults.PartialAsync/Unary",
-        );
-        let mut sub = asynchronous.subscribe(&item).expect("open");
+        assert_eq!(asynchronous.served(item).expect("served").n, 3);
+        unimplemented(asynchronous.unary(item).expect_err("default"), "/codegen.defaults.PartialAsync/Unary");
+        let mut sub = asynchronous.subscribe(item).expect("open");
         unimplemented(
             sub.next().expect("an end").expect_err("default"),
             "/codegen.defaults.PartialAsync/Subscribe",

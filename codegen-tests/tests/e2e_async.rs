@@ -71,17 +71,17 @@ fn async_handlers_answer_through_the_blocking_stub_on_their_runtime() {
     let server = spawn_server(svc.clone(), &rt);
     let client = lookup_client::LookupClient::connect_with(server.local_addr(), &config()).unwrap();
     for i in 0..50 {
-        let a = client.get(&ask(&format!("k{i}"), (i % 3) as u32)).unwrap();
+        let a = client.get(ask(&format!("k{i}"), (i % 3) as u32)).unwrap();
         assert_eq!(a.value, format!("value of k{i}"));
         assert_eq!(a.method, "/codegen.asynchronous.Lookup/Get");
         assert!(!a.had_deadline);
         assert!(a.thread.starts_with("user-rt"), "ran on {:?}, not the given runtime", a.thread);
     }
-    let a = client.slow_with(&ask("d", 0), &CallOptions::deadline(Duration::from_secs(5))).unwrap();
+    let a = client.slow_with(ask("d", 0), &CallOptions::deadline(Duration::from_secs(5))).unwrap();
     assert!(a.had_deadline, "the deadline reaches the handler");
     // The other service runs on the runtime the library builds.
     let other = async_context_client::AsyncContextClient::new(client.into_client());
-    let a = other.call(&ask("x", 1)).unwrap();
+    let a = other.call(ask("x", 1)).unwrap();
     assert_eq!(a.method, "/codegen.asynchronous.AsyncContext/Call");
     assert!(a.thread.starts_with("rpc-async"), "ran on {:?}", a.thread);
     assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 52);
@@ -101,7 +101,7 @@ fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal() {
     for deadline_ms in [100, 1_000, 5_000] {
         let t = Instant::now();
         let e = client
-            .slow_with(&ask("late", 60_000), &CallOptions::deadline(Duration::from_millis(deadline_ms)))
+            .slow_with(ask("late", 60_000), &CallOptions::deadline(Duration::from_millis(deadline_ms)))
             .unwrap_err();
         assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
         assert!(t.elapsed() < Duration::from_secs(30));
@@ -122,7 +122,7 @@ fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal() {
     assert_eq!(e.code(), Code::Internal, "{e}");
     assert!(e.message().contains("panicked"), "{e}");
     // The service still answers.
-    assert_eq!(client.get(&ask("after", 0)).unwrap().value, "value of after");
+    assert_eq!(client.get(ask("after", 0)).unwrap().value, "value of after");
     server.shutdown();
 }
 
@@ -152,7 +152,7 @@ fn a_client_cancel_drops_the_running_handlers_future() {
     let state = || format!("handlers {:?}; server {:?}", svc.seen, server.counters());
 
     let client = lookup_client::LookupClient::connect_with(server.local_addr(), &config()).unwrap();
-    let mut call = Box::pin(client.slow_async(&ask("dropped", 60_000)));
+    let mut call = Box::pin(client.slow_async(ask("dropped", 60_000)));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     // Polling the future drives the session: the request goes out and the handler begins.
     eventually(
@@ -174,7 +174,7 @@ fn a_client_cancel_drops_the_running_handlers_future() {
     );
     eventually("the server to count the first Cancel", || server.counters().cancels == 1, state);
     // The session serves on (the slot came back with the server's answer to the Cancel).
-    assert_eq!(client.get(&ask("after", 0)).unwrap().value, "value of after");
+    assert_eq!(client.get(ask("after", 0)).unwrap().value, "value of after");
 
     let addr = server.local_addr();
     // The channel stays open until the end: its session's close would drop the handler's
@@ -269,7 +269,7 @@ fn async_streaming_handlers_of_every_shape_through_the_blocking_stub() {
     let server = spawn_pipe_server(svc.clone(), &rt);
     let client = pipe_client::PipeClient::connect_with(server.local_addr(), &config()).unwrap();
     // Server streaming: more messages than the sink and the credits hold, then the clean end.
-    let got: Vec<String> = client.watch(&ask("w", 100)).unwrap().map(|m| m.unwrap().value).collect();
+    let got: Vec<String> = client.watch(ask("w", 100)).unwrap().map(|m| m.unwrap().value).collect();
     assert_eq!(got.len(), 100);
     assert_eq!(got[99], "w 99");
     // The future's error ends the stream with it, after its messages.

@@ -104,22 +104,22 @@ fn keyword_services_on_one_session() {
     let reply = m.self_(&me).expect("self");
     assert_eq!((reply.self_.as_str(), reply.r#type.as_str()), ("self:me", "t"));
     assert_eq!(m.super_(&me).expect("super").self_, "super:me");
-    assert_eq!(m.crate_(&keywords::Crate { r#type: 1 }).expect("crate").r#type, 2);
-    assert_eq!(m.r#type(&keywords::Type { r#match: 21 }).expect("type").r#match, 42);
+    assert_eq!(m.crate_(keywords::Crate { r#type: 1 }).expect("crate").r#type, 2);
+    assert_eq!(m.r#type(keywords::Type { r#match: 21 }).expect("type").r#match, 42);
     assert_eq!(
-        m.type_with(&keywords::Type { r#match: 2 }, &CallOptions::default()).expect("type_with").r#match,
+        m.type_with(keywords::Type { r#match: 2 }, &CallOptions::default()).expect("type_with").r#match,
         4
     );
-    assert!(m.r#gen(&keywords::Gen { r#async: false }).expect("gen").r#async);
-    assert!(m.r#async(&keywords::Gen { r#async: true }).expect("async").r#async);
-    assert_eq!(m.r#match(&keywords::Type { r#match: 5 }).expect("match").r#match, -5);
-    assert_eq!(block_on(m.match_async(&keywords::Type { r#match: 7 })).expect("match_async").r#match, -7);
+    assert!(m.r#gen(keywords::Gen { r#async: false }).expect("gen").r#async);
+    assert!(m.r#async(keywords::Gen { r#async: true }).expect("async").r#async);
+    assert_eq!(m.r#match(keywords::Type { r#match: 5 }).expect("match").r#match, -5);
+    assert_eq!(block_on(m.match_async(keywords::Type { r#match: 7 })).expect("match_async").r#match, -7);
 
     // The same session, handed from stub to stub.
     let s = keywords::self_client::SelfClient::from(m.into_client());
     assert_eq!(s.self_(&me).expect("Self").self_, "Self:me");
     let a = keywords::async_client::AsyncClient::new(s.into_client());
-    assert!(a.r#await(&keywords::Gen { r#async: false }).expect("await").r#async);
+    assert!(a.r#await(keywords::Gen { r#async: false }).expect("await").r#async);
     drop(a);
     server.shutdown();
 }
@@ -176,22 +176,22 @@ fn user_types_named_like_std_and_facade_items() {
     let reply = shadowing::reply_client::ReplyClient::connect_with(addr, &config()).expect("connect");
     let got = reply.get(&shadowing::Result { value: "v".into() }).expect("get");
     assert_eq!(got.value.as_deref(), Some("v"));
-    assert_eq!(reply.get(&shadowing::Result::default()).expect("get empty").value, None);
+    assert_eq!(reply.get(shadowing::Result::default()).expect("get empty").value, None);
 
     let service = shadowing::service_client::ServiceClient::new(reply.into_client());
-    let stream = service.call(&shadowing::Status { code: 258 }).expect("call");
+    let stream = service.call(shadowing::Status { code: 258 }).expect("call");
     assert_eq!(stream.chunks, vec![258i32.to_le_bytes().to_vec()]);
 
     let shadow = shadowing::shadow_client::ShadowClient::new(service.into_client());
-    assert_eq!(shadow.check(&shadowing::Status { code: 7 }).expect("check").chunks, vec![vec![7u8; 3]]);
+    assert_eq!(shadow.check(shadowing::Status { code: 7 }).expect("check").chunks, vec![vec![7u8; 3]]);
     // A handler's error status reaches the caller with its code and message.
-    let err = shadow.check(&shadowing::Status { code: -1 }).expect_err("negative code");
+    let err = shadow.check(shadowing::Status { code: -1 }).expect_err("negative code");
     assert_eq!(err.code(), Code::InvalidArgument);
     assert_eq!(err.message(), "negative code -1");
     let items = shadowing::Vec { items: vec!["a".into(), "b".into()] };
     assert_eq!(shadow.wrap(&items).expect("wrap").s, "a,b");
-    assert_eq!(shadow.pass(&shadowing::Send {}).expect("pass"), shadowing::Sync {});
-    assert_eq!(shadow.answer(&shadowing::Client {}).expect("answer"), shadowing::Send {});
+    assert_eq!(shadow.pass(shadowing::Send {}).expect("pass"), shadowing::Sync {});
+    assert_eq!(shadow.answer(shadowing::Client {}).expect("answer"), shadowing::Send {});
     let boxed = shadowing::Box { inner: Some(Box::new(shadowing::Box { inner: None })) };
     assert_eq!(shadow.unbox(&boxed).expect("unbox"), shadowing::Box { inner: None });
     let t = shadowing::t_client::TClient::new(shadow.into_client());
@@ -205,7 +205,7 @@ fn packages_imports_and_well_known_types() {
     let server = spawn_server();
     let addr = server.local_addr();
     let ledger = deep::ledger_client::LedgerClient::connect_with(addr, &config()).expect("connect");
-    let outer = ledger.sum(&common::Page { offset: 3, limit: 4 }).expect("sum");
+    let outer = ledger.sum(common::Page { offset: 3, limit: 4 }).expect("sum");
     assert_eq!(outer.total.as_ref().map(|m| m.units), Some(7));
     assert_eq!(outer.inner.as_ref().map(|i| i.note.as_str()), Some("3+4"));
     let note = deep::outer::Inner { note: "n".into() };
@@ -226,14 +226,14 @@ fn packages_imports_and_well_known_types() {
     );
 
     let pinger = no_package::pinger_client::PingerClient::new(exchange.into_client());
-    assert_eq!(pinger.ping(&no_package::Ping { seq: 41 }).expect("ping").seq, 42);
+    assert_eq!(pinger.ping(no_package::Ping { seq: 41 }).expect("ping").seq, 42);
 
     let clock = codegen_tests::codegen::well_known::clock_client::ClockClient::new(pinger.into_client());
-    assert_eq!(clock.now(&()).expect("now"), prost_types::Timestamp { seconds: 1_700_000_000, nanos: 42 });
-    clock.reset(&prost_types::Timestamp { seconds: 1, nanos: 0 }).expect("reset");
-    let err = clock.reset(&prost_types::Timestamp { seconds: -1, nanos: 0 }).expect_err("before the epoch");
+    assert_eq!(clock.now(()).expect("now"), prost_types::Timestamp { seconds: 1_700_000_000, nanos: 42 });
+    clock.reset(prost_types::Timestamp { seconds: 1, nanos: 0 }).expect("reset");
+    let err = clock.reset(prost_types::Timestamp { seconds: -1, nanos: 0 }).expect_err("before the epoch");
     assert_eq!(err.code(), Code::InvalidArgument);
-    let lease = clock.renew(&prost_types::Duration { seconds: 60, nanos: 5 }).expect("renew");
+    let lease = clock.renew(prost_types::Duration { seconds: 60, nanos: 5 }).expect("renew");
     assert_eq!(lease.until, Some(prost_types::Timestamp { seconds: 1_700_000_060, nanos: 5 }));
     assert_eq!(lease.length, Some(prost_types::Duration { seconds: 60, nanos: 5 }));
     drop(clock);
@@ -245,7 +245,7 @@ fn shapes_streaming_leftovers_and_comments() {
     let server = spawn_server();
     let addr = server.local_addr();
     let profiles = shapes::profiles_client::ProfilesClient::connect_with(addr, &config()).expect("connect");
-    let got = profiles.get(&shapes::Nothing {}).expect("get");
+    let got = profiles.get(shapes::Nothing {}).expect("get");
     assert_eq!(got.nickname.as_deref(), Some("bob"));
     assert_eq!(got.age, None);
     assert_eq!(got.kind(), shapes::profile::Kind::Robot);
@@ -253,16 +253,16 @@ fn shapes_streaming_leftovers_and_comments() {
     assert_eq!(got.scores.get("chess"), Some(&1800));
     assert_eq!(got.addresses[0].city, "Lyon");
     assert_eq!(profiles.put(&got).expect("put"), shapes::Empty {});
-    let err = profiles.put(&shapes::Profile::default()).expect_err("no nickname");
+    let err = profiles.put(shapes::Profile::default()).expect_err("no nickname");
     assert_eq!(err.code(), Code::InvalidArgument);
 
     let health = shapes::health_client::HealthClient::new(profiles.into_client());
-    assert_eq!(health.check(&shapes::Empty {}).expect("check"), shapes::Empty {});
+    assert_eq!(health.check(shapes::Empty {}).expect("check"), shapes::Empty {});
     let counter = shapes::counter_client::CounterClient::new(health.into_client());
-    assert_eq!(counter.increment(&shapes::Nothing {}).expect("increment").age, Some(1));
+    assert_eq!(counter.increment(shapes::Nothing {}).expect("increment").age, Some(1));
 
     let feed = streaming::feed_client::FeedClient::new(counter.into_client());
-    assert_eq!(feed.get(&streaming::Item { n: 1 }).expect("get").n, 101);
+    assert_eq!(feed.get(streaming::Item { n: 1 }).expect("get").n, 101);
 
     let commented = comments::commented_client::CommentedClient::new(feed.into_client());
     let doc = comments::Documented { field: "f".into(), other: "o".into() };
@@ -272,10 +272,10 @@ fn shapes_streaming_leftovers_and_comments() {
     // Server streams: messages in order, then the clean end (inline sends) or the handler's status.
     let feed = streaming::feed_client::FeedClient::new(commented.into_client());
     let got: Vec<u32> =
-        feed.subscribe(&streaming::Item { n: 5 }).expect("subscribe").map(|m| m.unwrap().n).collect();
+        feed.subscribe(streaming::Item { n: 5 }).expect("subscribe").map(|m| m.unwrap().n).collect();
     assert_eq!(got, [0, 1, 2, 3, 4]);
     let firehose = streaming::firehose_client::FirehoseClient::new(feed.into_client());
-    let mut drink = firehose.drink(&streaming::Item { n: 1000 }).expect("drink");
+    let mut drink = firehose.drink(streaming::Item { n: 1000 }).expect("drink");
     for n in 0..1000 {
         assert_eq!(drink.message().expect("a message").expect("not the end").n, n);
     }

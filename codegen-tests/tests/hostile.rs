@@ -52,13 +52,13 @@ fn hostile_services_answer_on_sim() {
 
     let mb = b::mirror_client::MirrorClient::new(ma.into_client());
     assert_eq!(mb.deep(&deep).expect("b.Deep").n, 3);
-    assert_eq!(mb.back(&b::L1 { n: 7 }).expect("b.Back").s, "b:7");
+    assert_eq!(mb.back(b::L1 { n: 7 }).expect("b.Back").s, "b:7");
 
     let c = control::control_client::ControlClient::new(mb.into_client());
     assert_eq!(c.say(&control::Text { s: "hi".into() }).expect("Say").s, "said hi");
 
     let m = many::many_client::ManyClient::new(c.into_client());
-    assert_eq!(m.method0(&many::M { n: 1 }).expect("Method0").n, 1000);
-    assert_eq!(m.method150(&many::M { n: 2 }).expect("Method150").n, 2150);
-    assert_eq!(m.method299(&many::M { n: 3 }).expect("Method299").n, 3299);
+    assert_eq!(m.method0(many::M { n: 1 }).expect("Method0").n, 1000);
+    assert_eq!(m.method150(many::M { n: 2 }).expect("Method150").n, 2150);
+    assert_eq!(m.method299(many::M { n: 3 }).expect("Method299").n, 3299);
 }

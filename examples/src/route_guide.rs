@@ -245,7 +245,7 @@ pub fn run_blocking(
         db[2].location.unwrap_or_default(),
         Point { latitude: 5, longitude: 6 },
     ] {
-        let f = client.get_feature(&p).map_err(|s| Wrong::Call("GetFeature", s))?;
+        let f = client.get_feature(p).map_err(|s| Wrong::Call("GetFeature", s))?;
         let expected = db
             .iter()
             .find(|f| f.location == Some(p))
@@ -257,7 +257,7 @@ pub fn run_blocking(
     // ListFeatures.
     let rect = rectangle();
     let got: Result<Vec<Feature>, Status> =
-        client.list_features(&rect).map_err(|s| Wrong::Call("ListFeatures", s))?.collect();
+        client.list_features(rect).map_err(|s| Wrong::Call("ListFeatures", s))?.collect();
     let got = got.map_err(|s| Wrong::Call("ListFeatures", s))?;
     let expected: Vec<Feature> =
         db.iter().filter(|f| in_range(&f.location.unwrap_or_default(), &rect)).cloned().collect();

@@ -196,7 +196,10 @@ fn keywords_are_escaped_everywhere() {
         assert_has(&code, &format!("pub const {konst}: MethodId = 0x"));
     }
     // Variants are built from the plain name, then escaped.
-    assert_has(&code, "pub fn type_with(&self, request: impl ::core::borrow::Borrow<super::Type>, options: &CallOptions)");
+    assert_has(
+        &code,
+        "pub fn type_with(&self, request: impl ::core::borrow::Borrow<super::Type>, options: &CallOptions)",
+    );
     assert_has(&code, "pub fn self_async(&self, request: impl ::core::borrow::Borrow<super::Self_>)");
     assert_has(&code, "pub fn gen_with(");
     // Service `Self`: the trait is `Self_` (not a raw identifier), the adapter `SelfServer`.
@@ -226,7 +229,10 @@ fn rpcs_named_like_stub_methods_win_their_names() {
     }
     // ...the variants that collide move aside...
     assert_has(&code, "pub fn connect_with_(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
-    assert_has(&code, "pub fn ping_with_(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
+    assert_has(
+        &code,
+        "pub fn ping_with_(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)",
+    );
     assert_has(&code, "pub fn ping_async_(&self, request: impl ::core::borrow::Borrow<super::Req>) -> ResponseFuture<'_, super::Resp>");
     assert_has(&code, "pub fn ping_with_with(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
     // ...and so do the stub's own methods.
