@@ -14,7 +14,7 @@
 //! nothing; the tests of each defence are the `hostile_*` test files.
 
 #[path = "../tests/rpc_support/mod.rs"]
-#[allow(dead_code, unused_imports, missing_docs)]
+#[allow(unused_imports, missing_docs)]
 mod rpc_support;
 
 use std::net::{SocketAddr, TcpStream};
