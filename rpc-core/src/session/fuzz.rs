@@ -443,4 +443,15 @@ mod tests {
             super::fuzz_session(&data);
         }
     }
+
+    /// Found by `cargo fuzz run session_peer`: a first ring piece longer than its message's
+    /// `total_len` was accepted and copied out (up to a ring's length past the message) before
+    /// `piece_done` refused it; now the header is refused before anything is copied.
+    #[test]
+    fn a_first_piece_longer_than_its_message_is_refused_before_the_copy() {
+        super::fuzz_session(&[
+            1, 0, 0, 0, 10, 0, 0, 1, 0, 0, 0, 10, 0, 8, 190, 190, 136, 179, 13, 33, 190, 190, 190, 28, 190, 190,
+            190, 176, 0, 190,
+        ]);
+    }
 }

@@ -668,6 +668,9 @@ impl Session {
                     i
                 }
                 None => {
+                    if h.body_len > h.total_len {
+                        return Err("ring piece longer than its message's total_len");
+                    }
                     last = h.body_len == h.total_len;
                     if self.assemblies.len() >= self.params.max_held.max(usize::from(self.params.credits)) {
                         return Err("more ring messages in progress than calls in flight");
