@@ -6,10 +6,10 @@
 
 mod rpc_support;
 
-use rpc_core::buffers::{split_send_wr_id, SendPool, SendQueue};
+use rpc_core::buffers::{Completions, SendPool, SendQueue};
 use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{CompletionQueue, QueuePair, WorkCompletion};
+use rpc_core::verbs::QueuePair;
 use rpc_support::{RawPeer, WAIT};
 
 /// Polls `qp`'s CQ once and retires what each send completion covers, as the client and the
@@ -17,17 +17,16 @@ use rpc_support::{RawPeer, WAIT};
 /// it covers. Returns the completions polled (every one must succeed).
 fn retire_polled<P: rpc_core::verbs::Provider>(
     peer: &RawPeer<P>,
-    wcs: &mut [WorkCompletion],
+    wcs: &mut Completions<64>,
     pool: &mut SendPool<P>,
     sq: &mut SendQueue,
     mut staging: Option<&mut rpc_core::buffers::SendStaging<P>>,
 ) -> usize {
-    let n = peer.cq.poll(wcs).unwrap();
-    for wc in &wcs[..n] {
-        assert!(wc.status.is_success(), "{wc:?}");
-        let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
-        pool.retire(usize::from(retired));
-        sq.on_completion(wrs);
+    let n = wcs.poll(&peer.cq).unwrap();
+    for c in &mut *wcs {
+        assert!(c.wc().status.is_success(), "{c:?}");
+        assert!(c.send_tag().is_some(), "a send completion: {c:?}");
+        assert!(sq.on_completion(c, pool), "a completion of this queue");
         if let Some(staging) = staging.as_deref_mut() {
             sq.retire_staged(staging);
         }
@@ -61,7 +60,7 @@ mod on_any_nic {
         let bufs = 2 * depth as u16;
         let mut pool = SendPool::<P>::new(&a.pd, bufs, 64).unwrap();
         let mut sq = SendQueue::new(depth, usize::from(bufs));
-        let mut wcs = [WorkCompletion::default(); 64];
+        let mut wcs = Completions::<64>::new();
         let (mut sent, mut received, mut waits) = (0usize, 0usize, 0usize);
         let total = 3 * depth;
         let give_up = std::time::Instant::now() + WAIT;
@@ -83,9 +82,9 @@ mod on_any_nic {
                 sent += 1;
             }
             retire_polled(&a, &mut wcs, &mut pool, &mut sq, None);
-            let n = b.cq.poll(&mut wcs).unwrap();
-            for wc in &wcs[..n] {
-                let buf = b.recv.take(wc.wr_id, wc.byte_len).expect("a posted receive buffer");
+            wcs.poll(&b.cq).unwrap();
+            for c in &mut wcs {
+                let buf = b.recv.take(c).expect("a posted receive buffer");
                 assert_eq!(b.recv.bytes(&buf), &(received as u64).to_le_bytes(), "in order");
                 b.recv.repost(buf);
                 received += 1;
@@ -114,7 +113,7 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
     let mut pool = SendPool::<Sim>::new(&a.pd, 16, 64).unwrap();
     let mut sq = SendQueue::new(depth, 16);
     let mut staging = SendStaging::<Sim>::new(&a.pd, 3000, 4).unwrap();
-    let mut wcs = [WorkCompletion::default(); 64];
+    let mut wcs = Completions::<64>::new();
 
     // Two bodies of 1200 bytes: both fit, a third does not fit contiguously.
     let mut bodies = Vec::new();
@@ -160,9 +159,9 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
     let (at, spare) = staging.spare_mut();
     assert_eq!((at, spare.len()), (0, 3000), "an empty area starts over at 0");
 
-    let n = b.cq.poll(&mut wcs).unwrap();
+    let n = wcs.poll(&b.cq).unwrap();
     assert_eq!(n, 1);
-    let r = b.recv.take(wcs[0].wr_id, wcs[0].byte_len).unwrap();
+    let r = b.recv.take(wcs.next().unwrap()).unwrap();
     b.recv.repost(r);
     let mut got = Vec::new();
     for &(from, len, ring_off) in &pieces {
