@@ -217,3 +217,84 @@ proptest::proptest! {
         proptest::prop_assert_eq!(staging.used(), 0);
     }
 }
+
+/// A completion gives back only what it proves done: a receive completion takes a buffer of the
+/// pool its WR came from and of no other pool; a send completion (unsignaled and flushed ones
+/// included) takes no receive buffer, and retires nothing of another queue.
+#[test]
+fn a_completion_gives_back_only_what_its_own_work_request_used() {
+    use rpc_core::buffers::RecvPool;
+    let mut a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let mut b = RawPeer::new(1024, 8, 256, 4096, 2);
+    a.connect(&RcConfig::default(), &b.handshake(4, 64, 1 << 20, 1));
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    // A second pool on b's PD, posted to an SRQ of its own: the same buffer indices.
+    let mut other = RecvPool::<Sim>::new(&b.pd, 8, 256).unwrap();
+    let mut pool = SendPool::<Sim>::new(&a.pd, 8, 64).unwrap();
+    let mut sq = SendQueue::new(64, 8);
+    let mut pool2 = SendPool::<Sim>::new(&b.pd, 8, 64).unwrap();
+    let mut sq2 = SendQueue::new(64, 8);
+    // b's queue posts one signaled SEND of its own, so it has something a stray completion
+    // could retire.
+    let buf = pool2.acquire().unwrap();
+    sq2.send(&mut pool2, buf, 8, false);
+    sq2.flush(&b.qp, &mut pool2, 9).unwrap();
+    assert_eq!(pool2.posted(), 1);
+
+    let mut wcs = Completions::<64>::new();
+    for round in 0..2 {
+        let buf = pool.acquire_for(&sq).unwrap();
+        sq.send(&mut pool, buf, 8, false);
+        sq.flush(&a.qp, &mut pool, 1).unwrap();
+        let c = wait_for_one(&b, &mut wcs, |c| c.send_tag().is_none());
+        if round == 0 {
+            assert!(other.take(c).is_none(), "a completion of b's pool takes no buffer of another pool");
+        } else {
+            let t = b.recv.take(c).expect("the pool the WR came from takes it");
+            b.recv.repost(t);
+        }
+        let c = wait_for_one(&a, &mut wcs, |c| c.send_tag() == Some(1));
+        assert!(!sq2.on_completion(c, &mut pool2), "another queue's completion retires nothing");
+        assert_eq!(pool2.posted(), 1, "b's SEND buffer stays posted");
+    }
+    // Flushed WRs, unsignaled ones too, complete with their queue's tag: none of them is taken
+    // for a receive buffer (an unsignaled WR's `wr_id` was 0, which named receive buffer 0).
+    for _ in 0..3 {
+        let buf = pool.acquire().unwrap();
+        sq.send(&mut pool, buf, 8, true);
+    }
+    b.qp.set_drop_traffic(true);
+    sq.flush(&a.qp, &mut pool, 1).unwrap();
+    a.qp.force_error();
+    let mut flushed = 0;
+    let give_up = std::time::Instant::now() + WAIT;
+    while flushed < 3 {
+        assert!(std::time::Instant::now() < give_up, "{flushed} flushed completions in {WAIT:?}");
+        wcs.poll(&a.cq).unwrap();
+        for c in &mut wcs {
+            assert_eq!(c.send_tag(), Some(1), "{c:?}");
+            assert!(a.recv.take(c).is_none(), "a send completion takes no receive buffer");
+            flushed += 1;
+        }
+    }
+    drop(other);
+    // Buffers still posted (b's pool2, a's pool) are dropped with their owners: no token leaked.
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// Polls `peer`'s CQ until a completion `pick` accepts arrives; others are dropped.
+fn wait_for_one(
+    peer: &RawPeer<Sim>,
+    wcs: &mut Completions<64>,
+    pick: impl Fn(&rpc_core::buffers::Completion) -> bool,
+) -> rpc_core::buffers::Completion {
+    let give_up = std::time::Instant::now() + WAIT;
+    loop {
+        assert!(std::time::Instant::now() < give_up, "no completion in {WAIT:?}");
+        wcs.poll(&peer.cq).unwrap();
+        if let Some(c) = wcs.find(|c| pick(c)) {
+            return c;
+        }
+        std::thread::yield_now();
+    }
+}

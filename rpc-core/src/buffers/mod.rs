@@ -5,35 +5,48 @@
 //! the completion is polled. This module owns that memory and hands it out as values whose
 //! ownership says who may touch it, so the rest of the runtime is safe by construction:
 //! - [`RecvPool`]: a receive buffer is posted (the NIC may write it; nobody holds a token) or
-//!   completed: [`RecvPool::take`] turns its completion into a [`RecvBuf`] token, whose bytes are
-//!   readable through the pool while the token lives, and which is posted again only by giving it
-//!   back by value ([`RecvPool::repost`]). Reading a posted buffer, or reposting one that is being
-//!   read, does not compile.
+//!   completed: [`RecvPool::take`] turns its polled [`Completion`] into a [`RecvBuf`] token, whose
+//!   bytes are readable through the pool while the token lives, and which is posted again only by
+//!   giving it back by value ([`RecvPool::repost`]). Reading a posted buffer, or reposting one that
+//!   is being read, does not compile.
 //! - [`SendPool`]: a send buffer is free (a [`SendBuf`] token; the owner writes it) or posted
-//!   (the token was consumed by [`SendQueue::send`]) until a signaled completion at or after its
-//!   WR retires it ([`SendPool::retire`]). Inline sends too: their buffer is reused only after a
-//!   signaled completion covers its WQE, so the free buffers bound the WQEs outstanding.
+//!   (the token was consumed by [`SendQueue::send`]) until a polled completion of a signaled WR
+//!   at or after it retires it ([`SendQueue::on_completion`]). Inline sends too: their buffer is
+//!   reused only after a signaled completion covers its WQE, so the free buffers bound the WQEs
+//!   outstanding.
 //! - [`RecvRing`]: our ring, which the peer may RDMA WRITE at any time. No reference to it is
-//!   ever handed out: a body is copied out once ([`RecvRing::copy_out`]) into memory we own.
+//!   ever handed out: a body is copied out once ([`RecvRing::copy_out`], atomic loads) into
+//!   memory we own.
 //! - [`SendMirror`]: the local image of the peer's ring that bodies are encoded into before their
-//!   RDMA WRITE. Only the local NIC reads it (it is never exposed to a peer).
+//!   RDMA WRITE. Only the local NIC reads it (it is never exposed to a peer). No view of all of it
+//!   exists: the runtime encodes into one range its session reserved at a time, and the public
+//!   way in is a copy ([`SendMirror::write_at`]).
 //! - [`SendStaging`]: a local byte ring of its own (not tied to the peer's ring offsets) that
 //!   bodies the peer's ring cannot take yet are encoded into once; a [`Staged`] token seals the
 //!   range, its pieces are WRITTEN from there to whatever ring offsets the session grants, and the
-//!   completion of its last WRITE frees it.
+//!   polled completion of its last WRITE frees it.
 //! - [`SendQueue`]: the work requests of one QP collected during a loop iteration and posted with
 //!   one doorbell; room in the QP's send queue is checked when a buffer is taken
 //!   ([`SendQueue::has_room`]), and selective signaling retires WQEs and buffers.
 //!
+//! **Completions are the proof.** Memory a posted WR uses comes back only with a [`Completion`]:
+//! only [`Completions::poll`] makes one, from a CQ, at most once per CQE; it is neither `Clone`
+//! nor `Copy`, and [`RecvPool::take`] or [`SendQueue::on_completion`] consumes it. A receive WR's
+//! `wr_id` names its pool (so another pool's completion takes nothing), and a send WR's names
+//! its queue, which posts to one QP from one pool and remembers what each signaled WR retires (so
+//! a completion of another queue or QP retires nothing). `wr_id`s from 2^32 up are this module's
+//! ([`RESERVED_WR_IDS`]). A [`crate::verbs::WorkCompletion`] is plain data and proves nothing.
+//!
 //! Drop order: every owner declares its QP before these pools, so the QP is destroyed (its WRs
-//! discarded) before the memory is deregistered.
+//! discarded) before the memory is deregistered. That is also the only way posted memory comes
+//! back without completions: moving a QP to ERR proves nothing until its flushed WRs are polled.
 //!
 //! Misuse does not compile. Reading a buffer after giving it back:
 //! ```compile_fail,E0505
-//! # use rpc_core::buffers::RecvPool;
+//! # use rpc_core::buffers::{Completion, RecvPool};
 //! # use rpc_core::verbs::sim::Sim;
-//! fn misuse(pool: &mut RecvPool<Sim>, wr_id: u64) {
-//!     let buf = pool.take(wr_id, 8).unwrap();
+//! fn misuse(pool: &mut RecvPool<Sim>, c: Completion) {
+//!     let buf = pool.take(c).unwrap();
 //!     let bytes = pool.bytes(&buf);
 //!     pool.repost(buf); // error: `buf` is borrowed by `bytes`, and `pool` too
 //!     let _ = bytes[0];
@@ -56,6 +69,91 @@
 //! fn misuse(ring: &RecvRing<Sim>) -> &[u8] {
 //!     ring.bytes() // error: no such method; only `copy_out`
 //! }
+//! ```
+//! Taking a receive buffer that is still posted (its `wr_id` guessed, or read from another
+//! completion): [`RecvPool::take`] wants a [`Completion`], which only a poll makes:
+//! ```compile_fail,E0451
+//! # use rpc_core::buffers::{Completion, RecvBuf, RecvPool};
+//! # use rpc_core::verbs::{sim::Sim, WorkCompletion};
+//! fn misuse(pool: &mut RecvPool<Sim>, wc: WorkCompletion) -> Option<RecvBuf> {
+//!     pool.take(Completion { wc }) // error: `Completion`'s field is private
+//! }
+//! ```
+//! Taking it twice with one completion:
+//! ```compile_fail,E0382
+//! # use rpc_core::buffers::{Completions, RecvPool};
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut RecvPool<Sim>, wcs: &mut Completions<8>) {
+//!     let c = wcs.next().unwrap();
+//!     let a = pool.take(c);
+//!     let b = pool.take(c); // error: `c` was consumed by the first `take`
+//! }
+//! ```
+//! Freeing send buffers without a completion ([`SendPool`]'s `retire` is private, and
+//! `retire_all` is gone):
+//! ```compile_fail,E0624
+//! # use rpc_core::buffers::SendPool;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut SendPool<Sim>) {
+//!     pool.retire(4); // error: private method
+//! }
+//! ```
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::SendPool;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut SendPool<Sim>) {
+//!     pool.retire_all(); // error: no such method
+//! }
+//! ```
+//! Retiring WRs by a count instead of a completion:
+//! ```compile_fail,E0308
+//! # use rpc_core::buffers::{SendPool, SendQueue};
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(sq: &mut SendQueue, pool: &mut SendPool<Sim>) {
+//!     sq.on_completion(4, pool); // error: expected `Completion`, found integer
+//! }
+//! ```
+//! Declaring every posted WR gone while the QP may still run them (`SendQueue::reset` and
+//! `SendStaging::reset` are gone; [`SendQueue::discard_pending`] gives back only WRs never
+//! posted):
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::{SendPool, SendQueue};
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(sq: &mut SendQueue, pool: &mut SendPool<Sim>) {
+//!     sq.reset(pool); // error: no such method
+//! }
+//! ```
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::SendStaging;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(staging: &mut SendStaging<Sim>) {
+//!     staging.reset(); // error: no such method
+//! }
+//! ```
+//! A view of the whole send mirror, or of a range WRITEs may still read:
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::SendMirror;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(mirror: &mut SendMirror<Sim>) -> &mut [u8] {
+//!     mirror.as_mut_slice() // error: no such method
+//! }
+//! ```
+//! ```compile_fail,E0624
+//! # use rpc_core::buffers::SendMirror;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(mirror: &mut SendMirror<Sim>) -> &mut [u8] {
+//!     mirror.range_mut(0, 64) // error: private method (the runtime's, for reserved ranges)
+//! }
+//! ```
+//! The safe way into the mirror is a copy:
+//! ```
+//! # use rpc_core::buffers::SendMirror;
+//! # use rpc_core::verbs::{sim::Sim, Context, ProtectionDomain, Provider};
+//! let ctx = Sim::open(&Default::default()).unwrap();
+//! let pd = ctx.alloc_pd().unwrap();
+//! let mut mirror = SendMirror::<Sim>::new(&pd, 4096).unwrap();
+//! assert!(mirror.write_at(100, b"body"));
+//! assert!(!mirror.write_at(4094, b"body"), "out of bounds: nothing copied");
 //! ```
 
 pub mod bounded;
