@@ -24,14 +24,11 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use rpc_core::buffers::{RecvPool, SendPool, SendQueue};
+use rpc_core::buffers::{Completions, RecvPool, SendPool, SendQueue};
 use rpc_core::codegen::*;
 use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{
-    CompletionQueue, Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
-    WorkCompletion,
-};
+use rpc_core::verbs::{Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair};
 use rpc_core::{Client, ClientConfig, PollingPolicy, Server};
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -121,19 +118,18 @@ fn endpoint(s: &Side) -> Endpoint {
 }
 
 /// Sends 32 bytes and waits for the receive; returns when both completions are handled.
-fn send_and_wait(s: &mut Side, wcs: &mut [WorkCompletion]) {
+fn send_and_wait(s: &mut Side, wcs: &mut Completions<16>) {
     let b = s.pool.acquire().unwrap();
     s.sq.send(&mut s.pool, b, 32, true);
     s.sq.flush(&s.qp, &mut s.pool, 1).unwrap();
     let mut got_recv = false;
     while !got_recv {
-        let n = s.cq.poll(wcs).unwrap();
-        for wc in &wcs[..n] {
-            if let Some((_, wrs, bufs)) = rpc_core::buffers::split_send_wr_id(wc.wr_id) {
-                s.pool.retire(usize::from(bufs));
-                s.sq.on_completion(wrs);
+        wcs.poll(&s.cq).unwrap();
+        for c in &mut *wcs {
+            if c.send_tag().is_some() {
+                s.sq.on_completion(c, &mut s.pool);
             } else {
-                if let Some(buf) = s.recv.take(wc.wr_id, wc.byte_len) {
+                if let Some(buf) = s.recv.take(c) {
                     s.recv.repost(buf);
                 }
                 got_recv = true;
@@ -143,16 +139,15 @@ fn send_and_wait(s: &mut Side, wcs: &mut [WorkCompletion]) {
     s.recv.flush().unwrap();
 }
 
-fn wait_recv_then_send(s: &mut Side, wcs: &mut [WorkCompletion]) {
+fn wait_recv_then_send(s: &mut Side, wcs: &mut Completions<16>) {
     loop {
-        let n = s.cq.poll(wcs).unwrap();
+        wcs.poll(&s.cq).unwrap();
         let mut got = false;
-        for wc in &wcs[..n] {
-            if let Some((_, wrs, bufs)) = rpc_core::buffers::split_send_wr_id(wc.wr_id) {
-                s.pool.retire(usize::from(bufs));
-                s.sq.on_completion(wrs);
+        for c in &mut *wcs {
+            if c.send_tag().is_some() {
+                s.sq.on_completion(c, &mut s.pool);
             } else {
-                if let Some(buf) = s.recv.take(wc.wr_id, wc.byte_len) {
+                if let Some(buf) = s.recv.take(c) {
                     s.recv.repost(buf);
                 }
                 got = true;
@@ -184,13 +179,13 @@ fn raw_round(pair: (Side, Side), iters: usize) -> (Duration, (Side, Side)) {
     let total = iters + 100;
     let echo = std::thread::spawn(move || {
         pin(1);
-        let mut wcs = [WorkCompletion::default(); 16];
+        let mut wcs = Completions::<16>::new();
         for _ in 0..total {
             wait_recv_then_send(&mut b, &mut wcs);
         }
         b
     });
-    let mut wcs = [WorkCompletion::default(); 16];
+    let mut wcs = Completions::<16>::new();
     let mut samples = Vec::with_capacity(iters);
     for i in 0..total {
         let t = Instant::now();

@@ -12,9 +12,9 @@ mod rpc_support;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use rpc_core::buffers::split_send_wr_id;
+use rpc_core::buffers::Completions;
 use rpc_core::codegen::*;
-use rpc_core::verbs::{CompletionQueue, QueuePair, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+use rpc_core::verbs::{QueuePair, SendFlags, SendOp, SendWr, Sge};
 use rpc_core::wire::{Header, Kind, HEADER_LEN};
 use rpc_core::{Client, ServerHandle};
 use rpc_support::*;
@@ -382,11 +382,11 @@ fn send_with_inv_of_our_ring_window_closes_the_session() {
     let give_up = Instant::now() + WAIT;
     let mut answered = false;
     while Instant::now() < give_up && server.counters().sessions_closed == 0 {
-        let mut wcs = [WorkCompletion::default(); 8];
-        let n = c.peer.cq.poll(&mut wcs).unwrap();
-        for wc in &wcs[..n] {
-            if wc.wr_id != 0xdead && split_send_wr_id(wc.wr_id).is_none() {
-                if let Some(buf) = c.peer.recv.take(wc.wr_id, wc.byte_len) {
+        let mut wcs = Completions::<8>::new();
+        wcs.poll(&c.peer.cq).unwrap();
+        for wc in wcs {
+            if wc.wc().wr_id != 0xdead && wc.send_tag().is_none() {
+                if let Some(buf) = c.peer.recv.take(wc) {
                     answered = true;
                     c.peer.recv.repost(buf);
                 }
@@ -782,13 +782,12 @@ fn server_closes_a_silent_client_with_unanswered_calls_after_peer_timeout() {
                 break false;
             }
             assert!(Instant::now() < give_up, "{pings} pings in 20 s with a 600 ms peer_timeout");
-            let mut wcs = [WorkCompletion::default(); 8];
-            let n = live.peer.cq.poll(&mut wcs).unwrap();
-            for wc in &wcs[..n] {
-                if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
-                    live.pool.retire(usize::from(bufs));
-                    live.sq.on_completion(wrs);
-                } else if let Some(buf) = live.peer.recv.take(wc.wr_id, wc.byte_len) {
+            let mut wcs = Completions::<8>::new();
+            wcs.poll(&live.peer.cq).unwrap();
+            for c in wcs {
+                if c.send_tag().is_some() {
+                    live.sq.on_completion(c, &mut live.pool);
+                } else if let Some(buf) = live.peer.recv.take(c) {
                     let h = Header::decode(live.peer.recv.bytes(&buf)).unwrap();
                     live.peer.recv.repost(buf);
                     if h.kind == Kind::Ping {

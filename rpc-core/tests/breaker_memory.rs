@@ -40,7 +40,7 @@ fn one_byte_first_pieces_make_the_server_reserve_little_each() {
     let total = reply.max_message.min(64 << 20);
     for slot in 0..CREDITS {
         let off = u32::from(slot);
-        mirror.range_mut(off, 1).fill(0x77);
+        assert!(mirror.write_at(off, &[0x77]));
         sq.write(&mirror, off, 1, reply.ring_addr, reply.ring_rkey);
         let h = Header {
             method: RAW,

@@ -6,10 +6,10 @@
 
 mod rpc_support;
 
-use rpc_core::buffers::{split_send_wr_id, SendPool, SendQueue};
+use rpc_core::buffers::{Completions, SendPool, SendQueue};
 use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{CompletionQueue, QueuePair, WorkCompletion};
+use rpc_core::verbs::QueuePair;
 use rpc_support::{RawPeer, WAIT};
 
 /// Polls `qp`'s CQ once and retires what each send completion covers, as the client and the
@@ -17,17 +17,16 @@ use rpc_support::{RawPeer, WAIT};
 /// it covers. Returns the completions polled (every one must succeed).
 fn retire_polled<P: rpc_core::verbs::Provider>(
     peer: &RawPeer<P>,
-    wcs: &mut [WorkCompletion],
+    wcs: &mut Completions<64>,
     pool: &mut SendPool<P>,
     sq: &mut SendQueue,
     mut staging: Option<&mut rpc_core::buffers::SendStaging<P>>,
 ) -> usize {
-    let n = peer.cq.poll(wcs).unwrap();
-    for wc in &wcs[..n] {
-        assert!(wc.status.is_success(), "{wc:?}");
-        let (_, wrs, retired) = split_send_wr_id(wc.wr_id).expect("a send completion");
-        pool.retire(usize::from(retired));
-        sq.on_completion(wrs);
+    let n = wcs.poll(&peer.cq).unwrap();
+    for c in &mut *wcs {
+        assert!(c.wc().status.is_success(), "{c:?}");
+        assert!(c.send_tag().is_some(), "a send completion: {c:?}");
+        assert!(sq.on_completion(c, pool), "a completion of this queue");
         if let Some(staging) = staging.as_deref_mut() {
             sq.retire_staged(staging);
         }
@@ -61,7 +60,7 @@ mod on_any_nic {
         let bufs = 2 * depth as u16;
         let mut pool = SendPool::<P>::new(&a.pd, bufs, 64).unwrap();
         let mut sq = SendQueue::new(depth, usize::from(bufs));
-        let mut wcs = [WorkCompletion::default(); 64];
+        let mut wcs = Completions::<64>::new();
         let (mut sent, mut received, mut waits) = (0usize, 0usize, 0usize);
         let total = 3 * depth;
         let give_up = std::time::Instant::now() + WAIT;
@@ -83,9 +82,9 @@ mod on_any_nic {
                 sent += 1;
             }
             retire_polled(&a, &mut wcs, &mut pool, &mut sq, None);
-            let n = b.cq.poll(&mut wcs).unwrap();
-            for wc in &wcs[..n] {
-                let buf = b.recv.take(wc.wr_id, wc.byte_len).expect("a posted receive buffer");
+            wcs.poll(&b.cq).unwrap();
+            for c in &mut wcs {
+                let buf = b.recv.take(c).expect("a posted receive buffer");
                 assert_eq!(b.recv.bytes(&buf), &(received as u64).to_le_bytes(), "in order");
                 b.recv.repost(buf);
                 received += 1;
@@ -114,7 +113,7 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
     let mut pool = SendPool::<Sim>::new(&a.pd, 16, 64).unwrap();
     let mut sq = SendQueue::new(depth, 16);
     let mut staging = SendStaging::<Sim>::new(&a.pd, 3000, 4).unwrap();
-    let mut wcs = [WorkCompletion::default(); 64];
+    let mut wcs = Completions::<64>::new();
 
     // Two bodies of 1200 bytes: both fit, a third does not fit contiguously.
     let mut bodies = Vec::new();
@@ -160,9 +159,9 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
     let (at, spare) = staging.spare_mut();
     assert_eq!((at, spare.len()), (0, 3000), "an empty area starts over at 0");
 
-    let n = b.cq.poll(&mut wcs).unwrap();
+    let n = wcs.poll(&b.cq).unwrap();
     assert_eq!(n, 1);
-    let r = b.recv.take(wcs[0].wr_id, wcs[0].byte_len).unwrap();
+    let r = b.recv.take(wcs.next().unwrap()).unwrap();
     b.recv.repost(r);
     let mut got = Vec::new();
     for &(from, len, ring_off) in &pieces {
@@ -216,5 +215,86 @@ proptest::proptest! {
             staging.release(s);
         }
         proptest::prop_assert_eq!(staging.used(), 0);
+    }
+}
+
+/// A completion gives back only what it proves done: a receive completion takes a buffer of the
+/// pool its WR came from and of no other pool; a send completion (unsignaled and flushed ones
+/// included) takes no receive buffer, and retires nothing of another queue.
+#[test]
+fn a_completion_gives_back_only_what_its_own_work_request_used() {
+    use rpc_core::buffers::RecvPool;
+    let mut a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let mut b = RawPeer::new(1024, 8, 256, 4096, 2);
+    a.connect(&RcConfig::default(), &b.handshake(4, 64, 1 << 20, 1));
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    // A second pool on b's PD, posted to an SRQ of its own: the same buffer indices.
+    let mut other = RecvPool::<Sim>::new(&b.pd, 8, 256).unwrap();
+    let mut pool = SendPool::<Sim>::new(&a.pd, 8, 64).unwrap();
+    let mut sq = SendQueue::new(64, 8);
+    let mut pool2 = SendPool::<Sim>::new(&b.pd, 8, 64).unwrap();
+    let mut sq2 = SendQueue::new(64, 8);
+    // b's queue posts one signaled SEND of its own, so it has something a stray completion
+    // could retire.
+    let buf = pool2.acquire().unwrap();
+    sq2.send(&mut pool2, buf, 8, false);
+    sq2.flush(&b.qp, &mut pool2, 9).unwrap();
+    assert_eq!(pool2.posted(), 1);
+
+    let mut wcs = Completions::<64>::new();
+    for round in 0..2 {
+        let buf = pool.acquire_for(&sq).unwrap();
+        sq.send(&mut pool, buf, 8, false);
+        sq.flush(&a.qp, &mut pool, 1).unwrap();
+        let c = wait_for_one(&b, &mut wcs, |c| c.send_tag().is_none());
+        if round == 0 {
+            assert!(other.take(c).is_none(), "a completion of b's pool takes no buffer of another pool");
+        } else {
+            let t = b.recv.take(c).expect("the pool the WR came from takes it");
+            b.recv.repost(t);
+        }
+        let c = wait_for_one(&a, &mut wcs, |c| c.send_tag() == Some(1));
+        assert!(!sq2.on_completion(c, &mut pool2), "another queue's completion retires nothing");
+        assert_eq!(pool2.posted(), 1, "b's SEND buffer stays posted");
+    }
+    // Flushed WRs, unsignaled ones too, complete with their queue's tag: none of them is taken
+    // for a receive buffer (an unsignaled WR's `wr_id` was 0, which named receive buffer 0).
+    for _ in 0..3 {
+        let buf = pool.acquire().unwrap();
+        sq.send(&mut pool, buf, 8, true);
+    }
+    b.qp.set_drop_traffic(true);
+    sq.flush(&a.qp, &mut pool, 1).unwrap();
+    a.qp.force_error();
+    let mut flushed = 0;
+    let give_up = std::time::Instant::now() + WAIT;
+    while flushed < 3 {
+        assert!(std::time::Instant::now() < give_up, "{flushed} flushed completions in {WAIT:?}");
+        wcs.poll(&a.cq).unwrap();
+        for c in &mut wcs {
+            assert_eq!(c.send_tag(), Some(1), "{c:?}");
+            assert!(a.recv.take(c).is_none(), "a send completion takes no receive buffer");
+            flushed += 1;
+        }
+    }
+    drop(other);
+    // Buffers still posted (b's pool2, a's pool) are dropped with their owners: no token leaked.
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
+}
+
+/// Polls `peer`'s CQ until a completion `pick` accepts arrives; others are dropped.
+fn wait_for_one(
+    peer: &RawPeer<Sim>,
+    wcs: &mut Completions<64>,
+    pick: impl Fn(&rpc_core::buffers::Completion) -> bool,
+) -> rpc_core::buffers::Completion {
+    let give_up = std::time::Instant::now() + WAIT;
+    loop {
+        assert!(std::time::Instant::now() < give_up, "no completion in {WAIT:?}");
+        wcs.poll(&peer.cq).unwrap();
+        if let Some(c) = wcs.find(|c| pick(c)) {
+            return c;
+        }
+        std::thread::yield_now();
     }
 }

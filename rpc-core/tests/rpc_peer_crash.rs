@@ -7,9 +7,9 @@ mod rpc_support;
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
+use rpc_core::buffers::Completions;
 use rpc_core::codegen::*;
 use rpc_core::verbs::rc::RcConfig;
-use rpc_core::verbs::{CompletionQueue, WorkCompletion};
 use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
 use rpc_core::Client;
 use rpc_support::*;
@@ -39,15 +39,15 @@ impl FakeServer {
     /// # Panics
     /// When none arrives within [`WAIT`].
     fn take_request(&mut self) -> Header {
-        let mut wcs = [WorkCompletion::default(); 4];
+        let mut wcs = Completions::<4>::new();
         let peer = &mut self.peer;
         wait_for(
             "the fake server to receive a request",
             WAIT,
             || {
-                let n = peer.cq.poll(&mut wcs).unwrap();
-                for wc in &wcs[..n] {
-                    if let Some(buf) = peer.recv.take(wc.wr_id, wc.byte_len) {
+                wcs.poll(&peer.cq).unwrap();
+                for c in &mut wcs {
+                    if let Some(buf) = peer.recv.take(c) {
                         let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
                         peer.recv.repost(buf);
                         assert_eq!(h.kind, Kind::Request);

@@ -8,7 +8,7 @@ mod rpc_support;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use rpc_core::buffers::{split_send_wr_id, SendMirror, SendPool, SendQueue};
+use rpc_core::buffers::{Completions, SendMirror, SendPool, SendQueue};
 use rpc_core::codegen::*;
 use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
@@ -189,14 +189,14 @@ mod on_any_nic {
             let mut pool = SendPool::<P>::new(&peer.pd, 4, HEADER_LEN + 64).unwrap();
             let mut mirror = SendMirror::<P>::new(&peer.pd, hello.ring_len as usize).unwrap();
             let mut sq = SendQueue::new(16, 4);
-            let mut wcs = [WorkCompletion::default(); 4];
+            let mut wcs = Completions::<4>::new();
             let req = wait_for(
                 "the fake server to receive the request",
                 WAIT,
                 || {
-                    let n = peer.cq.poll(&mut wcs).unwrap();
-                    let wc = wcs[..n].iter().find(|w| split_send_wr_id(w.wr_id).is_none())?;
-                    let buf = peer.recv.take(wc.wr_id, wc.byte_len).unwrap();
+                    wcs.poll(&peer.cq).unwrap();
+                    let c = wcs.find(|c| c.send_tag().is_none())?;
+                    let buf = peer.recv.take(c).unwrap();
                     let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
                     peer.recv.repost(buf);
                     Some(h)
@@ -204,7 +204,7 @@ mod on_any_nic {
                 String::new,
             );
             let piece = hello.ring_len / 4;
-            mirror.range_mut(0, piece).fill(0x11);
+            assert!(mirror.write_at(0, &vec![0x11; piece as usize]));
             sq.write(&mirror, 0, piece, hello.ring_addr, hello.ring_rkey);
             let h = Header {
                 slot: req.slot,
@@ -223,7 +223,7 @@ mod on_any_nic {
             wait_until(
                 "the response piece's completion",
                 WAIT,
-                || peer.cq.poll(&mut wcs).unwrap() > 0,
+                || wcs.poll(&peer.cq).unwrap() > 0,
                 String::new,
             );
             vanish(&peer);

@@ -5,35 +5,48 @@
 //! the completion is polled. This module owns that memory and hands it out as values whose
 //! ownership says who may touch it, so the rest of the runtime is safe by construction:
 //! - [`RecvPool`]: a receive buffer is posted (the NIC may write it; nobody holds a token) or
-//!   completed: [`RecvPool::take`] turns its completion into a [`RecvBuf`] token, whose bytes are
-//!   readable through the pool while the token lives, and which is posted again only by giving it
-//!   back by value ([`RecvPool::repost`]). Reading a posted buffer, or reposting one that is being
-//!   read, does not compile.
+//!   completed: [`RecvPool::take`] turns its polled [`Completion`] into a [`RecvBuf`] token, whose
+//!   bytes are readable through the pool while the token lives, and which is posted again only by
+//!   giving it back by value ([`RecvPool::repost`]). Reading a posted buffer, or reposting one that
+//!   is being read, does not compile.
 //! - [`SendPool`]: a send buffer is free (a [`SendBuf`] token; the owner writes it) or posted
-//!   (the token was consumed by [`SendQueue::send`]) until a signaled completion at or after its
-//!   WR retires it ([`SendPool::retire`]). Inline sends too: their buffer is reused only after a
-//!   signaled completion covers its WQE, so the free buffers bound the WQEs outstanding.
+//!   (the token was consumed by [`SendQueue::send`]) until a polled completion of a signaled WR
+//!   at or after it retires it ([`SendQueue::on_completion`]). Inline sends too: their buffer is
+//!   reused only after a signaled completion covers its WQE, so the free buffers bound the WQEs
+//!   outstanding.
 //! - [`RecvRing`]: our ring, which the peer may RDMA WRITE at any time. No reference to it is
-//!   ever handed out: a body is copied out once ([`RecvRing::copy_out`]) into memory we own.
+//!   ever handed out: a body is copied out once ([`RecvRing::copy_out`], atomic loads) into
+//!   memory we own.
 //! - [`SendMirror`]: the local image of the peer's ring that bodies are encoded into before their
-//!   RDMA WRITE. Only the local NIC reads it (it is never exposed to a peer).
+//!   RDMA WRITE. Only the local NIC reads it (it is never exposed to a peer). No view of all of it
+//!   exists: the runtime encodes into one range its session reserved at a time, and the public
+//!   way in is a copy ([`SendMirror::write_at`]).
 //! - [`SendStaging`]: a local byte ring of its own (not tied to the peer's ring offsets) that
 //!   bodies the peer's ring cannot take yet are encoded into once; a [`Staged`] token seals the
 //!   range, its pieces are WRITTEN from there to whatever ring offsets the session grants, and the
-//!   completion of its last WRITE frees it.
+//!   polled completion of its last WRITE frees it.
 //! - [`SendQueue`]: the work requests of one QP collected during a loop iteration and posted with
 //!   one doorbell; room in the QP's send queue is checked when a buffer is taken
 //!   ([`SendQueue::has_room`]), and selective signaling retires WQEs and buffers.
 //!
+//! **Completions are the proof.** Memory a posted WR uses comes back only with a [`Completion`]:
+//! only [`Completions::poll`] makes one, from a CQ, at most once per CQE; it is neither `Clone`
+//! nor `Copy`, and [`RecvPool::take`] or [`SendQueue::on_completion`] consumes it. A receive WR's
+//! `wr_id` names its pool (so another pool's completion takes nothing), and a send WR's names
+//! its queue, which posts to one QP from one pool and remembers what each signaled WR retires (so
+//! a completion of another queue or QP retires nothing). `wr_id`s from 2^32 up are this module's
+//! ([`RESERVED_WR_IDS`]). A [`crate::verbs::WorkCompletion`] is plain data and proves nothing.
+//!
 //! Drop order: every owner declares its QP before these pools, so the QP is destroyed (its WRs
-//! discarded) before the memory is deregistered.
+//! discarded) before the memory is deregistered. That is also the only way posted memory comes
+//! back without completions: moving a QP to ERR proves nothing until its flushed WRs are polled.
 //!
 //! Misuse does not compile. Reading a buffer after giving it back:
 //! ```compile_fail,E0505
-//! # use rpc_core::buffers::RecvPool;
+//! # use rpc_core::buffers::{Completion, RecvPool};
 //! # use rpc_core::verbs::sim::Sim;
-//! fn misuse(pool: &mut RecvPool<Sim>, wr_id: u64) {
-//!     let buf = pool.take(wr_id, 8).unwrap();
+//! fn misuse(pool: &mut RecvPool<Sim>, c: Completion) {
+//!     let buf = pool.take(c).unwrap();
 //!     let bytes = pool.bytes(&buf);
 //!     pool.repost(buf); // error: `buf` is borrowed by `bytes`, and `pool` too
 //!     let _ = bytes[0];
@@ -57,18 +70,109 @@
 //!     ring.bytes() // error: no such method; only `copy_out`
 //! }
 //! ```
+//! Taking a receive buffer that is still posted (its `wr_id` guessed, or read from another
+//! completion): [`RecvPool::take`] wants a [`Completion`], which only a poll makes:
+//! ```compile_fail,E0451
+//! # use rpc_core::buffers::{Completion, RecvBuf, RecvPool};
+//! # use rpc_core::verbs::{sim::Sim, WorkCompletion};
+//! fn misuse(pool: &mut RecvPool<Sim>, wc: WorkCompletion) -> Option<RecvBuf> {
+//!     pool.take(Completion { wc }) // error: `Completion`'s field is private
+//! }
+//! ```
+//! Taking it twice with one completion:
+//! ```compile_fail,E0382
+//! # use rpc_core::buffers::{Completions, RecvPool};
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut RecvPool<Sim>, wcs: &mut Completions<8>) {
+//!     let c = wcs.next().unwrap();
+//!     let a = pool.take(c);
+//!     let b = pool.take(c); // error: `c` was consumed by the first `take`
+//! }
+//! ```
+//! Freeing send buffers without a completion ([`SendPool`]'s `retire` is private, and
+//! `retire_all` is gone):
+//! ```compile_fail,E0624
+//! # use rpc_core::buffers::SendPool;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut SendPool<Sim>) {
+//!     pool.retire(4); // error: private method
+//! }
+//! ```
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::SendPool;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(pool: &mut SendPool<Sim>) {
+//!     pool.retire_all(); // error: no such method
+//! }
+//! ```
+//! Retiring WRs by a count instead of a completion:
+//! ```compile_fail,E0308
+//! # use rpc_core::buffers::{SendPool, SendQueue};
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(sq: &mut SendQueue, pool: &mut SendPool<Sim>) {
+//!     sq.on_completion(4, pool); // error: expected `Completion`, found integer
+//! }
+//! ```
+//! Declaring every posted WR gone while the QP may still run them (`SendQueue::reset` and
+//! `SendStaging::reset` are gone; [`SendQueue::discard_pending`] gives back only WRs never
+//! posted):
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::{SendPool, SendQueue};
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(sq: &mut SendQueue, pool: &mut SendPool<Sim>) {
+//!     sq.reset(pool); // error: no such method
+//! }
+//! ```
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::SendStaging;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(staging: &mut SendStaging<Sim>) {
+//!     staging.reset(); // error: no such method
+//! }
+//! ```
+//! A view of the whole send mirror, or of a range WRITEs may still read:
+//! ```compile_fail,E0599
+//! # use rpc_core::buffers::SendMirror;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(mirror: &mut SendMirror<Sim>) -> &mut [u8] {
+//!     mirror.as_mut_slice() // error: no such method
+//! }
+//! ```
+//! ```compile_fail,E0624
+//! # use rpc_core::buffers::SendMirror;
+//! # use rpc_core::verbs::sim::Sim;
+//! fn misuse(mirror: &mut SendMirror<Sim>) -> &mut [u8] {
+//!     mirror.range_mut(0, 64) // error: private method (the runtime's, for reserved ranges)
+//! }
+//! ```
+//! The safe way into the mirror is a copy:
+//! ```
+//! # use rpc_core::buffers::SendMirror;
+//! # use rpc_core::verbs::{sim::Sim, Context, ProtectionDomain, Provider};
+//! let ctx = Sim::open(&Default::default()).unwrap();
+//! let pd = ctx.alloc_pd().unwrap();
+//! let mut mirror = SendMirror::<Sim>::new(&pd, 4096).unwrap();
+//! assert!(mirror.write_at(100, b"body"));
+//! assert!(!mirror.write_at(4094, b"body"), "out of bounds: nothing copied");
+//! ```
 
 pub mod bounded;
+mod completion;
 pub mod gather;
+mod mirror;
 pub use bounded::Bounded;
+use completion::SIGNALED_BIT;
+pub use completion::{Completion, Completions, RESERVED_WR_IDS};
 pub use gather::GatherBody;
+pub(crate) use mirror::MirrorView;
+pub use mirror::SendMirror;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::verbs::{
-    inc_rkey, AccessFlags, MemoryRegion, MemoryWindow, MwBind, MwType, ProtectionDomain, Provider, QueuePair,
-    RecvWr, Result, SendFlags, SendOp, SendWr, Sge, SharedReceiveQueue, SrqInitAttr,
+    inc_rkey, racy, AccessFlags, MemoryRegion, MemoryWindow, MwType, ProtectionDomain, Provider, RecvWr,
+    Result, Sge, SharedReceiveQueue, SrqInitAttr, VerbsError,
 };
 
 /// Most WRs posted with one doorbell.
@@ -77,8 +181,24 @@ pub const POST_BATCH: usize = 64;
 /// WRs per doorbell for small batches (a smaller stack array to fill).
 const SMALL_BATCH: usize = 8;
 
-/// Identity of a pool, so that a token is only ever used with the pool it came from.
+/// Identity of a pool, so that a token is only ever used with the pool it came from (and a
+/// receive completion names the pool it belongs to), and of a send queue (in its WRs' `wr_id`s).
 static NEXT_POOL: AtomicU32 = AtomicU32::new(1);
+
+/// A fresh identity in `1..2^31`, never handed out twice in this process.
+///
+/// # Errors
+/// [`VerbsError::CapExceeded`] once 2^31 - 1 pools and queues were made.
+fn next_id() -> Result<u32> {
+    NEXT_POOL
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| (id < SIGNALED_BIT).then_some(id + 1))
+        .map_err(|_| VerbsError::CapExceeded {
+            what: "buffers: pools and send queues made by this process",
+            cap: "2^31 - 1 identities",
+            requested: 1 << 31,
+            limit: (1 << 31) - 1,
+        })
+}
 
 /// Tokens dropped without being given back (their buffer is lost to its pool until it is
 /// dropped); a bug of the runtime, counted and logged.
@@ -149,7 +269,7 @@ impl<P: Provider> RecvPool<P> {
             mr,
             buf_size,
             count,
-            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            id: next_id()?,
             posted: vec![true; count as usize],
             repost: Vec::with_capacity(count as usize),
         };
@@ -173,13 +293,18 @@ impl<P: Provider> RecvPool<P> {
         self.count
     }
 
-    /// Takes the buffer a receive completion names (`wr_id`, `byte_len`): the NIC is done with
-    /// it. `None` when `wr_id` is not a buffer of this pool that was posted (a completion seen
-    /// twice) or `byte_len` exceeds a buffer; a failed completion's buffer is taken too (to give
-    /// it back).
+    /// Takes the buffer a polled receive completion names (its `wr_id` carries this pool's
+    /// identity and the buffer's index): the NIC is done with it. `None` (the completion is
+    /// dropped) when it is not the completion of a posted buffer of this pool (a send completion,
+    /// another pool's). A failed completion's buffer is taken too (to give it back); a `byte_len`
+    /// above the buffer size gives a token whose [`RecvPool::bytes`] are empty.
     #[inline]
-    pub fn take(&mut self, wr_id: u64, byte_len: u32) -> Option<RecvBuf> {
-        let idx = u32::try_from(wr_id).ok().filter(|&i| i < self.count)?;
+    pub fn take(&mut self, c: Completion) -> Option<RecvBuf> {
+        let (wr_id, byte_len) = (c.wc().wr_id, c.wc().byte_len);
+        if wr_id >> 32 != u64::from(self.id) {
+            return None;
+        }
+        let idx = Some(wr_id as u32).filter(|&i| i < self.count)?;
         let posted = &mut self.posted[idx as usize];
         if !*posted {
             return None;
@@ -199,9 +324,12 @@ impl<P: Provider> RecvPool<P> {
         let start = buf.idx as usize * self.buf_size;
         // SAFETY: `[start, start + len)` lies in `self.mr` (idx < count, len <= buf_size), which
         // lives as long as `&self`. A token exists only for a buffer whose completion was polled
-        // and that is not posted: `take` cleared its `posted` flag and only `repost` (which takes
-        // the token by value, so not while this borrow of it lives) queues it again. So neither
-        // the NIC nor a peer (a SEND lands only in a posted buffer) writes it while the slice lives.
+        // (`take` consumes a `Completion`, which only `Completions::poll` makes, once per CQE,
+        // and whose `wr_id` names this pool: our WRs are the only ones with this pool's identity
+        // in their `wr_id`, see `RESERVED_WR_IDS`) and that is not posted: `take` cleared its
+        // `posted` flag and only `repost` (which takes the token by value, so not while this
+        // borrow of it lives) queues it again. So neither the NIC nor a peer (a SEND lands only in
+        // a posted buffer) writes it while the slice lives.
         unsafe {
             std::slice::from_raw_parts((self.mr.addr() as usize + start) as *const u8, buf.len as usize)
         }
@@ -266,7 +394,8 @@ impl<P: Provider> RecvPool<P> {
         }
         let mut wrs = [RecvWr { wr_id: 0, sg_list: &[] }; N];
         for (i, wr) in wrs.iter_mut().enumerate().take(n) {
-            *wr = RecvWr { wr_id: u64::from(self.repost[first + i]), sg_list: &sges[i..i + 1] };
+            let wr_id = (u64::from(self.id) << 32) | u64::from(self.repost[first + i]);
+            *wr = RecvWr { wr_id, sg_list: &sges[i..i + 1] };
         }
         // SAFETY: every SGE lies in `self.mr` (LOCAL_WRITE), which lives as long as this pool;
         // each buffer was given back by value (`repost`), so no token and no slice of it exists
@@ -303,6 +432,9 @@ pub struct SendPool<P: Provider> {
     posted: VecDeque<u16>,
     /// Buffers taken and neither posted nor given back (each will need up to 2 WQEs).
     out: usize,
+    /// Identity of the one [`SendQueue`] that posts this pool's buffers (0: none yet): its
+    /// completions, and only its, retire them in posting order.
+    sq: u32,
 }
 
 impl<P: Provider> SendPool<P> {
@@ -315,10 +447,11 @@ impl<P: Provider> SendPool<P> {
         Ok(SendPool {
             mr,
             buf_size,
-            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            id: next_id()?,
             free: (0..count).rev().collect(),
             posted: VecDeque::with_capacity(count as usize),
             out: 0,
+            sq: 0,
         })
     }
 
@@ -380,20 +513,20 @@ impl<P: Provider> SendPool<P> {
         self.mr.sge(idx as usize * self.buf_size, len)
     }
 
-    /// A signaled completion retired `count` buffers (the oldest posted ones).
-    pub fn retire(&mut self, count: usize) {
+    /// Buffers of posted WRs that no polled completion retired yet.
+    pub fn posted(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// A polled signaled completion of the queue that posts this pool retired `count` buffers
+    /// (the oldest posted ones): only [`SendQueue::on_completion`] calls this.
+    #[inline]
+    fn retire(&mut self, count: usize) {
         for _ in 0..count {
             match self.posted.pop_front() {
                 Some(b) => self.free.push(b),
                 None => break,
             }
-        }
-    }
-
-    /// Every posted buffer becomes free (the QP was destroyed or flushed).
-    pub fn retire_all(&mut self) {
-        while let Some(b) = self.posted.pop_front() {
-            self.free.push(b);
         }
     }
 }
@@ -474,58 +607,15 @@ impl<P: Provider> RecvRing<P> {
         let at = dst.len();
         // SAFETY: the source range lies in `self.mr` (checked above), alive for `&self`; the
         // destination is `n` bytes of `dst`'s spare capacity (reserved above), which no one else
-        // can reach. The copy goes through raw pointers: no reference to ring memory is formed,
-        // so a concurrent RDMA WRITE by the peer (outside this process's control) only decides
-        // the copied values. After the copy those bytes are initialized, so `set_len` is valid.
+        // can reach. No reference to ring memory is formed and the ring is read with atomic
+        // loads only (`racy::load`), so a concurrent RDMA WRITE by the peer (the software NIC's
+        // thread, or a device) only decides the copied values: no data race. After the copy
+        // those bytes are initialized, so `set_len` is valid.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.mr.addr() as usize + o) as *const u8,
-                dst.as_mut_ptr().add(at),
-                n,
-            );
+            racy::load(self.mr.as_ptr().add(o), dst.as_mut_ptr().add(at), n);
             dst.set_len(at + n);
         }
         true
-    }
-}
-
-/// The local image of the peer's ring: bodies are encoded at the offset they will have in the
-/// peer's ring, then RDMA WRITTEN there. Registered for local access only: no peer can write it.
-pub struct SendMirror<P: Provider> {
-    mr: P::MemoryRegion,
-}
-
-impl<P: Provider> SendMirror<P> {
-    /// Registers a mirror of `len` bytes (the peer's ring length): `LOCAL_WRITE`.
-    ///
-    /// # Errors
-    /// The verbs error of registering.
-    pub fn new(pd: &P::ProtectionDomain, len: usize) -> Result<SendMirror<P>> {
-        Ok(SendMirror { mr: pd.reg_mr(len, AccessFlags::LOCAL_WRITE)? })
-    }
-
-    /// The whole mirror, to encode bodies into at offsets the session reserved (see
-    /// [`SendMirror::range_mut`] for why this view is sound).
-    #[inline]
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        let len = self.mr.len() as u32;
-        self.range_mut(0, len)
-    }
-
-    /// The bytes `[offset, offset + len)`, to encode a body into: a range the session reserved
-    /// in the peer's ring (so no posted WRITE still reads it). Empty when out of bounds.
-    #[inline]
-    pub fn range_mut(&mut self, offset: u32, len: u32) -> &mut [u8] {
-        let (o, n) = (offset as usize, len as usize);
-        if o.checked_add(n).is_none_or(|end| end > self.mr.len()) {
-            return &mut [];
-        }
-        // SAFETY: the range lies in `self.mr` (checked), alive for `&mut self`, which makes this
-        // the only view. The mirror is never posted as a receive target nor exposed with a remote
-        // key, so nothing writes it behind us; the local NIC only reads ranges of posted WRITEs,
-        // and the session reserves a range again only after the peer reported it freed, which it
-        // does after the SEND that followed that WRITE arrived (RC order: the WRITE was done).
-        unsafe { std::slice::from_raw_parts_mut((self.mr.addr() as usize + o) as *mut u8, n) }
     }
 }
 
@@ -588,7 +678,7 @@ impl<P: Provider> SendStaging<P> {
         Ok(SendStaging {
             mr: pd.reg_mr(len as usize, AccessFlags::LOCAL_WRITE)?,
             len,
-            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            id: next_id()?,
             tail: 0,
             head: 0,
             pos: 0,
@@ -684,327 +774,7 @@ impl<P: Provider> SendStaging<P> {
             self.first_seq = self.first_seq.wrapping_add(1);
         }
     }
-
-    /// Everything is free (the QP was destroyed or flushed: no WRITE reads the area any more).
-    pub fn reset(&mut self) {
-        self.pending.clear();
-        self.first_seq = 0;
-        self.head = self.tail;
-        self.pos = 0;
-    }
 }
 
-#[derive(Clone, Copy)]
-struct PendingWr {
-    sge: Sge,
-    op: SendOp,
-    /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE).
-    buf: u16,
-    /// Staged range whose last WRITE this is (freed by its completion), or `u32::MAX`.
-    staged: u32,
-    /// Copied into the WQE at post time.
-    inline: bool,
-}
-
-/// The send WRs of one QP gathered during a loop iteration, posted with one doorbell.
-pub struct SendQueue {
-    pending: Vec<PendingWr>,
-    /// WRs posted and not yet retired by a signaled completion.
-    outstanding: usize,
-    /// WRs posted since the last signaled one.
-    unsignaled: usize,
-    /// Send buffers posted since the last signaled WR.
-    unsignaled_bufs: usize,
-    /// Send queue depth in WQEs.
-    depth: usize,
-    /// Signal at least every this many send buffers (so free buffers never run out waiting).
-    signal_bufs: usize,
-    /// WRs posted so far.
-    posted: u64,
-    /// WRs retired by polled completions so far.
-    completed: u64,
-    /// Staged ranges whose last WRITE is posted, in posting order: (value of `posted` once that
-    /// WRITE is posted, range sequence number).
-    staged: VecDeque<(u64, u32)>,
-}
-
-impl SendQueue {
-    /// A queue for a QP whose send queue holds `depth` WQEs and whose pool has `bufs` send
-    /// buffers.
-    pub fn new(depth: usize, bufs: usize) -> SendQueue {
-        SendQueue {
-            pending: Vec::with_capacity(depth),
-            outstanding: 0,
-            unsignaled: 0,
-            unsignaled_bufs: 0,
-            depth,
-            signal_bufs: (bufs / 4).clamp(1, 16),
-            posted: 0,
-            completed: 0,
-            staged: VecDeque::with_capacity(bufs),
-        }
-    }
-
-    /// WRs waiting for the next flush.
-    pub fn len(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// True when nothing waits.
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// Room for `n` more WRs in the send queue (posted and not retired, plus pending).
-    #[inline]
-    pub fn has_room(&self, n: usize) -> bool {
-        self.outstanding + self.pending.len() + n <= self.depth
-    }
-
-    /// WRs posted and not yet retired by a polled signaled completion.
-    pub fn outstanding(&self) -> usize {
-        self.outstanding
-    }
-
-    /// Queues an RDMA WRITE of `mirror[offset, offset + len)` to the peer's ring at the same offset.
-    pub fn write<P: Provider>(
-        &mut self,
-        mirror: &SendMirror<P>,
-        offset: u32,
-        len: u32,
-        ring_addr: u64,
-        rkey: u32,
-    ) {
-        self.pending.push(PendingWr {
-            sge: mirror.mr.sge(offset as usize, len),
-            op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
-            buf: u16::MAX,
-            staged: u32::MAX,
-            inline: false,
-        });
-    }
-
-    /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote_addr`.
-    /// Returns the token while bytes after this piece remain; the WRITE of the last piece consumes
-    /// it (its range is freed by the completion covering that WRITE, see
-    /// [`SendQueue::retire_staged`]). A piece outside the body, or a token of another staging
-    /// area, queues nothing and gives the token back.
-    pub fn write_staged<P: Provider>(
-        &mut self,
-        staging: &SendStaging<P>,
-        staged: Staged,
-        from: u32,
-        len: u32,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> Option<Staged> {
-        if staged.pool != staging.id || from.checked_add(len).is_none_or(|end| end > staged.len) {
-            return Some(staged);
-        }
-        let last = from + len == staged.len;
-        self.pending.push(PendingWr {
-            sge: staging.mr.sge((staged.offset + from) as usize, len),
-            op: SendOp::RdmaWrite { remote_addr, rkey },
-            buf: u16::MAX,
-            staged: if last { staged.seq } else { u32::MAX },
-            inline: false,
-        });
-        if last {
-            None
-        } else {
-            Some(staged)
-        }
-    }
-
-    /// Queues a SEND of the first `len` bytes of send buffer `buf` (consumed: it is the NIC's
-    /// until a signaled completion retires it); with `inline`, the bytes are copied into the WQE
-    /// (`len` must not exceed the QP's `max_inline_data`). A token of another pool is dropped.
-    #[inline]
-    pub fn send<P: Provider>(&mut self, pool: &mut SendPool<P>, buf: SendBuf, len: u32, inline: bool) {
-        if buf.pool != pool.id {
-            return;
-        }
-        let idx = buf.idx;
-        std::mem::forget(buf);
-        pool.out -= 1;
-        let len = len.min(pool.buf_size as u32);
-        self.pending.push(PendingWr {
-            sge: pool.sge(idx, len),
-            op: SendOp::Send,
-            buf: idx,
-            staged: u32::MAX,
-            inline,
-        });
-    }
-
-    /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs. The last WR of a batch
-    /// is signaled when the batch holds non-inline sends, or a quarter of the send buffers (at
-    /// most 16) or half the send queue went unsignaled; its `wr_id` carries `tag`, the number of
-    /// WRs and of send buffers its completion retires ([`split_send_wr_id`]). Allocates nothing.
-    ///
-    /// # Errors
-    /// The verbs error of posting; the QP is then unusable (the caller closes the connection).
-    pub fn flush<P: Provider>(&mut self, qp: &P::QueuePair, pool: &mut SendPool<P>, tag: u32) -> Result<()> {
-        while !self.pending.is_empty() {
-            if self.pending.len() == 1 {
-                // The latency case: one message, nothing to fill but one WR.
-                self.post_chunk::<P, 1>(qp, pool, tag)?;
-            } else if self.pending.len() <= SMALL_BATCH {
-                self.post_chunk::<P, SMALL_BATCH>(qp, pool, tag)?;
-            } else {
-                self.post_chunk::<P, POST_BATCH>(qp, pool, tag)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn post_chunk<P: Provider, const N: usize>(
-        &mut self,
-        qp: &P::QueuePair,
-        pool: &mut SendPool<P>,
-        tag: u32,
-    ) -> Result<()> {
-        let n = self.pending.len().min(N);
-        let mut bufs = 0usize;
-        let mut dma_bufs = false;
-        let mut wrs = [SendWr { wr_id: 0, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; N];
-        for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
-            let flags = if p.inline { SendFlags::INLINE } else { SendFlags::EMPTY };
-            *wr = SendWr { wr_id: 0, sg_list: std::slice::from_ref(&p.sge), op: p.op, flags };
-            if p.buf != u16::MAX {
-                bufs += 1;
-                dma_bufs |= !p.inline;
-            }
-            // A staged range is free again only with the completion of its last WRITE.
-            dma_bufs |= p.staged != u32::MAX;
-        }
-        // Selective signaling: a completion retires WQEs and send buffers. Buffers the NIC reads
-        // by DMA want it soon; inline ones only before the free list runs low.
-        let unsignaled = self.unsignaled + n;
-        let unsignaled_bufs = self.unsignaled_bufs + bufs;
-        let signal = dma_bufs || unsignaled_bufs >= self.signal_bufs || unsignaled >= (self.depth / 2).max(1);
-        if signal {
-            wrs[n - 1].flags |= SendFlags::SIGNALED;
-            wrs[n - 1].wr_id = send_wr_id(tag, unsignaled as u16, unsignaled_bufs as u16);
-        }
-        // SAFETY: every SGE lies in a send buffer of `pool`, in the send mirror or in the staging
-        // area, MRs owned next to `qp` by the same connection and dropped after it. A send
-        // buffer's token was consumed by `send`, so nothing writes it until a signaled completion
-        // at or after its WR retires it (`retire`, from that completion's count); a mirror range
-        // is not reserved again until the peer reports it freed, which it does only after the
-        // SEND that follows the WRITE arrived; a staged range stays allocated (no view of it is
-        // handed out) until the signaled completion at or after its last WRITE is polled
-        // (`retire_staged`; every batch with such a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the posted
-        // WQEs within the send queue.
-        unsafe { qp.post_send(&wrs[..n]) }?;
-        for (i, p) in self.pending[..n].iter().enumerate() {
-            if p.buf != u16::MAX {
-                pool.posted.push_back(p.buf);
-            }
-            if p.staged != u32::MAX {
-                self.staged.push_back((self.posted + i as u64 + 1, p.staged));
-            }
-        }
-        self.posted += n as u64;
-        self.outstanding += n;
-        if signal {
-            self.unsignaled = 0;
-            self.unsignaled_bufs = 0;
-        } else {
-            self.unsignaled = unsignaled;
-            self.unsignaled_bufs = unsignaled_bufs;
-        }
-        if n == self.pending.len() {
-            // The usual case (one batch): no drain bookkeeping for `Copy` entries.
-            self.pending.clear();
-        } else {
-            self.pending.drain(..n);
-        }
-        Ok(())
-    }
-
-    /// Binds `ring`'s window to `qp` (a signaled BIND_MW WR, one WQE of this queue, whose
-    /// completion carries `tag` and retires it like any other): from that completion on, the
-    /// peer of `qp`, and only it, can RDMA WRITE the ring with [`RecvRing::remote`]'s rkey.
-    /// Nothing is posted for a ring without a window. Posted at once, before anything queued.
-    ///
-    /// # Errors
-    /// The verbs error of posting (QP not in RTS, send queue full).
-    pub fn bind_window<P: Provider>(
-        &mut self,
-        qp: &P::QueuePair,
-        ring: &RecvRing<P>,
-        tag: u32,
-    ) -> Result<()> {
-        let Some((mw, rkey)) = &ring.mw else { return Ok(()) };
-        let bind = MwBind {
-            mr: ring.mr.handle(),
-            addr: ring.mr.addr(),
-            length: ring.mr.len() as u64,
-            access: AccessFlags::REMOTE_WRITE,
-        };
-        let wr = SendWr {
-            wr_id: send_wr_id(tag, 1, 0),
-            sg_list: &[],
-            op: SendOp::BindMw { mw: mw.handle(), rkey: *rkey, bind },
-            flags: SendFlags::SIGNALED,
-        };
-        // SAFETY: a bind WR has no SGEs; the window and the MR it names are owned by `ring`,
-        // which the caller keeps next to `qp` (the connection's fields), and only this call binds
-        // that window, once, from the thread that owns the connection.
-        unsafe { qp.post_send(std::slice::from_ref(&wr)) }?;
-        self.outstanding += 1;
-        Ok(())
-    }
-
-    /// A signaled completion retired `wrs` WRs (from its `wr_id`, see [`split_send_wr_id`]).
-    pub fn on_completion(&mut self, wrs: u16) {
-        self.outstanding = self.outstanding.saturating_sub(usize::from(wrs));
-        self.completed = (self.completed + u64::from(wrs)).min(self.posted);
-    }
-
-    /// Frees the staged ranges whose last WRITE a polled completion retired (call after
-    /// [`SendQueue::on_completion`]).
-    #[inline]
-    pub fn retire_staged<P: Provider>(&mut self, staging: &mut SendStaging<P>) {
-        while let Some(&(at, seq)) = self.staged.front() {
-            if at > self.completed {
-                break;
-            }
-            self.staged.pop_front();
-            staging.finish(seq);
-        }
-    }
-
-    /// Every posted WR is gone (the QP was destroyed or flushed). Queued sends are dropped: their
-    /// buffers go back to `pool`; the caller resets the staging area ([`SendStaging::reset`]).
-    pub fn reset<P: Provider>(&mut self, pool: &mut SendPool<P>) {
-        for p in self.pending.drain(..) {
-            if p.buf != u16::MAX {
-                pool.free.push(p.buf);
-            }
-        }
-        self.outstanding = 0;
-        self.unsignaled = 0;
-        self.unsignaled_bufs = 0;
-        self.staged.clear();
-        self.completed = self.posted;
-    }
-}
-
-/// Bit set in the `wr_id` of every signaled send WR (receive WRs carry a buffer index below 2^32).
-const SEND_WR_BIT: u64 = 1 << 63;
-
-/// The `wr_id` of a signaled send WR: connection tag, WRs and send buffers it retires.
-pub fn send_wr_id(tag: u32, wrs: u16, bufs: u16) -> u64 {
-    SEND_WR_BIT | (u64::from(tag & 0x7fff_ffff) << 32) | (u64::from(wrs) << 16) | u64::from(bufs)
-}
-
-/// Splits a send `wr_id` into (tag, WRs, buffers); `None` for a receive `wr_id`.
-pub fn split_send_wr_id(wr_id: u64) -> Option<(u32, u16, u16)> {
-    (wr_id & SEND_WR_BIT != 0).then_some((
-        ((wr_id >> 32) as u32) & 0x7fff_ffff,
-        (wr_id >> 16) as u16,
-        wr_id as u16,
-    ))
-}
+mod send_queue;
+pub use send_queue::SendQueue;

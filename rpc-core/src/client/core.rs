@@ -17,8 +17,8 @@ use std::collections::VecDeque;
 
 use super::config::ClientConfig;
 use crate::buffers::{
-    split_send_wr_id, Bounded, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue,
-    SendStaging, Staged,
+    Bounded, Completion, Completions, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool,
+    SendQueue, SendStaging, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
@@ -32,9 +32,7 @@ use crate::session::{
 use crate::status::{Code, Status};
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
-use crate::verbs::{
-    CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair, WorkCompletion,
-};
+use crate::verbs::{CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
 };
@@ -137,7 +135,7 @@ pub(crate) struct ClientCore<P: Provider> {
     idle: Idle,
     /// When the timers and the TCP channel are checked ([`crate::session::tick`]).
     tick: Tick,
-    wcs: [WorkCompletion; POLL_BATCH],
+    wcs: Completions<POLL_BATCH>,
     pub(crate) counters: Counters,
     /// The last [`StartMode::NoWait`] start gave up on a body that found the server's ring full,
     /// its stall counted (`ring_full_stalls`): the call queue starts that same call again (its
@@ -292,7 +290,7 @@ impl<P: Provider> ClientCore<P> {
             );
         }
         let body_cap = body_area(reply.eager_threshold);
-        let pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
+        let mut pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
         let mirror = SendMirror::<P>::new(&pd, reply.ring_len as usize).map_err(unavailable)?;
         let staging = SendStaging::<P>::new(&pd, staging_len(reply.ring_len), usize::from(window))
             .map_err(unavailable)?;
@@ -309,15 +307,16 @@ impl<P: Provider> ClientCore<P> {
             sq.bind_window(&qp, &ring, TAG)
                 .map_err(|e| unavailable(format!("binding the ring's window: {e}")))?;
             let give_up = Instant::now() + cfg.connect_timeout;
-            let mut wcs = [WorkCompletion::default(); 4];
+            let mut wcs = Completions::<4>::new();
             'bind: loop {
-                let n = cq.poll(&mut wcs).map_err(unavailable)?;
-                for wc in &wcs[..n] {
-                    if !wc.status.is_success() {
-                        return Err(unavailable(format!("binding the ring's window: {}", wc.status)));
+                wcs.poll(&cq).map_err(unavailable)?;
+                for c in &mut wcs {
+                    let status = c.wc().status;
+                    if !status.is_success() {
+                        return Err(unavailable(format!("binding the ring's window: {status}")));
                     }
-                    if let Some((_, wrs, _)) = split_send_wr_id(wc.wr_id) {
-                        sq.on_completion(wrs);
+                    if c.send_tag().is_some() {
+                        sq.on_completion(c, &mut pool);
                         break 'bind;
                     }
                 }
@@ -374,7 +373,7 @@ impl<P: Provider> ClientCore<P> {
             broken: None,
             idle: Idle::new(cfg.polling),
             tick: Tick::new(),
-            wcs: [WorkCompletion::default(); POLL_BATCH],
+            wcs: Completions::new(),
             counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
             unplaced_stall: false,
             peer,
@@ -770,9 +769,9 @@ impl<P: Provider> ClientCore<P> {
             self.conn.pool.give_back(b.buf);
         }
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
-        self.conn.sq.reset(&mut self.conn.pool);
-        self.conn.pool.retire_all();
-        self.conn.staging.reset();
+        // WRs not posted give their buffers back; posted ones keep theirs until the connection
+        // is dropped (QP first): moving the QP to ERR does not prove the NIC is done with them.
+        self.conn.sq.discard_pending(&mut self.conn.pool);
         self.counters.sessions_closed += 1;
         self.broken = Some(status);
     }
@@ -794,7 +793,7 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return 0;
         }
-        let n = match self.cq.poll(&mut self.wcs) {
+        let n = match self.wcs.poll(&self.cq) {
             Ok(n) => n,
             Err(e) => {
                 self.break_conn(unavailable(format!("completion queue: {e}")));
@@ -811,9 +810,8 @@ impl<P: Provider> ClientCore<P> {
     /// Handles the `n` completions [`ClientCore::progress`] polled (at least 1).
     #[inline(never)]
     fn completed(&mut self, n: usize) -> usize {
-        for i in 0..n {
-            let wc = self.wcs[i];
-            self.on_completion(&wc);
+        while let Some(c) = self.wcs.next() {
+            self.on_completion(c);
         }
         // While an answer arrives in pieces, ring space this batch freed goes back to the
         // server (a RingReturn when due) before this end copies its own pieces: the server's
@@ -827,18 +825,18 @@ impl<P: Provider> ClientCore<P> {
         n
     }
 
-    fn on_completion(&mut self, wc: &WorkCompletion) {
-        if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+    fn on_completion(&mut self, c: Completion) {
+        let wc = *c.wc();
+        if c.send_tag().is_some() {
             if !wc.status.is_success() {
                 self.break_conn(unavailable(format!("send failed ({}): the server is gone", wc.status)));
                 return;
             }
-            self.conn.pool.retire(usize::from(bufs));
-            self.conn.sq.on_completion(wrs);
+            self.conn.sq.on_completion(c, &mut self.conn.pool);
             self.conn.sq.retire_staged(&mut self.conn.staging);
             return;
         }
-        let Some(buf) = self.recv.take(wc.wr_id, wc.byte_len) else { return };
+        let Some(buf) = self.recv.take(c) else { return };
         if !wc.status.is_success() {
             self.recv.repost(buf);
             self.break_conn(unavailable(format!("receive failed ({})", wc.status)));
@@ -1550,10 +1548,8 @@ impl<P: Provider> ClientCore<P> {
             // Give the SEND a moment to leave before the QP is destroyed.
             let until = Instant::now() + Duration::from_millis(5);
             while Instant::now() < until {
-                match self.cq.poll(&mut self.wcs) {
-                    Ok(n) if n > 0 && self.wcs[..n].iter().any(|w| split_send_wr_id(w.wr_id).is_some()) => {
-                        break
-                    }
+                match self.wcs.poll(&self.cq) {
+                    Ok(n) if n > 0 && self.wcs.any(|c| c.send_tag().is_some()) => break,
                     Ok(_) => std::thread::yield_now(),
                     Err(_) => break,
                 }

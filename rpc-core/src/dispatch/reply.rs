@@ -12,7 +12,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use prost::Message;
 
-use crate::buffers::GatherBody;
+use crate::buffers::{GatherBody, MirrorView};
 use crate::session::{PlaceError, Placement, Session};
 use crate::status::Status;
 
@@ -455,7 +455,7 @@ fn stage<M: Message + 'static>(msg: M, len: usize, staging: &mut StagingSpan<'_>
 pub(crate) fn encode_body<M: Message + 'static>(
     msg: M,
     eager: &mut [u8],
-    mirror: &mut [u8],
+    mirror: &mut MirrorView<'_>,
     staging: &mut StagingSpan<'_>,
     session: Option<&mut Session>,
 ) -> Outcome {
@@ -473,7 +473,7 @@ pub(crate) fn encode_body<M: Message + 'static>(
         Placement::Pieces => return stage(msg, len, staging),
         Placement::Eager => (eager.get_mut(..len), Outcome::Eager(len as u32)),
         Placement::Ring(off) => {
-            (mirror.get_mut(off as usize..off as usize + len), Outcome::Ring { offset: off, len: len as u32 })
+            (mirror.range_mut(off, len as u32), Outcome::Ring { offset: off, len: len as u32 })
         }
     };
     let Some(mut dst) = dst else {
@@ -503,7 +503,7 @@ pub(crate) fn encode_body<M: Message + 'static>(
 /// mirror of the peer's ring for bodies above the eager threshold). No allocation.
 pub struct ReplyWriter<'a> {
     pub(crate) eager: &'a mut [u8],
-    pub(crate) mirror: &'a mut [u8],
+    pub(crate) mirror: MirrorView<'a>,
     pub(crate) staging: StagingSpan<'a>,
     /// `None` when no send buffer was free: the answer is encoded into the heap and sent later.
     pub(crate) session: Option<&'a mut Session>,
@@ -520,7 +520,7 @@ impl ReplyWriter<'_> {
         }
         let outcome = match r.0 {
             ReplyKind::Ready(Ok(m)) => {
-                encode_body(m, self.eager, self.mirror, &mut self.staging, self.session.as_deref_mut())
+                encode_body(m, self.eager, &mut self.mirror, &mut self.staging, self.session.as_deref_mut())
             }
             ReplyKind::Ready(Err(s)) => Outcome::Error(s),
             ReplyKind::Deferred => Outcome::Deferred,

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 mod error;
 pub mod gid;
+pub(crate) mod racy;
 pub mod rc;
 pub(crate) mod rules;
 mod types;
@@ -49,9 +50,10 @@ unsafe fn mr_read_at(base: *const u8, len: usize, offset: usize, dst: &mut [u8])
     check_range("MemoryRegion::read_at", offset, dst.len(), len)?;
     // SAFETY: `[offset, offset + dst.len())` is inside the `len` valid bytes at `base` (checked
     // above); `dst` is a distinct, exclusively borrowed buffer (registered memory is never
-    // handed out as a Rust reference by a safe function, so it cannot overlap). A concurrent DMA
-    // or peer write may make the copied bytes a mix, which the contract allows.
-    unsafe { std::ptr::copy_nonoverlapping(base.add(offset), dst.as_mut_ptr(), dst.len()) };
+    // handed out as a Rust reference by a safe function, so it cannot overlap). The region is
+    // read with atomic loads only: a concurrent DMA or peer write (the software NIC's thread)
+    // may make the copied bytes a mix, which the contract allows, and is no data race.
+    unsafe { racy::load(base.add(offset), dst.as_mut_ptr(), dst.len()) };
     Ok(())
 }
 
@@ -62,13 +64,22 @@ unsafe fn mr_read_at(base: *const u8, len: usize, offset: usize, dst: &mut [u8])
 #[inline]
 unsafe fn mr_write_at(base: *mut u8, len: usize, offset: usize, src: &[u8]) -> Result<()> {
     check_range("MemoryRegion::write_at", offset, src.len(), len)?;
-    // SAFETY: as in `mr_read_at`, the other way round.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(offset), src.len()) };
+    // SAFETY: as in `mr_read_at`, the other way round: the region is written with atomic stores
+    // only, so a transfer reading it meanwhile sees a mix and no data race.
+    unsafe { racy::store(src.as_ptr(), base.add(offset), src.len()) };
     Ok(())
 }
 
-/// A NIC provider: the set of verbs object types and how to find a device.
-pub trait Provider: Sized + Send + Sync + 'static {
+mod sealed {
+    /// Only this crate's providers implement [`super::Provider`]: the buffers module's `unsafe`
+    /// code relies on what they report (an MR's address and length, a CQ's completions).
+    pub trait Sealed {}
+}
+pub(crate) use sealed::Sealed;
+
+/// A NIC provider: the set of verbs object types and how to find a device. Sealed: implemented
+/// by [`sim::Sim`] and `ibverbs::Ibverbs` only.
+pub trait Provider: Sealed + Sized + Send + Sync + 'static {
     /// Short name used in logs and on the command line: `"sim"` or `"ibverbs"`.
     const NAME: &'static str;
     /// An open device (`struct ibv_context`).
@@ -364,7 +375,9 @@ pub trait SharedReceiveQueue: Clone + Send + Sync + 'static {
     /// # Safety
     /// Every SGE must lie in a live MR with `LOCAL_WRITE`, and the memory must stay alive and must
     /// not be read or written by the caller until the WR's completion has been polled (or the SRQ
-    /// destroyed).
+    /// destroyed). A WR whose completion may be polled through `buffers::Completions` must have a
+    /// `wr_id` below 2^32 (`buffers::RESERVED_WR_IDS`): the ones above name the buffers module's
+    /// own WRs, and its completions give their memory back.
     ///
     /// # Errors
     /// [`VerbsError::BadWorkRequest`] (queue full, too many SGEs); WRs before its `index` were posted.
@@ -376,6 +389,11 @@ pub trait SharedReceiveQueue: Clone + Send + Sync + 'static {
 pub trait QueuePair: Send + Sync + 'static {
     /// QP number (24 bits).
     fn qp_num(&self) -> u32;
+
+    /// This QP's identity, different from that of every other QP alive in this process (the
+    /// address of its provider object). QPs of two devices may have the same [`QueuePair::qp_num`];
+    /// two handles name the same QP exactly when their identities are equal.
+    fn identity(&self) -> usize;
 
     /// Current state (`ibv_query_qp`), including a move to ERR made by the NIC.
     fn state(&self) -> QpState;
@@ -399,7 +417,9 @@ pub trait QueuePair: Send + Sync + 'static {
     /// [`SendOp::BindMw`] must name a live window and a live MR of this QP's PD (their handles),
     /// both alive until its completion, and no other bind of the same window may be posted
     /// concurrently from another thread. Binding a window with `REMOTE_WRITE` is granting the
-    /// peer write access: the range falls under the contract of [`MemoryRegion::as_slice`].
+    /// peer write access: the range falls under the contract of [`MemoryRegion::as_slice`]. A WR
+    /// whose completion may be polled through `buffers::Completions` must have a `wr_id` below
+    /// 2^32 (`buffers::RESERVED_WR_IDS`), as for [`SharedReceiveQueue::post_recv`].
     ///
     /// # Errors
     /// [`VerbsError::BadQpState`] before RTS (or in ERR on providers that refuse),

@@ -26,7 +26,9 @@ pub struct RcConfig {
     pub gid_index: u8,
     /// Link layer of the port: with `InfiniBand` and no GID use the LID; otherwise a GRH is used.
     pub link_layer: LinkLayer,
-    /// Remote access granted to the peer on this QP. Default LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ.
+    /// Remote access granted to the peer on this QP. Default `LOCAL_WRITE | REMOTE_WRITE`: the
+    /// runtime's peers only RDMA WRITE (into rings); add `REMOTE_READ` (or `REMOTE_ATOMIC`) for a
+    /// QP whose peer must read (the MR or window must grant it too).
     pub access: AccessFlags,
     /// ACK timeout code: 4.096 µs × 2^timeout. Default 14 (≈ 67 ms).
     pub timeout: u8,
@@ -48,7 +50,7 @@ impl Default for RcConfig {
             port_num: 1,
             gid_index: 0,
             link_layer: LinkLayer::Ethernet,
-            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,

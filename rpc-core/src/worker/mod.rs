@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
+use crate::buffers::{Completion, Completions, RecvBuf, RecvPool};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{
@@ -32,9 +32,7 @@ use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
 use crate::endpoint::counters::{Counters, SharedCounters};
 use crate::session::{Event, Outbox, Waiting};
 use crate::status::{Code, Status};
-use crate::verbs::{
-    CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus, WorkCompletion,
-};
+use crate::verbs::{CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus};
 use crate::wire::{Header, Kind, HEADER_LEN};
 
 /// Completions polled per `poll` call.
@@ -212,7 +210,7 @@ pub(crate) struct Worker<P: Provider> {
     counters: Counters,
     scratch: Vec<u8>,
     ctx: RequestContext,
-    wcs: [WorkCompletion; POLL_BATCH],
+    wcs: Completions<POLL_BATCH>,
     /// The sessions with open streams, each once (empty: the loop skips
     /// [`Worker::pump_streams`]), so a pump visits those only, not every session entry.
     streaming: Vec<u16>,
@@ -254,7 +252,7 @@ impl<P: Provider> Worker<P> {
                 batch_cap: std::cell::Cell::new(limits.body_cap),
             },
             streaming: Vec::with_capacity(n),
-            wcs: [WorkCompletion::default(); POLL_BATCH],
+            wcs: Completions::new(),
             recv,
         }
     }
@@ -296,7 +294,7 @@ impl<P: Provider> Worker<P> {
             if !self.streaming.is_empty() {
                 self.pump_streams();
             }
-            let n = match self.shared.cq.poll(&mut self.wcs) {
+            let n = match self.wcs.poll(&self.shared.cq) {
                 Ok(n) => n,
                 Err(e) => {
                     let _span = tracing::error_span!("worker", index = self.shared.index).entered();
@@ -307,9 +305,8 @@ impl<P: Provider> Worker<P> {
                     break;
                 }
             };
-            for i in 0..n {
-                let wc = self.wcs[i];
-                self.on_completion(&wc);
+            while let Some(c) = self.wcs.next() {
+                self.on_completion(c);
             }
             // Looked at before calling: most empty polls leave nothing to post.
             if !self.dirty.is_empty() {
@@ -739,7 +736,7 @@ impl<P: Provider> Worker<P> {
         }
         let until = Instant::now() + Duration::from_millis(20);
         while Instant::now() < until {
-            match self.shared.cq.poll(&mut self.wcs) {
+            match self.wcs.poll(&self.shared.cq) {
                 Ok(0) => std::thread::yield_now(),
                 Ok(_) => {}
                 Err(_) => break,
@@ -844,8 +841,9 @@ impl<P: Provider> Worker<P> {
         self.by_qpn.get(&qpn).copied()
     }
 
-    fn on_completion(&mut self, wc: &WorkCompletion) {
-        if let Some((tag, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
+    fn on_completion(&mut self, c: Completion) {
+        let wc = *c.wc();
+        if let Some(tag) = c.send_tag() {
             let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
             if !wc.status.is_success() {
                 let reason =
@@ -854,8 +852,7 @@ impl<P: Provider> Worker<P> {
                 self.close_entry(idx, reason, false, true);
                 return;
             }
-            entry.conn.pool.retire(usize::from(bufs));
-            entry.conn.sq.on_completion(wrs);
+            entry.conn.sq.on_completion(c, &mut entry.conn.pool);
             entry.conn.sq.retire_staged(&mut entry.conn.staging);
             let backlog = !entry.backlog.is_empty();
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
@@ -869,7 +866,7 @@ impl<P: Provider> Worker<P> {
             }
             return;
         }
-        let Some(buf) = self.recv.take(wc.wr_id, wc.byte_len) else {
+        let Some(buf) = self.recv.take(c) else {
             tracing::debug!(wr_id = wc.wr_id, "receive completion for a buffer not posted");
             return;
         };
@@ -1056,8 +1053,7 @@ impl<P: Provider> Worker<P> {
         let total = staging.len();
         let (offset, bytes) = if entry.backlog.is_empty() { staging.spare_mut() } else { (0, &mut [][..]) };
         let staging = StagingSpan { offset, bytes, eager_threshold, spare, total };
-        let mut out =
-            ReplyWriter { eager, mirror: mirror.as_mut_slice(), staging, session, outcome: Outcome::Unset };
+        let mut out = ReplyWriter { eager, mirror: mirror.view(), staging, session, outcome: Outcome::Unset };
         if draining {
             out.error(Status::unavailable("server is shutting down"));
         } else if deadline.is_some_and(|d| d <= Instant::now()) {

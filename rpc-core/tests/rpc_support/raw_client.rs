@@ -6,10 +6,10 @@ use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use rpc_core::buffers::{split_send_wr_id, SendBuf, SendMirror, SendPool, SendQueue};
+use rpc_core::buffers::{Completions, SendBuf, SendMirror, SendPool, SendQueue};
 use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{CompletionQueue, Provider, WcStatus, WorkCompletion};
+use rpc_core::verbs::{Provider, WcStatus};
 use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN};
 
 use super::RawPeer;
@@ -225,7 +225,7 @@ where
     /// `header`, SENDs it; one doorbell.
     pub fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
         if !bytes.is_empty() {
-            self.mirror.range_mut(offset, bytes.len() as u32).copy_from_slice(bytes);
+            assert!(self.mirror.write_at(offset, bytes), "a range of the mirror");
             self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1);
         }
         if let Some(h) = header {
@@ -266,14 +266,14 @@ where
 
     /// Polls the CQ once into the inbox; the first failed completion's status, if any.
     fn receive(&mut self) -> Result<(), WcStatus> {
-        let mut wcs = [WorkCompletion::default(); 16];
-        let n = self.peer.cq.poll(&mut wcs).unwrap();
+        let mut wcs = Completions::<16>::new();
+        wcs.poll(&self.peer.cq).unwrap();
         let mut failed = None;
-        for wc in &wcs[..n] {
-            if let Some((_, wrs, bufs)) = split_send_wr_id(wc.wr_id) {
-                self.pool.retire(usize::from(bufs));
-                self.sq.on_completion(wrs);
-            } else if let Some(buf) = self.peer.recv.take(wc.wr_id, wc.byte_len) {
+        for c in wcs {
+            let wc = *c.wc();
+            if c.send_tag().is_some() {
+                self.sq.on_completion(c, &mut self.pool);
+            } else if let Some(buf) = self.peer.recv.take(c) {
                 if wc.status.is_success() {
                     let bytes = self.peer.recv.bytes(&buf);
                     let h = Header::decode(bytes).unwrap();

@@ -63,6 +63,8 @@ use super::{DeviceInfo, DeviceSelector, Provider, Result};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ibverbs;
 
+impl crate::verbs::Sealed for Ibverbs {}
+
 impl Provider for Ibverbs {
     const NAME: &'static str = "ibverbs";
     type Context = IbvContext;

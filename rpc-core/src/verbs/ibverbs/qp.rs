@@ -307,6 +307,10 @@ impl QueuePair for IbvQueuePair {
         self.qp_num
     }
 
+    fn identity(&self) -> usize {
+        self.qp.as_ptr() as usize
+    }
+
     fn state(&self) -> QpState {
         // SAFETY: plain C data; all-zero is valid for both.
         let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) = unsafe { std::mem::zeroed() };

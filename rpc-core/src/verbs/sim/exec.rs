@@ -17,7 +17,7 @@ use super::peer::PeerQp;
 use super::qp::{Link, QpCore, StallKind, ST_RTR, ST_RTS};
 use super::srq::{pop_recv, pop_recv_id, rq_sge};
 use super::MAX_SGE;
-use crate::verbs::{AccessFlags, SendFlags, SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::{racy, AccessFlags, SendFlags, SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
 
 /// Largest message, in bytes (2^31, the IB limit).
 const MAX_MSG: u64 = 1 << 31;
@@ -55,30 +55,28 @@ pub(crate) struct Remap;
 
 type Seg = (*mut u8, usize);
 
-/// Copies the bytes of `src` into `dst` in order, as far as both reach.
+/// Copies the bytes of `src` into `dst` in order, as far as both reach, with atomic loads and
+/// stores only ([`crate::verbs::racy::copy`]): the source may be a ring a peer rewrites, the
+/// destination a ring its owner copies out of, at the same time. A racing access makes the
+/// copied bytes a mix, never a data race.
 ///
 /// # Safety
-/// Every segment must be valid for its length (reads for `src`, writes for `dst`) and no other
-/// thread may access the `dst` bytes meanwhile (the verbs ownership contract).
+/// Every segment must be valid for its length (reads for `src`, writes for `dst`); every other
+/// access to them meanwhile is atomic (the verbs ownership contract keeps non-atomic views of
+/// registered memory away from ranges a posted WR or a peer may access).
 #[inline(always)]
 unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
     if let ([(s, sn)], [(d, dn)]) = (src, dst) {
-        let n = (*sn).min(*dn);
-        let (s, d) = (*s as *const u8, *d);
-        let disjoint = (s as usize + n <= d as usize) || (d as usize + n <= s as usize);
-        if n <= 128 && disjoint {
-            // Small messages: inline word copies instead of a call into memmove (and, inlined
-            // into the transfer, instead of a call at all).
-            // SAFETY: both ranges are valid for `n` bytes (caller's contract) and disjoint.
-            unsafe { copy_small(s, d, n) };
-            return;
-        }
+        // The usual case: one segment to one.
+        // SAFETY: both ranges are valid for `min(sn, dn)` bytes (caller's contract).
+        unsafe { racy::copy(*s as *const u8, *d, (*sn).min(*dn)) };
+        return;
     }
     // SAFETY: the caller's contract is the same.
     unsafe { copy_segs_loop(src, dst) }
 }
 
-/// [`copy_segs`] of anything but one small segment to one: segment by segment, through memmove.
+/// [`copy_segs`] of anything but one segment to one: segment by segment.
 ///
 /// # Safety
 /// As [`copy_segs`].
@@ -87,9 +85,9 @@ unsafe fn copy_segs_loop(src: &[Seg], dst: &[Seg]) {
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while si < src.len() && di < dst.len() {
         let n = (src[si].1 - so).min(dst[di].1 - doff);
-        // SAFETY: both ranges are inside valid segments (caller's contract); `copy` allows
+        // SAFETY: both ranges are inside valid segments (caller's contract); `racy::copy` allows
         // overlap (a QP may send to itself within one MR).
-        unsafe { std::ptr::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
+        unsafe { racy::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
         so += n;
         doff += n;
         if so == src[si].1 {
@@ -99,47 +97,6 @@ unsafe fn copy_segs_loop(src: &[Seg], dst: &[Seg]) {
         if doff == dst[di].1 {
             di += 1;
             doff = 0;
-        }
-    }
-}
-
-/// Copies `n <= 128` bytes with at most two (overlapping) loads and stores per size class, as
-/// small-size memcpy does, instead of a call.
-///
-/// # Safety
-/// `s` valid for reads and `d` for writes of `n` bytes; the ranges do not overlap.
-#[inline(always)]
-unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
-    #[inline(always)]
-    unsafe fn two<T: Copy>(s: *const u8, d: *mut u8, n: usize) {
-        let k = std::mem::size_of::<T>();
-        // SAFETY: `k <= n <= 2k` (callers' size classes), so `[0, k)` and `[n - k, n)` lie in
-        // both ranges; unaligned accesses are allowed; both loads happen before the stores.
-        unsafe {
-            let a = (s as *const T).read_unaligned();
-            let b = (s.add(n - k) as *const T).read_unaligned();
-            (d as *mut T).write_unaligned(a);
-            (d.add(n - k) as *mut T).write_unaligned(b);
-        }
-    }
-    // SAFETY: in every branch the size class satisfies `two`'s bound (`n <= 128`: the caller's);
-    // ranges as the caller promised.
-    unsafe {
-        // Largest class first: a small RPC's SEND (header and body) is 64 to 128 bytes.
-        if n >= 64 {
-            two::<[u128; 4]>(s, d, n)
-        } else if n >= 32 {
-            two::<[u128; 2]>(s, d, n)
-        } else if n >= 16 {
-            two::<u128>(s, d, n)
-        } else if n >= 8 {
-            two::<u64>(s, d, n)
-        } else if n >= 4 {
-            two::<u32>(s, d, n)
-        } else if n >= 2 {
-            two::<u16>(s, d, n)
-        } else if n == 1 {
-            *d = *s
         }
     }
 }

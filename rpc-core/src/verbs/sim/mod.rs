@@ -197,6 +197,8 @@ pub const MAX_CQE: u32 = 65536;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sim;
 
+impl crate::verbs::Sealed for Sim {}
+
 impl Provider for Sim {
     const NAME: &'static str = "sim";
     type Context = SimContext;

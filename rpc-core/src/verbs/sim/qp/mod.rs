@@ -312,6 +312,10 @@ impl QueuePair for SimQp {
         self.core.qpn
     }
 
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.core) as usize
+    }
+
     fn state(&self) -> QpState {
         state_of(self.core.state_raw())
     }

@@ -1,0 +1,431 @@
+//! [`SendQueue`]: the send WRs of one QP gathered during a loop iteration and posted with one
+//! doorbell, and the bookkeeping that gives their memory back when a polled completion proves the
+//! NIC is done with it.
+
+use std::collections::VecDeque;
+
+use super::completion::{Completion, SEND_WR_BIT, SIGNALED_BIT};
+use super::{next_id, RecvRing, SendBuf, SendMirror, SendPool, SendStaging, Staged, POST_BATCH, SMALL_BATCH};
+use crate::verbs::{
+    AccessFlags, MemoryRegion, MemoryWindow, MwBind, Provider, QueuePair, Result, SendFlags, SendOp, SendWr,
+    Sge, VerbsError,
+};
+
+#[derive(Clone, Copy)]
+struct PendingWr {
+    sge: Sge,
+    op: SendOp,
+    /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE).
+    buf: u16,
+    /// Staged range whose last WRITE this is (freed by its completion), or `u32::MAX`.
+    staged: u32,
+    /// Copied into the WQE at post time.
+    inline: bool,
+}
+
+/// The send WRs of one QP gathered during a loop iteration, posted with one doorbell.
+///
+/// A queue posts to one QP, the first it is flushed to, and takes its send buffers from one
+/// [`SendPool`], the first it posts from (a flush to another QP or from another pool is refused).
+/// Every WR it posts carries in its `wr_id` the queue's identity (and the caller's `tag`, see
+/// [`Completion::send_tag`]); a signaled WR is remembered with the WRs and send buffers its
+/// completion retires. So only a polled completion of this queue's own signaled WR on its own
+/// QP ([`SendQueue::on_completion`]) gives buffers and staged ranges back, in posting order.
+pub struct SendQueue {
+    pending: Vec<PendingWr>,
+    /// WRs posted and not yet retired by a signaled completion.
+    outstanding: usize,
+    /// WRs posted since the last signaled one.
+    unsignaled: usize,
+    /// Send buffers posted since the last signaled WR.
+    unsignaled_bufs: usize,
+    /// Send queue depth in WQEs.
+    depth: usize,
+    /// Signal at least every this many send buffers (so free buffers never run out waiting).
+    signal_bufs: usize,
+    /// WRs posted so far.
+    posted: u64,
+    /// WRs retired by polled completions so far.
+    completed: u64,
+    /// Staged ranges whose last WRITE is posted, in posting order: (value of `posted` once that
+    /// WRITE is posted, range sequence number).
+    staged: VecDeque<(u64, u32)>,
+    /// Signaled WRs posted and not completed, oldest first: (value of `posted` once it is
+    /// posted, send buffers its completion retires).
+    signals: VecDeque<(u64, u16)>,
+    /// This queue's identity in its WRs' `wr_id`s (0: none yet, taken at the first post).
+    id: u32,
+    /// The QP it posts to: (its [`QueuePair::identity`], its number), from the first post.
+    qp: Option<(usize, u32)>,
+    /// The pool it posts buffers of (0: none yet).
+    pool: u32,
+    /// The staging area its staged WRITEs read (0: none yet).
+    staging: u32,
+}
+
+/// The `wr_id` of a send WR of queue `id`, flushed with `tag`.
+#[inline]
+fn send_wr_id(tag: u32, id: u32, signaled: bool) -> u64 {
+    let low = if signaled { id | SIGNALED_BIT } else { id };
+    SEND_WR_BIT | (u64::from(tag & 0x7fff_ffff) << 32) | u64::from(low)
+}
+
+impl SendQueue {
+    /// A queue for a QP whose send queue holds `depth` WQEs and whose pool has `bufs` send
+    /// buffers. Allocates its bookkeeping for `depth` WRs now.
+    pub fn new(depth: usize, bufs: usize) -> SendQueue {
+        SendQueue {
+            pending: Vec::with_capacity(depth),
+            outstanding: 0,
+            unsignaled: 0,
+            unsignaled_bufs: 0,
+            depth,
+            signal_bufs: (bufs / 4).clamp(1, 16),
+            posted: 0,
+            completed: 0,
+            staged: VecDeque::with_capacity(bufs),
+            signals: VecDeque::with_capacity(depth),
+            id: 0,
+            qp: None,
+            pool: 0,
+            staging: 0,
+        }
+    }
+
+    /// WRs waiting for the next flush.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Room for `n` more WRs in the send queue (posted and not retired, plus pending).
+    #[inline]
+    pub fn has_room(&self, n: usize) -> bool {
+        self.outstanding + self.pending.len() + n <= self.depth
+    }
+
+    /// WRs posted and not yet retired by a polled signaled completion.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Ties the queue to `qp` (at its first post) or checks that `qp` is that QP.
+    #[inline]
+    fn bind_qp<Q: QueuePair>(&mut self, qp: &Q) -> Result<()> {
+        match self.qp {
+            Some((identity, _)) if identity == qp.identity() => Ok(()),
+            Some((_, qpn)) => Err(VerbsError::InvalidArgument {
+                call: "SendQueue::flush",
+                reason: format!("this queue posts to QP {qpn:#x}, not to QP {:#x}", qp.qp_num()),
+            }),
+            None => {
+                if self.id == 0 {
+                    self.id = next_id()?;
+                }
+                self.qp = Some((qp.identity(), qp.qp_num()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Ties the queue and `pool` to each other (at the first post) or checks that they are.
+    #[inline]
+    fn bind_pool<P: Provider>(&mut self, pool: &mut SendPool<P>) -> Result<()> {
+        if (self.pool == 0 || self.pool == pool.id) && (pool.sq == 0 || pool.sq == self.id) {
+            self.pool = pool.id;
+            pool.sq = self.id;
+            return Ok(());
+        }
+        Err(VerbsError::InvalidArgument {
+            call: "SendQueue::flush",
+            reason: "a send queue and a send pool post only with each other".into(),
+        })
+    }
+
+    /// Queues an RDMA WRITE of `mirror[offset, offset + len)` to the peer's ring at the same offset.
+    pub fn write<P: Provider>(
+        &mut self,
+        mirror: &SendMirror<P>,
+        offset: u32,
+        len: u32,
+        ring_addr: u64,
+        rkey: u32,
+    ) {
+        self.pending.push(PendingWr {
+            sge: mirror.mr.sge(offset as usize, len),
+            op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
+            buf: u16::MAX,
+            staged: u32::MAX,
+            inline: false,
+        });
+    }
+
+    /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote_addr`.
+    /// Returns the token while bytes after this piece remain; the WRITE of the last piece consumes
+    /// it (its range is freed by the completion covering that WRITE, see
+    /// [`SendQueue::retire_staged`]). A piece outside the body, a token of another staging
+    /// area, or a staging area other than the one this queue wrote from first, queues nothing and
+    /// gives the token back.
+    pub fn write_staged<P: Provider>(
+        &mut self,
+        staging: &SendStaging<P>,
+        staged: Staged,
+        from: u32,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Option<Staged> {
+        if staged.pool != staging.id
+            || (self.staging != 0 && self.staging != staging.id)
+            || from.checked_add(len).is_none_or(|end| end > staged.len)
+        {
+            return Some(staged);
+        }
+        self.staging = staging.id;
+        let last = from + len == staged.len;
+        self.pending.push(PendingWr {
+            sge: staging.mr.sge((staged.offset + from) as usize, len),
+            op: SendOp::RdmaWrite { remote_addr, rkey },
+            buf: u16::MAX,
+            staged: if last { staged.seq } else { u32::MAX },
+            inline: false,
+        });
+        if last {
+            None
+        } else {
+            Some(staged)
+        }
+    }
+
+    /// Queues a SEND of the first `len` bytes of send buffer `buf` (consumed: it is the NIC's
+    /// until a signaled completion retires it); with `inline`, the bytes are copied into the WQE
+    /// (`len` must not exceed the QP's `max_inline_data`). A token of another pool is dropped;
+    /// one of a pool other than the one this queue sends from is given back to it, unsent.
+    #[inline]
+    pub fn send<P: Provider>(&mut self, pool: &mut SendPool<P>, buf: SendBuf, len: u32, inline: bool) {
+        if buf.pool != pool.id {
+            return;
+        }
+        if self.pool != pool.id {
+            if self.pool != 0 {
+                return pool.give_back(buf);
+            }
+            self.pool = pool.id;
+        }
+        let idx = buf.idx;
+        std::mem::forget(buf);
+        pool.out -= 1;
+        let len = len.min(pool.buf_size as u32);
+        self.pending.push(PendingWr {
+            sge: pool.sge(idx, len),
+            op: SendOp::Send,
+            buf: idx,
+            staged: u32::MAX,
+            inline,
+        });
+    }
+
+    /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs. The last WR of a batch
+    /// is signaled when the batch holds non-inline sends, or a quarter of the send buffers (at
+    /// most 16) or half the send queue went unsignaled; every WR's `wr_id` carries `tag` (31
+    /// bits, [`Completion::send_tag`]). Allocates nothing.
+    ///
+    /// # Errors
+    /// The verbs error of posting; the QP is then unusable (the caller closes the connection).
+    /// [`VerbsError::InvalidArgument`] (nothing posted) for a QP other than the one this queue
+    /// posted to first, or a pool other than the one it posted from first (or one another queue
+    /// posts from).
+    pub fn flush<P: Provider>(&mut self, qp: &P::QueuePair, pool: &mut SendPool<P>, tag: u32) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.bind_qp(qp)?;
+        self.bind_pool(pool)?;
+        while !self.pending.is_empty() {
+            if self.pending.len() == 1 {
+                // The latency case: one message, nothing to fill but one WR.
+                self.post_chunk::<P, 1>(qp, pool, tag)?;
+            } else if self.pending.len() <= SMALL_BATCH {
+                self.post_chunk::<P, SMALL_BATCH>(qp, pool, tag)?;
+            } else {
+                self.post_chunk::<P, POST_BATCH>(qp, pool, tag)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn post_chunk<P: Provider, const N: usize>(
+        &mut self,
+        qp: &P::QueuePair,
+        pool: &mut SendPool<P>,
+        tag: u32,
+    ) -> Result<()> {
+        let n = self.pending.len().min(N);
+        let mut bufs = 0usize;
+        let mut dma_bufs = false;
+        let wr_id = send_wr_id(tag, self.id, false);
+        let mut wrs = [SendWr { wr_id, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; N];
+        for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
+            let flags = if p.inline { SendFlags::INLINE } else { SendFlags::EMPTY };
+            *wr = SendWr { wr_id, sg_list: std::slice::from_ref(&p.sge), op: p.op, flags };
+            if p.buf != u16::MAX {
+                bufs += 1;
+                dma_bufs |= !p.inline;
+            }
+            // A staged range is free again only with the completion of its last WRITE.
+            dma_bufs |= p.staged != u32::MAX;
+        }
+        // Selective signaling: a completion retires WQEs and send buffers. Buffers the NIC reads
+        // by DMA want it soon; inline ones only before the free list runs low.
+        let unsignaled = self.unsignaled + n;
+        let unsignaled_bufs = self.unsignaled_bufs + bufs;
+        let signal = dma_bufs || unsignaled_bufs >= self.signal_bufs || unsignaled >= (self.depth / 2).max(1);
+        if signal {
+            wrs[n - 1].flags |= SendFlags::SIGNALED;
+            wrs[n - 1].wr_id = send_wr_id(tag, self.id, true);
+        }
+        // SAFETY: every SGE lies in a send buffer of `pool`, in the send mirror or in the staging
+        // area, MRs owned next to `qp` by the same connection and dropped after it. A send
+        // buffer's token was consumed by `send`, so nothing writes it until a signaled completion
+        // at or after its WR retires it: `retire` runs only from `on_completion`, which takes a
+        // polled `Completion` of this queue's own signaled WR (its identity in the `wr_id`, which
+        // no other queue uses, see `RESERVED_WR_IDS`) on this queue's one QP (`bind_qp`), and
+        // retires exactly what that WR covers (`signals`), from the one pool this queue posts
+        // (`bind_pool`). A mirror range is not reserved again until the peer reports it freed,
+        // which it does only after the SEND that follows the WRITE arrived; the mirror hands out
+        // no view of other ranges (`MirrorView`), and copies into it (`write_at`) are atomic. A
+        // staged range stays allocated (no view of it is handed out) until the signaled
+        // completion at or after its last WRITE is polled (`retire_staged`; every batch with
+        // such a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the
+        // posted WQEs within the send queue.
+        unsafe { qp.post_send(&wrs[..n]) }?;
+        for (i, p) in self.pending[..n].iter().enumerate() {
+            if p.buf != u16::MAX {
+                pool.posted.push_back(p.buf);
+            }
+            if p.staged != u32::MAX {
+                self.staged.push_back((self.posted + i as u64 + 1, p.staged));
+            }
+        }
+        self.posted += n as u64;
+        self.outstanding += n;
+        if signal {
+            self.signals.push_back((self.posted, unsignaled_bufs as u16));
+            self.unsignaled = 0;
+            self.unsignaled_bufs = 0;
+        } else {
+            self.unsignaled = unsignaled;
+            self.unsignaled_bufs = unsignaled_bufs;
+        }
+        if n == self.pending.len() {
+            // The usual case (one batch): no drain bookkeeping for `Copy` entries.
+            self.pending.clear();
+        } else {
+            self.pending.drain(..n);
+        }
+        Ok(())
+    }
+
+    /// Binds `ring`'s window to `qp` (a signaled BIND_MW WR, one WQE of this queue, whose
+    /// completion carries `tag` and retires it like any other): from that completion on, the
+    /// peer of `qp`, and only it, can RDMA WRITE the ring with [`RecvRing::remote`]'s rkey.
+    /// Nothing is posted for a ring without a window. Posted at once, before anything queued.
+    ///
+    /// # Errors
+    /// The verbs error of posting (QP not in RTS, send queue full); [`VerbsError::InvalidArgument`]
+    /// for a QP other than the one this queue posts to.
+    pub fn bind_window<P: Provider>(
+        &mut self,
+        qp: &P::QueuePair,
+        ring: &RecvRing<P>,
+        tag: u32,
+    ) -> Result<()> {
+        let Some((mw, rkey)) = &ring.mw else { return Ok(()) };
+        self.bind_qp(qp)?;
+        let bind = MwBind {
+            mr: ring.mr.handle(),
+            addr: ring.mr.addr(),
+            length: ring.mr.len() as u64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        let wr = SendWr {
+            wr_id: send_wr_id(tag, self.id, true),
+            sg_list: &[],
+            op: SendOp::BindMw { mw: mw.handle(), rkey: *rkey, bind },
+            flags: SendFlags::SIGNALED,
+        };
+        // SAFETY: a bind WR has no SGEs; the window and the MR it names are owned by `ring`,
+        // which the caller keeps next to `qp` (the connection's fields), and only this call binds
+        // that window, once, from the thread that owns the connection. The window grants
+        // REMOTE_WRITE only: the ring is read only by copies (`RecvRing::copy_out`).
+        unsafe { qp.post_send(std::slice::from_ref(&wr)) }?;
+        // Signaled: its completion retires it and whatever unsignaled WRs went before it.
+        self.posted += 1;
+        self.outstanding += 1;
+        self.signals.push_back((self.posted, self.unsignaled_bufs as u16));
+        self.unsignaled = 0;
+        self.unsignaled_bufs = 0;
+        Ok(())
+    }
+
+    /// Gives back what a polled completion of this queue's signaled WR retires: that WR, every
+    /// WR before it, their send buffers (to `pool`, the pool this queue posts from) and, through
+    /// [`SendQueue::retire_staged`], their staged ranges. Returns false, retiring nothing, for a
+    /// failed completion (the QP is in ERR: its WRs complete flushed, and their memory is given
+    /// back when the connection is dropped, QP first), one of another queue or QP, an unsignaled
+    /// WR's (QPs with `sq_sig_all`), or when `pool` is not this queue's.
+    #[inline]
+    pub fn on_completion<P: Provider>(&mut self, c: Completion, pool: &mut SendPool<P>) -> bool {
+        let wc = c.wc();
+        if !wc.status.is_success()
+            || wc.wr_id & SEND_WR_BIT == 0
+            || self.id == 0
+            || wc.wr_id as u32 != (self.id | SIGNALED_BIT)
+            || self.qp.map(|(_, qpn)| qpn) != Some(wc.qp_num)
+        {
+            return false;
+        }
+        let Some(&(at, bufs)) = self.signals.front() else { return false };
+        if bufs > 0 && (pool.id != self.pool || pool.sq != self.id) {
+            return false;
+        }
+        self.signals.pop_front();
+        self.completed = at;
+        self.outstanding = (self.posted - at) as usize;
+        pool.retire(usize::from(bufs));
+        true
+    }
+
+    /// Frees the staged ranges whose last WRITE a polled completion retired (call after
+    /// [`SendQueue::on_completion`]); nothing for a staging area this queue does not write from.
+    #[inline]
+    pub fn retire_staged<P: Provider>(&mut self, staging: &mut SendStaging<P>) {
+        if staging.id != self.staging {
+            return;
+        }
+        while let Some(&(at, seq)) = self.staged.front() {
+            if at > self.completed {
+                break;
+            }
+            self.staged.pop_front();
+            staging.finish(seq);
+        }
+    }
+
+    /// Drops the WRs queued and not posted yet (the connection is closing): their send buffers
+    /// go back to `pool` (the NIC never saw them). A staged range whose last WRITE was queued
+    /// stays allocated. Posted WRs keep their memory until their completions are polled, or until
+    /// everything is dropped (the QP first).
+    pub fn discard_pending<P: Provider>(&mut self, pool: &mut SendPool<P>) {
+        for p in self.pending.drain(..) {
+            // Every queued send's buffer is of `self.pool` (checked by `send`).
+            if p.buf != u16::MAX && pool.id == self.pool {
+                pool.free.push(p.buf);
+            }
+        }
+    }
+}
