@@ -292,7 +292,8 @@ impl<P: Provider> ClientCore<P> {
             // The client registers a mirror (and staging) of the server's ring length: a
             // configuration mismatch of the two ends, which one of them must change.
             return Err(Status::resource_exhausted(format!(
-                "the server {peer} announces a ring of {} bytes (its ServerConfig::ring_bytes), above \
+                "the server {peer} announces a ring (handshake field `ring_len`) of {} bytes (its \
+                 ServerConfig::ring_bytes), above \
                  this client's ClientConfig::max_peer_ring_bytes of {} bytes (the most it mirrors): \
                  raise ClientConfig::max_peer_ring_bytes to at least {} or lower the server's \
                  ServerConfig::ring_bytes",
