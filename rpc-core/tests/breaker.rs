@@ -305,7 +305,9 @@ fn tiny_rings_are_refused_and_the_smallest_with_eager_threshold_zero_carry_bodie
         let cfg = client_config().ring_bytes(ring).eager_threshold(0);
         let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
         let started = Instant::now();
-        for (i, (req, rep)) in [(0usize, 0usize), (1, 1), (700, 1500), (200_000, 150_000)].into_iter().enumerate() {
+        for (i, (req, rep)) in
+            [(0usize, 0usize), (1, 1), (700, 1500), (200_000, 150_000)].into_iter().enumerate()
+        {
             let r = client
                 .unary::<_, EchoMsg>(
                     ECHO,
@@ -528,7 +530,13 @@ fn a_hostile_server_answering_wrongly_is_refused_by_the_client() {
             c.write(
                 P,
                 &[1; P as usize],
-                Some(Header { in_ring: true, ring_offset: P, body_len: P, total_len: 4 * P, ..response_to(req) }),
+                Some(Header {
+                    in_ring: true,
+                    ring_offset: P,
+                    body_len: P,
+                    total_len: 4 * P,
+                    ..response_to(req)
+                }),
             );
         }),
         ("response to a slot outside the window", |c, req| {

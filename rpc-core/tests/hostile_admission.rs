@@ -84,7 +84,12 @@ fn raw_handshake(addr: SocketAddr, tweak: impl FnOnce(&mut Handshake)) -> Frame 
 /// Waits until the server's counters satisfy `done`.
 #[track_caller]
 fn wait_counters(server: &ServerHandle, what: &str, done: impl Fn(&Counters) -> bool) -> Counters {
-    wait_for(what, WAIT, || Some(server.counters()).filter(|c| done(c)), || format!("{:?}", server.counters()))
+    wait_for(
+        what,
+        WAIT,
+        || Some(server.counters()).filter(|c| done(c)),
+        || format!("{:?}", server.counters()),
+    )
 }
 
 /// The first piece (`piece` bytes at offset 0 of the server's ring) of a RAW request of `total`
@@ -150,8 +155,7 @@ fn a_client_ring_beyond_the_servers_limits_is_refused_before_anything_is_registe
 /// what was granted.
 #[test]
 fn what_a_client_asks_beyond_the_configuration_is_granted_within_it() {
-    let (server, _) =
-        spawn(server().credits_per_session(8).eager_threshold(1024).max_message_size(2 << 20));
+    let (server, _) = spawn(server().credits_per_session(8).eager_threshold(1024).max_message_size(2 << 20));
     let f = raw_handshake(server.local_addr(), |h| {
         h.ring_len = 4 << 20;
         h.credits = rpc_core::wire::MAX_CREDITS;

@@ -180,7 +180,8 @@ impl<P: Provider> ClientCore<P> {
                 cfg.ring_bytes
             )));
         }
-        if cfg.max_peer_ring_bytes < crate::wire::MIN_RING_LEN || cfg.max_peer_ring_bytes > crate::wire::MAX_RING_LEN
+        if cfg.max_peer_ring_bytes < crate::wire::MIN_RING_LEN
+            || cfg.max_peer_ring_bytes > crate::wire::MAX_RING_LEN
         {
             return Err(Status::invalid_argument(format!(
                 "ClientConfig::max_peer_ring_bytes {} is not in 64 KiB ..= 1 GiB (wire::MIN_RING_LEN ..= MAX_RING_LEN)",
@@ -303,7 +304,11 @@ impl<P: Provider> ClientCore<P> {
         if reply.ring_len < crate::wire::MIN_RING_LEN {
             return refuse(
                 "ring_len",
-                format!("{} bytes below the smallest ring, {} bytes", reply.ring_len, crate::wire::MIN_RING_LEN),
+                format!(
+                    "{} bytes below the smallest ring, {} bytes",
+                    reply.ring_len,
+                    crate::wire::MIN_RING_LEN
+                ),
             );
         }
         let body_cap = body_area(reply.eager_threshold);

@@ -36,8 +36,8 @@ use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HEADER_LEN, MAX_AUTH_TOKEN,
-    MAX_FRAME, MIN_RING_LEN,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HEADER_LEN,
+    MAX_AUTH_TOKEN, MAX_FRAME, MIN_RING_LEN,
 };
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_DONE, BIND_PENDING};
@@ -560,12 +560,8 @@ impl<P: Provider> Listener<P> {
             Ok(c) => c,
             Err(e) => return Err(Self::refuse(stream, e)),
         };
-        let registered = registered_bytes(
-            self.config.ring_bytes,
-            hello.ring_len,
-            send_bufs_for(credits),
-            conn.0.body_cap,
-        );
+        let registered =
+            registered_bytes(self.config.ring_bytes, hello.ring_len, send_bufs_for(credits), conn.0.body_cap);
         self.memory.registered.add(registered);
         if hello.flags & FLAG_IDLE_PONGS != 0 {
             conn.0.session.probe_while_idle();
@@ -579,7 +575,13 @@ impl<P: Provider> Listener<P> {
         let window = conn.0.ring.has_window();
         push(
             &w.control,
-            Control::Open(Box::new(NewConn { conn: conn.0, session, peer, bound: bound.clone(), registered })),
+            Control::Open(Box::new(NewConn {
+                conn: conn.0,
+                session,
+                peer,
+                bound: bound.clone(),
+                registered,
+            })),
         );
         // The peer may write our ring as soon as it has the reply: the worker binds the ring's
         // window to the QP first, and wakes the listener when the bind completed (the reply goes

@@ -383,7 +383,8 @@ impl Session {
             if let Some(r) = self.reassembly.as_mut() {
                 r.expired = true;
                 let started = at.checked_sub(r.timeout).unwrap_or(at);
-                self.events.push_back(Event::ReassemblyExpired { waited: now.saturating_duration_since(started) });
+                self.events
+                    .push_back(Event::ReassemblyExpired { waited: now.saturating_duration_since(started) });
             }
         }
     }
@@ -766,10 +767,12 @@ impl Session {
             // A body that will wait for more pieces is charged whole (what its buffer grows to)
             // before anything is allocated for it.
             let charge = match &self.reassembly {
-                Some(r) if first && !last => match r.held.charge(u64::from(h.total_len), "a body in pieces") {
-                    Ok(c) => Some((c, clock.now())),
-                    Err(_) => return Err(REASSEMBLY_CAP),
-                },
+                Some(r) if first && !last => {
+                    match r.held.charge(u64::from(h.total_len), "a body in pieces") {
+                        Ok(c) => Some((c, clock.now())),
+                        Err(_) => return Err(REASSEMBLY_CAP),
+                    }
+                }
                 _ => None,
             };
             let token = self.consumer.accept(h.ring_offset, h.body_len)?;

@@ -15,7 +15,7 @@
 //! | 1 | reserved, 0 |
 //! | 16 | GID |
 //! | 8 | ring address (where the peer RDMA WRITEs bulk bodies) |
-//! | 4 | ring length in bytes (1 ..= 1 GiB) |
+//! | 4 | ring length in bytes (1 ..= 1 GiB on the wire; each end refuses a peer ring below [`MIN_RING_LEN`], and a server one above its `max_peer_ring_bytes`) |
 //! | 4 | ring rkey |
 //! | 2 | credits: requests in flight (client: asked; server: granted), 1..=4096 |
 //! | 2 | reserved, 0 |
