@@ -215,6 +215,8 @@ impl ServerState {
                 .polling(polling(args.poll))
                 .worker_cores(self.worker_core.into_iter().collect())
                 .ring_bytes(ring)
+                // rpc-perf's client asks for the same ring: mirror it (the default cap is 4 MiB).
+                .max_peer_ring_bytes(ring)
                 .max_message_size(MESSAGE_LIMIT)
                 .credits_per_session(credits)
                 .srq_depth((2 * u32::from(credits) + 1).max(4096))

@@ -41,6 +41,7 @@ fn hello_and_kv_on_rdma() {
         .transport(t.clone())
         .polling(POLL)
         .ring_bytes(32 << 20)
+        .max_peer_ring_bytes(32 << 20)
         // The Soft-RoCE guest is emulated (TCG): registering 4 x 32 MiB rings takes seconds there.
         .handshake_timeout(Duration::from_secs(60))
         .peer_timeout(Some(Duration::from_secs(60)))

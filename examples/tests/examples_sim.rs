@@ -37,6 +37,7 @@ fn kv_workload_checks_every_answer() {
         .transport(Transport::Sim)
         .polling(POLL)
         .ring_bytes(32 << 20)
+        .max_peer_ring_bytes(32 << 20)
         .add_service(KvServer::new(KvStore::default()))
         .spawn("127.0.0.1:0")
         .unwrap();

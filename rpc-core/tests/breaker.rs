@@ -237,7 +237,7 @@ fn a_ring_return_flood_does_not_break_the_session_or_others() {
 fn responses_in_pieces_to_abandoned_calls_never_reach_the_next_call() {
     let (server, _) = spawn(server().ring_bytes(1 << 16));
     let client =
-        Client::connect_with(server.local_addr(), &client_config().ring_bytes(1 << 15).window(2)).unwrap();
+        Client::connect_with(server.local_addr(), &client_config().ring_bytes(1 << 16).window(2)).unwrap();
     let mut expired = 0;
     for i in 0..30u64 {
         let d = Duration::from_micros(200 + 300 * i);
@@ -286,16 +286,28 @@ fn a_client_dropped_mid_stream_is_cleaned_up() {
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
-/// Degenerate but valid limits: rings of 1, 3, 31 and 100 bytes on both sides, eager
-/// threshold 0. Bodies of a few KB go through in 1-byte (..25-byte) pieces, both ways. Held.
+/// Rings below 64 KiB are refused at build time on both ends, naming `ring_bytes` (before, rings
+/// of 1, 3, 31 and 100 bytes were accepted and carried bodies in 1-byte pieces: a WR per byte).
+/// The smallest rings (64 KiB, and an odd 64 KiB + 3) with eager threshold 0 carry bodies of
+/// any size both ways, larger ones in pieces of at least 1/16 of the ring. Held.
 #[test]
-fn tiny_rings_and_eager_threshold_zero_still_carry_bodies() {
-    for ring in [1u32, 3, 31, 100] {
+fn tiny_rings_are_refused_and_the_smallest_with_eager_threshold_zero_carry_bodies() {
+    for ring in [1u32, 100, (64 << 10) - 1] {
+        let err = rpc_core::Server::builder().ring_bytes(ring).spawn("127.0.0.1:0").err().unwrap();
+        assert!(err.to_string().contains("ring_bytes"), "{err}");
+        let (server, _) = spawn(server());
+        let err = Client::connect_with(server.local_addr(), &client_config().ring_bytes(ring)).err().unwrap();
+        assert!(err.code() == Code::InvalidArgument && err.message().contains("ring_bytes"), "{err}");
+        server.shutdown();
+    }
+    for ring in [64u32 << 10, (64 << 10) + 3] {
         let (server, _) = spawn(server().ring_bytes(ring).eager_threshold(0));
         let cfg = client_config().ring_bytes(ring).eager_threshold(0);
         let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
         let started = Instant::now();
-        for (i, (req, rep)) in [(0usize, 0usize), (1, 1), (700, 1500)].into_iter().enumerate() {
+        for (i, (req, rep)) in
+            [(0usize, 0usize), (1, 1), (700, 1500), (200_000, 150_000)].into_iter().enumerate()
+        {
             let r = client
                 .unary::<_, EchoMsg>(
                     ECHO,
@@ -508,19 +520,21 @@ fn a_hostile_server_answering_wrongly_is_refused_by_the_client() {
             );
         }),
         ("pieces whose total_len changes", |c, req| {
+            // Pieces of 1/16 of the client's 1 MiB ring (smaller ones are refused for that).
+            const P: u32 = 64 << 10;
             c.write(
                 0,
-                &[1; 8192],
-                Some(Header { in_ring: true, body_len: 8192, total_len: 3 * 8192, ..response_to(req) }),
+                &[1; P as usize],
+                Some(Header { in_ring: true, body_len: P, total_len: 3 * P, ..response_to(req) }),
             );
             c.write(
-                8192,
-                &[1; 8192],
+                P,
+                &[1; P as usize],
                 Some(Header {
                     in_ring: true,
-                    ring_offset: 8192,
-                    body_len: 8192,
-                    total_len: 4 * 8192,
+                    ring_offset: P,
+                    body_len: P,
+                    total_len: 4 * P,
                     ..response_to(req)
                 }),
             );
@@ -721,7 +735,8 @@ fn cancel_and_expiry_before_dispatch_answer_without_the_handler() {
     assert!(c.response(Duration::from_millis(100)).is_none());
     assert_eq!(c.acks, [(0, 1), (0, 1), (2, 9)], "every Cancel is acknowledged, in order");
     // A STASH request in two ring pieces with a 1 ms deadline, the second piece sent late.
-    let (p, total) = (c.eager + 100, 2 * (c.eager + 100));
+    // Pieces of 1/16 of the server's ring (the smallest a piece that is not the last may be).
+    let (p, total) = (c.ring_len / 16, 2 * (c.ring_len / 16));
     let first = Header { method: STASH, generation: 2, timeout_us: 1_000, ..ring_piece(s, 1, 0, p, total) };
     let zeros = vec![0u8; p as usize];
     c.write(0, &zeros, Some(first));

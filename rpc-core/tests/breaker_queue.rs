@@ -18,7 +18,7 @@ use rpc_core::Client;
 use rpc_support::*;
 
 /// Server ring (so the client's staging area is twice this) and eager threshold of these probes.
-const RING: u32 = 16 << 10;
+const RING: u32 = 64 << 10;
 const EAGER: u32 = 256;
 const WINDOW: u16 = 2;
 

@@ -141,7 +141,7 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
 
     let (server, _) = spawn(server());
     let keep = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    let peer = RawPeer::new(64, 8, 4096, 4096, 1);
+    let peer = RawPeer::new(64, 8, 4096, 1 << 16, 1);
     let hello = peer.handshake(2, 1024, 1 << 20, 0);
     let mut tcp = TcpStream::connect(server.local_addr()).unwrap();
     write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
@@ -374,9 +374,9 @@ fn limits_are_validated_together_at_spawn() {
 /// closed the session; and the client sent the stale bytes of an earlier message in the gap.
 #[test]
 fn a_bulk_body_shorter_than_its_encoded_len_keeps_the_ring_in_step() {
-    let server = server().ring_bytes(16 << 10).add_service(Hostile).add_service(TestService::default());
+    let server = server().ring_bytes(64 << 10).add_service(Hostile).add_service(TestService::default());
     let server = server.spawn("127.0.0.1:0").unwrap();
-    let config = client_config().ring_bytes(16 << 10).eager_threshold(256);
+    let config = client_config().ring_bytes(64 << 10).eager_threshold(256);
     let client = Client::connect_with(server.local_addr(), &config).unwrap();
     let big = |seq: u64| {
         let req = EchoMsg { seq, reply_len: 4 << 10, ..Default::default() };
@@ -615,8 +615,8 @@ fn ring_space_freed_behind_a_queued_request_is_reported() {
     use std::time::Duration;
 
     let (server, _) = spawn(server());
-    let client = Client::connect_with(server.local_addr(), &client_config().ring_bytes(16 << 10)).unwrap();
-    let len = 10 << 10;
+    let client = Client::connect_with(server.local_addr(), &client_config().ring_bytes(64 << 10)).unwrap();
+    let len = 40 << 10;
     let x = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 8, len), &CallOptions::default());
     wait_until(
         "X's bulk answer to arrive",

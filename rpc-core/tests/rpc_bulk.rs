@@ -60,7 +60,7 @@ fn blocking_bulk_calls_alternate_directions() {
 /// for the probe (a third of `peer_timeout`) instead of failing at the deadline.
 #[test]
 fn ring_responses_taken_out_of_order() {
-    const SMALL_RING: u32 = 16 * 1024;
+    const SMALL_RING: u32 = 64 * 1024;
     let (server, _) = spawn(server().eager_threshold(512).ring_bytes(SMALL_RING).peer_timeout(None));
     let client = Client::connect_with(
         server.local_addr(),
@@ -72,7 +72,7 @@ fn ring_responses_taken_out_of_order() {
         let futs: Vec<_> = (0..8u64)
             .map(|i| {
                 let seq = round * 8 + i;
-                (seq, client.unary_async::<_, EchoMsg>(ECHO, &request(seq, 700, 4000), &opts))
+                (seq, client.unary_async::<_, EchoMsg>(ECHO, &request(seq, 700, 16_000), &opts))
             })
             .collect();
         let start = client.counters().bytes_in;
@@ -85,7 +85,7 @@ fn ring_responses_taken_out_of_order() {
                 let waiting = client.counters().bytes_in - start;
                 assert!(waiting > u64::from(SMALL_RING), "{waiting} bytes of responses arrived, untaken");
             }
-            check_reply(&r, seq, 4000);
+            check_reply(&r, seq, 16_000);
         }
     }
     assert!(client.counters().bytes_in > 40 * u64::from(SMALL_RING));
@@ -98,16 +98,16 @@ fn ring_responses_taken_out_of_order() {
 /// the ring, and from the heap when larger than the staging area too; every body intact.
 #[test]
 fn bodies_beyond_the_ring_and_the_staging_area_wait_or_go_from_the_heap() {
-    const SMALL_RING: u32 = 16 * 1024;
+    const SMALL_RING: u32 = 64 * 1024;
     let (server, _) = spawn(server().eager_threshold(512).ring_bytes(SMALL_RING));
     let client = Client::connect_with(
         server.local_addr(),
         &client_config().eager_threshold(512).ring_bytes(SMALL_RING).window(16),
     )
     .unwrap();
-    // Below a piece, above a piece, above the ring, above the staging area (32 KiB).
+    // Below a piece, above a piece, above the ring, above the staging area (128 KiB).
     let total = 400u64;
-    pipeline(&client, total, 16, &[3_000usize, 6_000, 20_000, 40_000, 9_000], 2);
+    pipeline(&client, total, 16, &[12_000usize, 24_000, 80_000, 160_000, 36_000], 2);
     let c = client.counters();
     assert_eq!(c.with_code(Code::Ok), total);
     assert!(c.ring_full_stalls > 0, "the ring filled up");

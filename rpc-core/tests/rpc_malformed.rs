@@ -18,7 +18,7 @@ use rpc_support::*;
 
 /// Connects like a client would, then SENDs `bytes` as one message and returns the TCP stream.
 fn rogue_send(addr: std::net::SocketAddr, make: impl FnOnce(u32) -> Vec<u8>) -> TcpStream {
-    let peer = RawPeer::new(64, 16, 4096 + HEADER_LEN, 4096, 1);
+    let peer = RawPeer::new(64, 16, 4096 + HEADER_LEN, 1 << 16, 1);
     let mut tcp = TcpStream::connect(addr).unwrap();
     // A server that never answers the handshake fails the test, not hangs it.
     tcp.set_read_timeout(Some(WAIT)).unwrap();

@@ -122,7 +122,7 @@ fn client_vanishing_without_close_frees_its_server_session() {
     let keep = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     // A client whose TCP connection closes without a Close message (a crashed process).
     let gone = TcpStream::connect(server.local_addr()).unwrap();
-    let peer = RawPeer::new(64, 8, 4096, 4096, 1);
+    let peer = RawPeer::new(64, 8, 4096, 1 << 16, 1);
     let mut tcp = gone;
     write_frame(&mut tcp, &Frame::Handshake(peer.handshake(2, 1024, 1 << 20, 0))).unwrap();
     let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };

@@ -189,9 +189,9 @@ fn one_byte_over_max_message_size_is_refused_before_sending() {
 
 #[test]
 fn eager_threshold_zero_sends_every_nonempty_body_through_the_ring() {
-    let (server, _) = spawn(server().eager_threshold(0).ring_bytes(4096));
+    let (server, _) = spawn(server().eager_threshold(0).ring_bytes(64 << 10));
     let client =
-        Client::connect_with(server.local_addr(), &client_config().eager_threshold(0).ring_bytes(4096))
+        Client::connect_with(server.local_addr(), &client_config().eager_threshold(0).ring_bytes(64 << 10))
             .unwrap();
     for seq in 0..200u64 {
         let len = (seq as usize * 37) % 1500;

@@ -13,8 +13,8 @@ use rpc_support::*;
 
 #[test]
 fn two_workers_and_64_sessions() {
-    let (server, _) = spawn(server().worker_cores(vec![0, 1]).credits_per_session(4).ring_bytes(16 * 1024));
-    let cfg = client_config().window(4).ring_bytes(16 * 1024).eager_threshold(1024);
+    let (server, _) = spawn(server().worker_cores(vec![0, 1]).credits_per_session(4).ring_bytes(64 * 1024));
+    let cfg = client_config().window(4).ring_bytes(64 * 1024).eager_threshold(1024);
     let clients: Vec<Client> =
         (0..64).map(|_| Client::connect_with(server.local_addr(), &cfg).unwrap()).collect();
     let mut cx = Context::from_waker(Waker::noop());

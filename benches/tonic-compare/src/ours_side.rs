@@ -56,6 +56,7 @@ pub fn measure(
         .credits_per_session(64)
         .srq_depth(4096)
         .ring_bytes(plan.ring_bytes())
+        .max_peer_ring_bytes(plan.ring_bytes())
         .add_service(GreeterServer::new(OurGreeter))
         .add_service(BenchServer::new(BenchService::default()))
         .spawn("127.0.0.1:0")?;

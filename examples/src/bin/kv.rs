@@ -26,6 +26,7 @@ fn run(args: &Args) -> Result<(), String> {
         .transport
         .server()
         .ring_bytes(32 << 20)
+        .max_peer_ring_bytes(32 << 20)
         .add_service(KvServer::new(KvStore::default()))
         .spawn("127.0.0.1:0")
         .map_err(|e| format!("starting the server: {e}"))?;

@@ -13,7 +13,10 @@ pub struct ClientConfig {
     /// Calls outstanding at once (slots), also the credits asked of the server (which may grant
     /// fewer: the rest wait locally). Default 32; 1 ..= 4096.
     pub window: u16,
-    /// Bytes of this client's receive ring (bulk responses). Default 1 MiB; 1 ..= 1 GiB.
+    /// Bytes of this client's receive ring (bulk responses). Default 1 MiB; 64 KiB ..= 1 GiB
+    /// ([`crate::wire::MIN_RING_LEN`] ..= [`crate::wire::MAX_RING_LEN`]). A server refuses a
+    /// ring above its `ServerConfig::max_peer_ring_bytes` (4 MiB by default) with
+    /// RESOURCE_EXHAUSTED naming that limit: it mirrors this ring (and stages twice it).
     pub ring_bytes: u32,
     /// Bodies up to this many bytes travel in the SEND. Default 4096 bytes (the smaller of the
     /// client's and the server's value is used).
@@ -23,8 +26,10 @@ pub struct ClientConfig {
     /// server's) is refused before anything is sent.
     pub max_message_size: u32,
     /// Largest ring a server may announce, in bytes: the client registers a send mirror (and a
-    /// staging area) of that size, so a larger one is refused at the handshake, naming
-    /// `ring_len`. Default 64 MiB; 1 ..= 1 GiB.
+    /// staging area of twice it) of that size, so a larger one fails the connect with
+    /// RESOURCE_EXHAUSTED naming this field and the server's `ServerConfig::ring_bytes`.
+    /// Default 64 MiB; 64 KiB ..= 1 GiB. A server ring below 64 KiB
+    /// ([`crate::wire::MIN_RING_LEN`]) is refused as a bad handshake naming `ring_len`.
     pub max_peer_ring_bytes: u32,
     /// How a waiting call polls. Default [`PollingPolicy::Busy`].
     pub polling: PollingPolicy,

@@ -172,10 +172,18 @@ impl<P: Provider> ClientCore<P> {
         if cfg.peer_timeout.is_some_and(|t| t.is_zero()) {
             return Err(Status::invalid_argument("ClientConfig::peer_timeout of 0 (use None for no probe)"));
         }
-        if cfg.ring_bytes == 0 || cfg.ring_bytes > crate::wire::MAX_RING_LEN {
+        if cfg.ring_bytes < crate::wire::MIN_RING_LEN || cfg.ring_bytes > crate::wire::MAX_RING_LEN {
             return Err(Status::invalid_argument(format!(
-                "ClientConfig::ring_bytes {} is not in 1..=1 GiB",
+                "ClientConfig::ring_bytes {} is not in 64 KiB ..= 1 GiB (wire::MIN_RING_LEN ..= MAX_RING_LEN)",
                 cfg.ring_bytes
+            )));
+        }
+        if cfg.max_peer_ring_bytes < crate::wire::MIN_RING_LEN
+            || cfg.max_peer_ring_bytes > crate::wire::MAX_RING_LEN
+        {
+            return Err(Status::invalid_argument(format!(
+                "ClientConfig::max_peer_ring_bytes {} is not in 64 KiB ..= 1 GiB (wire::MIN_RING_LEN ..= MAX_RING_LEN)",
+                cfg.max_peer_ring_bytes
             )));
         }
         if let Some(t) = cfg.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
@@ -280,12 +288,24 @@ impl<P: Provider> ClientCore<P> {
             return refuse("session", "0 is not a session id".into());
         }
         if reply.ring_len > cfg.max_peer_ring_bytes {
-            // The client registers a mirror (and staging) of the server's ring length.
+            // The client registers a mirror (and staging) of the server's ring length: a
+            // configuration mismatch of the two ends, which one of them must change.
+            return Err(Status::resource_exhausted(format!(
+                "the server {peer} announces a ring (handshake field `ring_len`) of {} bytes (its \
+                 ServerConfig::ring_bytes), above \
+                 this client's ClientConfig::max_peer_ring_bytes of {} bytes (the most it mirrors): \
+                 raise ClientConfig::max_peer_ring_bytes to at least {} or lower the server's \
+                 ServerConfig::ring_bytes",
+                reply.ring_len, cfg.max_peer_ring_bytes, reply.ring_len
+            )));
+        }
+        if reply.ring_len < crate::wire::MIN_RING_LEN {
             return refuse(
                 "ring_len",
                 format!(
-                    "{} bytes above ClientConfig::max_peer_ring_bytes {}",
-                    reply.ring_len, cfg.max_peer_ring_bytes
+                    "{} bytes below the smallest ring, {} bytes",
+                    reply.ring_len,
+                    crate::wire::MIN_RING_LEN
                 ),
             );
         }
@@ -1103,7 +1123,8 @@ impl<P: Provider> ClientCore<P> {
                      (ClientConfig::max_abandoned)",
                     waited.as_millis()
                 ),
-                Event::Cancelled { .. } | Event::Expired { .. } => continue,
+                // A client sets no reassembly timeout: never reported here.
+                Event::Cancelled { .. } | Event::Expired { .. } | Event::ReassemblyExpired { .. } => continue,
             };
             tracing::warn!(peer = %self.peer, %reason, "resetting the session");
             self.break_conn(unavailable(reason));

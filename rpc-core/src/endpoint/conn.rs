@@ -6,7 +6,7 @@ use crate::buffers::{GatherBody, RecvRing, SendBuf, SendMirror, SendPool, SendQu
 use crate::dispatch::reply::LateBody;
 use std::sync::Arc;
 
-use crate::session::{BodyRecycler, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
+use crate::session::{BodyRecycler, Charge, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
 use crate::status::Code;
 use crate::verbs::rc::Endpoint;
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
@@ -135,6 +135,16 @@ pub(crate) fn staging_len(peer_ring_len: u32) -> u32 {
     peer_ring_len.saturating_mul(2).min(peer_ring_len.saturating_add(64 << 20))
 }
 
+/// Bytes a connection registers: its receive ring (`own_ring`), a send mirror of the peer's ring
+/// (`peer_ring`), a staging area ([`staging_len`]) and `bufs` send buffers of `body_cap` +
+/// header bytes.
+pub(crate) fn registered_bytes(own_ring: u32, peer_ring: u32, bufs: u16, body_cap: usize) -> u64 {
+    u64::from(own_ring)
+        + u64::from(peer_ring)
+        + u64::from(staging_len(peer_ring))
+        + u64::from(bufs) * (HEADER_LEN + body_cap) as u64
+}
+
 /// Where the body of an [`Outgoing`] message waits.
 pub(crate) enum OutBody {
     /// On the heap (no staging room when it was encoded, larger than the staging area, or
@@ -164,21 +174,40 @@ pub(crate) struct Outgoing {
     pub(crate) len: u32,
     /// Bytes of `body` already queued.
     pub(crate) sent: u32,
+    /// What it holds on the heap while it waits, charged to the server's backlog count
+    /// ([`Outgoing::charge`]); given back when it is dropped (sent, dropped or its session closed).
+    charge: Option<Charge>,
 }
 
 impl Outgoing {
     pub(crate) fn new(header: Header, body: impl Into<GatherBody>) -> Outgoing {
         let body = body.into();
-        Outgoing { header, len: body.len() as u32, body: OutBody::Heap(body), sent: 0 }
+        Outgoing { header, len: body.len() as u32, body: OutBody::Heap(body), sent: 0, charge: None }
     }
 
     pub(crate) fn staged(header: Header, body: Staged) -> Outgoing {
-        Outgoing { header, len: body.len(), body: OutBody::Staged(Some(body)), sent: 0 }
+        Outgoing { header, len: body.len(), body: OutBody::Staged(Some(body)), sent: 0, charge: None }
     }
 
     /// A message encoded when its turn comes; `body.len()` is at most the staging area's length.
     pub(crate) fn later(header: Header, body: Box<dyn LateBody>) -> Outgoing {
-        Outgoing { header, len: body.len() as u32, body: OutBody::Later(body), sent: 0 }
+        Outgoing { header, len: body.len() as u32, body: OutBody::Later(body), sent: 0, charge: None }
+    }
+
+    /// Charges what this message holds on the heap while it waits (a heap body, or a message
+    /// still to encode; a staged body sits in registered memory sized at the handshake and is
+    /// not charged) to the session's backlog count ([`Session::charge_backlog`]).
+    ///
+    /// # Errors
+    /// The reason to close the session with (naming the cap) when the server's count would go
+    /// over its cap; nothing is charged then.
+    pub(crate) fn charge(&mut self, session: &Session) -> std::result::Result<(), String> {
+        let held = match &self.body {
+            OutBody::Heap(_) | OutBody::Later(_) => u64::from(self.len),
+            OutBody::Staged(_) | OutBody::Failed(_) => 0,
+        };
+        self.charge = session.charge_backlog(held)?;
+        Ok(())
     }
 
     /// Gives a staged body's space back when the message will not be sent.

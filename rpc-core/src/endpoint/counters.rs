@@ -2,7 +2,9 @@
 //! atomics now and then (no atomic read-modify-write per RPC).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use crate::session::HeldBytes;
 use crate::status::Code;
 
 /// A snapshot of counters.
@@ -45,6 +47,30 @@ pub struct Counters {
     /// for it, or (server) while a client that answers probes while idle was idle: the idle
     /// probe got no Pong.
     pub peers_lost: u64,
+    /// Server: sessions closed because a body arriving in pieces would have taken the memory
+    /// held for reassembly over `ServerConfig::max_reassembly_bytes`.
+    pub over_reassembly_cap: u64,
+    /// Server: sessions closed because an answer waiting for the client's ring would have taken
+    /// the memory held for such answers over `ServerConfig::max_backlog_bytes`.
+    pub over_backlog_cap: u64,
+    /// Server: sessions closed because a body arriving in pieces did not finish within
+    /// `ServerConfig::reassembly_timeout`.
+    pub reassembly_timeouts: u64,
+    /// Server: bytes registered for the live sessions (receive rings, send mirrors, staging
+    /// areas, send buffers) now; set by `ServerHandle::counters` (0 in `worker_counters`).
+    pub registered_bytes: u64,
+    /// Server: most of `registered_bytes` at once since the server started.
+    pub registered_peak: u64,
+    /// Server: bytes charged now for bodies arriving in pieces (capped by
+    /// `ServerConfig::max_reassembly_bytes`); set by `ServerHandle::counters`.
+    pub reassembly_bytes: u64,
+    /// Server: most of `reassembly_bytes` at once since the server started.
+    pub reassembly_peak: u64,
+    /// Server: bytes charged now for answers waiting on the heap for their client's ring (capped
+    /// by `ServerConfig::max_backlog_bytes`); set by `ServerHandle::counters`.
+    pub backlog_bytes: u64,
+    /// Server: most of `backlog_bytes` at once since the server started.
+    pub backlog_peak: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -76,19 +102,33 @@ impl Counters {
         self.cancels += other.cancels;
         self.late_answers += other.late_answers;
         self.peers_lost += other.peers_lost;
+        self.over_reassembly_cap += other.over_reassembly_cap;
+        self.over_backlog_cap += other.over_backlog_cap;
+        self.reassembly_timeouts += other.reassembly_timeouts;
+        self.registered_bytes += other.registered_bytes;
+        self.registered_peak += other.registered_peak;
+        self.reassembly_bytes += other.reassembly_bytes;
+        self.reassembly_peak += other.reassembly_peak;
+        self.backlog_bytes += other.backlog_bytes;
+        self.backlog_peak += other.backlog_peak;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
         }
     }
 }
 
-/// Counters other than `by_code`.
-const FIELDS: usize = 13;
+/// Counters other than `by_code` (and the server-wide gauges, which `ServerMemory` holds).
+const FIELDS: usize = 16;
 
 /// The published copy, readable from any thread.
-#[derive(Default)]
 pub(crate) struct SharedCounters {
     fields: [AtomicU64; FIELDS + 17],
+}
+
+impl Default for SharedCounters {
+    fn default() -> Self {
+        SharedCounters { fields: std::array::from_fn(|_| AtomicU64::new(0)) }
+    }
 }
 
 impl SharedCounters {
@@ -107,6 +147,9 @@ impl SharedCounters {
             c.cancels,
             c.late_answers,
             c.peers_lost,
+            c.over_reassembly_cap,
+            c.over_backlog_cap,
+            c.reassembly_timeouts,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -133,7 +176,41 @@ impl SharedCounters {
             cancels: g(10),
             late_answers: g(11),
             peers_lost: g(12),
+            over_reassembly_cap: g(13),
+            over_backlog_cap: g(14),
+            reassembly_timeouts: g(15),
             by_code,
+            ..Counters::default()
         }
+    }
+}
+
+/// A server's memory gauges, shared by its listener and workers: registered bytes of the live
+/// sessions, and the capped counts of bytes held for reassembly and for answers waiting
+/// (the sessions charge them: [`crate::session::Session::set_reassembly`],
+/// [`crate::session::Session::charge_backlog`]).
+pub(crate) struct ServerMemory {
+    pub(crate) registered: Arc<HeldBytes>,
+    pub(crate) reassembly: Arc<HeldBytes>,
+    pub(crate) backlog: Arc<HeldBytes>,
+}
+
+impl ServerMemory {
+    pub(crate) fn new(max_reassembly: u64, max_backlog: u64) -> ServerMemory {
+        ServerMemory {
+            registered: HeldBytes::new(u64::MAX, "registered memory"),
+            reassembly: HeldBytes::new(max_reassembly, "ServerConfig::max_reassembly_bytes"),
+            backlog: HeldBytes::new(max_backlog, "ServerConfig::max_backlog_bytes"),
+        }
+    }
+
+    /// Writes the gauges into `c`.
+    pub(crate) fn fill(&self, c: &mut Counters) {
+        c.registered_bytes = self.registered.used();
+        c.registered_peak = self.registered.peak();
+        c.reassembly_bytes = self.reassembly.used();
+        c.reassembly_peak = self.reassembly.peak();
+        c.backlog_bytes = self.backlog.used();
+        c.backlog_peak = self.backlog.peak();
     }
 }

@@ -26,16 +26,18 @@ use crate::control::Liveness;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, srq_need, staging_len, Conn,
+    body_area, create_cq, create_qp, create_ring, handshake, registered_bytes, send_bufs_for, srq_need,
+    staging_len, Conn,
 };
-use crate::endpoint::counters::SharedCounters;
+use crate::endpoint::counters::{ServerMemory, SharedCounters};
 use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HEADER_LEN, MAX_FRAME,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HEADER_LEN,
+    MAX_AUTH_TOKEN, MAX_FRAME, MIN_RING_LEN,
 };
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_DONE, BIND_PENDING};
@@ -91,6 +93,7 @@ pub(super) fn start<P: Provider>(
     let stop_listener = Arc::new(ListenerStop { stop: AtomicBool::new(false), waker: waker.clone() });
     let closed = Arc::new(ArrayQueue::new(config.max_sessions.max(16)));
     let body_cap = body_area(config.eager_threshold);
+    let memory = Arc::new(ServerMemory::new(config.max_reassembly_bytes, config.max_backlog_bytes));
     let limits = WorkerLimits {
         max_sessions: per_worker,
         polling: config.polling,
@@ -116,6 +119,7 @@ pub(super) fn start<P: Provider>(
             srq_reserved: AtomicU32::new(0),
             closed: closed.clone(),
             listener: waker.clone(),
+            memory: memory.clone(),
             pd,
             cq,
             srq: recv.srq().clone(),
@@ -139,6 +143,7 @@ pub(super) fn start<P: Provider>(
     tcp.set_nonblocking(true).map_err(|e| ServerError::Listen { addr: local_addr.to_string(), source: e })?;
     let stop = stop_listener.clone();
     let shutting_down = draining.clone();
+    let listener_memory = memory.clone();
     let listener = std::thread::Builder::new()
         .name("rpc-listener".into())
         .spawn(move || {
@@ -155,6 +160,7 @@ pub(super) fn start<P: Provider>(
                 binding: HashMap::new(),
                 stop,
                 draining: shutting_down,
+                memory: listener_memory,
             }
             .run(tcp)
         })
@@ -167,6 +173,7 @@ pub(super) fn start<P: Provider>(
         workers: joins,
         listener: Some(listener),
         counters,
+        memory,
         drain_timeout,
     })
 }
@@ -224,6 +231,8 @@ struct Listener<P: Provider> {
     stop: Arc<ListenerStop>,
     /// Set by shutdown: no new sessions (a worker may already have stopped).
     draining: Arc<AtomicBool>,
+    /// The server's memory gauges and caps (sessions are charged against them).
+    memory: Arc<ServerMemory>,
 }
 
 impl<P: Provider> Listener<P> {
@@ -506,12 +515,16 @@ impl<P: Provider> Listener<P> {
             return Err(Self::refuse(stream, Status::unavailable("server is shutting down")));
         }
         if let Some(token) = &self.config.auth_token {
-            if &hello.auth_token != token {
+            if !token_matches(token, &hello.auth_token) {
                 return Err(Self::refuse(
                     stream,
                     Status::unauthenticated("handshake field `auth_token` does not match"),
                 ));
             }
+        }
+        // What the client asks is checked against the caps before anything is registered for it.
+        if let Err(e) = self.check_asked(&hello) {
+            return Err(Self::refuse(stream, e));
         }
         let live: usize = self.workers.iter().map(|w| w.sessions.load(Ordering::Relaxed)).sum();
         if live >= self.config.max_sessions {
@@ -547,6 +560,9 @@ impl<P: Provider> Listener<P> {
             Ok(c) => c,
             Err(e) => return Err(Self::refuse(stream, e)),
         };
+        let registered =
+            registered_bytes(self.config.ring_bytes, hello.ring_len, send_bufs_for(credits), conn.0.body_cap);
+        self.memory.registered.add(registered);
         if hello.flags & FLAG_IDLE_PONGS != 0 {
             conn.0.session.probe_while_idle();
         }
@@ -559,7 +575,13 @@ impl<P: Provider> Listener<P> {
         let window = conn.0.ring.has_window();
         push(
             &w.control,
-            Control::Open(Box::new(NewConn { conn: conn.0, session, peer, bound: bound.clone() })),
+            Control::Open(Box::new(NewConn {
+                conn: conn.0,
+                session,
+                peer,
+                bound: bound.clone(),
+                registered,
+            })),
         );
         // The peer may write our ring as soon as it has the reply: the worker binds the ring's
         // window to the QP first, and wakes the listener when the bind completed (the reply goes
@@ -573,6 +595,35 @@ impl<P: Provider> Listener<P> {
         }
         tracing::info!(session, %peer, worker = wi, credits, eager, "session connected");
         Ok((session, wi, None))
+    }
+
+    /// Checks what a client's handshake asks for against this server's limits, before anything
+    /// is registered for it. The client's ring is mirrored here (a send mirror of its length and
+    /// a staging area of twice it): one above `max_peer_ring_bytes` is refused
+    /// RESOURCE_EXHAUSTED naming the limit, one below [`MIN_RING_LEN`] INVALID_ARGUMENT. Credits,
+    /// eager threshold and message size are granted within the configuration instead (the reply
+    /// carries what was granted).
+    ///
+    /// # Errors
+    /// The refusal's status.
+    fn check_asked(&self, hello: &Handshake) -> Result<(), Status> {
+        let cap = self.config.max_peer_ring_bytes;
+        if hello.ring_len > cap {
+            return Err(Status::resource_exhausted(format!(
+                "handshake field `ring_len`: the client's ring of {} bytes is above this server's \
+                 ServerConfig::max_peer_ring_bytes of {cap} bytes (the server mirrors the client's \
+                 ring and stages twice it): lower ClientConfig::ring_bytes to at most {cap}",
+                hello.ring_len
+            )));
+        }
+        if hello.ring_len < MIN_RING_LEN {
+            return Err(Status::invalid_argument(format!(
+                "handshake field `ring_len`: {} bytes is below the smallest ring, {MIN_RING_LEN} bytes \
+                 (wire::MIN_RING_LEN)",
+                hello.ring_len
+            )));
+        }
+        Ok(())
     }
 
     #[allow(clippy::type_complexity)]
@@ -615,7 +666,9 @@ impl<P: Provider> Listener<P> {
             max_held: usize::from(credits),
         };
         let remote_ring = ring.remote();
-        let session = Session::new(Role::Server, params);
+        let mut session = Session::new(Role::Server, params);
+        session.set_reassembly(self.memory.reassembly.clone(), self.config.reassembly_timeout);
+        session.set_backlog(self.memory.backlog.clone());
         let spare = session.spare_bodies().clone();
         let conn = Conn {
             spare,
@@ -632,6 +685,23 @@ impl<P: Provider> Listener<P> {
         };
         Ok((conn, local, remote_ring))
     }
+}
+
+/// Whether `presented` is `token`, in time that depends on neither's bytes nor lengths: both are
+/// compared as [`MAX_AUTH_TOKEN`]-byte blocks (zero-padded), lengths included, with `subtle`'s
+/// constant-time equality (no early exit, no branch on the data).
+fn token_matches(token: &[u8], presented: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    let pad = |t: &[u8]| {
+        let mut block = [0u8; MAX_AUTH_TOKEN];
+        let n = t.len().min(MAX_AUTH_TOKEN);
+        block[..n].copy_from_slice(&t[..n]);
+        block
+    };
+    // Both are at most MAX_AUTH_TOKEN bytes (the config is validated, the handshake decoded).
+    let lens = (token.len() as u64).ct_eq(&(presented.len() as u64));
+    let bytes = pad(token)[..].ct_eq(&pad(presented)[..]);
+    (lens & bytes).into()
 }
 
 /// Most handshakes in progress at once; a new connection beyond it drops the oldest.

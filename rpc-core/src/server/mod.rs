@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::config::PollingPolicy;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::service::Service;
-use crate::endpoint::counters::{Counters, SharedCounters};
+use crate::endpoint::counters::{Counters, ServerMemory, SharedCounters};
 use crate::transport::Transport;
 use crate::verbs::VerbsError;
 
@@ -83,11 +83,37 @@ pub struct ServerConfig {
     pub worker_cores: Vec<usize>,
     /// Largest request or response body in bytes. Default 64 MiB; 1 ..= 4 GiB − 1. A body larger
     /// than the ring (or than what it has free) travels through it in pieces; one over this
-    /// limit is refused before anything is sent (RESOURCE_EXHAUSTED naming the limit). The agreed
-    /// value is the smaller of server's and client's.
+    /// limit is refused before anything is sent (RESOURCE_EXHAUSTED naming the limit). A client
+    /// that asks for more is granted this value (the handshake reply says so), never more.
     pub max_message_size: u32,
-    /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 1 ..= 1 GiB.
+    /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 64 KiB ..= 1 GiB
+    /// ([`crate::wire::MIN_RING_LEN`] ..= [`crate::wire::MAX_RING_LEN`]).
     pub ring_bytes: u32,
+    /// Largest client ring this server mirrors, in bytes. The server registers, per session, a
+    /// send mirror of the client's ring and a staging area of twice it (at most 64 MiB more),
+    /// sized from the ring length the client's handshake announces: a handshake that announces
+    /// more is refused with RESOURCE_EXHAUSTED naming this field, its value and the length
+    /// asked, before anything is registered for it. One below 64 KiB
+    /// ([`crate::wire::MIN_RING_LEN`]) is refused INVALID_ARGUMENT naming `ring_len`.
+    /// Default 4 MiB; 64 KiB ..= 1 GiB.
+    pub max_peer_ring_bytes: u32,
+    /// Most bytes all sessions together may hold in bodies that arrive in pieces (a request or
+    /// stream message larger than the ring, or than what it has free), each charged its whole
+    /// length from its first piece to its last. A body that would go over it closes its
+    /// session with a status naming this field; other sessions are untouched. Default 256 MiB;
+    /// at least `max_message_size`.
+    pub max_reassembly_bytes: u64,
+    /// Most bytes all sessions together may hold in answers and stream messages waiting on the
+    /// heap for room in their client's ring (a client that does not read its answers), each
+    /// charged its length while it waits (bodies waiting in a session's registered staging area
+    /// are not charged: that memory is sized at the handshake). One that would go over it closes
+    /// its session with a status naming this field. Default 256 MiB; at least
+    /// `max_message_size`.
+    pub max_backlog_bytes: u64,
+    /// How long a body that arrives in pieces may take from its first piece to its last; after
+    /// it, the session closes with a status naming this field (its memory is freed). Checked on
+    /// the worker's timer tick (2 ms). Default 10 s; above 0.
+    pub reassembly_timeout: Duration,
     /// Receive buffers (WQEs) of each worker's SRQ. Default 0 = sized for `max_sessions` at full
     /// credits: sessions per worker × [`ServerConfig::srq_per_session`]`(credits_per_session)`
     /// (`3 × credits_per_session + 29`; 16 000 WQEs at the defaults), which must not exceed the
@@ -97,14 +123,19 @@ pub struct ServerConfig {
     /// `eager_threshold` + 40 bytes and the SRQ cycles through all of them, so a smaller SRQ
     /// stays in cache (measurably lower latency).
     pub srq_depth: u32,
-    /// Requests in flight granted per session (a client asks for its window). Default 32; 1 ..= 4096.
+    /// Requests in flight granted per session (a client asks for its window). Default 32;
+    /// 1 ..= 4096. A client that asks for more is granted this many (the handshake reply says
+    /// so; its other calls wait locally).
     pub credits_per_session: u16,
-    /// Sessions over all workers. Default 128 (each holds a receive ring, a send mirror, a send
-    /// staging area of twice the client's ring (at most 64 MiB more than it) and send buffers:
-    /// about 4 × `ring_bytes` + 72 × (`eager_threshold` + 40) bytes at default credits and
-    /// rings, 4.3 MiB, plus spare buffers of received bodies once bodies above the eager
-    /// threshold arrived, at most `ring_bytes` plus twice the largest of them; and reserves
-    /// [`ServerConfig::srq_per_session`] SRQ WQEs).
+    /// Sessions over all workers. Default 128. Each registers a receive ring (`ring_bytes`), a
+    /// send mirror of the client's ring and a send staging area of twice it (at most 64 MiB
+    /// more; the client's ring is at most `max_peer_ring_bytes`) and send buffers: at most
+    /// `ring_bytes` + 3 × `max_peer_ring_bytes` + (2 × credits + 8) × (`eager_threshold` + 40)
+    /// bytes, 13.3 MiB at the defaults (4.3 MiB for a client of the default 1 MiB ring); plus
+    /// spare buffers of received bodies once bodies above the eager threshold arrived, at most
+    /// `ring_bytes` plus twice the largest of them; and reserves
+    /// [`ServerConfig::srq_per_session`] SRQ WQEs. Memory held across sessions for bodies in
+    /// pieces and answers waiting is capped by `max_reassembly_bytes` and `max_backlog_bytes`.
     /// Valid range:
     /// 1 ..= 32767 per worker.
     pub max_sessions: usize,
@@ -113,7 +144,9 @@ pub struct ServerConfig {
     pub eager_threshold: u32,
     /// How workers wait for completions. Default [`PollingPolicy::Busy`].
     pub polling: PollingPolicy,
-    /// When set, clients must present this token in the handshake.
+    /// When set, clients must present this token in the handshake (compared in constant time:
+    /// the comparison's duration tells nothing of the token's bytes or length). Default `None`;
+    /// at most 256 bytes.
     pub auth_token: Option<Vec<u8>>,
     /// How long `shutdown` waits for in-flight RPCs. Default 5 s. A worker still inside an inline
     /// handler 5 s after it is left running (see [`ServerHandle::shutdown`]).
@@ -145,6 +178,10 @@ impl Default for ServerConfig {
             worker_cores: Vec::new(),
             max_message_size: 64 << 20,
             ring_bytes: 1 << 20,
+            max_peer_ring_bytes: 4 << 20,
+            max_reassembly_bytes: 256 << 20,
+            max_backlog_bytes: 256 << 20,
+            reassembly_timeout: Duration::from_secs(10),
             srq_depth: 0,
             credits_per_session: 32,
             max_sessions: 128,
@@ -164,11 +201,36 @@ impl ServerConfig {
         if self.peer_timeout.is_some_and(|t| t.is_zero()) {
             return bad("peer_timeout", "0 (use None for no probe)".into());
         }
-        if self.ring_bytes == 0 || self.ring_bytes > crate::wire::MAX_RING_LEN {
+        let rings = crate::wire::MIN_RING_LEN..=crate::wire::MAX_RING_LEN;
+        if !rings.contains(&self.ring_bytes) {
+            return bad("ring_bytes", format!("{} is not in {rings:?} (64 KiB ..= 1 GiB)", self.ring_bytes));
+        }
+        if !rings.contains(&self.max_peer_ring_bytes) {
             return bad(
-                "ring_bytes",
-                format!("{} is not in 1..={}", self.ring_bytes, crate::wire::MAX_RING_LEN),
+                "max_peer_ring_bytes",
+                format!("{} is not in {rings:?} (64 KiB ..= 1 GiB)", self.max_peer_ring_bytes),
             );
+        }
+        if self.max_reassembly_bytes < u64::from(self.max_message_size) {
+            return bad(
+                "max_reassembly_bytes",
+                format!(
+                    "{} is below max_message_size {}: such a body could never arrive in pieces",
+                    self.max_reassembly_bytes, self.max_message_size
+                ),
+            );
+        }
+        if self.max_backlog_bytes < u64::from(self.max_message_size) {
+            return bad(
+                "max_backlog_bytes",
+                format!(
+                    "{} is below max_message_size {}: such an answer could never wait for a slow reader",
+                    self.max_backlog_bytes, self.max_message_size
+                ),
+            );
+        }
+        if self.reassembly_timeout.is_zero() {
+            return bad("reassembly_timeout", "0".into());
         }
         if self.credits_per_session == 0 || self.credits_per_session > crate::wire::MAX_CREDITS {
             return bad("credits_per_session", format!("{} is not in 1..=4096", self.credits_per_session));
@@ -281,6 +343,14 @@ impl ServerBuilder {
         max_message_size: u32;
         /// See [`ServerConfig::ring_bytes`].
         ring_bytes: u32;
+        /// See [`ServerConfig::max_peer_ring_bytes`].
+        max_peer_ring_bytes: u32;
+        /// See [`ServerConfig::max_reassembly_bytes`].
+        max_reassembly_bytes: u64;
+        /// See [`ServerConfig::max_backlog_bytes`].
+        max_backlog_bytes: u64;
+        /// See [`ServerConfig::reassembly_timeout`].
+        reassembly_timeout: Duration;
         /// See [`ServerConfig::srq_depth`].
         srq_depth: u32;
         /// See [`ServerConfig::credits_per_session`].
@@ -388,6 +458,7 @@ pub struct ServerHandle {
     workers: Vec<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     counters: Vec<Arc<SharedCounters>>,
+    memory: Arc<ServerMemory>,
     drain_timeout: Duration,
 }
 
@@ -401,12 +472,15 @@ impl ServerHandle {
         self.local_addr
     }
 
-    /// Counters summed over all workers (published every few thousand loop iterations and when idle).
+    /// Counters summed over all workers (published every few thousand loop iterations and when
+    /// idle), with the server's memory gauges (registered, reassembly and backlog bytes, now
+    /// and at their peak), which are current.
     pub fn counters(&self) -> Counters {
         let mut c = Counters::default();
         for w in &self.counters {
             c.add(&w.snapshot());
         }
+        self.memory.fill(&mut c);
         c
     }
 

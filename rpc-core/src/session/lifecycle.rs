@@ -51,6 +51,12 @@ pub enum Event {
         /// How long the session waited for one acknowledgement.
         waited: Duration,
     },
+    /// Server: a body that started arriving in pieces has not finished within the reassembly
+    /// timeout ([`super::Session::set_reassembly`]): close the session (it frees the body).
+    ReassemblyExpired {
+        /// How long the body has been arriving.
+        waited: Duration,
+    },
 }
 
 impl Event {
@@ -65,7 +71,9 @@ impl Event {
             Event::Expired { slot, generation } => {
                 (slot, generation, Status::deadline_exceeded("the call's deadline passed before its answer"))
             }
-            Event::PeerDead { .. } | Event::Unacknowledged { .. } => return None,
+            Event::PeerDead { .. } | Event::Unacknowledged { .. } | Event::ReassemblyExpired { .. } => {
+                return None
+            }
         };
         Some((Header { slot, generation, ..Header::new(Kind::Response) }, status))
     }

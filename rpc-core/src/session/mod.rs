@@ -17,6 +17,7 @@
 //! most a quarter of the ring ([`Session::next_piece`]), pipelined: the receiver copies one piece
 //! out while the next is written.
 
+mod budget;
 mod calls;
 #[doc(hidden)]
 pub mod fuzz;
@@ -29,6 +30,7 @@ mod slots;
 mod stream;
 pub mod tick;
 
+pub use budget::{Charge, HeldBytes};
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
 use lifecycle::{Liveness, Unanswered};
@@ -148,7 +150,29 @@ pub struct Complete {
 struct Assembly {
     header: Header,
     body: Vec<u8>,
+    /// Its `total_len`, charged to the server's reassembly count while it arrives
+    /// ([`Session::set_reassembly`]); given back when the message completes or the session goes.
+    _charge: Option<Charge>,
+    /// When its first piece arrived (with a reassembly timeout set only).
+    since: Option<Instant>,
 }
+
+/// Server: what bodies arriving in pieces may hold ([`Session::set_reassembly`]).
+#[derive(Debug)]
+struct ReassemblyLimits {
+    /// The server-wide count the messages in progress are charged to.
+    held: std::sync::Arc<HeldBytes>,
+    /// How long a message may take from its first piece to its last.
+    timeout: Duration,
+    /// An [`Event::ReassemblyExpired`] was reported (once: the driver closes the session).
+    expired: bool,
+}
+
+/// The rule on piece sizes, checked on receive: every piece of a ring body but its message's
+/// last holds at least `1 / MAX_PIECES_IN_RING` of the receiver's ring (what the receiver's
+/// receive WQEs are reserved for, `endpoint::conn::srq_need`).
+const SMALL_PIECE: &str = "ring piece smaller than 1/16 of the receiver's ring that is not its message's \
+                           last (every other piece holds at least ring_len / 16 bytes)";
 
 /// Protocol state of one connection.
 #[derive(Debug)]
@@ -184,6 +208,10 @@ pub struct Session {
     acks_due: u16,
     /// Server: the client answers Pings while idle ([`Session::probe_while_idle`]).
     probe_idle: bool,
+    /// Server: the cap and timeout of bodies arriving in pieces (none on a client).
+    reassembly: Option<ReassemblyLimits>,
+    /// Server: the count that answers waiting on the heap for the client's ring are charged to.
+    backlog: Option<std::sync::Arc<HeldBytes>>,
 }
 
 impl Session {
@@ -226,6 +254,43 @@ impl Session {
             ring_freed: false,
             acks_due: 0,
             probe_idle: false,
+            reassembly: None,
+            backlog: None,
+        }
+    }
+
+    /// Server: bodies that arrive in pieces are charged (their `total_len`, from the first
+    /// piece until the last) to `held`, shared by every session of the server; one that would
+    /// take it over its cap closes this session (a protocol violation naming the cap). A body
+    /// whose last piece has not arrived `timeout` after its first becomes
+    /// [`Event::ReassemblyExpired`] (the driver closes the session). Bodies in one piece are
+    /// copied out at once and never charged.
+    pub fn set_reassembly(&mut self, held: std::sync::Arc<HeldBytes>, timeout: Duration) {
+        self.reassembly = Some(ReassemblyLimits { held, timeout, expired: false });
+    }
+
+    /// Server: answers that wait on the heap for room in the client's ring are charged to
+    /// `held` ([`Session::charge_backlog`]).
+    pub fn set_backlog(&mut self, held: std::sync::Arc<HeldBytes>) {
+        self.backlog = Some(held);
+    }
+
+    /// Server: charges an answer (or stream message) of `bytes` that is to wait on the heap
+    /// until the client's ring has room (a body in the staging area or in a send buffer holds
+    /// no more memory and is not charged: pass 0). `None` when nothing is charged (no count set,
+    /// or 0 bytes); the [`Charge`] gives the bytes back when dropped (the body sent, dropped or
+    /// the session closed).
+    ///
+    /// # Errors
+    /// The reason to close the session with, naming the cap (`ServerConfig::max_backlog_bytes`)
+    /// and its value, when the charge would take the server's count over it.
+    pub fn charge_backlog(&self, bytes: u64) -> Result<Option<Charge>, String> {
+        match &self.backlog {
+            Some(h) if bytes > 0 => h
+                .charge(bytes, "an answer waiting on the heap for the client's ring")
+                .map(Some)
+                .map_err(|e| format!("answers waiting on a slow reader: {e}")),
+            _ => Ok(None),
         }
     }
 
@@ -278,14 +343,25 @@ impl Session {
     /// client answers probes while idle and the probe is on ([`Session::set_peer_timeout`]).
     #[inline]
     pub fn watches_peer(&self) -> bool {
-        !self.unanswered.is_empty() || self.probe_idle && self.liveness.peer_timeout.is_some()
+        !self.unanswered.is_empty()
+            || self.probe_idle && self.liveness.peer_timeout.is_some()
+            || self.reassembly.is_some() && !self.assemblies.is_empty()
     }
 
     /// When [`Session::handle_timeout`] has something to do next (`waiting`: this end expects
     /// something from the peer): the earliest deadline of an unanswered call, or of the probe.
     pub fn poll_timeout(&self, waiting: bool) -> Option<Instant> {
         let calls = self.unanswered.iter().filter(|c| !c.ended).filter_map(|c| c.deadline).min();
-        [calls, self.liveness.next(waiting), self.calls.next_timeout()].into_iter().flatten().min()
+        [calls, self.liveness.next(waiting), self.calls.next_timeout(), self.reassembly_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// When the oldest body arriving in pieces runs out of its reassembly timeout.
+    fn reassembly_deadline(&self) -> Option<Instant> {
+        let r = self.reassembly.as_ref().filter(|r| !r.expired)?;
+        self.assemblies.iter().filter_map(|a| a.since).min().map(|t| t + r.timeout)
     }
 
     /// Applies the passage of time up to `now`. `waiting`: this end expects something from the
@@ -304,6 +380,14 @@ impl Session {
         }
         if let Some(e) = self.calls.check(now) {
             self.events.push_back(e);
+        }
+        if let Some(at) = self.reassembly_deadline().filter(|&d| d <= now) {
+            if let Some(r) = self.reassembly.as_mut() {
+                r.expired = true;
+                let started = at.checked_sub(r.timeout).unwrap_or(at);
+                self.events
+                    .push_back(Event::ReassemblyExpired { waited: now.saturating_duration_since(started) });
+            }
         }
     }
 
@@ -638,6 +722,7 @@ impl Session {
             Role::Server if h.stream_taken != 0 => return Err("a client's message carries a stream count"),
             Role::Server => {}
         }
+        let mut clock = Clock { read: Some(now), at: None };
         let mut first = true;
         // The last (or only) piece of its message.
         let mut last = true;
@@ -678,9 +763,23 @@ impl Session {
                     usize::MAX
                 }
             };
+            if !last && h.body_len < self.params.own_ring_len / MAX_PIECES_IN_RING {
+                return Err(SMALL_PIECE);
+            }
             if first && self.role == Role::Server && h.kind == Kind::Request {
                 self.check_credit()?;
             }
+            // A body that will wait for more pieces is charged whole (what its buffer grows to)
+            // before anything is allocated for it.
+            let charge = match &self.reassembly {
+                Some(r) if first && !last => {
+                    match r.held.charge(u64::from(h.total_len), "a body in pieces") {
+                        Ok(c) => Some((c, clock.now())),
+                        Err(_) => return Err(REASSEMBLY_CAP),
+                    }
+                }
+                _ => None,
+            };
             let token = self.consumer.accept(h.ring_offset, h.body_len)?;
             let assembly = if assembly == usize::MAX {
                 // Up to `max_message_size` per message, announced by the peer: an allocation
@@ -697,7 +796,13 @@ impl Session {
                 let Some(body) = self.recycler.take_for(upfront as usize, h.total_len as usize) else {
                     return Err("no memory for the message's buffer");
                 };
-                self.assemblies.push(Assembly { header: Header { body_len: h.total_len, ..*h }, body });
+                let (charge, since) = charge.map_or((None, None), |(c, t)| (Some(c), t));
+                self.assemblies.push(Assembly {
+                    header: Header { body_len: h.total_len, ..*h },
+                    body,
+                    _charge: charge,
+                    since,
+                });
                 self.assemblies.len() - 1
             } else {
                 let body = &mut self.assemblies[assembly].body;
@@ -732,7 +837,8 @@ impl Session {
                 if u32::from(h.count) > MAX_STREAM_BUDGET {
                     return Err("stream grants beyond any stream budget");
                 }
-                self.open_peer_stream(h, now);
+                let deadline = clock.deadline(h.timeout_us);
+                self.open_peer_stream(h, deadline);
             }
             Kind::StreamMsg if first => self.on_stream_msg(h)?,
             Kind::StreamGrant => {
@@ -754,8 +860,7 @@ impl Session {
                 }
             }
             Kind::Request if first => {
-                let deadline =
-                    (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
+                let deadline = clock.deadline(h.timeout_us);
                 self.unanswered.push(Unanswered {
                     slot: h.slot,
                     generation: h.generation,
@@ -828,8 +933,7 @@ impl Session {
     /// Server: a request opened a stream (its first piece): it is unanswered like any request,
     /// and the client's messages get their first grant.
     #[cold]
-    fn open_peer_stream(&mut self, h: &Header, now: impl FnOnce() -> Instant) {
-        let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
+    fn open_peer_stream(&mut self, h: &Header, deadline: Option<Instant>) {
         self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
         self.sends.note(self.unanswered.len(), self.send_pool());
         let i = self.streams.open(
@@ -1037,6 +1141,41 @@ impl Session {
     /// Ring messages being received (partly arrived).
     pub fn assemblies(&self) -> usize {
         self.assemblies.len()
+    }
+}
+
+/// The reason a session closes when a body in pieces would take the server's reassembly count
+/// over its cap.
+const REASSEMBLY_CAP: &str = "a body in pieces would take the server's memory held for reassembly over its \
+                              cap (ServerConfig::max_reassembly_bytes)";
+
+/// Whether `reason` (from [`Session::receive`]) closes the session for going over the server's
+/// reassembly cap (the driver counts it apart).
+pub fn is_reassembly_cap(reason: &str) -> bool {
+    reason.ends_with(REASSEMBLY_CAP)
+}
+
+/// The driver's clock for one received header: read at most once, and only when needed (a
+/// deadline, a body that starts arriving in pieces).
+struct Clock<F> {
+    read: Option<F>,
+    at: Option<Instant>,
+}
+
+impl<F: FnOnce() -> Instant> Clock<F> {
+    fn now(&mut self) -> Option<Instant> {
+        if self.at.is_none() {
+            self.at = self.read.take().map(|f| f());
+        }
+        self.at
+    }
+
+    /// The deadline of a request with `timeout_us` (0: none).
+    fn deadline(&mut self, timeout_us: u32) -> Option<Instant> {
+        if timeout_us == 0 {
+            return None;
+        }
+        self.now().map(|t| t + Duration::from_micros(u64::from(timeout_us)))
     }
 }
 

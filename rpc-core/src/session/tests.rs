@@ -671,8 +671,10 @@ fn an_idle_client_that_answers_probes_is_probed_and_declared_dead_on_the_fake_cl
 
 /// A message in pieces ends in a buffer of exactly its `total_len` (doubling stops there: a
 /// message of 1 MiB and 4 B takes 1 MiB and 4 B, not 2 MiB), and an announced `total_len` alone
-/// allocates nothing of its size: a 1-byte first piece of a message at the limit reserves 64 KiB,
-/// one over the limit is refused before any buffer exists.
+/// allocates nothing of its size: a 1-byte first piece of a message at the limit is refused (a
+/// piece that is not its message's last holds at least 1/16 of the ring), the smallest legal one
+/// (128 KiB of a 2 MiB ring) reserves twice it, one over the limit is refused before any buffer
+/// exists.
 #[test]
 fn assembly_buffers_are_sized_by_total_len_and_a_hostile_one_allocates_nothing() {
     let max_message = 4 << 20;
@@ -710,8 +712,11 @@ fn assembly_buffers_are_sized_by_total_len_and_a_hostile_one_allocates_nothing()
 
     let mut s = Session::new(Role::Server, p);
     let hostile = Header { slot: 1, body_len: 1, total_len: max_message, ..first };
-    let piece = s.handle_header(&hostile, std::time::Instant::now).unwrap().ring.unwrap();
-    assert!(s.piece_buffer(&piece).capacity() <= 64 << 10, "{}", s.piece_buffer(&piece).capacity());
+    assert_eq!(s.handle_header(&hostile, std::time::Instant::now).unwrap_err(), super::SMALL_PIECE);
+    assert_eq!(s.assemblies(), 0, "no buffer for the refused piece");
+    let smallest = Header { body_len: (2 << 20) / 16, ..hostile };
+    let piece = s.handle_header(&smallest, std::time::Instant::now).unwrap().ring.unwrap();
+    assert!(s.piece_buffer(&piece).capacity() <= 256 << 10, "{}", s.piece_buffer(&piece).capacity());
     let over = Header { slot: 0, total_len: max_message + 1, ring_offset: 1, ..first };
     assert_eq!(
         s.handle_header(&over, std::time::Instant::now).unwrap_err(),
@@ -766,4 +771,56 @@ fn two_largest_bodies_come_back_and_are_reused() {
     let d = receive_in_pieces(&mut s, 3, max_message, &mut at);
     assert!(ptrs.contains(&c.body.as_ptr()) && ptrs.contains(&d.body.as_ptr()), "reused");
     assert_eq!(s.spare_bodies().spare_count(), 0);
+}
+
+/// The server's reassembly rules: a body in pieces is charged its `total_len` to the shared count
+/// from its first piece until its last (a body in one piece never), one that would go over the
+/// cap is refused before anything is allocated, and one that does not finish within the timeout
+/// becomes [`Event::ReassemblyExpired`] (measured from its first piece, with a fake clock).
+#[test]
+fn bodies_in_pieces_are_charged_capped_and_timed_out() {
+    let ring = 1 << 20;
+    let p = SessionParams { max_message: 8 << 20, ..params(4, 16, ring) };
+    let held = super::HeldBytes::new(3 << 20, "ServerConfig::max_reassembly_bytes");
+    let t0 = std::time::Instant::now();
+    let mut s = Session::new(Role::Server, p);
+    s.set_reassembly(held.clone(), Duration::from_secs(10));
+    let piece = |slot: u16, offset: u32, len: u32, total: u32| Header {
+        method: 1,
+        session: 5,
+        slot,
+        generation: 1,
+        in_ring: true,
+        ring_offset: offset,
+        body_len: len,
+        total_len: total,
+        ..Header::new(Kind::Request)
+    };
+    // One piece, whole: copied out at once, never charged.
+    let whole = s.handle_header(&piece(0, 0, 64 << 10, 64 << 10), || t0).unwrap().ring.unwrap();
+    s.piece_buffer(&whole).resize(64 << 10, 0);
+    assert!(s.piece_done(whole).unwrap().is_some());
+    assert_eq!(held.used(), 0);
+    // The first piece of a 2 MiB body charges 2 MiB.
+    let first = s.handle_header(&piece(1, 64 << 10, 256 << 10, 2 << 20), || t0).unwrap().ring.unwrap();
+    s.piece_buffer(&first).resize(256 << 10, 0);
+    assert!(s.piece_done(first).unwrap().is_none());
+    assert_eq!(held.used(), 2 << 20);
+    assert!(s.watches_peer(), "a body in pieces arms the timers");
+    // Another of 2 MiB would take the count to 4 MiB, over its 3 MiB cap: refused, nothing held.
+    let over = piece(2, 320 << 10, 256 << 10, 2 << 20);
+    assert_eq!(s.handle_header(&over, || t0).unwrap_err(), super::REASSEMBLY_CAP);
+    assert!(super::is_reassembly_cap(&super::violation(super::REASSEMBLY_CAP)));
+    assert_eq!((held.used(), s.assemblies()), (2 << 20, 1));
+    // The first body never finishes: expired 10 s after its first piece, not before.
+    assert_eq!(s.poll_timeout(true), Some(t0 + Duration::from_secs(10)));
+    s.handle_timeout(t0 + Duration::from_millis(9_999), true);
+    assert_eq!(s.poll_event(), None);
+    s.handle_timeout(t0 + Duration::from_secs(10), true);
+    assert_eq!(s.poll_event(), Some(Event::ReassemblyExpired { waited: Duration::from_secs(10) }));
+    // Once reported; the driver closes the session, which gives its charge back.
+    s.handle_timeout(t0 + Duration::from_secs(11), true);
+    assert_eq!(s.poll_event(), None);
+    drop(s);
+    assert_eq!(held.used(), 0);
 }

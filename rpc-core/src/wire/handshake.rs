@@ -15,7 +15,7 @@
 //! | 1 | reserved, 0 |
 //! | 16 | GID |
 //! | 8 | ring address (where the peer RDMA WRITEs bulk bodies) |
-//! | 4 | ring length in bytes (1 ..= 1 GiB) |
+//! | 4 | ring length in bytes (1 ..= 1 GiB on the wire; each end refuses a peer ring below [`MIN_RING_LEN`], and a server one above its `max_peer_ring_bytes`) |
 //! | 4 | ring rkey |
 //! | 2 | credits: requests in flight (client: asked; server: granted), 1..=4096 |
 //! | 2 | reserved, 0 |
@@ -49,6 +49,13 @@ pub const MAX_AUTH_TOKEN: usize = 256;
 pub const MAX_FRAME: usize = 1024;
 /// Largest ring accepted: 1 GiB.
 pub const MAX_RING_LEN: u32 = 1 << 30;
+/// Smallest ring either end accepts from its peer (and may configure): 64 KiB. Every piece of a
+/// ring body but its message's last holds at least 1/16 of the receiver's ring (checked on
+/// receive, `session::Session::handle_header`), so a body costs at most 16 SENDs per ring length
+/// (4 KiB pieces at the minimum), never one WR per byte. Checked by the server against the
+/// client's handshake (refused INVALID_ARGUMENT naming `ring_len`) and by the client against the
+/// server's reply; the wire format itself carries 1 ..= [`MAX_RING_LEN`].
+pub const MIN_RING_LEN: u32 = 64 << 10;
 /// Most credits a session may have.
 pub const MAX_CREDITS: u16 = 4096;
 

@@ -9,7 +9,7 @@ mod header;
 pub use error::WireError;
 pub use handshake::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HANDSHAKE_MAGIC,
-    MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, PROTOCOL_VERSION,
+    MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, MIN_RING_LEN, PROTOCOL_VERSION,
 };
 pub use header::{
     batch_frames, frame_at, push_frame, BatchFrames, Header, Kind, BODY_IN_RING, FRAME_LEN, HEADER_LEN,

@@ -29,7 +29,7 @@ use crate::dispatch::service::Body;
 use crate::dispatch::source::SourceShared;
 use crate::dispatch::stream::{Sealed, SinkShared};
 use crate::endpoint::conn::{self, BodyAt, Conn, Outgoing};
-use crate::endpoint::counters::{Counters, SharedCounters};
+use crate::endpoint::counters::{Counters, ServerMemory, SharedCounters};
 use crate::session::{Event, Outbox, Waiting};
 use crate::status::{Code, Status};
 use crate::verbs::{CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus};
@@ -76,6 +76,9 @@ pub(crate) struct NewConn<P: Provider> {
     /// Set by the worker once the ring's window is bound to the QP (the listener answers the
     /// handshake only then).
     pub(crate) bound: Arc<AtomicU8>,
+    /// Bytes the session registered, added to the server's gauge by the listener (the worker
+    /// takes them off when the session goes).
+    pub(crate) registered: u64,
 }
 
 /// Messages into a worker.
@@ -102,6 +105,8 @@ pub(crate) struct WorkerShared<P: Provider> {
     /// Wakes the listener: a session in `closed`, or a window bind that completed or failed (the
     /// listener answers the handshake then).
     pub(crate) listener: Arc<mio::Waker>,
+    /// The server's memory gauges and caps.
+    pub(crate) memory: Arc<ServerMemory>,
     pub(crate) pd: P::ProtectionDomain,
     pub(crate) cq: P::CompletionQueue,
     pub(crate) srq: P::SharedReceiveQueue,
@@ -122,6 +127,18 @@ fn spill(header: Header, body: Result<impl Into<crate::buffers::GatherBody>, Sta
     match body {
         Ok(b) => Waiting::Body(Outgoing::new(header, b)),
         Err(s) => Waiting::Error(header, s),
+    }
+}
+
+/// Charges an answer about to wait in the backlog for what it holds on the heap
+/// ([`Outgoing::charge`]).
+///
+/// # Errors
+/// The reason to close the session with, naming `ServerConfig::max_backlog_bytes`.
+fn charge(session: &crate::session::Session, waiting: &mut Spill) -> Result<(), String> {
+    match waiting {
+        Waiting::Body(out) => out.charge(session),
+        Waiting::Error(..) => Ok(()),
     }
 }
 
@@ -151,6 +168,8 @@ struct Entry<P: Provider> {
     /// as the client grants them, client messages handed to their reader and granted again
     /// back as it takes them ([`Worker::pump_streams`]).
     streams: Vec<OpenStream>,
+    /// Bytes it registered (in the server's gauge until it closes).
+    registered: u64,
 }
 
 /// A stream with a handler on it: its call, the sink its handler sends into (server and
@@ -414,6 +433,16 @@ impl<P: Provider> Worker<P> {
                     self.close_entry(idx, &reason, false, true);
                     return;
                 }
+                Event::ReassemblyExpired { waited } => {
+                    self.counters.reassembly_timeouts += 1;
+                    let reason = format!(
+                        "a body arriving in pieces did not finish within {} ms \
+                         (ServerConfig::reassembly_timeout)",
+                        waited.as_millis()
+                    );
+                    self.close_entry(idx, &reason, true, true);
+                    return;
+                }
                 Event::Expired { .. } | Event::Unacknowledged { .. } => {}
             }
             // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
@@ -646,6 +675,7 @@ impl<P: Provider> Worker<P> {
                 .srq_reserved
                 .fetch_sub(conn::srq_need(nc.conn.session.params().credits), Ordering::Relaxed);
             self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
+            self.shared.memory.registered.release(nc.registered);
             return;
         };
         self.gens[idx] = self.gens[idx].wrapping_add(1);
@@ -661,6 +691,7 @@ impl<P: Provider> Worker<P> {
             binding: None,
             deferred: Vec::new(),
             streams: Vec::new(),
+            registered: nc.registered,
         });
         if let Some(s) = self.entries[idx].as_mut() {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
@@ -723,7 +754,9 @@ impl<P: Provider> Worker<P> {
             .srq_reserved
             .fetch_sub(conn::srq_need(entry.conn.session.params().credits), Ordering::Relaxed);
         self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
+        let registered = entry.registered;
         drop(entry);
+        self.shared.memory.registered.release(registered);
     }
 
     /// Shutdown: tell every peer (Close), give the sends a moment to complete, free everything.
@@ -769,8 +802,20 @@ impl<P: Provider> Worker<P> {
             method: d.method,
             ..Header::new(Kind::Response)
         };
-        entry.backlog.push(spill(header, d.result));
+        let mut waiting = spill(header, d.result);
+        if let Err(reason) = charge(&entry.conn.session, &mut waiting) {
+            self.close_over_backlog(idx, &reason);
+            return;
+        }
+        entry.backlog.push(waiting);
         self.try_backlog(idx);
+    }
+
+    /// Closes a session whose waiting answers would take the server over `max_backlog_bytes`.
+    #[cold]
+    fn close_over_backlog(&mut self, idx: u16, reason: &str) {
+        self.counters.over_backlog_cap += 1;
+        self.close_entry(idx, reason, true, true);
     }
 
     fn mark_dirty(&mut self, idx: u16) {
@@ -912,6 +957,9 @@ impl<P: Provider> Worker<P> {
             Ok(inc) => inc,
             Err(reason) => {
                 self.recv.repost(buf);
+                if crate::session::is_reassembly_cap(&reason) {
+                    self.counters.over_reassembly_cap += 1;
+                }
                 self.close_entry(idx, &reason, true, true);
                 return;
             }
@@ -1185,7 +1233,11 @@ impl<P: Provider> Worker<P> {
             }
         };
         let had_backlog = !entry.backlog.is_empty();
-        if let Some(spill) = spilled {
+        if let Some(mut spill) = spilled {
+            if let Err(reason) = charge(&entry.conn.session, &mut spill) {
+                self.close_over_backlog(idx, &reason);
+                return;
+            }
             entry.backlog.push(spill);
         }
         if !had_backlog && !entry.backlog.is_empty() {
