@@ -11,7 +11,7 @@ use crate::verbs::{racy, AccessFlags, MemoryRegion, ProtectionDomain, Provider, 
 /// The local NIC reads the ranges of posted WRITEs while the owner encodes the next bodies into
 /// other ranges, so no view of the whole mirror exists. The public way in is a copy
 /// ([`SendMirror::write_at`], atomic stores); the runtime encodes in place into one range at a
-/// time, a range its session reserved in the peer's ring ([`MirrorView`], crate-private).
+/// time, a range its session reserved in the peer's ring (a crate-private `MirrorView`).
 pub struct SendMirror<P: Provider> {
     pub(super) mr: P::MemoryRegion,
 }

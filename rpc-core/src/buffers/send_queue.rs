@@ -114,7 +114,7 @@ impl SendQueue {
     }
 
     /// Ties the queue to `qp` (at its first post) or checks that `qp` is that QP.
-    #[inline]
+    #[inline(always)]
     fn bind_qp<Q: QueuePair>(&mut self, qp: &Q) -> Result<()> {
         match self.qp {
             Some((identity, _)) if identity == qp.identity() => Ok(()),
@@ -133,7 +133,7 @@ impl SendQueue {
     }
 
     /// Ties the queue and `pool` to each other (at the first post) or checks that they are.
-    #[inline]
+    #[inline(always)]
     fn bind_pool<P: Provider>(&mut self, pool: &mut SendPool<P>) -> Result<()> {
         if (self.pool == 0 || self.pool == pool.id) && (pool.sq == 0 || pool.sq == self.id) {
             self.pool = pool.id;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use rpc_core::verbs::gid::{select_gid, LocalAddress};
 use rpc_core::verbs::ibverbs::{IbvCompletionQueue, IbvContext, IbvQueuePair, Ibverbs};
-use rpc_core::verbs::rc::connect;
-use rpc_core::verbs::{CompletionQueue, DeviceSelector, Provider, QueuePair, WorkCompletion};
+use rpc_core::verbs::rc::{connect, RcConfig};
+use rpc_core::verbs::{AccessFlags, CompletionQueue, DeviceSelector, Provider, QueuePair, WorkCompletion};
 
 /// True when the environment demands a device (inside the Soft-RoCE guest).
 pub fn rdma_required() -> bool {
@@ -50,12 +50,14 @@ pub fn local_address(ctx: &IbvContext) -> LocalAddress {
     select_gid::<Ibverbs>(ctx, 1, gid_index()).expect("select_gid")
 }
 
-/// Connects `a` and `b` (RC, RESET → RTS) through their ports' addresses.
+/// Connects `a` and `b` (RC, RESET → RTS) through their ports' addresses, granting the peer
+/// RDMA READ too (the smoke test reads back; `RcConfig`'s default grants WRITE only).
 pub fn connect_pair(a: &IbvQueuePair, la: &LocalAddress, b: &IbvQueuePair, lb: &LocalAddress) {
     let ea = la.endpoint(a.qp_num(), 0x10 + a.qp_num());
     let eb = lb.endpoint(b.qp_num(), 0x20 + b.qp_num());
-    connect(a, &la.rc_config(), &ea, &eb).expect("connect a");
-    connect(b, &lb.rc_config(), &eb, &ea).expect("connect b");
+    let read = |cfg: RcConfig| RcConfig { access: cfg.access | AccessFlags::REMOTE_READ, ..cfg };
+    connect(a, &read(la.rc_config()), &ea, &eb).expect("connect a");
+    connect(b, &read(lb.rc_config()), &eb, &ea).expect("connect b");
 }
 
 /// Polls `cq` until `n` completions arrived (yielding between empty polls). Panics after 60 s —

@@ -55,9 +55,104 @@ pub(crate) struct Remap;
 
 type Seg = (*mut u8, usize);
 
+/// [`copy_segs`] for a SEND: from the requester's gather list (a send buffer, which its owner
+/// does not write while the WR is posted) into the responder's posted receive buffer (which its
+/// owner does not read until the completion is polled), both reserved to this transfer by the
+/// `post_send`/`post_recv` contracts (no peer reaches a receive buffer but by SEND). Plain copies,
+/// small ones inline.
+///
+/// # Safety
+/// Every segment must be valid for its length (reads for `src`, writes for `dst`) and no other
+/// thread may access the `dst` bytes, nor write the `src` bytes, meanwhile (the verbs ownership
+/// contract).
+#[inline(always)]
+unsafe fn send_copy_segs(src: &[Seg], dst: &[Seg]) {
+    if let ([(s, sn)], [(d, dn)]) = (src, dst) {
+        let n = (*sn).min(*dn);
+        let (s, d) = (*s as *const u8, *d);
+        let disjoint = (s as usize + n <= d as usize) || (d as usize + n <= s as usize);
+        if n <= 128 && disjoint {
+            // Small messages: inline word copies instead of a call into memmove (and, inlined
+            // into the transfer, instead of a call at all).
+            // SAFETY: both ranges are valid for `n` bytes (caller's contract) and disjoint.
+            unsafe { copy_small(s, d, n) };
+            return;
+        }
+    }
+    // SAFETY: the caller's contract is the same.
+    unsafe { send_copy_segs_loop(src, dst) }
+}
+
+/// [`send_copy_segs`] of anything but one small segment to one: segment by segment, through
+/// memmove.
+///
+/// # Safety
+/// As [`send_copy_segs`].
+#[inline(never)]
+unsafe fn send_copy_segs_loop(src: &[Seg], dst: &[Seg]) {
+    let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
+    while si < src.len() && di < dst.len() {
+        let n = (src[si].1 - so).min(dst[di].1 - doff);
+        // SAFETY: both ranges are inside valid segments (caller's contract); `copy` allows
+        // overlap (a QP may send to itself within one MR).
+        unsafe { std::ptr::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
+        so += n;
+        doff += n;
+        if so == src[si].1 {
+            si += 1;
+            so = 0;
+        }
+        if doff == dst[di].1 {
+            di += 1;
+            doff = 0;
+        }
+    }
+}
+
+/// Copies `n <= 128` bytes with at most two (overlapping) loads and stores per size class, as
+/// small-size memcpy does, instead of a call.
+///
+/// # Safety
+/// `s` valid for reads and `d` for writes of `n` bytes; the ranges do not overlap.
+#[inline(always)]
+unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
+    #[inline(always)]
+    unsafe fn two<T: Copy>(s: *const u8, d: *mut u8, n: usize) {
+        let k = std::mem::size_of::<T>();
+        // SAFETY: `k <= n <= 2k` (callers' size classes), so `[0, k)` and `[n - k, n)` lie in
+        // both ranges; unaligned accesses are allowed; both loads happen before the stores.
+        unsafe {
+            let a = (s as *const T).read_unaligned();
+            let b = (s.add(n - k) as *const T).read_unaligned();
+            (d as *mut T).write_unaligned(a);
+            (d.add(n - k) as *mut T).write_unaligned(b);
+        }
+    }
+    // SAFETY: in every branch the size class satisfies `two`'s bound (`n <= 128`: the caller's);
+    // ranges as the caller promised.
+    unsafe {
+        // Largest class first: a small RPC's SEND (header and body) is 64 to 128 bytes.
+        if n >= 64 {
+            two::<[u128; 4]>(s, d, n)
+        } else if n >= 32 {
+            two::<[u128; 2]>(s, d, n)
+        } else if n >= 16 {
+            two::<u128>(s, d, n)
+        } else if n >= 8 {
+            two::<u64>(s, d, n)
+        } else if n >= 4 {
+            two::<u32>(s, d, n)
+        } else if n >= 2 {
+            two::<u16>(s, d, n)
+        } else if n == 1 {
+            *d = *s
+        }
+    }
+}
+
 /// Copies the bytes of `src` into `dst` in order, as far as both reach, with atomic loads and
-/// stores only ([`crate::verbs::racy::copy`]): the source may be a ring a peer rewrites, the
-/// destination a ring its owner copies out of, at the same time. A racing access makes the
+/// stores only ([`crate::verbs::racy::copy`]), for RDMA WRITE and READ: the source may be a ring
+/// a peer rewrites, the destination a ring its owner copies out of, at the same time. A racing access makes the
 /// copied bytes a mix, never a data race.
 ///
 /// # Safety
@@ -261,7 +356,7 @@ impl QpCore {
                 // caller's inline buffers valid during the post), `dst` against the responder's
                 // live MRs with LOCAL_WRITE; MRs cannot be deregistered while we hold our guard
                 // (quiescence), and the receive buffer belongs to the NIC until its CQE is polled.
-                unsafe { copy_segs(segs, dst) };
+                unsafe { send_copy_segs(segs, dst) };
                 peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
                 let imm = match v.op {
@@ -412,6 +507,10 @@ mod tests {
             unsafe { copy_segs(&[(src.as_ptr() as *mut u8, n)], &[(dst.as_mut_ptr(), n)]) };
             assert_eq!(&dst[..n], &src[..], "{n} bytes");
             assert!(dst[n..].iter().all(|&b| b == 0xaa), "nothing past {n} bytes");
+            let mut dst2 = vec![0xaau8; n + 8];
+            // SAFETY: as above.
+            unsafe { send_copy_segs(&[(src.as_ptr() as *mut u8, n)], &[(dst2.as_mut_ptr(), n)]) };
+            assert_eq!(dst2, dst, "a SEND's copy is the same, {n} bytes");
             // Scattered into three pieces.
             let mut out = vec![0u8; n + 2];
             let (a, rest) = out.split_at_mut(n / 3);
