@@ -19,6 +19,7 @@
 
 mod calls;
 pub mod lifecycle;
+pub mod meter;
 mod outbox;
 pub mod queue;
 mod recycle;
@@ -29,7 +30,7 @@ pub mod tick;
 
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
-use lifecycle::{Liveness, Unanswered};
+use lifecycle::{IdleTimer, Liveness, Unanswered};
 pub use outbox::{Front, Outbox, Queued, Waiting};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -182,6 +183,10 @@ pub struct Session {
     acks_due: u16,
     /// Server: the client answers Pings while idle ([`Session::probe_while_idle`]).
     probe_idle: bool,
+    /// Server: what the client sends outside its credits ([`meter`]).
+    meter: meter::Meter,
+    /// Server: how long the session has had no call ([`Session::handle_idle`]).
+    idle: IdleTimer,
 }
 
 impl Session {
@@ -224,6 +229,8 @@ impl Session {
             ring_freed: false,
             acks_due: 0,
             probe_idle: false,
+            meter: meter::Meter::default(),
+            idle: IdleTimer::default(),
         }
     }
 
@@ -261,6 +268,24 @@ impl Session {
     pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>, now: Instant) {
         self.liveness = Liveness::new(peer_timeout);
         self.liveness.last_check = Some(now);
+    }
+
+    /// Server: closes the session once it has had no call in flight for `idle_timeout` (`None`:
+    /// never; the default). See [`Session::handle_idle`].
+    pub fn set_idle_timeout(&mut self, idle_timeout: Option<Duration>) {
+        self.idle.timeout = idle_timeout;
+    }
+
+    /// Server: a look at the session's idleness at `now` (the driver's idle sweep, at most every
+    /// quarter of `idle_timeout`): the time it has had no call in flight (no unanswered call, no
+    /// open stream, no message arriving in pieces, no answer sent since the previous look) when
+    /// that reached `idle_timeout`: send a Close and close it (a clean close: the client
+    /// reconnects on its next call). Measured from the first look that found it idle, so the
+    /// session closes between `idle_timeout` and `idle_timeout` plus the sweep's period after its
+    /// last call. Pings and ring returns do not count as calls.
+    pub fn handle_idle(&mut self, now: Instant) -> Option<Duration> {
+        let busy = !self.unanswered.is_empty() || !self.streams.list.is_empty() || !self.assemblies.is_empty();
+        self.idle.look(now, busy)
     }
 
     /// Server: the client said in its handshake that it answers Pings while it has no call on
@@ -335,6 +360,9 @@ impl Session {
             return Some(Header::new(Kind::Pong));
         }
         if std::mem::take(&mut self.liveness.ping_due) {
+            if self.role == Role::Server {
+                self.meter.pinged();
+            }
             return Some(Header::new(Kind::Ping));
         }
         let i = if self.role == Role::Client && !self.stream_send_room() {
@@ -420,6 +448,7 @@ impl Session {
         if self.role == Role::Server {
             h.stream_taken = self.sends.taken;
             self.sends.reported = self.sends.taken;
+            self.meter.sent(h.in_ring);
         }
     }
 
@@ -455,6 +484,7 @@ impl Session {
     /// credit). The runtime names the call with [`Session::on_answer_for`], which also refuses a
     /// second answer.
     pub fn on_answer(&mut self) {
+        self.idle.answered = true;
         if !self.unanswered.is_empty() {
             self.unanswered.remove(0);
         }
@@ -465,6 +495,7 @@ impl Session {
     /// (a second answer to one call, e.g. a deferred one after the handler also answered or
     /// panicked): such an answer must not be sent.
     pub fn on_answer_for(&mut self, slot: u16, generation: u32) -> bool {
+        self.idle.answered = true;
         match self.unanswered.iter().position(|c| (c.slot, c.generation) == (slot, generation)) {
             Some(i) => {
                 self.unanswered.swap_remove(i);
@@ -630,6 +661,7 @@ impl Session {
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
         }
+        let used_before = self.producer.used();
         self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
         match self.role {
             Role::Client => self.sends.on_taken(h.stream_taken)?,
@@ -675,6 +707,9 @@ impl Session {
             };
             if first && self.role == Role::Server && h.kind == Kind::Request {
                 self.check_credit()?;
+            }
+            if !last && self.role == Role::Server {
+                self.meter.piece()?;
             }
             let token = self.consumer.accept(h.ring_offset, h.body_len)?;
             let assembly = if assembly == usize::MAX {
@@ -760,7 +795,17 @@ impl Session {
                 self.sends.note(self.unanswered.len(), self.send_pool());
             }
             Kind::Close => self.closed = true,
-            Kind::Ping => self.liveness.pong_due = true,
+            Kind::Ping => {
+                if self.role == Role::Server {
+                    self.meter.ping()?;
+                }
+                self.liveness.pong_due = true;
+            }
+            Kind::Pong if self.role == Role::Server => self.meter.pong()?,
+            Kind::RingReturn if self.role == Role::Server => {
+                let used = self.producer.used();
+                self.meter.ring_return(used < used_before, used == 0)?;
+            }
             Kind::Cancel => {
                 // Every Cancel is acknowledged (the client holds the call's credit until then);
                 // a client keeping that rule never has more than `credits` of them waiting.
@@ -1070,5 +1115,7 @@ fn check_batch(msg: &[u8], count: u16) -> Result<(), String> {
 
 #[cfg(test)]
 mod stream_tests;
+#[cfg(test)]
+mod meter_tests;
 #[cfg(test)]
 mod tests;
