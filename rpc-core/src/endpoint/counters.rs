@@ -45,6 +45,11 @@ pub struct Counters {
     /// for it, or (server) while a client that answers probes while idle was idle: the idle
     /// probe got no Pong.
     pub peers_lost: u64,
+    /// Server: sessions closed because the client sent beyond its receive reservation
+    /// (`session::meter`: Pings, Pongs, RingReturns or pieces over the protocol's bound; a flood).
+    pub metered: u64,
+    /// Server: sessions closed with a Close after `ServerConfig::idle_timeout` without a call.
+    pub idle_closed: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -76,6 +81,8 @@ impl Counters {
         self.cancels += other.cancels;
         self.late_answers += other.late_answers;
         self.peers_lost += other.peers_lost;
+        self.metered += other.metered;
+        self.idle_closed += other.idle_closed;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
         }
@@ -83,7 +90,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code`.
-const FIELDS: usize = 13;
+const FIELDS: usize = 15;
 
 /// The published copy, readable from any thread.
 #[derive(Default)]
@@ -107,6 +114,8 @@ impl SharedCounters {
             c.cancels,
             c.late_answers,
             c.peers_lost,
+            c.metered,
+            c.idle_closed,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -133,6 +142,8 @@ impl SharedCounters {
             cancels: g(10),
             late_answers: g(11),
             peers_lost: g(12),
+            metered: g(13),
+            idle_closed: g(14),
             by_code,
         }
     }

@@ -1,7 +1,7 @@
 //! The server's meter ([`super::meter`]) against a fake client that sends headers by hand, and
 //! the idle timer on a fake clock.
 
-use super::meter::{is_violation, MAX_PINGS, MAX_PIECES_BETWEEN};
+use super::meter::{is_violation, MAX_PIECES_BETWEEN, MAX_PINGS};
 use super::*;
 use std::time::{Duration, Instant};
 
@@ -175,6 +175,14 @@ fn an_idle_session_closes_after_the_idle_timeout_on_the_fake_clock() {
     assert_eq!(s.handle_idle(at(520)), None);
     assert_eq!(s.handle_idle(at(619)), None);
     assert_eq!(s.handle_idle(at(620)), Some(Duration::from_millis(100)));
+
+    // A client that answers probes while idle (a `Channel`) is probed instead, never closed
+    // for being idle.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.set_idle_timeout(Some(Duration::from_millis(100)));
+    s.probe_while_idle();
+    assert_eq!(s.handle_idle(at(0)), None);
+    assert_eq!(s.handle_idle(at(10_000)), None);
 
     // Pings are no calls: a client that only probes is idle.
     let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));

@@ -283,8 +283,17 @@ impl Session {
     /// reconnects on its next call). Measured from the first look that found it idle, so the
     /// session closes between `idle_timeout` and `idle_timeout` plus the sweep's period after its
     /// last call. Pings and ring returns do not count as calls.
+    ///
+    /// A session whose client answers probes while idle ([`Session::probe_while_idle`], a
+    /// `Channel`) is never closed for being idle: the idle probe finds it dead within
+    /// `peer_timeout` when it stops answering, and a `Channel` does not reconnect a closed session.
+    /// Every idle session is thus reclaimed one way or the other, whatever its client asked.
     pub fn handle_idle(&mut self, now: Instant) -> Option<Duration> {
-        let busy = !self.unanswered.is_empty() || !self.streams.list.is_empty() || !self.assemblies.is_empty();
+        if self.probe_idle {
+            return None;
+        }
+        let busy =
+            !self.unanswered.is_empty() || !self.streams.list.is_empty() || !self.assemblies.is_empty();
         self.idle.look(now, busy)
     }
 
@@ -1114,8 +1123,8 @@ fn check_batch(msg: &[u8], count: u16) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod stream_tests;
-#[cfg(test)]
 mod meter_tests;
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;
