@@ -12,7 +12,7 @@
 //! | Ping | [`MAX_PINGS`] between two messages of ours | a client pings after a third and two thirds of its `peer_timeout` of silence, and any message of ours ends the silence; two silences can overlap one of our messages |
 //! | Pong | one per Ping of ours not yet answered | a client sends a Pong only for a Ping |
 //! | RingReturn | one per ring body or piece of ours not yet freed, and each frees ring space | a client sends one only after it freed ring space, stamped with the new head at once |
-//! | piece that is not the last of its message | [`MAX_PIECES_BETWEEN`] between two messages of ours | each takes at least 1/16 of our ring, and the client writes only into space our messages reported free: what arrives between two of them fits in one ring |
+//! | piece that is not the last of its message | [`pieces_between`] of our ring (16 for a ring of 256 bytes or more) between two messages of ours | each takes at least 1/16 of our ring (rounded down), and the client writes only into space our messages reported free: what arrives between two of them fits in one ring |
 //!
 //! Each check is a compare (and an add) on a message that is not a request or a response; the
 //! eager path of requests pays nothing. A client over a limit gets [`Violation`]'s reason (the
@@ -26,9 +26,12 @@ use super::MAX_PIECES_IN_RING;
 pub const MAX_PINGS: u8 = 4;
 
 /// Most pieces that are not the last of their message a client may send between two messages
-/// of the server: twice [`MAX_PIECES_IN_RING`] (each honest piece takes at least 1/16 of the
-/// ring, rounded down, so a ring that is not a multiple of 16 bytes holds a few more).
-pub const MAX_PIECES_BETWEEN: u32 = 2 * MAX_PIECES_IN_RING;
+/// of the server, for a server ring of `ring_len` bytes: as many as fit in the ring at the
+/// smallest piece a client that keeps the protocol cuts, `ring_len / 16` rounded down (at least
+/// 1 byte): [`MAX_PIECES_IN_RING`] for a ring of 256 bytes or more, a few more for smaller ones.
+pub fn pieces_between(ring_len: u32) -> u32 {
+    ring_len / (ring_len / MAX_PIECES_IN_RING).max(1)
+}
 
 /// The reason texts of a session closed by the meter all start with this (see
 /// [`is_violation`]).
@@ -50,11 +53,12 @@ impl Violation {
     pub(super) const RING_RETURN: &'static str =
         "beyond the session's receive reservation: a RingReturn that frees no ring space of the server's bodies";
     pub(super) const PIECES: &'static str =
-        "beyond the session's receive reservation: more than 32 pieces between two messages of the server";
+        "beyond the session's receive reservation: more pieces between two \
+         messages of the server than its ring holds at a sixteenth of it each";
 }
 
 /// Per-session counts (server).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Meter {
     /// Reset by every message the server sends ([`Meter::sent`]).
     pub(super) between: Between,
@@ -62,6 +66,8 @@ pub(super) struct Meter {
     pub(super) pongs_owed: u8,
     /// Ring bodies and pieces sent whose RingReturn may still come.
     pub(super) ring_sends: u32,
+    /// [`pieces_between`] our ring.
+    pub(super) max_pieces: u32,
 }
 
 /// What the client sent since the server's last message.
@@ -72,6 +78,16 @@ pub(super) struct Between {
 }
 
 impl Meter {
+    /// The meter of a session whose own ring (the client writes into) is `own_ring_len` bytes.
+    pub(super) fn new(own_ring_len: u32) -> Meter {
+        Meter {
+            between: Between::default(),
+            pongs_owed: 0,
+            ring_sends: 0,
+            max_pieces: pieces_between(own_ring_len),
+        }
+    }
+
     /// The server sends a message (`in_ring`: its body went through the client's ring).
     #[inline(always)]
     pub(super) fn sent(&mut self, in_ring: bool) {
@@ -116,7 +132,7 @@ impl Meter {
     /// A piece that is not the last of its message arrived.
     pub(super) fn piece(&mut self) -> Result<(), &'static str> {
         self.between.pieces += 1;
-        if self.between.pieces > MAX_PIECES_BETWEEN {
+        if self.between.pieces > self.max_pieces {
             return Err(Violation::PIECES);
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! The server's meter ([`super::meter`]) against a fake client that sends headers by hand, and
 //! the idle timer on a fake clock.
 
-use super::meter::{is_violation, MAX_PIECES_BETWEEN, MAX_PINGS};
+use super::meter::{is_violation, pieces_between, MAX_PINGS};
 use super::*;
 use std::time::{Duration, Instant};
 
@@ -136,18 +136,28 @@ fn pieces(s: &mut Session, n: u32, len: u32, at: &mut u32) -> Result<(), String>
 fn tiny_pieces_beyond_a_ring_between_server_messages_close_the_session() {
     let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
     let mut at = 0;
-    pieces(&mut s, MAX_PIECES_BETWEEN, 128, &mut at).unwrap();
+    assert_eq!(pieces_between(1 << 16), MAX_PIECES_IN_RING);
+    pieces(&mut s, MAX_PIECES_IN_RING, 128, &mut at).unwrap();
     let e = pieces(&mut s, 1, 128, &mut at).unwrap_err();
     assert!(is_violation(&e) && e.contains("pieces"), "{e}");
 
-    // A client that keeps the protocol waits for the freed head (a server message) after at
-    // most a ring's worth: never closed, however long the message.
+    // A client that keeps the protocol (pieces of at least 1/16 of the ring) waits for the
+    // freed head (a server message) after at most a ring's worth: never closed.
     let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
     let mut at = 0;
-    for _ in 0..40 {
-        pieces(&mut s, MAX_PIECES_BETWEEN, 128, &mut at).unwrap();
+    for _ in 0..10 {
+        pieces(&mut s, MAX_PIECES_IN_RING, 4096, &mut at).unwrap();
         server_sends(&mut s, Kind::RingReturn, false);
     }
+}
+
+#[test]
+fn the_piece_bound_is_what_a_ring_holds_at_its_smallest_piece() {
+    assert_eq!(pieces_between(1 << 20), 16);
+    assert_eq!(pieces_between(256), 16);
+    assert_eq!(pieces_between(100), 16, "pieces of at least 6 bytes");
+    assert_eq!(pieces_between(20), 20, "pieces of at least 1 byte");
+    assert_eq!(pieces_between(1), 1);
 }
 
 #[test]

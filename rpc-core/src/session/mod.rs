@@ -229,7 +229,7 @@ impl Session {
             ring_freed: false,
             acks_due: 0,
             probe_idle: false,
-            meter: meter::Meter::default(),
+            meter: meter::Meter::new(params.own_ring_len),
             idle: IdleTimer::default(),
         }
     }
