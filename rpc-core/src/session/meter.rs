@@ -15,8 +15,8 @@
 //! | piece that is not the last of its message | [`pieces_between`] of our ring (16 for a ring of 256 bytes or more) between two messages of ours | each takes at least 1/16 of our ring (rounded down), and the client writes only into space our messages reported free: what arrives between two of them fits in one ring |
 //!
 //! Each check is a compare (and an add) on a message that is not a request or a response; the
-//! eager path of requests pays nothing. A client over a limit gets [`Violation`]'s reason (the
-//! session closes, counted by the worker as `Counters::metered`).
+//! eager path of requests pays nothing. A client over a limit gets a reason naming the rule,
+//! starting with [`PREFIX`] (the session closes, counted by the worker as `Counters::metered`).
 
 use super::MAX_PIECES_IN_RING;
 

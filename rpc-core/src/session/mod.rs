@@ -4,7 +4,8 @@
 //! may go and the abandon cap (`calls.rs`); the order of waiting messages and what never goes
 //! ([`Outbox`]); the producer state of the peer's ring and the consumer state of our own; the
 //! reassembly of bodies that arrive through the ring; and the life of calls and of the peer
-//! (cancel, server-side deadlines, the idle probe; see [`lifecycle`]). No verbs and no clock:
+//! (cancel, server-side deadlines, the idle probe, the idle timeout; see [`lifecycle`]); the
+//! server's meter of what a client sends outside its credits ([`meter`]). No verbs and no clock:
 //! inputs are received headers (`handle_header`), completions of what was posted
 //! ([`Outbox::sent`]), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
 //! outputs are placements, headers to send (`next_request`, `next_control`), answers
