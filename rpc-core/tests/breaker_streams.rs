@@ -554,7 +554,9 @@ fn apply_incoming(c: &mut RawClient, sess: &mut rpc_core::session::Session) -> u
 /// everything a client [`rpc_core::session::Session`] of its own allows (the protocol's rule,
 /// not this test's): per session three client streams (their messages and stream ends), a
 /// server stream (the stream grants for the messages it received), every unary call its
-/// credits still allow, a Cancel per call and a RingReturn per credit. Stream SENDs hold request
+/// credits still allow and a Cancel per call (no RingReturn: the server wrote nothing into its
+/// ring, and the server's meter closes a session whose RingReturn frees nothing; see
+/// `session::meter`). Stream SENDs hold request
 /// credits, so all of it stays within `ServerConfig::srq_per_session` per session, and on an SRQ
 /// sized for exactly these sessions no SEND waits for a receive WQE (RNR). Before stream SENDs
 /// held credits, a session sent 32 stream messages, 3 stream ends and stream grants on top of
@@ -651,9 +653,6 @@ fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
         while let Some(h) = sess.next_control() {
             send(c, sess, h, &[]);
         }
-        for _ in 0..CREDITS {
-            send(c, sess, Header::new(Kind::RingReturn), &[]);
-        }
     }
     let give_up = Instant::now() + WAIT;
     while peers.iter().any(|(c, _, _)| c.sq.outstanding() > 0) && Instant::now() < give_up {
@@ -670,7 +669,7 @@ fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
     );
     for &n in &sent {
         assert!(n <= reserved, "{n} messages sent, {reserved} reserved");
-        assert!(n >= 2 * u32::from(CREDITS), "{n} messages: the streams' share is in");
+        assert!(n > u32::from(CREDITS) + 3, "{n} messages: the streams' share is in");
     }
     // The server found all of it legal: it answers every call and acknowledges every Cancel.
     let give_up = Instant::now() + WAIT;

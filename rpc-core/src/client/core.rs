@@ -1588,6 +1588,24 @@ impl<P: Provider> ClientCore<P> {
         self.broken.as_ref()
     }
 
+    /// [`ClientCore::broken`], after a look for a Close the server sent while no call was in
+    /// flight (a server closes sessions idle for its `ServerConfig::idle_timeout`): with no call
+    /// in flight, one poll of the CQ (what it finds is handled as [`ClientCore::progress`]
+    /// would), so the next call reconnects first instead of failing on the closed session.
+    #[inline]
+    pub(crate) fn broken_now(&mut self) -> Option<&Status> {
+        if self.broken.is_none() && self.conn.session.calls().in_flight() == 0 {
+            match self.cq.poll(&mut self.wcs) {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.completed(n);
+                }
+                Err(e) => self.break_conn(unavailable(format!("completion queue: {e}"))),
+            }
+        }
+        self.broken.as_ref()
+    }
+
     // ---- Hooks of the call queue (`super::queue`), which owns calls waiting for a slot. ----
 
     /// Number of call slots.

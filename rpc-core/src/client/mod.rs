@@ -134,7 +134,7 @@ impl Inner {
     /// this attempt failed).
     #[inline]
     fn ensure_session(&mut self) -> Result<(), Status> {
-        if with_calls!(&self.calls, c => c.core.broken().is_none()) {
+        if with_calls!(&mut self.calls, c => c.core.broken_now().is_none()) {
             return Ok(());
         }
         self.reconnect()
@@ -361,7 +361,7 @@ impl Client {
     ) -> ResponseFuture<'_, Resp> {
         let deadline = opts.timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
-        let due = if with_calls!(&inner.calls, c => c.core.broken().is_none()) {
+        let due = if with_calls!(&mut inner.calls, c => c.core.broken_now().is_none()) {
             Ok(None)
         } else {
             inner.reconnect_due()

@@ -71,6 +71,11 @@ pub struct Counters {
     pub backlog_bytes: u64,
     /// Server: most of `backlog_bytes` at once since the server started.
     pub backlog_peak: u64,
+    /// Server: sessions closed because the client sent beyond its receive reservation
+    /// (`session::meter`: Pings, Pongs, RingReturns or pieces over the protocol's bound; a flood).
+    pub metered: u64,
+    /// Server: sessions closed with a Close after `ServerConfig::idle_timeout` without a call.
+    pub idle_closed: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -111,6 +116,8 @@ impl Counters {
         self.reassembly_peak += other.reassembly_peak;
         self.backlog_bytes += other.backlog_bytes;
         self.backlog_peak += other.backlog_peak;
+        self.metered += other.metered;
+        self.idle_closed += other.idle_closed;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
         }
@@ -118,7 +125,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code` (and the server-wide gauges, which `ServerMemory` holds).
-const FIELDS: usize = 16;
+const FIELDS: usize = 18;
 
 /// The published copy, readable from any thread.
 pub(crate) struct SharedCounters {
@@ -150,6 +157,8 @@ impl SharedCounters {
             c.over_reassembly_cap,
             c.over_backlog_cap,
             c.reassembly_timeouts,
+            c.metered,
+            c.idle_closed,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -179,6 +188,8 @@ impl SharedCounters {
             over_reassembly_cap: g(13),
             over_backlog_cap: g(14),
             reassembly_timeouts: g(15),
+            metered: g(16),
+            idle_closed: g(17),
             by_code,
             ..Counters::default()
         }

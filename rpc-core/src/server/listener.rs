@@ -7,6 +7,16 @@
 //! [`HOUSEKEEPING`] elapses (to close the TCP of sessions a worker closed). Each connection has
 //! TCP keepalive and `TCP_USER_TIMEOUT` set from `ServerConfig::peer_timeout`, so a client
 //! host that vanishes silently makes its connection readable with an error within that time.
+//!
+//! It never waits for a worker: what it hands over goes through the worker's bounded control
+//! queue without blocking (a new session whose worker's queue is full is refused UNAVAILABLE; a
+//! close waits in the listener, in a list bounded by the worker's sessions, and is handed over
+//! at a later turn), and the window bind is awaited without blocking (above). It also watches
+//! the workers ([`Watchdog`]): a worker whose loop stands still for [`STALL`] is held in an
+//! inline handler, and new sessions go to the other workers; one that stands still for
+//! `peer_timeout` has the control connections of its sessions closed, so their clients reconnect
+//! to a worker that runs instead of waiting on one that answers nothing (the worker frees the
+//! sessions when it comes back).
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read};
@@ -99,6 +109,7 @@ pub(super) fn start<P: Provider>(
         polling: config.polling,
         drain_timeout: config.drain_timeout,
         peer_timeout: config.peer_timeout,
+        idle_timeout: config.idle_timeout,
         body_cap,
     };
     let mut shared_all = Vec::new();
@@ -116,6 +127,7 @@ pub(super) fn start<P: Provider>(
             counters: Arc::new(SharedCounters::default()),
             draining: draining.clone(),
             sessions: AtomicUsize::new(0),
+            beat: AtomicU32::new(0),
             srq_reserved: AtomicU32::new(0),
             closed: closed.clone(),
             listener: waker.clone(),
@@ -141,6 +153,9 @@ pub(super) fn start<P: Provider>(
         shared_all.push(shared);
     }
     tcp.set_nonblocking(true).map_err(|e| ServerError::Listen { addr: local_addr.to_string(), source: e })?;
+    let held: Arc<Vec<AtomicBool>> =
+        Arc::new((0..shared_all.len()).map(|_| AtomicBool::new(false)).collect());
+    let held_seen = held.clone();
     let stop = stop_listener.clone();
     let shutting_down = draining.clone();
     let listener_memory = memory.clone();
@@ -150,6 +165,9 @@ pub(super) fn start<P: Provider>(
             Listener {
                 config,
                 dev,
+                watch: (0..shared_all.len()).map(|_| Watchdog::new()).collect(),
+                held: held_seen,
+                closes: (0..shared_all.len()).map(|_| std::collections::VecDeque::new()).collect(),
                 workers: shared_all,
                 closed,
                 poll,
@@ -175,6 +193,7 @@ pub(super) fn start<P: Provider>(
         counters,
         memory,
         drain_timeout,
+        held,
     })
 }
 
@@ -216,6 +235,13 @@ struct Listener<P: Provider> {
     config: ServerConfig,
     dev: Arc<Device<P>>,
     workers: Vec<Arc<WorkerShared<P>>>,
+    /// Per worker: whether its loop runs.
+    watch: Vec<Watchdog>,
+    /// Per worker: held (its loop stood still for [`STALL`]), for `ServerHandle::held_workers`.
+    held: Arc<Vec<AtomicBool>>,
+    /// Per worker: sessions to close that its full control queue did not take yet (each session
+    /// at most once: bounded by its sessions).
+    closes: Vec<std::collections::VecDeque<u32>>,
     closed: Arc<ArrayQueue<u32>>,
     poll: Poll,
     liveness: Liveness,
@@ -264,6 +290,8 @@ impl<P: Provider> Listener<P> {
             }
             self.expire_handshakes();
             self.finish_binds();
+            self.watch_workers();
+            self.hand_over_closes();
             while let Some(session) = self.closed.pop() {
                 let gone: Vec<Token> =
                     self.conns.iter().filter(|(_, c)| c.session == session).map(|(t, _)| *t).collect();
@@ -301,7 +329,6 @@ impl<P: Provider> Listener<P> {
             .collect();
         for t in done {
             let Some(mut b) = self.binding.remove(&t) else { continue };
-            let w = &self.workers[b.worker];
             let refusal = match b.bound.load(Ordering::Acquire) {
                 BIND_DONE => match answer(&mut b.stream, &b.reply) {
                     Ok(()) => None,
@@ -328,7 +355,7 @@ impl<P: Provider> Listener<P> {
                     self.check_conn(t);
                 }
                 Some(e) => {
-                    push(&w.control, Control::Close(b.session));
+                    self.close_on(b.worker, b.session);
                     self.forget(&b.stream);
                     tracing::info!(peer = %b.peer, error = %e, "connection refused");
                 }
@@ -453,7 +480,77 @@ impl<P: Provider> Listener<P> {
         if let Some(c) = self.conns.remove(&token) {
             self.forget(&c.stream);
             tracing::info!(session = c.session, reason = %why, "peer disconnected");
-            push(&self.workers[c.worker].control, Control::Close(c.session));
+            self.close_on(c.worker, c.session);
+        }
+    }
+
+    /// Tells worker `wi` to close `session`: through its control queue, or, while that is full,
+    /// at a later turn ([`Listener::hand_over_closes`]); never waits.
+    fn close_on(&mut self, wi: usize, session: u32) {
+        let pending = &mut self.closes[wi];
+        if !pending.is_empty() {
+            pending.push_back(session);
+            return;
+        }
+        if let Err(Control::Close(s)) = self.workers[wi].control.push(Control::Close(session)) {
+            pending.push_back(s);
+        }
+    }
+
+    /// Hands the closes the control queues had no room for to their workers, oldest first, as
+    /// far as the queues take them.
+    fn hand_over_closes(&mut self) {
+        for (wi, pending) in self.closes.iter_mut().enumerate() {
+            while let Some(&session) = pending.front() {
+                if self.workers[wi].control.push(Control::Close(session)).is_err() {
+                    break;
+                }
+                pending.pop_front();
+            }
+        }
+    }
+
+    /// Looks at every worker's beat: warns once when one stands still for [`STALL`] (held in
+    /// an inline handler), and when it stands still for `peer_timeout` closes the control
+    /// connections of its sessions (their clients reconnect; the worker frees the sessions
+    /// when it comes back).
+    fn watch_workers(&mut self) {
+        let now = Instant::now();
+        let evict_after = self.config.peer_timeout.unwrap_or(crate::control::DEFAULT_LIVENESS_TIMEOUT);
+        for wi in 0..self.workers.len() {
+            let beat = self.workers[wi].beat.load(Ordering::Relaxed);
+            let w = &mut self.watch[wi];
+            if w.see(beat, now) {
+                self.held[wi].store(false, Ordering::Release);
+                continue;
+            }
+            let still = now.saturating_duration_since(w.since);
+            if still >= STALL && !w.warned {
+                w.warned = true;
+                self.held[wi].store(true, Ordering::Release);
+                tracing::warn!(
+                    worker = wi,
+                    still_ms = still.as_millis() as u64,
+                    "worker held (an inline handler blocks it): new sessions go to the other workers; \
+                     move blocking work to a deferred handler"
+                );
+            }
+            if still >= evict_after && !w.evicted {
+                w.evicted = true;
+                let gone: Vec<Token> =
+                    self.conns.iter().filter(|(_, c)| c.worker == wi).map(|(t, _)| *t).collect();
+                tracing::warn!(
+                    worker = wi,
+                    sessions = gone.len(),
+                    "worker held for peer_timeout: closing its sessions' control connections"
+                );
+                for t in gone {
+                    if let Some(c) = self.conns.remove(&t) {
+                        self.forget(&c.stream);
+                        self.close_on(wi, c.session);
+                    }
+                }
+            }
         }
     }
 
@@ -534,11 +631,14 @@ impl<P: Provider> Listener<P> {
             ));
         }
         let credits = hello.credits.min(self.config.credits_per_session);
+        // The least loaded worker that runs (one held in a handler takes nothing); when none
+        // runs, the least loaded (its bind is awaited without blocking, within
+        // `handshake_timeout`).
         let (wi, w) = self
             .workers
             .iter()
             .enumerate()
-            .min_by_key(|(_, w)| w.sessions.load(Ordering::Relaxed))
+            .min_by_key(|(i, w)| (self.watch[*i].stalled(), w.sessions.load(Ordering::Relaxed)))
             .expect("at least one worker");
         // The sessions of a worker may have different credits: what they reserve is summed.
         let reserved = w.srq_reserved.load(Ordering::Relaxed);
@@ -573,16 +673,24 @@ impl<P: Provider> Listener<P> {
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));
         let window = conn.0.ring.has_window();
-        push(
-            &w.control,
-            Control::Open(Box::new(NewConn {
-                conn: conn.0,
-                session,
-                peer,
-                bound: bound.clone(),
-                registered,
-            })),
-        );
+        let open = Control::Open(Box::new(NewConn {
+            conn: conn.0,
+            session,
+            peer,
+            bound: bound.clone(),
+            registered,
+        }));
+        if w.control.push(open).is_err() {
+            // The worker has not taken its queue for a while (held in a handler): never wait.
+            // The session is dropped here (its memory deregistered with it).
+            w.sessions.fetch_sub(1, Ordering::Relaxed);
+            w.srq_reserved.fetch_sub(need, Ordering::Relaxed);
+            self.memory.registered.release(registered);
+            return Err(Self::refuse(
+                stream,
+                Status::unavailable(format!("worker {wi} is busy: its control queue is full; try again")),
+            ));
+        }
         // The peer may write our ring as soon as it has the reply: the worker binds the ring's
         // window to the QP first, and wakes the listener when the bind completed (the reply goes
         // then, from `finish_binds`; the listener serves other connections meanwhile).
@@ -590,7 +698,7 @@ impl<P: Provider> Listener<P> {
             return Ok((session, wi, Some((reply, bound))));
         }
         if let Err(e) = answer(stream, &reply) {
-            push(&w.control, Control::Close(session));
+            self.close_on(wi, session);
             return Err(io(e));
         }
         tracing::info!(session, %peer, worker = wi, credits, eager, "session connected");
@@ -776,15 +884,38 @@ impl PendingHandshake {
     }
 }
 
-/// Pushes into a bounded control queue, yielding while it is full.
-fn push<T>(q: &ArrayQueue<T>, mut v: T) {
-    loop {
-        match q.push(v) {
-            Ok(()) => return,
-            Err(back) => {
-                v = back;
-                std::thread::yield_now();
+/// How long a worker's loop may stand still before the listener counts it held (in an inline
+/// handler): new sessions go to the other workers from then on.
+pub(crate) const STALL: Duration = Duration::from_millis(100);
+
+/// The listener's view of one worker's loop: its beat (`WorkerShared::beat`) and since when it
+/// stands still.
+struct Watchdog {
+    beat: u32,
+    since: Instant,
+    warned: bool,
+    evicted: bool,
+}
+
+impl Watchdog {
+    fn new() -> Watchdog {
+        Watchdog { beat: 0, since: Instant::now(), warned: false, evicted: false }
+    }
+
+    /// Notes the worker's beat at `now`; true when it moved (the worker runs).
+    fn see(&mut self, beat: u32, now: Instant) -> bool {
+        if beat != self.beat {
+            if self.warned {
+                tracing::info!("worker runs again");
             }
+            *self = Watchdog { beat, since: now, warned: false, evicted: false };
+            return true;
         }
+        false
+    }
+
+    /// Whether the worker stood still for [`STALL`] at the last look.
+    fn stalled(&self) -> bool {
+        self.warned
     }
 }

@@ -160,7 +160,16 @@ pub struct ServerConfig {
     /// stopped or hung client process, which its NIC still acknowledges. A session without
     /// unanswered calls is probed only when its client answers Pings while idle (a `Channel`,
     /// whose handshake says so: [`crate::wire::FLAG_IDLE_PONGS`]); an idle blocking `Client`
-    /// does not poll, so its idle session is not probed. Default 6 s; `None` disables the probe.
+    /// does not poll, so its idle session is not probed (whatever its handshake asked, it is
+    /// reclaimed by [`ServerConfig::idle_timeout`] instead: probing a thread that is not driving
+    /// its `Client` would close a session that loses nothing). Default 6 s; `None` disables the
+    /// probe.
+    ///
+    /// It also bounds a worker held in an inline handler: the listener gives new sessions to
+    /// the other workers as soon as one's loop stands still for 100 ms, and when it stands still
+    /// for `peer_timeout` (10 s with `None`), closes the control connections of its sessions,
+    /// whose clients then reconnect (to a worker that runs) instead of waiting on one that does
+    /// not answer their probes (`Counters::sessions_closed` counts them when the worker is back).
     ///
     /// The same time bounds the TCP control connection, idle or not: TCP keepalive (probes from
     /// half of it on) and `TCP_USER_TIMEOUT` make the connection of a client host that vanished
@@ -169,6 +178,19 @@ pub struct ServerConfig {
     /// memory. Below 2 s the TCP bound is 2 s (keepalive counts seconds); with `None` it is 10 s
     /// (a stopped process's kernel still answers keepalive, so it never trips on one).
     pub peer_timeout: Option<Duration>,
+    /// How long a session may go without a call before the server closes it, as gRPC's
+    /// `max_connection_idle`: a session with no call in flight (no unanswered request, open
+    /// stream or message arriving in pieces; Pings and ring returns are not calls) for this
+    /// long gets a Close and is freed (counted in `Counters::idle_closed`), so idle sessions
+    /// cannot hold `max_sessions` for good. A clean close: a `Client` reconnects at its next
+    /// call, which does not fail for it (it looks for a Close before a call when none is in
+    /// flight). A session whose client answers probes while idle (a `Channel`, which does not
+    /// reconnect a closed session) is probed instead and closed when it stops answering within
+    /// [`ServerConfig::peer_timeout`]: every idle session is reclaimed one way or the other,
+    /// whatever its handshake asked. Checked every quarter of it (at most every second): a
+    /// session closes between this and 1.25 × this after its last call.
+    /// Default 60 s; `None` never closes idle sessions; not zero.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -191,6 +213,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             peer_timeout: Some(Duration::from_secs(6)),
+            idle_timeout: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -200,6 +223,9 @@ impl ServerConfig {
         let bad = |field, reason: String| Err(ServerError::Config { field, reason });
         if self.peer_timeout.is_some_and(|t| t.is_zero()) {
             return bad("peer_timeout", "0 (use None for no probe)".into());
+        }
+        if self.idle_timeout.is_some_and(|t| t.is_zero()) {
+            return bad("idle_timeout", "0 (use None to keep idle sessions)".into());
         }
         let rings = crate::wire::MIN_RING_LEN..=crate::wire::MAX_RING_LEN;
         if !rings.contains(&self.ring_bytes) {
@@ -367,6 +393,8 @@ impl ServerBuilder {
         peer_timeout: Option<Duration>;
         /// See [`ServerConfig::handshake_timeout`].
         handshake_timeout: Duration;
+        /// See [`ServerConfig::idle_timeout`].
+        idle_timeout: Option<Duration>;
     }
 
     /// Requires clients to present `token` (at most 256 bytes).
@@ -460,6 +488,8 @@ pub struct ServerHandle {
     counters: Vec<Arc<SharedCounters>>,
     memory: Arc<ServerMemory>,
     drain_timeout: Duration,
+    /// Per worker: the listener saw its loop stand still (held in an inline handler).
+    held: Arc<Vec<AtomicBool>>,
 }
 
 /// How long `shutdown` waits for a worker after `drain_timeout` (closing its sessions: Close
@@ -482,6 +512,14 @@ impl ServerHandle {
         }
         self.memory.fill(&mut c);
         c
+    }
+
+    /// The workers (indices in worker order) whose loop the listener last saw stand still for
+    /// 100 ms or more: held in an inline handler. New sessions go to the other workers while
+    /// there are some; see [`ServerConfig::peer_timeout`] for what happens to the held ones'
+    /// sessions.
+    pub fn held_workers(&self) -> Vec<usize> {
+        self.held.iter().enumerate().filter(|(_, h)| h.load(Ordering::Acquire)).map(|(i, _)| i).collect()
     }
 
     /// Each worker's counters, in worker order (index `i` is the worker pinned to

@@ -167,3 +167,33 @@ impl Liveness {
         None
     }
 }
+
+/// Server: how long a session has had no call in flight, for `ServerConfig::idle_timeout`
+/// (as gRPC's `max_connection_idle`): [`super::Session::handle_idle`] is asked now and then
+/// (the worker's idle sweep), never per message; an answer sent since the last look
+/// (`answered`, one store per answer) or a call, stream or message in pieces in flight now makes
+/// the session busy again. Pings, Pongs and ring returns do not: a client that only probes is
+/// idle.
+#[derive(Debug, Default)]
+pub(super) struct IdleTimer {
+    /// `None`: sessions are never closed for being idle.
+    pub(super) timeout: Option<Duration>,
+    /// An answer was sent since the last look.
+    pub(super) answered: bool,
+    /// The first look that found the session idle (and every look since did).
+    pub(super) since: Option<Instant>,
+}
+
+impl IdleTimer {
+    /// A look at `now`; `busy`: a call, stream or message in pieces is in flight. Returns how
+    /// long the session has been idle when that is `timeout` or more.
+    pub(super) fn look(&mut self, now: Instant, busy: bool) -> Option<Duration> {
+        let timeout = self.timeout?;
+        if busy || std::mem::take(&mut self.answered) {
+            self.since = None;
+            return None;
+        }
+        let idle = now.saturating_duration_since(*self.since.get_or_insert(now));
+        (idle >= timeout).then_some(idle)
+    }
+}

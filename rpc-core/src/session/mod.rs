@@ -4,7 +4,8 @@
 //! may go and the abandon cap (`calls.rs`); the order of waiting messages and what never goes
 //! ([`Outbox`]); the producer state of the peer's ring and the consumer state of our own; the
 //! reassembly of bodies that arrive through the ring; and the life of calls and of the peer
-//! (cancel, server-side deadlines, the idle probe; see [`lifecycle`]). No verbs and no clock:
+//! (cancel, server-side deadlines, the idle probe, the idle timeout; see [`lifecycle`]); the
+//! server's meter of what a client sends outside its credits ([`meter`]). No verbs and no clock:
 //! inputs are received headers (`handle_header`), completions of what was posted
 //! ([`Outbox::sent`]), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
 //! outputs are placements, headers to send (`next_request`, `next_control`), answers
@@ -22,6 +23,7 @@ mod calls;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod lifecycle;
+pub mod meter;
 mod outbox;
 pub mod queue;
 mod recycle;
@@ -33,7 +35,7 @@ pub mod tick;
 pub use budget::{Charge, HeldBytes};
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
-use lifecycle::{Liveness, Unanswered};
+use lifecycle::{IdleTimer, Liveness, Unanswered};
 pub use outbox::{Front, Outbox, Queued, Waiting};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -212,6 +214,10 @@ pub struct Session {
     reassembly: Option<ReassemblyLimits>,
     /// Server: the count that answers waiting on the heap for the client's ring are charged to.
     backlog: Option<std::sync::Arc<HeldBytes>>,
+    /// Server: what the client sends outside its credits ([`meter`]).
+    meter: meter::Meter,
+    /// Server: how long the session has had no call ([`Session::handle_idle`]).
+    idle: IdleTimer,
 }
 
 impl Session {
@@ -256,6 +262,8 @@ impl Session {
             probe_idle: false,
             reassembly: None,
             backlog: None,
+            meter: meter::Meter::new(params.own_ring_len),
+            idle: IdleTimer::default(),
         }
     }
 
@@ -328,6 +336,33 @@ impl Session {
     pub fn set_peer_timeout(&mut self, peer_timeout: Option<Duration>, now: Instant) {
         self.liveness = Liveness::new(peer_timeout);
         self.liveness.last_check = Some(now);
+    }
+
+    /// Server: closes the session once it has had no call in flight for `idle_timeout` (`None`:
+    /// never; the default). See [`Session::handle_idle`].
+    pub fn set_idle_timeout(&mut self, idle_timeout: Option<Duration>) {
+        self.idle.timeout = idle_timeout;
+    }
+
+    /// Server: a look at the session's idleness at `now` (the driver's idle sweep, at most every
+    /// quarter of `idle_timeout`): the time it has had no call in flight (no unanswered call, no
+    /// open stream, no message arriving in pieces, no answer sent since the previous look) when
+    /// that reached `idle_timeout`: send a Close and close it (a clean close: the client
+    /// reconnects on its next call). Measured from the first look that found it idle, so the
+    /// session closes between `idle_timeout` and `idle_timeout` plus the sweep's period after its
+    /// last call. Pings and ring returns do not count as calls.
+    ///
+    /// A session whose client answers probes while idle ([`Session::probe_while_idle`], a
+    /// `Channel`) is never closed for being idle: the idle probe finds it dead within
+    /// `peer_timeout` when it stops answering, and a `Channel` does not reconnect a closed session.
+    /// Every idle session is thus reclaimed one way or the other, whatever its client asked.
+    pub fn handle_idle(&mut self, now: Instant) -> Option<Duration> {
+        if self.probe_idle {
+            return None;
+        }
+        let busy =
+            !self.unanswered.is_empty() || !self.streams.list.is_empty() || !self.assemblies.is_empty();
+        self.idle.look(now, busy)
     }
 
     /// Server: the client said in its handshake that it answers Pings while it has no call on
@@ -421,6 +456,9 @@ impl Session {
             return Some(Header::new(Kind::Pong));
         }
         if std::mem::take(&mut self.liveness.ping_due) {
+            if self.role == Role::Server {
+                self.meter.pinged();
+            }
             return Some(Header::new(Kind::Ping));
         }
         let i = if self.role == Role::Client && !self.stream_send_room() {
@@ -506,6 +544,7 @@ impl Session {
         if self.role == Role::Server {
             h.stream_taken = self.sends.taken;
             self.sends.reported = self.sends.taken;
+            self.meter.sent(h.in_ring);
         }
     }
 
@@ -541,6 +580,7 @@ impl Session {
     /// credit). The runtime names the call with [`Session::on_answer_for`], which also refuses a
     /// second answer.
     pub fn on_answer(&mut self) {
+        self.idle.answered = true;
         if !self.unanswered.is_empty() {
             self.unanswered.remove(0);
         }
@@ -551,6 +591,7 @@ impl Session {
     /// (a second answer to one call, e.g. a deferred one after the handler also answered or
     /// panicked): such an answer must not be sent.
     pub fn on_answer_for(&mut self, slot: u16, generation: u32) -> bool {
+        self.idle.answered = true;
         match self.unanswered.iter().position(|c| (c.slot, c.generation) == (slot, generation)) {
             Some(i) => {
                 self.unanswered.swap_remove(i);
@@ -716,6 +757,7 @@ impl Session {
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
         }
+        let used_before = self.producer.used();
         self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
         match self.role {
             Role::Client => self.sends.on_taken(h.stream_taken)?,
@@ -768,6 +810,9 @@ impl Session {
             }
             if first && self.role == Role::Server && h.kind == Kind::Request {
                 self.check_credit()?;
+            }
+            if !last && self.role == Role::Server {
+                self.meter.piece()?;
             }
             // A body that will wait for more pieces is charged whole (what its buffer grows to)
             // before anything is allocated for it.
@@ -870,7 +915,17 @@ impl Session {
                 self.sends.note(self.unanswered.len(), self.send_pool());
             }
             Kind::Close => self.closed = true,
-            Kind::Ping => self.liveness.pong_due = true,
+            Kind::Ping => {
+                if self.role == Role::Server {
+                    self.meter.ping()?;
+                }
+                self.liveness.pong_due = true;
+            }
+            Kind::Pong if self.role == Role::Server => self.meter.pong()?,
+            Kind::RingReturn if self.role == Role::Server => {
+                let used = self.producer.used();
+                self.meter.ring_return(used < used_before, used == 0)?;
+            }
             Kind::Cancel => {
                 // Every Cancel is acknowledged (the client holds the call's credit until then);
                 // a client keeping that rule never has more than `credits` of them waiting.
@@ -1212,6 +1267,8 @@ fn check_batch(msg: &[u8], count: u16) -> Result<(), String> {
         .map_err(|e| format!("malformed stream batch: {e}"))
 }
 
+#[cfg(test)]
+mod meter_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]

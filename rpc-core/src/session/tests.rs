@@ -745,6 +745,8 @@ fn receive_in_pieces(s: &mut Session, slot: u16, total: u32, at: &mut u32) -> Co
         s.piece_buffer(&piece).extend(std::iter::repeat_n(slot as u8, len as usize));
         *at = (*at + len) % (1 << 20);
         got += len;
+        // The server's report of the freed space (a client writes only into space reported).
+        s.stamp(&mut Header::new(Kind::RingReturn));
         if let Some(done) = s.piece_done(piece).unwrap() {
             return done;
         }

@@ -52,6 +52,12 @@ const TIMER_CHECK_BUSY: u32 = 1024;
 /// Granularity of the sessions' timers (call deadlines, the idle probe).
 const TIMER_TICK: Duration = Duration::from_millis(2);
 
+/// How often the idle sweep looks at every session: a quarter of `idle_timeout` (at least
+/// [`TIMER_TICK`], at most 1 s), so a session closes at most that much after `idle_timeout`.
+fn idle_sweep_period(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 4).clamp(TIMER_TICK, Duration::from_secs(1))
+}
+
 /// [`NewConn::bound`]: the worker has not bound the ring's window yet.
 pub(crate) const BIND_PENDING: u8 = 0;
 /// [`NewConn::bound`]: the bind completed (or the ring has no window): the peer may write.
@@ -98,6 +104,9 @@ pub(crate) struct WorkerShared<P: Provider> {
     /// Set by shutdown: answer new requests UNAVAILABLE, finish the others, then stop.
     pub(crate) draining: Arc<AtomicBool>,
     pub(crate) sessions: AtomicUsize,
+    /// The worker's loop count, stored at every iteration: the listener sees a worker whose beat
+    /// stands still as held in a handler (`server::listener`'s watchdog).
+    pub(crate) beat: AtomicU32,
     /// SRQ receive WQEs reserved by the live sessions ([`conn::srq_need`] each).
     pub(crate) srq_reserved: AtomicU32,
     /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
@@ -161,6 +170,9 @@ struct Entry<P: Provider> {
     backlog: Outbox<Outgoing>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
+    /// The session was idle for `idle_timeout` and its Close is posted: closed at the next idle
+    /// sweep (its messages meanwhile are dropped unread).
+    closing: bool,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
     deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
@@ -211,6 +223,8 @@ pub(crate) struct WorkerLimits {
     pub(crate) drain_timeout: Duration,
     /// Silence of a client with unanswered calls after which its session closes.
     pub(crate) peer_timeout: Option<Duration>,
+    /// Time without a call after which a session is closed with a Close (`None`: never).
+    pub(crate) idle_timeout: Option<Duration>,
     pub(crate) body_cap: usize,
 }
 
@@ -295,7 +309,12 @@ impl<P: Provider> Worker<P> {
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
         let mut next_tick = Instant::now();
+        let sweep_every = self.limits.idle_timeout.map(idle_sweep_period);
+        let mut next_sweep = Instant::now();
         loop {
+            // Read by the listener's watchdog: a worker whose beat stands still is inside a
+            // handler (a plain store on a line only this thread writes).
+            self.shared.beat.store(iterations, Ordering::Relaxed);
             // The cross-thread queues are looked at when idle and every few busy iterations, not
             // between every two polls of a busy CQ (a new QP's first message drains the control
             // queue itself, see `lookup_qpn`).
@@ -341,7 +360,8 @@ impl<P: Provider> Worker<P> {
             // Timers: the clock is read only while a session has unanswered calls, and then rarely
             // (every few dozen empty polls, every thousand busy iterations); the sessions with
             // unanswered calls are visited once per tick.
-            let check = !self.timed.is_empty()
+            let check = (!self.timed.is_empty()
+                || sweep_every.is_some() && self.shared.sessions.load(Ordering::Relaxed) > 0)
                 && if n > 0 {
                     iterations % TIMER_CHECK_BUSY == 0
                 } else {
@@ -351,7 +371,13 @@ impl<P: Provider> Worker<P> {
                 let now = Instant::now();
                 if now >= next_tick {
                     next_tick = now + TIMER_TICK;
-                    self.run_timers(now);
+                    if !self.timed.is_empty() {
+                        self.run_timers(now);
+                    }
+                }
+                if let Some(every) = sweep_every.filter(|_| now >= next_sweep) {
+                    next_sweep = now + every;
+                    self.sweep_idle(now);
                 }
             }
             if n > 0 {
@@ -413,6 +439,37 @@ impl<P: Provider> Worker<P> {
             self.handle_events(idx);
         }
         self.flush_dirty();
+    }
+
+    /// Closes the sessions that have had no call for `idle_timeout` ([`crate::session::Session::handle_idle`]):
+    /// a Close goes to the client (a clean close: a `Client` reconnects on its next call), and
+    /// the session is freed at the next sweep (its Close has left by then). Sessions with
+    /// answers still waiting or deferred calls are not idle.
+    #[inline(never)]
+    fn sweep_idle(&mut self, now: Instant) {
+        for idx in 0..self.entries.len() as u16 {
+            let tag = self.tag(idx);
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            if entry.closing {
+                self.close_entry(idx, "idle for ServerConfig::idle_timeout", false, true);
+                continue;
+            }
+            if !entry.backlog.is_empty() || !entry.deferred.is_empty() || entry.binding.is_some() {
+                continue;
+            }
+            let Some(idle) = entry.conn.session.handle_idle(now) else { continue };
+            tracing::debug!(
+                worker = self.shared.index,
+                session = entry.session,
+                idle_ms = idle.as_millis() as u64,
+                "closing an idle session (ServerConfig::idle_timeout)"
+            );
+            self.counters.idle_closed += 1;
+            entry.closing = true;
+            if !entry.conn.send_close(tag) {
+                self.close_entry(idx, "idle for ServerConfig::idle_timeout", false, true);
+            }
+        }
     }
 
     /// Acts on the session's events: cancelled and expired calls are answered now (their
@@ -689,12 +746,14 @@ impl<P: Provider> Worker<P> {
             timed: false,
             backlog: Outbox::default(),
             binding: None,
+            closing: false,
             deferred: Vec::new(),
             streams: Vec::new(),
             registered: nc.registered,
         });
         if let Some(s) = self.entries[idx].as_mut() {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
+            s.conn.session.set_idle_timeout(self.limits.idle_timeout);
             if s.conn.session.watches_peer() {
                 // A client that answers probes while idle is watched from the start.
                 s.timed = true;
@@ -947,6 +1006,11 @@ impl<P: Provider> Worker<P> {
             self.recv.repost(buf);
             return;
         };
+        if entry.closing {
+            // Closed for being idle: nothing more of it is run.
+            self.recv.repost(buf);
+            return;
+        }
         let overlong = !self.recv.fits(&buf);
         let inc = match entry.conn.session.receive(
             self.recv.bytes(&buf),
@@ -957,10 +1021,14 @@ impl<P: Provider> Worker<P> {
             Ok(inc) => inc,
             Err(reason) => {
                 self.recv.repost(buf);
-                if crate::session::is_reassembly_cap(&reason) {
+                let metered = crate::session::meter::is_violation(&reason);
+                if metered {
+                    self.counters.metered += 1;
+                    tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
+                } else if crate::session::is_reassembly_cap(&reason) {
                     self.counters.over_reassembly_cap += 1;
                 }
-                self.close_entry(idx, &reason, true, true);
+                self.close_entry(idx, &reason, !metered, true);
                 return;
             }
         };

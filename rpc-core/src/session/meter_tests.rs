@@ -1,0 +1,203 @@
+//! The server's meter ([`super::meter`]) against a fake client that sends headers by hand, and
+//! the idle timer on a fake clock.
+
+use super::meter::{is_violation, pieces_between, MAX_PINGS};
+use super::*;
+use std::time::{Duration, Instant};
+
+fn params(credits: u16, eager: u32, ring: u32) -> SessionParams {
+    SessionParams {
+        id: 5,
+        credits,
+        eager_threshold: eager,
+        max_message: 1 << 20,
+        peer_ring_len: ring,
+        own_ring_len: ring,
+        max_held: usize::from(credits),
+    }
+}
+
+fn from_client(kind: Kind) -> Header {
+    Header { session: 5, ..Header::new(kind) }
+}
+
+/// What the fake client's message does to the server session: `Err` with the reason when the
+/// session must close.
+fn deliver(s: &mut Session, h: Header) -> Result<(), String> {
+    let mut buf = [0u8; crate::wire::HEADER_LEN];
+    h.encode(&mut buf);
+    s.receive(&buf, false, false, Instant::now).map(drop)
+}
+
+/// The server sends a message of its own (stamped: it carries the freed head).
+fn server_sends(s: &mut Session, kind: Kind, in_ring: bool) {
+    let mut h = Header { in_ring, ..Header::new(kind) };
+    s.stamp(&mut h);
+}
+
+#[test]
+fn pings_beyond_two_silences_between_server_messages_close_the_session() {
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    for _ in 0..MAX_PINGS {
+        deliver(&mut s, from_client(Kind::Ping)).unwrap();
+    }
+    let e = deliver(&mut s, from_client(Kind::Ping)).unwrap_err();
+    assert!(is_violation(&e) && e.contains("Pings"), "{e}");
+
+    // Any message of the server (its Pong) starts a new count.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    for _ in 0..10 {
+        for _ in 0..MAX_PINGS {
+            deliver(&mut s, from_client(Kind::Ping)).unwrap();
+        }
+        let pong = s.next_control().unwrap();
+        assert_eq!(pong.kind, Kind::Pong);
+        server_sends(&mut s, Kind::Pong, false);
+    }
+    // A client is not metered (its peer is the server it chose).
+    let mut c = Session::new(Role::Client, params(4, 64, 1 << 16));
+    for _ in 0..20 {
+        c.handle_header(&Header { session: 5, ..Header::new(Kind::Ping) }, Instant::now).unwrap();
+    }
+}
+
+#[test]
+fn a_pong_needs_a_ping_of_the_server() {
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    let e = deliver(&mut s, from_client(Kind::Pong)).unwrap_err();
+    assert!(is_violation(&e) && e.contains("Pong"), "{e}");
+
+    // The server probes a client with an unanswered call: one Pong per Ping.
+    let t0 = Instant::now();
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.set_peer_timeout(Some(Duration::from_secs(3)), t0);
+    s.handle_header(&Header { method: 1, ..from_client(Kind::Request) }, || t0).unwrap();
+    s.handle_timeout(t0 + Duration::from_millis(10), true);
+    s.handle_timeout(t0 + Duration::from_millis(1010), true);
+    assert_eq!(s.next_control().map(|h| h.kind), Some(Kind::Ping));
+    server_sends(&mut s, Kind::Ping, false);
+    deliver(&mut s, from_client(Kind::Pong)).unwrap();
+    let e = deliver(&mut s, from_client(Kind::Pong)).unwrap_err();
+    assert!(is_violation(&e), "{e}");
+}
+
+#[test]
+fn ring_returns_must_free_the_servers_ring_bodies() {
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    // Nothing of the server's in the client's ring: nothing to return.
+    let e = deliver(&mut s, from_client(Kind::RingReturn)).unwrap_err();
+    assert!(is_violation(&e) && e.contains("RingReturn"), "{e}");
+
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.handle_header(&Header { method: 1, ..from_client(Kind::Request) }, Instant::now).unwrap();
+    let [a, b] = [1000, 2000].map(|len| match s.place_body(len).unwrap() {
+        Placement::Ring(off) => off,
+        p => panic!("{p:?}"),
+    });
+    assert_eq!((a, b), (0, 1000));
+    server_sends(&mut s, Kind::StreamMsg, true);
+    server_sends(&mut s, Kind::Response, true);
+    // The client frees the first body: one return; the same head again frees nothing.
+    deliver(&mut s, Header { freed_head: 1000, ..from_client(Kind::RingReturn) }).unwrap();
+    let e = deliver(&mut s, Header { freed_head: 1000, ..from_client(Kind::RingReturn) }).unwrap_err();
+    assert!(is_violation(&e), "{e}");
+
+    // Each return frees something, but no more returns than bodies sent.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    assert_eq!(s.place_body(3000).unwrap(), Placement::Ring(0));
+    server_sends(&mut s, Kind::Response, true);
+    deliver(&mut s, Header { freed_head: 1, ..from_client(Kind::RingReturn) }).unwrap();
+    let e = deliver(&mut s, Header { freed_head: 2, ..from_client(Kind::RingReturn) }).unwrap_err();
+    assert!(is_violation(&e), "{e}");
+}
+
+/// Non-last pieces of one message, each `len` bytes, copied out and freed at once.
+fn pieces(s: &mut Session, n: u32, len: u32, at: &mut u32) -> Result<(), String> {
+    for _ in 0..n {
+        let h = Header {
+            method: 1,
+            in_ring: true,
+            ring_offset: *at,
+            body_len: len,
+            total_len: 1 << 20,
+            ..from_client(Kind::Request)
+        };
+        let mut buf = [0u8; crate::wire::HEADER_LEN];
+        h.encode(&mut buf);
+        let piece = s.receive(&buf, false, false, Instant::now)?.ring.unwrap();
+        s.piece_buffer(&piece).extend(std::iter::repeat_n(0u8, len as usize));
+        assert_eq!(s.piece_done(piece), Ok(None));
+        *at = (*at + len) % (1 << 16);
+    }
+    Ok(())
+}
+
+#[test]
+fn tiny_pieces_beyond_a_ring_between_server_messages_close_the_session() {
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    let mut at = 0;
+    assert_eq!(pieces_between(1 << 16), MAX_PIECES_IN_RING);
+    pieces(&mut s, MAX_PIECES_IN_RING, 128, &mut at).unwrap();
+    let e = pieces(&mut s, 1, 128, &mut at).unwrap_err();
+    assert!(is_violation(&e) && e.contains("pieces"), "{e}");
+
+    // A client that keeps the protocol (pieces of at least 1/16 of the ring) waits for the
+    // freed head (a server message) after at most a ring's worth: never closed.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    let mut at = 0;
+    for _ in 0..10 {
+        pieces(&mut s, MAX_PIECES_IN_RING, 4096, &mut at).unwrap();
+        server_sends(&mut s, Kind::RingReturn, false);
+    }
+}
+
+#[test]
+fn the_piece_bound_is_what_a_ring_holds_at_its_smallest_piece() {
+    assert_eq!(pieces_between(1 << 20), 16);
+    assert_eq!(pieces_between(256), 16);
+    assert_eq!(pieces_between(100), 16, "pieces of at least 6 bytes");
+    assert_eq!(pieces_between(20), 20, "pieces of at least 1 byte");
+    assert_eq!(pieces_between(1), 1);
+}
+
+#[test]
+fn an_idle_session_closes_after_the_idle_timeout_on_the_fake_clock() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    assert_eq!(s.handle_idle(at(0)), None);
+    assert_eq!(s.handle_idle(at(10_000)), None, "no idle timeout: never");
+
+    s.set_idle_timeout(Some(Duration::from_millis(100)));
+    assert_eq!(s.handle_idle(at(0)), None);
+    assert_eq!(s.handle_idle(at(99)), None);
+    assert_eq!(s.handle_idle(at(100)), Some(Duration::from_millis(100)));
+
+    // A call in flight is not idle, however long it runs; its answer restarts the count.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.set_idle_timeout(Some(Duration::from_millis(100)));
+    s.handle_header(&Header { method: 1, slot: 1, generation: 1, ..from_client(Kind::Request) }, || at(0))
+        .unwrap();
+    assert_eq!(s.handle_idle(at(0)), None);
+    assert_eq!(s.handle_idle(at(500)), None);
+    assert!(s.on_answer_for(1, 1));
+    assert_eq!(s.handle_idle(at(510)), None, "answered since the last look");
+    assert_eq!(s.handle_idle(at(520)), None);
+    assert_eq!(s.handle_idle(at(619)), None);
+    assert_eq!(s.handle_idle(at(620)), Some(Duration::from_millis(100)));
+
+    // A client that answers probes while idle (a `Channel`) is probed instead, never closed
+    // for being idle.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.set_idle_timeout(Some(Duration::from_millis(100)));
+    s.probe_while_idle();
+    assert_eq!(s.handle_idle(at(0)), None);
+    assert_eq!(s.handle_idle(at(10_000)), None);
+
+    // Pings are no calls: a client that only probes is idle.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.set_idle_timeout(Some(Duration::from_millis(100)));
+    assert_eq!(s.handle_idle(at(0)), None);
+    deliver(&mut s, from_client(Kind::Ping)).unwrap();
+    assert_eq!(s.handle_idle(at(100)), Some(Duration::from_millis(100)));
+}
