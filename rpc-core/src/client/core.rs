@@ -1595,7 +1595,7 @@ impl<P: Provider> ClientCore<P> {
     #[inline]
     pub(crate) fn broken_now(&mut self) -> Option<&Status> {
         if self.broken.is_none() && self.conn.session.calls().in_flight() == 0 {
-            match self.cq.poll(&mut self.wcs) {
+            match self.wcs.poll(&self.cq) {
                 Ok(0) => {}
                 Ok(n) => {
                     self.completed(n);
