@@ -12,6 +12,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use prost::Message;
 
+use crate::buffers::bounded::{check_exact, encode_exact, LenMismatch};
 use crate::buffers::GatherBody;
 use crate::session::{PlaceError, Placement, Session};
 use crate::status::Status;
@@ -318,14 +319,17 @@ impl<T> Responder<T> {
 
 impl<T: Message> Responder<T> {
     /// Sends the answer (encoded here, in the calling thread, then queued to the worker). When the
-    /// server has stopped or the client is gone, the answer is dropped.
+    /// server has stopped or the client is gone, the answer is dropped. A message that encodes
+    /// to more or fewer bytes than its `encoded_len` gave is answered INTERNAL instead.
     pub fn send(mut self, result: Result<T, Status>) {
         if let Some((q, t)) = self.target.take() {
             // Large `bytes` fields are referenced, not copied (the worker copies each piece
             // once into the send mirror).
-            let result = result.map(|m| {
-                let own = Vec::with_capacity(GatherBody::own_capacity_for(m.encoded_len()));
-                GatherBody::encode(&m, own)
+            // A message that does not encode to its `encoded_len` answers INTERNAL.
+            let result = result.and_then(|m| {
+                let len = m.encoded_len();
+                let body = GatherBody::encode(&m, Vec::with_capacity(GatherBody::own_capacity_for(len)));
+                check_exact::<T>(len, body.len()).map(|()| body).map_err(|e| e.status("answer"))
             });
             q.push(Deferred {
                 conn: t.conn,
@@ -383,13 +387,11 @@ pub(crate) enum Outcome {
 pub(crate) trait LateBody: Send {
     /// `encoded_len()` of the message, in bytes, when it was answered.
     fn len(&self) -> usize;
-    /// Encodes the message into `dst` (exactly [`LateBody::len`] bytes); returns the bytes
-    /// written.
+    /// Encodes the message into `dst`, exactly [`LateBody::len`] bytes long (never panics).
     ///
-    /// # Panics
-    /// When the message encodes longer than its `encoded_len()` said (a buggy `Message`
-    /// implementation): callers catch it.
-    fn encode_into(&self, dst: &mut [u8]) -> usize;
+    /// # Errors
+    /// [`LenMismatch`] when it writes more or fewer bytes: `dst` must not be sent.
+    fn encode_into(&self, dst: &mut [u8]) -> Result<(), LenMismatch>;
 }
 
 impl std::fmt::Debug for dyn LateBody {
@@ -407,11 +409,8 @@ impl<M: Message> LateBody for Unencoded<M> {
     fn len(&self) -> usize {
         self.len
     }
-    fn encode_into(&self, dst: &mut [u8]) -> usize {
-        let mut rest = dst.get_mut(..self.len).unwrap_or_default();
-        let cap = rest.len();
-        self.msg.encode_raw(&mut rest);
-        cap - rest.len()
+    fn encode_into(&self, dst: &mut [u8]) -> Result<(), LenMismatch> {
+        encode_exact(&self.msg, dst)
     }
 }
 
@@ -432,26 +431,38 @@ pub(crate) struct StagingSpan<'a> {
 
 /// Encodes a body that waits for ring space into the staging span when it fits (one copy, no
 /// allocation); keeps it unencoded when it would fit the staging area once earlier bodies left
-/// (one copy later, a box of the message's size now); else onto the heap.
+/// (one copy later, a box of the message's size now); else onto the heap. A message that does
+/// not encode to its `encoded_len` is an INTERNAL error, nothing staged.
 fn stage<M: Message + 'static>(msg: M, len: usize, staging: &mut StagingSpan<'_>) -> Outcome {
     if len > staging.eager_threshold as usize {
-        if let Some(mut dst) = staging.bytes.get_mut(..len) {
-            msg.encode_raw(&mut dst);
-            return Outcome::Staged { offset: staging.offset, len: (len - dst.len()) as u32 };
+        if let Some(dst) = staging.bytes.get_mut(..len) {
+            // Not committed here: the worker commits a `Staged` outcome only.
+            return match encode_exact(&msg, dst) {
+                Ok(()) => Outcome::Staged { offset: staging.offset, len: len as u32 },
+                Err(e) => Outcome::Error(e.status("answer")),
+            };
         }
         if len <= staging.total as usize {
             return Outcome::Later(Box::new(Unencoded { msg, len }));
         }
     }
     match staging.spare.take(GatherBody::own_capacity_for(len)) {
-        // Boxed: an `Outcome` is moved a few times per answer, and a gather body is 80 bytes.
-        Some(own) => Outcome::Spilled(Box::new(GatherBody::encode(&msg, own))),
+        Some(own) => {
+            let body = GatherBody::encode(&msg, own);
+            match check_exact::<M>(len, body.len()) {
+                // Boxed: an `Outcome` is moved a few times per answer, and a gather body is 80 bytes.
+                Ok(()) => Outcome::Spilled(Box::new(body)),
+                Err(e) => Outcome::Error(e.status("answer")),
+            }
+        }
         None => Outcome::Error(Status::resource_exhausted(format!("no memory for an answer of {len} bytes"))),
     }
 }
 
 /// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the
-/// staging area.
+/// staging area. A message that writes more or fewer bytes than its `encoded_len` gave is
+/// answered INTERNAL, nothing of it sent: the ring space reserved for it is taken back (a range
+/// reserved and not sent would leave the peer waiting at that offset).
 pub(crate) fn encode_body<M: Message + 'static>(
     msg: M,
     eager: &mut [u8],
@@ -476,26 +487,22 @@ pub(crate) fn encode_body<M: Message + 'static>(
             (mirror.get_mut(off as usize..off as usize + len), Outcome::Ring { offset: off, len: len as u32 })
         }
     };
-    let Some(mut dst) = dst else {
-        return Outcome::Error(Status::internal(format!("no buffer space for a body of {len} bytes")));
+    let encoded = match dst {
+        // `dst` is exactly `encoded_len()` bytes: encode without prost measuring the message again.
+        Some(dst) => encode_exact(&msg, dst).map_err(|e| e.status("answer")),
+        None => Err(Status::internal(format!("no buffer space for a body of {len} bytes"))),
     };
-    // `dst` is exactly `encoded_len()` bytes: encode without prost measuring the message again.
-    msg.encode_raw(&mut dst);
-    if dst.is_empty() {
-        return outcome;
-    }
-    match outcome {
-        // The ring space is reserved: the body must be sent at its reserved length or the next
-        // ring body lands off the peer's expected offset. The gap is zeroed (a zero tag never
-        // decodes: the peer fails cleanly instead of reading stale bytes).
-        Outcome::Ring { .. } => {
-            dst.fill(0);
-            outcome
+    match encoded {
+        Ok(()) => outcome,
+        Err(s) => {
+            if matches!(outcome, Outcome::Ring { .. }) {
+                // Placed just now, nothing since: the rewind cannot fail (a range left reserved
+                // would only make the next ring body land past where the peer looks: its
+                // session, not this call, would fail).
+                session.unplace_body();
+            }
+            Outcome::Error(s)
         }
-        _ => Outcome::Error(Status::internal(format!(
-            "{} encoded shorter than its encoded_len",
-            std::any::type_name::<M>()
-        ))),
     }
 }
 

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 pub use recycle::{BodyRecycler, RecycledBody, SPARE_BODIES};
 
-pub use ring::{RingConsumer, RingProducer, RingReserveError, RingToken};
+pub use ring::{RingConsumer, RingMark, RingProducer, RingReserveError, RingToken};
 
 /// Fraction of the peer's ring one piece may take (a quarter: four pieces in flight pipeline).
 const PIECE_FRACTION: u32 = 4;
@@ -154,6 +154,8 @@ pub struct Session {
     role: Role,
     params: SessionParams,
     producer: RingProducer,
+    /// The producer's state before and after the last ring placement ([`Session::unplace_body`]).
+    placed: (RingMark, RingMark),
     consumer: RingConsumer,
     /// Server: requests received and not yet answered, with their deadlines; at most `credits`
     /// entries (allocated once). An answer for a call not listed here is a duplicate.
@@ -191,6 +193,7 @@ impl Session {
             role,
             params,
             producer: RingProducer::new(params.peer_ring_len),
+            placed: (RingProducer::new(0).mark(), RingProducer::new(0).mark()),
             consumer: RingConsumer::new(params.own_ring_len, params.max_held.max(1)),
             unanswered: match role {
                 Role::Server => Vec::with_capacity(usize::from(params.credits)),
@@ -375,10 +378,21 @@ impl Session {
         if len <= self.params.eager_threshold as usize {
             return Ok(Placement::Eager);
         }
+        let before = self.producer.mark();
         match self.producer.reserve(len as u32) {
-            Ok(off) => Ok(Placement::Ring(off)),
+            Ok(off) => {
+                self.placed = (before, self.producer.mark());
+                Ok(Placement::Ring(off))
+            }
             Err(RingReserveError::Full | RingReserveError::TooLarge { .. }) => Ok(Placement::Pieces),
         }
+    }
+
+    /// Takes back the ring space the last [`Session::place_body`] reserved ([`Placement::Ring`]),
+    /// for a body that will not be sent (it did not encode to its `encoded_len`); call it before
+    /// anything else is placed. Returns false, changing nothing, when something was.
+    pub fn unplace_body(&mut self) -> bool {
+        self.producer.rewind(self.placed.0, self.placed.1)
     }
 
     /// Whether a body of `len` bytes may be sent at all.
@@ -911,6 +925,16 @@ impl Session {
         let st = &mut self.streams.list[i];
         st.send_grants -= 1;
         Ok(true)
+    }
+
+    /// Gives back the send credit the last [`Session::stream_send`] of the stream took, for a
+    /// message that was not sent after all (it did not encode to its `encoded_len`).
+    pub fn stream_unsend(&mut self, slot: u16, generation: u32) {
+        let Some(i) = self.streams.find(slot, generation) else { return };
+        self.streams.list[i].send_grants += 1;
+        if self.role == Role::Client {
+            self.sends.unreturned = self.sends.unreturned.saturating_sub(1);
+        }
     }
 
     /// Send credits of the stream `(slot, generation)`: messages this end may send now (`None`:

@@ -108,6 +108,25 @@ impl RingProducer {
         Ok(offset)
     }
 
+    /// The producer's state now, to [`RingProducer::rewind`] to.
+    #[inline]
+    pub fn mark(&self) -> RingMark {
+        RingMark { tail: self.tail, pos: self.pos }
+    }
+
+    /// Takes back the reservation that took the producer from `before` to `after` (marks taken
+    /// around it), for a body that was never sent. Returns false, changing nothing, when anything
+    /// was reserved since (the state is not `after`).
+    pub fn rewind(&mut self, before: RingMark, after: RingMark) -> bool {
+        // The reserved bytes were never sent, so the consumer cannot have freed into them.
+        if self.mark() != after || after.tail.wrapping_sub(before.tail) > self.used() {
+            return false;
+        }
+        self.tail = before.tail;
+        self.pos = before.pos;
+        true
+    }
+
     /// Reserves a piece of a body that travels in pieces: up to `max` contiguous bytes at the
     /// tail (skipping the end of the ring when too little is left there), but never fewer than
     /// `min(max, min_piece)` (a piece too small to be worth its SEND waits for the consumer to free
@@ -153,6 +172,13 @@ impl RingProducer {
         self.head = freed_head;
         Ok(())
     }
+}
+
+/// A [`RingProducer`]'s state before a reservation ([`RingProducer::mark`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingMark {
+    tail: u32,
+    pos: u32,
 }
 
 /// A body the consumer has accepted, to be released (in any order) when it is no longer read.
