@@ -328,13 +328,14 @@ fn requests_that_lie_fail_internal_taking_nothing() {
 /// the server reads exactly the honest messages. Sabotaged: the batch path counting a liar's
 /// frame (`write` unchecked): the server's reader saw a message out of order (DATA_LOSS) or the
 /// batch's frames did not add up; without `stream_unsend` the stream ran out of credits and the
-/// honest sends after the liars stalled (`try_send` false for good: the "no credits" assert).
+/// honest sends after the liars stalled until the stream's deadline.
 #[test]
 fn stream_sends_that_lie_fail_internal_and_the_stream_goes_on() {
     let (server, probe, client) = start();
     for len in [10, 1000, 40_000] {
         probe.release.store(false, Ordering::Release);
-        let mut s = client.client_stream::<Liar, EchoMsg>(READ, &CallOptions::default()).unwrap();
+        // The deadline is a hang guard: a send credit lost to each liar would stall the stream.
+        let mut s = client.client_stream::<Liar, EchoMsg>(READ, &CallOptions::deadline(WAIT)).unwrap();
         // Open (the first message waits for the stream's first credit).
         let m = liar(0, len, 0);
         s.send(&m).unwrap();
@@ -360,7 +361,8 @@ fn stream_sends_that_lie_fail_internal_and_the_stream_goes_on() {
         }
         assert!(n > 0, "no credit at all");
         probe.release.store(true, Ordering::Release);
-        for _ in 0..3 {
+        // More liars than the stream has credits, each sent with a credit in hand.
+        for _ in 0..100 {
             for delta in DELTAS {
                 assert_internal(
                     s.send(&liar(n, len, delta)),
