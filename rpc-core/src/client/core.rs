@@ -1114,7 +1114,7 @@ impl<P: Provider> ClientCore<P> {
                      (ClientConfig::max_abandoned)",
                     waited.as_millis()
                 ),
-                Event::Cancelled { .. } | Event::Expired { .. } => continue,
+                Event::Cancelled { .. } | Event::Expired { .. } | Event::Overran { .. } => continue,
             };
             tracing::warn!(peer = %self.peer, %reason, "resetting the session");
             self.break_conn(unavailable(reason));

@@ -143,15 +143,48 @@ pub struct RequestContext {
     /// Most bytes of one stream SEND's body on this call's session (its eager body size): the
     /// size of a server stream's batches.
     pub(crate) batch_cap: Cell<usize>,
+    /// `ServerConfig::max_call_duration`.
+    pub(crate) limit: Option<std::time::Duration>,
+    /// The handler's first [`RequestContext::is_cancelled`] (reset per call): `limit` counts
+    /// from there.
+    pub(crate) first_look: Cell<Option<Instant>>,
+}
+
+impl RequestContext {
+    /// A worker's context, refilled for each request it dispatches.
+    pub(crate) fn new(queue: Arc<DeferQueue>, batch_cap: usize, limit: Option<std::time::Duration>) -> Self {
+        RequestContext {
+            info: CallInfo {
+                method: "",
+                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                deadline: None,
+                cancel: None,
+            },
+            queue,
+            target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
+            deferred: Cell::new(false),
+            cancel_flag: Cell::new(None),
+            stream: Cell::new(None),
+            source: Cell::new(None),
+            stream_in: Cell::new(false),
+            batch_cap: Cell::new(batch_cap),
+            limit,
+            first_look: Cell::new(None),
+        }
+    }
 }
 
 /// What a handler knows of its call: the method, the client, the deadline. A [`RequestContext`]
-/// derefs to it; an async handler gets an owned copy (`AsyncContext`).
+/// derefs to it; an async handler gets an owned copy (`AsyncContext`), which also sees the call
+/// end ([`CallInfo::is_cancelled`]).
 #[derive(Clone, Debug)]
 pub struct CallInfo {
     pub(crate) method: &'static str,
     pub(crate) peer: SocketAddr,
     pub(crate) deadline: Option<Instant>,
+    /// An async handler's: the flag its `Responder` reads (raised on Cancel, expiry,
+    /// `max_call_duration`, session closed). `None` in a [`RequestContext`].
+    pub(crate) cancel: Option<Arc<CancelFlag>>,
 }
 
 impl CallInfo {
@@ -169,6 +202,17 @@ impl CallInfo {
     /// handler's future is dropped then and the call answered DEADLINE_EXCEEDED.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+
+    /// An async handler's context (`AsyncContext`, and its clones: work the handler hands to
+    /// another thread may watch it): true once the call no longer wants an answer: the client
+    /// cancelled it (future dropped, explicit cancel), its deadline passed, it ran past the
+    /// server's `max_call_duration`, or the session closed. Reads the clock only for a call
+    /// with a deadline. Through a [`RequestContext`], that context's
+    /// [`RequestContext::is_cancelled`] answers instead.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.is_raised())
+            || self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 }
 
@@ -190,13 +234,34 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl RequestContext {
-    /// True once the call's deadline has passed: the client has given up (it sent a Cancel) and
-    /// the server answers DEADLINE_EXCEEDED itself, so a long handler may stop early. Reads the
-    /// clock only for calls with a deadline. A Cancel from the client is handled between handler
-    /// runs, so a running inline handler cannot see one; a deferred call asks its
-    /// [`Responder::is_cancelled`].
+    /// True once the call no longer wants an answer, so a long handler may stop early: its
+    /// deadline passed (the client gave up and sent a Cancel; the server answers
+    /// DEADLINE_EXCEEDED itself), it ran past the server's `max_call_duration` (counted from the
+    /// handler's first look here), or, once the handler took a [`Responder`] or a stream
+    /// ([`RequestContext::defer`], [`RequestContext::stream`]), what that one's
+    /// `is_cancelled` sees (a Cancel from the client, the session closed). Reads the clock.
+    ///
+    /// An inline handler runs on the worker thread, which handles the client's Cancel only when
+    /// the handler returns: a Cancel alone does not reach a handler that has not deferred; its
+    /// deadline and `max_call_duration` bound it. Long work belongs on another thread (defer,
+    /// or an async handler), where [`Responder::is_cancelled`] and
+    /// [`CallInfo::is_cancelled`] see the Cancel at once.
     pub fn is_cancelled(&self) -> bool {
-        self.info.deadline.is_some_and(|d| Instant::now() >= d)
+        let now = Instant::now();
+        if self.info.deadline.is_some_and(|d| now >= d) {
+            return true;
+        }
+        if let Some(limit) = self.limit {
+            let first = self.first_look.get().unwrap_or(now);
+            self.first_look.set(Some(first));
+            if now.saturating_duration_since(first) >= limit {
+                return true;
+            }
+        }
+        let flag = self.cancel_flag.take();
+        let raised = flag.as_ref().is_some_and(|f| f.is_raised());
+        self.cancel_flag.set(flag);
+        raised
     }
 
     /// Defers the answer: returns a [`Responder`] to answer later from any thread, and the marker
@@ -261,7 +326,7 @@ impl RequestContext {
 
 /// The flag the worker raises when a deferred call no longer wants an answer; raising it wakes
 /// the task awaiting [`Responder::cancelled`], if any.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub(crate) struct CancelFlag {
     raised: AtomicBool,
     waker: atomic_waker::AtomicWaker,
@@ -298,6 +363,11 @@ impl<T> Responder<T> {
     /// `Counters::late_answers`).
     pub fn is_cancelled(&self) -> bool {
         self.target.is_none() || self.cancelled.is_raised()
+    }
+
+    /// The flag the worker raises for this call (an async handler's context watches it too).
+    pub(crate) fn flag(&self) -> Arc<CancelFlag> {
+        self.cancelled.clone()
     }
 
     /// Resolves once [`Responder::is_cancelled`] is true: woken by the worker when it raises the

@@ -345,6 +345,11 @@ impl SinkEnd {
         end(&self.shared, result);
     }
 
+    /// The flag raised when the stream is over without the handler.
+    pub(crate) fn flag(&self) -> Arc<CancelFlag> {
+        self.shared.cancelled.clone()
+    }
+
     /// Resolves once the stream is over without the handler (cancelled, expired, session gone).
     pub(crate) fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
         std::future::poll_fn(move |cx| {

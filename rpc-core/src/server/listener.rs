@@ -96,6 +96,7 @@ pub(super) fn start<P: Provider>(
         polling: config.polling,
         drain_timeout: config.drain_timeout,
         peer_timeout: config.peer_timeout,
+        max_call_duration: config.max_call_duration,
         body_cap,
     };
     let mut shared_all = Vec::new();

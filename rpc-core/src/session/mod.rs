@@ -29,7 +29,7 @@ pub mod tick;
 
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
-use lifecycle::{Liveness, Unanswered};
+use lifecycle::{CallLimit, Liveness, Unanswered};
 pub use outbox::{Front, Outbox, Queued, Waiting};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -170,6 +170,8 @@ pub struct Session {
     /// The request credits the client's stream SENDs hold ([`StreamSends`]).
     sends: StreamSends,
     liveness: Liveness,
+    /// Server: the bound on a call's life ([`Session::set_call_limit`]).
+    limit: CallLimit,
     /// Client: the call slots and what the calls go out with ([`calls`]).
     calls: calls::Calls,
     /// Ring messages being received (at most `max_held`, bounded by credits or the window).
@@ -204,6 +206,7 @@ impl Session {
             streams: Streams::new(u32::from(params.credits).min(MAX_STREAM_BUDGET)),
             sends: StreamSends::default(),
             liveness: Liveness::new(None),
+            limit: CallLimit::default(),
             calls: match role {
                 Role::Client => {
                     calls::Calls::new(params.max_held.min(usize::from(u16::MAX)) as u16, params.credits)
@@ -266,6 +269,14 @@ impl Session {
         self.liveness.last_check = Some(now);
     }
 
+    /// Server: bounds the life of every call received from now on to `max` (`None`: no bound),
+    /// measured from the first [`Session::handle_timeout`] that sees it (never shorter than
+    /// `max`; no clock read per call): past it, the call ends with [`Event::Overran`]. `now` is
+    /// the driver's clock now.
+    pub fn set_call_limit(&mut self, max: Option<Duration>, now: Instant) {
+        self.limit = CallLimit { max, last: Some(now) };
+    }
+
     /// Server: the client said in its handshake that it answers Pings while it has no call on
     /// the wire ([`crate::wire::FLAG_IDLE_PONGS`]): the idle probe watches this session also
     /// while no call is unanswered ([`Session::watches_peer`]), so a client process that stopped
@@ -286,7 +297,8 @@ impl Session {
     /// something from the peer): the earliest deadline of an unanswered call, or of the probe.
     pub fn poll_timeout(&self, waiting: bool) -> Option<Instant> {
         let calls = self.unanswered.iter().filter(|c| !c.ended).filter_map(|c| c.deadline).min();
-        [calls, self.liveness.next(waiting), self.calls.next_timeout()].into_iter().flatten().min()
+        let limit = self.limit.next(&self.unanswered);
+        [calls, limit, self.liveness.next(waiting), self.calls.next_timeout()].into_iter().flatten().min()
     }
 
     /// Applies the passage of time up to `now`. `waiting`: this end expects something from the
@@ -300,6 +312,7 @@ impl Session {
                 self.events.push_back(Event::Expired { slot: c.slot, generation: c.generation });
             }
         }
+        self.limit.check(&mut self.unanswered, now, &mut self.events);
         if let Some(silent) = self.liveness.check(now, waiting) {
             self.events.push_back(Event::PeerDead { silent });
         }
@@ -600,7 +613,13 @@ impl Session {
         }
         self.check_credit()?;
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
-        self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        self.unanswered.push(Unanswered {
+            slot: h.slot,
+            generation: h.generation,
+            deadline,
+            ended: false,
+            since: None,
+        });
         self.sends.note(self.unanswered.len(), self.send_pool());
         Ok(Incoming { header: *h, ring: None })
     }
@@ -770,6 +789,7 @@ impl Session {
                     generation: h.generation,
                     deadline,
                     ended: false,
+                    since: None,
                 });
                 self.sends.note(self.unanswered.len(), self.send_pool());
             }
@@ -839,7 +859,13 @@ impl Session {
     #[cold]
     fn open_peer_stream(&mut self, h: &Header, now: impl FnOnce() -> Instant) {
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
-        self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        self.unanswered.push(Unanswered {
+            slot: h.slot,
+            generation: h.generation,
+            deadline,
+            ended: false,
+            since: None,
+        });
         self.sends.note(self.unanswered.len(), self.send_pool());
         let i = self.streams.open(
             h.slot,

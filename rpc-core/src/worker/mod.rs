@@ -23,7 +23,7 @@ use crate::buffers::{split_send_wr_id, RecvBuf, RecvPool};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{
-    panic_text, CallInfo, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
+    panic_text, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
 };
 use crate::dispatch::service::Body;
 use crate::dispatch::source::SourceShared;
@@ -194,6 +194,8 @@ pub(crate) struct WorkerLimits {
     pub(crate) drain_timeout: Duration,
     /// Silence of a client with unanswered calls after which its session closes.
     pub(crate) peer_timeout: Option<Duration>,
+    /// `ServerConfig::max_call_duration`.
+    pub(crate) max_call_duration: Option<Duration>,
     pub(crate) body_cap: usize,
 }
 
@@ -242,17 +244,7 @@ impl<P: Provider> Worker<P> {
             timed: Vec::with_capacity(n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
-            ctx: RequestContext {
-                info: CallInfo { method: "", peer: SocketAddr::from(([0, 0, 0, 0], 0)), deadline: None },
-                queue,
-                target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
-                deferred: std::cell::Cell::new(false),
-                cancel_flag: std::cell::Cell::new(None),
-                stream: std::cell::Cell::new(None),
-                source: std::cell::Cell::new(None),
-                stream_in: std::cell::Cell::new(false),
-                batch_cap: std::cell::Cell::new(limits.body_cap),
-            },
+            ctx: RequestContext::new(queue, limits.body_cap, limits.max_call_duration),
             streaming: Vec::with_capacity(n),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             recv,
@@ -417,7 +409,7 @@ impl<P: Provider> Worker<P> {
                     self.close_entry(idx, &reason, false, true);
                     return;
                 }
-                Event::Expired { .. } | Event::Unacknowledged { .. } => {}
+                Event::Expired { .. } | Event::Overran { .. } | Event::Unacknowledged { .. } => {}
             }
             // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
             let Some((header, status)) = event.answer() else { continue };
@@ -666,7 +658,9 @@ impl<P: Provider> Worker<P> {
             streams: Vec::new(),
         });
         if let Some(s) = self.entries[idx].as_mut() {
-            s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
+            let now = Instant::now();
+            s.conn.session.set_peer_timeout(self.limits.peer_timeout, now);
+            s.conn.session.set_call_limit(self.limits.max_call_duration, now);
             if s.conn.session.watches_peer() {
                 // A client that answers probes while idle is watched from the start.
                 s.timed = true;
@@ -1027,6 +1021,7 @@ impl<P: Provider> Worker<P> {
         ctx.info.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
+        ctx.first_look.set(None);
         ctx.cancel_flag.set(None);
         ctx.source.set(None);
         ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
