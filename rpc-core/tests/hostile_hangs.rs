@@ -176,7 +176,7 @@ fn a_dropped_call_reaches_its_handler_without_a_deadline() {
 /// `RequestContext::is_cancelled` stops that long after its first look. Sabotaged: the worker
 /// not giving the session its limit (`set_call_limit` removed): the deferred call never ended
 /// (block_on gave up after WAIT); `is_cancelled` without the `limit` check: the inline handler
-/// never stopped ("the call ended" never came; its worker held).
+/// never stopped, and the client closed the session after its `peer_timeout` (UNAVAILABLE).
 #[test]
 fn max_call_duration_ends_calls_whose_handlers_never_answer() {
     let (server, probe, client) = start(server().max_call_duration(Some(Duration::from_millis(200))));
@@ -200,7 +200,8 @@ fn max_call_duration_ends_calls_whose_handlers_never_answer() {
     server.shutdown();
 }
 
-/// `max_call_duration` 0 is refused at spawn, naming the field.
+/// `max_call_duration` 0 is refused at spawn, naming the field. Sabotaged: the check removed:
+/// the server spawned.
 #[test]
 fn a_zero_max_call_duration_is_refused() {
     let r = server()
