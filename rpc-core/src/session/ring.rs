@@ -289,6 +289,29 @@ impl RingConsumer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reservation taken back leaves the producer as it was (also one that skipped the end of
+    /// the ring); one with another after it is not taken back. Sabotaged: `rewind` without the
+    /// `after` check: the second case rewound both reservations.
+    #[test]
+    fn rewind_takes_back_only_the_last_reservation() {
+        let mut p = RingProducer::new(1000);
+        assert_eq!(p.reserve(700), Ok(0));
+        p.on_freed(700).unwrap();
+        let before = p.clone();
+        let (m0, off) = (p.mark(), p.reserve(600));
+        // Empty ring, 300 bytes left at the end: the body starts over at 0, skipping them.
+        assert_eq!(off, Ok(0));
+        assert!(p.rewind(m0, p.mark()));
+        assert_eq!(p, before);
+        let m0 = p.mark();
+        p.reserve(100).unwrap();
+        let m1 = p.mark();
+        p.reserve(100).unwrap();
+        let after = p.clone();
+        assert!(!p.rewind(m0, m1), "another reservation came after it");
+        assert_eq!(p, after);
+    }
     use proptest::prelude::*;
 
     #[test]
