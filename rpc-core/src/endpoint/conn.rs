@@ -447,8 +447,9 @@ impl<P: Provider> Conn<P> {
                 out.body = OutBody::Staged(Some(s));
                 Ok(true)
             }
+            // Unreachable: `spare_mut` gave the span.
             None => Err(crate::status::Status::internal(format!(
-                "an answer did not encode to the {len} bytes its encoded_len() gave"
+                "a staged answer of {len} bytes lies outside the staging area"
             ))),
         }
     }
