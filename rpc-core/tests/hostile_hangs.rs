@@ -63,7 +63,9 @@ impl Service for Hangs {
 
     fn call(&self, method: MethodId, ctx: &RequestContext, _body: Body<'_>, out: &mut ReplyWriter<'_>) {
         let probe = self.probe.clone();
-        probe.entered.fetch_add(1, Ordering::AcqRel);
+        if method != ASYNC {
+            probe.entered.fetch_add(1, Ordering::AcqRel);
+        }
         match method {
             RESPONDER => {
                 let (responder, reply) = ctx.defer::<EchoMsg>();
@@ -72,6 +74,8 @@ impl Service for Hangs {
             }
             ASYNC => {
                 out.reply(spawn_async(&AsyncRuntime::current_or_default(), ctx, move |actx| async move {
+                    // Counted once the future runs: a Cancel before that drops it unpolled.
+                    probe.entered.fetch_add(1, Ordering::AcqRel);
                     hold(probe, move || actx.is_cancelled());
                     std::future::pending::<Result<EchoMsg, Status>>().await
                 }))
