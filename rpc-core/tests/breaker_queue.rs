@@ -257,7 +257,8 @@ fn waiting_calls_of_every_size_and_shape_arrive_byte_for_byte_and_release_their_
     server.shutdown();
 }
 
-/// Waiting calls whose `encoded_len` lies send exactly what they wrote (or are refused), never panic.
+/// Waiting calls whose `encoded_len` lies fail INTERNAL naming it (or are refused over
+/// `max_message_size`), never panic, never send, and release what they hold.
 #[test]
 fn waiting_calls_whose_encoded_len_lies_end_cleanly() {
     let (server, stash, client) = setup(client_config().max_message_size(200_000));
@@ -285,30 +286,11 @@ fn waiting_calls_whose_encoded_len_lies_end_cleanly() {
     for (i, (f, m)) in futs.into_iter().zip(&liars).enumerate() {
         let written = m.written();
         match block_on(f) {
-            Ok(r) => {
-                assert!(
-                    written.len() <= 200_000,
-                    "liar {i}: {} bytes over max_message_size sent",
-                    written.len()
-                );
-                let mut padded = written.clone();
-                padded.resize(m.claim.max(written.len()), 0);
-                let got = (r.seq, r.checksum);
-                assert!(
-                    got == (written.len() as u64, fnv64(&written))
-                        || got == (padded.len() as u64, fnv64(&padded)),
-                    "liar {i} (claims {}, writes {}): server got {} bytes, not what was written",
-                    m.claim,
-                    written.len(),
-                    r.seq
-                );
+            Ok(r) => panic!("liar {i} (claims {}, writes {}) was sent: {r:?}", m.claim, written.len()),
+            Err(e) => {
+                assert_eq!(e.code(), Code::Internal, "liar {i}: {e:?}");
+                assert!(e.message().contains("encoded_len"), "liar {i}: {e:?}");
             }
-            // Over `max_message_size` must be refused (never sent), with the limit named.
-            Err(e) if written.len() > 200_000 => {
-                assert_eq!(e.code(), Code::ResourceExhausted, "liar {i}: {e:?}");
-                assert!(e.message().contains("max_message_size"), "liar {i}: {e:?}");
-            }
-            Err(e) => assert_ne!(e.code(), Code::Unavailable, "liar {i} broke the session: {e:?}"),
         }
         if written.len() > 200_000 {
             continue;
@@ -422,11 +404,11 @@ fn waiting_calls_on_a_broken_session_end_unavailable_and_release_their_bytes() {
 }
 
 /// A started (not waiting) call whose `encode_raw` writes more than its `encoded_len` gave, into
-/// the send buffer, the server's ring or the staging area, fails INVALID_ARGUMENT naming the
+/// the send buffer, the server's ring or the staging area, fails INTERNAL naming the
 /// cause, takes nothing with it, and the session serves on. (Before, `&mut [u8]`'s `BufMut`
 /// panicked in the caller's thread and the send buffer taken for the call leaked.)
 #[test]
-fn a_started_call_writing_more_than_its_encoded_len_fails_invalid_argument() {
+fn a_started_call_writing_more_than_its_encoded_len_fails_internal() {
     let (server, _stash, client) = setup(client_config());
     let opts = CallOptions::default();
     let liars = [
@@ -444,13 +426,12 @@ fn a_started_call_writing_more_than_its_encoded_len_fails_invalid_argument() {
                 panic!("liar {i} (claims {}, writes {}) panicked the client", m.claim, m.written().len())
             };
             match r {
-                Err(e) if e.code() == Code::InvalidArgument => {
+                Err(e) if e.code() == Code::Internal => {
                     assert!(e.message().contains("encoded_len"), "round {round}, liar {i}: {e:?}")
                 }
-                // A body larger than the staging area is encoded onto the heap, which grows: what
-                // it wrote goes, whole.
-                Ok(r) => assert_eq!((r.seq, r.checksum), (m.written().len() as u64, fnv64(&m.written()))),
-                Err(e) => panic!("round {round}, liar {i}: {e:?}"),
+                // A body larger than the staging area is encoded onto the heap, which grows: its
+                // length is checked all the same.
+                r => panic!("round {round}, liar {i}: {r:?}"),
             }
         }
         let m = Liar { claim: 10, own: vec![1; 10], shared: Bytes::new() };

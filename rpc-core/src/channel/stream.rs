@@ -396,12 +396,20 @@ impl<Req: Message> StreamSender<Req> {
     ///
     /// # Errors
     /// FAILED_PRECONDITION once the stream is over (the server answered, its deadline passed,
-    /// the session broke: the receiver or `finish` gives why) or after `finish`.
+    /// the session broke: the receiver or `finish` gives why) or after `finish`; INTERNAL when
+    /// `msg` encodes to more or fewer bytes than its `encoded_len` gave (nothing of it is sent,
+    /// the stream goes on).
     pub async fn send(&mut self, msg: &Req) -> Result<(), Status> {
         if self.done {
             return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
         }
-        let mut bytes = Some(msg.encode_to_vec());
+        let len = msg.encoded_len();
+        let mut v = Vec::new();
+        // A message that does not encode to its `encoded_len` fails this send alone (nothing
+        // is queued; the stream goes on).
+        crate::buffers::bounded::encode_vec_exact(msg, &mut v, len)
+            .map_err(|e| e.status("stream message"))?;
+        let mut bytes = Some(v);
         let out = self.out.clone();
         let poke = self.poke.clone();
         std::future::poll_fn(move |cx: &mut Context<'_>| {

@@ -70,7 +70,8 @@ pub struct ClientConfig {
     /// within `peer_timeout` (5 s with `None`), it resets (calls UNAVAILABLE, logged) instead of
     /// starving the window. Nothing waits for it (dropping a future never blocks); the watch is
     /// checked as the session is progressed. Default 32; 1 ..= 65535, at most the window in
-    /// effect.
+    /// effect and at most the credits the server granted (only calls on the wire are abandoned
+    /// on it, holding a credit each: a higher cap would never be reached).
     pub max_abandoned: u16,
 }
 

@@ -16,9 +16,10 @@ use prost::Message;
 use std::collections::VecDeque;
 
 use super::config::ClientConfig;
+use crate::buffers::bounded::{check_exact, encode_exact, LenMismatch};
 use crate::buffers::{
-    Bounded, Completion, Completions, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool,
-    SendQueue, SendStaging, Staged,
+    Completion, Completions, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue,
+    SendStaging, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
@@ -450,7 +451,7 @@ impl<P: Provider> ClientCore<P> {
         let eager = len <= self.conn.session.params().eager_threshold as usize;
         // A retry of the body whose stall was counted already does not count it again.
         let mut stalled = std::mem::take(&mut self.unplaced_stall);
-        let (body, overran_ring) = loop {
+        let body = loop {
             if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
                 break placed;
             }
@@ -463,7 +464,11 @@ impl<P: Provider> ClientCore<P> {
                         "no memory for a request of {len} bytes"
                     )));
                 };
-                break (PendingBody::Heap(Box::new(GatherBody::encode(req, own))), false);
+                let body = GatherBody::encode(req, own);
+                if let Err(e) = check_exact::<M>(len, body.len()) {
+                    return Err(self.mismatch(e, "request"));
+                }
+                break PendingBody::Heap(Box::new(body));
             }
             if !blocking {
                 self.unplaced_stall = stalled;
@@ -479,25 +484,17 @@ impl<P: Provider> ClientCore<P> {
         if flush_now {
             self.flush();
         }
-        let id = CallId { slot, generation, deadline };
-        if overran_ring {
-            // Its reserved ring range goes (as zeros: the ring's accounting needs it to), the call
-            // does not.
-            self.abandon(id);
-            return Err(self.overran(len));
-        }
-        Ok(Some(id))
+        Ok(Some(CallId { slot, generation, deadline }))
     }
 
     /// Encodes a request body where it can go now: the eager area, the server's ring (through
     /// the mirror), or the staging area. `None` when it is above the eager threshold and neither
-    /// the ring nor the staging area has room. With the body, whether it overran the server's
-    /// ring range reserved for it (see [`ClientCore::overran`]): the range was zeroed, and the
-    /// call must be abandoned once started.
+    /// the ring nor the staging area has room.
     ///
     /// # Errors
-    /// As [`ClientCore::start`]'s; INVALID_ARGUMENT when the message overran its eager buffer or
-    /// staging room (nothing is taken then).
+    /// As [`ClientCore::start`]'s; INTERNAL ([`ClientCore::mismatch`]) when the message does not
+    /// encode to its `encoded_len`: nothing is taken (the send buffer is given back, the ring
+    /// range reserved for it taken back, the staging area not committed).
     fn place<M: Message>(
         &mut self,
         req: &M,
@@ -506,7 +503,7 @@ impl<P: Provider> ClientCore<P> {
         stalled: &mut bool,
         deadline: Option<Instant>,
         blocking: bool,
-    ) -> Result<Option<(PendingBody, bool)>, Status> {
+    ) -> Result<Option<PendingBody>, Status> {
         let now = self.conn.session.call_goes_now();
         Ok(if eager || now {
             let mut buf = loop {
@@ -520,37 +517,32 @@ impl<P: Provider> ClientCore<P> {
             };
             match self.conn.session.place_body(len) {
                 Ok(Placement::Eager) => {
-                    let mut w =
-                        Bounded::new(&mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len]);
-                    req.encode_raw(&mut w);
-                    let (n, overran) = (w.written() as u32, w.overran());
-                    if overran {
+                    let dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                    if let Err(e) = encode_exact(req, dst) {
                         self.conn.pool.give_back(buf);
-                        return Err(self.overran(len));
+                        return Err(self.mismatch(e, "request"));
                     }
-                    Some((PendingBody::Placed(buf, BodyAt::Eager(n)), false))
+                    Some(PendingBody::Placed(buf, BodyAt::Eager(len as u32)))
                 }
                 Ok(Placement::Ring(off)) => {
-                    let mut w = Bounded::new(self.conn.mirror.range_mut(off, len as u32));
-                    req.encode_raw(&mut w);
-                    // A body shorter than announced keeps its reserved length, as the ring accounting
-                    // requires; the gap is zeroed (a zero tag never decodes: the server answers
-                    // INVALID_ARGUMENT instead of decoding stale bytes of an earlier body). One
-                    // longer than announced is all zeros, and its call is abandoned once started.
-                    w.zero_rest();
-                    let body = PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 });
-                    Some((body, w.overran()))
+                    if let Err(e) = encode_exact(req, self.conn.mirror.range_mut(off, len as u32)) {
+                        // Reserved just now, nothing placed since: the range is free again.
+                        self.conn.session.unplace_body();
+                        self.conn.pool.give_back(buf);
+                        return Err(self.mismatch(e, "request"));
+                    }
+                    Some(PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 }))
                 }
                 Ok(Placement::Pieces) | Err(_) => {
                     self.conn.pool.give_back(buf);
                     if !std::mem::replace(stalled, true) {
                         self.counters.ring_full_stalls += 1;
                     }
-                    self.stage(req, len)?.map(|b| (b, false))
+                    self.stage(req, len)?
                 }
             }
         } else {
-            self.stage(req, len)?.map(|b| (b, false))
+            self.stage(req, len)?
         })
     }
 
@@ -558,33 +550,30 @@ impl<P: Provider> ClientCore<P> {
     /// staging area (one copy, no allocation); `None` when it has no room for it.
     ///
     /// # Errors
-    /// INVALID_ARGUMENT ([`ClientCore::overran`]) when the message writes more than `len` bytes
-    /// (nothing is taken).
+    /// INTERNAL ([`ClientCore::mismatch`]) when the message does not encode to `len` bytes
+    /// (nothing is committed).
     fn stage<M: Message>(&mut self, req: &M, len: usize) -> Result<Option<PendingBody>, Status> {
         let (at, spare) = self.conn.staging.spare_mut();
         let Some(dst) = spare.get_mut(..len) else { return Ok(None) };
-        let mut w = Bounded::new(dst);
-        req.encode_raw(&mut w);
-        if w.overran() {
-            return Err(self.overran(len));
+        if let Err(e) = encode_exact(req, dst) {
+            return Err(self.mismatch(e, "request"));
         }
-        let written = w.written() as u32;
-        Ok(Some(match self.conn.staging.commit(at, written) {
+        Ok(Some(match self.conn.staging.commit(at, len as u32) {
             Some(s) => PendingBody::Staged(s),
-            // Encoded to nothing (an `encoded_len` that lied): the heap takes it as it is.
+            // Not a span of the staging area (unreachable: `spare_mut` gave it).
             None => PendingBody::Heap(Box::new(req.encode_to_vec().into())),
         }))
     }
 
-    /// The error of a request whose `Message::encode_raw` wrote more than the `len` bytes its
-    /// `encoded_len` gave (a hand-written `Message`; generated code never does): INVALID_ARGUMENT,
-    /// counted.
+    /// The error of a message (`what`: "request", "stream message") whose `Message::encode_raw`
+    /// wrote more or fewer bytes than its `encoded_len` gave (a hand-written `Message`; generated
+    /// code never does), counted: INTERNAL, as gRPC implementations answer an encoding failure
+    /// (tonic's `Status::internal`), since the fault is in the program, not in the request's
+    /// values. Nothing of the message was sent; the session is untouched.
     #[cold]
-    fn overran(&mut self, len: usize) -> Status {
-        self.counters.status(Code::InvalidArgument);
-        Status::invalid_argument(format!(
-            "the request's encode_raw wrote more than the {len} bytes its encoded_len gave; nothing of the message was sent"
-        ))
+    fn mismatch(&mut self, e: LenMismatch, what: &str) -> Status {
+        self.counters.status(Code::Internal);
+        e.status(what)
     }
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
@@ -661,36 +650,56 @@ impl<P: Provider> ClientCore<P> {
     /// Frames `msg` (`len` bytes encoded) into the open batch of stream `id`, opening one when
     /// none is: false when it does not fit (an eager buffer), another stream's batch is open,
     /// the outbox holds messages (they go first), or no send buffer is free.
-    fn batch_append<M: Message>(&mut self, id: CallId, msg: &M, len: usize) -> bool {
-        self.batch_append_with(id, len, |mut body| msg.encode_raw(&mut body))
+    ///
+    /// # Errors
+    /// [`LenMismatch`] when `msg` does not encode to `len` bytes (the batch is as it was).
+    fn batch_append<M: Message>(&mut self, id: CallId, msg: &M, len: usize) -> Result<bool, LenMismatch> {
+        self.batch_append_with(id, len, |body| encode_exact(msg, body))
     }
 
     /// [`ClientCore::batch_append`] of a message `write` puts into the `len` bytes it is given.
-    fn batch_append_with(&mut self, id: CallId, len: usize, write: impl FnOnce(&mut [u8])) -> bool {
+    ///
+    /// # Errors
+    /// `write`'s, after which the batch is as it was (the frame is not counted).
+    fn batch_append_with(
+        &mut self,
+        id: CallId,
+        len: usize,
+        write: impl FnOnce(&mut [u8]) -> Result<(), LenMismatch>,
+    ) -> Result<bool, LenMismatch> {
         use crate::wire::{FRAME_LEN, MAX_BATCH};
         let cap = (self.conn.session.params().eager_threshold as usize).min(self.conn.body_cap);
         if self.stream_batch.is_none() {
             if !self.outbox.is_empty() || FRAME_LEN + len > cap {
-                return false;
+                return Ok(false);
             }
-            let Some(buf) = self.conn.acquire() else { return false };
+            let Some(buf) = self.conn.acquire() else { return Ok(false) };
             self.stream_batch =
                 Some(OpenBatch { slot: id.slot, generation: id.generation, buf, len: 0, count: 0 });
         }
-        let Some(b) = self.stream_batch.as_mut() else { return false };
+        let Some(b) = self.stream_batch.as_mut() else { return Ok(false) };
         if (b.slot, b.generation) != (id.slot, id.generation)
             || b.len as usize + FRAME_LEN + len > cap
             || b.count == MAX_BATCH
         {
-            return false;
+            return Ok(false);
         }
         let at = HEADER_LEN + b.len as usize;
         let dst = &mut self.conn.pool.buf_mut(&mut b.buf)[at..at + FRAME_LEN + len];
         dst[..FRAME_LEN].copy_from_slice(&(len as u32).to_le_bytes());
-        write(&mut dst[FRAME_LEN..]);
+        // Counted only once written whole: a message that did not encode leaves nothing, and a
+        // batch opened for it goes back (an empty batch is never sent).
+        if let Err(e) = write(&mut dst[FRAME_LEN..]) {
+            if b.count == 0 {
+                if let Some(b) = self.stream_batch.take() {
+                    self.conn.pool.give_back(b.buf);
+                }
+            }
+            return Err(e);
+        }
         b.len += (FRAME_LEN + len) as u32;
         b.count += 1;
-        true
+        Ok(true)
     }
 
     /// True while the open batch holds messages of the stream `(slot, generation)`.
@@ -1123,8 +1132,11 @@ impl<P: Provider> ClientCore<P> {
                      (ClientConfig::max_abandoned)",
                     waited.as_millis()
                 ),
-                // A client sets no reassembly timeout: never reported here.
-                Event::Cancelled { .. } | Event::Expired { .. } | Event::ReassemblyExpired { .. } => continue,
+                // A client sets no reassembly timeout nor call limit: never reported here.
+                Event::Cancelled { .. }
+                | Event::Expired { .. }
+                | Event::ReassemblyExpired { .. }
+                | Event::Overran { .. } => continue,
             };
             tracing::warn!(peer = %self.peer, %reason, "resetting the session");
             self.break_conn(unavailable(reason));
@@ -1285,11 +1297,14 @@ impl<P: Provider> ClientCore<P> {
                 }
                 Ok(true) => break,
                 // No credit: coalesced with the messages before it, to leave with the next.
-                Ok(false) if self.batch_append(id, msg, len) => {
-                    self.counters.bytes_out += len as u64;
-                    return Ok(true);
-                }
-                Ok(false) => {}
+                Ok(false) => match self.batch_append(id, msg, len) {
+                    Ok(true) => {
+                        self.counters.bytes_out += len as u64;
+                        return Ok(true);
+                    }
+                    Ok(false) => {}
+                    Err(e) => return Err(self.mismatch(e, "stream message")),
+                },
                 Err(crate::session::StreamError::NotSending) => {
                     return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
                 }
@@ -1327,22 +1342,33 @@ impl<P: Provider> ClientCore<P> {
             self.pause();
         }
         let h = Header { slot, generation, method: 0, ..Header::new(Kind::StreamMsg) };
-        self.counters.bytes_out += len as u64;
         let eager = len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap;
         if eager && self.outbox.is_empty() {
             if let Some(mut buf) = self.conn.acquire() {
-                let mut dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
-                msg.encode_raw(&mut dst);
-                let n = (len - dst.len()) as u32;
-                self.conn.queue(buf, h, BodyAt::Eager(n));
+                let dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                if let Err(e) = encode_exact(msg, dst) {
+                    // Not sent: its buffer and the stream credit it took go back.
+                    self.conn.pool.give_back(buf);
+                    self.conn.session.stream_unsend(slot, generation);
+                    return Err(self.mismatch(e, "stream message"));
+                }
+                self.counters.bytes_out += len as u64;
+                self.conn.queue(buf, h, BodyAt::Eager(len as u32));
                 self.flush();
                 return Ok(true);
             }
         }
         let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
+            self.conn.session.stream_unsend(slot, generation);
             return Err(Status::resource_exhausted(format!("no memory for a stream message of {len} bytes")));
         };
         let body = GatherBody::encode(msg, own);
+        if let Err(e) = check_exact::<M>(len, body.len()) {
+            self.conn.spare.give_back(body.into_own());
+            self.conn.session.stream_unsend(slot, generation);
+            return Err(self.mismatch(e, "stream message"));
+        }
+        self.counters.bytes_out += len as u64;
         self.outbox.push(Waiting::Body(Outgoing::new(h, body)));
         self.pump();
         self.flush();
@@ -1379,7 +1405,11 @@ impl<P: Provider> ClientCore<P> {
                 // leaves as one SEND with the next credit; back to the caller when it is full.
                 Ok(false) => {
                     let len = bytes.len();
-                    if self.batch_append_with(id, len, |dst| dst.copy_from_slice(&bytes)) {
+                    let copied = self.batch_append_with(id, len, |dst| {
+                        dst.copy_from_slice(&bytes);
+                        Ok(())
+                    });
+                    if copied == Ok(true) {
                         self.counters.bytes_out += len as u64;
                         self.conn.spare.give_back(bytes);
                         return Ok(None);
@@ -1624,6 +1654,12 @@ impl<P: Provider> ClientCore<P> {
     pub(crate) fn self_freeing_slots(&self) -> usize {
         let calls = self.conn.session.calls();
         (0..calls.window()).filter(|&i| calls.state(i) == crate::session::SlotState::Abandoned).count()
+    }
+
+    /// [`ClientCore::mismatch`] of a request encoded elsewhere (a waiting call's body).
+    #[cold]
+    pub(crate) fn encode_mismatch(&mut self, e: LenMismatch) -> Status {
+        self.mismatch(e, "request")
     }
 
     /// Refuses a body of `len` bytes over the agreed `max_message_size` (RESOURCE_EXHAUSTED

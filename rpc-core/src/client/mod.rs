@@ -374,7 +374,11 @@ impl Client {
             // The session broke and an attempt is due: the call waits, encoded, and its first
             // poll starts the attempt on a thread (neither starting nor polling blocks).
             Ok(Some(_)) => {
-                State::Reconnect { method: id, body: GatherBody::encode(req, Vec::new()), deadline }
+                let body = GatherBody::encode(req, Vec::new());
+                match crate::buffers::bounded::check_exact::<Req>(req.encoded_len(), body.len()) {
+                    Ok(()) => State::Reconnect { method: id, body, deadline },
+                    Err(e) => State::Failed(Some(e.status("request"))),
+                }
             }
             Err(s) => State::Failed(Some(s)),
         };

@@ -113,6 +113,11 @@ impl<P: Provider> Calls<P> {
         let mut own = self.spare.pop().unwrap_or_default();
         own.reserve(len.min(GATHER_MIN));
         let body = GatherBody::encode(req, own);
+        if let Err(e) = crate::buffers::bounded::check_exact::<M>(len, body.len()) {
+            // Not queued: a body that lies about its length fails now, as a started one does.
+            recycle(&mut self.spare, body);
+            return Err(self.core.encode_mismatch(e));
+        }
         let seq = self.queue.push(QueuedCall { method, body, deadline });
         Ok(Ticket::Queued { seq, deadline })
     }

@@ -12,6 +12,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use prost::Message;
 
+use crate::buffers::bounded::{check_exact, encode_exact, LenMismatch};
 use crate::buffers::{GatherBody, MirrorView};
 use crate::session::{PlaceError, Placement, Session};
 use crate::status::Status;
@@ -142,15 +143,48 @@ pub struct RequestContext {
     /// Most bytes of one stream SEND's body on this call's session (its eager body size): the
     /// size of a server stream's batches.
     pub(crate) batch_cap: Cell<usize>,
+    /// `ServerConfig::max_call_duration`.
+    pub(crate) limit: Option<std::time::Duration>,
+    /// The handler's first [`RequestContext::is_cancelled`] (reset per call): `limit` counts
+    /// from there.
+    pub(crate) first_look: Cell<Option<Instant>>,
+}
+
+impl RequestContext {
+    /// A worker's context, refilled for each request it dispatches.
+    pub(crate) fn new(queue: Arc<DeferQueue>, batch_cap: usize, limit: Option<std::time::Duration>) -> Self {
+        RequestContext {
+            info: CallInfo {
+                method: "",
+                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                deadline: None,
+                cancel: None,
+            },
+            queue,
+            target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
+            deferred: Cell::new(false),
+            cancel_flag: Cell::new(None),
+            stream: Cell::new(None),
+            source: Cell::new(None),
+            stream_in: Cell::new(false),
+            batch_cap: Cell::new(batch_cap),
+            limit,
+            first_look: Cell::new(None),
+        }
+    }
 }
 
 /// What a handler knows of its call: the method, the client, the deadline. A [`RequestContext`]
-/// derefs to it; an async handler gets an owned copy (`AsyncContext`).
+/// derefs to it; an async handler gets an owned copy (`AsyncContext`), which also sees the call
+/// end ([`CallInfo::is_cancelled`]).
 #[derive(Clone, Debug)]
 pub struct CallInfo {
     pub(crate) method: &'static str,
     pub(crate) peer: SocketAddr,
     pub(crate) deadline: Option<Instant>,
+    /// An async handler's: the flag its `Responder` reads (raised on Cancel, expiry,
+    /// `max_call_duration`, session closed). `None` in a [`RequestContext`].
+    pub(crate) cancel: Option<Arc<CancelFlag>>,
 }
 
 impl CallInfo {
@@ -168,6 +202,17 @@ impl CallInfo {
     /// handler's future is dropped then and the call answered DEADLINE_EXCEEDED.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+
+    /// An async handler's context (`AsyncContext`, and its clones: work the handler hands to
+    /// another thread may watch it): true once the call no longer wants an answer: the client
+    /// cancelled it (future dropped, explicit cancel), its deadline passed, it ran past the
+    /// server's `max_call_duration`, or the session closed. Reads the clock only for a call
+    /// with a deadline. Through a [`RequestContext`], that context's
+    /// [`RequestContext::is_cancelled`] answers instead.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.is_raised())
+            || self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 }
 
@@ -189,13 +234,34 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl RequestContext {
-    /// True once the call's deadline has passed: the client has given up (it sent a Cancel) and
-    /// the server answers DEADLINE_EXCEEDED itself, so a long handler may stop early. Reads the
-    /// clock only for calls with a deadline. A Cancel from the client is handled between handler
-    /// runs, so a running inline handler cannot see one; a deferred call asks its
-    /// [`Responder::is_cancelled`].
+    /// True once the call no longer wants an answer, so a long handler may stop early: its
+    /// deadline passed (the client gave up and sent a Cancel; the server answers
+    /// DEADLINE_EXCEEDED itself), it ran past the server's `max_call_duration` (counted from the
+    /// handler's first look here), or, once the handler took a [`Responder`] or a stream
+    /// ([`RequestContext::defer`], [`RequestContext::stream`]), what that one's
+    /// `is_cancelled` sees (a Cancel from the client, the session closed). Reads the clock.
+    ///
+    /// An inline handler runs on the worker thread, which handles the client's Cancel only when
+    /// the handler returns: a Cancel alone does not reach a handler that has not deferred; its
+    /// deadline and `max_call_duration` bound it. Long work belongs on another thread (defer,
+    /// or an async handler), where [`Responder::is_cancelled`] and
+    /// [`CallInfo::is_cancelled`] see the Cancel at once.
     pub fn is_cancelled(&self) -> bool {
-        self.info.deadline.is_some_and(|d| Instant::now() >= d)
+        let now = Instant::now();
+        if self.info.deadline.is_some_and(|d| now >= d) {
+            return true;
+        }
+        if let Some(limit) = self.limit {
+            let first = self.first_look.get().unwrap_or(now);
+            self.first_look.set(Some(first));
+            if now.saturating_duration_since(first) >= limit {
+                return true;
+            }
+        }
+        let flag = self.cancel_flag.take();
+        let raised = flag.as_ref().is_some_and(|f| f.is_raised());
+        self.cancel_flag.set(flag);
+        raised
     }
 
     /// Defers the answer: returns a [`Responder`] to answer later from any thread, and the marker
@@ -260,7 +326,7 @@ impl RequestContext {
 
 /// The flag the worker raises when a deferred call no longer wants an answer; raising it wakes
 /// the task awaiting [`Responder::cancelled`], if any.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub(crate) struct CancelFlag {
     raised: AtomicBool,
     waker: atomic_waker::AtomicWaker,
@@ -299,6 +365,11 @@ impl<T> Responder<T> {
         self.target.is_none() || self.cancelled.is_raised()
     }
 
+    /// The flag the worker raises for this call (an async handler's context watches it too).
+    pub(crate) fn flag(&self) -> Arc<CancelFlag> {
+        self.cancelled.clone()
+    }
+
     /// Resolves once [`Responder::is_cancelled`] is true: woken by the worker when it raises the
     /// flag (no polling), so a task can `select!` its work against it and stop early.
     pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
@@ -318,14 +389,17 @@ impl<T> Responder<T> {
 
 impl<T: Message> Responder<T> {
     /// Sends the answer (encoded here, in the calling thread, then queued to the worker). When the
-    /// server has stopped or the client is gone, the answer is dropped.
+    /// server has stopped or the client is gone, the answer is dropped. A message that encodes
+    /// to more or fewer bytes than its `encoded_len` gave is answered INTERNAL instead.
     pub fn send(mut self, result: Result<T, Status>) {
         if let Some((q, t)) = self.target.take() {
             // Large `bytes` fields are referenced, not copied (the worker copies each piece
             // once into the send mirror).
-            let result = result.map(|m| {
-                let own = Vec::with_capacity(GatherBody::own_capacity_for(m.encoded_len()));
-                GatherBody::encode(&m, own)
+            // A message that does not encode to its `encoded_len` answers INTERNAL.
+            let result = result.and_then(|m| {
+                let len = m.encoded_len();
+                let body = GatherBody::encode(&m, Vec::with_capacity(GatherBody::own_capacity_for(len)));
+                check_exact::<T>(len, body.len()).map(|()| body).map_err(|e| e.status("answer"))
             });
             q.push(Deferred {
                 conn: t.conn,
@@ -383,13 +457,11 @@ pub(crate) enum Outcome {
 pub(crate) trait LateBody: Send {
     /// `encoded_len()` of the message, in bytes, when it was answered.
     fn len(&self) -> usize;
-    /// Encodes the message into `dst` (exactly [`LateBody::len`] bytes); returns the bytes
-    /// written.
+    /// Encodes the message into `dst`, exactly [`LateBody::len`] bytes long (never panics).
     ///
-    /// # Panics
-    /// When the message encodes longer than its `encoded_len()` said (a buggy `Message`
-    /// implementation): callers catch it.
-    fn encode_into(&self, dst: &mut [u8]) -> usize;
+    /// # Errors
+    /// [`LenMismatch`] when it writes more or fewer bytes: `dst` must not be sent.
+    fn encode_into(&self, dst: &mut [u8]) -> Result<(), LenMismatch>;
 }
 
 impl std::fmt::Debug for dyn LateBody {
@@ -407,11 +479,8 @@ impl<M: Message> LateBody for Unencoded<M> {
     fn len(&self) -> usize {
         self.len
     }
-    fn encode_into(&self, dst: &mut [u8]) -> usize {
-        let mut rest = dst.get_mut(..self.len).unwrap_or_default();
-        let cap = rest.len();
-        self.msg.encode_raw(&mut rest);
-        cap - rest.len()
+    fn encode_into(&self, dst: &mut [u8]) -> Result<(), LenMismatch> {
+        encode_exact(&self.msg, dst)
     }
 }
 
@@ -432,26 +501,38 @@ pub(crate) struct StagingSpan<'a> {
 
 /// Encodes a body that waits for ring space into the staging span when it fits (one copy, no
 /// allocation); keeps it unencoded when it would fit the staging area once earlier bodies left
-/// (one copy later, a box of the message's size now); else onto the heap.
+/// (one copy later, a box of the message's size now); else onto the heap. A message that does
+/// not encode to its `encoded_len` is an INTERNAL error, nothing staged.
 fn stage<M: Message + 'static>(msg: M, len: usize, staging: &mut StagingSpan<'_>) -> Outcome {
     if len > staging.eager_threshold as usize {
-        if let Some(mut dst) = staging.bytes.get_mut(..len) {
-            msg.encode_raw(&mut dst);
-            return Outcome::Staged { offset: staging.offset, len: (len - dst.len()) as u32 };
+        if let Some(dst) = staging.bytes.get_mut(..len) {
+            // Not committed here: the worker commits a `Staged` outcome only.
+            return match encode_exact(&msg, dst) {
+                Ok(()) => Outcome::Staged { offset: staging.offset, len: len as u32 },
+                Err(e) => Outcome::Error(e.status("answer")),
+            };
         }
         if len <= staging.total as usize {
             return Outcome::Later(Box::new(Unencoded { msg, len }));
         }
     }
     match staging.spare.take(GatherBody::own_capacity_for(len)) {
-        // Boxed: an `Outcome` is moved a few times per answer, and a gather body is 80 bytes.
-        Some(own) => Outcome::Spilled(Box::new(GatherBody::encode(&msg, own))),
+        Some(own) => {
+            let body = GatherBody::encode(&msg, own);
+            match check_exact::<M>(len, body.len()) {
+                // Boxed: an `Outcome` is moved a few times per answer, and a gather body is 80 bytes.
+                Ok(()) => Outcome::Spilled(Box::new(body)),
+                Err(e) => Outcome::Error(e.status("answer")),
+            }
+        }
         None => Outcome::Error(Status::resource_exhausted(format!("no memory for an answer of {len} bytes"))),
     }
 }
 
 /// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the
-/// staging area.
+/// staging area. A message that writes more or fewer bytes than its `encoded_len` gave is
+/// answered INTERNAL, nothing of it sent: the ring space reserved for it is taken back (a range
+/// reserved and not sent would leave the peer waiting at that offset).
 pub(crate) fn encode_body<M: Message + 'static>(
     msg: M,
     eager: &mut [u8],
@@ -476,26 +557,22 @@ pub(crate) fn encode_body<M: Message + 'static>(
             (mirror.range_mut(off, len as u32), Outcome::Ring { offset: off, len: len as u32 })
         }
     };
-    let Some(mut dst) = dst else {
-        return Outcome::Error(Status::internal(format!("no buffer space for a body of {len} bytes")));
+    let encoded = match dst {
+        // `dst` is exactly `encoded_len()` bytes: encode without prost measuring the message again.
+        Some(dst) => encode_exact(&msg, dst).map_err(|e| e.status("answer")),
+        None => Err(Status::internal(format!("no buffer space for a body of {len} bytes"))),
     };
-    // `dst` is exactly `encoded_len()` bytes: encode without prost measuring the message again.
-    msg.encode_raw(&mut dst);
-    if dst.is_empty() {
-        return outcome;
-    }
-    match outcome {
-        // The ring space is reserved: the body must be sent at its reserved length or the next
-        // ring body lands off the peer's expected offset. The gap is zeroed (a zero tag never
-        // decodes: the peer fails cleanly instead of reading stale bytes).
-        Outcome::Ring { .. } => {
-            dst.fill(0);
-            outcome
+    match encoded {
+        Ok(()) => outcome,
+        Err(s) => {
+            if matches!(outcome, Outcome::Ring { .. }) {
+                // Placed just now, nothing since: the rewind cannot fail (a range left reserved
+                // would only make the next ring body land past where the peer looks: its
+                // session, not this call, would fail).
+                session.unplace_body();
+            }
+            Outcome::Error(s)
         }
-        _ => Outcome::Error(Status::internal(format!(
-            "{} encoded shorter than its encoded_len",
-            std::any::type_name::<M>()
-        ))),
     }
 }
 

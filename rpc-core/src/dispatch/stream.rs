@@ -30,6 +30,7 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 use prost::Message;
 
+use crate::buffers::bounded::{encode_vec_exact, LenMismatch};
 use crate::status::Status;
 use crate::wire::{FRAME_LEN, MAX_BATCH};
 
@@ -172,21 +173,26 @@ impl SinkShared {
 
     /// Producer: `msg` framed into the open batch (or queued alone when too large for one), if
     /// the sink has room; false (nothing encoded) when it has none.
-    fn put<T: Message>(&self, msg: &T) -> bool {
+    ///
+    /// # Errors
+    /// [`LenMismatch`] when `msg` does not encode to its `encoded_len` (nothing of it is kept).
+    fn put<T: Message>(&self, msg: &T) -> Result<bool, LenMismatch> {
         let len = msg.encoded_len();
         let mut open = self.lock_open();
         // Under the lock: producers (a `&StreamSink` may be shared) add one at a time.
         if !self.has_room() {
-            return false;
+            return Ok(false);
         }
         if FRAME_LEN + len > self.batch_cap {
             // Alone, unframed, behind the batch before it.
             self.seal(&mut open);
             let mut body = self.free.pop().unwrap_or_default();
-            body.reserve(len);
-            msg.encode_raw(&mut body);
+            if let Err(e) = encode_vec_exact(msg, &mut body, len) {
+                let _ = self.free.push(body);
+                return Err(e);
+            }
             self.push_sealed(body, 0, len);
-            return true;
+            return Ok(true);
         }
         if open.count > 0 && (open.body.len() + FRAME_LEN + len > self.batch_cap || open.count == MAX_BATCH) {
             self.seal(&mut open);
@@ -197,13 +203,27 @@ impl SinkShared {
             body.reserve(self.batch_cap);
             open.body = body;
         }
+        let at = open.body.len();
         open.body.extend_from_slice(&(len as u32).to_le_bytes());
-        msg.encode_raw(&mut open.body);
+        if let Err(e) = encode_vec_exact(msg, &mut open.body, len) {
+            // The frame goes too: the batch is as it was.
+            open.body.truncate(at);
+            return Err(e);
+        }
         open.count += 1;
         open.bytes += len;
         self.open_msgs.store(usize::from(open.count), Ordering::Release);
         self.open_bytes.store(open.bytes, Ordering::Release);
-        true
+        Ok(true)
+    }
+
+    /// Producer: `msg` did not encode to its `encoded_len`: the stream ends INTERNAL (what waits
+    /// in the sink is dropped, later sends fail CANCELLED), and the send returns that status.
+    #[cold]
+    fn failed(&self, e: LenMismatch) -> Status {
+        let s = e.status("stream message");
+        self.fail(s.clone());
+        s
     }
 
     /// Worker: the next SEND waiting: a sealed one, else the open batch when `take_open` and the
@@ -325,6 +345,11 @@ impl SinkEnd {
         end(&self.shared, result);
     }
 
+    /// The flag raised when the stream is over without the handler.
+    pub(crate) fn flag(&self) -> Arc<CancelFlag> {
+        self.shared.cancelled.clone()
+    }
+
     /// Resolves once the stream is over without the handler (cancelled, expired, session gone).
     pub(crate) fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
         std::future::poll_fn(move |cx| {
@@ -391,7 +416,9 @@ impl<T: Message> StreamSink<T> {
     /// here.
     ///
     /// # Errors
-    /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]);
+    /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]); INTERNAL
+    /// when `msg` encodes to more or fewer bytes than its `encoded_len` gave (a hand-written
+    /// `Message`): the stream then ends with that status, nothing of `msg` sent;
     /// RESOURCE_EXHAUSTED for a send on the worker thread (inline in the handler) that finds
     /// [`SINK_DEPTH`] messages queued (it cannot wait for the worker it blocks). The message is
     /// dropped.
@@ -400,8 +427,10 @@ impl<T: Message> StreamSink<T> {
             if self.is_cancelled() {
                 return Err(Status::cancelled("the stream was cancelled, expired or lost its session"));
             }
-            if self.shared.put(msg) {
-                return Ok(());
+            match self.shared.put(msg) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(self.shared.failed(e)),
             }
             if self.shared.worker == Some(std::thread::current().id()) {
                 // Waiting would wait for ourselves: the worker drains the sink only after the
@@ -429,8 +458,8 @@ impl<T: Message> StreamSink<T> {
     /// by yielding to the executor, woken by the worker when it takes a message (no polling).
     ///
     /// # Errors
-    /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]). The message
-    /// is dropped.
+    /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]); INTERNAL as
+    /// [`StreamSink::send`]. The message is dropped.
     pub async fn send_async(&self, msg: &T) -> Result<(), Status> {
         std::future::poll_fn(|cx| {
             for _ in 0..2 {
@@ -439,8 +468,10 @@ impl<T: Message> StreamSink<T> {
                         "the stream was cancelled, expired or lost its session",
                     )));
                 }
-                if self.shared.put(msg) {
-                    return std::task::Poll::Ready(Ok(()));
+                match self.shared.put(msg) {
+                    Ok(true) => return std::task::Poll::Ready(Ok(())),
+                    Ok(false) => {}
+                    Err(e) => return std::task::Poll::Ready(Err(self.shared.failed(e))),
                 }
                 // Room may come between the failed put and the registration: look once more.
                 self.shared.waker.register(cx.waker());
@@ -498,7 +529,7 @@ mod tests {
             let s = s.clone();
             std::thread::spawn(move || {
                 for seq in 0..N {
-                    while !s.put(&seq.to_le_bytes().to_vec()) {
+                    while !s.put(&seq.to_le_bytes().to_vec()).unwrap() {
                         std::thread::yield_now();
                     }
                 }
@@ -525,7 +556,7 @@ mod tests {
         // 30-byte messages, 34 with their frame: two fit 100 bytes, the third seals them.
         let s = sink(100);
         for i in 0..5 {
-            assert!(s.put(&msg(28, i)));
+            assert!(s.put(&msg(28, i)).unwrap());
         }
         assert_eq!(s.held(), 5);
         let a = s.pop(false).expect("the first two, sealed by the third");
@@ -544,9 +575,9 @@ mod tests {
     #[test]
     fn a_message_too_large_for_a_batch_goes_alone_after_the_batch_before_it() {
         let s = sink(100);
-        assert!(s.put(&msg(10, 1)));
-        assert!(s.put(&msg(200, 2)));
-        assert!(s.put(&msg(10, 3)));
+        assert!(s.put(&msg(10, 1)).unwrap());
+        assert!(s.put(&msg(200, 2)).unwrap());
+        assert!(s.put(&msg(10, 3)).unwrap());
         let a = s.pop(false).unwrap();
         assert_eq!((a.count, messages(&a)), (1, vec![msg(10, 1)]));
         let b = s.pop(false).unwrap();
@@ -558,7 +589,7 @@ mod tests {
     #[test]
     fn the_end_seals_the_open_batch_and_waits_for_it_to_leave() {
         let s = sink(4096);
-        assert!(s.put(&msg(5, 7)));
+        assert!(s.put(&msg(5, 7)).unwrap());
         end(&s, Ok(()));
         assert!(s.take_end().is_none(), "a message is still held");
         let a = s.pop(false).expect("sealed by the end");
@@ -570,7 +601,7 @@ mod tests {
     fn the_sink_holds_at_most_sink_depth_messages_and_refills_from_the_worker() {
         let s = sink(4096);
         let mut n = 0;
-        while s.put(&msg(1, 0)) {
+        while s.put(&msg(1, 0)).unwrap() {
             n += 1;
             assert!(n <= SINK_DEPTH, "no bound");
         }
@@ -582,7 +613,7 @@ mod tests {
             s.recycle(b.body);
         }
         assert_eq!(taken, SINK_DEPTH);
-        assert!(s.has_room() && s.put(&msg(1, 0)));
+        assert!(s.has_room() && s.put(&msg(1, 0)).unwrap());
     }
 
     #[test]
@@ -590,7 +621,7 @@ mod tests {
         let s = sink(4096);
         let big = msg(64 << 10, 1);
         let mut n = 0;
-        while s.put(&big) {
+        while s.put(&big).unwrap() {
             n += 1;
             assert!(n <= SINK_DEPTH);
         }

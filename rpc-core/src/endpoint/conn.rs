@@ -464,12 +464,11 @@ impl<P: Provider> Conn<P> {
         let len = msg.len();
         let (at, span) = self.staging.spare_mut();
         let Some(dst) = span.get_mut(..len) else { return Ok(false) };
-        // A `Message` whose `encoded_len()` undercounts panics in the encoder: that answer fails,
-        // not the worker.
-        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| msg.encode_into(dst)));
-        let staged = match written {
-            Ok(n) if n == len => self.staging.commit(at, n as u32),
-            _ => None,
+        // A `Message` that does not encode to its `encoded_len()` fails that answer (nothing
+        // committed), not the worker.
+        let staged = match msg.encode_into(dst) {
+            Ok(()) => self.staging.commit(at, len as u32),
+            Err(e) => return Err(e.status("answer")),
         };
         match staged {
             Some(s) => {
@@ -477,8 +476,9 @@ impl<P: Provider> Conn<P> {
                 out.body = OutBody::Staged(Some(s));
                 Ok(true)
             }
+            // Unreachable: `spare_mut` gave the span.
             None => Err(crate::status::Status::internal(format!(
-                "an answer did not encode to the {len} bytes its encoded_len() gave"
+                "a staged answer of {len} bytes lies outside the staging area"
             ))),
         }
     }

@@ -79,7 +79,9 @@ where
     Fut: Future<Output = Result<T, Status>> + Send + 'static,
 {
     let (responder, reply) = ctx.defer::<T>();
-    let actx: AsyncContext = ctx.info.clone();
+    let mut actx: AsyncContext = ctx.info.clone();
+    // The handler (and what it hands its context to) sees the Cancel the responder sees.
+    actx.cancel = Some(responder.flag());
     let deadline = actx.deadline;
     let method = actx.method;
     let fut = CatchPanic { inner: Box::pin(handler(actx)), method };
@@ -138,9 +140,11 @@ where
     F: FnOnce(AsyncContext, StreamSink<T>) -> Fut,
     Fut: Future<Output = Result<(), Status>> + Send + 'static,
 {
-    let actx = AsyncContext { method: ctx.method, peer: ctx.peer, deadline: ctx.deadline };
     let method = ctx.method;
     let (sink, ender) = sink.into_async();
+    let mut actx: AsyncContext = ctx.info.clone();
+    // The handler sees the stream end as its sink does.
+    actx.cancel = Some(ender.flag());
     let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method };
     runtime.handle.spawn(async move {
         let r = {

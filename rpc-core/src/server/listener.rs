@@ -110,6 +110,7 @@ pub(super) fn start<P: Provider>(
         drain_timeout: config.drain_timeout,
         peer_timeout: config.peer_timeout,
         idle_timeout: config.idle_timeout,
+        max_call_duration: config.max_call_duration,
         body_cap,
     };
     let mut shared_all = Vec::new();

@@ -191,6 +191,18 @@ pub struct ServerConfig {
     /// session closes between this and 1.25 × this after its last call.
     /// Default 60 s; `None` never closes idle sessions; not zero.
     pub idle_timeout: Option<Duration>,
+    /// The longest a call may wait for its answer, whatever deadline its client gave (or none):
+    /// past it the call is answered DEADLINE_EXCEEDED naming this setting, its deferred
+    /// `Responder`, `StreamSink` and `RequestStream` see `is_cancelled()` (an async handler's
+    /// future is dropped), and a later answer is dropped. It bounds what a handler that never
+    /// answers holds (the call's slot and the client's credit), as gRPC servers bound a
+    /// connection's life with `max_connection_age`. Streams count as one call. Measured from
+    /// the worker's first timer check that sees the call (one timer tick, 2 ms, after it
+    /// arrived at most while the worker runs). An inline handler's
+    /// [`RequestContext::is_cancelled`](crate::dispatch::reply::RequestContext::is_cancelled)
+    /// turns true this long after its first look. Default 300 s (5 minutes); `None` disables
+    /// the bound; `Some(0)` is refused.
+    pub max_call_duration: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -214,6 +226,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             peer_timeout: Some(Duration::from_secs(6)),
             idle_timeout: Some(Duration::from_secs(60)),
+            max_call_duration: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -223,6 +236,9 @@ impl ServerConfig {
         let bad = |field, reason: String| Err(ServerError::Config { field, reason });
         if self.peer_timeout.is_some_and(|t| t.is_zero()) {
             return bad("peer_timeout", "0 (use None for no probe)".into());
+        }
+        if self.max_call_duration.is_some_and(|t| t.is_zero()) {
+            return bad("max_call_duration", "0 (use None for no bound)".into());
         }
         if self.idle_timeout.is_some_and(|t| t.is_zero()) {
             return bad("idle_timeout", "0 (use None to keep idle sessions)".into());
@@ -395,6 +411,8 @@ impl ServerBuilder {
         handshake_timeout: Duration;
         /// See [`ServerConfig::idle_timeout`].
         idle_timeout: Option<Duration>;
+        /// See [`ServerConfig::max_call_duration`].
+        max_call_duration: Option<Duration>;
     }
 
     /// Requires clients to present `token` (at most 256 bytes).

@@ -63,17 +63,26 @@ impl std::fmt::Debug for Calls {
 }
 
 impl Calls {
-    /// `window` slots, `credits` on the wire; the cap defaults to the window.
+    /// `window` slots, `credits` on the wire; the cap defaults to the most calls that can be
+    /// abandoned on the wire ([`Calls::cap_max`]).
     pub(super) fn new(window: u16, credits: u16) -> Calls {
         let slots = CallSlots::new(window, credits);
         let window = slots.window();
+        let max_abandoned = window.min(slots.credits()).max(1);
         Calls {
             slots,
             meta: vec![CallMeta::default(); usize::from(window)],
-            max_abandoned: window,
+            max_abandoned,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             watch: None,
         }
+    }
+
+    /// The most calls that can be abandoned on the wire at once: each holds its credit until
+    /// acknowledged, so the credits the server granted when fewer than the window (a cap above
+    /// them would never be reached).
+    fn cap_max(&self) -> u16 {
+        self.slots.window().min(self.slots.credits()).max(1)
     }
 
     /// When the watch ends the session.
@@ -104,10 +113,12 @@ impl Session {
         &self.calls.slots
     }
 
-    /// Client: sets the abandon cap (`max_abandoned`, at most the window) and how long the
-    /// session waits for an acknowledgement once it is reached (`ack_timeout`).
+    /// Client: sets the abandon cap (`max_abandoned`, at most the window and at most the credits
+    /// the server granted: only calls on the wire are abandoned on it, and they hold a credit
+    /// each) and how long the session waits for an acknowledgement once it is reached
+    /// (`ack_timeout`).
     pub fn set_abandon_cap(&mut self, max_abandoned: u16, ack_timeout: Duration) {
-        self.calls.max_abandoned = max_abandoned.clamp(1, self.calls.slots.window());
+        self.calls.max_abandoned = max_abandoned.clamp(1, self.calls.cap_max());
         self.calls.ack_timeout = ack_timeout;
     }
 

@@ -186,6 +186,28 @@ fn the_abandon_cap_resets_the_session_only_without_an_acknowledgement() {
     assert_eq!(s.poll_timeout(false), None);
 }
 
+/// A server that grants fewer credits than the window: the cap counts the credits (a cap of the
+/// window would never be reached, since only calls on the wire are abandoned on it). Sabotaged:
+/// clamped to the window alone, `max_abandoned` stayed 8 and no watch started (`None`).
+#[test]
+fn the_abandon_cap_counts_the_credits_the_server_granted() {
+    let clock = Clock(Instant::now());
+    for mut s in [client(8, 2), {
+        let mut s = client(8, 2);
+        s.set_abandon_cap(8, Duration::from_millis(100));
+        s
+    }] {
+        assert_eq!(s.max_abandoned(), 2);
+        let calls: Vec<_> = (0..4).map(|_| s.start_call(1, None, 0).unwrap()).collect();
+        while s.next_request(|| clock.at(0)).is_some() {}
+        assert_eq!(s.calls().in_flight(), 2, "two credits");
+        for c in &calls[..2] {
+            s.abandon_call(c.0, c.1, false, || clock.at(10));
+        }
+        assert!(s.poll_timeout(false).is_some(), "the watch started at two abandoned calls");
+    }
+}
+
 /// Delivers a ring body of `len` bytes at `offset` for `(slot, generation)` of `kind` and copies
 /// it out as a driver does (freeing its ring space).
 fn ring_body(s: &mut Session, kind: Kind, slot: u16, generation: u32, offset: u32, len: u32) {

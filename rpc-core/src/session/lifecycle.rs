@@ -42,6 +42,17 @@ pub enum Event {
         /// The silence observed.
         silent: Duration,
     },
+    /// Server: the unanswered call ran past the server's `max_call_duration` (`limit`): answer it
+    /// DEADLINE_EXCEEDED now, naming the setting (tell its deferred `Responder`); a later
+    /// answer is dropped.
+    Overran {
+        /// Call slot.
+        slot: u16,
+        /// Slot generation.
+        generation: u32,
+        /// The bound it ran past.
+        limit: Duration,
+    },
     /// Client: `max_abandoned` calls were abandoned on the wire and no acknowledgement of any
     /// arrived within the acknowledgement timeout: reset the session (its calls end
     /// UNAVAILABLE) instead of starving the window.
@@ -71,6 +82,14 @@ impl Event {
             Event::Expired { slot, generation } => {
                 (slot, generation, Status::deadline_exceeded("the call's deadline passed before its answer"))
             }
+            Event::Overran { slot, generation, limit } => (
+                slot,
+                generation,
+                Status::deadline_exceeded(format!(
+                    "the call ran past the server's max_call_duration of {} ms (ServerConfig::max_call_duration)",
+                    limit.as_millis()
+                )),
+            ),
             Event::PeerDead { .. } | Event::Unacknowledged { .. } | Event::ReassemblyExpired { .. } => {
                 return None
             }
@@ -88,6 +107,50 @@ pub(super) struct Unanswered {
     pub(super) deadline: Option<Instant>,
     /// Cancelled or expired: an answer is already decided (CANCELLED / DEADLINE_EXCEEDED).
     pub(super) ended: bool,
+    /// The first timer check that saw it (its [`CallLimit`] counts from there).
+    pub(super) since: Option<Instant>,
+}
+
+/// The server's bound on the life of a call (`ServerConfig::max_call_duration`), whatever its
+/// deadline: a handler that holds its `Responder` forever cannot hold the call's slot and the
+/// client's credit forever. No clock read per call: a call's time counts from the first timer
+/// check that sees it, so a call is never cut shorter than the bound.
+#[derive(Debug, Default)]
+pub(super) struct CallLimit {
+    /// `None`: no bound.
+    pub(super) max: Option<Duration>,
+    /// The last `now` given to the session: when calls not yet seen by a check are due for one.
+    pub(super) last: Option<Instant>,
+}
+
+impl CallLimit {
+    /// When [`CallLimit::check`] has something to do for `calls`.
+    pub(super) fn next(&self, calls: &[Unanswered]) -> Option<Instant> {
+        let max = self.max?;
+        calls.iter().filter(|c| !c.ended).filter_map(|c| c.since.map_or(self.last, |s| Some(s + max))).min()
+    }
+
+    /// Stamps the calls not seen yet with `now` and ends those past the bound
+    /// ([`Event::Overran`]).
+    pub(super) fn check(
+        &mut self,
+        calls: &mut [Unanswered],
+        now: Instant,
+        events: &mut std::collections::VecDeque<Event>,
+    ) {
+        self.last = Some(now);
+        let Some(limit) = self.max else { return };
+        for c in calls.iter_mut().filter(|c| !c.ended) {
+            match c.since {
+                None => c.since = Some(now),
+                Some(s) if now.saturating_duration_since(s) >= limit => {
+                    c.ended = true;
+                    events.push_back(Event::Overran { slot: c.slot, generation: c.generation, limit });
+                }
+                Some(_) => {}
+            }
+        }
+    }
 }
 
 /// Idle-probe state of one session.

@@ -35,14 +35,14 @@ pub mod tick;
 pub use budget::{Charge, HeldBytes};
 pub use calls::DEFAULT_ACK_TIMEOUT;
 pub use lifecycle::Event;
-use lifecycle::{IdleTimer, Liveness, Unanswered};
+use lifecycle::{CallLimit, IdleTimer, Liveness, Unanswered};
 pub use outbox::{Front, Outbox, Queued, Waiting};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 pub use recycle::{BodyRecycler, RecycledBody, SPARE_BODIES};
 
-pub use ring::{RingConsumer, RingProducer, RingReserveError, RingToken};
+pub use ring::{RingConsumer, RingMark, RingProducer, RingReserveError, RingToken};
 
 /// Fraction of the peer's ring one piece may take (a quarter: four pieces in flight pipeline).
 const PIECE_FRACTION: u32 = 4;
@@ -182,6 +182,8 @@ pub struct Session {
     role: Role,
     params: SessionParams,
     producer: RingProducer,
+    /// The producer's state before and after the last ring placement ([`Session::unplace_body`]).
+    placed: (RingMark, RingMark),
     consumer: RingConsumer,
     /// Server: requests received and not yet answered, with their deadlines; at most `credits`
     /// entries (allocated once). An answer for a call not listed here is a duplicate.
@@ -196,6 +198,8 @@ pub struct Session {
     /// The request credits the client's stream SENDs hold ([`StreamSends`]).
     sends: StreamSends,
     liveness: Liveness,
+    /// Server: the bound on a call's life ([`Session::set_call_limit`]).
+    limit: CallLimit,
     /// Client: the call slots and what the calls go out with ([`calls`]).
     calls: calls::Calls,
     /// Ring messages being received (at most `max_held`, bounded by credits or the window).
@@ -227,6 +231,7 @@ impl Session {
             role,
             params,
             producer: RingProducer::new(params.peer_ring_len),
+            placed: (RingProducer::new(0).mark(), RingProducer::new(0).mark()),
             consumer: RingConsumer::new(params.own_ring_len, params.max_held.max(1)),
             unanswered: match role {
                 Role::Server => Vec::with_capacity(usize::from(params.credits)),
@@ -237,6 +242,7 @@ impl Session {
             streams: Streams::new(u32::from(params.credits).min(MAX_STREAM_BUDGET)),
             sends: StreamSends::default(),
             liveness: Liveness::new(None),
+            limit: CallLimit::default(),
             calls: match role {
                 Role::Client => {
                     calls::Calls::new(params.max_held.min(usize::from(u16::MAX)) as u16, params.credits)
@@ -365,6 +371,14 @@ impl Session {
         self.idle.look(now, busy)
     }
 
+    /// Server: bounds the life of every call received from now on to `max` (`None`: no bound),
+    /// measured from the first [`Session::handle_timeout`] that sees it (never shorter than
+    /// `max`; no clock read per call): past it, the call ends with [`Event::Overran`]. `now` is
+    /// the driver's clock now.
+    pub fn set_call_limit(&mut self, max: Option<Duration>, now: Instant) {
+        self.limit = CallLimit { max, last: Some(now) };
+    }
+
     /// Server: the client said in its handshake that it answers Pings while it has no call on
     /// the wire ([`crate::wire::FLAG_IDLE_PONGS`]): the idle probe watches this session also
     /// while no call is unanswered ([`Session::watches_peer`]), so a client process that stopped
@@ -387,7 +401,8 @@ impl Session {
     /// something from the peer): the earliest deadline of an unanswered call, or of the probe.
     pub fn poll_timeout(&self, waiting: bool) -> Option<Instant> {
         let calls = self.unanswered.iter().filter(|c| !c.ended).filter_map(|c| c.deadline).min();
-        [calls, self.liveness.next(waiting), self.calls.next_timeout(), self.reassembly_deadline()]
+        let limit = self.limit.next(&self.unanswered);
+        [calls, limit, self.liveness.next(waiting), self.calls.next_timeout(), self.reassembly_deadline()]
             .into_iter()
             .flatten()
             .min()
@@ -410,6 +425,7 @@ impl Session {
                 self.events.push_back(Event::Expired { slot: c.slot, generation: c.generation });
             }
         }
+        self.limit.check(&mut self.unanswered, now, &mut self.events);
         if let Some(silent) = self.liveness.check(now, waiting) {
             self.events.push_back(Event::PeerDead { silent });
         }
@@ -499,10 +515,21 @@ impl Session {
         if len <= self.params.eager_threshold as usize {
             return Ok(Placement::Eager);
         }
+        let before = self.producer.mark();
         match self.producer.reserve(len as u32) {
-            Ok(off) => Ok(Placement::Ring(off)),
+            Ok(off) => {
+                self.placed = (before, self.producer.mark());
+                Ok(Placement::Ring(off))
+            }
             Err(RingReserveError::Full | RingReserveError::TooLarge { .. }) => Ok(Placement::Pieces),
         }
+    }
+
+    /// Takes back the ring space the last [`Session::place_body`] reserved ([`Placement::Ring`]),
+    /// for a body that will not be sent (it did not encode to its `encoded_len`); call it before
+    /// anything else is placed. Returns false, changing nothing, when something was.
+    pub fn unplace_body(&mut self) -> bool {
+        self.producer.rewind(self.placed.0, self.placed.1)
     }
 
     /// Whether a body of `len` bytes may be sent at all.
@@ -713,7 +740,13 @@ impl Session {
         }
         self.check_credit()?;
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
-        self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        self.unanswered.push(Unanswered {
+            slot: h.slot,
+            generation: h.generation,
+            deadline,
+            ended: false,
+            since: None,
+        });
         self.sends.note(self.unanswered.len(), self.send_pool());
         Ok(Incoming { header: *h, ring: None })
     }
@@ -911,6 +944,7 @@ impl Session {
                     generation: h.generation,
                     deadline,
                     ended: false,
+                    since: None,
                 });
                 self.sends.note(self.unanswered.len(), self.send_pool());
             }
@@ -989,7 +1023,13 @@ impl Session {
     /// and the client's messages get their first grant.
     #[cold]
     fn open_peer_stream(&mut self, h: &Header, deadline: Option<Instant>) {
-        self.unanswered.push(Unanswered { slot: h.slot, generation: h.generation, deadline, ended: false });
+        self.unanswered.push(Unanswered {
+            slot: h.slot,
+            generation: h.generation,
+            deadline,
+            ended: false,
+            since: None,
+        });
         self.sends.note(self.unanswered.len(), self.send_pool());
         let i = self.streams.open(
             h.slot,
@@ -1075,6 +1115,16 @@ impl Session {
         let st = &mut self.streams.list[i];
         st.send_grants -= 1;
         Ok(true)
+    }
+
+    /// Gives back the send credit the last [`Session::stream_send`] of the stream took, for a
+    /// message that was not sent after all (it did not encode to its `encoded_len`).
+    pub fn stream_unsend(&mut self, slot: u16, generation: u32) {
+        let Some(i) = self.streams.find(slot, generation) else { return };
+        self.streams.list[i].send_grants += 1;
+        if self.role == Role::Client {
+            self.sends.unreturned = self.sends.unreturned.saturating_sub(1);
+        }
     }
 
     /// Send credits of the stream `(slot, generation)`: messages this end may send now (`None`:

@@ -577,6 +577,41 @@ fn deadlines_expire_at_the_server_on_the_fake_clock() {
     assert_eq!(s.poll_timeout(false), None);
 }
 
+/// `max_call_duration`: a call, with or without a deadline, is bounded from the first timer
+/// check that sees it (no clock read when it arrives); past the bound it ends once with
+/// `Overran`, answered DEADLINE_EXCEEDED naming the setting. Sabotaged: `CallLimit::check` never
+/// ending a call: no `Overran` at 1110 ms.
+#[test]
+fn calls_end_at_the_servers_max_call_duration_on_the_fake_clock() {
+    let clock = Clock(std::time::Instant::now());
+    let mut s = Session::new(Role::Server, params(3, 16, 100));
+    s.set_call_limit(Some(Duration::from_millis(100)), clock.at(0));
+    assert_eq!(s.poll_timeout(true), None, "no call: nothing timed");
+    s.handle_header(&request(0, 1, 0), || panic!("no deadline: the clock is not read")).unwrap();
+    s.handle_header(&request(1, 1, 5_000_000), || clock.at(5)).unwrap();
+    assert_eq!(s.poll_timeout(true), Some(clock.at(0)), "due for a look now");
+    s.handle_timeout(clock.at(10), true);
+    assert_eq!(s.poll_event(), None);
+    assert_eq!(s.poll_timeout(true), Some(clock.at(110)));
+    s.handle_header(&request(2, 1, 0), || panic!("no deadline: the clock is not read")).unwrap();
+    s.handle_timeout(clock.at(109), true);
+    assert_eq!(s.poll_event(), None);
+    s.handle_timeout(clock.at(110), true);
+    let (a, b) = (s.poll_event(), s.poll_event());
+    let limit = Duration::from_millis(100);
+    assert_eq!(a, Some(Event::Overran { slot: 0, generation: 1, limit }));
+    assert_eq!(b, Some(Event::Overran { slot: 1, generation: 1, limit }));
+    assert_eq!(s.poll_event(), None, "the call seen at 109 ms has 100 ms from there");
+    let (_, status) = a.unwrap().answer().unwrap();
+    assert_eq!(status.code(), crate::status::Code::DeadlineExceeded);
+    assert!(status.message().contains("max_call_duration"), "{status:?}");
+    assert!(s.live_call(0, 1).is_none() && s.live_call(2, 1).is_some());
+    s.handle_timeout(clock.at(1110), true);
+    assert_eq!(s.poll_event(), Some(Event::Overran { slot: 2, generation: 1, limit }));
+    assert_eq!(s.poll_event(), None, "each once");
+    assert_eq!(s.poll_timeout(true), None);
+}
+
 /// The idle probe: while waiting, a Ping after a third of `peer_timeout` of silence, another
 /// after two thirds, PeerDead after all of it; anything received restarts the silence; a Ping
 /// received makes a Pong due; nothing happens while not waiting, and a long gap between checks

@@ -23,7 +23,7 @@ use crate::buffers::{Completion, Completions, RecvBuf, RecvPool};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{
-    panic_text, CallInfo, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
+    panic_text, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
 };
 use crate::dispatch::service::Body;
 use crate::dispatch::source::SourceShared;
@@ -225,6 +225,8 @@ pub(crate) struct WorkerLimits {
     pub(crate) peer_timeout: Option<Duration>,
     /// Time without a call after which a session is closed with a Close (`None`: never).
     pub(crate) idle_timeout: Option<Duration>,
+    /// `ServerConfig::max_call_duration`.
+    pub(crate) max_call_duration: Option<Duration>,
     pub(crate) body_cap: usize,
 }
 
@@ -273,17 +275,7 @@ impl<P: Provider> Worker<P> {
             timed: Vec::with_capacity(n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
-            ctx: RequestContext {
-                info: CallInfo { method: "", peer: SocketAddr::from(([0, 0, 0, 0], 0)), deadline: None },
-                queue,
-                target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
-                deferred: std::cell::Cell::new(false),
-                cancel_flag: std::cell::Cell::new(None),
-                stream: std::cell::Cell::new(None),
-                source: std::cell::Cell::new(None),
-                stream_in: std::cell::Cell::new(false),
-                batch_cap: std::cell::Cell::new(limits.body_cap),
-            },
+            ctx: RequestContext::new(queue, limits.body_cap, limits.max_call_duration),
             streaming: Vec::with_capacity(n),
             wcs: Completions::new(),
             recv,
@@ -500,7 +492,7 @@ impl<P: Provider> Worker<P> {
                     self.close_entry(idx, &reason, true, true);
                     return;
                 }
-                Event::Expired { .. } | Event::Unacknowledged { .. } => {}
+                Event::Expired { .. } | Event::Overran { .. } | Event::Unacknowledged { .. } => {}
             }
             // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
             let Some((header, status)) = event.answer() else { continue };
@@ -752,7 +744,9 @@ impl<P: Provider> Worker<P> {
             registered: nc.registered,
         });
         if let Some(s) = self.entries[idx].as_mut() {
-            s.conn.session.set_peer_timeout(self.limits.peer_timeout, Instant::now());
+            let now = Instant::now();
+            s.conn.session.set_peer_timeout(self.limits.peer_timeout, now);
+            s.conn.session.set_call_limit(self.limits.max_call_duration, now);
             s.conn.session.set_idle_timeout(self.limits.idle_timeout);
             if s.conn.session.watches_peer() {
                 // A client that answers probes while idle is watched from the start.
@@ -1140,6 +1134,7 @@ impl<P: Provider> Worker<P> {
         ctx.info.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
         ctx.deferred.set(false);
+        ctx.first_look.set(None);
         ctx.cancel_flag.set(None);
         ctx.source.set(None);
         ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
