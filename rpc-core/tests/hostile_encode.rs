@@ -31,13 +31,14 @@ const LIE_STREAM: MethodId = method_id("/test.Lies/LieStream");
 /// FNV-1a.
 const READ: MethodId = method_id("/test.Lies/Read");
 
-/// Server (client's ring, in bytes: 16 KiB) and client sizes: eager up to 256 bytes, a ring
-/// body up to a quarter of the 16 KiB ring, staged up to 32 KiB (twice the ring), else the heap.
-const RING: u32 = 16 << 10;
+/// Server (client's ring, in bytes: 64 KiB, the smallest allowed) and client sizes: eager up to
+/// 256 bytes, a ring body up to a quarter of the 64 KiB ring, staged up to 128 KiB (twice the
+/// ring), else the heap.
+const RING: u32 = 64 << 10;
 const EAGER: u32 = 256;
 
 /// Payload sizes that put an `EchoMsg` eager, in the ring, in the staging area and on the heap.
-const SIZES: [usize; 4] = [100, 1000, 8000, 40_000];
+const SIZES: [usize; 4] = [100, 1000, 32_000, 160_000];
 /// Deltas: claims 3 bytes more than written (writes fewer), claims 3 fewer (writes more).
 const DELTAS: [i64; 2] = [3, -3];
 
@@ -243,7 +244,7 @@ fn an_answer_that_lies_behind_a_waiting_answer_fails_internal() {
     let (server, _probe, client) = start();
     let opts = CallOptions::default();
     for delta in DELTAS {
-        // 200 KB through a 16 KiB ring: in pieces, each waiting for the client to free the last.
+        // 200 KB through a 64 KiB ring: in pieces, each waiting for the client to free the last.
         let big = client.unary_async::<_, EchoMsg>(ECHO, &request(1, 16, 200_000), &opts);
         let req = EchoMsg { seq: delta as u64, reply_len: 8000, ..Default::default() };
         let lie = client.unary_async::<_, EchoMsg>(LIE, &req, &opts);

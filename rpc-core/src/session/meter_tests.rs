@@ -133,12 +133,13 @@ fn pieces(s: &mut Session, n: u32, len: u32, at: &mut u32) -> Result<(), String>
 }
 
 #[test]
-fn tiny_pieces_beyond_a_ring_between_server_messages_close_the_session() {
+fn pieces_beyond_a_ring_between_server_messages_close_the_session() {
     let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
     let mut at = 0;
     assert_eq!(pieces_between(1 << 16), MAX_PIECES_IN_RING);
-    pieces(&mut s, MAX_PIECES_IN_RING, 128, &mut at).unwrap();
-    let e = pieces(&mut s, 1, 128, &mut at).unwrap_err();
+    // Pieces of the smallest legal size (1/16 of the ring), one more than a ring holds.
+    pieces(&mut s, MAX_PIECES_IN_RING, 4096, &mut at).unwrap();
+    let e = pieces(&mut s, 1, 4096, &mut at).unwrap_err();
     assert!(is_violation(&e) && e.contains("pieces"), "{e}");
 
     // A client that keeps the protocol (pieces of at least 1/16 of the ring) waits for the
