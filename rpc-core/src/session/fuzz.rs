@@ -56,6 +56,15 @@ struct Harness {
     peer_rest: Vec<(Header, u32)>,
     /// The peer's last call slot (a server's peer numbers its calls).
     peer_slot: u16,
+    /// Server: our Pings the peer has not answered.
+    pings_owed: u32,
+    /// Server: the peer's Pings since our last message.
+    pings_since_ours: u32,
+    /// Server: the peer's view of its own ring, which our answers are placed in (it frees each
+    /// body or piece at once, as the runtime copies it out).
+    peer_consumer: super::RingConsumer,
+    /// Server: the freed head the peer last reported (every honest header carries it).
+    peer_freed: u32,
 }
 
 const KINDS: [Kind; 11] = [
@@ -107,6 +116,10 @@ impl Harness {
             peer_ring: super::RingProducer::new(own_ring_len),
             peer_rest: Vec::new(),
             peer_slot: 0,
+            pings_owed: 0,
+            pings_since_ours: 0,
+            peer_consumer: super::RingConsumer::new(peer_ring_len, 64),
+            peer_freed: 0,
         }
     }
 
@@ -145,7 +158,27 @@ impl Harness {
             ],
         };
         let k = usize::from(input.u8());
-        let kind = if corrupt & 1 != 0 { KINDS[k % KINDS.len()] } else { honest[k % honest.len()] };
+        let mut kind = if corrupt & 1 != 0 { KINDS[k % KINDS.len()] } else { honest[k % honest.len()] };
+        if corrupt == 0 && role == Role::Server {
+            // What the server meters (`super::meter`), an honest client sends only when due: a
+            // Pong for a Ping of ours, at most 4 Pings between two messages of ours, a RingReturn
+            // for a body of ours in its ring.
+            let due = match kind {
+                Kind::Pong => self.pings_owed > 0,
+                Kind::Ping => self.pings_since_ours < 4,
+                Kind::RingReturn => self.peer_consumer.unreported() > 0,
+                _ => true,
+            };
+            if !due {
+                kind = Kind::Request;
+            }
+            match kind {
+                Kind::Pong => self.pings_owed -= 1,
+                Kind::Ping => self.pings_since_ours += 1,
+                Kind::RingReturn => self.peer_freed = self.peer_consumer.take_freed(),
+                _ => {}
+            }
+        }
         let pick = input.u8();
         let (slot, generation) = match role {
             // Mostly the client's own calls; now and then any slot of twice the window.
@@ -198,6 +231,7 @@ impl Harness {
         if kind == Kind::StreamGrant {
             h.count = u16::from(input.u8() % 16);
         }
+        h.freed_head = self.peer_freed;
         if corrupt != 0 {
             if corrupt & 2 != 0 {
                 h.session = input.u32();
@@ -250,6 +284,10 @@ impl Harness {
     /// A header we send: stamped, and its freed head fed to the peer's model of our ring.
     fn send(&mut self, h: &mut Header) {
         self.s.stamp(h);
+        self.pings_since_ours = 0;
+        if h.kind == Kind::Ping {
+            self.pings_owed += 1;
+        }
         let _ = self.peer_ring.on_freed(h.freed_head);
     }
 
@@ -314,8 +352,11 @@ impl Harness {
             3 => {
                 // Answers in pieces go on as the peer frees its ring.
                 if let Some(remaining) = self.pieces.first_mut() {
-                    while let Some((_, n)) = self.s.next_piece(*remaining) {
+                    while let Some((off, n)) = self.s.next_piece(*remaining) {
                         *remaining -= n;
+                        if let Ok(t) = self.peer_consumer.accept(off, n) {
+                            self.peer_consumer.release(t);
+                        }
                         if *remaining == 0 {
                             self.pieces.remove(0);
                             break;
@@ -339,6 +380,13 @@ impl Harness {
         }
     }
 
+    /// Server: the peer copies out a body we placed in its ring at `offset` and frees it.
+    fn peer_takes(&mut self, offset: u32, len: u32) {
+        if let Ok(t) = self.peer_consumer.accept(offset, len) {
+            self.peer_consumer.release(t);
+        }
+    }
+
     /// Server: answers the oldest unanswered call with a body of the fuzzer's length.
     fn server_answer(&mut self, input: &mut Input<'_>) {
         let Some(c) = self.s.unanswered.first().copied() else { return };
@@ -348,7 +396,8 @@ impl Harness {
         let len = u32::from(input.u16());
         match self.s.place_body(len as usize) {
             Ok(Placement::Pieces) => self.pieces.push(len),
-            Ok(Placement::Eager | Placement::Ring(_)) | Err(_) => {}
+            Ok(Placement::Ring(off)) => self.peer_takes(off, len),
+            Ok(Placement::Eager) | Err(_) => {}
         }
         let mut h = Header { slot: c.slot, generation: c.generation, ..Header::new(Kind::Response) };
         self.send(&mut h);
