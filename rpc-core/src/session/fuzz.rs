@@ -5,7 +5,7 @@
 //! normal test suite, so `cargo test` always runs it on random input.
 //!
 //! Whatever the peer sends, the session never panics, never accepts more than it granted and
-//! keeps its memory bounded by its parameters (the invariants of [`Harness::check`]); a header it
+//! keeps its memory bounded by its parameters (the invariants `Harness::check` asserts); a header it
 //! refuses ends the run, as the drivers close the session then.
 
 use std::time::{Duration, Instant};
