@@ -65,6 +65,14 @@ fn run(attack: &str, calls: usize) {
         "idle-sessions" => idle_sessions(addr, &config, calls),
         _ => unreachable!("attacks are filtered"),
     };
+    let c = server.counters();
+    let fate = format!(
+        "{fate} [server: metered {}, idle_closed {}, malformed {}, registered peak {} MiB]",
+        c.metered,
+        c.idle_closed,
+        c.malformed,
+        c.registered_peak >> 20
+    );
     let (rss, hwm) = memory_mib();
     let (p50, p99) = during.map_or(("-".into(), "-".into()), |d| (us(d.0), us(d.1)));
     println!(
@@ -219,12 +227,13 @@ fn try_send(raw: &mut RawClient, h: Header) -> bool {
 }
 
 /// `max_sessions` (16) raw sessions that complete the handshake and then say nothing: how long
-/// until a new client can connect (at most 30 s tried), then its latency.
+/// until a new client can connect (at most 90 s tried: the default `idle_timeout` is 60 s), then
+/// its latency.
 fn idle_sessions(addr: SocketAddr, config: &ClientConfig, calls: usize) -> (String, Option<(f64, f64)>) {
     let idle: Vec<RawClient> = (0..16).map(|_| RawClient::connect(addr)).collect();
     let start = Instant::now();
     let mut last = String::new();
-    while start.elapsed() < Duration::from_secs(30) {
+    while start.elapsed() < Duration::from_secs(90) {
         match Client::connect_with(addr, config) {
             Ok(_) => {
                 let waited = start.elapsed();
@@ -237,7 +246,7 @@ fn idle_sessions(addr: SocketAddr, config: &ClientConfig, calls: usize) -> (Stri
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(idle);
-    (format!("16 idle sessions; no new client for 30 s ({last})"), None)
+    (format!("16 idle sessions; no new client for 90 s ({last})"), None)
 }
 
 /// Resident and peak resident memory of this process, in MiB.
