@@ -348,6 +348,15 @@ pub trait CompletionQueue: Clone + Send + Sync + 'static {
     /// [`VerbsError::CqOverrun`] once the CQ has overflowed (completions were lost).
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize>;
 
+    /// A hint for a look that is usually empty: `false` only when [`CompletionQueue::poll`] would
+    /// certainly return `Ok(0)` now; `true` when it may return completions or an error. The
+    /// default (`true`) leaves the answer to `poll` (a device without a cheaper peek than
+    /// `ibv_poll_cq`). Never blocks; allocates nothing.
+    #[inline(always)]
+    fn maybe_ready(&self) -> bool {
+        true
+    }
+
     /// Arms the CQ to signal its completion channel on the next completion
     /// (`ibv_req_notify_cq`); with `solicited_only`, only for solicited receives and errors.
     ///

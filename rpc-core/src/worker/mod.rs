@@ -300,17 +300,22 @@ impl<P: Provider> Worker<P> {
         let mut idle = Idle::new(self.limits.polling);
         let mut drain_deadline: Option<Instant> = None;
         let mut iterations: u32 = 0;
+        // Times the loop went idle (first empty poll after work) with only the idle sweep to
+        // time: it reads the clock at every `TIMER_CHECK_IDLE`-th of them.
+        let mut went_idle: u32 = 0;
         let mut next_tick = Instant::now();
         let sweep_every = self.limits.idle_timeout.map(idle_sweep_period);
         let mut next_sweep = Instant::now();
         loop {
-            // Read by the listener's watchdog: a worker whose beat stands still is inside a
-            // handler (a plain store on a line only this thread writes).
-            self.shared.beat.store(iterations, Ordering::Relaxed);
             // The cross-thread queues are looked at when idle and every few busy iterations, not
             // between every two polls of a busy CQ (a new QP's first message drains the control
             // queue itself, see `lookup_qpn`).
             if idle.empty_polls() > 0 || iterations % QUEUE_CHECK_EVERY == 0 {
+                // Read by the listener's watchdog: a worker whose beat stands still is inside a
+                // handler (a plain store on a line only this thread writes). Stored at every idle
+                // iteration and every `QUEUE_CHECK_EVERY` busy ones, so a running loop moves it
+                // within microseconds, and the busy path pays no store per iteration.
+                self.shared.beat.store(iterations, Ordering::Relaxed);
                 // Usually both are empty: look before calling (what lands meanwhile is taken at
                 // the next look, or by `lookup_qpn` for a new QP's first message).
                 if !self.shared.control.is_empty() {
@@ -352,13 +357,29 @@ impl<P: Provider> Worker<P> {
             // Timers: the clock is read only while a session has unanswered calls, and then rarely
             // (every few dozen empty polls, every thousand busy iterations); the sessions with
             // unanswered calls are visited once per tick.
-            let check = (!self.timed.is_empty()
-                || sweep_every.is_some() && self.shared.sessions.load(Ordering::Relaxed) > 0)
-                && if n > 0 {
-                    iterations % TIMER_CHECK_BUSY == 0
+            // The idle sweep alone (no unanswered call) does not read the clock at every first
+            // empty poll, which a ping-pong of calls reaches once per call: only at every
+            // `TIMER_CHECK_IDLE`-th time the loop goes idle (or every `TIMER_CHECK_IDLE` empty
+            // polls of a long idle stretch, or every `TIMER_CHECK_BUSY` busy iterations), which
+            // is still many times per sweep period (at least `TIMER_TICK`).
+            let check = if n > 0 {
+                iterations % TIMER_CHECK_BUSY == 0
+                    && (!self.timed.is_empty()
+                        || sweep_every.is_some() && self.shared.sessions.load(Ordering::Relaxed) > 0)
+            } else if idle.empty_polls() % TIMER_CHECK_IDLE != 0 {
+                false
+            } else if !self.timed.is_empty() {
+                true
+            } else if sweep_every.is_some() && self.shared.sessions.load(Ordering::Relaxed) > 0 {
+                if idle.empty_polls() == 0 {
+                    went_idle = went_idle.wrapping_add(1);
+                    went_idle % TIMER_CHECK_IDLE == 0
                 } else {
-                    idle.empty_polls() % TIMER_CHECK_IDLE == 0
-                };
+                    true
+                }
+            } else {
+                false
+            };
             if check {
                 let now = Instant::now();
                 if now >= next_tick {

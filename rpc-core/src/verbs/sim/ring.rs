@@ -253,6 +253,16 @@ impl<const W: usize> Ring<W> {
         }
     }
 
+    /// True when the oldest entry is not published for this lap (what makes [`Ring::pop`]
+    /// return `None`): a snapshot for a consumer that looks before it pops. `false` when an
+    /// entry is there, or when other consumers moved the head meanwhile (a pop then tells).
+    #[inline(always)]
+    pub(crate) fn looks_empty(&self) -> bool {
+        let pos = self.h().head.load(Ordering::Relaxed);
+        let seq = self.slot(pos).seq.load(Ordering::Acquire);
+        (seq.wrapping_sub(pos.wrapping_add(1)) as isize) < 0
+    }
+
     /// Takes the oldest entry, giving `read` its words (relaxed loads) in place. `read` may run
     /// more than once when consumers race; only the result of the winning run is returned.
     /// `None` when the oldest entry is not published (none claimed, or its producer is still
@@ -348,6 +358,25 @@ mod tests {
 
     fn pop1(r: &Ring<1>) -> Option<u64> {
         r.pop(|w| ld(&w[0]))
+    }
+
+    #[test]
+    fn looks_empty_agrees_with_pop_over_laps() {
+        let r = Ring::<1>::new(2);
+        for lap in 0..5u64 {
+            assert!(r.looks_empty(), "lap {lap}: nothing published");
+            // A claimed, unpublished entry is not there for a CQ poll either.
+            let pos = r.claim().unwrap();
+            assert!(r.looks_empty(), "lap {lap}: claimed only");
+            r.publish(pos, |w| st(&w[0], lap));
+            assert!(!r.looks_empty(), "lap {lap}: one published");
+            assert!(push1(&r, lap + 100));
+            assert_eq!(pop1(&r), Some(lap));
+            assert!(!r.looks_empty(), "lap {lap}: one left");
+            assert_eq!(pop1(&r), Some(lap + 100));
+            assert!(r.looks_empty(), "lap {lap}: drained");
+            assert_eq!(pop1(&r), None);
+        }
     }
 
     #[test]
