@@ -194,7 +194,8 @@ struct SharedEcho {
 #[test]
 #[ignore = "2.5 GiB: run in release by scripts/test"]
 fn a_request_over_2_gib_arrives_byte_for_byte_with_the_largest_limit() {
-    let patient = Some(std::time::Duration::from_secs(600));
+    let wait = std::time::Duration::from_secs(600);
+    let patient = Some(wait);
     // A body this large arrives in pieces for seconds: the server's caps on what bodies in
     // pieces and waiting answers may hold, and their timeout, must let one through.
     let (server, _) = spawn(
@@ -202,7 +203,7 @@ fn a_request_over_2_gib_arrives_byte_for_byte_with_the_largest_limit() {
             .max_message_size(u32::MAX)
             .max_reassembly_bytes(u64::from(u32::MAX))
             .max_backlog_bytes(u64::from(u32::MAX))
-            .reassembly_timeout(patient.unwrap())
+            .reassembly_timeout(wait)
             .peer_timeout(patient),
     );
     let cfg = client_config().window(2).max_message_size(u32::MAX).peer_timeout(patient);
