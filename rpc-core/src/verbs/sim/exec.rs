@@ -90,23 +90,9 @@ unsafe fn send_copy_segs(src: &[Seg], dst: &[Seg]) {
 /// As [`send_copy_segs`].
 #[inline(never)]
 unsafe fn send_copy_segs_loop(src: &[Seg], dst: &[Seg]) {
-    let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
-    while si < src.len() && di < dst.len() {
-        let n = (src[si].1 - so).min(dst[di].1 - doff);
-        // SAFETY: both ranges are inside valid segments (caller's contract); `copy` allows
-        // overlap (a QP may send to itself within one MR).
-        unsafe { std::ptr::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
-        so += n;
-        doff += n;
-        if so == src[si].1 {
-            si += 1;
-            so = 0;
-        }
-        if doff == dst[di].1 {
-            di += 1;
-            doff = 0;
-        }
-    }
+    // SAFETY: the caller's contract; `ptr::copy` allows overlap (a QP may send to itself within
+    // one MR).
+    unsafe { segs_loop(src, dst, std::ptr::copy::<u8>) }
 }
 
 /// Copies `n <= 128` bytes with at most two (overlapping) loads and stores per size class, as
@@ -177,12 +163,25 @@ unsafe fn copy_segs(src: &[Seg], dst: &[Seg]) {
 /// As [`copy_segs`].
 #[inline(never)]
 unsafe fn copy_segs_loop(src: &[Seg], dst: &[Seg]) {
+    // SAFETY: the caller's contract; `racy::copy` allows overlap (a QP may send to itself within
+    // one MR).
+    unsafe { segs_loop(src, dst, racy::copy) }
+}
+
+/// Walks `src` and `dst` segment by segment, handing each run both have room for to `copy`
+/// (source, destination, bytes).
+///
+/// # Safety
+/// Every segment of `src` is valid for reads and of `dst` for writes of its length; `copy` must
+/// be sound for any two such ranges, which may overlap.
+#[inline(always)]
+unsafe fn segs_loop(src: &[Seg], dst: &[Seg], copy: unsafe fn(*const u8, *mut u8, usize)) {
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while si < src.len() && di < dst.len() {
         let n = (src[si].1 - so).min(dst[di].1 - doff);
-        // SAFETY: both ranges are inside valid segments (caller's contract); `racy::copy` allows
-        // overlap (a QP may send to itself within one MR).
-        unsafe { racy::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
+        // SAFETY: both ranges are inside valid segments (caller's contract), which `copy` takes
+        // whether they overlap or not (caller's contract).
+        unsafe { copy(src[si].0.add(so), dst[di].0.add(doff), n) };
         so += n;
         doff += n;
         if so == src[si].1 {
