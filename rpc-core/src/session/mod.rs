@@ -740,14 +740,7 @@ impl Session {
         }
         self.check_credit()?;
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
-        self.unanswered.push(Unanswered {
-            slot: h.slot,
-            generation: h.generation,
-            deadline,
-            ended: false,
-            since: None,
-        });
-        self.sends.note(self.unanswered.len(), self.send_pool());
+        self.admit_call(h, deadline);
         Ok(Incoming { header: *h, ring: None })
     }
 
@@ -938,15 +931,7 @@ impl Session {
                 }
             }
             Kind::Request if first => {
-                let deadline = clock.deadline(h.timeout_us);
-                self.unanswered.push(Unanswered {
-                    slot: h.slot,
-                    generation: h.generation,
-                    deadline,
-                    ended: false,
-                    since: None,
-                });
-                self.sends.note(self.unanswered.len(), self.send_pool());
+                self.admit_call(h, clock.deadline(h.timeout_us));
             }
             Kind::Close => self.closed = true,
             Kind::Ping => {
@@ -1019,10 +1004,11 @@ impl Session {
         }
     }
 
-    /// Server: a request opened a stream (its first piece): it is unanswered like any request,
-    /// and the client's messages get their first grant.
-    #[cold]
-    fn open_peer_stream(&mut self, h: &Header, deadline: Option<Instant>) {
+    /// Server: the request of `h` (its first piece) is unanswered from now on, until `deadline`
+    /// (`None`: none), its life under the call limit not yet seen; the client's stream SENDs'
+    /// count follows.
+    #[inline(always)]
+    fn admit_call(&mut self, h: &Header, deadline: Option<Instant>) {
         self.unanswered.push(Unanswered {
             slot: h.slot,
             generation: h.generation,
@@ -1031,6 +1017,13 @@ impl Session {
             since: None,
         });
         self.sends.note(self.unanswered.len(), self.send_pool());
+    }
+
+    /// Server: a request opened a stream (its first piece): it is unanswered like any request,
+    /// and the client's messages get their first grant.
+    #[cold]
+    fn open_peer_stream(&mut self, h: &Header, deadline: Option<Instant>) {
+        self.admit_call(h, deadline);
         let i = self.streams.open(
             h.slot,
             h.generation,
