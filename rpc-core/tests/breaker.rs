@@ -410,7 +410,7 @@ fn send_with_inv_of_our_ring_window_closes_the_session() {
     let give_up = Instant::now() + WAIT;
     let mut answered = false;
     while Instant::now() < give_up && server.counters().sessions_closed == 0 {
-        let mut wcs = Completions::<8>::new();
+        let wcs = Completions::<8>::new();
         wcs.poll(&c.peer.cq).unwrap();
         for wc in wcs {
             if wc.wc().wr_id != 0xdead && wc.send_tag().is_none() {
@@ -813,7 +813,7 @@ fn server_closes_a_silent_client_with_unanswered_calls_after_peer_timeout() {
                 break false;
             }
             assert!(Instant::now() < give_up, "{pings} pings in 20 s with a 600 ms peer_timeout");
-            let mut wcs = Completions::<8>::new();
+            let wcs = Completions::<8>::new();
             wcs.poll(&live.peer.cq).unwrap();
             for c in wcs {
                 if c.send_tag().is_some() {

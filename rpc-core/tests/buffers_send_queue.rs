@@ -298,3 +298,81 @@ fn wait_for_one(
         std::thread::yield_now();
     }
 }
+
+/// A batch looked into while its owner is between two of its completions (what a worker's
+/// handler does through `RequestContext::is_cancelled`): `poll_more` appends behind the
+/// completions not taken yet, so they are handed out in CQ order, and `untaken_recv_heads` reads
+/// the first bytes of the receives not taken yet, never of one taken. Sabotaged: `poll_more`
+/// polling over the untaken completions instead of behind them: the untaken one was lost and
+/// the wait for 3 gave up ("0 of 3 completions"); `untaken_recv_heads` starting at the batch's
+/// first entry instead of the first not taken: "heads of the receives not taken" failed ([0, 1]
+/// seen, the taken buffer's included).
+#[test]
+fn a_batch_polls_more_behind_what_is_not_taken_and_shows_only_untaken_receive_heads() {
+    let a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let mut b = RawPeer::new(1024, 16, 256, 4096, 2);
+    a.connect(&RcConfig::default(), &b.handshake(4, 64, 1 << 20, 1));
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    let depth = a.qp.cap().max_send_wr as usize;
+    let mut pool = SendPool::<Sim>::new(&a.pd, 16, 64).unwrap();
+    let mut sq = SendQueue::new(depth, 16);
+    let view = b.recv.view();
+    let send = |pool: &mut SendPool<Sim>, sq: &mut SendQueue, k: u8| {
+        let mut buf = pool.acquire().unwrap();
+        pool.buf_mut(&mut buf)[..4].copy_from_slice(&[k, 0xaa, 0xbb, 0xcc]);
+        sq.send(pool, buf, 4, true);
+        sq.flush(&a.qp, pool, 1).unwrap();
+    };
+    let heads = |wcs: &Completions<4>| {
+        let mut seen = Vec::new();
+        wcs.untaken_recv_heads::<Sim, 2>(&view, |_, head| {
+            assert_eq!(head.len(), 2, "the first K bytes");
+            assert_eq!(head[1], 0xaa);
+            seen.push(head[0]);
+        });
+        seen
+    };
+    let wcs = Completions::<4>::new();
+    let wait = |wcs: &Completions<4>, n: usize, more: bool| {
+        let give_up = std::time::Instant::now() + WAIT;
+        while wcs.pending() < n {
+            assert!(std::time::Instant::now() < give_up, "{} of {n} completions in {WAIT:?}", wcs.pending());
+            if more {
+                wcs.poll_more(&b.cq).unwrap()
+            } else {
+                wcs.poll(&b.cq).unwrap()
+            };
+            std::thread::yield_now();
+        }
+    };
+    for k in 0..2 {
+        send(&mut pool, &mut sq, k);
+    }
+    wait(&wcs, 2, false);
+    assert_eq!(heads(&wcs), [0, 1]);
+    // Take the first: only the second stays visible.
+    let first = b.recv.take(wcs.next_completion().unwrap()).unwrap();
+    assert_eq!(heads(&wcs), [1], "heads of the receives not taken");
+    // Two more arrive while the second waits: polled behind it.
+    for k in 2..4 {
+        send(&mut pool, &mut sq, k);
+    }
+    wait(&wcs, 3, true);
+    assert_eq!(heads(&wcs), [1, 2, 3]);
+    let mut order = vec![b.recv.bytes(&first)[0]];
+    b.recv.repost(first);
+    while let Some(c) = wcs.next_completion() {
+        let buf = b.recv.take(c).unwrap();
+        order.push(b.recv.bytes(&buf)[0]);
+        b.recv.repost(buf);
+    }
+    assert_eq!(order, [0, 1, 2, 3], "4 messages in order");
+    assert!(heads(&wcs).is_empty());
+    // A full batch of untaken completions polls nothing more.
+    for k in 4..9 {
+        send(&mut pool, &mut sq, k);
+    }
+    wait(&wcs, 4, false);
+    assert_eq!(wcs.poll_more(&b.cq).unwrap(), 0, "no room");
+    assert_eq!(heads(&wcs), [4, 5, 6, 7]);
+}

@@ -145,15 +145,17 @@ fn poll_until_entered<F: Future + Unpin>(f: &mut F, client: &Client, probe: &Pro
 }
 
 /// A client that drops its call (no deadline) reaches the handler holding it: a deferred
-/// `Responder`, an async handler's context (`AsyncContext::is_cancelled`, on another thread), a
-/// server stream's sink and a client stream's reader each see `is_cancelled`. Sabotaged: the
-/// async context without the responder's flag (`actx.cancel` unset): "the handlers to see the
-/// cancel" gave up with entered 2, saw 1.
+/// `Responder`, an async handler's context (`AsyncContext::is_cancelled`, on another thread), an
+/// inline handler looping on `RequestContext::is_cancelled` on the worker thread, a server
+/// stream's sink and a client stream's reader each see `is_cancelled`. Sabotaged: the async
+/// context without the responder's flag (`actx.cancel` unset): "the handlers to see the cancel"
+/// gave up with entered 2, saw 1; the inline context without the worker's look into its CQ
+/// (`peek` left `None`): gave up with entered 3, saw 2.
 #[test]
 fn a_dropped_call_reaches_its_handler_without_a_deadline() {
     let (server, probe, client) = start(server());
     let opts = CallOptions::default();
-    for (n, method) in [RESPONDER, ASYNC].into_iter().enumerate() {
+    for (n, method) in [RESPONDER, ASYNC, INLINE].into_iter().enumerate() {
         let mut f = Box::pin(client.unary_async::<_, EchoMsg>(method, &EchoMsg::default(), &opts));
         poll_until_entered(&mut f, &client, &probe, n as u64 + 1);
         drop(f);
@@ -162,13 +164,59 @@ fn a_dropped_call_reaches_its_handler_without_a_deadline() {
         });
     }
     let s = client.server_stream::<_, EchoMsg>(SINK, &EchoMsg::default(), &opts).unwrap();
-    until("the sink's handler to start", &client, &probe, |p| p.entered.load(Ordering::Acquire) == 3);
+    until("the sink's handler to start", &client, &probe, |p| p.entered.load(Ordering::Acquire) == 4);
     drop(s);
-    until("the sink to see the cancel", &client, &probe, |p| p.saw.load(Ordering::Acquire) == 3);
+    until("the sink to see the cancel", &client, &probe, |p| p.saw.load(Ordering::Acquire) == 4);
     let s = client.client_stream::<EchoMsg, EchoMsg>(SOURCE, &opts).unwrap();
-    until("the reader's handler to start", &client, &probe, |p| p.entered.load(Ordering::Acquire) == 4);
+    until("the reader's handler to start", &client, &probe, |p| p.entered.load(Ordering::Acquire) == 5);
     drop(s);
-    until("the reader to see the cancel", &client, &probe, |p| p.saw.load(Ordering::Acquire) == 4);
+    until("the reader to see the cancel", &client, &probe, |p| p.saw.load(Ordering::Acquire) == 5);
+    assert_eq!(client.closed_reason(), None);
+    drop(client);
+    server.shutdown();
+}
+
+/// The Cancel of a call already waits on the worker when its inline handler starts (it arrived
+/// while the worker was held by another handler, so it is polled in the same batch as the
+/// request, behind it): `RequestContext::is_cancelled` finds it among the completions the worker
+/// has not handled yet. Sabotaged: the worker's look skipping the completions that were in the
+/// batch before its `poll_more` (reading only those it adds): "the inline handler to see the
+/// cancel" gave up with entered 1, saw 0 (and the test above still passed).
+#[test]
+fn a_cancel_polled_with_its_request_reaches_the_inline_handler() {
+    let (hold_svc, gate) = Hold::new();
+    let probe = Arc::new(Probe::default());
+    let server = server()
+        .add_service(hold_svc)
+        .add_service(Hangs { probe: probe.clone() })
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let opts = CallOptions::default();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut held = Box::pin(client.unary_async::<_, EchoMsg>(HOLD, &EchoMsg::default(), &opts));
+    wait_until(
+        "the held call to reach its handler",
+        WAIT,
+        || {
+            assert!(held.as_mut().poll(&mut cx).is_pending());
+            gate.entered()
+        },
+        String::new,
+    );
+    let mut inline = Box::pin(client.unary_async::<_, EchoMsg>(INLINE, &EchoMsg::default(), &opts));
+    assert!(inline.as_mut().poll(&mut cx).is_pending());
+    drop(inline);
+    // Both SENDs land in the worker's CQ while its handler holds it.
+    for _ in 0..50 {
+        client.progress();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(gate);
+    block_on(held).expect("the held call is answered once released");
+    until("the inline handler to see the cancel", &client, &probe, |p| {
+        p.entered.load(Ordering::Acquire) == 1 && p.saw.load(Ordering::Acquire) == 1
+    });
     assert_eq!(client.closed_reason(), None);
     drop(client);
     server.shutdown();

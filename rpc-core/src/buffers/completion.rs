@@ -3,7 +3,10 @@
 //! ([`super::RecvPool::take`], [`super::SendQueue::on_completion`]). A [`WorkCompletion`] is plain
 //! data that anyone can build; a `Completion` is not.
 
-use crate::verbs::{CompletionQueue, Result, WorkCompletion};
+use std::cell::{Cell, UnsafeCell};
+
+use super::RecvView;
+use crate::verbs::{CompletionQueue, Provider, Result, WorkCompletion};
 
 /// Bit set in the `wr_id` of every send WR a [`super::SendQueue`] posts (a receive WR of a
 /// [`super::RecvPool`] carries the pool's identity below it, bits 32..=62, and a buffer index in
@@ -52,22 +55,34 @@ impl Completion {
 }
 
 /// A batch of completions polled from a CQ, handed out one by one as [`Completion`]s (an
-/// [`Iterator`]). Holds `N` [`WorkCompletion`]s inline; allocates nothing.
+/// [`Iterator`], or [`Completions::next_completion`] through a shared reference). Holds `N`
+/// [`WorkCompletion`]s inline; allocates nothing.
+///
+/// Every method takes `&self` (the batch is `!Sync`: one thread), so a batch shared by its owner
+/// (an `Rc`) can be looked into while its owner is busy with one of its completions: a handler
+/// running on a worker's thread polls the CQ for more ([`Completions::poll_more`], appended
+/// behind those not taken yet, so they are handed out in CQ order) and reads the first bytes of
+/// the receives not taken yet ([`Completions::untaken_recv_heads`]) to see whether its caller
+/// sent a Cancel.
 pub struct Completions<const N: usize> {
-    wcs: [WorkCompletion; N],
-    len: usize,
-    next: usize,
+    wcs: UnsafeCell<[WorkCompletion; N]>,
+    len: Cell<usize>,
+    next: Cell<usize>,
 }
 
 impl<const N: usize> Default for Completions<N> {
     fn default() -> Self {
-        Completions { wcs: [WorkCompletion::default(); N], len: 0, next: 0 }
+        Completions {
+            wcs: UnsafeCell::new([WorkCompletion::default(); N]),
+            len: Cell::new(0),
+            next: Cell::new(0),
+        }
     }
 }
 
 impl<const N: usize> std::fmt::Debug for Completions<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.peek()).finish()
+        f.debug_list().entries((self.next.get()..self.len.get()).map(|i| self.get(i))).finish()
     }
 }
 
@@ -75,6 +90,25 @@ impl<const N: usize> Completions<N> {
     /// An empty batch.
     pub fn new() -> Completions<N> {
         Completions::default()
+    }
+
+    /// A copy of entry `i` (< `N`).
+    #[inline(always)]
+    fn get(&self, i: usize) -> WorkCompletion {
+        // SAFETY: no reference into `wcs` outlives a method of this type (each returns copies),
+        // the type is `!Sync` (one thread), and no method calls out while it holds one (the CQ
+        // poll below is the sealed provider's, which never calls back), so this shared read
+        // overlaps no write.
+        unsafe { (*self.wcs.get())[i] }
+    }
+
+    /// Polls into entries `from..N` and returns how many landed.
+    #[inline(always)]
+    fn poll_into<C: CompletionQueue>(&self, cq: &C, from: usize) -> Result<usize> {
+        // SAFETY: as in `get`: this exclusive reference lives for the provider's poll only, which
+        // writes the WCs and calls nothing of ours (`Provider` is sealed).
+        let wcs = unsafe { &mut *self.wcs.get() };
+        cq.poll(&mut wcs[from..])
     }
 
     /// Polls up to `N` completions from `cq` (`ibv_poll_cq`) and returns how many; those of the
@@ -85,17 +119,79 @@ impl<const N: usize> Completions<N> {
     /// # Errors
     /// The CQ's error (overrun); the batch is then empty.
     #[inline(always)]
-    pub fn poll<C: CompletionQueue>(&mut self, cq: &C) -> Result<usize> {
-        self.len = 0;
-        self.next = 0;
-        let n = cq.poll(&mut self.wcs)?;
-        self.len = n;
+    pub fn poll<C: CompletionQueue>(&self, cq: &C) -> Result<usize> {
+        self.len.set(0);
+        self.next.set(0);
+        let n = self.poll_into(cq, 0)?;
+        self.len.set(n);
         Ok(n)
     }
 
-    /// The completions polled and not taken yet, to look at (copies prove nothing).
-    pub fn peek(&self) -> &[WorkCompletion] {
-        &self.wcs[self.next..self.len]
+    /// Polls more completions from `cq` behind those not taken yet (moved to the front first), up
+    /// to `N` in the batch, and returns how many landed (0 when the batch is full of completions
+    /// not taken). They are handed out after those already here, so in the CQ's order. Never
+    /// blocks.
+    ///
+    /// # Errors
+    /// The CQ's error (overrun); the completions already here stay.
+    pub fn poll_more<C: CompletionQueue>(&self, cq: &C) -> Result<usize> {
+        let (next, len) = (self.next.get(), self.len.get());
+        if next > 0 {
+            // SAFETY: as in `get`; the reference lives for this move only.
+            let wcs = unsafe { &mut *self.wcs.get() };
+            wcs.copy_within(next..len, 0);
+            self.next.set(0);
+            self.len.set(len - next);
+        }
+        let len = self.len.get();
+        if len == N {
+            return Ok(0);
+        }
+        let n = self.poll_into(cq, len)?;
+        self.len.set(len + n);
+        Ok(n)
+    }
+
+    /// Completions polled and not taken yet.
+    pub fn pending(&self) -> usize {
+        self.len.get() - self.next.get()
+    }
+
+    /// The next completion of the last poll (and of [`Completions::poll_more`] since), each once.
+    #[inline(always)]
+    pub fn next_completion(&self) -> Option<Completion> {
+        let i = self.next.get();
+        if i >= self.len.get() {
+            return None;
+        }
+        self.next.set(i + 1);
+        Some(Completion { wc: self.get(i) })
+    }
+
+    /// Calls `f` with each successful receive completion of `pool` not taken yet and a copy of
+    /// the first `min(K, byte_len)` bytes the NIC wrote into its buffer (a header, say), in CQ
+    /// order. Takes nothing: the completions stay in the batch for their owner.
+    ///
+    /// The buffer of a receive completion that was polled and not taken is not posted (only
+    /// [`super::RecvPool::repost`] posts it again, with the token that taking its completion
+    /// gives), so nothing writes it while it is read here; the bytes are copied before `f` runs,
+    /// so `f` may do anything, this batch included.
+    pub fn untaken_recv_heads<P: Provider, const K: usize>(
+        &self,
+        pool: &RecvView<P>,
+        mut f: impl FnMut(&WorkCompletion, &[u8]),
+    ) {
+        let mut i = self.next.get();
+        while i < self.len.get() {
+            let wc = self.get(i);
+            i += 1;
+            if !wc.status.is_success() {
+                continue;
+            }
+            let mut head = [0u8; K];
+            let Some(n) = pool.copy_head(&wc, &mut head) else { continue };
+            f(&wc, &head[..n]);
+        }
     }
 }
 
@@ -105,11 +201,6 @@ impl<const N: usize> Iterator for Completions<N> {
     /// The next completion of the last poll, each once.
     #[inline(always)]
     fn next(&mut self) -> Option<Completion> {
-        if self.next >= self.len {
-            return None;
-        }
-        let wc = self.wcs[self.next];
-        self.next += 1;
-        Some(Completion { wc })
+        self.next_completion()
     }
 }

@@ -169,10 +169,11 @@ pub use mirror::SendMirror;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::verbs::{
     inc_rkey, racy, AccessFlags, MemoryRegion, MemoryWindow, MwType, ProtectionDomain, Provider, RecvWr,
-    Result, Sge, SharedReceiveQueue, SrqInitAttr, VerbsError,
+    Result, Sge, SharedReceiveQueue, SrqInitAttr, VerbsError, WorkCompletion,
 };
 
 /// Most WRs posted with one doorbell.
@@ -247,7 +248,8 @@ impl Drop for RecvBuf {
 /// Fixed-size receive buffers in one MR, posted to one SRQ.
 pub struct RecvPool<P: Provider> {
     srq: P::SharedReceiveQueue,
-    mr: P::MemoryRegion,
+    /// Shared with the pool's [`RecvView`]s, which keep it registered as long as they live.
+    mr: Arc<P::MemoryRegion>,
     buf_size: usize,
     count: u32,
     id: u32,
@@ -263,7 +265,7 @@ impl<P: Provider> RecvPool<P> {
     /// The verbs error of creating the SRQ, registering the MR or posting.
     pub fn new(pd: &P::ProtectionDomain, count: u32, buf_size: usize) -> Result<RecvPool<P>> {
         let srq = pd.create_srq(&SrqInitAttr { max_wr: count, max_sge: 1 })?;
-        let mr = pd.reg_mr(count as usize * buf_size, AccessFlags::LOCAL_WRITE)?;
+        let mr = Arc::new(pd.reg_mr(count as usize * buf_size, AccessFlags::LOCAL_WRITE)?);
         let mut pool = RecvPool {
             srq,
             mr,
@@ -335,6 +337,14 @@ impl<P: Provider> RecvPool<P> {
         }
     }
 
+    /// A handle that reads the first bytes of this pool's buffers whose receive completions were
+    /// polled and not taken yet ([`Completions::untaken_recv_heads`]): a worker's handler looks
+    /// for a Cancel in what arrived while it runs. It keeps the pool's MR registered while it
+    /// lives.
+    pub fn view(&self) -> RecvView<P> {
+        RecvView { mr: self.mr.clone(), buf_size: self.buf_size, count: self.count, id: self.id }
+    }
+
     /// Whether the completion's byte count fit the buffer (a longer one is a provider fault).
     pub fn fits(&self, buf: &RecvBuf) -> bool {
         buf.len as usize <= self.buf_size
@@ -404,6 +414,45 @@ impl<P: Provider> RecvPool<P> {
         unsafe { self.srq.post_recv(&wrs[..n]) }?;
         self.repost.truncate(first);
         Ok(())
+    }
+}
+
+/// What [`RecvPool::view`] gives: the geometry and identity of a pool's buffers, to read the first
+/// bytes of receives polled and not taken yet through [`Completions::untaken_recv_heads`] (the
+/// only way in: it holds the proof that the buffer is not posted).
+pub struct RecvView<P: Provider> {
+    mr: Arc<P::MemoryRegion>,
+    buf_size: usize,
+    count: u32,
+    id: u32,
+}
+
+impl<P: Provider> RecvView<P> {
+    /// Copies the first `min(head.len(), byte_len)` bytes of the buffer `wc` names into `head`
+    /// and returns how many: `None` when `wc` is not a receive completion of this pool or reports
+    /// more bytes than a buffer holds. The caller (`Completions::untaken_recv_heads`) passes only
+    /// a completion polled and not taken yet.
+    pub(super) fn copy_head(&self, wc: &WorkCompletion, head: &mut [u8]) -> Option<usize> {
+        if wc.wr_id & completion::SEND_WR_BIT != 0 || wc.wr_id >> 32 != u64::from(self.id) {
+            return None;
+        }
+        let idx = Some(wc.wr_id as u32).filter(|&i| i < self.count)? as usize;
+        if wc.byte_len as usize > self.buf_size {
+            return None;
+        }
+        let n = head.len().min(wc.byte_len as usize);
+        // SAFETY: `[idx * buf_size, + n)` lies in `self.mr` (idx < count, n <= buf_size), which
+        // the `Arc` keeps registered and mapped. The completion names a receive WR of this pool
+        // (its identity is in the `wr_id`, which only this pool's posts carry) that completed
+        // and whose `Completion` was never handed out (the caller reads only entries not taken
+        // of its batch, and each CQE lands in one batch once): the buffer is not posted again
+        // (that needs the token `take` makes of that `Completion`), so neither the NIC nor a peer
+        // writes it during this copy, and the completion's poll ordered the NIC's write before it.
+        let src = unsafe {
+            std::slice::from_raw_parts((self.mr.addr() as usize + idx * self.buf_size) as *const u8, n)
+        };
+        head[..n].copy_from_slice(src);
+        Some(n)
     }
 }
 

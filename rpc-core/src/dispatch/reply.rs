@@ -148,6 +148,20 @@ pub struct RequestContext {
     /// The handler's first [`RequestContext::is_cancelled`] (reset per call): `limit` counts
     /// from there.
     pub(crate) first_look: Cell<Option<Instant>>,
+    /// The worker's look into what arrived while the handler runs (set once, at its creation).
+    pub(crate) peek: Option<std::rc::Rc<dyn CancelPeek>>,
+    /// Number of the QP the request came on (refilled per request).
+    pub(crate) qp_num: u32,
+    /// A Cancel of this call (or a Close of its session) was seen (reset per request).
+    pub(crate) cancel_seen: Cell<bool>,
+}
+
+/// A worker's look, from a running inline handler, into the completions that arrived since it
+/// was dispatched (implemented by the worker, which owns the CQ).
+pub(crate) trait CancelPeek {
+    /// True when a Cancel of the call (`qp_num`, `slot`, `generation`) or a Close of its session
+    /// is among the messages received and not handled yet. Polls the CQ; takes nothing.
+    fn cancel_arrived(&self, qp_num: u32, slot: u16, generation: u32) -> bool;
 }
 
 impl RequestContext {
@@ -170,6 +184,9 @@ impl RequestContext {
             batch_cap: Cell::new(batch_cap),
             limit,
             first_look: Cell::new(None),
+            peek: None,
+            qp_num: 0,
+            cancel_seen: Cell::new(false),
         }
     }
 }
@@ -237,15 +254,19 @@ impl RequestContext {
     /// True once the call no longer wants an answer, so a long handler may stop early: its
     /// deadline passed (the client gave up and sent a Cancel; the server answers
     /// DEADLINE_EXCEEDED itself), it ran past the server's `max_call_duration` (counted from the
-    /// handler's first look here), or, once the handler took a [`Responder`] or a stream
+    /// handler's first look here), the client cancelled it (a dropped call future, an explicit
+    /// cancel) or closed its session, or, once the handler took a [`Responder`] or a stream
     /// ([`RequestContext::defer`], [`RequestContext::stream`]), what that one's
-    /// `is_cancelled` sees (a Cancel from the client, the session closed). Reads the clock.
+    /// `is_cancelled` sees. Once true, stays true for this call.
     ///
-    /// An inline handler runs on the worker thread, which handles the client's Cancel only when
-    /// the handler returns: a Cancel alone does not reach a handler that has not deferred; its
-    /// deadline and `max_call_duration` bound it. Long work belongs on another thread (defer,
-    /// or an async handler), where [`Responder::is_cancelled`] and
-    /// [`CallInfo::is_cancelled`] see the Cancel at once.
+    /// Cost: reads the clock, and, until it answers true, polls the worker's CQ once (an inline
+    /// handler runs on the worker thread, which handles the client's messages only after it
+    /// returns, so this looks among those that arrived meanwhile for a Cancel of this call,
+    /// without taking them: one empty CQ poll when nothing arrived). It sees a
+    /// Cancel among the first 32 completions not handled yet (the worker's poll batch); past
+    /// that, the deadline and `max_call_duration` still bound the call. Long work belongs on
+    /// another thread (defer, or an async handler), which keeps the worker serving the other
+    /// sessions meanwhile.
     pub fn is_cancelled(&self) -> bool {
         let now = Instant::now();
         if self.info.deadline.is_some_and(|d| now >= d) {
@@ -261,7 +282,15 @@ impl RequestContext {
         let flag = self.cancel_flag.take();
         let raised = flag.as_ref().is_some_and(|f| f.is_raised());
         self.cancel_flag.set(flag);
-        raised
+        if raised || self.cancel_seen.get() {
+            return true;
+        }
+        // The worker handles the client's messages only after the handler returns: look at what
+        // arrived meanwhile (a Cancel of this call, a Close of its session).
+        let t = self.target;
+        let seen = self.peek.as_ref().is_some_and(|p| p.cancel_arrived(self.qp_num, t.slot, t.generation));
+        self.cancel_seen.set(seen);
+        seen
     }
 
     /// Defers the answer: returns a [`Responder`] to answer later from any thread, and the marker

@@ -138,7 +138,7 @@ pub(super) fn start<P: Provider>(
             srq: recv.srq().clone(),
         });
         counters.push(shared.counters.clone());
-        let worker = Worker::new(shared.clone(), registry.clone(), recv, limits);
+        let (worker_shared, worker_registry) = (shared.clone(), registry.clone());
         let j = std::thread::Builder::new()
             .name(format!("rpc-worker-{index}"))
             .spawn(move || {
@@ -147,7 +147,7 @@ pub(super) fn start<P: Provider>(
                         tracing::warn!(worker = index, core = c, "pinning to core failed; running unpinned");
                     }
                 }
-                worker.run();
+                Worker::new(worker_shared, worker_registry, recv, limits).run();
             })
             .map_err(|e| ServerError::Thread { what: "worker", source: e })?;
         joins.push(j);

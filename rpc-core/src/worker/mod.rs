@@ -13,17 +13,18 @@
 
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::buffers::{Completion, Completions, RecvBuf, RecvPool};
+use crate::buffers::{Completion, Completions, RecvBuf, RecvPool, RecvView};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{
-    panic_text, CallTarget, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
+    panic_text, CallTarget, CancelPeek, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
 };
 use crate::dispatch::service::Body;
 use crate::dispatch::source::SourceShared;
@@ -230,7 +231,36 @@ pub(crate) struct WorkerLimits {
     pub(crate) body_cap: usize,
 }
 
-/// One worker thread's state.
+/// What a running inline handler's [`RequestContext::is_cancelled`] looks into: the worker's
+/// batch of completions (more polled from its CQ behind those not handled yet) and the first
+/// bytes of the receives among them, for a Cancel of its call or a Close of its session. The
+/// worker handles them as usual once the handler returns.
+struct WorkerPeek<P: Provider> {
+    wcs: Rc<Completions<POLL_BATCH>>,
+    shared: Arc<WorkerShared<P>>,
+    view: RecvView<P>,
+}
+
+impl<P: Provider> CancelPeek for WorkerPeek<P> {
+    fn cancel_arrived(&self, qp_num: u32, slot: u16, generation: u32) -> bool {
+        // An error stays with the CQ: the worker's own next poll meets it.
+        let _ = self.wcs.poll_more(&self.shared.cq);
+        let mut found = false;
+        self.wcs.untaken_recv_heads::<P, HEADER_LEN>(&self.view, |wc, head| {
+            if found || wc.qp_num != qp_num {
+                return;
+            }
+            // A Close may carry a body (only its kind is read); a Cancel is a header alone.
+            found = head.first() == Some(&(Kind::Close as u8))
+                || Header::decode(head)
+                    .is_ok_and(|h| h.kind == Kind::Cancel && h.slot == slot && h.generation == generation);
+        });
+        found
+    }
+}
+
+/// One worker thread's state. Made on its thread ([`Worker::new`] in the thread's closure): it
+/// shares its batch of completions with its context through `Rc`s.
 pub(crate) struct Worker<P: Provider> {
     shared: Arc<WorkerShared<P>>,
     registry: Arc<Registry>,
@@ -245,7 +275,8 @@ pub(crate) struct Worker<P: Provider> {
     counters: Counters,
     scratch: Vec<u8>,
     ctx: RequestContext,
-    wcs: Completions<POLL_BATCH>,
+    /// Shared with the context's [`CancelPeek`]: a handler's `is_cancelled` polls more into it.
+    wcs: Rc<Completions<POLL_BATCH>>,
     /// The sessions with open streams, each once (empty: the loop skips
     /// [`Worker::pump_streams`]), so a pump visits those only, not every session entry.
     streaming: Vec<u16>,
@@ -264,6 +295,9 @@ impl<P: Provider> Worker<P> {
         let mut by_qpn = crate::dispatch::registry::IdMap::default();
         by_qpn.reserve(n);
         let queue = shared.defer.clone();
+        let wcs = Rc::new(Completions::new());
+        let mut ctx = RequestContext::new(queue, limits.body_cap, limits.max_call_duration);
+        ctx.peek = Some(Rc::new(WorkerPeek { wcs: wcs.clone(), shared: shared.clone(), view: recv.view() }));
         Worker {
             shared,
             registry,
@@ -275,9 +309,9 @@ impl<P: Provider> Worker<P> {
             timed: Vec::with_capacity(n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
-            ctx: RequestContext::new(queue, limits.body_cap, limits.max_call_duration),
+            ctx,
             streaming: Vec::with_capacity(n),
-            wcs: Completions::new(),
+            wcs,
             recv,
         }
     }
@@ -340,7 +374,7 @@ impl<P: Provider> Worker<P> {
                     break;
                 }
             };
-            while let Some(c) = self.wcs.next() {
+            while let Some(c) = self.wcs.next_completion() {
                 self.on_completion(c);
             }
             // Looked at before calling: most empty polls leave nothing to post.
@@ -1154,6 +1188,8 @@ impl<P: Provider> Worker<P> {
         ctx.info.peer = entry.peer;
         ctx.info.deadline = deadline;
         ctx.target = CallTarget { conn: tag, slot: h.slot, generation: h.generation, method: h.method };
+        ctx.qp_num = entry.conn.qp.qp_num();
+        ctx.cancel_seen.set(false);
         ctx.deferred.set(false);
         ctx.first_look.set(None);
         ctx.cancel_flag.set(None);

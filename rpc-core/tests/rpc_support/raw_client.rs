@@ -266,7 +266,7 @@ where
 
     /// Polls the CQ once into the inbox; the first failed completion's status, if any.
     fn receive(&mut self) -> Result<(), WcStatus> {
-        let mut wcs = Completions::<16>::new();
+        let wcs = Completions::<16>::new();
         wcs.poll(&self.peer.cq).unwrap();
         let mut failed = None;
         for c in wcs {
