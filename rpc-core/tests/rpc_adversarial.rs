@@ -175,22 +175,22 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
 }
 
 /// Sessions with different credits on one worker: admission sums what each reserves of the SRQ
-/// (`3 × credits + 29` receive WQEs), so the SRQ is never over-committed and flow control never
+/// (`3 × credits + 31` receive WQEs), so the SRQ is never over-committed and flow control never
 /// leans on RNR. Before the fix the listener multiplied the session count by the *new* session's
-/// need, so small sessions were admitted after large ones past the SRQ depth (here 2 × 125 + 2 × 32
-/// = 314 WQEs reserved on an SRQ of 314, and a third small one refused).
+/// need, so small sessions were admitted after large ones past the SRQ depth (here 2 × 127 + 2 × 34
+/// = 322 WQEs reserved on an SRQ of 322, and a third small one refused).
 #[test]
 fn srq_admission_sums_the_credits_of_every_session() {
     assert_eq!(
         (rpc_core::ServerConfig::srq_per_session(32), rpc_core::ServerConfig::srq_per_session(1)),
-        (125, 32)
+        (127, 34)
     );
-    let (server, _) = spawn(server().srq_depth(314).credits_per_session(32));
+    let (server, _) = spawn(server().srq_depth(322).credits_per_session(32));
     let connect = |window: u16| Client::connect_with(server.local_addr(), &client_config().window(window));
-    let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 125 WQEs fit in 314")).collect();
+    let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 127 WQEs fit in 322")).collect();
     let small =
-        [connect(1).expect("2 × 125 + 32 fit in 314"), connect(1).expect("2 × 125 + 2 × 32 = 314 fit")];
-    let err = connect(1).err().expect("2 × 125 + 3 × 32 = 346 WQEs do not fit in 314");
+        [connect(1).expect("2 × 127 + 34 fit in 322"), connect(1).expect("2 × 127 + 2 × 34 = 322 fit")];
+    let err = connect(1).err().expect("2 × 127 + 3 × 34 = 356 WQEs do not fit in 322");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
     assert!(err.message().contains("srq_depth"), "{err}");
     // Freeing a large session makes room again.
@@ -361,7 +361,7 @@ fn limits_are_validated_together_at_spawn() {
     }
     // The defaults serve the default max_sessions.
     let c = rpc_core::ServerConfig::default();
-    assert_eq!(c.effective_srq_depth(), c.max_sessions as u64 * (3 * u64::from(c.credits_per_session) + 29));
+    assert_eq!(c.effective_srq_depth(), c.max_sessions as u64 * (3 * u64::from(c.credits_per_session) + 31));
     let ok = server().add_service(TestService::default()).spawn("127.0.0.1:0");
     ok.expect("the defaults are consistent").shutdown();
 }

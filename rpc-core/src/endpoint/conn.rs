@@ -58,7 +58,7 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
-/// Receive WQEs of the worker's SRQ a session of `credits` reserves: `3 × credits + 29` (125
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves: `3 × credits + 31` (127
 /// at 32 credits). What a client that keeps the protocol can have sent before the worker takes
 /// any of it (a worker held in a handler takes nothing):
 ///
@@ -68,12 +68,12 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
 /// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
 /// | Cancels | `credits` | a Cancel holds its call's credit until the server's CancelAck arrives ([`crate::session::CallSlots`]), so each credit covers at most one request and one Cancel, a Cancel that crossed its call's answer included |
 /// | RingReturns | `credits` | one per answer in flight |
-/// | Pings, Pongs | 2 + 2 | the client pings after a third and two thirds of its `peer_timeout` of silence, and answers each of our (at most two) Pings |
+/// | Pings, Pongs | 4 + 2 | as the meter allows ([`crate::session::meter`]): [`crate::session::meter::MAX_PINGS`] between two messages of ours (the client pings after a third and two thirds of its `peer_timeout` of silence, and two silences can overlap one of our messages), and at most [`crate::session::meter::MAX_PONGS_OWED`] Pongs owed for our Pings |
 /// | Close | 1 | |
 ///
 /// The sessions of one worker together reserve at most the SRQ depth, so such a session never
 /// makes another's SENDs wait for a receive WQE (RNR), whatever its calls and streams do; at the
-/// default 128 sessions of 32 credits on one worker they reserve 16 000 WQEs, within sim's
+/// default 128 sessions of 32 credits on one worker they reserve 16 256 WQEs, within sim's
 /// `max_srq_wr` 16 384. The server closes a session that sends requests or stream SENDs beyond
 /// the first row (`Session::handle_header`).
 pub(crate) fn srq_need(credits: u16) -> u32 {
@@ -84,7 +84,8 @@ pub(crate) fn srq_need(credits: u16) -> u32 {
     // One per credit: the credit stays taken until the Cancel is acknowledged.
     let cancels = c;
     let ring_returns = c;
-    let probe = 4;
+    // Pings of the client and Pongs it owes ours, as the meter allows (`session::meter`).
+    let probe = u32::from(crate::session::meter::MAX_PINGS + crate::session::meter::MAX_PONGS_OWED);
     let close = 1;
     requests_and_stream_sends + pieces + cancels + ring_returns + probe + close
 }

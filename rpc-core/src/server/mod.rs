@@ -116,7 +116,7 @@ pub struct ServerConfig {
     pub reassembly_timeout: Duration,
     /// Receive buffers (WQEs) of each worker's SRQ. Default 0 = sized for `max_sessions` at full
     /// credits: sessions per worker × [`ServerConfig::srq_per_session`]`(credits_per_session)`
-    /// (`3 × credits_per_session + 29`; 16 000 WQEs at the defaults), which must not exceed the
+    /// (`3 × credits_per_session + 31`; 16 256 WQEs at the defaults), which must not exceed the
     /// device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must hold
     /// one session of full credits; sessions are then admitted while what they reserve
     /// (`srq_per_session` of the credits they were granted) fits. Every buffer is
@@ -282,7 +282,7 @@ impl ServerConfig {
             return bad(
                 "srq_depth",
                 format!(
-                    "{} is below one session's 3 × credits_per_session + 29 = {per_session} \
+                    "{} is below one session's 3 × credits_per_session + 31 = {per_session} \
                      (ServerConfig::srq_per_session)",
                     self.srq_depth
                 ),
@@ -316,7 +316,7 @@ impl ServerConfig {
         Ok(())
     }
 
-    /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 29`
+    /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 31`
     /// (125 at 32 credits). The most a client that keeps the protocol can have sent before the
     /// worker takes any of it, every message kind counted: its requests and stream SENDs (stream
     /// messages, stream grants, stream ends: each holds a request credit until the server

@@ -10,7 +10,7 @@
 //! | message | at most | why |
 //! |---|---|---|
 //! | Ping | [`MAX_PINGS`] between two messages of ours | a client pings after a third and two thirds of its `peer_timeout` of silence, and any message of ours ends the silence; two silences can overlap one of our messages |
-//! | Pong | one per Ping of ours not yet answered | a client sends a Pong only for a Ping |
+//! | Pong | one per Ping of ours not yet answered, at most [`MAX_PONGS_OWED`] | a client sends a Pong only for a Ping (one Pong may answer several); we send at most two Pings per silence (after a third and two thirds of our `peer_timeout`), and a client that answers none of them is owed no more |
 //! | RingReturn | one per ring body or piece of ours not yet freed, and each frees ring space | a client sends one only after it freed ring space, stamped with the new head at once |
 //! | piece that is not the last of its message | [`pieces_between`] of our ring (16 for a ring of 256 bytes or more) between two messages of ours | each takes at least 1/16 of our ring (rounded down), and the client writes only into space our messages reported free: what arrives between two of them fits in one ring |
 //!
@@ -24,6 +24,13 @@ use super::MAX_PIECES_IN_RING;
 /// own (`peer_timeout / 3` and `2 × peer_timeout / 3`), and a second silence may start before
 /// the first one's Pings arrived.
 pub const MAX_PINGS: u8 = 4;
+
+/// Most Pongs a client may owe the server: the Pings of one silence of ours (after a third and two
+/// thirds of our `peer_timeout`; the session closes at the end of it). Pings beyond it that are
+/// left unanswered are not counted again, so a client that held its Pongs back can send at most
+/// this many at once. The worker reserves [`MAX_PINGS`] + this many receive WQEs per session for
+/// the probe (`endpoint::conn::srq_need`).
+pub const MAX_PONGS_OWED: u8 = 2;
 
 /// Most pieces that are not the last of their message a client may send between two messages
 /// of the server, for a server ring of `ring_len` bytes: as many as fit in the ring at the
@@ -97,7 +104,7 @@ impl Meter {
 
     /// The server sends a Ping.
     pub(super) fn pinged(&mut self) {
-        self.pongs_owed = self.pongs_owed.saturating_add(1);
+        self.pongs_owed = (self.pongs_owed + 1).min(MAX_PONGS_OWED);
     }
 
     /// A Ping arrived.

@@ -81,6 +81,39 @@ fn a_pong_needs_a_ping_of_the_server() {
     assert!(is_violation(&e), "{e}");
 }
 
+/// A client that answers none of the server's Pings is owed no more than `MAX_PONGS_OWED` Pongs:
+/// held back and sent at once, one more than that closes its session, so its Pings and Pongs
+/// never take more receive WQEs than the worker reserves for the probe (`srq_need`). Sabotaged:
+/// `pinged` counting every Ping (saturating at 255): the third Pong was accepted.
+#[test]
+fn pongs_held_back_are_bounded_by_the_probe_reservation() {
+    let t0 = Instant::now();
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.set_peer_timeout(Some(Duration::from_secs(3)), t0);
+    s.handle_header(&Header { method: 1, ..from_client(Kind::Request) }, || t0).unwrap();
+    s.handle_timeout(t0 + Duration::from_millis(10), true);
+    // Two silences' Pings, the client answering none (a Request ends the first silence).
+    let mut at = t0 + Duration::from_millis(10);
+    for round in 0..2u16 {
+        for _ in 0..2 {
+            at += Duration::from_millis(1001);
+            s.handle_timeout(at, true);
+            assert_eq!(s.next_control().map(|h| h.kind), Some(Kind::Ping));
+            server_sends(&mut s, Kind::Ping, false);
+        }
+        if round == 0 {
+            s.handle_header(&Header { method: 1, slot: 1, ..from_client(Kind::Request) }, || at).unwrap();
+            at += Duration::from_millis(10);
+            s.handle_timeout(at, true);
+        }
+    }
+    for _ in 0..super::meter::MAX_PONGS_OWED {
+        deliver(&mut s, from_client(Kind::Pong)).unwrap();
+    }
+    let e = deliver(&mut s, from_client(Kind::Pong)).unwrap_err();
+    assert!(is_violation(&e) && e.contains("Pong"), "{e}");
+}
+
 #[test]
 fn ring_returns_must_free_the_servers_ring_bodies() {
     let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
