@@ -1082,7 +1082,7 @@ fn a_session_at_its_srq_reservation_never_waits_for_a_receive_wqe() {
 /// that a Cancel holds its call's credit until the server's CancelAck arrives keeps all of it
 /// within `ServerConfig::srq_per_session`: no SEND waits for a receive WQE (RNR). Under the
 /// old rule (the credit returned with the answer) the crossed Cancels' credits carry 16 more
-/// requests and 16 more Cancels: 132 messages for 125 WQEs, and SENDs wait.
+/// requests and 16 more Cancels: 132 messages for 127 WQEs, and SENDs wait.
 #[test]
 fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
     use rpc_core::session::Session;
