@@ -677,3 +677,93 @@ fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as
     drop(rt);
     server.shutdown();
 }
+
+/// A `Channel` whose server goes away and comes back on the same address reconnects, as a
+/// `Client` does: the first call after the break tries at once and fails (nobody listens),
+/// calls during the backoff fail at once naming when the next attempt may be made (no connect
+/// per call), and once the server is back a call reconnects and is answered; the channel's
+/// counters span both sessions. Sabotaged: the dispatcher thread not redialing
+/// (`Driver::redial` not called): the first call after the break waited forever ("the call never
+/// ended", after the hang guard).
+#[test]
+fn a_channel_reconnects_to_a_restarted_server_with_backoff() {
+    const BACKOFF: Duration = Duration::from_millis(300);
+    let (first, _) = spawn(server());
+    let addr = first.local_addr();
+    let rt = runtime(1);
+    let client = client_config()
+        .polling(PollingPolicy::Event { spins: 0 })
+        .reconnect_initial_backoff(BACKOFF)
+        .reconnect_multiplier(2.0)
+        .reconnect_jitter(0.0);
+    let config = ChannelConfig::default().client(client).dispatchers(1).spins(500).thread_name("chan-redial");
+    let ch = rt.block_on(Channel::connect_with(addr, &config)).unwrap();
+    // A hang guard: a call that never ends fails the test.
+    let call = |seq: u64| {
+        let f = ch.unary::<_, EchoMsg>(ECHO, request(seq, 8, 8), &CallOptions::default());
+        rt.block_on(async { tokio::time::timeout(WAIT, f).await.expect("the call never ended") })
+    };
+    check_reply(&call(1).unwrap(), 1, 8);
+    first.shutdown();
+
+    // The break is seen (the server's Close), then the first call after it tries at once.
+    let mut seq = 2;
+    let err = loop {
+        assert!(seq < 10_000, "the channel never saw the server go");
+        seq += 1;
+        match call(seq) {
+            Ok(r) => check_reply(&r, seq, 8),
+            Err(e) if e.message().contains("reconnect attempt 1 failed") => break e,
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "{e}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert_eq!(ch.reconnect_attempts(), 1);
+    // During the backoff: at once, naming the time left, without connecting.
+    for i in 0..20 {
+        let e = call(100 + i).unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        let ms: u64 = e
+            .message()
+            .split("next reconnect attempt in ")
+            .nth(1)
+            .and_then(|r| r.strip_suffix(" ms"))
+            .unwrap_or_else(|| panic!("no retry time in: {e}"))
+            .parse()
+            .unwrap();
+        assert!(ms <= BACKOFF.as_millis() as u64, "{e}");
+    }
+    assert_eq!(ch.reconnect_attempts(), 1, "no connect attempt during the backoff");
+
+    // The server comes back on the same address: a call reconnects and is answered.
+    let svc = TestService::default();
+    let second = server().add_service(svc).spawn(addr.to_string()).expect("the same port again");
+    let give_up = Instant::now() + WAIT;
+    let r = loop {
+        match call(200) {
+            Ok(r) => break r,
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "{e}");
+                assert!(
+                    Instant::now() < give_up,
+                    "never reconnected ({} attempts): {e}",
+                    ch.reconnect_attempts()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    check_reply(&r, 200, 8);
+    for i in 0..10 {
+        check_reply(&call(300 + i).unwrap(), 300 + i, 8);
+    }
+    // Attempts were spaced by the backoff (300 ms, then 600 ms, ...), not one per call.
+    let attempts = ch.reconnect_attempts();
+    assert!((2..=6).contains(&attempts), "{attempts} attempts");
+    assert_eq!(ch.counters().sessions_opened, 2);
+    drop(ch);
+    second.shutdown();
+}

@@ -35,7 +35,7 @@
 //! while every task waits (the runtime's thread is idle then).
 
 use std::cell::RefCell;
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::task::Waker;
@@ -46,6 +46,7 @@ use crossbeam_queue::ArrayQueue;
 use prost::Message;
 
 use super::call::{Completion, Job};
+use crate::client::backoff::{Backoff, BackoffParams};
 use crate::client::core::{CallId, ClientCore, StartMode};
 use crate::client::ClientConfig;
 use crate::config::{PollingPolicy, EVENT_WAIT};
@@ -182,6 +183,12 @@ pub(crate) struct Inner {
     started_by_thread: AtomicU64,
     /// How the session was driven (see [`super::ChannelStats`]).
     pub(crate) stats: Stats,
+    /// A driver found the session broken with calls queued and the backoff allowing an attempt:
+    /// the dispatcher thread reconnects ([`Driver::redial`]; a connect blocks, so never on a
+    /// caller's thread).
+    redial_wanted: AtomicBool,
+    /// Reconnect attempts made (successful or not).
+    pub(crate) reconnect_attempts: AtomicU64,
 }
 
 /// Counters of how a dispatcher's session is driven: relaxed atomics, bumped once per drive,
@@ -269,6 +276,8 @@ impl Inner {
                 Some(job)
             }
             Ok(None) => None,
+            // Queued: the driver reconnects first, or fails it naming the backoff.
+            Err(_) if with_any_core!(&d.core, c => c.broken().is_some()) => None,
             Err(s) => Some(make(Some(s))),
         }
     }
@@ -391,7 +400,13 @@ impl Inner {
     /// drive of at most about `poll_spin` without a completion).
     pub(crate) fn counters(&self) -> Counters {
         let g = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        g.as_ref().map(|d| with_any_core!(&d.core, c => c.counters.clone())).unwrap_or_default()
+        g.as_ref()
+            .map(|d| {
+                let mut sum = d.redial.retired.clone();
+                sum.add(&with_any_core!(&d.core, c => c.counters.clone()));
+                sum
+            })
+            .unwrap_or_default()
     }
 
     /// Calls started by callers' polls and by the dispatcher thread.
@@ -472,6 +487,8 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         started_by_callers: AtomicU64::new(0),
         started_by_thread: AtomicU64::new(0),
         stats: Stats::default(),
+        redial_wanted: AtomicBool::new(false),
+        reconnect_attempts: AtomicU64::new(0),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -482,12 +499,26 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                     tracing::warn!(core = id, "dispatcher: could not pin to the core");
                 }
             }
-            let core = match AnyCore::connect(&setup.addr, &setup.client) {
+            let first = BackoffParams::from_config(&setup.client).and_then(|params| {
+                let addrs: Vec<SocketAddr> = setup
+                    .addr
+                    .to_socket_addrs()
+                    .map_err(|e| Status::unavailable(format!("resolving the server address: {e}")))?
+                    .collect();
+                Ok((AnyCore::connect(&addrs[..], &setup.client)?, addrs, params))
+            });
+            let (core, addrs, params) = match first {
                 Ok(c) => c,
                 Err(s) => {
                     connected.complete(Err(s));
                     return;
                 }
+            };
+            let redial = Redial {
+                addrs,
+                config: setup.client.clone(),
+                backoff: Backoff::new(params, fastrand::Rng::new()),
+                retired: Counters::default(),
             };
             *shared.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(Driver {
                 core,
@@ -500,6 +531,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 delivered: 0,
                 empty: 0,
                 looks: 0,
+                redial,
             });
             connected.complete(Ok(()));
             drop(connected);
@@ -542,6 +574,21 @@ pub(crate) struct Driver {
     empty: u32,
     /// Empty steps between two looks at deadlines.
     looks: u32,
+    /// How the session is replaced when it breaks.
+    redial: Redial,
+}
+
+/// How a dispatcher replaces a broken session, as a [`crate::Client`] does: lazily (a call
+/// queued after the break asks for it), to the addresses resolved at the first connect, no
+/// sooner than the backoff of `ClientConfig::reconnect_*` allows. Calls made while the backoff
+/// runs end UNAVAILABLE naming why the session broke and when the next attempt may be made;
+/// calls waiting for an attempt that fails end with its error.
+struct Redial {
+    addrs: Vec<SocketAddr>,
+    config: ClientConfig,
+    backoff: Backoff,
+    /// Counters of the sessions replaced so far.
+    retired: Counters,
 }
 
 /// Empty steps between two looks at the calls' deadlines while a driver spins.
@@ -608,6 +655,9 @@ impl Driver {
 
     /// Starts queued calls while the session has slots; one doorbell for all of them.
     fn take_calls(&mut self, inner: &Inner, by_caller: bool) -> usize {
+        if !inner.queue.is_empty() && with_any_core!(&self.core, c => c.broken().is_some()) {
+            return self.queued_on_broken(inner);
+        }
         let mut n = 0;
         let mut at_start = 0u64;
         let before = self.in_flight.len();
@@ -640,6 +690,63 @@ impl Driver {
             inner.wake_space_waiters();
         }
         n
+    }
+
+    /// Calls queued on a broken session: when the backoff allows an attempt, they wait for the
+    /// dispatcher thread to reconnect ([`Driver::redial`]); otherwise they end UNAVAILABLE
+    /// naming when the next attempt may be made. Returns the calls ended.
+    #[cold]
+    #[inline(never)]
+    fn queued_on_broken(&mut self, inner: &Inner) -> usize {
+        let (peer, reason) = with_any_core!(&self.core, c => (c.peer, c.broken().cloned()));
+        let reason = reason.unwrap_or_else(|| Status::unavailable("the session broke"));
+        match self.redial.backoff.due(peer, &reason, Instant::now()) {
+            Ok(()) => {
+                inner.redial_wanted.store(true, Ordering::SeqCst);
+                inner.want_driver();
+                0
+            }
+            Err(status) => fail_queued(inner, &status),
+        }
+    }
+
+    /// Replaces a broken session by a new one when calls wait for it and the backoff allows
+    /// (on the dispatcher thread: the TCP connect and handshake block). The calls of the broken
+    /// session end first (with its status); on failure the queued calls end with the attempt's
+    /// error and the backoff grows.
+    #[cold]
+    #[inline(never)]
+    fn redial(&mut self, inner: &Inner) {
+        let Some(reason) = with_any_core!(&self.core, c => c.broken().cloned()) else { return };
+        let peer = with_any_core!(&self.core, c => c.peer);
+        if inner.queue.is_empty() || self.redial.backoff.due(peer, &reason, Instant::now()).is_err() {
+            // Nothing waits for it, or a call came in between and was told to wait.
+            return;
+        }
+        // The broken session's calls were failed by its break; those not handed over yet are.
+        self.finish_calls(inner, true);
+        for InFlight { id, job, .. } in self.in_flight.drain(..) {
+            with_any_core!(&mut self.core, c => c.abandon(id));
+            job.fail(reason.clone());
+        }
+        self.passive = 0;
+        inner.in_flight.store(0, Ordering::Release);
+        inner.passive.store(0, Ordering::Relaxed);
+        inner.reconnect_attempts.fetch_add(1, Ordering::Relaxed);
+        match AnyCore::connect(&self.redial.addrs[..], &self.redial.config) {
+            Ok(core) => {
+                let old = std::mem::replace(&mut self.core, core);
+                self.redial.retired.add(&with_any_core!(&old, c => c.counters.clone()));
+                drop(old);
+                self.redial.backoff.on_success();
+                let peer = with_any_core!(&self.core, c => c.peer);
+                tracing::info!(%peer, why = reason.message(), "channel reconnected");
+            }
+            Err(e) => {
+                let status = self.redial.backoff.failed(peer, &reason, &e, Instant::now());
+                fail_queued(inner, &status);
+            }
+        }
     }
 
     /// Delivers finished calls, ends expired ones, releases cancelled ones; publishes the count
@@ -716,6 +823,24 @@ impl Driver {
         inner.passive.store(0, Ordering::Relaxed);
         with_any_core!(&mut self.core, c => c.close());
     }
+}
+
+/// Ends the calls queued now with `status` (those whose futures were dropped are let go); one
+/// queued meanwhile (its caller saw an earlier call end) is left to the next driver, which tells
+/// it what holds then. Returns how many were taken.
+fn fail_queued(inner: &Inner, status: &Status) -> usize {
+    let mut n = 0;
+    for _ in 0..inner.queue.len() {
+        let Some(job) = inner.queue.pop() else { break };
+        n += 1;
+        if !job.is_cancelled() {
+            job.fail(status.clone());
+        }
+    }
+    if n > 0 {
+        inner.wake_space_waiters();
+    }
+    n
 }
 
 /// The dispatcher thread.
@@ -805,6 +930,9 @@ impl Dispatcher {
             // A caller holding the session leaves it to someone when it lets go.
             let Some(mut g) = inner.try_session() else { return };
             let d = g.as_mut().expect("checked by try_session");
+            if inner.redial_wanted.swap(false, Ordering::SeqCst) {
+                d.redial(inner);
+            }
             d.delivered = 0;
             let work = d.step(inner, false);
             // Tasks whose calls finished (woken now, or queued since an earlier wake).

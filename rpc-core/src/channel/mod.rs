@@ -352,8 +352,18 @@ impl Channel {
         t
     }
 
-    /// The counters of the channel's sessions, summed (RPCs, bytes, stalls, cancels, status
-    /// codes...). Waits for a session another thread is driving (one step, or a caller's drive
+    /// Reconnect attempts the channel's dispatchers made (successful or not), summed. A
+    /// dispatcher whose session broke (the server closed it, restarted, or stopped answering)
+    /// reconnects when a call is made after the break, as [`crate::Client`] does: at once for the
+    /// first attempt, then no sooner than `ClientConfig::reconnect_*`'s backoff allows; a call
+    /// made meanwhile ends UNAVAILABLE naming why the session broke and when the next attempt
+    /// may be made. Calls in flight when it broke end UNAVAILABLE; nothing is retried.
+    pub fn reconnect_attempts(&self) -> u64 {
+        self.shared.dispatchers.iter().map(|d| d.reconnect_attempts.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The counters of the channel's sessions (reconnects included), summed (RPCs, bytes,
+    /// stalls, cancels, status codes...). Waits for a session another thread is driving (one step, or a caller's drive
     /// of at most about `poll_spin` without a completion): for monitoring, not for a hot path.
     pub fn counters(&self) -> crate::Counters {
         let mut c = crate::Counters::default();

@@ -2,6 +2,7 @@
 //! connection-backoff shape), sans-IO: the caller passes `now`, and the random source is a
 //! seeded generator, so the schedule is tested deterministically.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::config::ClientConfig;
@@ -99,9 +100,51 @@ impl Backoff {
     }
 
     /// Failed attempts since the last success.
+    #[cfg(test)]
     pub(crate) fn failures(&self) -> u32 {
         self.failures
     }
+
+    /// `Ok` when a session to `peer` that broke for `reason` may try to reconnect at `now`.
+    ///
+    /// # Errors
+    /// UNAVAILABLE naming why the session broke and when the next attempt may be made (what a
+    /// call made meanwhile ends with, without connecting).
+    pub(crate) fn due(&self, peer: SocketAddr, reason: &Status, now: Instant) -> Result<(), Status> {
+        self.check(now).map_err(|at| {
+            Status::unavailable(format!(
+                "the session to {peer} broke ({}); next reconnect attempt in {} ms",
+                reason.message(),
+                ms_ceil(at - now)
+            ))
+        })
+    }
+
+    /// The attempt made at `now` to reconnect the session to `peer`, which broke for `reason`,
+    /// failed with `error`: records it ([`Backoff::on_failure`]) and returns the UNAVAILABLE the
+    /// calls waiting for it end with, naming the attempt and when the next one may be made.
+    pub(crate) fn failed(
+        &mut self,
+        peer: SocketAddr,
+        reason: &Status,
+        error: &Status,
+        now: Instant,
+    ) -> Status {
+        let delay = self.on_failure(now);
+        tracing::info!(%peer, error = %error, ?delay, "reconnect attempt failed");
+        Status::unavailable(format!(
+            "the session to {peer} broke ({}); reconnect attempt {} failed ({}); next attempt in {} ms",
+            reason.message(),
+            self.failures,
+            error.message(),
+            ms_ceil(delay)
+        ))
+    }
+}
+
+/// `d` in whole milliseconds, rounded up (a call told "in 0 ms" would try too early).
+fn ms_ceil(d: Duration) -> u128 {
+    d.as_nanos().div_ceil(1_000_000)
 }
 
 #[cfg(test)]

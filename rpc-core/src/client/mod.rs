@@ -8,7 +8,7 @@
 //! by `ClientConfig::max_queued_calls`); a broken session is reconnected by a later call, with
 //! exponential backoff and jitter (`backoff`). Nothing is retried silently.
 
-mod backoff;
+pub(crate) mod backoff;
 mod config;
 pub(crate) mod core;
 mod queue;
@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prost::Message;
 
@@ -206,18 +206,7 @@ impl Inner {
                 tracing::info!(peer = %self.peer, epoch = self.epoch, "client reconnected");
                 Ok(())
             }
-            Err(e) => {
-                let delay = self.backoff.on_failure(Instant::now());
-                tracing::info!(peer = %self.peer, error = %e, ?delay, "reconnect attempt failed");
-                Err(Status::unavailable(format!(
-                    "the session to {} broke ({}); reconnect attempt {} failed ({}); next attempt in {} ms",
-                    self.peer,
-                    reason.message(),
-                    self.backoff.failures(),
-                    e.message(),
-                    ms_ceil(delay)
-                )))
-            }
+            Err(e) => Err(self.backoff.failed(self.peer, &reason, &e, Instant::now())),
         }
     }
 
@@ -229,15 +218,7 @@ impl Inner {
     #[cold]
     fn reconnect_due(&self) -> Result<Option<Status>, Status> {
         let Some(reason) = with_calls!(&self.calls, c => c.core.broken().cloned()) else { return Ok(None) };
-        let now = Instant::now();
-        if let Err(at) = self.backoff.check(now) {
-            return Err(Status::unavailable(format!(
-                "the session to {} broke ({}); next reconnect attempt in {} ms",
-                self.peer,
-                reason.message(),
-                ms_ceil(at - now)
-            )));
-        }
+        self.backoff.due(self.peer, &reason, Instant::now())?;
         Ok(Some(reason))
     }
 
@@ -246,10 +227,6 @@ impl Inner {
         let why = self.ended.iter().find(|(e, _)| *e == epoch).map_or("broke", |(_, s)| s.message());
         Status::unavailable(format!("the session this call was sent on ended: {why}"))
     }
-}
-
-fn ms_ceil(d: Duration) -> u128 {
-    d.as_nanos().div_ceil(1_000_000)
 }
 
 impl Client {
