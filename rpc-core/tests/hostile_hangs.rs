@@ -1,6 +1,7 @@
 //! Calls that would hang: a client cancel reaches the handler that loops on `is_cancelled` (a
-//! deferred `Responder`, an async handler's context handed to another thread, a server stream's
-//! sink, a client stream's reader), with no deadline set; the server's `max_call_duration`
+//! deferred `Responder`, an async handler's context handed to another thread, an inline
+//! handler's `RequestContext` on the worker thread, a server stream's sink, a client stream's
+//! reader), with no deadline set; the server's `max_call_duration`
 //! bounds a call whose handler holds its responder forever (and an inline handler's
 //! `is_cancelled`); and the client's abandon cap fires when the server granted fewer credits
 //! than the window.
