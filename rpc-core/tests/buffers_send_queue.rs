@@ -134,7 +134,7 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
     let mut token = Some(first);
     for (i, &(from, len, ring_off)) in pieces.iter().enumerate() {
         let t = token.take().unwrap();
-        token = sq.write_staged(&staging, t, from, len, hb.ring_addr + ring_off, hb.ring_rkey);
+        token = sq.write_staged(&staging, t, from, len, hb.ring_addr + ring_off, hb.ring_rkey, from + len);
         assert_eq!(token.is_none(), i == pieces.len() - 1, "only the last piece consumes the token");
     }
     let buf = pool.acquire_for(&sq).unwrap();
