@@ -197,10 +197,10 @@ impl SendQueue {
         last
     }
 
-    /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote_addr`,
-    /// with its ring `mark` (as for [`SendQueue::write`]: every ring WRITE carries one, so the
-    /// producer's retired count reaches every placement). Returns the token while bytes after this piece remain; the WRITE of the last piece consumes
-    /// it (its range is freed by the completion covering that WRITE, see
+    /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote`
+    /// (address, rkey), with its ring `mark` (as for [`SendQueue::write`]: every ring WRITE
+    /// carries one, so the producer's retired count reaches every placement). Returns the token
+    /// while bytes after this piece remain; the WRITE of the last piece consumes it (its range is freed by the completion covering that WRITE, see
     /// [`SendQueue::retire_staged`]). A piece outside the body, a token of another staging
     /// area, or a staging area other than the one this queue wrote from first, queues nothing and
     /// gives the token back.
@@ -210,10 +210,10 @@ impl SendQueue {
         staged: Staged,
         from: u32,
         len: u32,
-        remote_addr: u64,
-        rkey: u32,
+        remote: (u64, u32),
         mark: u32,
     ) -> Option<Staged> {
+        let (remote_addr, rkey) = remote;
         if staged.pool != staging.id
             || (self.staging != 0 && self.staging != staging.id)
             || from.checked_add(len).is_none_or(|end| end > staged.len)

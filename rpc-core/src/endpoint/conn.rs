@@ -524,10 +524,9 @@ impl<P: Provider> Conn<P> {
                 OutBody::Staged(staged) => {
                     // Written straight from the staging area to the granted ring offset.
                     if let Some(s) = staged.take() {
-                        let remote = self.peer_ring.0 + u64::from(offset);
+                        let remote = (self.peer_ring.0 + u64::from(offset), self.peer_ring.1);
                         let mark = self.session.ring_write_mark();
-                        *staged =
-                            self.sq.write_staged(&self.staging, s, from, len, remote, self.peer_ring.1, mark);
+                        *staged = self.sq.write_staged(&self.staging, s, from, len, remote, mark);
                     }
                 }
                 // Encoded before the first piece, or failed (`send_waiting`): never here.

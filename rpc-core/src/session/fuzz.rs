@@ -433,7 +433,12 @@ impl Harness {
         if !self.s.on_answer_for(c.slot, c.generation) {
             return;
         }
-        let len = u32::from(input.u16());
+        // Half of them at most twice the peer's ring, so that ring placements, wrapping and
+        // reuse of the ring (and of the ranges our WRITEs still read) are common.
+        let len = match input.u8() & 1 {
+            0 => u32::from(input.u16()),
+            _ => u32::from(input.u16()) % (2 * self.s.params().peer_ring_len),
+        };
         match self.s.place_body(len as usize) {
             Ok(Placement::Pieces) => self.pieces.push(len),
             Ok(Placement::Ring(off)) => {

@@ -556,8 +556,8 @@ mod tests {
     }
 
     /// Marks retire in posting order: one behind the retired count or past the tail is refused
-    /// and changes nothing. Sabotaged: `on_written` without its range check: the stale mark
-    /// moved the count back and the next reserve was refused (Full).
+    /// and changes nothing. Sabotaged: `on_written` without its range check: the stale mark was
+    /// taken (moving the retired count back over bytes already retired).
     #[test]
     fn retirement_goes_in_posting_order() {
         let mut p = RingProducer::new(100);

@@ -879,3 +879,26 @@ fn bodies_in_pieces_are_charged_capped_and_timed_out() {
     drop(s);
     assert_eq!(held.used(), 0);
 }
+
+/// A freed head from the peer ahead of our own WRITEs' completions frees nothing those WRITEs
+/// still read: the next body waits (in pieces, where no WRITE reads), and the range is reused
+/// once a completion retires its WRITE ([`Session::on_ring_written`]). Sabotaged: `reserve`
+/// taking only the peer's head: the second body was placed at 0, over the first one's WRITE;
+/// `on_ring_written` doing nothing: the last body never went back to 0 (`Pieces`).
+#[test]
+fn a_freed_head_ahead_of_our_completions_frees_nothing_still_written() {
+    let mut s = Session::new(Role::Client, params(4, 16, 1000));
+    assert_eq!(s.place_body(600), Ok(Placement::Ring(0)));
+    let written = s.ring_write_mark();
+    // The server claims the 600 bytes freed before our WRITE of them completed.
+    let lie = Header { session: 5, freed_head: 600, ..Header::new(Kind::RingReturn) };
+    s.handle_header(&lie, std::time::Instant::now).expect("a freed head within what we placed");
+    assert_eq!(s.place_body(600), Ok(Placement::Pieces), "0..600 is still read by our WRITE");
+    assert_eq!(s.next_piece(600), Some((600, 250)), "a piece where no WRITE reads");
+    let piece = s.ring_write_mark();
+    s.on_ring_written(written);
+    s.on_ring_written(piece);
+    let freed = Header { session: 5, freed_head: piece, ..Header::new(Kind::RingReturn) };
+    s.handle_header(&freed, std::time::Instant::now).unwrap();
+    assert_eq!(s.place_body(600), Ok(Placement::Ring(0)), "retired and freed: reused");
+}
