@@ -54,7 +54,8 @@ pub struct SendQueue {
     /// posted, send buffers its completion retires).
     signals: VecDeque<(u64, u16)>,
     /// Ring WRITEs queued or posted and not yet reported retired, in posting order: (value of
-    /// `posted` once that WRITE is posted, the caller's ring mark).
+    /// `posted` once that WRITE is posted, the caller's ring mark). At most the send queue's
+    /// depth while the caller takes the marks after each completion (`take_ring_mark`).
     ring_marks: VecDeque<(u64, u32)>,
     /// This queue's identity in its WRs' `wr_id`s (0: none yet, taken at the first post).
     id: u32,
@@ -200,10 +201,10 @@ impl SendQueue {
     /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote`
     /// (address, rkey), with its ring `mark` (as for [`SendQueue::write`]: every ring WRITE
     /// carries one, so the producer's retired count reaches every placement). Returns the token
-    /// while bytes after this piece remain; the WRITE of the last piece consumes it (its range is freed by the completion covering that WRITE, see
-    /// [`SendQueue::retire_staged`]). A piece outside the body, a token of another staging
-    /// area, or a staging area other than the one this queue wrote from first, queues nothing and
-    /// gives the token back.
+    /// while bytes after this piece remain; the WRITE of the last piece consumes it (its range is
+    /// freed by the completion covering that WRITE, see [`SendQueue::retire_staged`]). A piece
+    /// outside the body, a token of another staging area, or a staging area other than the one
+    /// this queue wrote from first, queues nothing and gives the token back.
     pub fn write_staged<P: Provider>(
         &mut self,
         staging: &SendStaging<P>,
@@ -348,10 +349,9 @@ impl SendQueue {
         // and a polled completion at or after its WRITE retired it (`take_ring_mark`, the
         // producer's retired count, `RingProducer::on_written`), whatever the peer reports; the
         // mirror hands out no view of other ranges (`MirrorView`), and copies into it
-        // (`write_at`) are atomic. A
-        // staged range stays allocated (no view of it is handed out) until the signaled
-        // completion at or after its last WRITE is polled (`retire_staged`; every batch with
-        // such a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the
+        // (`write_at`) are atomic. A staged range stays allocated (no view of it is handed out)
+        // until the signaled completion at or after its last WRITE is polled (`retire_staged`;
+        // every batch with a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the
         // posted WQEs within the send queue.
         unsafe { qp.post_send(&wrs[..n]) }?;
         for (i, p) in self.pending[..n].iter().enumerate() {
