@@ -7,7 +7,8 @@
 //! (cancel, server-side deadlines, the idle probe, the idle timeout; see [`lifecycle`]); the
 //! server's meter of what a client sends outside its credits ([`meter`]). No verbs and no clock:
 //! inputs are received headers (`handle_header`), completions of what was posted
-//! ([`Outbox::sent`]), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
+//! ([`Outbox::sent`]; ring WRITEs retired, [`Session::on_ring_written`]), body sizes
+//! (`place_body`, `next_piece`) and `now` (`handle_timeout`);
 //! outputs are placements, headers to send (`next_request`, `next_control`), answers
 //! ([`Event::answer`]), events (`poll_event`) and complete messages.
 //!
