@@ -44,7 +44,7 @@ fn smallest_first_pieces_make_the_server_reserve_little_each() {
     for slot in 0..CREDITS {
         let off = u32::from(slot) * piece;
         assert!(mirror.write_at(off, &vec![0x77; piece as usize]));
-        sq.write(&mirror, off, piece, reply.ring_addr, reply.ring_rkey);
+        sq.write(&mirror, off, piece, reply.ring_addr, reply.ring_rkey, off + piece);
         let h = Header {
             method: RAW,
             slot,

@@ -134,7 +134,7 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
     let mut token = Some(first);
     for (i, &(from, len, ring_off)) in pieces.iter().enumerate() {
         let t = token.take().unwrap();
-        token = sq.write_staged(&staging, t, from, len, hb.ring_addr + ring_off, hb.ring_rkey);
+        token = sq.write_staged(&staging, t, from, len, (hb.ring_addr + ring_off, hb.ring_rkey), from + len);
         assert_eq!(token.is_none(), i == pieces.len() - 1, "only the last piece consumes the token");
     }
     let buf = pool.acquire_for(&sq).unwrap();
@@ -297,6 +297,81 @@ fn wait_for_one(
         }
         std::thread::yield_now();
     }
+}
+
+/// Ring marks come back in posting order, each only once a polled completion covers its WRITE,
+/// and every flush with a ring WRITE is signaled, so that completion comes even with no other
+/// traffic (here two inline SENDs, which alone go unsignaled); a WRITE queued and discarded
+/// unposted leaves no mark behind. Sabotaged: without the signal for a batch with a WRITE, no
+/// completion came ("a flush with a ring WRITE is signaled"); with `take_ring_mark` not checking
+/// `completed`, the first mark came back before any completion was polled; with
+/// `discard_pending` keeping the marks, the discarded mark came back with the next SEND's
+/// completion.
+#[test]
+fn ring_marks_retire_in_posting_order_with_their_writes_completions() {
+    use rpc_core::buffers::SendMirror;
+    const RING: usize = 4096;
+    let a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let mut b = RawPeer::new(1024, 64, 256, RING, 2);
+    let hb = b.handshake(4, 64, 1 << 20, 1);
+    a.connect(&RcConfig::default(), &hb);
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    let depth = a.qp.cap().max_send_wr as usize;
+    let mut pool = SendPool::<Sim>::new(&a.pd, 16, 64).unwrap();
+    let mut sq = SendQueue::new(depth, 16);
+    let mut mirror = SendMirror::<Sim>::new(&a.pd, RING).unwrap();
+    // One completion at a time, to see each one's retirement.
+    let mut wcs = Completions::<1>::new();
+    let mut poll_one = |pool: &mut SendPool<Sim>, sq: &mut SendQueue| {
+        let give_up = std::time::Instant::now() + WAIT;
+        loop {
+            if wcs.poll(&a.cq).unwrap() == 1 {
+                let c = wcs.next().unwrap();
+                assert!(c.wc().status.is_success(), "{c:?}");
+                assert!(sq.on_completion(c, pool));
+                return;
+            }
+            assert!(std::time::Instant::now() < give_up, "a flush with a ring WRITE is signaled");
+            std::thread::yield_now();
+        }
+    };
+    for (offset, len, mark) in [(0u32, 10u32, 10u32), (10, 20, 30)] {
+        assert!(mirror.write_at(offset, &vec![0x5a; len as usize]));
+        sq.write(&mirror, offset, len, hb.ring_addr, hb.ring_rkey, mark);
+        let buf = pool.acquire_for(&sq).unwrap();
+        sq.send(&mut pool, buf, 8, true);
+        sq.flush(&a.qp, &mut pool, 1).unwrap();
+    }
+    assert_eq!(sq.take_ring_mark(), None, "nothing retired before a completion is polled");
+    poll_one(&mut pool, &mut sq);
+    assert_eq!(sq.take_ring_mark(), Some(10), "the first WRITE's completion retires it alone");
+    assert_eq!(sq.take_ring_mark(), None);
+    poll_one(&mut pool, &mut sq);
+    assert_eq!(sq.take_ring_mark(), Some(30));
+
+    // A WRITE queued and dropped unposted (a closing connection) leaves no mark: the next
+    // signaled SEND (not inline: signaled) retires none.
+    sq.write(&mirror, 30, 10, hb.ring_addr, hb.ring_rkey, 40);
+    sq.discard_pending(&mut pool);
+    let buf = pool.acquire_for(&sq).unwrap();
+    sq.send(&mut pool, buf, 8, false);
+    sq.flush(&a.qp, &mut pool, 1).unwrap();
+    poll_one(&mut pool, &mut sq);
+    assert_eq!(sq.take_ring_mark(), None, "the discarded WRITE's mark is gone");
+    // The peer's receives, to leave nothing behind.
+    let give_up = std::time::Instant::now() + WAIT;
+    let mut got = 0;
+    let mut rwcs = Completions::<64>::new();
+    while got < 3 {
+        assert!(std::time::Instant::now() < give_up);
+        rwcs.poll(&b.cq).unwrap();
+        for c in &mut rwcs {
+            let r = b.recv.take(c).unwrap();
+            b.recv.repost(r);
+            got += 1;
+        }
+    }
+    assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
 /// A batch looked into while its owner is between two of its completions (what a worker's

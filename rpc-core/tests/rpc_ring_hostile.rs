@@ -205,7 +205,7 @@ mod on_any_nic {
             );
             let piece = hello.ring_len / 4;
             assert!(mirror.write_at(0, &vec![0x11; piece as usize]));
-            sq.write(&mirror, 0, piece, hello.ring_addr, hello.ring_rkey);
+            sq.write(&mirror, 0, piece, hello.ring_addr, hello.ring_rkey, piece);
             let h = Header {
                 slot: req.slot,
                 generation: req.generation,

@@ -85,7 +85,8 @@ pub struct MirrorView<'a> {
 impl MirrorView<'_> {
     /// The bytes `[offset, offset + len)`, to encode a body into; `None` when out of bounds.
     /// Crate-private: `offset` and `len` must be a range the session reserved in the peer's ring
-    /// (`Placement::Ring`), which no posted WRITE reads any more.
+    /// (`Placement::Ring`, `Session::next_piece`), which no posted WRITE reads any more (the
+    /// session's ring producer reserves only ranges whose WRITEs a polled completion retired).
     #[inline]
     pub(crate) fn range_mut(&mut self, offset: u32, len: u32) -> Option<&mut [u8]> {
         let (o, n) = (offset as usize, len as usize);
@@ -96,8 +97,10 @@ impl MirrorView<'_> {
         // `'a` (the view holds `&mut SendMirror`), and `&mut self` makes this the only view of
         // it. The mirror is never posted as a receive target nor exposed with a remote key, so
         // nothing writes it behind us; the local NIC only reads ranges of posted WRITEs, and the
-        // session reserves a range again only after the peer reported it freed, which it does
-        // after the SEND that followed that WRITE arrived (RC order: the WRITE was done).
+        // session reserves a range again only once a polled completion of ours retired the WRITE
+        // that read it (`SendQueue::take_ring_mark`, `Session::on_ring_written`: the producer
+        // reuses bytes both freed by the peer and retired), so a peer reporting space freed
+        // early cannot bring a reservation over a WRITE still in flight.
         Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(o), n) })
     }
 }

@@ -53,6 +53,10 @@ pub struct SendQueue {
     /// Signaled WRs posted and not completed, oldest first: (value of `posted` once it is
     /// posted, send buffers its completion retires).
     signals: VecDeque<(u64, u16)>,
+    /// Ring WRITEs queued or posted and not yet reported retired, in posting order: (value of
+    /// `posted` once that WRITE is posted, the caller's ring mark). At most the send queue's
+    /// depth while the caller takes the marks after each completion (`take_ring_mark`).
+    ring_marks: VecDeque<(u64, u32)>,
     /// This queue's identity in its WRs' `wr_id`s (0: none yet, taken at the first post).
     id: u32,
     /// The QP it posts to: (its [`QueuePair::identity`], its number), from the first post.
@@ -85,6 +89,7 @@ impl SendQueue {
             completed: 0,
             staged: VecDeque::with_capacity(bufs),
             signals: VecDeque::with_capacity(depth),
+            ring_marks: VecDeque::with_capacity(depth),
             id: 0,
             qp: None,
             pool: 0,
@@ -146,7 +151,10 @@ impl SendQueue {
         })
     }
 
-    /// Queues an RDMA WRITE of `mirror[offset, offset + len)` to the peer's ring at the same offset.
+    /// Queues an RDMA WRITE of `mirror[offset, offset + len)` to the peer's ring at the same
+    /// offset. `mark` is the ring producer's mark for it (its tail right after this body,
+    /// [`crate::session::Session::ring_write_mark`]), reported by
+    /// [`SendQueue::take_ring_mark`] once a polled completion retires this WRITE.
     pub fn write<P: Provider>(
         &mut self,
         mirror: &SendMirror<P>,
@@ -154,6 +162,7 @@ impl SendQueue {
         len: u32,
         ring_addr: u64,
         rkey: u32,
+        mark: u32,
     ) {
         self.pending.push(PendingWr {
             sge: mirror.mr.sge(offset as usize, len),
@@ -162,23 +171,50 @@ impl SendQueue {
             staged: u32::MAX,
             inline: false,
         });
+        self.push_mark(mark);
     }
 
-    /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote_addr`.
-    /// Returns the token while bytes after this piece remain; the WRITE of the last piece consumes
-    /// it (its range is freed by the completion covering that WRITE, see
-    /// [`SendQueue::retire_staged`]). A piece outside the body, a token of another staging
-    /// area, or a staging area other than the one this queue wrote from first, queues nothing and
-    /// gives the token back.
+    /// Remembers `mark` for the WRITE just queued (the last pending WR): it will be posted as WR
+    /// number `posted + pending.len()`, since pending WRs are posted in order.
+    #[inline]
+    fn push_mark(&mut self, mark: u32) {
+        self.ring_marks.push_back((self.posted + self.pending.len() as u64, mark));
+    }
+
+    /// The mark of the latest ring WRITE that polled completions retired since the last call
+    /// (call after [`SendQueue::on_completion`]), `None` when none did. WRITEs retire in posting
+    /// order, so every byte placed up to that mark is no longer read by a WRITE of this queue:
+    /// hand it to [`crate::session::Session::on_ring_written`]. Allocates nothing.
+    #[inline]
+    pub fn take_ring_mark(&mut self) -> Option<u32> {
+        let mut last = None;
+        while let Some(&(at, mark)) = self.ring_marks.front() {
+            if at > self.completed {
+                break;
+            }
+            self.ring_marks.pop_front();
+            last = Some(mark);
+        }
+        last
+    }
+
+    /// Queues an RDMA WRITE of `staged[from, from + len)` to the peer's ring at `remote`
+    /// (address, rkey), with its ring `mark` (as for [`SendQueue::write`]: every ring WRITE
+    /// carries one, so the producer's retired count reaches every placement). Returns the token
+    /// while bytes after this piece remain; the WRITE of the last piece consumes it (its range is
+    /// freed by the completion covering that WRITE, see [`SendQueue::retire_staged`]). A piece
+    /// outside the body, a token of another staging area, or a staging area other than the one
+    /// this queue wrote from first, queues nothing and gives the token back.
     pub fn write_staged<P: Provider>(
         &mut self,
         staging: &SendStaging<P>,
         staged: Staged,
         from: u32,
         len: u32,
-        remote_addr: u64,
-        rkey: u32,
+        remote: (u64, u32),
+        mark: u32,
     ) -> Option<Staged> {
+        let (remote_addr, rkey) = remote;
         if staged.pool != staging.id
             || (self.staging != 0 && self.staging != staging.id)
             || from.checked_add(len).is_none_or(|end| end > staged.len)
@@ -194,6 +230,7 @@ impl SendQueue {
             staged: if last { staged.seq } else { u32::MAX },
             inline: false,
         });
+        self.push_mark(mark);
         if last {
             None
         } else {
@@ -230,9 +267,19 @@ impl SendQueue {
     }
 
     /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs. The last WR of a batch
-    /// is signaled when the batch holds non-inline sends, or a quarter of the send buffers (at
-    /// most 16) or half the send queue went unsignaled; every WR's `wr_id` carries `tag` (31
-    /// bits, [`Completion::send_tag`]). Allocates nothing.
+    /// is signaled when the batch holds non-inline sends or ring WRITEs, or a quarter of the send
+    /// buffers (at most 16) or half the send queue went unsignaled; every WR's `wr_id` carries
+    /// `tag` (31 bits, [`Completion::send_tag`]). Allocates nothing.
+    ///
+    /// Why every batch with a ring WRITE is signaled: the ring producer reuses a range of the peer's
+    /// ring (and so of our send mirror) only once a polled completion retired the WRITE that reads
+    /// it ([`SendQueue::take_ring_mark`]), and an unsignaled WR is retired only by a later signaled
+    /// one. Left unsignaled, a WRITE followed by no other traffic would hold its range forever and
+    /// a producer waiting for it would stall. The alternative, signaling only when the producer is
+    /// blocked on retirement, needs a way back from the session to a queue that may have nothing
+    /// left to post; a CQE per batch that carries a ring body (a body above the eager threshold,
+    /// kilobytes to megabytes) costs little next to its WRITE. Batches of eager SENDs only are
+    /// signaled as before.
     ///
     /// # Errors
     /// The verbs error of posting; the QP is then unusable (the caller closes the connection).
@@ -275,9 +322,12 @@ impl SendQueue {
             if p.buf != u16::MAX {
                 bufs += 1;
                 dma_bufs |= !p.inline;
+            } else {
+                // A ring WRITE (every WR without a send buffer is one): its mirror range is
+                // reserved again, and its staged range freed, only with a completion at or after
+                // it, so the batch is signaled (see `flush`).
+                dma_bufs = true;
             }
-            // A staged range is free again only with the completion of its last WRITE.
-            dma_bufs |= p.staged != u32::MAX;
         }
         // Selective signaling: a completion retires WQEs and send buffers. Buffers the NIC reads
         // by DMA want it soon; inline ones only before the free list runs low.
@@ -295,12 +345,13 @@ impl SendQueue {
         // polled `Completion` of this queue's own signaled WR (its identity in the `wr_id`, which
         // no other queue uses, see `RESERVED_WR_IDS`) on this queue's one QP (`bind_qp`), and
         // retires exactly what that WR covers (`signals`), from the one pool this queue posts
-        // (`bind_pool`). A mirror range is not reserved again until the peer reports it freed,
-        // which it does only after the SEND that follows the WRITE arrived; the mirror hands out
-        // no view of other ranges (`MirrorView`), and copies into it (`write_at`) are atomic. A
-        // staged range stays allocated (no view of it is handed out) until the signaled
-        // completion at or after its last WRITE is polled (`retire_staged`; every batch with
-        // such a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the
+        // (`bind_pool`). A mirror range is not reserved again until the peer reports it freed
+        // and a polled completion at or after its WRITE retired it (`take_ring_mark`, the
+        // producer's retired count, `RingProducer::on_written`), whatever the peer reports; the
+        // mirror hands out no view of other ranges (`MirrorView`), and copies into it
+        // (`write_at`) are atomic. A staged range stays allocated (no view of it is handed out)
+        // until the signaled completion at or after its last WRITE is polled (`retire_staged`;
+        // every batch with a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the
         // posted WQEs within the send queue.
         unsafe { qp.post_send(&wrs[..n]) }?;
         for (i, p) in self.pending[..n].iter().enumerate() {
@@ -363,6 +414,10 @@ impl SendQueue {
         // that window, once, from the thread that owns the connection. The window grants
         // REMOTE_WRITE only: the ring is read only by copies (`RecvRing::copy_out`).
         unsafe { qp.post_send(std::slice::from_ref(&wr)) }?;
+        // Queued ring WRITEs now post one WR later.
+        for m in self.ring_marks.iter_mut().filter(|m| m.0 > self.posted) {
+            m.0 += 1;
+        }
         // Signaled: its completion retires it and whatever unsignaled WRs went before it.
         self.posted += 1;
         self.outstanding += 1;
@@ -421,6 +476,9 @@ impl SendQueue {
     /// stays allocated. Posted WRs keep their memory until their completions are polled, or until
     /// everything is dropped (the QP first).
     pub fn discard_pending<P: Provider>(&mut self, pool: &mut SendPool<P>) {
+        while self.ring_marks.back().is_some_and(|m| m.0 > self.posted) {
+            self.ring_marks.pop_back();
+        }
         for p in self.pending.drain(..) {
             // Every queued send's buffer is of `self.pool` (checked by `send`).
             if p.buf != u16::MAX && pool.id == self.pool {

@@ -861,8 +861,7 @@ impl<P: Provider> ClientCore<P> {
                 self.break_conn(unavailable(format!("send failed ({}): the server is gone", wc.status)));
                 return;
             }
-            self.conn.sq.on_completion(c, &mut self.conn.pool);
-            self.conn.sq.retire_staged(&mut self.conn.staging);
+            self.conn.on_send_completion(c);
             return;
         }
         let Some(buf) = self.recv.take(c) else { return };

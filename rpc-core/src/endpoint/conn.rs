@@ -376,7 +376,7 @@ impl<P: Provider> Conn<P> {
                 return self.queue_pipelined(buf, h, offset, len);
             }
         }
-        self.queue_one(buf, h, body);
+        self.queue_one(buf, h, body, 0);
     }
 
     /// Smallest piece a ring body is cut into for pipelining, in bytes: [`PIPELINE_MIN_PIECE`],
@@ -398,7 +398,8 @@ impl<P: Provider> Conn<P> {
             // The last piece takes the rest, and so does this one when no other send buffer is free.
             let next = if rest > piece { self.acquire() } else { None };
             let n = if next.is_some() { piece } else { rest };
-            self.queue_one(buf, h, BodyAt::Piece { offset: offset + done, len: n, staged: false });
+            let behind = len - done - n;
+            self.queue_one(buf, h, BodyAt::Piece { offset: offset + done, len: n, staged: false }, behind);
             done += n;
             match next {
                 Some(b) => buf = b,
@@ -407,8 +408,10 @@ impl<P: Provider> Conn<P> {
         }
     }
 
+    /// Queues one message; a ring body's WRITE carries the session's ring mark less `behind`,
+    /// the bytes of the last placement after its end (the later pieces of a pipelined body).
     #[inline]
-    fn queue_one(&mut self, mut buf: SendBuf, mut h: Header, body: BodyAt) {
+    fn queue_one(&mut self, mut buf: SendBuf, mut h: Header, body: BodyAt, behind: u32) {
         let eager = match body {
             BodyAt::Eager(len) => {
                 h.in_ring = false;
@@ -422,7 +425,8 @@ impl<P: Provider> Conn<P> {
                 h.body_len = len;
                 h.total_len = h.total_len.max(len);
                 h.ring_offset = offset;
-                self.sq.write(&self.mirror, offset, len, self.peer_ring.0, self.peer_ring.1);
+                let mark = self.session.ring_write_mark().wrapping_sub(behind);
+                self.sq.write(&self.mirror, offset, len, self.peer_ring.0, self.peer_ring.1, mark);
                 0
             }
             BodyAt::Piece { offset, len, staged: true } => {
@@ -521,8 +525,9 @@ impl<P: Provider> Conn<P> {
                 OutBody::Staged(staged) => {
                     // Written straight from the staging area to the granted ring offset.
                     if let Some(s) = staged.take() {
-                        let remote = self.peer_ring.0 + u64::from(offset);
-                        *staged = self.sq.write_staged(&self.staging, s, from, len, remote, self.peer_ring.1);
+                        let remote = (self.peer_ring.0 + u64::from(offset), self.peer_ring.1);
+                        let mark = self.session.ring_write_mark();
+                        *staged = self.sq.write_staged(&self.staging, s, from, len, remote, mark);
                     }
                 }
                 // Encoded before the first piece, or failed (`send_waiting`): never here.
@@ -600,6 +605,19 @@ impl<P: Provider> Conn<P> {
         let Some(buf) = self.acquire() else { return false };
         self.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
         self.flush(tag).is_ok()
+    }
+
+    /// Gives back what a polled completion of this connection's signaled send WR retires (send
+    /// buffers, staged ranges) and tells the session which ring WRITEs no longer read the send
+    /// mirror ([`Session::on_ring_written`]). Ignored for a completion of another queue or a
+    /// failed one (see [`SendQueue::on_completion`]).
+    #[inline]
+    pub(crate) fn on_send_completion(&mut self, c: crate::buffers::Completion) {
+        self.sq.on_completion(c, &mut self.pool);
+        self.sq.retire_staged(&mut self.staging);
+        if let Some(mark) = self.sq.take_ring_mark() {
+            self.session.on_ring_written(mark);
+        }
     }
 
     /// Posts what was queued (one doorbell per batch). `tag` identifies the connection in the

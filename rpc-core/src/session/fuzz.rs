@@ -4,8 +4,10 @@
 //! counts, stream flags). Used by `fuzz/fuzz_targets/session_peer.rs` and by a proptest of the
 //! normal test suite, so `cargo test` always runs it on random input.
 //!
-//! Whatever the peer sends, the session never panics, never accepts more than it granted and
-//! keeps its memory bounded by its parameters (the invariants `Harness::check` asserts); a header it
+//! Whatever the peer sends, the session never panics, never accepts more than it granted, never
+//! places a body over a range a WRITE of ours still reads (whatever freed head the peer reports)
+//! and keeps its memory bounded by its parameters (the invariants `Harness::check` and
+//! `Harness::post_write` assert); a header it
 //! refuses ends the run, as the drivers close the session then.
 
 use std::time::{Duration, Instant};
@@ -65,6 +67,9 @@ struct Harness {
     peer_consumer: super::RingConsumer,
     /// Server: the freed head the peer last reported (every honest header carries it).
     peer_freed: u32,
+    /// Server: our ring WRITEs not yet retired by a completion, oldest first: (ring mark,
+    /// offset, length). Whatever freed head the peer reports, no placement overlaps one.
+    writes: std::collections::VecDeque<(u32, u32, u32)>,
 }
 
 const KINDS: [Kind; 11] = [
@@ -120,6 +125,7 @@ impl Harness {
             pings_since_ours: 0,
             peer_consumer: super::RingConsumer::new(peer_ring_len, 64),
             peer_freed: 0,
+            writes: std::collections::VecDeque::new(),
         }
     }
 
@@ -288,7 +294,24 @@ impl Harness {
         if h.kind == Kind::Ping {
             self.pings_owed += 1;
         }
+        // The peer's WRITEs of what it placed have completed by now (its reuse of our ring is
+        // bounded by the freed heads we send).
+        let _ = self.peer_ring.on_written(self.peer_ring.tail());
         let _ = self.peer_ring.on_freed(h.freed_head);
+    }
+
+    /// Server: the WRITE of a placement of ours at `offset`, `len` bytes, is posted (after the
+    /// body was encoded into the mirror there): no WRITE of ours in flight may read that range.
+    fn post_write(&mut self, offset: u32, len: u32) {
+        for &(_, o, n) in &self.writes {
+            assert!(
+                offset + len <= o || o + n <= offset,
+                "placed {offset}+{len} over {o}+{n}, still read by a WRITE in flight"
+            );
+        }
+        if len > 0 {
+            self.writes.push_back((self.s.ring_write_mark(), offset, len));
+        }
     }
 
     /// Applies one header from the peer as the drivers do: refused, the session is closed (the
@@ -351,17 +374,34 @@ impl Harness {
             },
             3 => {
                 // Answers in pieces go on as the peer frees its ring.
-                if let Some(remaining) = self.pieces.first_mut() {
-                    while let Some((off, n)) = self.s.next_piece(*remaining) {
-                        *remaining -= n;
+                if let Some(&first) = self.pieces.first() {
+                    let mut remaining = first;
+                    while let Some((off, n)) = self.s.next_piece(remaining) {
+                        remaining -= n;
+                        self.post_write(off, n);
                         if let Ok(t) = self.peer_consumer.accept(off, n) {
                             self.peer_consumer.release(t);
                         }
-                        if *remaining == 0 {
-                            self.pieces.remove(0);
+                        if remaining == 0 {
                             break;
                         }
                     }
+                    if remaining == 0 {
+                        self.pieces.remove(0);
+                    } else {
+                        self.pieces[0] = remaining;
+                    }
+                }
+            }
+            5 => {
+                // A completion retires our oldest WRITEs, in posting order.
+                let mut last = None;
+                for _ in 0..=input.u8() % 4 {
+                    let Some((mark, ..)) = self.writes.pop_front() else { break };
+                    last = Some(mark);
+                }
+                if let Some(mark) = last {
+                    self.s.on_ring_written(mark);
                 }
             }
             4 if self.s.role() == Role::Client && !self.calls.is_empty() => {
@@ -393,10 +433,18 @@ impl Harness {
         if !self.s.on_answer_for(c.slot, c.generation) {
             return;
         }
-        let len = u32::from(input.u16());
+        // Half of them at most twice the peer's ring, so that ring placements, wrapping and
+        // reuse of the ring (and of the ranges our WRITEs still read) are common.
+        let len = match input.u8() & 1 {
+            0 => u32::from(input.u16()),
+            _ => u32::from(input.u16()) % (2 * self.s.params().peer_ring_len),
+        };
         match self.s.place_body(len as usize) {
             Ok(Placement::Pieces) => self.pieces.push(len),
-            Ok(Placement::Ring(off)) => self.peer_takes(off, len),
+            Ok(Placement::Ring(off)) => {
+                self.post_write(off, len);
+                self.peer_takes(off, len);
+            }
             Ok(Placement::Eager) | Err(_) => {}
         }
         let mut h = Header { slot: c.slot, generation: c.generation, ..Header::new(Kind::Response) };

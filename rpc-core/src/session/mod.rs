@@ -7,7 +7,8 @@
 //! (cancel, server-side deadlines, the idle probe, the idle timeout; see [`lifecycle`]); the
 //! server's meter of what a client sends outside its credits ([`meter`]). No verbs and no clock:
 //! inputs are received headers (`handle_header`), completions of what was posted
-//! ([`Outbox::sent`]), body sizes (`place_body`, `next_piece`) and `now` (`handle_timeout`);
+//! ([`Outbox::sent`]; ring WRITEs retired, [`Session::on_ring_written`]), body sizes
+//! (`place_body`, `next_piece`) and `now` (`handle_timeout`);
 //! outputs are placements, headers to send (`next_request`, `next_control`), answers
 //! ([`Event::answer`]), events (`poll_event`) and complete messages.
 //!
@@ -561,6 +562,25 @@ impl Session {
     pub fn next_piece(&mut self, remaining: u32) -> Option<(u32, u32)> {
         let max = self.max_piece();
         self.producer.reserve_piece(remaining.min(max), max / PIECE_FRACTION)
+    }
+
+    /// The mark of the ring WRITE of the body (or piece) placed last, to queue with that WRITE
+    /// (`SendQueue::write`): the producer's tail right after it. A WRITE of only the first part
+    /// of the last placement (a body posted as several pieces) takes this mark less the bytes
+    /// placed after its end. Queue the WRITE before anything else is placed.
+    #[inline]
+    pub fn ring_write_mark(&self) -> u32 {
+        self.producer.tail()
+    }
+
+    /// A polled completion of ours retired the ring WRITE of `mark` and every one before it
+    /// (`SendQueue::take_ring_mark`): its bytes may be placed again once the peer has freed them
+    /// too. The producer reuses only bytes both freed by the peer and retired here, so a peer
+    /// that reports space freed early cannot make us encode into a range a posted WRITE of ours
+    /// still reads. A mark out of order or not of ours (a driver bug) is ignored.
+    #[inline]
+    pub fn on_ring_written(&mut self, mark: u32) {
+        let _ = self.producer.on_written(mark);
     }
 
     /// Fills the session id and the freed head of our ring into an outgoing header.

@@ -5,6 +5,13 @@
 //! end, skips the rest and starts again at offset 0. The consumer frees in order; the number of
 //! bytes freed so far (a wrapping `u32` counter that includes skipped bytes) travels back in every
 //! header's `freed_head` and is the producer's head. Bytes in use = `tail - head`.
+//!
+//! The producer does not take the peer's word alone: its body is encoded into our send mirror at
+//! the ring offset and posted as an RDMA WRITE from there, so bytes the peer reports freed are
+//! ours to write again only once that WRITE no longer reads them. The producer also counts the
+//! bytes whose WRITEs our own polled completions retired (`retired`, [`RingProducer::on_written`])
+//! and reserves only what is behind both counters: a peer that reports space freed early (a lying
+//! `freed_head`) cannot make us encode into a mirror range a posted WRITE of ours still reads.
 
 use std::collections::VecDeque;
 
@@ -51,6 +58,9 @@ pub struct RingProducer {
     tail: u32,
     /// Wrapping count of bytes the consumer has freed (last `freed_head` received).
     head: u32,
+    /// Wrapping count of bytes whose WRITEs our polled completions retired (the latest mark
+    /// passed to [`RingProducer::on_written`]): no posted WRITE of ours reads them any more.
+    retired: u32,
     /// Physical offset of the next placement.
     pos: u32,
 }
@@ -58,7 +68,7 @@ pub struct RingProducer {
 impl RingProducer {
     /// State for an empty ring of `len` bytes (1 ..= 1 GiB).
     pub fn new(len: u32) -> RingProducer {
-        RingProducer { len, tail: 0, head: 0, pos: 0 }
+        RingProducer { len, tail: 0, head: 0, retired: 0, pos: 0 }
     }
 
     /// Ring length in bytes.
@@ -71,9 +81,29 @@ impl RingProducer {
         self.len == 0
     }
 
-    /// Bytes in use (placed and not yet freed, skipped ends included).
+    /// Bytes the peer has not freed yet (placed and not reported freed, skipped ends included).
     pub fn used(&self) -> u32 {
         self.tail.wrapping_sub(self.head)
+    }
+
+    /// Bytes placed whose WRITEs are not known complete (no polled completion retired them yet).
+    pub fn unretired(&self) -> u32 {
+        self.tail.wrapping_sub(self.retired)
+    }
+
+    /// Bytes not free for a new placement: behind the tail back to whichever of the peer's head
+    /// and our retired count is further behind.
+    #[inline]
+    fn busy(&self) -> u32 {
+        self.used().max(self.unretired())
+    }
+
+    /// The producer's tail (wrapping count of bytes placed): the mark of the WRITE of the body
+    /// placed last, to hand to [`RingProducer::on_written`] once a polled completion shows that
+    /// WRITE done.
+    #[inline]
+    pub fn tail(&self) -> u32 {
+        self.tail
     }
 
     /// Reserves `n` contiguous bytes and returns their offset. Allocates nothing.
@@ -85,7 +115,7 @@ impl RingProducer {
         if n > self.len {
             return Err(RingReserveError::TooLarge { len: n, ring_len: self.len });
         }
-        let used = self.used();
+        let used = self.busy();
         // Bodies go on at the tail while they fit before the end of the ring; an empty ring starts
         // over at 0 (skipping the rest) for a body over `ROTATE_BODY_MAX` or one that would end
         // past `ROTATE_BYTES` (see there: which cache lines the software NIC's WRITE stores into).
@@ -118,8 +148,10 @@ impl RingProducer {
     /// around it), for a body that was never sent. Returns false, changing nothing, when anything
     /// was reserved since (the state is not `after`).
     pub fn rewind(&mut self, before: RingMark, after: RingMark) -> bool {
-        // The reserved bytes were never sent, so the consumer cannot have freed into them.
-        if self.mark() != after || after.tail.wrapping_sub(before.tail) > self.used() {
+        // The reserved bytes were never sent, so the consumer cannot have freed into them, nor
+        // a completion retired them.
+        let reserved = after.tail.wrapping_sub(before.tail);
+        if self.mark() != after || reserved > self.used() || reserved > self.unretired() {
             return false;
         }
         self.tail = before.tail;
@@ -137,7 +169,7 @@ impl RingProducer {
             return None;
         }
         let floor = min_piece.clamp(1, max);
-        let used = self.used();
+        let used = self.busy();
         // May exceed the length after an empty ring took a body over its skipped end.
         let free = self.len.saturating_sub(used);
         let till_end = self.len - self.pos;
@@ -170,6 +202,24 @@ impl RingProducer {
             return Err(());
         }
         self.head = freed_head;
+        Ok(())
+    }
+
+    /// Takes the mark ([`RingProducer::tail`] right after the placement) of the last WRITE a
+    /// polled completion of ours retired: every byte placed up to it is no longer read by a WRITE
+    /// of ours (WRITEs complete in posting order), so it may be placed again once the peer frees
+    /// it too. Marks must come in posting order.
+    ///
+    /// # Errors
+    /// `Err(())` when the mark is not between the retired count and the tail (not a mark of ours,
+    /// or out of order); the state is unchanged.
+    #[allow(clippy::result_unit_err)]
+    #[inline]
+    pub fn on_written(&mut self, mark: u32) -> Result<(), ()> {
+        if mark.wrapping_sub(self.retired) > self.unretired() {
+            return Err(());
+        }
+        self.retired = mark;
         Ok(())
     }
 }
@@ -290,6 +340,13 @@ impl RingConsumer {
 mod tests {
     use super::*;
 
+    /// The peer frees up to `head`, every WRITE placed so far having completed (a polled
+    /// completion retired it).
+    fn freed(p: &mut RingProducer, head: u32) {
+        p.on_written(p.tail()).unwrap();
+        p.on_freed(head).unwrap();
+    }
+
     /// A reservation taken back leaves the producer as it was (also one that skipped the end of
     /// the ring); one with another after it is not taken back. Sabotaged: `rewind` without the
     /// `after` check: the second case rewound both reservations.
@@ -297,7 +354,7 @@ mod tests {
     fn rewind_takes_back_only_the_last_reservation() {
         let mut p = RingProducer::new(1000);
         assert_eq!(p.reserve(700), Ok(0));
-        p.on_freed(700).unwrap();
+        freed(&mut p, 700);
         let before = p.clone();
         let (m0, off) = (p.mark(), p.reserve(600));
         // Empty ring, 300 bytes left at the end: the body starts over at 0, skipping them.
@@ -322,14 +379,14 @@ mod tests {
         let t1 = c.accept(0, 60).unwrap();
         assert_eq!(p.reserve(50), Err(RingReserveError::Full));
         c.release(t1);
-        p.on_freed(c.take_freed()).unwrap();
+        freed(&mut p, c.take_freed());
         // 40 left before the end, 50 does not fit: skip 40, place at 0.
         assert_eq!(p.reserve(50), Ok(0));
         assert_eq!(p.used(), 90);
         let t2 = c.accept(0, 50).unwrap();
         c.release(t2);
         assert_eq!(c.take_freed(), 150);
-        p.on_freed(150).unwrap();
+        freed(&mut p, 150);
         assert_eq!(p.used(), 0);
     }
 
@@ -343,7 +400,7 @@ mod tests {
             let off = p.reserve(n).unwrap();
             let t = c.accept(off, n).unwrap();
             c.release(t);
-            p.on_freed(c.take_freed()).unwrap();
+            freed(p, c.take_freed());
             off
         }
         let small = ROTATE_BODY_MAX;
@@ -369,11 +426,11 @@ mod tests {
         let t = c.accept(0, 10).unwrap();
         assert_eq!(p.reserve(64), Err(RingReserveError::Full));
         c.release(t);
-        p.on_freed(c.take_freed()).unwrap();
+        freed(&mut p, c.take_freed());
         assert_eq!(p.reserve(64), Ok(0));
         let t = c.accept(0, 64).unwrap();
         c.release(t);
-        p.on_freed(c.take_freed()).unwrap();
+        freed(&mut p, c.take_freed());
         assert_eq!(p.used(), 0);
         assert_eq!(p.reserve(64), Ok(0));
     }
@@ -428,30 +485,137 @@ mod tests {
         let d = c.accept(80, 20).unwrap();
         assert_eq!(p.reserve_piece(40, 10), None, "ring full");
         c.release(a);
-        p.on_freed(c.take_freed()).unwrap();
+        freed(&mut p, c.take_freed());
         assert_eq!(p.reserve_piece(40, 10), Some((0, 40)));
         c.accept(0, 40).unwrap();
         c.release(b);
         c.release(d);
-        p.on_freed(c.take_freed()).unwrap();
+        freed(&mut p, c.take_freed());
         // 5 free before the end is below the floor: skip them, take 40 from 40.
         assert_eq!(p.reserve_piece(40, 10), Some((40, 40)));
         assert_eq!(c.accept(40, 40), Ok(RingToken { seq: 4 }));
     }
 
+    /// Our WRITEs in flight, in posting order, as the send queue sees them: each with its mark
+    /// (the producer's tail after its placement) and its range, over a byte map of the mirror
+    /// ranges a posted WRITE still reads.
+    struct Writes {
+        posted: VecDeque<(u32, u32, u32)>,
+        read: Vec<bool>,
+    }
+
+    impl Writes {
+        fn new(len: u32) -> Writes {
+            Writes { posted: VecDeque::new(), read: vec![false; len as usize] }
+        }
+
+        /// A placement at `off`, `n` bytes, is encoded into the mirror and its WRITE posted:
+        /// it must not touch a range a WRITE still reads.
+        fn post(&mut self, p: &RingProducer, off: u32, n: u32) -> Result<(), TestCaseError> {
+            for b in &mut self.read[off as usize..(off + n) as usize] {
+                prop_assert!(!*b, "encoded into a mirror range a posted WRITE still reads");
+                *b = true;
+            }
+            self.posted.push_back((p.tail(), off, n));
+            Ok(())
+        }
+
+        /// A polled completion retires the `k` oldest WRITEs (at least one, if any).
+        fn complete(&mut self, p: &mut RingProducer, k: usize) {
+            let mut last = None;
+            for _ in 0..k.min(self.posted.len()) {
+                let (mark, off, n) = self.posted.pop_front().unwrap();
+                self.read[off as usize..(off + n) as usize].fill(false);
+                last = Some(mark);
+            }
+            if let Some(mark) = last {
+                p.on_written(mark).unwrap();
+            }
+        }
+    }
+
+    /// A peer that reports space freed early (its `freed_head` ahead of what it read) does not
+    /// make the producer hand out bytes a posted WRITE still reads: the space frees only with
+    /// the completion. Sabotaged: `reserve` taking `used()` instead of `busy()`: `reserve(50)`
+    /// went to offset 0, over the WRITE in flight.
+    #[test]
+    fn a_lying_freed_head_frees_nothing_still_written() {
+        let mut p = RingProducer::new(100);
+        assert_eq!(p.reserve(60), Ok(0));
+        let written = p.tail();
+        // The peer claims all 60 bytes freed before our WRITE of them completed.
+        p.on_freed(60).unwrap();
+        assert_eq!((p.used(), p.unretired()), (0, 60));
+        assert_eq!(p.reserve(50), Err(RingReserveError::Full), "0..50 is still read by the WRITE");
+        assert_eq!(p.reserve_piece(50, 50), None);
+        assert_eq!(p.reserve(40), Ok(60), "the end of the ring is not read by any WRITE");
+        p.on_written(written).unwrap();
+        assert_eq!(p.reserve(50), Ok(0), "retired and freed: reused");
+        // A freed head beyond what was placed stays refused.
+        assert!(p.on_freed(p.tail().wrapping_add(1)).is_err());
+    }
+
+    /// Marks retire in posting order: one behind the retired count or past the tail is refused
+    /// and changes nothing. Sabotaged: `on_written` without its range check: the stale mark was
+    /// taken (moving the retired count back over bytes already retired).
+    #[test]
+    fn retirement_goes_in_posting_order() {
+        let mut p = RingProducer::new(100);
+        p.reserve(10).unwrap();
+        let m1 = p.tail();
+        p.reserve(20).unwrap();
+        let m2 = p.tail();
+        p.on_written(m2).unwrap();
+        assert_eq!(p.on_written(m1), Err(()), "behind the retired count");
+        assert_eq!(p.on_written(m2.wrapping_add(1)), Err(()), "past the tail");
+        assert_eq!(p.unretired(), 0);
+        p.on_freed(m2).unwrap();
+        assert_eq!(p.reserve(100), Ok(0), "an empty ring takes the whole ring");
+    }
+
+    /// The counters wrap through `u32::MAX`: the same rules hold across the wrap. Sabotaged:
+    /// `busy()` as `tail - min(head, retired)` (not wrapping-aware): after the wrap the
+    /// counters compared the wrong way and the in-flight range was handed out again.
+    #[test]
+    fn counters_wrap() {
+        let start = u32::MAX - 30;
+        let mut p = RingProducer { len: 100, tail: start, head: start, retired: start, pos: 0 };
+        let mut w = Writes::new(100);
+        assert_eq!(p.reserve(60), Ok(0));
+        w.post(&p, 0, 60).unwrap();
+        assert!(p.tail() < start, "the tail wrapped");
+        p.on_freed(p.tail()).unwrap();
+        assert_eq!(p.reserve(50), Err(RingReserveError::Full));
+        assert_eq!(p.reserve(40), Ok(60));
+        w.post(&p, 60, 40).unwrap();
+        w.complete(&mut p, 1);
+        assert_eq!(p.unretired(), 40);
+        let off = p.reserve(50).unwrap();
+        w.post(&p, off, 50).unwrap();
+        w.complete(&mut p, 2);
+        p.on_freed(p.tail()).unwrap();
+        assert_eq!((p.used(), p.unretired()), (0, 0));
+    }
+
     proptest! {
-        /// Pieces and whole bodies mixed: the producer never places over unread bytes and the
-        /// consumer accepts every placement.
+        /// Pieces and whole bodies mixed, WRITEs completing late and in posting order: the
+        /// producer never places over unread bytes nor over bytes a WRITE still reads, the
+        /// consumer accepts every placement, and an empty ring takes a piece.
         #[test]
         fn pieces_and_bodies_agree(
             len in 1u32..300,
-            ops in proptest::collection::vec((1u32..320, 0u8..3, any::<u8>()), 1..200),
+            ops in proptest::collection::vec((1u32..320, 0u8..4, any::<u8>()), 1..200),
         ) {
             let mut p = RingProducer::new(len);
             let mut c = RingConsumer::new(len, 16);
+            let mut w = Writes::new(len);
             let mut owner: Vec<Option<usize>> = vec![None; len as usize];
             let mut held: Vec<(RingToken, u32, u32, usize)> = Vec::new();
             for (i, (n, what, pick)) in ops.into_iter().enumerate() {
+                if what == 3 {
+                    w.complete(&mut p, usize::from(pick % 4) + 1);
+                    continue;
+                }
                 if what == 0 && !held.is_empty() {
                     let (t, off, n, id) = held.swap_remove(pick as usize % held.len());
                     for b in &mut owner[off as usize..(off + n) as usize] {
@@ -474,27 +638,37 @@ mod tests {
                         prop_assert_eq!(*b, None, "overwrote unread data");
                         *b = Some(i);
                     }
+                    w.post(&p, off, n)?;
                     held.push((c.accept(off, n).unwrap(), off, n, i));
                 } else {
-                    prop_assert!(!held.is_empty() || (what != 1 && n > len), "an empty ring takes a piece");
+                    prop_assert!(
+                        !held.is_empty() || !w.posted.is_empty() || (what != 1 && n > len),
+                        "an empty ring takes a piece"
+                    );
                 }
             }
         }
 
-        /// Random sequences of sends and out-of-order releases: the producer never places a body
-        /// over unread bytes (checked against a byte map), the consumer accepts every body the
-        /// producer placed, and the counters agree when everything is freed.
+        /// Random sequences of sends, out-of-order releases and late completions: the producer
+        /// never places a body over unread bytes nor over bytes a WRITE still reads (checked
+        /// against byte maps), the consumer accepts every body the producer placed, and the
+        /// counters agree when everything is freed and retired.
         #[test]
         fn producer_and_consumer_agree(
             len in 1u32..300,
-            ops in proptest::collection::vec((1u32..320, any::<bool>(), any::<u8>()), 1..200),
+            ops in proptest::collection::vec((1u32..320, 0u8..3, any::<u8>()), 1..200),
         ) {
             let mut p = RingProducer::new(len);
             let mut c = RingConsumer::new(len, 16);
+            let mut w = Writes::new(len);
             let mut owner: Vec<Option<usize>> = vec![None; len as usize];
             let mut held: Vec<(RingToken, u32, u32, usize)> = Vec::new();
-            for (i, (n, release, pick)) in ops.into_iter().enumerate() {
-                if release && !held.is_empty() {
+            for (i, (n, what, pick)) in ops.into_iter().enumerate() {
+                if what == 2 {
+                    w.complete(&mut p, usize::from(pick % 4) + 1);
+                    continue;
+                }
+                if what == 1 && !held.is_empty() {
                     let k = pick as usize % held.len();
                     let (t, off, n, id) = held.swap_remove(k);
                     for b in &mut owner[off as usize..(off + n) as usize] {
@@ -512,16 +686,52 @@ mod tests {
                             prop_assert_eq!(*b, None, "overwrote unread data");
                             *b = Some(i);
                         }
+                        w.post(&p, off, n)?;
                         let t = c.accept(off, n).unwrap();
                         held.push((t, off, n, i));
                     }
                     Err(RingReserveError::TooLarge { .. }) => prop_assert!(n > len),
-                    Err(RingReserveError::Full) => prop_assert!(!held.is_empty()),
+                    Err(RingReserveError::Full) => prop_assert!(!held.is_empty() || !w.posted.is_empty()),
                 }
             }
             for (t, ..) in held.drain(..) { c.release(t); }
             p.on_freed(c.take_freed()).unwrap();
-            prop_assert_eq!(p.used(), 0);
+            let k = w.posted.len();
+            w.complete(&mut p, k);
+            prop_assert_eq!((p.used(), p.unretired()), (0, 0));
+        }
+
+        /// A peer that lies about its freed head (reports everything placed as freed, at any
+        /// time): whatever it says, no placement touches a mirror range a posted WRITE still
+        /// reads, and once every WRITE completed and the peer freed all, the whole ring is free
+        /// again (no stall on retirement).
+        #[test]
+        fn a_lying_peer_never_gets_bytes_still_written(
+            len in 1u32..300,
+            ops in proptest::collection::vec((1u32..320, 0u8..4, any::<u8>()), 1..200),
+        ) {
+            let mut p = RingProducer::new(len);
+            let mut w = Writes::new(len);
+            for (n, what, pick) in ops {
+                match what {
+                    0 => p.on_freed(p.tail().wrapping_sub(u32::from(pick) % (p.used() + 1))).unwrap(),
+                    1 => w.complete(&mut p, usize::from(pick % 4) + 1),
+                    2 => {
+                        if let Some((off, n)) = p.reserve_piece(n, n / 3) {
+                            w.post(&p, off, n)?;
+                        }
+                    }
+                    _ => {
+                        if let Ok(off) = p.reserve(n) {
+                            w.post(&p, off, n)?;
+                        }
+                    }
+                }
+            }
+            let k = w.posted.len();
+            w.complete(&mut p, k);
+            p.on_freed(p.tail()).unwrap();
+            prop_assert_eq!(p.reserve(len).map(|_| ()), Ok(()));
         }
     }
 }

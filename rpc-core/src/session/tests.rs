@@ -24,6 +24,10 @@ struct Pair {
     server_streams: VecDeque<(Header, u32)>,
     to_server: VecDeque<Header>,
     to_client: VecDeque<Header>,
+    /// Ring marks of the client's (server's) WRITEs in flight, oldest first: a WRITE completes
+    /// when the SEND after it is delivered, and only then is its range ours to reuse.
+    client_writes: VecDeque<u32>,
+    server_writes: VecDeque<u32>,
     server_ring: Ring,
     client_ring: Ring,
     server_held: VecDeque<Header>,
@@ -70,6 +74,8 @@ impl Pair {
             server_streams: VecDeque::new(),
             to_server: VecDeque::new(),
             to_client: VecDeque::new(),
+            client_writes: VecDeque::new(),
+            server_writes: VecDeque::new(),
             server_ring: vec![None; ring as usize],
             client_ring: vec![None; ring as usize],
             server_held: VecDeque::new(),
@@ -104,6 +110,7 @@ impl Pair {
                     h.in_ring = true;
                     h.ring_offset = off;
                     mark(&mut self.server_ring, off, len, id)?;
+                    self.client_writes.push_back(self.client.ring_write_mark());
                 }
                 Ok(Placement::Pieces) => pieces = Some(len),
                 Err(PlaceError::Refused(s)) => {
@@ -145,6 +152,7 @@ impl Pair {
                     assert_eq!((h.slot, h.generation), (slot, generation));
                 }
                 mark(&mut self.server_ring, off, n, h.method)?;
+                self.client_writes.push_back(self.client.ring_write_mark());
                 let mut p = Header { in_ring: true, ring_offset: off, body_len: n, ..h };
                 self.client.stamp(&mut p);
                 self.to_server.push_back(p);
@@ -180,6 +188,10 @@ impl Pair {
 
     fn server_deliver(&mut self) -> Result<(), TestCaseError> {
         let Some(h) = self.to_server.pop_front() else { return Ok(()) };
+        if h.in_ring {
+            let mark = self.client_writes.pop_front().expect("a WRITE per ring header");
+            self.client.on_ring_written(mark);
+        }
         let inc = self.server.handle_header(&h, std::time::Instant::now).map_err(TestCaseError::fail)?;
         if let Some(h) = Self::take_ring(&mut self.server, &mut self.server_ring, inc)? {
             if h.kind == Kind::Request {
@@ -213,6 +225,7 @@ impl Pair {
                 h.in_ring = true;
                 h.ring_offset = off;
                 mark(&mut self.client_ring, off, len, id)?;
+                self.server_writes.push_back(self.server.ring_write_mark());
             }
             Ok(Placement::Pieces) => pieces = true,
             Err(PlaceError::Refused(_)) => {
@@ -237,6 +250,7 @@ impl Pair {
             while remaining > 0 {
                 let Some((off, n)) = self.server.next_piece(remaining) else { return Ok(()) };
                 mark(&mut self.client_ring, off, n, h.method)?;
+                self.server_writes.push_back(self.server.ring_write_mark());
                 let mut p = Header { in_ring: true, ring_offset: off, body_len: n, ..h };
                 self.server.stamp(&mut p);
                 self.to_client.push_back(p);
@@ -251,6 +265,10 @@ impl Pair {
 
     fn client_deliver(&mut self) -> Result<(), TestCaseError> {
         let Some(h) = self.to_client.pop_front() else { return Ok(()) };
+        if h.in_ring {
+            let mark = self.server_writes.pop_front().expect("a WRITE per ring header");
+            self.server.on_ring_written(mark);
+        }
         let inc = self.client.handle_header(&h, std::time::Instant::now).map_err(TestCaseError::fail)?;
         if let Some(h) = Self::take_ring(&mut self.client, &mut self.client_ring, inc)? {
             if h.kind == Kind::Response {
@@ -860,4 +878,27 @@ fn bodies_in_pieces_are_charged_capped_and_timed_out() {
     assert_eq!(s.poll_event(), None);
     drop(s);
     assert_eq!(held.used(), 0);
+}
+
+/// A freed head from the peer ahead of our own WRITEs' completions frees nothing those WRITEs
+/// still read: the next body waits (in pieces, where no WRITE reads), and the range is reused
+/// once a completion retires its WRITE ([`Session::on_ring_written`]). Sabotaged: `reserve`
+/// taking only the peer's head: the second body was placed at 0, over the first one's WRITE;
+/// `on_ring_written` doing nothing: the last body never went back to 0 (`Pieces`).
+#[test]
+fn a_freed_head_ahead_of_our_completions_frees_nothing_still_written() {
+    let mut s = Session::new(Role::Client, params(4, 16, 1000));
+    assert_eq!(s.place_body(600), Ok(Placement::Ring(0)));
+    let written = s.ring_write_mark();
+    // The server claims the 600 bytes freed before our WRITE of them completed.
+    let lie = Header { session: 5, freed_head: 600, ..Header::new(Kind::RingReturn) };
+    s.handle_header(&lie, std::time::Instant::now).expect("a freed head within what we placed");
+    assert_eq!(s.place_body(600), Ok(Placement::Pieces), "0..600 is still read by our WRITE");
+    assert_eq!(s.next_piece(600), Some((600, 250)), "a piece where no WRITE reads");
+    let piece = s.ring_write_mark();
+    s.on_ring_written(written);
+    s.on_ring_written(piece);
+    let freed = Header { session: 5, freed_head: piece, ..Header::new(Kind::RingReturn) };
+    s.handle_header(&freed, std::time::Instant::now).unwrap();
+    assert_eq!(s.place_body(600), Ok(Placement::Ring(0)), "retired and freed: reused");
 }

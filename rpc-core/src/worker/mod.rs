@@ -1005,8 +1005,7 @@ impl<P: Provider> Worker<P> {
                 self.close_entry(idx, reason, false, true);
                 return;
             }
-            entry.conn.sq.on_completion(c, &mut entry.conn.pool);
-            entry.conn.sq.retire_staged(&mut entry.conn.staging);
+            entry.conn.on_send_completion(c);
             let backlog = !entry.backlog.is_empty();
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
                 if let Some(b) = entry.binding.take() {

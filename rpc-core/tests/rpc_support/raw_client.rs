@@ -226,7 +226,9 @@ where
     pub fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
         if !bytes.is_empty() {
             assert!(self.mirror.write_at(offset, bytes), "a range of the mirror");
-            self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1);
+            // No ring producer here (the raw peer places where it is told): the mark is unused.
+            let mark = offset + bytes.len() as u32;
+            self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1, mark);
         }
         if let Some(h) = header {
             let mut b = self.buf();
