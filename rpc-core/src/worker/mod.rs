@@ -513,7 +513,11 @@ impl<P: Provider> Worker<P> {
             );
             self.counters.idle_closed += 1;
             entry.closing = true;
-            if !entry.conn.send_close(tag) {
+            let why = format!(
+                "idle: no call for {} ms (ServerConfig::idle_timeout); a new call reconnects",
+                idle.as_millis()
+            );
+            if !entry.conn.send_close_why(tag, Code::Unavailable, &why) {
                 self.close_entry(idx, "idle for ServerConfig::idle_timeout", false, true);
             }
         }
@@ -544,9 +548,10 @@ impl<P: Provider> Worker<P> {
                          (ServerConfig::reassembly_timeout)",
                         waited.as_millis()
                     );
-                    self.close_entry(idx, &reason, true, true);
+                    self.close_telling(idx, Code::ResourceExhausted, &reason, true);
                     return;
                 }
+                Event::Refused { .. } => self.counters.reassembly_refused += 1,
                 Event::Expired { .. } | Event::Overran { .. } | Event::Unacknowledged { .. } => {}
             }
             // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
@@ -709,7 +714,12 @@ impl<P: Provider> Worker<P> {
                 let count = if h.stream & crate::wire::STREAM_BATCH != 0 { h.count } else { 0 };
                 if source.queue.push((bytes, count)).is_err() {
                     // The session admits at most the stream's grants, fewer than the queue holds.
-                    self.close_entry(idx, "protocol violation: stream messages beyond the queue", true, true);
+                    self.close_telling(
+                        idx,
+                        Code::Internal,
+                        "protocol violation: stream messages beyond the queue",
+                        true,
+                    );
                     return;
                 }
                 if source.dropped.load(Ordering::Acquire) {
@@ -872,7 +882,7 @@ impl<P: Provider> Worker<P> {
         for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
             if let Some(entry) = self.entries[idx].as_mut() {
-                entry.conn.send_close(tag);
+                entry.conn.send_close_why(tag, Code::Unavailable, "the server is shutting down");
             }
         }
         let until = Instant::now() + Duration::from_millis(20);
@@ -923,7 +933,31 @@ impl<P: Provider> Worker<P> {
     #[cold]
     fn close_over_backlog(&mut self, idx: u16, reason: &str) {
         self.counters.over_backlog_cap += 1;
-        self.close_entry(idx, reason, true, true);
+        self.close_telling(idx, Code::ResourceExhausted, reason, true);
+    }
+
+    /// Closes a session telling its client why: a Close carrying `code` and `reason` is posted
+    /// (the session's memory held for reassembly is given back at once) and the entry is freed
+    /// once that Close's completion is polled (or at the next idle sweep); what the client sends
+    /// meanwhile is dropped unread. With no send buffer free, or when posting fails, it closes
+    /// at once (the client then learns only that the session is gone). `malformed`: counted as
+    /// a malformed peer.
+    #[cold]
+    #[inline(never)]
+    fn close_telling(&mut self, idx: u16, code: Code, reason: &str, malformed: bool) {
+        let tag = self.tag(idx);
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if entry.closing {
+            return;
+        }
+        if malformed {
+            self.counters.malformed += 1;
+        }
+        tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
+        entry.closing = true;
+        if !entry.conn.send_close_why(tag, code, reason) {
+            self.close_entry(idx, reason, false, true);
+        }
     }
 
     fn mark_dirty(&mut self, idx: u16) {
@@ -1007,6 +1041,11 @@ impl<P: Provider> Worker<P> {
             }
             entry.conn.sq.on_completion(c, &mut entry.conn.pool);
             entry.conn.sq.retire_staged(&mut entry.conn.staging);
+            if entry.closing && entry.conn.sq.outstanding() == 0 {
+                // Its Close (posted last) has left: free it now.
+                self.close_entry(idx, "closed after its Close was sent", false, true);
+                return;
+            }
             let backlog = !entry.backlog.is_empty();
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
                 if let Some(b) = entry.binding.take() {
@@ -1071,13 +1110,16 @@ impl<P: Provider> Worker<P> {
             Err(reason) => {
                 self.recv.repost(buf);
                 let metered = crate::session::meter::is_violation(&reason);
-                if metered {
+                let code = if metered {
                     self.counters.metered += 1;
-                    tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
+                    Code::ResourceExhausted
                 } else if crate::session::is_reassembly_cap(&reason) {
                     self.counters.over_reassembly_cap += 1;
-                }
-                self.close_entry(idx, &reason, !metered, true);
+                    Code::ResourceExhausted
+                } else {
+                    Code::Internal
+                };
+                self.close_telling(idx, code, &reason, !metered);
                 return;
             }
         };
@@ -1111,7 +1153,7 @@ impl<P: Provider> Worker<P> {
                     }
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
-                        self.close_entry(idx, &reason, true, true);
+                        self.close_telling(idx, Code::Internal, &reason, true);
                         return;
                     }
                 }
