@@ -99,6 +99,22 @@ fn first_piece(c: &mut RawClient, slot: u16, piece: u32, total: u32) {
     c.write(0, &vec![7u8; piece as usize], Some(h));
 }
 
+/// Polls `c` until a message of `kind` for `slot` arrives; takes it with its eager body.
+#[track_caller]
+fn take(c: &mut RawClient, kind: Kind, slot: u16) -> (Header, Vec<u8>) {
+    let give_up = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(i) = c.inbox.iter().position(|(h, _)| h.kind == kind && h.slot == slot) {
+            return c.inbox.remove(i).unwrap();
+        }
+        assert!(std::time::Instant::now() < give_up, "no {kind:?} for slot {slot}: got {:?}", c.inbox);
+        if let Some(m) = c.poll() {
+            c.inbox.push_front(m);
+        }
+        std::thread::yield_now();
+    }
+}
+
 fn piece_header(session: u32, slot: u16, offset: u32, body_len: u32, total_len: u32) -> Header {
     Header {
         method: RAW,
@@ -209,16 +225,18 @@ fn a_body_in_pieces_that_never_finishes_is_dropped_after_the_reassembly_timeout(
 }
 
 /// Three peers each start a 512 KiB body in pieces against a server whose cap on memory held for
-/// reassembly is 1 MiB: the first two are charged (the cap is reached), the third loses its
-/// session (counted in `over_reassembly_cap`) before anything is allocated for it. The first
-/// two are untouched: one finishes its body and gets its answer. The good client is untouched
-/// and the count never exceeds the cap.
+/// reassembly is 1 MiB: the first two are charged (the cap is reached); the third's call is
+/// refused (answered RESOURCE_EXHAUSTED naming `max_reassembly_bytes` and its value, counted in
+/// `reassembly_refused`) before anything is allocated for it, and its session stays open: the
+/// rest of its pieces are dropped and a small call on it is answered. The first two are
+/// untouched: one finishes its body and gets its answer. The good client is untouched and the
+/// count never exceeds the cap.
 ///
 /// Sabotage: the charge in `handle_any_header` skipped (`Some(r) if false && first && !last`):
-/// nothing was counted and the third session stayed open (the test failed waiting for the
+/// nothing was counted and the third call was dispatched (the test failed waiting for the
 /// charge).
 #[test]
-fn bodies_in_pieces_over_max_reassembly_bytes_close_only_the_session_that_went_over() {
+fn bodies_in_pieces_over_max_reassembly_bytes_refuse_only_the_call_that_went_over() {
     let (server, _) = spawn(server().max_message_size(512 << 10).max_reassembly_bytes(1 << 20));
     let good = GoodClient::start(server.local_addr(), None);
     let piece = 64 << 10;
@@ -230,9 +248,33 @@ fn bodies_in_pieces_over_max_reassembly_bytes_close_only_the_session_that_went_o
     wait_counters(&server, "two bodies charged", |c| c.reassembly_bytes == 1 << 20);
     let mut third = RawClient::connect(server.local_addr());
     first_piece(&mut third, 0, piece, total);
-    let after = wait_counters(&server, "the third session closed", |c| c.over_reassembly_cap == 1);
-    assert_eq!((after.sessions_closed, after.malformed), (1, 1), "{after:?}");
+    let (h, body) = take(&mut third, Kind::Response, 0);
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(h.status, Code::ResourceExhausted, "{text}");
+    for part in ["ServerConfig::max_reassembly_bytes", "1048576", "524288"] {
+        assert!(text.contains(part), "`{part}` not in: {text}");
+    }
+    let after = wait_counters(&server, "the third call refused", |c| c.reassembly_refused == 1);
+    assert_eq!((after.sessions_closed, after.malformed, after.over_reassembly_cap), (0, 0, 0), "{after:?}");
     assert_eq!(after.reassembly_peak, 1 << 20, "the count went over its cap: {after:?}");
+    // The third session is open: the rest of its pieces are dropped, a small call is answered.
+    let mut offset = piece;
+    while offset < total {
+        let h = piece_header(third.session, 0, offset, piece, total);
+        third.write(offset, &vec![7u8; piece as usize], Some(h));
+        offset += piece;
+    }
+    let body = prost::Message::encode_to_vec(&request(1, 10, 10));
+    let h = Header {
+        method: ECHO,
+        slot: 1,
+        generation: 1,
+        body_len: body.len() as u32,
+        total_len: body.len() as u32,
+        ..Header::new(Kind::Request)
+    };
+    third.send(h, &body);
+    assert_eq!(third.wait_for(Kind::Response, 1).status, Code::Ok);
     // The first session is untouched: the rest of its body arrives and is answered.
     let mut offset = piece;
     while offset < total {
@@ -244,6 +286,8 @@ fn bodies_in_pieces_over_max_reassembly_bytes_close_only_the_session_that_went_o
     assert_eq!(h.status, Code::Ok);
     wait_counters(&server, "the finished body's charge given back", |c| c.reassembly_bytes == 512 << 10);
     good.finish();
+    let end = server.counters();
+    assert_eq!((end.malformed, end.over_reassembly_cap), (0, 0), "{end:?}");
     drop((a, b, third));
     server.shutdown();
 }

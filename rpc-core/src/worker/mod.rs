@@ -171,9 +171,13 @@ struct Entry<P: Provider> {
     backlog: Outbox<Outgoing>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
-    /// The session was idle for `idle_timeout` and its Close is posted: closed at the next idle
-    /// sweep (its messages meanwhile are dropped unread).
+    /// Its Close is posted (idle for `idle_timeout`, or over a cap: [`Worker::close_telling`]):
+    /// freed when that Close's completion is polled, or at the next idle sweep (its messages
+    /// meanwhile are dropped unread).
     closing: bool,
+    /// What its close counts, applied when it is freed (with `sessions_closed`, so a snapshot
+    /// of the counters sees both or neither).
+    counted: Option<fn(&mut Counters)>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
     deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
@@ -511,8 +515,8 @@ impl<P: Provider> Worker<P> {
                 idle_ms = idle.as_millis() as u64,
                 "closing an idle session (ServerConfig::idle_timeout)"
             );
-            self.counters.idle_closed += 1;
             entry.closing = true;
+            entry.counted = Some(|c| c.idle_closed += 1);
             let why = format!(
                 "idle: no call for {} ms (ServerConfig::idle_timeout); a new call reconnects",
                 idle.as_millis()
@@ -542,13 +546,15 @@ impl<P: Provider> Worker<P> {
                     return;
                 }
                 Event::ReassemblyExpired { waited } => {
-                    self.counters.reassembly_timeouts += 1;
                     let reason = format!(
                         "a body arriving in pieces did not finish within {} ms \
                          (ServerConfig::reassembly_timeout)",
                         waited.as_millis()
                     );
-                    self.close_telling(idx, Code::ResourceExhausted, &reason, true);
+                    self.close_telling(idx, Code::ResourceExhausted, &reason, |c| {
+                        c.reassembly_timeouts += 1;
+                        c.malformed += 1;
+                    });
                     return;
                 }
                 Event::Refused { .. } => self.counters.reassembly_refused += 1,
@@ -718,7 +724,7 @@ impl<P: Provider> Worker<P> {
                         idx,
                         Code::Internal,
                         "protocol violation: stream messages beyond the queue",
-                        true,
+                        |c| c.malformed += 1,
                     );
                     return;
                 }
@@ -804,6 +810,7 @@ impl<P: Provider> Worker<P> {
             backlog: Outbox::default(),
             binding: None,
             closing: false,
+            counted: None,
             deferred: Vec::new(),
             streams: Vec::new(),
             registered: nc.registered,
@@ -857,6 +864,9 @@ impl<P: Provider> Worker<P> {
         self.by_qpn.remove(&entry.conn.qp.qp_num());
         self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
         let _ = entry.conn.qp.modify(&QpAttr::new(QpState::Err));
+        if let Some(count) = entry.counted {
+            count(&mut self.counters);
+        }
         if malformed {
             self.counters.malformed += 1;
             tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
@@ -932,29 +942,29 @@ impl<P: Provider> Worker<P> {
     /// Closes a session whose waiting answers would take the server over `max_backlog_bytes`.
     #[cold]
     fn close_over_backlog(&mut self, idx: u16, reason: &str) {
-        self.counters.over_backlog_cap += 1;
-        self.close_telling(idx, Code::ResourceExhausted, reason, true);
+        self.close_telling(idx, Code::ResourceExhausted, reason, |c| {
+            c.over_backlog_cap += 1;
+            c.malformed += 1;
+        });
     }
 
     /// Closes a session telling its client why: a Close carrying `code` and `reason` is posted
     /// (the session's memory held for reassembly is given back at once) and the entry is freed
     /// once that Close's completion is polled (or at the next idle sweep); what the client sends
     /// meanwhile is dropped unread. With no send buffer free, or when posting fails, it closes
-    /// at once (the client then learns only that the session is gone). `malformed`: counted as
-    /// a malformed peer.
+    /// at once (the client then learns only that the session is gone). `count` adds what the
+    /// close counts when the session is freed.
     #[cold]
     #[inline(never)]
-    fn close_telling(&mut self, idx: u16, code: Code, reason: &str, malformed: bool) {
+    fn close_telling(&mut self, idx: u16, code: Code, reason: &str, count: fn(&mut Counters)) {
         let tag = self.tag(idx);
         let Some(entry) = self.entries[idx as usize].as_mut() else { return };
         if entry.closing {
             return;
         }
-        if malformed {
-            self.counters.malformed += 1;
-        }
         tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
         entry.closing = true;
+        entry.counted = Some(count);
         if !entry.conn.send_close_why(tag, code, reason) {
             self.close_entry(idx, reason, false, true);
         }
@@ -1109,17 +1119,17 @@ impl<P: Provider> Worker<P> {
             Ok(inc) => inc,
             Err(reason) => {
                 self.recv.repost(buf);
-                let metered = crate::session::meter::is_violation(&reason);
-                let code = if metered {
-                    self.counters.metered += 1;
-                    Code::ResourceExhausted
+                let (code, count): (_, fn(&mut Counters)) = if crate::session::meter::is_violation(&reason) {
+                    (Code::ResourceExhausted, |c| c.metered += 1)
                 } else if crate::session::is_reassembly_cap(&reason) {
-                    self.counters.over_reassembly_cap += 1;
-                    Code::ResourceExhausted
+                    (Code::ResourceExhausted, |c| {
+                        c.over_reassembly_cap += 1;
+                        c.malformed += 1;
+                    })
                 } else {
-                    Code::Internal
+                    (Code::Internal, |c| c.malformed += 1)
                 };
-                self.close_telling(idx, code, &reason, !metered);
+                self.close_telling(idx, code, &reason, count);
                 return;
             }
         };
@@ -1153,7 +1163,7 @@ impl<P: Provider> Worker<P> {
                     }
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
-                        self.close_telling(idx, Code::Internal, &reason, true);
+                        self.close_telling(idx, Code::Internal, &reason, |c| c.malformed += 1);
                         return;
                     }
                 }
