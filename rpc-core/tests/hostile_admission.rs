@@ -365,3 +365,161 @@ fn a_server_ring_above_the_clients_cap_names_both_settings() {
     }
     server.shutdown();
 }
+
+/// Attackers fill the server's shared reassembly cap (1 MiB) with bodies in pieces that never
+/// finish. A good client's body in pieces (400 KB) is refused alone: its call ends
+/// RESOURCE_EXHAUSTED naming `max_reassembly_bytes` and its value, and its session stays usable
+/// (its next small call succeeds, on the same session). Once the attackers' reassembly timeout
+/// closes them (each told why by a Close naming `reassembly_timeout`), the same body goes
+/// through.
+///
+/// Sabotage: see the report (refusal turned back into a session close; the Close's reason
+/// left empty).
+#[test]
+fn attackers_filling_the_reassembly_cap_refuse_a_good_body_but_not_its_session() {
+    let (server, _) = spawn(
+        server()
+            .max_message_size(512 << 10)
+            .max_reassembly_bytes(1 << 20)
+            .reassembly_timeout(std::time::Duration::from_millis(500)),
+    );
+    let good = GoodClient::start(server.local_addr(), None);
+    let mut attackers: Vec<RawClient> = (0..2).map(|_| RawClient::connect(server.local_addr())).collect();
+    for a in &mut attackers {
+        first_piece(a, 0, 64 << 10, 512 << 10);
+    }
+    wait_counters(&server, "the attackers' bodies charged", |c| c.reassembly_bytes == 1 << 20);
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let big = request(1, 400_000, 10);
+    let e = client.unary::<_, EchoMsg>(ECHO, &big, &CallOptions::default()).expect_err("refused");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    for part in ["ServerConfig::max_reassembly_bytes", "1048576"] {
+        assert!(e.message().contains(part), "`{part}` not in: {e}");
+    }
+    // The session stays: the next small call succeeds on it, with no reconnect.
+    let r: EchoMsg = client.unary(ECHO, &request(2, 10, 10), &CallOptions::default()).unwrap();
+    check_reply(&r, 2, 10);
+    assert_eq!((client.reconnect_attempts(), client.closed_reason()), (0, None));
+    // The attackers' bodies time out: their sessions close with a Close that says why.
+    let after = wait_counters(&server, "the attackers timed out", |c| c.reassembly_timeouts == 2);
+    assert_eq!(after.reassembly_bytes, 0, "{after:?}");
+    for a in &mut attackers {
+        let (h, body) = take(a, Kind::Close, 0);
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(h.status, Code::ResourceExhausted, "{text}");
+        assert!(text.contains("ServerConfig::reassembly_timeout"), "{text}");
+    }
+    let r: EchoMsg = client.unary(ECHO, &big, &CallOptions::default()).expect("the body goes through");
+    check_reply(&r, 1, 10);
+    assert_eq!(client.reconnect_attempts(), 0);
+    good.finish();
+    assert_eq!(server.counters().reassembly_refused, 1);
+    drop(attackers);
+    server.shutdown();
+}
+
+/// A client that never reads its answers (a blocking `Client` whose four async calls ask for
+/// 400 KB answers each, not polled, with a 64 KiB ring) makes them wait on the server's heap
+/// past `max_backlog_bytes` (1 MiB): the server closes its session with a Close of
+/// RESOURCE_EXHAUSTED naming the cap, and the client's calls in flight end with that status,
+/// not a bare UNAVAILABLE; `closed_reason` says it too. The next call reconnects as before.
+#[test]
+fn a_client_closed_over_a_cap_sees_the_status_naming_it() {
+    let (server, _) = spawn(server().max_message_size(1 << 20).max_backlog_bytes(1 << 20));
+    let client = Client::connect_with(server.local_addr(), &client_config().ring_bytes(64 << 10)).unwrap();
+    let calls: Vec<_> = (0..4u64)
+        .map(|i| client.unary_async::<_, EchoMsg>(ECHO, &request(i, 0, 400_000), &CallOptions::default()))
+        .collect();
+    // Each future sends its request when made; none is polled until the server gave up.
+    client.progress();
+    wait_counters(&server, "the slow reader's session closed", |c| c.over_backlog_cap == 1);
+    let mut failed = 0;
+    for call in calls {
+        if let Err(e) = block_on(call) {
+            assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+            assert!(e.message().contains("ServerConfig::max_backlog_bytes"), "{e}");
+            failed += 1;
+        }
+    }
+    assert!(failed >= 1, "no call saw the close");
+    let why = client.closed_reason().expect("closed");
+    assert_eq!(why.code(), Code::ResourceExhausted, "{why}");
+    assert!(
+        why.message().contains("the server closed the session") && why.message().contains("1048576"),
+        "{why}"
+    );
+    // A reconnecting client still reconnects on its next call.
+    let r: EchoMsg = client.unary(ECHO, &request(9, 10, 10), &CallOptions::default()).unwrap();
+    check_reply(&r, 9, 10);
+    assert_eq!(client.reconnect_attempts(), 1);
+    server.shutdown();
+}
+
+/// A hostile server (a fake one, speaking the wire by hand) answers a client's first call with
+/// 256 KiB in 16 KiB pieces, over the client's `max_reassembly_bytes` (128 KiB): the client
+/// keeps nothing of it and the call ends RESOURCE_EXHAUSTED naming the setting, its session
+/// open. It answers the second call with the first piece of 100 KiB and nothing more: after the
+/// client's `reassembly_timeout` (300 ms) the call ends RESOURCE_EXHAUSTED naming that setting.
+#[test]
+fn a_hostile_server_sending_endless_pieces_hits_the_clients_cap_and_timeout() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let (mut c, _tcp) = RawClient::accept(&listener, 77, |_| {});
+        let piece = 16u32 << 10;
+        let mut at = 0u32;
+        let mut send_piece = |c: &mut RawClient, req: &Header, total: u32| {
+            let h = Header {
+                kind: Kind::Response,
+                slot: req.slot,
+                generation: req.generation,
+                method: req.method,
+                in_ring: true,
+                ring_offset: at,
+                body_len: piece,
+                total_len: total,
+                session: 77,
+                ..Header::new(Kind::Response)
+            };
+            c.write(at, &vec![9u8; piece as usize], Some(h));
+            at = (at + piece) % c.ring_len;
+        };
+        let first = take_request(&mut c);
+        for _ in 0..16 {
+            send_piece(&mut c, &first, 256 << 10);
+        }
+        let second = take_request(&mut c);
+        send_piece(&mut c, &second, 100 << 10);
+        // The TCP channel stays open (a closed one would end the call UNAVAILABLE first).
+        let _ = done_rx.recv_timeout(WAIT);
+    });
+    let cfg = client_config()
+        .ring_bytes(64 << 10)
+        .max_reassembly_bytes(128 << 10)
+        .reassembly_timeout(std::time::Duration::from_millis(300));
+    let client = Client::connect_with(addr, &cfg).unwrap();
+    let e =
+        client.unary::<_, EchoMsg>(ECHO, &request(1, 10, 0), &CallOptions::default()).expect_err("refused");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("ClientConfig::max_reassembly_bytes (131072 bytes)"), "{e}");
+    assert_eq!(client.closed_reason(), None, "the session stays open");
+    let e =
+        client.unary::<_, EchoMsg>(ECHO, &request(2, 10, 0), &CallOptions::default()).expect_err("timed out");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("ClientConfig::reassembly_timeout"), "{e}");
+    done_tx.send(()).unwrap();
+    fake.join().unwrap();
+}
+
+/// The next request a fake server receives (polls for up to `WAIT`).
+fn take_request(c: &mut RawClient) -> Header {
+    let give_up = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some((h, _)) = c.poll().filter(|(h, _)| h.kind == Kind::Request) {
+            return h;
+        }
+        assert!(std::time::Instant::now() < give_up, "no request");
+        std::thread::yield_now();
+    }
+}
