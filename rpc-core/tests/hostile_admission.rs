@@ -523,3 +523,32 @@ fn take_request(c: &mut RawClient) -> Header {
         std::thread::yield_now();
     }
 }
+
+/// A peer whose own bodies in pieces would hold more than its session's share of the
+/// reassembly cap (derived: a quarter of 4 MiB, at least `max_message_size` 512 KiB: 1 MiB)
+/// loses its session, told why: a Close of RESOURCE_EXHAUSTED naming
+/// `max_reassembly_bytes_per_session` and its value (counted in `over_reassembly_cap`); the
+/// good client is untouched.
+#[test]
+fn a_session_over_its_share_of_the_reassembly_cap_is_closed_and_told_why() {
+    let (server, _) = spawn(server().max_message_size(512 << 10).max_reassembly_bytes(4 << 20));
+    let good = GoodClient::start(server.local_addr(), None);
+    let mut c = RawClient::connect(server.local_addr());
+    let piece = 64 << 10;
+    for slot in 0..3u16 {
+        let offset = u32::from(slot) * piece;
+        let h = piece_header(c.session, slot, offset, piece, 512 << 10);
+        c.write(offset, &vec![7u8; piece as usize], Some(h));
+    }
+    let (h, body) = take(&mut c, Kind::Close, 0);
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(h.status, Code::ResourceExhausted, "{text}");
+    for part in ["ServerConfig::max_reassembly_bytes_per_session", "1048576"] {
+        assert!(text.contains(part), "`{part}` not in: {text}");
+    }
+    let after = wait_counters(&server, "the session closed", |c| c.over_reassembly_cap == 1);
+    assert_eq!((after.sessions_closed, after.reassembly_refused), (1, 0), "{after:?}");
+    wait_counters(&server, "its charges given back", |c| c.reassembly_bytes == 0);
+    good.finish();
+    server.shutdown();
+}

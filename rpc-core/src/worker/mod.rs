@@ -1117,11 +1117,13 @@ impl<P: Provider> Worker<P> {
             Instant::now,
         ) {
             Ok(inc) => inc,
-            Err(reason) => {
+            Err(mut reason) => {
                 self.recv.repost(buf);
+                let share = entry.conn.session.reassembly_share().unwrap_or(0);
                 let (code, count): (_, fn(&mut Counters)) = if crate::session::meter::is_violation(&reason) {
                     (Code::ResourceExhausted, |c| c.metered += 1)
                 } else if crate::session::is_reassembly_cap(&reason) {
+                    reason = format!("{reason} of {share} bytes");
                     (Code::ResourceExhausted, |c| {
                         c.over_reassembly_cap += 1;
                         c.malformed += 1;
