@@ -58,6 +58,7 @@ mod tests {
         let n = encode_close_reason(&long, &mut out[..5]);
         assert_eq!(&out[..n], "éé".as_bytes());
         let n = encode_close_reason("a\nb\u{1b}[31m", &mut out);
+        assert_eq!(&out[..n], b"a b [31m", "the sender writes no control characters");
         assert_eq!(close_reason(&out[..n]), "a b [31m");
         // A hostile peer's bytes: bounded, lossy, no control characters.
         let hostile: Vec<u8> = (0..1000u32).map(|i| (i * 37) as u8).collect();
