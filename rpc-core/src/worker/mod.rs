@@ -583,15 +583,19 @@ impl<P: Provider> Worker<P> {
         let mut k = 0;
         while k < self.streaming.len() {
             let idx = self.streaming[k];
-            let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.streams.is_empty()) else {
-                // Closed, or its streams all ended.
+            let Some(entry) =
+                self.entries[idx as usize].as_mut().filter(|e| !e.streams.is_empty() && !e.closing)
+            else {
+                // Closed or closing, or its streams all ended.
                 self.streaming.swap_remove(k);
                 continue;
             };
             k += 1;
             let mut moved = false;
+            // A stream message that would take the server over `max_backlog_bytes`.
+            let mut over = None;
             let mut i = 0;
-            while i < entry.streams.len() {
+            while i < entry.streams.len() && over.is_none() {
                 let st = &entry.streams[i];
                 let (slot, generation) = (st.slot, st.generation);
                 if entry.conn.session.live_call(slot, generation).is_none() {
@@ -651,8 +655,17 @@ impl<P: Provider> Worker<P> {
                     } else {
                         Header { stream: crate::wire::STREAM_BATCH, count, ..single }
                     };
-                    backlog.push(spill(h, Ok(body)));
+                    // Charged while it waits on the heap, as answers are.
+                    let mut waiting = spill(h, Ok(body));
+                    if let Err(reason) = charge(&conn.session, &mut waiting) {
+                        over = Some(reason);
+                        break;
+                    }
+                    backlog.push(waiting);
                     moved = true;
+                }
+                if over.is_some() {
+                    break;
                 }
                 if took {
                     sink.wake_if_low();
@@ -674,6 +687,10 @@ impl<P: Provider> Worker<P> {
                     continue;
                 }
                 i += 1;
+            }
+            if let Some(reason) = over {
+                self.close_over_backlog(idx, &reason);
+                continue;
             }
             if moved {
                 self.try_backlog(idx);
@@ -984,7 +1001,8 @@ impl<P: Provider> Worker<P> {
     /// and what is dropped is the session's rule ([`Outbox::front`]).
     fn try_backlog(&mut self, idx: u16) {
         let tag = self.tag(idx);
-        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        // A closing session's Close went last: nothing follows it.
+        let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.closing) else { return };
         let counters = &mut self.counters;
         let session = entry.session;
         let mut late = 0;
@@ -1015,7 +1033,7 @@ impl<P: Provider> Worker<P> {
     fn flush_dirty(&mut self) {
         while let Some(idx) = self.dirty.pop() {
             let tag = self.tag(idx);
-            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.closing) else { continue };
             entry.dirty = false;
             if entry.conn.session.take_ring_return() {
                 entry.conn.queue_ring_return();
