@@ -552,3 +552,43 @@ fn a_session_over_its_share_of_the_reassembly_cap_is_closed_and_told_why() {
     good.finish();
     server.shutdown();
 }
+
+/// A (fake) server closes a `Channel`'s session with a Close of RESOURCE_EXHAUSTED whose reason
+/// is hostile (256 bytes: control characters, an escape sequence, invalid UTF-8): the call in
+/// flight and the next call (a `Channel` does not reconnect) end with that status, the reason
+/// read as untrusted text (no control characters, invalid bytes replaced, bounded).
+#[test]
+fn a_channel_ends_its_calls_with_the_status_of_the_servers_close_read_as_untrusted() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let (mut c, _tcp) = RawClient::accept(&listener, 77, |_| {});
+        let _ = take_request(&mut c);
+        let mut reason = b"over max_foo (42 bytes)\n\x1b[2J\xff\xfe".to_vec();
+        reason.resize(rpc_core::wire::MAX_CLOSE_REASON, b'x');
+        let n = reason.len() as u32;
+        let h =
+            Header { status: Code::ResourceExhausted, body_len: n, total_len: n, ..Header::new(Kind::Close) };
+        c.send(h, &reason);
+        let _ = done_rx.recv_timeout(WAIT);
+    });
+    let cfg = rpc_core::ChannelConfig::default()
+        .client(client_config().polling(rpc_core::PollingPolicy::Event { spins: 0 }))
+        .spins(500);
+    let ch = rpc_core::Channel::connect_blocking(addr, &cfg).unwrap();
+    for call in 0..2 {
+        let e = block_on(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(call, 10, 10), &CallOptions::default()))
+            .expect_err("the session was closed");
+        assert_eq!(e.code(), Code::ResourceExhausted, "call {call}: {e}");
+        let m = e.message();
+        assert!(m.contains("the server closed the session: over max_foo (42 bytes)"), "call {call}: {m}");
+        assert!(m.chars().all(|c| !c.is_control()), "call {call}: control characters in {m:?}");
+        assert!(
+            m.contains('\u{fffd}') && m.len() < 2 * rpc_core::wire::MAX_CLOSE_REASON,
+            "call {call}: {m:?}"
+        );
+    }
+    done_tx.send(()).unwrap();
+    fake.join().unwrap();
+}
