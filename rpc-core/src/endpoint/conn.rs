@@ -612,7 +612,18 @@ impl<P: Provider> Conn<P> {
             Some(dst) => crate::wire::encode_close_reason(reason, dst),
             None => 0,
         };
-        self.queue(buf, Header { status: code, ..Header::new(Kind::Close) }, BodyAt::Eager(n as u32));
+        let mut h = Header { status: code, ..Header::new(Kind::Close) };
+        h.body_len = n as u32;
+        h.total_len = n as u32;
+        self.session.stamp(&mut h);
+        if let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
+            if let Ok(dst) = <&mut [u8; HEADER_LEN]>::try_from(dst) {
+                h.encode(dst);
+            }
+        }
+        // Never inline: a SEND whose buffer the NIC reads is signaled (`SendQueue`'s selective
+        // signaling), so the Close's completion comes and the worker frees the session with it.
+        self.sq.send(&mut self.pool, buf, HEADER_LEN as u32 + n as u32, false);
         self.flush(tag).is_ok()
     }
 
