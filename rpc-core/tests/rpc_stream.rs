@@ -346,3 +346,36 @@ fn a_server_that_goes_away_mid_stream_ends_it_unavailable() {
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     stopper.join().unwrap();
 }
+
+/// Stream messages waiting on the server's heap for a client that does not read (its 64 KiB
+/// ring stays full: the blocking client is not driven) are charged against
+/// `max_backlog_bytes` as answers are: past it (1 MiB here) the session closes with a Close of
+/// RESOURCE_EXHAUSTED naming the cap, and the stream ends with that status at the client.
+///
+/// Sabotage: the charge in `Worker::pump_streams` skipped: the session stayed open with the
+/// messages waiting uncharged (the test failed waiting for `over_backlog_cap`).
+#[test]
+fn stream_messages_waiting_for_a_slow_reader_are_charged_to_max_backlog_bytes() {
+    let probe = Arc::new(Probe::default());
+    let h = server()
+        .max_message_size(1 << 20)
+        .max_backlog_bytes(1 << 20)
+        .add_service(StreamService { probe: probe.clone() })
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let c = Client::connect_with(h.local_addr(), &client_config().ring_bytes(64 << 10)).unwrap();
+    let req = ListReq { count: 16, size: 300_000, fail: false };
+    let mut s = c.server_stream::<_, EchoMsg>(LIST, &req, &CallOptions::default()).unwrap();
+    // The client is not driven: nothing it holds in its ring is freed.
+    until("the session closed over max_backlog_bytes", &h, &probe, &c, || h.counters().over_backlog_cap == 1);
+    let e = loop {
+        match s.message() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("a clean end"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("ServerConfig::max_backlog_bytes"), "{e}");
+    assert!(h.counters().backlog_peak <= 1 << 20, "{:?}", h.counters());
+}

@@ -73,6 +73,19 @@ pub struct ClientConfig {
     /// effect and at most the credits the server granted (only calls on the wire are abandoned
     /// on it, holding a credit each: a higher cap would never be reached).
     pub max_abandoned: u16,
+    /// Most bytes this client's session may hold in answers and stream messages that arrive in
+    /// pieces from the server (each charged its whole announced length from its first piece to
+    /// its last), so a hostile server cannot make it hold more. An answer that would go over it
+    /// is refused alone: its pieces are dropped as they arrive and its call ends
+    /// RESOURCE_EXHAUSTED naming this field once its last piece is in; the session stays open.
+    /// Default 256 MiB; above 0 (an answer in pieces larger than it always fails, so keep it
+    /// at least the largest answer expected).
+    pub max_reassembly_bytes: u64,
+    /// How long an answer arriving in pieces may take from its first piece to its last; after
+    /// it the session is reset and its calls end RESOURCE_EXHAUSTED naming this field (the
+    /// server holds this end's memory without finishing). Checked as the session is progressed
+    /// while calls wait. Default 10 s; above 0.
+    pub reassembly_timeout: Duration,
 }
 
 impl Default for ClientConfig {
@@ -94,6 +107,8 @@ impl Default for ClientConfig {
             reconnect_jitter: 0.2,
             peer_timeout: Some(Duration::from_secs(6)),
             max_abandoned: 32,
+            max_reassembly_bytes: 256 << 20,
+            reassembly_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -142,6 +157,10 @@ impl ClientConfig {
         peer_timeout: Option<Duration>;
         /// See [`ClientConfig::max_abandoned`].
         max_abandoned: u16;
+        /// See [`ClientConfig::max_reassembly_bytes`].
+        max_reassembly_bytes: u64;
+        /// See [`ClientConfig::reassembly_timeout`].
+        reassembly_timeout: Duration;
     }
 
     /// Sets the auth token (at most 256 bytes).

@@ -173,6 +173,12 @@ impl<P: Provider> ClientCore<P> {
         if cfg.peer_timeout.is_some_and(|t| t.is_zero()) {
             return Err(Status::invalid_argument("ClientConfig::peer_timeout of 0 (use None for no probe)"));
         }
+        if cfg.max_reassembly_bytes == 0 {
+            return Err(Status::invalid_argument("ClientConfig::max_reassembly_bytes of 0 bytes"));
+        }
+        if cfg.reassembly_timeout.is_zero() {
+            return Err(Status::invalid_argument("ClientConfig::reassembly_timeout of 0"));
+        }
         if cfg.ring_bytes < crate::wire::MIN_RING_LEN || cfg.ring_bytes > crate::wire::MAX_RING_LEN {
             return Err(Status::invalid_argument(format!(
                 "ClientConfig::ring_bytes {} is not in 64 KiB ..= 1 GiB (wire::MIN_RING_LEN ..= MAX_RING_LEN)",
@@ -371,6 +377,15 @@ impl<P: Provider> ClientCore<P> {
                 session: {
                     let mut s = session;
                     s.set_peer_timeout(cfg.peer_timeout, Instant::now());
+                    // A hostile server cannot make this end hold more for answers in pieces.
+                    s.set_reassembly(
+                        crate::session::HeldBytes::new(
+                            cfg.max_reassembly_bytes,
+                            "ClientConfig::max_reassembly_bytes",
+                        ),
+                        u64::MAX,
+                        cfg.reassembly_timeout,
+                    );
                     s.set_abandon_cap(
                         cfg.max_abandoned,
                         cfg.peer_timeout.unwrap_or(crate::session::DEFAULT_ACK_TIMEOUT),
@@ -889,6 +904,10 @@ impl<P: Provider> ClientCore<P> {
             Some(piece) => {
                 self.recv.repost(buf);
                 match self.conn.take_piece(piece) {
+                    // Refused over ClientConfig::max_reassembly_bytes: the call ends so.
+                    Ok(Some(crate::session::Complete { header, refused: Some(s), .. })) => {
+                        (header, Answer::Err(s))
+                    }
                     Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
                     Ok(None) => return,
                     Err(reason) => {
@@ -901,7 +920,7 @@ impl<P: Provider> ClientCore<P> {
         match h.kind {
             Kind::Response => {
                 self.counters.bytes_in += u64::from(h.body_len);
-                let answer = if h.status == Code::Ok {
+                let answer = if h.status == Code::Ok || matches!(body, Answer::Err(_)) {
                     body
                 } else {
                     let text = match &body {
@@ -933,8 +952,9 @@ impl<P: Provider> ClientCore<P> {
                 }
             }
             Kind::Close => {
+                let status = self.close_status(h.status, &body);
                 self.release(body);
-                self.break_conn(unavailable("the server closed the session"));
+                self.break_conn(status);
             }
             // A Ping made a Pong due (sent with the next flush); a CancelAck may have freed an
             // abandoned call's slot and credit (the session's); the rest only carried the freed
@@ -961,6 +981,25 @@ impl<P: Provider> ClientCore<P> {
             }
             // Credits changed the session's state; a stream end is refused by the session.
             Kind::StreamEnd | Kind::StreamGrant => self.release(body),
+        }
+    }
+
+    /// What the calls of a session the server closed end with: the Close's status (UNAVAILABLE
+    /// when it gave none) and its reason, read as untrusted text (bounded, lossy UTF-8, no
+    /// control characters: `wire::close_reason`).
+    #[cold]
+    fn close_status(&self, code: Code, body: &Answer) -> Status {
+        let code = if code == Code::Ok { Code::Unavailable } else { code };
+        let reason = match body {
+            Answer::Eager(b) => {
+                crate::wire::close_reason(self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]))
+            }
+            _ => String::new(),
+        };
+        if reason.is_empty() {
+            Status::new(code, "the server closed the session")
+        } else {
+            Status::new(code, format!("the server closed the session: {reason}"))
         }
     }
 
@@ -1118,27 +1157,33 @@ impl<P: Provider> ClientCore<P> {
         let waiting = self.conn.session.calls().in_flight() > 0;
         self.conn.session.handle_timeout(Instant::now(), waiting);
         while let Some(e) = self.conn.session.poll_event() {
-            let reason = match e {
+            let status = match e {
                 Event::PeerDead { silent } => {
                     self.counters.peers_lost += 1;
-                    format!(
+                    unavailable(format!(
                         "no message from the server for {} ms while calls waited (ClientConfig::peer_timeout)",
                         silent.as_millis()
-                    )
+                    ))
                 }
-                Event::Unacknowledged { abandoned, waited } => format!(
+                Event::Unacknowledged { abandoned, waited } => unavailable(format!(
                     "{abandoned} abandoned calls and no acknowledgement from the server for {} ms \
                      (ClientConfig::max_abandoned)",
                     waited.as_millis()
-                ),
-                // A client sets no reassembly timeout nor call limit: never reported here.
+                )),
+                // The server holds this end's memory with an answer it does not finish.
+                Event::ReassemblyExpired { waited } => Status::resource_exhausted(format!(
+                    "an answer arriving in pieces did not finish within {} ms \
+                     (ClientConfig::reassembly_timeout)",
+                    waited.as_millis()
+                )),
+                // Server events: never reported to a client.
                 Event::Cancelled { .. }
                 | Event::Expired { .. }
-                | Event::ReassemblyExpired { .. }
+                | Event::Refused { .. }
                 | Event::Overran { .. } => continue,
             };
-            tracing::warn!(peer = %self.peer, %reason, "resetting the session");
-            self.break_conn(unavailable(reason));
+            tracing::warn!(peer = %self.peer, %status, "resetting the session");
+            self.break_conn(status);
             return;
         }
         self.flush();

@@ -224,8 +224,11 @@ impl Inner {
 
     /// What a call of an earlier session gets when polled after the reconnect.
     fn ended_status(&self, epoch: u64) -> Status {
-        let why = self.ended.iter().find(|(e, _)| *e == epoch).map_or("broke", |(_, s)| s.message());
-        Status::unavailable(format!("the session this call was sent on ended: {why}"))
+        let ended = self.ended.iter().find(|(e, _)| *e == epoch);
+        let why = ended.map_or("broke", |(_, s)| s.message());
+        // The code the session ended with (a server's Close names it, e.g. RESOURCE_EXHAUSTED).
+        let code = ended.map_or(crate::status::Code::Unavailable, |(_, s)| s.code());
+        Status::new(code, format!("the session this call was sent on ended: {why}"))
     }
 }
 

@@ -565,7 +565,9 @@ impl<P: Provider> Conn<P> {
     /// A reason when the piece lies outside the ring or does not add up (close the connection).
     #[inline]
     pub(crate) fn take_piece(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
-        if !self.ring.copy_out(piece.offset, piece.len, self.session.piece_buffer(&piece)) {
+        // A piece of a refused body is not copied: the session counts it and frees its space.
+        if !piece.dropped() && !self.ring.copy_out(piece.offset, piece.len, self.session.piece_buffer(&piece))
+        {
             return Err("ring body outside the ring, or no memory to copy it out");
         }
         self.session.piece_done(piece)
@@ -601,9 +603,32 @@ impl<P: Provider> Conn<P> {
     /// with what was queued (best effort: with no send buffer free, nothing is sent and the peer
     /// learns from the control channel). Returns whether a Close was posted.
     pub(crate) fn send_close(&mut self, tag: u32) -> bool {
+        self.send_close_why(tag, crate::status::Code::Ok, "")
+    }
+
+    /// [`Conn::send_close`] saying why: the Close carries `code` and `reason` (cut to
+    /// [`crate::wire::MAX_CLOSE_REASON`] bytes and to the eager area, control characters as
+    /// spaces; see `wire::close`). The session's memory held for reassembly is given back now.
+    pub(crate) fn send_close_why(&mut self, tag: u32, code: crate::status::Code, reason: &str) -> bool {
         self.session.close();
-        let Some(buf) = self.acquire() else { return false };
-        self.queue(buf, Header::new(Kind::Close), BodyAt::Eager(0));
+        let Some(mut buf) = self.acquire() else { return false };
+        let room = self.body_cap.min(crate::wire::MAX_CLOSE_REASON);
+        let n = match self.pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + room) {
+            Some(dst) => crate::wire::encode_close_reason(reason, dst),
+            None => 0,
+        };
+        let mut h = Header { status: code, ..Header::new(Kind::Close) };
+        h.body_len = n as u32;
+        h.total_len = n as u32;
+        self.session.stamp(&mut h);
+        if let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
+            if let Ok(dst) = <&mut [u8; HEADER_LEN]>::try_from(dst) {
+                h.encode(dst);
+            }
+        }
+        // Never inline: a SEND whose buffer the NIC reads is signaled (`SendQueue`'s selective
+        // signaling), so the Close's completion comes and the worker frees the session with it.
+        self.sq.send(&mut self.pool, buf, HEADER_LEN as u32 + n as u32, false);
         self.flush(tag).is_ok()
     }
 

@@ -47,9 +47,13 @@ pub struct Counters {
     /// for it, or (server) while a client that answers probes while idle was idle: the idle
     /// probe got no Pong.
     pub peers_lost: u64,
-    /// Server: sessions closed because a body arriving in pieces would have taken the memory
-    /// held for reassembly over `ServerConfig::max_reassembly_bytes`.
+    /// Server: sessions closed because a body arriving in pieces would have taken what the
+    /// session alone holds for reassembly over `ServerConfig::max_reassembly_bytes_per_session`.
     pub over_reassembly_cap: u64,
+    /// Server: calls refused (answered RESOURCE_EXHAUSTED, their sessions kept) because their
+    /// body arriving in pieces would have taken the memory held for reassembly over
+    /// `ServerConfig::max_reassembly_bytes`.
+    pub reassembly_refused: u64,
     /// Server: sessions closed because an answer waiting for the client's ring would have taken
     /// the memory held for such answers over `ServerConfig::max_backlog_bytes`.
     pub over_backlog_cap: u64,
@@ -118,6 +122,7 @@ impl Counters {
         self.backlog_peak += other.backlog_peak;
         self.metered += other.metered;
         self.idle_closed += other.idle_closed;
+        self.reassembly_refused += other.reassembly_refused;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
         }
@@ -125,7 +130,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code` (and the server-wide gauges, which `ServerMemory` holds).
-const FIELDS: usize = 18;
+const FIELDS: usize = 19;
 
 /// The published copy, readable from any thread.
 pub(crate) struct SharedCounters {
@@ -159,6 +164,7 @@ impl SharedCounters {
             c.reassembly_timeouts,
             c.metered,
             c.idle_closed,
+            c.reassembly_refused,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -190,6 +196,7 @@ impl SharedCounters {
             reassembly_timeouts: g(15),
             metered: g(16),
             idle_closed: g(17),
+            reassembly_refused: g(18),
             by_code,
             ..Counters::default()
         }

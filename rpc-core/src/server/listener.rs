@@ -776,7 +776,11 @@ impl<P: Provider> Listener<P> {
         };
         let remote_ring = ring.remote();
         let mut session = Session::new(Role::Server, params);
-        session.set_reassembly(self.memory.reassembly.clone(), self.config.reassembly_timeout);
+        session.set_reassembly(
+            self.memory.reassembly.clone(),
+            self.config.reassembly_share(),
+            self.config.reassembly_timeout,
+        );
         session.set_backlog(self.memory.backlog.clone());
         let spare = session.spare_bodies().clone();
         let conn = Conn {

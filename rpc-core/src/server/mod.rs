@@ -99,10 +99,18 @@ pub struct ServerConfig {
     pub max_peer_ring_bytes: u32,
     /// Most bytes all sessions together may hold in bodies that arrive in pieces (a request or
     /// stream message larger than the ring, or than what it has free), each charged its whole
-    /// length from its first piece to its last. A body that would go over it closes its
-    /// session with a status naming this field; other sessions are untouched. Default 256 MiB;
-    /// at least `max_message_size`.
+    /// length from its first piece to its last. A body that would go over it is refused alone:
+    /// its call is answered RESOURCE_EXHAUSTED naming this field and its value, its pieces are
+    /// dropped as they arrive, and its session stays open (a session is closed only over its
+    /// own share, `max_reassembly_bytes_per_session`). Default 256 MiB; at least
+    /// `max_message_size`.
     pub max_reassembly_bytes: u64,
+    /// Most bytes one session alone may hold in bodies that arrive in pieces (its share of
+    /// `max_reassembly_bytes`): a body that would take its session over it closes the session
+    /// with a Close of RESOURCE_EXHAUSTED naming this field. Default 0: derived, a quarter of
+    /// `max_reassembly_bytes` but at least `max_message_size` (64 MiB at the defaults); else
+    /// `max_message_size ..= max_reassembly_bytes` bytes (checked at spawn).
+    pub max_reassembly_bytes_per_session: u64,
     /// Most bytes all sessions together may hold in answers and stream messages waiting on the
     /// heap for room in their client's ring (a client that does not read its answers), each
     /// charged its length while it waits (bodies waiting in a session's registered staging area
@@ -214,6 +222,7 @@ impl Default for ServerConfig {
             ring_bytes: 1 << 20,
             max_peer_ring_bytes: 4 << 20,
             max_reassembly_bytes: 256 << 20,
+            max_reassembly_bytes_per_session: 0,
             max_backlog_bytes: 256 << 20,
             reassembly_timeout: Duration::from_secs(10),
             srq_depth: 0,
@@ -232,6 +241,19 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// The bytes one session alone may hold for reassembly:
+    /// [`ServerConfig::max_reassembly_bytes_per_session`], or when 0 a quarter of
+    /// `max_reassembly_bytes` but at least `max_message_size` (never above
+    /// `max_reassembly_bytes`).
+    pub fn reassembly_share(&self) -> u64 {
+        match self.max_reassembly_bytes_per_session {
+            0 => (self.max_reassembly_bytes / 4)
+                .max(u64::from(self.max_message_size))
+                .min(self.max_reassembly_bytes),
+            n => n,
+        }
+    }
+
     fn validate(&self) -> Result<(), ServerError> {
         let bad = |field, reason: String| Err(ServerError::Config { field, reason });
         if self.peer_timeout.is_some_and(|t| t.is_zero()) {
@@ -259,6 +281,16 @@ impl ServerConfig {
                 format!(
                     "{} is below max_message_size {}: such a body could never arrive in pieces",
                     self.max_reassembly_bytes, self.max_message_size
+                ),
+            );
+        }
+        let share = self.max_reassembly_bytes_per_session;
+        if share != 0 && (share < u64::from(self.max_message_size) || share > self.max_reassembly_bytes) {
+            return bad(
+                "max_reassembly_bytes_per_session",
+                format!(
+                    "{share} is not in max_message_size {} ..= max_reassembly_bytes {} (0: derived)",
+                    self.max_message_size, self.max_reassembly_bytes
                 ),
             );
         }
@@ -389,6 +421,8 @@ impl ServerBuilder {
         max_peer_ring_bytes: u32;
         /// See [`ServerConfig::max_reassembly_bytes`].
         max_reassembly_bytes: u64;
+        /// See [`ServerConfig::max_reassembly_bytes_per_session`].
+        max_reassembly_bytes_per_session: u64;
         /// See [`ServerConfig::max_backlog_bytes`].
         max_backlog_bytes: u64;
         /// See [`ServerConfig::reassembly_timeout`].

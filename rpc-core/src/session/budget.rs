@@ -40,6 +40,11 @@ impl HeldBytes {
         self.cap
     }
 
+    /// The configuration field that sets the cap (e.g. `ServerConfig::max_reassembly_bytes`).
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
     /// Charges `bytes`.
     ///
     /// # Errors

@@ -70,6 +70,8 @@ struct Harness {
     /// Server: our ring WRITEs not yet retired by a completion, oldest first: (ring mark,
     /// offset, length). Whatever freed head the peer reports, no placement overlaps one.
     writes: std::collections::VecDeque<(u32, u32, u32)>,
+    /// The reassembly count and share when limits are set ([`Session::set_reassembly`]).
+    reassembly: Option<(std::sync::Arc<super::HeldBytes>, u64)>,
 }
 
 const KINDS: [Kind; 11] = [
@@ -110,9 +112,23 @@ impl Harness {
         let now = Instant::now();
         let mut s = Session::new(role, params);
         s.set_peer_timeout(Some(Duration::from_secs(6)), now);
-        if input.u8() & 1 == 1 {
+        let b = input.u8();
+        if b & 1 == 1 {
             s.probe_while_idle();
         }
+        // Reassembly limits (bits 1-2 of the same byte): none, a cap of one largest message, a
+        // cap below it (every body in pieces refused), or a share of half a message.
+        let (cap, share) = match (b >> 1) & 3 {
+            1 => (u64::from(max_message), u64::MAX),
+            2 => (u64::from(max_message) / 2, u64::MAX),
+            3 => (u64::MAX, u64::from(max_message) / 2),
+            _ => (0, 0),
+        };
+        let reassembly = (cap > 0).then(|| {
+            let held = super::HeldBytes::new(cap, "ServerConfig::max_reassembly_bytes");
+            s.set_reassembly(held.clone(), share, Duration::from_secs(10));
+            (held, share)
+        });
         Harness {
             s,
             now,
@@ -126,6 +142,7 @@ impl Harness {
             peer_consumer: super::RingConsumer::new(peer_ring_len, 64),
             peer_freed: 0,
             writes: std::collections::VecDeque::new(),
+            reassembly,
         }
     }
 
@@ -321,12 +338,13 @@ impl Harness {
         let inc = self.s.handle_header(&h, || now).map_err(drop)?;
         if let Some(piece) = inc.ring {
             let len = piece.len as usize;
-            let buf = self.s.piece_buffer(&piece);
-            buf.resize(buf.len() + len, 0);
+            if !piece.dropped() {
+                let buf = self.s.piece_buffer(&piece);
+                buf.resize(buf.len() + len, 0);
+            }
             if let Some(done) = self.s.piece_done(piece).map_err(drop)? {
-                assert_eq!(
-                    done.body.len() as u64,
-                    u64::from(done.header.total_len),
+                assert!(
+                    done.refused.is_some() || done.body.len() as u64 == u64::from(done.header.total_len),
                     "a message's whole body"
                 );
                 if self.s.role() == Role::Client {
@@ -491,6 +509,13 @@ impl Harness {
         for a in &s.assemblies {
             assert!(a.body.len() <= a.header.total_len as usize, "an assembly past its total_len");
             assert!(a.header.total_len <= p.max_message, "an assembly over max_message");
+            assert!(!a.refused || a.body.is_empty() && a._charge.is_none(), "a refused body kept");
+        }
+        if let Some((held, share)) = &self.reassembly {
+            let charged: u64 =
+                s.assemblies.iter().filter_map(|a| a._charge.as_ref()).map(|c| c.bytes()).sum();
+            assert_eq!(charged, held.used(), "the count is this session's charges");
+            assert!(charged <= held.cap() && charged <= *share, "{charged} bytes held over the cap or share");
         }
         assert!(s.streams.list.len() <= credits * 2 + 1, "{} streams open", s.streams.list.len());
         // Controls waiting: a CancelAck per credit, a grant per stream, a Cancel per call slot.

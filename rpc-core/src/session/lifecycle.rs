@@ -68,12 +68,28 @@ pub enum Event {
         /// How long the body has been arriving.
         waited: Duration,
     },
+    /// Server: the body in pieces of the unanswered call (a request, or a message of its
+    /// stream) would take the memory held for reassembly over its shared cap: answer the call
+    /// RESOURCE_EXHAUSTED naming the cap now (tell its deferred `Responder`); its pieces are
+    /// dropped as they arrive and the session stays open ([`super::Session::set_reassembly`]).
+    Refused {
+        /// Call slot.
+        slot: u16,
+        /// Slot generation.
+        generation: u32,
+        /// The body's announced length in bytes.
+        total_len: u32,
+        /// The cap in bytes.
+        cap: u64,
+        /// The configuration field that sets the cap.
+        field: &'static str,
+    },
 }
 
 impl Event {
     /// Server: the answer an event that ends a call gives it now, as an error answer for the
     /// outbox (its header and status): CANCELLED for [`Event::Cancelled`], DEADLINE_EXCEEDED for
-    /// [`Event::Expired`]. `None` for the events that end the session instead.
+    /// [`Event::Expired`], RESOURCE_EXHAUSTED for [`Event::Refused`]. `None` for the events that end the session instead.
     pub fn answer(&self) -> Option<(Header, Status)> {
         let (slot, generation, status) = match *self {
             Event::Cancelled { slot, generation } => {
@@ -90,6 +106,9 @@ impl Event {
                     limit.as_millis()
                 )),
             ),
+            Event::Refused { slot, generation, total_len, cap, field } => {
+                (slot, generation, super::refused_status(total_len, cap, field))
+            }
             Event::PeerDead { .. } | Event::Unacknowledged { .. } | Event::ReassemblyExpired { .. } => {
                 return None
             }

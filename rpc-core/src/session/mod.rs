@@ -128,6 +128,16 @@ pub struct RingPiece {
     /// Length in bytes.
     pub len: u32,
     assembly: usize,
+    dropped: bool,
+}
+
+impl RingPiece {
+    /// A piece of a body refused over the reassembly cap ([`Session::set_reassembly`]): its
+    /// bytes are not copied out, hand it to [`Session::piece_done`] at once (it frees its ring
+    /// space and counts it).
+    pub fn dropped(&self) -> bool {
+        self.dropped
+    }
 }
 
 /// A received message the session accepted.
@@ -144,8 +154,11 @@ pub struct Incoming {
 pub struct Complete {
     /// The header of its first piece, with `body_len` set to the whole body's length.
     pub header: Header,
-    /// The whole body, owned.
+    /// The whole body, owned (empty when `refused`).
     pub body: Vec<u8>,
+    /// Client: the body was refused over the client's reassembly cap (its pieces were dropped
+    /// as they arrived): the call ends with this RESOURCE_EXHAUSTED status naming the cap.
+    pub refused: Option<Status>,
 }
 
 /// A ring message being received piece by piece.
@@ -158,13 +171,30 @@ struct Assembly {
     _charge: Option<Charge>,
     /// When its first piece arrived (with a reassembly timeout set only).
     since: Option<Instant>,
+    /// Refused over the shared reassembly cap: its pieces are dropped as they arrive (no
+    /// buffer, no charge), `dropped` counts their bytes.
+    refused: bool,
+    dropped: u64,
 }
 
-/// Server: what bodies arriving in pieces may hold ([`Session::set_reassembly`]).
+impl Assembly {
+    /// Bytes of the message received so far.
+    fn received(&self) -> u64 {
+        if self.refused {
+            self.dropped
+        } else {
+            self.body.len() as u64
+        }
+    }
+}
+
+/// What bodies arriving in pieces may hold ([`Session::set_reassembly`]).
 #[derive(Debug)]
 struct ReassemblyLimits {
-    /// The server-wide count the messages in progress are charged to.
+    /// The count (server-wide, or the client's) the messages in progress are charged to.
     held: std::sync::Arc<HeldBytes>,
+    /// Most bytes this session alone may hold charged (its share of `held`).
+    share: u64,
     /// How long a message may take from its first piece to its last.
     timeout: Duration,
     /// An [`Event::ReassemblyExpired`] was reported (once: the driver closes the session).
@@ -274,14 +304,28 @@ impl Session {
         }
     }
 
-    /// Server: bodies that arrive in pieces are charged (their `total_len`, from the first
-    /// piece until the last) to `held`, shared by every session of the server; one that would
-    /// take it over its cap closes this session (a protocol violation naming the cap). A body
-    /// whose last piece has not arrived `timeout` after its first becomes
-    /// [`Event::ReassemblyExpired`] (the driver closes the session). Bodies in one piece are
-    /// copied out at once and never charged.
-    pub fn set_reassembly(&mut self, held: std::sync::Arc<HeldBytes>, timeout: Duration) {
-        self.reassembly = Some(ReassemblyLimits { held, timeout, expired: false });
+    /// Bodies that arrive in pieces are charged (their `total_len`, from the first piece until
+    /// the last) to `held` (a server: shared by every session of the server; a client: its
+    /// own). Bodies in one piece are copied out at once and never charged.
+    ///
+    /// - One that would take this session's own charges over `share` bytes closes the session
+    ///   (a protocol violation naming `ServerConfig::max_reassembly_bytes_per_session`,
+    ///   [`is_reassembly_cap`]); pass `u64::MAX` for no share (a client).
+    /// - One that would take `held` over its cap refuses that call alone, the session stays
+    ///   open: its pieces are accepted and dropped as they arrive (their ring space freed, no
+    ///   buffer, nothing charged: [`RingPiece::dropped`]); a server answers the call at once
+    ///   with RESOURCE_EXHAUSTED naming the cap ([`Event::Refused`]), a client ends it so when
+    ///   its last piece is in ([`Complete::refused`]).
+    /// - One whose last piece has not arrived `timeout` after its first becomes
+    ///   [`Event::ReassemblyExpired`] (the driver closes the session).
+    pub fn set_reassembly(&mut self, held: std::sync::Arc<HeldBytes>, share: u64, timeout: Duration) {
+        self.reassembly = Some(ReassemblyLimits { held, share, timeout, expired: false });
+    }
+
+    /// The share of the reassembly count this session alone may hold, in bytes
+    /// ([`Session::set_reassembly`]; `None` when no reassembly limits are set).
+    pub fn reassembly_share(&self) -> Option<u64> {
+        self.reassembly.as_ref().map(|r| r.share)
     }
 
     /// Server: answers that wait on the heap for room in the client's ring are charged to
@@ -499,9 +543,12 @@ impl Session {
         self.closed
     }
 
-    /// Marks the session closed (a Close is being sent, or the connection failed).
+    /// Marks the session closed (a Close is being sent, or the connection failed): nothing more
+    /// is received, so the bodies arriving in pieces are dropped (their reassembly charges given
+    /// back now).
     pub fn close(&mut self) {
         self.closed = true;
+        self.assemblies.clear();
     }
 
     /// Chooses where a body of `len` bytes goes and, for [`Placement::Ring`], reserves its
@@ -814,6 +861,8 @@ impl Session {
         let mut first = true;
         // The last (or only) piece of its message.
         let mut last = true;
+        // The first piece of a body refused over the reassembly cap.
+        let mut refused_call = false;
         let ring = if h.in_ring {
             if h.total_len <= self.params.eager_threshold {
                 return Err("ring body at or below the eager threshold");
@@ -832,7 +881,7 @@ impl Session {
                     {
                         return Err("ring piece does not continue its message");
                     }
-                    let have = self.assemblies[i].body.len() as u64 + u64::from(h.body_len);
+                    let have = self.assemblies[i].received() + u64::from(h.body_len);
                     if have > u64::from(h.total_len) {
                         return Err("ring pieces exceed their message's total_len");
                     }
@@ -861,18 +910,34 @@ impl Session {
                 self.meter.piece()?;
             }
             // A body that will wait for more pieces is charged whole (what its buffer grows to)
-            // before anything is allocated for it.
+            // before anything is allocated for it: over this session's share it closes the
+            // session, over the shared cap it refuses the call (`set_reassembly`).
             let charge = match &self.reassembly {
                 Some(r) if first && !last => {
-                    match r.held.charge(u64::from(h.total_len), "a body in pieces") {
-                        Ok(c) => Some((c, clock.now())),
-                        Err(_) => return Err(REASSEMBLY_CAP),
+                    let total = u64::from(h.total_len);
+                    let mine: u64 =
+                        self.assemblies.iter().filter_map(|a| a._charge.as_ref()).map(Charge::bytes).sum();
+                    if mine.saturating_add(total) > r.share {
+                        return Err(REASSEMBLY_SHARE);
                     }
+                    Some((r.held.charge(total, "a body in pieces").ok(), clock.now()))
                 }
                 _ => None,
             };
+            let refused = matches!(charge, Some((None, _)));
             let token = self.consumer.accept(h.ring_offset, h.body_len)?;
-            let assembly = if assembly == usize::MAX {
+            let assembly = if assembly == usize::MAX && refused {
+                // Nothing is kept of a refused body: no buffer, its pieces counted as they go.
+                self.assemblies.push(Assembly {
+                    header: Header { body_len: h.total_len, ..*h },
+                    body: Vec::new(),
+                    _charge: None,
+                    since: charge.and_then(|(_, t)| t),
+                    refused: true,
+                    dropped: 0,
+                });
+                self.assemblies.len() - 1
+            } else if assembly == usize::MAX {
                 // Up to `max_message_size` per message, announced by the peer: an allocation
                 // that fails closes the session instead of aborting the process.
                 // A peer announces `total_len` with its first piece, which may be 1 byte: reserve
@@ -887,14 +952,18 @@ impl Session {
                 let Some(body) = self.recycler.take_for(upfront as usize, h.total_len as usize) else {
                     return Err("no memory for the message's buffer");
                 };
-                let (charge, since) = charge.map_or((None, None), |(c, t)| (Some(c), t));
+                let (charge, since) = charge.map_or((None, None), |(c, t)| (c, t));
                 self.assemblies.push(Assembly {
                     header: Header { body_len: h.total_len, ..*h },
                     body,
                     _charge: charge,
                     since,
+                    refused: false,
+                    dropped: 0,
                 });
                 self.assemblies.len() - 1
+            } else if self.assemblies[assembly].refused {
+                assembly
             } else {
                 let body = &mut self.assemblies[assembly].body;
                 let need = body.len() + h.body_len as usize;
@@ -910,7 +979,9 @@ impl Session {
                 }
                 assembly
             };
-            Some(RingPiece { token, offset: h.ring_offset, len: h.body_len, assembly })
+            let dropped = self.assemblies[assembly].refused;
+            refused_call = refused;
+            Some(RingPiece { token, offset: h.ring_offset, len: h.body_len, assembly, dropped })
         } else {
             if self.role == Role::Server && h.kind == Kind::Request {
                 self.check_credit()?;
@@ -988,7 +1059,30 @@ impl Session {
             Kind::CancelAck => self.calls.slots.on_cancel_ack(h.slot, h.generation)?,
             _ => {}
         }
+        if refused_call && self.role == Role::Server {
+            self.refuse_call(h);
+        }
         Ok(Incoming { header: *h, ring })
+    }
+
+    /// Server: the body in pieces of `h` (a request or a stream message, its first piece) was
+    /// refused over the shared reassembly cap: its call, when still unanswered, ends now with
+    /// [`Event::Refused`] (RESOURCE_EXHAUSTED naming the cap); the session stays open.
+    #[cold]
+    fn refuse_call(&mut self, h: &Header) {
+        let Some(r) = &self.reassembly else { return };
+        let (cap, field) = (r.held.cap(), r.held.field());
+        let c = self.unanswered.iter_mut().find(|c| (c.slot, c.generation) == (h.slot, h.generation));
+        if let Some(c) = c.filter(|c| !c.ended) {
+            c.ended = true;
+            self.events.push_back(Event::Refused {
+                slot: h.slot,
+                generation: h.generation,
+                total_len: h.total_len,
+                cap,
+                field,
+            });
+        }
     }
 
     /// One received message as its completion delivered it: `msg` the bytes in the receive
@@ -1233,6 +1327,23 @@ impl Session {
     pub fn piece_done(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
         self.consumer.release(piece.token);
         self.ring_freed = true;
+        let a = &mut self.assemblies[piece.assembly];
+        if a.refused {
+            a.dropped += u64::from(piece.len);
+            if a.dropped < u64::from(a.header.total_len) {
+                return Ok(None);
+            }
+            let a = self.assemblies.swap_remove(piece.assembly);
+            // A server answered the call when its first piece came (`Event::Refused`).
+            return Ok(match (self.role, &self.reassembly) {
+                (Role::Client, Some(r)) => Some(Complete {
+                    refused: Some(refused_status(a.header.total_len, r.held.cap(), r.held.field())),
+                    header: a.header,
+                    body: Vec::new(),
+                }),
+                _ => None,
+            });
+        }
         let a = &self.assemblies[piece.assembly];
         if a.body.len() > a.header.total_len as usize {
             return Err("ring piece copied past its message's total_len");
@@ -1241,7 +1352,7 @@ impl Session {
             return Ok(None);
         }
         let a = self.assemblies.swap_remove(piece.assembly);
-        Ok(Some(Complete { header: a.header, body: a.body }))
+        Ok(Some(Complete { header: a.header, body: a.body, refused: None }))
     }
 
     /// The spare body buffers of this session (received bodies come back there; bodies waiting
@@ -1262,15 +1373,24 @@ impl Session {
     }
 }
 
-/// The reason a session closes when a body in pieces would take the server's reassembly count
-/// over its cap.
-const REASSEMBLY_CAP: &str = "a body in pieces would take the server's memory held for reassembly over its \
-                              cap (ServerConfig::max_reassembly_bytes)";
+/// The reason a session closes when a body in pieces would take what it alone holds for
+/// reassembly over its share of the server's cap.
+const REASSEMBLY_SHARE: &str = "a body in pieces would take this session's memory held for reassembly over \
+                                its share (ServerConfig::max_reassembly_bytes_per_session)";
 
-/// Whether `reason` (from [`Session::receive`]) closes the session for going over the server's
-/// reassembly cap (the driver counts it apart).
+/// Whether `reason` (from [`Session::receive`]) closes the session for going over its share of
+/// the server's reassembly cap (the driver counts it apart).
 pub fn is_reassembly_cap(reason: &str) -> bool {
-    reason.ends_with(REASSEMBLY_CAP)
+    reason.ends_with(REASSEMBLY_SHARE)
+}
+
+/// The status of a call whose body in pieces of `total_len` bytes was refused over the
+/// reassembly cap of `cap` bytes set by the configuration `field`.
+pub(crate) fn refused_status(total_len: u32, cap: u64, field: &str) -> Status {
+    Status::resource_exhausted(format!(
+        "a body of {total_len} bytes arriving in pieces would take the memory held for reassembly over \
+         {field} ({cap} bytes): the call is refused, the session stays open"
+    ))
 }
 
 /// The driver's clock for one received header: read at most once, and only when needed (a
@@ -1332,6 +1452,8 @@ fn check_batch(msg: &[u8], count: u16) -> Result<(), String> {
 
 #[cfg(test)]
 mod meter_tests;
+#[cfg(test)]
+mod reassembly_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]

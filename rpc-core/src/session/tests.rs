@@ -830,8 +830,9 @@ fn two_largest_bodies_come_back_and_are_reused() {
 
 /// The server's reassembly rules: a body in pieces is charged its `total_len` to the shared count
 /// from its first piece until its last (a body in one piece never), one that would go over the
-/// cap is refused before anything is allocated, and one that does not finish within the timeout
-/// becomes [`Event::ReassemblyExpired`] (measured from its first piece, with a fake clock).
+/// cap is refused (its call alone, before anything is allocated), and one that does not finish
+/// within the timeout becomes [`Event::ReassemblyExpired`] (measured from its first piece, with
+/// a fake clock). The refusal itself: `reassembly_tests.rs`.
 #[test]
 fn bodies_in_pieces_are_charged_capped_and_timed_out() {
     let ring = 1 << 20;
@@ -839,7 +840,7 @@ fn bodies_in_pieces_are_charged_capped_and_timed_out() {
     let held = super::HeldBytes::new(3 << 20, "ServerConfig::max_reassembly_bytes");
     let t0 = std::time::Instant::now();
     let mut s = Session::new(Role::Server, p);
-    s.set_reassembly(held.clone(), Duration::from_secs(10));
+    s.set_reassembly(held.clone(), u64::MAX, Duration::from_secs(10));
     let piece = |slot: u16, offset: u32, len: u32, total: u32| Header {
         method: 1,
         session: 5,
@@ -862,11 +863,14 @@ fn bodies_in_pieces_are_charged_capped_and_timed_out() {
     assert!(s.piece_done(first).unwrap().is_none());
     assert_eq!(held.used(), 2 << 20);
     assert!(s.watches_peer(), "a body in pieces arms the timers");
-    // Another of 2 MiB would take the count to 4 MiB, over its 3 MiB cap: refused, nothing held.
+    // Another of 2 MiB would take the count to 4 MiB, over its 3 MiB cap: its call is refused,
+    // nothing held for it, the session open.
     let over = piece(2, 320 << 10, 256 << 10, 2 << 20);
-    assert_eq!(s.handle_header(&over, || t0).unwrap_err(), super::REASSEMBLY_CAP);
-    assert!(super::is_reassembly_cap(&super::violation(super::REASSEMBLY_CAP)));
-    assert_eq!((held.used(), s.assemblies()), (2 << 20, 1));
+    let dropped = s.handle_header(&over, || t0).unwrap().ring.unwrap();
+    assert!(dropped.dropped());
+    assert!(s.piece_done(dropped).unwrap().is_none());
+    assert!(matches!(s.poll_event(), Some(Event::Refused { slot: 2, .. })));
+    assert_eq!((held.used(), s.assemblies()), (2 << 20, 2));
     // The first body never finishes: expired 10 s after its first piece, not before.
     assert_eq!(s.poll_timeout(true), Some(t0 + Duration::from_secs(10)));
     s.handle_timeout(t0 + Duration::from_millis(9_999), true);

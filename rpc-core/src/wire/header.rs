@@ -25,7 +25,8 @@
 //! kind, slot, generation, method and `total_len`, each a ring body of `body_len` bytes, in order;
 //! the message is complete when the pieces add up to `total_len`.
 //!
-//! Control messages carry no body and no call fields except: a Cancel, its acknowledgement, a
+//! Control messages carry no body and no call fields except: a Close may carry a status and an
+//! eager reason of at most [`super::MAX_CLOSE_REASON`] bytes (`super::close`); a Cancel, its acknowledgement, a
 //! stream end and a stream grant name the call by `slot` and `generation`, a stream grant carries `count`; every
 //! message carries `freed_head` and `session`.
 //!
@@ -181,7 +182,9 @@ pub enum Kind {
     /// No call: only carries the freed head of the sender's ring back (ring space, sent when there
     /// is no other traffic).
     RingReturn = 3,
-    /// The sender closes the session; nothing follows.
+    /// The sender closes the session; nothing follows. It may say why: a status in the
+    /// header's `status` (0: none given) and a reason of at most
+    /// [`super::MAX_CLOSE_REASON`] bytes as its eager body (see [`super::close_reason`]).
     Close = 4,
     /// Client to server: the caller gave up on the call `(slot, generation)`. The server answers
     /// it CANCELLED unless its answer was already queued, and acknowledges every Cancel with a
@@ -464,10 +467,22 @@ impl Header {
                         "a stream grant, and only it, carries grants",
                     ));
                 }
-                if h.body_len != 0 || h.in_ring || h.total_len != 0 {
+                if kind == Kind::Close {
+                    // A Close may say why: a status and an eager reason (`super::close`).
+                    if h.in_ring || h.body_len as usize > super::MAX_CLOSE_REASON {
+                        return Err(WireError::bad(
+                            "header",
+                            "body_len",
+                            format!(
+                                "a Close's reason is eager and at most {} bytes",
+                                super::MAX_CLOSE_REASON
+                            ),
+                        ));
+                    }
+                } else if h.body_len != 0 || h.in_ring || h.total_len != 0 {
                     return Err(WireError::bad("header", "body_len", "a control message carries no body"));
                 }
-                if status != Code::Ok || h.method != 0 {
+                if (status != Code::Ok && kind != Kind::Close) || h.method != 0 {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
                 }
                 let names_call =
@@ -504,6 +519,27 @@ mod tests {
     fn request_round_trips() {
         let h = Header { timeout_us: 1000, session: 42, freed_head: u32::MAX, ..request() };
         assert_eq!(Header::decode(&encode_msg(&h)).unwrap(), h);
+    }
+
+    /// A Close may say why (a status and an eager reason of at most `MAX_CLOSE_REASON` bytes);
+    /// a longer reason, or one in the ring, is refused naming `body_len`.
+    #[test]
+    fn a_close_carries_a_status_and_a_bounded_reason() {
+        let max = crate::wire::MAX_CLOSE_REASON as u32;
+        let h = Header {
+            status: Code::ResourceExhausted,
+            body_len: max,
+            total_len: max,
+            ..Header::new(Kind::Close)
+        };
+        assert_eq!(Header::decode(&encode_msg(&h)).unwrap(), h);
+        let long = Header { body_len: max + 1, total_len: max + 1, ..h };
+        assert_eq!(Header::decode(&encode_msg(&long)).unwrap_err().field(), "body_len");
+        let ring = Header { in_ring: true, body_len: 10, total_len: 10, ..h };
+        assert_eq!(Header::decode(&encode_msg(&ring)).unwrap_err().field(), "body_len");
+        // Other controls still carry no status.
+        let ping = Header { status: Code::Internal, ..Header::new(Kind::Ping) };
+        assert_eq!(Header::decode(&encode_msg(&ping)).unwrap_err().field(), "kind");
     }
 
     #[test]
@@ -708,7 +744,11 @@ mod tests {
                         in_ring,
                         stream,
                         count,
-                        status: if kind == Kind::Response { Code::from_u8(st).unwrap() } else { Code::Ok },
+                        status: if matches!(kind, Kind::Response | Kind::Close) {
+                            Code::from_u8(st).unwrap()
+                        } else {
+                            Code::Ok
+                        },
                         slot: if names { slot } else { 0 },
                         generation: if names { generation } else { 0 },
                         method: if kind == Kind::Request {
@@ -718,14 +758,18 @@ mod tests {
                         } else {
                             0
                         },
-                        body_len: if !body {
+                        body_len: if kind == Kind::Close {
+                            len % (crate::wire::MAX_CLOSE_REASON as u32 + 1)
+                        } else if !body {
                             0
                         } else if in_ring {
                             len
                         } else {
                             len % 2048
                         },
-                        total_len: if !body {
+                        total_len: if kind == Kind::Close {
+                            len % (crate::wire::MAX_CLOSE_REASON as u32 + 1)
+                        } else if !body {
                             0
                         } else if in_ring && len > 0 {
                             len.saturating_add(extra % 4)

@@ -2,10 +2,12 @@
 //! exchanged over TCP at connection setup. Encode/decode with bounds checks; no verbs, no clock,
 //! no allocation on the message path.
 
+mod close;
 mod error;
 mod handshake;
 mod header;
 
+pub use close::{close_reason, encode_close_reason, MAX_CLOSE_REASON};
 pub use error::WireError;
 pub use handshake::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HANDSHAKE_MAGIC,
@@ -28,6 +30,12 @@ pub fn fuzz_header(data: &[u8]) {
         h.encode(&mut out);
         assert_eq!(&out[..], &data[..HEADER_LEN], "header re-encodes differently");
         assert_eq!(Header::decode(data), Ok(h));
+        if h.kind == Kind::Close {
+            // A Close's reason is read as untrusted text: bounded, whatever the bytes.
+            assert!(h.body_len as usize <= MAX_CLOSE_REASON, "a Close's reason over its bound decoded");
+            let r = close_reason(&data[HEADER_LEN..]);
+            assert!(r.chars().count() <= MAX_CLOSE_REASON && r.chars().all(|c| !c.is_control()));
+        }
     }
 }
 

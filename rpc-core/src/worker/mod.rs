@@ -171,9 +171,13 @@ struct Entry<P: Provider> {
     backlog: Outbox<Outgoing>,
     /// Until the window bind's completion is polled: whom to tell.
     binding: Option<Arc<AtomicU8>>,
-    /// The session was idle for `idle_timeout` and its Close is posted: closed at the next idle
-    /// sweep (its messages meanwhile are dropped unread).
+    /// Its Close is posted (idle for `idle_timeout`, or over a cap: [`Worker::close_telling`]):
+    /// freed when that Close's completion is polled, or at the next idle sweep (its messages
+    /// meanwhile are dropped unread).
     closing: bool,
+    /// What its close counts, applied when it is freed (with `sessions_closed`, so a snapshot
+    /// of the counters sees both or neither).
+    counted: Option<fn(&mut Counters)>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
     deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
@@ -511,9 +515,13 @@ impl<P: Provider> Worker<P> {
                 idle_ms = idle.as_millis() as u64,
                 "closing an idle session (ServerConfig::idle_timeout)"
             );
-            self.counters.idle_closed += 1;
             entry.closing = true;
-            if !entry.conn.send_close(tag) {
+            entry.counted = Some(|c| c.idle_closed += 1);
+            let why = format!(
+                "idle: no call for {} ms (ServerConfig::idle_timeout); a new call reconnects",
+                idle.as_millis()
+            );
+            if !entry.conn.send_close_why(tag, Code::Unavailable, &why) {
                 self.close_entry(idx, "idle for ServerConfig::idle_timeout", false, true);
             }
         }
@@ -538,15 +546,18 @@ impl<P: Provider> Worker<P> {
                     return;
                 }
                 Event::ReassemblyExpired { waited } => {
-                    self.counters.reassembly_timeouts += 1;
                     let reason = format!(
                         "a body arriving in pieces did not finish within {} ms \
                          (ServerConfig::reassembly_timeout)",
                         waited.as_millis()
                     );
-                    self.close_entry(idx, &reason, true, true);
+                    self.close_telling(idx, Code::ResourceExhausted, &reason, |c| {
+                        c.reassembly_timeouts += 1;
+                        c.malformed += 1;
+                    });
                     return;
                 }
+                Event::Refused { .. } => self.counters.reassembly_refused += 1,
                 Event::Expired { .. } | Event::Overran { .. } | Event::Unacknowledged { .. } => {}
             }
             // What the event means for its call (CANCELLED, DEADLINE_EXCEEDED) is the session's.
@@ -572,15 +583,19 @@ impl<P: Provider> Worker<P> {
         let mut k = 0;
         while k < self.streaming.len() {
             let idx = self.streaming[k];
-            let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.streams.is_empty()) else {
-                // Closed, or its streams all ended.
+            let Some(entry) =
+                self.entries[idx as usize].as_mut().filter(|e| !e.streams.is_empty() && !e.closing)
+            else {
+                // Closed or closing, or its streams all ended.
                 self.streaming.swap_remove(k);
                 continue;
             };
             k += 1;
             let mut moved = false;
+            // A stream message that would take the server over `max_backlog_bytes`.
+            let mut over = None;
             let mut i = 0;
-            while i < entry.streams.len() {
+            while i < entry.streams.len() && over.is_none() {
                 let st = &entry.streams[i];
                 let (slot, generation) = (st.slot, st.generation);
                 if entry.conn.session.live_call(slot, generation).is_none() {
@@ -640,8 +655,17 @@ impl<P: Provider> Worker<P> {
                     } else {
                         Header { stream: crate::wire::STREAM_BATCH, count, ..single }
                     };
-                    backlog.push(spill(h, Ok(body)));
+                    // Charged while it waits on the heap, as answers are.
+                    let mut waiting = spill(h, Ok(body));
+                    if let Err(reason) = charge(&conn.session, &mut waiting) {
+                        over = Some(reason);
+                        break;
+                    }
+                    backlog.push(waiting);
                     moved = true;
+                }
+                if over.is_some() {
+                    break;
                 }
                 if took {
                     sink.wake_if_low();
@@ -663,6 +687,10 @@ impl<P: Provider> Worker<P> {
                     continue;
                 }
                 i += 1;
+            }
+            if let Some(reason) = over {
+                self.close_over_backlog(idx, &reason);
+                continue;
             }
             if moved {
                 self.try_backlog(idx);
@@ -709,7 +737,12 @@ impl<P: Provider> Worker<P> {
                 let count = if h.stream & crate::wire::STREAM_BATCH != 0 { h.count } else { 0 };
                 if source.queue.push((bytes, count)).is_err() {
                     // The session admits at most the stream's grants, fewer than the queue holds.
-                    self.close_entry(idx, "protocol violation: stream messages beyond the queue", true, true);
+                    self.close_telling(
+                        idx,
+                        Code::Internal,
+                        "protocol violation: stream messages beyond the queue",
+                        |c| c.malformed += 1,
+                    );
                     return;
                 }
                 if source.dropped.load(Ordering::Acquire) {
@@ -794,6 +827,7 @@ impl<P: Provider> Worker<P> {
             backlog: Outbox::default(),
             binding: None,
             closing: false,
+            counted: None,
             deferred: Vec::new(),
             streams: Vec::new(),
             registered: nc.registered,
@@ -847,6 +881,9 @@ impl<P: Provider> Worker<P> {
         self.by_qpn.remove(&entry.conn.qp.qp_num());
         self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
         let _ = entry.conn.qp.modify(&QpAttr::new(QpState::Err));
+        if let Some(count) = entry.counted {
+            count(&mut self.counters);
+        }
         if malformed {
             self.counters.malformed += 1;
             tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
@@ -872,7 +909,7 @@ impl<P: Provider> Worker<P> {
         for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
             if let Some(entry) = self.entries[idx].as_mut() {
-                entry.conn.send_close(tag);
+                entry.conn.send_close_why(tag, Code::Unavailable, "the server is shutting down");
             }
         }
         let until = Instant::now() + Duration::from_millis(20);
@@ -922,8 +959,32 @@ impl<P: Provider> Worker<P> {
     /// Closes a session whose waiting answers would take the server over `max_backlog_bytes`.
     #[cold]
     fn close_over_backlog(&mut self, idx: u16, reason: &str) {
-        self.counters.over_backlog_cap += 1;
-        self.close_entry(idx, reason, true, true);
+        self.close_telling(idx, Code::ResourceExhausted, reason, |c| {
+            c.over_backlog_cap += 1;
+            c.malformed += 1;
+        });
+    }
+
+    /// Closes a session telling its client why: a Close carrying `code` and `reason` is posted
+    /// (the session's memory held for reassembly is given back at once) and the entry is freed
+    /// once that Close's completion is polled (or at the next idle sweep); what the client sends
+    /// meanwhile is dropped unread. With no send buffer free, or when posting fails, it closes
+    /// at once (the client then learns only that the session is gone). `count` adds what the
+    /// close counts when the session is freed.
+    #[cold]
+    #[inline(never)]
+    fn close_telling(&mut self, idx: u16, code: Code, reason: &str, count: fn(&mut Counters)) {
+        let tag = self.tag(idx);
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if entry.closing {
+            return;
+        }
+        tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
+        entry.closing = true;
+        entry.counted = Some(count);
+        if !entry.conn.send_close_why(tag, code, reason) {
+            self.close_entry(idx, reason, false, true);
+        }
     }
 
     fn mark_dirty(&mut self, idx: u16) {
@@ -940,7 +1001,8 @@ impl<P: Provider> Worker<P> {
     /// and what is dropped is the session's rule ([`Outbox::front`]).
     fn try_backlog(&mut self, idx: u16) {
         let tag = self.tag(idx);
-        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        // A closing session's Close went last: nothing follows it.
+        let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.closing) else { return };
         let counters = &mut self.counters;
         let session = entry.session;
         let mut late = 0;
@@ -971,7 +1033,7 @@ impl<P: Provider> Worker<P> {
     fn flush_dirty(&mut self) {
         while let Some(idx) = self.dirty.pop() {
             let tag = self.tag(idx);
-            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.closing) else { continue };
             entry.dirty = false;
             if entry.conn.session.take_ring_return() {
                 entry.conn.queue_ring_return();
@@ -1006,6 +1068,11 @@ impl<P: Provider> Worker<P> {
                 return;
             }
             entry.conn.on_send_completion(c);
+            if entry.closing && entry.conn.sq.outstanding() == 0 {
+                // Its Close (posted last) has left: free it now.
+                self.close_entry(idx, "closed after its Close was sent", false, true);
+                return;
+            }
             let backlog = !entry.backlog.is_empty();
             if wc.opcode == WcOpcode::IBV_WC_BIND_MW {
                 if let Some(b) = entry.binding.take() {
@@ -1067,16 +1134,21 @@ impl<P: Provider> Worker<P> {
             Instant::now,
         ) {
             Ok(inc) => inc,
-            Err(reason) => {
+            Err(mut reason) => {
                 self.recv.repost(buf);
-                let metered = crate::session::meter::is_violation(&reason);
-                if metered {
-                    self.counters.metered += 1;
-                    tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
+                let share = entry.conn.session.reassembly_share().unwrap_or(0);
+                let (code, count): (_, fn(&mut Counters)) = if crate::session::meter::is_violation(&reason) {
+                    (Code::ResourceExhausted, |c| c.metered += 1)
                 } else if crate::session::is_reassembly_cap(&reason) {
-                    self.counters.over_reassembly_cap += 1;
-                }
-                self.close_entry(idx, &reason, !metered, true);
+                    reason = format!("{reason} of {share} bytes");
+                    (Code::ResourceExhausted, |c| {
+                        c.over_reassembly_cap += 1;
+                        c.malformed += 1;
+                    })
+                } else {
+                    (Code::Internal, |c| c.malformed += 1)
+                };
+                self.close_telling(idx, code, &reason, count);
                 return;
             }
         };
@@ -1110,7 +1182,7 @@ impl<P: Provider> Worker<P> {
                     }
                     Err(reason) => {
                         let reason = format!("protocol violation: {reason}");
-                        self.close_entry(idx, &reason, true, true);
+                        self.close_telling(idx, Code::Internal, &reason, |c| c.malformed += 1);
                         return;
                     }
                 }
