@@ -46,8 +46,11 @@ const ECHO_DROP_REQ: MethodId = method_id("/test.Drops/EchoDropReq");
 /// Messages ECHO_DROP_REQ sends.
 const SENT: u64 = 5;
 
-/// Every call's deadline: a stream that never ends fails the test with DEADLINE_EXCEEDED.
-const DEADLINE: Duration = Duration::from_secs(30);
+/// Every call's deadline: a blocking receive that never ends fails the test with
+/// DEADLINE_EXCEEDED. Longer than [`WAIT`], which bounds the waits for the server's side (the
+/// deadline would cancel the server's side too, passing for the cancel a test waits for) and
+/// each `Channel` case as a whole.
+const DEADLINE: Duration = Duration::from_secs(2 * WAIT.as_secs());
 
 fn opts() -> CallOptions {
     CallOptions::deadline(DEADLINE)

@@ -210,6 +210,11 @@ impl SourceShared {
 /// handler that stops reading stalls the client's sender at the stream's grant limit.
 /// Dropping it drops the messages queued and every later one, returning their grants: the
 /// client's sends go on until the call's answer.
+///
+/// The client's end: a `finish` (or, on a `Channel`, its `StreamSender` dropped: a half-close,
+/// as in tonic) ends the stream with `Ok(None)`; a cancel (a `Channel`'s `StreamReceiver` or
+/// `ClientStreamCall` dropped, a blocking stream dropped before its end, the deadline, the
+/// session gone) ends it CANCELLED. Either way a reader waiting in `message` wakes.
 pub struct RequestStream<T> {
     shared: Arc<SourceShared>,
     done: bool,
