@@ -11,6 +11,7 @@
 mod backoff;
 mod config;
 pub(crate) mod core;
+mod names;
 mod queue;
 mod stream;
 
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
+pub use names::register_method_names;
 pub use stream::{BidiStreaming, ClientStreaming};
 
 use crate::buffers::GatherBody;
