@@ -43,6 +43,17 @@ const ECHO_DROP_SINK: MethodId = method_id("/test.Drops/EchoDropSink");
 /// Bidirectional: drops the request stream at once, sends [`SENT`] messages, drops the sink.
 const ECHO_DROP_REQ: MethodId = method_id("/test.Drops/EchoDropReq");
 
+/// Unary: answers the request's `seq` from another thread after 20 ms.
+const LATER: MethodId = method_id("/test.Drops/Later");
+/// Bidirectional: echoes each message after a short pause (the client's sends wait for room).
+const ECHO_SLOW: MethodId = method_id("/test.Drops/EchoSlow");
+/// Client streaming: reads with `message_async` raced against an expired timeout (cancelled
+/// whenever nothing is there), answers the count, or DATA_LOSS at a gap.
+const READ_RACED: MethodId = method_id("/test.Drops/ReadRaced");
+/// Server streaming: sends `seq` messages with `send_async` raced against an expired timeout;
+/// the sends that completed go to the probe's `sent`.
+const SEND_RACED: MethodId = method_id("/test.Drops/SendRaced");
+
 /// Messages ECHO_DROP_REQ sends.
 const SENT: u64 = 5;
 
@@ -58,6 +69,11 @@ fn opts() -> CallOptions {
 
 fn msg(seq: u64) -> EchoMsg {
     EchoMsg { seq, payload: vec![seq as u8; 16], checksum: 0, reply_len: 0 }
+}
+
+/// A message of 2000 bytes: two fill a SEND.
+fn big(seq: u64) -> EchoMsg {
+    EchoMsg { seq, payload: vec![seq as u8; 2000], checksum: 0, reply_len: 0 }
 }
 
 /// How a server reader's request stream ended, or how its producer's send failed.
@@ -78,6 +94,8 @@ struct Probe {
     requests: Mutex<Option<Seen>>,
     /// How the last producer's sends ended (only LIST_ON and STALL record it).
     sink: Mutex<Option<Seen>>,
+    /// SEND_RACED's sends that completed (the others were cancelled).
+    sent: Mutex<Vec<u64>>,
     /// SUM_DROP_REQ answers once set (or its call is cancelled: then it records CANCELLED in
     /// `sink`).
     release: AtomicBool,
@@ -126,6 +144,10 @@ impl Service for Drops {
         MethodDesc { id: STALL, name: "/test.Drops/Stall" },
         MethodDesc { id: ECHO_DROP_SINK, name: "/test.Drops/EchoDropSink" },
         MethodDesc { id: ECHO_DROP_REQ, name: "/test.Drops/EchoDropReq" },
+        MethodDesc { id: LATER, name: "/test.Drops/Later" },
+        MethodDesc { id: ECHO_SLOW, name: "/test.Drops/EchoSlow" },
+        MethodDesc { id: READ_RACED, name: "/test.Drops/ReadRaced" },
+        MethodDesc { id: SEND_RACED, name: "/test.Drops/SendRaced" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
@@ -207,6 +229,75 @@ impl Service for Drops {
                             let _ = sink.send(&msg(seq));
                         }
                     }
+                });
+                out.reply(reply);
+            }
+            LATER => {
+                let req: EchoMsg = match decode(body) {
+                    Ok(r) => r,
+                    Err(s) => return out.error(s),
+                };
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    responder.send(Ok(msg(req.seq)));
+                });
+                out.reply(reply);
+            }
+            ECHO_SLOW => {
+                let mut requests = ctx.requests::<EchoMsg>();
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                std::thread::spawn(move || {
+                    while let Ok(Some(m)) = requests.message() {
+                        std::thread::sleep(Duration::from_micros(200));
+                        let _ = sink.send(&m);
+                    }
+                });
+                out.reply(reply);
+            }
+            READ_RACED => {
+                let mut requests = ctx.requests::<EchoMsg>();
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    let r = rt.block_on(async {
+                        let mut n = 0;
+                        loop {
+                            match race(requests.message_async()).await {
+                                Some(Ok(Some(m))) if m.seq == n => n += 1,
+                                Some(Ok(Some(m))) => {
+                                    return Err(Status::data_loss(format!("message {} came as {n}", m.seq)))
+                                }
+                                Some(Ok(None)) => return Ok(msg(n)),
+                                Some(Err(e)) => return Err(e),
+                                // Cancelled: nothing was there yet.
+                                None => tokio::task::yield_now().await,
+                            }
+                        }
+                    });
+                    responder.send(r);
+                });
+                out.reply(reply);
+            }
+            SEND_RACED => {
+                let req: EchoMsg = match decode(body) {
+                    Ok(r) => r,
+                    Err(s) => return out.error(s),
+                };
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    rt.block_on(async {
+                        for seq in 0..req.seq {
+                            match race(sink.send_async(&msg(seq))).await {
+                                Some(Ok(())) => probe.sent.lock().unwrap().push(seq),
+                                Some(Err(_)) => return,
+                                // Cancelled while the sink was full: not sent.
+                                None => tokio::task::yield_now().await,
+                            }
+                        }
+                    });
+                    drop(sink);
                 });
                 out.reply(reply);
             }
@@ -368,8 +459,10 @@ async fn channel_run(case: Case, ch: &Channel, probe: &Arc<Probe>) {
         }
         Case::ClientStreamServerRequests => {
             let mut call = ch.client_stream::<EchoMsg, EchoMsg>(SUM_DROP_REQ, &opts());
+            // Many SENDs' worth (2 messages fill an eager buffer): more than the stream's grants,
+            // so they go only as the server's worker returns the grants of what it drops.
             for seq in 0..300 {
-                call.send(&msg(seq)).await.unwrap_or_else(|e| panic!("send {seq}: {e}"));
+                call.send(&big(seq)).await.unwrap_or_else(|e| panic!("send {seq}: {e}"));
             }
             probe.release.store(true, Ordering::Release);
             assert_eq!(call.finish().await.unwrap().seq, 777);
@@ -503,8 +596,10 @@ fn client_case(case: Case) {
         }
         Case::ClientStreamServerRequests => {
             let mut call = c.client_stream::<EchoMsg, EchoMsg>(SUM_DROP_REQ, &opts()).unwrap();
+            // Many SENDs' worth (2 messages fill an eager buffer): more than the stream's grants,
+            // so they go only as the server's worker returns the grants of what it drops.
             for seq in 0..300 {
-                call.send(&msg(seq)).unwrap_or_else(|e| panic!("send {seq}: {e}"));
+                call.send(&big(seq)).unwrap_or_else(|e| panic!("send {seq}: {e}"));
             }
             probe.release.store(true, Ordering::Release);
             assert_eq!(call.finish().unwrap().seq, 777);
@@ -567,4 +662,188 @@ client_tests! {
     client_bidi_dropped_cancels_the_servers_reader_and_sink: BidiClientReceiver,
     client_bidi_sink_dropped_ends_the_receive_cleanly: BidiServerSink,
     client_bidi_requests_dropped_lets_the_client_send_on: BidiServerRequests,
+}
+
+// ---- cancel safety (the "# Cancel safety" sections of the docs) ----
+
+/// `f` polled once in a `tokio::select!` against a branch that is always ready: its output, or
+/// `None` when it was pending (then it lost the race and was dropped).
+async fn race<F: std::future::Future>(f: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        r = f => Some(r),
+        () = std::future::ready(()) => None,
+    }
+}
+
+/// Checks that `got` is `want`, naming the first difference (not printing thousands of numbers).
+#[track_caller]
+fn same_seqs(got: &[u64], want: &[u64], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        fail(&format!(
+            "{what}: {} received, {} completed; first difference at {at}: received {:?}, completed {:?}",
+            got.len(),
+            want.len(),
+            got.get(at),
+            want.get(at)
+        ));
+    }
+}
+
+/// Runs `f` on a `Channel` under a two-thread runtime, bounded by [`WAIT`].
+fn on_channel<F: std::future::Future<Output = ()>>(what: &str, f: impl FnOnce(Channel, Arc<Probe>) -> F) {
+    let (server, probe) = start();
+    let addr = server.local_addr();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let ch = Channel::connect_with(addr, &channel_config()).await.unwrap();
+        if tokio::time::timeout(WAIT, f(ch, probe.clone())).await.is_err() {
+            fail(&format!("{what} hung: {}", probe_state(&probe)));
+        }
+    });
+    drop(rt);
+    server.shutdown();
+}
+
+/// `StreamReceiver::message` is cancel-safe: raced against an expired timeout (dropped whenever
+/// no message is there at its first poll), no message is lost.
+#[test]
+fn a_channel_receive_that_loses_a_select_loses_no_message() {
+    on_channel("the raced receive", |ch, _| async move {
+        const N: u64 = 300;
+        let mut rx = ch.server_stream::<_, EchoMsg>(LIST_DROP, msg(N), &opts());
+        let mut next = 0;
+        let mut lost_races = 0u64;
+        loop {
+            match race(rx.message()).await {
+                Some(Ok(Some(m))) => {
+                    assert_eq!(m.seq, next, "a message lost after {lost_races} lost races");
+                    next += 1;
+                }
+                Some(Ok(None)) => break,
+                Some(Err(e)) => panic!("after {next}: {e}"),
+                None => {
+                    lost_races += 1;
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        assert_eq!(next, N, "every message, then the end ({lost_races} lost races)");
+    });
+}
+
+/// `StreamSender::send` is not cancel-safe, as documented: a send that loses the race was not
+/// sent (its message is lost); every send that completed was, in order.
+#[test]
+fn a_channel_send_that_loses_a_select_was_not_sent() {
+    on_channel("the raced send", |ch, _| async move {
+        let (mut tx, mut rx) = ch.bidi_stream::<EchoMsg, EchoMsg>(ECHO_SLOW, &opts());
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(m) = rx.message().await.unwrap() {
+                got.push(m.seq);
+            }
+            got
+        });
+        let mut sent = Vec::new();
+        for seq in 0..400 {
+            match race(tx.send(&msg(seq))).await {
+                Some(Ok(())) => sent.push(seq),
+                Some(Err(e)) => panic!("send {seq}: {e}"),
+                None => tokio::task::yield_now().await,
+            }
+        }
+        drop(tx);
+        let got = reader.await.unwrap();
+        same_seqs(&got, &sent, "the server got exactly the sends that completed (of 400)");
+    });
+}
+
+/// A unary call polled by `&mut` in a `select!` loop is cancel-safe: the rounds the other
+/// branch wins lose nothing, and the answer comes.
+#[test]
+fn a_unary_call_polled_by_reference_in_select_keeps_its_answer() {
+    on_channel("the raced unary call", |ch, _| async move {
+        let mut call = ch.unary::<EchoMsg, EchoMsg>(LATER, msg(7), &opts());
+        let mut rounds = 0u64;
+        let r = loop {
+            tokio::select! {
+                r = &mut call => break r,
+                () = tokio::time::sleep(Duration::from_millis(1)) => rounds += 1,
+            }
+        };
+        assert_eq!(r.unwrap_or_else(|e| panic!("after {rounds} lost rounds: {e}")).seq, 7);
+    });
+}
+
+/// A dropped `Channel::connect_with` stops the dispatcher threads it started.
+#[test]
+fn a_dropped_channel_connect_leaves_no_dispatcher_behind() {
+    let (server, probe) = start();
+    let addr = server.local_addr();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let alive = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+            .filter(|n| n.starts_with("chan-dropcon"))
+            .count()
+    };
+    rt.block_on(async {
+        let cfg = channel_config().thread_name("chan-dropcon").dispatchers(2);
+        // The first poll starts the dispatchers; their handshakes take longer than one poll.
+        let mut dropped = 0;
+        for _ in 0..20 {
+            match race(Channel::connect_with(addr, &cfg)).await {
+                None => dropped += 1,
+                Some(ch) => drop(ch.unwrap()),
+            }
+        }
+        assert!(dropped > 0, "every connect completed within one poll");
+        // A connect after dropped ones works.
+        let ch = Channel::connect_with(addr, &cfg).await.unwrap();
+        let r = ch.unary::<EchoMsg, EchoMsg>(LATER, msg(1), &opts()).await.unwrap();
+        assert_eq!(r.seq, 1);
+    });
+    wait_until(
+        "the dropped connects' dispatchers to end",
+        WAIT,
+        || alive() == 0,
+        || format!("{} dispatcher threads alive; {}", alive(), probe_state(&probe)),
+    );
+    drop(rt);
+    server.shutdown();
+}
+
+/// `RequestStream::message_async` is cancel-safe: a reader that races it against an expired
+/// timeout loses no message (the server answers DATA_LOSS at a gap).
+#[test]
+fn a_request_stream_read_that_loses_a_select_loses_no_message() {
+    on_channel("the raced server read", |ch, _| async move {
+        let mut call = ch.client_stream::<EchoMsg, EchoMsg>(READ_RACED, &opts());
+        for seq in 0..300 {
+            call.send(&msg(seq)).await.unwrap();
+        }
+        assert_eq!(call.finish().await.unwrap().seq, 300);
+    });
+}
+
+/// `StreamSink::send_async` is not cancel-safe, as documented: a send that loses the race was
+/// not sent; every one that completed was, in order.
+#[test]
+fn a_sink_send_that_loses_a_select_was_not_sent() {
+    on_channel("the raced server send", |ch, probe| async move {
+        let mut rx = ch.server_stream::<_, EchoMsg>(SEND_RACED, msg(3000), &opts());
+        let mut got = Vec::new();
+        while let Some(m) = rx.message().await.unwrap() {
+            got.push(m.seq);
+            if got.len() % 64 == 0 {
+                // Let the sink fill, so some sends wait for room (and lose their race).
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let sent = probe.sent.lock().unwrap().clone();
+        same_seqs(&got, &sent, "the client got exactly the sends that completed (of 3000)");
+    });
 }

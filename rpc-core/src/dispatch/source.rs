@@ -289,6 +289,11 @@ impl<T: Message + Default> RequestStream<T> {
     ///
     /// # Errors
     /// As [`RequestStream::message`] (never FAILED_PRECONDITION).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a message is taken only when the future completes with it, so when
+    /// `message_async()` loses a `tokio::select!` race no message is lost (the next call
+    /// returns it).
     pub async fn message_async(&mut self) -> Result<Option<T>, Status> {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }

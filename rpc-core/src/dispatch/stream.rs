@@ -467,6 +467,11 @@ impl<T: Message> StreamSink<T> {
     /// # Errors
     /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]); INTERNAL as
     /// [`StreamSink::send`]. The message is dropped.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as tokio's `mpsc::Sender::send`: when the future is dropped before it
+    /// completes (another `tokio::select!` branch won), the message was not sent and is lost
+    /// (it is queued only when the future completes `Ok`); the stream goes on.
     pub async fn send_async(&self, msg: &T) -> Result<(), Status> {
         std::future::poll_fn(|cx| {
             for _ in 0..2 {
