@@ -54,6 +54,10 @@ const READ_RACED: MethodId = method_id("/test.Drops/ReadRaced");
 /// the sends that completed go to the probe's `sent`.
 const SEND_RACED: MethodId = method_id("/test.Drops/SendRaced");
 
+/// Unary, never answered: watches `Responder::cancelled` raced against an always-ready branch
+/// (a new future each round), records CANCELLED in the probe's `sink` once one resolves.
+const WATCH: MethodId = method_id("/test.Drops/Watch");
+
 /// Messages ECHO_DROP_REQ sends.
 const SENT: u64 = 5;
 
@@ -148,6 +152,7 @@ impl Service for Drops {
         MethodDesc { id: ECHO_SLOW, name: "/test.Drops/EchoSlow" },
         MethodDesc { id: READ_RACED, name: "/test.Drops/ReadRaced" },
         MethodDesc { id: SEND_RACED, name: "/test.Drops/SendRaced" },
+        MethodDesc { id: WATCH, name: "/test.Drops/Watch" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
@@ -229,6 +234,23 @@ impl Service for Drops {
                             let _ = sink.send(&msg(seq));
                         }
                     }
+                });
+                out.reply(reply);
+            }
+            WATCH => {
+                let (responder, reply) = ctx.defer::<EchoMsg>();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    rt.block_on(async {
+                        let until = std::time::Instant::now() + WAIT;
+                        while race(responder.cancelled()).await.is_none() {
+                            if std::time::Instant::now() > until {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        *probe.sink.lock().unwrap() = Some(Seen::Failed(Code::Cancelled));
+                    });
                 });
                 out.reply(reply);
             }
@@ -845,5 +867,28 @@ fn a_sink_send_that_loses_a_select_was_not_sent() {
         }
         let sent = probe.sent.lock().unwrap().clone();
         same_seqs(&got, &sent, "the client got exactly the sends that completed (of 3000)");
+    });
+}
+
+/// `Responder::cancelled` is cancel-safe: a watcher that drops it every round (it loses an
+/// always-ready race) still sees the cancel.
+#[test]
+fn a_responder_cancelled_future_dropped_every_round_still_sees_the_cancel() {
+    on_channel("the raced cancel watch", |ch, probe| async move {
+        let call = ch.unary::<EchoMsg, EchoMsg>(WATCH, msg(0), &opts());
+        let mut call = Box::pin(call);
+        // Sent (and the handler running) before the call is dropped.
+        while probe.entered.load(Ordering::Acquire) == 0 {
+            assert!(race(&mut call).await.is_none(), "WATCH never answers");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(call);
+        let probe2 = probe.clone();
+        let seen = tokio::task::spawn_blocking(move || {
+            until_seen("the watcher to see the cancel", &probe2, |p| &p.sink)
+        })
+        .await
+        .unwrap();
+        assert_eq!(seen, Seen::Failed(Code::Cancelled));
     });
 }
