@@ -13,6 +13,11 @@
 //! Every call has a deadline ([`DEADLINE`]) and every wait a bound ([`WAIT`]): a hang fails the
 //! test (a DEADLINE_EXCEEDED where another end was due, or a wait that gave up) instead of
 //! blocking CI. No timing is asserted.
+//!
+//! Then the "# Cancel safety" claims of the docs, each held by a test that races the future in
+//! a biased `tokio::select!` against an always-ready branch ([`race`]), so it is dropped
+//! whenever its first poll is pending: a cancel-safe receive loses no message, a send that
+//! lost its race was not sent, a future polled by `&mut` keeps its answer.
 
 mod rpc_support;
 
@@ -891,4 +896,34 @@ fn a_responder_cancelled_future_dropped_every_round_still_sees_the_cancel() {
         .unwrap();
         assert_eq!(seen, Seen::Failed(Code::Cancelled));
     });
+}
+
+/// A blocking client's `unary_async` future polled by `&mut` in a `select!` loop is
+/// cancel-safe: the rounds the other branch wins lose nothing, and the answer comes.
+#[test]
+fn a_client_async_call_polled_by_reference_in_select_keeps_its_answer() {
+    let (server, _probe) = start();
+    let c = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let req = msg(5);
+        let mut call = Box::pin(c.unary_async::<EchoMsg, EchoMsg>(LATER, &req, &opts()));
+        let mut rounds = 0u64;
+        let r = tokio::time::timeout(WAIT, async {
+            loop {
+                match race(&mut call).await {
+                    Some(r) => break r,
+                    None => {
+                        rounds += 1;
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| fail("the raced call hung"));
+        assert_eq!(r.unwrap_or_else(|e| panic!("after {rounds} lost rounds: {e}")).seq, 5);
+    });
+    drop(c);
+    server.shutdown();
 }

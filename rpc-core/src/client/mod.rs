@@ -447,6 +447,11 @@ enum State {
 }
 
 /// The future of an async unary call ([`Client::unary_async`]).
+///
+/// # Cancel safety
+/// Polled by reference (`&mut fut` in a `tokio::select!` loop), it is cancel-safe: a round that
+/// another branch wins leaves the call going, and a later poll returns its answer. Dropping the
+/// future itself cancels the call (see [`ResponseFuture::cancel`]): its answer is discarded.
 pub struct ResponseFuture<'a, T> {
     client: &'a Client,
     state: State,
