@@ -9,7 +9,9 @@
 //! server's messages into the receiver's queue (at most [`STREAM_QUEUE`]) and returns their
 //! stream grants only as that queue has room, so a task that stops reading stalls the server's producer.
 //! Memory per stream is bounded by the two queues and the stream's grants, whatever either
-//! side's speed. The call's timeout is the whole stream's deadline.
+//! side's speed. The call's timeout is the whole stream's deadline. A stream opened while the
+//! dispatcher's queue is full waits for room (its halves' futures stay pending, woken when the
+//! dispatcher takes calls out), as unary calls do.
 //!
 //! # Dropping a half
 //! As in tonic: dropping a [`StreamSender`] ends the caller's messages cleanly, as
@@ -18,8 +20,12 @@
 //! [`ClientStreamCall`]) before the stream's end cancels the call: a Cancel goes to the server
 //! (its request stream ends CANCELLED, its sink's sends fail CANCELLED) and a send waiting on
 //! the sender ends CANCELLED. Whatever is dropped, every pending future of the other half ends
-//! (with the stream's end or a status); none waits for ever. A stream opened while the dispatcher's queue is full waits for room (its halves'
-//! futures stay pending, woken when the dispatcher takes calls out), as unary calls do.
+//! (with the stream's end or a status); none waits for ever.
+//!
+//! # Cancel safety
+//! [`StreamReceiver::message`] is cancel-safe; [`StreamSender::send`] and
+//! [`ClientStreamCall::send`] are not (a send that loses a `select!` race was not sent);
+//! dropping [`ClientStreamCall::finish`]'s future cancels the call. Each says so in its docs.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
