@@ -338,3 +338,34 @@ fn a_generated_adapter_passes_deferred_answers_and_the_context() {
     drop(client);
     server.shutdown();
 }
+
+/// A server without the service: the stub's UNIMPLEMENTED names the method (the stub knows its
+/// name; the wire carries only the id), on a `Client` and on a `Channel`.
+#[test]
+fn a_method_the_server_does_not_serve_is_named_in_unimplemented() {
+    let server = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLLING)
+        .add_service(no_package::pinger_server::PingerServer::new(Impl))
+        .spawn("127.0.0.1:0")
+        .expect("spawn the server on sim");
+    let id = helloworld::greeter_client::SAY_HELLO;
+    let expected = format!("method helloworld.Greeter/SayHello (id {id:#x}) is not served by this server");
+    let request = helloworld::HelloRequest { name: "x".into() };
+
+    let greeter = helloworld::greeter_client::GreeterClient::connect_with(server.local_addr(), &config())
+        .expect("connect");
+    let e = greeter.say_hello(&request).expect_err("no Greeter on this server");
+    assert_eq!(e.code(), Code::Unimplemented, "{e}");
+    assert_eq!(e.message(), expected);
+    drop(greeter);
+
+    let channel_config = rpc_core::ChannelConfig::default().client(config()).thread_name("names");
+    let channel = rpc_core::Channel::connect_blocking(server.local_addr(), &channel_config).expect("connect");
+    let greeter = helloworld::greeter_client::GreeterClient::from_channel(channel);
+    let e = block_on(greeter.say_hello(request)).expect_err("no Greeter on this server");
+    assert_eq!(e.code(), Code::Unimplemented, "{e}");
+    assert_eq!(e.message(), expected);
+    drop(greeter);
+    server.shutdown();
+}

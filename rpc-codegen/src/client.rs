@@ -41,6 +41,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     buf.push_str(crate::generator::ALLOW_USER_NAMES);
     buf.push_str("use rpc_core::codegen::*;\n");
     model.write_consts(buf);
+    write_names(model, buf);
 
     write_comments(&model.service.comments, buf);
     if model.service.comments.leading.is_empty() && model.service.comments.trailing.is_empty() {
@@ -70,6 +71,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         /// `UNAVAILABLE` when no server answers there; the connection's other failures as
         /// `Client::connect` reports them.
         pub fn {connect}(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status> {{
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {{ inner: Client::connect(addr)? }})
         }}
         /// Connects to the server at `addr` with `config`.
@@ -77,10 +79,12 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         /// # Errors
         /// As `{connect}`, plus an invalid configuration.
         pub fn {connect_with}(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig) -> ::core::result::Result<Self, Status> {{
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {{ inner: Client::connect_with(addr, config)? }})
         }}
         /// Uses an open session (which other stubs may have used before).
         pub fn {new}(client: Client) -> Self {{
+            __rpc_register_names();
             Self {{ inner: client }}
         }}
         /// The session under this stub.
@@ -143,6 +147,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         where
             A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send + 'static,
         {{
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {{ inner: Channel::connect(addr).await? }})
         }}
         /// Opens a shareable channel to the server at `addr` with `config`.
@@ -153,10 +158,12 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         where
             A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send + 'static,
         {{
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {{ inner: Channel::connect_with(addr, config).await? }})
         }}
         /// Uses an open channel (which other stubs may share).
         pub fn {from_channel}(channel: Channel) -> Self {{
+            __rpc_register_names();
             Self {{ inner: channel }}
         }}
         /// The channel under this stub.
@@ -197,6 +204,31 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     buf.push_str("}\n");
 }
 
+/// Appends the table of the service's method names and the function that registers it once per
+/// process (every constructor of the stub calls it), so that an UNIMPLEMENTED from a server
+/// that does not serve a method names it (`rpc_core::codegen::register_method_names`).
+fn write_names(model: &ServiceModel<'_>, buf: &mut String) {
+    buf.push_str(
+        "/// The names of the service's methods, for the client's errors.\n\
+         static __RPC_METHOD_NAMES: &[rpc_core::codegen::MethodDesc] = &[",
+    );
+    for rpc in model.all() {
+        let _ = write!(
+            buf,
+            "rpc_core::codegen::MethodDesc {{ id: {}, name: {:?} }},",
+            rpc.id_const, rpc.full_name
+        );
+    }
+    buf.push_str(
+        "];\n\
+         /// Registers `__RPC_METHOD_NAMES` (once per process).\n\
+         fn __rpc_register_names() {\n\
+         static ONCE: ::std::sync::Once = ::std::sync::Once::new();\n\
+         ONCE.call_once(|| rpc_core::codegen::register_method_names(__RPC_METHOD_NAMES));\n\
+         }\n",
+    );
+}
+
 /// Appends `impl From<session> for stub<session>` (`session` the facade type, `var` its
 /// parameter's name).
 fn write_from(buf: &mut String, stub: &str, session: &str, var: &str) {
@@ -204,6 +236,7 @@ fn write_from(buf: &mut String, stub: &str, session: &str, var: &str) {
         buf,
         "impl ::core::convert::From<{session}> for {stub}<{session}> {{
             fn from({var}: {session}) -> Self {{
+                __rpc_register_names();
                 Self {{ inner: {var} }}
             }}
         }}"
@@ -284,8 +317,9 @@ impl StreamShape {
             }
             (Session::Channel, Self::Bidi) => {
                 "the caller's messages go into the sender\n/// (`send(..).await`, `finish()`), the server's \
-                 come from the receiver; each half may\n/// move to its own task. Dropping either before \
-                 the end cancels the call."
+                 come from the receiver; each half may\n/// move to its own task. Dropping the sender \
+                 ends the caller's messages (as\n/// `finish()`); dropping the receiver before the end \
+                 cancels the call."
             }
         }
     }

@@ -231,6 +231,26 @@ pub mod store_client {
     pub const LABEL: MethodId = 0x77ea_f209;
     /// Method id of `/codegen.collide.Store/List` (FNV-1a 32 of the full name).
     pub const LIST: MethodId = 0xea17_102d;
+    /// The names of the service's methods, for the client's errors.
+    static __RPC_METHOD_NAMES: &[rpc_core::codegen::MethodDesc] = &[
+        rpc_core::codegen::MethodDesc {
+            id: STOCK,
+            name: "/codegen.collide.Store/Stock",
+        },
+        rpc_core::codegen::MethodDesc {
+            id: LABEL,
+            name: "/codegen.collide.Store/Label",
+        },
+        rpc_core::codegen::MethodDesc {
+            id: LIST,
+            name: "/codegen.collide.Store/List",
+        },
+    ];
+    /// Registers `__RPC_METHOD_NAMES` (once per process).
+    fn __rpc_register_names() {
+        static ONCE: ::std::sync::Once = ::std::sync::Once::new();
+        ONCE.call_once(|| rpc_core::codegen::register_method_names(__RPC_METHOD_NAMES));
+    }
     /// Calls the RPCs of `codegen.collide.Store`.
     ///
     /// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open one per
@@ -254,6 +274,7 @@ pub mod store_client {
         pub fn connect(
             addr: impl ::std::net::ToSocketAddrs,
         ) -> ::core::result::Result<Self, Status> {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Client::connect(addr)?,
             })
@@ -266,12 +287,14 @@ pub mod store_client {
             addr: impl ::std::net::ToSocketAddrs,
             config: &ClientConfig,
         ) -> ::core::result::Result<Self, Status> {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Client::connect_with(addr, config)?,
             })
         }
         /// Uses an open session (which other stubs may have used before).
         pub fn new(client: Client) -> Self {
+            __rpc_register_names();
             Self { inner: client }
         }
         /// The session under this stub.
@@ -402,6 +425,7 @@ pub mod store_client {
     }
     impl ::core::convert::From<Client> for StoreClient<Client> {
         fn from(client: Client) -> Self {
+            __rpc_register_names();
             Self { inner: client }
         }
     }
@@ -417,6 +441,7 @@ pub mod store_client {
             A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send
                 + 'static,
         {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Channel::connect(addr).await?,
             })
@@ -433,12 +458,14 @@ pub mod store_client {
             A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send
                 + 'static,
         {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Channel::connect_with(addr, config).await?,
             })
         }
         /// Uses an open channel (which other stubs may share).
         pub fn from_channel(channel: Channel) -> Self {
+            __rpc_register_names();
             Self { inner: channel }
         }
         /// The channel under this stub.
@@ -511,6 +538,7 @@ pub mod store_client {
     }
     impl ::core::convert::From<Channel> for StoreClient<Channel> {
         fn from(channel: Channel) -> Self {
+            __rpc_register_names();
             Self { inner: channel }
         }
     }

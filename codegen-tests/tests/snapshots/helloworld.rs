@@ -116,6 +116,18 @@ pub mod greeter_client {
     pub const SERVICE_NAME: &str = "helloworld.Greeter";
     /// Method id of `/helloworld.Greeter/SayHello` (FNV-1a 32 of the full name).
     pub const SAY_HELLO: MethodId = 0x88a5_acce;
+    /// The names of the service's methods, for the client's errors.
+    static __RPC_METHOD_NAMES: &[rpc_core::codegen::MethodDesc] = &[
+        rpc_core::codegen::MethodDesc {
+            id: SAY_HELLO,
+            name: "/helloworld.Greeter/SayHello",
+        },
+    ];
+    /// Registers `__RPC_METHOD_NAMES` (once per process).
+    fn __rpc_register_names() {
+        static ONCE: ::std::sync::Once = ::std::sync::Once::new();
+        ONCE.call_once(|| rpc_core::codegen::register_method_names(__RPC_METHOD_NAMES));
+    }
     /// Says hello.
     ///
     /// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open one per
@@ -139,6 +151,7 @@ pub mod greeter_client {
         pub fn connect(
             addr: impl ::std::net::ToSocketAddrs,
         ) -> ::core::result::Result<Self, Status> {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Client::connect(addr)?,
             })
@@ -151,12 +164,14 @@ pub mod greeter_client {
             addr: impl ::std::net::ToSocketAddrs,
             config: &ClientConfig,
         ) -> ::core::result::Result<Self, Status> {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Client::connect_with(addr, config)?,
             })
         }
         /// Uses an open session (which other stubs may have used before).
         pub fn new(client: Client) -> Self {
+            __rpc_register_names();
             Self { inner: client }
         }
         /// The session under this stub.
@@ -211,6 +226,7 @@ pub mod greeter_client {
     }
     impl ::core::convert::From<Client> for GreeterClient<Client> {
         fn from(client: Client) -> Self {
+            __rpc_register_names();
             Self { inner: client }
         }
     }
@@ -226,6 +242,7 @@ pub mod greeter_client {
             A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send
                 + 'static,
         {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Channel::connect(addr).await?,
             })
@@ -242,12 +259,14 @@ pub mod greeter_client {
             A: ::std::net::ToSocketAddrs + ::core::clone::Clone + ::core::marker::Send
                 + 'static,
         {
+            __rpc_register_names();
             ::core::result::Result::Ok(Self {
                 inner: Channel::connect_with(addr, config).await?,
             })
         }
         /// Uses an open channel (which other stubs may share).
         pub fn from_channel(channel: Channel) -> Self {
+            __rpc_register_names();
             Self { inner: channel }
         }
         /// The channel under this stub.
@@ -278,6 +297,7 @@ pub mod greeter_client {
     }
     impl ::core::convert::From<Channel> for GreeterClient<Channel> {
         fn from(channel: Channel) -> Self {
+            __rpc_register_names();
             Self { inner: channel }
         }
     }

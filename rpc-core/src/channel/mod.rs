@@ -198,6 +198,11 @@ impl Channel {
     ///
     /// # Errors
     /// As [`crate::Client::connect`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe in the sense that nothing is lost: dropping the future before it completes
+    /// (another `tokio::select!` branch won) stops the dispatchers it started and closes their
+    /// sessions; a later connect starts afresh.
     pub async fn connect<A>(addr: A) -> Result<Channel, Status>
     where
         A: ToSocketAddrs + Clone + Send + 'static,
@@ -210,6 +215,9 @@ impl Channel {
     /// # Errors
     /// As [`crate::Client::connect_with`]; INVALID_ARGUMENT for a configuration value out of
     /// range (named).
+    ///
+    /// # Cancel safety
+    /// As [`Channel::connect`]: dropping the future stops what it started.
     pub async fn connect_with<A>(addr: A, config: &ChannelConfig) -> Result<Channel, Status>
     where
         A: ToSocketAddrs + Clone + Send + 'static,
@@ -425,6 +433,13 @@ impl<Req: Send + 'static, Resp: Send + 'static> Outcome<Resp> for UnaryJob<Req, 
 }
 
 /// The future of a [`Channel::unary`] call: `Send + 'static`; dropping it cancels the call.
+///
+/// # Cancel safety
+/// Polled by reference (`&mut call` in a `tokio::select!` loop), it is cancel-safe: a round
+/// that another branch wins leaves the call going, and a later poll returns its answer (none
+/// is lost). Dropping the future itself (passing `call` by value to a `select!` that another
+/// branch wins, or a `tokio::time::timeout` that expires) cancels the call: a Cancel goes to
+/// the server and the answer, if it comes, is discarded.
 #[must_use = "a call does nothing useful unless awaited, and dropping it cancels the call"]
 pub struct UnaryCall<Resp> {
     /// The call's state (`None` once dropped: given back for reuse).

@@ -9,10 +9,23 @@
 //! server's messages into the receiver's queue (at most [`STREAM_QUEUE`]) and returns their
 //! stream grants only as that queue has room, so a task that stops reading stalls the server's producer.
 //! Memory per stream is bounded by the two queues and the stream's grants, whatever either
-//! side's speed. Dropping a half before the stream's end cancels the call; `finish` ends the
-//! caller's messages cleanly (distinct from a cancel). The call's timeout is the whole stream's
-//! deadline. A stream opened while the dispatcher's queue is full waits for room (its halves'
-//! futures stay pending, woken when the dispatcher takes calls out), as unary calls do.
+//! side's speed. The call's timeout is the whole stream's deadline. A stream opened while the
+//! dispatcher's queue is full waits for room (its halves' futures stay pending, woken when the
+//! dispatcher takes calls out), as unary calls do.
+//!
+//! # Dropping a half
+//! As in tonic: dropping a [`StreamSender`] ends the caller's messages cleanly, as
+//! [`StreamSender::finish`] (the server's request stream ends with `Ok(None)`; the server's
+//! messages and its end still come to the receiver). Dropping a [`StreamReceiver`] (or a
+//! [`ClientStreamCall`]) before the stream's end cancels the call: a Cancel goes to the server
+//! (its request stream ends CANCELLED, its sink's sends fail CANCELLED) and a send waiting on
+//! the sender ends CANCELLED. Whatever is dropped, every pending future of the other half ends
+//! (with the stream's end or a status); none waits for ever.
+//!
+//! # Cancel safety
+//! [`StreamReceiver::message`] is cancel-safe; [`StreamSender::send`] and
+//! [`ClientStreamCall::send`] are not (a send that loses a `select!` race was not sent);
+//! dropping [`ClientStreamCall::finish`]'s future cancels the call. Each says so in its docs.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -332,7 +345,7 @@ impl Channel {
             done: false,
             _t: PhantomData,
         };
-        ClientStreamCall { tx, rx: StreamReceiver { state, poke, done: false } }
+        ClientStreamCall { rx: StreamReceiver { state, poke, done: false }, tx }
     }
 
     /// Opens a bidirectional stream to method `id`: the caller's messages go into the sender,
@@ -363,7 +376,8 @@ trait SendSide: Send + Sync {
     fn out(&self) -> &Outbound;
     /// The stream is over (answered, failed, cancelled): sends fail.
     fn over(&self) -> bool;
-    fn cancel(&self);
+    /// The receiver was dropped before the end: the call is cancelled.
+    fn cancelled(&self) -> bool;
 }
 
 struct SenderState<Resp>(Arc<StreamState<Resp>>);
@@ -375,13 +389,15 @@ impl<Resp: Send> SendSide for SenderState<Resp> {
     fn over(&self) -> bool {
         self.0.inb.ended.load(Ordering::Acquire) || self.0.cancelled.load(Ordering::Acquire)
     }
-    fn cancel(&self) {
-        self.0.cancelled.store(true, Ordering::Release);
+    fn cancelled(&self) -> bool {
+        self.0.cancelled.load(Ordering::Acquire)
     }
 }
 
 /// The caller's half of a client-streaming or bidirectional stream on a [`Channel`]:
-/// `Send + 'static`. Dropping it without [`StreamSender::finish`] cancels the call.
+/// `Send + 'static`. Dropping it ends the caller's messages cleanly, as
+/// [`StreamSender::finish`] (as tonic does: a half-close, not a cancel; drop the
+/// [`StreamReceiver`] to cancel).
 pub struct StreamSender<Req> {
     out: Arc<dyn SendSide>,
     poke: Poke,
@@ -395,10 +411,17 @@ impl<Req: Message> StreamSender<Req> {
     /// wait for the server's stream grants: a server that stops reading stalls the sender here.
     ///
     /// # Errors
-    /// FAILED_PRECONDITION once the stream is over (the server answered, its deadline passed,
-    /// the session broke: the receiver or `finish` gives why) or after `finish`; INTERNAL when
-    /// `msg` encodes to more or fewer bytes than its `encoded_len` gave (nothing of it is sent,
-    /// the stream goes on).
+    /// CANCELLED once the receiver was dropped before the stream's end (the call is cancelled);
+    /// FAILED_PRECONDITION once the stream is over otherwise (the server answered, its deadline
+    /// passed, the session broke: the receiver or `finish` gives why); INTERNAL when `msg`
+    /// encodes to more or fewer bytes than its `encoded_len` gave (nothing of it is sent, the
+    /// stream goes on).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as tokio's `mpsc::Sender::send`: when the future is dropped before it
+    /// completes (another `select!` branch won), the message was not sent and is lost (it is
+    /// sent when the future completes `Ok`); the stream goes on, and later sends keep their
+    /// order.
     pub async fn send(&mut self, msg: &Req) -> Result<(), Status> {
         if self.done {
             return Err(Status::failed_precondition("the stream's messages were ended (finish)"));
@@ -417,6 +440,11 @@ impl<Req: Message> StreamSender<Req> {
                 return Poll::Pending;
             }
             for _ in 0..2 {
+                if out.cancelled() {
+                    return Poll::Ready(Err(Status::cancelled(
+                        "the stream was cancelled: its receiver was dropped before the end",
+                    )));
+                }
                 if out.over() {
                     return Poll::Ready(Err(Status::failed_precondition(
                         "the stream is over; its end (the answer or the error) comes from the receiver",
@@ -441,24 +469,36 @@ impl<Req: Message> StreamSender<Req> {
 
     /// Ends the caller's messages cleanly: a StreamEnd follows the messages queued (distinct
     /// from a cancel). The server's messages (bidirectional) or its answer still come.
+    /// Dropping the sender does the same.
     pub fn finish(mut self) {
-        self.done = true;
+        self.half_close();
+    }
+}
+
+impl<Req> StreamSender<Req> {
+    /// Ends the caller's messages (once): the dispatcher sends the StreamEnd after the queued
+    /// ones.
+    fn half_close(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
         self.out.out().finished.store(true, Ordering::Release);
         self.poke.poke();
     }
 }
 
 impl<Req> Drop for StreamSender<Req> {
+    /// A half-close, as [`StreamSender::finish`] (nothing to do once the stream is over).
     fn drop(&mut self) {
-        if !self.done && !self.out.over() {
-            self.out.cancel();
-            self.poke.poke();
+        if !self.out.over() {
+            self.half_close();
         }
     }
 }
 
 /// The server's messages of a stream on a [`Channel`] (server streaming, the receiving half of
-/// a bidirectional one): `Send + 'static`. Dropping it before the stream's end cancels the call.
+/// a bidirectional one): `Send + 'static`. Dropping it before the stream's end cancels the call:
+/// a Cancel goes to the server, and a send waiting on the [`StreamSender`] ends CANCELLED.
 pub struct StreamReceiver<Resp> {
     state: Arc<StreamState<Resp>>,
     poke: Poke,
@@ -474,6 +514,11 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
     /// The stream's final status when not OK: the server's error, DEADLINE_EXCEEDED at the
     /// stream's deadline, UNAVAILABLE when the session broke or the channel was dropped.
     /// After the end (either way) every call returns `Ok(None)`.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a message is taken from the queue only when the future completes with it,
+    /// so when `message()` loses a `tokio::select!` race no message is lost (the next call
+    /// returns it).
     pub async fn message(&mut self) -> Result<Option<Resp>, Status> {
         std::future::poll_fn(|cx| self.poll_message(cx)).await
     }
@@ -540,19 +585,25 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
 }
 
 impl<Resp> Drop for StreamReceiver<Resp> {
+    /// Cancels the call (unless it is over): the end is CANCELLED here at once, which wakes a
+    /// send waiting on the sender (the dispatcher then abandons the call: a Cancel goes out).
     fn drop(&mut self) {
         if !self.done && !self.state.inb.ended.load(Ordering::Acquire) {
             self.state.cancelled.store(true, Ordering::Release);
+            self.state.end(Err(Status::cancelled("the stream's receiver was dropped before its end")));
             self.poke.poke();
         }
     }
 }
 
 /// A client-streaming call on a [`Channel`] ([`Channel::client_stream`]): `Send + 'static`.
-/// Dropping it before [`ClientStreamCall::finish`] returns cancels the call.
+/// Dropping it before [`ClientStreamCall::finish`] returns cancels the call (a Cancel goes to
+/// the server: its request stream ends CANCELLED).
 pub struct ClientStreamCall<Req, Resp> {
-    tx: StreamSender<Req>,
+    // The receiver first: dropped first, it cancels the call before the sender's drop could
+    // half-close it.
     rx: StreamReceiver<Resp>,
+    tx: StreamSender<Req>,
 }
 
 impl<Req: Message, Resp: Message + Default> ClientStreamCall<Req, Resp> {
@@ -561,6 +612,10 @@ impl<Req: Message, Resp: Message + Default> ClientStreamCall<Req, Resp> {
     ///
     /// # Errors
     /// As [`StreamSender::send`]; [`ClientStreamCall::finish`] then gives the server's answer.
+    ///
+    /// # Cancel safety
+    /// As [`StreamSender::send`]: not cancel-safe (a send that loses a `select!` race was not
+    /// sent, and its message is lost); the call goes on.
     pub async fn send(&mut self, msg: &Req) -> Result<(), Status> {
         self.tx.send(msg).await
     }
@@ -570,8 +625,13 @@ impl<Req: Message, Resp: Message + Default> ClientStreamCall<Req, Resp> {
     /// # Errors
     /// The server's status; DEADLINE_EXCEEDED at the stream's deadline; UNAVAILABLE when the
     /// session broke.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: the future owns the call, so dropping it before it completes (another
+    /// `select!` branch won) cancels the call and its answer is lost. To race the answer
+    /// against something else, pin the future and poll it by `&mut` in each round.
     pub async fn finish(self) -> Result<Resp, Status> {
-        let ClientStreamCall { tx, mut rx } = self;
+        let ClientStreamCall { mut rx, tx } = self;
         tx.finish();
         rx.answer().await
     }

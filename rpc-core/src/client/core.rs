@@ -932,7 +932,8 @@ impl<P: Provider> ClientCore<P> {
                         Answer::Err(_) | Answer::Batch { .. } => String::new(),
                     };
                     self.release(body);
-                    Answer::Err(Status::new(h.status, text))
+                    // An unknown method's UNIMPLEMENTED names the method (on this error's path only).
+                    Answer::Err(super::names::answer_status(h.status, text, h.method))
                 };
                 match self.conn.session.on_response(h.slot, h.generation) {
                     Ok(ResponseFate::Stored) => {

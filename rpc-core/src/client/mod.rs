@@ -11,6 +11,7 @@
 pub(crate) mod backoff;
 mod config;
 pub(crate) mod core;
+mod names;
 mod queue;
 mod stream;
 
@@ -26,6 +27,7 @@ use std::time::Instant;
 use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
+pub use names::register_method_names;
 pub use stream::{BidiStreaming, ClientStreaming};
 
 use crate::buffers::GatherBody;
@@ -425,6 +427,11 @@ enum State {
 }
 
 /// The future of an async unary call ([`Client::unary_async`]).
+///
+/// # Cancel safety
+/// Polled by reference (`&mut fut` in a `tokio::select!` loop), it is cancel-safe: a round that
+/// another branch wins leaves the call going, and a later poll returns its answer. Dropping the
+/// future itself cancels the call (see [`ResponseFuture::cancel`]): its answer is discarded.
 pub struct ResponseFuture<'a, T> {
     client: &'a Client,
     state: State,

@@ -401,6 +401,10 @@ impl<T> Responder<T> {
 
     /// Resolves once [`Responder::is_cancelled`] is true: woken by the worker when it raises the
     /// flag (no polling), so a task can `select!` its work against it and stop early.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the future only looks at the flag; dropping it loses nothing, and a new one
+    /// resolves at once once the call is cancelled.
     pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
         std::future::poll_fn(move |cx| {
             if self.is_cancelled() {

@@ -210,6 +210,11 @@ impl SourceShared {
 /// handler that stops reading stalls the client's sender at the stream's grant limit.
 /// Dropping it drops the messages queued and every later one, returning their grants: the
 /// client's sends go on until the call's answer.
+///
+/// The client's end: a `finish` (or, on a `Channel`, its `StreamSender` dropped: a half-close,
+/// as in tonic) ends the stream with `Ok(None)`; a cancel (a `Channel`'s `StreamReceiver` or
+/// `ClientStreamCall` dropped, a blocking stream dropped before its end, the deadline, the
+/// session gone) ends it CANCELLED. Either way a reader waiting in `message` wakes.
 pub struct RequestStream<T> {
     shared: Arc<SourceShared>,
     done: bool,
@@ -284,6 +289,11 @@ impl<T: Message + Default> RequestStream<T> {
     ///
     /// # Errors
     /// As [`RequestStream::message`] (never FAILED_PRECONDITION).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a message is taken only when the future completes with it, so when
+    /// `message_async()` loses a `tokio::select!` race no message is lost (the next call
+    /// returns it).
     pub async fn message_async(&mut self) -> Result<Option<T>, Status> {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }

@@ -326,6 +326,13 @@ impl SinkShared {
 /// Sends the messages of a server stream, from any thread (`Send`). Get it from
 /// [`RequestContext::stream`](super::reply::RequestContext::stream). Dropping it ends the stream
 /// with OK (a clean end-of-stream); [`StreamSink::finish`] ends it with a status.
+///
+/// # Dropped without `finish`
+/// The stream ends OK after the messages sent before, as in tonic, where a response stream
+/// that ends (its sender dropped) ends the call with an OK status: the client's receive yields
+/// those messages, then its clean end (`Ok(None)`), never a hang. A producer that fails and
+/// means the client to know says so with `finish(Err(status))`. (An async handler's sink is
+/// the exception: its future's output ends the stream, whenever the sink is dropped.)
 pub struct StreamSink<T> {
     shared: Arc<SinkShared>,
     /// Dropping the sink ends the stream OK (not for an async handler's sink: its future's
@@ -460,6 +467,11 @@ impl<T: Message> StreamSink<T> {
     /// # Errors
     /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]); INTERNAL as
     /// [`StreamSink::send`]. The message is dropped.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as tokio's `mpsc::Sender::send`: when the future is dropped before it
+    /// completes (another `tokio::select!` branch won), the message was not sent and is lost
+    /// (it is queued only when the future completes `Ok`); the stream goes on.
     pub async fn send_async(&self, msg: &T) -> Result<(), Status> {
         std::future::poll_fn(|cx| {
             for _ in 0..2 {
