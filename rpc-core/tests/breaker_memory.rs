@@ -26,8 +26,14 @@ static A: Counting = Counting;
 #[test]
 fn smallest_first_pieces_make_the_server_reserve_little_each() {
     const CREDITS: u16 = 8;
-    // Room in the reassembly cap for every announced body (each is charged its 64 MiB).
-    let (server, _) = spawn(server().credits_per_session(CREDITS).max_reassembly_bytes(512 << 20));
+    // Room in the reassembly cap, and in one session's share of it, for every announced body
+    // (each is charged its 64 MiB).
+    let (server, _) = spawn(
+        server()
+            .credits_per_session(CREDITS)
+            .max_reassembly_bytes(512 << 20)
+            .max_reassembly_bytes_per_session(512 << 20),
+    );
     let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
     let mut tcp = std::net::TcpStream::connect(server.local_addr()).unwrap();
     write_frame(&mut tcp, &Frame::Handshake(peer.handshake(CREDITS, 4096, 64 << 20, 0))).unwrap();
