@@ -93,6 +93,8 @@ twohost_run() {
   wait "$spid"; src=$?
   case "$1" in rpc_*) ;; *) [ $crc = 0 ] && src=0;; esac       # killed on purpose
   sleep 0.5; kill "$tpid" 2>/dev/null; wait "$tpid"
+  echo "-- GIDs chosen (select_gid, server then client):"
+  grep -h 'local address chosen' "/tmp/srv.$1" "/tmp/cli.$1"
   echo "-- client ($4):"; tail -n 25 "/tmp/cli.$1"
   echo "-- server ($3):"; tail -n 15 "/tmp/srv.$1"
   echo "-- tcpdump: $(grep -E 'captured|dropped' "/tmp/tcpdump.$1" | tr '\n' ' ')"
