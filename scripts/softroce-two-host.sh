@@ -79,7 +79,7 @@ twohost_wait_port() {
 twohost_run() {
   name=$1; echo "@@WIRE_EXPECT $name $2"; shift 2; set -- "$name" "$@"
   echo "@@BIN_START twohost:$1"
-  tcpdump -Z root -i vethA -n -s 128 -U -w "/out/twohost-$1.pcap" udp port 4791 > "/tmp/tcpdump.$1" 2>&1 &
+  tcpdump -Z root -i vethA -n -s 128 -U --immediate-mode -w "/out/twohost-$1.pcap" udp port 4791 > "/tmp/tcpdump.$1" 2>&1 &
   tpid=$!
   n=0; while [ $n -lt 50 ] && ! grep -q listening "/tmp/tcpdump.$1"; do n=$((n + 1)); sleep 0.1; done
   timeout "$TH_TIMEOUT" sh -c "$3" > "/tmp/srv.$1" 2>&1 &
@@ -92,7 +92,7 @@ twohost_run() {
   case "$1" in rpc_*) ;; *) kill "$spid" 2>/dev/null;; esac   # the examples' servers serve until killed
   wait "$spid"; src=$?
   case "$1" in rpc_*) ;; *) [ $crc = 0 ] && src=0;; esac       # killed on purpose
-  sleep 0.5; kill "$tpid" 2>/dev/null; wait "$tpid"
+  sleep 1; kill "$tpid" 2>/dev/null; wait "$tpid"   # --immediate-mode: no packet left in an unretired ring block
   echo "-- GIDs chosen (select_gid, server then client):"
   grep -h 'local address chosen' "/tmp/srv.$1" "/tmp/cli.$1"
   echo "-- client ($4):"; tail -n 25 "/tmp/cli.$1"
