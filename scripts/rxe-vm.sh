@@ -27,6 +27,9 @@
 #   RXE_VM_KERNEL_PKG=...          Debian kernel package (default: what linux-image-amd64 depends on)
 #   RXE_VM_ACCEL=tcg|kvm           default tcg (this machine's /dev/kvm is kvm-pvm: stock kernels hang)
 #   RXE_VM_SMP=2  RXE_VM_MEM=1024  RXE_VM_TIMEOUT=900 (seconds for the whole guest run)
+#   RXE_VM_OUT=DIR                 attach a scratch virtio disk; what the guest leaves in /out is
+#                                  written to it (tar) at the end and unpacked into DIR on the host
+#                                  (RXE_VM_OUT_MB=512: its size; sparse)
 #   RXE_VM_NO_APT=1                skip the apt-get install step
 set -euo pipefail
 
@@ -41,7 +44,7 @@ log() { echo "[rxe-vm +${SECONDS}s] $*" >&2; }
 
 # ---------------------------------------------------------------- 1. packages
 PKGS="qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev
-      rdmacm-utils perftest busybox-static iproute2 kmod cpio xz-utils"
+      rdmacm-utils perftest busybox-static iproute2 kmod cpio xz-utils tcpdump"
 if [ -z "${RXE_VM_NO_APT:-}" ]; then
   missing=""
   for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -96,7 +99,7 @@ copy_bin() {  # binary + all shared libs it needs
 
 cp /bin/busybox "$R/usr/bin/busybox"
 for b in /usr/bin/rdma /usr/sbin/ip /usr/bin/ibv_devices /usr/bin/ibv_devinfo /usr/bin/ibv_rc_pingpong \
-         /usr/bin/ibv_ud_pingpong /usr/bin/ib_send_lat /usr/bin/ib_write_bw /usr/bin/ib_read_lat /usr/bin/rping \
+         /usr/bin/ibv_ud_pingpong /usr/bin/ib_send_lat /usr/bin/ib_write_bw /usr/bin/ib_read_lat /usr/bin/rping /usr/bin/tcpdump \
          /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so /usr/lib/x86_64-linux-gnu/libibverbs/libsiw-rdmav34.so \
          /usr/lib/x86_64-linux-gnu/librdmacm.so.1 /usr/lib/x86_64-linux-gnu/libgcc_s.so.1 ${RXE_VM_EXTRA_BINS:-}; do
   if [ -e "$b" ]; then copy_bin "$b"; fi
@@ -107,9 +110,10 @@ echo 'root:x:0:0:root:/root:/bin/sh' > "$R/etc/passwd"
 echo 'hosts: files' > "$R/etc/nsswitch.conf"
 for f in ${RXE_VM_EXTRA_FILES:-}; do mkdir -p "$R/$(dirname "$f")"; cp -a "$f" "$R/$f"; done
 
-# kernel modules: rdma_rxe + deps, crc32 (rxe's ICRC uses crypto "crc32"), dummy netdev, siw if the kernel has it
+# kernel modules: rdma_rxe + deps, crc32 (rxe's ICRC uses crypto "crc32"), dummy and veth netdevs
+# (veth: softroce-test's two-host phase), virtio-blk (the RXE_VM_OUT disk), siw if the kernel has it
 : > "$R/modules/load.list"
-WANT="crc32_generic crc32_pclmul dummy rdma_rxe rdma_ucm siw"
+WANT="crc32_generic crc32_pclmul dummy veth virtio_pci virtio_blk rdma_rxe rdma_ucm siw"
 for m in $WANT; do
   modprobe -d "$MODROOT" -S "$KV" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}' || true
 done | awk '!seen[$0]++' | while read -r ko; do
@@ -141,7 +145,10 @@ cat >> "$R/init" <<'EOF'
 export PATH=/usr/bin:/usr/sbin:/bin:/sbin HOME=/root
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev   # rootfs (initramfs) is already writable; no tmpfs over /tmp (would hide copied files)
 echo "@@INIT uptime=$(cut -d' ' -f1 /proc/uptime)"
-finish() { echo "@@RXE_VM_EXIT=$1@@"; sync; poweroff -f; sleep 5; }
+finish() {  # /out (if any) goes to the RXE_VM_OUT disk as a tar, then the result marker
+  if [ -d /out ] && [ -b /dev/vda ]; then tar -cf - -C /out . | dd of=/dev/vda bs=1M conv=fsync 2>/dev/null \
+    || echo "rxe-vm: writing /out to /dev/vda failed"; fi
+  echo "@@RXE_VM_EXIT=$1@@"; sync; poweroff -f; sleep 5; }
 for m in $(cat /modules/load.list); do insmod /modules/$m.ko 2>/dev/null || echo "insmod $m failed (ok if builtin/loaded)"; done
 ip link set lo up
 ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
@@ -204,17 +211,27 @@ case "$ACCEL" in
   kvm) ACC="-accel kvm -cpu host,-arch-capabilities" ;;   # plain -cpu host/max aborts here: "failed to set MSR 0x10a"
   *)   ACC="-accel tcg,thread=multi -cpu max" ;;
 esac
+OUTDISK=""
+if [ -n "${RXE_VM_OUT:-}" ]; then   # a raw disk the guest writes /out to (tar), unpacked into RXE_VM_OUT
+  rm -f "$WORK/out.img"; truncate -s "${RXE_VM_OUT_MB:-512}M" "$WORK/out.img"
+  OUTDISK="-drive file=$WORK/out.img,format=raw,if=virtio"
+fi
 log "booting qemu ($ACCEL, smp=$SMP, mem=${MEM}M)"
 CONSOLE=$WORK/console.log
 set +e
 timeout -k 5 "$TIMEOUT" qemu-system-x86_64 $ACC -smp "$SMP" -m "$MEM" \
   -nographic -no-reboot -nodefaults -serial stdio -net none \
-  -kernel "$VMLINUZ" -initrd "$WORK/initramfs.cpio" \
+  -kernel "$VMLINUZ" -initrd "$WORK/initramfs.cpio" $OUTDISK \
   -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init" </dev/null 2>&1 \
   | stdbuf -o0 tr -d '\r' | tee "$CONSOLE"
 qrc=${PIPESTATUS[0]}
 set -e
 log "qemu exited rc=$qrc"
+if [ -n "$OUTDISK" ]; then
+  mkdir -p "$RXE_VM_OUT"
+  tar -xf "$WORK/out.img" -C "$RXE_VM_OUT" 2>/dev/null || log "no /out archive on the output disk"
+  rm -f "$WORK/out.img"
+fi
 if grep -aqE 'BUG:|Oops|WARNING: CPU|Kernel panic|general protection' "$CONSOLE"; then
   echo "rxe-vm: WARNING: the guest kernel logged a BUG/Oops/WARNING/panic (see $CONSOLE)" >&2
 fi

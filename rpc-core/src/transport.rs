@@ -4,7 +4,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::verbs::rc::{Endpoint, RcConfig};
-use crate::verbs::{Context, DeviceSelector, GidType, LinkLayer, Provider, QueuePair, Result, VerbsError};
+use crate::verbs::{DeviceSelector, Provider, QueuePair, Result};
 
 /// The transport of a server or client.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -57,52 +57,13 @@ pub(crate) struct Device<P: Provider> {
 }
 
 impl<P: Provider> Device<P> {
-    /// Opens `selector`, queries `port` and picks the GID (`gid_index` -1 = automatic).
+    /// Opens `selector`, queries `port` and picks the GID with
+    /// [`select_gid`](crate::verbs::gid::select_gid) (`gid_index` -1 = automatic; the choice is
+    /// logged at info).
     pub(crate) fn open(selector: &DeviceSelector, port: u8, gid_index: i32) -> Result<Device<P>> {
         let ctx = P::open(selector)?;
-        let pattr = ctx.query_port(port)?;
-        let table = ctx.gid_table(port)?;
-        let entry = if gid_index >= 0 {
-            table.iter().find(|e| e.index == gid_index as u32).copied().ok_or_else(|| {
-                VerbsError::InvalidArgument {
-                    call: "ibv_query_gid",
-                    reason: format!("GID index {gid_index} is empty or absent on port {port}"),
-                }
-            })?
-        } else {
-            let rank = |e: &crate::verbs::GidEntry| match (
-                e.gid_type,
-                e.gid.is_ipv4_mapped(),
-                e.gid.is_link_local(),
-            ) {
-                (GidType::RoceV2, true, false) => 0,
-                (GidType::RoceV2, _, false) => 1,
-                (GidType::RoceV2, _, true) => 2,
-                _ => 3,
-            };
-            match table.iter().filter(|e| !e.gid.is_zero()).min_by_key(|e| rank(e)) {
-                Some(e) => *e,
-                None if pattr.link_layer == LinkLayer::InfiniBand => crate::verbs::GidEntry {
-                    index: 0,
-                    gid: crate::verbs::Gid::default(),
-                    gid_type: GidType::Ib,
-                },
-                None => {
-                    return Err(VerbsError::InvalidArgument {
-                        call: "ibv_query_gid",
-                        reason: format!("port {port} has no usable GID"),
-                    })
-                }
-            }
-        };
-        tracing::debug!(device = ctx.device_name(), port, gid_index = entry.index, gid = %entry.gid, "GID chosen");
-        let rc = RcConfig {
-            port_num: port,
-            gid_index: entry.index as u8,
-            link_layer: pattr.link_layer,
-            ..RcConfig::default()
-        };
-        Ok(Device { ctx, rc, lid: pattr.lid, gid: entry.gid, mtu: pattr.active_mtu })
+        let local = crate::verbs::gid::select_gid::<P>(&ctx, port, gid_index)?;
+        Ok(Device { ctx, rc: local.rc_config(), lid: local.lid, gid: local.gid, mtu: local.active_mtu })
     }
 
     /// This side's endpoint for `qp`, with a fresh PSN.
@@ -115,4 +76,23 @@ impl<P: Provider> Device<P> {
 fn fresh_psn() -> u32 {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     (nanos.wrapping_mul(2_654_435_761)) & 0x00ff_ffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::sim::{Sim, SIM_GID_INDEX};
+
+    /// The runtime's device opens through `select_gid`: on sim's table (several entries and
+    /// types) it takes the host's RoCE v2 entry, the GID the fabric delivers to.
+    #[test]
+    fn device_open_takes_select_gids_choice() {
+        let dev = Device::<Sim>::open(&DeviceSelector::First, 1, -1).unwrap();
+        assert_eq!(u32::from(dev.rc.gid_index), SIM_GID_INDEX);
+        assert_eq!(dev.gid, dev.ctx.gid());
+        let explicit = Device::<Sim>::open(&DeviceSelector::First, 1, 3).unwrap();
+        assert_eq!(explicit.rc.gid_index, 3);
+        assert!(explicit.gid.is_ipv4_mapped());
+        assert!(Device::<Sim>::open(&DeviceSelector::First, 1, 5).is_err());
+    }
 }

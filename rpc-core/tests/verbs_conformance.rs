@@ -21,7 +21,7 @@ conformance_suite!(ibverbs, crate::ibverbs_harness::IbvHarness);
 mod sim_only {
     use std::time::Duration;
 
-    use rpc_core::verbs::sim::{Sim, SimContext};
+    use rpc_core::verbs::sim::{Sim, SimContext, SIM_GID_INDEX};
     use rpc_core::verbs::{
         AccessFlags, CompletionQueue, Context, DeviceSelector, GidType, LinkLayer, MemoryRegion, Mtu,
         PortState, ProtectionDomain, Provider, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
@@ -60,17 +60,55 @@ mod sim_only {
                 (PortState::Active, LinkLayer::Sim, Mtu::Mtu4096, ctx.host_id() as u16)
             );
             let table = ctx.gid_table(1).unwrap();
-            assert_eq!(table.len(), 1);
-            assert_eq!((table[0].index, table[0].gid_type), (0, GidType::RoceV2));
+            assert_eq!(table.len() as u32, port.gid_tbl_len);
             let mut expected = [0u8; 16];
             expected[0] = 0xfe;
             expected[1] = 0x80;
             expected[8..12].copy_from_slice(&std::process::id().to_be_bytes());
             expected[12..].copy_from_slice(&ctx.host_id().to_be_bytes());
-            assert_eq!(table[0].gid.0, expected);
-            assert!(table[0].gid.is_link_local());
+            assert_eq!(ctx.gid().0, expected);
+            assert!(ctx.gid().is_link_local());
+            // The host's own GID is entry 0 (RoCE v1) and entry SIM_GID_INDEX (RoCE v2).
+            let own: Vec<_> =
+                table.iter().filter(|e| e.gid == ctx.gid()).map(|e| (e.index, e.gid_type)).collect();
+            assert_eq!(own, [(0, GidType::RoceV1), (SIM_GID_INDEX, GidType::RoceV2)]);
         }
         assert_eq!(Sim::devices().unwrap().iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["sim0"]);
+    }
+
+    /// The software NIC's GID table has several addresses and types, as a RoCE NIC's, and the
+    /// one automatic choice (`select_gid` with -1, what the runtime and rpc-perf call) picks the
+    /// host's RoCE v2 address from it; an explicit index is taken as is.
+    #[test]
+    fn the_automatic_gid_choice_on_sim_is_the_hosts_roce_v2_entry() {
+        use rpc_core::verbs::gid::select_gid;
+        let (a, b) = hosts();
+        for ctx in [&a, &b] {
+            let table = ctx.gid_table(1).unwrap();
+            let types: std::collections::HashSet<_> = table.iter().map(|e| e.gid_type).collect();
+            assert_eq!(types.len(), 3, "RoCE v1, RoCE v2 and IB entries: {table:?}");
+            assert!(
+                table.iter().any(|e| e.gid_type == GidType::RoceV2 && e.gid.is_ipv4_mapped()),
+                "{table:?}"
+            );
+            assert!(
+                table.iter().any(|e| e.gid_type == GidType::RoceV1 && e.gid.is_ipv4_mapped()),
+                "{table:?}"
+            );
+            let local = select_gid::<Sim>(ctx, 1, -1).unwrap();
+            assert_eq!(
+                (u32::from(local.gid_index), local.gid, local.gid_type, local.rc_config().gid_index),
+                (SIM_GID_INDEX, ctx.gid(), Some(GidType::RoceV2), SIM_GID_INDEX as u8),
+                "{table:?}"
+            );
+            let explicit = select_gid::<Sim>(ctx, 1, 1).unwrap();
+            assert_eq!((explicit.gid_index, explicit.gid_type), (1, Some(GidType::RoceV1)));
+            assert!(explicit.gid.is_ipv4_mapped());
+        }
+        // The conformance suite's sim cases connect their QPs with this choice (the harness's
+        // address), so their traffic goes through it.
+        let addr = <H as crate::conformance::Harness>::address(&a);
+        assert_eq!((u32::from(addr.cfg.gid_index), addr.gid), (SIM_GID_INDEX, a.gid()));
     }
 
     #[test]

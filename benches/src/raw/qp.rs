@@ -8,11 +8,12 @@
 
 use std::hash::{BuildHasher, Hasher};
 
+use rpc_core::verbs::gid::select_gid;
 use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
 use rpc_core::verbs::{
-    AccessFlags, CompletionQueue, Context, DeviceSelector, GidEntry, GidType, MemoryRegion, ProtectionDomain,
-    Provider, QpCap, QpInitAttr, QueuePair, RecvWr, SendFlags, SendOp, SendWr, SharedReceiveQueue,
-    SrqInitAttr, WcOpcode, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, DeviceSelector, MemoryRegion, ProtectionDomain, Provider, QpCap,
+    QpInitAttr, QueuePair, RecvWr, SendFlags, SendOp, SendWr, SharedReceiveQueue, SrqInitAttr, WcOpcode,
+    WorkCompletion,
 };
 
 use crate::cli::PollKind;
@@ -47,36 +48,6 @@ pub struct RawConfig {
     /// Inline data asked of the QP in bytes (0 = never inline, as the RPC workers); capped by the
     /// device.
     pub inline: u32,
-}
-
-/// Picks the GID index: `wanted` when ≥ 0, else the first RoCEv2 entry with an IPv4-mapped
-/// address, else the first RoCEv2 entry, else the first non-zero entry, else index 0.
-///
-/// # Errors
-/// [`PerfError::Setup`] for a `wanted` index that is not in the table.
-pub fn pick_gid(table: &[GidEntry], wanted: i32) -> Result<(u8, rpc_core::verbs::Gid), PerfError> {
-    if wanted >= 0 {
-        return match table.iter().find(|e| e.index == wanted as u32) {
-            Some(e) => Ok((e.index as u8, e.gid)),
-            None if table.is_empty() && wanted == 0 => Ok((0, Default::default())),
-            None => Err(PerfError::Setup(format!(
-                "-x {wanted}: no such GID index; the port has [{}]",
-                table
-                    .iter()
-                    .map(|e| format!("{}: {} {:?}", e.index, e.gid, e.gid_type))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        };
-    }
-    let v2 = |e: &&GidEntry| e.gid_type == GidType::RoceV2;
-    let pick = table
-        .iter()
-        .filter(v2)
-        .find(|e| e.gid.is_ipv4_mapped())
-        .or_else(|| table.iter().find(v2))
-        .or_else(|| table.iter().find(|e| !e.gid.is_zero()));
-    Ok(pick.map(|e| (e.index as u8, e.gid)).unwrap_or((0, Default::default())))
 }
 
 /// One side of a raw test. Field order is drop order: the QP goes before the MR it uses.
@@ -115,8 +86,8 @@ impl<P: Provider> RawQp<P> {
     /// The verbs error of the first failing call (a missing device names what exists).
     pub fn open(cfg: &RawConfig, what: &'static str) -> Result<Self, PerfError> {
         let ctx = P::open(&cfg.device)?;
-        let port = ctx.query_port(cfg.port_num)?;
-        let (gid_index, gid) = pick_gid(&ctx.gid_table(cfg.port_num)?, cfg.gid_index)?;
+        // The runtime's own choice (logged at info), so raw and RPC tests use the same address.
+        let local = select_gid::<P>(&ctx, cfg.port_num, cfg.gid_index)?;
         let pd = ctx.alloc_pd()?;
         let sq_depth = cfg.tx_depth.max(cfg.cq_mod + 1);
         let cq = ctx.create_cq(sq_depth + RX_DEPTH + POLL_BATCH as u32, false)?;
@@ -143,14 +114,8 @@ impl<P: Provider> RawQp<P> {
             cap,
             sq_sig_all: false,
         })?;
-        let rc = RcConfig {
-            port_num: cfg.port_num,
-            gid_index,
-            link_layer: port.link_layer,
-            ..RcConfig::default()
-        };
-        let local =
-            Endpoint { qp_num: qp.qp_num(), psn: random_psn(), lid: port.lid, gid, mtu: port.active_mtu };
+        let rc = local.rc_config();
+        let local = local.endpoint(qp.qp_num(), random_psn());
         let max_inline = qp.cap().max_inline_data;
         Ok(RawQp {
             qp,
@@ -385,35 +350,27 @@ fn random_psn() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rpc_core::verbs::Gid;
+    use rpc_core::verbs::sim::{Sim, SIM_GID_INDEX};
 
-    fn e(index: u32, last: u8, v4: bool, t: GidType) -> GidEntry {
-        let mut g = [0u8; 16];
-        if v4 {
-            g[10] = 0xff;
-            g[11] = 0xff;
-        } else {
-            g[0] = 0xfe;
-            g[1] = 0x80;
-        }
-        g[15] = last;
-        GidEntry { index, gid: Gid(g), gid_type: t }
-    }
-
+    /// The raw tests take the runtime's GID choice: on sim's table (several entries and types)
+    /// the host's RoCE v2 entry, advertised to the peer as the endpoint's GID.
     #[test]
-    fn auto_gid_prefers_rocev2_ipv4() {
-        let t = [
-            e(0, 1, false, GidType::RoceV1),
-            e(1, 1, false, GidType::RoceV2),
-            e(2, 2, true, GidType::RoceV1),
-            e(3, 2, true, GidType::RoceV2),
-        ];
-        assert_eq!(pick_gid(&t, -1).unwrap().0, 3);
-        assert_eq!(pick_gid(&t[..3], -1).unwrap().0, 1);
-        assert_eq!(pick_gid(&t[..1], -1).unwrap().0, 0);
-        assert_eq!(pick_gid(&[], -1).unwrap(), (0, Gid::default()));
-        assert_eq!(pick_gid(&t, 2).unwrap().0, 2);
-        let err = pick_gid(&t, 9).unwrap_err().to_string();
-        assert!(err.contains("-x 9: no such GID index"), "{err}");
+    fn raw_qp_uses_the_runtimes_gid_choice() {
+        let cfg = RawConfig {
+            device: DeviceSelector::First,
+            port_num: 1,
+            gid_index: -1,
+            tx_depth: 16,
+            cq_mod: 1,
+            max_size: 64,
+            poll: PollKind::Yield,
+            use_srq: false,
+            inline: 0,
+        };
+        let q = RawQp::<Sim>::open(&cfg, "test").unwrap();
+        assert_eq!(u32::from(q.rc.gid_index), SIM_GID_INDEX);
+        assert_eq!(q.local.gid, q.ctx.gid());
+        let explicit = RawQp::<Sim>::open(&RawConfig { gid_index: 1, ..cfg }, "test").unwrap();
+        assert_eq!(explicit.rc.gid_index, 1);
     }
 }

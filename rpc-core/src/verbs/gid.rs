@@ -264,6 +264,65 @@ mod tests {
         assert_eq!(chosen_index(&table, LinkLayer::Sim), Some(1));
     }
 
+    /// Collects the events of `f` (level and `name=value` fields) through a scoped subscriber.
+    fn capture<T>(f: impl FnOnce() -> T) -> (T, Vec<(tracing::Level, String)>) {
+        use std::sync::{Arc, Mutex};
+        struct Capture(Arc<Mutex<Vec<(tracing::Level, String)>>>);
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0 += &format!("{}={:?} ", f.name(), v);
+            }
+        }
+        impl tracing::Subscriber for Capture {
+            fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+                true
+            }
+            fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+                tracing::span::Id::from_u64(1)
+            }
+            fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+            fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+            fn event(&self, e: &tracing::Event<'_>) {
+                let mut v = Fields(String::new());
+                e.record(&mut v);
+                self.0.lock().unwrap().push((*e.metadata().level(), v.0));
+            }
+            fn enter(&self, _: &tracing::span::Id) {}
+            fn exit(&self, _: &tracing::span::Id) {}
+        }
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let out = tracing::subscriber::with_default(Capture(events.clone()), f);
+        let events = events.lock().unwrap().clone();
+        (out, events)
+    }
+
+    /// On the software NIC's table (RoCE v1, RoCE v2 and IB entries, IPv4-mapped, IPv4
+    /// link-local, link-local and global IPv6 addresses) the automatic choice is the host's RoCE
+    /// v2 entry, and `select_gid` says so once at info with the index, GID and type.
+    #[test]
+    fn select_gid_on_sim_chooses_roce_v2_and_logs_it_at_info() {
+        use crate::verbs::sim::{Sim, SIM_GID_INDEX};
+        let ctx = Sim::open(&crate::verbs::DeviceSelector::First).unwrap();
+        let table = ctx.gid_table(1).unwrap();
+        assert_eq!(chosen_index(&table, LinkLayer::Sim), Some(SIM_GID_INDEX), "{table:?}");
+        let (local, events) = capture(|| select_gid::<Sim>(&ctx, 1, -1).unwrap());
+        assert_eq!(
+            (u32::from(local.gid_index), local.gid, local.gid_type),
+            (SIM_GID_INDEX, ctx.gid(), Some(GidType::RoceV2))
+        );
+        let info: Vec<_> = events.iter().filter(|(l, _)| *l == tracing::Level::INFO).collect();
+        assert_eq!(info.len(), 1, "{events:?}");
+        let line = &info[0].1;
+        for want in [
+            format!("gid_index={SIM_GID_INDEX} "),
+            format!("gid={} ", ctx.gid()),
+            "gid_type=Some(RoceV2) ".into(),
+        ] {
+            assert!(line.contains(&want), "{want:?} not in {line:?}");
+        }
+    }
+
     #[test]
     fn local_address_builds_endpoint_and_config() {
         let local = LocalAddress {

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use rpc_core::verbs::rc::{connect, Endpoint, RcConfig};
 use rpc_core::verbs::{
-    AccessFlags, CompletionQueue, Context, DeviceSelector, Gid, GidType, MemoryRegion, ProtectionDomain,
-    Provider, QpCap, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqInitAttr, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, DeviceSelector, Gid, MemoryRegion, ProtectionDomain, Provider,
+    QpCap, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqInitAttr, WorkCompletion,
 };
 
 /// A provider under test and how to reach two of its hosts.
@@ -43,19 +43,11 @@ pub trait Harness: 'static {
     fn open_pair() -> Result<(Ctx<Self>, Ctx<Self>), String>;
 
     /// The local address of port 1: GID, LID, active MTU, and the RC configuration (GID index,
-    /// link layer) to connect with it. The default picks a RoCEv2 IPv4-mapped GID if there is
-    /// one, else the first RoCEv2 GID, else the first non-zero one.
+    /// link layer) to connect with it. The default is the runtime's automatic choice,
+    /// [`select_gid`](rpc_core::verbs::gid::select_gid) with index -1.
     fn address(ctx: &Ctx<Self>) -> Address {
-        let port = ctx.query_port(1).expect("query_port(1)");
-        let table = ctx.gid_table(1).expect("gid_table(1)");
-        let pick = table
-            .iter()
-            .find(|e| e.gid_type == GidType::RoceV2 && e.gid.is_ipv4_mapped())
-            .or_else(|| table.iter().find(|e| e.gid_type == GidType::RoceV2 && !e.gid.is_zero()))
-            .or_else(|| table.iter().find(|e| !e.gid.is_zero()));
-        let (gid, gid_index) = pick.map_or((Gid::default(), 0), |e| (e.gid, e.index as u8));
-        let cfg = RcConfig { gid_index, link_layer: port.link_layer, ..RcConfig::default() };
-        Address { gid, lid: port.lid, mtu: port.active_mtu, cfg }
+        let local = rpc_core::verbs::gid::select_gid::<Self::P>(ctx, 1, -1).expect("select_gid(port 1)");
+        Address { gid: local.gid, lid: local.lid, mtu: local.active_mtu, cfg: local.rc_config() }
     }
 }
 

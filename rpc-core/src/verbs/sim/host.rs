@@ -150,6 +150,51 @@ pub(crate) fn host_gid(pid: u32, id: u32) -> Gid {
     Gid(gid)
 }
 
+/// Entries in port 1's GID table (`gid_tbl_len`); every entry is filled.
+pub(crate) const GID_TBL_LEN: u32 = 5;
+
+/// The index of the RoCE v2 entry of the host's own GID in port 1's table: what
+/// [`choose_gid`](crate::verbs::gid::choose_gid) picks on sim.
+pub const SIM_GID_INDEX: u32 = 2;
+
+/// Port 1's GID table of a host with GID `gid` and id `id`, laid out as a RoCE NIC's with
+/// several addresses and types, so that the choice of
+/// [`choose_gid`](crate::verbs::gid::choose_gid) is tested without hardware:
+///
+/// | index | GID | type | rank in `choose_gid` |
+/// |---|---|---|---|
+/// | 0 | the host's `fe80::<pid>:<id>` | RoCE v1 | v1 link-local |
+/// | 1 | `::ffff:10.a.b.c` (IPv4-mapped, routable; a.b.c the low 24 bits of the id) | RoCE v1 | v1 routable IPv4 |
+/// | 2 ([`SIM_GID_INDEX`]) | the host's `fe80::<pid>:<id>` | RoCE v2 | **v2 link-local: chosen** |
+/// | 3 | `::ffff:169.254.a.b` (IPv4 link-local; a.b the low 16 bits of the id) | RoCE v2 | v2 link-local, after 2 on the tie |
+/// | 4 | `2001:db8::<pid>:<id>` (documentation prefix) | IB | anything else |
+///
+/// A wrong choice fails visibly: taking entries in order gives 0, ignoring the type gives 1 or
+/// 4, taking IPv4 link-local for a routable IPv4 address gives 3. The fabric delivers to the
+/// host's own GID only (entries 0 and 2 carry it); the others are addresses no peer reaches,
+/// as on a NIC whose other addresses are on another subnet.
+pub(crate) fn gid_table(gid: Gid, id: u32) -> [GidEntry; GID_TBL_LEN as usize] {
+    let idb = id.to_be_bytes();
+    let mut v4 = [0u8; 16];
+    v4[10] = 0xff;
+    v4[11] = 0xff;
+    let mut routable = v4;
+    routable[12] = 10;
+    routable[13..].copy_from_slice(&idb[1..]);
+    let mut v4_link_local = v4;
+    v4_link_local[12..14].copy_from_slice(&[169, 254]);
+    v4_link_local[14..].copy_from_slice(&idb[2..]);
+    let mut doc = gid.0;
+    doc[..8].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0]);
+    [
+        GidEntry { index: 0, gid, gid_type: GidType::RoceV1 },
+        GidEntry { index: 1, gid: Gid(routable), gid_type: GidType::RoceV1 },
+        GidEntry { index: SIM_GID_INDEX, gid, gid_type: GidType::RoceV2 },
+        GidEntry { index: 3, gid: Gid(v4_link_local), gid_type: GidType::RoceV2 },
+        GidEntry { index: 4, gid: Gid(doc), gid_type: GidType::Ib },
+    ]
+}
+
 /// The (pid, host id) a sim GID names.
 pub(crate) fn gid_host(gid: &Gid) -> (u32, u32) {
     let g = gid.0;
@@ -175,7 +220,8 @@ impl SimContext {
         self.host.id
     }
 
-    /// This host's GID (GID index 0 of port 1).
+    /// This host's GID: entries 0 (RoCE v1) and [`SIM_GID_INDEX`] (RoCE v2) of port 1's GID
+    /// table, the address the fabric delivers to.
     pub fn gid(&self) -> Gid {
         self.host.gid
     }
@@ -213,13 +259,13 @@ impl Context<Sim> for SimContext {
             active_mtu: Mtu::Mtu4096,
             lid: self.host.lid,
             link_layer: LinkLayer::Sim,
-            gid_tbl_len: 1,
+            gid_tbl_len: GID_TBL_LEN,
         })
     }
 
     fn gid_table(&self, port_num: u8) -> Result<Vec<GidEntry>> {
         check_port("ibv_query_gid", port_num)?;
-        Ok(vec![GidEntry { index: 0, gid: self.host.gid, gid_type: GidType::RoceV2 }])
+        Ok(gid_table(self.host.gid, self.host.id).to_vec())
     }
 
     fn alloc_pd(&self) -> Result<SimPd> {

@@ -6,7 +6,10 @@
 //!
 //! - [`Sim::devices`] lists one device, `sim0`. Every [`Sim::open`] creates a new, independent
 //!   **host**: its own GID (`fe80::<pid>:<host id>`: bytes 8..12 the process id, 12..16 the host
-//!   id; type RoCEv2, index 0 of port 1), LID (= host id, meaningful inside the process only),
+//!   id; RoCE v1 at index 0 and RoCE v2 at index [`SIM_GID_INDEX`] of port 1's GID table, which
+//!   has five entries of several addresses and types, as a RoCE NIC's, so that
+//!   [`choose_gid`](crate::verbs::gid::choose_gid) is tested on sim; the fabric delivers to the
+//!   host's own GID only), LID (= host id, meaningful inside the process only),
 //!   key space and QP numbers; port 1 is `Active`, link layer [`LinkLayer::Sim`], MTU 4096.
 //!   Hosts find each other by GID (or LID without a GRH, in-process only) and QPN: the first
 //!   packet of a QP resolves the `ah`/`dest_qp_num` given at RTR, as the network would deliver
@@ -170,7 +173,7 @@ mod srq;
 mod stats;
 
 pub use cq::SimCq;
-pub use host::{set_memory_windows, SimContext, SimPd};
+pub use host::{set_memory_windows, SimContext, SimPd, SIM_GID_INDEX};
 pub use mr::SimMr;
 pub use mw::SimMw;
 pub use qp::SimQp;

@@ -29,10 +29,11 @@ impl SimQp {
                 return fail(format!("ah.port_num {}: sim0 has port 1 only", ah.port_num));
             }
             if let Some(g) = &ah.grh {
-                if g.sgid_index != 0 {
+                if u32::from(g.sgid_index) >= super::super::host::GID_TBL_LEN {
                     return fail(format!(
-                        "ah.grh.sgid_index {}: the GID table has index 0 only",
-                        g.sgid_index
+                        "ah.grh.sgid_index {}: the GID table has indexes 0..{}",
+                        g.sgid_index,
+                        super::super::host::GID_TBL_LEN
                     ));
                 }
             }
