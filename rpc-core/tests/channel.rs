@@ -726,14 +726,7 @@ fn a_channel_reconnects_to_a_restarted_server_with_backoff() {
     for i in 0..20 {
         let e = call(100 + i).unwrap_err();
         assert_eq!(e.code(), Code::Unavailable, "{e}");
-        let ms: u64 = e
-            .message()
-            .split("next reconnect attempt in ")
-            .nth(1)
-            .and_then(|r| r.strip_suffix(" ms"))
-            .unwrap_or_else(|| panic!("no retry time in: {e}"))
-            .parse()
-            .unwrap();
+        let ms = next_attempt_ms(&e);
         assert!(ms <= BACKOFF.as_millis() as u64, "{e}");
     }
     assert_eq!(ch.reconnect_attempts(), 1, "no connect attempt during the backoff");

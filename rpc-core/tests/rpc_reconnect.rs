@@ -171,14 +171,7 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
                 .unwrap_err()
         };
         assert_eq!(err.code(), Code::Unavailable, "{err}");
-        let ms: u64 = err
-            .message()
-            .split("next reconnect attempt in ")
-            .nth(1)
-            .and_then(|r| r.strip_suffix(" ms"))
-            .unwrap_or_else(|| panic!("no retry time in: {err}"))
-            .parse()
-            .unwrap();
+        let ms = next_attempt_ms(&err);
         assert!(ms <= BACKOFF.as_millis() as u64, "{err}");
     }
     assert_eq!(client.reconnect_attempts(), 1, "no connect attempt during the backoff");

@@ -537,3 +537,15 @@ impl<P: Provider> RawPeer<P> {
         rc::connect(&self.qp, cfg, &self.local, &remote).unwrap();
     }
 }
+
+/// The delay in ms an UNAVAILABLE of a call made during a reconnect backoff names ("... next
+/// reconnect attempt in N ms"); panics naming the status when it names none.
+#[allow(dead_code)]
+pub fn next_attempt_ms(e: &Status) -> u64 {
+    e.message()
+        .split("next reconnect attempt in ")
+        .nth(1)
+        .and_then(|r| r.strip_suffix(" ms"))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no retry time in: {e}"))
+}
