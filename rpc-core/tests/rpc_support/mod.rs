@@ -540,7 +540,6 @@ impl<P: Provider> RawPeer<P> {
 
 /// The delay in ms an UNAVAILABLE of a call made during a reconnect backoff names ("... next
 /// reconnect attempt in N ms"); panics naming the status when it names none.
-#[allow(dead_code)]
 pub fn next_attempt_ms(e: &Status) -> u64 {
     e.message()
         .split("next reconnect attempt in ")
