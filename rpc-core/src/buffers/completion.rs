@@ -182,7 +182,13 @@ impl<const N: usize> Completions<N> {
         mut f: impl FnMut(&WorkCompletion, &[u8]),
     ) {
         let mut i = self.next.get();
-        while i < self.len.get() {
+        loop {
+            // `f` may have taken completions (and reposted their buffers), polled or compacted
+            // the batch: only entries from the first not taken on are read.
+            i = i.max(self.next.get());
+            if i >= self.len.get() {
+                break;
+            }
             let wc = self.get(i);
             i += 1;
             if !wc.status.is_success() {
