@@ -158,7 +158,13 @@ impl Service for Lies {
                     }
                     match sink.send(&m) {
                         Err(e) if e.code() == Code::Internal && e.message().contains("encoded_len") => {
-                            probe.sink_failed.store(true, Ordering::Release)
+                            // The stream is over: an honest send after the liar fails too.
+                            match sink.send(&liar(9, req.reply_len as usize, 0)) {
+                                Err(e) if e.code() == Code::Internal => {
+                                    probe.sink_failed.store(true, Ordering::Release)
+                                }
+                                r => *probe.last.lock().unwrap() = format!("a send after the liar's: {r:?}"),
+                            }
                         }
                         r => *probe.last.lock().unwrap() = format!("the liar's send: {r:?}"),
                     }
@@ -258,9 +264,11 @@ fn an_answer_that_lies_behind_a_waiting_answer_fails_internal() {
 }
 
 /// A stream sink's message that lies (in a batch, and alone) ends its stream INTERNAL after the
-/// honest messages before it; the producer's send returns that status. Sabotaged: `put` encoding
-/// into the batch unchecked: the client read a batch whose frame lengths did not add up and
-/// closed the session; alone, the liar arrived and failed to decode (not INTERNAL).
+/// honest messages before it, every one of them delivered in order; the producer's send returns
+/// that status. Sabotaged: `put` encoding into the batch unchecked: the client read a batch whose
+/// frame lengths did not add up and closed the session; alone, the liar arrived and failed to
+/// decode (not INTERNAL); the liar's failure emptying the sink while the worker popped it (as
+/// before 2026-12-05): the client read honest message 2 where 1 was due, or fewer than 3.
 #[test]
 fn a_stream_message_that_lies_ends_its_stream_internal() {
     let (server, probe, client) = start();
@@ -281,8 +289,8 @@ fn a_stream_message_that_lies_ends_its_stream_internal() {
                     r => break r,
                 }
             };
-            // The liar's failure may drop honest messages still waiting in the sink.
-            assert!(got <= 3, "{what}: {got} messages");
+            // Every honest message sent before the liar arrives, then the liar's status.
+            assert_eq!(got, 3, "{what}: honest messages before the end");
             assert_internal(end, &what);
             wait_until(
                 "the producer to see its liar fail",

@@ -217,13 +217,30 @@ impl SinkShared {
         Ok(true)
     }
 
-    /// Producer: `msg` did not encode to its `encoded_len`: the stream ends INTERNAL (what waits
-    /// in the sink is dropped, later sends fail CANCELLED), and the send returns that status.
+    /// Producer: `msg` did not encode to its `encoded_len`: the stream ends INTERNAL behind the
+    /// messages sent before it (they still leave, in order: the client reads a prefix of what was
+    /// sent, then the status), later sends fail, and the send returns that status.
+    ///
+    /// Nothing is dropped here: the worker pops this sink concurrently, and a producer that
+    /// emptied the queue while the worker took from it would lose a message from the middle of
+    /// the stream (the client read messages 0 and 2).
     #[cold]
     fn failed(&self, e: LenMismatch) -> Status {
         let s = e.status("stream message");
-        self.fail(s.clone());
+        end(self, Err(s.clone()));
         s
+    }
+
+    /// The stream was ended (by `finish`, a drop or a failed send): a send now fails.
+    fn ended_status(&self) -> Option<Status> {
+        if !self.ended.load(Ordering::Acquire) {
+            return None;
+        }
+        let end = self.end.lock().unwrap_or_else(|e| e.into_inner());
+        Some(match &*end {
+            Some(Err(s)) => Status::new(s.code(), format!("the stream already ended: {}", s.message())),
+            _ => Status::failed_precondition("the stream already ended"),
+        })
     }
 
     /// Worker: the next SEND waiting: a sealed one, else the open batch when `take_open` and the
@@ -425,14 +442,18 @@ impl<T: Message> StreamSink<T> {
     /// # Errors
     /// CANCELLED once the stream is over without us ([`StreamSink::is_cancelled`]); INTERNAL
     /// when `msg` encodes to more or fewer bytes than its `encoded_len` gave (a hand-written
-    /// `Message`): the stream then ends with that status, nothing of `msg` sent;
-    /// RESOURCE_EXHAUSTED for a send on the worker thread (inline in the handler) that finds
+    /// `Message`): the stream then ends with that status after the messages sent before it
+    /// (they all reach the client, in order), nothing of `msg` sent, and every later send fails
+    /// with that code; RESOURCE_EXHAUSTED for a send on the worker thread (inline in the handler) that finds
     /// [`SINK_DEPTH`] messages queued (it cannot wait for the worker it blocks). The message is
     /// dropped.
     pub fn send(&self, msg: &T) -> Result<(), Status> {
         loop {
             if self.is_cancelled() {
                 return Err(Status::cancelled("the stream was cancelled, expired or lost its session"));
+            }
+            if let Some(s) = self.shared.ended_status() {
+                return Err(s);
             }
             match self.shared.put(msg) {
                 Ok(true) => return Ok(()),
@@ -479,6 +500,9 @@ impl<T: Message> StreamSink<T> {
                     return std::task::Poll::Ready(Err(Status::cancelled(
                         "the stream was cancelled, expired or lost its session",
                     )));
+                }
+                if let Some(s) = self.shared.ended_status() {
+                    return std::task::Poll::Ready(Err(s));
                 }
                 match self.shared.put(msg) {
                     Ok(true) => return std::task::Poll::Ready(Ok(())),
