@@ -84,6 +84,9 @@ pub(crate) struct SinkShared {
     /// The stream's final status, once the handler finished (or dropped the sink).
     pub(crate) end: Mutex<Option<Result<(), Status>>>,
     pub(crate) ended: AtomicBool,
+    /// The status of a producer's send that failed (the worker may have taken `end` since):
+    /// later sends fail with it.
+    failure: std::sync::OnceLock<Status>,
     /// Raised by the worker when the stream is over without the handler (cancel, deadline,
     /// session gone).
     pub(crate) cancelled: Arc<CancelFlag>,
@@ -114,6 +117,7 @@ impl SinkShared {
             free: ArrayQueue::new(SINK_DEPTH),
             end: Mutex::new(None),
             ended: AtomicBool::new(false),
+            failure: std::sync::OnceLock::new(),
             cancelled,
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
@@ -227,19 +231,20 @@ impl SinkShared {
     #[cold]
     fn failed(&self, e: LenMismatch) -> Status {
         let s = e.status("stream message");
+        let _ = self.failure.set(s.clone());
         end(self, Err(s.clone()));
         s
     }
 
-    /// The stream was ended (by `finish`, a drop or a failed send): a send now fails.
+    /// The stream was ended (by `finish`, a drop or a failed send): a send now fails, with the
+    /// failed send's code when there was one, else FAILED_PRECONDITION.
     fn ended_status(&self) -> Option<Status> {
         if !self.ended.load(Ordering::Acquire) {
             return None;
         }
-        let end = self.end.lock().unwrap_or_else(|e| e.into_inner());
-        Some(match &*end {
-            Some(Err(s)) => Status::new(s.code(), format!("the stream already ended: {}", s.message())),
-            _ => Status::failed_precondition("the stream already ended"),
+        Some(match self.failure.get() {
+            Some(s) => Status::new(s.code(), format!("the stream already ended: {}", s.message())),
+            None => Status::failed_precondition("the stream already ended"),
         })
     }
 
