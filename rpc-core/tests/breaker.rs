@@ -1013,7 +1013,7 @@ fn stalls_while_held(c: &mut RawClient, guard: HoldGate) -> u64 {
     stalls
 }
 
-/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 3 × credits + 31) while its
+/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 2 × credits + max(credits, 16) + 31) while its
 /// worker takes nothing (held in a handler): every request its credits allow, 15 more pieces of a
 /// ring body, a Cancel per call, a RingReturn per call, the 8 stream SENDs beyond its credits
 /// (stream ends), two Pings, two Pongs and a Close all find

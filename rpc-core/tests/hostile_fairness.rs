@@ -20,7 +20,7 @@ use rpc_support::*;
 static FLOOD: Mutex<()> = Mutex::new(());
 
 /// Credits of every session here: the SRQ reservation of one session is
-/// `ServerConfig::srq_per_session(CREDITS)` (41 WQEs).
+/// `ServerConfig::srq_per_session(CREDITS)` (55 WQEs: `2 × 4 + max(4, 16) + 31`).
 const CREDITS: u16 = 4;
 
 /// Rounds of a flood test: each floods up to 16 messages and makes a call of each good session.
@@ -144,6 +144,77 @@ fn a_pong_flood_closes_the_flooder_not_its_neighbours() {
 #[test]
 fn a_ring_return_flood_closes_the_flooder_not_its_neighbours() {
     flooder_is_closed_and_its_neighbours_are_served("RingReturns", |_| Header::new(Kind::RingReturn), true);
+}
+
+/// RingReturns that each move the freed head by a byte: every one frees ring space, none a
+/// whole body. Before (2026-12-05) the meter allowed one RingReturn per ring body the server had
+/// sent whose return had not come, a count that requests carrying the head never lowered: after
+/// 40 answers freed by the next requests' headers, 30 byte-sized returns were all accepted (the
+/// session stayed open: this test timed out waiting for it to close), and after thousands of
+/// answers thousands of them, far beyond the `max(credits, 16)` WQEs reserved for RingReturns.
+/// Now a RingReturn must free a whole body: the first closes the session, and the good client
+/// calls on.
+#[test]
+fn ring_returns_that_free_a_byte_at_a_time_close_the_sender_at_the_first() {
+    let _one = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
+    let server = small_srq_server();
+    let good = Client::connect_with(server.local_addr(), &client_config().window(CREDITS)).unwrap();
+    let mut liar = RawClient::connect_with(server.local_addr(), CREDITS, 4096, 1 << 20);
+    let mut consumer = rpc_core::session::RingConsumer::new(1 << 16, 64);
+    use prost::Message;
+    let call =
+        |c: &mut RawClient, consumer: &mut rpc_core::session::RingConsumer, seq: u32, release: bool| {
+            // Answers of 5,000 bytes: over the 4 KiB eager threshold, in our ring. The request
+            // carries the freed head (no RingReturn).
+            let body = request(u64::from(seq), 16, 5000).encode_to_vec();
+            let freed_head = consumer.take_freed();
+            c.send(
+                Header {
+                    method: ECHO,
+                    generation: seq,
+                    freed_head,
+                    body_len: body.len() as u32,
+                    total_len: body.len() as u32,
+                    ..Header::new(Kind::Request)
+                },
+                &body,
+            );
+            let h = c.wait_for(Kind::Response, 0);
+            assert!(h.in_ring && h.generation == seq && h.status == rpc_core::Code::Ok, "{h:?}");
+            let t = consumer.accept(h.ring_offset, h.body_len).unwrap();
+            if release {
+                consumer.release(t);
+            }
+        };
+    for seq in 1..=40 {
+        call(&mut liar, &mut consumer, seq, true);
+        check_reply(
+            &good.unary(ECHO, &request(u64::from(seq), 32, 32), &CallOptions::default()).unwrap(),
+            u64::from(seq),
+            32,
+        );
+    }
+    // The last answer stays unfreed; its bytes are returned one at a time.
+    call(&mut liar, &mut consumer, 41, false);
+    let head = consumer.take_freed();
+    for k in 1..=30u32 {
+        liar.send(Header { freed_head: head.wrapping_add(k), ..Header::new(Kind::RingReturn) }, &[]);
+    }
+    wait_until(
+        "the server to close the liar's session for its RingReturns",
+        WAIT,
+        || server.counters().metered >= 1,
+        || format!("{:?}", server.counters()),
+    );
+    let c = server.counters();
+    assert_eq!((c.sessions_closed, c.metered), (1, 1), "only the liar's session closed: {c:?}");
+    for k in 0..20 {
+        check_reply(&good.unary(ECHO, &request(k, 32, 32), &CallOptions::default()).unwrap(), k, 32);
+    }
+    assert!(good.closed_reason().is_none());
+    drop(liar);
+    drop(good);
+    server.shutdown();
 }
 
 #[test]

@@ -175,22 +175,23 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
 }
 
 /// Sessions with different credits on one worker: admission sums what each reserves of the SRQ
-/// (`3 × credits + 31` receive WQEs), so the SRQ is never over-committed and flow control never
-/// leans on RNR. Before the fix the listener multiplied the session count by the *new* session's
-/// need, so small sessions were admitted after large ones past the SRQ depth (here 2 × 127 + 2 × 34
-/// = 322 WQEs reserved on an SRQ of 322, and a third small one refused).
+/// (`2 × credits + max(credits, 16) + 31` receive WQEs), so the SRQ is never over-committed and
+/// flow control never leans on RNR. Before the fix the listener multiplied the session count by the *new* session's
+/// need, so small sessions were admitted after large ones past the SRQ depth (here 2 × 127 + 2 × 49
+/// = 352 WQEs reserved on an SRQ of 352, and a third small one refused; before 2026-12-05 a
+/// session of 1 credit reserved 34).
 #[test]
 fn srq_admission_sums_the_credits_of_every_session() {
     assert_eq!(
         (rpc_core::ServerConfig::srq_per_session(32), rpc_core::ServerConfig::srq_per_session(1)),
-        (127, 34)
+        (127, 49)
     );
-    let (server, _) = spawn(server().srq_depth(322).credits_per_session(32));
+    let (server, _) = spawn(server().srq_depth(352).credits_per_session(32));
     let connect = |window: u16| Client::connect_with(server.local_addr(), &client_config().window(window));
-    let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 127 WQEs fit in 322")).collect();
+    let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 127 WQEs fit in 352")).collect();
     let small =
-        [connect(1).expect("2 × 127 + 34 fit in 322"), connect(1).expect("2 × 127 + 2 × 34 = 322 fit")];
-    let err = connect(1).err().expect("2 × 127 + 3 × 34 = 356 WQEs do not fit in 322");
+        [connect(1).expect("2 × 127 + 49 fit in 352"), connect(1).expect("2 × 127 + 2 × 49 = 352 fit")];
+    let err = connect(1).err().expect("2 × 127 + 3 × 49 = 401 WQEs do not fit in 352");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
     assert!(err.message().contains("srq_depth"), "{err}");
     // Freeing a large session makes room again.

@@ -58,8 +58,8 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
-/// Receive WQEs of the worker's SRQ a session of `credits` reserves: `3 × credits + 31` (127
-/// at 32 credits). What a client that keeps the protocol can have sent before the worker takes
+/// Receive WQEs of the worker's SRQ a session of `credits` reserves:
+/// `2 × credits + max(credits, 16) + 31` (127 at 32 credits). What a client that keeps the protocol can have sent before the worker takes
 /// any of it (a worker held in a handler takes nothing):
 ///
 /// | messages | at most | why |
@@ -67,7 +67,7 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
 /// | Requests (the last or only piece of each) and stream SENDs (stream messages, the last or only piece of each; stream grants; stream ends) | `credits` + [`crate::session::STREAM_RESERVED_CREDITS`] (8) | credits return with the answers; a stream SEND holds a credit until a server header counts it taken (`stream_taken`), and only stream SENDs use the 8 beyond `credits` |
 /// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
 /// | Cancels | `credits` | a Cancel holds its call's credit until the server's CancelAck arrives ([`crate::session::CallSlots`]), so each credit covers at most one request and one Cancel, a Cancel that crossed its call's answer included |
-/// | RingReturns | `credits` | one per answer in flight |
+/// | RingReturns | `max(credits, 16)` | each must free a ring body or piece of ours ([`crate::session::meter`]), and we keep at most [`crate::session::ring_units`] of them unfreed in the client's ring |
 /// | Pings, Pongs | 4 + 2 | as the meter allows ([`crate::session::meter`]): [`crate::session::meter::MAX_PINGS`] between two messages of ours (the client pings after a third and two thirds of its `peer_timeout` of silence, and two silences can overlap one of our messages), and at most [`crate::session::meter::MAX_PONGS_OWED`] Pongs owed for our Pings |
 /// | Close | 1 | |
 ///
@@ -83,7 +83,8 @@ pub(crate) fn srq_need(credits: u16) -> u32 {
     let pieces = crate::session::MAX_PIECES_IN_RING;
     // One per credit: the credit stays taken until the Cancel is acknowledged.
     let cancels = c;
-    let ring_returns = c;
+    // Each must free a ring body or piece of ours, and we keep at most this many unfreed.
+    let ring_returns = crate::session::ring_units(credits);
     // Pings of the client and Pongs it owes ours, as the meter allows (`session::meter`).
     let probe = u32::from(crate::session::meter::MAX_PINGS + crate::session::meter::MAX_PONGS_OWED);
     let close = 1;
@@ -395,10 +396,16 @@ impl<P: Provider> Conn<P> {
         let mut done = 0;
         loop {
             let rest = len - done;
-            // The last piece takes the rest, and so does this one when no other send buffer is free.
-            let next = if rest > piece { self.acquire() } else { None };
+            // The last piece takes the rest, and so does this one when no other send buffer is
+            // free or the peer's ring holds as many of our bodies and pieces as the session
+            // allows (`session::ring_units`: each piece is freed, and may be reported, alone).
+            let next = if rest > piece && self.session.may_split_ring_body() { self.acquire() } else { None };
             let n = if next.is_some() { piece } else { rest };
             let behind = len - done - n;
+            if next.is_some() {
+                let split = self.session.split_ring_body(behind);
+                debug_assert!(split, "may_split_ring_body said yes");
+            }
             self.queue_one(buf, h, BodyAt::Piece { offset: offset + done, len: n, staged: false }, behind);
             done += n;
             match next {

@@ -124,7 +124,7 @@ pub struct ServerConfig {
     pub reassembly_timeout: Duration,
     /// Receive buffers (WQEs) of each worker's SRQ. Default 0 = sized for `max_sessions` at full
     /// credits: sessions per worker × [`ServerConfig::srq_per_session`]`(credits_per_session)`
-    /// (`3 × credits_per_session + 31`; 16 256 WQEs at the defaults), which must not exceed the
+    /// (`2 × credits_per_session + max(credits_per_session, 16) + 31`; 16 256 WQEs at the defaults), which must not exceed the
     /// device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must hold
     /// one session of full credits; sessions are then admitted while what they reserve
     /// (`srq_per_session` of the credits they were granted) fits. Every buffer is
@@ -314,7 +314,7 @@ impl ServerConfig {
             return bad(
                 "srq_depth",
                 format!(
-                    "{} is below one session's 3 × credits_per_session + 31 = {per_session} \
+                    "{} is below one session's 2 × credits_per_session + max(credits_per_session, 16) + 31 = {per_session} \
                      (ServerConfig::srq_per_session)",
                     self.srq_depth
                 ),
@@ -348,15 +348,16 @@ impl ServerConfig {
         Ok(())
     }
 
-    /// Receive WQEs of a worker's SRQ that a session of `credits` reserves: `3 × credits + 31`
-    /// (125 at 32 credits). The most a client that keeps the protocol can have sent before the
-    /// worker takes any of it, every message kind counted: its requests and stream SENDs (stream
-    /// messages, stream grants, stream ends: each holds a request credit until the server
-    /// reports it taken) within credits plus the 8 only stream SENDs use
-    /// ([`crate::session::STREAM_RESERVED_CREDITS`]), the other pieces of ring bodies (16), a
-    /// Cancel per credit (a Cancel holds its call's credit until the server's CancelAck arrives,
-    /// so a Cancel that crossed its call's answer is counted too), a ring return per answer, two
-    /// Pings and two Pongs of the idle probe, and a Close (the table is on
+    /// Receive WQEs of a worker's SRQ that a session of `credits` reserves:
+    /// `2 × credits + max(credits, 16) + 31` (127 at 32 credits). The most a client that keeps
+    /// the protocol can have sent before the worker takes any of it, every message kind counted:
+    /// its requests and stream SENDs (stream messages, stream grants, stream ends: each holds a
+    /// request credit until the server reports it taken) within credits plus the 8 only stream
+    /// SENDs use ([`crate::session::STREAM_RESERVED_CREDITS`]), the other pieces of ring bodies
+    /// (16), a Cancel per credit (a Cancel holds its call's credit until the server's CancelAck
+    /// arrives, so a Cancel that crossed its call's answer is counted too), a RingReturn per
+    /// ring body or piece of ours unfreed in its ring (at most `max(credits, 16)`:
+    /// [`crate::session::ring_units`]), 4 Pings and 2 Pongs of the probe, and a Close (the table is on
     /// `endpoint::conn::srq_need`, the one place of this arithmetic). The sessions of a worker
     /// reserve at most its SRQ depth together, so no such session makes another's messages wait
     /// for a receive buffer (RNR), however many of them stream; a client that sends more is

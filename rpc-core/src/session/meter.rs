@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | Ping | [`MAX_PINGS`] between two messages of ours | a client pings after a third and two thirds of its `peer_timeout` of silence, and any message of ours ends the silence; two silences can overlap one of our messages |
 //! | Pong | one per Ping of ours not yet answered, at most [`MAX_PONGS_OWED`] | a client sends a Pong only for a Ping (one Pong may answer several); we send at most two Pings per silence (after a third and two thirds of our `peer_timeout`), and a client that answers none of them is owed no more |
-//! | RingReturn | one per ring body or piece of ours not yet freed, and each frees ring space | a client sends one only after it freed ring space, stamped with the new head at once |
+//! | RingReturn | each frees at least one whole ring body or piece of ours, and we keep at most [`super::ring_units`] of them unfreed in the client's ring | a client sends one only after it freed ring space (whole bodies, in order), stamped with the new head at once: at most one per body we placed, and those are never more than the cap |
 //! | piece that is not the last of its message | [`pieces_between`] of our ring (16 for a ring of 256 bytes or more) between two messages of ours | each takes at least 1/16 of our ring (rounded down), and the client writes only into space our messages reported free: what arrives between two of them fits in one ring |
 //!
 //! Each check is a compare (and an add) on a message that is not a request or a response; the
@@ -58,7 +58,7 @@ impl Violation {
     pub(super) const PONG: &'static str =
         "beyond the session's receive reservation: a Pong for no Ping of the server";
     pub(super) const RING_RETURN: &'static str =
-        "beyond the session's receive reservation: a RingReturn that frees no ring space of the server's bodies";
+        "beyond the session's receive reservation: a RingReturn that frees no whole ring body of the server";
     pub(super) const PIECES: &'static str =
         "beyond the session's receive reservation: more pieces between two \
          messages of the server than its ring holds at a sixteenth of it each";
@@ -71,8 +71,6 @@ pub(super) struct Meter {
     pub(super) between: Between,
     /// Pings sent and not yet answered by a Pong.
     pub(super) pongs_owed: u8,
-    /// Ring bodies and pieces sent whose RingReturn may still come.
-    pub(super) ring_sends: u32,
     /// [`pieces_between`] our ring.
     pub(super) max_pieces: u32,
 }
@@ -87,19 +85,13 @@ pub(super) struct Between {
 impl Meter {
     /// The meter of a session whose own ring (the client writes into) is `own_ring_len` bytes.
     pub(super) fn new(own_ring_len: u32) -> Meter {
-        Meter {
-            between: Between::default(),
-            pongs_owed: 0,
-            ring_sends: 0,
-            max_pieces: pieces_between(own_ring_len),
-        }
+        Meter { between: Between::default(), pongs_owed: 0, max_pieces: pieces_between(own_ring_len) }
     }
 
-    /// The server sends a message (`in_ring`: its body went through the client's ring).
+    /// The server sends a message.
     #[inline(always)]
-    pub(super) fn sent(&mut self, in_ring: bool) {
+    pub(super) fn sent(&mut self) {
         self.between = Between::default();
-        self.ring_sends += u32::from(in_ring);
     }
 
     /// The server sends a Ping.
@@ -125,14 +117,14 @@ impl Meter {
         Ok(())
     }
 
-    /// A RingReturn arrived; `freed`: it moved the freed head of our bodies in the client's ring;
-    /// `empty`: none of our ring bodies is unfreed now.
-    pub(super) fn ring_return(&mut self, freed: bool, empty: bool) -> Result<(), &'static str> {
-        if !freed || self.ring_sends == 0 {
+    /// A RingReturn arrived that freed `units` whole ring bodies and pieces of ours
+    /// ([`super::RingProducer::on_freed`]). We keep at most [`super::ring_units`] of them unfreed
+    /// ([`super::RingProducer::with_max_units`]), so a client that keeps this rule has at most
+    /// that many RingReturns on their way.
+    pub(super) fn ring_return(&mut self, units: u32) -> Result<(), &'static str> {
+        if units == 0 {
             return Err(Violation::RING_RETURN);
         }
-        // Once everything is freed, a RingReturn has nothing left to free until the next body.
-        self.ring_sends = if empty { 0 } else { self.ring_sends - 1 };
         Ok(())
     }
 

@@ -135,13 +135,107 @@ fn ring_returns_must_free_the_servers_ring_bodies() {
     let e = deliver(&mut s, Header { freed_head: 1000, ..from_client(Kind::RingReturn) }).unwrap_err();
     assert!(is_violation(&e), "{e}");
 
-    // Each return frees something, but no more returns than bodies sent.
+    // A return must free a whole body: moving the head by a byte at a time (a RingReturn per
+    // byte: thousands of them for one body) is refused at the first.
     let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
     assert_eq!(s.place_body(3000).unwrap(), Placement::Ring(0));
     server_sends(&mut s, Kind::Response, true);
-    deliver(&mut s, Header { freed_head: 1, ..from_client(Kind::RingReturn) }).unwrap();
-    let e = deliver(&mut s, Header { freed_head: 2, ..from_client(Kind::RingReturn) }).unwrap_err();
+    let e = deliver(&mut s, Header { freed_head: 1, ..from_client(Kind::RingReturn) }).unwrap_err();
+    assert!(is_violation(&e) && e.contains("whole ring body"), "{e}");
+    // The same head on a request's header is no RingReturn: not metered.
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    assert_eq!(s.place_body(3000).unwrap(), Placement::Ring(0));
+    s.handle_header(&Header { method: 1, freed_head: 1, ..from_client(Kind::Request) }, Instant::now)
+        .unwrap();
+    deliver(&mut s, Header { freed_head: 3000, ..from_client(Kind::RingReturn) }).unwrap();
+}
+
+/// The server keeps at most `ring_units(credits)` bodies and pieces unfreed in the client's
+/// ring (a body beyond waits, as for space), so the RingReturns a client may send, one per body
+/// freed at most, stay within the `srq_need` reservation. Sabotaged: `RingProducer::new` (not
+/// counted) for the server: the 17th body was placed (`Ring(1600)`), and each of 17 RingReturns
+/// was accepted although 16 WQEs are reserved for them.
+#[test]
+fn the_server_keeps_at_most_ring_units_bodies_unfreed_so_ring_returns_stay_within_the_reservation() {
+    let credits = 4;
+    let units = ring_units(credits);
+    assert_eq!(units, MAX_PIECES_IN_RING);
+    assert_eq!(ring_units(32), 32);
+    let mut s = Session::new(Role::Server, params(credits, 64, 1 << 16));
+    for k in 0..units {
+        assert_eq!(s.place_body(100).unwrap(), Placement::Ring(100 * k), "body {k}");
+        s.on_ring_written(s.ring_write_mark());
+        server_sends(&mut s, Kind::StreamMsg, true);
+    }
+    // Plenty of bytes free, but no more bodies: the next one waits (in pieces, none granted).
+    assert_eq!(s.place_body(100).unwrap(), Placement::Pieces);
+    assert_eq!(s.next_piece(100), None);
+    // One RingReturn per body freed, each accepted; the one after frees nothing.
+    for k in 1..=units {
+        deliver(&mut s, Header { freed_head: 100 * k, ..from_client(Kind::RingReturn) }).unwrap();
+    }
+    let e = deliver(&mut s, Header { freed_head: 100 * units, ..from_client(Kind::RingReturn) }).unwrap_err();
     assert!(is_violation(&e), "{e}");
+    // Once freed, bodies go again.
+    let mut s = Session::new(Role::Server, params(credits, 64, 1 << 16));
+    for _ in 0..units {
+        assert!(matches!(s.place_body(100).unwrap(), Placement::Ring(_)));
+    }
+    deliver(&mut s, Header { freed_head: 200, ..from_client(Kind::RingReturn) }).unwrap();
+    assert!(matches!(s.place_body(100).unwrap(), Placement::Ring(_)));
+    assert!(s.next_piece(100).is_some());
+    assert_eq!(s.place_body(100).unwrap(), Placement::Pieces);
+    // A body placed and taken back (never sent) gives its count back too.
+    let mut s = Session::new(Role::Server, params(credits, 64, 1 << 16));
+    for _ in 0..units - 1 {
+        assert!(matches!(s.place_body(100).unwrap(), Placement::Ring(_)));
+    }
+    let before = s.producer.mark();
+    assert!(matches!(s.place_body(100).unwrap(), Placement::Ring(_)));
+    assert!(s.producer.rewind(before, s.producer.mark()));
+    assert!(matches!(s.place_body(100).unwrap(), Placement::Ring(_)), "the rewound body's count came back");
+}
+
+/// A client with a body arriving in pieces reports freed space once half of the bodies the server
+/// may keep unfreed are freed, however few bytes they hold: the server may be waiting for the
+/// count, not for bytes. Sabotaged (`units_return_due` false): no RingReturn after 8 small
+/// bodies, and the server would wait for a Ping.
+#[test]
+fn a_client_reports_freed_space_at_half_the_servers_unfreed_bodies() {
+    let credits = 4;
+    let mut c = Session::new(Role::Client, params(credits, 64, 1 << 16));
+    c.assemblies.push(Assembly {
+        header: Header::new(Kind::Response),
+        body: Vec::new(),
+        _charge: None,
+        since: None,
+        refused: false,
+        dropped: 0,
+    });
+    let half = ring_units(credits) / 2;
+    for k in 0..half {
+        let t = c.consumer.accept(100 * k, 100).unwrap();
+        c.consumer.release(t);
+        // 100-byte bodies: far below a quarter of the 64 KiB ring.
+        assert_eq!(c.ring_return_due(), k + 1 == half, "after {} bodies", k + 1);
+    }
+    c.consumer.take_freed();
+    assert!(!c.ring_return_due(), "reported");
+    // The server's own consumer is not counted this way (the client keeps no such cap).
+    let mut s = Session::new(Role::Server, params(credits, 64, 1 << 16));
+    s.assemblies.push(Assembly {
+        header: Header::new(Kind::Request),
+        body: Vec::new(),
+        _charge: None,
+        since: None,
+        refused: false,
+        dropped: 0,
+    });
+    for k in 0..2 * half {
+        let t = s.consumer.accept(100 * k, 100).unwrap();
+        s.consumer.release(t);
+    }
+    assert!(!s.ring_return_due());
 }
 
 /// Non-last pieces of one message, each `len` bytes, copied out and freed at once.

@@ -51,6 +51,17 @@ const PIECE_FRACTION: u32 = 4;
 /// Most pieces that are not the last of their message one ring holds at once: every such piece
 /// takes at least `1 / PIECE_FRACTION²` of it.
 pub const MAX_PIECES_IN_RING: u32 = PIECE_FRACTION * PIECE_FRACTION;
+
+/// Most ring bodies and pieces a server keeps unfreed in a client's ring, for a session of
+/// `credits`: `max(credits, MAX_PIECES_IN_RING)` (32 at the default 32 credits). A body waits
+/// for the client to free one beyond it, as it waits for ring space. It bounds the RingReturns a
+/// client may send (each must free at least one: `meter`), hence the receive WQEs reserved for
+/// them (`endpoint::conn::srq_need`); at least [`MAX_PIECES_IN_RING`] so that one answer in
+/// pieces streams through the ring at any credits. A client reports freed space once half of
+/// them are freed unreported ([`Session::ring_return_due`]).
+pub fn ring_units(credits: u16) -> u32 {
+    u32::from(credits).max(MAX_PIECES_IN_RING)
+}
 pub use slots::{Abandoned, CallSlots, ResponseFate, SlotState};
 pub use stream::{StreamError, STREAM_RESERVED_CREDITS};
 use stream::{StreamSends, Streams};
@@ -261,7 +272,13 @@ impl Session {
         Session {
             role,
             params,
-            producer: RingProducer::new(params.peer_ring_len),
+            producer: match role {
+                // Our bodies in the client's ring, capped: each RingReturn must free one.
+                Role::Server => {
+                    RingProducer::with_max_units(params.peer_ring_len, ring_units(params.credits))
+                }
+                Role::Client => RingProducer::new(params.peer_ring_len),
+            },
             placed: (RingProducer::new(0).mark(), RingProducer::new(0).mark()),
             consumer: RingConsumer::new(params.own_ring_len, params.max_held.max(1)),
             unanswered: match role {
@@ -620,6 +637,21 @@ impl Session {
         self.producer.tail()
     }
 
+    /// Whether the body placed last may go out as one more piece ([`Session::split_ring_body`]):
+    /// a server keeps at most [`ring_units`] bodies and pieces unfreed in the client's ring.
+    #[inline]
+    pub fn may_split_ring_body(&self) -> bool {
+        self.producer.may_split()
+    }
+
+    /// The body placed last goes out in pieces (pipelined): one of them ends `behind` bytes
+    /// before its end. Call in piece order, after [`Session::may_split_ring_body`] said yes
+    /// (then this succeeds). Returns false when the piece may not be cut (send the rest as one).
+    #[inline]
+    pub fn split_ring_body(&mut self, behind: u32) -> bool {
+        self.producer.split_last(self.producer.tail().wrapping_sub(behind))
+    }
+
     /// A polled completion of ours retired the ring WRITE of `mark` and every one before it
     /// (`SendQueue::take_ring_mark`): its bytes may be placed again once the peer has freed them
     /// too. The producer reuses only bytes both freed by the peer and retired here, so a peer
@@ -638,7 +670,7 @@ impl Session {
         if self.role == Role::Server {
             h.stream_taken = self.sends.taken;
             self.sends.reported = self.sends.taken;
-            self.meter.sent(h.in_ring);
+            self.meter.sent();
         }
     }
 
@@ -714,12 +746,25 @@ impl Session {
     /// Drivers ask [`Session::take_ring_return`], which also knows whether the peer can be
     /// waiting for the space.
     ///
+    /// A client also sends one when half of the bodies and pieces the server may keep unfreed
+    /// in our ring ([`ring_units`]) are freed unreported, whatever their bytes.
+    ///
     /// A server also sends one when the client's stream SENDs it took and did not report, with
     /// its unanswered requests, hold every credit of the client (it may wait for the count).
     pub fn ring_return_due(&self) -> bool {
         let unreported = self.consumer.unreported();
-        (unreported > 0 && (unreported >= self.consumer.len() / PIECE_FRACTION || self.assemblies.is_empty()))
+        (unreported > 0
+            && (unreported >= self.consumer.len() / PIECE_FRACTION
+                || self.assemblies.is_empty()
+                || self.units_return_due()))
             || self.stream_return_due()
+    }
+
+    /// Client: whether half of the ring bodies and pieces the server may keep unfreed in our ring
+    /// ([`ring_units`]) are freed unreported: the server may be waiting for the count, not
+    /// for bytes (a body in pieces arriving while small bodies were freed).
+    fn units_return_due(&self) -> bool {
+        self.role == Role::Client && self.consumer.unreported_units() * 2 >= ring_units(self.params.credits)
     }
 
     /// Server: whether the client's stream SENDs taken and unreported are worth a RingReturn of
@@ -850,8 +895,8 @@ impl Session {
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
         }
-        let used_before = self.producer.used();
-        self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
+        let units_freed =
+            self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
         match self.role {
             Role::Client => self.sends.on_taken(h.stream_taken)?,
             Role::Server if h.stream_taken != 0 => return Err("a client's message carries a stream count"),
@@ -1032,10 +1077,7 @@ impl Session {
                 self.liveness.pong_due = true;
             }
             Kind::Pong if self.role == Role::Server => self.meter.pong()?,
-            Kind::RingReturn if self.role == Role::Server => {
-                let used = self.producer.used();
-                self.meter.ring_return(used < used_before, used == 0)?;
-            }
+            Kind::RingReturn if self.role == Role::Server => self.meter.ring_return(units_freed)?,
             Kind::Cancel => {
                 // Every Cancel is acknowledged (the client holds the call's credit until then);
                 // a client keeping that rule never has more than `credits` of them waiting.

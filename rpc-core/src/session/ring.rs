@@ -63,12 +63,83 @@ pub struct RingProducer {
     retired: u32,
     /// Physical offset of the next placement.
     pos: u32,
+    /// Most bodies and pieces placed and not yet freed ([`RingProducer::with_max_units`]);
+    /// `u32::MAX`: not counted.
+    max_units: u32,
+    /// When counted: the end (the tail right after it) of each body or piece placed and not yet
+    /// freed, oldest first. Its capacity is `max_units`, allocated at construction.
+    ends: VecDeque<u32>,
 }
 
 impl RingProducer {
-    /// State for an empty ring of `len` bytes (1 ..= 1 GiB).
+    /// State for an empty ring of `len` bytes (1 ..= 1 GiB), bodies and pieces not counted.
     pub fn new(len: u32) -> RingProducer {
-        RingProducer { len, tail: 0, head: 0, retired: 0, pos: 0 }
+        RingProducer { len, tail: 0, head: 0, retired: 0, pos: 0, max_units: u32::MAX, ends: VecDeque::new() }
+    }
+
+    /// State for an empty ring of `len` bytes that holds at most `max_units` (at least 1)
+    /// bodies and pieces the consumer has not freed: a reservation beyond them answers
+    /// [`RingReserveError::Full`] (or `None` for a piece) until the consumer frees one, and
+    /// [`RingProducer::on_freed`] counts the bodies and pieces a head frees. A server keeps its
+    /// bodies in a client's ring to `session::ring_units` this way, so that the RingReturns a
+    /// client may send (each must free one) stay within the receive WQEs reserved for them.
+    /// Allocates the list of `max_units` ends here, nothing later.
+    pub fn with_max_units(len: u32, max_units: u32) -> RingProducer {
+        let max_units = max_units.clamp(1, u32::MAX - 1);
+        RingProducer {
+            max_units,
+            ends: VecDeque::with_capacity(max_units as usize),
+            ..RingProducer::new(len)
+        }
+    }
+
+    /// Bodies and pieces placed and not yet freed (0 when not counted).
+    pub fn units(&self) -> u32 {
+        self.ends.len() as u32
+    }
+
+    /// Whether the count of unfreed bodies and pieces is at its maximum.
+    #[inline]
+    fn units_full(&self) -> bool {
+        self.ends.len() as u32 >= self.max_units
+    }
+
+    /// Whether the last placement may be cut into one more piece ([`RingProducer::split_last`]):
+    /// always when bodies are not counted, else while fewer than the most are unfreed.
+    #[inline]
+    pub fn may_split(&self) -> bool {
+        !self.units_full()
+    }
+
+    /// The last placement goes out as pieces (each a WRITE and a SEND, each freed by the
+    /// consumer on its own): `end` (a wrapping count, inside it) ends one of them. Piece ends
+    /// must come in order. Returns false, changing nothing, when the count of unfreed bodies and
+    /// pieces is at its maximum or `end` is not inside the last placement after the pieces
+    /// recorded so far (the caller then sends the rest as one piece). Allocates nothing.
+    pub fn split_last(&mut self, end: u32) -> bool {
+        if self.max_units == u32::MAX {
+            return true;
+        }
+        if self.units_full() {
+            return false;
+        }
+        let n = self.ends.len();
+        let Some(&last) = self.ends.back() else { return false };
+        let start = if n >= 2 { self.ends[n - 2] } else { self.head };
+        let (at, span) = (end.wrapping_sub(start), last.wrapping_sub(start));
+        if at == 0 || at >= span {
+            return false;
+        }
+        self.ends.insert(n - 1, end);
+        true
+    }
+
+    /// Records the end of a placement just made (when counted).
+    #[inline]
+    fn placed(&mut self) {
+        if self.max_units != u32::MAX {
+            self.ends.push_back(self.tail);
+        }
     }
 
     /// Ring length in bytes.
@@ -110,10 +181,14 @@ impl RingProducer {
     ///
     /// # Errors
     /// [`RingReserveError::TooLarge`] when `n` exceeds the ring, [`RingReserveError::Full`] when
-    /// the space is not free yet.
+    /// the space is not free yet, or the most bodies and pieces are unfreed
+    /// ([`RingProducer::with_max_units`]).
     pub fn reserve(&mut self, n: u32) -> Result<u32, RingReserveError> {
         if n > self.len {
             return Err(RingReserveError::TooLarge { len: n, ring_len: self.len });
+        }
+        if self.units_full() {
+            return Err(RingReserveError::Full);
         }
         let used = self.busy();
         // Bodies go on at the tail while they fit before the end of the ring; an empty ring starts
@@ -135,6 +210,7 @@ impl RingProducer {
         }
         self.tail = self.tail.wrapping_add(need);
         self.pos = if offset + n == self.len { 0 } else { offset + n };
+        self.placed();
         Ok(offset)
     }
 
@@ -154,6 +230,13 @@ impl RingProducer {
         if self.mark() != after || reserved > self.used() || reserved > self.unretired() {
             return false;
         }
+        if reserved != 0 && self.max_units != u32::MAX {
+            // The reservation was the last placement: its end is the last one listed.
+            if self.ends.back() != Some(&after.tail) {
+                return false;
+            }
+            self.ends.pop_back();
+        }
         self.tail = before.tail;
         self.pos = before.pos;
         true
@@ -165,7 +248,7 @@ impl RingProducer {
     /// more). Returns `(offset, length)`, or `None` while not enough is free. Allocates nothing.
     pub fn reserve_piece(&mut self, max: u32, min_piece: u32) -> Option<(u32, u32)> {
         let max = max.min(self.len);
-        if max == 0 {
+        if max == 0 || self.units_full() {
             return None;
         }
         let floor = min_piece.clamp(1, max);
@@ -188,21 +271,38 @@ impl RingProducer {
         }
         self.tail = self.tail.wrapping_add(skip).wrapping_add(n);
         self.pos = if offset + n == self.len { 0 } else { offset + n };
+        self.placed();
         Some((offset, n))
     }
 
-    /// Takes the consumer's `freed_head` from a received header.
+    /// Takes the consumer's `freed_head` from a received header and returns how many whole
+    /// bodies and pieces it freed (0 when they are not counted: see
+    /// [`RingProducer::with_max_units`]). A consumer that keeps the protocol frees whole bodies
+    /// in order, so its head is always the end of one.
     ///
     /// # Errors
     /// `Err(())` when the value is not between the current head and the tail (a malformed or
     /// replayed header); the state is unchanged.
     #[allow(clippy::result_unit_err)]
-    pub fn on_freed(&mut self, freed_head: u32) -> Result<(), ()> {
-        if freed_head.wrapping_sub(self.head) > self.used() {
+    #[inline]
+    pub fn on_freed(&mut self, freed_head: u32) -> Result<u32, ()> {
+        let advance = freed_head.wrapping_sub(self.head);
+        if advance > self.used() {
             return Err(());
         }
+        if advance == 0 {
+            return Ok(0);
+        }
+        let mut units = 0;
+        while let Some(&end) = self.ends.front() {
+            if end.wrapping_sub(self.head) > advance {
+                break;
+            }
+            self.ends.pop_front();
+            units += 1;
+        }
         self.head = freed_head;
-        Ok(())
+        Ok(units)
     }
 
     /// Takes the mark ([`RingProducer::tail`] right after the placement) of the last WRITE a
@@ -249,6 +349,8 @@ pub struct RingConsumer {
     freed: u32,
     /// Last `freed` sent to the producer.
     reported: u32,
+    /// Bodies freed since `reported` was taken.
+    unreported_units: u32,
     /// Accepted, not yet freed bodies, oldest first: (end counter, released).
     pending: VecDeque<(u32, bool)>,
     /// Sequence number of `pending[0]`.
@@ -267,6 +369,7 @@ impl RingConsumer {
             accepted: 0,
             freed: 0,
             reported: 0,
+            unreported_units: 0,
             pending: VecDeque::with_capacity(max_pending),
             first_seq: 0,
         }
@@ -311,18 +414,25 @@ impl RingConsumer {
             self.freed = end;
             self.pending.pop_front();
             self.first_seq = self.first_seq.wrapping_add(1);
+            self.unreported_units += 1;
         }
     }
 
     /// The freed counter to put in the next header (marks it reported).
     pub fn take_freed(&mut self) -> u32 {
         self.reported = self.freed;
+        self.unreported_units = 0;
         self.freed
     }
 
     /// Bytes freed since the last header carried the counter.
     pub fn unreported(&self) -> u32 {
         self.freed.wrapping_sub(self.reported)
+    }
+
+    /// Bodies (and pieces) freed since the last header carried the counter.
+    pub fn unreported_units(&self) -> u32 {
+        self.unreported_units
     }
 
     /// Ring length in bytes.
@@ -350,6 +460,32 @@ mod tests {
     /// A reservation taken back leaves the producer as it was (also one that skipped the end of
     /// the ring); one with another after it is not taken back. Sabotaged: `rewind` without the
     /// `after` check: the second case rewound both reservations.
+    /// A body sent as pipelined pieces counts a unit per piece, each freed on its own; the cut
+    /// stops at the most units. Sabotaged (`split_last` not recording the end): freeing the
+    /// first piece freed no unit.
+    #[test]
+    fn pieces_of_a_split_body_count_and_free_one_unit_each() {
+        let mut p = RingProducer::with_max_units(1000, 3);
+        assert_eq!(p.reserve(300), Ok(0));
+        assert!(p.may_split());
+        assert!(p.split_last(100));
+        assert!(!p.split_last(100), "not after the last piece recorded");
+        assert!(!p.split_last(300), "not at the end of the body");
+        assert!(p.split_last(200));
+        assert_eq!(p.units(), 3);
+        assert!(!p.may_split() && !p.split_last(250), "at the most units");
+        assert_eq!(p.reserve(10), Err(RingReserveError::Full));
+        assert_eq!(p.on_freed(100), Ok(1));
+        assert_eq!(p.on_freed(150), Ok(0), "inside a piece");
+        assert_eq!(p.on_freed(300), Ok(2));
+        assert_eq!(p.units(), 0);
+        // Not counted: any cut is fine, nothing is recorded.
+        let mut q = RingProducer::new(1000);
+        assert_eq!(q.reserve(300), Ok(0));
+        assert!(q.split_last(100) && q.split_last(100));
+        assert_eq!((q.units(), q.on_freed(300)), (0, Ok(0)));
+    }
+
     #[test]
     fn rewind_takes_back_only_the_last_reservation() {
         let mut p = RingProducer::new(1000);
@@ -579,7 +715,7 @@ mod tests {
     #[test]
     fn counters_wrap() {
         let start = u32::MAX - 30;
-        let mut p = RingProducer { len: 100, tail: start, head: start, retired: start, pos: 0 };
+        let mut p = RingProducer { tail: start, head: start, retired: start, ..RingProducer::new(100) };
         let mut w = Writes::new(100);
         assert_eq!(p.reserve(60), Ok(0));
         w.post(&p, 0, 60).unwrap();
@@ -714,7 +850,9 @@ mod tests {
             let mut w = Writes::new(len);
             for (n, what, pick) in ops {
                 match what {
-                    0 => p.on_freed(p.tail().wrapping_sub(u32::from(pick) % (p.used() + 1))).unwrap(),
+                    0 => {
+                        p.on_freed(p.tail().wrapping_sub(u32::from(pick) % (p.used() + 1))).unwrap();
+                    }
                     1 => w.complete(&mut p, usize::from(pick % 4) + 1),
                     2 => {
                         if let Some((off, n)) = p.reserve_piece(n, n / 3) {
