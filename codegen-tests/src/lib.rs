@@ -112,6 +112,17 @@ pub mod codegen {
     pub mod defaults {
         rpc_core::include_proto!("codegen.defaults");
     }
+    /// Messages without a module of nested items, named like a service module and a package
+    /// module (nothing renamed); a oneof `self` beside `message Self`.
+    // prost-build's own name for that oneof, `Self_OneOf`, is not UpperCamelCase.
+    #[allow(non_camel_case_types)]
+    pub mod plain {
+        rpc_core::include_proto!("codegen.plain");
+        /// `codegen.plain.catalog`: the module message `Catalog` would have taken if it had one.
+        pub mod catalog {
+            rpc_core::include_proto!("codegen.plain.catalog");
+        }
+    }
     /// Comments that must not become doctests or break rustdoc.
     pub mod comments {
         rpc_core::include_proto!("codegen.comments");

@@ -1132,3 +1132,28 @@ fn an_async_server_name_that_matches_no_service_fails_naming_it() {
     let builder = configure().async_server("codegen.asynchronous");
     assert!(generate_with(builder, "async-pkg", &["codegen/asynchronous.proto"]).is_err());
 }
+
+/// A message with only map and proto3 `optional` fields gets no module from prost-build, so
+/// naming it like a service's module (`GreeterServer`) or like a package's (`Catalog` beside
+/// package `codegen.plain.catalog`) collides with nothing: no refusal (not even with a replaced
+/// prost-build configuration, where any real collision is refused) and no rename.
+#[test]
+fn messages_without_a_module_collide_with_nothing() {
+    const PLAIN: &[&str] = &["codegen/plain.proto", "codegen/plain/catalog.proto"];
+    for (test, builder) in
+        [("plain", configure()), ("plain_prost_config", configure().prost_config(prost_build::Config::new()))]
+    {
+        let (warnings, files) = generate_with(builder, test, PLAIN).expect("generation succeeds");
+        assert!(warnings.is_empty(), "{warnings:#?}");
+        let code = file(&files, "codegen.plain.rs");
+        assert_has(code, "pub struct GreeterServer {");
+        assert_has(code, "pub struct Catalog {");
+        assert_has(code, "pub mod greeter_server {");
+        assert!(!code.contains("pub mod catalog"), "no module for Catalog: {code}");
+        assert!(!code.contains("catalog_"), "nothing renamed: {code}");
+        assert!(!code.contains("greeter_server_"), "nothing renamed: {code}");
+        // prost-build appends `OneOf` to the escaped name: `Self_OneOf`, beside `SelfOneOf`.
+        assert_has(code, "pub enum Self_OneOf {");
+        assert_has(code, "pub struct SelfOneOf {");
+    }
+}
