@@ -30,6 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "../proto/codegen/collide/deep/er/node.proto",
             "../proto/codegen/plain.proto",
             "../proto/codegen/plain/catalog.proto",
+            "../proto/codegen/etcdlike/kv.proto",
+            "../proto/codegen/etcdlike/rpc.proto",
         ],
         &["../proto"],
     )?;

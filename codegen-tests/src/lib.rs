@@ -27,6 +27,18 @@
 //! }
 //! ```
 //!
+//! A package's code without the module of a package it imports fails to build, and the error
+//! of the `use` line codegen ends the file with (`E0432`, unresolved import) quotes the fix:
+//! `use super::mvccpb as _; // package mvccpb needs its own module: pub mod mvccpb { .. }`
+//! (rustc's other errors, `cannot find mvccpb in super`, point at prost's fields):
+//!
+//! ```compile_fail,E0432
+//! pub mod etcdserverpb {
+//!     rpc_core::include_proto!("etcdserverpb");
+//! }
+//! # fn main() {}
+//! ```
+//!
 //! The stub over a `Channel` is both:
 //!
 //! ```
@@ -164,6 +176,18 @@ pub mod codegen {
 #[deny(warnings)]
 pub mod with_include_file {
     include!(concat!(env!("OUT_DIR"), "/with-include-file/collide.rs"));
+}
+
+/// `package mvccpb` (etcd's `kv.proto` shape), imported by `etcdserverpb`.
+#[deny(warnings)]
+pub mod mvccpb {
+    rpc_core::include_proto!("mvccpb");
+}
+
+/// `package etcdserverpb` (etcd's `rpc.proto` shape): refers to `super::mvccpb`.
+#[deny(warnings)]
+pub mod etcdserverpb {
+    rpc_core::include_proto!("etcdserverpb");
 }
 
 /// A file without `package` (prost-build names its output `_.rs`).

@@ -114,8 +114,18 @@
 //! pub mod etcdserverpb { rpc_core::include_proto!("etcdserverpb"); }
 //! ```
 //!
-//! Without the `mvccpb` module, rustc says `cannot find mvccpb in super`. An include file
-//! ([`Builder::include_file`]) writes the nesting for you.
+//! An include file ([`Builder::include_file`]) writes the nesting for you. Every generated file
+//! ends with one line per package it refers to, so that a module left out is reported with the
+//! fix (rustc quotes the line of an unresolved import):
+//!
+//! ```text
+//! error[E0432]: unresolved import `super::mvccpb`
+//!     |
+//! 309 | use super::mvccpb as _; // package `mvccpb` needs its own module: pub mod mvccpb { rpc_core::include_proto!("mvccpb"); }
+//!     |     ^^^^^^^^^^^^^^^^^^ no `mvccpb` in the root
+//! ```
+//!
+//! (followed by `cannot find mvccpb in super` at each use).
 //!
 //! Generated code imports only `rpc_core::codegen::*` (and `super::` for the messages); the
 //! contract is `docs/facade.md`.
@@ -206,6 +216,7 @@ mod proto_error;
 mod server;
 mod types;
 mod unnamed;
+mod uses;
 
 #[cfg(test)]
 mod tests;

@@ -77,7 +77,7 @@ fn module_name(name: &str) -> String {
 }
 
 /// A package's module path (prost-build's `Module::from_protobuf_package_name`).
-fn package_module(package: &str) -> Vec<String> {
+pub fn package_module(package: &str) -> Vec<String> {
     package.split('.').filter(|p| !p.is_empty()).map(module_name).collect()
 }
 

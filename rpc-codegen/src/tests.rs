@@ -1157,3 +1157,40 @@ fn messages_without_a_module_collide_with_nothing() {
         assert_has(code, "pub struct SelfOneOf {");
     }
 }
+
+/// Each generated file ends with a `use` line per package it refers to, quoting the module the
+/// user must write (rustc's unresolved-import error shows that line): relative paths as
+/// prost-build's, `self::` for a package below, none for an enclosing package, none for
+/// well-known types (`::prost_types`) or extern paths.
+#[test]
+fn every_referenced_package_gets_a_use_line_naming_its_module() {
+    let (_, files) = generate("uses", &["codegen/deep/inner/v1.proto"]).expect("generation succeeds");
+    let inner = file(&files, "codegen.deep.inner.v1.rs");
+    assert_has(
+        inner,
+        "#[allow(unused_imports)] use super::super::super::common as _; // package `codegen.common` needs its own \
+         module: `codegen::common`, holding rpc_core::include_proto!(\"codegen.common\")",
+    );
+    // `codegen.deep` encloses `codegen.deep.inner.v1`: the file sits inside its module.
+    assert!(!inner.contains("package `codegen.deep`"), "{inner}");
+    let deep = file(&files, "codegen.deep.rs");
+    assert_has(deep, "use super::common as _;");
+    assert!(!file(&files, "codegen.common.rs").contains("needs its own module"), "refers to no package");
+
+    let (_, files) = generate("uses_etcd", &["codegen/etcdlike/rpc.proto"]).expect("generation succeeds");
+    assert_has(
+        file(&files, "etcdserverpb.rs"),
+        "use super::mvccpb as _; // package `mvccpb` needs its own module: pub mod mvccpb { \
+         rpc_core::include_proto!(\"mvccpb\"); }",
+    );
+
+    let (_, files) = generate("uses_child", &["codegen/plain.proto"]).expect("generation succeeds");
+    assert_has(file(&files, "codegen.plain.rs"), "use self::catalog as _;");
+
+    let (_, files) = generate("uses_wkt", &["codegen/well_known.proto"]).expect("generation succeeds");
+    assert!(!file(&files, "codegen.well_known.rs").contains("needs its own module"), "prost_types is extern");
+    let builder = configure().extern_path(".mvccpb", "::etcd_types::mvccpb");
+    let (_, files) =
+        generate_with(builder, "uses_extern", &["codegen/etcdlike/rpc.proto"]).expect("generation");
+    assert!(!file(&files, "etcdserverpb.rs").contains("needs its own module"), "extern");
+}

@@ -553,3 +553,6 @@ pub mod store_client {
         }
     }
 }
+// The packages this one refers to: each needs a module of its own, nested as its name is.
+#[allow(unused_imports)]
+use self::shop as _; // package `codegen.collide.shop` needs its own module: `codegen::collide::shop`, holding rpc_core::include_proto!("codegen.collide.shop")
