@@ -110,3 +110,12 @@ fn both_stubs_take_requests_by_value_and_by_reference() {
     drop(blocking);
     server.shutdown();
 }
+
+/// The hint field of the blocking `Client` changes none of its auto traits (`Send`, `Unpin`), only
+/// what the compiler says about `Sync`.
+#[test]
+fn the_blocking_stub_keeps_its_auto_traits() {
+    fn send_unpin<T: Send + Unpin>() {}
+    send_unpin::<Client>();
+    send_unpin::<FeedClient<Client>>();
+}

@@ -98,8 +98,8 @@ mod sealed {
 /// ```compile_fail,E0277
 /// fn spawn_with(client: std::sync::Arc<rpc_core::Client>) {
 ///     std::thread::spawn(move || drop(client));
-///     // error[E0277]: `(dyn rpc_core::client::ToShareAcrossThreadsConnectAChannel + Send +
-///     //   'static)` cannot be shared between threads safely
+///     // error[E0277]: `dyn ToShareAcrossThreadsConnectAChannel + Send + Unpin` cannot be
+///     //   shared between threads safely
 /// }
 /// ```
 #[diagnostic::on_unimplemented(
@@ -120,14 +120,15 @@ mod sealed_session {
 }
 
 /// Named by the compiler when a blocking [`Client`](crate::Client) (or a stub over it) is shared
-/// between threads or tokio tasks: `(dyn ToShareAcrossThreadsConnectAChannel + Send + 'static)
+/// between threads or tokio tasks: `dyn ToShareAcrossThreadsConnectAChannel + Send + Unpin
 /// cannot be shared between threads safely`. A `Client` is one session driven by one thread at
 /// a time (`Send`, not `Sync`); to share calls among threads or tasks, connect a
 /// [`Channel`](crate::Channel) (`XxxClient::connect_channel(addr).await`, `Clone + Send + Sync`),
 /// or open one `Client` per thread. Never implemented: it exists for its name.
 pub trait ToShareAcrossThreadsConnectAChannel {}
 
-/// A zero-sized field of [`Client`](crate::Client) that is `Send` and not `Sync`, so that the
-/// compiler's first complaint about sharing a client names
-/// [`ToShareAcrossThreadsConnectAChannel`] rather than the client's inner `RefCell`.
-pub(crate) type NotSyncHint = PhantomData<dyn ToShareAcrossThreadsConnectAChannel + Send>;
+/// A zero-sized field of [`Client`](crate::Client) that is not `Sync`, so that the compiler's
+/// complaint about sharing a client names [`ToShareAcrossThreadsConnectAChannel`] besides the
+/// client's inner `RefCell`. `Send` and `Unpin`, so that it changes none of the client's other
+/// auto traits (neither `UnwindSafe` nor `RefUnwindSafe` already).
+pub(crate) type NotSyncHint = PhantomData<dyn ToShareAcrossThreadsConnectAChannel + Send + Unpin>;
