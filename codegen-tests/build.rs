@@ -28,6 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "../proto/codegen/collide/shop/v1.proto",
             "../proto/codegen/collide/type/v2.proto",
             "../proto/codegen/collide/deep/er/node.proto",
+            "../proto/codegen/plain.proto",
+            "../proto/codegen/plain/catalog.proto",
+            "../proto/codegen/etcdlike/kv.proto",
+            "../proto/codegen/etcdlike/rpc.proto",
         ],
         &["../proto"],
     )?;

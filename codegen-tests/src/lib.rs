@@ -3,9 +3,61 @@
 //!
 //! The tests in `tests/` use it: the helloworld snapshot, the method ids against the runtime's
 //! `method_id()`, the names each tricky proto produces, and RPCs end to end on `sim`.
+//!
+//! A stub over a blocking `Client` is neither `Clone` nor `Sync`, and the compiler says what to
+//! do instead. Cloning it (here through a derive) is refused with `#[diagnostic::on_unimplemented]`'s
+//! hint (`a stub over a blocking Client cannot be cloned or shared across threads or tokio tasks`,
+//! `note: connect a Channel instead (XxxClient::connect_channel(addr).await) ...`):
+//!
+//! ```compile_fail,E0277
+//! use codegen_tests::helloworld::greeter_client::GreeterClient;
+//! #[derive(Clone)]
+//! struct AppState {
+//!     greeter: GreeterClient,
+//! }
+//! ```
+//!
+//! Sharing it between threads is refused naming `ToShareAcrossThreadsConnectAChannel` (besides
+//! the client's inner `RefCell`):
+//!
+//! ```compile_fail,E0277
+//! use codegen_tests::helloworld::greeter_client::GreeterClient;
+//! fn spawn_with(greeter: std::sync::Arc<GreeterClient>) {
+//!     std::thread::spawn(move || drop(greeter));
+//! }
+//! ```
+//!
+//! A package's code without the module of a package it imports fails to build, and the error
+//! of the `use` line codegen ends the file with (`E0432`, unresolved import) quotes the fix:
+//! `use super::mvccpb as _; // package mvccpb needs its own module: pub mod mvccpb { .. }`
+//! (rustc's other errors, `cannot find mvccpb in super`, point at prost's fields):
+//!
+//! ```compile_fail,E0432
+//! pub mod etcdserverpb {
+//!     rpc_core::include_proto!("etcdserverpb");
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! The stub over a `Channel` is both:
+//!
+//! ```
+//! use codegen_tests::helloworld::greeter_client::GreeterClient;
+//! use rpc_core::Channel;
+//! #[derive(Clone)]
+//! struct AppState {
+//!     greeter: GreeterClient<Channel>,
+//! }
+//! fn spawn_with(greeter: std::sync::Arc<GreeterClient<Channel>>) {
+//!     std::thread::spawn(move || drop(greeter));
+//! }
+//! ```
 
 // prost's messages carry docs only where the proto has comments.
 #![allow(missing_docs)]
+// Generated code never warns: every module holding generated code denies warnings (`cargo build`
+// and `cargo clippy` of this crate fail on any warning in it), services of client or
+// bidirectional streams only (`codegen.streaming.Watch`, `codegen.asynchronous.Pipe`) included.
 
 pub mod async_services;
 pub mod collide_services;
@@ -13,11 +65,13 @@ pub mod hostile_services;
 pub mod services;
 
 /// `package helloworld`.
+#[deny(warnings)]
 pub mod helloworld {
     rpc_core::include_proto!("helloworld");
 }
 
 /// `package codegen.*`.
+#[deny(warnings)]
 pub mod codegen {
     /// Services with async server traits.
     pub mod asynchronous {
@@ -70,6 +124,17 @@ pub mod codegen {
     pub mod defaults {
         rpc_core::include_proto!("codegen.defaults");
     }
+    /// Messages without a module of nested items, named like a service module and a package
+    /// module (nothing renamed); a oneof `self` beside `message Self`.
+    // prost-build's own name for that oneof, `Self_OneOf`, is not UpperCamelCase.
+    #[allow(non_camel_case_types)]
+    pub mod plain {
+        rpc_core::include_proto!("codegen.plain");
+        /// `codegen.plain.catalog`: the module message `Catalog` would have taken if it had one.
+        pub mod catalog {
+            rpc_core::include_proto!("codegen.plain.catalog");
+        }
+    }
     /// Comments that must not become doctests or break rustdoc.
     pub mod comments {
         rpc_core::include_proto!("codegen.comments");
@@ -108,16 +173,31 @@ pub mod codegen {
 }
 
 /// The module-collision protos again, nested by prost-build's include file.
+#[deny(warnings)]
 pub mod with_include_file {
     include!(concat!(env!("OUT_DIR"), "/with-include-file/collide.rs"));
 }
 
+/// `package mvccpb` (etcd's `kv.proto` shape), imported by `etcdserverpb`.
+#[deny(warnings)]
+pub mod mvccpb {
+    rpc_core::include_proto!("mvccpb");
+}
+
+/// `package etcdserverpb` (etcd's `rpc.proto` shape): refers to `super::mvccpb`.
+#[deny(warnings)]
+pub mod etcdserverpb {
+    rpc_core::include_proto!("etcdserverpb");
+}
+
 /// A file without `package` (prost-build names its output `_.rs`).
+#[deny(warnings)]
 pub mod no_package {
     rpc_core::include_proto!("_");
 }
 
 /// Hostile but valid protos (`codegen-tests/proto/`, and two written by the build script).
+#[deny(warnings)]
 pub mod hostile {
     /// `package hostile.a`: deep nesting, a service without methods, names shared with `b`.
     pub mod a {

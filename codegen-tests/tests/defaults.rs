@@ -104,3 +104,24 @@ fn a_oneof_named_like_a_nested_type_is_its_name_with_one_of() {
     let back = Wrapper::decode(w.encode_to_vec().as_slice()).expect("decodes");
     assert_eq!(back, w);
 }
+
+/// Messages that prost-build gives no module of nested items (only map and `optional` fields),
+/// named like a service's module (`GreeterServer`) and like a package's (`Catalog` beside
+/// `codegen.plain.catalog`), build as they are, unrenamed; so does a oneof `self` beside
+/// `message Self` and `message SelfOneOf` (prost-build's `Self_OneOf`).
+#[test]
+fn messages_without_a_module_build_beside_modules_of_their_names() {
+    use codegen_tests::codegen::plain::{self, holder, Catalog, GreeterServer, Holder};
+    let catalog = Catalog {
+        labels: [("k".to_owned(), "v".to_owned())].into_iter().collect(),
+        first: Some(plain::catalog::Entry { name: "e".into() }),
+    };
+    assert_eq!(Catalog::decode(catalog.encode_to_vec().as_slice()).unwrap(), catalog);
+    let greeter =
+        GreeterServer { counts: [("a".to_owned(), 1)].into_iter().collect(), note: Some("n".into()) };
+    assert_eq!(GreeterServer::decode(greeter.encode_to_vec().as_slice()).unwrap(), greeter);
+    assert_eq!(plain::greeter_server::SERVICE_NAME, "codegen.plain.Greeter");
+    let holder = Holder { self_: Some(holder::Self_OneOf::Value(holder::Self_ { s: "x".into() })) };
+    assert_eq!(Holder::decode(holder.encode_to_vec().as_slice()).unwrap(), holder);
+    let _ = holder::SelfOneOf { s: "y".into() };
+}

@@ -450,6 +450,7 @@ impl Builder {
             self.prost.bytes(["."]);
         }
         let outputs = modules::output_files(&fds);
+        let uses = crate::uses::plan(&fds, &tree);
         let out_dir = match self.out_dir.take() {
             Some(dir) => dir,
             None => std::env::var_os("OUT_DIR").map(PathBuf::from).ok_or(Error::NoOutDir)?,
@@ -478,6 +479,7 @@ impl Builder {
         if !renames.is_empty() {
             modules::rewrite_outputs(&outputs, &out_dir, &renames)?;
         }
+        crate::uses::append(&uses, &out_dir)?;
         for warning in &findings.warnings {
             println!("cargo:warning={warning}");
         }

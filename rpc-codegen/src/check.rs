@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use prost_types::{DescriptorProto, FileDescriptorSet};
+use prost_types::FileDescriptorSet;
 
 use crate::method_id::full_method_name;
+use crate::modules::has_nested_module;
 use crate::names::{sanitize, snake};
 use crate::Error;
 
@@ -16,11 +17,6 @@ pub struct Findings {
     /// Warnings for the build output, one line each (none are raised today: every RPC shape is
     /// generated).
     pub warnings: Vec<String>,
-}
-
-/// Whether prost-build gives `message` a module of nested items (named after the message).
-fn has_nested_module(message: &DescriptorProto) -> bool {
-    !message.nested_type.is_empty() || !message.enum_type.is_empty() || !message.oneof_decl.is_empty()
 }
 
 /// `package.name`, or `name` without a package.

@@ -31,6 +31,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     let connect_channel_with = scope.claim("connect_channel_with");
     let from_channel = scope.claim("from_channel");
     let channel_ref = scope.claim("channel");
+    let into_request = model.facade("IntoRequest");
 
     let _ = writeln!(
         buf,
@@ -51,13 +52,15 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
         "///\n/// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open \
          one per\n/// thread (to share calls among tokio tasks, connect a `Channel` instead: \
          `connect_channel`).\n/// Blocking calls busy-poll in the calling thread; `_async` calls return a \
-         future that\n/// progresses when polled (no executor needed). The lowest latency. Requests \
-         are taken by\n/// value or by reference (`stub.call(req)` or `stub.call(&req)`).\n///\n\
+         future that\n/// progresses when polled (no executor needed). The lowest latency.\n///\n\
          /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return \
-         `Send +\n/// 'static` futures woken by the channel's dispatcher threads.\n",
+         `Send +\n/// 'static` futures woken by the channel's dispatcher threads.\n///\n/// Both take \
+         requests by value or by reference (`stub.call(req)` or `stub.call(&req)`,\n/// \
+         `IntoRequest`), so switching between them changes no call site.\n",
     );
     // Not `derive(Clone)`: only the stub over a `Channel` is `Clone` (a `Client` is one session
-    // of one thread), and rustdoc should say so.
+    // of one thread); the bound `SharedSession` makes the compiler say so when one is asked of a
+    // stub over a `Client`.
     buf.push_str("#[derive(Debug)]\n");
     let _ = writeln!(buf, "pub struct {stub}<C = Client> {{");
     buf.push_str("inner: C,\n}\n");
@@ -109,20 +112,20 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             "///
             /// # Errors
             /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
-            pub fn {name}(&self, request: impl ::core::borrow::Borrow<{input}>) -> ::core::result::Result<{output}, Status> {{
-                self.inner.unary({id}, request.borrow(), &<CallOptions as ::core::default::Default>::default())
+            pub fn {name}(&self, request: impl {into_request}<{input}>) -> ::core::result::Result<{output}, Status> {{
+                self.inner.unary({id}, {into_request}::message(&request), &<CallOptions as ::core::default::Default>::default())
             }}
             /// Calls `{full}` with `options` (a deadline, ...) and waits for the reply.
             ///
             /// # Errors
             /// As `{name}`, plus `DEADLINE_EXCEEDED`.
-            pub fn {with_name}(&self, request: impl ::core::borrow::Borrow<{input}>, options: &CallOptions) -> ::core::result::Result<{output}, Status> {{
-                self.inner.unary({id}, request.borrow(), options)
+            pub fn {with_name}(&self, request: impl {into_request}<{input}>, options: &CallOptions) -> ::core::result::Result<{output}, Status> {{
+                self.inner.unary({id}, {into_request}::message(&request), options)
             }}
             /// Calls `{full}` without waiting: the future resolves to the reply when polled (the
             /// request is encoded now).
-            pub fn {async_name}(&self, request: impl ::core::borrow::Borrow<{input}>) -> ResponseFuture<'_, {output}> {{
-                self.inner.unary_async({id}, request.borrow(), &<CallOptions as ::core::default::Default>::default())
+            pub fn {async_name}(&self, request: impl {into_request}<{input}>) -> ResponseFuture<'_, {output}> {{
+                self.inner.unary_async({id}, {into_request}::message(&request), &<CallOptions as ::core::default::Default>::default())
             }}",
             name = blocking[i],
             with_name = with[i],
@@ -177,11 +180,11 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             buf,
             "/// Calls `{full}`: the future (`Send + 'static`) resolves to the reply; dropping it
             /// cancels the call.
-            pub fn {name}(&self, request: {input}) -> UnaryCall<{output}> {{
+            pub fn {name}(&self, request: impl {into_request}<{input}>) -> UnaryCall<{output}> {{
                 self.inner.unary({id}, request, &<CallOptions as ::core::default::Default>::default())
             }}
             /// Calls `{full}` with `options` (a deadline, ...).
-            pub fn {with_name}(&self, request: {input}, options: &CallOptions) -> UnaryCall<{output}> {{
+            pub fn {with_name}(&self, request: impl {into_request}<{input}>, options: &CallOptions) -> UnaryCall<{output}> {{
                 self.inner.unary({id}, request, options)
             }}",
             name = blocking[i],
@@ -194,12 +197,13 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     write_from(buf, &stub, "Channel", "channel");
     let _ = writeln!(
         buf,
-        "impl ::core::clone::Clone for {stub}<Channel> {{
+        "impl<C: {shared}> ::core::clone::Clone for {stub}<C> {{
             /// Another handle on the same channel (its sessions are shared).
             fn clone(&self) -> Self {{
                 Self {{ inner: ::core::clone::Clone::clone(&self.inner) }}
             }}
-        }}"
+        }}",
+        shared = model.facade("SharedSession"),
     );
     buf.push_str("}\n");
 }
@@ -391,14 +395,18 @@ fn write_stream_stubs(model: &ServiceModel<'_>, names: &[StreamNames], session: 
             let (name, with_name) = (&names.plain[i], &names.with[i]);
             let (noun, open, about, with_options) =
                 (shape.noun(), shape.open(), shape.about(session), shape.with_options());
-            // Only a server stream takes its request when it opens: by value or by reference over a
-            // `Client` (it is encoded at once), by value over a `Channel`.
+            // Only a server stream takes its request when it opens, by value or by reference on both
+            // sessions: a `Client` encodes it at once, a `Channel` takes the `IntoRequest` itself.
+            let into_request = model.facade("IntoRequest");
             let (param, arg) = match (shape, session) {
-                (StreamShape::Server, Session::Client) => {
-                    (format!(", request: impl ::core::borrow::Borrow<{}>", rpc.input), ", request.borrow()")
+                (StreamShape::Server, Session::Client) => (
+                    format!(", request: impl {into_request}<{}>", rpc.input),
+                    format!(", {into_request}::message(&request)"),
+                ),
+                (StreamShape::Server, Session::Channel) => {
+                    (format!(", request: impl {into_request}<{}>", rpc.input), ", request".to_owned())
                 }
-                (StreamShape::Server, Session::Channel) => (format!(", request: {}", rpc.input), ", request"),
-                _ => (String::new(), ""),
+                _ => (String::new(), String::new()),
             };
             let returns = shape.returns(session, model, rpc);
             let defaults = "&<CallOptions as ::core::default::Default>::default()";

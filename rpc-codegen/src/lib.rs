@@ -89,15 +89,20 @@
 //!   the runtime's `Service`.
 //! - `greeter_client`: the same constants and the stub `GreeterClient` (`connect`, `connect_with`,
 //!   `new`, `client`, `into_client`, `From<Client>`), with per RPC `say_hello` (blocking),
-//!   `say_hello_with(.., &CallOptions)` and `say_hello_async` (a future). Requests are taken by
-//!   value or by reference (`impl Borrow<HelloRequest>`); the stub over a `Channel` takes them by
-//!   value, so `stub.say_hello(req)` reads the same on both.
+//!   `say_hello_with(.., &CallOptions)` and `say_hello_async` (a future); over a `Channel`
+//!   (`connect_channel`, `from_channel`), `say_hello` and `say_hello_with` returning `Send +
+//!   'static` futures. Both take the request by value or by reference
+//!   (`impl IntoRequest<HelloRequest>`: `stub.say_hello(req)` or `stub.say_hello(&req)`), so
+//!   moving code from one stub to the other changes no call site. Only the stub over a `Channel`
+//!   is `Clone` (`impl<C: SharedSession> Clone`): asking it of a blocking stub gets the compiler's
+//!   hint toward `connect_channel`.
 //!
 //! **Default handlers.** [`Builder::generate_default_stubs(true)`](Builder::generate_default_stubs)
 //! gives every server trait method a default body answering UNIMPLEMENTED with the RPC's name
 //! (tonic-build's option of the same name), so a large service compiles before all its methods
 //! are written. Generated code never warns, under `-D warnings` too (services of client or
-//! bidirectional streams only included).
+//! bidirectional streams only included; `codegen-tests` denies warnings in every module that
+//! includes generated code).
 //!
 //! **Imported packages need their modules.** Generated code refers to the messages of an imported
 //! package by a relative path (`super::mvccpb::KeyValue` from `etcdserverpb`), as prost-build does:
@@ -109,8 +114,18 @@
 //! pub mod etcdserverpb { rpc_core::include_proto!("etcdserverpb"); }
 //! ```
 //!
-//! Without the `mvccpb` module, rustc says `cannot find mvccpb in super`. An include file
-//! ([`Builder::include_file`]) writes the nesting for you.
+//! An include file ([`Builder::include_file`]) writes the nesting for you. Every generated file
+//! ends with one line per package it refers to, so that a module left out is reported with the
+//! fix (rustc quotes the line of an unresolved import):
+//!
+//! ```text
+//! error[E0432]: unresolved import `super::mvccpb`
+//!     |
+//! 309 | use super::mvccpb as _; // package `mvccpb` needs its own module: pub mod mvccpb { rpc_core::include_proto!("mvccpb"); }
+//!     |     ^^^^^^^^^^^^^^^^^^ no `mvccpb` in the root
+//! ```
+//!
+//! (followed by `cannot find mvccpb in super` at each use).
 //!
 //! Generated code imports only `rpc_core::codegen::*` (and `super::` for the messages); the
 //! contract is `docs/facade.md`.
@@ -162,7 +177,10 @@
 //!
 //! (one line in cargo's output). Two items that would be one Rust type in one module — `Stock`
 //! and `stock`, an enum `STOCK` beside a message `Stock` — are refused the same way, naming both
-//! (rustc would refuse the second, `E0428`). A oneof named like a nested message or enum of its
+//! (rustc would refuse the second, `E0428`). A message with only map and proto3 `optional`
+//! fields gets no module from prost-build, so its name collides with no module (a message
+//! `GreeterServer` beside service `Greeter`, a message `Catalog` beside package `shop.catalog`).
+//! A oneof named like a nested message or enum of its
 //! message (`oneof inner` beside `message Inner`, as in googleapis' `storage_control.proto`) is
 //! not such a case: prost-build names the oneof's type `InnerOneOf`, and the check knows it (it
 //! refuses the shape only when a nested `InnerOneOf` exists too).
@@ -198,6 +216,7 @@ mod proto_error;
 mod server;
 mod types;
 mod unnamed;
+mod uses;
 
 #[cfg(test)]
 mod tests;

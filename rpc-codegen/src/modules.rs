@@ -77,7 +77,7 @@ fn module_name(name: &str) -> String {
 }
 
 /// A package's module path (prost-build's `Module::from_protobuf_package_name`).
-fn package_module(package: &str) -> Vec<String> {
+pub fn package_module(package: &str) -> Vec<String> {
     package.split('.').filter(|p| !p.is_empty()).map(module_name).collect()
 }
 
@@ -95,9 +95,18 @@ fn rust_path(parent: &[String], name: &str) -> String {
     parent.iter().map(String::as_str).chain([name]).collect::<Vec<_>>().join("::")
 }
 
-/// Whether prost-build gives `message` a module of nested items.
+/// Whether prost-build gives `message` a module of nested items: when it has an enum, a nested
+/// message that is not a map field's entry, or a oneof with a field that is not a proto3
+/// `optional` one (prost-build's `append_message`; map entries and the synthetic oneofs of
+/// `optional` fields become no Rust item). A message with only maps and `optional` fields has
+/// no module, so its name collides with nothing.
 pub fn has_nested_module(message: &DescriptorProto) -> bool {
-    !message.nested_type.is_empty() || !message.enum_type.is_empty() || !message.oneof_decl.is_empty()
+    let map_entry = |m: &DescriptorProto| m.options.as_ref().is_some_and(|o| o.map_entry());
+    let real_oneof =
+        |k: usize| message.field.iter().any(|f| f.oneof_index == Some(k as i32) && !f.proto3_optional());
+    !message.enum_type.is_empty()
+        || message.nested_type.iter().any(|m| !map_entry(m))
+        || (0..message.oneof_decl.len()).any(real_oneof)
 }
 
 /// `k` as lower-case letters (`a`, `b`, ..., `ba`, ...): a suffix that keeps a stand-in one word.

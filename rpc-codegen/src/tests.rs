@@ -127,15 +127,19 @@ fn helloworld_has_the_facade_shape() {
         "pub fn connect(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status>",
     );
     assert_has(&code, "pub fn connect_with(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig)");
-    assert_has(&code, "pub fn say_hello(&self, request: impl ::core::borrow::Borrow<super::HelloRequest>) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request.borrow(), &<CallOptions as ::core::default::Default>::default()) }");
-    assert_has(&code, "pub fn say_hello_with(&self, request: impl ::core::borrow::Borrow<super::HelloRequest>, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, request.borrow(), options) }");
-    assert_has(&code, "pub fn say_hello_async(&self, request: impl ::core::borrow::Borrow<super::HelloRequest>) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, request.borrow(), &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello(&self, request: impl IntoRequest<super::HelloRequest>) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, IntoRequest::message(&request), &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello_with(&self, request: impl IntoRequest<super::HelloRequest>, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, IntoRequest::message(&request), options) }");
+    assert_has(&code, "pub fn say_hello_async(&self, request: impl IntoRequest<super::HelloRequest>) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, IntoRequest::message(&request), &<CallOptions as ::core::default::Default>::default()) }");
     assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient<Client>");
     // The same stub over the shareable handle.
     assert_has(&code, "impl GreeterClient<Channel> {");
-    assert_has(&code, "pub fn say_hello(&self, request: super::HelloRequest) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
-    assert_has(&code, "pub fn say_hello_with(&self, request: super::HelloRequest, options: &CallOptions) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, options) }");
+    // Both stubs take the request the same way (`IntoRequest`: by value or by reference).
+    assert_has(&code, "pub fn say_hello(&self, request: impl IntoRequest<super::HelloRequest>) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello_with(&self, request: impl IntoRequest<super::HelloRequest>, options: &CallOptions) -> UnaryCall<super::HelloReply> { self.inner.unary(SAY_HELLO, request, options) }");
     assert_has(&code, "impl ::core::convert::From<Channel> for GreeterClient<Channel>");
+    // `Clone` only over a session that is shared (the `Channel`), with the compiler's hint otherwise.
+    assert_has(&code, "impl<C: SharedSession> ::core::clone::Clone for GreeterClient<C>");
+    assert!(!code.contains("derive(Debug, Clone"), "the stub derives no Clone: {code}");
     // Proto comments became docs of the trait, its method and the stub.
     assert_has(&code, "/// Says hello.");
     assert_has(&code, "/// Answers a greeting with a greeting that names the sender.");
@@ -190,7 +194,7 @@ fn keywords_are_escaped_everywhere() {
             &format!("fn {method}(&self, ctx: &RequestContext, request: {input}) -> Reply<{input}>;"),
         );
         assert_has(&code, &format!("out.reply(<T as Match>::{method}(&self.inner, ctx, request))"));
-        assert_has(&code, &format!("pub fn {method}(&self, request: impl ::core::borrow::Borrow<{input}>)"));
+        assert_has(&code, &format!("pub fn {method}(&self, request: impl IntoRequest<{input}>)"));
     }
     for konst in ["SELF", "SUPER", "CRATE", "TYPE", "GEN", "ASYNC", "MATCH"] {
         assert_has(&code, &format!("pub const {konst}: MethodId = 0x"));
@@ -198,9 +202,9 @@ fn keywords_are_escaped_everywhere() {
     // Variants are built from the plain name, then escaped.
     assert_has(
         &code,
-        "pub fn type_with(&self, request: impl ::core::borrow::Borrow<super::Type>, options: &CallOptions)",
+        "pub fn type_with(&self, request: impl IntoRequest<super::Type>, options: &CallOptions)",
     );
-    assert_has(&code, "pub fn self_async(&self, request: impl ::core::borrow::Borrow<super::Self_>)");
+    assert_has(&code, "pub fn self_async(&self, request: impl IntoRequest<super::Self_>)");
     assert_has(&code, "pub fn gen_with(");
     // Service `Self`: the trait is `Self_` (not a raw identifier), the adapter `SelfServer`.
     assert_has(&code, "pub mod self_server {");
@@ -223,18 +227,27 @@ fn rpcs_named_like_stub_methods_win_their_names() {
         assert_has(
             &code,
             &format!(
-                "pub fn {rpc}(&self, request: impl ::core::borrow::Borrow<super::Req>) -> ::core::result::Result<super::Resp, Status>"
+                "pub fn {rpc}(&self, request: impl IntoRequest<super::Req>) -> ::core::result::Result<super::Resp, Status>"
             ),
         );
     }
     // ...the variants that collide move aside...
-    assert_has(&code, "pub fn connect_with_(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
     assert_has(
         &code,
-        "pub fn ping_with_(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)",
+        "pub fn connect_with_(&self, request: impl IntoRequest<super::Req>, options: &CallOptions)",
     );
-    assert_has(&code, "pub fn ping_async_(&self, request: impl ::core::borrow::Borrow<super::Req>) -> ResponseFuture<'_, super::Resp>");
-    assert_has(&code, "pub fn ping_with_with(&self, request: impl ::core::borrow::Borrow<super::Req>, options: &CallOptions)");
+    assert_has(
+        &code,
+        "pub fn ping_with_(&self, request: impl IntoRequest<super::Req>, options: &CallOptions)",
+    );
+    assert_has(
+        &code,
+        "pub fn ping_async_(&self, request: impl IntoRequest<super::Req>) -> ResponseFuture<'_, super::Resp>",
+    );
+    assert_has(
+        &code,
+        "pub fn ping_with_with(&self, request: impl IntoRequest<super::Req>, options: &CallOptions)",
+    );
     // ...and so do the stub's own methods.
     assert_has(&code, "pub fn connect_(addr: impl ::std::net::ToSocketAddrs)");
     assert_has(&code, "pub fn connect_with__(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig)");
@@ -249,7 +262,7 @@ fn rpcs_named_like_stub_methods_win_their_names() {
     assert_has(&code, "pub trait Echo:");
     assert_has(&code, "fn echo(&self, ctx: &RequestContext, request: super::Req) -> Reply<super::Resp>;");
     assert_has(&code, "pub const ECHO: MethodId");
-    assert_has(&code, "pub fn echo(&self, request: impl ::core::borrow::Borrow<super::Req>)");
+    assert_has(&code, "pub fn echo(&self, request: impl IntoRequest<super::Req>)");
 }
 
 #[test]
@@ -333,7 +346,7 @@ fn well_known_types_in_signatures() {
     assert_has(&code, "match decode::<()>(body)");
     assert_has(
         &code,
-        "pub fn now(&self, request: impl ::core::borrow::Borrow<()>) -> ::core::result::Result<::prost_types::Timestamp, Status>",
+        "pub fn now(&self, request: impl IntoRequest<()>) -> ::core::result::Result<::prost_types::Timestamp, Status>",
     );
     // google.protobuf itself is not generated (prost_types has it).
     let (_, files) =
@@ -372,7 +385,7 @@ fn all_four_shapes_are_generated_without_warnings() {
     );
     assert_has(code, "let (sink, reply) = ctx.stream::<super::Item>();");
     assert_has(code, "-> ::core::result::Result<Streaming<'_, super::Item>, Status>");
-    assert_has(code, "self.inner.server_stream(DRINK, request.borrow(), options)");
+    assert_has(code, "self.inner.server_stream(DRINK, IntoRequest::message(&request), options)");
     assert_has(code, "MethodDesc { id: DRINK, name: method_names::DRINK }");
     // Client streams: the reader and a responder; a stub returning the sender.
     assert_has(
@@ -744,7 +757,7 @@ fn assert_collide_renamed(files: &[(String, String)]) {
     );
     assert_has(
         top,
-        "pub fn stock(&self, request: impl ::core::borrow::Borrow<super::shop_::Item>) -> ::core::result::Result<super::Shop, Status>",
+        "pub fn stock(&self, request: impl IntoRequest<super::shop_::Item>) -> ::core::result::Result<super::Shop, Status>",
     );
     // From the packages below, into the renamed module and into their own parent package.
     let v1 = file(files, "codegen.collide.shop.v1.rs");
@@ -1096,10 +1109,15 @@ fn async_server_makes_only_the_named_services_traits_async() {
     assert!(!other.contains("spawn_async"), "{other}");
     // Both stubs have the channel form.
     assert!(code.contains("impl LookupClient<Channel> {"), "{code}");
-    assert!(code.contains("pub fn get(&self, request: super::Ask) -> UnaryCall<super::Answer>"), "{code}");
     assert!(
         code.contains(
-            "pub fn get( &self, request: impl ::core::borrow::Borrow<super::Ask>, ) -> ::core::result::Result<super::Answer, Status>"
+            "pub fn get( &self, request: impl IntoRequest<super::Ask>, ) -> UnaryCall<super::Answer>"
+        ),
+        "{code}"
+    );
+    assert!(
+        code.contains(
+            "pub fn get( &self, request: impl IntoRequest<super::Ask>, ) -> ::core::result::Result<super::Answer, Status>"
         ),
         "{code}"
     );
@@ -1113,4 +1131,66 @@ fn an_async_server_name_that_matches_no_service_fails_naming_it() {
     // The package alone is not a service.
     let builder = configure().async_server("codegen.asynchronous");
     assert!(generate_with(builder, "async-pkg", &["codegen/asynchronous.proto"]).is_err());
+}
+
+/// A message with only map and proto3 `optional` fields gets no module from prost-build, so
+/// naming it like a service's module (`GreeterServer`) or like a package's (`Catalog` beside
+/// package `codegen.plain.catalog`) collides with nothing: no refusal (not even with a replaced
+/// prost-build configuration, where any real collision is refused) and no rename.
+#[test]
+fn messages_without_a_module_collide_with_nothing() {
+    const PLAIN: &[&str] = &["codegen/plain.proto", "codegen/plain/catalog.proto"];
+    for (test, builder) in
+        [("plain", configure()), ("plain_prost_config", configure().prost_config(prost_build::Config::new()))]
+    {
+        let (warnings, files) = generate_with(builder, test, PLAIN).expect("generation succeeds");
+        assert!(warnings.is_empty(), "{warnings:#?}");
+        let code = file(&files, "codegen.plain.rs");
+        assert_has(code, "pub struct GreeterServer {");
+        assert_has(code, "pub struct Catalog {");
+        assert_has(code, "pub mod greeter_server {");
+        assert!(!code.contains("pub mod catalog"), "no module for Catalog: {code}");
+        assert!(!code.contains("catalog_"), "nothing renamed: {code}");
+        assert!(!code.contains("greeter_server_"), "nothing renamed: {code}");
+        // prost-build appends `OneOf` to the escaped name: `Self_OneOf`, beside `SelfOneOf`.
+        assert_has(code, "pub enum Self_OneOf {");
+        assert_has(code, "pub struct SelfOneOf {");
+    }
+}
+
+/// Each generated file ends with a `use` line per package it refers to, quoting the module the
+/// user must write (rustc's unresolved-import error shows that line): relative paths as
+/// prost-build's, `self::` for a package below, none for an enclosing package, none for
+/// well-known types (`::prost_types`) or extern paths.
+#[test]
+fn every_referenced_package_gets_a_use_line_naming_its_module() {
+    let (_, files) = generate("uses", &["codegen/deep/inner/v1.proto"]).expect("generation succeeds");
+    let inner = file(&files, "codegen.deep.inner.v1.rs");
+    assert_has(
+        inner,
+        "#[allow(unused_imports)] use super::super::super::common as _; // package `codegen.common` needs its own \
+         module: `codegen::common`, holding rpc_core::include_proto!(\"codegen.common\")",
+    );
+    // `codegen.deep` encloses `codegen.deep.inner.v1`: the file sits inside its module.
+    assert!(!inner.contains("package `codegen.deep`"), "{inner}");
+    let deep = file(&files, "codegen.deep.rs");
+    assert_has(deep, "use super::common as _;");
+    assert!(!file(&files, "codegen.common.rs").contains("needs its own module"), "refers to no package");
+
+    let (_, files) = generate("uses_etcd", &["codegen/etcdlike/rpc.proto"]).expect("generation succeeds");
+    assert_has(
+        file(&files, "etcdserverpb.rs"),
+        "use super::mvccpb as _; // package `mvccpb` needs its own module: pub mod mvccpb { \
+         rpc_core::include_proto!(\"mvccpb\"); }",
+    );
+
+    let (_, files) = generate("uses_child", &["codegen/plain.proto"]).expect("generation succeeds");
+    assert_has(file(&files, "codegen.plain.rs"), "use self::catalog as _;");
+
+    let (_, files) = generate("uses_wkt", &["codegen/well_known.proto"]).expect("generation succeeds");
+    assert!(!file(&files, "codegen.well_known.rs").contains("needs its own module"), "prost_types is extern");
+    let builder = configure().extern_path(".mvccpb", "::etcd_types::mvccpb");
+    let (_, files) =
+        generate_with(builder, "uses_extern", &["codegen/etcdlike/rpc.proto"]).expect("generation");
+    assert!(!file(&files, "etcdserverpb.rs").contains("needs its own module"), "extern");
 }

@@ -164,13 +164,16 @@ fn in_message<'a>(
 /// `OneOf` appended when a nested message or enum of `message` has that name too (prost-build's
 /// `OneofField::type_name`: a oneof `inner` beside a `message Inner` becomes `InnerOneOf`, as in
 /// googleapis' `storage_control.proto`).
+///
+/// prost-build compares and appends after escaping keywords, so a oneof `self` beside a
+/// `message Self` is `Self_OneOf`.
 fn oneof_type_name(message: &DescriptorProto, oneof: &str) -> String {
-    let name = camel(oneof);
+    let name = sanitize(&camel(oneof));
     let nested = message.nested_type.iter().map(DescriptorProto::name);
     let enums = message.enum_type.iter().map(|e| e.name());
-    if nested.chain(enums).any(|t| camel(t) == name) {
-        sanitize(&format!("{name}OneOf"))
+    if nested.chain(enums).any(|t| sanitize(&camel(t)) == name) {
+        format!("{name}OneOf")
     } else {
-        sanitize(&name)
+        name
     }
 }

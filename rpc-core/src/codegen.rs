@@ -7,8 +7,8 @@
 
 pub use crate::channel::{Channel, ChannelConfig, ClientStreamCall, StreamReceiver, StreamSender, UnaryCall};
 pub use crate::client::{
-    register_method_names, BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, ResponseFuture,
-    Streaming,
+    register_method_names, BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, IntoRequest,
+    ResponseFuture, SharedSession, Streaming,
 };
 pub use crate::dispatch::reply::{CallInfo, Reply, ReplyWriter, RequestContext, Responder};
 pub use crate::dispatch::service::{decode, method_id, Body, MethodDesc, MethodId, Service};

@@ -47,7 +47,7 @@ pub use channel::{
     STREAM_QUEUE,
 };
 pub use client::{
-    BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, ResponseFuture, Streaming,
+    BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, IntoRequest, ResponseFuture, Streaming,
 };
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;

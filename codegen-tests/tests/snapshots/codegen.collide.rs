@@ -256,11 +256,13 @@ pub mod store_client {
     /// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open one per
     /// thread (to share calls among tokio tasks, connect a `Channel` instead: `connect_channel`).
     /// Blocking calls busy-poll in the calling thread; `_async` calls return a future that
-    /// progresses when polled (no executor needed). The lowest latency. Requests are taken by
-    /// value or by reference (`stub.call(req)` or `stub.call(&req)`).
+    /// progresses when polled (no executor needed). The lowest latency.
     ///
     /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return `Send +
     /// 'static` futures woken by the channel's dispatcher threads.
+    ///
+    /// Both take requests by value or by reference (`stub.call(req)` or `stub.call(&req)`,
+    /// `IntoRequest`), so switching between them changes no call site.
     #[derive(Debug)]
     pub struct StoreClient<C = Client> {
         inner: C,
@@ -311,12 +313,12 @@ pub mod store_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn stock(
             &self,
-            request: impl ::core::borrow::Borrow<super::shop_::Item>,
+            request: impl IntoRequest<super::shop_::Item>,
         ) -> ::core::result::Result<super::Shop, Status> {
             self.inner
                 .unary(
                     STOCK,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -326,21 +328,21 @@ pub mod store_client {
         /// As `stock`, plus `DEADLINE_EXCEEDED`.
         pub fn stock_with(
             &self,
-            request: impl ::core::borrow::Borrow<super::shop_::Item>,
+            request: impl IntoRequest<super::shop_::Item>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::Shop, Status> {
-            self.inner.unary(STOCK, request.borrow(), options)
+            self.inner.unary(STOCK, IntoRequest::message(&request), options)
         }
         /// Calls `/codegen.collide.Store/Stock` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
         pub fn stock_async(
             &self,
-            request: impl ::core::borrow::Borrow<super::shop_::Item>,
+            request: impl IntoRequest<super::shop_::Item>,
         ) -> ResponseFuture<'_, super::Shop> {
             self.inner
                 .unary_async(
                     STOCK,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -350,12 +352,12 @@ pub mod store_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn label(
             &self,
-            request: impl ::core::borrow::Borrow<super::type_::Tag>,
+            request: impl IntoRequest<super::type_::Tag>,
         ) -> ::core::result::Result<super::Type, Status> {
             self.inner
                 .unary(
                     LABEL,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -365,21 +367,21 @@ pub mod store_client {
         /// As `label`, plus `DEADLINE_EXCEEDED`.
         pub fn label_with(
             &self,
-            request: impl ::core::borrow::Borrow<super::type_::Tag>,
+            request: impl IntoRequest<super::type_::Tag>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::Type, Status> {
-            self.inner.unary(LABEL, request.borrow(), options)
+            self.inner.unary(LABEL, IntoRequest::message(&request), options)
         }
         /// Calls `/codegen.collide.Store/Label` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
         pub fn label_async(
             &self,
-            request: impl ::core::borrow::Borrow<super::type_::Tag>,
+            request: impl IntoRequest<super::type_::Tag>,
         ) -> ResponseFuture<'_, super::Type> {
             self.inner
                 .unary_async(
                     LABEL,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -389,12 +391,12 @@ pub mod store_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn list(
             &self,
-            request: impl ::core::borrow::Borrow<super::shop::Item>,
+            request: impl IntoRequest<super::shop::Item>,
         ) -> ::core::result::Result<super::shop_::Item, Status> {
             self.inner
                 .unary(
                     LIST,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -404,21 +406,21 @@ pub mod store_client {
         /// As `list`, plus `DEADLINE_EXCEEDED`.
         pub fn list_with(
             &self,
-            request: impl ::core::borrow::Borrow<super::shop::Item>,
+            request: impl IntoRequest<super::shop::Item>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::shop_::Item, Status> {
-            self.inner.unary(LIST, request.borrow(), options)
+            self.inner.unary(LIST, IntoRequest::message(&request), options)
         }
         /// Calls `/codegen.collide.Store/List` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
         pub fn list_async(
             &self,
-            request: impl ::core::borrow::Borrow<super::shop::Item>,
+            request: impl IntoRequest<super::shop::Item>,
         ) -> ResponseFuture<'_, super::shop_::Item> {
             self.inner
                 .unary_async(
                     LIST,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -476,7 +478,7 @@ pub mod store_client {
         /// cancels the call.
         pub fn stock(
             &self,
-            request: super::shop_::Item,
+            request: impl IntoRequest<super::shop_::Item>,
         ) -> UnaryCall<super::Shop> {
             self.inner
                 .unary(
@@ -488,7 +490,7 @@ pub mod store_client {
         /// Calls `/codegen.collide.Store/Stock` with `options` (a deadline, ...).
         pub fn stock_with(
             &self,
-            request: super::shop_::Item,
+            request: impl IntoRequest<super::shop_::Item>,
             options: &CallOptions,
         ) -> UnaryCall<super::Shop> {
             self.inner.unary(STOCK, request, options)
@@ -497,7 +499,7 @@ pub mod store_client {
         /// cancels the call.
         pub fn label(
             &self,
-            request: super::type_::Tag,
+            request: impl IntoRequest<super::type_::Tag>,
         ) -> UnaryCall<super::Type> {
             self.inner
                 .unary(
@@ -509,7 +511,7 @@ pub mod store_client {
         /// Calls `/codegen.collide.Store/Label` with `options` (a deadline, ...).
         pub fn label_with(
             &self,
-            request: super::type_::Tag,
+            request: impl IntoRequest<super::type_::Tag>,
             options: &CallOptions,
         ) -> UnaryCall<super::Type> {
             self.inner.unary(LABEL, request, options)
@@ -518,7 +520,7 @@ pub mod store_client {
         /// cancels the call.
         pub fn list(
             &self,
-            request: super::shop::Item,
+            request: impl IntoRequest<super::shop::Item>,
         ) -> UnaryCall<super::shop_::Item> {
             self.inner
                 .unary(
@@ -530,7 +532,7 @@ pub mod store_client {
         /// Calls `/codegen.collide.Store/List` with `options` (a deadline, ...).
         pub fn list_with(
             &self,
-            request: super::shop::Item,
+            request: impl IntoRequest<super::shop::Item>,
             options: &CallOptions,
         ) -> UnaryCall<super::shop_::Item> {
             self.inner.unary(LIST, request, options)
@@ -542,7 +544,7 @@ pub mod store_client {
             Self { inner: channel }
         }
     }
-    impl ::core::clone::Clone for StoreClient<Channel> {
+    impl<C: SharedSession> ::core::clone::Clone for StoreClient<C> {
         /// Another handle on the same channel (its sessions are shared).
         fn clone(&self) -> Self {
             Self {
@@ -551,3 +553,6 @@ pub mod store_client {
         }
     }
 }
+// The packages this one refers to: each needs a module of its own, nested as its name is.
+#[allow(unused_imports)]
+use self::shop as _; // package `codegen.collide.shop` needs its own module: `codegen::collide::shop`, holding rpc_core::include_proto!("codegen.collide.shop")

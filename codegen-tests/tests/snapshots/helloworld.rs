@@ -133,11 +133,13 @@ pub mod greeter_client {
     /// Over a `Client` (the default): one session to one server, `Send` but not `Sync`: open one per
     /// thread (to share calls among tokio tasks, connect a `Channel` instead: `connect_channel`).
     /// Blocking calls busy-poll in the calling thread; `_async` calls return a future that
-    /// progresses when polled (no executor needed). The lowest latency. Requests are taken by
-    /// value or by reference (`stub.call(req)` or `stub.call(&req)`).
+    /// progresses when polled (no executor needed). The lowest latency.
     ///
     /// Over a `Channel`: `Clone + Send + Sync`, shared by any number of tasks; calls return `Send +
     /// 'static` futures woken by the channel's dispatcher threads.
+    ///
+    /// Both take requests by value or by reference (`stub.call(req)` or `stub.call(&req)`,
+    /// `IntoRequest`), so switching between them changes no call site.
     #[derive(Debug)]
     pub struct GreeterClient<C = Client> {
         inner: C,
@@ -190,12 +192,12 @@ pub mod greeter_client {
         /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
         pub fn say_hello(
             &self,
-            request: impl ::core::borrow::Borrow<super::HelloRequest>,
+            request: impl IntoRequest<super::HelloRequest>,
         ) -> ::core::result::Result<super::HelloReply, Status> {
             self.inner
                 .unary(
                     SAY_HELLO,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -205,21 +207,21 @@ pub mod greeter_client {
         /// As `say_hello`, plus `DEADLINE_EXCEEDED`.
         pub fn say_hello_with(
             &self,
-            request: impl ::core::borrow::Borrow<super::HelloRequest>,
+            request: impl IntoRequest<super::HelloRequest>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::HelloReply, Status> {
-            self.inner.unary(SAY_HELLO, request.borrow(), options)
+            self.inner.unary(SAY_HELLO, IntoRequest::message(&request), options)
         }
         /// Calls `/helloworld.Greeter/SayHello` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
         pub fn say_hello_async(
             &self,
-            request: impl ::core::borrow::Borrow<super::HelloRequest>,
+            request: impl IntoRequest<super::HelloRequest>,
         ) -> ResponseFuture<'_, super::HelloReply> {
             self.inner
                 .unary_async(
                     SAY_HELLO,
-                    request.borrow(),
+                    IntoRequest::message(&request),
                     &<CallOptions as ::core::default::Default>::default(),
                 )
         }
@@ -277,7 +279,7 @@ pub mod greeter_client {
         /// cancels the call.
         pub fn say_hello(
             &self,
-            request: super::HelloRequest,
+            request: impl IntoRequest<super::HelloRequest>,
         ) -> UnaryCall<super::HelloReply> {
             self.inner
                 .unary(
@@ -289,7 +291,7 @@ pub mod greeter_client {
         /// Calls `/helloworld.Greeter/SayHello` with `options` (a deadline, ...).
         pub fn say_hello_with(
             &self,
-            request: super::HelloRequest,
+            request: impl IntoRequest<super::HelloRequest>,
             options: &CallOptions,
         ) -> UnaryCall<super::HelloReply> {
             self.inner.unary(SAY_HELLO, request, options)
@@ -301,7 +303,7 @@ pub mod greeter_client {
             Self { inner: channel }
         }
     }
-    impl ::core::clone::Clone for GreeterClient<Channel> {
+    impl<C: SharedSession> ::core::clone::Clone for GreeterClient<C> {
         /// Another handle on the same channel (its sessions are shared).
         fn clone(&self) -> Self {
             Self {

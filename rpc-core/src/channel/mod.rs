@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 
-use crate::client::{CallOptions, ClientConfig};
+use crate::client::{CallOptions, ClientConfig, IntoRequest};
 use crate::config::PollingPolicy;
 use crate::dispatch::service::MethodId;
 use crate::status::Status;
@@ -285,10 +285,18 @@ impl Channel {
     /// with the next step of whoever drives. Dropping the future cancels the call (its slot is
     /// released; a late answer is discarded).
     ///
+    /// `req` is the message or a reference to it ([`IntoRequest`]); a queued call keeps the
+    /// message (a reference is cloned then, and only then).
+    ///
     /// The future is `Send + 'static` and resolves with the server's status, DEADLINE_EXCEEDED
     /// after `opts`' deadline, UNAVAILABLE when the session is gone (or the channel was dropped
     /// while the call was queued), RESOURCE_EXHAUSTED for a body over a limit (named).
-    pub fn unary<Req, Resp>(&self, id: MethodId, req: Req, opts: &CallOptions) -> UnaryCall<Resp>
+    pub fn unary<Req, Resp>(
+        &self,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> UnaryCall<Resp>
     where
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
@@ -305,11 +313,11 @@ impl Channel {
             }
             job
         };
-        if let Some(job) = d.start_now(id, &req, timeout, make) {
+        if let Some(job) = d.start_now(id, IntoRequest::message(&req), timeout, make) {
             return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
         }
         let mut job = UnaryJob::<Req, Resp>::new_or_spare();
-        let q = Queued { method: id, timeout, req };
+        let q = Queued { method: id, timeout, req: IntoRequest::into_message(req) };
         match Arc::get_mut(&mut job) {
             Some(j) => *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(q),
             None => *job.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(q),

@@ -41,7 +41,7 @@ use super::call::Job;
 use super::dispatcher::{with_any_core, AnyCore};
 use super::{Channel, Shared};
 use crate::client::core::{CallId, StartMode};
-use crate::client::CallOptions;
+use crate::client::{CallOptions, IntoRequest};
 use crate::codegen::MethodId;
 use crate::status::Status;
 use crate::wire::{STREAM_IN, STREAM_OUT};
@@ -317,16 +317,23 @@ impl Channel {
 
     /// Opens a server stream: sends `req` to method `id` (a server-streaming method; generated
     /// stubs call this). The returned receiver yields the server's messages. `opts`' timeout is
-    /// the deadline of the whole stream.
+    /// the deadline of the whole stream. `req` is the message or a reference to it
+    /// ([`IntoRequest`]; a reference is cloned, since the stream keeps the message until its
+    /// session encodes it).
     ///
     /// Errors come from the receiver: as [`Channel::unary`]'s. While the dispatcher's queue is
     /// full the stream waits for room (its futures stay pending), as unary calls do.
-    pub fn server_stream<Req, Resp>(&self, id: MethodId, req: Req, opts: &CallOptions) -> StreamReceiver<Resp>
+    pub fn server_stream<Req, Resp>(
+        &self,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> StreamReceiver<Resp>
     where
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let (state, poke) = self.open_stream(id, req, STREAM_OUT, opts);
+        let (state, poke) = self.open_stream(id, IntoRequest::into_message(req), STREAM_OUT, opts);
         StreamReceiver { state, poke, done: false }
     }
 

@@ -1021,7 +1021,11 @@ impl<P: Provider> ClientCore<P> {
     /// Decodes an answer or a stream message and releases its buffers.
     fn decode<R: Message + Default>(&mut self, a: Answer) -> Result<R, Status> {
         let undecodable = |e: prost::DecodeError| {
-            Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+            Status::internal(format!(
+                "undecodable response {}: {}",
+                std::any::type_name::<R>(),
+                crate::dispatch::service::decode_error_text(&e)
+            ))
         };
         let r = match a {
             Answer::Err(s) => Err(s),
@@ -1060,7 +1064,11 @@ impl<P: Provider> ClientCore<P> {
                 let frame = crate::wire::frame_at(body, at as usize);
                 let r = frame.map(|(s, e)| {
                     R::decode(&body[s..e]).map_err(|e| {
-                        Status::internal(format!("undecodable response {}: {e}", std::any::type_name::<R>()))
+                        Status::internal(format!(
+                            "undecodable response {}: {}",
+                            std::any::type_name::<R>(),
+                            crate::dispatch::service::decode_error_text(&e)
+                        ))
                     })
                 });
                 match frame {

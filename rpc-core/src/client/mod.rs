@@ -13,6 +13,7 @@ mod config;
 pub(crate) mod core;
 mod names;
 mod queue;
+mod request;
 mod stream;
 
 use std::cell::RefCell;
@@ -28,6 +29,7 @@ use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
 pub use names::register_method_names;
+pub use request::{IntoRequest, SharedSession, ToShareAcrossThreadsConnectAChannel};
 pub use stream::{BidiStreaming, ClientStreaming};
 
 use crate::buffers::GatherBody;
@@ -79,13 +81,17 @@ const ENDED_KEPT: usize = 8;
 /// the future's polls return `Pending` until it ends: neither starting nor polling an async call
 /// blocks. A blocking call made while such an attempt runs waits for that attempt.
 ///
-/// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time):
+/// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time); sharing
+/// it is refused with an error naming [`ToShareAcrossThreadsConnectAChannel`] (to share calls
+/// among threads or tokio tasks, connect a [`Channel`](crate::Channel)):
 ///
 /// ```compile_fail,E0277
 /// fn shared<T: Sync>() {}
 /// shared::<rpc_core::Client>();
 /// ```
 pub struct Client {
+    /// First, so that the compiler names it first when a client is shared.
+    _not_sync: request::NotSyncHint,
     inner: RefCell<Inner>,
 }
 
@@ -258,6 +264,7 @@ impl Client {
         let calls = open(&addrs, config)?;
         let peer = with_calls!(&calls, c => c.core.peer);
         Ok(Client {
+            _not_sync: PhantomData,
             inner: RefCell::new(Inner {
                 calls,
                 epoch: 0,

@@ -166,7 +166,11 @@ impl SourceShared {
         last: &mut Option<bytes::Bytes>,
     ) -> Option<Result<T, Status>> {
         let undecodable = |e: prost::DecodeError| {
-            Status::invalid_argument(format!("cannot decode {}: {e}", std::any::type_name::<T>()))
+            Status::invalid_argument(format!(
+                "cannot decode {}: {}",
+                std::any::type_name::<T>(),
+                super::service::decode_error_text(&e)
+            ))
         };
         loop {
             if let Some(b) = cur {
