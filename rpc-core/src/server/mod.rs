@@ -536,12 +536,27 @@ pub struct ServerHandle {
     draining: Arc<AtomicBool>,
     stop_listener: Arc<listener::ListenerStop>,
     workers: Vec<JoinHandle<()>>,
+    /// A worker's index arrives here when its thread is about to end ([`ExitSignal`]).
+    exited: std::sync::mpsc::Receiver<usize>,
     listener: Option<JoinHandle<()>>,
     counters: Vec<Arc<SharedCounters>>,
     memory: Arc<ServerMemory>,
     drain_timeout: Duration,
     /// Per worker: the listener saw its loop stand still (held in an inline handler).
     held: Arc<Vec<AtomicBool>>,
+}
+
+/// Sent by a worker thread as its last act (dropped at the end of its closure, or while
+/// unwinding): `shutdown` waits on these instead of polling the threads.
+pub(crate) struct ExitSignal {
+    pub(crate) index: usize,
+    pub(crate) tx: std::sync::mpsc::Sender<usize>,
+}
+
+impl Drop for ExitSignal {
+    fn drop(&mut self) {
+        let _ = self.tx.send(self.index);
+    }
 }
 
 /// How long `shutdown` waits for a worker after `drain_timeout` (closing its sessions: Close
@@ -593,13 +608,23 @@ impl ServerHandle {
     fn shutdown_inner(&mut self) {
         self.draining.store(true, Ordering::Release);
         let until = Instant::now() + self.drain_timeout + SHUTDOWN_GRACE;
-        for (i, w) in self.workers.drain(..).enumerate() {
-            // Not on any hot path: a 1 ms look at whether the thread ended, so that a handler
-            // that never returns cannot hang the caller.
-            while !w.is_finished() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(1));
+        // Woken by each worker's exit signal (a handler that never returns cannot hang the
+        // caller past `until`).
+        let mut ended = vec![false; self.workers.len()];
+        while ended.iter().any(|e| !e) {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.exited.recv_timeout(left) {
+                Ok(i) => {
+                    if let Some(e) = ended.get_mut(i) {
+                        *e = true;
+                    }
+                }
+                Err(_) => break,
             }
-            if w.is_finished() {
+        }
+        for (i, w) in self.workers.drain(..).enumerate() {
+            if ended[i] || w.is_finished() {
+                // Its signal is the last thing the thread does: this join is immediate.
                 let _ = w.join();
             } else {
                 tracing::error!(
