@@ -409,4 +409,36 @@ mod tests {
         let explicit = RawQp::<Sim>::open(&RawConfig { gid_index: 1, ..cfg }, "test").unwrap();
         assert_eq!(explicit.rc.gid_index, 1);
     }
+
+    /// `-r` sets the receive WQEs posted; one above the device's limit (sim: `max_qp_wr` and
+    /// `max_srq_wr` 16 384) is cut to it (with a warning) rather than failing the test.
+    #[test]
+    fn rx_depth_is_posted_and_cut_to_the_device_limit() {
+        let cfg = RawConfig {
+            device: DeviceSelector::First,
+            port_num: 1,
+            gid_index: -1,
+            tx_depth: 16,
+            rx_depth: 200,
+            cq_mod: 1,
+            max_size: 64,
+            poll: PollKind::Yield,
+            use_srq: false,
+            inline: 0,
+        };
+        // Connected to itself: receives are posted from INIT on.
+        let open = |cfg: &RawConfig| {
+            let q = RawQp::<Sim>::open(cfg, "test").unwrap();
+            rc::connect(&q.qp, &q.rc, &q.local, &q.local).unwrap();
+            q
+        };
+        let mut q = open(&cfg);
+        q.refill_recvs().unwrap();
+        assert_eq!((q.rx_depth, q.rx_posted), (200, 200));
+        for use_srq in [false, true] {
+            let mut big = open(&RawConfig { rx_depth: 1 << 20, use_srq, ..cfg.clone() });
+            big.refill_recvs().unwrap();
+            assert_eq!((big.rx_depth, big.rx_posted), (16384, 16384), "use_srq {use_srq}");
+        }
+    }
 }
