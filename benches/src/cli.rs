@@ -1,4 +1,4 @@
-//! Command-line flags, perftest's where they mean the same (`-d -i -x -s -a -n -D -p -t -Q`).
+//! Command-line flags, perftest's where they mean the same (`-d -i -x -s -a -n -D -p -t -r -Q`).
 
 use std::path::PathBuf;
 

@@ -128,8 +128,16 @@ pub struct ServerConfig {
     /// device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must hold
     /// one session of full credits; sessions are then admitted while what they reserve
     /// (`srq_per_session` of the credits they were granted) fits. Every buffer is
-    /// `eager_threshold` + 40 bytes and the SRQ cycles through all of them, so a smaller SRQ
-    /// stays in cache (measurably lower latency).
+    /// `eager_threshold` + 40 bytes and the SRQ cycles through all of its posted buffers, so a
+    /// smaller SRQ stays in cache (measurably lower latency).
+    ///
+    /// The SRQ is created this deep, but its buffers are registered and posted only as sessions
+    /// are admitted: when a worker's sessions reserve more WQEs than it has buffers, the listener
+    /// registers the next chunks of 64 buffers (the last one cut at this depth) and the worker
+    /// posts them before the session's handshake is answered. They stay until the server stops
+    /// and serve later sessions: a worker holds the most its sessions reserved at once, rounded
+    /// up to 64, never more than this depth (`Counters::recv_buffers`,
+    /// `Counters::recv_buffer_bytes`). An idle server registers none.
     pub srq_depth: u32,
     /// Requests in flight granted per session (a client asks for its window). Default 32;
     /// 1 ..= 4096. A client that asks for more is granted this many (the handshake reply says
@@ -142,7 +150,10 @@ pub struct ServerConfig {
     /// bytes, 13.3 MiB at the defaults (4.3 MiB for a client of the default 1 MiB ring); plus
     /// spare buffers of received bodies once bodies above the eager threshold arrived, at most
     /// `ring_bytes` plus twice the largest of them; and reserves
-    /// [`ServerConfig::srq_per_session`] SRQ WQEs. Memory held across sessions for bodies in
+    /// [`ServerConfig::srq_per_session`] SRQ WQEs, whose receive buffers
+    /// (`eager_threshold` + 40 bytes each, 525 KB at the defaults) are registered when the
+    /// session is admitted unless its worker already has them (see
+    /// [`ServerConfig::srq_depth`]). An idle server registers nothing for sessions. Memory held across sessions for bodies in
     /// pieces and answers waiting is capped by `max_reassembly_bytes` and `max_backlog_bytes`.
     /// Valid range:
     /// 1 ..= 32767 per worker.
@@ -597,7 +608,9 @@ impl ServerHandle {
 
     /// Stops the server: new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
     /// included) are finished up to `drain_timeout`, peers get a Close, then QPs are destroyed,
-    /// memory freed and TCP connections closed. Blocks until done, at most `drain_timeout` + 5 s:
+    /// memory freed and TCP connections closed. Blocks until done (each worker thread signals its
+    /// end, and the listener is woken: no timer is waited on, and a server without sessions
+    /// stops in about the time its threads take to end), at most `drain_timeout` + 5 s:
     /// a worker still inside an inline handler by then (one that never returns) is left running,
     /// with an error logged; it closes its sessions and frees their memory if the handler ever
     /// returns.
