@@ -1,4 +1,4 @@
-//! Command-line flags, perftest's where they mean the same (`-d -i -x -s -a -n -D -p -t -Q`).
+//! Command-line flags, perftest's where they mean the same (`-d -i -x -s -a -n -D -p -t -r -Q`).
 
 use std::path::PathBuf;
 
@@ -123,6 +123,14 @@ pub struct Args {
     /// Outstanding WRITEs of write_bw, in WQEs (perftest's -t).
     #[arg(short = 't', long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=15000))]
     pub tx_depth: u32,
+
+    /// Receive WQEs posted (perftest's -r): the raw tests' receive queue (their own RQ, or the
+    /// SRQ with --use-srq; default 64, cut to the device's max_qp_wr or max_srq_wr with a
+    /// warning), and the SRQ depth of the RPC tests' server (`ServerConfig::srq_depth`; default:
+    /// one session at full credits, 3 × credits + 31, at least 4096; below one session's
+    /// 3 × credits + 31 the server refuses to start, naming the field).
+    #[arg(short = 'r', long, value_name = "WQES", value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub rx_depth: Option<u32>,
 
     /// Signal one send WR in this many (perftest's -Q), at most --tx-depth.
     #[arg(short = 'Q', long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1024))]

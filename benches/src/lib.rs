@@ -8,7 +8,7 @@
 //!
 //! prints the round-trip latency of a 32-byte unary RPC next to a raw SEND/RECV ping-pong on the
 //! same provider and QP setup, and their ratio. `rpc-perf --help` lists the tests and flags
-//! (perftest's `-d -i -x -s -a -n -D -t -Q -I` mean what they mean there).
+//! (perftest's `-d -i -x -s -a -n -D -t -r -Q -I` mean what they mean there).
 //!
 //! More runs:
 //!
@@ -21,6 +21,13 @@
 //! rpc-perf --loopback -a --test rpc_lat,send_lat --plot sweep.svg --json sweep.json
 //! rpc-perf --transport rdma -d mlx5_0 -x 3                # server on host A
 //! rpc-perf --transport rdma -d mlx5_0 -x 3 hostA          # client on host B
+//! rpc-perf --loopback --test send_lat --use-srq -r 512     # 512 receive WQEs posted (perftest's -r)
+//! ```
+//!
+//! The footprint of a default server (idle RSS, median and p99 start and stop times):
+//!
+//! ```text
+//! cargo run --release -p rpc-perf --example footprint -- 50
 //! ```
 //!
 //! Any service of ours, from its .proto, with requests as JSON ([`dynamic`]):

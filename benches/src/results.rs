@@ -102,6 +102,10 @@ pub struct RunConfig {
     pub inline_size: u32,
     /// Raw tests: receives through an SRQ.
     pub use_srq: bool,
+    /// Receive WQEs asked with `-r` (raw tests' receive queue, RPC server's SRQ); `None`: the
+    /// defaults.
+    #[serde(default)]
+    pub rx_depth: Option<u32>,
 }
 
 impl RunConfig {
@@ -115,6 +119,7 @@ impl RunConfig {
             cq_mod: a.cq_mod,
             inline_size: a.inline_size,
             use_srq: a.use_srq,
+            rx_depth: a.rx_depth,
         }
     }
 }

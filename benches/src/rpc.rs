@@ -219,7 +219,11 @@ impl ServerState {
                 .max_peer_ring_bytes(ring)
                 .max_message_size(MESSAGE_LIMIT)
                 .credits_per_session(credits)
-                .srq_depth((2 * u32::from(credits) + 1).max(4096))
+                // `-r`: the SRQ's receive WQEs; by default room for this session at full credits
+                // (the runtime registers and posts only what its sessions reserve).
+                .srq_depth(
+                    args.rx_depth.unwrap_or(rpc_core::ServerConfig::srq_per_session(credits).max(4096)),
+                )
                 .add_service(BenchServer::new(BenchService::default()))
                 .spawn(self.bind.as_str())
                 .map_err(|e| PerfError::Setup(format!("starting the RPC server on {}: {e}", self.bind)))?;

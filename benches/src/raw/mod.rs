@@ -22,6 +22,7 @@ pub fn raw_config(args: &Args, max_size: usize) -> RawConfig {
         port_num: args.ib_port,
         gid_index: args.gid_index,
         tx_depth: args.tx_depth,
+        rx_depth: args.rx_depth.unwrap_or(qp::DEFAULT_RX_DEPTH),
         cq_mod: args.cq_mod,
         max_size,
         poll: args.poll,

@@ -23,8 +23,10 @@ use crate::poll::Waiter;
 
 /// Completions taken per `poll` call.
 const POLL_BATCH: usize = 32;
-/// Receive WRs kept posted.
-const RX_DEPTH: u32 = 64;
+/// Receive WRs kept posted unless `--rx-depth` (perftest's `-r`) says otherwise.
+pub const DEFAULT_RX_DEPTH: u32 = 64;
+/// Receive WRs posted per call.
+const RX_POST_BATCH: usize = 64;
 
 /// How to open and size one side.
 #[derive(Clone, Debug)]
@@ -37,6 +39,8 @@ pub struct RawConfig {
     pub gid_index: i32,
     /// Send queue depth in WQEs (outstanding WRs).
     pub tx_depth: u32,
+    /// Receive WQEs kept posted (cut to the device's `max_qp_wr`, or `max_srq_wr` with an SRQ).
+    pub rx_depth: u32,
     /// Signal one send WR in this many (1..=tx_depth).
     pub cq_mod: u32,
     /// Largest message in bytes (sizes the buffer).
@@ -72,6 +76,8 @@ pub struct RawQp<P: Provider> {
     completed: u64,
     /// Receive WRs currently posted.
     rx_posted: u32,
+    /// Receive WRs kept posted (the granted `--rx-depth`).
+    rx_depth: u32,
     /// Receive completions taken by `poll` and not yet claimed by `take_recvs`.
     recvs: u64,
     wcs: [WorkCompletion; POLL_BATCH],
@@ -90,20 +96,31 @@ impl<P: Provider> RawQp<P> {
         let local = select_gid::<P>(&ctx, cfg.port_num, cfg.gid_index)?;
         let pd = ctx.alloc_pd()?;
         let sq_depth = cfg.tx_depth.max(cfg.cq_mod + 1);
-        let cq = ctx.create_cq(sq_depth + RX_DEPTH + POLL_BATCH as u32, false)?;
+        let attr = ctx.attr();
+        let (rx_limit, limit_name) =
+            if cfg.use_srq { (attr.max_srq_wr, "max_srq_wr") } else { (attr.max_qp_wr, "max_qp_wr") };
+        let rx_depth = cut(what, "receive queue (--rx-depth)", cfg.rx_depth.max(1), rx_limit, limit_name);
+        let cqe = cut(
+            what,
+            "CQ",
+            sq_depth.saturating_add(rx_depth).saturating_add(POLL_BATCH as u32),
+            attr.max_cqe,
+            "max_cqe",
+        );
+        let cq = ctx.create_cq(cqe, false)?;
         let area = cfg.max_size.max(64).next_multiple_of(64);
         let mr = pd.reg_mr(2 * area, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
         let dev_inline = ctx.attr().max_inline_data;
         let inline = if dev_inline > 0 { dev_inline.min(cfg.inline) } else { cfg.inline.min(64) };
         let cap = QpCap {
             max_send_wr: sq_depth,
-            max_recv_wr: RX_DEPTH,
+            max_recv_wr: rx_depth,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: inline,
         };
         let srq = if cfg.use_srq {
-            Some(pd.create_srq(&SrqInitAttr { max_wr: RX_DEPTH, max_sge: 1 })?)
+            Some(pd.create_srq(&SrqInitAttr { max_wr: rx_depth, max_sge: 1 })?)
         } else {
             None
         };
@@ -134,6 +151,7 @@ impl<P: Provider> RawQp<P> {
             posted: 0,
             completed: 0,
             rx_posted: 0,
+            rx_depth,
             recvs: 0,
             wcs: [WorkCompletion::default(); POLL_BATCH],
             what,
@@ -204,25 +222,25 @@ impl<P: Provider> RawQp<P> {
 
     /// Tops the receive queue up to its depth, in one post.
     fn refill_recvs(&mut self) -> Result<(), PerfError> {
-        let n = (RX_DEPTH - self.rx_posted) as usize;
-        if n == 0 {
-            return Ok(());
-        }
         let sge = [self.mr.sge(self.area, self.area as u32)];
-        let mut wrs = [RecvWr { wr_id: 0, sg_list: &sge }; RX_DEPTH as usize];
+        let mut wrs = [RecvWr { wr_id: 0, sg_list: &sge }; RX_POST_BATCH];
         for (i, wr) in wrs.iter_mut().enumerate() {
             wr.wr_id = i as u64;
         }
-        // SAFETY: the SGE lies in `self.mr` (LOCAL_WRITE), which outlives the QP (dropped after it,
-        // field order). All receives share the receive area; the caller never reads it while a
-        // receive could land except through `recv_byte`, which is the RDMA WRITE tests' protocol.
-        unsafe {
-            match &self.srq {
-                Some(srq) => srq.post_recv(&wrs[..n])?,
-                None => self.qp.post_recv(&wrs[..n])?,
-            }
-        };
-        self.rx_posted += n as u32;
+        while self.rx_posted < self.rx_depth {
+            let n = ((self.rx_depth - self.rx_posted) as usize).min(RX_POST_BATCH);
+            // SAFETY: the SGE lies in `self.mr` (LOCAL_WRITE), which outlives the QP (dropped
+            // after it, field order). All receives share the receive area; the caller never reads
+            // it while a receive could land except through `recv_byte`, which is the RDMA WRITE
+            // tests' protocol.
+            unsafe {
+                match &self.srq {
+                    Some(srq) => srq.post_recv(&wrs[..n])?,
+                    None => self.qp.post_recv(&wrs[..n])?,
+                }
+            };
+            self.rx_posted += n as u32;
+        }
         Ok(())
     }
 
@@ -292,7 +310,7 @@ impl<P: Provider> RawQp<P> {
                 _ => self.completed = self.completed.max(wc.wr_id),
             }
         }
-        if self.rx_posted <= RX_DEPTH / 2 {
+        if self.rx_posted <= self.rx_depth / 2 {
             self.refill_recvs()?;
         }
         Ok(n)
@@ -347,6 +365,23 @@ fn random_psn() -> u32 {
     (h.finish() as u32) & 0x00ff_ffff
 }
 
+/// `asked` cut to the device's `limit` (named `limit_name`), with a warning giving both numbers
+/// when it is cut.
+fn cut(what: &str, queue: &str, asked: u32, limit: u32, limit_name: &str) -> u32 {
+    let limit = limit.max(1);
+    if asked > limit {
+        tracing::warn!(
+            side = what,
+            queue,
+            asked,
+            granted = limit,
+            limit = limit_name,
+            "queue size cut to the device's limit"
+        );
+    }
+    asked.min(limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +396,7 @@ mod tests {
             port_num: 1,
             gid_index: -1,
             tx_depth: 16,
+            rx_depth: DEFAULT_RX_DEPTH,
             cq_mod: 1,
             max_size: 64,
             poll: PollKind::Yield,
@@ -372,5 +408,37 @@ mod tests {
         assert_eq!(q.local.gid, q.ctx.gid());
         let explicit = RawQp::<Sim>::open(&RawConfig { gid_index: 1, ..cfg }, "test").unwrap();
         assert_eq!(explicit.rc.gid_index, 1);
+    }
+
+    /// `-r` sets the receive WQEs posted; one above the device's limit (sim: `max_qp_wr` and
+    /// `max_srq_wr` 16 384) is cut to it (with a warning) rather than failing the test.
+    #[test]
+    fn rx_depth_is_posted_and_cut_to_the_device_limit() {
+        let cfg = RawConfig {
+            device: DeviceSelector::First,
+            port_num: 1,
+            gid_index: -1,
+            tx_depth: 16,
+            rx_depth: 200,
+            cq_mod: 1,
+            max_size: 64,
+            poll: PollKind::Yield,
+            use_srq: false,
+            inline: 0,
+        };
+        // Connected to itself: receives are posted from INIT on.
+        let open = |cfg: &RawConfig| {
+            let q = RawQp::<Sim>::open(cfg, "test").unwrap();
+            rc::connect(&q.qp, &q.rc, &q.local, &q.local).unwrap();
+            q
+        };
+        let mut q = open(&cfg);
+        q.refill_recvs().unwrap();
+        assert_eq!((q.rx_depth, q.rx_posted), (200, 200));
+        for use_srq in [false, true] {
+            let mut big = open(&RawConfig { rx_depth: 1 << 20, use_srq, ..cfg.clone() });
+            big.refill_recvs().unwrap();
+            assert_eq!((big.rx_depth, big.rx_posted), (16384, 16384), "use_srq {use_srq}");
+        }
     }
 }

@@ -169,7 +169,7 @@ pub use mirror::SendMirror;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::verbs::{
     inc_rkey, racy, AccessFlags, MemoryRegion, MemoryWindow, MwType, ProtectionDomain, Provider, RecvWr,
@@ -245,39 +245,162 @@ impl Drop for RecvBuf {
     }
 }
 
-/// Fixed-size receive buffers in one MR, posted to one SRQ.
+/// Fixed-size receive buffers posted to one SRQ, registered in chunks (one MR each) that are
+/// added as they are needed ([`RecvPool::add_chunk`]): a server's SRQ is created for its
+/// worst case, but only the buffers its admitted sessions can use are registered and posted.
+/// Buffer `i` is byte `(i % chunk_bufs) × buf_size` of chunk `i / chunk_bufs`.
 pub struct RecvPool<P: Provider> {
     srq: P::SharedReceiveQueue,
-    /// Shared with the pool's [`RecvView`]s, which keep it registered as long as they live.
-    mr: Arc<P::MemoryRegion>,
+    /// The chunks added so far, in order (index = buffer index >> `shift`); the same MRs are
+    /// in `shared`, for the pool's [`RecvView`]s (which keep them registered as long as they
+    /// live).
+    mrs: Vec<Arc<P::MemoryRegion>>,
+    shared: Arc<[OnceLock<Arc<P::MemoryRegion>>]>,
     buf_size: usize,
+    /// Buffers of a full chunk: `1 << shift`.
+    shift: u32,
+    /// Capacity in buffers (the SRQ's depth).
     count: u32,
+    /// Buffers registered so far (in `mrs`).
+    added: u32,
     id: u32,
-    /// Per buffer: posted (or queued to be), i.e. no token exists for it.
+    /// Per buffer (the whole capacity, so that nothing grows on the hot path): posted (or queued
+    /// to be), i.e. no token exists for it. False for buffers not added yet.
     posted: Vec<bool>,
     repost: Vec<u32>,
 }
 
+/// Registered memory for up to one chunk of a [`RecvPool`]'s buffers, made by
+/// [`RecvPool::register_chunk`] (on any thread: a listener registers it, the worker that owns
+/// the pool adds it) and posted by [`RecvPool::add_chunk`].
+pub struct RecvChunk<P: Provider> {
+    mr: P::MemoryRegion,
+    bufs: u32,
+}
+
+impl<P: Provider> RecvChunk<P> {
+    /// Buffers in the chunk.
+    pub fn bufs(&self) -> u32 {
+        self.bufs
+    }
+
+    /// Bytes registered for it.
+    pub fn bytes(&self) -> usize {
+        self.mr.len()
+    }
+}
+
 impl<P: Provider> RecvPool<P> {
-    /// Creates an SRQ of `count` WQEs and `count` buffers of `buf_size` bytes, all posted.
+    /// Creates an SRQ of `count` WQEs and `count` buffers of `buf_size` bytes, all registered
+    /// (one MR) and posted.
     ///
     /// # Errors
     /// The verbs error of creating the SRQ, registering the MR or posting.
     pub fn new(pd: &P::ProtectionDomain, count: u32, buf_size: usize) -> Result<RecvPool<P>> {
-        let srq = pd.create_srq(&SrqInitAttr { max_wr: count, max_sge: 1 })?;
-        let mr = Arc::new(pd.reg_mr(count as usize * buf_size, AccessFlags::LOCAL_WRITE)?);
-        let mut pool = RecvPool {
-            srq,
-            mr,
-            buf_size,
-            count,
-            id: next_id()?,
-            posted: vec![true; count as usize],
-            repost: Vec::with_capacity(count as usize),
-        };
-        pool.repost.extend(0..count);
-        pool.flush()?;
+        let shift = count.max(1).next_power_of_two().trailing_zeros();
+        let mut pool = RecvPool::with_capacity(pd, count, buf_size, shift)?;
+        pool.add_chunk(RecvPool::register_chunk(pd, count, buf_size)?)?;
         Ok(pool)
+    }
+
+    /// Creates an SRQ of `count` WQEs with no buffer yet: chunks of up to `1 << chunk_shift`
+    /// buffers of `buf_size` bytes are added later ([`RecvPool::register_chunk`],
+    /// [`RecvPool::add_chunk`]), up to `count` buffers. What is reserved now, besides the SRQ,
+    /// is 5 bytes of bookkeeping per buffer.
+    ///
+    /// # Errors
+    /// The verbs error of creating the SRQ; `chunk_shift` above 31.
+    pub fn with_capacity(
+        pd: &P::ProtectionDomain,
+        count: u32,
+        buf_size: usize,
+        chunk_shift: u32,
+    ) -> Result<RecvPool<P>> {
+        if chunk_shift > 31 {
+            return Err(crate::verbs::VerbsError::InvalidArgument {
+                call: "RecvPool::with_capacity",
+                reason: format!("chunk_shift {chunk_shift} is above 31"),
+            });
+        }
+        let srq = pd.create_srq(&SrqInitAttr { max_wr: count, max_sge: 1 })?;
+        let chunks = (count as usize).div_ceil(1 << chunk_shift);
+        Ok(RecvPool {
+            srq,
+            mrs: Vec::with_capacity(chunks),
+            shared: (0..chunks).map(|_| OnceLock::new()).collect(),
+            buf_size,
+            shift: chunk_shift,
+            count,
+            added: 0,
+            id: next_id()?,
+            posted: vec![false; count as usize],
+            repost: Vec::with_capacity(count as usize),
+        })
+    }
+
+    /// Registers memory for `bufs` buffers of `buf_size` bytes (at most one chunk of the pool
+    /// they are added to), on any thread.
+    ///
+    /// # Errors
+    /// The verbs error of registering the MR.
+    pub fn register_chunk(pd: &P::ProtectionDomain, bufs: u32, buf_size: usize) -> Result<RecvChunk<P>> {
+        let mr = pd.reg_mr(bufs.max(1) as usize * buf_size, AccessFlags::LOCAL_WRITE)?;
+        Ok(RecvChunk { mr, bufs })
+    }
+
+    /// Buffers one chunk of this pool holds at most (`1 << chunk_shift`).
+    pub fn chunk_bufs(&self) -> u32 {
+        1 << self.shift
+    }
+
+    /// Buffers registered and posted (or given to the application) so far.
+    pub fn added(&self) -> u32 {
+        self.added
+    }
+
+    /// Adds a chunk's buffers to the pool and posts them: they take the next buffer indices,
+    /// from the next chunk boundary. A chunk of more buffers than a chunk holds, than the pool
+    /// has room for, or of buffers smaller than the pool's, is refused.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a chunk that does not fit; the verbs error of posting (buffers not
+    /// posted stay queued).
+    pub fn add_chunk(&mut self, chunk: RecvChunk<P>) -> Result<()> {
+        let first = (self.mrs.len() as u64) << self.shift;
+        let fits = chunk.bufs <= 1 << self.shift
+            && first + u64::from(chunk.bufs) <= u64::from(self.count)
+            && chunk.mr.len() >= chunk.bufs as usize * self.buf_size;
+        if !fits {
+            return Err(crate::verbs::VerbsError::InvalidArgument {
+                call: "RecvPool::add_chunk",
+                reason: format!(
+                    "a chunk of {} buffers ({} bytes) at buffer {first} does not fit a pool of {} \
+                     buffers of {} bytes in chunks of {}",
+                    chunk.bufs,
+                    chunk.mr.len(),
+                    self.count,
+                    self.buf_size,
+                    1u32 << self.shift
+                ),
+            });
+        }
+        let mr = Arc::new(chunk.mr);
+        let _ = self.shared[self.mrs.len()].set(mr.clone());
+        self.mrs.push(mr);
+        let first = first as u32;
+        for idx in first..first + chunk.bufs {
+            self.posted[idx as usize] = true;
+            self.repost.push(idx);
+        }
+        self.added = first + chunk.bufs;
+        self.flush()
+    }
+
+    /// The start of buffer `idx` (which lies in an added chunk).
+    #[inline(always)]
+    fn buf_offset(&self, idx: u32) -> (&Arc<P::MemoryRegion>, usize) {
+        let mask = (1u32 << self.shift) - 1;
+        (&self.mrs[(idx >> self.shift) as usize], (idx & mask) as usize * self.buf_size)
     }
 
     /// The SRQ the buffers are posted to (QPs are created with it).
@@ -323,26 +446,32 @@ impl<P: Provider> RecvPool<P> {
         if buf.pool != self.id || buf.len as usize > self.buf_size {
             return &[];
         }
-        let start = buf.idx as usize * self.buf_size;
-        // SAFETY: `[start, start + len)` lies in `self.mr` (idx < count, len <= buf_size), which
-        // lives as long as `&self`. A token exists only for a buffer whose completion was polled
+        let (mr, start) = self.buf_offset(buf.idx);
+        // SAFETY: `[start, start + len)` lies in `mr`, the chunk of buffer `idx` (a token exists
+        // only for an added buffer: `take` checks its `posted` flag, false for buffers not added;
+        // its chunk holds `1 << shift` buffers at most and len <= buf_size), which lives as long
+        // as `&self`. A token exists only for a buffer whose completion was polled
         // (`take` consumes a `Completion`, which only `Completions::poll` makes, once per CQE,
         // and whose `wr_id` names this pool: our WRs are the only ones with this pool's identity
         // in their `wr_id`, see `RESERVED_WR_IDS`) and that is not posted: `take` cleared its
         // `posted` flag and only `repost` (which takes the token by value, so not while this
         // borrow of it lives) queues it again. So neither the NIC nor a peer (a SEND lands only in
         // a posted buffer) writes it while the slice lives.
-        unsafe {
-            std::slice::from_raw_parts((self.mr.addr() as usize + start) as *const u8, buf.len as usize)
-        }
+        unsafe { std::slice::from_raw_parts((mr.addr() as usize + start) as *const u8, buf.len as usize) }
     }
 
     /// A handle that reads the first bytes of this pool's buffers whose receive completions were
     /// polled and not taken yet ([`Completions::untaken_recv_heads`]): a worker's handler looks
-    /// for a Cancel in what arrived while it runs. It keeps the pool's MR registered while it
-    /// lives.
+    /// for a Cancel in what arrived while it runs. It keeps the pool's chunks registered while
+    /// it lives, and sees the chunks added later.
     pub fn view(&self) -> RecvView<P> {
-        RecvView { mr: self.mr.clone(), buf_size: self.buf_size, count: self.count, id: self.id }
+        RecvView {
+            chunks: self.shared.clone(),
+            buf_size: self.buf_size,
+            shift: self.shift,
+            count: self.count,
+            id: self.id,
+        }
     }
 
     /// Whether the completion's byte count fit the buffer (a longer one is a provider fault).
@@ -400,14 +529,16 @@ impl<P: Provider> RecvPool<P> {
         let first = self.repost.len() - n;
         let mut sges = [Sge::default(); N];
         for (sge, &idx) in sges.iter_mut().zip(&self.repost[first..]) {
-            *sge = self.mr.sge(idx as usize * self.buf_size, self.buf_size as u32);
+            let (mr, off) = self.buf_offset(idx);
+            *sge = mr.sge(off, self.buf_size as u32);
         }
         let mut wrs = [RecvWr { wr_id: 0, sg_list: &[] }; N];
         for (i, wr) in wrs.iter_mut().enumerate().take(n) {
             let wr_id = (u64::from(self.id) << 32) | u64::from(self.repost[first + i]);
             *wr = RecvWr { wr_id, sg_list: &sges[i..i + 1] };
         }
-        // SAFETY: every SGE lies in `self.mr` (LOCAL_WRITE), which lives as long as this pool;
+        // SAFETY: every SGE lies in its buffer's chunk MR (LOCAL_WRITE), which lives as long as
+        // this pool (only added buffers are ever queued, see `add_chunk` and `repost`);
         // each buffer was given back by value (`repost`), so no token and no slice of it exists
         // (`bytes` borrows a token); the owner drops its QPs before this pool, and a dropped MR is
         // deregistered, so the NIC cannot write freed memory.
@@ -421,8 +552,9 @@ impl<P: Provider> RecvPool<P> {
 /// bytes of receives polled and not taken yet through [`Completions::untaken_recv_heads`] (the
 /// only way in: it holds the proof that the buffer is not posted).
 pub struct RecvView<P: Provider> {
-    mr: Arc<P::MemoryRegion>,
+    chunks: Arc<[OnceLock<Arc<P::MemoryRegion>>]>,
     buf_size: usize,
+    shift: u32,
     count: u32,
     id: u32,
 }
@@ -441,16 +573,17 @@ impl<P: Provider> RecvView<P> {
             return None;
         }
         let n = head.len().min(wc.byte_len as usize);
-        // SAFETY: `[idx * buf_size, + n)` lies in `self.mr` (idx < count, n <= buf_size), which
-        // the `Arc` keeps registered and mapped. The completion names a receive WR of this pool
+        let mr = self.chunks.get(idx >> self.shift)?.get()?;
+        let off = (idx & ((1usize << self.shift) - 1)) * self.buf_size;
+        // SAFETY: `[off, off + n)` lies in `mr`, the chunk of buffer `idx` (a chunk holds at most
+        // `1 << shift` buffers, n <= buf_size; a completion names only a buffer that was posted,
+        // so added), which the `Arc` keeps registered and mapped. The completion names a receive WR of this pool
         // (its identity is in the `wr_id`, which only this pool's posts carry) that completed
         // and whose `Completion` was never handed out (the caller reads only entries not taken
         // of its batch, and each CQE lands in one batch once): the buffer is not posted again
         // (that needs the token `take` makes of that `Completion`), so neither the NIC nor a peer
         // writes it during this copy, and the completion's poll ordered the NIC's write before it.
-        let src = unsafe {
-            std::slice::from_raw_parts((self.mr.addr() as usize + idx * self.buf_size) as *const u8, n)
-        };
+        let src = unsafe { std::slice::from_raw_parts((mr.addr() as usize + off) as *const u8, n) };
         head[..n].copy_from_slice(src);
         Some(n)
     }

@@ -107,9 +107,19 @@ pub(crate) fn create_qp<P: Provider>(
     max_inline: u32,
     max_qp_wr: u32,
 ) -> Result<P::QueuePair> {
+    // The most credits (4096) would ask 16 408 WQEs, above common devices' 16 384.
+    let asked = u32::from(send_bufs) * 2 + 8;
+    let granted = asked.min(max_qp_wr.max(1));
+    if granted < asked {
+        tracing::warn!(
+            provider = P::NAME,
+            asked,
+            granted,
+            "send queue (max_send_wr) cut to the device's max_qp_wr"
+        );
+    }
     let cap = QpCap {
-        // The most credits (4096) would ask 16 408 WQEs, above common devices' 16 384.
-        max_send_wr: (u32::from(send_bufs) * 2 + 8).min(max_qp_wr.max(1)),
+        max_send_wr: granted,
         max_recv_wr: 1,
         max_send_sge: 1,
         max_recv_sge: 1,
@@ -671,6 +681,14 @@ pub(crate) fn create_cq<P: Provider>(
 ) -> Result<P::CompletionQueue> {
     let want = recv.saturating_add(sends).max(64);
     let cqe = want.min(ctx.attr().max_cqe.max(64));
+    if cqe < want {
+        tracing::warn!(
+            provider = P::NAME,
+            asked = want,
+            granted = cqe,
+            "CQ size cut to the device's max_cqe: a burst of completions beyond it overflows the CQ"
+        );
+    }
     let cq = ctx.create_cq(cqe, events)?;
     debug_assert!(cq.capacity() >= cqe);
     Ok(cq)

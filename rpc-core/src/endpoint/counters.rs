@@ -65,6 +65,13 @@ pub struct Counters {
     pub registered_bytes: u64,
     /// Server: most of `registered_bytes` at once since the server started.
     pub registered_peak: u64,
+    /// Server: bytes registered for the workers' receive buffers (SRQ WQEs), over all workers;
+    /// set by `ServerHandle::counters`. They grow, in chunks of 64 buffers, with what the
+    /// sessions admitted to each worker reserve at most at once (`ServerConfig::srq_per_session`
+    /// each), and stay until the server stops; 0 for a server that never admitted a session.
+    pub recv_buffer_bytes: u64,
+    /// Server: receive WQEs posted to the workers' SRQs (the buffers of `recv_buffer_bytes`).
+    pub recv_buffers: u64,
     /// Server: bytes charged now for bodies arriving in pieces (capped by
     /// `ServerConfig::max_reassembly_bytes`); set by `ServerHandle::counters`.
     pub reassembly_bytes: u64,
@@ -116,6 +123,8 @@ impl Counters {
         self.reassembly_timeouts += other.reassembly_timeouts;
         self.registered_bytes += other.registered_bytes;
         self.registered_peak += other.registered_peak;
+        self.recv_buffer_bytes += other.recv_buffer_bytes;
+        self.recv_buffers += other.recv_buffers;
         self.reassembly_bytes += other.reassembly_bytes;
         self.reassembly_peak += other.reassembly_peak;
         self.backlog_bytes += other.backlog_bytes;
@@ -211,6 +220,9 @@ pub(crate) struct ServerMemory {
     pub(crate) registered: Arc<HeldBytes>,
     pub(crate) reassembly: Arc<HeldBytes>,
     pub(crate) backlog: Arc<HeldBytes>,
+    /// Receive buffers registered for the workers' SRQs: bytes and buffers.
+    pub(crate) recv_bytes: std::sync::atomic::AtomicU64,
+    pub(crate) recv_buffers: std::sync::atomic::AtomicU64,
 }
 
 impl ServerMemory {
@@ -219,6 +231,8 @@ impl ServerMemory {
             registered: HeldBytes::new(u64::MAX, "registered memory"),
             reassembly: HeldBytes::new(max_reassembly, "ServerConfig::max_reassembly_bytes"),
             backlog: HeldBytes::new(max_backlog, "ServerConfig::max_backlog_bytes"),
+            recv_bytes: std::sync::atomic::AtomicU64::new(0),
+            recv_buffers: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -230,5 +244,7 @@ impl ServerMemory {
         c.reassembly_peak = self.reassembly.peak();
         c.backlog_bytes = self.backlog.used();
         c.backlog_peak = self.backlog.peak();
+        c.recv_buffer_bytes = self.recv_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        c.recv_buffers = self.recv_buffers.load(std::sync::atomic::Ordering::Relaxed);
     }
 }

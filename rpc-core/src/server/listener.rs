@@ -113,6 +113,8 @@ pub(super) fn start<P: Provider>(
         max_call_duration: config.max_call_duration,
         body_cap,
     };
+    // Each worker says here when its loop ended (shutdown waits on it, not on a timer).
+    let (exit_tx, exited) = std::sync::mpsc::channel::<usize>();
     let mut shared_all = Vec::new();
     let mut joins = Vec::new();
     let mut counters = Vec::new();
@@ -120,7 +122,10 @@ pub(super) fn start<P: Provider>(
         let pd = dev.ctx.alloc_pd()?;
         let sends = (per_worker as u32).saturating_mul(u32::from(send_bufs_for(config.credits_per_session)));
         let cq = create_cq::<P>(&dev.ctx, config.srq_depth, sends, config.polling.needs_events())?;
-        let recv = RecvPool::<P>::new(&pd, config.srq_depth, HEADER_LEN + body_cap)?;
+        // The SRQ is created for the worst case; its buffers are registered and posted as
+        // sessions are admitted (`Listener::grow_recv`).
+        let recv =
+            RecvPool::<P>::with_capacity(&pd, config.srq_depth, HEADER_LEN + body_cap, RECV_CHUNK_SHIFT)?;
         let shared = Arc::new(WorkerShared {
             index,
             control: ArrayQueue::new(per_worker.max(16)),
@@ -139,9 +144,12 @@ pub(super) fn start<P: Provider>(
         });
         counters.push(shared.counters.clone());
         let (worker_shared, worker_registry) = (shared.clone(), registry.clone());
+        let exit = super::ExitSignal { index, tx: exit_tx.clone() };
         let j = std::thread::Builder::new()
             .name(format!("rpc-worker-{index}"))
             .spawn(move || {
+                // Dropped last, also when the worker panics.
+                let _exit = exit;
                 if let Some(c) = core {
                     if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
                         tracing::warn!(worker = index, core = c, "pinning to core failed; running unpinned");
@@ -157,6 +165,7 @@ pub(super) fn start<P: Provider>(
     let held: Arc<Vec<AtomicBool>> =
         Arc::new((0..shared_all.len()).map(|_| AtomicBool::new(false)).collect());
     let held_seen = held.clone();
+    let workers = shared_all.len();
     let stop = stop_listener.clone();
     let shutting_down = draining.clone();
     let listener_memory = memory.clone();
@@ -180,6 +189,8 @@ pub(super) fn start<P: Provider>(
                 stop,
                 draining: shutting_down,
                 memory: listener_memory,
+                recv_grown: vec![0; workers],
+                recv_posting: vec![None; workers],
             }
             .run(tcp)
         })
@@ -190,6 +201,7 @@ pub(super) fn start<P: Provider>(
         draining,
         stop_listener,
         workers: joins,
+        exited,
         listener: Some(listener),
         counters,
         memory,
@@ -260,7 +272,16 @@ struct Listener<P: Provider> {
     draining: Arc<AtomicBool>,
     /// The server's memory gauges and caps (sessions are charged against them).
     memory: Arc<ServerMemory>,
+    /// Per worker: receive buffers registered for its SRQ so far (handed over or posted).
+    recv_grown: Vec<u32>,
+    /// Per worker: the `bound` flag of the last session that brought it new receive buffers;
+    /// until the worker took that session (the flag leaves `BIND_PENDING`), the buffers may not
+    /// be posted yet, so the replies of sessions admitted meanwhile wait too.
+    recv_posting: Vec<Option<Arc<AtomicU8>>>,
 }
+
+/// Receive buffers per chunk of a worker's SRQ (`1 <<` this): what the SRQ grows by.
+const RECV_CHUNK_SHIFT: u32 = 6;
 
 impl<P: Provider> Listener<P> {
     fn run(mut self, tcp: TcpListener) {
@@ -657,9 +678,18 @@ impl<P: Provider> Listener<P> {
         let eager = hello.eager_threshold.min(self.config.eager_threshold);
         let max_message = hello.max_message.min(self.config.max_message_size);
         let w = w.clone();
-        let mut conn = match self.create_conn(&w, &hello, credits, eager, max_message) {
+        let recv_chunks = match self.grow_recv(wi, &w, reserved + need) {
             Ok(c) => c,
             Err(e) => return Err(Self::refuse(stream, e)),
+        };
+        let recv_added: (u32, u64) =
+            recv_chunks.iter().fold((0, 0), |(n, b), c| (n + c.bufs(), b + c.bytes() as u64));
+        let mut conn = match self.create_conn(&w, &hello, credits, eager, max_message) {
+            Ok(c) => c,
+            Err(e) => {
+                self.recv_release(recv_added);
+                return Err(Self::refuse(stream, e));
+            }
         };
         let registered =
             registered_bytes(self.config.ring_bytes, hello.ring_len, send_bufs_for(credits), conn.0.body_cap);
@@ -680,8 +710,10 @@ impl<P: Provider> Listener<P> {
             peer,
             bound: bound.clone(),
             registered,
+            recv_chunks,
         }));
         if w.control.push(open).is_err() {
+            self.recv_release(recv_added);
             // The worker has not taken its queue for a while (held in a handler): never wait.
             // The session is dropped here (its memory deregistered with it).
             w.sessions.fetch_sub(1, Ordering::Relaxed);
@@ -695,7 +727,15 @@ impl<P: Provider> Listener<P> {
         // The peer may write our ring as soon as it has the reply: the worker binds the ring's
         // window to the QP first, and wakes the listener when the bind completed (the reply goes
         // then, from `finish_binds`; the listener serves other connections meanwhile).
-        if window {
+        // Nor before the worker posted the receive buffers this session needs (sent with it, or
+        // with an earlier session the worker may not have taken yet).
+        let posting =
+            self.recv_posting[wi].as_ref().is_some_and(|b| b.load(Ordering::Acquire) == BIND_PENDING);
+        if recv_added.0 > 0 {
+            self.recv_grown[wi] += recv_added.0;
+            self.recv_posting[wi] = Some(bound.clone());
+        }
+        if window || posting || recv_added.0 > 0 {
             return Ok((session, wi, Some((reply, bound))));
         }
         if let Err(e) = answer(stream, &reply) {
@@ -704,6 +744,49 @@ impl<P: Provider> Listener<P> {
         }
         tracing::info!(session, %peer, worker = wi, credits, eager, "session connected");
         Ok((session, wi, None))
+    }
+
+    /// Registers the receive buffers worker `wi`'s SRQ lacks for `reserved` WQEs (what its
+    /// sessions reserve with the new one), in chunks of `1 << RECV_CHUNK_SHIFT` buffers; the
+    /// worker posts them when it takes the session. Counted in the server's gauges at once.
+    /// Buffers are never taken back while the server runs: the SRQ holds the most its sessions
+    /// reserved at once, rounded up to a chunk.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED when the memory cannot be registered.
+    fn grow_recv(
+        &self,
+        wi: usize,
+        w: &WorkerShared<P>,
+        reserved: u32,
+    ) -> Result<Vec<crate::buffers::RecvChunk<P>>, Status> {
+        let depth = self.config.srq_depth;
+        let buf_size = HEADER_LEN + body_area(self.config.eager_threshold);
+        let mut grown = self.recv_grown[wi];
+        let mut chunks = Vec::new();
+        while grown < reserved.min(depth) {
+            let n = (1u32 << RECV_CHUNK_SHIFT).min(depth - grown);
+            match RecvPool::<P>::register_chunk(&w.pd, n, buf_size) {
+                Ok(c) => chunks.push(c),
+                Err(e) => {
+                    return Err(Status::resource_exhausted(format!(
+                        "registering {n} receive buffers of {buf_size} bytes for the SRQ: {e}"
+                    )))
+                }
+            }
+            grown += n;
+        }
+        let bytes: u64 = chunks.iter().map(|c| c.bytes() as u64).sum();
+        self.memory.recv_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.memory.recv_buffers.fetch_add(u64::from(grown - self.recv_grown[wi]), Ordering::Relaxed);
+        Ok(chunks)
+    }
+
+    /// Takes back from the gauges the receive buffers (count, bytes) of a session that was not
+    /// handed to its worker (they are deregistered with it).
+    fn recv_release(&self, (bufs, bytes): (u32, u64)) {
+        self.memory.recv_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.memory.recv_buffers.fetch_sub(u64::from(bufs), Ordering::Relaxed);
     }
 
     /// Checks what a client's handshake asks for against this server's limits, before anything

@@ -128,8 +128,16 @@ pub struct ServerConfig {
     /// device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must hold
     /// one session of full credits; sessions are then admitted while what they reserve
     /// (`srq_per_session` of the credits they were granted) fits. Every buffer is
-    /// `eager_threshold` + 40 bytes and the SRQ cycles through all of them, so a smaller SRQ
-    /// stays in cache (measurably lower latency).
+    /// `eager_threshold` + 40 bytes and the SRQ cycles through all of its posted buffers, so a
+    /// smaller SRQ stays in cache (measurably lower latency).
+    ///
+    /// The SRQ is created this deep, but its buffers are registered and posted only as sessions
+    /// are admitted: when a worker's sessions reserve more WQEs than it has buffers, the listener
+    /// registers the next chunks of 64 buffers (the last one cut at this depth) and the worker
+    /// posts them before the session's handshake is answered. They stay until the server stops
+    /// and serve later sessions: a worker holds the most its sessions reserved at once, rounded
+    /// up to 64, never more than this depth (`Counters::recv_buffers`,
+    /// `Counters::recv_buffer_bytes`). An idle server registers none.
     pub srq_depth: u32,
     /// Requests in flight granted per session (a client asks for its window). Default 32;
     /// 1 ..= 4096. A client that asks for more is granted this many (the handshake reply says
@@ -142,7 +150,10 @@ pub struct ServerConfig {
     /// bytes, 13.3 MiB at the defaults (4.3 MiB for a client of the default 1 MiB ring); plus
     /// spare buffers of received bodies once bodies above the eager threshold arrived, at most
     /// `ring_bytes` plus twice the largest of them; and reserves
-    /// [`ServerConfig::srq_per_session`] SRQ WQEs. Memory held across sessions for bodies in
+    /// [`ServerConfig::srq_per_session`] SRQ WQEs, whose receive buffers
+    /// (`eager_threshold` + 40 bytes each, 525 KB at the defaults) are registered when the
+    /// session is admitted unless its worker already has them (see
+    /// [`ServerConfig::srq_depth`]). An idle server registers nothing for sessions. Memory held across sessions for bodies in
     /// pieces and answers waiting is capped by `max_reassembly_bytes` and `max_backlog_bytes`.
     /// Valid range:
     /// 1 ..= 32767 per worker.
@@ -537,12 +548,27 @@ pub struct ServerHandle {
     draining: Arc<AtomicBool>,
     stop_listener: Arc<listener::ListenerStop>,
     workers: Vec<JoinHandle<()>>,
+    /// A worker's index arrives here when its thread is about to end ([`ExitSignal`]).
+    exited: std::sync::mpsc::Receiver<usize>,
     listener: Option<JoinHandle<()>>,
     counters: Vec<Arc<SharedCounters>>,
     memory: Arc<ServerMemory>,
     drain_timeout: Duration,
     /// Per worker: the listener saw its loop stand still (held in an inline handler).
     held: Arc<Vec<AtomicBool>>,
+}
+
+/// Sent by a worker thread as its last act (dropped at the end of its closure, or while
+/// unwinding): `shutdown` waits on these instead of polling the threads.
+pub(crate) struct ExitSignal {
+    pub(crate) index: usize,
+    pub(crate) tx: std::sync::mpsc::Sender<usize>,
+}
+
+impl Drop for ExitSignal {
+    fn drop(&mut self) {
+        let _ = self.tx.send(self.index);
+    }
 }
 
 /// How long `shutdown` waits for a worker after `drain_timeout` (closing its sessions: Close
@@ -583,7 +609,9 @@ impl ServerHandle {
 
     /// Stops the server: new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
     /// included) are finished up to `drain_timeout`, peers get a Close, then QPs are destroyed,
-    /// memory freed and TCP connections closed. Blocks until done, at most `drain_timeout` + 5 s:
+    /// memory freed and TCP connections closed. Blocks until done (each worker thread signals its
+    /// end, and the listener is woken: no timer is waited on, and a server without sessions
+    /// stops in about the time its threads take to end), at most `drain_timeout` + 5 s:
     /// a worker still inside an inline handler by then (one that never returns) is left running,
     /// with an error logged; it closes its sessions and frees their memory if the handler ever
     /// returns.
@@ -594,13 +622,23 @@ impl ServerHandle {
     fn shutdown_inner(&mut self) {
         self.draining.store(true, Ordering::Release);
         let until = Instant::now() + self.drain_timeout + SHUTDOWN_GRACE;
-        for (i, w) in self.workers.drain(..).enumerate() {
-            // Not on any hot path: a 1 ms look at whether the thread ended, so that a handler
-            // that never returns cannot hang the caller.
-            while !w.is_finished() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(1));
+        // Woken by each worker's exit signal (a handler that never returns cannot hang the
+        // caller past `until`).
+        let mut ended = vec![false; self.workers.len()];
+        while ended.iter().any(|e| !e) {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.exited.recv_timeout(left) {
+                Ok(i) => {
+                    if let Some(e) = ended.get_mut(i) {
+                        *e = true;
+                    }
+                }
+                Err(_) => break,
             }
-            if w.is_finished() {
+        }
+        for (i, w) in self.workers.drain(..).enumerate() {
+            if ended[i] || w.is_finished() {
+                // Its signal is the last thing the thread does: this join is immediate.
                 let _ = w.join();
             } else {
                 tracing::error!(

@@ -86,6 +86,9 @@ pub(crate) struct NewConn<P: Provider> {
     /// Bytes the session registered, added to the server's gauge by the listener (the worker
     /// takes them off when the session goes).
     pub(crate) registered: u64,
+    /// Receive buffers the worker's SRQ needs before this session may send (registered by the
+    /// listener; the worker adds and posts them first thing).
+    pub(crate) recv_chunks: Vec<crate::buffers::RecvChunk<P>>,
 }
 
 /// Messages into a worker.
@@ -798,7 +801,13 @@ impl<P: Provider> Worker<P> {
         }
     }
 
-    fn open(&mut self, nc: NewConn<P>) {
+    fn open(&mut self, mut nc: NewConn<P>) {
+        // The SRQ grows with what the admitted sessions reserve (whatever becomes of this one).
+        for chunk in std::mem::take(&mut nc.recv_chunks) {
+            if let Err(e) = self.recv.add_chunk(chunk) {
+                tracing::error!(worker = self.shared.index, error = %e, "posting new receive buffers failed");
+            }
+        }
         let Some(idx) = self.entries.iter().position(Option::is_none) else {
             tracing::warn!(
                 worker = self.shared.index,
@@ -906,13 +915,16 @@ impl<P: Provider> Worker<P> {
 
     /// Shutdown: tell every peer (Close), give the sends a moment to complete, free everything.
     fn close_all(&mut self) {
+        let mut sent = false;
         for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
             if let Some(entry) = self.entries[idx].as_mut() {
                 entry.conn.send_close_why(tag, Code::Unavailable, "the server is shutting down");
+                sent = true;
             }
         }
-        let until = Instant::now() + Duration::from_millis(20);
+        // No session, no Close to wait for.
+        let until = Instant::now() + if sent { Duration::from_millis(20) } else { Duration::ZERO };
         while Instant::now() < until {
             match self.wcs.poll(&self.shared.cq) {
                 Ok(0) => std::thread::yield_now(),
