@@ -127,8 +127,8 @@ pub struct Args {
     /// Receive WQEs posted (perftest's -r): the raw tests' receive queue (their own RQ, or the
     /// SRQ with --use-srq; default 64, cut to the device's max_qp_wr or max_srq_wr with a
     /// warning), and the SRQ depth of the RPC tests' server (`ServerConfig::srq_depth`; default:
-    /// one session at full credits, 3 × credits + 31, at least 4096; below one session's
-    /// 3 × credits + 31 the server refuses to start, naming the field).
+    /// one session at full credits, 2 × credits + max(credits, 16) + 31, at least 4096; below one session's
+    /// 2 × credits + max(credits, 16) + 31 the server refuses to start, naming the field).
     #[arg(short = 'r', long, value_name = "WQES", value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub rx_depth: Option<u32>,
 

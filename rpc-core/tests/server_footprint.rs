@@ -34,7 +34,7 @@ fn receive_buffers_are_registered_as_sessions_are_admitted_and_kept() {
         "an idle server registered receive buffers"
     );
 
-    // One session of 32 credits reserves 3 x 32 + 31 = 127 WQEs: two chunks of 64.
+    // One session of 32 credits reserves 2 x 32 + max(32, 16) + 31 = 127 WQEs: two chunks of 64.
     let a = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     echo(&a, 1);
     let one = server.counters();
