@@ -259,6 +259,8 @@ pub struct RecvPool<P: Provider> {
     buf_size: usize,
     /// Buffers of a full chunk: `1 << shift`.
     shift: u32,
+    /// `(1 << shift) - 1`: a buffer's index within its chunk (kept, not computed per buffer).
+    mask: u32,
     /// Capacity in buffers (the SRQ's depth).
     count: u32,
     /// Buffers registered so far (in `mrs`).
@@ -330,6 +332,7 @@ impl<P: Provider> RecvPool<P> {
             shared: (0..chunks).map(|_| OnceLock::new()).collect(),
             buf_size,
             shift: chunk_shift,
+            mask: ((1u64 << chunk_shift) - 1) as u32,
             count,
             added: 0,
             id: next_id()?,
@@ -399,8 +402,7 @@ impl<P: Provider> RecvPool<P> {
     /// The start of buffer `idx` (which lies in an added chunk).
     #[inline(always)]
     fn buf_offset(&self, idx: u32) -> (&Arc<P::MemoryRegion>, usize) {
-        let mask = (1u32 << self.shift) - 1;
-        (&self.mrs[(idx >> self.shift) as usize], (idx & mask) as usize * self.buf_size)
+        (&self.mrs[(idx >> self.shift) as usize], (idx & self.mask) as usize * self.buf_size)
     }
 
     /// The SRQ the buffers are posted to (QPs are created with it).

@@ -140,6 +140,10 @@ impl SendQueue {
     /// Ties the queue and `pool` to each other (at the first post) or checks that they are.
     #[inline(always)]
     fn bind_pool<P: Provider>(&mut self, pool: &mut SendPool<P>) -> Result<()> {
+        // Tied already (every flush after the first): two compares, no store.
+        if self.pool == pool.id && pool.sq == self.id {
+            return Ok(());
+        }
         if (self.pool == 0 || self.pool == pool.id) && (pool.sq == 0 || pool.sq == self.id) {
             self.pool = pool.id;
             pool.sq = self.id;

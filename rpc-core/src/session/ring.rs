@@ -284,14 +284,22 @@ impl RingProducer {
     /// `Err(())` when the value is not between the current head and the tail (a malformed or
     /// replayed header); the state is unchanged.
     #[allow(clippy::result_unit_err)]
-    #[inline]
+    #[inline(always)]
     pub fn on_freed(&mut self, freed_head: u32) -> Result<u32, ()> {
+        // Most headers report no new space (every eager call): one compare, inlined.
+        if freed_head == self.head {
+            return Ok(0);
+        }
+        self.on_freed_more(freed_head)
+    }
+
+    /// [`RingProducer::on_freed`] for a head that moved.
+    #[allow(clippy::result_unit_err)]
+    #[inline(never)]
+    fn on_freed_more(&mut self, freed_head: u32) -> Result<u32, ()> {
         let advance = freed_head.wrapping_sub(self.head);
         if advance > self.used() {
             return Err(());
-        }
-        if advance == 0 {
-            return Ok(0);
         }
         let mut units = 0;
         while let Some(&end) = self.ends.front() {

@@ -1069,7 +1069,17 @@ impl<P: Provider> Worker<P> {
     }
 
     fn on_completion(&mut self, c: Completion) {
-        let wc = *c.wc();
+        // The fields used below, not a copy of the whole WC (the completion moves on).
+        let wc = {
+            let w = c.wc();
+            Wc {
+                wr_id: w.wr_id,
+                status: w.status,
+                opcode: w.opcode,
+                qp_num: w.qp_num,
+                invalidated: w.invalidated_rkey.is_some(),
+            }
+        };
         if let Some(tag) = c.send_tag() {
             let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
             if !wc.status.is_success() {
@@ -1116,7 +1126,7 @@ impl<P: Provider> Worker<P> {
             tracing::debug!(qp_num = wc.qp_num, "message on an unknown QP dropped");
             return;
         };
-        self.on_message(idx, buf, wc.invalidated_rkey.is_some());
+        self.on_message(idx, buf, wc.invalidated);
         // A request left unanswered (deferred, streaming, or still arriving in pieces) arms
         // the session's timers.
         if let Some(entry) = self.entries[idx as usize].as_mut() {
@@ -1448,4 +1458,13 @@ impl<P: Provider> Worker<P> {
         }
         self.mark_dirty(idx);
     }
+}
+
+/// The fields of a work completion the worker reads ([`Worker::on_completion`]).
+struct Wc {
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    qp_num: u32,
+    invalidated: bool,
 }
