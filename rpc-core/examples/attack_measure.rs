@@ -10,7 +10,7 @@
 //! ```
 //!
 //! CALLS: good-client calls per measurement (default 20000). ATTACK: any of `big-ring`,
-//! `tiny-ring`, `ping-flood`, `idle-sessions` (default: all). A benchmark, not a test: it asserts
+//! `tiny-ring`, `ping-flood`, `ring-return-flood`, `idle-sessions` (default: all). A benchmark, not a test: it asserts
 //! nothing; the tests of each defence are the `hostile_*` test files.
 
 #[path = "../tests/rpc_support/mod.rs"]
@@ -34,14 +34,14 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let calls: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let picked: Vec<String> = args.collect();
-    let all = ["big-ring", "tiny-ring", "ping-flood", "idle-sessions"];
+    let all = ["big-ring", "tiny-ring", "ping-flood", "ring-return-flood", "idle-sessions"];
     let attacks: Vec<&str> = if picked.is_empty() {
         all.to_vec()
     } else {
         all.iter().copied().filter(|a| picked.iter().any(|p| p == a)).collect()
     };
     println!(
-        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}  attacker",
+        "{:<17} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}  attacker",
         "attack", "p50 us", "p99 us", "base p50", "base p99", "RSS MiB", "HWM MiB"
     );
     for attack in attacks {
@@ -62,6 +62,9 @@ fn run(attack: &str, calls: usize) {
         "big-ring" => big_ring(addr, &config, calls),
         "tiny-ring" => with_thread(&stop, tiny_ring(addr, stop.clone()), addr, &config, calls),
         "ping-flood" => with_thread(&stop, ping_flood(addr, stop.clone()), addr, &config, calls),
+        "ring-return-flood" => {
+            with_thread(&stop, ring_return_flood(addr, stop.clone()), addr, &config, calls)
+        }
         "idle-sessions" => idle_sessions(addr, &config, calls),
         _ => unreachable!("attacks are filtered"),
     };
@@ -76,7 +79,7 @@ fn run(attack: &str, calls: usize) {
     let (rss, hwm) = memory_mib();
     let (p50, p99) = during.map_or(("-".into(), "-".into()), |d| (us(d.0), us(d.1)));
     println!(
-        "{attack:<14} {p50:>9} {p99:>9} {:>9} {:>9} {rss:>10} {hwm:>10}  {fate}",
+        "{attack:<17} {p50:>9} {p99:>9} {:>9} {:>9} {rss:>10} {hwm:>10}  {fate}",
         us(base.0),
         us(base.1)
     );
@@ -209,6 +212,63 @@ fn ping_flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
         }
         format!(
             "{sent} Pings sent{}",
+            if raw.dead { "; session closed by the server" } else { "; still open" }
+        )
+    })
+}
+
+/// A session that makes 2,000 calls whose 5,000-byte answers land in its ring (each freed by
+/// the head the next request carries, never by a RingReturn), keeps the last answer unfreed, and
+/// then SENDs RingReturns that move the freed head one byte at a time, as fast as its send
+/// buffers come back: each frees ring space, none a whole body, and each takes a receive WQE of
+/// the worker's shared SRQ.
+fn ring_return_flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<String> {
+    use prost::Message;
+    std::thread::spawn(move || {
+        let mut raw = RawClient::connect(addr);
+        let mut ring = rpc_core::session::RingConsumer::new(1 << 16, 64);
+        let calls = 2000u32;
+        for seq in 1..=calls {
+            let body = rpc_support::request(u64::from(seq), 16, 5000).encode_to_vec();
+            let freed_head = ring.take_freed();
+            raw.send(
+                Header {
+                    method: ECHO,
+                    generation: seq,
+                    freed_head,
+                    body_len: body.len() as u32,
+                    total_len: body.len() as u32,
+                    ..Header::new(Kind::Request)
+                },
+                &body,
+            );
+            let h = raw.wait_for(Kind::Response, 0);
+            let Ok(t) = ring.accept(h.ring_offset, h.body_len) else {
+                return format!("answer {seq} not in the ring: {h:?}");
+            };
+            if seq < calls {
+                ring.release(t);
+            }
+        }
+        let head = ring.take_freed();
+        let mut sent = 0u32;
+        while !stop.load(Ordering::Acquire) && !raw.dead && sent < 4999 {
+            let h = Header {
+                session: raw.session,
+                freed_head: head.wrapping_add(sent + 1),
+                ..Header::new(Kind::RingReturn)
+            };
+            if try_send(&mut raw, h) {
+                sent += 1;
+            }
+            let _ = raw.try_poll();
+        }
+        while !stop.load(Ordering::Acquire) && !raw.dead {
+            let _ = raw.try_poll();
+            std::thread::yield_now();
+        }
+        format!(
+            "{calls} ring answers, then {sent} byte-sized RingReturns sent{}",
             if raw.dead { "; session closed by the server" } else { "; still open" }
         )
     })
