@@ -36,7 +36,7 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
 /// 7 (2026-12-05): a Close carries a status and a reason of at most 256 bytes
-/// ([`super::close`]); a server keeps at most `session::ring_units` ring bodies and pieces
+/// (`wire/close.rs`); a server keeps at most [`crate::session::ring_units`] ring bodies and pieces
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a
 /// client reports freed space once half of those are freed (a version-6 client would leave such
 /// a server waiting for a Ping). 6: the idle probe (`FLAG_IDLE_PONGS`).
