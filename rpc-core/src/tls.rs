@@ -1,5 +1,5 @@
 //! TLS on the TCP control channel (cargo feature `tls`, on by default): the handshake frames
-//! (QPN, PSN, GID, ring address and rkey, the auth token; see [`crate::wire::handshake`]) cross
+//! (QPN, PSN, GID, ring address and rkey, the auth token; see [`crate::wire::Handshake`]) cross
 //! the network inside a TLS session (rustls, with its `ring` crypto provider; TLS 1.2 and 1.3)
 //! instead of in clear. Only the control channel is wrapped: the data path (verbs) is unchanged,
 //! and the TLS state is dropped once the handshake reply is exchanged (the TCP connection then
@@ -423,10 +423,10 @@ fn client_tls_status(tls: &ClientTls, e: &rustls::Error, peer: SocketAddr, seen:
     }
 }
 
-/// A control connection during the server's handshake: the TCP stream, and TLS over it when the
-/// server has [`ServerTls`]. Reads are nonblocking (the listener's), writes blocking with the
-/// write timeout the listener sets. The TLS state is dropped with the reply (see
-/// [`ControlStream::into_tcp`]).
+/// The server side of one control connection's TLS session, held by its
+/// [`ControlStream`](crate::control::ControlStream) during the handshake. Reads are nonblocking
+/// (the listener's), writes blocking within the write timeout the listener sets. It is dropped
+/// with the reply ([`ControlStream::into_tcp`](crate::control::ControlStream::into_tcp)).
 pub(crate) struct ServerTlsConn {
     conn: rustls::ServerConnection,
 }
