@@ -253,15 +253,24 @@ fn a_channel_and_a_client_reconnect_over_tls_to_a_restarted_server() {
 }
 
 /// A server certificate from a CA the client does not trust: UNAUTHENTICATED naming the roots;
-/// the server serves a good client after it. Sabotaged: `client_tls_status` mapping every TLS
-/// error to UNAVAILABLE: "left: Unavailable, right: Unauthenticated".
+/// a session connected before goes on calling, and the server serves a new good client after
+/// it. Sabotaged: `client_tls_status` mapping every TLS error to UNAVAILABLE: "left:
+/// Unavailable, right: Unauthenticated"; the listener panicking on a connection that ended
+/// during its handshake (`HandshakeStep::Gone` in `advance_handshake`): the new good client's
+/// connect failed ("a good client still connects: ... Connection reset by peer"), while the
+/// session connected before still called (its data path does not go through the listener).
 #[test]
 fn a_server_certificate_from_another_ca_fails_unauthenticated() {
     let (ca, other) = (Ca::new("test ca"), Ca::new("other ca"));
     let server = tls_server(&ca);
+    let before = Client::connect_with(server.local_addr(), &tls_client(&ca)).unwrap();
+    check_reply(&call(&before, 1).unwrap(), 1, 8);
     let e = connect_err(server.local_addr(), &tls_client(&other));
     assert_eq!(e.code(), Code::Unauthenticated, "{e}");
     assert!(e.message().contains("roots") && e.message().contains("certificate"), "{e}");
+    for seq in 2..10 {
+        check_reply(&call(&before, seq).unwrap(), seq, 8);
+    }
     serves_on(&server, &ca);
     server.shutdown();
 }
