@@ -12,11 +12,13 @@
 //! unacknowledged. The peer's death is seen by the kernel at most `T` after it was last heard
 //! of, and by our next read at once.
 
-use std::io;
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use socket2::{SockRef, TcpKeepalive};
+
+use crate::status::Status;
 
 /// The detection time when the peer timeout is `None` (the RDMA probe is off; keepalive, which
 /// a stopped process's kernel still answers, stays on): 10 s.
@@ -69,6 +71,151 @@ impl Liveness {
             TcpKeepalive::new().with_time(self.idle).with_interval(self.interval).with_retries(self.probes);
         sock.set_tcp_keepalive(&ka)?;
         sock.set_tcp_user_timeout(Some(self.user_timeout))
+    }
+}
+
+/// The first byte of a TLS record carrying a handshake message (a ClientHello): what a TLS
+/// client sends first. A plaintext handshake frame starts with its type, 1 or 2.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// An accepted control connection during the server's handshake: its TCP stream and, when the
+/// server has `ServerConfig::tls`, the TLS session over it (the frames are read and written
+/// through it). Derefs to the TCP stream (socket options, the poll registration). Plaintext
+/// costs one peek of the first byte, to tell a client of the other kind.
+pub(crate) struct ControlStream {
+    tcp: TcpStream,
+    #[cfg(feature = "tls")]
+    tls: Option<Box<crate::tls::ServerTlsConn>>,
+    /// The first byte was looked at ([`ControlStream::sniff`]).
+    sniffed: bool,
+}
+
+/// What the first byte of an accepted connection says.
+pub(crate) enum Sniff {
+    /// Nothing arrived yet.
+    Wait,
+    /// The client speaks what this server does (or the connection ended: the read says so).
+    Ready,
+    /// The client speaks the other kind (TLS to a plaintext server or the reverse): refuse it,
+    /// in plaintext, with this status.
+    Mismatch(Status),
+}
+
+impl ControlStream {
+    /// Wraps an accepted connection; over TLS when `tls` is given.
+    ///
+    /// # Errors
+    /// When rustls cannot start a session with the configuration.
+    #[cfg(feature = "tls")]
+    pub(crate) fn accept(tcp: TcpStream, tls: Option<&crate::tls::ServerTls>) -> io::Result<ControlStream> {
+        let tls = match tls {
+            Some(t) => Some(Box::new(crate::tls::ServerTlsConn::new(t)?)),
+            None => None,
+        };
+        Ok(ControlStream { tcp, tls, sniffed: false })
+    }
+
+    /// Wraps an accepted plaintext connection.
+    #[cfg(not(feature = "tls"))]
+    pub(crate) fn accept(tcp: TcpStream) -> io::Result<ControlStream> {
+        Ok(ControlStream { tcp, sniffed: false })
+    }
+
+    fn has_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// Looks at the first byte (without consuming it, without blocking) once: a TLS
+    /// ClientHello to a plaintext server, or a plaintext frame to a TLS server, is a mismatch
+    /// (the TLS state is dropped so that the refusal goes in plaintext).
+    pub(crate) fn sniff(&mut self) -> Sniff {
+        if self.sniffed {
+            return Sniff::Ready;
+        }
+        let mut first = [0u8; 1];
+        match self.tcp.peek(&mut first) {
+            Ok(1) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                return Sniff::Wait
+            }
+            // Closed or failed: the read reports it.
+            _ => return Sniff::Ready,
+        }
+        self.sniffed = true;
+        let tls_client = first[0] == TLS_HANDSHAKE_RECORD;
+        if self.has_tls() != tls_client {
+            // Consume what arrived, so that closing after the refusal sends a FIN, not a reset
+            // that could overtake the refusal.
+            let mut junk = [0u8; 4096];
+            for _ in 0..4 {
+                if !matches!((&self.tcp).read(&mut junk), Ok(n) if n > 0) {
+                    break;
+                }
+            }
+        }
+        match (self.has_tls(), tls_client) {
+            (true, false) => {
+                #[cfg(feature = "tls")]
+                {
+                    self.tls = None;
+                }
+                Sniff::Mismatch(Status::unavailable(
+                    "this server requires TLS on the control channel (ServerConfig::tls) and the \
+                     client sent a plaintext handshake: set ClientConfig::tls",
+                ))
+            }
+            (false, true) => Sniff::Mismatch(Status::unavailable(
+                "the client speaks TLS on the control channel and this server has no \
+                 ServerConfig::tls: unset ClientConfig::tls or set ServerConfig::tls",
+            )),
+            _ => Sniff::Ready,
+        }
+    }
+
+    /// Reads handshake bytes (decrypted over TLS) without blocking; 0 once the peer closed.
+    ///
+    /// # Errors
+    /// `WouldBlock` until bytes arrive; the socket's error; `InvalidData` naming a failed TLS
+    /// handshake.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        #[cfg(feature = "tls")]
+        if let Some(t) = self.tls.as_mut() {
+            return t.read(&mut self.tcp, buf);
+        }
+        (&self.tcp).read(buf)
+    }
+
+    /// The TCP stream, for the liveness watch once the reply went (the TLS state is dropped:
+    /// nothing more is said on the control channel).
+    pub(crate) fn into_tcp(self) -> TcpStream {
+        self.tcp
+    }
+}
+
+impl std::ops::Deref for ControlStream {
+    type Target = TcpStream;
+
+    fn deref(&self) -> &TcpStream {
+        &self.tcp
+    }
+}
+
+impl Write for ControlStream {
+    /// Writes all of `buf` (encrypted over TLS), blocking within the socket's write timeout.
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        #[cfg(feature = "tls")]
+        if let Some(t) = self.tls.as_mut() {
+            t.write_all(&mut self.tcp, buf)?;
+            return Ok(buf.len());
+        }
+        (&self.tcp).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&self.tcp).flush()
     }
 }
 

@@ -38,6 +38,8 @@ pub(crate) mod endpoint;
 pub mod server;
 pub mod session;
 pub mod status;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod transport;
 pub mod wire;
 pub(crate) mod worker;
@@ -54,4 +56,6 @@ pub use endpoint::counters::Counters;
 pub use server::async_service::{AsyncContext, AsyncRuntime};
 pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle};
 pub use status::{Code, Status};
+#[cfg(feature = "tls")]
+pub use tls::{ClientTls, ServerTls, TlsError};
 pub use transport::Transport;

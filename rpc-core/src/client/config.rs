@@ -37,6 +37,14 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Token for servers that require one.
     pub auth_token: Option<Vec<u8>>,
+    /// TLS on the TCP control channel (the handshake, which carries the auth token, QPNs, GIDs
+    /// and rkeys): the roots the server's certificate must chain to and the name it must be
+    /// valid for ([`crate::ClientTls`]). Default `None`: plaintext. The server must have
+    /// `ServerConfig::tls` too: a TLS client to a plaintext server fails the connect
+    /// UNAVAILABLE naming this field, a server certificate that is not trusted or not valid for
+    /// the name UNAUTHENTICATED. The data path (RDMA) is not encrypted; calls cost the same.
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::tls::ClientTls>,
     /// Calls that may wait for a slot when all `window` slots are taken (tonic's `buffer`).
     /// Such a call is encoded once (onto the heap) and waits in FIFO order, sent as slots and
     /// ring space free; beyond this many waiting, a new call fails at once with
@@ -100,6 +108,8 @@ impl Default for ClientConfig {
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,
+            #[cfg(feature = "tls")]
+            tls: None,
             max_queued_calls: 1024,
             reconnect_initial_backoff: Duration::from_millis(100),
             reconnect_max_backoff: Duration::from_secs(10),
@@ -166,6 +176,13 @@ impl ClientConfig {
     /// Sets the auth token (at most 256 bytes).
     pub fn auth_token(mut self, token: impl Into<Vec<u8>>) -> Self {
         self.auth_token = Some(token.into());
+        self
+    }
+
+    /// Runs the control channel over TLS (see [`ClientConfig::tls`]).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::tls::ClientTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 }

@@ -260,9 +260,24 @@ impl<P: Provider> ClientCore<P> {
                 cfg.auth_token.clone().unwrap_or_default(),
             )
         };
-        write_frame(&mut tcp, &Frame::Handshake(hello))
-            .map_err(|e| unavailable(format!("handshake: {e}")))?;
-        let reply = match read_frame(&mut tcp) {
+        let hello = Frame::Handshake(hello);
+        #[cfg(feature = "tls")]
+        let got = match &cfg.tls {
+            Some(tls) => {
+                tcp.set_write_timeout(Some(cfg.connect_timeout)).map_err(unavailable)?;
+                crate::tls::client_exchange(tls, &mut tcp, &hello, peer)?
+            }
+            None => {
+                write_frame(&mut tcp, &hello).map_err(|e| unavailable(format!("handshake: {e}")))?;
+                read_frame(&mut tcp)
+            }
+        };
+        #[cfg(not(feature = "tls"))]
+        let got = {
+            write_frame(&mut tcp, &hello).map_err(|e| unavailable(format!("handshake: {e}")))?;
+            read_frame(&mut tcp)
+        };
+        let reply = match got {
             Ok(Frame::Handshake(h)) => h,
             Ok(Frame::Refusal(r)) => {
                 return Err(Status::new(r.code, format!("server refused: {}", r.message)))

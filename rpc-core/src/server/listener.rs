@@ -32,7 +32,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::{ServerConfig, ServerError, ServerHandle};
 use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue, SendStaging};
-use crate::control::Liveness;
+use crate::control::{ControlStream, Liveness, Sniff};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
 use crate::endpoint::conn::{
@@ -372,7 +372,8 @@ impl<P: Provider> Listener<P> {
             match refusal {
                 None => {
                     tracing::info!(session = b.session, peer = %b.peer, worker = b.worker, "session connected");
-                    self.conns.insert(t, Watched { session: b.session, worker: b.worker, stream: b.stream });
+                    let stream = b.stream.into_tcp();
+                    self.conns.insert(t, Watched { session: b.session, worker: b.worker, stream });
                     // What arrived meanwhile (or the peer's close) sent no new edge.
                     self.check_conn(t);
                 }
@@ -414,6 +415,17 @@ impl<P: Provider> Listener<P> {
             return;
         }
         let _ = stream.set_nodelay(true);
+        #[cfg(feature = "tls")]
+        let stream = ControlStream::accept(stream, self.config.tls.as_ref());
+        #[cfg(not(feature = "tls"))]
+        let stream = ControlStream::accept(stream);
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::info!(%peer, error = %e, "connection dropped: TLS");
+                return;
+            }
+        };
         if self.handshakes.len() >= MAX_PENDING_HANDSHAKES {
             if let Some(t) = self.handshakes.iter().min_by_key(|(_, h)| h.since).map(|(t, _)| *t) {
                 if let Some(oldest) = self.handshakes.remove(&t) {
@@ -442,6 +454,13 @@ impl<P: Provider> Listener<P> {
         let Some(hs) = self.handshakes.get_mut(&token) else { return };
         match hs.step() {
             HandshakeStep::Wait => {}
+            HandshakeStep::Mismatch(status) => {
+                if let Some(mut hs) = self.handshakes.remove(&token) {
+                    self.forget(&hs.stream);
+                    let e = Self::refuse(&mut hs.stream, status);
+                    tracing::info!(peer = %hs.peer, error = %e, "connection refused");
+                }
+            }
             HandshakeStep::Gone(why) => {
                 if let Some(hs) = self.handshakes.remove(&token) {
                     self.forget(&hs.stream);
@@ -576,7 +595,7 @@ impl<P: Provider> Listener<P> {
         }
     }
 
-    fn refuse(stream: &mut TcpStream, status: Status) -> Status {
+    fn refuse(stream: &mut ControlStream, status: Status) -> Status {
         let _ = write_frame(
             stream,
             &Frame::Refusal(Refusal { code: status.code(), message: status.message().to_string() }),
@@ -589,12 +608,14 @@ impl<P: Provider> Listener<P> {
     /// why it was refused.
     fn setup(
         &mut self,
-        mut stream: TcpStream,
+        mut stream: ControlStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
-    ) -> Result<Setup, (TcpStream, Status)> {
+    ) -> Result<Setup, (ControlStream, Status)> {
         match self.setup_inner(&mut stream, peer, frame) {
-            Ok((session, worker, None)) => Ok(Setup::Live(Watched { session, worker, stream })),
+            Ok((session, worker, None)) => {
+                Ok(Setup::Live(Watched { session, worker, stream: stream.into_tcp() }))
+            }
             Ok((session, worker, Some((reply, bound)))) => Ok(Setup::Binding(PendingBind {
                 stream,
                 peer,
@@ -613,7 +634,7 @@ impl<P: Provider> Listener<P> {
     #[allow(clippy::type_complexity)]
     fn setup_inner(
         &mut self,
-        stream: &mut TcpStream,
+        stream: &mut ControlStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
     ) -> Result<(u32, usize, Option<(Handshake, Arc<AtomicU8>)>), Status> {
@@ -906,7 +927,7 @@ const MAX_PENDING_HANDSHAKES: usize = 64;
 /// An accepted connection whose handshake frame is still arriving.
 /// Sends the handshake reply on a blocking `stream` (with its write timeout), then makes it
 /// nonblocking for the watch.
-fn answer(stream: &mut TcpStream, reply: &Handshake) -> std::io::Result<()> {
+fn answer(stream: &mut ControlStream, reply: &Handshake) -> std::io::Result<()> {
     write_frame(stream, &Frame::Handshake(reply.clone()))?;
     stream.set_nonblocking(true)
 }
@@ -921,7 +942,7 @@ enum Setup {
 
 /// A session whose handshake reply waits for its window bind.
 struct PendingBind {
-    stream: TcpStream,
+    stream: ControlStream,
     peer: SocketAddr,
     session: u32,
     worker: usize,
@@ -932,7 +953,7 @@ struct PendingBind {
 }
 
 struct PendingHandshake {
-    stream: TcpStream,
+    stream: ControlStream,
     peer: SocketAddr,
     since: Instant,
     /// The frame's bytes so far (at most 3 + [`MAX_FRAME`]).
@@ -944,6 +965,8 @@ enum HandshakeStep {
     Wait,
     /// The connection closed or failed.
     Gone(String),
+    /// The client speaks TLS to a plaintext server or the reverse: refused (in plaintext).
+    Mismatch(Status),
     /// The whole frame arrived (or its header is invalid).
     Frame(Result<Frame, FrameError>),
 }
@@ -951,6 +974,11 @@ enum HandshakeStep {
 impl PendingHandshake {
     /// Reads what is available, up to the end of the frame (never past it).
     fn step(&mut self) -> HandshakeStep {
+        match self.stream.sniff() {
+            Sniff::Wait => return HandshakeStep::Wait,
+            Sniff::Mismatch(status) => return HandshakeStep::Mismatch(status),
+            Sniff::Ready => {}
+        }
         let mut chunk = [0u8; 256];
         loop {
             let want = match self.buf.get(1..3) {
@@ -961,7 +989,7 @@ impl PendingHandshake {
                 return HandshakeStep::Frame(read_frame(&mut self.buf.as_slice()));
             }
             let n = (want - self.buf.len()).min(chunk.len());
-            match (&self.stream).read(&mut chunk[..n]) {
+            match self.stream.read(&mut chunk[..n]) {
                 Ok(0) => return HandshakeStep::Gone("closed by the peer".into()),
                 Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return HandshakeStep::Wait,

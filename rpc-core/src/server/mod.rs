@@ -167,6 +167,15 @@ pub struct ServerConfig {
     /// the comparison's duration tells nothing of the token's bytes or length). Default `None`;
     /// at most 256 bytes.
     pub auth_token: Option<Vec<u8>>,
+    /// TLS on the TCP control channel (the handshake, which carries the auth token, QPNs, GIDs
+    /// and rkeys): this server's certificate chain and key, optionally the roots client
+    /// certificates must chain to ([`crate::ServerTls`]). Default `None`: plaintext. With it,
+    /// every client must have `ClientConfig::tls`: a plaintext handshake is refused UNAVAILABLE
+    /// naming this field, a client whose TLS handshake fails (it distrusts the certificate, or
+    /// presents none where one is required) is dropped; either within `handshake_timeout`,
+    /// without disturbing other connections. The data path (RDMA) is not encrypted.
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::tls::ServerTls>,
     /// How long `shutdown` waits for in-flight RPCs. Default 5 s. A worker still inside an inline
     /// handler 5 s after it is left running (see [`ServerHandle::shutdown`]).
     pub drain_timeout: Duration,
@@ -242,6 +251,8 @@ impl Default for ServerConfig {
             eager_threshold: 4096,
             polling: PollingPolicy::Busy,
             auth_token: None,
+            #[cfg(feature = "tls")]
+            tls: None,
             drain_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             peer_timeout: Some(Duration::from_secs(6)),
@@ -464,6 +475,13 @@ impl ServerBuilder {
     /// Requires clients to present `token` (at most 256 bytes).
     pub fn auth_token(mut self, token: impl Into<Vec<u8>>) -> Self {
         self.config.auth_token = Some(token.into());
+        self
+    }
+
+    /// Runs the control channel over TLS (see [`ServerConfig::tls`]).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::tls::ServerTls) -> Self {
+        self.config.tls = Some(tls);
         self
     }
 
