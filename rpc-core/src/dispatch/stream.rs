@@ -557,6 +557,23 @@ mod tests {
         crate::wire::batch_frames(&s.body, s.count).unwrap().map(|m| Vec::<u8>::decode(m).unwrap()).collect()
     }
 
+    /// A producer sharing the sink (`&StreamSink` is `Sync`) looks at `ended` in `send`, then
+    /// another producer's send fails (a message that lies about its `encoded_len`: the stream
+    /// ends) and the worker, finding the sink empty, takes the end and sends it; only then does
+    /// the first producer's `put` run. The message must be refused: accepted, its send
+    /// returned Ok for a message that never leaves (the stream is over). Sabotaged (`put`
+    /// without its look at `ended` under the open lock): put accepted it.
+    #[test]
+    fn a_message_put_after_the_worker_took_the_end_is_refused_not_lost() {
+        let s = sink(1000);
+        assert!(s.ended_status().is_none(), "the honest producer looked: not ended");
+        let _ = s.failed(LenMismatch { type_name: "Liar", claimed: 3, wrote: None });
+        assert!(matches!(s.take_end(), Some(Err(_))), "the worker took the end: the stream is over");
+        assert!(!s.put(&msg(10, 1)).unwrap(), "a message put after the end was accepted (and lost)");
+        assert!(s.is_empty());
+        assert_eq!(s.ended_status().map(|st| st.code()), Some(crate::status::Code::Internal));
+    }
+
     #[test]
     fn the_worker_takes_batches_in_the_order_the_producer_filled_them() {
         // A producer sealing a batch (pushed to the queue) and opening the next, racing a worker
