@@ -176,15 +176,19 @@ impl SinkShared {
     }
 
     /// Producer: `msg` framed into the open batch (or queued alone when too large for one), if
-    /// the sink has room; false (nothing encoded) when it has none.
+    /// the sink has room; false (nothing encoded) when it has none or the stream ended.
     ///
     /// # Errors
     /// [`LenMismatch`] when `msg` does not encode to its `encoded_len` (nothing of it is kept).
     fn put<T: Message>(&self, msg: &T) -> Result<bool, LenMismatch> {
         let len = msg.encoded_len();
         let mut open = self.lock_open();
-        // Under the lock: producers (a `&StreamSink` may be shared) add one at a time.
-        if !self.has_room() {
+        // Under the lock: producers (a `&StreamSink` may be shared) add one at a time, and the
+        // stream ends (`end`, which sets `ended` under it) either before this look, refusing the
+        // message, or after the message is in the batch it seals (the worker sends the end only
+        // behind it). Looked at before the lock only, the worker could have sent the end and
+        // the message, accepted, would never leave.
+        if !self.has_room() || self.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
         if FRAME_LEN + len > self.batch_cap {
@@ -396,16 +400,17 @@ impl SinkEnd {
 }
 
 fn end(shared: &SinkShared, result: Result<(), Status>) {
-    // What the open batch holds leaves before the end.
-    {
-        let mut open = shared.lock_open();
-        shared.seal(&mut open);
-    }
+    // What the open batch holds leaves before the end; `ended` is set under the open lock, so
+    // a producer's `put` either came before (sealed here) or sees it and refuses.
+    let mut open = shared.lock_open();
+    shared.seal(&mut open);
     let mut end = shared.end.lock().unwrap_or_else(|e| e.into_inner());
     if !shared.ended.load(Ordering::Acquire) {
         *end = Some(result);
         shared.ended.store(true, Ordering::Release);
     }
+    drop(end);
+    drop(open);
 }
 
 impl<T> StreamSink<T> {
@@ -462,6 +467,8 @@ impl<T: Message> StreamSink<T> {
             }
             match self.shared.put(msg) {
                 Ok(true) => return Ok(()),
+                // Refused because the stream ended since the look above: fail as it says.
+                Ok(false) if self.shared.ended.load(Ordering::Acquire) => continue,
                 Ok(false) => {}
                 Err(e) => return Err(self.shared.failed(e)),
             }
