@@ -113,7 +113,12 @@ fn start(credits: u16) -> (ServerHandle, Client) {
 fn clean(h: &ServerHandle, c: &Client, what: &str, rpcs: u64) {
     wait_until(what, WAIT, || h.counters().rpcs >= rpcs, || format!("{:?}", h.counters()));
     let s = h.counters();
-    assert_eq!((s.malformed, s.sessions_closed), (0, 0), "{what}: server {s:?}, client {:?}", c.counters());
+    assert_eq!(
+        (s.malformed, s.metered, s.sessions_closed),
+        (0, 0, 0),
+        "{what}: server {s:?}, client {:?}",
+        c.counters()
+    );
 }
 
 /// Reads a whole server stream of `shape`, checking each message.
@@ -246,6 +251,78 @@ fn an_answer_in_pieces_behind_held_answers_of_a_full_window_completes() {
         }
         clean(&h, &c, &format!("credits {credits}, held answers"), 150 + u64::from(credits));
         drop(c);
+        h.shutdown();
+    }
+}
+
+/// The same mix through the tokio `Channel` (one dispatcher sleeping on completion events), 4
+/// tasks each keeping its share of the credits in flight, at credits 1 and 32.
+#[test]
+fn channel_calls_of_every_shape_never_wait_for_a_ping() {
+    use rpc_core::{Channel, ChannelConfig, PollingPolicy};
+    for credits in [1u16, 32] {
+        let h = server()
+            .credits_per_session(credits)
+            .peer_timeout(Some(PEER_TIMEOUT))
+            .add_service(TestService::default())
+            .spawn("127.0.0.1:0")
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let client = client_config()
+            .window(credits)
+            .peer_timeout(Some(PEER_TIMEOUT))
+            .polling(PollingPolicy::Event { spins: 0 });
+        let config =
+            ChannelConfig::default().client(client).dispatchers(1).spins(500).thread_name("units-chan");
+        let addr = h.local_addr();
+        let stats = rt.block_on(async move {
+            let ch = Channel::connect_with(addr, &config).await.unwrap();
+            let sizes = [4100usize, 200 << 10, 4100, 3 << 20, 5000, 130 << 10];
+            let tasks: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let ch = ch.clone();
+                    tokio::spawn(async move {
+                        let per = (u64::from(credits) / 4).max(1);
+                        for round in 0..30u64 {
+                            let calls: Vec<_> = (0..per)
+                                .map(|i| {
+                                    let seq = t * 1_000_000 + round * 100 + i;
+                                    let reply = sizes[(seq as usize + round as usize) % sizes.len()];
+                                    let call = ch.unary::<EchoMsg, EchoMsg>(
+                                        ECHO,
+                                        request(seq, 16, reply),
+                                        &CallOptions::deadline(DEADLINE),
+                                    );
+                                    (seq, reply, call)
+                                })
+                                .collect();
+                            for (seq, reply, call) in calls {
+                                match call.await {
+                                    Ok(r) => check_reply(&r, seq, reply),
+                                    Err(e) => panic!("credits {credits}: call {seq} ({reply} B): {e:?}"),
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            ch.counters()
+        });
+        let want = 4 * 30 * (u64::from(credits) / 4).max(1);
+        assert_eq!(stats.rpcs, want, "credits {credits}: {stats:?}");
+        wait_until(
+            "published counters",
+            WAIT,
+            || h.counters().rpcs >= want,
+            || format!("{:?}", h.counters()),
+        );
+        let s = h.counters();
+        // The channel is gone (its clean close may be counted): none was malformed nor metered.
+        assert_eq!((s.malformed, s.metered), (0, 0), "credits {credits}: server {s:?}");
+        drop(rt);
         h.shutdown();
     }
 }
