@@ -176,15 +176,19 @@ impl SinkShared {
     }
 
     /// Producer: `msg` framed into the open batch (or queued alone when too large for one), if
-    /// the sink has room; false (nothing encoded) when it has none.
+    /// the sink has room; false (nothing encoded) when it has none or the stream ended.
     ///
     /// # Errors
     /// [`LenMismatch`] when `msg` does not encode to its `encoded_len` (nothing of it is kept).
     fn put<T: Message>(&self, msg: &T) -> Result<bool, LenMismatch> {
         let len = msg.encoded_len();
         let mut open = self.lock_open();
-        // Under the lock: producers (a `&StreamSink` may be shared) add one at a time.
-        if !self.has_room() {
+        // Under the lock: producers (a `&StreamSink` may be shared) add one at a time, and the
+        // stream ends (`end`, which sets `ended` under it) either before this look, refusing the
+        // message, or after the message is in the batch it seals (the worker sends the end only
+        // behind it). Looked at before the lock only, the worker could have sent the end and
+        // the message, accepted, would never leave.
+        if !self.has_room() || self.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
         if FRAME_LEN + len > self.batch_cap {
@@ -396,16 +400,17 @@ impl SinkEnd {
 }
 
 fn end(shared: &SinkShared, result: Result<(), Status>) {
-    // What the open batch holds leaves before the end.
-    {
-        let mut open = shared.lock_open();
-        shared.seal(&mut open);
-    }
+    // What the open batch holds leaves before the end; `ended` is set under the open lock, so
+    // a producer's `put` either came before (sealed here) or sees it and refuses.
+    let mut open = shared.lock_open();
+    shared.seal(&mut open);
     let mut end = shared.end.lock().unwrap_or_else(|e| e.into_inner());
     if !shared.ended.load(Ordering::Acquire) {
         *end = Some(result);
         shared.ended.store(true, Ordering::Release);
     }
+    drop(end);
+    drop(open);
 }
 
 impl<T> StreamSink<T> {
@@ -462,6 +467,8 @@ impl<T: Message> StreamSink<T> {
             }
             match self.shared.put(msg) {
                 Ok(true) => return Ok(()),
+                // Refused because the stream ended since the look above: fail as it says.
+                Ok(false) if self.shared.ended.load(Ordering::Acquire) => continue,
                 Ok(false) => {}
                 Err(e) => return Err(self.shared.failed(e)),
             }
@@ -555,6 +562,23 @@ mod tests {
             return vec![Vec::<u8>::decode(&s.body[..]).unwrap()];
         }
         crate::wire::batch_frames(&s.body, s.count).unwrap().map(|m| Vec::<u8>::decode(m).unwrap()).collect()
+    }
+
+    /// A producer sharing the sink (`&StreamSink` is `Sync`) looks at `ended` in `send`, then
+    /// another producer's send fails (a message that lies about its `encoded_len`: the stream
+    /// ends) and the worker, finding the sink empty, takes the end and sends it; only then does
+    /// the first producer's `put` run. The message must be refused: accepted, its send
+    /// returned Ok for a message that never leaves (the stream is over). Sabotaged (`put`
+    /// without its look at `ended` under the open lock): put accepted it.
+    #[test]
+    fn a_message_put_after_the_worker_took_the_end_is_refused_not_lost() {
+        let s = sink(1000);
+        assert!(s.ended_status().is_none(), "the honest producer looked: not ended");
+        let _ = s.failed(LenMismatch { type_name: "Liar", claimed: 3, wrote: None });
+        assert!(matches!(s.take_end(), Some(Err(_))), "the worker took the end: the stream is over");
+        assert!(!s.put(&msg(10, 1)).unwrap(), "a message put after the end was accepted (and lost)");
+        assert!(s.is_empty());
+        assert_eq!(s.ended_status().map(|st| st.code()), Some(crate::status::Code::Internal));
     }
 
     #[test]
