@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rpc_core::codegen::*;
 use rpc_core::verbs::rc::RcConfig;
-use rpc_core::wire::{read_frame, write_frame, Frame, FLAG_IDLE_PONGS, HEADER_LEN};
+use rpc_core::wire::{read_frame, write_frame, Frame, FLAG_IDLE_PONGS, HEADER_LEN, PROTOCOL_VERSION};
 use rpc_core::{CallOptions, Channel, ChannelConfig, Client, PollingPolicy, ServerHandle};
 use rpc_support::*;
 
@@ -388,7 +388,7 @@ fn unknown_flags_and_an_old_version_are_refused_clearly() {
         let r = refusal(h.local_addr(), |hs| hs.flags = bits);
         assert!(r.contains("flags"), "flags {bits:#x}: refusal {r:?} does not name 'flags'");
     }
-    for v in [5u16, 0, 7] {
+    for v in [PROTOCOL_VERSION - 1, 0, PROTOCOL_VERSION + 1] {
         let r = refusal(h.local_addr(), |hs| hs.version = v);
         assert!(r.contains(&format!("protocol {v}")), "version {v}: refusal {r:?}");
     }
