@@ -223,31 +223,13 @@ fn ping_flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
 /// buffers come back: each frees ring space, none a whole body, and each takes a receive WQE of
 /// the worker's shared SRQ.
 fn ring_return_flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<String> {
-    use prost::Message;
     std::thread::spawn(move || {
         let mut raw = RawClient::connect(addr);
         let mut ring = rpc_core::session::RingConsumer::new(1 << 16, 64);
         let calls = 2000u32;
         for seq in 1..=calls {
-            let body = rpc_support::request(u64::from(seq), 16, 5000).encode_to_vec();
-            let freed_head = ring.take_freed();
-            raw.send(
-                Header {
-                    method: ECHO,
-                    generation: seq,
-                    freed_head,
-                    body_len: body.len() as u32,
-                    total_len: body.len() as u32,
-                    ..Header::new(Kind::Request)
-                },
-                &body,
-            );
-            let h = raw.wait_for(Kind::Response, 0);
-            let Ok(t) = ring.accept(h.ring_offset, h.body_len) else {
-                return format!("answer {seq} not in the ring: {h:?}");
-            };
-            if seq < calls {
-                ring.release(t);
+            if let Err(e) = raw.ring_echo(&mut ring, seq, 5000, seq < calls) {
+                return e;
             }
         }
         let head = ring.take_freed();

@@ -161,33 +161,9 @@ fn ring_returns_that_free_a_byte_at_a_time_close_the_sender_at_the_first() {
     let good = Client::connect_with(server.local_addr(), &client_config().window(CREDITS)).unwrap();
     let mut liar = RawClient::connect_with(server.local_addr(), CREDITS, 4096, 1 << 20);
     let mut consumer = rpc_core::session::RingConsumer::new(1 << 16, 64);
-    use prost::Message;
-    let call =
-        |c: &mut RawClient, consumer: &mut rpc_core::session::RingConsumer, seq: u32, release: bool| {
-            // Answers of 5,000 bytes: over the 4 KiB eager threshold, in our ring. The request
-            // carries the freed head (no RingReturn).
-            let body = request(u64::from(seq), 16, 5000).encode_to_vec();
-            let freed_head = consumer.take_freed();
-            c.send(
-                Header {
-                    method: ECHO,
-                    generation: seq,
-                    freed_head,
-                    body_len: body.len() as u32,
-                    total_len: body.len() as u32,
-                    ..Header::new(Kind::Request)
-                },
-                &body,
-            );
-            let h = c.wait_for(Kind::Response, 0);
-            assert!(h.in_ring && h.generation == seq && h.status == rpc_core::Code::Ok, "{h:?}");
-            let t = consumer.accept(h.ring_offset, h.body_len).unwrap();
-            if release {
-                consumer.release(t);
-            }
-        };
+    // Answers of 5,000 bytes: over the 4 KiB eager threshold, in our ring.
     for seq in 1..=40 {
-        call(&mut liar, &mut consumer, seq, true);
+        liar.ring_echo(&mut consumer, seq, 5000, true).unwrap();
         check_reply(
             &good.unary(ECHO, &request(u64::from(seq), 32, 32), &CallOptions::default()).unwrap(),
             u64::from(seq),
@@ -195,7 +171,7 @@ fn ring_returns_that_free_a_byte_at_a_time_close_the_sender_at_the_first() {
         );
     }
     // The last answer stays unfreed; its bytes are returned one at a time.
-    call(&mut liar, &mut consumer, 41, false);
+    liar.ring_echo(&mut consumer, 41, 5000, false).unwrap();
     let head = consumer.take_freed();
     for k in 1..=30u32 {
         liar.send(Header { freed_head: head.wrapping_add(k), ..Header::new(Kind::RingReturn) }, &[]);

@@ -320,6 +320,44 @@ where
         None
     }
 
+    /// One ECHO call (slot 0, generation `seq`) whose answer of `reply_len` payload bytes must
+    /// land in our ring: the request carries the freed head of `ring` (our model of our own
+    /// ring; no RingReturn is sent), and the answer is accepted there and, when `release`, freed.
+    ///
+    /// # Errors
+    /// The answer's header when it did not come back OK, in our ring, for this call.
+    pub fn ring_echo(
+        &mut self,
+        ring: &mut rpc_core::session::RingConsumer,
+        seq: u32,
+        reply_len: usize,
+        release: bool,
+    ) -> Result<(), String> {
+        use prost::Message;
+        let body = super::request(u64::from(seq), 16, reply_len).encode_to_vec();
+        let freed_head = ring.take_freed();
+        self.send(
+            Header {
+                method: super::ECHO,
+                generation: seq,
+                freed_head,
+                body_len: body.len() as u32,
+                total_len: body.len() as u32,
+                ..Header::new(Kind::Request)
+            },
+            &body,
+        );
+        let h = self.wait_for(Kind::Response, 0);
+        if !(h.in_ring && h.generation == seq && h.status == rpc_core::Code::Ok) {
+            return Err(format!("answer {seq}: {h:?}"));
+        }
+        let t = ring.accept(h.ring_offset, h.body_len).map_err(|e| format!("answer {seq}: {e}"))?;
+        if release {
+            ring.release(t);
+        }
+        Ok(())
+    }
+
     /// Polls until a message of `kind` for `slot` is in the inbox, and takes its header (the
     /// messages before it stay).
     ///
