@@ -153,6 +153,12 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = PollKind::Busy)]
     pub poll: PollKind,
 
+    /// Server side of the RPC tests: the benchmark service's handlers. `inline`: synchronous,
+    /// on the worker; `async`: async handlers polled on the worker (the runtime's default for
+    /// async services); `tokio`: async handlers spawned on a tokio runtime (the opt-in).
+    #[arg(long, value_enum, default_value_t = HandlerKind::Inline)]
+    pub handlers: HandlerKind,
+
     /// Cores for --loopback as `SERVER,CLIENT` (default: the first two cores).
     #[arg(long, value_name = "S,C", value_delimiter = ',')]
     pub cores: Option<Vec<usize>>,
@@ -272,6 +278,19 @@ pub enum PollKind {
     Busy,
     /// Spin a little, then `std::thread::yield_now()` (for tests and shared machines).
     Yield,
+}
+
+/// Which handlers the RPC server runs (`--handlers`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandlerKind {
+    /// Synchronous handlers, inline on the worker.
+    Inline,
+    /// Async handlers polled on the worker (`AsyncRuntime::worker`).
+    Async,
+    /// Async handlers spawned on the tokio runtime the library shares
+    /// (`AsyncRuntime::current_or_default`).
+    Tokio,
 }
 
 /// Parses a byte count: a number with an optional `K`, `M` or `G` suffix (binary: 1K = 1024),

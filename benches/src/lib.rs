@@ -68,6 +68,7 @@ pub mod raw;
 pub mod report;
 pub mod results;
 pub mod rpc;
+pub mod rpc_async;
 pub mod run;
 pub mod sink;
 pub mod stats;

@@ -14,11 +14,12 @@ use bytes::Bytes;
 use rpc_core::codegen::{Reply, RequestContext, RequestStream, Responder, Status, StreamSink};
 use rpc_core::{ClientConfig, PollingPolicy, Server, ServerHandle, Transport};
 
-use crate::cli::{Args, Limit, PollKind, TestKind, ENVELOPE, MAX_SIZE};
+use crate::cli::{Args, HandlerKind, Limit, PollKind, TestKind, ENVELOPE, MAX_SIZE};
 use crate::error::PerfError;
 use crate::oob::{Msg, OobChannel, OOB_VERSION};
 use crate::progress::Progress;
 use crate::results::{Measure, TestResult};
+use crate::rpc_async::AsyncBenchService;
 use crate::sink::Sink;
 use crate::stats::{BandwidthSummary, LatencyRecorder, PeakWindow};
 use crate::transport::Resolved;
@@ -46,7 +47,7 @@ pub struct BenchService {
 /// The reply payload: [`MAX_SIZE`] bytes allocated once per process and never freed, so that a
 /// reply is a slice of a static `Bytes` (no reference count touched per call, unlike a slice of
 /// a shared `Bytes`, which costs two atomic operations per call).
-fn static_payload() -> &'static [u8] {
+pub(crate) fn static_payload() -> &'static [u8] {
     static PAYLOAD: OnceLock<&'static [u8]> = OnceLock::new();
     PAYLOAD.get_or_init(|| Box::leak(vec![0xa5u8; MAX_SIZE].into_boxed_slice()))
 }
@@ -210,7 +211,7 @@ impl ServerState {
             if let Some((h, _, _)) = self.running.take() {
                 h.shutdown();
             }
-            let handle = Server::builder()
+            let builder = Server::builder()
                 .transport(runtime_transport(self.resolved, args))
                 .polling(polling(args.poll))
                 .worker_cores(self.worker_core.into_iter().collect())
@@ -223,8 +224,13 @@ impl ServerState {
                 // (the runtime registers and posts only what its sessions reserve).
                 .srq_depth(
                     args.rx_depth.unwrap_or(rpc_core::ServerConfig::srq_per_session(credits).max(4096)),
-                )
-                .add_service(BenchServer::new(BenchService::default()))
+                );
+            let builder = match args.handlers {
+                HandlerKind::Inline => builder.add_service(BenchServer::new(BenchService::default())),
+                HandlerKind::Async => builder.add_service(AsyncBenchService::default().server(false)),
+                HandlerKind::Tokio => builder.add_service(AsyncBenchService::default().server(true)),
+            };
+            let handle = builder
                 .spawn(self.bind.as_str())
                 .map_err(|e| PerfError::Setup(format!("starting the RPC server on {}: {e}", self.bind)))?;
             self.running = Some((handle, ring, credits));

@@ -1,5 +1,6 @@
-//! Generated async server traits and the channel stubs, end to end on `sim`: async handlers on a
-//! runtime the test gives (or the one the library builds), deadlines and client cancels (a
+//! Generated async server traits and the channel stubs, end to end on `sim`: async handlers
+//! polled on the worker (the default) and spawned on a runtime the test gives (the opt-in), each
+//! test run once per mode; deadlines and client cancels (a
 //! dropped future, `select!`, no deadline) that drop the handler's future, panics, and the same service called through the per-thread `Client` stub and through
 //! a `Channel` shared by many tasks.
 
@@ -34,15 +35,42 @@ fn user_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn spawn_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime) -> ServerHandle {
+/// Where the services under test run their handlers' futures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// On the worker that received the request (the default), in `rt`'s context.
+    Worker,
+    /// Spawned on `rt` (the opt-in).
+    Tokio,
+}
+
+/// The runtime setting of `mode` for a service made outside `rt`.
+fn runtime(mode: Mode, rt: &tokio::runtime::Runtime) -> AsyncRuntime {
+    match mode {
+        Mode::Worker => {
+            // Made inside the runtime: its context is the one handlers see.
+            let _entered = rt.enter();
+            AsyncRuntime::worker()
+        }
+        Mode::Tokio => AsyncRuntime::from_handle(rt.handle().clone()),
+    }
+}
+
+/// The name the threads that poll handlers' futures start with in `mode`.
+fn thread_of(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Worker => "rpc-worker",
+        Mode::Tokio => "user-rt",
+    }
+}
+
+fn spawn_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime, mode: Mode) -> ServerHandle {
     Server::builder()
         .transport(Transport::Sim)
         .polling(POLLING)
-        .add_service(lookup_server::LookupServer::with_runtime(
-            svc.clone(),
-            AsyncRuntime::from_handle(rt.handle().clone()),
-        ))
-        // Made outside any runtime: runs on the library's shared runtime.
+        .add_service(lookup_server::LookupServer::with_runtime(svc.clone(), runtime(mode, rt)))
+        // Made outside any runtime with the defaults: polled on the worker, in the context of the
+        // runtime the library builds (its timers work).
         .add_service(async_context_server::AsyncContextServer::new(svc))
         .add_service(GreeterServer::new(Impl))
         .spawn("127.0.0.1:0")
@@ -50,12 +78,12 @@ fn spawn_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime) -> ServerHandle {
 }
 
 /// A server of `Pipe` (async streaming handlers of every shape) on `rt`.
-fn spawn_pipe_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime) -> ServerHandle {
+fn spawn_pipe_server(svc: AsyncImpl, rt: &tokio::runtime::Runtime, mode: Mode) -> ServerHandle {
     use codegen_tests::codegen::asynchronous::pipe_server::PipeServer;
     Server::builder()
         .transport(Transport::Sim)
         .polling(POLLING)
-        .add_service(PipeServer::with_runtime(svc, AsyncRuntime::from_handle(rt.handle().clone())))
+        .add_service(PipeServer::with_runtime(svc, runtime(mode, rt)))
         .spawn("127.0.0.1:0")
         .expect("spawn the server on sim")
 }
@@ -64,35 +92,42 @@ fn ask(key: &str, delay_ms: u32) -> Ask {
     Ask { key: key.into(), delay_ms, panic: false }
 }
 
-#[test]
-fn async_handlers_answer_through_the_blocking_stub_on_their_runtime() {
+fn async_handlers_answer_through_the_blocking_stub_on_their_runtime(mode: Mode) {
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = spawn_server(svc.clone(), &rt);
+    let server = spawn_server(svc.clone(), &rt, mode);
     let client = lookup_client::LookupClient::connect_with(server.local_addr(), &config()).unwrap();
     for i in 0..50 {
         let a = client.get(ask(&format!("k{i}"), (i % 3) as u32)).unwrap();
         assert_eq!(a.value, format!("value of k{i}"));
         assert_eq!(a.method, "/codegen.asynchronous.Lookup/Get");
         assert!(!a.had_deadline);
-        assert!(a.thread.starts_with("user-rt"), "ran on {:?}, not the given runtime", a.thread);
+        assert!(a.thread.starts_with(thread_of(mode)), "{mode:?}: ran on {:?}", a.thread);
     }
     let a = client.slow_with(ask("d", 0), &CallOptions::deadline(Duration::from_secs(5))).unwrap();
     assert!(a.had_deadline, "the deadline reaches the handler");
-    // The other service runs on the runtime the library builds.
+    // The other service runs on the worker, its timer on the runtime the library builds.
     let other = async_context_client::AsyncContextClient::new(client.into_client());
     let a = other.call(ask("x", 1)).unwrap();
     assert_eq!(a.method, "/codegen.asynchronous.AsyncContext/Call");
-    assert!(a.thread.starts_with("rpc-async"), "ran on {:?}", a.thread);
+    assert!(a.thread.starts_with("rpc-worker"), "ran on {:?}", a.thread);
     assert_eq!(svc.seen.finished.load(Ordering::SeqCst), 52);
+    // On the worker, a future that completes at its first poll (no sleep: 17 `get`s and the
+    // `slow` one) answers inline, and only those that waited became tasks: 33 `get`s and the
+    // other service's call (on the worker in both modes). Spawned on tokio, none are tasks.
+    let tasks = if mode == Mode::Worker { 34 } else { 1 };
+    eventually(
+        "the counters to show the tasks",
+        || server.counters().async_tasks == tasks,
+        || format!("{mode:?}: {:?}", server.counters()),
+    );
     server.shutdown();
 }
 
-#[test]
-fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal() {
+fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal(mode: Mode) {
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = spawn_server(svc.clone(), &rt);
+    let server = spawn_server(svc.clone(), &rt, mode);
     let client = lookup_client::LookupClient::connect_with(server.local_addr(), &config()).unwrap();
     // A server may also answer DEADLINE_EXCEEDED before the handler's future is first polled
     // (the deadline passed while the request waited for the runtime, on a loaded machine); that
@@ -141,12 +176,11 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool, state: impl Fn() -> St
 /// server counts it and drops the running async handler's future, which never finishes: once
 /// through the blocking stub's future, once through a channel stub's future left by `select!`.
 /// Each handler has begun (its future was polled) before its call is given up.
-#[test]
-fn a_client_cancel_drops_the_running_handlers_future() {
+fn a_client_cancel_drops_the_running_handlers_future(mode: Mode) {
     use std::future::Future;
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = spawn_server(svc.clone(), &rt);
+    let server = spawn_server(svc.clone(), &rt, mode);
     let started = || svc.seen.started.load(Ordering::SeqCst);
     let dropped = || svc.seen.dropped.load(Ordering::SeqCst);
     let state = || format!("handlers {:?}; server {:?}", svc.seen, server.counters());
@@ -207,11 +241,10 @@ fn a_client_cancel_drops_the_running_handlers_future() {
     server.shutdown();
 }
 
-#[test]
-fn channel_stubs_from_many_tasks_on_sync_and_async_services() {
+fn channel_stubs_from_many_tasks_on_sync_and_async_services(mode: Mode) {
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = spawn_server(svc.clone(), &rt);
+    let server = spawn_server(svc.clone(), &rt, mode);
     let addr = server.local_addr();
     rt.block_on(async move {
         let greeter = GreeterClient::connect_channel_with(addr, &channel_config()).await.unwrap();
@@ -261,12 +294,11 @@ fn channel_stubs_from_many_tasks_on_sync_and_async_services() {
     server.shutdown();
 }
 
-#[test]
-fn async_streaming_handlers_of_every_shape_through_the_blocking_stub() {
+fn async_streaming_handlers_of_every_shape_through_the_blocking_stub(mode: Mode) {
     use codegen_tests::codegen::asynchronous::pipe_client;
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = spawn_pipe_server(svc.clone(), &rt);
+    let server = spawn_pipe_server(svc.clone(), &rt, mode);
     let client = pipe_client::PipeClient::connect_with(server.local_addr(), &config()).unwrap();
     // Server streaming: more messages than the sink and the credits hold, then the clean end.
     let got: Vec<String> = client.watch(ask("w", 100)).unwrap().map(|m| m.unwrap().value).collect();
@@ -309,12 +341,11 @@ fn async_streaming_handlers_of_every_shape_through_the_blocking_stub() {
     server.shutdown();
 }
 
-#[test]
-fn channel_stubs_of_every_streaming_shape_from_tasks() {
+fn channel_stubs_of_every_streaming_shape_from_tasks(mode: Mode) {
     use codegen_tests::codegen::asynchronous::pipe_client;
     let svc = AsyncImpl::default();
     let rt = user_runtime();
-    let server = spawn_pipe_server(svc.clone(), &rt);
+    let server = spawn_pipe_server(svc.clone(), &rt, mode);
     let addr = server.local_addr();
     rt.block_on(async move {
         let client = pipe_client::PipeClient::connect_channel_with(addr, &channel_config()).await.unwrap();
@@ -351,4 +382,64 @@ fn channel_stubs_of_every_streaming_shape_from_tasks() {
         }
     });
     server.shutdown();
+}
+
+#[test]
+fn async_handlers_answer_through_the_blocking_stub_on_their_runtime_on_the_worker() {
+    async_handlers_answer_through_the_blocking_stub_on_their_runtime(Mode::Worker);
+}
+
+#[test]
+fn async_handlers_answer_through_the_blocking_stub_on_their_runtime_on_tokio() {
+    async_handlers_answer_through_the_blocking_stub_on_their_runtime(Mode::Tokio);
+}
+
+#[test]
+fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal_on_the_worker() {
+    a_deadline_drops_the_handlers_future_and_a_panic_answers_internal(Mode::Worker);
+}
+
+#[test]
+fn a_deadline_drops_the_handlers_future_and_a_panic_answers_internal_on_tokio() {
+    a_deadline_drops_the_handlers_future_and_a_panic_answers_internal(Mode::Tokio);
+}
+
+#[test]
+fn a_client_cancel_drops_the_running_handlers_future_on_the_worker() {
+    a_client_cancel_drops_the_running_handlers_future(Mode::Worker);
+}
+
+#[test]
+fn a_client_cancel_drops_the_running_handlers_future_on_tokio() {
+    a_client_cancel_drops_the_running_handlers_future(Mode::Tokio);
+}
+
+#[test]
+fn channel_stubs_from_many_tasks_on_sync_and_async_services_on_the_worker() {
+    channel_stubs_from_many_tasks_on_sync_and_async_services(Mode::Worker);
+}
+
+#[test]
+fn channel_stubs_from_many_tasks_on_sync_and_async_services_on_tokio() {
+    channel_stubs_from_many_tasks_on_sync_and_async_services(Mode::Tokio);
+}
+
+#[test]
+fn async_streaming_handlers_of_every_shape_through_the_blocking_stub_on_the_worker() {
+    async_streaming_handlers_of_every_shape_through_the_blocking_stub(Mode::Worker);
+}
+
+#[test]
+fn async_streaming_handlers_of_every_shape_through_the_blocking_stub_on_tokio() {
+    async_streaming_handlers_of_every_shape_through_the_blocking_stub(Mode::Tokio);
+}
+
+#[test]
+fn channel_stubs_of_every_streaming_shape_from_tasks_on_the_worker() {
+    channel_stubs_of_every_streaming_shape_from_tasks(Mode::Worker);
+}
+
+#[test]
+fn channel_stubs_of_every_streaming_shape_from_tasks_on_tokio() {
+    channel_stubs_of_every_streaming_shape_from_tasks(Mode::Tokio);
 }

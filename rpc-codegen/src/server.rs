@@ -59,9 +59,10 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool, 
     }
     if asynchronous {
         buf.push_str(
-            "///\n/// Async handlers: each call's future runs on the adapter's tokio runtime (the worker \
-             only\n/// decodes the request and queues the answer); it is dropped when the call's \
-             deadline passes.\n/// Implement the methods as `async fn`.\n",
+            "///\n/// Async handlers: each call's future is polled on the worker thread that received \
+             the\n/// request (or spawned on a tokio runtime: `AsyncRuntime`); it is dropped when the \
+             call's\n/// deadline passes. Implement the methods as `async fn`; never block the thread \
+             in them.\n",
         );
     } else {
         buf.push_str(
@@ -192,14 +193,16 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool, 
     if asynchronous {
         let _ = writeln!(
             buf,
-            "/// Serves `inner` on the tokio runtime of the calling thread, or else on the one the \
-             runtime\n/// library builds (`AsyncRuntime::current_or_default`).
+            "/// Serves `inner`, its handlers' futures polled on the worker that received the \
+             request\n/// (`AsyncRuntime::worker`: in the context of the calling thread's tokio \
+             runtime, if any).
             pub fn new(inner: {param}) -> Self {{ Self::from_arc(::std::sync::Arc::new(inner)) }}
-            /// Serves an implementation that other code shares (runtime as for `new`).
+            /// Serves an implementation that other code shares (handlers as for `new`).
             pub fn from_arc(inner: ::std::sync::Arc<{param}>) -> Self {{
-                Self {{ inner, runtime: {async_rt}::current_or_default() }}
+                Self {{ inner, runtime: {async_rt}::worker() }}
             }}
-            /// Serves `inner` with its handlers' futures on `runtime`.
+            /// Serves `inner` with its handlers' futures where `runtime` says (e.g. spawned on a
+            /// tokio runtime: `AsyncRuntime::from_handle`, for handlers that block).
             pub fn with_runtime(inner: {param}, runtime: {async_rt}) -> Self {{
                 Self {{ inner: ::std::sync::Arc::new(inner), runtime }}
             }}"

@@ -23,6 +23,7 @@ const LIE: MethodId = method_id("/test.Lies/Lie");
 const LIE_DEFER: MethodId = method_id("/test.Lies/LieDefer");
 /// As LIE, from an async handler.
 const LIE_ASYNC: MethodId = method_id("/test.Lies/LieAsync");
+const LIE_ASYNC_WORKER: MethodId = method_id("/test.Lies/LieAsyncWorker");
 /// Server streaming: `checksum` honest messages of `reply_len` payload bytes, then the liar
 /// (`seq` as its delta); the producer's result goes to the probe.
 const LIE_STREAM: MethodId = method_id("/test.Lies/LieStream");
@@ -101,6 +102,7 @@ impl Service for Lies {
         MethodDesc { id: LIE, name: "/test.Lies/Lie" },
         MethodDesc { id: LIE_DEFER, name: "/test.Lies/LieDefer" },
         MethodDesc { id: LIE_ASYNC, name: "/test.Lies/LieAsync" },
+        MethodDesc { id: LIE_ASYNC_WORKER, name: "/test.Lies/LieAsyncWorker" },
         MethodDesc { id: LIE_STREAM, name: "/test.Lies/LieStream" },
         MethodDesc { id: READ, name: "/test.Lies/Read" },
     ];
@@ -145,6 +147,10 @@ impl Service for Lies {
             }
             LIE_ASYNC => {
                 out.reply(spawn_async(&AsyncRuntime::current_or_default(), ctx, |_| async move { Ok(m) }))
+            }
+            // Polled on the worker: complete at its first poll, answered inline.
+            LIE_ASYNC_WORKER => {
+                out.reply(spawn_async(&AsyncRuntime::worker(), ctx, |_| async move { Ok(m) }))
             }
             LIE_STREAM => {
                 let (sink, reply) = ctx.stream::<Liar>();
@@ -225,7 +231,7 @@ fn assert_clean(client: &Client) {
 fn answers_that_lie_fail_internal_and_the_session_serves_on() {
     let (server, _probe, client) = start();
     let mut seq = 0;
-    for method in [LIE, LIE_DEFER, LIE_ASYNC] {
+    for method in [LIE, LIE_DEFER, LIE_ASYNC, LIE_ASYNC_WORKER] {
         for len in SIZES {
             for delta in DELTAS {
                 seq += 1;

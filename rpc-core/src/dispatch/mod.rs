@@ -4,6 +4,7 @@
 //! contract itself ([`service::Service`], [`service::Body`], method ids), which generated code
 //! reaches through the `codegen` facade's re-exports.
 
+pub(crate) mod local;
 pub(crate) mod registry;
 pub(crate) mod reply;
 pub(crate) mod service;

@@ -150,6 +150,9 @@ pub struct RequestContext {
     pub(crate) first_look: Cell<Option<Instant>>,
     /// The worker's look into what arrived while the handler runs (set once, at its creation).
     pub(crate) peek: Option<std::rc::Rc<dyn CancelPeek>>,
+    /// The worker's executor of async handlers' tasks (set once, at its creation; `None`: no
+    /// worker, async handlers are spawned on their tokio runtime).
+    pub(crate) local: Option<std::rc::Rc<super::local::LocalTasks>>,
     /// Number of the QP the request came on (refilled per request).
     pub(crate) qp_num: u32,
     /// A Cancel of this call (or a Close of its session) was seen (reset per request).
@@ -185,6 +188,7 @@ impl RequestContext {
             limit,
             first_look: Cell::new(None),
             peek: None,
+            local: None,
             qp_num: 0,
             cancel_seen: Cell::new(false),
         }
@@ -297,9 +301,13 @@ impl RequestContext {
     /// the handler returns now. A second call gives a responder whose answer is ignored (the first
     /// answer wins).
     pub fn defer<T: Message>(&self) -> (Responder<T>, Reply<T>) {
+        self.defer_with(Arc::new(CancelFlag::default()))
+    }
+
+    /// As [`RequestContext::defer`], with the flag the worker raises for the call.
+    pub(crate) fn defer_with<T: Message>(&self, cancelled: Arc<CancelFlag>) -> (Responder<T>, Reply<T>) {
         let first = !self.deferred.replace(true);
         let target = first.then(|| (self.queue.clone(), self.target));
-        let cancelled = Arc::new(CancelFlag::default());
         if first {
             self.cancel_flag.set(Some(cancelled.clone()));
         }
@@ -392,11 +400,6 @@ impl<T> Responder<T> {
     /// `Counters::late_answers`).
     pub fn is_cancelled(&self) -> bool {
         self.target.is_none() || self.cancelled.is_raised()
-    }
-
-    /// The flag the worker raises for this call (an async handler's context watches it too).
-    pub(crate) fn flag(&self) -> Arc<CancelFlag> {
-        self.cancelled.clone()
     }
 
     /// Resolves once [`Responder::is_cancelled`] is true: woken by the worker when it raises the

@@ -87,6 +87,11 @@ pub struct Counters {
     pub metered: u64,
     /// Server: sessions closed with a Close after `ServerConfig::idle_timeout` without a call.
     pub idle_closed: u64,
+    /// Server: async handlers' futures polled on the worker (`AsyncRuntime::worker`, the
+    /// default) that waited at their first poll and became tasks of the worker's executor. A
+    /// future that completed at its first poll answered inline, as an inline handler does, and
+    /// is not counted; nor are futures spawned on a tokio runtime (the opt-in).
+    pub async_tasks: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -131,6 +136,7 @@ impl Counters {
         self.backlog_peak += other.backlog_peak;
         self.metered += other.metered;
         self.idle_closed += other.idle_closed;
+        self.async_tasks += other.async_tasks;
         self.reassembly_refused += other.reassembly_refused;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
@@ -139,7 +145,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code` (and the server-wide gauges, which `ServerMemory` holds).
-const FIELDS: usize = 19;
+const FIELDS: usize = 20;
 
 /// The published copy, readable from any thread.
 pub(crate) struct SharedCounters {
@@ -174,6 +180,7 @@ impl SharedCounters {
             c.metered,
             c.idle_closed,
             c.reassembly_refused,
+            c.async_tasks,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -206,6 +213,7 @@ impl SharedCounters {
             metered: g(16),
             idle_closed: g(17),
             reassembly_refused: g(18),
+            async_tasks: g(19),
             by_code,
             ..Counters::default()
         }

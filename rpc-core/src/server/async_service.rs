@@ -1,66 +1,130 @@
-//! Async handlers: a generated async service's adapter decodes the request on the worker, defers
-//! the answer ([`RequestContext::defer`]) and runs the handler's future on a tokio runtime; the
-//! future's output is the answer, sent back through the [`Responder`] to the worker. The future
-//! is dropped when the client cancels the call (its CANCEL reaches the worker, which raises the
-//! responder's flag and wakes the task), when the session closes, or at the call's deadline.
+//! Async handlers. A generated async service's adapter decodes the request on the worker and
+//! hands the handler's future to [`spawn_async`] (or [`spawn_async_stream`]), which runs it where
+//! the service's [`AsyncRuntime`] says:
 //!
-//! The synchronous, inline handlers stay the fastest path (no hop to another thread); an async
-//! handler costs a task spawn and the deferred answer's trip through the worker's queue.
+//! - **On the worker** (the default, [`AsyncRuntime::worker`]): the future is polled on the worker
+//!   thread that received the request, first inline (a future that completes at once answers as
+//!   an inline handler does: no task, no hop between threads), then, when it waits, as a task of
+//!   the worker's local executor, polled between two polls of the CQ when woken. No second
+//!   runtime competes for the cores. Its polls run in a tokio runtime's context (the one the
+//!   service was made in, else a shared one this library builds on first use), so tokio's
+//!   timers, I/O and `tokio::spawn` work inside it; but they run on the worker thread, so a
+//!   handler that blocks the thread (blocking I/O, a lock held long, `std::thread::sleep`, heavy
+//!   computation) stalls every session of that worker, as an inline handler would.
+//! - **On a tokio runtime** (opt-in, [`AsyncRuntime::from_handle`],
+//!   [`AsyncRuntime::current_or_default`]): the future is spawned on the runtime and its output
+//!   travels back to the worker through a [`Responder`]: a hop between threads each way and a
+//!   task spawn per call, and the runtime's threads compete with the busy-polling workers for the
+//!   cores; in exchange, a handler may block a runtime thread without stalling the worker.
+//!
+//! Either way the future is dropped when the client cancels the call (its CANCEL reaches the
+//! worker, which raises the call's flag and wakes the task), when the session closes, or at the
+//! call's deadline; a panic in it answers INTERNAL.
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use prost::Message;
 
-use crate::dispatch::reply::{panic_text, CallInfo, Reply, RequestContext, Responder};
+use crate::dispatch::reply::{panic_text, CallInfo, CancelFlag, Reply, ReplyKind, RequestContext, Responder};
 use crate::dispatch::stream::StreamSink;
 use crate::status::Status;
 
-/// Where async handlers run: a tokio runtime's handle.
-///
-/// [`AsyncRuntime::current_or_default`] takes the runtime the adapter is created in, or else a
-/// multi-thread runtime this library builds once (threads `rpc-async`, as many as tokio's default
-/// of one per core) and shares between all async services.
-/// The runtime must have its time driver on (`enable_time`/`enable_all`) for calls with a
-/// deadline.
+/// Where async handlers run: on the worker that received the request (the default), or on a tokio
+/// runtime (opt-in). See the [module docs](self) for the trade-off.
 #[derive(Clone, Debug)]
 pub struct AsyncRuntime {
-    handle: tokio::runtime::Handle,
+    kind: Kind,
+}
+
+#[derive(Clone, Debug)]
+enum Kind {
+    /// Polled on the worker, in this runtime's context (`None`: the shared runtime's, built when
+    /// a handler is first polled).
+    Worker(Option<tokio::runtime::Handle>),
+    /// Spawned on this runtime.
+    Tokio(tokio::runtime::Handle),
+}
+
+/// The runtime this library builds once, on first use, and shares: multi-thread, threads
+/// `rpc-async`, as many as tokio's default of one per core, time and I/O drivers on.
+///
+/// # Panics
+/// When the runtime cannot be built (the OS refused its threads).
+fn shared_runtime() -> &'static tokio::runtime::Runtime {
+    static SHARED: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .thread_name("rpc-async")
+            .enable_all()
+            .build()
+            .expect("building the async handlers' runtime")
+    })
+}
+
+impl Default for AsyncRuntime {
+    /// [`AsyncRuntime::worker`].
+    fn default() -> AsyncRuntime {
+        AsyncRuntime::worker()
+    }
 }
 
 impl AsyncRuntime {
-    /// Runs handlers on `handle`'s runtime.
-    pub fn from_handle(handle: tokio::runtime::Handle) -> AsyncRuntime {
-        AsyncRuntime { handle }
+    /// Handlers' futures are polled on the worker thread that received the request (the
+    /// default). They see the tokio runtime of the calling thread, when there is one, as their
+    /// context (timers, I/O, `tokio::spawn`); otherwise the shared runtime this library builds
+    /// when a handler is first polled (threads `rpc-async`, one per core, idle unless used).
+    /// The runtime must have its time driver on (`enable_time`/`enable_all`) for handlers that
+    /// use tokio's timers.
+    pub fn worker() -> AsyncRuntime {
+        AsyncRuntime { kind: Kind::Worker(tokio::runtime::Handle::try_current().ok()) }
     }
 
-    /// The runtime of the calling thread when there is one, else the shared runtime this library
-    /// builds on first use.
+    /// Opt-in: handlers' futures are spawned on `handle`'s runtime, and their answers go back to
+    /// the worker (for handlers that block, or that must run on that runtime's threads). The
+    /// runtime must have its time driver on for calls with a deadline.
+    pub fn from_handle(handle: tokio::runtime::Handle) -> AsyncRuntime {
+        AsyncRuntime { kind: Kind::Tokio(handle) }
+    }
+
+    /// Opt-in, as [`AsyncRuntime::from_handle`]: on the runtime of the calling thread when there
+    /// is one, else on the shared runtime this library builds on first use.
     ///
     /// # Panics
     /// When the shared runtime cannot be built (the OS refused its threads).
     pub fn current_or_default() -> AsyncRuntime {
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            return AsyncRuntime { handle };
-        }
-        static SHARED: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-        let rt = SHARED.get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .thread_name("rpc-async")
-                .enable_all()
-                .build()
-                .expect("building the async handlers' runtime")
-        });
-        AsyncRuntime { handle: rt.handle().clone() }
+        let handle =
+            tokio::runtime::Handle::try_current().unwrap_or_else(|_| shared_runtime().handle().clone());
+        AsyncRuntime { kind: Kind::Tokio(handle) }
     }
 
-    /// The runtime's handle.
-    pub fn handle(&self) -> &tokio::runtime::Handle {
-        &self.handle
+    /// True when handlers run on the worker ([`AsyncRuntime::worker`]).
+    pub fn on_worker(&self) -> bool {
+        matches!(self.kind, Kind::Worker(_))
+    }
+
+    /// The tokio runtime handlers run on (opt-in), or whose context they are polled in on the
+    /// worker (the shared runtime, built now if needed, when the service was made outside one).
+    ///
+    /// # Panics
+    /// When the shared runtime cannot be built (the OS refused its threads).
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        match &self.kind {
+            Kind::Worker(Some(h)) | Kind::Tokio(h) => h.clone(),
+            Kind::Worker(None) => shared_runtime().handle().clone(),
+        }
+    }
+
+    /// The handle whose context a future polled on the worker enters.
+    fn context(&self) -> &tokio::runtime::Handle {
+        match &self.kind {
+            Kind::Worker(Some(h)) | Kind::Tokio(h) => h,
+            Kind::Worker(None) => shared_runtime().handle(),
+        }
     }
 }
 
@@ -68,25 +132,60 @@ impl AsyncRuntime {
 /// [`CallInfo`] (method, peer, deadline; the handler's future is dropped at the deadline).
 pub type AsyncContext = CallInfo;
 
-/// Runs an async handler for the call of `ctx`: defers the answer, spawns `handler`'s future on
-/// `runtime`, and answers with its output. The future is dropped, and the call answered
-/// DEADLINE_EXCEEDED, when the call's deadline passes first; a panic in it answers INTERNAL.
-/// Returns the deferred marker the adapter hands to the reply writer.
+/// Runs an async handler for the call of `ctx` where `runtime` says, and answers with its
+/// output. On the worker (the default), its future is first polled here, inline: one that
+/// completes answers at once as an inline handler does; one that waits defers the answer and
+/// becomes a task of the worker's executor. On a tokio runtime (opt-in), the answer is deferred
+/// and the future spawned. The future is dropped, and the call answered DEADLINE_EXCEEDED, when
+/// the call's deadline passes first; a panic in it answers INTERNAL. Returns the answer, or the
+/// deferred marker, that the adapter hands to the reply writer.
 pub fn spawn_async<T, F, Fut>(runtime: &AsyncRuntime, ctx: &RequestContext, handler: F) -> Reply<T>
 where
     T: Message + Send + 'static,
     F: FnOnce(AsyncContext) -> Fut,
     Fut: Future<Output = Result<T, Status>> + Send + 'static,
 {
-    let (responder, reply) = ctx.defer::<T>();
+    let method = ctx.info.method;
     let mut actx: AsyncContext = ctx.info.clone();
-    // The handler (and what it hands its context to) sees the Cancel the responder sees.
-    actx.cancel = Some(responder.flag());
+    // The handler (and what it hands its context to) sees the call end as the responder does.
+    let flag = Arc::new(CancelFlag::default());
+    actx.cancel = Some(flag.clone());
     let deadline = actx.deadline;
-    let method = actx.method;
-    let fut = CatchPanic { inner: Box::pin(handler(actx)), method };
-    runtime.handle.spawn(answer(responder, fut, deadline));
-    reply
+    let mut fut = CatchPanic { inner: Box::pin(handler(actx)), method };
+    match (&runtime.kind, ctx.local.as_ref()) {
+        (Kind::Worker(_), Some(local)) => {
+            let context = runtime.context();
+            let slot = local.reserve();
+            let first = {
+                let _entered = context.enter();
+                Pin::new(&mut fut).poll(&mut Context::from_waker(slot.waker()))
+            };
+            match first {
+                Poll::Ready(r) => {
+                    local.release(slot);
+                    Reply(ReplyKind::Ready(r))
+                }
+                Poll::Pending => {
+                    let (responder, reply) = ctx.defer_with::<T>(flag.clone());
+                    // The worker raises the flag when the call ends without us (cancel, session
+                    // closed, deadline: it answers then): the task wakes and drops the future.
+                    flag.register(slot.waker());
+                    local.fill(slot, Box::pin(answer(responder, fut, None)), Some(context.clone()));
+                    reply
+                }
+            }
+        }
+        // The tokio opt-in, or a context of no worker's.
+        (kind, _) => {
+            let handle = match kind {
+                Kind::Tokio(h) => h,
+                Kind::Worker(_) => runtime.context(),
+            };
+            let (responder, reply) = ctx.defer_with::<T>(flag);
+            handle.spawn(answer(responder, fut, deadline));
+            reply
+        }
+    }
 }
 
 async fn answer<T: Message>(
@@ -123,8 +222,9 @@ async fn answer<T: Message>(
 }
 
 /// Runs an async streaming handler (server streaming, bidirectional) for the call of `ctx`,
-/// whose `sink` and deferred `reply` came from [`RequestContext::stream`]: spawns `handler`'s
-/// future on `runtime` with the sink; its output ends the stream (`Ok(())` cleanly, an error
+/// whose `sink` and deferred `reply` came from [`RequestContext::stream`]: runs `handler`'s
+/// future with the sink where `runtime` says (as [`spawn_async`]: on the worker, first polled
+/// inline; or spawned on a tokio runtime); its output ends the stream (`Ok(())` cleanly, an error
 /// status otherwise) after the messages sent before. The future is dropped when the client
 /// cancels, the session closes or the stream's deadline passes (the worker answers then); a panic
 /// ends the stream INTERNAL. Returns `reply` for the reply writer.
@@ -144,9 +244,10 @@ where
     let (sink, ender) = sink.into_async();
     let mut actx: AsyncContext = ctx.info.clone();
     // The handler sees the stream end as its sink does.
-    actx.cancel = Some(ender.flag());
+    let flag = ender.flag();
+    actx.cancel = Some(flag.clone());
     let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method };
-    runtime.handle.spawn(async move {
+    let task = async move {
         let r = {
             let mut fut = std::pin::pin!(fut);
             let mut cancelled = std::pin::pin!(ender.cancelled());
@@ -161,7 +262,32 @@ where
         if let Some(r) = r {
             ender.finish(r);
         }
-    });
+    };
+    match (&runtime.kind, ctx.local.as_ref()) {
+        (Kind::Worker(_), Some(local)) => {
+            let context = runtime.context();
+            let mut task = Box::pin(task);
+            let slot = local.reserve();
+            let first = {
+                let _entered = context.enter();
+                task.as_mut().poll(&mut Context::from_waker(slot.waker()))
+            };
+            if first.is_ready() {
+                // Ended at once (its messages wait in the sink for the worker).
+                local.release(slot);
+            } else {
+                flag.register(slot.waker());
+                local.fill(slot, task, Some(context.clone()));
+            }
+        }
+        (kind, _) => {
+            let handle = match kind {
+                Kind::Tokio(h) => h,
+                Kind::Worker(_) => runtime.context(),
+            };
+            handle.spawn(task);
+        }
+    }
     reply
 }
 

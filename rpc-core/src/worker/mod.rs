@@ -22,6 +22,7 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::buffers::{Completion, Completions, RecvBuf, RecvPool, RecvView};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
+use crate::dispatch::local::LocalTasks;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{
     panic_text, CallTarget, CancelPeek, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
@@ -284,6 +285,9 @@ pub(crate) struct Worker<P: Provider> {
     ctx: RequestContext,
     /// Shared with the context's [`CancelPeek`]: a handler's `is_cancelled` polls more into it.
     wcs: Rc<Completions<POLL_BATCH>>,
+    /// Async handlers' tasks polled on this thread (shared with the context, whose
+    /// `spawn_async` adds to it).
+    local: Rc<LocalTasks>,
     /// The sessions with open streams, each once (empty: the loop skips
     /// [`Worker::pump_streams`]), so a pump visits those only, not every session entry.
     streaming: Vec<u16>,
@@ -305,6 +309,8 @@ impl<P: Provider> Worker<P> {
         let wcs = Rc::new(Completions::new());
         let mut ctx = RequestContext::new(queue, limits.body_cap, limits.max_call_duration);
         ctx.peek = Some(Rc::new(WorkerPeek { wcs: wcs.clone(), shared: shared.clone(), view: recv.view() }));
+        let local = Rc::new(LocalTasks::default());
+        ctx.local = Some(local.clone());
         Worker {
             shared,
             registry,
@@ -317,6 +323,7 @@ impl<P: Provider> Worker<P> {
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx,
+            local,
             streaming: Vec::with_capacity(n),
             wcs,
             recv,
@@ -384,6 +391,15 @@ impl<P: Provider> Worker<P> {
             while let Some(c) = self.wcs.next_completion() {
                 self.on_completion(c);
             }
+            // Async handlers' tasks woken since the last look (one atomic load when none was).
+            let mut ran = 0;
+            if self.local.has_ready() {
+                ran = self.local.run_ready();
+                // Their answers leave now, not at the next look at the queues.
+                if !self.shared.defer.is_empty() {
+                    self.drain_deferred();
+                }
+            }
             // Looked at before calling: most empty polls leave nothing to post.
             if !self.dirty.is_empty() {
                 self.flush_dirty();
@@ -434,10 +450,10 @@ impl<P: Provider> Worker<P> {
                     self.sweep_idle(now);
                 }
             }
-            if n > 0 {
+            if n > 0 || ran > 0 {
                 idle.reset();
                 if iterations % 4096 == 0 {
-                    self.shared.counters.publish(&self.counters);
+                    self.publish_counters();
                 }
                 continue;
             }
@@ -449,7 +465,11 @@ impl<P: Provider> Worker<P> {
                 }
             }
             if idle.empty_polls() % PUBLISH_IDLE == PUBLISH_IDLE / 2 {
-                self.shared.counters.publish(&self.counters);
+                self.publish_counters();
+            }
+            if self.local.has_ready() {
+                // Woken since the look above (by a pump, a timer, another thread): not idle.
+                continue;
             }
             let cq = &self.shared.cq;
             idle.idle(|| {
@@ -459,6 +479,14 @@ impl<P: Provider> Worker<P> {
             });
         }
         self.close_all();
+        // Their calls are answered or their sessions closed: the futures go, answering nothing.
+        self.local.clear();
+        self.publish_counters();
+    }
+
+    /// Makes the counters readable from other threads.
+    fn publish_counters(&mut self) {
+        self.counters.async_tasks = self.local.spawned();
         self.shared.counters.publish(&self.counters);
     }
 
