@@ -15,8 +15,10 @@
 //! keeping WINDOW calls in flight (default 1), the dispatcher waiting on completion events
 //! (`spins(0)`), the calls' polls driving for `RPC_MEASURE_POLL_SPIN` µs (default 0: one drive
 //! per poll, the dispatcher thread does the waiting). `RPC_MEASURE_FIXED_ONLY=1` makes the
-//! blocking mode run the N Fixed calls only (the calls the Channel mode makes). Per call:
-//! (count with N - count with N=0) / N.
+//! blocking mode run the N Fixed calls only (the calls the Channel mode makes),
+//! `RPC_MEASURE_ECHO_ONLY=1` the N Echo calls only. `RPC_MEASURE_ASYNC=worker|tokio` serves Fixed
+//! through an async handler (`spawn_async`) polled on the worker or spawned on tokio. Per call:
+//! (count with N - count with N=0) / N. `scripts/instr-count` runs the standard set.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -53,7 +55,11 @@ struct Fixed {
 const ECHO: MethodId = method_id("/measure.Echo/Echo");
 const FIXED: MethodId = method_id("/measure.Echo/Fixed");
 
-struct EchoService;
+/// Echo and Fixed; Fixed through an async handler on `asynchronous` when set.
+#[derive(Default)]
+struct EchoService {
+    asynchronous: Option<AsyncRuntime>,
+}
 
 impl Service for EchoService {
     const NAME: &'static str = "measure.Echo";
@@ -61,11 +67,12 @@ impl Service for EchoService {
         MethodDesc { id: ECHO, name: "/measure.Echo/Echo" },
         MethodDesc { id: FIXED, name: "/measure.Echo/Fixed" },
     ];
-    fn call(&self, method: MethodId, _: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
+    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
         if method == FIXED {
-            return match decode::<Fixed>(body) {
-                Ok(f) => out.reply(Reply::from(Fixed { a: f.a + 1, ..f })),
-                Err(s) => out.error(s),
+            return match (decode::<Fixed>(body), &self.asynchronous) {
+                (Ok(f), None) => out.reply(Reply::from(Fixed { a: f.a + 1, ..f })),
+                (Ok(f), Some(rt)) => out.reply(spawn_async(rt, ctx, move |_| async move { Ok(Fixed { a: f.a + 1, ..f }) })),
+                (Err(s), _) => out.error(s),
             };
         }
         match decode::<Blob>(body) {
@@ -225,7 +232,7 @@ fn main() {
             .polling(PollingPolicy::Busy)
             .srq_depth(std::env::var("SRQ").ok().and_then(|v| v.parse().ok()).unwrap_or(4096))
             .max_sessions(std::env::var("SESSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(1024))
-            .add_service(EchoService)
+            .add_service(EchoService::default())
             .spawn("127.0.0.1:0")
             .unwrap()
     };
@@ -332,10 +339,15 @@ fn main() {
 /// The server of the counting modes: one worker on core 1 that waits on completion events
 /// (`Event { spins: 0 }`), serving `EchoService`.
 fn counting_server() -> rpc_core::ServerHandle {
+    let asynchronous = match std::env::var("RPC_MEASURE_ASYNC").as_deref() {
+        Ok("worker") => Some(AsyncRuntime::worker()),
+        Ok("tokio") => Some(AsyncRuntime::current_or_default()),
+        _ => None,
+    };
     Server::builder()
         .worker_cores(vec![1])
         .polling(PollingPolicy::Event { spins: 0 })
-        .add_service(EchoService)
+        .add_service(EchoService { asynchronous })
         .spawn("127.0.0.1:0")
         .unwrap()
 }
@@ -355,7 +367,8 @@ fn count_only(n: usize) {
         let r: Blob = client.unary(ECHO, &req, &CallOptions::default()).unwrap();
         assert_eq!(r, req);
     }
-    for _ in 0..n {
+    let fixed_calls = if std::env::var("RPC_MEASURE_ECHO_ONLY").is_ok_and(|v| v == "1") { 0 } else { n };
+    for _ in 0..fixed_calls {
         let r: Fixed = client.unary(FIXED, &fixed, &CallOptions::default()).unwrap();
         assert_eq!(r.a, 2);
     }
