@@ -71,7 +71,9 @@ impl Service for EchoService {
         if method == FIXED {
             return match (decode::<Fixed>(body), &self.asynchronous) {
                 (Ok(f), None) => out.reply(Reply::from(Fixed { a: f.a + 1, ..f })),
-                (Ok(f), Some(rt)) => out.reply(spawn_async(rt, ctx, move |_| async move { Ok(Fixed { a: f.a + 1, ..f }) })),
+                (Ok(f), Some(rt)) => {
+                    out.reply(spawn_async(rt, ctx, move |_| async move { Ok(Fixed { a: f.a + 1, ..f }) }))
+                }
                 (Err(s), _) => out.error(s),
             };
         }

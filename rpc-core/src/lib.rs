@@ -32,6 +32,7 @@ pub mod channel;
 pub mod client;
 pub mod codegen;
 pub mod config;
+pub(crate) mod context;
 pub(crate) mod control;
 pub(crate) mod dispatch;
 pub(crate) mod endpoint;

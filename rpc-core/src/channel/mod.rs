@@ -304,7 +304,7 @@ impl Channel {
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         let d = &*self.shared.dispatchers[dispatcher];
-        let timeout = opts.timeout();
+        let timeout = opts.effective_timeout();
         // With the session free, the call starts here (no queue, nothing kept of the request).
         let make = |failed: Option<Status>| {
             let job = UnaryJob::<Req, Resp>::new_or_spare();

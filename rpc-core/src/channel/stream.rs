@@ -291,7 +291,7 @@ impl Channel {
         let state = StreamState::new();
         let job = Arc::new(StreamJob {
             method: id,
-            timeout: opts.timeout(),
+            timeout: opts.effective_timeout(),
             flags,
             request: Mutex::new(Some(req)),
             state: state.clone(),

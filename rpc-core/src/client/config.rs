@@ -1,6 +1,6 @@
 //! Client configuration and per-call options.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::PollingPolicy;
 use crate::transport::Transport;
@@ -187,21 +187,62 @@ impl ClientConfig {
     }
 }
 
-/// Options of one call. `CallOptions::default()` has no deadline.
+/// Options of one call. `CallOptions::default()` has no deadline of its own.
+///
+/// **Deadline propagation.** A call made while its thread serves a call with a deadline (in an
+/// inline handler, or in an async handler's future, on the worker or on a tokio runtime)
+/// inherits what is left of that deadline: its deadline is the earlier of its own and the
+/// inherited one, so a chain of services gives up together, as gRPC's contexts do in Go and
+/// Java. [`CallOptions::without_inherited_deadline`] opts out. Threads a handler starts inherit
+/// nothing: pass the deadline on with [`CallOptions::deadline_at`]. Cancellation follows an async
+/// handler's calls by itself: its future, dropped when its call is cancelled, drops the futures of
+/// the calls it made, which cancels them on the wire.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CallOptions {
     timeout: Option<Duration>,
+    at: Option<Instant>,
+    detached: bool,
 }
 
 impl CallOptions {
     /// Options with a deadline `timeout` from the start of the call; after it the call ends with
     /// DEADLINE_EXCEEDED (the server sees the remaining time in its `RequestContext::deadline`).
     pub fn deadline(timeout: Duration) -> CallOptions {
-        CallOptions { timeout: Some(timeout) }
+        CallOptions { timeout: Some(timeout), ..CallOptions::default() }
     }
 
-    /// The timeout, if any.
+    /// Options with the deadline `at` (`None`: none of its own), e.g. a handler's
+    /// `ctx.deadline()` passed on to calls made from a thread of its own.
+    pub fn deadline_at(at: Option<Instant>) -> CallOptions {
+        CallOptions { at, ..CallOptions::default() }
+    }
+
+    /// The call does not inherit the deadline of the call its thread serves.
+    pub fn without_inherited_deadline(mut self) -> CallOptions {
+        self.detached = true;
+        self
+    }
+
+    /// The timeout given with [`CallOptions::deadline`], if any (the inherited deadline and
+    /// [`CallOptions::deadline_at`] not included).
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
+    }
+
+    /// The time the call may take from now: the earliest of its timeout, its deadline and the
+    /// deadline it inherits (zero when one has passed).
+    pub(crate) fn effective_timeout(&self) -> Option<Duration> {
+        let inherited = if self.detached { None } else { crate::context::inherited() };
+        let at = match (self.at, inherited) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match at {
+            None => self.timeout,
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                Some(self.timeout.map_or(left, |t| t.min(left)))
+            }
+        }
     }
 }

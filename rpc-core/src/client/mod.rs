@@ -325,7 +325,7 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
         inner.ensure_session()?;
         with_calls!(&mut inner.calls, c => {
@@ -348,7 +348,7 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
-        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
         let due = if with_calls!(&mut inner.calls, c => c.core.broken_now().is_none()) {
             Ok(None)
@@ -390,7 +390,7 @@ impl Client {
     ) -> Result<Streaming<'_, Resp>, Status> {
         let mut inner = self.inner.borrow_mut();
         inner.ensure_session()?;
-        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let started = with_calls!(&mut inner.calls, c => {
             c.core.start_with(id, req, deadline, core::StartMode::Now, crate::wire::STREAM_OUT)
         })?;

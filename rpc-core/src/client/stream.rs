@@ -53,7 +53,7 @@ impl Client {
     fn open_stream(&self, id: MethodId, opts: &CallOptions, flags: u8) -> Result<(CallId, u64), Status> {
         let mut inner = self.inner.borrow_mut();
         inner.ensure_session()?;
-        let deadline = opts.timeout().map(|t| Instant::now() + t);
+        let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let started =
             with_calls!(&mut inner.calls, c => c.core.start_with(id, &(), deadline, StartMode::Now, flags))?;
         let Some(call) = started else {

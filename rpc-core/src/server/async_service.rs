@@ -151,7 +151,7 @@ where
     let flag = Arc::new(CancelFlag::default());
     actx.cancel = Some(flag.clone());
     let deadline = actx.deadline;
-    let mut fut = CatchPanic { inner: Box::pin(handler(actx)), method };
+    let mut fut = CatchPanic { inner: Box::pin(handler(actx)), method, deadline };
     match (&runtime.kind, ctx.local.as_ref()) {
         (Kind::Worker(_), Some(local)) => {
             let context = runtime.context();
@@ -241,12 +241,13 @@ where
     Fut: Future<Output = Result<(), Status>> + Send + 'static,
 {
     let method = ctx.method;
+    let deadline = ctx.info.deadline;
     let (sink, ender) = sink.into_async();
     let mut actx: AsyncContext = ctx.info.clone();
     // The handler sees the stream end as its sink does.
     let flag = ender.flag();
     actx.cancel = Some(flag.clone());
-    let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method };
+    let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method, deadline };
     let task = async move {
         let r = {
             let mut fut = std::pin::pin!(fut);
@@ -291,10 +292,12 @@ where
     reply
 }
 
-/// A handler's future whose panic becomes an INTERNAL answer.
+/// A handler's future whose panic becomes an INTERNAL answer, and whose polls mark the thread as
+/// serving its call (the calls it makes inherit the call's deadline).
 struct CatchPanic<T> {
     inner: Pin<Box<dyn Future<Output = Result<T, Status>> + Send>>,
     method: &'static str,
+    deadline: Option<Instant>,
 }
 
 impl<T> Future for CatchPanic<T> {
@@ -302,6 +305,7 @@ impl<T> Future for CatchPanic<T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let method = self.method;
+        let _serving = crate::context::serving(self.deadline);
         match catch_unwind(AssertUnwindSafe(|| self.inner.as_mut().poll(cx))) {
             Ok(p) => p,
             Err(panic) => {

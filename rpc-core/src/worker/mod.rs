@@ -1351,6 +1351,8 @@ impl<P: Provider> Worker<P> {
             match found {
                 None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
                 Some((svc, name)) => {
+                    // The calls the handler makes inherit this call's deadline.
+                    let _serving = crate::context::serving(deadline);
                     let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
                     if let Err(p) = r {
                         let what = panic_text(&*p);
