@@ -102,14 +102,22 @@ impl fmt::Debug for ClientInterceptor {
 ///
 /// # Errors
 /// The interceptor's status.
+#[inline]
 pub(crate) fn intercepted<'a>(
     given: Option<&'a Metadata>,
     interceptor: Option<&ClientInterceptor>,
 ) -> Result<Option<std::borrow::Cow<'a, Metadata>>, crate::Status> {
-    let Some(i) = interceptor else { return Ok(given.map(std::borrow::Cow::Borrowed)) };
+    match interceptor {
+        None => Ok(given.map(std::borrow::Cow::Borrowed)),
+        Some(i) => run_interceptor(given, i).map(|md| Some(std::borrow::Cow::Owned(md))),
+    }
+}
+
+#[cold]
+fn run_interceptor(given: Option<&Metadata>, i: &ClientInterceptor) -> Result<Metadata, crate::Status> {
     let mut md = given.cloned().unwrap_or_default();
     i.intercept(&mut md)?;
-    Ok(Some(std::borrow::Cow::Owned(md)))
+    Ok(md)
 }
 
 /// Fixed bytes of the block: its length and its entry count.
@@ -305,11 +313,13 @@ pub(crate) struct WithMetadata<'a, M> {
 }
 
 impl<'a, M> WithMetadata<'a, M> {
+    #[inline]
     pub(crate) fn new(message: &'a M, metadata: Option<&'a Metadata>) -> Self {
         WithMetadata { metadata: metadata.filter(|m| !m.is_empty()), message }
     }
 
     /// The request flag to send with it ([`crate::wire::METADATA`] when it has a block).
+    #[inline]
     pub(crate) fn flags(&self) -> u8 {
         if self.metadata.is_some() {
             crate::wire::METADATA
@@ -329,6 +339,7 @@ impl<M: fmt::Debug> fmt::Debug for WithMetadata<'_, M> {
 }
 
 impl<M: Message> Message for WithMetadata<'_, M> {
+    #[inline]
     fn encode_raw(&self, buf: &mut impl BufMut) {
         if let Some(md) = self.metadata {
             md.encode_into(buf);

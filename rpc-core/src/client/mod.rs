@@ -327,9 +327,9 @@ impl Client {
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
-        let md = self.intercepted(opts)?;
-        let req = WithMetadata::new(req, md.as_deref());
         let mut inner = self.inner.borrow_mut();
+        let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
+        let req = WithMetadata::new(req, md.as_deref());
         inner.ensure_session()?;
         with_calls!(&mut inner.calls, c => {
             let t = c.start(id, &req, deadline, true, req.flags())?;

@@ -225,6 +225,23 @@ impl<P: Provider> Drop for Entry<P> {
     }
 }
 
+/// Splits a request's metadata block off the front of `body` into `into`; on a refused block,
+/// the status the call is answered with (the body is left as it was).
+#[cold]
+fn split_metadata<'a>(
+    body: Body<'a>,
+    limit: usize,
+    into: &mut Option<Arc<crate::metadata::Metadata>>,
+) -> (Body<'a>, Option<Status>) {
+    match crate::metadata::Metadata::split(body.as_slice(), limit) {
+        Ok((md, at)) => {
+            *into = Some(Arc::new(md));
+            (body.advance(at), None)
+        }
+        Err(s) => (body, Some(s)),
+    }
+}
+
 /// Limits a worker applies.
 #[derive(Clone, Copy)]
 pub(crate) struct WorkerLimits {
@@ -1324,7 +1341,9 @@ impl<P: Provider> Worker<P> {
         ctx.source.set(None);
         ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
         ctx.batch_cap.set(batch_cap(&entry.conn));
-        ctx.info.metadata = None;
+        if ctx.info.metadata.is_some() {
+            ctx.info.metadata = None;
+        }
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
         let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
         let (eager_buf, owned) = match received {
@@ -1339,13 +1358,7 @@ impl<P: Provider> Worker<P> {
         // Request metadata: split off the body's front (refused calls answer before any handler).
         let mut refused = None;
         if h.metadata {
-            match crate::metadata::Metadata::split(body.as_slice(), limits.max_metadata) {
-                Ok((md, at)) => {
-                    body = body.advance(at);
-                    ctx.info.metadata = Some(Arc::new(md));
-                }
-                Err(s) => refused = Some(s),
-            }
+            (body, refused) = split_metadata(body, limits.max_metadata, &mut ctx.info.metadata);
         }
         let ctx = &*ctx;
         let cap = entry.conn.body_cap;
