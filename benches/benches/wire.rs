@@ -11,6 +11,7 @@ fn request_header() -> Header {
         kind: Kind::Request,
         in_ring: false,
         stream: 0,
+        metadata: false,
         count: 0,
         status: Code::Ok,
         slot: 7,

@@ -54,6 +54,18 @@ fn kv_workload_checks_every_answer() {
     server.shutdown();
 }
 
+/// `hello-auth`: a call without a token is refused UNAUTHENTICATED by the server's interceptor;
+/// the client interceptor's token and a `Request`'s token pass.
+#[test]
+fn hello_auth_refuses_a_call_without_a_token() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hello-auth")).output().expect("run hello-auth");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("with the client interceptor's token: Hello auth"), "{text}");
+    assert!(text.contains("without a token: refused: UNAUTHENTICATED"), "{text}");
+    assert!(text.contains("with a Request's token: Hello auth"), "{text}");
+}
+
 /// `hello-tokio`: one channel shared by tasks of a multi-thread runtime, every reply checked by
 /// the program itself (it exits non-zero on a wrong or missing reply).
 #[test]
@@ -96,6 +108,7 @@ fn every_binary_refuses_bad_flags_with_clap_error() {
     let binaries = [
         env!("CARGO_BIN_EXE_hello"),
         env!("CARGO_BIN_EXE_hello-tokio"),
+        env!("CARGO_BIN_EXE_hello-auth"),
         env!("CARGO_BIN_EXE_hello-server"),
         env!("CARGO_BIN_EXE_hello-client"),
         env!("CARGO_BIN_EXE_kv"),

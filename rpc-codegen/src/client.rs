@@ -113,19 +113,19 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
             /// # Errors
             /// The status the server answered, or the transport's (`UNAVAILABLE`, ...).
             pub fn {name}(&self, request: impl {into_request}<{input}>) -> ::core::result::Result<{output}, Status> {{
-                self.inner.unary({id}, {into_request}::message(&request), &<CallOptions as ::core::default::Default>::default())
+                self.inner.unary({id}, {into_request}::message(&request), &{into_request}::options(&request, &<CallOptions as ::core::default::Default>::default()))
             }}
             /// Calls `{full}` with `options` (a deadline, ...) and waits for the reply.
             ///
             /// # Errors
             /// As `{name}`, plus `DEADLINE_EXCEEDED`.
             pub fn {with_name}(&self, request: impl {into_request}<{input}>, options: &CallOptions) -> ::core::result::Result<{output}, Status> {{
-                self.inner.unary({id}, {into_request}::message(&request), options)
+                self.inner.unary({id}, {into_request}::message(&request), &{into_request}::options(&request, options))
             }}
             /// Calls `{full}` without waiting: the future resolves to the reply when polled (the
             /// request is encoded now).
             pub fn {async_name}(&self, request: impl {into_request}<{input}>) -> ResponseFuture<'_, {output}> {{
-                self.inner.unary_async({id}, {into_request}::message(&request), &<CallOptions as ::core::default::Default>::default())
+                self.inner.unary_async({id}, {into_request}::message(&request), &{into_request}::options(&request, &<CallOptions as ::core::default::Default>::default()))
             }}",
             name = blocking[i],
             with_name = with[i],
@@ -409,7 +409,16 @@ fn write_stream_stubs(model: &ServiceModel<'_>, names: &[StreamNames], session: 
                 _ => (String::new(), String::new()),
             };
             let returns = shape.returns(session, model, rpc);
-            let defaults = "&<CallOptions as ::core::default::Default>::default()";
+            let plain_defaults = "&<CallOptions as ::core::default::Default>::default()";
+            // A blocking server stream takes a `Request`'s metadata from its request.
+            let (defaults, options) = if matches!((shape, session), (StreamShape::Server, Session::Client)) {
+                (
+                    format!("&{into_request}::options(&request, {plain_defaults})"),
+                    format!("&{into_request}::options(&request, options)"),
+                )
+            } else {
+                (plain_defaults.to_owned(), "options".to_owned())
+            };
             match session {
                 Session::Client => {
                     write_comments(&rpc.method.comments, buf);
@@ -428,7 +437,7 @@ fn write_stream_stubs(model: &ServiceModel<'_>, names: &[StreamNames], session: 
                         /// # Errors
                         /// As `{name}`.
                         pub fn {with_name}(&self{param}, options: &CallOptions) -> ::core::result::Result<{returns}, Status> {{
-                            self.inner.{open}({id}{arg}, options)
+                            self.inner.{open}({id}{arg}, {options})
                         }}",
                         errors = shape.start_errors(),
                     );

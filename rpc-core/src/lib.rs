@@ -36,6 +36,7 @@ pub(crate) mod context;
 pub(crate) mod control;
 pub(crate) mod dispatch;
 pub(crate) mod endpoint;
+pub mod metadata;
 pub mod server;
 pub mod session;
 pub mod status;
@@ -49,13 +50,15 @@ pub use channel::{
     Channel, ChannelConfig, ChannelStats, ClientStreamCall, StreamReceiver, StreamSender, UnaryCall,
     STREAM_QUEUE,
 };
+pub use client::Request;
 pub use client::{
     BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, IntoRequest, ResponseFuture, Streaming,
 };
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;
+pub use metadata::{ClientInterceptor, Metadata, MetadataValue};
 pub use server::async_service::{AsyncContext, AsyncRuntime};
-pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle};
+pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle, ServerInterceptor};
 pub use status::{Code, Status};
 #[cfg(feature = "tls")]
 pub use tls::{ClientTls, ServerTls, TlsError};

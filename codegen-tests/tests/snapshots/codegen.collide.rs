@@ -319,7 +319,10 @@ pub mod store_client {
                 .unary(
                     STOCK,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
         /// Calls `/codegen.collide.Store/Stock` with `options` (a deadline, ...) and waits for the reply.
@@ -331,7 +334,12 @@ pub mod store_client {
             request: impl IntoRequest<super::shop_::Item>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::Shop, Status> {
-            self.inner.unary(STOCK, IntoRequest::message(&request), options)
+            self.inner
+                .unary(
+                    STOCK,
+                    IntoRequest::message(&request),
+                    &IntoRequest::options(&request, options),
+                )
         }
         /// Calls `/codegen.collide.Store/Stock` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
@@ -343,7 +351,10 @@ pub mod store_client {
                 .unary_async(
                     STOCK,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
         /// Calls `/codegen.collide.Store/Label` and waits for the reply.
@@ -358,7 +369,10 @@ pub mod store_client {
                 .unary(
                     LABEL,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
         /// Calls `/codegen.collide.Store/Label` with `options` (a deadline, ...) and waits for the reply.
@@ -370,7 +384,12 @@ pub mod store_client {
             request: impl IntoRequest<super::type_::Tag>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::Type, Status> {
-            self.inner.unary(LABEL, IntoRequest::message(&request), options)
+            self.inner
+                .unary(
+                    LABEL,
+                    IntoRequest::message(&request),
+                    &IntoRequest::options(&request, options),
+                )
         }
         /// Calls `/codegen.collide.Store/Label` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
@@ -382,7 +401,10 @@ pub mod store_client {
                 .unary_async(
                     LABEL,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
         /// Calls `/codegen.collide.Store/List` and waits for the reply.
@@ -397,7 +419,10 @@ pub mod store_client {
                 .unary(
                     LIST,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
         /// Calls `/codegen.collide.Store/List` with `options` (a deadline, ...) and waits for the reply.
@@ -409,7 +434,12 @@ pub mod store_client {
             request: impl IntoRequest<super::shop::Item>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::shop_::Item, Status> {
-            self.inner.unary(LIST, IntoRequest::message(&request), options)
+            self.inner
+                .unary(
+                    LIST,
+                    IntoRequest::message(&request),
+                    &IntoRequest::options(&request, options),
+                )
         }
         /// Calls `/codegen.collide.Store/List` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
@@ -421,7 +451,10 @@ pub mod store_client {
                 .unary_async(
                     LIST,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
     }

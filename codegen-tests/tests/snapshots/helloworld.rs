@@ -198,7 +198,10 @@ pub mod greeter_client {
                 .unary(
                     SAY_HELLO,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
         /// Calls `/helloworld.Greeter/SayHello` with `options` (a deadline, ...) and waits for the reply.
@@ -210,7 +213,12 @@ pub mod greeter_client {
             request: impl IntoRequest<super::HelloRequest>,
             options: &CallOptions,
         ) -> ::core::result::Result<super::HelloReply, Status> {
-            self.inner.unary(SAY_HELLO, IntoRequest::message(&request), options)
+            self.inner
+                .unary(
+                    SAY_HELLO,
+                    IntoRequest::message(&request),
+                    &IntoRequest::options(&request, options),
+                )
         }
         /// Calls `/helloworld.Greeter/SayHello` without waiting: the future resolves to the reply when polled (the
         /// request is encoded now).
@@ -222,7 +230,10 @@ pub mod greeter_client {
                 .unary_async(
                     SAY_HELLO,
                     IntoRequest::message(&request),
-                    &<CallOptions as ::core::default::Default>::default(),
+                    &IntoRequest::options(
+                        &request,
+                        &<CallOptions as ::core::default::Default>::default(),
+                    ),
                 )
         }
     }

@@ -181,6 +181,8 @@ pub(crate) struct Queued<Req> {
     pub(crate) method: MethodId,
     pub(crate) timeout: Option<std::time::Duration>,
     pub(crate) req: Req,
+    /// Request metadata, encoded in front of the message.
+    pub(crate) metadata: Option<Arc<crate::metadata::Metadata>>,
 }
 
 /// Finished unary calls' states kept per thread for reuse, at most this many.
@@ -241,7 +243,8 @@ where
         // Queued calls share one doorbell: the dispatcher flushes after taking a batch.
         let deadline = q.timeout.map(|t| std::time::Instant::now() + t);
         let mode = crate::client::core::StartMode::Batched;
-        with_any_core!(core, c => c.start(q.method, &q.req, deadline, mode))?
+        let req = crate::metadata::WithMetadata::new(&q.req, q.metadata.as_deref());
+        with_any_core!(core, c => c.start_with(q.method, &req, deadline, mode, req.flags()))?
             .ok_or_else(|| Status::internal("no free slot for a started call"))
     }
 

@@ -256,6 +256,7 @@ impl Inner {
         &self,
         method: MethodId,
         req: &M,
+        flags: u8,
         timeout: Option<Duration>,
         make: impl FnOnce(Option<Status>) -> Arc<J>,
     ) -> Option<Arc<J>> {
@@ -265,7 +266,8 @@ impl Inner {
         let mut g = self.try_session()?;
         let d = g.as_mut().expect("checked by try_session");
         let deadline = timeout.map(|t| Instant::now() + t);
-        match with_any_core!(&mut d.core, c => c.start(method, req, deadline, StartMode::NoWait)) {
+        match with_any_core!(&mut d.core, c => c.start_with(method, req, deadline, StartMode::NoWait, flags))
+        {
             Ok(Some(id)) => {
                 let job = make(None);
                 let at_start = d.in_flight.len() as u64 + 1;

@@ -41,6 +41,7 @@ use prost::Message;
 use crate::client::{CallOptions, ClientConfig, IntoRequest};
 use crate::config::PollingPolicy;
 use crate::dispatch::service::MethodId;
+use crate::metadata::{Metadata, WithMetadata};
 use crate::status::Status;
 use call::{Completion, Job, Queued, UnaryJob};
 use dispatcher::Inner;
@@ -163,6 +164,8 @@ impl ChannelConfig {
 struct Shared {
     dispatchers: Vec<Arc<Inner>>,
     next: AtomicUsize,
+    /// `ClientConfig::interceptor` of the channel's sessions.
+    interceptor: Option<crate::metadata::ClientInterceptor>,
 }
 
 impl Drop for Shared {
@@ -270,12 +273,16 @@ impl Channel {
                 }
                 Err(s) => {
                     // Stops the dispatchers spawned so far.
-                    drop(Shared { dispatchers, next: AtomicUsize::new(0) });
+                    drop(Shared { dispatchers, next: AtomicUsize::new(0), interceptor: None });
                     return Err(s);
                 }
             }
         }
-        Ok((Channel { shared: Arc::new(Shared { dispatchers, next: AtomicUsize::new(0) }) }, pending))
+        let interceptor = config.client.interceptor.clone();
+        Ok((
+            Channel { shared: Arc::new(Shared { dispatchers, next: AtomicUsize::new(0), interceptor }) },
+            pending,
+        ))
     }
 
     /// A unary call: the future resolves to the response. The request is encoded into the
@@ -304,8 +311,9 @@ impl Channel {
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         let d = &*self.shared.dispatchers[dispatcher];
+        // A `Request`'s metadata goes with the call.
+        let opts = &*IntoRequest::options(&req, opts);
         let timeout = opts.effective_timeout();
-        // With the session free, the call starts here (no queue, nothing kept of the request).
         let make = |failed: Option<Status>| {
             let job = UnaryJob::<Req, Resp>::new_or_spare();
             if let Some(s) = failed {
@@ -313,11 +321,17 @@ impl Channel {
             }
             job
         };
-        if let Some(job) = d.start_now(id, IntoRequest::message(&req), timeout, make) {
+        let metadata = match self.metadata(opts) {
+            Ok(m) => m,
+            Err(s) => return UnaryCall::new(make(Some(s)), None, self.shared.clone(), dispatcher),
+        };
+        // With the session free, the call starts here (no queue, nothing kept of the request).
+        let first = WithMetadata::new(IntoRequest::message(&req), metadata.as_deref());
+        if let Some(job) = d.start_now(id, &first, first.flags(), timeout, make) {
             return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
         }
         let mut job = UnaryJob::<Req, Resp>::new_or_spare();
-        let q = Queued { method: id, timeout, req: IntoRequest::into_message(req) };
+        let q = Queued { method: id, timeout, req: IntoRequest::into_message(req), metadata };
         match Arc::get_mut(&mut job) {
             Some(j) => *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(q),
             None => *job.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(q),
@@ -326,6 +340,19 @@ impl Channel {
         let mut call = UnaryCall::new(job, Some(submit), self.shared.clone(), dispatcher);
         call.try_queue();
         call
+    }
+
+    /// The metadata a call with `opts` sends (the interceptor run on it, if any): shared, since
+    /// a queued call keeps it.
+    pub(crate) fn metadata(&self, opts: &CallOptions) -> Result<Option<Arc<Metadata>>, Status> {
+        match &self.shared.interceptor {
+            None => Ok(opts.metadata_arc().cloned()),
+            Some(i) => {
+                let mut md = opts.metadata().cloned().unwrap_or_default();
+                i.intercept(&mut md)?;
+                Ok((!md.is_empty()).then(|| Arc::new(md)))
+            }
+        }
     }
 
     /// Calls started and not yet finished or dropped, over all dispatchers (as the dispatchers

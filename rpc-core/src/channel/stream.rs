@@ -125,6 +125,8 @@ struct StreamJob<Req, Resp> {
     method: MethodId,
     timeout: Option<std::time::Duration>,
     flags: u8,
+    /// Request metadata, encoded in front of the opening request.
+    metadata: Option<Arc<crate::metadata::Metadata>>,
     request: Mutex<Option<Req>>,
     state: Arc<StreamState<Resp>>,
     /// A message taken from the queue that found no stream grant: first in line (dispatcher only).
@@ -141,7 +143,9 @@ where
             return Err(Status::internal("stream started twice"));
         };
         let deadline = self.timeout.map(|t| Instant::now() + t);
-        with_any_core!(core, c => c.start_with(self.method, &req, deadline, StartMode::Batched, self.flags))?
+        let req = crate::metadata::WithMetadata::new(&req, self.metadata.as_deref());
+        let flags = self.flags | req.flags();
+        with_any_core!(core, c => c.start_with(self.method, &req, deadline, StartMode::Batched, flags))?
             .ok_or_else(|| Status::internal("no free slot for a started stream"))
     }
 
@@ -289,14 +293,30 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         let state = StreamState::new();
+        // An interceptor's refusal ends the stream with its status; nothing is sent.
+        let (metadata, refused) = match self.metadata(opts) {
+            Ok(m) => (m, None),
+            Err(s) => (None, Some(s)),
+        };
         let job = Arc::new(StreamJob {
             method: id,
             timeout: opts.effective_timeout(),
             flags,
+            metadata,
             request: Mutex::new(Some(req)),
             state: state.clone(),
             held: Mutex::new(None),
         });
+        if let Some(s) = refused {
+            state.end(Err(s));
+            let poke = Poke {
+                shared: self.shared.clone(),
+                dispatcher: 0,
+                pending: Arc::new(Mutex::new(None)),
+                queued: Arc::new(AtomicBool::new(false)),
+            };
+            return (state, poke);
+        }
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         // A full queue: the job waits in the halves, which hand it over as room comes (as a
@@ -333,7 +353,8 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let (state, poke) = self.open_stream(id, IntoRequest::into_message(req), STREAM_OUT, opts);
+        let opts = IntoRequest::options(&req, opts).into_owned();
+        let (state, poke) = self.open_stream(id, IntoRequest::into_message(req), STREAM_OUT, &opts);
         StreamReceiver { state, poke, done: false }
     }
 

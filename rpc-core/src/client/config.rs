@@ -94,6 +94,10 @@ pub struct ClientConfig {
     /// server holds this end's memory without finishing). Checked as the session is progressed
     /// while calls wait. Default 10 s; above 0.
     pub reassembly_timeout: Duration,
+    /// Runs before every call, with the call's request metadata to read and change (add a token,
+    /// a trace context); its error fails the call. Default none (a call without metadata then
+    /// builds none and sends none).
+    pub interceptor: Option<crate::metadata::ClientInterceptor>,
 }
 
 impl Default for ClientConfig {
@@ -119,6 +123,7 @@ impl Default for ClientConfig {
             max_abandoned: 32,
             max_reassembly_bytes: 256 << 20,
             reassembly_timeout: Duration::from_secs(10),
+            interceptor: None,
         }
     }
 }
@@ -179,6 +184,15 @@ impl ClientConfig {
         self
     }
 
+    /// Runs `f` before every call with its request metadata (see [`ClientConfig::interceptor`]).
+    pub fn interceptor(
+        mut self,
+        f: impl Fn(&mut crate::metadata::Metadata) -> Result<(), crate::Status> + Send + Sync + 'static,
+    ) -> Self {
+        self.interceptor = Some(crate::metadata::ClientInterceptor::new(f));
+        self
+    }
+
     /// Runs the control channel over TLS (see [`ClientConfig::tls`]).
     #[cfg(feature = "tls")]
     pub fn tls(mut self, tls: crate::tls::ClientTls) -> Self {
@@ -197,11 +211,15 @@ impl ClientConfig {
 /// nothing: pass the deadline on with [`CallOptions::deadline_at`]. Cancellation follows an async
 /// handler's calls by itself: its future, dropped when its call is cancelled, drops the futures of
 /// the calls it made, which cancels them on the wire.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// **Metadata.** [`CallOptions::with_metadata`] sends request metadata with the call (a generated
+/// stub also takes it from a [`Request`](crate::Request) wrapping the message, in tonic's shape).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CallOptions {
     timeout: Option<Duration>,
     at: Option<Instant>,
     detached: bool,
+    metadata: Option<std::sync::Arc<crate::metadata::Metadata>>,
 }
 
 impl CallOptions {
@@ -221,6 +239,22 @@ impl CallOptions {
     pub fn without_inherited_deadline(mut self) -> CallOptions {
         self.detached = true;
         self
+    }
+
+    /// Sends `metadata` with the call (replacing any given before). An empty map sends nothing.
+    pub fn with_metadata(mut self, metadata: crate::metadata::Metadata) -> CallOptions {
+        self.metadata = (!metadata.is_empty()).then(|| std::sync::Arc::new(metadata));
+        self
+    }
+
+    /// The request metadata the call sends, if any.
+    pub fn metadata(&self) -> Option<&crate::metadata::Metadata> {
+        self.metadata.as_deref()
+    }
+
+    /// The metadata, shared (a call that waits keeps it).
+    pub(crate) fn metadata_arc(&self) -> Option<&std::sync::Arc<crate::metadata::Metadata>> {
+        self.metadata.as_ref()
     }
 
     /// The timeout given with [`CallOptions::deadline`], if any (the inherited deadline and

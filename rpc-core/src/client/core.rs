@@ -86,7 +86,7 @@ enum PendingBody {
     Heap(Box<GatherBody>),
 }
 
-/// How [`ClientCore::start`] may wait and when it posts.
+/// How [`ClientCore::start_with`] may wait and when it posts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StartMode {
     /// Waits for a send buffer or ring room, posts at once (a blocking call).
@@ -442,20 +442,11 @@ impl<P: Provider> ClientCore<P> {
     /// the mirror of the server's ring when the call goes out now and the ring has room;
     /// otherwise into the staging area (onto the heap when the body is larger than the staging
     /// area), and sent through the ring (in pieces when larger than a piece) as space frees.
-    #[inline]
-    pub(crate) fn start<M: Message>(
-        &mut self,
-        method: u32,
-        req: &M,
-        deadline: Option<Instant>,
-        mode: StartMode,
-    ) -> Result<Option<CallId>, Status> {
-        self.start_with(method, req, deadline, mode, 0)
-    }
-
-    /// [`ClientCore::start`] of a call that opens a stream (`stream`: its request flags,
-    /// [`crate::wire::STREAM_OUT`] for a server stream), whose messages the caller takes with
-    /// [`ClientCore::poll_stream`].
+    ///
+    /// `stream`: the request's flags: 0 for a unary call, [`crate::wire::STREAM_OUT`] (and
+    /// [`crate::wire::STREAM_IN`]) for a call that opens a stream, whose messages the caller
+    /// takes with [`ClientCore::poll_stream`]; with [`crate::wire::METADATA`] when `req` starts
+    /// with a metadata block ([`crate::metadata::WithMetadata`]).
     pub(crate) fn start_with<M: Message>(
         &mut self,
         method: u32,
@@ -522,7 +513,7 @@ impl<P: Provider> ClientCore<P> {
     /// the ring nor the staging area has room.
     ///
     /// # Errors
-    /// As [`ClientCore::start`]'s; INTERNAL ([`ClientCore::mismatch`]) when the message does not
+    /// As [`ClientCore::start_with`]'s; INTERNAL ([`ClientCore::mismatch`]) when the message does not
     /// encode to its `encoded_len`: nothing is taken (the send buffer is given back, the ring
     /// range reserved for it taken back, the staging area not committed).
     fn place<M: Message>(

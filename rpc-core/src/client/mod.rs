@@ -29,12 +29,13 @@ use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
 pub use names::register_method_names;
-pub use request::{IntoRequest, SharedSession, ToShareAcrossThreadsConnectAChannel};
+pub use request::{IntoRequest, Request, SharedSession, ToShareAcrossThreadsConnectAChannel};
 pub use stream::{BidiStreaming, ClientStreaming};
 
 use crate::buffers::GatherBody;
 use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
+use crate::metadata::{Metadata, WithMetadata};
 use crate::status::Status;
 use crate::transport::Transport;
 use backoff::{Backoff, BackoffParams};
@@ -327,9 +328,11 @@ impl Client {
     ) -> Result<Resp, Status> {
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
+        let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
+        let req = WithMetadata::new(req, md.as_deref());
         inner.ensure_session()?;
         with_calls!(&mut inner.calls, c => {
-            let t = c.start(id, req, deadline, true)?;
+            let t = c.start(id, &req, deadline, true, req.flags())?;
             c.wait(t)
         })
     }
@@ -349,6 +352,12 @@ impl Client {
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
+        let md = match self.intercepted(opts) {
+            Ok(md) => md,
+            Err(s) => return ResponseFuture { client: self, state: State::Failed(Some(s)), _t: PhantomData },
+        };
+        let req = &WithMetadata::new(req, md.as_deref());
+        let flags = req.flags();
         let mut inner = self.inner.borrow_mut();
         let due = if with_calls!(&mut inner.calls, c => c.core.broken_now().is_none()) {
             Ok(None)
@@ -356,7 +365,7 @@ impl Client {
             inner.reconnect_due()
         };
         let state = match due {
-            Ok(None) => match with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false)) {
+            Ok(None) => match with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false, flags)) {
                 Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
                 Err(s) => State::Failed(Some(s)),
             },
@@ -365,7 +374,7 @@ impl Client {
             Ok(Some(_)) => {
                 let body = GatherBody::encode(req, Vec::new());
                 match crate::buffers::bounded::check_exact::<Req>(req.encoded_len(), body.len()) {
-                    Ok(()) => State::Reconnect { method: id, body, deadline },
+                    Ok(()) => State::Reconnect { method: id, body, deadline, flags },
                     Err(e) => State::Failed(Some(e.status("request"))),
                 }
             }
@@ -388,11 +397,13 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Streaming<'_, Resp>, Status> {
+        let md = self.intercepted(opts)?;
+        let req = WithMetadata::new(req, md.as_deref());
         let mut inner = self.inner.borrow_mut();
         inner.ensure_session()?;
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let started = with_calls!(&mut inner.calls, c => {
-            c.core.start_with(id, req, deadline, core::StartMode::Now, crate::wire::STREAM_OUT)
+            c.core.start_with(id, &req, deadline, core::StartMode::Now, crate::wire::STREAM_OUT | req.flags())
         })?;
         let Some(call) = started else {
             return Err(Status::resource_exhausted(
@@ -401,6 +412,15 @@ impl Client {
             ));
         };
         Ok(Streaming { client: self, call, epoch: inner.epoch, done: false, _t: PhantomData })
+    }
+
+    /// The metadata a call with `opts` sends (the interceptor run on it, if any).
+    fn intercepted<'a>(
+        &self,
+        opts: &'a CallOptions,
+    ) -> Result<Option<std::borrow::Cow<'a, Metadata>>, Status> {
+        let inner = self.inner.borrow();
+        crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())
     }
 
     /// Polls the CQ once and handles what arrived (responses are stored for their futures;
@@ -424,6 +444,7 @@ enum State {
         method: MethodId,
         body: GatherBody,
         deadline: Option<Instant>,
+        flags: u8,
     },
     Waiting {
         epoch: u64,
@@ -469,7 +490,7 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let State::Reconnect { method, body, deadline } = &this.state {
+        if let State::Reconnect { method, body, deadline, flags } = &this.state {
             let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
@@ -491,7 +512,7 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
                 Poll::Ready(r) => r,
             };
             let r = r.and_then(|()| {
-                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Gathered(body), *deadline, false))
+                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Gathered(body), *deadline, false, *flags))
             });
             this.state = match r {
                 Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },

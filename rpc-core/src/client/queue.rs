@@ -21,7 +21,7 @@ pub(crate) enum Ticket {
 }
 
 /// A body encoded once while its call waited (for a slot, or for a new session), handed to
-/// [`ClientCore::start`] as a message when it can start: written whole into the send buffer, the mirror or the staging area,
+/// [`ClientCore::start_with`] as a message when it can start: written whole into the send buffer, the mirror or the staging area,
 /// its large `bytes` fields straight from the caller's memory (the one copy of those bytes before
 /// the WRITE; see [`GatherBody`]).
 #[derive(Debug)]
@@ -84,10 +84,11 @@ impl<P: Provider> Calls<P> {
         req: &M,
         deadline: Option<Instant>,
         blocking: bool,
+        flags: u8,
     ) -> Result<Ticket, Status> {
         if !self.queue.must_wait() {
             let mode = if blocking { StartMode::Now } else { StartMode::NoWait };
-            if let Some(id) = self.core.start(method, req, deadline, mode)? {
+            if let Some(id) = self.core.start_with(method, req, deadline, mode, flags)? {
                 return Ok(Ticket::Slot(id));
             }
         } else if let Some(s) = self.core.broken() {
@@ -118,7 +119,7 @@ impl<P: Provider> Calls<P> {
             recycle(&mut self.spare, body);
             return Err(self.core.encode_mismatch(e));
         }
-        let seq = self.queue.push(QueuedCall { method, body, deadline });
+        let seq = self.queue.push(QueuedCall { method, body, deadline, flags });
         Ok(Ticket::Queued { seq, deadline })
     }
 
@@ -150,8 +151,13 @@ impl<P: Provider> Calls<P> {
                     recycle(&mut self.spare, body);
                 }
                 Next::Start(seq, call) => {
-                    let r =
-                        self.core.start(call.method, &Gathered(&call.body), call.deadline, StartMode::NoWait);
+                    let r = self.core.start_with(
+                        call.method,
+                        &Gathered(&call.body),
+                        call.deadline,
+                        StartMode::NoWait,
+                        call.flags,
+                    );
                     match r {
                         // No send buffer or ring room yet: first again, after the session progressed.
                         Ok(None) => {

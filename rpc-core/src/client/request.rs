@@ -41,6 +41,82 @@ pub trait IntoRequest<T>: Sized + sealed::Sealed<T> {
     /// The message as a value, for a call that keeps it until it can be encoded: moved when
     /// given by value, cloned when given by reference.
     fn into_message(request: Self) -> T;
+
+    /// The options of the call: `options` as they are, or, for a [`Request`] with metadata, a
+    /// copy carrying that metadata (the request's entries replace what `options` had).
+    #[inline]
+    fn options<'a>(
+        request: &Self,
+        options: &'a crate::CallOptions,
+    ) -> std::borrow::Cow<'a, crate::CallOptions> {
+        let _ = request;
+        std::borrow::Cow::Borrowed(options)
+    }
+}
+
+/// A request message with its call's metadata, in tonic's shape: what a generated stub takes
+/// when the call sends metadata (`stub.say_hello(Request::new(msg))` after
+/// `request.metadata_mut().insert("authorization", "Bearer ...")`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Request<T> {
+    message: T,
+    metadata: crate::metadata::Metadata,
+}
+
+impl<T> Request<T> {
+    /// `message` with no metadata yet.
+    pub fn new(message: T) -> Request<T> {
+        Request { message, metadata: crate::metadata::Metadata::new() }
+    }
+
+    /// The metadata sent with the call.
+    pub fn metadata(&self) -> &crate::metadata::Metadata {
+        &self.metadata
+    }
+
+    /// The metadata, to add entries to.
+    pub fn metadata_mut(&mut self) -> &mut crate::metadata::Metadata {
+        &mut self.metadata
+    }
+
+    /// The message.
+    pub fn get_ref(&self) -> &T {
+        &self.message
+    }
+
+    /// The message, to change it.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.message
+    }
+
+    /// The message, the metadata dropped.
+    pub fn into_inner(self) -> T {
+        self.message
+    }
+}
+
+impl<T> sealed::Sealed<T> for Request<T> {}
+
+impl<T> IntoRequest<T> for Request<T> {
+    #[inline]
+    fn message(request: &Self) -> &T {
+        &request.message
+    }
+
+    #[inline]
+    fn into_message(request: Self) -> T {
+        request.message
+    }
+
+    fn options<'a>(
+        request: &Self,
+        options: &'a crate::CallOptions,
+    ) -> std::borrow::Cow<'a, crate::CallOptions> {
+        if request.metadata.is_empty() {
+            return std::borrow::Cow::Borrowed(options);
+        }
+        std::borrow::Cow::Owned(options.clone().with_metadata(request.metadata.clone()))
+    }
 }
 
 impl<T> sealed::Sealed<T> for T {}

@@ -176,6 +176,7 @@ impl RequestContext {
                 peer: SocketAddr::from(([0, 0, 0, 0], 0)),
                 deadline: None,
                 cancel: None,
+                metadata: None,
             },
             queue,
             target: CallTarget { conn: 0, slot: 0, generation: 0, method: 0 },
@@ -206,6 +207,8 @@ pub struct CallInfo {
     /// An async handler's: the flag its `Responder` reads (raised on Cancel, expiry,
     /// `max_call_duration`, session closed). `None` in a [`RequestContext`].
     pub(crate) cancel: Option<Arc<CancelFlag>>,
+    /// The request's metadata (`None`: it sent none).
+    pub(crate) metadata: Option<Arc<crate::metadata::Metadata>>,
 }
 
 impl CallInfo {
@@ -217,6 +220,12 @@ impl CallInfo {
     /// TCP address of the client (the address its handshake came from).
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The request metadata the client sent (empty when it sent none).
+    pub fn metadata(&self) -> &crate::metadata::Metadata {
+        static EMPTY: crate::metadata::Metadata = crate::metadata::Metadata::EMPTY;
+        self.metadata.as_deref().unwrap_or(&EMPTY)
     }
 
     /// When the caller stops waiting (from the call's timeout), if it set one. An async
@@ -234,6 +243,35 @@ impl CallInfo {
     pub fn is_cancelled(&self) -> bool {
         self.cancel.as_ref().is_some_and(|c| c.is_raised())
             || self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// A server interceptor (tonic's `Interceptor` on the server side): see
+/// [`crate::ServerConfig::interceptor`]. It runs inline on the worker thread, so it must not block.
+#[derive(Clone)]
+pub struct ServerInterceptor(Arc<InterceptFn>);
+
+/// What a [`ServerInterceptor`] runs.
+type InterceptFn = dyn Fn(&CallInfo) -> Result<(), Status> + Send + Sync;
+
+impl ServerInterceptor {
+    /// An interceptor running `f`.
+    pub fn new(f: impl Fn(&CallInfo) -> Result<(), Status> + Send + Sync + 'static) -> Self {
+        ServerInterceptor(Arc::new(f))
+    }
+
+    /// Runs it for the call of `info`.
+    ///
+    /// # Errors
+    /// The interceptor's status.
+    pub fn intercept(&self, info: &CallInfo) -> Result<(), Status> {
+        (self.0)(info)
+    }
+}
+
+impl std::fmt::Debug for ServerInterceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerInterceptor(..)")
     }
 }
 

@@ -52,6 +52,14 @@ impl<'a> Body<'a> {
         Body(BodyRepr::Owned(bytes))
     }
 
+    /// The body without its first `n` bytes (`n` at most its length).
+    pub(crate) fn advance(self, n: usize) -> Body<'a> {
+        match self.0 {
+            BodyRepr::Slice(s) => Body(BodyRepr::Slice(&s[n.min(s.len())..])),
+            BodyRepr::Owned(b) => Body(BodyRepr::Owned(b.slice(n.min(b.len())..))),
+        }
+    }
+
     /// The encoded bytes.
     pub fn as_slice(&self) -> &[u8] {
         match &self.0 {

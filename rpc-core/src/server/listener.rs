@@ -112,6 +112,7 @@ pub(super) fn start<P: Provider>(
         idle_timeout: config.idle_timeout,
         max_call_duration: config.max_call_duration,
         body_cap,
+        max_metadata: config.max_metadata_bytes as usize,
     };
     // Each worker says here when its loop ended (shutdown waits on it, not on a timer).
     let (exit_tx, exited) = std::sync::mpsc::channel::<usize>();
@@ -144,6 +145,7 @@ pub(super) fn start<P: Provider>(
         });
         counters.push(shared.counters.clone());
         let (worker_shared, worker_registry) = (shared.clone(), registry.clone());
+        let interceptor = config.interceptor.clone();
         let exit = super::ExitSignal { index, tx: exit_tx.clone() };
         let j = std::thread::Builder::new()
             .name(format!("rpc-worker-{index}"))
@@ -155,7 +157,7 @@ pub(super) fn start<P: Provider>(
                         tracing::warn!(worker = index, core = c, "pinning to core failed; running unpinned");
                     }
                 }
-                Worker::new(worker_shared, worker_registry, recv, limits).run();
+                Worker::new(worker_shared, worker_registry, recv, limits, interceptor).run();
             })
             .map_err(|e| ServerError::Thread { what: "worker", source: e })?;
         joins.push(j);

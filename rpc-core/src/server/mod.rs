@@ -20,8 +20,11 @@ use std::time::{Duration, Instant};
 
 use crate::config::PollingPolicy;
 use crate::dispatch::registry::Registry;
+use crate::dispatch::reply::CallInfo;
+pub use crate::dispatch::reply::ServerInterceptor;
 use crate::dispatch::service::Service;
 use crate::endpoint::counters::{Counters, ServerMemory, SharedCounters};
+use crate::status::Status;
 use crate::transport::Transport;
 use crate::verbs::VerbsError;
 
@@ -231,6 +234,14 @@ pub struct ServerConfig {
     /// turns true this long after its first look. Default 300 s (5 minutes); `None` disables
     /// the bound; `Some(0)` is refused.
     pub max_call_duration: Option<Duration>,
+    /// Most bytes of a request's metadata block ([`crate::metadata`]); a request with more is
+    /// answered RESOURCE_EXHAUSTED naming this field, its handler not run. Default 8192 (gRPC's
+    /// default limit on a request's headers); 6 ..= `max_message_size`.
+    pub max_metadata_bytes: u32,
+    /// Runs on the worker before every handler, with the call's [`CallInfo`] (method, peer,
+    /// deadline, request metadata): an error answers the call with that status and its handler
+    /// is not run (e.g. UNAUTHENTICATED for a missing token). Default none.
+    pub interceptor: Option<ServerInterceptor>,
 }
 
 impl Default for ServerConfig {
@@ -258,6 +269,8 @@ impl Default for ServerConfig {
             peer_timeout: Some(Duration::from_secs(6)),
             idle_timeout: Some(Duration::from_secs(60)),
             max_call_duration: Some(Duration::from_secs(300)),
+            max_metadata_bytes: 8192,
+            interceptor: None,
         }
     }
 }
@@ -283,6 +296,15 @@ impl ServerConfig {
         }
         if self.max_call_duration.is_some_and(|t| t.is_zero()) {
             return bad("max_call_duration", "0 (use None for no bound)".into());
+        }
+        if !(6..=self.max_message_size).contains(&self.max_metadata_bytes) {
+            return bad(
+                "max_metadata_bytes",
+                format!(
+                    "{} is not in 6 ..= max_message_size {}",
+                    self.max_metadata_bytes, self.max_message_size
+                ),
+            );
         }
         if self.idle_timeout.is_some_and(|t| t.is_zero()) {
             return bad("idle_timeout", "0 (use None to keep idle sessions)".into());
@@ -431,7 +453,18 @@ macro_rules! setter {
 }
 
 impl ServerBuilder {
+    /// Runs `f` before every handler (see [`ServerConfig::interceptor`]).
+    pub fn interceptor(
+        mut self,
+        f: impl Fn(&CallInfo) -> Result<(), Status> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.interceptor = Some(ServerInterceptor::new(f));
+        self
+    }
+
     setter! {
+        /// See [`ServerConfig::max_metadata_bytes`].
+        max_metadata_bytes: u32;
         /// See [`ServerConfig::transport`].
         transport: Transport;
         /// See [`ServerConfig::worker_cores`].

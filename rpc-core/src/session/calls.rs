@@ -31,6 +31,8 @@ struct CallMeta {
     deadline: Option<Instant>,
     /// Stream flags of the request ([`crate::wire::STREAM_OUT`]...; 0: unary).
     stream: u8,
+    /// The request's body starts with a metadata block ([`crate::wire::METADATA`]).
+    metadata: bool,
 }
 
 /// The watch started when the abandon cap was reached.
@@ -122,12 +124,16 @@ impl Session {
         self.calls.ack_timeout = ack_timeout;
     }
 
-    /// Client: takes a free slot for a call to `method` and queues it for a credit. `None` when
-    /// every slot is taken.
+    /// Client: takes a free slot for a call to `method` and queues it for a credit. `flags`: the
+    /// request's stream flags ([`crate::wire::STREAM_IN`], [`crate::wire::STREAM_OUT`]) and
+    /// [`crate::wire::METADATA`] when its body starts with a metadata block. `None` when every
+    /// slot is taken.
     #[inline]
-    pub fn start_call(&mut self, method: u32, deadline: Option<Instant>, stream: u8) -> Option<(u16, u32)> {
+    pub fn start_call(&mut self, method: u32, deadline: Option<Instant>, flags: u8) -> Option<(u16, u32)> {
         let (slot, generation) = self.calls.slots.start()?;
-        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream };
+        let stream = flags & !crate::wire::METADATA;
+        let metadata = flags & crate::wire::METADATA != 0;
+        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream, metadata };
         Some((slot, generation))
     }
 
@@ -156,7 +162,14 @@ impl Session {
         let timeout_us = m.deadline.map_or(0, |d| {
             d.saturating_duration_since(now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
         });
-        let mut h = Header { slot, generation, method: m.method, timeout_us, ..Header::new(Kind::Request) };
+        let mut h = Header {
+            slot,
+            generation,
+            method: m.method,
+            timeout_us,
+            metadata: m.metadata,
+            ..Header::new(Kind::Request)
+        };
         if m.stream != 0 {
             h.stream = m.stream;
             h.count = self.stream_open(slot, generation, m.stream);

@@ -40,6 +40,8 @@ pub struct QueuedCall<B> {
     pub body: B,
     /// When its caller stops waiting.
     pub deadline: Option<Instant>,
+    /// Its request flags ([`crate::wire::METADATA`] when the body starts with a metadata block).
+    pub flags: u8,
 }
 
 /// What [`CallQueue::next`] tells the driver to do.
@@ -290,7 +292,7 @@ mod tests {
     }
 
     fn call(method: u32, deadline: Option<Instant>) -> QueuedCall<u32> {
-        QueuedCall { method, body: method, deadline }
+        QueuedCall { method, body: method, deadline, flags: 0 }
     }
 
     /// Calls start in the order they waited, one per free slot; one that cannot start yet is

@@ -5,7 +5,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream grant, 11 cancel acknowledgement) |
-//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below) |
+//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, see [`crate::metadata`]) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
@@ -88,6 +88,9 @@ pub const STREAM_OUT: u8 = 4;
 /// Flag of a stream message: its eager body is a batch of `count` messages in frames (see the
 /// module docs).
 pub const STREAM_BATCH: u8 = 8;
+
+/// Flag of a request: its body starts with a metadata block ([`crate::metadata`]).
+pub const METADATA: u8 = 16;
 
 /// Most messages in one stream batch.
 pub const MAX_BATCH: u16 = 1024;
@@ -240,6 +243,8 @@ pub struct Header {
     /// Request flags [`STREAM_IN`] | [`STREAM_OUT`]: the request opens a stream (0: unary); on a
     /// stream message, [`STREAM_BATCH`]: its body is a batch of `count` messages.
     pub stream: u8,
+    /// A request whose body starts with a metadata block ([`METADATA`]).
+    pub metadata: bool,
     /// A count whose unit the kind gives: on a stream-opening request, the stream grants the client
     /// gives the server (server SENDs it is ready for); on a [`Kind::StreamGrant`], more grants (at
     /// least 1); on a batch ([`STREAM_BATCH`]), the messages in it; 0 otherwise. A stream grant lets
@@ -279,6 +284,7 @@ impl Header {
             kind,
             in_ring: false,
             stream: 0,
+            metadata: false,
             count: 0,
             status: Code::Ok,
             slot: 0,
@@ -298,7 +304,7 @@ impl Header {
     #[inline]
     pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
         out[0] = self.kind as u8;
-        out[1] = u8::from(self.in_ring) | self.stream;
+        out[1] = u8::from(self.in_ring) | self.stream | if self.metadata { METADATA } else { 0 };
         out[2] = self.status as u8;
         out[3] = 0;
         out[4..6].copy_from_slice(&self.slot.to_le_bytes());
@@ -346,7 +352,7 @@ impl Header {
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let kind = Kind::from_u8(b[0])
             .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=11", b[0])))?;
-        if b[1] & !(BODY_IN_RING | STREAM_IN | STREAM_OUT | STREAM_BATCH) != 0 {
+        if b[1] & !(BODY_IN_RING | STREAM_IN | STREAM_OUT | STREAM_BATCH | METADATA) != 0 {
             return Err(WireError::bad("header", "flags", format!("unknown bits {:#04x}", b[1])));
         }
         let in_ring = b[1] & BODY_IN_RING != 0;
@@ -359,6 +365,7 @@ impl Header {
             kind,
             in_ring,
             stream: b[1] & (STREAM_IN | STREAM_OUT | STREAM_BATCH),
+            metadata: b[1] & METADATA != 0,
             count: u16_at(6),
             status,
             slot: u16_at(4),
@@ -372,6 +379,9 @@ impl Header {
             session: u32_at(32),
             total_len: u32_at(36),
         };
+        if h.metadata && kind != Kind::Request {
+            return Err(WireError::bad("header", "flags", "the metadata flag outside a request"));
+        }
         if h.stream & STREAM_BATCH != 0 {
             if kind != Kind::StreamMsg || h.stream != STREAM_BATCH {
                 return Err(WireError::bad("header", "flags", "the batch flag outside a stream message"));
@@ -644,6 +654,11 @@ mod tests {
         assert_eq!(Header::decode(&m).unwrap_err().field(), "count");
         let m = encode_msg(&Header { stream: STREAM_BATCH, ..request() });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+        // The metadata flag belongs to requests only.
+        let m = encode_msg(&Header { metadata: true, ..request() });
+        assert!(Header::decode(&m).unwrap().metadata);
+        let m = encode_msg(&Header { metadata: true, ..Header::new(Kind::Response) });
+        assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { stream: STREAM_BATCH | STREAM_IN, ..h });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { in_ring: true, body_len: 5000, total_len: 5000, ..h });
@@ -743,6 +758,7 @@ mod tests {
                         kind,
                         in_ring,
                         stream,
+                        metadata: kind == Kind::Request && extra & (1 << 24) != 0,
                         count,
                         status: if matches!(kind, Kind::Response | Kind::Close) {
                             Code::from_u8(st).unwrap()

@@ -15,7 +15,7 @@ pub use handshake::{
 };
 pub use header::{
     batch_frames, frame_at, push_frame, BatchFrames, Header, Kind, BODY_IN_RING, FRAME_LEN, HEADER_LEN,
-    MAX_BATCH, STREAM_BATCH, STREAM_IN, STREAM_OUT,
+    MAX_BATCH, METADATA, STREAM_BATCH, STREAM_IN, STREAM_OUT,
 };
 
 /// Fuzz property for header decoding (used by `fuzz/` and by the proptest suite): decoding

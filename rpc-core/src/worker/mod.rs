@@ -25,7 +25,8 @@ use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::local::LocalTasks;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{
-    panic_text, CallTarget, CancelPeek, DeferQueue, Outcome, ReplyWriter, RequestContext, StagingSpan,
+    panic_text, CallTarget, CancelPeek, DeferQueue, Outcome, ReplyWriter, RequestContext, ServerInterceptor,
+    StagingSpan,
 };
 use crate::dispatch::service::Body;
 use crate::dispatch::source::SourceShared;
@@ -224,6 +225,23 @@ impl<P: Provider> Drop for Entry<P> {
     }
 }
 
+/// Splits a request's metadata block off the front of `body` into `into`; on a refused block,
+/// the status the call is answered with (the body is left as it was).
+#[cold]
+fn split_metadata<'a>(
+    body: Body<'a>,
+    limit: usize,
+    into: &mut Option<Arc<crate::metadata::Metadata>>,
+) -> (Body<'a>, Option<Status>) {
+    match crate::metadata::Metadata::split(body.as_slice(), limit) {
+        Ok((md, at)) => {
+            *into = Some(Arc::new(md));
+            (body.advance(at), None)
+        }
+        Err(s) => (body, Some(s)),
+    }
+}
+
 /// Limits a worker applies.
 #[derive(Clone, Copy)]
 pub(crate) struct WorkerLimits {
@@ -237,6 +255,8 @@ pub(crate) struct WorkerLimits {
     /// `ServerConfig::max_call_duration`.
     pub(crate) max_call_duration: Option<Duration>,
     pub(crate) body_cap: usize,
+    /// `ServerConfig::max_metadata_bytes`.
+    pub(crate) max_metadata: usize,
 }
 
 /// What a running inline handler's [`RequestContext::is_cancelled`] looks into: the worker's
@@ -283,6 +303,8 @@ pub(crate) struct Worker<P: Provider> {
     counters: Counters,
     scratch: Vec<u8>,
     ctx: RequestContext,
+    /// `ServerConfig::interceptor`.
+    interceptor: Option<ServerInterceptor>,
     /// Shared with the context's [`CancelPeek`]: a handler's `is_cancelled` polls more into it.
     wcs: Rc<Completions<POLL_BATCH>>,
     /// Async handlers' tasks polled on this thread (shared with the context, whose
@@ -301,6 +323,7 @@ impl<P: Provider> Worker<P> {
         registry: Arc<Registry>,
         recv: RecvPool<P>,
         limits: WorkerLimits,
+        interceptor: Option<ServerInterceptor>,
     ) -> Worker<P> {
         let n = limits.max_sessions;
         let mut by_qpn = crate::dispatch::registry::IdMap::default();
@@ -323,6 +346,7 @@ impl<P: Provider> Worker<P> {
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx,
+            interceptor,
             local,
             streaming: Vec::with_capacity(n),
             wcs,
@@ -1287,7 +1311,7 @@ impl<P: Provider> Worker<P> {
     fn dispatch(&mut self, idx: u16, received: Received, h: Header) {
         let tag = self.tag(idx);
         let draining = self.shared.draining.load(Ordering::Relaxed);
-        let Worker { entries, registry, recv, counters, scratch, ctx, .. } = self;
+        let Worker { entries, registry, recv, counters, scratch, ctx, interceptor, limits, .. } = self;
         let Some(entry) = entries[idx as usize].as_mut() else {
             if let Received::Eager(b) = received {
                 recv.repost(b);
@@ -1317,18 +1341,26 @@ impl<P: Provider> Worker<P> {
         ctx.source.set(None);
         ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
         ctx.batch_cap.set(batch_cap(&entry.conn));
-        let ctx = &*ctx;
+        if ctx.info.metadata.is_some() {
+            ctx.info.metadata = None;
+        }
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
         let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
         let (eager_buf, owned) = match received {
             Received::Eager(b) => (Some(b), None),
             Received::Owned(v) => (None, Some(v)),
         };
-        let body = match (&eager_buf, owned) {
+        let mut body = match (&eager_buf, owned) {
             (Some(b), _) => Body::slice(recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
             (None, Some(o)) => Body::owned(entry.conn.session.body_bytes(o)),
             (None, None) => Body::slice(&[]),
         };
+        // Request metadata: split off the body's front (refused calls answer before any handler).
+        let mut refused = None;
+        if h.metadata {
+            (body, refused) = split_metadata(body, limits.max_metadata, &mut ctx.info.metadata);
+        }
+        let ctx = &*ctx;
         let cap = entry.conn.body_cap;
         let Conn { pool, mirror, staging, session, spare, .. } = &mut entry.conn;
         let eager_threshold = session.params().eager_threshold;
@@ -1345,8 +1377,14 @@ impl<P: Provider> Worker<P> {
         let mut out = ReplyWriter { eager, mirror: mirror.view(), staging, session, outcome: Outcome::Unset };
         if draining {
             out.error(Status::unavailable("server is shutting down"));
+        } else if let Some(s) = refused {
+            out.error(s);
         } else if deadline.is_some_and(|d| d <= Instant::now()) {
             out.error(Status::deadline_exceeded("the call's deadline passed before it was dispatched"));
+        } else if let Some(s) =
+            interceptor.as_ref().filter(|_| found.is_some()).and_then(|i| i.intercept(&ctx.info).err())
+        {
+            out.error(s);
         } else {
             match found {
                 None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
