@@ -153,6 +153,12 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = PollKind::Busy)]
     pub poll: PollKind,
 
+    /// write_lat: each side copies every message out of its receive area into a buffer of its
+    /// own before answering (what any consumer of the bytes must do; the fair baseline of an
+    /// RPC's size-dependent cost).
+    #[arg(long)]
+    pub copy_out: bool,
+
     /// Server side of the RPC tests: the benchmark service's handlers. `inline`: synchronous,
     /// on the worker; `async`: async handlers polled on the worker (the runtime's default for
     /// async services); `tokio`: async handlers spawned on a tokio runtime (the opt-in).
@@ -205,6 +211,8 @@ pub enum TestKind {
     StreamBidiBw,
     /// Raw SEND/RECV ping-pong round trip.
     SendLat,
+    /// Raw SEND/RECV message rate and bandwidth, -t outstanding (as ib_send_bw).
+    SendBw,
     /// Raw RDMA WRITE ping-pong round trip, polling the last byte (as ib_write_lat).
     WriteLat,
     /// Raw RDMA WRITE bandwidth (as ib_write_bw).
@@ -223,6 +231,7 @@ impl TestKind {
             TestKind::StreamInBw => "stream_in_bw",
             TestKind::StreamBidiBw => "stream_bidi_bw",
             TestKind::SendLat => "send_lat",
+            TestKind::SendBw => "send_bw",
             TestKind::WriteLat => "write_lat",
             TestKind::WriteBw => "write_bw",
         }
@@ -281,10 +290,11 @@ pub enum PollKind {
 }
 
 /// Which handlers the RPC server runs (`--handlers`).
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HandlerKind {
     /// Synchronous handlers, inline on the worker.
+    #[default]
     Inline,
     /// Async handlers polled on the worker (`AsyncRuntime::worker`).
     Async,

@@ -106,6 +106,10 @@ pub struct RunConfig {
     /// defaults.
     #[serde(default)]
     pub rx_depth: Option<u32>,
+    /// write_lat: each side copied every message out of its receive area (`--copy-out`).
+    pub copy_out: bool,
+    /// RPC tests: the server's handlers (`--handlers`: inline, async, tokio).
+    pub handlers: crate::cli::HandlerKind,
 }
 
 impl RunConfig {
@@ -120,6 +124,8 @@ impl RunConfig {
             inline_size: a.inline_size,
             use_srq: a.use_srq,
             rx_depth: a.rx_depth,
+            copy_out: a.copy_out,
+            handlers: a.handlers,
         }
     }
 }

@@ -41,7 +41,7 @@ impl Sink {
             TestKind::StreamBw | TestKind::StreamInBw | TestKind::StreamBidiBw => {
                 println!("{}{}", report::BW_HEADER, report::STREAM_BW_HEADER_EXT)
             }
-            TestKind::WriteBw => println!("{}", report::BW_HEADER),
+            TestKind::WriteBw | TestKind::SendBw => println!("{}", report::BW_HEADER),
             _ => println!("{}", report::LAT_HEADER),
         }
         self.progress = Progress::new(test.name(), sizes, self.show_progress);
@@ -95,5 +95,6 @@ pub fn title(test: TestKind) -> &'static str {
         TestKind::SendLat => "Send Latency Test (send_lat, round trip)",
         TestKind::WriteLat => "RDMA Write Latency Test (write_lat, round trip)",
         TestKind::WriteBw => "RDMA Write BW Test (write_bw)",
+        TestKind::SendBw => "Send BW Test (send_bw)",
     }
 }

@@ -88,6 +88,23 @@ fn every_test_runs_on_sim_loopback() {
     assert!(svg.contains("rpc_lat 64 B") && svg.contains("write_lat 64 B"));
 }
 
+/// The fair baselines: send_bw (SEND message rate with -t outstanding) counts every message it
+/// sent; write_lat with --copy-out runs every round trip and says so in the JSON (what the copy
+/// costs is a figure for the benchmark, not a test's assertion).
+#[test]
+fn send_bw_and_write_lat_copy_out_run_on_sim_loopback() {
+    let v = run(&["-n", "300", "-s", "64", "--test", "send_bw", "-t", "16", "-Q", "8"]);
+    let r = &v["results"].as_array().unwrap()[0];
+    assert_eq!(r["test"], "send_bw");
+    assert_eq!(r["concurrency"], 16);
+    assert_eq!(r["bandwidth"]["iterations"], 300, "{r}");
+    assert!(r["bandwidth"]["avg_mb_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    let copied = run(&["-n", "300", "-s", "64K", "--test", "write_lat", "--copy-out"]);
+    assert_eq!(copied["results"][0]["latency"]["iterations"], 300);
+    assert_eq!(copied["config"]["copy_out"], true);
+    assert_eq!(copied["config"]["handlers"], "inline");
+}
+
 /// The shareable handle's two tests, from four tokio tasks on a two-worker runtime through two
 /// dispatchers (a session each): every call answered with its length checked (a task fails the
 /// run otherwise), results named, sized and counted, and the channel's shape in the JSON.

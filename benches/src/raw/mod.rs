@@ -1,7 +1,8 @@
-//! Raw verbs baselines on the same provider and QP setup as the RPCs: send_lat, write_lat,
-//! write_bw, each run as a client and a server joined by the out-of-band channel.
+//! Raw verbs baselines on the same provider and QP setup as the RPCs: send_lat, send_bw,
+//! write_lat (optionally copying each message out, `--copy-out`), write_bw, each run as a client and a server joined by the out-of-band channel.
 
 pub mod qp;
+pub mod send_bw;
 pub mod send_lat;
 pub mod write_bw;
 pub mod write_lat;
@@ -37,6 +38,8 @@ fn side_name(test: TestKind, client: bool) -> &'static str {
         (TestKind::SendLat, false) => "send_lat server",
         (TestKind::WriteLat, true) => "write_lat client",
         (TestKind::WriteLat, false) => "write_lat server",
+        (TestKind::SendBw, true) => "send_bw client",
+        (TestKind::SendBw, false) => "send_bw server",
         (TestKind::WriteBw, true) => "write_bw client",
         (TestKind::WriteBw, false) => "write_bw server",
         (_, true) => "rpc client",
@@ -67,7 +70,7 @@ pub fn run_client<P: Provider>(
     ch.send(&Msg::Connected)?;
     ch.expect(&Msg::Connected, "after connecting")?;
 
-    let depth = if test == TestKind::WriteBw { args.tx_depth } else { 1 };
+    let depth = if matches!(test, TestKind::WriteBw | TestKind::SendBw) { args.tx_depth } else { 1 };
     let mut info = vec![
         ("Transport", P::NAME.to_string()),
         ("Device", qp.device_name()),
@@ -78,6 +81,9 @@ pub fn run_client<P: Provider>(
         ("Poll", format!("{:?}", args.poll).to_lowercase()),
         ("Using SRQ", if args.use_srq { "ON" } else { "OFF" }.into()),
     ];
+    if test == TestKind::WriteLat && args.copy_out {
+        info.push(("Receiver", "copies each message out of its ring (--copy-out)".into()));
+    }
     if test.is_latency() {
         info.push(("Latency", "round trip (perftest prints half)".into()));
     }
@@ -95,8 +101,11 @@ pub fn run_client<P: Provider>(
                 latency_measure(&rec)
             }
             TestKind::WriteLat => {
-                let rec = write_lat::client(&mut qp, size, limit, warmup, sink.progress())?;
+                let rec = write_lat::client(&mut qp, size, limit, warmup, args.copy_out, sink.progress())?;
                 latency_measure(&rec)
+            }
+            TestKind::SendBw => {
+                Measure::Bandwidth(send_bw::client(&mut qp, size, limit, warmup, sink.progress())?)
             }
             TestKind::WriteBw => {
                 Measure::Bandwidth(write_bw::client(&mut qp, size, limit, warmup, sink.progress())?)
@@ -113,7 +122,7 @@ pub fn run_client<P: Provider>(
         };
         ch.send(&Msg::Stop)?;
         ch.expect(&Msg::Stopped { served: 0 }, "after stop")?;
-        let resp_bytes = if test == TestKind::WriteBw { 0 } else { size };
+        let resp_bytes = if matches!(test, TestKind::WriteBw | TestKind::SendBw) { 0 } else { size };
         sink.result(TestResult {
             test,
             bytes: size,
@@ -178,7 +187,8 @@ pub fn serve<P: Provider>(
                 ch.send(&Msg::Ready)?;
                 let served = match test {
                     TestKind::SendLat => send_lat::serve(&mut qp, size, ch)?,
-                    TestKind::WriteLat => write_lat::serve(&mut qp, size, ch)?,
+                    TestKind::WriteLat => write_lat::serve(&mut qp, size, args.copy_out, ch)?,
+                    TestKind::SendBw => send_bw::serve(&mut qp, ch)?,
                     _ => {
                         // write_bw: the NIC does the work; wait for the client to finish.
                         ch.expect(&Msg::Stop, "while serving write_bw")?;

@@ -211,6 +211,15 @@ impl<P: Provider> RawQp<P> {
         std::hint::black_box(b[0])
     }
 
+    /// Copies the receive area's first `out.len()` bytes into `out` (what a consumer of a WRITE's
+    /// payload does once its last byte landed), and keeps the compiler from skipping the copy.
+    #[inline]
+    pub fn copy_recv_area(&self, out: &mut [u8]) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        self.mr.read_at(self.area, out).expect("the receive area lies in the MR");
+        std::hint::black_box(&*out);
+    }
+
     /// Sets the byte at `offset` of the send area (the tag a write_lat peer polls for).
     ///
     /// Called only when no posted WR is still reading that byte: in a ping-pong, after the peer

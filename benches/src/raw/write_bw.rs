@@ -22,8 +22,24 @@ pub fn client<P: Provider>(
     warmup: u64,
     progress: &Progress,
 ) -> Result<BandwidthSummary, PerfError> {
+    stream(qp, true, size, limit, warmup, progress)
+}
+
+/// Posts `size`-byte WRITEs (`write`) or SENDs until `limit`, after `warmup` unmeasured ones,
+/// keeping the send queue full.
+///
+/// # Errors
+/// Verbs, completion and stall errors.
+pub(crate) fn stream<P: Provider>(
+    qp: &mut RawQp<P>,
+    write: bool,
+    size: usize,
+    limit: Limit,
+    warmup: u64,
+    progress: &Progress,
+) -> Result<BandwidthSummary, PerfError> {
     for i in 0..warmup {
-        qp.post(true, size, i + 1 == warmup)?;
+        qp.post(write, size, i + 1 == warmup)?;
     }
     qp.drain_sends()?;
     let (base, _) = qp.send_counts();
@@ -33,7 +49,7 @@ pub fn client<P: Provider>(
     let mut last_done = base;
     loop {
         let last = matches!(limit, Limit::Iters(n) if i + 1 == n);
-        qp.post(true, size, last)?;
+        qp.post(write, size, last)?;
         i += 1;
         if qp.poll()? > 0 {
             let (_, done) = qp.send_counts();
@@ -51,7 +67,7 @@ pub fn client<P: Provider>(
                 progress.fraction(crate::measure::fraction(limit, i, e));
                 if e >= d {
                     // One more, signaled, so the drain has a completion to wait for.
-                    qp.post(true, size, true)?;
+                    qp.post(write, size, true)?;
                     i += 1;
                     break;
                 }

@@ -1,5 +1,8 @@
 //! write_lat: RDMA WRITE ping-pong polling the last byte of the receive buffer (as ib_write_lat),
-//! round trip measured at the client. Message k carries the tag `k % 255 + 1` in its last byte,
+//! round trip measured at the client. With `copy_out` (`--copy-out`), each side copies every
+//! message it received out of its receive area into a buffer of its own before answering, as any
+//! consumer of the bytes must (an RPC hands them to a handler): the fair baseline of an RPC's
+//! size-dependent cost, where plain write_lat's payload never crosses into the receiver's cache. Message k carries the tag `k % 255 + 1` in its last byte,
 //! so consecutive messages always differ there and the zeroed buffer never matches.
 
 use rpc_core::verbs::Provider;
@@ -28,10 +31,12 @@ pub fn client<P: Provider>(
     size: usize,
     limit: Limit,
     warmup: u64,
+    copy_out: bool,
     progress: &Progress,
 ) -> Result<LatencyRecorder, PerfError> {
     let last = size - 1;
     let mut k = 0u64;
+    let mut own = if copy_out { vec![0u8; size] } else { Vec::new() };
     crate::measure::latency(limit, warmup, progress, || {
         k += 1;
         let t = tag(k);
@@ -47,6 +52,9 @@ pub fn client<P: Provider>(
                 }
             }
         }
+        if copy_out {
+            qp.copy_recv_area(&mut own);
+        }
         Ok(())
     })
 }
@@ -56,9 +64,15 @@ pub fn client<P: Provider>(
 ///
 /// # Errors
 /// Verbs and completion errors; the channel's errors.
-pub fn serve<P: Provider>(qp: &mut RawQp<P>, size: usize, ch: &mut OobChannel) -> Result<u64, PerfError> {
+pub fn serve<P: Provider>(
+    qp: &mut RawQp<P>,
+    size: usize,
+    copy_out: bool,
+    ch: &mut OobChannel,
+) -> Result<u64, PerfError> {
     let last = size - 1;
     let mut k = 0u64;
+    let mut own = if copy_out { vec![0u8; size] } else { Vec::new() };
     loop {
         k += 1;
         let t = tag(k);
@@ -71,6 +85,9 @@ pub fn serve<P: Provider>(qp: &mut RawQp<P>, size: usize, ch: &mut OobChannel) -
                     return Ok(k - 1);
                 }
             }
+        }
+        if copy_out {
+            qp.copy_recv_area(&mut own);
         }
         qp.set_send_byte(last, t);
         qp.post(true, size, false)?;
