@@ -39,7 +39,7 @@ impl Health for HealthService {
             Some(status) => HealthCheckResponse { status: status as i32 }.into(),
             None => {
                 let name: String = request.service.chars().take(NAME_QUOTED).collect();
-                Status::not_found(format!("grpc.health.v1.Health/Check: unknown service {name:?}")).into()
+                Status::not_found(format!("unknown service {name:?}")).into()
             }
         }
     }
