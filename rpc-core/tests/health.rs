@@ -103,6 +103,31 @@ fn watch_streams_the_status_then_every_change_and_service_unknown() {
     server.shutdown();
 }
 
+/// A Watch stream the client drops (a cancel) or whose deadline passes ends on the server at
+/// once, not at the next status change: its task is gone (`watchers` counts the open ones).
+#[test]
+fn a_cancelled_or_expired_watch_ends_on_the_server() {
+    let (server, _) = spawn(server().add_health_service());
+    let health = server.health_reporter();
+    let client = health_client(&server);
+    let state = || format!("{} watchers", health.watchers());
+    let mut cancelled = client.watch(HealthCheckRequest::server()).unwrap();
+    assert_eq!(next(&mut cancelled), ServingStatus::Serving);
+    assert_eq!(health.watchers(), 1);
+    drop(cancelled);
+    wait_until("the dropped Watch to end on the server", WAIT, || health.watchers() == 0, state);
+    let mut expiring = client
+        .watch_with(HealthCheckRequest::server(), &CallOptions::deadline(Duration::from_millis(50)))
+        .unwrap();
+    assert_eq!(next(&mut expiring), ServingStatus::Serving);
+    let e = expiring.message().unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    wait_until("the expired Watch to end on the server", WAIT, || health.watchers() == 0, state);
+    drop(expiring);
+    drop(client);
+    server.shutdown();
+}
+
 /// The balancer's path: the stub over a `Channel`, from tokio tasks: Check, and a Watch that sees
 /// SERVING, NOT_SERVING when `shutdown` starts, then its clean end.
 #[test]

@@ -120,6 +120,12 @@ impl HealthReporter {
         self.tx.borrow().get(service)
     }
 
+    /// `Watch` streams open now (each ends when its client cancels it, its session or deadline
+    /// ends it, or the server drains).
+    pub fn watchers(&self) -> usize {
+        self.tx.receiver_count()
+    }
+
     /// True once the server's shutdown began (every status NOT_SERVING).
     pub fn is_draining(&self) -> bool {
         self.tx.borrow().phase != Phase::Running
