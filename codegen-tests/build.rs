@@ -32,6 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "../proto/codegen/plain/catalog.proto",
             "../proto/codegen/etcdlike/kv.proto",
             "../proto/codegen/etcdlike/rpc.proto",
+            // rpc-core's health service keeps this proto's generated code checked in
+            // (`rpc-core/src/health/grpc.health.v1.rs`); `tests/snapshot.rs` holds it to this output.
+            "../proto/grpc/health/v1/health.proto",
         ],
         &["../proto"],
     )?;

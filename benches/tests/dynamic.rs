@@ -136,6 +136,48 @@ fn call_prints_the_reply_as_json() {
     h.shutdown();
 }
 
+/// `rpc-perf call` checks a server's health with the standard `grpc/health/v1/health.proto`
+/// (its own directory as the import directory): SERVING as JSON, NOT_FOUND for an unknown
+/// service; the method id it computes is the one the server's health service answers to.
+#[test]
+fn call_checks_health_with_the_standard_proto() {
+    let h = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLL)
+        .add_health_service()
+        .add_service(BenchServer::new(BenchService::default()))
+        .spawn("127.0.0.1:0")
+        .expect("bench server starts");
+    let addr = h.local_addr().to_string();
+    let health = proto_dir().join("grpc/health/v1/health.proto").display().to_string();
+    let schema = Schema::compile(&[PathBuf::from(&health)], &[]).unwrap();
+    let check = schema.unary_method("grpc.health.v1.Health/Check").unwrap();
+    assert_eq!(check.id, rpc_core::health::v1::health_server::CHECK);
+    let out = call(&[&addr, "grpc.health.v1.Health/Check", "--proto", &health]).unwrap();
+    assert_eq!(out, "{\n  \"status\": \"SERVING\"\n}\n");
+    let out = call(&[
+        &addr,
+        "grpc.health.v1.Health/Check",
+        "--proto",
+        &health,
+        "--data",
+        r#"{"service":"rpcperf.Bench"}"#,
+    ])
+    .unwrap();
+    assert_eq!(out, "{\n  \"status\": \"SERVING\"\n}\n");
+    let e = call(&[
+        &addr,
+        "grpc.health.v1.Health/Check",
+        "--proto",
+        &health,
+        "--data",
+        r#"{"service":"no.Such"}"#,
+    ])
+    .unwrap_err();
+    assert_eq!(e, r#"grpc.health.v1.Health/Check: NOT_FOUND: unknown service "no.Such""#);
+    h.shutdown();
+}
+
 #[test]
 fn a_method_the_server_does_not_serve_is_unimplemented() {
     let h = server();

@@ -23,6 +23,9 @@
 //! let reply = client.say_hello(&HelloRequest { name: "x".into() })?;
 //! ```
 
+// Generated code names the runtime `rpc_core::codegen`, also inside this crate (`health::v1`).
+extern crate self as rpc_core;
+
 #[allow(unsafe_code)] // The NIC boundary: raw memory and FFI, every block with a `// SAFETY:` note.
 pub mod verbs;
 
@@ -36,6 +39,7 @@ pub(crate) mod context;
 pub(crate) mod control;
 pub(crate) mod dispatch;
 pub(crate) mod endpoint;
+pub mod health;
 pub mod metadata;
 pub mod server;
 pub mod session;

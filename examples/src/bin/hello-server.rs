@@ -20,6 +20,11 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let server = args.transport.server().add_service(GreeterServer::new(MyGreeter)).spawn(args.addr.as_str());
+    let server = args
+        .transport
+        .server()
+        .add_health_service()
+        .add_service(GreeterServer::new(MyGreeter))
+        .spawn(args.addr.as_str());
     cli::serve_until_killed(env!("CARGO_BIN_NAME"), "Greeter", server);
 }

@@ -23,6 +23,7 @@ fn main() {
     let server = args
         .transport
         .server()
+        .add_health_service()
         .add_service(RouteGuideServer::new(RouteGuideService::new()))
         .spawn(args.addr.as_str());
     cli::serve_until_killed(env!("CARGO_BIN_NAME"), "RouteGuide", server);

@@ -797,16 +797,24 @@ impl<P: Provider> ClientCore<P> {
         tracing::info!(%status, "client session closed");
         // Each failed call is counted when its caller takes the answer.
         self.conn.session.fail_calls();
-        for (i, a) in self.answers.iter_mut().enumerate() {
-            if a.is_none() && self.conn.session.calls().state(i as u16) == crate::session::SlotState::Done {
-                *a = Some(Answer::Err(status.clone()));
+        // A stream whose end arrived before the Close keeps the messages its reader has not
+        // taken: they came before that end, and the reader takes them, then the end. (A server
+        // that ended a stream and closed the session at once, as a draining one does, lost the
+        // stream's last messages while the stream still ended OK.) The other streams' messages
+        // go with their calls.
+        for (q, answer) in self.stream_msgs.iter_mut().zip(&self.answers) {
+            if answer.is_some() {
+                continue;
             }
-        }
-        for q in &mut self.stream_msgs {
             for a in std::mem::take(q) {
                 if let Answer::Eager(b) | Answer::Batch { buf: b, .. } = a {
                     self.recv.repost(b);
                 }
+            }
+        }
+        for (i, a) in self.answers.iter_mut().enumerate() {
+            if a.is_none() && self.conn.session.calls().state(i as u16) == crate::session::SlotState::Done {
+                *a = Some(Answer::Err(status.clone()));
             }
         }
         for i in 0..self.pending.len() {

@@ -209,6 +209,9 @@ pub(super) fn start<P: Provider>(
         memory,
         drain_timeout,
         held,
+        // Set by `ServerBuilder::spawn`.
+        health: crate::health::HealthReporter::new(),
+        drain_grace: Duration::ZERO,
     })
 }
 

@@ -24,6 +24,7 @@ use crate::dispatch::reply::CallInfo;
 pub use crate::dispatch::reply::ServerInterceptor;
 use crate::dispatch::service::Service;
 use crate::endpoint::counters::{Counters, ServerMemory, SharedCounters};
+use crate::health::{HealthReporter, HealthService};
 use crate::status::Status;
 use crate::transport::Transport;
 use crate::verbs::VerbsError;
@@ -182,6 +183,14 @@ pub struct ServerConfig {
     /// How long `shutdown` waits for in-flight RPCs. Default 5 s. A worker still inside an inline
     /// handler 5 s after it is left running (see [`ServerHandle::shutdown`]).
     pub drain_timeout: Duration,
+    /// How long `shutdown` keeps serving after it reported NOT_SERVING on the health service
+    /// ([`crate::health`]), before the drain proper (new calls UNAVAILABLE): the time balancers
+    /// get to see the status and move their traffic away, during which calls are answered as
+    /// before. Set it to at least the interval at which the clients' balancers `Check` (a
+    /// `Watch` stream sees the change within a round trip); `shutdown` blocks this much longer.
+    /// Default 0: the drain starts at once (`Watch` streams still get NOT_SERVING before they
+    /// end, but calls that arrive meanwhile are answered UNAVAILABLE). Any duration.
+    pub drain_grace: Duration,
     /// How long a client may take to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
     /// How long a client may stay silent on the RDMA path while its calls are unanswered (a
@@ -265,6 +274,7 @@ impl Default for ServerConfig {
             #[cfg(feature = "tls")]
             tls: None,
             drain_timeout: Duration::from_secs(5),
+            drain_grace: Duration::ZERO,
             handshake_timeout: Duration::from_secs(5),
             peer_timeout: Some(Duration::from_secs(6)),
             idle_timeout: Some(Duration::from_secs(60)),
@@ -430,7 +440,12 @@ pub struct Server;
 impl Server {
     /// A builder with [`ServerConfig::default`] and no services.
     pub fn builder() -> ServerBuilder {
-        ServerBuilder { config: ServerConfig::default(), registry: Registry::default() }
+        ServerBuilder {
+            config: ServerConfig::default(),
+            registry: Registry::default(),
+            health: HealthReporter::new(),
+            health_added: false,
+        }
     }
 }
 
@@ -438,6 +453,10 @@ impl Server {
 pub struct ServerBuilder {
     config: ServerConfig,
     registry: Registry,
+    /// What the health service reports (kept whether it is served or not: `shutdown` drives it).
+    health: HealthReporter,
+    /// `add_health_service` was called.
+    health_added: bool,
 }
 
 macro_rules! setter {
@@ -495,6 +514,8 @@ impl ServerBuilder {
         polling: PollingPolicy;
         /// See [`ServerConfig::drain_timeout`].
         drain_timeout: Duration;
+        /// See [`ServerConfig::drain_grace`].
+        drain_grace: Duration;
         /// See [`ServerConfig::peer_timeout`].
         peer_timeout: Option<Duration>;
         /// See [`ServerConfig::handshake_timeout`].
@@ -524,10 +545,34 @@ impl ServerBuilder {
         self
     }
 
-    /// Registers a service (generated `XxxServer::new(impl)`).
+    /// Registers a service (generated `XxxServer::new(impl)`). The health service reports it
+    /// SERVING (under `S::NAME`) unless a status was set for that name before.
     pub fn add_service<S: Service>(mut self, svc: S) -> Self {
+        self.health.register(S::NAME);
         self.registry.add(svc);
         self
+    }
+
+    /// Serves `grpc.health.v1.Health` ([`crate::health`]): Check and Watch of the statuses the
+    /// [`ServerBuilder::health_reporter`] sets, every service added reported SERVING, all of them
+    /// NOT_SERVING once `shutdown` begins. `Watch` streams run as tasks on
+    /// [`AsyncRuntime::current_or_default`](crate::AsyncRuntime::current_or_default) (the
+    /// calling thread's tokio runtime, else a shared one the library builds); adding it twice
+    /// adds it once.
+    pub fn add_health_service(mut self) -> Self {
+        if self.health_added {
+            return self;
+        }
+        self.health_added = true;
+        let runtime = crate::server::async_service::AsyncRuntime::current_or_default();
+        let svc = HealthService::new(self.health.clone(), runtime);
+        self.add_service(crate::health::v1::health_server::HealthServer::new(svc))
+    }
+
+    /// The handle that sets what the health service reports (the same one
+    /// [`ServerHandle::health_reporter`] gives once the server runs).
+    pub fn health_reporter(&self) -> HealthReporter {
+        self.health.clone()
     }
 
     /// Starts the workers and the listener and returns at once.
@@ -536,6 +581,14 @@ impl ServerBuilder {
     /// [`ServerError`] for a bad configuration (naming the field), a duplicate method id, a
     /// transport that cannot open, or a listen address that cannot be bound.
     pub fn spawn(self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
+        let (health, drain_grace) = (self.health.clone(), self.config.drain_grace);
+        let mut handle = self.spawn_workers(addr)?;
+        handle.health = health;
+        handle.drain_grace = drain_grace;
+        Ok(handle)
+    }
+
+    fn spawn_workers(self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
         self.config.validate()?;
         if let Some(&(id, first, second)) = self.registry.duplicates.first() {
             return Err(ServerError::DuplicateMethod { id, first, second });
@@ -607,6 +660,10 @@ pub struct ServerHandle {
     drain_timeout: Duration,
     /// Per worker: the listener saw its loop stand still (held in an inline handler).
     held: Arc<Vec<AtomicBool>>,
+    /// What the health service reports; `shutdown` turns it NOT_SERVING first.
+    pub(crate) health: HealthReporter,
+    /// [`ServerConfig::drain_grace`].
+    pub(crate) drain_grace: Duration,
 }
 
 /// Sent by a worker thread as its last act (dropped at the end of its closure, or while
@@ -658,11 +715,21 @@ impl ServerHandle {
         self.counters.iter().map(|w| w.snapshot()).collect()
     }
 
-    /// Stops the server: new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
+    /// What the health service reports ([`crate::health`]): set a service's status while the
+    /// server runs.
+    pub fn health_reporter(&self) -> HealthReporter {
+        self.health.clone()
+    }
+
+    /// Stops the server. First the health service reports every status NOT_SERVING (`Watch`
+    /// streams get it; later changes are ignored) and calls still run for
+    /// [`ServerConfig::drain_grace`] (default 0), so balancers move away; then `Watch` streams
+    /// end OK, new requests are answered UNAVAILABLE, in-flight RPCs (deferred ones
     /// included) are finished up to `drain_timeout`, peers get a Close, then QPs are destroyed,
     /// memory freed and TCP connections closed. Blocks until done (each worker thread signals its
     /// end, and the listener is woken: no timer is waited on, and a server without sessions
-    /// stops in about the time its threads take to end), at most `drain_timeout` + 5 s:
+    /// stops in about the time its threads take to end), at most `drain_grace` +
+    /// `drain_timeout` + 5 s:
     /// a worker still inside an inline handler by then (one that never returns) is left running,
     /// with an error logged; it closes its sessions and frees their memory if the handler ever
     /// returns.
@@ -671,6 +738,13 @@ impl ServerHandle {
     }
 
     fn shutdown_inner(&mut self) {
+        // Balancers first: NOT_SERVING while calls still run (once: `serve` and a later drop
+        // both come here).
+        if self.health.begin_drain() && !self.drain_grace.is_zero() {
+            std::thread::sleep(self.drain_grace);
+        }
+        // Watch streams end (after NOT_SERVING); the drain below waits for them as for any call.
+        self.health.close();
         self.draining.store(true, Ordering::Release);
         let until = Instant::now() + self.drain_timeout + SHUTDOWN_GRACE;
         // Woken by each worker's exit signal (a handler that never returns cannot hang the
