@@ -123,7 +123,8 @@ impl<Resp> StreamState<Resp> {
 /// A stream as its dispatcher sees it.
 struct StreamJob<Req, Resp> {
     method: MethodId,
-    timeout: Option<std::time::Duration>,
+    /// Fixed when the stream was opened (its time in the queue counts).
+    deadline: Option<Instant>,
     flags: u8,
     request: Mutex<Option<Req>>,
     state: Arc<StreamState<Resp>>,
@@ -140,7 +141,7 @@ where
         let Some(req) = self.request.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Err(Status::internal("stream started twice"));
         };
-        let deadline = self.timeout.map(|t| Instant::now() + t);
+        let deadline = self.deadline;
         with_any_core!(core, c => c.start_with(self.method, &req, deadline, StartMode::Batched, self.flags))?
             .ok_or_else(|| Status::internal("no free slot for a started stream"))
     }
@@ -291,7 +292,7 @@ impl Channel {
         let state = StreamState::new();
         let job = Arc::new(StreamJob {
             method: id,
-            timeout: opts.effective_timeout(),
+            deadline: opts.effective_timeout().and_then(|t| Instant::now().checked_add(t)),
             flags,
             request: Mutex::new(Some(req)),
             state: state.clone(),

@@ -450,6 +450,14 @@ impl<P: Provider> ClientCore<P> {
         deadline: Option<Instant>,
         mode: StartMode,
     ) -> Result<Option<CallId>, Status> {
+        // A call whose deadline passed before it could start (one it inherited from the call its
+        // thread serves, or a Channel call that waited in its queue) fails here, never sent: the
+        // server would answer DEADLINE_EXCEEDED, or run its handler with a microsecond left.
+        // (A stream still opens, and ends DEADLINE_EXCEEDED at once.)
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            self.counters.status(Code::DeadlineExceeded);
+            return Err(Status::deadline_exceeded("the call's deadline passed before it was sent"));
+        }
         self.start_with(method, req, deadline, mode, 0)
     }
 
