@@ -194,9 +194,11 @@ impl Service for Brk {
             STREAM_NOW => {
                 let (sink, reply) = ctx.stream::<EchoMsg>();
                 let code = req.reply_len;
+                let size = req.payload.len();
                 out.reply(spawn_async_stream(rt, ctx, sink, reply, move |_, sink| async move {
                     for i in 0..seq {
-                        sink.send_async(&EchoMsg { seq: i, ..Default::default() }).await?;
+                        sink.send_async(&EchoMsg { seq: i, payload: payload(i, size), ..Default::default() })
+                            .await?;
                     }
                     match code {
                         0 => Ok(()),
@@ -484,18 +486,23 @@ fn a_stream_that_ends_at_its_first_poll_delivers_its_queued_messages_then_its_en
     let probe = Arc::new(Probe::default());
     let server = start(&probe, server());
     let c = connect(&server);
-    for (n, code) in [
+    // Messages of 8 bytes (many to a SEND), and of 3000 (one per SEND: the client's stream
+    // grants run out with most of them still in the sink when the handler's end comes).
+    let small = [
         (0u64, 0u32),
         (1, 0),
         (10, 0),
         (SINK_DEPTH as u64, 0),
         (5, Code::Aborted as u32),
         (3 * SINK_DEPTH as u64, 0),
-    ] {
+    ];
+    let big = [(40, 0), (40, Code::Aborted as u32), (300, 0)];
+    let cases = small.into_iter().map(|(n, c)| (n, c, 8)).chain(big.into_iter().map(|(n, c)| (n, c, 3000)));
+    for (n, code, size) in cases {
         let mut s = c
             .server_stream::<EchoMsg, EchoMsg>(
                 STREAM_NOW,
-                &EchoMsg { seq: n, reply_len: code, ..Default::default() },
+                &EchoMsg { seq: n, reply_len: code, payload: vec![0; size], ..Default::default() },
                 &CallOptions::default(),
             )
             .expect("stream opens");
@@ -504,6 +511,7 @@ fn a_stream_that_ends_at_its_first_poll_delivers_its_queued_messages_then_its_en
             match s.message() {
                 Ok(Some(m)) => {
                     assert_eq!(m.seq, got, "{n} messages: out of order");
+                    assert_eq!(m.payload, payload(got, size), "{n} messages: message {got}'s payload");
                     got += 1;
                 }
                 Ok(None) => break Ok(()),
