@@ -179,7 +179,9 @@ pub(crate) struct UnaryJob<Req, Resp> {
 /// A queued call's request, until a driver encodes it.
 pub(crate) struct Queued<Req> {
     pub(crate) method: MethodId,
-    pub(crate) timeout: Option<std::time::Duration>,
+    /// When the caller stops waiting: fixed when the call was made (its time in the queue
+    /// counts, and an inherited or `deadline_at` deadline stays where it was).
+    pub(crate) deadline: Option<std::time::Instant>,
     pub(crate) req: Req,
     /// Request metadata, encoded in front of the message.
     pub(crate) metadata: Option<Arc<crate::metadata::Metadata>>,
@@ -241,7 +243,7 @@ where
             return Err(Status::internal("call started twice"));
         };
         // Queued calls share one doorbell: the dispatcher flushes after taking a batch.
-        let deadline = q.timeout.map(|t| std::time::Instant::now() + t);
+        let deadline = q.deadline;
         let mode = crate::client::core::StartMode::Batched;
         let req = crate::metadata::WithMetadata::new(&q.req, q.metadata.as_deref());
         with_any_core!(core, c => c.start_with(q.method, &req, deadline, mode, req.flags()))?

@@ -331,7 +331,9 @@ impl Channel {
             return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
         }
         let mut job = UnaryJob::<Req, Resp>::new_or_spare();
-        let q = Queued { method: id, timeout, req: IntoRequest::into_message(req), metadata };
+        // The deadline counts from now, not from when a dispatcher takes the call from the queue.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let q = Queued { method: id, deadline, req: IntoRequest::into_message(req), metadata };
         match Arc::get_mut(&mut job) {
             Some(j) => *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(q),
             None => *job.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(q),

@@ -123,7 +123,8 @@ impl<Resp> StreamState<Resp> {
 /// A stream as its dispatcher sees it.
 struct StreamJob<Req, Resp> {
     method: MethodId,
-    timeout: Option<std::time::Duration>,
+    /// Fixed when the stream was opened (its time in the queue counts).
+    deadline: Option<Instant>,
     flags: u8,
     /// Request metadata, encoded in front of the opening request.
     metadata: Option<Arc<crate::metadata::Metadata>>,
@@ -142,7 +143,7 @@ where
         let Some(req) = self.request.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Err(Status::internal("stream started twice"));
         };
-        let deadline = self.timeout.map(|t| Instant::now() + t);
+        let deadline = self.deadline;
         let req = crate::metadata::WithMetadata::new(&req, self.metadata.as_deref());
         let flags = self.flags | req.flags();
         with_any_core!(core, c => c.start_with(self.method, &req, deadline, StartMode::Batched, flags))?
@@ -300,7 +301,7 @@ impl Channel {
         };
         let job = Arc::new(StreamJob {
             method: id,
-            timeout: opts.effective_timeout(),
+            deadline: opts.effective_timeout().and_then(|t| Instant::now().checked_add(t)),
             flags,
             metadata,
             request: Mutex::new(Some(req)),

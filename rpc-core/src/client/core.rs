@@ -458,6 +458,16 @@ impl<P: Provider> ClientCore<P> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
         }
+        // A unary call whose deadline passed before it could start (one it inherited from the
+        // call its thread serves, or a Channel call that waited in its queue) fails here, never
+        // sent: the server would answer DEADLINE_EXCEEDED, or run its handler with a microsecond
+        // left. (A stream still opens, and ends DEADLINE_EXCEEDED at once.)
+        if stream & (crate::wire::STREAM_IN | crate::wire::STREAM_OUT) == 0
+            && deadline.is_some_and(|d| d <= Instant::now())
+        {
+            self.counters.status(Code::DeadlineExceeded);
+            return Err(Status::deadline_exceeded("the call's deadline passed before it was sent"));
+        }
         if !self.conn.session.calls().has_free() {
             return Ok(None);
         }

@@ -478,6 +478,15 @@ impl<P: Provider> Worker<P> {
                 idle.reset();
                 if iterations % 4096 == 0 {
                     self.publish_counters();
+                    // A loop that never goes idle (an async handler's task that wakes itself at
+                    // every poll) still stops once `drain_timeout` has passed.
+                    if self.shared.draining.load(Ordering::Acquire)
+                        && Instant::now()
+                            >= *drain_deadline
+                                .get_or_insert_with(|| Instant::now() + self.limits.drain_timeout)
+                    {
+                        break;
+                    }
                 }
                 continue;
             }
