@@ -350,7 +350,8 @@ fn a_method_the_server_does_not_serve_is_named_in_unimplemented() {
         .spawn("127.0.0.1:0")
         .expect("spawn the server on sim");
     let id = helloworld::greeter_client::SAY_HELLO;
-    let expected = format!("method helloworld.Greeter/SayHello (id {id:#x}) is not served by this server");
+    let expected =
+        format!("method /helloworld.Greeter/SayHello (id {id:#010x}) is not served by this server");
     let request = helloworld::HelloRequest { name: "x".into() };
 
     let greeter = helloworld::greeter_client::GreeterClient::connect_with(server.local_addr(), &config())

@@ -1321,7 +1321,7 @@ impl<P: Provider> Worker<P> {
             out.error(Status::deadline_exceeded("the call's deadline passed before it was dispatched"));
         } else {
             match found {
-                None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
+                None => out.error(Status::method_not_served(h.method)),
                 Some((svc, name)) => {
                     let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
                     if let Err(p) = r {
