@@ -35,6 +35,7 @@ pub mod config;
 pub(crate) mod control;
 pub(crate) mod dispatch;
 pub(crate) mod endpoint;
+pub(crate) mod report;
 pub mod server;
 pub mod session;
 pub mod status;

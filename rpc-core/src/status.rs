@@ -123,8 +123,18 @@ pub struct Status {
 }
 
 impl fmt::Debug for Status {
+    /// `{:?}`: the `Display` text (`UNAVAILABLE: connect: ...`), so that `fn main() -> Result<(),
+    /// Status>` (or `Box<dyn Error>`) and `unwrap()` read well, as `anyhow` reports errors;
+    /// `{:#?}`: the fields.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Status").field("code", &self.code).field("message", &self.message).finish()
+        if f.alternate() {
+            return f
+                .debug_struct("Status")
+                .field("code", &self.code)
+                .field("message", &self.message)
+                .finish();
+        }
+        crate::report::write_report(self, f)
     }
 }
 
