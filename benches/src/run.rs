@@ -57,8 +57,7 @@ pub fn client<P: Provider>(args: &Args, resolved: Resolved, host: &str) -> Resul
 /// Listen, accept and test failures.
 pub fn server<P: Provider>(args: &Args, resolved: Resolved) -> Result<(), PerfError> {
     let addr = format!("0.0.0.0:{}", args.port);
-    let l = TcpListener::bind(&addr)
-        .map_err(|source| PerfError::Io { what: format!("listening on {addr}"), source })?;
+    let l = TcpListener::bind(&addr).map_err(|source| listen_error(&addr, source))?;
     println!("{}", report::RESULT_LINE);
     println!(" rpc-perf server ({}) waiting for a client on TCP port {}", P::NAME, args.port);
     let rpc_bind = format!("0.0.0.0:{}", args.port.wrapping_add(1));
@@ -83,6 +82,19 @@ pub fn server<P: Provider>(args: &Args, resolved: Resolved) -> Result<(), PerfEr
         }
     }
 }
+
+/// A failure to listen on `addr`; a port in use gets the hint to pick another with `-p`.
+pub fn listen_error(addr: &str, source: std::io::Error) -> PerfError {
+    if source.kind() == std::io::ErrorKind::AddrInUse {
+        return PerfError::Setup(format!("listening on {addr}: {source}{PORT_IN_USE}"));
+    }
+    PerfError::Io { what: format!("listening on {addr}"), source }
+}
+
+/// The hint after a listen error for a port in use (the server's `-p`, or its RPC server's `-p` + 1).
+pub const PORT_IN_USE: &str =
+    " (is another rpc-perf server running? pick another port with -p/--port, the same on the client; \
+     the RPC server takes the next one)";
 
 /// Loopback: the server on one core, the client on another, joined over TCP on 127.0.0.1.
 ///

@@ -185,12 +185,64 @@ fn a_method_the_server_does_not_serve_is_unimplemented() {
     let kv = proto_dir().join("kv.proto").display().to_string();
     let e = call(&[&addr, "kv.Kv/Get", "--proto", &kv, "--data", r#"{"key":"a"}"#]).unwrap_err();
     assert!(e.starts_with("kv.Kv/Get: UNIMPLEMENTED: "), "{e}");
+    assert!(e.contains("method id 0x"), "{e}");
     assert!(e.contains(&format!("the server at {addr} does not serve /kv.Kv/Get")), "{e}");
+    assert!(!e.contains("generated default"), "{e}");
     // bench stops at its probe with the same error.
     let e = rpc_perf::dynamic::bench::run(&bench_args(&[&addr, "kv.Kv/Get", "--proto", &kv, "-n", "10"]))
         .unwrap_err()
         .to_string();
     assert!(e.starts_with("kv.Kv/Get: UNIMPLEMENTED: "), "{e}");
+    h.shutdown();
+}
+
+/// A `kv.Kv` whose `Get` is left to the generated default handler (the very status it answers)
+/// and whose `Put` answers a handler's own UNIMPLEMENTED.
+struct PartialKv;
+impl rpc_core::codegen::Service for PartialKv {
+    const NAME: &'static str = "kv.Kv";
+    const METHODS: &'static [rpc_core::codegen::MethodDesc] = &[
+        rpc_core::codegen::MethodDesc { id: rpc_core::codegen::method_id("/kv.Kv/Get"), name: "/kv.Kv/Get" },
+        rpc_core::codegen::MethodDesc { id: rpc_core::codegen::method_id("/kv.Kv/Put"), name: "/kv.Kv/Put" },
+    ];
+    fn call(
+        &self,
+        method: rpc_core::codegen::MethodId,
+        _ctx: &rpc_core::codegen::RequestContext,
+        _body: rpc_core::codegen::Body<'_>,
+        out: &mut rpc_core::codegen::ReplyWriter<'_>,
+    ) {
+        if method == rpc_core::codegen::method_id("/kv.Kv/Get") {
+            out.error(rpc_core::Status::method_not_implemented("/kv.Kv/Get"));
+        } else {
+            out.error(rpc_core::Status::unimplemented("not yet"));
+        }
+    }
+}
+
+#[test]
+fn the_unimplemented_hint_follows_what_the_status_says() {
+    let h = Server::builder()
+        .transport(Transport::Sim)
+        .polling(POLL)
+        .add_service(PartialKv)
+        .spawn("127.0.0.1:0")
+        .expect("server starts");
+    let addr = h.local_addr().to_string();
+    let kv = proto_dir().join("kv.proto").display().to_string();
+    // Served, but left to the default handler: no "does not serve".
+    let e = call(&[&addr, "kv.Kv/Get", "--proto", &kv, "--data", r#"{"key":"a"}"#]).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "kv.Kv/Get: UNIMPLEMENTED: method /kv.Kv/Get is not implemented by this server (its handler is \
+             the generated default) (the server at {addr} serves the service but not /kv.Kv/Get: its \
+             implementation leaves it to the generated default handler)"
+        )
+    );
+    // A handler's own UNIMPLEMENTED: no hint at all.
+    let e = call(&[&addr, "kv.Kv/Put", "--proto", &kv, "--data", r#"{"key":"a"}"#]).unwrap_err();
+    assert_eq!(e, "kv.Kv/Put: UNIMPLEMENTED: not yet");
     h.shutdown();
 }
 
@@ -231,10 +283,35 @@ fn unknown_methods_services_messages_and_bad_json_are_named() {
 }
 
 #[test]
+fn a_server_port_in_use_says_to_pick_another_with_p() {
+    // The port held by a listener of this test; rpc-perf's server listens on 0.0.0.0:PORT.
+    let held = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = held.local_addr().unwrap().port().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_rpc-perf"))
+        .args(["--transport", "sim", "--poll", "yield", "-p", &port])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with(&format!("rpc-perf: error: listening on 0.0.0.0:{port}: ")), "{err}");
+    assert!(err.contains("pick another port with -p/--port"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    // The RPC server's port (-p + 1) taken: the same hint.
+    let e = rpc_perf::run::listen_error("0.0.0.0:1", std::io::ErrorKind::AddrInUse.into()).to_string();
+    assert!(e.ends_with(rpc_perf::run::PORT_IN_USE), "{e}");
+    // Another listen error gets no such hint.
+    let e = rpc_perf::run::listen_error("0.0.0.0:1", std::io::ErrorKind::PermissionDenied.into()).to_string();
+    assert!(!e.contains("-p"), "{e}");
+}
+
+#[test]
 fn an_unreachable_host_is_one_line_and_a_nonzero_exit() {
     let proto = bench_proto();
     let e = call(&["127.0.0.1:1", "rpcperf.Bench/Echo", "--proto", &proto]).unwrap_err();
     assert!(e.starts_with("cannot reach 127.0.0.1:1: UNAVAILABLE: "), "{e}");
+    // The address once: the runtime's text names it too.
+    assert_eq!(e.matches("127.0.0.1:1").count(), 1, "{e}");
+    assert_eq!(e, "cannot reach 127.0.0.1:1: UNAVAILABLE: connect: Connection refused (os error 111)");
     // The binary: one line on stderr, exit 1, nothing on stdout, no panic.
     for sub in ["call", "bench"] {
         let out = Command::new(env!("CARGO_BIN_EXE_rpc-perf"))

@@ -57,7 +57,10 @@
 #![allow(missing_docs)]
 // Generated code never warns: every module holding generated code denies warnings (`cargo build`
 // and `cargo clippy` of this crate fail on any warning in it), services of client or
-// bidirectional streams only (`codegen.streaming.Watch`, `codegen.asynchronous.Pipe`) included.
+// bidirectional streams only (`codegen.streaming.Watch`, `codegen.asynchronous.Pipe`) included,
+// and the allow-by-default lints a careful crate turns on: `unused_qualifications` (the stubs
+// spell facade items through the glob import) and `missing_debug_implementations` (adapters and
+// stubs implement `Debug`).
 
 pub mod async_services;
 pub mod collide_services;
@@ -65,13 +68,13 @@ pub mod hostile_services;
 pub mod services;
 
 /// `package helloworld`.
-#[deny(warnings)]
+#[deny(warnings, unused_qualifications, missing_debug_implementations)]
 pub mod helloworld {
     rpc_core::include_proto!("helloworld");
 }
 
 /// `package codegen.*`.
-#[deny(warnings)]
+#[deny(warnings, unused_qualifications, missing_debug_implementations)]
 pub mod codegen {
     /// Services with async server traits.
     pub mod asynchronous {
@@ -173,31 +176,31 @@ pub mod codegen {
 }
 
 /// The module-collision protos again, nested by prost-build's include file.
-#[deny(warnings)]
+#[deny(warnings, unused_qualifications, missing_debug_implementations)]
 pub mod with_include_file {
     include!(concat!(env!("OUT_DIR"), "/with-include-file/collide.rs"));
 }
 
 /// `package mvccpb` (etcd's `kv.proto` shape), imported by `etcdserverpb`.
-#[deny(warnings)]
+#[deny(warnings, unused_qualifications, missing_debug_implementations)]
 pub mod mvccpb {
     rpc_core::include_proto!("mvccpb");
 }
 
 /// `package etcdserverpb` (etcd's `rpc.proto` shape): refers to `super::mvccpb`.
-#[deny(warnings)]
+#[deny(warnings, unused_qualifications, missing_debug_implementations)]
 pub mod etcdserverpb {
     rpc_core::include_proto!("etcdserverpb");
 }
 
 /// A file without `package` (prost-build names its output `_.rs`).
-#[deny(warnings)]
+#[deny(warnings, unused_qualifications, missing_debug_implementations)]
 pub mod no_package {
     rpc_core::include_proto!("_");
 }
 
 /// Hostile but valid protos (`codegen-tests/proto/`, and two written by the build script).
-#[deny(warnings)]
+#[deny(warnings, unused_qualifications, missing_debug_implementations)]
 pub mod hostile {
     /// `package hostile.a`: deep nesting, a service without methods, names shared with `b`.
     pub mod a {

@@ -34,11 +34,14 @@ impl PartialAsync for Async {
     }
 }
 
-/// Checks `status` is UNIMPLEMENTED naming `rpc`.
+/// Checks `status` is the default handler's UNIMPLEMENTED naming `rpc`.
 #[track_caller]
 fn unimplemented(status: Status, rpc: &str) {
     assert_eq!(status.code(), Code::Unimplemented, "{status}");
-    assert!(status.message().contains(rpc), "the status names {rpc}: {status}");
+    assert_eq!(
+        status.message(),
+        format!("method {rpc} is not implemented by this server (its handler is the generated default)")
+    );
 }
 
 #[test]
@@ -91,6 +94,25 @@ fn default_handlers_answer_unimplemented_naming_the_rpc() {
     }
     server.shutdown();
     runtime.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// The adapters are `Debug` (a user's crate may deny `missing_debug_implementations`) without
+/// asking it of the implementation: `Sync` and `Async` are not `Debug`.
+#[test]
+fn adapters_are_debug_without_a_debug_implementation() {
+    assert_eq!(
+        format!("{:?}", PartialServer::new(Sync)),
+        r#"PartialServer { service: "codegen.defaults.Partial", .. }"#
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let adapter = PartialAsyncServer::with_runtime(
+        Async,
+        rpc_core::codegen::AsyncRuntime::from_handle(runtime.handle().clone()),
+    );
+    assert_eq!(
+        format!("{adapter:?}"),
+        r#"PartialAsyncServer { service: "codegen.defaults.PartialAsync", .. }"#
+    );
 }
 
 /// prost-build names a oneof's type `<Name>OneOf` when a nested message or enum has its name;

@@ -350,7 +350,8 @@ fn a_method_the_server_does_not_serve_is_named_in_unimplemented() {
         .spawn("127.0.0.1:0")
         .expect("spawn the server on sim");
     let id = helloworld::greeter_client::SAY_HELLO;
-    let expected = format!("method helloworld.Greeter/SayHello (id {id:#x}) is not served by this server");
+    let expected =
+        format!("method /helloworld.Greeter/SayHello (id {id:#010x}) is not served by this server");
     let request = helloworld::HelloRequest { name: "x".into() };
 
     let greeter = helloworld::greeter_client::GreeterClient::connect_with(server.local_addr(), &config())
@@ -358,6 +359,12 @@ fn a_method_the_server_does_not_serve_is_named_in_unimplemented() {
     let e = greeter.say_hello(&request).expect_err("no Greeter on this server");
     assert_eq!(e.code(), Code::Unimplemented, "{e}");
     assert_eq!(e.message(), expected);
+    // The stub over a `Client` is `Debug` (an application's state may derive it).
+    let debug = format!("{greeter:?}");
+    assert_eq!(
+        debug,
+        format!("GreeterClient {{ inner: Client {{ peer: {}, transport: Sim, .. }} }}", server.local_addr())
+    );
     drop(greeter);
 
     let channel_config = rpc_core::ChannelConfig::default().client(config()).thread_name("names");

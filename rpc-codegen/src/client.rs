@@ -31,7 +31,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     let connect_channel_with = scope.claim("connect_channel_with");
     let from_channel = scope.claim("from_channel");
     let channel_ref = scope.claim("channel");
-    let into_request = model.facade("IntoRequest");
+    let into_request = model.client_facade("IntoRequest");
 
     let _ = writeln!(
         buf,
@@ -41,7 +41,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
     let _ = writeln!(buf, "pub mod {}_client {{", model.module_stem);
     buf.push_str(crate::generator::ALLOW_USER_NAMES);
     buf.push_str("use rpc_core::codegen::*;\n");
-    model.write_consts(buf);
+    model.write_consts(buf, &model.client_facade("MethodId"));
     write_names(model, buf);
 
     write_comments(&model.service.comments, buf);
@@ -203,7 +203,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
                 Self {{ inner: ::core::clone::Clone::clone(&self.inner) }}
             }}
         }}",
-        shared = model.facade("SharedSession"),
+        shared = model.client_facade("SharedSession"),
     );
     buf.push_str("}\n");
 }
@@ -212,24 +212,26 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String) {
 /// process (every constructor of the stub calls it), so that an UNIMPLEMENTED from a server
 /// that does not serve a method names it (`rpc_core::codegen::register_method_names`).
 fn write_names(model: &ServiceModel<'_>, buf: &mut String) {
-    buf.push_str(
+    // Through the glob import, as the rest of the module: a full path here trips the user's
+    // `unused_qualifications`.
+    let method_desc = model.client_facade("MethodDesc");
+    let register = model.client_facade("register_method_names");
+    let _ = write!(
+        buf,
         "/// The names of the service's methods, for the client's errors.\n\
-         static __RPC_METHOD_NAMES: &[rpc_core::codegen::MethodDesc] = &[",
+         static __RPC_METHOD_NAMES: &[{method_desc}] = &["
     );
     for rpc in model.all() {
-        let _ = write!(
-            buf,
-            "rpc_core::codegen::MethodDesc {{ id: {}, name: {:?} }},",
-            rpc.id_const, rpc.full_name
-        );
+        let _ = write!(buf, "{method_desc} {{ id: {}, name: {:?} }},", rpc.id_const, rpc.full_name);
     }
-    buf.push_str(
+    let _ = write!(
+        buf,
         "];\n\
          /// Registers `__RPC_METHOD_NAMES` (once per process).\n\
-         fn __rpc_register_names() {\n\
+         fn __rpc_register_names() {{\n\
          static ONCE: ::std::sync::Once = ::std::sync::Once::new();\n\
-         ONCE.call_once(|| rpc_core::codegen::register_method_names(__RPC_METHOD_NAMES));\n\
-         }\n",
+         ONCE.call_once(|| {register}(__RPC_METHOD_NAMES));\n\
+         }}\n"
     );
 }
 
@@ -348,21 +350,23 @@ impl StreamShape {
     fn returns(self, session: Session, model: &ServiceModel<'_>, rpc: &RpcModel<'_>) -> String {
         let (input, output) = (&rpc.input, &rpc.output);
         match (session, self) {
-            (Session::Client, Self::Server) => format!("{}<'_, {output}>", model.facade("Streaming")),
+            (Session::Client, Self::Server) => format!("{}<'_, {output}>", model.client_facade("Streaming")),
             (Session::Client, Self::Client) => {
-                format!("{}<'_, {input}, {output}>", model.facade("ClientStreaming"))
+                format!("{}<'_, {input}, {output}>", model.client_facade("ClientStreaming"))
             }
             (Session::Client, Self::Bidi) => {
-                format!("{}<'_, {input}, {output}>", model.facade("BidiStreaming"))
+                format!("{}<'_, {input}, {output}>", model.client_facade("BidiStreaming"))
             }
-            (Session::Channel, Self::Server) => format!("{}<{output}>", model.facade("StreamReceiver")),
+            (Session::Channel, Self::Server) => {
+                format!("{}<{output}>", model.client_facade("StreamReceiver"))
+            }
             (Session::Channel, Self::Client) => {
-                format!("{}<{input}, {output}>", model.facade("ClientStreamCall"))
+                format!("{}<{input}, {output}>", model.client_facade("ClientStreamCall"))
             }
             (Session::Channel, Self::Bidi) => format!(
                 "({}<{input}>, {}<{output}>)",
-                model.facade("StreamSender"),
-                model.facade("StreamReceiver")
+                model.client_facade("StreamSender"),
+                model.client_facade("StreamReceiver")
             ),
         }
     }
@@ -397,7 +401,7 @@ fn write_stream_stubs(model: &ServiceModel<'_>, names: &[StreamNames], session: 
                 (shape.noun(), shape.open(), shape.about(session), shape.with_options());
             // Only a server stream takes its request when it opens, by value or by reference on both
             // sessions: a `Client` encodes it at once, a `Channel` takes the `IntoRequest` itself.
-            let into_request = model.facade("IntoRequest");
+            let into_request = model.client_facade("IntoRequest");
             let (param, arg) = match (shape, session) {
                 (StreamShape::Server, Session::Client) => (
                     format!(", request: impl {into_request}<{}>", rpc.input),

@@ -127,7 +127,7 @@ impl<'a> ServiceModel<'a> {
         }
     }
 
-    /// How the module of this service spells facade item `name`: bare (through the glob import),
+    /// How the `<service>_server` module spells facade item `name`: bare (through the glob import),
     /// or with its full path when the service's trait has that name and shadows the import.
     pub fn facade(&self, name: &str) -> String {
         debug_assert!(FACADE_NAMES.contains(&name), "{name} is not a facade name");
@@ -138,17 +138,27 @@ impl<'a> ServiceModel<'a> {
         }
     }
 
+    /// How the `<service>_client` module spells facade item `name`: always bare. Nothing there
+    /// shadows the glob import (its items are the stub `<Stem>Client`, SHOUTY constants and
+    /// `__rpc_*` names; the trait lives in the server module), and a full path where the bare name
+    /// resolves to the same item trips a user's `unused_qualifications`.
+    pub fn client_facade(&self, name: &str) -> String {
+        debug_assert!(FACADE_NAMES.contains(&name), "{name} is not a facade name");
+        debug_assert!(name != format!("{}Client", self.type_stem), "the stub {name} shadows the facade");
+        name.to_owned()
+    }
+
     /// Every RPC: unary, server-streaming, client-streaming, bidirectional (each in declaration
     /// order).
     pub fn all(&self) -> impl Iterator<Item = &RpcModel<'a>> + '_ {
         self.rpcs.iter().chain(&self.server_streams).chain(&self.client_streams).chain(&self.bidi_streams)
     }
 
-    /// Emits the constants both modules have: the service name and one method id per RPC.
-    pub fn write_consts(&self, buf: &mut String) {
+    /// Emits the constants both modules have: the service name and one method id per RPC, typed
+    /// `method_id` (the facade's `MethodId` as the module spells it).
+    pub fn write_consts(&self, buf: &mut String, method_id: &str) {
         let _ = writeln!(buf, "/// The full name of the service, `{}`.", self.full_name);
         let _ = writeln!(buf, "pub const {}: &str = \"{}\";", self.service_name_const, self.full_name);
-        let method_id = self.facade("MethodId");
         for rpc in self.all() {
             let _ = writeln!(buf, "/// Method id of `{}` (FNV-1a 32 of the full name).", rpc.full_name);
             let _ = writeln!(

@@ -98,6 +98,7 @@ pub const FACADE_NAMES: &[&str] = &[
     "UnaryCall",
     "decode",
     "method_id",
+    "register_method_names",
     "spawn_async",
     "spawn_async_stream",
 ];

@@ -42,7 +42,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool, 
     // RPC names are the user's: `new`, `into_x`, `clone`, ... are valid RPCs, not conventions broken.
     buf.push_str(ALLOW_USER_NAMES);
     buf.push_str("use rpc_core::codegen::*;\n");
-    model.write_consts(buf);
+    model.write_consts(buf, &model.facade("MethodId"));
 
     let _ = writeln!(buf, "/// The full names of the methods, `\"/package.Service/Method\"`.");
     buf.push_str("pub mod method_names {\n");
@@ -228,6 +228,17 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool, 
         buf.push_str("fn clone(&self) -> Self { Self { inner: ::std::sync::Arc::clone(&self.inner) } }\n");
     }
     buf.push_str("}\n");
+    // Debug without `{param}: Debug` (a user's implementation need not be): the service's name,
+    // the implementation left out. A crate denying `missing_debug_implementations` builds clean.
+    let _ = writeln!(
+        buf,
+        "impl<{param}: {trait_name}> ::core::fmt::Debug for {adapter}<{param}> {{
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {{
+                f.debug_struct(\"{adapter}\").field(\"service\", &{name}).finish_non_exhaustive()
+            }}
+        }}",
+        name = model.service_name_const,
+    );
 
     let _ = writeln!(buf, "impl<{param}: {trait_name}> {service} for {adapter}<{param}> {{");
     let _ = writeln!(buf, "const NAME: &'static str = {};", model.service_name_const);
@@ -236,10 +247,9 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool, 
         let _ = write!(buf, "{method_desc} {{ id: {id}, name: method_names::{id} }},", id = rpc.id_const);
     }
     buf.push_str("];\n");
-    let unknown = format!(
-        "out.error({status}::unimplemented(::std::format!(\"{{}}: unknown method id {{method:#x}}\", {})))",
-        model.service_name_const
-    );
+    // The runtime's family of UNIMPLEMENTED texts: `method id 0x… is not served by this server
+    // (service pkg.Service has no such method)`.
+    let unknown = format!("out.error({status}::method_not_served_by(method, {}))", model.service_name_const);
     if model.all().next().is_none() {
         let _ = writeln!(
             buf,
@@ -395,10 +405,8 @@ impl DefaultStub<'_> {
         if !self.on {
             return ";".to_owned();
         }
-        let status = format!(
-            "{}::unimplemented(\"{} is not implemented by this server\")",
-            self.status, rpc.full_name
-        );
+        // `method /pkg.Service/Method is not implemented by this server (...)`.
+        let status = format!("{}::method_not_implemented(\"{}\")", self.status, rpc.full_name);
         let err = format!("::core::result::Result::Err({status})");
         // A sync stream's sink is used by its answer; everything else is consumed here.
         let args = match (shape, asynchronous) {

@@ -113,10 +113,12 @@ fn helloworld_has_the_facade_shape() {
     assert_has(&code, "::core::result::Result::Ok(request) => {");
     assert_has(&code, "out.reply(<T as Greeter>::say_hello(&self.inner, ctx, request))");
     assert_has(&code, "::core::result::Result::Err(status) => out.error(status)");
-    assert_has(&code, "_ => {");
+    assert_has(&code, "_ => out.error(Status::method_not_served_by(method, SERVICE_NAME))");
+    // Debug without `T: Debug` (a user's crate may deny `missing_debug_implementations`).
+    assert_has(&code, "impl<T: Greeter> ::core::fmt::Debug for GreeterServer<T> {");
     assert_has(
         &code,
-        r#"out.error(Status::unimplemented(::std::format!("{}: unknown method id {method:#x}", SERVICE_NAME)))"#,
+        r#"f.debug_struct("GreeterServer").field("service", &SERVICE_NAME).finish_non_exhaustive()"#,
     );
     // The client module.
     assert_has(&code, "pub mod greeter_client {");
@@ -146,6 +148,11 @@ fn helloworld_has_the_facade_shape() {
     // Nothing but the facade and `super::` is imported.
     let imports: Vec<&str> = code.lines().map(str::trim).filter(|l| l.starts_with("use ")).collect();
     assert_eq!(imports, ["use rpc_core::codegen::*;", "use rpc_core::codegen::*;"]);
+    // ... and the client module spells no facade item with its full path (`unused_qualifications`).
+    let client = &code[code.find("pub mod greeter_client").expect("client module")..];
+    assert_eq!(client.matches("rpc_core::codegen::").count(), 1, "{client}");
+    assert_has(client, "static __RPC_METHOD_NAMES: &[MethodDesc] = &[MethodDesc { id: SAY_HELLO,");
+    assert_has(client, "ONCE.call_once(|| register_method_names(__RPC_METHOD_NAMES));");
 }
 
 #[test]
@@ -281,6 +288,16 @@ fn user_types_named_like_std_and_facade_items() {
     assert_has(&code, "fn pass(&self, ctx: &RequestContext, request: super::Send) -> Reply<super::Sync>;");
     assert_has(&code, "-> ::core::result::Result<super::String, Status>");
     assert_has(&code, "fn unbox(&self, ctx: &RequestContext, request: super::Box) -> Reply<super::Box>;");
+    // The traits `IntoRequest` and `SharedSession` live in the server modules: the client modules
+    // spell the facade's items bare (a full path would trip `unused_qualifications`).
+    assert_has(&code, "impl<C: SharedSession> ::core::clone::Clone for SharedSessionClient<C>");
+    assert_has(
+        &code,
+        "pub fn get(&self, request: impl IntoRequest<super::Result>) -> UnaryCall<super::Result>",
+    );
+    for client in code.split("pub mod ").filter(|m| m.contains("_client {")) {
+        assert_eq!(client.matches("rpc_core::codegen::").count(), 1, "a qualified facade item:\n{client}");
+    }
     // A service named `T`: the adapter's type parameter steps aside.
     assert_has(&code, "pub struct TServer<S: T>");
     assert_has(&code, "out.reply(<S as T>::get(&self.inner, ctx, request))");

@@ -41,6 +41,7 @@ pub(crate) mod dispatch;
 pub(crate) mod endpoint;
 pub mod health;
 pub mod metadata;
+pub(crate) mod report;
 pub mod server;
 pub mod session;
 pub mod status;

@@ -106,6 +106,14 @@ impl fmt::Display for Code {
     }
 }
 
+/// The phrase of every UNIMPLEMENTED for a method nothing on the server serves
+/// ([`Status::method_not_served`]); tools tell the two cases apart by it.
+pub const NOT_SERVED: &str = "is not served by this server";
+
+/// The phrase of every UNIMPLEMENTED for a method a served service leaves to its default handler
+/// ([`Status::method_not_implemented`]).
+pub const NOT_IMPLEMENTED: &str = "is not implemented by this server";
+
 /// The outcome of a failed RPC: a [`Code`] and a human-readable message.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
@@ -115,8 +123,18 @@ pub struct Status {
 }
 
 impl fmt::Debug for Status {
+    /// `{:?}`: the `Display` text (`UNAVAILABLE: connect: ...`), so that `fn main() -> Result<(),
+    /// Status>` (or `Box<dyn Error>`) and `unwrap()` read well, as `anyhow` reports errors;
+    /// `{:#?}`: the fields.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Status").field("code", &self.code).field("message", &self.message).finish()
+        if f.alternate() {
+            return f
+                .debug_struct("Status")
+                .field("code", &self.code)
+                .field("message", &self.message)
+                .finish();
+        }
+        crate::report::write_report(self, f)
     }
 }
 
@@ -174,6 +192,37 @@ impl Status {
         unauthenticated => Unauthenticated;
     }
 
+    /// [`Code::Unimplemented`] for a method id no service of this server serves (what the worker
+    /// answers): `method id 0x88a5acce is not served by this server`. The server names only the
+    /// id (it lists nothing of what it serves); a client whose generated stub knows the method
+    /// puts its name in: `method /pkg.Service/Method (id 0x88a5acce) is not served by this server`.
+    ///
+    /// One family with [`Status::method_not_served_by`] and [`Status::method_not_implemented`]:
+    /// `method ... is not served` (nothing serves it: the wrong server, or a service not added),
+    /// `method ... is not implemented` (the service is served, the method left to its default).
+    pub fn method_not_served(method: u32) -> Status {
+        Status::unimplemented(format!("method id {method:#010x} {NOT_SERVED}"))
+    }
+
+    /// [`Code::Unimplemented`] for a method id a service's adapter does not know (what a generated
+    /// adapter answers for an id outside its table):
+    /// `method id 0x12345678 is not served by this server (service pkg.Service has no such method)`.
+    pub fn method_not_served_by(method: u32, service: &str) -> Status {
+        Status::unimplemented(format!(
+            "method id {method:#010x} {NOT_SERVED} (service {service} has no such method)"
+        ))
+    }
+
+    /// [`Code::Unimplemented`] for a method that a served service declares but its implementation
+    /// leaves to the generated default handler (`generate_default_stubs`); `full_name` is
+    /// `/pkg.Service/Method`:
+    /// `method /pkg.Service/Method is not implemented by this server (its handler is the generated default)`.
+    pub fn method_not_implemented(full_name: &str) -> Status {
+        Status::unimplemented(format!(
+            "method {full_name} {NOT_IMPLEMENTED} (its handler is the generated default)"
+        ))
+    }
+
     /// The code.
     pub fn code(&self) -> Code {
         self.code
@@ -215,5 +264,26 @@ mod tests {
         assert_eq!(s.message(), "peer gone");
         assert_eq!(s.to_string(), "UNAVAILABLE: peer gone");
         assert_eq!(Status::new(Code::Internal, "x"), Status::internal("x"));
+    }
+
+    #[test]
+    fn unimplemented_texts_are_one_family() {
+        let s = Status::method_not_served(0x88a5_acce);
+        assert_eq!(s.code(), Code::Unimplemented);
+        assert_eq!(s.message(), "method id 0x88a5acce is not served by this server");
+        let s = Status::method_not_served(0x9);
+        assert_eq!(s.message(), "method id 0x00000009 is not served by this server");
+        let s = Status::method_not_served_by(0x1234_5678, "pkg.Svc");
+        assert_eq!(s.code(), Code::Unimplemented);
+        assert_eq!(
+            s.message(),
+            "method id 0x12345678 is not served by this server (service pkg.Svc has no such method)"
+        );
+        let s = Status::method_not_implemented("/pkg.Svc/M");
+        assert_eq!(s.code(), Code::Unimplemented);
+        assert_eq!(
+            s.message(),
+            "method /pkg.Svc/M is not implemented by this server (its handler is the generated default)"
+        );
     }
 }

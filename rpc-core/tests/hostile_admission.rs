@@ -358,7 +358,7 @@ fn only_the_exact_auth_token_is_admitted() {
 fn a_server_ring_above_the_clients_cap_names_both_settings() {
     let (server, _) = spawn(server().ring_bytes(2 << 20));
     let cfg = client_config().max_peer_ring_bytes(1 << 20);
-    let e = Client::connect_with(server.local_addr(), &cfg).err().expect("refused");
+    let e = Client::connect_with(server.local_addr(), &cfg).expect_err("refused");
     assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
     for part in ["ClientConfig::max_peer_ring_bytes", "ServerConfig::ring_bytes", "2097152", "1048576"] {
         assert!(e.message().contains(part), "`{part}` not in: {e}");

@@ -341,9 +341,8 @@ fn the_listener_never_waits_for_a_held_worker() {
     let cfg = client_config().connect_timeout(Duration::from_secs(30));
     let mut busy = 0;
     for i in 0..12 {
-        let e = Client::connect_with(server.local_addr(), &cfg)
-            .err()
-            .expect("no session while the worker is held");
+        let e =
+            Client::connect_with(server.local_addr(), &cfg).expect_err("no session while the worker is held");
         assert_eq!(e.code(), rpc_core::Code::Unavailable, "connect {i}: {e}");
         if e.message().contains("control queue is full") {
             busy += 1;

@@ -191,7 +191,7 @@ fn srq_admission_sums_the_credits_of_every_session() {
     let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 127 WQEs fit in 352")).collect();
     let small =
         [connect(1).expect("2 × 127 + 49 fit in 352"), connect(1).expect("2 × 127 + 2 × 49 = 352 fit")];
-    let err = connect(1).err().expect("2 × 127 + 3 × 49 = 401 WQEs do not fit in 352");
+    let err = connect(1).expect_err("2 × 127 + 3 × 49 = 401 WQEs do not fit in 352");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
     assert!(err.message().contains("srq_depth"), "{err}");
     // Freeing a large session makes room again.
@@ -241,7 +241,7 @@ fn connecting_during_shutdown_is_refused() {
     );
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     assert!(e.message().contains("shutting down"), "{e}");
-    let err = Client::connect_with(addr, &client_config()).err().expect("no new session while draining");
+    let err = Client::connect_with(addr, &client_config()).expect_err("no new session while draining");
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert!(err.message().contains("shutting down"), "{err}");
     // Answer the held call: the drain ends and shutdown returns.
@@ -598,8 +598,7 @@ fn auth_tokens_longer_than_the_handshake_carries_are_refused_locally() {
     assert!(err.to_string().contains("auth_token"), "{err}");
     let (server, _) = spawn(server());
     let err = Client::connect_with(server.local_addr(), &client_config().auth_token(vec![1u8; 70_000]))
-        .err()
-        .expect("a 70000-byte client token is refused");
+        .expect_err("a 70000-byte client token is refused");
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
     assert!(err.message().contains("auth_token"), "{err}");
     let ok = Client::connect_with(server.local_addr(), &client_config().auth_token(vec![1u8; 256]));

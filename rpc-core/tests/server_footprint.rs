@@ -99,7 +99,7 @@ fn an_explicit_srq_depth_is_never_exceeded() {
     assert_eq!(server.counters().recv_buffers, 254);
     let e = Client::connect_with(server.local_addr(), &client_config())
         .and_then(|c| c.unary::<_, EchoMsg>(ECHO, &request(3, 32, 32), &CallOptions::default()).map(|_| c));
-    let e = e.err().expect("a third session does not fit the SRQ");
+    let e = e.expect_err("a third session does not fit the SRQ");
     assert!(e.message().contains("srq_depth 254"), "{e}");
     assert_eq!(server.counters().recv_buffers, 254);
 }

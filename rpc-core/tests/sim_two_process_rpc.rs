@@ -252,6 +252,28 @@ fn killed_server_process_fails_calls_in_flight_unavailable_and_its_segment_goes(
     }
 }
 
+/// A server process ended by SIGTERM (no `atexit`, and the library installs no signal handler)
+/// with no peer mapping its segment leaves the segment in /dev/shm; the next sim device this
+/// process opens removes it. A live server process's segment stays.
+#[test]
+fn a_sigtermed_server_process_segment_is_reaped_when_a_device_opens() {
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::{DeviceSelector, Provider};
+    // Not only this process's first device: every one opened.
+    let first = Sim::open(&DeviceSelector::First).expect("a sim device");
+    let live = ServerProcess::start();
+    let mut s = ServerProcess::start();
+    assert!(s.segments() >= 1, "the server process has its host segment");
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().is_ok_and(|st| st.success()), "kill -TERM");
+    s.child.wait().expect("wait");
+    assert!(s.segments() >= 1, "SIGTERM left the segment behind");
+    let second = Sim::open(&DeviceSelector::First).expect("a sim device");
+    assert_eq!(s.segments(), 0, "opening a sim device removed the dead process's segment");
+    assert!(live.segments() >= 1, "a live process's segment stays");
+    drop((first, second));
+}
+
 /// A server process stopped with SIGSTOP (alive to the kernel: its TCP connection stays open
 /// and would answer keepalives) while a call waits: the idle probe gets no Pong, and the call
 /// ends UNAVAILABLE within the client's `peer_timeout` (1.5 s here), not at its 20 s deadline.

@@ -1,5 +1,6 @@
 //! `rpc-perf call`: one call, the request from JSON, the reply printed as JSON.
 
+use rpc_core::status::{NOT_IMPLEMENTED, NOT_SERVED};
 use rpc_core::{CallOptions, Code, Status};
 
 use super::args::CallArgs;
@@ -48,14 +49,25 @@ pub fn run(a: &CallArgs) -> Result<String, PerfError> {
     }
 }
 
-/// The one-line error for a call that ended with `s`.
+/// The one-line error for a call that ended with `s`, with a hint that follows what the status
+/// says: a method nothing on the server serves (`... is not served by this server`: the wrong
+/// server or .proto), and one its service leaves to the default handler (`... is not
+/// implemented by this server`); a handler's own UNIMPLEMENTED speaks for itself.
 pub fn status_error(method: &UnaryMethod, addr: &str, s: &Status) -> PerfError {
-    let hint = match s.code() {
-        Code::Unimplemented => format!(
+    let says = |phrase: &str| s.code() == Code::Unimplemented && s.message().contains(phrase);
+    let hint = if says(NOT_SERVED) {
+        format!(
             " (the server at {addr} does not serve {} [method id {:#010x}]: is it running this .proto's service?)",
             method.full_name, method.id
-        ),
-        _ => String::new(),
+        )
+    } else if says(NOT_IMPLEMENTED) {
+        format!(
+            " (the server at {addr} serves the service but not {}: its implementation leaves it to the \
+             generated default handler)",
+            method.full_name
+        )
+    } else {
+        String::new()
     };
     PerfError::Setup(format!("{}: {}: {}{hint}", method.name, s.code(), super::one_line(s.message())))
 }

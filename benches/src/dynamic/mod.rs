@@ -78,7 +78,9 @@ pub fn connect(
         .window(window.clamp(1, 4096) as u16)
         .ring_bytes(ring_bytes);
     let client = Client::connect_with(addr.as_str(), &cfg).map_err(|s| {
-        let text = one_line(&s.to_string());
+        // The runtime's text names the address it tried (`connect: 127.0.0.1:50099: Connection
+        // refused`); said once, after `cannot reach`.
+        let text = one_line(&s.to_string()).replacen(&format!("{addr}: "), "", 1);
         let hint = if text.contains("handshake") {
             " (is an RPC server of this framework listening there, on the same --transport? \
              `rpc-perf --persist` serves rpcperf.Bench on its -p port + 1)"

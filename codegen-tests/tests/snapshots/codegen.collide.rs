@@ -154,6 +154,13 @@ pub mod store_server {
             }
         }
     }
+    impl<T: Store> ::core::fmt::Debug for StoreServer<T> {
+        fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+            f.debug_struct("StoreServer")
+                .field("service", &SERVICE_NAME)
+                .finish_non_exhaustive()
+        }
+    }
     impl<T: Store> Service for StoreServer<T> {
         const NAME: &'static str = SERVICE_NAME;
         const METHODS: &'static [MethodDesc] = &[
@@ -202,15 +209,7 @@ pub mod store_server {
                         ::core::result::Result::Err(status) => out.error(status),
                     }
                 }
-                _ => {
-                    out.error(
-                        Status::unimplemented(
-                            ::std::format!(
-                                "{}: unknown method id {method:#x}", SERVICE_NAME
-                            ),
-                        ),
-                    )
-                }
+                _ => out.error(Status::method_not_served_by(method, SERVICE_NAME)),
             }
         }
     }
@@ -232,16 +231,16 @@ pub mod store_client {
     /// Method id of `/codegen.collide.Store/List` (FNV-1a 32 of the full name).
     pub const LIST: MethodId = 0xea17_102d;
     /// The names of the service's methods, for the client's errors.
-    static __RPC_METHOD_NAMES: &[rpc_core::codegen::MethodDesc] = &[
-        rpc_core::codegen::MethodDesc {
+    static __RPC_METHOD_NAMES: &[MethodDesc] = &[
+        MethodDesc {
             id: STOCK,
             name: "/codegen.collide.Store/Stock",
         },
-        rpc_core::codegen::MethodDesc {
+        MethodDesc {
             id: LABEL,
             name: "/codegen.collide.Store/Label",
         },
-        rpc_core::codegen::MethodDesc {
+        MethodDesc {
             id: LIST,
             name: "/codegen.collide.Store/List",
         },
@@ -249,7 +248,7 @@ pub mod store_client {
     /// Registers `__RPC_METHOD_NAMES` (once per process).
     fn __rpc_register_names() {
         static ONCE: ::std::sync::Once = ::std::sync::Once::new();
-        ONCE.call_once(|| rpc_core::codegen::register_method_names(__RPC_METHOD_NAMES));
+        ONCE.call_once(|| register_method_names(__RPC_METHOD_NAMES));
     }
     /// Calls the RPCs of `codegen.collide.Store`.
     ///

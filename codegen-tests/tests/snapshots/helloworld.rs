@@ -65,6 +65,13 @@ pub mod greeter_server {
             }
         }
     }
+    impl<T: Greeter> ::core::fmt::Debug for GreeterServer<T> {
+        fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+            f.debug_struct("GreeterServer")
+                .field("service", &SERVICE_NAME)
+                .finish_non_exhaustive()
+        }
+    }
     impl<T: Greeter> Service for GreeterServer<T> {
         const NAME: &'static str = SERVICE_NAME;
         const METHODS: &'static [MethodDesc] = &[
@@ -91,15 +98,7 @@ pub mod greeter_server {
                         ::core::result::Result::Err(status) => out.error(status),
                     }
                 }
-                _ => {
-                    out.error(
-                        Status::unimplemented(
-                            ::std::format!(
-                                "{}: unknown method id {method:#x}", SERVICE_NAME
-                            ),
-                        ),
-                    )
-                }
+                _ => out.error(Status::method_not_served_by(method, SERVICE_NAME)),
             }
         }
     }
@@ -117,8 +116,8 @@ pub mod greeter_client {
     /// Method id of `/helloworld.Greeter/SayHello` (FNV-1a 32 of the full name).
     pub const SAY_HELLO: MethodId = 0x88a5_acce;
     /// The names of the service's methods, for the client's errors.
-    static __RPC_METHOD_NAMES: &[rpc_core::codegen::MethodDesc] = &[
-        rpc_core::codegen::MethodDesc {
+    static __RPC_METHOD_NAMES: &[MethodDesc] = &[
+        MethodDesc {
             id: SAY_HELLO,
             name: "/helloworld.Greeter/SayHello",
         },
@@ -126,7 +125,7 @@ pub mod greeter_client {
     /// Registers `__RPC_METHOD_NAMES` (once per process).
     fn __rpc_register_names() {
         static ONCE: ::std::sync::Once = ::std::sync::Once::new();
-        ONCE.call_once(|| rpc_core::codegen::register_method_names(__RPC_METHOD_NAMES));
+        ONCE.call_once(|| register_method_names(__RPC_METHOD_NAMES));
     }
     /// Says hello.
     ///

@@ -96,6 +96,20 @@ pub struct Client {
     inner: RefCell<Inner>,
 }
 
+impl std::fmt::Debug for Client {
+    /// The server's address and the transport (a generated stub over a `Client` derives its
+    /// `Debug` from this one).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Client");
+        match self.inner.try_borrow() {
+            Ok(inner) => d.field("peer", &inner.peer).field("transport", &inner.config.transport),
+            // Only from inside a call of this very client (a `Debug` of it in a callback).
+            Err(_) => d.field("peer", &format_args!("<in a call>")),
+        };
+        d.finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     calls: AnyCalls,
     /// Counts sessions: a call belongs to the session of its epoch.

@@ -140,6 +140,13 @@ pub mod health_server {
             }
         }
     }
+    impl<T: Health> ::core::fmt::Debug for HealthServer<T> {
+        fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+            f.debug_struct("HealthServer")
+                .field("service", &SERVICE_NAME)
+                .finish_non_exhaustive()
+        }
+    }
     impl<T: Health> Service for HealthServer<T> {
         const NAME: &'static str = SERVICE_NAME;
         const METHODS: &'static [MethodDesc] = &[
@@ -179,15 +186,7 @@ pub mod health_server {
                         ::core::result::Result::Err(status) => out.error(status),
                     }
                 }
-                _ => {
-                    out.error(
-                        Status::unimplemented(
-                            ::std::format!(
-                                "{}: unknown method id {method:#x}", SERVICE_NAME
-                            ),
-                        ),
-                    )
-                }
+                _ => out.error(Status::method_not_served_by(method, SERVICE_NAME)),
             }
         }
     }
@@ -207,12 +206,12 @@ pub mod health_client {
     /// Method id of `/grpc.health.v1.Health/Watch` (FNV-1a 32 of the full name).
     pub const WATCH: MethodId = 0xd73e_5e8b;
     /// The names of the service's methods, for the client's errors.
-    static __RPC_METHOD_NAMES: &[rpc_core::codegen::MethodDesc] = &[
-        rpc_core::codegen::MethodDesc {
+    static __RPC_METHOD_NAMES: &[MethodDesc] = &[
+        MethodDesc {
             id: CHECK,
             name: "/grpc.health.v1.Health/Check",
         },
-        rpc_core::codegen::MethodDesc {
+        MethodDesc {
             id: WATCH,
             name: "/grpc.health.v1.Health/Watch",
         },
@@ -220,7 +219,7 @@ pub mod health_client {
     /// Registers `__RPC_METHOD_NAMES` (once per process).
     fn __rpc_register_names() {
         static ONCE: ::std::sync::Once = ::std::sync::Once::new();
-        ONCE.call_once(|| rpc_core::codegen::register_method_names(__RPC_METHOD_NAMES));
+        ONCE.call_once(|| register_method_names(__RPC_METHOD_NAMES));
     }
     /// Calls the RPCs of `grpc.health.v1.Health`.
     ///

@@ -30,7 +30,12 @@ use crate::transport::Transport;
 use crate::verbs::VerbsError;
 
 /// Why a server could not start.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` (`{:?}`) is its `Display` text plus any source the text does not already say, as
+/// `anyhow` reports errors, so `fn main() -> Result<(), ServerError>` (or `Box<dyn Error>`) prints
+/// `Error: listen on 127.0.0.1:50061: Address already in use (os error 98)`; `{:#?}` shows the
+/// variant and its fields.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {
     /// Binding or configuring the TCP listener failed.
@@ -75,6 +80,33 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl std::fmt::Debug for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !f.alternate() {
+            return crate::report::write_report(self, f);
+        }
+        match self {
+            Self::Listen { addr, source } => {
+                f.debug_struct("Listen").field("addr", addr).field("source", source).finish()
+            }
+            Self::Verbs(e) => f.debug_tuple("Verbs").field(e).finish(),
+            Self::Config { field, reason } => {
+                f.debug_struct("Config").field("field", field).field("reason", reason).finish()
+            }
+            Self::DuplicateMethod { id, first, second } => f
+                .debug_struct("DuplicateMethod")
+                .field("id", id)
+                .field("first", first)
+                .field("second", second)
+                .finish(),
+            Self::Transport(e) => f.debug_tuple("Transport").field(e).finish(),
+            Self::Thread { what, source } => {
+                f.debug_struct("Thread").field("what", what).field("source", source).finish()
+            }
+        }
+    }
 }
 
 /// Server configuration. Every field has a documented default ([`ServerConfig::default`]).

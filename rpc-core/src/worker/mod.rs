@@ -1396,7 +1396,7 @@ impl<P: Provider> Worker<P> {
             out.error(s);
         } else {
             match found {
-                None => out.error(Status::unimplemented(format!("unknown method id {:#x}", h.method))),
+                None => out.error(Status::method_not_served(h.method)),
                 Some((svc, name)) => {
                     // The calls the handler makes inherit this call's deadline.
                     let _serving = crate::context::serving(deadline);

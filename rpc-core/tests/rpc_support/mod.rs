@@ -300,7 +300,7 @@ impl Service for TestService {
                     ..Default::default()
                 }));
             }
-            _ => out.error(Status::unimplemented(format!("{SERVICE}: unknown method id {method:#x}"))),
+            _ => out.error(Status::method_not_served_by(method, SERVICE)),
         }
     }
 }

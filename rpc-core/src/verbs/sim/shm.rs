@@ -10,8 +10,11 @@
 //! as far as [`Header::size`] says it is in use. Its name is derived from the host's GID
 //! (`fe80::<pid>:<host id>`), so a peer finds it from the address exchanged at connection setup.
 //! The owner unlinks it when the host is dropped or the process exits (`atexit`); a peer that
-//! finds the owner's pid gone unlinks it; and every process removes the segments of dead pids
-//! of its user when it opens its first host.
+//! finds the owner's pid gone unlinks it; and every time a host opens (a sim device), its
+//! process removes the stale segments of its user: of a pid that is gone, or of a pid that a
+//! later process reuses (a heartbeat older than [`HEARTBEAT_DEAD_NS`] and not mapped by that
+//! process). A process killed by a signal (SIGTERM, SIGKILL: no `atexit`) leaves its segments
+//! behind until then; a library installs no signal handler.
 //!
 //! Everything here is control path: creating, mapping, allocating and freeing.
 
@@ -149,6 +152,7 @@ impl Segment {
     /// Creates and maps the segment of host `host_id` of this process.
     pub(crate) fn create(host_id: u32) -> Result<Segment> {
         init_process();
+        remove_stale();
         let path = CString::new(seg_path(my_pid(), host_id)).map_err(|_| VerbsError::InvalidArgument {
             call: "sim host segment",
             reason: "path with NUL".into(),
@@ -321,13 +325,14 @@ extern "C" fn unlink_own_at_exit() {
 
 fn init_process() {
     INIT.call_once(|| {
-        remove_stale();
         // SAFETY: registering a plain `extern "C"` function.
         unsafe { libc::atexit(unlink_own_at_exit) };
     });
 }
 
-/// Removes this user's host segments whose process is gone.
+/// Removes this user's host segments whose creating process is gone (never this process's, never
+/// one a live process may use: see [`stale_reason`]); logs each removal at info, a removal that
+/// fails (another process removed it first, permissions) at debug.
 pub(crate) fn remove_stale() {
     let prefix = format!("rpc-sim.{}.", my_uid());
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
@@ -335,11 +340,59 @@ pub(crate) fn remove_stale() {
         let name = e.file_name();
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
         let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if pid != my_pid() && !pid_alive(pid) {
-            tracing::info!(file = ?name, "sim: removing the host segment of a dead process");
-            let _ = std::fs::remove_file(e.path());
+        if pid == my_pid() {
+            continue;
+        }
+        let path = e.path();
+        let Some(why) = stale_reason(pid, &path) else { continue };
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!(file = %path.display(), pid, why, "sim: removed a stale host segment"),
+            Err(err) => {
+                tracing::debug!(file = %path.display(), pid, why, %err, "sim: could not remove a stale host segment")
+            }
         }
     }
+}
+
+/// Why the segment at `path`, named for process `pid` (not this one), is stale, or `None` when
+/// a live process may still use it:
+/// - `pid` is gone (or a zombie): stale;
+/// - `pid` is alive: stale only when the segment is a complete host segment of `pid` whose
+///   heartbeat is older than [`HEARTBEAT_DEAD_NS`] (its owner writes it every
+///   [`HEARTBEAT_NS`]) and `/proc/<pid>/maps` is readable and does not map it (an owner maps
+///   its segment for the segment's whole life): the pid was reused by a later process. A
+///   segment being created (no magic yet), of another layout, or whose mapping cannot be read
+///   (another user's process, permissions) is kept.
+fn stale_reason(pid: u32, path: &std::path::Path) -> Option<&'static str> {
+    if !pid_alive(pid) {
+        return Some("its process is gone");
+    }
+    let (magic, owner, heartbeat) = read_header(path)?;
+    if magic != MAGIC || owner != pid {
+        return None;
+    }
+    if monotonic_ns().saturating_sub(heartbeat) < HEARTBEAT_DEAD_NS {
+        return None;
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mapped = path.to_str().is_none_or(|p| maps.lines().any(|l| l.contains(p)));
+    (!mapped).then_some("its pid belongs to a later process (no heartbeat, not mapped)")
+}
+
+/// `(magic, pid, heartbeat)` of the segment file at `path` (plain reads; `None` when shorter
+/// than the header or unreadable).
+fn read_header(path: &std::path::Path) -> Option<(u64, u32, u64)> {
+    use std::io::Read as _;
+    use std::mem::offset_of;
+    let mut head = [0u8; std::mem::size_of::<Header>()];
+    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    let word = |at: usize| u64::from_ne_bytes(head[at..at + 8].try_into().unwrap_or_default());
+    let half = |at: usize| u32::from_ne_bytes(head[at..at + 4].try_into().unwrap_or_default());
+    Some((
+        word(offset_of!(Header, magic)),
+        half(offset_of!(Header, pid)),
+        word(offset_of!(Header, heartbeat)),
+    ))
 }
 
 pub(crate) fn remember_own(path: &CString) {
@@ -616,6 +669,73 @@ mod tests {
         child.wait().unwrap();
         assert!(!pid_alive(pid));
         assert!(pid_alive(my_pid()));
+    }
+
+    /// A segment file named for `pid` with a complete header whose heartbeat is `age_ns` old.
+    fn fake_segment(pid: u32, host_id: u32, age_ns: u64) -> String {
+        use std::mem::offset_of;
+        let mut head = vec![0u8; std::mem::size_of::<Header>()];
+        let mut put = |at: usize, bytes: &[u8]| head[at..at + bytes.len()].copy_from_slice(bytes);
+        put(offset_of!(Header, magic), &MAGIC.to_ne_bytes());
+        put(offset_of!(Header, version), &VERSION.to_ne_bytes());
+        put(offset_of!(Header, pid), &pid.to_ne_bytes());
+        put(offset_of!(Header, host_id), &host_id.to_ne_bytes());
+        put(offset_of!(Header, heartbeat), &monotonic_ns().saturating_sub(age_ns).to_ne_bytes());
+        let path = seg_path(pid, host_id);
+        std::fs::write(&path, head).unwrap();
+        path
+    }
+
+    /// A reused pid: a live process (a child of this test) holds the pid a segment is named for.
+    /// Its segment stays while its heartbeat is fresh or while that process maps it; with an
+    /// old heartbeat and no mapping, it was an earlier holder's and is removed.
+    #[test]
+    fn a_segment_of_a_reused_pid_is_removed_only_when_no_heartbeat_and_not_mapped() {
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().expect("spawn sleep");
+        let pid = child.id();
+        let fresh = fake_segment(pid, 0xdddd_0001, 0);
+        let old = fake_segment(pid, 0xdddd_0002, 2 * HEARTBEAT_DEAD_NS);
+        // Not a host segment (being created, or something else): kept whatever its age.
+        let partial = seg_path(pid, 0xdddd_0003);
+        std::fs::write(&partial, b"x").unwrap();
+        assert_eq!(stale_reason(pid, std::path::Path::new(&fresh)), None);
+        assert_eq!(stale_reason(pid, std::path::Path::new(&partial)), None);
+        assert!(stale_reason(pid, std::path::Path::new(&old)).is_some());
+        remove_stale();
+        assert!(std::fs::metadata(&fresh).is_ok(), "a fresh heartbeat: the live pid's segment stays");
+        assert!(std::fs::metadata(&partial).is_ok(), "no header: stays");
+        assert!(std::fs::metadata(&old).is_err(), "an old heartbeat, not mapped: removed");
+        // This process's own segments are never touched, whatever their heartbeat.
+        let own = fake_segment(my_pid(), 0xdddd_0004, 2 * HEARTBEAT_DEAD_NS);
+        remove_stale();
+        assert!(std::fs::metadata(&own).is_ok());
+        // An old heartbeat of a segment the live process maps: kept (a stopped owner).
+        let mapped = fake_segment(my_pid(), 0xdddd_0005, 2 * HEARTBEAT_DEAD_NS);
+        let file = std::fs::File::open(&mapped).unwrap();
+        // SAFETY: a read-only shared mapping of a file this test owns; unmapped below.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(maps.contains(&mapped), "{maps}");
+        // Seen as another pid's: the mapping check alone keeps it.
+        let alive_and_mapping = std::path::Path::new(&mapped);
+        assert_eq!(stale_reason(my_pid(), alive_and_mapping), None);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(at, 4096) };
+        for p in [&fresh, &partial, &own, &mapped] {
+            std::fs::remove_file(p).unwrap();
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
