@@ -187,17 +187,33 @@ impl ClientConfig {
     }
 }
 
-/// Options of one call. `CallOptions::default()` has no deadline.
+/// Options of one call. `CallOptions::default()` has no deadline and no balancing key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CallOptions {
     timeout: Option<Duration>,
+    key: Option<u64>,
 }
 
 impl CallOptions {
     /// Options with a deadline `timeout` from the start of the call; after it the call ends with
     /// DEADLINE_EXCEEDED (the server sees the remaining time in its `RequestContext::deadline`).
     pub fn deadline(timeout: Duration) -> CallOptions {
-        CallOptions { timeout: Some(timeout) }
+        CallOptions { timeout: Some(timeout), key: None }
+    }
+
+    /// These options with the call's request key: a balanced channel with
+    /// [`Policy::ConsistentHash`](crate::balance::Policy::ConsistentHash) sends every call with
+    /// the same key to the same server while that server is up (hash the user id, the shard
+    /// key, ... into a `u64` yourself). Ignored by the other policies and by a channel to one
+    /// server; with no key, that policy picks round robin.
+    pub fn with_key(mut self, key: u64) -> CallOptions {
+        self.key = Some(key);
+        self
+    }
+
+    /// The request key, if any (see [`CallOptions::with_key`]).
+    pub fn key(&self) -> Option<u64> {
+        self.key
     }
 
     /// The timeout, if any.

@@ -1,0 +1,1 @@
+//! etcd discovery (placeholder while being written).
