@@ -269,3 +269,23 @@ fn consistent_hashing_keeps_each_key_on_its_server_and_moves_only_a_downed_serve
     let third: Vec<usize> = (0..60).map(owner).collect();
     assert_eq!(first, third);
 }
+
+#[test]
+fn a_call_waiting_on_a_connect_that_fails_ends_unavailable_not_never() {
+    // The only server: nobody listens there. The call waits on its connect, which fails.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let ch = Channel::balanced(
+        StaticResolver::new([nobody]),
+        &config(Policy::RoundRobin, "bal-never")
+            .retry_initial(Duration::from_secs(30))
+            .retry_max(Duration::from_secs(30)),
+    )
+    .unwrap();
+    let e = echo(&ch, 1, &CallOptions::default()).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    eventually("the server marked down", || state(&ch, nobody) == ServerState::Down);
+    // Now down and nothing else: the next call ends at once, saying when it is retried.
+    let e = echo(&ch, 2, &CallOptions::default()).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("next retry"), "{e}");
+}
