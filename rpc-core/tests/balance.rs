@@ -289,3 +289,14 @@ fn a_call_waiting_on_a_connect_that_fails_ends_unavailable_not_never() {
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     assert!(e.message().contains("next retry"), "{e}");
 }
+
+#[test]
+fn a_stream_with_no_server_to_pick_ends_unavailable() {
+    let ch = Channel::balanced(StaticResolver::new([]), &config(Policy::RoundRobin, "bal-stream")).unwrap();
+    let mut rx = ch.server_stream::<EchoMsg, EchoMsg>(ECHO, request(1, 4, 0), &CallOptions::default());
+    let e = block_on(rx.message()).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    let (mut tx, mut rx) = ch.bidi_stream::<EchoMsg, EchoMsg>(ECHO, &CallOptions::default());
+    assert!(block_on(tx.send(&request(2, 4, 0))).is_err());
+    assert_eq!(block_on(rx.message()).unwrap_err().code(), Code::Unavailable);
+}

@@ -348,10 +348,7 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         if let Some(b) = &self.shared.balance {
-            return match b.pick(opts.key()) {
-                Ok(server) => server.unary(id, req, opts),
-                Err(s) => self.failed_call(s),
-            };
+            return self.unary_balanced(b, id, req, opts);
         }
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
@@ -378,6 +375,27 @@ impl Channel {
         let mut call = UnaryCall::new(job, Some(submit), self.shared.clone(), dispatcher);
         call.try_queue();
         call
+    }
+
+    /// [`Channel::unary`] of a balanced channel: on the channel of the server the balancer picks
+    /// (out of line: the single-server path stays as small as it was).
+    #[cold]
+    #[inline(never)]
+    fn unary_balanced<Req, Resp>(
+        &self,
+        b: &crate::balance::Balancer,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> UnaryCall<Resp>
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        match b.pick(opts.key()) {
+            Ok(server) => server.unary(id, req, opts),
+            Err(s) => self.failed_call(s),
+        }
     }
 
     /// Calls started and not yet finished or dropped, over all dispatchers (as the dispatchers
