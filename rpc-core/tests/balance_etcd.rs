@@ -144,6 +144,9 @@ fn three_servers_register_one_dies_traffic_moves_to_the_two_others_and_returns()
     let mut want = addrs.clone();
     want.sort();
     assert_eq!(known, want, "the resolver's first set");
+    // The first call connects them all (it waits on one still connecting).
+    echo(&ch, 0).unwrap();
+    eventually("every server up", || b.servers().iter().all(|s| s.state == ServerState::Up));
     for seq in 0..30 {
         echo(&ch, seq).unwrap();
     }
