@@ -300,3 +300,42 @@ fn a_stream_with_no_server_to_pick_ends_unavailable() {
     assert!(block_on(tx.send(&request(2, 4, 0))).is_err());
     assert_eq!(block_on(rx.message()).unwrap_err().code(), Code::Unavailable);
 }
+
+#[test]
+fn power_of_two_choices_avoids_a_server_loaded_by_another_client() {
+    let s = servers(2);
+    let a = addrs(&s);
+    // Another client holds 6 calls on server 0 (its handler stashes them): the server reports
+    // that load on its responses to everyone.
+    let other = Channel::connect_blocking(a[0], &config(Policy::RoundRobin, "bal-other").channel).unwrap();
+    let held: Vec<_> = (0..6)
+        .map(|i| other.unary::<EchoMsg, EchoMsg>(STASH, request(i, 4, 0), &CallOptions::default()))
+        .collect();
+    let mut held = held;
+    for call in held.iter_mut() {
+        // Polled once: sent.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let _ = std::pin::Pin::new(call).poll(&mut cx);
+    }
+    eventually("the other client's six calls held", || s[0].counters().rpcs == 0 && other.in_flight() == 6);
+    let cfg = config(Policy::PowerOfTwoChoices, "bal-p2c-load").load_fresh(Duration::from_secs(600));
+    let ch = Channel::balanced(StaticResolver::new(a.clone()), &cfg).unwrap();
+    let b = ch.balancer().unwrap().clone();
+    // Calls until both servers have answered this client once (each report comes on a response).
+    let mut seq = 0;
+    eventually("both servers' loads reported", || {
+        seq += 1;
+        echo(&ch, seq, &CallOptions::default()).unwrap();
+        b.servers().iter().all(|x| x.reported_load.is_some())
+    });
+    let loaded = b.servers().iter().find(|x| x.addr == a[0]).unwrap().reported_load.unwrap();
+    assert!(loaded >= 6, "server 0 reported {loaded} with 6 calls held");
+    let before = picks(&ch, &a);
+    for seq in 100..150 {
+        echo(&ch, seq, &CallOptions::default()).unwrap();
+    }
+    let after = picks(&ch, &a);
+    assert_eq!(after[0], before[0], "a call went to the server another client loads");
+    assert_eq!(after[1] - before[1], 50);
+    drop(held);
+}

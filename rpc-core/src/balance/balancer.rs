@@ -68,6 +68,9 @@ pub struct ServerStatus {
     pub in_flight: usize,
     /// Connect failures and breaks in a row (0 once it is up again).
     pub failures: u32,
+    /// The load the server reported on its last response to this client (its requests
+    /// admitted and not yet answered, over all its clients), if any.
+    pub reported_load: Option<u32>,
 }
 
 /// Time since the balancer was built, in ns, and the next time a pick must look at the
@@ -104,6 +107,8 @@ struct Health {
     clock: Arc<Clock>,
     retry_initial: Duration,
     retry_max: Duration,
+    /// `BalanceConfig::load_fresh` in ns.
+    load_fresh: u64,
 }
 
 impl Health {
@@ -211,6 +216,11 @@ struct Server {
     picks: AtomicU64,
     /// A load reported from elsewhere ([`Balancer::report_load`]); `u64::MAX`: none.
     reported: AtomicU64,
+    /// The count of the server's load reports last seen, and when it last moved (ns, the
+    /// balancer's clock): a report with no newer one for `BalanceConfig::load_fresh` is no
+    /// longer used.
+    seen_seq: AtomicU64,
+    seen_at: AtomicU64,
 }
 
 impl Server {
@@ -227,10 +237,13 @@ impl Server {
                 clock: clock.clone(),
                 retry_initial: config.retry_initial,
                 retry_max: config.retry_max,
+                load_fresh: config.load_fresh.as_nanos().min(u128::from(u64::MAX)) as u64,
             }),
             channel: RwLock::new(None),
             picks: AtomicU64::new(0),
             reported: AtomicU64::new(u64::MAX),
+            seen_seq: AtomicU64::new(0),
+            seen_at: AtomicU64::new(0),
         }
     }
 
@@ -238,16 +251,29 @@ impl Server {
         self.channel.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The load the policy compares: the reported one if any, else this client's calls in
-    /// flight on the server.
+    /// The load the policy compares: one reported with [`Balancer::report_load`] if any, else
+    /// the higher of the one the server reported on its responses, while fresh
+    /// (`BalanceConfig::load_fresh`), and this client's calls in flight on the server (a lower
+    /// bound of the server's count, and newer).
     fn load(&self) -> u64 {
-        match self.reported.load(Ordering::Relaxed) {
-            u64::MAX => {
-                self.channel.read().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |c| c.in_flight())
-                    as u64
-            }
-            r => r,
+        let r = self.reported.load(Ordering::Relaxed);
+        if r != u64::MAX {
+            return r;
         }
+        let g = self.channel.read().unwrap_or_else(|e| e.into_inner());
+        let Some(c) = g.as_ref() else { return 0 };
+        let own = c.in_flight() as u64;
+        if let Some((load, seq)) = c.reported_load() {
+            let now = self.health.clock.now();
+            if self.seen_seq.swap(seq, Ordering::Relaxed) != seq {
+                self.seen_at.store(now, Ordering::Relaxed);
+                return own.max(u64::from(load));
+            }
+            if now.saturating_sub(self.seen_at.load(Ordering::Relaxed)) < self.health.load_fresh {
+                return own.max(u64::from(load));
+            }
+        }
+        own
     }
 
     /// Starts a fresh channel to the server (its sessions connect on its dispatcher threads);
@@ -300,6 +326,7 @@ impl Server {
             picks: self.picks.load(Ordering::Relaxed),
             in_flight: self.channel().map_or(0, |c| c.in_flight()),
             failures: h.failures.load(Ordering::Relaxed),
+            reported_load: self.channel().and_then(|c| c.reported_load()).map(|r| r.0),
         }
     }
 }

@@ -33,15 +33,16 @@
 //! takes calls again once it is up. See [`balancer`]'s module docs for the states.
 //!
 //! **Policies.** [`Policy::RoundRobin`]: in turn. [`Policy::PowerOfTwoChoices`]: the less loaded
-//! of two servers drawn at random, the load being this client's calls in flight on each (or a
-//! load reported with [`Balancer::report_load`]). [`Policy::ConsistentHash`]: a ring of virtual
+//! of two servers drawn at random, the load being what each server reported on its last
+//! response (or this client's calls in flight on it, or a load given with
+//! [`Balancer::report_load`]). [`Policy::ConsistentHash`]: a ring of virtual
 //! nodes; the key comes from [`crate::CallOptions::with_key`].
 //!
-//! **Load reported by servers.** Not on the wire yet: the natural carrier is the response
-//! header's `count` field (0 on responses today, so a new meaning needs a protocol version);
-//! a server would fill it with its worker's calls admitted and not yet answered. Until then
-//! power of two choices counts the client's own calls in flight per server, which is what
-//! tonic's balancer lacks (it counts every endpoint's load as zero).
+//! **Load reported by servers.** Every response carries the server's load in its header's
+//! `count` (protocol 8): the requests its sessions have admitted and not yet answered, over all
+//! its clients. Power of two choices compares that (while fresh: a report with no newer one for
+//! [`BalanceConfig::load_fresh`] falls back to this client's own calls in flight on the server),
+//! which tonic's balancer lacks (it counts every endpoint's load as zero).
 //!
 //! **Health and drain.** A call that ends UNAVAILABLE (a draining server answers new calls
 //! UNAVAILABLE "shutting down"; a broken session fails its calls UNAVAILABLE) marks its server
@@ -84,6 +85,11 @@ pub struct BalanceConfig {
     pub retry_initial: Duration,
     /// The longest backoff. Default 10 s.
     pub retry_max: Duration,
+    /// How long the load a server reported on its last response stands for it with no newer
+    /// report ([`Policy::PowerOfTwoChoices`] then counts this client's calls in flight on it
+    /// alone): a server that reported a high load and was left alone since is compared on that
+    /// count again after it. Default 1 s.
+    pub load_fresh: Duration,
 }
 
 impl Default for BalanceConfig {
@@ -93,6 +99,7 @@ impl Default for BalanceConfig {
             policy: Policy::RoundRobin,
             retry_initial: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
+            load_fresh: Duration::from_secs(1),
         }
     }
 }
@@ -116,6 +123,11 @@ impl BalanceConfig {
     /// See [`BalanceConfig::retry_max`].
     pub fn retry_max(mut self, v: Duration) -> Self {
         self.retry_max = v;
+        self
+    }
+    /// See [`BalanceConfig::load_fresh`].
+    pub fn load_fresh(mut self, v: Duration) -> Self {
+        self.load_fresh = v;
         self
     }
 }

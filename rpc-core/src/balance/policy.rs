@@ -10,10 +10,10 @@ pub enum Policy {
     /// Each call to the next server in turn (one shared counter).
     RoundRobin,
     /// Two servers drawn at random; the call goes to the less loaded one. The load of a server
-    /// is the calls this client has in flight on it (started and not finished, as its
-    /// dispatchers publish it). The protocol has no load report from the server yet (see the
-    /// module docs of [`crate::balance`]); [`super::Balancer::report_load`] takes one from
-    /// elsewhere (a health or metrics feed), and a reported load, while fresh, is used instead.
+    /// is what it reported on its last response (protocol 8: its requests admitted and not yet
+    /// answered, over all its clients) while that report is fresh
+    /// ([`super::BalanceConfig::load_fresh`], 1 s), else the calls this client has in flight on it;
+    /// [`super::Balancer::report_load`] overrides both with a load from elsewhere.
     PowerOfTwoChoices,
     /// A ring of `vnodes` points per server (hashes of the server's address and the point's
     /// number); a call's key ([`crate::CallOptions::with_key`]) goes to the first point at or

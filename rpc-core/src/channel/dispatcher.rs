@@ -194,6 +194,10 @@ pub(crate) struct Inner {
     failed: OnceLock<Status>,
     /// A balanced channel's watcher of this server: told when the idle session is found broken.
     watch: Option<Arc<dyn super::Watch>>,
+    /// The load the server reported on the last response (`u32::MAX`: none yet), published
+    /// with each batch of finished calls, and how many times it was published.
+    pub(crate) load: std::sync::atomic::AtomicU32,
+    pub(crate) load_seq: AtomicU64,
 }
 
 /// Counters of how a dispatcher's session is driven: relaxed atomics, bumped once per drive,
@@ -513,6 +517,8 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         reconnect_attempts: AtomicU64::new(0),
         failed: OnceLock::new(),
         watch: setup.watch.clone(),
+        load: std::sync::atomic::AtomicU32::new(u32::MAX),
+        load_seq: AtomicU64::new(0),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -825,6 +831,11 @@ impl Driver {
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
+            if let Some(l) = with_any_core!(&self.core, c => c.peer_load()) {
+                // For a balanced channel's power of two choices (two stores per batch).
+                inner.load.store(l, Ordering::Relaxed);
+                bump_held(&inner.load_seq, 1);
+            }
             self.delivered += self.finished.len() + self.answered.len();
             for (f, expired) in self.answered.drain(..) {
                 f.job.finish(&mut self.core, f.id, expired, &mut self.wakers);

@@ -398,6 +398,21 @@ impl Channel {
         }
     }
 
+    /// The load the server last reported on a response (its requests admitted and not yet
+    /// answered, the highest over the dispatchers' sessions), and a count that moves with each
+    /// report; `None` before any.
+    pub(crate) fn reported_load(&self) -> Option<(u32, u64)> {
+        let mut out: Option<(u32, u64)> = None;
+        for d in &self.shared.dispatchers {
+            let l = d.load.load(Ordering::Relaxed);
+            if l != u32::MAX {
+                let seq = d.load_seq.load(Ordering::Relaxed);
+                out = Some(out.map_or((l, seq), |(m, s)| (m.max(l), s + seq)));
+            }
+        }
+        out
+    }
+
     /// Calls started and not yet finished or dropped, over all dispatchers (as the dispatchers
     /// last published it; calls still in a queue are not counted).
     pub fn in_flight(&self) -> usize {

@@ -35,12 +35,14 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
+/// 8 (2026-12-05): a response's `count` is the server's load (its calls admitted and not yet
+/// answered, over all its sessions; `wire/header.rs`), 0 before; nothing else changed.
 /// 7 (2026-12-05): a Close carries a status and a reason of at most 256 bytes
 /// (`wire/close.rs`); a server keeps at most [`crate::session::ring_units`] ring bodies and pieces
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a
 /// client reports freed space once half of those are freed (a version-6 client would leave such
 /// a server waiting for a Ping). 6: the idle probe (`FLAG_IDLE_PONGS`).
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
 /// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of
