@@ -230,14 +230,12 @@ impl ServerState {
                 HandlerKind::Async => builder.add_service(AsyncBenchService::default().server(false)),
                 HandlerKind::Tokio => builder.add_service(AsyncBenchService::default().server(true)),
             };
-            let handle = builder
-                .spawn(self.bind.as_str())
-                .map_err(|e| {
-                    let in_use = matches!(&e, rpc_core::ServerError::Listen { source, .. }
+            let handle = builder.spawn(self.bind.as_str()).map_err(|e| {
+                let in_use = matches!(&e, rpc_core::ServerError::Listen { source, .. }
                         if source.kind() == std::io::ErrorKind::AddrInUse);
-                    let hint = if in_use { crate::run::PORT_IN_USE } else { "" };
-                    PerfError::Setup(format!("starting the RPC server on {}: {e}{hint}", self.bind))
-                })?;
+                let hint = if in_use { crate::run::PORT_IN_USE } else { "" };
+                PerfError::Setup(format!("starting the RPC server on {}: {e}{hint}", self.bind))
+            })?;
             self.running = Some((handle, ring, credits));
         }
         Ok(self.running.as_ref().map_or(0, |(h, _, _)| h.local_addr().port()))

@@ -29,6 +29,7 @@ extern crate self as rpc_core;
 #[allow(unsafe_code)] // The NIC boundary: raw memory and FFI, every block with a `// SAFETY:` note.
 pub mod verbs;
 
+pub mod balance;
 #[allow(unsafe_code)] // Posting registered buffers to the NIC; every block with a `// SAFETY:` note.
 pub mod buffers;
 pub mod channel;

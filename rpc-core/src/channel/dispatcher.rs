@@ -189,6 +189,15 @@ pub(crate) struct Inner {
     redial_wanted: AtomicBool,
     /// Reconnect attempts made (successful or not).
     pub(crate) reconnect_attempts: AtomicU64,
+    /// The first connect failed (the thread is gone): calls queued meanwhile end with this
+    /// status (a balanced channel queues calls on a server still connecting).
+    failed: OnceLock<Status>,
+    /// A balanced channel's watcher of this server: told when the idle session is found broken.
+    watch: Option<Arc<dyn super::Watch>>,
+    /// The load the server reported on the last response (`u32::MAX`: none yet), published
+    /// with each batch of finished calls, and how many times it was published.
+    pub(crate) load: std::sync::atomic::AtomicU32,
+    pub(crate) load_seq: AtomicU64,
 }
 
 /// Counters of how a dispatcher's session is driven: relaxed atomics, bumped once per drive,
@@ -308,7 +317,22 @@ impl Inner {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return None,
         };
-        g.is_some().then_some(g)
+        if g.is_none() {
+            drop(g);
+            self.not_connected();
+            return None;
+        }
+        Some(g)
+    }
+
+    /// No session: still connecting, shut down, or its first connect failed (then the calls
+    /// queued end with that failure: no thread is left to take them).
+    #[cold]
+    #[inline(never)]
+    fn not_connected(&self) {
+        if let Some(s) = self.failed.get() {
+            fail_queued(self, s);
+        }
     }
 
     /// A caller drives the session, if it is free, until `done()` holds, `spin` passes with no
@@ -460,6 +484,8 @@ pub(crate) struct Setup<A> {
     pub(crate) name: String,
     pub(crate) spins: u32,
     pub(crate) poll_spin: Duration,
+    /// A balanced channel's watcher of this server (see [`super::Watch`]).
+    pub(crate) watch: Option<Arc<dyn super::Watch>>,
 }
 
 /// Starts a dispatcher thread, which connects its session; `connected` gets the outcome.
@@ -491,6 +517,10 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         stats: Stats::default(),
         redial_wanted: AtomicBool::new(false),
         reconnect_attempts: AtomicU64::new(0),
+        failed: OnceLock::new(),
+        watch: setup.watch.clone(),
+        load: std::sync::atomic::AtomicU32::new(u32::MAX),
+        load_seq: AtomicU64::new(0),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -512,6 +542,10 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
             let (core, addrs, params) = match first {
                 Ok(c) => c,
                 Err(s) => {
+                    // Calls queued meanwhile (a balanced channel's), and any that come later,
+                    // end with it.
+                    let _ = shared.failed.set(s.clone());
+                    fail_queued(&shared, &s);
                     connected.complete(Err(s));
                     return;
                 }
@@ -799,6 +833,11 @@ impl Driver {
         if n > 0 {
             inner.in_flight.store(self.in_flight.len(), Ordering::Release);
             inner.passive.store(self.passive, Ordering::Relaxed);
+            if let Some(l) = with_any_core!(&self.core, c => c.peer_load()) {
+                // For a balanced channel's power of two choices (two stores per batch).
+                inner.load.store(l, Ordering::Relaxed);
+                bump_held(&inner.load_seq, 1);
+            }
             self.delivered += self.finished.len() + self.answered.len();
             for (f, expired) in self.answered.drain(..) {
                 f.job.finish(&mut self.core, f.id, expired, &mut self.wakers);
@@ -1022,6 +1061,12 @@ impl Dispatcher {
         if with_any_core!(&mut d.core, c => c.dispatch_step()) > 0 {
             // A call started meanwhile may have finished: its task is woken as after any step.
             d.finish_calls(inner, true);
+        }
+        if let Some(w) = &inner.watch {
+            // A balanced channel stops picking a server whose session broke while idle.
+            if let Some(s) = with_any_core!(&d.core, c => c.broken()) {
+                w.failed(s);
+            }
         }
         let batch = d.take_wakers();
         drop(g);

@@ -136,7 +136,7 @@ impl ChannelConfig {
         self
     }
 
-    fn check(&self) -> Result<(), Status> {
+    pub(crate) fn check(&self) -> Result<(), Status> {
         if !(1..=64).contains(&self.dispatchers) {
             return Err(Status::invalid_argument(format!(
                 "ChannelConfig::dispatchers {} is not in 1..=64",
@@ -159,13 +159,26 @@ impl ChannelConfig {
     }
 }
 
+/// Told when a call through a channel ends UNAVAILABLE (or its dispatcher finds its session
+/// broken while idle): how a balanced channel ([`crate::balance`]) learns that one of its
+/// per-server channels lost its server. Called on the error path only.
+pub(crate) trait Watch: Send + Sync {
+    /// A call ended with `status` (any code; the watcher picks what it cares about).
+    fn failed(&self, status: &Status);
+}
+
 /// What the handles share; its drop (the last handle and the last call gone) stops the
 /// dispatchers.
-struct Shared {
+pub(crate) struct Shared {
     dispatchers: Vec<Arc<Inner>>,
     next: AtomicUsize,
     /// `ClientConfig::interceptor` of the channel's sessions.
     interceptor: Option<crate::metadata::ClientInterceptor>,
+    /// A balanced channel: its calls go to the per-server channels its balancer picks
+    /// (`dispatchers` is empty then).
+    balance: Option<Arc<crate::balance::Balancer>>,
+    /// A balanced channel's per-server channel: told of its failed calls.
+    watch: Option<Arc<dyn Watch>>,
 }
 
 impl Drop for Shared {
@@ -225,7 +238,7 @@ impl Channel {
     where
         A: ToSocketAddrs + Clone + Send + 'static,
     {
-        let (channel, pending) = Channel::start(addr, config)?;
+        let (channel, pending) = Channel::start(addr, config, None)?;
         for c in pending {
             WaitCompletion(&c).await?;
         }
@@ -241,14 +254,21 @@ impl Channel {
     where
         A: ToSocketAddrs + Clone + Send + 'static,
     {
-        let (channel, pending) = Channel::start(addr, config)?;
+        let (channel, pending) = Channel::start(addr, config, None)?;
         for c in pending {
             block_on(&c)?;
         }
         Ok(channel)
     }
 
-    fn start<A>(addr: A, config: &ChannelConfig) -> Result<(Channel, Pending), Status>
+    /// Starts the dispatchers (each connects on its own thread); the outcomes come in the
+    /// returned completions. `watch` is told of failed calls (a balanced channel's per-server
+    /// channel).
+    pub(crate) fn start<A>(
+        addr: A,
+        config: &ChannelConfig,
+        watch: Option<Arc<dyn Watch>>,
+    ) -> Result<(Channel, Pending), Status>
     where
         A: ToSocketAddrs + Clone + Send + 'static,
     {
@@ -265,6 +285,7 @@ impl Channel {
                 name: format!("{}-{i}", config.thread_name),
                 spins: config.spins,
                 poll_spin: config.poll_spin,
+                watch: watch.clone(),
             };
             match dispatcher::spawn(setup, connected.clone()) {
                 Ok(d) => {
@@ -273,16 +294,45 @@ impl Channel {
                 }
                 Err(s) => {
                     // Stops the dispatchers spawned so far.
-                    drop(Shared { dispatchers, next: AtomicUsize::new(0), interceptor: None });
+                    drop(Shared {
+                        dispatchers,
+                        next: AtomicUsize::new(0),
+                        interceptor: None,
+                        balance: None,
+                        watch: None,
+                    });
                     return Err(s);
                 }
             }
         }
         let interceptor = config.client.interceptor.clone();
-        Ok((
-            Channel { shared: Arc::new(Shared { dispatchers, next: AtomicUsize::new(0), interceptor }) },
-            pending,
-        ))
+        let shared = Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch };
+        Ok((Channel { shared: Arc::new(shared) }, pending))
+    }
+
+    /// A channel whose calls go to the per-server channels `balancer` picks.
+    pub(crate) fn over(balancer: Arc<crate::balance::Balancer>) -> Channel {
+        let shared = Shared {
+            dispatchers: Vec::new(),
+            next: AtomicUsize::new(0),
+            interceptor: None,
+            balance: Some(balancer),
+            watch: None,
+        };
+        Channel { shared: Arc::new(shared) }
+    }
+
+    /// The balancer of a balanced channel ([`Channel::balanced`]); `None` for a channel to one
+    /// server.
+    pub fn balancer(&self) -> Option<&Arc<crate::balance::Balancer>> {
+        self.shared.balance.as_ref()
+    }
+
+    /// A call that ended before it started (a balanced channel with no server to pick).
+    pub(crate) fn failed_call<Resp: Send + 'static>(&self, status: Status) -> UnaryCall<Resp> {
+        let job = UnaryJob::<(), Resp>::new_or_spare();
+        job.done.complete(Err(status));
+        UnaryCall::new(job, None, self.shared.clone(), usize::MAX)
     }
 
     /// A unary call: the future resolves to the response. The request is encoded into the
@@ -308,6 +358,9 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
+        if let Some(b) = &self.shared.balance {
+            return self.unary_balanced(b, id, req, opts);
+        }
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         let d = &*self.shared.dispatchers[dispatcher];
@@ -357,9 +410,48 @@ impl Channel {
         }
     }
 
+    /// [`Channel::unary`] of a balanced channel: on the channel of the server the balancer picks
+    /// (out of line: the single-server path stays as small as it was).
+    #[cold]
+    #[inline(never)]
+    fn unary_balanced<Req, Resp>(
+        &self,
+        b: &crate::balance::Balancer,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> UnaryCall<Resp>
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        match b.pick(opts.key()) {
+            Ok(server) => server.unary(id, req, opts),
+            Err(s) => self.failed_call(s),
+        }
+    }
+
+    /// The load the server last reported on a response (its requests admitted and not yet
+    /// answered, the highest over the dispatchers' sessions), and a count that moves with each
+    /// report; `None` before any.
+    pub(crate) fn reported_load(&self) -> Option<(u32, u64)> {
+        let mut out: Option<(u32, u64)> = None;
+        for d in &self.shared.dispatchers {
+            let l = d.load.load(Ordering::Relaxed);
+            if l != u32::MAX {
+                let seq = d.load_seq.load(Ordering::Relaxed);
+                out = Some(out.map_or((l, seq), |(m, s)| (m.max(l), s + seq)));
+            }
+        }
+        out
+    }
+
     /// Calls started and not yet finished or dropped, over all dispatchers (as the dispatchers
     /// last published it; calls still in a queue are not counted).
     pub fn in_flight(&self) -> usize {
+        if let Some(b) = &self.shared.balance {
+            return b.channels().iter().map(Channel::in_flight).sum();
+        }
         self.shared.dispatchers.iter().map(|d| d.in_flight.load(Ordering::Acquire)).sum()
     }
 
@@ -404,6 +496,9 @@ impl Channel {
     /// made meanwhile ends UNAVAILABLE naming why the session broke and when the next attempt
     /// may be made. Calls in flight when it broke end UNAVAILABLE; nothing is retried.
     pub fn reconnect_attempts(&self) -> u64 {
+        if let Some(b) = &self.shared.balance {
+            return b.channels().iter().map(Channel::reconnect_attempts).sum();
+        }
         self.shared.dispatchers.iter().map(|d| d.reconnect_attempts.load(Ordering::Relaxed)).sum()
     }
 
@@ -414,6 +509,11 @@ impl Channel {
         let mut c = crate::Counters::default();
         for d in &self.shared.dispatchers {
             c.add(&d.counters());
+        }
+        if let Some(b) = &self.shared.balance {
+            for ch in b.channels() {
+                c.add(&ch.counters());
+            }
         }
         c
     }
@@ -532,7 +632,9 @@ impl<Resp> UnaryCall<Resp> {
 
     /// Takes the call out of the waiters (it is polled, or dropped).
     fn unwait(&mut self) {
-        unwait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
+        if self.waiting {
+            unwait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
+        }
     }
 
     /// Queues the call if it is not yet; false while the queue is full.
@@ -572,14 +674,16 @@ impl<Resp> Future for UnaryCall<Resp> {
             }
         }
         // Disjoint borrows of the fields (no clone of the shared handles per poll).
-        let d = &*this.shared.dispatchers[this.dispatcher];
         let Some(done) = this.done.as_deref().map(|o| o.done()) else { return ready(None) };
-        let waiting = &mut this.waiting;
         if let Some(r) = done.try_take() {
             coop.made_progress();
             this.taken = true;
+            report(&this.shared, &r);
             return ready(r);
         }
+        // (A call that ended before it started has no dispatcher, and its result is there.)
+        let Some(d) = this.shared.dispatchers.get(this.dispatcher).map(|d| &**d) else { return ready(None) };
+        let waiting = &mut this.waiting;
         // From here until the waker is registered again, we poll for ourselves: a completion
         // meanwhile must not wake this task (nothing wakes itself).
         if std::mem::take(&mut this.registered) {
@@ -625,6 +729,7 @@ impl<Resp> Future for UnaryCall<Resp> {
                 unwait(waiting, d);
                 coop.made_progress();
                 this.taken = true;
+                report(&this.shared, &r);
                 ready(r)
             }
             Poll::Pending => {
@@ -632,6 +737,17 @@ impl<Resp> Future for UnaryCall<Resp> {
                 this.registered = true;
                 Poll::Pending
             }
+        }
+    }
+}
+
+/// Tells a per-server channel's watcher (a balanced channel's) that a call failed: one compare
+/// on the success path.
+#[inline(always)]
+fn report<Resp>(shared: &Shared, r: &Option<Result<Resp, Status>>) {
+    if let Some(Err(s)) = r {
+        if let Some(w) = &shared.watch {
+            w.failed(s);
         }
     }
 }
@@ -666,7 +782,11 @@ impl<Resp> Drop for UnaryCall<Resp> {
     fn drop(&mut self) {
         self.unwait();
         let Some(done) = self.done.take() else { return };
-        let d = &*self.shared.dispatchers[self.dispatcher];
+        let Some(d) = self.shared.dispatchers.get(self.dispatcher).map(|d| &**d) else {
+            // Ended before it started: nothing to cancel.
+            done.give_back();
+            return;
+        };
         if done.done().cancel() {
             d.changes.fetch_add(1, Ordering::AcqRel);
             // The Cancel goes out (and the slot comes back) with the next step of a driver.

@@ -251,7 +251,8 @@ impl Poke {
         if self.queued.load(Ordering::Acquire) {
             return true;
         }
-        let d = &self.shared.dispatchers[self.dispatcher];
+        // (A stream that ended before it started has no dispatcher.)
+        let Some(d) = self.shared.dispatchers.get(self.dispatcher) else { return true };
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         for round in 0..2 {
             let Some(job) = pending.take() else { return true };
@@ -274,7 +275,7 @@ impl Poke {
     }
 
     fn poke(&self) {
-        let d = &self.shared.dispatchers[self.dispatcher];
+        let Some(d) = self.shared.dispatchers.get(self.dispatcher) else { return };
         d.changes.fetch_add(1, Ordering::AcqRel);
         // A stream's futures do not drive the session themselves: the dispatcher thread does.
         d.want_driver();
@@ -293,6 +294,23 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
+        if let Some(b) = &self.shared.balance {
+            match b.pick(opts.key()) {
+                Ok(server) => return server.open_stream(id, req, flags, opts),
+                Err(s) => {
+                    // No server to pick: the stream ends at once with why.
+                    let state = StreamState::new();
+                    state.end(Err(s));
+                    let poke = Poke {
+                        shared: self.shared.clone(),
+                        dispatcher: usize::MAX,
+                        pending: Arc::new(Mutex::new(None)),
+                        queued: Arc::new(AtomicBool::new(true)),
+                    };
+                    return (state, poke);
+                }
+            }
+        }
         let state = StreamState::new();
         // An interceptor's refusal ends the stream with its status; nothing is sent.
         let (metadata, refused) = match self.metadata(opts) {

@@ -201,7 +201,7 @@ impl ClientConfig {
     }
 }
 
-/// Options of one call. `CallOptions::default()` has no deadline of its own.
+/// Options of one call. `CallOptions::default()` has no deadline of its own and no balancing key.
 ///
 /// **Deadline propagation.** A call made while its thread serves a call with a deadline (in an
 /// inline handler, or in an async handler's future, on the worker or on a tokio runtime)
@@ -220,6 +220,7 @@ pub struct CallOptions {
     at: Option<Instant>,
     detached: bool,
     metadata: Option<std::sync::Arc<crate::metadata::Metadata>>,
+    key: Option<u64>,
 }
 
 impl CallOptions {
@@ -227,6 +228,21 @@ impl CallOptions {
     /// DEADLINE_EXCEEDED (the server sees the remaining time in its `RequestContext::deadline`).
     pub fn deadline(timeout: Duration) -> CallOptions {
         CallOptions { timeout: Some(timeout), ..CallOptions::default() }
+    }
+
+    /// These options with the call's request key: a balanced channel with
+    /// [`Policy::ConsistentHash`](crate::balance::Policy::ConsistentHash) sends every call with
+    /// the same key to the same server while that server is up (hash the user id, the shard
+    /// key, ... into a `u64` yourself). Ignored by the other policies and by a channel to one
+    /// server; with no key, that policy picks round robin.
+    pub fn with_key(mut self, key: u64) -> CallOptions {
+        self.key = Some(key);
+        self
+    }
+
+    /// The request key, if any (see [`CallOptions::with_key`]).
+    pub fn key(&self) -> Option<u64> {
+        self.key
     }
 
     /// Options with the deadline `at` (`None`: none of its own), e.g. a handler's

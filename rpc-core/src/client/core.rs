@@ -1559,6 +1559,13 @@ impl<P: Provider> ClientCore<P> {
         Some(self.finish(a))
     }
 
+    /// The load the server reported on its last response (see `wire::header`); `None` before
+    /// the first.
+    #[inline]
+    pub(crate) fn peer_load(&self) -> Option<u32> {
+        self.conn.session.peer_load()
+    }
+
     /// True when call `id` has its answer (or its failure) to take with
     /// [`ClientCore::take_done`]; a compare, no progress.
     #[inline]

@@ -231,6 +231,9 @@ pub(crate) struct ServerMemory {
     /// Receive buffers registered for the workers' SRQs: bytes and buffers.
     pub(crate) recv_bytes: std::sync::atomic::AtomicU64,
     pub(crate) recv_buffers: std::sync::atomic::AtomicU64,
+    /// Requests admitted and not yet answered over every session: the load responses report
+    /// (`Session::set_load`).
+    pub(crate) load: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl ServerMemory {
@@ -241,6 +244,7 @@ impl ServerMemory {
             backlog: HeldBytes::new(max_backlog, "ServerConfig::max_backlog_bytes"),
             recv_bytes: std::sync::atomic::AtomicU64::new(0),
             recv_buffers: std::sync::atomic::AtomicU64::new(0),
+            load: Arc::new(std::sync::atomic::AtomicU32::new(0)),
         }
     }
 

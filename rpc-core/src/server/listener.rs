@@ -891,6 +891,7 @@ impl<P: Provider> Listener<P> {
             self.config.reassembly_timeout,
         );
         session.set_backlog(self.memory.backlog.clone());
+        session.set_load(self.memory.load.clone());
         let spare = session.spare_bodies().clone();
         let conn = Conn {
             spare,

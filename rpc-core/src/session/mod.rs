@@ -264,6 +264,21 @@ pub struct Session {
     meter: meter::Meter,
     /// Server: how long the session has had no call ([`Session::handle_idle`]).
     idle: IdleTimer,
+    /// Server: the server's load that responses report (requests admitted and not yet
+    /// answered, over all its sessions; see [`Session::set_load`]), and this session's share of
+    /// it as last added.
+    load: Option<(std::sync::Arc<std::sync::atomic::AtomicU32>, u32)>,
+    /// Client: the load the server reported on its last response (`u32::MAX`: none yet).
+    peer_load: u32,
+}
+
+impl Drop for Session {
+    /// Takes this session's unanswered requests back out of the server's load.
+    fn drop(&mut self) {
+        if let Some((load, share)) = &self.load {
+            load.fetch_sub(*share, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl Session {
@@ -318,7 +333,37 @@ impl Session {
             backlog: None,
             meter: meter::Meter::new(params.own_ring_len),
             idle: IdleTimer::default(),
+            load: None,
+            peer_load: u32::MAX,
         }
+    }
+
+    /// Server: the count of requests admitted and not yet answered that every session of the
+    /// server shares; its value goes into each response's `count` (protocol 8, the server's
+    /// load for clients' balancers). The session adds its own unanswered requests to it as they
+    /// change (one atomic add when a request is admitted, one when the count changed since the
+    /// last message sent) and takes them back when dropped.
+    pub fn set_load(&mut self, load: std::sync::Arc<std::sync::atomic::AtomicU32>) {
+        self.load = Some((load, 0));
+    }
+
+    /// Server: brings this session's share of the server's load up to date.
+    #[inline]
+    fn sync_load(&mut self) -> u32 {
+        let Some((load, share)) = &mut self.load else { return 0 };
+        let now = self.unanswered.len() as u32;
+        if now == *share {
+            return load.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        let delta = now.wrapping_sub(*share);
+        *share = now;
+        load.fetch_add(delta, std::sync::atomic::Ordering::Relaxed).wrapping_add(delta)
+    }
+
+    /// Client: the load the server reported on its last response (its requests admitted and
+    /// not yet answered, over all its sessions); `None` before the first response.
+    pub fn peer_load(&self) -> Option<u32> {
+        (self.peer_load != u32::MAX).then_some(self.peer_load)
     }
 
     /// Bodies that arrive in pieces are charged (their `total_len`, from the first piece until
@@ -671,6 +716,10 @@ impl Session {
             h.stream_taken = self.sends.taken;
             self.sends.reported = self.sends.taken;
             self.meter.sent();
+            if h.kind == Kind::Response {
+                let load = self.sync_load();
+                h.count = load.min(u32::from(u16::MAX)) as u16;
+            }
         }
     }
 
@@ -865,6 +914,7 @@ impl Session {
         }
         self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
         self.sends.on_taken(h.stream_taken)?;
+        self.peer_load = u32::from(h.count);
         Ok(Incoming { header: *h, ring: None })
     }
 
@@ -897,6 +947,9 @@ impl Session {
         }
         let units_freed =
             self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
+        if self.role == Role::Client && h.kind == Kind::Response {
+            self.peer_load = u32::from(h.count);
+        }
         match self.role {
             Role::Client => self.sends.on_taken(h.stream_taken)?,
             Role::Server if h.stream_taken != 0 => return Err("a client's message carries a stream count"),
@@ -1173,6 +1226,7 @@ impl Session {
             since: None,
         });
         self.sends.note(self.unanswered.len(), self.send_pool());
+        self.sync_load();
     }
 
     /// Server: a request opened a stream (its first piece): it is unanswered like any request,

@@ -906,3 +906,35 @@ fn a_freed_head_ahead_of_our_completions_frees_nothing_still_written() {
     s.handle_header(&freed, std::time::Instant::now).unwrap();
     assert_eq!(s.place_body(600), Ok(Placement::Ring(0)), "retired and freed: reused");
 }
+
+#[test]
+fn responses_report_the_servers_requests_unanswered_over_its_sessions() {
+    let load = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut a = Session::new(Role::Server, params(4, 16, 100));
+    let mut b = Session::new(Role::Server, params(4, 16, 100));
+    a.set_load(load.clone());
+    b.set_load(load.clone());
+    let req = |slot: u16| Header { method: 1, session: 5, slot, generation: 1, ..Header::new(Kind::Request) };
+    for slot in 0..3 {
+        a.handle_header(&req(slot), std::time::Instant::now).unwrap();
+    }
+    b.handle_header(&req(0), std::time::Instant::now).unwrap();
+    assert_eq!(load.load(std::sync::atomic::Ordering::Relaxed), 4);
+    // `a` answers one: its response reports the 3 still unanswered over both sessions.
+    assert!(a.on_answer_for(0, 1));
+    let mut h = Header { slot: 0, generation: 1, ..Header::new(Kind::Response) };
+    a.stamp(&mut h);
+    assert_eq!(h.count, 3);
+    // Only responses carry it.
+    let mut r = Header::new(Kind::RingReturn);
+    a.stamp(&mut r);
+    assert_eq!(r.count, 0);
+    // A session dropped with requests unanswered takes them back.
+    drop(a);
+    assert_eq!(load.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // The client keeps what the last response said.
+    let mut c = Session::new(Role::Client, params(4, 16, 100));
+    assert_eq!(c.peer_load(), None);
+    let _ = c.handle_header(&Header { session: 5, count: 7, ..h }, std::time::Instant::now);
+    assert_eq!(c.peer_load(), Some(7));
+}

@@ -35,7 +35,9 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
-/// 8 (2026-12-05): a request may carry a metadata block ([`super::header::METADATA`]).
+/// 8 (2026-12-05): a request may carry a metadata block ([`super::header::METADATA`]); a
+/// response's `count` is the server's load (its calls admitted and not yet answered, over all its
+/// sessions; `wire/header.rs`), 0 before.
 /// 7 (2026-12-05): a Close carries a status and a reason of at most 256 bytes
 /// (`wire/close.rs`); a server keeps at most [`crate::session::ring_units`] ring bodies and pieces
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a

@@ -9,7 +9,7 @@
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
-//! | 6 | 2 | count: stream grants, stream SENDs the sender lets the receiver send on the stream (a stream-opening request, a stream grant); on a batch, the number of messages in it; 0 otherwise |
+//! | 6 | 2 | count: stream grants, stream SENDs the sender lets the receiver send on the stream (a stream-opening request, a stream grant); on a batch, the number of messages in it; on a response, the server's load (see below); 0 otherwise |
 //! | 8 | 4 | slot generation |
 //! | 12 | 4 | method id (requests; echoed on responses) |
 //! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
@@ -18,6 +18,11 @@
 //! | 28 | 4 | requests: timeout in µs (0 = none); every other message from a server: the wrapping count of the client's stream SENDs the server has taken (`stream_taken`, see below); 0 in every other message from a client |
 //! | 32 | 4 | session id assigned by the server at handshake |
 //! | 36 | 4 | total body length of the message in bytes (equals the body length unless pieced) |
+//!
+//! **Load on responses** (protocol 8). A response's `count` is the server's load when it was
+//! sent: the requests its sessions have admitted and not yet answered, over all of them, this
+//! one included, at most 65,535. A client's balancer compares it between servers
+//! (`crate::balance`, power of two choices); nothing else reads it.
 //!
 //! The body follows the header in the same SEND (eager) or was written by RDMA WRITE into the
 //! receiver's ring before the SEND (RC ordering makes it visible first). A ring body larger than
@@ -247,7 +252,8 @@ pub struct Header {
     pub metadata: bool,
     /// A count whose unit the kind gives: on a stream-opening request, the stream grants the client
     /// gives the server (server SENDs it is ready for); on a [`Kind::StreamGrant`], more grants (at
-    /// least 1); on a batch ([`STREAM_BATCH`]), the messages in it; 0 otherwise. A stream grant lets
+    /// least 1); on a batch ([`STREAM_BATCH`]), the messages in it; on a response, the server's
+    /// load (requests admitted and not yet answered, see the module docs); 0 otherwise. A stream grant lets
     /// its receiver send one stream SEND (a message or a batch); it is not a request credit.
     pub count: u16,
     /// Status of a response ([`Code::Ok`] otherwise).
@@ -448,7 +454,8 @@ impl Header {
                 }
             }
             Kind::Response | Kind::StreamMsg => {
-                if h.stream != 0 || h.count != 0 {
+                // A response's count is the server's load.
+                if h.stream != 0 || (h.count != 0 && kind != Kind::Response) {
                     return Err(WireError::bad(
                         "header",
                         "flags",
@@ -526,6 +533,17 @@ mod tests {
     }
 
     #[test]
+    fn a_response_carries_the_server_load_in_count_and_a_stream_message_does_not() {
+        let h = Header { slot: 3, generation: 9, count: 4242, ..Header::new(Kind::Response) };
+        let mut b = [0u8; HEADER_LEN];
+        h.encode(&mut b);
+        assert_eq!(Header::decode(&b).unwrap().count, 4242);
+        let m = Header { slot: 3, generation: 9, count: 1, ..Header::new(Kind::StreamMsg) };
+        m.encode(&mut b);
+        assert!(Header::decode(&b).is_err(), "a stream message with a count decoded");
+    }
+
+    #[test]
     fn request_round_trips() {
         let h = Header { timeout_us: 1000, session: 42, freed_head: u32::MAX, ..request() };
         assert_eq!(Header::decode(&encode_msg(&h)).unwrap(), h);
@@ -574,7 +592,8 @@ mod tests {
         ));
         let m = encode_msg(&Header { method: 0, ..request() });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "method");
-        let mut m = encode_msg(&Header::new(Kind::Response));
+        // (A response's count is the server's load since protocol 8; a stream message's is not.)
+        let mut m = encode_msg(&Header::new(Kind::StreamMsg));
         m[7] = 1;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let mut m = encode_msg(&request());
@@ -752,6 +771,7 @@ mod tests {
                     let count = match kind {
                         Kind::StreamGrant => (extra >> 16) as u16 | 1,
                         Kind::Request if stream & STREAM_OUT != 0 => (extra >> 16) as u16,
+                        Kind::Response => (extra >> 16) as u16,
                         _ => 0,
                     };
                     Header {
