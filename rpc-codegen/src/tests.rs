@@ -129,9 +129,9 @@ fn helloworld_has_the_facade_shape() {
         "pub fn connect(addr: impl ::std::net::ToSocketAddrs) -> ::core::result::Result<Self, Status>",
     );
     assert_has(&code, "pub fn connect_with(addr: impl ::std::net::ToSocketAddrs, config: &ClientConfig)");
-    assert_has(&code, "pub fn say_hello(&self, request: impl IntoRequest<super::HelloRequest>) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, IntoRequest::message(&request), &<CallOptions as ::core::default::Default>::default()) }");
-    assert_has(&code, "pub fn say_hello_with(&self, request: impl IntoRequest<super::HelloRequest>, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, IntoRequest::message(&request), options) }");
-    assert_has(&code, "pub fn say_hello_async(&self, request: impl IntoRequest<super::HelloRequest>) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, IntoRequest::message(&request), &<CallOptions as ::core::default::Default>::default()) }");
+    assert_has(&code, "pub fn say_hello(&self, request: impl IntoRequest<super::HelloRequest>) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, IntoRequest::message(&request), &IntoRequest::options(&request, &<CallOptions as ::core::default::Default>::default())) }");
+    assert_has(&code, "pub fn say_hello_with(&self, request: impl IntoRequest<super::HelloRequest>, options: &CallOptions) -> ::core::result::Result<super::HelloReply, Status> { self.inner.unary(SAY_HELLO, IntoRequest::message(&request), &IntoRequest::options(&request, options)) }");
+    assert_has(&code, "pub fn say_hello_async(&self, request: impl IntoRequest<super::HelloRequest>) -> ResponseFuture<'_, super::HelloReply> { self.inner.unary_async(SAY_HELLO, IntoRequest::message(&request), &IntoRequest::options(&request, &<CallOptions as ::core::default::Default>::default())) }");
     assert_has(&code, "impl ::core::convert::From<Client> for GreeterClient<Client>");
     // The same stub over the shareable handle.
     assert_has(&code, "impl GreeterClient<Channel> {");
@@ -402,7 +402,7 @@ fn all_four_shapes_are_generated_without_warnings() {
     );
     assert_has(code, "let (sink, reply) = ctx.stream::<super::Item>();");
     assert_has(code, "-> ::core::result::Result<Streaming<'_, super::Item>, Status>");
-    assert_has(code, "self.inner.server_stream(DRINK, IntoRequest::message(&request), options)");
+    assert_has(code, "self.inner.server_stream(DRINK, IntoRequest::message(&request), &IntoRequest::options(&request, options))");
     assert_has(code, "MethodDesc { id: DRINK, name: method_names::DRINK }");
     // Client streams: the reader and a responder; a stub returning the sender.
     assert_has(
