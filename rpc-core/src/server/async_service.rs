@@ -35,7 +35,7 @@ use crate::dispatch::stream::StreamSink;
 use crate::status::Status;
 
 /// Where async handlers run: on the worker that received the request (the default), or on a tokio
-/// runtime (opt-in). See the [module docs](self) for the trade-off.
+/// runtime (opt-in): see [`AsyncRuntime::worker`] and [`AsyncRuntime::from_handle`] for the trade-off.
 #[derive(Clone, Debug)]
 pub struct AsyncRuntime {
     kind: Kind,
@@ -75,7 +75,10 @@ impl Default for AsyncRuntime {
 
 impl AsyncRuntime {
     /// Handlers' futures are polled on the worker thread that received the request (the
-    /// default). They see the tokio runtime of the calling thread, when there is one, as their
+    /// default): first inline (a future that completes answers as an inline handler does, no
+    /// task, no hop between threads), then as a task of the worker's executor, polled between
+    /// CQ polls when woken. No second runtime competes for the cores; but a handler that blocks
+    /// the thread stalls every session of its worker (use [`AsyncRuntime::from_handle`] then). They see the tokio runtime of the calling thread, when there is one, as their
     /// context (timers, I/O, `tokio::spawn`); otherwise the shared runtime this library builds
     /// when a handler is first polled (threads `rpc-async`, one per core, idle unless used).
     /// The runtime must have its time driver on (`enable_time`/`enable_all`) for handlers that
@@ -85,7 +88,9 @@ impl AsyncRuntime {
     }
 
     /// Opt-in: handlers' futures are spawned on `handle`'s runtime, and their answers go back to
-    /// the worker (for handlers that block, or that must run on that runtime's threads). The
+    /// the worker (for handlers that block, or that must run on that runtime's threads): a task
+    /// spawn and a hop between threads each way per call, and the runtime's threads compete with
+    /// the busy-polling workers for the cores. The
     /// runtime must have its time driver on for calls with a deadline.
     pub fn from_handle(handle: tokio::runtime::Handle) -> AsyncRuntime {
         AsyncRuntime { kind: Kind::Tokio(handle) }
