@@ -113,8 +113,16 @@ pub(crate) fn intercepted<'a>(
     }
 }
 
+/// Runs `i` on a copy of `given` (empty when `None`): the metadata a call with an interceptor
+/// sends.
+///
+/// # Errors
+/// The interceptor's status.
 #[cold]
-fn run_interceptor(given: Option<&Metadata>, i: &ClientInterceptor) -> Result<Metadata, crate::Status> {
+pub(crate) fn run_interceptor(
+    given: Option<&Metadata>,
+    i: &ClientInterceptor,
+) -> Result<Metadata, crate::Status> {
     let mut md = given.cloned().unwrap_or_default();
     i.intercept(&mut md)?;
     Ok(md)

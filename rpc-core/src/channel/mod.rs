@@ -403,8 +403,7 @@ impl Channel {
         match &self.shared.interceptor {
             None => Ok(opts.metadata_arc().cloned()),
             Some(i) => {
-                let mut md = opts.metadata().cloned().unwrap_or_default();
-                i.intercept(&mut md)?;
+                let md = crate::metadata::run_interceptor(opts.metadata(), i)?;
                 Ok((!md.is_empty()).then(|| Arc::new(md)))
             }
         }
