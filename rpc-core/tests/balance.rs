@@ -339,3 +339,93 @@ fn power_of_two_choices_avoids_a_server_loaded_by_another_client() {
     assert_eq!(after[1] - before[1], 50);
     drop(held);
 }
+
+/// Servers with the health service, and a balanced channel watching their health.
+fn healthy_servers(n: usize, grace: Duration) -> Vec<ServerHandle> {
+    (0..n)
+        .map(|_| {
+            server()
+                .drain_grace(grace)
+                .add_health_service()
+                .add_service(TestService::default())
+                .spawn("127.0.0.1:0")
+                .expect("server starts")
+        })
+        .collect()
+}
+
+#[test]
+fn a_health_watch_stops_picks_of_a_not_serving_server_and_resumes_them() {
+    let s = healthy_servers(2, Duration::ZERO);
+    let a = addrs(&s);
+    let cfg = config(Policy::RoundRobin, "bal-health").health_check("");
+    let ch = Channel::balanced(StaticResolver::new(a.clone()), &cfg).unwrap();
+    echo(&ch, 0, &CallOptions::default()).unwrap();
+    eventually("both servers up", || a.iter().all(|&x| state(&ch, x) == ServerState::Up));
+    eventually("each server watched", || s.iter().all(|h| h.health_reporter().watchers() == 1));
+    // Server 0 says NOT_SERVING: no call goes to it, none fails.
+    s[0].health_reporter().set_service_status("", rpc_core::health::ServingStatus::NotServing);
+    eventually("server 0 not serving", || state(&ch, a[0]) == ServerState::NotServing);
+    let before = picks(&ch, &a);
+    for seq in 1..=50 {
+        echo(&ch, seq, &CallOptions::default()).unwrap();
+    }
+    let after = picks(&ch, &a);
+    assert_eq!((after[0] - before[0], after[1] - before[1]), (0, 50), "picks while server 0 is not serving");
+    // SERVING again: picked again.
+    s[0].health_reporter().set_service_status("", rpc_core::health::ServingStatus::Serving);
+    eventually("server 0 up again", || state(&ch, a[0]) == ServerState::Up);
+    let before = picks(&ch, &a);
+    for seq in 100..120 {
+        echo(&ch, seq, &CallOptions::default()).unwrap();
+    }
+    let after = picks(&ch, &a);
+    assert_eq!(after[0] - before[0], 10, "server 0 back in the round robin");
+    // The balanced channel's stats are its servers' (not zeros).
+    let st = ch.stats();
+    assert!(st.started_by_callers + st.started_by_threads >= 71, "balanced channel stats: {st:?}");
+    assert!(ch.calls_started().0 + ch.calls_started().1 >= 71);
+}
+
+#[test]
+fn a_draining_server_is_not_picked_during_its_grace_and_no_call_fails() {
+    let mut s = healthy_servers(2, Duration::from_millis(800));
+    let a = addrs(&s);
+    let cfg = config(Policy::RoundRobin, "bal-drain").health_check("");
+    let ch = Channel::balanced(StaticResolver::new(a.clone()), &cfg).unwrap();
+    echo(&ch, 0, &CallOptions::default()).unwrap();
+    eventually("both servers up", || a.iter().all(|&x| state(&ch, x) == ServerState::Up));
+    eventually("each server watched", || s.iter().all(|h| h.health_reporter().watchers() == 1));
+    let draining = s.remove(0);
+    let stopper = std::thread::spawn(move || draining.shutdown());
+    // NOT_SERVING reaches the balancer during the grace (800 ms), before any call is refused;
+    // every call meanwhile succeeds.
+    let mut seq = 1;
+    let mut not_serving = false;
+    while !stopper.is_finished() {
+        not_serving |= state(&ch, a[0]) == ServerState::NotServing;
+        let r = echo(&ch, seq, &CallOptions::default());
+        assert!(r.is_ok(), "call {seq} while server 0 drains: {:?}", r.err());
+        seq += 1;
+    }
+    stopper.join().unwrap();
+    assert!(not_serving, "the draining server was never seen not serving during its grace");
+    for k in 0..20 {
+        echo(&ch, seq + k, &CallOptions::default()).unwrap();
+    }
+}
+
+#[test]
+fn a_server_whose_only_call_is_its_health_watch_is_marked_down_when_it_dies() {
+    // The only call on each server is its health watch (a stream): no unary call finds the
+    // break, the stream's failure (or the dispatcher's look at the broken session) must.
+    let mut s = healthy_servers(2, Duration::ZERO);
+    let a = addrs(&s);
+    let cfg = config(Policy::RoundRobin, "bal-stream").health_check("");
+    let ch = Channel::balanced(StaticResolver::new(a.clone()), &cfg).unwrap();
+    echo(&ch, 0, &CallOptions::default()).unwrap();
+    eventually("both servers up", || a.iter().all(|&x| state(&ch, x) == ServerState::Up));
+    eventually("each server watched", || s.iter().all(|h| h.health_reporter().watchers() == 1));
+    drop(s.remove(1));
+    eventually("the dead server marked down by its stream", || state(&ch, a[1]) == ServerState::Down);
+}

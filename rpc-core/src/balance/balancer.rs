@@ -9,8 +9,9 @@
 //! | connecting | up | its channel's sessions are open |
 //! | connecting, up | down | its connect failed, or a call through it ended UNAVAILABLE (its session broke: the server died, closed, or answered "shutting down" while draining), or its idle session was found broken |
 //! | down | connecting | a pick after its backoff ([`super::BalanceConfig::retry_initial`], doubling per failure in a row up to `retry_max`, ±25 % jitter): a fresh channel connects in the background, calls are not sent to it until it is up |
-//! | up, connecting | not serving | [`Balancer::set_serving`]`(addr, false)` (a health watch's NOT_SERVING) |
-//! | not serving | up | [`Balancer::set_serving`]`(addr, true)` |
+//! | up, connecting | not serving | its health watch ([`super::BalanceConfig::health_check`]) says NOT_SERVING (or anything but SERVING), or [`Balancer::set_serving`]`(addr, false)` |
+//! | not serving | up | its health watch says SERVING, or [`Balancer::set_serving`]`(addr, true)` |
+//! | not serving | down | its session broke (a call or its health watch ended UNAVAILABLE) |
 //!
 //! Calls go to servers that are up; when none is, to one still connecting (they wait for its
 //! session, and end with its connect error if it fails); when none is either, they end
@@ -120,7 +121,8 @@ impl Health {
     fn down(&self, gen: u64, why: &Status) {
         let _g = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let s = self.state();
-        if self.generation.load(Ordering::Acquire) != gen || !(s == UP || s == CONNECTING) {
+        if self.generation.load(Ordering::Acquire) != gen || !(s == UP || s == CONNECTING || s == NOT_SERVING)
+        {
             return;
         }
         let failures = self.failures.fetch_add(1, Ordering::AcqRel).saturating_add(1);
@@ -142,6 +144,67 @@ impl Health {
         self.failures.store(0, Ordering::Release);
         self.state.store(UP, Ordering::Release);
         tracing::info!(server = %self.addr, "balancer: server up");
+    }
+
+    /// Marks the server serving or not (a health watch's report, or [`Balancer::set_serving`]);
+    /// `gen`: the connect the report is about (`None`: whatever the server's connect is).
+    /// `connected`: whether the server has a channel (one marked serving again without one is
+    /// idle, connected at the next pick). True when the state changed.
+    fn serving(&self, gen: Option<u64>, serving: bool, connected: bool) -> bool {
+        let _g = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        if gen.is_some_and(|g| self.generation.load(Ordering::Acquire) != g) {
+            return false;
+        }
+        match (serving, self.state()) {
+            (false, UP | CONNECTING) => {
+                self.state.store(NOT_SERVING, Ordering::Release);
+                tracing::info!(server = %self.addr, "balancer: server marked not serving");
+                true
+            }
+            (true, NOT_SERVING) => {
+                if connected {
+                    self.state.store(UP, Ordering::Release);
+                } else {
+                    self.state.store(IDLE, Ordering::Release);
+                    self.clock.want(0);
+                }
+                tracing::info!(server = %self.addr, "balancer: server marked serving");
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Watches the health of one connect of a server ([`BalanceConfig::health_check`]): a
+/// `grpc.health.v1` Watch on its channel, each status it reports marking the server serving
+/// (SERVING) or not (anything else). Ends with the stream: a server without the health service
+/// (UNIMPLEMENTED) is left as its calls find it; a broken session ends the stream UNAVAILABLE,
+/// which marks the server down (its channel's watch hook), and its next connect starts a new
+/// watch.
+async fn watch_health(channel: Channel, service: String, health: Arc<Health>, gen: u64) {
+    use crate::health::{HealthCheckRequest, HealthClient, ServingStatus};
+    let client = HealthClient::from_channel(channel);
+    let mut rx = client.watch(HealthCheckRequest { service: service.clone() });
+    loop {
+        match rx.message().await {
+            Ok(Some(r)) => {
+                let serving = r.status == ServingStatus::Serving as i32;
+                health.serving(Some(gen), serving, true);
+            }
+            Ok(None) => {
+                tracing::info!(server = %health.addr, service, "balancer: the server ended its health watch");
+                return;
+            }
+            Err(s) if s.code() == Code::Unimplemented => {
+                tracing::info!(server = %health.addr, service, "balancer: the server has no health service; its health is not watched");
+                return;
+            }
+            Err(s) => {
+                tracing::debug!(server = %health.addr, service, status = %s, "balancer: health watch ended");
+                return;
+            }
+        }
     }
 }
 
@@ -221,6 +284,17 @@ struct Server {
     /// longer used.
     seen_seq: AtomicU64,
     seen_at: AtomicU64,
+    /// The task of the health watch of its current connect, if any.
+    watch: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Server {
+    /// Stops the health watch (its stream holds the server's channel).
+    fn drop(&mut self) {
+        if let Some(w) = self.watch.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            w.abort();
+        }
+    }
 }
 
 impl Server {
@@ -244,6 +318,7 @@ impl Server {
             reported: AtomicU64::new(u64::MAX),
             seen_seq: AtomicU64::new(0),
             seen_at: AtomicU64::new(0),
+            watch: Mutex::new(None),
         }
     }
 
@@ -290,6 +365,16 @@ impl Server {
         channel_config.thread_name = format!("{}-{}", config.channel.thread_name, h.addr.port());
         match Channel::start(h.addr, &channel_config, Some(hook)) {
             Ok((channel, pending)) => {
+                let task = config.health_check.as_ref().map(|service| {
+                    crate::server::async_service::shared_runtime()
+                        .spawn(watch_health(channel.clone(), service.clone(), h.clone(), gen))
+                        .abort_handle()
+                });
+                let old_watch =
+                    std::mem::replace(&mut *self.watch.lock().unwrap_or_else(|e| e.into_inner()), task);
+                if let Some(w) = old_watch {
+                    w.abort();
+                }
                 let old = self.channel.write().unwrap_or_else(|e| e.into_inner()).replace(channel);
                 drop(old);
                 let watch = Arc::new(ConnectWatch {
@@ -382,30 +467,14 @@ impl Balancer {
     }
 
     /// Marks the server at `addr` serving or not: a server marked not serving is not picked
-    /// (calls in flight on it go on) until it is marked serving again. The hook for a health
-    /// watch (`grpc.health.v1` Watch: NOT_SERVING → `false`, SERVING → `true`). Returns false
-    /// when no server has that address.
+    /// (calls in flight on it go on) until it is marked serving again. What the health watch
+    /// of [`BalanceConfig::health_check`] does by itself; this is for health learnt elsewhere.
+    /// Returns false when no server has that address.
     pub fn set_serving(&self, addr: SocketAddr, serving: bool) -> bool {
         let snap = self.snap();
         let Some(s) = snap.servers.iter().find(|s| s.health.addr == addr) else { return false };
-        let h = &s.health;
-        let _g = h.change.lock().unwrap_or_else(|e| e.into_inner());
-        match (serving, h.state()) {
-            (false, UP | CONNECTING) => {
-                h.state.store(NOT_SERVING, Ordering::Release);
-                tracing::info!(server = %addr, "balancer: server marked not serving");
-            }
-            (true, NOT_SERVING) => {
-                if s.channel.read().unwrap_or_else(|e| e.into_inner()).is_some() {
-                    h.state.store(UP, Ordering::Release);
-                } else {
-                    h.state.store(IDLE, Ordering::Release);
-                    self.clock.want(0);
-                }
-                tracing::info!(server = %addr, "balancer: server marked serving");
-            }
-            _ => {}
-        }
+        let connected = s.channel.read().unwrap_or_else(|e| e.into_inner()).is_some();
+        s.health.serving(None, serving, connected);
         true
     }
 

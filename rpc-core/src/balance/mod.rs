@@ -44,13 +44,14 @@
 //! [`BalanceConfig::load_fresh`] falls back to this client's own calls in flight on the server),
 //! which tonic's balancer lacks (it counts every endpoint's load as zero).
 //!
-//! **Health and drain.** A call that ends UNAVAILABLE (a draining server answers new calls
-//! UNAVAILABLE "shutting down"; a broken session fails its calls UNAVAILABLE) marks its server
-//! down. [`Balancer::set_serving`] is the hook for a `grpc.health.v1` Watch: NOT_SERVING stops
-//! picks of a server, SERVING resumes them.
+//! **Health and drain.** A call or stream that ends UNAVAILABLE (a draining server answers new
+//! calls UNAVAILABLE "shutting down"; a broken session fails its calls UNAVAILABLE) marks its
+//! server down. With [`BalanceConfig::health_check`], each server's channel also holds a
+//! `grpc.health.v1` Watch: NOT_SERVING (a draining server says it first, during
+//! `ServerConfig::drain_grace`) stops picks of the server before any call is refused, SERVING
+//! resumes them. [`Balancer::set_serving`] does the same for health learnt elsewhere.
 //!
-//! **Streams** are picked like unary calls (the key of their options too); a stream's failure
-//! does not mark its server down (a later unary call or its idle session's check does).
+//! **Streams** are picked like unary calls (the key of their options too).
 
 pub mod balancer;
 #[cfg(feature = "etcd")]
@@ -90,6 +91,13 @@ pub struct BalanceConfig {
     /// alone): a server that reported a high load and was left alone since is compared on that
     /// count again after it. Default 1 s.
     pub load_fresh: Duration,
+    /// The service whose health each server is asked for: `Some(name)` opens a
+    /// `grpc.health.v1` Watch for `name` (`""`: the whole server) on each server's channel
+    /// when it connects; SERVING lets the balancer pick the server, any other status (a
+    /// draining server's NOT_SERVING) stops picks of it until SERVING again. A server without
+    /// the health service (UNIMPLEMENTED) is picked as if unwatched. The watch holds one stream
+    /// (one call slot) per server. Default `None` (no watch).
+    pub health_check: Option<String>,
 }
 
 impl Default for BalanceConfig {
@@ -100,6 +108,7 @@ impl Default for BalanceConfig {
             retry_initial: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
             load_fresh: Duration::from_secs(1),
+            health_check: None,
         }
     }
 }
@@ -128,6 +137,12 @@ impl BalanceConfig {
     /// See [`BalanceConfig::load_fresh`].
     pub fn load_fresh(mut self, v: Duration) -> Self {
         self.load_fresh = v;
+        self
+    }
+    /// See [`BalanceConfig::health_check`]: watches the health of `service` (`""`: the whole
+    /// server).
+    pub fn health_check(mut self, service: impl Into<String>) -> Self {
+        self.health_check = Some(service.into());
         self
     }
 }

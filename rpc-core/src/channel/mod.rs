@@ -459,14 +459,27 @@ impl Channel {
     /// dispatchers. With the session free, a call's own poll starts it (no hop between threads);
     /// a dispatcher thread starts the calls queued while it drives a wait no caller stayed for.
     pub fn calls_started(&self) -> (u64, u64) {
+        if let Some(b) = &self.shared.balance {
+            return b
+                .channels()
+                .iter()
+                .map(Channel::calls_started)
+                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        }
         self.shared.dispatchers.iter().map(|d| d.started()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
     /// How the channel's sessions were driven so far, summed over the dispatchers (see
     /// [`ChannelStats`]): for finding where a workload's time goes (drives per call, handoffs
     /// to the dispatcher threads, their wake-ups and unparks), not for a hot path.
+    /// A balanced channel's are the sum over its per-server channels.
     pub fn stats(&self) -> ChannelStats {
         let mut t = ChannelStats::default();
+        if let Some(b) = &self.shared.balance {
+            for ch in b.channels() {
+                t.add(&ch.stats());
+            }
+        }
         for d in &self.shared.dispatchers {
             let s = &d.stats;
             let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -550,6 +563,25 @@ pub struct ChannelStats {
     /// started (itself included): divided by the calls started, how full the pipeline was kept
     /// (at most the session's window).
     pub in_flight_at_start: u64,
+}
+
+impl ChannelStats {
+    /// Adds `o`'s counts to these.
+    fn add(&mut self, o: &ChannelStats) {
+        self.started_by_callers += o.started_by_callers;
+        self.started_by_threads += o.started_by_threads;
+        self.caller_drives += o.caller_drives;
+        self.caller_busy += o.caller_busy;
+        self.thread_drives += o.thread_drives;
+        self.thread_runs += o.thread_runs;
+        self.handoffs += o.handoffs;
+        self.unparks += o.unparks;
+        self.wakes += o.wakes;
+        self.steps += o.steps;
+        self.empty_steps += o.empty_steps;
+        self.event_waits += o.event_waits;
+        self.in_flight_at_start += o.in_flight_at_start;
+    }
 }
 
 /// The result side of a call, whatever its request type.

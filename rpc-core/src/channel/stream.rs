@@ -245,6 +245,16 @@ struct Poke {
 }
 
 impl Poke {
+    /// The stream ended with `status`: a balanced channel's watcher of this per-server channel
+    /// is told (an UNAVAILABLE marks the server down), as for a unary call's failure.
+    #[cold]
+    fn failed(&self, status: Status) -> Status {
+        if let Some(w) = &self.shared.watch {
+            w.failed(&status);
+        }
+        status
+    }
+
     /// Hands the stream's job to its dispatcher if it is not there yet: true once it is; false
     /// while the queue is full (then `cx`'s task is woken when the dispatcher makes room).
     fn submitted(&self, cx: &mut Context<'_>) -> bool {
@@ -591,7 +601,7 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
                 let end = self.state.inb.end.lock().unwrap_or_else(|e| e.into_inner()).take();
                 return Poll::Ready(match end {
                     Some(Ok(_)) | None => Ok(None),
-                    Some(Err(s)) => Err(s),
+                    Some(Err(s)) => Err(self.poke.failed(s)),
                 });
             }
             self.state.inb.waker.register(cx.waker());
@@ -617,7 +627,7 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
                         Some(Ok(None)) | None => {
                             Err(Status::internal("a client stream ended without an answer"))
                         }
-                        Some(Err(s)) => Err(s),
+                        Some(Err(s)) => Err(poke.failed(s)),
                     });
                 }
                 state.inb.waker.register(cx.waker());

@@ -55,7 +55,7 @@ enum Kind {
 ///
 /// # Panics
 /// When the runtime cannot be built (the OS refused its threads).
-fn shared_runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn shared_runtime() -> &'static tokio::runtime::Runtime {
     static SHARED: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     SHARED.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
