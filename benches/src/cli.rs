@@ -173,7 +173,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
-    /// Draw the latency distribution (CDF) and the size sweep to FILE (SVG).
+    /// Draw each latency test's percentiles (every size, on a log "nines" axis) and the size sweep (raw and RPC side by side) to FILE (SVG).
     #[arg(long, value_name = "FILE", value_parser = parse_svg_path)]
     pub plot: Option<PathBuf>,
 
