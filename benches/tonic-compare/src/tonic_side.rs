@@ -90,6 +90,36 @@ impl Bench for TonicBench {
             tokio_stream::iter((0..req.count).map(move |_| Ok(EchoReply { payload: payload.clone() })));
         Ok(tonic::Response::new(Box::pin(messages)))
     }
+
+    async fn upload(
+        &self,
+        req: tonic::Request<tonic::Streaming<EchoRequest>>,
+    ) -> Result<tonic::Response<StreamRequest>, tonic::Status> {
+        let mut stream = req.into_inner();
+        let (mut count, mut size) = (0u64, 0u32);
+        while let Some(m) = stream.message().await? {
+            count += 1;
+            size = size.wrapping_add(m.payload.len() as u32);
+        }
+        Ok(tonic::Response::new(StreamRequest { count, size }))
+    }
+
+    type ExchangeStream = MessageStream;
+
+    async fn exchange(
+        &self,
+        req: tonic::Request<tonic::Streaming<EchoRequest>>,
+    ) -> Result<tonic::Response<MessageStream>, tonic::Status> {
+        let payload = self.payload.clone();
+        let answers = req.into_inner().map(move |m| {
+            let n = m?.resp_size as usize;
+            if n > payload.len() {
+                return Err(tonic::Status::invalid_argument(format!("{n} bytes is over the 1 MiB limit")));
+            }
+            Ok(EchoReply { payload: payload.slice(..n) })
+        });
+        Ok(tonic::Response::new(Box::pin(answers)))
+    }
 }
 
 /// Sets TCP_NODELAY on an accepted connection, as tonic's own listener does.
