@@ -254,13 +254,13 @@ async fn task(
                 issuing = false;
                 break;
             }
-            let t0 = timed.then(Instant::now);
+            let t0 = timed.then(crate::clock::now);
             q.push_back((stub.echo(req.clone()), t0));
         }
         let Some((call, t0)) = q.pop_front() else { break };
         let r = call.await.map_err(|s| rpc_err("Bench.Echo", s))?;
         if let (Some(rec), Some(t0)) = (rec.as_mut(), t0) {
-            rec.record(t0.elapsed().as_nanos() as u64);
+            rec.record(crate::clock::now().nanos_since(t0));
         }
         if r.payload.len() != want {
             return Err(PerfError::Rpc(format!(

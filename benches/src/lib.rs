@@ -56,6 +56,7 @@
 
 pub mod chan;
 pub mod cli;
+pub mod clock;
 pub mod dynamic;
 pub mod error;
 pub mod measure;

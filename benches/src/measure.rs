@@ -1,7 +1,8 @@
 //! The measuring loops shared by every test: ping-pong latency (one timestamp per round trip,
-//! perftest's `tposted[i+1] - tposted[i]`), and the limit (iterations or duration).
+//! perftest's `tposted[i+1] - tposted[i]`, from the cycle counter: [`crate::clock`]), and the
+//! limit (iterations or duration).
 
-use std::time::Instant;
+use std::time::Duration;
 
 use crate::cli::Limit;
 use crate::error::PerfError;
@@ -29,20 +30,26 @@ where
         round_trip()?;
     }
     let mut rec = LatencyRecorder::new();
-    let start = Instant::now();
+    crate::clock::warm();
+    let start = crate::clock::now();
     let mut prev = start;
     let mut i = 0u64;
     loop {
         round_trip()?;
-        let now = Instant::now();
-        rec.record(now.duration_since(prev).as_nanos() as u64);
+        let now = crate::clock::now();
+        rec.record(now.nanos_since(prev));
         prev = now;
         i += 1;
-        if done(limit, i, now.duration_since(start)) {
+        let elapsed = || Duration::from_nanos(now.nanos_since(start));
+        let stop = match limit {
+            Limit::Iters(n) => i >= n,
+            Limit::Duration(d) => elapsed() >= d,
+        };
+        if stop {
             break;
         }
         if i % PROGRESS_EVERY == 0 {
-            progress.fraction(fraction(limit, i, now.duration_since(start)));
+            progress.fraction(fraction(limit, i, elapsed()));
         }
     }
     progress.fraction(1.0);

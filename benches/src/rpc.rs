@@ -510,7 +510,7 @@ fn windowed(
     let (mut sent, mut done) = (0u64, 0u64);
     while done < warmup {
         while q.len() < window && sent < warmup {
-            q.push_back((client.echo_async(req), None::<Instant>));
+            q.push_back((client.echo_async(req), None::<crate::clock::Stamp>));
             sent += 1;
         }
         if let Some((f, _)) = q.front_mut() {
@@ -529,7 +529,7 @@ fn windowed(
     let mut issuing = true;
     loop {
         while issuing && q.len() < window {
-            let t = if timed { Some(Instant::now()) } else { None };
+            let t = if timed { Some(crate::clock::now()) } else { None };
             q.push_back((client.echo_async(req), t));
             sent += 1;
             if let Limit::Iters(n) = limit {
@@ -539,7 +539,7 @@ fn windowed(
         let Some((f, t0)) = q.front_mut() else { break };
         if let Poll::Ready(r) = Pin::new(f).poll(&mut cx) {
             if let (Some(rec), Some(t0)) = (per_call.as_deref_mut(), *t0) {
-                rec.record(t0.elapsed().as_nanos() as u64);
+                rec.record(crate::clock::now().nanos_since(t0));
             }
             check_len(r.map_err(|s| rpc_err("Bench.Echo", s))?.payload.len(), want)?;
             q.pop_front();
