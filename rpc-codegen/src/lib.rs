@@ -204,6 +204,7 @@ mod builder;
 mod check;
 mod client;
 mod comments;
+mod descriptors;
 mod enums;
 mod error;
 mod generator;
