@@ -17,6 +17,7 @@ pub mod bench;
 pub mod body;
 pub mod call;
 pub mod json;
+pub mod reflect;
 pub mod schema;
 
 use rpc_core::{Client, ClientConfig, Transport};
@@ -90,6 +91,26 @@ pub fn connect(
         PerfError::Setup(format!("cannot reach {addr}: {text}{hint}"))
     })?;
     Ok((client, addr))
+}
+
+/// The schema of `method`'s service: compiled from `--proto` files when given, else fetched
+/// from the reflection service of the server at `host` (as grpcurl does).
+///
+/// # Errors
+/// As [`schema::Schema::compile`] and [`reflect::schema`] (a server without reflection: the
+/// text says to pass `--proto`).
+pub fn schema_for(
+    proto: &args::ProtoArgs,
+    nic: &NicArgs,
+    host: &str,
+    method: &str,
+) -> Result<schema::Schema, PerfError> {
+    if proto.protos.is_empty() {
+        let (service, _) = schema::split_method(method)?;
+        reflect::schema(nic, host, service)
+    } else {
+        schema::Schema::compile(&proto.protos, &proto.includes)
+    }
 }
 
 /// `s` on one line (inner line breaks become spaces).
