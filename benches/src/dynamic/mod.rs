@@ -1,10 +1,12 @@
 //! `rpc-perf call` and `rpc-perf bench`: any unary method of any service of ours, from its
-//! `.proto` compiled at run time, with requests written as JSON (grpcurl and ghz for this
-//! framework).
+//! `.proto` compiled at run time or, without `--proto`, from the server's reflection service
+//! ([`reflect`]), with requests written as JSON (grpcurl and ghz for this framework).
 //!
 //! ```text
 //! rpc-perf call  127.0.0.1:50052 kv.Kv/Put --proto proto/kv.proto --data '{"key":"a","value":"aGk="}'
 //! rpc-perf bench 127.0.0.1:50052 kv.Kv/Get --proto proto/kv.proto --data '{"key":"a"}' -c 32 -n 100000
+//! rpc-perf call  127.0.0.1:50052 kv.Kv/Get --data '{"key":"a"}'    # the schema by reflection
+//! rpc-perf call  127.0.0.1:50052 list                              # the server's services
 //! ```
 //!
 //! The method id is `rpc_core::codegen::method_id` of `"/package.Service/Method"`, the function
