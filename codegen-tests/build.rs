@@ -39,6 +39,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &["../proto"],
     )?;
 
+    // rpc-core's reflection service keeps this proto's generated code checked in
+    // (`rpc-core/src/reflection/grpc.reflection.v1.rs`, its one bidirectional method async);
+    // `tests/snapshot.rs` holds it to this output.
+    rpc_codegen::configure()
+        .async_server("grpc.reflection.v1.ServerReflection")
+        .compile_protos(&["../proto/grpc/reflection/v1/reflection.proto"], &["../proto"])?;
+
     // Async server traits, for two services (one named like the facade's `AsyncContext`).
     rpc_codegen::configure()
         .async_server("codegen.asynchronous.Lookup")

@@ -1,6 +1,7 @@
 //! The generated code of a few protos, compared with reviewed snapshots in `tests/snapshots/`:
 //! helloworld (the plain shape) and `codegen.collide` (renamed message modules, `Bytes` fields);
-//! and the health service's code that `rpc-core` keeps checked in (it has no build script).
+//! and the health and reflection services' code that `rpc-core` keeps checked in (it has no
+//! build script).
 //! After a deliberate change to the generator, rewrite them with
 //! `UPDATE_SNAPSHOTS=1 cargo test -p codegen-tests --test snapshot` and review the diff before
 //! committing it.
@@ -51,4 +52,13 @@ fn renamed_message_modules_match_the_reviewed_snapshot() {
 fn rpc_core_health_code_matches_the_generator() {
     let checked_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../rpc-core/src/health/grpc.health.v1.rs");
     check_file(&checked_in, include_str!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs")));
+}
+
+/// `rpc-core/src/reflection/grpc.reflection.v1.rs` is this generator's output for
+/// `proto/grpc/reflection/v1/reflection.proto` (its service async), kept in the library.
+#[test]
+fn rpc_core_reflection_code_matches_the_generator() {
+    let checked_in =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../rpc-core/src/reflection/grpc.reflection.v1.rs");
+    check_file(&checked_in, include_str!(concat!(env!("OUT_DIR"), "/grpc.reflection.v1.rs")));
 }

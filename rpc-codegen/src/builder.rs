@@ -443,6 +443,8 @@ impl Builder {
         // After the modules: two messages with one module have one struct name too, and the
         // module error says more.
         crate::types::check_type_names(&fds, includes, &|fq| tree.is_extern(fq))?;
+        // The `.proto` files' own descriptors, before the rewriting for prost-build below.
+        let descriptor_sets = crate::descriptors::per_package(&fds);
         escape_fds_comments(&mut fds);
         modules::apply(&mut fds, &renames);
         self.give_options_to_stand_ins(&renames);
@@ -465,6 +467,7 @@ impl Builder {
             build_client: self.build_client,
             async_servers: self.async_servers.clone(),
             default_stubs: self.default_stubs,
+            descriptor_sets,
         }));
         // prost-build panics when the code it assembles does not parse (an attribute given to
         // `type_attribute` that is not one, or an input the checks above do not know yet): the

@@ -26,6 +26,9 @@ pub struct RpcServiceGenerator {
     pub async_servers: Vec<String>,
     /// Server trait methods get default bodies answering UNIMPLEMENTED.
     pub default_stubs: bool,
+    /// Per package with a service: its encoded `FileDescriptorSet` (`descriptors.rs`), written
+    /// as the package's `FILE_DESCRIPTOR_SET`.
+    pub descriptor_sets: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 impl ServiceGenerator for RpcServiceGenerator {
@@ -37,6 +40,12 @@ impl ServiceGenerator for RpcServiceGenerator {
         }
         if self.build_client {
             client::generate(&model, buf);
+        }
+    }
+
+    fn finalize_package(&mut self, package: &str, buf: &mut String) {
+        if let Some(bytes) = self.descriptor_sets.get(package) {
+            crate::descriptors::write_const(bytes, buf);
         }
     }
 }

@@ -97,6 +97,13 @@
 //!   is `Clone` (`impl<C: SharedSession> Clone`): asking it of a blocking stub gets the compiler's
 //!   hint toward `connect_channel`.
 //!
+//! - `FILE_DESCRIPTOR_SET` (in a package with a service): the encoded
+//!   `google.protobuf.FileDescriptorSet` of the package's `.proto` files and every file they
+//!   import, transitively (no source info; dependency order), as tonic-build's
+//!   `file_descriptor_set_path` writes it. The server adapter hands it to the runtime as
+//!   `Service::FILE_DESCRIPTOR_SET`, so `ServerBuilder::add_reflection()` describes every service
+//!   added without registration by hand.
+//!
 //! **Default handlers.** [`Builder::generate_default_stubs(true)`](Builder::generate_default_stubs)
 //! gives every server trait method a default body answering UNIMPLEMENTED with the RPC's name
 //! (tonic-build's option of the same name), so a large service compiles before all its methods
@@ -204,6 +211,7 @@ mod builder;
 mod check;
 mod client;
 mod comments;
+mod descriptors;
 mod enums;
 mod error;
 mod generator;

@@ -242,6 +242,7 @@ pub fn generate(model: &ServiceModel<'_>, buf: &mut String, asynchronous: bool, 
 
     let _ = writeln!(buf, "impl<{param}: {trait_name}> {service} for {adapter}<{param}> {{");
     let _ = writeln!(buf, "const NAME: &'static str = {};", model.service_name_const);
+    buf.push_str("const FILE_DESCRIPTOR_SET: &'static [u8] = super::FILE_DESCRIPTOR_SET;\n");
     let _ = write!(buf, "const METHODS: &'static [{method_desc}] = &[");
     for rpc in model.all() {
         let _ = write!(buf, "{method_desc} {{ id: {id}, name: method_names::{id} }},", id = rpc.id_const);

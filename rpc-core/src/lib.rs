@@ -42,6 +42,7 @@ pub(crate) mod dispatch;
 pub(crate) mod endpoint;
 pub mod health;
 pub mod metadata;
+pub mod reflection;
 pub(crate) mod report;
 pub mod server;
 pub mod session;

@@ -28,7 +28,9 @@ pub enum Command {
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct ProtoArgs {
     /// The .proto file defining the service (repeatable). Compiled at run time: no protoc needed.
-    #[arg(long = "proto", value_name = "FILE.proto", required = true)]
+    /// Default: none, and the service's definition is asked of the server's reflection service
+    /// (grpc.reflection.v1, as grpcurl does; a server adds it with `add_reflection()`).
+    #[arg(long = "proto", value_name = "FILE.proto")]
     pub protos: Vec<PathBuf>,
     /// Directory searched for imports (repeatable); default: the directory of each --proto file.
     /// The well-known types (google/protobuf/*.proto) are built in.
@@ -77,7 +79,8 @@ pub struct CallArgs {
     /// file, or `-` for standard input. Default: `{}` (every field at its default).
     #[arg(long, value_name = "JSON|@FILE|-", allow_hyphen_values = true)]
     pub data: Option<String>,
-    /// Print the services and methods the .proto files define, and exit.
+    /// Print the services and methods the .proto files define (without --proto: the services
+    /// the server at HOST lists over reflection; `rpc-perf call HOST list` too), and exit.
     #[arg(long, conflicts_with = "describe")]
     pub list: bool,
     /// Print the fields of message NAME (or the methods of service NAME), by full name

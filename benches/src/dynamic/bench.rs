@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::args::BenchArgs;
 use super::body::{EncodedRequest, ReplyBytes, ReplyLen};
 use super::json::{self, Payload};
-use super::schema::{Schema, UnaryMethod};
+use super::schema::UnaryMethod;
 use crate::cli::{Limit, PollKind};
 use crate::error::PerfError;
 use crate::progress::Progress;
@@ -436,7 +436,7 @@ pub struct BenchReport {
 /// One-line [`PerfError`]s: .proto, method, `--data` (field and type named), unreachable
 /// server, UNIMPLEMENTED at the probe, a lost connection, `--json`/`--plot` files.
 pub fn run(a: &BenchArgs) -> Result<BenchReport, PerfError> {
-    let schema = Schema::compile(&a.proto.protos, &a.proto.includes)?;
+    let schema = super::schema_for(&a.proto, &a.nic, &a.host, &a.method)?;
     let method = schema.unary_method(&a.method)?;
     let payloads = json::payloads(&method.input, &a.data)?;
     let max_len = payloads.iter().map(|p| p.bytes.len()).max().unwrap_or(0);

@@ -6,28 +6,47 @@ use rpc_core::{CallOptions, Code, Status};
 use super::args::CallArgs;
 use super::body::{EncodedRequest, ReplyBytes};
 use super::json;
+use super::reflect;
 use super::schema::{Schema, UnaryMethod};
 use crate::error::PerfError;
 use crate::rpc::ring_bytes_for;
 
 /// Runs `rpc-perf call`: returns what to print on standard output (the reply as pretty JSON,
-/// or the `--list` listing).
+/// or the `--list` listing). Without `--proto`, the schema comes from the server's reflection
+/// service ([`reflect`]).
 ///
 /// # Errors
 /// One-line [`PerfError`]s: a bad .proto, an unknown service or method, JSON that does not
 /// match the request message (field and type named), an unreachable server, and a non-OK
 /// answer (`kv.Kv/Get: NOT_FOUND: ...`).
 pub fn run(a: &CallArgs) -> Result<String, PerfError> {
-    let schema = Schema::compile(&a.proto.protos, &a.proto.includes)?;
-    if a.list {
-        return Ok(schema.listing());
-    }
-    if let Some(name) = &a.describe {
-        return schema.describe(name);
+    if a.proto.protos.is_empty() {
+        // From the server's reflection service, as grpcurl does.
+        let Some(host) = &a.host else {
+            return Err(PerfError::Setup(
+                "rpc-perf call needs --proto FILE.proto, or HOST to ask its reflection service".into(),
+            ));
+        };
+        // `rpc-perf call HOST list`, grpcurl's form, too.
+        if a.list || (a.method.as_deref() == Some("list") && a.describe.is_none()) {
+            return reflect::listing(&a.nic, host);
+        }
+        if let Some(name) = &a.describe {
+            return reflect::schema(&a.nic, host, name.trim_start_matches('.'))?.describe(name);
+        }
+    } else {
+        let schema = Schema::compile(&a.proto.protos, &a.proto.includes)?;
+        if a.list {
+            return Ok(schema.listing());
+        }
+        if let Some(name) = &a.describe {
+            return schema.describe(name);
+        }
     }
     let (Some(host), Some(name)) = (&a.host, &a.method) else {
         return Err(PerfError::Setup("rpc-perf call needs HOST and METHOD (or --list)".into()));
     };
+    let schema = super::schema_for(&a.proto, &a.nic, host, name)?;
     let method = schema.unary_method(name)?;
     let data: Vec<String> = a.data.iter().cloned().collect();
     let mut reqs = json::payloads(&method.input, &data)?;

@@ -1,10 +1,12 @@
 //! `rpc-perf call` and `rpc-perf bench`: any unary method of any service of ours, from its
-//! `.proto` compiled at run time, with requests written as JSON (grpcurl and ghz for this
-//! framework).
+//! `.proto` compiled at run time or, without `--proto`, from the server's reflection service
+//! ([`reflect`]), with requests written as JSON (grpcurl and ghz for this framework).
 //!
 //! ```text
 //! rpc-perf call  127.0.0.1:50052 kv.Kv/Put --proto proto/kv.proto --data '{"key":"a","value":"aGk="}'
 //! rpc-perf bench 127.0.0.1:50052 kv.Kv/Get --proto proto/kv.proto --data '{"key":"a"}' -c 32 -n 100000
+//! rpc-perf call  127.0.0.1:50052 kv.Kv/Get --data '{"key":"a"}'    # the schema by reflection
+//! rpc-perf call  127.0.0.1:50052 list                              # the server's services
 //! ```
 //!
 //! The method id is `rpc_core::codegen::method_id` of `"/package.Service/Method"`, the function
@@ -17,6 +19,7 @@ pub mod bench;
 pub mod body;
 pub mod call;
 pub mod json;
+pub mod reflect;
 pub mod schema;
 
 use rpc_core::{Client, ClientConfig, Transport};
@@ -90,6 +93,26 @@ pub fn connect(
         PerfError::Setup(format!("cannot reach {addr}: {text}{hint}"))
     })?;
     Ok((client, addr))
+}
+
+/// The schema of `method`'s service: compiled from `--proto` files when given, else fetched
+/// from the reflection service of the server at `host` (as grpcurl does).
+///
+/// # Errors
+/// As [`schema::Schema::compile`] and [`reflect::schema`] (a server without reflection: the
+/// text says to pass `--proto`).
+pub fn schema_for(
+    proto: &args::ProtoArgs,
+    nic: &NicArgs,
+    host: &str,
+    method: &str,
+) -> Result<schema::Schema, PerfError> {
+    if proto.protos.is_empty() {
+        let (service, _) = schema::split_method(method)?;
+        reflect::schema(nic, host, service)
+    } else {
+        schema::Schema::compile(&proto.protos, &proto.includes)
+    }
 }
 
 /// `s` on one line (inner line breaks become spaces).

@@ -85,6 +85,12 @@ impl Schema {
         Ok(Schema { pool: compiler.descriptor_pool(), files })
     }
 
+    /// A schema over `pool` (from reflection: `super::reflect`), `files` naming the files whose
+    /// services [`Schema::services`] lists.
+    pub fn from_pool(pool: DescriptorPool, files: Vec<String>) -> Schema {
+        Schema { pool, files }
+    }
+
     /// The descriptor pool.
     pub fn pool(&self) -> &DescriptorPool {
         &self.pool
@@ -102,13 +108,7 @@ impl Schema {
     /// [`PerfError::Setup`] naming the unknown service (and the known ones), the unknown method
     /// (and the service's methods), or a streaming method (`call` and `bench` take unary methods only).
     pub fn unary_method(&self, name: &str) -> Result<UnaryMethod, PerfError> {
-        let trimmed = name.trim_start_matches('/');
-        let (svc_name, m_name) = match trimmed.rsplit_once('/') {
-            Some(pair) => pair,
-            None => trimmed.rsplit_once('.').ok_or_else(|| {
-                PerfError::Setup(format!("method `{name}`: write it as package.Service/Method"))
-            })?,
-        };
+        let (svc_name, m_name) = split_method(name)?;
         let Some(svc) = self.pool.get_service_by_name(svc_name) else {
             let known: Vec<String> = self.pool.services().map(|s| s.full_name().to_owned()).collect();
             return Err(PerfError::Setup(format!(
@@ -199,30 +199,69 @@ impl Schema {
     pub fn listing(&self) -> String {
         let mut out = String::new();
         for s in self.services() {
-            let _ = writeln!(out, "{}", s.full_name());
-            for m in s.methods() {
-                let stream = |yes: bool| if yes { "stream " } else { "" };
-                let _ = writeln!(
-                    out,
-                    "  {}/{}({}{}) returns ({}{}){}",
-                    s.full_name(),
-                    m.name(),
-                    stream(m.is_client_streaming()),
-                    m.input().full_name(),
-                    stream(m.is_server_streaming()),
-                    m.output().full_name(),
-                    if m.is_client_streaming() || m.is_server_streaming() {
-                        "  [streaming: not callable by rpc-perf]"
-                    } else {
-                        ""
-                    }
-                );
+            write_service(&mut out, &s);
+        }
+        if out.is_empty() {
+            out.push_str("(no services)\n");
+        }
+        out
+    }
+
+    /// The listing of the services `names` (a server's, from reflection), in that order: each
+    /// with its methods as [`Schema::listing`] writes them, or its name alone when the pool does
+    /// not describe it.
+    pub fn listing_of(&self, names: &[String]) -> String {
+        let mut out = String::new();
+        for name in names {
+            match self.pool.get_service_by_name(name) {
+                Some(s) => write_service(&mut out, &s),
+                None => {
+                    let _ = writeln!(out, "{name}  [not described by the server's reflection]");
+                }
             }
         }
         if out.is_empty() {
             out.push_str("(no services)\n");
         }
         out
+    }
+}
+
+/// `package.Service/Method` (also: a leading `/`, or `package.Service.Method`) → the service's
+/// full name and the method's name.
+///
+/// # Errors
+/// [`PerfError::Setup`] showing the form, for a name with neither `/` nor `.`.
+pub fn split_method(name: &str) -> Result<(&str, &str), PerfError> {
+    let trimmed = name.trim_start_matches('/');
+    match trimmed.rsplit_once('/') {
+        Some(pair) => Ok(pair),
+        None => trimmed
+            .rsplit_once('.')
+            .ok_or_else(|| PerfError::Setup(format!("method `{name}`: write it as package.Service/Method"))),
+    }
+}
+
+/// One service of a listing: its name, then one line per method.
+fn write_service(out: &mut String, s: &ServiceDescriptor) {
+    let _ = writeln!(out, "{}", s.full_name());
+    for m in s.methods() {
+        let stream = |yes: bool| if yes { "stream " } else { "" };
+        let _ = writeln!(
+            out,
+            "  {}/{}({}{}) returns ({}{}){}",
+            s.full_name(),
+            m.name(),
+            stream(m.is_client_streaming()),
+            m.input().full_name(),
+            stream(m.is_server_streaming()),
+            m.output().full_name(),
+            if m.is_client_streaming() || m.is_server_streaming() {
+                "  [streaming: not callable by rpc-perf]"
+            } else {
+                ""
+            }
+        );
     }
 }
 

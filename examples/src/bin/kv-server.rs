@@ -30,6 +30,7 @@ fn main() {
         // Its clients (kv-client) ask for a 32 MiB ring too: mirror it (the default cap is 4 MiB).
         .max_peer_ring_bytes(32 << 20)
         .add_health_service()
+        .add_reflection()
         .add_service(KvServer::new(KvStore::default()))
         .spawn(args.addr.as_str());
     cli::serve_until_killed(env!("CARGO_BIN_NAME"), "Kv", server);

@@ -24,6 +24,7 @@ fn main() {
         .transport
         .server()
         .add_health_service()
+        .add_reflection()
         .add_service(RouteGuideServer::new(RouteGuideService::new()))
         .spawn(args.addr.as_str());
     cli::serve_until_killed(env!("CARGO_BIN_NAME"), "RouteGuide", server);

@@ -164,6 +164,12 @@ pub trait Service: Send + Sync + 'static {
     /// Every method of the service, for registration (ids must be unique server-wide; the runtime
     /// refuses duplicates with an error naming both).
     const METHODS: &'static [MethodDesc];
+    /// The encoded `google.protobuf.FileDescriptorSet` describing the service: its package's
+    /// `.proto` files and every file they import (rpc-codegen emits it as the package's
+    /// `FILE_DESCRIPTOR_SET`). [`ServerBuilder::add_reflection`](crate::ServerBuilder::add_reflection)
+    /// serves it to reflection clients (grpcurl, `rpc-perf call` without `--proto`). Default:
+    /// empty (a hand-written service: listed by reflection, its types unknown to it).
+    const FILE_DESCRIPTOR_SET: &'static [u8] = &[];
     /// Runs on the worker that received the request. `body` is the protobuf encoding of the
     /// request ([`Body`]: in its receive buffer, or copied once out of the ring); the answer goes
     /// into `out` (encoded straight into the registered send buffer: no allocation).

@@ -477,6 +477,8 @@ impl Server {
             registry: Registry::default(),
             health: HealthReporter::new(),
             health_added: false,
+            reflection: false,
+            described: Vec::new(),
         }
     }
 }
@@ -489,6 +491,11 @@ pub struct ServerBuilder {
     health: HealthReporter,
     /// `add_health_service` was called.
     health_added: bool,
+    /// `add_reflection` was called: the reflection service is added at `spawn`, over every
+    /// service added by then.
+    reflection: bool,
+    /// Per service added: its name and `Service::FILE_DESCRIPTOR_SET`, for reflection.
+    described: Vec<(&'static str, &'static [u8])>,
 }
 
 macro_rules! setter {
@@ -581,6 +588,7 @@ impl ServerBuilder {
     /// SERVING (under `S::NAME`) unless a status was set for that name before.
     pub fn add_service<S: Service>(mut self, svc: S) -> Self {
         self.health.register(S::NAME);
+        self.described.push((S::NAME, S::FILE_DESCRIPTOR_SET));
         self.registry.add(svc);
         self
     }
@@ -601,6 +609,17 @@ impl ServerBuilder {
         self.add_service(crate::health::v1::health_server::HealthServer::new(svc))
     }
 
+    /// Serves `grpc.reflection.v1.ServerReflection` ([`crate::reflection`]), which lists every
+    /// service added to this builder (before or after this call; reflection itself included) and
+    /// describes them from the descriptors their generated code carries
+    /// ([`Service::FILE_DESCRIPTOR_SET`]), so grpcurl and `rpc-perf call` work without the
+    /// `.proto` files. Its streams are polled on the workers (in-memory lookups, a few hundred
+    /// bytes to a few KB per answer). Adding it twice adds it once.
+    pub fn add_reflection(mut self) -> Self {
+        self.reflection = true;
+        self
+    }
+
     /// The handle that sets what the health service reports (the same one
     /// [`ServerHandle::health_reporter`] gives once the server runs).
     pub fn health_reporter(&self) -> HealthReporter {
@@ -612,7 +631,19 @@ impl ServerBuilder {
     /// # Errors
     /// [`ServerError`] for a bad configuration (naming the field), a duplicate method id, a
     /// transport that cannot open, or a listen address that cannot be bound.
-    pub fn spawn(self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
+    pub fn spawn(mut self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
+        if std::mem::take(&mut self.reflection) {
+            use crate::reflection::v1::server_reflection_server::{ServerReflectionServer, SERVICE_NAME};
+            let names = self.described.iter().map(|(name, _)| *name).chain([SERVICE_NAME]);
+            let sets = self
+                .described
+                .iter()
+                .map(|(_, set)| *set)
+                .chain([crate::reflection::v1::FILE_DESCRIPTOR_SET]);
+            let index = crate::reflection::DescriptorIndex::new(names, sets);
+            self = self
+                .add_service(ServerReflectionServer::new(crate::reflection::ReflectionService::new(index)));
+        }
         let (health, drain_grace) = (self.health.clone(), self.config.drain_grace);
         let mut handle = self.spawn_workers(addr)?;
         handle.health = health;
