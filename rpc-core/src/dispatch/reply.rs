@@ -237,7 +237,9 @@ impl CallInfo {
     /// An async handler's context (`AsyncContext`, and its clones: work the handler hands to
     /// another thread may watch it): true once the call no longer wants an answer: the client
     /// cancelled it (future dropped, explicit cancel), its deadline passed, it ran past the
-    /// server's `max_call_duration`, or the session closed. Reads the clock only for a call
+    /// server's `max_call_duration`, or the session closed; and, for a unary call, once it has
+    /// been answered (its handler's future returned), so work the handler left running learns
+    /// that the call is over, as a Go handler's context is done when its RPC returns. Reads the clock only for a call
     /// with a deadline. Through a [`RequestContext`], that context's
     /// [`RequestContext::is_cancelled`] answers instead.
     pub fn is_cancelled(&self) -> bool {

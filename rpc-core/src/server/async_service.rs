@@ -168,6 +168,8 @@ where
             match first {
                 Poll::Ready(r) => {
                     local.release(slot);
+                    // Answered: what the handler left running sees the call over.
+                    flag.raise();
                     Reply(ReplyKind::Ready(r))
                 }
                 Poll::Pending => {
@@ -175,7 +177,7 @@ where
                     // The worker raises the flag when the call ends without us (cancel, session
                     // closed, deadline: it answers then): the task wakes and drops the future.
                     flag.register(slot.waker());
-                    local.fill(slot, Box::pin(answer(responder, fut, None)), Some(context.clone()));
+                    local.fill(slot, Box::pin(answer(responder, fut, None, flag)), Some(context.clone()));
                     reply
                 }
             }
@@ -186,17 +188,21 @@ where
                 Kind::Tokio(h) => h,
                 Kind::Worker(_) => runtime.context(),
             };
-            let (responder, reply) = ctx.defer_with::<T>(flag);
-            handle.spawn(answer(responder, fut, deadline));
+            let (responder, reply) = ctx.defer_with::<T>(flag.clone());
+            handle.spawn(answer(responder, fut, deadline, flag));
             reply
         }
     }
 }
 
+/// Runs `fut` and answers the call with its output through `responder`; then raises `over` (the
+/// handler's [`AsyncContext::is_cancelled`]), so work the handler left running sees the call
+/// over.
 async fn answer<T: Message>(
     responder: Responder<T>,
     fut: impl Future<Output = Result<T, Status>>,
     deadline: Option<Instant>,
+    over: Arc<CancelFlag>,
 ) {
     let r = {
         // Dropped (with the handler's future) when the client cancels the call or its session
@@ -224,6 +230,7 @@ async fn answer<T: Message>(
         // Nobody wants the answer any more.
         None => drop(responder),
     }
+    over.raise();
 }
 
 /// Runs an async streaming handler (server streaming, bidirectional) for the call of `ctx`,
