@@ -27,6 +27,8 @@
 pub(crate) mod call;
 pub(crate) mod dispatcher;
 pub(crate) mod stream;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 use std::future::Future;
 use std::net::ToSocketAddrs;
@@ -46,6 +48,8 @@ use crate::status::Status;
 use call::{Completion, Job, Queued, UnaryJob};
 use dispatcher::Inner;
 pub use stream::{ClientStreamCall, StreamReceiver, StreamSender, STREAM_QUEUE};
+#[cfg(feature = "tower")]
+pub use tower::UnaryService;
 
 /// The connection outcomes a connecting channel waits for, one per dispatcher.
 type Pending = Vec<Arc<Completion<Result<(), Status>>>>;
