@@ -183,6 +183,8 @@ pub(crate) struct Shared {
     balance: Option<Arc<crate::balance::Balancer>>,
     /// A balanced channel's per-server channel: told of its failed calls.
     watch: Option<Arc<dyn Watch>>,
+    /// `ClientConfig::observe` of the channel's sessions.
+    observe: crate::Observe,
 }
 
 impl Drop for Shared {
@@ -304,13 +306,16 @@ impl Channel {
                         interceptor: None,
                         balance: None,
                         watch: None,
+                        observe: crate::Observe::OFF,
                     });
                     return Err(s);
                 }
             }
         }
         let interceptor = config.client.interceptor.clone();
-        let shared = Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch };
+        let observe = config.client.observe;
+        let shared =
+            Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch, observe };
         Ok((Channel { shared: Arc::new(shared) }, pending))
     }
 
@@ -322,6 +327,7 @@ impl Channel {
             interceptor: None,
             balance: Some(balancer),
             watch: None,
+            observe: crate::Observe::OFF,
         };
         Channel { shared: Arc::new(shared) }
     }
@@ -365,6 +371,52 @@ impl Channel {
         if let Some(b) = &self.shared.balance {
             return self.unary_balanced(b, id, req, opts);
         }
+        if self.shared.observe.any() {
+            return self.unary_observed(id, req, opts);
+        }
+        self.unary_plain(id, req, opts)
+    }
+
+    /// [`Channel::unary`] with `ClientConfig::observe` on: a span and metrics around the call,
+    /// `traceparent` in its metadata ([`crate::observe`]).
+    #[cold]
+    #[inline(never)]
+    fn unary_observed<Req, Resp>(
+        &self,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> UnaryCall<Resp>
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let opts = IntoRequest::options(&req, opts);
+        let mut md = opts.metadata().cloned().unwrap_or_default();
+        let size = IntoRequest::message(&req).encoded_len();
+        let obs = crate::observe::Observed::client(self.shared.observe, id, &mut md, size, None);
+        let opts = opts.into_owned().with_metadata(md);
+        let mut call = {
+            let _entered = obs.enter();
+            self.unary_plain(id, IntoRequest::into_message(req), &opts)
+        };
+        let size: fn(&Resp) -> usize = |m| m.encoded_len();
+        call.observed = Some(Box::new((obs, size)));
+        call
+    }
+
+    /// [`Channel::unary`] on a channel to one server.
+    #[inline]
+    fn unary_plain<Req, Resp>(
+        &self,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> UnaryCall<Resp>
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         let d = &*self.shared.dispatchers[dispatcher];
@@ -628,6 +680,9 @@ pub struct UnaryCall<Resp> {
     /// The completion may hold this task's waker (a poll returned `Pending` after registering
     /// it): the next poll that drives forgets it first.
     registered: bool,
+    /// The call's span and metrics, and how to size its response (`ClientConfig::observe`).
+    #[allow(clippy::type_complexity)]
+    observed: Option<Box<(crate::observe::Observed, fn(&Resp) -> usize)>>,
 }
 
 impl<Resp> UnaryCall<Resp> {
@@ -656,6 +711,7 @@ impl<Resp> UnaryCall<Resp> {
             taken: false,
             waiting: false,
             registered: false,
+            observed: None,
         }
     }
 
@@ -713,7 +769,7 @@ impl<Resp> Future for UnaryCall<Resp> {
         if let Some(r) = done.try_take() {
             coop.made_progress();
             this.taken = true;
-            report(&this.shared, &r);
+            report(&this.shared, &mut this.observed, &r);
             return ready(r);
         }
         // (A call that ended before it started has no dispatcher, and its result is there.)
@@ -764,7 +820,7 @@ impl<Resp> Future for UnaryCall<Resp> {
                 unwait(waiting, d);
                 coop.made_progress();
                 this.taken = true;
-                report(&this.shared, &r);
+                report(&this.shared, &mut this.observed, &r);
                 ready(r)
             }
             Poll::Pending => {
@@ -779,7 +835,16 @@ impl<Resp> Future for UnaryCall<Resp> {
 /// Tells a per-server channel's watcher (a balanced channel's) that a call failed: one compare
 /// on the success path.
 #[inline(always)]
-fn report<Resp>(shared: &Shared, r: &Option<Result<Resp, Status>>) {
+#[allow(clippy::type_complexity)]
+fn report<Resp>(
+    shared: &Shared,
+    observed: &mut Option<Box<(crate::observe::Observed, fn(&Resp) -> usize)>>,
+    r: &Option<Result<Resp, Status>>,
+) {
+    if let (Some(o), Some(r)) = (observed.take(), r) {
+        let (o, size) = *o;
+        o.finish_with(r, size);
+    }
     if let Some(Err(s)) = r {
         if let Some(w) = &shared.watch {
             w.failed(s);

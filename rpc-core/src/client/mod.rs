@@ -11,7 +11,7 @@
 pub(crate) mod backoff;
 mod config;
 pub(crate) mod core;
-mod names;
+pub(crate) mod names;
 mod queue;
 mod request;
 mod stream;
@@ -342,6 +342,10 @@ impl Client {
     ) -> Result<Resp, Status> {
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
+        if inner.config.observe.any() {
+            drop(inner);
+            return self.unary_observed(id, req, opts);
+        }
         let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
         let req = WithMetadata::new(req, md.as_deref());
         inner.ensure_session()?;
@@ -349,6 +353,36 @@ impl Client {
             let t = c.start(id, &req, deadline, true, req.flags())?;
             c.wait(t)
         })
+    }
+
+    /// [`Client::unary`] with `ClientConfig::observe` on: a span and metrics around the call,
+    /// `traceparent` in its metadata ([`crate::observe`]).
+    #[cold]
+    #[inline(never)]
+    fn unary_observed<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Resp, Status> {
+        let o = self.inner.borrow().config.observe;
+        let mut md = opts.metadata().cloned().unwrap_or_default();
+        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
+        let opts = opts.clone().with_metadata(md);
+        let r = (|| {
+            let _entered = obs.enter();
+            let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
+            let mut inner = self.inner.borrow_mut();
+            let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
+            let req = WithMetadata::new(req, md.as_deref());
+            inner.ensure_session()?;
+            with_calls!(&mut inner.calls, c => {
+                let t = c.start(id, &req, deadline, true, req.flags())?;
+                c.wait(t)
+            })
+        })();
+        obs.finish_with(&r, |m: &Resp| m.encoded_len());
+        r
     }
 
     /// An async unary call: the request is encoded now, into its slot or (every slot taken, or
