@@ -142,7 +142,18 @@ impl Service for Front {
                 let ch = self.channel.clone();
                 let seen = self.seen.clone();
                 out.reply(spawn_async(&AsyncRuntime::worker(), ctx, move |_| async move {
-                    // Polled inside the call's context too.
+                    // A later poll (not the first, inline in the worker's dispatch) is inside
+                    // the call's context too.
+                    let mut once = false;
+                    std::future::poll_fn(|cx| {
+                        if std::mem::replace(&mut once, true) {
+                            std::task::Poll::Ready(())
+                        } else {
+                            cx.waker().wake_by_ref();
+                            std::task::Poll::Pending
+                        }
+                    })
+                    .await;
                     seen.lock().unwrap().push(TraceContext::current());
                     ch.unary::<EchoMsg, EchoMsg>(SEEN, EchoMsg::default(), &Default::default()).await
                 }))
@@ -245,7 +256,8 @@ fn a_bad_traceparent_is_ignored_and_a_call_without_one_starts_a_trace() {
     let s = start();
     // A client without tracing, sending what it likes as `traceparent`.
     let client = Client::connect_with(s.front.local_addr(), &client_config()).expect("A");
-    for bad in ["", "00-xyz", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "garbage garbage"] {
+    let upper = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01";
+    for bad in ["", "00-xyz", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "garbage garbage", upper] {
         let mut req = Request::new(EchoMsg::default());
         let mut md = Metadata::new();
         md.insert("traceparent", bad).unwrap();
@@ -259,6 +271,8 @@ fn a_bad_traceparent_is_ignored_and_a_call_without_one_starts_a_trace() {
         let a = take(&s.front_seen)[0].expect("a new trace");
         let b = take(&s.back_seen)[0].expect("B continues it");
         assert_eq!(a.trace_id(), b.trace_id(), "{bad:?}");
+        // Not continued: a new random trace.
+        assert!(a.trace_id() != 0 && a.trace_id() != 0x4bf92f3577b34da6a3ce929d0e0e4736, "{bad:?}: {a:?}");
         assert_ne!(a.span_id(), b.span_id());
     }
     // A good one from a client without tracing is continued.
