@@ -257,7 +257,9 @@ fn a_bad_traceparent_is_ignored_and_a_call_without_one_starts_a_trace() {
     // A client without tracing, sending what it likes as `traceparent`.
     let client = Client::connect_with(s.front.local_addr(), &client_config()).expect("A");
     let upper = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01";
-    for bad in ["", "00-xyz", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "garbage garbage", upper] {
+    for bad in
+        ["", "00-xyz", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "garbage garbage", upper]
+    {
         let mut req = Request::new(EchoMsg::default());
         let mut md = Metadata::new();
         md.insert("traceparent", bad).unwrap();

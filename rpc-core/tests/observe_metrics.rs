@@ -79,6 +79,8 @@ fn per_method_metrics_of_both_ends_are_scraped_from_the_prometheus_exporter() {
         let e = client.unary::<EchoMsg, EchoMsg>(FAIL_M, &req, &CallOptions::default()).unwrap_err();
         assert_eq!(e.code(), Code::NotFound);
     }
+    // And an async call of the blocking client.
+    block_on(client.unary_async::<EchoMsg, EchoMsg>(ECHO_M, &req, &CallOptions::default())).expect("echo");
     // And through a Channel: counted with the blocking client's calls (same labels).
     let config = ChannelConfig::default()
         .client(client_config().polling(PollingPolicy::Event { spins: 0 }).observe(on));
@@ -92,7 +94,7 @@ fn per_method_metrics_of_both_ends_are_scraped_from_the_prometheus_exporter() {
     let fail = r#"method="/test.Metered/Fail""#;
     for side in ["client", "server"] {
         let calls = format!("rpc_{side}_calls_total");
-        assert_eq!(value(&text, &calls, &[echo, r#"code="OK""#]), Some(4.0), "{side} OK calls\n{text}");
+        assert_eq!(value(&text, &calls, &[echo, r#"code="OK""#]), Some(5.0), "{side} OK calls\n{text}");
         assert_eq!(
             value(&text, &calls, &[fail, r#"code="NOT_FOUND""#]),
             Some(2.0),
@@ -101,17 +103,17 @@ fn per_method_metrics_of_both_ends_are_scraped_from_the_prometheus_exporter() {
         // 30 bytes of payload encode to 32; 100 to 102.
         assert_eq!(
             value(&text, &format!("rpc_{side}_request_bytes_total"), &[echo]),
-            Some(4.0 * 32.0),
+            Some(5.0 * 32.0),
             "{text}"
         );
         assert_eq!(
             value(&text, &format!("rpc_{side}_response_bytes_total"), &[echo]),
-            Some(4.0 * 102.0),
+            Some(5.0 * 102.0),
             "{text}"
         );
         assert_eq!(value(&text, &format!("rpc_{side}_response_bytes_total"), &[fail]), Some(0.0), "{text}");
         assert_eq!(value(&text, &format!("rpc_{side}_in_flight"), &[echo]), Some(0.0), "{text}");
-        assert_eq!(value(&text, &format!("rpc_{side}_duration_seconds_count"), &[echo]), Some(4.0), "{text}");
+        assert_eq!(value(&text, &format!("rpc_{side}_duration_seconds_count"), &[echo]), Some(5.0), "{text}");
         let sum = value(&text, &format!("rpc_{side}_duration_seconds_sum"), &[echo]).expect("latency sum");
         assert!(sum > 0.0, "{side} latency sum {sum}");
     }

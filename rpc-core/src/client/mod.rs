@@ -94,6 +94,8 @@ pub struct Client {
     /// First, so that the compiler names it first when a client is shared.
     _not_sync: request::NotSyncHint,
     inner: RefCell<Inner>,
+    /// `ClientConfig::observe` (read without borrowing `inner`: one branch per call).
+    observe: crate::Observe,
 }
 
 impl std::fmt::Debug for Client {
@@ -280,6 +282,7 @@ impl Client {
         let peer = with_calls!(&calls, c => c.core.peer);
         Ok(Client {
             _not_sync: PhantomData,
+            observe: config.observe,
             inner: RefCell::new(Inner {
                 calls,
                 epoch: 0,
@@ -340,12 +343,11 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
-        let mut inner = self.inner.borrow_mut();
-        if inner.config.observe.any() {
-            drop(inner);
+        if self.observe.any() {
             return self.unary_observed(id, req, opts);
         }
+        let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
+        let mut inner = self.inner.borrow_mut();
         let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
         let req = WithMetadata::new(req, md.as_deref());
         inner.ensure_session()?;
@@ -365,9 +367,14 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        let o = self.inner.borrow().config.observe;
         let mut md = opts.metadata().cloned().unwrap_or_default();
-        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
+        let obs = crate::observe::Observed::client(
+            self.observe,
+            id,
+            &mut md,
+            req.encoded_len(),
+            Some(self.peer_addr()),
+        );
         let opts = opts.clone().with_metadata(md);
         let r = (|| {
             let _entered = obs.enter();
@@ -399,10 +406,57 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
+        if self.observe.any() {
+            return self.unary_async_observed(id, req, opts);
+        }
+        self.unary_async_plain(id, req, opts)
+    }
+
+    /// [`Client::unary_async`] with `ClientConfig::observe` on (as [`Client::unary`]'s).
+    #[cold]
+    #[inline(never)]
+    fn unary_async_observed<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> ResponseFuture<'_, Resp> {
+        let mut md = opts.metadata().cloned().unwrap_or_default();
+        let obs = crate::observe::Observed::client(
+            self.observe,
+            id,
+            &mut md,
+            req.encoded_len(),
+            Some(self.peer_addr()),
+        );
+        let opts = opts.clone().with_metadata(md);
+        let mut fut = {
+            let _entered = obs.enter();
+            self.unary_async_plain(id, req, &opts)
+        };
+        let size: fn(&Resp) -> usize = |m| m.encoded_len();
+        fut.observed = Some(Box::new((obs, size)));
+        fut
+    }
+
+    #[inline]
+    fn unary_async_plain<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> ResponseFuture<'_, Resp> {
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let md = match self.intercepted(opts) {
             Ok(md) => md,
-            Err(s) => return ResponseFuture { client: self, state: State::Failed(Some(s)), _t: PhantomData },
+            Err(s) => {
+                return ResponseFuture {
+                    client: self,
+                    state: State::Failed(Some(s)),
+                    _t: PhantomData,
+                    observed: None,
+                }
+            }
         };
         let req = &WithMetadata::new(req, md.as_deref());
         let flags = req.flags();
@@ -428,7 +482,7 @@ impl Client {
             }
             Err(s) => State::Failed(Some(s)),
         };
-        ResponseFuture { client: self, state, _t: PhantomData }
+        ResponseFuture { client: self, state, _t: PhantomData, observed: None }
     }
 
     /// Opens a server stream: sends `req` to method `id` (a server-streaming method; generated
@@ -512,6 +566,9 @@ pub struct ResponseFuture<'a, T> {
     client: &'a Client,
     state: State,
     _t: PhantomData<fn() -> T>,
+    /// The call's span and metrics, and how to size its response (`ClientConfig::observe`).
+    #[allow(clippy::type_complexity)]
+    observed: Option<Box<(crate::observe::Observed, fn(&T) -> usize)>>,
 }
 
 impl<T> ResponseFuture<'_, T> {
@@ -538,6 +595,23 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        let p = this.poll_plain(cx);
+        if this.observed.is_some() {
+            if let Poll::Ready(r) = &p {
+                if let Some(o) = this.observed.take() {
+                    let (o, size) = *o;
+                    o.finish_with(r, size);
+                }
+            }
+        }
+        p
+    }
+}
+
+impl<T: Message + Default> ResponseFuture<'_, T> {
+    /// [`Future::poll`] of the call itself.
+    fn poll_plain(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, Status>> {
+        let this = self;
         if let State::Reconnect { method, body, deadline, flags } = &this.state {
             let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
                 cx.waker().wake_by_ref();
