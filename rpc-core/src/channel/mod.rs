@@ -183,8 +183,6 @@ pub(crate) struct Shared {
     balance: Option<Arc<crate::balance::Balancer>>,
     /// A balanced channel's per-server channel: told of its failed calls.
     watch: Option<Arc<dyn Watch>>,
-    /// `ClientConfig::observe` of the channel's sessions.
-    observe: crate::Observe,
 }
 
 impl Drop for Shared {
@@ -205,6 +203,8 @@ impl Drop for Shared {
 #[derive(Clone)]
 pub struct Channel {
     shared: Arc<Shared>,
+    /// `ClientConfig::observe` (the shared one; off in the plain handle an observed call makes).
+    observe: crate::Observe,
 }
 
 impl std::fmt::Debug for Channel {
@@ -306,7 +306,6 @@ impl Channel {
                         interceptor: None,
                         balance: None,
                         watch: None,
-                        observe: crate::Observe::OFF,
                     });
                     return Err(s);
                 }
@@ -315,8 +314,8 @@ impl Channel {
         let interceptor = config.client.interceptor.clone();
         let observe = config.client.observe;
         let shared =
-            Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch, observe };
-        Ok((Channel { shared: Arc::new(shared) }, pending))
+            Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch };
+        Ok((Channel { shared: Arc::new(shared), observe }, pending))
     }
 
     /// A channel whose calls go to the per-server channels `balancer` picks.
@@ -327,9 +326,8 @@ impl Channel {
             interceptor: None,
             balance: Some(balancer),
             watch: None,
-            observe: crate::Observe::OFF,
         };
-        Channel { shared: Arc::new(shared) }
+        Channel { shared: Arc::new(shared), observe: crate::Observe::OFF }
     }
 
     /// The balancer of a balanced channel ([`Channel::balanced`]); `None` for a channel to one
@@ -371,7 +369,7 @@ impl Channel {
         if let Some(b) = &self.shared.balance {
             return self.unary_balanced(b, id, req, opts);
         }
-        if self.shared.observe.any() {
+        if self.observe.any() {
             return self.unary_observed(id, req, opts);
         }
         self.unary_plain(id, req, opts)
@@ -394,19 +392,21 @@ impl Channel {
         let opts = IntoRequest::options(&req, opts);
         let mut md = opts.metadata().cloned().unwrap_or_default();
         let size = IntoRequest::message(&req).encoded_len();
-        let obs = crate::observe::Observed::client(self.shared.observe, id, &mut md, size, None);
+        let obs = crate::observe::Observed::client(self.observe, id, &mut md, size, None);
         let opts = opts.into_owned().with_metadata(md);
+        // The plain call through a handle with observation off (one copy of the hot path).
+        let plain = Channel { shared: self.shared.clone(), observe: crate::Observe::OFF };
         let mut call = {
             let _entered = obs.enter();
-            self.unary_plain(id, IntoRequest::into_message(req), &opts)
+            plain.unary(id, IntoRequest::into_message(req), &opts)
         };
         let size: fn(&Resp) -> usize = |m| m.encoded_len();
         call.observed = Some(Box::new((obs, size)));
         call
     }
 
-    /// [`Channel::unary`] on a channel to one server.
-    #[inline]
+    /// [`Channel::unary`] on a channel to one server (its only caller: inlined there).
+    #[inline(always)]
     fn unary_plain<Req, Resp>(
         &self,
         id: MethodId,

@@ -94,8 +94,9 @@ pub struct Client {
     /// First, so that the compiler names it first when a client is shared.
     _not_sync: request::NotSyncHint,
     inner: RefCell<Inner>,
-    /// `ClientConfig::observe` (read without borrowing `inner`: one branch per call).
-    observe: crate::Observe,
+    /// `ClientConfig::observe` (read without borrowing `inner`: one branch per call); off while
+    /// an observed call runs its plain self (see [`Client::unary_observed`]).
+    observe: std::cell::Cell<crate::Observe>,
 }
 
 impl std::fmt::Debug for Client {
@@ -282,7 +283,7 @@ impl Client {
         let peer = with_calls!(&calls, c => c.core.peer);
         Ok(Client {
             _not_sync: PhantomData,
-            observe: config.observe,
+            observe: std::cell::Cell::new(config.observe),
             inner: RefCell::new(Inner {
                 calls,
                 epoch: 0,
@@ -343,7 +344,7 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        if self.observe.any() {
+        if self.observe.get().any() {
             return self.unary_observed(id, req, opts);
         }
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
@@ -367,27 +368,16 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
+        let o = self.observe.get();
         let mut md = opts.metadata().cloned().unwrap_or_default();
-        let obs = crate::observe::Observed::client(
-            self.observe,
-            id,
-            &mut md,
-            req.encoded_len(),
-            Some(self.peer_addr()),
-        );
+        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
         let opts = opts.clone().with_metadata(md);
-        let r = (|| {
+        let r = {
             let _entered = obs.enter();
-            let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
-            let mut inner = self.inner.borrow_mut();
-            let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
-            let req = WithMetadata::new(req, md.as_deref());
-            inner.ensure_session()?;
-            with_calls!(&mut inner.calls, c => {
-                let t = c.start(id, &req, deadline, true, req.flags())?;
-                c.wait(t)
-            })
-        })();
+            // The plain call (its one copy, so the hot path keeps its inlining).
+            let _plain = Unobserved::new(&self.observe);
+            self.unary(id, req, &opts)
+        };
         obs.finish_with(&r, |m: &Resp| m.encoded_len());
         r
     }
@@ -406,10 +396,10 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
-        if self.observe.any() {
+        if self.observe.get().any() {
             return self.unary_async_observed(id, req, opts);
         }
-        self.unary_async_plain(id, req, opts)
+        self.unary_async_rest(id, req, opts)
     }
 
     /// [`Client::unary_async`] with `ClientConfig::observe` on (as [`Client::unary`]'s).
@@ -421,26 +411,43 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
+        let o = self.observe.get();
         let mut md = opts.metadata().cloned().unwrap_or_default();
-        let obs = crate::observe::Observed::client(
-            self.observe,
-            id,
-            &mut md,
-            req.encoded_len(),
-            Some(self.peer_addr()),
-        );
+        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
         let opts = opts.clone().with_metadata(md);
         let mut fut = {
             let _entered = obs.enter();
-            self.unary_async_plain(id, req, &opts)
+            let _plain = Unobserved::new(&self.observe);
+            self.unary_async(id, req, &opts)
         };
         let size: fn(&Resp) -> usize = |m| m.encoded_len();
         fut.observed = Some(Box::new((obs, size)));
         fut
     }
+}
 
-    #[inline]
-    fn unary_async_plain<Req: Message, Resp: Message + Default>(
+/// Turns a client's observation off until dropped (an observed call making its plain self).
+struct Unobserved<'a> {
+    cell: &'a std::cell::Cell<crate::Observe>,
+    was: crate::Observe,
+}
+
+impl<'a> Unobserved<'a> {
+    fn new(cell: &'a std::cell::Cell<crate::Observe>) -> Self {
+        Unobserved { cell, was: cell.replace(crate::Observe::OFF) }
+    }
+}
+
+impl Drop for Unobserved<'_> {
+    fn drop(&mut self) {
+        self.cell.set(self.was);
+    }
+}
+
+impl Client {
+    /// The rest of [`Client::unary_async`] (unobserved).
+    #[inline(always)]
+    fn unary_async_rest<Req: Message, Resp: Message + Default>(
         &self,
         id: MethodId,
         req: &Req,

@@ -1402,9 +1402,14 @@ impl<P: Provider> Worker<P> {
                 Some((svc, name)) => {
                     // The calls the handler makes inherit this call's deadline.
                     let _serving = crate::context::serving(deadline);
-                    let _observing =
-                        limits.observe.any().then(|| observe_start(limits.observe, ctx, name, &body));
-                    let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
+                    let r = if limits.observe.any() {
+                        let len = body.len();
+                        observed(limits.observe, ctx, name, len, || {
+                            catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
+                        })
+                    } else {
+                        catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
+                    };
                     if let Err(p) = r {
                         let what = panic_text(&*p);
                         tracing::warn!(method = name, panic = %what, "handler panicked");
@@ -1553,21 +1558,16 @@ struct Wc {
     invalidated: bool,
 }
 
-/// Starts observing a call about to be dispatched (`ServerConfig::observe`): its span entered
-/// and its trace context the thread's until the returned guard drops; the call's record goes
-/// into `ctx` (an async handler takes it).
+/// Runs `call` (the handler) observed (`ServerConfig::observe`): its span entered and its trace
+/// context the thread's meanwhile; the call's record goes into `ctx` (an async handler takes
+/// it, else [`observe_end`] ends it).
 #[cold]
 #[inline(never)]
-fn observe_start(
-    o: crate::Observe,
-    ctx: &RequestContext,
-    name: &'static str,
-    body: &crate::dispatch::service::Body<'_>,
-) -> (tracing::span::EnteredSpan, Option<crate::observe::TraceGuard>) {
-    let obs = crate::observe::Observed::server(o, name, ctx.metadata(), body.len(), ctx.info.peer);
-    let entered = obs.enter();
+fn observed<R>(o: crate::Observe, ctx: &RequestContext, name: &'static str, len: usize, call: impl FnOnce() -> R) -> R {
+    let obs = crate::observe::Observed::server(o, name, ctx.metadata(), len, ctx.info.peer);
+    let _entered = obs.enter();
     ctx.observed.set(Some(Box::new(obs)));
-    entered
+    call()
 }
 
 /// Ends the record of a call whose handler returned with `outcome` (unless an async handler
