@@ -201,49 +201,93 @@ fn service_of(method: &str) -> &str {
     method.trim_start_matches('/').split('/').next().unwrap_or("")
 }
 
+/// The metrics of one method on one end, registered once per thread and method (a call then
+/// touches its handles: no key built, no registry lookup).
 #[cfg(feature = "metrics")]
 mod rec {
     use std::borrow::Cow;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::sync::{Arc, OnceLock};
 
-    pub(super) fn start(side: &'static str, method: &Cow<'static, str>, req: usize) {
-        let m = method.clone();
-        match side {
-            "client" => {
-                metrics::gauge!("rpc_client_in_flight", "method" => m.clone()).increment(1.0);
-                metrics::counter!("rpc_client_request_bytes_total", "method" => m).increment(req as u64);
-            }
-            _ => {
-                metrics::gauge!("rpc_server_in_flight", "method" => m.clone()).increment(1.0);
-                metrics::counter!("rpc_server_request_bytes_total", "method" => m).increment(req as u64);
-            }
-        }
+    /// Label `code` values: the 17 gRPC codes, then `DEFERRED`.
+    const CODES: usize = 18;
+
+    #[derive(Debug)]
+    pub(crate) struct Handles {
+        client: bool,
+        method: Cow<'static, str>,
+        in_flight: metrics::Gauge,
+        req_bytes: metrics::Counter,
+        resp_bytes: metrics::Counter,
+        duration: metrics::Histogram,
+        calls: [OnceLock<metrics::Counter>; CODES],
     }
 
-    pub(super) fn finish(
-        side: &'static str,
-        method: Cow<'static, str>,
-        code: &'static str,
-        resp: usize,
-        secs: f64,
-    ) {
-        let m = method;
-        match side {
-            "client" => {
-                metrics::gauge!("rpc_client_in_flight", "method" => m.clone()).decrement(1.0);
-                metrics::counter!("rpc_client_calls_total", "method" => m.clone(), "code" => code)
-                    .increment(1);
-                metrics::counter!("rpc_client_response_bytes_total", "method" => m.clone())
-                    .increment(resp as u64);
-                metrics::histogram!("rpc_client_duration_seconds", "method" => m).record(secs);
-            }
-            _ => {
-                metrics::gauge!("rpc_server_in_flight", "method" => m.clone()).decrement(1.0);
-                metrics::counter!("rpc_server_calls_total", "method" => m.clone(), "code" => code)
-                    .increment(1);
-                metrics::counter!("rpc_server_response_bytes_total", "method" => m.clone())
-                    .increment(resp as u64);
-                metrics::histogram!("rpc_server_duration_seconds", "method" => m).record(secs);
-            }
+    thread_local! {
+        static CACHE: RefCell<HashMap<(bool, u64), Arc<Handles>>> = RefCell::new(HashMap::new());
+    }
+
+    /// The handles of the method `key` on the client (`client`) or server end; `name` gives its
+    /// label the first time.
+    pub(crate) fn handles(client: bool, key: u64, name: impl FnOnce() -> Cow<'static, str>) -> Arc<Handles> {
+        CACHE.with(|c| {
+            c.borrow_mut()
+                .entry((client, key))
+                .or_insert_with(|| {
+                    let method = name();
+                    let m = method.clone();
+                    let (g, q, r, d) = if client {
+                        (
+                            metrics::gauge!("rpc_client_in_flight", "method" => m.clone()),
+                            metrics::counter!("rpc_client_request_bytes_total", "method" => m.clone()),
+                            metrics::counter!("rpc_client_response_bytes_total", "method" => m.clone()),
+                            metrics::histogram!("rpc_client_duration_seconds", "method" => m),
+                        )
+                    } else {
+                        (
+                            metrics::gauge!("rpc_server_in_flight", "method" => m.clone()),
+                            metrics::counter!("rpc_server_request_bytes_total", "method" => m.clone()),
+                            metrics::counter!("rpc_server_response_bytes_total", "method" => m.clone()),
+                            metrics::histogram!("rpc_server_duration_seconds", "method" => m),
+                        )
+                    };
+                    Arc::new(Handles {
+                        client,
+                        method,
+                        in_flight: g,
+                        req_bytes: q,
+                        resp_bytes: r,
+                        duration: d,
+                        calls: std::array::from_fn(|_| OnceLock::new()),
+                    })
+                })
+                .clone()
+        })
+    }
+
+    impl Handles {
+        pub(crate) fn start(&self, req: usize) {
+            self.in_flight.increment(1.0);
+            self.req_bytes.increment(req as u64);
+        }
+
+        /// `code`: a gRPC code, or -1 for DEFERRED.
+        pub(crate) fn finish(&self, code: i32, name: &'static str, resp: usize, secs: f64) {
+            self.in_flight.decrement(1.0);
+            let i = usize::try_from(code).unwrap_or(CODES - 1).min(CODES - 1);
+            self.calls[i]
+                .get_or_init(|| {
+                    let m = self.method.clone();
+                    if self.client {
+                        metrics::counter!("rpc_client_calls_total", "method" => m, "code" => name)
+                    } else {
+                        metrics::counter!("rpc_server_calls_total", "method" => m, "code" => name)
+                    }
+                })
+                .increment(1);
+            self.resp_bytes.increment(resp as u64);
+            self.duration.record(secs);
         }
     }
 }
@@ -251,21 +295,31 @@ mod rec {
 #[cfg(not(feature = "metrics"))]
 mod rec {
     use std::borrow::Cow;
-    pub(super) fn start(_: &'static str, _: &Cow<'static, str>, _: usize) {}
-    pub(super) fn finish(_: &'static str, _: Cow<'static, str>, _: &'static str, _: usize, _: f64) {}
+    use std::sync::Arc;
+
+    #[derive(Debug)]
+    pub(crate) struct Handles;
+
+    pub(crate) fn handles(_: bool, _: u64, _: impl FnOnce() -> Cow<'static, str>) -> Arc<Handles> {
+        Arc::new(Handles)
+    }
+
+    impl Handles {
+        pub(crate) fn start(&self, _: usize) {}
+        pub(crate) fn finish(&self, _: i32, _: &'static str, _: usize, _: f64) {}
+    }
 }
 
 /// One observed call, on either end: its span (disabled when tracing is off), its start, and
 /// what its metrics are labelled with.
 #[derive(Debug)]
 pub(crate) struct Observed {
-    side: &'static str,
     span: tracing::Span,
     /// The thread's trace context while the handler runs (server) .
     trace: Option<TraceContext>,
     start: Instant,
-    /// Labels of the metrics (`None`: metrics off).
-    method: Option<std::borrow::Cow<'static, str>>,
+    /// The method's metrics (`None`: metrics off).
+    method: Option<std::sync::Arc<rec::Handles>>,
     /// Recorded its end (else its drop records CANCELLED: a dropped future).
     finished: bool,
 }
@@ -288,11 +342,14 @@ impl Observed {
         req_bytes: usize,
         peer: Option<SocketAddr>,
     ) -> Observed {
-        let name: std::borrow::Cow<'static, str> = match crate::client::names::method_name(id) {
-            Some(n) => n.into(),
-            None => format!("{id:#010x}").into(),
+        let name = || -> std::borrow::Cow<'static, str> {
+            match crate::client::names::method_name(id) {
+                Some(n) => n.into(),
+                None => format!("{id:#010x}").into(),
+            }
         };
         let span = if o.is_tracing() {
+            let name = name();
             let parent = TraceContext::current();
             let tc = parent.map_or_else(TraceContext::new_root, |p| p.child());
             md.remove(TRACEPARENT);
@@ -315,11 +372,11 @@ impl Observed {
         } else {
             tracing::Span::none()
         };
-        let method = o.is_metrics().then_some(name);
+        let method = o.is_metrics().then(|| rec::handles(true, u64::from(id), name));
         if let Some(m) = &method {
-            rec::start("client", m, req_bytes);
+            m.start(req_bytes);
         }
-        Observed { side: "client", span, trace: None, start: Instant::now(), method, finished: false }
+        Observed { span, trace: None, start: Instant::now(), method, finished: false }
     }
 
     /// A server call of `method` (full name) starting, with the request's metadata: with
@@ -353,11 +410,14 @@ impl Observed {
         } else {
             (tracing::Span::none(), None)
         };
-        let method = o.is_metrics().then_some(std::borrow::Cow::Borrowed(method));
+        let method = o.is_metrics().then(|| {
+            // Keyed by the name's address: one static string per served method.
+            rec::handles(false, method.as_ptr() as u64, || std::borrow::Cow::Borrowed(method))
+        });
         if let Some(m) = &method {
-            rec::start("server", m, req_bytes);
+            m.start(req_bytes);
         }
-        Observed { side: "server", span, trace, start: Instant::now(), method, finished: false }
+        Observed { span, trace, start: Instant::now(), method, finished: false }
     }
 
     /// Enters the span (a handle of it: the `Observed` may move meanwhile) and makes the
@@ -395,7 +455,7 @@ impl Observed {
             self.span.record("rpc.response.size", resp_bytes);
         }
         if let Some(m) = self.method.take() {
-            rec::finish(self.side, m, name, resp_bytes, self.start.elapsed().as_secs_f64());
+            m.finish(code, name, resp_bytes, self.start.elapsed().as_secs_f64());
         }
     }
 }

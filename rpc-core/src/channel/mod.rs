@@ -313,8 +313,7 @@ impl Channel {
         }
         let interceptor = config.client.interceptor.clone();
         let observe = config.client.observe;
-        let shared =
-            Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch };
+        let shared = Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch };
         Ok((Channel { shared: Arc::new(shared), observe }, pending))
     }
 
@@ -841,14 +840,27 @@ fn report<Resp>(
     observed: &mut Option<Box<(crate::observe::Observed, fn(&Resp) -> usize)>>,
     r: &Option<Result<Resp, Status>>,
 ) {
-    if let (Some(o), Some(r)) = (observed.take(), r) {
-        let (o, size) = *o;
-        o.finish_with(r, size);
+    if observed.is_some() {
+        finish_observed(observed, r);
     }
     if let Some(Err(s)) = r {
         if let Some(w) = &shared.watch {
             w.failed(s);
         }
+    }
+}
+
+/// Ends an observed call's record (`ClientConfig::observe`) with its result.
+#[cold]
+#[inline(never)]
+#[allow(clippy::type_complexity)]
+fn finish_observed<Resp>(
+    observed: &mut Option<Box<(crate::observe::Observed, fn(&Resp) -> usize)>>,
+    r: &Option<Result<Resp, Status>>,
+) {
+    if let (Some(o), Some(r)) = (observed.take(), r) {
+        let (o, size) = *o;
+        o.finish_with(r, size);
     }
 }
 

@@ -1563,7 +1563,13 @@ struct Wc {
 /// it, else [`observe_end`] ends it).
 #[cold]
 #[inline(never)]
-fn observed<R>(o: crate::Observe, ctx: &RequestContext, name: &'static str, len: usize, call: impl FnOnce() -> R) -> R {
+fn observed<R>(
+    o: crate::Observe,
+    ctx: &RequestContext,
+    name: &'static str,
+    len: usize,
+    call: impl FnOnce() -> R,
+) -> R {
     let obs = crate::observe::Observed::server(o, name, ctx.metadata(), len, ctx.info.peer);
     let _entered = obs.enter();
     ctx.observed.set(Some(Box::new(obs)));
