@@ -121,7 +121,7 @@ fn concurrency_limit_bounds_the_handlers_running_at_once() {
         }
     });
     let max = seen.max_running.load(Ordering::SeqCst);
-    assert!(max >= 1 && max <= LIMIT, "{max} handlers ran at once under a limit of {LIMIT}");
+    assert!((1..=LIMIT).contains(&max), "{max} handlers ran at once under a limit of {LIMIT}");
     drop(channel);
     server.shutdown();
 }
