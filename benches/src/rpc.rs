@@ -357,8 +357,15 @@ pub(crate) fn observe(args: &Args) -> rpc_core::Observe {
     }
     static RECORDER: std::sync::Once = std::sync::Once::new();
     RECORDER.call_once(|| {
-        if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-            eprintln!("rpc-perf: --metrics: installing the Prometheus recorder: {e}");
+        match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+            // The recorder keeps histogram samples until upkeep drains them (as a scrape would).
+            Ok(handle) => {
+                let _ = std::thread::Builder::new().name("rpc-perf-metrics".into()).spawn(move || loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    handle.run_upkeep();
+                });
+            }
+            Err(e) => eprintln!("rpc-perf: --metrics: installing the Prometheus recorder: {e}"),
         }
     });
     rpc_core::Observe::default().metrics(true)

@@ -159,7 +159,7 @@ pub struct RequestContext {
     pub(crate) cancel_seen: Cell<bool>,
     /// The call's span and metrics when the server observes calls (`ServerConfig::observe`):
     /// an async handler takes it, else the worker ends it when the handler returns.
-    pub(crate) observed: Cell<Option<Box<crate::observe::Observed>>>,
+    pub(crate) observed: Cell<Option<crate::observe::Observed>>,
 }
 
 /// A worker's look, from a running inline handler, into the completions that arrived since it

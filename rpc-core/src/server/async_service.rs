@@ -156,7 +156,7 @@ where
     let flag = Arc::new(CancelFlag::default());
     actx.cancel = Some(flag.clone());
     let deadline = actx.deadline;
-    let observed = ctx.observed.take();
+    let observed = ctx.observed.take().map(Box::new);
     let mut fut = CatchPanic { inner: Box::pin(handler(actx)), method, deadline, observed };
     match (&runtime.kind, ctx.local.as_ref()) {
         (Kind::Worker(_), Some(local)) => {

@@ -1572,7 +1572,7 @@ fn observed<R>(
 ) -> R {
     let obs = crate::observe::Observed::server(o, name, ctx.metadata(), len, ctx.info.peer);
     let _entered = obs.enter();
-    ctx.observed.set(Some(Box::new(obs)));
+    ctx.observed.set(Some(obs));
     call()
 }
 
