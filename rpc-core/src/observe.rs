@@ -224,8 +224,32 @@ mod rec {
         calls: [OnceLock<metrics::Counter>; CODES],
     }
 
+    /// Hashes the cache's small keys with one multiply (SipHash would cost more than the
+    /// metrics themselves).
+    #[derive(Default)]
+    pub(crate) struct KeyHasher(u64);
+
+    impl std::hash::Hasher for KeyHasher {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for &b in bytes {
+                self.write_u64(u64::from(b));
+            }
+        }
+        fn write_u8(&mut self, i: u8) {
+            self.write_u64(u64::from(i));
+        }
+        fn write_u64(&mut self, i: u64) {
+            self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+
+    type Cache = HashMap<(bool, u64), Arc<Handles>, std::hash::BuildHasherDefault<KeyHasher>>;
+
     thread_local! {
-        static CACHE: RefCell<HashMap<(bool, u64), Arc<Handles>>> = RefCell::new(HashMap::new());
+        static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
     }
 
     /// The handles of the method `key` on the client (`client`) or server end; `name` gives its
@@ -318,6 +342,8 @@ pub(crate) struct Observed {
     /// The thread's trace context while the handler runs (server) .
     trace: Option<TraceContext>,
     start: Instant,
+    /// Tracing is on.
+    traced: bool,
     /// The method's metrics (`None`: metrics off).
     method: Option<std::sync::Arc<rec::Handles>>,
     /// Recorded its end (else its drop records CANCELLED: a dropped future).
@@ -376,7 +402,7 @@ impl Observed {
         if let Some(m) = &method {
             m.start(req_bytes);
         }
-        Observed { span, trace: None, start: Instant::now(), method, finished: false }
+        Observed { span, traced: o.is_tracing(), trace: None, start: Instant::now(), method, finished: false }
     }
 
     /// A server call of `method` (full name) starting, with the request's metadata: with
@@ -417,13 +443,19 @@ impl Observed {
         if let Some(m) = &method {
             m.start(req_bytes);
         }
-        Observed { span, trace, start: Instant::now(), method, finished: false }
+        Observed { span, traced: o.is_tracing(), trace, start: Instant::now(), method, finished: false }
     }
 
     /// Enters the span (a handle of it: the `Observed` may move meanwhile) and makes the
     /// call's trace context the thread's, until dropped.
-    pub(crate) fn enter(&self) -> (tracing::span::EnteredSpan, Option<TraceGuard>) {
-        (self.span.clone().entered(), self.trace.map(TraceContext::enter))
+    /// Nothing with tracing off.
+    pub(crate) fn enter(&self) -> Option<(tracing::span::EnteredSpan, Option<TraceGuard>)> {
+        self.traced.then(|| (self.span.clone().entered(), self.trace.map(TraceContext::enter)))
+    }
+
+    /// Tracing is on: the call's metadata carries a `traceparent` (client end).
+    pub(crate) fn traced(&self) -> bool {
+        self.traced
     }
 
     /// The call ended with `code` and a response of `resp_bytes` (0 for an error).

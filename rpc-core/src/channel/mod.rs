@@ -389,10 +389,12 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         let opts = IntoRequest::options(&req, opts);
-        let mut md = opts.metadata().cloned().unwrap_or_default();
+        let traced = self.observe.is_tracing();
+        let mut md = if traced { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
         let size = IntoRequest::message(&req).encoded_len();
         let obs = crate::observe::Observed::client(self.observe, id, &mut md, size, None);
-        let opts = opts.into_owned().with_metadata(md);
+        // Only a traced call sends more metadata than it was given.
+        let opts = if traced { std::borrow::Cow::Owned(opts.into_owned().with_metadata(md)) } else { opts };
         // The plain call through a handle with observation off (one copy of the hot path).
         let plain = Channel { shared: self.shared.clone(), observe: crate::Observe::OFF };
         let mut call = {

@@ -369,14 +369,22 @@ impl Client {
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
         let o = self.observe.get();
-        let mut md = opts.metadata().cloned().unwrap_or_default();
+        let mut md =
+            if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
         let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
-        let opts = opts.clone().with_metadata(md);
+        // Only a traced call sends more metadata than it was given.
+        let traced;
+        let opts = if obs.traced() {
+            traced = opts.clone().with_metadata(md);
+            &traced
+        } else {
+            opts
+        };
         let r = {
             let _entered = obs.enter();
             // The plain call (its one copy, so the hot path keeps its inlining).
             let _plain = Unobserved::new(&self.observe);
-            self.unary(id, req, &opts)
+            self.unary(id, req, opts)
         };
         obs.finish_with(&r, |m: &Resp| m.encoded_len());
         r
@@ -412,13 +420,20 @@ impl Client {
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
         let o = self.observe.get();
-        let mut md = opts.metadata().cloned().unwrap_or_default();
+        let mut md =
+            if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
         let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
-        let opts = opts.clone().with_metadata(md);
+        let traced;
+        let opts = if obs.traced() {
+            traced = opts.clone().with_metadata(md);
+            &traced
+        } else {
+            opts
+        };
         let mut fut = {
             let _entered = obs.enter();
             let _plain = Unobserved::new(&self.observe);
-            self.unary_async(id, req, &opts)
+            self.unary_async(id, req, opts)
         };
         let size: fn(&Resp) -> usize = |m| m.encoded_len();
         fut.observed = Some(Box::new((obs, size)));
