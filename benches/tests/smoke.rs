@@ -217,3 +217,17 @@ fn bad_flags_exit_with_usage() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--cq-mod 8 must not exceed --tx-depth 4"), "{err}");
 }
+
+/// Issue 30's second speed figure's flags: metadata entries, an interceptor on each end (the
+/// server's refuses a call without the client's entry, so a run that completes carried it) and
+/// metrics on both ends, through rpc_lat (blocking) and rpc_bw (async calls).
+#[test]
+fn metadata_interceptors_and_metrics_flags_run_rpc_lat_and_rpc_bw() {
+    let v = run(&["-n", "200", "--test", "rpc_lat,rpc_bw", "--metadata", "3", "--interceptors", "--metrics"]);
+    let res = v["results"].as_array().unwrap();
+    assert_eq!(res.len(), 2);
+    for r in res {
+        let m = r.get("latency").or_else(|| r.get("bandwidth")).unwrap();
+        assert_eq!(m["iterations"], 200, "{r}");
+    }
+}
