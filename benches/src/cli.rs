@@ -165,6 +165,23 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = HandlerKind::Inline)]
     pub handlers: HandlerKind,
 
+    /// RPC tests (rpc_lat, rpc_bw): N small ASCII metadata entries per request
+    /// (`x-perf-I: value-I`), 0 to 64. Default 0 (no metadata on the wire).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub metadata: u16,
+
+    /// RPC tests: a client interceptor adding one entry (`x-perf-auth`) to every call and a
+    /// server interceptor checking it (UNAUTHENTICATED without it). Give it to both ends (the
+    /// serving rpc-perf and the client; --loopback: once).
+    #[arg(long)]
+    pub interceptors: bool,
+
+    /// RPC tests: per-method metrics on both ends (`Observe::metrics`), recorded by the
+    /// Prometheus exporter's recorder installed without an HTTP listener (the full recording
+    /// path, nothing scraped). Give it to both ends, as --interceptors.
+    #[arg(long)]
+    pub metrics: bool,
+
     /// Cores for --loopback as `SERVER,CLIENT` (default: the first two cores).
     #[arg(long, value_name = "S,C", value_delimiter = ',')]
     pub cores: Option<Vec<usize>>,

@@ -224,7 +224,16 @@ impl ServerState {
                 // (the runtime registers and posts only what its sessions reserve).
                 .srq_depth(
                     args.rx_depth.unwrap_or(rpc_core::ServerConfig::srq_per_session(credits).max(4096)),
-                );
+                )
+                .observe(observe(args));
+            let builder = if args.interceptors {
+                builder.interceptor(|info| match info.metadata().get(AUTH_KEY) {
+                    Some(AUTH_VALUE) => Ok(()),
+                    _ => Err(rpc_core::Status::unauthenticated("rpc-perf --interceptors: no x-perf-auth")),
+                })
+            } else {
+                builder
+            };
             let builder = match args.handlers {
                 HandlerKind::Inline => builder.add_service(BenchServer::new(BenchService::default())),
                 HandlerKind::Async => builder.add_service(AsyncBenchService::default().server(false)),
@@ -318,12 +327,61 @@ pub(crate) fn client_config(
 ) -> ClientConfig {
     let max_size =
         args.sizes().iter().map(|&s| args.rpc_sizes(s)).map(|(a, b)| a.max(b)).max().unwrap_or(args.size);
-    ClientConfig::default()
+    let cfg = ClientConfig::default()
         .transport(runtime_transport(resolved, args))
         .polling(poll)
         .window(window)
         .ring_bytes(args.ring_bytes.map_or_else(|| ring_bytes_for(max_size), |r| r as u32))
         .max_message_size(MESSAGE_LIMIT)
+        .observe(observe(args));
+    if args.interceptors {
+        cfg.interceptor(|md| {
+            md.insert(AUTH_KEY, AUTH_VALUE).map_err(|e| rpc_core::Status::internal(e.to_string()))
+        })
+    } else {
+        cfg
+    }
+}
+
+/// The metadata entry `--interceptors` adds and checks.
+const AUTH_KEY: &str = "x-perf-auth";
+const AUTH_VALUE: &str = "Bearer rpc-perf";
+
+/// `Bench.Echo`'s method id (for calls with options through the stub's client).
+const ECHO_ID: rpc_core::codegen::MethodId = rpc_core::codegen::method_id("/rpcperf.Bench/Echo");
+
+/// What `--metrics` turns on (installing the recorder once per process).
+pub(crate) fn observe(args: &Args) -> rpc_core::Observe {
+    if !args.metrics {
+        return rpc_core::Observe::OFF;
+    }
+    static RECORDER: std::sync::Once = std::sync::Once::new();
+    RECORDER.call_once(|| {
+        match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+            // The recorder keeps histogram samples until upkeep drains them (as a scrape would).
+            Ok(handle) => {
+                let _ = std::thread::Builder::new().name("rpc-perf-metrics".into()).spawn(move || loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    handle.run_upkeep();
+                });
+            }
+            Err(e) => eprintln!("rpc-perf: --metrics: installing the Prometheus recorder: {e}"),
+        }
+    });
+    rpc_core::Observe::default().metrics(true)
+}
+
+/// The options of every call of an RPC test: `--metadata N` entries (none by default).
+pub(crate) fn call_options(args: &Args) -> rpc_core::CallOptions {
+    if args.metadata == 0 {
+        return rpc_core::CallOptions::default();
+    }
+    let mut md = rpc_core::Metadata::new();
+    for i in 0..args.metadata {
+        // Keys and values of this shape are always valid.
+        let _ = md.insert(&format!("x-perf-{i}"), &format!("value-{i}"));
+    }
+    rpc_core::CallOptions::default().with_metadata(md)
 }
 
 /// The banner lines of an RPC test: transport, server, concurrency, then `extra` (the test's
@@ -434,20 +492,21 @@ pub fn run_client(
     };
     let info = banner_info(args, &started, &cfg, concurrency.to_string(), Vec::new(), true, what);
     sink.begin_test(test, started.sizes.len(), info);
+    let opts = call_options(args);
     each_size(args, test, &started, concurrency, sink, |req_size, resp_size, limit, progress| {
         let req = echo_request(req_size, resp_size);
         let warmup = args.warmup_for(req_size + resp_size);
         Ok(if test == TestKind::RpcLat {
             let rec = if concurrency == 1 {
-                blocking_latency(&client, &req, limit, warmup, progress)?
+                blocking_latency(&client, &req, &opts, limit, warmup, progress)?
             } else {
                 let mut rec = LatencyRecorder::new();
-                windowed(&client, &req, concurrency, limit, warmup, progress, Some(&mut rec))?;
+                windowed(&client, &req, &opts, concurrency, limit, warmup, progress, Some(&mut rec))?;
                 rec
             };
             crate::raw::latency_measure(&rec)
         } else {
-            Measure::Bandwidth(windowed(&client, &req, concurrency, limit, warmup, progress, None)?)
+            Measure::Bandwidth(windowed(&client, &req, &opts, concurrency, limit, warmup, progress, None)?)
         })
     })?;
     let c = client.client().counters();
@@ -467,13 +526,14 @@ pub fn run_client(
 fn blocking_latency(
     client: &BenchClient,
     req: &EchoRequest,
+    opts: &rpc_core::CallOptions,
     limit: Limit,
     warmup: u64,
     progress: &Progress,
 ) -> Result<LatencyRecorder, PerfError> {
     let want = req.resp_size as usize;
     crate::measure::latency(limit, warmup, progress, || {
-        let r = client.echo(req).map_err(|s| rpc_err("Bench.Echo", s))?;
+        let r = client.echo_with(req, opts).map_err(|s| rpc_err("Bench.Echo", s))?;
         check_len(r.payload.len(), want)
     })
 }
@@ -490,9 +550,11 @@ fn check_len(got: usize, want: usize) -> Result<(), PerfError> {
 /// Keeps `window` async calls in flight until `limit` (after `warmup` calls), polling the oldest
 /// (answers arrive in order). With `per_call`, records each call's round trip (two clock reads
 /// per call); the throughput figures are returned either way.
+#[allow(clippy::too_many_arguments)]
 fn windowed(
     client: &BenchClient,
     req: &EchoRequest,
+    opts: &rpc_core::CallOptions,
     window: u32,
     limit: Limit,
     warmup: u64,
@@ -510,7 +572,10 @@ fn windowed(
     let (mut sent, mut done) = (0u64, 0u64);
     while done < warmup {
         while q.len() < window && sent < warmup {
-            q.push_back((client.echo_async(req), None::<crate::clock::Stamp>));
+            q.push_back((
+                client.client().unary_async::<EchoRequest, EchoReply>(ECHO_ID, req, opts),
+                None::<crate::clock::Stamp>,
+            ));
             sent += 1;
         }
         if let Some((f, _)) = q.front_mut() {
@@ -530,7 +595,7 @@ fn windowed(
     loop {
         while issuing && q.len() < window {
             let t = if timed { Some(crate::clock::now()) } else { None };
-            q.push_back((client.echo_async(req), t));
+            q.push_back((client.client().unary_async::<EchoRequest, EchoReply>(ECHO_ID, req, opts), t));
             sent += 1;
             if let Limit::Iters(n) = limit {
                 issuing = sent < n;

@@ -85,7 +85,12 @@ fn every_test_runs_on_sim_loopback() {
     );
     let svg = std::fs::read_to_string(&plot).unwrap();
     let _ = std::fs::remove_file(&plot);
-    assert!(svg.contains("rpc_lat 64 B") && svg.contains("write_lat 64 B"));
+    // A percentile panel per latency test, each with its size's line (plotters writes a
+    // text's content on a line of its own).
+    for t in ["rpc_lat", "send_lat", "write_lat"] {
+        assert!(svg.contains(&format!("{t} round trip by percentile")), "no percentile panel for {t}");
+    }
+    assert_eq!(svg.lines().filter(|l| l.trim() == "64 B").count(), 3, "a 64 B line in each panel");
 }
 
 /// The fair baselines: send_bw (SEND message rate with -t outstanding) counts every message it
@@ -216,4 +221,18 @@ fn bad_flags_exit_with_usage() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--cq-mod 8 must not exceed --tx-depth 4"), "{err}");
+}
+
+/// Issue 30's second speed figure's flags: metadata entries, an interceptor on each end (the
+/// server's refuses a call without the client's entry, so a run that completes carried it) and
+/// metrics on both ends, through rpc_lat (blocking) and rpc_bw (async calls).
+#[test]
+fn metadata_interceptors_and_metrics_flags_run_rpc_lat_and_rpc_bw() {
+    let v = run(&["-n", "200", "--test", "rpc_lat,rpc_bw", "--metadata", "3", "--interceptors", "--metrics"]);
+    let res = v["results"].as_array().unwrap();
+    assert_eq!(res.len(), 2);
+    for r in res {
+        let m = r.get("latency").or_else(|| r.get("bandwidth")).unwrap();
+        assert_eq!(m["iterations"], 200, "{r}");
+    }
 }

@@ -338,6 +338,31 @@ fn main() {
     server.shutdown();
 }
 
+/// `RPC_MEASURE_OBSERVE=metrics|tracing|all`: what the counting modes' client and server
+/// observe (`Observe`); `metrics` and `all` install the Prometheus exporter's recorder (no HTTP
+/// listener), `tracing` has no subscriber (spans disabled: the cost of tracing on and unused).
+fn observe() -> rpc_core::Observe {
+    let o = rpc_core::Observe::default();
+    let (tracing, metrics) = match std::env::var("RPC_MEASURE_OBSERVE").as_deref() {
+        Ok("metrics") => (false, true),
+        Ok("tracing") => (true, false),
+        Ok("all") => (true, true),
+        _ => return o,
+    };
+    if metrics {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().unwrap();
+            // The recorder's histograms hold samples until drained.
+            std::thread::spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                handle.run_upkeep();
+            });
+        });
+    }
+    o.tracing(tracing).metrics(metrics)
+}
+
 /// The server of the counting modes: one worker on core 1 that waits on completion events
 /// (`Event { spins: 0 }`), serving `EchoService`.
 fn counting_server() -> rpc_core::ServerHandle {
@@ -349,6 +374,7 @@ fn counting_server() -> rpc_core::ServerHandle {
     Server::builder()
         .worker_cores(vec![1])
         .polling(PollingPolicy::Event { spins: 0 })
+        .observe(observe())
         .add_service(EchoService { asynchronous })
         .spawn("127.0.0.1:0")
         .unwrap()
@@ -358,7 +384,8 @@ fn counting_server() -> rpc_core::ServerHandle {
 /// session, both sides `Event { spins: 0 }` (an idle side blocks, so empty polls stay few and steady), for instruction counts per RPC.
 fn count_only(n: usize) {
     let server = counting_server();
-    let cfg = ClientConfig::default().window(32).polling(PollingPolicy::Event { spins: 0 });
+    let cfg =
+        ClientConfig::default().window(32).polling(PollingPolicy::Event { spins: 0 }).observe(observe());
     let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
     // RPC_MEASURE_SIZE=N: Echo bodies of N data bytes instead of 30 (e.g. to count the ring path).
     let size = std::env::var("RPC_MEASURE_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(30);

@@ -42,6 +42,7 @@ pub(crate) mod dispatch;
 pub(crate) mod endpoint;
 pub mod health;
 pub mod metadata;
+pub mod observe;
 pub mod reflection;
 pub(crate) mod report;
 pub mod server;
@@ -64,6 +65,7 @@ pub use client::{
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;
 pub use metadata::{ClientInterceptor, Metadata, MetadataValue};
+pub use observe::{Observe, TraceContext};
 pub use server::async_service::{AsyncContext, AsyncRuntime};
 pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle, ServerInterceptor};
 pub use status::{Code, Status};

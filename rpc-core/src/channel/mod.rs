@@ -27,6 +27,8 @@
 pub(crate) mod call;
 pub(crate) mod dispatcher;
 pub(crate) mod stream;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 use std::future::Future;
 use std::net::ToSocketAddrs;
@@ -46,6 +48,8 @@ use crate::status::Status;
 use call::{Completion, Job, Queued, UnaryJob};
 use dispatcher::Inner;
 pub use stream::{ClientStreamCall, StreamReceiver, StreamSender, STREAM_QUEUE};
+#[cfg(feature = "tower")]
+pub use tower::UnaryService;
 
 /// The connection outcomes a connecting channel waits for, one per dispatcher.
 type Pending = Vec<Arc<Completion<Result<(), Status>>>>;
@@ -199,6 +203,8 @@ impl Drop for Shared {
 #[derive(Clone)]
 pub struct Channel {
     shared: Arc<Shared>,
+    /// `ClientConfig::observe` (the shared one; off in the plain handle an observed call makes).
+    observe: crate::Observe,
 }
 
 impl std::fmt::Debug for Channel {
@@ -306,8 +312,9 @@ impl Channel {
             }
         }
         let interceptor = config.client.interceptor.clone();
+        let observe = config.client.observe;
         let shared = Shared { dispatchers, next: AtomicUsize::new(0), interceptor, balance: None, watch };
-        Ok((Channel { shared: Arc::new(shared) }, pending))
+        Ok((Channel { shared: Arc::new(shared), observe }, pending))
     }
 
     /// A channel whose calls go to the per-server channels `balancer` picks.
@@ -319,7 +326,7 @@ impl Channel {
             balance: Some(balancer),
             watch: None,
         };
-        Channel { shared: Arc::new(shared) }
+        Channel { shared: Arc::new(shared), observe: crate::Observe::OFF }
     }
 
     /// The balancer of a balanced channel ([`Channel::balanced`]); `None` for a channel to one
@@ -361,6 +368,56 @@ impl Channel {
         if let Some(b) = &self.shared.balance {
             return self.unary_balanced(b, id, req, opts);
         }
+        if self.observe.any() {
+            return self.unary_observed(id, req, opts);
+        }
+        self.unary_plain(id, req, opts)
+    }
+
+    /// [`Channel::unary`] with `ClientConfig::observe` on: a span and metrics around the call,
+    /// `traceparent` in its metadata ([`crate::observe`]).
+    #[cold]
+    #[inline(never)]
+    fn unary_observed<Req, Resp>(
+        &self,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> UnaryCall<Resp>
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let opts = IntoRequest::options(&req, opts);
+        let traced = self.observe.is_tracing();
+        let mut md = if traced { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
+        let size = IntoRequest::message(&req).encoded_len();
+        let obs = crate::observe::Observed::client(self.observe, id, &mut md, size, None);
+        // Only a traced call sends more metadata than it was given.
+        let opts = if traced { std::borrow::Cow::Owned(opts.into_owned().with_metadata(md)) } else { opts };
+        // The plain call through a handle with observation off (one copy of the hot path).
+        let plain = Channel { shared: self.shared.clone(), observe: crate::Observe::OFF };
+        let mut call = {
+            let _entered = obs.enter();
+            plain.unary(id, IntoRequest::into_message(req), &opts)
+        };
+        let size: fn(&Resp) -> usize = |m| m.encoded_len();
+        call.observed = Some(Box::new((obs, size)));
+        call
+    }
+
+    /// [`Channel::unary`] on a channel to one server (its only caller: inlined there).
+    #[inline(always)]
+    fn unary_plain<Req, Resp>(
+        &self,
+        id: MethodId,
+        req: impl IntoRequest<Req>,
+        opts: &CallOptions,
+    ) -> UnaryCall<Resp>
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
         let n = self.shared.dispatchers.len();
         let dispatcher = if n == 1 { 0 } else { self.shared.next.fetch_add(1, Ordering::Relaxed) % n };
         let d = &*self.shared.dispatchers[dispatcher];
@@ -624,6 +681,9 @@ pub struct UnaryCall<Resp> {
     /// The completion may hold this task's waker (a poll returned `Pending` after registering
     /// it): the next poll that drives forgets it first.
     registered: bool,
+    /// The call's span and metrics, and how to size its response (`ClientConfig::observe`).
+    #[allow(clippy::type_complexity)]
+    observed: Option<Box<(crate::observe::Observed, fn(&Resp) -> usize)>>,
 }
 
 impl<Resp> UnaryCall<Resp> {
@@ -652,6 +712,7 @@ impl<Resp> UnaryCall<Resp> {
             taken: false,
             waiting: false,
             registered: false,
+            observed: None,
         }
     }
 
@@ -709,7 +770,7 @@ impl<Resp> Future for UnaryCall<Resp> {
         if let Some(r) = done.try_take() {
             coop.made_progress();
             this.taken = true;
-            report(&this.shared, &r);
+            report(&this.shared, &mut this.observed, &r);
             return ready(r);
         }
         // (A call that ended before it started has no dispatcher, and its result is there.)
@@ -760,7 +821,7 @@ impl<Resp> Future for UnaryCall<Resp> {
                 unwait(waiting, d);
                 coop.made_progress();
                 this.taken = true;
-                report(&this.shared, &r);
+                report(&this.shared, &mut this.observed, &r);
                 ready(r)
             }
             Poll::Pending => {
@@ -775,11 +836,33 @@ impl<Resp> Future for UnaryCall<Resp> {
 /// Tells a per-server channel's watcher (a balanced channel's) that a call failed: one compare
 /// on the success path.
 #[inline(always)]
-fn report<Resp>(shared: &Shared, r: &Option<Result<Resp, Status>>) {
+#[allow(clippy::type_complexity)]
+fn report<Resp>(
+    shared: &Shared,
+    observed: &mut Option<Box<(crate::observe::Observed, fn(&Resp) -> usize)>>,
+    r: &Option<Result<Resp, Status>>,
+) {
+    if observed.is_some() {
+        finish_observed(observed, r);
+    }
     if let Some(Err(s)) = r {
         if let Some(w) = &shared.watch {
             w.failed(s);
         }
+    }
+}
+
+/// Ends an observed call's record (`ClientConfig::observe`) with its result.
+#[cold]
+#[inline(never)]
+#[allow(clippy::type_complexity)]
+fn finish_observed<Resp>(
+    observed: &mut Option<Box<(crate::observe::Observed, fn(&Resp) -> usize)>>,
+    r: &Option<Result<Resp, Status>>,
+) {
+    if let (Some(o), Some(r)) = (observed.take(), r) {
+        let (o, size) = *o;
+        o.finish_with(r, size);
     }
 }
 

@@ -98,6 +98,9 @@ pub struct ClientConfig {
     /// a trace context); its error fails the call. Default none (a call without metadata then
     /// builds none and sends none).
     pub interceptor: Option<crate::metadata::ClientInterceptor>,
+    /// Tracing spans, `traceparent` propagation and metrics of this end's unary calls
+    /// ([`crate::observe`]). Default [`crate::Observe::OFF`] (a call pays one branch).
+    pub observe: crate::Observe,
 }
 
 impl Default for ClientConfig {
@@ -124,6 +127,7 @@ impl Default for ClientConfig {
             max_reassembly_bytes: 256 << 20,
             reassembly_timeout: Duration::from_secs(10),
             interceptor: None,
+            observe: crate::Observe::OFF,
         }
     }
 }
@@ -190,6 +194,12 @@ impl ClientConfig {
         f: impl Fn(&mut crate::metadata::Metadata) -> Result<(), crate::Status> + Send + Sync + 'static,
     ) -> Self {
         self.interceptor = Some(crate::metadata::ClientInterceptor::new(f));
+        self
+    }
+
+    /// Sets [`ClientConfig::observe`].
+    pub fn observe(mut self, observe: crate::Observe) -> Self {
+        self.observe = observe;
         self
     }
 

@@ -11,7 +11,7 @@
 pub(crate) mod backoff;
 mod config;
 pub(crate) mod core;
-mod names;
+pub(crate) mod names;
 mod queue;
 mod request;
 mod stream;
@@ -94,6 +94,9 @@ pub struct Client {
     /// First, so that the compiler names it first when a client is shared.
     _not_sync: request::NotSyncHint,
     inner: RefCell<Inner>,
+    /// `ClientConfig::observe` (read without borrowing `inner`: one branch per call); off while
+    /// an observed call runs its plain self (see [`Client::unary_observed`]).
+    observe: std::cell::Cell<crate::Observe>,
 }
 
 impl std::fmt::Debug for Client {
@@ -280,6 +283,7 @@ impl Client {
         let peer = with_calls!(&calls, c => c.core.peer);
         Ok(Client {
             _not_sync: PhantomData,
+            observe: std::cell::Cell::new(config.observe),
             inner: RefCell::new(Inner {
                 calls,
                 epoch: 0,
@@ -340,6 +344,9 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
+        if self.observe.get().any() {
+            return self.unary_observed(id, req, opts);
+        }
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
         let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
@@ -349,6 +356,38 @@ impl Client {
             let t = c.start(id, &req, deadline, true, req.flags())?;
             c.wait(t)
         })
+    }
+
+    /// [`Client::unary`] with `ClientConfig::observe` on: a span and metrics around the call,
+    /// `traceparent` in its metadata ([`crate::observe`]).
+    #[cold]
+    #[inline(never)]
+    fn unary_observed<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Resp, Status> {
+        let o = self.observe.get();
+        let mut md =
+            if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
+        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
+        // Only a traced call sends more metadata than it was given.
+        let traced;
+        let opts = if obs.traced() {
+            traced = opts.clone().with_metadata(md);
+            &traced
+        } else {
+            opts
+        };
+        let r = {
+            let _entered = obs.enter();
+            // The plain call (its one copy, so the hot path keeps its inlining).
+            let _plain = Unobserved::new(&self.observe);
+            self.unary(id, req, opts)
+        };
+        obs.finish_with(&r, |m: &Resp| m.encoded_len());
+        r
     }
 
     /// An async unary call: the request is encoded now, into its slot or (every slot taken, or
@@ -365,10 +404,81 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
+        if self.observe.get().any() {
+            return self.unary_async_observed(id, req, opts);
+        }
+        self.unary_async_rest(id, req, opts)
+    }
+
+    /// [`Client::unary_async`] with `ClientConfig::observe` on (as [`Client::unary`]'s).
+    #[cold]
+    #[inline(never)]
+    fn unary_async_observed<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> ResponseFuture<'_, Resp> {
+        let o = self.observe.get();
+        let mut md =
+            if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
+        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
+        let traced;
+        let opts = if obs.traced() {
+            traced = opts.clone().with_metadata(md);
+            &traced
+        } else {
+            opts
+        };
+        let mut fut = {
+            let _entered = obs.enter();
+            let _plain = Unobserved::new(&self.observe);
+            self.unary_async(id, req, opts)
+        };
+        let size: fn(&Resp) -> usize = |m| m.encoded_len();
+        fut.observed = Some(Box::new((obs, size)));
+        fut
+    }
+}
+
+/// Turns a client's observation off until dropped (an observed call making its plain self).
+struct Unobserved<'a> {
+    cell: &'a std::cell::Cell<crate::Observe>,
+    was: crate::Observe,
+}
+
+impl<'a> Unobserved<'a> {
+    fn new(cell: &'a std::cell::Cell<crate::Observe>) -> Self {
+        Unobserved { cell, was: cell.replace(crate::Observe::OFF) }
+    }
+}
+
+impl Drop for Unobserved<'_> {
+    fn drop(&mut self) {
+        self.cell.set(self.was);
+    }
+}
+
+impl Client {
+    /// The rest of [`Client::unary_async`] (unobserved).
+    #[inline(always)]
+    fn unary_async_rest<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> ResponseFuture<'_, Resp> {
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let md = match self.intercepted(opts) {
             Ok(md) => md,
-            Err(s) => return ResponseFuture { client: self, state: State::Failed(Some(s)), _t: PhantomData },
+            Err(s) => {
+                return ResponseFuture {
+                    client: self,
+                    state: State::Failed(Some(s)),
+                    _t: PhantomData,
+                    observed: None,
+                }
+            }
         };
         let req = &WithMetadata::new(req, md.as_deref());
         let flags = req.flags();
@@ -394,7 +504,7 @@ impl Client {
             }
             Err(s) => State::Failed(Some(s)),
         };
-        ResponseFuture { client: self, state, _t: PhantomData }
+        ResponseFuture { client: self, state, _t: PhantomData, observed: None }
     }
 
     /// Opens a server stream: sends `req` to method `id` (a server-streaming method; generated
@@ -478,6 +588,9 @@ pub struct ResponseFuture<'a, T> {
     client: &'a Client,
     state: State,
     _t: PhantomData<fn() -> T>,
+    /// The call's span and metrics, and how to size its response (`ClientConfig::observe`).
+    #[allow(clippy::type_complexity)]
+    observed: Option<Box<(crate::observe::Observed, fn(&T) -> usize)>>,
 }
 
 impl<T> ResponseFuture<'_, T> {
@@ -504,6 +617,23 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        let p = this.poll_plain(cx);
+        if this.observed.is_some() {
+            if let Poll::Ready(r) = &p {
+                if let Some(o) = this.observed.take() {
+                    let (o, size) = *o;
+                    o.finish_with(r, size);
+                }
+            }
+        }
+        p
+    }
+}
+
+impl<T: Message + Default> ResponseFuture<'_, T> {
+    /// [`Future::poll`] of the call itself.
+    fn poll_plain(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, Status>> {
+        let this = self;
         if let State::Reconnect { method, body, deadline, flags } = &this.state {
             let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
                 cx.waker().wake_by_ref();

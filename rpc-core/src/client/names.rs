@@ -28,7 +28,7 @@ pub fn register_method_names(table: &'static [MethodDesc]) {
 }
 
 /// The full name registered for `id` (`/pkg.Service/Method`).
-fn method_name(id: MethodId) -> Option<&'static str> {
+pub(crate) fn method_name(id: MethodId) -> Option<&'static str> {
     let tables = TABLES.read().unwrap_or_else(|e| e.into_inner());
     Some(tables.iter().flat_map(|t| t.iter()).find(|d| d.id == id)?.name)
 }

@@ -157,6 +157,9 @@ pub struct RequestContext {
     pub(crate) qp_num: u32,
     /// A Cancel of this call (or a Close of its session) was seen (reset per request).
     pub(crate) cancel_seen: Cell<bool>,
+    /// The call's span and metrics when the server observes calls (`ServerConfig::observe`):
+    /// an async handler takes it, else the worker ends it when the handler returns.
+    pub(crate) observed: Cell<Option<crate::observe::Observed>>,
 }
 
 /// A worker's look, from a running inline handler, into the completions that arrived since it
@@ -192,6 +195,7 @@ impl RequestContext {
             local: None,
             qp_num: 0,
             cancel_seen: Cell::new(false),
+            observed: Cell::new(None),
         }
     }
 }

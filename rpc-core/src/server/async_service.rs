@@ -156,7 +156,8 @@ where
     let flag = Arc::new(CancelFlag::default());
     actx.cancel = Some(flag.clone());
     let deadline = actx.deadline;
-    let mut fut = CatchPanic { inner: Box::pin(handler(actx)), method, deadline };
+    let observed = ctx.observed.take().map(Box::new);
+    let mut fut = CatchPanic { inner: Box::pin(handler(actx)), method, deadline, observed };
     match (&runtime.kind, ctx.local.as_ref()) {
         (Kind::Worker(_), Some(local)) => {
             let context = runtime.context();
@@ -259,7 +260,7 @@ where
     // The handler sees the stream end as its sink does.
     let flag = ender.flag();
     actx.cancel = Some(flag.clone());
-    let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method, deadline };
+    let fut = CatchPanic { inner: Box::pin(handler(actx, sink)), method, deadline, observed: None };
     let task = async move {
         let r = {
             let mut fut = std::pin::pin!(fut);
@@ -310,12 +311,39 @@ struct CatchPanic<T> {
     inner: Pin<Box<dyn Future<Output = Result<T, Status>> + Send>>,
     method: &'static str,
     deadline: Option<Instant>,
+    /// The call's span and metrics (`ServerConfig::observe`): entered around every poll,
+    /// ended with the answer.
+    observed: Option<Box<crate::observe::Observed>>,
 }
 
-impl<T> Future for CatchPanic<T> {
+impl<T: Message> Future for CatchPanic<T> {
     type Output = Result<T, Status>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.observed.is_some() {
+            return self.poll_observed(cx);
+        }
+        self.poll_plain(cx)
+    }
+}
+
+impl<T: Message> CatchPanic<T> {
+    /// [`CatchPanic::poll_plain`] inside the call's span and trace context, ending its record
+    /// with the answer.
+    #[cold]
+    fn poll_observed(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T, Status>> {
+        let entered = self.observed.as_ref().map(|o| o.enter());
+        let p = self.as_mut().poll_plain(cx);
+        drop(entered);
+        if let Poll::Ready(r) = &p {
+            if let Some(o) = self.observed.take() {
+                o.finish_with(r, |m| m.encoded_len());
+            }
+        }
+        p
+    }
+
+    fn poll_plain(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T, Status>> {
         let method = self.method;
         let _serving = crate::context::serving(self.deadline);
         match catch_unwind(AssertUnwindSafe(|| self.inner.as_mut().poll(cx))) {

@@ -113,6 +113,7 @@ pub(super) fn start<P: Provider>(
         max_call_duration: config.max_call_duration,
         body_cap,
         max_metadata: config.max_metadata_bytes as usize,
+        observe: config.observe,
     };
     // Each worker says here when its loop ended (shutdown waits on it, not on a timer).
     let (exit_tx, exited) = std::sync::mpsc::channel::<usize>();

@@ -283,6 +283,10 @@ pub struct ServerConfig {
     /// deadline, request metadata): an error answers the call with that status and its handler
     /// is not run (e.g. UNAUTHENTICATED for a missing token). Default none.
     pub interceptor: Option<ServerInterceptor>,
+    /// Tracing spans (continuing a client's `traceparent`) and metrics of the unary calls this
+    /// server answers ([`crate::observe`]). Default [`crate::Observe::OFF`] (a call pays one
+    /// branch).
+    pub observe: crate::Observe,
 }
 
 impl Default for ServerConfig {
@@ -313,6 +317,7 @@ impl Default for ServerConfig {
             max_call_duration: Some(Duration::from_secs(300)),
             max_metadata_bytes: 8192,
             interceptor: None,
+            observe: crate::Observe::OFF,
         }
     }
 }
@@ -521,6 +526,8 @@ impl ServerBuilder {
     }
 
     setter! {
+        /// See [`ServerConfig::observe`].
+        observe: crate::Observe;
         /// See [`ServerConfig::max_metadata_bytes`].
         max_metadata_bytes: u32;
         /// See [`ServerConfig::transport`].

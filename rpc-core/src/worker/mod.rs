@@ -257,6 +257,8 @@ pub(crate) struct WorkerLimits {
     pub(crate) body_cap: usize,
     /// `ServerConfig::max_metadata_bytes`.
     pub(crate) max_metadata: usize,
+    /// `ServerConfig::observe`.
+    pub(crate) observe: crate::Observe,
 }
 
 /// What a running inline handler's [`RequestContext::is_cancelled`] looks into: the worker's
@@ -1400,7 +1402,14 @@ impl<P: Provider> Worker<P> {
                 Some((svc, name)) => {
                     // The calls the handler makes inherit this call's deadline.
                     let _serving = crate::context::serving(deadline);
-                    let r = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)));
+                    let r = if limits.observe.any() {
+                        let len = body.len();
+                        observed(limits.observe, ctx, name, len, || {
+                            catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
+                        })
+                    } else {
+                        catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
+                    };
                     if let Err(p) = r {
                         let what = panic_text(&*p);
                         tracing::warn!(method = name, panic = %what, "handler panicked");
@@ -1411,6 +1420,9 @@ impl<P: Provider> Worker<P> {
         }
         // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
         let ReplyWriter { outcome, .. } = out;
+        if limits.observe.any() {
+            observe_end(ctx, &outcome);
+        }
         let source = ctx.source.take();
         let sink = ctx.stream.take();
         if !matches!(outcome, Outcome::Deferred) {
@@ -1544,4 +1556,39 @@ struct Wc {
     opcode: WcOpcode,
     qp_num: u32,
     invalidated: bool,
+}
+
+/// Runs `call` (the handler) observed (`ServerConfig::observe`): its span entered and its trace
+/// context the thread's meanwhile; the call's record goes into `ctx` (an async handler takes
+/// it, else [`observe_end`] ends it).
+#[cold]
+#[inline(never)]
+fn observed<R>(
+    o: crate::Observe,
+    ctx: &RequestContext,
+    name: &'static str,
+    len: usize,
+    call: impl FnOnce() -> R,
+) -> R {
+    let obs = crate::observe::Observed::server(o, name, ctx.metadata(), len, ctx.info.peer);
+    let _entered = obs.enter();
+    ctx.observed.set(Some(obs));
+    call()
+}
+
+/// Ends the record of a call whose handler returned with `outcome` (unless an async handler
+/// took it).
+#[cold]
+#[inline(never)]
+fn observe_end(ctx: &RequestContext, outcome: &Outcome) {
+    let Some(obs) = ctx.observed.take() else { return };
+    match outcome {
+        Outcome::Eager(n) => obs.finish(Code::Ok, *n as usize),
+        Outcome::Ring { len, .. } | Outcome::Staged { len, .. } => obs.finish(Code::Ok, *len as usize),
+        Outcome::Spilled(b) => obs.finish(Code::Ok, b.len()),
+        Outcome::Later(b) => obs.finish(Code::Ok, b.len()),
+        Outcome::Error(s) => obs.finish(s.code(), 0),
+        Outcome::Deferred => obs.finish_deferred(),
+        Outcome::Unset => obs.finish(Code::Unknown, 0),
+    }
 }

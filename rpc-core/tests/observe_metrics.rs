@@ -1,0 +1,122 @@
+//! Metrics of calls (issue 30 item 3): with `Observe::metrics` on both ends, per-method calls
+//! (by code), request and response bytes, in-flight gauges and latency histograms reach the
+//! `metrics` recorder; here the Prometheus exporter, scraped over plain TCP as Prometheus would.
+
+mod rpc_support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+use rpc_core::codegen::*;
+use rpc_core::{CallOptions, Channel, ChannelConfig, Client, Code, Observe, PollingPolicy};
+use rpc_support::*;
+
+const ECHO_M: MethodId = method_id("/test.Metered/Echo");
+const FAIL_M: MethodId = method_id("/test.Metered/Fail");
+static NAMES: &[MethodDesc] = &[
+    MethodDesc { id: ECHO_M, name: "/test.Metered/Echo" },
+    MethodDesc { id: FAIL_M, name: "/test.Metered/Fail" },
+];
+
+struct Metered;
+
+impl Service for Metered {
+    const NAME: &'static str = "test.Metered";
+    const METHODS: &'static [MethodDesc] = NAMES;
+    fn call(&self, method: MethodId, _ctx: &RequestContext, _b: Body<'_>, out: &mut ReplyWriter<'_>) {
+        match method {
+            ECHO_M => out.reply(Reply::from(EchoMsg { payload: vec![1; 100], ..Default::default() })),
+            _ => out.error(Status::not_found("nothing here")),
+        }
+    }
+}
+
+/// The body of `GET /metrics` at `addr` (retried while the exporter's listener starts).
+fn scrape(addr: SocketAddr) -> String {
+    let mut last = None;
+    for _ in 0..100 {
+        match TcpStream::connect(addr) {
+            Ok(mut s) => {
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                let mut text = String::new();
+                s.read_to_string(&mut text).unwrap();
+                assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+                return text;
+            }
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no exporter at {addr}: {last:?}");
+}
+
+/// The value of the series `name` whose labels include every one of `labels` (`k="v"`).
+fn value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, v) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        (n == name && labels.iter().all(|want| rest.contains(want))).then(|| v.parse().ok())?
+    })
+}
+
+#[test]
+fn per_method_metrics_of_both_ends_are_scraped_from_the_prometheus_exporter() {
+    register_method_names(NAMES);
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    PrometheusBuilder::new().with_http_listener(port).install().expect("exporter installs");
+    let on = Observe::default().metrics(true);
+    let server = server().observe(on).add_service(Metered).spawn("127.0.0.1:0").expect("server");
+    let client = Client::connect_with(server.local_addr(), &client_config().observe(on)).expect("client");
+    let req = EchoMsg { payload: vec![2; 30], ..Default::default() };
+    for _ in 0..3 {
+        client.unary::<EchoMsg, EchoMsg>(ECHO_M, &req, &CallOptions::default()).expect("echo");
+    }
+    for _ in 0..2 {
+        let e = client.unary::<EchoMsg, EchoMsg>(FAIL_M, &req, &CallOptions::default()).unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+    }
+    // And an async call of the blocking client.
+    block_on(client.unary_async::<EchoMsg, EchoMsg>(ECHO_M, &req, &CallOptions::default())).expect("echo");
+    // And through a Channel: counted with the blocking client's calls (same labels).
+    let config = ChannelConfig::default()
+        .client(client_config().polling(PollingPolicy::Event { spins: 0 }).observe(on));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let ch = Channel::connect_with(server.local_addr(), &config).await.expect("channel");
+        ch.unary::<EchoMsg, EchoMsg>(ECHO_M, &req, &CallOptions::default()).await.expect("echo");
+    });
+    let text = scrape(port);
+    let echo = r#"method="/test.Metered/Echo""#;
+    let fail = r#"method="/test.Metered/Fail""#;
+    for side in ["client", "server"] {
+        let calls = format!("rpc_{side}_calls_total");
+        assert_eq!(value(&text, &calls, &[echo, r#"code="OK""#]), Some(5.0), "{side} OK calls\n{text}");
+        assert_eq!(
+            value(&text, &calls, &[fail, r#"code="NOT_FOUND""#]),
+            Some(2.0),
+            "{side} NOT_FOUND\n{text}"
+        );
+        // 30 bytes of payload encode to 32; 100 to 102.
+        assert_eq!(
+            value(&text, &format!("rpc_{side}_request_bytes_total"), &[echo]),
+            Some(5.0 * 32.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, &format!("rpc_{side}_response_bytes_total"), &[echo]),
+            Some(5.0 * 102.0),
+            "{text}"
+        );
+        assert_eq!(value(&text, &format!("rpc_{side}_response_bytes_total"), &[fail]), Some(0.0), "{text}");
+        assert_eq!(value(&text, &format!("rpc_{side}_in_flight"), &[echo]), Some(0.0), "{text}");
+        assert_eq!(value(&text, &format!("rpc_{side}_duration_seconds_count"), &[echo]), Some(5.0), "{text}");
+        let sum = value(&text, &format!("rpc_{side}_duration_seconds_sum"), &[echo]).expect("latency sum");
+        assert!(sum > 0.0, "{side} latency sum {sum}");
+    }
+    drop(client);
+    server.shutdown();
+}
