@@ -239,7 +239,8 @@ impl ServerState {
                 HandlerKind::Async => builder.add_service(AsyncBenchService::default().server(false)),
                 HandlerKind::Tokio => builder.add_service(AsyncBenchService::default().server(true)),
             };
-            let handle = builder.spawn(self.bind.as_str()).map_err(|e| {
+            // `rpc-perf call HOST:PORT rpcperf.Bench/Echo` needs no --proto (nothing per call).
+            let handle = builder.add_reflection().spawn(self.bind.as_str()).map_err(|e| {
                 let in_use = matches!(&e, rpc_core::ServerError::Listen { source, .. }
                         if source.kind() == std::io::ErrorKind::AddrInUse);
                 let hint = if in_use { crate::run::PORT_IN_USE } else { "" };
