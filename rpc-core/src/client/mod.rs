@@ -368,18 +368,8 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        let o = self.observe.get();
-        let mut md =
-            if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
-        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
-        // Only a traced call sends more metadata than it was given.
-        let traced;
-        let opts = if obs.traced() {
-            traced = opts.clone().with_metadata(md);
-            &traced
-        } else {
-            opts
-        };
+        let (obs, traced) = self.observe_call(id, req, opts);
+        let opts = traced.as_ref().unwrap_or(opts);
         let r = {
             let _entered = obs.enter();
             // The plain call (its one copy, so the hot path keeps its inlining).
@@ -419,17 +409,8 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
-        let o = self.observe.get();
-        let mut md =
-            if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
-        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
-        let traced;
-        let opts = if obs.traced() {
-            traced = opts.clone().with_metadata(md);
-            &traced
-        } else {
-            opts
-        };
+        let (obs, traced) = self.observe_call(id, req, opts);
+        let opts = traced.as_ref().unwrap_or(opts);
         let mut fut = {
             let _entered = obs.enter();
             let _plain = Unobserved::new(&self.observe);
@@ -438,6 +419,25 @@ impl Client {
         let size: fn(&Resp) -> usize = |m| m.encoded_len();
         fut.observed = Some(Box::new((obs, size)));
         fut
+    }
+}
+
+impl Client {
+    /// Starts the observation of a call (its span and metrics) and, for a traced call, the
+    /// options that carry its `traceparent` (only a traced call sends more metadata than it was
+    /// given).
+    fn observe_call<Req: Message>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> (crate::observe::Observed, Option<CallOptions>) {
+        let o = self.observe.get();
+        let mut md =
+            if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
+        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
+        let traced = obs.traced().then(|| opts.clone().with_metadata(md));
+        (obs, traced)
     }
 }
 
