@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+pub mod details;
+
 /// gRPC canonical status codes (`google.rpc.Code`), same numeric values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
@@ -120,6 +122,9 @@ pub const NOT_IMPLEMENTED: &str = "is not implemented by this server";
 pub struct Status {
     code: Code,
     message: String,
+    /// Encoded `google.rpc.Status` (gRPC's `grpc-status-details-bin`); `None` for a plain status,
+    /// so a status without details costs one null pointer.
+    details: Option<Box<[u8]>>,
 }
 
 impl fmt::Debug for Status {
@@ -152,7 +157,7 @@ macro_rules! ctor {
 impl Status {
     /// A status with `code` and `message`.
     pub fn new(code: Code, message: impl Into<String>) -> Status {
-        Status { code, message: message.into() }
+        Status { code, message: message.into(), details: None }
     }
 
     ctor! {
@@ -231,6 +236,40 @@ impl Status {
     /// The message.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// A status with `code`, `message` and opaque `details` bytes (an encoded `google.rpc.Status`,
+    /// as tonic's `Status::with_details`).
+    pub fn with_details(code: Code, message: impl Into<String>, details: impl Into<Vec<u8>>) -> Status {
+        let details: Vec<u8> = details.into();
+        let details = if details.is_empty() { None } else { Some(details.into_boxed_slice()) };
+        Status { code, message: message.into(), details }
+    }
+
+    /// The details bytes (an encoded `google.rpc.Status`); empty if none were set.
+    pub fn details(&self) -> &[u8] {
+        self.details.as_deref().unwrap_or(&[])
+    }
+
+    /// A status whose details are `details` encoded as a `google.rpc.Status` with this code and
+    /// message (as `tonic_types::StatusExt::with_error_details`).
+    pub fn with_error_details(
+        code: Code,
+        message: impl Into<String>,
+        details: details::ErrorDetails,
+    ) -> Status {
+        let message = message.into();
+        let bytes = details.encode_status(code as i32, &message);
+        Status::with_details(code, message, bytes)
+    }
+
+    /// The common detail types carried in [`Status::details`]; empty details give an empty
+    /// [`details::ErrorDetails`].
+    ///
+    /// # Errors
+    /// The details bytes are not a `google.rpc.Status`, or a known detail does not decode.
+    pub fn error_details(&self) -> Result<details::ErrorDetails, details::DecodeError> {
+        details::ErrorDetails::decode_status(self.details())
     }
 }
 
