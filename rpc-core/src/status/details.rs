@@ -72,7 +72,7 @@ pub trait IntoAny: Message + Default {
     /// The type's full name (`google.rpc.BadRequest`).
     const TYPE_NAME: &'static str;
     /// Packs the message into an `Any` with `type.googleapis.com/` + [`Self::TYPE_NAME`].
-    fn into_any(&self) -> Any {
+    fn to_any(&self) -> Any {
         Any { type_url: format!("{TYPE_URL_PREFIX}{}", Self::TYPE_NAME), value: self.encode_to_vec() }
     }
     /// Unpacks `any` if its type URL names this type; `Ok(None)` if it names another.
@@ -111,9 +111,9 @@ impl ErrorDetails {
     /// The details as `Any`s, in the order bad_request, retry_info, error_info, other.
     pub fn to_any(&self) -> Vec<Any> {
         let mut out = Vec::new();
-        out.extend(self.bad_request.as_ref().map(IntoAny::into_any));
-        out.extend(self.retry_info.as_ref().map(IntoAny::into_any));
-        out.extend(self.error_info.as_ref().map(IntoAny::into_any));
+        out.extend(self.bad_request.as_ref().map(IntoAny::to_any));
+        out.extend(self.retry_info.as_ref().map(IntoAny::to_any));
+        out.extend(self.error_info.as_ref().map(IntoAny::to_any));
         out.extend(self.other.iter().cloned());
         out
     }
