@@ -64,7 +64,7 @@ pub use client::{
 };
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;
-pub use metadata::{ClientInterceptor, Metadata, MetadataValue};
+pub use metadata::{CapturedMetadata, ClientInterceptor, Metadata, MetadataValue, ResponseMetadata};
 pub use observe::{Observe, TraceContext};
 pub use server::async_service::{AsyncContext, AsyncRuntime};
 pub use server::{Server, ServerBuilder, ServerConfig, ServerError, ServerHandle, ServerInterceptor};

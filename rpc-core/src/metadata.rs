@@ -374,6 +374,186 @@ impl<M: Message> Message for WithMetadata<'_, M> {
     fn clear(&mut self) {}
 }
 
+/// A response's metadata: its headers and its trailers, as a server's handler sets them
+/// ([`crate::RequestContext::set_headers`], [`crate::AsyncContext::set_headers`],
+/// [`crate::Responder::set_headers`], and `set_trailers` beside each) and a client reads them
+/// ([`CapturedMetadata`]; an error's come in its [`crate::Status::metadata`]).
+///
+/// On the wire (protocol 9) a response with metadata has the header's `METADATA` flag and its body
+/// starts with two blocks of the request block's encoding (see the [module docs](self)), the
+/// headers then the trailers, before the message (OK) or the status message (an error); a
+/// response without carries neither flag nor bytes. A unary call's headers and trailers travel
+/// together in its one response; a stream's with its end. A status's details travel as the
+/// trailer [`crate::status::DETAILS_KEY`]. A client refuses blocks over
+/// `ClientConfig::max_metadata_bytes` together (the call fails RESOURCE_EXHAUSTED naming it) and
+/// malformed ones (INTERNAL).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResponseMetadata {
+    headers: Metadata,
+    trailers: Metadata,
+}
+
+impl ResponseMetadata {
+    /// The headers.
+    pub fn headers(&self) -> &Metadata {
+        &self.headers
+    }
+
+    /// The headers, to change.
+    pub fn headers_mut(&mut self) -> &mut Metadata {
+        &mut self.headers
+    }
+
+    /// The trailers.
+    pub fn trailers(&self) -> &Metadata {
+        &self.trailers
+    }
+
+    /// The trailers, to change.
+    pub fn trailers_mut(&mut self) -> &mut Metadata {
+        &mut self.trailers
+    }
+
+    /// True with no header and no trailer.
+    pub fn is_empty(&self) -> bool {
+        self.headers.is_empty() && self.trailers.is_empty()
+    }
+
+    /// The two blocks as they travel, the headers then the trailers; with `status`'s metadata
+    /// appended to the trailers, and its details as the trailer [`crate::status::DETAILS_KEY`]
+    /// (an error's).
+    pub(crate) fn encode_blocks(md: Option<&ResponseMetadata>, status: Option<&crate::Status>) -> Vec<u8> {
+        static EMPTY: Metadata = Metadata::EMPTY;
+        let headers = md.map_or(&EMPTY, |m| &m.headers);
+        let mut trailers = md.map_or_else(Metadata::new, |m| m.trailers.clone());
+        if let Some(s) = status {
+            for (k, v) in s.metadata().iter() {
+                // Keys and values were checked when they were inserted.
+                let _ = match v {
+                    MetadataValue::Ascii(a) => trailers.insert(k, a),
+                    MetadataValue::Binary(b) => trailers.insert_bin(k, b),
+                };
+            }
+            if !s.details().is_empty() {
+                let _ = trailers.insert_bin(crate::status::DETAILS_KEY, s.details());
+            }
+        }
+        let mut out = Vec::with_capacity(headers.encoded_len() + trailers.encoded_len());
+        headers.encode_into(&mut out);
+        trailers.encode_into(&mut out);
+        out
+    }
+
+    /// Splits a response body that starts with the two blocks into them, decoded, and the offset
+    /// of what follows (the message or the status message).
+    ///
+    /// # Errors
+    /// Blocks over `limit` bytes together: RESOURCE_EXHAUSTED naming
+    /// `ClientConfig::max_metadata_bytes`; malformed blocks: INTERNAL naming what is wrong.
+    pub(crate) fn split(body: &[u8], limit: usize) -> Result<(ResponseMetadata, usize), crate::Status> {
+        let block_len = |at: usize| -> Result<usize, crate::Status> {
+            let b = body.get(at..at + 4).ok_or_else(|| {
+                crate::Status::internal("malformed response metadata from the server: truncated block length")
+            })?;
+            Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize + 4)
+        };
+        let first = block_len(0)?;
+        let total = first.saturating_add(block_len(first).unwrap_or(0));
+        if total > limit {
+            return Err(crate::Status::resource_exhausted(format!(
+                "response metadata of {total} bytes is over the client's limit of {limit} \
+                 (ClientConfig::max_metadata_bytes)"
+            )));
+        }
+        let bad = |s: crate::Status| {
+            crate::Status::internal(format!("malformed response metadata from the server: {}", s.message()))
+        };
+        let (headers, at) = Metadata::split(body, usize::MAX).map_err(bad)?;
+        let (trailers, n) = Metadata::split(&body[at..], usize::MAX).map_err(bad)?;
+        Ok((ResponseMetadata { headers, trailers }, at + n))
+    }
+}
+
+/// Where a call puts the response metadata it receives, as gRPC Go's `grpc.Header` and
+/// `grpc.Trailer` call options do: give a clone to [`crate::CallOptions::capture_metadata`], make
+/// the call (blocking, through a `Channel`, or a stream), then read it here. Filled when the
+/// call's response arrives (a stream's with its end), OK or not; empty (`None`) while nothing
+/// came or when the response carried no metadata. Clones share one slot.
+#[derive(Clone, Debug, Default)]
+pub struct CapturedMetadata(std::sync::Arc<std::sync::Mutex<Option<ResponseMetadata>>>);
+
+impl CapturedMetadata {
+    /// An empty slot.
+    pub fn new() -> CapturedMetadata {
+        CapturedMetadata::default()
+    }
+
+    /// A copy of what the response carried (`None`: nothing received, or no metadata).
+    pub fn get(&self) -> Option<ResponseMetadata> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Takes what the response carried, leaving the slot empty.
+    pub fn take(&self) -> Option<ResponseMetadata> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Stores a response's metadata (a later response of a call that reuses these options
+    /// replaces it).
+    pub(crate) fn fill(&self, md: ResponseMetadata) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(md);
+    }
+}
+
+impl PartialEq for CapturedMetadata {
+    /// The same slot.
+    fn eq(&self, other: &CapturedMetadata) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CapturedMetadata {}
+
+/// A response message with its metadata blocks in front, as it travels (encode only; a client
+/// splits the blocks off before it decodes the message).
+pub(crate) struct WithResponseMetadata<M> {
+    pub(crate) blocks: Vec<u8>,
+    pub(crate) message: M,
+}
+
+impl<M: fmt::Debug> fmt::Debug for WithResponseMetadata<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WithResponseMetadata")
+            .field("blocks", &self.blocks.len())
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+impl<M: Message> Message for WithResponseMetadata<M> {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        buf.put_slice(&self.blocks);
+        self.message.encode_raw(buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // Never decoded whole (the blocks are split off first): skipped.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.blocks.len() + self.message.encoded_len()
+    }
+
+    fn clear(&mut self) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,16 +116,33 @@ pub const NOT_SERVED: &str = "is not served by this server";
 /// ([`Status::method_not_implemented`]).
 pub const NOT_IMPLEMENTED: &str = "is not implemented by this server";
 
-/// The outcome of a failed RPC: a [`Code`] and a human-readable message.
+/// The outcome of a failed RPC: a [`Code`], a human-readable message and, as in tonic's
+/// `Status`, optional details bytes (an encoded `google.rpc.Status`, see [`details`]) and
+/// metadata (on the server: trailers sent with the error; on the client: the error response's
+/// headers and trailers).
+///
+/// On the wire a status with details or metadata travels as the error response's trailers (the
+/// details as the binary trailer [`DETAILS_KEY`], as gRPC sends them), within the receiving
+/// client's `ClientConfig::max_metadata_bytes`; a plain status carries no block.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct Status {
     code: Code,
     message: String,
-    /// Encoded `google.rpc.Status` (gRPC's `grpc-status-details-bin`); `None` for a plain status,
-    /// so a status without details costs one null pointer.
-    details: Option<Box<[u8]>>,
+    /// Details and metadata; `None` for a plain status, so that one costs a null pointer.
+    extra: Option<Box<Extra>>,
 }
+
+/// What a [`Status`] carries besides its code and message.
+#[derive(Clone, Default, PartialEq, Eq)]
+struct Extra {
+    details: Vec<u8>,
+    metadata: crate::metadata::Metadata,
+}
+
+/// The trailer that carries a status's details on the wire: gRPC's `grpc-status-details-bin`
+/// (an encoded `google.rpc.Status`).
+pub const DETAILS_KEY: &str = "grpc-status-details-bin";
 
 impl fmt::Debug for Status {
     /// `{:?}`: the `Display` text (`UNAVAILABLE: connect: ...`), so that `fn main() -> Result<(),
@@ -137,6 +154,8 @@ impl fmt::Debug for Status {
                 .debug_struct("Status")
                 .field("code", &self.code)
                 .field("message", &self.message)
+                .field("details", &self.details().len())
+                .field("metadata", self.metadata())
                 .finish();
         }
         crate::report::write_report(self, f)
@@ -157,7 +176,7 @@ macro_rules! ctor {
 impl Status {
     /// A status with `code` and `message`.
     pub fn new(code: Code, message: impl Into<String>) -> Status {
-        Status { code, message: message.into(), details: None }
+        Status { code, message: message.into(), extra: None }
     }
 
     ctor! {
@@ -242,13 +261,37 @@ impl Status {
     /// as tonic's `Status::with_details`).
     pub fn with_details(code: Code, message: impl Into<String>, details: impl Into<Vec<u8>>) -> Status {
         let details: Vec<u8> = details.into();
-        let details = if details.is_empty() { None } else { Some(details.into_boxed_slice()) };
-        Status { code, message: message.into(), details }
+        let extra = (!details.is_empty())
+            .then(|| Box::new(Extra { details, metadata: crate::metadata::Metadata::new() }));
+        Status { code, message: message.into(), extra }
     }
 
     /// The details bytes (an encoded `google.rpc.Status`); empty if none were set.
     pub fn details(&self) -> &[u8] {
-        self.details.as_deref().unwrap_or(&[])
+        self.extra.as_ref().map_or(&[], |e| &e.details)
+    }
+
+    /// The status's metadata: on the server, the trailers its error response carries; on the
+    /// client, the headers and trailers the error response came with (headers first; the
+    /// details trailer [`DETAILS_KEY`] is read into [`Status::details`], not kept here).
+    pub fn metadata(&self) -> &crate::metadata::Metadata {
+        static EMPTY: crate::metadata::Metadata = crate::metadata::Metadata::EMPTY;
+        self.extra.as_ref().map_or(&EMPTY, |e| &e.metadata)
+    }
+
+    /// The metadata, to add trailers to (a handler's error: they travel with it).
+    pub fn metadata_mut(&mut self) -> &mut crate::metadata::Metadata {
+        &mut self.extra.get_or_insert_with(Box::default).metadata
+    }
+
+    /// True when the status carries details or metadata (its error response carries a block).
+    pub(crate) fn has_extra(&self) -> bool {
+        self.extra.as_ref().is_some_and(|e| !e.details.is_empty() || !e.metadata.is_empty())
+    }
+
+    /// Sets the details bytes (the client, from the response's [`DETAILS_KEY`] trailer).
+    pub(crate) fn set_details(&mut self, details: Vec<u8>) {
+        self.extra.get_or_insert_with(Box::default).details = details;
     }
 
     /// A status whose details are `details` encoded as a `google.rpc.Status` with this code and

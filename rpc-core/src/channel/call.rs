@@ -185,6 +185,8 @@ pub(crate) struct Queued<Req> {
     pub(crate) req: Req,
     /// Request metadata, encoded in front of the message.
     pub(crate) metadata: Option<Arc<crate::metadata::Metadata>>,
+    /// Where the response's metadata goes (`CallOptions::capture_metadata`).
+    pub(crate) capture: Option<crate::metadata::CapturedMetadata>,
 }
 
 /// Finished unary calls' states kept per thread for reuse, at most this many.
@@ -246,7 +248,7 @@ where
         let deadline = q.deadline;
         let mode = crate::client::core::StartMode::Batched;
         let req = crate::metadata::WithMetadata::new(&q.req, q.metadata.as_deref());
-        with_any_core!(core, c => c.start_with(q.method, &req, deadline, mode, req.flags()))?
+        with_any_core!(core, c => c.start_with(q.method, &req, deadline, mode, req.flags(), q.capture.as_ref()))?
             .ok_or_else(|| Status::internal("no free slot for a started call"))
     }
 

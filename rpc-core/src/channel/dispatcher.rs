@@ -267,6 +267,7 @@ impl Inner {
         req: &M,
         flags: u8,
         timeout: Option<Duration>,
+        capture: Option<&crate::metadata::CapturedMetadata>,
         make: impl FnOnce(Option<Status>) -> Arc<J>,
     ) -> Option<Arc<J>> {
         if !self.queue.is_empty() {
@@ -275,7 +276,7 @@ impl Inner {
         let mut g = self.try_session()?;
         let d = g.as_mut().expect("checked by try_session");
         let deadline = timeout.map(|t| Instant::now() + t);
-        match with_any_core!(&mut d.core, c => c.start_with(method, req, deadline, StartMode::NoWait, flags))
+        match with_any_core!(&mut d.core, c => c.start_with(method, req, deadline, StartMode::NoWait, flags, capture))
         {
             Ok(Some(id)) => {
                 let job = make(None);

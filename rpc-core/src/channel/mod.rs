@@ -437,13 +437,14 @@ impl Channel {
         };
         // With the session free, the call starts here (no queue, nothing kept of the request).
         let first = WithMetadata::new(IntoRequest::message(&req), metadata.as_deref());
-        if let Some(job) = d.start_now(id, &first, first.flags(), timeout, make) {
+        if let Some(job) = d.start_now(id, &first, first.flags(), timeout, opts.capture(), make) {
             return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
         }
         let mut job = UnaryJob::<Req, Resp>::new_or_spare();
         // The deadline counts from now, not from when a dispatcher takes the call from the queue.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let q = Queued { method: id, deadline, req: IntoRequest::into_message(req), metadata };
+        let capture = opts.capture().cloned();
+        let q = Queued { method: id, deadline, req: IntoRequest::into_message(req), metadata, capture };
         match Arc::get_mut(&mut job) {
             Some(j) => *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(q),
             None => *job.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(q),

@@ -128,6 +128,8 @@ struct StreamJob<Req, Resp> {
     flags: u8,
     /// Request metadata, encoded in front of the opening request.
     metadata: Option<Arc<crate::metadata::Metadata>>,
+    /// Where the stream's end puts its response metadata (`CallOptions::capture_metadata`).
+    capture: Option<crate::metadata::CapturedMetadata>,
     request: Mutex<Option<Req>>,
     state: Arc<StreamState<Resp>>,
     /// A message taken from the queue that found no stream grant: first in line (dispatcher only).
@@ -146,7 +148,7 @@ where
         let deadline = self.deadline;
         let req = crate::metadata::WithMetadata::new(&req, self.metadata.as_deref());
         let flags = self.flags | req.flags();
-        with_any_core!(core, c => c.start_with(self.method, &req, deadline, StartMode::Batched, flags))?
+        with_any_core!(core, c => c.start_with(self.method, &req, deadline, StartMode::Batched, flags, self.capture.as_ref()))?
             .ok_or_else(|| Status::internal("no free slot for a started stream"))
     }
 
@@ -332,6 +334,7 @@ impl Channel {
             deadline: opts.effective_timeout().and_then(|t| Instant::now().checked_add(t)),
             flags,
             metadata,
+            capture: opts.capture().cloned(),
             request: Mutex::new(Some(req)),
             state: state.clone(),
             held: Mutex::new(None),

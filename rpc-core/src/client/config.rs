@@ -101,6 +101,11 @@ pub struct ClientConfig {
     /// Tracing spans, `traceparent` propagation and metrics of this end's unary calls
     /// ([`crate::observe`]). Default [`crate::Observe::OFF`] (a call pays one branch).
     pub observe: crate::Observe,
+    /// Most bytes of a response's metadata (its headers and trailers blocks together,
+    /// [`crate::ResponseMetadata`]); a response with more fails its call RESOURCE_EXHAUSTED
+    /// naming this field (the session stays open). Default 8192 (the server's default for
+    /// requests); at least 12 (two empty blocks).
+    pub max_metadata_bytes: u32,
 }
 
 impl Default for ClientConfig {
@@ -128,6 +133,7 @@ impl Default for ClientConfig {
             reassembly_timeout: Duration::from_secs(10),
             interceptor: None,
             observe: crate::Observe::OFF,
+            max_metadata_bytes: 8192,
         }
     }
 }
@@ -180,6 +186,8 @@ impl ClientConfig {
         max_reassembly_bytes: u64;
         /// See [`ClientConfig::reassembly_timeout`].
         reassembly_timeout: Duration;
+        /// See [`ClientConfig::max_metadata_bytes`].
+        max_metadata_bytes: u32;
     }
 
     /// Sets the auth token (at most 256 bytes).
@@ -224,6 +232,8 @@ impl ClientConfig {
 ///
 /// **Metadata.** [`CallOptions::with_metadata`] sends request metadata with the call (a generated
 /// stub also takes it from a [`Request`](crate::Request) wrapping the message, in tonic's shape).
+/// [`CallOptions::capture_metadata`] receives the response's headers and trailers (an error's
+/// also come in its [`Status::metadata`](crate::Status::metadata)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CallOptions {
     timeout: Option<Duration>,
@@ -231,6 +241,7 @@ pub struct CallOptions {
     detached: bool,
     metadata: Option<std::sync::Arc<crate::metadata::Metadata>>,
     key: Option<u64>,
+    capture: Option<crate::metadata::CapturedMetadata>,
 }
 
 impl CallOptions {
@@ -276,6 +287,19 @@ impl CallOptions {
     /// The request metadata the call sends, if any.
     pub fn metadata(&self) -> Option<&crate::metadata::Metadata> {
         self.metadata.as_deref()
+    }
+
+    /// The call puts the response's headers and trailers into `into` when its response arrives
+    /// (a stream's with its end), as gRPC Go's `grpc.Header`/`grpc.Trailer` options: read them
+    /// there after the call. A response without metadata leaves it as it was.
+    pub fn capture_metadata(mut self, into: &crate::metadata::CapturedMetadata) -> CallOptions {
+        self.capture = Some(into.clone());
+        self
+    }
+
+    /// Where the call puts its response's metadata, if anywhere.
+    pub(crate) fn capture(&self) -> Option<&crate::metadata::CapturedMetadata> {
+        self.capture.as_ref()
     }
 
     /// The metadata, shared (a call that waits keeps it).

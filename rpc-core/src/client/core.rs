@@ -116,6 +116,11 @@ pub(crate) struct ClientCore<P: Provider> {
     answers: Vec<Option<Answer>>,
     /// Per slot: the body of a call waiting for a credit.
     pending: Vec<Option<PendingBody>>,
+    /// Per slot: where the call of that generation puts its response's metadata
+    /// (`CallOptions::capture_metadata`); a stale entry is replaced by the next capture.
+    captures: Vec<Option<(u32, crate::metadata::CapturedMetadata)>>,
+    /// `ClientConfig::max_metadata_bytes`.
+    max_metadata: usize,
     /// Per slot: stream messages received and not yet taken by the caller (at most the stream's
     /// credits; empty for unary calls, allocated only when a stream uses the slot).
     stream_msgs: Vec<VecDeque<Answer>>,
@@ -175,6 +180,12 @@ impl<P: Provider> ClientCore<P> {
         }
         if cfg.max_reassembly_bytes == 0 {
             return Err(Status::invalid_argument("ClientConfig::max_reassembly_bytes of 0 bytes"));
+        }
+        if cfg.max_metadata_bytes < 12 {
+            return Err(Status::invalid_argument(format!(
+                "ClientConfig::max_metadata_bytes {} is below 12 (two empty blocks)",
+                cfg.max_metadata_bytes
+            )));
         }
         if cfg.reassembly_timeout.is_zero() {
             return Err(Status::invalid_argument("ClientConfig::reassembly_timeout of 0"));
@@ -416,6 +427,8 @@ impl<P: Provider> ClientCore<P> {
             answers: (0..window).map(|_| None).collect(),
             pending: (0..window).map(|_| None).collect(),
             stream_msgs: (0..window).map(|_| VecDeque::new()).collect(),
+            captures: (0..window).map(|_| None).collect(),
+            max_metadata: cfg.max_metadata_bytes as usize,
             outbox: Outbox::default(),
             stream_ends: Vec::new(),
             stream_cancels: Vec::new(),
@@ -446,7 +459,8 @@ impl<P: Provider> ClientCore<P> {
     /// `stream`: the request's flags: 0 for a unary call, [`crate::wire::STREAM_OUT`] (and
     /// [`crate::wire::STREAM_IN`]) for a call that opens a stream, whose messages the caller
     /// takes with [`ClientCore::poll_stream`]; with [`crate::wire::METADATA`] when `req` starts
-    /// with a metadata block ([`crate::metadata::WithMetadata`]).
+    /// with a metadata block ([`crate::metadata::WithMetadata`]). `capture`: where the call puts
+    /// its response's metadata (`CallOptions::capture_metadata`).
     pub(crate) fn start_with<M: Message>(
         &mut self,
         method: u32,
@@ -454,6 +468,7 @@ impl<P: Provider> ClientCore<P> {
         deadline: Option<Instant>,
         mode: StartMode,
         stream: u8,
+        capture: Option<&crate::metadata::CapturedMetadata>,
     ) -> Result<Option<CallId>, Status> {
         if let Some(s) = &self.broken {
             return Err(s.clone());
@@ -511,6 +526,9 @@ impl<P: Provider> ClientCore<P> {
         let (slot, generation) =
             self.conn.session.start_call(method, deadline, stream).expect("a free slot was checked");
         self.pending[slot as usize] = Some(body);
+        if let Some(c) = capture {
+            self.capture(CallId { slot, generation, deadline }, c);
+        }
         self.pump();
         if flush_now {
             self.flush();
@@ -944,6 +962,7 @@ impl<P: Provider> ClientCore<P> {
         match h.kind {
             Kind::Response => {
                 self.counters.bytes_in += u64::from(h.body_len);
+                let body = if h.metadata { self.split_metadata(&h, body) } else { body };
                 let answer = if h.status == Code::Ok || matches!(body, Answer::Err(_)) {
                     body
                 } else {
@@ -1006,6 +1025,61 @@ impl<P: Provider> ClientCore<P> {
             }
             // Credits changed the session's state; a stream end is refused by the session.
             Kind::StreamEnd | Kind::StreamGrant => self.release(body),
+        }
+    }
+
+    /// Splits a response's metadata blocks off its body ([`crate::ResponseMetadata`]): into the
+    /// call's capture, if it has one, and, for an error, into its status (with the details
+    /// trailer as the status's details). The rest is the message, copied out (responses with
+    /// metadata only), or the status. Blocks over `ClientConfig::max_metadata_bytes` or
+    /// malformed ones fail the call (RESOURCE_EXHAUSTED, INTERNAL).
+    #[cold]
+    fn split_metadata(&mut self, h: &Header, body: Answer) -> Answer {
+        let bytes = match &body {
+            Answer::Eager(b) => self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]),
+            Answer::Owned(v) => v.as_slice(),
+            Answer::Err(_) | Answer::Batch { .. } => return body,
+        };
+        let split = crate::metadata::ResponseMetadata::split(bytes, self.max_metadata);
+        let answer = match split {
+            Err(s) => Answer::Err(s),
+            Ok((md, at)) => {
+                let rest = &bytes[at..];
+                let answer = if h.status == Code::Ok {
+                    Answer::Owned(rest.to_vec())
+                } else {
+                    let text = String::from_utf8_lossy(rest).into_owned();
+                    let mut s = super::names::answer_status(h.status, text, h.method);
+                    for (k, v) in md.headers().iter().chain(md.trailers().iter()) {
+                        // Checked by the split.
+                        let _ = match v {
+                            crate::MetadataValue::Ascii(a) => s.metadata_mut().insert(k, a),
+                            crate::MetadataValue::Binary(b) if k == crate::status::DETAILS_KEY => {
+                                s.set_details(b.to_vec());
+                                Ok(())
+                            }
+                            crate::MetadataValue::Binary(b) => s.metadata_mut().insert_bin(k, b),
+                        };
+                    }
+                    Answer::Err(s)
+                };
+                if let Some((g, c)) = &self.captures[h.slot as usize] {
+                    if *g == h.generation {
+                        c.fill(md);
+                    }
+                }
+                answer
+            }
+        };
+        self.release(body);
+        answer
+    }
+
+    /// The call `id` puts its response's metadata into `into` ([`crate::CallOptions::capture_metadata`]).
+    #[cold]
+    pub(crate) fn capture(&mut self, id: CallId, into: &crate::metadata::CapturedMetadata) {
+        if let Some(c) = self.captures.get_mut(id.slot as usize) {
+            *c = Some((id.generation, into.clone()));
         }
     }
 

@@ -353,7 +353,7 @@ impl Client {
         let req = WithMetadata::new(req, md.as_deref());
         inner.ensure_session()?;
         with_calls!(&mut inner.calls, c => {
-            let t = c.start(id, &req, deadline, true, req.flags())?;
+            let t = c.start(id, &req, deadline, true, req.flags(), opts.capture())?;
             c.wait(t)
         })
     }
@@ -489,16 +489,25 @@ impl Client {
             inner.reconnect_due()
         };
         let state = match due {
-            Ok(None) => match with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false, flags)) {
-                Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
-                Err(s) => State::Failed(Some(s)),
-            },
+            Ok(None) => {
+                match with_calls!(&mut inner.calls, c => c.start(id, req, deadline, false, flags, opts.capture()))
+                {
+                    Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },
+                    Err(s) => State::Failed(Some(s)),
+                }
+            }
             // The session broke and an attempt is due: the call waits, encoded, and its first
             // poll starts the attempt on a thread (neither starting nor polling blocks).
             Ok(Some(_)) => {
                 let body = GatherBody::encode(req, Vec::new());
                 match crate::buffers::bounded::check_exact::<Req>(req.encoded_len(), body.len()) {
-                    Ok(()) => State::Reconnect { method: id, body, deadline, flags },
+                    Ok(()) => State::Reconnect {
+                        method: id,
+                        body,
+                        deadline,
+                        flags,
+                        capture: opts.capture().cloned(),
+                    },
                     Err(e) => State::Failed(Some(e.status("request"))),
                 }
             }
@@ -527,7 +536,14 @@ impl Client {
         inner.ensure_session()?;
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let started = with_calls!(&mut inner.calls, c => {
-            c.core.start_with(id, &req, deadline, core::StartMode::Now, crate::wire::STREAM_OUT | req.flags())
+            c.core.start_with(
+                id,
+                &req,
+                deadline,
+                core::StartMode::Now,
+                crate::wire::STREAM_OUT | req.flags(),
+                opts.capture(),
+            )
         })?;
         let Some(call) = started else {
             return Err(Status::resource_exhausted(
@@ -569,6 +585,7 @@ enum State {
         body: GatherBody,
         deadline: Option<Instant>,
         flags: u8,
+        capture: Option<crate::metadata::CapturedMetadata>,
     },
     Waiting {
         epoch: u64,
@@ -634,7 +651,7 @@ impl<T: Message + Default> ResponseFuture<'_, T> {
     /// [`Future::poll`] of the call itself.
     fn poll_plain(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, Status>> {
         let this = self;
-        if let State::Reconnect { method, body, deadline, flags } = &this.state {
+        if let State::Reconnect { method, body, deadline, flags, capture } = &this.state {
             let Ok(mut inner) = this.client.inner.try_borrow_mut() else {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
@@ -656,7 +673,7 @@ impl<T: Message + Default> ResponseFuture<'_, T> {
                 Poll::Ready(r) => r,
             };
             let r = r.and_then(|()| {
-                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Gathered(body), *deadline, false, *flags))
+                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Gathered(body), *deadline, false, *flags, capture.as_ref()))
             });
             this.state = match r {
                 Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },

@@ -57,12 +57,15 @@ pub(crate) struct Calls<P: Provider> {
     pub(crate) core: ClientCore<P>,
     queue: CallQueue<GatherBody>,
     spare: Vec<Vec<u8>>,
+    /// Queued calls' captures of their response metadata (`CallOptions::capture_metadata`),
+    /// by queue sequence number: registered with the core when the call starts.
+    captures: Vec<(u64, crate::metadata::CapturedMetadata)>,
 }
 
 impl<P: Provider> Calls<P> {
     /// `core`'s calls, with at most `max_queued` waiting for a slot.
     pub(crate) fn new(core: ClientCore<P>, max_queued: usize) -> Calls<P> {
-        Calls { core, queue: CallQueue::new(max_queued), spare: Vec::new() }
+        Calls { core, queue: CallQueue::new(max_queued), spare: Vec::new(), captures: Vec::new() }
     }
 
     /// Calls waiting for a slot.
@@ -85,10 +88,11 @@ impl<P: Provider> Calls<P> {
         deadline: Option<Instant>,
         blocking: bool,
         flags: u8,
+        capture: Option<&crate::metadata::CapturedMetadata>,
     ) -> Result<Ticket, Status> {
         if !self.queue.must_wait() {
             let mode = if blocking { StartMode::Now } else { StartMode::NoWait };
-            if let Some(id) = self.core.start_with(method, req, deadline, mode, flags)? {
+            if let Some(id) = self.core.start_with(method, req, deadline, mode, flags, capture)? {
                 return Ok(Ticket::Slot(id));
             }
         } else if let Some(s) = self.core.broken() {
@@ -120,7 +124,21 @@ impl<P: Provider> Calls<P> {
             return Err(self.core.encode_mismatch(e));
         }
         let seq = self.queue.push(QueuedCall { method, body, deadline, flags });
+        if let Some(c) = capture {
+            self.captures.push((seq, c.clone()));
+        }
         Ok(Ticket::Queued { seq, deadline })
+    }
+
+    /// Registers the capture of the queued call `seq`, now started as `id`, if it has one (and
+    /// drops those of calls that left the queue unstarted: their sequence numbers are lower).
+    #[cold]
+    fn capture_queued(&mut self, seq: u64, id: super::core::CallId) {
+        self.captures.retain(|(s, _)| *s >= seq);
+        if let Some(i) = self.captures.iter().position(|(s, _)| *s == seq) {
+            let (_, c) = self.captures.swap_remove(i);
+            self.core.capture(id, &c);
+        }
     }
 
     /// Carries out the queue's rules: starts waiting calls while slots and ring space allow, in
@@ -157,6 +175,7 @@ impl<P: Provider> Calls<P> {
                         call.deadline,
                         StartMode::NoWait,
                         call.flags,
+                        None,
                     );
                     match r {
                         // No send buffer or ring room yet: first again, after the session progressed.
@@ -166,6 +185,9 @@ impl<P: Provider> Calls<P> {
                         }
                         Ok(Some(id)) => {
                             started = true;
+                            if !self.captures.is_empty() {
+                                self.capture_queued(seq, id);
+                            }
                             self.queue.started(seq, Ok((id.slot, id.generation)));
                         }
                         Err(s) => self.queue.started(seq, Err(s)),

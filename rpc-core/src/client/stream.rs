@@ -57,7 +57,7 @@ impl Client {
         let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
         let open = crate::metadata::WithMetadata::new(&(), md.as_deref());
         let flags = flags | open.flags();
-        let started = with_calls!(&mut inner.calls, c => c.core.start_with(id, &open, deadline, StartMode::Now, flags))?;
+        let started = with_calls!(&mut inner.calls, c => c.core.start_with(id, &open, deadline, StartMode::Now, flags, opts.capture()))?;
         let Some(call) = started else {
             return Err(Status::resource_exhausted(
                 "every slot of the client's window (ClientConfig::window) is taken: a stream needs a free one \

@@ -51,6 +51,9 @@ pub(crate) struct Deferred {
     pub(crate) generation: u32,
     pub(crate) method: u32,
     pub(crate) result: Result<GatherBody, Status>,
+    /// An OK body that starts with response metadata ([`crate::ResponseMetadata`]; an error's
+    /// travels in its status).
+    pub(crate) metadata: bool,
 }
 
 /// The bounded queue of deferred answers into one worker.
@@ -160,6 +163,9 @@ pub struct RequestContext {
     /// The call's span and metrics when the server observes calls (`ServerConfig::observe`):
     /// an async handler takes it, else the worker ends it when the handler returns.
     pub(crate) observed: Cell<Option<crate::observe::Observed>>,
+    /// The response's headers and trailers the handler set ([`RequestContext::set_headers`]),
+    /// taken by its answer (emptied per request).
+    pub(crate) response: Cell<Option<Box<crate::metadata::ResponseMetadata>>>,
 }
 
 /// A worker's look, from a running inline handler, into the completions that arrived since it
@@ -196,6 +202,7 @@ impl RequestContext {
             qp_num: 0,
             cancel_seen: Cell::new(false),
             observed: Cell::new(None),
+            response: Cell::new(None),
         }
     }
 }
@@ -216,6 +223,24 @@ pub struct CallInfo {
 }
 
 impl CallInfo {
+    /// An async handler's context ([`crate::AsyncContext`], and its clones): sets the response's
+    /// headers (replacing any set before), as [`RequestContext::set_headers`] does for an inline
+    /// handler (a [`RequestContext`] answers this call itself). Set before the handler's
+    /// future returns; no effect on a context that is not an async handler's.
+    pub fn set_headers(&self, headers: crate::metadata::Metadata) {
+        if let Some(c) = &self.cancel {
+            c.edit_response(|md| *md.headers_mut() = headers);
+        }
+    }
+
+    /// An async handler's context: sets the response's trailers (replacing any set before), as
+    /// [`CallInfo::set_headers`] the headers.
+    pub fn set_trailers(&self, trailers: crate::metadata::Metadata) {
+        if let Some(c) = &self.cancel {
+            c.edit_response(|md| *md.trailers_mut() = trailers);
+        }
+    }
+
     /// Full name of the called method, `"/package.Service/Method"`.
     pub fn method(&self) -> &str {
         self.method
@@ -299,6 +324,28 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl RequestContext {
+    /// Sets the response's headers (replacing any set before): they travel with its answer, OK
+    /// or error (an error's in its [`Status::metadata`] at the client, with its trailers), and
+    /// a client reads them through `CallOptions::capture_metadata`. For a deferred answer, set
+    /// them before [`RequestContext::defer`] or on the [`Responder`]. Nothing is sent for an
+    /// empty map. The client refuses more than its `ClientConfig::max_metadata_bytes` (8 KiB by
+    /// default) of headers and trailers together; an error's, with its message, must fit the
+    /// eager body (4 KiB by default) or they are dropped, the message saying so.
+    pub fn set_headers(&self, headers: crate::metadata::Metadata) {
+        let mut md = self.response.take().unwrap_or_default();
+        *md.headers_mut() = headers;
+        self.response.set(Some(md));
+    }
+
+    /// Sets the response's trailers (replacing any set before), as
+    /// [`RequestContext::set_headers`] the headers. An error's trailers also come from its
+    /// [`Status::metadata_mut`] and its details.
+    pub fn set_trailers(&self, trailers: crate::metadata::Metadata) {
+        let mut md = self.response.take().unwrap_or_default();
+        *md.trailers_mut() = trailers;
+        self.response.set(Some(md));
+    }
+
     /// True once the call no longer wants an answer, so a long handler may stop early: its
     /// deadline passed (the client gave up and sent a Cancel; the server answers
     /// DEADLINE_EXCEEDED itself), it ran past the server's `max_call_duration` (counted from the
@@ -353,6 +400,10 @@ impl RequestContext {
         let first = !self.deferred.replace(true);
         let target = first.then(|| (self.queue.clone(), self.target));
         if first {
+            // Headers and trailers set so far go with the deferred answer.
+            if let Some(md) = self.response.take() {
+                cancelled.set_response(md);
+            }
             self.cancel_flag.set(Some(cancelled.clone()));
         }
         (Responder { target, cancelled, _t: PhantomData }, Reply(ReplyKind::Deferred))
@@ -411,9 +462,27 @@ impl RequestContext {
 pub(crate) struct CancelFlag {
     raised: AtomicBool,
     waker: atomic_waker::AtomicWaker,
+    /// The response metadata an async handler or a [`Responder`]'s holder set, for the answer.
+    response: std::sync::Mutex<Option<Box<crate::metadata::ResponseMetadata>>>,
 }
 
 impl CancelFlag {
+    /// Changes the response metadata the call's answer carries.
+    pub(crate) fn edit_response(&self, f: impl FnOnce(&mut crate::metadata::ResponseMetadata)) {
+        let mut g = self.response.lock().unwrap_or_else(|e| e.into_inner());
+        f(g.get_or_insert_with(Box::default));
+    }
+
+    /// Sets the response metadata the call's answer carries.
+    pub(crate) fn set_response(&self, md: Box<crate::metadata::ResponseMetadata>) {
+        *self.response.lock().unwrap_or_else(|e| e.into_inner()) = Some(md);
+    }
+
+    /// Takes the response metadata set for the call's answer.
+    pub(crate) fn take_response(&self) -> Option<Box<crate::metadata::ResponseMetadata>> {
+        self.response.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
     /// Raises the flag and wakes the task that waits for it.
     pub(crate) fn raise(&self) {
         self.raised.store(true, Ordering::Release);
@@ -438,6 +507,18 @@ pub struct Responder<T> {
 }
 
 impl<T> Responder<T> {
+    /// Sets the answer's headers (replacing any set before), as
+    /// [`RequestContext::set_headers`] does for an answer given at once.
+    pub fn set_headers(&self, headers: crate::metadata::Metadata) {
+        self.cancelled.edit_response(|md| *md.headers_mut() = headers);
+    }
+
+    /// Sets the answer's trailers (replacing any set before), as
+    /// [`RequestContext::set_trailers`].
+    pub fn set_trailers(&self, trailers: crate::metadata::Metadata) {
+        self.cancelled.edit_response(|md| *md.trailers_mut() = trailers);
+    }
+
     /// True once the call no longer wants an answer: the client cancelled it (future dropped,
     /// its deadline passed), the server answered DEADLINE_EXCEEDED at the call's deadline, or
     /// the session closed. A [`Responder::send`] after that is dropped by the worker (counted in
@@ -476,17 +557,23 @@ impl<T: Message> Responder<T> {
             // Large `bytes` fields are referenced, not copied (the worker copies each piece
             // once into the send mirror).
             // A message that does not encode to its `encoded_len` answers INTERNAL.
-            let result = result.and_then(|m| {
-                let len = m.encoded_len();
-                let body = GatherBody::encode(&m, Vec::with_capacity(GatherBody::own_capacity_for(len)));
-                check_exact::<T>(len, body.len()).map(|()| body).map_err(|e| e.status("answer"))
-            });
+            let response = self.cancelled.take_response().filter(|md| !md.is_empty());
+            let metadata = response.is_some() && result.is_ok();
+            let result = match (result, response) {
+                (Ok(m), None) => encode_gathered(&m),
+                (Ok(m), Some(md)) => encode_gathered(&crate::metadata::WithResponseMetadata {
+                    blocks: crate::metadata::ResponseMetadata::encode_blocks(Some(&md), None),
+                    message: m,
+                }),
+                (Err(s), md) => Err(with_response(s, md)),
+            };
             q.push(Deferred {
                 conn: t.conn,
                 slot: t.slot,
                 generation: t.generation,
                 method: t.method,
                 result,
+                metadata,
             });
         }
     }
@@ -501,9 +588,33 @@ impl<T> Drop for Responder<T> {
                 generation: t.generation,
                 method: t.method,
                 result: Err(Status::cancelled("deferred call dropped without an answer")),
+                metadata: false,
             });
         }
     }
+}
+
+/// `m` encoded onto the heap, its large `bytes` fields referenced; INTERNAL when it does not
+/// encode to its `encoded_len`.
+fn encode_gathered<M: Message>(m: &M) -> Result<GatherBody, Status> {
+    let len = m.encoded_len();
+    let body = GatherBody::encode(m, Vec::with_capacity(GatherBody::own_capacity_for(len)));
+    check_exact::<M>(len, body.len()).map(|()| body).map_err(|e| e.status("answer"))
+}
+
+/// An error answer `s` with the response metadata its handler set (`md`): the headers and
+/// trailers join the status's metadata, as gRPC's trailers-only response carries them.
+pub(crate) fn with_response(mut s: Status, md: Option<Box<crate::metadata::ResponseMetadata>>) -> Status {
+    if let Some(md) = md {
+        for (k, v) in md.headers().iter().chain(md.trailers().iter()) {
+            // Checked when they were inserted.
+            let _ = match v {
+                crate::MetadataValue::Ascii(a) => s.metadata_mut().insert(k, a),
+                crate::MetadataValue::Binary(b) => s.metadata_mut().insert_bin(k, b),
+            };
+        }
+    }
+    s
 }
 
 /// Where an encoded body ended up.
@@ -659,6 +770,10 @@ pub(crate) fn encode_body<M: Message + 'static>(
 /// Where a handler writes its answer: straight into the registered send buffer (or the send
 /// mirror of the peer's ring for bodies above the eager threshold). No allocation.
 pub struct ReplyWriter<'a> {
+    /// The response metadata the handler set ([`RequestContext::set_headers`]).
+    pub(crate) response: &'a Cell<Option<Box<crate::metadata::ResponseMetadata>>>,
+    /// The answer's body starts with its response metadata ([`crate::wire::METADATA`]).
+    pub(crate) metadata: bool,
     pub(crate) eager: &'a mut [u8],
     pub(crate) mirror: MirrorView<'a>,
     pub(crate) staging: StagingSpan<'a>,
@@ -676,10 +791,17 @@ impl ReplyWriter<'_> {
             return;
         }
         let outcome = match r.0 {
-            ReplyKind::Ready(Ok(m)) => {
-                encode_body(m, self.eager, &mut self.mirror, &mut self.staging, self.session.as_deref_mut())
-            }
-            ReplyKind::Ready(Err(s)) => Outcome::Error(s),
+            ReplyKind::Ready(Ok(m)) => match self.response.take() {
+                None => encode_body(
+                    m,
+                    self.eager,
+                    &mut self.mirror,
+                    &mut self.staging,
+                    self.session.as_deref_mut(),
+                ),
+                Some(md) => self.with_metadata(m, md),
+            },
+            ReplyKind::Ready(Err(s)) => Outcome::Error(with_response(s, self.response.take())),
             ReplyKind::Deferred => Outcome::Deferred,
         };
         // The value replaced is `Unset` (checked above), which owns nothing: forgotten, not
@@ -690,7 +812,30 @@ impl ReplyWriter<'_> {
     /// Answers with an error status. Only the first answer counts.
     pub fn error(&mut self, status: Status) {
         if matches!(self.outcome, Outcome::Unset) {
-            self.outcome = Outcome::Error(status);
+            self.outcome = Outcome::Error(with_response(status, self.response.take()));
         }
+    }
+
+    /// Encodes `m` with the response metadata `md` in front ([`crate::ResponseMetadata`]).
+    #[cold]
+    #[inline(never)]
+    fn with_metadata<T: Message + 'static>(
+        &mut self,
+        m: T,
+        md: Box<crate::metadata::ResponseMetadata>,
+    ) -> Outcome {
+        if md.is_empty() {
+            return encode_body(
+                m,
+                self.eager,
+                &mut self.mirror,
+                &mut self.staging,
+                self.session.as_deref_mut(),
+            );
+        }
+        self.metadata = true;
+        let blocks = crate::metadata::ResponseMetadata::encode_blocks(Some(&md), None);
+        let m = crate::metadata::WithResponseMetadata { blocks, message: m };
+        encode_body(m, self.eager, &mut self.mirror, &mut self.staging, self.session.as_deref_mut())
     }
 }

@@ -313,10 +313,8 @@ pub(crate) fn send_waiting<P: Provider>(
                     }
                 }
                 if let OutBody::Failed(s) = &out.body {
-                    let Some(mut buf) = conn.acquire() else { break };
-                    let body = conn.copy_eager(&mut buf, s.message().as_bytes());
-                    conn.queue(buf, Header { status: Code::Internal, ..out.header }, body);
-                    (Code::Internal, 0)
+                    let Some(buf) = conn.acquire() else { break };
+                    (conn.queue_error(buf, out.header, s), 0)
                 } else {
                     let before = out.sent;
                     let done = conn.send_outgoing(out, tag);
@@ -328,11 +326,8 @@ pub(crate) fn send_waiting<P: Provider>(
                 }
             }
             Some(Front::Send(Waiting::Error(h, s))) => {
-                let Some(mut buf) = conn.acquire() else { break };
-                let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                let body = conn.copy_eager(&mut buf, s.message().as_bytes());
-                conn.queue(buf, Header { status, ..*h }, body);
-                (status, 0)
+                let Some(buf) = conn.acquire() else { break };
+                (conn.queue_error(buf, *h, s), 0)
             }
         };
         if let Some(m) = outbox.sent(&mut conn.session) {
@@ -463,6 +458,46 @@ impl<P: Provider> Conn<P> {
         }
         let len = HEADER_LEN as u32 + eager;
         self.sq.send(&mut self.pool, buf, len, len <= self.max_inline);
+    }
+
+    /// Queues `s` as the error answer `header` names, in send buffer `buf`: its message as the
+    /// body, after its metadata and details (the response's trailers, with the `METADATA` flag,
+    /// [`crate::ResponseMetadata`]) when it has any. Trailers and message over the eager area
+    /// go without the trailers, the message saying so. Returns the code sent (UNKNOWN for a
+    /// status that says OK).
+    pub(crate) fn queue_error(
+        &mut self,
+        mut buf: SendBuf,
+        header: Header,
+        s: &crate::status::Status,
+    ) -> Code {
+        let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
+        let (body, metadata) = if s.has_extra() {
+            self.copy_status(&mut buf, s)
+        } else {
+            (self.copy_eager(&mut buf, s.message().as_bytes()), false)
+        };
+        self.queue(buf, Header { status, metadata, ..header }, body);
+        status
+    }
+
+    /// The body of an error answer with metadata (see [`Conn::queue_error`]), and whether its
+    /// trailers went with it.
+    #[cold]
+    fn copy_status(&mut self, buf: &mut SendBuf, s: &crate::status::Status) -> (BodyAt, bool) {
+        let mut bytes = crate::metadata::ResponseMetadata::encode_blocks(None, Some(s));
+        if bytes.len() + s.message().len() <= self.body_cap {
+            bytes.extend_from_slice(s.message().as_bytes());
+            return (self.copy_eager(buf, &bytes), true);
+        }
+        let text = format!(
+            "{} (its trailers and details, {} bytes, were dropped: with the message they pass the \
+             {}-byte eager body)",
+            s.message(),
+            bytes.len(),
+            self.body_cap
+        );
+        (self.copy_eager(buf, text.as_bytes()), false)
     }
 
     /// Copies `bytes` (a status message, or a short body encoded elsewhere) into send buffer

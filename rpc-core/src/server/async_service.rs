@@ -169,6 +169,10 @@ where
             match first {
                 Poll::Ready(r) => {
                     local.release(slot);
+                    // Its headers and trailers go with the answer the writer gives now.
+                    if let Some(md) = flag.take_response() {
+                        ctx.response.set(Some(md));
+                    }
                     // Answered: what the handler left running sees the call over.
                     flag.raise();
                     Reply(ReplyKind::Ready(r))

@@ -5,7 +5,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream grant, 11 cancel acknowledgement) |
-//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, see [`crate::metadata`]) |
+//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, a response's with two (headers, trailers), see [`crate::metadata`]) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
@@ -94,7 +94,9 @@ pub const STREAM_OUT: u8 = 4;
 /// module docs).
 pub const STREAM_BATCH: u8 = 8;
 
-/// Flag of a request: its body starts with a metadata block ([`crate::metadata`]).
+/// Flag of a request: its body starts with a metadata block; of a response: with two, its
+/// headers then its trailers, before the message (OK) or the status message (an error)
+/// ([`crate::metadata`]).
 pub const METADATA: u8 = 16;
 
 /// Most messages in one stream batch.
@@ -248,7 +250,8 @@ pub struct Header {
     /// Request flags [`STREAM_IN`] | [`STREAM_OUT`]: the request opens a stream (0: unary); on a
     /// stream message, [`STREAM_BATCH`]: its body is a batch of `count` messages.
     pub stream: u8,
-    /// A request whose body starts with a metadata block ([`METADATA`]).
+    /// A request whose body starts with a metadata block, a response whose body starts with two
+    /// ([`METADATA`]).
     pub metadata: bool,
     /// A count whose unit the kind gives: on a stream-opening request, the stream grants the client
     /// gives the server (server SENDs it is ready for); on a [`Kind::StreamGrant`], more grants (at
@@ -385,8 +388,12 @@ impl Header {
             session: u32_at(32),
             total_len: u32_at(36),
         };
-        if h.metadata && kind != Kind::Request {
-            return Err(WireError::bad("header", "flags", "the metadata flag outside a request"));
+        if h.metadata && !matches!(kind, Kind::Request | Kind::Response) {
+            return Err(WireError::bad(
+                "header",
+                "flags",
+                "the metadata flag outside a request or a response",
+            ));
         }
         if h.stream & STREAM_BATCH != 0 {
             if kind != Kind::StreamMsg || h.stream != STREAM_BATCH {
@@ -673,10 +680,12 @@ mod tests {
         assert_eq!(Header::decode(&m).unwrap_err().field(), "count");
         let m = encode_msg(&Header { stream: STREAM_BATCH, ..request() });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
-        // The metadata flag belongs to requests only.
+        // The metadata flag belongs to requests and responses only.
         let m = encode_msg(&Header { metadata: true, ..request() });
         assert!(Header::decode(&m).unwrap().metadata);
         let m = encode_msg(&Header { metadata: true, ..Header::new(Kind::Response) });
+        assert!(Header::decode(&m).unwrap().metadata);
+        let m = encode_msg(&Header { metadata: true, ..Header::new(Kind::StreamMsg) });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { stream: STREAM_BATCH | STREAM_IN, ..h });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
@@ -778,7 +787,7 @@ mod tests {
                         kind,
                         in_ring,
                         stream,
-                        metadata: kind == Kind::Request && extra & (1 << 24) != 0,
+                        metadata: matches!(kind, Kind::Request | Kind::Response) && extra & (1 << 24) != 0,
                         count,
                         status: if matches!(kind, Kind::Response | Kind::Close) {
                             Code::from_u8(st).unwrap()

@@ -1020,6 +1020,7 @@ impl<P: Provider> Worker<P> {
             slot: d.slot,
             generation: d.generation,
             method: d.method,
+            metadata: d.metadata,
             ..Header::new(Kind::Response)
         };
         let mut waiting = spill(header, d.result);
@@ -1385,7 +1386,15 @@ impl<P: Provider> Worker<P> {
         let total = staging.len();
         let (offset, bytes) = if entry.backlog.is_empty() { staging.spare_mut() } else { (0, &mut [][..]) };
         let staging = StagingSpan { offset, bytes, eager_threshold, spare, total };
-        let mut out = ReplyWriter { eager, mirror: mirror.view(), staging, session, outcome: Outcome::Unset };
+        let mut out = ReplyWriter {
+            response: &ctx.response,
+            metadata: false,
+            eager,
+            mirror: mirror.view(),
+            staging,
+            session,
+            outcome: Outcome::Unset,
+        };
         if draining {
             out.error(Status::unavailable("server is shutting down"));
         } else if let Some(s) = refused {
@@ -1419,7 +1428,11 @@ impl<P: Provider> Worker<P> {
             }
         }
         // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
-        let ReplyWriter { outcome, .. } = out;
+        let ReplyWriter { outcome, metadata, .. } = out;
+        // What the handler set and no answer took (a deferred call's went with it).
+        if ctx.response.take().is_some() {
+            tracing::trace!("response metadata set after the answer: dropped");
+        }
         if limits.observe.any() {
             observe_end(ctx, &outcome);
         }
@@ -1444,6 +1457,7 @@ impl<P: Provider> Worker<P> {
             slot: h.slot,
             generation: h.generation,
             method: h.method,
+            metadata,
             ..Header::new(Kind::Response)
         };
         let answered = |status: Code, len: u32, counters: &mut Counters| {
@@ -1486,10 +1500,8 @@ impl<P: Provider> Worker<P> {
                 answered(Code::Ok, len, counters);
                 None
             }
-            (Outcome::Error(s), Some(mut b)) => {
-                let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
-                let body = entry.conn.copy_eager(&mut b, s.message().as_bytes());
-                entry.conn.queue(b, Header { status, ..header }, body);
+            (Outcome::Error(s), Some(b)) => {
+                let status = entry.conn.queue_error(b, header, &s);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
                 None
