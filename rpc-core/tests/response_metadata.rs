@@ -35,6 +35,9 @@ const DEFER_MD: MethodId = method_id("/test.Resp/DeferMd");
 const ASYNC_FAIL: MethodId = method_id("/test.Resp/AsyncFail");
 /// Headers of `reply_len` bytes (over a client's limit).
 const HUGE_MD: MethodId = method_id("/test.Resp/HugeMd");
+/// Server stream: headers set before the stream opens, one message, trailers set on the sink,
+/// a clean end.
+const STREAM_MD: MethodId = method_id("/test.Resp/StreamMd");
 /// Server stream: one message, then ends ABORTED with a trailer.
 const STREAM_FAIL: MethodId = method_id("/test.Resp/StreamFail");
 
@@ -77,6 +80,7 @@ impl Service for Resp {
         MethodDesc { id: ASYNC_FAIL, name: "/test.Resp/AsyncFail" },
         MethodDesc { id: HUGE_MD, name: "/test.Resp/HugeMd" },
         MethodDesc { id: STREAM_FAIL, name: "/test.Resp/StreamFail" },
+        MethodDesc { id: STREAM_MD, name: "/test.Resp/StreamMd" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
@@ -131,6 +135,14 @@ impl Service for Resp {
                 md.insert_bin("huge-bin", &vec![1; req.reply_len as usize]).unwrap();
                 ctx.set_headers(md);
                 out.reply(Reply::from(answer(&EchoMsg::default())));
+            }
+            STREAM_MD => {
+                ctx.set_headers(headers(req.seq));
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                let _ = sink.send(&answer(&req));
+                sink.set_trailers(trailers(req.seq));
+                drop(sink);
+                out.reply(reply);
             }
             STREAM_FAIL => {
                 let (sink, reply) = ctx.stream::<EchoMsg>();
@@ -220,6 +232,12 @@ fn headers_trailers_and_details_reach_the_blocking_client() {
     assert_eq!(e.code(), Code::Aborted, "{e}");
     assert_eq!(e.metadata().get("x-why"), Some("tired"), "{e:#?}");
     drop(s);
+    // A server stream's clean end carries its headers and trailers.
+    let mut s = client.server_stream::<_, EchoMsg>(STREAM_MD, &req(6, 8), &opts).unwrap();
+    assert_eq!(s.message().unwrap().unwrap().seq, 6);
+    assert_eq!(s.message().unwrap(), None);
+    check_captured(&c, 6);
+    drop(s);
     drop(client);
     server.shutdown();
 }
@@ -261,6 +279,10 @@ fn headers_trailers_and_details_reach_the_channel() {
         assert_eq!(rx.message().await.unwrap().unwrap().seq, 4);
         let e = rx.message().await.unwrap_err();
         assert_eq!(e.metadata().get("x-why"), Some("tired"), "{e:#?}");
+        let mut rx = ch.server_stream::<EchoMsg, EchoMsg>(STREAM_MD, req(6, 8), &opts);
+        assert_eq!(rx.message().await.unwrap().unwrap().seq, 6);
+        assert_eq!(rx.message().await.unwrap(), None);
+        check_captured(&c, 6);
     });
     drop(ch);
     server.shutdown();

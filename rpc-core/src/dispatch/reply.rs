@@ -429,6 +429,10 @@ impl RequestContext {
             self.batch_cap.get(),
         );
         if first {
+            // Headers and trailers set so far go with the stream's end.
+            if let Some(md) = self.response.take() {
+                cancelled.set_response(md);
+            }
             self.cancel_flag.set(Some(cancelled));
             self.stream.set(Some(shared.clone()));
         }

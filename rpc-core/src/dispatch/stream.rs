@@ -433,6 +433,19 @@ impl<T> StreamSink<T> {
         self.shared.cancelled.is_raised()
     }
 
+    /// Sets the stream's response headers (replacing any set before). They travel with its end,
+    /// after its messages, as its trailers do (a client reads both through
+    /// `CallOptions::capture_metadata`, an error's also in its `Status`); set them before the
+    /// stream ends. See [`crate::ResponseMetadata`].
+    pub fn set_headers(&self, headers: crate::metadata::Metadata) {
+        self.shared.cancelled.edit_response(|md| *md.headers_mut() = headers);
+    }
+
+    /// Sets the stream's trailers (replacing any set before), sent with its end.
+    pub fn set_trailers(&self, trailers: crate::metadata::Metadata) {
+        self.shared.cancelled.edit_response(|md| *md.trailers_mut() = trailers);
+    }
+
     /// Ends the stream with `result` (OK: a clean end; an error status: the client's stream
     /// ends with it), after every message sent before.
     pub fn finish(self, result: Result<(), Status>) {

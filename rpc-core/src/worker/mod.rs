@@ -740,7 +740,18 @@ impl<P: Provider> Worker<P> {
                 let Some(sink) = &st.sink else { continue };
                 if let Some(end) = sink.take_end() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
-                    entry.backlog.push(spill(h, end.map(|()| Vec::new())));
+                    let md = sink.cancelled.take_response().filter(|md| !md.is_empty());
+                    let end = match (end, md) {
+                        (Ok(()), None) => spill(h, Ok(Vec::new())),
+                        (Ok(()), Some(md)) => spill(
+                            Header { metadata: true, ..h },
+                            Ok(crate::metadata::ResponseMetadata::encode_blocks(Some(&md), None)),
+                        ),
+                        (Err(s), md) => {
+                            spill(h, Err::<Vec<u8>, _>(crate::dispatch::reply::with_response(s, md)))
+                        }
+                    };
+                    entry.backlog.push(end);
                     if let Some(d) = entry.deferred.iter().position(|d| (d.0, d.1) == (slot, generation)) {
                         entry.deferred.swap_remove(d);
                     }
