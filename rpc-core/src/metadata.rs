@@ -555,6 +555,65 @@ impl<M: Message> Message for WithResponseMetadata<M> {
 }
 
 #[cfg(test)]
+mod response_tests {
+    use super::*;
+
+    fn sample() -> (ResponseMetadata, Vec<u8>) {
+        let mut md = ResponseMetadata::default();
+        md.headers_mut().insert("x-h", "v").unwrap();
+        md.trailers_mut().insert_bin("x-t-bin", &[0, 255]).unwrap();
+        let mut s = crate::Status::with_details(crate::Code::Aborted, "m", vec![8, 1]);
+        s.metadata_mut().insert("x-s", "w").unwrap();
+        let mut body = ResponseMetadata::encode_blocks(Some(&md), Some(&s));
+        body.extend_from_slice(b"message");
+        (md, body)
+    }
+
+    #[test]
+    fn blocks_round_trip_with_the_status_trailers_and_details() {
+        let (md, body) = sample();
+        let (back, at) = ResponseMetadata::split(&body, 8192).unwrap();
+        assert_eq!(&body[at..], b"message");
+        assert_eq!(back.headers(), md.headers());
+        assert_eq!(back.trailers().get_bin("x-t-bin"), Some(&[0, 255][..]));
+        assert_eq!(back.trailers().get("x-s"), Some("w"));
+        assert_eq!(back.trailers().get_bin(crate::status::DETAILS_KEY), Some(&[8, 1][..]));
+        // The limit counts both blocks.
+        let e = ResponseMetadata::split(&body, at - 1).unwrap_err();
+        assert_eq!(e.code(), crate::Code::ResourceExhausted);
+        assert!(e.message().contains("ClientConfig::max_metadata_bytes"), "{e}");
+        assert!(ResponseMetadata::split(&body, at).is_ok());
+    }
+
+    #[test]
+    fn a_hostile_servers_blocks_are_an_error_never_a_panic() {
+        let (_, body) = sample();
+        for n in 0..body.len() {
+            if let Err(e) = ResponseMetadata::split(&body[..n], 8192) {
+                assert!(matches!(e.code(), crate::Code::Internal | crate::Code::ResourceExhausted), "{e}");
+            }
+        }
+        for i in 0..body.len() {
+            for b in [0u8, 1, 0x7f, 0x80, 0xff] {
+                let mut c = body.clone();
+                c[i] = b;
+                if let Ok((_, at)) = ResponseMetadata::split(&c, 8192) {
+                    assert!(at <= c.len());
+                }
+            }
+        }
+        // Lengths near u32::MAX in either block: refused over the limit, nothing read past the body.
+        let mut c = body.clone();
+        c[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(ResponseMetadata::split(&c, 8192).unwrap_err().code(), crate::Code::ResourceExhausted);
+        let (_, at) = Metadata::split(&body, 8192).unwrap();
+        let mut c = body.clone();
+        c[at..at + 4].copy_from_slice(&(u32::MAX - 3).to_le_bytes());
+        assert_eq!(ResponseMetadata::split(&c, usize::MAX).unwrap_err().code(), crate::Code::Internal);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
