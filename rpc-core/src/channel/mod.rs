@@ -389,12 +389,8 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         let opts = IntoRequest::options(&req, opts);
-        let traced = self.observe.is_tracing();
-        let mut md = if traced { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
-        let size = IntoRequest::message(&req).encoded_len();
-        let obs = crate::observe::Observed::client(self.observe, id, &mut md, size, None);
-        // Only a traced call sends more metadata than it was given.
-        let opts = if traced { std::borrow::Cow::Owned(opts.into_owned().with_metadata(md)) } else { opts };
+        let (obs, traced) = self.observe_call(id, IntoRequest::message(&req).encoded_len(), &opts);
+        let opts = traced.map_or(opts, std::borrow::Cow::Owned);
         // The plain call through a handle with observation off (one copy of the hot path).
         let plain = Channel { shared: self.shared.clone(), observe: crate::Observe::OFF };
         let mut call = {
@@ -404,6 +400,22 @@ impl Channel {
         let size: fn(&Resp) -> usize = |m| m.encoded_len();
         call.observed = Some(Box::new((obs, size)));
         call
+    }
+
+    /// Starts the observation of a call or stream of `id` with a request of `req_bytes`, and,
+    /// for a traced one, the options that carry its `traceparent` (only a traced call sends
+    /// more metadata than it was given).
+    #[cold]
+    pub(crate) fn observe_call(
+        &self,
+        id: MethodId,
+        req_bytes: usize,
+        opts: &CallOptions,
+    ) -> (crate::observe::Observed, Option<CallOptions>) {
+        let traced = self.observe.is_tracing();
+        let mut md = if traced { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
+        let obs = crate::observe::Observed::client(self.observe, id, &mut md, req_bytes, None);
+        (obs, traced.then(|| opts.clone().with_metadata(md)))
     }
 
     /// [`Channel::unary`] on a channel to one server (its only caller: inlined there).

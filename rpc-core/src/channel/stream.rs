@@ -41,7 +41,7 @@ use super::call::Job;
 use super::dispatcher::{with_any_core, AnyCore};
 use super::{Channel, Shared};
 use crate::client::core::{CallId, StartMode};
-use crate::client::{CallOptions, IntoRequest};
+use crate::client::{CallOptions, IntoRequest, StreamObs};
 use crate::codegen::MethodId;
 use crate::status::Status;
 use crate::wire::{STREAM_IN, STREAM_OUT};
@@ -386,8 +386,9 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         let opts = IntoRequest::options(&req, opts).into_owned();
+        let (observed, opts) = self.observe_stream(id, IntoRequest::message(&req).encoded_len(), opts);
         let (state, poke) = self.open_stream(id, IntoRequest::into_message(req), STREAM_OUT, &opts);
-        StreamReceiver { state, poke, done: false }
+        StreamReceiver { state, poke, done: false, observed }
     }
 
     /// Opens a client stream to method `id`: send with [`ClientStreamCall::send`], then
@@ -398,14 +399,15 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let (state, poke) = self.open_stream::<(), Resp>(id, (), STREAM_IN, opts);
+        let (observed, opts) = self.observe_stream(id, 0, opts.clone());
+        let (state, poke) = self.open_stream::<(), Resp>(id, (), STREAM_IN, &opts);
         let tx = StreamSender {
             out: Arc::new(SenderState(state.clone())),
             poke: poke.clone(),
             done: false,
             _t: PhantomData,
         };
-        ClientStreamCall { rx: StreamReceiver { state, poke, done: false }, tx }
+        ClientStreamCall { rx: StreamReceiver { state, poke, done: false, observed }, tx }
     }
 
     /// Opens a bidirectional stream to method `id`: the caller's messages go into the sender,
@@ -420,14 +422,30 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let (state, poke) = self.open_stream::<(), Resp>(id, (), STREAM_IN | STREAM_OUT, opts);
+        let (observed, opts) = self.observe_stream(id, 0, opts.clone());
+        let (state, poke) = self.open_stream::<(), Resp>(id, (), STREAM_IN | STREAM_OUT, &opts);
         let tx = StreamSender {
             out: Arc::new(SenderState(state.clone())),
             poke: poke.clone(),
             done: false,
             _t: PhantomData,
         };
-        (tx, StreamReceiver { state, poke, done: false })
+        (tx, StreamReceiver { state, poke, done: false, observed })
+    }
+
+    /// The record of a stream about to open, and its options, when `ClientConfig::observe`
+    /// says so (a traced stream's carry its `traceparent`).
+    fn observe_stream(
+        &self,
+        id: MethodId,
+        req_bytes: usize,
+        opts: CallOptions,
+    ) -> (Option<Box<StreamObs>>, CallOptions) {
+        if !self.observe.any() {
+            return (None, opts);
+        }
+        let (obs, traced) = self.observe_call(id, req_bytes, &opts);
+        (Some(StreamObs::new(obs)), traced.unwrap_or(opts))
     }
 }
 
@@ -563,6 +581,8 @@ pub struct StreamReceiver<Resp> {
     state: Arc<StreamState<Resp>>,
     poke: Poke,
     done: bool,
+    /// The stream's span and metrics (`ClientConfig::observe`), until its end.
+    observed: Option<Box<StreamObs>>,
 }
 
 impl<Resp: Message + Default> StreamReceiver<Resp> {
@@ -580,7 +600,11 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
     /// so when `message()` loses a `tokio::select!` race no message is lost (the next call
     /// returns it).
     pub async fn message(&mut self) -> Result<Option<Resp>, Status> {
-        std::future::poll_fn(|cx| self.poll_message(cx)).await
+        let r = std::future::poll_fn(|cx| self.poll_message(cx)).await;
+        if self.observed.is_some() {
+            StreamObs::received(&mut self.observed, &r);
+        }
+        r
     }
 
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Resp>, Status>> {
@@ -640,6 +664,7 @@ impl<Resp: Message + Default> StreamReceiver<Resp> {
         })
         .await;
         self.done = true;
+        StreamObs::answered(self.observed.take(), &r);
         r
     }
 }

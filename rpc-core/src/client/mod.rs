@@ -530,6 +530,22 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Streaming<'_, Resp>, Status> {
+        if !self.observe.get().any() {
+            return self.server_stream_plain(id, req, opts);
+        }
+        let (obs, traced) = self.observe_call(id, req, opts);
+        let (mut s, o) =
+            StreamObs::opened(obs, self.server_stream_plain(id, req, traced.as_ref().unwrap_or(opts)))?;
+        s.observed = Some(o);
+        Ok(s)
+    }
+
+    fn server_stream_plain<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Streaming<'_, Resp>, Status> {
         let md = self.intercepted(opts)?;
         let req = WithMetadata::new(req, md.as_deref());
         let mut inner = self.inner.borrow_mut();
@@ -551,7 +567,7 @@ impl Client {
                  (streams do not wait in the call queue)",
             ));
         };
-        Ok(Streaming { client: self, call, epoch: inner.epoch, done: false, _t: PhantomData })
+        Ok(Streaming { client: self, call, epoch: inner.epoch, done: false, observed: None, _t: PhantomData })
     }
 
     /// The metadata a call with `opts` sends (the interceptor run on it, if any).
@@ -738,7 +754,67 @@ pub struct Streaming<'a, T> {
     /// The session the stream was opened on (a reconnect ends it UNAVAILABLE).
     epoch: u64,
     done: bool,
+    /// The stream's span and metrics (`ClientConfig::observe`), until its end.
+    observed: Option<Box<StreamObs>>,
     _t: PhantomData<fn() -> T>,
+}
+
+/// An observed stream on the client ([`crate::observe`]): its record, and the bytes of the
+/// server's messages taken so far. Dropped before the end, it records CANCELLED.
+pub(crate) struct StreamObs {
+    obs: crate::observe::Observed,
+    bytes: usize,
+}
+
+impl StreamObs {
+    /// The record of a stream whose opening gave `r` (an error ends it with its code).
+    #[cold]
+    pub(crate) fn opened<T>(
+        obs: crate::observe::Observed,
+        r: Result<T, Status>,
+    ) -> Result<(T, Box<StreamObs>), Status> {
+        match r {
+            Ok(t) => Ok((t, Box::new(StreamObs { obs, bytes: 0 }))),
+            Err(e) => {
+                obs.finish(e.code(), 0);
+                Err(e)
+            }
+        }
+    }
+
+    /// The record of a stream opened with no error to report at once (a `Channel`'s).
+    pub(crate) fn new(obs: crate::observe::Observed) -> Box<StreamObs> {
+        Box::new(StreamObs { obs, bytes: 0 })
+    }
+
+    /// Records what a receive on an observed stream gave: a message (its bytes), or the end.
+    #[cold]
+    pub(crate) fn received<T: Message>(slot: &mut Option<Box<StreamObs>>, r: &Result<Option<T>, Status>) {
+        match r {
+            Ok(Some(m)) => {
+                if let Some(o) = slot {
+                    o.bytes += m.encoded_len();
+                }
+            }
+            Ok(None) => StreamObs::ended(slot.take(), crate::Code::Ok),
+            Err(s) => StreamObs::ended(slot.take(), s.code()),
+        }
+    }
+
+    /// Records the stream's end with `code` (its messages' bytes as the response size).
+    pub(crate) fn ended(slot: Option<Box<StreamObs>>, code: crate::Code) {
+        if let Some(o) = slot {
+            let StreamObs { obs, bytes } = *o;
+            obs.finish(code, bytes);
+        }
+    }
+
+    /// Records a client stream's answer.
+    pub(crate) fn answered<T: Message>(slot: Option<Box<StreamObs>>, r: &Result<T, Status>) {
+        if let Some(o) = slot {
+            o.obs.finish_with(r, Message::encoded_len);
+        }
+    }
 }
 
 impl<T: Message + Default> Streaming<'_, T> {
@@ -765,6 +841,9 @@ impl<T: Message + Default> Streaming<'_, T> {
         if !matches!(r, Ok(Some(_))) {
             self.done = true;
         }
+        if self.observed.is_some() {
+            StreamObs::received(&mut self.observed, &r);
+        }
         r
     }
 
@@ -784,6 +863,9 @@ impl<T: Message + Default> Streaming<'_, T> {
         };
         if !matches!(r, Ok(Some(_))) {
             self.done = true;
+        }
+        if self.observed.is_some() {
+            StreamObs::received(&mut self.observed, &r);
         }
         Some(r)
     }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use prost::Message;
 
 use super::core::{CallId, StartMode};
-use super::{with_calls, AnyCalls, CallOptions, Client, Streaming};
+use super::{with_calls, AnyCalls, CallOptions, Client, StreamObs, Streaming};
 use crate::codegen::MethodId;
 use crate::status::Status;
 use crate::wire::{STREAM_IN, STREAM_OUT};
@@ -28,8 +28,8 @@ impl Client {
         id: MethodId,
         opts: &CallOptions,
     ) -> Result<ClientStreaming<'_, Req, Resp>, Status> {
-        let (call, epoch) = self.open_stream(id, opts, STREAM_IN)?;
-        Ok(ClientStreaming { client: self, call, epoch, done: false, _t: PhantomData })
+        let ((call, epoch), observed) = self.open_observed(id, opts, STREAM_IN)?;
+        Ok(ClientStreaming { client: self, call, epoch, done: false, observed, _t: PhantomData })
     }
 
     /// Opens a bidirectional stream to method `id`: send with [`BidiStreaming::send`], end the
@@ -44,9 +44,25 @@ impl Client {
         id: MethodId,
         opts: &CallOptions,
     ) -> Result<BidiStreaming<'_, Req, Resp>, Status> {
-        let (call, epoch) = self.open_stream(id, opts, STREAM_IN | STREAM_OUT)?;
-        let rx = Streaming { client: self, call, epoch, done: false, _t: PhantomData };
+        let ((call, epoch), observed) = self.open_observed(id, opts, STREAM_IN | STREAM_OUT)?;
+        let rx = Streaming { client: self, call, epoch, done: false, observed, _t: PhantomData };
         Ok(BidiStreaming { rx, finished: false, end: None, _t: PhantomData })
+    }
+
+    /// [`Client::open_stream`], observed when `ClientConfig::observe` says so.
+    #[allow(clippy::type_complexity)]
+    fn open_observed(
+        &self,
+        id: MethodId,
+        opts: &CallOptions,
+        flags: u8,
+    ) -> Result<((CallId, u64), Option<Box<StreamObs>>), Status> {
+        if !self.observe.get().any() {
+            return self.open_stream(id, opts, flags).map(|s| (s, None));
+        }
+        let (obs, traced) = self.observe_call(id, &(), opts);
+        let (s, o) = StreamObs::opened(obs, self.open_stream(id, traced.as_ref().unwrap_or(opts), flags))?;
+        Ok((s, Some(o)))
     }
 
     /// Sends the (empty) request that opens a stream with `flags`.
@@ -92,6 +108,8 @@ pub struct ClientStreaming<'a, Req, Resp> {
     call: CallId,
     epoch: u64,
     done: bool,
+    /// The call's span and metrics (`ClientConfig::observe`), until its answer.
+    observed: Option<Box<StreamObs>>,
     _t: PhantomData<fn(Req) -> Resp>,
 }
 
@@ -124,6 +142,7 @@ impl<Req: Message, Resp: Message + Default> ClientStreaming<'_, Req, Resp> {
         let r = self.client.stream_send(self.call, self.epoch, msg, wait);
         if r.as_ref().is_err_and(|s| s.code() == crate::status::Code::DeadlineExceeded) {
             self.done = true;
+            StreamObs::ended(self.observed.take(), crate::status::Code::DeadlineExceeded);
         }
         r
     }
@@ -135,6 +154,13 @@ impl<Req: Message, Resp: Message + Default> ClientStreaming<'_, Req, Resp> {
     /// The server's status; DEADLINE_EXCEEDED at the stream's deadline; UNAVAILABLE when the
     /// session broke.
     pub fn finish(mut self) -> Result<Resp, Status> {
+        let observed = self.observed.take();
+        let r = self.finish_plain();
+        StreamObs::answered(observed, &r);
+        r
+    }
+
+    fn finish_plain(&mut self) -> Result<Resp, Status> {
         if self.done {
             return Err(Status::deadline_exceeded("the stream's deadline passed before its end"));
         }
@@ -205,6 +231,7 @@ impl<Req: Message, Resp: Message + Default> BidiStreaming<'_, Req, Resp> {
             if s.code() == crate::status::Code::DeadlineExceeded {
                 self.rx.done = true;
                 self.end = Some(s.clone());
+                StreamObs::ended(self.rx.observed.take(), crate::status::Code::DeadlineExceeded);
             }
         }
         r
