@@ -33,10 +33,16 @@
 //! | `rpc_client_in_flight`, `rpc_server_in_flight` | gauge | method | calls |
 //! | `rpc_client_duration_seconds`, `rpc_server_duration_seconds` | histogram | method | seconds |
 //!
-//! `code` is the status code's name (`OK`, `UNAVAILABLE`...). Scope: unary calls of the
-//! blocking `Client` and of the `Channel`; on the server inline and async handlers (a handler
-//! that defers with `RequestContext::defer` closes its span and its metrics when it returns,
-//! with code `DEFERRED`). Streams are not observed yet.
+//! `code` is the status code's name (`OK`, `UNAVAILABLE`...). Scope: every call, unary or
+//! streaming, of the blocking `Client` and of the `Channel`, and on the server every call of a
+//! served method: inline and async handlers, a deferred answer (its record ends when its
+//! `Responder` answers, or when the call ends without it: cancelled, expired, its session
+//! closed), a stream (ended by its final status), and a call refused before its handler ran
+//! (draining, refused metadata, a passed deadline, the interceptor's refusal: its code, no
+//! handler). A stream's response size is the bytes of the messages the client took (the
+//! client end) or 0 (the server end); a stream the client drops before its end is CANCELLED.
+//! On the `Channel`, spans have no `network.peer.address` (a channel may reach several
+//! servers).
 
 use std::cell::Cell;
 use std::net::SocketAddr;

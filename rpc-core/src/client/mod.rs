@@ -762,11 +762,24 @@ pub struct Streaming<'a, T> {
 /// An observed stream on the client ([`crate::observe`]): its record, and the bytes of the
 /// server's messages taken so far. Dropped before the end, it records CANCELLED.
 pub(crate) struct StreamObs {
-    obs: crate::observe::Observed,
+    obs: Option<crate::observe::Observed>,
     bytes: usize,
 }
 
+impl Drop for StreamObs {
+    fn drop(&mut self) {
+        if let Some(o) = self.obs.take() {
+            o.finish(crate::Code::Cancelled, self.bytes);
+        }
+    }
+}
+
 impl StreamObs {
+    /// The record of a stream opened with no error to report at once (a `Channel`'s).
+    pub(crate) fn new(obs: crate::observe::Observed) -> Box<StreamObs> {
+        Box::new(StreamObs { obs: Some(obs), bytes: 0 })
+    }
+
     /// The record of a stream whose opening gave `r` (an error ends it with its code).
     #[cold]
     pub(crate) fn opened<T>(
@@ -774,17 +787,12 @@ impl StreamObs {
         r: Result<T, Status>,
     ) -> Result<(T, Box<StreamObs>), Status> {
         match r {
-            Ok(t) => Ok((t, Box::new(StreamObs { obs, bytes: 0 }))),
+            Ok(t) => Ok((t, StreamObs::new(obs))),
             Err(e) => {
                 obs.finish(e.code(), 0);
                 Err(e)
             }
         }
-    }
-
-    /// The record of a stream opened with no error to report at once (a `Channel`'s).
-    pub(crate) fn new(obs: crate::observe::Observed) -> Box<StreamObs> {
-        Box::new(StreamObs { obs, bytes: 0 })
     }
 
     /// Records what a receive on an observed stream gave: a message (its bytes), or the end.
@@ -803,16 +811,17 @@ impl StreamObs {
 
     /// Records the stream's end with `code` (its messages' bytes as the response size).
     pub(crate) fn ended(slot: Option<Box<StreamObs>>, code: crate::Code) {
-        if let Some(o) = slot {
-            let StreamObs { obs, bytes } = *o;
-            obs.finish(code, bytes);
+        if let Some(mut o) = slot {
+            if let Some(obs) = o.obs.take() {
+                obs.finish(code, o.bytes);
+            }
         }
     }
 
     /// Records a client stream's answer.
     pub(crate) fn answered<T: Message>(slot: Option<Box<StreamObs>>, r: &Result<T, Status>) {
-        if let Some(o) = slot {
-            o.obs.finish_with(r, Message::encoded_len);
+        if let Some(obs) = slot.and_then(|mut o| o.obs.take()) {
+            obs.finish_with(r, Message::encoded_len);
         }
     }
 }

@@ -468,9 +468,22 @@ pub(crate) struct CancelFlag {
     waker: atomic_waker::AtomicWaker,
     /// The response metadata an async handler or a [`Responder`]'s holder set, for the answer.
     response: std::sync::Mutex<Option<Box<crate::metadata::ResponseMetadata>>>,
+    /// The record of a deferred call or a stream (`ServerConfig::observe`), ended by its answer
+    /// (or by the worker, when the call ends without one).
+    observed: std::sync::Mutex<Option<crate::observe::Observed>>,
 }
 
 impl CancelFlag {
+    /// Keeps the call's record until its answer.
+    pub(crate) fn set_observed(&self, o: crate::observe::Observed) {
+        *self.observed.lock().unwrap_or_else(|e| e.into_inner()) = Some(o);
+    }
+
+    /// Takes the call's record (to end it).
+    pub(crate) fn take_observed(&self) -> Option<crate::observe::Observed> {
+        self.observed.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
     /// Changes the response metadata the call's answer carries.
     pub(crate) fn edit_response(&self, f: impl FnOnce(&mut crate::metadata::ResponseMetadata)) {
         let mut g = self.response.lock().unwrap_or_else(|e| e.into_inner());
@@ -560,6 +573,9 @@ impl<T: Message> Responder<T> {
         if let Some((q, t)) = self.target.take() {
             // Large `bytes` fields are referenced, not copied (the worker copies each piece
             // once into the send mirror).
+            if let Some(o) = self.cancelled.take_observed() {
+                o.finish_with(&result, Message::encoded_len);
+            }
             // A message that does not encode to its `encoded_len` answers INTERNAL.
             let response = self.cancelled.take_response().filter(|md| !md.is_empty());
             let metadata = response.is_some() && result.is_ok();
@@ -586,6 +602,9 @@ impl<T: Message> Responder<T> {
 impl<T> Drop for Responder<T> {
     fn drop(&mut self) {
         if let Some((q, t)) = self.target.take() {
+            if let Some(o) = self.cancelled.take_observed() {
+                o.finish(crate::Code::Cancelled, 0);
+            }
             q.push(Deferred {
                 conn: t.conn,
                 slot: t.slot,

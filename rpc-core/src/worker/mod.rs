@@ -631,7 +631,12 @@ impl<P: Provider> Worker<P> {
             if let Some(i) =
                 entry.deferred.iter().position(|d| (d.0, d.1) == (header.slot, header.generation))
             {
-                entry.deferred.swap_remove(i).2.raise();
+                let flag = entry.deferred.swap_remove(i).2;
+                // A deferred call or a stream that ends without its answer: its record ends now.
+                if let Some(o) = flag.take_observed() {
+                    o.finish(status.code(), 0);
+                }
+                flag.raise();
             }
             entry.backlog.push(Waiting::Error(header, status));
             self.try_backlog(idx);
@@ -740,6 +745,9 @@ impl<P: Provider> Worker<P> {
                 let Some(sink) = &st.sink else { continue };
                 if let Some(end) = sink.take_end() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
+                    if let Some(o) = sink.cancelled.take_observed() {
+                        o.finish(end.as_ref().err().map_or(Code::Ok, Status::code), 0);
+                    }
                     let md = sink.cancelled.take_response().filter(|md| !md.is_empty());
                     let end = match (end, md) {
                         (Ok(()), None) => spill(h, Ok(Vec::new())),
@@ -1383,6 +1391,7 @@ impl<P: Provider> Worker<P> {
         if h.metadata {
             (body, refused) = split_metadata(body, limits.max_metadata, &mut ctx.info.metadata);
         }
+        let body_len = body.len();
         let ctx = &*ctx;
         let cap = entry.conn.body_cap;
         let Conn { pool, mirror, staging, session, spare, .. } = &mut entry.conn;
@@ -1406,6 +1415,8 @@ impl<P: Provider> Worker<P> {
             session,
             outcome: Outcome::Unset,
         };
+        // The handler ran (else an observed call refused before it is recorded here).
+        let mut ran = false;
         if draining {
             out.error(Status::unavailable("server is shutting down"));
         } else if let Some(s) = refused {
@@ -1420,6 +1431,7 @@ impl<P: Provider> Worker<P> {
             match found {
                 None => out.error(Status::method_not_served(h.method)),
                 Some((svc, name)) => {
+                    ran = true;
                     // The calls the handler makes inherit this call's deadline.
                     let _serving = crate::context::serving(deadline);
                     let r = if limits.observe.any() {
@@ -1445,7 +1457,12 @@ impl<P: Provider> Worker<P> {
             tracing::trace!("response metadata set after the answer: dropped");
         }
         if limits.observe.any() {
-            observe_end(ctx, &outcome);
+            match (&outcome, found) {
+                (Outcome::Error(s), Some((_, name))) if !ran => {
+                    observe_refused(limits.observe, ctx, name, body_len, s.code())
+                }
+                _ => observe_end(ctx, &outcome),
+            }
         }
         let source = ctx.source.take();
         let sink = ctx.stream.take();
@@ -1599,6 +1616,14 @@ fn observed<R>(
     call()
 }
 
+/// Records a call of a served method refused before its handler ran (draining, refused
+/// metadata, a passed deadline, the interceptor's refusal) with `code`.
+#[cold]
+#[inline(never)]
+fn observe_refused(o: crate::Observe, ctx: &RequestContext, name: &'static str, len: usize, code: Code) {
+    crate::observe::Observed::server(o, name, ctx.metadata(), len, ctx.info.peer).finish(code, 0);
+}
+
 /// Ends the record of a call whose handler returned with `outcome` (unless an async handler
 /// took it).
 #[cold]
@@ -1611,7 +1636,15 @@ fn observe_end(ctx: &RequestContext, outcome: &Outcome) {
         Outcome::Spilled(b) => obs.finish(Code::Ok, b.len()),
         Outcome::Later(b) => obs.finish(Code::Ok, b.len()),
         Outcome::Error(s) => obs.finish(s.code(), 0),
-        Outcome::Deferred => obs.finish_deferred(),
+        // Its answer (a `Responder`'s, a stream's end) or the worker, when the call ends
+        // without one, ends the record.
+        Outcome::Deferred => match ctx.cancel_flag.take() {
+            Some(flag) => {
+                flag.set_observed(obs);
+                ctx.cancel_flag.set(Some(flag));
+            }
+            None => obs.finish_deferred(),
+        },
         Outcome::Unset => obs.finish(Code::Unknown, 0),
     }
 }
