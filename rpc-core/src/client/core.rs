@@ -962,8 +962,10 @@ impl<P: Provider> ClientCore<P> {
         match h.kind {
             Kind::Response => {
                 self.counters.bytes_in += u64::from(h.body_len);
-                let body = if h.metadata { self.split_metadata(&h, body) } else { body };
-                let answer = if h.status == Code::Ok || matches!(body, Answer::Err(_)) {
+                let answer = if h.metadata {
+                    // The message or the status after the blocks (responses with metadata only).
+                    self.split_metadata(&h, body)
+                } else if h.status == Code::Ok || matches!(body, Answer::Err(_)) {
                     body
                 } else {
                     let text = match &body {

@@ -1452,10 +1452,6 @@ impl<P: Provider> Worker<P> {
         }
         // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
         let ReplyWriter { outcome, metadata, .. } = out;
-        // What the handler set and no answer took (a deferred call's went with it).
-        if ctx.response.take().is_some() {
-            tracing::trace!("response metadata set after the answer: dropped");
-        }
         if limits.observe.any() {
             match (&outcome, found) {
                 (Outcome::Error(s), Some((_, name))) if !ran => {
@@ -1495,6 +1491,8 @@ impl<P: Provider> Worker<P> {
         };
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
+                // Set on the context after the answer was deferred: not the deferred answer's.
+                drop(ctx.response.take());
                 if let Some(b) = b {
                     entry.conn.pool.give_back(b);
                 }
@@ -1535,6 +1533,7 @@ impl<P: Provider> Worker<P> {
                 None
             }
             (Outcome::Unset, Some(mut b)) => {
+                drop(ctx.response.take());
                 let body = entry.conn.copy_eager(&mut b, b"handler returned no answer");
                 entry.conn.queue(b, Header { status: Code::Internal, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
@@ -1571,6 +1570,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
             (Outcome::Error(s), None) => Some(Waiting::Error(header, s)),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
+                drop(ctx.response.take());
                 Some(Waiting::Error(header, Status::internal("handler returned no answer")))
             }
         };
