@@ -201,14 +201,16 @@ fn service_of(method: &str) -> &str {
     method.trim_start_matches('/').split('/').next().unwrap_or("")
 }
 
-/// The metrics of one method on one end, registered once per thread and method (a call then
-/// touches its handles: no key built, no registry lookup).
+/// The metrics of one method on one end, registered once per process and method and kept for
+/// the process's life (one small record per method and end: no reference count touched per
+/// call), found through a per-thread cache (a call then touches its handles: no key built, no
+/// registry lookup, no lock).
 #[cfg(feature = "metrics")]
 mod rec {
     use std::borrow::Cow;
     use std::cell::RefCell;
     use std::collections::HashMap;
-    use std::sync::{Arc, OnceLock};
+    use std::sync::{Mutex, OnceLock};
 
     /// Label `code` values: the 17 gRPC codes, then `DEFERRED`.
     const CODES: usize = 18;
@@ -246,58 +248,81 @@ mod rec {
         }
     }
 
-    type Cache = HashMap<(bool, u64), Arc<Handles>, std::hash::BuildHasherDefault<KeyHasher>>;
+    type Map = HashMap<(bool, u64), &'static Handles, std::hash::BuildHasherDefault<KeyHasher>>;
+
+    /// Every method's handles, per end (taken on a thread's first call of a method).
+    static ALL: Mutex<Option<Map>> = Mutex::new(None);
 
     thread_local! {
-        static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+        /// The thread's copy of the entries of `ALL` it used.
+        static CACHE: RefCell<Map> = RefCell::new(Map::default());
     }
 
     /// The handles of the method `key` on the client (`client`) or server end; `name` gives its
     /// label the first time.
-    pub(crate) fn handles(client: bool, key: u64, name: impl FnOnce() -> Cow<'static, str>) -> Arc<Handles> {
-        CACHE.with(|c| {
-            c.borrow_mut()
-                .entry((client, key))
-                .or_insert_with(|| {
-                    let method = name();
-                    let m = method.clone();
-                    let (g, q, r, d) = if client {
-                        (
-                            metrics::gauge!("rpc_client_in_flight", "method" => m.clone()),
-                            metrics::counter!("rpc_client_request_bytes_total", "method" => m.clone()),
-                            metrics::counter!("rpc_client_response_bytes_total", "method" => m.clone()),
-                            metrics::histogram!("rpc_client_duration_seconds", "method" => m),
-                        )
-                    } else {
-                        (
-                            metrics::gauge!("rpc_server_in_flight", "method" => m.clone()),
-                            metrics::counter!("rpc_server_request_bytes_total", "method" => m.clone()),
-                            metrics::counter!("rpc_server_response_bytes_total", "method" => m.clone()),
-                            metrics::histogram!("rpc_server_duration_seconds", "method" => m),
-                        )
-                    };
-                    Arc::new(Handles {
-                        client,
-                        method,
-                        in_flight: g,
-                        req_bytes: q,
-                        resp_bytes: r,
-                        duration: d,
-                        calls: std::array::from_fn(|_| OnceLock::new()),
-                    })
-                })
-                .clone()
-        })
+    #[inline]
+    pub(crate) fn handles(
+        client: bool,
+        key: u64,
+        name: impl FnOnce() -> Cow<'static, str>,
+    ) -> &'static Handles {
+        let found = CACHE.with(|c| c.borrow().get(&(client, key)).copied());
+        match found {
+            Some(h) => h,
+            None => register(client, key, name),
+        }
+    }
+
+    /// [`handles`] on the thread's first call of the method.
+    #[cold]
+    #[inline(never)]
+    fn register(client: bool, key: u64, name: impl FnOnce() -> Cow<'static, str>) -> &'static Handles {
+        let h = *ALL
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Map::default)
+            .entry((client, key))
+            .or_insert_with(|| Box::leak(Box::new(Handles::new(client, name()))));
+        CACHE.with(|c| c.borrow_mut().insert((client, key), h));
+        h
     }
 
     impl Handles {
-        pub(crate) fn start(&self, req: usize) {
-            self.in_flight.increment(1.0);
-            self.req_bytes.increment(req as u64);
+        fn new(client: bool, method: Cow<'static, str>) -> Handles {
+            let m = method.clone();
+            let (g, q, r, d) = if client {
+                (
+                    metrics::gauge!("rpc_client_in_flight", "method" => m.clone()),
+                    metrics::counter!("rpc_client_request_bytes_total", "method" => m.clone()),
+                    metrics::counter!("rpc_client_response_bytes_total", "method" => m.clone()),
+                    metrics::histogram!("rpc_client_duration_seconds", "method" => m),
+                )
+            } else {
+                (
+                    metrics::gauge!("rpc_server_in_flight", "method" => m.clone()),
+                    metrics::counter!("rpc_server_request_bytes_total", "method" => m.clone()),
+                    metrics::counter!("rpc_server_response_bytes_total", "method" => m.clone()),
+                    metrics::histogram!("rpc_server_duration_seconds", "method" => m),
+                )
+            };
+            Handles {
+                client,
+                method,
+                in_flight: g,
+                req_bytes: q,
+                resp_bytes: r,
+                duration: d,
+                calls: std::array::from_fn(|_| OnceLock::new()),
+            }
         }
 
-        /// `code`: a gRPC code, or -1 for DEFERRED.
-        pub(crate) fn finish(&self, code: i32, name: &'static str, resp: usize, secs: f64) {
+        /// A call starts: in flight.
+        pub(crate) fn start(&self) {
+            self.in_flight.increment(1.0);
+        }
+
+        /// A call that started ended. `code`: a gRPC code, or -1 for DEFERRED.
+        pub(crate) fn finish(&self, code: i32, name: &'static str, req: usize, resp: usize, secs: f64) {
             self.in_flight.decrement(1.0);
             let i = usize::try_from(code).unwrap_or(CODES - 1).min(CODES - 1);
             self.calls[i]
@@ -310,6 +335,7 @@ mod rec {
                     }
                 })
                 .increment(1);
+            self.req_bytes.increment(req as u64);
             self.resp_bytes.increment(resp as u64);
             self.duration.record(secs);
         }
@@ -319,18 +345,17 @@ mod rec {
 #[cfg(not(feature = "metrics"))]
 mod rec {
     use std::borrow::Cow;
-    use std::sync::Arc;
 
     #[derive(Debug)]
     pub(crate) struct Handles;
 
-    pub(crate) fn handles(_: bool, _: u64, _: impl FnOnce() -> Cow<'static, str>) -> Arc<Handles> {
-        Arc::new(Handles)
+    pub(crate) fn handles(_: bool, _: u64, _: impl FnOnce() -> Cow<'static, str>) -> &'static Handles {
+        &Handles
     }
 
     impl Handles {
-        pub(crate) fn start(&self, _: usize) {}
-        pub(crate) fn finish(&self, _: i32, _: &'static str, _: usize, _: f64) {}
+        pub(crate) fn start(&self) {}
+        pub(crate) fn finish(&self, _: i32, _: &'static str, _: usize, _: usize, _: f64) {}
     }
 }
 
@@ -345,7 +370,9 @@ pub(crate) struct Observed {
     /// Tracing is on.
     traced: bool,
     /// The method's metrics (`None`: metrics off).
-    method: Option<std::sync::Arc<rec::Handles>>,
+    method: Option<&'static rec::Handles>,
+    /// The request's message bytes (counted when the call ends).
+    req_bytes: usize,
     /// Recorded its end (else its drop records CANCELLED: a dropped future).
     finished: bool,
 }
@@ -399,10 +426,18 @@ impl Observed {
             tracing::Span::none()
         };
         let method = o.is_metrics().then(|| rec::handles(true, u64::from(id), name));
-        if let Some(m) = &method {
-            m.start(req_bytes);
+        if let Some(m) = method {
+            m.start();
         }
-        Observed { span, traced: o.is_tracing(), trace: None, start: Instant::now(), method, finished: false }
+        Observed {
+            span,
+            traced: o.is_tracing(),
+            trace: None,
+            start: Instant::now(),
+            method,
+            req_bytes,
+            finished: false,
+        }
     }
 
     /// A server call of `method` (full name) starting, with the request's metadata: with
@@ -440,10 +475,18 @@ impl Observed {
             // Keyed by the name's address: one static string per served method.
             rec::handles(false, method.as_ptr() as u64, || std::borrow::Cow::Borrowed(method))
         });
-        if let Some(m) = &method {
-            m.start(req_bytes);
+        if let Some(m) = method {
+            m.start();
         }
-        Observed { span, traced: o.is_tracing(), trace, start: Instant::now(), method, finished: false }
+        Observed {
+            span,
+            traced: o.is_tracing(),
+            trace,
+            start: Instant::now(),
+            method,
+            req_bytes,
+            finished: false,
+        }
     }
 
     /// Enters the span (a handle of it: the `Observed` may move meanwhile) and makes the
@@ -487,7 +530,7 @@ impl Observed {
             self.span.record("rpc.response.size", resp_bytes);
         }
         if let Some(m) = self.method.take() {
-            m.finish(code, name, resp_bytes, self.start.elapsed().as_secs_f64());
+            m.finish(code, name, self.req_bytes, resp_bytes, self.start.elapsed().as_secs_f64());
         }
     }
 }

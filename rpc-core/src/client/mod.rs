@@ -542,7 +542,7 @@ impl Client {
     fn intercepted<'a>(
         &self,
         opts: &'a CallOptions,
-    ) -> Result<Option<std::borrow::Cow<'a, Metadata>>, Status> {
+    ) -> Result<Option<crate::metadata::Intercepted<'a>>, Status> {
         let inner = self.inner.borrow();
         crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())
     }
