@@ -432,62 +432,85 @@ impl Metadata {
     }
 
     /// [`Metadata::split`] into `self`, reusing its buffer (no allocation once it is large
-    /// enough); returns where the message starts in `body`. On an error `self` is empty.
+    /// enough); returns where the message starts in `body`. A block equal to the one `self`
+    /// holds (a client sending the same entries call after call) is taken as it is: those
+    /// bytes were checked when they went in. On an error `self` is empty.
     ///
     /// # Errors
     /// As [`Metadata::split`].
     pub(crate) fn split_into(&mut self, body: &[u8], limit: usize) -> Result<usize, crate::Status> {
+        let (count, entries, total) = match Self::block(body, limit) {
+            Ok(b) => b,
+            Err(e) => {
+                self.bytes.clear();
+                self.count = 0;
+                return Err(e);
+            }
+        };
+        if count == self.count && entries == self.bytes.as_slice() {
+            return Ok(total);
+        }
         self.bytes.clear();
         self.count = 0;
-        let (count, entries, total) = Self::check_block(body, limit)?;
+        Self::check_entries(count, entries)?;
         self.bytes.extend_from_slice(entries);
         self.count = count;
         Ok(total)
     }
 
-    /// Checks the block at the front of `body`: its entry count, its entries' bytes, and its
-    /// length with the head.
-    fn check_block(body: &[u8], limit: usize) -> Result<(u16, &[u8], usize), crate::Status> {
+    /// The block at the front of `body`, its frame checked (not its entries): its entry count,
+    /// its entries' bytes, and its length with the head.
+    fn block(body: &[u8], limit: usize) -> Result<(u16, &[u8], usize), crate::Status> {
         use crate::Status;
-        let bad = |what: &str| Status::invalid_argument(format!("request metadata: {what}"));
         let Some((len, _)) = body.split_first_chunk::<4>() else {
-            return Err(bad("truncated block length"));
+            return Err(bad_block("truncated block length"));
         };
         let len = u32::from_le_bytes(*len) as usize;
-        let total = len.checked_add(4).ok_or_else(|| bad("block length"))?;
+        let total = len.checked_add(4).ok_or_else(|| bad_block("block length"))?;
         if total > limit {
             return Err(Status::resource_exhausted(format!(
                 "request metadata of {total} bytes is over the server's limit of {limit} \
                  (ServerConfig::max_metadata_bytes)"
             )));
         }
-        let block = body.get(4..total).ok_or_else(|| bad("block longer than the body"))?;
+        let block = body.get(4..total).ok_or_else(|| bad_block("block longer than the body"))?;
         let Some((count, entries)) = block.split_first_chunk::<2>() else {
-            return Err(bad("truncated entry"));
+            return Err(bad_block("truncated entry"));
         };
-        let count = u16::from_le_bytes(*count);
+        Ok((u16::from_le_bytes(*count), entries, total))
+    }
+
+    /// Checks that `entries` are exactly `count` well-formed entries.
+    fn check_entries(count: u16, entries: &[u8]) -> Result<(), crate::Status> {
         let mut rest = entries;
         for _ in 0..count {
-            let (&klen, r) = rest.split_first().ok_or_else(|| bad("truncated entry"))?;
-            let (key, r) = r.split_at_checked(usize::from(klen)).ok_or_else(|| bad("truncated entry"))?;
+            let truncated = || bad_block("truncated entry");
+            let (&klen, r) = rest.split_first().ok_or_else(truncated)?;
+            let (key, r) = r.split_at_checked(usize::from(klen)).ok_or_else(truncated)?;
             if !key_ok(key) {
                 let key = String::from_utf8_lossy(key);
-                return Err(bad(&InvalidMetadata::Key(key.into_owned()).to_string()));
+                return Err(bad_block(&InvalidMetadata::Key(key.into_owned()).to_string()));
             }
-            let (vlen, r) = r.split_first_chunk::<4>().ok_or_else(|| bad("truncated entry"))?;
+            let (vlen, r) = r.split_first_chunk::<4>().ok_or_else(truncated)?;
             let vlen = u32::from_le_bytes(*vlen) as usize;
-            let (value, r) = r.split_at_checked(vlen).ok_or_else(|| bad("truncated entry"))?;
+            let (value, r) = r.split_at_checked(vlen).ok_or_else(truncated)?;
             if !is_binary_key(key) && !ascii_ok(value) {
                 let key = String::from_utf8_lossy(key);
-                return Err(bad(&InvalidMetadata::Value(key.into_owned()).to_string()));
+                return Err(bad_block(&InvalidMetadata::Value(key.into_owned()).to_string()));
             }
             rest = r;
         }
         if !rest.is_empty() {
-            return Err(bad("bytes after the last entry"));
+            return Err(bad_block("bytes after the last entry"));
         }
-        Ok((count, entries, total))
+        Ok(())
     }
+}
+
+/// INVALID_ARGUMENT for a malformed block, saying `what` is wrong.
+#[cold]
+fn bad_block(what: &str) -> crate::Status {
+    crate::Status::invalid_argument(format!("request metadata: {what}"))
 }
 
 /// A request message with, when metadata is given, its metadata block in front, as it travels:
@@ -598,6 +621,40 @@ mod tests {
                 let mut c = body.clone();
                 c[i] = b;
                 let _ = Metadata::split(&c, 8192);
+            }
+        }
+        // Decoding into a buffer that holds a block (a worker's reused one) gives what a fresh
+        // decode gives: the same block is taken as it is, any other is checked.
+        let mut two = Metadata::new();
+        two.insert("k", "v").unwrap();
+        two.insert_bin("b-bin", &[0xff, 0]).unwrap();
+        let body2 = WithMetadata::new(&7u32, Some(&two)).encode_to_vec();
+        for held in [&md, &two] {
+            for base in [&body, &body2] {
+                for i in 0..base.len() {
+                    for b in [0u8, 1, b'K', 0x7f, 0xff] {
+                        let mut c = base.clone();
+                        c[i] = b;
+                        let mut reused = held.clone();
+                        let fresh = Metadata::split(&c, 8192);
+                        let again = reused.split_into(&c, 8192);
+                        match (fresh, again) {
+                            (Ok((m, at)), Ok(at2)) => assert_eq!((m, at), (reused, at2), "byte {i} = {b}"),
+                            (Err(e), Err(e2)) => {
+                                assert_eq!(e.code(), e2.code());
+                                assert!(reused.is_empty());
+                            }
+                            (f, a) => panic!("byte {i} = {b}: fresh {f:?}, reused {a:?}"),
+                        }
+                    }
+                }
+                for n in 0..base.len() {
+                    let mut reused = held.clone();
+                    assert_eq!(
+                        reused.split_into(&base[..n], 8192).is_ok(),
+                        Metadata::split(&base[..n], 8192).is_ok()
+                    );
+                }
             }
         }
         // A count claiming more entries than there are bytes.
