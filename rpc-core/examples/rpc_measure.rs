@@ -17,7 +17,10 @@
 //! per poll, the dispatcher thread does the waiting). `RPC_MEASURE_FIXED_ONLY=1` makes the
 //! blocking mode run the N Fixed calls only (the calls the Channel mode makes),
 //! `RPC_MEASURE_ECHO_ONLY=1` the N Echo calls only. `RPC_MEASURE_ASYNC=worker|tokio` serves Fixed
-//! through an async handler (`spawn_async`) polled on the worker or spawned on tokio. Per call:
+//! through an async handler (`spawn_async`) polled on the worker or spawned on tokio.
+//! `RPC_MEASURE_METADATA=N` gives every counted call N metadata entries (`x-perf-I: value-I`),
+//! `RPC_MEASURE_INTERCEPT=1` an interceptor on each end (the client's adds `x-perf-auth`, the
+//! server's checks it), as `rpc-perf --metadata N --interceptors`. Per call:
 //! (count with N - count with N=0) / N. `scripts/instr-count` runs the standard set.
 
 use std::collections::VecDeque;
@@ -352,7 +355,14 @@ fn observe() -> rpc_core::Observe {
     if metrics {
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
-            let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().unwrap();
+            // Installing the recorder calibrates its clock (once per process, for as long as
+            // calibration takes, which varies): on a thread of its own (counted as "other"), so
+            // that it is not counted as the calls' cost.
+            let handle = std::thread::spawn(|| {
+                metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().unwrap()
+            })
+            .join()
+            .unwrap();
             // The recorder's histograms hold samples until drained.
             std::thread::spawn(move || loop {
                 std::thread::sleep(std::time::Duration::from_secs(1));
@@ -371,21 +381,63 @@ fn counting_server() -> rpc_core::ServerHandle {
         Ok("tokio") => Some(AsyncRuntime::current_or_default()),
         _ => None,
     };
-    Server::builder()
-        .worker_cores(vec![1])
-        .polling(PollingPolicy::Event { spins: 0 })
-        .observe(observe())
-        .add_service(EchoService { asynchronous })
-        .spawn("127.0.0.1:0")
-        .unwrap()
+    let builder =
+        Server::builder().worker_cores(vec![1]).polling(PollingPolicy::Event { spins: 0 }).observe(observe());
+    let builder = if intercepting() {
+        builder.interceptor(|info| match info.metadata().get(AUTH_KEY) {
+            Some(AUTH_VALUE) => Ok(()),
+            _ => Err(rpc_core::Status::unauthenticated("rpc_measure: no x-perf-auth")),
+        })
+    } else {
+        builder
+    };
+    builder.add_service(EchoService { asynchronous }).spawn("127.0.0.1:0").unwrap()
+}
+
+/// The entry `RPC_MEASURE_INTERCEPT=1`'s client interceptor adds and its server interceptor
+/// checks (as `rpc-perf --interceptors`).
+const AUTH_KEY: &str = "x-perf-auth";
+const AUTH_VALUE: &str = "Bearer rpc-perf";
+
+/// `RPC_MEASURE_INTERCEPT=1`: an interceptor on each end (the client's inserts `x-perf-auth`,
+/// the server's checks it), as `rpc-perf --interceptors`.
+fn intercepting() -> bool {
+    std::env::var("RPC_MEASURE_INTERCEPT").is_ok_and(|v| v == "1")
+}
+
+/// The counting modes' client configuration: `Event { spins: 0 }`, `observe()`, and the
+/// interceptor of `RPC_MEASURE_INTERCEPT=1`.
+fn counting_client(cfg: ClientConfig) -> ClientConfig {
+    let cfg = cfg.polling(PollingPolicy::Event { spins: 0 }).observe(observe());
+    if intercepting() {
+        cfg.interceptor(|md| {
+            md.insert(AUTH_KEY, AUTH_VALUE).map_err(|e| rpc_core::Status::internal(e.to_string()))
+        })
+    } else {
+        cfg
+    }
+}
+
+/// The options of the counting modes' calls: `RPC_MEASURE_METADATA=N` entries
+/// `x-perf-I: value-I` (as `rpc-perf --metadata N`), none by default.
+fn counting_options() -> CallOptions {
+    let n = std::env::var("RPC_MEASURE_METADATA").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    if n == 0 {
+        return CallOptions::default();
+    }
+    let mut md = rpc_core::Metadata::new();
+    for i in 0..n {
+        md.insert(&format!("x-perf-{i}"), &format!("value-{i}")).unwrap();
+    }
+    CallOptions::default().with_metadata(md)
 }
 
 /// `RPC_MEASURE_COUNT=N`: N blocking Echo (32-byte `Vec` body) and N blocking Fixed calls, one
 /// session, both sides `Event { spins: 0 }` (an idle side blocks, so empty polls stay few and steady), for instruction counts per RPC.
 fn count_only(n: usize) {
     let server = counting_server();
-    let cfg =
-        ClientConfig::default().window(32).polling(PollingPolicy::Event { spins: 0 }).observe(observe());
+    let cfg = counting_client(ClientConfig::default().window(32));
+    let opts = counting_options();
     let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
     // RPC_MEASURE_SIZE=N: Echo bodies of N data bytes instead of 30 (e.g. to count the ring path).
     let size = std::env::var("RPC_MEASURE_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
@@ -393,12 +445,12 @@ fn count_only(n: usize) {
     let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
     let echo = std::env::var("RPC_MEASURE_FIXED_ONLY").map_or(true, |v| v != "1");
     for _ in 0..n * usize::from(echo) {
-        let r: Blob = client.unary(ECHO, &req, &CallOptions::default()).unwrap();
+        let r: Blob = client.unary(ECHO, &req, &opts).unwrap();
         assert_eq!(r, req);
     }
     let fixed_calls = if std::env::var("RPC_MEASURE_ECHO_ONLY").is_ok_and(|v| v == "1") { 0 } else { n };
     for _ in 0..fixed_calls {
-        let r: Fixed = client.unary(FIXED, &fixed, &CallOptions::default()).unwrap();
+        let r: Fixed = client.unary(FIXED, &fixed, &opts).unwrap();
         assert_eq!(r.a, 2);
     }
     println!("{} RPCs", client.counters().rpcs);
@@ -416,7 +468,7 @@ fn chan_count(n: usize, spec: &str) {
     let server = counting_server();
     let window32 = (tasks * window).clamp(1, 4096) as u16;
     let cfg = rpc_core::ChannelConfig::default()
-        .client(ClientConfig::default().window(window32).polling(PollingPolicy::Event { spins: 0 }))
+        .client(counting_client(ClientConfig::default().window(window32)))
         .spins(0)
         .queue_depth((4 * tasks * window).max(64))
         .poll_spin(Duration::from_micros(poll_spin));
@@ -424,16 +476,18 @@ fn chan_count(n: usize, spec: &str) {
     let ch = rt.block_on(rpc_core::Channel::connect_with(server.local_addr(), &cfg)).unwrap();
     let each = n / tasks.max(1);
     let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
+    let opts = counting_options();
     rt.block_on(async {
         let handles: Vec<_> = (0..tasks)
             .map(|_| {
                 let ch = ch.clone();
+                let opts = opts.clone();
                 tokio::spawn(async move {
                     let mut q = VecDeque::with_capacity(window);
                     let mut sent = 0;
                     loop {
                         while sent < each && q.len() < window {
-                            q.push_back(ch.unary::<Fixed, Fixed>(FIXED, fixed, &CallOptions::default()));
+                            q.push_back(ch.unary::<Fixed, Fixed>(FIXED, fixed, &opts));
                             sent += 1;
                         }
                         let Some(call) = q.pop_front() else { break };

@@ -33,7 +33,19 @@
 //! | `rpc_client_in_flight`, `rpc_server_in_flight` | gauge | method | calls |
 //! | `rpc_client_duration_seconds`, `rpc_server_duration_seconds` | histogram | method | seconds |
 //!
-//! `code` is the status code's name (`OK`, `UNAVAILABLE`...). Scope: every call, unary or
+//! `code` is the status code's name (`OK`, `UNAVAILABLE`...).
+//! Durations are read from the TSC
+//! clock the Prometheus exporter uses too (`quanta`; calibrated once per process, when
+//! `Observe::metrics(true)` is first built). What a call records stays off its latency where it
+//! can: a client call counts in flight (and its request bytes) once its request is posted (an
+//! async call at its first pending poll, while it waits; a blocking one just before it sends);
+//! a server records an inline handler's call after its answer is posted, in one go, so
+//! `rpc_server_in_flight` counts the calls async handlers' tasks, deferred answers and streams
+//! hold (an inline handler's call
+//! is answered before the worker looks at anything else), and a server's last record may land a
+//! moment after its client has the answer.
+//!
+//! Scope: every call, unary or
 //! streaming, of the blocking `Client` and of the `Channel`, and on the server every call of a
 //! served method: inline and async handlers, a deferred answer (its record ends when its
 //! `Responder` answers, or when the call ends without it: cancelled, expired, its session
@@ -46,7 +58,6 @@
 
 use std::cell::Cell;
 use std::net::SocketAddr;
-use std::time::Instant;
 
 use crate::dispatch::service::MethodId;
 use crate::metadata::Metadata;
@@ -77,6 +88,10 @@ impl Observe {
     /// feature nothing is recorded).
     pub fn metrics(mut self, on: bool) -> Observe {
         self.set(METRICS, on);
+        if on {
+            // The clock calls are timed with: calibrated here, once per process, not by a call.
+            rec::warm();
+        }
         self
     }
 
@@ -207,17 +222,40 @@ fn service_of(method: &str) -> &str {
     method.trim_start_matches('/').split('/').next().unwrap_or("")
 }
 
-/// The metrics of one method on one end, registered once per thread and method (a call then
-/// touches its handles: no key built, no registry lookup).
+/// The metrics of one method on one end, registered once per process and method and kept for
+/// the process's life (one small record per method and end: no reference count touched per
+/// call), found through a per-thread cache (a call then touches its handles: no key built, no
+/// registry lookup, no lock).
 #[cfg(feature = "metrics")]
 mod rec {
     use std::borrow::Cow;
     use std::cell::RefCell;
     use std::collections::HashMap;
-    use std::sync::{Arc, OnceLock};
+    use std::sync::{Mutex, OnceLock};
 
     /// Label `code` values: the 17 gRPC codes, then `DEFERRED`.
     const CODES: usize = 18;
+
+    /// When a call started: the TSC clock the recorder's histograms use too (cheaper to read
+    /// than the system clock; calibrated once per process, see [`warm`]).
+    pub(crate) type Start = quanta::Instant;
+
+    /// Now.
+    #[inline]
+    pub(crate) fn now() -> Start {
+        quanta::Instant::now()
+    }
+
+    /// Seconds from `start` to now.
+    #[inline]
+    pub(crate) fn secs_since(start: Start) -> f64 {
+        quanta::Instant::now().saturating_duration_since(start).as_secs_f64()
+    }
+
+    /// Calibrates the clock (once per process: a few milliseconds), so that no call pays it.
+    pub(crate) fn warm() {
+        let _ = quanta::Instant::now();
+    }
 
     #[derive(Debug)]
     pub(crate) struct Handles {
@@ -252,59 +290,90 @@ mod rec {
         }
     }
 
-    type Cache = HashMap<(bool, u64), Arc<Handles>, std::hash::BuildHasherDefault<KeyHasher>>;
+    type Map = HashMap<(bool, u64), &'static Handles, std::hash::BuildHasherDefault<KeyHasher>>;
+
+    /// Every method's handles, per end (taken on a thread's first call of a method).
+    static ALL: Mutex<Option<Map>> = Mutex::new(None);
 
     thread_local! {
-        static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+        /// The thread's copy of the entries of `ALL` it used.
+        static CACHE: RefCell<Map> = RefCell::new(Map::default());
     }
 
     /// The handles of the method `key` on the client (`client`) or server end; `name` gives its
     /// label the first time.
-    pub(crate) fn handles(client: bool, key: u64, name: impl FnOnce() -> Cow<'static, str>) -> Arc<Handles> {
-        CACHE.with(|c| {
-            c.borrow_mut()
-                .entry((client, key))
-                .or_insert_with(|| {
-                    let method = name();
-                    let m = method.clone();
-                    let (g, q, r, d) = if client {
-                        (
-                            metrics::gauge!("rpc_client_in_flight", "method" => m.clone()),
-                            metrics::counter!("rpc_client_request_bytes_total", "method" => m.clone()),
-                            metrics::counter!("rpc_client_response_bytes_total", "method" => m.clone()),
-                            metrics::histogram!("rpc_client_duration_seconds", "method" => m),
-                        )
-                    } else {
-                        (
-                            metrics::gauge!("rpc_server_in_flight", "method" => m.clone()),
-                            metrics::counter!("rpc_server_request_bytes_total", "method" => m.clone()),
-                            metrics::counter!("rpc_server_response_bytes_total", "method" => m.clone()),
-                            metrics::histogram!("rpc_server_duration_seconds", "method" => m),
-                        )
-                    };
-                    Arc::new(Handles {
-                        client,
-                        method,
-                        in_flight: g,
-                        req_bytes: q,
-                        resp_bytes: r,
-                        duration: d,
-                        calls: std::array::from_fn(|_| OnceLock::new()),
-                    })
-                })
-                .clone()
-        })
+    #[inline]
+    pub(crate) fn handles(
+        client: bool,
+        key: u64,
+        name: impl FnOnce() -> Cow<'static, str>,
+    ) -> &'static Handles {
+        let found = CACHE.with(|c| c.borrow().get(&(client, key)).copied());
+        match found {
+            Some(h) => h,
+            None => register(client, key, name),
+        }
+    }
+
+    /// [`handles`] on the thread's first call of the method.
+    #[cold]
+    #[inline(never)]
+    fn register(client: bool, key: u64, name: impl FnOnce() -> Cow<'static, str>) -> &'static Handles {
+        let h = *ALL
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Map::default)
+            .entry((client, key))
+            .or_insert_with(|| Box::leak(Box::new(Handles::new(client, name()))));
+        CACHE.with(|c| c.borrow_mut().insert((client, key), h));
+        h
     }
 
     impl Handles {
-        pub(crate) fn start(&self, req: usize) {
-            self.in_flight.increment(1.0);
-            self.req_bytes.increment(req as u64);
+        fn new(client: bool, method: Cow<'static, str>) -> Handles {
+            let m = method.clone();
+            let (g, q, r, d) = if client {
+                (
+                    metrics::gauge!("rpc_client_in_flight", "method" => m.clone()),
+                    metrics::counter!("rpc_client_request_bytes_total", "method" => m.clone()),
+                    metrics::counter!("rpc_client_response_bytes_total", "method" => m.clone()),
+                    metrics::histogram!("rpc_client_duration_seconds", "method" => m),
+                )
+            } else {
+                (
+                    metrics::gauge!("rpc_server_in_flight", "method" => m.clone()),
+                    metrics::counter!("rpc_server_request_bytes_total", "method" => m.clone()),
+                    metrics::counter!("rpc_server_response_bytes_total", "method" => m.clone()),
+                    metrics::histogram!("rpc_server_duration_seconds", "method" => m),
+                )
+            };
+            Handles {
+                client,
+                method,
+                in_flight: g,
+                req_bytes: q,
+                resp_bytes: r,
+                duration: d,
+                calls: std::array::from_fn(|_| OnceLock::new()),
+            }
         }
 
-        /// `code`: a gRPC code, or -1 for DEFERRED.
-        pub(crate) fn finish(&self, code: i32, name: &'static str, resp: usize, secs: f64) {
-            self.in_flight.decrement(1.0);
+        /// A call starts: in flight.
+        pub(crate) fn start(&self) {
+            self.in_flight.increment(1.0);
+        }
+
+        /// A call's request of `bytes` bytes.
+        pub(crate) fn request(&self, bytes: usize) {
+            self.req_bytes.increment(bytes as u64);
+        }
+
+        /// A call ended (`started`: counted in flight by [`Handles::start`]). `code`: a gRPC
+        /// code, or -1 for DEFERRED.
+        pub(crate) fn finish(&self, code: i32, name: &'static str, started: bool, resp: usize, secs: f64) {
+            if started {
+                self.in_flight.decrement(1.0);
+            }
             let i = usize::try_from(code).unwrap_or(CODES - 1).min(CODES - 1);
             self.calls[i]
                 .get_or_init(|| {
@@ -325,35 +394,88 @@ mod rec {
 #[cfg(not(feature = "metrics"))]
 mod rec {
     use std::borrow::Cow;
-    use std::sync::Arc;
 
     #[derive(Debug)]
     pub(crate) struct Handles;
 
-    pub(crate) fn handles(_: bool, _: u64, _: impl FnOnce() -> Cow<'static, str>) -> Arc<Handles> {
-        Arc::new(Handles)
+    pub(crate) type Start = ();
+
+    pub(crate) fn now() -> Start {}
+
+    pub(crate) fn secs_since(_: Start) -> f64 {
+        0.0
+    }
+
+    pub(crate) fn warm() {}
+
+    pub(crate) fn handles(_: bool, _: u64, _: impl FnOnce() -> Cow<'static, str>) -> &'static Handles {
+        &Handles
     }
 
     impl Handles {
-        pub(crate) fn start(&self, _: usize) {}
-        pub(crate) fn finish(&self, _: i32, _: &'static str, _: usize, _: f64) {}
+        pub(crate) fn start(&self) {}
+        pub(crate) fn request(&self, _: usize) {}
+        pub(crate) fn finish(&self, _: i32, _: &'static str, _: bool, _: usize, _: f64) {}
     }
 }
 
-/// One observed call, on either end: its span (disabled when tracing is off), its start, and
-/// what its metrics are labelled with.
+/// One observed call, on either end: its span and trace context (tracing on), its method's
+/// metrics and its start (metrics on).
 #[derive(Debug)]
 pub(crate) struct Observed {
-    span: tracing::Span,
-    /// The thread's trace context while the handler runs (server) .
-    trace: Option<TraceContext>,
-    start: Instant,
-    /// Tracing is on.
-    traced: bool,
-    /// The method's metrics (`None`: metrics off).
-    method: Option<std::sync::Arc<rec::Handles>>,
+    /// Tracing's part (`None`: tracing off).
+    traced: Option<Box<Traced>>,
+    /// The call's metrics (`None`: metrics off).
+    metered: Option<Metered>,
+    /// The request's message bytes.
+    req_bytes: usize,
     /// Recorded its end (else its drop records CANCELLED: a dropped future).
     finished: bool,
+}
+
+/// The metrics of an observed call.
+#[derive(Debug)]
+struct Metered {
+    /// When the call started.
+    start: rec::Start,
+    /// Its method's handles, once it counts as in flight ([`Observed::sent`],
+    /// [`Observed::in_flight`]).
+    handles: Option<&'static rec::Handles>,
+    /// Its method.
+    method: Method,
+}
+
+/// The method of a metered call: its id on the client end, its full name on the server's.
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    Client(MethodId),
+    Server(&'static str),
+}
+
+impl Method {
+    /// Its handles.
+    fn handles(self) -> &'static rec::Handles {
+        match self {
+            Method::Client(id) => {
+                rec::handles(true, u64::from(id), || match crate::client::names::method_name(id) {
+                    Some(n) => n.into(),
+                    None => format!("{id:#010x}").into(),
+                })
+            }
+            // Keyed by the name's address: one static string per served method.
+            Method::Server(name) => {
+                rec::handles(false, name.as_ptr() as u64, || std::borrow::Cow::Borrowed(name))
+            }
+        }
+    }
+}
+
+/// The tracing of an observed call.
+#[derive(Debug)]
+struct Traced {
+    span: tracing::Span,
+    /// The thread's trace context while the handler runs (server).
+    trace: Option<TraceContext>,
 }
 
 impl Drop for Observed {
@@ -380,14 +502,14 @@ impl Observed {
                 None => format!("{id:#010x}").into(),
             }
         };
-        let span = if o.is_tracing() {
+        let traced = o.is_tracing().then(|| {
             let name = name();
             let parent = TraceContext::current();
             let tc = parent.map_or_else(TraceContext::new_root, |p| p.child());
             md.remove(TRACEPARENT);
             // Lowercase hex and dashes: always a valid ASCII value.
             let _ = md.insert(TRACEPARENT, &tc.traceparent());
-            tracing::info_span!(
+            let span = tracing::info_span!(
                 "rpc.client",
                 otel.kind = "client",
                 rpc.system = "rdma-rpc",
@@ -400,15 +522,13 @@ impl Observed {
                 trace_id = %format_args!("{:032x}", tc.trace_id),
                 span_id = %format_args!("{:016x}", tc.span_id),
                 parent_span_id = parent.map(|p| tracing::field::display(format!("{:016x}", p.span_id))),
-            )
-        } else {
-            tracing::Span::none()
-        };
-        let method = o.is_metrics().then(|| rec::handles(true, u64::from(id), name));
-        if let Some(m) = &method {
-            m.start(req_bytes);
-        }
-        Observed { span, traced: o.is_tracing(), trace: None, start: Instant::now(), method, finished: false }
+            );
+            Box::new(Traced { span, trace: None })
+        });
+        // Only the clock is read here: the rest waits for the request to be on its way.
+        let metered =
+            o.is_metrics().then(|| Metered { start: rec::now(), handles: None, method: Method::Client(id) });
+        Observed { traced, metered, req_bytes, finished: false }
     }
 
     /// A server call of `method` (full name) starting, with the request's metadata: with
@@ -421,7 +541,7 @@ impl Observed {
         req_bytes: usize,
         peer: SocketAddr,
     ) -> Observed {
-        let (span, trace) = if o.is_tracing() {
+        let traced = o.is_tracing().then(|| {
             let parent = md.get(TRACEPARENT).and_then(TraceContext::parse);
             let tc = parent.map_or_else(TraceContext::new_root, |p| p.child());
             let span = tracing::info_span!(
@@ -438,30 +558,59 @@ impl Observed {
                 span_id = %format_args!("{:016x}", tc.span_id),
                 parent_span_id = parent.map(|p| tracing::field::display(format!("{:016x}", p.span_id))),
             );
-            (span, Some(tc))
-        } else {
-            (tracing::Span::none(), None)
-        };
-        let method = o.is_metrics().then(|| {
-            // Keyed by the name's address: one static string per served method.
-            rec::handles(false, method.as_ptr() as u64, || std::borrow::Cow::Borrowed(method))
+            Box::new(Traced { span, trace: Some(tc) })
         });
-        if let Some(m) = &method {
-            m.start(req_bytes);
+        // Only the clock is read here: an inline handler's call is recorded whole once its
+        // answer is posted; an async handler's counts in flight once its task takes it
+        // ([`Observed::in_flight`]).
+        let metered = o.is_metrics().then(|| Metered {
+            start: rec::now(),
+            handles: None,
+            method: Method::Server(method),
+        });
+        Observed { traced, metered, req_bytes, finished: false }
+    }
+
+    /// A client call's request is on its way (or about to be): it counts as in flight and its
+    /// request bytes are counted. Called where the caller waits anyway (an async call's first
+    /// pending poll: after its request is posted). Idempotent.
+    #[inline]
+    pub(crate) fn sent(&mut self) {
+        self.in_flight();
+    }
+
+    /// The call counts as in flight from now until it ends (a server call an async handler's
+    /// task takes; a client call once sent), its request bytes counted. Idempotent.
+    #[inline]
+    pub(crate) fn in_flight(&mut self) {
+        if let Some(m) = &mut self.metered {
+            if m.handles.is_none() {
+                Self::count_in_flight(m, self.req_bytes);
+            }
         }
-        Observed { span, traced: o.is_tracing(), trace, start: Instant::now(), method, finished: false }
+    }
+
+    /// [`Observed::in_flight`]'s first time.
+    #[cold]
+    #[inline(never)]
+    fn count_in_flight(m: &mut Metered, req_bytes: usize) {
+        let h = m.method.handles();
+        h.start();
+        h.request(req_bytes);
+        m.handles = Some(h);
     }
 
     /// Enters the span (a handle of it: the `Observed` may move meanwhile) and makes the
     /// call's trace context the thread's, until dropped.
     /// Nothing with tracing off.
     pub(crate) fn enter(&self) -> Option<(tracing::span::EnteredSpan, Option<TraceGuard>)> {
-        self.traced.then(|| (self.span.clone().entered(), self.trace.map(TraceContext::enter)))
+        let t = self.traced.as_deref()?;
+        Some((t.span.clone().entered(), t.trace.map(TraceContext::enter)))
     }
 
     /// Tracing is on: the call's metadata carries a `traceparent` (client end).
     pub(crate) fn traced(&self) -> bool {
-        self.traced
+        self.traced.is_some()
     }
 
     /// The call ended with `code` and a response of `resp_bytes` (0 for an error).
@@ -488,12 +637,22 @@ impl Observed {
 
     fn finish_named(&mut self, code: i32, name: &'static str, resp_bytes: usize) {
         self.finished = true;
-        if code >= 0 {
-            self.span.record("rpc.grpc.status_code", code);
-            self.span.record("rpc.response.size", resp_bytes);
+        if let Some(t) = self.traced.as_deref().filter(|_| code >= 0) {
+            t.span.record("rpc.grpc.status_code", code);
+            t.span.record("rpc.response.size", resp_bytes);
         }
-        if let Some(m) = self.method.take() {
-            m.finish(code, name, resp_bytes, self.start.elapsed().as_secs_f64());
+        if let Some(m) = self.metered.take() {
+            let secs = rec::secs_since(m.start);
+            match m.handles {
+                Some(h) => h.finish(code, name, true, resp_bytes, secs),
+                // Never counted in flight (an inline handler's call, ended after its answer
+                // left): its in-flight count would go up and down at once, so it stays.
+                None => {
+                    let h = m.method.handles();
+                    h.request(self.req_bytes);
+                    h.finish(code, name, false, resp_bytes, secs);
+                }
+            }
         }
     }
 }

@@ -89,9 +89,19 @@ fn per_method_metrics_of_both_ends_are_scraped_from_the_prometheus_exporter() {
         let ch = Channel::connect_with(server.local_addr(), &config).await.expect("channel");
         ch.unary::<EchoMsg, EchoMsg>(ECHO_M, &req, &CallOptions::default()).await.expect("echo");
     });
-    let text = scrape(port);
     let echo = r#"method="/test.Metered/Echo""#;
     let fail = r#"method="/test.Metered/Fail""#;
+    // A server records a call once its answer is posted: its last call's record may land a moment
+    // after the client has the answer.
+    let mut text = scrape(port);
+    for _ in 0..100 {
+        let served = |code: &str, m: &str| value(&text, "rpc_server_calls_total", &[m, code]);
+        if served(r#"code="OK""#, echo) == Some(5.0) && served(r#"code="NOT_FOUND""#, fail) == Some(2.0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        text = scrape(port);
+    }
     for side in ["client", "server"] {
         let calls = format!("rpc_{side}_calls_total");
         assert_eq!(value(&text, &calls, &[echo, r#"code="OK""#]), Some(5.0), "{side} OK calls\n{text}");

@@ -398,6 +398,8 @@ impl Channel {
             plain.unary(id, IntoRequest::into_message(req), &opts)
         };
         let size: fn(&Resp) -> usize = |m| m.encoded_len();
+        let mut obs = obs;
+        obs.sent();
         call.observed = Some(Box::new((obs, size)));
         call
     }

@@ -368,8 +368,9 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        let (obs, traced) = self.observe_call(id, req, opts);
+        let (mut obs, traced) = self.observe_call(id, req, opts);
         let opts = traced.as_ref().unwrap_or(opts);
+        obs.sent();
         let r = {
             let _entered = obs.enter();
             // The plain call (its one copy, so the hot path keeps its inlining).
@@ -574,7 +575,7 @@ impl Client {
     fn intercepted<'a>(
         &self,
         opts: &'a CallOptions,
-    ) -> Result<Option<std::borrow::Cow<'a, Metadata>>, Status> {
+    ) -> Result<Option<crate::metadata::Intercepted<'a>>, Status> {
         let inner = self.inner.borrow();
         crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())
     }
@@ -651,12 +652,16 @@ impl<T: Message + Default> Future for ResponseFuture<'_, T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let p = this.poll_plain(cx);
-        if this.observed.is_some() {
-            if let Poll::Ready(r) = &p {
-                if let Some(o) = this.observed.take() {
-                    let (o, size) = *o;
-                    o.finish_with(r, size);
+        if let Some(o) = this.observed.as_mut() {
+            match &p {
+                Poll::Ready(r) => {
+                    if let Some(o) = this.observed.take() {
+                        let (o, size) = *o;
+                        o.finish_with(r, size);
+                    }
                 }
+                // Its request is posted: the call's start is recorded while it waits.
+                Poll::Pending => o.0.sent(),
             }
         }
         p
@@ -776,7 +781,9 @@ impl Drop for StreamObs {
 
 impl StreamObs {
     /// The record of a stream opened with no error to report at once (a `Channel`'s).
-    pub(crate) fn new(obs: crate::observe::Observed) -> Box<StreamObs> {
+    pub(crate) fn new(mut obs: crate::observe::Observed) -> Box<StreamObs> {
+        // Opened: in flight until its end.
+        obs.sent();
         Box::new(StreamObs { obs: Some(obs), bytes: 0 })
     }
 

@@ -156,7 +156,11 @@ where
     let flag = Arc::new(CancelFlag::default());
     actx.cancel = Some(flag.clone());
     let deadline = actx.deadline;
-    let observed = ctx.observed.take().map(Box::new);
+    // Observed (`ServerConfig::observe`): in flight from now until the task answers.
+    let observed = ctx.observed.take().map(|mut o| {
+        o.in_flight();
+        Box::new(o)
+    });
     let mut fut = CatchPanic { inner: Box::pin(handler(actx)), method, deadline, observed };
     match (&runtime.kind, ctx.local.as_ref()) {
         (Kind::Worker(_), Some(local)) => {

@@ -225,20 +225,32 @@ impl<P: Provider> Drop for Entry<P> {
     }
 }
 
-/// Splits a request's metadata block off the front of `body` into `into`; on a refused block,
-/// the status the call is answered with (the body is left as it was).
-#[cold]
+/// Splits a request's metadata block off the front of `body` into `into`, in `spare`'s buffer
+/// when it has one that nothing else holds (a worker decodes blocks without allocating); on a
+/// refused block, the status the call is answered with (the body is left as it was).
 fn split_metadata<'a>(
     body: Body<'a>,
     limit: usize,
     into: &mut Option<Arc<crate::metadata::Metadata>>,
+    spare: &mut Option<Arc<crate::metadata::Metadata>>,
 ) -> (Body<'a>, Option<Status>) {
-    match crate::metadata::Metadata::split(body.as_slice(), limit) {
-        Ok((md, at)) => {
-            *into = Some(Arc::new(md));
+    let mut md = spare.take().unwrap_or_default();
+    let split = match Arc::get_mut(&mut md) {
+        Some(m) => m.split_into(body.as_slice(), limit),
+        None => crate::metadata::Metadata::split(body.as_slice(), limit).map(|(m, at)| {
+            md = Arc::new(m);
+            at
+        }),
+    };
+    match split {
+        Ok(at) => {
+            *into = Some(md);
             (body.advance(at), None)
         }
-        Err(s) => (body, Some(s)),
+        Err(s) => {
+            *spare = Some(md);
+            (body, Some(s))
+        }
     }
 }
 
@@ -307,6 +319,13 @@ pub(crate) struct Worker<P: Provider> {
     ctx: RequestContext,
     /// `ServerConfig::interceptor`.
     interceptor: Option<ServerInterceptor>,
+    /// The last request's metadata once no handler holds it: the next block is decoded into
+    /// its buffer.
+    spare_metadata: Option<Arc<crate::metadata::Metadata>>,
+    /// Calls answered in this iteration whose records (`ServerConfig::observe`'s metrics) end
+    /// once their answers are posted (off the critical path): with the code and the response's
+    /// bytes.
+    ended: Vec<(crate::observe::Observed, Code, usize)>,
     /// Shared with the context's [`CancelPeek`]: a handler's `is_cancelled` polls more into it.
     wcs: Rc<Completions<POLL_BATCH>>,
     /// Async handlers' tasks polled on this thread (shared with the context, whose
@@ -349,6 +368,8 @@ impl<P: Provider> Worker<P> {
             scratch: vec![0; limits.body_cap],
             ctx,
             interceptor,
+            spare_metadata: None,
+            ended: Vec::new(),
             local,
             streaming: Vec::with_capacity(n),
             wcs,
@@ -429,6 +450,10 @@ impl<P: Provider> Worker<P> {
             // Looked at before calling: most empty polls leave nothing to post.
             if !self.dirty.is_empty() {
                 self.flush_dirty();
+            }
+            // The records of the calls just answered, now that their answers are posted.
+            if !self.ended.is_empty() {
+                end_observed(&mut self.ended);
             }
             // Receive buffers go back in batches; all of them once the worker is idle for a while
             // (not at the first empty poll, where the next request may already be landing).
@@ -1342,7 +1367,19 @@ impl<P: Provider> Worker<P> {
     fn dispatch(&mut self, idx: u16, received: Received, h: Header) {
         let tag = self.tag(idx);
         let draining = self.shared.draining.load(Ordering::Relaxed);
-        let Worker { entries, registry, recv, counters, scratch, ctx, interceptor, limits, .. } = self;
+        let Worker {
+            entries,
+            registry,
+            recv,
+            counters,
+            scratch,
+            ctx,
+            interceptor,
+            limits,
+            spare_metadata,
+            ended,
+            ..
+        } = self;
         let Some(entry) = entries[idx as usize].as_mut() else {
             if let Received::Eager(b) = received {
                 recv.repost(b);
@@ -1372,8 +1409,11 @@ impl<P: Provider> Worker<P> {
         ctx.source.set(None);
         ctx.stream_in.set(h.stream & crate::wire::STREAM_IN != 0);
         ctx.batch_cap.set(batch_cap(&entry.conn));
-        if ctx.info.metadata.is_some() {
-            ctx.info.metadata = None;
+        if let Some(md) = ctx.info.metadata.take() {
+            // Kept for the next block when no async handler holds it.
+            if Arc::strong_count(&md) == 1 {
+                *spare_metadata = Some(md);
+            }
         }
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
         let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
@@ -1389,7 +1429,8 @@ impl<P: Provider> Worker<P> {
         // Request metadata: split off the body's front (refused calls answer before any handler).
         let mut refused = None;
         if h.metadata {
-            (body, refused) = split_metadata(body, limits.max_metadata, &mut ctx.info.metadata);
+            (body, refused) =
+                split_metadata(body, limits.max_metadata, &mut ctx.info.metadata, spare_metadata);
         }
         let body_len = body.len();
         let ctx = &*ctx;
@@ -1457,7 +1498,7 @@ impl<P: Provider> Worker<P> {
                 (Outcome::Error(s), Some((_, name))) if !ran => {
                     observe_refused(limits.observe, ctx, name, body_len, s.code())
                 }
-                _ => observe_end(ctx, &outcome),
+                _ => observe_end(ctx, &outcome, ended),
             }
         }
         let source = ctx.source.take();
@@ -1625,26 +1666,50 @@ fn observe_refused(o: crate::Observe, ctx: &RequestContext, name: &'static str, 
 }
 
 /// Ends the record of a call whose handler returned with `outcome` (unless an async handler
-/// took it).
+/// took it): a traced call's at once (its span closes before its answer leaves), else into
+/// `ended`, recorded once the answer is posted ([`end_observed`]).
 #[cold]
 #[inline(never)]
-fn observe_end(ctx: &RequestContext, outcome: &Outcome) {
+fn observe_end(
+    ctx: &RequestContext,
+    outcome: &Outcome,
+    ended: &mut Vec<(crate::observe::Observed, Code, usize)>,
+) {
     let Some(obs) = ctx.observed.take() else { return };
-    match outcome {
-        Outcome::Eager(n) => obs.finish(Code::Ok, *n as usize),
-        Outcome::Ring { len, .. } | Outcome::Staged { len, .. } => obs.finish(Code::Ok, *len as usize),
-        Outcome::Spilled(b) => obs.finish(Code::Ok, b.len()),
-        Outcome::Later(b) => obs.finish(Code::Ok, b.len()),
-        Outcome::Error(s) => obs.finish(s.code(), 0),
+    let (code, len) = match outcome {
+        Outcome::Eager(n) => (Code::Ok, *n as usize),
+        Outcome::Ring { len, .. } | Outcome::Staged { len, .. } => (Code::Ok, *len as usize),
+        Outcome::Spilled(b) => (Code::Ok, b.len()),
+        Outcome::Later(b) => (Code::Ok, b.len()),
+        Outcome::Error(s) => (s.code(), 0),
         // Its answer (a `Responder`'s, a stream's end) or the worker, when the call ends
         // without one, ends the record.
-        Outcome::Deferred => match ctx.cancel_flag.take() {
-            Some(flag) => {
-                flag.set_observed(obs);
-                ctx.cancel_flag.set(Some(flag));
+        Outcome::Deferred => {
+            match ctx.cancel_flag.take() {
+                Some(flag) => {
+                    let mut obs = obs;
+                    obs.in_flight();
+                    flag.set_observed(obs);
+                    ctx.cancel_flag.set(Some(flag));
+                }
+                None => obs.finish_deferred(),
             }
-            None => obs.finish_deferred(),
-        },
-        Outcome::Unset => obs.finish(Code::Unknown, 0),
+            return;
+        }
+        Outcome::Unset => (Code::Unknown, 0),
+    };
+    if obs.traced() {
+        obs.finish(code, len);
+    } else {
+        ended.push((obs, code, len));
+    }
+}
+
+/// Records the calls of `ended` (their answers are posted).
+#[cold]
+#[inline(never)]
+fn end_observed(ended: &mut Vec<(crate::observe::Observed, Code, usize)>) {
+    for (obs, code, len) in ended.drain(..) {
+        obs.finish(code, len);
     }
 }
