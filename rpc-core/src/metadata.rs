@@ -576,8 +576,8 @@ impl<M: Message> Message for WithMetadata<'_, M> {
 }
 
 /// A response's metadata: its headers and its trailers, as a server's handler sets them
-/// ([`crate::RequestContext::set_headers`], [`crate::AsyncContext::set_headers`],
-/// [`crate::Responder::set_headers`], and `set_trailers` beside each) and a client reads them
+/// ([`crate::dispatch::reply::RequestContext::set_headers`], [`crate::AsyncContext::set_headers`],
+/// [`crate::dispatch::reply::Responder::set_headers`], and `set_trailers` beside each) and a client reads them
 /// ([`CapturedMetadata`]; an error's come in its [`crate::Status::metadata`]).
 ///
 /// On the wire (protocol 9) a response with metadata has the header's `METADATA` flag and its body
