@@ -6,6 +6,7 @@
 
 mod counting;
 mod hold;
+pub mod prom;
 mod raw_client;
 
 // Each test binary uses some of these.
