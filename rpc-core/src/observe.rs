@@ -34,16 +34,24 @@
 //! | `rpc_client_duration_seconds`, `rpc_server_duration_seconds` | histogram | method | seconds |
 //!
 //! `code` is the status code's name (`OK`, `UNAVAILABLE`...).
-//! Durations are read from the TSC
-//! clock the Prometheus exporter uses too (`quanta`; calibrated once per process, when
-//! `Observe::metrics(true)` is first built). What a call records stays off its latency where it
-//! can: a client call counts in flight (and its request bytes) once its request is posted (an
-//! async call at its first pending poll, while it waits; a blocking one just before it sends);
-//! a server records an inline handler's call after its answer is posted, in one go, so
-//! `rpc_server_in_flight` counts the calls async handlers' tasks, deferred answers and streams
-//! hold (an inline handler's call
-//! is answered before the worker looks at anything else), and a server's last record may land a
-//! moment after its client has the answer.
+//!
+//! A call does not call the recorder: it adds to its thread's own record of its method (a few
+//! plain loads and stores, no atomic read-modify-write, no lock), and a flusher thread (one per
+//! process, started by the first record, asleep in between) hands what every thread's records
+//! gained to the recorder every [`METRICS_FLUSH_EVERY`] (100 ms), as Envoy's thread-local stats
+//! do; [`flush_metrics`] does it at once. So a scrape sees a call at most 100 ms after it ended.
+//! The duration histogram is aggregated per thread in log-linear buckets (exact below 16 ns, then
+//! 16 per power of two) and each bucket reaches the recorder as its midpoint: a recorded
+//! duration is within 1/32 (3.1 %) of the measured one. A thread's records outlive it (the next
+//! thread to call the method takes them over): about 5 KiB per method, end and thread that
+//! ever called it at once. Durations are read from the TSC (`quanta`: calibrated once per
+//! process, when `Observe::metrics(true)` is first built; the OS clock where the TSC is not
+//! invariant). What a call records stays off its latency where it can: a client call counts in
+//! flight (and its request bytes) once its request is posted (an async call at its first
+//! pending poll, while it waits; a blocking one just before it sends); a server records an
+//! inline handler's call after its answer is posted, so `rpc_server_in_flight` counts the
+//! calls async handlers' tasks, deferred answers and streams hold (an inline handler's call is
+//! answered before the worker looks at anything else).
 //!
 //! Scope: every call, unary or
 //! streaming, of the blocking `Client` and of the `Channel`, and on the server every call of a
@@ -222,116 +230,189 @@ fn service_of(method: &str) -> &str {
     method.trim_start_matches('/').split('/').next().unwrap_or("")
 }
 
-/// The metrics of one method on one end, registered once per process and method and kept for
-/// the process's life (one small record per method and end: no reference count touched per
-/// call), found through a per-thread cache (a call then touches its handles: no key built, no
-/// registry lookup, no lock).
+/// The metrics of calls, aggregated per thread and handed to the `metrics` recorder in batches
+/// (Envoy's thread-local stats, flushed periodically, are the model).
+///
+/// A call touches only its thread's record of its method ([`Local`]): plain loads and stores
+/// of counters that thread alone writes (no atomic read-modify-write, no lock, no call into the
+/// recorder), and one bucket of a log-linear duration histogram. A flusher thread (one per
+/// process, started with the first record) adds what every thread's records gained since its
+/// last look to the recorder's counters, gauges and histograms every [`FLUSH_EVERY`]
+/// ([`flush`] does it at once). A histogram sample is its bucket's midpoint: buckets are
+/// exact below 16 ns, then 16 per power of two, so a recorded duration is within 1/32 (3.1 %)
+/// of the measured one.
 #[cfg(feature = "metrics")]
 mod rec {
     use std::borrow::Cow;
-    use std::cell::RefCell;
+    use std::cell::{Cell, RefCell};
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::sync::{Mutex, OnceLock};
+    use std::time::Duration;
 
     /// Label `code` values: the 17 gRPC codes, then `DEFERRED`.
     const CODES: usize = 18;
 
-    /// When a call started: the TSC clock the recorder's histograms use too (cheaper to read
-    /// than the system clock; calibrated once per process, see [`warm`]).
-    pub(crate) type Start = quanta::Instant;
+    /// How often the flusher hands the threads' records to the recorder.
+    const FLUSH_EVERY: Duration = super::METRICS_FLUSH_EVERY;
+
+    /// Sub-buckets per power of two of a duration in ns (and the exact buckets below them).
+    const SUB: u64 = 16;
+    const SUB_BITS: u32 = SUB.trailing_zeros();
+    /// Durations of 2^40 ns (18 minutes) and over share the last bucket.
+    const MAX_BITS: u32 = 40;
+    /// Buckets of the duration histogram.
+    const BUCKETS: usize = (SUB + (MAX_BITS as u64 - SUB_BITS as u64) * SUB) as usize;
+
+    /// The bucket of a duration of `ns` nanoseconds.
+    #[inline]
+    pub(crate) fn bucket(ns: u64) -> usize {
+        if ns < SUB {
+            return ns as usize;
+        }
+        let exp = (63 - ns.leading_zeros()).min(MAX_BITS - 1);
+        let sub = (ns.min((1 << MAX_BITS) - 1) >> (exp - SUB_BITS)) & (SUB - 1);
+        (SUB + u64::from(exp - SUB_BITS) * SUB + sub) as usize
+    }
+
+    /// The duration a bucket stands for, in ns: its midpoint (its value below 16 ns).
+    pub(crate) fn midpoint(bucket: usize) -> f64 {
+        let b = bucket as u64;
+        if b < SUB {
+            return b as f64;
+        }
+        let shift = (b - SUB) / SUB; // exp - SUB_BITS
+        let low = (SUB + (b - SUB) % SUB) << shift;
+        low as f64 + ((1u64 << shift) as f64 - 1.0) / 2.0
+    }
+
+    /// The clock calls are timed with: the TSC where it is invariant (`quanta`; calibrated
+    /// once per process, see [`warm`]), else the OS's monotonic clock.
+    fn clock() -> &'static quanta::Clock {
+        static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
+        CLOCK.get_or_init(quanta::Clock::new)
+    }
+
+    /// When a call started: a raw reading of [`clock`].
+    pub(crate) type Start = u64;
 
     /// Now.
     #[inline]
     pub(crate) fn now() -> Start {
-        quanta::Instant::now()
+        clock().raw()
     }
 
-    /// Seconds from `start` to now.
+    /// Nanoseconds from `start` to now.
     #[inline]
-    pub(crate) fn secs_since(start: Start) -> f64 {
-        quanta::Instant::now().saturating_duration_since(start).as_secs_f64()
+    pub(crate) fn nanos_since(start: Start) -> u64 {
+        let c = clock();
+        c.delta_as_nanos(start, c.raw())
     }
 
     /// Calibrates the clock (once per process: a few milliseconds), so that no call pays it.
     pub(crate) fn warm() {
-        let _ = quanta::Instant::now();
+        let _ = clock();
     }
 
-    #[derive(Debug)]
-    pub(crate) struct Handles {
+    /// A counter only its owner thread writes (a load and a store: no read-modify-write);
+    /// the flusher reads it.
+    #[derive(Default)]
+    struct Own(AtomicU64);
+
+    impl Own {
+        #[inline]
+        fn add(&self, n: u64) {
+            self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+        }
+        fn get(&self) -> u64 {
+            self.0.load(Relaxed)
+        }
+    }
+
+    /// One thread's record of one method on one end. Written by one thread at a time (a
+    /// thread that ends returns its records to their method, for the next thread to take:
+    /// they live as long as the process, as many per method as threads ever used it at once).
+    pub(crate) struct Local {
+        /// Calls counted in flight, and those of them that ended.
+        started: Own,
+        ended: Own,
+        req_bytes: Own,
+        resp_bytes: Own,
+        calls: [Own; CODES],
+        /// Calls per duration bucket ([`bucket`]).
+        durations: Box<[Own]>,
+        /// Its method's record.
+        method: &'static Method,
+    }
+
+    impl std::fmt::Debug for Local {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Local").field("method", &self.method.name).finish_non_exhaustive()
+        }
+    }
+
+    impl Local {
+        /// A call starts: in flight, with a request of `bytes` bytes.
+        #[inline]
+        pub(crate) fn start(&self, bytes: usize) {
+            self.started.add(1);
+            self.req_bytes.add(bytes as u64);
+        }
+
+        /// A request of `bytes` bytes, of a call not counted in flight.
+        #[inline]
+        pub(crate) fn request(&self, bytes: usize) {
+            self.req_bytes.add(bytes as u64);
+        }
+
+        /// A call ended with `code` (a gRPC code, or -1 for DEFERRED) after `ns` nanoseconds,
+        /// with a response of `resp` bytes (`started`: counted by [`Local::start`]).
+        #[inline]
+        pub(crate) fn finish(&self, code: i32, started: bool, resp: usize, ns: u64) {
+            if started {
+                self.ended.add(1);
+            }
+            self.calls[usize::try_from(code).unwrap_or(CODES - 1).min(CODES - 1)].add(1);
+            self.resp_bytes.add(resp as u64);
+            self.durations[bucket(ns)].add(1);
+        }
+    }
+
+    /// What the recorder has of one of a method's [`Local`]s.
+    struct Seen {
+        local: &'static Local,
+        started: u64,
+        ended: u64,
+        req_bytes: u64,
+        resp_bytes: u64,
+        calls: [u64; CODES],
+        durations: Box<[u64]>,
+    }
+
+    /// A method on one end: its recorder handles and its threads' records.
+    pub(crate) struct Method {
+        /// Its key in [`METHODS`] and the threads' caches.
+        key: u64,
         client: bool,
-        method: Cow<'static, str>,
+        name: Cow<'static, str>,
         in_flight: metrics::Gauge,
         req_bytes: metrics::Counter,
         resp_bytes: metrics::Counter,
         duration: metrics::Histogram,
         calls: [OnceLock<metrics::Counter>; CODES],
+        locals: Mutex<Locals>,
     }
 
-    /// Hashes the cache's small keys with one multiply (SipHash would cost more than the
-    /// metrics themselves).
     #[derive(Default)]
-    pub(crate) struct KeyHasher(u64);
-
-    impl std::hash::Hasher for KeyHasher {
-        fn finish(&self) -> u64 {
-            self.0
-        }
-        fn write(&mut self, bytes: &[u8]) {
-            for &b in bytes {
-                self.write_u64(u64::from(b));
-            }
-        }
-        fn write_u8(&mut self, i: u8) {
-            self.write_u64(u64::from(i));
-        }
-        fn write_u64(&mut self, i: u64) {
-            self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
+    struct Locals {
+        all: Vec<Seen>,
+        /// Records no thread holds.
+        free: Vec<&'static Local>,
     }
 
-    type Map = HashMap<(bool, u64), &'static Handles, std::hash::BuildHasherDefault<KeyHasher>>;
-
-    /// Every method's handles, per end (taken on a thread's first call of a method).
-    static ALL: Mutex<Option<Map>> = Mutex::new(None);
-
-    thread_local! {
-        /// The thread's copy of the entries of `ALL` it used.
-        static CACHE: RefCell<Map> = RefCell::new(Map::default());
-    }
-
-    /// The handles of the method `key` on the client (`client`) or server end; `name` gives its
-    /// label the first time.
-    #[inline]
-    pub(crate) fn handles(
-        client: bool,
-        key: u64,
-        name: impl FnOnce() -> Cow<'static, str>,
-    ) -> &'static Handles {
-        let found = CACHE.with(|c| c.borrow().get(&(client, key)).copied());
-        match found {
-            Some(h) => h,
-            None => register(client, key, name),
-        }
-    }
-
-    /// [`handles`] on the thread's first call of the method.
-    #[cold]
-    #[inline(never)]
-    fn register(client: bool, key: u64, name: impl FnOnce() -> Cow<'static, str>) -> &'static Handles {
-        let h = *ALL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(Map::default)
-            .entry((client, key))
-            .or_insert_with(|| Box::leak(Box::new(Handles::new(client, name()))));
-        CACHE.with(|c| c.borrow_mut().insert((client, key), h));
-        h
-    }
-
-    impl Handles {
-        fn new(client: bool, method: Cow<'static, str>) -> Handles {
-            let m = method.clone();
+    impl Method {
+        fn new(key: u64, client: bool, name: Cow<'static, str>) -> Method {
+            let m = name.clone();
             let (g, q, r, d) = if client {
                 (
                     metrics::gauge!("rpc_client_in_flight", "method" => m.clone()),
@@ -347,46 +428,332 @@ mod rec {
                     metrics::histogram!("rpc_server_duration_seconds", "method" => m),
                 )
             };
-            Handles {
+            Method {
+                key,
                 client,
-                method,
+                name,
                 in_flight: g,
                 req_bytes: q,
                 resp_bytes: r,
                 duration: d,
                 calls: std::array::from_fn(|_| OnceLock::new()),
+                locals: Mutex::new(Locals::default()),
             }
         }
 
-        /// A call starts: in flight.
-        pub(crate) fn start(&self) {
-            self.in_flight.increment(1.0);
+        fn locals(&self) -> std::sync::MutexGuard<'_, Locals> {
+            self.locals.lock().unwrap_or_else(|e| e.into_inner())
         }
 
-        /// A call's request of `bytes` bytes.
-        pub(crate) fn request(&self, bytes: usize) {
-            self.req_bytes.increment(bytes as u64);
-        }
-
-        /// A call ended (`started`: counted in flight by [`Handles::start`]). `code`: a gRPC
-        /// code, or -1 for DEFERRED.
-        pub(crate) fn finish(&self, code: i32, name: &'static str, started: bool, resp: usize, secs: f64) {
-            if started {
-                self.in_flight.decrement(1.0);
+        /// A record for the calling thread: a free one, else a new one.
+        fn take_local(&'static self) -> &'static Local {
+            let mut l = self.locals();
+            if let Some(local) = l.free.pop() {
+                return local;
             }
-            let i = usize::try_from(code).unwrap_or(CODES - 1).min(CODES - 1);
-            self.calls[i]
-                .get_or_init(|| {
-                    let m = self.method.clone();
-                    if self.client {
-                        metrics::counter!("rpc_client_calls_total", "method" => m, "code" => name)
-                    } else {
-                        metrics::counter!("rpc_server_calls_total", "method" => m, "code" => name)
+            let local: &'static Local = Box::leak(Box::new(Local {
+                started: Own::default(),
+                ended: Own::default(),
+                req_bytes: Own::default(),
+                resp_bytes: Own::default(),
+                calls: Default::default(),
+                durations: (0..BUCKETS).map(|_| Own::default()).collect(),
+                method: self,
+            }));
+            l.all.push(Seen {
+                local,
+                started: 0,
+                ended: 0,
+                req_bytes: 0,
+                resp_bytes: 0,
+                calls: [0; CODES],
+                durations: vec![0; BUCKETS].into_boxed_slice(),
+            });
+            local
+        }
+
+        /// Hands what the records gained since the last flush to the recorder; returns the
+        /// calls in flight.
+        fn flush(&self) -> u64 {
+            let mut l = self.locals();
+            // A call may start on one thread and end on another: a record's ends may outnumber
+            // its starts, the sum over all of them may not.
+            let mut in_flight = 0u64;
+            for s in &mut l.all {
+                let delta = |seen: &mut u64, own: &Own| {
+                    let now = own.get();
+                    let d = now.wrapping_sub(*seen);
+                    *seen = now;
+                    d
+                };
+                let local = s.local;
+                let started = local.started.get();
+                s.started = started;
+                s.ended = local.ended.get();
+                in_flight = in_flight.wrapping_add(started.wrapping_sub(s.ended));
+                let d = delta(&mut s.req_bytes, &local.req_bytes);
+                if d > 0 {
+                    self.req_bytes.increment(d);
+                }
+                let d = delta(&mut s.resp_bytes, &local.resp_bytes);
+                if d > 0 {
+                    self.resp_bytes.increment(d);
+                }
+                for (code, (seen, own)) in s.calls.iter_mut().zip(&local.calls).enumerate() {
+                    let d = delta(seen, own);
+                    if d > 0 {
+                        self.calls[code].get_or_init(|| self.calls_counter(code)).increment(d);
                     }
-                })
-                .increment(1);
-            self.resp_bytes.increment(resp as u64);
-            self.duration.record(secs);
+                }
+                for (b, (seen, own)) in s.durations.iter_mut().zip(local.durations.iter()).enumerate() {
+                    let d = delta(seen, own);
+                    if d > 0 {
+                        self.duration.record_many(midpoint(b) * 1e-9, d as usize);
+                    }
+                }
+            }
+            let in_flight = (in_flight as i64).max(0) as u64;
+            self.in_flight.set(in_flight as f64);
+            in_flight
+        }
+
+        /// The counter of calls that ended with code number `code`.
+        fn calls_counter(&self, code: usize) -> metrics::Counter {
+            let name = match u8::try_from(code).ok().and_then(crate::status::Code::from_u8) {
+                Some(c) => c.as_str(),
+                None => "DEFERRED",
+            };
+            let m = self.name.clone();
+            if self.client {
+                metrics::counter!("rpc_client_calls_total", "method" => m, "code" => name)
+            } else {
+                metrics::counter!("rpc_server_calls_total", "method" => m, "code" => name)
+            }
+        }
+    }
+
+    /// Hashes the cache's keys with one multiply (SipHash would cost more than the records).
+    #[derive(Default)]
+    struct KeyHasher(u64);
+
+    impl std::hash::Hasher for KeyHasher {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for &b in bytes {
+                self.write_u64(u64::from(b));
+            }
+        }
+        fn write_u64(&mut self, i: u64) {
+            self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+
+    type Map<V> = HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+    /// Every method's record, by key (see [`local`]), and the flusher's list of them.
+    static METHODS: Mutex<Option<Map<&'static Method>>> = Mutex::new(None);
+    static ALL: Mutex<Vec<&'static Method>> = Mutex::new(Vec::new());
+
+    /// A thread's records, by key; given back to their methods when the thread ends.
+    #[derive(Default)]
+    struct Cache {
+        /// The last one looked up (a thread usually calls one method after another).
+        last: Cell<Option<(u64, &'static Local)>>,
+        map: RefCell<Map<&'static Local>>,
+    }
+
+    impl Drop for Cache {
+        fn drop(&mut self) {
+            for (_, local) in self.map.get_mut().drain() {
+                local.method.locals().free.push(local);
+            }
+        }
+    }
+
+    thread_local! {
+        static CACHE: Cache = Cache::default();
+    }
+
+    /// The calling thread's record of method `key` on the client (`client`) or server end;
+    /// `name` gives the method's label the first time.
+    #[inline]
+    pub(crate) fn local(client: bool, key: u64, name: impl FnOnce() -> Cow<'static, str>) -> &'static Local {
+        let key = key ^ (u64::from(client) << 63);
+        match cached(key) {
+            Ok(Some(l)) => l,
+            Ok(None) => register(client, key, name, true),
+            // The thread is ending (a record made by a thread-local's destructor): a record of
+            // its own, never given back.
+            Err(_) => register(client, key, name, false),
+        }
+    }
+
+    /// The calling thread's record of `key` if it has one (`Err`: the thread is ending).
+    #[inline]
+    fn cached(key: u64) -> Result<Option<&'static Local>, std::thread::AccessError> {
+        CACHE.try_with(|c| match c.last.get() {
+            Some((k, l)) if k == key => Some(l),
+            _ => {
+                let l = c.map.borrow().get(&key).copied();
+                if let Some(l) = l {
+                    c.last.set(Some((key, l)));
+                }
+                l
+            }
+        })
+    }
+
+    impl Local {
+        /// The calling thread's record of this record's method (a call that ends on another
+        /// thread than the one it started on records its end there: each record has one
+        /// writer).
+        #[inline]
+        pub(crate) fn mine(&'static self) -> &'static Local {
+            let m = self.method;
+            match cached(m.key) {
+                Ok(Some(l)) => l,
+                Ok(None) => register(m.client, m.key, || m.name.clone(), true),
+                Err(_) => register(m.client, m.key, || m.name.clone(), false),
+            }
+        }
+    }
+
+    /// [`local()`] on the thread's first call of the method.
+    #[cold]
+    #[inline(never)]
+    fn register(
+        client: bool,
+        key: u64,
+        name: impl FnOnce() -> Cow<'static, str>,
+        cache: bool,
+    ) -> &'static Local {
+        let method = *METHODS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Map::default)
+            .entry(key)
+            .or_insert_with(|| {
+                let m: &'static Method = Box::leak(Box::new(Method::new(key, client, name())));
+                let mut all = ALL.lock().unwrap_or_else(|e| e.into_inner());
+                if all.is_empty() {
+                    start_flusher();
+                }
+                all.push(m);
+                m
+            });
+        let local = method.take_local();
+        if cache {
+            let _ = CACHE.try_with(|c| {
+                c.map.borrow_mut().insert(key, local);
+                c.last.set(Some((key, local)));
+            });
+        }
+        local
+    }
+
+    /// The flusher thread: [`flush`] every [`FLUSH_EVERY`].
+    fn start_flusher() {
+        let spawned = std::thread::Builder::new().name("rpc-metrics".into()).spawn(|| loop {
+            std::thread::sleep(FLUSH_EVERY);
+            flush();
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no metrics flusher thread: records reach the recorder at flush_metrics() only");
+        }
+    }
+
+    /// Hands every thread's records to the recorder now.
+    pub(crate) fn flush() {
+        let methods: Vec<&'static Method> = ALL.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for m in methods {
+            m.flush();
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn every_duration_lands_in_a_bucket_whose_midpoint_is_within_a_32nd() {
+            assert_eq!(bucket(0), 0);
+            assert_eq!(bucket(15), 15);
+            assert_eq!(bucket(16), 16);
+            let mut last = 0;
+            for ns in 0..100_000u64 {
+                let b = bucket(ns);
+                assert!(b >= last, "{ns} ns: bucket {b} below {last}");
+                last = b;
+            }
+            for ns in (0..100_000u64).chain((0..MAX_BITS).map(|s| (1u64 << s) * 3 / 2)).chain([u64::MAX]) {
+                let b = bucket(ns);
+                assert!(b < BUCKETS, "{ns} ns: bucket {b}");
+                if ns < 1 << MAX_BITS {
+                    let mid = midpoint(b);
+                    assert!(
+                        (mid - ns as f64).abs() <= ns as f64 / 32.0,
+                        "{ns} ns: bucket {b}, midpoint {mid}"
+                    );
+                }
+            }
+            assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+        }
+
+        /// The record of `key` (a client method) that thread `name` used.
+        fn on_thread(key: u64, f: impl FnOnce(&'static Local) + Send + 'static) -> usize {
+            std::thread::spawn(move || {
+                let l = local(true, key, || "/test.Rec/M".into());
+                f(l);
+                l as *const Local as usize
+            })
+            .join()
+            .unwrap()
+        }
+
+        #[test]
+        fn a_call_that_ends_on_another_thread_leaves_nothing_in_flight_and_records_outlive_threads() {
+            let key = 0x5eed_0001;
+            // Starts on one thread, ends on another: each thread writes its own record.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let first = on_thread(key, move |l| {
+                l.start(10);
+                tx.send(l).unwrap();
+            });
+            let method = rx.recv().unwrap().method;
+            assert_eq!(method.flush(), 1, "one call in flight");
+            let second = on_thread(key, move |l| {
+                let started = METHODS.lock().unwrap().as_ref().unwrap()[&(key ^ 1 << 63)];
+                assert!(std::ptr::eq(started, l.method));
+                l.finish(0, true, 5, 1_000);
+            });
+            // The first thread ended before the second began: its record went back to the
+            // method, and the second thread took it (a call's end on another thread than its
+            // start is still counted once).
+            assert_eq!(first, second, "a thread's record is reused by the next thread");
+            assert_eq!(method.flush(), 0, "the call ended on another thread");
+            let l = method.locals();
+            assert_eq!(l.all.len(), 1);
+            assert_eq!(l.free.len(), 1);
+            let s = &l.all[0];
+            assert_eq!((s.started, s.ended, s.req_bytes, s.resp_bytes, s.calls[0]), (1, 1, 10, 5, 1));
+            assert_eq!(s.durations[bucket(1_000)], 1);
+            drop(l);
+            // Two threads at once: two records.
+            let (go, wait) = std::sync::mpsc::channel::<()>();
+            let a = std::thread::spawn(move || {
+                let l = local(true, key, || "/test.Rec/M".into());
+                l.start(1);
+                wait.recv().unwrap();
+                l.finish(0, true, 0, 1);
+            });
+            on_thread(key, |l| l.start(1));
+            assert_eq!(method.flush(), 2);
+            go.send(()).unwrap();
+            a.join().unwrap();
+            assert_eq!(method.flush(), 1, "one call never ended");
+            assert_eq!(method.locals().all.len(), 2);
         }
     }
 }
@@ -396,26 +763,31 @@ mod rec {
     use std::borrow::Cow;
 
     #[derive(Debug)]
-    pub(crate) struct Handles;
+    pub(crate) struct Local;
 
     pub(crate) type Start = ();
 
     pub(crate) fn now() -> Start {}
 
-    pub(crate) fn secs_since(_: Start) -> f64 {
-        0.0
+    pub(crate) fn nanos_since(_: Start) -> u64 {
+        0
     }
 
     pub(crate) fn warm() {}
 
-    pub(crate) fn handles(_: bool, _: u64, _: impl FnOnce() -> Cow<'static, str>) -> &'static Handles {
-        &Handles
+    pub(crate) fn flush() {}
+
+    pub(crate) fn local(_: bool, _: u64, _: impl FnOnce() -> Cow<'static, str>) -> &'static Local {
+        &Local
     }
 
-    impl Handles {
-        pub(crate) fn start(&self) {}
+    impl Local {
+        pub(crate) fn mine(&'static self) -> &'static Local {
+            self
+        }
+        pub(crate) fn start(&self, _: usize) {}
         pub(crate) fn request(&self, _: usize) {}
-        pub(crate) fn finish(&self, _: i32, _: &'static str, _: bool, _: usize, _: f64) {}
+        pub(crate) fn finish(&self, _: i32, _: bool, _: usize, _: u64) {}
     }
 }
 
@@ -438,36 +810,10 @@ pub(crate) struct Observed {
 struct Metered {
     /// When the call started.
     start: rec::Start,
-    /// Its method's handles, once it counts as in flight ([`Observed::sent`],
-    /// [`Observed::in_flight`]).
-    handles: Option<&'static rec::Handles>,
-    /// Its method.
-    method: Method,
-}
-
-/// The method of a metered call: its id on the client end, its full name on the server's.
-#[derive(Debug, Clone, Copy)]
-enum Method {
-    Client(MethodId),
-    Server(&'static str),
-}
-
-impl Method {
-    /// Its handles.
-    fn handles(self) -> &'static rec::Handles {
-        match self {
-            Method::Client(id) => {
-                rec::handles(true, u64::from(id), || match crate::client::names::method_name(id) {
-                    Some(n) => n.into(),
-                    None => format!("{id:#010x}").into(),
-                })
-            }
-            // Keyed by the name's address: one static string per served method.
-            Method::Server(name) => {
-                rec::handles(false, name.as_ptr() as u64, || std::borrow::Cow::Borrowed(name))
-            }
-        }
-    }
+    /// The thread's record of its method.
+    local: &'static rec::Local,
+    /// Counted in flight ([`Observed::sent`], [`Observed::in_flight`]).
+    counted: bool,
 }
 
 /// The tracing of an observed call.
@@ -481,7 +827,7 @@ struct Traced {
 impl Drop for Observed {
     fn drop(&mut self) {
         if !self.finished {
-            self.finish_named(Code::Cancelled as i32, Code::Cancelled.as_str(), 0);
+            self.finish_code(Code::Cancelled as i32, 0);
         }
     }
 }
@@ -494,7 +840,7 @@ impl Observed {
         id: MethodId,
         md: &mut Metadata,
         req_bytes: usize,
-        peer: Option<SocketAddr>,
+        peer: impl FnOnce() -> Option<SocketAddr>,
     ) -> Observed {
         let name = || -> std::borrow::Cow<'static, str> {
             match crate::client::names::method_name(id) {
@@ -518,16 +864,23 @@ impl Observed {
                 rpc.grpc.status_code = tracing::field::Empty,
                 rpc.request.size = req_bytes,
                 rpc.response.size = tracing::field::Empty,
-                network.peer.address = peer.map(tracing::field::display),
+                network.peer.address = peer().map(tracing::field::display),
                 trace_id = %format_args!("{:032x}", tc.trace_id),
                 span_id = %format_args!("{:016x}", tc.span_id),
                 parent_span_id = parent.map(|p| tracing::field::display(format!("{:016x}", p.span_id))),
             );
             Box::new(Traced { span, trace: None })
         });
-        // Only the clock is read here: the rest waits for the request to be on its way.
-        let metered =
-            o.is_metrics().then(|| Metered { start: rec::now(), handles: None, method: Method::Client(id) });
+        // The clock and the thread's record are read here: the rest waits for the request to be
+        // on its way.
+        let metered = o.is_metrics().then(|| Metered {
+            start: rec::now(),
+            local: rec::local(true, u64::from(id), || match crate::client::names::method_name(id) {
+                Some(n) => n.into(),
+                None => format!("{id:#010x}").into(),
+            }),
+            counted: false,
+        });
         Observed { traced, metered, req_bytes, finished: false }
     }
 
@@ -565,8 +918,9 @@ impl Observed {
         // ([`Observed::in_flight`]).
         let metered = o.is_metrics().then(|| Metered {
             start: rec::now(),
-            handles: None,
-            method: Method::Server(method),
+            // Keyed by the name's address: one static string per served method.
+            local: rec::local(false, method.as_ptr() as u64, || std::borrow::Cow::Borrowed(method)),
+            counted: false,
         });
         Observed { traced, metered, req_bytes, finished: false }
     }
@@ -584,20 +938,11 @@ impl Observed {
     #[inline]
     pub(crate) fn in_flight(&mut self) {
         if let Some(m) = &mut self.metered {
-            if m.handles.is_none() {
-                Self::count_in_flight(m, self.req_bytes);
+            if !m.counted {
+                m.counted = true;
+                m.local.mine().start(self.req_bytes);
             }
         }
-    }
-
-    /// [`Observed::in_flight`]'s first time.
-    #[cold]
-    #[inline(never)]
-    fn count_in_flight(m: &mut Metered, req_bytes: usize) {
-        let h = m.method.handles();
-        h.start();
-        h.request(req_bytes);
-        m.handles = Some(h);
     }
 
     /// Enters the span (a handle of it: the `Observed` may move meanwhile) and makes the
@@ -615,7 +960,7 @@ impl Observed {
 
     /// The call ended with `code` and a response of `resp_bytes` (0 for an error).
     pub(crate) fn finish(mut self, code: Code, resp_bytes: usize) {
-        self.finish_named(code as i32, code.as_str(), resp_bytes);
+        self.finish_code(code as i32, resp_bytes);
     }
 
     /// The call ended with `result`, whose message is `resp_bytes` long when it is one.
@@ -632,30 +977,41 @@ impl Observed {
 
     /// The handler deferred its answer (see the module docs).
     pub(crate) fn finish_deferred(mut self) {
-        self.finish_named(-1, "DEFERRED", 0);
+        self.finish_code(-1, 0);
     }
 
-    fn finish_named(&mut self, code: i32, name: &'static str, resp_bytes: usize) {
+    /// The call ended with `code` (-1: DEFERRED).
+    fn finish_code(&mut self, code: i32, resp_bytes: usize) {
         self.finished = true;
         if let Some(t) = self.traced.as_deref().filter(|_| code >= 0) {
             t.span.record("rpc.grpc.status_code", code);
             t.span.record("rpc.response.size", resp_bytes);
         }
         if let Some(m) = self.metered.take() {
-            let secs = rec::secs_since(m.start);
-            match m.handles {
-                Some(h) => h.finish(code, name, true, resp_bytes, secs),
+            let ns = rec::nanos_since(m.start);
+            let local = m.local.mine();
+            if !m.counted {
                 // Never counted in flight (an inline handler's call, ended after its answer
                 // left): its in-flight count would go up and down at once, so it stays.
-                None => {
-                    let h = m.method.handles();
-                    h.request(self.req_bytes);
-                    h.finish(code, name, false, resp_bytes, secs);
-                }
+                local.request(self.req_bytes);
             }
+            local.finish(code, m.counted, resp_bytes, ns);
         }
     }
 }
+
+/// Hands every thread's metrics records to the `metrics` recorder now (see the
+/// [module docs](self)): what calls recorded reaches the recorder within
+/// [`METRICS_FLUSH_EVERY`] anyway; call this before reading the recorder when it must hold
+/// everything recorded so far (a test, a last scrape before exit). A no-op without the
+/// `metrics` feature or before any call was recorded.
+pub fn flush_metrics() {
+    rec::flush();
+}
+
+/// How often the records calls make reach the `metrics` recorder (100 ms; see
+/// [`flush_metrics`]).
+pub const METRICS_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {

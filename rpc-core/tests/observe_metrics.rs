@@ -62,7 +62,8 @@ fn per_method_metrics_of_both_ends_are_scraped_from_the_prometheus_exporter() {
     let echo = r#"method="/test.Metered/Echo""#;
     let fail = r#"method="/test.Metered/Fail""#;
     // A server records a call once its answer is posted: its last call's record may land a moment
-    // after the client has the answer.
+    // after the client has the answer. Records reach the recorder at `flush_metrics()`.
+    rpc_core::observe::flush_metrics();
     let mut text = scrape(port);
     for _ in 0..100 {
         let served = |code: &str, m: &str| value(&text, "rpc_server_calls_total", &[m, code]);
@@ -70,6 +71,7 @@ fn per_method_metrics_of_both_ends_are_scraped_from_the_prometheus_exporter() {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
+        rpc_core::observe::flush_metrics();
         text = scrape(port);
     }
     for side in ["client", "server"] {

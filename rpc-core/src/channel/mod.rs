@@ -416,7 +416,7 @@ impl Channel {
     ) -> (crate::observe::Observed, Option<CallOptions>) {
         let traced = self.observe.is_tracing();
         let mut md = if traced { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
-        let obs = crate::observe::Observed::client(self.observe, id, &mut md, req_bytes, None);
+        let obs = crate::observe::Observed::client(self.observe, id, &mut md, req_bytes, || None);
         (obs, traced.then(|| opts.clone().with_metadata(md)))
     }
 

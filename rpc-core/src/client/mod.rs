@@ -94,9 +94,8 @@ pub struct Client {
     /// First, so that the compiler names it first when a client is shared.
     _not_sync: request::NotSyncHint,
     inner: RefCell<Inner>,
-    /// `ClientConfig::observe` (read without borrowing `inner`: one branch per call); off while
-    /// an observed call runs its plain self (see [`Client::unary_observed`]).
-    observe: std::cell::Cell<crate::Observe>,
+    /// `ClientConfig::observe` (read without borrowing `inner`: one branch per call).
+    observe: crate::Observe,
 }
 
 impl std::fmt::Debug for Client {
@@ -283,7 +282,7 @@ impl Client {
         let peer = with_calls!(&calls, c => c.core.peer);
         Ok(Client {
             _not_sync: PhantomData,
-            observe: std::cell::Cell::new(config.observe),
+            observe: config.observe,
             inner: RefCell::new(Inner {
                 calls,
                 epoch: 0,
@@ -344,9 +343,20 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
-        if self.observe.get().any() {
+        if self.observe.any() {
             return self.unary_observed(id, req, opts);
         }
+        self.unary_plain(id, req, opts)
+    }
+
+    /// [`Client::unary`] unobserved (inlined into both of its paths).
+    #[inline(always)]
+    fn unary_plain<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Resp, Status> {
         let deadline = opts.effective_timeout().map(|t| Instant::now() + t);
         let mut inner = self.inner.borrow_mut();
         let md = crate::metadata::intercepted(opts.metadata(), inner.config.interceptor.as_ref())?;
@@ -373,9 +383,7 @@ impl Client {
         obs.sent();
         let r = {
             let _entered = obs.enter();
-            // The plain call (its one copy, so the hot path keeps its inlining).
-            let _plain = Unobserved::new(&self.observe);
-            self.unary(id, req, opts)
+            self.unary_plain(id, req, opts)
         };
         obs.finish_with(&r, |m: &Resp| m.encoded_len());
         r
@@ -395,7 +403,7 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> ResponseFuture<'_, Resp> {
-        if self.observe.get().any() {
+        if self.observe.any() {
             return self.unary_async_observed(id, req, opts);
         }
         self.unary_async_rest(id, req, opts)
@@ -414,8 +422,7 @@ impl Client {
         let opts = traced.as_ref().unwrap_or(opts);
         let mut fut = {
             let _entered = obs.enter();
-            let _plain = Unobserved::new(&self.observe);
-            self.unary_async(id, req, opts)
+            self.unary_async_rest(id, req, opts)
         };
         let size: fn(&Resp) -> usize = |m| m.encoded_len();
         fut.observed = Some(Box::new((obs, size)));
@@ -433,30 +440,13 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> (crate::observe::Observed, Option<CallOptions>) {
-        let o = self.observe.get();
+        let o = self.observe;
         let mut md =
             if o.is_tracing() { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
-        let obs = crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), Some(self.peer_addr()));
+        let obs =
+            crate::observe::Observed::client(o, id, &mut md, req.encoded_len(), || Some(self.peer_addr()));
         let traced = obs.traced().then(|| opts.clone().with_metadata(md));
         (obs, traced)
-    }
-}
-
-/// Turns a client's observation off until dropped (an observed call making its plain self).
-struct Unobserved<'a> {
-    cell: &'a std::cell::Cell<crate::Observe>,
-    was: crate::Observe,
-}
-
-impl<'a> Unobserved<'a> {
-    fn new(cell: &'a std::cell::Cell<crate::Observe>) -> Self {
-        Unobserved { cell, was: cell.replace(crate::Observe::OFF) }
-    }
-}
-
-impl Drop for Unobserved<'_> {
-    fn drop(&mut self) {
-        self.cell.set(self.was);
     }
 }
 
@@ -531,7 +521,7 @@ impl Client {
         req: &Req,
         opts: &CallOptions,
     ) -> Result<Streaming<'_, Resp>, Status> {
-        if !self.observe.get().any() {
+        if !self.observe.any() {
             return self.server_stream_plain(id, req, opts);
         }
         let (obs, traced) = self.observe_call(id, req, opts);

@@ -57,7 +57,7 @@ impl Client {
         opts: &CallOptions,
         flags: u8,
     ) -> Result<((CallId, u64), Option<Box<StreamObs>>), Status> {
-        if !self.observe.get().any() {
+        if !self.observe.any() {
             return self.open_stream(id, opts, flags).map(|s| (s, None));
         }
         let (obs, traced) = self.observe_call(id, &(), opts);
