@@ -358,7 +358,10 @@ pub(crate) fn observe(args: &Args) -> rpc_core::Observe {
     }
     static RECORDER: std::sync::Once = std::sync::Once::new();
     RECORDER.call_once(|| {
-        match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        match metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets(rpc_core::observe::DURATION_BUCKETS)
+            .and_then(|b| b.install_recorder())
+        {
             // The recorder keeps histogram samples until upkeep drains them (as a scrape would).
             Ok(handle) => {
                 let _ = std::thread::Builder::new().name("rpc-perf-metrics".into()).spawn(move || loop {

@@ -48,7 +48,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let metrics_addr: std::net::SocketAddr = args.next().as_deref().unwrap_or("127.0.0.1:9464").parse()?;
     let calls: u32 = args.next().as_deref().unwrap_or("1000").parse()?;
-    PrometheusBuilder::new().with_http_listener(metrics_addr).install()?;
+    PrometheusBuilder::new()
+        .with_http_listener(metrics_addr)
+        .set_buckets(rpc_core::observe::DURATION_BUCKETS)?
+        .install()?;
     let on = Observe::default().metrics(true);
     let polling = PollingPolicy::SpinThenYield { spins: 100 };
     let server = Server::builder().observe(on).polling(polling).add_service(Echo).spawn("127.0.0.1:0")?;

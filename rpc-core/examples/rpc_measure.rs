@@ -359,7 +359,11 @@ fn observe() -> rpc_core::Observe {
             // calibration takes, which varies): on a thread of its own (counted as "other"), so
             // that it is not counted as the calls' cost.
             let handle = std::thread::spawn(|| {
-                metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().unwrap()
+                metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .set_buckets(rpc_core::observe::DURATION_BUCKETS)
+                    .unwrap()
+                    .install_recorder()
+                    .unwrap()
             })
             .join()
             .unwrap();

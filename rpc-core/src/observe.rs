@@ -61,8 +61,9 @@
 //! (draining, refused metadata, a passed deadline, the interceptor's refusal: its code, no
 //! handler). A stream's response size is the bytes of the messages the client took (the
 //! client end) or 0 (the server end); a stream the client drops before its end is CANCELLED.
-//! On the `Channel`, spans have no `network.peer.address` (a channel may reach several
-//! servers).
+//! On the `Channel`, `network.peer.address` is the server its first dispatcher connected to
+//! (after a reconnect, the new session's); a balanced `Channel`'s spans have none (its
+//! balancer picks the server after the span starts).
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -1008,6 +1009,15 @@ impl Observed {
 pub fn flush_metrics() {
     rec::flush();
 }
+
+/// Histogram bucket bounds for `rpc_*_duration_seconds`, in seconds: 1, 2.5 and 5 per decade
+/// from 1 µs to 10 s (22 bounds). For a recorder that takes bucket bounds, such as the
+/// Prometheus exporter's `PrometheusBuilder::set_buckets` (whose default, a summary, costs
+/// more per sample and cannot be aggregated across processes).
+pub const DURATION_BUCKETS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
 /// How often the records calls make reach the `metrics` recorder (100 ms; see
 /// [`flush_metrics`]).

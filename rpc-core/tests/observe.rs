@@ -245,6 +245,9 @@ fn one_trace_crosses_client_a_and_b_with_new_span_ids_and_spans_carry_the_rpc_at
         assert_eq!(back.fields["parent_span_id"], to_b.fields["span_id"]);
         assert_eq!(to_b.fields["rpc.method"], "/test.Back/Seen");
         assert_eq!(to_b.fields["rpc.grpc.status_code"], "0");
+        // The peer of the blocking client's span and of the Channel's.
+        assert_eq!(to_a.fields["network.peer.address"], s.front.local_addr().to_string(), "{to_a:?}");
+        assert_eq!(to_b.fields["network.peer.address"], s.back.local_addr().to_string(), "{to_b:?}");
     }
     drop(client);
     s.front.shutdown();

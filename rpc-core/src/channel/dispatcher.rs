@@ -198,6 +198,9 @@ pub(crate) struct Inner {
     /// with each batch of finished calls, and how many times it was published.
     pub(crate) load: std::sync::atomic::AtomicU32,
     pub(crate) load_seq: AtomicU64,
+    /// The server's address once connected (the last session's, after a reconnect): what a
+    /// traced call's span names as its peer (read on that cold path only).
+    peer: Mutex<Option<SocketAddr>>,
 }
 
 /// Counters of how a dispatcher's session is driven: relaxed atomics, bumped once per drive,
@@ -250,6 +253,11 @@ pub(crate) struct Drove {
 }
 
 impl Inner {
+    /// The server's address, once connected.
+    pub(crate) fn peer(&self) -> Option<SocketAddr> {
+        *self.peer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Queues a call (it goes out with the next step of whoever drives the session). Gives the
     /// call back when the queue is full.
     pub(crate) fn submit(&self, job: Arc<dyn Job>) -> Result<(), Arc<dyn Job>> {
@@ -522,6 +530,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         watch: setup.watch.clone(),
         load: std::sync::atomic::AtomicU32::new(u32::MAX),
         load_seq: AtomicU64::new(0),
+        peer: Mutex::new(None),
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
@@ -551,6 +560,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                     return;
                 }
             };
+            *shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(with_any_core!(&core, c => c.peer));
             let redial = Redial {
                 addrs,
                 config: setup.client.clone(),
@@ -777,6 +787,7 @@ impl Driver {
                 drop(old);
                 self.redial.backoff.on_success();
                 let peer = with_any_core!(&self.core, c => c.peer);
+                *inner.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(peer);
                 tracing::info!(%peer, why = reason.message(), "channel reconnected");
             }
             Err(e) => {

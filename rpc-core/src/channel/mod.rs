@@ -416,7 +416,8 @@ impl Channel {
     ) -> (crate::observe::Observed, Option<CallOptions>) {
         let traced = self.observe.is_tracing();
         let mut md = if traced { opts.metadata().cloned().unwrap_or_default() } else { Metadata::new() };
-        let obs = crate::observe::Observed::client(self.observe, id, &mut md, req_bytes, || None);
+        let peer = || self.shared.dispatchers.first().and_then(|d| d.peer());
+        let obs = crate::observe::Observed::client(self.observe, id, &mut md, req_bytes, peer);
         (obs, traced.then(|| opts.clone().with_metadata(md)))
     }
 

@@ -349,8 +349,9 @@ impl Client {
         self.unary_plain(id, req, opts)
     }
 
-    /// [`Client::unary`] unobserved (inlined into both of its paths).
-    #[inline(always)]
+    /// [`Client::unary`] unobserved: one copy for both of its paths (so that the session's
+    /// `start` and `wait` inline into it).
+    #[inline(never)]
     fn unary_plain<Req: Message, Resp: Message + Default>(
         &self,
         id: MethodId,
