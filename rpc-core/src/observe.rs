@@ -792,6 +792,14 @@ mod rec {
     }
 }
 
+/// The label of client method `id`: the name a generated stub registered, else the id in hex.
+fn method_label(id: MethodId) -> std::borrow::Cow<'static, str> {
+    match crate::client::names::method_name(id) {
+        Some(n) => n.into(),
+        None => format!("{id:#010x}").into(),
+    }
+}
+
 /// One observed call, on either end: its span and trace context (tracing on), its method's
 /// metrics and its start (metrics on).
 #[derive(Debug)]
@@ -835,7 +843,7 @@ impl Drop for Observed {
 
 impl Observed {
     /// A client call of `id` starting: with tracing, its `traceparent` goes into `md`.
-    #[cold]
+    #[inline]
     pub(crate) fn client(
         o: Observe,
         id: MethodId,
@@ -843,77 +851,60 @@ impl Observed {
         req_bytes: usize,
         peer: impl FnOnce() -> Option<SocketAddr>,
     ) -> Observed {
-        let name = || -> std::borrow::Cow<'static, str> {
-            match crate::client::names::method_name(id) {
-                Some(n) => n.into(),
-                None => format!("{id:#010x}").into(),
-            }
-        };
-        let traced = o.is_tracing().then(|| {
-            let name = name();
-            let parent = TraceContext::current();
-            let tc = parent.map_or_else(TraceContext::new_root, |p| p.child());
-            md.remove(TRACEPARENT);
-            // Lowercase hex and dashes: always a valid ASCII value.
-            let _ = md.insert(TRACEPARENT, &tc.traceparent());
-            let span = tracing::info_span!(
-                "rpc.client",
-                otel.kind = "client",
-                rpc.system = "rdma-rpc",
-                rpc.service = service_of(&name),
-                rpc.method = &*name,
-                rpc.grpc.status_code = tracing::field::Empty,
-                rpc.request.size = req_bytes,
-                rpc.response.size = tracing::field::Empty,
-                network.peer.address = peer().map(tracing::field::display),
-                trace_id = %format_args!("{:032x}", tc.trace_id),
-                span_id = %format_args!("{:016x}", tc.span_id),
-                parent_span_id = parent.map(|p| tracing::field::display(format!("{:016x}", p.span_id))),
-            );
-            Box::new(Traced { span, trace: None })
-        });
+        let traced = if o.is_tracing() { Some(Self::client_span(id, md, req_bytes, peer())) } else { None };
         // The clock and the thread's record are read here: the rest waits for the request to be
         // on its way.
         let metered = o.is_metrics().then(|| Metered {
             start: rec::now(),
-            local: rec::local(true, u64::from(id), || match crate::client::names::method_name(id) {
-                Some(n) => n.into(),
-                None => format!("{id:#010x}").into(),
-            }),
+            local: rec::local(true, u64::from(id), || method_label(id)),
             counted: false,
         });
         Observed { traced, metered, req_bytes, finished: false }
     }
 
+    /// [`Observed::client`]'s span and trace context (its `traceparent` into `md`).
+    #[cold]
+    #[inline(never)]
+    fn client_span(
+        id: MethodId,
+        md: &mut Metadata,
+        req_bytes: usize,
+        peer: Option<SocketAddr>,
+    ) -> Box<Traced> {
+        let name = method_label(id);
+        let parent = TraceContext::current();
+        let tc = parent.map_or_else(TraceContext::new_root, |p| p.child());
+        md.remove(TRACEPARENT);
+        // Lowercase hex and dashes: always a valid ASCII value.
+        let _ = md.insert(TRACEPARENT, &tc.traceparent());
+        let span = tracing::info_span!(
+            "rpc.client",
+            otel.kind = "client",
+            rpc.system = "rdma-rpc",
+            rpc.service = service_of(&name),
+            rpc.method = &*name,
+            rpc.grpc.status_code = tracing::field::Empty,
+            rpc.request.size = req_bytes,
+            rpc.response.size = tracing::field::Empty,
+            network.peer.address = peer.map(tracing::field::display),
+            trace_id = %format_args!("{:032x}", tc.trace_id),
+            span_id = %format_args!("{:016x}", tc.span_id),
+            parent_span_id = parent.map(|p| tracing::field::display(format!("{:016x}", p.span_id))),
+        );
+        Box::new(Traced { span, trace: None })
+    }
+
     /// A server call of `method` (full name) starting, with the request's metadata: with
     /// tracing, its context continues the client's `traceparent` when valid.
-    #[cold]
+    #[inline]
     pub(crate) fn server(
         o: Observe,
         method: &'static str,
         md: &Metadata,
         req_bytes: usize,
-        peer: SocketAddr,
+        peer: &SocketAddr,
     ) -> Observed {
-        let traced = o.is_tracing().then(|| {
-            let parent = md.get(TRACEPARENT).and_then(TraceContext::parse);
-            let tc = parent.map_or_else(TraceContext::new_root, |p| p.child());
-            let span = tracing::info_span!(
-                "rpc.server",
-                otel.kind = "server",
-                rpc.system = "rdma-rpc",
-                rpc.service = service_of(method),
-                rpc.method = method,
-                rpc.grpc.status_code = tracing::field::Empty,
-                rpc.request.size = req_bytes,
-                rpc.response.size = tracing::field::Empty,
-                network.peer.address = %peer,
-                trace_id = %format_args!("{:032x}", tc.trace_id),
-                span_id = %format_args!("{:016x}", tc.span_id),
-                parent_span_id = parent.map(|p| tracing::field::display(format!("{:016x}", p.span_id))),
-            );
-            Box::new(Traced { span, trace: Some(tc) })
-        });
+        let traced = if o.is_tracing() { Some(Self::server_span(method, md, req_bytes, peer)) } else { None };
         // Only the clock is read here: an inline handler's call is recorded whole once its
         // answer is posted; an async handler's counts in flight once its task takes it
         // ([`Observed::in_flight`]).
@@ -924,6 +915,29 @@ impl Observed {
             counted: false,
         });
         Observed { traced, metered, req_bytes, finished: false }
+    }
+
+    /// [`Observed::server`]'s span and trace context.
+    #[cold]
+    #[inline(never)]
+    fn server_span(method: &'static str, md: &Metadata, req_bytes: usize, peer: &SocketAddr) -> Box<Traced> {
+        let parent = md.get(TRACEPARENT).and_then(TraceContext::parse);
+        let tc = parent.map_or_else(TraceContext::new_root, |p| p.child());
+        let span = tracing::info_span!(
+            "rpc.server",
+            otel.kind = "server",
+            rpc.system = "rdma-rpc",
+            rpc.service = service_of(method),
+            rpc.method = method,
+            rpc.grpc.status_code = tracing::field::Empty,
+            rpc.request.size = req_bytes,
+            rpc.response.size = tracing::field::Empty,
+            network.peer.address = %peer,
+            trace_id = %format_args!("{:032x}", tc.trace_id),
+            span_id = %format_args!("{:016x}", tc.span_id),
+            parent_span_id = parent.map(|p| tracing::field::display(format!("{:016x}", p.span_id))),
+        );
+        Box::new(Traced { span, trace: Some(tc) })
     }
 
     /// A client call's request is on its way (or about to be): it counts as in flight and its
@@ -949,17 +963,27 @@ impl Observed {
     /// Enters the span (a handle of it: the `Observed` may move meanwhile) and makes the
     /// call's trace context the thread's, until dropped.
     /// Nothing with tracing off.
+    #[inline]
     pub(crate) fn enter(&self) -> Option<(tracing::span::EnteredSpan, Option<TraceGuard>)> {
         let t = self.traced.as_deref()?;
-        Some((t.span.clone().entered(), t.trace.map(TraceContext::enter)))
+        Some(Self::enter_traced(t))
+    }
+
+    /// [`Observed::enter`] with tracing on.
+    #[cold]
+    #[inline(never)]
+    fn enter_traced(t: &Traced) -> (tracing::span::EnteredSpan, Option<TraceGuard>) {
+        (t.span.clone().entered(), t.trace.map(TraceContext::enter))
     }
 
     /// Tracing is on: the call's metadata carries a `traceparent` (client end).
+    #[inline]
     pub(crate) fn traced(&self) -> bool {
         self.traced.is_some()
     }
 
     /// The call ended with `code` and a response of `resp_bytes` (0 for an error).
+    #[inline]
     pub(crate) fn finish(mut self, code: Code, resp_bytes: usize) {
         self.finish_code(code as i32, resp_bytes);
     }

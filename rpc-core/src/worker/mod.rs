@@ -1651,7 +1651,7 @@ fn observed<R>(
     len: usize,
     call: impl FnOnce() -> R,
 ) -> R {
-    let obs = crate::observe::Observed::server(o, name, ctx.metadata(), len, ctx.info.peer);
+    let obs = crate::observe::Observed::server(o, name, ctx.metadata(), len, &ctx.info.peer);
     let _entered = obs.enter();
     ctx.observed.set(Some(obs));
     call()
@@ -1662,7 +1662,7 @@ fn observed<R>(
 #[cold]
 #[inline(never)]
 fn observe_refused(o: crate::Observe, ctx: &RequestContext, name: &'static str, len: usize, code: Code) {
-    crate::observe::Observed::server(o, name, ctx.metadata(), len, ctx.info.peer).finish(code, 0);
+    crate::observe::Observed::server(o, name, ctx.metadata(), len, &ctx.info.peer).finish(code, 0);
 }
 
 /// Ends the record of a call whose handler returned with `outcome` (unless an async handler
