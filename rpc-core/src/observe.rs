@@ -60,7 +60,8 @@
 //! closed), a stream (ended by its final status), and a call refused before its handler ran
 //! (draining, refused metadata, a passed deadline, the interceptor's refusal: its code, no
 //! handler). A stream's response size is the bytes of the messages the client took (the
-//! client end) or 0 (the server end); a stream the client drops before its end is CANCELLED.
+//! client end) or the server's worker took to send (the server end); a stream the client
+//! drops before its end is CANCELLED.
 //! On the `Channel`, `network.peer.address` is the server its first dispatcher connected to
 //! (after a reconnect, the new session's); a balanced `Channel`'s spans have none (its
 //! balancer picks the server after the span starts).

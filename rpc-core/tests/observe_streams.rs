@@ -166,6 +166,8 @@ fn streams_deferred_answers_and_refused_calls_are_observed_on_both_ends() {
     assert_eq!(value(&text, "rpc_client_response_bytes_total", &[&down]), Some(6.0 * 102.0), "{text}");
     assert_eq!(value(&text, "rpc_client_response_bytes_total", &[&endless]), Some(102.0), "{text}");
     assert_eq!(value(&text, "rpc_client_in_flight", &[&down]), Some(0.0), "{text}");
+    // The server counts what it sent: the same 6 messages of 102 bytes.
+    assert_eq!(value(&text, "rpc_server_response_bytes_total", &[&down]), Some(6.0 * 102.0), "{text}");
     // The server: the same streams, the deferred answers with their codes.
     assert_eq!(calls("server", &down, "OK"), Some(2.0), "{text}");
     assert_eq!(calls("server", &endless, "CANCELLED"), Some(1.0), "{text}");

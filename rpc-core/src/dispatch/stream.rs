@@ -97,6 +97,9 @@ pub(crate) struct SinkShared {
     pub(crate) waker: atomic_waker::AtomicWaker,
     /// The worker thread that drains the sink: a send from it cannot wait for room.
     worker: Option<ThreadId>,
+    /// Message bytes the worker took to send (what an observed stream records as its
+    /// response size).
+    sent_bytes: AtomicUsize,
 }
 
 impl SinkShared {
@@ -123,6 +126,7 @@ impl SinkShared {
             waiting: AtomicBool::new(false),
             waker: atomic_waker::AtomicWaker::new(),
             worker,
+            sent_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -255,6 +259,19 @@ impl SinkShared {
     /// Worker: the next SEND waiting: a sealed one, else the open batch when `take_open` and the
     /// producer is not adding to it right now (its lock is free).
     pub(crate) fn pop(&self, take_open: bool) -> Option<Sealed> {
+        let m = self.pop_unsent(take_open)?;
+        let frames = FRAME_LEN * usize::from(m.count);
+        self.sent_bytes.fetch_add(m.body.len() - frames, Ordering::Relaxed);
+        Some(m)
+    }
+
+    /// Message bytes the worker took to send so far ([`SinkShared::pop`]).
+    pub(crate) fn sent_bytes(&self) -> usize {
+        self.sent_bytes.load(Ordering::Relaxed)
+    }
+
+    /// [`SinkShared::pop`] without counting the SEND as sent.
+    fn pop_unsent(&self, take_open: bool) -> Option<Sealed> {
         if let Some(m) = self.pop_sealed() {
             return Some(m);
         }
@@ -292,7 +309,7 @@ impl SinkShared {
 
     /// Worker: drops every message waiting.
     pub(crate) fn clear(&self) {
-        while self.pop(false).is_some() {}
+        while self.pop_unsent(false).is_some() {}
         let mut open = self.lock_open();
         let _ = self.take_open(&mut open);
     }

@@ -771,7 +771,7 @@ impl<P: Provider> Worker<P> {
                 if let Some(end) = sink.take_end() {
                     let h = Header { slot, generation, method: st.method, ..Header::new(Kind::Response) };
                     if let Some(o) = sink.cancelled.take_observed() {
-                        o.finish(end.as_ref().err().map_or(Code::Ok, Status::code), 0);
+                        o.finish(end.as_ref().err().map_or(Code::Ok, Status::code), sink.sent_bytes());
                     }
                     let md = sink.cancelled.take_response().filter(|md| !md.is_empty());
                     let end = match (end, md) {
