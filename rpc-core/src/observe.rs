@@ -637,8 +637,14 @@ mod rec {
             .get_or_insert_with(Map::default)
             .entry(key)
             .or_insert_with(|| {
-                let m: &'static Method = Box::leak(Box::new(Method::new(key, client, name())));
+                let name = name();
                 let mut all = ALL.lock().unwrap_or_else(|e| e.into_inner());
+                // One record per label: a second key of the same method (a server's name
+                // string at another address) shares it, so their in-flight gauge is one sum.
+                if let Some(m) = all.iter().find(|m| m.client == client && m.name == name) {
+                    return m;
+                }
+                let m: &'static Method = Box::leak(Box::new(Method::new(key, client, name)));
                 if all.is_empty() {
                     start_flusher();
                 }
@@ -756,6 +762,15 @@ mod rec {
             a.join().unwrap();
             assert_eq!(method.flush(), 1, "one call never ended");
             assert_eq!(method.locals().all.len(), 2);
+        }
+
+        #[test]
+        fn two_keys_of_one_label_share_one_method_record() {
+            let a = local(false, 0x5eed_0002, || "/test.Rec/Same".into());
+            let b = local(false, 0x5eed_0003, || "/test.Rec/Same".into());
+            assert!(std::ptr::eq(a.method, b.method), "one in-flight gauge per label");
+            let c = local(true, 0x5eed_0004, || "/test.Rec/Same".into());
+            assert!(!std::ptr::eq(a.method, c.method), "the client end is another series");
         }
     }
 }
