@@ -235,12 +235,12 @@ fn service_of(method: &str) -> &str {
 /// The metrics of calls, aggregated per thread and handed to the `metrics` recorder in batches
 /// (Envoy's thread-local stats, flushed periodically, are the model).
 ///
-/// A call touches only its thread's record of its method ([`Local`]): plain loads and stores
+/// A call touches only its thread's record of its method (`rec::Local`): plain loads and stores
 /// of counters that thread alone writes (no atomic read-modify-write, no lock, no call into the
 /// recorder), and one bucket of a log-linear duration histogram. A flusher thread (one per
 /// process, started with the first record) adds what every thread's records gained since its
-/// last look to the recorder's counters, gauges and histograms every [`FLUSH_EVERY`]
-/// ([`flush`] does it at once). A histogram sample is its bucket's midpoint: buckets are
+/// last look to the recorder's counters, gauges and histograms every [`METRICS_FLUSH_EVERY`]
+/// ([`flush_metrics`] does it at once). A histogram sample is its bucket's midpoint: buckets are
 /// exact below 16 ns, then 16 per power of two, so a recorded duration is within 1/32 (3.1 %)
 /// of the measured one.
 #[cfg(feature = "metrics")]
