@@ -335,16 +335,28 @@ mod rec {
     /// thread that ends returns its records to their method, for the next thread to take:
     /// they live as long as the process, as many per method as threads ever used it at once).
     pub(crate) struct Local {
-        /// Calls counted in flight, and those of them that ended.
-        started: Own,
-        ended: Own,
-        req_bytes: Own,
-        resp_bytes: Own,
-        calls: [Own; CODES],
-        /// Calls per duration bucket ([`bucket`]).
-        durations: Box<[Own]>,
+        counts: Counts<Own>,
         /// Its method's record.
         method: &'static Method,
+    }
+
+    /// A record's counts: [`Own`]s in a thread's record, `u64`s in what the recorder has of it.
+    #[derive(Default)]
+    struct Counts<T> {
+        /// Calls counted in flight, and those of them that ended.
+        started: T,
+        ended: T,
+        req_bytes: T,
+        resp_bytes: T,
+        calls: [T; CODES],
+        /// Calls per duration bucket ([`bucket`]).
+        durations: Box<[T]>,
+    }
+
+    impl<T: Default> Counts<T> {
+        fn new() -> Counts<T> {
+            Counts { durations: (0..BUCKETS).map(|_| T::default()).collect(), ..Counts::default() }
+        }
     }
 
     impl std::fmt::Debug for Local {
@@ -357,38 +369,34 @@ mod rec {
         /// A call starts: in flight, with a request of `bytes` bytes.
         #[inline]
         pub(crate) fn start(&self, bytes: usize) {
-            self.started.add(1);
-            self.req_bytes.add(bytes as u64);
+            self.counts.started.add(1);
+            self.counts.req_bytes.add(bytes as u64);
         }
 
         /// A request of `bytes` bytes, of a call not counted in flight.
         #[inline]
         pub(crate) fn request(&self, bytes: usize) {
-            self.req_bytes.add(bytes as u64);
+            self.counts.req_bytes.add(bytes as u64);
         }
 
         /// A call ended with `code` (a gRPC code, or -1 for DEFERRED) after `ns` nanoseconds,
         /// with a response of `resp` bytes (`started`: counted by [`Local::start`]).
         #[inline]
         pub(crate) fn finish(&self, code: i32, started: bool, resp: usize, ns: u64) {
+            let c = &self.counts;
             if started {
-                self.ended.add(1);
+                c.ended.add(1);
             }
-            self.calls[usize::try_from(code).unwrap_or(CODES - 1).min(CODES - 1)].add(1);
-            self.resp_bytes.add(resp as u64);
-            self.durations[bucket(ns)].add(1);
+            c.calls[usize::try_from(code).unwrap_or(CODES - 1).min(CODES - 1)].add(1);
+            c.resp_bytes.add(resp as u64);
+            c.durations[bucket(ns)].add(1);
         }
     }
 
     /// What the recorder has of one of a method's [`Local`]s.
     struct Seen {
         local: &'static Local,
-        started: u64,
-        ended: u64,
-        req_bytes: u64,
-        resp_bytes: u64,
-        calls: [u64; CODES],
-        durations: Box<[u64]>,
+        counts: Counts<u64>,
     }
 
     /// A method on one end: its recorder handles and its threads' records.
@@ -453,24 +461,8 @@ mod rec {
             if let Some(local) = l.free.pop() {
                 return local;
             }
-            let local: &'static Local = Box::leak(Box::new(Local {
-                started: Own::default(),
-                ended: Own::default(),
-                req_bytes: Own::default(),
-                resp_bytes: Own::default(),
-                calls: Default::default(),
-                durations: (0..BUCKETS).map(|_| Own::default()).collect(),
-                method: self,
-            }));
-            l.all.push(Seen {
-                local,
-                started: 0,
-                ended: 0,
-                req_bytes: 0,
-                resp_bytes: 0,
-                calls: [0; CODES],
-                durations: vec![0; BUCKETS].into_boxed_slice(),
-            });
+            let local: &'static Local = Box::leak(Box::new(Local { counts: Counts::new(), method: self }));
+            l.all.push(Seen { local, counts: Counts::new() });
             local
         }
 
@@ -488,26 +480,25 @@ mod rec {
                     *seen = now;
                     d
                 };
-                let local = s.local;
-                let started = local.started.get();
-                s.started = started;
-                s.ended = local.ended.get();
-                in_flight = in_flight.wrapping_add(started.wrapping_sub(s.ended));
-                let d = delta(&mut s.req_bytes, &local.req_bytes);
+                let (own, seen) = (&s.local.counts, &mut s.counts);
+                seen.started = own.started.get();
+                seen.ended = own.ended.get();
+                in_flight = in_flight.wrapping_add(seen.started.wrapping_sub(seen.ended));
+                let d = delta(&mut seen.req_bytes, &own.req_bytes);
                 if d > 0 {
                     self.req_bytes.increment(d);
                 }
-                let d = delta(&mut s.resp_bytes, &local.resp_bytes);
+                let d = delta(&mut seen.resp_bytes, &own.resp_bytes);
                 if d > 0 {
                     self.resp_bytes.increment(d);
                 }
-                for (code, (seen, own)) in s.calls.iter_mut().zip(&local.calls).enumerate() {
+                for (code, (seen, own)) in seen.calls.iter_mut().zip(&own.calls).enumerate() {
                     let d = delta(seen, own);
                     if d > 0 {
                         self.calls[code].get_or_init(|| self.calls_counter(code)).increment(d);
                     }
                 }
-                for (b, (seen, own)) in s.durations.iter_mut().zip(local.durations.iter()).enumerate() {
+                for (b, (seen, own)) in seen.durations.iter_mut().zip(own.durations.iter()).enumerate() {
                     let d = delta(seen, own);
                     if d > 0 {
                         self.duration.record_many(midpoint(b) * 1e-9, d as usize);
@@ -744,18 +735,21 @@ mod rec {
             let l = method.locals();
             assert_eq!(l.all.len(), 1);
             assert_eq!(l.free.len(), 1);
-            let s = &l.all[0];
-            assert_eq!((s.started, s.ended, s.req_bytes, s.resp_bytes, s.calls[0]), (1, 1, 10, 5, 1));
-            assert_eq!(s.durations[bucket(1_000)], 1);
+            let c = &l.all[0].counts;
+            assert_eq!((c.started, c.ended, c.req_bytes, c.resp_bytes, c.calls[0]), (1, 1, 10, 5, 1));
+            assert_eq!(c.durations[bucket(1_000)], 1);
             drop(l);
             // Two threads at once: two records.
             let (go, wait) = std::sync::mpsc::channel::<()>();
+            let (started, is_started) = std::sync::mpsc::channel::<()>();
             let a = std::thread::spawn(move || {
                 let l = local(true, key, || "/test.Rec/M".into());
                 l.start(1);
+                started.send(()).unwrap();
                 wait.recv().unwrap();
                 l.finish(0, true, 0, 1);
             });
+            is_started.recv().unwrap();
             on_thread(key, |l| l.start(1));
             assert_eq!(method.flush(), 2);
             go.send(()).unwrap();
