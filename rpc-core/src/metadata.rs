@@ -607,11 +607,14 @@ impl<M: Message> Message for WithMetadata<'_, M> {
 /// [`crate::dispatch::reply::Responder::set_headers`], and `set_trailers` beside each) and a client reads them
 /// ([`CapturedMetadata`]; an error's come in its [`crate::Status::metadata`]).
 ///
-/// On the wire (protocol 9) a response with metadata has the header's `METADATA` flag and its body
-/// starts with two blocks of the request block's encoding (see the [module docs](self)), the
-/// headers then the trailers, before the message (OK) or the status message (an error); a
+/// On the wire (protocol 10) a response with metadata has the header's `METADATA` flag and its
+/// body starts with two blocks of the request block's encoding (see the [module docs](self)),
+/// the headers then the trailers, before the message (OK) or the status message (an error); a
 /// response without carries neither flag nor bytes. A unary call's headers and trailers travel
-/// together in its one response; a stream's with its end. A status's details travel as the
+/// together in its one response. A server stream's headers, set before its first message,
+/// travel in front of that message (one block under the same flag; if that message is a batch
+/// too full for them, in front of the next one with room, or with the end), as gRPC sends
+/// headers before messages; its trailers (and headers set later) with its end. A status's details travel as the
 /// trailer [`crate::status::DETAILS_KEY`]. A client refuses blocks over
 /// `ClientConfig::max_metadata_bytes` together (the call fails RESOURCE_EXHAUSTED naming it) and
 /// malformed ones (INTERNAL).
@@ -705,10 +708,20 @@ impl ResponseMetadata {
 /// Where a call puts the response metadata it receives, as gRPC Go's `grpc.Header` and
 /// `grpc.Trailer` call options do: give a clone to [`crate::CallOptions::capture_metadata`], make
 /// the call (blocking, through a `Channel`, or a stream), then read it here. Filled when the
-/// call's response arrives (a stream's with its end), OK or not; empty (`None`) while nothing
-/// came or when the response carried no metadata. Clones share one slot.
+/// call's response arrives, OK or not; a server stream's headers come with its first message
+/// when the handler set them before it (readable then, the trailers still empty), its trailers
+/// with its end. Empty (`None`) while nothing came or when the response carried no metadata.
+/// Clones share one slot.
 #[derive(Clone, Debug, Default)]
-pub struct CapturedMetadata(std::sync::Arc<std::sync::Mutex<Option<ResponseMetadata>>>);
+pub struct CapturedMetadata(std::sync::Arc<std::sync::Mutex<Captured>>);
+
+/// A [`CapturedMetadata`]'s slot.
+#[derive(Debug, Default)]
+struct Captured {
+    md: Option<ResponseMetadata>,
+    /// `md` holds a stream's headers that came before its end.
+    early: bool,
+}
 
 impl CapturedMetadata {
     /// An empty slot.
@@ -716,20 +729,45 @@ impl CapturedMetadata {
         CapturedMetadata::default()
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Captured> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A copy of what the response carried (`None`: nothing received, or no metadata).
     pub fn get(&self) -> Option<ResponseMetadata> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.lock().md.clone()
     }
 
     /// Takes what the response carried, leaving the slot empty.
     pub fn take(&self) -> Option<ResponseMetadata> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        let mut c = self.lock();
+        c.early = false;
+        c.md.take()
     }
 
     /// Stores a response's metadata (a later response of a call that reuses these options
-    /// replaces it).
-    pub(crate) fn fill(&self, md: ResponseMetadata) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(md);
+    /// replaces it); headers that came early with the stream's first message stay when the
+    /// end brings none.
+    pub(crate) fn fill(&self, mut md: ResponseMetadata) {
+        let mut c = self.lock();
+        if std::mem::take(&mut c.early) && md.headers.is_empty() {
+            if let Some(early) = c.md.take() {
+                md.headers = early.headers;
+            }
+        }
+        c.md = Some(md);
+    }
+
+    /// A call starts filling the slot: headers an earlier stream left early are not this call's.
+    pub(crate) fn begin(&self) {
+        self.lock().early = false;
+    }
+
+    /// Stores a stream's headers, come with its first message (its trailers follow with its end).
+    pub(crate) fn fill_headers(&self, headers: Metadata) {
+        let mut c = self.lock();
+        c.md = Some(ResponseMetadata { headers, trailers: Metadata::new() });
+        c.early = true;
     }
 }
 

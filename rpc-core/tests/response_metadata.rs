@@ -40,6 +40,34 @@ const HUGE_MD: MethodId = method_id("/test.Resp/HugeMd");
 const STREAM_MD: MethodId = method_id("/test.Resp/StreamMd");
 /// Server stream: one message, then ends ABORTED with a trailer.
 const STREAM_FAIL: MethodId = method_id("/test.Resp/StreamFail");
+/// Server stream: headers set before the stream opens, one message, then it waits for the
+/// client to have seen the headers (`release`) before it sets its trailers and ends.
+const STREAM_HOLD: MethodId = method_id("/test.Resp/StreamHold");
+
+/// The `STREAM_HOLD` calls (by seq) whose client saw the headers.
+static RELEASED: (std::sync::Mutex<Vec<u64>>, std::sync::Condvar) =
+    (std::sync::Mutex::new(Vec::new()), std::sync::Condvar::new());
+
+fn release(seq: u64) {
+    RELEASED.0.lock().unwrap().push(seq);
+    RELEASED.1.notify_all();
+}
+
+/// Waits (at most 10 s: a client that never releases fails its own assertion first) for
+/// `release(seq)`.
+fn held(seq: u64) {
+    let g = RELEASED.0.lock().unwrap();
+    let _ = RELEASED.1.wait_timeout_while(g, Duration::from_secs(10), |r| !r.contains(&seq)).unwrap();
+}
+
+/// Reads the first message of a `STREAM_HOLD` call: its headers are captured, its trailers not
+/// yet.
+#[track_caller]
+fn check_early_headers(c: &CapturedMetadata, seq: u64) {
+    let md = c.get().expect("the stream's headers came with its first message");
+    assert_eq!(md.headers().get("x-h"), Some(format!("h-{seq}").as_str()), "{md:?}");
+    assert!(md.trailers().is_empty(), "no trailers before the end: {md:?}");
+}
 
 fn headers(seq: u64) -> Metadata {
     let mut md = Metadata::new();
@@ -81,6 +109,7 @@ impl Service for Resp {
         MethodDesc { id: HUGE_MD, name: "/test.Resp/HugeMd" },
         MethodDesc { id: STREAM_FAIL, name: "/test.Resp/StreamFail" },
         MethodDesc { id: STREAM_MD, name: "/test.Resp/StreamMd" },
+        MethodDesc { id: STREAM_HOLD, name: "/test.Resp/StreamHold" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
@@ -142,6 +171,17 @@ impl Service for Resp {
                 let _ = sink.send(&answer(&req));
                 sink.set_trailers(trailers(req.seq));
                 drop(sink);
+                out.reply(reply);
+            }
+            STREAM_HOLD => {
+                ctx.set_headers(headers(req.seq));
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                let (m, seq) = (answer(&req), req.seq);
+                std::thread::spawn(move || {
+                    let _ = sink.send(&m);
+                    held(seq);
+                    sink.set_trailers(trailers(seq));
+                });
                 out.reply(reply);
             }
             STREAM_FAIL => {
@@ -238,6 +278,14 @@ fn headers_trailers_and_details_reach_the_blocking_client() {
     assert_eq!(s.message().unwrap(), None);
     check_captured(&c, 6);
     drop(s);
+    // A server stream's headers come with its first message, its trailers with its end.
+    let mut s = client.server_stream::<_, EchoMsg>(STREAM_HOLD, &req(9, 8), &opts).unwrap();
+    assert_eq!(s.message().unwrap().unwrap().seq, 9);
+    check_early_headers(&c, 9);
+    release(9);
+    assert_eq!(s.message().unwrap(), None);
+    check_captured(&c, 9);
+    drop(s);
     drop(client);
     server.shutdown();
 }
@@ -283,6 +331,12 @@ fn headers_trailers_and_details_reach_the_channel() {
         assert_eq!(rx.message().await.unwrap().unwrap().seq, 6);
         assert_eq!(rx.message().await.unwrap(), None);
         check_captured(&c, 6);
+        let mut rx = ch.server_stream::<EchoMsg, EchoMsg>(STREAM_HOLD, req(10, 8), &opts);
+        assert_eq!(rx.message().await.unwrap().unwrap().seq, 10);
+        check_early_headers(&c, 10);
+        release(10);
+        assert_eq!(rx.message().await.unwrap(), None);
+        check_captured(&c, 10);
     });
     drop(ch);
     server.shutdown();

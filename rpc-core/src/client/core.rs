@@ -1012,11 +1012,15 @@ impl<P: Provider> ClientCore<P> {
             Kind::StreamMsg => {
                 self.counters.bytes_in += u64::from(h.body_len);
                 if self.conn.session.calls().state(h.slot) == crate::session::SlotState::InFlight {
-                    let body = match body {
-                        Answer::Eager(buf) if h.stream & crate::wire::STREAM_BATCH != 0 => {
-                            Answer::Batch { buf, at: 0, left: h.count }
+                    let body = if h.metadata {
+                        self.stream_headers(&h, body)
+                    } else {
+                        match body {
+                            Answer::Eager(buf) if h.stream & crate::wire::STREAM_BATCH != 0 => {
+                                Answer::Batch { buf, at: 0, left: h.count }
+                            }
+                            other => other,
                         }
-                        other => other,
                     };
                     self.stream_msgs[h.slot as usize].push_back(body);
                 } else {
@@ -1077,10 +1081,62 @@ impl<P: Provider> ClientCore<P> {
         answer
     }
 
+    /// A server stream message that starts with the stream's response headers
+    /// ([`crate::wire::METADATA`]): the headers go into the call's capture, if it has one; the
+    /// rest is the message (copied out when it came in an eager buffer) or the batch, read from
+    /// past the block. Headers over `ClientConfig::max_metadata_bytes` or malformed ones give
+    /// the stream an error in place of the SEND's messages (RESOURCE_EXHAUSTED, INTERNAL).
+    #[cold]
+    fn stream_headers(&mut self, h: &Header, body: Answer) -> Answer {
+        let bytes = match &body {
+            Answer::Eager(b) => self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]),
+            Answer::Owned(v) => v.as_slice(),
+            Answer::Err(_) | Answer::Batch { .. } => return body,
+        };
+        let (md, at) = match crate::metadata::Metadata::split(bytes, self.max_metadata) {
+            Ok(split) => split,
+            Err(s) => {
+                let s = if s.code() == Code::ResourceExhausted {
+                    Status::resource_exhausted(format!(
+                        "the stream's response headers are over the client's limit of {} bytes \
+                         (ClientConfig::max_metadata_bytes)",
+                        self.max_metadata
+                    ))
+                } else {
+                    Status::internal(format!("the stream's response headers: {}", s.message()))
+                };
+                self.release(body);
+                return Answer::Err(s);
+            }
+        };
+        if let Some((g, c)) = &self.captures[h.slot as usize] {
+            if *g == h.generation {
+                c.fill_headers(md);
+            }
+        }
+        match body {
+            // The session checked the frames past the block.
+            Answer::Eager(buf) if h.stream & crate::wire::STREAM_BATCH != 0 => {
+                Answer::Batch { buf, at: at as u32, left: h.count }
+            }
+            Answer::Eager(buf) => {
+                let message = self.recv.bytes(&buf).get(HEADER_LEN + at..).unwrap_or(&[]).to_vec();
+                self.recv.repost(buf);
+                Answer::Owned(message)
+            }
+            Answer::Owned(mut v) => {
+                v.drain(..at);
+                Answer::Owned(v)
+            }
+            other => other,
+        }
+    }
+
     /// The call `id` puts its response's metadata into `into` ([`crate::CallOptions::capture_metadata`]).
     #[cold]
     pub(crate) fn capture(&mut self, id: CallId, into: &crate::metadata::CapturedMetadata) {
         if let Some(c) = self.captures.get_mut(id.slot as usize) {
+            into.begin();
             *c = Some((id.generation, into.clone()));
         }
     }

@@ -468,6 +468,9 @@ pub(crate) struct CancelFlag {
     waker: atomic_waker::AtomicWaker,
     /// The response metadata an async handler or a [`Responder`]'s holder set, for the answer.
     response: std::sync::Mutex<Option<Box<crate::metadata::ResponseMetadata>>>,
+    /// `response` holds headers (the worker's one load per stream message: a stream's headers
+    /// go with its next message, [`CancelFlag::take_headers`]).
+    headers_set: AtomicBool,
     /// The record of a deferred call or a stream (`ServerConfig::observe`), ended by its answer
     /// (or by the worker, when the call ends without one).
     observed: std::sync::Mutex<Option<crate::observe::Observed>>,
@@ -487,17 +490,45 @@ impl CancelFlag {
     /// Changes the response metadata the call's answer carries.
     pub(crate) fn edit_response(&self, f: impl FnOnce(&mut crate::metadata::ResponseMetadata)) {
         let mut g = self.response.lock().unwrap_or_else(|e| e.into_inner());
-        f(g.get_or_insert_with(Box::default));
+        let md = g.get_or_insert_with(Box::default);
+        f(md);
+        self.headers_set.store(!md.headers().is_empty(), Ordering::Release);
     }
 
     /// Sets the response metadata the call's answer carries.
     pub(crate) fn set_response(&self, md: Box<crate::metadata::ResponseMetadata>) {
-        *self.response.lock().unwrap_or_else(|e| e.into_inner()) = Some(md);
+        let mut g = self.response.lock().unwrap_or_else(|e| e.into_inner());
+        self.headers_set.store(!md.headers().is_empty(), Ordering::Release);
+        *g = Some(md);
     }
 
     /// Takes the response metadata set for the call's answer.
     pub(crate) fn take_response(&self) -> Option<Box<crate::metadata::ResponseMetadata>> {
-        self.response.lock().unwrap_or_else(|e| e.into_inner()).take()
+        let mut g = self.response.lock().unwrap_or_else(|e| e.into_inner());
+        self.headers_set.store(false, Ordering::Release);
+        g.take()
+    }
+
+    /// Worker, sending a stream message: the stream's headers, taken (its trailers stay for its
+    /// end), when some were set and their block is at most `room` bytes (else they wait for a
+    /// message with room, or the end). One atomic load when none were set.
+    #[inline]
+    pub(crate) fn take_headers(&self, room: usize) -> Option<crate::metadata::Metadata> {
+        if !self.headers_set.load(Ordering::Acquire) {
+            return None;
+        }
+        self.take_headers_locked(room)
+    }
+
+    #[cold]
+    fn take_headers_locked(&self, room: usize) -> Option<crate::metadata::Metadata> {
+        let mut g = self.response.lock().unwrap_or_else(|e| e.into_inner());
+        let md = g.as_mut()?;
+        if md.headers().is_empty() || md.headers().encoded_len() > room {
+            return None;
+        }
+        self.headers_set.store(false, Ordering::Release);
+        Some(std::mem::take(md.headers_mut()))
     }
 
     /// Raises the flag and wakes the task that waits for it.

@@ -450,10 +450,11 @@ impl<T> StreamSink<T> {
         self.shared.cancelled.is_raised()
     }
 
-    /// Sets the stream's response headers (replacing any set before). They travel with its end,
-    /// after its messages, as its trailers do (a client reads both through
-    /// `CallOptions::capture_metadata`, an error's also in its `Status`); set them before the
-    /// stream ends. See [`crate::ResponseMetadata`].
+    /// Sets the stream's response headers (replacing any set before). Set before its first
+    /// `send` (or before `ctx.stream()`), they travel in front of its first message, as gRPC
+    /// sends headers, and a client reads them through `CallOptions::capture_metadata` as that
+    /// message arrives; set later, with the next message that leaves, or with its end (an
+    /// error's also in its `Status`). See [`crate::ResponseMetadata`].
     pub fn set_headers(&self, headers: crate::metadata::Metadata) {
         self.shared.cancelled.edit_response(|md| *md.headers_mut() = headers);
     }

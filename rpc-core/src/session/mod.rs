@@ -1205,7 +1205,7 @@ impl Session {
         };
         if h.stream & crate::wire::STREAM_BATCH != 0 {
             // Checked whole before anything reads it (the readers walk its frames unchecked).
-            check_batch(msg, h.count)?;
+            check_batch(msg, h.count, h.metadata)?;
         }
         match self.handle_header(&h, now) {
             Ok(inc) => Ok(inc),
@@ -1252,6 +1252,9 @@ impl Session {
     /// On a server, a message for a stream that ended is dropped by the driver (the client sent
     /// it before the answer reached it); a client always has the stream open until its answer.
     fn on_stream_msg(&mut self, h: &Header) -> Result<(), &'static str> {
+        if h.metadata && self.role == Role::Server {
+            return Err("the metadata flag on a client's stream message");
+        }
         let Some(i) = self.streams.find(h.slot, h.generation) else {
             return match self.role {
                 Role::Server => Ok(()),
@@ -1538,12 +1541,19 @@ fn violation(reason: &str) -> String {
     format!("protocol violation: {reason}")
 }
 
-/// Checks a stream batch's frames ([`crate::wire::batch_frames`]).
+/// Checks a stream batch's frames ([`crate::wire::batch_frames`]), after its metadata block
+/// (`metadata`: the stream's headers, [`crate::wire::METADATA`]).
 #[inline(never)]
-fn check_batch(msg: &[u8], count: u16) -> Result<(), String> {
-    crate::wire::batch_frames(msg.get(crate::wire::HEADER_LEN..).unwrap_or(&[]), count)
-        .map(drop)
-        .map_err(|e| format!("malformed stream batch: {e}"))
+fn check_batch(msg: &[u8], count: u16, metadata: bool) -> Result<(), String> {
+    let body = msg.get(crate::wire::HEADER_LEN..).unwrap_or(&[]);
+    let frames = if metadata {
+        let at = crate::wire::metadata_block_len(body)
+            .ok_or_else(|| "malformed stream batch: a metadata block longer than the body".to_string())?;
+        &body[at..]
+    } else {
+        body
+    };
+    crate::wire::batch_frames(frames, count).map(drop).map_err(|e| format!("malformed stream batch: {e}"))
 }
 
 #[cfg(test)]

@@ -464,3 +464,22 @@ proptest::proptest! {
         }
     }
 }
+
+/// The metadata flag on a stream message is the server's (its stream's headers): a client's
+/// stream message with it is a protocol violation; a server's is taken.
+#[test]
+fn only_a_servers_stream_message_may_carry_headers() {
+    let (mut c, mut s) = pair(16);
+    open(&mut c, &mut s, 0, STREAM_IN);
+    carry_controls(&mut s, &mut c);
+    assert!(c.stream_send(0, 1).unwrap());
+    let with_headers = Header { metadata: true, ..msg(0) };
+    assert_eq!(
+        carry(&mut c, &mut s, with_headers).unwrap_err(),
+        "the metadata flag on a client's stream message"
+    );
+    let (mut c, mut s) = pair(16);
+    open(&mut c, &mut s, 0, STREAM_OUT);
+    assert!(s.stream_send(0, 1).unwrap());
+    carry(&mut s, &mut c, Header { metadata: true, ..msg(0) }).unwrap();
+}

@@ -938,3 +938,32 @@ fn responses_report_the_servers_requests_unanswered_over_its_sessions() {
     let _ = c.handle_header(&Header { session: 5, count: 7, ..h }, std::time::Instant::now);
     assert_eq!(c.peer_load(), Some(7));
 }
+
+/// A server's batch that starts with the stream's headers: its frames are checked past the
+/// block, and a block that claims more bytes than the body is refused (a hostile server).
+#[test]
+fn a_batch_after_a_metadata_block_is_checked_past_it() {
+    let batch = |block_len: u32, block: &[u8]| {
+        let mut msg = vec![0u8; crate::wire::HEADER_LEN];
+        msg.extend_from_slice(&block_len.to_le_bytes());
+        msg.extend_from_slice(block);
+        crate::wire::push_frame(&mut msg, b"one");
+        crate::wire::push_frame(&mut msg, b"two");
+        msg
+    };
+    // A block of no entries: length 2 (its entry count).
+    let good = batch(2, &0u16.to_le_bytes());
+    assert_eq!(super::check_batch(&good, 2, true), Ok(()));
+    // Read as frames from the block's start, the same bytes are malformed.
+    assert!(super::check_batch(&good, 2, false).is_err());
+    // A block longer than the body, and one that swallows a frame.
+    for len in [u32::MAX - 3, u32::MAX, 1000] {
+        let e = super::check_batch(&batch(len, &0u16.to_le_bytes()), 2, true).unwrap_err();
+        assert!(e.contains("metadata block longer than the body"), "{e}");
+    }
+    assert!(super::check_batch(&batch(2 + 7, &0u16.to_le_bytes()), 2, true).is_err());
+    // Too short for a length at all.
+    let mut short = vec![0u8; crate::wire::HEADER_LEN];
+    short.extend_from_slice(&[1, 0]);
+    assert!(super::check_batch(&short, 1, true).is_err());
+}

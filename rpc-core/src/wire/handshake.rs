@@ -35,6 +35,9 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
+/// 10 (2026-12-06): a server's stream message may start with a metadata block, the stream's
+/// response headers ([`super::header::METADATA`]), before its first message rather than with
+/// its end.
 /// 9 (2026-12-06): a response may carry response metadata, its headers and trailers
 /// ([`super::header::METADATA`]; a status's details travel as a trailer).
 /// 8 (2026-12-05): a request may carry a metadata block ([`super::header::METADATA`]); a
@@ -45,7 +48,7 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a
 /// client reports freed space once half of those are freed (a version-6 client would leave such
 /// a server waiting for a Ping). 6: the idle probe (`FLAG_IDLE_PONGS`).
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
 /// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of

@@ -5,7 +5,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream grant, 11 cancel acknowledgement) |
-//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, a response's with two (headers, trailers), see [`crate::metadata`]) |
+//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, a response's with two (headers, trailers), a server's stream message's with one (the stream's headers), see [`crate::metadata`]) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
@@ -95,9 +95,19 @@ pub const STREAM_OUT: u8 = 4;
 pub const STREAM_BATCH: u8 = 8;
 
 /// Flag of a request: its body starts with a metadata block; of a response: with two, its
-/// headers then its trailers, before the message (OK) or the status message (an error)
-/// ([`crate::metadata`]).
+/// headers then its trailers, before the message (OK) or the status message (an error); of a
+/// stream message (a server's): with one, the stream's response headers, before its message or
+/// its batch's frames ([`crate::metadata`]).
 pub const METADATA: u8 = 16;
+
+/// The length of the metadata block at the front of `body` (its 4-byte length field and what it
+/// counts), or `None` when the body is too short for it. The block's contents are checked where
+/// it is read ([`crate::metadata`]).
+pub fn metadata_block_len(body: &[u8]) -> Option<usize> {
+    let (len, _) = body.split_first_chunk::<4>()?;
+    let total = (u32::from_le_bytes(*len) as usize).checked_add(4)?;
+    (total <= body.len()).then_some(total)
+}
 
 /// Most messages in one stream batch.
 pub const MAX_BATCH: u16 = 1024;
@@ -388,11 +398,11 @@ impl Header {
             session: u32_at(32),
             total_len: u32_at(36),
         };
-        if h.metadata && !matches!(kind, Kind::Request | Kind::Response) {
+        if h.metadata && !matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg) {
             return Err(WireError::bad(
                 "header",
                 "flags",
-                "the metadata flag outside a request or a response",
+                "the metadata flag outside a request, a response or a stream message",
             ));
         }
         if h.stream & STREAM_BATCH != 0 {
@@ -680,12 +690,14 @@ mod tests {
         assert_eq!(Header::decode(&m).unwrap_err().field(), "count");
         let m = encode_msg(&Header { stream: STREAM_BATCH, ..request() });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
-        // The metadata flag belongs to requests and responses only.
+        // The metadata flag belongs to requests, responses and stream messages only.
         let m = encode_msg(&Header { metadata: true, ..request() });
         assert!(Header::decode(&m).unwrap().metadata);
         let m = encode_msg(&Header { metadata: true, ..Header::new(Kind::Response) });
         assert!(Header::decode(&m).unwrap().metadata);
         let m = encode_msg(&Header { metadata: true, ..Header::new(Kind::StreamMsg) });
+        assert!(Header::decode(&m).unwrap().metadata);
+        let m = encode_msg(&Header { metadata: true, ..Header::new(Kind::StreamEnd) });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { stream: STREAM_BATCH | STREAM_IN, ..h });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
@@ -787,7 +799,8 @@ mod tests {
                         kind,
                         in_ring,
                         stream,
-                        metadata: matches!(kind, Kind::Request | Kind::Response) && extra & (1 << 24) != 0,
+                        metadata: matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg)
+                            && extra & (1 << 24) != 0,
                         count,
                         status: if matches!(kind, Kind::Response | Kind::Close) {
                             Code::from_u8(st).unwrap()

@@ -14,8 +14,8 @@ pub use handshake::{
     MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, MIN_RING_LEN, PROTOCOL_VERSION,
 };
 pub use header::{
-    batch_frames, frame_at, push_frame, BatchFrames, Header, Kind, BODY_IN_RING, FRAME_LEN, HEADER_LEN,
-    MAX_BATCH, METADATA, STREAM_BATCH, STREAM_IN, STREAM_OUT,
+    batch_frames, frame_at, metadata_block_len, push_frame, BatchFrames, Header, Kind, BODY_IN_RING,
+    FRAME_LEN, HEADER_LEN, MAX_BATCH, METADATA, STREAM_BATCH, STREAM_IN, STREAM_OUT,
 };
 
 /// Fuzz property for header decoding (used by `fuzz/` and by the proptest suite): decoding

@@ -732,6 +732,19 @@ impl<P: Provider> Worker<P> {
                         break;
                     };
                     took = true;
+                    // The stream's headers go in front of its next message that has room for
+                    // them (a batch stays within one eager body), else with its end.
+                    let room = if count == 0 { usize::MAX } else { conn.body_cap.saturating_sub(body.len()) };
+                    let (body, metadata) = match sink.cancelled.take_headers(room) {
+                        None => (body, false),
+                        Some(headers) => {
+                            let mut b = Vec::with_capacity(headers.encoded_len() + body.len());
+                            headers.encode_into(&mut b);
+                            b.extend_from_slice(&body);
+                            sink.recycle(body);
+                            (b, true)
+                        }
+                    };
                     if count == 0 {
                         if let Err(status) = conn.session.check_len(body.len()) {
                             // Never sendable: the stream ends with RESOURCE_EXHAUSTED naming the limit.
@@ -745,7 +758,13 @@ impl<P: Provider> Worker<P> {
                     if let Some(b) = conn.spare.take(0) {
                         sink.recycle(b);
                     }
-                    let single = Header { slot, generation, method: *method, ..Header::new(Kind::StreamMsg) };
+                    let single = Header {
+                        slot,
+                        generation,
+                        method: *method,
+                        metadata,
+                        ..Header::new(Kind::StreamMsg)
+                    };
                     let h = if count == 0 {
                         single
                     } else {
