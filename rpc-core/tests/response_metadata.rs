@@ -43,6 +43,8 @@ const STREAM_FAIL: MethodId = method_id("/test.Resp/StreamFail");
 /// Server stream: headers set before the stream opens, one message, then it waits for the
 /// client to have seen the headers (`release`) before it sets its trailers and ends.
 const STREAM_HOLD: MethodId = method_id("/test.Resp/StreamHold");
+/// Server stream: a header of `reply_len` bytes, then two messages.
+const STREAM_HUGE: MethodId = method_id("/test.Resp/StreamHuge");
 
 /// The `STREAM_HOLD` calls (by seq) whose client saw the headers.
 static RELEASED: (std::sync::Mutex<Vec<u64>>, std::sync::Condvar) =
@@ -110,6 +112,7 @@ impl Service for Resp {
         MethodDesc { id: STREAM_FAIL, name: "/test.Resp/StreamFail" },
         MethodDesc { id: STREAM_MD, name: "/test.Resp/StreamMd" },
         MethodDesc { id: STREAM_HOLD, name: "/test.Resp/StreamHold" },
+        MethodDesc { id: STREAM_HUGE, name: "/test.Resp/StreamHuge" },
     ];
 
     fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
@@ -182,6 +185,15 @@ impl Service for Resp {
                     held(seq);
                     sink.set_trailers(trailers(seq));
                 });
+                out.reply(reply);
+            }
+            STREAM_HUGE => {
+                let mut md = Metadata::new();
+                md.insert_bin("huge-bin", &vec![1; req.reply_len as usize]).unwrap();
+                ctx.set_headers(md);
+                let (sink, reply) = ctx.stream::<EchoMsg>();
+                let _ = sink.send(&EchoMsg { seq: 1, ..Default::default() });
+                let _ = sink.send(&EchoMsg { seq: 2, ..Default::default() });
                 out.reply(reply);
             }
             STREAM_FAIL => {
@@ -377,6 +389,28 @@ fn response_metadata_over_the_clients_limit_fails_the_call_naming_it_and_the_ses
     assert_eq!(c.take().unwrap().headers().get_bin("huge-bin").map(<[u8]>::len), Some(900));
     assert_eq!(client.unary::<_, EchoMsg>(OK_MD, &req(5, 8), &opts).unwrap().seq, 5);
     check_captured(&c, 5);
+    assert_eq!(client.closed_reason(), None);
+    // A stream's headers over the limit: its first SEND gives the error in place of its
+    // messages; the session serves on.
+    let mut s =
+        client.server_stream::<_, EchoMsg>(STREAM_HUGE, &req(1, 2000), &CallOptions::default()).unwrap();
+    let e = loop {
+        match s.message() {
+            Ok(Some(m)) => assert_eq!(m.seq, 2, "the first message came with the headers"),
+            Ok(None) => panic!("the stream ended without the limit's error"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("ClientConfig::max_metadata_bytes"), "{e}");
+    drop(s);
+    let mut s = client.server_stream::<_, EchoMsg>(STREAM_HUGE, &req(1, 900), &opts).unwrap();
+    assert_eq!(s.message().unwrap().map(|m| m.seq), Some(1));
+    assert_eq!(c.get().unwrap().headers().get_bin("huge-bin").map(<[u8]>::len), Some(900));
+    assert_eq!(s.message().unwrap().map(|m| m.seq), Some(2));
+    assert_eq!(s.message().unwrap(), None);
+    drop(s);
+    assert_eq!(client.unary::<_, EchoMsg>(OK_MD, &req(5, 8), &opts).unwrap().seq, 5);
     assert_eq!(client.closed_reason(), None);
     // A limit below two empty blocks is refused at connect, naming the field.
     let e = Client::connect_with(server.local_addr(), &client_config().max_metadata_bytes(11)).unwrap_err();
