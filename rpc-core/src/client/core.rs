@@ -1041,11 +1041,7 @@ impl<P: Provider> ClientCore<P> {
     /// malformed ones fail the call (RESOURCE_EXHAUSTED, INTERNAL).
     #[cold]
     fn split_metadata(&mut self, h: &Header, body: Answer) -> Answer {
-        let bytes = match &body {
-            Answer::Eager(b) => self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]),
-            Answer::Owned(v) => v.as_slice(),
-            Answer::Err(_) | Answer::Batch { .. } => return body,
-        };
+        let Some(bytes) = self.body_of(&body) else { return body };
         let split = crate::metadata::ResponseMetadata::split(bytes, self.max_metadata);
         let answer = match split {
             Err(s) => Answer::Err(s),
@@ -1088,11 +1084,7 @@ impl<P: Provider> ClientCore<P> {
     /// the stream an error in place of the SEND's messages (RESOURCE_EXHAUSTED, INTERNAL).
     #[cold]
     fn stream_headers(&mut self, h: &Header, body: Answer) -> Answer {
-        let bytes = match &body {
-            Answer::Eager(b) => self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]),
-            Answer::Owned(v) => v.as_slice(),
-            Answer::Err(_) | Answer::Batch { .. } => return body,
-        };
+        let Some(bytes) = self.body_of(&body) else { return body };
         let (md, at) = match crate::metadata::Metadata::split(bytes, self.max_metadata) {
             Ok(split) => split,
             Err(s) => {
@@ -1129,6 +1121,16 @@ impl<P: Provider> ClientCore<P> {
                 Answer::Owned(v)
             }
             other => other,
+        }
+    }
+
+    /// The body bytes of a received message, whole (an eager buffer's past the header, or the
+    /// bytes copied out of the ring); `None` for an error or a batch being read.
+    fn body_of<'a>(&'a self, body: &'a Answer) -> Option<&'a [u8]> {
+        match body {
+            Answer::Eager(b) => Some(self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
+            Answer::Owned(v) => Some(v.as_slice()),
+            Answer::Err(_) | Answer::Batch { .. } => None,
         }
     }
 
