@@ -18,6 +18,8 @@ use std::fmt;
 use bytes::BufMut;
 use prost::Message;
 
+use crate::buffers::text::ascii_str;
+
 /// Why a key or a value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidMetadata {
@@ -269,6 +271,22 @@ fn check_key(key: &str) -> Result<(), InvalidMetadata> {
     }
 }
 
+/// Two keys are equal: keys of 8 to 16 bytes (most) as two overlapping 8-byte words each,
+/// without a call to `memcmp`.
+#[inline]
+fn key_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if (8..=16).contains(&n) {
+        let word =
+            |s: &[u8], at: usize| s.get(at..at + 8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes);
+        return word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8);
+    }
+    a == b
+}
+
 #[inline]
 fn is_binary_key(key: &[u8]) -> bool {
     key.ends_with(b"-bin")
@@ -307,11 +325,11 @@ impl<'a> Iterator for Raw<'a> {
 #[inline]
 fn typed<'a>((k, v): (&'a [u8], &'a [u8])) -> (&'a str, MetadataValue<'a>) {
     // Checked at insert and at decode: keys and ASCII values are ASCII.
-    let key = std::str::from_utf8(k).unwrap_or_default();
+    let key = ascii_str(k).unwrap_or_default();
     let value = if is_binary_key(k) {
         MetadataValue::Binary(v)
     } else {
-        MetadataValue::Ascii(std::str::from_utf8(v).unwrap_or_default())
+        MetadataValue::Ascii(ascii_str(v).unwrap_or_default())
     };
     (key, value)
 }
@@ -371,8 +389,10 @@ impl Metadata {
     }
 
     /// The first value under `key`, raw.
+    #[inline]
     fn first(&self, key: &str) -> Option<&[u8]> {
-        self.raw().find(|(k, _)| *k == key.as_bytes()).map(|(_, v)| v)
+        let key = key.as_bytes();
+        self.raw().find(|(k, _)| key_eq(k, key)).map(|(_, v)| v)
     }
 
     /// The first ASCII value under `key`.
@@ -381,7 +401,7 @@ impl Metadata {
             return None;
         }
         // Checked ASCII at insert and at decode.
-        self.first(key).map(|v| std::str::from_utf8(v).unwrap_or_default())
+        self.first(key).map(|v| ascii_str(v).unwrap_or_default())
     }
 
     /// The first binary value under `key` (a key ending in `-bin`).
@@ -882,6 +902,21 @@ mod response_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_eq_agrees_with_slice_equality() {
+        // Every length to 20 (the word path is 8..=16), a difference at every position.
+        for n in 0..=20usize {
+            let a: Vec<u8> = (0..n as u8).map(|i| b'a' + i).collect();
+            assert!(key_eq(&a, &a.clone()), "len {n}");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] = b'-';
+                assert!(!key_eq(&a, &b), "len {n}, differing at {at}");
+            }
+            assert!(!key_eq(&a, &a[..n.saturating_sub(1)]) || n == 0, "len {n} against a prefix");
+        }
+    }
 
     #[test]
     fn the_word_at_a_time_value_check_agrees_with_a_byte_loop() {

@@ -1035,6 +1035,90 @@ impl Observed {
     }
 }
 
+/// A client call timed start to end on one thread, with metrics on and tracing off (a
+/// blocking call): what an [`Observed`] records of it, with nothing to move between threads
+/// (its record is the calling thread's at both ends). Counted in flight from
+/// [`Timed::client`]; dropped unfinished (a panic unwinding through the call), it records
+/// CANCELLED.
+#[derive(Debug)]
+pub(crate) struct Timed {
+    local: &'static rec::Local,
+    start: rec::Start,
+}
+
+impl Timed {
+    /// A call of `id` with a request of `req_bytes` message bytes is about to be sent.
+    #[inline]
+    pub(crate) fn client(id: MethodId, req_bytes: usize) -> Timed {
+        let local = rec::local(true, u64::from(id), || method_label(id));
+        local.start(req_bytes);
+        Timed { local, start: rec::now() }
+    }
+
+    /// The call ended with `result`, whose message is `resp_bytes` long when it is one.
+    #[inline]
+    pub(crate) fn finish_with<T>(
+        self,
+        result: &Result<T, crate::Status>,
+        resp_bytes: impl FnOnce(&T) -> usize,
+    ) {
+        let (code, resp) = match result {
+            Ok(v) => (Code::Ok, resp_bytes(v)),
+            Err(s) => (s.code(), 0),
+        };
+        let t = std::mem::ManuallyDrop::new(self);
+        t.local.finish(code as i32, true, resp, rec::nanos_since(t.start));
+    }
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        self.local.finish(Code::Cancelled as i32, true, 0, rec::nanos_since(self.start));
+    }
+}
+
+/// A server call's start with metrics on and tracing off: the clock read and what its record
+/// needs, with no [`Observed`] made unless something takes the call off the worker (an async
+/// handler's task, a deferred answer: [`ServerStart::observed`]); else the worker records the
+/// call whole once its answer is posted ([`ServerStart::finish`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ServerStart {
+    start: rec::Start,
+    method: &'static str,
+    req_bytes: usize,
+}
+
+impl ServerStart {
+    /// A call of `method` (full name) with a request of `req_bytes` message bytes starts.
+    #[inline]
+    pub(crate) fn now(method: &'static str, req_bytes: usize) -> ServerStart {
+        ServerStart { start: rec::now(), method, req_bytes }
+    }
+
+    /// The calling thread's record of its method (keyed by the name's address, as
+    /// [`Observed::server`]'s).
+    #[inline]
+    fn local(&self) -> &'static rec::Local {
+        let method = self.method;
+        rec::local(false, method.as_ptr() as u64, || std::borrow::Cow::Borrowed(method))
+    }
+
+    /// The call as an [`Observed`] (what [`Observed::server`] would have made at its start).
+    pub(crate) fn observed(self) -> Observed {
+        let metered = Metered { start: self.start, local: self.local(), counted: false };
+        Observed { traced: None, metered: Some(metered), req_bytes: self.req_bytes, finished: false }
+    }
+
+    /// The call ended with `code` and a response of `resp_bytes` (its answer posted; never
+    /// counted in flight).
+    #[inline]
+    pub(crate) fn finish(self, code: Code, resp_bytes: usize) {
+        let local = self.local();
+        local.request(self.req_bytes);
+        local.finish(code as i32, false, resp_bytes, rec::nanos_since(self.start));
+    }
+}
+
 /// Hands every thread's metrics records to the `metrics` recorder now (see the
 /// [module docs](self)): what calls recorded reaches the recorder within
 /// [`METRICS_FLUSH_EVERY`] anyway; call this before reading the recorder when it must hold

@@ -160,6 +160,7 @@ pub mod bounded;
 mod completion;
 pub mod gather;
 mod mirror;
+pub(crate) mod text;
 pub use bounded::Bounded;
 use completion::SIGNALED_BIT;
 pub use completion::{Completion, Completions, RESERVED_WR_IDS};

@@ -344,9 +344,26 @@ impl Client {
         opts: &CallOptions,
     ) -> Result<Resp, Status> {
         if self.observe.any() {
+            if !self.observe.is_tracing() {
+                return self.unary_timed(id, req, opts);
+            }
             return self.unary_observed(id, req, opts);
         }
         self.unary_plain(id, req, opts)
+    }
+
+    /// [`Client::unary`] with metrics on and tracing off: the call timed on this thread.
+    #[inline(never)]
+    fn unary_timed<Req: Message, Resp: Message + Default>(
+        &self,
+        id: MethodId,
+        req: &Req,
+        opts: &CallOptions,
+    ) -> Result<Resp, Status> {
+        let timed = crate::observe::Timed::client(id, req.encoded_len());
+        let r = self.unary_plain(id, req, opts);
+        timed.finish_with(&r, |m: &Resp| m.encoded_len());
+        r
     }
 
     /// [`Client::unary`] unobserved: one copy for both of its paths (so that the session's

@@ -163,6 +163,9 @@ pub struct RequestContext {
     /// The call's span and metrics when the server observes calls (`ServerConfig::observe`):
     /// an async handler takes it, else the worker ends it when the handler returns.
     pub(crate) observed: Cell<Option<crate::observe::Observed>>,
+    /// In place of `observed` when only metrics are on: the call's start, made an `Observed`
+    /// only when an async handler takes it ([`RequestContext::take_observed`]).
+    pub(crate) started: Cell<Option<crate::observe::ServerStart>>,
     /// The response's headers and trailers the handler set ([`RequestContext::set_headers`]),
     /// taken by its answer (emptied per request).
     pub(crate) response: Cell<Option<Box<crate::metadata::ResponseMetadata>>>,
@@ -202,8 +205,15 @@ impl RequestContext {
             qp_num: 0,
             cancel_seen: Cell::new(false),
             observed: Cell::new(None),
+            started: Cell::new(None),
             response: Cell::new(None),
         }
+    }
+
+    /// The call's observation, taken (an async handler's task, a deferred answer): its
+    /// `Observed`, or one made from its start.
+    pub(crate) fn take_observed(&self) -> Option<crate::observe::Observed> {
+        self.observed.take().or_else(|| self.started.take().map(crate::observe::ServerStart::observed))
     }
 }
 

@@ -157,7 +157,7 @@ where
     actx.cancel = Some(flag.clone());
     let deadline = actx.deadline;
     // Observed (`ServerConfig::observe`): in flight from now until the task answers.
-    let observed = ctx.observed.take().map(|mut o| {
+    let observed = ctx.take_observed().map(|mut o| {
         o.in_flight();
         Box::new(o)
     });

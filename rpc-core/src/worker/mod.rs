@@ -325,7 +325,7 @@ pub(crate) struct Worker<P: Provider> {
     /// Calls answered in this iteration whose records (`ServerConfig::observe`'s metrics) end
     /// once their answers are posted (off the critical path): with the code and the response's
     /// bytes.
-    ended: Vec<(crate::observe::Observed, Code, usize)>,
+    ended: Vec<(Ended, Code, usize)>,
     /// Shared with the context's [`CancelPeek`]: a handler's `is_cancelled` polls more into it.
     wcs: Rc<Completions<POLL_BATCH>>,
     /// Async handlers' tasks polled on this thread (shared with the context, whose
@@ -1670,6 +1670,11 @@ fn observed<R>(
     len: usize,
     call: impl FnOnce() -> R,
 ) -> R {
+    if !o.is_tracing() {
+        // Metrics only: the clock read, the rest once the answer is posted.
+        ctx.started.set(Some(crate::observe::ServerStart::now(name, len)));
+        return call();
+    }
     let obs = crate::observe::Observed::server(o, name, ctx.metadata(), len, &ctx.info.peer);
     let _entered = obs.enter();
     ctx.observed.set(Some(obs));
@@ -1689,46 +1694,66 @@ fn observe_refused(o: crate::Observe, ctx: &RequestContext, name: &'static str, 
 /// `ended`, recorded once the answer is posted ([`end_observed`]).
 #[cold]
 #[inline(never)]
-fn observe_end(
-    ctx: &RequestContext,
-    outcome: &Outcome,
-    ended: &mut Vec<(crate::observe::Observed, Code, usize)>,
-) {
-    let Some(obs) = ctx.observed.take() else { return };
-    let (code, len) = match outcome {
+fn observe_end(ctx: &RequestContext, outcome: &Outcome, ended: &mut Vec<(Ended, Code, usize)>) {
+    if !matches!(outcome, Outcome::Deferred) {
+        if let Some(s) = ctx.started.take() {
+            let (code, len) = outcome_size(outcome);
+            ended.push((Ended::Started(s), code, len));
+            return;
+        }
+    }
+    let Some(obs) = ctx.take_observed() else { return };
+    if matches!(outcome, Outcome::Deferred) {
+        // Its answer (a `Responder`'s, a stream's end) or the worker, when the call ends
+        // without one, ends the record.
+        match ctx.cancel_flag.take() {
+            Some(flag) => {
+                let mut obs = obs;
+                obs.in_flight();
+                flag.set_observed(obs);
+                ctx.cancel_flag.set(Some(flag));
+            }
+            None => obs.finish_deferred(),
+        }
+        return;
+    }
+    let (code, len) = outcome_size(outcome);
+    if obs.traced() {
+        obs.finish(code, len);
+    } else {
+        ended.push((Ended::Observed(obs), code, len));
+    }
+}
+
+/// A call whose answer is posted, to record ([`end_observed`]).
+pub(crate) enum Ended {
+    Observed(crate::observe::Observed),
+    /// Metrics only ([`crate::observe::ServerStart`]).
+    Started(crate::observe::ServerStart),
+}
+
+/// The code and response bytes an answered call records (`Deferred`: none yet).
+#[inline]
+fn outcome_size(outcome: &Outcome) -> (Code, usize) {
+    match outcome {
         Outcome::Eager(n) => (Code::Ok, *n as usize),
         Outcome::Ring { len, .. } | Outcome::Staged { len, .. } => (Code::Ok, *len as usize),
         Outcome::Spilled(b) => (Code::Ok, b.len()),
         Outcome::Later(b) => (Code::Ok, b.len()),
         Outcome::Error(s) => (s.code(), 0),
-        // Its answer (a `Responder`'s, a stream's end) or the worker, when the call ends
-        // without one, ends the record.
-        Outcome::Deferred => {
-            match ctx.cancel_flag.take() {
-                Some(flag) => {
-                    let mut obs = obs;
-                    obs.in_flight();
-                    flag.set_observed(obs);
-                    ctx.cancel_flag.set(Some(flag));
-                }
-                None => obs.finish_deferred(),
-            }
-            return;
-        }
+        Outcome::Deferred => (Code::Ok, 0),
         Outcome::Unset => (Code::Unknown, 0),
-    };
-    if obs.traced() {
-        obs.finish(code, len);
-    } else {
-        ended.push((obs, code, len));
     }
 }
 
 /// Records the calls of `ended` (their answers are posted).
 #[cold]
 #[inline(never)]
-fn end_observed(ended: &mut Vec<(crate::observe::Observed, Code, usize)>) {
-    for (obs, code, len) in ended.drain(..) {
-        obs.finish(code, len);
+fn end_observed(ended: &mut Vec<(Ended, Code, usize)>) {
+    for (e, code, len) in ended.drain(..) {
+        match e {
+            Ended::Observed(obs) => obs.finish(code, len),
+            Ended::Started(s) => s.finish(code, len),
+        }
     }
 }
