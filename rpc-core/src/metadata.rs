@@ -919,6 +919,24 @@ mod tests {
     }
 
     #[test]
+    fn get_finds_the_first_entry_of_its_key_among_keys_of_every_length() {
+        let mut md = Metadata::new();
+        let keys: Vec<String> = (1..=20).map(|n| "k".repeat(n)).collect();
+        for (i, k) in keys.iter().enumerate() {
+            md.insert(k, &format!("value {i} of a length that varies {}", "x".repeat(i))).unwrap();
+        }
+        md.insert(&keys[4], "second").unwrap();
+        for (i, k) in keys.iter().enumerate() {
+            let want = format!("value {i} of a length that varies {}", "x".repeat(i));
+            assert_eq!(md.get(k), Some(want.as_str()), "{k}");
+        }
+        // Same length, different bytes; and absent lengths.
+        assert_eq!(md.get("kkkkj"), None);
+        assert_eq!(md.get(&"k".repeat(21)), None);
+        assert_eq!(md.get_all(&keys[4]).count(), 2);
+    }
+
+    #[test]
     fn the_word_at_a_time_value_check_agrees_with_a_byte_loop() {
         let naive = |v: &[u8]| v.iter().all(|&b| (0x20..=0x7e).contains(&b));
         // Every byte value at every position of values of 0 to 17 bytes, in a valid filler.
