@@ -12,6 +12,14 @@
 //! 2-byte count, then per entry a 1-byte key length, the key, a 4-byte value length and the
 //! value) before the message. A server refuses a block over `ServerConfig::max_metadata_bytes`
 //! (RESOURCE_EXHAUSTED naming it) or a malformed one (INVALID_ARGUMENT), before the handler runs.
+//!
+//! A block repeated from call to call (an auth token, a tenant) crosses the wire once per
+//! session (protocol 11, as HPACK's dynamic table saves HTTP/2's headers): a server keeps the
+//! last block an eager request stored as its session's cached block (at most
+//! [`crate::wire::MAX_CACHED_BLOCK`] bytes), and a later eager request with the same block
+//! names it with a header flag instead of carrying it. The client decides, per call, in the
+//! session ([`crate::session::Session::metadata_cache_flag`]); handlers and interceptors see the
+//! same metadata either way. `Counters::metadata_cached` counts the calls that named it.
 
 use std::fmt;
 
@@ -204,7 +212,7 @@ pub(crate) fn run_interceptor(
 }
 
 /// Fixed bytes of the block: its length and its entry count.
-const BLOCK_HEAD: usize = 4 + 2;
+pub(crate) const BLOCK_HEAD: usize = 4 + 2;
 /// Fixed bytes per entry: the key's length and the value's.
 const ENTRY_HEAD: usize = 1 + 4;
 
@@ -455,6 +463,13 @@ impl Metadata {
     /// Bytes of the encoded block (see the [module docs](self)).
     pub fn encoded_len(&self) -> usize {
         BLOCK_HEAD + self.bytes.len()
+    }
+
+    /// The entries as they travel: the block without its 6-byte head (what a session's cached
+    /// block is compared by, [`crate::wire::METADATA_CACHED`]).
+    #[inline]
+    pub(crate) fn entries(&self) -> &[u8] {
+        &self.bytes
     }
 
     /// Encodes the block (see the [module docs](self); [`Metadata::encoded_len`] bytes) into

@@ -208,17 +208,160 @@ fn metadata_over_the_limit_is_refused_naming_it_and_the_session_serves_on() {
     let client = Client::connect_with(server.local_addr(), &client_config()).expect("client");
     let mut big = Metadata::new();
     big.insert_bin("blob-bin", &[7; 300]).unwrap();
-    let e = client
-        .unary::<_, EchoMsg>(WHO, &EchoMsg::default(), &CallOptions::default().with_metadata(big))
-        .unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
-    assert!(e.message().contains("max_metadata_bytes"), "{e}");
+    let big = CallOptions::default().with_metadata(big);
+    // The second time, the block is the session's cached one (protocol 11): refused alike.
+    for _ in 0..2 {
+        let e = client.unary::<_, EchoMsg>(WHO, &EchoMsg::default(), &big).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert!(e.message().contains("max_metadata_bytes"), "{e}");
+    }
+    assert_eq!(client.counters().metadata_cached, 1);
     assert_eq!(ran.load(Ordering::Relaxed), 0);
     let mut small = Metadata::new();
     small.insert_bin("blob-bin", &[7; 200]).unwrap();
     let r = client.unary(WHO, &EchoMsg::default(), &CallOptions::default().with_metadata(small)).unwrap();
     assert_eq!(text(r), "-|200|1");
     assert_eq!(client.closed_reason(), None);
+    drop(client);
+    server.shutdown();
+}
+
+fn token(t: &str) -> CallOptions {
+    let mut md = Metadata::new();
+    md.insert("x-token", t).unwrap();
+    CallOptions::default().with_metadata(md)
+}
+
+/// Protocol 11: a block a session's server keeps is named, not sent, by the calls after the one
+/// that stored it (`Counters::metadata_cached` on both ends counts them, and must agree), and
+/// every call's handler sees its own metadata whatever came before it: a new block, none, a
+/// body too large to carry a stored block, sync and async handlers, a stream's opening request.
+#[test]
+fn a_repeated_block_is_sent_once_and_every_call_sees_its_own() {
+    let server = server().add_service(Meta::default()).spawn("127.0.0.1:0").expect("server");
+    let client = Client::connect_with(server.local_addr(), &client_config()).expect("client");
+    let large = EchoMsg { payload: vec![1; 10_000], ..Default::default() };
+    let small = EchoMsg::default();
+    // (method, token, request, names the kept block)
+    let calls: [(MethodId, Option<&str>, &EchoMsg, bool); 11] = [
+        (WHO, Some("a"), &small, false),
+        (WHO, Some("a"), &small, true),
+        (WHO_ASYNC, Some("a"), &small, true),
+        (WHO, Some("b"), &small, false),
+        (WHO_ASYNC, Some("b"), &small, true),
+        (WHO, None, &small, false),
+        (WHO, Some("b"), &small, true),
+        // Above the eager threshold: its block travels in full, and is not kept.
+        (WHO, Some("a"), &large, false),
+        (WHO, Some("b"), &small, true),
+        (WHO, Some("a"), &small, false),
+        (WHO_ASYNC, Some("a"), &small, true),
+    ];
+    let mut named = 0;
+    for (i, (method, t, req, cached)) in calls.into_iter().enumerate() {
+        let opts = t.map_or_else(CallOptions::default, token);
+        let r: EchoMsg = client.unary(method, req, &opts).unwrap();
+        let want = t.map_or_else(|| "-|0|0".to_string(), |t| format!("{t}|0|1"));
+        assert_eq!(text(r), want, "call {i}");
+        named += u64::from(cached);
+        assert_eq!(client.counters().metadata_cached, named, "call {i}: named the kept block or not");
+    }
+    let mut s = client.server_stream::<_, EchoMsg>(WHO_STREAM, &small, &token("a")).unwrap();
+    assert_eq!(text(s.message().unwrap().unwrap()), "a|0|1");
+    drop(s);
+    assert_eq!(client.counters().metadata_cached, named + 1, "a stream's opening request names it too");
+    // A worker publishes its counters on its timer tick.
+    wait_until(
+        "the server's count",
+        WAIT,
+        || server.counters().metadata_cached > named,
+        || format!("{:?}", server.counters()),
+    );
+    assert_eq!(server.counters().metadata_cached, named + 1, "the server took as many");
+    assert_eq!(client.closed_reason(), None);
+    drop(client);
+    server.shutdown();
+}
+
+/// Many calls at once through a `Channel` (32 started, 4 on the wire: the server grants 4
+/// credits, so the others wait in the session's queue; the rest wait in the Channel's), with
+/// three tokens in turn and every third call given up early (its future dropped, sent or not):
+/// each answered call saw its own token. A store given up before it left must not leave the
+/// calls behind it naming a block the server never got.
+#[test]
+fn concurrent_calls_with_changing_blocks_each_see_their_own() {
+    let server =
+        server().credits_per_session(4).add_service(Meta::default()).spawn("127.0.0.1:0").expect("server");
+    let rt = rt();
+    let ch = channel(&server, &rt, client_config().window(32));
+    let answered = rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..3000u32 {
+            let ch = ch.clone();
+            // Runs of the same token, so blocks are stored, named and replaced while others wait.
+            let t = format!("t{}", (i / 7) % 3);
+            set.spawn(async move {
+                let call = ch.unary::<EchoMsg, EchoMsg>(WHO, EchoMsg::default(), &token(&t));
+                let r = if i % 3 == 2 {
+                    match tokio::time::timeout(std::time::Duration::from_micros(1), call).await {
+                        Ok(r) => r,
+                        Err(_) => return 0,
+                    }
+                } else {
+                    call.await
+                };
+                assert_eq!(text(r.unwrap()), format!("{t}|0|1"), "call {i}");
+                1
+            });
+        }
+        let mut answered = 0;
+        while let Some(r) = set.join_next().await {
+            answered += r.expect("a call's task");
+        }
+        answered
+    });
+    assert!(answered >= 2000, "{answered} calls answered");
+    let sent = ch.counters().metadata_cached;
+    assert!(sent > 0, "no call named the kept block");
+    wait_until(
+        "the server's count",
+        WAIT,
+        || server.counters().metadata_cached == sent,
+        || {
+            format!(
+                "the client sent {sent} named blocks, the server took {}",
+                server.counters().metadata_cached
+            )
+        },
+    );
+    drop(ch);
+    server.shutdown();
+}
+
+/// A call that would store a new block, given up while it waits for a credit (never sent): the
+/// server still keeps the block before it, so the next call with the new block stores it again
+/// rather than naming a block the server never got.
+#[test]
+fn a_store_given_up_before_it_left_is_stored_again() {
+    let server =
+        server().credits_per_session(1).add_service(Meta::default()).spawn("127.0.0.1:0").expect("server");
+    let client = Client::connect_with(server.local_addr(), &client_config().window(4)).expect("client");
+    let req = EchoMsg::default();
+    // Holds the only credit.
+    let first = client.unary_async::<_, EchoMsg>(WHO, &req, &token("a"));
+    // Waits for it, and is given up unsent.
+    let gone = client.unary_async::<_, EchoMsg>(WHO, &req, &token("b"));
+    drop(gone);
+    let again = client.unary_async::<_, EchoMsg>(WHO, &req, &token("b"));
+    let named = client.unary_async::<_, EchoMsg>(WHO, &req, &token("a"));
+    assert_eq!(text(block_on(first).unwrap()), "a|0|1");
+    assert_eq!(text(block_on(again).unwrap()), "b|0|1");
+    assert_eq!(text(block_on(named).unwrap()), "a|0|1");
+    // The block kept now is b's (`named` went in full: a store waited to leave).
+    assert_eq!(client.counters().metadata_cached, 0);
+    assert_eq!(text(client.unary(WHO, &req, &token("a")).unwrap()), "a|0|1");
+    assert_eq!(text(client.unary(WHO, &req, &token("a")).unwrap()), "a|0|1");
+    assert_eq!(client.counters().metadata_cached, 1, "only the last call named a kept block");
     drop(client);
     server.shutdown();
 }

@@ -272,7 +272,7 @@ impl Inner {
     pub(crate) fn start_now<M: Message, J: Job + 'static>(
         &self,
         method: MethodId,
-        req: &M,
+        req: &crate::metadata::WithMetadata<'_, M>,
         flags: u8,
         timeout: Option<Duration>,
         capture: Option<&crate::metadata::CapturedMetadata>,

@@ -464,7 +464,7 @@ impl<P: Provider> ClientCore<P> {
     pub(crate) fn start_with<M: Message>(
         &mut self,
         method: u32,
-        req: &M,
+        req: &crate::metadata::WithMetadata<'_, M>,
         deadline: Option<Instant>,
         mode: StartMode,
         stream: u8,
@@ -488,7 +488,23 @@ impl<P: Provider> ClientCore<P> {
         }
         let flush_now = mode == StartMode::Now;
         let blocking = mode != StartMode::NoWait;
-        let len = req.encoded_len();
+        // The session's cached metadata block (protocol 11): a block the server keeps is named,
+        // not sent; an eager request with another one replaces it (`Session::metadata_cache_flag`).
+        let message_len = req.message.encoded_len();
+        let mut req = crate::metadata::WithMetadata { metadata: req.metadata, message: req.message };
+        let mut flags = stream;
+        if let Some(md) = req.metadata {
+            match self.conn.session.metadata_cache_flag(md.entries(), message_len) {
+                0 => {}
+                crate::wire::METADATA_CACHED => {
+                    req.metadata = None;
+                    flags = (flags & !crate::wire::METADATA) | crate::wire::METADATA_CACHED;
+                }
+                store => flags |= store,
+            }
+        }
+        let req = &req;
+        let len = message_len + req.metadata.map_or(0, crate::metadata::Metadata::encoded_len);
         // Refused before anything is sent or taken.
         if let Err(s) = self.conn.session.check_len(len) {
             self.counters.status(s.code());
@@ -511,7 +527,7 @@ impl<P: Provider> ClientCore<P> {
                     )));
                 };
                 let body = GatherBody::encode(req, own);
-                if let Err(e) = check_exact::<M>(len, body.len()) {
+                if let Err(e) = check_exact::<crate::metadata::WithMetadata<'_, M>>(len, body.len()) {
                     return Err(self.mismatch(e, "request"));
                 }
                 break PendingBody::Heap(Box::new(body));
@@ -524,7 +540,12 @@ impl<P: Provider> ClientCore<P> {
         };
         self.counters.bytes_out += len as u64;
         let (slot, generation) =
-            self.conn.session.start_call(method, deadline, stream).expect("a free slot was checked");
+            self.conn.session.start_call(method, deadline, flags).expect("a free slot was checked");
+        if flags & crate::wire::METADATA_STORE != 0 {
+            if let Some(md) = req.metadata {
+                self.conn.session.store_block(slot, generation, md.entries());
+            }
+        }
         self.pending[slot as usize] = Some(body);
         if let Some(c) = capture {
             self.capture(CallId { slot, generation, deadline }, c);
@@ -643,6 +664,9 @@ impl<P: Provider> ClientCore<P> {
     fn pump_slow(&mut self) {
         while let Some(h) = self.conn.session.next_request(Instant::now) {
             let Some(body) = self.pending[h.slot as usize].take() else { continue };
+            if h.metadata_cache == crate::wire::METADATA_CACHED {
+                self.counters.metadata_cached += 1;
+            }
             match body {
                 PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
                 PendingBody::Staged(body) => self.outbox.push(Waiting::Body(Outgoing::staged(h, body))),

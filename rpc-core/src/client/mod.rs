@@ -702,7 +702,7 @@ impl<T: Message + Default> ResponseFuture<'_, T> {
                 Poll::Ready(r) => r,
             };
             let r = r.and_then(|()| {
-                with_calls!(&mut inner.calls, c => c.start(*method, &queue::Gathered(body), *deadline, false, *flags, capture.as_ref()))
+                with_calls!(&mut inner.calls, c => c.start(*method, &WithMetadata::new(&queue::Gathered(body), None), *deadline, false, *flags, capture.as_ref()))
             });
             this.state = match r {
                 Ok(ticket) => State::Waiting { epoch: inner.epoch, ticket },

@@ -84,7 +84,7 @@ impl<P: Provider> Calls<P> {
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
-        req: &M,
+        req: &crate::metadata::WithMetadata<'_, M>,
         deadline: Option<Instant>,
         blocking: bool,
         flags: u8,
@@ -118,7 +118,9 @@ impl<P: Provider> Calls<P> {
         let mut own = self.spare.pop().unwrap_or_default();
         own.reserve(len.min(GATHER_MIN));
         let body = GatherBody::encode(req, own);
-        if let Err(e) = crate::buffers::bounded::check_exact::<M>(len, body.len()) {
+        if let Err(e) =
+            crate::buffers::bounded::check_exact::<crate::metadata::WithMetadata<'_, M>>(len, body.len())
+        {
             // Not queued: a body that lies about its length fails now, as a started one does.
             recycle(&mut self.spare, body);
             return Err(self.core.encode_mismatch(e));
@@ -171,7 +173,7 @@ impl<P: Provider> Calls<P> {
                 Next::Start(seq, call) => {
                     let r = self.core.start_with(
                         call.method,
-                        &Gathered(&call.body),
+                        &crate::metadata::WithMetadata::new(&Gathered(&call.body), None),
                         call.deadline,
                         StartMode::NoWait,
                         call.flags,

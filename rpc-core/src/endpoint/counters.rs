@@ -92,6 +92,11 @@ pub struct Counters {
     /// future that completed at its first poll answered inline, as an inline handler does, and
     /// is not counted; nor are futures spawned on a tokio runtime (the opt-in).
     pub async_tasks: u64,
+    /// Requests whose metadata named the session's cached block instead of carrying it
+    /// ([`crate::wire::METADATA_CACHED`]; client: sent, server: received). A client names the
+    /// block once a request that carried the same one has left, so a caller whose every call
+    /// has the same metadata (an auth token) sends it once per session.
+    pub metadata_cached: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -137,6 +142,7 @@ impl Counters {
         self.metered += other.metered;
         self.idle_closed += other.idle_closed;
         self.async_tasks += other.async_tasks;
+        self.metadata_cached += other.metadata_cached;
         self.reassembly_refused += other.reassembly_refused;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
@@ -145,7 +151,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code` (and the server-wide gauges, which `ServerMemory` holds).
-const FIELDS: usize = 20;
+const FIELDS: usize = 21;
 
 /// The published copy, readable from any thread.
 pub(crate) struct SharedCounters {
@@ -181,6 +187,7 @@ impl SharedCounters {
             c.idle_closed,
             c.reassembly_refused,
             c.async_tasks,
+            c.metadata_cached,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -214,6 +221,7 @@ impl SharedCounters {
             idle_closed: g(17),
             reassembly_refused: g(18),
             async_tasks: g(19),
+            metadata_cached: g(20),
             by_code,
             ..Counters::default()
         }

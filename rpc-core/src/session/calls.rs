@@ -33,6 +33,29 @@ struct CallMeta {
     stream: u8,
     /// The request's body starts with a metadata block ([`crate::wire::METADATA`]).
     metadata: bool,
+    /// Its use of the session's cached block: 0, [`crate::wire::METADATA_STORE`] or
+    /// [`crate::wire::METADATA_CACHED`].
+    metadata_cache: u8,
+}
+
+/// The client's side of the session's cached metadata block (protocol 11, see
+/// [`crate::wire::METADATA_STORE`]): which block the server keeps, as far as the requests that
+/// left tell, and the one request started to replace it that has not left yet.
+///
+/// A request may name the kept block ([`crate::wire::METADATA_CACHED`]) only while no store
+/// waits to leave: requests leave in the order they started, and the server takes eager ones in
+/// the order they arrive, so every request that names the block reaches the server after the
+/// store that kept it and before any later one. A store abandoned before it left never reaches
+/// the server: the block it carried is forgotten, and the one before it stays kept.
+#[derive(Debug, Default)]
+struct BlockCache {
+    /// The entries (a [`crate::Metadata`]'s encoding without its head) of the block the server
+    /// keeps once every request that left so far has arrived; `None` before any store left.
+    kept: Option<Vec<u8>>,
+    /// The store that has not left yet: its slot and generation.
+    queued: Option<(u16, u32)>,
+    /// That store's entries (its buffer reused from store to store).
+    queued_block: Vec<u8>,
 }
 
 /// The watch started when the abandon cap was reached.
@@ -51,6 +74,8 @@ pub(super) struct Calls {
     max_abandoned: u16,
     ack_timeout: Duration,
     watch: Option<AckWatch>,
+    /// The session's cached metadata block.
+    cache: BlockCache,
 }
 
 impl std::fmt::Debug for Calls {
@@ -77,6 +102,7 @@ impl Calls {
             max_abandoned,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             watch: None,
+            cache: BlockCache::default(),
         }
     }
 
@@ -108,6 +134,19 @@ impl Calls {
     }
 }
 
+impl BlockCache {
+    /// The request `(slot, generation)` with [`crate::wire::METADATA_STORE`] left: its block is
+    /// the one the server keeps from now on.
+    #[cold]
+    fn left(&mut self, slot: u16, generation: u32) {
+        if self.queued == Some((slot, generation)) {
+            self.queued = None;
+            let kept = self.kept.get_or_insert_with(Vec::new);
+            std::mem::swap(kept, &mut self.queued_block);
+        }
+    }
+}
+
 impl Session {
     /// Client: the call slots (window, credits, states).
     #[inline]
@@ -130,11 +169,48 @@ impl Session {
     /// slot is taken.
     #[inline]
     pub fn start_call(&mut self, method: u32, deadline: Option<Instant>, flags: u8) -> Option<(u16, u32)> {
+        use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE, STREAM_IN, STREAM_OUT};
         let (slot, generation) = self.calls.slots.start()?;
-        let stream = flags & !crate::wire::METADATA;
-        let metadata = flags & crate::wire::METADATA != 0;
-        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream, metadata };
+        let stream = flags & (STREAM_IN | STREAM_OUT);
+        let metadata = flags & METADATA != 0;
+        let metadata_cache = flags & (METADATA_STORE | METADATA_CACHED);
+        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream, metadata, metadata_cache };
         Some((slot, generation))
+    }
+
+    /// Client: how a request whose message encodes to `message_len` bytes carries the metadata
+    /// block of `entries` (a [`crate::Metadata`]'s encoding without its 6-byte head): naming
+    /// the session's cached block ([`crate::wire::METADATA_CACHED`]: it equals the one the
+    /// server keeps and no store waits to leave), replacing it
+    /// ([`crate::wire::METADATA_STORE`]: no store waits to leave and the block is at most
+    /// [`crate::wire::MAX_CACHED_BLOCK`] bytes), or 0: in full, the cache untouched. Only an
+    /// eager request (its body, with the block when it carries one, at most the eager
+    /// threshold) takes part. A call started with [`crate::wire::METADATA_STORE`] is given its
+    /// block by [`Session::store_block`] before anything else starts.
+    #[inline]
+    pub fn metadata_cache_flag(&self, entries: &[u8], message_len: usize) -> u8 {
+        let c = &self.calls.cache;
+        let eager = self.params.eager_threshold as usize;
+        if c.queued.is_some() || message_len > eager {
+            return 0;
+        }
+        let block = crate::metadata::BLOCK_HEAD + entries.len();
+        if c.kept.as_deref() == Some(entries) {
+            crate::wire::METADATA_CACHED
+        } else if block <= crate::wire::MAX_CACHED_BLOCK && message_len + block <= eager {
+            crate::wire::METADATA_STORE
+        } else {
+            0
+        }
+    }
+
+    /// Client: the call `(slot, generation)`, just started with [`crate::wire::METADATA_STORE`],
+    /// carries the block of `entries`: once it leaves, that is the block the server keeps.
+    pub fn store_block(&mut self, slot: u16, generation: u32, entries: &[u8]) {
+        let c = &mut self.calls.cache;
+        c.queued = Some((slot, generation));
+        c.queued_block.clear();
+        c.queued_block.extend_from_slice(entries);
     }
 
     /// Client: whether a call started now goes on the wire at once (a credit is free and no call
@@ -168,8 +244,12 @@ impl Session {
             method: m.method,
             timeout_us,
             metadata: m.metadata,
+            metadata_cache: m.metadata_cache,
             ..Header::new(Kind::Request)
         };
+        if m.metadata_cache == crate::wire::METADATA_STORE {
+            self.calls.cache.left(slot, generation);
+        }
         if m.stream != 0 {
             h.stream = m.stream;
             h.count = self.stream_open(slot, generation, m.stream);
@@ -227,6 +307,10 @@ impl Session {
         now: impl FnOnce() -> Instant,
     ) -> Abandoned<()> {
         let r = self.calls.slots.abandon(slot, generation);
+        if r == Abandoned::Unsent && self.calls.cache.queued == Some((slot, generation)) {
+            // It never reaches the server: the block before it stays kept.
+            self.calls.cache.queued = None;
+        }
         if r == Abandoned::OnWire {
             if !leaving {
                 self.cancel(slot, generation);
@@ -251,6 +335,7 @@ impl Session {
     /// each the session's failure), abandoned ones are freed. Returns how many calls failed.
     pub fn fail_calls(&mut self) -> usize {
         self.calls.watch = None;
+        self.calls.cache = BlockCache::default();
         self.calls.slots.fail_all(|| ())
     }
 

@@ -257,3 +257,66 @@ fn a_ring_return_goes_only_when_the_peer_may_send() {
     s.stamp(&mut h);
     assert!(!s.take_ring_return(), "nothing freed since");
 }
+
+/// The session's cached metadata block (protocol 11), client side: a block is stored by an eager
+/// request and named by the requests after it once that request left; while a store waits to
+/// leave, blocks travel in full; a store abandoned before it left leaves the block before it
+/// kept; a block too large for the eager threshold, or over the cap, travels in full.
+#[test]
+fn a_metadata_block_is_named_only_once_the_request_that_stored_it_left() {
+    use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE};
+    let clock = Clock(Instant::now());
+    let mut s = client(8, 1);
+    let (a, b) = (&b"aaa"[..], &b"bbb"[..]);
+    let start = |s: &mut Session, entries: &[u8]| {
+        let flag = s.metadata_cache_flag(entries, 4);
+        let call =
+            s.start_call(1, None, if flag == METADATA_CACHED { flag } else { METADATA | flag }).unwrap();
+        if flag == METADATA_STORE {
+            s.store_block(call.0, call.1, entries);
+        }
+        (call, flag)
+    };
+    // Nothing kept: the first request stores its block.
+    let (c1, f) = start(&mut s, a);
+    assert_eq!(f, METADATA_STORE);
+    // It has not left (one credit, free now; it leaves with `next_request`): the next travels in full.
+    assert_eq!(s.metadata_cache_flag(a, 4), 0, "a store waits to leave");
+    let h = s.next_request(|| clock.at(0)).unwrap();
+    assert_eq!((h.slot, h.metadata, h.metadata_cache), (c1.0, true, METADATA_STORE));
+    // It left: the same block is named, another one stored.
+    assert_eq!(s.metadata_cache_flag(a, 4), METADATA_CACHED);
+    assert_eq!(s.metadata_cache_flag(b, 4), METADATA_STORE);
+    // Too large for the eager threshold (16): in full, nothing changes.
+    assert_eq!(s.metadata_cache_flag(b, 8), 0, "4 + 6 + 3 + 8 bytes is over the eager threshold");
+    assert_eq!(s.metadata_cache_flag(a, 17), 0, "the message alone is over it");
+    // A request naming the block queues behind the credit; it goes out as it started.
+    let (c2, f) = start(&mut s, a);
+    assert_eq!(f, METADATA_CACHED);
+    // A store of `b` queues behind it, and is abandoned before it leaves.
+    let (c3, f) = start(&mut s, b);
+    assert_eq!(f, METADATA_STORE);
+    assert_eq!(s.metadata_cache_flag(a, 4), 0, "the store of b waits to leave");
+    assert_eq!(s.abandon_call(c3.0, c3.1, false, || clock.at(0)), Abandoned::Unsent);
+    assert_eq!(s.metadata_cache_flag(a, 4), METADATA_CACHED, "b never reaches the server: a is kept");
+    assert_eq!(s.metadata_cache_flag(b, 4), METADATA_STORE);
+    assert_eq!(s.on_response(c1.0, c1.1), Ok(ResponseFate::Stored));
+    let h = s.next_request(|| clock.at(0)).unwrap();
+    assert_eq!((h.slot, h.metadata, h.metadata_cache), (c2.0, false, METADATA_CACHED));
+    // A store that leaves replaces the block.
+    let (c4, _) = start(&mut s, b);
+    assert_eq!(s.on_response(c2.0, c2.1), Ok(ResponseFate::Stored));
+    let h = s.next_request(|| clock.at(0)).unwrap();
+    assert_eq!((h.slot, h.metadata_cache), (c4.0, METADATA_STORE));
+    assert_eq!(s.metadata_cache_flag(b, 4), METADATA_CACHED);
+    assert_eq!(s.metadata_cache_flag(a, 4), METADATA_STORE);
+    // Over the cap: in full.
+    let big = vec![b'x'; crate::wire::MAX_CACHED_BLOCK];
+    let mut wide = client(8, 1);
+    wide.params.eager_threshold = 4096;
+    assert_eq!(wide.metadata_cache_flag(&big, 4), 0, "a block over MAX_CACHED_BLOCK is not stored");
+    assert_eq!(wide.metadata_cache_flag(&big[..100], 4), METADATA_STORE);
+    // A broken session forgets it.
+    assert_eq!(s.fail_calls(), 1);
+    assert_eq!(s.metadata_cache_flag(b, 4), METADATA_STORE);
+}

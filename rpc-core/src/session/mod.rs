@@ -254,6 +254,9 @@ pub struct Session {
     /// Server: CancelAcks waiting in `controls` (at most `credits`: a client holds a credit per
     /// Cancel until its acknowledgement arrives).
     acks_due: u16,
+    /// Server: a request stored a metadata block as the session's cached one
+    /// ([`crate::wire::METADATA_STORE`]; its bytes are the driver's).
+    block_kept: bool,
     /// Server: the client answers Pings while idle ([`Session::probe_while_idle`]).
     probe_idle: bool,
     /// Server: the cap and timeout of bodies arriving in pieces (none on a client).
@@ -328,6 +331,7 @@ impl Session {
             closed: false,
             ring_freed: false,
             acks_due: 0,
+            block_kept: false,
             probe_idle: false,
             reassembly: None,
             backlog: None,
@@ -900,9 +904,24 @@ impl Session {
             return Err("a client's message carries a stream count");
         }
         self.check_credit()?;
+        if h.metadata_cache != 0 {
+            self.check_block_cache(h)?;
+        }
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
         self.admit_call(h, deadline);
         Ok(Incoming { header: *h, ring: None })
+    }
+
+    /// Server: a request's use of the session's cached metadata block (protocol 11): a store
+    /// keeps one from now on (the driver keeps its bytes); naming one before any store is a
+    /// protocol violation. Header decoding checked the flags' combinations (eager requests only).
+    #[cold]
+    fn check_block_cache(&mut self, h: &Header) -> Result<(), &'static str> {
+        if h.metadata_cache == crate::wire::METADATA_CACHED && !self.block_kept {
+            return Err("a request names the cached metadata block before any request stored one");
+        }
+        self.block_kept = true;
+        Ok(())
     }
 
     /// [`Session::handle_header`] of an eager response at a client.
@@ -1093,6 +1112,18 @@ impl Session {
             self.sends.take(self.unanswered.len(), self.send_pool())?;
         }
         match h.kind {
+            Kind::Request if first && h.metadata_cache != 0 && self.role == Role::Server => {
+                self.check_block_cache(h)?;
+                let deadline = clock.deadline(h.timeout_us);
+                if h.stream != 0 {
+                    if u32::from(h.count) > MAX_STREAM_BUDGET {
+                        return Err("stream grants beyond any stream budget");
+                    }
+                    self.open_peer_stream(h, deadline);
+                } else {
+                    self.admit_call(h, deadline);
+                }
+            }
             Kind::Request if first && h.stream != 0 => {
                 if u32::from(h.count) > MAX_STREAM_BUDGET {
                     return Err("stream grants beyond any stream budget");

@@ -967,3 +967,25 @@ fn a_batch_after_a_metadata_block_is_checked_past_it() {
     short.extend_from_slice(&[1, 0]);
     assert!(super::check_batch(&short, 1, true).is_err());
 }
+
+/// A server takes a request naming the session's cached metadata block only after one stored a
+/// block (protocol 11), on a unary request and on a stream's opening one alike.
+#[test]
+fn a_request_may_name_the_cached_metadata_block_only_after_a_store() {
+    use crate::wire::{METADATA_CACHED, METADATA_STORE};
+    let now = std::time::Instant::now;
+    let named = Header { metadata_cache: METADATA_CACHED, ..request(0, 1, 0) };
+    let mut s = Session::new(Role::Server, params(4, 16, 100));
+    assert_eq!(
+        s.handle_header(&named, now).unwrap_err(),
+        "a request names the cached metadata block before any request stored one"
+    );
+    let mut s = Session::new(Role::Server, params(4, 16, 100));
+    let opens = Header { stream: crate::wire::STREAM_OUT, count: 1, ..named };
+    assert!(s.handle_header(&opens, now).is_err(), "a stream's opening request too");
+    let mut s = Session::new(Role::Server, params(4, 16, 100));
+    s.handle_header(&Header { metadata: true, metadata_cache: METADATA_STORE, ..request(0, 1, 0) }, now)
+        .unwrap();
+    s.handle_header(&Header { slot: 1, ..named }, now).unwrap();
+    s.handle_header(&Header { slot: 2, ..opens }, now).unwrap();
+}

@@ -35,6 +35,9 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
+/// 11 (2026-12-06): a request may keep its metadata block as the session's cached block, and
+/// later requests name that block instead of carrying it ([`super::header::METADATA_STORE`],
+/// [`super::header::METADATA_CACHED`]).
 /// 10 (2026-12-06): a server's stream message may start with a metadata block, the stream's
 /// response headers ([`super::header::METADATA`]), before its first message rather than with
 /// its end.
@@ -48,7 +51,7 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a
 /// client reports freed space once half of those are freed (a version-6 client would leave such
 /// a server waiting for a Ping). 6: the idle probe (`FLAG_IDLE_PONGS`).
-pub const PROTOCOL_VERSION: u16 = 10;
+pub const PROTOCOL_VERSION: u16 = 11;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
 /// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of

@@ -5,7 +5,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream grant, 11 cancel acknowledgement) |
-//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, a response's with two (headers, trailers), a server's stream message's with one (the stream's headers), see [`crate::metadata`]) |
+//! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, a response's with two (headers, trailers), a server's stream message's with one (the stream's headers), see [`crate::metadata`]; bit 5: a request's block is also kept as the session's cached block; bit 6: a request's metadata is the session's cached block, its body has none; see [`METADATA_STORE`]) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
@@ -99,6 +99,26 @@ pub const STREAM_BATCH: u8 = 8;
 /// stream message (a server's): with one, the stream's response headers, before its message or
 /// its batch's frames ([`crate::metadata`]).
 pub const METADATA: u8 = 16;
+
+/// Flag of a request with [`METADATA`] (protocol 11): the server also keeps its block as the
+/// session's cached block, replacing the one it kept, for the requests with [`METADATA_CACHED`]
+/// that follow it on the session. Only on an eager request (its body in the SEND, never in the
+/// ring) whose block is at most [`MAX_CACHED_BLOCK`] bytes, so a server takes the blocks in the
+/// order the client sent them; the server keeps a refused block's status instead (over its
+/// `max_metadata_bytes`, or malformed) and answers the requests that name it with that status.
+/// gRPC over HTTP/2 saves the same bytes with HPACK's dynamic table.
+pub const METADATA_STORE: u8 = 32;
+
+/// Flag of a request (protocol 11): its metadata is the session's cached block (the last one a
+/// [`METADATA_STORE`] request carried before it on the session); its body has no block. Never
+/// with [`METADATA`]; only on an eager request; a server that kept no block closes the session
+/// (a protocol violation). A client sends it only when the block it would send equals the cached
+/// one and every [`METADATA_STORE`] request it started has left (is on the wire).
+pub const METADATA_CACHED: u8 = 64;
+
+/// Most bytes of a block a server keeps as a session's cached block ([`METADATA_STORE`]), its
+/// 6-byte head included: 1 KiB per session at most, allocated only when a client stores one.
+pub const MAX_CACHED_BLOCK: usize = 1024;
 
 /// The length of the metadata block at the front of `body` (its 4-byte length field and what it
 /// counts), or `None` when the body is too short for it. The block's contents are checked where
@@ -263,6 +283,9 @@ pub struct Header {
     /// A request whose body starts with a metadata block, a response whose body starts with two
     /// ([`METADATA`]).
     pub metadata: bool,
+    /// A request's use of the session's cached block: 0, [`METADATA_STORE`] (with `metadata`: keep
+    /// this block) or [`METADATA_CACHED`] (without: the cached block is this request's).
+    pub metadata_cache: u8,
     /// A count whose unit the kind gives: on a stream-opening request, the stream grants the client
     /// gives the server (server SENDs it is ready for); on a [`Kind::StreamGrant`], more grants (at
     /// least 1); on a batch ([`STREAM_BATCH`]), the messages in it; on a response, the server's
@@ -304,6 +327,7 @@ impl Header {
             in_ring: false,
             stream: 0,
             metadata: false,
+            metadata_cache: 0,
             count: 0,
             status: Code::Ok,
             slot: 0,
@@ -323,7 +347,10 @@ impl Header {
     #[inline]
     pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
         out[0] = self.kind as u8;
-        out[1] = u8::from(self.in_ring) | self.stream | if self.metadata { METADATA } else { 0 };
+        out[1] = u8::from(self.in_ring)
+            | self.stream
+            | if self.metadata { METADATA } else { 0 }
+            | self.metadata_cache;
         out[2] = self.status as u8;
         out[3] = 0;
         out[4..6].copy_from_slice(&self.slot.to_le_bytes());
@@ -371,7 +398,16 @@ impl Header {
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let kind = Kind::from_u8(b[0])
             .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=11", b[0])))?;
-        if b[1] & !(BODY_IN_RING | STREAM_IN | STREAM_OUT | STREAM_BATCH | METADATA) != 0 {
+        if b[1]
+            & !(BODY_IN_RING
+                | STREAM_IN
+                | STREAM_OUT
+                | STREAM_BATCH
+                | METADATA
+                | METADATA_STORE
+                | METADATA_CACHED)
+            != 0
+        {
             return Err(WireError::bad("header", "flags", format!("unknown bits {:#04x}", b[1])));
         }
         let in_ring = b[1] & BODY_IN_RING != 0;
@@ -385,6 +421,7 @@ impl Header {
             in_ring,
             stream: b[1] & (STREAM_IN | STREAM_OUT | STREAM_BATCH),
             metadata: b[1] & METADATA != 0,
+            metadata_cache: b[1] & (METADATA_STORE | METADATA_CACHED),
             count: u16_at(6),
             status,
             slot: u16_at(4),
@@ -404,6 +441,23 @@ impl Header {
                 "flags",
                 "the metadata flag outside a request, a response or a stream message",
             ));
+        }
+        if h.metadata_cache != 0 {
+            let ok = kind == Kind::Request
+                && !h.in_ring
+                && match h.metadata_cache {
+                    METADATA_STORE => h.metadata,
+                    METADATA_CACHED => !h.metadata,
+                    _ => false,
+                };
+            if !ok {
+                return Err(WireError::bad(
+                    "header",
+                    "flags",
+                    "the metadata cache flags outside an eager request, both at once, or the store flag \
+                     without a block (the cached flag with one)",
+                ));
+            }
         }
         if h.stream & STREAM_BATCH != 0 {
             if kind != Kind::StreamMsg || h.stream != STREAM_BATCH {
@@ -699,6 +753,22 @@ mod tests {
         assert!(Header::decode(&m).unwrap().metadata);
         let m = encode_msg(&Header { metadata: true, ..Header::new(Kind::StreamEnd) });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
+        // The cache flags (protocol 11): a store with a block, a name without one, on an eager
+        // request only, never both.
+        let store = Header { metadata: true, metadata_cache: METADATA_STORE, ..request() };
+        assert_eq!(Header::decode(&encode_msg(&store)).unwrap().metadata_cache, METADATA_STORE);
+        let named = Header { metadata_cache: METADATA_CACHED, ..request() };
+        assert_eq!(Header::decode(&encode_msg(&named)).unwrap().metadata_cache, METADATA_CACHED);
+        for bad in [
+            Header { metadata: false, ..store },
+            Header { metadata: true, ..named },
+            Header { metadata_cache: METADATA_STORE | METADATA_CACHED, ..store },
+            Header { kind: Kind::Response, ..store },
+            Header { kind: Kind::StreamMsg, ..named },
+            Header { in_ring: true, body_len: 64, total_len: 64, ..named },
+        ] {
+            assert_eq!(Header::decode(&encode_msg(&bad)).unwrap_err().field(), "flags", "{bad:?}");
+        }
         let m = encode_msg(&Header { stream: STREAM_BATCH | STREAM_IN, ..h });
         assert_eq!(Header::decode(&m).unwrap_err().field(), "flags");
         let m = encode_msg(&Header { in_ring: true, body_len: 5000, total_len: 5000, ..h });
@@ -795,12 +865,19 @@ mod tests {
                         Kind::Response => (extra >> 16) as u16,
                         _ => 0,
                     };
+                    let metadata = matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg)
+                        && extra & (1 << 24) != 0;
+                    let metadata_cache = match (kind == Kind::Request && !in_ring, metadata) {
+                        (true, true) if extra & (1 << 25) != 0 => METADATA_STORE,
+                        (true, false) if extra & (1 << 25) != 0 => METADATA_CACHED,
+                        _ => 0,
+                    };
                     Header {
                         kind,
                         in_ring,
                         stream,
-                        metadata: matches!(kind, Kind::Request | Kind::Response | Kind::StreamMsg)
-                            && extra & (1 << 24) != 0,
+                        metadata,
+                        metadata_cache,
                         count,
                         status: if matches!(kind, Kind::Response | Kind::Close) {
                             Code::from_u8(st).unwrap()

@@ -15,7 +15,8 @@ pub use handshake::{
 };
 pub use header::{
     batch_frames, frame_at, metadata_block_len, push_frame, BatchFrames, Header, Kind, BODY_IN_RING,
-    FRAME_LEN, HEADER_LEN, MAX_BATCH, METADATA, STREAM_BATCH, STREAM_IN, STREAM_OUT,
+    FRAME_LEN, HEADER_LEN, MAX_BATCH, MAX_CACHED_BLOCK, METADATA, METADATA_CACHED, METADATA_STORE,
+    STREAM_BATCH, STREAM_IN, STREAM_OUT,
 };
 
 /// Fuzz property for header decoding (used by `fuzz/` and by the proptest suite): decoding

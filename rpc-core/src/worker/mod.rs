@@ -192,6 +192,10 @@ struct Entry<P: Provider> {
     streams: Vec<OpenStream>,
     /// Bytes it registered (in the server's gauge until it closes).
     registered: u64,
+    /// The session's cached metadata block ([`crate::wire::METADATA_STORE`]): the last one a
+    /// request stored (at most [`crate::wire::MAX_CACHED_BLOCK`] bytes), or the status it was
+    /// refused with, which the requests naming it are answered with.
+    kept_metadata: Option<Result<Arc<crate::metadata::Metadata>, Status>>,
 }
 
 /// A stream with a handler on it: its call, the sink its handler sends into (server and
@@ -251,6 +255,26 @@ fn split_metadata<'a>(
             *spare = Some(md);
             (body, Some(s))
         }
+    }
+}
+
+/// What a session keeps of a request's block stored as its cached one
+/// ([`crate::wire::METADATA_STORE`]): the block, or the status it was refused with (also for
+/// one over [`crate::wire::MAX_CACHED_BLOCK`] bytes, which no client of this build stores).
+#[cold]
+fn kept_block(
+    md: Option<Arc<crate::metadata::Metadata>>,
+    refused: Option<Status>,
+) -> Result<Arc<crate::metadata::Metadata>, Status> {
+    match (md, refused) {
+        (_, Some(s)) => Err(s),
+        (Some(md), None) if md.encoded_len() <= crate::wire::MAX_CACHED_BLOCK => Ok(md),
+        (Some(md), None) => Err(Status::invalid_argument(format!(
+            "request metadata: a cached block of {} bytes, over the {} a session keeps",
+            md.encoded_len(),
+            crate::wire::MAX_CACHED_BLOCK
+        ))),
+        (None, None) => Err(Status::internal("request metadata: no block to cache")),
     }
 }
 
@@ -966,6 +990,7 @@ impl<P: Provider> Worker<P> {
             deferred: Vec::new(),
             streams: Vec::new(),
             registered: nc.registered,
+            kept_metadata: None,
         });
         if let Some(s) = self.entries[idx].as_mut() {
             let now = Instant::now();
@@ -1406,9 +1431,19 @@ impl<P: Provider> Worker<P> {
             return;
         };
         counters.bytes_in += u64::from(h.body_len);
+        if h.metadata_cache == crate::wire::METADATA_CACHED {
+            counters.metadata_cached += 1;
+        }
         let Some(live) = entry.conn.session.live_call(h.slot, h.generation) else {
             // Cancelled or expired while its body was arriving: answered already, never run.
             if let Received::Eager(b) = received {
+                if h.metadata_cache == crate::wire::METADATA_STORE {
+                    // Its block is kept all the same: the client names it from now on.
+                    let body = Body::slice(recv.bytes(&b).get(HEADER_LEN..).unwrap_or(&[]));
+                    let mut md = None;
+                    let (_, refused) = split_metadata(body, limits.max_metadata, &mut md, &mut None);
+                    entry.kept_metadata = Some(kept_block(md, refused));
+                }
                 recv.repost(b);
             }
             return;
@@ -1450,6 +1485,17 @@ impl<P: Provider> Worker<P> {
         if h.metadata {
             (body, refused) =
                 split_metadata(body, limits.max_metadata, &mut ctx.info.metadata, spare_metadata);
+            if h.metadata_cache == crate::wire::METADATA_STORE {
+                entry.kept_metadata = Some(kept_block(ctx.info.metadata.clone(), refused.clone()));
+            }
+        } else if h.metadata_cache == crate::wire::METADATA_CACHED {
+            // The session checked that a block was stored before (the flag is a violation
+            // otherwise), so the last arm is unreachable.
+            match &entry.kept_metadata {
+                Some(Ok(md)) => ctx.info.metadata = Some(md.clone()),
+                Some(Err(s)) => refused = Some(s.clone()),
+                None => refused = Some(Status::internal("no cached metadata block")),
+            }
         }
         let body_len = body.len();
         let ctx = &*ctx;
