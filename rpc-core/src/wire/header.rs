@@ -129,6 +129,29 @@ pub fn metadata_block_len(body: &[u8]) -> Option<usize> {
     (total <= body.len()).then_some(total)
 }
 
+/// Checks a header's metadata cache flags ([`METADATA_STORE`], [`METADATA_CACHED`]): one of
+/// them, on an eager request, the store with a block and the name without one.
+#[cold]
+#[inline(never)]
+fn check_cache_flags(h: &Header) -> Result<(), WireError> {
+    let ok = h.kind == Kind::Request
+        && !h.in_ring
+        && match h.metadata_cache {
+            METADATA_STORE => h.metadata,
+            METADATA_CACHED => !h.metadata,
+            _ => false,
+        };
+    if ok {
+        return Ok(());
+    }
+    Err(WireError::bad(
+        "header",
+        "flags",
+        "the metadata cache flags outside an eager request, both at once, or the store flag without a \
+         block (the cached flag with one)",
+    ))
+}
+
 /// Most messages in one stream batch.
 pub const MAX_BATCH: u16 = 1024;
 
@@ -443,21 +466,7 @@ impl Header {
             ));
         }
         if h.metadata_cache != 0 {
-            let ok = kind == Kind::Request
-                && !h.in_ring
-                && match h.metadata_cache {
-                    METADATA_STORE => h.metadata,
-                    METADATA_CACHED => !h.metadata,
-                    _ => false,
-                };
-            if !ok {
-                return Err(WireError::bad(
-                    "header",
-                    "flags",
-                    "the metadata cache flags outside an eager request, both at once, or the store flag \
-                     without a block (the cached flag with one)",
-                ));
-            }
+            check_cache_flags(&h)?;
         }
         if h.stream & STREAM_BATCH != 0 {
             if kind != Kind::StreamMsg || h.stream != STREAM_BATCH {
