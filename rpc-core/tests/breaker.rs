@@ -1198,3 +1198,50 @@ fn crossed_cancels_keep_a_session_within_its_srq_reservation() {
     drop(c);
     server.shutdown();
 }
+
+/// `max_sessions_per_peer` 2 (issue 28 item 2): a third session from one address is refused
+/// RESOURCE_EXHAUSTED naming the cap and the address, while another address (`::1` beside
+/// `127.0.0.1`, on a dual-stack listener) still connects and the first two serve on; a session
+/// that closes gives its place back. A cap above `max_sessions` is refused at spawn.
+#[test]
+fn a_peer_over_its_session_cap_is_refused_and_others_are_not() {
+    let e = server().max_sessions(4).max_sessions_per_peer(5).spawn("127.0.0.1:0").err().expect("refused");
+    assert!(e.to_string().contains("max_sessions_per_peer"), "{e}");
+    let capped = || server().max_sessions(8).max_sessions_per_peer(2).add_service(TestService::default());
+    let (server, dual) = match capped().spawn("[::]:0") {
+        Ok(s) => (s, true),
+        Err(e) => {
+            eprintln!("no IPv6 here ({e}): one address only");
+            (capped().spawn("127.0.0.1:0").expect("server"), false)
+        }
+    };
+    let port = server.local_addr().port();
+    let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let a = Client::connect_with(v4, &client_config()).unwrap();
+    let b = Client::connect_with(v4, &client_config()).unwrap();
+    let e = Client::connect_with(v4, &client_config()).expect_err("a third session from 127.0.0.1");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("max_sessions_per_peer 2 reached: 2 sessions from"), "{e}");
+    if dual {
+        let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+        let other = Client::connect_with(v6, &client_config()).expect("a session from ::1");
+        check_reply(&other.unary(ECHO, &request(2, 10, 10), &CallOptions::default()).unwrap(), 2, 10);
+    }
+    for c in [&a, &b] {
+        check_reply(&c.unary(ECHO, &request(1, 10, 10), &CallOptions::default()).unwrap(), 1, 10);
+    }
+    drop(a);
+    let give_up = Instant::now() + WAIT;
+    let c = loop {
+        match Client::connect_with(v4, &client_config()) {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < give_up, "the closed session's place never came back: {e}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    check_reply(&c.unary(ECHO, &request(3, 10, 10), &CallOptions::default()).unwrap(), 3, 10);
+    drop((b, c));
+    server.shutdown();
+}

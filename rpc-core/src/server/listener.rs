@@ -187,6 +187,7 @@ pub(super) fn start<P: Provider>(
                 liveness,
                 next_token: FIRST_CONN,
                 conns: HashMap::new(),
+                peers: HashMap::new(),
                 handshakes: HashMap::new(),
                 binding: HashMap::new(),
                 stop,
@@ -248,7 +249,13 @@ struct Watched {
     session: u32,
     worker: usize,
     stream: TcpStream,
+    /// Counts the session among its peer's ([`Listener::peers`]) while it lives.
+    _peer: PeerTicket,
 }
+
+/// One live session of a peer address: the count of a peer's sessions is its tickets'
+/// (`ServerConfig::max_sessions_per_peer`).
+type PeerTicket = Arc<()>;
 
 struct Listener<P: Provider> {
     config: ServerConfig,
@@ -267,6 +274,9 @@ struct Listener<P: Provider> {
     next_token: usize,
     /// Live sessions by the token of their TCP connection.
     conns: HashMap<Token, Watched>,
+    /// Per peer IP address: the ticket its live sessions hold (a count of `strong_count - 1`;
+    /// entries with none are swept as sessions close).
+    peers: HashMap<std::net::IpAddr, PeerTicket>,
     /// Accepted connections whose handshake frame is still arriving (read without blocking, so
     /// a slow or silent peer holds up nobody).
     handshakes: HashMap<Token, PendingHandshake>,
@@ -379,7 +389,8 @@ impl<P: Provider> Listener<P> {
                 None => {
                     tracing::info!(session = b.session, peer = %b.peer, worker = b.worker, "session connected");
                     let stream = b.stream.into_tcp();
-                    self.conns.insert(t, Watched { session: b.session, worker: b.worker, stream });
+                    let w = Watched { session: b.session, worker: b.worker, stream, _peer: b.peer_ticket };
+                    self.conns.insert(t, w);
                     // What arrived meanwhile (or the peer's close) sent no new edge.
                     self.check_conn(t);
                 }
@@ -618,9 +629,14 @@ impl<P: Provider> Listener<P> {
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
     ) -> Result<Setup, (ControlStream, Status)> {
-        match self.setup_inner(&mut stream, peer, frame) {
+        let result = self.setup_inner(&mut stream, peer, frame);
+        if result.is_ok() && self.peers.len() > 2 * self.conns.len() + 64 {
+            self.peers.retain(|_, t| Arc::strong_count(t) > 1);
+        }
+        match result {
             Ok((session, worker, None)) => {
-                Ok(Setup::Live(Watched { session, worker, stream: stream.into_tcp() }))
+                let _peer = self.peers.entry(peer.ip()).or_default().clone();
+                Ok(Setup::Live(Watched { session, worker, stream: stream.into_tcp(), _peer }))
             }
             Ok((session, worker, Some((reply, bound)))) => Ok(Setup::Binding(PendingBind {
                 stream,
@@ -630,6 +646,7 @@ impl<P: Provider> Listener<P> {
                 reply,
                 bound,
                 since: Instant::now(),
+                peer_ticket: self.peers.entry(peer.ip()).or_default().clone(),
             })),
             Err(e) => Err((stream, e)),
         }
@@ -677,6 +694,17 @@ impl<P: Provider> Listener<P> {
             return Err(Self::refuse(
                 stream,
                 Status::resource_exhausted(format!("max_sessions {} reached", self.config.max_sessions)),
+            ));
+        }
+        let cap = self.config.max_sessions_per_peer;
+        let of_peer = self.peers.get(&peer.ip()).map_or(0, |t| Arc::strong_count(t) - 1);
+        if cap > 0 && of_peer >= cap {
+            return Err(Self::refuse(
+                stream,
+                Status::resource_exhausted(format!(
+                    "max_sessions_per_peer {cap} reached: {of_peer} sessions from {}",
+                    peer.ip()
+                )),
             ));
         }
         let credits = hello.credits.min(self.config.credits_per_session);
@@ -957,6 +985,7 @@ struct PendingBind {
     /// Set by the worker ([`BIND_DONE`] or [`crate::worker::BIND_FAILED`]).
     bound: Arc<AtomicU8>,
     since: Instant,
+    peer_ticket: PeerTicket,
 }
 
 struct PendingHandshake {

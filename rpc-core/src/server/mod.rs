@@ -11,6 +11,7 @@
 
 pub(crate) mod async_service;
 mod listener;
+mod nofile;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -193,7 +194,21 @@ pub struct ServerConfig {
     /// pieces and answers waiting is capped by `max_reassembly_bytes` and `max_backlog_bytes`.
     /// Valid range:
     /// 1 ..= 32767 per worker.
+    ///
+    /// Each session also holds its TCP control connection, a file descriptor: a server raises
+    /// its process's open-file soft limit (`RLIMIT_NOFILE`, `ulimit -n`, 1,024 by default on
+    /// Linux) to the hard limit when it spawns, as Go's runtime does at start, and logs it at
+    /// info; when the hard limit is below `max_sessions` + 64 it warns, and connections beyond
+    /// it wait in the listen backlog (the accept fails `EMFILE`, logged) until a descriptor
+    /// frees or their client's `connect_timeout` passes.
     pub max_sessions: usize,
+    /// Most sessions one peer IP address may hold at once (all its ports together): a handshake
+    /// beyond it is refused RESOURCE_EXHAUSTED naming this field, the address and its count,
+    /// before anything is registered for it, and the peer's other sessions serve on. Default 0:
+    /// no cap of its own (`max_sessions` alone applies, as clients behind one NAT share an
+    /// address); else 1 ..= `max_sessions`. A session counts from its handshake until the server
+    /// dropped its control connection (closed by either end).
+    pub max_sessions_per_peer: usize,
     /// Bodies up to this many bytes travel in the SEND; larger ones by RDMA WRITE into the ring.
     /// Default 4096 bytes. The agreed value is the smaller of server's and client's.
     pub eager_threshold: u32,
@@ -304,6 +319,7 @@ impl Default for ServerConfig {
             srq_depth: 0,
             credits_per_session: 32,
             max_sessions: 128,
+            max_sessions_per_peer: 0,
             eager_threshold: 4096,
             polling: PollingPolicy::Busy,
             auth_token: None,
@@ -419,6 +435,12 @@ impl ServerConfig {
         }
         if self.max_sessions == 0 {
             return bad("max_sessions", "0".into());
+        }
+        if self.max_sessions_per_peer > self.max_sessions {
+            return bad(
+                "max_sessions_per_peer",
+                format!("{} is above max_sessions {}", self.max_sessions_per_peer, self.max_sessions),
+            );
         }
         if let Some(t) = self.auth_token.as_ref().filter(|t| t.len() > crate::wire::MAX_AUTH_TOKEN) {
             // No client could present it: every handshake would be refused.
@@ -554,6 +576,8 @@ impl ServerBuilder {
         credits_per_session: u16;
         /// See [`ServerConfig::max_sessions`].
         max_sessions: usize;
+        /// See [`ServerConfig::max_sessions_per_peer`].
+        max_sessions_per_peer: usize;
         /// See [`ServerConfig::eager_threshold`].
         eager_threshold: u32;
         /// See [`ServerConfig::polling`].
@@ -660,6 +684,7 @@ impl ServerBuilder {
 
     fn spawn_workers(self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
         self.config.validate()?;
+        nofile::raise_nofile(self.config.max_sessions);
         if let Some(&(id, first, second)) = self.registry.duplicates.first() {
             return Err(ServerError::DuplicateMethod { id, first, second });
         }
