@@ -384,6 +384,11 @@ mod device {
             ctx.device_name(),
             cq.is_single_threaded()
         );
+        if ctx.inner.soft_roce {
+            // rxe has `ibv_create_cq_ex` and takes the flag (it keeps its own lock regardless), so
+            // Soft-RoCE runs the extended-CQ path, not the fallback.
+            assert!(cq.is_single_threaded(), "{cq:?}");
+        }
         // The QPs go first (they hold the parent domain, if any), then the PD's handle, the CQ.
         drop((a, b));
     }
@@ -404,5 +409,54 @@ mod device {
         // SAFETY: as above (it is not created).
         let over = unsafe { ctx.create_cq_single_threaded(max.saturating_add(1), false) };
         assert!(over.is_err() || max == u32::MAX, "{over:?}");
+    }
+
+    /// Captures what `tracing` logs while `f` runs on this thread.
+    fn captured<T>(f: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || out.clone())
+            .finish();
+        let t = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+        (t, text)
+    }
+
+    /// Opening a context logs one `info` line saying what it got; a PD of a device without thread
+    /// domains says at `debug` that its QPs use the plain PD.
+    #[test]
+    fn opening_logs_the_lock_elision_once() {
+        let Some(probe) = open_or_skip("opening_logs_the_lock_elision_once") else { return };
+        let selector = DeviceSelector::Name(probe.device_name().to_string());
+        let (ctx, log) = captured(|| Ibverbs::open(&selector).expect("open"));
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("lock elision")).collect();
+        assert_eq!(lines.len(), 1, "one line per opened context:\n{log}");
+        assert!(lines[0].contains("INFO"), "{}", lines[0]);
+        let td = ctx.lock_elision().thread_domain;
+        assert!(lines[0].contains(&format!("thread_domain={td}")), "{}", lines[0]);
+        let (pd, log) = captured(|| ctx.alloc_pd().expect("alloc_pd"));
+        if td {
+            assert!(pd.has_thread_domain() || log.contains("WARN"), "{log}");
+        } else {
+            assert!(!pd.has_thread_domain());
+            assert!(
+                log.contains("DEBUG") && log.contains("plain PD"),
+                "the fallback says so at debug:\n{log}"
+            );
+        }
     }
 }
