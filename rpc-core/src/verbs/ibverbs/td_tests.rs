@@ -53,43 +53,36 @@ fn post_lock_excludes_while_held_and_frees_on_drop() {
     assert!(lock.try_lock().is_some(), "lock() after drop leaves it free");
 }
 
-/// Two threads post through one lock: no two critical sections overlap and no update is lost.
-/// Short sections with a yield inside, so that without the lock an overlap is all but certain
-/// even on one core.
+/// Two threads post through one lock, started together: no two critical sections overlap and no
+/// update is lost. Each section yields in the middle, so that without the lock the other thread
+/// gets in (on one core as on two).
 #[test]
 fn post_lock_serializes_threads() {
     const THREADS: usize = 2;
     const ROUNDS: usize = 2_000;
-    let lock = Arc::new(PostLock::new());
-    let inside = Arc::new(AtomicBool::new(false));
-    let overlaps = Arc::new(AtomicUsize::new(0));
+    let lock = PostLock::new();
+    let start = std::sync::Barrier::new(THREADS);
+    let inside = AtomicBool::new(false);
+    let overlaps = AtomicUsize::new(0);
     // Read, yield, write back: a lost update shows when two sections interleave.
-    let counter = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..THREADS)
-        .map(|_| {
-            let (lock, inside, overlaps, counter) =
-                (lock.clone(), inside.clone(), overlaps.clone(), counter.clone());
-            std::thread::spawn(move || {
-                for i in 0..ROUNDS {
+    let counter = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                start.wait();
+                for _ in 0..ROUNDS {
                     let _g = lock.lock();
                     if inside.swap(true, Ordering::Relaxed) {
                         overlaps.fetch_add(1, Ordering::Relaxed);
                     }
                     let v = counter.load(Ordering::Relaxed);
-                    if i % 8 == 0 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
+                    std::thread::yield_now();
                     counter.store(v + 1, Ordering::Relaxed);
                     inside.store(false, Ordering::Relaxed);
                 }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+            });
+        }
+    });
     assert_eq!(overlaps.load(Ordering::Relaxed), 0, "critical sections overlapped");
     assert_eq!(counter.load(Ordering::Relaxed), THREADS * ROUNDS, "updates were lost");
 }
