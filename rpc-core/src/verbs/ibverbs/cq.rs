@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::{
     ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_cq_ex_to_cq, ibv_cq_init_attr_ex, ibv_cq_init_attr_mask,
-    ibv_create_comp_channel, ibv_create_cq, ibv_create_cq_attr_flags, ibv_create_cq_ex,
-    ibv_create_cq_wc_flags, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_poll_cq,
-    ibv_req_notify_cq, ibv_wc,
+    ibv_create_comp_channel, ibv_create_cq, ibv_create_cq_attr_flags, ibv_create_cq_wc_flags,
+    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
 };
 
 use super::async_events::set_nonblocking;
@@ -149,7 +148,7 @@ impl IbvCompletionQueue {
         unsafe { *libc::__errno_location() = 0 };
         // SAFETY: open context; `attr` is a live parameter whose `cq_context` and `channel` are
         // what `create_kind` passes to `ibv_create_cq` (see there).
-        let cq = unsafe { ibv_create_cq_ex(ctx.raw(), &mut attr) }.and_then(NonNull::new);
+        let cq = NonNull::new(unsafe { super::vctx::create_cq_ex(ctx.raw(), &mut attr) });
         match cq {
             // SAFETY: `ibv_cq_ex` starts with the `ibv_cq` fields (verbs.h `ibv_cq_ex_to_cq`);
             // the CQ is destroyed with `ibv_destroy_cq`, as verbs allows for extended CQs.

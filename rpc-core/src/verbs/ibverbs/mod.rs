@@ -59,6 +59,7 @@ mod post;
 mod qp;
 mod srq;
 mod td;
+mod vctx;
 
 pub use context::IbvContext;
 pub use cq::IbvCompletionQueue;

@@ -7,7 +7,8 @@
 //! the QP's send and receive queues and gives the TD a dedicated doorbell register (UAR) that its
 //! QPs ring without a lock. Devices without TDs (Soft-RoCE among them: rxe's `alloc_td` is the
 //! library's stub that answers `EOPNOTSUPP`) keep the plain path: QPs on the plain PD, the
-//! provider's locks in place.
+//! provider's locks in place. The verbs are reached through the context's `verbs_context`
+//! entries ([`super::vctx`]), not rdma-sys' wrappers, which never find them.
 //!
 //! # What we promise in exchange: [`PostLock`]
 //! Our QPs are not always posted by one thread: a `Channel`'s callers and its dispatcher take
@@ -34,14 +35,12 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rdma_sys::{
-    ibv_alloc_parent_domain, ibv_alloc_pd, ibv_alloc_td, ibv_context, ibv_dealloc_pd, ibv_dealloc_td, ibv_pd,
-    ibv_td, ibv_td_init_attr,
-};
+use rdma_sys::{ibv_alloc_pd, ibv_context, ibv_dealloc_pd, ibv_pd, ibv_td, ibv_td_init_attr};
 
 use super::context::IbvContext;
 use super::errno::rc_error;
 use super::pd::PdInner;
+use super::vctx;
 
 /// What an opened context got for lock elision: see
 /// [`IbvContext::lock_elision`](super::IbvContext::lock_elision).
@@ -217,7 +216,7 @@ impl Dealloc for RawTd {
     fn dealloc(&mut self) -> i32 {
         // SAFETY: allocated by `ibv_alloc_td`, freed once (the owner's drop); every parent domain
         // on it holds an `Arc` to its `ThreadDomain`, so none is left.
-        unsafe { ibv_dealloc_td(self.0.as_ptr()) }
+        unsafe { vctx::dealloc_td(self.0.as_ptr()) }
     }
 }
 
@@ -300,7 +299,7 @@ fn alloc_td(ctx: *mut ibv_context) -> (Option<NonNull<ibv_td>>, Offer) {
     // SAFETY: `__errno_location` is this thread's errno.
     unsafe { *libc::__errno_location() = 0 };
     // SAFETY: `ctx` is an open context (callers); `attr` is a live parameter.
-    let td = unsafe { ibv_alloc_td(ctx, &mut attr) }.and_then(NonNull::new);
+    let td = NonNull::new(unsafe { vctx::alloc_td(ctx, &mut attr) });
     let offer = offer_from(td.is_some(), errno());
     (td, offer)
 }
@@ -315,7 +314,7 @@ fn alloc_parent(ctx: *mut ibv_context, pd: *mut ibv_pd, td: *mut ibv_td) -> (Opt
     // SAFETY: as in `alloc_td`.
     unsafe { *libc::__errno_location() = 0 };
     // SAFETY: open context; `pd` and `td` are live objects of it (callers); `attr` is live.
-    let parent = unsafe { ibv_alloc_parent_domain(ctx, &mut attr) }.and_then(NonNull::new);
+    let parent = NonNull::new(unsafe { vctx::alloc_parent_domain(ctx, &mut attr) });
     let offer = offer_from(parent.is_some(), errno());
     (parent, offer)
 }
@@ -349,7 +348,7 @@ pub(super) unsafe fn probe(ctx: *mut ibv_context, device: &str) -> LockElision {
         unsafe { ibv_dealloc_pd(pd) };
     }
     // SAFETY: allocated above; its parent domain is freed; freed once.
-    unsafe { ibv_dealloc_td(td.as_ptr()) };
+    unsafe { vctx::dealloc_td(td.as_ptr()) };
     LockElision { thread_domain: got }
 }
 

@@ -391,7 +391,12 @@ mod device {
     fn single_threaded_cq_or_its_fallback_works() {
         let Some(ctx) = open_or_skip("single_threaded_cq_or_its_fallback_works") else { return };
         // SAFETY: only this thread touches the CQ.
-        let cq = unsafe { ctx.create_cq_single_threaded(16, true) }.expect("single-threaded CQ with events");
+        let (cq, log) = captured(|| unsafe { ctx.create_cq_single_threaded(16, true) });
+        let cq = cq.expect("single-threaded CQ with events");
+        eprintln!("{}: {cq:?}\n{log}", ctx.device_name());
+        if ctx.inner.soft_roce {
+            assert!(cq.is_single_threaded(), "rxe has ibv_create_cq_ex and takes the flag:\n{log}");
+        }
         assert!(cq.capacity() >= 16, "{cq:?}");
         let mut wc = [WorkCompletion::default(); 4];
         assert_eq!(cq.poll(&mut wc).expect("poll"), 0);
@@ -438,6 +443,7 @@ mod device {
         let (ctx, log) = captured(|| Ibverbs::open(&selector).expect("open"));
         let lines: Vec<&str> = log.lines().filter(|l| l.contains("lock elision")).collect();
         assert_eq!(lines.len(), 1, "one line per opened context:\n{log}");
+        eprintln!("{}", lines[0]);
         assert!(lines[0].contains("INFO"), "{}", lines[0]);
         let td = ctx.lock_elision().thread_domain;
         assert!(lines[0].contains(&format!("thread_domain={td}")), "{}", lines[0]);
