@@ -16,7 +16,8 @@
 //! # Threads
 //! libibverbs is thread-safe: every verb may be called from any thread, on any object, at the
 //! same time (rdma-core `libibverbs/man/ibv_*` and providers lock internally where needed). That
-//! is what the `Send`/`Sync` impls here rest on. Each open context runs one background thread
+//! is what the `Send`/`Sync` impls here rest on. The one exception is ours to keep: posts on QPs
+//! of a thread domain, which the provider no longer locks, take our post lock (below). Each open context runs one background thread
 //! that reads the device's asynchronous events (`ibv_get_async_event`): it marks a CQ as overrun
 //! on `IBV_EVENT_CQ_ERR` and logs QP, SRQ, port and device errors with `tracing`.
 //!
