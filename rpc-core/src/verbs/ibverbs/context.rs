@@ -18,6 +18,7 @@ use super::cq::IbvCompletionQueue;
 use super::device::{device_name, DeviceList};
 use super::errno::{from_rc, last_os};
 use super::pd::IbvProtectionDomain;
+use super::td::{self, LockElision};
 use super::Ibverbs;
 use crate::verbs::{
     Context, DeviceAttr, DeviceSelector, Gid, GidEntry, GidType, LinkLayer, PortAttr, Result, VerbsError,
@@ -44,6 +45,8 @@ pub(super) struct ContextInner {
     /// Soft-RoCE (`rdma_rxe`, vendor id 0xffffff), whose completions need the fix-ups of
     /// [`super::convert::wc_from_ibv`].
     pub(super) soft_roce: bool,
+    /// Whether PDs of this context get a thread domain for their QPs (probed at open).
+    lock_elision: LockElision,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread concurrently (the library is
@@ -116,9 +119,24 @@ impl IbvContext {
                     | rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
                 != 0,
         };
+        // SAFETY: `ctx` is open; the probe frees what it allocates.
+        let lock_elision = unsafe { td::probe(ctx.as_ptr(), &name) };
         // SAFETY: `ctx` stays open until `ContextInner::drop`, which drops the events first.
         let events = unsafe { AsyncEvents::start(ctx.as_ptr(), &name) }.map_err(close)?;
         tracing::debug!(device = %name, index, ?attr, "opened RDMA device");
+        if lock_elision.thread_domain {
+            tracing::info!(
+                device = %name,
+                thread_domain = true,
+                "lock elision: QPs on a thread domain per PD (provider QP locks elided; posts take one lock of ours per TD)"
+            );
+        } else {
+            tracing::info!(
+                device = %name,
+                thread_domain = false,
+                "lock elision: none (the device offers no thread domain); QPs on the plain PD with the provider's locks"
+            );
+        }
         Ok(IbvContext {
             inner: Arc::new(ContextInner {
                 events: Some(events),
@@ -128,8 +146,43 @@ impl IbvContext {
                 attr,
                 max_inline: AtomicU32::new(u32::MAX),
                 soft_roce,
+                lock_elision,
             }),
         })
+    }
+
+    /// What this context got for lock elision: whether the device offers thread domains, so that
+    /// each PD's QPs are created on a parent domain with a TD (see the `td` module of this
+    /// provider). Probed once at open and logged there (one `info` line per opened context).
+    pub fn lock_elision(&self) -> LockElision {
+        self.inner.lock_elision
+    }
+
+    /// Creates a CQ with `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (`ibv_create_cq_ex`), which lets the
+    /// provider elide the CQ's lock, with room for at least `cqe` completions and a completion
+    /// channel when `with_events`. Where the device has no `ibv_create_cq_ex` or refuses the flag
+    /// (`EOPNOTSUPP`, `ENOSYS`, `EINVAL`), it falls back to a plain `ibv_create_cq` CQ, with its
+    /// lock; [`IbvCompletionQueue::is_single_threaded`] tells which one was made.
+    ///
+    /// The runtime does not use it: its CQs are touched by more than one thread (the listener
+    /// creates and destroys QPs on a worker's CQ; a `Channel`'s callers poll a CQ its dispatcher
+    /// waits on).
+    ///
+    /// # Safety
+    /// The caller guarantees that at most one thread at a time polls the CQ, arms it
+    /// (`req_notify`), waits on it, and creates, modifies to RESET or destroys a QP that uses it
+    /// (those clean the CQ), for as long as the CQ and its clones live: the provider no longer
+    /// serializes them.
+    ///
+    /// # Errors
+    /// As [`Context::create_cq`]: [`VerbsError::CapExceeded`] over `max_cqe`,
+    /// [`VerbsError::InvalidArgument`] for 0, [`VerbsError::Os`] naming the call that failed.
+    pub unsafe fn create_cq_single_threaded(
+        &self,
+        cqe: u32,
+        with_events: bool,
+    ) -> Result<IbvCompletionQueue> {
+        IbvCompletionQueue::create_single_threaded(self, cqe, with_events)
     }
 
     pub(super) fn raw(&self) -> *mut ibv_context {

@@ -1,4 +1,5 @@
-//! Completion queues (`struct ibv_cq`) with an optional completion channel for event mode.
+//! Completion queues (`struct ibv_cq`) with an optional completion channel for event mode; on
+//! request single-threaded ones (`ibv_create_cq_ex` with `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`).
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -8,7 +9,8 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
-    ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_create_cq,
+    ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_cq_ex_to_cq, ibv_cq_init_attr_ex, ibv_cq_init_attr_mask,
+    ibv_create_comp_channel, ibv_create_cq, ibv_create_cq_attr_flags, ibv_create_cq_wc_flags,
     ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
 };
 
@@ -40,6 +42,8 @@ pub(super) struct CqInner {
     pub(super) peers: RwLock<HashMap<u32, u32>>,
     /// The device is Soft-RoCE (see [`wc_from_ibv`]).
     soft_roce: bool,
+    /// Created with `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (the provider may elide its lock).
+    single_threaded: bool,
     /// Keeps the device open while the CQ exists.
     _ctx: IbvContext,
 }
@@ -68,8 +72,108 @@ impl Drop for CqInner {
     }
 }
 
+/// The `ibv_cq_init_attr_ex` of a single-threaded CQ: `cqe` entries, `cq_context` and `channel`
+/// as for `ibv_create_cq`, comp vector 0, the standard completion fields, and the flag.
+fn single_threaded_attr(
+    cqe: u32,
+    cq_context: *mut std::os::raw::c_void,
+    channel: *mut ibv_comp_channel,
+) -> ibv_cq_init_attr_ex {
+    use ibv_create_cq_wc_flags as w;
+    let wc_flags = w::IBV_WC_EX_WITH_BYTE_LEN
+        | w::IBV_WC_EX_WITH_IMM
+        | w::IBV_WC_EX_WITH_QP_NUM
+        | w::IBV_WC_EX_WITH_SRC_QP
+        | w::IBV_WC_EX_WITH_SLID
+        | w::IBV_WC_EX_WITH_SL
+        | w::IBV_WC_EX_WITH_DLID_PATH_BITS;
+    ibv_cq_init_attr_ex {
+        cqe,
+        cq_context,
+        channel,
+        comp_vector: 0,
+        wc_flags: u64::from(wc_flags.0),
+        comp_mask: ibv_cq_init_attr_mask::IBV_CQ_INIT_ATTR_MASK_FLAGS.0,
+        flags: ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_SINGLE_THREADED.0,
+        parent_domain: std::ptr::null_mut(),
+    }
+}
+
+/// Whether a refused `ibv_create_cq_ex` (its errno) means "not supported here" (no such verb, or
+/// the flag refused), so that a plain `ibv_create_cq` is the answer, rather than a real failure.
+fn cq_ex_not_offered(errno: i32) -> bool {
+    matches!(errno, 0 | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)
+}
+
+/// How a CQ is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CqKind {
+    /// `ibv_create_cq`.
+    Plain,
+    /// `ibv_create_cq_ex` with `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`, plain where refused.
+    SingleThreaded,
+}
+
 impl IbvCompletionQueue {
     pub(super) fn create(ctx: &IbvContext, cqe: u32, with_events: bool) -> Result<IbvCompletionQueue> {
+        Self::create_kind(ctx, cqe, with_events, CqKind::Plain)
+    }
+
+    /// See [`IbvContext::create_cq_single_threaded`], whose contract the caller keeps.
+    pub(super) fn create_single_threaded(
+        ctx: &IbvContext,
+        cqe: u32,
+        with_events: bool,
+    ) -> Result<IbvCompletionQueue> {
+        Self::create_kind(ctx, cqe, with_events, CqKind::SingleThreaded)
+    }
+
+    /// Whether this CQ was created single-threaded (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`
+    /// accepted), which only [`IbvContext::create_cq_single_threaded`] asks for.
+    pub fn is_single_threaded(&self) -> bool {
+        self.inner.single_threaded
+    }
+
+    /// Creates the CQ with `ibv_create_cq_ex` and the single-threaded flag; `Ok(None)` when the
+    /// device does not offer that (see [`cq_ex_not_offered`]).
+    fn raw_create_single_threaded(
+        ctx: &IbvContext,
+        cqe: u32,
+        cq_context: *mut std::os::raw::c_void,
+        channel: *mut ibv_comp_channel,
+    ) -> Result<Option<NonNull<ibv_cq>>> {
+        let mut attr = single_threaded_attr(cqe, cq_context, channel);
+        // Clear errno so that a NULL answer without one reads as "not offered".
+        // SAFETY: `__errno_location` is this thread's errno.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: open context; `attr` is a live parameter whose `cq_context` and `channel` are
+        // what `create_kind` passes to `ibv_create_cq` (see there).
+        let cq = NonNull::new(unsafe { super::vctx::create_cq_ex(ctx.raw(), &mut attr) });
+        match cq {
+            // SAFETY: `ibv_cq_ex` starts with the `ibv_cq` fields (verbs.h `ibv_cq_ex_to_cq`);
+            // the CQ is destroyed with `ibv_destroy_cq`, as verbs allows for extended CQs.
+            Some(cq) => Ok(NonNull::new(unsafe { ibv_cq_ex_to_cq(cq.as_ptr()) })),
+            None => {
+                let err = std::io::Error::last_os_error();
+                if cq_ex_not_offered(err.raw_os_error().unwrap_or(0)) {
+                    tracing::debug!(
+                        error = %err,
+                        "ibv_create_cq_ex with IBV_CREATE_CQ_ATTR_SINGLE_THREADED refused: a plain CQ instead"
+                    );
+                    Ok(None)
+                } else {
+                    Err(VerbsError::Os { call: "ibv_create_cq_ex", source: err })
+                }
+            }
+        }
+    }
+
+    fn create_kind(
+        ctx: &IbvContext,
+        cqe: u32,
+        with_events: bool,
+        kind: CqKind,
+    ) -> Result<IbvCompletionQueue> {
         let max = ctx.inner.attr.max_cqe;
         if cqe > max {
             return Err(VerbsError::CapExceeded {
@@ -101,24 +205,31 @@ impl IbvCompletionQueue {
         };
         let overrun = Box::new(AtomicBool::new(false));
         let cq_context = (&*overrun as *const AtomicBool).cast_mut().cast();
-        // SAFETY: open context; `cq_context` points at the boxed flag, which outlives the CQ (see
-        // `CqInner`); `channel` is NULL or a live channel of this context.
-        let cq = unsafe {
-            ibv_create_cq(
-                ctx.raw(),
-                cqe as i32,
-                cq_context,
-                channel.map_or(std::ptr::null_mut(), NonNull::as_ptr),
-                0,
-            )
+        let raw_channel = channel.map_or(std::ptr::null_mut(), NonNull::as_ptr);
+        let single = match kind {
+            CqKind::Plain => Ok(None),
+            CqKind::SingleThreaded => Self::raw_create_single_threaded(ctx, cqe, cq_context, raw_channel),
         };
-        let Some(cq) = NonNull::new(cq) else {
-            let err = last_os("ibv_create_cq");
-            if let Some(ch) = channel {
-                // SAFETY: created above, no CQ on it, destroyed once.
-                unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
+        let single_threaded = matches!(single, Ok(Some(_)));
+        let cq = match single {
+            Ok(Some(cq)) => Ok(cq),
+            Ok(None) => {
+                // SAFETY: open context; `cq_context` points at the boxed flag, which outlives the
+                // CQ (see `CqInner`); `channel` is NULL or a live channel of this context.
+                let cq = unsafe { ibv_create_cq(ctx.raw(), cqe as i32, cq_context, raw_channel, 0) };
+                NonNull::new(cq).ok_or_else(|| last_os("ibv_create_cq"))
             }
-            return Err(err);
+            Err(e) => Err(e),
+        };
+        let cq = match cq {
+            Ok(cq) => cq,
+            Err(err) => {
+                if let Some(ch) = channel {
+                    // SAFETY: created above, no CQ on it, destroyed once.
+                    unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
+                }
+                return Err(err);
+            }
         };
         // SAFETY: `cq` is live; `cqe` is the actual capacity the provider set.
         let actual = u32::try_from(unsafe { (*cq.as_ptr()).cqe }).unwrap_or(cqe);
@@ -130,6 +241,7 @@ impl IbvCompletionQueue {
                 overrun,
                 peers: RwLock::default(),
                 soft_roce: ctx.inner.soft_roce,
+                single_threaded,
                 _ctx: ctx.clone(),
             }),
         })
@@ -271,6 +383,52 @@ impl std::fmt::Debug for IbvCompletionQueue {
         f.debug_struct("IbvCompletionQueue")
             .field("cqe", &self.inner.cqe)
             .field("events", &self.inner.channel.is_some())
+            .field("single_threaded", &self.inner.single_threaded)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attributes of a single-threaded CQ carry the flag, and the mask bit that makes the
+    /// provider read it.
+    #[test]
+    fn single_threaded_attr_asks_for_the_flag() {
+        let mut flag = AtomicBool::new(false);
+        let ctx = (&mut flag as *mut AtomicBool).cast();
+        let a = single_threaded_attr(64, ctx, std::ptr::null_mut());
+        assert_eq!(a.cqe, 64);
+        assert_eq!(a.cq_context, ctx);
+        assert!(a.channel.is_null());
+        assert_eq!(
+            a.flags & ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_SINGLE_THREADED.0,
+            ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_SINGLE_THREADED.0,
+            "the single-threaded flag"
+        );
+        assert_ne!(
+            a.comp_mask & ibv_cq_init_attr_mask::IBV_CQ_INIT_ATTR_MASK_FLAGS.0,
+            0,
+            "without IBV_CQ_INIT_ATTR_MASK_FLAGS the provider ignores `flags`"
+        );
+        assert_eq!(
+            a.flags & ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN.0,
+            0,
+            "overruns stay errors"
+        );
+        assert!(a.parent_domain.is_null());
+        assert_eq!(a.wc_flags & u64::from(ibv_create_cq_wc_flags::IBV_WC_EX_WITH_QP_NUM.0), 4);
+    }
+
+    /// Refusals that mean "not here" fall back to `ibv_create_cq`; real failures do not.
+    #[test]
+    fn cq_ex_fallback_decision() {
+        for e in [0, libc::EOPNOTSUPP, libc::ENOTSUP, libc::ENOSYS, libc::EINVAL] {
+            assert!(cq_ex_not_offered(e), "errno {e} falls back");
+        }
+        for e in [libc::ENOMEM, libc::EPERM, libc::EFAULT] {
+            assert!(!cq_ex_not_offered(e), "errno {e} is an error");
+        }
     }
 }

@@ -9,14 +9,26 @@
 //! # Ownership
 //! Each object holds its parent through an `Arc`: a QP holds its PD, its CQs and its SRQ; an MR,
 //! a memory window and an SRQ hold their PD, a PD its context; a CQ holds its context and its completion channel. Drop
-//! destroys the verbs object first, then releases the parents, so any drop order is safe.
+//! destroys the verbs object first, then releases the parents, so any drop order is safe. With a
+//! thread domain, a QP also holds its parent domain, which holds its TD and the plain PD:
+//! QP → parent domain → TD → PD.
 //!
 //! # Threads
 //! libibverbs is thread-safe: every verb may be called from any thread, on any object, at the
 //! same time (rdma-core `libibverbs/man/ibv_*` and providers lock internally where needed). That
-//! is what the `Send`/`Sync` impls here rest on. Each open context runs one background thread
+//! is what the `Send`/`Sync` impls here rest on. The one exception is ours to keep: posts on QPs
+//! of a thread domain, which the provider no longer locks, take our post lock (below). Each open context runs one background thread
 //! that reads the device's asynchronous events (`ibv_get_async_event`): it marks a CQ as overrun
 //! on `IBV_EVENT_CQ_ERR` and logs QP, SRQ, port and device errors with `tracing`.
+//!
+//! # Lock elision
+//! Where the device offers thread domains (mlx5 does; Soft-RoCE does not), each PD gets a TD and
+//! a parent domain, and its QPs are created on the parent domain, so the provider elides its QP
+//! locks; posts then hold one cheap lock of ours per TD, because our QPs are sometimes posted by
+//! more than one thread. Elsewhere, the plain path. [`IbvContext::lock_elision`] says which (and
+//! each opened context logs it at `info`). Single-threaded CQs exist
+//! ([`IbvContext::create_cq_single_threaded`], `unsafe`), unused by the runtime, whose CQs are
+//! touched by more than one thread.
 //!
 //! # Devices and addresses
 //! [`Ibverbs::open`](crate::verbs::Provider::open) takes a device by name (`mlx5_0`, `rxe0`) or
@@ -47,6 +59,8 @@ mod pd;
 mod post;
 mod qp;
 mod srq;
+mod td;
+mod vctx;
 
 pub use context::IbvContext;
 pub use cq::IbvCompletionQueue;
@@ -56,6 +70,7 @@ pub use pd::IbvProtectionDomain;
 pub use post::{POLL_CHUNK_WCS, POST_CHUNK_SGES, POST_CHUNK_WRS};
 pub use qp::IbvQueuePair;
 pub use srq::IbvSharedReceiveQueue;
+pub use td::LockElision;
 
 use super::{DeviceInfo, DeviceSelector, Provider, Result};
 

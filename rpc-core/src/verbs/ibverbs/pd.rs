@@ -1,4 +1,5 @@
-//! Protection domains (`struct ibv_pd`): the factory of MRs, SRQs and QPs.
+//! Protection domains (`struct ibv_pd`): the factory of MRs, SRQs and QPs. QPs go on the PD's
+//! parent domain when the device offers thread domains (see [`super::td`]).
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -11,13 +12,21 @@ use super::mr::IbvMemoryRegion;
 use super::mw::IbvMemoryWindow;
 use super::qp::IbvQueuePair;
 use super::srq::IbvSharedReceiveQueue;
+use super::td::ParentDomain;
 use super::Ibverbs;
 use crate::verbs::{AccessFlags, MwType, ProtectionDomain, QpInitAttr, Result, SrqInitAttr};
 
 /// A protection domain. Cheap to clone (clones share the PD).
+///
+/// Where the device offers thread domains it also carries a TD and a parent domain on this PD
+/// with it: QPs are created on the parent domain (the provider elides their locks; posts take a
+/// lock of ours per TD), MRs, MWs and SRQs on the plain PD (see the `td` module of this provider).
 #[derive(Clone)]
 pub struct IbvProtectionDomain {
     pub(super) inner: Arc<PdInner>,
+    /// The parent domain QPs are created on; `None`: the plain PD (no TD on this device).
+    /// Holds `inner` itself, so it is freed first when the last handle and QP are gone.
+    qp_domain: Option<Arc<ParentDomain>>,
 }
 
 pub(super) struct PdInner {
@@ -32,7 +41,8 @@ unsafe impl Sync for PdInner {}
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        // SAFETY: MRs, SRQs and QPs of this PD hold an `Arc` to it, so none is left; freed once.
+        // SAFETY: MRs, SRQs, QPs and the parent domain of this PD hold an `Arc` to it, so none is
+        // left; freed once.
         let rc = unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
         if rc != 0 {
             tracing::warn!(error = %rc_error(rc), "ibv_dealloc_pd failed");
@@ -41,8 +51,22 @@ impl Drop for PdInner {
 }
 
 impl IbvProtectionDomain {
+    /// Wraps a PD just allocated on `ctx`, with a TD and parent domain for its QPs where the
+    /// device offers them.
     pub(super) fn new(ctx: IbvContext, pd: NonNull<ibv_pd>) -> IbvProtectionDomain {
-        IbvProtectionDomain { inner: Arc::new(PdInner { pd, ctx }) }
+        let inner = Arc::new(PdInner { pd, ctx });
+        let qp_domain = super::td::alloc_qp_domain(&inner.ctx, &inner);
+        IbvProtectionDomain { inner, qp_domain }
+    }
+
+    /// The parent domain QPs of this PD are created on (`None`: the plain PD).
+    pub(super) fn qp_domain(&self) -> Option<&Arc<ParentDomain>> {
+        self.qp_domain.as_ref()
+    }
+
+    /// Whether QPs of this PD are created on a parent domain with a thread domain.
+    pub fn has_thread_domain(&self) -> bool {
+        self.qp_domain.is_some()
     }
 
     pub(super) fn raw(&self) -> *mut ibv_pd {
@@ -79,6 +103,9 @@ impl ProtectionDomain<Ibverbs> for IbvProtectionDomain {
 
 impl std::fmt::Debug for IbvProtectionDomain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IbvProtectionDomain").field("device", &self.inner.ctx).finish()
+        f.debug_struct("IbvProtectionDomain")
+            .field("device", &self.inner.ctx)
+            .field("thread_domain", &self.qp_domain.is_some())
+            .finish()
     }
 }

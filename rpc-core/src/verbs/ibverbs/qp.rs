@@ -3,10 +3,12 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 use rdma_sys::{
-    ibv_create_qp, ibv_destroy_qp, ibv_gid, ibv_global_route, ibv_modify_qp, ibv_post_recv, ibv_post_send,
-    ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type, ibv_query_qp,
+    ibv_create_qp, ibv_destroy_qp, ibv_gid, ibv_global_route, ibv_modify_qp, ibv_pd, ibv_post_recv,
+    ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type,
+    ibv_query_qp,
 };
 
 use super::convert::{mtu_to_ibv, qp_state_code, qp_state_from_code, qp_state_from_ibv, qp_state_to_ibv};
@@ -15,6 +17,7 @@ use super::errno::{last_os, rc_error};
 use super::pd::IbvProtectionDomain;
 use super::post::{post_recv_chain, post_send_chain};
 use super::srq::IbvSharedReceiveQueue;
+use super::td::{posting, ParentDomain};
 use super::Ibverbs;
 use crate::verbs::rules::{self, InErr, SendLimits};
 use crate::verbs::{QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result, SendWr, VerbsError};
@@ -26,6 +29,10 @@ use crate::verbs::{QpAttr, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, Result
 /// ERR with [`VerbsError::BadQpState`]. Real NICs flush WRs posted in ERR, but Soft-RoCE (rxe)
 /// never completes them, so refusing is the one behaviour that holds everywhere. A QP the NIC moved
 /// to ERR by itself flushes what was posted before, as in verbs.
+///
+/// Where the device offers thread domains the QP is created on its PD's parent domain, and each
+/// post holds that thread domain's post lock, which stands in for the provider locks the TD
+/// elides (see the `td` module of this provider).
 pub struct IbvQueuePair {
     qp: NonNull<ibv_qp>,
     qp_num: u32,
@@ -35,6 +42,9 @@ pub struct IbvQueuePair {
     /// ERR by the context's async event thread on a QP error event (`qp_context` points here,
     /// boxed so that the address is stable while the QP exists).
     state: Box<AtomicU8>,
+    /// The parent domain (with its TD) the QP was created on; `None`: the plain PD. Posts hold
+    /// its TD's post lock. Released after the QP is destroyed (fields drop after `drop`).
+    domain: Option<Arc<ParentDomain>>,
     _srq: Option<IbvSharedReceiveQueue>,
     _send_cq: IbvCompletionQueue,
     recv_cq: IbvCompletionQueue,
@@ -42,7 +52,8 @@ pub struct IbvQueuePair {
 }
 
 // SAFETY: libibverbs QP verbs (post, modify, query, destroy) are thread-safe; the Rust state is
-// immutable or atomic.
+// immutable or atomic. On a parent domain with a TD the provider no longer serializes posts;
+// `post_send` and `post_recv` hold the TD's post lock for the whole `ibv_post_*` chain instead.
 unsafe impl Send for IbvQueuePair {}
 // SAFETY: see `Send`.
 unsafe impl Sync for IbvQueuePair {}
@@ -67,9 +78,14 @@ fn cap_check(what: &'static str, cap: &'static str, requested: u32, limit: u32) 
     Ok(())
 }
 
-/// Creates a raw RC QP; NULL means failure (errno set).
+/// The `ibv_pd` QPs of `pd` are created on: its parent domain where it has one, else itself.
+fn qp_pd(pd: &IbvProtectionDomain) -> *mut ibv_pd {
+    pd.qp_domain().map_or_else(|| pd.raw(), |d| d.raw())
+}
+
+/// Creates a raw RC QP on `pd` (the PD or its parent domain); NULL means failure (errno set).
 fn raw_create(
-    pd: &IbvProtectionDomain,
+    pd: *mut ibv_pd,
     send_cq: &IbvCompletionQueue,
     recv_cq: &IbvCompletionQueue,
     srq: Option<&IbvSharedReceiveQueue>,
@@ -86,16 +102,16 @@ fn raw_create(
         qp_type: ibv_qp_type::IBV_QPT_RC,
         sq_sig_all: i32::from(sq_sig_all),
     };
-    // SAFETY: live PD, CQs and SRQ (borrowed for the call; the QP object keeps them alive after);
-    // `init` is a live in/out parameter.
-    let qp = unsafe { ibv_create_qp(pd.raw(), &mut init) };
+    // SAFETY: live PD or parent domain, CQs and SRQ (borrowed for the call; the QP object keeps
+    // them alive after); `init` is a live in/out parameter.
+    let qp = unsafe { ibv_create_qp(pd, &mut init) };
     (qp, init.cap)
 }
 
 /// After a refused creation: the largest `max_inline_data` below `requested` that the device
 /// accepts, found by creating small QPs (about log2(requested) creations), or `None` when a small
 /// QP with `requested` itself is accepted (the refusal had another cause).
-fn probe_max_inline(pd: &IbvProtectionDomain, cq: &IbvCompletionQueue, requested: u32) -> Option<u32> {
+fn probe_max_inline(pd: *mut ibv_pd, cq: &IbvCompletionQueue, requested: u32) -> Option<u32> {
     let accepts = |inline: u32| {
         let cap = ibv_qp_cap {
             max_send_wr: 1,
@@ -134,6 +150,7 @@ impl std::fmt::Debug for IbvQueuePair {
             .field("state", &self.cached_state())
             .field("cap", &self.cap)
             .field("srq", &self.uses_srq)
+            .field("thread_domain", &self.domain.is_some())
             .finish()
     }
 }
@@ -173,13 +190,14 @@ impl IbvQueuePair {
         };
         let state = Box::new(AtomicU8::new(qp_state_code(QpState::Reset)));
         let qp_context = (&*state as *const AtomicU8).cast_mut().cast();
+        let on = qp_pd(pd);
         let (qp, actual) =
-            raw_create(pd, attr.send_cq, attr.recv_cq, attr.srq, cap, attr.sq_sig_all, qp_context);
+            raw_create(on, attr.send_cq, attr.recv_cq, attr.srq, cap, attr.sq_sig_all, qp_context);
         let Some(qp) = NonNull::new(qp) else {
             let err = last_os("ibv_create_qp");
             if let VerbsError::Os { source, .. } = &err {
                 if source.raw_os_error() == Some(libc::EINVAL) && c.max_inline_data > 0 {
-                    if let Some(limit) = probe_max_inline(pd, attr.send_cq, c.max_inline_data) {
+                    if let Some(limit) = probe_max_inline(on, attr.send_cq, c.max_inline_data) {
                         ctx.inner.max_inline.store(limit, Ordering::Relaxed);
                         cap_check("create_qp max_inline_data", "max_inline_data", c.max_inline_data, limit)?;
                     }
@@ -205,13 +223,15 @@ impl IbvQueuePair {
             max_recv_sge: if with_srq { 0 } else { actual.max_recv_sge.max(c.max_recv_sge) },
             max_inline_data: actual.max_inline_data.max(c.max_inline_data),
         };
-        tracing::debug!(qp_num, ?cap, srq = with_srq, "created RC QP");
+        let domain = pd.qp_domain().cloned();
+        tracing::debug!(qp_num, ?cap, srq = with_srq, thread_domain = domain.is_some(), "created RC QP");
         Ok(IbvQueuePair {
             qp,
             qp_num,
             cap,
             uses_srq: with_srq,
             state,
+            domain,
             _srq: attr.srq.cloned(),
             _send_cq: attr.send_cq.clone(),
             recv_cq: attr.recv_cq.clone(),
@@ -367,8 +387,10 @@ impl QueuePair for IbvQueuePair {
             // out-parameter.
             unsafe { ibv_post_send(qp, wr, bad) }
         };
-        // SAFETY: `post` posts to this live QP; the memory contract is the caller's.
-        unsafe { post_send_chain(wrs, lim, post) }
+        // SAFETY: `post` posts to this live QP; the memory contract is the caller's. On a TD the
+        // whole chain is posted under the TD's post lock (`posting`), so no two threads run the
+        // provider's lock-elided post path of this TD's QPs at once.
+        posting(self.domain.as_deref(), || unsafe { post_send_chain(wrs, lim, post) })
     }
 
     #[inline]
@@ -387,8 +409,11 @@ impl QueuePair for IbvQueuePair {
             // out-parameter.
             unsafe { ibv_post_recv(qp, wr, bad) }
         };
-        // SAFETY: `post` posts to this live QP; the memory contract is the caller's.
-        unsafe { post_recv_chain("ibv_post_recv", wrs, self.cap.max_recv_sge, post) }
+        // SAFETY: `post` posts to this live QP; the memory contract is the caller's. Under the
+        // TD's post lock where there is one, as in `post_send`.
+        posting(self.domain.as_deref(), || unsafe {
+            post_recv_chain("ibv_post_recv", wrs, self.cap.max_recv_sge, post)
+        })
     }
 }
 
