@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rpc_core::buffers::Completions;
 use rpc_core::codegen::*;
 use rpc_core::verbs::{QueuePair, SendFlags, SendOp, SendWr, Sge};
-use rpc_core::wire::{Header, Kind, HEADER_LEN};
+use rpc_core::wire::{Header, Kind, HEADER_LEN, METADATA_CACHED, METADATA_STORE};
 use rpc_core::{Client, ServerHandle};
 use rpc_support::*;
 
@@ -135,6 +135,19 @@ fn hostile_piece_sequences_close_only_their_session() {
         ("another session's id", |c, _, _| {
             let s = c.session;
             c.send_eager(raw_request(s ^ 0x55, 0, 4), b"abcd");
+        }),
+        ("a request naming the cached metadata block before any stored one", |c, _, _| {
+            let s = c.session;
+            c.send_eager(Header { metadata_cache: METADATA_CACHED, ..raw_request(s, 0, 4) }, b"abcd");
+        }),
+        ("the metadata store flag without a block", |c, _, _| {
+            let s = c.session;
+            c.send_eager(Header { metadata_cache: METADATA_STORE, ..raw_request(s, 0, 4) }, b"abcd");
+        }),
+        ("the metadata store flag on a ring body", |c, p, b| {
+            let s = c.session;
+            let h = Header { metadata: true, metadata_cache: METADATA_STORE, ..ring_piece(s, 0, 0, p, p) };
+            c.write(0, b, Some(h));
         }),
     ];
     let mut closed = 0;
@@ -1243,5 +1256,55 @@ fn a_peer_over_its_session_cap_is_refused_and_others_are_not() {
     };
     check_reply(&c.unary(ECHO, &request(3, 10, 10), &CallOptions::default()).unwrap(), 3, 10);
     drop((b, c));
+    server.shutdown();
+}
+
+/// A block stored as the session's cached one that the server refuses (malformed: its entry
+/// count says more entries than it holds) answers its call INVALID_ARGUMENT, and so does every
+/// later request that names it; the session serves on, and a good store replaces it.
+#[test]
+fn a_refused_stored_block_refuses_the_calls_that_name_it_and_the_session_serves_on() {
+    let (server, _) = spawn(server());
+    let mut c = RawClient::connect(server.local_addr());
+    let s = c.session;
+    // The block: its length (of what follows), a count of 5 entries, then one entry "k" = "v".
+    let mut bad = Vec::new();
+    bad.extend_from_slice(&(2 + 1 + 1 + 4 + 1u32).to_le_bytes());
+    bad.extend_from_slice(&5u16.to_le_bytes());
+    bad.extend_from_slice(&[1, b'k', 1, 0, 0, 0, b'v']);
+    let store = |slot: u16, block: &[u8]| {
+        let mut body = block.to_vec();
+        body.extend_from_slice(b"abcd");
+        let h = Header {
+            metadata: true,
+            metadata_cache: METADATA_STORE,
+            ..raw_request(s, slot, body.len() as u32)
+        };
+        (h, body)
+    };
+    let named = |slot: u16| Header { metadata_cache: METADATA_CACHED, ..raw_request(s, slot, 4) };
+    let (h, body) = store(0, &bad);
+    c.send_eager(h, &body);
+    let (r, _) = c.response(Duration::from_secs(10)).expect("an answer to the store");
+    assert_eq!((r.slot, r.status), (0, Code::InvalidArgument));
+    for slot in 1..3 {
+        c.send_eager(named(slot), b"abcd");
+        let (r, _) = c.response(Duration::from_secs(10)).expect("an answer naming the refused block");
+        assert_eq!((r.slot, r.status), (slot, Code::InvalidArgument));
+    }
+    // A well-formed block replaces it.
+    let mut good = Vec::new();
+    good.extend_from_slice(&(2 + 1 + 1 + 4 + 1u32).to_le_bytes());
+    good.extend_from_slice(&1u16.to_le_bytes());
+    good.extend_from_slice(&[1, b'k', 1, 0, 0, 0, b'v']);
+    let (h, body) = store(3, &good);
+    c.send_eager(h, &body);
+    let (r, _) = c.response(Duration::from_secs(10)).expect("an answer to the good store");
+    assert_eq!((r.slot, r.status), (3, Code::Ok));
+    c.send_eager(named(0), b"abcd");
+    let (r, _) = c.response(Duration::from_secs(10)).expect("an answer naming the good block");
+    assert_eq!((r.slot, r.status), (0, Code::Ok));
+    assert_eq!(server.counters().malformed, 0);
+    drop(c);
     server.shutdown();
 }
