@@ -12,6 +12,7 @@ fn request_header() -> Header {
         in_ring: false,
         stream: 0,
         metadata: false,
+        metadata_cache: 0,
         count: 0,
         status: Code::Ok,
         slot: 7,
