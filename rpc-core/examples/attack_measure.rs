@@ -10,7 +10,7 @@
 //! ```
 //!
 //! CALLS: good-client calls per measurement (default 20000). ATTACK: any of `big-ring`,
-//! `tiny-ring`, `ping-flood`, `ring-return-flood`, `idle-sessions` (default: all). A benchmark, not a test: it asserts
+//! `tiny-ring`, `ping-flood`, `ring-return-flood`, `idle-sessions`, `handshake-flood` (default: all). A benchmark, not a test: it asserts
 //! nothing; the tests of each defence are the `hostile_*` test files.
 
 #[path = "../tests/rpc_support/mod.rs"]
@@ -34,7 +34,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let calls: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let picked: Vec<String> = args.collect();
-    let all = ["big-ring", "tiny-ring", "ping-flood", "ring-return-flood", "idle-sessions"];
+    let all =
+        ["big-ring", "tiny-ring", "ping-flood", "ring-return-flood", "idle-sessions", "handshake-flood"];
     let attacks: Vec<&str> = if picked.is_empty() {
         all.to_vec()
     } else {
@@ -66,6 +67,7 @@ fn run(attack: &str, calls: usize) {
             with_thread(&stop, ring_return_flood(addr, stop.clone()), addr, &config, calls)
         }
         "idle-sessions" => idle_sessions(addr, &config, calls),
+        "handshake-flood" => with_thread(&stop, handshake_flood(addr, stop.clone()), addr, &config, calls),
         _ => unreachable!("attacks are filtered"),
     };
     let c = server.counters();
@@ -289,6 +291,60 @@ fn idle_sessions(addr: SocketAddr, config: &ClientConfig, calls: usize) -> (Stri
     }
     drop(idle);
     (format!("16 idle sessions; no new client for 90 s ({last})"), None)
+}
+
+/// Connections to the control port, a 1 ms sleep after every second one (the rate is printed), in
+/// turn: closed at once, sent 64
+/// garbage bytes, left half-open after the first 4 bytes of a handshake frame (up to 1,000 held
+/// at once, the oldest closed), and a whole handshake of another protocol version (refused).
+fn handshake_flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<String> {
+    use std::io::Write;
+    std::thread::spawn(move || {
+        let peer = RawPeer::new(64, 16, HEADER_LEN + 4096, 64 << 10, 1);
+        let mut stale = peer.handshake(4, 4096, 1 << 20, 0);
+        stale.version = stale.version.wrapping_add(1);
+        let (mut connects, mut failed, mut refused) = (0u64, 0u64, 0u64);
+        let mut half_open = std::collections::VecDeque::new();
+        let mut i = 0u64;
+        let start = Instant::now();
+        while !stop.load(Ordering::Acquire) {
+            i += 1;
+            let Ok(mut tcp) = TcpStream::connect(addr) else {
+                failed += 1;
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            connects += 1;
+            match i % 4 {
+                0 => drop(tcp),
+                1 => drop(tcp.write_all(&[0xa5; 64])),
+                2 => {
+                    let _ = tcp.write_all(&rpc_core::wire::HANDSHAKE_MAGIC.to_le_bytes());
+                    half_open.push_back(tcp);
+                    if half_open.len() > 1000 {
+                        half_open.pop_front();
+                    }
+                }
+                _ => {
+                    let _ = tcp.set_read_timeout(Some(Duration::from_secs(5)));
+                    if write_frame(&mut tcp, &Frame::Handshake(stale.clone())).is_ok()
+                        && matches!(read_frame(&mut tcp), Ok(Frame::Refusal(_)))
+                    {
+                        refused += 1;
+                    }
+                }
+            }
+            if i % 2 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        format!(
+            "{connects} connects, {:.0}/s ({refused} handshakes of another version refused, {} half-open held at \
+             the end, {failed} connects failed)",
+            connects as f64 / start.elapsed().as_secs_f64(),
+            half_open.len()
+        )
+    })
 }
 
 /// Resident and peak resident memory of this process, in MiB.
