@@ -52,12 +52,11 @@ fn arm(server: &rpc_core::ServerHandle, keep: &mut Vec<Client>, big_block: bool)
 }
 
 /// A session whose small block is stored right after a call with a large block (any session's,
-/// on the same worker) keeps that large block's buffer as its cached one: the worker decodes the
-/// stored block into its spare `Metadata` (the previous call's, its capacity kept) and keeps
-/// that very `Arc`. So a client (hostile or not) makes each session hold up to
-/// `max_metadata_bytes` (8 KiB by default, up to `max_message_size` when configured) of cached
-/// block, not `MAX_CACHED_BLOCK` (1 KiB). Compared with the same bytes sent in the message
-/// instead (the same ring traffic, the same buffers kept per session).
+/// on the same worker) keeps a block of its own size: the worker decodes a stored block into its
+/// reused spare `Metadata`, whose buffer a large block before it grew (up to
+/// `max_metadata_bytes`), so keeping that very buffer would let a client make each session hold
+/// `max_metadata_bytes` of cached block, not `MAX_CACHED_BLOCK` (1 KiB). Compared with the same
+/// bytes sent in the message instead (the same ring traffic, the same buffers kept per session).
 #[test]
 fn a_cached_block_holds_at_most_its_own_size() {
     let (server, _) = spawn(server().max_sessions(64));

@@ -33,7 +33,14 @@ fn a_server_raises_the_open_file_limit_for_its_sessions() {
             c
         })
         .collect();
-    assert_eq!(server.counters().sessions_opened as usize, clients.len());
+    // A worker publishes its counters on its timer tick.
+    let n = clients.len() as u64;
+    wait_until(
+        "every session counted",
+        WAIT,
+        || server.counters().sessions_opened == n,
+        || format!("{:?}", server.counters()),
+    );
     drop(clients);
     server.shutdown();
 }

@@ -11,10 +11,9 @@ use rpc_core::{CallOptions, Client};
 use rpc_support::*;
 
 /// A connection whose accept failed `EMFILE` is accepted once a descriptor frees, with no other
-/// connection arriving meanwhile. The listener's socket is watched edge-triggered (mio) and
-/// `accept_all` returns on the error: nothing calls it again until another connection arrives
-/// (no tick retries it, whatever its comment says), so this client waits out its
-/// `connect_timeout` while the server has descriptors to spare.
+/// connection arriving meanwhile. The listener's socket is watched edge-triggered (mio), so no
+/// new event comes for a connection left in the backlog: the listener retries the accept every
+/// turn while the last one failed.
 #[test]
 fn a_connection_refused_a_descriptor_is_accepted_once_one_frees() {
     let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()) as u64;

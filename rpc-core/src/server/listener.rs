@@ -188,6 +188,7 @@ pub(super) fn start<P: Provider>(
                 next_token: FIRST_CONN,
                 conns: HashMap::new(),
                 peers: HashMap::new(),
+                accept_failed: false,
                 handshakes: HashMap::new(),
                 binding: HashMap::new(),
                 stop,
@@ -277,6 +278,8 @@ struct Listener<P: Provider> {
     /// Per peer IP address: the ticket its live sessions hold (a count of `strong_count - 1`;
     /// entries with none are swept as sessions close).
     peers: HashMap<std::net::IpAddr, PeerTicket>,
+    /// The last accept failed (out of descriptors, say): retried every turn.
+    accept_failed: bool,
     /// Accepted connections whose handshake frame is still arriving (read without blocking, so
     /// a slow or silent peer holds up nobody).
     handshakes: HashMap<Token, PendingHandshake>,
@@ -317,6 +320,9 @@ impl<P: Provider> Listener<P> {
                     std::thread::sleep(HOUSEKEEPING);
                 }
                 continue;
+            }
+            if self.accept_failed {
+                self.accept_all(&tcp);
             }
             for ev in events.iter() {
                 match ev.token() {
@@ -412,13 +418,24 @@ impl<P: Provider> Listener<P> {
     fn accept_all(&mut self, tcp: &TcpListener) {
         loop {
             match tcp.accept() {
-                Ok((stream, peer)) => self.admit(stream, peer),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Ok((stream, peer)) => {
+                    if std::mem::take(&mut self.accept_failed) {
+                        tracing::info!("accepting connections again");
+                    }
+                    self.admit(stream, peer);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.accept_failed = false;
+                    return;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
-                    // EMFILE, ENOBUFS...: the connection stays in the backlog; the next event or
-                    // tick retries.
-                    tracing::warn!(error = %e, "accept failed");
+                    // EMFILE, ENOBUFS...: the connection stays in the backlog. The socket is
+                    // watched edge-triggered, so no new event may come for it: every turn of
+                    // the loop (at least every HOUSEKEEPING) tries again while this is set.
+                    if !std::mem::replace(&mut self.accept_failed, true) {
+                        tracing::warn!(error = %e, "accept failed: retrying every turn until it succeeds");
+                    }
                     return;
                 }
             }

@@ -268,7 +268,9 @@ fn kept_block(
 ) -> Result<Arc<crate::metadata::Metadata>, Status> {
     match (md, refused) {
         (_, Some(s)) => Err(s),
-        (Some(md), None) if md.encoded_len() <= crate::wire::MAX_CACHED_BLOCK => Ok(md),
+        // A copy of its own size: `md` may be the worker's reused buffer, grown by a larger block
+        // decoded before it (up to `max_metadata_bytes`), which a session must not keep.
+        (Some(md), None) if md.encoded_len() <= crate::wire::MAX_CACHED_BLOCK => Ok(Arc::new((*md).clone())),
         (Some(md), None) => Err(Status::invalid_argument(format!(
             "request metadata: a cached block of {} bytes, over the {} a session keeps",
             md.encoded_len(),

@@ -329,7 +329,8 @@ pub fn transport() -> Transport {
 
 /// Timeouts on `rdma`: the Soft-RoCE tier runs in a qemu guest under TCG emulation, where a
 /// worker copying a multi-MiB body can be descheduled for seconds; the hardware-sized defaults
-/// (`peer_timeout` 6 s, connect 5 s) would declare a live peer dead there. `None` on sim.
+/// (`peer_timeout` 6 s, connect 5 s, a body in pieces 10 s: a 64 MiB request took longer than that
+/// in the guest on a loaded host) would declare a live peer dead there. `None` on sim.
 fn emulated_guest_timeout() -> Option<Duration> {
     matches!(transport(), Transport::Rdma { .. }).then_some(Duration::from_secs(60))
 }
@@ -339,7 +340,7 @@ pub fn server() -> ServerBuilder {
     echo_panics();
     let b = Server::builder().transport(transport()).polling(POLLING).drain_timeout(Duration::from_secs(2));
     match emulated_guest_timeout() {
-        Some(t) => b.peer_timeout(Some(t)).handshake_timeout(t),
+        Some(t) => b.peer_timeout(Some(t)).handshake_timeout(t).reassembly_timeout(t),
         None => b,
     }
 }
