@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rpc_core::buffers::{Completions, SendBuf, SendMirror, SendPool, SendQueue};
 use rpc_core::verbs::rc::RcConfig;
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{Provider, WcStatus};
+use rpc_core::verbs::{Provider, QueuePair as _, WcStatus};
 use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN};
 
 use super::RawPeer;
@@ -202,15 +202,35 @@ where
     /// A free send buffer, polling while none is (send completions bring them back).
     ///
     /// # Panics
+    /// When the QP is or becomes [`dead`](Self::dead) meanwhile, and as
+    /// [`try_buf`](Self::try_buf).
+    pub fn buf(&mut self) -> SendBuf {
+        self.try_buf()
+            .unwrap_or_else(|| panic!("no send buffer: the QP is dead ({:?})", self.peer.qp.state()))
+    }
+
+    /// A free send buffer, polling while none is (send completions bring them back); `None` once
+    /// the QP is [`dead`](Self::dead): a failed completion retires nothing
+    /// ([`SendQueue::on_completion`]), so no buffer would ever come back.
+    ///
+    /// # Panics
     /// When none comes back within `WAIT`, or none is free while a SEND of this side waited for a
     /// receive WQE of the other (RNR: it holds every buffer behind it).
-    pub fn buf(&mut self) -> SendBuf {
+    pub fn try_buf(&mut self) -> Option<SendBuf> {
         let give_up = Instant::now() + super::WAIT;
         loop {
-            if let Some(b) = self.pool.acquire_for(&self.sq) {
-                return b;
+            if self.dead {
+                return None;
             }
-            assert!(Instant::now() < give_up, "no send buffer came back");
+            if let Some(b) = self.pool.acquire_for(&self.sq) {
+                return Some(b);
+            }
+            assert!(
+                Instant::now() < give_up,
+                "no send buffer came back (QP {:?}, {} WRs outstanding)",
+                self.peer.qp.state(),
+                self.sq.outstanding()
+            );
             assert_eq!(
                 self.peer.qp.rnr_stalls(),
                 0,
@@ -222,8 +242,12 @@ where
     }
 
     /// WRITEs `bytes` at `offset` of the other side's ring (none when empty), then, with
-    /// `header`, SENDs it; one doorbell.
+    /// `header`, SENDs it; one doorbell. Nothing is posted once the QP is [`dead`](Self::dead):
+    /// its WRs would only flush, and their send buffers would never come back.
     pub fn write(&mut self, offset: u32, bytes: &[u8], header: Option<Header>) {
+        if self.dead {
+            return;
+        }
         if !bytes.is_empty() {
             assert!(self.mirror.write_at(offset, bytes), "a range of the mirror");
             // No ring producer here (the raw peer places where it is told): the mark is unused.
@@ -231,7 +255,7 @@ where
             self.sq.write(&self.mirror, offset, bytes.len() as u32, self.ring.0, self.ring.1, mark);
         }
         if let Some(h) = header {
-            let mut b = self.buf();
+            let Some(mut b) = self.try_buf() else { return };
             h.encode_into(self.pool.buf_mut(&mut b)).unwrap();
             self.sq.send(&mut self.pool, b, HEADER_LEN as u32, false);
         }
@@ -239,9 +263,10 @@ where
     }
 
     /// SENDs `h` as given (its `session`, `body_len` and `total_len` too), followed by `body`
-    /// (an eager message of up to 4 KiB).
+    /// (an eager message of up to 4 KiB). Nothing on a [`dead`](Self::dead) QP, as
+    /// [`write`](Self::write).
     pub fn send_eager(&mut self, h: Header, body: &[u8]) {
-        let mut b = self.buf();
+        let Some(mut b) = self.try_buf() else { return };
         let dst = self.pool.buf_mut(&mut b);
         h.encode_into(dst).unwrap();
         dst[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
