@@ -513,6 +513,42 @@ impl<P: Provider> ClientCore<P> {
         let eager = len <= self.conn.session.params().eager_threshold as usize;
         // A retry of the body whose stall was counted already does not count it again.
         let mut stalled = std::mem::take(&mut self.unplaced_stall);
+        // The common call: eager, a credit free with no call queued before it, a send buffer
+        // free. Encoded straight into the send buffer and queued for the wire now: no body
+        // parked in `pending`, no round trip through the session's queue.
+        if eager && self.conn.session.call_goes_now() {
+            if let Some(mut buf) = self.conn.acquire() {
+                let dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                if let Err(e) = encode_exact(req, dst) {
+                    self.conn.pool.give_back(buf);
+                    return Err(self.mismatch(e, "request"));
+                }
+                let (slot, generation) = self
+                    .conn
+                    .session
+                    .start_call_now(method, deadline, flags)
+                    .expect("a free slot and a credit were checked");
+                if flags & crate::wire::METADATA_STORE != 0 {
+                    if let Some(md) = req.metadata {
+                        self.conn.session.store_block(slot, generation, md.entries());
+                    }
+                }
+                if let Some(c) = capture {
+                    self.capture(CallId { slot, generation, deadline }, c);
+                }
+                let h = self.conn.session.request_header(slot, generation, Instant::now);
+                if h.metadata_cache == crate::wire::METADATA_CACHED {
+                    self.counters.metadata_cached += 1;
+                }
+                self.counters.bytes_out += len as u64;
+                self.conn.queue(buf, h, BodyAt::Eager(len as u32));
+                self.pump();
+                if flush_now {
+                    self.flush();
+                }
+                return Ok(Some(CallId { slot, generation, deadline }));
+            }
+        }
         let body = loop {
             if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
                 break placed;

@@ -213,6 +213,31 @@ impl Session {
         c.queued_block.extend_from_slice(entries);
     }
 
+    /// Client: takes a free slot for a call to `method` that goes on the wire at once (its
+    /// request is posted before anything else is queued; see [`Session::call_goes_now`]), with
+    /// the request's `flags` as [`Session::start_call`]'s: in flight from here, its header
+    /// from [`Session::request_header`] (after [`Session::store_block`] when it stores the
+    /// session's block). `None`, nothing taken, when it cannot go now (no free slot, a call
+    /// queued before it, no credit).
+    #[inline]
+    pub fn start_call_now(
+        &mut self,
+        method: u32,
+        deadline: Option<Instant>,
+        flags: u8,
+    ) -> Option<(u16, u32)> {
+        use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE, STREAM_IN, STREAM_OUT};
+        if !self.request_room() {
+            return None;
+        }
+        let (slot, generation) = self.calls.slots.start_now()?;
+        let stream = flags & (STREAM_IN | STREAM_OUT);
+        let metadata = flags & METADATA != 0;
+        let metadata_cache = flags & (METADATA_STORE | METADATA_CACHED);
+        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream, metadata, metadata_cache };
+        Some((slot, generation))
+    }
+
     /// Client: whether a call started now goes on the wire at once (a credit is free and no call
     /// waits before it). Only such a call may take a ring reservation
     /// ([`super::Placement::Ring`]), which must be queued before anything else is placed.
@@ -234,6 +259,16 @@ impl Session {
             return None;
         }
         let (slot, generation) = self.calls.slots.next_sendable()?;
+        Some(self.request_header(slot, generation, now))
+    }
+
+    /// Client: the request header of the call `(slot, generation)`, which just went in flight
+    /// ([`Session::next_request`], [`Session::start_call_now`]): its slot, generation, method,
+    /// the time left of its deadline (`now` is read only for a call with one; at least 1 µs)
+    /// and, for a stream, its first credits (the stream opens here). Its request has left from
+    /// here on (a block it stores is the one the server keeps).
+    #[inline(always)]
+    pub fn request_header(&mut self, slot: u16, generation: u32, now: impl FnOnce() -> Instant) -> Header {
         let m = self.calls.meta[slot as usize];
         let timeout_us = m.deadline.map_or(0, |d| {
             d.saturating_duration_since(now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
@@ -254,7 +289,7 @@ impl Session {
             h.stream = m.stream;
             h.count = self.stream_open(slot, generation, m.stream);
         }
-        Some(h)
+        h
     }
 
     /// Client: a response for `(slot, generation)` arrived (the session checked its header).
