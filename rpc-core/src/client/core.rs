@@ -547,7 +547,8 @@ impl<P: Provider> ClientCore<P> {
                 self.conn.queue(buf, h, BodyAt::Eager(len as u32));
                 self.pump();
                 if flush_now {
-                    self.flush();
+                    // The send queue holds the request: no need to ask `flush` first.
+                    self.flush_slow();
                 }
                 return Ok(Some(CallId { slot, generation, deadline }));
             }
@@ -1345,17 +1346,23 @@ impl<P: Provider> ClientCore<P> {
 
     /// Spins, yields or blocks per the polling policy after an empty poll. A yield or an event
     /// wait can last milliseconds, so it weighs more in the same rule ([`Tick::slept`]: the
-    /// clock is read once per 16 of them).
+    /// clock is read once per 16 of them; once per 256 event waits that a completion ended,
+    /// [`Tick::woken`]).
     /// True when it yielded or blocked ([`Idle::pause`]).
     fn pause(&mut self) -> bool {
         let cq = &self.cq;
+        let mut woken = false;
         let slept = self.idle.pause(|| {
             if cq.req_notify(false).is_ok() {
-                let _ = cq.wait(Some(EVENT_WAIT));
+                woken = cq.wait(Some(EVENT_WAIT)).unwrap_or(false);
             }
         });
-        if slept && self.tick.slept(Instant::now) {
-            self.check_liveness();
+        if slept {
+            // A wait ended by a completion event weighs less ([`Tick::woken`]).
+            let due = if woken { self.tick.woken(Instant::now) } else { self.tick.slept(Instant::now) };
+            if due {
+                self.check_liveness();
+            }
         }
         slept
     }
