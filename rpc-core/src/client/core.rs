@@ -526,20 +526,16 @@ impl<P: Provider> ClientCore<P> {
                     self.conn.pool.give_back(buf);
                     return Err(self.mismatch(e, "request"));
                 }
-                let (slot, generation) = self
+                let block = req.metadata.map(crate::metadata::Metadata::entries);
+                let h = self
                     .conn
                     .session
-                    .start_call_now(method, deadline, flags)
+                    .start_call_now(method, deadline, flags, block, Instant::now)
                     .expect("a free slot and a credit were checked");
-                if flags & crate::wire::METADATA_STORE != 0 {
-                    if let Some(md) = req.metadata {
-                        self.conn.session.store_block(slot, generation, md.entries());
-                    }
-                }
+                let (slot, generation) = (h.slot, h.generation);
                 if let Some(c) = capture {
                     self.capture(CallId { slot, generation, deadline }, c);
                 }
-                let h = self.conn.session.request_header(slot, generation, Instant::now);
                 if h.metadata_cache == crate::wire::METADATA_CACHED {
                     self.counters.metadata_cached += 1;
                 }

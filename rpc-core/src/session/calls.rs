@@ -38,6 +38,21 @@ struct CallMeta {
     metadata_cache: u8,
 }
 
+impl CallMeta {
+    /// A call to `method` until `deadline` with the request `flags` of [`Session::start_call`].
+    #[inline(always)]
+    fn new(method: u32, deadline: Option<Instant>, flags: u8) -> CallMeta {
+        use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE, STREAM_IN, STREAM_OUT};
+        CallMeta {
+            method,
+            deadline,
+            stream: flags & (STREAM_IN | STREAM_OUT),
+            metadata: flags & METADATA != 0,
+            metadata_cache: flags & (METADATA_STORE | METADATA_CACHED),
+        }
+    }
+}
+
 /// The client's side of the session's cached metadata block (protocol 11, see
 /// [`crate::wire::METADATA_STORE`]): which block the server keeps, as far as the requests that
 /// left tell, and the one request started to replace it that has not left yet.
@@ -169,12 +184,8 @@ impl Session {
     /// slot is taken.
     #[inline]
     pub fn start_call(&mut self, method: u32, deadline: Option<Instant>, flags: u8) -> Option<(u16, u32)> {
-        use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE, STREAM_IN, STREAM_OUT};
         let (slot, generation) = self.calls.slots.start()?;
-        let stream = flags & (STREAM_IN | STREAM_OUT);
-        let metadata = flags & METADATA != 0;
-        let metadata_cache = flags & (METADATA_STORE | METADATA_CACHED);
-        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream, metadata, metadata_cache };
+        self.calls.meta[slot as usize] = CallMeta::new(method, deadline, flags);
         Some((slot, generation))
     }
 
@@ -213,29 +224,33 @@ impl Session {
         c.queued_block.extend_from_slice(entries);
     }
 
-    /// Client: takes a free slot for a call to `method` that goes on the wire at once (its
-    /// request is posted before anything else is queued; see [`Session::call_goes_now`]), with
-    /// the request's `flags` as [`Session::start_call`]'s: in flight from here, its header
-    /// from [`Session::request_header`] (after [`Session::store_block`] when it stores the
-    /// session's block). `None`, nothing taken, when it cannot go now (no free slot, a call
-    /// queued before it, no credit).
-    #[inline]
+    /// Client: takes a free slot for a call to `method` that goes on the wire at once (the
+    /// driver queues its request before anything else; see [`Session::call_goes_now`]), with
+    /// the request's `flags` as [`Session::start_call`]'s and, when they have
+    /// [`crate::wire::METADATA_STORE`], the `block` it stores (as [`Session::store_block`]'s
+    /// `entries`). The call is in flight from here; returns its request header, as
+    /// [`Session::next_request`] would have given it. `None`, nothing taken, when it cannot go
+    /// now (no free slot, a call queued before it, no credit).
+    #[inline(always)]
     pub fn start_call_now(
         &mut self,
         method: u32,
         deadline: Option<Instant>,
         flags: u8,
-    ) -> Option<(u16, u32)> {
-        use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE, STREAM_IN, STREAM_OUT};
+        block: Option<&[u8]>,
+        now: impl FnOnce() -> Instant,
+    ) -> Option<Header> {
         if !self.request_room() {
             return None;
         }
         let (slot, generation) = self.calls.slots.start_now()?;
-        let stream = flags & (STREAM_IN | STREAM_OUT);
-        let metadata = flags & METADATA != 0;
-        let metadata_cache = flags & (METADATA_STORE | METADATA_CACHED);
-        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream, metadata, metadata_cache };
-        Some((slot, generation))
+        let m = CallMeta::new(method, deadline, flags);
+        if m.metadata_cache == crate::wire::METADATA_STORE {
+            if let Some(entries) = block {
+                self.store_block(slot, generation, entries);
+            }
+        }
+        Some(self.request_header(slot, generation, m, now))
     }
 
     /// Client: whether a call started now goes on the wire at once (a credit is free and no call
@@ -259,17 +274,23 @@ impl Session {
             return None;
         }
         let (slot, generation) = self.calls.slots.next_sendable()?;
-        Some(self.request_header(slot, generation, now))
+        let m = self.calls.meta[slot as usize];
+        Some(self.request_header(slot, generation, m, now))
     }
 
-    /// Client: the request header of the call `(slot, generation)`, which just went in flight
+    /// The request header of the call `(slot, generation)` with `m`, which just went in flight
     /// ([`Session::next_request`], [`Session::start_call_now`]): its slot, generation, method,
     /// the time left of its deadline (`now` is read only for a call with one; at least 1 µs)
     /// and, for a stream, its first credits (the stream opens here). Its request has left from
     /// here on (a block it stores is the one the server keeps).
     #[inline(always)]
-    pub fn request_header(&mut self, slot: u16, generation: u32, now: impl FnOnce() -> Instant) -> Header {
-        let m = self.calls.meta[slot as usize];
+    fn request_header(
+        &mut self,
+        slot: u16,
+        generation: u32,
+        m: CallMeta,
+        now: impl FnOnce() -> Instant,
+    ) -> Header {
         let timeout_us = m.deadline.map_or(0, |d| {
             d.saturating_duration_since(now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
         });
