@@ -98,10 +98,9 @@ impl Idle {
     #[inline]
     pub(crate) fn pause(&mut self, wait: impl FnOnce()) -> bool {
         match self.policy {
-            PollingPolicy::Busy => {
-                std::hint::spin_loop();
-                false
-            }
+            // Straight back to the CQ: the core is the poller's, and a PAUSE per empty poll only
+            // delays seeing the next completion (up to ~140 cycles on recent x86).
+            PollingPolicy::Busy => false,
             PollingPolicy::SpinThenYield { spins } => {
                 if self.empty > spins {
                     std::thread::yield_now();

@@ -39,6 +39,9 @@ use crate::wire::{
 };
 
 const POLL_BATCH: usize = 32;
+/// Polls of a blocking wait that kept its core between two looks at its call's deadline (a
+/// clock read): a few microseconds of busy polling.
+const DEADLINE_SPINS: u32 = 64;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
 /// Receive buffers reposted per doorbell (the SRQ holds `4 × window + 8` and the stream budget,
@@ -513,6 +516,39 @@ impl<P: Provider> ClientCore<P> {
         let eager = len <= self.conn.session.params().eager_threshold as usize;
         // A retry of the body whose stall was counted already does not count it again.
         let mut stalled = std::mem::take(&mut self.unplaced_stall);
+        // The common call: eager, a credit free with no call queued before it, a send buffer
+        // free. Encoded straight into the send buffer and queued for the wire now: no body
+        // parked in `pending`, no round trip through the session's queue.
+        if eager && self.conn.session.call_goes_now() {
+            if let Some(mut buf) = self.conn.acquire() {
+                let dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                if let Err(e) = encode_exact(req, dst) {
+                    self.conn.pool.give_back(buf);
+                    return Err(self.mismatch(e, "request"));
+                }
+                let block = req.metadata.map(crate::metadata::Metadata::entries);
+                let h = self
+                    .conn
+                    .session
+                    .start_call_now(method, deadline, flags, block, Instant::now)
+                    .expect("a free slot and a credit were checked");
+                let (slot, generation) = (h.slot, h.generation);
+                if let Some(c) = capture {
+                    self.capture(CallId { slot, generation, deadline }, c);
+                }
+                if h.metadata_cache == crate::wire::METADATA_CACHED {
+                    self.counters.metadata_cached += 1;
+                }
+                self.counters.bytes_out += len as u64;
+                self.conn.queue(buf, h, BodyAt::Eager(len as u32));
+                self.pump();
+                if flush_now {
+                    // The send queue holds the request: no need to ask `flush` first.
+                    self.flush_slow();
+                }
+                return Ok(Some(CallId { slot, generation, deadline }));
+            }
+        }
         let body = loop {
             if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
                 break placed;
@@ -936,25 +972,24 @@ impl<P: Provider> ClientCore<P> {
     }
 
     fn on_completion(&mut self, c: Completion) {
-        let wc = *c.wc();
+        let (status, invalidated) = (c.wc().status, c.wc().invalidated_rkey.is_some());
         if c.send_tag().is_some() {
-            if !wc.status.is_success() {
-                self.break_conn(unavailable(format!("send failed ({}): the server is gone", wc.status)));
+            if !status.is_success() {
+                self.break_conn(unavailable(format!("send failed ({status}): the server is gone")));
                 return;
             }
             self.conn.on_send_completion(c);
             return;
         }
         let Some(buf) = self.recv.take(c) else { return };
-        if !wc.status.is_success() {
+        if !status.is_success() {
             self.recv.repost(buf);
-            self.break_conn(unavailable(format!("receive failed ({})", wc.status)));
+            self.break_conn(unavailable(format!("receive failed ({status})")));
             return;
         }
         let msg = self.recv.bytes(&buf);
         let overlong = !self.recv.fits(&buf);
-        let inc = match self.conn.session.receive(msg, overlong, wc.invalidated_rkey.is_some(), Instant::now)
-        {
+        let inc = match self.conn.session.receive(msg, overlong, invalidated, Instant::now) {
             Ok(inc) => inc,
             Err(reason) => {
                 self.recv.repost(buf);
@@ -962,19 +997,23 @@ impl<P: Provider> ClientCore<P> {
                 return;
             }
         };
-        let h = inc.header;
+        let mut h = inc.header;
         // A ring body is copied out at once (the server could rewrite the ring) and its space
-        // freed; the response is complete with its last piece.
-        let (h, body) = match inc.ring {
-            None => (h, Answer::Eager(buf)),
+        // freed; the response is complete with its last piece (whose header it takes).
+        let body = match inc.ring {
+            None => Answer::Eager(buf),
             Some(piece) => {
                 self.recv.repost(buf);
                 match self.conn.take_piece(piece) {
                     // Refused over ClientConfig::max_reassembly_bytes: the call ends so.
                     Ok(Some(crate::session::Complete { header, refused: Some(s), .. })) => {
-                        (header, Answer::Err(s))
+                        h = header;
+                        Answer::Err(s)
                     }
-                    Ok(Some(c)) => (c.header, Answer::Owned(c.body)),
+                    Ok(Some(c)) => {
+                        h = c.header;
+                        Answer::Owned(c.body)
+                    }
                     Ok(None) => return,
                     Err(reason) => {
                         self.malformed(format!("protocol violation: {reason}"));
@@ -1303,17 +1342,25 @@ impl<P: Provider> ClientCore<P> {
 
     /// Spins, yields or blocks per the polling policy after an empty poll. A yield or an event
     /// wait can last milliseconds, so it weighs more in the same rule ([`Tick::slept`]: the
-    /// clock is read once per 16 of them).
-    fn pause(&mut self) {
+    /// clock is read once per 16 of them; once per 256 event waits that a completion ended,
+    /// [`Tick::woken`]).
+    /// True when it yielded or blocked ([`Idle::pause`]).
+    fn pause(&mut self) -> bool {
         let cq = &self.cq;
+        let mut woken = false;
         let slept = self.idle.pause(|| {
             if cq.req_notify(false).is_ok() {
-                let _ = cq.wait(Some(EVENT_WAIT));
+                woken = cq.wait(Some(EVENT_WAIT)).unwrap_or(false);
             }
         });
-        if slept && self.tick.slept(Instant::now) {
-            self.check_liveness();
+        if slept {
+            // A wait ended by a completion event weighs less ([`Tick::woken`]).
+            let due = if woken { self.tick.woken(Instant::now) } else { self.tick.slept(Instant::now) };
+            if due {
+                self.check_liveness();
+            }
         }
+        slept
     }
 
     #[cold]
@@ -1382,7 +1429,7 @@ impl<P: Provider> ClientCore<P> {
 
     /// Polls a call once: its result when finished (or failed), `None` while it runs.
     pub(crate) fn poll_call<R: Message + Default>(&mut self, id: CallId) -> Option<Result<R, Status>> {
-        match self.poll_answer(id) {
+        match self.poll_answer(id, 0) {
             Ok(Some(a)) => Some(self.finish(a)),
             Ok(None) => None,
             Err(s) => Some(Err(s)),
@@ -1390,9 +1437,11 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// [`ClientCore::poll_call`] up to the answer, not decoded (not generic over the response
-    /// type: one copy of the waiting loop for every method). `Err` when the deadline passed.
+    /// type: one copy of the waiting loop for every method). `Err` when the deadline passed,
+    /// which is looked at (a clock read) when `spins`, the polls since the caller last gave up
+    /// its core, is a multiple of [`DEADLINE_SPINS`] (0 every time: always).
     #[inline(always)]
-    fn poll_answer(&mut self, id: CallId) -> Result<Option<Answer>, Status> {
+    fn poll_answer(&mut self, id: CallId, spins: u32) -> Result<Option<Answer>, Status> {
         if let Some(a) = self.take_answer(id) {
             return Ok(Some(a));
         }
@@ -1405,7 +1454,7 @@ impl<P: Provider> ClientCore<P> {
             self.note_empty();
         }
         if let Some(d) = id.deadline {
-            if Instant::now() >= d {
+            if spins % DEADLINE_SPINS == 0 && Instant::now() >= d {
                 self.abandon(id);
                 self.counters.status(Code::DeadlineExceeded);
                 return Err(Status::deadline_exceeded("deadline passed before the response arrived"));
@@ -1786,13 +1835,16 @@ impl<P: Provider> ClientCore<P> {
     /// [`ClientCore::wait`] up to the answer, not decoded.
     #[inline(never)]
     fn wait_answer(&mut self, id: CallId) -> Result<Answer, Status> {
+        // The deadline is looked at on the first poll, after every pause that gave up the core
+        // (it may have lasted a time slice or an event wait), and every DEADLINE_SPINS polls
+        // in between: a busy wait reads no clock per poll.
+        let mut spins = 0u32;
         loop {
-            if let Some(a) = self.poll_answer(id)? {
+            if let Some(a) = self.poll_answer(id, spins)? {
                 return Ok(a);
             }
-            if self.idle.empty_polls() > 0 {
-                self.pause();
-            }
+            let slept = self.idle.empty_polls() > 0 && self.pause();
+            spins = if slept { 0 } else { spins.wrapping_add(1) };
         }
     }
 

@@ -38,6 +38,21 @@ struct CallMeta {
     metadata_cache: u8,
 }
 
+impl CallMeta {
+    /// A call to `method` until `deadline` with the request `flags` of [`Session::start_call`].
+    #[inline(always)]
+    fn new(method: u32, deadline: Option<Instant>, flags: u8) -> CallMeta {
+        use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE, STREAM_IN, STREAM_OUT};
+        CallMeta {
+            method,
+            deadline,
+            stream: flags & (STREAM_IN | STREAM_OUT),
+            metadata: flags & METADATA != 0,
+            metadata_cache: flags & (METADATA_STORE | METADATA_CACHED),
+        }
+    }
+}
+
 /// The client's side of the session's cached metadata block (protocol 11, see
 /// [`crate::wire::METADATA_STORE`]): which block the server keeps, as far as the requests that
 /// left tell, and the one request started to replace it that has not left yet.
@@ -169,12 +184,8 @@ impl Session {
     /// slot is taken.
     #[inline]
     pub fn start_call(&mut self, method: u32, deadline: Option<Instant>, flags: u8) -> Option<(u16, u32)> {
-        use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE, STREAM_IN, STREAM_OUT};
         let (slot, generation) = self.calls.slots.start()?;
-        let stream = flags & (STREAM_IN | STREAM_OUT);
-        let metadata = flags & METADATA != 0;
-        let metadata_cache = flags & (METADATA_STORE | METADATA_CACHED);
-        self.calls.meta[slot as usize] = CallMeta { method, deadline, stream, metadata, metadata_cache };
+        self.calls.meta[slot as usize] = CallMeta::new(method, deadline, flags);
         Some((slot, generation))
     }
 
@@ -213,6 +224,35 @@ impl Session {
         c.queued_block.extend_from_slice(entries);
     }
 
+    /// Client: takes a free slot for a call to `method` that goes on the wire at once (the
+    /// driver queues its request before anything else; see [`Session::call_goes_now`]), with
+    /// the request's `flags` as [`Session::start_call`]'s and, when they have
+    /// [`crate::wire::METADATA_STORE`], the `block` it stores (as [`Session::store_block`]'s
+    /// `entries`). The call is in flight from here; returns its request header, as
+    /// [`Session::next_request`] would have given it. `None`, nothing taken, when it cannot go
+    /// now (no free slot, a call queued before it, no credit).
+    #[inline(always)]
+    pub fn start_call_now(
+        &mut self,
+        method: u32,
+        deadline: Option<Instant>,
+        flags: u8,
+        block: Option<&[u8]>,
+        now: impl FnOnce() -> Instant,
+    ) -> Option<Header> {
+        if !self.request_room() {
+            return None;
+        }
+        let (slot, generation) = self.calls.slots.start_now()?;
+        let m = CallMeta::new(method, deadline, flags);
+        if m.metadata_cache == crate::wire::METADATA_STORE {
+            if let Some(entries) = block {
+                self.store_block(slot, generation, entries);
+            }
+        }
+        Some(self.request_header(slot, generation, m, now))
+    }
+
     /// Client: whether a call started now goes on the wire at once (a credit is free and no call
     /// waits before it). Only such a call may take a ring reservation
     /// ([`super::Placement::Ring`]), which must be queued before anything else is placed.
@@ -235,6 +275,22 @@ impl Session {
         }
         let (slot, generation) = self.calls.slots.next_sendable()?;
         let m = self.calls.meta[slot as usize];
+        Some(self.request_header(slot, generation, m, now))
+    }
+
+    /// The request header of the call `(slot, generation)` with `m`, which just went in flight
+    /// ([`Session::next_request`], [`Session::start_call_now`]): its slot, generation, method,
+    /// the time left of its deadline (`now` is read only for a call with one; at least 1 µs)
+    /// and, for a stream, its first credits (the stream opens here). Its request has left from
+    /// here on (a block it stores is the one the server keeps).
+    #[inline(always)]
+    fn request_header(
+        &mut self,
+        slot: u16,
+        generation: u32,
+        m: CallMeta,
+        now: impl FnOnce() -> Instant,
+    ) -> Header {
         let timeout_us = m.deadline.map_or(0, |d| {
             d.saturating_duration_since(now()).as_micros().clamp(1, u128::from(u32::MAX)) as u32
         });
@@ -254,7 +310,7 @@ impl Session {
             h.stream = m.stream;
             h.count = self.stream_open(slot, generation, m.stream);
         }
-        Some(h)
+        h
     }
 
     /// Client: a response for `(slot, generation)` arrived (the session checked its header).

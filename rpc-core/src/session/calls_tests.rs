@@ -52,6 +52,35 @@ fn requests_leave_in_order_within_credits_with_the_time_left() {
     assert!(s.on_response(a.0, a.1).is_err(), "no call of that slot on the wire");
 }
 
+/// A call started to go now ([`Session::start_call_now`]) is in flight at once with the header
+/// `next_request` would give it, never overtakes a queued call, takes a credit, and keeps the
+/// block it stores as the session's cached one.
+#[test]
+fn a_call_that_goes_now_never_overtakes_a_queued_one() {
+    use crate::wire::{METADATA, METADATA_CACHED, METADATA_STORE};
+    let clock = Clock(Instant::now());
+    let mut s = client(4, 2);
+    let a = s.start_call(7, None, 0).unwrap();
+    assert!(
+        s.start_call_now(8, None, 0, None, || panic!("nothing starts")).is_none(),
+        "a call is queued before it"
+    );
+    assert_eq!(s.calls().state(a.0), SlotState::Queued);
+    assert_eq!(s.next_request(|| clock.at(0)).map(|h| h.slot), Some(a.0));
+    let flags = METADATA | METADATA_STORE;
+    let h = s.start_call_now(9, Some(clock.at(30)), flags, Some(b"k1v1"), || clock.at(10)).unwrap();
+    assert_eq!((h.method, h.timeout_us, h.metadata, h.metadata_cache), (9, 20_000, true, METADATA_STORE));
+    assert_ne!(h.slot, a.0);
+    assert_eq!(s.calls().state(h.slot), SlotState::InFlight);
+    assert_eq!(s.calls().in_flight(), 2);
+    assert_eq!(s.metadata_cache_flag(b"k1v1", 4), METADATA_CACHED, "its block is kept");
+    assert!(s.start_call_now(10, None, 0, None, || clock.at(10)).is_none(), "no credit free");
+    assert_eq!(s.calls().in_flight(), 2);
+    assert_eq!(s.on_response(h.slot, h.generation), Ok(ResponseFate::Stored));
+    assert!(s.take_done(h.slot, h.generation));
+    assert!(s.start_call_now(10, None, 0, None, || clock.at(10)).is_some(), "a credit came back");
+}
+
 /// A Cancel goes at once for a call on the wire, only after the last piece for one still
 /// leaving, never for one not sent (its slot is free at once).
 #[test]

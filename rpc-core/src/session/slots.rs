@@ -219,6 +219,27 @@ impl<T> CallSlots<T> {
         Some((slot, s.generation))
     }
 
+    /// Takes a free slot for a new call that goes on the wire at once, without queueing: in
+    /// flight from here, as [`CallSlots::start`] then [`CallSlots::next_sendable`] would have
+    /// it. `None` (nothing taken) when no slot is free, a call waits for a credit (it goes
+    /// first), or every credit is in use.
+    #[inline]
+    pub fn start_now(&mut self) -> Option<(u16, u32)> {
+        if self.in_flight >= self.credits || !self.queue.is_empty() {
+            return None;
+        }
+        let slot = self.free.pop()?;
+        let s = &mut self.slots[slot as usize];
+        s.generation = s.generation.wrapping_add(1);
+        s.state = SlotState::InFlight;
+        s.sent = true;
+        s.cancel_sent = false;
+        s.answered = false;
+        s.acked = false;
+        self.in_flight += 1;
+        Some((slot, s.generation))
+    }
+
     /// The next queued call that may go on the wire now (a credit is free); it is counted in flight.
     /// `None` when nothing is queued (or every credit is in use: a credit stall, see
     /// [`CallSlots::credit_stalled`]).

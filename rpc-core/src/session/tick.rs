@@ -5,9 +5,11 @@
 //! however long a poll lasts. Reading the clock for that is itself rationed by a counter: an
 //! empty poll that kept its core (a spin, an async poll) weighs 1, one that yielded or blocked
 //! (it may have lasted a loaded machine's time slice, or a whole event wait) weighs
-//! [`SLEPT_WEIGHT`], and the clock is read once the weights reach [`CLOCK_AFTER`]: every 4096
-//! spins (a busy poll pays an add and a compare), every 16 yields or waits. Polls that found
-//! work do not count and do not reset the count, so steady traffic still reaches the checks.
+//! [`SLEPT_WEIGHT`], an event wait that a completion event ended (it lasted at most one event
+//! wait, usually microseconds) weighs [`WOKEN_WEIGHT`], and the clock is read once the weights
+//! reach [`CLOCK_AFTER`]: every 4096 spins (a busy poll pays an add and a compare), every 16
+//! yields or timed-out waits, every 256 woken waits. Polls that found work do not count and do
+//! not reset the count, so steady traffic still reaches the checks.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,14 @@ pub const CLOCK_AFTER: u32 = 4096;
 
 /// Weight of an empty poll that yielded or blocked (a spin weighs 1).
 pub const SLEPT_WEIGHT: u32 = CLOCK_AFTER / 16;
+
+/// Weight of an event wait that a completion event ended: it lasted at most one event wait
+/// (`config::EVENT_WAIT`, 1 ms), and usually microseconds (the peer answered), so it weighs as
+/// much as 16 spins: the clock is read once per 256 of them (a blocking client waits once per
+/// call), and at most 256 ms of waits that each ended just before their timeout pass between
+/// two readings while the peer sends a message a millisecond (a silent peer's waits time out:
+/// [`SLEPT_WEIGHT`]).
+pub const WOKEN_WEIGHT: u32 = SLEPT_WEIGHT / 16;
 
 /// The rule's state (see the module docs).
 #[derive(Debug, Default)]
@@ -45,6 +55,13 @@ impl Tick {
     #[inline]
     pub fn slept(&mut self, now: impl FnOnce() -> Instant) -> bool {
         self.add(SLEPT_WEIGHT, now)
+    }
+
+    /// An event wait that a completion event ended (see [`WOKEN_WEIGHT`]). True when the checks
+    /// are due now.
+    #[inline]
+    pub fn woken(&mut self, now: impl FnOnce() -> Instant) -> bool {
+        self.add(WOKEN_WEIGHT, now)
     }
 
     #[inline]
@@ -127,5 +144,15 @@ mod tests {
         for _ in 0..16 {
             assert!(!tick.slept(now), "the clock has not moved");
         }
+        // Event waits that a completion ended: a reading per 256 of them, each due when they
+        // lasted 1 ms (just short of their timeout): at most 256 ms between checks.
+        let mut tick = Tick::new();
+        reads.set(0);
+        let mut checks = 0;
+        for _ in 0..1024 {
+            t.set(t.get() + Duration::from_millis(1));
+            checks += u32::from(tick.woken(now));
+        }
+        assert_eq!((reads.get(), checks), (4, 4));
     }
 }
