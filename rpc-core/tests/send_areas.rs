@@ -1,0 +1,160 @@
+//! A session's send mirror and staging area (the local memory its ring bodies are RDMA WRITTEN
+//! from) are registered at its first body above the eager threshold, not at connect, and given
+//! back after `ServerConfig::send_area_idle` unused, never while a WRITE from them is in flight
+//! (`Counters::send_area_bytes`, `send_areas_created`, `send_areas_released`).
+
+mod rpc_support;
+
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use rpc_core::codegen::*;
+use rpc_core::wire::{Header, Kind};
+use rpc_core::{Client, Counters, ServerHandle};
+use rpc_support::*;
+
+/// What a server registers for the send mirror (the client's ring, 1 MiB by default) and the
+/// staging area (twice it) of one session of a default client.
+const DEFAULT_AREAS: u64 = 3 << 20;
+
+/// What a server registers for one default session at connect: its receive ring (1 MiB) and its
+/// 72 send buffers of 4136 bytes.
+const BASE: u64 = (1 << 20) + 72 * 4136;
+
+/// Long enough for a wait that must succeed, short enough that a sabotaged run fails quickly.
+const SOON: Duration = Duration::from_secs(10);
+
+fn counters_when(server: &ServerHandle, what: &str, ok: impl Fn(&Counters) -> bool) -> Counters {
+    wait_until(what, SOON, || ok(&server.counters()), || format!("{:?}", server.counters()));
+    server.counters()
+}
+
+fn echo(c: &Client, seq: u64, len: usize, reply_len: usize) {
+    let r: EchoMsg = c.unary(ECHO, &request(seq, len, reply_len), &CallOptions::default()).unwrap();
+    check_reply(&r, seq, reply_len);
+}
+
+#[test]
+fn an_idle_session_registers_no_send_mirror_or_staging_area() {
+    let (server, _) = spawn(server());
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    // Small calls (bodies within the eager threshold both ways) never touch them.
+    for seq in 0..20 {
+        echo(&client, seq, 100, 4000);
+    }
+    let c = server.counters();
+    assert_eq!((c.send_area_bytes, c.send_areas_created), (0, 0), "{c:?}");
+    // The session's receive ring and send buffers: nothing else, then or ever.
+    assert_eq!((c.registered_bytes, c.registered_peak), (BASE, BASE), "{c:?}");
+}
+
+#[test]
+fn a_ring_body_registers_them_idle_time_gives_them_back_and_the_next_body_registers_them_again() {
+    let idle = Duration::from_millis(250);
+    let (server, _) = spawn(server().send_area_idle(Some(idle)));
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    echo(&client, 1, 100, 100);
+    assert_eq!(server.counters().send_areas_created, 0);
+
+    // The first answer above the eager threshold: registered, and the answer's bytes intact
+    // (it waited unencoded, then went from the new staging area).
+    echo(&client, 2, 100, 200 << 10);
+    let c = server.counters();
+    assert_eq!(c.send_areas_created, 1, "{c:?}");
+    // (They may be given back already on a slow machine: the peak shows them.)
+    assert_eq!(c.registered_peak, BASE + DEFAULT_AREAS, "{c:?}");
+    // Written from the mirror (placed whole in the ring) and in pieces (larger than the
+    // staging area: from the heap through the mirror): all intact.
+    echo(&client, 3, 100, 100 << 10);
+    echo(&client, 4, 100, 3 << 20);
+    // A request above the threshold: the client registers its own on demand.
+    echo(&client, 5, 300 << 10, 100);
+
+    // Unused for `idle`: given back, the registered gauge back to the session's base.
+    let c = counters_when(&server, "the send areas given back", |c| c.send_areas_released >= 1);
+    assert_eq!(c.send_area_bytes, 0, "{c:?}");
+    assert_eq!(c.registered_bytes, BASE, "{c:?}");
+    let created = c.send_areas_created;
+
+    // Small calls leave them unregistered.
+    for seq in 10..20 {
+        echo(&client, seq, 100, 100);
+    }
+    let c = server.counters();
+    assert_eq!((c.send_area_bytes, c.send_areas_created), (0, created), "{c:?}");
+
+    // The next ring body registers them again and is served intact, whole and in pieces.
+    echo(&client, 30, 100, 200 << 10);
+    echo(&client, 31, 100, 3 << 20);
+    let c = server.counters();
+    assert_eq!(c.send_areas_created, created + 1, "{c:?}");
+    assert_eq!(c.send_area_failures, 0, "{c:?}");
+}
+
+/// The client's answer is WRITTEN from the mirror while the client's QP drops every packet: the
+/// WRITE stays in flight (the server's NIC retries it) for many times `send_area_idle`, and the
+/// mirror and staging area must stay registered until its completion is polled.
+#[test]
+fn they_are_never_given_back_while_a_write_from_them_is_in_flight() {
+    let idle = Duration::from_millis(20);
+    let (server, stash) = spawn(server().send_area_idle(Some(idle)));
+    let mut c = RawClient::connect(server.local_addr());
+    // The RawClient's ring is 64 KiB: a mirror of 64 KiB and a staging area of 128 KiB.
+    let areas = 3 * (64 << 10);
+
+    let body = request(1, 16, 0).encode_to_vec();
+    c.send(
+        Header {
+            method: STASH,
+            generation: 1,
+            body_len: body.len() as u32,
+            total_len: body.len() as u32,
+            ..Header::new(Kind::Request)
+        },
+        &body,
+    );
+    wait_until(
+        "the STASH call to reach its handler",
+        SOON,
+        || stash.lock().unwrap().len() == 1,
+        || format!("{:?}", server.counters()),
+    );
+    assert_eq!(server.counters().send_areas_created, 0);
+
+    // Its answer (8000 bytes of payload: above the 4 KiB eager threshold, within a piece of the
+    // client's ring) leaves while the client's QP drops everything.
+    c.peer.qp.set_drop_traffic(true);
+    let p = payload(7, 8000);
+    let answer = EchoMsg { seq: 7, checksum: fnv64(&p), payload: p, reply_len: 0 };
+    let len = answer.encoded_len() as u32;
+    stash.lock().unwrap().pop().unwrap().send(Ok(answer));
+    counters_when(&server, "the answer's send areas registered", |c| c.send_areas_created == 1);
+    // 10 × `send_area_idle`, well within the server's retries (7 × 67 ms): every sweep meanwhile
+    // finds them unused for longer than `idle`, with the WRITE in flight.
+    let until = Instant::now() + 10 * idle;
+    while Instant::now() < until {
+        let s = server.counters();
+        assert_eq!(
+            (s.send_area_bytes, s.send_areas_released),
+            (areas, 0),
+            "given back while a WRITE from them was in flight: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    c.peer.qp.set_drop_traffic(false);
+
+    // The retried WRITE and SEND arrive: the answer is in our ring, intact.
+    let h = c.wait_for(Kind::Response, 0);
+    assert!(h.in_ring && h.generation == 1 && h.status == rpc_core::Code::Ok, "{h:?}");
+    assert_eq!(h.body_len, len);
+    let mut got = Vec::new();
+    assert!(c.peer.ring.copy_out(h.ring_offset, h.body_len, &mut got));
+    let r = EchoMsg::decode(&got[..]).unwrap();
+    assert_eq!((r.seq, r.payload.len()), (7, 8000));
+    assert_eq!(r.payload, payload(7, 8000));
+    assert!(!c.dead, "the server's WRITE failed");
+
+    // Once its completion is polled and `idle` passes, they go.
+    let s = counters_when(&server, "the send areas given back", |s| s.send_areas_released == 1);
+    assert_eq!(s.send_area_bytes, 0, "{s:?}");
+}
