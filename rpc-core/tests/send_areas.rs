@@ -24,6 +24,7 @@ const BASE: u64 = (1 << 20) + 72 * 4136;
 /// Long enough for a wait that must succeed, short enough that a sabotaged run fails quickly.
 const SOON: Duration = Duration::from_secs(10);
 
+#[track_caller]
 fn counters_when(server: &ServerHandle, what: &str, ok: impl Fn(&Counters) -> bool) -> Counters {
     wait_until(what, SOON, || ok(&server.counters()), || format!("{:?}", server.counters()));
     server.counters()
@@ -157,4 +158,76 @@ fn they_are_never_given_back_while_a_write_from_them_is_in_flight() {
     // Once its completion is polled and `idle` passes, they go.
     let s = counters_when(&server, "the send areas given back", |s| s.send_areas_released == 1);
     assert_eq!(s.send_area_bytes, 0, "{s:?}");
+}
+
+/// The send queue's own check, below the connection's: a send mirror and a staging area are
+/// handed back unreleased while a WRITE from them is queued, posted, or retired by a polled
+/// completion whose ring mark was not taken yet, and while a staged body holds staging space;
+/// released, the queue writes from a new staging area.
+#[test]
+fn the_send_queue_releases_send_areas_only_once_no_write_reads_them() {
+    use rpc_core::buffers::{Completions, SendMirror, SendPool, SendQueue, SendStaging};
+    use rpc_core::verbs::rc::RcConfig;
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::QueuePair;
+    const RING: usize = 4096;
+    let a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let b = RawPeer::new(1024, 64, 256, RING, 2);
+    let hb = b.handshake(4, 64, 1 << 20, 1);
+    a.connect(&RcConfig::default(), &hb);
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    let mut pool = SendPool::<Sim>::new(&a.pd, 16, 64).unwrap();
+    let mut sq = SendQueue::new(a.qp.cap().max_send_wr as usize, 16);
+    let mut wcs = Completions::<1>::new();
+    let mut poll_one = |pool: &mut SendPool<Sim>, sq: &mut SendQueue| {
+        let give_up = Instant::now() + SOON;
+        loop {
+            if wcs.poll(&a.cq).unwrap() == 1 {
+                let c = wcs.next().unwrap();
+                assert!(c.wc().status.is_success(), "{c:?}");
+                assert!(sq.on_completion(c, pool));
+                return;
+            }
+            assert!(Instant::now() < give_up, "no completion of the WRITE");
+            std::thread::yield_now();
+        }
+    };
+    let areas =
+        || (SendMirror::<Sim>::new(&a.pd, RING).unwrap(), SendStaging::<Sim>::new(&a.pd, 3000, 4).unwrap());
+
+    // A WRITE from the mirror: queued, then posted, then completed but its mark not taken.
+    let (mut mirror, staging) = areas();
+    assert!(mirror.write_at(0, &[7; 100]));
+    sq.write(&mirror, 0, 100, hb.ring_addr, hb.ring_rkey, 100);
+    let (mirror, staging) = sq.release_send_areas(mirror, staging).expect_err("a WRITE is queued");
+    sq.flush(&a.qp, &mut pool, 1).unwrap();
+    let (mirror, staging) = sq.release_send_areas(mirror, staging).expect_err("a WRITE is posted");
+    poll_one(&mut pool, &mut sq);
+    let (mirror, staging) = sq.release_send_areas(mirror, staging).expect_err("its mark is not taken");
+    assert_eq!(sq.take_ring_mark(), Some(100));
+    assert!(sq.release_send_areas(mirror, staging).is_ok(), "no WRITE reads them any more");
+
+    // A staged body: held unsent, then written; released once its last WRITE is retired.
+    let (mirror, mut staging) = areas();
+    let (at, spare) = staging.spare_mut();
+    spare[..200].fill(9);
+    let body = staging.commit(at, 200).unwrap();
+    let (mirror, staging) = sq.release_send_areas(mirror, staging).expect_err("a body is staged");
+    let remote = (hb.ring_addr + 200, hb.ring_rkey);
+    assert!(sq.write_staged(&staging, body, 0, 200, remote, 300).is_none(), "written from the new area");
+    sq.flush(&a.qp, &mut pool, 1).unwrap();
+    let (mirror, staging) = sq.release_send_areas(mirror, staging).expect_err("its WRITE is posted");
+    poll_one(&mut pool, &mut sq);
+    assert_eq!(sq.take_ring_mark(), Some(300));
+    let (mirror, mut staging) = sq.release_send_areas(mirror, staging).expect_err("its range is not retired");
+    sq.retire_staged(&mut staging);
+    assert_eq!(staging.used(), 0);
+    assert!(sq.release_send_areas(mirror, staging).is_ok());
+
+    // The queue writes from a third staging area.
+    let (_mirror, mut staging) = areas();
+    let (at, _) = staging.spare_mut();
+    let body = staging.commit(at, 50).unwrap();
+    assert!(sq.write_staged(&staging, body, 0, 50, remote, 350).is_none(), "written from the third area");
+    sq.discard_pending(&mut pool);
 }
