@@ -156,6 +156,20 @@ pub(crate) fn registered_bytes(own_ring: u32, bufs: u16, body_cap: usize) -> u64
     u64::from(own_ring) + u64::from(bufs) * (HEADER_LEN + body_cap) as u64
 }
 
+/// What became of an answer that waited unencoded only for the send mirror
+/// ([`Conn::place_late`]).
+pub(crate) enum LatePlaced {
+    /// Placed whole in the peer's ring and queued: its length in bytes.
+    Sent(u32),
+    /// The ring has no room for it whole now: it waits in the outbox (staged when its turn
+    /// comes), as an answer that found the ring full does.
+    Wait(Box<dyn LateBody>),
+    /// It cannot be sent: this status goes as the answer (RESOURCE_EXHAUSTED naming the memory
+    /// that failed to register, or INTERNAL for a message that did not encode as long as it
+    /// said).
+    Failed(crate::status::Status),
+}
+
 /// Where the body of an [`Outgoing`] message waits.
 pub(crate) enum OutBody {
     /// On the heap (no staging room when it was encoded, larger than the staging area, or
@@ -432,6 +446,41 @@ impl<P: Provider> Conn<P> {
         let mark = self.session.ring_write_mark();
         let quiet = outbox_empty && mark == self.written_mark;
         self.areas.release_idle(&mut self.sq, mark, now, idle, quiet)
+    }
+
+    /// An answer above the eager threshold that found no send mirror (the session's first ring
+    /// body since it connected, or since its mirror and staging area were given back): registers
+    /// them, then places it as [`crate::dispatch::reply::encode_body`] would have with a mirror:
+    /// whole in the peer's ring when it has room (encoded into the mirror, queued with send
+    /// buffer `buf` as one ring body, pipelined as usual), so the wire sees what it did when the
+    /// mirror was registered at connect. `buf` is given back unless it is `Sent`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn place_late(&mut self, buf: SendBuf, header: Header, msg: Box<dyn LateBody>) -> LatePlaced {
+        if let Err(s) = self.ensure_areas() {
+            self.pool.give_back(buf);
+            return LatePlaced::Failed(s);
+        }
+        let len = msg.len();
+        let off = match self.session.place_body(len) {
+            Ok(crate::session::Placement::Ring(off)) => off,
+            Ok(_) => {
+                self.pool.give_back(buf);
+                return LatePlaced::Wait(msg);
+            }
+            Err(crate::session::PlaceError::Refused(s)) => {
+                self.pool.give_back(buf);
+                return LatePlaced::Failed(s);
+            }
+        };
+        if let Err(e) = msg.encode_into(self.mirror_range_mut(off, len as u32)) {
+            // Placed just now, nothing since: the range is free again.
+            self.session.unplace_body();
+            self.pool.give_back(buf);
+            return LatePlaced::Failed(e.status("answer"));
+        }
+        self.queue(buf, header, BodyAt::Ring { offset: off, len: len as u32 });
+        LatePlaced::Sent(len as u32)
     }
 
     /// Takes a send buffer when one is free and the send queue has room for its WRs.

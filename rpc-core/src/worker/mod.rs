@@ -1697,14 +1697,28 @@ impl<P: Provider> Worker<P> {
                     )),
                 }
             }
+            (Outcome::Later(msg), Some(b)) if !entry.conn.areas.is_live() => {
+                // It waited only for the send mirror (the session's first ring body, or its
+                // first since they were given back): registered now, and placed as it would
+                // have been with them.
+                match entry.conn.place_late(b, header, msg) {
+                    conn::LatePlaced::Sent(len) => {
+                        entry.conn.session.on_answer_for(h.slot, h.generation);
+                        answered(Code::Ok, len, counters);
+                        None
+                    }
+                    conn::LatePlaced::Wait(msg) => {
+                        counters.ring_full_stalls += 1;
+                        Some(Waiting::Body(Outgoing::later(header, msg)))
+                    }
+                    conn::LatePlaced::Failed(s) => Some(Waiting::Error(header, s)),
+                }
+            }
             (Outcome::Later(msg), b) => {
                 if let Some(b) = b {
                     entry.conn.pool.give_back(b);
                 }
-                // Without a send mirror it waits for them to be registered, not for ring space.
-                if entry.conn.areas.is_live() {
-                    counters.ring_full_stalls += 1;
-                }
+                counters.ring_full_stalls += 1;
                 Some(Waiting::Body(Outgoing::later(header, msg)))
             }
             (Outcome::Spilled(bytes), b) => {
