@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use rpc_core::codegen::*;
+use rpc_core::verbs::QueuePair;
 use rpc_core::wire::{Header, Kind};
 use rpc_core::{Client, Counters, ServerHandle};
 use rpc_support::*;
@@ -72,9 +73,11 @@ fn a_ring_body_registers_them_idle_time_gives_them_back_and_the_next_body_regist
     // A request above the threshold: the client registers its own on demand.
     echo(&client, 5, 300 << 10, 100);
 
-    // Unused for `idle`: given back, the registered gauge back to the session's base.
-    let c = counters_when(&server, "the send areas given back", |c| c.send_areas_released >= 1);
-    assert_eq!(c.send_area_bytes, 0, "{c:?}");
+    // Unused for `idle`: given back, the registered gauge back to the session's base. (On a
+    // loaded machine they may have gone between two calls above already, and come back.)
+    let c = counters_when(&server, "the send areas given back", |c| {
+        c.send_areas_released >= 1 && c.send_area_bytes == 0
+    });
     assert_eq!(c.registered_bytes, BASE, "{c:?}");
     let created = c.send_areas_created;
 
@@ -89,7 +92,7 @@ fn a_ring_body_registers_them_idle_time_gives_them_back_and_the_next_body_regist
     echo(&client, 30, 100, 200 << 10);
     echo(&client, 31, 100, 3 << 20);
     let c = server.counters();
-    assert_eq!(c.send_areas_created, created + 1, "{c:?}");
+    assert!(c.send_areas_created > created, "registered again: {c:?}");
     assert_eq!(c.send_area_failures, 0, "{c:?}");
 }
 
@@ -131,9 +134,9 @@ fn they_are_never_given_back_while_a_write_from_them_is_in_flight() {
     let len = answer.encoded_len() as u32;
     stash.lock().unwrap().pop().unwrap().send(Ok(answer));
     counters_when(&server, "the answer's send areas registered", |c| c.send_areas_created == 1);
-    // 10 × `send_area_idle`, well within the server's retries (7 × 67 ms): every sweep meanwhile
-    // finds them unused for longer than `idle`, with the WRITE in flight.
-    let until = Instant::now() + 10 * idle;
+    // 5 × `send_area_idle`, well within the server's retries (7 × 67 ms): the sweeps meanwhile
+    // (every 5 ms) find them unused for longer than `idle`, with the WRITE in flight.
+    let until = Instant::now() + 5 * idle;
     while Instant::now() < until {
         let s = server.counters();
         assert_eq!(
@@ -231,4 +234,98 @@ fn the_send_queue_releases_send_areas_only_once_no_write_reads_them() {
     let body = staging.commit(at, 50).unwrap();
     assert!(sq.write_staged(&staging, body, 0, 50, remote, 350).is_none(), "written from the third area");
     sq.discard_pending(&mut pool);
+}
+
+/// Runs the `#[ignore]`d test `entry` of this binary in a child process whose sim hosts have
+/// segments of 1 GiB (`RPC_SIM_SEGMENT_BYTES`: read once per process), and checks it passed.
+fn in_small_segments(entry: &str) {
+    let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
+        .args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"])
+        .env("RPC_SIM_SEGMENT_BYTES", (1u64 << 30).to_string())
+        .output()
+        .expect("the child test runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "child {entry}:\n{text}");
+}
+
+/// A server whose registration fails (its sim host has 1 GiB of memory for everything, and a
+/// client announces a ring of 1 GiB: the send mirror of it cannot be registered) answers the
+/// call that needed the mirror RESOURCE_EXHAUSTED naming it; that session serves its small
+/// calls on and another session's large answers are served.
+#[test]
+fn a_failed_registration_fails_the_call_that_needed_it_and_nothing_else() {
+    if !matches!(transport(), rpc_core::Transport::Sim) {
+        eprintln!(
+            "skipped: a sim host's memory limit (RPC_SIM_SEGMENT_BYTES) is what fails the registration"
+        );
+        return;
+    }
+    in_small_segments("failed_registration_child");
+}
+
+#[test]
+#[ignore = "the child of a_failed_registration_fails_the_call_that_needed_it_and_nothing_else"]
+fn failed_registration_child() {
+    use rpc_core::wire::{read_frame, write_frame, Frame, HEADER_LEN};
+    assert_eq!(std::env::var("RPC_SIM_SEGMENT_BYTES").as_deref(), Ok("1073741824"), "run by its parent");
+    let (server, _) = spawn(server().max_peer_ring_bytes(1 << 30));
+    // A client that announces a 1 GiB ring (its real one is 64 KiB): the server would mirror it.
+    let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
+    let mut tcp = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    let hello = rpc_core::wire::Handshake { ring_len: 1 << 30, ..peer.handshake(4, 4096, 1 << 20, 0) };
+    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
+    let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
+    peer.connect(&rpc_core::verbs::rc::RcConfig::default(), &reply);
+    let mut c = RawClient::over(peer, &reply, reply.session, tcp);
+
+    let call = |c: &mut RawClient, generation: u32, reply_len: usize| -> (Header, Vec<u8>) {
+        let body = request(u64::from(generation), 16, reply_len).encode_to_vec();
+        let h = Header {
+            method: ECHO,
+            generation,
+            body_len: body.len() as u32,
+            total_len: body.len() as u32,
+            ..Header::new(Kind::Request)
+        };
+        c.send(h, &body);
+        let give_up = Instant::now() + SOON;
+        loop {
+            if let Some(i) =
+                c.inbox.iter().position(|(h, _)| h.kind == Kind::Response && h.generation == generation)
+            {
+                return c.inbox.remove(i).unwrap();
+            }
+            assert!(
+                Instant::now() < give_up,
+                "no answer to call {generation}: {:?}; server {:?}; client QP {:?}",
+                c.inbox,
+                server.counters(),
+                c.peer.qp.state()
+            );
+            // (`poll` hands out the oldest message of the inbox: kept for the look above.)
+            if let Some(m) = c.poll() {
+                c.inbox.push_front(m);
+            }
+            std::thread::yield_now();
+        }
+    };
+    // An answer above the eager threshold: its send mirror (1 GiB) cannot be registered.
+    let (h, body) = call(&mut c, 1, 8000);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(h.status, rpc_core::Code::ResourceExhausted, "{h:?} {text}");
+    assert!(text.contains("send mirror") && text.contains("1073741824 bytes"), "names what failed: {text}");
+    // The session serves on.
+    let (h, body) = call(&mut c, 2, 100);
+    assert_eq!(h.status, rpc_core::Code::Ok, "{h:?}");
+    check_reply(&EchoMsg::decode(&body[..]).unwrap(), 2, 100);
+    // Another session's ring bodies are served.
+    let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    echo(&client, 3, 100, 200 << 10);
+    let s = server.counters();
+    assert_eq!(
+        (s.send_area_failures, s.send_areas_created, s.send_area_bytes),
+        (1, 1, DEFAULT_AREAS),
+        "{s:?}"
+    );
+    assert!(!c.dead);
 }

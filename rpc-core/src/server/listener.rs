@@ -863,7 +863,7 @@ impl<P: Provider> Listener<P> {
 
     /// Checks what a client's handshake asks for against this server's limits, before anything
     /// is registered for it. The client's ring is mirrored here (a send mirror of its length and
-    /// a staging area of twice it): one above `max_peer_ring_bytes` is refused
+    /// a staging area of twice it, registered at the session's first ring body): one above `max_peer_ring_bytes` is refused
     /// RESOURCE_EXHAUSTED naming the limit, one below [`MIN_RING_LEN`] INVALID_ARGUMENT. Credits,
     /// eager threshold and message size are granted within the configuration instead (the reply
     /// carries what was granted).

@@ -126,9 +126,10 @@ pub struct ServerConfig {
     /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 64 KiB ..= 1 GiB
     /// ([`crate::wire::MIN_RING_LEN`] ..= [`crate::wire::MAX_RING_LEN`]).
     pub ring_bytes: u32,
-    /// Largest client ring this server mirrors, in bytes. The server registers, per session, a
-    /// send mirror of the client's ring and a staging area of twice it (at most 64 MiB more),
-    /// sized from the ring length the client's handshake announces: a handshake that announces
+    /// Largest client ring this server mirrors, in bytes. The server registers, per session that
+    /// sends bodies above the eager threshold ([`ServerConfig::send_area_idle`]), a send mirror
+    /// of the client's ring and a staging area of twice it (at most 64 MiB more), sized from the
+    /// ring length the client's handshake announces: a handshake that announces
     /// more is refused with RESOURCE_EXHAUSTED naming this field, its value and the length
     /// asked, before anything is registered for it. One below 64 KiB
     /// ([`crate::wire::MIN_RING_LEN`]) is refused INVALID_ARGUMENT naming `ring_len`.
