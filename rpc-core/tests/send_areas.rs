@@ -2,6 +2,19 @@
 //! from) are registered at its first body above the eager threshold, not at connect, and given
 //! back after `ServerConfig::send_area_idle` unused, never while a WRITE from them is in flight
 //! (`Counters::send_area_bytes`, `send_areas_created`, `send_areas_released`).
+//!
+//! Sabotaged, each test failed: registering them at connect (`SendAreas::new` calling
+//! `ensure`): the idle session's counters showed 3 MiB, and every other test its first
+//! `send_areas_created == 0`. Never giving them back (`release_idle` returning false): "the send
+//! areas given back" waits gave up. Both in-flight guards off (`Conn::release_idle_areas`
+//! ignoring the retired mark, `SendQueue::reads_send_areas` false): "given back while a WRITE
+//! from them was in flight", and the send queue's own test at "a WRITE is queued" (either guard
+//! alone keeps the in-flight test passing: they are independent). `release_send_areas` not
+//! unbinding the staging area: the next staged answer went without its WRITE ("undecodable
+//! response") and "written from the third area" failed. `encode_body` encoding into an absent
+//! mirror: "no buffer space for a body of 204816 bytes". `Conn::place_late` leaving the first
+//! ring body waiting: a ring-full stall counted (and `hostile_freed_head` got it in pieces). A
+//! failed registration leaving the answer waiting instead of answering: "no answer to call 1".
 
 mod rpc_support;
 
