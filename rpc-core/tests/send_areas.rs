@@ -4,8 +4,8 @@
 //! (`Counters::send_area_bytes`, `send_areas_created`, `send_areas_released`).
 //!
 //! Sabotaged, each test failed: registering them at connect (`SendAreas::new` calling
-//! `ensure`): the idle session's counters showed 3 MiB, and every other test its first
-//! `send_areas_created == 0`. Never giving them back (`release_idle` returning false): "the send
+//! `ensure`): the idle session's counters showed 3 MiB, and the next two tests failed their
+//! first `send_areas_created == 0`. Never giving them back (`release_idle` returning false): "the send
 //! areas given back" waits gave up. Both in-flight guards off (`Conn::release_idle_areas`
 //! ignoring the retired mark, `SendQueue::reads_send_areas` false): "given back while a WRITE
 //! from them was in flight", and the send queue's own test at "a WRITE is queued" (either guard
@@ -281,7 +281,7 @@ fn a_failed_registration_fails_the_call_that_needed_it_and_nothing_else() {
 fn failed_registration_child() {
     use rpc_core::wire::{read_frame, write_frame, Frame, HEADER_LEN};
     assert_eq!(std::env::var("RPC_SIM_SEGMENT_BYTES").as_deref(), Ok("1073741824"), "run by its parent");
-    let (server, _) = spawn(server().max_peer_ring_bytes(1 << 30));
+    let (server, stash) = spawn(server().max_peer_ring_bytes(1 << 30));
     // A client that announces a 1 GiB ring (its real one is 64 KiB): the server would mirror it.
     let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
     let mut tcp = std::net::TcpStream::connect(server.local_addr()).unwrap();
@@ -291,53 +291,73 @@ fn failed_registration_child() {
     peer.connect(&rpc_core::verbs::rc::RcConfig::default(), &reply);
     let mut c = RawClient::over(peer, &reply, reply.session, tcp);
 
-    let call = |c: &mut RawClient, generation: u32, reply_len: usize| -> (Header, Vec<u8>) {
-        let body = request(u64::from(generation), 16, reply_len).encode_to_vec();
-        let h = Header {
-            method: ECHO,
-            generation,
-            body_len: body.len() as u32,
-            total_len: body.len() as u32,
-            ..Header::new(Kind::Request)
+    let call =
+        |c: &mut RawClient, method: MethodId, generation: u32, reply_len: usize| -> (Header, Vec<u8>) {
+            let body = request(u64::from(generation), 16, reply_len).encode_to_vec();
+            let h = Header {
+                method,
+                generation,
+                body_len: body.len() as u32,
+                total_len: body.len() as u32,
+                ..Header::new(Kind::Request)
+            };
+            c.send(h, &body);
+            let give_up = Instant::now() + SOON;
+            loop {
+                if let Some(i) =
+                    c.inbox.iter().position(|(h, _)| h.kind == Kind::Response && h.generation == generation)
+                {
+                    return c.inbox.remove(i).unwrap();
+                }
+                assert!(
+                    Instant::now() < give_up,
+                    "no answer to call {generation}: {:?}; server {:?}; client QP {:?}",
+                    c.inbox,
+                    server.counters(),
+                    c.peer.qp.state()
+                );
+                // (`poll` hands out the oldest message of the inbox: kept for the look above.)
+                if let Some(m) = c.poll() {
+                    c.inbox.push_front(m);
+                }
+                std::thread::yield_now();
+            }
         };
-        c.send(h, &body);
-        let give_up = Instant::now() + SOON;
-        loop {
-            if let Some(i) =
-                c.inbox.iter().position(|(h, _)| h.kind == Kind::Response && h.generation == generation)
-            {
-                return c.inbox.remove(i).unwrap();
-            }
-            assert!(
-                Instant::now() < give_up,
-                "no answer to call {generation}: {:?}; server {:?}; client QP {:?}",
-                c.inbox,
-                server.counters(),
-                c.peer.qp.state()
-            );
-            // (`poll` hands out the oldest message of the inbox: kept for the look above.)
-            if let Some(m) = c.poll() {
-                c.inbox.push_front(m);
-            }
-            std::thread::yield_now();
-        }
-    };
     // An answer above the eager threshold: its send mirror (1 GiB) cannot be registered.
-    let (h, body) = call(&mut c, 1, 8000);
+    let (h, body) = call(&mut c, ECHO, 1, 8000);
     let text = String::from_utf8_lossy(&body).into_owned();
     assert_eq!(h.status, rpc_core::Code::ResourceExhausted, "{h:?} {text}");
     assert!(text.contains("send mirror") && text.contains("1073741824 bytes"), "names what failed: {text}");
     // The session serves on.
-    let (h, body) = call(&mut c, 2, 100);
+    let (h, body) = call(&mut c, ECHO, 2, 100);
     assert_eq!(h.status, rpc_core::Code::Ok, "{h:?}");
     check_reply(&EchoMsg::decode(&body[..]).unwrap(), 2, 100);
+    // A deferred answer (encoded on the heap, sent from the session's outbox) fails alike.
+    let answer = std::thread::spawn({
+        let stash = stash.clone();
+        move || {
+            let give_up = Instant::now() + SOON;
+            while stash.lock().unwrap().is_empty() {
+                assert!(Instant::now() < give_up, "the STASH call never reached its handler");
+                std::thread::yield_now();
+            }
+            let p = payload(4, 8000);
+            let m = EchoMsg { seq: 4, checksum: fnv64(&p), payload: p, reply_len: 0 };
+            stash.lock().unwrap().pop().unwrap().send(Ok(m));
+        }
+    });
+    let (h, body) = call(&mut c, STASH, 4, 0);
+    answer.join().unwrap();
+    let text = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(h.status, rpc_core::Code::ResourceExhausted, "{h:?} {text}");
+    assert!(text.contains("send mirror"), "names what failed: {text}");
     // Another session's ring bodies are served.
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     echo(&client, 3, 100, 200 << 10);
     let s = server.counters();
     assert_eq!(
         (s.send_area_failures, s.send_areas_created, s.send_area_bytes),
-        (1, 1, DEFAULT_AREAS),
+        (2, 1, DEFAULT_AREAS),
         "{s:?}"
     );
     assert!(!c.dead);

@@ -325,7 +325,7 @@ pub(crate) fn send_waiting<P: Provider>(
                         Err(s) => out.body = OutBody::Failed(s),
                     }
                 }
-                if !conn.areas.is_live() && out.sent == 0 && !conn.goes_eager(out) {
+                if !conn.areas.is_live() && out.sent == 0 && conn.needs_areas(out) {
                     // The connection's first ring body since its send mirror and staging area
                     // were made or given back: they are registered now. An answer that cannot
                     // have them goes as RESOURCE_EXHAUSTED naming what failed; another message
@@ -392,13 +392,17 @@ pub(crate) struct Conn<P: Provider> {
 }
 
 impl<P: Provider> Conn<P> {
-    /// Whether `out` would go eager in one SEND ([`Conn::send_outgoing`]'s test): no mirror or
-    /// staging area needed.
+    /// Whether sending `out` needs the send mirror or the staging area: a body that does not go
+    /// eager in one SEND ([`Conn::send_outgoing`]'s test); not an error answer.
     #[inline]
-    fn goes_eager(&self, out: &Outgoing) -> bool {
-        matches!(out.body, OutBody::Heap(_) | OutBody::Failed(_))
-            && out.len as usize <= self.body_cap
-            && out.len <= self.session.params().eager_threshold
+    fn needs_areas(&self, out: &Outgoing) -> bool {
+        match out.body {
+            OutBody::Failed(_) => false,
+            OutBody::Heap(_) => {
+                out.len as usize > self.body_cap || out.len > self.session.params().eager_threshold
+            }
+            OutBody::Staged(_) | OutBody::Later(_) => true,
+        }
     }
 
     /// Registers the send mirror and the staging area unless they are: call before encoding a
