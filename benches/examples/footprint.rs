@@ -4,7 +4,11 @@
 //! (`ServerHandle::shutdown` until it returns), the resident memory of the process while one
 //! server idles (`VmRSS` of `/proc/self/status`, read 50 ms after the start, before and after
 //! one client session) and its peak (`VmHWM`), and what the server registered
-//! (`Counters::recv_buffer_bytes`, `Counters::registered_bytes`).
+//! (`Counters::recv_buffer_bytes`, `Counters::registered_bytes`, of which
+//! `Counters::send_area_bytes` for send mirrors and staging areas). The idle session's line sums
+//! what the server pins for it: its session memory (receive ring, send buffers; a send mirror and
+//! staging area only once it sends bodies above the eager threshold, `ServerConfig::send_area_idle`)
+//! and the SRQ receive buffers registered for its reservation.
 //!
 //! ```text
 //! cargo run --release -p rpc-perf --example footprint -- [N] [--transport sim|rdma]
@@ -79,16 +83,26 @@ fn main() {
         polling: PollingPolicy::SpinThenYield { spins: 1000 },
         ..ClientConfig::default()
     };
+    let before = server.counters();
     match Client::connect_with(server.local_addr(), &cfg) {
         Ok(client) => {
             std::thread::sleep(Duration::from_millis(50));
             let c = server.counters();
             println!(
                 "with one client session: VmRSS {:.1} MiB (client included), receive buffers registered \
-                 {} KiB, session memory registered {} KiB",
+                 {} KiB, session memory registered {} KiB (send mirrors and staging areas {} KiB)",
                 status_kib("VmRSS:") as f64 / 1024.0,
                 c.recv_buffer_bytes >> 10,
-                c.registered_bytes >> 10
+                c.registered_bytes >> 10,
+                c.send_area_bytes >> 10
+            );
+            let session = c.registered_bytes - before.registered_bytes;
+            let srq = c.recv_buffer_bytes - before.recv_buffer_bytes;
+            println!(
+                "per idle session: {:.2} MiB pinned ({} KiB session memory + {} KiB SRQ receive buffers)",
+                (session + srq) as f64 / (1 << 20) as f64,
+                session >> 10,
+                srq >> 10
             );
             drop(client);
         }

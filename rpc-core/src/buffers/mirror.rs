@@ -82,7 +82,21 @@ pub struct MirrorView<'a> {
     _mirror: PhantomData<&'a mut [u8]>,
 }
 
+impl MirrorView<'static> {
+    /// A view of no mirror (none is registered yet): every range of it is out of bounds.
+    #[inline]
+    pub(crate) fn empty() -> MirrorView<'static> {
+        MirrorView { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, _mirror: PhantomData }
+    }
+}
+
 impl MirrorView<'_> {
+    /// True for the view of no mirror ([`MirrorView::empty`]).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The bytes `[offset, offset + len)`, to encode a body into; `None` when out of bounds.
     /// Crate-private: `offset` and `len` must be a range the session reserved in the peer's ring
     /// (`Placement::Ring`, `Session::next_piece`), which no posted WRITE reads any more (the
@@ -100,7 +114,9 @@ impl MirrorView<'_> {
         // session reserves a range again only once a polled completion of ours retired the WRITE
         // that read it (`SendQueue::take_ring_mark`, `Session::on_ring_written`: the producer
         // reuses bytes both freed by the peer and retired), so a peer reporting space freed
-        // early cannot bring a reservation over a WRITE still in flight.
+        // early cannot bring a reservation over a WRITE still in flight. The view of no mirror
+        // (`MirrorView::empty`, length 0) passes only an empty range: a zero-length slice at a
+        // dangling, aligned, non-null pointer.
         Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(o), n) })
     }
 }

@@ -475,6 +475,44 @@ impl SendQueue {
         }
     }
 
+    /// Whether a WR of this queue may still read a send mirror or a staging area: a ring WRITE
+    /// queued, or posted and not yet reported retired by [`SendQueue::take_ring_mark`] (every
+    /// WRITE, from a mirror or a staging area, carries a ring mark), or a staged range whose
+    /// last WRITE no polled completion retired yet. A QP in ERR retires nothing (its
+    /// completions fail), so this stays true until the connection is dropped, QP first.
+    #[inline]
+    pub fn reads_send_areas(&self) -> bool {
+        !self.ring_marks.is_empty() || !self.staged.is_empty()
+    }
+
+    /// Gives back (deregisters, by dropping them) a send mirror and a staging area this queue
+    /// WRITEs from, once no WR of it may read them any more ([`SendQueue::reads_send_areas`]
+    /// false) and the staging area holds no body ([`SendStaging::used`] 0: no [`Staged`] token
+    /// of it is alive); the queue may then write from another staging area. Otherwise hands
+    /// both back unchanged.
+    ///
+    /// # Errors
+    /// The mirror and the staging area, unchanged, while a WR may still read them or a body
+    /// waits in the staging area.
+    #[allow(clippy::result_large_err)]
+    pub fn release_send_areas<P: Provider>(
+        &mut self,
+        mirror: SendMirror<P>,
+        staging: SendStaging<P>,
+    ) -> std::result::Result<(), (SendMirror<P>, SendStaging<P>)> {
+        if self.reads_send_areas() || staging.used() != 0 {
+            return Err((mirror, staging));
+        }
+        if self.staging == staging.id {
+            self.staging = 0;
+        }
+        // No WR of this queue names their keys any more (checked above): dropping them
+        // deregisters memory no posted WR reads.
+        drop(mirror);
+        drop(staging);
+        Ok(())
+    }
+
     /// Drops the WRs queued and not posted yet (the connection is closing): their send buffers
     /// go back to `pool` (the NIC never saw them). A staged range whose last WRITE was queued
     /// stays allocated. Posted WRs keep their memory until their completions are polled, or until

@@ -18,13 +18,12 @@ use std::collections::VecDeque;
 use super::config::ClientConfig;
 use crate::buffers::bounded::{check_exact, encode_exact, LenMismatch};
 use crate::buffers::{
-    Completion, Completions, GatherBody, RecvBuf, RecvPool, SendBuf, SendMirror, SendPool, SendQueue,
-    SendStaging, Staged,
+    Completion, Completions, GatherBody, RecvBuf, RecvPool, SendBuf, SendPool, SendQueue, Staged,
 };
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, send_waiting, staging_len,
-    BodyAt, Conn, Outgoing,
+    body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, send_waiting, BodyAt, Conn,
+    Outgoing,
 };
 use crate::endpoint::counters::Counters;
 use crate::session::{
@@ -347,9 +346,14 @@ impl<P: Provider> ClientCore<P> {
         }
         let body_cap = body_area(reply.eager_threshold);
         let mut pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
-        let mirror = SendMirror::<P>::new(&pd, reply.ring_len as usize).map_err(unavailable)?;
-        let staging = SendStaging::<P>::new(&pd, staging_len(reply.ring_len), usize::from(window))
-            .map_err(unavailable)?;
+        // The send mirror and staging area are registered at the first request above the eager
+        // threshold (`Conn::ensure_areas`).
+        let areas = crate::endpoint::areas::SendAreas::new(
+            pd.clone(),
+            reply.ring_len,
+            usize::from(window),
+            crate::endpoint::counters::AreaGauge::new(None),
+        );
         let remote =
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
@@ -400,8 +404,8 @@ impl<P: Provider> ClientCore<P> {
                 qp,
                 pool,
                 ring,
-                mirror,
-                staging,
+                areas,
+                written_mark: 0,
                 sq,
                 session: {
                     let mut s = session;
@@ -514,6 +518,13 @@ impl<P: Provider> ClientCore<P> {
             return Err(s);
         }
         let eager = len <= self.conn.session.params().eager_threshold as usize;
+        if !eager {
+            // The send mirror and staging area, registered at the first such body.
+            if let Err(s) = self.conn.ensure_areas() {
+                self.counters.status(s.code());
+                return Err(s);
+            }
+        }
         // A retry of the body whose stall was counted already does not count it again.
         let mut stalled = std::mem::take(&mut self.unplaced_stall);
         // The common call: eager, a credit free with no call queued before it, a send buffer
@@ -556,7 +567,7 @@ impl<P: Provider> ClientCore<P> {
             // Neither the server's ring nor the staging area has room: wait for either (bodies in
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
-            if len > self.conn.staging.len() as usize {
+            if len > self.conn.areas.staging_len() as usize {
                 let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
                     return Err(Status::resource_exhausted(format!(
                         "no memory for a request of {len} bytes"
@@ -631,7 +642,7 @@ impl<P: Provider> ClientCore<P> {
                     Some(PendingBody::Placed(buf, BodyAt::Eager(len as u32)))
                 }
                 Ok(Placement::Ring(off)) => {
-                    if let Err(e) = encode_exact(req, self.conn.mirror.range_mut(off, len as u32)) {
+                    if let Err(e) = encode_exact(req, self.conn.mirror_range_mut(off, len as u32)) {
                         // Reserved just now, nothing placed since: the range is free again.
                         self.conn.session.unplace_body();
                         self.conn.pool.give_back(buf);
@@ -659,12 +670,12 @@ impl<P: Provider> ClientCore<P> {
     /// INTERNAL ([`ClientCore::mismatch`]) when the message does not encode to `len` bytes
     /// (nothing is committed).
     fn stage<M: Message>(&mut self, req: &M, len: usize) -> Result<Option<PendingBody>, Status> {
-        let (at, spare) = self.conn.staging.spare_mut();
+        let (at, spare) = self.conn.staging_spare_mut();
         let Some(dst) = spare.get_mut(..len) else { return Ok(None) };
         if let Err(e) = encode_exact(req, dst) {
             return Err(self.mismatch(e, "request"));
         }
-        Ok(Some(match self.conn.staging.commit(at, len as u32) {
+        Ok(Some(match self.conn.staging_commit(at, len as u32) {
             Some(s) => PendingBody::Staged(s),
             // Not a span of the staging area (unreachable: `spare_mut` gave it).
             None => PendingBody::Heap(Box::new(req.encode_to_vec().into())),
@@ -926,7 +937,7 @@ impl<P: Provider> ClientCore<P> {
     fn drop_pending(&mut self, p: PendingBody) {
         match p {
             PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
-            PendingBody::Staged(s) => self.conn.staging.release(s),
+            PendingBody::Staged(s) => self.conn.areas.release_staged(s),
             PendingBody::Heap(_) => {}
         }
     }
@@ -1531,7 +1542,7 @@ impl<P: Provider> ClientCore<P> {
             }
         }
         for o in self.outbox.take_unsent(id.slot, id.generation, Kind::StreamMsg) {
-            o.discard(&mut self.conn.staging);
+            o.discard(&mut self.conn.areas);
         }
         if self.outbox.holds_kind(id.slot, id.generation, Kind::StreamMsg)
             && !self.outbox.holds_kind(id.slot, id.generation, Kind::Request)

@@ -811,6 +811,13 @@ pub(crate) fn encode_body<M: Message + 'static>(
         Placement::Pieces => return stage(msg, len, staging),
         Placement::Eager => (eager.get_mut(..len), Outcome::Eager(len as u32)),
         Placement::Ring(off) => {
+            if mirror.is_empty() {
+                // No send mirror registered (the connection's first ring body, or its first
+                // after they were given back): the range goes back, and the body waits
+                // unencoded while the worker registers them (`Conn::encode_later`).
+                session.unplace_body();
+                return stage(msg, len, staging);
+            }
             (mirror.range_mut(off, len as u32), Outcome::Ring { offset: off, len: len as u32 })
         }
     };

@@ -2,9 +2,11 @@
 //! QP, send buffers, receive ring, send mirror, staging area, send queue and the sans-IO
 //! [`Session`].
 
-use crate::buffers::{GatherBody, RecvRing, SendBuf, SendMirror, SendPool, SendQueue, SendStaging, Staged};
+use crate::buffers::{GatherBody, RecvRing, SendBuf, SendPool, SendQueue, Staged};
 use crate::dispatch::reply::LateBody;
+use crate::endpoint::areas::SendAreas;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::session::{BodyRecycler, Charge, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
 use crate::status::Code;
@@ -147,14 +149,25 @@ pub(crate) fn staging_len(peer_ring_len: u32) -> u32 {
     peer_ring_len.saturating_mul(2).min(peer_ring_len.saturating_add(64 << 20))
 }
 
-/// Bytes a connection registers: its receive ring (`own_ring`), a send mirror of the peer's ring
-/// (`peer_ring`), a staging area ([`staging_len`]) and `bufs` send buffers of `body_cap` +
-/// header bytes.
-pub(crate) fn registered_bytes(own_ring: u32, peer_ring: u32, bufs: u16, body_cap: usize) -> u64 {
-    u64::from(own_ring)
-        + u64::from(peer_ring)
-        + u64::from(staging_len(peer_ring))
-        + u64::from(bufs) * (HEADER_LEN + body_cap) as u64
+/// Bytes a connection registers at connect: its receive ring (`own_ring`) and `bufs` send
+/// buffers of `body_cap` + header bytes. Its send mirror of the peer's ring and its staging area
+/// ([`staging_len`]) are registered when first needed ([`SendAreas`]) and counted then.
+pub(crate) fn registered_bytes(own_ring: u32, bufs: u16, body_cap: usize) -> u64 {
+    u64::from(own_ring) + u64::from(bufs) * (HEADER_LEN + body_cap) as u64
+}
+
+/// What became of an answer that waited unencoded only for the send mirror
+/// ([`Conn::place_late`]).
+pub(crate) enum LatePlaced {
+    /// Placed whole in the peer's ring and queued: its length in bytes.
+    Sent(u32),
+    /// The ring has no room for it whole now: it waits in the outbox (staged when its turn
+    /// comes), as an answer that found the ring full does.
+    Wait(Box<dyn LateBody>),
+    /// It cannot be sent: this status goes as the answer (RESOURCE_EXHAUSTED naming the memory
+    /// that failed to register, or INTERNAL for a message that did not encode as long as it
+    /// said).
+    Failed(crate::status::Status),
 }
 
 /// Where the body of an [`Outgoing`] message waits.
@@ -223,9 +236,9 @@ impl Outgoing {
     }
 
     /// Gives a staged body's space back when the message will not be sent.
-    pub(crate) fn discard<P: Provider>(self, staging: &mut SendStaging<P>) {
+    pub(crate) fn discard<P: Provider>(self, areas: &mut SendAreas<P>) {
         if let OutBody::Staged(Some(s)) = self.body {
-            staging.release(s);
+            areas.release_staged(s);
         }
     }
 }
@@ -294,12 +307,12 @@ pub(crate) fn send_waiting<P: Provider>(
             Some(Front::Late(m)) => {
                 on_late(m.header());
                 if let Waiting::Body(out) = m {
-                    out.discard(&mut conn.staging);
+                    out.discard(&mut conn.areas);
                 }
                 continue;
             }
             Some(Front::Refused(out)) => {
-                out.discard(&mut conn.staging);
+                out.discard(&mut conn.areas);
                 continue;
             }
             Some(Front::Send(Waiting::Body(out))) => {
@@ -310,6 +323,18 @@ pub(crate) fn send_waiting<P: Provider>(
                         Ok(false) => break,
                         // Sent as the answer instead, below.
                         Err(s) => out.body = OutBody::Failed(s),
+                    }
+                }
+                if !conn.areas.is_live() && out.sent == 0 && conn.needs_areas(out) {
+                    // The connection's first ring body since its send mirror and staging area
+                    // were made or given back: they are registered now. An answer that cannot
+                    // have them goes as RESOURCE_EXHAUSTED naming what failed; another message
+                    // (a stream message) waits and tries again at the next pump.
+                    if let Err(s) = conn.areas.ensure() {
+                        if out.header.kind != Kind::Response {
+                            break;
+                        }
+                        out.body = OutBody::Failed(s);
                     }
                 }
                 if let OutBody::Failed(s) = &out.body {
@@ -346,10 +371,14 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) ring: RecvRing<P>,
     pub(crate) qp: P::QueuePair,
     pub(crate) pool: SendPool<P>,
-    pub(crate) mirror: SendMirror<P>,
-    pub(crate) staging: SendStaging<P>,
+    /// The send mirror of the peer's ring and the staging area, registered at the first body
+    /// above the eager threshold and given back when unused ([`Conn::release_idle_areas`]).
+    pub(crate) areas: SendAreas<P>,
     pub(crate) sq: SendQueue,
     pub(crate) session: Session,
+    /// The ring mark of the last ring WRITE a polled completion retired (the producer's tail
+    /// when every body placed was WRITTEN and retired).
+    pub(crate) written_mark: u32,
     /// Peer's ring address and rkey.
     pub(crate) peer_ring: (u64, u32),
     /// Eager body area of each send buffer in bytes.
@@ -363,6 +392,101 @@ pub(crate) struct Conn<P: Provider> {
 }
 
 impl<P: Provider> Conn<P> {
+    /// Whether sending `out` needs the send mirror or the staging area: a body that does not go
+    /// eager in one SEND ([`Conn::send_outgoing`]'s test); not an error answer.
+    #[inline]
+    fn needs_areas(&self, out: &Outgoing) -> bool {
+        match out.body {
+            OutBody::Failed(_) => false,
+            OutBody::Heap(_) => {
+                out.len as usize > self.body_cap || out.len > self.session.params().eager_threshold
+            }
+            OutBody::Staged(_) | OutBody::Later(_) => true,
+        }
+    }
+
+    /// Registers the send mirror and the staging area unless they are: call before encoding a
+    /// body above the eager threshold into them.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming what failed to register (see [`SendAreas::ensure`]).
+    #[inline]
+    pub(crate) fn ensure_areas(&mut self) -> std::result::Result<(), crate::status::Status> {
+        if self.areas.is_live() {
+            return Ok(());
+        }
+        self.areas.ensure()
+    }
+
+    /// The mirror's bytes `[offset, offset + len)` (a range the session reserved in the peer's
+    /// ring), empty when out of bounds or when no mirror is registered ([`Conn::ensure_areas`]
+    /// first).
+    pub(crate) fn mirror_range_mut(&mut self, offset: u32, len: u32) -> &mut [u8] {
+        match self.areas.mirror_mut() {
+            Some(m) => m.range_mut(offset, len),
+            None => &mut [],
+        }
+    }
+
+    /// The staging area's largest free span (offset and bytes), empty when none is registered
+    /// ([`Conn::ensure_areas`] first); then [`Conn::staging_commit`].
+    pub(crate) fn staging_spare_mut(&mut self) -> (u32, &mut [u8]) {
+        match self.areas.staging_mut() {
+            Some(s) => s.spare_mut(),
+            None => (0, &mut []),
+        }
+    }
+
+    /// Seals the first `len` bytes of the span [`Conn::staging_spare_mut`] gave at `offset`.
+    pub(crate) fn staging_commit(&mut self, offset: u32, len: u32) -> Option<Staged> {
+        self.areas.staging_mut().and_then(|s| s.commit(offset, len))
+    }
+
+    /// Gives back the send mirror and the staging area (see [`SendAreas::release_idle`]) when no
+    /// ring body was placed for `idle` up to `now`, every body placed was WRITTEN and its WRITE
+    /// retired, nothing waits in the caller's outbox (`outbox_empty`) and no posted WR reads
+    /// them. Returns whether they were given back. Called by the idle sweep, never per message.
+    pub(crate) fn release_idle_areas(&mut self, now: Instant, idle: Duration, outbox_empty: bool) -> bool {
+        let mark = self.session.ring_write_mark();
+        let quiet = outbox_empty && mark == self.written_mark;
+        self.areas.release_idle(&mut self.sq, mark, now, idle, quiet)
+    }
+
+    /// An answer above the eager threshold that found no send mirror (the session's first ring
+    /// body since it connected, or since its mirror and staging area were given back): registers
+    /// them, then places it as [`crate::dispatch::reply::encode_body`] would have with a mirror:
+    /// whole in the peer's ring when it has room (encoded into the mirror, queued with send
+    /// buffer `buf` as one ring body, pipelined as usual), so the wire sees what it did when the
+    /// mirror was registered at connect. `buf` is given back unless it is `Sent`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn place_late(&mut self, buf: SendBuf, header: Header, msg: Box<dyn LateBody>) -> LatePlaced {
+        if let Err(s) = self.ensure_areas() {
+            self.pool.give_back(buf);
+            return LatePlaced::Failed(s);
+        }
+        let len = msg.len();
+        let off = match self.session.place_body(len) {
+            Ok(crate::session::Placement::Ring(off)) => off,
+            Ok(_) => {
+                self.pool.give_back(buf);
+                return LatePlaced::Wait(msg);
+            }
+            Err(crate::session::PlaceError::Refused(s)) => {
+                self.pool.give_back(buf);
+                return LatePlaced::Failed(s);
+            }
+        };
+        if let Err(e) = msg.encode_into(self.mirror_range_mut(off, len as u32)) {
+            // Placed just now, nothing since: the range is free again.
+            self.session.unplace_body();
+            self.pool.give_back(buf);
+            return LatePlaced::Failed(e.status("answer"));
+        }
+        self.queue(buf, header, BodyAt::Ring { offset: off, len: len as u32 });
+        LatePlaced::Sent(len as u32)
+    }
+
     /// Takes a send buffer when one is free and the send queue has room for its WRs.
     #[inline]
     pub(crate) fn acquire(&mut self) -> Option<SendBuf> {
@@ -438,7 +562,10 @@ impl<P: Provider> Conn<P> {
                 h.total_len = h.total_len.max(len);
                 h.ring_offset = offset;
                 let mark = self.session.ring_write_mark().wrapping_sub(behind);
-                self.sq.write(&self.mirror, offset, len, self.peer_ring.0, self.peer_ring.1, mark);
+                // A ring body is encoded into the mirror first: it is registered.
+                if let Some(m) = self.areas.mirror() {
+                    self.sq.write(m, offset, len, self.peer_ring.0, self.peer_ring.1, mark);
+                }
                 0
             }
             BodyAt::Piece { offset, len, staged: true } => {
@@ -512,19 +639,22 @@ impl<P: Provider> Conn<P> {
 
     /// Encodes a [`OutBody::Later`] body into the staging area when it has room: `Ok(true)` once
     /// it is `Staged`, `Ok(false)` while the area lacks room (it comes: only bodies ahead of this
-    /// one in the outbox, or WRITEs posted already, hold staging space).
+    /// one in the outbox, or WRITEs posted already, hold staging space). Registers the staging
+    /// area (and the mirror) first when they are not.
     ///
     /// # Errors
-    /// INTERNAL when the message does not encode as long as it said (sent as the answer instead).
+    /// INTERNAL when the message does not encode as long as it said, RESOURCE_EXHAUSTED when
+    /// the staging area cannot be registered (sent as the answer instead).
     fn encode_later(&mut self, out: &mut Outgoing) -> std::result::Result<bool, crate::status::Status> {
         let OutBody::Later(msg) = &out.body else { return Ok(true) };
         let len = msg.len();
-        let (at, span) = self.staging.spare_mut();
+        self.ensure_areas()?;
+        let (at, span) = self.staging_spare_mut();
         let Some(dst) = span.get_mut(..len) else { return Ok(false) };
         // A `Message` that does not encode to its `encoded_len()` fails that answer (nothing
         // committed), not the worker.
         let staged = match msg.encode_into(dst) {
-            Ok(()) => self.staging.commit(at, len as u32),
+            Ok(()) => self.staging_commit(at, len as u32),
             Err(e) => return Err(e.status("answer")),
         };
         match staged {
@@ -562,6 +692,12 @@ impl<P: Provider> Conn<P> {
             }
         }
         while out.sent < total {
+            if !self.areas.is_live() {
+                // Unreachable: `send_waiting` registers them before a ring body's first piece,
+                // and they are not given back while a message waits. Waits rather than sends a
+                // piece with no WRITE.
+                return false;
+            }
             let Some(buf) = self.acquire() else { return false };
             let remaining = total - out.sent;
             let Some((offset, len)) = self.session.next_piece(remaining) else {
@@ -571,15 +707,20 @@ impl<P: Provider> Conn<P> {
             let from = out.sent;
             match &mut out.body {
                 OutBody::Heap(body) => {
-                    // Pieces go in order: the body's next `len` bytes.
-                    body.copy_next(self.mirror.range_mut(offset, len));
+                    // Pieces go in order: the body's next `len` bytes (the mirror is registered:
+                    // `send_waiting` made sure before the first piece, and it is not given back
+                    // while a message waits).
+                    if let Some(m) = self.areas.mirror_mut() {
+                        body.copy_next(m.range_mut(offset, len));
+                    }
                 }
                 OutBody::Staged(staged) => {
                     // Written straight from the staging area to the granted ring offset.
-                    if let Some(s) = staged.take() {
+                    // (A staged body keeps its staging area registered: `SendStaging::used`.)
+                    if let (Some(area), Some(s)) = (self.areas.staging(), staged.take()) {
                         let remote = (self.peer_ring.0 + u64::from(offset), self.peer_ring.1);
                         let mark = self.session.ring_write_mark();
-                        *staged = self.sq.write_staged(&self.staging, s, from, len, remote, mark);
+                        *staged = self.sq.write_staged(area, s, from, len, remote, mark);
                     }
                 }
                 // Encoded before the first piece, or failed (`send_waiting`): never here.
@@ -691,9 +832,12 @@ impl<P: Provider> Conn<P> {
     #[inline]
     pub(crate) fn on_send_completion(&mut self, c: crate::buffers::Completion) {
         self.sq.on_completion(c, &mut self.pool);
-        self.sq.retire_staged(&mut self.staging);
+        if let Some(staging) = self.areas.staging_mut() {
+            self.sq.retire_staged(staging);
+        }
         if let Some(mark) = self.sq.take_ring_mark() {
             self.session.on_ring_written(mark);
+            self.written_mark = mark;
         }
     }
 

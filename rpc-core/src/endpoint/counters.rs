@@ -65,6 +65,23 @@ pub struct Counters {
     pub registered_bytes: u64,
     /// Server: most of `registered_bytes` at once since the server started.
     pub registered_peak: u64,
+    /// Server: bytes registered now for the sessions' send mirrors and staging areas (part of
+    /// `registered_bytes`); set by `ServerHandle::counters`. A session registers them at its
+    /// first body above the eager threshold (a send mirror of the client's ring and a staging
+    /// area of twice it, at most 64 MiB more: 3 MiB for a client of the default 1 MiB ring) and
+    /// gives them back once it sent none for `ServerConfig::send_area_idle` and no WRITE of
+    /// theirs is in flight: 0 while every session is idle or makes small calls only.
+    pub send_area_bytes: u64,
+    /// Server: send mirror and staging area pairs registered on demand since the server started
+    /// (each counted once per registration; see `send_area_bytes`).
+    pub send_areas_created: u64,
+    /// Server: send mirror and staging area pairs given back because they sat unused for
+    /// `ServerConfig::send_area_idle` (pairs that go with their session are not counted).
+    pub send_areas_released: u64,
+    /// Server: send mirror and staging area registrations that failed (the registration limit,
+    /// `ulimit -l`, or the device's MR limits): each failed the answer that needed it with
+    /// RESOURCE_EXHAUSTED naming what was being registered; the session stays open.
+    pub send_area_failures: u64,
     /// Server: bytes registered for the workers' receive buffers (SRQ WQEs), over all workers;
     /// set by `ServerHandle::counters`. They grow, in chunks of 64 buffers, with what the
     /// sessions admitted to each worker reserve at most at once (`ServerConfig::srq_per_session`
@@ -133,6 +150,10 @@ impl Counters {
         self.reassembly_timeouts += other.reassembly_timeouts;
         self.registered_bytes += other.registered_bytes;
         self.registered_peak += other.registered_peak;
+        self.send_area_bytes += other.send_area_bytes;
+        self.send_areas_created += other.send_areas_created;
+        self.send_areas_released += other.send_areas_released;
+        self.send_area_failures += other.send_area_failures;
         self.recv_buffer_bytes += other.recv_buffer_bytes;
         self.recv_buffers += other.recv_buffers;
         self.reassembly_bytes += other.reassembly_bytes;
@@ -234,6 +255,8 @@ impl SharedCounters {
 /// [`crate::session::Session::charge_backlog`]).
 pub(crate) struct ServerMemory {
     pub(crate) registered: Arc<HeldBytes>,
+    /// The sessions' send mirrors and staging areas (also counted in `registered`).
+    pub(crate) areas: Arc<AreaGauge>,
     pub(crate) reassembly: Arc<HeldBytes>,
     pub(crate) backlog: Arc<HeldBytes>,
     /// Receive buffers registered for the workers' SRQs: bytes and buffers.
@@ -246,8 +269,10 @@ pub(crate) struct ServerMemory {
 
 impl ServerMemory {
     pub(crate) fn new(max_reassembly: u64, max_backlog: u64) -> ServerMemory {
+        let registered = HeldBytes::new(u64::MAX, "registered memory");
         ServerMemory {
-            registered: HeldBytes::new(u64::MAX, "registered memory"),
+            areas: AreaGauge::new(Some(registered.clone())),
+            registered,
             reassembly: HeldBytes::new(max_reassembly, "ServerConfig::max_reassembly_bytes"),
             backlog: HeldBytes::new(max_backlog, "ServerConfig::max_backlog_bytes"),
             recv_bytes: std::sync::atomic::AtomicU64::new(0),
@@ -260,11 +285,71 @@ impl ServerMemory {
     pub(crate) fn fill(&self, c: &mut Counters) {
         c.registered_bytes = self.registered.used();
         c.registered_peak = self.registered.peak();
+        self.areas.fill(c);
         c.reassembly_bytes = self.reassembly.used();
         c.reassembly_peak = self.reassembly.peak();
         c.backlog_bytes = self.backlog.used();
         c.backlog_peak = self.backlog.peak();
         c.recv_buffer_bytes = self.recv_bytes.load(std::sync::atomic::Ordering::Relaxed);
         c.recv_buffers = self.recv_buffers.load(std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Send mirrors and staging areas registered on demand ([`crate::endpoint::areas::SendAreas`]):
+/// bytes registered now and how many were made, given back and refused. Updated only when one
+/// is registered or given back (rare next to calls), so atomics cost nothing on the data path.
+#[derive(Default)]
+pub(crate) struct AreaGauge {
+    /// A gauge of all registered bytes that these bytes are added to as well (the server's).
+    registered: Option<Arc<HeldBytes>>,
+    bytes: AtomicU64,
+    created: AtomicU64,
+    released: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl AreaGauge {
+    /// A gauge whose bytes are also added to `registered` (when given).
+    pub(crate) fn new(registered: Option<Arc<HeldBytes>>) -> Arc<AreaGauge> {
+        Arc::new(AreaGauge { registered, ..AreaGauge::default() })
+    }
+
+    /// `bytes` were registered.
+    pub(crate) fn created(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.created.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = &self.registered {
+            r.add(bytes);
+        }
+    }
+
+    /// `bytes` were deregistered; `idle`: given back for sitting unused (else with their
+    /// session).
+    pub(crate) fn gone(&self, bytes: u64, idle: bool) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        if idle {
+            self.released.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(r) = &self.registered {
+            r.release(bytes);
+        }
+    }
+
+    /// A registration failed.
+    pub(crate) fn failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes registered now.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Writes the gauge into `c`'s `send_area*` fields.
+    pub(crate) fn fill(&self, c: &mut Counters) {
+        c.send_area_bytes = self.bytes();
+        c.send_areas_created = self.created.load(Ordering::Relaxed);
+        c.send_areas_released = self.released.load(Ordering::Relaxed);
+        c.send_area_failures = self.failed.load(Ordering::Relaxed);
     }
 }

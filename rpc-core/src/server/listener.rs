@@ -31,13 +31,13 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::{ServerConfig, ServerError, ServerHandle};
-use crate::buffers::{RecvPool, SendMirror, SendPool, SendQueue, SendStaging};
+use crate::buffers::{RecvPool, SendPool, SendQueue};
 use crate::control::{ControlStream, Liveness, Sniff};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
+use crate::endpoint::areas::SendAreas;
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, handshake, registered_bytes, send_bufs_for, srq_need,
-    staging_len, Conn,
+    body_area, create_cq, create_qp, create_ring, handshake, registered_bytes, send_bufs_for, srq_need, Conn,
 };
 use crate::endpoint::counters::{ServerMemory, SharedCounters};
 use crate::session::{Role, Session, SessionParams};
@@ -110,6 +110,7 @@ pub(super) fn start<P: Provider>(
         drain_timeout: config.drain_timeout,
         peer_timeout: config.peer_timeout,
         idle_timeout: config.idle_timeout,
+        send_area_idle: config.send_area_idle,
         max_call_duration: config.max_call_duration,
         body_cap,
         max_metadata: config.max_metadata_bytes as usize,
@@ -763,8 +764,7 @@ impl<P: Provider> Listener<P> {
                 return Err(Self::refuse(stream, e));
             }
         };
-        let registered =
-            registered_bytes(self.config.ring_bytes, hello.ring_len, send_bufs_for(credits), conn.0.body_cap);
+        let registered = registered_bytes(self.config.ring_bytes, send_bufs_for(credits), conn.0.body_cap);
         self.memory.registered.add(registered);
         if hello.flags & FLAG_IDLE_PONGS != 0 {
             conn.0.session.probe_while_idle();
@@ -863,7 +863,7 @@ impl<P: Provider> Listener<P> {
 
     /// Checks what a client's handshake asks for against this server's limits, before anything
     /// is registered for it. The client's ring is mirrored here (a send mirror of its length and
-    /// a staging area of twice it): one above `max_peer_ring_bytes` is refused
+    /// a staging area of twice it, registered at the session's first ring body): one above `max_peer_ring_bytes` is refused
     /// RESOURCE_EXHAUSTED naming the limit, one below [`MIN_RING_LEN`] INVALID_ARGUMENT. Credits,
     /// eager threshold and message size are granted within the configuration instead (the reply
     /// carries what was granted).
@@ -912,9 +912,15 @@ impl<P: Provider> Listener<P> {
         let mut fallback = 0;
         let ring = create_ring::<P>(&self.dev.ctx, &w.pd, self.config.ring_bytes as usize, &mut fallback)
             .map_err(verbs)?;
-        let mirror = SendMirror::<P>::new(&w.pd, hello.ring_len as usize).map_err(verbs)?;
-        let staging =
-            SendStaging::<P>::new(&w.pd, staging_len(hello.ring_len), usize::from(credits)).map_err(verbs)?;
+        // The send mirror of the client's ring and the staging area are registered at the
+        // session's first answer above the eager threshold, and given back when unused for
+        // `ServerConfig::send_area_idle` (`Conn::release_idle_areas`).
+        let areas = SendAreas::<P>::new(
+            w.pd.clone(),
+            hello.ring_len,
+            usize::from(credits),
+            self.memory.areas.clone(),
+        );
         let local = self.dev.endpoint(&qp);
         let remote =
             Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
@@ -944,8 +950,8 @@ impl<P: Provider> Listener<P> {
             qp,
             pool,
             ring,
-            mirror,
-            staging,
+            areas,
+            written_mark: 0,
             sq: SendQueue::new(sq_depth, usize::from(bufs)),
             session,
             peer_ring: (hello.ring_addr, hello.ring_rkey),

@@ -126,9 +126,10 @@ pub struct ServerConfig {
     /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 64 KiB ..= 1 GiB
     /// ([`crate::wire::MIN_RING_LEN`] ..= [`crate::wire::MAX_RING_LEN`]).
     pub ring_bytes: u32,
-    /// Largest client ring this server mirrors, in bytes. The server registers, per session, a
-    /// send mirror of the client's ring and a staging area of twice it (at most 64 MiB more),
-    /// sized from the ring length the client's handshake announces: a handshake that announces
+    /// Largest client ring this server mirrors, in bytes. The server registers, per session that
+    /// sends bodies above the eager threshold ([`ServerConfig::send_area_idle`]), a send mirror
+    /// of the client's ring and a staging area of twice it (at most 64 MiB more), sized from the
+    /// ring length the client's handshake announces: a handshake that announces
     /// more is refused with RESOURCE_EXHAUSTED naming this field, its value and the length
     /// asked, before anything is registered for it. One below 64 KiB
     /// ([`crate::wire::MIN_RING_LEN`]) is refused INVALID_ARGUMENT naming `ring_len`.
@@ -180,11 +181,13 @@ pub struct ServerConfig {
     /// 1 ..= 4096. A client that asks for more is granted this many (the handshake reply says
     /// so; its other calls wait locally).
     pub credits_per_session: u16,
-    /// Sessions over all workers. Default 128. Each registers a receive ring (`ring_bytes`), a
-    /// send mirror of the client's ring and a send staging area of twice it (at most 64 MiB
-    /// more; the client's ring is at most `max_peer_ring_bytes`) and send buffers: at most
-    /// `ring_bytes` + 3 × `max_peer_ring_bytes` + (2 × credits + 8) × (`eager_threshold` + 40)
-    /// bytes, 13.3 MiB at the defaults (4.3 MiB for a client of the default 1 MiB ring); plus
+    /// Sessions over all workers. Default 128. Each registers a receive ring (`ring_bytes`) and
+    /// send buffers at connect: `ring_bytes` + (2 × credits + 8) × (`eager_threshold` + 40)
+    /// bytes, 1.3 MiB at the defaults; while it sends bodies above the eager threshold (see
+    /// [`ServerConfig::send_area_idle`]) also a send mirror of the client's ring and a send
+    /// staging area of twice it (at most 64 MiB more; the client's ring is at most
+    /// `max_peer_ring_bytes`): at most 3 × `max_peer_ring_bytes` more, 12 MiB at the defaults
+    /// (3 MiB for a client of the default 1 MiB ring); plus
     /// spare buffers of received bodies once bodies above the eager threshold arrived, at most
     /// `ring_bytes` plus twice the largest of them; and reserves
     /// [`ServerConfig::srq_per_session`] SRQ WQEs, whose receive buffers
@@ -278,6 +281,19 @@ pub struct ServerConfig {
     /// session closes between this and 1.25 × this after its last call.
     /// Default 60 s; `None` never closes idle sessions; not zero.
     pub idle_timeout: Option<Duration>,
+    /// How long a session's send mirror and staging area may sit unused before they are given
+    /// back (deregistered). A session registers them at its first answer or stream message
+    /// above the eager threshold (a mirror of the client's ring and a staging area of twice it,
+    /// at most 64 MiB more: 3 MiB for a client of the default 1 MiB ring), not at connect, so an
+    /// idle session or one that makes only small calls holds neither; once it sent no body
+    /// above the threshold for this long, no WRITE from them is in flight and no answer waits,
+    /// the worker's sweep (every quarter of it, at least 2 ms, at most 1 s) gives them back,
+    /// and the next such body registers them again (`Counters::send_area_bytes`,
+    /// `send_areas_created`, `send_areas_released`). A registration that fails (`ulimit -l`,
+    /// the device's MR limits) answers the call that needed it RESOURCE_EXHAUSTED naming what
+    /// failed; the session and the others go on. Default 5 s; `None` keeps them until the
+    /// session closes once registered; not zero.
+    pub send_area_idle: Option<Duration>,
     /// The longest a call may wait for its answer, whatever deadline its client gave (or none):
     /// past it the call is answered DEADLINE_EXCEEDED naming this setting, its deferred
     /// `Responder`, `StreamSink` and `RequestStream` see `is_cancelled()` (an async handler's
@@ -330,6 +346,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             peer_timeout: Some(Duration::from_secs(6)),
             idle_timeout: Some(Duration::from_secs(60)),
+            send_area_idle: Some(Duration::from_secs(5)),
             max_call_duration: Some(Duration::from_secs(300)),
             max_metadata_bytes: 8192,
             interceptor: None,
@@ -371,6 +388,9 @@ impl ServerConfig {
         }
         if self.idle_timeout.is_some_and(|t| t.is_zero()) {
             return bad("idle_timeout", "0 (use None to keep idle sessions)".into());
+        }
+        if self.send_area_idle.is_some_and(|t| t.is_zero()) {
+            return bad("send_area_idle", "0 (use None to keep send mirrors and staging areas)".into());
         }
         let rings = crate::wire::MIN_RING_LEN..=crate::wire::MAX_RING_LEN;
         if !rings.contains(&self.ring_bytes) {
@@ -592,6 +612,8 @@ impl ServerBuilder {
         handshake_timeout: Duration;
         /// See [`ServerConfig::idle_timeout`].
         idle_timeout: Option<Duration>;
+        /// See [`ServerConfig::send_area_idle`].
+        send_area_idle: Option<Duration>;
         /// See [`ServerConfig::max_call_duration`].
         max_call_duration: Option<Duration>;
     }

@@ -290,6 +290,9 @@ pub(crate) struct WorkerLimits {
     pub(crate) peer_timeout: Option<Duration>,
     /// Time without a call after which a session is closed with a Close (`None`: never).
     pub(crate) idle_timeout: Option<Duration>,
+    /// `ServerConfig::send_area_idle`: time a session's send mirror and staging area may sit
+    /// unused before the sweep gives them back (`None`: kept).
+    pub(crate) send_area_idle: Option<Duration>,
     /// `ServerConfig::max_call_duration`.
     pub(crate) max_call_duration: Option<Duration>,
     pub(crate) body_cap: usize,
@@ -427,6 +430,11 @@ impl<P: Provider> Worker<P> {
         let mut next_tick = Instant::now();
         let sweep_every = self.limits.idle_timeout.map(idle_sweep_period);
         let mut next_sweep = Instant::now();
+        // Send mirrors and staging areas unused for `send_area_idle` are given back by a sweep
+        // of their own (same clock reads as the idle sweep: none on the data path).
+        let area_every = self.limits.send_area_idle.map(idle_sweep_period);
+        let mut next_area_sweep = Instant::now();
+        let sweeps = sweep_every.is_some() || area_every.is_some();
         loop {
             // The cross-thread queues are looked at when idle and every few busy iterations, not
             // between every two polls of a busy CQ (a new QP's first message drains the control
@@ -498,13 +506,12 @@ impl<P: Provider> Worker<P> {
             // is still many times per sweep period (at least `TIMER_TICK`).
             let check = if n > 0 {
                 iterations % TIMER_CHECK_BUSY == 0
-                    && (!self.timed.is_empty()
-                        || sweep_every.is_some() && self.shared.sessions.load(Ordering::Relaxed) > 0)
+                    && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
             } else if idle.empty_polls() % TIMER_CHECK_IDLE != 0 {
                 false
             } else if !self.timed.is_empty() {
                 true
-            } else if sweep_every.is_some() && self.shared.sessions.load(Ordering::Relaxed) > 0 {
+            } else if sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0 {
                 if idle.empty_polls() == 0 {
                     went_idle = went_idle.wrapping_add(1);
                     went_idle % TIMER_CHECK_IDLE == 0
@@ -525,6 +532,12 @@ impl<P: Provider> Worker<P> {
                 if let Some(every) = sweep_every.filter(|_| now >= next_sweep) {
                     next_sweep = now + every;
                     self.sweep_idle(now);
+                }
+                if let (Some(every), Some(idle)) =
+                    (area_every.filter(|_| now >= next_area_sweep), self.limits.send_area_idle)
+                {
+                    next_area_sweep = now + every;
+                    self.sweep_areas(now, idle);
                 }
             }
             if n > 0 || ran > 0 {
@@ -640,6 +653,27 @@ impl<P: Provider> Worker<P> {
             );
             if !entry.conn.send_close_why(tag, Code::Unavailable, &why) {
                 self.close_entry(idx, "idle for ServerConfig::idle_timeout", false, true);
+            }
+        }
+    }
+
+    /// Gives back the send mirrors and staging areas that sat unused for `idle`
+    /// (`ServerConfig::send_area_idle`): no ring body placed for that long, every WRITE from them
+    /// retired by a polled completion, nothing waiting in the session's backlog
+    /// ([`Conn::release_idle_areas`]). Sessions without them cost one branch each.
+    #[inline(never)]
+    fn sweep_areas(&mut self, now: Instant, idle: Duration) {
+        for entry in self.entries.iter_mut().flatten() {
+            if entry.closing || !entry.conn.areas.is_live() {
+                continue;
+            }
+            if entry.conn.release_idle_areas(now, idle, entry.backlog.is_empty()) {
+                tracing::debug!(
+                    worker = self.shared.index,
+                    session = entry.session,
+                    bytes = entry.conn.areas.bytes(),
+                    "send mirror and staging area given back (ServerConfig::send_area_idle)"
+                );
             }
         }
     }
@@ -1502,7 +1536,7 @@ impl<P: Provider> Worker<P> {
         let body_len = body.len();
         let ctx = &*ctx;
         let cap = entry.conn.body_cap;
-        let Conn { pool, mirror, staging, session, spare, .. } = &mut entry.conn;
+        let Conn { pool, areas, session, spare, .. } = &mut entry.conn;
         let eager_threshold = session.params().eager_threshold;
         let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
@@ -1511,14 +1545,16 @@ impl<P: Provider> Worker<P> {
         // Staging space is taken in outbox order: behind waiting answers, a body that must wait
         // stays unencoded (`Outcome::Later`) and is encoded when it reaches the front, so it
         // never waits for space an answer behind it holds.
-        let total = staging.len();
-        let (offset, bytes) = if entry.backlog.is_empty() { staging.spare_mut() } else { (0, &mut [][..]) };
+        // No send mirror yet (or given back): the view of none and an empty span; a body above
+        // the eager threshold then waits unencoded and registers them (`encode_body`).
+        let total = areas.staging_len();
+        let (mirror, offset, bytes) = areas.views(entry.backlog.is_empty());
         let staging = StagingSpan { offset, bytes, eager_threshold, spare, total };
         let mut out = ReplyWriter {
             response: &ctx.response,
             metadata: false,
             eager,
-            mirror: mirror.view(),
+            mirror,
             staging,
             session,
             outcome: Outcome::Unset,
@@ -1653,12 +1689,29 @@ impl<P: Provider> Worker<P> {
                     entry.conn.pool.give_back(b);
                 }
                 counters.ring_full_stalls += 1;
-                match entry.conn.staging.commit(offset, len) {
+                match entry.conn.staging_commit(offset, len) {
                     Some(staged) => Some(Waiting::Body(Outgoing::staged(header, staged))),
                     None => Some(Waiting::Error(
                         header,
                         Status::internal("staged answer outside the staging area"),
                     )),
+                }
+            }
+            (Outcome::Later(msg), Some(b)) if !entry.conn.areas.is_live() => {
+                // It waited only for the send mirror (the session's first ring body, or its
+                // first since they were given back): registered now, and placed as it would
+                // have been with them.
+                match entry.conn.place_late(b, header, msg) {
+                    conn::LatePlaced::Sent(len) => {
+                        entry.conn.session.on_answer_for(h.slot, h.generation);
+                        answered(Code::Ok, len, counters);
+                        None
+                    }
+                    conn::LatePlaced::Wait(msg) => {
+                        counters.ring_full_stalls += 1;
+                        Some(Waiting::Body(Outgoing::later(header, msg)))
+                    }
+                    conn::LatePlaced::Failed(s) => Some(Waiting::Error(header, s)),
                 }
             }
             (Outcome::Later(msg), b) => {
