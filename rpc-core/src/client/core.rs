@@ -726,7 +726,25 @@ impl<P: Provider> ClientCore<P> {
         // Requests leave in order; one abandoned while it was leaving gets its Cancel after its
         // last piece (the session's rule: `Outbox::sent`).
         if !self.outbox.is_empty() {
-            send_waiting(&mut self.conn, &mut self.outbox, TAG, |_, _, _| {}, |_| {});
+            let mut failed = Vec::new();
+            send_waiting(
+                &mut self.conn,
+                &mut self.outbox,
+                TAG,
+                |_, _, _| {},
+                |_| {},
+                |h, s| {
+                    failed.push((h.slot, h.generation, s));
+                },
+            );
+            for (slot, generation, s) in failed {
+                // Unreachable: a stream message above the threshold registers them before it
+                // is queued (`ClientCore::stream_send`, which fails the send) and a client never
+                // gives them back. Were one queued without them, its stream is cancelled rather
+                // than left waiting for memory that will not come.
+                tracing::warn!(call_slot = slot, status = %s, "a stream message that cannot be sent cancels its stream");
+                self.abandon_stream(CallId { slot, generation, deadline: None });
+            }
         }
         if self.stream_batch.is_some() {
             self.send_batch();
@@ -1563,7 +1581,9 @@ impl<P: Provider> ClientCore<P> {
     /// FAILED_PRECONDITION when the server already answered the stream (its answer is the
     /// call's result) or the caller ended its messages; DEADLINE_EXCEEDED at the stream's
     /// deadline (the stream is cancelled); RESOURCE_EXHAUSTED for a message over
-    /// `max_message_size`; UNAVAILABLE when the session broke.
+    /// `max_message_size`, or for a message above the eager threshold when the connection's send
+    /// mirror or staging area cannot be registered (naming which; nothing of it is sent, the
+    /// stream goes on); UNAVAILABLE when the session broke.
     pub(crate) fn stream_send<M: Message>(
         &mut self,
         id: CallId,
@@ -1572,6 +1592,7 @@ impl<P: Provider> ClientCore<P> {
     ) -> Result<bool, Status> {
         let len = msg.encoded_len();
         self.check_len(len)?;
+        self.check_areas(len)?;
         let (slot, generation) = (id.slot, id.generation);
         if self.stream_ends.contains(&(slot, generation)) {
             // Finished, its StreamEnd still waiting for the messages before it.
@@ -1685,6 +1706,7 @@ impl<P: Provider> ClientCore<P> {
             return Err(s.clone());
         }
         self.check_len(bytes.len())?;
+        self.check_areas(bytes.len())?;
         let (slot, generation) = (id.slot, id.generation);
         loop {
             match self.conn.session.stream_send(slot, generation) {
@@ -1978,6 +2000,24 @@ impl<P: Provider> ClientCore<P> {
     #[cold]
     pub(crate) fn encode_mismatch(&mut self, e: LenMismatch) -> Status {
         self.mismatch(e, "request")
+    }
+
+    /// Registers the send mirror and the staging area (counted) unless they are, for a stream
+    /// message of `len` bytes that does not go eager (above the eager threshold or the send
+    /// buffer's body area): checked before it takes a stream grant or is queued, as a request's
+    /// is before it starts ([`ClientCore::start_with`]).
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming what failed to register (counted).
+    fn check_areas(&mut self, len: usize) -> Result<(), Status> {
+        if len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap {
+            return Ok(());
+        }
+        let r = self.conn.ensure_areas();
+        if let Err(s) = &r {
+            self.counters.status(s.code());
+        }
+        r
     }
 
     /// Refuses a body of `len` bytes over the agreed `max_message_size` (RESOURCE_EXHAUSTED

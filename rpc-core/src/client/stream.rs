@@ -121,7 +121,9 @@ impl<Req: Message, Resp: Message + Default> ClientStreaming<'_, Req, Resp> {
     /// # Errors
     /// FAILED_PRECONDITION when the server answered already ([`ClientStreaming::finish`] gives
     /// its answer); DEADLINE_EXCEEDED at the stream's deadline (the call is cancelled);
-    /// RESOURCE_EXHAUSTED for a message over `max_message_size`; UNAVAILABLE when the session
+    /// RESOURCE_EXHAUSTED for a message over `max_message_size`, or for one above the eager
+    /// threshold when the connection's send mirror or staging area cannot be registered (naming
+    /// which; nothing of it is sent, the stream goes on); UNAVAILABLE when the session
     /// broke.
     pub fn send(&mut self, msg: &Req) -> Result<(), Status> {
         self.send_inner(msg, true).map(|_| ())

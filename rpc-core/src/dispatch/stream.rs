@@ -359,8 +359,14 @@ impl SinkShared {
     /// Worker: ends the stream with `status` (a message it can never send), dropping what waits.
     pub(crate) fn fail(&self, status: Status) {
         self.cancelled.raise();
-        *self.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
-        self.ended.store(true, Ordering::Release);
+        {
+            // `ended` under the open lock, as `end` sets it: a producer's `put` either came
+            // before (its message is cleared below) or sees it and refuses, so no message is
+            // sealed behind the clear and left to hold the end back.
+            let _open = self.lock_open();
+            *self.end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(status));
+            self.ended.store(true, Ordering::Release);
+        }
         self.clear();
         self.wake();
     }

@@ -290,15 +290,20 @@ impl Queued for Outgoing {
 /// Posts what waits in `outbox` (the session's order and checks: [`Outbox::front`]) while send
 /// buffers and ring space allow; a body larger than what the ring has free goes in pieces.
 /// `on_sent(header, status, body_len)` for each message posted whole (an error answer with its
-/// status and length 0), `on_late(header)` for each second answer to one call, dropped. Returns
-/// whether anything was posted. Pieces are posted as they are queued, with `tag` (the
-/// connection's tag in send `wr_id`s, as for [`Conn::flush`]).
+/// status and length 0), `on_late(header)` for each second answer to one call, dropped,
+/// `on_failed(header, status)` for each stream whose message can never be sent (its send mirror
+/// and staging area failed to register, [`Outbox::fail_stream`]; counted once, the message and
+/// the stream's other waiting messages taken out and released): the driver ends that stream
+/// with `status` as its producer's error would. Returns whether anything was posted. Pieces
+/// are posted as they are queued, with `tag` (the connection's tag in send `wr_id`s, as for
+/// [`Conn::flush`]).
 pub(crate) fn send_waiting<P: Provider>(
     conn: &mut Conn<P>,
     outbox: &mut Outbox<Outgoing>,
     tag: u32,
     mut on_sent: impl FnMut(&Header, Code, u32),
     mut on_late: impl FnMut(&Header),
+    mut on_failed: impl FnMut(&Header, crate::status::Status),
 ) -> bool {
     let mut posted = false;
     loop {
@@ -328,11 +333,26 @@ pub(crate) fn send_waiting<P: Provider>(
                 if !conn.areas.is_live() && out.sent == 0 && conn.needs_areas(out) {
                     // The connection's first ring body since its send mirror and staging area
                     // were made or given back: they are registered now. An answer that cannot
-                    // have them goes as RESOURCE_EXHAUSTED naming what failed; another message
-                    // (a stream message) waits and tries again at the next pump.
+                    // have them goes as RESOURCE_EXHAUSTED naming what failed; a stream message
+                    // fails its stream with it (below). Either way the failure is counted once:
+                    // the message that needed them never asks again.
                     if let Err(s) = conn.areas.ensure() {
-                        if out.header.kind != Kind::Response {
+                        if out.header.kind == Kind::Request {
+                            // Unreachable: a client registers them before it places a request
+                            // above the threshold (`ClientCore::start_with`) and never gives
+                            // them back.
                             break;
+                        }
+                        if out.header.kind == Kind::StreamMsg {
+                            let h = out.header;
+                            let (taken, end) = outbox.fail_stream(s);
+                            for m in taken {
+                                m.discard(&mut conn.areas);
+                            }
+                            if let Some(s) = end {
+                                on_failed(&h, s);
+                            }
+                            continue;
                         }
                         out.body = OutBody::Failed(s);
                     }

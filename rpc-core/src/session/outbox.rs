@@ -12,6 +12,10 @@
 //!   second one would make it close the session ([`Front::Late`]).
 //! - **Size.** A body over the agreed `max_message_size` becomes RESOURCE_EXHAUSTED naming the
 //!   limit, sent in its place ([`Front::Refused`]).
+//! - **A stream message that can never leave** (the memory its body needs could not be
+//!   registered) fails its stream: it and the stream's other waiting messages never go (the
+//!   peer must not read a stream with a gap in it), and the stream ends with that status
+//!   ([`Outbox::fail_stream`]).
 //! - **What leaving means.** When the last of a message is posted ([`Outbox::sent`]) an answer
 //!   returns its credit ([`Session::on_answer_for`]) and a request whose caller gave up while
 //!   it was leaving lets its Cancel follow ([`Session::request_left`]).
@@ -157,6 +161,37 @@ impl<B: Queued> Outbox<B> {
             }
         }
         self.queue.front_mut().map(Front::Send)
+    }
+
+    /// The front message, a stream message of which nothing was posted, can never be sent (the
+    /// memory its body needs could not be registered): it fails its stream. It and the stream's
+    /// other waiting messages of which nothing was posted are taken out and returned for the
+    /// driver to release; the stream's answer, when it waits already (its producer ended the
+    /// stream), goes as `status` instead (its body returned too). Returns `Some(status)` when
+    /// no answer of the stream waits: the driver ends the stream with it, as a producer's error
+    /// ends it (the answer then comes behind what waits now). Nothing happens (`None`, nothing
+    /// taken) when the front is not such a message.
+    pub fn fail_stream(&mut self, status: Status) -> (Vec<B>, Option<Status>) {
+        let Some(Waiting::Body(front)) = self.queue.front() else { return (Vec::new(), None) };
+        let h = *front.header();
+        if h.kind != Kind::StreamMsg || !front.untouched() {
+            return (Vec::new(), None);
+        }
+        let mut taken = self.take_unsent(h.slot, h.generation, Kind::StreamMsg);
+        let answer = self.queue.iter_mut().find(|m| {
+            let a = m.header();
+            (a.slot, a.generation, a.kind) == (h.slot, h.generation, Kind::Response)
+        });
+        match answer {
+            Some(m) => {
+                let a = Header { metadata: false, ..*m.header() };
+                if let Waiting::Body(b) = std::mem::replace(m, Waiting::Error(a, status)) {
+                    taken.push(b);
+                }
+                (taken, None)
+            }
+            None => (taken, Some(status)),
+        }
     }
 
     /// The front message was posted whole: it leaves the outbox, and the session learns what

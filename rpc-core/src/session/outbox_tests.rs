@@ -135,3 +135,48 @@ fn a_cancelled_call_is_answered_cancelled_once() {
     let dead = super::super::Event::PeerDead { silent: std::time::Duration::from_secs(1) };
     assert!(dead.answer().is_none());
 }
+
+fn stream_msg(slot: u16, len: usize) -> Fake {
+    Fake(Header { slot, generation: 1, ..Header::new(Kind::StreamMsg) }, len, 0)
+}
+
+/// A stream message that can never leave fails its stream: it and the stream's other waiting
+/// messages are taken out, another call's messages stay in order, and the stream's answer
+/// goes as the status when it waits already; when none waits the driver is told to end the
+/// stream. Anything else at the front is left alone.
+#[test]
+fn a_stream_message_that_cannot_leave_fails_its_stream() {
+    let failed = || Status::resource_exhausted("send mirror");
+    let mut o: Outbox<Fake> = Outbox::default();
+    o.push(Waiting::Body(stream_msg(0, 100)));
+    o.push(Waiting::Body(Fake(answer(1), 10, 0)));
+    o.push(Waiting::Body(stream_msg(0, 5)));
+    o.push(Waiting::Body(Fake(answer(0), 0, 0)));
+    let (taken, end) = o.fail_stream(failed());
+    assert_eq!(
+        taken.iter().map(|b| (b.0.kind, b.1)).collect::<Vec<_>>(),
+        [(Kind::StreamMsg, 100), (Kind::StreamMsg, 5), (Kind::Response, 0)]
+    );
+    assert!(end.is_none(), "its answer waits: it carries the status");
+    let left: Vec<_> = o.drain().map(|m| (*m.header(), matches!(m, Waiting::Error(..)))).collect();
+    assert_eq!(
+        left.iter().map(|(h, e)| (h.slot, h.kind, *e)).collect::<Vec<_>>(),
+        [(1, Kind::Response, false), (0, Kind::Response, true)]
+    );
+
+    // No answer waits: the driver ends the stream.
+    o.push(Waiting::Body(stream_msg(2, 100)));
+    o.push(Waiting::Body(Fake(answer(1), 10, 0)));
+    let (taken, end) = o.fail_stream(failed());
+    assert_eq!(taken.len(), 1);
+    assert_eq!(end.map(|s| s.code()), Some(Code::ResourceExhausted));
+    assert_eq!(o.len(), 1);
+
+    // An answer, or a message partly posted, at the front: nothing happens.
+    let (taken, end) = o.fail_stream(failed());
+    assert!(taken.is_empty() && end.is_none() && o.len() == 1);
+    o.drain().for_each(drop);
+    o.push(Waiting::Body(Fake(stream_msg(3, 100).0, 100, 40)));
+    let (taken, end) = o.fail_stream(failed());
+    assert!(taken.is_empty() && end.is_none() && o.len() == 1);
+}

@@ -1206,6 +1206,7 @@ impl<P: Provider> Worker<P> {
         let counters = &mut self.counters;
         let session = entry.session;
         let mut late = 0;
+        let streams = &entry.streams;
         let sent = conn::send_waiting(
             &mut entry.conn,
             &mut entry.backlog,
@@ -1222,6 +1223,15 @@ impl<P: Provider> Worker<P> {
                 // or panicked, or after the call was cancelled or expired).
                 tracing::debug!(session, call_slot = h.slot, "answer to a call answered already dropped");
                 late += 1;
+            },
+            |h, status| {
+                // A stream message that can never be sent (its send mirror failed to register):
+                // the stream ends with that status as a message it can never send ends it
+                // (`pump_streams` queues the answer, ends the call's record, wakes its producer).
+                let st = streams.iter().find(|st| (st.slot, st.generation) == (h.slot, h.generation));
+                if let Some(sink) = st.and_then(|st| st.sink.as_ref()) {
+                    sink.fail(status);
+                }
             },
         );
         self.counters.late_answers += late;
