@@ -529,22 +529,47 @@ impl ArenaInner {
 // ---------------------------------------------------------------------------------------------
 // Futex wake-ups on shared words (the CQ event path only).
 
-/// Waits while `*word == expected`, at most `timeout_ns` (`None`: no limit). Spurious returns
-/// are possible; callers re-check.
-pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
-    let ts = timeout_ns.map(|ns| libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` is a valid aligned u32 for the call's duration; FUTEX_WAIT (not PRIVATE)
-    // works across processes sharing the mapping.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp) };
+/// `CLOCK_MONOTONIC` (the clock of [`std::time::Instant`]) plus `timeout`: the absolute deadline
+/// [`futex_wait_until`] takes; `None` when it does not fit a `timespec` (wait forever).
+pub(crate) fn deadline_after(timeout: std::time::Duration) -> Option<libc::timespec> {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let secs = libc::time_t::try_from(timeout.as_secs()).ok()?;
+    let mut nsec = now.tv_nsec + timeout.subsec_nanos() as libc::c_long;
+    let mut sec = now.tv_sec.checked_add(secs)?;
+    if nsec >= 1_000_000_000 {
+        nsec -= 1_000_000_000;
+        sec = sec.checked_add(1)?;
+    }
+    Some(libc::timespec { tv_sec: sec, tv_nsec: nsec })
+}
+
+/// Waits while `*word == expected`, until the absolute `CLOCK_MONOTONIC` time `deadline`
+/// (`None`: no limit), with one system call and no clock read. Returns `true` when the deadline
+/// passed (`ETIMEDOUT`); spurious returns are possible, callers re-check.
+pub(crate) fn futex_wait_until(word: &AtomicU32, expected: u32, deadline: Option<&libc::timespec>) -> bool {
+    let tsp = deadline.map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid aligned u32 for the call's duration, `tsp` null or a valid
+    // timespec; FUTEX_WAIT_BITSET (not PRIVATE) takes an absolute CLOCK_MONOTONIC time and works
+    // across processes sharing the mapping; FUTEX_WAKE wakes it (any bitset).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT_BITSET,
+            expected,
+            tsp,
+            std::ptr::null::<u32>(),
+            libc::FUTEX_BITSET_MATCH_ANY,
+        )
+    };
+    r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
 }
 
 /// Wakes every waiter on `word`.
 pub(crate) fn futex_wake(word: &AtomicU32) {
-    // SAFETY: as in `futex_wait`.
+    // SAFETY: as in `futex_wait_until`.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
