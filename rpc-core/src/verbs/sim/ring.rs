@@ -281,11 +281,46 @@ impl<const W: usize> Ring<W> {
         self.pop_inner(true, |w| (read(w), true))
     }
 
-    /// Like [`Ring::pop_claimed`], but `read` also says whether to take the entry: with
-    /// `false` its result is returned and the entry stays the oldest one.
-    #[inline]
-    pub(crate) fn pop_claimed_if<R>(&self, read: impl FnMut(&[AtomicU64; W]) -> (R, bool)) -> Option<R> {
-        self.pop_inner(true, read)
+    /// The oldest entry as [`Ring::pop_claimed`] finds it (waiting for one a producer has
+    /// claimed), without taking it: its position and words, to read with relaxed loads in
+    /// place. [`Ring::take`] then takes it; until then another consumer may take it first, and a
+    /// producer rewrite its words, so what was read counts only once `take` succeeds. `None`
+    /// when no entry is claimed. For the executor of a SEND, which checks a receive WQE before
+    /// consuming it, in its own code rather than through a closure.
+    #[inline(always)]
+    pub(crate) fn peek_claimed(&self) -> Option<(usize, &[AtomicU64; W])> {
+        let mut pos = self.h().head.load(Ordering::Relaxed);
+        let mut spins = 0u32;
+        loop {
+            let slot = self.slot(pos);
+            let seq = slot.seq.load(Ordering::Acquire);
+            if seq == pos.wrapping_add(1) {
+                return Some((pos, &slot.words));
+            }
+            if (seq.wrapping_sub(pos.wrapping_add(1)) as isize) < 0 {
+                // Not published for this lap. Empty unless a producer has claimed `pos`.
+                if self.h().prod.tail.load(Ordering::Acquire) == pos {
+                    return None;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            // Unpublished yet, or already a lap ahead (another consumer took `pos`): look again.
+            pos = self.h().head.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the entry at `pos`, which [`Ring::peek_claimed`] returned; `false` when another
+    /// consumer took it first (peek again and discard what was read).
+    #[inline(always)]
+    pub(crate) fn take(&self, pos: usize) -> bool {
+        // Release: a producer that sees the new head (its `head_cache` refresh, acquire) reuses
+        // the slot only after our reads of it. Acquire: pairs with a competing consumer's take.
+        self.h().head.compare_exchange(pos, pos.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed).is_ok()
     }
 
     #[inline(always)]

@@ -65,7 +65,9 @@ impl SimQp {
 
     /// Posts `wrs` with the guard held. The error is boxed: an `Ok` is then one word, not a
     /// whole `VerbsError` copied out through every frame of the post path (about 50
-    /// instructions per post on `sim`); [`SimQp::post_send`] unboxes it.
+    /// instructions per post on `sim`); [`SimQp::post_send`] unboxes it. Inlined into its one
+    /// caller.
+    #[inline(always)]
     pub(super) fn post_send_locked(
         &self,
         st: &mut SqState,
