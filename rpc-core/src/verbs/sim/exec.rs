@@ -36,7 +36,8 @@ pub(crate) enum Src<'a> {
 /// A send WQE as the executor sees it.
 pub(crate) struct WqeView<'a> {
     pub(crate) wr_id: u64,
-    pub(crate) op: SendOp,
+    /// The operation, where the WR or the queued WQE holds it (not copied).
+    pub(crate) op: &'a SendOp,
     pub(crate) flags: SendFlags,
     pub(crate) src: Src<'a>,
 }
@@ -207,7 +208,7 @@ impl QpCore {
     /// memory); the queued path calls [`QpCore::exec_queued`].
     #[inline(always)]
     pub(crate) fn exec(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
-        if let Some(done) = self.exec_mw(&v.op) {
+        if let Some(done) = self.exec_mw(v.op) {
             return done; // bind / local invalidate: no packet, no peer (see `super::mw`)
         }
         match self.exec_mapped(link, v) {
@@ -237,7 +238,7 @@ impl QpCore {
     /// effect) when something it names lies past the mapping.
     #[inline(always)]
     fn exec_mapped(&self, link: &mut Link, v: &WqeView<'_>) -> Result<Outcome, Remap> {
-        let is_read = matches!(v.op, SendOp::RdmaRead { .. });
+        let is_read = matches!(*v.op, SendOp::RdmaRead { .. });
         let need = if is_read { AccessFlags::LOCAL_WRITE } else { AccessFlags::EMPTY };
         let mut segs: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
         let mut n = 0;
@@ -266,10 +267,13 @@ impl QpCore {
                 }
             }
             Src::Raw(sges) => {
-                for s in sges.iter().filter(|s| s.length > 0).take(MAX_SGE) {
-                    segs[n].write((s.addr as *mut u8, s.length as usize));
-                    n += 1;
-                    len += s.length as u64;
+                // At most `MAX_SGE` (checked at post time: `max_send_sge` is capped by it).
+                for s in sges.iter().take(MAX_SGE) {
+                    if s.length > 0 {
+                        segs[n].write((s.addr as *mut u8, s.length as usize));
+                        n += 1;
+                        len += s.length as u64;
+                    }
                 }
             }
         }
@@ -312,7 +316,7 @@ impl QpCore {
         let solicited = v.flags.contains(SendFlags::SOLICITED);
 
         // The responder.
-        match v.op {
+        match *v.op {
             SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
                 let pd = peer.recv_pd;
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
@@ -358,7 +362,7 @@ impl QpCore {
                     self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_LEN_ERR);
                     return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
                 }
-                let invalidated = match v.op {
+                let invalidated = match *v.op {
                     SendOp::SendWithInv { invalidate_rkey } => {
                         // Before the receive CQE: once it is polled, the rkey is dead.
                         if !peer.mrs.remote_invalidate(invalidate_rkey, peer.pd, peer.qpn) {
@@ -379,7 +383,7 @@ impl QpCore {
                 unsafe { send_copy_segs(segs, dst) };
                 peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
-                let imm = match v.op {
+                let imm = match *v.op {
                     SendOp::SendWithImm { imm } => Some(imm),
                     _ => None,
                 };
@@ -426,7 +430,7 @@ impl QpCore {
                         }
                     }
                 };
-                let recv = match v.op {
+                let recv = match *v.op {
                     SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(&peer.ring) {
                         Some(wr_id) => Some((wr_id, imm, peer.cq.claim())),
                         None => return Ok(Outcome::Stall(StallKind::Rnr)),

@@ -19,7 +19,7 @@ impl QpCore {
             WorkCompletion {
                 wr_id: v.wr_id,
                 status: WcStatus::IBV_WC_SUCCESS,
-                opcode: send_opcode(&v.op),
+                opcode: send_opcode(v.op),
                 byte_len: len as u32,
                 imm_data: None,
                 qp_num: self.qpn,

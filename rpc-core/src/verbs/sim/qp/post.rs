@@ -103,7 +103,7 @@ impl SimQp {
                 } else {
                     exec::Src::Sges(wr.sg_list)
                 };
-                let view = exec::WqeView { wr_id: wr.wr_id, op: wr.op, flags: wr.flags, src };
+                let view = exec::WqeView { wr_id: wr.wr_id, op: &wr.op, flags: wr.flags, src };
                 // The WR takes its send-queue slot (position `seq`) whatever happens.
                 let seq = st.tail;
                 match c.exec(&mut st.link, &view) {
