@@ -459,6 +459,35 @@ mod tests {
         assert_eq!(r.pop_claimed(|w| ld(&w[0])), None, "nothing claimed: empty at once");
     }
 
+    /// `peek_claimed` shows the oldest entry without taking it; `take` fails once another
+    /// consumer took that entry, and the next peek shows the one after; a claimed entry is
+    /// waited for, an empty ring is `None`.
+    #[test]
+    fn peek_then_take_loses_to_a_competing_consumer() {
+        let r = Arc::new(Ring::<1>::new(4));
+        assert!(r.peek_claimed().is_none(), "empty");
+        assert!(push1(&r, 1) && push1(&r, 2));
+        let (pos, w) = r.peek_claimed().unwrap();
+        assert_eq!(ld(&w[0]), 1);
+        assert_eq!(r.peek_claimed().map(|(p, _)| p), Some(pos), "a peek takes nothing");
+        assert_eq!(r.pop_claimed(|w| ld(&w[0])), Some(1), "another consumer takes it");
+        assert!(!r.take(pos), "taken already");
+        let (pos2, w) = r.peek_claimed().unwrap();
+        assert_eq!((pos2, ld(&w[0])), (pos + 1, 2));
+        assert!(r.take(pos2));
+        assert!(r.peek_claimed().is_none(), "drained");
+        // A producer has claimed the oldest position and not yet written it: the peek waits.
+        let pos3 = r.claim().unwrap();
+        let r2 = r.clone();
+        let peeker = std::thread::spawn(move || {
+            let (p, w) = r2.peek_claimed().expect("the claimed entry, once published");
+            (p, ld(&w[0]), r2.take(p))
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        r.publish(pos3, |w| st(&w[0], 3));
+        assert_eq!(peeker.join().unwrap(), (pos3, 3, true));
+    }
+
     #[test]
     fn two_producers_two_consumers_lose_nothing() {
         let r = Arc::new(Ring::<2>::new(16));

@@ -777,4 +777,39 @@ mod tests {
         assert!(std::fs::metadata(&live).is_ok(), "a live process's segment stays");
         std::fs::remove_file(&live).unwrap();
     }
+
+    /// The absolute deadline holds: a wait with nobody waking it lasts its timeout (not less,
+    /// not forever), a wake-up ends it early and is no timeout, a changed word returns at once,
+    /// and a timeout past the clock's range is no deadline (forever).
+    #[test]
+    fn futex_waits_until_an_absolute_deadline() {
+        use std::time::{Duration, Instant};
+        let word = std::sync::Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let deadline = deadline_after(Duration::from_millis(40)).expect("a near deadline fits");
+        let mut timed_out = false;
+        // A spurious return (a signal) re-waits until the same deadline.
+        while !timed_out {
+            timed_out = futex_wait_until(&word, 0, Some(&deadline));
+        }
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(40), "returned early: {waited:?}");
+        assert!(waited < Duration::from_secs(5), "waited far past the deadline: {waited:?}");
+
+        assert!(!futex_wait_until(&word, 1, None), "a word that is not `expected` returns at once");
+        assert!(deadline_after(Duration::MAX).is_none(), "Duration::MAX waits forever");
+
+        let (w2, start) = (word.clone(), Instant::now());
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            w2.store(1, Ordering::Release);
+            futex_wake(&w2);
+        });
+        let deadline = deadline_after(Duration::from_secs(10)).unwrap();
+        while word.load(Ordering::Acquire) == 0 {
+            assert!(!futex_wait_until(&word, 0, Some(&deadline)), "woken, not timed out");
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "the wake-up ended the wait");
+        waker.join().unwrap();
+    }
 }
