@@ -8,11 +8,11 @@
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::host::HostCore;
 use super::ring::{ld, st, Ring};
-use super::shm::{futex_wait, futex_wake};
+use super::shm::{deadline_after, futex_wait_until, futex_wake};
 use crate::verbs::{CompletionQueue, Result, VerbsError, WcOpcode, WcStatus, WorkCompletion};
 
 /// Words of a CQE in the ring (see [`encode`]).
@@ -362,8 +362,12 @@ impl CompletionQueue for SimCq {
             // An overrun CQ raises no more completion events (as after IBV_EVENT_CQ_ERR).
             return Err(VerbsError::CqOverrun { cqe: self.capacity() });
         }
-        // A timeout too large to add to the clock (`Duration::MAX`) waits forever.
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        // The deadline is absolute (one clock read, only once the CQ has no event to take), so
+        // a spurious wake-up re-waits without reading the clock again. A timeout too large to
+        // add to the clock (`Duration::MAX`) waits forever.
+        let mut deadline = None;
+        let mut first = true;
+        let mut timed_out = false;
         loop {
             let p = ev.pending.load(Ordering::Acquire);
             if p > 0 {
@@ -373,17 +377,14 @@ impl CompletionQueue for SimCq {
                 }
                 continue;
             }
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(false);
-                    }
-                    Some((d - now).as_nanos().min(u64::MAX as u128) as u64)
-                }
-            };
-            futex_wait(&ev.pending, 0, left);
+            if timed_out || timeout == Some(Duration::ZERO) {
+                return Ok(false);
+            }
+            if first {
+                first = false;
+                deadline = timeout.and_then(deadline_after);
+            }
+            timed_out = futex_wait_until(&ev.pending, 0, deadline.as_ref());
         }
     }
 }

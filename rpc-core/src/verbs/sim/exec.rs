@@ -15,7 +15,8 @@ use super::fabric::fabric;
 use super::mr::KeyFault;
 use super::peer::PeerQp;
 use super::qp::{Link, QpCore, StallKind, ST_RTR, ST_RTS};
-use super::srq::{pop_recv, pop_recv_id, rq_sge};
+use super::ring::ld;
+use super::srq::{pop_recv_id, rq_sge};
 use super::MAX_SGE;
 use crate::verbs::{racy, AccessFlags, SendFlags, SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
 
@@ -35,7 +36,8 @@ pub(crate) enum Src<'a> {
 /// A send WQE as the executor sees it.
 pub(crate) struct WqeView<'a> {
     pub(crate) wr_id: u64,
-    pub(crate) op: SendOp,
+    /// The operation, where the WR or the queued WQE holds it (not copied).
+    pub(crate) op: &'a SendOp,
     pub(crate) flags: SendFlags,
     pub(crate) src: Src<'a>,
 }
@@ -114,12 +116,17 @@ unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
             (d.add(n - k) as *mut T).write_unaligned(b);
         }
     }
-    // SAFETY: in every branch the size class satisfies `two`'s bound (`n <= 128`: the caller's);
-    // ranges as the caller promised.
+    // SAFETY: in every branch the size class satisfies `two`'s bound (`n <= 128`: the caller's),
+    // and in the first `64 <= n`, so `[0, 64)` and `[n - 64, n)` lie in both ranges (disjoint,
+    // as the caller promised, so the order of the loads and stores does not matter).
     unsafe {
         // Largest class first: a small RPC's SEND (header and body) is 64 to 128 bytes.
         if n >= 64 {
-            two::<[u128; 4]>(s, d, n)
+            // The ranges are disjoint: the head's 64 bytes, then the tail's (overlapping the
+            // head's when `n < 128`), so that no more than four vectors are live at once.
+            let (a, b) = (s.add(n - 64), d.add(n - 64));
+            (d as *mut [u128; 4]).write_unaligned((s as *const [u128; 4]).read_unaligned());
+            (b as *mut [u128; 4]).write_unaligned((a as *const [u128; 4]).read_unaligned());
         } else if n >= 32 {
             two::<[u128; 2]>(s, d, n)
         } else if n >= 16 {
@@ -196,16 +203,25 @@ unsafe fn segs_loop(src: &[Seg], dst: &[Seg], copy: unsafe fn(*const u8, *mut u8
 }
 
 impl QpCore {
-    /// One attempt at executing `v`.
-    #[inline]
+    /// One attempt at executing `v`. Inlined into the post fast path (a small RPC's SEND runs
+    /// there: the view's fields stay in registers and the outcome is not returned through
+    /// memory); the queued path calls [`QpCore::exec_queued`].
+    #[inline(always)]
     pub(crate) fn exec(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
-        if let Some(done) = self.exec_mw(&v.op) {
+        if let Some(done) = self.exec_mw(v.op) {
             return done; // bind / local invalidate: no packet, no peer (see `super::mw`)
         }
         match self.exec_mapped(link, v) {
             Ok(o) => o,
             Err(Remap) => self.exec_remapped(link, v),
         }
+    }
+
+    /// [`QpCore::exec`] out of line, for WQEs executed from the send queue (after a stall, or
+    /// behind one).
+    #[inline(never)]
+    pub(crate) fn exec_queued(&self, link: &mut Link, v: &WqeView<'_>) -> Outcome {
+        self.exec(link, v)
     }
 
     /// The responder's segment (another process's) grew past this process's mapping of it:
@@ -222,7 +238,7 @@ impl QpCore {
     /// effect) when something it names lies past the mapping.
     #[inline(always)]
     fn exec_mapped(&self, link: &mut Link, v: &WqeView<'_>) -> Result<Outcome, Remap> {
-        let is_read = matches!(v.op, SendOp::RdmaRead { .. });
+        let is_read = matches!(*v.op, SendOp::RdmaRead { .. });
         let need = if is_read { AccessFlags::LOCAL_WRITE } else { AccessFlags::EMPTY };
         let mut segs: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
         let mut n = 0;
@@ -251,10 +267,13 @@ impl QpCore {
                 }
             }
             Src::Raw(sges) => {
-                for s in sges.iter().filter(|s| s.length > 0).take(MAX_SGE) {
-                    segs[n].write((s.addr as *mut u8, s.length as usize));
-                    n += 1;
-                    len += s.length as u64;
+                // At most `MAX_SGE` (checked at post time: `max_send_sge` is capped by it).
+                for s in sges.iter().take(MAX_SGE) {
+                    if s.length > 0 {
+                        segs[n].write((s.addr as *mut u8, s.length as usize));
+                        n += 1;
+                        len += s.length as u64;
+                    }
                 }
             }
         }
@@ -297,15 +316,22 @@ impl QpCore {
         let solicited = v.flags.contains(SendFlags::SOLICITED);
 
         // The responder.
-        match v.op {
+        match *v.op {
             SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
                 let pd = peer.recv_pd;
                 let mut dst: [MaybeUninit<Seg>; MAX_SGE] = [MaybeUninit::uninit(); MAX_SGE];
-                let mut dn = 0;
-                // A receive WQE naming memory past our mapping is left in place (`Beyond`).
-                let popped = pop_recv(&peer.ring, |wr_id, nsge, w| {
+                let mut dn;
+                // The oldest receive WQE, checked in place and then taken; one naming memory past
+                // our mapping is left in place (`Remap`). Another executor may take it between
+                // the check and `take` (an SRQ has many requesters): look again then.
+                let (recv_wr_id, room) = loop {
+                    let Some((pos, w)) = peer.ring.peek_claimed() else {
+                        return Ok(Outcome::Stall(StallKind::Rnr));
+                    };
+                    let wr_id = ld(&w[0]);
+                    let nsge = (ld(&w[1]) as usize).min(MAX_SGE);
                     dn = 0;
-                    let mut room = 0u64;
+                    let (mut room, mut bad_key) = (0u64, false);
                     for i in 0..nsge {
                         let s = rq_sge(w, i);
                         if s.length == 0 {
@@ -317,18 +343,17 @@ impl QpCore {
                                 dn += 1;
                                 room += s.length as u64;
                             }
-                            Err(KeyFault::Beyond) => return ((wr_id, None, true), false),
-                            Err(_) => return ((wr_id, None, false), true),
+                            Err(KeyFault::Beyond) => return Err(Remap),
+                            Err(_) => {
+                                bad_key = true;
+                                break;
+                            }
                         }
                     }
-                    ((wr_id, Some(room), false), true)
-                });
-                let Some((recv_wr_id, room, beyond)) = popped else {
-                    return Ok(Outcome::Stall(StallKind::Rnr));
+                    if peer.ring.take(pos) {
+                        break (wr_id, (!bad_key).then_some(room));
+                    }
                 };
-                if beyond {
-                    return Err(Remap);
-                }
                 let Some(room) = room else {
                     self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_PROT_ERR);
                     return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_OP_ERR));
@@ -337,7 +362,7 @@ impl QpCore {
                     self.responder_fault(peer, Some(recv_wr_id), WcStatus::IBV_WC_LOC_LEN_ERR);
                     return Ok(Outcome::Fail(WcStatus::IBV_WC_REM_INV_REQ_ERR));
                 }
-                let invalidated = match v.op {
+                let invalidated = match *v.op {
                     SendOp::SendWithInv { invalidate_rkey } => {
                         // Before the receive CQE: once it is polled, the rkey is dead.
                         if !peer.mrs.remote_invalidate(invalidate_rkey, peer.pd, peer.qpn) {
@@ -358,7 +383,7 @@ impl QpCore {
                 unsafe { send_copy_segs(segs, dst) };
                 peer.sh().epsn.store(next_psn, Ordering::Relaxed);
                 link.psn = next_psn;
-                let imm = match v.op {
+                let imm = match *v.op {
                     SendOp::SendWithImm { imm } => Some(imm),
                     _ => None,
                 };
@@ -405,7 +430,7 @@ impl QpCore {
                         }
                     }
                 };
-                let recv = match v.op {
+                let recv = match *v.op {
                     SendOp::RdmaWriteWithImm { imm, .. } => match pop_recv_id(&peer.ring) {
                         Some(wr_id) => Some((wr_id, imm, peer.cq.claim())),
                         None => return Ok(Outcome::Stall(StallKind::Rnr)),

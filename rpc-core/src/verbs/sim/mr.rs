@@ -111,7 +111,7 @@ impl MrView {
 
     /// Resolves `[addr, addr + len)` under `key` for protection domain `pd` needing `need`, to a
     /// pointer in this process. Zero-length ranges need a valid key too (as on hardware).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn resolve(
         &self,
         key: u32,
@@ -172,7 +172,7 @@ impl MrView {
     /// The pointer to byte `off` of a segment-memory region (or window) of `len` bytes described
     /// by slot `s`, checked against the mapping: `Beyond` when it lies past this process's
     /// mapping of another process's segment (remap and retry).
-    #[inline]
+    #[inline(always)]
     pub(super) fn locate(&self, s: &MrSlot, off: u64, len: u64) -> Result<*mut u8, KeyFault> {
         let base = s.base.load(Ordering::Relaxed);
         if off > len {
@@ -311,7 +311,7 @@ impl MrTable {
     }
 
     /// See [`MrView::resolve`].
-    #[inline]
+    #[inline(always)]
     pub(crate) fn resolve(
         &self,
         key: u32,

@@ -278,24 +278,37 @@ impl MrTable {
 
 impl QpCore {
     /// Executes a memory-window WR (bind or local invalidate); `None` for any other operation.
-    /// These are local: no packet, no PSN.
-    #[inline]
+    /// These are local: no packet, no PSN. The test is inlined into the executor; the work is
+    /// out of line.
+    #[inline(always)]
     pub(crate) fn exec_mw(&self, op: &SendOp) -> Option<Outcome> {
+        match op {
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } => Some(self.exec_mw_op(op)),
+            _ => None,
+        }
+    }
+
+    /// [`QpCore::exec_mw`] of a BIND_MW or LOCAL_INV.
+    #[inline(never)]
+    fn exec_mw_op(&self, op: &SendOp) -> Outcome {
         match *op {
-            SendOp::BindMw { mw, rkey, bind } => Some(match self.bind_mw(mw, rkey, &bind) {
+            SendOp::BindMw { mw, rkey, bind } => match self.bind_mw(mw, rkey, &bind) {
                 Ok(()) => Outcome::Done(0),
                 Err(why) => {
                     tracing::debug!(qp = self.qpn, rkey, why, "sim: bind of a memory window failed");
                     Outcome::Fail(WcStatus::IBV_WC_MW_BIND_ERR)
                 }
-            }),
-            SendOp::LocalInv { rkey } => Some(if self.local_invalidate(rkey) {
-                Outcome::Done(0)
-            } else {
-                tracing::debug!(qp = self.qpn, rkey, "sim: LOCAL_INV of an rkey that names no window");
-                Outcome::Fail(WcStatus::IBV_WC_LOC_QP_OP_ERR)
-            }),
-            _ => None,
+            },
+            SendOp::LocalInv { rkey } => {
+                if self.local_invalidate(rkey) {
+                    Outcome::Done(0)
+                } else {
+                    tracing::debug!(qp = self.qpn, rkey, "sim: LOCAL_INV of an rkey that names no window");
+                    Outcome::Fail(WcStatus::IBV_WC_LOC_QP_OP_ERR)
+                }
+            }
+            // Not a memory-window operation (`exec_mw` sends none here).
+            _ => Outcome::Fail(WcStatus::IBV_WC_LOC_QP_OP_ERR),
         }
     }
 

@@ -281,11 +281,46 @@ impl<const W: usize> Ring<W> {
         self.pop_inner(true, |w| (read(w), true))
     }
 
-    /// Like [`Ring::pop_claimed`], but `read` also says whether to take the entry: with
-    /// `false` its result is returned and the entry stays the oldest one.
-    #[inline]
-    pub(crate) fn pop_claimed_if<R>(&self, read: impl FnMut(&[AtomicU64; W]) -> (R, bool)) -> Option<R> {
-        self.pop_inner(true, read)
+    /// The oldest entry as [`Ring::pop_claimed`] finds it (waiting for one a producer has
+    /// claimed), without taking it: its position and words, to read with relaxed loads in
+    /// place. [`Ring::take`] then takes it; until then another consumer may take it first, and a
+    /// producer rewrite its words, so what was read counts only once `take` succeeds. `None`
+    /// when no entry is claimed. For the executor of a SEND, which checks a receive WQE before
+    /// consuming it, in its own code rather than through a closure.
+    #[inline(always)]
+    pub(crate) fn peek_claimed(&self) -> Option<(usize, &[AtomicU64; W])> {
+        let mut pos = self.h().head.load(Ordering::Relaxed);
+        let mut spins = 0u32;
+        loop {
+            let slot = self.slot(pos);
+            let seq = slot.seq.load(Ordering::Acquire);
+            if seq == pos.wrapping_add(1) {
+                return Some((pos, &slot.words));
+            }
+            if (seq.wrapping_sub(pos.wrapping_add(1)) as isize) < 0 {
+                // Not published for this lap. Empty unless a producer has claimed `pos`.
+                if self.h().prod.tail.load(Ordering::Acquire) == pos {
+                    return None;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            // Unpublished yet, or already a lap ahead (another consumer took `pos`): look again.
+            pos = self.h().head.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the entry at `pos`, which [`Ring::peek_claimed`] returned; `false` when another
+    /// consumer took it first (peek again and discard what was read).
+    #[inline(always)]
+    pub(crate) fn take(&self, pos: usize) -> bool {
+        // Release: a producer that sees the new head (its `head_cache` refresh, acquire) reuses
+        // the slot only after our reads of it. Acquire: pairs with a competing consumer's take.
+        self.h().head.compare_exchange(pos, pos.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed).is_ok()
     }
 
     #[inline(always)]
@@ -422,6 +457,35 @@ mod tests {
         assert_eq!(other.join().unwrap(), Some(1), "the oldest entry, once published");
         assert_eq!(r.pop_claimed(|w| ld(&w[0])), Some(2));
         assert_eq!(r.pop_claimed(|w| ld(&w[0])), None, "nothing claimed: empty at once");
+    }
+
+    /// `peek_claimed` shows the oldest entry without taking it; `take` fails once another
+    /// consumer took that entry, and the next peek shows the one after; a claimed entry is
+    /// waited for, an empty ring is `None`.
+    #[test]
+    fn peek_then_take_loses_to_a_competing_consumer() {
+        let r = Arc::new(Ring::<1>::new(4));
+        assert!(r.peek_claimed().is_none(), "empty");
+        assert!(push1(&r, 1) && push1(&r, 2));
+        let (pos, w) = r.peek_claimed().unwrap();
+        assert_eq!(ld(&w[0]), 1);
+        assert_eq!(r.peek_claimed().map(|(p, _)| p), Some(pos), "a peek takes nothing");
+        assert_eq!(r.pop_claimed(|w| ld(&w[0])), Some(1), "another consumer takes it");
+        assert!(!r.take(pos), "taken already");
+        let (pos2, w) = r.peek_claimed().unwrap();
+        assert_eq!((pos2, ld(&w[0])), (pos + 1, 2));
+        assert!(r.take(pos2));
+        assert!(r.peek_claimed().is_none(), "drained");
+        // A producer has claimed the oldest position and not yet written it: the peek waits.
+        let pos3 = r.claim().unwrap();
+        let r2 = r.clone();
+        let peeker = std::thread::spawn(move || {
+            let (p, w) = r2.peek_claimed().expect("the claimed entry, once published");
+            (p, ld(&w[0]), r2.take(p))
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        r.publish(pos3, |w| st(&w[0], 3));
+        assert_eq!(peeker.join().unwrap(), (pos3, 3, true));
     }
 
     #[test]

@@ -529,22 +529,47 @@ impl ArenaInner {
 // ---------------------------------------------------------------------------------------------
 // Futex wake-ups on shared words (the CQ event path only).
 
-/// Waits while `*word == expected`, at most `timeout_ns` (`None`: no limit). Spurious returns
-/// are possible; callers re-check.
-pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
-    let ts = timeout_ns.map(|ns| libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` is a valid aligned u32 for the call's duration; FUTEX_WAIT (not PRIVATE)
-    // works across processes sharing the mapping.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp) };
+/// `CLOCK_MONOTONIC` (the clock of [`std::time::Instant`]) plus `timeout`: the absolute deadline
+/// [`futex_wait_until`] takes; `None` when it does not fit a `timespec` (wait forever).
+pub(crate) fn deadline_after(timeout: std::time::Duration) -> Option<libc::timespec> {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let secs = libc::time_t::try_from(timeout.as_secs()).ok()?;
+    let mut nsec = now.tv_nsec + timeout.subsec_nanos() as libc::c_long;
+    let mut sec = now.tv_sec.checked_add(secs)?;
+    if nsec >= 1_000_000_000 {
+        nsec -= 1_000_000_000;
+        sec = sec.checked_add(1)?;
+    }
+    Some(libc::timespec { tv_sec: sec, tv_nsec: nsec })
+}
+
+/// Waits while `*word == expected`, until the absolute `CLOCK_MONOTONIC` time `deadline`
+/// (`None`: no limit), with one system call and no clock read. Returns `true` when the deadline
+/// passed (`ETIMEDOUT`); spurious returns are possible, callers re-check.
+pub(crate) fn futex_wait_until(word: &AtomicU32, expected: u32, deadline: Option<&libc::timespec>) -> bool {
+    let tsp = deadline.map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid aligned u32 for the call's duration, `tsp` null or a valid
+    // timespec; FUTEX_WAIT_BITSET (not PRIVATE) takes an absolute CLOCK_MONOTONIC time and works
+    // across processes sharing the mapping; FUTEX_WAKE wakes it (any bitset).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT_BITSET,
+            expected,
+            tsp,
+            std::ptr::null::<u32>(),
+            libc::FUTEX_BITSET_MATCH_ANY,
+        )
+    };
+    r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
 }
 
 /// Wakes every waiter on `word`.
 pub(crate) fn futex_wake(word: &AtomicU32) {
-    // SAFETY: as in `futex_wait`.
+    // SAFETY: as in `futex_wait_until`.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
@@ -751,5 +776,40 @@ mod tests {
         assert!(std::fs::metadata(&stale).is_err(), "the dead pid's segment is gone");
         assert!(std::fs::metadata(&live).is_ok(), "a live process's segment stays");
         std::fs::remove_file(&live).unwrap();
+    }
+
+    /// The absolute deadline holds: a wait with nobody waking it lasts its timeout (not less,
+    /// not forever), a wake-up ends it early and is no timeout, a changed word returns at once,
+    /// and a timeout past the clock's range is no deadline (forever).
+    #[test]
+    fn futex_waits_until_an_absolute_deadline() {
+        use std::time::{Duration, Instant};
+        let word = std::sync::Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let deadline = deadline_after(Duration::from_millis(40)).expect("a near deadline fits");
+        let mut timed_out = false;
+        // A spurious return (a signal) re-waits until the same deadline.
+        while !timed_out {
+            timed_out = futex_wait_until(&word, 0, Some(&deadline));
+        }
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(40), "returned early: {waited:?}");
+        assert!(waited < Duration::from_secs(5), "waited far past the deadline: {waited:?}");
+
+        assert!(!futex_wait_until(&word, 1, None), "a word that is not `expected` returns at once");
+        assert!(deadline_after(Duration::MAX).is_none(), "Duration::MAX waits forever");
+
+        let (w2, start) = (word.clone(), Instant::now());
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            w2.store(1, Ordering::Release);
+            futex_wake(&w2);
+        });
+        let deadline = deadline_after(Duration::from_secs(10)).unwrap();
+        while word.load(Ordering::Acquire) == 0 {
+            assert!(!futex_wait_until(&word, 0, Some(&deadline)), "woken, not timed out");
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "the wake-up ended the wait");
+        waker.join().unwrap();
     }
 }

@@ -17,18 +17,6 @@ pub(crate) const RQ_WORDS: usize = 2 + 2 * MAX_SGE;
 /// A receive queue ring (RQ or SRQ).
 pub(crate) type RecvRing = Ring<RQ_WORDS>;
 
-/// Pops the oldest receive WQE of `ring` and gives `f` its `wr_id`, SGE count and words (read
-/// the SGEs with [`rq_sge`]), in place; when `f` says `false` the WQE is left in place (not
-/// consumed). `f` may run more than once if consumers race; the winning run's result is
-/// returned.
-#[inline(always)]
-pub(crate) fn pop_recv<R>(
-    ring: &RecvRing,
-    mut f: impl FnMut(u64, usize, &[AtomicU64; RQ_WORDS]) -> (R, bool),
-) -> Option<R> {
-    ring.pop_claimed_if(|w| f(ld(&w[0]), (ld(&w[1]) as usize).min(MAX_SGE), w))
-}
-
 /// SGE `i` of a receive WQE's words.
 #[inline(always)]
 pub(crate) fn rq_sge(w: &[AtomicU64; RQ_WORDS], i: usize) -> Sge {

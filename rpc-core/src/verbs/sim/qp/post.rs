@@ -65,7 +65,9 @@ impl SimQp {
 
     /// Posts `wrs` with the guard held. The error is boxed: an `Ok` is then one word, not a
     /// whole `VerbsError` copied out through every frame of the post path (about 50
-    /// instructions per post on `sim`); [`SimQp::post_send`] unboxes it.
+    /// instructions per post on `sim`); [`SimQp::post_send`] unboxes it. Inlined into its one
+    /// caller.
+    #[inline(always)]
     pub(super) fn post_send_locked(
         &self,
         st: &mut SqState,
@@ -74,59 +76,13 @@ impl SimQp {
         let c = &*self.core;
         rules::check_send_state(c.qpn, state_of(c.state_raw()), rules::InErr::Flush).map_err(Box::new)?;
         let lim = rules::SendLimits { max_sge: c.cap.max_send_sge, max_inline: c.cap.max_inline_data };
-        let depth = st.wqes.len() as u64;
         // A refused WR ends the list, but the WRs before it were posted: they still get the
-        // flush or the progress below.
-        let mut result = Ok(());
-        for (index, wr) in wrs.iter().enumerate() {
-            if let Err(e) = rules::check_send_wr(index, wr, lim) {
-                result = Err(Box::new(e));
-                break;
-            }
-            if let Some(outstanding) = self.sq_full(st, depth) {
-                result = Err(Box::new(VerbsError::BadWorkRequest {
-                    call: "ibv_post_send",
-                    index,
-                    reason: format!(
-                        "the work queue is full (ENOMEM: {outstanding} WQEs outstanding, max_send_wr {depth}; \
-                         a WQE is retired when a signaled completion at or after it is polled)"
-                    ),
-                }));
-                break;
-            }
-            if st.head == st.tail && c.state_raw() == ST_RTS && c.delay_ns.load(Ordering::Relaxed) == 0 {
-                // Fast path: nothing queued ahead, execute at once from the caller's WR.
-                let src = if wr.flags.contains(SendFlags::INLINE) {
-                    exec::Src::Raw(wr.sg_list)
-                } else {
-                    exec::Src::Sges(wr.sg_list)
-                };
-                let view = exec::WqeView { wr_id: wr.wr_id, op: wr.op, flags: wr.flags, src };
-                // The WR takes its send-queue slot (position `seq`) whatever happens.
-                let seq = st.tail;
-                match c.exec(&mut st.link, &view) {
-                    exec::Outcome::Done(len) => {
-                        c.complete_ok(&view, len, seq);
-                        st.tail += 1;
-                        st.head += 1;
-                    }
-                    exec::Outcome::Stall(kind) => {
-                        self.enqueue(st, wr);
-                        if let Err(status) = c.note_stall(&mut st.stall, &st.link, kind) {
-                            st.head += 1;
-                            c.fail_locked(st, seq, wr.wr_id, &wr.op, status);
-                        }
-                    }
-                    exec::Outcome::Fail(status) => {
-                        st.tail += 1;
-                        st.head += 1;
-                        c.fail_locked(st, seq, wr.wr_id, &wr.op, status);
-                    }
-                }
-            } else {
-                self.enqueue(st, wr);
-            }
-        }
+        // flush or the progress below. One WR (a small RPC's SEND) is posted without the loop,
+        // whose state would otherwise live on the stack across the transfer.
+        let result = match wrs {
+            [wr] => self.post_one(st, 0, wr, lim),
+            _ => wrs.iter().enumerate().try_for_each(|(index, wr)| self.post_one(st, index, wr, lim)),
+        };
         if c.state_raw() == ST_ERR {
             c.flush_sq_locked(st);
         } else if st.head != st.tail {
@@ -134,4 +90,76 @@ impl SimQp {
         }
         result
     }
+
+    /// Posts WR number `index` of a post: checks it, then executes it at once when nothing is
+    /// queued ahead, or queues it. Guard held.
+    #[inline(always)]
+    fn post_one(
+        &self,
+        st: &mut SqState,
+        index: usize,
+        wr: &SendWr<'_>,
+        lim: rules::SendLimits,
+    ) -> std::result::Result<(), Box<VerbsError>> {
+        let c = &*self.core;
+        rules::check_send_wr(index, wr, lim).map_err(Box::new)?;
+        let depth = st.wqes.len() as u64;
+        if let Some(outstanding) = self.sq_full(st, depth) {
+            return Err(sq_full_error(index, outstanding, depth));
+        }
+        if st.head == st.tail && c.state_raw() == ST_RTS && c.delay_ns.load(Ordering::Relaxed) == 0 {
+            // Fast path: nothing queued ahead, execute at once from the caller's WR.
+            let src = if wr.flags.contains(SendFlags::INLINE) {
+                exec::Src::Raw(wr.sg_list)
+            } else {
+                exec::Src::Sges(wr.sg_list)
+            };
+            let view = exec::WqeView { wr_id: wr.wr_id, op: &wr.op, flags: wr.flags, src };
+            // The WR takes its send-queue slot (position `seq`) whatever happens.
+            let seq = st.tail;
+            match c.exec(&mut st.link, &view) {
+                exec::Outcome::Done(len) => {
+                    c.complete_ok(&view, len, seq);
+                    st.tail += 1;
+                    st.head += 1;
+                }
+                exec::Outcome::Stall(kind) => self.post_stalled(st, wr, seq, kind),
+                exec::Outcome::Fail(status) => {
+                    st.tail += 1;
+                    st.head += 1;
+                    c.fail_locked(st, seq, wr.wr_id, &wr.op, status);
+                }
+            }
+        } else {
+            self.enqueue(st, wr);
+        }
+        Ok(())
+    }
+
+    /// The fast path's WR `wr` (position `seq`) stalled: it is queued, and fails if it has no
+    /// retry left. Out of line: rare.
+    #[cold]
+    #[inline(never)]
+    fn post_stalled(&self, st: &mut SqState, wr: &SendWr<'_>, seq: u64, kind: StallKind) {
+        let c = &*self.core;
+        self.enqueue(st, wr);
+        if let Err(status) = c.note_stall(&mut st.stall, &st.link, kind) {
+            st.head += 1;
+            c.fail_locked(st, seq, wr.wr_id, &wr.op, status);
+        }
+    }
+}
+
+/// The error of a post to a full send queue. Out of line: rare, and formats.
+#[cold]
+#[inline(never)]
+fn sq_full_error(index: usize, outstanding: u64, depth: u64) -> Box<VerbsError> {
+    Box::new(VerbsError::BadWorkRequest {
+        call: "ibv_post_send",
+        index,
+        reason: format!(
+            "the work queue is full (ENOMEM: {outstanding} WQEs outstanding, max_send_wr {depth}; \
+             a WQE is retired when a signaled completion at or after it is polled)"
+        ),
+    })
 }

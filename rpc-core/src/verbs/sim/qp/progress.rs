@@ -103,8 +103,8 @@ impl QpCore {
             } else {
                 exec::Src::Inline(&st.inline[idx * max_inline..idx * max_inline + wqe.inline_len as usize])
             };
-            let view = exec::WqeView { wr_id: wqe.wr_id, op: wqe.op, flags: wqe.flags, src };
-            let outcome = self.exec(&mut st.link, &view);
+            let view = exec::WqeView { wr_id: wqe.wr_id, op: &wqe.op, flags: wqe.flags, src };
+            let outcome = self.exec_queued(&mut st.link, &view);
             let seq = st.head;
             let status = match outcome {
                 exec::Outcome::Done(len) => {
