@@ -74,18 +74,6 @@ fn echo(c: &Client, seq: u64, len: usize, reply_len: usize) {
     check_reply(&r, seq, reply_len);
 }
 
-/// Runs the `#[ignore]`d test `entry` of this binary in a child process whose sim hosts have
-/// segments of 1 GiB (`RPC_SIM_SEGMENT_BYTES`), and checks it passed.
-fn in_small_segments(entry: &str) {
-    let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"])
-        .env("RPC_SIM_SEGMENT_BYTES", (1u64 << 30).to_string())
-        .output()
-        .expect("the child test runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("1 passed"), "child {entry}:\n{text}");
-}
-
 /// A raw client that announces a 1 GiB ring (its real one is 64 KiB) to a server whose sim host
 /// has 1 GiB in all: the server can never register the send mirror of that ring.
 fn liar(server: &ServerHandle) -> RawClient {
@@ -135,13 +123,7 @@ fn message_for(
 /// retry is one more failed registration of the whole mirror.
 #[test]
 fn a_stream_message_whose_send_mirror_fails_to_register_fails_its_stream_only() {
-    if !matches!(transport(), rpc_core::Transport::Sim) {
-        eprintln!(
-            "skipped: a sim host's memory limit (RPC_SIM_SEGMENT_BYTES) is what fails the registration"
-        );
-        return;
-    }
-    in_small_segments("stream_registration_failure_child");
+    in_small_sim_segments("stream_registration_failure_child");
 }
 
 #[test]
@@ -346,13 +328,7 @@ fn send_area_idle_zero_is_refused_and_a_huge_one_keeps_them() {
 /// leaves, and every pump tries the 1 GiB registration again.
 #[test]
 fn a_client_stream_message_whose_send_mirror_fails_to_register_fails_its_send() {
-    if !matches!(transport(), rpc_core::Transport::Sim) {
-        eprintln!(
-            "skipped: a sim host's memory limit (RPC_SIM_SEGMENT_BYTES) is what fails the registration"
-        );
-        return;
-    }
-    in_small_segments("client_stream_registration_failure_child");
+    in_small_sim_segments("client_stream_registration_failure_child");
 }
 
 #[test]

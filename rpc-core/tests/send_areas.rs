@@ -249,31 +249,13 @@ fn the_send_queue_releases_send_areas_only_once_no_write_reads_them() {
     sq.discard_pending(&mut pool);
 }
 
-/// Runs the `#[ignore]`d test `entry` of this binary in a child process whose sim hosts have
-/// segments of 1 GiB (`RPC_SIM_SEGMENT_BYTES`: read once per process), and checks it passed.
-fn in_small_segments(entry: &str) {
-    let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"])
-        .env("RPC_SIM_SEGMENT_BYTES", (1u64 << 30).to_string())
-        .output()
-        .expect("the child test runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("1 passed"), "child {entry}:\n{text}");
-}
-
 /// A server whose registration fails (its sim host has 1 GiB of memory for everything, and a
 /// client announces a ring of 1 GiB: the send mirror of it cannot be registered) answers the
 /// call that needed the mirror RESOURCE_EXHAUSTED naming it; that session serves its small
 /// calls on and another session's large answers are served.
 #[test]
 fn a_failed_registration_fails_the_call_that_needed_it_and_nothing_else() {
-    if !matches!(transport(), rpc_core::Transport::Sim) {
-        eprintln!(
-            "skipped: a sim host's memory limit (RPC_SIM_SEGMENT_BYTES) is what fails the registration"
-        );
-        return;
-    }
-    in_small_segments("failed_registration_child");
+    in_small_sim_segments("failed_registration_child");
 }
 
 #[test]

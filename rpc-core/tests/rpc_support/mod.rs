@@ -550,3 +550,25 @@ pub fn next_attempt_ms(e: &Status) -> u64 {
         .and_then(|ms| ms.parse().ok())
         .unwrap_or_else(|| panic!("no retry time in: {e}"))
 }
+
+/// Runs the ignored test `entry` of this test binary in a child process whose sim hosts have
+/// 1 GiB of memory in all (`RPC_SIM_SEGMENT_BYTES`), so that a large registration fails there;
+/// on another transport it prints why it skips and returns.
+///
+/// # Panics
+/// When the child fails, or does not run exactly that one test.
+pub fn in_small_sim_segments(entry: &str) {
+    if !matches!(transport(), Transport::Sim) {
+        eprintln!(
+            "skipped: a sim host's memory limit (RPC_SIM_SEGMENT_BYTES) is what fails the registration"
+        );
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
+        .args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"])
+        .env("RPC_SIM_SEGMENT_BYTES", (1u64 << 30).to_string())
+        .output()
+        .expect("the child test runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "child {entry}:\n{text}");
+}
