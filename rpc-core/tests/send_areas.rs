@@ -344,3 +344,44 @@ fn failed_registration_child() {
     );
     assert!(!c.dead);
 }
+
+/// `ServerConfig::max_send_area_bytes` bounds the areas of all sessions together: with room for
+/// one session's, a second session's first ring body is answered RESOURCE_EXHAUSTED naming the
+/// cap while the first holds them (its small calls go on), and served once they are given back.
+/// A cap below one session's areas is refused at spawn, naming the field.
+#[test]
+fn the_server_wide_cap_on_send_areas_fails_the_call_over_it_and_nothing_else() {
+    let e = server().max_peer_ring_bytes(1 << 20).max_send_area_bytes(DEFAULT_AREAS - 1).spawn("127.0.0.1:0");
+    let text = e.err().map(|e| e.to_string()).expect("a cap below one session's areas was accepted");
+    assert!(text.contains("max_send_area_bytes"), "names the field: {text}");
+
+    let idle = Duration::from_millis(300);
+    let (server, _) = spawn(
+        server().max_peer_ring_bytes(1 << 20).max_send_area_bytes(DEFAULT_AREAS).send_area_idle(Some(idle)),
+    );
+    let a = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let b = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    echo(&a, 1, 100, 200 << 10);
+    // Held by `a` until `idle` passes with no ring body of its: `b`'s first one is over the cap
+    // (unless `a`'s were given back already on a very slow machine: then it is served).
+    let over = b.unary::<_, EchoMsg>(ECHO, &request(2, 100, 200 << 10), &CallOptions::default());
+    match over {
+        Err(s) => {
+            assert_eq!(s.code(), rpc_core::Code::ResourceExhausted, "{s}");
+            assert!(s.message().contains("max_send_area_bytes"), "names the cap: {s}");
+            let c = server.counters();
+            assert_eq!((c.send_area_failures, c.send_area_bytes), (1, DEFAULT_AREAS), "{c:?}");
+            // The session goes on.
+            echo(&b, 3, 100, 100);
+        }
+        Ok(r) => {
+            check_reply(&r, 2, 200 << 10);
+            assert!(server.counters().send_areas_released >= 1, "served only after a release");
+        }
+    }
+    let before = counters_when(&server, "a's areas given back", |c| c.send_area_bytes == 0);
+    echo(&b, 4, 100, 200 << 10);
+    let c = server.counters();
+    assert!(c.send_areas_created > before.send_areas_created, "b registered them: {c:?}");
+    assert_eq!(c.send_area_failures, before.send_area_failures, "{c:?}");
+}

@@ -32,6 +32,8 @@ use crate::verbs::Provider;
 pub(crate) struct SendAreas<P: Provider> {
     /// The mirror and the staging area while registered.
     live: Option<(SendMirror<P>, SendStaging<P>)>,
+    /// Their bytes charged to the server's cap while registered (given back when dropped).
+    charge: Option<crate::session::Charge>,
     /// Where they are registered.
     pd: P::ProtectionDomain,
     /// The peer's ring length in bytes (the mirror's).
@@ -59,6 +61,7 @@ impl<P: Provider> SendAreas<P> {
     ) -> SendAreas<P> {
         SendAreas {
             live: None,
+            charge: None,
             pd,
             mirror_len: peer_ring_len,
             staging_len: crate::endpoint::conn::staging_len(peer_ring_len),
@@ -91,13 +94,25 @@ impl<P: Provider> SendAreas<P> {
     ///
     /// # Errors
     /// RESOURCE_EXHAUSTED naming what failed to register and why (`ulimit -l`, the device's MR
-    /// limits); nothing is kept then, and the next call tries again.
+    /// limits), or the server's `ServerConfig::max_send_area_bytes` they would exceed; nothing
+    /// is kept then, and the next call tries again.
     #[cold]
     #[inline(never)]
     pub(crate) fn ensure(&mut self) -> Result<(), Status> {
         if self.live.is_some() {
             return Ok(());
         }
+        let charge = match self.gauge.charge(self.bytes()) {
+            Ok(c) => c,
+            Err(reason) => {
+                self.gauge.failed();
+                let s = Status::resource_exhausted(format!(
+                    "no send mirror and staging area for a body above the eager threshold: {reason}"
+                ));
+                tracing::warn!(status = %s, "no send mirror and staging area for a ring body");
+                return Err(s);
+            }
+        };
         let fail = |what: &str, len: u32, e: crate::verbs::VerbsError| {
             Status::resource_exhausted(format!(
                 "registering this connection's {what} ({len} bytes) for a body above the eager \
@@ -114,6 +129,7 @@ impl<P: Provider> SendAreas<P> {
         match made {
             Ok(pair) => {
                 self.live = Some(pair);
+                self.charge = charge;
                 self.since = Instant::now();
                 self.gauge.created(self.bytes());
                 Ok(())
@@ -196,6 +212,7 @@ impl<P: Provider> SendAreas<P> {
         let Some((mirror, staging)) = self.live.take() else { return false };
         match sq.release_send_areas(mirror, staging) {
             Ok(()) => {
+                self.charge = None;
                 self.gauge.gone(self.bytes(), true);
                 true
             }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::session::HeldBytes;
+use crate::session::{Charge, HeldBytes};
 use crate::status::Code;
 
 /// A snapshot of counters.
@@ -78,9 +78,11 @@ pub struct Counters {
     /// Server: send mirror and staging area pairs given back because they sat unused for
     /// `ServerConfig::send_area_idle` (pairs that go with their session are not counted).
     pub send_areas_released: u64,
-    /// Server: send mirror and staging area registrations that failed (the registration limit,
-    /// `ulimit -l`, or the device's MR limits): each failed the answer that needed it with
-    /// RESOURCE_EXHAUSTED naming what was being registered; the session stays open.
+    /// Server: send mirror and staging area registrations that failed or were refused (the
+    /// registration limit, `ulimit -l`, the device's MR limits, or
+    /// `ServerConfig::max_send_area_bytes`): each failed the answer or stream that needed it
+    /// with RESOURCE_EXHAUSTED naming what was being registered or the cap; the session stays
+    /// open.
     pub send_area_failures: u64,
     /// Server: bytes registered for the workers' receive buffers (SRQ WQEs), over all workers;
     /// set by `ServerHandle::counters`. They grow, in chunks of 64 buffers, with what the
@@ -268,10 +270,13 @@ pub(crate) struct ServerMemory {
 }
 
 impl ServerMemory {
-    pub(crate) fn new(max_reassembly: u64, max_backlog: u64) -> ServerMemory {
+    pub(crate) fn new(max_reassembly: u64, max_backlog: u64, max_send_areas: u64) -> ServerMemory {
         let registered = HeldBytes::new(u64::MAX, "registered memory");
         ServerMemory {
-            areas: AreaGauge::new(Some(registered.clone())),
+            areas: AreaGauge::capped(
+                registered.clone(),
+                HeldBytes::new(max_send_areas, "ServerConfig::max_send_area_bytes"),
+            ),
             registered,
             reassembly: HeldBytes::new(max_reassembly, "ServerConfig::max_reassembly_bytes"),
             backlog: HeldBytes::new(max_backlog, "ServerConfig::max_backlog_bytes"),
@@ -302,6 +307,9 @@ impl ServerMemory {
 pub(crate) struct AreaGauge {
     /// A gauge of all registered bytes that these bytes are added to as well (the server's).
     registered: Option<Arc<HeldBytes>>,
+    /// The cap on these bytes (the server's `ServerConfig::max_send_area_bytes`), charged
+    /// before a registration; none on a client.
+    cap: Option<Arc<HeldBytes>>,
     bytes: AtomicU64,
     created: AtomicU64,
     released: AtomicU64,
@@ -312,6 +320,25 @@ impl AreaGauge {
     /// A gauge whose bytes are also added to `registered` (when given).
     pub(crate) fn new(registered: Option<Arc<HeldBytes>>) -> Arc<AreaGauge> {
         Arc::new(AreaGauge { registered, ..AreaGauge::default() })
+    }
+
+    /// A gauge whose bytes are also added to `registered`, and whose registrations are charged
+    /// to `cap` first ([`AreaGauge::charge`]).
+    pub(crate) fn capped(registered: Arc<HeldBytes>, cap: Arc<HeldBytes>) -> Arc<AreaGauge> {
+        Arc::new(AreaGauge { registered: Some(registered), cap: Some(cap), ..AreaGauge::default() })
+    }
+
+    /// Charges `bytes` about to be registered to the cap (nothing without one); the charge is
+    /// given back when dropped.
+    ///
+    /// # Errors
+    /// The reason, naming the cap's field and value, when the bytes would take the count over
+    /// it; nothing is charged then.
+    pub(crate) fn charge(&self, bytes: u64) -> Result<Option<Charge>, String> {
+        match &self.cap {
+            Some(cap) => cap.charge(bytes, "a send mirror and staging area").map(Some),
+            None => Ok(None),
+        }
     }
 
     /// `bytes` were registered.

@@ -103,7 +103,11 @@ pub(super) fn start<P: Provider>(
     let stop_listener = Arc::new(ListenerStop { stop: AtomicBool::new(false), waker: waker.clone() });
     let closed = Arc::new(ArrayQueue::new(config.max_sessions.max(16)));
     let body_cap = body_area(config.eager_threshold);
-    let memory = Arc::new(ServerMemory::new(config.max_reassembly_bytes, config.max_backlog_bytes));
+    let memory = Arc::new(ServerMemory::new(
+        config.max_reassembly_bytes,
+        config.max_backlog_bytes,
+        config.max_send_area_bytes,
+    ));
     let limits = WorkerLimits {
         max_sessions: per_worker,
         polling: config.polling,

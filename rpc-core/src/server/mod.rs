@@ -294,6 +294,19 @@ pub struct ServerConfig {
     /// failed; the session and the others go on. Default 5 s; `None` keeps them until the
     /// session closes once registered; not zero.
     pub send_area_idle: Option<Duration>,
+    /// Most bytes of send mirrors and staging areas the server's sessions may have registered
+    /// at once, across every worker (`Counters::send_area_bytes`). A session's areas take its
+    /// client's ring length three times over (a mirror and a staging area of twice it, at most
+    /// 64 MiB more than the ring: 3 MiB for the default 1 MiB ring), charged when they are
+    /// registered (at its first body above the eager threshold) and given back with them
+    /// ([`ServerConfig::send_area_idle`]). A registration that would exceed it answers the call
+    /// that needed it RESOURCE_EXHAUSTED naming this cap (counted in
+    /// `Counters::send_area_failures`); the session and the others go on, and a later body
+    /// tries again. Default `u64::MAX`: no cap of its own (the bound is then `max_sessions` ×
+    /// the areas of a `max_peer_ring_bytes` ring). When set, at least the areas of one client
+    /// of the largest ring allowed ([`ServerConfig::max_peer_ring_bytes`]): 3 × it, or it +
+    /// 64 MiB + it when larger.
+    pub max_send_area_bytes: u64,
     /// The longest a call may wait for its answer, whatever deadline its client gave (or none):
     /// past it the call is answered DEADLINE_EXCEEDED naming this setting, its deferred
     /// `Responder`, `StreamSink` and `RequestStream` see `is_cancelled()` (an async handler's
@@ -347,6 +360,7 @@ impl Default for ServerConfig {
             peer_timeout: Some(Duration::from_secs(6)),
             idle_timeout: Some(Duration::from_secs(60)),
             send_area_idle: Some(Duration::from_secs(5)),
+            max_send_area_bytes: u64::MAX,
             max_call_duration: Some(Duration::from_secs(300)),
             max_metadata_bytes: 8192,
             interceptor: None,
@@ -391,6 +405,18 @@ impl ServerConfig {
         }
         if self.send_area_idle.is_some_and(|t| t.is_zero()) {
             return bad("send_area_idle", "0 (use None to keep send mirrors and staging areas)".into());
+        }
+        let one_session = u64::from(self.max_peer_ring_bytes)
+            + u64::from(crate::endpoint::conn::staging_len(self.max_peer_ring_bytes));
+        if self.max_send_area_bytes < one_session {
+            return bad(
+                "max_send_area_bytes",
+                format!(
+                    "{} is below the send mirror and staging area of one client of the largest ring allowed \
+                     (max_peer_ring_bytes {}: {one_session} bytes)",
+                    self.max_send_area_bytes, self.max_peer_ring_bytes
+                ),
+            );
         }
         let rings = crate::wire::MIN_RING_LEN..=crate::wire::MAX_RING_LEN;
         if !rings.contains(&self.ring_bytes) {
@@ -614,6 +640,8 @@ impl ServerBuilder {
         idle_timeout: Option<Duration>;
         /// See [`ServerConfig::send_area_idle`].
         send_area_idle: Option<Duration>;
+        /// See [`ServerConfig::max_send_area_bytes`].
+        max_send_area_bytes: u64;
         /// See [`ServerConfig::max_call_duration`].
         max_call_duration: Option<Duration>;
     }
