@@ -538,26 +538,28 @@ impl<P: Provider> ClientCore<P> {
                     return Err(self.mismatch(e, "request"));
                 }
                 let block = req.metadata.map(crate::metadata::Metadata::entries);
-                let h = self
-                    .conn
-                    .session
-                    .start_call_now(method, deadline, flags, block, Instant::now)
-                    .expect("a free slot and a credit were checked");
-                let (slot, generation) = (h.slot, h.generation);
-                if let Some(c) = capture {
-                    self.capture(CallId { slot, generation, deadline }, c);
+                // `None` (nothing taken) only if `call_goes_now` and the slots disagree: the
+                // general path below places the call then.
+                match self.conn.session.start_call_now(method, deadline, flags, block, Instant::now) {
+                    None => self.conn.pool.give_back(buf),
+                    Some(h) => {
+                        let (slot, generation) = (h.slot, h.generation);
+                        if let Some(c) = capture {
+                            self.capture(CallId { slot, generation, deadline }, c);
+                        }
+                        if h.metadata_cache == crate::wire::METADATA_CACHED {
+                            self.counters.metadata_cached += 1;
+                        }
+                        self.counters.bytes_out += len as u64;
+                        self.conn.queue(buf, h, BodyAt::Eager(len as u32));
+                        self.pump();
+                        if flush_now {
+                            // The send queue holds the request: no need to ask `flush` first.
+                            self.flush_slow();
+                        }
+                        return Ok(Some(CallId { slot, generation, deadline }));
+                    }
                 }
-                if h.metadata_cache == crate::wire::METADATA_CACHED {
-                    self.counters.metadata_cached += 1;
-                }
-                self.counters.bytes_out += len as u64;
-                self.conn.queue(buf, h, BodyAt::Eager(len as u32));
-                self.pump();
-                if flush_now {
-                    // The send queue holds the request: no need to ask `flush` first.
-                    self.flush_slow();
-                }
-                return Ok(Some(CallId { slot, generation, deadline }));
             }
         }
         let body = loop {
