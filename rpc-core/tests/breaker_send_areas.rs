@@ -10,7 +10,7 @@ use prost::Message;
 use rpc_core::codegen::*;
 use rpc_core::session::RingConsumer;
 use rpc_core::wire::{Header, Kind, STREAM_OUT};
-use rpc_core::{Client, Counters, ServerHandle};
+use rpc_core::{Client, ServerHandle};
 use rpc_support::*;
 
 /// Long enough for a wait that must succeed, short enough that a failing run ends quickly.
@@ -61,17 +61,6 @@ impl Service for StreamSvc {
         });
         out.reply(reply);
     }
-}
-
-#[track_caller]
-fn counters_when(server: &ServerHandle, what: &str, ok: impl Fn(&Counters) -> bool) -> Counters {
-    wait_until(what, SOON, || ok(&server.counters()), || format!("{:?}", server.counters()));
-    server.counters()
-}
-
-fn echo(c: &Client, seq: u64, len: usize, reply_len: usize) {
-    let r: EchoMsg = c.unary(ECHO, &request(seq, len, reply_len), &CallOptions::default()).unwrap();
-    check_reply(&r, seq, reply_len);
 }
 
 /// A raw client that announces a 1 GiB ring (its real one is 64 KiB) to a server whose sim host
@@ -281,8 +270,8 @@ fn churn_keeps_the_counters_exact() {
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     let areas = 3u64 << 20;
     for round in 1..=5u64 {
-        echo(&client, round, 100, 100 << 10);
-        let s = counters_when(&server, "given back", |s| {
+        echo_checked(&client, round, 100, 100 << 10);
+        let s = counters_when(&server, "given back", SOON, |s| {
             s.send_areas_released == round && s.send_area_bytes == 0
         });
         assert_eq!(
@@ -293,11 +282,11 @@ fn churn_keeps_the_counters_exact() {
         assert!(s.registered_peak <= BASE + areas, "{s:?}");
     }
     // Live at the end: closing the session gives them back without counting a release.
-    echo(&client, 9, 100, 100 << 10);
+    echo_checked(&client, 9, 100, 100 << 10);
     let s = server.counters();
     assert_eq!((s.send_areas_created, s.send_area_bytes), (6, areas), "{s:?}");
     drop(client);
-    let s = counters_when(&server, "the session's memory given back", |s| s.registered_bytes == 0);
+    let s = counters_when(&server, "the session's memory given back", SOON, |s| s.registered_bytes == 0);
     assert_eq!((s.send_areas_created, s.send_areas_released, s.send_area_bytes), (6, 5, 0), "{s:?}");
 }
 
@@ -314,7 +303,7 @@ fn send_area_idle_zero_is_refused_and_a_huge_one_keeps_them() {
 
     let (server, _) = spawn(server().send_area_idle(Some(Duration::MAX)));
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    echo(&client, 1, 100, 100 << 10);
+    echo_checked(&client, 1, 100, 100 << 10);
     std::thread::sleep(Duration::from_millis(300));
     let s = server.counters();
     assert_eq!((s.send_areas_created, s.send_areas_released, s.send_area_bytes), (1, 0, 3 << 20), "{s:?}");
@@ -458,7 +447,7 @@ fn staged_answers_after_a_release_are_written_from_the_new_staging_area_intact()
                 .unwrap_or_else(|e| panic!("round {round}, slot {slot}: answer does not decode: {e}"));
             check_reply(&r, seq, reply_len);
         }
-        let s = counters_when(&server, "the send areas given back", |s| {
+        let s = counters_when(&server, "the send areas given back", SOON, |s| {
             s.send_areas_released == u64::from(round) + 1 && s.send_area_bytes == 0
         });
         assert!(s.ring_full_stalls > u64::from(round), "an answer was staged each round: {s:?}");
@@ -480,8 +469,8 @@ fn a_stream_of_large_messages_spanning_releases_arrives_intact() {
     // in pieces takes a while on a loaded machine, so its pause is longer.
     for (size, count, pause_ms) in [(200u32 << 10, 4u64, 150), (3 << 20, 2, 500)] {
         // The areas of the round before are given back first: each message registers anew.
-        let before =
-            counters_when(&server, "the areas given back", |c| c.send_area_bytes == 0).send_areas_created;
+        let before = counters_when(&server, "the areas given back", SOON, |c| c.send_area_bytes == 0)
+            .send_areas_created;
         let mut s = client
             .server_stream::<_, EchoMsg>(
                 LIST,
@@ -520,7 +509,7 @@ fn ring_bodies_closer_than_send_area_idle_register_once() {
     let mut seq = 0;
     while Instant::now() < until {
         seq += 1;
-        echo(&client, seq, 100, 64 << 10);
+        echo_checked(&client, seq, 100, 64 << 10);
         // Two sweeps (every 100 ms) see the areas unused, well within `idle`.
         std::thread::sleep(Duration::from_millis(220));
     }

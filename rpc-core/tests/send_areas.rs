@@ -24,7 +24,7 @@ use prost::Message;
 use rpc_core::codegen::*;
 use rpc_core::verbs::QueuePair;
 use rpc_core::wire::{Header, Kind};
-use rpc_core::{Client, Counters, ServerHandle};
+use rpc_core::Client;
 use rpc_support::*;
 
 /// What a server registers for the send mirror (the client's ring, 1 MiB by default) and the
@@ -38,24 +38,13 @@ const BASE: u64 = (1 << 20) + 72 * 4136;
 /// Long enough for a wait that must succeed, short enough that a sabotaged run fails quickly.
 const SOON: Duration = Duration::from_secs(10);
 
-#[track_caller]
-fn counters_when(server: &ServerHandle, what: &str, ok: impl Fn(&Counters) -> bool) -> Counters {
-    wait_until(what, SOON, || ok(&server.counters()), || format!("{:?}", server.counters()));
-    server.counters()
-}
-
-fn echo(c: &Client, seq: u64, len: usize, reply_len: usize) {
-    let r: EchoMsg = c.unary(ECHO, &request(seq, len, reply_len), &CallOptions::default()).unwrap();
-    check_reply(&r, seq, reply_len);
-}
-
 #[test]
 fn an_idle_session_registers_no_send_mirror_or_staging_area() {
     let (server, _) = spawn(server());
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     // Small calls (bodies within the eager threshold both ways) never touch them.
     for seq in 0..20 {
-        echo(&client, seq, 100, 4000);
+        echo_checked(&client, seq, 100, 4000);
     }
     let c = server.counters();
     assert_eq!((c.send_area_bytes, c.send_areas_created), (0, 0), "{c:?}");
@@ -68,27 +57,27 @@ fn a_ring_body_registers_them_idle_time_gives_them_back_and_the_next_body_regist
     let idle = Duration::from_millis(250);
     let (server, _) = spawn(server().send_area_idle(Some(idle)));
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    echo(&client, 1, 100, 100);
+    echo_checked(&client, 1, 100, 100);
     assert_eq!(server.counters().send_areas_created, 0);
 
     // The first answer above the eager threshold: registered, and the answer's bytes intact,
     // placed whole in the client's ring as with a mirror registered at connect (not left
     // waiting as if the ring were full).
-    echo(&client, 2, 100, 200 << 10);
-    let c = counters_when(&server, "the worker's counters published", |c| c.rpcs >= 2);
+    echo_checked(&client, 2, 100, 200 << 10);
+    let c = counters_when(&server, "the worker's counters published", SOON, |c| c.rpcs >= 2);
     assert_eq!((c.send_areas_created, c.ring_full_stalls), (1, 0), "{c:?}");
     // (They may be given back already on a slow machine: the peak shows them.)
     assert_eq!(c.registered_peak, BASE + DEFAULT_AREAS, "{c:?}");
     // Written from the mirror (placed whole in the ring) and in pieces (larger than the
     // staging area: from the heap through the mirror): all intact.
-    echo(&client, 3, 100, 100 << 10);
-    echo(&client, 4, 100, 3 << 20);
+    echo_checked(&client, 3, 100, 100 << 10);
+    echo_checked(&client, 4, 100, 3 << 20);
     // A request above the threshold: the client registers its own on demand.
-    echo(&client, 5, 300 << 10, 100);
+    echo_checked(&client, 5, 300 << 10, 100);
 
     // Unused for `idle`: given back, the registered gauge back to the session's base. (On a
     // loaded machine they may have gone between two calls above already, and come back.)
-    let c = counters_when(&server, "the send areas given back", |c| {
+    let c = counters_when(&server, "the send areas given back", SOON, |c| {
         c.send_areas_released >= 1 && c.send_area_bytes == 0
     });
     assert_eq!(c.registered_bytes, BASE, "{c:?}");
@@ -96,14 +85,14 @@ fn a_ring_body_registers_them_idle_time_gives_them_back_and_the_next_body_regist
 
     // Small calls leave them unregistered.
     for seq in 10..20 {
-        echo(&client, seq, 100, 100);
+        echo_checked(&client, seq, 100, 100);
     }
     let c = server.counters();
     assert_eq!((c.send_area_bytes, c.send_areas_created), (0, created), "{c:?}");
 
     // The next ring body registers them again and is served intact, whole and in pieces.
-    echo(&client, 30, 100, 200 << 10);
-    echo(&client, 31, 100, 3 << 20);
+    echo_checked(&client, 30, 100, 200 << 10);
+    echo_checked(&client, 31, 100, 3 << 20);
     let c = server.counters();
     assert!(c.send_areas_created > created, "registered again: {c:?}");
     assert_eq!(c.send_area_failures, 0, "{c:?}");
@@ -146,7 +135,7 @@ fn they_are_never_given_back_while_a_write_from_them_is_in_flight() {
     let answer = EchoMsg { seq: 7, checksum: fnv64(&p), payload: p, reply_len: 0 };
     let len = answer.encoded_len() as u32;
     stash.lock().unwrap().pop().unwrap().send(Ok(answer));
-    counters_when(&server, "the answer's send areas registered", |c| c.send_areas_created == 1);
+    counters_when(&server, "the answer's send areas registered", SOON, |c| c.send_areas_created == 1);
     // 5 × `send_area_idle`, well within the server's retries (7 × 67 ms): the sweeps meanwhile
     // (every 5 ms) find them unused for longer than `idle`, with the WRITE in flight.
     let until = Instant::now() + 5 * idle;
@@ -173,7 +162,7 @@ fn they_are_never_given_back_while_a_write_from_them_is_in_flight() {
     assert!(!c.dead, "the server's WRITE failed");
 
     // Once its completion is polled and `idle` passes, they go.
-    let s = counters_when(&server, "the send areas given back", |s| s.send_areas_released == 1);
+    let s = counters_when(&server, "the send areas given back", SOON, |s| s.send_areas_released == 1);
     assert_eq!(s.send_area_bytes, 0, "{s:?}");
 }
 
@@ -335,7 +324,7 @@ fn failed_registration_child() {
     assert!(text.contains("send mirror"), "names what failed: {text}");
     // Another session's ring bodies are served.
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    echo(&client, 3, 100, 200 << 10);
+    echo_checked(&client, 3, 100, 200 << 10);
     let s = server.counters();
     assert_eq!(
         (s.send_area_failures, s.send_areas_created, s.send_area_bytes),
@@ -361,7 +350,7 @@ fn the_server_wide_cap_on_send_areas_fails_the_call_over_it_and_nothing_else() {
     );
     let a = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     let b = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    echo(&a, 1, 100, 200 << 10);
+    echo_checked(&a, 1, 100, 200 << 10);
     // Held by `a` until `idle` passes with no ring body of its: `b`'s first one is over the cap
     // (unless `a`'s were given back already on a very slow machine: then it is served).
     let over = b.unary::<_, EchoMsg>(ECHO, &request(2, 100, 200 << 10), &CallOptions::default());
@@ -372,15 +361,15 @@ fn the_server_wide_cap_on_send_areas_fails_the_call_over_it_and_nothing_else() {
             let c = server.counters();
             assert_eq!((c.send_area_failures, c.send_area_bytes), (1, DEFAULT_AREAS), "{c:?}");
             // The session goes on.
-            echo(&b, 3, 100, 100);
+            echo_checked(&b, 3, 100, 100);
         }
         Ok(r) => {
             check_reply(&r, 2, 200 << 10);
             assert!(server.counters().send_areas_released >= 1, "served only after a release");
         }
     }
-    let before = counters_when(&server, "a's areas given back", |c| c.send_area_bytes == 0);
-    echo(&b, 4, 100, 200 << 10);
+    let before = counters_when(&server, "a's areas given back", SOON, |c| c.send_area_bytes == 0);
+    echo_checked(&b, 4, 100, 200 << 10);
     let c = server.counters();
     assert!(c.send_areas_created > before.send_areas_created, "b registered them: {c:?}");
     assert_eq!(c.send_area_failures, before.send_area_failures, "{c:?}");

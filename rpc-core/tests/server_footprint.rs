@@ -7,16 +7,11 @@ mod rpc_support;
 use std::future::Future;
 
 use rpc_core::codegen::*;
-use rpc_core::{Client, Counters, ServerHandle};
+use rpc_core::Client;
 use rpc_support::*;
 
 /// Bytes of one receive buffer at the default eager threshold: 4096 + the 40-byte header.
 const BUF: u64 = 4096 + 40;
-
-fn counters_when(server: &ServerHandle, what: &str, ok: impl Fn(&Counters) -> bool) -> Counters {
-    wait_until(what, WAIT, || ok(&server.counters()), || format!("{:?}", server.counters()));
-    server.counters()
-}
 
 fn echo(c: &Client, seq: u64) {
     let r: EchoMsg = c.unary(ECHO, &request(seq, 32, 32), &CallOptions::default()).unwrap();
@@ -49,7 +44,7 @@ fn receive_buffers_are_registered_as_sessions_are_admitted_and_kept() {
 
     // Both go; the buffers stay, and a new session needs no more.
     drop((a, b));
-    counters_when(&server, "both sessions closed", |c| c.sessions_closed == 2);
+    counters_when(&server, "both sessions closed", WAIT, |c| c.sessions_closed == 2);
     let c = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     echo(&c, 4);
     let after = server.counters();

@@ -572,3 +572,30 @@ pub fn in_small_sim_segments(entry: &str) {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("1 passed"), "child {entry}:\n{text}");
 }
+
+/// The server's counters once `ok` holds for them (they are published by the workers as they
+/// go), waiting up to `within`.
+///
+/// # Panics
+/// When `ok` still fails after `within`, naming `what` and showing the last counters.
+#[track_caller]
+pub fn counters_when(
+    server: &ServerHandle,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&rpc_core::Counters) -> bool,
+) -> rpc_core::Counters {
+    wait_until(what, within, || ok(&server.counters()), || format!("{:?}", server.counters()));
+    server.counters()
+}
+
+/// One ECHO call on `c` with a request of `len` payload bytes asking `reply_len` back; the
+/// answer is checked ([`check_reply`]).
+///
+/// # Panics
+/// When the call fails or the answer is not the one asked for.
+#[track_caller]
+pub fn echo_checked(c: &rpc_core::Client, seq: u64, len: usize, reply_len: usize) {
+    let r: EchoMsg = c.unary(ECHO, &request(seq, len, reply_len), &rpc_core::CallOptions::default()).unwrap();
+    check_reply(&r, seq, reply_len);
+}
