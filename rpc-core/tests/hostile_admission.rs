@@ -10,13 +10,13 @@
 
 mod rpc_support;
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use rpc_core::codegen::*;
-use rpc_core::wire::{read_frame, write_frame, Frame, Handshake, Header, Kind, HEADER_LEN};
+use rpc_core::wire::{Frame, Header, Kind};
 use rpc_core::{Client, Counters, ServerHandle};
 use rpc_support::*;
 
@@ -67,18 +67,6 @@ impl GoodClient {
         assert!(calls >= 5, "{calls} calls");
         calls
     }
-}
-
-/// Sends a hand-made handshake (a fresh raw peer's, `tweak`ed) and returns the server's answer
-/// (the TCP connection closes when this returns: an admitted session is closed with it).
-fn raw_handshake(addr: SocketAddr, tweak: impl FnOnce(&mut Handshake)) -> Frame {
-    let peer = RawPeer::new(16, 4, HEADER_LEN + 4096, 1 << 16, 1);
-    let mut hello = peer.handshake(4, 4096, 1 << 20, 0);
-    tweak(&mut hello);
-    let mut tcp = TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(WAIT)).unwrap();
-    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
-    read_frame(&mut tcp).expect("the server answers the handshake")
 }
 
 /// Waits until the server's counters satisfy `done`.

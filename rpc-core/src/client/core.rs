@@ -138,7 +138,9 @@ pub(crate) struct ClientCore<P: Provider> {
     /// Messages of one caller's stream that found no stream grant, framed into one send
     /// buffer ([`crate::wire::STREAM_BATCH`]): they leave as one SEND with the next credit.
     stream_batch: Option<OpenBatch>,
-    tcp: TcpStream,
+    /// The control connection; `None` once the server said it holds none for this session
+    /// ([`crate::wire::FLAG_DETACHED`]: liveness by the idle probe alone).
+    tcp: Option<TcpStream>,
     broken: Option<Status>,
     idle: Idle,
     /// When the timers and the TCP channel are checked ([`crate::session::tick`]).
@@ -322,6 +324,10 @@ impl<P: Provider> ClientCore<P> {
         if reply.session == 0 {
             return refuse("session", "0 is not a session id".into());
         }
+        if reply.flags & !crate::wire::FLAG_DETACHED != 0 {
+            return refuse("flags", format!("{:#06x}: a server sets only FLAG_DETACHED", reply.flags));
+        }
+        let detached = reply.flags & crate::wire::FLAG_DETACHED != 0;
         if reply.ring_len > cfg.max_peer_ring_bytes {
             // The client registers a mirror (and staging) of the server's ring length: a
             // configuration mismatch of the two ends, which one of them must change.
@@ -386,7 +392,13 @@ impl<P: Provider> ClientCore<P> {
                 std::thread::yield_now();
             }
         }
-        tcp.set_nonblocking(true).map_err(unavailable)?;
+        // A detached session's server closed its end after the reply: so does this one.
+        let tcp = if detached {
+            None
+        } else {
+            tcp.set_nonblocking(true).map_err(unavailable)?;
+            Some(tcp)
+        };
         let params = SessionParams {
             id: reply.session,
             credits: reply.credits,
@@ -396,7 +408,7 @@ impl<P: Provider> ClientCore<P> {
             own_ring_len: cfg.ring_bytes,
             max_held: usize::from(window),
         };
-        tracing::info!(%peer, session = reply.session, credits = reply.credits, transport = P::NAME, "client connected");
+        tracing::info!(%peer, session = reply.session, credits = reply.credits, detached, transport = P::NAME, "client connected");
         let session = Session::new(Role::Client, params);
         Ok(ClientCore {
             conn: Conn {
@@ -445,7 +457,13 @@ impl<P: Provider> ClientCore<P> {
             idle: Idle::new(cfg.polling),
             tick: Tick::new(),
             wcs: Completions::new(),
-            counters: Counters { sessions_opened: 1, window_fallbacks, ..Counters::default() },
+            counters: Counters {
+                sessions_opened: 1,
+                window_fallbacks,
+                control_connections: u64::from(!detached),
+                sessions_detached: u64::from(detached),
+                ..Counters::default()
+            },
             unplaced_stall: false,
             peer,
             _dev: dev,
@@ -950,6 +968,9 @@ impl<P: Provider> ClientCore<P> {
         // is dropped (QP first): moving the QP to ERR does not prove the NIC is done with them.
         self.conn.sq.discard_pending(&mut self.conn.pool);
         self.counters.sessions_closed += 1;
+        self.counters.control_connections = 0;
+        self.counters.sessions_detached = 0;
+        self.tcp = None;
         self.broken = Some(status);
     }
 
@@ -1403,8 +1424,9 @@ impl<P: Provider> ClientCore<P> {
         }
         // Read, not peek: nothing is defined after the handshake, so stray bytes are consumed and
         // dropped; a peek would see them forever and never notice the connection closing.
+        let Some(tcp) = &self.tcp else { return };
         let mut b = [0u8; 64];
-        match (&self.tcp).read(&mut b) {
+        match (&*tcp).read(&mut b) {
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
             Ok(n) if n > 0 => {}
             end => {

@@ -116,6 +116,14 @@ pub struct Counters {
     /// block once a request that carried the same one has left, so a caller whose every call
     /// has the same metadata (an auth token) sends it once per session.
     pub metadata_cached: u64,
+    /// Server: live sessions whose TCP control connection the server holds (one file descriptor
+    /// each). Client: 1 while its session has one.
+    pub control_connections: u64,
+    /// Server: live sessions admitted beyond `ServerConfig::max_control_connections`, which hold
+    /// no control connection ([`crate::wire::FLAG_DETACHED`]: no file descriptor; teardown by
+    /// the Close message, liveness by the idle probe and `idle_timeout`). Client: 1 while its
+    /// session is such a one.
+    pub sessions_detached: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -166,6 +174,8 @@ impl Counters {
         self.idle_closed += other.idle_closed;
         self.async_tasks += other.async_tasks;
         self.metadata_cached += other.metadata_cached;
+        self.control_connections += other.control_connections;
+        self.sessions_detached += other.sessions_detached;
         self.reassembly_refused += other.reassembly_refused;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
@@ -267,6 +277,9 @@ pub(crate) struct ServerMemory {
     /// Requests admitted and not yet answered over every session: the load responses report
     /// (`Session::set_load`).
     pub(crate) load: Arc<std::sync::atomic::AtomicU32>,
+    /// Sessions holding a control connection, and sessions holding none (the listener's).
+    pub(crate) control_connections: AtomicU64,
+    pub(crate) sessions_detached: AtomicU64,
 }
 
 impl ServerMemory {
@@ -283,6 +296,8 @@ impl ServerMemory {
             recv_bytes: std::sync::atomic::AtomicU64::new(0),
             recv_buffers: std::sync::atomic::AtomicU64::new(0),
             load: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+            control_connections: AtomicU64::new(0),
+            sessions_detached: AtomicU64::new(0),
         }
     }
 
@@ -297,6 +312,8 @@ impl ServerMemory {
         c.backlog_peak = self.backlog.peak();
         c.recv_buffer_bytes = self.recv_bytes.load(std::sync::atomic::Ordering::Relaxed);
         c.recv_buffers = self.recv_buffers.load(std::sync::atomic::Ordering::Relaxed);
+        c.control_connections = self.control_connections.load(Ordering::Relaxed);
+        c.sessions_detached = self.sessions_detached.load(Ordering::Relaxed);
     }
 }
 

@@ -46,8 +46,8 @@ use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HEADER_LEN,
-    MAX_AUTH_TOKEN, MAX_FRAME, MIN_RING_LEN,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_DETACHED, FLAG_IDLE_PONGS,
+    HEADER_LEN, MAX_AUTH_TOKEN, MAX_FRAME, MIN_RING_LEN,
 };
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
 use crate::worker::{BIND_DONE, BIND_PENDING};
@@ -192,6 +192,8 @@ pub(super) fn start<P: Provider>(
                 liveness,
                 next_token: FIRST_CONN,
                 conns: HashMap::new(),
+                tokens: HashMap::new(),
+                detached: HashMap::new(),
                 peers: HashMap::new(),
                 accept_failed: false,
                 handshakes: HashMap::new(),
@@ -257,6 +259,15 @@ struct Watched {
     stream: TcpStream,
     /// Counts the session among its peer's ([`Listener::peers`]) while it lives.
     _peer: PeerTicket,
+    /// Admitted beyond `max_control_connections`: its reply carried [`FLAG_DETACHED`], and the
+    /// connection is closed as soon as the session is live ([`Listener::keep`]).
+    detached: bool,
+}
+
+/// A live session that holds no control connection ([`FLAG_DETACHED`]).
+struct Detached {
+    worker: usize,
+    _peer: PeerTicket,
 }
 
 /// One live session of a peer address: the count of a peer's sessions is its tickets'
@@ -280,6 +291,10 @@ struct Listener<P: Provider> {
     next_token: usize,
     /// Live sessions by the token of their TCP connection.
     conns: HashMap<Token, Watched>,
+    /// The token of each live session's connection in `conns`, by session id.
+    tokens: HashMap<u32, Token>,
+    /// Live sessions that hold no control connection, by session id.
+    detached: HashMap<u32, Detached>,
     /// Per peer IP address: the ticket its live sessions hold (a count of `strong_count - 1`;
     /// entries with none are swept as sessions close).
     peers: HashMap<std::net::IpAddr, PeerTicket>,
@@ -342,16 +357,18 @@ impl<P: Provider> Listener<P> {
             self.watch_workers();
             self.hand_over_closes();
             while let Some(session) = self.closed.pop() {
-                let gone: Vec<Token> =
-                    self.conns.iter().filter(|(_, c)| c.session == session).map(|(t, _)| *t).collect();
-                for t in gone {
-                    if let Some(c) = self.conns.remove(&t) {
+                if self.detached.remove(&session).is_none() {
+                    if let Some(c) = self.tokens.remove(&session).and_then(|t| self.conns.remove(&t)) {
                         self.forget(&c.stream);
                     }
                 }
             }
+            self.memory.control_connections.store(self.conns.len() as u64, Ordering::Relaxed);
+            self.memory.sessions_detached.store(self.detached.len() as u64, Ordering::Relaxed);
         }
         self.conns.clear();
+        self.tokens.clear();
+        self.detached.clear();
         self.handshakes.clear();
         self.binding.clear();
         tracing::info!("server stopped");
@@ -400,10 +417,15 @@ impl<P: Provider> Listener<P> {
                 None => {
                     tracing::info!(session = b.session, peer = %b.peer, worker = b.worker, "session connected");
                     let stream = b.stream.into_tcp();
-                    let w = Watched { session: b.session, worker: b.worker, stream, _peer: b.peer_ticket };
-                    self.conns.insert(t, w);
-                    // What arrived meanwhile (or the peer's close) sent no new edge.
-                    self.check_conn(t);
+                    let detached = b.reply.flags & FLAG_DETACHED != 0;
+                    let w = Watched {
+                        session: b.session,
+                        worker: b.worker,
+                        stream,
+                        _peer: b.peer_ticket,
+                        detached,
+                    };
+                    self.keep(t, w);
                 }
                 Some(e) => {
                     self.close_on(b.worker, b.session);
@@ -412,6 +434,33 @@ impl<P: Provider> Listener<P> {
                 }
             }
         }
+    }
+
+    /// Keeps a session that just went live: watches its control connection, or, when it was
+    /// admitted detached, closes the connection (the reply was written; the client closes its
+    /// end once it read it) and keeps the session's place among its peer's.
+    fn keep(&mut self, token: Token, w: Watched) {
+        if w.detached {
+            self.forget(&w.stream);
+            let _ = w.stream.shutdown(std::net::Shutdown::Write);
+            self.detached.insert(w.session, Detached { worker: w.worker, _peer: w._peer });
+            return;
+        }
+        self.tokens.insert(w.session, token);
+        self.conns.insert(token, w);
+        // What arrived meanwhile (or the peer's close) sent no new edge.
+        self.check_conn(token);
+    }
+
+    /// Whether the next session admitted holds no control connection: the live ones (and
+    /// those waiting for a bind) reached `max_control_connections`, and a dead client would
+    /// still be found without it (`peer_timeout` for a client that answers Pings while idle,
+    /// `idle_timeout` for any).
+    fn detach_next(&self, hello: &Handshake) -> bool {
+        let held = self.conns.len() + self.binding.len();
+        let found_dead = self.config.idle_timeout.is_some()
+            || (self.config.peer_timeout.is_some() && hello.flags & FLAG_IDLE_PONGS != 0);
+        held >= self.config.max_control_connections && found_dead
     }
 
     /// Stops watching `stream` (before it is dropped or handed on).
@@ -510,11 +559,7 @@ impl<P: Provider> Listener<P> {
                 let Some(hs) = self.handshakes.remove(&token) else { return };
                 let peer = hs.peer;
                 match self.setup(hs.stream, peer, frame) {
-                    Ok(Setup::Live(watched)) => {
-                        self.conns.insert(token, watched);
-                        // What arrived after the frame (or the peer's close) sent no new edge.
-                        self.check_conn(token);
-                    }
+                    Ok(Setup::Live(watched)) => self.keep(token, watched),
                     Ok(Setup::Binding(b)) => {
                         self.binding.insert(token, b);
                         // The worker may have bound it already (its wake came before the entry).
@@ -558,6 +603,7 @@ impl<P: Provider> Listener<P> {
             }
         };
         if let Some(c) = self.conns.remove(&token) {
+            self.tokens.remove(&c.session);
             self.forget(&c.stream);
             tracing::info!(session = c.session, reason = %why, "peer disconnected");
             self.close_on(c.worker, c.session);
@@ -626,9 +672,17 @@ impl<P: Provider> Listener<P> {
                 );
                 for t in gone {
                     if let Some(c) = self.conns.remove(&t) {
+                        self.tokens.remove(&c.session);
                         self.forget(&c.stream);
                         self.close_on(wi, c.session);
                     }
+                }
+                // Their clients learn it from the probe or the Close when the worker is back.
+                let gone: Vec<u32> =
+                    self.detached.iter().filter(|(_, d)| d.worker == wi).map(|(s, _)| *s).collect();
+                for session in gone {
+                    self.detached.remove(&session);
+                    self.close_on(wi, session);
                 }
             }
         }
@@ -652,15 +706,15 @@ impl<P: Provider> Listener<P> {
         frame: Result<Frame, FrameError>,
     ) -> Result<Setup, (ControlStream, Status)> {
         let result = self.setup_inner(&mut stream, peer, frame);
-        if result.is_ok() && self.peers.len() > 2 * self.conns.len() + 64 {
+        if result.is_ok() && self.peers.len() > 2 * (self.conns.len() + self.detached.len()) + 64 {
             self.peers.retain(|_, t| Arc::strong_count(t) > 1);
         }
         match result {
-            Ok((session, worker, None)) => {
+            Ok((session, worker, None, detached)) => {
                 let _peer = self.peers.entry(peer.ip()).or_default().clone();
-                Ok(Setup::Live(Watched { session, worker, stream: stream.into_tcp(), _peer }))
+                Ok(Setup::Live(Watched { session, worker, stream: stream.into_tcp(), _peer, detached }))
             }
-            Ok((session, worker, Some((reply, bound)))) => Ok(Setup::Binding(PendingBind {
+            Ok((session, worker, Some((reply, bound)), _)) => Ok(Setup::Binding(PendingBind {
                 stream,
                 peer,
                 session,
@@ -674,15 +728,16 @@ impl<P: Provider> Listener<P> {
         }
     }
 
-    /// The session id and worker of an admitted session, and, when its ring has a window, the
-    /// reply to send once the worker bound it (sent here otherwise).
+    /// The session id and worker of an admitted session, when its ring has a window the reply
+    /// to send once the worker bound it (sent here otherwise), and whether it is admitted
+    /// detached ([`FLAG_DETACHED`], also in the reply).
     #[allow(clippy::type_complexity)]
     fn setup_inner(
         &mut self,
         stream: &mut ControlStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
-    ) -> Result<(u32, usize, Option<(Handshake, Arc<AtomicU8>)>), Status> {
+    ) -> Result<(u32, usize, Option<(Handshake, Arc<AtomicU8>)>, bool), Status> {
         let span = tracing::info_span!("connect", %peer, transport = P::NAME);
         let _entered = span.enter();
         let io = |e: std::io::Error| Status::unavailable(format!("handshake with {peer}: {e}"));
@@ -698,6 +753,14 @@ impl<P: Provider> Listener<P> {
         };
         if self.draining.load(Ordering::Acquire) {
             return Err(Self::refuse(stream, Status::unavailable("server is shutting down")));
+        }
+        if hello.flags & FLAG_DETACHED != 0 {
+            return Err(Self::refuse(
+                stream,
+                Status::invalid_argument(
+                    "handshake field `flags`: FLAG_DETACHED (0x0002) is the server's to set, not the client's",
+                ),
+            ));
         }
         if let Some(token) = &self.config.auth_token {
             if !token_matches(token, &hello.auth_token) {
@@ -775,7 +838,11 @@ impl<P: Provider> Listener<P> {
         }
         let local = conn.1;
         let session = conn.0.session.params().id;
-        let reply = handshake(&local, conn.2, credits, eager, max_message, session, Vec::new());
+        let mut reply = handshake(&local, conn.2, credits, eager, max_message, session, Vec::new());
+        let detached = self.detach_next(&hello);
+        if detached {
+            reply.flags |= FLAG_DETACHED;
+        }
         w.sessions.fetch_add(1, Ordering::Relaxed);
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));
@@ -812,14 +879,14 @@ impl<P: Provider> Listener<P> {
             self.recv_posting[wi] = Some(bound.clone());
         }
         if window || posting || recv_added.0 > 0 {
-            return Ok((session, wi, Some((reply, bound))));
+            return Ok((session, wi, Some((reply, bound)), detached));
         }
         if let Err(e) = answer(stream, &reply) {
             self.close_on(wi, session);
             return Err(io(e));
         }
-        tracing::info!(session, %peer, worker = wi, credits, eager, "session connected");
-        Ok((session, wi, None))
+        tracing::info!(session, %peer, worker = wi, credits, eager, detached, "session connected");
+        Ok((session, wi, None, detached))
     }
 
     /// Registers the receive buffers worker `wi`'s SRQ lacks for `reserved` WQEs (what its

@@ -198,12 +198,11 @@ pub struct ServerConfig {
     /// Valid range:
     /// 1 ..= 32767 per worker.
     ///
-    /// Each session also holds its TCP control connection, a file descriptor: a server raises
+    /// A session also holds its TCP control connection, a file descriptor: a server raises
     /// its process's open-file soft limit (`RLIMIT_NOFILE`, `ulimit -n`, 1,024 by default on
     /// Linux) to the hard limit when it spawns, as Go's runtime does at start, and logs it at
-    /// info; when the hard limit is below `max_sessions` + 64 it warns, and connections beyond
-    /// it wait in the listen backlog (the accept fails `EMFILE`, logged) until a descriptor
-    /// frees or their client's `connect_timeout` passes.
+    /// info; sessions beyond what that limit leaves hold no control connection
+    /// ([`ServerConfig::max_control_connections`]), so the limit does not bound the sessions.
     pub max_sessions: usize,
     /// Most sessions one peer IP address may hold at once (all its ports together): a handshake
     /// beyond it is refused RESOURCE_EXHAUSTED naming this field, the address and its count,
@@ -212,6 +211,23 @@ pub struct ServerConfig {
     /// address); else 1 ..= `max_sessions`. A session counts from its handshake until the server
     /// dropped its control connection (closed by either end).
     pub max_sessions_per_peer: usize,
+    /// Most sessions that hold a TCP control connection (a file descriptor each). A session
+    /// admitted beyond it holds none: the server's handshake reply says so
+    /// ([`crate::wire::FLAG_DETACHED`]), both ends close the connection, and the session lives
+    /// on the RDMA path alone: its teardown is the Close message; a dead or hung client is
+    /// found by the idle probe ([`ServerConfig::peer_timeout`], for a client that answers it
+    /// while idle: a `Channel`) and by [`ServerConfig::idle_timeout`] (any client), a dead
+    /// server by the client's probe while it has calls in flight. What is lost: a client
+    /// process that exits is seen at once through its closed connection, a detached one only by
+    /// those timers. Only when neither `peer_timeout` nor `idle_timeout` is set does every
+    /// session keep its connection (else a dead client's session would never be reclaimed).
+    ///
+    /// Default 0: the process's open-file soft limit after the raise at spawn (see
+    /// [`ServerConfig::max_sessions`]) less 128 descriptors for everything else, so a server
+    /// takes `max_sessions` sessions whatever `ulimit -n` says. `usize::MAX`: every session
+    /// keeps its connection (the behaviour before protocol 12). Shown by
+    /// `Counters::control_connections` and `Counters::sessions_detached`.
+    pub max_control_connections: usize,
     /// Bodies up to this many bytes travel in the SEND; larger ones by RDMA WRITE into the ring.
     /// Default 4096 bytes. The agreed value is the smaller of server's and client's.
     pub eager_threshold: u32,
@@ -349,6 +365,7 @@ impl Default for ServerConfig {
             credits_per_session: 32,
             max_sessions: 128,
             max_sessions_per_peer: 0,
+            max_control_connections: 0,
             eager_threshold: 4096,
             polling: PollingPolicy::Busy,
             auth_token: None,
@@ -624,6 +641,8 @@ impl ServerBuilder {
         max_sessions: usize;
         /// See [`ServerConfig::max_sessions_per_peer`].
         max_sessions_per_peer: usize;
+        /// See [`ServerConfig::max_control_connections`].
+        max_control_connections: usize;
         /// See [`ServerConfig::eager_threshold`].
         eager_threshold: u32;
         /// See [`ServerConfig::polling`].
@@ -732,9 +751,12 @@ impl ServerBuilder {
         Ok(handle)
     }
 
-    fn spawn_workers(self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
+    fn spawn_workers(mut self, addr: impl ToSocketAddrs) -> Result<ServerHandle, ServerError> {
         self.config.validate()?;
-        nofile::raise_nofile(self.config.max_sessions);
+        let nofile = nofile::raise_nofile(self.config.max_sessions);
+        if self.config.max_control_connections == 0 {
+            self.config.max_control_connections = nofile::control_connections(nofile);
+        }
         if let Some(&(id, first, second)) = self.registry.duplicates.first() {
             return Err(ServerError::DuplicateMethod { id, first, second });
         }

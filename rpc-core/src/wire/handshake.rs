@@ -7,7 +7,7 @@
 //! |---|---|
 //! | 4 | magic `b"RPCH"` |
 //! | 2 | protocol version ([`PROTOCOL_VERSION`]) |
-//! | 2 | flags ([`FLAG_IDLE_PONGS`]; other bits 0) |
+//! | 2 | flags ([`FLAG_IDLE_PONGS`] from a client, [`FLAG_DETACHED`] from a server; other bits 0) |
 //! | 4 | QPN (24 bits, non-zero) |
 //! | 4 | PSN (24 bits) |
 //! | 2 | LID (InfiniBand; 0 elsewhere) |
@@ -35,6 +35,9 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
+/// 12 (2026-12-06): a server may hold no control connection for a session
+/// ([`FLAG_DETACHED`] in its reply); a client of version 11 would read the closed connection as
+/// the server's death.
 /// 11 (2026-12-06): a request may keep its metadata block as the session's cached block, and
 /// later requests name that block instead of carrying it ([`super::header::METADATA_STORE`],
 /// [`super::header::METADATA_CACHED`]).
@@ -51,15 +54,24 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a
 /// client reports freed space once half of those are freed (a version-6 client would leave such
 /// a server waiting for a Ping). 6: the idle probe (`FLAG_IDLE_PONGS`).
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
 /// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of
 /// silence (a SIGSTOPped or hung client process, whose kernel still answers TCP keepalives). A
 /// blocking [`Client`](crate::Client) answers only while its thread drives it and leaves it 0.
 pub const FLAG_IDLE_PONGS: u16 = 1;
+/// Handshake flag, server → client (protocol 12): the server holds no control connection for
+/// this session. It closes the TCP connection once this reply is written, and the client closes
+/// its end once it has read it; the session lives on the RDMA path alone: its teardown is the
+/// Close message, and a dead peer is found by the idle probe (`peer_timeout`) and, on the
+/// server, by `ServerConfig::idle_timeout` for a client that answers no probe while idle. A
+/// server sets it for the sessions it admits beyond `ServerConfig::max_control_connections`
+/// (the open-file limit at scale); a client never sends it (a server refuses a handshake that
+/// does).
+pub const FLAG_DETACHED: u16 = 2;
 /// Every handshake flag this build knows.
-const KNOWN_FLAGS: u16 = FLAG_IDLE_PONGS;
+const KNOWN_FLAGS: u16 = FLAG_IDLE_PONGS | FLAG_DETACHED;
 /// Longest auth token in bytes.
 pub const MAX_AUTH_TOKEN: usize = 256;
 /// Longest frame payload in bytes.
@@ -433,7 +445,7 @@ mod tests {
         let h = sample();
         assert_eq!(field_of(&h, |v| v[0] = b'X'), "magic");
         assert_eq!(field_of(&h, |v| v[4] = PROTOCOL_VERSION as u8 + 1), "version");
-        assert_eq!(field_of(&Handshake { flags: 2, ..h.clone() }, |_| ()), "flags");
+        assert_eq!(field_of(&Handshake { flags: 4, ..h.clone() }, |_| ()), "flags");
         assert_eq!(field_of(&h, |v| v[7] = 0x80), "flags");
         assert_eq!(field_of(&Handshake { qp_num: 0, ..h.clone() }, |_| ()), "qp_num");
         assert_eq!(field_of(&Handshake { qp_num: 1 << 24, ..h.clone() }, |_| ()), "qp_num");

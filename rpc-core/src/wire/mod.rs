@@ -10,8 +10,8 @@ mod header;
 pub use close::{close_reason, encode_close_reason, MAX_CLOSE_REASON};
 pub use error::WireError;
 pub use handshake::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_IDLE_PONGS, HANDSHAKE_MAGIC,
-    MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, MIN_RING_LEN, PROTOCOL_VERSION,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_DETACHED, FLAG_IDLE_PONGS,
+    HANDSHAKE_MAGIC, MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, MIN_RING_LEN, PROTOCOL_VERSION,
 };
 pub use header::{
     batch_frames, frame_at, metadata_block_len, push_frame, BatchFrames, Header, Kind, BODY_IN_RING,

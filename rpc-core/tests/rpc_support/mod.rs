@@ -573,6 +573,21 @@ pub fn in_small_sim_segments(entry: &str) {
     assert!(out.status.success() && text.contains("1 passed"), "child {entry}:\n{text}");
 }
 
+/// Sends a hand-made handshake (a fresh raw peer's, `tweak`ed) and returns the server's answer
+/// (the TCP connection closes when this returns: an admitted session is closed with it).
+pub fn raw_handshake(
+    addr: std::net::SocketAddr,
+    tweak: impl FnOnce(&mut Handshake),
+) -> rpc_core::wire::Frame {
+    let peer = RawPeer::new(16, 4, rpc_core::wire::HEADER_LEN + 4096, 1 << 16, 1);
+    let mut hello = peer.handshake(4, 4096, 1 << 20, 0);
+    tweak(&mut hello);
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(WAIT)).unwrap();
+    rpc_core::wire::write_frame(&mut tcp, &rpc_core::wire::Frame::Handshake(hello)).unwrap();
+    rpc_core::wire::read_frame(&mut tcp).expect("the server answers the handshake")
+}
+
 /// The server's counters once `ok` holds for them (they are published by the workers as they
 /// go), waiting up to `within`.
 ///

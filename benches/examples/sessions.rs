@@ -1,0 +1,286 @@
+//! Many sessions on one server (a benchmark, not a test; issue 28's "20,000 sessions"): starts a
+//! server process and `P` client processes that connect `N` sessions in all to it, each session
+//! making one 32 B echo call when it connects and one more after all are connected; then reports
+//! the time to connect them all, the server's resident memory (`VmRSS`) and what it registered
+//! (`Counters::registered_bytes` + `Counters::recv_buffer_bytes`), each per session.
+//!
+//! ```text
+//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--transport sim|rdma]
+//! ```
+//!
+//! N defaults to 1,000 sessions, P to 4 client processes; `--credits` is the server's
+//! `credits_per_session` and each client's window (default 2). The server admits exactly N
+//! sessions (`max_sessions`), polls with `SpinThenYield` on one worker, and raises its open-file
+//! soft limit to the hard one (as the server does). The machine's 1-minute load is printed next
+//! to the figures.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rpc_core::{Client, ClientConfig, PollingPolicy, Server, Transport};
+use rpc_perf::rpc::pb::bench_client::BenchClient;
+use rpc_perf::rpc::pb::bench_server::BenchServer;
+use rpc_perf::rpc::pb::EchoRequest;
+use rpc_perf::rpc::BenchService;
+
+fn status_kib(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn load1() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split(' ').next().map(str::to_string))
+        .unwrap_or_default()
+}
+
+struct Opts {
+    sessions: usize,
+    procs: usize,
+    credits: u16,
+    transport: Transport,
+}
+
+fn usage(what: &str) -> ! {
+    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--transport sim|rdma]");
+    std::process::exit(2)
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Opts {
+    let mut o = Opts { sessions: 1000, procs: 4, credits: 2, transport: Transport::Sim };
+    let mut plain = 0;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--transport" => {
+                o.transport = Transport::parse(&args.next().unwrap_or_default())
+                    .unwrap_or_else(|e| usage(&format!("--transport: {e}")))
+            }
+            "--credits" => {
+                o.credits = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|c| (1..=4096).contains(c))
+                    .unwrap_or_else(|| usage("--credits takes 1..=4096"))
+            }
+            s => {
+                let v: usize = s.parse().unwrap_or_else(|_| usage(&format!("unknown argument {s:?}")));
+                match plain {
+                    0 => o.sessions = v.max(1),
+                    1 => o.procs = v.max(1),
+                    _ => usage("at most two numbers: N sessions, P processes"),
+                }
+                plain += 1;
+            }
+        }
+    }
+    o
+}
+
+fn transport_arg(t: &Transport) -> &'static str {
+    match t {
+        Transport::Sim => "sim",
+        _ => "rdma",
+    }
+}
+
+/// The server process: serves until its stdin closes; prints `addr ADDR` once listening and,
+/// on a `report` line, `report RSS_KIB REGISTERED RECV_BUFFERS SESSIONS`.
+fn serve(o: &Opts) {
+    let rss0 = status_kib("VmRSS:");
+    let server = Server::builder()
+        .transport(o.transport.clone())
+        .polling(PollingPolicy::SpinThenYield { spins: 1000 })
+        .worker_cores(vec![0])
+        .max_sessions(o.sessions)
+        .credits_per_session(o.credits)
+        .peer_timeout(None)
+        .idle_timeout(None)
+        .add_service(BenchServer::new(BenchService::default()))
+        .spawn("127.0.0.1:0")
+        .unwrap_or_else(|e| usage(&format!("server start: {e}")));
+    println!("addr {} rss0 {rss0}", server.local_addr());
+    let _ = std::io::stdout().flush();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim() == "report" {
+            let c = server.counters();
+            println!(
+                "report {} {} {} {}",
+                status_kib("VmRSS:"),
+                c.registered_bytes,
+                c.recv_buffer_bytes,
+                c.sessions_opened - c.sessions_closed
+            );
+            let _ = std::io::stdout().flush();
+        }
+    }
+    server.shutdown();
+}
+
+fn call(c: &BenchClient, i: usize) -> Result<(), String> {
+    let r = c
+        .echo(EchoRequest { payload: vec![i as u8; 32].into(), resp_size: 32 })
+        .map_err(|e| format!("session {i}: {e}"))?;
+    if r.payload.len() == 32 {
+        Ok(())
+    } else {
+        Err(format!("session {i}: a {}-byte answer", r.payload.len()))
+    }
+}
+
+/// A client process: connects `n` sessions to `addr` (one call each), prints `connected SECS`,
+/// waits for a `go` line, makes one more call on every session, prints `done`, then holds its
+/// sessions until stdin closes.
+fn clients(o: &Opts, addr: &str, n: usize) {
+    let cfg = ClientConfig {
+        transport: o.transport.clone(),
+        polling: PollingPolicy::SpinThenYield { spins: 100 },
+        window: o.credits,
+        ring_bytes: rpc_core::wire::MIN_RING_LEN,
+        peer_timeout: None,
+        ..ClientConfig::default()
+    };
+    let t = Instant::now();
+    let mut all = Vec::with_capacity(n);
+    for i in 0..n {
+        let c = Client::connect_with(addr, &cfg).unwrap_or_else(|e| usage(&format!("session {i}: {e}")));
+        let c = BenchClient::new(c);
+        call(&c, i).unwrap_or_else(|e| usage(&e));
+        all.push(c);
+    }
+    println!("connected {:.3}", t.elapsed().as_secs_f64());
+    let _ = std::io::stdout().flush();
+    let mut lines = std::io::stdin().lock().lines();
+    if matches!(lines.next(), Some(Ok(l)) if l.trim() == "go") {
+        for (i, c) in all.iter().enumerate() {
+            call(c, i).unwrap_or_else(|e| usage(&e));
+        }
+        println!("done");
+        let _ = std::io::stdout().flush();
+    }
+    for _ in lines {}
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1).peekable();
+    match args.peek().map(String::as_str) {
+        Some("--serve") => {
+            args.next();
+            return serve(&parse(args));
+        }
+        Some("--clients") => {
+            args.next();
+            let addr = args.next().unwrap_or_else(|| usage("--clients ADDR N"));
+            let n: usize =
+                args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| usage("--clients ADDR N"));
+            return clients(&parse(args), &addr, n);
+        }
+        _ => {}
+    }
+    let o = parse(args);
+    let exe = std::env::current_exe().expect("current_exe");
+    let common = [
+        "--credits".to_string(),
+        o.credits.to_string(),
+        "--transport".into(),
+        transport_arg(&o.transport).into(),
+    ];
+    let mut server = Command::new(&exe)
+        .arg("--serve")
+        .arg(o.sessions.to_string())
+        .args(&common)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("server process");
+    let mut server_out = BufReader::new(server.stdout.take().expect("stdout")).lines();
+    let mut server_in = server.stdin.take().expect("stdin");
+    let first = server_out.next().and_then(Result::ok).unwrap_or_default();
+    let mut f = first.split_whitespace();
+    let (Some("addr"), Some(addr)) = (f.next(), f.next()) else { usage(&format!("server said {first:?}")) };
+    let addr = addr.to_string();
+    let report = |server_in: &mut std::process::ChildStdin,
+                  server_out: &mut std::io::Lines<BufReader<std::process::ChildStdout>>| {
+        writeln!(server_in, "report").expect("server stdin");
+        let l = server_out.next().and_then(Result::ok).unwrap_or_default();
+        let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+        if v.len() != 4 {
+            usage(&format!("server report {l:?}"));
+        }
+        (v[0], v[1], v[2], v[3])
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let idle = report(&mut server_in, &mut server_out);
+    let t = Instant::now();
+    let mut kids = Vec::new();
+    for p in 0..o.procs {
+        let n = o.sessions / o.procs + usize::from(p < o.sessions % o.procs);
+        let mut k = Command::new(&exe)
+            .arg("--clients")
+            .arg(&addr)
+            .arg(n.to_string())
+            .args(&common)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("client process");
+        let out = BufReader::new(k.stdout.take().expect("stdout")).lines();
+        kids.push((k, out));
+    }
+    let mut slowest = 0f64;
+    for (_, out) in kids.iter_mut() {
+        let l = out.next().and_then(Result::ok).unwrap_or_default();
+        match l.strip_prefix("connected ").and_then(|s| s.parse::<f64>().ok()) {
+            Some(s) => slowest = slowest.max(s),
+            None => usage(&format!("a client process said {l:?}")),
+        }
+    }
+    let connect = t.elapsed();
+    let full = report(&mut server_in, &mut server_out);
+    let t = Instant::now();
+    for (k, _) in kids.iter_mut() {
+        writeln!(k.stdin.as_mut().expect("stdin"), "go").expect("client stdin");
+    }
+    for (_, out) in kids.iter_mut() {
+        let l = out.next().and_then(Result::ok).unwrap_or_default();
+        if l != "done" {
+            usage(&format!("a client process said {l:?}"));
+        }
+    }
+    let second = t.elapsed();
+    let n = o.sessions as f64;
+    println!(
+        "{} sessions from {} processes ({}, credits {}): all connected in {:.2} s (slowest process {:.2} s); \
+         one more call on every session in {:.2} s",
+        full.3,
+        o.procs,
+        transport_arg(&o.transport),
+        o.credits,
+        connect.as_secs_f64(),
+        slowest,
+        second.as_secs_f64()
+    );
+    println!(
+        "server per session: VmRSS {:.1} KiB, pinned {:.1} KiB (session memory {:.1} KiB + SRQ receive buffers {:.1} KiB); \
+         server VmRSS idle {:.1} MiB, with all sessions {:.1} MiB; load1 {}",
+        (full.0 - idle.0) as f64 / n,
+        ((full.1 + full.2) - (idle.1 + idle.2)) as f64 / 1024.0 / n,
+        (full.1 - idle.1) as f64 / 1024.0 / n,
+        (full.2 - idle.2) as f64 / 1024.0 / n,
+        idle.0 as f64 / 1024.0,
+        full.0 as f64 / 1024.0,
+        load1()
+    );
+    drop(server_in);
+    for (mut k, _) in kids {
+        drop(k.stdin.take());
+        let _ = k.wait();
+    }
+    let _ = server.wait();
+}
