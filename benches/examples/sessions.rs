@@ -5,13 +5,14 @@
 //! (`Counters::registered_bytes` + `Counters::recv_buffer_bytes`), each per session.
 //!
 //! ```text
-//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--transport sim|rdma]
+//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--transport sim|rdma]
 //! ```
 //!
 //! N defaults to 1,000 sessions, P to 4 client processes; `--credits` is the server's
-//! `credits_per_session` and each client's window (default 2). The server admits exactly N
-//! sessions (`max_sessions`), polls with `SpinThenYield` on one worker, and raises its open-file
-//! soft limit to the hard one (as the server does). The machine's 1-minute load is printed next
+//! `credits_per_session` and each client's window (default 2); `--workers` the server's workers
+//! (default 1). The server admits exactly N sessions (`max_sessions`), polls with
+//! `SpinThenYield`, and raises its open-file soft limit to the hard one (sessions beyond it hold
+//! no control connection: `ServerConfig::max_control_connections`). The machine's 1-minute load is printed next
 //! to the figures.
 
 use std::io::{BufRead, BufReader, Write};
@@ -44,16 +45,17 @@ struct Opts {
     sessions: usize,
     procs: usize,
     credits: u16,
+    workers: usize,
     transport: Transport,
 }
 
 fn usage(what: &str) -> ! {
-    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--transport sim|rdma]");
+    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--transport sim|rdma]");
     std::process::exit(2)
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Opts {
-    let mut o = Opts { sessions: 1000, procs: 4, credits: 2, transport: Transport::Sim };
+    let mut o = Opts { sessions: 1000, procs: 4, credits: 2, workers: 1, transport: Transport::Sim };
     let mut plain = 0;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -67,6 +69,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
                     .and_then(|v| v.parse().ok())
                     .filter(|c| (1..=4096).contains(c))
                     .unwrap_or_else(|| usage("--credits takes 1..=4096"))
+            }
+            "--workers" => {
+                o.workers = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|w| (1..=64).contains(w))
+                    .unwrap_or_else(|| usage("--workers takes 1..=64"))
             }
             s => {
                 let v: usize = s.parse().unwrap_or_else(|_| usage(&format!("unknown argument {s:?}")));
@@ -96,7 +105,7 @@ fn serve(o: &Opts) {
     let server = Server::builder()
         .transport(o.transport.clone())
         .polling(PollingPolicy::SpinThenYield { spins: 1000 })
-        .worker_cores(vec![0])
+        .worker_cores((0..o.workers).collect())
         .max_sessions(o.sessions)
         .credits_per_session(o.credits)
         .peer_timeout(None)
@@ -188,6 +197,8 @@ fn main() {
     let common = [
         "--credits".to_string(),
         o.credits.to_string(),
+        "--workers".into(),
+        o.workers.to_string(),
         "--transport".into(),
         transport_arg(&o.transport).into(),
     ];
@@ -256,12 +267,13 @@ fn main() {
     let second = t.elapsed();
     let n = o.sessions as f64;
     println!(
-        "{} sessions from {} processes ({}, credits {}): all connected in {:.2} s (slowest process {:.2} s); \
+        "{} sessions from {} processes ({}, credits {}, {} workers): all connected in {:.2} s (slowest process {:.2} s); \
          one more call on every session in {:.2} s",
         full.3,
         o.procs,
         transport_arg(&o.transport),
         o.credits,
+        o.workers,
         connect.as_secs_f64(),
         slowest,
         second.as_secs_f64()
