@@ -403,12 +403,13 @@ impl<P: Provider> ClientCore<P> {
                 spare: session.spare_bodies().clone(),
                 qp,
                 pool,
-                ring,
+                ring: Some(ring),
                 areas,
                 written_mark: 0,
                 sq,
                 session: {
                     let mut s = session;
+                    s.lease_peer_ring();
                     s.set_peer_timeout(cfg.peer_timeout, Instant::now());
                     // A hostile server cannot make this end hold more for answers in pieces.
                     s.set_reassembly(
@@ -425,7 +426,8 @@ impl<P: Provider> ClientCore<P> {
                     );
                     s
                 },
-                peer_ring: (reply.ring_addr, reply.ring_rkey),
+                // Protocol 12: no ring until the server grants one (`on_ring_grant`).
+                peer_ring: (0, 0),
                 body_cap,
                 max_inline: qp_inline,
             },
@@ -523,6 +525,25 @@ impl<P: Provider> ClientCore<P> {
             if let Err(s) = self.conn.ensure_areas() {
                 self.counters.status(s.code());
                 return Err(s);
+            }
+            // The server's ring, granted on demand (protocol 12): asked for now and waited for
+            // (nothing is taken yet); a refusal fails this call and the session goes on.
+            loop {
+                match self.conn.session.ask_peer_ring() {
+                    Ok(true) => break,
+                    Err(s) => {
+                        self.counters.status(s.code());
+                        return Err(s);
+                    }
+                    Ok(false) if !blocking => {
+                        self.flush();
+                        return Ok(None);
+                    }
+                    Ok(false) => {
+                        self.flush();
+                        self.wait_step(deadline)?;
+                    }
+                }
             }
         }
         // A retry of the body whose stall was counted already does not count it again.
@@ -884,6 +905,7 @@ impl<P: Provider> ClientCore<P> {
         if self.conn.session.ring_freed()
             || !self.conn.sq.is_empty()
             || self.conn.session.has_control()
+            || self.conn.session.lease_pending()
             || self.recv.pending_reposts() >= REPOST_BATCH
         {
             self.flush_slow();
@@ -1096,6 +1118,11 @@ impl<P: Provider> ClientCore<P> {
                 self.release(body);
                 self.break_conn(status);
             }
+            Kind::RingGrant => self.on_ring_grant(&h, body),
+            // The session releases the ring with the next flush, once none of our WRITEs into
+            // it is in flight; the ask and release a server never sends (the session refused
+            // them).
+            Kind::RingReclaim | Kind::RingAsk | Kind::RingRelease => self.release(body),
             // A Ping made a Pong due (sent with the next flush); a CancelAck may have freed an
             // abandoned call's slot and credit (the session's); the rest only carried the freed
             // head (the session refused a Request or a Cancel).
@@ -1234,6 +1261,41 @@ impl<P: Provider> ClientCore<P> {
         if let Some(c) = self.captures.get_mut(id.slot as usize) {
             into.begin();
             *c = Some((id.generation, into.clone()));
+        }
+    }
+
+    /// The server's answer to our RingAsk (protocol 12; the session checked we asked): the
+    /// ring granted, which the bodies waiting for it now go into, or the refusal, which fails
+    /// the next body that looks for the ring (`Session::ask_peer_ring`). A grant that does not
+    /// decode, or of another length than the handshake's, breaks the connection.
+    #[cold]
+    #[inline(never)]
+    fn on_ring_grant(&mut self, h: &Header, body: Answer) {
+        if h.status != Code::Ok {
+            let reason = match &body {
+                Answer::Eager(b) => {
+                    crate::wire::close_reason(self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]))
+                }
+                _ => String::new(),
+            };
+            self.release(body);
+            self.conn.session.ring_refused(Status::new(h.status, format!("the server refused a receive ring: {reason}")));
+            return;
+        }
+        let grant = match &body {
+            Answer::Eager(b) => {
+                crate::wire::ring_lease::RingGrant::decode(self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]))
+                    .map_err(|e| e.to_string())
+            }
+            _ => Err("a ring grant's body is eager".to_owned()),
+        };
+        self.release(body);
+        match grant.and_then(|g| self.conn.session.ring_granted(g.len).map(|()| g).map_err(str::to_owned)) {
+            Ok(g) => {
+                self.conn.set_peer_ring(g.addr, g.rkey);
+                self.pump();
+            }
+            Err(reason) => self.malformed(format!("protocol violation: {reason}")),
         }
     }
 
@@ -1584,8 +1646,8 @@ impl<P: Provider> ClientCore<P> {
     /// call's result) or the caller ended its messages; DEADLINE_EXCEEDED at the stream's
     /// deadline (the stream is cancelled); RESOURCE_EXHAUSTED for a message over
     /// `max_message_size`, or for a message above the eager threshold when the connection's send
-    /// mirror or staging area cannot be registered (naming which; nothing of it is sent, the
-    /// stream goes on); UNAVAILABLE when the session broke.
+    /// mirror or staging area cannot be registered or the server refused its ring (naming which;
+    /// nothing of it is sent, the stream goes on); UNAVAILABLE when the session broke.
     pub(crate) fn stream_send<M: Message>(
         &mut self,
         id: CallId,
@@ -1826,6 +1888,7 @@ impl<P: Provider> ClientCore<P> {
             && (!self.outbox.is_empty()
                 || !self.conn.sq.is_empty()
                 || self.conn.session.has_control()
+                || self.conn.session.lease_pending()
                 || self.stream_batch.is_some()
                 || !self.stream_ends.is_empty()
                 || !self.stream_cancels.is_empty())
@@ -2015,7 +2078,9 @@ impl<P: Provider> ClientCore<P> {
         if len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap {
             return Ok(());
         }
-        let r = self.conn.ensure_areas();
+        // The server's ring is asked for too (protocol 12): the message waits in the outbox
+        // for the grant; a refusal fails it (the stream goes on).
+        let r = self.conn.ensure_areas().and_then(|()| self.conn.session.ask_peer_ring().map(drop));
         if let Err(s) = &r {
             self.counters.status(s.code());
         }

@@ -14,9 +14,9 @@
 //! | 1 | MTU (verbs enum, 1..=5) |
 //! | 1 | reserved, 0 |
 //! | 16 | GID |
-//! | 8 | ring address (where the peer RDMA WRITEs bulk bodies) |
+//! | 8 | ring address (where the peer RDMA WRITEs bulk bodies; 0 from a server: its ring is granted on demand, [`super::ring_lease`]) |
 //! | 4 | ring length in bytes (1 ..= 1 GiB on the wire; each end refuses a peer ring below [`MIN_RING_LEN`], and a server one above its `max_peer_ring_bytes`) |
-//! | 4 | ring rkey |
+//! | 4 | ring rkey (0 from a server) |
 //! | 2 | credits: requests in flight (client: asked; server: granted), 1..=4096 |
 //! | 2 | reserved, 0 |
 //! | 4 | eager threshold in bytes (bodies up to this go in the SEND) |
@@ -35,6 +35,10 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
+/// 12 (2026-12-06): the server's receive ring is granted on demand ([`super::ring_lease`]):
+/// its handshake gives the ring's length with address and rkey 0, the client asks with a
+/// [`super::Kind::RingAsk`] before its first body above the eager threshold, and the server
+/// takes an idle ring back ([`super::Kind::RingReclaim`], [`super::Kind::RingRelease`]).
 /// 11 (2026-12-06): a request may keep its metadata block as the session's cached block, and
 /// later requests name that block instead of carrying it ([`super::header::METADATA_STORE`],
 /// [`super::header::METADATA_CACHED`]).
@@ -51,7 +55,7 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a
 /// client reports freed space once half of those are freed (a version-6 client would leave such
 /// a server waiting for a Ping). 6: the idle probe (`FLAG_IDLE_PONGS`).
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
 /// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of
