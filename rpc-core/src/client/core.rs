@@ -527,7 +527,11 @@ impl<P: Provider> ClientCore<P> {
                 return Err(s);
             }
             // The server's ring, granted on demand (protocol 12): asked for now and waited for
-            // (nothing is taken yet); a refusal fails this call and the session goes on.
+            // (nothing is taken yet); a refusal fails this call and the session goes on. What
+            // arrived is taken first: a blocking client idle for a while may have a RingReclaim
+            // waiting (the server revokes the ring when it is not answered in time, and a WRITE
+            // into it would break the session).
+            self.progress();
             loop {
                 match self.conn.session.ask_peer_ring() {
                     Ok(true) => break,
@@ -2079,7 +2083,9 @@ impl<P: Provider> ClientCore<P> {
             return Ok(());
         }
         // The server's ring is asked for too (protocol 12): the message waits in the outbox
-        // for the grant; a refusal fails it (the stream goes on).
+        // for the grant; a refusal fails it (the stream goes on). A RingReclaim waiting is taken
+        // first (as in `start_with`).
+        self.progress();
         let r = self.conn.ensure_areas().and_then(|()| self.conn.session.ask_peer_ring().map(drop));
         if let Err(s) = &r {
             self.counters.status(s.code());
