@@ -335,3 +335,165 @@ impl Session {
         Ok(false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{Placement, SessionParams};
+    use crate::status::Code;
+
+    const RING: u32 = 1 << 16;
+
+    fn session(role: Role) -> Session {
+        let params = SessionParams {
+            id: 5,
+            credits: 4,
+            eager_threshold: 1024,
+            max_message: 1 << 20,
+            peer_ring_len: RING,
+            own_ring_len: RING,
+            max_held: 8,
+        };
+        let mut s = Session::new(role, params);
+        match role {
+            Role::Client => s.lease_peer_ring(),
+            Role::Server => s.lease_own_ring(),
+        }
+        s
+    }
+
+    fn header(kind: Kind) -> Header {
+        Header { session: 5, ..Header::new(kind) }
+    }
+
+    #[test]
+    fn a_body_without_a_grant_waits_asks_once_and_goes_into_the_granted_ring() {
+        let t = Instant::now();
+        let mut c = session(Role::Client);
+        assert!(!c.lease_pending(), "nothing asked while idle");
+        assert_eq!(c.place_body(4096), Ok(Placement::Pieces), "waits as for a full ring");
+        assert_eq!(c.next_piece(4096), None);
+        assert_eq!(c.next_lease_control(), Some(LeaseMsg::Ask(RING)));
+        assert_eq!(c.next_lease_control(), None, "one ask");
+        assert_eq!(c.place_body(4096), Ok(Placement::Pieces));
+        assert_eq!(c.next_lease_control(), None, "still one ask");
+        c.handle_header(&header(Kind::RingGrant), || t).unwrap();
+        assert_eq!(c.ring_granted(RING / 2), Err("ring granted of another length than the handshake's"));
+        c.ring_granted(RING).unwrap();
+        assert_eq!(c.place_body(4096), Ok(Placement::Ring(0)));
+        assert_eq!(c.ask_peer_ring(), Ok(true));
+        // A second grant was never asked for.
+        assert!(c.handle_header(&header(Kind::RingGrant), || t).is_err());
+    }
+
+    #[test]
+    fn a_refusal_fails_the_next_body_that_looks_and_the_one_after_asks_again() {
+        let t = Instant::now();
+        let mut c = session(Role::Client);
+        assert_eq!(c.ask_peer_ring(), Ok(false));
+        assert_eq!(c.next_lease_control(), Some(LeaseMsg::Ask(RING)));
+        let refused = Header { status: Code::ResourceExhausted, ..header(Kind::RingGrant) };
+        c.handle_header(&refused, || t).unwrap();
+        c.ring_refused(Status::resource_exhausted("over ServerConfig::max_ring_pool_bytes"));
+        let e = c.ask_peer_ring().unwrap_err();
+        assert!(e.message().contains("max_ring_pool_bytes"), "{e:?}");
+        assert_eq!(c.ask_peer_ring(), Ok(false), "the next one asks again");
+        assert_eq!(c.next_lease_control(), Some(LeaseMsg::Ask(RING)));
+    }
+
+    #[test]
+    fn a_reclaimed_ring_is_released_only_once_no_write_is_unretired_and_all_is_freed() {
+        let t = Instant::now();
+        let mut c = session(Role::Client);
+        assert_eq!(c.ask_peer_ring(), Ok(false));
+        c.next_lease_control();
+        c.handle_header(&header(Kind::RingGrant), || t).unwrap();
+        c.ring_granted(RING).unwrap();
+        assert_eq!(c.place_body(4096), Ok(Placement::Ring(0)));
+        let mark = c.ring_write_mark();
+        // The reclaim crosses the body: its WRITE is in flight, and the server has not freed it.
+        c.handle_header(&header(Kind::RingReclaim), || t).unwrap();
+        assert!(c.lease_pending());
+        assert_eq!(c.next_lease_control(), None, "a WRITE of ours is unretired");
+        assert_eq!(c.place_body(4096), Ok(Placement::Pieces), "nothing new goes into it");
+        c.on_ring_written(mark);
+        assert_eq!(c.next_lease_control(), None, "the server has not freed the body yet");
+        c.handle_header(&Header { freed_head: mark, ..header(Kind::RingReturn) }, || t).unwrap();
+        assert_eq!(c.next_lease_control(), Some(LeaseMsg::Release));
+        // The body that waited asks again.
+        assert_eq!(c.next_lease_control(), Some(LeaseMsg::Ask(RING)));
+        // A reclaim with no ring granted is a violation.
+        assert!(c.handle_header(&header(Kind::RingReclaim), || t).is_err());
+    }
+
+    #[test]
+    fn the_granter_reclaims_an_idle_ring_and_revokes_it_when_no_release_comes() {
+        let t = Instant::now();
+        let idle = Duration::from_millis(100);
+        let at = |ms| t + Duration::from_millis(ms);
+        let mut s = session(Role::Server);
+        assert!(!s.own_ring_live());
+        s.handle_header(&header(Kind::RingAsk), || t).unwrap();
+        assert!(s.own_ring_asked());
+        let g = RingGrant { addr: 4096, len: RING, rkey: 9 };
+        s.ring_answer(Ok(g));
+        assert!(!s.own_ring_live(), "no body before the grant leaves");
+        assert_eq!(s.next_lease_control(), Some(LeaseMsg::Grant(g)));
+        assert!(s.own_ring_live());
+        // The first sweep that sees it starts its idle time.
+        assert_eq!(s.sweep_own_ring(at(1000), idle), OwnSweep::Keep);
+        assert_eq!(s.sweep_own_ring(at(1050), idle), OwnSweep::Keep);
+        assert_eq!(s.sweep_own_ring(at(1100), idle), OwnSweep::Reclaim);
+        assert_eq!(s.next_lease_control(), Some(LeaseMsg::Reclaim));
+        assert!(s.own_ring_live(), "bodies that crossed the reclaim are taken");
+        assert!(!s.own_ring_droppable());
+        assert_eq!(s.sweep_own_ring(at(1150), idle), OwnSweep::Keep);
+        assert_eq!(s.sweep_own_ring(at(1200), idle), OwnSweep::Revoke);
+        assert!(s.own_ring_droppable() && !s.own_ring_live());
+        assert_eq!(
+            s.handle_header(&Header { in_ring: true, body_len: 2048, total_len: 2048, ..header(Kind::Request) }, || t)
+                .map(|_| ()),
+            Err("ring body with no ring granted")
+        );
+    }
+
+    #[test]
+    fn the_granter_keeps_a_written_ring_and_takes_the_release_it_asked_for() {
+        let t = Instant::now();
+        let idle = Duration::from_millis(100);
+        let at = |ms| t + Duration::from_millis(ms);
+        let mut s = session(Role::Server);
+        assert!(s.handle_header(&header(Kind::RingRelease), || t).is_err(), "a release never asked for");
+        let mut s = session(Role::Server);
+        s.handle_header(&header(Kind::RingAsk), || t).unwrap();
+        s.ring_answer(Ok(RingGrant { addr: 4096, len: RING, rkey: 9 }));
+        s.next_lease_control();
+        assert!(s.handle_header(&header(Kind::RingAsk), || t).is_err(), "asked while granted");
+        let mut s = session(Role::Server);
+        s.handle_header(&header(Kind::RingAsk), || t).unwrap();
+        s.ring_answer(Ok(RingGrant { addr: 4096, len: RING, rkey: 9 }));
+        s.next_lease_control();
+        assert_eq!(s.sweep_own_ring(at(0), idle), OwnSweep::Keep);
+        // A body between two sweeps starts the idle time over.
+        let body = Header {
+            in_ring: true,
+            method: 3,
+            body_len: 2048,
+            total_len: 2048,
+            ..header(Kind::Request)
+        };
+        let piece = s.handle_header(&body, || t).unwrap().ring.expect("a ring body");
+        s.piece_buffer(&piece).resize(2048, 0);
+        assert!(s.piece_done(piece).unwrap().is_some());
+        assert_eq!(s.sweep_own_ring(at(100), idle), OwnSweep::Keep, "written since the last sweep");
+        assert_eq!(s.sweep_own_ring(at(150), idle), OwnSweep::Keep);
+        assert_eq!(s.sweep_own_ring(at(200), idle), OwnSweep::Reclaim);
+        assert_eq!(s.next_lease_control(), Some(LeaseMsg::Reclaim));
+        assert!(!s.own_ring_droppable());
+        s.handle_header(&header(Kind::RingRelease), || t).unwrap();
+        assert!(s.own_ring_droppable() && !s.own_ring_live());
+        // Asked for again after the release: a new grant.
+        s.handle_header(&header(Kind::RingAsk), || t).unwrap();
+        assert!(s.own_ring_asked());
+    }
+}

@@ -684,7 +684,7 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let mut m = encode_msg(&request());
-        m[0] = 12;
+        m[0] = 16;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let mut m = encode_msg(&request());
         m[1] = 8;
