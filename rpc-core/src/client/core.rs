@@ -526,28 +526,13 @@ impl<P: Provider> ClientCore<P> {
                 self.counters.status(s.code());
                 return Err(s);
             }
-            // The server's ring, granted on demand (protocol 12): asked for now and waited for
-            // (nothing is taken yet); a refusal fails this call and the session goes on. What
-            // arrived is taken first: a blocking client idle for a while may have a RingReclaim
-            // waiting (the server revokes the ring when it is not answered in time, and a WRITE
-            // into it would break the session).
-            self.progress();
-            loop {
-                match self.conn.session.ask_peer_ring() {
-                    Ok(true) => break,
-                    Err(s) => {
-                        self.counters.status(s.code());
-                        return Err(s);
-                    }
-                    Ok(false) if !blocking => {
-                        self.flush();
-                        return Ok(None);
-                    }
-                    Ok(false) => {
-                        self.flush();
-                        self.wait_step(deadline)?;
-                    }
-                }
+            // The server's ring, granted on demand (protocol 12): asked for when this body finds
+            // none (it waits in the outbox as for a full ring; a refusal fails it). A blocking
+            // client idle for a while may have a RingReclaim waiting (the server revokes the
+            // ring when it is not answered in time, and a WRITE into it would break the
+            // session): what arrived is taken first.
+            if self.conn.session.peer_ring_ready() {
+                self.progress();
             }
         }
         // A retry of the body whose stall was counted already does not count it again.
@@ -1283,7 +1268,9 @@ impl<P: Provider> ClientCore<P> {
                 _ => String::new(),
             };
             self.release(body);
-            self.conn.session.ring_refused(Status::new(h.status, format!("the server refused a receive ring: {reason}")));
+            let status = Status::new(h.status, format!("the server refused a receive ring: {reason}"));
+            self.conn.session.ring_refused();
+            self.fail_ring_bodies(&status);
             return;
         }
         let grant = match &body {
@@ -1300,6 +1287,35 @@ impl<P: Provider> ClientCore<P> {
                 self.pump();
             }
             Err(reason) => self.malformed(format!("protocol violation: {reason}")),
+        }
+    }
+
+    /// The server refused its ring: the calls whose requests wait for it (untouched, in the
+    /// outbox) end with `status` as if the server had answered them so (their credits return;
+    /// the server never saw them), and a stream message waiting at the front fails its stream.
+    /// Bodies still waiting for a credit ask again when they go.
+    #[cold]
+    fn fail_ring_bodies(&mut self, status: &Status) {
+        for out in self.outbox.take_unsent_requests() {
+            let (slot, generation) = (out.header.slot, out.header.generation);
+            out.discard(&mut self.conn.areas);
+            self.counters.status(status.code());
+            if let Ok(ResponseFate::Stored) = self.conn.session.on_response(slot, generation) {
+                if let Some(stale) = self.answers[slot as usize].replace(Answer::Err(status.clone())) {
+                    self.release(stale);
+                }
+            }
+        }
+        let front = self.outbox.front_header().filter(|h| h.kind == Kind::StreamMsg);
+        if let Some(h) = front {
+            let (taken, end) = self.outbox.fail_stream(status.clone());
+            for m in taken {
+                m.discard(&mut self.conn.areas);
+            }
+            if end.is_some() {
+                self.counters.status(status.code());
+                self.abandon_stream(CallId { slot: h.slot, generation: h.generation, deadline: None });
+            }
         }
     }
 
@@ -1650,8 +1666,10 @@ impl<P: Provider> ClientCore<P> {
     /// call's result) or the caller ended its messages; DEADLINE_EXCEEDED at the stream's
     /// deadline (the stream is cancelled); RESOURCE_EXHAUSTED for a message over
     /// `max_message_size`, or for a message above the eager threshold when the connection's send
-    /// mirror or staging area cannot be registered or the server refused its ring (naming which;
-    /// nothing of it is sent, the stream goes on); UNAVAILABLE when the session broke.
+    /// mirror or staging area cannot be registered (naming which; nothing of it is sent, the
+    /// stream goes on); UNAVAILABLE when the session broke. A message that waited for the
+    /// server's ring when the server refused it fails its stream instead (its call ends
+    /// RESOURCE_EXHAUSTED naming the cap).
     pub(crate) fn stream_send<M: Message>(
         &mut self,
         id: CallId,
@@ -2082,11 +2100,11 @@ impl<P: Provider> ClientCore<P> {
         if len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap {
             return Ok(());
         }
-        // The server's ring is asked for too (protocol 12): the message waits in the outbox
-        // for the grant; a refusal fails it (the stream goes on). A RingReclaim waiting is taken
-        // first (as in `start_with`).
-        self.progress();
-        let r = self.conn.ensure_areas().and_then(|()| self.conn.session.ask_peer_ring().map(drop));
+        // A RingReclaim waiting is taken first (as in `start_with`).
+        if self.conn.session.peer_ring_ready() {
+            self.progress();
+        }
+        let r = self.conn.ensure_areas();
         if let Err(s) = &r {
             self.counters.status(s.code());
         }

@@ -45,9 +45,6 @@ pub(crate) enum PeerRing {
     /// The granter reclaims it: no new body goes into it; a RingRelease goes once none of our
     /// WRITEs into it is unretired. `wanted`: a body waits meanwhile (ask again after).
     Releasing { wanted: bool },
-    /// The last ask was refused: the first body that looks ([`Session::ask_peer_ring`]) fails
-    /// with this status, then a later body may ask again.
-    Refused(Status),
 }
 
 /// The granter's view of its own ring.
@@ -132,19 +129,12 @@ impl Session {
         matches!(self.peer_ring, PeerRing::Fixed | PeerRing::Granted)
     }
 
-    /// A body above the eager threshold looks for the peer's ring: `Ok(true)` when it may be
-    /// placed now; `Ok(false)` when a grant is awaited (a RingAsk is due or on its way: wait
-    /// for the answer); the refusal's status (RESOURCE_EXHAUSTED naming the cap) when the last
-    /// ask was refused: this body fails, and the next one asks again.
-    pub fn ask_peer_ring(&mut self) -> Result<bool, Status> {
-        if let PeerRing::Refused(_) = self.peer_ring {
-            let PeerRing::Refused(s) = std::mem::replace(&mut self.peer_ring, PeerRing::None) else {
-                unreachable!("matched above")
-            };
-            return Err(s);
-        }
+    /// A body above the eager threshold looks for the peer's ring: whether it may be placed
+    /// now; if not, a grant is asked for (a RingAsk is due, unless asked already) and the body
+    /// waits as for a full ring.
+    pub fn ask_peer_ring(&mut self) -> bool {
         self.want_peer_ring();
-        Ok(self.peer_ring_ready())
+        self.peer_ring_ready()
     }
 
     /// A body found no grant ([`Session::place_body`], [`Session::next_piece`]): ask for one
@@ -224,10 +214,13 @@ impl Session {
         Ok(())
     }
 
-    /// Client: the RingGrant refused the ask with `status`; the next body that looks fails
-    /// with it ([`Session::ask_peer_ring`]).
-    pub fn ring_refused(&mut self, status: Status) {
-        self.peer_ring = PeerRing::Refused(status);
+    /// Client: the RingGrant refused the ask: no grant now. The driver fails the bodies that
+    /// waited for it (RESOURCE_EXHAUSTED naming the cap, from the refusal); a later body asks
+    /// again.
+    pub fn ring_refused(&mut self) {
+        if self.peer_ring == PeerRing::Asked {
+            self.peer_ring = PeerRing::None;
+        }
     }
 
     /// Whether our ring is granted (or fixed): ring bodies may arrive.
@@ -381,23 +374,22 @@ mod tests {
         assert_eq!(c.ring_granted(RING / 2), Err("ring granted of another length than the handshake's"));
         c.ring_granted(RING).unwrap();
         assert_eq!(c.place_body(4096), Ok(Placement::Ring(0)));
-        assert_eq!(c.ask_peer_ring(), Ok(true));
+        assert!(c.ask_peer_ring());
         // A second grant was never asked for.
         assert!(c.handle_header(&header(Kind::RingGrant), || t).is_err());
     }
 
     #[test]
-    fn a_refusal_fails_the_next_body_that_looks_and_the_one_after_asks_again() {
+    fn after_a_refusal_a_later_body_asks_again() {
         let t = Instant::now();
         let mut c = session(Role::Client);
-        assert_eq!(c.ask_peer_ring(), Ok(false));
+        assert!(!c.ask_peer_ring());
         assert_eq!(c.next_lease_control(), Some(LeaseMsg::Ask(RING)));
         let refused = Header { status: Code::ResourceExhausted, ..header(Kind::RingGrant) };
         c.handle_header(&refused, || t).unwrap();
-        c.ring_refused(Status::resource_exhausted("over ServerConfig::max_ring_pool_bytes"));
-        let e = c.ask_peer_ring().unwrap_err();
-        assert!(e.message().contains("max_ring_pool_bytes"), "{e:?}");
-        assert_eq!(c.ask_peer_ring(), Ok(false), "the next one asks again");
+        c.ring_refused();
+        assert!(!c.lease_pending(), "no ask until a body wants the ring");
+        assert!(!c.ask_peer_ring());
         assert_eq!(c.next_lease_control(), Some(LeaseMsg::Ask(RING)));
     }
 
@@ -405,7 +397,7 @@ mod tests {
     fn a_reclaimed_ring_is_released_only_once_no_write_is_unretired_and_all_is_freed() {
         let t = Instant::now();
         let mut c = session(Role::Client);
-        assert_eq!(c.ask_peer_ring(), Ok(false));
+        assert!(!c.ask_peer_ring());
         c.next_lease_control();
         c.handle_header(&header(Kind::RingGrant), || t).unwrap();
         c.ring_granted(RING).unwrap();
