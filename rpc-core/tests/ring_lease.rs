@@ -214,7 +214,8 @@ fn ask_and_release_cycles_leak_no_ring() {
 /// its own session the same way.
 #[test]
 fn writes_after_a_revoke_or_a_release_break_only_the_writers_session() {
-    let idle = Duration::from_millis(30);
+    // Long enough for the crossing body below to land before the revoke on a loaded machine.
+    let idle = Duration::from_millis(300);
     let (server, _) = spawn(server().ring_idle(Some(idle)));
     let neighbour = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     for (release, name) in [(false, "revoked"), (true, "released")] {
@@ -224,6 +225,11 @@ fn writes_after_a_revoke_or_a_release_break_only_the_writers_session() {
         assert_eq!(c.wait_for(Kind::Response, 0).status, Code::Ok);
         c.wait_for(Kind::RingReclaim, 0);
         if release {
+            // A body that crossed the reclaim (written before the client saw it) is still
+            // taken: the ring stays until the release.
+            ring_request(&mut c, 3, 20 << 10);
+            assert_eq!(c.wait_for(Kind::Response, 0).status, Code::Ok, "a body written before the release");
+            assert_eq!(server.counters().rings_reclaimed, base.rings_reclaimed, "dropped before the release");
             c.send(Header::new(Kind::RingRelease), &[]);
             counters_when(&server, "the release taken", SOON, |s| s.rings_reclaimed > base.rings_reclaimed);
         } else {
