@@ -396,24 +396,36 @@ mod tests {
     #[test]
     fn a_reclaimed_ring_is_released_only_once_no_write_is_unretired_and_all_is_freed() {
         let t = Instant::now();
-        let mut c = session(Role::Client);
-        assert!(!c.ask_peer_ring());
-        c.next_lease_control();
-        c.handle_header(&header(Kind::RingGrant), || t).unwrap();
-        c.ring_granted(RING).unwrap();
-        assert_eq!(c.place_body(4096), Ok(Placement::Ring(0)));
-        let mark = c.ring_write_mark();
-        // The reclaim crosses the body: its WRITE is in flight, and the server has not freed it.
-        c.handle_header(&header(Kind::RingReclaim), || t).unwrap();
-        assert!(c.lease_pending());
+        let granted = || {
+            let mut c = session(Role::Client);
+            assert!(!c.ask_peer_ring());
+            c.next_lease_control();
+            c.handle_header(&header(Kind::RingGrant), || t).unwrap();
+            c.ring_granted(RING).unwrap();
+            assert_eq!(c.place_body(4096), Ok(Placement::Ring(0)));
+            let mark = c.ring_write_mark();
+            // The reclaim crosses the body: its WRITE is in flight, and not freed yet.
+            c.handle_header(&header(Kind::RingReclaim), || t).unwrap();
+            assert!(c.lease_pending());
+            assert_eq!(c.next_lease_control(), None);
+            assert_eq!(c.place_body(4096), Ok(Placement::Pieces), "nothing new goes into it");
+            (c, mark)
+        };
+        let freed = |mark| Header { freed_head: mark, ..header(Kind::RingReturn) };
+        // Freed by the server (early, or our completion not polled yet): still unretired.
+        let (mut c, mark) = granted();
+        c.handle_header(&freed(mark), || t).unwrap();
         assert_eq!(c.next_lease_control(), None, "a WRITE of ours is unretired");
-        assert_eq!(c.place_body(4096), Ok(Placement::Pieces), "nothing new goes into it");
         c.on_ring_written(mark);
-        assert_eq!(c.next_lease_control(), None, "the server has not freed the body yet");
-        c.handle_header(&Header { freed_head: mark, ..header(Kind::RingReturn) }, || t).unwrap();
         assert_eq!(c.next_lease_control(), Some(LeaseMsg::Release));
         // The body that waited asks again.
         assert_eq!(c.next_lease_control(), Some(LeaseMsg::Ask(RING)));
+        // Retired but not freed: the server may not have taken it yet.
+        let (mut c, mark) = granted();
+        c.on_ring_written(mark);
+        assert_eq!(c.next_lease_control(), None, "the server has not freed the body yet");
+        c.handle_header(&freed(mark), || t).unwrap();
+        assert_eq!(c.next_lease_control(), Some(LeaseMsg::Release));
         // A reclaim with no ring granted is a violation.
         assert!(c.handle_header(&header(Kind::RingReclaim), || t).is_err());
     }
