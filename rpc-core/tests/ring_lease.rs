@@ -218,7 +218,7 @@ fn writes_after_a_revoke_or_a_release_break_only_the_writers_session() {
     let idle = Duration::from_millis(300);
     let (server, _) = spawn(server().ring_idle(Some(idle)));
     let neighbour = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    for (release, name) in [(false, "revoked"), (true, "released")] {
+    for (release, name) in [(true, "released"), (false, "revoked")] {
         let mut c = RawClient::connect(server.local_addr());
         let base = server.counters();
         ring_request(&mut c, 1, 20 << 10);
