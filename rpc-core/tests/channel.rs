@@ -642,7 +642,10 @@ fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as
     // The server's ring is granted on demand (protocol 12): a first ring body gets it while the
     // worker still answers (kept: `ring_idle(None)`), so the request below leaves in pieces.
     rt.block_on(async {
-        let r = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(0, 100 << 10, 8), &CallOptions::default()).await.unwrap();
+        let r = ch
+            .unary::<EchoMsg, EchoMsg>(ECHO, request(0, 100 << 10, 8), &CallOptions::default())
+            .await
+            .unwrap();
         check_reply(&r, 0, 8);
     });
     // A blocking client holds the server's one worker: nothing the channel sends is read (and no

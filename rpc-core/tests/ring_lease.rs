@@ -59,7 +59,9 @@ impl Service for SumSvc {
                         n += 1;
                     }
                     Ok(Some(m)) => break Err(Status::data_loss(format!("message {} arrived as {n}", m.seq))),
-                    Ok(None) => break Ok(EchoMsg { seq: n, checksum: acc, payload: Vec::new(), reply_len: 0 }),
+                    Ok(None) => {
+                        break Ok(EchoMsg { seq: n, checksum: acc, payload: Vec::new(), reply_len: 0 })
+                    }
                     Err(e) => break Err(e),
                 }
             };
@@ -181,7 +183,13 @@ fn ring_request(c: &mut RawClient, seq: u32, len: usize) {
 #[test]
 fn a_huge_ask_is_capped_and_asking_again_closes_the_session_and_frees_the_ring() {
     let (server, _) = spawn(server());
-    let mut c = RawClient::connect_bare(RawPeer::new(256, 16, 40 + 4096, 1 << 16, 1), server.local_addr(), 4, 4096, 1 << 20);
+    let mut c = RawClient::connect_bare(
+        RawPeer::new(256, 16, 40 + 4096, 1 << 16, 1),
+        server.local_addr(),
+        4,
+        4096,
+        1 << 20,
+    );
     c.ask_ring_of(1 << 30);
     c.take_grant().unwrap();
     let g = counters_when(&server, "the grant counted", SOON, |c| c.rings_granted == 1);
@@ -201,7 +209,13 @@ fn a_huge_ask_is_capped_and_asking_again_closes_the_session_and_frees_the_ring()
 fn ask_and_release_cycles_leak_no_ring() {
     let idle = Duration::from_millis(5);
     let (server, _) = spawn(server().ring_idle(Some(idle)));
-    let mut c = RawClient::connect_bare(RawPeer::new(256, 16, 40 + 4096, 1 << 16, 1), server.local_addr(), 4, 4096, 1 << 20);
+    let mut c = RawClient::connect_bare(
+        RawPeer::new(256, 16, 40 + 4096, 1 << 16, 1),
+        server.local_addr(),
+        4,
+        4096,
+        1 << 20,
+    );
     for round in 0..100u32 {
         c.ask_ring().unwrap();
         // The reclaim comes once the ring sat idle; the release answers it. (On a loaded
@@ -210,12 +224,16 @@ fn ask_and_release_cycles_leak_no_ring() {
         assert_eq!(r.kind, Kind::RingReclaim, "round {round}");
         c.send(Header::new(Kind::RingRelease), &[]);
     }
-    let s = counters_when(&server, "every ring back", SOON, |c| c.rings_reclaimed == 100 && c.ring_bytes == 0);
+    let s =
+        counters_when(&server, "every ring back", SOON, |c| c.rings_reclaimed == 100 && c.ring_bytes == 0);
     assert_eq!((s.rings_granted, s.malformed, s.sessions_closed), (100, 0, 0), "{s:?}");
     // The session serves on.
     let body = request(1, 16, 16).encode_to_vec();
     let n = body.len() as u32;
-    c.send(Header { method: ECHO, generation: 1, body_len: n, total_len: n, ..Header::new(Kind::Request) }, &body);
+    c.send(
+        Header { method: ECHO, generation: 1, body_len: n, total_len: n, ..Header::new(Kind::Request) },
+        &body,
+    );
     assert_eq!(c.wait_for(Kind::Response, 0).status, Code::Ok);
 }
 
@@ -245,7 +263,8 @@ fn writes_after_a_revoke_or_a_release_break_only_the_writers_session() {
             counters_when(&server, "the release taken", SOON, |s| s.rings_reclaimed > base.rings_reclaimed);
         } else {
             // Never answered: revoked after `idle` more.
-            let s = counters_when(&server, "the ring revoked", SOON, |s| s.rings_revoked > base.rings_revoked);
+            let s =
+                counters_when(&server, "the ring revoked", SOON, |s| s.rings_revoked > base.rings_revoked);
             assert_eq!(s.ring_bytes, 0, "{s:?}");
         }
         // The stale rkey: the WRITE fails at the NIC.
@@ -262,7 +281,9 @@ fn writes_after_a_revoke_or_a_release_break_only_the_writers_session() {
         assert_eq!(failed, rpc_core::verbs::WcStatus::IBV_WC_REM_ACCESS_ERR, "{name}");
         // Its session is broken at its end; its control channel goes with it.
         drop(c);
-        counters_when(&server, "the writer's session closed", SOON, |s| s.sessions_closed > base.sessions_closed);
+        counters_when(&server, "the writer's session closed", SOON, |s| {
+            s.sessions_closed > base.sessions_closed
+        });
         // The neighbour's ring bodies (its own ring) go on.
         echo_checked(&neighbour, 3, 100, 200 << 10);
     }
@@ -281,8 +302,14 @@ fn lease_messages_out_of_turn_close_the_session() {
                 c.send(Header { body_len: 16, total_len: 16, ..Header::new(Kind::RingGrant) }, &grant)
             }),
         ),
-        ("a reclaim sent to the server", Box::new(|c: &mut RawClient| c.send(Header::new(Kind::RingReclaim), &[]))),
-        ("a release not asked for", Box::new(|c: &mut RawClient| c.send(Header::new(Kind::RingRelease), &[]))),
+        (
+            "a reclaim sent to the server",
+            Box::new(|c: &mut RawClient| c.send(Header::new(Kind::RingReclaim), &[])),
+        ),
+        (
+            "a release not asked for",
+            Box::new(|c: &mut RawClient| c.send(Header::new(Kind::RingRelease), &[])),
+        ),
         (
             "a ring body with no ring",
             Box::new(|c: &mut RawClient| {
@@ -300,7 +327,13 @@ fn lease_messages_out_of_turn_close_the_session() {
         ),
     ];
     for (i, (name, act)) in cases.iter().enumerate() {
-        let mut c = RawClient::connect_bare(RawPeer::new(256, 16, 40 + 4096, 1 << 16, 1), server.local_addr(), 4, 4096, 1 << 20);
+        let mut c = RawClient::connect_bare(
+            RawPeer::new(256, 16, 40 + 4096, 1 << 16, 1),
+            server.local_addr(),
+            4,
+            4096,
+            1 << 20,
+        );
         act(&mut c);
         let s = counters_when(&server, name, SOON, |s| s.sessions_closed == i as u64 + 1);
         assert_eq!(s.malformed, i as u64 + 1, "{name}: {s:?}");

@@ -1274,10 +1274,10 @@ impl<P: Provider> ClientCore<P> {
             return;
         }
         let grant = match &body {
-            Answer::Eager(b) => {
-                crate::wire::ring_lease::RingGrant::decode(self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]))
-                    .map_err(|e| e.to_string())
-            }
+            Answer::Eager(b) => crate::wire::ring_lease::RingGrant::decode(
+                self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]),
+            )
+            .map_err(|e| e.to_string()),
             _ => Err("a ring grant's body is eager".to_owned()),
         };
         self.release(body);

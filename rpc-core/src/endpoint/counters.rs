@@ -368,7 +368,11 @@ impl AreaGauge {
 
     /// A gauge whose bytes are also added to `registered`, and whose registrations are charged
     /// to `cap` first ([`AreaGauge::charge`]).
-    pub(crate) fn capped(registered: Arc<HeldBytes>, cap: Arc<HeldBytes>, what: &'static str) -> Arc<AreaGauge> {
+    pub(crate) fn capped(
+        registered: Arc<HeldBytes>,
+        cap: Arc<HeldBytes>,
+        what: &'static str,
+    ) -> Arc<AreaGauge> {
         Arc::new(AreaGauge { registered: Some(registered), cap: Some(cap), what, ..AreaGauge::default() })
     }
 

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Role, RingConsumer, RingProducer, Session};
+use super::{RingConsumer, RingProducer, Role, Session};
 use crate::status::Status;
 use crate::wire::ring_lease::RingGrant;
 use crate::wire::{Header, Kind};
@@ -228,7 +228,10 @@ impl Session {
     pub fn own_ring_live(&self) -> bool {
         matches!(
             self.own_ring,
-            OwnRing::Fixed | OwnRing::Granted { .. } | OwnRing::ReclaimDue { .. } | OwnRing::Reclaiming { .. }
+            OwnRing::Fixed
+                | OwnRing::Granted { .. }
+                | OwnRing::ReclaimDue { .. }
+                | OwnRing::Reclaiming { .. }
         )
     }
 
@@ -321,8 +324,12 @@ impl Session {
                 }
                 self.peer_ring = PeerRing::Releasing { wanted: false };
             }
-            (Role::Server, Kind::RingGrant | Kind::RingReclaim) => return Err("ring grant or reclaim sent to a server"),
-            (Role::Client, Kind::RingAsk | Kind::RingRelease) => return Err("ring ask or release sent to a client"),
+            (Role::Server, Kind::RingGrant | Kind::RingReclaim) => {
+                return Err("ring grant or reclaim sent to a server")
+            }
+            (Role::Client, Kind::RingAsk | Kind::RingRelease) => {
+                return Err("ring ask or release sent to a client")
+            }
             _ => {}
         }
         Ok(false)
@@ -455,8 +462,11 @@ mod tests {
         assert_eq!(s.sweep_own_ring(at(1200), idle), OwnSweep::Revoke);
         assert!(s.own_ring_droppable() && !s.own_ring_live());
         assert_eq!(
-            s.handle_header(&Header { in_ring: true, body_len: 2048, total_len: 2048, ..header(Kind::Request) }, || t)
-                .map(|_| ()),
+            s.handle_header(
+                &Header { in_ring: true, body_len: 2048, total_len: 2048, ..header(Kind::Request) },
+                || t
+            )
+            .map(|_| ()),
             Err("ring body with no ring granted")
         );
     }
@@ -479,13 +489,8 @@ mod tests {
         s.next_lease_control();
         assert_eq!(s.sweep_own_ring(at(0), idle), OwnSweep::Keep);
         // A body between two sweeps starts the idle time over.
-        let body = Header {
-            in_ring: true,
-            method: 3,
-            body_len: 2048,
-            total_len: 2048,
-            ..header(Kind::Request)
-        };
+        let body =
+            Header { in_ring: true, method: 3, body_len: 2048, total_len: 2048, ..header(Kind::Request) };
         let piece = s.handle_header(&body, || t).unwrap().ring.expect("a ring body");
         s.piece_buffer(&piece).resize(2048, 0);
         assert!(s.piece_done(piece).unwrap().is_some());

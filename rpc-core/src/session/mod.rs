@@ -21,9 +21,9 @@
 
 mod budget;
 mod calls;
-mod lease;
 #[doc(hidden)]
 pub mod fuzz;
+mod lease;
 pub mod lifecycle;
 pub mod meter;
 mod outbox;

@@ -48,7 +48,9 @@ pub fn fuzz_header(data: &[u8]) {
                 let g = ring_lease::RingGrant::decode(body).expect("a checked grant's body decodes");
                 assert_eq!(&g.encode()[..], body, "a grant re-encodes differently");
             }
-            (Kind::RingGrant, _) => assert!(body.len() <= MAX_CLOSE_REASON, "a refusal's reason over its bound"),
+            (Kind::RingGrant, _) => {
+                assert!(body.len() <= MAX_CLOSE_REASON, "a refusal's reason over its bound")
+            }
             _ => {}
         }
     }

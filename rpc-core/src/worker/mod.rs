@@ -719,7 +719,9 @@ impl<P: Provider> Worker<P> {
         let made = memory
             .rings
             .charge(u64::from(len))
-            .map_err(|reason| Status::resource_exhausted(format!("no receive ring for this session: {reason}")))
+            .map_err(|reason| {
+                Status::resource_exhausted(format!("no receive ring for this session: {reason}"))
+            })
             .and_then(|charge| {
                 let verbs = |what: &str, e: crate::verbs::VerbsError| {
                     Status::resource_exhausted(format!("{what} a receive ring of {len} bytes: {e}"))
@@ -774,7 +776,12 @@ impl<P: Provider> Worker<P> {
             gauge.revoked();
         }
         entry.ring_charge = None;
-        tracing::debug!(worker = self.shared.index, session = entry.session, revoked, "receive ring taken back (ServerConfig::ring_idle)");
+        tracing::debug!(
+            worker = self.shared.index,
+            session = entry.session,
+            revoked,
+            "receive ring taken back (ServerConfig::ring_idle)"
+        );
         drop(ring);
     }
 
