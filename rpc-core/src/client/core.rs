@@ -399,9 +399,11 @@ impl<P: Provider> ClientCore<P> {
             tcp.set_nonblocking(true).map_err(unavailable)?;
             Some(tcp)
         };
+        // The session may be raised to the window (protocol 12: credits granted on demand); it
+        // starts at what the reply granted.
         let params = SessionParams {
             id: reply.session,
-            credits: reply.credits,
+            credits: window,
             eager_threshold: reply.eager_threshold,
             max_message: reply.max_message.min(cfg.max_message_size),
             peer_ring_len: reply.ring_len,
@@ -409,7 +411,8 @@ impl<P: Provider> ClientCore<P> {
             max_held: usize::from(window),
         };
         tracing::info!(%peer, session = reply.session, credits = reply.credits, detached, transport = P::NAME, "client connected");
-        let session = Session::new(Role::Client, params);
+        let mut session = Session::new(Role::Client, params);
+        session.set_granted(reply.credits);
         Ok(ClientCore {
             conn: Conn {
                 spare: session.spare_bodies().clone(),
@@ -1133,6 +1136,10 @@ impl<P: Provider> ClientCore<P> {
             // it is in flight; the ask and release a server never sends (the session refused
             // them).
             Kind::RingReclaim | Kind::RingAsk | Kind::RingRelease => self.release(body),
+            // The session took the new credits (queued calls start with the next send; a
+            // lowering stops new starts) and sends the CreditAck once the calls in flight fit;
+            // an acknowledgement a server never sends (the session refused it).
+            Kind::CreditGrant | Kind::CreditAck => self.release(body),
             // A Ping made a Pong due (sent with the next flush); a CancelAck may have freed an
             // abandoned call's slot and credit (the session's); the rest only carried the freed
             // head (the session refused a Request or a Cancel).

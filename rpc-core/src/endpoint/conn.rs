@@ -62,38 +62,9 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
     credits.saturating_mul(2).saturating_add(8)
 }
 
-/// Receive WQEs of the worker's SRQ a session of `credits` reserves:
-/// `2 × credits + max(credits, 16) + 31` (127 at 32 credits). What a client that keeps the protocol can have sent before the worker takes
-/// any of it (a worker held in a handler takes nothing):
-///
-/// | messages | at most | why |
-/// |---|---|---|
-/// | Requests (the last or only piece of each) and stream SENDs (stream messages, the last or only piece of each; stream grants; stream ends) | `credits` + [`crate::session::STREAM_RESERVED_CREDITS`] (8) | credits return with the answers; a stream SEND holds a credit until a server header counts it taken (`stream_taken`), and only stream SENDs use the 8 beyond `credits` |
-/// | other pieces of ring bodies, RingAsks and RingReleases | 16 | each piece holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]); the ring lease's messages (protocol 12) count as pieces in the meter, and a client sends them only once we reported every piece freed ([`crate::session::meter`]) |
-/// | Cancels | `credits` | a Cancel holds its call's credit until the server's CancelAck arrives ([`crate::session::CallSlots`]), so each credit covers at most one request and one Cancel, a Cancel that crossed its call's answer included |
-/// | RingReturns | `max(credits, 16)` | each must free a ring body or piece of ours ([`crate::session::meter`]), and we keep at most [`crate::session::ring_units`] of them unfreed in the client's ring |
-/// | Pings, Pongs | 4 + 2 | as the meter allows ([`crate::session::meter`]): [`crate::session::meter::MAX_PINGS`] between two messages of ours (the client pings after a third and two thirds of its `peer_timeout` of silence, and two silences can overlap one of our messages), and at most [`crate::session::meter::MAX_PONGS_OWED`] Pongs owed for our Pings |
-/// | Close | 1 | |
-///
-/// The sessions of one worker together reserve at most the SRQ depth, so such a session never
-/// makes another's SENDs wait for a receive WQE (RNR), whatever its calls and streams do; at the
-/// default 128 sessions of 32 credits on one worker they reserve 16 256 WQEs, within sim's
-/// `max_srq_wr` 16 384. The server closes a session that sends requests or stream SENDs beyond
-/// the first row (`Session::handle_header`).
-pub(crate) fn srq_need(credits: u16) -> u32 {
-    let c = u32::from(credits);
-    // Stream SENDs share the request credits, plus a few of their own.
-    let requests_and_stream_sends = c + u32::from(crate::session::STREAM_RESERVED_CREDITS);
-    let pieces = crate::session::MAX_PIECES_IN_RING;
-    // One per credit: the credit stays taken until the Cancel is acknowledged.
-    let cancels = c;
-    // Each must free a ring body or piece of ours, and we keep at most this many unfreed.
-    let ring_returns = crate::session::ring_units(credits);
-    // Pings of the client and Pongs it owes ours, as the meter allows (`session::meter`).
-    let probe = u32::from(crate::session::meter::MAX_PINGS + crate::session::meter::MAX_PONGS_OWED);
-    let close = 1;
-    requests_and_stream_sends + pieces + cancels + ring_returns + probe + close
-}
+/// Receive WQEs of the worker's SRQ a session accepting `credits` reserves (the table of what
+/// they cover is on [`crate::session::srq_need`], next to the credits policy that grants them).
+pub(crate) use crate::session::srq_need;
 
 /// Most inline bytes asked for a QP (small messages are copied into the WQE: no DMA read of the
 /// send buffer, and the buffer is free again as soon as it is posted).

@@ -141,6 +141,19 @@ pub struct Counters {
     /// the Close message, liveness by the idle probe and `idle_timeout`). Client: 1 while its
     /// session is such a one.
     pub sessions_detached: u64,
+    /// Server: receive WQEs the live sessions reserve of their workers' SRQs now, over all
+    /// workers (`ServerConfig::srq_per_session` of each one's credits: of
+    /// `ServerConfig::initial_credits` for an idle session); set by `ServerHandle::counters`.
+    pub srq_reserved: u64,
+    /// Server: sessions' credits raised (a CreditGrant above the credits they had; protocol 12)
+    /// since the server started.
+    pub credit_raises: u64,
+    /// Server: sessions' credits lowered back to `ServerConfig::initial_credits` after
+    /// `ServerConfig::credit_idle` without a call.
+    pub credit_lowerings: u64,
+    /// Server: raises refused because the worker's SRQ had no WQEs posted beyond the sessions'
+    /// reservations (the session goes on at its credits).
+    pub credit_raises_refused: u64,
     /// Calls ended with each status code, indexed by `Code as usize` (index 0 counts OK).
     pub by_code: [u64; 17],
 }
@@ -199,6 +212,10 @@ impl Counters {
         self.control_connections += other.control_connections;
         self.sessions_detached += other.sessions_detached;
         self.reassembly_refused += other.reassembly_refused;
+        self.srq_reserved += other.srq_reserved;
+        self.credit_raises += other.credit_raises;
+        self.credit_lowerings += other.credit_lowerings;
+        self.credit_raises_refused += other.credit_raises_refused;
         for (a, b) in self.by_code.iter_mut().zip(other.by_code.iter()) {
             *a += b;
         }
@@ -304,6 +321,8 @@ pub(crate) struct ServerMemory {
     /// Sessions holding a control connection, and sessions holding none (the listener's).
     pub(crate) control_connections: AtomicU64,
     pub(crate) sessions_detached: AtomicU64,
+    /// The workers' SRQs (set once the workers exist).
+    pub(crate) srq_rooms: std::sync::OnceLock<Vec<Arc<crate::session::SrqRoom>>>,
 }
 
 impl ServerMemory {
@@ -333,6 +352,7 @@ impl ServerMemory {
             load: Arc::new(std::sync::atomic::AtomicU32::new(0)),
             control_connections: AtomicU64::new(0),
             sessions_detached: AtomicU64::new(0),
+            srq_rooms: std::sync::OnceLock::new(),
         }
     }
 
@@ -354,6 +374,13 @@ impl ServerMemory {
         c.recv_buffers = self.recv_buffers.load(std::sync::atomic::Ordering::Relaxed);
         c.control_connections = self.control_connections.load(Ordering::Relaxed);
         c.sessions_detached = self.sessions_detached.load(Ordering::Relaxed);
+        for room in self.srq_rooms.get().into_iter().flatten() {
+            c.srq_reserved += u64::from(room.reserved());
+            let (raised, lowered, refused) = room.grants();
+            c.credit_raises += raised;
+            c.credit_lowerings += lowered;
+            c.credit_raises_refused += refused;
+        }
     }
 }
 

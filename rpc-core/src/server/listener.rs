@@ -40,6 +40,7 @@ use crate::endpoint::conn::{
     body_area, create_cq, create_qp, handshake, registered_bytes, send_bufs_for, srq_need, Conn,
 };
 use crate::endpoint::counters::{ServerMemory, SharedCounters};
+use crate::session::srq_need_ringless;
 use crate::session::{Role, Session, SessionParams};
 use crate::status::Status;
 use crate::transport::Device;
@@ -68,18 +69,24 @@ pub(super) fn start<P: Provider>(
     let dev = Arc::new(Device::<P>::open(selector, port, gid_index)?);
     let mut config = config;
     let drain_timeout = config.drain_timeout;
-    let depth = config.effective_srq_depth();
+    let mut depth = config.effective_srq_depth();
     let max_srq_wr = dev.ctx.attr().max_srq_wr;
+    let per_worker_sessions = config.max_sessions.div_ceil(config.worker_cores.len().max(1)) as u64;
+    let idle_depth = per_worker_sessions * u64::from(srq_need_ringless(config.first_credits()));
+    if config.srq_depth == 0 && depth > u64::from(max_srq_wr) && idle_depth <= u64::from(max_srq_wr) {
+        // Every session fits idle (credits are granted on demand): raises share what is left.
+        depth = u64::from(max_srq_wr);
+    }
     if depth > u64::from(max_srq_wr) {
         let why = if config.srq_depth == 0 {
             format!(
-                "sizing for max_sessions {} over {} worker(s) at credits_per_session {} needs {depth} \
+                "sizing for max_sessions {} over {} worker(s) at initial_credits {} needs {idle_depth} \
                  receive WQEs per worker, above the device's max_srq_wr {max_srq_wr}: lower \
-                 max_sessions or credits_per_session, add worker_cores, or set srq_depth (sessions \
+                 max_sessions or initial_credits, add worker_cores, or set srq_depth (sessions \
                  are then admitted while it has room)",
                 config.max_sessions,
                 config.worker_cores.len().max(1),
-                config.credits_per_session
+                config.first_credits()
             )
         } else {
             format!("{depth} is above the device's max_srq_wr {max_srq_wr}")
@@ -117,6 +124,7 @@ pub(super) fn start<P: Provider>(
         idle_timeout: config.idle_timeout,
         send_area_idle: config.send_area_idle,
         ring_idle: config.ring_idle,
+        credit_idle: config.credit_idle,
         ring_len: config.ring_bytes,
         mw_type2: dev.ctx.attr().mw_type2,
         max_call_duration: config.max_call_duration,
@@ -145,7 +153,7 @@ pub(super) fn start<P: Provider>(
             draining: draining.clone(),
             sessions: AtomicUsize::new(0),
             beat: AtomicU32::new(0),
-            srq_reserved: AtomicU32::new(0),
+            srq_room: crate::session::SrqRoom::new(),
             closed: closed.clone(),
             listener: waker.clone(),
             memory: memory.clone(),
@@ -177,6 +185,7 @@ pub(super) fn start<P: Provider>(
     let held: Arc<Vec<AtomicBool>> =
         Arc::new((0..shared_all.len()).map(|_| AtomicBool::new(false)).collect());
     let held_seen = held.clone();
+    let _ = memory.srq_rooms.set(shared_all.iter().map(|w| w.srq_room.clone()).collect());
     let workers = shared_all.len();
     let stop = stop_listener.clone();
     let shutting_down = draining.clone();
@@ -796,7 +805,10 @@ impl<P: Provider> Listener<P> {
                 )),
             ));
         }
+        // The session's most credits (its client's window, at most `credits_per_session`); it
+        // starts at `initial_credits` and is raised on demand (`session::credits`).
         let credits = hello.credits.min(self.config.credits_per_session);
+        let initial = self.config.first_credits().min(credits);
         // The least loaded worker that runs (one held in a handler takes nothing); when none
         // runs, the least loaded (its bind is awaited without blocking, within
         // `handshake_timeout`).
@@ -806,35 +818,47 @@ impl<P: Provider> Listener<P> {
             .enumerate()
             .min_by_key(|(i, w)| (self.watch[*i].stalled(), w.sessions.load(Ordering::Relaxed)))
             .expect("at least one worker");
-        // The sessions of a worker may have different credits: what they reserve is summed.
-        let reserved = w.srq_reserved.load(Ordering::Relaxed);
-        let need = srq_need(credits);
-        if u64::from(reserved) + u64::from(need) > u64::from(self.config.srq_depth) {
-            return Err(Self::refuse(
-                stream,
-                Status::resource_exhausted(format!(
-                    "srq_depth {} cannot hold another session of {credits} credits ({need} receive \
-                     WQEs) on a worker whose sessions reserve {reserved}",
-                    self.config.srq_depth
-                )),
-            ));
-        }
+        // The sessions of a worker hold different credits: what they reserve is summed.
+        // No receive ring at connect (granted on demand): its pieces row is reserved with it.
+        let need = srq_need_ringless(initial);
+        let reserved = match w.srq_room.reserve(need, self.config.srq_depth) {
+            Ok(before) => before + need,
+            Err(reserved) => {
+                return Err(Self::refuse(
+                    stream,
+                    Status::resource_exhausted(format!(
+                        "srq_depth {} cannot hold another session of {initial} credits ({need} receive \
+                         WQEs) on a worker whose sessions reserve {reserved}",
+                        self.config.srq_depth
+                    )),
+                ))
+            }
+        };
         let eager = hello.eager_threshold.min(self.config.eager_threshold);
         let max_message = hello.max_message.min(self.config.max_message_size);
         let w = w.clone();
-        let recv_chunks = match self.grow_recv(wi, &w, reserved + need) {
+        // Room for one session's raise to `credits_per_session` is kept posted beyond the
+        // reservations (the pool raises come from).
+        let room = srq_need(self.config.credits_per_session) - srq_need_ringless(self.config.first_credits());
+        let recv_chunks = match self.grow_recv(wi, &w, reserved.saturating_add(room)) {
             Ok(c) => c,
-            Err(e) => return Err(Self::refuse(stream, e)),
+            Err(e) => {
+                w.srq_room.give_back(need);
+                return Err(Self::refuse(stream, e));
+            }
         };
         let recv_added: (u32, u64) =
             recv_chunks.iter().fold((0, 0), |(n, b), c| (n + c.bufs(), b + c.bytes() as u64));
         let mut conn = match self.create_conn(&w, &hello, credits, eager, max_message) {
             Ok(c) => c,
             Err(e) => {
+                w.srq_room.give_back(need);
                 self.recv_release(recv_added);
                 return Err(Self::refuse(stream, e));
             }
         };
+        // The session holds its reservation from here (given back when it is dropped).
+        conn.0.session.grant_on_demand(w.srq_room.clone(), initial);
         // The ring is granted on demand (protocol 12) and counted then.
         let registered = registered_bytes(0, send_bufs_for(credits), conn.0.body_cap);
         self.memory.registered.add(registered);
@@ -843,13 +867,12 @@ impl<P: Provider> Listener<P> {
         }
         let local = conn.1;
         let session = conn.0.session.params().id;
-        let mut reply = handshake(&local, conn.2, credits, eager, max_message, session, Vec::new());
+        let mut reply = handshake(&local, conn.2, initial, eager, max_message, session, Vec::new());
         let detached = self.detach_next(&hello);
         if detached {
             reply.flags |= FLAG_DETACHED;
         }
         w.sessions.fetch_add(1, Ordering::Relaxed);
-        w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));
         // No ring yet (granted on demand): nothing to bind before the reply.
         let window = conn.0.ring.as_ref().is_some_and(|r| r.has_window());
@@ -866,7 +889,6 @@ impl<P: Provider> Listener<P> {
             // The worker has not taken its queue for a while (held in a handler): never wait.
             // The session is dropped here (its memory deregistered with it).
             w.sessions.fetch_sub(1, Ordering::Relaxed);
-            w.srq_reserved.fetch_sub(need, Ordering::Relaxed);
             self.memory.registered.release(registered);
             return Err(Self::refuse(
                 stream,

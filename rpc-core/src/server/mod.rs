@@ -199,10 +199,27 @@ pub struct ServerConfig {
     /// up to 64, never more than this depth (`Counters::recv_buffers`,
     /// `Counters::recv_buffer_bytes`). An idle server registers none.
     pub srq_depth: u32,
-    /// Requests in flight granted per session (a client asks for its window). Default 32;
-    /// 1 ..= 4096. A client that asks for more is granted this many (the handshake reply says
-    /// so; its other calls wait locally).
+    /// Most requests in flight granted per session (a client asks for its window). Default 32;
+    /// 1 ..= 4096. Credits are granted on demand (protocol 12): a session starts at
+    /// [`ServerConfig::initial_credits`] and is raised, doubling, up to the smaller of its
+    /// client's window and this while it uses all it has and its worker's SRQ has room; a
+    /// client's other calls wait locally.
     pub credits_per_session: u16,
+    /// Request credits a session is granted at the handshake, and lowered back to after
+    /// [`ServerConfig::credit_idle`] without a call. Default 2; 1 ..= 4096, taken as
+    /// `credits_per_session` when above it (and as the client's window when above that).
+    /// What an idle session reserves of its worker's SRQ: [`ServerConfig::srq_per_session`] of
+    /// it (52 receive WQEs at 2). A session raised above it reserves `srq_per_session` of its
+    /// credits, from the WQEs its worker has posted beyond the sessions' reservations (the
+    /// listener keeps room for one session at `credits_per_session` posted beyond them as it
+    /// admits sessions); a raise that finds no room leaves the session at its credits
+    /// (`Counters::credit_raises_refused`).
+    pub initial_credits: u16,
+    /// How long a session raised above [`ServerConfig::initial_credits`] may go without a call
+    /// before it is lowered back to them (the worker's sweep, every quarter of it, at least
+    /// 2 ms, at most 1 s; its reservation is given back when the client acknowledges). Default
+    /// 5 s; `None` keeps raised credits until the session closes; not zero.
+    pub credit_idle: Option<Duration>,
     /// Sessions over all workers. Default 128. Each registers send buffers at connect:
     /// (2 × credits + 8) × (`eager_threshold` + 40) bytes, 291 KiB at the defaults; while its
     /// client sends bodies above the eager threshold (see [`ServerConfig::ring_idle`]) also a
@@ -386,6 +403,8 @@ impl Default for ServerConfig {
             reassembly_timeout: Duration::from_secs(10),
             srq_depth: 0,
             credits_per_session: 32,
+            initial_credits: 2,
+            credit_idle: Some(Duration::from_secs(5)),
             max_sessions: 128,
             max_sessions_per_peer: 0,
             max_control_connections: 0,
@@ -447,6 +466,9 @@ impl ServerConfig {
         }
         if self.send_area_idle.is_some_and(|t| t.is_zero()) {
             return bad("send_area_idle", "0 (use None to keep send mirrors and staging areas)".into());
+        }
+        if self.credit_idle.is_some_and(|t| t.is_zero()) {
+            return bad("credit_idle", "0 (use None to keep raised credits)".into());
         }
         if self.ring_idle.is_some_and(|t| t.is_zero()) {
             return bad("ring_idle", "0 (use None to keep granted rings)".into());
@@ -516,12 +538,15 @@ impl ServerConfig {
         if self.credits_per_session == 0 || self.credits_per_session > crate::wire::MAX_CREDITS {
             return bad("credits_per_session", format!("{} is not in 1..=4096", self.credits_per_session));
         }
-        let per_session = crate::endpoint::conn::srq_need(self.credits_per_session);
+        if self.initial_credits == 0 || self.initial_credits > crate::wire::MAX_CREDITS {
+            return bad("initial_credits", format!("{} is not in 1..=4096", self.initial_credits));
+        }
+        let per_session = crate::endpoint::conn::srq_need(self.first_credits());
         if self.srq_depth != 0 && self.srq_depth < per_session {
             return bad(
                 "srq_depth",
                 format!(
-                    "{} is below one session's 2 × credits_per_session + max(credits_per_session, 16) + 31 = {per_session} \
+                    "{} is below one idle session's 2 × initial_credits + max(initial_credits, 16) + 32 = {per_session} \
                      (ServerConfig::srq_per_session)",
                     self.srq_depth
                 ),
@@ -579,8 +604,14 @@ impl ServerConfig {
         crate::endpoint::conn::srq_need(credits)
     }
 
+    /// The credits a session starts at: `initial_credits`, at most `credits_per_session`.
+    pub fn first_credits(&self) -> u16 {
+        self.initial_credits.min(self.credits_per_session)
+    }
+
     /// The SRQ depth each worker gets: `srq_depth`, or when 0 what `max_sessions` (spread over
-    /// the workers) need at full credits.
+    /// the workers) need at full credits (at spawn, cut to the device's `max_srq_wr` when
+    /// that still holds them all idle, at `initial_credits`).
     pub fn effective_srq_depth(&self) -> u64 {
         if self.srq_depth != 0 {
             return u64::from(self.srq_depth);

@@ -74,7 +74,7 @@ struct Harness {
     reassembly: Option<(std::sync::Arc<super::HeldBytes>, u64)>,
 }
 
-const KINDS: [Kind; 15] = [
+const KINDS: [Kind; 17] = [
     Kind::Request,
     Kind::Response,
     Kind::RingReturn,
@@ -90,6 +90,8 @@ const KINDS: [Kind; 15] = [
     Kind::RingGrant,
     Kind::RingReclaim,
     Kind::RingRelease,
+    Kind::CreditGrant,
+    Kind::CreditAck,
 ];
 
 impl Harness {

@@ -260,8 +260,10 @@ impl Liveness {
 pub(super) struct IdleTimer {
     /// `None`: sessions are never closed for being idle.
     pub(super) timeout: Option<Duration>,
-    /// An answer was sent since the last look.
-    pub(super) answered: bool,
+    /// Answers sent (a wrapping count; the credits' idle sweep reads it too).
+    pub(super) answers: u32,
+    /// `answers` at the last look.
+    seen: u32,
     /// The first look that found the session idle (and every look since did).
     pub(super) since: Option<Instant>,
 }
@@ -271,7 +273,8 @@ impl IdleTimer {
     /// long the session has been idle when that is `timeout` or more.
     pub(super) fn look(&mut self, now: Instant, busy: bool) -> Option<Duration> {
         let timeout = self.timeout?;
-        if busy || std::mem::take(&mut self.answered) {
+        let answered = std::mem::replace(&mut self.seen, self.answers) != self.answers;
+        if busy || answered {
             self.since = None;
             return None;
         }

@@ -21,6 +21,7 @@
 
 mod budget;
 mod calls;
+mod credits;
 #[doc(hidden)]
 pub mod fuzz;
 mod lease;
@@ -36,6 +37,7 @@ pub mod tick;
 
 pub use budget::{Charge, HeldBytes};
 pub use calls::DEFAULT_ACK_TIMEOUT;
+pub use credits::{srq_need, srq_need_ringless, SrqRoom};
 pub use lease::{LeaseMsg, OwnSweep};
 use lease::{OwnRing, PeerRing};
 pub use lifecycle::Event;
@@ -282,6 +284,9 @@ pub struct Session {
     /// The lease of our ring, as its consumer ([`lease`]; `Fixed` unless
     /// [`Session::lease_own_ring`]).
     own_ring: OwnRing,
+    /// The request credits granted now ([`credits`]; fixed at `params.credits` unless granted
+    /// on demand).
+    credits: credits::Credits,
 }
 
 impl Drop for Session {
@@ -350,6 +355,7 @@ impl Session {
             peer_load: u32::MAX,
             peer_ring: PeerRing::Fixed,
             own_ring: OwnRing::Fixed,
+            credits: credits::Credits::fixed(params.credits),
         }
     }
 
@@ -584,7 +590,10 @@ impl Session {
     /// compares on the hot path.
     #[inline]
     pub fn has_control(&self) -> bool {
-        self.liveness.pong_due || self.liveness.ping_due || !self.controls.is_empty()
+        self.liveness.pong_due
+            || self.liveness.ping_due
+            || !self.controls.is_empty()
+            || self.credit_ack_ready()
     }
 
     /// The next control message to send (a Pong, a Ping, a Cancel or a stream control; the caller stamps and
@@ -598,6 +607,9 @@ impl Session {
                 self.meter.pinged();
             }
             return Some(Header::new(Kind::Ping));
+        }
+        if let Some(ack) = self.take_credit_ack() {
+            return Some(ack);
         }
         let i = if self.role == Role::Client && !self.stream_send_room() {
             // A client's stream controls hold a request credit each: they wait for one, the
@@ -752,7 +764,7 @@ impl Session {
     /// most: `credits` + [`STREAM_RESERVED_CREDITS`] (the server's SRQ reserves it,
     /// `endpoint::conn::srq_need`).
     fn send_pool(&self) -> u32 {
-        u32::from(self.params.credits) + u32::from(STREAM_RESERVED_CREDITS)
+        u32::from(self.credits.accept) + u32::from(STREAM_RESERVED_CREDITS)
     }
 
     /// Client: whether a stream SEND (a message, a stream grant, a stream end) may go now: it
@@ -780,7 +792,7 @@ impl Session {
     /// credit). The runtime names the call with [`Session::on_answer_for`], which also refuses a
     /// second answer.
     pub fn on_answer(&mut self) {
-        self.idle.answered = true;
+        self.idle.answers = self.idle.answers.wrapping_add(1);
         if !self.unanswered.is_empty() {
             self.unanswered.remove(0);
         }
@@ -791,7 +803,7 @@ impl Session {
     /// (a second answer to one call, e.g. a deferred one after the handler also answered or
     /// panicked): such an answer must not be sent.
     pub fn on_answer_for(&mut self, slot: u16, generation: u32) -> bool {
-        self.idle.answered = true;
+        self.idle.answers = self.idle.answers.wrapping_add(1);
         match self.unanswered.iter().position(|c| (c.slot, c.generation) == (slot, generation)) {
             Some(i) => {
                 self.unanswered.swap_remove(i);
@@ -838,7 +850,7 @@ impl Session {
     /// ([`ring_units`]) are freed unreported: the server may be waiting for the count, not
     /// for bytes (a body in pieces arriving while small bodies were freed).
     fn units_return_due(&self) -> bool {
-        self.role == Role::Client && self.consumer.unreported_units() * 2 >= ring_units(self.params.credits)
+        self.role == Role::Client && self.consumer.unreported_units() * 2 >= ring_units(self.credits.granted)
     }
 
     /// Server: whether the client's stream SENDs taken and unreported are worth a RingReturn of
@@ -976,7 +988,8 @@ impl Session {
             | (Role::Client, Kind::CancelAck)
             | (_, Kind::RingReturn | Kind::Close | Kind::Ping | Kind::Pong)
             | (_, Kind::StreamMsg | Kind::StreamGrant)
-            | (_, Kind::RingAsk | Kind::RingGrant | Kind::RingReclaim | Kind::RingRelease) => {}
+            | (_, Kind::RingAsk | Kind::RingGrant | Kind::RingReclaim | Kind::RingRelease)
+            | (_, Kind::CreditGrant | Kind::CreditAck) => {}
             (Role::Server, Kind::Response) => return Err("response sent to a server"),
             (Role::Client, Kind::Request) => return Err("request sent to a client"),
             (Role::Client, Kind::Cancel) => return Err("cancel sent to a client"),
@@ -1192,7 +1205,7 @@ impl Session {
             Kind::Cancel => {
                 // Every Cancel is acknowledged (the client holds the call's credit until then);
                 // a client keeping that rule never has more than `credits` of them waiting.
-                if self.acks_due >= self.params.credits {
+                if self.acks_due >= self.credits.accept {
                     return Err("more Cancels unacknowledged than credits");
                 }
                 self.acks_due += 1;
@@ -1210,6 +1223,7 @@ impl Session {
                 }
             }
             Kind::CancelAck => self.calls.slots.on_cancel_ack(h.slot, h.generation)?,
+            Kind::CreditGrant | Kind::CreditAck => self.on_credit_header(h)?,
             _ => {}
         }
         if refused_call && self.role == Role::Server {
@@ -1285,6 +1299,10 @@ impl Session {
         });
         self.sends.note(self.unanswered.len(), self.send_pool());
         self.sync_load();
+        // Every granted credit taken: a raise may be due (`credits`).
+        if self.unanswered.len() == usize::from(self.credits.granted) {
+            self.credits_full();
+        }
     }
 
     /// Server: a request opened a stream (its first piece): it is unanswered like any request,
@@ -1460,7 +1478,7 @@ impl Session {
     }
 
     fn check_credit(&self) -> Result<(), &'static str> {
-        if self.unanswered.len() >= usize::from(self.params.credits)
+        if self.unanswered.len() >= usize::from(self.credits.accept)
             || self.unanswered.len() as u64 + u64::from(self.sends.unreported())
                 >= u64::from(self.send_pool())
         {

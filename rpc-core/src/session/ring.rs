@@ -93,6 +93,15 @@ impl RingProducer {
         }
     }
 
+    /// Counts at most `max_units` (at least 1) bodies and pieces unfreed from now on (those
+    /// unfreed already stay; a placement waits until fewer are). For a producer made
+    /// [`RingProducer::with_max_units`] (the list grows past its first capacity if needed).
+    pub fn set_max_units(&mut self, max_units: u32) {
+        if self.max_units != u32::MAX {
+            self.max_units = max_units.clamp(1, u32::MAX - 1);
+        }
+    }
+
     /// Bodies and pieces placed and not yet freed (0 when not counted).
     pub fn units(&self) -> u32 {
         self.ends.len() as u32

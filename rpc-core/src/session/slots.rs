@@ -118,6 +118,12 @@ impl<T> CallSlots<T> {
         self.credits
     }
 
+    /// The server granted `credits` (clamped to 1..=window): calls start while fewer are in
+    /// flight; a lowering below the calls in flight stops new starts only.
+    pub fn set_credits(&mut self, credits: u16) {
+        self.credits = credits.clamp(1, self.window());
+    }
+
     /// Credits in use: requests on the wire, abandoned ones included until their response and
     /// their Cancel's acknowledgement arrived (at most [`CallSlots::credits`]).
     pub fn in_flight(&self) -> u16 {

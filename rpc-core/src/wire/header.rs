@@ -9,7 +9,7 @@
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 2 | request slot |
-//! | 6 | 2 | count: stream grants, stream SENDs the sender lets the receiver send on the stream (a stream-opening request, a stream grant); on a batch, the number of messages in it; on a response, the server's load (see below); 0 otherwise |
+//! | 6 | 2 | count: stream grants, stream SENDs the sender lets the receiver send on the stream (a stream-opening request, a stream grant); on a credit grant or its acknowledgement, the session's request credits; on a batch, the number of messages in it; on a response, the server's load (see below); 0 otherwise |
 //! | 8 | 4 | slot generation |
 //! | 12 | 4 | method id (requests; echoed on responses) |
 //! | 16 | 4 | body length in bytes: of this piece (eager: the bytes after the header) |
@@ -37,7 +37,8 @@
 //! [`super::ring_lease`]) carry eager bodies of their own: a [`Kind::RingAsk`] the 4 bytes of
 //! the ring it asks for, a [`Kind::RingGrant`] the 16 bytes of the ring granted (status OK) or,
 //! refused, a status and a reason as a Close's; a [`Kind::RingReclaim`] and a
-//! [`Kind::RingRelease`] carry none.
+//! [`Kind::RingRelease`] carry none. A [`Kind::CreditGrant`] and a [`Kind::CreditAck`] (protocol
+//! 12) carry the session's request credits in `count` and no body.
 //!
 //! **Streams.** A stream is a call whose slot stays open: a request with [`STREAM_IN`] and/or
 //! [`STREAM_OUT`] opens it (its body is the request message of a server stream, empty
@@ -293,6 +294,16 @@ pub enum Kind {
     /// Client to server: the answer to a [`Kind::RingReclaim`]: the client writes the ring no
     /// more (RC ordering: every WRITE it posted before this SEND has landed). No body.
     RingRelease = 15,
+    /// Server to client (protocol 12): the session's request credits are `count` (1 ..= the
+    /// client's window) from now on: raised while the client uses all it has, lowered after it
+    /// was idle ([`crate::session`]). No body. The client takes it at once (a lowering stops new
+    /// starts; calls in flight go on) and answers [`Kind::CreditAck`] once its calls in flight
+    /// fit the new count. At most one is unacknowledged.
+    CreditGrant = 16,
+    /// Client to server (protocol 12): the answer to a [`Kind::CreditGrant`]; `count` repeats
+    /// the credits granted. Every request sent after it keeps within them (RC ordering: the
+    /// server accepts up to the larger of the old and new credits until it arrives). No body.
+    CreditAck = 17,
 }
 
 impl Kind {
@@ -313,6 +324,8 @@ impl Kind {
             13 => Kind::RingGrant,
             14 => Kind::RingReclaim,
             15 => Kind::RingRelease,
+            16 => Kind::CreditGrant,
+            17 => Kind::CreditAck,
             _ => return None,
         })
     }
@@ -582,15 +595,18 @@ impl Header {
             | Kind::RingAsk
             | Kind::RingGrant
             | Kind::RingReclaim
-            | Kind::RingRelease => {
+            | Kind::RingRelease
+            | Kind::CreditGrant
+            | Kind::CreditAck => {
                 if h.stream != 0 {
                     return Err(WireError::bad("header", "flags", "stream flags outside a request"));
                 }
-                if (kind == Kind::StreamGrant) != (h.count != 0) {
+                let counts = matches!(kind, Kind::StreamGrant | Kind::CreditGrant | Kind::CreditAck);
+                if counts != (h.count != 0) {
                     return Err(WireError::bad(
                         "header",
                         "count",
-                        "a stream grant, and only it, carries grants",
+                        "a stream grant or a credit grant or acknowledgement, and only those, carries a count",
                     ));
                 }
                 if kind == Kind::Close {
@@ -684,7 +700,7 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let mut m = encode_msg(&request());
-        m[0] = 16;
+        m[0] = 18;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let mut m = encode_msg(&request());
         m[1] = 8;

@@ -113,8 +113,9 @@ pub(crate) struct WorkerShared<P: Provider> {
     /// The worker's loop count, stored at every iteration: the listener sees a worker whose beat
     /// stands still as held in a handler (`server::listener`'s watchdog).
     pub(crate) beat: AtomicU32,
-    /// SRQ receive WQEs reserved by the live sessions ([`conn::srq_need`] each).
-    pub(crate) srq_reserved: AtomicU32,
+    /// The SRQ's receive WQEs posted, and reserved by the live sessions ([`conn::srq_need`] of
+    /// each one's credits; each session holds its share and gives it back when dropped).
+    pub(crate) srq_room: Arc<crate::session::SrqRoom>,
     /// Sessions the worker closed itself (malformed header, QP error): the listener closes their TCP.
     pub(crate) closed: Arc<ArrayQueue<u32>>,
     /// Wakes the listener: a session in `closed`, or a window bind that completed or failed (the
@@ -299,6 +300,9 @@ pub(crate) struct WorkerLimits {
     /// `ServerConfig::ring_idle`: time a granted receive ring may go without a body before the
     /// sweep reclaims it (`None`: kept).
     pub(crate) ring_idle: Option<Duration>,
+    /// `ServerConfig::credit_idle`: time a session raised above its initial credits may go
+    /// without a call before it is lowered back to them.
+    pub(crate) credit_idle: Option<Duration>,
     /// `ServerConfig::ring_bytes`: the length of every ring granted.
     pub(crate) ring_len: u32,
     /// The device has type-2 memory windows: a granted ring is exposed through one bound to
@@ -448,7 +452,11 @@ impl<P: Provider> Worker<P> {
         // So are granted receive rings unwritten for `ring_idle`.
         let ring_every = self.limits.ring_idle.map(idle_sweep_period);
         let mut next_ring_sweep = Instant::now();
-        let sweeps = sweep_every.is_some() || area_every.is_some() || ring_every.is_some();
+        // And credits raised and unused for `credit_idle`.
+        let credit_every = self.limits.credit_idle.map(idle_sweep_period);
+        let mut next_credit_sweep = Instant::now();
+        let sweeps =
+            sweep_every.is_some() || area_every.is_some() || ring_every.is_some() || credit_every.is_some();
         loop {
             // The cross-thread queues are looked at when idle and every few busy iterations, not
             // between every two polls of a busy CQ (a new QP's first message drains the control
@@ -558,6 +566,12 @@ impl<P: Provider> Worker<P> {
                 {
                     next_ring_sweep = now + every;
                     self.sweep_rings(now, idle);
+                }
+                if let (Some(every), Some(idle)) =
+                    (credit_every.filter(|_| now >= next_credit_sweep), self.limits.credit_idle)
+                {
+                    next_credit_sweep = now + every;
+                    self.sweep_credits(now, idle);
                 }
             }
             if n > 0 || ran > 0 {
@@ -716,6 +730,19 @@ impl<P: Provider> Worker<P> {
         if !entry.conn.session.own_ring_asked() {
             return;
         }
+        // The pieces its bodies may take need receive WQEs of the SRQ first.
+        if !entry.conn.session.reserve_ring_pieces() {
+            memory.rings.failed();
+            let s = Status::resource_exhausted(format!(
+                "no receive ring for this session: the worker's SRQ has no room for its pieces \
+                 ({} WQEs reserved of {} posted; ServerConfig::srq_depth)",
+                self.shared.srq_room.reserved(),
+                self.shared.srq_room.posted()
+            ));
+            entry.conn.session.ring_answer(Err(s));
+            self.mark_dirty(idx);
+            return;
+        }
         let made = memory
             .rings
             .charge(u64::from(len))
@@ -749,6 +776,7 @@ impl<P: Provider> Worker<P> {
             }
             Err(s) => {
                 memory.rings.failed();
+                entry.conn.session.release_ring_pieces();
                 tracing::debug!(worker = self.shared.index, session = entry.session, status = %s, "ring ask refused");
                 Err(s)
             }
@@ -770,6 +798,7 @@ impl<P: Provider> Worker<P> {
             return;
         }
         let Some(ring) = entry.conn.ring.take() else { return };
+        entry.conn.session.release_ring_pieces();
         let gauge = &self.shared.memory.rings;
         gauge.gone(ring.len() as u64, true);
         if revoked {
@@ -800,6 +829,20 @@ impl<P: Provider> Worker<P> {
                 crate::session::OwnSweep::Keep => {}
                 crate::session::OwnSweep::Reclaim => self.mark_dirty(idx),
                 crate::session::OwnSweep::Revoke => self.drop_ring(idx, true),
+            }
+        }
+        self.flush_dirty();
+    }
+
+    /// Lowers the sessions raised above their initial credits that had no call for `idle`
+    /// (`ServerConfig::credit_idle`, [`crate::session::Session::sweep_credits`]): a CreditGrant
+    /// goes; the reservation is given back when its CreditAck comes.
+    #[inline(never)]
+    fn sweep_credits(&mut self, now: Instant, idle: Duration) {
+        for idx in 0..self.entries.len() as u16 {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            if !entry.closing && entry.conn.session.sweep_credits(now, idle) {
+                self.mark_dirty(idx);
             }
         }
         self.flush_dirty();
@@ -1117,8 +1160,12 @@ impl<P: Provider> Worker<P> {
     fn open(&mut self, mut nc: NewConn<P>) {
         // The SRQ grows with what the admitted sessions reserve (whatever becomes of this one).
         for chunk in std::mem::take(&mut nc.recv_chunks) {
-            if let Err(e) = self.recv.add_chunk(chunk) {
-                tracing::error!(worker = self.shared.index, error = %e, "posting new receive buffers failed");
+            let bufs = chunk.bufs();
+            match self.recv.add_chunk(chunk) {
+                Ok(()) => self.shared.srq_room.add_posted(bufs),
+                Err(e) => {
+                    tracing::error!(worker = self.shared.index, error = %e, "posting new receive buffers failed")
+                }
             }
         }
         let Some(idx) = self.entries.iter().position(Option::is_none) else {
@@ -1130,9 +1177,7 @@ impl<P: Provider> Worker<P> {
             nc.bound.store(BIND_FAILED, Ordering::Release);
             let _ = self.shared.closed.push(nc.session);
             self.shared.wake_listener();
-            self.shared
-                .srq_reserved
-                .fetch_sub(conn::srq_need(nc.conn.session.params().credits), Ordering::Relaxed);
+            // Its SRQ reservation goes with its session.
             self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
             self.shared.memory.registered.release(nc.registered);
             return;
@@ -1222,9 +1267,7 @@ impl<P: Provider> Worker<P> {
             self.shared.wake_listener();
         }
         self.counters.sessions_closed += 1;
-        self.shared
-            .srq_reserved
-            .fetch_sub(conn::srq_need(entry.conn.session.params().credits), Ordering::Relaxed);
+        // Its SRQ reservation goes with its session (dropped below).
         self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
         let registered = entry.registered;
         if let Some(ring) = &entry.conn.ring {
