@@ -9,8 +9,9 @@
 //! receive rings). The idle session's line sums what the server pins for it: its session memory
 //! (send buffers; a receive ring only once its client sends bodies above the eager threshold,
 //! `ServerConfig::ring_idle`, and a send mirror and staging area only once it sends such
-//! bodies, `ServerConfig::send_area_idle`) and the SRQ receive buffers registered for its
-//! reservation.
+//! bodies, `ServerConfig::send_area_idle`) and the SRQ receive buffers of its reservation
+//! (`Counters::srq_reserved`: its `ServerConfig::initial_credits`, credits being granted on
+//! demand; the worker's buffers also hold room for raises).
 //!
 //! ```text
 //! cargo run --release -p rpc-perf --example footprint -- [N] [--transport sim|rdma]
@@ -100,12 +101,18 @@ fn main() {
                 c.send_area_bytes >> 10
             );
             let session = c.registered_bytes - before.registered_bytes;
-            let srq = c.recv_buffer_bytes - before.recv_buffer_bytes;
+            // What the session reserves of its worker's SRQ (its initial credits, no ring); the
+            // buffers registered also hold the worker's room for raises (credits on demand).
+            let buf = c.recv_buffer_bytes / c.recv_buffers.max(1);
+            let srq = (c.srq_reserved - before.srq_reserved) * buf;
             println!(
-                "per idle session: {:.2} MiB pinned ({} KiB session memory + {} KiB SRQ receive buffers)",
+                "per idle session: {:.2} MiB pinned ({} KiB session memory + {} KiB SRQ receive buffers: \
+                 {} WQEs reserved of {} posted)",
                 (session + srq) as f64 / (1 << 20) as f64,
                 session >> 10,
-                srq >> 10
+                srq >> 10,
+                c.srq_reserved - before.srq_reserved,
+                c.recv_buffers
             );
             drop(client);
         }

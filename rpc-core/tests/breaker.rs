@@ -987,14 +987,15 @@ fn a_client_that_never_frees_its_ring_stalls_only_itself() {
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
-/// A server of one session of `credits`, a 64 KiB ring and an SRQ sized for it, with the echo
-/// service and [`Hold`]: the flag turns true when a call holds the worker; dropping the gate
-/// lets it go.
+/// A server of one session of `credits` (granted at the handshake), a 64 KiB ring and an SRQ
+/// sized for it, with the echo service and [`Hold`]: the flag turns true when a call holds the
+/// worker; dropping the gate lets it go.
 fn held_server(credits: u16) -> (ServerHandle, std::sync::Arc<std::sync::atomic::AtomicBool>, HoldGate) {
     let (hold, gate) = Hold::new();
     let server = server()
         .max_sessions(1)
         .credits_per_session(credits)
+        .initial_credits(credits)
         .ring_bytes(1 << 16)
         .add_service(TestService::default())
         .add_service(hold)
@@ -1026,7 +1027,7 @@ fn stalls_while_held(c: &mut RawClient, guard: HoldGate) -> u64 {
     stalls
 }
 
-/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 2 × credits + max(credits, 16) + 31) while its
+/// A client at its SRQ reservation (`ServerConfig::srq_per_session`: 2 × credits + max(credits, 16) + 32) while its
 /// worker takes nothing (held in a handler): every request its credits allow, 15 more pieces of a
 /// ring body, a Cancel per call, a RingReturn per call, the 8 stream SENDs beyond its credits
 /// (stream ends), two Pings, two Pongs and a Close all find

@@ -10,64 +10,10 @@
 
 mod rpc_support;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
-
 use rpc_core::codegen::*;
 use rpc_core::wire::{Frame, Header, Kind};
 use rpc_core::{Client, Counters, ServerHandle};
 use rpc_support::*;
-
-/// A well-behaved client on its own thread: small requests, answers of 20 000 bytes (through its
-/// ring), one after the other until stopped, then five more (the server still serves after the
-/// attack). Every call must succeed.
-struct GoodClient {
-    stop: Arc<AtomicBool>,
-    join: JoinHandle<u64>,
-}
-
-impl GoodClient {
-    /// Connects (with `token` when given) and starts calling; returns once connected.
-    fn start(addr: SocketAddr, token: Option<&[u8]>) -> GoodClient {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready, connected) = mpsc::channel();
-        let flag = stop.clone();
-        let cfg = match token {
-            Some(t) => client_config().auth_token(t.to_vec()),
-            None => client_config(),
-        };
-        let join = std::thread::spawn(move || {
-            let client = Client::connect_with(addr, &cfg).expect("the good client connects");
-            ready.send(()).unwrap();
-            let mut calls = 0u64;
-            let mut after_stop = 0;
-            while after_stop < 5 {
-                if flag.load(Ordering::Acquire) {
-                    after_stop += 1;
-                }
-                let r = client
-                    .unary::<_, EchoMsg>(ECHO, &request(calls, 100, 20_000), &CallOptions::default())
-                    .unwrap_or_else(|e| panic!("the good client's call {calls} failed: {e}"));
-                check_reply(&r, calls, 20_000);
-                calls += 1;
-                std::thread::yield_now();
-            }
-            calls
-        });
-        connected.recv_timeout(WAIT).expect("the good client connected");
-        GoodClient { stop, join }
-    }
-
-    /// Stops it; every call succeeded (the thread panics otherwise). Returns how many it made.
-    fn finish(self) -> u64 {
-        self.stop.store(true, Ordering::Release);
-        let calls = self.join.join().expect("every call of the good client succeeded");
-        assert!(calls >= 5, "{calls} calls");
-        calls
-    }
-}
 
 /// Waits until the server's counters satisfy `done`.
 #[track_caller]
@@ -169,7 +115,10 @@ fn a_client_ring_beyond_the_servers_limits_is_refused_before_anything_is_registe
 /// what was granted.
 #[test]
 fn what_a_client_asks_beyond_the_configuration_is_granted_within_it() {
-    let (server, _) = spawn(server().credits_per_session(8).eager_threshold(1024).max_message_size(2 << 20));
+    // Credits granted at the handshake: `initial_credits`, at most `credits_per_session`.
+    let (server, _) = spawn(
+        server().credits_per_session(8).initial_credits(4096).eager_threshold(1024).max_message_size(2 << 20),
+    );
     let f = raw_handshake(server.local_addr(), |h| {
         h.ring_len = 4 << 20;
         h.credits = rpc_core::wire::MAX_CREDITS;

@@ -177,21 +177,25 @@ fn stray_bytes_on_the_tcp_channel_do_not_hide_the_peer_closing() {
 /// Sessions with different credits on one worker: admission sums what each reserves of the SRQ
 /// (`2 × credits + max(credits, 16) + 31` receive WQEs), so the SRQ is never over-committed and
 /// flow control never leans on RNR. Before the fix the listener multiplied the session count by the *new* session's
-/// need, so small sessions were admitted after large ones past the SRQ depth (here 2 × 127 + 2 × 49
-/// = 352 WQEs reserved on an SRQ of 352, and a third small one refused; before 2026-12-05 a
+/// need, so small sessions were admitted after large ones past the SRQ depth (here 2 × 113 + 2 × 35
+/// = 296 WQEs reserved on an SRQ of 296, and a third small one refused; before 2026-12-05 a
 /// session of 1 credit reserved 34).
 #[test]
 fn srq_admission_sums_the_credits_of_every_session() {
     assert_eq!(
         (rpc_core::ServerConfig::srq_per_session(32), rpc_core::ServerConfig::srq_per_session(1)),
-        (127, 49)
+        (128, 50)
     );
-    let (server, _) = spawn(server().srq_depth(352).credits_per_session(32));
+    // Sessions start at their full credits here, and hold no ring (its 15 pieces WQEs come
+    // with it): 113 and 35.
+    let (big, small) = (rpc_core::session::srq_need_ringless(32), rpc_core::session::srq_need_ringless(1));
+    assert_eq!((big, small), (113, 35));
+    let (server, _) = spawn(server().srq_depth(296).credits_per_session(32).initial_credits(32));
     let connect = |window: u16| Client::connect_with(server.local_addr(), &client_config().window(window));
-    let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 127 WQEs fit in 352")).collect();
+    let big: Vec<Client> = (0..2).map(|_| connect(32).expect("2 × 113 WQEs fit in 296")).collect();
     let small =
-        [connect(1).expect("2 × 127 + 49 fit in 352"), connect(1).expect("2 × 127 + 2 × 49 = 352 fit")];
-    let err = connect(1).expect_err("2 × 127 + 3 × 49 = 401 WQEs do not fit in 352");
+        [connect(1).expect("2 × 113 + 35 fit in 296"), connect(1).expect("2 × 113 + 2 × 35 = 296 fit")];
+    let err = connect(1).expect_err("2 × 113 + 3 × 35 = 331 WQEs do not fit in 296");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
     assert!(err.message().contains("srq_depth"), "{err}");
     // Freeing a large session makes room again.
@@ -355,14 +359,13 @@ fn more_sessions_per_worker_than_the_tag_holds_is_refused() {
 #[test]
 fn limits_are_validated_together_at_spawn() {
     let err = server().max_sessions(4096).add_service(TestService::default()).spawn("127.0.0.1:0").err();
-    let err =
-        err.expect("4096 sessions of 32 credits need more receive WQEs than the device has").to_string();
-    for field in ["srq_depth", "max_sessions 4096", "credits_per_session 32", "worker_cores", "max_srq_wr"] {
+    let err = err.expect("4096 idle sessions need more receive WQEs than the device has").to_string();
+    for field in ["srq_depth", "max_sessions 4096", "initial_credits 2", "worker_cores", "max_srq_wr"] {
         assert!(err.contains(field), "{field} in: {err}");
     }
     // The defaults serve the default max_sessions.
     let c = rpc_core::ServerConfig::default();
-    assert_eq!(c.effective_srq_depth(), c.max_sessions as u64 * (3 * u64::from(c.credits_per_session) + 31));
+    assert_eq!(c.effective_srq_depth(), c.max_sessions as u64 * (3 * u64::from(c.credits_per_session) + 32));
     let ok = server().add_service(TestService::default()).spawn("127.0.0.1:0");
     ok.expect("the defaults are consistent").shutdown();
 }

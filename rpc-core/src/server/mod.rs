@@ -184,10 +184,14 @@ pub struct ServerConfig {
     pub reassembly_timeout: Duration,
     /// Receive buffers (WQEs) of each worker's SRQ. Default 0 = sized for `max_sessions` at full
     /// credits: sessions per worker × [`ServerConfig::srq_per_session`]`(credits_per_session)`
-    /// (`2 × credits_per_session + max(credits_per_session, 16) + 31`; 16 256 WQEs at the defaults), which must not exceed the
-    /// device's `max_srq_wr` (checked at spawn, naming these fields). An explicit depth must hold
-    /// one session of full credits; sessions are then admitted while what they reserve
-    /// (`srq_per_session` of the credits they were granted) fits. Every buffer is
+    /// (`2 × credits_per_session + max(credits_per_session, 16) + 32`; 16 384 WQEs at the
+    /// defaults), cut to the device's `max_srq_wr` when that still holds every session idle
+    /// (at [`ServerConfig::initial_credits`], no ring: 37 WQEs each at the defaults; checked at
+    /// spawn, naming these fields). An explicit depth must hold one session at
+    /// `initial_credits` with a ring; sessions are then admitted while what they reserve
+    /// (`srq_per_session` of the credits they were granted, less the 15 WQEs of a ring's pieces
+    /// until a ring is granted) fits, and raised while the WQEs posted beyond the reservations
+    /// allow. Every buffer is
     /// `eager_threshold` + 40 bytes and the SRQ cycles through all of its posted buffers, so a
     /// smaller SRQ stays in cache (measurably lower latency).
     ///
@@ -587,7 +591,7 @@ impl ServerConfig {
     }
 
     /// Receive WQEs of a worker's SRQ that a session of `credits` reserves:
-    /// `2 × credits + max(credits, 16) + 31` (127 at 32 credits). The most a client that keeps
+    /// `2 × credits + max(credits, 16) + 32` (128 at 32 credits). The most a client that keeps
     /// the protocol can have sent before the worker takes any of it, every message kind counted:
     /// its requests and stream SENDs (stream messages, stream grants, stream ends: each holds a
     /// request credit until the server reports it taken) within credits plus the 8 only stream
@@ -595,8 +599,8 @@ impl ServerConfig {
     /// (16), a Cancel per credit (a Cancel holds its call's credit until the server's CancelAck
     /// arrives, so a Cancel that crossed its call's answer is counted too), a RingReturn per
     /// ring body or piece of ours unfreed in its ring (at most `max(credits, 16)`:
-    /// [`crate::session::ring_units`]), 4 Pings and 2 Pongs of the probe, and a Close (the table is on
-    /// `endpoint::conn::srq_need`, the one place of this arithmetic). The sessions of a worker
+    /// [`crate::session::ring_units`]), 4 Pings and 2 Pongs of the probe, a Close and a CreditAck
+    /// (the table is on [`crate::session::srq_need`], the one place of this arithmetic). The sessions of a worker
     /// reserve at most its SRQ depth together, so no such session makes another's messages wait
     /// for a receive buffer (RNR), however many of them stream; a client that sends more is
     /// closed as malformed.
@@ -705,6 +709,10 @@ impl ServerBuilder {
         srq_depth: u32;
         /// See [`ServerConfig::credits_per_session`].
         credits_per_session: u16;
+        /// See [`ServerConfig::initial_credits`].
+        initial_credits: u16;
+        /// See [`ServerConfig::credit_idle`].
+        credit_idle: Option<Duration>;
         /// See [`ServerConfig::max_sessions`].
         max_sessions: usize;
         /// See [`ServerConfig::max_sessions_per_peer`].

@@ -154,9 +154,8 @@ pub(super) fn grant_header(s: &Stream, g: u32) -> Header {
 
 /// Credits beyond the session's `credits` that only a client's stream SENDs use, so that a stream
 /// moves while every request credit is taken (by calls, or by the stream calls themselves).
-/// Part of every session's SRQ reservation (`endpoint::conn::srq_need`), so it stays small: at
-/// the default 128 sessions of 32 credits the reservations of one worker fill 16 256 of sim's
-/// 16 384 WQEs.
+/// Part of every session's SRQ reservation ([`super::srq_need`]), so it stays small: at the
+/// default 128 sessions of 32 credits the reservations of one worker fill sim's 16 384 WQEs.
 pub const STREAM_RESERVED_CREDITS: u16 = 8;
 
 /// The request credits a client's stream SENDs (stream messages, stream grants, stream ends)

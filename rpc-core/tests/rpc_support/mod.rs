@@ -17,7 +17,10 @@ pub use hold::{Hold, HoldGate, HOLD};
 #[allow(unused_imports)]
 pub use raw_client::{RawClient, RnrStalls};
 
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rpc_core::buffers::{RecvPool, RecvRing};
@@ -586,6 +589,55 @@ pub fn raw_handshake(
     tcp.set_read_timeout(Some(WAIT)).unwrap();
     rpc_core::wire::write_frame(&mut tcp, &rpc_core::wire::Frame::Handshake(hello)).unwrap();
     rpc_core::wire::read_frame(&mut tcp).expect("the server answers the handshake")
+}
+
+/// A well-behaved client on its own thread: small requests, answers of 20 000 bytes (through its
+/// ring), one after the other until stopped, then five more (the server still serves after the
+/// attack). Every call must succeed.
+pub struct GoodClient {
+    stop: Arc<AtomicBool>,
+    join: JoinHandle<u64>,
+}
+
+impl GoodClient {
+    /// Connects (with `token` when given) and starts calling; returns once connected.
+    pub fn start(addr: SocketAddr, token: Option<&[u8]>) -> GoodClient {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready, connected) = mpsc::channel();
+        let flag = stop.clone();
+        let cfg = match token {
+            Some(t) => client_config().auth_token(t.to_vec()),
+            None => client_config(),
+        };
+        let join = std::thread::spawn(move || {
+            let client = Client::connect_with(addr, &cfg).expect("the good client connects");
+            ready.send(()).unwrap();
+            let mut calls = 0u64;
+            let mut after_stop = 0;
+            while after_stop < 5 {
+                if flag.load(Ordering::Acquire) {
+                    after_stop += 1;
+                }
+                let r = client
+                    .unary::<_, EchoMsg>(ECHO, &request(calls, 100, 20_000), &CallOptions::default())
+                    .unwrap_or_else(|e| panic!("the good client's call {calls} failed: {e}"));
+                check_reply(&r, calls, 20_000);
+                calls += 1;
+                std::thread::yield_now();
+            }
+            calls
+        });
+        connected.recv_timeout(WAIT).expect("the good client connected");
+        GoodClient { stop, join }
+    }
+
+    /// Stops it; every call succeeded (the thread panics otherwise). Returns how many it made.
+    pub fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Release);
+        let calls = self.join.join().expect("every call of the good client succeeded");
+        assert!(calls >= 5, "{calls} calls");
+        calls
+    }
 }
 
 /// The server's counters once `ok` holds for them (they are published by the workers as they

@@ -63,12 +63,15 @@ pub struct RawClient<P: Provider = Sim> {
     /// The credits the other side granted (requests in flight).
     pub credits: u16,
     /// Messages received and not yet taken, with their eager bodies, in arrival order; ring
-    /// returns, idle probes and Cancel acknowledgements (`RingReturn`, `Ping`, `Pong`,
-    /// `CancelAck`) are left out.
+    /// returns, idle probes, Cancel acknowledgements and credit grants (`RingReturn`, `Ping`,
+    /// `Pong`, `CancelAck`, `CreditGrant`) are left out.
     pub inbox: VecDeque<(Header, Vec<u8>)>,
     /// CancelAcks received: `(slot, generation)`, in arrival order (the server acknowledges
     /// every Cancel).
     pub acks: Vec<(u16, u32)>,
+    /// CreditGrants received (protocol 12): the credits each granted, in arrival order. A raw
+    /// client acknowledges none unless its test sends the CreditAck.
+    pub grants: Vec<u16>,
     /// Whether receive buffers are reposted (default true). False plays a peer that stops
     /// reading: each buffer is kept away once its message arrived, so the receive WQEs run out.
     pub reading: bool,
@@ -259,6 +262,7 @@ where
             credits: remote.credits,
             inbox: VecDeque::new(),
             acks: Vec::new(),
+            grants: Vec::new(),
             reading: true,
             dead: false,
             peer,
@@ -373,6 +377,8 @@ where
                     let h = Header::decode(bytes).unwrap();
                     if h.kind == Kind::CancelAck {
                         self.acks.push((h.slot, h.generation));
+                    } else if h.kind == Kind::CreditGrant {
+                        self.grants.push(h.count);
                     } else if !matches!(h.kind, Kind::RingReturn | Kind::Ping | Kind::Pong) {
                         self.inbox.push_back((h, bytes[HEADER_LEN..].to_vec()));
                     }

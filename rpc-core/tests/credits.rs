@@ -1,0 +1,210 @@
+//! Protocol 12: request credits granted on demand (`session`'s `credits`,
+//! `ServerConfig::initial_credits`, `ServerConfig::credit_idle`; `Counters::srq_reserved`,
+//! `credit_raises`, `credit_lowerings`, `credit_raises_refused`). An idle session reserves the
+//! receive WQEs of its initial credits only; a client that uses all its credits is raised to
+//! its window from the room its worker's SRQ has; idle time lowers it again and its reservation
+//! goes back once the client acknowledges; a raise that finds no room leaves the session at its
+//! credits. The hostile peers are raw clients (`rpc_support::RawClient`): each loses only its
+//! own session while a good client's calls go on.
+//!
+//! Sabotaged, each test failed (see each test's note).
+
+mod rpc_support;
+
+use std::time::Duration;
+
+use rpc_core::session::srq_need_ringless;
+use rpc_core::wire::{Header, Kind};
+use rpc_core::{CallOptions, Client, Code, ServerHandle};
+use rpc_support::*;
+
+/// Long enough for a wait that must succeed, short enough that a sabotaged run fails quickly.
+const SOON: Duration = Duration::from_secs(10);
+
+/// WQEs a worker keeps posted beyond its sessions' reservations at the defaults: room for one
+/// session's raise from 2 credits (no ring) to 32 (with a ring).
+fn room() -> u32 {
+    rpc_core::ServerConfig::srq_per_session(32) - srq_need_ringless(2)
+}
+
+/// Sessions connected and idle reserve `srq_need_ringless(2)` each (37 WQEs: 2 credits, no
+/// ring), and the SRQ holds that plus the room for one raise, in chunks of 64.
+///
+/// Sabotaged: the listener reserving the session's full credits (`srq_need(credits)`):
+/// `srq_reserved` 512 for 4 sessions, not 148.
+#[test]
+fn an_idle_session_reserves_its_initial_credits_only() {
+    let (server, _) = spawn(server());
+    let clients: Vec<Client> =
+        (0..4).map(|_| Client::connect_with(server.local_addr(), &client_config()).unwrap()).collect();
+    for (i, c) in clients.iter().enumerate() {
+        echo_checked(c, i as u64, 100, 100);
+    }
+    let c = counters_when(&server, "the calls counted", SOON, |c| c.rpcs >= 4);
+    assert_eq!(c.srq_reserved, 4 * u64::from(srq_need_ringless(2)), "{c:?}");
+    assert_eq!(srq_need_ringless(2), 37);
+    let posted = u64::from(4 * srq_need_ringless(2) + room()).next_multiple_of(64);
+    assert_eq!(c.recv_buffers, posted, "{c:?}");
+    assert_eq!((c.credit_raises, c.credit_raises_refused), (0, 0), "{c:?}");
+    drop(clients);
+    counters_when(&server, "every reservation given back", SOON, |c| c.srq_reserved == 0);
+}
+
+/// 32 calls held at the server: the session is raised, doubling, from 2 credits to the
+/// client's window of 32, every call reaches the handler and succeeds; idle for
+/// `credit_idle`, it is lowered back to 2 and its reservation given back once the client
+/// acknowledged; later calls still succeed.
+///
+/// Sabotaged: `Session::credits_full` returning at once (no raise): "the 32 calls to reach
+/// the server" gave up with 2 stashed. The client never sending its CreditAck
+/// (`take_credit_ack` returning `None`): "the reservation given back" gave up at 128
+/// reserved.
+#[test]
+fn a_client_with_32_calls_in_flight_is_raised_to_its_window_and_lowered_when_idle() {
+    let idle = Duration::from_millis(50);
+    let (server, stash) = spawn(server().credit_idle(Some(idle)));
+    let client = Client::connect_with(server.local_addr(), &client_config().window(32)).unwrap();
+    let held: Vec<_> = (0..32u64)
+        .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
+        .collect();
+    wait_stashed("the 32 calls to reach the server", 32, &stash, &client, &server);
+    let c = server.counters();
+    assert_eq!(c.credit_raises, 4, "2 → 4 → 8 → 16 → 32: {c:?}");
+    assert_eq!(c.srq_reserved, u64::from(srq_need_ringless(32)), "{c:?}");
+    for (i, r) in stash.lock().unwrap().drain(..).enumerate() {
+        r.send(Ok(EchoMsg { seq: 1000 + i as u64, ..Default::default() }));
+    }
+    let mut seqs: Vec<u64> =
+        held.into_iter().map(|f| block_on(f).expect("a held call, answered").seq).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1000..1032).collect::<Vec<_>>());
+
+    // Idle: lowered; the blocking client takes the grant when it is driven.
+    wait_until(
+        "the reservation given back",
+        SOON,
+        || {
+            client.progress();
+            let c = server.counters();
+            c.credit_lowerings == 1 && c.srq_reserved == u64::from(srq_need_ringless(2))
+        },
+        || format!("server {:?}", server.counters()),
+    );
+    for seq in 0..10 {
+        echo_checked(&client, seq, 100, 100);
+    }
+    let c = server.counters();
+    assert_eq!((c.malformed, c.sessions_closed), (0, 0), "{c:?}");
+}
+
+/// An SRQ with room for one raise only (depth 52: the session's 37, 15 more): the session is
+/// raised to 4 and the next raise refused; its 8 calls all succeed at 4 credits.
+///
+/// Sabotaged: the raise's room check against `u32::MAX` instead of the WQEs posted: "the
+/// refused raise" gave up (raised to 8: `credit_raises` 2).
+#[test]
+fn a_raise_refused_for_lack_of_srq_room_leaves_the_session_at_its_credits() {
+    let (server, stash) = spawn(server().srq_depth(52));
+    let client = Client::connect_with(server.local_addr(), &client_config().window(8)).unwrap();
+    let held: Vec<_> = (0..8u64)
+        .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
+        .collect();
+    wait_stashed("4 calls at the server", 4, &stash, &client, &server);
+    let c = counters_when(&server, "the refused raise", SOON, |c| c.credit_raises_refused >= 1);
+    assert_eq!(c.credit_raises, 1, "{c:?}");
+    assert_eq!(c.srq_reserved, u64::from(srq_need_ringless(4)), "{c:?}");
+    assert_eq!(stash.lock().unwrap().len(), 4, "4 credits: 4 calls at the server");
+    // Answer as they come: the 4 queued at the client go as credits return.
+    let mut answered = 0;
+    wait_until(
+        "every call at the server",
+        SOON,
+        || {
+            client.progress();
+            for r in stash.lock().unwrap().drain(..) {
+                r.send(Ok(EchoMsg { seq: 7, ..Default::default() }));
+                answered += 1;
+            }
+            answered == 8
+        },
+        || format!("{answered} answered; server {:?}", server.counters()),
+    );
+    for f in held {
+        assert_eq!(block_on(f).expect("a call at 4 credits").seq, 7);
+    }
+    assert_eq!(server.counters().malformed, 0);
+}
+
+/// Takes the Close the server sent `c`: INTERNAL, its reason a protocol violation naming `why`.
+#[track_caller]
+fn closed_for(c: &mut RawClient, why: &str) {
+    let give_up = std::time::Instant::now() + WAIT;
+    let (h, body) = loop {
+        if let Some(i) = c.inbox.iter().position(|(h, _)| h.kind == Kind::Close) {
+            break c.inbox.remove(i).unwrap();
+        }
+        assert!(std::time::Instant::now() < give_up, "no Close: got {:?}", c.inbox);
+        if let Some(m) = c.poll() {
+            c.inbox.push_front(m);
+        }
+        std::thread::yield_now();
+    };
+    let reason = rpc_core::wire::close_reason(&body[..h.body_len as usize]);
+    assert_eq!(h.status, Code::Internal, "{reason}");
+    assert!(reason.contains("protocol violation") && reason.contains(why), "`{why}` not in: {reason}");
+}
+
+/// Waits until `n` sessions were closed as malformed.
+#[track_caller]
+fn malformed(server: &ServerHandle, n: u64) {
+    counters_when(server, "the session closed as malformed", SOON, |c| c.malformed == n);
+}
+
+/// Hostile raw clients, each closed alone while a good client's calls go on: requests beyond
+/// the credits granted (the raise to 4 not acknowledged, a fifth request), a CreditAck for no
+/// grant, a CreditGrant sent by a client.
+///
+/// Sabotaged: `check_credit` against the ceiling (`params.credits`) instead of the accepted
+/// credits: "the session closed as malformed" gave up for the fifth request. `on_credit_header`
+/// accepting an acknowledgement with no grant: gave up for the CreditAck.
+#[test]
+fn hostile_credit_messages_lose_only_their_own_session() {
+    let (server, stash) = spawn(server());
+    let good = GoodClient::start(server.local_addr(), None);
+
+    // Beyond the credits: two held requests raise the session to 4 (not acknowledged: the
+    // server accepts 4), and a fifth request is one too many.
+    let mut c = RawClient::connect_with(server.local_addr(), 8, 4096, 1 << 20);
+    assert_eq!(c.credits, 2, "the handshake grants initial_credits");
+    let req = |slot: u16| Header { method: STASH, slot, generation: 1, ..Header::new(Kind::Request) };
+    c.send(req(0), &[]);
+    c.send(req(1), &[]);
+    wait_until(
+        "the raise to 4",
+        SOON,
+        || c.poll().is_none() && c.grants == [4],
+        || format!("{:?}", c.grants),
+    );
+    for slot in 2..5 {
+        c.send(req(slot), &[]);
+    }
+    closed_for(&mut c, "request beyond the granted credits");
+    malformed(&server, 1);
+    stash.lock().unwrap().clear();
+
+    // A CreditAck with no grant.
+    let mut c = RawClient::connect_with(server.local_addr(), 8, 4096, 1 << 20);
+    c.send(Header { count: 2, ..Header::new(Kind::CreditAck) }, &[]);
+    closed_for(&mut c, "credit acknowledgement for no grant");
+    malformed(&server, 2);
+
+    // A CreditGrant sent by a client.
+    let mut c = RawClient::connect_with(server.local_addr(), 8, 4096, 1 << 20);
+    c.send(Header { count: 4, ..Header::new(Kind::CreditGrant) }, &[]);
+    closed_for(&mut c, "credit grant sent to a server");
+    malformed(&server, 3);
+
+    good.finish();
+    let c = server.counters();
+    assert_eq!(c.malformed, 3, "{c:?}");
+}
