@@ -97,25 +97,37 @@ fn a_client_with_32_calls_in_flight_is_raised_to_its_window_and_lowered_when_idl
     assert_eq!((c.malformed, c.sessions_closed), (0, 0), "{c:?}");
 }
 
-/// An SRQ with room for one raise only (depth 52: the session's 37, 15 more): the session is
-/// raised to 4 and the next raise refused; its 8 calls all succeed at 4 credits.
+/// An SRQ of 52 WQEs (the least that holds one session at 2 credits with a ring): the session
+/// is raised to 4 and 8 (37, 41, 49 WQEs without a ring) and the raise to 16 (65) refused; its
+/// 16 calls all succeed at 8 credits.
 ///
 /// Sabotaged: the raise's room check against `u32::MAX` instead of the WQEs posted: "the
-/// refused raise" gave up (raised to 8: `credit_raises` 2).
+/// refused raise" gave up (raised to 16: `credit_raises` 3).
 #[test]
 fn a_raise_refused_for_lack_of_srq_room_leaves_the_session_at_its_credits() {
+    assert_eq!([4, 8, 16].map(srq_need_ringless), [41, 49, 65]);
     let (server, stash) = spawn(server().srq_depth(52));
-    let client = Client::connect_with(server.local_addr(), &client_config().window(8)).unwrap();
-    let held: Vec<_> = (0..8u64)
+    let client = Client::connect_with(server.local_addr(), &client_config().window(16)).unwrap();
+    let held: Vec<_> = (0..16u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
         .collect();
-    wait_stashed("4 calls at the server", 4, &stash, &client, &server);
-    let c = counters_when(&server, "the refused raise", SOON, |c| c.credit_raises_refused >= 1);
-    assert_eq!(c.credit_raises, 1, "{c:?}");
-    assert_eq!(c.srq_reserved, u64::from(srq_need_ringless(4)), "{c:?}");
-    assert_eq!(stash.lock().unwrap().len(), 4, "4 credits: 4 calls at the server");
-    // Answer as they come: the 4 queued at the client go as credits return.
-    let mut answered = 0;
+    // The client takes each grant and acknowledges it when driven.
+    wait_until(
+        "the refused raise",
+        SOON,
+        || {
+            client.progress();
+            server.counters().credit_raises_refused >= 1
+        },
+        || format!("server {:?}", server.counters()),
+    );
+    let c = server.counters();
+    assert_eq!(c.credit_raises, 2, "{c:?}");
+    assert_eq!(c.srq_reserved, u64::from(srq_need_ringless(8)), "{c:?}");
+    wait_stashed("8 calls at the server", 8, &stash, &client, &server);
+    assert_eq!(stash.lock().unwrap().len(), 8, "8 credits: 8 calls at the server");
+    // Answer as they come: the 8 queued at the client go as credits return.
+    let answered = std::cell::Cell::new(0);
     wait_until(
         "every call at the server",
         SOON,
@@ -123,14 +135,14 @@ fn a_raise_refused_for_lack_of_srq_room_leaves_the_session_at_its_credits() {
             client.progress();
             for r in stash.lock().unwrap().drain(..) {
                 r.send(Ok(EchoMsg { seq: 7, ..Default::default() }));
-                answered += 1;
+                answered.set(answered.get() + 1);
             }
-            answered == 8
+            answered.get() == 16
         },
-        || format!("{answered} answered; server {:?}", server.counters()),
+        || format!("{} answered; server {:?}", answered.get(), server.counters()),
     );
     for f in held {
-        assert_eq!(block_on(f).expect("a call at 4 credits").seq, 7);
+        assert_eq!(block_on(f).expect("a call at 8 credits").seq, 7);
     }
     assert_eq!(server.counters().malformed, 0);
 }
@@ -179,12 +191,12 @@ fn hostile_credit_messages_lose_only_their_own_session() {
     let req = |slot: u16| Header { method: STASH, slot, generation: 1, ..Header::new(Kind::Request) };
     c.send(req(0), &[]);
     c.send(req(1), &[]);
-    wait_until(
-        "the raise to 4",
-        SOON,
-        || c.poll().is_none() && c.grants == [4],
-        || format!("{:?}", c.grants),
-    );
+    let give_up = std::time::Instant::now() + SOON;
+    while c.grants != [4] {
+        assert!(std::time::Instant::now() < give_up, "no raise to 4: {:?}", c.grants);
+        c.poll();
+        std::thread::yield_now();
+    }
     for slot in 2..5 {
         c.send(req(slot), &[]);
     }

@@ -10,6 +10,8 @@
 
 mod rpc_support;
 
+use std::sync::mpsc;
+
 use rpc_core::codegen::*;
 use rpc_core::wire::{Frame, Header, Kind};
 use rpc_core::{Client, Counters, ServerHandle};

@@ -322,6 +322,10 @@ impl Session {
                     room.give_back(srq_need(c.accept) - srq_need(c.granted));
                 }
                 c.accept = c.granted;
+                // Every credit may be taken already (the client waits for more): raise now.
+                if self.unanswered.len() >= usize::from(self.credits.granted) {
+                    self.credits_full();
+                }
             }
             (Role::Server, Kind::CreditGrant) => return Err("credit grant sent to a server"),
             (Role::Client, Kind::CreditAck) => return Err("credit acknowledgement sent to a client"),

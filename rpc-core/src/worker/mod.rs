@@ -1621,6 +1621,8 @@ impl<P: Provider> Worker<P> {
                     Kind::Ping => self.mark_dirty(idx),
                     Kind::RingAsk => self.on_ring_ask(idx),
                     Kind::RingRelease => self.drop_ring(idx, false),
+                    // The session may raise again at once (every credit taken): its grant goes.
+                    Kind::CreditAck => self.mark_dirty(idx),
                     _ => {}
                 }
                 // A stream end or grant is a stream SEND: a RingReturn may be due for the
