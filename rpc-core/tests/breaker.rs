@@ -58,7 +58,8 @@ fn serves_on(server: &ServerHandle) {
 /// panics a worker, and the server keeps serving. Held.
 #[test]
 fn hostile_piece_sequences_close_only_their_session() {
-    let (server, _) = spawn(server().ring_bytes(1 << 16));
+    // The raw clients' 4 credits granted at the handshake (none raised on demand).
+    let (server, _) = spawn(server().ring_bytes(1 << 16).initial_credits(4));
     let piece = 1u32 << 12;
     let body = vec![0x5a; piece as usize];
     type Attack = fn(&mut RawClient, u32, &[u8]);

@@ -28,6 +28,7 @@ fn smallest_first_pieces_make_the_server_reserve_little_each() {
     let (server, _) = spawn(
         server()
             .credits_per_session(CREDITS)
+            .initial_credits(CREDITS)
             .max_reassembly_bytes(512 << 20)
             .max_reassembly_bytes_per_session(512 << 20),
     );

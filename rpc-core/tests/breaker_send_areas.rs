@@ -387,7 +387,8 @@ fn client_stream_registration_failure_child() {
 #[test]
 fn staged_answers_after_a_release_are_written_from_the_new_staging_area_intact() {
     let idle = Duration::from_millis(20);
-    let (server, _) = spawn(server().send_area_idle(Some(idle)));
+    // The raw client's 4 credits granted at the handshake (none raised on demand).
+    let (server, _) = spawn(server().send_area_idle(Some(idle)).initial_credits(4));
     let mut c = RawClient::connect(server.local_addr());
     let mut ring = RingConsumer::new(1 << 16, 64);
     let mut last_freed = 0;

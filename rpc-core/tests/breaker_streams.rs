@@ -105,7 +105,13 @@ impl Service for Break {
 }
 
 fn start() -> (ServerHandle, Client) {
-    let h = server().add_service(Break).add_service(TestService::default()).spawn("127.0.0.1:0").unwrap();
+    // The raw clients' 8 credits granted at the handshake (none raised on demand).
+    let h = server()
+        .initial_credits(8)
+        .add_service(Break)
+        .add_service(TestService::default())
+        .spawn("127.0.0.1:0")
+        .unwrap();
     let c = Client::connect_with(h.local_addr(), &client_config()).unwrap();
     (h, c)
 }
@@ -573,6 +579,7 @@ fn many_sessions_streaming_at_once_stay_within_their_srq_reservations() {
     let server = server()
         .max_sessions(SESSIONS)
         .credits_per_session(CREDITS)
+        .initial_credits(CREDITS)
         .ring_bytes(1 << 16)
         .add_service(Break)
         .add_service(TestService::default())

@@ -894,6 +894,8 @@ impl<P: Provider> Conn<P> {
         if self.sq.is_empty() {
             return Ok(());
         }
+        // What was queued leaves now (answers among it: the credits' signal starts over).
+        self.session.on_flushed();
         self.sq.flush(&self.qp, &mut self.pool, tag)
     }
 }

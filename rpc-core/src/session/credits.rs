@@ -146,6 +146,10 @@ pub(super) struct Credits {
     pub(super) unacked: Option<u16>,
     /// Client: the CreditAck of `unacked` is to go once the calls in flight fit it.
     pub(super) ack_due: bool,
+    /// Server: requests admitted since our sends were last posted: when they reach the
+    /// credits granted, the client had every credit in flight at once (none of their answers
+    /// had left), though an inline handler answered each before the next was admitted.
+    pub(super) since_flush: u16,
     /// Server: the SRQ this session reserves in (none: credits fixed at the handshake's).
     room: Option<Arc<SrqRoom>>,
     /// Server: the answers count at the sweep of `since` (none: no sweep saw the session idle).
@@ -164,6 +168,7 @@ impl Credits {
             initial: credits,
             unacked: None,
             ack_due: false,
+            since_flush: 0,
             room: None,
             idle_mark: None,
             ringless: 0,
@@ -239,8 +244,16 @@ impl Session {
         srq_need(self.credits.accept) - self.credits.ringless
     }
 
-    /// Server: a request took the last granted credit: raise the session if it may grow and
-    /// the SRQ has room (the CreditGrant goes with the session's next controls).
+    /// Our sends were posted (answers among them): requests admitted from now on count anew
+    /// toward the raise signal ([`Session::credits_full`]). A store.
+    #[inline]
+    pub fn on_flushed(&mut self) {
+        self.credits.since_flush = 0;
+    }
+
+    /// Server: a request took the last granted credit (every credit unanswered, or as many
+    /// requests admitted since our sends were last posted): raise the session if it may grow
+    /// and the SRQ has room (the CreditGrant goes with the session's next controls).
     #[cold]
     #[inline(never)]
     pub(super) fn credits_full(&mut self) {
@@ -528,10 +541,15 @@ mod tests {
         assert!(controls(&mut client, &mut server).is_empty(), "3 in flight do not fit 2");
         assert_eq!(room.reserved(), srq_need_ringless(4), "the old reservation until the ack");
         answer(&mut client, &mut server, &wire[..1]);
+        assert!(client.has_control(), "2 in flight fit 2");
+        // One more answered before the ack arrives (an ack that finds every credit taken
+        // raises again at once).
+        answer(&mut client, &mut server, &wire[1..2]);
         let ack = controls(&mut client, &mut server);
         assert_eq!((ack[0].kind, ack[0].count), (Kind::CreditAck, 2));
         assert_eq!(room.reserved(), srq_need_ringless(2));
-        answer(&mut client, &mut server, &wire[1..]);
+        assert!(!server.has_control(), "no raise: a credit is free");
+        answer(&mut client, &mut server, &wire[2..]);
         assert_eq!((server.credits(), client.credits()), (2, 2));
     }
 

@@ -1300,7 +1300,10 @@ impl Session {
         self.sends.note(self.unanswered.len(), self.send_pool());
         self.sync_load();
         // Every granted credit taken: a raise may be due (`credits`).
-        if self.unanswered.len() == usize::from(self.credits.granted) {
+        self.credits.since_flush = self.credits.since_flush.wrapping_add(1);
+        if self.unanswered.len() == usize::from(self.credits.granted)
+            || self.credits.since_flush == self.credits.granted
+        {
             self.credits_full();
         }
     }
