@@ -374,7 +374,8 @@ fn attackers_filling_the_reassembly_cap_refuse_a_good_body_but_not_its_session()
 /// not a bare UNAVAILABLE; `closed_reason` says it too. The next call reconnects as before.
 #[test]
 fn a_client_closed_over_a_cap_sees_the_status_naming_it() {
-    let (server, _) = spawn(server().max_message_size(1 << 20).max_backlog_bytes(1 << 20));
+    // Its 4 calls on the wire at once (granted at the handshake, not raised on demand).
+    let (server, _) = spawn(server().max_message_size(1 << 20).max_backlog_bytes(1 << 20).initial_credits(4));
     let client = Client::connect_with(server.local_addr(), &client_config().ring_bytes(64 << 10)).unwrap();
     let calls: Vec<_> = (0..4u64)
         .map(|i| client.unary_async::<_, EchoMsg>(ECHO, &request(i, 0, 400_000), &CallOptions::default()))

@@ -84,17 +84,19 @@ fn receive_buffers_are_registered_as_sessions_are_admitted_and_kept() {
 
 #[test]
 fn an_explicit_srq_depth_is_never_exceeded() {
-    // Room for two sessions (2 x 127 = 254): the second one's buffers end at the depth, not at
-    // the next chunk (256), and a third session is refused as before.
+    // Room for six idle sessions (6 x 37 = 222 of 254; credits granted on demand): the buffers
+    // end at the depth, not at the next chunk (256), and a seventh session (259) is refused.
     let (server, _) = spawn(server().srq_depth(254));
-    let a = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    let b = Client::connect_with(server.local_addr(), &client_config()).unwrap();
-    echo(&a, 1);
-    echo(&b, 2);
+    let clients: Vec<Client> =
+        (0..6).map(|_| Client::connect_with(server.local_addr(), &client_config()).unwrap()).collect();
+    for (i, c) in clients.iter().enumerate() {
+        echo(c, i as u64);
+    }
     assert_eq!(server.counters().recv_buffers, 254);
+    assert_eq!(server.counters().srq_reserved, 6 * 37);
     let e = Client::connect_with(server.local_addr(), &client_config())
-        .and_then(|c| c.unary::<_, EchoMsg>(ECHO, &request(3, 32, 32), &CallOptions::default()).map(|_| c));
-    let e = e.expect_err("a third session does not fit the SRQ");
+        .and_then(|c| c.unary::<_, EchoMsg>(ECHO, &request(9, 32, 32), &CallOptions::default()).map(|_| c));
+    let e = e.expect_err("a seventh session does not fit the SRQ");
     assert!(e.message().contains("srq_depth 254"), "{e}");
     assert_eq!(server.counters().recv_buffers, 254);
 }

@@ -821,29 +821,27 @@ impl<P: Provider> Listener<P> {
         // The sessions of a worker hold different credits: what they reserve is summed.
         // No receive ring at connect (granted on demand): its pieces row is reserved with it.
         let need = srq_need_ringless(initial);
-        let reserved = match w.srq_room.reserve(need, self.config.srq_depth) {
-            Ok(before) => before + need,
-            Err(reserved) => {
-                return Err(Self::refuse(
-                    stream,
-                    Status::resource_exhausted(format!(
-                        "srq_depth {} cannot hold another session of {initial} credits ({need} receive \
+        if let Err(reserved) = w.srq_room.reserve(need, self.config.srq_depth) {
+            return Err(Self::refuse(
+                stream,
+                Status::resource_exhausted(format!(
+                    "srq_depth {} cannot hold another session of {initial} credits ({need} receive \
                          WQEs) on a worker whose sessions reserve {reserved}",
-                        self.config.srq_depth
-                    )),
-                ))
-            }
-        };
+                    self.config.srq_depth
+                )),
+            ));
+        }
         let eager = hello.eager_threshold.min(self.config.eager_threshold);
         let max_message = hello.max_message.min(self.config.max_message_size);
         let w = w.clone();
-        // Room for one session's raise to `credits_per_session` is kept posted beyond the
-        // reservations (the pool raises come from).
-        let room = srq_need(self.config.credits_per_session) - srq_need_ringless(self.config.first_credits());
-        let recv_chunks = match self.grow_recv(wi, &w, reserved.saturating_add(room)) {
+        // The SRQ holds, up to its depth, what the worker's sessions may reach at their most
+        // credits: the room raises and ring grants come from.
+        let full = w.srq_room.add_full(srq_need(credits));
+        let recv_chunks = match self.grow_recv(wi, &w, full) {
             Ok(c) => c,
             Err(e) => {
                 w.srq_room.give_back(need);
+                w.srq_room.sub_full(srq_need(credits));
                 return Err(Self::refuse(stream, e));
             }
         };
@@ -853,6 +851,7 @@ impl<P: Provider> Listener<P> {
             Ok(c) => c,
             Err(e) => {
                 w.srq_room.give_back(need);
+                w.srq_room.sub_full(srq_need(credits));
                 self.recv_release(recv_added);
                 return Err(Self::refuse(stream, e));
             }
@@ -918,7 +917,7 @@ impl<P: Provider> Listener<P> {
     }
 
     /// Registers the receive buffers worker `wi`'s SRQ lacks for `reserved` WQEs (what its
-    /// sessions reserve with the new one), in chunks of `1 << RECV_CHUNK_SHIFT` buffers; the
+    /// sessions may reach at their most credits with the new one, `SrqRoom::add_full`), in chunks of `1 << RECV_CHUNK_SHIFT` buffers; the
     /// worker posts them when it takes the session. Counted in the server's gauges at once.
     /// Buffers are never taken back while the server runs: the SRQ holds the most its sessions
     /// reserved at once, rounded up to a chunk.

@@ -82,6 +82,9 @@ pub fn srq_need_ringless(credits: u16) -> u32 {
 pub struct SrqRoom {
     reserved: AtomicU32,
     posted: AtomicU32,
+    /// What the live sessions would reserve at their most credits, with a ring ([`srq_need`]
+    /// of each one's ceiling): what the listener posts, up to the SRQ's depth.
+    full: AtomicU32,
     raised: AtomicU64,
     lowered: AtomicU64,
     refused: AtomicU64,
@@ -122,6 +125,18 @@ impl SrqRoom {
         self.reserved.fetch_sub(n, Ordering::Relaxed);
     }
 
+    /// A session that may reach `n` WQEs ([`srq_need`] of its most credits) was admitted:
+    /// returns what the live sessions may reach together, which the listener posts (up to the
+    /// SRQ's depth) so that raises and ring grants find room.
+    pub fn add_full(&self, n: u32) -> u32 {
+        self.full.fetch_add(n, Ordering::Relaxed) + n
+    }
+
+    /// The session of [`SrqRoom::add_full`]`(n)` is gone.
+    pub fn sub_full(&self, n: u32) {
+        self.full.fetch_sub(n, Ordering::Relaxed);
+    }
+
     /// Raises granted, lowerings granted and raises refused for lack of room, since the start.
     pub fn grants(&self) -> (u64, u64, u64) {
         (
@@ -157,6 +172,8 @@ pub(super) struct Credits {
     /// Server: WQEs the reservation holds less than [`srq_need`] of `accept`: the pieces row
     /// beyond one while no receive ring is granted (15), else 0.
     ringless: u32,
+    /// Server: what this session counts in its SRQ's `full` ([`SrqRoom::add_full`]).
+    full: u32,
 }
 
 impl Credits {
@@ -172,6 +189,7 @@ impl Credits {
             room: None,
             idle_mark: None,
             ringless: 0,
+            full: 0,
         }
     }
 }
@@ -181,20 +199,23 @@ impl Drop for Credits {
     fn drop(&mut self) {
         if let Some(room) = &self.room {
             room.give_back(srq_need(self.accept) - self.ringless);
+            room.sub_full(self.full);
         }
     }
 }
 
 impl Session {
     /// Server: credits are granted on demand (protocol 12): the session starts at `initial`
-    /// (1 ..= its ceiling, `params.credits`), whose [`srq_need`] (with no receive ring granted,
+    /// (1 ..= its ceiling, `params.credits`; the caller counted [`srq_need`] of the ceiling
+    /// with [`SrqRoom::add_full`], given back with the session), whose [`srq_need`] (with no receive ring granted,
     /// [`Session::lease_own_ring`]: [`srq_need_ringless`]) the caller reserved in `room` (the
     /// session gives it back when dropped); raises come from `room`'s WQEs posted beyond the
     /// reservations. Call once, after `lease_own_ring` and before any header is handled.
     pub fn grant_on_demand(&mut self, room: Arc<SrqRoom>, initial: u16) {
         let initial = initial.clamp(1, self.params.credits.max(1));
         let ringless = if self.own_ring_live() { 0 } else { srq_need(initial) - srq_need_ringless(initial) };
-        self.credits = Credits { room: Some(room), ringless, ..Credits::fixed(initial) };
+        let full = srq_need(self.params.credits);
+        self.credits = Credits { room: Some(room), ringless, full, ..Credits::fixed(initial) };
         self.producer.set_max_units(ring_units(initial));
     }
 
@@ -426,6 +447,9 @@ mod tests {
             server.handle_header(&h, || t).expect("a request within the credits");
             sent.push(h);
         }
+        // The server posts what it queued (nothing answered: the raise signal is unanswered
+        // calls alone here).
+        server.on_flushed();
         sent
     }
 
@@ -438,6 +462,8 @@ mod tests {
                 Header { slot: r.slot, generation: r.generation, method: 7, ..Header::new(Kind::Response) };
             server.stamp(&mut h);
             client.handle_header(&h, || t).unwrap();
+            // Posted (as the driver's flush does after queueing).
+            server.on_flushed();
             assert_eq!(client.on_response(r.slot, r.generation), Ok(ResponseFate::Stored));
             assert!(client.take_done(r.slot, r.generation));
         }
