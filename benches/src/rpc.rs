@@ -52,17 +52,17 @@ impl BenchService {
         BenchService { registered, ..BenchService::default() }
     }
 
-    /// `n` bytes of a registered buffer of the handler's worker: [`MAX_SIZE`] bytes allocated
-    /// at the worker's first answer and kept (one per worker thread); the static payload when
-    /// the allocation fails (said once).
+    /// `n` bytes of a registered buffer of the handler's worker: allocated at the worker's first
+    /// answer of more bytes than the one it keeps (one per worker thread, the next power of
+    /// two); the static payload when the allocation fails (said on stderr).
     fn registered_payload(&self, ctx: &RequestContext, n: usize) -> Bytes {
         thread_local! {
             static REGISTERED: std::cell::RefCell<Option<Bytes>> = const { std::cell::RefCell::new(None) };
         }
         REGISTERED.with(|r| {
             let mut r = r.borrow_mut();
-            if r.is_none() {
-                *r = Some(match ctx.alloc_registered(MAX_SIZE) {
+            if r.as_ref().is_none_or(|b| b.len() < n) {
+                *r = Some(match ctx.alloc_registered(n.next_power_of_two()) {
                     Ok(mut b) => {
                         b.fill(0xa5);
                         b.freeze()

@@ -270,7 +270,7 @@ fn a_registered_buffer_is_released_only_by_the_completion_of_its_write() {
         WAIT,
         || {
             wcs.poll(&p.a.cq).unwrap();
-            (&mut wcs).next()
+            wcs.next()
         },
         String::new,
     );
@@ -299,7 +299,7 @@ fn a_broken_connection_with_a_write_in_flight_releases_its_buffer_when_dropped()
         WAIT,
         || {
             wcs.poll(&p.a.cq).unwrap();
-            (&mut wcs).next()
+            wcs.next()
         },
         String::new,
     );

@@ -52,6 +52,9 @@ struct Slab {
     _mr: Box<dyn Any + Send + Sync>,
 }
 
+/// A block: its slab's index and its offset in the slab.
+type BlockAt = (u32, u32);
+
 type Register = dyn Fn(usize) -> crate::verbs::Result<Slab> + Send + Sync;
 
 /// What a pool registered and sent (see [`RegisteredPool::stats`]).
@@ -81,7 +84,7 @@ pub struct RegisteredPool {
     slabs: Box<[OnceLock<Slab>]>,
     nslabs: AtomicUsize,
     /// Free blocks per size class (`MIN_BLOCK << class`): (slab, offset).
-    free: Box<[Mutex<Vec<(u32, u32)>>]>,
+    free: Box<[Mutex<Vec<BlockAt>>]>,
     /// Bytes registered; held while a slab is added.
     grow: Mutex<usize>,
     live: AtomicU64,
