@@ -248,6 +248,19 @@ impl Pair {
     }
 }
 
+/// The next completion of `peer`'s CQ (a hang guard of [`WAIT`]).
+fn next_completion(peer: &RawPeer, wcs: &mut Completions<8>, what: &str) -> rpc_core::buffers::Completion {
+    wait_for(
+        what,
+        WAIT,
+        || {
+            wcs.poll(&peer.cq).unwrap();
+            wcs.next()
+        },
+        String::new,
+    )
+}
+
 /// The registered buffer of a posted WRITE is not given back while the WRITE is in flight (the
 /// peer's traffic is dropped: the WRITE is retried, not completed): only the polled completion
 /// that retires it releases it. Then the peer's ring holds the mirror's bytes around the
@@ -265,15 +278,7 @@ fn a_registered_buffer_is_released_only_by_the_completion_of_its_write() {
         std::thread::yield_now();
     }
     p.b.qp.set_drop_traffic(false);
-    let c = wait_for(
-        "the WRITE's completion",
-        WAIT,
-        || {
-            wcs.poll(&p.a.cq).unwrap();
-            wcs.next()
-        },
-        String::new,
-    );
+    let c = next_completion(&p.a, &mut wcs, "the WRITE's completion");
     assert!(c.wc().status.is_success(), "{c:?}");
     assert_eq!(p.pool.stats().live_buffers, 1, "a completion not yet handed to the queue releases nothing");
     assert!(p.sq.on_completion(c, &mut p.sends));
@@ -294,15 +299,7 @@ fn a_broken_connection_with_a_write_in_flight_releases_its_buffer_when_dropped()
     p.post();
     p.a.qp.force_error();
     let mut wcs = Completions::<8>::new();
-    let c = wait_for(
-        "the flushed completion",
-        WAIT,
-        || {
-            wcs.poll(&p.a.cq).unwrap();
-            wcs.next()
-        },
-        String::new,
-    );
+    let c = next_completion(&p.a, &mut wcs, "the flushed completion");
     assert!(!c.wc().status.is_success(), "flushed: {c:?}");
     assert!(!p.sq.on_completion(c, &mut p.sends), "a failed completion retires nothing");
     p.sq.retire_held();

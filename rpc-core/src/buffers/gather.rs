@@ -99,28 +99,7 @@ impl GatherBody {
     /// call stopped (the first call starts at byte 0); a shared segment is released once copied.
     /// Returns false, with `dst` partly written, when fewer bytes remain.
     pub fn copy_next(&mut self, dst: &mut [u8]) -> bool {
-        self.close_own();
-        let mut done = 0;
-        while done < dst.len() {
-            let Some(seg) = self.segs.get_mut(self.seg) else { return false };
-            let src: &[u8] = match seg {
-                Seg::Own { start, end } => &self.own[*start..*end],
-                Seg::Shared(b) => b,
-            };
-            let n = (src.len() - self.at).min(dst.len() - done);
-            dst[done..done + n].copy_from_slice(&src[self.at..self.at + n]);
-            done += n;
-            self.at += n;
-            if self.at == seg.len() {
-                if let Seg::Shared(b) = seg {
-                    // The caller's memory is not held longer than needed.
-                    *b = Bytes::new();
-                }
-                self.seg += 1;
-                self.at = 0;
-            }
-        }
-        true
+        self.gather_next(dst, 0, |_| None, &mut Vec::new()).is_some()
     }
 
     /// As [`GatherBody::copy_next`], but the body's next `dst.len()` bytes that lie in a shared

@@ -157,7 +157,7 @@ pub struct ServerConfig {
     /// `max_message_size`.
     pub max_backlog_bytes: u64,
     /// Most bytes each worker registers for the buffers handlers allocate to answer with no
-    /// copy ([`crate::RequestContext::alloc_registered`], [`crate::buffers::RegisteredPool`]),
+    /// copy ([`crate::codegen::RequestContext::alloc_registered`], [`crate::buffers::RegisteredPool`]),
     /// in slabs registered on first use. Default 256 MiB; over it an allocation fails
     /// RESOURCE_EXHAUSTED naming the bound.
     pub registered_buffer_bytes: usize,
@@ -864,7 +864,7 @@ impl ServerHandle {
         self.held.iter().enumerate().filter(|(_, h)| h.load(Ordering::Acquire)).map(|(i, _)| i).collect()
     }
 
-    /// The workers' pools of registered buffers ([`crate::RequestContext::alloc_registered`]),
+    /// The workers' pools of registered buffers ([`crate::codegen::RequestContext::alloc_registered`]),
     /// their counts summed: bytes registered, buffers alive, bytes sent from them with no copy.
     pub fn registered_stats(&self) -> crate::buffers::RegisteredStats {
         let mut sum = crate::buffers::RegisteredStats::default();

@@ -126,7 +126,7 @@ pub(crate) struct WorkerShared<P: Provider> {
     pub(crate) cq: P::CompletionQueue,
     pub(crate) srq: P::SharedReceiveQueue,
     /// Registered buffers in `pd` that handlers fill and answers carry with no copy
-    /// ([`crate::dispatch::RequestContext::alloc_registered`]).
+    /// ([`crate::codegen::RequestContext::alloc_registered`]).
     pub(crate) registered: Arc<crate::buffers::RegisteredPool>,
 }
 
