@@ -236,8 +236,9 @@ impl<P: Provider> ClientCore<P> {
         let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
             .map_err(unavailable)?;
         let attr = dev.ctx.attr();
-        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr)
-            .map_err(unavailable)?;
+        let qp =
+            create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr, attr.max_sge)
+                .map_err(unavailable)?;
         let mut window_fallbacks = 0;
         let ring = create_ring::<P>(&dev.ctx, &pd, cfg.ring_bytes as usize, &mut window_fallbacks)
             .map_err(unavailable)?;
@@ -361,7 +362,8 @@ impl<P: Provider> ClientCore<P> {
             reply.ring_len,
             usize::from(window),
             crate::endpoint::counters::AreaGauge::new(None),
-        );
+        )
+        .with_registered(crate::buffers::RegisteredPool::new::<P>(pd.clone(), cfg.registered_buffer_bytes));
         let remote =
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
@@ -414,6 +416,7 @@ impl<P: Provider> ClientCore<P> {
         let session = Session::new(Role::Client, params);
         Ok(ClientCore {
             conn: Conn {
+                refs: Vec::new(),
                 spare: session.spare_bodies().clone(),
                 qp,
                 pool,
@@ -470,6 +473,15 @@ impl<P: Provider> ClientCore<P> {
             peer,
             _nic: nic.clone(),
         })
+    }
+
+    /// The pool of registered buffers of this session's protection domain.
+    pub(crate) fn registered_pool(&self) -> std::sync::Arc<crate::buffers::RegisteredPool> {
+        match self.conn.areas.registered() {
+            Some(p) => p.clone(),
+            // Unreachable: `connect` gives every client connection its pool.
+            None => crate::buffers::RegisteredPool::new::<P>(self.conn.areas.pd().clone(), 0),
+        }
     }
 
     /// Encodes a request into a free slot and queues it (sending it when a credit is free).
@@ -582,14 +594,20 @@ impl<P: Provider> ClientCore<P> {
                 }
             }
         }
+        // While registered buffers of this session's pool are alive, a request may carry one:
+        // its body waits as a gather list (its registered bytes WRITTEN in place, the rest
+        // copied once into the mirror, `Conn::gather_piece`) rather than being encoded whole.
+        let gather = !eager && self.conn.areas.registered().is_some_and(|p| p.has_live());
         let body = loop {
-            if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
-                break placed;
+            if !gather {
+                if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
+                    break placed;
+                }
             }
             // Neither the server's ring nor the staging area has room: wait for either (bodies in
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
-            if len > self.conn.areas.staging_len() as usize {
+            if gather || len > self.conn.areas.staging_len() as usize {
                 let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
                     return Err(Status::resource_exhausted(format!(
                         "no memory for a request of {len} bytes"

@@ -320,6 +320,27 @@ impl Client {
         c
     }
 
+    /// A registered buffer of `len` bytes to fill and carry (frozen,
+    /// [`RegisteredBytesMut::freeze`](crate::buffers::RegisteredBytesMut::freeze)) in a `bytes`
+    /// field of a request: a request body above the eager threshold sends its bytes by an RDMA
+    /// WRITE straight from it, with no copy. It comes from the pool of the current session's
+    /// protection domain (at most `ClientConfig::registered_buffer_bytes` registered; see
+    /// [`crate::buffers::registered`]); after a reconnect, buffers of the old session's pool
+    /// are copied once like ordinary `Bytes`.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming the pool's bound when it is reached (or a slab fails to
+    /// register); nothing is taken.
+    pub fn alloc_registered(&self, len: usize) -> Result<crate::buffers::RegisteredBytesMut, Status> {
+        self.registered_pool().alloc(len)
+    }
+
+    /// The current session's pool of registered buffers ([`Client::alloc_registered`]), with
+    /// its counts ([`crate::buffers::RegisteredPool::stats`]).
+    pub fn registered_pool(&self) -> std::sync::Arc<crate::buffers::RegisteredPool> {
+        with_calls!(&self.inner.borrow().calls, c => c.core.registered_pool())
+    }
+
     /// Why the current session is closed, if it is (until a call reconnects it).
     pub fn closed_reason(&self) -> Option<Status> {
         with_calls!(&self.inner.borrow().calls, c => c.core.broken().cloned())
