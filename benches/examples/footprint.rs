@@ -5,10 +5,12 @@
 //! server idles (`VmRSS` of `/proc/self/status`, read 50 ms after the start, before and after
 //! one client session) and its peak (`VmHWM`), and what the server registered
 //! (`Counters::recv_buffer_bytes`, `Counters::registered_bytes`, of which
-//! `Counters::send_area_bytes` for send mirrors and staging areas). The idle session's line sums
-//! what the server pins for it: its session memory (receive ring, send buffers; a send mirror and
-//! staging area only once it sends bodies above the eager threshold, `ServerConfig::send_area_idle`)
-//! and the SRQ receive buffers registered for its reservation.
+//! `Counters::send_area_bytes` for send mirrors and staging areas, `Counters::ring_bytes` for
+//! receive rings). The idle session's line sums what the server pins for it: its session memory
+//! (send buffers; a receive ring only once its client sends bodies above the eager threshold,
+//! `ServerConfig::ring_idle`, and a send mirror and staging area only once it sends such
+//! bodies, `ServerConfig::send_area_idle`) and the SRQ receive buffers registered for its
+//! reservation.
 //!
 //! ```text
 //! cargo run --release -p rpc-perf --example footprint -- [N] [--transport sim|rdma]
@@ -90,10 +92,12 @@ fn main() {
             let c = server.counters();
             println!(
                 "with one client session: VmRSS {:.1} MiB (client included), receive buffers registered \
-                 {} KiB, session memory registered {} KiB (send mirrors and staging areas {} KiB)",
+                 {} KiB, session memory registered {} KiB (receive rings {} KiB, send mirrors and staging \
+                 areas {} KiB)",
                 status_kib("VmRSS:") as f64 / 1024.0,
                 c.recv_buffer_bytes >> 10,
                 c.registered_bytes >> 10,
+                c.ring_bytes >> 10,
                 c.send_area_bytes >> 10
             );
             let session = c.registered_bytes - before.registered_bytes;

@@ -13,10 +13,7 @@ mod rpc_support;
 
 use std::time::{Duration, Instant};
 
-use rpc_core::buffers::{SendMirror, SendPool, SendQueue};
-use rpc_core::verbs::rc::RcConfig;
-use rpc_core::verbs::sim::Sim;
-use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
+use rpc_core::wire::{Header, Kind, HEADER_LEN};
 use rpc_support::*;
 
 /// Counts the process's live heap bytes (`live_bytes`).
@@ -34,23 +31,23 @@ fn smallest_first_pieces_make_the_server_reserve_little_each() {
             .max_reassembly_bytes(512 << 20)
             .max_reassembly_bytes_per_session(512 << 20),
     );
-    let peer = RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1);
-    let mut tcp = std::net::TcpStream::connect(server.local_addr()).unwrap();
-    write_frame(&mut tcp, &Frame::Handshake(peer.handshake(CREDITS, 4096, 64 << 20, 0))).unwrap();
-    let Frame::Handshake(reply) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
-    peer.connect(&RcConfig::default(), &reply);
-    let mut pool = SendPool::<Sim>::new(&peer.pd, 16, HEADER_LEN + 64).unwrap();
-    let mut mirror = SendMirror::<Sim>::new(&peer.pd, reply.ring_len as usize).unwrap();
-    let mut sq = SendQueue::new(64, 16);
+    // Connected, and the server's ring granted (protocol 12: asked for first).
+    let mut c = RawClient::connect_peer(
+        RawPeer::new(256, 16, HEADER_LEN + 4096, 1 << 16, 1),
+        server.local_addr(),
+        CREDITS,
+        4096,
+        64 << 20,
+    );
     // Let the server settle, then take the baseline.
     std::thread::sleep(Duration::from_millis(200));
     let before = live_bytes();
-    let total = reply.max_message.min(64 << 20);
-    let piece = reply.ring_len / 16;
+    let total = c.max_message.min(64 << 20);
+    let piece = c.ring_len / 16;
     for slot in 0..CREDITS {
         let off = u32::from(slot) * piece;
-        assert!(mirror.write_at(off, &vec![0x77; piece as usize]));
-        sq.write(&mirror, off, piece, reply.ring_addr, reply.ring_rkey, off + piece);
+        assert!(c.mirror.write_at(off, &vec![0x77; piece as usize]));
+        c.sq.write(&c.mirror, off, piece, c.ring.0, c.ring.1, off + piece);
         let h = Header {
             method: RAW,
             slot,
@@ -58,14 +55,14 @@ fn smallest_first_pieces_make_the_server_reserve_little_each() {
             ring_offset: off,
             body_len: piece,
             total_len: total,
-            session: reply.session,
+            session: c.session,
             ..Header::new(Kind::Request)
         };
-        let mut b = pool.acquire().unwrap();
-        h.encode_into(pool.buf_mut(&mut b)).unwrap();
-        sq.send(&mut pool, b, HEADER_LEN as u32, false);
+        let mut b = c.pool.acquire().unwrap();
+        h.encode_into(c.pool.buf_mut(&mut b)).unwrap();
+        c.sq.send(&mut c.pool, b, HEADER_LEN as u32, false);
     }
-    sq.flush(&peer.qp, &mut pool, 1).unwrap();
+    c.sq.flush(&c.peer.qp, &mut c.pool, 1).unwrap();
     // Wait for the worker to take them (its counters do not show pieces: watch memory).
     let give_up = Instant::now() + Duration::from_secs(5);
     let mut grown = 0;
@@ -88,6 +85,6 @@ fn smallest_first_pieces_make_the_server_reserve_little_each() {
         grown < 64 * sent + (4 << 20),
         "{sent} bytes from the peer made the server hold {grown} bytes (credits × max_message_size)"
     );
-    drop((sq, mirror, pool, peer, tcp));
+    drop(c);
     server.shutdown();
 }

@@ -629,11 +629,25 @@ fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as
     let (hold, gate) = Hold::new();
     let svc = TestService::default();
     let stash = svc.stash.clone();
-    let server =
-        server().ring_bytes(256 << 10).add_service(svc).add_service(hold).spawn("127.0.0.1:0").unwrap();
+    let server = server()
+        .ring_bytes(256 << 10)
+        .ring_idle(None)
+        .add_service(svc)
+        .add_service(hold)
+        .spawn("127.0.0.1:0")
+        .unwrap();
     let addr = server.local_addr();
     let rt = runtime(1);
     let ch = rt.block_on(Channel::connect_with(addr, &channel_config("chan-pieces"))).unwrap();
+    // The server's ring is granted on demand (protocol 12): a first ring body gets it while the
+    // worker still answers (kept: `ring_idle(None)`), so the request below leaves in pieces.
+    rt.block_on(async {
+        let r = ch
+            .unary::<EchoMsg, EchoMsg>(ECHO, request(0, 100 << 10, 8), &CallOptions::default())
+            .await
+            .unwrap();
+        check_reply(&r, 0, 8);
+    });
     // A blocking client holds the server's one worker: nothing the channel sends is read (and no
     // ring space comes back) until the gate opens.
     let holder = std::thread::spawn(move || {

@@ -149,15 +149,18 @@ fn a_client_ring_beyond_the_servers_limits_is_refused_before_anything_is_registe
     good.finish();
     let after = server.counters();
     // The good session registers its send mirror (1 MiB) and staging area (2 MiB) at its first
-    // answer above the eager threshold, not at connect (`ServerConfig::send_area_idle`).
+    // answer above the eager threshold, not at connect (`ServerConfig::send_area_idle`): maybe
+    // before the first look already (its calls start as soon as it connects, and without a ring
+    // to bind, protocol 12, it connects sooner).
     let areas = if after.send_areas_created > 0 { 3 << 20 } else { 0 };
     assert_eq!(
         after.registered_peak,
-        before.registered_bytes + areas,
+        before.registered_bytes - before.send_area_bytes + areas,
         "something was registered for a refused peer: {after:?}"
     );
-    // Ring 1 MiB, mirror 1 MiB, staging 2 MiB and send buffers of the good session only.
-    assert!(after.registered_peak < 5 << 20, "{after:?}");
+    // Mirror 1 MiB, staging 2 MiB and send buffers of the good session only (no ring: its
+    // requests are small).
+    assert!(after.registered_peak < 4 << 20, "{after:?}");
     server.shutdown();
 }
 

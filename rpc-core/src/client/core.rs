@@ -420,12 +420,13 @@ impl<P: Provider> ClientCore<P> {
                 spare: session.spare_bodies().clone(),
                 qp,
                 pool,
-                ring,
+                ring: Some(ring),
                 areas,
                 written_mark: 0,
                 sq,
                 session: {
                     let mut s = session;
+                    s.lease_peer_ring();
                     s.set_peer_timeout(cfg.peer_timeout, Instant::now());
                     // A hostile server cannot make this end hold more for answers in pieces.
                     s.set_reassembly(
@@ -442,7 +443,8 @@ impl<P: Provider> ClientCore<P> {
                     );
                     s
                 },
-                peer_ring: (reply.ring_addr, reply.ring_rkey),
+                // Protocol 12: no ring until the server grants one (`on_ring_grant`).
+                peer_ring: (0, 0),
                 body_cap,
                 max_inline: qp_inline,
             },
@@ -555,6 +557,14 @@ impl<P: Provider> ClientCore<P> {
             if let Err(s) = self.conn.ensure_areas() {
                 self.counters.status(s.code());
                 return Err(s);
+            }
+            // The server's ring, granted on demand (protocol 12): asked for when this body finds
+            // none (it waits in the outbox as for a full ring; a refusal fails it). A blocking
+            // client idle for a while may have a RingReclaim waiting (the server revokes the
+            // ring when it is not answered in time, and a WRITE into it would break the
+            // session): what arrived is taken first.
+            if self.conn.session.peer_ring_ready() {
+                self.progress();
             }
         }
         // A retry of the body whose stall was counted already does not count it again.
@@ -922,6 +932,7 @@ impl<P: Provider> ClientCore<P> {
         if self.conn.session.ring_freed()
             || !self.conn.sq.is_empty()
             || self.conn.session.has_control()
+            || self.conn.session.lease_pending()
             || self.recv.pending_reposts() >= REPOST_BATCH
         {
             self.flush_slow();
@@ -1137,6 +1148,11 @@ impl<P: Provider> ClientCore<P> {
                 self.release(body);
                 self.break_conn(status);
             }
+            Kind::RingGrant => self.on_ring_grant(&h, body),
+            // The session releases the ring with the next flush, once none of our WRITEs into
+            // it is in flight; the ask and release a server never sends (the session refused
+            // them).
+            Kind::RingReclaim | Kind::RingAsk | Kind::RingRelease => self.release(body),
             // A Ping made a Pong due (sent with the next flush); a CancelAck may have freed an
             // abandoned call's slot and credit (the session's); the rest only carried the freed
             // head (the session refused a Request or a Cancel).
@@ -1275,6 +1291,72 @@ impl<P: Provider> ClientCore<P> {
         if let Some(c) = self.captures.get_mut(id.slot as usize) {
             into.begin();
             *c = Some((id.generation, into.clone()));
+        }
+    }
+
+    /// The server's answer to our RingAsk (protocol 12; the session checked we asked): the
+    /// ring granted, which the bodies waiting for it now go into, or the refusal, which fails
+    /// the next body that looks for the ring (`Session::ask_peer_ring`). A grant that does not
+    /// decode, or of another length than the handshake's, breaks the connection.
+    #[cold]
+    #[inline(never)]
+    fn on_ring_grant(&mut self, h: &Header, body: Answer) {
+        if h.status != Code::Ok {
+            let reason = match &body {
+                Answer::Eager(b) => {
+                    crate::wire::close_reason(self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]))
+                }
+                _ => String::new(),
+            };
+            self.release(body);
+            let status = Status::new(h.status, format!("the server refused a receive ring: {reason}"));
+            self.conn.session.ring_refused();
+            self.fail_ring_bodies(&status);
+            return;
+        }
+        let grant = match &body {
+            Answer::Eager(b) => crate::wire::ring_lease::RingGrant::decode(
+                self.recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[]),
+            )
+            .map_err(|e| e.to_string()),
+            _ => Err("a ring grant's body is eager".to_owned()),
+        };
+        self.release(body);
+        match grant.and_then(|g| self.conn.session.ring_granted(g.len).map(|()| g).map_err(str::to_owned)) {
+            Ok(g) => {
+                self.conn.set_peer_ring(g.addr, g.rkey);
+                self.pump();
+            }
+            Err(reason) => self.malformed(format!("protocol violation: {reason}")),
+        }
+    }
+
+    /// The server refused its ring: the calls whose requests wait for it (untouched, in the
+    /// outbox) end with `status` as if the server had answered them so (their credits return;
+    /// the server never saw them), and a stream message waiting at the front fails its stream.
+    /// Bodies still waiting for a credit ask again when they go.
+    #[cold]
+    fn fail_ring_bodies(&mut self, status: &Status) {
+        for out in self.outbox.take_unsent_requests() {
+            let (slot, generation) = (out.header.slot, out.header.generation);
+            out.discard(&mut self.conn.areas);
+            self.counters.status(status.code());
+            if let Ok(ResponseFate::Stored) = self.conn.session.on_response(slot, generation) {
+                if let Some(stale) = self.answers[slot as usize].replace(Answer::Err(status.clone())) {
+                    self.release(stale);
+                }
+            }
+        }
+        let front = self.outbox.front_header().filter(|h| h.kind == Kind::StreamMsg);
+        if let Some(h) = front {
+            let (taken, end) = self.outbox.fail_stream(status.clone());
+            for m in taken {
+                m.discard(&mut self.conn.areas);
+            }
+            if end.is_some() {
+                self.counters.status(status.code());
+                self.abandon_stream(CallId { slot: h.slot, generation: h.generation, deadline: None });
+            }
         }
     }
 
@@ -1627,7 +1709,9 @@ impl<P: Provider> ClientCore<P> {
     /// deadline (the stream is cancelled); RESOURCE_EXHAUSTED for a message over
     /// `max_message_size`, or for a message above the eager threshold when the connection's send
     /// mirror or staging area cannot be registered (naming which; nothing of it is sent, the
-    /// stream goes on); UNAVAILABLE when the session broke.
+    /// stream goes on); UNAVAILABLE when the session broke. A message that waited for the
+    /// server's ring when the server refused it fails its stream instead (its call ends
+    /// RESOURCE_EXHAUSTED naming the cap).
     pub(crate) fn stream_send<M: Message>(
         &mut self,
         id: CallId,
@@ -1868,6 +1952,7 @@ impl<P: Provider> ClientCore<P> {
             && (!self.outbox.is_empty()
                 || !self.conn.sq.is_empty()
                 || self.conn.session.has_control()
+                || self.conn.session.lease_pending()
                 || self.stream_batch.is_some()
                 || !self.stream_ends.is_empty()
                 || !self.stream_cancels.is_empty())
@@ -2056,6 +2141,10 @@ impl<P: Provider> ClientCore<P> {
     fn check_areas(&mut self, len: usize) -> Result<(), Status> {
         if len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap {
             return Ok(());
+        }
+        // A RingReclaim waiting is taken first (as in `start_with`).
+        if self.conn.session.peer_ring_ready() {
+            self.progress();
         }
         let r = self.conn.ensure_areas();
         if let Err(s) = &r {

@@ -8,7 +8,9 @@ use crate::endpoint::areas::SendAreas;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::session::{BodyRecycler, Charge, Complete, Front, Outbox, Queued, RingPiece, Session, Waiting};
+use crate::session::{
+    BodyRecycler, Charge, Complete, Front, LeaseMsg, Outbox, Queued, RingPiece, Session, Waiting,
+};
 use crate::status::Code;
 use crate::verbs::rc::Endpoint;
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
@@ -67,7 +69,7 @@ pub(crate) fn send_bufs_for(credits: u16) -> u16 {
 /// | messages | at most | why |
 /// |---|---|---|
 /// | Requests (the last or only piece of each) and stream SENDs (stream messages, the last or only piece of each; stream grants; stream ends) | `credits` + [`crate::session::STREAM_RESERVED_CREDITS`] (8) | credits return with the answers; a stream SEND holds a credit until a server header counts it taken (`stream_taken`), and only stream SENDs use the 8 beyond `credits` |
-/// | other pieces of ring bodies | 16 | each holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]) |
+/// | other pieces of ring bodies, RingAsks and RingReleases | 16 | each piece holds at least 1/16 of the ring ([`crate::session::Session::next_piece`]); the ring lease's messages (protocol 12) count as pieces in the meter, and a client sends them only once we reported every piece freed ([`crate::session::meter`]) |
 /// | Cancels | `credits` | a Cancel holds its call's credit until the server's CancelAck arrives ([`crate::session::CallSlots`]), so each credit covers at most one request and one Cancel, a Cancel that crossed its call's answer included |
 /// | RingReturns | `max(credits, 16)` | each must free a ring body or piece of ours ([`crate::session::meter`]), and we keep at most [`crate::session::ring_units`] of them unfreed in the client's ring |
 /// | Pings, Pongs | 4 + 2 | as the meter allows ([`crate::session::meter`]): [`crate::session::meter::MAX_PINGS`] between two messages of ours (the client pings after a third and two thirds of its `peer_timeout` of silence, and two silences can overlap one of our messages), and at most [`crate::session::meter::MAX_PONGS_OWED`] Pongs owed for our Pings |
@@ -154,8 +156,16 @@ pub(crate) fn staging_len(peer_ring_len: u32) -> u32 {
     peer_ring_len.saturating_mul(2).min(peer_ring_len.saturating_add(64 << 20))
 }
 
-/// Bytes a connection registers at connect: its receive ring (`own_ring`) and `bufs` send
-/// buffers of `body_cap` + header bytes. Its send mirror of the peer's ring and its staging area
+/// Copies `src` to the front of `dst` (as much as fits); returns the bytes copied.
+fn put(dst: &mut [u8], src: &[u8]) -> usize {
+    let n = src.len().min(dst.len());
+    dst[..n].copy_from_slice(&src[..n]);
+    n
+}
+
+/// Bytes a connection registers at connect: its receive ring (`own_ring`; 0 for a server's
+/// session, whose ring is granted on demand and counted then) and `bufs` send buffers of
+/// `body_cap` + header bytes. Its send mirror of the peer's ring and its staging area
 /// ([`staging_len`]) are registered when first needed ([`SendAreas`]) and counted then.
 pub(crate) fn registered_bytes(own_ring: u32, bufs: u16, body_cap: usize) -> u64 {
     u64::from(own_ring) + u64::from(bufs) * (HEADER_LEN + body_cap) as u64
@@ -393,7 +403,9 @@ pub(crate) fn send_waiting<P: Provider>(
 /// the QP, then the memory its posted WRs read.
 pub(crate) struct Conn<P: Provider> {
     /// Our ring; the peer writes it only through its window (or the MR's rkey, as a fallback).
-    pub(crate) ring: RecvRing<P>,
+    /// `None` while no ring is granted (a server's session under protocol 12's lease: granted
+    /// on demand, [`crate::session`]'s `lease`); a client's is made at connect.
+    pub(crate) ring: Option<RecvRing<P>>,
     pub(crate) qp: P::QueuePair,
     pub(crate) pool: SendPool<P>,
     /// The send mirror of the peer's ring and the staging area, registered at the first body
@@ -830,9 +842,11 @@ impl<P: Provider> Conn<P> {
     #[inline]
     pub(crate) fn take_piece(&mut self, piece: RingPiece) -> Result<Option<Complete>, &'static str> {
         // A piece of a refused body is not copied: the session counts it and frees its space.
-        if !piece.dropped() && !self.ring.copy_out(piece.offset, piece.len, self.session.piece_buffer(&piece))
-        {
-            return Err("ring body outside the ring, or no memory to copy it out");
+        if !piece.dropped() {
+            let Some(ring) = &self.ring else { return Err("ring body with no ring granted") };
+            if !ring.copy_out(piece.offset, piece.len, self.session.piece_buffer(&piece)) {
+                return Err("ring body outside the ring, or no memory to copy it out");
+            }
         }
         self.session.piece_done(piece)
     }
@@ -841,6 +855,9 @@ impl<P: Provider> Conn<P> {
     /// buffers last; what finds none stays due in the session for the next flush.
     #[inline]
     pub(crate) fn queue_controls(&mut self) {
+        if self.session.lease_pending() {
+            self.queue_lease_control();
+        }
         while self.session.has_control() {
             let Some(buf) = self.acquire() else { return };
             let Some(h) = self.session.next_control() else {
@@ -849,6 +866,45 @@ impl<P: Provider> Conn<P> {
             };
             self.queue(buf, h, BodyAt::Eager(0));
         }
+    }
+
+    /// Queues the lease message the session wants sent ([`Session::next_lease_control`]: a
+    /// RingAsk, a RingRelease, which forgets the peer's ring's address and rkey with it, the
+    /// answer to an ask, a RingReclaim) when a send buffer is free; else it stays due.
+    #[cold]
+    #[inline(never)]
+    fn queue_lease_control(&mut self) {
+        let Some(mut buf) = self.acquire() else { return };
+        let Some(msg) = self.session.next_lease_control() else {
+            self.pool.give_back(buf);
+            return;
+        };
+        let room = self.body_cap.min(crate::wire::MAX_CLOSE_REASON);
+        let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + room) else {
+            // Unreachable: every body area holds at least `MIN_BODY_AREA` (256) bytes.
+            self.pool.give_back(buf);
+            return;
+        };
+        let n = match &msg {
+            LeaseMsg::Ask(bytes) => put(dst, &crate::wire::ring_lease::encode_ring_ask(*bytes)),
+            LeaseMsg::Grant(g) => put(dst, &g.encode()),
+            LeaseMsg::Refuse(s) => crate::wire::encode_close_reason(s.message(), dst),
+            LeaseMsg::Release => {
+                // Nothing is WRITTEN there any more (a new grant gives its own).
+                self.peer_ring = (0, 0);
+                self.written_mark = 0;
+                0
+            }
+            LeaseMsg::Reclaim => 0,
+        };
+        self.queue(buf, msg.header(), BodyAt::Eager(n as u32));
+    }
+
+    /// The granted ring's address and rkey (protocol 12): the ring bodies placed from now on are
+    /// WRITTEN there.
+    pub(crate) fn set_peer_ring(&mut self, addr: u64, rkey: u32) {
+        self.peer_ring = (addr, rkey);
+        self.written_mark = 0;
     }
 
     /// Returns freed ring space to the peer in a RingReturn when bytes are unreported

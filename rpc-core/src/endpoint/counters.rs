@@ -84,6 +84,23 @@ pub struct Counters {
     /// with RESOURCE_EXHAUSTED naming what was being registered or the cap; the session stays
     /// open.
     pub send_area_failures: u64,
+    /// Server: bytes of receive rings granted now (protocol 12: granted on demand, part of
+    /// `registered_bytes`); set by `ServerHandle::counters`. 0 while every session is idle or
+    /// sends small bodies only.
+    pub ring_bytes: u64,
+    /// Server: receive rings granted since the server started.
+    pub rings_granted: u64,
+    /// Server: receive rings taken back from idle sessions (`ServerConfig::ring_idle`): given
+    /// back by their client, or revoked (`rings_revoked`). Rings that go with their session are
+    /// not counted.
+    pub rings_reclaimed: u64,
+    /// Server: of `rings_reclaimed`, those whose client did not give them back in time (their
+    /// window deallocated regardless).
+    pub rings_revoked: u64,
+    /// Server: ring asks refused (`ServerConfig::max_ring_pool_bytes`, or the registration
+    /// failed): each failed the client's call or stream message that needed the ring with
+    /// RESOURCE_EXHAUSTED naming the cap; the session stays open.
+    pub rings_refused: u64,
     /// Server: bytes registered for the workers' receive buffers (SRQ WQEs), over all workers;
     /// set by `ServerHandle::counters`. They grow, in chunks of 64 buffers, with what the
     /// sessions admitted to each worker reserve at most at once (`ServerConfig::srq_per_session`
@@ -164,6 +181,11 @@ impl Counters {
         self.send_areas_created += other.send_areas_created;
         self.send_areas_released += other.send_areas_released;
         self.send_area_failures += other.send_area_failures;
+        self.ring_bytes += other.ring_bytes;
+        self.rings_granted += other.rings_granted;
+        self.rings_reclaimed += other.rings_reclaimed;
+        self.rings_revoked += other.rings_revoked;
+        self.rings_refused += other.rings_refused;
         self.recv_buffer_bytes += other.recv_buffer_bytes;
         self.recv_buffers += other.recv_buffers;
         self.reassembly_bytes += other.reassembly_bytes;
@@ -269,6 +291,8 @@ pub(crate) struct ServerMemory {
     pub(crate) registered: Arc<HeldBytes>,
     /// The sessions' send mirrors and staging areas (also counted in `registered`).
     pub(crate) areas: Arc<AreaGauge>,
+    /// The sessions' receive rings, granted on demand (also counted in `registered`).
+    pub(crate) rings: Arc<AreaGauge>,
     pub(crate) reassembly: Arc<HeldBytes>,
     pub(crate) backlog: Arc<HeldBytes>,
     /// Receive buffers registered for the workers' SRQs: bytes and buffers.
@@ -283,12 +307,23 @@ pub(crate) struct ServerMemory {
 }
 
 impl ServerMemory {
-    pub(crate) fn new(max_reassembly: u64, max_backlog: u64, max_send_areas: u64) -> ServerMemory {
+    pub(crate) fn new(
+        max_reassembly: u64,
+        max_backlog: u64,
+        max_send_areas: u64,
+        max_rings: u64,
+    ) -> ServerMemory {
         let registered = HeldBytes::new(u64::MAX, "registered memory");
         ServerMemory {
             areas: AreaGauge::capped(
                 registered.clone(),
                 HeldBytes::new(max_send_areas, "ServerConfig::max_send_area_bytes"),
+                "a send mirror and staging area",
+            ),
+            rings: AreaGauge::capped(
+                registered.clone(),
+                HeldBytes::new(max_rings, "ServerConfig::max_ring_pool_bytes"),
+                "a receive ring",
             ),
             registered,
             reassembly: HeldBytes::new(max_reassembly, "ServerConfig::max_reassembly_bytes"),
@@ -306,6 +341,11 @@ impl ServerMemory {
         c.registered_bytes = self.registered.used();
         c.registered_peak = self.registered.peak();
         self.areas.fill(c);
+        c.ring_bytes = self.rings.bytes();
+        c.rings_granted = self.rings.created.load(Ordering::Relaxed);
+        c.rings_reclaimed = self.rings.released.load(Ordering::Relaxed);
+        c.rings_refused = self.rings.failed.load(Ordering::Relaxed);
+        c.rings_revoked = self.rings.revoked.load(Ordering::Relaxed);
         c.reassembly_bytes = self.reassembly.used();
         c.reassembly_peak = self.reassembly.peak();
         c.backlog_bytes = self.backlog.used();
@@ -327,7 +367,11 @@ pub(crate) struct AreaGauge {
     /// The cap on these bytes (the server's `ServerConfig::max_send_area_bytes`), charged
     /// before a registration; none on a client.
     cap: Option<Arc<HeldBytes>>,
+    /// What is charged, for the cap's reason ("a send mirror and staging area").
+    what: &'static str,
     bytes: AtomicU64,
+    /// Of `released`, those taken back without their holder's consent (a revoked ring).
+    revoked: AtomicU64,
     created: AtomicU64,
     released: AtomicU64,
     failed: AtomicU64,
@@ -341,8 +385,17 @@ impl AreaGauge {
 
     /// A gauge whose bytes are also added to `registered`, and whose registrations are charged
     /// to `cap` first ([`AreaGauge::charge`]).
-    pub(crate) fn capped(registered: Arc<HeldBytes>, cap: Arc<HeldBytes>) -> Arc<AreaGauge> {
-        Arc::new(AreaGauge { registered: Some(registered), cap: Some(cap), ..AreaGauge::default() })
+    pub(crate) fn capped(
+        registered: Arc<HeldBytes>,
+        cap: Arc<HeldBytes>,
+        what: &'static str,
+    ) -> Arc<AreaGauge> {
+        Arc::new(AreaGauge { registered: Some(registered), cap: Some(cap), what, ..AreaGauge::default() })
+    }
+
+    /// Of the bytes [`AreaGauge::gone`] just gave back, taken without their holder's consent.
+    pub(crate) fn revoked(&self) {
+        self.revoked.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Charges `bytes` about to be registered to the cap (nothing without one); the charge is
@@ -353,7 +406,7 @@ impl AreaGauge {
     /// it; nothing is charged then.
     pub(crate) fn charge(&self, bytes: u64) -> Result<Option<Charge>, String> {
         match &self.cap {
-            Some(cap) => cap.charge(bytes, "a send mirror and staging area").map(Some),
+            Some(cap) => cap.charge(bytes, self.what).map(Some),
             None => Ok(None),
         }
     }

@@ -37,7 +37,7 @@ use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
 use crate::endpoint::areas::SendAreas;
 use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, create_ring, handshake, registered_bytes, send_bufs_for, srq_need, Conn,
+    body_area, create_cq, create_qp, handshake, registered_bytes, send_bufs_for, srq_need, Conn,
 };
 use crate::endpoint::counters::{ServerMemory, SharedCounters};
 use crate::session::{Role, Session, SessionParams};
@@ -107,6 +107,7 @@ pub(super) fn start<P: Provider>(
         config.max_reassembly_bytes,
         config.max_backlog_bytes,
         config.max_send_area_bytes,
+        config.max_ring_pool_bytes,
     ));
     let limits = WorkerLimits {
         max_sessions: per_worker,
@@ -115,6 +116,9 @@ pub(super) fn start<P: Provider>(
         peer_timeout: config.peer_timeout,
         idle_timeout: config.idle_timeout,
         send_area_idle: config.send_area_idle,
+        ring_idle: config.ring_idle,
+        ring_len: config.ring_bytes,
+        mw_type2: dev.ctx.attr().mw_type2,
         max_call_duration: config.max_call_duration,
         body_cap,
         max_metadata: config.max_metadata_bytes as usize,
@@ -836,7 +840,8 @@ impl<P: Provider> Listener<P> {
                 return Err(Self::refuse(stream, e));
             }
         };
-        let registered = registered_bytes(self.config.ring_bytes, send_bufs_for(credits), conn.0.body_cap);
+        // The ring is granted on demand (protocol 12) and counted then.
+        let registered = registered_bytes(0, send_bufs_for(credits), conn.0.body_cap);
         self.memory.registered.add(registered);
         if hello.flags & FLAG_IDLE_PONGS != 0 {
             conn.0.session.probe_while_idle();
@@ -851,7 +856,8 @@ impl<P: Provider> Listener<P> {
         w.sessions.fetch_add(1, Ordering::Relaxed);
         w.srq_reserved.fetch_add(need, Ordering::Relaxed);
         let bound = Arc::new(AtomicU8::new(BIND_PENDING));
-        let window = conn.0.ring.has_window();
+        // No ring yet (granted on demand): nothing to bind before the reply.
+        let window = conn.0.ring.as_ref().is_some_and(|r| r.has_window());
         let open = Control::Open(Box::new(NewConn {
             conn: conn.0,
             session,
@@ -986,9 +992,8 @@ impl<P: Provider> Listener<P> {
         let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
         let pool = SendPool::<P>::new(&w.pd, bufs, HEADER_LEN + body_cap).map_err(verbs)?;
-        let mut fallback = 0;
-        let ring = create_ring::<P>(&self.dev.ctx, &w.pd, self.config.ring_bytes as usize, &mut fallback)
-            .map_err(verbs)?;
+        // No receive ring at connect: the client asks for one before its first body above the
+        // eager threshold (protocol 12; the worker grants it, `Worker::on_ring_ask`).
         // The send mirror of the client's ring and the staging area are registered at the
         // session's first answer above the eager threshold, and given back when unused for
         // `ServerConfig::send_area_idle` (`Conn::release_idle_areas`).
@@ -1013,8 +1018,10 @@ impl<P: Provider> Listener<P> {
             own_ring_len: self.config.ring_bytes,
             max_held: usize::from(credits),
         };
-        let remote_ring = ring.remote();
+        // The handshake gives the length a grant will have, with no address or rkey.
+        let remote_ring = (0, self.config.ring_bytes, 0);
         let mut session = Session::new(Role::Server, params);
+        session.lease_own_ring();
         session.set_reassembly(
             self.memory.reassembly.clone(),
             self.config.reassembly_share(),
@@ -1028,7 +1035,7 @@ impl<P: Provider> Listener<P> {
             spare,
             qp,
             pool,
-            ring,
+            ring: None,
             areas,
             written_mark: 0,
             sq: SendQueue::new(sq_depth, usize::from(bufs)),

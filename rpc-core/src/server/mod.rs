@@ -124,8 +124,30 @@ pub struct ServerConfig {
     /// that asks for more is granted this value (the handshake reply says so), never more.
     pub max_message_size: u32,
     /// Bytes of each session's receive ring (bulk bodies). Default 1 MiB; 64 KiB ..= 1 GiB
-    /// ([`crate::wire::MIN_RING_LEN`] ..= [`crate::wire::MAX_RING_LEN`]).
+    /// ([`crate::wire::MIN_RING_LEN`] ..= [`crate::wire::MAX_RING_LEN`]). The ring is granted
+    /// on demand (protocol 12): a session registers none at connect; its client asks for it
+    /// before its first body above the eager threshold, and the server registers it then (behind
+    /// a type-2 memory window bound to the session's QP where the device has them, else the
+    /// MR's own rkey), whatever length the client asked for; it is taken back after
+    /// [`ServerConfig::ring_idle`] without a body (`Counters::ring_bytes`, `rings_granted`,
+    /// `rings_reclaimed`, `rings_refused`).
     pub ring_bytes: u32,
+    /// How long a session's granted receive ring may go without a body before the server takes
+    /// it back: the worker's sweep (every quarter of it, at least 2 ms, at most 1 s) sends a
+    /// RingReclaim, the client answers once none of its WRITEs into the ring is in flight, and
+    /// the ring is deregistered (`Counters::rings_reclaimed`); a client that does not answer
+    /// within this time again loses the ring anyway (its window is deallocated: a later WRITE of
+    /// its fails with a remote access error and breaks its own session;
+    /// `Counters::rings_revoked`). The client's next body asks again. Default 5 s; `None` keeps
+    /// a granted ring until the session closes; not zero.
+    pub ring_idle: Option<Duration>,
+    /// Most bytes of receive rings granted at once over all sessions and workers
+    /// (`Counters::ring_bytes`). A grant that would exceed it is refused: the client's call or
+    /// stream message that needed the ring fails RESOURCE_EXHAUSTED naming this cap
+    /// (`Counters::rings_refused`), its session and its eager calls go on, and a later body asks
+    /// again. Default `u64::MAX`: no cap of its own (the bound is then `max_sessions` ×
+    /// `ring_bytes`). At least `ring_bytes`.
+    pub max_ring_pool_bytes: u64,
     /// Largest client ring this server mirrors, in bytes. The server registers, per session that
     /// sends bodies above the eager threshold ([`ServerConfig::send_area_idle`]), a send mirror
     /// of the client's ring and a staging area of twice it (at most 64 MiB more), sized from the
@@ -186,9 +208,10 @@ pub struct ServerConfig {
     /// 1 ..= 4096. A client that asks for more is granted this many (the handshake reply says
     /// so; its other calls wait locally).
     pub credits_per_session: u16,
-    /// Sessions over all workers. Default 128. Each registers a receive ring (`ring_bytes`) and
-    /// send buffers at connect: `ring_bytes` + (2 × credits + 8) × (`eager_threshold` + 40)
-    /// bytes, 1.3 MiB at the defaults; while it sends bodies above the eager threshold (see
+    /// Sessions over all workers. Default 128. Each registers send buffers at connect:
+    /// (2 × credits + 8) × (`eager_threshold` + 40) bytes, 291 KiB at the defaults; while its
+    /// client sends bodies above the eager threshold (see [`ServerConfig::ring_idle`]) also a
+    /// receive ring (`ring_bytes`, capped over all sessions by `max_ring_pool_bytes`); while it sends bodies above the eager threshold (see
     /// [`ServerConfig::send_area_idle`]) also a send mirror of the client's ring and a send
     /// staging area of twice it (at most 64 MiB more; the client's ring is at most
     /// `max_peer_ring_bytes`): at most 3 × `max_peer_ring_bytes` more, 12 MiB at the defaults
@@ -384,6 +407,8 @@ impl Default for ServerConfig {
             idle_timeout: Some(Duration::from_secs(60)),
             send_area_idle: Some(Duration::from_secs(5)),
             max_send_area_bytes: u64::MAX,
+            ring_idle: Some(Duration::from_secs(5)),
+            max_ring_pool_bytes: u64::MAX,
             max_call_duration: Some(Duration::from_secs(300)),
             max_metadata_bytes: 8192,
             interceptor: None,
@@ -428,6 +453,18 @@ impl ServerConfig {
         }
         if self.send_area_idle.is_some_and(|t| t.is_zero()) {
             return bad("send_area_idle", "0 (use None to keep send mirrors and staging areas)".into());
+        }
+        if self.ring_idle.is_some_and(|t| t.is_zero()) {
+            return bad("ring_idle", "0 (use None to keep granted rings)".into());
+        }
+        if self.max_ring_pool_bytes < u64::from(self.ring_bytes) {
+            return bad(
+                "max_ring_pool_bytes",
+                format!(
+                    "{} is below one session's ring (ring_bytes {})",
+                    self.max_ring_pool_bytes, self.ring_bytes
+                ),
+            );
         }
         let one_session = u64::from(self.max_peer_ring_bytes)
             + u64::from(crate::endpoint::conn::staging_len(self.max_peer_ring_bytes));
@@ -669,6 +706,10 @@ impl ServerBuilder {
         send_area_idle: Option<Duration>;
         /// See [`ServerConfig::max_send_area_bytes`].
         max_send_area_bytes: u64;
+        /// See [`ServerConfig::ring_idle`].
+        ring_idle: Option<Duration>;
+        /// See [`ServerConfig::max_ring_pool_bytes`].
+        max_ring_pool_bytes: u64;
         /// See [`ServerConfig::max_call_duration`].
         max_call_duration: Option<Duration>;
     }

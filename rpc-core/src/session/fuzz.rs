@@ -74,7 +74,7 @@ struct Harness {
     reassembly: Option<(std::sync::Arc<super::HeldBytes>, u64)>,
 }
 
-const KINDS: [Kind; 11] = [
+const KINDS: [Kind; 15] = [
     Kind::Request,
     Kind::Response,
     Kind::RingReturn,
@@ -86,6 +86,10 @@ const KINDS: [Kind; 11] = [
     Kind::StreamEnd,
     Kind::StreamGrant,
     Kind::CancelAck,
+    Kind::RingAsk,
+    Kind::RingGrant,
+    Kind::RingReclaim,
+    Kind::RingRelease,
 ];
 
 impl Harness {

@@ -23,6 +23,7 @@ mod budget;
 mod calls;
 #[doc(hidden)]
 pub mod fuzz;
+mod lease;
 pub mod lifecycle;
 pub mod meter;
 mod outbox;
@@ -35,6 +36,8 @@ pub mod tick;
 
 pub use budget::{Charge, HeldBytes};
 pub use calls::DEFAULT_ACK_TIMEOUT;
+pub use lease::{LeaseMsg, OwnSweep};
+use lease::{OwnRing, PeerRing};
 pub use lifecycle::Event;
 use lifecycle::{CallLimit, IdleTimer, Liveness, Unanswered};
 pub use outbox::{Front, Outbox, Queued, Waiting};
@@ -273,6 +276,12 @@ pub struct Session {
     load: Option<(std::sync::Arc<std::sync::atomic::AtomicU32>, u32)>,
     /// Client: the load the server reported on its last response (`u32::MAX`: none yet).
     peer_load: u32,
+    /// The lease of the peer's ring, as its producer ([`lease`]; `Fixed` before protocol 12's
+    /// [`Session::lease_peer_ring`]).
+    peer_ring: PeerRing,
+    /// The lease of our ring, as its consumer ([`lease`]; `Fixed` unless
+    /// [`Session::lease_own_ring`]).
+    own_ring: OwnRing,
 }
 
 impl Drop for Session {
@@ -339,6 +348,8 @@ impl Session {
             idle: IdleTimer::default(),
             load: None,
             peer_load: u32::MAX,
+            peer_ring: PeerRing::Fixed,
+            own_ring: OwnRing::Fixed,
         }
     }
 
@@ -629,6 +640,12 @@ impl Session {
         if len <= self.params.eager_threshold as usize {
             return Ok(Placement::Eager);
         }
+        if !self.peer_ring_ready() {
+            // No grant of the peer's ring (protocol 12): the body waits as for a full ring,
+            // and a RingAsk is due.
+            self.want_peer_ring();
+            return Ok(Placement::Pieces);
+        }
         let before = self.producer.mark();
         match self.producer.reserve(len as u32) {
             Ok(off) => {
@@ -673,6 +690,10 @@ impl Session {
     /// placed. Allocates nothing.
     #[inline]
     pub fn next_piece(&mut self, remaining: u32) -> Option<(u32, u32)> {
+        if !self.peer_ring_ready() {
+            self.want_peer_ring();
+            return None;
+        }
         let max = self.max_piece();
         self.producer.reserve_piece(remaining.min(max), max / PIECE_FRACTION)
     }
@@ -954,7 +975,8 @@ impl Session {
             | (Role::Server, Kind::Cancel | Kind::StreamEnd)
             | (Role::Client, Kind::CancelAck)
             | (_, Kind::RingReturn | Kind::Close | Kind::Ping | Kind::Pong)
-            | (_, Kind::StreamMsg | Kind::StreamGrant) => {}
+            | (_, Kind::StreamMsg | Kind::StreamGrant)
+            | (_, Kind::RingAsk | Kind::RingGrant | Kind::RingReclaim | Kind::RingRelease) => {}
             (Role::Server, Kind::Response) => return Err("response sent to a server"),
             (Role::Client, Kind::Request) => return Err("request sent to a client"),
             (Role::Client, Kind::Cancel) => return Err("cancel sent to a client"),
@@ -964,8 +986,13 @@ impl Session {
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
         }
-        let units_freed =
-            self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
+        // Protocol 12's ring lease (`lease`): a RingGrant's freed head counts the new ring's
+        // consumer, which the producer starts over with.
+        let units_freed = if self.check_lease_header(h)? {
+            0
+        } else {
+            self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?
+        };
         if self.role == Role::Client && h.kind == Kind::Response {
             self.peer_load = u32::from(h.count);
         }

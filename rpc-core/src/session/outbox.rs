@@ -85,6 +85,11 @@ impl<B: Queued> Outbox<B> {
         self.queue.is_empty()
     }
 
+    /// The header of the message at the front, if any.
+    pub fn front_header(&self) -> Option<Header> {
+        self.queue.front().map(|m| *m.header())
+    }
+
     /// Messages waiting.
     pub fn len(&self) -> usize {
         self.queue.len()
@@ -125,6 +130,27 @@ impl<B: Queued> Outbox<B> {
                 Waiting::Error(..) => true,
             };
             if (h.slot, h.generation, h.kind) == (slot, generation, kind) && untouched {
+                if let Some(Waiting::Body(b)) = self.queue.remove(i) {
+                    taken.push(b);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        taken
+    }
+
+    /// Takes out every waiting unary request of which nothing was posted (the client's: bodies
+    /// above the eager threshold waiting for the server's ring, which was refused), for the
+    /// driver to fail and release.
+    pub fn take_unsent_requests(&mut self) -> Vec<B> {
+        let mut taken = Vec::new();
+        let mut i = 0;
+        while i < self.queue.len() {
+            let m = &self.queue[i];
+            let h = m.header();
+            let untouched = matches!(m, Waiting::Body(b) if b.untouched());
+            if h.kind == Kind::Request && h.stream == 0 && untouched {
                 if let Some(Waiting::Body(b)) = self.queue.remove(i) {
                     taken.push(b);
                 }

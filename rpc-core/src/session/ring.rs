@@ -438,6 +438,17 @@ impl RingConsumer {
         self.freed.wrapping_sub(self.reported)
     }
 
+    /// Wrapping count of bytes accepted so far (skipped ends included): it moves with every
+    /// body or piece accepted (the lease's idle check, `session::lease`).
+    pub fn accepted(&self) -> u32 {
+        self.accepted
+    }
+
+    /// Whether a body or piece accepted is not freed yet.
+    pub fn holds(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Bodies (and pieces) freed since the last header carried the counter.
     pub fn unreported_units(&self) -> u32 {
         self.unreported_units

@@ -14,9 +14,9 @@
 //! | 1 | MTU (verbs enum, 1..=5) |
 //! | 1 | reserved, 0 |
 //! | 16 | GID |
-//! | 8 | ring address (where the peer RDMA WRITEs bulk bodies) |
+//! | 8 | ring address (where the peer RDMA WRITEs bulk bodies; 0 from a server: its ring is granted on demand, [`super::ring_lease`]) |
 //! | 4 | ring length in bytes (1 ..= 1 GiB on the wire; each end refuses a peer ring below [`MIN_RING_LEN`], and a server one above its `max_peer_ring_bytes`) |
-//! | 4 | ring rkey |
+//! | 4 | ring rkey (0 from a server) |
 //! | 2 | credits: requests in flight (client: asked; server: granted), 1..=4096 |
 //! | 2 | reserved, 0 |
 //! | 4 | eager threshold in bytes (bodies up to this go in the SEND) |
@@ -35,9 +35,12 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
-/// 12 (2026-12-06): a server may hold no control connection for a session
-/// ([`FLAG_DETACHED`] in its reply); a client of version 11 would read the closed connection as
-/// the server's death.
+/// 12 (2026-12-06): the server's receive ring is granted on demand ([`super::ring_lease`]):
+/// its handshake gives the ring's length with address and rkey 0, the client asks with a
+/// [`super::Kind::RingAsk`] before its first body above the eager threshold, and the server
+/// takes an idle ring back ([`super::Kind::RingReclaim`], [`super::Kind::RingRelease`]); and a
+/// server may hold no control connection for a session ([`FLAG_DETACHED`] in its reply; a
+/// client of version 11 would read the closed connection as the server's death).
 /// 11 (2026-12-06): a request may keep its metadata block as the session's cached block, and
 /// later requests name that block instead of carrying it ([`super::header::METADATA_STORE`],
 /// [`super::header::METADATA_CACHED`]).

@@ -4,7 +4,7 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream grant, 11 cancel acknowledgement) |
+//! | 0 | 1 | kind (1 request, 2 response, 3 ring-space return, 4 close, 5 cancel, 6 ping, 7 pong, 8 stream message, 9 stream end, 10 stream grant, 11 cancel acknowledgement, 12 ring ask, 13 ring grant, 14 ring reclaim, 15 ring release) |
 //! | 1 | 1 | flags (bit 0: body in the receiver's ring; bit 1: the request opens a stream of client messages; bit 2: of server messages; bit 3: a stream message is a batch, see below; bit 4: a request's body starts with a metadata block, a response's with two (headers, trailers), a server's stream message's with one (the stream's headers), see [`crate::metadata`]; bit 5: a request's block is also kept as the session's cached block; bit 6: a request's metadata is the session's cached block, its body has none; see [`METADATA_STORE`]) |
 //! | 2 | 1 | status code (gRPC canonical; 0 in requests) |
 //! | 3 | 1 | reserved, 0 |
@@ -33,7 +33,11 @@
 //! Control messages carry no body and no call fields except: a Close may carry a status and an
 //! eager reason of at most [`super::MAX_CLOSE_REASON`] bytes (`super::close`); a Cancel, its acknowledgement, a
 //! stream end and a stream grant name the call by `slot` and `generation`, a stream grant carries `count`; every
-//! message carries `freed_head` and `session`.
+//! message carries `freed_head` and `session`. The ring lease messages (protocol 12,
+//! [`super::ring_lease`]) carry eager bodies of their own: a [`Kind::RingAsk`] the 4 bytes of
+//! the ring it asks for, a [`Kind::RingGrant`] the 16 bytes of the ring granted (status OK) or,
+//! refused, a status and a reason as a Close's; a [`Kind::RingReclaim`] and a
+//! [`Kind::RingRelease`] carry none.
 //!
 //! **Streams.** A stream is a call whose slot stays open: a request with [`STREAM_IN`] and/or
 //! [`STREAM_OUT`] opens it (its body is the request message of a server stream, empty
@@ -272,6 +276,23 @@ pub enum Kind {
     /// Server to client: the server took the Cancel of `(slot, generation)` (sent for every
     /// Cancel, whether the call was answered before it arrived or not). No body.
     CancelAck = 11,
+    /// Client to server (protocol 12): the client has a body for the server's ring and holds no
+    /// grant of it; its 4-byte eager body is the ring length it asks for
+    /// ([`super::ring_lease`]). At most one unanswered, and none while a ring is granted.
+    RingAsk = 12,
+    /// Server to client: the answer to a [`Kind::RingAsk`]. Status OK: its 16-byte eager body
+    /// is the ring granted (address, length, rkey; [`super::ring_lease`]), which the client
+    /// WRITEs as it did the handshake's ring before protocol 12. Any other status: refused (the
+    /// pool or a cap is exhausted), its eager body the reason as a Close's (at most
+    /// [`super::MAX_CLOSE_REASON`] bytes); the client may ask again later.
+    RingGrant = 13,
+    /// Server to client: give the granted ring back. No body. The client answers
+    /// [`Kind::RingRelease`] once none of its WRITEs into the ring is unretired, and forgets the
+    /// ring.
+    RingReclaim = 14,
+    /// Client to server: the answer to a [`Kind::RingReclaim`]: the client writes the ring no
+    /// more (RC ordering: every WRITE it posted before this SEND has landed). No body.
+    RingRelease = 15,
 }
 
 impl Kind {
@@ -288,6 +309,10 @@ impl Kind {
             9 => Kind::StreamEnd,
             10 => Kind::StreamGrant,
             11 => Kind::CancelAck,
+            12 => Kind::RingAsk,
+            13 => Kind::RingGrant,
+            14 => Kind::RingReclaim,
+            15 => Kind::RingRelease,
             _ => return None,
         })
     }
@@ -420,7 +445,7 @@ impl Header {
         let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let kind = Kind::from_u8(b[0])
-            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=11", b[0])))?;
+            .ok_or_else(|| WireError::bad("header", "kind", format!("{} is not 1..=15", b[0])))?;
         if b[1]
             & !(BODY_IN_RING
                 | STREAM_IN
@@ -553,7 +578,11 @@ impl Header {
             | Kind::Ping
             | Kind::Pong
             | Kind::StreamEnd
-            | Kind::StreamGrant => {
+            | Kind::StreamGrant
+            | Kind::RingAsk
+            | Kind::RingGrant
+            | Kind::RingReclaim
+            | Kind::RingRelease => {
                 if h.stream != 0 {
                     return Err(WireError::bad("header", "flags", "stream flags outside a request"));
                 }
@@ -576,10 +605,12 @@ impl Header {
                             ),
                         ));
                     }
+                } else if matches!(kind, Kind::RingAsk | Kind::RingGrant) {
+                    super::ring_lease::check_body(kind, status, h.in_ring, h.body_len)?;
                 } else if h.body_len != 0 || h.in_ring || h.total_len != 0 {
                     return Err(WireError::bad("header", "body_len", "a control message carries no body"));
                 }
-                if (status != Code::Ok && kind != Kind::Close) || h.method != 0 {
+                if (status != Code::Ok && !matches!(kind, Kind::Close | Kind::RingGrant)) || h.method != 0 {
                     return Err(WireError::bad("header", "kind", "control message with call fields set"));
                 }
                 let names_call =
@@ -653,7 +684,7 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let mut m = encode_msg(&request());
-        m[0] = 12;
+        m[0] = 16;
         assert_eq!(Header::decode(&m).unwrap_err().field(), "kind");
         let mut m = encode_msg(&request());
         m[1] = 8;

@@ -6,6 +6,7 @@ mod close;
 mod error;
 mod handshake;
 mod header;
+pub mod ring_lease;
 
 pub use close::{close_reason, encode_close_reason, MAX_CLOSE_REASON};
 pub use error::WireError;
@@ -36,6 +37,21 @@ pub fn fuzz_header(data: &[u8]) {
             assert!(h.body_len as usize <= MAX_CLOSE_REASON, "a Close's reason over its bound decoded");
             let r = close_reason(&data[HEADER_LEN..]);
             assert!(r.chars().count() <= MAX_CLOSE_REASON && r.chars().all(|c| !c.is_control()));
+        }
+        // A ring lease body that the header check let through reads as what its kind says.
+        let body = &data[HEADER_LEN..];
+        match (h.kind, h.status) {
+            (Kind::RingAsk, _) => {
+                ring_lease::decode_ring_ask(body).expect("a checked ask's body decodes");
+            }
+            (Kind::RingGrant, crate::status::Code::Ok) => {
+                let g = ring_lease::RingGrant::decode(body).expect("a checked grant's body decodes");
+                assert_eq!(&g.encode()[..], body, "a grant re-encodes differently");
+            }
+            (Kind::RingGrant, _) => {
+                assert!(body.len() <= MAX_CLOSE_REASON, "a refusal's reason over its bound")
+            }
+            _ => {}
         }
     }
 }

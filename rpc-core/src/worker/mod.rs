@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::buffers::{Completion, Completions, RecvBuf, RecvPool, RecvView};
+use crate::buffers::{Completion, Completions, RecvBuf, RecvPool, RecvRing, RecvView};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::local::LocalTasks;
 use crate::dispatch::registry::Registry;
@@ -195,6 +195,9 @@ struct Entry<P: Provider> {
     streams: Vec<OpenStream>,
     /// Bytes it registered (in the server's gauge until it closes).
     registered: u64,
+    /// The charge of its granted receive ring against `ServerConfig::max_ring_pool_bytes`
+    /// (with the ring, `conn.ring`; given back when the ring goes).
+    ring_charge: Option<crate::session::Charge>,
     /// The session's cached metadata block ([`crate::wire::METADATA_STORE`]): the last one a
     /// request stored (at most [`crate::wire::MAX_CACHED_BLOCK`] bytes), or the status it was
     /// refused with, which the requests naming it are answered with.
@@ -296,6 +299,14 @@ pub(crate) struct WorkerLimits {
     /// `ServerConfig::send_area_idle`: time a session's send mirror and staging area may sit
     /// unused before the sweep gives them back (`None`: kept).
     pub(crate) send_area_idle: Option<Duration>,
+    /// `ServerConfig::ring_idle`: time a granted receive ring may go without a body before the
+    /// sweep reclaims it (`None`: kept).
+    pub(crate) ring_idle: Option<Duration>,
+    /// `ServerConfig::ring_bytes`: the length of every ring granted.
+    pub(crate) ring_len: u32,
+    /// The device has type-2 memory windows: a granted ring is exposed through one bound to
+    /// the session's QP (else through its MR's rkey).
+    pub(crate) mw_type2: bool,
     /// `ServerConfig::max_call_duration`.
     pub(crate) max_call_duration: Option<Duration>,
     pub(crate) body_cap: usize,
@@ -438,7 +449,10 @@ impl<P: Provider> Worker<P> {
         // of their own (same clock reads as the idle sweep: none on the data path).
         let area_every = self.limits.send_area_idle.map(idle_sweep_period);
         let mut next_area_sweep = Instant::now();
-        let sweeps = sweep_every.is_some() || area_every.is_some();
+        // So are granted receive rings unwritten for `ring_idle`.
+        let ring_every = self.limits.ring_idle.map(idle_sweep_period);
+        let mut next_ring_sweep = Instant::now();
+        let sweeps = sweep_every.is_some() || area_every.is_some() || ring_every.is_some();
         loop {
             // The cross-thread queues are looked at when idle and every few busy iterations, not
             // between every two polls of a busy CQ (a new QP's first message drains the control
@@ -542,6 +556,12 @@ impl<P: Provider> Worker<P> {
                 {
                     next_area_sweep = now + every;
                     self.sweep_areas(now, idle);
+                }
+                if let (Some(every), Some(idle)) =
+                    (ring_every.filter(|_| now >= next_ring_sweep), self.limits.ring_idle)
+                {
+                    next_ring_sweep = now + every;
+                    self.sweep_rings(now, idle);
                 }
             }
             if n > 0 || ran > 0 {
@@ -680,6 +700,113 @@ impl<P: Provider> Worker<P> {
                 );
             }
         }
+    }
+
+    /// Answers a session's RingAsk (protocol 12; the session checked it may ask): registers a
+    /// ring of `ServerConfig::ring_bytes` (whatever length was asked) behind a type-2 window
+    /// bound to the session's QP (the bind WR is posted before the grant's SEND, so it is in
+    /// effect when the client can use the rkey), or the MR's rkey where the device has no
+    /// windows (`Counters::window_fallbacks`), charged to `ServerConfig::max_ring_pool_bytes`
+    /// first. Refused (RESOURCE_EXHAUSTED naming the cap or what failed) when over the cap or
+    /// the registration fails; the session goes on either way. The answer goes with the
+    /// session's next controls.
+    #[cold]
+    #[inline(never)]
+    fn on_ring_ask(&mut self, idx: u16) {
+        let tag = self.tag(idx);
+        let len = self.limits.ring_len;
+        let memory = self.shared.memory.clone();
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if !entry.conn.session.own_ring_asked() {
+            return;
+        }
+        let made = memory
+            .rings
+            .charge(u64::from(len))
+            .map_err(|reason| {
+                Status::resource_exhausted(format!("no receive ring for this session: {reason}"))
+            })
+            .and_then(|charge| {
+                let verbs = |what: &str, e: crate::verbs::VerbsError| {
+                    Status::resource_exhausted(format!("{what} a receive ring of {len} bytes: {e}"))
+                };
+                let ring = if self.limits.mw_type2 {
+                    RecvRing::with_window(&self.shared.pd, len as usize)
+                } else {
+                    RecvRing::new(&self.shared.pd, len as usize)
+                }
+                .map_err(|e| verbs("registering", e))?;
+                let Conn { sq, qp, .. } = &mut entry.conn;
+                sq.bind_window(qp, &ring, tag).map_err(|e| verbs("binding the window of", e))?;
+                Ok((ring, charge))
+            });
+        let answer = match made {
+            Ok((ring, charge)) => {
+                if !ring.has_window() {
+                    self.counters.window_fallbacks += 1;
+                }
+                let (addr, len, rkey) = ring.remote();
+                memory.rings.created(u64::from(len));
+                entry.conn.ring = Some(ring);
+                entry.ring_charge = charge;
+                Ok(crate::wire::ring_lease::RingGrant { addr, len, rkey })
+            }
+            Err(s) => {
+                memory.rings.failed();
+                tracing::debug!(worker = self.shared.index, session = entry.session, status = %s, "ring ask refused");
+                Err(s)
+            }
+        };
+        entry.conn.session.ring_answer(answer);
+        self.mark_dirty(idx);
+    }
+
+    /// Drops a session's receive ring once no peer may write it: after its RingRelease
+    /// (`revoked` false) or when none came in time (`revoked`: the window is deallocated with
+    /// the ring, so a later WRITE of the client's fails with a remote access error and breaks
+    /// its own session). Gives its bytes back to `ServerConfig::max_ring_pool_bytes`. Nothing
+    /// happens unless the session says the ring may go.
+    #[cold]
+    #[inline(never)]
+    fn drop_ring(&mut self, idx: u16, revoked: bool) {
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if !entry.conn.session.own_ring_droppable() {
+            return;
+        }
+        let Some(ring) = entry.conn.ring.take() else { return };
+        let gauge = &self.shared.memory.rings;
+        gauge.gone(ring.len() as u64, true);
+        if revoked {
+            gauge.revoked();
+        }
+        entry.ring_charge = None;
+        tracing::debug!(
+            worker = self.shared.index,
+            session = entry.session,
+            revoked,
+            "receive ring taken back (ServerConfig::ring_idle)"
+        );
+        drop(ring);
+    }
+
+    /// Takes back the receive rings granted and not written for `idle` (`ServerConfig::ring_idle`,
+    /// [`crate::session::Session::sweep_own_ring`]): a RingReclaim goes, and a ring whose
+    /// RingRelease did not come within `idle` more is dropped anyway. Sessions without a ring
+    /// cost one branch each.
+    #[inline(never)]
+    fn sweep_rings(&mut self, now: Instant, idle: Duration) {
+        for idx in 0..self.entries.len() as u16 {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            if entry.closing || entry.conn.ring.is_none() {
+                continue;
+            }
+            match entry.conn.session.sweep_own_ring(now, idle) {
+                crate::session::OwnSweep::Keep => {}
+                crate::session::OwnSweep::Reclaim => self.mark_dirty(idx),
+                crate::session::OwnSweep::Revoke => self.drop_ring(idx, true),
+            }
+        }
+        self.flush_dirty();
     }
 
     /// Acts on the session's events: cancelled and expired calls are answered now (their
@@ -1016,7 +1143,9 @@ impl<P: Provider> Worker<P> {
         };
         self.gens[idx] = self.gens[idx].wrapping_add(1);
         self.by_qpn.insert(nc.conn.qp.qp_num(), idx as u16);
-        let window = nc.conn.ring.has_window();
+        // A server's session has no ring at connect (protocol 12: granted on demand).
+        let ring = nc.conn.ring.is_some();
+        let window = nc.conn.ring.as_ref().is_some_and(|r| r.has_window());
         self.entries[idx] = Some(Entry {
             conn: nc.conn,
             session: nc.session,
@@ -1030,6 +1159,7 @@ impl<P: Provider> Worker<P> {
             deferred: Vec::new(),
             streams: Vec::new(),
             registered: nc.registered,
+            ring_charge: None,
             kept_metadata: None,
         });
         if let Some(s) = self.entries[idx].as_mut() {
@@ -1046,11 +1176,12 @@ impl<P: Provider> Worker<P> {
         let tag = self.tag(idx as u16);
         let Some(entry) = self.entries[idx].as_mut() else { return };
         if !window {
-            self.counters.window_fallbacks += 1;
+            if ring {
+                self.counters.window_fallbacks += 1;
+            }
             nc.bound.store(BIND_DONE, Ordering::Release);
             self.shared.wake_listener();
-        } else {
-            let Conn { sq, qp, ring, .. } = &mut entry.conn;
+        } else if let Conn { sq, qp, ring: Some(ring), .. } = &mut entry.conn {
             match sq.bind_window(qp, ring, tag) {
                 Ok(()) => entry.binding = Some(nc.bound),
                 Err(e) => {
@@ -1100,6 +1231,10 @@ impl<P: Provider> Worker<P> {
             .fetch_sub(conn::srq_need(entry.conn.session.params().credits), Ordering::Relaxed);
         self.shared.sessions.fetch_sub(1, Ordering::Relaxed);
         let registered = entry.registered;
+        if let Some(ring) = &entry.conn.ring {
+            // Its granted ring goes with it (window first, then the QP: `Conn`'s drop order).
+            self.shared.memory.rings.gone(ring.len() as u64, false);
+        }
         drop(entry);
         self.shared.memory.registered.release(registered);
     }
@@ -1445,6 +1580,8 @@ impl<P: Provider> Worker<P> {
                     Kind::StreamEnd => self.on_stream_end(idx, header),
                     // A Pong became due.
                     Kind::Ping => self.mark_dirty(idx),
+                    Kind::RingAsk => self.on_ring_ask(idx),
+                    Kind::RingRelease => self.drop_ring(idx, false),
                     _ => {}
                 }
                 // A stream end or grant is a stream SEND: a RingReturn may be due for the

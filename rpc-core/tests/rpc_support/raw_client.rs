@@ -142,6 +142,26 @@ where
         eager: u32,
         max_message: u32,
     ) -> RawClient<P> {
+        let mut c = RawClient::connect_bare(peer, addr, credits, eager, max_message);
+        if let Err(refused) = c.ask_ring() {
+            panic!("the server refused a ring: {refused:?}");
+        }
+        c
+    }
+
+    /// [`connect_peer`](RawClient::connect_peer) without asking for the server's ring (protocol
+    /// 12): [`ring`](Self::ring) is the handshake's, address and rkey 0, until
+    /// [`ask_ring`](Self::ask_ring).
+    ///
+    /// # Panics
+    /// As [`connect`](RawClient::connect).
+    pub fn connect_bare(
+        peer: RawPeer<P>,
+        addr: SocketAddr,
+        credits: u16,
+        eager: u32,
+        max_message: u32,
+    ) -> RawClient<P> {
         let mut tcp = TcpStream::connect(addr).unwrap();
         // A server that never answers fails the test after `WAIT`, not hangs it.
         tcp.set_read_timeout(Some(super::WAIT)).unwrap();
@@ -153,6 +173,53 @@ where
         let mut c = RawClient::over(peer, &reply, session, tcp);
         c.max_message = c.max_message.min(max_message);
         c
+    }
+
+    /// Asks the server for its ring (a RingAsk for [`ring_len`](Self::ring_len) bytes) and
+    /// waits for the answer: granted, [`ring`](Self::ring) is the ring's address and rkey.
+    ///
+    /// # Errors
+    /// The refusing RingGrant's header and reason.
+    ///
+    /// # Panics
+    /// When no answer comes within `WAIT` (a test failure).
+    pub fn ask_ring(&mut self) -> Result<(), (Header, String)> {
+        let len = self.ring_len;
+        self.ask_ring_of(len);
+        self.take_grant()
+    }
+
+    /// Sends a RingAsk for `bytes` (no wait).
+    pub fn ask_ring_of(&mut self, bytes: u32) {
+        let ask = rpc_core::wire::ring_lease::encode_ring_ask(bytes);
+        self.send(Header { body_len: 4, total_len: 4, ..Header::new(Kind::RingAsk) }, &ask);
+    }
+
+    /// Waits for a RingGrant and takes it: granted, [`ring`](Self::ring) is the ring's address
+    /// and rkey (and its length must be [`ring_len`](Self::ring_len)).
+    ///
+    /// # Errors
+    /// The refusing RingGrant's header and reason.
+    ///
+    /// # Panics
+    /// When no RingGrant comes within `WAIT`.
+    pub fn take_grant(&mut self) -> Result<(), (Header, String)> {
+        let give_up = Instant::now() + super::WAIT;
+        loop {
+            if let Some(i) = self.inbox.iter().position(|(h, _)| h.kind == Kind::RingGrant) {
+                let (h, body) = self.inbox.remove(i).unwrap();
+                if h.status != rpc_core::Code::Ok {
+                    return Err((h, rpc_core::wire::close_reason(&body)));
+                }
+                let g = rpc_core::wire::ring_lease::RingGrant::decode(&body).unwrap();
+                assert_eq!(g.len, self.ring_len, "a grant of the handshake's length");
+                self.ring = (g.addr, g.rkey);
+                return Ok(());
+            }
+            assert!(Instant::now() < give_up, "no RingGrant: got {:?}", self.inbox);
+            let _ = self.receive();
+            std::thread::yield_now();
+        }
     }
 
     /// A client-side [`Session`](rpc_core::session::Session) with this raw session's id, the
