@@ -93,7 +93,8 @@ fn main() {
             let c = server.counters();
             println!(
                 "with one client session: VmRSS {:.1} MiB (client included), receive buffers registered \
-                 {} KiB, session memory registered {} KiB (receive rings {} KiB, send mirrors and staging                  areas {} KiB)",
+                 {} KiB, session memory registered {} KiB (receive rings {} KiB, send mirrors and staging \
+                 areas {} KiB)",
                 status_kib("VmRSS:") as f64 / 1024.0,
                 c.recv_buffer_bytes >> 10,
                 c.registered_bytes >> 10,

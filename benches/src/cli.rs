@@ -165,6 +165,13 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = HandlerKind::Inline)]
     pub handlers: HandlerKind,
 
+    /// rpc_lat, rpc_bw: carry the bulk payloads in registered buffers (the client's request
+    /// payload from `Client::alloc_registered`, the server's answers, with `--handlers inline`,
+    /// from `RequestContext::alloc_registered`), so bodies above the eager threshold are
+    /// WRITTEN straight from them with no copy. Without it, ordinary `Bytes` (one copy each).
+    #[arg(long)]
+    pub registered: bool,
+
     /// RPC tests (rpc_lat, rpc_bw): N small ASCII metadata entries per request
     /// (`x-perf-I: value-I`), 0 to 64. Default 0 (no metadata on the wire).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]

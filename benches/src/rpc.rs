@@ -42,6 +42,40 @@ const PEAK_BATCH_MAX: u64 = 256;
 /// allocation or copy per call on the server beyond the runtime's own).
 pub struct BenchService {
     payload: Bytes,
+    /// `--registered`: answers are slices of a registered buffer of the worker's pool.
+    registered: bool,
+}
+
+impl BenchService {
+    /// The service of `--registered` (`registered`) or ordinary answers.
+    pub fn new(registered: bool) -> BenchService {
+        BenchService { registered, ..BenchService::default() }
+    }
+
+    /// `n` bytes of a registered buffer of the handler's worker: allocated at the worker's first
+    /// answer of more bytes than the one it keeps (one per worker thread, the next power of
+    /// two); the static payload when the allocation fails (said on stderr).
+    fn registered_payload(&self, ctx: &RequestContext, n: usize) -> Bytes {
+        thread_local! {
+            static REGISTERED: std::cell::RefCell<Option<Bytes>> = const { std::cell::RefCell::new(None) };
+        }
+        REGISTERED.with(|r| {
+            let mut r = r.borrow_mut();
+            if r.as_ref().is_none_or(|b| b.len() < n) {
+                *r = Some(match ctx.alloc_registered(n.next_power_of_two()) {
+                    Ok(mut b) => {
+                        b.fill(0xa5);
+                        b.freeze()
+                    }
+                    Err(e) => {
+                        eprintln!("rpc-perf: --registered: {e}; answering from ordinary memory");
+                        self.payload.clone()
+                    }
+                });
+            }
+            r.as_ref().map_or_else(|| self.payload.slice(..n), |b| b.slice(..n))
+        })
+    }
 }
 
 /// The reply payload: [`MAX_SIZE`] bytes allocated once per process and never freed, so that a
@@ -54,16 +88,19 @@ pub(crate) fn static_payload() -> &'static [u8] {
 
 impl Default for BenchService {
     fn default() -> Self {
-        BenchService { payload: Bytes::from_static(static_payload()) }
+        BenchService { payload: Bytes::from_static(static_payload()), registered: false }
     }
 }
 
 impl Bench for BenchService {
-    fn echo(&self, _ctx: &RequestContext, req: EchoRequest) -> Reply<EchoReply> {
+    fn echo(&self, ctx: &RequestContext, req: EchoRequest) -> Reply<EchoReply> {
         let n = req.resp_size as usize;
         if n > self.payload.len() {
             return Status::invalid_argument(format!("resp_size {n} is over the {MAX_SIZE}-byte limit"))
                 .into();
+        }
+        if self.registered {
+            return EchoReply { payload: self.registered_payload(ctx, n) }.into();
         }
         EchoReply { payload: self.payload.slice(..n) }.into()
     }
@@ -235,7 +272,9 @@ impl ServerState {
                 builder
             };
             let builder = match args.handlers {
-                HandlerKind::Inline => builder.add_service(BenchServer::new(BenchService::default())),
+                HandlerKind::Inline => {
+                    builder.add_service(BenchServer::new(BenchService::new(args.registered)))
+                }
                 HandlerKind::Async => builder.add_service(AsyncBenchService::default().server(false)),
                 HandlerKind::Tokio => builder.add_service(AsyncBenchService::default().server(true)),
             };
@@ -472,6 +511,20 @@ pub(crate) fn echo_request(req_size: usize, resp_size: usize) -> EchoRequest {
     EchoRequest { payload: Bytes::from(vec![0x5au8; req_size]), resp_size: resp_size as u32 }
 }
 
+/// [`echo_request`] with its payload in a registered buffer of `client`'s pool (`--registered`).
+///
+/// # Errors
+/// The pool's refusal (over `ClientConfig::registered_buffer_bytes`).
+fn registered_request(
+    client: &rpc_core::Client,
+    req_size: usize,
+    resp_size: usize,
+) -> Result<EchoRequest, PerfError> {
+    let mut b = client.alloc_registered(req_size).map_err(|s| rpc_err("--registered", s))?;
+    b.fill(0x5a);
+    Ok(EchoRequest { payload: b.freeze(), resp_size: resp_size as u32 })
+}
+
 /// Client side of an RPC test over all sizes.
 ///
 /// # Errors
@@ -498,7 +551,11 @@ pub fn run_client(
     sink.begin_test(test, started.sizes.len(), info);
     let opts = call_options(args);
     each_size(args, test, &started, concurrency, sink, |req_size, resp_size, limit, progress| {
-        let req = echo_request(req_size, resp_size);
+        let req = if args.registered {
+            registered_request(client.client(), req_size, resp_size)?
+        } else {
+            echo_request(req_size, resp_size)
+        };
         let warmup = args.warmup_for(req_size + resp_size);
         Ok(if test == TestKind::RpcLat {
             let rec = if concurrency == 1 {

@@ -60,7 +60,8 @@ pub use channel::{
 };
 pub use client::Request;
 pub use client::{
-    BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, IntoRequest, ResponseFuture, Streaming,
+    BidiStreaming, CallOptions, Client, ClientConfig, ClientStreaming, Endpoint, IntoRequest, ResponseFuture,
+    Streaming,
 };
 pub use config::PollingPolicy;
 pub use endpoint::counters::Counters;

@@ -272,10 +272,7 @@ fn writes_after_a_revoke_or_a_release_break_only_the_writers_session() {
         let failed = wait_for(
             "the stale WRITE failed",
             SOON,
-            || match c.try_poll() {
-                Err(status) => Some(status),
-                Ok(_) => None,
-            },
+            || c.try_poll().err(),
             || format!("{name}: {:?}", server.counters()),
         );
         assert_eq!(failed, rpc_core::verbs::WcStatus::IBV_WC_REM_ACCESS_ERR, "{name}");
@@ -295,7 +292,8 @@ fn writes_after_a_revoke_or_a_release_break_only_the_writers_session() {
 fn lease_messages_out_of_turn_close_the_session() {
     let (server, _) = spawn(server());
     let grant = rpc_core::wire::ring_lease::RingGrant { addr: 4096, len: 1 << 16, rkey: 7 }.encode();
-    let cases: [(&str, Box<dyn Fn(&mut RawClient)>); 4] = [
+    type Act = Box<dyn Fn(&mut RawClient)>;
+    let cases: [(&str, Act); 4] = [
         (
             "a grant sent to the server",
             Box::new(move |c: &mut RawClient| {

@@ -7,59 +7,11 @@ mod rpc_support;
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use rpc_core::buffers::Completions;
 use rpc_core::codegen::*;
-use rpc_core::verbs::rc::RcConfig;
-use rpc_core::wire::{read_frame, write_frame, Frame, Header, Kind, HEADER_LEN};
+use rpc_core::wire::{read_frame, write_frame, Frame};
 use rpc_core::Client;
+use rpc_support::fake_server::accept;
 use rpc_support::*;
-
-struct FakeServer {
-    /// The liveness channel: open while the fake server lives.
-    _tcp: TcpStream,
-    peer: RawPeer,
-}
-
-/// Accepts one client and answers its handshake like a server would.
-fn accept(listener: &TcpListener) -> FakeServer {
-    let (mut tcp, _) = listener.accept().unwrap();
-    let Frame::Handshake(hello) = read_frame(&mut tcp).unwrap() else { panic!("no handshake") };
-    let peer = RawPeer::new(256, 64, HEADER_LEN + 4096, 1 << 16, 7);
-    // Short retries so that the client's sends to a vanished host fail quickly.
-    let cfg = RcConfig { timeout: 8, retry_cnt: 1, ..RcConfig::default() };
-    peer.connect(&cfg, &hello);
-    let reply = peer.handshake(hello.credits.min(8), hello.eager_threshold.min(4096), hello.max_message, 77);
-    write_frame(&mut tcp, &Frame::Handshake(reply)).unwrap();
-    FakeServer { _tcp: tcp, peer }
-}
-
-impl FakeServer {
-    /// Waits for one request and returns its header.
-    ///
-    /// # Panics
-    /// When none arrives within [`WAIT`].
-    fn take_request(&mut self) -> Header {
-        let mut wcs = Completions::<4>::new();
-        let peer = &mut self.peer;
-        wait_for(
-            "the fake server to receive a request",
-            WAIT,
-            || {
-                wcs.poll(&peer.cq).unwrap();
-                for c in &mut wcs {
-                    if let Some(buf) = peer.recv.take(c) {
-                        let h = Header::decode(peer.recv.bytes(&buf)).unwrap();
-                        peer.recv.repost(buf);
-                        assert_eq!(h.kind, Kind::Request);
-                        return Some(h);
-                    }
-                }
-                None
-            },
-            String::new,
-        )
-    }
-}
 
 #[test]
 fn server_host_vanishes_sends_fail_and_every_call_ends_unavailable() {

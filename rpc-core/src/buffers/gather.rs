@@ -99,28 +99,57 @@ impl GatherBody {
     /// call stopped (the first call starts at byte 0); a shared segment is released once copied.
     /// Returns false, with `dst` partly written, when fewer bytes remain.
     pub fn copy_next(&mut self, dst: &mut [u8]) -> bool {
+        self.gather_next(dst, 0, |_| None, &mut Vec::new()).is_some()
+    }
+
+    /// As [`GatherBody::copy_next`], but the body's next `dst.len()` bytes that lie in a shared
+    /// segment registered under an lkey (`lkey_of`, the connection's [`super::RegisteredPool`])
+    /// are not copied: they are pushed to `refs` (at their offset in `dst`, with their lkey), at
+    /// most `max_refs` of them (the rest is copied), and `dst` is left as it was there. Returns
+    /// the bytes of registered segments copied because `refs` was full (0 while it was not),
+    /// or `None` when fewer bytes remain (`dst` partly written).
+    pub(crate) fn gather_next(
+        &mut self,
+        dst: &mut [u8],
+        max_refs: usize,
+        lkey_of: impl Fn(&[u8]) -> Option<u32>,
+        refs: &mut Vec<super::registered::RegisteredRef>,
+    ) -> Option<u64> {
         self.close_own();
         let mut done = 0;
+        let mut copied = 0u64;
         while done < dst.len() {
-            let Some(seg) = self.segs.get_mut(self.seg) else { return false };
+            let seg = self.segs.get_mut(self.seg)?;
+            let n = (seg.len() - self.at).min(dst.len() - done);
             let src: &[u8] = match seg {
                 Seg::Own { start, end } => &self.own[*start..*end],
-                Seg::Shared(b) => b,
+                Seg::Shared(b) => match lkey_of(&b[self.at..self.at + n]) {
+                    Some(lkey) if refs.len() < max_refs => {
+                        let bytes = b.slice(self.at..self.at + n);
+                        refs.push(super::registered::RegisteredRef { at: done as u32, bytes, lkey });
+                        &[]
+                    }
+                    Some(_) => {
+                        copied += n as u64;
+                        b
+                    }
+                    None => b,
+                },
             };
-            let n = (src.len() - self.at).min(dst.len() - done);
-            dst[done..done + n].copy_from_slice(&src[self.at..self.at + n]);
+            if !src.is_empty() {
+                dst[done..done + n].copy_from_slice(&src[self.at..self.at + n]);
+            }
             done += n;
             self.at += n;
             if self.at == seg.len() {
                 if let Seg::Shared(b) = seg {
-                    // The caller's memory is not held longer than needed.
                     *b = Bytes::new();
                 }
                 self.seg += 1;
                 self.at = 0;
             }
         }
-        true
+        Some(copied)
     }
 
     /// Writes the whole body into `dst`, in order, leaving `self` as it was (for a body encoded

@@ -160,6 +160,7 @@ pub mod bounded;
 mod completion;
 pub mod gather;
 mod mirror;
+pub mod registered;
 pub(crate) mod text;
 pub use bounded::Bounded;
 use completion::SIGNALED_BIT;
@@ -167,6 +168,7 @@ pub use completion::{Completion, Completions, RESERVED_WR_IDS};
 pub use gather::GatherBody;
 pub(crate) use mirror::MirrorView;
 pub use mirror::SendMirror;
+pub use registered::{RegisteredBytesMut, RegisteredPool, RegisteredRef, RegisteredStats};
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -21,6 +21,9 @@ struct PendingWr {
     staged: u32,
     /// Copied into the WQE at post time.
     inline: bool,
+    /// A WRITE with a gather list: its SGEs are `gather[sges.0 .. sges.0 + sges.1]` (and `sge`
+    /// is unused); `(0, 0)` for a WR of the one `sge`.
+    sges: (u32, u32),
 }
 
 /// The send WRs of one QP gathered during a loop iteration, posted with one doorbell.
@@ -65,6 +68,13 @@ pub struct SendQueue {
     pool: u32,
     /// The staging area its staged WRITEs read (0: none yet).
     staging: u32,
+    /// SGEs of the pending WRs with a gather list ([`SendQueue::write_gather`]); emptied when
+    /// nothing is pending.
+    gather: Vec<Sge>,
+    /// Registered user buffers read by posted (or pending) WRITEs, in posting order: (value of
+    /// `posted` once that WRITE is posted, the bytes). Dropped once a polled completion retires
+    /// that WRITE ([`SendQueue::retire_held`]), or with the queue (the QP destroyed first).
+    held: VecDeque<(u64, bytes::Bytes)>,
 }
 
 /// The `wr_id` of a send WR of queue `id`, flushed with `tag`.
@@ -94,6 +104,8 @@ impl SendQueue {
             qp: None,
             pool: 0,
             staging: 0,
+            gather: Vec::new(),
+            held: VecDeque::new(),
         }
     }
 
@@ -174,8 +186,84 @@ impl SendQueue {
             buf: u16::MAX,
             staged: u32::MAX,
             inline: false,
+            sges: (0, 0),
         });
         self.push_mark(mark);
+    }
+
+    /// Queues one RDMA WRITE of `len` bytes to the peer's ring at `offset` whose gather list
+    /// reads `mirror[offset, offset + len)` except the ranges of `refs` (registered user
+    /// buffers, [`RegisteredPool::reference`](super::RegisteredPool::reference)), taken out of
+    /// `refs`: their bytes go to the ring from where they are. The `Bytes` are held until a
+    /// polled completion retires this WRITE ([`SendQueue::retire_held`]) or the queue is
+    /// dropped (its QP first). The WR has `2 × refs + 1` SGEs at most: keep within the QP's
+    /// `max_send_sge` (the post fails otherwise). `mark` as for [`SendQueue::write`]. Returns
+    /// the bytes WRITTEN from `refs`.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`], nothing queued and `refs` untouched, when the refs are
+    /// not in order, overlap, or reach past `len`, or the range is outside the mirror.
+    pub fn write_gather<P: Provider>(
+        &mut self,
+        mirror: &SendMirror<P>,
+        offset: u32,
+        len: u32,
+        refs: &mut Vec<super::RegisteredRef>,
+        remote: (u64, u32),
+        mark: u32,
+    ) -> Result<u64> {
+        let mut end = 0u64;
+        let fits = refs.iter().all(|r| {
+            let ok = u64::from(r.at) >= end;
+            end = u64::from(r.at) + r.bytes.len() as u64;
+            ok
+        });
+        if !fits || end > u64::from(len) || offset as usize + len as usize > mirror.len() {
+            return Err(VerbsError::InvalidArgument {
+                call: "SendQueue::write_gather",
+                reason: format!(
+                    "registered refs out of order or past the body's {len} bytes, or a body at \
+                     {offset} past the mirror's {} bytes",
+                    mirror.len()
+                ),
+            });
+        }
+        let (ring_addr, rkey) = remote;
+        let at = self.gather.len() as u32;
+        let wr = self.posted + self.pending.len() as u64 + 1;
+        let mut from = 0u32;
+        let mut zero_copy = 0u64;
+        for super::RegisteredRef { at: o, bytes: b, lkey } in refs.drain(..) {
+            if o > from {
+                self.gather.push(mirror.mr.sge((offset + from) as usize, o - from));
+            }
+            self.gather.push(Sge { addr: b.as_ptr() as u64, length: b.len() as u32, lkey });
+            from = o + b.len() as u32;
+            zero_copy += b.len() as u64;
+            self.held.push_back((wr, b));
+        }
+        if len > from {
+            self.gather.push(mirror.mr.sge((offset + from) as usize, len - from));
+        }
+        self.pending.push(PendingWr {
+            sge: Sge { addr: 0, length: 0, lkey: 0 },
+            op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
+            buf: u16::MAX,
+            staged: u32::MAX,
+            inline: false,
+            sges: (at, self.gather.len() as u32 - at),
+        });
+        self.push_mark(mark);
+        Ok(zero_copy)
+    }
+
+    /// Drops the registered user buffers whose WRITEs polled completions retired (call after
+    /// [`SendQueue::on_completion`]).
+    #[inline]
+    pub fn retire_held(&mut self) {
+        while self.held.front().is_some_and(|h| h.0 <= self.completed) {
+            self.held.pop_front();
+        }
     }
 
     /// Remembers `mark` for the WRITE just queued (the last pending WR): it will be posted as WR
@@ -233,6 +321,7 @@ impl SendQueue {
             buf: u16::MAX,
             staged: if last { staged.seq } else { u32::MAX },
             inline: false,
+            sges: (0, 0),
         });
         self.push_mark(mark);
         if last {
@@ -267,6 +356,7 @@ impl SendQueue {
             buf: idx,
             staged: u32::MAX,
             inline,
+            sges: (0, 0),
         });
     }
 
@@ -322,7 +412,13 @@ impl SendQueue {
         let mut wrs = [SendWr { wr_id, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; N];
         for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
             let flags = if p.inline { SendFlags::INLINE } else { SendFlags::EMPTY };
-            *wr = SendWr { wr_id, sg_list: std::slice::from_ref(&p.sge), op: p.op, flags };
+            let sg_list = if p.sges.1 == 0 {
+                std::slice::from_ref(&p.sge)
+            } else {
+                let (at, k) = (p.sges.0 as usize, p.sges.1 as usize);
+                self.gather.get(at..at + k).unwrap_or(&[])
+            };
+            *wr = SendWr { wr_id, sg_list, op: p.op, flags };
             if p.buf != u16::MAX {
                 bufs += 1;
                 dma_bufs |= !p.inline;
@@ -343,7 +439,10 @@ impl SendQueue {
             wrs[n - 1].wr_id = send_wr_id(tag, self.id, true);
         }
         // SAFETY: every SGE lies in a send buffer of `pool`, in the send mirror or in the staging
-        // area, MRs owned next to `qp` by the same connection and dropped after it. A send
+        // area, MRs owned next to `qp` by the same connection and dropped after it, or in a
+        // registered user buffer (`write_gather`) whose `Bytes` this queue holds (`held`) until
+        // a polled completion at or after its WRITE retires it (`retire_held`), or until the
+        // queue is dropped, after the QP (the connection's field order). A send
         // buffer's token was consumed by `send`, so nothing writes it until a signaled completion
         // at or after its WR retires it: `retire` runs only from `on_completion`, which takes a
         // polled `Completion` of this queue's own signaled WR (its identity in the `wr_id`, which
@@ -379,6 +478,7 @@ impl SendQueue {
         if n == self.pending.len() {
             // The usual case (one batch): no drain bookkeeping for `Copy` entries.
             self.pending.clear();
+            self.gather.clear();
         } else {
             self.pending.drain(..n);
         }
@@ -421,6 +521,9 @@ impl SendQueue {
         // Queued ring WRITEs now post one WR later.
         for m in self.ring_marks.iter_mut().filter(|m| m.0 > self.posted) {
             m.0 += 1;
+        }
+        for h in self.held.iter_mut().filter(|h| h.0 > self.posted) {
+            h.0 += 1;
         }
         // Signaled: its completion retires it and whatever unsignaled WRs went before it.
         self.posted += 1;
@@ -521,6 +624,11 @@ impl SendQueue {
         while self.ring_marks.back().is_some_and(|m| m.0 > self.posted) {
             self.ring_marks.pop_back();
         }
+        // Never posted: the NIC never saw them.
+        while self.held.back().is_some_and(|h| h.0 > self.posted) {
+            self.held.pop_back();
+        }
+        self.gather.clear();
         for p in self.pending.drain(..) {
             // Every queued send's buffer is of `self.pool` (checked by `send`).
             if p.buf != u16::MAX && pool.id == self.pool {

@@ -48,12 +48,12 @@ use prost::Message;
 use super::call::{Completion, Job};
 use crate::client::backoff::{Backoff, BackoffParams};
 use crate::client::core::{CallId, ClientCore, StartMode};
+use crate::client::endpoint::{AnyNic, Endpoint};
 use crate::client::ClientConfig;
 use crate::config::{PollingPolicy, EVENT_WAIT};
 use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::status::Status;
-use crate::transport::Transport;
 use crate::wire::FLAG_IDLE_PONGS;
 
 /// The session of a dispatcher, on either provider.
@@ -105,33 +105,17 @@ impl AnyCore {
         }
     }
 
-    /// Connects a dispatcher's session. Its handshake says the client answers Pings while idle
+    /// Connects a dispatcher's session on `endpoint` (the device context and PD it shares with
+    /// the other sessions of its core). Its handshake says the client answers Pings while idle
     /// ([`FLAG_IDLE_PONGS`]): the dispatcher thread looks at an idle session at every park
     /// ([`Dispatcher::idle_look`]), so the server may probe it and find a stopped process.
-    fn connect(addr: impl ToSocketAddrs, cfg: &ClientConfig) -> Result<AnyCore, Status> {
-        Ok(match &cfg.transport {
-            Transport::Sim => AnyCore::Sim(Box::new(ClientCore::connect(
-                addr,
-                cfg,
-                &crate::verbs::DeviceSelector::First,
-                1,
-                -1,
-                FLAG_IDLE_PONGS,
-            )?)),
+    fn connect(addr: impl ToSocketAddrs, cfg: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCore, Status> {
+        Ok(match endpoint.nic() {
+            AnyNic::Sim(nic) => AnyCore::Sim(Box::new(ClientCore::connect(addr, cfg, nic, FLAG_IDLE_PONGS)?)),
             #[cfg(feature = "ibverbs")]
-            Transport::Rdma { device, port, gid_index } => {
-                let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
-                AnyCore::Rdma(Box::new(ClientCore::connect(
-                    addr,
-                    cfg,
-                    &sel,
-                    *port,
-                    *gid_index,
-                    FLAG_IDLE_PONGS,
-                )?))
+            AnyNic::Rdma(nic) => {
+                AnyCore::Rdma(Box::new(ClientCore::connect(addr, cfg, nic, FLAG_IDLE_PONGS)?))
             }
-            #[cfg(not(feature = "ibverbs"))]
-            Transport::Rdma { .. } => return Err(Transport::rdma_unavailable()),
         })
     }
 }
@@ -547,9 +531,12 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                     .to_socket_addrs()
                     .map_err(|e| Status::unavailable(format!("resolving the server address: {e}")))?
                     .collect();
-                Ok((AnyCore::connect(&addrs[..], &setup.client)?, addrs, params))
+                // The endpoint of this dispatcher's core, shared with every other Channel's
+                // dispatcher there: one device context per core, however many servers.
+                let endpoint = Endpoint::per_core(&setup.client.transport, setup.core_id)?;
+                Ok((AnyCore::connect(&addrs[..], &setup.client, &endpoint)?, addrs, params, endpoint))
             });
-            let (core, addrs, params) = match first {
+            let (core, addrs, params, endpoint) = match first {
                 Ok(c) => c,
                 Err(s) => {
                     // Calls queued meanwhile (a balanced channel's), and any that come later,
@@ -564,6 +551,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
             let redial = Redial {
                 addrs,
                 config: setup.client.clone(),
+                endpoint,
                 backoff: Backoff::new(params, fastrand::Rng::new()),
                 retired: Counters::default(),
             };
@@ -633,6 +621,8 @@ pub(crate) struct Driver {
 struct Redial {
     addrs: Vec<SocketAddr>,
     config: ClientConfig,
+    /// The endpoint the sessions are made on (the one of this dispatcher's core).
+    endpoint: Endpoint,
     backoff: Backoff,
     /// Counters of the sessions replaced so far.
     retired: Counters,
@@ -780,7 +770,7 @@ impl Driver {
         inner.in_flight.store(0, Ordering::Release);
         inner.passive.store(0, Ordering::Relaxed);
         inner.reconnect_attempts.fetch_add(1, Ordering::Relaxed);
-        match AnyCore::connect(&self.redial.addrs[..], &self.redial.config) {
+        match AnyCore::connect(&self.redial.addrs[..], &self.redial.config, &self.redial.endpoint) {
             Ok(core) => {
                 let old = std::mem::replace(&mut self.core, core);
                 self.redial.retired.add(&with_any_core!(&old, c => c.counters.clone()));

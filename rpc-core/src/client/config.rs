@@ -31,6 +31,11 @@ pub struct ClientConfig {
     /// Default 64 MiB; 64 KiB ..= 1 GiB. A server ring below 64 KiB
     /// ([`crate::wire::MIN_RING_LEN`]) is refused as a bad handshake naming `ring_len`.
     pub max_peer_ring_bytes: u32,
+    /// Most bytes the client registers for the buffers it hands out to send with no copy
+    /// ([`crate::Client::alloc_registered`], [`crate::buffers::RegisteredPool`]), in slabs
+    /// registered on first use. Default 256 MiB; over it an allocation fails
+    /// RESOURCE_EXHAUSTED naming the bound.
+    pub registered_buffer_bytes: usize,
     /// How a waiting call polls. Default [`PollingPolicy::Busy`].
     pub polling: PollingPolicy,
     /// TCP connect and handshake timeout. Default 5 s.
@@ -117,6 +122,7 @@ impl Default for ClientConfig {
             eager_threshold: 4096,
             max_message_size: 64 << 20,
             max_peer_ring_bytes: 64 << 20,
+            registered_buffer_bytes: crate::buffers::registered::DEFAULT_POOL_BYTES,
             polling: PollingPolicy::Busy,
             connect_timeout: Duration::from_secs(5),
             auth_token: None,
@@ -164,6 +170,8 @@ impl ClientConfig {
         max_message_size: u32;
         /// See [`ClientConfig::max_peer_ring_bytes`].
         max_peer_ring_bytes: u32;
+        /// See [`ClientConfig::registered_buffer_bytes`].
+        registered_buffer_bytes: usize;
         /// See [`ClientConfig::polling`].
         polling: PollingPolicy;
         /// See [`ClientConfig::connect_timeout`].

@@ -26,16 +26,17 @@ use crate::endpoint::conn::{
     Outgoing,
 };
 use crate::endpoint::counters::Counters;
+use crate::endpoint::nic::Nic;
 use crate::session::{
     tick::Tick, Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
 };
 use crate::status::{Code, Status};
-use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
-use crate::verbs::{CompletionQueue, Context, DeviceSelector, Provider, QpAttr, QpState, QueuePair};
+use crate::verbs::{CompletionQueue, Context, Provider, QpAttr, QpState, QueuePair};
 use crate::wire::{
     read_frame, write_frame, Frame, FrameError, Handshake, Header, Kind, HEADER_LEN, MAX_CREDITS,
 };
+use std::sync::Arc;
 
 const POLL_BATCH: usize = 32;
 /// Polls of a blocking wait that kept its core between two looks at its call's deadline (a
@@ -152,7 +153,8 @@ pub(crate) struct ClientCore<P: Provider> {
     /// head; see `super::queue`), and the retries are not counted as stalls again.
     unplaced_stall: bool,
     pub(crate) peer: SocketAddr,
-    _dev: Device<P>,
+    /// The endpoint's device context and PD, shared with its other sessions.
+    _nic: Arc<Nic<P>>,
 }
 
 fn unavailable(what: impl std::fmt::Display) -> Status {
@@ -161,13 +163,13 @@ fn unavailable(what: impl std::fmt::Display) -> Status {
 
 impl<P: Provider> ClientCore<P> {
     /// Connects over TCP, exchanges the handshake (with `flags`: [`crate::wire::FLAG_IDLE_PONGS`]
-    /// from a driver that answers Pings while idle, else 0) and brings the QP to RTS.
+    /// from a driver that answers Pings while idle, else 0) and brings the QP to RTS. The
+    /// session's QP and memory live on `nic`, the endpoint's device context and PD
+    /// ([`Nic::session_pd`]), shared with the endpoint's other sessions.
     pub(crate) fn connect(
         addr: impl ToSocketAddrs,
         cfg: &ClientConfig,
-        selector: &DeviceSelector,
-        port: u8,
-        gid_index: i32,
+        nic: &Arc<Nic<P>>,
         flags: u16,
     ) -> Result<ClientCore<P>, Status> {
         if cfg.window == 0 || cfg.window > MAX_CREDITS {
@@ -218,7 +220,7 @@ impl<P: Provider> ClientCore<P> {
         }
         let span = tracing::info_span!("connect", transport = P::NAME);
         let _entered = span.enter();
-        let dev = Device::<P>::open(selector, port, gid_index).map_err(unavailable)?;
+        let dev = &nic.dev;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
         // 3 × window for calls, credit messages and pieces, a window of CancelAcks (one per
@@ -228,14 +230,15 @@ impl<P: Provider> ClientCore<P> {
         let recv_depth =
             (4 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET))
                 .min(dev.ctx.attr().max_srq_wr);
-        let pd = dev.ctx.alloc_pd().map_err(unavailable)?;
+        let pd = nic.session_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
         let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
             .map_err(unavailable)?;
         let attr = dev.ctx.attr();
-        let qp = create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr)
-            .map_err(unavailable)?;
+        let qp =
+            create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr, attr.max_sge)
+                .map_err(unavailable)?;
         let mut window_fallbacks = 0;
         let ring = create_ring::<P>(&dev.ctx, &pd, cfg.ring_bytes as usize, &mut window_fallbacks)
             .map_err(unavailable)?;
@@ -359,7 +362,8 @@ impl<P: Provider> ClientCore<P> {
             reply.ring_len,
             usize::from(window),
             crate::endpoint::counters::AreaGauge::new(None),
-        );
+        )
+        .with_registered(crate::buffers::RegisteredPool::new::<P>(pd.clone(), cfg.registered_buffer_bytes));
         let remote =
             Endpoint { qp_num: reply.qp_num, psn: reply.psn, lid: reply.lid, gid: reply.gid, mtu: reply.mtu };
         rc::connect(&qp, &dev.rc, &local, &remote)
@@ -415,6 +419,7 @@ impl<P: Provider> ClientCore<P> {
         session.set_granted(reply.credits);
         Ok(ClientCore {
             conn: Conn {
+                refs: Vec::new(),
                 spare: session.spare_bodies().clone(),
                 qp,
                 pool,
@@ -471,8 +476,17 @@ impl<P: Provider> ClientCore<P> {
             },
             unplaced_stall: false,
             peer,
-            _dev: dev,
+            _nic: nic.clone(),
         })
+    }
+
+    /// The pool of registered buffers of this session's protection domain.
+    pub(crate) fn registered_pool(&self) -> std::sync::Arc<crate::buffers::RegisteredPool> {
+        match self.conn.areas.registered() {
+            Some(p) => p.clone(),
+            // Unreachable: `connect` gives every client connection its pool.
+            None => crate::buffers::RegisteredPool::new::<P>(self.conn.areas.pd().clone(), 0),
+        }
     }
 
     /// Encodes a request into a free slot and queues it (sending it when a credit is free).
@@ -593,14 +607,20 @@ impl<P: Provider> ClientCore<P> {
                 }
             }
         }
+        // While registered buffers of this session's pool are alive, a request may carry one:
+        // its body waits as a gather list (its registered bytes WRITTEN in place, the rest
+        // copied once into the mirror, `Conn::gather_piece`) rather than being encoded whole.
+        let gather = !eager && self.conn.areas.registered().is_some_and(|p| p.has_live());
         let body = loop {
-            if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
-                break placed;
+            if !gather {
+                if let Some(placed) = self.place(req, len, eager, &mut stalled, deadline, blocking)? {
+                    break placed;
+                }
             }
             // Neither the server's ring nor the staging area has room: wait for either (bodies in
             // the staging area need only ring space to leave, so room comes), unless the body
             // could never fit the staging area.
-            if len > self.conn.areas.staging_len() as usize {
+            if gather || len > self.conn.areas.staging_len() as usize {
                 let Some(own) = self.conn.spare.take(GatherBody::own_capacity_for(len)) else {
                     return Err(Status::resource_exhausted(format!(
                         "no memory for a request of {len} bytes"

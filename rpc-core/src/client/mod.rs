@@ -11,6 +11,7 @@
 pub(crate) mod backoff;
 mod config;
 pub(crate) mod core;
+pub(crate) mod endpoint;
 pub(crate) mod names;
 mod queue;
 mod request;
@@ -28,6 +29,7 @@ use std::time::Instant;
 use prost::Message;
 
 pub use config::{CallOptions, ClientConfig};
+pub use endpoint::Endpoint;
 pub use names::register_method_names;
 pub use request::{IntoRequest, Request, SharedSession, ToShareAcrossThreadsConnectAChannel};
 pub use stream::{BidiStreaming, ClientStreaming};
@@ -37,7 +39,6 @@ use crate::dispatch::service::MethodId;
 use crate::endpoint::counters::Counters;
 use crate::metadata::{Metadata, WithMetadata};
 use crate::status::Status;
-use crate::transport::Transport;
 use backoff::{Backoff, BackoffParams};
 use core::{CallId, ClientCore};
 use queue::{Calls, Ticket};
@@ -120,6 +121,9 @@ struct Inner {
     /// Where the session reconnects (resolved once, at [`Client::connect_with`]).
     addrs: Vec<SocketAddr>,
     config: ClientConfig,
+    /// The device context and PD its sessions live on (its own, or one shared with other
+    /// clients: [`Endpoint::connect`]).
+    endpoint: Endpoint,
     backoff: Backoff,
     /// Counters of the sessions before this one.
     retired: Counters,
@@ -130,24 +134,17 @@ struct Inner {
     attempt: Option<(std::sync::mpsc::Receiver<Result<AnyCalls, Status>>, Status)>,
 }
 
-/// Opens a session to the first of `addrs` that answers.
-fn open(addrs: &[SocketAddr], config: &ClientConfig) -> Result<AnyCalls, Status> {
+/// Opens a session on `endpoint` to the first of `addrs` that answers.
+fn open(addrs: &[SocketAddr], config: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCalls, Status> {
     let q = config.max_queued_calls;
-    Ok(match &config.transport {
-        Transport::Sim => AnyCalls::Sim(Box::new(Calls::new(
-            ClientCore::connect(addrs, config, &crate::verbs::DeviceSelector::First, 1, -1, 0)?,
-            q,
-        ))),
-        #[cfg(feature = "ibverbs")]
-        Transport::Rdma { device, port, gid_index } => {
-            let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
-            AnyCalls::Rdma(Box::new(Calls::new(
-                ClientCore::connect(addrs, config, &sel, *port, *gid_index, 0)?,
-                q,
-            )))
+    Ok(match endpoint.nic() {
+        endpoint::AnyNic::Sim(nic) => {
+            AnyCalls::Sim(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, 0)?, q)))
         }
-        #[cfg(not(feature = "ibverbs"))]
-        Transport::Rdma { .. } => return Err(Transport::rdma_unavailable()),
+        #[cfg(feature = "ibverbs")]
+        endpoint::AnyNic::Rdma(nic) => {
+            AnyCalls::Rdma(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, 0)?, q)))
+        }
     })
 }
 
@@ -175,7 +172,7 @@ impl Inner {
         }
         let Some(reason) = self.reconnect_due()? else { return Ok(()) };
         self.reconnect_attempts += 1;
-        let r = open(&self.addrs, &self.config);
+        let r = open(&self.addrs, &self.config, &self.endpoint);
         self.attempted(r, reason)
     }
 
@@ -202,9 +199,9 @@ impl Inner {
         };
         self.reconnect_attempts += 1;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let (addrs, config) = (self.addrs.clone(), self.config.clone());
+        let (addrs, config, endpoint) = (self.addrs.clone(), self.config.clone(), self.endpoint.clone());
         let spawned = std::thread::Builder::new().name("rpc-reconnect".into()).spawn(move || {
-            let _ = tx.send(open(&addrs, &config));
+            let _ = tx.send(open(&addrs, &config, &endpoint));
         });
         if let Err(e) = spawned {
             let r = Err(Status::unavailable(format!("starting the reconnect thread: {e}")));
@@ -273,12 +270,23 @@ impl Client {
     /// As [`Client::connect`]; INVALID_ARGUMENT for a configuration value out of range (naming
     /// the field).
     pub fn connect_with(addr: impl ToSocketAddrs, config: &ClientConfig) -> Result<Client, Status> {
+        // Checked before a device is opened for it.
+        BackoffParams::from_config(config)?;
+        Client::connect_on(Endpoint::new(&config.transport)?, addr, config)
+    }
+
+    /// [`Client::connect_with`] on `endpoint` (whose transport is `config.transport`).
+    pub(crate) fn connect_on(
+        endpoint: Endpoint,
+        addr: impl ToSocketAddrs,
+        config: &ClientConfig,
+    ) -> Result<Client, Status> {
         let params = BackoffParams::from_config(config)?;
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| Status::unavailable(format!("resolving the server address: {e}")))?
             .collect();
-        let calls = open(&addrs, config)?;
+        let calls = open(&addrs, config, &endpoint)?;
         let peer = with_calls!(&calls, c => c.core.peer);
         Ok(Client {
             _not_sync: PhantomData,
@@ -289,6 +297,7 @@ impl Client {
                 peer,
                 addrs,
                 config: config.clone(),
+                endpoint,
                 backoff: Backoff::new(params, fastrand::Rng::new()),
                 retired: Counters::default(),
                 reconnect_attempts: 0,
@@ -309,6 +318,27 @@ impl Client {
         let mut c = inner.retired.clone();
         c.add(&with_calls!(&inner.calls, q => q.core.counters.clone()));
         c
+    }
+
+    /// A registered buffer of `len` bytes to fill and carry (frozen,
+    /// [`RegisteredBytesMut::freeze`](crate::buffers::RegisteredBytesMut::freeze)) in a `bytes`
+    /// field of a request: a request body above the eager threshold sends its bytes by an RDMA
+    /// WRITE straight from it, with no copy. It comes from the pool of the current session's
+    /// protection domain (at most `ClientConfig::registered_buffer_bytes` registered; see
+    /// [`crate::buffers::registered`]); after a reconnect, buffers of the old session's pool
+    /// are copied once like ordinary `Bytes`.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming the pool's bound when it is reached (or a slab fails to
+    /// register); nothing is taken.
+    pub fn alloc_registered(&self, len: usize) -> Result<crate::buffers::RegisteredBytesMut, Status> {
+        self.registered_pool().alloc(len)
+    }
+
+    /// The current session's pool of registered buffers ([`Client::alloc_registered`]), with
+    /// its counts ([`crate::buffers::RegisteredPool::stats`]).
+    pub fn registered_pool(&self) -> std::sync::Arc<crate::buffers::RegisteredPool> {
+        with_calls!(&self.inner.borrow().calls, c => c.core.registered_pool())
     }
 
     /// Why the current session is closed, if it is (until a call reconnects it).

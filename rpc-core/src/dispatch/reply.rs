@@ -169,6 +169,8 @@ pub struct RequestContext {
     /// The response's headers and trailers the handler set ([`RequestContext::set_headers`]),
     /// taken by its answer (emptied per request).
     pub(crate) response: Cell<Option<Box<crate::metadata::ResponseMetadata>>>,
+    /// The worker's pool of registered buffers (set once, at its creation; `None`: no worker).
+    pub(crate) registered: Option<Arc<crate::buffers::RegisteredPool>>,
 }
 
 /// A worker's look, from a running inline handler, into the completions that arrived since it
@@ -207,6 +209,25 @@ impl RequestContext {
             observed: Cell::new(None),
             started: Cell::new(None),
             response: Cell::new(None),
+            registered: None,
+        }
+    }
+
+    /// A registered buffer of `len` bytes from the worker's pool (in the protection domain of
+    /// every session the worker serves) to fill and carry, frozen
+    /// ([`crate::buffers::RegisteredBytesMut::freeze`]), in a `bytes` field of the answer or of
+    /// a stream message: a body above the eager threshold sends its bytes by an RDMA WRITE
+    /// straight from it, with no copy (see [`crate::buffers::registered`]). An async handler or
+    /// a [`Responder`] on another thread may allocate here first and fill it there.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming the pool's bound (`ServerConfig::registered_buffer_bytes`)
+    /// when it is reached, or when the context has no worker (a handler called directly, in a
+    /// test); nothing is taken.
+    pub fn alloc_registered(&self, len: usize) -> Result<crate::buffers::RegisteredBytesMut, Status> {
+        match &self.registered {
+            Some(p) => p.alloc(len),
+            None => Err(Status::resource_exhausted("no worker, so no registered buffers")),
         }
     }
 
@@ -705,6 +726,11 @@ pub(crate) enum Outcome {
     /// into the staging area when its turn comes ([`LateBody`]), instead of onto the heap and
     /// then again into the send mirror for each piece.
     Later(Box<dyn LateBody>),
+    /// A body above the eager threshold encoded as a gather list while registered buffers of
+    /// the worker's pool are alive (it may carry some): it waits on the heap (its own bytes;
+    /// its `bytes` fields referenced) and goes through the peer's ring as ring space allows,
+    /// its registered bytes WRITTEN in place ([`crate::buffers::RegisteredPool`]).
+    Gathered(Box<GatherBody>),
 }
 
 /// An answer's message kept unencoded until the staging area has room for it (type-erased:
@@ -752,6 +778,10 @@ pub(crate) struct StagingSpan<'a> {
     /// The whole staging area's length in bytes: a body up to this long waits unencoded
     /// ([`Outcome::Later`]) when `bytes` has no room for it.
     pub(crate) total: u32,
+    /// The worker's pool of registered buffers: while some of them are alive (the handler may
+    /// have just allocated one), a body above the eager threshold is encoded as a gather list
+    /// ([`Outcome::Gathered`]).
+    pub(crate) registered: Option<&'a crate::buffers::RegisteredPool>,
 }
 
 /// Encodes a body that waits for ring space into the staging span when it fits (one copy, no
@@ -771,12 +801,22 @@ fn stage<M: Message + 'static>(msg: M, len: usize, staging: &mut StagingSpan<'_>
             return Outcome::Later(Box::new(Unencoded { msg, len }));
         }
     }
-    match staging.spare.take(GatherBody::own_capacity_for(len)) {
+    onto_heap(msg, len, staging.spare, Outcome::Spilled)
+}
+
+/// Encodes `msg` onto the heap (its large `bytes` fields referenced), as `outcome` says.
+fn onto_heap<M: Message>(
+    msg: M,
+    len: usize,
+    spare: &crate::session::BodyRecycler,
+    outcome: fn(Box<GatherBody>) -> Outcome,
+) -> Outcome {
+    match spare.take(GatherBody::own_capacity_for(len)) {
         Some(own) => {
             let body = GatherBody::encode(&msg, own);
             match check_exact::<M>(len, body.len()) {
                 // Boxed: an `Outcome` is moved a few times per answer, and a gather body is 80 bytes.
-                Ok(()) => Outcome::Spilled(Box::new(body)),
+                Ok(()) => outcome(Box::new(body)),
                 Err(e) => Outcome::Error(e.status("answer")),
             }
         }
@@ -798,6 +838,9 @@ pub(crate) fn encode_body<M: Message + 'static>(
     session: Option<&mut Session>,
 ) -> Outcome {
     let len = msg.encoded_len();
+    if len > staging.eager_threshold as usize && staging.registered.is_some_and(|p| p.has_live()) {
+        return onto_heap(msg, len, staging.spare, Outcome::Gathered);
+    }
     let Some(session) = session else {
         // No send buffer was free, or earlier answers wait: this one waits behind them.
         return stage(msg, len, staging);

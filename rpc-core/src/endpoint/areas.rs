@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::buffers::{MirrorView, SendMirror, SendQueue, SendStaging, Staged};
+use crate::buffers::{MirrorView, RegisteredPool, SendMirror, SendQueue, SendStaging, Staged};
 use crate::endpoint::counters::AreaGauge;
 use crate::status::Status;
 use crate::verbs::Provider;
@@ -47,6 +47,9 @@ pub(crate) struct SendAreas<P: Provider> {
     /// it has not moved (or since the areas were registered).
     seen_mark: u32,
     since: Instant,
+    /// The registered user buffers of `pd` whose bytes ring WRITEs read in place
+    /// ([`crate::buffers::RegisteredPool`]); `None`: every body is copied.
+    registered: Option<Arc<RegisteredPool>>,
 }
 
 impl<P: Provider> SendAreas<P> {
@@ -69,7 +72,25 @@ impl<P: Provider> SendAreas<P> {
             gauge,
             seen_mark: 0,
             since: Instant::now(),
+            registered: None,
         }
+    }
+
+    /// Sends bytes of `pool`'s buffers (registered in this connection's `pd`) with no copy.
+    pub(crate) fn with_registered(mut self, pool: Arc<RegisteredPool>) -> SendAreas<P> {
+        self.registered = Some(pool);
+        self
+    }
+
+    /// The protection domain the areas (and the registered buffers) are registered in.
+    pub(crate) fn pd(&self) -> &P::ProtectionDomain {
+        &self.pd
+    }
+
+    /// The pool of registered user buffers ring WRITEs may read in place.
+    #[inline]
+    pub(crate) fn registered(&self) -> Option<&Arc<RegisteredPool>> {
+        self.registered.as_ref()
     }
 
     /// Bytes the mirror and the staging area register together.

@@ -70,9 +70,13 @@ pub(crate) use crate::session::srq_need;
 /// send buffer, and the buffer is free again as soon as it is posted).
 pub(crate) const MAX_INLINE: u32 = 256;
 
+/// SGEs a ring WRITE's gather list may have: a body's encoded parts in the send mirror around
+/// up to three registered user buffers ([`crate::buffers::RegisteredPool`]).
+pub(crate) const RING_WRITE_SGES: u32 = 7;
+
 /// Creates an RC QP on `cq` (send and receive) and `srq`, able to post every buffer twice
 /// (a WRITE and a SEND per message) up to the device's `max_qp_wr`, with up to `max_inline`
-/// bytes of inline data. Size the connection's [`crate::buffers::SendQueue`] by the created QP's
+/// bytes of inline data and [`RING_WRITE_SGES`] SGEs per WR (at most the device's `max_sge`). Size the connection's [`crate::buffers::SendQueue`] by the created QP's
 /// `max_send_wr`.
 pub(crate) fn create_qp<P: Provider>(
     pd: &P::ProtectionDomain,
@@ -81,6 +85,7 @@ pub(crate) fn create_qp<P: Provider>(
     send_bufs: u16,
     max_inline: u32,
     max_qp_wr: u32,
+    max_sge: u32,
 ) -> Result<P::QueuePair> {
     // The most credits (4096) would ask 16 408 WQEs, above common devices' 16 384.
     let asked = u32::from(send_bufs) * 2 + 8;
@@ -96,7 +101,7 @@ pub(crate) fn create_qp<P: Provider>(
     let cap = QpCap {
         max_send_wr: granted,
         max_recv_wr: 1,
-        max_send_sge: 1,
+        max_send_sge: RING_WRITE_SGES.min(max_sge.max(1)),
         max_recv_sge: 1,
         max_inline_data: max_inline.min(MAX_INLINE),
     };
@@ -392,6 +397,9 @@ pub(crate) struct Conn<P: Provider> {
     /// The session's spare body buffers ([`Session::spare_bodies`]): bodies that wait on the heap
     /// are encoded into one and give it back once queued, so a large body costs no fresh pages.
     pub(crate) spare: Arc<BodyRecycler>,
+    /// The registered user buffers of a piece being queued ([`Conn::gather_piece`]); kept
+    /// empty between pieces, for its capacity.
+    pub(crate) refs: Vec<crate::buffers::RegisteredRef>,
 }
 
 impl<P: Provider> Conn<P> {
@@ -712,9 +720,14 @@ impl<P: Provider> Conn<P> {
                 OutBody::Heap(body) => {
                     // Pieces go in order: the body's next `len` bytes (the mirror is registered:
                     // `send_waiting` made sure before the first piece, and it is not given back
-                    // while a message waits).
-                    if let Some(m) = self.areas.mirror_mut() {
-                        body.copy_next(m.range_mut(offset, len));
+                    // while a message waits). Bytes of registered user buffers are WRITTEN
+                    // from where they are (`Conn::gather_piece`): the WRITE is queued then.
+                    if self.gather_piece(body, offset, len) {
+                        let h = Header { total_len: total, ..out.header };
+                        self.queue(buf, h, BodyAt::Piece { offset, len, staged: true });
+                        out.sent += len;
+                        let _ = self.flush(tag);
+                        continue;
                     }
                 }
                 OutBody::Staged(staged) => {
@@ -743,6 +756,44 @@ impl<P: Provider> Conn<P> {
             let _ = self.flush(tag);
         }
         self.recycle_heap(out);
+        true
+    }
+
+    /// Copies the next `len` bytes of `body` into the mirror at `offset` (a range the session
+    /// reserved in the peer's ring), except bytes of registered user buffers of this
+    /// connection's protection domain ([`crate::buffers::RegisteredPool`]) when there are
+    /// some: then queues the piece's WRITE with a gather list (mirror ranges and the user's
+    /// bytes by their lkey, at most the QP's `max_send_sge` SGEs; registered bytes beyond that
+    /// are copied) and returns true. False: the piece is in the mirror, its WRITE not queued.
+    #[inline]
+    fn gather_piece(&mut self, body: &mut GatherBody, offset: u32, len: u32) -> bool {
+        let pool = match self.areas.registered() {
+            Some(p) if p.has_live() && body.len() > body.own_len() => p.clone(),
+            _ => {
+                if let Some(m) = self.areas.mirror_mut() {
+                    body.copy_next(m.range_mut(offset, len));
+                }
+                return false;
+            }
+        };
+        let max_refs = (crate::verbs::QueuePair::cap(&self.qp).max_send_sge.saturating_sub(1) / 2) as usize;
+        let mut refs = std::mem::take(&mut self.refs);
+        let Some(m) = self.areas.mirror_mut() else { return false };
+        let copied = body.gather_next(m.range_mut(offset, len), max_refs, |b| pool.lkey_of(b), &mut refs);
+        if copied.unwrap_or(0) > 0 {
+            pool.count_copied(copied.unwrap_or(0));
+        }
+        if refs.is_empty() {
+            self.refs = refs;
+            return false;
+        }
+        let Some(m) = self.areas.mirror() else { return false };
+        let mark = self.session.ring_write_mark();
+        // The refs are in order and inside the piece (`gather_next`): never refused.
+        if let Ok(n) = self.sq.write_gather(m, offset, len, &mut refs, self.peer_ring, mark) {
+            pool.count_zero_copy(n);
+        }
+        self.refs = refs;
         true
     }
 
@@ -879,6 +930,7 @@ impl<P: Provider> Conn<P> {
     #[inline]
     pub(crate) fn on_send_completion(&mut self, c: crate::buffers::Completion) {
         self.sq.on_completion(c, &mut self.pool);
+        self.sq.retire_held();
         if let Some(staging) = self.areas.staging_mut() {
             self.sq.retire_staged(staging);
         }

@@ -135,6 +135,7 @@ pub(super) fn start<P: Provider>(
     // Each worker says here when its loop ended (shutdown waits on it, not on a timer).
     let (exit_tx, exited) = std::sync::mpsc::channel::<usize>();
     let mut shared_all = Vec::new();
+    let mut registered_all = Vec::new();
     let mut joins = Vec::new();
     let mut counters = Vec::new();
     for (index, core) in cores.into_iter().enumerate() {
@@ -145,7 +146,10 @@ pub(super) fn start<P: Provider>(
         // sessions are admitted (`Listener::grow_recv`).
         let recv =
             RecvPool::<P>::with_capacity(&pd, config.srq_depth, HEADER_LEN + body_cap, RECV_CHUNK_SHIFT)?;
+        let registered = crate::buffers::RegisteredPool::new::<P>(pd.clone(), config.registered_buffer_bytes);
+        registered_all.push(registered.clone());
         let shared = Arc::new(WorkerShared {
+            registered,
             index,
             control: ArrayQueue::new(per_worker.max(16)),
             defer: DeferQueue::new(4096),
@@ -229,6 +233,7 @@ pub(super) fn start<P: Provider>(
         exited,
         listener: Some(listener),
         counters,
+        registered: registered_all,
         memory,
         drain_timeout,
         held,
@@ -1001,8 +1006,9 @@ impl<P: Provider> Listener<P> {
             |e: crate::verbs::VerbsError| Status::resource_exhausted(format!("creating the session: {e}"));
         let bufs = send_bufs_for(credits);
         let attr = self.dev.ctx.attr();
-        let qp = create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs, attr.max_inline_data, attr.max_qp_wr)
-            .map_err(verbs)?;
+        let qp =
+            create_qp::<P>(&w.pd, &w.cq, &w.srq, bufs, attr.max_inline_data, attr.max_qp_wr, attr.max_sge)
+                .map_err(verbs)?;
         let max_inline = qp.cap().max_inline_data;
         let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
@@ -1017,7 +1023,8 @@ impl<P: Provider> Listener<P> {
             hello.ring_len,
             usize::from(credits),
             self.memory.areas.clone(),
-        );
+        )
+        .with_registered(w.registered.clone());
         let local = self.dev.endpoint(&qp);
         let remote =
             Endpoint { qp_num: hello.qp_num, psn: hello.psn, lid: hello.lid, gid: hello.gid, mtu: hello.mtu };
@@ -1045,6 +1052,7 @@ impl<P: Provider> Listener<P> {
         session.set_load(self.memory.load.clone());
         let spare = session.spare_bodies().clone();
         let conn = Conn {
+            refs: Vec::new(),
             spare,
             qp,
             pool,

@@ -178,6 +178,11 @@ pub struct ServerConfig {
     /// its session with a status naming this field. Default 256 MiB; at least
     /// `max_message_size`.
     pub max_backlog_bytes: u64,
+    /// Most bytes each worker registers for the buffers handlers allocate to answer with no
+    /// copy ([`crate::codegen::RequestContext::alloc_registered`], [`crate::buffers::RegisteredPool`]),
+    /// in slabs registered on first use. Default 256 MiB; over it an allocation fails
+    /// RESOURCE_EXHAUSTED naming the bound.
+    pub registered_buffer_bytes: usize,
     /// How long a body that arrives in pieces may take from its first piece to its last; after
     /// it, the session closes with a status naming this field (its memory is freed). Checked on
     /// the worker's timer tick (2 ms). Default 10 s; above 0.
@@ -404,6 +409,7 @@ impl Default for ServerConfig {
             max_reassembly_bytes: 256 << 20,
             max_reassembly_bytes_per_session: 0,
             max_backlog_bytes: 256 << 20,
+            registered_buffer_bytes: crate::buffers::registered::DEFAULT_POOL_BYTES,
             reassembly_timeout: Duration::from_secs(10),
             srq_depth: 0,
             credits_per_session: 32,
@@ -703,6 +709,8 @@ impl ServerBuilder {
         max_reassembly_bytes_per_session: u64;
         /// See [`ServerConfig::max_backlog_bytes`].
         max_backlog_bytes: u64;
+        /// See [`ServerConfig::registered_buffer_bytes`].
+        registered_buffer_bytes: usize;
         /// See [`ServerConfig::reassembly_timeout`].
         reassembly_timeout: Duration;
         /// See [`ServerConfig::srq_depth`].
@@ -903,6 +911,8 @@ pub struct ServerHandle {
     exited: std::sync::mpsc::Receiver<usize>,
     listener: Option<JoinHandle<()>>,
     counters: Vec<Arc<SharedCounters>>,
+    /// Each worker's pool of registered buffers.
+    registered: Vec<Arc<crate::buffers::RegisteredPool>>,
     memory: Arc<ServerMemory>,
     drain_timeout: Duration,
     /// Per worker: the listener saw its loop stand still (held in an inline handler).
@@ -954,6 +964,20 @@ impl ServerHandle {
     /// sessions.
     pub fn held_workers(&self) -> Vec<usize> {
         self.held.iter().enumerate().filter(|(_, h)| h.load(Ordering::Acquire)).map(|(i, _)| i).collect()
+    }
+
+    /// The workers' pools of registered buffers ([`crate::codegen::RequestContext::alloc_registered`]),
+    /// their counts summed: bytes registered, buffers alive, bytes sent from them with no copy.
+    pub fn registered_stats(&self) -> crate::buffers::RegisteredStats {
+        let mut sum = crate::buffers::RegisteredStats::default();
+        for s in self.registered.iter().map(|p| p.stats()) {
+            sum.registered_bytes += s.registered_bytes;
+            sum.live_buffers += s.live_buffers;
+            sum.zero_copy_bytes += s.zero_copy_bytes;
+            sum.copied_bytes += s.copied_bytes;
+            sum.refused += s.refused;
+        }
+        sum
     }
 
     /// Each worker's counters, in worker order (index `i` is the worker pinned to

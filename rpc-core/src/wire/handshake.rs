@@ -35,14 +35,14 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
-/// 12 (2026-12-06): a server may hold no control connection for a session
-/// ([`FLAG_DETACHED`] in its reply); a client of version 11 would read the closed connection as
-/// the server's death. The server's receive ring is granted on demand ([`super::ring_lease`]):
+/// 12 (2026-12-06): the server's receive ring is granted on demand ([`super::ring_lease`]):
 /// its handshake gives the ring's length with address and rkey 0, the client asks with a
 /// [`super::Kind::RingAsk`] before its first body above the eager threshold, and the server
-/// takes an idle ring back ([`super::Kind::RingReclaim`], [`super::Kind::RingRelease`]).
-/// Request credits are granted on demand: the reply's `credits` are the session's first ones,
-/// raised and lowered by [`super::Kind::CreditGrant`]s the client answers with
+/// takes an idle ring back ([`super::Kind::RingReclaim`], [`super::Kind::RingRelease`]); and a
+/// server may hold no control connection for a session ([`FLAG_DETACHED`] in its reply; a
+/// client of version 11 would read the closed connection as the server's death).
+/// Request credits are granted on demand too: the reply's `credits` are the session's first
+/// ones, raised and lowered by [`super::Kind::CreditGrant`]s the client answers with
 /// [`super::Kind::CreditAck`]s (the session's `credits` policy).
 /// 11 (2026-12-06): a request may keep its metadata block as the session's cached block, and
 /// later requests name that block instead of carrying it ([`super::header::METADATA_STORE`],

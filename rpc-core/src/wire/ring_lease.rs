@@ -4,10 +4,10 @@
 //! Before protocol 12 the server registered a ring per session at connect and gave its address,
 //! length and rkey in the handshake. Now the server's handshake gives the length a grant will
 //! have (`ring_len`) with address and rkey 0: no ring yet. The client, holding a body above the
-//! eager threshold and no grant, sends a [`Kind::RingAsk`](super::Kind::RingAsk); the server
-//! answers a [`Kind::RingGrant`](super::Kind::RingGrant) (the ring, or a refusal), reclaims an
-//! idle ring with a [`Kind::RingReclaim`](super::Kind::RingReclaim), and the client answers
-//! that with a [`Kind::RingRelease`](super::Kind::RingRelease). The policy (who may send what
+//! eager threshold and no grant, sends a [`super::Kind::RingAsk`]; the server
+//! answers a [`super::Kind::RingGrant`] (the ring, or a refusal), reclaims an
+//! idle ring with a [`super::Kind::RingReclaim`], and the client answers
+//! that with a [`super::Kind::RingRelease`]. The policy (who may send what
 //! when) lives in the session layer (`crate::session`); this module only encodes and checks the
 //! bodies.
 //!

@@ -126,6 +126,9 @@ pub(crate) struct WorkerShared<P: Provider> {
     pub(crate) pd: P::ProtectionDomain,
     pub(crate) cq: P::CompletionQueue,
     pub(crate) srq: P::SharedReceiveQueue,
+    /// Registered buffers in `pd` that handlers fill and answers carry with no copy
+    /// ([`crate::codegen::RequestContext::alloc_registered`]).
+    pub(crate) registered: Arc<crate::buffers::RegisteredPool>,
 }
 
 /// A request's body: in its receive buffer (eager), or copied out of the ring.
@@ -399,6 +402,7 @@ impl<P: Provider> Worker<P> {
         ctx.peek = Some(Rc::new(WorkerPeek { wcs: wcs.clone(), shared: shared.clone(), view: recv.view() }));
         let local = Rc::new(LocalTasks::default());
         ctx.local = Some(local.clone());
+        ctx.registered = Some(shared.registered.clone());
         Worker {
             shared,
             registry,
@@ -1741,7 +1745,9 @@ impl<P: Provider> Worker<P> {
         // the eager threshold then waits unencoded and registers them (`encode_body`).
         let total = areas.staging_len();
         let (mirror, offset, bytes) = areas.views(entry.backlog.is_empty());
-        let staging = StagingSpan { offset, bytes, eager_threshold, spare, total };
+        // The worker's pool, which every session of the worker sends from (`SendAreas`).
+        let registered = ctx.registered.as_deref();
+        let staging = StagingSpan { offset, bytes, eager_threshold, spare, total, registered };
         let mut out = ReplyWriter {
             response: &ctx.response,
             metadata: false,
@@ -1920,6 +1926,12 @@ impl<P: Provider> Worker<P> {
                 counters.ring_full_stalls += 1;
                 Some(spill(header, Ok(*bytes)))
             }
+            (Outcome::Gathered(body), b) => {
+                if let Some(b) = b {
+                    entry.conn.pool.give_back(b);
+                }
+                Some(spill(header, Ok(*body)))
+            }
             (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
             (Outcome::Error(s), None) => Some(Waiting::Error(header, s)),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
@@ -2031,7 +2043,7 @@ fn outcome_size(outcome: &Outcome) -> (Code, usize) {
     match outcome {
         Outcome::Eager(n) => (Code::Ok, *n as usize),
         Outcome::Ring { len, .. } | Outcome::Staged { len, .. } => (Code::Ok, *len as usize),
-        Outcome::Spilled(b) => (Code::Ok, b.len()),
+        Outcome::Spilled(b) | Outcome::Gathered(b) => (Code::Ok, b.len()),
         Outcome::Later(b) => (Code::Ok, b.len()),
         Outcome::Error(s) => (s.code(), 0),
         Outcome::Deferred => (Code::Ok, 0),

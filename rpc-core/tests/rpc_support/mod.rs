@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 mod counting;
+pub mod fake_server;
 mod hold;
 pub mod prom;
 mod raw_client;

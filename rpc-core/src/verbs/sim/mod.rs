@@ -233,6 +233,8 @@ impl Provider for Sim {
         if !ok {
             return Err(VerbsError::NoDevice { wanted: format!("{selector:?}"), found: vec!["sim0".into()] });
         }
-        Ok(SimContext { host: fabric::fabric().new_host()? })
+        let host = fabric::fabric().new_host()?;
+        stats::count_context_opened();
+        Ok(SimContext { host })
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static RNR_STALLS: AtomicU64 = AtomicU64::new(0);
 static CQ_EVENTS: AtomicU64 = AtomicU64::new(0);
+static CONTEXTS_OPENED: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the counters of every sim host in this process, since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -19,11 +20,23 @@ pub struct SimStats {
     /// Completion events delivered: a `CompletionQueue::wait` that returned because an armed
     /// CQ got a completion (not because it timed out).
     pub cq_events: u64,
+    /// Device contexts opened (`Provider::open`, each a new sim host with its shared-memory
+    /// segment): what an endpoint opens once for all the sessions it carries.
+    pub contexts_opened: u64,
 }
 
 /// The counters now.
 pub fn stats() -> SimStats {
-    SimStats { rnr_stalls: RNR_STALLS.load(Ordering::Relaxed), cq_events: CQ_EVENTS.load(Ordering::Relaxed) }
+    SimStats {
+        rnr_stalls: RNR_STALLS.load(Ordering::Relaxed),
+        cq_events: CQ_EVENTS.load(Ordering::Relaxed),
+        contexts_opened: CONTEXTS_OPENED.load(Ordering::Relaxed),
+    }
+}
+
+/// Counts one device context opened.
+pub(crate) fn count_context_opened() {
+    CONTEXTS_OPENED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Counts one RNR wait.
