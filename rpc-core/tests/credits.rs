@@ -24,8 +24,8 @@ const SOON: Duration = Duration::from_secs(10);
 /// Sessions connected and idle reserve `srq_need_ringless(2)` each (37 WQEs: 2 credits, no
 /// ring); the SRQ holds what they may reach at their most credits, in chunks of 64.
 ///
-/// Sabotaged: the listener reserving the session's full credits (`srq_need(credits)`):
-/// `srq_reserved` 512 for 4 sessions, not 148.
+/// Sabotaged: the listener reserving the session's full credits (`srq_need(credits)`): the
+/// `srq_reserved` assertion failed (512 for 4 sessions, not 148).
 #[test]
 fn an_idle_session_reserves_its_initial_credits_only() {
     let (server, _) = spawn(server());
@@ -53,8 +53,8 @@ fn an_idle_session_reserves_its_initial_credits_only() {
 ///
 /// Sabotaged: `Session::credits_full` returning at once (no raise): "the 32 calls to reach
 /// the server" gave up with 2 stashed. The client never sending its CreditAck
-/// (`take_credit_ack` returning `None`): "the reservation given back" gave up at 128
-/// reserved.
+/// (`take_credit_ack` returning `None`): gave up there with 4 stashed (no raise before the
+/// ack). The raise not retried at the CreditAck: 4 stashed.
 #[test]
 fn a_client_with_32_calls_in_flight_is_raised_to_its_window_and_lowered_when_idle() {
     let idle = Duration::from_millis(50);
@@ -98,7 +98,7 @@ fn a_client_with_32_calls_in_flight_is_raised_to_its_window_and_lowered_when_idl
 /// 16 calls all succeed at 8 credits.
 ///
 /// Sabotaged: the raise's room check against `u32::MAX` instead of the WQEs posted: "the
-/// refused raise" gave up (raised to 16: `credit_raises` 3).
+/// refused raise" gave up.
 #[test]
 fn a_raise_refused_for_lack_of_srq_room_leaves_the_session_at_its_credits() {
     assert_eq!([4, 8, 16].map(srq_need_ringless), [41, 49, 65]);
@@ -173,8 +173,8 @@ fn malformed(server: &ServerHandle, n: u64) {
 /// grant, a CreditGrant sent by a client.
 ///
 /// Sabotaged: `check_credit` against the ceiling (`params.credits`) instead of the accepted
-/// credits: "the session closed as malformed" gave up for the fifth request. `on_credit_header`
-/// accepting an acknowledgement with no grant: gave up for the CreditAck.
+/// credits: "no Close" for the fifth request. `on_credit_header` accepting an acknowledgement
+/// with no grant: "no Close" for the CreditAck.
 #[test]
 fn hostile_credit_messages_lose_only_their_own_session() {
     let (server, stash) = spawn(server());

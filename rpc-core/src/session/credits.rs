@@ -266,7 +266,7 @@ impl Session {
     }
 
     /// Our sends were posted (answers among them): requests admitted from now on count anew
-    /// toward the raise signal ([`Session::credits_full`]). A store.
+    /// toward the raise signal (a request taking the last credit). A store.
     #[inline]
     pub fn on_flushed(&mut self) {
         self.credits.since_flush = 0;
@@ -484,8 +484,7 @@ mod tests {
 
     /// A session that uses all its credits is raised, doubling, to its ceiling, from the SRQ's
     /// room; the server accepts the new credits at once and keeps the reservation they need.
-    /// Sabotaged: `admit_call` without the full check (no raise: `credits()` stays 2) and the
-    /// reservation left at the old credits (`reserved` off by the difference).
+    /// Sabotaged: `credits_full` returning at once: failed ("one grant per raise").
     #[test]
     fn a_full_session_is_raised_to_its_ceiling_and_reserves_for_it() {
         let (mut server, mut client, room) = pair(1000);
@@ -514,7 +513,8 @@ mod tests {
     }
 
     /// With no room in the SRQ the raise is refused and the session goes on at its credits.
-    /// Sabotaged: the room check against `u32::MAX` instead of what is posted (raised anyway).
+    /// Sabotaged: the room check against `u32::MAX` instead of what is posted: failed ("no
+    /// grant").
     #[test]
     fn a_raise_without_room_leaves_the_session_at_its_credits() {
         let (mut server, mut client, room) = pair(0);
@@ -533,8 +533,7 @@ mod tests {
     /// A raised session idle for `credit_idle` is lowered back to its initial credits; the
     /// server accepts the old credits until the acknowledgement and gives the reservation back
     /// with it; the client acknowledges only once its calls in flight fit. Sabotaged: the sweep's
-    /// `mark == answers` check dropped (lowered while calls came and went: the first sweep
-    /// after calls lowers) and `on_credit_header` giving nothing back (`reserved` stays high).
+    /// `mark == answers` check dropped: failed (lowered while calls came and went).
     #[test]
     fn an_idle_session_is_lowered_and_gives_its_reservation_back_at_the_ack() {
         let (mut server, mut client, room) = pair(1000);
@@ -605,8 +604,7 @@ mod tests {
         assert_eq!(server.handle_header(&req(2), || t).unwrap_err(), "request beyond the granted credits");
     }
 
-    /// A ring grant reserves the pieces row and its release gives it back. Sabotaged:
-    /// `release_ring_pieces` giving nothing back.
+    /// A ring grant reserves the pieces row and its release gives it back.
     #[test]
     fn the_pieces_row_follows_the_ring() {
         let (mut server, _, room) = pair(15);
