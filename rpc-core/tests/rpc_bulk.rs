@@ -85,7 +85,10 @@ fn ring_responses_taken_out_of_order() {
                 // The server answers in order: with the newest, all eight bodies arrived, and
                 // none is taken yet. More than the ring holds, so they are outside it.
                 let waiting = client.counters().bytes_in - start;
-                assert!(waiting > u64::from(SMALL_RING), "round {round}: {waiting} bytes of responses arrived, untaken");
+                assert!(
+                    waiting > u64::from(SMALL_RING),
+                    "round {round}: {waiting} bytes of responses arrived, untaken"
+                );
             }
             check_reply(&r, seq, 16_000);
         }
