@@ -128,19 +128,15 @@ fn a_key_of_a_reused_slot_is_never_accepted_for_the_new_registration() {
         .collect();
     let mut small = vec![0u8; 1 << 16];
     let held = fill_but_one(&b.pd, &mut small);
-    let mut target = vec![0u8; 4096];
-    let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let reg = |target: &mut Vec<u8>| {
-        // SAFETY: `target` outlives every MR on it (each is dropped before it, below).
-        unsafe { b.pd.reg_user_mr(target.as_mut_ptr(), target.len(), remote) }.unwrap()
-    };
+    // Registered memory of the host's segment: the shared key slot alone says whose it is.
+    let reg = || b.pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
 
     // MRs: the one free slot is reused MR_REUSE - 1 times, then registered for good.
     let mut old = Vec::with_capacity(MR_REUSE);
     for _ in 0..MR_REUSE - 1 {
-        old.push(reg(&mut target).rkey());
+        old.push(reg().rkey());
     }
-    let live = reg(&mut target);
+    let live = reg();
     let slot = live.rkey() & 0xffff;
     assert!(old.iter().all(|k| k & 0xffff == slot), "every registration took the one free slot");
     let mut distinct = old.clone();
@@ -155,7 +151,7 @@ fn a_key_of_a_reused_slot_is_never_accepted_for_the_new_registration() {
     assert_eq!(write(&a, &more[0].0, addr, previous), WcStatus::IBV_WC_REM_ACCESS_ERR, "the previous key");
     // The reuse distance: one more take of the slot hands out the oldest key again.
     drop(live);
-    assert_eq!(reg(&mut target).rkey(), old[0], "MR keys come back after {MR_REUSE} takes of a slot");
+    assert_eq!(reg().rkey(), old[0], "MR keys come back after {MR_REUSE} takes of a slot");
 
     // Windows: the same slot, MW_REUSE - 1 windows, then one bound to the server's last QP.
     let (qa, qb) = &more[1];
