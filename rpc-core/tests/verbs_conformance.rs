@@ -913,7 +913,7 @@ mod sim_mw {
         let (_a, b) = nodes();
         let attr = b.ctx.attr();
         assert!(attr.mw_type2);
-        assert_eq!(attr.max_mw, 4096);
+        assert_eq!(attr.max_mw, 65_536);
         assert!(matches!(b.pd.alloc_mw(MwType::Type1), Err(VerbsError::InvalidArgument { .. })));
         let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
         assert_eq!(mw.mw_type(), MwType::Type2);

@@ -1,11 +1,20 @@
 //! Memory regions and the per-host key table.
 //!
 //! A key (`lkey == rkey`, as on mlx5) is `generation << 16 | slot index` into a fixed array of
-//! [`MR_SLOTS`] slots per host (generation 1..=0x7fff, so bit 31 is clear), so a lookup is one
-//! indexed load and a compare, with no lock and no hashing; a stale key (slot reused) fails the
-//! generation compare. Registration and deregistration take the table's free-list lock (control
-//! path only). Memory windows take slots of the same table, with keys of another shape (bit 31
-//! set; see [`super::mw`]).
+//! [`MR_SLOTS`] (65,536) slots per host (generation 1..=0x7fff, so bit 31 is clear), so a lookup
+//! is one indexed load and a compare, with no lock and no hashing; a stale key (slot reused)
+//! fails the generation compare. Registration and deregistration take the table's free-list lock
+//! (control path only). Memory windows take slots of the same table, with keys of another shape
+//! (bit 31 set; see [`super::mw`]): `max_mr` and `max_mw` are both [`MR_SLOTS`], together.
+//!
+//! **Key reuse distance.** Each slot counts the times it is taken (for an MR or a window) modulo
+//! [`GEN_PERIOD`] (`0x7fff * 128`); an MR key's generation is that count modulo 0x7fff (plus 1),
+//! a window's modulo 128. So a slot hands out an MR key again only after 32,767 more takes of
+//! that slot, a window rkey (whose low 8 bits the consumer also changes at each bind) after 128.
+//! And free slots are taken first in, first out (never-used slots first): a slot is taken again
+//! only after every slot that was free when it was released has been taken. A key therefore
+//! comes back after at least 32,767 (MR) or 128 (window) times the number of free slots
+//! registrations, 4,194,304 registrations of windows with half the table free.
 //!
 //! Deregistration is safe against transfers in flight: every transfer of this process runs while
 //! its requester holds its QP's send-queue guard and resolves keys inside that section, so after
@@ -14,6 +23,7 @@
 //! table, and deregistration waits out an epoch grace period for those
 //! ([`super::epoch::synchronize`]). From then on no copy can still be using the old range or key.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -21,8 +31,14 @@ use super::host::HostCore;
 use super::shm::{seg_len, Segment, MR_TABLE_OFF};
 use crate::verbs::{AccessFlags, MemoryRegion, MrHandle, Result};
 
-/// MR slots per host (the sim's `max_mr`).
-pub(crate) const MR_SLOTS: usize = 4096;
+/// Key slots per host, MRs and memory windows together (the sim's `max_mr`, and `max_mw`).
+/// Indexes fit the 16 bits of an MR key's slot field and of a window rkey's (see
+/// [`super::mw`]).
+pub(crate) const MR_SLOTS: usize = 1 << 16;
+
+/// The period of a slot's take counter: a multiple of both generation ranges (0x7fff MR
+/// generations, 128 window generations), so that neither jumps when the counter wraps.
+pub(crate) const GEN_PERIOD: u32 = 0x7fff * 128;
 
 /// Alignment of MR buffers allocated by [`crate::verbs::ProtectionDomain::reg_mr`], in bytes.
 pub(crate) const MR_ALIGN: usize = 4096;
@@ -227,18 +243,36 @@ pub(crate) struct MrTable {
     pub(crate) view: MrView,
     /// Caller-memory regions by slot (process-private; `view.user` points here).
     user: Box<[UserSlot]>,
-    /// Free slot indexes and, per slot, the generation the next key gets.
-    free: Mutex<(Vec<u16>, Vec<u16>)>,
+    /// Free slot indexes and, per slot, the take counter its next key's generation comes from.
+    free: Mutex<FreeSlots>,
+    /// Which windows are bound to which MR and QP (see [`super::mw`]).
+    pub(super) binds: Mutex<super::mw::Binds>,
+}
+
+/// The free slots of a key table, first in, first out (process-private).
+struct FreeSlots {
+    /// Slots released, oldest first (capacity [`MR_SLOTS`]: never grows).
+    released: VecDeque<u16>,
+    /// Slots `fresh..MR_SLOTS` were never used (taken before any released one).
+    fresh: usize,
+    /// Per slot: how many times it was taken, modulo [`GEN_PERIOD`].
+    takes: Box<[u32]>,
 }
 
 impl MrTable {
     /// The key table of an own segment (all slots free).
     pub(crate) fn new(seg: &Segment) -> MrTable {
-        let free = (0..MR_SLOTS as u16).rev().collect();
+        // Nothing here is written before use: zeroed allocations (pages untouched until used),
+        // and a queue that only fills as slots are released.
         // SAFETY: `UserSlot` is atomics only, for which all-zero bytes are a valid value.
         let user = unsafe { super::sqslots::zeroed_slice::<UserSlot>(MR_SLOTS) };
         let view = MrView { user: user.as_ptr(), ..MrView::of(seg) };
-        MrTable { view, user, free: Mutex::new((free, vec![1; MR_SLOTS])) }
+        let free = FreeSlots {
+            released: VecDeque::with_capacity(MR_SLOTS),
+            fresh: 0,
+            takes: vec![0; MR_SLOTS].into_boxed_slice(),
+        };
+        MrTable { view, user, free: Mutex::new(free), binds: Mutex::new(super::mw::Binds::new()) }
     }
 
     /// Fills a free slot and returns its key; `None` when all [`MR_SLOTS`] are in use. `base`
@@ -253,9 +287,9 @@ impl MrTable {
         addr: u64,
         len: usize,
     ) -> Option<u32> {
-        let (idx, gen) = self.take_slot()?;
+        let (idx, takes) = self.take_slot()?;
         // Generations 1..=0x7fff: bit 31 stays clear (window keys have it set).
-        let key = ((gen % 0x7fff) as u32 + 1) << 16 | idx as u32;
+        let key = (takes % 0x7fff + 1) << 16 | idx as u32;
         let s = self.view.slot(idx as usize)?;
         let u = &self.user[idx as usize];
         u.key.store(0, Ordering::Relaxed);
@@ -293,21 +327,26 @@ impl MrTable {
         self.release_slot((key & 0xffff) as u16);
     }
 
-    /// Takes a free slot: its index and a generation for its next key (`None` when all
-    /// [`MR_SLOTS`] are in use).
-    pub(super) fn take_slot(&self) -> Option<(u16, u16)> {
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (free, gens) = &mut *guard;
-        let idx = free.pop()?;
-        let gen = gens[idx as usize];
-        gens[idx as usize] = gen.wrapping_add(1);
-        Some((idx, gen))
+    /// Takes a free slot (a never-used one, else the one released longest ago): its index and
+    /// how many times it was taken before (modulo [`GEN_PERIOD`]), which its key's generation
+    /// comes from. `None` when all [`MR_SLOTS`] are in use. O(1).
+    pub(super) fn take_slot(&self) -> Option<(u16, u32)> {
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let idx = if f.fresh < MR_SLOTS {
+            f.fresh += 1;
+            (f.fresh - 1) as u16
+        } else {
+            f.released.pop_front()?
+        };
+        let takes = f.takes[idx as usize];
+        f.takes[idx as usize] = (takes + 1) % GEN_PERIOD;
+        Some((idx, takes))
     }
 
-    /// Returns slot `idx` to the free list.
+    /// Returns slot `idx` to the free list (the back of the queue).
     pub(super) fn release_slot(&self, idx: u16) {
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        guard.0.push(idx);
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        f.released.push_back(idx);
     }
 
     /// See [`MrView::resolve`].

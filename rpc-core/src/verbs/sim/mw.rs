@@ -2,10 +2,11 @@
 //! table, where a requester in this process or another one checks them.
 //!
 //! A window takes a slot of the MR key table ([`super::mr`]). Its rkey is
-//! `1 << 31 | generation << 20 | slot << 8 | key`: bit 31 tells it from an MR key, the slot index
-//! (12 bits, [`MR_SLOTS`]) and an 11-bit generation name the window (they never change while it
+//! `1 << 31 | generation << 24 | slot << 8 | key`: bit 31 tells it from an MR key, the slot index
+//! (16 bits, [`MR_SLOTS`]) and a 7-bit generation name the window (they never change while it
 //! lives; [`MwHandle`] is `rkey >> 8`), and the low 8 bits are the consumer's key, chosen at each
-//! bind. The slot holds the window's current rkey (`mw`), and while it is bound (IBA state
+//! bind. The generation is the slot's take count modulo 128, and free slots are reused first in,
+//! first out: see the reuse distance in [`super::mr`]. The slot holds the window's current rkey (`mw`), and while it is bound (IBA state
 //! "valid") the same rkey in `key`, with the range (`base`/`addr`/`len`, inside the MR it was
 //! bound to, `mr_key`), the rights (`access`) and the QP (`qpn`); `key` is 0 while it is free.
 //!
@@ -29,6 +30,12 @@
 //!   A destroyed QP's windows stay bound to nothing: valid but unreachable until invalidated or
 //!   deallocated (rxe keeps the dead QP referenced; here the QP number is cleared so that a later
 //!   QP reusing the number does not inherit them).
+//! - **Finding them**: the owner process keeps, per MR slot and per QP directory entry, a list of
+//!   the windows it bound there ([`Binds`], private, under a lock taken by binds, deallocations,
+//!   deregistrations and QP destructions, never by a transfer), so that deregistering an MR or
+//!   destroying a QP visits its windows only, not the [`MR_SLOTS`] slots. An entry may outlive
+//!   its binding (a peer's `SEND_WITH_INV` unbinds the slot, not the list): each is checked again
+//!   under the slot's lock.
 //! - **MRs**: deregistering an MR invalidates the windows bound to it (a device refuses the
 //!   deregistration instead), before the MR's grace periods (quiescence for this process, an
 //!   epoch grace period for peer processes, see [`super::epoch`]), so no transfer through such a
@@ -51,12 +58,90 @@ use super::exec::Outcome;
 use super::host::HostCore;
 use super::mr::{KeyFault, MrSlot, MrTable, MrView, MR_SLOTS, MW_KEY_BIT};
 use super::qp::QpCore;
+use super::shm::QP_DIR_LEN;
 use crate::verbs::{AccessFlags, MemoryWindow, MwBind, MwHandle, MwType, SendOp, WcStatus};
 
 /// The slot index in a window rkey.
 #[inline(always)]
 fn mw_slot(rkey: u32) -> usize {
-    ((rkey >> 8) & 0xfff) as usize
+    ((rkey >> 8) & 0xffff) as usize
+}
+
+/// The rkey a new window in slot `idx` gets: its generation from the slot's take count.
+fn mw_first_rkey(idx: u16, takes: u32) -> u32 {
+    MW_KEY_BIT | (takes & 0x7f) << 24 | (idx as u32) << 8
+}
+
+/// Doubly linked lists of window slots, one per head, in process-private arrays (`0` is none,
+/// other values are a slot index plus 1). Each window is in at most one list.
+struct Lists {
+    heads: Box<[u32]>,
+    next: Box<[u32]>,
+    prev: Box<[u32]>,
+    /// The head (plus 1) of the list each window is in.
+    head_of: Box<[u32]>,
+}
+
+impl Lists {
+    /// `heads` empty lists over [`MR_SLOTS`] windows (zeroed: pages untouched until used).
+    fn new(heads: usize) -> Lists {
+        let zeros = |n: usize| vec![0u32; n].into_boxed_slice();
+        Lists { heads: zeros(heads), next: zeros(MR_SLOTS), prev: zeros(MR_SLOTS), head_of: zeros(MR_SLOTS) }
+    }
+
+    /// Puts window `w` in list `h` (out of the one it was in). O(1).
+    fn link(&mut self, w: usize, h: usize) {
+        self.unlink(w);
+        let first = self.heads[h];
+        if first != 0 {
+            self.prev[first as usize - 1] = w as u32 + 1;
+        }
+        (self.next[w], self.prev[w], self.head_of[w]) = (first, 0, h as u32 + 1);
+        self.heads[h] = w as u32 + 1;
+    }
+
+    /// Takes window `w` out of its list, if any. O(1).
+    fn unlink(&mut self, w: usize) {
+        let h = self.head_of[w];
+        if h == 0 {
+            return;
+        }
+        let (p, n) = (self.prev[w], self.next[w]);
+        if p == 0 {
+            self.heads[h as usize - 1] = n;
+        } else {
+            self.next[p as usize - 1] = n;
+        }
+        if n != 0 {
+            self.prev[n as usize - 1] = p;
+        }
+        (self.next[w], self.prev[w], self.head_of[w]) = (0, 0, 0);
+    }
+
+    /// Takes the first window out of list `h`.
+    fn pop(&mut self, h: usize) -> Option<usize> {
+        let w = (self.heads[h] as usize).checked_sub(1)?;
+        self.unlink(w);
+        Some(w)
+    }
+}
+
+/// The windows this process bound, by the MR slot they expose and by the QP directory entry of
+/// the QP they are bound to (see the module docs).
+pub(crate) struct Binds {
+    by_mr: Lists,
+    by_qp: Lists,
+}
+
+impl Binds {
+    pub(crate) fn new() -> Binds {
+        Binds { by_mr: Lists::new(MR_SLOTS), by_qp: Lists::new(QP_DIR_LEN) }
+    }
+
+    fn forget(&mut self, w: usize) {
+        self.by_mr.unlink(w);
+        self.by_qp.unlink(w);
+    }
 }
 
 /// How long (ns) a window slot's lock may stay taken before a waiter takes it over (1 s).
@@ -198,8 +283,8 @@ fn unbind(s: &MrSlot) {
 impl MrTable {
     /// A new free window of PD `pd`; its rkey, or `None` when the table is full.
     fn alloc_mw(&self, pd: u32) -> Option<u32> {
-        let (idx, gen) = self.take_slot()?;
-        let rkey = MW_KEY_BIT | ((gen as u32) & 0x7ff) << 20 | (idx as u32) << 8;
+        let (idx, takes) = self.take_slot()?;
+        let rkey = mw_first_rkey(idx, takes);
         let s = self.view.slot(idx as usize)?;
         let _g = SeqGuard::lock(s);
         unbind(s);
@@ -219,6 +304,7 @@ impl MrTable {
                 unbind(s);
                 s.mw.store(0, Ordering::Relaxed);
             }
+            self.binds().forget(mw_slot(rkey));
             self.release_slot(mw_slot(rkey) as u16);
         }
     }
@@ -236,43 +322,49 @@ impl MrTable {
         })
     }
 
+    fn binds(&self) -> std::sync::MutexGuard<'_, Binds> {
+        self.binds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Invalidates every window bound to the MR with key `mr_key` (the MR is deregistered);
-    /// returns how many were bound.
+    /// returns how many were bound. Visits the windows this process bound to the MR's slot
+    /// (its list, emptied), not the table.
     pub(crate) fn invalidate_windows_of_mr(&self, mr_key: u32) -> usize {
-        self.for_each_window(|s| {
-            s.mr_key.load(Ordering::Relaxed) == mr_key && s.key.load(Ordering::Relaxed) != 0
-        })
-    }
-
-    /// Unbinds every window bound to QP `qpn` of this host from it (the QP is destroyed): they
-    /// stay valid but no QP answers for them.
-    pub(crate) fn detach_windows_of_qp(&self, qpn: u32) {
-        for idx in 0..MR_SLOTS {
-            let Some(s) = self.view.slot(idx) else { continue };
-            if s.mw.load(Ordering::Relaxed) != 0 && s.qpn.load(Ordering::Relaxed) == qpn {
-                let _g = SeqGuard::lock(s);
-                if s.mw.load(Ordering::Relaxed) != 0 && s.qpn.load(Ordering::Relaxed) == qpn {
-                    s.qpn.store(0, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-
-    /// Unbinds every window for which `pick` holds (checked again under the slot's lock);
-    /// returns how many.
-    fn for_each_window(&self, pick: impl Fn(&MrSlot) -> bool) -> usize {
+        let pick = |s: &MrSlot| {
+            s.mw.load(Ordering::Relaxed) != 0
+                && s.mr_key.load(Ordering::Relaxed) == mr_key
+                && s.key.load(Ordering::Relaxed) != 0
+        };
+        let mut binds = self.binds();
         let mut n = 0;
-        for idx in 0..MR_SLOTS {
-            let Some(s) = self.view.slot(idx) else { continue };
-            if s.mw.load(Ordering::Acquire) != 0 && pick(s) {
+        while let Some(w) = binds.by_mr.pop((mr_key & 0xffff) as usize) {
+            let Some(s) = self.view.slot(w) else { continue };
+            if pick(s) {
                 let _g = SeqGuard::lock(s);
-                if s.mw.load(Ordering::Relaxed) != 0 && pick(s) {
+                if pick(s) {
                     unbind(s);
                     n += 1;
                 }
             }
         }
         n
+    }
+
+    /// Unbinds every window bound to QP `qpn` of this host from it (the QP is destroyed): they
+    /// stay valid but no QP answers for them. Visits the windows bound to the QP (its list,
+    /// emptied), not the table.
+    pub(crate) fn detach_windows_of_qp(&self, qpn: u32) {
+        let pick = |s: &MrSlot| s.mw.load(Ordering::Relaxed) != 0 && s.qpn.load(Ordering::Relaxed) == qpn;
+        let mut binds = self.binds();
+        while let Some(w) = binds.by_qp.pop(qpn as usize % QP_DIR_LEN) {
+            let Some(s) = self.view.slot(w) else { continue };
+            if pick(s) {
+                let _g = SeqGuard::lock(s);
+                if pick(s) {
+                    s.qpn.store(0, Ordering::Relaxed);
+                }
+            }
+        }
     }
 }
 
@@ -312,7 +404,20 @@ impl QpCore {
         }
     }
 
+    /// Binds window `mw` (see the module docs), then lists it under its MR and this QP: after
+    /// the slot's lock is released (a deregistration holds the lists' lock while it takes slot
+    /// locks), still under this QP's send-queue guard, which a deregistration waits for before
+    /// it looks again.
     fn bind_mw(&self, mw: MwHandle, rkey: u32, b: &MwBind) -> Result<(), &'static str> {
+        self.bind_mw_slot(mw, rkey, b)?;
+        let mut binds = self.host.mrs.binds();
+        binds.by_mr.link(mw_slot(rkey), (b.mr.0 as u32 & 0xffff) as usize);
+        binds.by_qp.link(mw_slot(rkey), self.qpn as usize % QP_DIR_LEN);
+        Ok(())
+    }
+
+    /// [`QpCore::bind_mw`]'s checks and the slot's update, under the slot's lock.
+    fn bind_mw_slot(&self, mw: MwHandle, rkey: u32, b: &MwBind) -> Result<(), &'static str> {
         let table = &self.host.mrs.view;
         let h = mw.0 as u32;
         if rkey >> 8 != h || rkey & MW_KEY_BIT == 0 {

@@ -23,6 +23,7 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 
+use super::mr::{MrSlot, MR_SLOTS};
 use crate::verbs::{Result, VerbsError};
 
 /// Default virtual size of a host segment, in bytes (256 GiB; sparse, pages exist only once
@@ -49,20 +50,25 @@ pub(crate) const INITIAL_SIZE: usize = 16 << 20;
 /// `b"RPCSIMH1"`: the first word of a host segment.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RPCSIMH1");
 /// Layout version of the segment (both sides must agree). 3: key-table slots also hold memory
-/// windows (bit-31 keys, `mw`/`qpn`/`mr_key`/`seq`; see `super::mw`).
-pub(crate) const VERSION: u32 = 3;
+/// windows (bit-31 keys, `mw`/`qpn`/`mr_key`/`seq`; see `super::mw`). 4: 65,536 key slots
+/// (window rkeys with a 16-bit slot and a 7-bit generation) and 65,536 QP directory entries.
+pub(crate) const VERSION: u32 = 4;
 /// Where the MR key table starts.
 pub(crate) const MR_TABLE_OFF: usize = 4096;
-/// Where the QP directory starts (after 4096 MR slots of 64 bytes).
-pub(crate) const QP_DIR_OFF: usize = MR_TABLE_OFF + 4096 * 64;
-/// Entries of the QP directory (the sim's `max_qp` per host).
-pub(crate) const QP_DIR_LEN: usize = 16384;
+/// Where the QP directory starts (after [`MR_SLOTS`] key slots of 64 bytes: 4 MiB).
+pub(crate) const QP_DIR_OFF: usize = MR_TABLE_OFF + MR_SLOTS * std::mem::size_of::<MrSlot>();
+/// Entries of the QP directory (the sim's `max_qp` per host; 8 bytes each: 512 KiB). A power
+/// of two, so that `qpn % QP_DIR_LEN` is a mask.
+pub(crate) const QP_DIR_LEN: usize = 1 << 16;
 /// Where the reader table of peer processes starts (see [`super::epoch`]).
 pub(crate) const READERS_OFF: usize = QP_DIR_OFF + QP_DIR_LEN * 8;
 /// Reader slots per host: how many peer processes may map a host at once.
 pub(crate) const READERS_LEN: usize = 4096;
-/// Where the heap starts.
+/// Where the heap starts (4.8 MiB: the tables).
 pub(crate) const HEAP_OFF: usize = READERS_OFF + READERS_LEN * 64;
+
+// A peer's first mapping ([`INITIAL_SIZE`]) covers the tables; the directory is a mask.
+const _: () = assert!(HEAP_OFF <= INITIAL_SIZE && QP_DIR_LEN.is_power_of_two());
 
 /// The segment header (first page).
 #[repr(C)]
