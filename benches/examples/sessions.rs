@@ -15,8 +15,9 @@
 //! no control connection: `ServerConfig::max_control_connections`). The machine's 1-minute load is printed next
 //! to the figures.
 //!
-//! Credits are granted on demand (protocol 12, `ServerConfig::initial_credits`, default 2): an
-//! idle session reserves 37 receive WQEs of its worker's SRQ whatever `--credits` says, so a
+//! Credits are granted on demand (protocol 12): the server here sets
+//! `ServerConfig::initial_credits` to 2 (its default is 32), so an idle session reserves 37
+//! receive WQEs of its worker's SRQ whatever `--credits` says, and a
 //! worker on sim (`max_srq_wr` 16 384) admits 442 sessions (880 on `--workers 2`; before, 321
 //! per worker at 2 credits and 129 at 32).
 
@@ -113,6 +114,8 @@ fn serve(o: &Opts) {
         .worker_cores((0..o.workers).collect())
         .max_sessions(o.sessions)
         .credits_per_session(o.credits)
+        // Idle sessions hold few credits (raised while they call): 37 receive WQEs each.
+        .initial_credits(2)
         // Sessions idle between the two rounds of calls are kept (an hour); the timer also lets
         // sessions beyond the open-file limit hold no control connection.
         .idle_timeout(Some(Duration::from_secs(3600)))

@@ -28,7 +28,7 @@ const SOON: Duration = Duration::from_secs(10);
 /// `srq_reserved` assertion failed (512 for 4 sessions, not 148).
 #[test]
 fn an_idle_session_reserves_its_initial_credits_only() {
-    let (server, _) = spawn(server());
+    let (server, _) = spawn(server().initial_credits(2));
     let clients: Vec<Client> =
         (0..4).map(|_| Client::connect_with(server.local_addr(), &client_config()).unwrap()).collect();
     for (i, c) in clients.iter().enumerate() {
@@ -58,7 +58,7 @@ fn an_idle_session_reserves_its_initial_credits_only() {
 #[test]
 fn a_client_with_32_calls_in_flight_is_raised_to_its_window_and_lowered_when_idle() {
     let idle = Duration::from_millis(50);
-    let (server, stash) = spawn(server().credit_idle(Some(idle)));
+    let (server, stash) = spawn(server().initial_credits(2).credit_idle(Some(idle)));
     let client = Client::connect_with(server.local_addr(), &client_config().window(32)).unwrap();
     let held: Vec<_> = (0..32u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
@@ -102,7 +102,7 @@ fn a_client_with_32_calls_in_flight_is_raised_to_its_window_and_lowered_when_idl
 #[test]
 fn a_raise_refused_for_lack_of_srq_room_leaves_the_session_at_its_credits() {
     assert_eq!([4, 8, 16].map(srq_need_ringless), [41, 49, 65]);
-    let (server, stash) = spawn(server().srq_depth(52));
+    let (server, stash) = spawn(server().initial_credits(2).srq_depth(52));
     let client = Client::connect_with(server.local_addr(), &client_config().window(16)).unwrap();
     let held: Vec<_> = (0..16u64)
         .map(|i| client.unary_async::<_, EchoMsg>(STASH, &request(i, 8, 0), &CallOptions::default()))
@@ -177,7 +177,7 @@ fn malformed(server: &ServerHandle, n: u64) {
 /// with no grant: "no Close" for the CreditAck.
 #[test]
 fn hostile_credit_messages_lose_only_their_own_session() {
-    let (server, stash) = spawn(server());
+    let (server, stash) = spawn(server().initial_credits(2));
     let good = GoodClient::start(server.local_addr(), None);
 
     // Beyond the credits: two held requests raise the session to 4 (not acknowledged: the

@@ -358,7 +358,12 @@ fn more_sessions_per_worker_than_the_tag_holds_is_refused() {
 /// hold that, spawning fails naming every field involved (not a session refused much later).
 #[test]
 fn limits_are_validated_together_at_spawn() {
-    let err = server().max_sessions(4096).add_service(TestService::default()).spawn("127.0.0.1:0").err();
+    let err = server()
+        .max_sessions(4096)
+        .initial_credits(2)
+        .add_service(TestService::default())
+        .spawn("127.0.0.1:0")
+        .err();
     let err = err.expect("4096 idle sessions need more receive WQEs than the device has").to_string();
     for field in ["srq_depth", "max_sessions 4096", "initial_credits 2", "worker_cores", "max_srq_wr"] {
         assert!(err.contains(field), "{field} in: {err}");
