@@ -25,22 +25,7 @@
 use std::time::{Duration, Instant};
 
 use rpc_core::{Client, ClientConfig, PollingPolicy, Server, ServerHandle, Transport};
-
-fn status_kib(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn load1() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split(' ').next().map(str::to_string))
-        .unwrap_or_default()
-}
+use rpc_perf::host::{load1, status_kib};
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;

@@ -26,26 +26,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rpc_core::{Client, ClientConfig, PollingPolicy, Server, Transport};
+use rpc_perf::host::{load1, status_kib};
 use rpc_perf::rpc::pb::bench_client::BenchClient;
 use rpc_perf::rpc::pb::bench_server::BenchServer;
 use rpc_perf::rpc::pb::EchoRequest;
 use rpc_perf::rpc::BenchService;
-
-fn status_kib(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn load1() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split(' ').next().map(str::to_string))
-        .unwrap_or_default()
-}
 
 struct Opts {
     sessions: usize,

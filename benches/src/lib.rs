@@ -59,6 +59,7 @@ pub mod cli;
 pub mod clock;
 pub mod dynamic;
 pub mod error;
+pub mod host;
 pub mod measure;
 pub mod memcpy;
 pub mod oob;

@@ -391,7 +391,7 @@ fn calls_whose_deadline_passed_in_the_queue_do_not_hold_its_places() {
 /// the `acks_due >= credits` check in `Session::handle_header` disabled: no session closed).
 #[test]
 fn a_cancel_flood_beyond_the_credits_closes_the_flooding_session() {
-    let (server, _stash) = spawn(server());
+    let (server, _stash) = spawn(server().initial_credits(2));
     let mut raw = RawClient::connect(server.local_addr());
     // `initial_credits` (Cancels never raise them).
     assert_eq!(raw.credits, 2);

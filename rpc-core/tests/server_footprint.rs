@@ -86,7 +86,7 @@ fn receive_buffers_are_registered_as_sessions_are_admitted_and_kept() {
 fn an_explicit_srq_depth_is_never_exceeded() {
     // Room for six idle sessions (6 x 37 = 222 of 254; credits granted on demand): the buffers
     // end at the depth, not at the next chunk (256), and a seventh session (259) is refused.
-    let (server, _) = spawn(server().srq_depth(254));
+    let (server, _) = spawn(server().srq_depth(254).initial_credits(2));
     let clients: Vec<Client> =
         (0..6).map(|_| Client::connect_with(server.local_addr(), &client_config()).unwrap()).collect();
     for (i, c) in clients.iter().enumerate() {
