@@ -364,6 +364,10 @@ impl Inner {
                 spins = 0;
                 continue;
             }
+            if spin.is_zero() {
+                // One step per poll: no empty spins, no clock read.
+                break;
+            }
             spins += 1;
             if spins % 16 == 0 {
                 let now = Instant::now();
