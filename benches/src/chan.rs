@@ -255,7 +255,9 @@ async fn task(
                 break;
             }
             let t0 = timed.then(crate::clock::now);
-            q.push_back((stub.echo(req.clone()), t0));
+            // By reference, as rpc_bw passes it: encoded straight into registered memory, cloned
+            // only when the call has to wait in the dispatcher's queue.
+            q.push_back((stub.echo(&req), t0));
         }
         let Some((call, t0)) = q.pop_front() else { break };
         let r = call.await.map_err(|s| rpc_err("Bench.Echo", s))?;

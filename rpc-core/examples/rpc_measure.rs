@@ -11,7 +11,8 @@
 //! (under valgrind, add `RPC_SIM_SEGMENT_BYTES=1073741824`).
 //!
 //! `RPC_MEASURE_CHAN=TASKS[xWINDOW]` with `RPC_MEASURE_COUNT=N` runs N Fixed calls through the
-//! shareable handle (`Channel`) instead: TASKS tokio tasks on a current-thread runtime, each
+//! shareable handle (`Channel`) instead (`RPC_MEASURE_WINDOW=W`: from one blocking `Client`
+//! keeping W `unary_async` calls in flight, its baseline): TASKS tokio tasks on a current-thread runtime, each
 //! keeping WINDOW calls in flight (default 1), the dispatcher waiting on completion events
 //! (`spins(0)`), the calls' polls driving for `RPC_MEASURE_POLL_SPIN` µs (default 0: one drive
 //! per poll, the dispatcher thread does the waiting). `RPC_MEASURE_FIXED_ONLY=1` makes the
@@ -246,6 +247,9 @@ fn main() {
         if let Ok(spec) = std::env::var("RPC_MEASURE_CHAN") {
             return chan_count(n, &spec);
         }
+        if let Some(w) = std::env::var("RPC_MEASURE_WINDOW").ok().and_then(|v| v.parse::<usize>().ok()) {
+            return window_count(n, w);
+        }
         return count_only(n);
     }
     let req = Blob { data: vec![7u8; 30] }; // 32 bytes encoded
@@ -457,6 +461,39 @@ fn count_only(n: usize) {
         let r: Fixed = client.unary(FIXED, &fixed, &opts).unwrap();
         assert_eq!(r.a, 2);
     }
+    println!("{} RPCs", client.counters().rpcs);
+    drop(client);
+    server.shutdown();
+}
+
+/// `RPC_MEASURE_WINDOW=W` (see the module docs): N Fixed calls from one blocking `Client`, W
+/// `unary_async` calls in flight, the oldest polled (as `rpc-perf --test rpc_bw`): the baseline of
+/// the Channel's `RPC_MEASURE_CHAN=1xW`.
+fn window_count(n: usize, window: usize) {
+    let server = counting_server();
+    let cfg = counting_client(ClientConfig::default().window(window.clamp(1, 4096) as u16));
+    let client = Client::connect_with(server.local_addr(), &cfg).unwrap();
+    let fixed = Fixed { a: 1, b: 2, c: 3, d: 4 };
+    let opts = counting_options();
+    let mut cx = TaskContext::from_waker(Waker::noop());
+    let mut q = VecDeque::with_capacity(window);
+    let mut sent = 0;
+    loop {
+        while sent < n && q.len() < window {
+            q.push_back(client.unary_async::<Fixed, Fixed>(FIXED, &fixed, &opts));
+            sent += 1;
+        }
+        let Some(f) = q.front_mut() else { break };
+        match Pin::new(f).poll(&mut cx) {
+            Poll::Ready(r) => {
+                assert_eq!(r.unwrap().a, 2);
+                q.pop_front();
+            }
+            // Nothing came: let the server's worker run (valgrind runs one thread at a time).
+            Poll::Pending => std::thread::yield_now(),
+        }
+    }
+    drop(q);
     println!("{} RPCs", client.counters().rpcs);
     drop(client);
     server.shutdown();

@@ -321,6 +321,36 @@ fn an_answer_already_delivered_is_taken_without_driving_the_session() {
     server.shutdown();
 }
 
+/// With `poll_spin` zero, a call's poll drives the session one step (the request posted, the CQ
+/// looked at once) and returns: no spin of empty steps on the executor's thread (it made 16
+/// before its first look at the clock). Sabotage: the zero check in `Inner::drive` removed
+/// (fails "made 16 steps").
+#[test]
+fn a_poll_with_zero_poll_spin_steps_the_session_once() {
+    let (server, stash) = spawn(server());
+    let cfg = channel_config("chan-zero").poll_spin(Duration::ZERO).spins(0);
+    let ch = Channel::connect_blocking(server.local_addr(), &cfg).unwrap();
+    // Stashed by the server: its answer cannot come while we look.
+    let mut call = Box::pin(ch.unary::<EchoMsg, EchoMsg>(STASH, request(1, 8, 8), &CallOptions::default()));
+    let caller_steps = |s: &rpc_core::ChannelStats| s.steps - s.thread_drives;
+    let before = ch.stats();
+    assert!(
+        call.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending(),
+        "a stashed call was answered"
+    );
+    let after = ch.stats();
+    assert_eq!(after.caller_drives - before.caller_drives, 1, "{after:?}");
+    // One empty step, and one per completion that came meanwhile (the request's send); the
+    // dispatcher thread's steps (at most a few: `spins(0)` waits on completion events) are
+    // subtracted, give or take one read between the two counters.
+    let steps = caller_steps(&after).saturating_sub(caller_steps(&before));
+    assert!(steps <= 4, "a poll with poll_spin 0 made {steps} steps: {after:?}");
+    drop(call);
+    drop(stash);
+    drop(ch);
+    server.shutdown();
+}
+
 /// Under tokio, each call spends the task's cooperative budget: a task whose answers are all
 /// there (so none of its polls returns `Pending`) still yields now and then, and the runtime's
 /// other tasks run (on one executor thread, they would wait until it is done).

@@ -446,12 +446,21 @@ impl Channel {
             }
             job
         };
-        let metadata = match self.metadata(opts) {
-            Ok(m) => m,
-            Err(s) => return UnaryCall::new(make(Some(s)), None, self.shared.clone(), dispatcher),
+        // The caller's metadata is borrowed (its `Arc` cloned only for a queued call, which keeps
+        // it); an interceptor's is made per call.
+        let intercepted;
+        let metadata = match &self.shared.interceptor {
+            None => opts.metadata_arc(),
+            Some(_) => match self.metadata(opts) {
+                Ok(m) => {
+                    intercepted = m;
+                    intercepted.as_ref()
+                }
+                Err(s) => return UnaryCall::new(make(Some(s)), None, self.shared.clone(), dispatcher),
+            },
         };
         // With the session free, the call starts here (no queue, nothing kept of the request).
-        let first = WithMetadata::new(IntoRequest::message(&req), metadata.as_deref());
+        let first = WithMetadata::new(IntoRequest::message(&req), metadata.map(|m| &**m));
         if let Some(job) = d.start_now(id, &first, first.flags(), timeout, opts.capture(), make) {
             return UnaryCall::new(job, None, self.shared.clone(), dispatcher);
         }
@@ -459,6 +468,7 @@ impl Channel {
         // The deadline counts from now, not from when a dispatcher takes the call from the queue.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let capture = opts.capture().cloned();
+        let metadata = metadata.cloned();
         let q = Queued { method: id, deadline, req: IntoRequest::into_message(req), metadata, capture };
         match Arc::get_mut(&mut job) {
             Some(j) => *j.request.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(q),
