@@ -16,7 +16,9 @@
 //! `SpinThenYield`, and does not probe idle clients (`peer_timeout` None: a blocking client
 //! answers probes only while called). Each client process connects its sessions from one thread,
 //! so they share one device context (`Client::connect` takes its thread's endpoint). The
-//! machine's 1-minute load is printed next to the figures.
+//! machine's 1-minute load is printed next to the figures. The driver process holds one more
+//! session of its own and measures 32 B call latency on it (p50 of 20,000 calls) alone, then
+//! with every other session connected (issue 28: within 10 % of one session alone).
 //!
 //! Credits are granted on demand (protocol 12): the server here sets
 //! `ServerConfig::initial_credits` to 2 (its default is 32). Idle sessions share their receive
@@ -114,7 +116,8 @@ fn serve(o: &Opts) {
         .transport(o.transport.clone())
         .polling(PollingPolicy::SpinThenYield { spins: 1000 })
         .worker_cores((0..o.workers).collect())
-        .max_sessions(o.sessions)
+        // The sessions, and the driver's latency probe.
+        .max_sessions(o.sessions + 1)
         .credits_per_session(o.credits)
         // Idle sessions hold few credits (raised while they call): 37 receive WQEs each.
         .initial_credits(2)
@@ -163,15 +166,37 @@ fn call(c: &BenchClient, i: usize) -> Result<(), String> {
 /// A client process: connects `n` sessions to `addr` (one call each), prints `connected SECS`,
 /// waits for a `go` line, makes one more call on every session, prints `done`, then holds its
 /// sessions until stdin closes.
-fn clients(o: &Opts, addr: &str, n: usize) {
-    let cfg = ClientConfig {
+/// The clients' configuration: window `--credits`, the smallest ring, no probe of the server.
+fn client_config(o: &Opts) -> ClientConfig {
+    ClientConfig {
         transport: o.transport.clone(),
         polling: PollingPolicy::SpinThenYield { spins: 100 },
         window: o.credits,
         ring_bytes: rpc_core::wire::MIN_RING_LEN,
         peer_timeout: None,
         ..ClientConfig::default()
-    };
+    }
+}
+
+/// p50 in µs of `LAT_CALLS` 32 B echo calls on `c`, one at a time (after 1,000 to warm up).
+fn p50_us(c: &BenchClient) -> f64 {
+    const LAT_CALLS: usize = 20_000;
+    for i in 0..1000 {
+        call(c, i).unwrap_or_else(|e| usage(&e));
+    }
+    let mut ns: Vec<u64> = (0..LAT_CALLS)
+        .map(|i| {
+            let t = Instant::now();
+            call(c, i).unwrap_or_else(|e| usage(&e));
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    ns.sort_unstable();
+    ns[ns.len() / 2] as f64 / 1000.0
+}
+
+fn clients(o: &Opts, addr: &str, n: usize) {
+    let cfg = client_config(o);
     let t = Instant::now();
     let mut all = Vec::with_capacity(n);
     for i in 0..n {
@@ -251,6 +276,12 @@ fn main() {
     };
     std::thread::sleep(Duration::from_millis(100));
     let idle = report(&mut server_in, &mut server_out);
+    // One session of this process: 32 B call latency with it alone, and again once every other
+    // session is connected (and has called twice).
+    let probe = Client::connect_with(addr.as_str(), &client_config(&o))
+        .unwrap_or_else(|e| usage(&format!("probe: {e}")));
+    let probe = BenchClient::new(probe);
+    let alone = p50_us(&probe);
     let t = Instant::now();
     let mut kids = Vec::new();
     for p in 0..o.procs {
@@ -288,11 +319,12 @@ fn main() {
         }
     }
     let second = t.elapsed();
+    let crowded = p50_us(&probe);
     let n = o.sessions as f64;
     println!(
         "{} sessions ({} without a control connection) from {} processes ({}, credits {}, {} workers): all connected \
          in {:.2} s (slowest process {:.2} s); one more call on every session in {:.2} s",
-        full.3,
+        full.3 - 1,
         full.4,
         o.procs,
         transport_arg(&o.transport),
@@ -311,6 +343,12 @@ fn main() {
         (full.2 - idle.2) as f64 / 1024.0 / n,
         idle.0 as f64 / 1024.0,
         full.0 as f64 / 1024.0,
+        load1()
+    );
+    println!(
+        "32 B call p50 on one more session: {alone:.2} us alone, {crowded:.2} us with the {} others connected ({:.2}x); load1 {}",
+        o.sessions,
+        crowded / alone,
         load1()
     );
     drop(server_in);

@@ -12,6 +12,7 @@
 //! grace period, not O(QPs) (taking every QP's guard in turn made destroying N QPs O(N²): a
 //! worker closing 10,000 sessions was held for tens of seconds).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -62,20 +63,48 @@ impl SpinGuard {
     }
 }
 
-/// Counts a guard taken by this thread (in [`ORPHAN`] once the thread's slot is gone: a guard
-/// taken by a thread-local destructor).
+/// This thread's slot: the fast path, a constant-initialised thread-local with no destructor
+/// (one TLS load); claimed at the thread's first guard ([`claim`]), `None` again once its
+/// owner ([`OWNER`]) gave it back at thread exit.
+#[inline]
+fn mine() -> &'static Slot {
+    match MINE.with(Cell::get) {
+        Some(slot) => slot,
+        None => claim(),
+    }
+}
+
+/// Claims a slot for this thread, or [`ORPHAN`] once its thread-locals are being destroyed.
+#[cold]
+fn claim() -> &'static Slot {
+    match OWNER.try_with(|c| c.0) {
+        Ok(slot) => {
+            MINE.with(|m| m.set(Some(slot)));
+            slot
+        }
+        Err(_) => &ORPHAN,
+    }
+}
+
+/// Counts a guard taken by this thread.
 #[inline]
 fn enter() {
-    if SLOT.try_with(|s| s.enter()).is_err() {
+    let slot = mine();
+    if std::ptr::eq(slot, &ORPHAN) {
         ORPHAN.taken.fetch_add(1, Ordering::SeqCst);
+    } else {
+        slot.enter();
     }
 }
 
 /// Counts a guard released by this thread.
 #[inline]
 fn exit() {
-    if SLOT.try_with(|s| s.exit()).is_err() {
+    let slot = mine();
+    if std::ptr::eq(slot, &ORPHAN) {
         ORPHAN.released.fetch_add(1, Ordering::Release);
+    } else {
+        slot.exit();
     }
 }
 
@@ -123,21 +152,18 @@ impl Claimed {
     }
 }
 
-impl std::ops::Deref for Claimed {
-    type Target = Slot;
-    fn deref(&self) -> &Slot {
-        self.0
-    }
-}
-
 impl Drop for Claimed {
     fn drop(&mut self) {
+        // Guards this thread takes from here on (other thread-locals' destructors) count in
+        // `ORPHAN`; the slot goes to the next thread.
+        let _ = MINE.try_with(|m| m.set(None));
         FREE.lock().unwrap_or_else(|e| e.into_inner()).push(self.0);
     }
 }
 
 thread_local! {
-    static SLOT: Claimed = Claimed::new();
+    static MINE: Cell<Option<&'static Slot>> = const { Cell::new(None) };
+    static OWNER: Claimed = Claimed::new();
 }
 
 /// Waits until every guard of this process that another thread held when this was called has
@@ -148,9 +174,9 @@ pub(crate) fn synchronize() {
     std::sync::atomic::fence(Ordering::SeqCst);
     let mut slots: Vec<&'static Slot> = SLOTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     slots.push(&ORPHAN);
-    let mine = SLOT.try_with(|s| s.0 as *const Slot).ok();
+    let me = MINE.try_with(Cell::get).ok().flatten();
     for slot in slots {
-        if Some(slot as *const Slot) == mine {
+        if me.is_some_and(|m| std::ptr::eq(m, slot)) {
             continue;
         }
         let taken = slot.taken.load(Ordering::SeqCst);
