@@ -22,7 +22,7 @@ use rpc_support::*;
 const SOON: Duration = Duration::from_secs(10);
 
 /// Sessions connected and idle reserve `srq_need_ringless(2)` each (37 WQEs: 2 credits, no
-/// ring); the SRQ holds what they may reach at their most credits, in chunks of 64.
+/// ring); the SRQ holds what they reserve and one session's growth, in chunks of 64.
 ///
 /// Sabotaged: the listener reserving the session's full credits (`srq_need(credits)`): the
 /// `srq_reserved` assertion failed (512 for 4 sessions, not 148).
@@ -37,9 +37,10 @@ fn an_idle_session_reserves_its_initial_credits_only() {
     let c = counters_when(&server, "the calls counted", SOON, |c| c.rpcs >= 4);
     assert_eq!(c.srq_reserved, 4 * u64::from(srq_need_ringless(2)), "{c:?}");
     assert_eq!(srq_need_ringless(2), 37);
-    // Posted: what the 4 sessions may reach at 32 credits with a ring (the room raises and
-    // ring grants come from), in chunks of 64.
-    let posted = u64::from(4 * rpc_core::ServerConfig::srq_per_session(32)).next_multiple_of(64);
+    // Posted: what the 4 sessions reserve, and room for the last one to reach 32 credits with a
+    // ring (a raise beyond that has the worker post more), in chunks of 64.
+    let grow = rpc_core::ServerConfig::srq_per_session(32) - srq_need_ringless(2);
+    let posted = u64::from(4 * srq_need_ringless(2) + grow).next_multiple_of(64);
     assert_eq!(c.recv_buffers, posted, "{c:?}");
     assert_eq!((c.credit_raises, c.credit_raises_refused), (0, 0), "{c:?}");
     drop(clients);
@@ -91,6 +92,83 @@ fn a_client_with_32_calls_in_flight_is_raised_to_its_window_and_lowered_when_idl
     }
     let c = server.counters();
     assert_eq!((c.malformed, c.sessions_closed), (0, 0), "{c:?}");
+}
+
+/// Three sessions raised at once past what the listener posted (it posts what the sessions
+/// reserve and room for one session's growth: 3 × 37 + 91 = 202 WQEs, 256 buffers, while three
+/// sessions at 32 credits reserve 339): the raises that find no room have the worker post what
+/// they lacked and try again, so all three reach their window and all 96 calls reach the server.
+///
+/// Sabotaged: `Worker::grow_and_raise` not trying the raise again (`retry_raise(false)`): "the
+/// 96 calls to reach the server" gave up with 64 stashed (two sessions held at 16 credits).
+#[test]
+fn raises_beyond_the_posted_room_have_the_worker_post_more_and_all_go_through() {
+    let (server, stash) = spawn(server().initial_credits(2));
+    let clients: Vec<Client> = (0..3)
+        .map(|_| Client::connect_with(server.local_addr(), &client_config().window(32)).unwrap())
+        .collect();
+    let posted = server.counters().recv_buffers;
+    assert_eq!(posted, 256, "{:?}", server.counters());
+    let held: Vec<_> = (0..96u64)
+        .map(|i| {
+            clients[i as usize % 3].unary_async::<_, EchoMsg>(
+                STASH,
+                &request(i, 8, 0),
+                &CallOptions::default(),
+            )
+        })
+        .collect();
+    wait_until(
+        "the 96 calls to reach the server",
+        SOON,
+        || {
+            clients.iter().for_each(|c| {
+                c.progress();
+            });
+            stash.lock().unwrap().len() >= 96
+        },
+        || format!("{} stashed; server {:?}", stash.lock().unwrap().len(), server.counters()),
+    );
+    let c = server.counters();
+    assert_eq!(c.credit_raises, 12, "2 → 4 → 8 → 16 → 32, three times: {c:?}");
+    assert!(c.credit_raises_refused >= 1, "the listener's room held every raise: {c:?}");
+    assert!(c.recv_buffers > posted, "{c:?}");
+    assert_eq!(c.srq_reserved, 3 * u64::from(srq_need_ringless(32)), "{c:?}");
+    for r in stash.lock().unwrap().drain(..) {
+        r.send(Ok(EchoMsg { seq: 5, ..Default::default() }));
+    }
+    for f in held {
+        assert_eq!(block_on(f).expect("a held call, answered").seq, 5);
+    }
+}
+
+/// Twelve idle sessions (12 × 37 = 444 WQEs reserved, 576 buffers: room for one session's
+/// growth) each send a 64 KiB body at once: each ring grant reserves its 15 pieces WQEs, and
+/// those that find no room have the worker post more first, so every ring is granted and every
+/// call succeeds.
+///
+/// Sabotaged: `Worker::on_ring_ask` not growing the SRQ: calls failed RESOURCE_EXHAUSTED ("no
+/// receive ring for this session: the worker's SRQ has no room for its pieces").
+#[test]
+fn ring_grants_beyond_the_posted_room_have_the_worker_post_more() {
+    let (server, _) = spawn(server().initial_credits(2).ring_bytes(256 << 10));
+    let clients: Vec<Client> = (0..12)
+        .map(|_| Client::connect_with(server.local_addr(), &client_config().ring_bytes(256 << 10)).unwrap())
+        .collect();
+    assert_eq!(server.counters().recv_buffers, 576, "{:?}", server.counters());
+    let calls: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            c.unary_async::<_, EchoMsg>(ECHO, &request(i as u64, 64 << 10, 16), &CallOptions::default())
+        })
+        .collect();
+    for (i, f) in calls.into_iter().enumerate() {
+        check_reply(&block_on(f).unwrap_or_else(|e| panic!("call {i}: {e}")), i as u64, 16);
+    }
+    let c = server.counters();
+    assert_eq!((c.rings_granted, c.rings_refused), (12, 0), "{c:?}");
+    assert!(c.recv_buffers > 576, "{c:?}");
 }
 
 /// An SRQ of 52 WQEs (the least that holds one session at 2 credits with a ring): the session

@@ -104,8 +104,9 @@ pub struct Counters {
     /// Server: bytes registered for the workers' receive buffers (SRQ WQEs), over all workers;
     /// set by `ServerHandle::counters`. They grow, in chunks of 64 buffers, with what the
     /// sessions admitted to each worker reserve at most at once (`srq_reserved`) plus room for
-    /// one session's raise to `ServerConfig::credits_per_session`, and stay until the server
-    /// stops; 0 for a server that never admitted a session.
+    /// the newest session's growth to `ServerConfig::credits_per_session` with a ring (raises and
+    /// ring grants beyond it have the worker register more), and stay until the server stops; 0
+    /// for a server that never admitted a session.
     pub recv_buffer_bytes: u64,
     /// Server: receive WQEs posted to the workers' SRQs (the buffers of `recv_buffer_bytes`).
     pub recv_buffers: u64,

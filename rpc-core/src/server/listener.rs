@@ -121,6 +121,7 @@ pub(super) fn start<P: Provider>(
     ));
     let limits = WorkerLimits {
         max_sessions: per_worker,
+        srq_depth: config.srq_depth,
         polling: config.polling,
         drain_timeout: config.drain_timeout,
         peer_timeout: config.peer_timeout,
@@ -147,8 +148,12 @@ pub(super) fn start<P: Provider>(
         let cq = create_cq::<P>(&dev.ctx, config.srq_depth, sends, config.polling.needs_events())?;
         // The SRQ is created for the worst case; its buffers are registered and posted as
         // sessions are admitted (`Listener::grow_recv`).
-        let recv =
-            RecvPool::<P>::with_capacity(&pd, config.srq_depth, HEADER_LEN + body_cap, RECV_CHUNK_SHIFT)?;
+        let recv = RecvPool::<P>::with_capacity(
+            &pd,
+            config.srq_depth,
+            HEADER_LEN + body_cap,
+            crate::worker::RECV_CHUNK_SHIFT,
+        )?;
         let registered = crate::buffers::RegisteredPool::new::<P>(pd.clone(), config.registered_buffer_bytes);
         registered_all.push(registered.clone());
         let shared = Arc::new(WorkerShared {
@@ -221,7 +226,6 @@ pub(super) fn start<P: Provider>(
                 stop,
                 draining: shutting_down,
                 memory: listener_memory,
-                recv_grown: vec![0; workers],
                 recv_posting: vec![None; workers],
             }
             .run(tcp)
@@ -332,16 +336,11 @@ struct Listener<P: Provider> {
     draining: Arc<AtomicBool>,
     /// The server's memory gauges and caps (sessions are charged against them).
     memory: Arc<ServerMemory>,
-    /// Per worker: receive buffers registered for its SRQ so far (handed over or posted).
-    recv_grown: Vec<u32>,
     /// Per worker: the `bound` flag of the last session that brought it new receive buffers;
     /// until the worker took that session (the flag leaves `BIND_PENDING`), the buffers may not
     /// be posted yet, so the replies of sessions admitted meanwhile wait too.
     recv_posting: Vec<Option<Arc<AtomicU8>>>,
 }
-
-/// Receive buffers per chunk of a worker's SRQ (`1 <<` this): what the SRQ grows by.
-const RECV_CHUNK_SHIFT: u32 = 6;
 
 impl<P: Provider> Listener<P> {
     fn run(mut self, tcp: TcpListener) {
@@ -842,14 +841,15 @@ impl<P: Provider> Listener<P> {
         let eager = hello.eager_threshold.min(self.config.eager_threshold);
         let max_message = hello.max_message.min(self.config.max_message_size);
         let w = w.clone();
-        // The SRQ holds, up to its depth, what the worker's sessions may reach at their most
-        // credits: the room raises and ring grants come from.
-        let full = w.srq_room.add_full(srq_need(credits) - need);
-        let recv_chunks = match self.grow_recv(wi, &w, full) {
+        // The SRQ holds, up to its depth, what the worker's sessions reserve, and room for this
+        // one to reach its most credits with a ring; a raise or ring grant that later finds no
+        // room has the worker post more (`Worker::grow_srq_room`).
+        let target = w.srq_room.reserved().saturating_add(srq_need(credits) - need);
+        let buf_size = HEADER_LEN + body_area(self.config.eager_threshold);
+        let recv_chunks = match w.grow_srq(target, self.config.srq_depth, buf_size) {
             Ok(c) => c,
             Err(e) => {
                 w.srq_room.leave(need);
-                w.srq_room.sub_full(srq_need(credits) - need);
                 return Err(Self::refuse(stream, e));
             }
         };
@@ -859,8 +859,7 @@ impl<P: Provider> Listener<P> {
             Ok(c) => c,
             Err(e) => {
                 w.srq_room.leave(need);
-                w.srq_room.sub_full(srq_need(credits) - need);
-                self.recv_release(recv_added);
+                w.srq_release(recv_added);
                 return Err(Self::refuse(stream, e));
             }
         };
@@ -892,7 +891,7 @@ impl<P: Provider> Listener<P> {
             recv_chunks,
         }));
         if w.control.push(open).is_err() {
-            self.recv_release(recv_added);
+            w.srq_release(recv_added);
             // The worker has not taken its queue for a while (held in a handler): never wait.
             // The session is dropped here (its memory deregistered with it).
             w.sessions.fetch_sub(1, Ordering::Relaxed);
@@ -910,7 +909,6 @@ impl<P: Provider> Listener<P> {
         let posting =
             self.recv_posting[wi].as_ref().is_some_and(|b| b.load(Ordering::Acquire) == BIND_PENDING);
         if recv_added.0 > 0 {
-            self.recv_grown[wi] += recv_added.0;
             self.recv_posting[wi] = Some(bound.clone());
         }
         if window || posting || recv_added.0 > 0 {
@@ -922,49 +920,6 @@ impl<P: Provider> Listener<P> {
         }
         tracing::info!(session, %peer, worker = wi, credits, eager, detached, "session connected");
         Ok((session, wi, None, detached))
-    }
-
-    /// Registers the receive buffers worker `wi`'s SRQ lacks for `reserved` WQEs (what its
-    /// sessions may reach at their most credits with the new one, `SrqRoom::add_full`), in chunks of `1 << RECV_CHUNK_SHIFT` buffers; the
-    /// worker posts them when it takes the session. Counted in the server's gauges at once.
-    /// Buffers are never taken back while the server runs: the SRQ holds the most its sessions
-    /// reserved at once, rounded up to a chunk.
-    ///
-    /// # Errors
-    /// RESOURCE_EXHAUSTED when the memory cannot be registered.
-    fn grow_recv(
-        &self,
-        wi: usize,
-        w: &WorkerShared<P>,
-        reserved: u32,
-    ) -> Result<Vec<crate::buffers::RecvChunk<P>>, Status> {
-        let depth = self.config.srq_depth;
-        let buf_size = HEADER_LEN + body_area(self.config.eager_threshold);
-        let mut grown = self.recv_grown[wi];
-        let mut chunks = Vec::new();
-        while grown < reserved.min(depth) {
-            let n = (1u32 << RECV_CHUNK_SHIFT).min(depth - grown);
-            match RecvPool::<P>::register_chunk(&w.pd, n, buf_size) {
-                Ok(c) => chunks.push(c),
-                Err(e) => {
-                    return Err(Status::resource_exhausted(format!(
-                        "registering {n} receive buffers of {buf_size} bytes for the SRQ: {e}"
-                    )))
-                }
-            }
-            grown += n;
-        }
-        let bytes: u64 = chunks.iter().map(|c| c.bytes() as u64).sum();
-        self.memory.recv_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.memory.recv_buffers.fetch_add(u64::from(grown - self.recv_grown[wi]), Ordering::Relaxed);
-        Ok(chunks)
-    }
-
-    /// Takes back from the gauges the receive buffers (count, bytes) of a session that was not
-    /// handed to its worker (they are deregistered with it).
-    fn recv_release(&self, (bufs, bytes): (u32, u64)) {
-        self.memory.recv_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.memory.recv_buffers.fetch_sub(u64::from(bufs), Ordering::Relaxed);
     }
 
     /// Checks what a client's handshake asks for against this server's limits, before anything

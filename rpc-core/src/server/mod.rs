@@ -200,13 +200,15 @@ pub struct ServerConfig {
     /// `eager_threshold` + 40 bytes and the SRQ cycles through all of its posted buffers, so a
     /// smaller SRQ stays in cache (measurably lower latency).
     ///
-    /// The SRQ is created this deep, but its buffers are registered and posted only as sessions
-    /// are admitted: when a worker's sessions reserve more WQEs than it has buffers, the listener
-    /// registers the next chunks of 64 buffers (the last one cut at this depth) and the worker
-    /// posts them before the session's handshake is answered. They stay until the server stops
-    /// and serve later sessions: a worker holds the most its sessions reserved at once, rounded
-    /// up to 64, never more than this depth (`Counters::recv_buffers`,
-    /// `Counters::recv_buffer_bytes`). An idle server registers none.
+    /// The SRQ is created this deep, but its buffers are registered and posted only as they are
+    /// needed, in chunks of 64 (the last one cut at this depth): as a session is admitted, the
+    /// listener registers what the worker's sessions reserve and room for the new one to reach
+    /// its most credits with a ring, and the worker posts them before the session's handshake is
+    /// answered; a raise or a ring grant that later finds no room has the worker register and
+    /// post what it lacks, then grant it. They stay until the server stops and serve later
+    /// sessions: a worker holds about the most its sessions reserved at once, never more than
+    /// this depth (`Counters::recv_buffers`, `Counters::recv_buffer_bytes`). An idle server
+    /// registers none.
     pub srq_depth: u32,
     /// Receive WQEs of each worker's SRQ that its idle sessions reserve one by one; beyond it
     /// they share them. Default 4,096 (16.5 MiB of receive buffers at the default
@@ -249,10 +251,10 @@ pub struct ServerConfig {
     /// (and as the client's window when above that). What an idle session reserves of its
     /// worker's SRQ: [`ServerConfig::srq_per_session`] of it (52 receive WQEs at 2, 37 of them
     /// until a ring is granted). A session raised above it reserves `srq_per_session` of its
-    /// credits, from the WQEs its worker has posted beyond the sessions' reservations (the
-    /// listener keeps room for one session at `credits_per_session` posted beyond them as it
-    /// admits sessions); a raise that finds no room leaves the session at its credits
-    /// (`Counters::credit_raises_refused`).
+    /// credits, from the WQEs its worker has posted beyond the sessions' reservations; a raise
+    /// that finds no room has the worker post what it lacked and try again, and one that still
+    /// finds none (the SRQ at `srq_depth`, or the registration failed) leaves the session at its
+    /// credits (`Counters::credit_raises_refused` counts each refusal).
     pub initial_credits: u16,
     /// How long a session raised above [`ServerConfig::initial_credits`] may go without a call
     /// before it is lowered back to them (the worker's sweep, every quarter of it, at least

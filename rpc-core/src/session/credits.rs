@@ -98,10 +98,10 @@ pub struct SrqRoom {
     /// Most WQEs the bases are counted as (`ServerConfig::srq_idle_wqes`).
     idle_share: u32,
     posted: AtomicU32,
-    /// What the live sessions would reserve at their most credits with a ring beyond their
-    /// bases ([`srq_need`] of each one's ceiling less its base), summed; with the bases (as
-    /// shared) it is what the listener posts, up to the SRQ's depth.
-    full: AtomicU32,
+    /// Receive buffers registered for the SRQ (or being registered), by the listener as it
+    /// admits sessions and by the worker when a raise or a ring finds no room
+    /// ([`SrqRoom::claim`]); at most the SRQ's depth.
+    registered: AtomicU32,
     raised: AtomicU64,
     lowered: AtomicU64,
     refused: AtomicU64,
@@ -113,7 +113,7 @@ impl Default for SrqRoom {
             reserved: AtomicU64::new(0),
             idle_share: u32::MAX,
             posted: AtomicU32::new(0),
-            full: AtomicU32::new(0),
+            registered: AtomicU32::new(0),
             raised: AtomicU64::new(0),
             lowered: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -199,18 +199,27 @@ impl SrqRoom {
         self.reserved.fetch_sub(u64::from(n), Ordering::Relaxed);
     }
 
-    /// A session admitted with its base may reach `n` WQEs more ([`srq_need`] of its most
-    /// credits less its base): returns what the live sessions may reach together (their bases
-    /// as shared, and this for each), which the listener posts (up to the SRQ's depth) so that
-    /// raises and ring grants find room.
-    pub fn add_full(&self, n: u32) -> u32 {
-        let full = self.full.fetch_add(n, Ordering::Relaxed) + n;
-        self.bases().min(self.idle_share).saturating_add(full)
+    /// Claims receive buffers to register so that `target` are (at most `depth`), in whole
+    /// chunks of `chunk` (the last one cut at `depth`): returns how many the caller registers
+    /// (0 when enough are, or are being, registered). What the caller fails to register it
+    /// gives back ([`SrqRoom::unclaim`]).
+    pub fn claim(&self, target: u32, depth: u32, chunk: u32) -> u32 {
+        let target = target.min(depth);
+        let mut claimed = 0;
+        let _ = self.registered.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+            if r >= target {
+                return None;
+            }
+            let after = (target.div_ceil(chunk.max(1)) * chunk.max(1)).min(depth).max(r);
+            claimed = after - r;
+            Some(after)
+        });
+        claimed
     }
 
-    /// The session of [`SrqRoom::add_full`]`(n)` is gone.
-    pub fn sub_full(&self, n: u32) {
-        self.full.fetch_sub(n, Ordering::Relaxed);
+    /// `n` buffers of a [`SrqRoom::claim`] were not registered after all.
+    pub fn unclaim(&self, n: u32) {
+        self.registered.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// Raises granted, lowerings granted and raises refused for lack of room, since the start.
@@ -251,8 +260,8 @@ pub(super) struct Credits {
     /// Server: its base in the SRQ ([`SrqRoom::admit`]: [`srq_need_ringless`] of `initial`);
     /// the rest of its reservation is its extra.
     base: u32,
-    /// Server: what this session counts in its SRQ's `full` ([`SrqRoom::add_full`]).
-    full: u32,
+    /// Server: WQEs the last raise lacked (0: none refused since the worker looked).
+    short: u32,
 }
 
 impl Credits {
@@ -269,7 +278,7 @@ impl Credits {
             idle_mark: None,
             ringless: 0,
             base: 0,
-            full: 0,
+            short: 0,
         }
     }
 }
@@ -280,7 +289,6 @@ impl Drop for Credits {
         if let Some(room) = &self.room {
             room.leave(self.base);
             room.give_back(srq_need(self.accept) - self.ringless - self.base);
-            room.sub_full(self.full);
         }
     }
 }
@@ -289,16 +297,15 @@ impl Session {
     /// Server: credits are granted on demand (protocol 12): the session starts at `initial`
     /// (1 ..= its ceiling, `params.credits`), whose [`srq_need_ringless`] the caller reserved
     /// as its base in `room` ([`SrqRoom::admit`]; no receive ring is granted yet,
-    /// [`Session::lease_own_ring`]) and counted [`srq_need`] of the ceiling less it with
-    /// [`SrqRoom::add_full`]; the session gives both back when dropped. Raises and a ring's
-    /// pieces come from `room`'s WQEs posted beyond the reservations. Call once, after
+    /// [`Session::lease_own_ring`]); the session gives it back when dropped. Raises and a ring's
+    /// pieces come from `room`'s WQEs posted beyond the reservations (a raise refused for lack of
+    /// them is counted, and the worker then posts more). Call once, after
     /// `lease_own_ring` and before any header is handled.
     pub fn grant_on_demand(&mut self, room: Arc<SrqRoom>, initial: u16) {
         let initial = initial.clamp(1, self.params.credits.max(1));
         let ringless = if self.own_ring_live() { 0 } else { srq_need(initial) - srq_need_ringless(initial) };
         let base = srq_need_ringless(initial);
-        let full = srq_need(self.params.credits) - base;
-        self.credits = Credits { room: Some(room), ringless, base, full, ..Credits::fixed(initial) };
+        self.credits = Credits { room: Some(room), ringless, base, ..Credits::fixed(initial) };
         self.producer.set_max_units(ring_units(initial));
     }
 
@@ -370,6 +377,7 @@ impl Session {
         let more = srq_need(new) - srq_need(c.accept);
         if room.reserve(more, room.posted()).is_err() {
             room.refused.fetch_add(1, Ordering::Relaxed);
+            c.short = more;
             return;
         }
         room.raised.fetch_add(1, Ordering::Relaxed);
@@ -378,6 +386,25 @@ impl Session {
         c.unacked = Some(new);
         self.producer.set_max_units(ring_units(new));
         self.controls.push_back(Header { count: new, ..Header::new(Kind::CreditGrant) });
+    }
+
+    /// Server: WQEs the last raise refused for lack of posted receive WQEs lacked, 0 when none
+    /// was refused since [`Session::retry_raise`] (the worker posts that many more, then
+    /// retries: the listener posts only what the sessions reserve and one session's growth).
+    #[inline]
+    pub fn raise_short(&self) -> u32 {
+        self.credits.short
+    }
+
+    /// Server: the worker saw [`Session::raise_short`]; when it `posted` more receive WQEs the
+    /// refused raise is tried again (else the next request that finds every credit taken asks
+    /// again).
+    #[cold]
+    pub fn retry_raise(&mut self, posted: bool) {
+        self.credits.short = 0;
+        if posted && self.unanswered.len() >= usize::from(self.credits.granted) {
+            self.credits_full();
+        }
     }
 
     /// Server, from the worker's sweep at `now`: a session raised above its initial credits

@@ -68,7 +68,56 @@ pub(crate) const BIND_DONE: u8 = 1;
 /// [`NewConn::bound`]: the bind failed; the session is closed.
 pub(crate) const BIND_FAILED: u8 = 2;
 
+/// Receive buffers of a worker's SRQ registered at a time (a chunk; the last one is cut at the
+/// SRQ's depth).
+pub(crate) const RECV_CHUNK_SHIFT: u32 = 6;
+
 impl<P: Provider> WorkerShared<P> {
+    /// Registers the receive buffers (of `buf_size` bytes) the SRQ lacks for `target` WQEs, at
+    /// most `depth`, in chunks of `1 << RECV_CHUNK_SHIFT` buffers ([`crate::session::SrqRoom::claim`]:
+    /// the listener and the worker grow it, neither past the depth); the worker posts them.
+    /// Counted in the server's gauges at once. Buffers are never taken back while the server
+    /// runs.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED when the memory cannot be registered (nothing is kept).
+    pub(crate) fn grow_srq(
+        &self,
+        target: u32,
+        depth: u32,
+        buf_size: usize,
+    ) -> Result<Vec<crate::buffers::RecvChunk<P>>, Status> {
+        let chunk = 1u32 << RECV_CHUNK_SHIFT;
+        let claimed = self.srq_room.claim(target, depth, chunk);
+        let mut chunks = Vec::new();
+        let mut left = claimed;
+        while left > 0 {
+            let n = chunk.min(left);
+            match RecvPool::<P>::register_chunk(&self.pd, n, buf_size) {
+                Ok(c) => chunks.push(c),
+                Err(e) => {
+                    self.srq_room.unclaim(claimed);
+                    return Err(Status::resource_exhausted(format!(
+                        "registering {n} receive buffers of {buf_size} bytes for the SRQ: {e}"
+                    )));
+                }
+            }
+            left -= n;
+        }
+        let bytes: u64 = chunks.iter().map(|c| c.bytes() as u64).sum();
+        self.memory.recv_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.memory.recv_buffers.fetch_add(u64::from(claimed), Ordering::Relaxed);
+        Ok(chunks)
+    }
+
+    /// Takes back the receive buffers (count, bytes) of chunks that were registered and will
+    /// never be posted (they are deregistered with their session, which was not admitted).
+    pub(crate) fn srq_release(&self, (bufs, bytes): (u32, u64)) {
+        self.srq_room.unclaim(bufs);
+        self.memory.recv_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.memory.recv_buffers.fetch_sub(u64::from(bufs), Ordering::Relaxed);
+    }
+
     /// Tells the listener to look at `closed` and at the binds of its pending handshakes.
     pub(crate) fn wake_listener(&self) {
         if let Err(e) = self.listener.wake() {
@@ -291,6 +340,8 @@ fn kept_block(
 #[derive(Clone, Copy)]
 pub(crate) struct WorkerLimits {
     pub(crate) max_sessions: usize,
+    /// `ServerConfig::srq_depth`: the most receive WQEs the SRQ may hold.
+    pub(crate) srq_depth: u32,
     pub(crate) polling: PollingPolicy,
     pub(crate) drain_timeout: Duration,
     /// Silence of a client with unanswered calls after which its session closes.
@@ -722,6 +773,53 @@ impl<P: Provider> Worker<P> {
         }
     }
 
+    /// A raise of session `idx` was refused for lack of posted receive WQEs: posts what it
+    /// lacked and tries it again (its CreditGrant then goes with this flush).
+    #[cold]
+    #[inline(never)]
+    fn grow_and_raise(&mut self, idx: u16) {
+        let Some(entry) = self.entries[idx as usize].as_ref() else { return };
+        let short = entry.conn.session.raise_short();
+        let posted = self.grow_srq_room(short);
+        if let Some(entry) = self.entries[idx as usize].as_mut() {
+            entry.conn.session.retry_raise(posted);
+        }
+    }
+
+    /// Posts receive buffers so that the SRQ holds `more` WQEs beyond what its sessions reserve
+    /// (a raise or a ring grant found no room; the listener posts only what the sessions reserve
+    /// and one session's growth as it admits them), up to `ServerConfig::srq_depth`. Returns
+    /// whether any were posted. Registration happens here, on the worker, as for a ring grant:
+    /// rare next to calls (a chunk of 64 at a time, never taken back).
+    #[cold]
+    #[inline(never)]
+    fn grow_srq_room(&mut self, more: u32) -> bool {
+        let room = &self.shared.srq_room;
+        let target = room.reserved().saturating_add(more).max(room.posted().saturating_add(1));
+        let buf_size = HEADER_LEN + self.limits.body_cap;
+        let chunks = match self.shared.grow_srq(target, self.limits.srq_depth, buf_size) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(worker = self.shared.index, error = %e, "growing the SRQ failed");
+                return false;
+            }
+        };
+        let mut posted = false;
+        for chunk in chunks {
+            let bufs = chunk.bufs();
+            match self.recv.add_chunk(chunk) {
+                Ok(()) => {
+                    self.shared.srq_room.add_posted(bufs);
+                    posted = true;
+                }
+                Err(e) => {
+                    tracing::error!(worker = self.shared.index, error = %e, "posting new receive buffers failed")
+                }
+            }
+        }
+        posted
+    }
+
     /// Answers a session's RingAsk (protocol 12; the session checked it may ask): registers a
     /// ring of `ServerConfig::ring_bytes` (whatever length was asked) behind a type-2 window
     /// bound to the session's QP (the bind WR is posted before the grant's SEND, so it is in
@@ -740,8 +838,15 @@ impl<P: Provider> Worker<P> {
         if !entry.conn.session.own_ring_asked() {
             return;
         }
-        // The pieces its bodies may take need receive WQEs of the SRQ first.
-        if !entry.conn.session.reserve_ring_pieces() {
+        // The pieces its bodies may take need receive WQEs of the SRQ first (posted now when
+        // the SRQ has none to spare and may grow).
+        let mut reserved = entry.conn.session.reserve_ring_pieces();
+        if !reserved && self.grow_srq_room(crate::session::MAX_PIECES_IN_RING) {
+            let Some(e) = self.entries[idx as usize].as_mut() else { return };
+            reserved = e.conn.session.reserve_ring_pieces();
+        }
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if !reserved {
             memory.rings.failed();
             let s = Status::resource_exhausted(format!(
                 "no receive ring for this session: the worker's SRQ has no room for its pieces \
@@ -1434,7 +1539,14 @@ impl<P: Provider> Worker<P> {
     fn flush_dirty(&mut self) {
         while let Some(idx) = self.dirty.pop() {
             let tag = self.tag(idx);
-            let Some(entry) = self.entries[idx as usize].as_mut().filter(|e| !e.closing) else { continue };
+            let Some(mut entry) = self.entries[idx as usize].as_mut().filter(|e| !e.closing) else {
+                continue;
+            };
+            if entry.conn.session.raise_short() != 0 {
+                self.grow_and_raise(idx);
+                let Some(e) = self.entries[idx as usize].as_mut() else { continue };
+                entry = e;
+            }
             entry.dirty = false;
             if entry.conn.session.take_ring_return() {
                 entry.conn.queue_ring_return();
