@@ -293,7 +293,7 @@ where
             if self.dead {
                 return None;
             }
-            if let Some(b) = self.pool.acquire_for(&self.sq) {
+            if let Some(b) = self.pool.acquire_for(&mut self.sq) {
                 return Some(b);
             }
             assert!(
