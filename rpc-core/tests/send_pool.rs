@@ -8,8 +8,15 @@
 //! - `SendQueue::post_chunk` keeping inline SENDs' buffers until a signaled completion (as before
 //!   the pool was shared): `an_idle_session_holds_no_send_buffer` failed, buffers in use after
 //!   the calls.
+//!   The cap test hung too (each session kept its inline buffers until a later signaled
+//!   completion of its own: sessions waiting on each other).
 //! - `Worker::run` not calling `retry_starved`: `sessions_wanting_more_buffers_than_the_cap_all_finish`
-//!   gave up waiting for the calls (sessions whose answers waited for a buffer were never retried).
+//!   gave up after 60 s at 64 calls answered, no buffer in use (sessions whose answers waited for
+//!   a buffer were never retried; with liveness probes on, a Ping rescued them seconds later,
+//!   so the test turns probes off).
+//! - `Worker::close_entry` dropping the session's `Conn` instead of `Conn::close`:
+//!   `a_session_closed_with_its_answer_posted_gives_the_buffer_back_to_its_worker` failed, one
+//!   buffer in use after the close (lost to the pool).
 //! - `SendQueue::on_completion` retiring on a failed completion:
 //!   `a_closed_queue_gives_its_buffers_back_only_when_its_qp_is_destroyed` failed (buffers free
 //!   while the flushed WRs' QP still existed); `SendQueue::reclaim` not checking the QP's
@@ -58,10 +65,13 @@ fn an_idle_session_holds_no_send_buffer() {
 fn sessions_wanting_more_buffers_than_the_cap_all_finish() {
     // A pool of one chunk (64 buffers); answers of 1 KiB are not inline, so each holds its
     // buffer until its SEND's completion is polled: 8 sessions × 32 calls in flight want 256.
+    // No liveness probes: a session waiting for a buffer is sent on by the pool's retry alone,
+    // not by a Ping that happens to arrive.
     let cap = (CHUNK * BUF) as usize;
-    let (server, _) = spawn(server().max_send_pool_bytes(cap));
+    let (server, _) = spawn(server().max_send_pool_bytes(cap).peer_timeout(None));
+    let cfg = client_config().peer_timeout(None);
     let clients: Vec<Client> =
-        (0..8).map(|_| Client::connect_with(server.local_addr(), &client_config()).unwrap()).collect();
+        (0..8).map(|_| Client::connect_with(server.local_addr(), &cfg).unwrap()).collect();
     let reqs: Vec<EchoMsg> = (0..32).map(|i| request(i, 32, 1024)).collect();
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     for round in 0..3 {
@@ -150,4 +160,30 @@ fn a_closed_queue_gives_its_buffers_back_only_when_its_qp_is_destroyed() {
     }
     drop(pool);
     drop((recv, ring, cq, pd, ctx, b));
+}
+
+#[test]
+fn a_session_closed_with_its_answer_posted_gives_the_buffer_back_to_its_worker() {
+    use prost::Message;
+    let (server, stash) = spawn(server());
+    let mut c = RawClient::connect(server.local_addr());
+    // A call the handler defers: its answer is sent when the test says.
+    c.request(STASH, 0, 1, &request(1, 16, 0).encode_to_vec());
+    wait_until(
+        "the call stashed",
+        WAIT,
+        || !stash.lock().unwrap().is_empty(),
+        || format!("{:?}", server.counters()),
+    );
+    // The client's QP takes nothing from now on: the answer (1 KiB, read by DMA) stays posted,
+    // its buffer in use, until the session closes (the SEND's retries run out, or the client
+    // goes): its QP is destroyed and the buffer goes back to the worker's pool, not lost to it.
+    c.peer.qp.set_drop_traffic(true);
+    let responder = stash.lock().unwrap().pop().unwrap();
+    responder.send(Ok(EchoMsg { seq: 1, payload: vec![7; 1024], ..Default::default() }));
+    counters_when(&server, "the answer posted", WAIT, |c| c.rpcs == 1);
+    drop(c);
+    let c = counters_when(&server, "the session closed", WAIT, |c| c.sessions_closed == 1);
+    assert_eq!(c.send_bufs_in_use, 0, "the closed session's buffer was not given back: {c:?}");
+    assert_eq!(c.send_pool_bytes, CHUNK * BUF, "{c:?}");
 }

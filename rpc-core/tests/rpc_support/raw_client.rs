@@ -351,6 +351,15 @@ where
         self.send_eager(Header { session, ..h }, body);
     }
 
+    /// [`send`](Self::send)s an eager request for `method` on call `slot` of `generation`
+    /// with `body` (its lengths in the header).
+    pub fn request(&mut self, method: u32, slot: u16, generation: u32, body: &[u8]) {
+        let len = body.len() as u32;
+        let h =
+            Header { method, slot, generation, body_len: len, total_len: len, ..Header::new(Kind::Request) };
+        self.send(h, body);
+    }
+
     /// Polls the CQ once: send completions give their buffers back, received messages go to
     /// [`inbox`](Self::inbox). Returns the oldest message of the inbox, taking it.
     ///
