@@ -1,6 +1,9 @@
 //! One connection's verbs resources and protocol state, shared by server workers and clients:
-//! QP, send buffers, receive ring, send mirror, staging area, send queue and the sans-IO
-//! [`Session`].
+//! QP, receive ring, send mirror, staging area, send queue and the sans-IO [`Session`]. Its send
+//! buffers are not its own: every method that sends takes the [`SendPool`] they come from (a
+//! client's connection has one of its own, next to it; a server worker's sessions share the
+//! worker's, so an idle session holds none), and [`Conn::close`] gives back what its posted WRs
+//! still use once its QP is destroyed.
 
 use crate::buffers::{GatherBody, RecvRing, SendBuf, SendPool, SendQueue, Staged};
 use crate::dispatch::reply::LateBody;
