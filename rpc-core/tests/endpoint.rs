@@ -142,6 +142,42 @@ fn clients_of_one_endpoint_share_its_device_context_and_keep_their_answers_apart
     }
 }
 
+/// `Client::connect` takes its thread's endpoint: a thread's clients to several servers open one
+/// device context, another thread's its own, and once every client of a thread is gone the next
+/// connect opens a new one. Sabotaged: `Client::connect_with` on `Endpoint::new` (its own
+/// context per client, as before): failed ("three clients of one thread opened 3 device
+/// contexts").
+#[test]
+fn the_clients_of_one_thread_share_its_endpoint_and_another_thread_opens_its_own() {
+    if transport() != Transport::Sim {
+        eprintln!("skipped: counts the software NIC's device contexts (sim only)");
+        return;
+    }
+    let _g = serial();
+    let s = servers(3);
+    let cfg = small_client();
+    let before = contexts();
+    let mine: Vec<Client> = s.iter().map(|h| Client::connect_with(h.local_addr(), &cfg).unwrap()).collect();
+    let opened = contexts() - before;
+    assert_eq!(opened, 1, "three clients of one thread opened {opened} device contexts");
+    for (i, c) in mine.iter().enumerate() {
+        echo_on(c, i as u64);
+    }
+    let addr = s[0].local_addr();
+    let theirs = std::thread::spawn(move || {
+        let a = Client::connect_with(addr, &small_client()).unwrap();
+        let b = Client::connect_with(addr, &small_client()).unwrap();
+        echo_on(&a, 10);
+        echo_on(&b, 11);
+    });
+    theirs.join().unwrap();
+    assert_eq!(contexts() - before, 2, "another thread's clients open one device context of their own");
+    drop(mine);
+    let again = Client::connect_with(s[1].local_addr(), &cfg).unwrap();
+    echo_on(&again, 20);
+    assert_eq!(contexts() - before, 3, "after its clients are gone the thread opens a new endpoint");
+}
+
 #[test]
 fn a_server_killed_leaves_the_other_sessions_of_the_endpoint_serving() {
     let _g = serial();

@@ -355,19 +355,28 @@ fn more_sessions_per_worker_than_the_tag_holds_is_refused() {
 }
 
 /// The default SRQ depth is sized for `max_sessions` at full credits; when the device cannot
-/// hold that, spawning fails naming every field involved (not a session refused much later).
+/// hold that with every idle session reserving its own WQEs (`srq_idle_wqes` `u32::MAX`),
+/// spawning fails naming every field involved (not a session refused much later); with the
+/// idle sessions sharing (the default `srq_idle_wqes`), the same server spawns. Sabotaged: the
+/// spawn check summing the idle reservations without the share: the shared server failed
+/// ("4096 idle sessions sharing 4096 WQEs").
 #[test]
 fn limits_are_validated_together_at_spawn() {
     let err = server()
         .max_sessions(4096)
         .initial_credits(2)
+        .srq_idle_wqes(u32::MAX)
         .add_service(TestService::default())
         .spawn("127.0.0.1:0")
         .err();
     let err = err.expect("4096 idle sessions need more receive WQEs than the device has").to_string();
-    for field in ["srq_depth", "max_sessions 4096", "initial_credits 2", "worker_cores", "max_srq_wr"] {
+    for field in
+        ["srq_depth", "max_sessions 4096", "initial_credits 2", "worker_cores", "max_srq_wr", "srq_idle_wqes"]
+    {
         assert!(err.contains(field), "{field} in: {err}");
     }
+    let shared = server().max_sessions(4096).initial_credits(2).add_service(TestService::default());
+    shared.spawn("127.0.0.1:0").expect("4096 idle sessions sharing 4096 WQEs").shutdown();
     // The defaults serve the default max_sessions.
     let c = rpc_core::ServerConfig::default();
     assert_eq!(c.effective_srq_depth(), c.max_sessions as u64 * (3 * u64::from(c.credits_per_session) + 32));

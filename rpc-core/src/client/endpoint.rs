@@ -41,7 +41,9 @@ struct Shared {
 /// # Ok(()) }
 /// ```
 ///
-/// [`Client::connect`] opens an endpoint of its own, as before; a [`crate::Channel`]'s
+/// [`Client::connect`] takes its thread's endpoint (opened by the thread's first connect, closed
+/// with the last session on it), so a thread's clients to any number of servers share one
+/// device context; a [`crate::Channel`]'s
 /// dispatchers share a process-wide endpoint per core they are pinned to
 /// ([`crate::ChannelConfig::core_ids`]; one for the unpinned ones).
 #[derive(Clone)]
@@ -119,6 +121,29 @@ impl Endpoint {
 
     pub(crate) fn nic(&self) -> &AnyNic {
         &self.shared.nic
+    }
+
+    /// This thread's endpoint of `transport`, opened by the first [`Client::connect_with`] of
+    /// the thread that asks; it closes when the last session and handle on it are gone (the
+    /// thread keeps only a weak reference), and the next connect opens another.
+    ///
+    /// # Errors
+    /// As [`Endpoint::new`].
+    pub(crate) fn per_thread(transport: &Transport) -> Result<Endpoint, Status> {
+        thread_local! {
+            static MINE: std::cell::RefCell<Vec<(Transport, Weak<Shared>)>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        MINE.with(|mine| {
+            let mut mine = mine.borrow_mut();
+            mine.retain(|(_, w)| w.strong_count() > 0);
+            if let Some(shared) = mine.iter().find(|(t, _)| t == transport).and_then(|(_, w)| w.upgrade()) {
+                return Ok(Endpoint { shared });
+            }
+            let e = Endpoint::new(transport)?;
+            mine.push((transport.clone(), Arc::downgrade(&e.shared)));
+            Ok(e)
+        })
     }
 
     /// The process-wide endpoint of `transport` for dispatchers pinned to `core` (`None`: the

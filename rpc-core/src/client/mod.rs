@@ -265,6 +265,9 @@ impl Client {
     }
 
     /// Connects with `config`. `addr` is resolved once; reconnects go to the same addresses.
+    /// The session is made on this thread's [`Endpoint`] of `config.transport` (one device
+    /// context and PD for every client the thread connects, to any servers, opened by the first
+    /// and closed with the last; [`Endpoint::connect_with`] picks another).
     ///
     /// # Errors
     /// As [`Client::connect`]; INVALID_ARGUMENT for a configuration value out of range (naming
@@ -272,7 +275,7 @@ impl Client {
     pub fn connect_with(addr: impl ToSocketAddrs, config: &ClientConfig) -> Result<Client, Status> {
         // Checked before a device is opened for it.
         BackoffParams::from_config(config)?;
-        Client::connect_on(Endpoint::new(&config.transport)?, addr, config)
+        Client::connect_on(Endpoint::per_thread(&config.transport)?, addr, config)
     }
 
     /// [`Client::connect_with`] on `endpoint` (whose transport is `config.transport`).

@@ -154,8 +154,13 @@ pub struct Counters {
     pub sessions_detached: u64,
     /// Server: receive WQEs the live sessions reserve of their workers' SRQs now, over all
     /// workers (`ServerConfig::srq_per_session` of each one's credits: of
-    /// `ServerConfig::initial_credits` for an idle session); set by `ServerHandle::counters`.
+    /// `ServerConfig::initial_credits` for an idle session; the idle sessions' bases counted as
+    /// at most `ServerConfig::srq_idle_wqes` per worker); set by `ServerHandle::counters`.
     pub srq_reserved: u64,
+    /// Server: what the live sessions' bases (their reservations at
+    /// `ServerConfig::initial_credits` with no ring) sum to, shared or not, over all workers;
+    /// above `srq_idle_wqes` per worker the idle sessions share their WQEs.
+    pub srq_bases: u64,
     /// Server: sessions' credits raised (a CreditGrant above the credits they had; protocol 12)
     /// since the server started.
     pub credit_raises: u64,
@@ -179,6 +184,16 @@ impl Counters {
     /// Calls ended with `code`.
     pub fn with_code(&self, code: Code) -> u64 {
         self.by_code[code as usize]
+    }
+
+    /// Server: bytes pinned per live session, in bytes: the registered memory
+    /// (`registered_bytes`: send buffers, rings, send areas) and the SRQ's receive buffers
+    /// (`recv_buffer_bytes`) over the sessions open (`sessions_opened - sessions_closed`); `None`
+    /// with no session open. The figure `ServerConfig::srq_idle_wqes` and the on-demand rings
+    /// keep small for idle sessions.
+    pub fn pinned_per_session(&self) -> Option<u64> {
+        let live = self.sessions_opened.checked_sub(self.sessions_closed).filter(|&n| n > 0)?;
+        Some((self.registered_bytes + self.recv_buffer_bytes) / live)
     }
 
     /// Adds `other` into `self`.
@@ -227,6 +242,7 @@ impl Counters {
         self.sessions_detached += other.sessions_detached;
         self.reassembly_refused += other.reassembly_refused;
         self.srq_reserved += other.srq_reserved;
+        self.srq_bases += other.srq_bases;
         self.credit_raises += other.credit_raises;
         self.credit_lowerings += other.credit_lowerings;
         self.credit_raises_refused += other.credit_raises_refused;
@@ -396,6 +412,7 @@ impl ServerMemory {
         c.sessions_detached = self.sessions_detached.load(Ordering::Relaxed);
         for room in self.srq_rooms.get().into_iter().flatten() {
             c.srq_reserved += u64::from(room.reserved());
+            c.srq_bases += u64::from(room.bases());
             let (raised, lowered, refused) = room.grants();
             c.credit_raises += raised;
             c.credit_lowerings += lowered;

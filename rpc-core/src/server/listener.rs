@@ -70,7 +70,9 @@ pub(super) fn start<P: Provider>(
     let mut depth = config.effective_srq_depth();
     let max_srq_wr = dev.ctx.attr().max_srq_wr;
     let per_worker_sessions = config.max_sessions.div_ceil(config.worker_cores.len().max(1)) as u64;
-    let idle_depth = per_worker_sessions * u64::from(srq_need_ringless(config.first_credits()));
+    // The sessions' idle reservations are shared beyond `srq_idle_wqes` (`session::SrqRoom`).
+    let idle_depth = (per_worker_sessions * u64::from(srq_need_ringless(config.first_credits())))
+        .min(u64::from(config.srq_idle_wqes));
     if config.srq_depth == 0 && depth > u64::from(max_srq_wr) && idle_depth <= u64::from(max_srq_wr) {
         // Every session fits idle (credits are granted on demand): raises share what is left.
         depth = u64::from(max_srq_wr);
@@ -79,9 +81,10 @@ pub(super) fn start<P: Provider>(
         let why = if config.srq_depth == 0 {
             format!(
                 "sizing for max_sessions {} over {} worker(s) at initial_credits {} needs {idle_depth} \
-                 receive WQEs per worker, above the device's max_srq_wr {max_srq_wr}: lower \
-                 max_sessions or initial_credits, add worker_cores, or set srq_depth (sessions \
-                 are then admitted while it has room)",
+                 receive WQEs per worker (the idle sessions' shared at most srq_idle_wqes), above \
+                 the device's max_srq_wr {max_srq_wr}: lower max_sessions, initial_credits or \
+                 srq_idle_wqes, add worker_cores, or set srq_depth (sessions are then admitted \
+                 while it has room)",
                 config.max_sessions,
                 config.worker_cores.len().max(1),
                 config.first_credits()
@@ -162,7 +165,7 @@ pub(super) fn start<P: Provider>(
             draining: draining.clone(),
             sessions: AtomicUsize::new(0),
             beat: AtomicU32::new(0),
-            srq_room: crate::session::SrqRoom::new(),
+            srq_room: crate::session::SrqRoom::sharing(config.srq_idle_wqes),
             closed: closed.clone(),
             listener: waker.clone(),
             memory: memory.clone(),
@@ -831,7 +834,7 @@ impl<P: Provider> Listener<P> {
         // The sessions of a worker hold different credits: what they reserve is summed.
         // No receive ring at connect (granted on demand): its pieces row is reserved with it.
         let need = srq_need_ringless(initial);
-        if let Err(reserved) = w.srq_room.reserve(need, self.config.srq_depth) {
+        if let Err(reserved) = w.srq_room.admit(need, self.config.srq_depth) {
             return Err(Self::refuse(
                 stream,
                 Status::resource_exhausted(format!(
@@ -846,12 +849,12 @@ impl<P: Provider> Listener<P> {
         let w = w.clone();
         // The SRQ holds, up to its depth, what the worker's sessions may reach at their most
         // credits: the room raises and ring grants come from.
-        let full = w.srq_room.add_full(srq_need(credits));
+        let full = w.srq_room.add_full(srq_need(credits) - need);
         let recv_chunks = match self.grow_recv(wi, &w, full) {
             Ok(c) => c,
             Err(e) => {
-                w.srq_room.give_back(need);
-                w.srq_room.sub_full(srq_need(credits));
+                w.srq_room.leave(need);
+                w.srq_room.sub_full(srq_need(credits) - need);
                 return Err(Self::refuse(stream, e));
             }
         };
@@ -860,8 +863,8 @@ impl<P: Provider> Listener<P> {
         let mut conn = match self.create_conn(&w, &hello, credits, eager, max_message) {
             Ok(c) => c,
             Err(e) => {
-                w.srq_room.give_back(need);
-                w.srq_room.sub_full(srq_need(credits));
+                w.srq_room.leave(need);
+                w.srq_room.sub_full(srq_need(credits) - need);
                 self.recv_release(recv_added);
                 return Err(Self::refuse(stream, e));
             }

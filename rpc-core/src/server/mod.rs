@@ -191,8 +191,8 @@ pub struct ServerConfig {
     /// credits: sessions per worker × [`ServerConfig::srq_per_session`]`(credits_per_session)`
     /// (`2 × credits_per_session + max(credits_per_session, 16) + 32`; 16 384 WQEs at the
     /// defaults), cut to the device's `max_srq_wr` when that still holds every session idle
-    /// (at [`ServerConfig::initial_credits`], no ring: 37 WQEs each at 2 credits; checked at
-    /// spawn, naming these fields). An explicit depth must hold one session at
+    /// (at [`ServerConfig::initial_credits`], no ring: 37 WQEs each at 2 credits, shared beyond
+    /// [`ServerConfig::srq_idle_wqes`]; checked at spawn, naming these fields). An explicit depth must hold one session at
     /// `initial_credits` with a ring; sessions are then admitted while what they reserve
     /// (`srq_per_session` of the credits they were granted, less the 15 WQEs of a ring's pieces
     /// until a ring is granted) fits, and raised while the WQEs posted beyond the reservations
@@ -208,6 +208,31 @@ pub struct ServerConfig {
     /// up to 64, never more than this depth (`Counters::recv_buffers`,
     /// `Counters::recv_buffer_bytes`). An idle server registers none.
     pub srq_depth: u32,
+    /// Receive WQEs of each worker's SRQ that its idle sessions reserve one by one; beyond it
+    /// they share them. Default 4,096 (16.5 MiB of receive buffers at the default
+    /// `eager_threshold`); at least what one idle session reserves; `u32::MAX`: no sharing.
+    ///
+    /// What a session reserves of its worker's SRQ ([`ServerConfig::srq_per_session`]) has a
+    /// base, what it may send while idle at its [`ServerConfig::initial_credits`] with no ring
+    /// (37 WQEs at 2 credits, 113 at 32: its first requests, a RingAsk, the probe's Pings and
+    /// Pongs, a Close), and an extra while it is raised above them or holds a ring. The
+    /// extras are reserved one by one, always; the bases of a worker's sessions count as at
+    /// most this many WQEs together. So a worker admits sessions up to `max_sessions`, not up
+    /// to what their bases sum to, and its SRQ stays at most `srq_depth` WQEs however many
+    /// sessions idle on it: 20,000 idle sessions on 2 workers hold 2 × 16,384 receive buffers
+    /// on sim, 6.6 KiB each (`Counters::srq_bases` shows what the bases sum to).
+    ///
+    /// What sharing gives up, as every RPC system with one receive queue per thread does
+    /// (eRPC's thousands of sessions share a receive queue of a few thousand entries): when
+    /// more of a worker's idle sessions send at once than its SRQ holds beyond the extras
+    /// (more than about this many messages between two polls of the worker, or while it is
+    /// held in a synchronous handler), some SENDs find no receive WQE and the sender's NIC
+    /// retries them after the RNR timer (every QP retries without limit, `rnr_retry` 7):
+    /// a delay of those messages, and of any other session's that arrive before the worker
+    /// reposts, never a loss. With `u32::MAX` every session reserves its whole base, and no
+    /// SEND of a session that keeps the protocol ever waits for another's (the worker then
+    /// admits at most `srq_depth` / base sessions: 442 at 2 credits on sim).
+    pub srq_idle_wqes: u32,
     /// Most requests in flight granted per session (a client asks for its window). Default 32;
     /// 1 ..= 4096. Credits are granted on demand (protocol 12): a session starts at
     /// [`ServerConfig::initial_credits`] and is raised, doubling, up to the smaller of its
@@ -431,6 +456,7 @@ impl Default for ServerConfig {
             registered_buffer_bytes: crate::buffers::registered::DEFAULT_POOL_BYTES,
             reassembly_timeout: Duration::from_secs(10),
             srq_depth: 0,
+            srq_idle_wqes: 4096,
             credits_per_session: 32,
             initial_credits: 32,
             credit_idle: Some(Duration::from_secs(5)),
@@ -596,6 +622,17 @@ impl ServerConfig {
                 ),
             );
         }
+        let idle = crate::session::srq_need_ringless(self.first_credits());
+        if self.srq_idle_wqes < idle {
+            return bad(
+                "srq_idle_wqes",
+                format!(
+                    "{} is below what one idle session reserves at initial_credits {}: {idle} WQEs",
+                    self.srq_idle_wqes,
+                    self.first_credits()
+                ),
+            );
+        }
         if self.max_message_size == 0 {
             return bad("max_message_size", "0 bytes".into());
         }
@@ -749,6 +786,8 @@ impl ServerBuilder {
         reassembly_timeout: Duration;
         /// See [`ServerConfig::srq_depth`].
         srq_depth: u32;
+        /// See [`ServerConfig::srq_idle_wqes`].
+        srq_idle_wqes: u32;
         /// See [`ServerConfig::credits_per_session`].
         credits_per_session: u16;
         /// See [`ServerConfig::initial_credits`].

@@ -75,30 +75,80 @@ pub fn srq_need_ringless(credits: u16) -> u32 {
 }
 
 /// A worker's SRQ as its sessions share it: receive WQEs posted, and reserved by the live
-/// sessions ([`srq_need`] of each one's accepted credits). What is posted beyond the
-/// reservations is the pool that raises come from. Atomics: the listener reserves for the
-/// sessions it admits, the worker's sessions for their raises; both are rare next to calls.
-#[derive(Debug, Default)]
+/// sessions. What is posted beyond the reservations is the pool that raises come from.
+///
+/// A session's reservation has two parts: its base, [`srq_need_ringless`] of its initial
+/// credits (what it may send while idle: its first requests, a RingAsk, the probe, a Close),
+/// and its extra (credits raised above the initial ones, a granted ring's pieces). Extras are
+/// always reserved one by one. The bases are reserved one by one only up to `idle_share` WQEs
+/// for all the worker's sessions together (`ServerConfig::srq_idle_wqes`): beyond it the
+/// idle sessions share them, as every RPC system with one receive queue does (eRPC's sessions
+/// share one RQ of a few thousand entries). What sharing gives up: when more idle sessions send
+/// at once than the WQEs posted beyond the extras (between two polls of the worker, or while it
+/// is held in a handler), some SENDs meet an empty SRQ and wait on RNR retry (the QPs retry
+/// without limit, `rnr_retry` 7: a delay, nothing lost) until the worker reposts; with
+/// `u32::MAX` no SEND of a session that keeps the protocol ever waits on another's.
+///
+/// One atomic word (bases in the high half, extras in the low): the listener reserves bases
+/// for the sessions it admits, the worker's sessions their extras; both are rare next to calls.
+#[derive(Debug)]
 pub struct SrqRoom {
-    reserved: AtomicU32,
+    /// `base << 32 | extra`: the sessions' bases summed, and their extras summed.
+    reserved: AtomicU64,
+    /// Most WQEs the bases are counted as (`ServerConfig::srq_idle_wqes`).
+    idle_share: u32,
     posted: AtomicU32,
-    /// What the live sessions would reserve at their most credits, with a ring ([`srq_need`]
-    /// of each one's ceiling): what the listener posts, up to the SRQ's depth.
+    /// What the live sessions would reserve at their most credits with a ring beyond their
+    /// bases ([`srq_need`] of each one's ceiling less its base), summed; with the bases (as
+    /// shared) it is what the listener posts, up to the SRQ's depth.
     full: AtomicU32,
     raised: AtomicU64,
     lowered: AtomicU64,
     refused: AtomicU64,
 }
 
+impl Default for SrqRoom {
+    fn default() -> SrqRoom {
+        SrqRoom {
+            reserved: AtomicU64::new(0),
+            idle_share: u32::MAX,
+            posted: AtomicU32::new(0),
+            full: AtomicU32::new(0),
+            raised: AtomicU64::new(0),
+            lowered: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a packed reservation word counts against the SRQ: the bases (at most `share`) and the
+/// extras.
+fn counted(word: u64, share: u32) -> u32 {
+    let (base, extra) = ((word >> 32) as u32, word as u32);
+    base.min(share).saturating_add(extra)
+}
+
 impl SrqRoom {
-    /// An SRQ with nothing posted or reserved.
+    /// An SRQ with nothing posted or reserved, whose sessions each reserve all they need.
     pub fn new() -> Arc<SrqRoom> {
-        Arc::new(SrqRoom::default())
+        SrqRoom::sharing(u32::MAX)
     }
 
-    /// WQEs reserved by the live sessions.
+    /// An SRQ with nothing posted or reserved, whose sessions' bases count as at most
+    /// `idle_share` WQEs together (`ServerConfig::srq_idle_wqes`; `u32::MAX`: no sharing).
+    pub fn sharing(idle_share: u32) -> Arc<SrqRoom> {
+        Arc::new(SrqRoom { idle_share, ..SrqRoom::default() })
+    }
+
+    /// WQEs reserved by the live sessions: their bases (at most the idle share) and extras.
     pub fn reserved(&self) -> u32 {
-        self.reserved.load(Ordering::Relaxed)
+        counted(self.reserved.load(Ordering::Relaxed), self.idle_share)
+    }
+
+    /// The live sessions' bases summed, shared or not (`srq_need_ringless` of each one's
+    /// initial credits).
+    pub fn bases(&self) -> u32 {
+        (self.reserved.load(Ordering::Relaxed) >> 32) as u32
     }
 
     /// WQEs posted to the SRQ.
@@ -111,25 +161,51 @@ impl SrqRoom {
         self.posted.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Reserves `n` WQEs if the reservations stay within `cap`: the SRQ depth for a session
-    /// being admitted (its buffers are registered after), what is posted for a raise. Returns
-    /// the reservations before it, or `Err` with them when it does not fit.
+    /// Adds `base` to the bases and `extra` to the extras if what is reserved stays within
+    /// `cap`. Returns what was reserved before, or `Err` with it when it does not fit.
+    fn take(&self, base: u32, extra: u32, cap: u32) -> Result<u32, u32> {
+        let share = self.idle_share;
+        self.reserved
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                let b = ((w >> 32) as u32).checked_add(base)?;
+                let e = (w as u32).checked_add(extra)?;
+                let after = u64::from(b) << 32 | u64::from(e);
+                (counted(after, share) <= cap).then_some(after)
+            })
+            .map(|w| counted(w, share))
+            .map_err(|w| counted(w, share))
+    }
+
+    /// Reserves a session's base of `n` WQEs (it is being admitted) if the reservations stay
+    /// within `cap`, the SRQ depth (its buffers are registered after). Returns the reservations
+    /// before it, or `Err` with them when it does not fit.
+    pub fn admit(&self, n: u32, cap: u32) -> Result<u32, u32> {
+        self.take(n, 0, cap)
+    }
+
+    /// The session of [`SrqRoom::admit`]`(n)` is gone.
+    pub fn leave(&self, n: u32) {
+        self.reserved.fetch_sub(u64::from(n) << 32, Ordering::Relaxed);
+    }
+
+    /// Reserves `n` WQEs of a session's extra if the reservations stay within `cap`, what is
+    /// posted. Returns the reservations before it, or `Err` with them when it does not fit.
     pub fn reserve(&self, n: u32, cap: u32) -> Result<u32, u32> {
-        self.reserved.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-            r.checked_add(n).filter(|&after| after <= cap)
-        })
+        self.take(0, n, cap)
     }
 
-    /// Gives `n` reserved WQEs back.
+    /// Gives `n` WQEs of a session's extra back.
     pub fn give_back(&self, n: u32) {
-        self.reserved.fetch_sub(n, Ordering::Relaxed);
+        self.reserved.fetch_sub(u64::from(n), Ordering::Relaxed);
     }
 
-    /// A session that may reach `n` WQEs ([`srq_need`] of its most credits) was admitted:
-    /// returns what the live sessions may reach together, which the listener posts (up to the
-    /// SRQ's depth) so that raises and ring grants find room.
+    /// A session admitted with its base may reach `n` WQEs more ([`srq_need`] of its most
+    /// credits less its base): returns what the live sessions may reach together (their bases
+    /// as shared, and this for each), which the listener posts (up to the SRQ's depth) so that
+    /// raises and ring grants find room.
     pub fn add_full(&self, n: u32) -> u32 {
-        self.full.fetch_add(n, Ordering::Relaxed) + n
+        let full = self.full.fetch_add(n, Ordering::Relaxed) + n;
+        self.bases().min(self.idle_share).saturating_add(full)
     }
 
     /// The session of [`SrqRoom::add_full`]`(n)` is gone.
@@ -172,6 +248,9 @@ pub(super) struct Credits {
     /// Server: WQEs the reservation holds less than [`srq_need`] of `accept`: the pieces row
     /// beyond one while no receive ring is granted (15), else 0.
     ringless: u32,
+    /// Server: its base in the SRQ ([`SrqRoom::admit`]: [`srq_need_ringless`] of `initial`);
+    /// the rest of its reservation is its extra.
+    base: u32,
     /// Server: what this session counts in its SRQ's `full` ([`SrqRoom::add_full`]).
     full: u32,
 }
@@ -189,6 +268,7 @@ impl Credits {
             room: None,
             idle_mark: None,
             ringless: 0,
+            base: 0,
             full: 0,
         }
     }
@@ -198,7 +278,8 @@ impl Drop for Credits {
     /// A server session's reservation goes back to its worker's SRQ with it.
     fn drop(&mut self) {
         if let Some(room) = &self.room {
-            room.give_back(srq_need(self.accept) - self.ringless);
+            room.leave(self.base);
+            room.give_back(srq_need(self.accept) - self.ringless - self.base);
             room.sub_full(self.full);
         }
     }
@@ -206,16 +287,18 @@ impl Drop for Credits {
 
 impl Session {
     /// Server: credits are granted on demand (protocol 12): the session starts at `initial`
-    /// (1 ..= its ceiling, `params.credits`; the caller counted [`srq_need`] of the ceiling
-    /// with [`SrqRoom::add_full`], given back with the session), whose [`srq_need`] (with no receive ring granted,
-    /// [`Session::lease_own_ring`]: [`srq_need_ringless`]) the caller reserved in `room` (the
-    /// session gives it back when dropped); raises come from `room`'s WQEs posted beyond the
-    /// reservations. Call once, after `lease_own_ring` and before any header is handled.
+    /// (1 ..= its ceiling, `params.credits`), whose [`srq_need_ringless`] the caller reserved
+    /// as its base in `room` ([`SrqRoom::admit`]; no receive ring is granted yet,
+    /// [`Session::lease_own_ring`]) and counted [`srq_need`] of the ceiling less it with
+    /// [`SrqRoom::add_full`]; the session gives both back when dropped. Raises and a ring's
+    /// pieces come from `room`'s WQEs posted beyond the reservations. Call once, after
+    /// `lease_own_ring` and before any header is handled.
     pub fn grant_on_demand(&mut self, room: Arc<SrqRoom>, initial: u16) {
         let initial = initial.clamp(1, self.params.credits.max(1));
         let ringless = if self.own_ring_live() { 0 } else { srq_need(initial) - srq_need_ringless(initial) };
-        let full = srq_need(self.params.credits);
-        self.credits = Credits { room: Some(room), ringless, full, ..Credits::fixed(initial) };
+        let base = srq_need_ringless(initial);
+        let full = srq_need(self.params.credits) - base;
+        self.credits = Credits { room: Some(room), ringless, base, full, ..Credits::fixed(initial) };
         self.producer.set_max_units(ring_units(initial));
     }
 
@@ -427,7 +510,7 @@ mod tests {
         let room = SrqRoom::new();
         let mut server = Session::new(Role::Server, params(WINDOW));
         server.lease_own_ring();
-        room.reserve(srq_need_ringless(2), u32::MAX).unwrap();
+        room.admit(srq_need_ringless(2), u32::MAX).unwrap();
         room.add_posted(srq_need_ringless(2) + spare);
         server.grant_on_demand(room.clone(), 2);
         let mut client = Session::new(Role::Client, params(WINDOW));
@@ -616,5 +699,38 @@ mod tests {
         assert_eq!(room.reserved(), srq_need_ringless(2));
         let (mut full, _, _) = pair(14);
         assert!(!full.reserve_ring_pieces(), "no room for the pieces row: no ring");
+    }
+
+    /// Idle sessions share `idle_share` WQEs: their bases count as at most that many together,
+    /// so a worker admits sessions past what their bases sum to, while extras (a raise, a ring's
+    /// pieces) are still reserved one by one against what is posted. Sabotaged: `counted`
+    /// ignoring the share (bases summed): failed ("idle session 13 refused at 481 reserved").
+    #[test]
+    fn idle_sessions_share_their_bases_and_extras_stay_reserved_one_by_one() {
+        let base = srq_need_ringless(2);
+        let room = SrqRoom::sharing(4 * base);
+        let depth = 512;
+        for i in 0..100 {
+            room.admit(base, depth).unwrap_or_else(|r| panic!("idle session {i} refused at {r} reserved"));
+        }
+        assert_eq!(room.reserved(), 4 * base, "the bases count as the share");
+        assert_eq!(room.bases(), 100 * base);
+        room.add_posted(depth);
+        // Extras take what is posted beyond the shared bases, and no more.
+        let room_left = depth - 4 * base;
+        assert!(room.reserve(room_left, room.posted()).is_ok());
+        assert!(room.reserve(1, room.posted()).is_err(), "an extra beyond what is posted");
+        // The extras fill the SRQ, and a session is still admitted: past the share a base adds
+        // nothing.
+        assert!(room.admit(base, depth).is_ok(), "past the share a base adds nothing");
+        room.give_back(room_left);
+        for _ in 0..101 {
+            room.leave(base);
+        }
+        assert_eq!((room.reserved(), room.bases()), (0, 0));
+        // Without sharing, the same SRQ holds 13 idle sessions of 37 WQEs.
+        let strict = SrqRoom::new();
+        let admitted = (0..100).take_while(|_| strict.admit(base, depth).is_ok()).count();
+        assert_eq!(admitted as u32, depth / base, "unshared, 512 WQEs hold 13 idle sessions");
     }
 }

@@ -18,7 +18,7 @@
 //!
 //! Everything here is control path: creating, mapping, allocating and freeing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
@@ -158,7 +158,7 @@ impl Segment {
     /// Creates and maps the segment of host `host_id` of this process.
     pub(crate) fn create(host_id: u32) -> Result<Segment> {
         init_process();
-        remove_stale();
+        remove_stale_now_and_then();
         let path = CString::new(seg_path(my_pid(), host_id)).map_err(|_| VerbsError::InvalidArgument {
             call: "sim host segment",
             reason: "path with NUL".into(),
@@ -336,12 +336,35 @@ fn init_process() {
     });
 }
 
+/// Least time between two sweeps of `/dev/shm` by [`Segment::create`], in ns: a sweep reads
+/// every segment's header (a process with 5,000 sim hosts made 5,000 of them), so sweeping at
+/// every create made connecting N sessions cost O(N²) (2,000 sessions from 4 processes took
+/// 46 s).
+const STALE_SWEEP_NS: u64 = 5_000_000_000;
+
+/// [`remove_stale`] at this process's first segment, then at most once per
+/// [`STALE_SWEEP_NS`] (segments are left stale only by processes that died without their exit
+/// handler; the next sweep removes them).
+fn remove_stale_now_and_then() {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = monotonic_ns().max(1);
+    let last = LAST.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < STALE_SWEEP_NS {
+        return;
+    }
+    if LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        remove_stale();
+    }
+}
+
 /// Removes this user's host segments whose creating process is gone (never this process's, never
 /// one a live process may use: see [`stale_reason`]); logs each removal at info, a removal that
 /// fails (another process removed it first, permissions) at debug.
 pub(crate) fn remove_stale() {
     let prefix = format!("rpc-sim.{}.", my_uid());
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    // A process holds many segments (one per host): ask after each pid once per sweep.
+    let mut alive = std::collections::HashMap::new();
     for e in dir.flatten() {
         let name = e.file_name();
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
@@ -350,7 +373,8 @@ pub(crate) fn remove_stale() {
             continue;
         }
         let path = e.path();
-        let Some(why) = stale_reason(pid, &path) else { continue };
+        let live = *alive.entry(pid).or_insert_with(|| pid_alive(pid));
+        let Some(why) = stale_reason(pid, live, &path) else { continue };
         match std::fs::remove_file(&path) {
             Ok(()) => tracing::info!(file = %path.display(), pid, why, "sim: removed a stale host segment"),
             Err(err) => {
@@ -360,8 +384,8 @@ pub(crate) fn remove_stale() {
     }
 }
 
-/// Why the segment at `path`, named for process `pid` (not this one), is stale, or `None` when
-/// a live process may still use it:
+/// Why the segment at `path`, named for process `pid` (not this one; `alive`: [`pid_alive`] of
+/// it), is stale, or `None` when a live process may still use it:
 /// - `pid` is gone (or a zombie): stale;
 /// - `pid` is alive: stale only when the segment is a complete host segment of `pid` whose
 ///   heartbeat is older than [`HEARTBEAT_DEAD_NS`] (its owner writes it every
@@ -369,8 +393,8 @@ pub(crate) fn remove_stale() {
 ///   its segment for the segment's whole life): the pid was reused by a later process. A
 ///   segment being created (no magic yet), of another layout, or whose mapping cannot be read
 ///   (another user's process, permissions) is kept.
-fn stale_reason(pid: u32, path: &std::path::Path) -> Option<&'static str> {
-    if !pid_alive(pid) {
+fn stale_reason(pid: u32, alive: bool, path: &std::path::Path) -> Option<&'static str> {
+    if !alive {
         return Some("its process is gone");
     }
     let (magic, owner, heartbeat) = read_header(path)?;
@@ -416,8 +440,12 @@ pub(crate) struct Arena {
 }
 
 struct ArenaInner {
-    /// Free ranges by offset (coalesced).
+    /// Free ranges by offset (coalesced): start → length.
     free: BTreeMap<usize, usize>,
+    /// The same ranges by length: `(length, start)`, so an allocation finds a range in
+    /// O(log n) however fragmented the segment (a first-fit walk over `free` made a host with
+    /// thousands of QPs and MRs slow to make more: O(n) per allocation).
+    by_len: BTreeSet<(usize, usize)>,
 }
 
 /// Allocation granularity and alignment (bytes): two cache lines.
@@ -426,9 +454,9 @@ const PAGE: usize = 4096;
 
 impl Arena {
     pub(crate) fn new() -> Arena {
-        let mut free = BTreeMap::new();
-        free.insert(HEAP_OFF, seg_len() - HEAP_OFF);
-        Arena { inner: Mutex::new(ArenaInner { free }) }
+        let mut inner = ArenaInner { free: BTreeMap::new(), by_len: BTreeSet::new() };
+        inner.add(HEAP_OFF, seg_len() - HEAP_OFF);
+        Arena { inner: Mutex::new(inner) }
     }
 
     /// Allocates `len` bytes aligned to `align` (a power of two, at least 128) in `seg`;
@@ -438,17 +466,20 @@ impl Arena {
         let len = len.max(1).checked_add(GRAIN - 1)? & !(GRAIN - 1);
         let a = {
             let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            let (&start, &flen) = g.free.iter().find(|(&s, &l)| {
-                let a = (s + align - 1) & !(align - 1);
-                a + len <= s + l
-            })?;
-            g.free.remove(&start);
+            let fits = |&&(l, s): &&(usize, usize)| ((s + align - 1) & !(align - 1)) + len <= s + l;
+            // Best fit: the shortest ranges at least `len` long (one whose start is not aligned
+            // may not fit: a few are tried), else the shortest that fits whatever its alignment.
+            let (flen, start) = match g.by_len.range((len, 0)..).take(16).find(fits) {
+                Some(&r) => r,
+                None => *g.by_len.range((len.checked_add(align - GRAIN)?, 0)..).next()?,
+            };
+            g.remove(start, flen);
             let a = (start + align - 1) & !(align - 1);
             if a > start {
-                g.free.insert(start, a - start);
+                g.add(start, a - start);
             }
             if a + len < start + flen {
-                g.free.insert(a + len, start + flen - (a + len));
+                g.add(a + len, start + flen - (a + len));
             }
             // Published before the offset is handed out (so before anything a peer can learn
             // of is placed there).
@@ -516,19 +547,29 @@ impl Arena {
 }
 
 impl ArenaInner {
+    fn add(&mut self, start: usize, len: usize) {
+        self.free.insert(start, len);
+        self.by_len.insert((len, start));
+    }
+
+    fn remove(&mut self, start: usize, len: usize) {
+        self.free.remove(&start);
+        self.by_len.remove(&(len, start));
+    }
+
     fn insert_free(&mut self, mut off: usize, mut len: usize) {
         if let Some((&s, &l)) = self.free.range(..off).next_back() {
             if s + l == off {
-                self.free.remove(&s);
+                self.remove(s, l);
                 off = s;
                 len += l;
             }
         }
         if let Some(&l) = self.free.get(&(off + len)) {
-            self.free.remove(&(off + len));
+            self.remove(off + len, l);
             len += l;
         }
-        self.free.insert(off, len);
+        self.add(off, len);
     }
 }
 
@@ -610,6 +651,60 @@ mod tests {
         // SAFETY: ours, inside the mapping.
         let bytes = unsafe { std::slice::from_raw_parts(seg.at(c), 6000) };
         assert!(bytes.iter().all(|&x| x == 0), "reallocated memory reads as zeros");
+    }
+
+    /// Thousands of allocations of mixed sizes and alignments, freed in a scrambled order, then
+    /// everything again: the ranges handed out never overlap and stay aligned, the two indexes
+    /// of the free ranges (by offset, by length) always agree, and once all is freed the arena is
+    /// one range again. Sabotaged: `insert_free` coalescing without updating `by_len`: failed
+    /// ("the length index disagrees").
+    #[test]
+    fn a_fragmented_arena_keeps_its_free_indexes_in_step_and_never_overlaps() {
+        let seg = host_seg();
+        let arena = Arena::new();
+        let check = |arena: &Arena| {
+            let g = arena.inner.lock().unwrap();
+            let by_len: BTreeSet<(usize, usize)> = g.free.iter().map(|(&s, &l)| (l, s)).collect();
+            assert!(by_len == g.by_len, "the length index disagrees with the offset index");
+            let mut end = 0;
+            for (&s, &l) in &g.free {
+                assert!(s > end || end == 0, "free ranges touch or overlap at {s}: not coalesced");
+                end = s + l;
+            }
+        };
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _round in 0..2 {
+            let mut live: Vec<(usize, usize)> = Vec::new();
+            for i in 0..3000 {
+                let len = 1 + (next() % 9000) as usize;
+                let align = [128, 256, 4096][(next() % 3) as usize];
+                let a = arena.alloc(&seg, len, align).unwrap();
+                assert_eq!(a % align, 0);
+                live.push((a, len));
+                if i % 3 == 2 {
+                    let (off, l) = live.swap_remove((next() as usize) % live.len());
+                    arena.free(&seg, off, l);
+                }
+            }
+            let mut sorted = live.clone();
+            sorted.sort();
+            for w in sorted.windows(2) {
+                assert!(w[0].0 + w[0].1 <= w[1].0, "allocations overlap: {w:?}");
+            }
+            check(&arena);
+            while !live.is_empty() {
+                let (off, l) = live.swap_remove((next() as usize) % live.len());
+                arena.free(&seg, off, l);
+            }
+            check(&arena);
+            assert_eq!(arena.inner.lock().unwrap().free.len(), 1, "all freed: one range again");
+        }
     }
 
     #[test]
@@ -729,9 +824,9 @@ mod tests {
         // Not a host segment (being created, or something else): kept whatever its age.
         let partial = seg_path(pid, 0xdddd_0003);
         std::fs::write(&partial, b"x").unwrap();
-        assert_eq!(stale_reason(pid, std::path::Path::new(&fresh)), None);
-        assert_eq!(stale_reason(pid, std::path::Path::new(&partial)), None);
-        assert!(stale_reason(pid, std::path::Path::new(&old)).is_some());
+        assert_eq!(stale_reason(pid, true, std::path::Path::new(&fresh)), None);
+        assert_eq!(stale_reason(pid, true, std::path::Path::new(&partial)), None);
+        assert!(stale_reason(pid, true, std::path::Path::new(&old)).is_some());
         remove_stale();
         assert!(std::fs::metadata(&fresh).is_ok(), "a fresh heartbeat: the live pid's segment stays");
         assert!(std::fs::metadata(&partial).is_ok(), "no header: stays");
@@ -759,7 +854,7 @@ mod tests {
         assert!(maps.contains(&mapped), "{maps}");
         // Seen as another pid's: the mapping check alone keeps it.
         let alive_and_mapping = std::path::Path::new(&mapped);
-        assert_eq!(stale_reason(my_pid(), alive_and_mapping), None);
+        assert_eq!(stale_reason(my_pid(), true, alive_and_mapping), None);
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(at, 4096) };
         for p in [&fresh, &partial, &own, &mapped] {
