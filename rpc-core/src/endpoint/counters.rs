@@ -61,7 +61,8 @@ pub struct Counters {
     /// `ServerConfig::reassembly_timeout`.
     pub reassembly_timeouts: u64,
     /// Server: bytes registered for the live sessions (receive rings, send mirrors, staging
-    /// areas, send buffers) now; set by `ServerHandle::counters` (0 in `worker_counters`).
+    /// areas; their send buffers are the workers' pools', `send_pool_bytes`) now; set by
+    /// `ServerHandle::counters` (0 in `worker_counters`).
     pub registered_bytes: u64,
     /// Server: most of `registered_bytes` at once since the server started.
     pub registered_peak: u64,
@@ -187,13 +188,14 @@ impl Counters {
     }
 
     /// Server: bytes pinned per live session, in bytes: the registered memory
-    /// (`registered_bytes`: send buffers, rings, send areas) and the SRQ's receive buffers
-    /// (`recv_buffer_bytes`) over the sessions open (`sessions_opened - sessions_closed`); `None`
-    /// with no session open. The figure `ServerConfig::srq_idle_wqes` and the on-demand rings
-    /// keep small for idle sessions.
+    /// (`registered_bytes`: rings, send areas), the SRQ's receive buffers (`recv_buffer_bytes`)
+    /// and the workers' send buffers (`send_pool_bytes`) over the sessions open
+    /// (`sessions_opened - sessions_closed`); `None` with no session open. The figure
+    /// `ServerConfig::srq_idle_wqes`, the on-demand rings and the shared send pools keep small
+    /// for idle sessions.
     pub fn pinned_per_session(&self) -> Option<u64> {
         let live = self.sessions_opened.checked_sub(self.sessions_closed).filter(|&n| n > 0)?;
-        Some((self.registered_bytes + self.recv_buffer_bytes) / live)
+        Some((self.registered_bytes + self.recv_buffer_bytes + self.send_pool_bytes) / live)
     }
 
     /// Adds `other` into `self`.

@@ -259,8 +259,8 @@ pub struct ServerConfig {
     /// 2 ms, at most 1 s; its reservation is given back when the client acknowledges). Default
     /// 5 s; `None` keeps raised credits until the session closes; not zero.
     pub credit_idle: Option<Duration>,
-    /// Sessions over all workers. Default 128. Each registers send buffers at connect:
-    /// (2 × credits + 8) × (`eager_threshold` + 40) bytes, 291 KiB at the defaults; while its
+    /// Sessions over all workers. Default 128. Each registers nothing at connect (its send
+    /// buffers are its worker's pool's, [`ServerConfig::max_send_pool_bytes`]); while its
     /// client sends bodies above the eager threshold (see [`ServerConfig::ring_idle`]) also a
     /// receive ring (`ring_bytes`, capped over all sessions by `max_ring_pool_bytes`); while it sends bodies above the eager threshold (see
     /// [`ServerConfig::send_area_idle`]) also a send mirror of the client's ring and a send
