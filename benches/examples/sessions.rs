@@ -6,21 +6,29 @@
 //! the workers' shared send buffers: a session registers none of its own), each per session.
 //!
 //! ```text
-//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--transport sim|rdma]
+//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--transport sim|rdma]
 //! ```
 //!
 //! N defaults to 1,000 sessions, P to 4 client processes; `--credits` is the server's
 //! `credits_per_session` and each client's window (default 2); `--workers` the server's workers
-//! (default 1). The server admits exactly N sessions (`max_sessions`), polls with
-//! `SpinThenYield`, and raises its open-file soft limit to the hard one (sessions beyond it hold
-//! no control connection: `ServerConfig::max_control_connections`). The machine's 1-minute load is printed next
-//! to the figures.
+//! (default 1); `--control` the server's `max_control_connections` (default 0: the open-file
+//! limit less 128, the server raising its soft limit to the hard one; sessions beyond it hold no
+//! TCP control connection). The server admits exactly N sessions (`max_sessions`), polls with
+//! `SpinThenYield`, and does not probe idle clients (`peer_timeout` None: a blocking client
+//! answers probes only while called). Each client process connects its sessions from one thread,
+//! so they share one device context (`Client::connect` takes its thread's endpoint). The
+//! machine's 1-minute load is printed next to the figures.
 //!
 //! Credits are granted on demand (protocol 12): the server here sets
-//! `ServerConfig::initial_credits` to 2 (its default is 32), so an idle session reserves 37
-//! receive WQEs of its worker's SRQ whatever `--credits` says, and a
-//! worker on sim (`max_srq_wr` 16 384) admits 442 sessions (880 on `--workers 2`; before, 321
-//! per worker at 2 credits and 129 at 32).
+//! `ServerConfig::initial_credits` to 2 (its default is 32). Idle sessions share their receive
+//! WQEs beyond `ServerConfig::srq_idle_wqes` (4,096 per worker), so a worker admits sessions up
+//! to `max_sessions` (before, 442 per worker on sim at 2 credits: each reserved 37 of a
+//! 16,384-WQE SRQ).
+//!
+//! With tens of thousands of control connections on loopback, a loaded 2-core machine may drop
+//! TCP keepalives at the loopback's backlog (`net.core.netdev_max_backlog`, 1,000 by default;
+//! `/proc/net/softnet_stat`'s second column counts the drops), and a control connection whose
+//! probes all go unanswered for its liveness time (10 s) is closed; `--control` keeps fewer.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -38,16 +46,19 @@ struct Opts {
     procs: usize,
     credits: u16,
     workers: usize,
+    /// `ServerConfig::max_control_connections` (0: the server's default).
+    control: usize,
     transport: Transport,
 }
 
 fn usage(what: &str) -> ! {
-    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--transport sim|rdma]");
+    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--control K] [--transport sim|rdma]");
     std::process::exit(2)
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Opts {
-    let mut o = Opts { sessions: 1000, procs: 4, credits: 2, workers: 1, transport: Transport::Sim };
+    let mut o =
+        Opts { sessions: 1000, procs: 4, credits: 2, workers: 1, control: 0, transport: Transport::Sim };
     let mut plain = 0;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -61,6 +72,12 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
                     .and_then(|v| v.parse().ok())
                     .filter(|c| (1..=4096).contains(c))
                     .unwrap_or_else(|| usage("--credits takes 1..=4096"))
+            }
+            "--control" => {
+                o.control = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| usage("--control takes a number of connections"))
             }
             "--workers" => {
                 o.workers = args
@@ -105,6 +122,11 @@ fn serve(o: &Opts) {
         // Sessions idle between the two rounds of calls are kept (an hour); the timer also lets
         // sessions beyond the open-file limit hold no control connection.
         .idle_timeout(Some(Duration::from_secs(3600)))
+        // No probe of the clients: a blocking `Client` answers a Ping only while it is called,
+        // and these wait on their stdin between the two rounds (longer than the default 6 s
+        // when 20,000 sessions connect). The idle timer above still reclaims dead sessions.
+        .peer_timeout(None)
+        .max_control_connections(o.control)
         .add_service(BenchServer::new(BenchService::default()))
         .spawn("127.0.0.1:0")
         .unwrap_or_else(|e| usage(&format!("server start: {e}")));
@@ -174,6 +196,10 @@ fn clients(o: &Opts, addr: &str, n: usize) {
 }
 
 fn main() {
+    // Warnings and errors of the runtime (a session refused or closed) on stderr; RUST_LOG for more.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let mut args = std::env::args().skip(1).peekable();
     match args.peek().map(String::as_str) {
         Some("--serve") => {
@@ -196,6 +222,8 @@ fn main() {
         o.credits.to_string(),
         "--workers".into(),
         o.workers.to_string(),
+        "--control".into(),
+        o.control.to_string(),
         "--transport".into(),
         transport_arg(&o.transport).into(),
     ];

@@ -398,6 +398,10 @@ pub(crate) struct Worker<P: Provider> {
     registry: Arc<Registry>,
     limits: WorkerLimits,
     entries: Vec<Option<Entry<P>>>,
+    /// Indexes of `entries` that hold no session (a stack: a new session takes the last).
+    free_entries: Vec<u16>,
+    /// The index of each live session's entry, by session id (a Close from the listener).
+    by_session: crate::dispatch::registry::IdMap<u16>,
     gens: Vec<u16>,
     by_qpn: crate::dispatch::registry::IdMap<u16>,
     dirty: Vec<u16>,
@@ -456,6 +460,8 @@ impl<P: Provider> Worker<P> {
             registry,
             limits,
             entries: (0..n).map(|_| None).collect(),
+            free_entries: (0..n as u16).rev().collect(),
+            by_session: crate::dispatch::registry::IdMap::with_capacity_and_hasher(n, Default::default()),
             gens: vec![0; n],
             by_qpn,
             dirty: Vec::with_capacity(n),
@@ -1208,10 +1214,8 @@ impl<P: Provider> Worker<P> {
             match c {
                 Control::Open(nc) => self.open(*nc),
                 Control::Close(session) => {
-                    if let Some(idx) =
-                        self.entries.iter().position(|s| s.as_ref().is_some_and(|s| s.session == session))
-                    {
-                        self.close_entry(idx as u16, "peer closed the connection", false, false);
+                    if let Some(&idx) = self.by_session.get(&session) {
+                        self.close_entry(idx, "peer closed the connection", false, false);
                     }
                 }
             }
@@ -1229,7 +1233,9 @@ impl<P: Provider> Worker<P> {
                 }
             }
         }
-        let Some(idx) = self.entries.iter().position(Option::is_none) else {
+        // No scan: with thousands of sessions a scan per open (and per close) held the worker
+        // for 100 ms at a time, and the listener took it for stuck.
+        let Some(idx) = self.free_entries.pop().map(usize::from) else {
             tracing::warn!(
                 worker = self.shared.index,
                 session = nc.session,
@@ -1245,6 +1251,7 @@ impl<P: Provider> Worker<P> {
         };
         self.gens[idx] = self.gens[idx].wrapping_add(1);
         self.by_qpn.insert(nc.conn.qp.qp_num(), idx as u16);
+        self.by_session.insert(nc.session, idx as u16);
         // A server's session has no ring at connect (protocol 12: granted on demand).
         let ring = nc.conn.ring.is_some();
         let window = nc.conn.ring.as_ref().is_some_and(|r| r.has_window());
@@ -1302,6 +1309,8 @@ impl<P: Provider> Worker<P> {
     /// close its TCP connection (the client then sees the session gone).
     fn close_entry(&mut self, idx: u16, reason: &str, malformed: bool, notify: bool) {
         let Some(entry) = self.entries.get_mut(idx as usize).and_then(Option::take) else { return };
+        self.free_entries.push(idx);
+        self.by_session.remove(&entry.session);
         if entry.timed {
             self.timed.retain(|&i| i != idx);
         }

@@ -143,19 +143,12 @@ impl Fabric {
     }
 }
 
-/// Waits until no transfer that started before this call is still running anywhere in the
-/// fabric: every transfer runs under its requester's send-queue guard, so taking and releasing
-/// each QP's guard once is a grace period (RCU-style).
+/// Waits until no transfer of this process that started before this call is still running:
+/// every transfer runs under its requester's send-queue guard, so a grace period over the
+/// guards ([`super::guard::synchronize`], RCU-style: O(threads)) is one over the transfers.
+/// Transfers of peer processes are waited out by the host's epoch ([`super::epoch`]).
 pub(crate) fn quiesce() {
-    let qps: Vec<Arc<QpCore>> = lock(&FABRIC.qps).values().filter_map(Weak::upgrade).collect();
-    for qp in qps {
-        qp.quiesce();
-    }
-    // QPs detached from the fabric (vanished hosts) may still be scheduled for retries.
-    let timers: Vec<Arc<QpCore>> = lock(&FABRIC.timers).clone();
-    for qp in timers {
-        qp.quiesce();
-    }
+    super::guard::synchronize();
 }
 
 fn timer_loop() {

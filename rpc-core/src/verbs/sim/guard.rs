@@ -4,8 +4,16 @@
 //! Uncontended (the QP's own thread posting and executing), it is one CAS on a cache line that
 //! stays in that thread's cache. It is contended only by the fabric's timer thread during RNR or
 //! retry back-off and by control-path calls (modify, destroy, MR deregistration), all short.
+//!
+//! Every transfer of this process runs under a guard, so a grace period (what an MR's or QP's
+//! destruction waits out) is "every guard held at its start has been released". Each thread
+//! counts the guards it takes and releases in a slot of its own ([`Slot`]: two counters on a
+//! cache line only it writes), and [`synchronize`] waits on the threads' slots: O(threads) per
+//! grace period, not O(QPs) (taking every QP's guard in turn made destroying N QPs O(N²): a
+//! worker closing 10,000 sessions was held for tens of seconds).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Free when zeroed (it lives in a QP's shared state, in the host segment).
 pub(crate) struct SpinGuard {
@@ -16,8 +24,20 @@ impl SpinGuard {
     /// Takes the guard if it is free.
     #[inline]
     pub(crate) fn try_lock(&self) -> bool {
-        !self.locked.load(Ordering::Relaxed)
-            && self.locked.compare_exchange(false, true, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+        if self.locked.load(Ordering::Relaxed) {
+            return false;
+        }
+        // Counted before the CAS: the CAS (a locked instruction, a full barrier on x86) makes
+        // the count visible before anything the holder then reads (a key a grace period
+        // invalidated), as `synchronize`'s fence requires.
+        enter();
+        #[cfg(not(target_arch = "x86_64"))]
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let taken = self.locked.compare_exchange(false, true, Ordering::SeqCst, Ordering::Relaxed).is_ok();
+        if !taken {
+            exit();
+        }
+        taken
     }
 
     /// Takes the guard, spinning (then yielding) while another thread holds it.
@@ -38,5 +58,158 @@ impl SpinGuard {
     #[inline]
     pub(crate) fn unlock(&self) {
         self.locked.store(false, Ordering::Release);
+        exit();
+    }
+}
+
+/// Counts a guard taken by this thread (in [`ORPHAN`] once the thread's slot is gone: a guard
+/// taken by a thread-local destructor).
+#[inline]
+fn enter() {
+    if SLOT.try_with(|s| s.enter()).is_err() {
+        ORPHAN.taken.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts a guard released by this thread.
+#[inline]
+fn exit() {
+    if SLOT.try_with(|s| s.exit()).is_err() {
+        ORPHAN.released.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// The slot of threads past their thread-locals' destruction (shared: counted by atomic adds).
+static ORPHAN: Slot = Slot { taken: AtomicU64::new(0), released: AtomicU64::new(0) };
+
+/// One thread's count of guards taken and released (each written only by its thread; read by
+/// [`synchronize`]). Its own cache line, so counting costs its thread no sharing.
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct Slot {
+    taken: AtomicU64,
+    released: AtomicU64,
+}
+
+impl Slot {
+    #[inline]
+    fn enter(&self) {
+        self.taken.store(self.taken.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn exit(&self) {
+        self.released.store(self.released.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+}
+
+/// The slots of the threads that took a guard (a thread's goes back to `FREE` when it exits).
+static SLOTS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
+/// Slots of exited threads, for the next threads (no guard held: their counts are equal).
+static FREE: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
+
+/// This thread's slot, claimed at its first guard.
+struct Claimed(&'static Slot);
+
+impl Claimed {
+    fn new() -> Claimed {
+        let free = FREE.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let slot = free.unwrap_or_else(|| {
+            let slot: &'static Slot = Box::leak(Box::default());
+            SLOTS.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+            slot
+        });
+        Claimed(slot)
+    }
+}
+
+impl std::ops::Deref for Claimed {
+    type Target = Slot;
+    fn deref(&self) -> &Slot {
+        self.0
+    }
+}
+
+impl Drop for Claimed {
+    fn drop(&mut self) {
+        FREE.lock().unwrap_or_else(|e| e.into_inner()).push(self.0);
+    }
+}
+
+thread_local! {
+    static SLOT: Claimed = Claimed::new();
+}
+
+/// Waits until every guard of this process that another thread held when this was called has
+/// been released (a grace period: a transfer that started before it has ended; one that starts
+/// after it sees what the caller invalidated before it). The caller's own guards are not
+/// waited for (it holds none while it destroys).
+pub(crate) fn synchronize() {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let mut slots: Vec<&'static Slot> = SLOTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    slots.push(&ORPHAN);
+    let mine = SLOT.try_with(|s| s.0 as *const Slot).ok();
+    for slot in slots {
+        if Some(slot as *const Slot) == mine {
+            continue;
+        }
+        let taken = slot.taken.load(Ordering::SeqCst);
+        let mut spins = 0u32;
+        while slot.released.load(Ordering::Acquire) < taken {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    /// A grace period waits for a guard another thread held when it began, and ends once that
+    /// guard is released. Sabotaged: `synchronize` returning at once: failed ("the grace period
+    /// ended while a guard it must wait for was held").
+    #[test]
+    fn a_grace_period_waits_for_the_guards_held_when_it_began() {
+        let guard: &'static SpinGuard = Box::leak(Box::new(SpinGuard { locked: AtomicBool::new(false) }));
+        let (held_tx, held) = mpsc::channel();
+        let (release_tx, release) = mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            guard.lock();
+            held_tx.send(()).unwrap();
+            release.recv().unwrap();
+            guard.unlock();
+        });
+        held.recv().unwrap();
+        let ended = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                synchronize();
+                ended.store(true, Ordering::SeqCst);
+            })
+        };
+        // Whatever the timing, a correct grace period cannot end here; a broken one has had
+        // time to.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !ended.load(Ordering::SeqCst),
+            "the grace period ended while a guard it must wait for was held"
+        );
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        waiter.join().unwrap();
+        assert!(ended.load(Ordering::SeqCst));
+        // A thread's own guards are not waited for, nor free ones.
+        guard.lock();
+        synchronize();
+        guard.unlock();
     }
 }

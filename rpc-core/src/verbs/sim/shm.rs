@@ -158,7 +158,7 @@ impl Segment {
     /// Creates and maps the segment of host `host_id` of this process.
     pub(crate) fn create(host_id: u32) -> Result<Segment> {
         init_process();
-        remove_stale_now_and_then();
+        remove_stale();
         let path = CString::new(seg_path(my_pid(), host_id)).map_err(|_| VerbsError::InvalidArgument {
             call: "sim host segment",
             reason: "path with NUL".into(),
@@ -334,27 +334,6 @@ fn init_process() {
         // SAFETY: registering a plain `extern "C"` function.
         unsafe { libc::atexit(unlink_own_at_exit) };
     });
-}
-
-/// Least time between two sweeps of `/dev/shm` by [`Segment::create`], in ns: a sweep reads
-/// every segment's header (a process with 5,000 sim hosts made 5,000 of them), so sweeping at
-/// every create made connecting N sessions cost O(N²) (2,000 sessions from 4 processes took
-/// 46 s).
-const STALE_SWEEP_NS: u64 = 5_000_000_000;
-
-/// [`remove_stale`] at this process's first segment, then at most once per
-/// [`STALE_SWEEP_NS`] (segments are left stale only by processes that died without their exit
-/// handler; the next sweep removes them).
-fn remove_stale_now_and_then() {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = monotonic_ns().max(1);
-    let last = LAST.load(Ordering::Relaxed);
-    if last != 0 && now.saturating_sub(last) < STALE_SWEEP_NS {
-        return;
-    }
-    if LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-        remove_stale();
-    }
 }
 
 /// Removes this user's host segments whose creating process is gone (never this process's, never

@@ -271,12 +271,6 @@ impl QpCore {
         }
     }
 
-    /// Waits until no thread is inside this QP's send-queue section (grace period for MR
-    /// deregistration).
-    pub(crate) fn quiesce(&self) {
-        self.with_sq(|_| ());
-    }
-
     pub(crate) fn deadline_ns(&self) -> u64 {
         self.deadline.load(Ordering::Relaxed)
     }
