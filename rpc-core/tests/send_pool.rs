@@ -13,7 +13,7 @@
 //! - `Worker::run` not calling `retry_starved`: `sessions_wanting_more_buffers_than_the_cap_all_finish`
 //!   gave up after 60 s at 64 calls answered, no buffer in use (sessions whose answers waited for
 //!   a buffer were never retried; with liveness probes on, a Ping rescued them seconds later,
-//!   so the test turns probes off).
+//!   so the test turns probes off). `Worker::note_starved` noting no session: the same.
 //! - `Worker::close_entry` dropping the session's `Conn` instead of `Conn::close`:
 //!   `a_session_closed_with_its_answer_posted_gives_the_buffer_back_to_its_worker` failed, one
 //!   buffer in use after the close (lost to the pool).

@@ -207,6 +207,8 @@ struct Entry<P: Provider> {
     /// request stored (at most [`crate::wire::MAX_CACHED_BLOCK`] bytes), or the status it was
     /// refused with, which the requests naming it are answered with.
     kept_metadata: Option<Result<Arc<crate::metadata::Metadata>, Status>>,
+    /// In [`Worker::starved`]: it waits for a send buffer.
+    starved: bool,
 }
 
 /// A stream with a handler on it: its call, the sink its handler sends into (server and
@@ -428,8 +430,11 @@ pub(crate) struct Worker<P: Provider> {
     /// The sessions with open streams, each once (empty: the loop skips
     /// [`Worker::pump_streams`]), so a pump visits those only, not every session entry.
     streaming: Vec<u16>,
-    /// Where [`Worker::retry_starved`] starts next.
-    retry_from: usize,
+    /// Sessions waiting for a send buffer (the pool empty at its cap), oldest first
+    /// ([`Worker::note_starved`]), and the ones being retried ([`Worker::retry_starved`]): both
+    /// allocated for every session at once.
+    starved: Vec<u16>,
+    retrying: Vec<u16>,
     // Last: dropped after every QP.
     /// The send buffers every session of this worker sends from (`ServerConfig::max_send_pool_bytes`).
     send: SendPool<P>,
@@ -474,7 +479,8 @@ impl<P: Provider> Worker<P> {
             ended: Vec::new(),
             local,
             streaming: Vec::with_capacity(n),
-            retry_from: 0,
+            starved: Vec::with_capacity(n),
+            retrying: Vec::with_capacity(n),
             wcs,
             send,
             recv,
@@ -1270,6 +1276,7 @@ impl<P: Provider> Worker<P> {
             registered: nc.registered,
             ring_charge: None,
             kept_metadata: None,
+            starved: false,
         });
         if let Some(s) = self.entries[idx].as_mut() {
             let now = Instant::now();
@@ -1495,21 +1502,45 @@ impl<P: Provider> Worker<P> {
         if sent {
             self.mark_dirty(idx);
         }
+        self.note_starved(idx);
     }
 
-    /// Sends what waits for send buffers now that completions freed some: the sessions with
-    /// answers waiting in their backlog, or control messages due, from a rotating start (so no
-    /// session is always served last). Runs only after the pool was found empty at its cap
-    /// (`ServerConfig::max_send_pool_bytes`), never on the data path.
+    /// Notes session `idx` as waiting for a send buffer when the pool was found empty at its
+    /// cap and the session has something to send (answers in its backlog, control messages
+    /// due): [`Worker::retry_starved`] sends it on once completions free buffers. One load
+    /// and a branch while the pool is not starved.
+    #[inline]
+    fn note_starved(&mut self, idx: u16) {
+        if !self.send.starved() {
+            return;
+        }
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if !entry.starved && (!entry.backlog.is_empty() || entry.conn.wants_send()) {
+            entry.starved = true;
+            self.starved.push(idx);
+        }
+    }
+
+    /// Sends on what waits for send buffers now that completions freed some: the sessions
+    /// [`Worker::note_starved`] noted, oldest first, until the pool is empty again (the rest
+    /// wait for the next completions). Runs only after the pool was found empty at its cap
+    /// (`ServerConfig::max_send_pool_bytes`), never on the data path; visits the waiting
+    /// sessions only, not every session.
     #[cold]
     #[inline(never)]
     fn retry_starved(&mut self) {
         self.send.take_starved();
-        let n = self.entries.len();
-        let start = self.retry_from % n.max(1);
-        for k in 0..n {
-            let idx = ((start + k) % n) as u16;
-            let Some(entry) = self.entries[idx as usize].as_ref() else { continue };
+        std::mem::swap(&mut self.starved, &mut self.retrying);
+        for k in 0..self.retrying.len() {
+            let idx = self.retrying[k];
+            if self.send.starved() {
+                // Empty again: the rest keep their place (still noted).
+                let Worker { retrying, starved, .. } = self;
+                starved.extend_from_slice(&retrying[k..]);
+                break;
+            }
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            entry.starved = false;
             let backlog = !entry.backlog.is_empty();
             let due = entry.conn.wants_send();
             if backlog {
@@ -1518,12 +1549,8 @@ impl<P: Provider> Worker<P> {
             if due {
                 self.mark_dirty(idx);
             }
-            if self.send.starved() {
-                // Empty again: the rest wait for the next completions.
-                self.retry_from = idx as usize;
-                return;
-            }
         }
+        self.retrying.clear();
     }
 
     fn flush_dirty(&mut self) {
@@ -1538,7 +1565,9 @@ impl<P: Provider> Worker<P> {
             if let Err(e) = entry.conn.flush(&mut self.send, tag) {
                 tracing::warn!(worker = self.shared.index, session = entry.session, error = %e, "posting sends failed");
                 self.close_entry(idx, "posting sends failed", false, true);
+                continue;
             }
+            self.note_starved(idx);
         }
     }
 
