@@ -6,10 +6,12 @@
 //! one client session) and its peak (`VmHWM`), and what the server registered
 //! (`Counters::recv_buffer_bytes`, `Counters::registered_bytes`, of which
 //! `Counters::send_area_bytes` for send mirrors and staging areas, `Counters::ring_bytes` for
-//! receive rings). The idle session's line sums what the server pins for it: its session memory
-//! (send buffers; a receive ring only once its client sends bodies above the eager threshold,
-//! `ServerConfig::ring_idle`, and a send mirror and staging area only once it sends such
-//! bodies, `ServerConfig::send_area_idle`) and the SRQ receive buffers of its reservation
+//! receive rings), and `Counters::send_pool_bytes` (the worker's send buffers, shared by its
+//! sessions and registered as sends need them: an idle session holds none). The idle session's
+//! line sums what the server pins for it: its session memory (nothing at connect; a receive
+//! ring only once its client sends bodies above the eager threshold, `ServerConfig::ring_idle`,
+//! and a send mirror and staging area only once it sends such bodies,
+//! `ServerConfig::send_area_idle`) and the SRQ receive buffers of its reservation
 //! (`Counters::srq_reserved`: its `ServerConfig::initial_credits`, credits being granted on
 //! demand; the worker's buffers also hold room for raises).
 //!
@@ -79,12 +81,14 @@ fn main() {
             println!(
                 "with one client session: VmRSS {:.1} MiB (client included), receive buffers registered \
                  {} KiB, session memory registered {} KiB (receive rings {} KiB, send mirrors and staging \
-                 areas {} KiB)",
+                 areas {} KiB), the worker's send buffers {} KiB (shared by its sessions, {} in use)",
                 status_kib("VmRSS:") as f64 / 1024.0,
                 c.recv_buffer_bytes >> 10,
                 c.registered_bytes >> 10,
                 c.ring_bytes >> 10,
-                c.send_area_bytes >> 10
+                c.send_area_bytes >> 10,
+                c.send_pool_bytes >> 10,
+                c.send_bufs_in_use
             );
             let session = c.registered_bytes - before.registered_bytes;
             // What the session reserves of its worker's SRQ (its initial credits, no ring); the

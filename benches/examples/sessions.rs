@@ -2,7 +2,8 @@
 //! server process and `P` client processes that connect `N` sessions in all to it, each session
 //! making one 32 B echo call when it connects and one more after all are connected; then reports
 //! the time to connect them all, the server's resident memory (`VmRSS`) and what it registered
-//! (`Counters::registered_bytes` + `Counters::recv_buffer_bytes`), each per session.
+//! (`Counters::registered_bytes` + `Counters::recv_buffer_bytes` + `Counters::send_pool_bytes`,
+//! the workers' shared send buffers: a session registers none of its own), each per session.
 //!
 //! ```text
 //! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--transport sim|rdma]
@@ -139,12 +140,13 @@ fn serve(o: &Opts) {
         if line.trim() == "report" {
             let c = server.counters();
             println!(
-                "report {} {} {} {} {}",
+                "report {} {} {} {} {} {}",
                 status_kib("VmRSS:"),
                 c.registered_bytes,
                 c.recv_buffer_bytes,
                 c.sessions_opened - c.sessions_closed,
-                c.sessions_detached
+                c.sessions_detached,
+                c.send_pool_bytes
             );
             let _ = std::io::stdout().flush();
         }
@@ -269,10 +271,10 @@ fn main() {
         writeln!(server_in, "report").expect("server stdin");
         let l = server_out.next().and_then(Result::ok).unwrap_or_default();
         let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-        if v.len() != 5 {
+        if v.len() != 6 {
             usage(&format!("server report {l:?}"));
         }
-        (v[0], v[1], v[2], v[3], v[4])
+        (v[0], v[1], v[2], v[3], v[4], v[5])
     };
     std::thread::sleep(Duration::from_millis(100));
     let idle = report(&mut server_in, &mut server_out);
@@ -335,12 +337,15 @@ fn main() {
         second.as_secs_f64()
     );
     println!(
-        "server per session: VmRSS {:.1} KiB, pinned {:.1} KiB (session memory {:.1} KiB + SRQ receive buffers {:.1} KiB); \
-         server VmRSS idle {:.1} MiB, with all sessions {:.1} MiB; load1 {}",
+        "server per session: VmRSS {:.1} KiB, pinned {:.1} KiB (session memory {:.1} KiB + SRQ receive buffers {:.1} KiB \
+         + the workers' send buffers {:.1} KiB, {} KiB in all); server VmRSS idle {:.1} MiB, with all sessions {:.1} MiB; \
+         load1 {}",
         (full.0 - idle.0) as f64 / n,
-        ((full.1 + full.2) - (idle.1 + idle.2)) as f64 / 1024.0 / n,
+        ((full.1 + full.2 + full.5) - (idle.1 + idle.2 + idle.5)) as f64 / 1024.0 / n,
         (full.1 - idle.1) as f64 / 1024.0 / n,
         (full.2 - idle.2) as f64 / 1024.0 / n,
+        (full.5 - idle.5) as f64 / 1024.0 / n,
+        full.5 >> 10,
         idle.0 as f64 / 1024.0,
         full.0 as f64 / 1024.0,
         load1()

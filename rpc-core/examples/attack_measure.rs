@@ -261,7 +261,7 @@ fn ring_return_flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::Jo
 /// SENDs `h` alone when a send buffer is free (never waits: a flood whose SENDs meet RNR keeps
 /// trying).
 fn try_send(raw: &mut RawClient, h: Header) -> bool {
-    let Some(mut b) = raw.pool.acquire_for(&raw.sq) else { return false };
+    let Some(mut b) = raw.pool.acquire_for(&mut raw.sq) else { return false };
     if h.encode_into(raw.pool.buf_mut(&mut b)).is_err() {
         raw.pool.give_back(b);
         return false;

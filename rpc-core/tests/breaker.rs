@@ -227,7 +227,7 @@ fn a_ring_return_flood_closes_only_its_own_session() {
         }
         // Its QP learns late that the server's end is gone (its SENDs retry): no waiting for
         // send buffers here.
-        let Some(mut b) = c.pool.acquire_for(&c.sq) else {
+        let Some(mut b) = c.pool.acquire_for(&mut c.sq) else {
             let _ = c.sq.flush(&c.peer.qp, &mut c.pool, 1);
             c.poll();
             continue;

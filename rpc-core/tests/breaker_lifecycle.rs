@@ -534,7 +534,7 @@ fn a_server_streaming_past_the_deadline_is_ended_by_the_client() {
                 ..header_for(req, Kind::StreamMsg)
             };
             while credits > 0
-                && c.pool.acquire_for(&c.sq).is_some_and(|b| {
+                && c.pool.acquire_for(&mut c.sq).is_some_and(|b| {
                     c.pool.give_back(b);
                     true
                 })

@@ -72,7 +72,7 @@ mod on_any_nic {
             );
             // Take and post as many as the send queue has room for, without polling in between.
             while sent < total {
-                let Some(mut buf) = pool.acquire_for(&sq) else {
+                let Some(mut buf) = pool.acquire_for(&mut sq) else {
                     waits += 1;
                     break;
                 };
@@ -137,7 +137,7 @@ fn staged_bodies_go_out_in_pieces_and_their_space_frees_only_with_the_last_write
         token = sq.write_staged(&staging, t, from, len, (hb.ring_addr + ring_off, hb.ring_rkey), from + len);
         assert_eq!(token.is_none(), i == pieces.len() - 1, "only the last piece consumes the token");
     }
-    let buf = pool.acquire_for(&sq).unwrap();
+    let buf = pool.acquire_for(&mut sq).unwrap();
     sq.send(&mut pool, buf, 8, true);
     let used = staging.used();
     sq.flush(&a.qp, &mut pool, 1).unwrap();
@@ -239,11 +239,11 @@ fn a_completion_gives_back_only_what_its_own_work_request_used() {
     let buf = pool2.acquire().unwrap();
     sq2.send(&mut pool2, buf, 8, false);
     sq2.flush(&b.qp, &mut pool2, 9).unwrap();
-    assert_eq!(pool2.posted(), 1);
+    assert_eq!((pool2.in_use(), sq2.posted_bufs()), (1, 1));
 
     let mut wcs = Completions::<64>::new();
     for round in 0..2 {
-        let buf = pool.acquire_for(&sq).unwrap();
+        let buf = pool.acquire_for(&mut sq).unwrap();
         sq.send(&mut pool, buf, 8, false);
         sq.flush(&a.qp, &mut pool, 1).unwrap();
         let c = wait_for_one(&b, &mut wcs, |c| c.send_tag().is_none());
@@ -255,7 +255,7 @@ fn a_completion_gives_back_only_what_its_own_work_request_used() {
         }
         let c = wait_for_one(&a, &mut wcs, |c| c.send_tag() == Some(1));
         assert!(!sq2.on_completion(c, &mut pool2), "another queue's completion retires nothing");
-        assert_eq!(pool2.posted(), 1, "b's SEND buffer stays posted");
+        assert_eq!((pool2.in_use(), sq2.posted_bufs()), (1, 1), "b's SEND buffer stays posted");
     }
     // Flushed WRs, unsignaled ones too, complete with their queue's tag: none of them is taken
     // for a receive buffer (an unsignaled WR's `wr_id` was 0, which named receive buffer 0).
@@ -338,7 +338,7 @@ fn ring_marks_retire_in_posting_order_with_their_writes_completions() {
     for (offset, len, mark) in [(0u32, 10u32, 10u32), (10, 20, 30)] {
         assert!(mirror.write_at(offset, &vec![0x5a; len as usize]));
         sq.write(&mirror, offset, len, hb.ring_addr, hb.ring_rkey, mark);
-        let buf = pool.acquire_for(&sq).unwrap();
+        let buf = pool.acquire_for(&mut sq).unwrap();
         sq.send(&mut pool, buf, 8, true);
         sq.flush(&a.qp, &mut pool, 1).unwrap();
     }
@@ -353,7 +353,7 @@ fn ring_marks_retire_in_posting_order_with_their_writes_completions() {
     // signaled SEND (not inline: signaled) retires none.
     sq.write(&mirror, 30, 10, hb.ring_addr, hb.ring_rkey, 40);
     sq.discard_pending(&mut pool);
-    let buf = pool.acquire_for(&sq).unwrap();
+    let buf = pool.acquire_for(&mut sq).unwrap();
     sq.send(&mut pool, buf, 8, false);
     sq.flush(&a.qp, &mut pool, 1).unwrap();
     poll_one(&mut pool, &mut sq);

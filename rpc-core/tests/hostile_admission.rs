@@ -106,8 +106,8 @@ fn a_client_ring_beyond_the_servers_limits_is_refused_before_anything_is_registe
         before.registered_bytes - before.send_area_bytes + areas,
         "something was registered for a refused peer: {after:?}"
     );
-    // Mirror 1 MiB, staging 2 MiB and send buffers of the good session only (no ring: its
-    // requests are small).
+    // Mirror 1 MiB and staging 2 MiB of the good session only (no ring: its requests are small;
+    // send buffers are the worker's pool's, not counted here).
     assert!(after.registered_peak < 4 << 20, "{after:?}");
     server.shutdown();
 }

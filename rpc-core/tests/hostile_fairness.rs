@@ -31,7 +31,7 @@ const ROUNDS: u64 = 300;
 fn flood(c: &mut RawClient, n: u32, make: &impl Fn(u32) -> Header) -> u32 {
     let mut sent = 0;
     while sent < n && !c.dead {
-        let Some(mut b) = c.pool.acquire_for(&c.sq) else { break };
+        let Some(mut b) = c.pool.acquire_for(&mut c.sq) else { break };
         let h = Header { session: c.session, ..make(sent) };
         h.encode_into(c.pool.buf_mut(&mut b)).unwrap();
         c.sq.send(&mut c.pool, b, rpc_core::wire::HEADER_LEN as u32, false);

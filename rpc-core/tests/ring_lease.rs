@@ -27,9 +27,10 @@ use rpc_core::wire::{Header, Kind};
 use rpc_core::{CallOptions, Client, Code};
 use rpc_support::*;
 
-/// What a server registers for one default session at connect: its 72 send buffers of 4136
-/// bytes, and no ring.
-const BASE: u64 = 72 * 4136;
+/// What a server registers for one default session at connect: nothing (its send buffers are
+/// its worker's pool's, `Counters::send_pool_bytes`, not part of `registered_bytes`; its
+/// receive ring is granted on demand, protocol 12).
+const BASE: u64 = 0;
 
 /// The server's default ring.
 const RING: u64 = 1 << 20;

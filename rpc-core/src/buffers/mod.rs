@@ -9,11 +9,14 @@
 //!   bytes are readable through the pool while the token lives, and which is posted again only by
 //!   giving it back by value ([`RecvPool::repost`]). Reading a posted buffer, or reposting one that
 //!   is being read, does not compile.
-//! - [`SendPool`]: a send buffer is free (a [`SendBuf`] token; the owner writes it) or posted
-//!   (the token was consumed by [`SendQueue::send`]) until a polled completion of a signaled WR
-//!   at or after it retires it ([`SendQueue::on_completion`]). Inline sends too: their buffer is
-//!   reused only after a signaled completion covers its WQE, so the free buffers bound the WQEs
-//!   outstanding.
+//! - [`SendPool`]: a send buffer is free (on the pool's free list, or a [`SendBuf`] token: the
+//!   owner writes it) or posted (the token was consumed by [`SendQueue::send`]). An inline
+//!   SEND's buffer is free again once the post returned (the WQE holds a copy of its bytes); a
+//!   DMA SEND's stays with the [`SendQueue`] that posted it until a polled completion of a
+//!   signaled WR at or after it retires it ([`SendQueue::on_completion`]; every batch with one
+//!   is signaled) or its QP is destroyed ([`SendQueue::reclaim`]). The pool keeps only the free
+//!   list, so many queues can share one (a server worker's sessions: [`SendPool::growable`]);
+//!   the queue's own WQE count bounds its WRs outstanding ([`SendQueue::has_room`]).
 //! - [`RecvRing`]: our ring, which the peer may RDMA WRITE at any time. No reference to it is
 //!   ever handed out: a body is copied out once ([`RecvRing::copy_out`], atomic loads) into
 //!   memory we own.
@@ -89,13 +92,13 @@
 //!     let b = pool.take(c); // error: `c` was consumed by the first `take`
 //! }
 //! ```
-//! Freeing send buffers without a completion ([`SendPool`]'s `retire` is private, and
+//! Freeing send buffers without a completion ([`SendPool`]'s `free_posted` is private, and
 //! `retire_all` is gone):
 //! ```compile_fail,E0624
 //! # use rpc_core::buffers::SendPool;
 //! # use rpc_core::verbs::sim::Sim;
 //! fn misuse(pool: &mut SendPool<Sim>) {
-//!     pool.retire(4); // error: private method
+//!     pool.free_posted(4); // error: private method
 //! }
 //! ```
 //! ```compile_fail,E0599
@@ -595,51 +598,144 @@ impl<P: Provider> RecvView<P> {
 }
 
 /// A free send buffer: the owner writes it ([`SendPool::buf_mut`]) and then posts it
-/// ([`SendQueue::send`], which consumes the token) or gives it back ([`SendPool::give_back`]).
+/// ([`SendQueue::send`], which consumes the token) or gives it back ([`SendQueue::give_back`],
+/// or [`SendPool::give_back`] for one taken with [`SendPool::acquire`]).
 #[must_use = "a send buffer is lost to its pool unless sent or given back"]
 #[derive(Debug)]
 pub struct SendBuf {
-    idx: u16,
+    idx: u32,
     pool: u32,
 }
 
 impl Drop for SendBuf {
     fn drop(&mut self) {
-        leaked("send buffer", u32::from(self.idx));
+        leaked("send buffer", self.idx);
     }
 }
 
-/// Fixed-size send buffers of one connection in one MR, with their free list.
+/// Fixed-size send buffers registered in chunks (one MR each), with their free list. A client's
+/// connection has one of its own ([`SendPool::new`]: one chunk, all of it registered at
+/// connect); a server worker has one that all its sessions send from ([`SendPool::growable`]:
+/// empty at first, grown a chunk at a time as sends need buffers, up to a cap), so an idle
+/// session holds no send buffer.
+///
+/// The pool keeps only the free list: which buffers a posted WR uses, and when a polled
+/// completion gives them back, is the [`SendQueue`] that posted them. A buffer whose SEND was
+/// inline is free again once the post returned (the NIC copied its bytes into the WQE); one the
+/// NIC reads by DMA is free again only when the polled completion of the signaled WR at or after
+/// it retires it ([`SendQueue::on_completion`]), or when its QP is destroyed
+/// ([`SendQueue::reclaim`]). Buffer `i` is byte `(i & mask) × buf_size` of chunk `i >> shift`.
 pub struct SendPool<P: Provider> {
-    mr: P::MemoryRegion,
+    /// The chunks added so far (index = buffer index >> `shift`).
+    chunks: Vec<P::MemoryRegion>,
+    /// The PD new chunks are registered in (`None`: the pool does not grow).
+    pd: Option<P::ProtectionDomain>,
     buf_size: usize,
+    /// Buffers of a full chunk: `1 << shift`.
+    shift: u32,
+    /// `(1 << shift) - 1`.
+    mask: u32,
+    /// Buffers registered so far.
+    added: u32,
+    /// Most buffers the pool may register.
+    max: u32,
     id: u32,
-    free: Vec<u16>,
-    /// Buffers of posted WRs, in posting order, until a signaled completion retires them.
-    posted: VecDeque<u16>,
-    /// Buffers taken and neither posted nor given back (each will need up to 2 WQEs).
-    out: usize,
-    /// Identity of the one [`SendQueue`] that posts this pool's buffers (0: none yet): its
-    /// completions, and only its, retire them in posting order.
-    sq: u32,
+    free: Vec<u32>,
+    /// An acquire found no free buffer and could not grow since the last
+    /// [`SendPool::take_starved`]: some queue waits for a buffer.
+    starved: bool,
+    /// Acquires that found no buffer free and the pool at its cap (or unable to grow).
+    waits: u64,
+    /// Registering a chunk failed (the device's or `ulimit -l`'s limits): counted, the pool
+    /// stays as it is and its users wait for buffers already registered.
+    grow_failures: u64,
 }
 
 impl<P: Provider> SendPool<P> {
-    /// Registers `count` buffers of `buf_size` bytes.
+    /// Registers `count` buffers of `buf_size` bytes (one MR); the pool does not grow.
     ///
     /// # Errors
     /// The verbs error of registering.
     pub fn new(pd: &P::ProtectionDomain, count: u16, buf_size: usize) -> Result<SendPool<P>> {
-        let mr = pd.reg_mr(count as usize * buf_size, AccessFlags::LOCAL_WRITE)?;
+        let count = u32::from(count);
+        let shift = count.max(1).next_power_of_two().trailing_zeros();
+        let mut pool = SendPool::empty(None, buf_size, shift, count)?;
+        if count > 0 {
+            pool.add_chunk(pd, count)?;
+        }
+        Ok(pool)
+    }
+
+    /// A pool with no buffer yet that registers `1 << chunk_shift` buffers of `buf_size` bytes
+    /// at a time in `pd` whenever an acquire finds none free, up to `max_bytes` (at least one
+    /// chunk; `chunk_shift` at most 16).
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for `buf_size` 0 or `chunk_shift` above 16;
+    /// [`VerbsError::CapExceeded`] once the process made 2^31 - 1 pools and queues.
+    pub fn growable(
+        pd: &P::ProtectionDomain,
+        buf_size: usize,
+        chunk_shift: u32,
+        max_bytes: usize,
+    ) -> Result<SendPool<P>> {
+        if buf_size == 0 || chunk_shift > 16 {
+            return Err(VerbsError::InvalidArgument {
+                call: "SendPool::growable",
+                reason: format!("buf_size {buf_size} (at least 1), chunk_shift {chunk_shift} (at most 16)"),
+            });
+        }
+        let chunk = 1u32 << chunk_shift;
+        let max = (max_bytes / buf_size).clamp(chunk as usize, u32::MAX as usize >> 1) as u32;
+        SendPool::empty(Some(pd.clone()), buf_size, chunk_shift, max)
+    }
+
+    fn empty(pd: Option<P::ProtectionDomain>, buf_size: usize, shift: u32, max: u32) -> Result<SendPool<P>> {
         Ok(SendPool {
-            mr,
+            chunks: Vec::new(),
+            pd,
             buf_size,
+            shift,
+            mask: (1u32 << shift) - 1,
+            added: 0,
+            max,
             id: next_id()?,
-            free: (0..count).rev().collect(),
-            posted: VecDeque::with_capacity(count as usize),
-            out: 0,
-            sq: 0,
+            free: Vec::new(),
+            starved: false,
+            waits: 0,
+            grow_failures: 0,
         })
+    }
+
+    /// Registers `bufs` more buffers (at most a chunk) as one MR and frees them.
+    fn add_chunk(&mut self, pd: &P::ProtectionDomain, bufs: u32) -> Result<()> {
+        let mr = pd.reg_mr(bufs as usize * self.buf_size, AccessFlags::LOCAL_WRITE)?;
+        let first = self.added;
+        // Only here (a chunk is registered anyway): the free list's room for every buffer.
+        self.free.reserve(bufs as usize);
+        self.chunks.push(mr);
+        self.added += bufs;
+        self.free.extend((first..first + bufs).rev());
+        Ok(())
+    }
+
+    /// Grows by a chunk when the cap allows; false when it does not or registering failed.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) -> bool {
+        let Some(pd) = self.pd.clone() else { return false };
+        let bufs = (self.mask + 1).min(self.max.saturating_sub(self.added));
+        if bufs == 0 {
+            return false;
+        }
+        match self.add_chunk(&pd, bufs) {
+            Ok(()) => true,
+            Err(e) => {
+                self.grow_failures += 1;
+                tracing::warn!(error = %e, bytes = bufs as usize * self.buf_size, "registering send buffers failed");
+                false
+            }
+        }
     }
 
     /// Bytes of one buffer.
@@ -647,30 +743,83 @@ impl<P: Provider> SendPool<P> {
         self.buf_size
     }
 
-    /// Takes a free buffer.
+    /// Takes a free buffer, growing the pool by a chunk when none is free and the cap allows.
+    /// Not counted against any send queue: give it back with [`SendPool::give_back`] or post it
+    /// (a [`SendQueue`] takes its buffers with [`SendPool::acquire_for`]).
     #[inline]
     pub fn acquire(&mut self) -> Option<SendBuf> {
-        let idx = self.free.pop()?;
-        self.out += 1;
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if !self.grow() {
+                    self.starved = true;
+                    self.waits += 1;
+                    return None;
+                }
+                self.free.pop()?
+            }
+        };
         Some(SendBuf { idx, pool: self.id })
     }
 
-    /// Takes a free buffer when the send queue has room for its WRs (a WRITE and a SEND) on top
-    /// of those of every buffer already taken.
+    /// Takes a free buffer for `sq` when its send queue has room for the buffer's WRs (a WRITE
+    /// and a SEND) on top of those of every buffer it holds already (taken, not yet queued).
     #[inline]
-    pub fn acquire_for(&mut self, sq: &SendQueue) -> Option<SendBuf> {
-        if !sq.has_room(2 * (self.out + 1)) {
+    pub fn acquire_for(&mut self, sq: &mut SendQueue) -> Option<SendBuf> {
+        if !sq.has_room(2 * (sq.taken + 1)) {
             return None;
         }
-        self.acquire()
+        let buf = self.acquire()?;
+        sq.taken += 1;
+        Some(buf)
     }
 
-    /// Free buffers.
+    /// Free buffers (registered and free; more may be registered up to the cap).
     pub fn available(&self) -> usize {
         self.free.len()
     }
 
-    /// Returns a buffer that was taken but not posted.
+    /// Buffers taken or used by posted WRs (registered and not free).
+    pub fn in_use(&self) -> usize {
+        self.added as usize - self.free.len()
+    }
+
+    /// Bytes registered for the pool's buffers.
+    pub fn registered_bytes(&self) -> u64 {
+        u64::from(self.added) * self.buf_size as u64
+    }
+
+    /// Most buffers the pool registers.
+    pub fn capacity(&self) -> usize {
+        self.max as usize
+    }
+
+    /// Acquires that found no buffer free and could not grow (the cap, or a failed
+    /// registration).
+    pub fn waits(&self) -> u64 {
+        self.waits
+    }
+
+    /// Times registering a chunk failed.
+    pub fn grow_failures(&self) -> u64 {
+        self.grow_failures
+    }
+
+    /// Whether an acquire found no buffer (none free, the cap reached) since the last
+    /// [`SendPool::take_starved`]: the owner retries its waiting senders once buffers are free
+    /// again.
+    #[inline]
+    pub fn starved(&self) -> bool {
+        self.starved
+    }
+
+    /// [`SendPool::starved`], cleared.
+    pub fn take_starved(&mut self) -> bool {
+        std::mem::take(&mut self.starved)
+    }
+
+    /// Returns a buffer that was taken but not posted (a token of another pool is dropped, and
+    /// counted as leaked).
     #[inline]
     pub fn give_back(&mut self, buf: SendBuf) {
         if buf.pool != self.id {
@@ -678,7 +827,6 @@ impl<P: Provider> SendPool<P> {
         }
         let idx = buf.idx;
         std::mem::forget(buf);
-        self.out -= 1;
         self.free.push(idx);
     }
 
@@ -688,33 +836,31 @@ impl<P: Provider> SendPool<P> {
         if buf.pool != self.id {
             return &mut [];
         }
-        let start = buf.idx as usize * self.buf_size;
-        // SAFETY: the range lies in `self.mr`, alive as long as `&mut self`. The token exists only
-        // while the buffer is neither posted nor free (`acquire` made it, `send`/`give_back`
-        // consume it), so the NIC does not read it, no other token names it, and both borrows
-        // (`&mut self`, `&mut buf`) make this the only view.
-        unsafe { std::slice::from_raw_parts_mut((self.mr.addr() as usize + start) as *mut u8, self.buf_size) }
+        let Some(mr) = self.chunks.get((buf.idx >> self.shift) as usize) else { return &mut [] };
+        let start = (buf.idx & self.mask) as usize * self.buf_size;
+        // SAFETY: the range lies in `mr` (a chunk holds `mask + 1` buffers at most, and `idx`
+        // names one that was registered: only `add_chunk` puts indices on the free list), alive
+        // as long as `&mut self` (chunks are only added). The token exists only while the buffer
+        // is neither posted nor free (`acquire` made it, `send`/`give_back` consume it), so the
+        // NIC does not read it, no other token names it, and both borrows (`&mut self`, `&mut
+        // buf`) make this the only view.
+        unsafe { std::slice::from_raw_parts_mut((mr.addr() as usize + start) as *mut u8, self.buf_size) }
     }
 
-    fn sge(&self, idx: u16, len: u32) -> Sge {
-        self.mr.sge(idx as usize * self.buf_size, len)
-    }
-
-    /// Buffers of posted WRs that no polled completion retired yet.
-    pub fn posted(&self) -> usize {
-        self.posted.len()
-    }
-
-    /// A polled signaled completion of the queue that posts this pool retired `count` buffers
-    /// (the oldest posted ones): only [`SendQueue::on_completion`] calls this.
     #[inline]
-    fn retire(&mut self, count: usize) {
-        for _ in 0..count {
-            match self.posted.pop_front() {
-                Some(b) => self.free.push(b),
-                None => break,
-            }
+    fn sge(&self, idx: u32, len: u32) -> Sge {
+        match self.chunks.get((idx >> self.shift) as usize) {
+            Some(mr) => mr.sge((idx & self.mask) as usize * self.buf_size, len),
+            None => Sge { addr: 0, length: 0, lkey: 0 },
         }
+    }
+
+    /// Buffers posted by `sq` (or queued) are free again: only [`SendQueue`] calls this, for
+    /// buffers a polled completion retired, inline SENDs once posted, WRs never posted, or
+    /// buffers of a destroyed QP.
+    #[inline]
+    fn free_posted(&mut self, idx: u32) {
+        self.free.push(idx);
     }
 }
 

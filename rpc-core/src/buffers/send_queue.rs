@@ -15,8 +15,8 @@ use crate::verbs::{
 struct PendingWr {
     sge: Sge,
     op: SendOp,
-    /// Send buffer the WR uses (the SEND of a message), or `u16::MAX` (a WRITE).
-    buf: u16,
+    /// Send buffer the WR uses (the SEND of a message), or `u32::MAX` (a WRITE).
+    buf: u32,
     /// Staged range whose last WRITE this is (freed by its completion), or `u32::MAX`.
     staged: u32,
     /// Copied into the WQE at post time.
@@ -29,23 +29,28 @@ struct PendingWr {
 /// The send WRs of one QP gathered during a loop iteration, posted with one doorbell.
 ///
 /// A queue posts to one QP, the first it is flushed to, and takes its send buffers from one
-/// [`SendPool`], the first it posts from (a flush to another QP or from another pool is refused).
-/// Every WR it posts carries in its `wr_id` the queue's identity (and the caller's `tag`, see
-/// [`Completion::send_tag`]); a signaled WR is remembered with the WRs and send buffers its
-/// completion retires. So only a polled completion of this queue's own signaled WR on its own
-/// QP ([`SendQueue::on_completion`]) gives buffers and staged ranges back, in posting order.
+/// [`SendPool`], the first it posts from (a flush to another QP or from another pool is refused;
+/// many queues may share a pool: a server worker's sessions do). Every WR it posts carries in
+/// its `wr_id` the queue's identity (and the caller's `tag`, see [`Completion::send_tag`]); a
+/// signaled WR is remembered with the WRs and send buffers its completion retires, and the queue
+/// keeps the buffers its posted WRs read, in posting order (the pool keeps only its free list).
+/// So only a polled completion of this queue's own signaled WR on its own QP
+/// ([`SendQueue::on_completion`]) gives buffers and staged ranges back, in posting order, or the
+/// destruction of its QP ([`SendQueue::reclaim`]).
 pub struct SendQueue {
     pending: Vec<PendingWr>,
     /// WRs posted and not yet retired by a signaled completion.
     outstanding: usize,
     /// WRs posted since the last signaled one.
     unsignaled: usize,
-    /// Send buffers posted since the last signaled WR.
-    unsignaled_bufs: usize,
     /// Send queue depth in WQEs.
     depth: usize,
-    /// Signal at least every this many send buffers (so free buffers never run out waiting).
-    signal_bufs: usize,
+    /// Send buffers taken for this queue ([`SendPool::acquire_for`]) and neither queued nor
+    /// given back (each will need up to 2 WQEs).
+    pub(super) taken: usize,
+    /// Send buffers of posted WRs the NIC reads by DMA (not inline), in posting order, until a
+    /// signaled completion retires them (at most one per WQE: allocated for `depth`).
+    bufs: VecDeque<u32>,
     /// WRs posted so far.
     posted: u64,
     /// WRs retired by polled completions so far.
@@ -85,16 +90,16 @@ fn send_wr_id(tag: u32, id: u32, signaled: bool) -> u64 {
 }
 
 impl SendQueue {
-    /// A queue for a QP whose send queue holds `depth` WQEs and whose pool has `bufs` send
-    /// buffers. Allocates its bookkeeping for `depth` WRs now.
+    /// A queue for a QP whose send queue holds `depth` WQEs, sending up to `bufs` messages at
+    /// once (room for their staged ranges). Allocates its bookkeeping for `depth` WRs now.
     pub fn new(depth: usize, bufs: usize) -> SendQueue {
         SendQueue {
             pending: Vec::with_capacity(depth),
             outstanding: 0,
             unsignaled: 0,
-            unsignaled_bufs: 0,
             depth,
-            signal_bufs: (bufs / 4).clamp(1, 16),
+            taken: 0,
+            bufs: VecDeque::with_capacity(depth),
             posted: 0,
             completed: 0,
             staged: VecDeque::with_capacity(bufs),
@@ -149,22 +154,34 @@ impl SendQueue {
         }
     }
 
-    /// Ties the queue and `pool` to each other (at the first post) or checks that they are.
+    /// Ties the queue to `pool` (at the first post) or checks that it is that pool.
     #[inline(always)]
-    fn bind_pool<P: Provider>(&mut self, pool: &mut SendPool<P>) -> Result<()> {
-        // Tied already (every flush after the first): two compares, no store.
-        if self.pool == pool.id && pool.sq == self.id {
+    fn bind_pool<P: Provider>(&mut self, pool: &SendPool<P>) -> Result<()> {
+        if self.pool == pool.id {
             return Ok(());
         }
-        if (self.pool == 0 || self.pool == pool.id) && (pool.sq == 0 || pool.sq == self.id) {
+        if self.pool == 0 {
             self.pool = pool.id;
-            pool.sq = self.id;
             return Ok(());
         }
         Err(VerbsError::InvalidArgument {
             call: "SendQueue::flush",
-            reason: "a send queue and a send pool post only with each other".into(),
+            reason: "a send queue posts buffers of one send pool only".into(),
         })
+    }
+
+    /// Gives back a buffer taken for this queue ([`SendPool::acquire_for`]) and not queued.
+    #[inline]
+    pub fn give_back<P: Provider>(&mut self, pool: &mut SendPool<P>, buf: SendBuf) {
+        if buf.pool == pool.id {
+            self.taken = self.taken.saturating_sub(1);
+        }
+        pool.give_back(buf);
+    }
+
+    /// Send buffers that posted WRs of this queue read and no polled completion retired yet.
+    pub fn posted_bufs(&self) -> usize {
+        self.bufs.len()
     }
 
     /// Queues an RDMA WRITE of `mirror[offset, offset + len)` to the peer's ring at the same
@@ -183,7 +200,7 @@ impl SendQueue {
         self.pending.push(PendingWr {
             sge: mirror.mr.sge(offset as usize, len),
             op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
-            buf: u16::MAX,
+            buf: u32::MAX,
             staged: u32::MAX,
             inline: false,
             sges: (0, 0),
@@ -248,7 +265,7 @@ impl SendQueue {
         self.pending.push(PendingWr {
             sge: Sge { addr: 0, length: 0, lkey: 0 },
             op: SendOp::RdmaWrite { remote_addr: ring_addr + u64::from(offset), rkey },
-            buf: u16::MAX,
+            buf: u32::MAX,
             staged: u32::MAX,
             inline: false,
             sges: (at, self.gather.len() as u32 - at),
@@ -318,7 +335,7 @@ impl SendQueue {
         self.pending.push(PendingWr {
             sge: staging.mr.sge((staged.offset + from) as usize, len),
             op: SendOp::RdmaWrite { remote_addr, rkey },
-            buf: u16::MAX,
+            buf: u32::MAX,
             staged: if last { staged.seq } else { u32::MAX },
             inline: false,
             sges: (0, 0),
@@ -342,13 +359,13 @@ impl SendQueue {
         }
         if self.pool != pool.id {
             if self.pool != 0 {
-                return pool.give_back(buf);
+                return self.give_back(pool, buf);
             }
             self.pool = pool.id;
         }
         let idx = buf.idx;
         std::mem::forget(buf);
-        pool.out -= 1;
+        self.taken = self.taken.saturating_sub(1);
         let len = len.min(pool.buf_size as u32);
         self.pending.push(PendingWr {
             sge: pool.sge(idx, len),
@@ -361,9 +378,13 @@ impl SendQueue {
     }
 
     /// Posts everything queued with one doorbell per [`POST_BATCH`] WRs. The last WR of a batch
-    /// is signaled when the batch holds non-inline sends or ring WRITEs, or a quarter of the send
-    /// buffers (at most 16) or half the send queue went unsignaled; every WR's `wr_id` carries
-    /// `tag` (31 bits, [`Completion::send_tag`]). Allocates nothing.
+    /// is signaled when the batch holds non-inline sends or ring WRITEs, or half the send queue
+    /// went unsignaled; every WR's `wr_id` carries `tag` (31 bits, [`Completion::send_tag`]).
+    /// The buffers of inline SENDs are free again once the post returns (the NIC copied their
+    /// bytes into the WQEs); the others stay with this queue until the batch's signaled
+    /// completion retires them, so no buffer waits on a later post of this queue (with a pool
+    /// shared by many queues, a queue that goes quiet must not hold buffers its neighbours
+    /// wait for). Allocates nothing.
     ///
     /// Why every batch with a ring WRITE is signaled: the ring producer reuses a range of the peer's
     /// ring (and so of our send mirror) only once a polled completion retired the WRITE that reads
@@ -406,6 +427,7 @@ impl SendQueue {
         tag: u32,
     ) -> Result<()> {
         let n = self.pending.len().min(N);
+        // Send buffers the NIC reads by DMA (non-inline SENDs).
         let mut bufs = 0usize;
         let mut dma_bufs = false;
         let wr_id = send_wr_id(tag, self.id, false);
@@ -419,9 +441,11 @@ impl SendQueue {
                 self.gather.get(at..at + k).unwrap_or(&[])
             };
             *wr = SendWr { wr_id, sg_list, op: p.op, flags };
-            if p.buf != u16::MAX {
-                bufs += 1;
-                dma_bufs |= !p.inline;
+            if p.buf != u32::MAX {
+                if !p.inline {
+                    bufs += 1;
+                    dma_bufs = true;
+                }
             } else {
                 // A ring WRITE (every WR without a send buffer is one): its mirror range is
                 // reserved again, and its staged range freed, only with a completion at or after
@@ -430,25 +454,29 @@ impl SendQueue {
             }
         }
         // Selective signaling: a completion retires WQEs and send buffers. Buffers the NIC reads
-        // by DMA want it soon; inline ones only before the free list runs low.
+        // by DMA want it in this batch (nothing else gives them back); inline SENDs hold no
+        // buffer once posted, only WQEs.
         let unsignaled = self.unsignaled + n;
-        let unsignaled_bufs = self.unsignaled_bufs + bufs;
-        let signal = dma_bufs || unsignaled_bufs >= self.signal_bufs || unsignaled >= (self.depth / 2).max(1);
+        let signal = dma_bufs || unsignaled >= (self.depth / 2).max(1);
         if signal {
             wrs[n - 1].flags |= SendFlags::SIGNALED;
             wrs[n - 1].wr_id = send_wr_id(tag, self.id, true);
         }
-        // SAFETY: every SGE lies in a send buffer of `pool`, in the send mirror or in the staging
+        // SAFETY: every SGE lies in a send buffer of `pool` (which the caller drops after every QP
+        // its queues post to: a connection's own pool is its field after its QP, a worker's is
+        // its field after every session's), in the send mirror or in the staging
         // area, MRs owned next to `qp` by the same connection and dropped after it, or in a
         // registered user buffer (`write_gather`) whose `Bytes` this queue holds (`held`) until
         // a polled completion at or after its WRITE retires it (`retire_held`), or until the
         // queue is dropped, after the QP (the connection's field order). A send
-        // buffer's token was consumed by `send`, so nothing writes it until a signaled completion
-        // at or after its WR retires it: `retire` runs only from `on_completion`, which takes a
+        // buffer's token was consumed by `send`, so nothing writes it until it is free again:
+        // an inline SEND's right after this call returns (its bytes are in the WQE; the NIC
+        // never reads the buffer after the post), a DMA one's when a signaled completion at or
+        // after its WR retires it (`self.bufs`, freed only by `on_completion`, which takes a
         // polled `Completion` of this queue's own signaled WR (its identity in the `wr_id`, which
         // no other queue uses, see `RESERVED_WR_IDS`) on this queue's one QP (`bind_qp`), and
-        // retires exactly what that WR covers (`signals`), from the one pool this queue posts
-        // (`bind_pool`). A mirror range is not reserved again until the peer reports it freed
+        // retires exactly what that WR covers (`signals`), to the one pool this queue posts
+        // (`bind_pool`)), or by `reclaim`, which destroys the QP first. A mirror range is not reserved again until the peer reports it freed
         // and a polled completion at or after its WRITE retired it (`take_ring_mark`, the
         // producer's retired count, `RingProducer::on_written`), whatever the peer reports; the
         // mirror hands out no view of other ranges (`MirrorView`), and copies into it
@@ -458,8 +486,13 @@ impl SendQueue {
         // posted WQEs within the send queue.
         unsafe { qp.post_send(&wrs[..n]) }?;
         for (i, p) in self.pending[..n].iter().enumerate() {
-            if p.buf != u16::MAX {
-                pool.posted.push_back(p.buf);
+            if p.buf != u32::MAX {
+                if p.inline {
+                    // Copied into the WQE by the post: the NIC does not read the buffer.
+                    pool.free_posted(p.buf);
+                } else {
+                    self.bufs.push_back(p.buf);
+                }
             }
             if p.staged != u32::MAX {
                 self.staged.push_back((self.posted + i as u64 + 1, p.staged));
@@ -468,12 +501,10 @@ impl SendQueue {
         self.posted += n as u64;
         self.outstanding += n;
         if signal {
-            self.signals.push_back((self.posted, unsignaled_bufs as u16));
+            self.signals.push_back((self.posted, bufs as u16));
             self.unsignaled = 0;
-            self.unsignaled_bufs = 0;
         } else {
             self.unsignaled = unsignaled;
-            self.unsignaled_bufs = unsignaled_bufs;
         }
         if n == self.pending.len() {
             // The usual case (one batch): no drain bookkeeping for `Copy` entries.
@@ -528,9 +559,9 @@ impl SendQueue {
         // Signaled: its completion retires it and whatever unsignaled WRs went before it.
         self.posted += 1;
         self.outstanding += 1;
-        self.signals.push_back((self.posted, self.unsignaled_bufs as u16));
+        // Unsignaled WRs hold no send buffer (a batch with one is signaled).
+        self.signals.push_back((self.posted, 0));
         self.unsignaled = 0;
-        self.unsignaled_bufs = 0;
         Ok(())
     }
 
@@ -552,13 +583,18 @@ impl SendQueue {
             return false;
         }
         let Some(&(at, bufs)) = self.signals.front() else { return false };
-        if bufs > 0 && (pool.id != self.pool || pool.sq != self.id) {
+        if bufs > 0 && pool.id != self.pool {
             return false;
         }
         self.signals.pop_front();
         self.completed = at;
         self.outstanding = (self.posted - at) as usize;
-        pool.retire(usize::from(bufs));
+        for _ in 0..bufs {
+            match self.bufs.pop_front() {
+                Some(b) => pool.free_posted(b),
+                None => break,
+            }
+        }
         true
     }
 
@@ -631,9 +667,33 @@ impl SendQueue {
         self.gather.clear();
         for p in self.pending.drain(..) {
             // Every queued send's buffer is of `self.pool` (checked by `send`).
-            if p.buf != u16::MAX && pool.id == self.pool {
-                pool.free.push(p.buf);
+            if p.buf != u32::MAX && pool.id == self.pool {
+                pool.free_posted(p.buf);
             }
         }
+    }
+
+    /// Destroys `qp` (by dropping it: its WRs are discarded and the NIC reads none of their
+    /// memory any more), then gives every send buffer of this queue back to `pool`: those of
+    /// posted WRs no completion retired (a closed session's, whose QP went to ERR) and those
+    /// queued and not posted. For a connection that goes while sharing its pool with others (a
+    /// server worker's session); its other memory goes with it after the QP as usual. Returns
+    /// the buffers given back. A QP other than the one this queue posted to is destroyed all
+    /// the same and nothing is given back (those buffers stay lost to the pool: never freed
+    /// early).
+    pub fn reclaim<P: Provider>(&mut self, qp: P::QueuePair, pool: &mut SendPool<P>) -> usize {
+        let ours = self.qp.is_none_or(|(identity, _)| identity == qp.identity());
+        drop(qp);
+        if !ours || (self.pool != 0 && self.pool != pool.id) {
+            return 0;
+        }
+        let n = self.bufs.len();
+        for b in self.bufs.drain(..) {
+            pool.free_posted(b);
+        }
+        self.signals.clear();
+        self.outstanding = 0;
+        self.discard_pending(pool);
+        n
     }
 }

@@ -112,6 +112,8 @@ pub(crate) struct CallId {
 /// receive buffers.
 pub(crate) struct ClientCore<P: Provider> {
     conn: Conn<P>,
+    /// The connection's own send buffers (after `conn`: dropped after its QP).
+    pool: SendPool<P>,
     recv: RecvPool<P>,
     cq: P::CompletionQueue,
     /// Per slot: the answer of a finished call until its caller takes it (the slots' states
@@ -422,7 +424,6 @@ impl<P: Provider> ClientCore<P> {
                 refs: Vec::new(),
                 spare: session.spare_bodies().clone(),
                 qp,
-                pool,
                 ring: Some(ring),
                 areas,
                 written_mark: 0,
@@ -451,6 +452,7 @@ impl<P: Provider> ClientCore<P> {
                 body_cap,
                 max_inline: qp_inline,
             },
+            pool,
             recv,
             cq,
             answers: (0..window).map(|_| None).collect(),
@@ -576,17 +578,17 @@ impl<P: Provider> ClientCore<P> {
         // free. Encoded straight into the send buffer and queued for the wire now: no body
         // parked in `pending`, no round trip through the session's queue.
         if eager && self.conn.session.call_goes_now() {
-            if let Some(mut buf) = self.conn.acquire() {
-                let dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+            if let Some(mut buf) = self.conn.acquire(&mut self.pool) {
+                let dst = &mut self.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
                 if let Err(e) = encode_exact(req, dst) {
-                    self.conn.pool.give_back(buf);
+                    self.conn.give_back(&mut self.pool, buf);
                     return Err(self.mismatch(e, "request"));
                 }
                 let block = req.metadata.map(crate::metadata::Metadata::entries);
                 // `None` (nothing taken) only if `call_goes_now` and the slots disagree: the
                 // general path below places the call then.
                 match self.conn.session.start_call_now(method, deadline, flags, block, Instant::now) {
-                    None => self.conn.pool.give_back(buf),
+                    None => self.conn.give_back(&mut self.pool, buf),
                     Some(h) => {
                         let (slot, generation) = (h.slot, h.generation);
                         if let Some(c) = capture {
@@ -596,7 +598,7 @@ impl<P: Provider> ClientCore<P> {
                             self.counters.metadata_cached += 1;
                         }
                         self.counters.bytes_out += len as u64;
-                        self.conn.queue(buf, h, BodyAt::Eager(len as u32));
+                        self.conn.queue(&mut self.pool, buf, h, BodyAt::Eager(len as u32));
                         self.pump();
                         if flush_now {
                             // The send queue holds the request: no need to ask `flush` first.
@@ -677,7 +679,7 @@ impl<P: Provider> ClientCore<P> {
         let now = self.conn.session.call_goes_now();
         Ok(if eager || now {
             let mut buf = loop {
-                if let Some(b) = self.conn.acquire() {
+                if let Some(b) = self.conn.acquire(&mut self.pool) {
                     break b;
                 }
                 if !blocking {
@@ -687,9 +689,9 @@ impl<P: Provider> ClientCore<P> {
             };
             match self.conn.session.place_body(len) {
                 Ok(Placement::Eager) => {
-                    let dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+                    let dst = &mut self.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
                     if let Err(e) = encode_exact(req, dst) {
-                        self.conn.pool.give_back(buf);
+                        self.conn.give_back(&mut self.pool, buf);
                         return Err(self.mismatch(e, "request"));
                     }
                     Some(PendingBody::Placed(buf, BodyAt::Eager(len as u32)))
@@ -698,13 +700,13 @@ impl<P: Provider> ClientCore<P> {
                     if let Err(e) = encode_exact(req, self.conn.mirror_range_mut(off, len as u32)) {
                         // Reserved just now, nothing placed since: the range is free again.
                         self.conn.session.unplace_body();
-                        self.conn.pool.give_back(buf);
+                        self.conn.give_back(&mut self.pool, buf);
                         return Err(self.mismatch(e, "request"));
                     }
                     Some(PendingBody::Placed(buf, BodyAt::Ring { offset: off, len: len as u32 }))
                 }
                 Ok(Placement::Pieces) | Err(_) => {
-                    self.conn.pool.give_back(buf);
+                    self.conn.give_back(&mut self.pool, buf);
                     if !std::mem::replace(stalled, true) {
                         self.counters.ring_full_stalls += 1;
                     }
@@ -768,7 +770,7 @@ impl<P: Provider> ClientCore<P> {
                 self.counters.metadata_cached += 1;
             }
             match body {
-                PendingBody::Placed(buf, body) => self.conn.queue(buf, h, body),
+                PendingBody::Placed(buf, body) => self.conn.queue(&mut self.pool, buf, h, body),
                 PendingBody::Staged(body) => self.outbox.push(Waiting::Body(Outgoing::staged(h, body))),
                 PendingBody::Heap(body) => self.outbox.push(Waiting::Body(Outgoing::new(h, *body))),
             }
@@ -782,6 +784,7 @@ impl<P: Provider> ClientCore<P> {
             let mut failed = Vec::new();
             send_waiting(
                 &mut self.conn,
+                &mut self.pool,
                 &mut self.outbox,
                 TAG,
                 |_, _, _| {},
@@ -816,7 +819,7 @@ impl<P: Provider> ClientCore<P> {
             // Over (answered) or ended: its messages go nowhere.
             Err(_) => {
                 if let Some(b) = self.stream_batch.take() {
-                    self.conn.pool.give_back(b.buf);
+                    self.conn.give_back(&mut self.pool, b.buf);
                 }
                 return;
             }
@@ -835,7 +838,7 @@ impl<P: Provider> ClientCore<P> {
             count: b.count,
             ..Header::new(Kind::StreamMsg)
         };
-        self.conn.queue(b.buf, h, BodyAt::Eager(b.len));
+        self.conn.queue(&mut self.pool, b.buf, h, BodyAt::Eager(b.len));
     }
 
     /// Frames `msg` (`len` bytes encoded) into the open batch of stream `id`, opening one when
@@ -864,7 +867,7 @@ impl<P: Provider> ClientCore<P> {
             if !self.outbox.is_empty() || FRAME_LEN + len > cap {
                 return Ok(false);
             }
-            let Some(buf) = self.conn.acquire() else { return Ok(false) };
+            let Some(buf) = self.conn.acquire(&mut self.pool) else { return Ok(false) };
             self.stream_batch =
                 Some(OpenBatch { slot: id.slot, generation: id.generation, buf, len: 0, count: 0 });
         }
@@ -876,14 +879,14 @@ impl<P: Provider> ClientCore<P> {
             return Ok(false);
         }
         let at = HEADER_LEN + b.len as usize;
-        let dst = &mut self.conn.pool.buf_mut(&mut b.buf)[at..at + FRAME_LEN + len];
+        let dst = &mut self.pool.buf_mut(&mut b.buf)[at..at + FRAME_LEN + len];
         dst[..FRAME_LEN].copy_from_slice(&(len as u32).to_le_bytes());
         // Counted only once written whole: a message that did not encode leaves nothing, and a
         // batch opened for it goes back (an empty batch is never sent).
         if let Err(e) = write(&mut dst[FRAME_LEN..]) {
             if b.count == 0 {
                 if let Some(b) = self.stream_batch.take() {
-                    self.conn.pool.give_back(b.buf);
+                    self.conn.give_back(&mut self.pool, b.buf);
                 }
             }
             return Err(e);
@@ -948,10 +951,10 @@ impl<P: Provider> ClientCore<P> {
         // carried by none of the pending ones (they were queued before the release); whether
         // they are worth a message of their own is the session's rule.
         if self.conn.session.take_ring_return() {
-            self.conn.queue_ring_return();
+            self.conn.queue_ring_return(&mut self.pool);
         }
-        self.conn.queue_controls();
-        if let Err(e) = self.conn.flush(TAG) {
+        self.conn.queue_controls(&mut self.pool);
+        if let Err(e) = self.conn.flush(&mut self.pool, TAG) {
             self.break_conn(unavailable(format!("posting sends: {e}")));
         }
         if let Err(e) = self.recv.flush_batched(REPOST_BATCH) {
@@ -995,12 +998,12 @@ impl<P: Provider> ClientCore<P> {
         }
         self.outbox.drain().for_each(drop);
         if let Some(b) = self.stream_batch.take() {
-            self.conn.pool.give_back(b.buf);
+            self.conn.give_back(&mut self.pool, b.buf);
         }
         let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
         // WRs not posted give their buffers back; posted ones keep theirs until the connection
         // is dropped (QP first): moving the QP to ERR does not prove the NIC is done with them.
-        self.conn.sq.discard_pending(&mut self.conn.pool);
+        self.conn.sq.discard_pending(&mut self.pool);
         self.counters.sessions_closed += 1;
         self.counters.control_connections = 0;
         self.counters.sessions_detached = 0;
@@ -1011,7 +1014,7 @@ impl<P: Provider> ClientCore<P> {
     /// Gives back what a call that never went on the wire holds.
     fn drop_pending(&mut self, p: PendingBody) {
         match p {
-            PendingBody::Placed(buf, _) => self.conn.pool.give_back(buf),
+            PendingBody::Placed(buf, _) => self.conn.give_back(&mut self.pool, buf),
             PendingBody::Staged(s) => self.conn.areas.release_staged(s),
             PendingBody::Heap(_) => {}
         }
@@ -1064,7 +1067,7 @@ impl<P: Provider> ClientCore<P> {
                 self.break_conn(unavailable(format!("send failed ({status}): the server is gone")));
                 return;
             }
-            self.conn.on_send_completion(c);
+            self.conn.on_send_completion(&mut self.pool, c);
             return;
         }
         let Some(buf) = self.recv.take(c) else { return };
@@ -1689,7 +1692,7 @@ impl<P: Provider> ClientCore<P> {
         self.stream_ends.retain(|&e| e != key);
         if self.batch_holds(id.slot, id.generation) {
             if let Some(b) = self.stream_batch.take() {
-                self.conn.pool.give_back(b.buf);
+                self.conn.give_back(&mut self.pool, b.buf);
             }
         }
         for o in self.outbox.take_unsent(id.slot, id.generation, Kind::StreamMsg) {
@@ -1795,16 +1798,16 @@ impl<P: Provider> ClientCore<P> {
         let h = Header { slot, generation, method: 0, ..Header::new(Kind::StreamMsg) };
         let eager = len <= self.conn.session.params().eager_threshold as usize && len <= self.conn.body_cap;
         if eager && self.outbox.is_empty() {
-            if let Some(mut buf) = self.conn.acquire() {
-                let dst = &mut self.conn.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
+            if let Some(mut buf) = self.conn.acquire(&mut self.pool) {
+                let dst = &mut self.pool.buf_mut(&mut buf)[HEADER_LEN..HEADER_LEN + len];
                 if let Err(e) = encode_exact(msg, dst) {
                     // Not sent: its buffer and the stream credit it took go back.
-                    self.conn.pool.give_back(buf);
+                    self.conn.give_back(&mut self.pool, buf);
                     self.conn.session.stream_unsend(slot, generation);
                     return Err(self.mismatch(e, "stream message"));
                 }
                 self.counters.bytes_out += len as u64;
-                self.conn.queue(buf, h, BodyAt::Eager(len as u32));
+                self.conn.queue(&mut self.pool, buf, h, BodyAt::Eager(len as u32));
                 self.flush();
                 return Ok(true);
             }
@@ -1886,9 +1889,9 @@ impl<P: Provider> ClientCore<P> {
         let eager = bytes.len() <= self.conn.session.params().eager_threshold as usize
             && bytes.len() <= self.conn.body_cap;
         if eager && self.outbox.is_empty() {
-            if let Some(mut buf) = self.conn.acquire() {
-                let body = self.conn.copy_eager(&mut buf, &bytes);
-                self.conn.queue(buf, h, body);
+            if let Some(mut buf) = self.conn.acquire(&mut self.pool) {
+                let body = self.conn.copy_eager(&mut self.pool, &mut buf, &bytes);
+                self.conn.queue(&mut self.pool, buf, h, body);
                 self.conn.spare.give_back(bytes);
                 return Ok(None);
             }
@@ -2058,7 +2061,7 @@ impl<P: Provider> ClientCore<P> {
         if self.broken.is_some() {
             return;
         }
-        if self.conn.send_close(TAG) {
+        if self.conn.send_close(&mut self.pool, TAG) {
             // Give the SEND a moment to leave before the QP is destroyed.
             let until = Instant::now() + Duration::from_millis(5);
             while Instant::now() < until {
@@ -2071,7 +2074,7 @@ impl<P: Provider> ClientCore<P> {
         }
         // A stream that ended (deadline, answer) leaves its open batch until the next flush.
         if let Some(b) = self.stream_batch.take() {
-            self.conn.pool.give_back(b.buf);
+            self.conn.give_back(&mut self.pool, b.buf);
         }
         self.broken = Some(unavailable("client closed"));
     }

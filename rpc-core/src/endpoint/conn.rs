@@ -1,6 +1,9 @@
 //! One connection's verbs resources and protocol state, shared by server workers and clients:
-//! QP, send buffers, receive ring, send mirror, staging area, send queue and the sans-IO
-//! [`Session`].
+//! QP, receive ring, send mirror, staging area, send queue and the sans-IO [`Session`]. Its send
+//! buffers are not its own: every method that sends takes the [`SendPool`] they come from (a
+//! client's connection has one of its own, next to it; a server worker's sessions share the
+//! worker's, so an idle session holds none), and [`Conn::close`] gives back what its posted WRs
+//! still use once its QP is destroyed.
 
 use crate::buffers::{GatherBody, RecvRing, SendBuf, SendPool, SendQueue, Staged};
 use crate::dispatch::reply::LateBody;
@@ -132,14 +135,6 @@ fn put(dst: &mut [u8], src: &[u8]) -> usize {
     let n = src.len().min(dst.len());
     dst[..n].copy_from_slice(&src[..n]);
     n
-}
-
-/// Bytes a connection registers at connect: its receive ring (`own_ring`; 0 for a server's
-/// session, whose ring is granted on demand and counted then) and `bufs` send buffers of
-/// `body_cap` + header bytes. Its send mirror of the peer's ring and its staging area
-/// ([`staging_len`]) are registered when first needed ([`SendAreas`]) and counted then.
-pub(crate) fn registered_bytes(own_ring: u32, bufs: u16, body_cap: usize) -> u64 {
-    u64::from(own_ring) + u64::from(bufs) * (HEADER_LEN + body_cap) as u64
 }
 
 /// What became of an answer that waited unencoded only for the send mirror
@@ -285,6 +280,7 @@ impl Queued for Outgoing {
 /// [`Conn::flush`]).
 pub(crate) fn send_waiting<P: Provider>(
     conn: &mut Conn<P>,
+    pool: &mut SendPool<P>,
     outbox: &mut Outbox<Outgoing>,
     tag: u32,
     mut on_sent: impl FnMut(&Header, Code, u32),
@@ -344,11 +340,11 @@ pub(crate) fn send_waiting<P: Provider>(
                     }
                 }
                 if let OutBody::Failed(s) = &out.body {
-                    let Some(buf) = conn.acquire() else { break };
-                    (conn.queue_error(buf, out.header, s), 0)
+                    let Some(buf) = conn.acquire(pool) else { break };
+                    (conn.queue_error(pool, buf, out.header, s), 0)
                 } else {
                     let before = out.sent;
-                    let done = conn.send_outgoing(out, tag);
+                    let done = conn.send_outgoing(pool, out, tag);
                     posted |= out.sent != before;
                     if !done {
                         break;
@@ -357,8 +353,8 @@ pub(crate) fn send_waiting<P: Provider>(
                 }
             }
             Some(Front::Send(Waiting::Error(h, s))) => {
-                let Some(buf) = conn.acquire() else { break };
-                (conn.queue_error(buf, *h, s), 0)
+                let Some(buf) = conn.acquire(pool) else { break };
+                (conn.queue_error(pool, buf, *h, s), 0)
             }
         };
         if let Some(m) = outbox.sent(&mut conn.session) {
@@ -378,7 +374,6 @@ pub(crate) struct Conn<P: Provider> {
     /// on demand, [`crate::session`]'s `lease`); a client's is made at connect.
     pub(crate) ring: Option<RecvRing<P>>,
     pub(crate) qp: P::QueuePair,
-    pub(crate) pool: SendPool<P>,
     /// The send mirror of the peer's ring and the staging area, registered at the first body
     /// above the eager threshold and given back when unused ([`Conn::release_idle_areas`]).
     pub(crate) areas: SendAreas<P>,
@@ -471,37 +466,55 @@ impl<P: Provider> Conn<P> {
     /// mirror was registered at connect. `buf` is given back unless it is `Sent`.
     #[cold]
     #[inline(never)]
-    pub(crate) fn place_late(&mut self, buf: SendBuf, header: Header, msg: Box<dyn LateBody>) -> LatePlaced {
+    pub(crate) fn place_late(
+        &mut self,
+        pool: &mut SendPool<P>,
+        buf: SendBuf,
+        header: Header,
+        msg: Box<dyn LateBody>,
+    ) -> LatePlaced {
         if let Err(s) = self.ensure_areas() {
-            self.pool.give_back(buf);
+            self.give_back(pool, buf);
             return LatePlaced::Failed(s);
         }
         let len = msg.len();
         let off = match self.session.place_body(len) {
             Ok(crate::session::Placement::Ring(off)) => off,
             Ok(_) => {
-                self.pool.give_back(buf);
+                self.give_back(pool, buf);
                 return LatePlaced::Wait(msg);
             }
             Err(crate::session::PlaceError::Refused(s)) => {
-                self.pool.give_back(buf);
+                self.give_back(pool, buf);
                 return LatePlaced::Failed(s);
             }
         };
         if let Err(e) = msg.encode_into(self.mirror_range_mut(off, len as u32)) {
             // Placed just now, nothing since: the range is free again.
             self.session.unplace_body();
-            self.pool.give_back(buf);
+            self.give_back(pool, buf);
             return LatePlaced::Failed(e.status("answer"));
         }
-        self.queue(buf, header, BodyAt::Ring { offset: off, len: len as u32 });
+        self.queue(pool, buf, header, BodyAt::Ring { offset: off, len: len as u32 });
         LatePlaced::Sent(len as u32)
     }
 
     /// Takes a send buffer when one is free and the send queue has room for its WRs.
     #[inline]
-    pub(crate) fn acquire(&mut self) -> Option<SendBuf> {
-        self.pool.acquire_for(&self.sq)
+    pub(crate) fn acquire(&mut self, pool: &mut SendPool<P>) -> Option<SendBuf> {
+        pool.acquire_for(&mut self.sq)
+    }
+
+    /// Whether the session has a control message due (a lease message, a Pong, a Ping, a
+    /// Cancel, a RingReturn) that waits for a send buffer.
+    pub(crate) fn wants_send(&self) -> bool {
+        self.session.lease_pending() || self.session.has_control() || self.session.ring_return_due()
+    }
+
+    /// Gives back a send buffer taken with [`Conn::acquire`] and not queued.
+    #[inline]
+    pub(crate) fn give_back(&mut self, pool: &mut SendPool<P>, buf: SendBuf) {
+        self.sq.give_back(pool, buf);
     }
 
     /// Queues a message whose body is already in send buffer `buf` or in the mirror: stamps the
@@ -511,13 +524,13 @@ impl<P: Provider> Conn<P> {
     /// [`PIPELINE_PIECES`] pieces of its reserved range (each a WRITE and a SEND), as far as
     /// send buffers allow: the peer copies a piece out while the next one is written.
     #[inline]
-    pub(crate) fn queue(&mut self, buf: SendBuf, h: Header, body: BodyAt) {
+    pub(crate) fn queue(&mut self, pool: &mut SendPool<P>, buf: SendBuf, h: Header, body: BodyAt) {
         if let BodyAt::Ring { offset, len } = body {
             if len >= 2 * self.pipeline_piece() {
-                return self.queue_pipelined(buf, h, offset, len);
+                return self.queue_pipelined(pool, buf, h, offset, len);
             }
         }
-        self.queue_one(buf, h, body, 0);
+        self.queue_one(pool, buf, h, body, 0);
     }
 
     /// Smallest piece a ring body is cut into for pipelining, in bytes: [`PIPELINE_MIN_PIECE`],
@@ -530,7 +543,14 @@ impl<P: Provider> Conn<P> {
 
     /// Queues a ring body reserved whole at `offset` as consecutive pieces of that range.
     #[cold]
-    fn queue_pipelined(&mut self, mut buf: SendBuf, h: Header, offset: u32, len: u32) {
+    fn queue_pipelined(
+        &mut self,
+        pool: &mut SendPool<P>,
+        mut buf: SendBuf,
+        h: Header,
+        offset: u32,
+        len: u32,
+    ) {
         let piece = self.pipeline_piece().max(len.div_ceil(PIPELINE_PIECES));
         let h = Header { total_len: len, ..h };
         let mut done = 0;
@@ -539,14 +559,21 @@ impl<P: Provider> Conn<P> {
             // The last piece takes the rest, and so does this one when no other send buffer is
             // free or the peer's ring holds as many of our bodies and pieces as the session
             // allows (`session::ring_units`: each piece is freed, and may be reported, alone).
-            let next = if rest > piece && self.session.may_split_ring_body() { self.acquire() } else { None };
+            let next =
+                if rest > piece && self.session.may_split_ring_body() { self.acquire(pool) } else { None };
             let n = if next.is_some() { piece } else { rest };
             let behind = len - done - n;
             if next.is_some() {
                 let split = self.session.split_ring_body(behind);
                 debug_assert!(split, "may_split_ring_body said yes");
             }
-            self.queue_one(buf, h, BodyAt::Piece { offset: offset + done, len: n, staged: false }, behind);
+            self.queue_one(
+                pool,
+                buf,
+                h,
+                BodyAt::Piece { offset: offset + done, len: n, staged: false },
+                behind,
+            );
             done += n;
             match next {
                 Some(b) => buf = b,
@@ -558,7 +585,14 @@ impl<P: Provider> Conn<P> {
     /// Queues one message; a ring body's WRITE carries the session's ring mark less `behind`,
     /// the bytes of the last placement after its end (the later pieces of a pipelined body).
     #[inline]
-    fn queue_one(&mut self, mut buf: SendBuf, mut h: Header, body: BodyAt, behind: u32) {
+    fn queue_one(
+        &mut self,
+        pool: &mut SendPool<P>,
+        mut buf: SendBuf,
+        mut h: Header,
+        body: BodyAt,
+        behind: u32,
+    ) {
         let eager = match body {
             BodyAt::Eager(len) => {
                 h.in_ring = false;
@@ -589,13 +623,13 @@ impl<P: Provider> Conn<P> {
             }
         };
         self.session.stamp(&mut h);
-        if let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
+        if let Some(dst) = pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
             if let Ok(dst) = <&mut [u8; HEADER_LEN]>::try_from(dst) {
                 h.encode(dst);
             }
         }
         let len = HEADER_LEN as u32 + eager;
-        self.sq.send(&mut self.pool, buf, len, len <= self.max_inline);
+        self.sq.send(pool, buf, len, len <= self.max_inline);
     }
 
     /// Queues `s` as the error answer `header` names, in send buffer `buf`: its message as the
@@ -605,28 +639,34 @@ impl<P: Provider> Conn<P> {
     /// status that says OK).
     pub(crate) fn queue_error(
         &mut self,
+        pool: &mut SendPool<P>,
         mut buf: SendBuf,
         header: Header,
         s: &crate::status::Status,
     ) -> Code {
         let status = if s.code() == Code::Ok { Code::Unknown } else { s.code() };
         let (body, metadata) = if s.has_extra() {
-            self.copy_status(&mut buf, s)
+            self.copy_status(pool, &mut buf, s)
         } else {
-            (self.copy_eager(&mut buf, s.message().as_bytes()), false)
+            (self.copy_eager(pool, &mut buf, s.message().as_bytes()), false)
         };
-        self.queue(buf, Header { status, metadata, ..header }, body);
+        self.queue(pool, buf, Header { status, metadata, ..header }, body);
         status
     }
 
     /// The body of an error answer with metadata (see [`Conn::queue_error`]), and whether its
     /// trailers went with it.
     #[cold]
-    fn copy_status(&mut self, buf: &mut SendBuf, s: &crate::status::Status) -> (BodyAt, bool) {
+    fn copy_status(
+        &mut self,
+        pool: &mut SendPool<P>,
+        buf: &mut SendBuf,
+        s: &crate::status::Status,
+    ) -> (BodyAt, bool) {
         let mut bytes = crate::metadata::ResponseMetadata::encode_blocks(None, Some(s));
         if bytes.len() + s.message().len() <= self.body_cap {
             bytes.extend_from_slice(s.message().as_bytes());
-            return (self.copy_eager(buf, &bytes), true);
+            return (self.copy_eager(pool, buf, &bytes), true);
         }
         let text = format!(
             "{} (its trailers and details, {} bytes, were dropped: with the message they pass the \
@@ -635,14 +675,14 @@ impl<P: Provider> Conn<P> {
             bytes.len(),
             self.body_cap
         );
-        (self.copy_eager(buf, text.as_bytes()), false)
+        (self.copy_eager(pool, buf, text.as_bytes()), false)
     }
 
     /// Copies `bytes` (a status message, or a short body encoded elsewhere) into send buffer
     /// `buf` after the header, truncated to the eager area.
-    pub(crate) fn copy_eager(&mut self, buf: &mut SendBuf, bytes: &[u8]) -> BodyAt {
+    pub(crate) fn copy_eager(&mut self, pool: &mut SendPool<P>, buf: &mut SendBuf, bytes: &[u8]) -> BodyAt {
         let n = bytes.len().min(self.body_cap);
-        if let Some(dst) = self.pool.buf_mut(buf).get_mut(HEADER_LEN..HEADER_LEN + n) {
+        if let Some(dst) = pool.buf_mut(buf).get_mut(HEADER_LEN..HEADER_LEN + n) {
             dst.copy_from_slice(&bytes[..n]);
         }
         BodyAt::Eager(n as u32)
@@ -684,19 +724,19 @@ impl<P: Provider> Conn<P> {
     /// Queues what ring space, send buffers and send-queue room allow of a heap body: whole
     /// (eager, or one ring body when it fits now) or piece after piece. Returns true once all of
     /// it is queued; false while it must wait (call again after completions or freed ring space).
-    pub(crate) fn send_outgoing(&mut self, out: &mut Outgoing, tag: u32) -> bool {
+    pub(crate) fn send_outgoing(&mut self, pool: &mut SendPool<P>, out: &mut Outgoing, tag: u32) -> bool {
         let total = out.len;
         if let OutBody::Heap(body) = &mut out.body {
             if out.sent == 0
                 && total as usize <= self.body_cap
                 && total <= self.session.params().eager_threshold
             {
-                let Some(mut buf) = self.acquire() else { return false };
+                let Some(mut buf) = self.acquire(pool) else { return false };
                 let n = total as usize;
-                if let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + n) {
+                if let Some(dst) = pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + n) {
                     body.copy_next(dst);
                 }
-                self.queue(buf, out.header, BodyAt::Eager(total));
+                self.queue(pool, buf, out.header, BodyAt::Eager(total));
                 out.sent = total;
                 self.recycle_heap(out);
                 return true;
@@ -709,10 +749,10 @@ impl<P: Provider> Conn<P> {
                 // piece with no WRITE.
                 return false;
             }
-            let Some(buf) = self.acquire() else { return false };
+            let Some(buf) = self.acquire(pool) else { return false };
             let remaining = total - out.sent;
             let Some((offset, len)) = self.session.next_piece(remaining) else {
-                self.pool.give_back(buf);
+                self.give_back(pool, buf);
                 return false;
             };
             let from = out.sent;
@@ -724,9 +764,9 @@ impl<P: Provider> Conn<P> {
                     // from where they are (`Conn::gather_piece`): the WRITE is queued then.
                     if self.gather_piece(body, offset, len) {
                         let h = Header { total_len: total, ..out.header };
-                        self.queue(buf, h, BodyAt::Piece { offset, len, staged: true });
+                        self.queue(pool, buf, h, BodyAt::Piece { offset, len, staged: true });
                         out.sent += len;
-                        let _ = self.flush(tag);
+                        let _ = self.flush(pool, tag);
                         continue;
                     }
                 }
@@ -741,19 +781,24 @@ impl<P: Provider> Conn<P> {
                 }
                 // Encoded before the first piece, or failed (`send_waiting`): never here.
                 OutBody::Later(_) | OutBody::Failed(_) => {
-                    self.pool.give_back(buf);
+                    self.give_back(pool, buf);
                     return false;
                 }
             }
             let h = Header { total_len: total, ..out.header };
-            self.queue(buf, h, BodyAt::Piece { offset, len, staged: matches!(out.body, OutBody::Staged(_)) });
+            self.queue(
+                pool,
+                buf,
+                h,
+                BodyAt::Piece { offset, len, staged: matches!(out.body, OutBody::Staged(_)) },
+            );
             out.sent += len;
             // Each piece is posted as soon as it is queued (one doorbell per piece of up to a
             // quarter of the peer's ring, not one per batch): the peer copies it out and returns
             // its space while the next piece is copied into the mirror, instead of seeing
             // nothing until every piece the ring had room for is copied. A failed post leaves
             // the WRs queued: the driver's own flush reports it and closes the session.
-            let _ = self.flush(tag);
+            let _ = self.flush(pool, tag);
         }
         self.recycle_heap(out);
         true
@@ -825,17 +870,17 @@ impl<P: Provider> Conn<P> {
     /// Queues the control messages the session wants sent (Pong, Ping, Cancel) while send
     /// buffers last; what finds none stays due in the session for the next flush.
     #[inline]
-    pub(crate) fn queue_controls(&mut self) {
+    pub(crate) fn queue_controls(&mut self, pool: &mut SendPool<P>) {
         if self.session.lease_pending() {
-            self.queue_lease_control();
+            self.queue_lease_control(pool);
         }
         while self.session.has_control() {
-            let Some(buf) = self.acquire() else { return };
+            let Some(buf) = self.acquire(pool) else { return };
             let Some(h) = self.session.next_control() else {
-                self.pool.give_back(buf);
+                self.give_back(pool, buf);
                 return;
             };
-            self.queue(buf, h, BodyAt::Eager(0));
+            self.queue(pool, buf, h, BodyAt::Eager(0));
         }
     }
 
@@ -844,16 +889,16 @@ impl<P: Provider> Conn<P> {
     /// answer to an ask, a RingReclaim) when a send buffer is free; else it stays due.
     #[cold]
     #[inline(never)]
-    fn queue_lease_control(&mut self) {
-        let Some(mut buf) = self.acquire() else { return };
+    fn queue_lease_control(&mut self, pool: &mut SendPool<P>) {
+        let Some(mut buf) = self.acquire(pool) else { return };
         let Some(msg) = self.session.next_lease_control() else {
-            self.pool.give_back(buf);
+            self.give_back(pool, buf);
             return;
         };
         let room = self.body_cap.min(crate::wire::MAX_CLOSE_REASON);
-        let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + room) else {
+        let Some(dst) = pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + room) else {
             // Unreachable: every body area holds at least `MIN_BODY_AREA` (256) bytes.
-            self.pool.give_back(buf);
+            self.give_back(pool, buf);
             return;
         };
         let n = match &msg {
@@ -868,7 +913,7 @@ impl<P: Provider> Conn<P> {
             }
             LeaseMsg::Reclaim => 0,
         };
-        self.queue(buf, msg.header(), BodyAt::Eager(n as u32));
+        self.queue(pool, buf, msg.header(), BodyAt::Eager(n as u32));
     }
 
     /// The granted ring's address and rkey (protocol 12): the ring bodies placed from now on are
@@ -882,10 +927,10 @@ impl<P: Provider> Conn<P> {
     /// (messages are stamped with the freed head when queued, so bytes freed after the last one
     /// was queued ride on none of them). Best effort: with no send buffer free, the next message
     /// carries them.
-    pub(crate) fn queue_ring_return(&mut self) {
+    pub(crate) fn queue_ring_return(&mut self, pool: &mut SendPool<P>) {
         if self.session.ring_return_due() {
-            if let Some(buf) = self.acquire() {
-                self.queue(buf, Header::new(Kind::RingReturn), BodyAt::Eager(0));
+            if let Some(buf) = self.acquire(pool) {
+                self.queue(pool, buf, Header::new(Kind::RingReturn), BodyAt::Eager(0));
             }
         }
     }
@@ -893,18 +938,24 @@ impl<P: Provider> Conn<P> {
     /// The Close handshake's one message: marks the session closed, queues a Close and posts it
     /// with what was queued (best effort: with no send buffer free, nothing is sent and the peer
     /// learns from the control channel). Returns whether a Close was posted.
-    pub(crate) fn send_close(&mut self, tag: u32) -> bool {
-        self.send_close_why(tag, crate::status::Code::Ok, "")
+    pub(crate) fn send_close(&mut self, pool: &mut SendPool<P>, tag: u32) -> bool {
+        self.send_close_why(pool, tag, crate::status::Code::Ok, "")
     }
 
     /// [`Conn::send_close`] saying why: the Close carries `code` and `reason` (cut to
     /// [`crate::wire::MAX_CLOSE_REASON`] bytes and to the eager area, control characters as
     /// spaces; see `wire::close`). The session's memory held for reassembly is given back now.
-    pub(crate) fn send_close_why(&mut self, tag: u32, code: crate::status::Code, reason: &str) -> bool {
+    pub(crate) fn send_close_why(
+        &mut self,
+        pool: &mut SendPool<P>,
+        tag: u32,
+        code: crate::status::Code,
+        reason: &str,
+    ) -> bool {
         self.session.close();
-        let Some(mut buf) = self.acquire() else { return false };
+        let Some(mut buf) = self.acquire(pool) else { return false };
         let room = self.body_cap.min(crate::wire::MAX_CLOSE_REASON);
-        let n = match self.pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + room) {
+        let n = match pool.buf_mut(&mut buf).get_mut(HEADER_LEN..HEADER_LEN + room) {
             Some(dst) => crate::wire::encode_close_reason(reason, dst),
             None => 0,
         };
@@ -912,15 +963,15 @@ impl<P: Provider> Conn<P> {
         h.body_len = n as u32;
         h.total_len = n as u32;
         self.session.stamp(&mut h);
-        if let Some(dst) = self.pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
+        if let Some(dst) = pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
             if let Ok(dst) = <&mut [u8; HEADER_LEN]>::try_from(dst) {
                 h.encode(dst);
             }
         }
         // Never inline: a SEND whose buffer the NIC reads is signaled (`SendQueue`'s selective
         // signaling), so the Close's completion comes and the worker frees the session with it.
-        self.sq.send(&mut self.pool, buf, HEADER_LEN as u32 + n as u32, false);
-        self.flush(tag).is_ok()
+        self.sq.send(pool, buf, HEADER_LEN as u32 + n as u32, false);
+        self.flush(pool, tag).is_ok()
     }
 
     /// Gives back what a polled completion of this connection's signaled send WR retires (send
@@ -928,8 +979,8 @@ impl<P: Provider> Conn<P> {
     /// mirror ([`Session::on_ring_written`]). Ignored for a completion of another queue or a
     /// failed one (see [`SendQueue::on_completion`]).
     #[inline]
-    pub(crate) fn on_send_completion(&mut self, c: crate::buffers::Completion) {
-        self.sq.on_completion(c, &mut self.pool);
+    pub(crate) fn on_send_completion(&mut self, pool: &mut SendPool<P>, c: crate::buffers::Completion) {
+        self.sq.on_completion(c, pool);
         self.sq.retire_held();
         if let Some(staging) = self.areas.staging_mut() {
             self.sq.retire_staged(staging);
@@ -940,15 +991,26 @@ impl<P: Provider> Conn<P> {
         }
     }
 
+    /// Frees the connection for good, giving the send buffers its WRs still use back to `pool`
+    /// (a pool it shares with others: a server worker's): the receive ring's window goes first,
+    /// then the QP is destroyed, and only then are its buffers free
+    /// ([`SendQueue::reclaim`]); its send mirror and staging area go last.
+    pub(crate) fn close(self, pool: &mut SendPool<P>) {
+        let Conn { ring, qp, mut sq, areas, .. } = self;
+        drop(ring);
+        sq.reclaim(qp, pool);
+        drop(areas);
+    }
+
     /// Posts what was queued (one doorbell per batch). `tag` identifies the connection in the
     /// signaled WR's `wr_id`.
-    pub(crate) fn flush(&mut self, tag: u32) -> Result<()> {
+    pub(crate) fn flush(&mut self, pool: &mut SendPool<P>, tag: u32) -> Result<()> {
         if self.sq.is_empty() {
             return Ok(());
         }
         // What was queued leaves now (answers among it: the credits' signal starts over).
         self.session.on_flushed();
-        self.sq.flush(&self.qp, &mut self.pool, tag)
+        self.sq.flush(&self.qp, pool, tag)
     }
 }
 

@@ -61,7 +61,8 @@ pub struct Counters {
     /// `ServerConfig::reassembly_timeout`.
     pub reassembly_timeouts: u64,
     /// Server: bytes registered for the live sessions (receive rings, send mirrors, staging
-    /// areas, send buffers) now; set by `ServerHandle::counters` (0 in `worker_counters`).
+    /// areas; their send buffers are the workers' pools', `send_pool_bytes`) now; set by
+    /// `ServerHandle::counters` (0 in `worker_counters`).
     pub registered_bytes: u64,
     /// Server: most of `registered_bytes` at once since the server started.
     pub registered_peak: u64,
@@ -84,6 +85,16 @@ pub struct Counters {
     /// with RESOURCE_EXHAUSTED naming what was being registered or the cap; the session stays
     /// open.
     pub send_area_failures: u64,
+    /// Server: bytes of send buffers the workers registered (their shared pools,
+    /// `ServerConfig::max_send_pool_bytes`; not part of `registered_bytes`). Grown a chunk at a
+    /// time as sends need buffers and kept: 0 until the first message is sent.
+    pub send_pool_bytes: u64,
+    /// Server: send buffers in use now (taken for a message, or read by a posted SEND whose
+    /// completion was not polled yet); an idle session holds none.
+    pub send_bufs_in_use: u64,
+    /// Server: times a session found its worker's send pool empty at its cap and waited (its
+    /// message went when a completion freed a buffer).
+    pub send_pool_waits: u64,
     /// Server: bytes of receive rings granted now (protocol 12: granted on demand, part of
     /// `registered_bytes`); set by `ServerHandle::counters`. 0 while every session is idle or
     /// sends small bodies only.
@@ -178,13 +189,14 @@ impl Counters {
     }
 
     /// Server: bytes pinned per live session, in bytes: the registered memory
-    /// (`registered_bytes`: send buffers, rings, send areas) and the SRQ's receive buffers
-    /// (`recv_buffer_bytes`) over the sessions open (`sessions_opened - sessions_closed`); `None`
-    /// with no session open. The figure `ServerConfig::srq_idle_wqes` and the on-demand rings
-    /// keep small for idle sessions.
+    /// (`registered_bytes`: rings, send areas), the SRQ's receive buffers (`recv_buffer_bytes`)
+    /// and the workers' send buffers (`send_pool_bytes`) over the sessions open
+    /// (`sessions_opened - sessions_closed`); `None` with no session open. The figure
+    /// `ServerConfig::srq_idle_wqes`, the on-demand rings and the shared send pools keep small
+    /// for idle sessions.
     pub fn pinned_per_session(&self) -> Option<u64> {
         let live = self.sessions_opened.checked_sub(self.sessions_closed).filter(|&n| n > 0)?;
-        Some((self.registered_bytes + self.recv_buffer_bytes) / live)
+        Some((self.registered_bytes + self.recv_buffer_bytes + self.send_pool_bytes) / live)
     }
 
     /// Adds `other` into `self`.
@@ -211,6 +223,9 @@ impl Counters {
         self.send_areas_created += other.send_areas_created;
         self.send_areas_released += other.send_areas_released;
         self.send_area_failures += other.send_area_failures;
+        self.send_pool_bytes += other.send_pool_bytes;
+        self.send_bufs_in_use += other.send_bufs_in_use;
+        self.send_pool_waits += other.send_pool_waits;
         self.ring_bytes += other.ring_bytes;
         self.rings_granted += other.rings_granted;
         self.rings_reclaimed += other.rings_reclaimed;
@@ -241,7 +256,7 @@ impl Counters {
 }
 
 /// Counters other than `by_code` (and the server-wide gauges, which `ServerMemory` holds).
-const FIELDS: usize = 21;
+const FIELDS: usize = 24;
 
 /// The published copy, readable from any thread.
 pub(crate) struct SharedCounters {
@@ -278,6 +293,9 @@ impl SharedCounters {
             c.reassembly_refused,
             c.async_tasks,
             c.metadata_cached,
+            c.send_pool_bytes,
+            c.send_bufs_in_use,
+            c.send_pool_waits,
         ];
         for (f, v) in self.fields.iter().zip(vals.iter().chain(c.by_code.iter())) {
             f.store(*v, Ordering::Release);
@@ -312,6 +330,9 @@ impl SharedCounters {
             reassembly_refused: g(18),
             async_tasks: g(19),
             metadata_cached: g(20),
+            send_pool_bytes: g(21),
+            send_bufs_in_use: g(22),
+            send_pool_waits: g(23),
             by_code,
             ..Counters::default()
         }

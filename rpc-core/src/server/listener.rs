@@ -36,9 +36,7 @@ use crate::control::{ControlStream, Liveness, Sniff};
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::DeferQueue;
 use crate::endpoint::areas::SendAreas;
-use crate::endpoint::conn::{
-    body_area, create_cq, create_qp, handshake, registered_bytes, send_bufs_for, srq_need, Conn,
-};
+use crate::endpoint::conn::{body_area, create_cq, create_qp, handshake, send_bufs_for, srq_need, Conn};
 use crate::endpoint::counters::{ServerMemory, SharedCounters};
 use crate::session::srq_need_ringless;
 use crate::session::{Role, Session, SessionParams};
@@ -154,6 +152,13 @@ pub(super) fn start<P: Provider>(
             HEADER_LEN + body_cap,
             crate::worker::RECV_CHUNK_SHIFT,
         )?;
+        // The send buffers of all the worker's sessions: none until a session sends.
+        let send = SendPool::<P>::growable(
+            &pd,
+            HEADER_LEN + body_cap,
+            crate::worker::SEND_CHUNK.trailing_zeros(),
+            config.max_send_pool_bytes,
+        )?;
         let registered = crate::buffers::RegisteredPool::new::<P>(pd.clone(), config.registered_buffer_bytes);
         registered_all.push(registered.clone());
         let shared = Arc::new(WorkerShared {
@@ -187,7 +192,7 @@ pub(super) fn start<P: Provider>(
                         tracing::warn!(worker = index, core = c, "pinning to core failed; running unpinned");
                     }
                 }
-                Worker::new(worker_shared, worker_registry, recv, limits, interceptor).run();
+                Worker::new(worker_shared, worker_registry, recv, send, limits, interceptor).run();
             })
             .map_err(|e| ServerError::Thread { what: "worker", source: e })?;
         joins.push(j);
@@ -866,7 +871,8 @@ impl<P: Provider> Listener<P> {
         // The session holds its reservation from here (given back when it is dropped).
         conn.0.session.grant_on_demand(w.srq_room.clone(), initial);
         // The ring is granted on demand (protocol 12) and counted then.
-        let registered = registered_bytes(0, send_bufs_for(credits), conn.0.body_cap);
+        // Nothing registered for it yet: its send buffers are its worker's (`SendPool::growable`).
+        let registered = 0;
         self.memory.registered.add(registered);
         if hello.flags & FLAG_IDLE_PONGS != 0 {
             conn.0.session.probe_while_idle();
@@ -970,7 +976,7 @@ impl<P: Provider> Listener<P> {
         let max_inline = qp.cap().max_inline_data;
         let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
-        let pool = SendPool::<P>::new(&w.pd, bufs, HEADER_LEN + body_cap).map_err(verbs)?;
+        // No send buffer of its own: it sends from its worker's pool (`Worker::send`).
         // No receive ring at connect: the client asks for one before its first body above the
         // eager threshold (protocol 12; the worker grants it, `Worker::on_ring_ask`).
         // The send mirror of the client's ring and the staging area are registered at the
@@ -1013,7 +1019,6 @@ impl<P: Provider> Listener<P> {
             refs: Vec::new(),
             spare,
             qp,
-            pool,
             ring: None,
             areas,
             written_mark: 0,

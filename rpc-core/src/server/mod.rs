@@ -261,8 +261,8 @@ pub struct ServerConfig {
     /// 2 ms, at most 1 s; its reservation is given back when the client acknowledges). Default
     /// 5 s; `None` keeps raised credits until the session closes; not zero.
     pub credit_idle: Option<Duration>,
-    /// Sessions over all workers. Default 128. Each registers send buffers at connect:
-    /// (2 × credits + 8) × (`eager_threshold` + 40) bytes, 291 KiB at the defaults; while its
+    /// Sessions over all workers. Default 128. Each registers nothing at connect (its send
+    /// buffers are its worker's pool's, [`ServerConfig::max_send_pool_bytes`]); while its
     /// client sends bodies above the eager threshold (see [`ServerConfig::ring_idle`]) also a
     /// receive ring (`ring_bytes`, capped over all sessions by `max_ring_pool_bytes`); while it sends bodies above the eager threshold (see
     /// [`ServerConfig::send_area_idle`]) also a send mirror of the client's ring and a send
@@ -405,6 +405,20 @@ pub struct ServerConfig {
     /// of the largest ring allowed ([`ServerConfig::max_peer_ring_bytes`]): 3 × it, or it +
     /// 64 MiB + it when larger.
     pub max_send_area_bytes: u64,
+    /// Most bytes of send buffers each worker registers. A worker's sessions share one pool of
+    /// send buffers (`eager_threshold` + 40 bytes each, 4136 B by default) instead of each
+    /// registering its own at connect: a session takes a buffer when it queues a message and
+    /// it is free again once the message is posted (an inline SEND, up to the QP's
+    /// `max_inline_data`, 256 B at most) or once the polled completion of its SEND retires it.
+    /// So an idle session holds none, and the pool holds what the sends in flight use. It is
+    /// registered a chunk of 64 buffers (258 KiB by default) at a time as sends need them, up
+    /// to this cap, and kept (`Counters::send_pool_bytes`, `Counters::send_bufs_in_use`). A
+    /// session that finds no buffer while the pool is at its cap waits: its answer stays in its
+    /// outbox (charged to [`ServerConfig::max_backlog_bytes`] like an answer waiting for ring
+    /// space) and goes as soon as a completion frees a buffer; no session fails for it.
+    /// Default 64 MiB (16 230 buffers of 4136 B: 225 sessions at 72 messages in flight each);
+    /// at least one chunk (64 × (`eager_threshold` + 40) bytes).
+    pub max_send_pool_bytes: usize,
     /// The longest a call may wait for its answer, whatever deadline its client gave (or none):
     /// past it the call is answered DEADLINE_EXCEEDED naming this setting, its deferred
     /// `Responder`, `StreamSink` and `RequestStream` see `is_cancelled()` (an async handler's
@@ -464,6 +478,7 @@ impl Default for ServerConfig {
             idle_timeout: Some(Duration::from_secs(60)),
             send_area_idle: Some(Duration::from_secs(5)),
             max_send_area_bytes: u64::MAX,
+            max_send_pool_bytes: 64 << 20,
             ring_idle: Some(Duration::from_secs(5)),
             max_ring_pool_bytes: u64::MAX,
             max_call_duration: Some(Duration::from_secs(300)),
@@ -535,6 +550,20 @@ impl ServerConfig {
                     "{} is below the send mirror and staging area of one client of the largest ring allowed \
                      (max_peer_ring_bytes {}: {one_session} bytes)",
                     self.max_send_area_bytes, self.max_peer_ring_bytes
+                ),
+            );
+        }
+        let chunk = crate::worker::SEND_CHUNK
+            * (crate::wire::HEADER_LEN + crate::endpoint::conn::body_area(self.eager_threshold));
+        if self.max_send_pool_bytes < chunk {
+            return bad(
+                "max_send_pool_bytes",
+                format!(
+                    "{} is below one chunk of send buffers ({} × (eager_threshold {} + {} bytes): {chunk} bytes)",
+                    self.max_send_pool_bytes,
+                    crate::worker::SEND_CHUNK,
+                    self.eager_threshold,
+                    crate::wire::HEADER_LEN
                 ),
             );
         }
@@ -792,6 +821,8 @@ impl ServerBuilder {
         send_area_idle: Option<Duration>;
         /// See [`ServerConfig::max_send_area_bytes`].
         max_send_area_bytes: u64;
+        /// See [`ServerConfig::max_send_pool_bytes`].
+        max_send_pool_bytes: usize;
         /// See [`ServerConfig::ring_idle`].
         ring_idle: Option<Duration>;
         /// See [`ServerConfig::max_ring_pool_bytes`].

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::buffers::{Completion, Completions, RecvBuf, RecvPool, RecvRing, RecvView};
+use crate::buffers::{Completion, Completions, RecvBuf, RecvPool, RecvRing, RecvView, SendPool};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::local::LocalTasks;
 use crate::dispatch::registry::Registry;
@@ -40,6 +40,10 @@ use crate::wire::{Header, Kind, HEADER_LEN};
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
+
+/// Send buffers a worker's pool registers at a time (one MR), as its sessions' sends need them
+/// (`ServerConfig::max_send_pool_bytes`): 258 KiB at the default eager threshold.
+pub(crate) const SEND_CHUNK: usize = 64;
 /// Busy loop iterations between looks at the control and deferred-answer queues.
 const QUEUE_CHECK_EVERY: u32 = 16;
 /// Receive buffers reposted per doorbell while busy.
@@ -238,11 +242,11 @@ struct Entry<P: Provider> {
     counted: Option<fn(&mut Counters)>,
     /// Deferred calls not yet answered, with the flag their `Responder` reads (raised on
     /// cancel, expiry, close).
-    deferred: Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>,
+    deferred: DeferredCalls,
     /// Streams of this session with a handler on them: server messages drained from their sink
     /// as the client grants them, client messages handed to their reader and granted again
     /// back as it takes them ([`Worker::pump_streams`]).
-    streams: Vec<OpenStream>,
+    streams: Streams,
     /// Bytes it registered (in the server's gauge until it closes).
     registered: u64,
     /// The charge of its granted receive ring against `ServerConfig::max_ring_pool_bytes`
@@ -252,6 +256,8 @@ struct Entry<P: Provider> {
     /// request stored (at most [`crate::wire::MAX_CACHED_BLOCK`] bytes), or the status it was
     /// refused with, which the requests naming it are answered with.
     kept_metadata: Option<Result<Arc<crate::metadata::Metadata>, Status>>,
+    /// In [`Worker::starved`]: it waits for a send buffer.
+    starved: bool,
 }
 
 /// A stream with a handler on it: its call, the sink its handler sends into (server and
@@ -268,13 +274,39 @@ struct OpenStream {
     seen_open: usize,
 }
 
-impl<P: Provider> Drop for Entry<P> {
+/// A session's deferred calls not yet answered, with the flag their `Responder` reads: raised
+/// when the session goes (no deferred answer of it can be delivered any more).
+#[derive(Default)]
+struct DeferredCalls(Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>);
+
+impl Drop for DeferredCalls {
     fn drop(&mut self) {
-        // The session is gone: no deferred answer of it can be delivered any more.
-        for (_, _, flag) in &self.deferred {
+        for (_, _, flag) in &self.0 {
             flag.raise();
         }
-        for st in &self.streams {
+    }
+}
+
+impl std::ops::Deref for DeferredCalls {
+    type Target = Vec<(u16, u32, Arc<crate::dispatch::reply::CancelFlag>)>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DeferredCalls {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+/// A session's streams with a handler on them: cancelled (both ways) when the session goes.
+#[derive(Default)]
+struct Streams(Vec<OpenStream>);
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        for st in &self.0 {
             if let Some(source) = &st.source {
                 source.cancel();
             }
@@ -282,6 +314,19 @@ impl<P: Provider> Drop for Entry<P> {
                 sink.cancel();
             }
         }
+    }
+}
+
+impl std::ops::Deref for Streams {
+    type Target = Vec<OpenStream>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Streams {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
     }
 }
 
@@ -436,7 +481,14 @@ pub(crate) struct Worker<P: Provider> {
     /// The sessions with open streams, each once (empty: the loop skips
     /// [`Worker::pump_streams`]), so a pump visits those only, not every session entry.
     streaming: Vec<u16>,
+    /// Sessions waiting for a send buffer (the pool empty at its cap), oldest first
+    /// ([`Worker::note_starved`]), and the ones being retried ([`Worker::retry_starved`]): both
+    /// allocated for every session at once.
+    starved: Vec<u16>,
+    retrying: Vec<u16>,
     // Last: dropped after every QP.
+    /// The send buffers every session of this worker sends from (`ServerConfig::max_send_pool_bytes`).
+    send: SendPool<P>,
     recv: RecvPool<P>,
 }
 
@@ -445,6 +497,7 @@ impl<P: Provider> Worker<P> {
         shared: Arc<WorkerShared<P>>,
         registry: Arc<Registry>,
         recv: RecvPool<P>,
+        send: SendPool<P>,
         limits: WorkerLimits,
         interceptor: Option<ServerInterceptor>,
     ) -> Worker<P> {
@@ -477,7 +530,10 @@ impl<P: Provider> Worker<P> {
             ended: Vec::new(),
             local,
             streaming: Vec::with_capacity(n),
+            starved: Vec::with_capacity(n),
+            retrying: Vec::with_capacity(n),
             wcs,
+            send,
             recv,
         }
     }
@@ -554,6 +610,10 @@ impl<P: Provider> Worker<P> {
             };
             while let Some(c) = self.wcs.next_completion() {
                 self.on_completion(c);
+            }
+            // A session found the send pool empty at its cap, and completions freed buffers since.
+            if self.send.starved() && self.send.available() > 0 {
+                self.retry_starved();
             }
             // Async handlers' tasks woken since the last look (one atomic load when none was).
             let mut ran = 0;
@@ -681,6 +741,9 @@ impl<P: Provider> Worker<P> {
     /// Makes the counters readable from other threads.
     fn publish_counters(&mut self) {
         self.counters.async_tasks = self.local.spawned();
+        self.counters.send_pool_bytes = self.send.registered_bytes();
+        self.counters.send_bufs_in_use = self.send.in_use() as u64;
+        self.counters.send_pool_waits = self.send.waits();
         self.shared.counters.publish(&self.counters);
     }
 
@@ -746,7 +809,7 @@ impl<P: Provider> Worker<P> {
                 "idle: no call for {} ms (ServerConfig::idle_timeout); a new call reconnects",
                 idle.as_millis()
             );
-            if !entry.conn.send_close_why(tag, Code::Unavailable, &why) {
+            if !entry.conn.send_close_why(&mut self.send, tag, Code::Unavailable, &why) {
                 self.close_entry(idx, "idle for ServerConfig::idle_timeout", false, true);
             }
         }
@@ -1313,11 +1376,12 @@ impl<P: Provider> Worker<P> {
             binding: None,
             closing: false,
             counted: None,
-            deferred: Vec::new(),
-            streams: Vec::new(),
+            deferred: DeferredCalls::default(),
+            streams: Streams::default(),
             registered: nc.registered,
             ring_charge: None,
             kept_metadata: None,
+            starved: false,
         });
         if let Some(s) = self.entries[idx].as_mut() {
             let now = Instant::now();
@@ -1392,7 +1456,10 @@ impl<P: Provider> Worker<P> {
             // Its granted ring goes with it (window first, then the QP: `Conn`'s drop order).
             self.shared.memory.rings.gone(ring.len() as u64, false);
         }
-        drop(entry);
+        // Its QP is destroyed first (its WRs discarded), then the send buffers its posted WRs
+        // still read go back to the worker's pool; the rest of the session goes with it.
+        let Entry { conn, .. } = entry;
+        conn.close(&mut self.send);
         self.shared.memory.registered.release(registered);
     }
 
@@ -1402,7 +1469,12 @@ impl<P: Provider> Worker<P> {
         for idx in 0..self.entries.len() {
             let tag = self.tag(idx as u16);
             if let Some(entry) = self.entries[idx].as_mut() {
-                entry.conn.send_close_why(tag, Code::Unavailable, "the server is shutting down");
+                entry.conn.send_close_why(
+                    &mut self.send,
+                    tag,
+                    Code::Unavailable,
+                    "the server is shutting down",
+                );
                 sent = true;
             }
         }
@@ -1478,7 +1550,7 @@ impl<P: Provider> Worker<P> {
         tracing::warn!(worker = self.shared.index, session = entry.session, peer = %entry.peer, reason, "closing session");
         entry.closing = true;
         entry.counted = Some(count);
-        if !entry.conn.send_close_why(tag, code, reason) {
+        if !entry.conn.send_close_why(&mut self.send, tag, code, reason) {
             self.close_entry(idx, reason, false, true);
         }
     }
@@ -1505,6 +1577,7 @@ impl<P: Provider> Worker<P> {
         let streams = &entry.streams;
         let sent = conn::send_waiting(
             &mut entry.conn,
+            &mut self.send,
             &mut entry.backlog,
             tag,
             |h, status, len| {
@@ -1534,6 +1607,55 @@ impl<P: Provider> Worker<P> {
         if sent {
             self.mark_dirty(idx);
         }
+        self.note_starved(idx);
+    }
+
+    /// Notes session `idx` as waiting for a send buffer when the pool was found empty at its
+    /// cap and the session has something to send (answers in its backlog, control messages
+    /// due): [`Worker::retry_starved`] sends it on once completions free buffers. One load
+    /// and a branch while the pool is not starved.
+    #[inline]
+    fn note_starved(&mut self, idx: u16) {
+        if !self.send.starved() {
+            return;
+        }
+        let Some(entry) = self.entries[idx as usize].as_mut() else { return };
+        if !entry.starved && (!entry.backlog.is_empty() || entry.conn.wants_send()) {
+            entry.starved = true;
+            self.starved.push(idx);
+        }
+    }
+
+    /// Sends on what waits for send buffers now that completions freed some: the sessions
+    /// [`Worker::note_starved`] noted, oldest first, until the pool is empty again (the rest
+    /// wait for the next completions). Runs only after the pool was found empty at its cap
+    /// (`ServerConfig::max_send_pool_bytes`), never on the data path; visits the waiting
+    /// sessions only, not every session.
+    #[cold]
+    #[inline(never)]
+    fn retry_starved(&mut self) {
+        self.send.take_starved();
+        std::mem::swap(&mut self.starved, &mut self.retrying);
+        for k in 0..self.retrying.len() {
+            let idx = self.retrying[k];
+            if self.send.starved() {
+                // Empty again: the rest keep their place (still noted).
+                let Worker { retrying, starved, .. } = self;
+                starved.extend_from_slice(&retrying[k..]);
+                break;
+            }
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
+            entry.starved = false;
+            let backlog = !entry.backlog.is_empty();
+            let due = entry.conn.wants_send();
+            if backlog {
+                self.try_backlog(idx);
+            }
+            if due {
+                self.mark_dirty(idx);
+            }
+        }
+        self.retrying.clear();
     }
 
     fn flush_dirty(&mut self) {
@@ -1549,13 +1671,15 @@ impl<P: Provider> Worker<P> {
             }
             entry.dirty = false;
             if entry.conn.session.take_ring_return() {
-                entry.conn.queue_ring_return();
+                entry.conn.queue_ring_return(&mut self.send);
             }
-            entry.conn.queue_controls();
-            if let Err(e) = entry.conn.flush(tag) {
+            entry.conn.queue_controls(&mut self.send);
+            if let Err(e) = entry.conn.flush(&mut self.send, tag) {
                 tracing::warn!(worker = self.shared.index, session = entry.session, error = %e, "posting sends failed");
                 self.close_entry(idx, "posting sends failed", false, true);
+                continue;
             }
+            self.note_starved(idx);
         }
     }
 
@@ -1582,7 +1706,11 @@ impl<P: Provider> Worker<P> {
             }
         };
         if let Some(tag) = c.send_tag() {
-            let Some((idx, entry)) = self.entry_by_tag(tag) else { return };
+            let idx = (tag >> 16) as u16;
+            if self.gens.get(idx as usize).copied() != Some(tag as u16) {
+                return;
+            }
+            let Some(entry) = self.entries[idx as usize].as_mut() else { return };
             if !wc.status.is_success() {
                 let reason =
                     if wc.status == WcStatus::IBV_WC_WR_FLUSH_ERR { "QP flushed" } else { "send failed" };
@@ -1590,7 +1718,7 @@ impl<P: Provider> Worker<P> {
                 self.close_entry(idx, reason, false, true);
                 return;
             }
-            entry.conn.on_send_completion(c);
+            entry.conn.on_send_completion(&mut self.send, c);
             if entry.closing && entry.conn.sq.outstanding() == 0 {
                 // Its Close (posted last) has left: free it now.
                 self.close_entry(idx, "closed after its Close was sent", false, true);
@@ -1691,8 +1819,8 @@ impl<P: Provider> Worker<P> {
                         // it would otherwise leave behind every WRITE queued before the end of
                         // the batch.
                         if entry.conn.session.take_ring_return() {
-                            entry.conn.queue_ring_return();
-                            if entry.conn.flush(tag).is_err() {
+                            entry.conn.queue_ring_return(&mut self.send);
+                            if entry.conn.flush(&mut self.send, tag).is_err() {
                                 self.close_entry(idx, "posting sends failed", false, true);
                                 return;
                             }
@@ -1775,6 +1903,7 @@ impl<P: Provider> Worker<P> {
             limits,
             spare_metadata,
             ended,
+            send,
             ..
         } = self;
         let Some(entry) = entries[idx as usize].as_mut() else {
@@ -1823,7 +1952,7 @@ impl<P: Provider> Worker<P> {
             }
         }
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
-        let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire() } else { None };
+        let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire(send) } else { None };
         let (eager_buf, owned) = match received {
             Received::Eager(b) => (Some(b), None),
             Received::Owned(v) => (None, Some(v)),
@@ -1853,7 +1982,8 @@ impl<P: Provider> Worker<P> {
         let body_len = body.len();
         let ctx = &*ctx;
         let cap = entry.conn.body_cap;
-        let Conn { pool, areas, session, spare, .. } = &mut entry.conn;
+        let Conn { areas, session, spare, .. } = &mut entry.conn;
+        let pool = &mut *send;
         let eager_threshold = session.params().eager_threshold;
         let (eager, session) = match send_buf.as_mut() {
             Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
@@ -1957,7 +2087,7 @@ impl<P: Provider> Worker<P> {
                 // Set on the context after the answer was deferred: not the deferred answer's.
                 drop(ctx.response.take());
                 if let Some(b) = b {
-                    entry.conn.pool.give_back(b);
+                    entry.conn.give_back(send, b);
                 }
                 if let Some(flag) = ctx.cancel_flag.take() {
                     entry.deferred.push((h.slot, h.generation, flag));
@@ -1978,34 +2108,34 @@ impl<P: Provider> Worker<P> {
                 None
             }
             (Outcome::Eager(n), Some(b)) => {
-                entry.conn.queue(b, header, BodyAt::Eager(n));
+                entry.conn.queue(send, b, header, BodyAt::Eager(n));
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
-                entry.conn.queue(b, header, BodyAt::Ring { offset, len });
+                entry.conn.queue(send, b, header, BodyAt::Ring { offset, len });
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, len, counters);
                 None
             }
             (Outcome::Error(s), Some(b)) => {
-                let status = entry.conn.queue_error(b, header, &s);
+                let status = entry.conn.queue_error(send, b, header, &s);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
                 None
             }
             (Outcome::Unset, Some(mut b)) => {
                 drop(ctx.response.take());
-                let body = entry.conn.copy_eager(&mut b, b"handler returned no answer");
-                entry.conn.queue(b, Header { status: Code::Internal, ..header }, body);
+                let body = entry.conn.copy_eager(send, &mut b, b"handler returned no answer");
+                entry.conn.queue(send, b, Header { status: Code::Internal, ..header }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Internal, 0, counters);
                 None
             }
             (Outcome::Staged { offset, len }, b) => {
                 if let Some(b) = b {
-                    entry.conn.pool.give_back(b);
+                    entry.conn.give_back(send, b);
                 }
                 counters.ring_full_stalls += 1;
                 match entry.conn.staging_commit(offset, len) {
@@ -2020,7 +2150,7 @@ impl<P: Provider> Worker<P> {
                 // It waited only for the send mirror (the session's first ring body, or its
                 // first since they were given back): registered now, and placed as it would
                 // have been with them.
-                match entry.conn.place_late(b, header, msg) {
+                match entry.conn.place_late(send, b, header, msg) {
                     conn::LatePlaced::Sent(len) => {
                         entry.conn.session.on_answer_for(h.slot, h.generation);
                         answered(Code::Ok, len, counters);
@@ -2035,21 +2165,21 @@ impl<P: Provider> Worker<P> {
             }
             (Outcome::Later(msg), b) => {
                 if let Some(b) = b {
-                    entry.conn.pool.give_back(b);
+                    entry.conn.give_back(send, b);
                 }
                 counters.ring_full_stalls += 1;
                 Some(Waiting::Body(Outgoing::later(header, msg)))
             }
             (Outcome::Spilled(bytes), b) => {
                 if let Some(b) = b {
-                    entry.conn.pool.give_back(b);
+                    entry.conn.give_back(send, b);
                 }
                 counters.ring_full_stalls += 1;
                 Some(spill(header, Ok(*bytes)))
             }
             (Outcome::Gathered(body), b) => {
                 if let Some(b) = b {
-                    entry.conn.pool.give_back(b);
+                    entry.conn.give_back(send, b);
                 }
                 Some(spill(header, Ok(*body)))
             }

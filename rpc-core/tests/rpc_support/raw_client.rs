@@ -293,7 +293,7 @@ where
             if self.dead {
                 return None;
             }
-            if let Some(b) = self.pool.acquire_for(&self.sq) {
+            if let Some(b) = self.pool.acquire_for(&mut self.sq) {
                 return Some(b);
             }
             assert!(
@@ -349,6 +349,15 @@ where
     pub fn send(&mut self, h: Header, body: &[u8]) {
         let session = self.session;
         self.send_eager(Header { session, ..h }, body);
+    }
+
+    /// [`send`](Self::send)s an eager request for `method` on call `slot` of `generation`
+    /// with `body` (its lengths in the header).
+    pub fn request(&mut self, method: u32, slot: u16, generation: u32, body: &[u8]) {
+        let len = body.len() as u32;
+        let h =
+            Header { method, slot, generation, body_len: len, total_len: len, ..Header::new(Kind::Request) };
+        self.send(h, body);
     }
 
     /// Polls the CQ once: send completions give their buffers back, received messages go to
