@@ -37,7 +37,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rpc_core::{Client, ClientConfig, PollingPolicy, Server, Transport};
-use rpc_perf::host::{load1, status_kib};
+use rpc_perf::host::{load1, own_rss_kib, status_kib};
 use rpc_perf::rpc::pb::bench_client::BenchClient;
 use rpc_perf::rpc::pb::bench_server::BenchServer;
 use rpc_perf::rpc::pb::EchoRequest;
@@ -110,7 +110,8 @@ fn transport_arg(t: &Transport) -> &'static str {
 }
 
 /// The server process: serves until its stdin closes; prints `addr ADDR` once listening and,
-/// on a `report` line, `report RSS_KIB REGISTERED RECV_BUFFERS SESSIONS DETACHED`.
+/// on a `report` line, `report RSS_KIB REGISTERED RECV_BUFFERS SESSIONS DETACHED SEND_POOL
+/// OWN_RSS_KIB`.
 fn serve(o: &Opts) {
     let rss0 = status_kib("VmRSS:");
     let server = Server::builder()
@@ -140,13 +141,14 @@ fn serve(o: &Opts) {
         if line.trim() == "report" {
             let c = server.counters();
             println!(
-                "report {} {} {} {} {} {}",
+                "report {} {} {} {} {} {} {}",
                 status_kib("VmRSS:"),
                 c.registered_bytes,
                 c.recv_buffer_bytes,
                 c.sessions_opened - c.sessions_closed,
                 c.sessions_detached,
-                c.send_pool_bytes
+                c.send_pool_bytes,
+                own_rss_kib()
             );
             let _ = std::io::stdout().flush();
         }
@@ -271,10 +273,10 @@ fn main() {
         writeln!(server_in, "report").expect("server stdin");
         let l = server_out.next().and_then(Result::ok).unwrap_or_default();
         let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-        if v.len() != 6 {
+        if v.len() != 7 {
             usage(&format!("server report {l:?}"));
         }
-        (v[0], v[1], v[2], v[3], v[4], v[5])
+        (v[0], v[1], v[2], v[3], v[4], v[5], v[6])
     };
     std::thread::sleep(Duration::from_millis(100));
     let idle = report(&mut server_in, &mut server_out);
@@ -337,10 +339,12 @@ fn main() {
         second.as_secs_f64()
     );
     println!(
-        "server per session: VmRSS {:.1} KiB, pinned {:.1} KiB (session memory {:.1} KiB + SRQ receive buffers {:.1} KiB \
+        "server per session: VmRSS {:.1} KiB ({:.1} KiB of its own: less the pages of the clients' sim segments it \
+         touched), pinned {:.1} KiB (session memory {:.1} KiB + SRQ receive buffers {:.1} KiB \
          + the workers' send buffers {:.1} KiB, {} KiB in all); server VmRSS idle {:.1} MiB, with all sessions {:.1} MiB; \
          load1 {}",
         (full.0 - idle.0) as f64 / n,
+        (full.6 - idle.6) as f64 / n,
         ((full.1 + full.2 + full.5) - (idle.1 + idle.2 + idle.5)) as f64 / 1024.0 / n,
         (full.1 - idle.1) as f64 / 1024.0 / n,
         (full.2 - idle.2) as f64 / 1024.0 / n,

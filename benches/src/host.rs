@@ -13,6 +13,36 @@ pub fn status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// This process's resident memory in KiB (`Rss` over `/proc/self/smaps`) less the pages of
+/// other processes' software-NIC host segments (`/dev/shm/rpc-sim.UID.PID.HOST` of another PID)
+/// it has mapped: a sim transfer copies through the peer's segment, and the shared pages it
+/// touched count in the RSS of both processes though they are the peer's memory. 0 when
+/// `/proc/self/smaps` cannot be read.
+pub fn own_rss_kib() -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let peer_marker = format!(".{}.", std::process::id());
+    let mut peer = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        if let Some(rss) = line.strip_prefix("Rss:") {
+            if !peer {
+                kib += rss.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|range| range.contains('-') && !range.contains(':'))
+        {
+            // A mapping's first line: `start-end perms offset dev inode [path]`.
+            peer = line
+                .split_whitespace()
+                .nth(5)
+                .is_some_and(|path| path.starts_with("/dev/shm/rpc-sim.") && !path.contains(&peer_marker));
+        }
+    }
+    kib
+}
+
 /// The 1-minute load average as `/proc/loadavg` gives it; empty when it cannot be read.
 pub fn load1() -> String {
     std::fs::read_to_string("/proc/loadavg")
