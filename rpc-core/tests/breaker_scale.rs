@@ -1,0 +1,284 @@
+//! Adversarial tests of the scale changes: idle sessions sharing their SRQ reservations beyond
+//! `ServerConfig::srq_idle_wqes` (`session::SrqRoom`), the worker's free-entry stack and
+//! sessions-by-id map, and a thread's clients sharing its `Endpoint` while they move to other
+//! threads, lose their server and are dropped there (the sim's grace periods under it).
+//!
+//! Sabotaged, each test failed (see each test's note).
+
+#[path = "rpc_support/mod.rs"]
+mod rpc_support;
+
+use std::net::SocketAddr;
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+
+use rpc_core::session::srq_need_ringless;
+use rpc_core::{CallOptions, Client, Code, ServerConfig};
+use rpc_support::*;
+
+/// Long enough for a wait that must succeed, short enough that a sabotaged run fails quickly.
+const SOON: Duration = Duration::from_secs(20);
+
+/// The tests of this file run one at a time: they load both cores, and the last counts the
+/// process's sim device contexts (`SimStats::contexts_opened`, process-wide).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sessions per client thread in the sharing test.
+const PER_THREAD: usize = 12;
+
+/// Connects `n` clients of window 2 (the connect order is the sessions' order).
+fn connect_all(addr: SocketAddr, n: usize) -> Vec<Client> {
+    (0..n)
+        .map(|i| {
+            Client::connect_with(addr, &client_config().window(2))
+                .unwrap_or_else(|e| panic!("session {i} refused: {e}"))
+        })
+        .collect()
+}
+
+/// Every client fires its whole window of small calls at once (the worker's SRQ is far smaller
+/// than what their bases sum to: some SENDs wait on RNR), `rounds` times; every answer is the
+/// one asked for, on the session that asked.
+fn all_at_once(clients: &[Client], tag: u64, rounds: u64) {
+    for round in 0..rounds {
+        let seq = |i: usize, k: u64| tag << 32 | round << 16 | (i as u64) << 4 | k;
+        let calls: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .flat_map(|(i, c)| {
+                (0..2).map(move |k| {
+                    (seq(i, k), c.unary_async::<_, EchoMsg>(ECHO, &request(seq(i, k), 64, 200), &CallOptions::default()))
+                })
+            })
+            .collect();
+        for (s, f) in calls {
+            let r = block_on(f).unwrap_or_else(|e| panic!("call {s:#x} failed: {e}"));
+            check_reply(&r, s, 200);
+        }
+    }
+}
+
+/// An SRQ that holds 3 idle sessions one by one (`srq_depth` 3 bases of 1 credit) and shares
+/// one base's WQEs among the idle ones (`srq_idle_wqes` the least valid): 24 sessions from two
+/// threads are admitted, their bases sum to 8 × the SRQ, and every one fires its window at
+/// once, three rounds, while raises (1 → 2 credits) take what the extras may; then half of them
+/// are dropped with calls in flight (some mid-raise) while the others call on, and once all are
+/// gone nothing stays reserved: `srq_reserved` and `srq_bases` are 0. No session is closed by
+/// the server, no call fails.
+///
+/// Sabotaged: `Credits::drop` not giving the base back (`room.leave` skipped): "every
+/// reservation given back" gave up (srq_bases 840). `counted` summing the bases without the
+/// share: session 3 refused ("srq_depth 105 cannot hold another session").
+#[test]
+fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_back() {
+    let _g = serial();
+    let base = srq_need_ringless(1);
+    let depth = 3 * base;
+    let (server, _) = spawn(
+        server()
+            .initial_credits(1)
+            .credits_per_session(2)
+            .srq_depth(depth)
+            .srq_idle_wqes(base)
+            .max_sessions(64)
+            .credit_idle(Some(Duration::from_millis(20))),
+    );
+    let addr = server.local_addr();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (half_tx, half) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let other = s.spawn(move || {
+            let mut mine = connect_all(addr, PER_THREAD);
+            go.recv().unwrap();
+            all_at_once(&mine, 2, 3);
+            // Half dropped with their calls in flight.
+            let gone = mine.split_off(PER_THREAD / 2);
+            let pending: Vec<_> = gone
+                .iter()
+                .map(|c| c.unary_async::<_, EchoMsg>(ECHO, &request(7, 64, 200), &CallOptions::default()))
+                .collect();
+            drop(pending);
+            drop(gone);
+            half_tx.send(()).unwrap();
+            all_at_once(&mine, 3, 2);
+            mine
+        });
+        let mut mine = connect_all(addr, PER_THREAD);
+        let c = counters_when(&server, "24 sessions admitted", SOON, |c| c.sessions_opened == 24);
+        assert_eq!(c.srq_bases, 24 * u64::from(base), "every base counted: {c:?}");
+        assert!(c.srq_reserved <= u64::from(depth), "the reservations within the SRQ: {c:?}");
+        go_tx.send(()).unwrap();
+        all_at_once(&mine, 1, 3);
+        half.recv().unwrap();
+        let gone = mine.split_off(PER_THREAD / 2);
+        // Calls in flight (a raise among them, the window being 2 at 1 credit) as they go.
+        let pending: Vec<_> = gone
+            .iter()
+            .map(|c| c.unary_async::<_, EchoMsg>(ECHO, &request(9, 64, 200), &CallOptions::default()))
+            .collect();
+        drop(pending);
+        drop(gone);
+        all_at_once(&mine, 4, 2);
+        let theirs = other.join().expect("the other thread's calls all succeeded");
+        for c in mine.iter().chain(&theirs) {
+            assert!(c.closed_reason().is_none(), "a kept session closed: {:?}", c.closed_reason());
+        }
+        let c = server.counters();
+        assert_eq!((c.malformed, c.idle_closed, c.peers_lost), (0, 0, 0), "{c:?}");
+        drop(theirs);
+        drop(mine);
+    });
+    let c = counters_when(&server, "every reservation given back", SOON, |c| {
+        c.sessions_closed == 24 && c.srq_reserved == 0 && c.srq_bases == 0
+    });
+    assert_eq!(c.malformed, 0, "{c:?}");
+}
+
+/// `srq_idle_wqes` below one idle session's base is refused at spawn, naming the field; at
+/// `u32::MAX` (no sharing) an SRQ of 3 bases admits 3 sessions and refuses the 4th cleanly
+/// (RESOURCE_EXHAUSTED naming `srq_depth`) while the 3 serve, and once one goes a new one fits.
+///
+/// Sabotaged: the `srq_idle_wqes` check in `ServerConfig::validate` removed: "a share below
+/// one base" spawned. `SrqRoom::sharing` ignoring its argument (sharing at 4096): the 4th
+/// session was admitted.
+#[test]
+fn srq_idle_wqes_is_validated_and_u32_max_admits_strictly() {
+    let _g = serial();
+    let base = srq_need_ringless(1);
+    let err = server()
+        .initial_credits(1)
+        .srq_idle_wqes(base - 1)
+        .add_service(TestService::default())
+        .spawn("127.0.0.1:0")
+        .err()
+        .expect("a share below one base");
+    let text = err.to_string();
+    assert!(text.contains("srq_idle_wqes") && text.contains(&base.to_string()), "{text}");
+    // The least valid share spawns.
+    let ok = server().initial_credits(1).srq_idle_wqes(base).add_service(TestService::default());
+    ok.spawn("127.0.0.1:0").expect("a share of one base").shutdown();
+
+    let (server, _) =
+        spawn(server().initial_credits(1).credits_per_session(2).srq_depth(3 * base).srq_idle_wqes(u32::MAX));
+    let mut clients = connect_all(server.local_addr(), 3);
+    let refused = Client::connect_with(server.local_addr(), &client_config().window(2))
+        .err()
+        .unwrap_or_else(|| panic!("a 4th session admitted past 3 strict bases: {:?}", server.counters()));
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused}");
+    assert!(refused.message().contains("srq_depth"), "{refused}");
+    all_at_once(&clients, 5, 2);
+    drop(clients.remove(0));
+    counters_when(&server, "a session closed", SOON, |c| c.sessions_closed == 1 && c.srq_bases == 2 * u64::from(base));
+    clients.push(Client::connect_with(server.local_addr(), &client_config().window(2)).expect("room again"));
+    all_at_once(&clients, 6, 2);
+    assert_eq!(ServerConfig::default().srq_idle_wqes, 4096);
+}
+
+/// One worker of 3 entries, churned: each round the oldest session goes and a new one takes
+/// its entry (popped from the free stack, a new generation), then a 4th is refused cleanly
+/// while the 3 are live; every call's answer is its own (a wrong tag or generation would
+/// misroute or drop one). 30 rounds.
+///
+/// Sabotaged: `close_entry` not pushing the entry back on the free stack: round 0's new
+/// session never served ("gave up ... session of round 0"). Not removing the session from
+/// `by_session`: passed (the listener's Close of a session the worker closed comes before the
+/// entry is reused), see the report.
+#[test]
+fn a_full_worker_churned_refuses_one_more_and_routes_every_answer_to_its_session() {
+    let _g = serial();
+    let (server, _) = spawn(server().max_sessions(3).initial_credits(1).credits_per_session(2));
+    let mut clients = connect_all(server.local_addr(), 3);
+    for round in 0..30u64 {
+        let over = Client::connect_with(server.local_addr(), &client_config().window(2));
+        match over {
+            Err(e) => assert_eq!(e.code(), Code::ResourceExhausted, "round {round}: {e}"),
+            Ok(c) => panic!("round {round}: a 4th session admitted to a full server: {:?}", c.counters()),
+        }
+        all_at_once(&clients, 100 + round, 1);
+        drop(clients.remove(0));
+        let closed = round + 1;
+        counters_when(&server, "the oldest session closed", SOON, |c| c.sessions_closed >= closed);
+        let fresh = wait_for(
+            &format!("a new session of round {round} to be admitted and served"),
+            SOON,
+            || {
+                let c = Client::connect_with(server.local_addr(), &client_config().window(2)).ok()?;
+                let r: EchoMsg = c.unary(ECHO, &request(round, 8, 8), &CallOptions::default()).ok()?;
+                check_reply(&r, round, 8);
+                Some(c)
+            },
+            || format!("server {:?}", server.counters()),
+        );
+        clients.push(fresh);
+    }
+    all_at_once(&clients, 999, 2);
+    let c = counters_when(&server, "33 sessions counted", SOON, |c| c.sessions_opened >= 33);
+    assert_eq!((c.sessions_opened, c.sessions_closed, c.malformed), (33, 30, 0), "{c:?}");
+}
+
+/// A thread's clients share its endpoint; two of them move to another thread, call there
+/// while the first thread calls on the others, and are dropped there (their QPs and MRs
+/// destroyed while the other thread's transfers run); one server dies while the clients of the
+/// other keep serving; once every client of the thread is gone, a new connect works (a new
+/// endpoint). No call of a live server fails.
+///
+/// Sabotaged: `Endpoint::per_thread` handing out the endpoint without its weak reference being
+/// checked (a strong reference kept in the thread-local): "the endpoint closed with its last
+/// client" failed (contexts_opened unchanged).
+#[test]
+fn a_threads_clients_moved_dropped_elsewhere_and_a_dead_server_leave_the_others_serving() {
+    if transport() != rpc_core::Transport::Sim {
+        eprintln!("skipped: counts the software NIC's device contexts (sim only)");
+        return;
+    }
+    let _g = serial();
+    let (a, _) = spawn(server());
+    let (b, _) = spawn(server());
+    let cfg = client_config().window(4).peer_timeout(Some(Duration::from_millis(500)));
+    let before = rpc_core::verbs::sim::stats().contexts_opened;
+    let mut to_a: Vec<Client> = (0..3).map(|_| Client::connect_with(a.local_addr(), &cfg).unwrap()).collect();
+    let to_b: Vec<Client> = (0..3).map(|_| Client::connect_with(b.local_addr(), &cfg).unwrap()).collect();
+    let moved: Vec<Client> = to_a.drain(..2).collect();
+    let (done_tx, done) = mpsc::channel::<()>();
+    let elsewhere = std::thread::spawn(move || {
+        for round in 0..20 {
+            for (i, c) in moved.iter().enumerate() {
+                echo_checked(c, round * 10 + i as u64, 3000, 3000);
+            }
+        }
+        // Dropped here, while the first thread's clients call.
+        drop(moved);
+        done_tx.send(()).unwrap();
+    });
+    let mut seq = 0u64;
+    let call_all = |clients: &[Client], seq: &mut u64| {
+        for c in clients {
+            echo_checked(c, *seq, 3000, 3000);
+            *seq += 1;
+        }
+    };
+    while done.try_recv().is_err() {
+        call_all(&to_a, &mut seq);
+        call_all(&to_b, &mut seq);
+    }
+    elsewhere.join().expect("the moved clients' calls succeeded");
+    // Server a dies; b's clients keep serving on the same endpoint.
+    drop(a);
+    for c in &to_a {
+        wait_until_closed(c);
+    }
+    for _ in 0..20 {
+        call_all(&to_b, &mut seq);
+    }
+    drop(to_a);
+    drop(to_b);
+    let opened = rpc_core::verbs::sim::stats().contexts_opened - before;
+    let again = Client::connect_with(b.local_addr(), &cfg).expect("a connect after all are gone");
+    echo_checked(&again, 1, 3000, 3000);
+    let now = rpc_core::verbs::sim::stats().contexts_opened - before;
+    assert_eq!(now, opened + 1, "the endpoint closed with its last client and a new one opened");
+}
