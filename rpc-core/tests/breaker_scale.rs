@@ -8,6 +8,11 @@
 #[path = "rpc_support/mod.rs"]
 mod rpc_support;
 
+#[macro_use]
+#[allow(unused_macros)]
+#[path = "conformance/mod.rs"]
+mod conformance;
+
 use std::net::SocketAddr;
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
@@ -226,9 +231,9 @@ fn a_full_worker_churned_refuses_one_more_and_routes_every_answer_to_its_session
 /// other keep serving; once every client of the thread is gone, a new connect works (a new
 /// endpoint). No call of a live server fails.
 ///
-/// Sabotaged: `Endpoint::per_thread` handing out the endpoint without its weak reference being
-/// checked (a strong reference kept in the thread-local): "the endpoint closed with its last
-/// client" failed (contexts_opened unchanged).
+/// Sabotaged: `Endpoint::per_thread` leaking a strong reference to the endpoint it opens (so
+/// it never closes): "the endpoint closed with its last client and a new one opened" failed
+/// (no context opened: 1, not 2).
 #[test]
 fn a_threads_clients_moved_dropped_elsewhere_and_a_dead_server_leave_the_others_serving() {
     if transport() != rpc_core::Transport::Sim {
@@ -277,8 +282,105 @@ fn a_threads_clients_moved_dropped_elsewhere_and_a_dead_server_leave_the_others_
     drop(to_a);
     drop(to_b);
     let opened = rpc_core::verbs::sim::stats().contexts_opened - before;
+    assert_eq!(opened, 1, "the thread's 6 clients (and their reconnects) on one endpoint");
     let again = Client::connect_with(b.local_addr(), &cfg).expect("a connect after all are gone");
     echo_checked(&again, 1, 3000, 3000);
     let now = rpc_core::verbs::sim::stats().contexts_opened - before;
     assert_eq!(now, opened + 1, "the endpoint closed with its last client and a new one opened");
+}
+
+/// A deferred answer of a session that is gone must not reach the session that took its
+/// worker entry (the free stack hands the same entry to the next session at once): session A's
+/// call is held at the server, A goes, B takes A's entry and makes the same call (same slot,
+/// same call generation), then A's answer is sent before B's: B gets its own answer only.
+///
+/// Sabotaged: `Worker::open` and `Worker::close_entry` not bumping the entry's generation: B
+/// got A's answer ("B's call answered with seq 111"). (Either bump alone keeps the test
+/// passing: each makes the tag new.)
+#[test]
+fn a_gone_sessions_late_answer_never_reaches_the_session_in_its_entry() {
+    let _g = serial();
+    let (server, stash) = spawn(server().max_sessions(2).initial_credits(1).credits_per_session(2));
+    let keep = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();
+    echo_checked(&keep, 0, 8, 8);
+    let a = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();
+    let held = a.unary_async::<_, EchoMsg>(STASH, &request(1, 8, 0), &CallOptions::default());
+    wait_stashed("A's call held at the server", 1, &stash, &a, &server);
+    drop(held);
+    drop(a);
+    counters_when(&server, "A closed", SOON, |c| c.sessions_closed == 1);
+    let b = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();
+    let mine = b.unary_async::<_, EchoMsg>(STASH, &request(2, 8, 0), &CallOptions::default());
+    wait_stashed("B's call held at the server", 2, &stash, &b, &server);
+    let mut held = std::mem::take(&mut *stash.lock().unwrap());
+    let theirs = held.remove(0);
+    theirs.send(Ok(EchoMsg { seq: 111, ..Default::default() }));
+    // A's answer is handled by the worker before B's is sent (a call of the other session in
+    // between, on the same worker).
+    echo_checked(&keep, 3, 8, 8);
+    held.remove(0).send(Ok(EchoMsg { seq: 222, ..Default::default() }));
+    let r = block_on(mine).expect("B's call answered");
+    assert_eq!(r.seq, 222, "B's call answered with seq {}", r.seq);
+    echo_checked(&b, 4, 8, 8);
+}
+
+type SimHarness = conformance::DeviceHarness<rpc_core::verbs::sim::Sim>;
+
+/// An MR deregistered while a peer's thread RDMA WRITEs 1 MiB into it in a loop, its range
+/// registered again at once (the host's arena hands the freed range to the next registration)
+/// and overwritten: once the deregistration returned (its grace period: `guard::synchronize`
+/// waited out every transfer under way), no byte of the stream lands in the new MR. Each round's
+/// writer is a new thread (its guard slot is one an exited writer gave back); 8 rounds.
+///
+/// Sabotaged: `guard::synchronize` returning at once: failed ("round 0: 1048576 bytes of the
+/// old MR's stream landed in the new one").
+#[test]
+fn no_write_lands_in_a_range_registered_again_after_its_mr_was_deregistered() {
+    use conformance::{pair, poll_one, post_send, Opts};
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::{
+        AccessFlags, DeviceSelector, MemoryRegion, Provider, ProtectionDomain, SendFlags, SendOp, SendWr,
+        WcStatus,
+    };
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const LEN: usize = 1 << 20;
+    let _g = serial();
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mut reused = 0;
+    for round in 0..8 {
+        let (ca, cb) = (Sim::open(&DeviceSelector::First).unwrap(), Sim::open(&DeviceSelector::First).unwrap());
+        let opts = Opts { mr_len: LEN, cqe: 64, timeout: 1, retry_cnt: 1, ..Opts::default() };
+        let (mut a, b) = pair::<SimHarness>(&ca, &cb, opts);
+        a.write(0, &vec![0x5a; LEN]);
+        let target = b.pd.reg_mr(LEN, access).unwrap();
+        let (addr, rkey) = (target.addr(), target.rkey());
+        let wrote = Arc::new(AtomicBool::new(false));
+        let w2 = wrote.clone();
+        let writer = std::thread::spawn(move || {
+            let s = [a.sge(0, LEN as u32)];
+            loop {
+                let op = SendOp::RdmaWrite { remote_addr: addr, rkey };
+                let wr = SendWr { wr_id: 1, sg_list: &s, op, flags: SendFlags::SIGNALED };
+                if post_send(&a.qp, &[wr]).is_err() {
+                    return a;
+                }
+                if poll_one::<SimHarness, _>(&a.scq, "write").status != WcStatus::IBV_WC_SUCCESS {
+                    return a;
+                }
+                w2.store(true, Ordering::Release);
+            }
+        });
+        conformance::wait_until::<SimHarness>("a first write", || wrote.load(Ordering::Acquire) || writer.is_finished());
+        drop(target);
+        let mut again = b.pd.reg_mr(LEN, access).unwrap();
+        reused += usize::from(again.addr() == addr);
+        again.write_at(0, &vec![0xab; LEN]).unwrap();
+        let _a = writer.join().expect("the writer stops at its first failed write");
+        let mut now = vec![0; LEN];
+        again.read_at(0, &mut now).unwrap();
+        let stray = now.iter().filter(|&&x| x != 0xab).count();
+        assert_eq!(stray, 0, "round {round}: {stray} bytes of the old MR's stream landed in the new one");
+    }
+    assert!(reused > 0, "the arena never handed the freed range out again: the test proves nothing");
 }
