@@ -56,7 +56,14 @@ fn all_at_once(clients: &[Client], tag: u64, rounds: u64) {
             .enumerate()
             .flat_map(|(i, c)| {
                 (0..2).map(move |k| {
-                    (seq(i, k), c.unary_async::<_, EchoMsg>(ECHO, &request(seq(i, k), 64, 200), &CallOptions::default()))
+                    (
+                        seq(i, k),
+                        c.unary_async::<_, EchoMsg>(
+                            ECHO,
+                            &request(seq(i, k), 64, 200),
+                            &CallOptions::default(),
+                        ),
+                    )
                 })
             })
             .collect();
@@ -76,8 +83,9 @@ fn all_at_once(clients: &[Client], tag: u64, rounds: u64) {
 /// the server, no call fails.
 ///
 /// Sabotaged: `Credits::drop` not giving the base back (`room.leave` skipped): "every
-/// reservation given back" gave up (srq_bases 840). `counted` summing the bases without the
-/// share: session 3 refused ("srq_depth 105 cannot hold another session").
+/// reservation given back" gave up (sessions_closed 24, srq_bases not 0). `counted` summing the
+/// bases without the share: "session 1 refused: ... srq_depth 105 cannot hold another session
+/// of 1 credits (35 receive WQEs) on a worker whose sessions reserve 105".
 #[test]
 fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_back() {
     let _g = serial();
@@ -147,9 +155,9 @@ fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_bac
 /// `u32::MAX` (no sharing) an SRQ of 3 bases admits 3 sessions and refuses the 4th cleanly
 /// (RESOURCE_EXHAUSTED naming `srq_depth`) while the 3 serve, and once one goes a new one fits.
 ///
-/// Sabotaged: the `srq_idle_wqes` check in `ServerConfig::validate` removed: "a share below
-/// one base" spawned. `SrqRoom::sharing` ignoring its argument (sharing at 4096): the 4th
-/// session was admitted.
+/// Sabotaged: the `srq_idle_wqes` check in `ServerConfig::validate` removed: failed ("a share
+/// below one base"). `SrqRoom::sharing` capping the share at 64 (so `u32::MAX` shares): "a 4th
+/// session admitted past 3 strict bases".
 #[test]
 fn srq_idle_wqes_is_validated_and_u32_max_admits_strictly() {
     let _g = serial();
@@ -177,7 +185,9 @@ fn srq_idle_wqes_is_validated_and_u32_max_admits_strictly() {
     assert!(refused.message().contains("srq_depth"), "{refused}");
     all_at_once(&clients, 5, 2);
     drop(clients.remove(0));
-    counters_when(&server, "a session closed", SOON, |c| c.sessions_closed == 1 && c.srq_bases == 2 * u64::from(base));
+    counters_when(&server, "a session closed", SOON, |c| {
+        c.sessions_closed == 1 && c.srq_bases == 2 * u64::from(base)
+    });
     clients.push(Client::connect_with(server.local_addr(), &client_config().window(2)).expect("room again"));
     all_at_once(&clients, 6, 2);
     assert_eq!(ServerConfig::default().srq_idle_wqes, 4096);
@@ -188,10 +198,10 @@ fn srq_idle_wqes_is_validated_and_u32_max_admits_strictly() {
 /// while the 3 are live; every call's answer is its own (a wrong tag or generation would
 /// misroute or drop one). 30 rounds.
 ///
-/// Sabotaged: `close_entry` not pushing the entry back on the free stack: round 0's new
-/// session never served ("gave up ... session of round 0"). Not removing the session from
-/// `by_session`: passed (the listener's Close of a session the worker closed comes before the
-/// entry is reused), see the report.
+/// Sabotaged: `close_entry` not pushing the entry back on the free stack: "gave up after 20.0s
+/// waiting for a new session of round 0 to be admitted and served". (Not removing the session
+/// from `by_session`: passed; a stale id is reached only by a listener Close that comes after
+/// the worker closed the session and its entry was reused, which no public client can time.)
 #[test]
 fn a_full_worker_churned_refuses_one_more_and_routes_every_answer_to_its_session() {
     let _g = serial();
@@ -332,14 +342,14 @@ type SimHarness = conformance::DeviceHarness<rpc_core::verbs::sim::Sim>;
 /// waited out every transfer under way), no byte of the stream lands in the new MR. Each round's
 /// writer is a new thread (its guard slot is one an exited writer gave back); 8 rounds.
 ///
-/// Sabotaged: `guard::synchronize` returning at once: failed ("round 0: 1048576 bytes of the
+/// Sabotaged: `guard::synchronize` returning at once: failed ("round 0: 398912 bytes of the
 /// old MR's stream landed in the new one").
 #[test]
 fn no_write_lands_in_a_range_registered_again_after_its_mr_was_deregistered() {
     use conformance::{pair, poll_one, post_send, Opts};
     use rpc_core::verbs::sim::Sim;
     use rpc_core::verbs::{
-        AccessFlags, DeviceSelector, MemoryRegion, Provider, ProtectionDomain, SendFlags, SendOp, SendWr,
+        AccessFlags, DeviceSelector, MemoryRegion, ProtectionDomain, Provider, SendFlags, SendOp, SendWr,
         WcStatus,
     };
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -349,7 +359,8 @@ fn no_write_lands_in_a_range_registered_again_after_its_mr_was_deregistered() {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let mut reused = 0;
     for round in 0..8 {
-        let (ca, cb) = (Sim::open(&DeviceSelector::First).unwrap(), Sim::open(&DeviceSelector::First).unwrap());
+        let (ca, cb) =
+            (Sim::open(&DeviceSelector::First).unwrap(), Sim::open(&DeviceSelector::First).unwrap());
         let opts = Opts { mr_len: LEN, cqe: 64, timeout: 1, retry_cnt: 1, ..Opts::default() };
         let (mut a, b) = pair::<SimHarness>(&ca, &cb, opts);
         a.write(0, &vec![0x5a; LEN]);
@@ -371,7 +382,9 @@ fn no_write_lands_in_a_range_registered_again_after_its_mr_was_deregistered() {
                 w2.store(true, Ordering::Release);
             }
         });
-        conformance::wait_until::<SimHarness>("a first write", || wrote.load(Ordering::Acquire) || writer.is_finished());
+        conformance::wait_until::<SimHarness>("a first write", || {
+            wrote.load(Ordering::Acquire) || writer.is_finished()
+        });
         drop(target);
         let mut again = b.pd.reg_mr(LEN, access).unwrap();
         reused += usize::from(again.addr() == addr);
@@ -383,4 +396,131 @@ fn no_write_lands_in_a_range_registered_again_after_its_mr_was_deregistered() {
         assert_eq!(stray, 0, "round {round}: {stray} bytes of the old MR's stream landed in the new one");
     }
     assert!(reused > 0, "the arena never handed the freed range out again: the test proves nothing");
+}
+
+/// What a thread's thread-local destructor does once the thread's guard slot is gone: `Drop`
+/// runs there (see [`orphans_transfer_while_the_target_is_deregistered`]).
+struct AtExit(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for AtExit {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+thread_local! {
+    static AT_EXIT: std::cell::RefCell<AtExit> = const { std::cell::RefCell::new(AtExit(None)) };
+}
+
+/// Runs `last` on a new thread from a thread-local destructor that runs after the sim's guard
+/// slot of the thread was given back (the thread-local is registered first, then the thread
+/// takes a guard with `first`: destructors run in the reverse order), so its guards count in the
+/// shared `ORPHAN` slot.
+fn in_orphan_destructor(
+    first: impl FnOnce() + Send + 'static,
+    last: impl FnOnce() + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        AT_EXIT.with(|a| a.borrow_mut().0 = Some(Box::new(last)));
+        first();
+    })
+}
+
+/// Two threads past their guard slots (transfers from thread-local destructors, counted in the
+/// shared `ORPHAN` slot): one RDMA WRITEs 32 MiB into an MR over the test's own memory, the
+/// other posts small WRITEs in a loop; the MR is deregistered while the big WRITE copies, and
+/// the memory (the caller's again once the deregistration returned) overwritten. The
+/// deregistration's grace period must wait for the big WRITE: no byte of it lands after. 4
+/// rounds.
+///
+/// Found a bug: `guard::synchronize` waited for `ORPHAN`'s releases to reach what it had taken
+/// at the start, but the churning thread's later guards brought them there while the big WRITE
+/// still ran: failed on main ("[(0, 21417984), (1, 2543328), (2, 10027008), (3, 9412592)]"
+/// bytes landed after the deregistration; passed with the churn off). Fixed: `ORPHAN` is waited
+/// on until it is seen with nothing held. Sabotaged: `synchronize` not waiting on `ORPHAN` at
+/// all: failed every round (about 20 MiB each).
+#[test]
+#[allow(unsafe_code)] // `reg_user_mr` over the test's buffer, which outlives the MR.
+fn orphans_transfer_while_the_target_mr_is_deregistered() {
+    use conformance::{pair, poll_one, post_send, Opts};
+    use rpc_core::verbs::sim::Sim;
+    use rpc_core::verbs::{
+        AccessFlags, DeviceSelector, MemoryRegion, ProtectionDomain, Provider, SendFlags, SendOp, SendWr,
+    };
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const BIG: usize = 32 << 20;
+    let _g = serial();
+    let open = || Sim::open(&DeviceSelector::First).unwrap();
+    let mut strays = Vec::new();
+    let mut mine = vec![0u8; BIG];
+    for round in 0..4 {
+        // The small writer's pair.
+        let (c, d) = pair::<SimHarness>(&open(), &open(), Opts { mr_len: 4096, ..Opts::default() });
+        let (small_addr, small_rkey) = (d.mr.addr(), d.mr.rkey());
+        let small = move |c: &conformance::Node<SimHarness>| {
+            let s = [c.sge(0, 64)];
+            let op = SendOp::RdmaWrite { remote_addr: small_addr, rkey: small_rkey };
+            post_send(&c.qp, &[SendWr { wr_id: 2, sg_list: &s, op, flags: SendFlags::SIGNALED }]).unwrap();
+            poll_one::<SimHarness, _>(&c.scq, "a small write");
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let churning = Arc::new(AtomicBool::new(false));
+        let c = Arc::new(c);
+        let churner = {
+            let (c1, c2, stop, churning) = (c.clone(), c.clone(), stop.clone(), churning.clone());
+            in_orphan_destructor(
+                move || small(&c1),
+                move || {
+                    while !stop.load(Ordering::Acquire) {
+                        small(&c2);
+                        churning.store(true, Ordering::Release);
+                    }
+                },
+            )
+        };
+        conformance::wait_until::<SimHarness>("the churn", || churning.load(Ordering::Acquire));
+
+        let (mut a, b) = pair::<SimHarness>(&open(), &open(), Opts { mr_len: BIG, ..Opts::default() });
+        a.write(0, &vec![0x5a; BIG]);
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // SAFETY: `mine` outlives the MR (dropped below, before `mine` is read or dropped).
+        let target = unsafe { b.pd.reg_user_mr(mine.as_mut_ptr(), BIG, access) }.unwrap();
+        let (addr, rkey) = (target.addr(), target.rkey());
+        let started = Arc::new(AtomicBool::new(false));
+        let a = Arc::new(a);
+        let big = {
+            let (a1, a2, started) = (a.clone(), a.clone(), started.clone());
+            let write = move |a: &conformance::Node<SimHarness>, len: usize| {
+                let s = [a.sge(0, len as u32)];
+                let op = SendOp::RdmaWrite { remote_addr: addr, rkey };
+                post_send(&a.qp, &[SendWr { wr_id: 1, sg_list: &s, op, flags: SendFlags::SIGNALED }])
+                    .unwrap();
+                poll_one::<SimHarness, _>(&a.scq, "a write");
+            };
+            in_orphan_destructor(
+                move || write(&a1, 64),
+                move || {
+                    started.store(true, Ordering::Release);
+                    write(&a2, BIG);
+                },
+            )
+        };
+        // Not `wait_until` (it sleeps): the deregistration must come while the copy runs.
+        while !started.load(Ordering::Acquire) && !big.is_finished() {
+            std::thread::yield_now();
+        }
+        drop(target);
+        mine.fill(0xab);
+        big.join().expect("the big writer");
+        stop.store(true, Ordering::Release);
+        churner.join().expect("the churner");
+        strays.push((round, mine.iter().filter(|&&x| x != 0xab).count()));
+    }
+    assert!(
+        strays.iter().all(|s| s.1 == 0),
+        "(round, bytes of the WRITE that landed after the deregistration): {strays:?}"
+    );
 }
