@@ -74,6 +74,18 @@ fn all_at_once(clients: &[Client], tag: u64, rounds: u64) {
     }
 }
 
+/// Drops the second half of `clients`, each with a call in flight (a raise among them, the
+/// window being 2 at 1 credit) as it goes.
+fn drop_half_calling(clients: &mut Vec<Client>) {
+    let gone = clients.split_off(clients.len() / 2);
+    let pending: Vec<_> = gone
+        .iter()
+        .map(|c| c.unary_async::<_, EchoMsg>(ECHO, &request(7, 64, 200), &CallOptions::default()))
+        .collect();
+    drop(pending);
+    drop(gone);
+}
+
 /// An SRQ that holds 3 idle sessions one by one (`srq_depth` 3 bases of 1 credit) and shares
 /// one base's WQEs among the idle ones (`srq_idle_wqes` the least valid): 24 sessions from two
 /// threads are admitted, their bases sum to 8 × the SRQ, and every one fires its window at
@@ -108,14 +120,7 @@ fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_bac
             let mut mine = connect_all(addr, PER_THREAD);
             go.recv().unwrap();
             all_at_once(&mine, 2, 3);
-            // Half dropped with their calls in flight.
-            let gone = mine.split_off(PER_THREAD / 2);
-            let pending: Vec<_> = gone
-                .iter()
-                .map(|c| c.unary_async::<_, EchoMsg>(ECHO, &request(7, 64, 200), &CallOptions::default()))
-                .collect();
-            drop(pending);
-            drop(gone);
+            drop_half_calling(&mut mine);
             half_tx.send(()).unwrap();
             all_at_once(&mine, 3, 2);
             mine
@@ -127,14 +132,7 @@ fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_bac
         go_tx.send(()).unwrap();
         all_at_once(&mine, 1, 3);
         half.recv().unwrap();
-        let gone = mine.split_off(PER_THREAD / 2);
-        // Calls in flight (a raise among them, the window being 2 at 1 credit) as they go.
-        let pending: Vec<_> = gone
-            .iter()
-            .map(|c| c.unary_async::<_, EchoMsg>(ECHO, &request(9, 64, 200), &CallOptions::default()))
-            .collect();
-        drop(pending);
-        drop(gone);
+        drop_half_calling(&mut mine);
         all_at_once(&mine, 4, 2);
         let theirs = other.join().expect("the other thread's calls all succeeded");
         for c in mine.iter().chain(&theirs) {
