@@ -33,7 +33,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Sessions per client thread in the sharing test.
-const PER_THREAD: usize = 12;
+const PER_THREAD: usize = 40;
 
 /// Connects `n` clients of window 2 (the connect order is the sessions' order).
 fn connect_all(addr: SocketAddr, n: usize) -> Vec<Client> {
@@ -109,7 +109,7 @@ fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_bac
             .credits_per_session(2)
             .srq_depth(depth)
             .srq_idle_wqes(base)
-            .max_sessions(64)
+            .max_sessions(128)
             .credit_idle(Some(Duration::from_millis(20))),
     );
     let addr = server.local_addr();
@@ -126,9 +126,11 @@ fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_bac
             mine
         });
         let mut mine = connect_all(addr, PER_THREAD);
-        let c = counters_when(&server, "24 sessions admitted", SOON, |c| c.sessions_opened == 24);
-        assert_eq!(c.srq_bases, 24 * u64::from(base), "every base counted: {c:?}");
+        let all = 2 * PER_THREAD as u64;
+        let c = counters_when(&server, "every session admitted", SOON, |c| c.sessions_opened == all);
+        assert_eq!(c.srq_bases, all * u64::from(base), "every base counted: {c:?}");
         assert!(c.srq_reserved <= u64::from(depth), "the reservations within the SRQ: {c:?}");
+        let rnr = rpc_core::verbs::sim::stats().rnr_stalls;
         go_tx.send(()).unwrap();
         all_at_once(&mine, 1, 3);
         half.recv().unwrap();
@@ -140,11 +142,15 @@ fn sessions_past_strict_capacity_all_call_at_once_and_give_every_reservation_bac
         }
         let c = server.counters();
         assert_eq!((c.malformed, c.idle_closed, c.peers_lost), (0, 0, 0), "{c:?}");
+        if transport() == rpc_core::Transport::Sim {
+            // What the test is about: more SENDs at once than the SRQ held.
+            assert!(rpc_core::verbs::sim::stats().rnr_stalls > rnr, "no SEND waited on RNR: {c:?}");
+        }
         drop(theirs);
         drop(mine);
     });
     let c = counters_when(&server, "every reservation given back", SOON, |c| {
-        c.sessions_closed == 24 && c.srq_reserved == 0 && c.srq_bases == 0
+        c.sessions_closed == 2 * PER_THREAD as u64 && c.srq_reserved == 0 && c.srq_bases == 0
     });
     assert_eq!(c.malformed, 0, "{c:?}");
 }
@@ -521,4 +527,80 @@ fn orphans_transfer_while_the_target_mr_is_deregistered() {
         strays.iter().all(|s| s.1 == 0),
         "(round, bytes of the WRITE that landed after the deregistration): {strays:?}"
     );
+}
+
+/// A worker held in a handler while 128 idle sessions, sharing an SRQ of 105 WQEs (3 bases of 1
+/// credit; `srq_idle_wqes` one base), each send a call: more SENDs than receive WQEs, so some
+/// wait on RNR (`SimStats::rnr_stalls` grows) until the worker is let go and reposts; then
+/// every call is answered, on its session, none closed, and the reservations all come back.
+///
+/// Sabotaged: the RC QPs' `rnr_retry` 7 (retry forever) set to 6: failed ("call 0x.. failed:
+/// UNAVAILABLE ..." after the RNR retries ran out).
+#[test]
+fn a_held_worker_with_more_sends_than_its_shared_srq_delays_them_and_loses_none() {
+    let _g = serial();
+    let (hold, gate) = Hold::new();
+    let base = srq_need_ringless(1);
+    const N: usize = 128;
+    let (server, _) = spawn(
+        server()
+            .initial_credits(1)
+            .credits_per_session(2)
+            .srq_depth(3 * base)
+            .srq_idle_wqes(base)
+            .max_sessions(N + 1)
+            .add_service(hold),
+    );
+    let clients = connect_all(server.local_addr(), N);
+    let holder = Client::connect_with(server.local_addr(), &client_config().window(2)).unwrap();
+    let held = holder.unary_async::<_, EchoMsg>(HOLD, &request(0, 8, 0), &CallOptions::default());
+    wait_until(
+        "the worker held",
+        SOON,
+        || {
+            holder.progress();
+            gate.entered()
+        },
+        || format!("{:?}", server.counters()),
+    );
+    let rnr = rpc_core::verbs::sim::stats().rnr_stalls;
+    let calls: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            (
+                i as u64,
+                c.unary_async::<_, EchoMsg>(ECHO, &request(i as u64, 64, 200), &CallOptions::default()),
+            )
+        })
+        .collect();
+    if transport() == rpc_core::Transport::Sim {
+        // Progressing the clients posts their SENDs.
+        wait_until(
+            "a SEND waiting on RNR",
+            SOON,
+            || {
+                clients.iter().for_each(|c| {
+                    c.progress();
+                });
+                rpc_core::verbs::sim::stats().rnr_stalls > rnr
+            },
+            || format!("{:?}", server.counters()),
+        );
+    }
+    drop(gate);
+    for (s, f) in calls {
+        let r = block_on(f).unwrap_or_else(|e| panic!("call {s:#x} failed: {e}"));
+        check_reply(&r, s, 200);
+    }
+    block_on(held).expect("the held call answered");
+    for c in &clients {
+        assert!(c.closed_reason().is_none(), "{:?}", c.closed_reason());
+    }
+    drop(clients);
+    drop(holder);
+    let c = counters_when(&server, "every reservation given back", SOON, |c| {
+        c.sessions_closed == N as u64 + 1 && c.srq_reserved == 0 && c.srq_bases == 0
+    });
+    assert_eq!(c.malformed, 0, "{c:?}");
 }
