@@ -180,8 +180,23 @@ pub(crate) fn synchronize() {
             continue;
         }
         let taken = slot.taken.load(Ordering::SeqCst);
+        // A thread's slot: its guards are released in the order it took them, so once its
+        // releases reach what it had taken, those held at the start are gone. `ORPHAN` is
+        // counted by several threads at once: another's later guards may bring the releases
+        // up to that count while one held at the start is still held (a transfer of a
+        // thread-local destructor outliving the grace period). It is waited on until it is
+        // seen with nothing held: every release up to what is taken at that moment (read
+        // after them).
+        let orphan = std::ptr::eq(slot, &ORPHAN);
+        let past = |released: u64| {
+            if orphan {
+                released >= slot.taken.load(Ordering::SeqCst)
+            } else {
+                released >= taken
+            }
+        };
         let mut spins = 0u32;
-        while slot.released.load(Ordering::Acquire) < taken {
+        while !past(slot.released.load(Ordering::Acquire)) {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
