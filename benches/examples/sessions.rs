@@ -6,14 +6,15 @@
 //! the workers' shared send buffers: a session registers none of its own), each per session.
 //!
 //! ```text
-//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--transport sim|rdma]
+//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--transport sim|rdma]
 //! ```
 //!
 //! N defaults to 1,000 sessions, P to 4 client processes; `--credits` is the server's
 //! `credits_per_session` and each client's window (default 2); `--workers` the server's workers
 //! (default 1); `--control` the server's `max_control_connections` (default 0: the open-file
 //! limit less 128, the server raising its soft limit to the hard one; sessions beyond it hold no
-//! TCP control connection). The server admits exactly N sessions (`max_sessions`), polls with
+//! TCP control connection); `--initial` its `initial_credits` (default 2; the server's default is
+//! 32). The server admits exactly N sessions (`max_sessions`), polls with
 //! `SpinThenYield`, and does not probe idle clients (`peer_timeout` None: a blocking client
 //! answers probes only while called). Each client process connects its sessions from one thread,
 //! so they share one device context (`Client::connect` takes its thread's endpoint). The
@@ -50,17 +51,26 @@ struct Opts {
     workers: usize,
     /// `ServerConfig::max_control_connections` (0: the server's default).
     control: usize,
+    /// `ServerConfig::initial_credits`.
+    initial: u16,
     transport: Transport,
 }
 
 fn usage(what: &str) -> ! {
-    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--control K] [--transport sim|rdma]");
+    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--transport sim|rdma]");
     std::process::exit(2)
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Opts {
-    let mut o =
-        Opts { sessions: 1000, procs: 4, credits: 2, workers: 1, control: 0, transport: Transport::Sim };
+    let mut o = Opts {
+        sessions: 1000,
+        procs: 4,
+        credits: 2,
+        workers: 1,
+        control: 0,
+        initial: 2,
+        transport: Transport::Sim,
+    };
     let mut plain = 0;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -74,6 +84,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
                     .and_then(|v| v.parse().ok())
                     .filter(|c| (1..=4096).contains(c))
                     .unwrap_or_else(|| usage("--credits takes 1..=4096"))
+            }
+            "--initial" => {
+                o.initial = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|c| (1..=4096).contains(c))
+                    .unwrap_or_else(|| usage("--initial takes 1..=4096"))
             }
             "--control" => {
                 o.control = args
@@ -121,8 +138,8 @@ fn serve(o: &Opts) {
         // The sessions, and the driver's latency probe.
         .max_sessions(o.sessions + 1)
         .credits_per_session(o.credits)
-        // Idle sessions hold few credits (raised while they call): 37 receive WQEs each.
-        .initial_credits(2)
+        // Idle sessions hold few credits (raised while they call): 37 receive WQEs each at 2.
+        .initial_credits(o.initial)
         // Sessions idle between the two rounds of calls are kept (an hour); the timer also lets
         // sessions beyond the open-file limit hold no control connection.
         .idle_timeout(Some(Duration::from_secs(3600)))
@@ -251,6 +268,8 @@ fn main() {
         o.workers.to_string(),
         "--control".into(),
         o.control.to_string(),
+        "--initial".into(),
+        o.initial.to_string(),
         "--transport".into(),
         transport_arg(&o.transport).into(),
     ];

@@ -86,9 +86,19 @@ fn claim() -> &'static Slot {
     }
 }
 
-/// Counts a guard taken by this thread.
+/// Counts a guard taken by this thread: only the outermost of nested ones (a guard taken while
+/// the thread holds another, as a responder's fault moving its peer QP to the error state
+/// does), so the slot counts sections, and a section's release is its outermost guard's.
 #[inline]
 fn enter() {
+    let depth = DEPTH.with(|d| {
+        let n = d.get();
+        d.set(n + 1);
+        n
+    });
+    if depth != 0 {
+        return;
+    }
     let slot = mine();
     if std::ptr::eq(slot, &ORPHAN) {
         ORPHAN.taken.fetch_add(1, Ordering::SeqCst);
@@ -97,9 +107,17 @@ fn enter() {
     }
 }
 
-/// Counts a guard released by this thread.
+/// Counts a guard released by this thread (the section ends with its outermost guard).
 #[inline]
 fn exit() {
+    let depth = DEPTH.with(|d| {
+        let n = d.get().saturating_sub(1);
+        d.set(n);
+        n
+    });
+    if depth != 0 {
+        return;
+    }
     let slot = mine();
     if std::ptr::eq(slot, &ORPHAN) {
         ORPHAN.released.fetch_add(1, Ordering::Release);
@@ -157,12 +175,18 @@ impl Drop for Claimed {
         // Guards this thread takes from here on (other thread-locals' destructors) count in
         // `ORPHAN`; the slot goes to the next thread.
         let _ = MINE.try_with(|m| m.set(None));
+        // A thread that exits inside a section (a panic while it held a guard) runs no transfer
+        // any more: its section is over, or every later grace period would wait for it.
+        let _ = DEPTH.try_with(|d| d.set(0));
+        self.0.released.store(self.0.taken.load(Ordering::Relaxed), Ordering::Release);
         FREE.lock().unwrap_or_else(|e| e.into_inner()).push(self.0);
     }
 }
 
 thread_local! {
     static MINE: Cell<Option<&'static Slot>> = const { Cell::new(None) };
+    /// Guards this thread holds now (nested ones counted once in its slot).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
     static OWNER: Claimed = Claimed::new();
 }
 
@@ -180,8 +204,8 @@ pub(crate) fn synchronize() {
             continue;
         }
         let taken = slot.taken.load(Ordering::SeqCst);
-        // A thread's slot: its guards are released in the order it took them, so once its
-        // releases reach what it had taken, those held at the start are gone. `ORPHAN` is
+        // A thread's slot counts its sections (outermost guards), one at a time, so once its
+        // releases reach what it had taken, the section held at the start is over. `ORPHAN` is
         // counted by several threads at once: another's later guards may bring the releases
         // up to that count while one held at the start is still held (a transfer of a
         // thread-local destructor outliving the grace period). It is waited on until it is
@@ -252,5 +276,47 @@ mod tests {
         guard.lock();
         synchronize();
         guard.unlock();
+    }
+
+    /// A guard taken and released inside another (a responder's fault moves its peer QP to the
+    /// error state under the requester's guard) does not end the section: a grace period that
+    /// began inside it waits for the outer guard. Sabotaged: every guard counted in the slot,
+    /// nested or not: failed ("a nested guard's release ended the grace period").
+    #[test]
+    fn a_nested_guard_does_not_end_its_threads_section() {
+        let outer: &'static SpinGuard = Box::leak(Box::new(SpinGuard { locked: AtomicBool::new(false) }));
+        let inner: &'static SpinGuard = Box::leak(Box::new(SpinGuard { locked: AtomicBool::new(false) }));
+        let (held_tx, held) = mpsc::channel();
+        let (nest_tx, nest) = mpsc::channel::<()>();
+        let (nested_tx, nested) = mpsc::channel();
+        let (release_tx, release) = mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            outer.lock();
+            held_tx.send(()).unwrap();
+            nest.recv().unwrap();
+            inner.lock();
+            inner.unlock();
+            nested_tx.send(()).unwrap();
+            release.recv().unwrap();
+            outer.unlock();
+        });
+        held.recv().unwrap();
+        let ended = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                synchronize();
+                ended.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        nest_tx.send(()).unwrap();
+        nested.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!ended.load(Ordering::SeqCst), "a nested guard's release ended the grace period");
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        waiter.join().unwrap();
+        assert!(ended.load(Ordering::SeqCst));
     }
 }
