@@ -238,12 +238,28 @@ mod tests {
     use std::sync::{mpsc, Arc};
     use std::time::Duration;
 
+    /// A free guard that outlives the test's threads.
+    fn leaked() -> &'static SpinGuard {
+        Box::leak(Box::new(SpinGuard { locked: AtomicBool::new(false) }))
+    }
+
+    /// A thread running one grace period, and whether it has ended.
+    fn grace_period() -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+        let ended = Arc::new(AtomicBool::new(false));
+        let flag = ended.clone();
+        let waiter = std::thread::spawn(move || {
+            synchronize();
+            flag.store(true, Ordering::SeqCst);
+        });
+        (ended, waiter)
+    }
+
     /// A grace period waits for a guard another thread held when it began, and ends once that
     /// guard is released. Sabotaged: `synchronize` returning at once: failed ("the grace period
     /// ended while a guard it must wait for was held").
     #[test]
     fn a_grace_period_waits_for_the_guards_held_when_it_began() {
-        let guard: &'static SpinGuard = Box::leak(Box::new(SpinGuard { locked: AtomicBool::new(false) }));
+        let guard = leaked();
         let (held_tx, held) = mpsc::channel();
         let (release_tx, release) = mpsc::channel::<()>();
         let holder = std::thread::spawn(move || {
@@ -253,14 +269,7 @@ mod tests {
             guard.unlock();
         });
         held.recv().unwrap();
-        let ended = Arc::new(AtomicBool::new(false));
-        let waiter = {
-            let ended = ended.clone();
-            std::thread::spawn(move || {
-                synchronize();
-                ended.store(true, Ordering::SeqCst);
-            })
-        };
+        let (ended, waiter) = grace_period();
         // Whatever the timing, a correct grace period cannot end here; a broken one has had
         // time to.
         std::thread::sleep(Duration::from_millis(200));
@@ -284,8 +293,7 @@ mod tests {
     /// nested or not: failed ("a nested guard's release ended the grace period").
     #[test]
     fn a_nested_guard_does_not_end_its_threads_section() {
-        let outer: &'static SpinGuard = Box::leak(Box::new(SpinGuard { locked: AtomicBool::new(false) }));
-        let inner: &'static SpinGuard = Box::leak(Box::new(SpinGuard { locked: AtomicBool::new(false) }));
+        let (outer, inner) = (leaked(), leaked());
         let (held_tx, held) = mpsc::channel();
         let (nest_tx, nest) = mpsc::channel::<()>();
         let (nested_tx, nested) = mpsc::channel();
@@ -301,14 +309,7 @@ mod tests {
             outer.unlock();
         });
         held.recv().unwrap();
-        let ended = Arc::new(AtomicBool::new(false));
-        let waiter = {
-            let ended = ended.clone();
-            std::thread::spawn(move || {
-                synchronize();
-                ended.store(true, Ordering::SeqCst);
-            })
-        };
+        let (ended, waiter) = grace_period();
         std::thread::sleep(Duration::from_millis(50));
         nest_tx.send(()).unwrap();
         nested.recv().unwrap();
