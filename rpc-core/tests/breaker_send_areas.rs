@@ -450,10 +450,13 @@ fn staged_answers_after_a_release_are_written_from_the_new_staging_area_intact()
                 .unwrap_or_else(|e| panic!("round {round}, slot {slot}: answer does not decode: {e}"));
             check_reply(&r, seq, reply_len);
         }
-        let s = counters_when(&server, "the send areas given back", SOON, |s| {
-            s.send_areas_released == u64::from(round) + 1 && s.send_area_bytes == 0
+        // The worker publishes its own counters (`ring_full_stalls`) when it next goes idle,
+        // after the gauges: wait for both.
+        counters_when(&server, "the send areas given back, an answer staged each round", SOON, |s| {
+            s.send_areas_released == u64::from(round) + 1
+                && s.send_area_bytes == 0
+                && s.ring_full_stalls > u64::from(round)
         });
-        assert!(s.ring_full_stalls > u64::from(round), "an answer was staged each round: {s:?}");
     }
     assert!(!c.dead);
 }
