@@ -63,17 +63,6 @@ impl SpinGuard {
     }
 }
 
-/// This thread's slot: the fast path, a constant-initialised thread-local with no destructor
-/// (one TLS load); claimed at the thread's first guard ([`claim`]), `None` again once its
-/// owner ([`OWNER`]) gave it back at thread exit.
-#[inline]
-fn mine() -> &'static Slot {
-    match MINE.with(Cell::get) {
-        Some(slot) => slot,
-        None => claim(),
-    }
-}
-
 /// Claims a slot for this thread, or [`ORPHAN`] once its thread-locals are being destroyed.
 #[cold]
 fn claim() -> &'static Slot {
@@ -88,7 +77,8 @@ fn claim() -> &'static Slot {
 
 /// Counts a guard taken by this thread: only the outermost of nested ones (a guard taken while
 /// the thread holds another, as a responder's fault moving its peer QP to the error state
-/// does), so the slot counts sections, and a section's release is its outermost guard's.
+/// does), so the slot counts sections, and a section's release is its outermost guard's. The
+/// fast path: two constant-initialised thread-locals with no destructor, and the slot's count.
 #[inline]
 fn enter() {
     let depth = DEPTH.with(|d| {
@@ -96,10 +86,18 @@ fn enter() {
         d.set(n + 1);
         n
     });
-    if depth != 0 {
-        return;
+    if depth == 0 {
+        match MINE.with(Cell::get) {
+            Some(slot) => slot.enter(),
+            None => enter_cold(),
+        }
     }
-    let slot = mine();
+}
+
+/// [`enter`] for a thread with no slot yet (it claims one) or past its thread-locals (`ORPHAN`).
+#[cold]
+fn enter_cold() {
+    let slot = claim();
     if std::ptr::eq(slot, &ORPHAN) {
         ORPHAN.taken.fetch_add(1, Ordering::SeqCst);
     } else {
@@ -115,10 +113,18 @@ fn exit() {
         d.set(n);
         n
     });
-    if depth != 0 {
-        return;
+    if depth == 0 {
+        match MINE.with(Cell::get) {
+            Some(slot) => slot.exit(),
+            None => exit_cold(),
+        }
     }
-    let slot = mine();
+}
+
+/// [`exit`] for a thread with no slot (past its thread-locals: `ORPHAN`).
+#[cold]
+fn exit_cold() {
+    let slot = claim();
     if std::ptr::eq(slot, &ORPHAN) {
         ORPHAN.released.fetch_add(1, Ordering::Release);
     } else {
