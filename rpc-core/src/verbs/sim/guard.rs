@@ -89,19 +89,25 @@ fn enter() {
     if depth == 0 {
         match MINE.with(Cell::get) {
             Some(slot) => slot.enter(),
-            None => enter_cold(),
+            None => count_cold(false),
         }
     }
 }
 
-/// [`enter`] for a thread with no slot yet (it claims one) or past its thread-locals (`ORPHAN`).
+/// [`enter`] (`release` false) or [`exit`] (`release` true) for a thread with no slot yet (it
+/// claims one) or past its thread-locals (`ORPHAN`, shared: counted by atomic adds).
 #[cold]
-fn enter_cold() {
+fn count_cold(release: bool) {
     let slot = claim();
-    if std::ptr::eq(slot, &ORPHAN) {
-        ORPHAN.taken.fetch_add(1, Ordering::SeqCst);
-    } else {
-        slot.enter();
+    match (std::ptr::eq(slot, &ORPHAN), release) {
+        (true, false) => {
+            ORPHAN.taken.fetch_add(1, Ordering::SeqCst);
+        }
+        (true, true) => {
+            ORPHAN.released.fetch_add(1, Ordering::Release);
+        }
+        (false, false) => slot.enter(),
+        (false, true) => slot.exit(),
     }
 }
 
@@ -116,19 +122,8 @@ fn exit() {
     if depth == 0 {
         match MINE.with(Cell::get) {
             Some(slot) => slot.exit(),
-            None => exit_cold(),
+            None => count_cold(true),
         }
-    }
-}
-
-/// [`exit`] for a thread with no slot (past its thread-locals: `ORPHAN`).
-#[cold]
-fn exit_cold() {
-    let slot = claim();
-    if std::ptr::eq(slot, &ORPHAN) {
-        ORPHAN.released.fetch_add(1, Ordering::Release);
-    } else {
-        slot.exit();
     }
 }
 
