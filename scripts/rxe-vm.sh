@@ -144,6 +144,7 @@ cat >> "$R/init" <<'EOF'
 /bin/busybox --install -s /bin 2>/dev/null
 export PATH=/usr/bin:/usr/sbin:/bin:/sbin HOME=/root
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev   # rootfs (initramfs) is already writable; no tmpfs over /tmp (would hide copied files)
+mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 shm /dev/shm   # the software NIC's host segments (the same-host path)
 echo "@@INIT uptime=$(cut -d' ' -f1 /proc/uptime)"
 finish() {  # /out (if any) goes to the RXE_VM_OUT disk as a tar, then the result marker
   if [ -d /out ] && [ -b /dev/vda ]; then tar -cf - -C /out . | dd of=/dev/vda bs=1M conv=fsync 2>/dev/null \

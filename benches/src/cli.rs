@@ -172,6 +172,13 @@ pub struct Args {
     #[arg(long)]
     pub registered: bool,
 
+    /// RPC tests on `--transport rdma`, client and server on one host: the same-host path
+    /// (`ServerConfig::same_host_shm` on the server's worker core, `ClientConfig::same_host_shm`):
+    /// the session runs on the software NIC's shared memory instead of the NIC's loopback. The
+    /// server's workers (the RDMA one idle) share that core and poll with `--poll yield`.
+    #[arg(long)]
+    pub same_host_shm: bool,
+
     /// RPC tests (rpc_lat, rpc_bw): N small ASCII metadata entries per request
     /// (`x-perf-I: value-I`), 0 to 64. Default 0 (no metadata on the wire).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]

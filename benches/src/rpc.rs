@@ -263,6 +263,15 @@ impl ServerState {
                     args.rx_depth.unwrap_or(rpc_core::ServerConfig::srq_per_session(credits).max(4096)),
                 )
                 .observe(observe(args));
+            let builder = if args.same_host_shm {
+                // The session goes to the same-host workers on the worker's core, and the idle
+                // RDMA worker there yields it after a few empty polls (both yield: one policy).
+                builder
+                    .same_host_shm(Some(self.worker_core.into_iter().collect()))
+                    .polling(polling(crate::cli::PollKind::Yield))
+            } else {
+                builder
+            };
             let builder = if args.interceptors {
                 builder.interceptor(|info| match info.metadata().get(AUTH_KEY) {
                     Some(AUTH_VALUE) => Ok(()),
@@ -373,6 +382,7 @@ pub(crate) fn client_config(
         .window(window)
         .ring_bytes(args.ring_bytes.map_or_else(|| ring_bytes_for(max_size), |r| r as u32))
         .max_message_size(MESSAGE_LIMIT)
+        .same_host_shm(args.same_host_shm)
         .observe(observe(args));
     if args.interceptors {
         cfg.interceptor(|md| {

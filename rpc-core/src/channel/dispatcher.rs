@@ -108,8 +108,15 @@ impl AnyCore {
     /// Connects a dispatcher's session on `endpoint` (the device context and PD it shares with
     /// the other sessions of its core). Its handshake says the client answers Pings while idle
     /// ([`FLAG_IDLE_PONGS`]): the dispatcher thread looks at an idle session at every park
-    /// ([`Dispatcher::idle_look`]), so the server may probe it and find a stopped process.
-    fn connect(addr: impl ToSocketAddrs, cfg: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCore, Status> {
+    /// ([`Dispatcher::idle_look`]), so the server may probe it and find a stopped process. With
+    /// `ClientConfig::same_host_shm` to a server on this host, on the same-host path (this
+    /// thread's software-NIC endpoint) when the server takes it.
+    fn connect(addrs: &[SocketAddr], cfg: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCore, Status> {
+        #[cfg(feature = "ibverbs")]
+        if let Some(core) = crate::client::same_host(addrs, cfg, endpoint, FLAG_IDLE_PONGS) {
+            return Ok(AnyCore::Sim(Box::new(core)));
+        }
+        let addr = addrs;
         Ok(match endpoint.nic() {
             AnyNic::Sim(nic) => AnyCore::Sim(Box::new(ClientCore::connect(addr, cfg, nic, FLAG_IDLE_PONGS)?)),
             #[cfg(feature = "ibverbs")]

@@ -10,6 +10,16 @@ use crate::transport::Transport;
 pub struct ClientConfig {
     /// NIC provider. Default [`Transport::Sim`].
     pub transport: Transport,
+    /// On an RDMA transport, take the same-host path to a server on this host: when the
+    /// server's address is one of this host's (loopback, or an address of a local interface),
+    /// the session is made on the software NIC (shared memory, this thread's `sim` endpoint)
+    /// instead of through the NIC's loopback, and the server hands it to its software-NIC
+    /// workers (`ServerConfig::same_host_shm`, [`crate::wire::FLAG_SHM`]). When the server
+    /// offers no such path (or refuses it, or the software NIC cannot open), the client
+    /// connects on the NIC as without this setting (one more TCP connect, logged at info; again
+    /// at each reconnect). `Counters::sessions_shm` is 1 while the session runs on it. Default
+    /// false. Ignored on `sim` (already shared memory).
+    pub same_host_shm: bool,
     /// Calls outstanding at once (slots), also the credits asked of the server (which may grant
     /// fewer: the rest wait locally). Default 32; 1 ..= 4096.
     pub window: u16,
@@ -117,6 +127,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             transport: Transport::Sim,
+            same_host_shm: false,
             window: 32,
             ring_bytes: 1 << 20,
             eager_threshold: 4096,
@@ -160,6 +171,8 @@ impl ClientConfig {
     setter! {
         /// See [`ClientConfig::transport`].
         transport: Transport;
+        /// See [`ClientConfig::same_host_shm`].
+        same_host_shm: bool;
         /// See [`ClientConfig::window`].
         window: u16;
         /// See [`ClientConfig::ring_bytes`].

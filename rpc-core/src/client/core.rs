@@ -474,6 +474,7 @@ impl<P: Provider> ClientCore<P> {
                 window_fallbacks,
                 control_connections: u64::from(!detached),
                 sessions_detached: u64::from(detached),
+                sessions_shm: u64::from(flags & crate::wire::FLAG_SHM != 0),
                 ..Counters::default()
             },
             unplaced_stall: false,
@@ -1007,6 +1008,7 @@ impl<P: Provider> ClientCore<P> {
         self.counters.sessions_closed += 1;
         self.counters.control_connections = 0;
         self.counters.sessions_detached = 0;
+        self.counters.sessions_shm = 0;
         self.tcp = None;
         self.broken = Some(status);
     }

@@ -137,6 +137,10 @@ struct Inner {
 /// Opens a session on `endpoint` to the first of `addrs` that answers.
 fn open(addrs: &[SocketAddr], config: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCalls, Status> {
     let q = config.max_queued_calls;
+    #[cfg(feature = "ibverbs")]
+    if let Some(core) = same_host(addrs, config, endpoint, 0) {
+        return Ok(AnyCalls::Sim(Box::new(Calls::new(core, q))));
+    }
     Ok(match endpoint.nic() {
         endpoint::AnyNic::Sim(nic) => {
             AnyCalls::Sim(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, 0)?, q)))
@@ -145,6 +149,37 @@ fn open(addrs: &[SocketAddr], config: &ClientConfig, endpoint: &Endpoint) -> Res
         endpoint::AnyNic::Rdma(nic) => {
             AnyCalls::Rdma(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, 0)?, q)))
         }
+    })
+}
+
+/// The session of [`ClientConfig::same_host_shm`], when it applies (asked, on an RDMA
+/// `endpoint`, the server's address this host's) and the server takes it: on this thread's
+/// software-NIC endpoint, its hello flagged [`crate::wire::FLAG_SHM`] and `flags`. `None`
+/// (logged at info when it was tried) means: connect on the NIC.
+#[cfg(feature = "ibverbs")]
+pub(crate) fn same_host(
+    addrs: &[SocketAddr],
+    config: &ClientConfig,
+    endpoint: &Endpoint,
+    flags: u16,
+) -> Option<ClientCore<crate::verbs::sim::Sim>> {
+    if !config.same_host_shm || !matches!(endpoint.nic(), endpoint::AnyNic::Rdma(_)) || !is_local(addrs) {
+        return None;
+    }
+    let core = Endpoint::per_thread(&crate::Transport::Sim).and_then(|sim| match sim.nic() {
+        endpoint::AnyNic::Sim(nic) => ClientCore::connect(addrs, config, nic, flags | crate::wire::FLAG_SHM),
+        endpoint::AnyNic::Rdma(_) => Err(Status::internal("the sim endpoint opened on another provider")),
+    });
+    core.map_err(|s| tracing::info!(status = %s, "no same-host path (ClientConfig::same_host_shm): connecting on the NIC"))
+        .ok()
+}
+
+/// Whether the server's (first) address is this host's: loopback, or one a socket can bind
+/// here (the kernel binds only local addresses).
+#[cfg(feature = "ibverbs")]
+fn is_local(addrs: &[SocketAddr]) -> bool {
+    addrs.first().is_some_and(|a| {
+        a.ip().is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(a.ip(), 0)).is_ok()
     })
 }
 

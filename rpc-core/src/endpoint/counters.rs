@@ -154,6 +154,11 @@ pub struct Counters {
     /// the Close message, liveness by the idle probe and `idle_timeout`). Client: 1 while its
     /// session is such a one.
     pub sessions_detached: u64,
+    /// Server: sessions opened on the same-host path since it started (`ServerConfig::
+    /// same_host_shm`: software-NIC workers next to the RDMA ones; set by
+    /// `ServerHandle::counters`). Client: 1 while its session runs on it
+    /// (`ClientConfig::same_host_shm` on an RDMA transport, the server on this host offering it).
+    pub sessions_shm: u64,
     /// Server: receive WQEs the live sessions reserve of their workers' SRQs now, over all
     /// workers (`ServerConfig::srq_per_session` of each one's credits: of
     /// `ServerConfig::initial_credits` for an idle session; the idle sessions' bases counted as
@@ -243,6 +248,7 @@ impl Counters {
         self.metadata_cached += other.metadata_cached;
         self.control_connections += other.control_connections;
         self.sessions_detached += other.sessions_detached;
+        self.sessions_shm += other.sessions_shm;
         self.reassembly_refused += other.reassembly_refused;
         self.srq_reserved += other.srq_reserved;
         self.srq_bases += other.srq_bases;

@@ -45,7 +45,7 @@ use crate::transport::Device;
 use crate::verbs::rc::{self, Endpoint};
 use crate::verbs::{Context, DeviceSelector, Provider, QueuePair};
 use crate::wire::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_DETACHED, FLAG_IDLE_PONGS,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_DETACHED, FLAG_IDLE_PONGS, FLAG_SHM,
     HEADER_LEN, MAX_AUTH_TOKEN, MAX_FRAME, MIN_RING_LEN,
 };
 use crate::worker::{Control, NewConn, Worker, WorkerLimits, WorkerShared};
@@ -59,11 +59,13 @@ pub(super) fn start<P: Provider>(
     config: ServerConfig,
     registry: Arc<Registry>,
     tcp: TcpListener,
-    local_addr: SocketAddr,
     selector: &DeviceSelector,
     port: u8,
     gid_index: i32,
+    shm: ShmRole,
 ) -> Result<ServerHandle, ServerError> {
+    let local_addr =
+        tcp.local_addr().map_err(|e| ServerError::Listen { addr: "the bound socket".into(), source: e })?;
     let dev = Arc::new(Device::<P>::open(selector, port, gid_index)?);
     let mut config = config;
     let drain_timeout = config.drain_timeout;
@@ -109,6 +111,14 @@ pub(super) fn start<P: Provider>(
     );
     let draining = Arc::new(AtomicBool::new(false));
     let stop_listener = Arc::new(ListenerStop { stop: AtomicBool::new(false), waker: waker.clone() });
+    let (shm_in, shm_out) = match shm {
+        ShmRole::None => (None, None),
+        ShmRole::Receives(h) => {
+            let _ = h.waker.set(waker.clone());
+            (Some(h), None)
+        }
+        ShmRole::Forwards(h) => (None, Some(h)),
+    };
     let closed = Arc::new(ArrayQueue::new(config.max_sessions.max(16)));
     let body_cap = body_area(config.eager_threshold);
     let memory = Arc::new(ServerMemory::new(
@@ -232,6 +242,8 @@ pub(super) fn start<P: Provider>(
                 draining: shutting_down,
                 memory: listener_memory,
                 recv_posting: vec![None; workers],
+                shm_in,
+                shm_out,
             }
             .run(tcp)
         })
@@ -252,7 +264,60 @@ pub(super) fn start<P: Provider>(
         // Set by `ServerBuilder::spawn`.
         health: crate::health::HealthReporter::new(),
         drain_grace: Duration::ZERO,
+        shm: None,
     })
+}
+
+/// A listener's part in the same-host path ([`ServerConfig::same_host_shm`]).
+pub(super) enum ShmRole {
+    /// None: a same-host hello is refused on an RDMA NIC, admitted as any on `sim`.
+    None,
+    /// The software-NIC listener of the same-host workers: takes the handshakes handed to it.
+    Receives(Arc<ShmHandoff>),
+    /// The RDMA listener: hands same-host handshakes to the software-NIC listener.
+    Forwards(Arc<ShmHandoff>),
+}
+
+/// A handshake handed over: its connection, peer and frame.
+type Handed = (ControlStream, SocketAddr, Result<Frame, FrameError>);
+
+/// Same-host handshakes on their way from a server's RDMA listener to its software-NIC
+/// listener: the connection (its hello read, its TLS done), the peer, and the hello. At most
+/// [`MAX_PENDING_HANDSHAKES`] wait; beyond, a hello is refused UNAVAILABLE.
+#[derive(Default)]
+pub(super) struct ShmHandoff {
+    queue: std::sync::Mutex<Vec<Handed>>,
+    /// The software-NIC listener's waker (set when it starts).
+    waker: std::sync::OnceLock<Arc<Waker>>,
+}
+
+impl ShmHandoff {
+    /// Queues a handshake for the software-NIC listener and wakes it; gives the connection back
+    /// when the queue is full or that listener is gone.
+    fn hand(
+        &self,
+        stream: ControlStream,
+        peer: SocketAddr,
+        frame: Result<Frame, FrameError>,
+    ) -> Result<(), ControlStream> {
+        let Some(waker) = self.waker.get() else { return Err(stream) };
+        {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() >= MAX_PENDING_HANDSHAKES {
+                return Err(stream);
+            }
+            q.push((stream, peer, frame));
+        }
+        if let Err(e) = waker.wake() {
+            // Taken at the listener's next turn (at most HOUSEKEEPING away) all the same.
+            tracing::debug!(error = %e, "waking the same-host listener failed");
+        }
+        Ok(())
+    }
+
+    fn take(&self) -> Vec<Handed> {
+        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// Tells the listener thread to stop, and wakes it.
@@ -345,6 +410,11 @@ struct Listener<P: Provider> {
     /// until the worker took that session (the flag leaves `BIND_PENDING`), the buffers may not
     /// be posted yet, so the replies of sessions admitted meanwhile wait too.
     recv_posting: Vec<Option<Arc<AtomicU8>>>,
+    /// The same-host handshakes handed to this (software-NIC) listener
+    /// ([`ServerConfig::same_host_shm`]).
+    shm_in: Option<Arc<ShmHandoff>>,
+    /// Where this (RDMA) listener hands same-host handshakes.
+    shm_out: Option<Arc<ShmHandoff>>,
 }
 
 impl<P: Provider> Listener<P> {
@@ -377,6 +447,7 @@ impl<P: Provider> Listener<P> {
                     t => self.check_conn(t),
                 }
             }
+            self.take_handoffs();
             self.expire_handshakes();
             self.finish_binds();
             self.watch_workers();
@@ -582,20 +653,78 @@ impl<P: Provider> Listener<P> {
             }
             HandshakeStep::Frame(frame) => {
                 let Some(hs) = self.handshakes.remove(&token) else { return };
-                let peer = hs.peer;
-                match self.setup(hs.stream, peer, frame) {
-                    Ok(Setup::Live(watched)) => self.keep(token, watched),
-                    Ok(Setup::Binding(b)) => {
-                        self.binding.insert(token, b);
-                        // The worker may have bound it already (its wake came before the entry).
-                        self.finish_binds();
-                    }
-                    Err((stream, e)) => {
-                        self.forget(&stream);
-                        tracing::info!(%peer, error = %e, "connection refused");
-                    }
+                let same_host = matches!(&frame, Ok(Frame::Handshake(h)) if h.flags & FLAG_SHM != 0);
+                if same_host && P::NAME != crate::verbs::sim::Sim::NAME {
+                    return self.hand_to_shm(hs.stream, hs.peer, frame);
                 }
+                self.finish_handshake(token, hs.stream, hs.peer, frame);
             }
+        }
+    }
+
+    /// Sets up the session of a complete handshake frame read on `token`'s connection.
+    fn finish_handshake(
+        &mut self,
+        token: Token,
+        stream: ControlStream,
+        peer: SocketAddr,
+        frame: Result<Frame, FrameError>,
+    ) {
+        match self.setup(stream, peer, frame) {
+            Ok(Setup::Live(watched)) => self.keep(token, watched),
+            Ok(Setup::Binding(b)) => {
+                self.binding.insert(token, b);
+                // The worker may have bound it already (its wake came before the entry).
+                self.finish_binds();
+            }
+            Err((stream, e)) => {
+                self.forget(&stream);
+                tracing::info!(%peer, error = %e, "connection refused");
+            }
+        }
+    }
+
+    /// A same-host hello ([`FLAG_SHM`]: the client's QP is on the software NIC) at this RDMA
+    /// listener: handed to the same-host workers' listener, or refused when there are none
+    /// (FAILED_PRECONDITION naming the setting: the client connects again on the NIC) or too
+    /// many wait for it (UNAVAILABLE).
+    fn hand_to_shm(&mut self, stream: ControlStream, peer: SocketAddr, frame: Result<Frame, FrameError>) {
+        self.forget(&stream);
+        let Some(out) = &self.shm_out else {
+            let mut stream = stream;
+            let e = Self::refuse(
+                &mut stream,
+                Status::failed_precondition(
+                    "handshake field `flags`: FLAG_SHM (the same-host path), which this server does not \
+                     offer (ServerConfig::same_host_shm is None): connect on the NIC",
+                ),
+            );
+            tracing::info!(%peer, error = %e, "same-host connection refused");
+            return;
+        };
+        if let Err(mut stream) = out.hand(stream, peer, frame) {
+            let e = Self::refuse(
+                &mut stream,
+                Status::unavailable("the same-host path has too many handshakes waiting: try again"),
+            );
+            tracing::info!(%peer, error = %e, "same-host connection refused");
+        }
+    }
+
+    /// Takes the same-host handshakes the RDMA listener handed over: each connection is watched
+    /// here from now on and its session set up on this listener's (software-NIC) workers.
+    fn take_handoffs(&mut self) {
+        let Some(h) = self.shm_in.clone() else { return };
+        for (stream, peer, frame) in h.take() {
+            let token = Token(self.next_token);
+            self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CONN);
+            if let Err(e) =
+                self.poll.registry().register(&mut SourceFd(&stream.as_raw_fd()), token, Interest::READABLE)
+            {
+                tracing::info!(%peer, error = %e, "same-host connection dropped: cannot watch it");
+                continue;
+            }
+            self.finish_handshake(token, stream, peer, frame);
         }
     }
 

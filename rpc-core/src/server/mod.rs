@@ -118,6 +118,19 @@ pub struct ServerConfig {
     /// Cores to pin one worker each to (core ids as `core_affinity` numbers them). Empty = one
     /// unpinned worker. Default empty.
     pub worker_cores: Vec<usize>,
+    /// The same-host path of a server on an RDMA NIC: `Some(cores)` also starts workers on the
+    /// software NIC (`sim`: shared memory), one pinned to each of `cores` (empty: one unpinned),
+    /// and a client on this host that asks for it (`ClientConfig::same_host_shm`,
+    /// [`crate::wire::FLAG_SHM`]) gets its session there, so its bodies are copied through
+    /// shared memory instead of crossing the NIC's loopback. The handshake still arrives on the
+    /// server's address; the listener hands it to the software-NIC workers, whose sessions
+    /// are counted apart (`Counters::sessions_shm`) and admitted up to `max_sessions` of
+    /// their own, with this configuration's other limits. Give them cores of their own when the
+    /// workers busy-poll ([`PollingPolicy::Busy`]): two busy-polling threads on one core halve
+    /// each other. Default `None` (a same-host hello is refused FAILED_PRECONDITION naming
+    /// this field, and the client connects again on the NIC). Ignored on `sim` (already shared
+    /// memory).
+    pub same_host_shm: Option<Vec<usize>>,
     /// Largest request or response body in bytes. Default 64 MiB; 1 ..= 4 GiB − 1. A body larger
     /// than the ring (or than what it has free) travels through it in pieces; one over this
     /// limit is refused before anything is sent (RESOURCE_EXHAUSTED naming the limit). A client
@@ -450,6 +463,7 @@ impl Default for ServerConfig {
         ServerConfig {
             transport: Transport::Sim,
             worker_cores: Vec::new(),
+            same_host_shm: None,
             max_message_size: 64 << 20,
             ring_bytes: 1 << 20,
             max_peer_ring_bytes: 4 << 20,
@@ -771,6 +785,8 @@ impl ServerBuilder {
         transport: Transport;
         /// See [`ServerConfig::worker_cores`].
         worker_cores: Vec<usize>;
+        /// See [`ServerConfig::same_host_shm`].
+        same_host_shm: Option<Vec<usize>>;
         /// See [`ServerConfig::max_message_size`].
         max_message_size: u32;
         /// See [`ServerConfig::ring_bytes`].
@@ -932,37 +948,76 @@ impl ServerBuilder {
             .collect();
         let tcp = TcpListener::bind(&addrs[..])
             .map_err(|e| ServerError::Listen { addr: format!("{addrs:?}"), source: e })?;
-        let local_addr =
-            tcp.local_addr().map_err(|e| ServerError::Listen { addr: format!("{addrs:?}"), source: e })?;
         match &self.config.transport {
             Transport::Sim => listener::start::<crate::verbs::sim::Sim>(
                 self.config,
                 Arc::new(self.registry),
                 tcp,
-                local_addr,
                 &crate::verbs::DeviceSelector::First,
                 1,
                 -1,
+                listener::ShmRole::None,
             ),
             #[cfg(feature = "ibverbs")]
             Transport::Rdma { device, port, gid_index } => {
                 let sel: crate::verbs::DeviceSelector = device.parse().unwrap_or_default();
                 let (port, gid) = (*port, *gid_index);
-                listener::start::<crate::verbs::ibverbs::Ibverbs>(
+                let registry = Arc::new(self.registry);
+                let (shm, role) = match &self.config.same_host_shm {
+                    Some(cores) => {
+                        let (handle, handoff) = Self::spawn_shm(&self.config, cores, &registry)?;
+                        (Some(Box::new(handle)), listener::ShmRole::Forwards(handoff))
+                    }
+                    None => (None, listener::ShmRole::None),
+                };
+                let mut handle = listener::start::<crate::verbs::ibverbs::Ibverbs>(
                     self.config,
-                    Arc::new(self.registry),
+                    registry,
                     tcp,
-                    local_addr,
                     &sel,
                     port,
                     gid,
-                )
+                    role,
+                )?;
+                handle.shm = shm;
+                Ok(handle)
             }
             #[cfg(not(feature = "ibverbs"))]
             Transport::Rdma { .. } => {
                 Err(ServerError::Transport(Transport::rdma_unavailable().message().to_string()))
             }
         }
+    }
+
+    /// The same-host path's workers ([`ServerConfig::same_host_shm`]): a server on the software
+    /// NIC with this one's services and limits, pinned to `cores`, whose listener takes the
+    /// handshakes the RDMA listener hands it (and those sent to its own loopback port).
+    #[cfg(feature = "ibverbs")]
+    fn spawn_shm(
+        config: &ServerConfig,
+        cores: &[usize],
+        registry: &Arc<Registry>,
+    ) -> Result<(ServerHandle, Arc<listener::ShmHandoff>), ServerError> {
+        let config = ServerConfig {
+            transport: Transport::Sim,
+            worker_cores: cores.to_vec(),
+            same_host_shm: None,
+            ..config.clone()
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let tcp =
+            TcpListener::bind(addr).map_err(|e| ServerError::Listen { addr: addr.to_string(), source: e })?;
+        let handoff = Arc::new(listener::ShmHandoff::default());
+        let handle = listener::start::<crate::verbs::sim::Sim>(
+            config,
+            registry.clone(),
+            tcp,
+            &crate::verbs::DeviceSelector::First,
+            1,
+            -1,
+            listener::ShmRole::Receives(handoff.clone()),
+        )?;
+        Ok((handle, handoff))
     }
 
     /// Starts the server and blocks the calling thread while it runs.
@@ -999,6 +1054,8 @@ pub struct ServerHandle {
     pub(crate) health: HealthReporter,
     /// [`ServerConfig::drain_grace`].
     pub(crate) drain_grace: Duration,
+    /// The same-host path's workers ([`ServerConfig::same_host_shm`]).
+    pub(crate) shm: Option<Box<ServerHandle>>,
 }
 
 /// Sent by a worker thread as its last act (dropped at the end of its closure, or while
@@ -1033,6 +1090,11 @@ impl ServerHandle {
             c.add(&w.snapshot());
         }
         self.memory.fill(&mut c);
+        if let Some(shm) = &self.shm {
+            let on_shm = shm.counters();
+            c.add(&on_shm);
+            c.sessions_shm = on_shm.sessions_opened;
+        }
         c
     }
 
@@ -1095,6 +1157,10 @@ impl ServerHandle {
         // Watch streams end (after NOT_SERVING); the drain below waits for them as for any call.
         self.health.close();
         self.draining.store(true, Ordering::Release);
+        if let Some(shm) = &self.shm {
+            // Both sets of workers drain at once (the same-host ones are shut down below).
+            shm.draining.store(true, Ordering::Release);
+        }
         let until = Instant::now() + self.drain_timeout + SHUTDOWN_GRACE;
         // Woken by each worker's exit signal (a handler that never returns cannot hang the
         // caller past `until`).
@@ -1126,6 +1192,9 @@ impl ServerHandle {
         self.stop_listener.stop();
         if let Some(l) = self.listener.take() {
             let _ = l.join();
+        }
+        if let Some(mut shm) = self.shm.take() {
+            shm.shutdown_inner();
         }
     }
 }

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | 4 | magic `b"RPCH"` |
 //! | 2 | protocol version ([`PROTOCOL_VERSION`]) |
-//! | 2 | flags ([`FLAG_IDLE_PONGS`] from a client, [`FLAG_DETACHED`] from a server; other bits 0) |
+//! | 2 | flags ([`FLAG_IDLE_PONGS`] and [`FLAG_SHM`] from a client, [`FLAG_DETACHED`] from a server; other bits 0) |
 //! | 4 | QPN (24 bits, non-zero) |
 //! | 4 | PSN (24 bits) |
 //! | 2 | LID (InfiniBand; 0 elsewhere) |
@@ -35,6 +35,8 @@ use crate::verbs::{Gid, Mtu};
 pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// The protocol version this build speaks; a peer with another version is refused.
 ///
+/// 13 (2026-12-07): a client on the server's host may connect on the software NIC to a server
+/// on an RDMA NIC ([`FLAG_SHM`]).
 /// 12 (2026-12-06): the server's receive ring is granted on demand ([`super::ring_lease`]):
 /// its handshake gives the ring's length with address and rkey 0, the client asks with a
 /// [`super::Kind::RingAsk`] before its first body above the eager threshold, and the server
@@ -60,7 +62,7 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 /// unfreed in the client's ring and closes a session whose RingReturn frees no whole one, and a
 /// client reports freed space once half of those are freed (a version-6 client would leave such
 /// a server waiting for a Ping). 6: the idle probe (`FLAG_IDLE_PONGS`).
-pub const PROTOCOL_VERSION: u16 = 12;
+pub const PROTOCOL_VERSION: u16 = 13;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
 /// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of
@@ -76,8 +78,17 @@ pub const FLAG_IDLE_PONGS: u16 = 1;
 /// (the open-file limit at scale); a client never sends it (a server refuses a handshake that
 /// does).
 pub const FLAG_DETACHED: u16 = 2;
+/// Handshake flag, client → server (protocol 13): this hello is for the same-host path. The
+/// client runs on the server's host and made its QP on the software NIC (`sim`, shared memory)
+/// instead of the RDMA NIC the server's address is for (`ClientConfig::same_host_shm`), so
+/// bodies skip the NIC's loopback. A server on an RDMA NIC with `ServerConfig::same_host_shm`
+/// hands the session to its software-NIC workers; one without refuses FAILED_PRECONDITION
+/// (naming the setting), and the client connects again on the RDMA NIC. A server on `sim`
+/// admits it as any hello. Whether the client really shares the host is proven by the QP
+/// connect itself: the software NIC reaches only hosts in the same `/dev/shm`.
+pub const FLAG_SHM: u16 = 4;
 /// Every handshake flag this build knows.
-const KNOWN_FLAGS: u16 = FLAG_IDLE_PONGS | FLAG_DETACHED;
+const KNOWN_FLAGS: u16 = FLAG_IDLE_PONGS | FLAG_DETACHED | FLAG_SHM;
 /// Longest auth token in bytes.
 pub const MAX_AUTH_TOKEN: usize = 256;
 /// Longest frame payload in bytes.

@@ -11,7 +11,7 @@ pub mod ring_lease;
 pub use close::{close_reason, encode_close_reason, MAX_CLOSE_REASON};
 pub use error::WireError;
 pub use handshake::{
-    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_DETACHED, FLAG_IDLE_PONGS,
+    read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_DETACHED, FLAG_IDLE_PONGS, FLAG_SHM,
     HANDSHAKE_MAGIC, MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, MIN_RING_LEN, PROTOCOL_VERSION,
 };
 pub use header::{
