@@ -462,7 +462,7 @@ mod tests {
         let h = sample();
         assert_eq!(field_of(&h, |v| v[0] = b'X'), "magic");
         assert_eq!(field_of(&h, |v| v[4] = PROTOCOL_VERSION as u8 + 1), "version");
-        assert_eq!(field_of(&Handshake { flags: 4, ..h.clone() }, |_| ()), "flags");
+        assert_eq!(field_of(&Handshake { flags: 8, ..h.clone() }, |_| ()), "flags");
         assert_eq!(field_of(&h, |v| v[7] = 0x80), "flags");
         assert_eq!(field_of(&Handshake { qp_num: 0, ..h.clone() }, |_| ()), "qp_num");
         assert_eq!(field_of(&Handshake { qp_num: 1 << 24, ..h.clone() }, |_| ()), "qp_num");
