@@ -8,8 +8,9 @@
 //!   with no other session open, then with a session open to each of the other `S - 1` servers
 //!   (each made one call and idles);
 //! - **rate:** `-c W` 32 B echo calls kept in flight, first all on the first session, then
-//!   spread round robin over the `S` sessions (each session's window is `W`; calls go out to
-//!   the session whose turn it is and the oldest call is waited for), for `--secs` each.
+//!   spread round robin over the `S` sessions (each session's window is `W`; every call in
+//!   flight is polled in turn, and one that finished is replaced by a call to the session whose
+//!   turn it is), for `--secs` each.
 //!
 //! ```text
 //! cargo run --release -p rpc-perf --example servers -- [-s S] [-c W] [--secs T] [--iters N] [--poll event|yield|busy] [--first-poll P]
@@ -23,7 +24,6 @@
 //! goals: latency with 100 servers within 10 % of one; the rate over 8 servers at least 80 % of
 //! one. The machine's 1-minute load is printed with the figures.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::pin::Pin;
@@ -137,37 +137,45 @@ fn latency(c: &BenchClient, iters: usize) -> (f64, f64) {
 }
 
 /// Calls per second with `window` 32 B calls in flight, spread round robin over `clients`,
-/// for `secs` (after a tenth of it unmeasured).
+/// for `secs` (after a tenth of it unmeasured). Every call in flight is polled in turn and a
+/// finished one is replaced at once by a call to the next session in the round, so a slow
+/// server holds up only its own calls (a real client would await them all at once the same way).
 fn rate(clients: &[BenchClient], window: usize, secs: f64) -> f64 {
     let mut cx = Context::from_waker(Waker::noop());
-    let mut q = VecDeque::with_capacity(window);
     let mut next = 0usize;
     let mut run = |d: Duration| {
+        let mut calls: Vec<_> = (0..window)
+            .map(|_| {
+                let f = clients[next].echo_async(request());
+                next = (next + 1) % clients.len();
+                f
+            })
+            .collect();
         let start = Instant::now();
         let mut done = 0u64;
-        loop {
-            while q.len() < window {
-                q.push_back(clients[next].echo_async(request()));
-                next = (next + 1) % clients.len();
-            }
-            let f = q.front_mut().expect("a call in flight");
-            if let Poll::Ready(r) = Pin::new(f).poll(&mut cx) {
-                let r = r.unwrap_or_else(|e| fail(&format!("a call: {e}")));
-                if r.payload.len() != 32 {
-                    fail(&format!("a {}-byte answer", r.payload.len()));
-                }
-                q.pop_front();
-                done += 1;
-                if done % 1024 == 0 && start.elapsed() >= d {
-                    break;
+        let mut running = true;
+        while running {
+            for f in calls.iter_mut() {
+                if let Poll::Ready(r) = Pin::new(&mut *f).poll(&mut cx) {
+                    let r = r.unwrap_or_else(|e| fail(&format!("a call: {e}")));
+                    if r.payload.len() != 32 {
+                        fail(&format!("a {}-byte answer", r.payload.len()));
+                    }
+                    *f = clients[next].echo_async(request());
+                    next = (next + 1) % clients.len();
+                    done += 1;
+                    if done % 1024 == 0 && start.elapsed() >= d {
+                        running = false;
+                    }
                 }
             }
         }
+        let rate = done as f64 / start.elapsed().as_secs_f64();
         // Drain, so the next measurement starts with nothing in flight.
-        while let Some(mut f) = q.pop_front() {
+        for mut f in calls {
             while Pin::new(&mut f).poll(&mut cx).is_pending() {}
         }
-        done as f64 / start.elapsed().as_secs_f64()
+        rate
     };
     run(Duration::from_secs_f64(secs / 10.0));
     run(Duration::from_secs_f64(secs))
