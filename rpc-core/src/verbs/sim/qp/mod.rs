@@ -170,8 +170,22 @@ impl SqState {
                     .copy_from_slice(&self.inline[from * max_inline..from * max_inline + n]);
             }
         }
+        super::stats::count_sq_storage(
+            self.storage_bytes_of(new_len, max_inline),
+            self.storage_bytes(max_inline),
+        );
         self.wqes = wqes;
         self.inline = inline;
+    }
+
+    /// Bytes of storage for `wqes` WQEs with `max_inline` inline bytes each.
+    fn storage_bytes_of(&self, wqes: usize, max_inline: usize) -> usize {
+        wqes * (std::mem::size_of::<SendWqe>() + max_inline)
+    }
+
+    /// Bytes of the storage held now.
+    pub(crate) fn storage_bytes(&self, max_inline: usize) -> usize {
+        self.storage_bytes_of(self.wqes.len(), max_inline)
     }
 }
 
@@ -269,6 +283,10 @@ unsafe impl Send for QpCore {}
 
 impl Drop for QpCore {
     fn drop(&mut self) {
+        super::stats::count_sq_storage(
+            0,
+            self.sq.0.get_mut().storage_bytes(self.cap.max_inline_data as usize),
+        );
         self.host.arena.free(&self.host.seg, self.off, self.bytes);
     }
 }
@@ -440,6 +458,14 @@ impl SimQp {
     /// RNR timer (each retry counts; see [`super::SimStats::rnr_stalls`] for the whole process).
     pub fn rnr_stalls(&self) -> u64 {
         self.core.rnr_stalls.load(Ordering::Relaxed)
+    }
+
+    /// WQEs the send queue's storage holds room for now: 0 until WRs wait in the send queue (a
+    /// WR executed at once is never stored), then the most that ever waited at once rounded up
+    /// to a power of two (at least 4), at most [`QpCap::max_send_wr`], which stays what a post
+    /// is refused beyond. Each slot is about 200 bytes plus `max_inline_data`.
+    pub fn sq_storage_wqes(&self) -> usize {
+        self.core.with_sq(|st| st.wqes.len())
     }
 
     /// Access to the core for the fault-injection API.
