@@ -11,7 +11,7 @@
 //! Run: `cargo test -p rpc-core --test sim_sq_storage`.
 #![allow(unsafe_code)] // posting WRs is `unsafe` by contract.
 
-#[allow(unused_macros, dead_code)]
+#[allow(unused_macros)]
 mod conformance;
 
 use rpc_core::verbs::sim::{self, Sim};
