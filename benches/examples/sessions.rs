@@ -6,7 +6,7 @@
 //! the workers' shared send buffers: a session registers none of its own), each per session.
 //!
 //! ```text
-//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--transport sim|rdma]
+//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--probe-core C|none] [--transport sim|rdma]
 //! ```
 //!
 //! N defaults to 1,000 sessions, P to 4 client processes; `--credits` is the server's
@@ -20,7 +20,14 @@
 //! so they share one device context (`Client::connect` takes its thread's endpoint). The
 //! machine's 1-minute load is printed next to the figures. The driver process holds one more
 //! session of its own and measures 32 B call latency on it (p50 of 20,000 calls) alone, then
-//! with every other session connected (issue 28: within 10 % of one session alone).
+//! with every other session connected (issue 28: within 10 % of one session alone). Its thread
+//! is pinned to `--probe-core` (default: the first core after the workers'; `none`: unpinned),
+//! and the CPU it ran on and its context switches during the calls are printed with the figure:
+//! unpinned on a 2-core machine, the scheduler sometimes puts it on the worker's core, where it
+//! takes turns with the worker, one involuntary switch per call (20,012 for 20,000 calls: 40 µs
+//! at load 9). On a shared machine the figure also moves from run to run with the load (0.7
+//! or 1.5 µs alone, pinned or not, 200 or 5,000 sessions): read it with the load and the switch
+//! counts printed next to it.
 //!
 //! Credits are granted on demand (protocol 12): the server here sets
 //! `ServerConfig::initial_credits` to 2 (its default is 32). Idle sessions share their receive
@@ -38,7 +45,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rpc_core::{Client, ClientConfig, PollingPolicy, Server, Transport};
-use rpc_perf::host::{load1, own_rss_kib, status_kib};
+use rpc_perf::host::{load1, own_rss_kib, status_kib, thread_sched};
 use rpc_perf::rpc::pb::bench_client::BenchClient;
 use rpc_perf::rpc::pb::bench_server::BenchServer;
 use rpc_perf::rpc::pb::EchoRequest;
@@ -53,11 +60,13 @@ struct Opts {
     control: usize,
     /// `ServerConfig::initial_credits`.
     initial: u16,
+    /// The core the latency probe's thread is pinned to (`None`: unpinned).
+    probe_core: Option<usize>,
     transport: Transport,
 }
 
 fn usage(what: &str) -> ! {
-    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--transport sim|rdma]");
+    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--probe-core C|none] [--transport sim|rdma]");
     std::process::exit(2)
 }
 
@@ -69,8 +78,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
         workers: 1,
         control: 0,
         initial: 2,
+        probe_core: None,
         transport: Transport::Sim,
     };
+    let mut probe_core_set = false;
     let mut plain = 0;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -91,6 +102,16 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
                     .and_then(|v| v.parse().ok())
                     .filter(|c| (1..=4096).contains(c))
                     .unwrap_or_else(|| usage("--initial takes 1..=4096"))
+            }
+            "--probe-core" => {
+                probe_core_set = true;
+                o.probe_core = match args.next().as_deref() {
+                    Some("none") => None,
+                    v => Some(
+                        v.and_then(|v| v.parse().ok())
+                            .unwrap_or_else(|| usage("--probe-core takes a core number or none")),
+                    ),
+                }
             }
             "--control" => {
                 o.control = args
@@ -116,6 +137,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
             }
         }
     }
+    if !probe_core_set {
+        // The first core after the workers' (they are pinned to 0..W), if the machine has one.
+        let ids = core_affinity::get_core_ids().unwrap_or_default();
+        o.probe_core = ids.iter().map(|c| c.id).find(|&id| id >= o.workers);
+    }
     o
 }
 
@@ -128,7 +154,7 @@ fn transport_arg(t: &Transport) -> &'static str {
 
 /// The server process: serves until its stdin closes; prints `addr ADDR` once listening and,
 /// on a `report` line, `report RSS_KIB REGISTERED RECV_BUFFERS SESSIONS DETACHED SEND_POOL
-/// OWN_RSS_KIB`.
+/// OWN_RSS_KIB SQ_STORAGE` (the last `SimStats::sq_storage_bytes`: 0 on rdma).
 fn serve(o: &Opts) {
     let rss0 = status_kib("VmRSS:");
     let server = Server::builder()
@@ -158,14 +184,15 @@ fn serve(o: &Opts) {
         if line.trim() == "report" {
             let c = server.counters();
             println!(
-                "report {} {} {} {} {} {} {}",
+                "report {} {} {} {} {} {} {} {}",
                 status_kib("VmRSS:"),
                 c.registered_bytes,
                 c.recv_buffer_bytes,
                 c.sessions_opened - c.sessions_closed,
                 c.sessions_detached,
                 c.send_pool_bytes,
-                own_rss_kib()
+                own_rss_kib(),
+                rpc_core::verbs::sim::stats().sq_storage_bytes
             );
             let _ = std::io::stdout().flush();
         }
@@ -199,12 +226,15 @@ fn client_config(o: &Opts) -> ClientConfig {
     }
 }
 
-/// p50 in µs of `LAT_CALLS` 32 B echo calls on `c`, one at a time (after 1,000 to warm up).
-fn p50_us(c: &BenchClient) -> f64 {
+/// p50 in µs of `LAT_CALLS` 32 B echo calls on `c`, one at a time (after 1,000 to warm up), and
+/// where the calling thread ran meanwhile: the CPU it ended on and its context switches
+/// (voluntary, involuntary) during the calls (see `thread_sched`).
+fn p50_us(c: &BenchClient) -> (f64, String) {
     const LAT_CALLS: usize = 20_000;
     for i in 0..1000 {
         call(c, i).unwrap_or_else(|e| usage(&e));
     }
+    let before = thread_sched();
     let mut ns: Vec<u64> = (0..LAT_CALLS)
         .map(|i| {
             let t = Instant::now();
@@ -212,8 +242,14 @@ fn p50_us(c: &BenchClient) -> f64 {
             t.elapsed().as_nanos() as u64
         })
         .collect();
+    let sched = match (before, thread_sched()) {
+        (Some((_, v0, n0)), Some((cpu, v1, n1))) => {
+            format!("on cpu {cpu}, {} voluntary and {} involuntary switches", v1 - v0, n1 - n0)
+        }
+        _ => "scheduling unknown".into(),
+    };
     ns.sort_unstable();
-    ns[ns.len() / 2] as f64 / 1000.0
+    (ns[ns.len() / 2] as f64 / 1000.0, sched)
 }
 
 fn clients(o: &Opts, addr: &str, n: usize) {
@@ -292,19 +328,42 @@ fn main() {
         writeln!(server_in, "report").expect("server stdin");
         let l = server_out.next().and_then(Result::ok).unwrap_or_default();
         let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-        if v.len() != 7 {
+        if v.len() != 8 {
             usage(&format!("server report {l:?}"));
         }
-        (v[0], v[1], v[2], v[3], v[4], v[5], v[6])
+        (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
     };
     std::thread::sleep(Duration::from_millis(100));
     let idle = report(&mut server_in, &mut server_out);
     // One session of this process: 32 B call latency with it alone, and again once every other
     // session is connected (and has called twice).
-    let probe = Client::connect_with(addr.as_str(), &client_config(&o))
-        .unwrap_or_else(|e| usage(&format!("probe: {e}")));
-    let probe = BenchClient::new(probe);
-    let alone = p50_us(&probe);
+    // On a thread of its own, pinned to a core no worker is pinned to (`--probe-core`): a probe
+    // that the scheduler puts on the worker's core takes turns with it (a context switch per
+    // call). The client processes spawned below do not inherit the pinning.
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (lat_tx, lat_rx) = std::sync::mpsc::channel();
+    let probe_addr = addr.clone();
+    let probe_cfg = client_config(&o);
+    let probe_core = o.probe_core;
+    let prober = std::thread::spawn(move || {
+        if let Some(id) = probe_core {
+            let ids = core_affinity::get_core_ids().unwrap_or_default();
+            match ids.into_iter().find(|c| c.id == id) {
+                Some(c) => {
+                    core_affinity::set_for_current(c);
+                }
+                None => usage(&format!("--probe-core {id}: no such core")),
+            }
+        }
+        let probe = Client::connect_with(probe_addr.as_str(), &probe_cfg)
+            .unwrap_or_else(|e| usage(&format!("probe: {e}")));
+        let probe = BenchClient::new(probe);
+        let _ = lat_tx.send(p50_us(&probe));
+        if go_rx.recv().is_ok() {
+            let _ = lat_tx.send(p50_us(&probe));
+        }
+    });
+    let alone = lat_rx.recv().unwrap_or_else(|_| usage("the probe thread failed"));
     let t = Instant::now();
     let mut kids = Vec::new();
     for p in 0..o.procs {
@@ -342,7 +401,9 @@ fn main() {
         }
     }
     let second = t.elapsed();
-    let crowded = p50_us(&probe);
+    let _ = go_tx.send(());
+    let crowded = lat_rx.recv().unwrap_or_else(|_| usage("the probe thread failed"));
+    let _ = prober.join();
     let n = o.sessions as f64;
     println!(
         "{} sessions ({} without a control connection) from {} processes ({}, credits {}, {} workers): all connected \
@@ -360,8 +421,8 @@ fn main() {
     println!(
         "server per session: VmRSS {:.1} KiB ({:.1} KiB of its own: less the pages of the clients' sim segments it \
          touched), pinned {:.1} KiB (session memory {:.1} KiB + SRQ receive buffers {:.1} KiB \
-         + the workers' send buffers {:.1} KiB, {} KiB in all); server VmRSS idle {:.1} MiB, with all sessions {:.1} MiB; \
-         load1 {}",
+         + the workers' send buffers {:.1} KiB, {} KiB in all); sim send-queue storage {:.0} B \
+         (SimStats::sq_storage_bytes); server VmRSS idle {:.1} MiB, with all sessions {:.1} MiB; load1 {}",
         (full.0 - idle.0) as f64 / n,
         (full.6 - idle.6) as f64 / n,
         ((full.1 + full.2 + full.5) - (idle.1 + idle.2 + idle.5)) as f64 / 1024.0 / n,
@@ -369,15 +430,22 @@ fn main() {
         (full.2 - idle.2) as f64 / 1024.0 / n,
         (full.5 - idle.5) as f64 / 1024.0 / n,
         full.5 >> 10,
+        (full.7 as f64 - idle.7 as f64) / n,
         idle.0 as f64 / 1024.0,
         full.0 as f64 / 1024.0,
         load1()
     );
+    let ((alone, alone_sched), (crowded, crowded_sched)) = (alone, crowded);
     println!(
         "32 B call p50 on one more session: {alone:.2} us alone, {crowded:.2} us with the {} others connected ({:.2}x); load1 {}",
         o.sessions,
         crowded / alone,
         load1()
+    );
+    println!(
+        "  the probe's thread ({}; the server's workers on cores 0..{}): alone {alone_sched}; crowded {crowded_sched}",
+        o.probe_core.map_or("unpinned".to_string(), |c| format!("pinned to core {c}")),
+        o.workers
     );
     drop(server_in);
     for (mut k, _) in kids {

@@ -50,3 +50,19 @@ pub fn load1() -> String {
         .and_then(|s| s.split(' ').next().map(str::to_string))
         .unwrap_or_default()
 }
+
+/// The calling thread's scheduling as `/proc/thread-self` gives it: the CPU it last ran on
+/// (`stat` field 39) and its voluntary and involuntary context switches so far; `None` when
+/// they cannot be read (not Linux). A latency figure on a 2-core machine depends on whether the
+/// measuring thread shared a core with the server's pinned worker: printed next to it.
+pub fn thread_sched() -> Option<(u32, u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command's closing parenthesis, starting at field 3 (state).
+    let after = stat.rsplit_once(')')?.1;
+    let cpu = after.split_whitespace().nth(39 - 3)?.parse().ok()?;
+    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok())
+    };
+    Some((cpu, field("voluntary_ctxt_switches:")?, field("nonvoluntary_ctxt_switches:")?))
+}

@@ -133,6 +133,14 @@
 //!
 //! # Departures from hardware
 //!
+//! - **Send-queue memory**: a NIC's send queue is a ring of `max_send_wr` WQEs allocated at
+//!   creation; the sim's depth is the same (what a post is refused beyond), but it stores only
+//!   the WQEs that wait to execute (a WR executed at once at post is never stored), in storage
+//!   that starts empty and doubles, up to the depth, when more wait at once than it holds (the
+//!   QP keeps it until destroyed). An idle QP of a 256-WQE send queue holds none of the 51 KiB
+//!   of WQEs and 64 KiB of inline arena a full ring would take. [`SimStats::sq_storage_bytes`]
+//!   and [`SimQp::sq_storage_wqes`] show it.
+//!
 //! - Delivery is synchronous with the requester's execution: a successful SEND's data and
 //!   receive CQE are in place before `post_send` returns (still visible only through `poll`), and
 //!   a send completion does not wait for an ACK.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 static RNR_STALLS: AtomicU64 = AtomicU64::new(0);
 static CQ_EVENTS: AtomicU64 = AtomicU64::new(0);
 static CONTEXTS_OPENED: AtomicU64 = AtomicU64::new(0);
+static SQ_STORAGE_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the counters of every sim host in this process, since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -23,6 +24,12 @@ pub struct SimStats {
     /// Device contexts opened (`Provider::open`, each a new sim host with its shared-memory
     /// segment): what an endpoint opens once for all the sessions it carries.
     pub contexts_opened: u64,
+    /// Bytes the send queues of this process's live QPs hold now for WQEs that wait (copies of
+    /// the WQEs and their inline arenas; a gauge). A QP holds none until WRs wait in its send
+    /// queue (the fast path executes a WR at once) and then the storage of the most that ever
+    /// waited at once, a power of two up to its `max_send_wr` (see [`super::SimQp::sq_storage_wqes`]):
+    /// the memory of an idle QP does not grow with its send queue's depth.
+    pub sq_storage_bytes: u64,
 }
 
 /// The counters now.
@@ -31,6 +38,7 @@ pub fn stats() -> SimStats {
         rnr_stalls: RNR_STALLS.load(Ordering::Relaxed),
         cq_events: CQ_EVENTS.load(Ordering::Relaxed),
         contexts_opened: CONTEXTS_OPENED.load(Ordering::Relaxed),
+        sq_storage_bytes: SQ_STORAGE_BYTES.load(Ordering::Relaxed),
     }
 }
 
@@ -49,4 +57,10 @@ pub(crate) fn count_rnr_stall() {
 #[inline]
 pub(crate) fn count_cq_event() {
     CQ_EVENTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts send-queue storage taken (`taken` bytes) and given back (`freed` bytes).
+pub(crate) fn count_sq_storage(taken: usize, freed: usize) {
+    SQ_STORAGE_BYTES.fetch_add(taken as u64, Ordering::Relaxed);
+    SQ_STORAGE_BYTES.fetch_sub(freed as u64, Ordering::Relaxed);
 }

@@ -67,9 +67,8 @@ impl QpCore {
         if self.state_raw() != ST_ERR || self.sh().resp.destroyed.load(Ordering::Acquire) {
             return;
         }
-        let mask = st.wqes.len() - 1;
         while st.head != st.tail {
-            let wqe = &st.wqes[st.head as usize & mask];
+            let wqe = &st.wqes[st.slot(st.head)];
             let wc = flush_wc(wqe.wr_id, send_opcode(&wqe.op), self.qpn);
             self.send_cq.push_send(wc, true, self.sq_ref(st.head));
             st.head += 1;

@@ -56,14 +56,6 @@ impl SimQp {
             max_recv_sge: c.max_recv_sge.max(1),
             max_inline_data: c.max_inline_data,
         };
-        let empty = SendWqe {
-            wr_id: 0,
-            op: SendOp::Send,
-            flags: SendFlags::EMPTY,
-            nsge: 0,
-            sges: [Sge::default(); MAX_SGE],
-            inline_len: NOT_INLINE,
-        };
         // SAFETY: as above: zeroed atomics (a valid RESET state).
         let sh = unsafe { &*sh_ptr };
         let retire_on_poll = sim::sqslots::send_queue_mode() == sim::SendQueueMode::RetireOnPoll;
@@ -104,8 +96,10 @@ impl SimQp {
             off,
             bytes,
             sq: Padded(UnsafeCell::new(SqState {
-                wqes: vec![empty; depth].into_boxed_slice(),
-                inline: vec![0u8; depth * cap.max_inline_data as usize].into_boxed_slice(),
+                // Storage for waiting WQEs comes when a WQE first waits (`SqState::make_room`).
+                wqes: Box::new([]),
+                inline: Box::new([]),
+                depth: depth as u64,
                 head: 0,
                 tail: 0,
                 retired_seen: 0,

@@ -108,15 +108,97 @@ pub(crate) struct Link {
 /// Positions count WQEs since the QP's creation (a WQE's position is its sequence number):
 /// `[head, tail)` are posted and not executed yet; `[retired, tail)` hold send-queue slots,
 /// where `retired` (in [`super::sqslots::SqSlots`]) advances when a send completion is polled.
+///
+/// The depth (`max_send_wr`, what a post is refused beyond) is fixed at creation, as on a NIC;
+/// the storage is not: only a WQE that waits (`[head, tail)`: the fast path executes a WR from
+/// the caller's list and stores nothing) needs its copy, so `wqes` and `inline` start empty and
+/// double, up to the depth, the first time more WQEs wait at once than they hold
+/// ([`SqState::make_room`]). An idle QP of a 256-WQE send queue then holds no WQE storage
+/// instead of 256 × 200 B of WQEs and 256 × `max_inline_data` bytes of inline arena (issue 28:
+/// memory per idle session); a QP keeps the storage of the most WQEs that ever waited at once.
 pub(crate) struct SqState {
+    /// Storage of the waiting WQEs, a ring indexed by position ([`SqState::slot`]): empty or a
+    /// power of two, at most `depth`.
     pub(crate) wqes: Box<[SendWqe]>,
+    /// The inline bytes of `wqes[i]` at `[i * max_inline_data, (i + 1) * max_inline_data)`.
     pub(crate) inline: Box<[u8]>,
+    /// The send queue's depth in WQEs (`max_send_wr`, a power of two).
+    pub(crate) depth: u64,
     pub(crate) head: u64,
     pub(crate) tail: u64,
     /// The retired count as last read (never ahead of the real one, nor of `head`).
     pub(crate) retired_seen: u64,
     pub(crate) link: Link,
     pub(crate) stall: Option<Stall>,
+}
+
+impl SqState {
+    /// The storage index of the waiting WQE at position `seq` (meaningful while `wqes` is not
+    /// empty, that is while a WQE waits).
+    #[inline(always)]
+    pub(crate) fn slot(&self, seq: u64) -> usize {
+        seq as usize & self.wqes.len().wrapping_sub(1)
+    }
+
+    /// Makes room in the storage for one more waiting WQE (the caller checked the depth, so
+    /// fewer than `depth` wait): doubles `wqes` and `inline` (from 4 WQEs, at most `depth`)
+    /// when every slot holds a waiting WQE ([`SqState::grow`]).
+    #[inline(always)]
+    pub(crate) fn make_room(&mut self, max_inline: usize) {
+        if (self.tail - self.head) as usize >= self.wqes.len() {
+            self.grow(max_inline);
+        }
+    }
+
+    /// Doubles the storage, moving the waiting WQEs to their slots in the new ring. Out of
+    /// line: a QP grows its storage at most log2(depth) times in its life.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, max_inline: usize) {
+        let waiting = (self.tail - self.head) as usize;
+        let len = self.wqes.len();
+        let new_len = (len * 2).max(4).min(self.depth as usize);
+        debug_assert!(waiting < new_len, "a post beyond the depth is refused before it is queued");
+        let mut wqes = vec![SendWqe::EMPTY; new_len].into_boxed_slice();
+        let mut inline = vec![0u8; new_len * max_inline].into_boxed_slice();
+        for seq in self.head..self.tail {
+            let (from, to) = (self.slot(seq), seq as usize & (new_len - 1));
+            wqes[to] = self.wqes[from];
+            if self.wqes[from].inline_len != NOT_INLINE {
+                let n = self.wqes[from].inline_len as usize;
+                inline[to * max_inline..to * max_inline + n]
+                    .copy_from_slice(&self.inline[from * max_inline..from * max_inline + n]);
+            }
+        }
+        super::stats::count_sq_storage(
+            self.storage_bytes_of(new_len, max_inline),
+            self.storage_bytes(max_inline),
+        );
+        self.wqes = wqes;
+        self.inline = inline;
+    }
+
+    /// Bytes of storage for `wqes` WQEs with `max_inline` inline bytes each.
+    fn storage_bytes_of(&self, wqes: usize, max_inline: usize) -> usize {
+        wqes * (std::mem::size_of::<SendWqe>() + max_inline)
+    }
+
+    /// Bytes of the storage held now.
+    pub(crate) fn storage_bytes(&self, max_inline: usize) -> usize {
+        self.storage_bytes_of(self.wqes.len(), max_inline)
+    }
+}
+
+impl SendWqe {
+    /// A placeholder for storage slots with no waiting WQE.
+    pub(crate) const EMPTY: SendWqe = SendWqe {
+        wr_id: 0,
+        op: SendOp::Send,
+        flags: SendFlags::EMPTY,
+        nsge: 0,
+        sges: [Sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE],
+        inline_len: NOT_INLINE,
+    };
 }
 
 /// What a peer's executor reads of this QP as a responder (read-mostly).
@@ -201,6 +283,10 @@ unsafe impl Send for QpCore {}
 
 impl Drop for QpCore {
     fn drop(&mut self) {
+        super::stats::count_sq_storage(
+            0,
+            self.sq.0.get_mut().storage_bytes(self.cap.max_inline_data as usize),
+        );
         self.host.arena.free(&self.host.seg, self.off, self.bytes);
     }
 }
@@ -372,6 +458,14 @@ impl SimQp {
     /// RNR timer (each retry counts; see [`super::SimStats::rnr_stalls`] for the whole process).
     pub fn rnr_stalls(&self) -> u64 {
         self.core.rnr_stalls.load(Ordering::Relaxed)
+    }
+
+    /// WQEs the send queue's storage holds room for now: 0 until WRs wait in the send queue (a
+    /// WR executed at once is never stored), then the most that ever waited at once rounded up
+    /// to a power of two (at least 4), at most [`QpCap::max_send_wr`], which stays what a post
+    /// is refused beyond. Each slot is about 200 bytes plus `max_inline_data`.
+    pub fn sq_storage_wqes(&self) -> usize {
+        self.core.with_sq(|st| st.wqes.len())
     }
 
     /// Access to the core for the fault-injection API.

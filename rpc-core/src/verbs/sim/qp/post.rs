@@ -15,8 +15,8 @@ impl SimQp {
     /// Appends `wr` to the send queue (copying inline data into the arena). Guard held.
     fn enqueue(&self, st: &mut SqState, wr: &SendWr<'_>) {
         let c = &*self.core;
-        let mask = st.wqes.len() - 1;
-        let idx = st.tail as usize & mask;
+        st.make_room(c.cap.max_inline_data as usize);
+        let idx = st.slot(st.tail);
         let mut wqe = SendWqe {
             wr_id: wr.wr_id,
             op: wr.op,
@@ -103,7 +103,7 @@ impl SimQp {
     ) -> std::result::Result<(), Box<VerbsError>> {
         let c = &*self.core;
         rules::check_send_wr(index, wr, lim).map_err(Box::new)?;
-        let depth = st.wqes.len() as u64;
+        let depth = st.depth;
         if let Some(outstanding) = self.sq_full(st, depth) {
             return Err(sq_full_error(index, outstanding, depth));
         }

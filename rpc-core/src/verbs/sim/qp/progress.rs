@@ -77,7 +77,6 @@ impl QpCore {
     /// Executes queued WQEs in order until the queue is empty, a WQE stalls, or the QP fails.
     /// Returns `true` when the QP is waiting on a timer. Guard held.
     pub(crate) fn progress_locked(&self, st: &mut SqState) -> bool {
-        let mask = st.wqes.len() - 1;
         let max_inline = self.cap.max_inline_data as usize;
         while st.head != st.tail {
             if self.state_raw() == ST_ERR {
@@ -96,7 +95,7 @@ impl QpCore {
                 self.deadline.store(deadline, Ordering::Relaxed);
                 return true;
             }
-            let idx = st.head as usize & mask;
+            let idx = st.slot(st.head);
             let wqe = st.wqes[idx];
             let src = if wqe.inline_len == NOT_INLINE {
                 exec::Src::Sges(&wqe.sges[..wqe.nsge as usize])
