@@ -188,8 +188,7 @@ pub(crate) struct Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         for d in &self.dispatchers {
-            d.stop.store(true, Ordering::Release);
-            d.wake();
+            d.close();
         }
     }
 }
@@ -288,7 +287,7 @@ impl Channel {
                 client: config.client.clone(),
                 queue_depth: config.queue_depth,
                 core_id: (!config.core_ids.is_empty()).then(|| config.core_ids[i % config.core_ids.len()]),
-                name: format!("{}-{i}", config.thread_name),
+                name: config.thread_name.clone(),
                 spins: config.spins,
                 poll_spin: config.poll_spin,
                 watch: watch.clone(),
