@@ -36,6 +36,13 @@ fn threads_named(name: &str) -> usize {
         .count()
 }
 
+/// The threads named `name` once there is one (a thread takes its name once it runs: one just
+/// started may not have yet).
+fn running(name: &str) -> usize {
+    eventually(&format!("a thread named {name}"), || threads_named(name) > 0);
+    threads_named(name)
+}
+
 /// Waits (up to [`WAIT`], a hang guard) until `cond` holds, then asserts it, saying `what`.
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let until = Instant::now() + WAIT;
@@ -81,7 +88,7 @@ fn a_balanced_channel_over_20_servers_runs_on_one_thread_per_core() {
     }
     assert!(s.iter().all(|h| h.counters().sessions_opened == 2), "each server has two sessions");
     assert_eq!(
-        names.map(threads_named),
+        names.map(running),
         [1, 1],
         "40 sessions on 20 servers run on one dispatcher thread per core"
     );
@@ -107,7 +114,7 @@ fn channels_to_different_servers_share_the_thread_and_it_ends_with_the_last() {
     }
     // (A worker publishes its counters when idle.)
     eventually("each server counting its channel's calls", || s.iter().all(|h| h.counters().rpcs >= 20));
-    assert_eq!(threads_named("shr-many"), 1, "three channels' sessions on one thread");
+    assert_eq!(running("shr-many"), 1, "three channels' sessions on one thread");
     drop(chans);
     eventually("the thread ending with its last session", || threads_named("shr-many") == 0);
 }
@@ -134,7 +141,7 @@ fn a_slow_and_a_broken_session_do_not_stop_the_others_on_the_thread() {
     for (i, ch) in idle.iter().chain([&slow, &broken]).enumerate() {
         echo_checked(ch, i as u64);
     }
-    assert_eq!(threads_named("shr-iso"), 1, "five channels on one thread");
+    assert_eq!(running("shr-iso"), 1, "five channels on one thread");
     // The slow session: a call the server holds, its task waiting, so the thread drives that
     // session all along; the broken one: its server killed.
     let mut held = slow.unary::<EchoMsg, EchoMsg>(STASH, request(7, 4, 0), &CallOptions::default());
