@@ -125,6 +125,37 @@ fn poll_once<F: Future + Unpin>(call: &mut F) -> bool {
     std::pin::Pin::new(call).poll(&mut cx).is_ready()
 }
 
+/// Wakes a parked test thread.
+struct Unpark(std::thread::Thread, std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.unpark();
+    }
+}
+
+/// An echo call whose task polls it once and then sleeps until woken (up to [`WAIT`], a hang
+/// guard): a call that only the dispatcher thread can finish.
+fn echo_woken(ch: &Channel, seq: u64) {
+    let mut call = ch.unary::<EchoMsg, EchoMsg>(ECHO, request(seq, 8, 8), &CallOptions::default());
+    let unpark = std::sync::Arc::new(Unpark(std::thread::current(), Default::default()));
+    let waker = Waker::from(unpark.clone());
+    let mut cx = Context::from_waker(&waker);
+    let until = Instant::now() + WAIT;
+    loop {
+        if let std::task::Poll::Ready(r) = std::pin::Pin::new(&mut call).poll(&mut cx) {
+            let r = r.unwrap_or_else(|e| panic!("call {seq}: {e}"));
+            check_reply(&r, seq, 8);
+            return;
+        }
+        while !unpark.1.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            assert!(Instant::now() < until, "call {seq}: its task was never woken");
+            std::thread::park_timeout(Duration::from_millis(100));
+        }
+    }
+}
+
 #[test]
 fn a_slow_and_a_broken_session_do_not_stop_the_others_on_the_thread() {
     // Servers that close a session whose client misses their probes for 600 ms.
@@ -161,10 +192,12 @@ fn a_slow_and_a_broken_session_do_not_stop_the_others_on_the_thread() {
             echo_checked(ch, (i as u64) << 32 | 1000 + seq);
         }
     }
-    // Dropping one channel (the broken one) leaves the others working.
+    // Dropping one channel (the broken one) leaves the others working, the thread too (a call
+    // whose task sleeps is finished by it).
     drop(broken);
     for (i, ch) in idle.iter().enumerate() {
         echo_checked(ch, (i as u64) << 32 | 2000);
+        echo_woken(ch, (i as u64) << 32 | 2001);
     }
     assert!(!poll_once(&mut held), "the held call answered before its responder did");
     stash.lock().unwrap().pop().unwrap().send(Ok(EchoMsg { seq: 7, ..Default::default() }));
