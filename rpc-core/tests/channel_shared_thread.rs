@@ -87,11 +87,7 @@ fn a_balanced_channel_over_20_servers_runs_on_one_thread_per_core() {
         echo_checked(&ch, seq);
     }
     assert!(s.iter().all(|h| h.counters().sessions_opened == 2), "each server has two sessions");
-    assert_eq!(
-        names.map(running),
-        [1, 1],
-        "40 sessions on 20 servers run on one dispatcher thread per core"
-    );
+    assert_eq!(names.map(running), [1, 1], "40 sessions on 20 servers run on one dispatcher thread per core");
     assert_eq!(threads_named("bal20"), 0, "no unpinned dispatcher thread");
     drop(ch);
     eventually("the dispatcher threads ending with their last session", || {
@@ -109,7 +105,7 @@ fn channels_to_different_servers_share_the_thread_and_it_ends_with_the_last() {
         .collect();
     for (i, ch) in chans.iter().enumerate() {
         for seq in 0..20 {
-            echo_checked(ch, (i as u64) << 32 | seq);
+            echo_checked(ch, ((i as u64) << 32) | seq);
         }
     }
     // (A worker publishes its counters when idle.)
@@ -189,15 +185,15 @@ fn a_slow_and_a_broken_session_do_not_stop_the_others_on_the_thread() {
     }
     for (i, ch) in idle.iter().enumerate() {
         for seq in 0..10 {
-            echo_checked(ch, (i as u64) << 32 | 1000 + seq);
+            echo_checked(ch, ((i as u64) << 32) | (1000 + seq));
         }
     }
     // Dropping one channel (the broken one) leaves the others working, the thread too (a call
     // whose task sleeps is finished by it).
     drop(broken);
     for (i, ch) in idle.iter().enumerate() {
-        echo_checked(ch, (i as u64) << 32 | 2000);
-        echo_woken(ch, (i as u64) << 32 | 2001);
+        echo_checked(ch, ((i as u64) << 32) | 2000);
+        echo_woken(ch, ((i as u64) << 32) | 2001);
     }
     assert!(!poll_once(&mut held), "the held call answered before its responder did");
     stash.lock().unwrap().pop().unwrap().send(Ok(EchoMsg { seq: 7, ..Default::default() }));

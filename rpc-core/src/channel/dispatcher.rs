@@ -1,8 +1,10 @@
-//! A dispatcher: one client session (its QP, CQ, SRQ and rings) behind a lock that is only ever
-//! tried, a bounded lock-free queue of calls, and one thread that drives the session when no
-//! caller does.
+//! Dispatchers: each a client session (its QP, CQ, SRQ and rings) behind a lock that is only
+//! ever tried, with a bounded lock-free queue of calls; one dispatcher thread per core (per
+//! entry of `ChannelConfig::core_ids`, one for the unpinned sessions, and per
+//! `ChannelConfig::thread_name`) carries every session placed there, of every channel, and
+//! drives a session when no caller does.
 //!
-//! Whoever holds the session drives it ([`Driver::step`]): takes queued calls while the session
+//! Whoever holds a session drives it ([`Driver::step`]): takes queued calls while the session
 //! has slots (each request is encoded straight into the session's registered memory) → one
 //! doorbell for the batch (and for calls their callers started at once, [`Inner::start_now`])
 //! → polls the CQ → hands finished calls to their tasks → releases cancelled ones. A caller's
@@ -12,21 +14,44 @@
 //! now, or queued to run since an earlier wake), or its own call is
 //! done (its task goes on and polls its next call): the session is "owed" to them, they drive it
 //! when polled. Otherwise it hands the session to the dispatcher thread
-//! ([`Inner::want_driver`]: a flag and, when the thread sleeps, an unpark).
+//! ([`Inner::want_driver`]: the session's flag, its thread's flag and, when the thread sleeps,
+//! an unpark). All of this is per session: the flags (`wanted`, `owed`, `contended`), the
+//! counts (`waiters`, `in_flight`, `passive`) and the lock live in the session's [`Inner`];
+//! the thread's [`Hub`] adds one flag that says "look at your sessions' flags", and the park.
 //!
-//! The dispatcher thread drives only for tasks that wait (their poll returned `Pending`,
-//! counted in [`Inner::waiters`]), for streams (whose futures never drive), and for messages the
-//! session still has to post once no call is in flight (a dropped call's Cancel that follows
-//! the last piece of its request, or found no send buffer: no task will poll for it): with
-//! none of these, every call in flight belongs to a running task that drives it when it polls.
-//! It sleeps until a driver leaves work to it; while calls are in flight it looks every
-//! [`WATCH`] (spacing out to [`WATCH_MAX`] while callers keep driving) and takes over when
-//! waiting tasks exist and no caller drove since its last look (a task that did not come back).
-//! Driving, it steps while it is needed and no caller wants the session (a caller that
-//! found it held makes it let go); with nothing to do it spins (`spins` empty loops), then waits
-//! per the polling policy (`Event`: arms the CQ, lets the session go and blocks on its
-//! completion channel, at most 1 ms at a time; a caller's poll meanwhile drives the session
-//! itself). Once it has finished calls it leaves the session to their tasks and sleeps again.
+//! The dispatcher thread drives a session only for tasks that wait (their poll returned
+//! `Pending`, counted in [`Inner::waiters`]), for streams (whose futures never drive the
+//! session), and for messages the session still has to post once no call is in flight (a
+//! dropped call's Cancel that follows the last piece of its request, or found no send buffer:
+//! no task will poll for it): with none of these, every call in flight belongs to a running task
+//! that drives it when it polls. It sleeps until a driver leaves work to it; while a session has
+//! calls in flight it looks at it every [`WATCH`] (spacing out to [`WATCH_MAX`] while callers
+//! keep driving) and takes over when waiting tasks exist and no caller drove since its last
+//! look (a task that did not come back); idle sessions get a look every [`PARK`], all in one
+//! round (one wake-up for any number of them), which answers the server's Pings
+//! ([`FLAG_IDLE_PONGS`]) and tells a balanced channel's watcher of a broken session.
+//!
+//! Many sessions on one thread, fairly: a round of the thread steps each session it drives once
+//! (a busy session does not hold up the others), and between rounds the looks of the sessions it
+//! does not drive go on (a session driven for a task that waits on a slow server, or one that
+//! broke, keeps nobody else's Pings unanswered). Nothing on the thread blocks for one session:
+//! the TCP connect and handshake of a new session, and the redial of a broken one
+//! ([`Driver::redial`]), run on a short-lived thread of their own, which hands the session
+//! (back) to the dispatcher thread. A session whose channel is dropped has its calls ended and
+//! is closed by the thread ([`Inner::close`]); the thread ends when it carries none ([`Hub`]).
+//!
+//! Waiting for completions: driving, the thread spins (the most `spins` of the sessions it
+//! drives, yielding every [`YIELD_EVERY`] empty rounds), then waits per the most eager polling
+//! policy among them (`Busy` spins, `SpinThenYield` yields, `Event` waits). An event wait
+//! cannot block on several CQs at once (each session has its own CQ and completion channel),
+//! so: driving exactly one session, the thread arms its CQ, lets the session go and blocks on
+//! its completion channel (a completion wakes it at once), for at most 1 ms when it is the
+//! thread's only session (as a thread of its own did) and [`SHARED_WAIT`] (200 µs) when it
+//! carries others (their handoffs and looks wait at most that); driving several, it parks for
+//! at most [`SHARED_WAIT`] (a handoff unparks it at once; completions of the sessions it drives
+//! are seen at the end of the park). A completion channel shared by the CQs of a thread's
+//! sessions (libibverbs allows one `ibv_comp_channel` for many CQs) would let it block on all
+//! of them; not done yet.
 //!
 //! Threads that spin, on the benchmark's 2 cores with a current-thread runtime: the server's
 //! worker (one core) and the runtime's thread, whose calls' polls drive the session (at most
@@ -107,8 +132,8 @@ impl AnyCore {
 
     /// Connects a dispatcher's session on `endpoint` (the device context and PD it shares with
     /// the other sessions of its core). Its handshake says the client answers Pings while idle
-    /// ([`FLAG_IDLE_PONGS`]): the dispatcher thread looks at an idle session at every park
-    /// ([`Dispatcher::idle_look`]), so the server may probe it and find a stopped process.
+    /// ([`FLAG_IDLE_PONGS`]): the dispatcher thread looks at an idle session every [`PARK`]
+    /// ([`idle_look`]), so the server may probe it and find a stopped process.
     fn connect(addr: impl ToSocketAddrs, cfg: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCore, Status> {
         Ok(match endpoint.nic() {
             AnyNic::Sim(nic) => AnyCore::Sim(Box::new(ClientCore::connect(addr, cfg, nic, FLAG_IDLE_PONGS)?)),
