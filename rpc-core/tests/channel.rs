@@ -15,25 +15,8 @@ use std::time::{Duration, Instant};
 use rpc_core::{CallOptions, Channel, ChannelConfig, Code, PollingPolicy};
 use rpc_support::*;
 
-/// Dispatchers spin a little, then sleep on completion events (tests share two cores).
-fn channel_config(name: &str) -> ChannelConfig {
-    ChannelConfig::default()
-        .client(client_config().polling(PollingPolicy::Event { spins: 0 }))
-        .spins(500)
-        .thread_name(name)
-}
-
 fn runtime(threads: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().unwrap()
-}
-
-/// Names of this process's threads.
-fn thread_names() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
-        .map(|s| s.trim().to_owned())
-        .collect()
 }
 
 /// Waits (up to [`WAIT`], a hang guard) until `cond` holds; false if it never did (every caller

@@ -16,25 +16,8 @@ use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use rpc_core::balance::{BalanceConfig, Policy, StaticResolver};
-use rpc_core::{CallOptions, Channel, ChannelConfig, Code, PollingPolicy, ServerHandle};
+use rpc_core::{CallOptions, Channel, Code, ServerHandle};
 use rpc_support::*;
-
-/// Dispatchers spin a little, then sleep on completion events (tests share two cores).
-fn channel_config(name: &str) -> ChannelConfig {
-    ChannelConfig::default()
-        .client(client_config().polling(PollingPolicy::Event { spins: 0 }))
-        .spins(500)
-        .thread_name(name)
-}
-
-/// This process's threads named exactly `name`.
-fn threads_named(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
-        .filter(|s| s.trim() == name)
-        .count()
-}
 
 /// The threads named `name` once there is one (a thread takes its name once it runs: one just
 /// started may not have yet).
