@@ -139,19 +139,19 @@ fn channels(busy: &ServerHandle, others: &[ServerHandle], iters: usize, load: &s
         .iter()
         .map(|s| {
             let ch = Channel::connect_blocking(s.local_addr(), &small).expect("connect an idle channel");
-            let _r: Body32 = rt.block_on(ch.unary(ECHO, &req, &opts)).expect("a call");
+            let _r: Body32 = rt.block_on(ch.unary::<Body32, Body32>(ECHO, &req, &opts)).expect("a call");
             ch
         })
         .collect();
     let ch = Channel::connect_blocking(busy.local_addr(), &ChannelConfig::default()).expect("connect");
     let t = rt.block_on(async {
         for _ in 0..2_000 {
-            let _r: Body32 = ch.unary(ECHO, &req, &opts).await.unwrap();
+            let _r: Body32 = ch.unary::<Body32, Body32>(ECHO, &req, &opts).await.unwrap();
         }
         let mut t = Vec::with_capacity(iters);
         for _ in 0..iters {
             let s = Instant::now();
-            let _r: Body32 = ch.unary(ECHO, &req, &opts).await.unwrap();
+            let _r: Body32 = ch.unary::<Body32, Body32>(ECHO, &req, &opts).await.unwrap();
             t.push(s.elapsed());
         }
         t
