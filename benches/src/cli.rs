@@ -110,7 +110,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub rt_threads: u32,
 
-    /// chan_lat / chan_bw: the channel's dispatcher threads (one session each).
+    /// chan_lat / chan_bw: the channel's dispatchers (one session each; unpinned, so all on the
+    /// process's one unpinned dispatcher thread).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dispatchers: u32,
 

@@ -253,15 +253,6 @@ fn malformed_stream_batches_from_a_server_close_the_session() {
     assert_eq!(rpc_core::buffers::leaked_tokens(), 0);
 }
 
-/// Threads of this process named `name` (their `comm`).
-fn threads_named(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.trim_end() == name)
-        .count()
-}
-
 /// Waits (up to `d`) until no `rpc-reconnect` thread runs; whether none does.
 fn reconnect_threads_end_within(d: Duration) -> bool {
     let give_up = Instant::now() + d;

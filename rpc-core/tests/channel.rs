@@ -15,25 +15,8 @@ use std::time::{Duration, Instant};
 use rpc_core::{CallOptions, Channel, ChannelConfig, Code, PollingPolicy};
 use rpc_support::*;
 
-/// Dispatchers spin a little, then sleep on completion events (tests share two cores).
-fn channel_config(name: &str) -> ChannelConfig {
-    ChannelConfig::default()
-        .client(client_config().polling(PollingPolicy::Event { spins: 0 }))
-        .spins(500)
-        .thread_name(name)
-}
-
 fn runtime(threads: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().unwrap()
-}
-
-/// Names of this process's threads.
-fn thread_names() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
-        .map(|s| s.trim().to_owned())
-        .collect()
 }
 
 /// Waits (up to [`WAIT`], a hang guard) until `cond` holds; false if it never did (every caller
@@ -537,8 +520,11 @@ fn a_dispatcher_waiting_for_a_completion_event_leaves_the_session_to_callers() {
 /// "1" or "0-1"); `None` when no thread has that name.
 fn allowed_cpus(name: &str) -> Option<String> {
     for e in std::fs::read_dir("/proc/self/task").ok()? {
-        let p = e.ok()?.path();
-        if std::fs::read_to_string(p.join("comm")).ok()?.trim() == name {
+        // (A thread that ended meanwhile, such as one that connected a session, is skipped.)
+        let Ok(e) = e else { continue };
+        let p = e.path();
+        let Ok(comm) = std::fs::read_to_string(p.join("comm")) else { continue };
+        if comm.trim() == name {
             let status = std::fs::read_to_string(p.join("status")).ok()?;
             let line = status.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
             return Some(line["Cpus_allowed_list:".len()..].trim().to_owned());
@@ -547,9 +533,10 @@ fn allowed_cpus(name: &str) -> Option<String> {
     None
 }
 
-/// `ChannelConfig::core_ids` pins dispatcher `i` to `core_ids[i % len]` (what the kernel lets
-/// each dispatcher thread run on is that core alone), and an unpinned channel's dispatcher keeps
-/// every CPU of the process; calls go through the pinned dispatchers.
+/// `ChannelConfig::core_ids` puts dispatcher `i`'s session on the thread of core
+/// `core_ids[i % len]` (what the kernel lets each dispatcher thread run on is that core alone),
+/// and an unpinned channel's dispatcher thread keeps every CPU of the process; calls go through
+/// the pinned dispatchers.
 #[test]
 fn dispatchers_run_pinned_to_the_configured_cores() {
     let cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -562,16 +549,27 @@ fn dispatchers_run_pinned_to_the_configured_cores() {
     let pinned = channel_config("rpc-pin").dispatchers(3).core_ids(vec![b, a]);
     let ch = Channel::connect_blocking(server.local_addr(), &pinned).unwrap();
     let free = Channel::connect_blocking(server.local_addr(), &channel_config("rpc-free")).unwrap();
-    let cpus =
-        |name: &str| allowed_cpus(name).unwrap_or_else(|| panic!("no thread {name}: {:?}", thread_names()));
-    assert_eq!(cpus("rpc-pin-0"), b.to_string());
-    assert_eq!(cpus("rpc-pin-1"), a.to_string());
-    assert_eq!(cpus("rpc-pin-2"), b.to_string(), "dispatcher 2 wraps around to core_ids[0]");
+    // (A thread takes its name once it runs: a dispatcher thread just started may not have.)
+    let cpus = |name: &str| {
+        assert!(eventually(|| allowed_cpus(name).is_some()), "no thread {name}: {:?}", thread_names());
+        allowed_cpus(name).unwrap()
+    };
+    // One dispatcher thread per core, `NAME-K` on core K (dispatcher 2 wraps around to
+    // core_ids[0]: its session is on the thread of core b, with dispatcher 0's).
+    assert_eq!(cpus(&format!("rpc-pin-{b}")), b.to_string());
+    assert_eq!(cpus(&format!("rpc-pin-{a}")), a.to_string());
+    let named = |name: String| thread_names().iter().filter(|n| **n == name).count();
+    assert_eq!(
+        [named(format!("rpc-pin-{b}")), named(format!("rpc-pin-{a}"))],
+        [1, 1],
+        "three sessions on two cores: two threads: {:?}",
+        thread_names()
+    );
     let all = std::fs::read_to_string("/proc/self/status").unwrap();
     let all = all.lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap()
         ["Cpus_allowed_list:".len()..]
         .trim();
-    assert_eq!(cpus("rpc-free-0"), all, "an unpinned dispatcher keeps the process's CPUs");
+    assert_eq!(cpus("rpc-free"), all, "an unpinned dispatcher keeps the process's CPUs");
     let rt = runtime(2);
     rt.block_on(async {
         for i in 0..30u64 {

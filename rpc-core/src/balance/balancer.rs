@@ -361,9 +361,9 @@ impl Server {
             h.generation.fetch_add(1, Ordering::AcqRel) + 1
         };
         let hook: Arc<dyn Watch> = Arc::new(Hook { health: h.clone(), generation: gen });
-        let mut channel_config = config.channel.clone();
-        channel_config.thread_name = format!("{}-{}", config.channel.thread_name, h.addr.port());
-        match Channel::start(h.addr, &channel_config, Some(hook)) {
+        // On the dispatcher threads of `config.channel` (one per core), with every other
+        // server's session.
+        match Channel::start(h.addr, &config.channel, Some(hook)) {
             Ok((channel, pending)) => {
                 let task = config.health_check.as_ref().map(|service| {
                     crate::server::async_service::shared_runtime()

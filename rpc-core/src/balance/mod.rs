@@ -77,7 +77,8 @@ pub const RESOLVE_WAIT: Duration = Duration::from_millis(200);
 #[derive(Clone, Debug)]
 pub struct BalanceConfig {
     /// Each server's channel (dispatchers, sessions, queue...). Default
-    /// `ChannelConfig::default()`; its `thread_name` gets the server's port appended.
+    /// `ChannelConfig::default()`. Every server's sessions run on the same dispatcher threads,
+    /// one per core of its `core_ids` (see `ChannelConfig::thread_name`).
     pub channel: ChannelConfig,
     /// How a server is picked. Default [`Policy::RoundRobin`].
     pub policy: Policy,

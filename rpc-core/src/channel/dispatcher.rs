@@ -1,8 +1,10 @@
-//! A dispatcher: one client session (its QP, CQ, SRQ and rings) behind a lock that is only ever
-//! tried, a bounded lock-free queue of calls, and one thread that drives the session when no
-//! caller does.
+//! Dispatchers: each a client session (its QP, CQ, SRQ and rings) behind a lock that is only
+//! ever tried, with a bounded lock-free queue of calls; one dispatcher thread per core (per
+//! entry of `ChannelConfig::core_ids`, one for the unpinned sessions, and per
+//! `ChannelConfig::thread_name`) carries every session placed there, of every channel, and
+//! drives a session when no caller does.
 //!
-//! Whoever holds the session drives it ([`Driver::step`]): takes queued calls while the session
+//! Whoever holds a session drives it ([`Driver::step`]): takes queued calls while the session
 //! has slots (each request is encoded straight into the session's registered memory) → one
 //! doorbell for the batch (and for calls their callers started at once, [`Inner::start_now`])
 //! → polls the CQ → hands finished calls to their tasks → releases cancelled ones. A caller's
@@ -12,21 +14,44 @@
 //! now, or queued to run since an earlier wake), or its own call is
 //! done (its task goes on and polls its next call): the session is "owed" to them, they drive it
 //! when polled. Otherwise it hands the session to the dispatcher thread
-//! ([`Inner::want_driver`]: a flag and, when the thread sleeps, an unpark).
+//! ([`Inner::want_driver`]: the session's flag, its thread's flag and, when the thread sleeps,
+//! an unpark). All of this is per session: the flags (`wanted`, `owed`, `contended`), the
+//! counts (`waiters`, `in_flight`, `passive`) and the lock live in the session's [`Inner`];
+//! the thread's [`Hub`] adds one flag that says "look at your sessions' flags", and the park.
 //!
-//! The dispatcher thread drives only for tasks that wait (their poll returned `Pending`,
-//! counted in [`Inner::waiters`]), for streams (whose futures never drive), and for messages the
-//! session still has to post once no call is in flight (a dropped call's Cancel that follows
-//! the last piece of its request, or found no send buffer: no task will poll for it): with
-//! none of these, every call in flight belongs to a running task that drives it when it polls.
-//! It sleeps until a driver leaves work to it; while calls are in flight it looks every
-//! [`WATCH`] (spacing out to [`WATCH_MAX`] while callers keep driving) and takes over when
-//! waiting tasks exist and no caller drove since its last look (a task that did not come back).
-//! Driving, it steps while it is needed and no caller wants the session (a caller that
-//! found it held makes it let go); with nothing to do it spins (`spins` empty loops), then waits
-//! per the polling policy (`Event`: arms the CQ, lets the session go and blocks on its
-//! completion channel, at most 1 ms at a time; a caller's poll meanwhile drives the session
-//! itself). Once it has finished calls it leaves the session to their tasks and sleeps again.
+//! The dispatcher thread drives a session only for tasks that wait (their poll returned
+//! `Pending`, counted in [`Inner::waiters`]), for streams (whose futures never drive the
+//! session), and for messages the session still has to post once no call is in flight (a
+//! dropped call's Cancel that follows the last piece of its request, or found no send buffer:
+//! no task will poll for it): with none of these, every call in flight belongs to a running task
+//! that drives it when it polls. It sleeps until a driver leaves work to it; while a session has
+//! calls in flight it looks at it every [`WATCH`] (spacing out to [`WATCH_MAX`] while callers
+//! keep driving) and takes over when waiting tasks exist and no caller drove since its last
+//! look (a task that did not come back); idle sessions get a look every [`PARK`], all in one
+//! round (one wake-up for any number of them), which answers the server's Pings
+//! ([`FLAG_IDLE_PONGS`]) and tells a balanced channel's watcher of a broken session.
+//!
+//! Many sessions on one thread, fairly: a round of the thread steps each session it drives once
+//! (a busy session does not hold up the others), and between rounds the looks of the sessions it
+//! does not drive go on (a session driven for a task that waits on a slow server, or one that
+//! broke, keeps nobody else's Pings unanswered). Nothing on the thread blocks for one session:
+//! the TCP connect and handshake of a new session, and the redial of a broken one
+//! ([`Driver::redial`]), run on a short-lived thread of their own, which hands the session
+//! (back) to the dispatcher thread. A session whose channel is dropped has its calls ended and
+//! is closed by the thread ([`Inner::close`]); the thread ends when it carries none ([`Hub`]).
+//!
+//! Waiting for completions: driving, the thread spins (the most `spins` of the sessions it
+//! drives, yielding every [`YIELD_EVERY`] empty rounds), then waits per the most eager polling
+//! policy among them (`Busy` spins, `SpinThenYield` yields, `Event` waits). An event wait
+//! cannot block on several CQs at once (each session has its own CQ and completion channel),
+//! so: driving exactly one session, the thread arms its CQ, lets the session go and blocks on
+//! its completion channel (a completion wakes it at once), for at most 1 ms when it is the
+//! thread's only session (as a thread of its own did) and [`SHARED_WAIT`] (200 µs) when it
+//! carries others (their handoffs and looks wait at most that); driving several, it parks for
+//! at most [`SHARED_WAIT`] (a handoff unparks it at once; completions of the sessions it drives
+//! are seen at the end of the park). A completion channel shared by the CQs of a thread's
+//! sessions (libibverbs allows one `ibv_comp_channel` for many CQs) would let it block on all
+//! of them; not done yet.
 //!
 //! Threads that spin, on the benchmark's 2 cores with a current-thread runtime: the server's
 //! worker (one core) and the runtime's thread, whose calls' polls drive the session (at most
@@ -107,10 +132,10 @@ impl AnyCore {
 
     /// Connects a dispatcher's session on `endpoint` (the device context and PD it shares with
     /// the other sessions of its core). Its handshake says the client answers Pings while idle
-    /// ([`FLAG_IDLE_PONGS`]): the dispatcher thread looks at an idle session at every park
-    /// ([`Dispatcher::idle_look`]), so the server may probe it and find a stopped process. With
-    /// `ClientConfig::same_host_shm` to a server on this host, on the same-host path (this
-    /// thread's software-NIC endpoint) when the server takes it.
+    /// ([`FLAG_IDLE_PONGS`]): the dispatcher thread looks at an idle session every [`PARK`]
+    /// ([`idle_look`]), so the server may probe it and find a stopped process. With
+    /// `ClientConfig::same_host_shm` to a server on this host, on the same-host path (the
+    /// connecting thread's software-NIC endpoint) when the server takes it.
     fn connect(addrs: &[SocketAddr], cfg: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCore, Status> {
         #[cfg(feature = "ibverbs")]
         if let Some(core) = crate::client::same_host(addrs, cfg, endpoint, FLAG_IDLE_PONGS) {
@@ -140,14 +165,18 @@ pub(crate) struct Inner {
     /// go after its step (the caller drives; two threads spinning on one session would share a
     /// core on a small machine).
     contended: AtomicBool,
-    /// The dispatcher thread is parked: whoever wants it unparks it.
-    sleeping: AtomicBool,
-    /// Someone left work for the dispatcher thread (checked by it before it parks).
+    /// Someone left work for the dispatcher thread, or the channel is gone (with [`Hub::wanted`],
+    /// which the thread checks before it parks).
     wanted: AtomicBool,
     /// A driver left calls in flight having woken other tasks: the next poll of any call drives
     /// the session (or hands it to the dispatcher thread).
     owed: AtomicBool,
-    thread: OnceLock<Thread>,
+    /// The dispatcher thread carrying the session, once connected.
+    hub: OnceLock<Arc<Hub>>,
+    /// `ChannelConfig::spins` and `ClientConfig::polling` of the session's channel: how its
+    /// dispatcher thread waits when it drives it and nothing comes.
+    spins: u32,
+    policy: PollingPolicy,
     /// Bumped by a task that changed one of its calls for the driver to act on (a dropped
     /// future or stream half, a stream message queued or taken, a stream finished): a driver
     /// looks at every call in flight only when it moved (or its deadline look is due).
@@ -178,6 +207,8 @@ pub(crate) struct Inner {
     /// the dispatcher thread reconnects ([`Driver::redial`]; a connect blocks, so never on a
     /// caller's thread).
     redial_wanted: AtomicBool,
+    /// A thread reconnects the session now ([`spawn_redial`]).
+    redialing: AtomicBool,
     /// Reconnect attempts made (successful or not).
     pub(crate) reconnect_attempts: AtomicU64,
     /// The first connect failed (the thread is gone): calls queued meanwhile end with this
@@ -293,14 +324,32 @@ impl Inner {
         }
     }
 
-    /// Unparks the dispatcher thread when it sleeps.
-    pub(crate) fn wake(&self) {
-        if self.sleeping.load(Ordering::SeqCst) {
-            if let Some(t) = self.thread.get() {
+    /// The first connect failed (or found no dispatcher thread): calls queued meanwhile (a
+    /// balanced channel's), and any that come later, end with `status`.
+    #[cold]
+    fn connect_failed(&self, status: Status, connected: &Completion<Result<(), Status>>) {
+        let _ = self.failed.set(status.clone());
+        fail_queued(self, &status);
+        connected.complete(Err(status));
+    }
+
+    /// Tells the dispatcher thread to look at the session's flags (unparks it when it sleeps).
+    /// Before the session joined its thread, nothing: the thread looks at a session as it
+    /// joins.
+    fn wake(&self) {
+        if let Some(hub) = self.hub.get() {
+            if hub.poke() {
                 bump(&self.stats.unparks, 1);
-                t.unpark();
             }
         }
+    }
+
+    /// The channel is gone: the dispatcher thread ends the session's calls, closes it and
+    /// forgets it.
+    pub(crate) fn close(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wanted.store(true, Ordering::SeqCst);
+        self.wake();
     }
 
     /// Hands the session to the dispatcher thread: work is left and no caller will drive it.
@@ -479,12 +528,14 @@ fn wake_all(mut batch: Vec<Waker>) {
     });
 }
 
-/// How a dispatcher thread is set up.
+/// How a dispatcher's session is set up.
 pub(crate) struct Setup<A> {
     pub(crate) addr: A,
     pub(crate) client: ClientConfig,
     pub(crate) queue_depth: usize,
     pub(crate) core_id: Option<usize>,
+    /// The dispatcher thread that carries the session: the one of this name on `core_id` (see
+    /// [`Hub`]).
     pub(crate) name: String,
     pub(crate) spins: u32,
     pub(crate) poll_spin: Duration,
@@ -492,10 +543,23 @@ pub(crate) struct Setup<A> {
     pub(crate) watch: Option<Arc<dyn super::Watch>>,
 }
 
-/// Starts a dispatcher thread, which connects its session; `connected` gets the outcome.
+/// Pins the calling thread to `core` (`None`: leaves it unpinned).
+fn pin(core: Option<usize>) {
+    if let Some(id) = core {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+            tracing::warn!(core = id, "dispatcher: could not pin to the core");
+        }
+    }
+}
+
+/// Starts a dispatcher's session: a short-lived thread (pinned as the dispatcher thread is)
+/// resolves the address, connects and hands the session to the dispatcher thread of its core
+/// ([`Hub::join`], which starts that thread if it is not running); `connected` gets the outcome.
+/// A connect blocks (TCP, handshake), so it never runs on the dispatcher thread, where it would
+/// hold up every other session there.
 ///
 /// # Errors
-/// UNAVAILABLE when the thread cannot be spawned.
+/// UNAVAILABLE when the connecting thread cannot be spawned.
 pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
     setup: Setup<A>,
     connected: Arc<Completion<Result<(), Status>>>,
@@ -505,10 +569,11 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         session: Mutex::new(None),
         stop: AtomicBool::new(false),
         contended: AtomicBool::new(false),
-        sleeping: AtomicBool::new(false),
         wanted: AtomicBool::new(false),
         owed: AtomicBool::new(false),
-        thread: OnceLock::new(),
+        hub: OnceLock::new(),
+        spins: setup.spins,
+        policy: setup.client.polling,
         changes: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         waiters: AtomicUsize::new(0),
@@ -520,6 +585,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
         started_by_thread: AtomicU64::new(0),
         stats: Stats::default(),
         redial_wanted: AtomicBool::new(false),
+        redialing: AtomicBool::new(false),
         reconnect_attempts: AtomicU64::new(0),
         failed: OnceLock::new(),
         watch: setup.watch.clone(),
@@ -529,13 +595,9 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
     });
     let shared = inner.clone();
     let handle = std::thread::Builder::new()
-        .name(setup.name.clone())
+        .name(format!("{}-connect", setup.name))
         .spawn(move || {
-            if let Some(id) = setup.core_id {
-                if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
-                    tracing::warn!(core = id, "dispatcher: could not pin to the core");
-                }
-            }
+            pin(setup.core_id);
             let first = BackoffParams::from_config(&setup.client).and_then(|params| {
                 let addrs: Vec<SocketAddr> = setup
                     .addr
@@ -543,20 +605,13 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                     .map_err(|e| Status::unavailable(format!("resolving the server address: {e}")))?
                     .collect();
                 // The endpoint of this dispatcher's core, shared with every other Channel's
-                // dispatcher there: one device context per core, however many servers.
+                // sessions there: one device context per core, however many servers.
                 let endpoint = Endpoint::per_core(&setup.client.transport, setup.core_id)?;
                 Ok((AnyCore::connect(&addrs[..], &setup.client, &endpoint)?, addrs, params, endpoint))
             });
             let (core, addrs, params, endpoint) = match first {
                 Ok(c) => c,
-                Err(s) => {
-                    // Calls queued meanwhile (a balanced channel's), and any that come later,
-                    // end with it.
-                    let _ = shared.failed.set(s.clone());
-                    fail_queued(&shared, &s);
-                    connected.complete(Err(s));
-                    return;
-                }
+                Err(s) => return shared.connect_failed(s, &connected),
             };
             *shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(with_any_core!(&core, c => c.peer));
             let redial = Redial {
@@ -579,14 +634,18 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 looks: 0,
                 redial,
             });
+            if let Err(s) = Hub::join(setup.core_id, &setup.name, &shared) {
+                // No thread to carry the session: it closes, and calls end with why.
+                let d = shared.session.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(mut d) = d {
+                    with_any_core!(&mut d.core, c => c.close());
+                }
+                return shared.connect_failed(s, &connected);
+            }
             connected.complete(Ok(()));
-            drop(connected);
-            Dispatcher { inner: shared, spins: setup.spins, policy: setup.client.polling }.run();
         })
-        .map_err(|e| Status::unavailable(format!("spawning a dispatcher thread: {e}")))?;
-    let _ = inner.thread.set(handle.thread().clone());
-    // Detached: it ends by itself once every handle is dropped (joining could block a caller's
-    // executor thread).
+        .map_err(|e| Status::unavailable(format!("spawning a thread to connect: {e}")))?;
+    // Detached: it ends once the session is connected and handed over (or failed).
     drop(handle);
     Ok(inner)
 }
@@ -897,14 +956,7 @@ fn fail_queued(inner: &Inner, status: &Status) -> usize {
     n
 }
 
-/// The dispatcher thread.
-struct Dispatcher {
-    inner: Arc<Inner>,
-    spins: u32,
-    policy: PollingPolicy,
-}
-
-/// Empty steps between two yields of a dispatcher thread that spins (a few µs of spinning).
+/// Empty rounds between two yields of a dispatcher thread that spins (a few µs of spinning).
 /// While it spins, the tasks it drives for may already be woken (by a caller's drive) and wait
 /// for the core it holds: on two cores with a busy-polling server worker, the runtime's thread
 /// and this one share the other. At 1,024 (tens of µs, a scheduler slice under load) `rpc-perf
@@ -913,8 +965,9 @@ struct Dispatcher {
 /// alternating).
 const YIELD_EVERY: u32 = 16;
 
-/// Longest park (so a lost unpark, or a session left to tasks that were never polled, costs at
-/// most this).
+/// How often a dispatcher thread looks at its idle sessions (all of them in one round, so
+/// many idle sessions cost one wake-up per round, not one each), and its longest park (a lost
+/// unpark, or a session left to tasks that were never polled, costs at most this).
 const PARK: Duration = Duration::from_millis(50);
 
 /// How often the dispatcher thread first looks at a session with calls queued or in flight that
@@ -929,181 +982,559 @@ pub(crate) const WATCH: Duration = Duration::from_micros(200);
 /// `chan_bw -c 32 --tasks 8` about a tenth of its calls on two cores.
 const WATCH_MAX: Duration = Duration::from_micros(1600);
 
+/// The longest event wait of a dispatcher thread that carries more than one session: the most
+/// a handoff or a due look of another session waits while the thread blocks on one session's
+/// CQ, and the park of a thread that drives several sessions and found nothing to do (it
+/// cannot block on several CQs; an unpark ends the park at once).
+const SHARED_WAIT: Duration = WATCH;
+
+/// The dispatcher thread of one core (one for the unpinned sessions) and name: it carries every
+/// session placed there, of every channel, from [`Hub::join`] until the session's channel is
+/// dropped, and ends when it carries none.
+pub(crate) struct Hub {
+    core: Option<usize>,
+    name: String,
+    /// Some session wants the thread (its [`Inner::wanted`] says which, its [`Inner::stop`]
+    /// why), or one joined: looked at by the thread before it parks and after each round.
+    wanted: AtomicBool,
+    /// The thread is parked: whoever wants it unparks it.
+    sleeping: AtomicBool,
+    thread: OnceLock<Thread>,
+    /// Sessions that joined and that the thread has not taken yet.
+    joining: Mutex<Vec<Arc<Inner>>>,
+}
+
+/// The dispatcher threads running, by core and name.
+static HUBS: Mutex<Vec<Arc<Hub>>> = Mutex::new(Vec::new());
+
+impl Hub {
+    /// Hands a connected session to the dispatcher thread named `name` on `core` (`NAME-K` on
+    /// core K, `NAME` unpinned), starting that thread when it is not running.
+    ///
+    /// # Errors
+    /// UNAVAILABLE when the thread cannot be spawned.
+    fn join(core: Option<usize>, name: &str, inner: &Arc<Inner>) -> Result<(), Status> {
+        // Held until the session is in `joining`: a thread that found itself with no session
+        // retires under this lock, so it never retires with one about to join.
+        let mut hubs = HUBS.lock().unwrap_or_else(|e| e.into_inner());
+        let hub = match hubs.iter().find(|h| h.core == core && h.name == name) {
+            Some(h) => h.clone(),
+            None => {
+                let hub = Arc::new(Hub {
+                    core,
+                    name: name.to_owned(),
+                    wanted: AtomicBool::new(false),
+                    sleeping: AtomicBool::new(false),
+                    thread: OnceLock::new(),
+                    joining: Mutex::new(Vec::new()),
+                });
+                let thread_name = match core {
+                    Some(k) => format!("{name}-{k}"),
+                    None => name.to_owned(),
+                };
+                let mine = hub.clone();
+                let handle = std::thread::Builder::new()
+                    .name(thread_name)
+                    .spawn(move || {
+                        pin(core);
+                        Dispatcher::new(mine).run();
+                    })
+                    .map_err(|e| Status::unavailable(format!("spawning a dispatcher thread: {e}")))?;
+                let _ = hub.thread.set(handle.thread().clone());
+                // Detached: it ends by itself once it carries no session (joining could block
+                // a caller's executor thread).
+                drop(handle);
+                hubs.push(hub.clone());
+                hub
+            }
+        };
+        let _ = inner.hub.set(hub.clone());
+        hub.joining.lock().unwrap_or_else(|e| e.into_inner()).push(inner.clone());
+        hub.poke();
+        Ok(())
+    }
+
+    /// Tells the thread to look at its sessions' flags; unparks it when it sleeps (true then).
+    fn poke(&self) -> bool {
+        self.wanted.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Sleeps until poked (or `timeout` passes), unless poked meanwhile.
+    fn park(&self, timeout: Duration) {
+        self.sleeping.store(true, Ordering::SeqCst);
+        // A poke before the flag was visible did not unpark us: look once more.
+        if !self.wanted.load(Ordering::SeqCst) {
+            std::thread::park_timeout(timeout);
+        }
+        self.sleeping.store(false, Ordering::SeqCst);
+    }
+
+    /// The thread carries no session: it leaves the registry and ends, unless one is joining
+    /// (then false).
+    fn retire(self: &Arc<Self>) -> bool {
+        let mut hubs = HUBS.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.joining.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return false;
+        }
+        hubs.retain(|h| !Arc::ptr_eq(h, self));
+        true
+    }
+}
+
+/// A session on a dispatcher thread, and the thread's watch over it.
+struct Slot {
+    inner: Arc<Inner>,
+    /// Callers' drives counted at the last look while calls were in flight.
+    seen: Option<u64>,
+    /// The spacing of those looks ([`WATCH`] to [`WATCH_MAX`]).
+    watch: Duration,
+    /// When the thread looks at it next (while it does not drive it).
+    next: Instant,
+    /// Driven by the thread: the callers' drives counted when it began.
+    driving: Option<u64>,
+}
+
+/// A dispatcher thread: the sessions it carries and what it knows of them.
+struct Dispatcher {
+    hub: Arc<Hub>,
+    slots: Vec<Slot>,
+    /// Slots it drives.
+    driving: usize,
+    /// The earliest `next` of the slots it does not drive.
+    next_look: Instant,
+    /// When its idle sessions are looked at next (every [`PARK`], all in one round).
+    idle_round: Instant,
+    /// Rounds in a row in which no session it drives had work.
+    empty: u32,
+}
+
 impl Dispatcher {
-    fn run(self) {
-        let inner = &*self.inner;
-        let busy = || !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
+    fn new(hub: Arc<Hub>) -> Dispatcher {
+        let now = Instant::now();
+        Dispatcher {
+            hub,
+            slots: Vec::new(),
+            driving: 0,
+            next_look: now + PARK,
+            idle_round: now + PARK,
+            empty: 0,
+        }
+    }
+
+    /// Callers drive their own calls: the thread sleeps until one leaves work to it (or its
+    /// channel is dropped), and looks at each session when its look is due (see
+    /// [`Dispatcher::look`]). While it drives sessions, each round steps each of them once (one
+    /// busy session does not hold up the others), and the looks of the others go on.
+    fn run(mut self) {
+        loop {
+            if self.driving == 0 {
+                let timeout = if self.slots.is_empty() {
+                    if self.hub.retire() {
+                        return;
+                    }
+                    PARK
+                } else {
+                    self.next_look.saturating_duration_since(Instant::now())
+                };
+                if !timeout.is_zero() {
+                    self.hub.park(timeout);
+                }
+            }
+            if self.hub.wanted.load(Ordering::Relaxed) && self.hub.wanted.swap(false, Ordering::SeqCst) {
+                self.take_wanted();
+            }
+            if self.driving < self.slots.len() {
+                let now = Instant::now();
+                if now >= self.next_look {
+                    self.looks(now);
+                }
+            }
+            if self.driving > 0 {
+                self.drive_round();
+            }
+        }
+    }
+
+    /// Takes the sessions that joined, and drives those that want the thread (or closes those
+    /// whose channel is gone).
+    #[inline(never)]
+    fn take_wanted(&mut self) {
+        let joined = std::mem::take(&mut *self.hub.joining.lock().unwrap_or_else(|e| e.into_inner()));
+        for inner in joined {
+            // Driven at once: calls queued while it connected go out.
+            inner.wanted.store(true, Ordering::SeqCst);
+            let next = self.idle_round;
+            self.slots.push(Slot { inner, seen: None, watch: WATCH, next, driving: None });
+        }
+        let mut i = 0;
+        while i < self.slots.len() {
+            let s = &self.slots[i];
+            // One it drives keeps its flag until it stops driving it ([`Dispatcher::leave`]).
+            if s.driving.is_none()
+                && s.inner.wanted.load(Ordering::Relaxed)
+                && s.inner.wanted.swap(false, Ordering::SeqCst)
+            {
+                if s.inner.stop.load(Ordering::Acquire) {
+                    if self.close(i) {
+                        continue;
+                    }
+                } else {
+                    self.start_driving(i);
+                }
+            }
+            i += 1;
+        }
+    }
+
+    fn start_driving(&mut self, i: usize) {
+        let s = &mut self.slots[i];
+        bump(&s.inner.stats.thread_runs, 1);
+        s.inner.contended.store(false, Ordering::Relaxed);
+        s.driving = Some(s.inner.stats.caller_drives.load(Ordering::Relaxed));
+        self.driving += 1;
+        self.empty = 0;
+    }
+
+    /// Stops driving slot `i` (its calls are left to their tasks, or it has none): it is
+    /// watched again from now. A session handed back to the thread meanwhile (a caller that
+    /// drove it left work) is driven again at once.
+    fn leave(&mut self, i: usize) {
+        let inner = &*self.slots[i].inner;
+        if !inner.stop.load(Ordering::Acquire)
+            && inner.wanted.load(Ordering::Relaxed)
+            && inner.wanted.swap(false, Ordering::SeqCst)
+        {
+            self.driving -= 1;
+            self.start_driving(i);
+            return;
+        }
+        let now = Instant::now();
+        if self.idle_round <= now {
+            self.idle_round = now + PARK;
+        }
+        let s = &mut self.slots[i];
+        s.driving = None;
+        self.driving -= 1;
+        s.seen = None;
+        s.watch = WATCH;
+        let inner = &*s.inner;
+        s.next = if inner.stop.load(Ordering::Acquire) {
+            // Closed at the next look.
+            now
+        } else if !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0 {
+            now + WATCH
+        } else {
+            self.idle_round
+        };
+        self.next_look = self.next_look.min(s.next);
+    }
+
+    /// Ends the calls of slot `i`'s session, whose channel is gone, closes it and drops the
+    /// slot (true), unless a caller holds it now (then tried again at its next look).
+    #[cold]
+    fn close(&mut self, i: usize) -> bool {
+        let inner = self.slots[i].inner.clone();
+        let g = match inner.session.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        let Some(mut g) = g else {
+            let next = Instant::now() + WATCH;
+            self.slots[i].next = next;
+            self.next_look = self.next_look.min(next);
+            return false;
+        };
+        if let Some(mut d) = g.take() {
+            d.shut_down(&inner);
+        }
+        drop(g);
+        if self.slots[i].driving.is_some() {
+            self.driving -= 1;
+        }
+        self.slots.swap_remove(i);
+        true
+    }
+
+    /// Looks at every session it does not drive whose look is due; closes those whose channel
+    /// is gone.
+    fn looks(&mut self, now: Instant) {
+        if now >= self.idle_round {
+            self.idle_round = now + PARK;
+        }
+        let mut i = 0;
+        while i < self.slots.len() {
+            let s = &self.slots[i];
+            if s.driving.is_none() && now >= s.next {
+                if s.inner.stop.load(Ordering::Acquire) {
+                    if self.close(i) {
+                        continue;
+                    }
+                } else {
+                    self.look(i, now);
+                }
+            }
+            i += 1;
+        }
+        self.next_look = self
+            .slots
+            .iter()
+            .filter(|s| s.driving.is_none())
+            .map(|s| s.next)
+            .fold(self.idle_round, Instant::min);
+    }
+
+    /// One look at a session it does not drive. With calls in flight: it takes over when tasks
+    /// wait (or streams are in flight) and no caller drove the session since the last look (a
+    /// task that did not come back); otherwise, when no caller drove it either, it looks
+    /// ([`idle_look`]: nobody else does), and looks again later, spacing the looks out while
+    /// callers keep driving. Idle: an idle look every [`PARK`].
+    fn look(&mut self, i: usize, now: Instant) {
+        let s = &mut self.slots[i];
+        let inner = &*s.inner;
+        let busy = !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
         // Work no caller's poll will do by itself: tasks waiting (or streams, whose futures
         // never drive: counted as in flight alone).
-        let needed = || inner.waiters.load(Ordering::SeqCst) > 0 || inner.passive.load(Ordering::Relaxed) > 0;
-        // Callers' drives counted at the last look while calls were in flight.
-        let mut seen: Option<u64> = None;
-        let mut watch = WATCH;
-        while !inner.stop.load(Ordering::Acquire) {
-            // Callers drive their own calls: the thread sleeps until one leaves work to it, and
-            // while calls are in flight looks every `watch` whether callers still drive them (a
-            // session left to tasks that did not come back is taken over after one look
-            // without a caller's drive).
-            let wanted = self.park(if seen.is_some() || busy() { watch } else { PARK });
-            let drives = inner.stats.caller_drives.load(Ordering::Relaxed);
-            let stranded = busy() && needed() && seen == Some(drives);
-            if wanted || stranded {
-                bump(&inner.stats.thread_runs, 1);
-                self.drive();
-                seen = None;
-                watch = WATCH;
-            } else if busy() {
-                if seen == Some(drives) {
-                    // Calls in flight that no task waits for and no caller drove since the last
-                    // look (futures not polled yet, answers not taken): nobody else looks at the
-                    // session, so this thread does (what arrives is taken; the server's Pings,
-                    // due while a call is unanswered or, with FLAG_IDLE_PONGS, any time, are
-                    // answered, else the server would close a session whose caller only waits).
-                    self.idle_look();
+        let needed = inner.waiters.load(Ordering::SeqCst) > 0 || inner.passive.load(Ordering::Relaxed) > 0;
+        let drives = inner.stats.caller_drives.load(Ordering::Relaxed);
+        if busy && needed && s.seen == Some(drives) {
+            s.seen = None;
+            s.watch = WATCH;
+            self.start_driving(i);
+        } else if busy {
+            if s.seen == Some(drives) {
+                // Calls in flight that no task waits for and no caller drove since the last
+                // look (futures not polled yet, answers not taken): nobody else looks at the
+                // session, so this thread does (what arrives is taken; the server's Pings, due
+                // while a call is unanswered or, with FLAG_IDLE_PONGS, any time, are answered,
+                // else the server would close a session whose caller only waits).
+                idle_look(inner);
+            }
+            if s.seen.is_some() {
+                // Looked at since the last look, by callers or by this thread: look again later.
+                s.watch = (s.watch * 2).min(WATCH_MAX);
+            }
+            s.seen = Some(drives);
+            s.next = now + s.watch;
+        } else {
+            s.watch = WATCH;
+            s.seen = None;
+            idle_look(inner);
+            s.next = self.idle_round;
+        }
+    }
+
+    /// One step of each session it drives; after a round with no work anywhere, spins, and
+    /// after the most eager of their `spins` empty rounds waits per the most eager of their
+    /// polling policies ([`Dispatcher::wait`]).
+    fn drive_round(&mut self) {
+        let mut work = 0;
+        for i in 0..self.slots.len() {
+            if let Some(callers) = self.slots[i].driving {
+                match drive_step(&self.slots[i].inner, callers) {
+                    Some(w) => work += w,
+                    None => self.leave(i),
                 }
-                if seen.is_some() {
-                    // Looked at since the last look, by callers or by this thread: look again later.
-                    watch = (watch * 2).min(WATCH_MAX);
-                }
-                seen = Some(drives);
+            }
+        }
+        if work > 0 || self.driving == 0 {
+            self.empty = 0;
+            return;
+        }
+        self.empty = self.empty.saturating_add(1);
+        let (spins, policy) = self.eagerest();
+        if self.empty < spins {
+            if self.empty % YIELD_EVERY == 0 {
+                // Nothing came for a while: let a thread that shares this core run (on the
+                // benchmark's 2 cores, the server's worker or the runtime's thread, whose work
+                // is what we wait for).
+                std::thread::yield_now();
             } else {
-                watch = WATCH;
-                seen = None;
-                self.idle_look();
+                std::hint::spin_loop();
             }
+            return;
         }
-        let mut g = inner.session.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut d) = g.take() {
-            d.shut_down(inner);
+        match policy {
+            PollingPolicy::Busy => std::hint::spin_loop(),
+            PollingPolicy::SpinThenYield { .. } => std::thread::yield_now(),
+            PollingPolicy::Event { .. } => self.wait(),
         }
     }
 
-    /// Drives the session until nothing is queued or in flight, a caller holds it, or the
-    /// tasks woken last are to drive it (`owed`): busy-polls, then after `spins` empty loops
-    /// waits per the polling policy.
-    fn drive(&self) {
-        let inner = &*self.inner;
-        let mut empty: u32 = 0;
-        inner.contended.store(false, Ordering::Relaxed);
-        let callers = inner.stats.caller_drives.load(Ordering::Relaxed);
-        while !inner.stop.load(Ordering::Acquire) {
-            // A caller holding the session leaves it to someone when it lets go.
-            let Some(mut g) = inner.try_session() else { return };
+    /// The most `spins` and the most eager polling policy (busy, then yield, then events) of
+    /// the sessions it drives: a thread that serves several spins as much as the most eager
+    /// of them asked.
+    fn eagerest(&self) -> (u32, PollingPolicy) {
+        let mut spins = 0;
+        let mut policy = PollingPolicy::Event { spins: 0 };
+        for s in self.slots.iter().filter(|s| s.driving.is_some()) {
+            spins = spins.max(s.inner.spins);
+            policy = match (policy, s.inner.policy) {
+                (PollingPolicy::Busy, _) | (_, PollingPolicy::Busy) => PollingPolicy::Busy,
+                (p @ PollingPolicy::SpinThenYield { .. }, _)
+                | (_, p @ PollingPolicy::SpinThenYield { .. }) => p,
+                (p, _) => p,
+            };
+        }
+        (spins, policy)
+    }
+
+    /// The event wait of a thread whose driven sessions had nothing for a while (after each
+    /// wait, and what came before it, deadlines are looked at too). Driving one session: arms
+    /// its CQ, lets the session go and blocks on its completion channel, for at most
+    /// [`EVENT_WAIT`] when it is the thread's only session and [`SHARED_WAIT`] otherwise (the
+    /// others' handoffs and looks wait for the end of it); a caller's poll meanwhile drives
+    /// the session itself. Driving several: parks for at most [`SHARED_WAIT`] (a handoff
+    /// unparks it; their completions are seen at the end of it).
+    fn wait(&mut self) {
+        let one = self.driving == 1;
+        let mut armed = None;
+        for i in 0..self.slots.len() {
+            if self.slots[i].driving.is_none() {
+                continue;
+            }
+            let inner = &*self.slots[i].inner;
+            let Some(mut g) = inner.try_session() else {
+                // A caller holds it: it drives.
+                self.leave(i);
+                continue;
+            };
             let d = g.as_mut().expect("checked by try_session");
-            if inner.redial_wanted.swap(false, Ordering::SeqCst) {
-                d.redial(inner);
+            if one {
+                armed = d.core.arm_cq();
             }
-            d.delivered = 0;
-            let work = d.step(inner, false);
-            // Tasks whose calls finished (woken now, or queued since an earlier wake).
-            let delivered = std::mem::take(&mut d.delivered) > 0;
-            let calls = d.has_calls() || !inner.queue.is_empty();
-            // Messages to post with no call in flight: no task drives for them, this thread
-            // does until they are posted.
-            let unowned = !calls && d.owes_sends();
-            let needed = d.passive > 0 || inner.waiters.load(Ordering::SeqCst) > 0;
-            let batch = d.take_wakers();
-            bump_held(&inner.stats.thread_drives, 1);
-            bump_held(&inner.stats.empty_steps, u64::from(work == 0));
-            bump_held(&inner.stats.wakes, batch.len() as u64);
-            drop(g);
-            let woke = !batch.is_empty() || delivered;
-            wake_all(batch);
-            if !calls && !unowned {
-                return;
-            }
-            // A caller that found the session held drives it now, and one that drove it between
-            // two steps will again (its task runs: it leaves the session to the tasks it wakes,
-            // or hands it back); with no task waiting (and no stream in flight) the calls' own
-            // polls drive them.
-            let contended = inner.contended.swap(false, Ordering::Relaxed)
-                || inner.stats.caller_drives.load(Ordering::Relaxed) != callers;
-            if contended && unowned {
-                // The caller drives it now and hands back what it leaves unposted.
-                return;
-            }
-            if (woke || contended || !needed) && !unowned {
-                // The tasks just woken drive it when polled (each poll of a call takes the
-                // session if it is owed); they want us back if they leave work.
-                inner.owed.store(true, Ordering::Release);
-                return;
-            }
-            if work > 0 {
-                empty = 0;
-                continue;
-            }
-            empty = empty.saturating_add(1);
-            if empty < self.spins {
-                if empty % YIELD_EVERY == 0 {
-                    // Nothing came for a while: let a thread that shares this core run (on the
-                    // benchmark's 2 cores, the server's worker or the runtime's thread, whose
-                    // work is what we wait for).
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-                continue;
-            }
-            match self.policy {
-                PollingPolicy::Busy => std::hint::spin_loop(),
-                PollingPolicy::SpinThenYield { .. } => std::thread::yield_now(),
-                _ => {
-                    let Some(mut g) = inner.try_session() else { return };
-                    let d = g.as_mut().expect("checked by try_session");
-                    let armed = d.core.arm_cq();
-                    // After each wait (and what came before arming): deadlines too.
-                    d.finish_calls(inner, true);
-                    let batch = d.take_wakers();
-                    drop(g);
-                    wake_all(batch);
-                    if let Some((0, cq)) = armed {
-                        // Outside the session: a caller's poll meanwhile drives it itself (its
-                        // calls go out at once, not after this wait).
-                        bump(&inner.stats.event_waits, 1);
-                        cq.wait(EVENT_WAIT);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A session nobody else looks at (idle: once per park, at most [`PARK`] apart; with calls
-    /// in flight that no task waits for and no caller drove: once per look, at most
-    /// [`WATCH_MAX`] apart): what arrived is handled, so the server's probe gets its Pong (the
-    /// handshake promised it while idle: [`FLAG_IDLE_PONGS`]), answers wait for their callers,
-    /// and a broken session is seen. One poll of the CQ, no system call on the software NIC;
-    /// starting calls is left to their callers.
-    fn idle_look(&self) {
-        let inner = &*self.inner;
-        let Some(mut g) = inner.try_session() else { return };
-        let d = g.as_mut().expect("checked by try_session");
-        if with_any_core!(&mut d.core, c => c.dispatch_step()) > 0 {
-            // A call started meanwhile may have finished: its task is woken as after any step.
             d.finish_calls(inner, true);
-        }
-        if let Some(w) = &inner.watch {
-            // A balanced channel stops picking a server whose session broke while idle.
-            if let Some(s) = with_any_core!(&d.core, c => c.broken()) {
-                w.failed(s);
+            let batch = d.take_wakers();
+            drop(g);
+            wake_all(batch);
+            if !one {
+                bump(&inner.stats.event_waits, 1);
             }
         }
-        let batch = d.take_wakers();
-        drop(g);
-        wake_all(batch);
-    }
-
-    /// Sleeps until someone wants the thread (or `timeout` passes), unless work was left for it
-    /// meanwhile. True when it was wanted.
-    fn park(&self, timeout: Duration) -> bool {
-        let inner = &*self.inner;
-        inner.sleeping.store(true, Ordering::SeqCst);
-        // Work left before the flag was visible did not unpark us: look once more.
-        let mut wanted = inner.wanted.swap(false, Ordering::SeqCst);
-        if !wanted && !inner.stop.load(Ordering::SeqCst) {
-            std::thread::park_timeout(timeout);
-            wanted = inner.wanted.swap(false, Ordering::SeqCst);
+        if one {
+            if let Some((0, cq)) = armed {
+                if let Some(s) = self.slots.iter().find(|s| s.driving.is_some()) {
+                    bump(&s.inner.stats.event_waits, 1);
+                }
+                // Outside the session: a caller's poll meanwhile drives it itself (its calls go
+                // out at once, not after this wait).
+                cq.wait(if self.slots.len() == 1 { EVENT_WAIT } else { SHARED_WAIT });
+            }
+        } else if self.driving > 0 {
+            self.hub.park(SHARED_WAIT);
         }
-        inner.sleeping.store(false, Ordering::SeqCst);
-        wanted
     }
+}
+
+/// One step of a session the dispatcher thread drives. `None`: it stops driving it (nothing
+/// queued or in flight, a caller holds it, or the tasks woken last are to drive it: `owed`),
+/// else the work done. `callers`: the callers' drives counted when it began.
+fn drive_step(inner: &Arc<Inner>, callers: u64) -> Option<usize> {
+    if inner.stop.load(Ordering::Acquire) {
+        return None;
+    }
+    // A caller holding the session leaves it to someone when it lets go.
+    let mut g = inner.try_session()?;
+    if inner.redial_wanted.load(Ordering::Relaxed) {
+        // A connect blocks: not on this thread, which carries other sessions.
+        drop(g);
+        spawn_redial(inner);
+        return None;
+    }
+    let d = g.as_mut().expect("checked by try_session");
+    d.delivered = 0;
+    let work = d.step(inner, false);
+    // Tasks whose calls finished (woken now, or queued since an earlier wake).
+    let delivered = std::mem::take(&mut d.delivered) > 0;
+    let calls = d.has_calls() || !inner.queue.is_empty();
+    // Messages to post with no call in flight: no task drives for them, this thread does
+    // until they are posted.
+    let unowned = !calls && d.owes_sends();
+    let needed = d.passive > 0 || inner.waiters.load(Ordering::SeqCst) > 0;
+    let batch = d.take_wakers();
+    bump_held(&inner.stats.thread_drives, 1);
+    bump_held(&inner.stats.empty_steps, u64::from(work == 0));
+    bump_held(&inner.stats.wakes, batch.len() as u64);
+    drop(g);
+    let woke = !batch.is_empty() || delivered;
+    wake_all(batch);
+    if !calls && !unowned {
+        return None;
+    }
+    // A caller that found the session held drives it now, and one that drove it between two
+    // steps will again (its task runs: it leaves the session to the tasks it wakes, or hands it
+    // back); with no task waiting (and no stream in flight) the calls' own polls drive them.
+    let contended = inner.contended.swap(false, Ordering::Relaxed)
+        || inner.stats.caller_drives.load(Ordering::Relaxed) != callers;
+    if contended && unowned {
+        // The caller drives it now and hands back what it leaves unposted.
+        return None;
+    }
+    if (woke || contended || !needed) && !unowned {
+        // The tasks just woken drive it when polled (each poll of a call takes the session if
+        // it is owed); they want us back if they leave work.
+        inner.owed.store(true, Ordering::Release);
+        return None;
+    }
+    Some(work)
+}
+
+/// Reconnects a session on a thread of its own ([`Driver::redial`]: the TCP connect and the
+/// handshake block, and the dispatcher thread carries other sessions), which then hands the
+/// session back to the dispatcher thread. One at a time per session.
+#[cold]
+#[inline(never)]
+fn spawn_redial(inner: &Arc<Inner>) {
+    if inner.redialing.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let mine = inner.clone();
+    let spawned = std::thread::Builder::new().name("rpc-redial".into()).spawn(move || {
+        {
+            let mut g = mine.session.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(d) = g.as_mut() {
+                if mine.redial_wanted.swap(false, Ordering::SeqCst) {
+                    d.redial(&mine);
+                }
+            }
+        }
+        mine.redialing.store(false, Ordering::SeqCst);
+        // The calls queued for it go out.
+        mine.want_driver();
+    });
+    if let Err(e) = spawned {
+        inner.redialing.store(false, Ordering::SeqCst);
+        inner.redial_wanted.store(false, Ordering::SeqCst);
+        fail_queued(inner, &Status::unavailable(format!("spawning a thread to reconnect: {e}")));
+    }
+}
+
+/// A session nobody else looks at (idle: once every [`PARK`]; with calls in flight that no task
+/// waits for and no caller drove: once per look, at most [`WATCH_MAX`] apart): what arrived is
+/// handled, so the server's probe gets its Pong (the handshake promised it while idle:
+/// [`FLAG_IDLE_PONGS`]), answers wait for their callers, and a broken session is seen. One poll
+/// of the CQ, no system call on the software NIC; starting calls is left to their callers.
+fn idle_look(inner: &Inner) {
+    let Some(mut g) = inner.try_session() else { return };
+    let d = g.as_mut().expect("checked by try_session");
+    if with_any_core!(&mut d.core, c => c.dispatch_step()) > 0 {
+        // A call started meanwhile may have finished: its task is woken as after any step.
+        d.finish_calls(inner, true);
+    }
+    if let Some(w) = &inner.watch {
+        // A balanced channel stops picking a server whose session broke while idle.
+        if let Some(s) = with_any_core!(&d.core, c => c.broken()) {
+            w.failed(s);
+        }
+    }
+    let batch = d.take_wakers();
+    drop(g);
+    wake_all(batch);
 }

@@ -3,15 +3,17 @@
 //! `Clone + Send + Sync`; its calls are futures that are `Send + 'static`, so any task of a
 //! multi-thread runtime (tokio or another) may call through one handle at once, with calls from
 //! all of them pipelined on the same sessions. Kernel bypass stays: behind the handle, each
-//! dispatcher ([`ChannelConfig::dispatchers`], its thread optionally pinned) has a session to the
-//! server (its QP, CQ, SRQ and rings, as a [`crate::Client`] does). A call made while its
+//! dispatcher ([`ChannelConfig::dispatchers`]) has a session to the server (its QP, CQ, SRQ and
+//! rings, as a [`crate::Client`] does), carried by the process's dispatcher thread of its core
+//! (one per core of [`ChannelConfig::core_ids`], one for the unpinned sessions), which drives
+//! every session of every channel placed there. A call made while its
 //! dispatcher's session is free starts there and then: its request is encoded straight into the
 //! session's registered memory (one encoding, no heap copy) in the caller's thread; otherwise it
 //! goes to the dispatcher through a bounded lock-free queue. Whoever holds the dispatcher's
 //! session drives it: the poll of a call, when the session is free, takes the queued calls,
 //! encodes each request the same way, rings one doorbell for all calls started since, polls
 //! the CQ and hands finished calls to their tasks ("combining": the call goes out and its answer
-//! comes back on the caller's own thread, no hop between threads); otherwise the dispatcher's
+//! comes back on the caller's own thread, no hop between threads); otherwise the dispatcher
 //! thread does. A completion wakes exactly the task that waits for it (nothing wakes itself). A
 //! poll drives for at most [`ChannelConfig::poll_spin`] without a completion (a reply that is not
 //! imminent is left to the dispatcher thread, which busy-polls while it has work and falls back
@@ -19,7 +21,8 @@
 //!
 //! Dropping a call's future cancels the call: its slot is released and its late answer
 //! discarded. Neither [`Channel::connect`] nor dropping blocks an executor thread: sessions are
-//! opened on the dispatcher threads, and the last handle's drop only flags them to close.
+//! opened on threads of their own, and the last handle's drop only flags them to close (their
+//! dispatcher thread closes them).
 //!
 //! For the lowest latency from one thread, [`crate::Client`] drives its session in the calling
 //! thread (no hop between threads).
@@ -65,11 +68,15 @@ pub struct ChannelConfig {
     /// spins. Default
     /// `ClientConfig::default()` with `polling = Event { spins: 0 }`.
     pub client: ClientConfig,
-    /// Dispatcher threads, each with its own session; calls are spread round robin.
-    /// Default 1; 1 ..= 64.
+    /// Dispatchers, each with its own session to the server and its own queue; calls are
+    /// spread round robin. Each session runs on the dispatcher thread of its core (see
+    /// [`ChannelConfig::core_ids`]), which it shares with every other channel's sessions
+    /// there: several dispatchers on one core share its thread. Default 1; 1 ..= 64.
     pub dispatchers: usize,
-    /// Cores to pin the dispatchers to (dispatcher `i` on `core_ids[i % len]`, ids as
-    /// `core_affinity` numbers them); empty = not pinned. Default empty.
+    /// Cores of the dispatchers (dispatcher `i` on `core_ids[i % len]`, ids as
+    /// `core_affinity` numbers them): its session runs on the process's dispatcher thread
+    /// pinned to that core, one per core; empty = on the one unpinned dispatcher thread.
+    /// Default empty.
     pub core_ids: Vec<usize>,
     /// Calls that may wait in each dispatcher's queue (beyond the session's window); a caller
     /// that finds it full waits (its future stays pending) until there is room. Default 1024;
@@ -78,7 +85,11 @@ pub struct ChannelConfig {
     /// Empty loops a dispatcher spins before it waits per the polling policy (or, with nothing
     /// in flight, parks until a call comes). Default 20 000 (tens of µs).
     pub spins: u32,
-    /// Name of the dispatcher threads (`NAME-0`, `NAME-1`, ...). Default `rpc-dispatch`.
+    /// Name of the dispatcher threads (`NAME` unpinned, `NAME-K` pinned to core K). Channels
+    /// of the same name share them: every session of every such channel on a core runs on
+    /// that core's one thread (a thread starts with the first session placed there and ends
+    /// with the last). A channel of another name gets threads of its own. Default
+    /// `rpc-dispatch`.
     pub thread_name: String,
     /// How long the poll of a call may drive the session (post, poll the CQ, complete calls) while
     /// no completion comes, waiting for its reply before it returns `Pending` and leaves the
@@ -188,8 +199,7 @@ pub(crate) struct Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         for d in &self.dispatchers {
-            d.stop.store(true, Ordering::Release);
-            d.wake();
+            d.close();
         }
     }
 }
@@ -214,9 +224,10 @@ impl std::fmt::Debug for Channel {
 }
 
 impl Channel {
-    /// Connects with [`ChannelConfig::default`]: opens one session per dispatcher, on the
-    /// dispatcher threads (resolving `addr`, TCP connect and handshake happen there, so awaiting
-    /// this does not block the executor thread).
+    /// Connects with [`ChannelConfig::default`]: opens one session per dispatcher, each on a
+    /// short-lived thread of its own (resolving `addr`, TCP connect and handshake happen there,
+    /// so awaiting this does not block the executor thread), then hands it to its dispatcher
+    /// thread.
     ///
     /// # Errors
     /// As [`crate::Client::connect`].
@@ -288,7 +299,7 @@ impl Channel {
                 client: config.client.clone(),
                 queue_depth: config.queue_depth,
                 core_id: (!config.core_ids.is_empty()).then(|| config.core_ids[i % config.core_ids.len()]),
-                name: format!("{}-{i}", config.thread_name),
+                name: config.thread_name.clone(),
                 spins: config.spins,
                 poll_spin: config.poll_spin,
                 watch: watch.clone(),

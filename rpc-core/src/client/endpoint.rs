@@ -1,9 +1,9 @@
 //! A client endpoint: the device context and PD that sessions to many servers share
 //! ([`crate::endpoint::nic::Nic`]), on the provider its transport names.
 //!
-//! Each session still has its own CQ, SRQ and QP (issue 28 item 1 goes on to share the CQ and
-//! SRQ too, with completions routed by QP number, once one driver owns all the sessions of an
-//! endpoint). What is shared here is `Send + Sync` on both providers (a device context and a PD
+//! Each session still has its own CQ, SRQ and QP. A [`crate::Channel`]'s sessions on one core
+//! are driven by one dispatcher thread (see `channel::dispatcher`), which could go on to share
+//! one CQ and SRQ among them, with completions routed by QP number (not done). What is shared here is `Send + Sync` on both providers (a device context and a PD
 //! may be used from any thread), so a [`Client`] made from an endpoint may move between threads
 //! and several threads' clients may share one endpoint.
 

@@ -667,3 +667,26 @@ pub fn echo_checked(c: &rpc_core::Client, seq: u64, len: usize, reply_len: usize
     let r: EchoMsg = c.unary(ECHO, &request(seq, len, reply_len), &rpc_core::CallOptions::default()).unwrap();
     check_reply(&r, seq, reply_len);
 }
+
+/// Names (`comm`) of this process's threads (a thread that ends meanwhile is skipped).
+pub fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|comm| comm.trim_end().to_owned())
+        .collect()
+}
+
+/// Threads of this process named `name` (their `comm`).
+pub fn threads_named(name: &str) -> usize {
+    thread_names().iter().filter(|n| *n == name).count()
+}
+
+/// A `Channel` configuration for tests, its dispatcher threads named `name`: they spin a
+/// little, then sleep on completion events (tests share two cores).
+pub fn channel_config(name: &str) -> rpc_core::ChannelConfig {
+    rpc_core::ChannelConfig::default()
+        .client(client_config().polling(PollingPolicy::Event { spins: 0 }))
+        .spins(500)
+        .thread_name(name)
+}
