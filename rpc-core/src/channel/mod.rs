@@ -712,9 +712,6 @@ pub struct UnaryCall<Resp> {
     dispatcher: usize,
     /// The result was handed out.
     taken: bool,
-    /// Counted in the dispatcher's `waiters`: the last poll returned `Pending` with the waker
-    /// registered.
-    waiting: bool,
     /// The completion may hold this task's waker (a poll returned `Pending` after registering
     /// it): the next poll that drives forgets it first.
     registered: bool,
@@ -747,7 +744,6 @@ impl<Resp> UnaryCall<Resp> {
             shared,
             dispatcher,
             taken: false,
-            waiting: false,
             registered: false,
             observed: None,
         }
@@ -756,13 +752,16 @@ impl<Resp> UnaryCall<Resp> {
     /// Counts the call among the dispatcher's waiters (before it hands anything to the
     /// dispatcher thread, which drives only while some task waits).
     fn wait(&mut self) {
-        wait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
+        if let (Some(o), Some(d)) = (self.done.as_deref(), self.shared.dispatchers.get(self.dispatcher)) {
+            o.done().count(&d.waiters);
+        }
     }
 
-    /// Takes the call out of the waiters (it is polled, or dropped).
+    /// Takes the call out of the waiters (it is polled, or dropped), unless the driver that
+    /// finished it did ([`call::Completion::uncount`]).
     fn unwait(&mut self) {
-        if self.waiting {
-            unwait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
+        if let (Some(o), Some(d)) = (self.done.as_deref(), self.shared.dispatchers.get(self.dispatcher)) {
+            o.done().uncount(&d.waiters);
         }
     }
 
@@ -812,7 +811,6 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         // (A call that ended before it started has no dispatcher, and its result is there.)
         let Some(d) = this.shared.dispatchers.get(this.dispatcher).map(|d| &**d) else { return ready(None) };
-        let waiting = &mut this.waiting;
         // From here until the waker is registered again, we poll for ourselves: a completion
         // meanwhile must not wake this task (nothing wakes itself).
         if std::mem::take(&mut this.registered) {
@@ -848,21 +846,21 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         if !is_done() {
             // Counted before the dispatcher thread is told, so that it finds us waiting.
-            wait(waiting, d);
+            done.count(&d.waiters);
             if hand_off {
                 d.want_driver();
             }
         }
         match done.poll(cx) {
             Poll::Ready(r) => {
-                unwait(waiting, d);
+                done.uncount(&d.waiters);
                 coop.made_progress();
                 this.taken = true;
                 report(&this.shared, &mut this.observed, &r);
                 ready(r)
             }
             Poll::Pending => {
-                wait(waiting, d);
+                done.count(&d.waiters);
                 this.registered = true;
                 Poll::Pending
             }
@@ -900,22 +898,6 @@ fn finish_observed<Resp>(
     if let (Some(o), Some(r)) = (observed.take(), r) {
         let (o, size) = *o;
         o.finish_with(r, size);
-    }
-}
-
-/// Counts a call among its dispatcher's waiters (see [`UnaryCall::wait`]).
-fn wait(waiting: &mut bool, d: &Inner) {
-    if !*waiting {
-        *waiting = true;
-        d.waiters.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// Takes a call out of its dispatcher's waiters (see [`UnaryCall::unwait`]).
-fn unwait(waiting: &mut bool, d: &Inner) {
-    if *waiting {
-        *waiting = false;
-        d.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
