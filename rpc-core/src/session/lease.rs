@@ -461,6 +461,9 @@ mod tests {
         assert!(c.handle_header(&header(Kind::RingReclaim), || t).is_err());
     }
 
+    /// Also checks [`Session::lease_pending`]'s flag through the granter's states. Sabotaged:
+    /// with `set_own_ring` not updating the flag, it failed ("lease_due out of step with the
+    /// lease states").
     #[test]
     fn the_granter_reclaims_an_idle_ring_and_revokes_it_when_no_release_comes() {
         let t = Instant::now();
