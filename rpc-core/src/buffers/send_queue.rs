@@ -486,7 +486,9 @@ impl SendQueue {
     }
 
     /// Posts `wrs` (at most `N`, this queue's, bound to `qp` and `pool`) with one doorbell and
-    /// takes them over: their buffers, staged ranges and the signal that retires them.
+    /// takes them over: their buffers, staged ranges and the signal that retires them. Inlined
+    /// into each of its callers (a call of its own cost a worker's flush about 45 instructions).
+    #[inline(always)]
     fn post_wrs<P: Provider, const N: usize>(
         &mut self,
         qp: &P::QueuePair,
