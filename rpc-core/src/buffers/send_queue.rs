@@ -420,34 +420,11 @@ impl SendQueue {
         Ok(())
     }
 
-    fn post_chunk<P: Provider, const N: usize>(
-        &mut self,
-        qp: &P::QueuePair,
-        pool: &mut SendPool<P>,
-        tag: u32,
-    ) -> Result<()> {
-        let n = self.pending.len().min(N);
-        // Moved out while posted (three words, no allocation): `post_wrs` reads it and updates
-        // the rest of the queue.
-        let pending = std::mem::take(&mut self.pending);
-        let posted = self.post_wrs::<P, N>(qp, pool, tag, &pending[..n]);
-        self.pending = pending;
-        posted?;
-        if n == self.pending.len() {
-            // The usual case (one batch): no drain bookkeeping for `Copy` entries.
-            self.pending.clear();
-            self.gather.clear();
-        } else {
-            self.pending.drain(..n);
-        }
-        Ok(())
-    }
-
     /// Posts the SEND of the first `len` bytes of send buffer `buf` at once, with a doorbell of
-    /// its own: [`SendQueue::send`] then [`SendQueue::flush`] without the queue (the latency
-    /// case, a client's call that goes now). With anything queued already (or a buffer, pool or
-    /// QP `flush` would refuse) it is queued behind that and everything is flushed: the order
-    /// holds either way.
+    /// its own: [`SendQueue::send`] then [`SendQueue::flush`] with their checks made once (the
+    /// latency case, a client's call that goes now). With anything queued already (or a
+    /// buffer, pool or QP `flush` would refuse) it is queued behind that and everything is
+    /// flushed: the order holds either way.
     ///
     /// # Errors
     /// As [`SendQueue::flush`]'s; after a verbs error the SEND stays queued (as a flush leaves
@@ -470,39 +447,34 @@ impl SendQueue {
         let idx = buf.idx;
         std::mem::forget(buf);
         self.taken = self.taken.saturating_sub(1);
-        let p = PendingWr {
+        self.pending.push(PendingWr {
             sge: pool.sge(idx, len.min(pool.buf_size as u32)),
             op: SendOp::Send,
             buf: idx,
             staged: u32::MAX,
             inline,
             sges: (0, 0),
-        };
-        let posted = self.post_wrs::<P, 1>(qp, pool, tag, std::slice::from_ref(&p));
-        if posted.is_err() {
-            self.pending.push(p);
-        }
-        posted
+        });
+        self.post_chunk::<P, 1>(qp, pool, tag)
     }
 
-    /// Posts `wrs` (at most `N`, this queue's, bound to `qp` and `pool`) with one doorbell and
-    /// takes them over: their buffers, staged ranges and the signal that retires them. Inlined
-    /// into each of its callers (a call of its own cost a worker's flush about 45 instructions).
+    /// Posts the first `N` (at most) queued WRs with one doorbell. Inlined into each caller
+    /// (`flush`, `send_now`): with two callers of `post_chunk::<1>` the compiler kept one out of
+    /// line, a call that cost a worker's flush about 70 instructions per message.
     #[inline(always)]
-    fn post_wrs<P: Provider, const N: usize>(
+    fn post_chunk<P: Provider, const N: usize>(
         &mut self,
         qp: &P::QueuePair,
         pool: &mut SendPool<P>,
         tag: u32,
-        wrs_in: &[PendingWr],
     ) -> Result<()> {
-        let n = wrs_in.len();
+        let n = self.pending.len().min(N);
         // Send buffers the NIC reads by DMA (non-inline SENDs).
         let mut bufs = 0usize;
         let mut dma_bufs = false;
         let wr_id = send_wr_id(tag, self.id, false);
         let mut wrs = [SendWr { wr_id, sg_list: &[], op: SendOp::Send, flags: SendFlags::EMPTY }; N];
-        for (wr, p) in wrs.iter_mut().zip(wrs_in) {
+        for (wr, p) in wrs.iter_mut().zip(&self.pending[..n]) {
             let flags = if p.inline { SendFlags::INLINE } else { SendFlags::EMPTY };
             let sg_list = if p.sges.1 == 0 {
                 std::slice::from_ref(&p.sge)
@@ -555,7 +527,7 @@ impl SendQueue {
         // every batch with a WRITE is signaled). `has_room`, checked when each buffer was taken, keeps the
         // posted WQEs within the send queue.
         unsafe { qp.post_send(&wrs[..n]) }?;
-        for (i, p) in wrs_in.iter().enumerate() {
+        for (i, p) in self.pending[..n].iter().enumerate() {
             if p.buf != u32::MAX {
                 if p.inline {
                     // Copied into the WQE by the post: the NIC does not read the buffer.
@@ -575,6 +547,13 @@ impl SendQueue {
             self.unsignaled = 0;
         } else {
             self.unsignaled = unsignaled;
+        }
+        if n == self.pending.len() {
+            // The usual case (one batch): no drain bookkeeping for `Copy` entries.
+            self.pending.clear();
+            self.gather.clear();
+        } else {
+            self.pending.drain(..n);
         }
         Ok(())
     }
