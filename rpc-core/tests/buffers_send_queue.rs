@@ -464,3 +464,48 @@ fn a_batch_polls_more_behind_what_is_not_taken_and_shows_only_untaken_receive_he
     });
     assert_eq!(seen, [4, 6, 7], "a buffer taken by the callback is not read");
 }
+
+/// `send_now` posts a SEND at once when nothing is queued (nothing left pending, its WQE
+/// outstanding), and goes behind what is queued otherwise: the peer receives the messages in
+/// the order they were given. Sabotaged: with `send_now` posting at once even behind a queued
+/// SEND (its `pending` check dropped), the queued SEND stayed behind ("the queued SEND went
+/// with it").
+#[test]
+fn a_send_now_posts_at_once_and_never_overtakes_a_queued_send() {
+    let a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let mut b = RawPeer::new(1024, 8, 256, 4096, 2);
+    a.connect(&RcConfig::default(), &b.handshake(4, 64, 1 << 20, 1));
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    let mut pool = SendPool::<Sim>::new(&a.pd, 8, 64).unwrap();
+    let mut sq = SendQueue::new(64, 8);
+    let msg = |pool: &mut SendPool<Sim>, sq: &mut SendQueue, v: u64| {
+        let mut buf = pool.acquire_for(sq).unwrap();
+        pool.buf_mut(&mut buf)[..8].copy_from_slice(&v.to_le_bytes());
+        buf
+    };
+    let first = msg(&mut pool, &mut sq, 0);
+    sq.send_now(&a.qp, &mut pool, first, 8, true, 1).unwrap();
+    assert!(sq.is_empty(), "nothing queued: posted at once");
+    assert_eq!(sq.outstanding(), 1);
+    let queued = msg(&mut pool, &mut sq, 1);
+    sq.send(&mut pool, queued, 8, true);
+    let now = msg(&mut pool, &mut sq, 2);
+    sq.send_now(&a.qp, &mut pool, now, 8, true, 1).unwrap();
+    assert!(sq.is_empty(), "the queued SEND went with it");
+    assert_eq!(sq.outstanding(), 3);
+    let mut wcs = Completions::<64>::new();
+    let mut got = Vec::new();
+    let give_up = std::time::Instant::now() + WAIT;
+    while got.len() < 3 {
+        assert!(std::time::Instant::now() < give_up, "received {got:?} in {WAIT:?}");
+        wcs.poll(&b.cq).unwrap();
+        for c in &mut wcs {
+            let buf = b.recv.take(c).expect("a posted receive buffer");
+            got.push(u64::from_le_bytes(b.recv.bytes(&buf)[..8].try_into().unwrap()));
+            b.recv.repost(buf);
+        }
+        std::thread::yield_now();
+    }
+    assert_eq!(got, [0, 1, 2], "in the order given");
+    b.recv.flush().unwrap();
+}

@@ -188,6 +188,11 @@ pub const POST_BATCH: usize = 64;
 /// WRs per doorbell for small batches (a smaller stack array to fill).
 const SMALL_BATCH: usize = 8;
 
+/// WRs per doorbell for middle-sized batches: a server worker reposts its receive buffers 16 at
+/// a time, which would otherwise fill (zero) a [`POST_BATCH`] array of SGEs and WRs, 2.5 KiB, for
+/// each doorbell.
+const MID_BATCH: usize = 16;
+
 /// Identity of a pool, so that a token is only ever used with the pool it came from (and a
 /// receive completion names the pool it belongs to), and of a send queue (in its WRs' `wr_id`s).
 static NEXT_POOL: AtomicU32 = AtomicU32::new(1);
@@ -513,6 +518,8 @@ impl<P: Provider> RecvPool<P> {
         while !self.repost.is_empty() {
             if self.repost.len() <= SMALL_BATCH {
                 self.post_chunk::<SMALL_BATCH>()?;
+            } else if self.repost.len() <= MID_BATCH {
+                self.post_chunk::<MID_BATCH>()?;
             } else {
                 self.post_chunk::<POST_BATCH>()?;
             }

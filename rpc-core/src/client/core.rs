@@ -599,11 +599,17 @@ impl<P: Provider> ClientCore<P> {
                             self.counters.metadata_cached += 1;
                         }
                         self.counters.bytes_out += len as u64;
-                        self.conn.queue(&mut self.pool, buf, h, BodyAt::Eager(len as u32));
-                        self.pump();
                         if flush_now {
-                            // The send queue holds the request: no need to ask `flush` first.
-                            self.flush_slow();
+                            // Posted at once (nothing queued before it goes after it: what
+                            // `pump` queues, and the controls and reposts `flush` looks at).
+                            if let Err(e) = self.conn.send_now(&mut self.pool, buf, h, len as u32, TAG) {
+                                self.break_conn(unavailable(format!("posting sends: {e}")));
+                            }
+                            self.pump();
+                            self.flush();
+                        } else {
+                            self.conn.queue(&mut self.pool, buf, h, BodyAt::Eager(len as u32));
+                            self.pump();
                         }
                         return Ok(Some(CallId { slot, generation, deadline }));
                     }

@@ -81,6 +81,7 @@ impl<P: Provider> Calls<P> {
     /// UNAVAILABLE when the session is broken; RESOURCE_EXHAUSTED for a body over
     /// `max_message_size` or when `max_queued` calls already wait (naming the limit);
     /// DEADLINE_EXCEEDED when a blocking call's deadline passes while it waits for ring room.
+    #[inline]
     pub(crate) fn start<M: Message>(
         &mut self,
         method: u32,
@@ -98,6 +99,20 @@ impl<P: Provider> Calls<P> {
         } else if let Some(s) = self.core.broken() {
             return Err(s.clone());
         }
+        self.start_queued(method, req, deadline, flags, capture)
+    }
+
+    /// [`Calls::start`] of a call that waits in the queue (out of line: the inlined part is the
+    /// call that starts now).
+    #[inline(never)]
+    fn start_queued<M: Message>(
+        &mut self,
+        method: u32,
+        req: &crate::metadata::WithMetadata<'_, M>,
+        deadline: Option<Instant>,
+        flags: u8,
+        capture: Option<&crate::metadata::CapturedMetadata>,
+    ) -> Result<Ticket, Status> {
         let in_flight = self.core.in_flight();
         let (spare, counters) = (&mut self.spare, &mut self.core.counters);
         let expired = |b| {

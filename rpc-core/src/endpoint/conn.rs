@@ -595,10 +595,7 @@ impl<P: Provider> Conn<P> {
     ) {
         let eager = match body {
             BodyAt::Eager(len) => {
-                h.in_ring = false;
-                h.body_len = len;
-                h.total_len = len;
-                h.ring_offset = 0;
+                eager_header(&mut h, len);
                 len
             }
             BodyAt::Ring { offset, len } | BodyAt::Piece { offset, len, staged: false } => {
@@ -622,14 +619,42 @@ impl<P: Provider> Conn<P> {
                 0
             }
         };
-        self.session.stamp(&mut h);
-        if let Some(dst) = pool.buf_mut(&mut buf).get_mut(..HEADER_LEN) {
+        self.seal(pool, &mut buf, &mut h);
+        let len = HEADER_LEN as u32 + eager;
+        self.sq.send(pool, buf, len, len <= self.max_inline);
+    }
+
+    /// Stamps `h` (session id, freed head) and writes it at the start of `buf`.
+    #[inline(always)]
+    fn seal(&mut self, pool: &mut SendPool<P>, buf: &mut SendBuf, h: &mut Header) {
+        self.session.stamp(h);
+        if let Some(dst) = pool.buf_mut(buf).get_mut(..HEADER_LEN) {
             if let Ok(dst) = <&mut [u8; HEADER_LEN]>::try_from(dst) {
                 h.encode(dst);
             }
         }
-        let len = HEADER_LEN as u32 + eager;
-        self.sq.send(pool, buf, len, len <= self.max_inline);
+    }
+
+    /// Sends a message whose `len` body bytes are in send buffer `buf` now: [`Conn::queue`] with
+    /// [`BodyAt::Eager`] then [`Conn::flush`], with no round trip through the send queue when
+    /// nothing waits in it ([`SendQueue::send_now`]); behind what does otherwise.
+    ///
+    /// # Errors
+    /// As [`Conn::flush`]'s (close the connection).
+    #[inline]
+    pub(crate) fn send_now(
+        &mut self,
+        pool: &mut SendPool<P>,
+        mut buf: SendBuf,
+        mut h: Header,
+        len: u32,
+        tag: u32,
+    ) -> Result<()> {
+        eager_header(&mut h, len);
+        self.seal(pool, &mut buf, &mut h);
+        let len = HEADER_LEN as u32 + len;
+        self.session.on_flushed();
+        self.sq.send_now(&self.qp, pool, buf, len, len <= self.max_inline, tag)
     }
 
     /// Queues `s` as the error answer `header` names, in send buffer `buf`: its message as the
@@ -1012,6 +1037,15 @@ impl<P: Provider> Conn<P> {
         self.session.on_flushed();
         self.sq.flush(&self.qp, pool, tag)
     }
+}
+
+/// The header fields of a message whose `len` body bytes follow it in its SEND.
+#[inline(always)]
+fn eager_header(h: &mut Header, len: u32) {
+    h.in_ring = false;
+    h.body_len = len;
+    h.total_len = len;
+    h.ring_offset = 0;
 }
 
 /// A CQ sized for `recv` receive WQEs and `sends` signaled send completions.

@@ -113,13 +113,13 @@ impl Session {
     /// Client: the server's ring is granted on demand (protocol 12); call once, before anything
     /// is placed. Without it the peer's ring is the one the handshake gave.
     pub fn lease_peer_ring(&mut self) {
-        self.peer_ring = PeerRing::None;
+        self.set_peer_ring(PeerRing::None);
     }
 
     /// Server: our ring is granted on demand (protocol 12); call once, before any header is
     /// handled. Without it our ring is the one the handshake gave.
     pub fn lease_own_ring(&mut self) {
-        self.own_ring = OwnRing::None;
+        self.set_own_ring(OwnRing::None);
     }
 
     /// Whether bodies may be placed in the peer's ring now (given at the handshake, or granted
@@ -142,17 +142,39 @@ impl Session {
     #[cold]
     pub(crate) fn want_peer_ring(&mut self) {
         match &mut self.peer_ring {
-            PeerRing::None => self.peer_ring = PeerRing::AskDue,
+            PeerRing::None => self.set_peer_ring(PeerRing::AskDue),
             PeerRing::Releasing { wanted } => *wanted = true,
             _ => {}
         }
     }
 
-    /// Whether a lease message may be due ([`Session::next_lease_control`]); two compares.
+    /// Whether a lease message may be due ([`Session::next_lease_control`]): one load (the
+    /// flag the setters keep; the drivers ask at every flush, and the states' niche-packed
+    /// discriminants cost a dozen instructions to match).
     #[inline]
     pub fn lease_pending(&self) -> bool {
+        debug_assert_eq!(self.lease_due, self.lease_due_now(), "lease_due out of step with the lease states");
+        self.lease_due
+    }
+
+    /// [`Session::lease_pending`] computed from the states.
+    fn lease_due_now(&self) -> bool {
         matches!(self.peer_ring, PeerRing::AskDue | PeerRing::Releasing { .. })
             || matches!(self.own_ring, OwnRing::Answer(_) | OwnRing::ReclaimDue { .. })
+    }
+
+    /// The one way `peer_ring` changes state: keeps [`Session::lease_pending`]'s flag.
+    #[inline]
+    fn set_peer_ring(&mut self, r: PeerRing) {
+        self.peer_ring = r;
+        self.lease_due = self.lease_due_now();
+    }
+
+    /// The one way `own_ring` changes state: keeps [`Session::lease_pending`]'s flag.
+    #[inline]
+    fn set_own_ring(&mut self, r: OwnRing) {
+        self.own_ring = r;
+        self.lease_due = self.lease_due_now();
     }
 
     /// The lease message to send now, if any. As grantee: a RingAsk (for the handshake's ring
@@ -164,7 +186,7 @@ impl Session {
     pub fn next_lease_control(&mut self) -> Option<LeaseMsg> {
         match self.peer_ring {
             PeerRing::AskDue => {
-                self.peer_ring = PeerRing::Asked;
+                self.set_peer_ring(PeerRing::Asked);
                 return Some(LeaseMsg::Ask(self.params.peer_ring_len));
             }
             // Only once the granter reported every body and piece freed (the RingReclaim
@@ -172,25 +194,27 @@ impl Session {
             // server meters the lease messages as pieces, so none may be on its receive queue
             // next to ours.
             PeerRing::Releasing { wanted } if self.producer.unretired() == 0 && self.producer.used() == 0 => {
-                self.peer_ring = if wanted { PeerRing::AskDue } else { PeerRing::None };
+                self.set_peer_ring(if wanted { PeerRing::AskDue } else { PeerRing::None });
                 return Some(LeaseMsg::Release);
             }
             _ => {}
         }
-        match std::mem::replace(&mut self.own_ring, OwnRing::None) {
+        let own = std::mem::replace(&mut self.own_ring, OwnRing::None);
+        self.lease_due = self.lease_due_now();
+        match own {
             OwnRing::Answer(Ok(g)) => {
                 self.consumer = RingConsumer::new(g.len, self.params.max_held.max(1));
                 self.params.own_ring_len = g.len;
-                self.own_ring = OwnRing::Granted { mark: self.consumer.accepted(), since: None };
+                self.set_own_ring(OwnRing::Granted { mark: self.consumer.accepted(), since: None });
                 Some(LeaseMsg::Grant(g))
             }
             OwnRing::Answer(Err(s)) => Some(LeaseMsg::Refuse(s)),
             OwnRing::ReclaimDue { since } => {
-                self.own_ring = OwnRing::Reclaiming { since };
+                self.set_own_ring(OwnRing::Reclaiming { since });
                 Some(LeaseMsg::Reclaim)
             }
             other => {
-                self.own_ring = other;
+                self.set_own_ring(other);
                 None
             }
         }
@@ -210,7 +234,7 @@ impl Session {
             Role::Client => RingProducer::new(len),
         };
         self.placed = (self.producer.mark(), self.producer.mark());
-        self.peer_ring = PeerRing::Granted;
+        self.set_peer_ring(PeerRing::Granted);
         Ok(())
     }
 
@@ -219,7 +243,7 @@ impl Session {
     /// again.
     pub fn ring_refused(&mut self) {
         if self.peer_ring == PeerRing::Asked {
-            self.peer_ring = PeerRing::None;
+            self.set_peer_ring(PeerRing::None);
         }
     }
 
@@ -245,7 +269,7 @@ impl Session {
     /// session's next controls ([`Session::next_lease_control`]). Ignored unless asked.
     pub fn ring_answer(&mut self, answer: Result<RingGrant, Status>) {
         if self.own_ring == OwnRing::Asked {
-            self.own_ring = OwnRing::Answer(answer);
+            self.set_own_ring(OwnRing::Answer(answer));
         }
     }
 
@@ -266,18 +290,18 @@ impl Session {
                 match since {
                     Some(t) if at == mark && !self.consumer.holds() && self.assemblies.is_empty() => {
                         if now.saturating_duration_since(t) >= idle {
-                            self.own_ring = OwnRing::ReclaimDue { since: now };
+                            self.set_own_ring(OwnRing::ReclaimDue { since: now });
                             return OwnSweep::Reclaim;
                         }
                     }
-                    _ => self.own_ring = OwnRing::Granted { mark: at, since: Some(now) },
+                    _ => self.set_own_ring(OwnRing::Granted { mark: at, since: Some(now) }),
                 }
                 OwnSweep::Keep
             }
             OwnRing::ReclaimDue { since } | OwnRing::Reclaiming { since }
                 if now.saturating_duration_since(since) >= idle =>
             {
-                self.own_ring = OwnRing::Revoked;
+                self.set_own_ring(OwnRing::Revoked);
                 OwnSweep::Revoke
             }
             _ => OwnSweep::Keep,
@@ -302,14 +326,14 @@ impl Session {
                 if self.own_ring != OwnRing::None {
                     return Err("ring asked for while one is granted, asked for or not released");
                 }
-                self.own_ring = OwnRing::Asked;
+                self.set_own_ring(OwnRing::Asked);
             }
             (Role::Server, Kind::RingRelease) => {
                 self.meter.piece()?;
                 if !matches!(self.own_ring, OwnRing::Reclaiming { .. } | OwnRing::Revoked) {
                     return Err("ring release not asked for");
                 }
-                self.own_ring = OwnRing::None;
+                self.set_own_ring(OwnRing::None);
             }
             (Role::Client, Kind::RingGrant) => {
                 if self.peer_ring != PeerRing::Asked {
@@ -322,7 +346,7 @@ impl Session {
                 if self.peer_ring != PeerRing::Granted {
                     return Err("ring reclaim with no ring granted");
                 }
-                self.peer_ring = PeerRing::Releasing { wanted: false };
+                self.set_peer_ring(PeerRing::Releasing { wanted: false });
             }
             (Role::Server, Kind::RingGrant | Kind::RingReclaim) => {
                 return Err("ring grant or reclaim sent to a server")
@@ -437,6 +461,9 @@ mod tests {
         assert!(c.handle_header(&header(Kind::RingReclaim), || t).is_err());
     }
 
+    /// Also checks [`Session::lease_pending`]'s flag through the granter's states. Sabotaged:
+    /// with `set_own_ring` not updating the flag, it failed ("lease_due out of step with the
+    /// lease states").
     #[test]
     fn the_granter_reclaims_an_idle_ring_and_revokes_it_when_no_release_comes() {
         let t = Instant::now();
@@ -446,16 +473,22 @@ mod tests {
         assert!(!s.own_ring_live());
         s.handle_header(&header(Kind::RingAsk), || t).unwrap();
         assert!(s.own_ring_asked());
+        assert!(!s.lease_pending(), "nothing to send before the driver answers");
         let g = RingGrant { addr: 4096, len: RING, rkey: 9 };
         s.ring_answer(Ok(g));
+        assert!(s.lease_pending(), "the answer waits to be sent");
         assert!(!s.own_ring_live(), "no body before the grant leaves");
         assert_eq!(s.next_lease_control(), Some(LeaseMsg::Grant(g)));
+        assert!(!s.lease_pending(), "the grant was taken");
         assert!(s.own_ring_live());
         // The first sweep that sees it starts its idle time.
         assert_eq!(s.sweep_own_ring(at(1000), idle), OwnSweep::Keep);
         assert_eq!(s.sweep_own_ring(at(1050), idle), OwnSweep::Keep);
+        assert!(!s.lease_pending());
         assert_eq!(s.sweep_own_ring(at(1100), idle), OwnSweep::Reclaim);
+        assert!(s.lease_pending(), "the reclaim waits to be sent");
         assert_eq!(s.next_lease_control(), Some(LeaseMsg::Reclaim));
+        assert!(!s.lease_pending(), "the reclaim was taken");
         assert!(s.own_ring_live(), "bodies that crossed the reclaim are taken");
         assert!(!s.own_ring_droppable());
         assert_eq!(s.sweep_own_ring(at(1150), idle), OwnSweep::Keep);

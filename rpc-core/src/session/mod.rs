@@ -284,6 +284,9 @@ pub struct Session {
     /// The lease of our ring, as its consumer ([`lease`]; `Fixed` unless
     /// [`Session::lease_own_ring`]).
     own_ring: OwnRing,
+    /// Whether a lease message may be due: kept by the lease states' setters
+    /// ([`Session::lease_pending`]).
+    lease_due: bool,
     /// The request credits granted now ([`credits`]; fixed at `params.credits` unless granted
     /// on demand).
     credits: credits::Credits,
@@ -355,6 +358,7 @@ impl Session {
             peer_load: u32::MAX,
             peer_ring: PeerRing::Fixed,
             own_ring: OwnRing::Fixed,
+            lease_due: false,
             credits: credits::Credits::fixed(params.credits),
         }
     }
