@@ -618,14 +618,13 @@ impl<P: Provider> Listener<P> {
                 }
             }
         }
-        let token = Token(self.next_token);
-        self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CONN);
-        if let Err(e) =
-            self.poll.registry().register(&mut SourceFd(&stream.as_raw_fd()), token, Interest::READABLE)
-        {
-            tracing::info!(%peer, error = %e, "connection dropped: cannot watch it");
-            return;
-        }
+        let token = match self.watch(&stream) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::info!(%peer, error = %e, "connection dropped: cannot watch it");
+                return;
+            }
+        };
         self.handshakes
             .insert(token, PendingHandshake { stream, peer, since: Instant::now(), buf: Vec::new() });
         // Bytes may have arrived before the registration (no edge would report them).
@@ -716,16 +715,19 @@ impl<P: Provider> Listener<P> {
     fn take_handoffs(&mut self) {
         let Some(h) = self.shm_in.clone() else { return };
         for (stream, peer, frame) in h.take() {
-            let token = Token(self.next_token);
-            self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CONN);
-            if let Err(e) =
-                self.poll.registry().register(&mut SourceFd(&stream.as_raw_fd()), token, Interest::READABLE)
-            {
-                tracing::info!(%peer, error = %e, "same-host connection dropped: cannot watch it");
-                continue;
+            match self.watch(&stream) {
+                Ok(token) => self.finish_handshake(token, stream, peer, frame),
+                Err(e) => tracing::info!(%peer, error = %e, "same-host connection dropped: cannot watch it"),
             }
-            self.finish_handshake(token, stream, peer, frame);
         }
+    }
+
+    /// Watches `stream` for reads under a new token.
+    fn watch(&mut self, stream: &TcpStream) -> std::io::Result<Token> {
+        let token = Token(self.next_token);
+        self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CONN);
+        self.poll.registry().register(&mut SourceFd(&stream.as_raw_fd()), token, Interest::READABLE)?;
+        Ok(token)
     }
 
     /// Drops the handshakes that ran out of `handshake_timeout`.
