@@ -268,7 +268,9 @@ pub(super) fn start<P: Provider>(
     })
 }
 
-/// A listener's part in the same-host path ([`ServerConfig::same_host_shm`]).
+/// A listener's part in the same-host path ([`ServerConfig::same_host_shm`]; only an RDMA
+/// server has one).
+#[cfg_attr(not(feature = "ibverbs"), allow(dead_code))]
 pub(super) enum ShmRole {
     /// None: a same-host hello is refused on an RDMA NIC, admitted as any on `sim`.
     None,
