@@ -776,9 +776,14 @@ mod rec {
     #[derive(Debug)]
     pub(crate) struct Local;
 
-    pub(crate) type Start = ();
+    /// No clock without metrics: a start is nothing (a type of its own, not `()`, so passing
+    /// one is not a unit argument).
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Start;
 
-    pub(crate) fn now() -> Start {}
+    pub(crate) fn now() -> Start {
+        Start
+    }
 
     pub(crate) fn nanos_since(_: Start) -> u64 {
         0
