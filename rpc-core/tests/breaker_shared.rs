@@ -1,0 +1,215 @@
+//! Breaking the shared dispatcher thread (one per core and `ChannelConfig::thread_name` for
+//! every Channel session there): a server that goes away and comes back, one replaced by a
+//! listener that takes the TCP connection and never answers the handshake, hundreds of idle
+//! channels on one thread under servers that probe them. What must hold: a misbehaving server
+//! costs only its own channel's calls; every other channel on the thread keeps answering calls
+//! and its server's idle probes; every call ends (an answer or an error); the thread ends with
+//! its last session.
+
+#[path = "rpc_support/mod.rs"]
+mod rpc_support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rpc_core::{CallOptions, Channel, ChannelConfig, Code, ServerHandle};
+use rpc_support::*;
+
+fn echo(ch: &Channel, seq: u64) -> Result<EchoMsg, rpc_core::Status> {
+    block_on(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(seq, 8, 8), &CallOptions::default()))
+}
+
+fn echo_ok(ch: &Channel, seq: u64) {
+    let r = echo(ch, seq).unwrap_or_else(|e| panic!("call {seq}: {e}"));
+    check_reply(&r, seq, 8);
+}
+
+/// A channel config on thread `name` with a short reconnect backoff.
+fn config(name: &str) -> ChannelConfig {
+    let client = client_config()
+        .polling(rpc_core::PollingPolicy::Event { spins: 0 })
+        .reconnect_initial_backoff(Duration::from_millis(50))
+        .reconnect_multiplier(1.0)
+        .reconnect_jitter(0.0)
+        .connect_timeout(Duration::from_secs(3));
+    channel_config(name).client(client)
+}
+
+/// Idle channels to servers that probe them every `peer_timeout`, plus calls on each: none of
+/// their sessions is lost while a neighbour on the thread misbehaves.
+struct Neighbours {
+    servers: Vec<ServerHandle>,
+    chans: Vec<Channel>,
+}
+
+impl Neighbours {
+    fn new(name: &str, n: usize, peer_timeout: Duration) -> Neighbours {
+        let servers: Vec<ServerHandle> =
+            (0..n).map(|_| spawn(server().peer_timeout(Some(peer_timeout))).0).collect();
+        let chans = servers
+            .iter()
+            .map(|h| Channel::connect_blocking(h.local_addr(), &config(name)).unwrap())
+            .collect();
+        Neighbours { servers, chans }
+    }
+
+    fn check(&self, round: u64) {
+        for (i, h) in self.servers.iter().enumerate() {
+            assert_eq!(
+                h.counters().peers_lost,
+                0,
+                "server {i} lost an idle channel's session (round {round})"
+            );
+        }
+        for (i, ch) in self.chans.iter().enumerate() {
+            echo_ok(ch, ((i as u64) << 32) | round);
+        }
+    }
+}
+
+/// A channel whose server goes away, then its port is taken by a listener that accepts TCP
+/// and never answers the handshake (each redial blocks there for the connect timeout), then
+/// the real server comes back: the channel's calls end with errors and finally answers; the
+/// neighbours on the thread answer calls and probes throughout; dropping the channel while a
+/// redial hangs leaves the thread to the others, and it ends with the last.
+#[test]
+fn a_server_gone_then_a_mute_listener_then_back_costs_only_its_own_channel() {
+    let peer_timeout = Duration::from_millis(600);
+    let n = Neighbours::new("brk-redial", 3, peer_timeout);
+    let (first, _) = spawn(server());
+    let addr: SocketAddr = first.local_addr();
+    let ch = Channel::connect_blocking(addr, &config("brk-redial")).unwrap();
+    echo_ok(&ch, 1);
+    n.check(1);
+    assert_eq!(threads_named("brk-redial"), 1);
+    first.shutdown();
+    // The break is seen; calls end with errors (none hangs: block_on's guard).
+    wait_until(
+        "the channel to see its server go",
+        WAIT,
+        || echo(&ch, 2).is_err(),
+        || format!("{} attempts", ch.reconnect_attempts()),
+    );
+    // A listener that takes connections and says nothing.
+    let mute = std::net::TcpListener::bind(addr).expect("the port again");
+    mute.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let mute_thread = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            match mute.accept() {
+                Ok((s, _)) => held.push(s),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        held.len()
+    });
+    let before = ch.reconnect_attempts();
+    let until = Instant::now() + Duration::from_secs(2) + peer_timeout * 3;
+    let mut seq = 10;
+    while Instant::now() < until {
+        let e = echo(&ch, seq).expect_err("a call answered by a mute listener");
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        n.check(seq);
+        seq += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(ch.reconnect_attempts() > before, "no redial reached the mute listener");
+    n.check(500);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(mute_thread.join().unwrap() > 0, "no redial reached the mute listener");
+    // The real server again.
+    let second =
+        server().add_service(TestService::default()).spawn(addr.to_string()).expect("the port again");
+    wait_until(
+        "the channel answering again",
+        WAIT,
+        || echo(&ch, 600).is_ok(),
+        || format!("{} attempts", ch.reconnect_attempts()),
+    );
+    echo_ok(&ch, 601);
+    n.check(602);
+    drop(ch);
+    n.check(603);
+    assert_eq!(threads_named("brk-redial"), 1);
+    drop(second);
+    let Neighbours { servers, chans } = n;
+    drop(chans);
+    wait_until(
+        "the thread ending with its last session",
+        WAIT,
+        || threads_named("brk-redial") == 0,
+        || format!("{:?}", thread_names()),
+    );
+    drop(servers);
+}
+
+/// A channel dropped while its redial hangs in a mute listener's handshake: the thread goes on
+/// for the others, and ends with the last.
+#[test]
+fn a_channel_dropped_while_its_redial_hangs() {
+    let n = Neighbours::new("brk-drop-redial", 2, Duration::from_millis(600));
+    let (first, _) = spawn(server());
+    let addr = first.local_addr();
+    let ch = Channel::connect_blocking(addr, &config("brk-drop-redial")).unwrap();
+    echo_ok(&ch, 1);
+    first.shutdown();
+    let mute = std::net::TcpListener::bind(addr).expect("the port again");
+    wait_until("the channel to see its server go", WAIT, || echo(&ch, 2).is_err(), String::new);
+    // A call that waits for a redial that hangs in the handshake.
+    let mut call = Box::pin(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(3, 8, 8), &CallOptions::default()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let accepted = mute.accept().expect("the redial connects");
+    let _ = call.as_mut().poll(&mut cx);
+    drop(ch);
+    n.check(1);
+    let r = block_on(call);
+    assert!(r.is_err(), "a call answered by a mute listener");
+    drop(accepted);
+    n.check(2);
+    let Neighbours { servers, chans } = n;
+    drop(chans);
+    wait_until(
+        "the thread ending with its last session",
+        WAIT,
+        || threads_named("brk-drop-redial") == 0,
+        || format!("{:?}", thread_names()),
+    );
+    drop(servers);
+}
+
+use std::future::Future;
+
+/// Hundreds of idle channels on one thread to one server that probes each every
+/// `peer_timeout`, with a neighbour whose waiting call the thread drives all along: no session
+/// is lost, and each channel answers afterwards.
+#[test]
+fn three_hundred_idle_channels_on_one_thread_answer_every_probe() {
+    const N: usize = 300;
+    let peer_timeout = Duration::from_millis(400);
+    let (h, _) = spawn(server().peer_timeout(Some(peer_timeout)).max_sessions(N + 8));
+    let (slow, stash) = spawn(server());
+    let cfg = config("brk-idle300").queue_depth(4);
+    let chans: Vec<Channel> =
+        (0..N).map(|_| Channel::connect_blocking(h.local_addr(), &cfg).unwrap()).collect();
+    let slow_ch = Channel::connect_blocking(slow.local_addr(), &cfg).unwrap();
+    let mut held =
+        Box::pin(slow_ch.unary::<EchoMsg, EchoMsg>(STASH, request(7, 4, 0), &CallOptions::default()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(held.as_mut().poll(&mut cx).is_pending());
+    wait_until("the held call at the server", WAIT, || stash.lock().unwrap().len() == 1, String::new);
+    assert_eq!(threads_named("brk-idle300-"), 0);
+    assert_eq!(threads_named("brk-idle300"), 1);
+    std::thread::sleep(peer_timeout * 5);
+    assert_eq!(h.counters().peers_lost, 0, "idle sessions lost: {:?}", h.counters());
+    for (i, ch) in chans.iter().enumerate() {
+        echo_ok(ch, i as u64);
+    }
+    stash.lock().unwrap().pop().unwrap().send(Ok(EchoMsg { seq: 7, ..Default::default() }));
+    let r = block_on(held).expect("the held call");
+    assert_eq!(r.seq, 7);
+    drop(chans);
+    drop(slow_ch);
+    wait_until("the thread ending", WAIT, || threads_named("brk-idle300") == 0, String::new);
+}
