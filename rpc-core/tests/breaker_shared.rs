@@ -217,3 +217,42 @@ fn three_hundred_idle_channels_on_one_thread_answer_every_probe() {
     drop(slow_ch);
     wait_until("the thread ending", WAIT, || threads_named("brk-idle300") == 0, String::new);
 }
+
+/// A flood of same-host hellos (FLAG_SHM, with hostile neighbours: FLAG_DETACHED, an unknown
+/// bit) at a `sim` server, which has no same-host path of its own (it is shared memory
+/// already): each plain FLAG_SHM hello is admitted as any hello (and closed with its
+/// connection), each with a flag a client may not send is refused INVALID_ARGUMENT naming
+/// `flags`; a good client's calls all succeed meanwhile and every session admitted is closed
+/// with its connection. Holds on main. Sabotaged: `KNOWN_FLAGS` without `FLAG_SHM` (wire/handshake.rs): "a FLAG_SHM
+/// hello refused: ... flags".
+#[test]
+fn a_flood_of_same_host_hellos_at_a_sim_server_is_admitted_or_refused_cleanly() {
+    use rpc_core::wire::{Frame, FLAG_DETACHED, FLAG_IDLE_PONGS, FLAG_SHM};
+    let (server, _) = spawn(server());
+    let good = GoodClient::start(server.local_addr(), None);
+    let mut admitted = 0;
+    for i in 0..48u16 {
+        let flags = match i % 3 {
+            0 => FLAG_SHM,
+            1 => FLAG_SHM | FLAG_IDLE_PONGS,
+            _ => FLAG_SHM | if i % 2 == 0 { FLAG_DETACHED } else { 1 << 12 },
+        };
+        match raw_handshake(server.local_addr(), |h| h.flags = flags) {
+            Frame::Refusal(r) => {
+                assert!(i % 3 == 2, "a FLAG_SHM hello refused: {:?} {}", r.code, r.message);
+                assert_eq!(r.code, Code::InvalidArgument, "{}", r.message);
+                assert!(r.message.contains("flags"), "{}", r.message);
+            }
+            Frame::Handshake(_) => {
+                assert!(i % 3 != 2, "flags {flags:#x} admitted");
+                admitted += 1;
+            }
+        }
+    }
+    assert_eq!(admitted, 32);
+    good.finish();
+    // (The good client's session too: its client is gone with its thread.)
+    counters_when(&server, "every session closed", WAIT, |c| {
+        c.sessions_opened == 33 && c.sessions_closed == 33
+    });
+}
