@@ -6,6 +6,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::verbs::rc::{Endpoint, RcConfig};
 use crate::verbs::{DeviceSelector, Provider, QueuePair, Result};
 
+/// Whether `ip` is this host's: loopback, or an address a socket can bind here (the kernel
+/// binds only local addresses). A system call: control path only (the same-host path's
+/// checks, [`crate::ClientConfig::same_host_shm`] and `ServerConfig::same_host_shm`).
+/// An IPv4 address seen through a dual-stack socket (`::ffff:a.b.c.d`) is judged as IPv4.
+pub(crate) fn is_local_ip(ip: std::net::IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    ip.is_loopback() || std::net::UdpSocket::bind(std::net::SocketAddr::new(ip, 0)).is_ok()
+}
+
 /// The transport of a server or client.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]

@@ -178,9 +178,7 @@ pub(crate) fn same_host(
 /// here (the kernel binds only local addresses).
 #[cfg(feature = "ibverbs")]
 fn is_local(addrs: &[SocketAddr]) -> bool {
-    addrs.first().is_some_and(|a| {
-        a.ip().is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(a.ip(), 0)).is_ok()
-    })
+    addrs.first().is_some_and(|a| crate::transport::is_local_ip(a.ip()))
 }
 
 impl Inner {

@@ -322,6 +322,28 @@ impl ShmHandoff {
     }
 }
 
+/// Where a same-host hello ([`FLAG_SHM`]) from `peer` at an RDMA listener goes: to the
+/// same-host workers' listener (`out`), or refused when the server does not offer the path
+/// (`out` is `None`: FAILED_PRECONDITION naming the setting) or `peer` is not on this host (FAILED_PRECONDITION: a software-NIC session is
+/// reachable only from here; a remote peer's hello would make the server connect a sim QP to
+/// whatever QP of this host the hello names). The client then connects on the NIC.
+fn same_host_target(out: Option<&Arc<ShmHandoff>>, peer: SocketAddr) -> Result<&Arc<ShmHandoff>, Status> {
+    let Some(out) = out else {
+        return Err(Status::failed_precondition(
+            "handshake field `flags`: FLAG_SHM (the same-host path), which this server does not \
+             offer (ServerConfig::same_host_shm is None): connect on the NIC",
+        ));
+    };
+    if !crate::transport::is_local_ip(peer.ip()) {
+        return Err(Status::failed_precondition(format!(
+            "handshake field `flags`: FLAG_SHM (the same-host path) from {}, which is not an \
+             address of this host: connect on the NIC",
+            peer.ip()
+        )));
+    }
+    Ok(out)
+}
+
 /// Tells the listener thread to stop, and wakes it.
 pub(super) struct ListenerStop {
     stop: AtomicBool,
@@ -691,17 +713,14 @@ impl<P: Provider> Listener<P> {
     /// many wait for it (UNAVAILABLE).
     fn hand_to_shm(&mut self, stream: ControlStream, peer: SocketAddr, frame: Result<Frame, FrameError>) {
         self.forget(&stream);
-        let Some(out) = &self.shm_out else {
-            let mut stream = stream;
-            let e = Self::refuse(
-                &mut stream,
-                Status::failed_precondition(
-                    "handshake field `flags`: FLAG_SHM (the same-host path), which this server does not \
-                     offer (ServerConfig::same_host_shm is None): connect on the NIC",
-                ),
-            );
-            tracing::info!(%peer, error = %e, "same-host connection refused");
-            return;
+        let out = match same_host_target(self.shm_out.as_ref(), peer) {
+            Ok(out) => out,
+            Err(status) => {
+                let mut stream = stream;
+                let e = Self::refuse(&mut stream, status);
+                tracing::info!(%peer, error = %e, "same-host connection refused");
+                return;
+            }
         };
         if let Err(mut stream) = out.hand(stream, peer, frame) {
             let e = Self::refuse(
@@ -1295,5 +1314,28 @@ impl Watchdog {
     /// Whether the worker stood still for [`STALL`] at the last look.
     fn stalled(&self) -> bool {
         self.warned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A same-host hello is taken only when the server offers the path and the peer's address
+    /// is this host's (loopback or bound here); a remote address (TEST-NET-1, never local) is
+    /// refused FAILED_PRECONDITION naming it.
+    #[test]
+    fn a_same_host_hello_from_a_remote_address_is_refused() {
+        let local: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:4000".parse().unwrap();
+        let remote: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let out = Arc::new(ShmHandoff::default());
+        assert!(same_host_target(Some(&out), local).is_ok());
+        assert!(same_host_target(Some(&out), mapped).is_ok(), "a dual-stack socket's loopback peer");
+        let s = same_host_target(Some(&out), remote).err().expect("a remote same-host hello admitted");
+        assert_eq!(s.code(), crate::status::Code::FailedPrecondition, "{s}");
+        assert!(s.message().contains("192.0.2.1"), "{s}");
+        let s = same_host_target(None, local).err().expect("a same-host hello admitted with no path");
+        assert!(s.message().contains("same_host_shm is None"), "{s}");
     }
 }

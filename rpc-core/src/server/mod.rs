@@ -127,8 +127,10 @@ pub struct ServerConfig {
     /// are counted apart (`Counters::sessions_shm`) and admitted up to `max_sessions` of
     /// their own, with this configuration's other limits. Give them cores of their own when the
     /// workers busy-poll ([`PollingPolicy::Busy`]): two busy-polling threads on one core halve
-    /// each other. Default `None` (a same-host hello is refused FAILED_PRECONDITION naming
-    /// this field, and the client connects again on the NIC). Ignored on `sim` (already shared
+    /// each other. A same-host hello from an address that is not this host's is refused
+    /// FAILED_PRECONDITION naming the address (a software-NIC session is reachable only from
+    /// here). Default `None` (a same-host hello is refused FAILED_PRECONDITION naming this
+    /// field, and the client connects again on the NIC). Ignored on `sim` (already shared
     /// memory).
     pub same_host_shm: Option<Vec<usize>>,
     /// Largest request or response body in bytes. Default 64 MiB; 1 ..= 4 GiB − 1. A body larger
