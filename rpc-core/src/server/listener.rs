@@ -323,10 +323,11 @@ impl ShmHandoff {
 }
 
 /// Where a same-host hello ([`FLAG_SHM`]) from `peer` at an RDMA listener goes: to the
-/// same-host workers' listener (`out`), or refused when the server does not offer the path
-/// (`out` is `None`: FAILED_PRECONDITION naming the setting) or `peer` is not on this host (FAILED_PRECONDITION: a software-NIC session is
-/// reachable only from here; a remote peer's hello would make the server connect a sim QP to
-/// whatever QP of this host the hello names). The client then connects on the NIC.
+/// same-host workers' listener (`out`), or refused FAILED_PRECONDITION when the server does not
+/// offer the path (`out` is `None`: naming the setting) or `peer` is not on this host (naming
+/// the address: a software-NIC session is reachable only from here, and a remote peer's hello
+/// would make the server connect a sim QP to whatever QP of this host the hello names). The
+/// client then connects on the NIC.
 fn same_host_target(out: Option<&Arc<ShmHandoff>>, peer: SocketAddr) -> Result<&Arc<ShmHandoff>, Status> {
     let Some(out) = out else {
         return Err(Status::failed_precondition(
