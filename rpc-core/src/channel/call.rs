@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -27,11 +27,6 @@ const CANCELLED: u8 = 2;
 pub(crate) struct Completion<T> {
     state: AtomicU8,
     slot: Mutex<Slot<T>>,
-    /// The waiting task is counted in its dispatcher's `Inner::waiters` ([`Completion::count`]).
-    /// Whoever clears it takes the count back: the task when it polls or drops its call, or the
-    /// driver that hands the result over, so a task woken but not yet polled no longer keeps
-    /// the dispatcher thread driving for it.
-    counted: AtomicBool,
 }
 
 /// What a [`Completion`]'s lock guards.
@@ -42,17 +37,12 @@ struct Slot<T> {
 
 impl<T> Completion<T> {
     pub(crate) fn new() -> Completion<T> {
-        Completion {
-            state: AtomicU8::new(PENDING),
-            slot: Mutex::new(Slot { result: None, waker: None }),
-            counted: AtomicBool::new(false),
-        }
+        Completion { state: AtomicU8::new(PENDING), slot: Mutex::new(Slot { result: None, waker: None }) }
     }
 
     /// Back to its state when new (its owner is the only one left: no atomic operation).
     pub(crate) fn reset(&mut self) {
         *self.state.get_mut() = PENDING;
-        *self.counted.get_mut() = false;
         let slot = self.slot.get_mut().unwrap_or_else(|e| e.into_inner());
         slot.result = None;
         slot.waker = None;
@@ -88,24 +78,6 @@ impl<T> Completion<T> {
         self.state.store(DONE, Ordering::Release);
         if let Some(w) = slot.waker.take() {
             wakers.push(w);
-        }
-    }
-
-    /// The waiting task counts itself in `waiters` (its dispatcher's), once. Called by the task
-    /// only; the count is taken before the flag is set, so a driver's [`Completion::uncount`]
-    /// in between leaves the count to the task's own uncount.
-    pub(crate) fn count(&self, waiters: &AtomicUsize) {
-        if !self.counted.load(Ordering::SeqCst) {
-            waiters.fetch_add(1, Ordering::SeqCst);
-            self.counted.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// Takes the task's count out of `waiters`, if it is still counted (by the task or by the
-    /// driver that handed its result over: one of them, once).
-    pub(crate) fn uncount(&self, waiters: &AtomicUsize) {
-        if self.counted.swap(false, Ordering::SeqCst) {
-            waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -182,9 +154,6 @@ pub(crate) trait Job: Send + Sync {
     /// it to the task, its waker pushed to `wakers`. Called once the driver has published the
     /// calls still in flight.
     fn finish(&self, _core: &mut AnyCore, _id: CallId, _expired: bool, _wakers: &mut Vec<Waker>) {}
-    /// After [`Job::finish`]: the task, woken, no longer waits; its count in `waiters` is taken
-    /// back now rather than at its next poll (see [`Completion::uncount`]).
-    fn uncount(&self, _waiters: &AtomicUsize) {}
     /// Ends the call with `status` (before it started, or when the dispatcher stops).
     fn fail(&self, status: Status);
     /// True when the caller dropped its future.
@@ -291,10 +260,6 @@ where
         };
         let r = r.unwrap_or_else(|| Err(Status::internal("a finished call's answer was not there")));
         self.done.finish(r, wakers);
-    }
-
-    fn uncount(&self, waiters: &AtomicUsize) {
-        self.done.uncount(waiters);
     }
 
     fn fail(&self, status: Status) {

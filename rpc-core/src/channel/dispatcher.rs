@@ -913,7 +913,6 @@ impl Driver {
             self.delivered += self.finished.len() + self.answered.len();
             for (f, expired) in self.answered.drain(..) {
                 f.job.finish(&mut self.core, f.id, expired, &mut self.wakers);
-                f.job.uncount(&inner.waiters);
             }
             for job in self.finished.drain(..) {
                 job.release(&mut self.wakers);

@@ -712,6 +712,9 @@ pub struct UnaryCall<Resp> {
     dispatcher: usize,
     /// The result was handed out.
     taken: bool,
+    /// Counted in the dispatcher's `waiters`: the last poll returned `Pending` with the waker
+    /// registered.
+    waiting: bool,
     /// The completion may hold this task's waker (a poll returned `Pending` after registering
     /// it): the next poll that drives forgets it first.
     registered: bool,
@@ -744,6 +747,7 @@ impl<Resp> UnaryCall<Resp> {
             shared,
             dispatcher,
             taken: false,
+            waiting: false,
             registered: false,
             observed: None,
         }
@@ -752,16 +756,13 @@ impl<Resp> UnaryCall<Resp> {
     /// Counts the call among the dispatcher's waiters (before it hands anything to the
     /// dispatcher thread, which drives only while some task waits).
     fn wait(&mut self) {
-        if let (Some(o), Some(d)) = (self.done.as_deref(), self.shared.dispatchers.get(self.dispatcher)) {
-            o.done().count(&d.waiters);
-        }
+        wait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
     }
 
-    /// Takes the call out of the waiters (it is polled, or dropped), unless the driver that
-    /// finished it did ([`call::Completion::uncount`]).
+    /// Takes the call out of the waiters (it is polled, or dropped).
     fn unwait(&mut self) {
-        if let (Some(o), Some(d)) = (self.done.as_deref(), self.shared.dispatchers.get(self.dispatcher)) {
-            o.done().uncount(&d.waiters);
+        if self.waiting {
+            unwait(&mut self.waiting, &self.shared.dispatchers[self.dispatcher]);
         }
     }
 
@@ -811,6 +812,7 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         // (A call that ended before it started has no dispatcher, and its result is there.)
         let Some(d) = this.shared.dispatchers.get(this.dispatcher).map(|d| &**d) else { return ready(None) };
+        let waiting = &mut this.waiting;
         // From here until the waker is registered again, we poll for ourselves: a completion
         // meanwhile must not wake this task (nothing wakes itself).
         if std::mem::take(&mut this.registered) {
@@ -846,21 +848,21 @@ impl<Resp> Future for UnaryCall<Resp> {
         }
         if !is_done() {
             // Counted before the dispatcher thread is told, so that it finds us waiting.
-            done.count(&d.waiters);
+            wait(waiting, d);
             if hand_off {
                 d.want_driver();
             }
         }
         match done.poll(cx) {
             Poll::Ready(r) => {
-                done.uncount(&d.waiters);
+                unwait(waiting, d);
                 coop.made_progress();
                 this.taken = true;
                 report(&this.shared, &mut this.observed, &r);
                 ready(r)
             }
             Poll::Pending => {
-                done.count(&d.waiters);
+                wait(waiting, d);
                 this.registered = true;
                 Poll::Pending
             }
@@ -898,6 +900,22 @@ fn finish_observed<Resp>(
     if let (Some(o), Some(r)) = (observed.take(), r) {
         let (o, size) = *o;
         o.finish_with(r, size);
+    }
+}
+
+/// Counts a call among its dispatcher's waiters (see [`UnaryCall::wait`]).
+fn wait(waiting: &mut bool, d: &Inner) {
+    if !*waiting {
+        *waiting = true;
+        d.waiters.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Takes a call out of its dispatcher's waiters (see [`UnaryCall::unwait`]).
+fn unwait(waiting: &mut bool, d: &Inner) {
+    if *waiting {
+        *waiting = false;
+        d.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
