@@ -9,6 +9,7 @@
 #[path = "rpc_support/mod.rs"]
 mod rpc_support;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,20 @@ impl Neighbours {
         for (i, ch) in self.chans.iter().enumerate() {
             echo_ok(ch, ((i as u64) << 32) | round);
         }
+    }
+
+    /// Drops the channels and waits for the dispatcher thread `name` to end with its last
+    /// session (then the servers go).
+    fn finish(self, name: &str) {
+        let Neighbours { servers, chans } = self;
+        drop(chans);
+        wait_until(
+            "the thread ending with its last session",
+            WAIT,
+            || threads_named(name) == 0,
+            || format!("{:?}", thread_names()),
+        );
+        drop(servers);
     }
 }
 
@@ -137,15 +152,7 @@ fn a_server_gone_then_a_mute_listener_then_back_costs_only_its_own_channel() {
     n.check(603);
     assert_eq!(threads_named("brk-redial"), 1);
     drop(second);
-    let Neighbours { servers, chans } = n;
-    drop(chans);
-    wait_until(
-        "the thread ending with its last session",
-        WAIT,
-        || threads_named("brk-redial") == 0,
-        || format!("{:?}", thread_names()),
-    );
-    drop(servers);
+    n.finish("brk-redial");
 }
 
 /// A channel dropped while its redial hangs in a mute listener's handshake: the thread goes on
@@ -182,18 +189,8 @@ fn a_channel_dropped_while_its_redial_hangs() {
     assert!(r.is_err(), "a call answered by a mute listener");
     drop(accepted);
     n.check(2);
-    let Neighbours { servers, chans } = n;
-    drop(chans);
-    wait_until(
-        "the thread ending with its last session",
-        WAIT,
-        || threads_named("brk-drop-redial") == 0,
-        || format!("{:?}", thread_names()),
-    );
-    drop(servers);
+    n.finish("brk-drop-redial");
 }
-
-use std::future::Future;
 
 /// Hundreds of idle channels on one thread to one server that probes each every
 /// `peer_timeout`, with a neighbour whose waiting call the thread drives all along: no session
