@@ -108,3 +108,37 @@ fn a_channel_takes_the_same_host_path_too() {
     let c = counters_when(&server, "the same-host workers to publish the calls", WAIT, |c| c.rpcs >= 2);
     assert_eq!((c.sessions_shm, served_on_nic(&server)), (1, 0), "{c:?}");
 }
+
+#[test]
+fn a_peers_sessions_on_both_paths_count_against_one_max_sessions_per_peer() {
+    let Some(_) = on_rdma("a_peers_sessions_on_both_paths_count_against_one_max_sessions_per_peer") else {
+        return;
+    };
+    let (server, _) = spawn(server().same_host_shm(Some(Vec::new())).max_sessions_per_peer(1));
+    // One on the NIC, then one asking for the same-host path: refused there (the cap), then on
+    // the NIC (the same cap).
+    let nic = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    calls(&nic);
+    let e = Client::connect_with(server.local_addr(), &client_config().same_host_shm(true))
+        .expect_err("a second session of the peer admitted on the same-host path");
+    assert_eq!(e.code(), rpc_core::Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("max_sessions_per_peer"), "{e}");
+    drop(nic);
+    // The other way round: the same-host session holds the peer's one session.
+    // (A connect that raced the close may land on the NIC after its same-host try was refused:
+    // dropped, and tried again.)
+    let shm = wait_for(
+        "the NIC session's close to free the peer's cap",
+        WAIT,
+        || {
+            Client::connect_with(server.local_addr(), &client_config().same_host_shm(true))
+                .ok()
+                .filter(|c| c.counters().sessions_shm == 1)
+        },
+        || format!("{:?}", server.counters()),
+    );
+    calls(&shm);
+    let e = Client::connect_with(server.local_addr(), &client_config())
+        .expect_err("a NIC session admitted beside the peer's same-host one");
+    assert_eq!(e.code(), rpc_core::Code::ResourceExhausted, "{e}");
+}

@@ -280,8 +280,10 @@ pub(super) enum ShmRole {
     Forwards(Arc<ShmHandoff>),
 }
 
-/// A handshake handed over: its connection, peer and frame.
-type Handed = (ControlStream, SocketAddr, Result<Frame, FrameError>);
+/// A handshake handed over: its connection, peer and frame, and the ticket of the peer's address
+/// at the RDMA listener, which the session holds there: a peer's sessions on both paths count
+/// against one `max_sessions_per_peer`.
+type Handed = (ControlStream, SocketAddr, Result<Frame, FrameError>, PeerTicket);
 
 /// Same-host handshakes on their way from a server's RDMA listener to its software-NIC
 /// listener: the connection (its hello read, its TLS done), the peer, and the hello. At most
@@ -301,6 +303,7 @@ impl ShmHandoff {
         stream: ControlStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
+        ticket: PeerTicket,
     ) -> Result<(), ControlStream> {
         let Some(waker) = self.waker.get() else { return Err(stream) };
         {
@@ -308,7 +311,7 @@ impl ShmHandoff {
             if q.len() >= MAX_PENDING_HANDSHAKES {
                 return Err(stream);
             }
-            q.push((stream, peer, frame));
+            q.push((stream, peer, frame, ticket));
         }
         if let Err(e) = waker.wake() {
             // Taken at the listener's next turn (at most HOUSEKEEPING away) all the same.
@@ -681,20 +684,22 @@ impl<P: Provider> Listener<P> {
                 if same_host && P::NAME != crate::verbs::sim::Sim::NAME {
                     return self.hand_to_shm(hs.stream, hs.peer, frame);
                 }
-                self.finish_handshake(token, hs.stream, hs.peer, frame);
+                self.finish_handshake(token, hs.stream, hs.peer, frame, None);
             }
         }
     }
 
-    /// Sets up the session of a complete handshake frame read on `token`'s connection.
+    /// Sets up the session of a complete handshake frame read on `token`'s connection (`handed`:
+    /// the peer's ticket at the RDMA listener that handed it over, see [`Handed`]).
     fn finish_handshake(
         &mut self,
         token: Token,
         stream: ControlStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
+        handed: Option<PeerTicket>,
     ) {
-        match self.setup(stream, peer, frame) {
+        match self.setup(stream, peer, frame, handed) {
             Ok(Setup::Live(watched)) => self.keep(token, watched),
             Ok(Setup::Binding(b)) => {
                 self.binding.insert(token, b);
@@ -723,7 +728,8 @@ impl<P: Provider> Listener<P> {
                 return;
             }
         };
-        if let Err(mut stream) = out.hand(stream, peer, frame) {
+        let ticket = self.peers.entry(peer.ip()).or_default().clone();
+        if let Err(mut stream) = out.hand(stream, peer, frame, ticket) {
             let e = Self::refuse(
                 &mut stream,
                 Status::unavailable("the same-host path has too many handshakes waiting: try again"),
@@ -736,9 +742,9 @@ impl<P: Provider> Listener<P> {
     /// here from now on and its session set up on this listener's (software-NIC) workers.
     fn take_handoffs(&mut self) {
         let Some(h) = self.shm_in.clone() else { return };
-        for (stream, peer, frame) in h.take() {
+        for (stream, peer, frame, ticket) in h.take() {
             match self.watch(&stream) {
-                Ok(token) => self.finish_handshake(token, stream, peer, frame),
+                Ok(token) => self.finish_handshake(token, stream, peer, frame, Some(ticket)),
                 Err(e) => tracing::info!(%peer, error = %e, "same-host connection dropped: cannot watch it"),
             }
         }
@@ -882,14 +888,17 @@ impl<P: Provider> Listener<P> {
         mut stream: ControlStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
+        handed: Option<PeerTicket>,
     ) -> Result<Setup, (ControlStream, Status)> {
-        let result = self.setup_inner(&mut stream, peer, frame);
+        let result = self.setup_inner(&mut stream, peer, frame, handed.as_ref());
         if result.is_ok() && self.peers.len() > 2 * (self.conns.len() + self.detached.len()) + 64 {
             self.peers.retain(|_, t| Arc::strong_count(t) > 1);
         }
+        let mut ticket =
+            || handed.clone().unwrap_or_else(|| self.peers.entry(peer.ip()).or_default().clone());
         match result {
             Ok((session, worker, None, detached)) => {
-                let _peer = self.peers.entry(peer.ip()).or_default().clone();
+                let _peer = ticket();
                 Ok(Setup::Live(Watched { session, worker, stream: stream.into_tcp(), _peer, detached }))
             }
             Ok((session, worker, Some((reply, bound)), _)) => Ok(Setup::Binding(PendingBind {
@@ -900,7 +909,7 @@ impl<P: Provider> Listener<P> {
                 reply,
                 bound,
                 since: Instant::now(),
-                peer_ticket: self.peers.entry(peer.ip()).or_default().clone(),
+                peer_ticket: ticket(),
             })),
             Err(e) => Err((stream, e)),
         }
@@ -915,6 +924,7 @@ impl<P: Provider> Listener<P> {
         stream: &mut ControlStream,
         peer: SocketAddr,
         frame: Result<Frame, FrameError>,
+        handed: Option<&PeerTicket>,
     ) -> Result<(u32, usize, Option<(Handshake, Arc<AtomicU8>)>, bool), Status> {
         let span = tracing::info_span!("connect", %peer, transport = P::NAME);
         let _entered = span.enter();
@@ -960,7 +970,12 @@ impl<P: Provider> Listener<P> {
             ));
         }
         let cap = self.config.max_sessions_per_peer;
-        let of_peer = self.peers.get(&peer.ip()).map_or(0, |t| Arc::strong_count(t) - 1);
+        // The peer's live sessions: the holders of its ticket but the map (and, for a handed
+        // hello, the hello's own).
+        let of_peer = match handed {
+            Some(t) => Arc::strong_count(t).saturating_sub(2),
+            None => self.peers.get(&peer.ip()).map_or(0, |t| Arc::strong_count(t) - 1),
+        };
         if cap > 0 && of_peer >= cap {
             return Err(Self::refuse(
                 stream,

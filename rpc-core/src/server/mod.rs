@@ -125,7 +125,8 @@ pub struct ServerConfig {
     /// shared memory instead of crossing the NIC's loopback. The handshake still arrives on the
     /// server's address; the listener hands it to the software-NIC workers, whose sessions
     /// are counted apart (`Counters::sessions_shm`) and admitted up to `max_sessions` of
-    /// their own, with this configuration's other limits. Give them cores of their own when the
+    /// their own, with this configuration's other limits (a peer's sessions on both paths count
+    /// against one `max_sessions_per_peer`). Give them cores of their own when the
     /// workers busy-poll ([`PollingPolicy::Busy`]): two busy-polling threads on one core halve
     /// each other. A same-host hello from an address that is not this host's is refused
     /// FAILED_PRECONDITION naming the address (a software-NIC session is reachable only from
