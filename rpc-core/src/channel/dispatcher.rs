@@ -482,7 +482,7 @@ impl Inner {
         g.as_ref()
             .map(|d| {
                 let mut sum = d.redial.retired.clone();
-                sum.add(&with_any_core!(&d.core, c => c.counters.clone()));
+                sum.add(&with_any_core!(&d.core, c => c.counters_now()));
                 sum
             })
             .unwrap_or_default()

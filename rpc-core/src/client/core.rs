@@ -154,9 +154,33 @@ pub(crate) struct ClientCore<P: Provider> {
     /// its stall counted (`ring_full_stalls`): the call queue starts that same call again (its
     /// head; see `super::queue`), and the retries are not counted as stalls again.
     unplaced_stall: bool,
+    /// Calls at once that the receive buffers registered so far cover ([`recv_need`]).
+    recv_calls: u16,
+    /// The receive buffers registered so far cover the session's stream budget too.
+    recv_streams: bool,
     pub(crate) peer: SocketAddr,
     /// The endpoint's device context and PD, shared with its other sessions.
     _nic: Arc<Nic<P>>,
+}
+
+/// Receive buffers of a client session's SRQ are registered in chunks of `1 << RECV_CHUNK_SHIFT`.
+const RECV_CHUNK_SHIFT: u32 = 4;
+/// Send buffers of a client session are registered in chunks of `1 << SEND_CHUNK_SHIFT`.
+const SEND_CHUNK_SHIFT: u32 = 4;
+
+/// Receive WQEs a client session posts while it has up to `calls` calls at once (of a window of
+/// `window`): `4 × calls + 8`, and with `streams` the session's stream budget
+/// (`min(window, MAX_STREAM_BUDGET)`): 3 per call for its answer, credit messages and the
+/// pieces of ring bodies, one per call for the CancelAck of its Cancel (which holds its credit
+/// until then), 8 for the probe and the other control messages; then the stream messages held
+/// or granted. 168 at the default window of 32 with streams (the SRQ's depth, registered only
+/// as the calls come: [`ClientCore::cover_recv`]); 12 for one call at a time. A server may send
+/// a burst beyond it (the pieces of a large answer to a session of few calls): those SENDs wait
+/// for a repost on RNR retry (`rnr_retry` 7: a delay, nothing lost), as they did for a client of
+/// that small a window before buffers were registered on demand.
+fn recv_need(calls: u16, streams: bool, window: u16) -> u32 {
+    let stream_budget = if streams { u32::from(window).min(crate::session::MAX_STREAM_BUDGET) } else { 0 };
+    4 * u32::from(calls) + 8 + stream_budget
 }
 
 fn unavailable(what: impl std::fmt::Display) -> Status {
@@ -225,17 +249,18 @@ impl<P: Provider> ClientCore<P> {
         let dev = &nic.dev;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
-        // 3 × window for calls, credit messages and pieces, a window of CancelAcks (one per
-        // Cancel, which holds its credit until then), and the stream messages held or granted
-        // (the session's stream budget: its credits, at most MAX_STREAM_BUDGET), as far as the
-        // device's SRQ goes (at the largest windows a burst may wait for a repost: RNR, a delay).
-        let recv_depth =
-            (4 * u32::from(window) + 8 + u32::from(window).min(crate::session::MAX_STREAM_BUDGET))
-                .min(dev.ctx.attr().max_srq_wr);
+        // The SRQ is created for the whole window (`recv_need` of it, with streams, as far as the
+        // device's SRQ goes); its buffers are registered as the session's calls need them
+        // (`ClientCore::cover_recv`), one chunk now: an idle session holds 16.
+        let recv_depth = recv_need(window, true, window).min(dev.ctx.attr().max_srq_wr);
         let pd = nic.session_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
-        let recv = RecvPool::<P>::new(&pd, recv_depth, HEADER_LEN + body_area(cfg.eager_threshold))
+        let recv_buf = HEADER_LEN + body_area(cfg.eager_threshold);
+        let mut recv =
+            RecvPool::<P>::with_capacity(&pd, recv_depth, recv_buf, RECV_CHUNK_SHIFT).map_err(unavailable)?;
+        let first = recv_depth.min(1 << RECV_CHUNK_SHIFT);
+        recv.add_chunk(RecvPool::<P>::register_chunk(&pd, first, recv_buf).map_err(unavailable)?)
             .map_err(unavailable)?;
         let attr = dev.ctx.attr();
         let qp =
@@ -356,7 +381,16 @@ impl<P: Provider> ClientCore<P> {
             );
         }
         let body_cap = body_area(reply.eager_threshold);
-        let mut pool = SendPool::<P>::new(&pd, bufs, HEADER_LEN + body_cap).map_err(unavailable)?;
+        // Registered a chunk at a time as sends need buffers, up to `bufs`: an idle session, or
+        // one that makes a call at a time, registers one chunk (16 buffers), the first now (a
+        // pool that cannot register its first chunk fails the connect, not a call).
+        let send_buf = HEADER_LEN + body_cap;
+        let mut pool = SendPool::<P>::growable(&pd, send_buf, SEND_CHUNK_SHIFT, usize::from(bufs) * send_buf)
+            .map_err(unavailable)?;
+        match pool.acquire() {
+            Some(b) => pool.give_back(b),
+            None => return Err(unavailable("registering the session's first send buffers failed")),
+        }
         // The send mirror and staging area are registered at the first request above the eager
         // threshold (`Conn::ensure_areas`).
         let areas = crate::endpoint::areas::SendAreas::new(
@@ -478,6 +512,8 @@ impl<P: Provider> ClientCore<P> {
                 ..Counters::default()
             },
             unplaced_stall: false,
+            recv_calls: (recv_depth.min(1 << RECV_CHUNK_SHIFT).saturating_sub(8) / 4).min(u32::from(window)) as u16,
+            recv_streams: false,
             peer,
             _nic: nic.clone(),
         })
@@ -532,6 +568,11 @@ impl<P: Provider> ClientCore<P> {
         }
         if !self.conn.session.calls().has_free() {
             return Ok(None);
+        }
+        // Receive buffers for this call's answers (one compare when they are registered).
+        let streams = stream & (crate::wire::STREAM_IN | crate::wire::STREAM_OUT) != 0;
+        if self.conn.session.calls().used() >= self.recv_calls || (streams && !self.recv_streams) {
+            self.cover_recv(streams)?;
         }
         let flush_now = mode == StartMode::Now;
         let blocking = mode != StartMode::NoWait;
@@ -664,6 +705,43 @@ impl<P: Provider> ClientCore<P> {
             self.flush();
         }
         Ok(Some(CallId { slot, generation, deadline }))
+    }
+
+    /// Registers and posts receive buffers so that they cover one more call than the session has
+    /// now ([`recv_need`]; doubling the calls covered, up to the window) and, with `streams`,
+    /// the stream budget: before the call goes out, so that its answer finds a WQE posted.
+    /// Registration happens a few times in a session's life (at most `log2(window) + 1` chunks
+    /// of growth steps), never on the path of a call whose buffers are there.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming the verbs error when the buffers cannot be registered or posted
+    /// (the registration limit, `ulimit -l`): the call fails before anything is taken, and the
+    /// session keeps the buffers it has.
+    #[cold]
+    #[inline(never)]
+    fn cover_recv(&mut self, streams: bool) -> Result<(), Status> {
+        let window = self.conn.session.calls().window();
+        let used = self.conn.session.calls().used();
+        let calls = (used + 1).max(self.recv_calls.saturating_mul(2)).min(window);
+        let streams = streams || self.recv_streams;
+        let want = recv_need(calls, streams, window).min(self.recv.count());
+        let buf = self.recv.buf_size();
+        while self.recv.added() < want {
+            let bufs = (self.recv.count() - self.recv.added()).min(self.recv.chunk_bufs());
+            let added = RecvPool::<P>::register_chunk(self.conn.areas.pd(), bufs, buf)
+                .and_then(|chunk| self.recv.add_chunk(chunk));
+            if let Err(e) = added {
+                self.counters.status(Code::ResourceExhausted);
+                return Err(Status::resource_exhausted(format!(
+                    "registering receive buffers for {calls} calls at once ({} of {buf} bytes, {} registered): {e}",
+                    want,
+                    self.recv.added()
+                )));
+            }
+        }
+        self.recv_calls = calls;
+        self.recv_streams = streams;
+        Ok(())
     }
 
     /// Encodes a request body where it can go now: the eager area, the server's ring (through
@@ -2128,6 +2206,17 @@ impl<P: Provider> ClientCore<P> {
     /// Number of call slots.
     pub(crate) fn window(&self) -> u16 {
         self.conn.session.calls().window()
+    }
+
+    /// The session's counters, with what it registers now for its receive and send buffers
+    /// (`recv_buffers`, `recv_buffer_bytes`, `send_pool_bytes`: gauges, not kept in
+    /// `self.counters`, so that a retired session's counters add none).
+    pub(crate) fn counters_now(&self) -> Counters {
+        let mut c = self.counters.clone();
+        c.recv_buffers = u64::from(self.recv.added());
+        c.recv_buffer_bytes = u64::from(self.recv.added()) * self.recv.buf_size() as u64;
+        c.send_pool_bytes = self.pool.registered_bytes();
+        c
     }
 
     /// Requests on the wire.

@@ -352,7 +352,7 @@ impl Client {
     pub fn counters(&self) -> Counters {
         let inner = self.inner.borrow();
         let mut c = inner.retired.clone();
-        c.add(&with_calls!(&inner.calls, q => q.core.counters.clone()));
+        c.add(&with_calls!(&inner.calls, q => q.core.counters_now()));
         c
     }
 

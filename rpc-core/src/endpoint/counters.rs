@@ -87,7 +87,9 @@ pub struct Counters {
     pub send_area_failures: u64,
     /// Server: bytes of send buffers the workers registered (their shared pools,
     /// `ServerConfig::max_send_pool_bytes`; not part of `registered_bytes`). Grown a chunk at a
-    /// time as sends need buffers and kept: 0 until the first message is sent.
+    /// time as sends need buffers and kept: 0 until the first message is sent. Client: the live
+    /// session's send buffers, registered 16 at a time as its sends need them (up to
+    /// `2 × window + 8`), the first 16 at the connect: 67 KiB at the default eager threshold.
     pub send_pool_bytes: u64,
     /// Server: send buffers in use now (taken for a message, or read by a posted SEND whose
     /// completion was not polled yet); an idle session holds none.
@@ -117,9 +119,15 @@ pub struct Counters {
     /// sessions admitted to each worker reserve at most at once (`srq_reserved`) plus room for
     /// the newest session's growth to `ServerConfig::credits_per_session` with a ring (raises and
     /// ring grants beyond it have the worker register more), and stay until the server stops; 0
-    /// for a server that never admitted a session.
+    /// for a server that never admitted a session. Client: the live session's receive buffers,
+    /// registered 16 at a time before the calls that need them (`4 × calls + 8` for the most
+    /// calls it had at once, doubling, plus the stream budget once it opened a stream; at
+    /// most `4 × window + 8 + min(window, 256)`, 168 at the default window), the first 16 at the
+    /// connect: an idle session, or one that makes a call at a time, holds 16 (67 KiB at the
+    /// default eager threshold).
     pub recv_buffer_bytes: u64,
     /// Server: receive WQEs posted to the workers' SRQs (the buffers of `recv_buffer_bytes`).
+    /// Client: the live session's (see `recv_buffer_bytes`).
     pub recv_buffers: u64,
     /// Server: bytes charged now for bodies arriving in pieces (capped by
     /// `ServerConfig::max_reassembly_bytes`); set by `ServerHandle::counters`.

@@ -130,6 +130,12 @@ impl<T> CallSlots<T> {
         self.in_flight
     }
 
+    /// Slots taken: calls queued for a credit, on the wire, or finished and not yet taken by
+    /// their caller (at most [`CallSlots::window`]).
+    pub fn used(&self) -> u16 {
+        (self.slots.len() - self.free.len()) as u16
+    }
+
     /// Calls abandoned on the wire not yet released (response or Cancel acknowledgement awaited).
     pub fn abandoned(&self) -> u16 {
         self.abandoned

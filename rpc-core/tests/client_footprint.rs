@@ -1,0 +1,57 @@
+//! What a client session registers for its receive and send buffers: one chunk of 16 each at
+//! the connect, which covers a call at a time however long the session lives; more only before
+//! the calls that need them (issue 28: 20,000 client sessions of the default window on one
+//! machine, where each registered its whole window's buffers before: 1.1 MiB a session).
+//!
+//! One test per binary here: the second reads the software NIC's process-wide RNR count.
+
+mod rpc_support;
+
+use rpc_core::{Client, Transport};
+use rpc_support::*;
+
+/// Bytes of one receive or send buffer at the default eager threshold: 4096 + the 40-byte header.
+const BUF: u64 = 4096 + 40;
+
+/// A session of the default window (32) that makes one call at a time registers 16 receive and
+/// 16 send buffers and no more, whatever the number of calls. Fails with "an idle session of
+/// window 32 registered 168 receive buffers" when the client registers its whole window's
+/// buffers at the connect (`RecvPool::new` of the SRQ's depth), and with "... send buffers: 299
+/// KiB" when its send pool is not grown on demand.
+#[test]
+fn a_session_making_one_call_at_a_time_registers_one_chunk_of_each() {
+    let (server, _) = spawn(server());
+    let c = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    let idle = c.counters();
+    assert_eq!(
+        (idle.recv_buffers, idle.recv_buffer_bytes),
+        (16, 16 * BUF),
+        "an idle session of window 32 registered {} receive buffers",
+        idle.recv_buffers
+    );
+    assert_eq!(
+        idle.send_pool_bytes,
+        16 * BUF,
+        "an idle session of window 32 registered send buffers: {} KiB",
+        idle.send_pool_bytes >> 10
+    );
+    for seq in 0..500 {
+        echo_checked(&c, seq, 32, 32);
+    }
+    // A body above the eager threshold each way: through the rings, still a call at a time.
+    for seq in 500..510 {
+        echo_checked(&c, seq, 64 << 10, 64 << 10);
+    }
+    let after = c.counters();
+    assert_eq!(after.rpcs, 510);
+    assert_eq!(
+        (after.recv_buffers, after.send_pool_bytes),
+        (16, 16 * BUF),
+        "510 calls one at a time grew the session's buffers: {after:?}"
+    );
+    if matches!(transport(), Transport::Sim) {
+        // Nothing waited for a receive buffer (a server SEND that finds the client's SRQ empty
+        // waits on RNR retry).
+        assert_eq!(rpc_core::verbs::sim::stats().rnr_stalls, 0, "a SEND met an empty SRQ");
+    }
+}
