@@ -16,7 +16,7 @@ const BUF: u64 = 4096 + 40;
 /// A session of the default window (32) that makes one call at a time registers 16 receive and
 /// 16 send buffers and no more, whatever the number of calls. Fails with "an idle session of
 /// window 32 registered 168 receive buffers" when the client registers its whole window's
-/// buffers at the connect (`RecvPool::new` of the SRQ's depth), and with "... send buffers: 299
+/// buffers at the connect (`RecvPool::new` of the SRQ's depth), and with "... send buffers: 290
 /// KiB" when its send pool is not grown on demand.
 #[test]
 fn a_session_making_one_call_at_a_time_registers_one_chunk_of_each() {

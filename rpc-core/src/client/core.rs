@@ -512,7 +512,8 @@ impl<P: Provider> ClientCore<P> {
                 ..Counters::default()
             },
             unplaced_stall: false,
-            recv_calls: (recv_depth.min(1 << RECV_CHUNK_SHIFT).saturating_sub(8) / 4).min(u32::from(window)) as u16,
+            recv_calls: (recv_depth.min(1 << RECV_CHUNK_SHIFT).saturating_sub(8) / 4).min(u32::from(window))
+                as u16,
             recv_streams: false,
             peer,
             _nic: nic.clone(),
