@@ -275,7 +275,6 @@ fn a_flood_of_same_host_hellos_at_a_sim_server_is_admitted_or_refused_cleanly() 
 /// attempt prepared under the lock, the connect without it) hung
 /// `a_channel_dropped_while_its_redial_hangs` and was not kept.
 #[test]
-#[ignore = "fails on main: Channel::counters blocks for a hanging redial's whole connect"]
 fn counters_do_not_wait_for_a_hanging_redial() {
     use std::io::Read;
     let (first, _) = spawn(server());
