@@ -635,6 +635,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 empty: 0,
                 looks: 0,
                 redial,
+                told_broken: false,
             });
             if let Err(s) = Hub::join(setup.core_id, &setup.name, &shared) {
                 // No thread to carry the session: it closes, and calls end with why.
@@ -683,6 +684,9 @@ pub(crate) struct Driver {
     looks: u32,
     /// How the session is replaced when it breaks.
     redial: Redial,
+    /// A balanced channel's watcher was told the session broke ([`idle_look`]; cleared when a
+    /// reconnect replaces it).
+    told_broken: bool,
 }
 
 /// How a dispatcher replaces a broken session, as a [`crate::Client`] does: lazily (a call
@@ -873,6 +877,7 @@ impl Driver {
                 self.redial.retired.add(&with_any_core!(&old, c => c.counters.clone()));
                 drop(old);
                 self.redial.backoff.on_success();
+                self.told_broken = false;
                 let peer = with_any_core!(&self.core, c => c.peer);
                 *inner.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(peer);
                 tracing::info!(%peer, why = reason.message(), "channel reconnected");
@@ -1613,9 +1618,16 @@ fn idle_look(inner: &Inner) {
         d.finish_calls(inner, true);
     }
     if let Some(w) = &inner.watch {
-        // A balanced channel stops picking a server whose session broke while idle.
-        if let Some(s) = with_any_core!(&d.core, c => c.broken()) {
-            w.failed(s);
+        // A balanced channel stops picking a server whose session broke while idle: told once
+        // per break (its watcher keeps the server down until it connects a new channel, after
+        // its own backoff), not at every look.
+        if !d.told_broken {
+            if let Some(s) = with_any_core!(&d.core, c => c.broken()) {
+                d.told_broken = true;
+                let peer = with_any_core!(&d.core, c => c.peer);
+                tracing::debug!(%peer, why = s.message(), "channel: idle session found broken");
+                w.failed(s);
+            }
         }
     }
     let batch = d.take_wakers();
