@@ -37,8 +37,9 @@
 //! broke, keeps nobody else's Pings unanswered). Nothing on the thread blocks for one session:
 //! the TCP connect and handshake of a new session, and the redial of a broken one
 //! ([`spawn_redial`], which holds the session only to begin and to end the attempt), run on a
-//! short-lived thread of their own, which hands the session (back) to the dispatcher thread. A session whose channel is dropped has its calls ended and
-//! is closed by the thread ([`Inner::close`]); the thread ends when it carries none ([`Hub`]).
+//! short-lived thread of their own, which hands the session (back) to the dispatcher thread. A
+//! session whose channel is dropped has its calls ended and is closed by the thread
+//! ([`Inner::close`]); the thread ends when it carries none ([`Hub`]).
 //!
 //! Waiting for completions: driving, the thread spins (the most `spins` of the sessions it
 //! drives, yielding every [`YIELD_EVERY`] empty rounds), then waits per the most eager polling
