@@ -429,3 +429,58 @@ fn a_server_whose_only_call_is_its_health_watch_is_marked_down_when_it_dies() {
     drop(s.remove(1));
     eventually("the dead server marked down by its stream", || state(&ch, a[1]) == ServerState::Down);
 }
+
+/// The dispatcher's "idle session found broken" log lines that contain `what`, from every thread
+/// of this test binary (a global subscriber of the dispatcher's DEBUG events, installed at the
+/// first call, keeps only such lines).
+fn log_lines(what: &str) -> Vec<String> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    const MARK: &str = "idle session found broken";
+    static LINES: OnceLock<Arc<Mutex<Vec<String>>>> = OnceLock::new();
+    struct Keep(Arc<Mutex<Vec<String>>>);
+    impl std::io::Write for Keep {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let s = String::from_utf8_lossy(b);
+            if s.contains(MARK) {
+                self.0.lock().unwrap().push(s.into_owned());
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = LINES.get_or_init(|| {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let kept = lines.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_env_filter("rpc_core::channel::dispatcher=debug")
+            .with_ansi(false)
+            .with_writer(move || Keep(kept.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(sub).expect("the only global subscriber");
+        lines
+    });
+    lines.lock().unwrap().iter().filter(|l| l.contains(what)).cloned().collect()
+}
+
+/// A server that dies while its session is idle: the dispatcher's look at the broken session
+/// tells the balancer once (the server goes down), not at every look (every 50 ms) while the
+/// balancer keeps the broken channel until its next connect. Fails with "told 20 times" (about)
+/// when the look tells the watcher whenever it finds the session broken.
+#[test]
+fn an_idle_session_that_breaks_tells_the_balancer_once() {
+    log_lines("");
+    let mut s = servers(2);
+    let a = addrs(&s);
+    let ch = Channel::balanced(StaticResolver::new(a.clone()), &config(Policy::RoundRobin, "bal-idle-break"))
+        .unwrap();
+    echo(&ch, 0, &CallOptions::default()).unwrap();
+    eventually("both servers up", || a.iter().all(|&x| state(&ch, x) == ServerState::Up));
+    drop(s.remove(1));
+    eventually("the dead server marked down", || state(&ch, a[1]) == ServerState::Down);
+    // About 20 looks at the broken session.
+    std::thread::sleep(Duration::from_secs(1));
+    let told = log_lines(&format!("peer={}", a[1]));
+    assert_eq!(told.len(), 1, "told {} times: {told:?}", told.len());
+}

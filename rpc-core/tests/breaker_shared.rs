@@ -265,19 +265,64 @@ fn a_flood_of_same_host_hellos_at_a_sim_server_is_admitted_or_refused_cleanly() 
     });
 }
 
-/// `Channel::counters` promises to wait at most for one step or one caller's drive of the
-/// session; while a redial hangs in a mute listener's handshake it waits for the whole
-/// connect: the redial thread (`spawn_redial`, `Driver::redial`) holds the session's lock
-/// across the TCP connect and handshake. Fails on main: "Channel::counters waited for the
-/// redial's handshake to time out" (after the 20 s connect timeout). Left ignored: the fix
-/// (connect outside the lock, then swap the core in) touches the redial's handshake with the
-/// callers and the dispatcher thread, more than a breaker's patch; a first try of it (the
-/// attempt prepared under the lock, the connect without it) hung
-/// `a_channel_dropped_while_its_redial_hangs` and was not kept.
-#[test]
-#[ignore = "fails on main: Channel::counters blocks for a hanging redial's whole connect"]
-fn counters_do_not_wait_for_a_hanging_redial() {
+/// A call that waits for a redial of `ch` hanging in the handshake at a listener bound to
+/// `addr` (the port of `ch`'s server, which is gone) that never answers: the call (polled
+/// once), the redial's connection as the listener accepted it, and the listener. Waits for
+/// the channel to see its server go first (a redial made before the bind is refused at once),
+/// then makes calls until one's redial reaches the listener (one made during the backoff ends
+/// at once).
+#[allow(clippy::type_complexity)]
+fn hang_a_redial(
+    ch: &Channel,
+    addr: SocketAddr,
+) -> (
+    std::pin::Pin<Box<dyn Future<Output = Result<EchoMsg, rpc_core::Status>>>>,
+    std::net::TcpStream,
+    std::net::TcpListener,
+) {
+    wait_until("the channel to see its server go", WAIT, || echo(ch, 2).is_err(), String::new);
+    let mute = std::net::TcpListener::bind(addr).expect("the port again");
+    mute.set_nonblocking(true).unwrap();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let until = Instant::now() + WAIT;
+    loop {
+        let mut call: std::pin::Pin<Box<dyn Future<Output = _>>> =
+            Box::pin(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(3, 8, 8), &CallOptions::default()));
+        let _ = call.as_mut().poll(&mut cx);
+        std::thread::sleep(Duration::from_millis(10));
+        if let Ok((s, _)) = mute.accept() {
+            s.set_nonblocking(false).unwrap();
+            return (call, s, mute);
+        }
+        assert!(Instant::now() < until, "no redial reached the mute listener");
+    }
+}
+
+/// True while the peer of `s` keeps the connection open (what it sent, the hello, is read and
+/// dropped).
+fn open(s: &std::net::TcpStream) -> bool {
     use std::io::Read;
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 256];
+    let mut s = s;
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return false,
+            Ok(_) => continue,
+            Err(e) => return e.kind() == std::io::ErrorKind::WouldBlock,
+        }
+    }
+}
+
+/// `Channel::counters` waits at most for one step or one caller's drive of the session, not for
+/// a redial that hangs in a mute listener's handshake (the redial thread, `spawn_redial`,
+/// connects without the session's lock). Fails with "Channel::counters waited for the redial's
+/// handshake to time out" (after the 20 s connect timeout, the redial's connection closed) when
+/// the redial holds the lock across its connect, as it did before. (Ignored until then; its
+/// first oracle, a read of the redial's connection that must block, also failed once the
+/// client's hello was there: now the connection must merely be open.)
+#[test]
+fn counters_do_not_wait_for_a_hanging_redial() {
     let (first, _) = spawn(server());
     let addr = first.local_addr();
     let client = client_config()
@@ -288,20 +333,65 @@ fn counters_do_not_wait_for_a_hanging_redial() {
     let ch = Channel::connect_blocking(addr, &channel_config("brk-counters").client(client)).unwrap();
     echo_ok(&ch, 1);
     first.shutdown();
-    let mute = std::net::TcpListener::bind(addr).expect("the port again");
-    wait_until("the channel to see its server go", WAIT, || echo(&ch, 2).is_err(), String::new);
-    // A call that asks for a redial, which hangs in the mute handshake.
-    let caller = ch.clone();
-    let call = std::thread::spawn(move || echo(&caller, 3).is_err());
-    let (mut accepted, _) = mute.accept().expect("the redial connects");
+    let (call, accepted, _mute) = hang_a_redial(&ch, addr);
     let monitor = ch.clone();
     let counters = std::thread::spawn(move || monitor.counters());
     wait_until("Channel::counters to return", WAIT, || counters.is_finished(), String::new);
-    accepted.set_nonblocking(true).unwrap();
-    let mut b = [0u8; 1];
-    let still_connecting =
-        matches!(accepted.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-    assert!(still_connecting, "Channel::counters waited for the redial's handshake to time out");
+    assert!(open(&accepted), "Channel::counters waited for the redial's handshake to time out");
     drop(accepted);
-    assert!(call.join().unwrap(), "a call answered by a mute listener");
+    assert!(block_on(call).is_err(), "a call answered by a mute listener");
+}
+
+/// Pipes bytes both ways between `a` and `b` until either side closes (then shuts the other's
+/// writing half); returns at once (two threads).
+fn pipe(a: std::net::TcpStream, b: std::net::TcpStream) {
+    fn one_way(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(std::net::Shutdown::Both);
+        let _ = from.shutdown(std::net::Shutdown::Both);
+    }
+    let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+    std::thread::spawn(move || one_way(a, b));
+    std::thread::spawn(move || one_way(b2, a2));
+}
+
+/// A channel dropped (with the call that waits for its redial) while the redial hangs in a
+/// handshake that nobody answers yet: the dispatcher thread closes the session and ends at once
+/// (the connect runs without the session's lock), not when the connect ends (20 s connect
+/// timeout); when the handshake then completes (the listener pipes it to a real server), the
+/// redial thread finds its channel gone and closes the new session (the server sees it
+/// closed). Fails with "gave up after 10.0s waiting for the dispatcher thread ending while the
+/// redial hangs" when the redial holds the session's lock across its connect, and with "gave up
+/// after 3.0s waiting for the late session closed" when the redial thread leaks the session it
+/// made for a channel that is gone (`mem::forget`: the server finds it lost after 6 s).
+#[test]
+fn a_channel_dropped_while_its_redial_hangs_closes_at_once_and_so_does_the_late_session() {
+    let (first, _) = spawn(server());
+    let addr = first.local_addr();
+    let (second, _) = spawn(server());
+    let client = client_config()
+        .polling(rpc_core::PollingPolicy::Event { spins: 0 })
+        .reconnect_initial_backoff(Duration::from_millis(50))
+        .reconnect_jitter(0.0)
+        .connect_timeout(Duration::from_secs(20));
+    let ch = Channel::connect_blocking(addr, &channel_config("brk-late").client(client)).unwrap();
+    echo_ok(&ch, 1);
+    first.shutdown();
+    let (call, accepted, _mute) = hang_a_redial(&ch, addr);
+    assert_eq!(threads_named("brk-late"), 1);
+    drop(call);
+    drop(ch);
+    wait_until(
+        "the dispatcher thread ending while the redial hangs",
+        Duration::from_secs(10),
+        || threads_named("brk-late") == 0,
+        || format!("{:?}", thread_names()),
+    );
+    // The handshake goes on to the second server: the redial connects for a channel gone.
+    pipe(accepted, std::net::TcpStream::connect(second.local_addr()).unwrap());
+    counters_when(&second, "the late session opened", WAIT, |c| c.sessions_opened == 1);
+    // Closed by the client (not found lost by the server's probes, after `peer_timeout`).
+    let c =
+        counters_when(&second, "the late session closed", Duration::from_secs(3), |c| c.sessions_closed == 1);
+    assert_eq!(c.peers_lost, 0, "the late session was lost, not closed: {c:?}");
 }

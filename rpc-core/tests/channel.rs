@@ -725,8 +725,8 @@ fn a_call_dropped_while_its_request_leaves_in_pieces_still_reaches_the_server_as
 /// calls during the backoff fail at once naming when the next attempt may be made (no connect
 /// per call), and once the server is back a call reconnects and is answered; the channel's
 /// counters span both sessions. Sabotaged: the dispatcher thread not redialing
-/// (`Driver::redial` not called): the first call after the break waited forever ("the call never
-/// ended", after the hang guard).
+/// (`Driver::begin_redial` not called): the first call after the break waited forever ("the
+/// call never ended", after the hang guard).
 #[test]
 fn a_channel_reconnects_to_a_restarted_server_with_backoff() {
     const BACKOFF: Duration = Duration::from_millis(300);

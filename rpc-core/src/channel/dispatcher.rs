@@ -36,9 +36,10 @@
 //! does not drive go on (a session driven for a task that waits on a slow server, or one that
 //! broke, keeps nobody else's Pings unanswered). Nothing on the thread blocks for one session:
 //! the TCP connect and handshake of a new session, and the redial of a broken one
-//! ([`Driver::redial`]), run on a short-lived thread of their own, which hands the session
-//! (back) to the dispatcher thread. A session whose channel is dropped has its calls ended and
-//! is closed by the thread ([`Inner::close`]); the thread ends when it carries none ([`Hub`]).
+//! ([`spawn_redial`], which holds the session only to begin and to end the attempt), run on a
+//! short-lived thread of their own, which hands the session (back) to the dispatcher thread. A
+//! session whose channel is dropped has its calls ended and is closed by the thread
+//! ([`Inner::close`]); the thread ends when it carries none ([`Hub`]).
 //!
 //! Waiting for completions: driving, the thread spins (the most `spins` of the sessions it
 //! drives, yielding every [`YIELD_EVERY`] empty rounds), then waits per the most eager polling
@@ -204,10 +205,12 @@ pub(crate) struct Inner {
     /// How the session was driven (see [`super::ChannelStats`]).
     pub(crate) stats: Stats,
     /// A driver found the session broken with calls queued and the backoff allowing an attempt:
-    /// the dispatcher thread reconnects ([`Driver::redial`]; a connect blocks, so never on a
-    /// caller's thread).
+    /// the dispatcher thread starts a reconnect ([`spawn_redial`]; a connect blocks, so never
+    /// on a caller's thread nor on the dispatcher thread).
     redial_wanted: AtomicBool,
-    /// A thread reconnects the session now ([`spawn_redial`]).
+    /// A thread reconnects the session now ([`spawn_redial`]): the calls queued wait for it,
+    /// and nobody drives the broken session for them (the attempt's end hands it to the
+    /// dispatcher thread).
     redialing: AtomicBool,
     /// Reconnect attempts made (successful or not).
     pub(crate) reconnect_attempts: AtomicU64,
@@ -452,9 +455,10 @@ impl Inner {
             // to [`WATCH_MAX`]) without a caller's drive. No unpark (a system call and a thread
             // switch on the caller's core) per call.
             self.owed.store(true, Ordering::Release);
-        } else if calls || owes {
+        } else if (calls || owes) && !self.redialing.load(Ordering::SeqCst) {
             // Nobody will come back for it: with no call in flight, messages still to post
-            // (a dropped call's Cancel) are no task's to drive.
+            // (a dropped call's Cancel) are no task's to drive. (Calls queued while a reconnect
+            // runs wait for it: its end hands the session to the dispatcher thread.)
             drove.unattended = true;
         }
         Some(drove)
@@ -476,7 +480,8 @@ impl Inner {
     }
 
     /// The session's counters (waits while another thread drives it: one step, or a caller's
-    /// drive of at most about `poll_spin` without a completion).
+    /// drive of at most about `poll_spin` without a completion; a reconnect holds it only to
+    /// begin and end its attempt, not across the connect: [`spawn_redial`]).
     pub(crate) fn counters(&self) -> Counters {
         let g = self.session.lock().unwrap_or_else(|e| e.into_inner());
         g.as_ref()
@@ -615,9 +620,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
             };
             *shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(with_any_core!(&core, c => c.peer));
             let redial = Redial {
-                addrs,
-                config: setup.client.clone(),
-                endpoint,
+                target: Arc::new(Target { addrs, config: setup.client.clone(), endpoint }),
                 backoff: Backoff::new(params, fastrand::Rng::new()),
                 retired: Counters::default(),
             };
@@ -633,6 +636,7 @@ pub(crate) fn spawn<A: ToSocketAddrs + Send + 'static>(
                 empty: 0,
                 looks: 0,
                 redial,
+                told_broken: false,
             });
             if let Err(s) = Hub::join(setup.core_id, &setup.name, &shared) {
                 // No thread to carry the session: it closes, and calls end with why.
@@ -681,21 +685,40 @@ pub(crate) struct Driver {
     looks: u32,
     /// How the session is replaced when it breaks.
     redial: Redial,
+    /// A balanced channel's watcher was told the session broke ([`idle_look`]; cleared when a
+    /// reconnect replaces it).
+    told_broken: bool,
 }
 
 /// How a dispatcher replaces a broken session, as a [`crate::Client`] does: lazily (a call
 /// queued after the break asks for it), to the addresses resolved at the first connect, no
 /// sooner than the backoff of `ClientConfig::reconnect_*` allows. Calls made while the backoff
 /// runs end UNAVAILABLE naming why the session broke and when the next attempt may be made;
-/// calls waiting for an attempt that fails end with its error.
+/// calls made while an attempt runs wait for it; calls waiting for an attempt that fails end
+/// with its error.
 struct Redial {
-    addrs: Vec<SocketAddr>,
-    config: ClientConfig,
-    /// The endpoint the sessions are made on (the one of this dispatcher's core).
-    endpoint: Endpoint,
+    /// Where and how to connect (shared with the redial thread, which connects without the
+    /// session).
+    target: Arc<Target>,
     backoff: Backoff,
     /// Counters of the sessions replaced so far.
     retired: Counters,
+}
+
+/// Where a dispatcher's sessions connect: the addresses resolved at the first connect, the
+/// channel's client config, and the endpoint of the dispatcher's core.
+struct Target {
+    addrs: Vec<SocketAddr>,
+    config: ClientConfig,
+    endpoint: Endpoint,
+}
+
+/// A reconnect attempt under way ([`Driver::begin_redial`] to [`Driver::end_redial`]): why the
+/// session broke, and where it was connected.
+struct Attempt {
+    target: Arc<Target>,
+    peer: SocketAddr,
+    reason: Status,
 }
 
 /// Empty steps between two looks at the calls' deadlines while a driver spins.
@@ -799,12 +822,17 @@ impl Driver {
         n
     }
 
-    /// Calls queued on a broken session: when the backoff allows an attempt, they wait for the
-    /// dispatcher thread to reconnect ([`Driver::redial`]); otherwise they end UNAVAILABLE
+    /// Calls queued on a broken session: while an attempt runs, and when the backoff allows
+    /// one, they wait for the reconnect ([`spawn_redial`]); otherwise they end UNAVAILABLE
     /// naming when the next attempt may be made. Returns the calls ended.
     #[cold]
     #[inline(never)]
     fn queued_on_broken(&mut self, inner: &Inner) -> usize {
+        if inner.redialing.load(Ordering::SeqCst) {
+            // The attempt's end hands the session to the dispatcher thread: they go out on the
+            // new session, or end with the attempt's error.
+            return 0;
+        }
         let (peer, reason) = with_any_core!(&self.core, c => (c.peer, c.broken().cloned()));
         let reason = reason.unwrap_or_else(|| Status::unavailable("the session broke"));
         match self.redial.backoff.due(peer, &reason, Instant::now()) {
@@ -817,35 +845,40 @@ impl Driver {
         }
     }
 
-    /// Replaces a broken session by a new one when calls wait for it and the backoff allows
-    /// (on the dispatcher thread: the TCP connect and handshake block). The calls of the broken
-    /// session end first (with its status); on failure the queued calls end with the attempt's
-    /// error and the backoff grows.
+    /// Starts replacing a broken session when calls wait for it and the backoff allows (on the
+    /// redial thread, [`spawn_redial`], under the session's lock): the broken session's calls
+    /// end (with its status) and the attempt is counted. The connect itself runs without the
+    /// session ([`AnyCore::connect`], then [`Driver::end_redial`]). `None`: no attempt now.
     #[cold]
     #[inline(never)]
-    fn redial(&mut self, inner: &Inner) {
-        let Some(reason) = with_any_core!(&self.core, c => c.broken().cloned()) else { return };
+    fn begin_redial(&mut self, inner: &Inner) -> Option<Attempt> {
+        let reason = with_any_core!(&self.core, c => c.broken().cloned())?;
         let peer = with_any_core!(&self.core, c => c.peer);
         if inner.queue.is_empty() || self.redial.backoff.due(peer, &reason, Instant::now()).is_err() {
             // Nothing waits for it, or a call came in between and was told to wait.
-            return;
+            return None;
         }
-        // The broken session's calls were failed by its break; those not handed over yet are.
-        self.finish_calls(inner, true);
-        for InFlight { id, job, .. } in self.in_flight.drain(..) {
-            with_any_core!(&mut self.core, c => c.abandon(id));
-            job.fail(reason.clone());
-        }
-        self.passive = 0;
-        inner.in_flight.store(0, Ordering::Release);
-        inner.passive.store(0, Ordering::Relaxed);
+        self.fail_in_flight(inner, &reason);
         inner.reconnect_attempts.fetch_add(1, Ordering::Relaxed);
-        match AnyCore::connect(&self.redial.addrs[..], &self.redial.config, &self.redial.endpoint) {
+        Some(Attempt { target: self.redial.target.clone(), peer, reason })
+    }
+
+    /// Ends an attempt begun by [`Driver::begin_redial`] with the outcome of its connect (back
+    /// under the session's lock): the new session replaces the broken one (its counters kept),
+    /// or the calls queued end with the attempt's error and the backoff grows.
+    #[cold]
+    #[inline(never)]
+    fn end_redial(&mut self, inner: &Inner, attempt: Attempt, connected: Result<AnyCore, Status>) {
+        let Attempt { peer, reason, .. } = attempt;
+        match connected {
             Ok(core) => {
+                // (None: no call starts on a broken session.)
+                self.fail_in_flight(inner, &reason);
                 let old = std::mem::replace(&mut self.core, core);
                 self.redial.retired.add(&with_any_core!(&old, c => c.counters.clone()));
                 drop(old);
                 self.redial.backoff.on_success();
+                self.told_broken = false;
                 let peer = with_any_core!(&self.core, c => c.peer);
                 *inner.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(peer);
                 tracing::info!(%peer, why = reason.message(), "channel reconnected");
@@ -855,6 +888,19 @@ impl Driver {
                 fail_queued(inner, &status);
             }
         }
+    }
+
+    /// Ends the calls of a broken session with its status (those its break failed and not yet
+    /// handed over are handed over first).
+    fn fail_in_flight(&mut self, inner: &Inner, reason: &Status) {
+        self.finish_calls(inner, true);
+        for InFlight { id, job, .. } in self.in_flight.drain(..) {
+            with_any_core!(&mut self.core, c => c.abandon(id));
+            job.fail(reason.clone());
+        }
+        self.passive = 0;
+        inner.in_flight.store(0, Ordering::Release);
+        inner.passive.store(0, Ordering::Relaxed);
     }
 
     /// Delivers finished calls, ends expired ones, releases cancelled ones; publishes the count
@@ -1228,6 +1274,9 @@ impl Dispatcher {
         s.next = if inner.stop.load(Ordering::Acquire) {
             // Closed at the next look.
             now
+        } else if inner.redialing.load(Ordering::SeqCst) {
+            // The attempt's end hands it back ([`Inner::want_driver`]).
+            self.idle_round
         } else if !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0 {
             now + WATCH
         } else {
@@ -1299,6 +1348,14 @@ impl Dispatcher {
     fn look(&mut self, i: usize, now: Instant) {
         let s = &mut self.slots[i];
         let inner = &*s.inner;
+        if inner.redialing.load(Ordering::SeqCst) {
+            // Nothing to drive or answer on the broken session; the attempt's end hands it
+            // back ([`Inner::want_driver`]).
+            s.watch = WATCH;
+            s.seen = None;
+            s.next = self.idle_round;
+            return;
+        }
         let busy = !inner.queue.is_empty() || inner.in_flight.load(Ordering::Acquire) > 0;
         // Work no caller's poll will do by itself: tasks waiting (or streams, whose futures
         // never drive: counted as in flight alone).
@@ -1437,7 +1494,9 @@ impl Dispatcher {
 /// queued or in flight, a caller holds it, or the tasks woken last are to drive it: `owed`),
 /// else the work done. `callers`: the callers' drives counted when it began.
 fn drive_step(inner: &Arc<Inner>, callers: u64) -> Option<usize> {
-    if inner.stop.load(Ordering::Acquire) {
+    if inner.stop.load(Ordering::Acquire) || inner.redialing.load(Ordering::SeqCst) {
+        // (Reconnecting: the calls queued wait for the attempt, whose end hands the session
+        // back.)
         return None;
     }
     // A caller holding the session leaves it to someone when it lets go.
@@ -1486,9 +1545,16 @@ fn drive_step(inner: &Arc<Inner>, callers: u64) -> Option<usize> {
     Some(work)
 }
 
-/// Reconnects a session on a thread of its own ([`Driver::redial`]: the TCP connect and the
-/// handshake block, and the dispatcher thread carries other sessions), which then hands the
-/// session back to the dispatcher thread. One at a time per session.
+/// Reconnects a session on a thread of its own (the TCP connect and the handshake block, and
+/// the dispatcher thread carries other sessions), which then hands the session back to the
+/// dispatcher thread. One at a time per session ([`Inner::redialing`]).
+///
+/// The session's lock is held only to begin the attempt ([`Driver::begin_redial`]) and to end
+/// it ([`Driver::end_redial`]), not across the connect (up to `ClientConfig::connect_timeout`):
+/// meanwhile callers' polls, [`Inner::counters`] and the dispatcher thread take the broken
+/// session as before (calls queued wait for the attempt), and a channel dropped meanwhile is
+/// closed at once ([`Dispatcher::close`]); the attempt then finds its channel gone and closes
+/// the new session.
 #[cold]
 #[inline(never)]
 fn spawn_redial(inner: &Arc<Inner>) {
@@ -1497,16 +1563,40 @@ fn spawn_redial(inner: &Arc<Inner>) {
     }
     let mine = inner.clone();
     let spawned = std::thread::Builder::new().name("rpc-redial".into()).spawn(move || {
-        {
+        let attempt = {
             let mut g = mine.session.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(d) = g.as_mut() {
-                if mine.redial_wanted.swap(false, Ordering::SeqCst) {
-                    d.redial(&mine);
+            match g.as_mut() {
+                Some(d)
+                    if !mine.stop.load(Ordering::Acquire)
+                        && mine.redial_wanted.swap(false, Ordering::SeqCst) =>
+                {
+                    let attempt = d.begin_redial(&mine);
+                    let batch = d.take_wakers();
+                    drop(g);
+                    wake_all(batch);
+                    attempt
+                }
+                _ => None,
+            }
+        };
+        if let Some(attempt) = attempt {
+            let t = &*attempt.target;
+            let connected = AnyCore::connect(&t.addrs[..], &t.config, &t.endpoint);
+            let mut g = mine.session.lock().unwrap_or_else(|e| e.into_inner());
+            match g.as_mut() {
+                Some(d) if !mine.stop.load(Ordering::Acquire) => d.end_redial(&mine, attempt, connected),
+                _ => {
+                    // The channel is gone (its session closed, or closed soon by the dispatcher
+                    // thread, which ends the calls queued): the new session goes too.
+                    drop(g);
+                    if let Ok(mut core) = connected {
+                        with_any_core!(&mut core, c => c.close());
+                    }
                 }
             }
         }
         mine.redialing.store(false, Ordering::SeqCst);
-        // The calls queued for it go out.
+        // The calls queued for it go out (or learn the backoff).
         mine.want_driver();
     });
     if let Err(e) = spawned {
@@ -1529,9 +1619,16 @@ fn idle_look(inner: &Inner) {
         d.finish_calls(inner, true);
     }
     if let Some(w) = &inner.watch {
-        // A balanced channel stops picking a server whose session broke while idle.
-        if let Some(s) = with_any_core!(&d.core, c => c.broken()) {
-            w.failed(s);
+        // A balanced channel stops picking a server whose session broke while idle: told once
+        // per break (its watcher keeps the server down until it connects a new channel, after
+        // its own backoff), not at every look.
+        if !d.told_broken {
+            if let Some(s) = with_any_core!(&d.core, c => c.broken()) {
+                d.told_broken = true;
+                let peer = with_any_core!(&d.core, c => c.peer);
+                tracing::debug!(%peer, why = s.message(), "channel: idle session found broken");
+                w.failed(s);
+            }
         }
     }
     let batch = d.take_wakers();

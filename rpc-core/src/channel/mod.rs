@@ -610,10 +610,9 @@ impl Channel {
 
     /// The counters of the channel's sessions (reconnects included), summed (RPCs, bytes,
     /// stalls, cancels, status codes...). Waits for a session another thread is driving (one
-    /// step, or a caller's drive of at most about `poll_spin` without a completion), and for a
-    /// broken session's reconnect while one runs (its TCP connect and handshake, at most
-    /// `ClientConfig::connect_timeout`: the reconnect holds the session): for monitoring, not
-    /// for a hot path.
+    /// step, or a caller's drive of at most about `poll_spin` without a completion); not for a
+    /// reconnect's TCP connect and handshake, which run without the session (while one runs,
+    /// the broken session's counters are counted): for monitoring, not for a hot path.
     pub fn counters(&self) -> crate::Counters {
         let mut c = crate::Counters::default();
         for d in &self.shared.dispatchers {
