@@ -16,7 +16,8 @@ use rpc_core::{Client, Transport};
 use rpc_support::*;
 
 /// 32 calls in flight on a session of window 32: the receive buffers double before the calls
-/// that need them (16, 32, 48, 80, then 144 for 32 calls: `4 × 32 + 8` = 136 in chunks of 16),
+/// that need them (16, 32, 48, 80, then 144 for 32 calls: `4 × 32 + 8` = 136 and 7 that may
+/// wait for a repost, in chunks of 16),
 /// and none of the 32 answers waits for a WQE. Fails with "32 calls in flight on 16 receive
 /// buffers" when `ClientCore::cover_recv` is not called (and, timing allowing, with "answers
 /// met an empty SRQ": RNR stalls).

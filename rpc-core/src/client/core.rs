@@ -163,6 +163,9 @@ pub(crate) struct ClientCore<P: Provider> {
     _nic: Arc<Nic<P>>,
 }
 
+/// Receive buffers a client session registers beyond [`recv_need`]: those that may wait for a
+/// batched repost.
+const REPOST_SLACK: u32 = REPOST_BATCH as u32 - 1;
 /// Receive buffers of a client session's SRQ are registered in chunks of `1 << RECV_CHUNK_SHIFT`.
 const RECV_CHUNK_SHIFT: u32 = 4;
 /// Send buffers of a client session are registered in chunks of `1 << SEND_CHUNK_SHIFT`.
@@ -178,6 +181,10 @@ const SEND_CHUNK_SHIFT: u32 = 4;
 /// a burst beyond it (the pieces of a large answer to a session of few calls): those SENDs wait
 /// for a repost on RNR retry (`rnr_retry` 7: a delay, nothing lost), as they did for a client of
 /// that small a window before buffers were registered on demand.
+///
+/// A session registers `REPOST_SLACK` (7) buffers more than this: reposts go 8 at a time
+/// ([`REPOST_BATCH`]), so up to 7 taken buffers may wait for theirs. An idle session holds 16
+/// buffers; one making a call at a time, 32.
 fn recv_need(calls: u16, streams: bool, window: u16) -> u32 {
     let stream_budget = if streams { u32::from(window).min(crate::session::MAX_STREAM_BUDGET) } else { 0 };
     4 * u32::from(calls) + 8 + stream_budget
@@ -512,8 +519,12 @@ impl<P: Provider> ClientCore<P> {
                 ..Counters::default()
             },
             unplaced_stall: false,
-            recv_calls: (recv_depth.min(1 << RECV_CHUNK_SHIFT).saturating_sub(8) / 4).min(u32::from(window))
-                as u16,
+            // 16 buffers cover no call yet: the first call registers 16 more (`cover_recv`).
+            recv_calls: (recv_depth
+                .min(1 << RECV_CHUNK_SHIFT)
+                .saturating_sub(recv_need(0, false, window) + REPOST_SLACK)
+                / 4)
+            .min(u32::from(window)) as u16,
             recv_streams: false,
             peer,
             _nic: nic.clone(),
@@ -711,8 +722,8 @@ impl<P: Provider> ClientCore<P> {
     /// Registers and posts receive buffers so that they cover one more call than the session has
     /// now ([`recv_need`]; doubling the calls covered, up to the window) and, with `streams`,
     /// the stream budget: before the call goes out, so that its answer finds a WQE posted.
-    /// Registration happens a few times in a session's life (at most `log2(window) + 1` chunks
-    /// of growth steps), never on the path of a call whose buffers are there.
+    /// Registration happens a few times in a session's life (at most `log2(window) + 2` growth
+    /// steps), never on the path of a call whose buffers are there.
     ///
     /// # Errors
     /// RESOURCE_EXHAUSTED naming the verbs error when the buffers cannot be registered or posted
@@ -725,7 +736,7 @@ impl<P: Provider> ClientCore<P> {
         let used = self.conn.session.calls().used();
         let calls = (used + 1).max(self.recv_calls.saturating_mul(2)).min(window);
         let streams = streams || self.recv_streams;
-        let want = recv_need(calls, streams, window).min(self.recv.count());
+        let want = (recv_need(calls, streams, window) + REPOST_SLACK).min(self.recv.count());
         let buf = self.recv.buf_size();
         while self.recv.added() < want {
             let bufs = (self.recv.count() - self.recv.added()).min(self.recv.chunk_bufs());

@@ -121,10 +121,10 @@ pub struct Counters {
     /// ring grants beyond it have the worker register more), and stay until the server stops; 0
     /// for a server that never admitted a session. Client: the live session's receive buffers,
     /// registered 16 at a time before the calls that need them (`4 × calls + 8` for the most
-    /// calls it had at once, doubling, plus the stream budget once it opened a stream; at
-    /// most `4 × window + 8 + min(window, 256)`, 168 at the default window), the first 16 at the
-    /// connect: an idle session, or one that makes a call at a time, holds 16 (67 KiB at the
-    /// default eager threshold).
+    /// calls it had at once, doubling, plus the stream budget once it opened a stream, plus 7
+    /// that may wait for a batched repost; at most `4 × window + 8 + min(window, 256)`, 168 at
+    /// the default window), the first 16 at the connect: an idle session holds 16 (65 KiB at
+    /// the default eager threshold), one that makes a call at a time 32.
     pub recv_buffer_bytes: u64,
     /// Server: receive WQEs posted to the workers' SRQs (the buffers of `recv_buffer_bytes`).
     /// Client: the live session's (see `recv_buffer_bytes`).
