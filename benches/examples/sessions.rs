@@ -3,7 +3,8 @@
 //! making one 32 B echo call when it connects and one more after all are connected; then reports
 //! the time to connect them all, the server's resident memory (`VmRSS`) and what it registered
 //! (`Counters::registered_bytes` + `Counters::recv_buffer_bytes` + `Counters::send_pool_bytes`,
-//! the workers' shared send buffers: a session registers none of its own), each per session.
+//! the workers' shared send buffers: a session registers none of its own), each per session, and
+//! what the client sessions registered for their receive and send buffers (`Client::counters`).
 //!
 //! ```text
 //! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--probe-core C|none] [--transport sim|rdma]
@@ -211,8 +212,10 @@ fn call(c: &BenchClient, i: usize) -> Result<(), String> {
     }
 }
 
-/// A client process: connects `n` sessions to `addr` (one call each), prints `connected SECS`,
-/// waits for a `go` line, makes one more call on every session, prints `done`, then holds its
+/// A client process: connects `n` sessions to `addr` (one call each), prints `connected SECS
+/// BUFFER_BYTES OWN_RSS_KIB` (what its sessions registered for receive and send buffers, from
+/// `Client::counters`, and its resident memory less the pages of peers' sim segments), waits for
+/// a `go` line, makes one more call on every session, prints `done`, then holds its
 /// sessions until stdin closes.
 /// The clients' configuration: window `--credits`, the smallest ring, no probe of the server.
 fn client_config(o: &Opts) -> ClientConfig {
@@ -262,7 +265,15 @@ fn clients(o: &Opts, addr: &str, n: usize) {
         call(&c, i).unwrap_or_else(|e| usage(&e));
         all.push(c);
     }
-    println!("connected {:.3}", t.elapsed().as_secs_f64());
+    let secs = t.elapsed().as_secs_f64();
+    let buffers: u64 = all
+        .iter()
+        .map(|c| {
+            let k = c.client().counters();
+            k.recv_buffer_bytes + k.send_pool_bytes
+        })
+        .sum();
+    println!("connected {secs:.3} {buffers} {}", own_rss_kib());
     let _ = std::io::stdout().flush();
     let mut lines = std::io::stdin().lock().lines();
     if matches!(lines.next(), Some(Ok(l)) if l.trim() == "go") {
@@ -380,12 +391,21 @@ fn main() {
         let out = BufReader::new(k.stdout.take().expect("stdout")).lines();
         kids.push((k, out));
     }
-    let mut slowest = 0f64;
+    let (mut slowest, mut client_buffers, mut client_rss) = (0f64, 0u64, 0u64);
     for (_, out) in kids.iter_mut() {
         let l = out.next().and_then(Result::ok).unwrap_or_default();
-        match l.strip_prefix("connected ").and_then(|s| s.parse::<f64>().ok()) {
-            Some(s) => slowest = slowest.max(s),
-            None => usage(&format!("a client process said {l:?}")),
+        let v: Vec<&str> = l.strip_prefix("connected ").unwrap_or_default().split_whitespace().collect();
+        match (
+            v.first().and_then(|s| s.parse::<f64>().ok()),
+            v.get(1).and_then(|s| s.parse::<u64>().ok()),
+            v.get(2).and_then(|s| s.parse::<u64>().ok()),
+        ) {
+            (Some(s), Some(b), Some(r)) => {
+                slowest = slowest.max(s);
+                client_buffers += b;
+                client_rss += r;
+            }
+            _ => usage(&format!("a client process said {l:?}")),
         }
     }
     let connect = t.elapsed();
@@ -434,6 +454,13 @@ fn main() {
         idle.0 as f64 / 1024.0,
         full.0 as f64 / 1024.0,
         load1()
+    );
+    println!(
+        "client per session: receive and send buffers {:.1} KiB (Client::counters: recv_buffer_bytes + \
+         send_pool_bytes, after one call), the client processes' own RSS {:.1} KiB (their sim segments \
+         included: rings, buffers, CQs, QPs)",
+        client_buffers as f64 / 1024.0 / n,
+        client_rss as f64 / n
     );
     let ((alone, alone_sched), (crowded, crowded_sched)) = (alone, crowded);
     println!(
