@@ -38,7 +38,7 @@ fn counters_follow_a_worker_that_never_goes_idle() {
     };
     wait_until("3,000 calls answered", WAIT, || done.load(Ordering::Acquire) >= 3_000, String::new);
     let mut worst = 0;
-    for _ in 0..20 {
+    for _ in 0..50 {
         let seen = done.load(Ordering::Acquire);
         let published = server.counters().rpcs;
         worst = worst.max(seen.saturating_sub(published));
@@ -46,5 +46,5 @@ fn counters_follow_a_worker_that_never_goes_idle() {
     }
     stop.store(true, Ordering::Relaxed);
     caller.join().unwrap();
-    assert!(worst <= 600, "the server's counters lag {worst} calls behind");
+    assert!(worst <= 300, "the server's counters lag {worst} calls behind");
 }
