@@ -16,7 +16,7 @@ use rpc_support::*;
 /// publication period (256 busy iterations, each answering at most a couple of this client's
 /// messages). Fails on the code before (a busy worker published only when its iteration number
 /// was a multiple of 4,096, one busy iteration in 4,096 on average): "the server's counters lag
-/// 1234 calls behind", and under load (few calls a second) `credits::hostile_credit_messages_...`
+/// 2216 calls behind", and under load (few calls a second) `credits::hostile_credit_messages_...`
 /// gave up waiting 10 s for its `malformed` count.
 #[test]
 fn counters_follow_a_worker_that_never_goes_idle() {
