@@ -15,7 +15,9 @@ const BUF: u64 = 4096 + 40;
 
 /// A session of the default window (32) registers 16 receive and 16 send buffers at the connect;
 /// making one call at a time, 16 receive buffers more at its first call, and no more, whatever
-/// the number of calls. Fails with "an idle session of
+/// the number of calls; 32 more at its first body above the eager threshold (either way), for the
+/// pieces of ring bodies and their RingReturns. (Without those 32, 64 MiB answers in the
+/// Soft-RoCE guest waited on RNR until their reassembly timed out.) Fails with "an idle session of
 /// window 32 registered 168 receive buffers" when the client registers its whole window's
 /// buffers at the connect (`RecvPool::new` of the SRQ's depth), and with "... send buffers: 290
 /// KiB" when its send pool is not grown on demand.
@@ -39,17 +41,27 @@ fn a_session_making_one_call_at_a_time_registers_one_chunk_of_each() {
     for seq in 0..500 {
         echo_checked(&c, seq, 32, 32);
     }
-    // A body above the eager threshold each way: through the rings, still a call at a time.
-    for seq in 500..510 {
-        echo_checked(&c, seq, 64 << 10, 64 << 10);
-    }
-    let after = c.counters();
-    assert_eq!(after.rpcs, 510);
+    let eager = c.counters();
     assert_eq!(
-        (after.recv_buffers, after.send_pool_bytes),
+        (eager.recv_buffers, eager.send_pool_bytes),
         (32, 16 * BUF),
-        "510 calls one at a time grew the session's buffers beyond 32 and 16: {after:?}"
+        "500 calls one at a time grew the session's buffers beyond 32 and 16: {eager:?}"
     );
+    // Answers above the eager threshold (through our ring): the first piece has the session
+    // cover the messages of ring bodies (32 more, 64 in all), then nothing more.
+    for seq in 500..510 {
+        echo_checked(&c, seq, 32, 64 << 10);
+    }
+    let bulk = c.counters();
+    assert_eq!((bulk.recv_buffers, bulk.rpcs), (64, 510), "{bulk:?}");
+    // A request above it, on a session that made eager calls only: covered before it goes out.
+    let d = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    echo_checked(&d, 1, 32, 32);
+    assert_eq!(d.counters().recv_buffers, 32);
+    for seq in 2..12 {
+        echo_checked(&d, seq, 64 << 10, 32);
+    }
+    assert_eq!(d.counters().recv_buffers, 64, "{:?}", d.counters());
     if matches!(transport(), Transport::Sim) {
         // Nothing waited for a receive buffer (a server SEND that finds the client's SRQ empty
         // waits on RNR retry).

@@ -158,6 +158,9 @@ pub(crate) struct ClientCore<P: Provider> {
     recv_calls: u16,
     /// The receive buffers registered so far cover the session's stream budget too.
     recv_streams: bool,
+    /// The receive buffers registered so far cover the messages of ring bodies too (set at the
+    /// first body above the eager threshold either way).
+    recv_bulk: bool,
     pub(crate) peer: SocketAddr,
     /// The endpoint's device context and PD, shared with its other sessions.
     _nic: Arc<Nic<P>>,
@@ -172,22 +175,25 @@ const RECV_CHUNK_SHIFT: u32 = 4;
 const SEND_CHUNK_SHIFT: u32 = 4;
 
 /// Receive WQEs a client session posts while it has up to `calls` calls at once (of a window of
-/// `window`): `4 × calls + 8`, and with `streams` the session's stream budget
-/// (`min(window, MAX_STREAM_BUDGET)`): 3 per call for its answer, credit messages and the
-/// pieces of ring bodies, one per call for the CancelAck of its Cancel (which holds its credit
-/// until then), 8 for the probe and the other control messages; then the stream messages held
-/// or granted. 168 at the default window of 32 with streams (the SRQ's depth, registered only
-/// as the calls come: [`ClientCore::cover_recv`]); 12 for one call at a time. A server may send
-/// a burst beyond it (the pieces of a large answer to a session of few calls): those SENDs wait
-/// for a repost on RNR retry (`rnr_retry` 7: a delay, nothing lost), as they did for a client of
-/// that small a window before buffers were registered on demand.
+/// `window`): `4 × calls + 8`; with `streams` the session's stream budget
+/// (`min(window, MAX_STREAM_BUDGET)`); with `bulk`, `2 × MAX_PIECES_IN_RING` (32). That is 3 per
+/// call for its answer and credit messages, one per call for the CancelAck of its Cancel (which
+/// holds its credit until then), 8 for the probe and the other control messages; the stream
+/// messages held or granted; and once the session sent or received a body above the eager
+/// threshold, the messages of ring bodies: the pieces of an answer in our ring (each holds at
+/// least 1/16 of it) and the RingReturns of our pieces in the server's (as many), which a
+/// large answer can bring at once. 200 at the default window of 32 with both (the SRQ's depth,
+/// registered only as the calls come: [`ClientCore::cover_recv`]); 12 for one call at a time. A
+/// server may still send a burst beyond it: those SENDs wait for a repost on RNR retry
+/// (`rnr_retry` 7: a delay, nothing lost).
 ///
 /// A session registers `REPOST_SLACK` (7) buffers more than this: reposts go 8 at a time
 /// ([`REPOST_BATCH`]), so up to 7 taken buffers may wait for theirs. An idle session holds 16
-/// buffers; one making a call at a time, 32.
-fn recv_need(calls: u16, streams: bool, window: u16) -> u32 {
+/// buffers; one making a call at a time, 32; with bodies above the eager threshold, 64.
+fn recv_need(calls: u16, streams: bool, bulk: bool, window: u16) -> u32 {
     let stream_budget = if streams { u32::from(window).min(crate::session::MAX_STREAM_BUDGET) } else { 0 };
-    4 * u32::from(calls) + 8 + stream_budget
+    let ring_messages = if bulk { 2 * crate::session::MAX_PIECES_IN_RING } else { 0 };
+    4 * u32::from(calls) + 8 + stream_budget + ring_messages
 }
 
 fn unavailable(what: impl std::fmt::Display) -> Status {
@@ -259,7 +265,7 @@ impl<P: Provider> ClientCore<P> {
         // The SRQ is created for the whole window (`recv_need` of it, with streams, as far as the
         // device's SRQ goes); its buffers are registered as the session's calls need them
         // (`ClientCore::cover_recv`), one chunk now: an idle session holds 16.
-        let recv_depth = recv_need(window, true, window).min(dev.ctx.attr().max_srq_wr);
+        let recv_depth = recv_need(window, true, true, window).min(dev.ctx.attr().max_srq_wr);
         let pd = nic.session_pd().map_err(unavailable)?;
         let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
             .map_err(unavailable)?;
@@ -522,10 +528,11 @@ impl<P: Provider> ClientCore<P> {
             // 16 buffers cover no call yet: the first call registers 16 more (`cover_recv`).
             recv_calls: (recv_depth
                 .min(1 << RECV_CHUNK_SHIFT)
-                .saturating_sub(recv_need(0, false, window) + REPOST_SLACK)
+                .saturating_sub(recv_need(0, false, false, window) + REPOST_SLACK)
                 / 4)
             .min(u32::from(window)) as u16,
             recv_streams: false,
+            recv_bulk: false,
             peer,
             _nic: nic.clone(),
         })
@@ -584,7 +591,7 @@ impl<P: Provider> ClientCore<P> {
         // Receive buffers for this call's answers (one compare when they are registered).
         let streams = stream & (crate::wire::STREAM_IN | crate::wire::STREAM_OUT) != 0;
         if self.conn.session.calls().used() >= self.recv_calls || (streams && !self.recv_streams) {
-            self.cover_recv(streams)?;
+            self.cover_recv(streams, false)?;
         }
         let flush_now = mode == StartMode::Now;
         let blocking = mode != StartMode::NoWait;
@@ -612,6 +619,9 @@ impl<P: Provider> ClientCore<P> {
         }
         let eager = len <= self.conn.session.params().eager_threshold as usize;
         if !eager {
+            if !self.recv_bulk {
+                self.cover_recv(false, true)?;
+            }
             // The send mirror and staging area, registered at the first such body.
             if let Err(s) = self.conn.ensure_areas() {
                 self.counters.status(s.code());
@@ -720,8 +730,9 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// Registers and posts receive buffers so that they cover one more call than the session has
-    /// now ([`recv_need`]; doubling the calls covered, up to the window) and, with `streams`,
-    /// the stream budget: before the call goes out, so that its answer finds a WQE posted.
+    /// now when its calls reached what they cover ([`recv_need`]; doubling the calls covered, up
+    /// to the window), with `streams` the stream budget, and with `bulk` the messages of ring
+    /// bodies: before the call goes out, so that its answer finds a WQE posted.
     /// Registration happens a few times in a session's life (at most `log2(window) + 2` growth
     /// steps), never on the path of a call whose buffers are there.
     ///
@@ -731,12 +742,16 @@ impl<P: Provider> ClientCore<P> {
     /// session keeps the buffers it has.
     #[cold]
     #[inline(never)]
-    fn cover_recv(&mut self, streams: bool) -> Result<(), Status> {
+    fn cover_recv(&mut self, streams: bool, bulk: bool) -> Result<(), Status> {
         let window = self.conn.session.calls().window();
         let used = self.conn.session.calls().used();
-        let calls = (used + 1).max(self.recv_calls.saturating_mul(2)).min(window);
-        let streams = streams || self.recv_streams;
-        let want = (recv_need(calls, streams, window) + REPOST_SLACK).min(self.recv.count());
+        let calls = if used >= self.recv_calls {
+            (used + 1).max(self.recv_calls.saturating_mul(2)).min(window)
+        } else {
+            self.recv_calls
+        };
+        let (streams, bulk) = (streams || self.recv_streams, bulk || self.recv_bulk);
+        let want = (recv_need(calls, streams, bulk, window) + REPOST_SLACK).min(self.recv.count());
         let buf = self.recv.buf_size();
         while self.recv.added() < want {
             let bufs = (self.recv.count() - self.recv.added()).min(self.recv.chunk_bufs());
@@ -753,7 +768,20 @@ impl<P: Provider> ClientCore<P> {
         }
         self.recv_calls = calls;
         self.recv_streams = streams;
+        self.recv_bulk = bulk;
         Ok(())
+    }
+
+    /// [`ClientCore::cover_recv`] for ring bodies, at the first piece of an answer in our ring
+    /// (the session's requests were all eager: nothing covered them before). A failure is
+    /// logged and not tried again: the pieces wait for reposts on RNR retry instead.
+    #[cold]
+    #[inline(never)]
+    fn cover_recv_bulk(&mut self) {
+        if let Err(s) = self.cover_recv(false, true) {
+            tracing::warn!(peer = %self.peer, error = %s.message(), "the answers in pieces wait for receive buffers");
+            self.recv_bulk = true;
+        }
     }
 
     /// Encodes a request body where it can go now: the eager area, the server's ring (through
@@ -1191,6 +1219,9 @@ impl<P: Provider> ClientCore<P> {
             None => Answer::Eager(buf),
             Some(piece) => {
                 self.recv.repost(buf);
+                if !self.recv_bulk {
+                    self.cover_recv_bulk();
+                }
                 match self.conn.take_piece(piece) {
                     // Refused over ClientConfig::max_reassembly_bytes: the call ends so.
                     Ok(Some(crate::session::Complete { header, refused: Some(s), .. })) => {
