@@ -89,7 +89,7 @@ pub struct Counters {
     /// `ServerConfig::max_send_pool_bytes`; not part of `registered_bytes`). Grown a chunk at a
     /// time as sends need buffers and kept: 0 until the first message is sent. Client: the live
     /// session's send buffers, registered 16 at a time as its sends need them (up to
-    /// `2 × window + 8`), the first 16 at the connect: 67 KiB at the default eager threshold.
+    /// `2 × window + 8`, at least 16), the first 16 at the connect: 65 KiB at the default eager threshold.
     pub send_pool_bytes: u64,
     /// Server: send buffers in use now (taken for a message, or read by a posted SEND whose
     /// completion was not polled yet); an idle session holds none.
@@ -123,7 +123,7 @@ pub struct Counters {
     /// registered 16 at a time before the calls that need them (`4 × calls + 8` for the most
     /// calls it had at once, doubling, plus the stream budget once it opened a stream; at
     /// most `4 × window + 8 + min(window, 256)`, 168 at the default window), the first 16 at the
-    /// connect: an idle session, or one that makes a call at a time, holds 16 (67 KiB at the
+    /// connect: an idle session, or one that makes a call at a time, holds 16 (65 KiB at the
     /// default eager threshold).
     pub recv_buffer_bytes: u64,
     /// Server: receive WQEs posted to the workers' SRQs (the buffers of `recv_buffer_bytes`).
