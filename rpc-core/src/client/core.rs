@@ -760,7 +760,8 @@ impl<P: Provider> ClientCore<P> {
             if let Err(e) = added {
                 self.counters.status(Code::ResourceExhausted);
                 return Err(Status::resource_exhausted(format!(
-                    "registering receive buffers for {calls} calls at once ({} of {buf} bytes, {} registered): {e}",
+                    "registering receive buffers for {calls} calls at once ({} buffers of {buf} bytes \
+                     wanted, {} registered): {e}",
                     want,
                     self.recv.added()
                 )));

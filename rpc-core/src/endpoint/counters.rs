@@ -89,7 +89,7 @@ pub struct Counters {
     /// `ServerConfig::max_send_pool_bytes`; not part of `registered_bytes`). Grown a chunk at a
     /// time as sends need buffers and kept: 0 until the first message is sent. Client: the live
     /// session's send buffers, registered 16 at a time as its sends need them (up to
-    /// `2 × window + 8`), the first 16 at the connect: 67 KiB at the default eager threshold.
+    /// `2 × window + 8`, at least 16), the first 16 at the connect: 65 KiB at the default eager threshold.
     pub send_pool_bytes: u64,
     /// Server: send buffers in use now (taken for a message, or read by a posted SEND whose
     /// completion was not polled yet); an idle session holds none.
@@ -121,10 +121,11 @@ pub struct Counters {
     /// ring grants beyond it have the worker register more), and stay until the server stops; 0
     /// for a server that never admitted a session. Client: the live session's receive buffers,
     /// registered 16 at a time before the calls that need them (`4 × calls + 8` for the most
-    /// calls it had at once, doubling, plus the stream budget once it opened a stream, plus 7
-    /// that may wait for a batched repost; at most `4 × window + 8 + min(window, 256)`, 168 at
-    /// the default window), the first 16 at the connect: an idle session holds 16 (65 KiB at
-    /// the default eager threshold), one that makes a call at a time 32.
+    /// calls it had at once, doubling, plus the stream budget once it opened a stream, plus 32
+    /// once it sent or received a body above the eager threshold, plus 7 that may wait for a
+    /// batched repost; at most `4 × window + 8 + min(window, 256) + 32`, 200 at the default
+    /// window), the first 16 at the connect: an idle session holds 16 (65 KiB at the default
+    /// eager threshold), one that makes a call at a time 32, with bodies above the threshold 64.
     pub recv_buffer_bytes: u64,
     /// Server: receive WQEs posted to the workers' SRQs (the buffers of `recv_buffer_bytes`).
     /// Client: the live session's (see `recv_buffer_bytes`).
