@@ -163,12 +163,12 @@ fn largest_ring_that_connects(addr: std::net::SocketAddr, cfg: &rpc_core::Client
 }
 
 /// Registering more receive buffers fails (the client's host is full: its ring takes all but
-/// a few KiB of the 1 GiB a sim host holds here). The rule: the call that needed them fails
+/// about 100 KiB of the 1 GiB a sim host holds here, room for the one chunk of 16 receive
+/// buffers its first call adds, not for a second). The rule: the call that needed them fails
 /// RESOURCE_EXHAUSTED naming the registration, counted once; the session keeps the buffers it
-/// has and goes on serving the calls they cover (two at once). Fails with "3 calls at once on a
-/// host with no room for more receive buffers: [Ok(..), Ok(..), Ok(..)]" when `cover_recv`
-/// ignores the failed registration (and the third call goes out on buffers that do not cover
-/// it).
+/// has and goes on serving the calls they cover (four at once). Fails with "5 calls at once on
+/// a host with no room for more receive buffers: [Ok(..), ..]" when `cover_recv` ignores the
+/// failed registration (and the fifth call goes out on buffers that do not cover it).
 #[test]
 fn a_receive_buffer_registration_that_fails_fails_that_call_only() {
     let _g = ONE.lock().unwrap_or_else(|e| e.into_inner());
@@ -181,27 +181,29 @@ fn registration_failure_child() {
     assert_eq!(std::env::var("RPC_SIM_SEGMENT_BYTES").as_deref(), Ok("1073741824"), "run by its parent");
     let (server, _) = spawn(server().max_peer_ring_bytes(1 << 30));
     let addr = server.local_addr();
-    let ring = largest_ring_that_connects(addr, &client_config());
+    // Room for one more chunk of 16 receive buffers (68 KiB in pages), not two.
+    let ring = largest_ring_that_connects(addr, &client_config()) - (100 << 10);
     std::thread::spawn(move || {
         let cfg = rpc_core::ClientConfig { ring_bytes: ring, ..client_config() };
         let c = Client::connect_with(addr, &cfg).unwrap();
-        assert!(at_once(&c, 2).iter().all(|r| r.is_ok()));
-        let three = at_once(&c, 3);
-        let refused: Vec<_> = three.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(at_once(&c, 4).iter().all(|r| r.is_ok()));
+        assert_eq!(c.counters().recv_buffers, 32);
+        let five = at_once(&c, 5);
+        let refused: Vec<_> = five.iter().filter_map(|r| r.as_ref().err()).collect();
         assert!(
             refused.len() == 1
                 && refused[0].code() == rpc_core::Code::ResourceExhausted
                 && refused[0].message().contains("registering receive buffers"),
-            "3 calls at once on a host with no room for more receive buffers: {three:?}"
+            "5 calls at once on a host with no room for more receive buffers: {five:?}"
         );
         for _ in 0..20 {
-            let two = at_once(&c, 2);
-            assert!(two.iter().all(|r| r.is_ok()), "two calls at once after the refusal: {two:?}");
+            let four = at_once(&c, 4);
+            assert!(four.iter().all(|r| r.is_ok()), "four calls at once after the refusal: {four:?}");
         }
         let after = c.counters();
         assert_eq!(
             (after.recv_buffers, after.with_code(rpc_core::Code::ResourceExhausted), after.sessions_closed),
-            (16, 1, 0),
+            (32, 1, 0),
             "{after:?}"
         );
     })
@@ -210,7 +212,7 @@ fn registration_failure_child() {
 }
 
 /// A `Channel` reports its live session's buffers as a `Client` does (`counters_now` through
-/// the dispatcher): 16 receive and 16 send buffers after a call, more after 32 at once. Fails
+/// the dispatcher): 32 receive and 16 send buffers after a call, more after 32 at once. Fails
 /// with "a Channel after one call: (0, 0, 0)" when the dispatcher sums the session's stored
 /// counters (`c.counters.clone()`), which hold no gauges.
 #[test]
@@ -226,7 +228,7 @@ fn a_channel_reports_its_sessions_buffers() {
     let buf = 4096 + 40;
     assert_eq!(
         (c.recv_buffers, c.recv_buffer_bytes, c.send_pool_bytes),
-        (16, 16 * buf, 16 * buf),
+        (32, 32 * buf, 16 * buf),
         "a Channel after one call: {:?}",
         (c.recv_buffers, c.recv_buffer_bytes, c.send_pool_bytes)
     );
@@ -237,12 +239,12 @@ fn a_channel_reports_its_sessions_buffers() {
         check_reply(&block_on(call).unwrap(), i as u64, 32);
     }
     let c = ch.counters();
-    assert!(c.recv_buffers > 16 && c.recv_buffers <= 144, "a Channel after 32 calls at once: {c:?}");
+    assert!(c.recv_buffers > 32 && c.recv_buffers <= 144, "a Channel after 32 calls at once: {c:?}");
 }
 
 /// A reconnected `Client` reports the new session's buffers only (a fresh session registers one
-/// chunk of each again), not the retired session's added to them. Fails with "after the
-/// reconnect: (160, 2)" when the retired session's counters are kept with their gauges
+/// chunk of each again, and one more of receive buffers at its first call), not the retired
+/// session's added to them. Fails with "after the reconnect: (176, 2)" when the retired session's counters are kept with their gauges
 /// (`counters_now()` in `Client`'s reconnect instead of `counters.clone()`).
 #[test]
 fn a_reconnected_client_reports_the_new_sessions_buffers_only() {
@@ -270,10 +272,10 @@ fn a_reconnected_client_reports_the_new_sessions_buffers_only() {
     let after = c.counters();
     assert_eq!(
         (after.recv_buffers, after.sessions_opened),
-        (16, 2),
+        (32, 2),
         "after the reconnect: {:?}",
         (after.recv_buffers, after.sessions_opened)
     );
-    assert_eq!((after.recv_buffer_bytes, after.send_pool_bytes), (16 * 4136, 16 * 4136), "{after:?}");
+    assert_eq!((after.recv_buffer_bytes, after.send_pool_bytes), (32 * 4136, 16 * 4136), "{after:?}");
     drop(again);
 }
