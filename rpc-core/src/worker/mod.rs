@@ -1904,6 +1904,7 @@ impl<P: Provider> Worker<P> {
             spare_metadata,
             ended,
             send,
+            wcs,
             ..
         } = self;
         let Some(entry) = entries[idx as usize].as_mut() else {
@@ -2082,6 +2083,8 @@ impl<P: Provider> Worker<P> {
             counters.rpcs += 1;
             counters.status(status);
         };
+        // The answer went out at once (`Conn::send_now`): `Some(posted)`.
+        let mut direct = None;
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 // Set on the context after the answer was deferred: not the deferred answer's.
@@ -2108,7 +2111,16 @@ impl<P: Provider> Worker<P> {
                 None
             }
             (Outcome::Eager(n), Some(b)) => {
-                entry.conn.queue(send, b, header, BodyAt::Eager(n));
+                if wcs.pending() == 0 {
+                    // The last completion of the poll batch: no other answer of this batch can
+                    // join this one's doorbell any more, so it is posted now (behind what the
+                    // session queued before it, in one list), not queued for `flush_dirty`.
+                    // Answers to a batch of requests are queued and go as one list with the
+                    // last one's.
+                    direct = Some(entry.conn.send_now(send, b, header, n, tag).is_ok());
+                } else {
+                    entry.conn.queue(send, b, header, BodyAt::Eager(n));
+                }
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
                 None
@@ -2190,6 +2202,16 @@ impl<P: Provider> Worker<P> {
                 Some(Waiting::Error(header, Status::internal("handler returned no answer")))
             }
         };
+        // Posted: `flush_dirty` has something to do for the session only when a control message
+        // is due (a CreditGrant this request's credit raised, say), a raise waits for receive
+        // WQEs, or something was queued since (a RingReturn is looked at by `on_message`).
+        let dirty = direct != Some(true) || {
+            let c = &entry.conn;
+            c.session.raise_short() != 0
+                || c.session.lease_pending()
+                || c.session.has_control()
+                || !c.sq.is_empty()
+        };
         let had_backlog = !entry.backlog.is_empty();
         if let Some(mut spill) = spilled {
             if let Err(reason) = charge(&entry.conn.session, &mut spill) {
@@ -2201,7 +2223,12 @@ impl<P: Provider> Worker<P> {
         if !had_backlog && !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
-        self.mark_dirty(idx);
+        if direct == Some(false) {
+            tracing::warn!(worker = self.shared.index, "posting sends failed");
+            self.close_entry(idx, "posting sends failed", false, true);
+        } else if dirty {
+            self.mark_dirty(idx);
+        }
     }
 }
 
