@@ -2224,7 +2224,8 @@ impl<P: Provider> Worker<P> {
             self.try_backlog(idx);
         }
         if direct == Some(false) {
-            tracing::warn!(worker = self.shared.index, "posting sends failed");
+            let session = self.entries[idx as usize].as_ref().map_or(0, |e| e.session);
+            tracing::warn!(worker = self.shared.index, session, "posting sends failed");
             self.close_entry(idx, "posting sends failed", false, true);
         } else if dirty {
             self.mark_dirty(idx);
