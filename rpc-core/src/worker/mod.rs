@@ -457,6 +457,9 @@ pub(crate) struct Worker<P: Provider> {
     by_session: crate::dispatch::registry::IdMap<u16>,
     gens: Vec<u16>,
     by_qpn: crate::dispatch::registry::IdMap<u16>,
+    /// The entry the last message on a known QP came from ([`Worker::lookup_qpn`] looks there
+    /// before `by_qpn`): a hint only, checked against the entry's QP number at every use.
+    last_rx: u16,
     dirty: Vec<u16>,
     /// Sessions whose timers may be armed (unanswered calls: their deadlines, the idle probe while
     /// waiting for the client); the clock is read for timers only while this is not empty.
@@ -520,6 +523,7 @@ impl<P: Provider> Worker<P> {
             by_session: crate::dispatch::registry::IdMap::with_capacity_and_hasher(n, Default::default()),
             gens: vec![0; n],
             by_qpn,
+            last_rx: 0,
             dirty: Vec::with_capacity(n),
             timed: Vec::with_capacity(n),
             counters: Counters::default(),
@@ -1684,7 +1688,21 @@ impl<P: Provider> Worker<P> {
     }
 
     fn lookup_qpn(&mut self, qpn: u32) -> Option<u16> {
+        // Messages come in runs of one session (a window of calls, a lone caller's next one):
+        // the entry of the last one first. A live entry whose QP has this number is the one
+        // `by_qpn` names (it maps exactly the live entries' QP numbers), so the hint can only
+        // save the hash lookup, never name another session.
+        let last = self.last_rx;
+        if self
+            .entries
+            .get(usize::from(last))
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.conn.qp.qp_num() == qpn)
+        {
+            return Some(last);
+        }
         if let Some(&i) = self.by_qpn.get(&qpn) {
+            self.last_rx = i;
             return Some(i);
         }
         // The listener queues a connection before answering the handshake, so a message on a
