@@ -509,3 +509,69 @@ fn a_send_now_posts_at_once_and_never_overtakes_a_queued_send() {
     assert_eq!(got, [0, 1, 2], "in the order given");
     b.recv.flush().unwrap();
 }
+
+/// `send_now`'s own post (one WR, no round trip through the queue) signals and keeps buffers
+/// as a flush does: a SEND the NIC reads by DMA is signaled, and its buffer stays taken until
+/// the polled completion retires it; an inline SEND's buffer is free once posted, and only
+/// every `depth / 2`-th inline SEND is signaled, its completion retiring the unsignaled ones
+/// before it.
+///
+/// Sabotaged: the DMA SEND left unsignaled when under `depth / 2` (`signal` without
+/// `!inline`): "no completion for the DMA SEND". An inline SEND's buffer kept in `bufs` as a
+/// DMA one's: "an inline SEND's buffer is free once posted".
+#[test]
+fn a_send_now_signals_and_keeps_buffers_as_a_flush() {
+    let a = RawPeer::new(1024, 8, 256, 4096, 1);
+    let mut b = RawPeer::new(1024, 8, 256, 4096, 2);
+    a.connect(&RcConfig::default(), &b.handshake(4, 64, 1 << 20, 1));
+    b.connect(&RcConfig::default(), &a.handshake(4, 64, 1 << 20, 1));
+    let mut pool = SendPool::<Sim>::new(&a.pd, 8, 64).unwrap();
+    let free = pool.available();
+    let mut sq = SendQueue::new(8, 8);
+    let mut wcs = Completions::<64>::new();
+    let retired = |wcs: &mut Completions<64>, pool: &mut SendPool<Sim>, sq: &mut SendQueue| {
+        let give_up = std::time::Instant::now() + WAIT;
+        loop {
+            if retire_polled(&a, wcs, pool, sq, None) > 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= give_up {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    };
+    // Inline: free at once; the 4th (depth 8 / 2) signaled, retiring all 4. (The first binds
+    // the queue to its QP and pool through a flush; the others are posted by `send_now`.)
+    for k in 1..=4 {
+        let buf = pool.acquire_for(&mut sq).unwrap();
+        sq.send_now(&a.qp, &mut pool, buf, 8, true, 1).unwrap();
+        assert_eq!(pool.available(), free, "an inline SEND's buffer is free once posted");
+        assert_eq!((sq.outstanding(), sq.posted_bufs()), (k, 0));
+        if k < 4 {
+            assert_eq!(retire_polled(&a, &mut wcs, &mut pool, &mut sq, None), 0, "SEND {k} unsignaled");
+        }
+    }
+    assert!(retired(&mut wcs, &mut pool, &mut sq), "no completion for the 4th inline SEND");
+    assert_eq!(sq.outstanding(), 0, "the signaled SEND retired the 3 before it");
+    // DMA: signaled at once, its buffer the queue's until the completion.
+    let buf = pool.acquire_for(&mut sq).unwrap();
+    sq.send_now(&a.qp, &mut pool, buf, 8, false, 1).unwrap();
+    assert_eq!((sq.outstanding(), sq.posted_bufs(), pool.available()), (1, 1, free - 1));
+    assert!(retired(&mut wcs, &mut pool, &mut sq), "no completion for the DMA SEND");
+    assert_eq!((sq.outstanding(), sq.posted_bufs(), pool.available()), (0, 0, free));
+    // The peer got all 5.
+    let mut got = 0;
+    let give_up = std::time::Instant::now() + WAIT;
+    while got < 5 {
+        assert!(std::time::Instant::now() < give_up, "received {got} in {WAIT:?}");
+        wcs.poll(&b.cq).unwrap();
+        for c in &mut wcs {
+            let buf = b.recv.take(c).expect("a posted receive buffer");
+            got += 1;
+            b.recv.repost(buf);
+        }
+        std::thread::yield_now();
+    }
+    b.recv.flush().unwrap();
+}

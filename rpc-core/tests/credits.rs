@@ -294,3 +294,34 @@ fn hostile_credit_messages_lose_only_their_own_session() {
     let c = server.counters();
     assert_eq!(c.malformed, 3, "{c:?}");
 }
+
+/// A lone request that takes the last credit: its answer is posted at once (the worker's
+/// direct send, no pass through `flush_dirty`), and the CreditGrant the request made due still
+/// follows it, with nothing more from the client.
+///
+/// The grant must come within 2 s: a grant left waiting goes with the next flush of the
+/// session, the idle probe's Ping about 5 s later.
+///
+/// Sabotaged: the worker never marking a session dirty after a direct send (the grant waits
+/// for the session's next flush): "no raise to 2 within 2 s of the lone answer" with grants
+/// `[]`.
+#[test]
+fn a_grant_made_due_by_a_lone_request_follows_its_direct_answer() {
+    let (server, _) = spawn(server().initial_credits(1));
+    let mut c = RawClient::connect_with(server.local_addr(), 8, 4096, 1 << 20);
+    assert_eq!(c.credits, 1, "the handshake grants initial_credits");
+    c.request(ECHO, 0, 1, &prost::Message::encode_to_vec(&request(7, 8, 8)));
+    let (h, _) = c.response(SOON).expect("the echo's answer");
+    assert_eq!((h.kind, h.status, h.slot, h.generation), (Kind::Response, Code::Ok, 0, 1), "{h:?}");
+    let give_up = std::time::Instant::now() + Duration::from_secs(2);
+    while c.grants != [2] {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "no raise to 2 within 2 s of the lone answer: {:?}",
+            c.grants
+        );
+        c.poll();
+        std::thread::yield_now();
+    }
+    assert_eq!(server.counters().malformed, 0);
+}

@@ -447,20 +447,62 @@ impl SendQueue {
         let idx = buf.idx;
         std::mem::forget(buf);
         self.taken = self.taken.saturating_sub(1);
-        self.pending.push(PendingWr {
-            sge: pool.sge(idx, len.min(pool.buf_size as u32)),
+        let sge = pool.sge(idx, len.min(pool.buf_size as u32));
+        // `post_chunk`'s one WR, built here rather than through `pending`: the same signaling
+        // (a buffer the NIC reads by DMA, or half the send queue unsignaled) and bookkeeping.
+        let unsignaled = self.unsignaled + 1;
+        let signal = !inline || unsignaled >= (self.depth / 2).max(1);
+        let mut flags = if inline { SendFlags::INLINE } else { SendFlags::EMPTY };
+        if signal {
+            flags |= SendFlags::SIGNALED;
+        }
+        let wr = SendWr {
+            wr_id: send_wr_id(tag, self.id, signal),
+            sg_list: std::slice::from_ref(&sge),
             op: SendOp::Send,
-            buf: idx,
-            staged: u32::MAX,
-            inline,
-            sges: (0, 0),
-        });
-        self.post_chunk::<P, 1>(qp, pool, tag)
+            flags,
+        };
+        // SAFETY: as in `post_chunk` (whose one-WR case this is): the SGE lies in send buffer
+        // `idx` of `pool` (dropped after every QP its queues post to), whose token was consumed
+        // above, so nothing writes the buffer until it is free again: right after this call
+        // returns when inline (its bytes are in the WQE), else when a polled signaled completion
+        // of this queue's own WR on its one QP (`bind_qp`, checked above) retires it
+        // (`self.bufs`, `on_completion`) or `reclaim` destroys the QP first. `has_room`, checked
+        // when the buffer was taken, keeps the posted WQEs within the send queue.
+        if let Err(e) = unsafe { qp.post_send(std::slice::from_ref(&wr)) } {
+            // Left queued, as a flush leaves what it could not post (`discard_pending` gives
+            // its buffer back).
+            self.pending.push(PendingWr {
+                sge,
+                op: SendOp::Send,
+                buf: idx,
+                staged: u32::MAX,
+                inline,
+                sges: (0, 0),
+            });
+            return Err(e);
+        }
+        if inline {
+            // Copied into the WQE by the post: the NIC does not read the buffer.
+            pool.free_posted(idx);
+        } else {
+            self.bufs.push_back(idx);
+        }
+        self.posted += 1;
+        self.outstanding += 1;
+        if signal {
+            self.signals.push_back((self.posted, u16::from(!inline)));
+            self.unsignaled = 0;
+        } else {
+            self.unsignaled = unsignaled;
+        }
+        Ok(())
     }
 
-    /// Posts the first `N` (at most) queued WRs with one doorbell. Inlined into each caller
-    /// (`flush`, `send_now`): with two callers of `post_chunk::<1>` the compiler kept one out of
-    /// line, a call that cost a worker's flush about 70 instructions per message.
+    /// Posts the first `N` (at most) queued WRs with one doorbell. Inlined into `flush`
+    /// (`send_now` posts its one WR itself, without a round trip through `pending`): with two
+    /// callers of `post_chunk::<1>` the compiler kept one out of line, a call that cost a
+    /// worker's flush about 70 instructions per message.
     #[inline(always)]
     fn post_chunk<P: Provider, const N: usize>(
         &mut self,

@@ -592,7 +592,7 @@ impl Session {
 
     /// Whether a control message waits to be sent ([`Session::next_control`]). Inlined: a few
     /// compares on the hot path.
-    #[inline]
+    #[inline(always)]
     pub fn has_control(&self) -> bool {
         self.liveness.pong_due
             || self.liveness.ping_due

@@ -450,6 +450,63 @@ impl Header {
     /// [`WireError`] naming the first bad field.
     #[inline(always)]
     pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
+        // The common case first: an eager unary request or response with no flag set (a call's
+        // message on the data path), with this subset of `decode_general`'s checks, which are
+        // every check such a header is subject to. Anything else, valid or not, takes the
+        // general path (`fuzz_header` checks that both decode every message alike).
+        if let Some((b, body)) = msg.split_first_chunk::<HEADER_LEN>() {
+            let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+            let (body_len, total_len) = (u32_at(16), u32_at(36));
+            if b[1] == 0
+                && b[3] == 0
+                && u32_at(20) == 0
+                && body_len as usize == body.len()
+                && total_len == body_len
+            {
+                let count = u16::from_le_bytes([b[6], b[7]]);
+                let method = u32_at(12);
+                let fast = match b[0] {
+                    // A request: a method, no status, no count (no stream to grant).
+                    1 if b[2] == 0 && count == 0 && method != 0 => Some((Kind::Request, Code::Ok)),
+                    // A response: any status code; its count is the server's load.
+                    2 => Code::from_u8(b[2]).map(|st| (Kind::Response, st)),
+                    _ => None,
+                };
+                if let Some((kind, status)) = fast {
+                    let at_28 = u32_at(28);
+                    let request = kind == Kind::Request;
+                    return Ok(Header {
+                        kind,
+                        in_ring: false,
+                        stream: 0,
+                        metadata: false,
+                        metadata_cache: 0,
+                        count,
+                        status,
+                        slot: u16::from_le_bytes([b[4], b[5]]),
+                        generation: u32_at(8),
+                        method,
+                        body_len,
+                        ring_offset: 0,
+                        freed_head: u32_at(24),
+                        timeout_us: if request { at_28 } else { 0 },
+                        stream_taken: if request { 0 } else { at_28 },
+                        session: u32_at(32),
+                        total_len,
+                    });
+                }
+            }
+        }
+        Header::decode_general(msg)
+    }
+
+    /// [`Header::decode`] of any message: every check, in the order that names the first bad
+    /// field.
+    ///
+    /// # Errors
+    /// As [`Header::decode`]'s.
+    #[inline(never)]
+    pub(crate) fn decode_general(msg: &[u8]) -> Result<Header, WireError> {
         let have = msg.len();
         let b: &[u8; HEADER_LEN] = msg
             .get(..HEADER_LEN)
@@ -991,5 +1048,57 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
             crate::wire::fuzz_header(&bytes);
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// Flagless eager requests and responses (the fast path's case), and the same with one
+        /// byte changed, one aligned word zeroed, or the body a byte short or long:
+        /// `Header::decode` decodes and refuses them exactly as `Header::decode_general`
+        /// (checked by `fuzz_header`), which random bytes almost never reach.
+        ///
+        /// Fails with "the fast path differs" when the fast path drops its `method != 0` check
+        /// (a request of method 0 decoded), or its `count == 0` check.
+        #[test]
+        fn the_fast_path_decodes_as_the_general_path(
+            h in arb_call_header(),
+            at in 0..=HEADER_LEN + 1,
+            v in any::<u8>(),
+        ) {
+            let mut m = encode_msg(&h);
+            prop_assert_eq!(Header::decode(&m), Ok(h));
+            match at {
+                HEADER_LEN => m.push(v),
+                n if n > HEADER_LEN => { m.pop(); }
+                _ if v % 4 == 0 => m[at & !3..(at & !3) + 4].fill(0),
+                _ => m[at] = v,
+            }
+            crate::wire::fuzz_header(&m);
+        }
+    }
+
+    /// Valid flagless eager requests and responses, the fast path's case (`arb_header`'s
+    /// values, moved there).
+    fn arb_call_header() -> impl Strategy<Value = Header> {
+        (arb_header(), any::<bool>()).prop_map(|(h, response)| {
+            let len = h.body_len % 2048;
+            Header {
+                kind: if response { Kind::Response } else { Kind::Request },
+                in_ring: false,
+                stream: 0,
+                metadata: false,
+                metadata_cache: 0,
+                count: if response { h.count } else { 0 },
+                status: if response { h.status } else { Code::Ok },
+                method: if response { h.method } else { h.method.max(1) },
+                body_len: len,
+                total_len: len,
+                ring_offset: 0,
+                timeout_us: if response { 0 } else { h.timeout_us | h.stream_taken },
+                stream_taken: if response { h.timeout_us | h.stream_taken } else { 0 },
+                ..h
+            }
+        })
     }
 }

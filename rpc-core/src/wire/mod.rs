@@ -21,12 +21,15 @@ pub use header::{
 };
 
 /// Fuzz property for header decoding (used by `fuzz/` and by the proptest suite): decoding
-/// arbitrary bytes never panics, and whatever decodes re-encodes to the same header bytes.
+/// arbitrary bytes never panics, the common case's fast path decodes and refuses exactly as
+/// the general path, and whatever decodes re-encodes to the same header bytes.
 ///
 /// # Panics
 /// When the property is violated (that is the point: the fuzzer reports it).
 #[doc(hidden)]
 pub fn fuzz_header(data: &[u8]) {
+    // The common case's fast path decodes (and refuses) exactly as the general path.
+    assert_eq!(Header::decode(data), Header::decode_general(data), "the fast path differs");
     if let Ok(h) = Header::decode(data) {
         let mut out = [0u8; HEADER_LEN];
         h.encode(&mut out);

@@ -461,6 +461,9 @@ pub(crate) struct Worker<P: Provider> {
     by_session: crate::dispatch::registry::IdMap<u16>,
     gens: Vec<u16>,
     by_qpn: crate::dispatch::registry::IdMap<u16>,
+    /// The entry the last message on a known QP came from ([`Worker::lookup_qpn`] looks there
+    /// before `by_qpn`): a hint only, checked against the entry's QP number at every use.
+    last_rx: u16,
     dirty: Vec<u16>,
     /// Sessions whose timers may be armed (unanswered calls: their deadlines, the idle probe while
     /// waiting for the client); the clock is read for timers only while this is not empty.
@@ -524,6 +527,7 @@ impl<P: Provider> Worker<P> {
             by_session: crate::dispatch::registry::IdMap::with_capacity_and_hasher(n, Default::default()),
             gens: vec![0; n],
             by_qpn,
+            last_rx: 0,
             dirty: Vec::with_capacity(n),
             timed: Vec::with_capacity(n),
             counters: Counters::default(),
@@ -1693,7 +1697,21 @@ impl<P: Provider> Worker<P> {
     }
 
     fn lookup_qpn(&mut self, qpn: u32) -> Option<u16> {
+        // Messages come in runs of one session (a window of calls, a lone caller's next one):
+        // the entry of the last one first. A live entry whose QP has this number is the one
+        // `by_qpn` names (it maps exactly the live entries' QP numbers), so the hint can only
+        // save the hash lookup, never name another session.
+        let last = self.last_rx;
+        if self
+            .entries
+            .get(usize::from(last))
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.conn.qp.qp_num() == qpn)
+        {
+            return Some(last);
+        }
         if let Some(&i) = self.by_qpn.get(&qpn) {
+            self.last_rx = i;
             return Some(i);
         }
         // The listener queues a connection before answering the handshake, so a message on a
@@ -1913,6 +1931,7 @@ impl<P: Provider> Worker<P> {
             spare_metadata,
             ended,
             send,
+            wcs,
             ..
         } = self;
         let Some(entry) = entries[idx as usize].as_mut() else {
@@ -2091,6 +2110,8 @@ impl<P: Provider> Worker<P> {
             counters.rpcs += 1;
             counters.status(status);
         };
+        // The answer went out at once (`Conn::send_now`): `Some(posted)`.
+        let mut direct = None;
         let spilled = match (outcome, send_buf) {
             (Outcome::Deferred, b) => {
                 // Set on the context after the answer was deferred: not the deferred answer's.
@@ -2117,7 +2138,16 @@ impl<P: Provider> Worker<P> {
                 None
             }
             (Outcome::Eager(n), Some(b)) => {
-                entry.conn.queue(send, b, header, BodyAt::Eager(n));
+                if wcs.pending() == 0 {
+                    // The last completion of the poll batch: no other answer of this batch can
+                    // join this one's doorbell any more, so it is posted now (behind what the
+                    // session queued before it, in one list), not queued for `flush_dirty`.
+                    // Answers to a batch of requests are queued and go as one list with the
+                    // last one's.
+                    direct = Some(entry.conn.send_now(send, b, header, n, tag).is_ok());
+                } else {
+                    entry.conn.queue(send, b, header, BodyAt::Eager(n));
+                }
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
                 None
@@ -2199,6 +2229,16 @@ impl<P: Provider> Worker<P> {
                 Some(Waiting::Error(header, Status::internal("handler returned no answer")))
             }
         };
+        // Posted: `flush_dirty` has something to do for the session only when a control message
+        // is due (a CreditGrant this request's credit raised, say), a raise waits for receive
+        // WQEs, or something was queued since (a RingReturn is looked at by `on_message`).
+        let dirty = direct != Some(true) || {
+            let c = &entry.conn;
+            c.session.raise_short() != 0
+                || c.session.lease_pending()
+                || c.session.has_control()
+                || !c.sq.is_empty()
+        };
         let had_backlog = !entry.backlog.is_empty();
         if let Some(mut spill) = spilled {
             if let Err(reason) = charge(&entry.conn.session, &mut spill) {
@@ -2210,7 +2250,13 @@ impl<P: Provider> Worker<P> {
         if !had_backlog && !entry.backlog.is_empty() {
             self.try_backlog(idx);
         }
-        self.mark_dirty(idx);
+        if direct == Some(false) {
+            let session = self.entries[idx as usize].as_ref().map_or(0, |e| e.session);
+            tracing::warn!(worker = self.shared.index, session, "posting sends failed");
+            self.close_entry(idx, "posting sends failed", false, true);
+        } else if dirty {
+            self.mark_dirty(idx);
+        }
     }
 }
 
