@@ -591,7 +591,7 @@ impl<P: Provider> ClientCore<P> {
         // Receive buffers for this call's answers (one compare when they are registered).
         let streams = stream & (crate::wire::STREAM_IN | crate::wire::STREAM_OUT) != 0;
         if self.conn.session.calls().used() >= self.recv_calls || (streams && !self.recv_streams) {
-            self.cover_recv(streams, false)?;
+            self.cover_recv(streams, false).inspect_err(|s| self.counters.status(s.code()))?;
         }
         let flush_now = mode == StartMode::Now;
         let blocking = mode != StartMode::NoWait;
@@ -620,7 +620,7 @@ impl<P: Provider> ClientCore<P> {
         let eager = len <= self.conn.session.params().eager_threshold as usize;
         if !eager {
             if !self.recv_bulk {
-                self.cover_recv(false, true)?;
+                self.cover_recv(false, true).inspect_err(|s| self.counters.status(s.code()))?;
             }
             // The send mirror and staging area, registered at the first such body.
             if let Err(s) = self.conn.ensure_areas() {
@@ -738,8 +738,8 @@ impl<P: Provider> ClientCore<P> {
     ///
     /// # Errors
     /// RESOURCE_EXHAUSTED naming the verbs error when the buffers cannot be registered or posted
-    /// (the registration limit, `ulimit -l`): the call fails before anything is taken, and the
-    /// session keeps the buffers it has.
+    /// (the registration limit, `ulimit -l`): the call fails before anything is taken (its
+    /// caller counts the status), and the session keeps the buffers it has.
     #[cold]
     #[inline(never)]
     fn cover_recv(&mut self, streams: bool, bulk: bool) -> Result<(), Status> {
@@ -758,7 +758,6 @@ impl<P: Provider> ClientCore<P> {
             let added = RecvPool::<P>::register_chunk(self.conn.areas.pd(), bufs, buf)
                 .and_then(|chunk| self.recv.add_chunk(chunk));
             if let Err(e) = added {
-                self.counters.status(Code::ResourceExhausted);
                 return Err(Status::resource_exhausted(format!(
                     "registering receive buffers for {calls} calls at once ({} buffers of {buf} bytes \
                      wanted, {} registered): {e}",
@@ -780,7 +779,11 @@ impl<P: Provider> ClientCore<P> {
     #[inline(never)]
     fn cover_recv_bulk(&mut self) {
         if let Err(s) = self.cover_recv(false, true) {
-            tracing::warn!(peer = %self.peer, error = %s.message(), "the answers in pieces wait for receive buffers");
+            tracing::warn!(
+                peer = %self.peer,
+                error = %s.message(),
+                "answers in pieces wait for receive buffers (RNR retry)"
+            );
             self.recv_bulk = true;
         }
     }
