@@ -450,8 +450,7 @@ impl SendQueue {
         let sge = pool.sge(idx, len.min(pool.buf_size as u32));
         // `post_chunk`'s one WR, built here rather than through `pending`: the same signaling
         // (a buffer the NIC reads by DMA, or half the send queue unsignaled) and bookkeeping.
-        let unsignaled = self.unsignaled + 1;
-        let signal = !inline || unsignaled >= (self.depth / 2).max(1);
+        let (signal, unsignaled) = self.signal_for(1, !inline);
         let mut flags = if inline { SendFlags::INLINE } else { SendFlags::EMPTY };
         if signal {
             flags |= SendFlags::SIGNALED;
@@ -488,15 +487,33 @@ impl SendQueue {
         } else {
             self.bufs.push_back(idx);
         }
-        self.posted += 1;
-        self.outstanding += 1;
+        self.note_posted(1, signal, u16::from(!inline), unsignaled);
+        Ok(())
+    }
+
+    /// Selective signaling of a batch of `n` WRs about to be posted: signaled when the NIC reads
+    /// some of its memory by DMA (`dma`: nothing else gives a send buffer, a mirror range or a
+    /// staged range back), or when half the send queue would be unsignaled. Returns whether to
+    /// signal the batch's last WR and the unsignaled count if not.
+    #[inline(always)]
+    fn signal_for(&self, n: usize, dma: bool) -> (bool, usize) {
+        let unsignaled = self.unsignaled + n;
+        (dma || unsignaled >= (self.depth / 2).max(1), unsignaled)
+    }
+
+    /// Counts a posted batch of `n` WRs ([`SendQueue::signal_for`]'s `signal` and
+    /// `unsignaled`): a signaled one retires, with its completion, everything up to it and
+    /// `dma_bufs` send buffers.
+    #[inline(always)]
+    fn note_posted(&mut self, n: usize, signal: bool, dma_bufs: u16, unsignaled: usize) {
+        self.posted += n as u64;
+        self.outstanding += n;
         if signal {
-            self.signals.push_back((self.posted, u16::from(!inline)));
+            self.signals.push_back((self.posted, dma_bufs));
             self.unsignaled = 0;
         } else {
             self.unsignaled = unsignaled;
         }
-        Ok(())
     }
 
     /// Posts the first `N` (at most) queued WRs with one doorbell. Inlined into `flush`
@@ -540,8 +557,7 @@ impl SendQueue {
         // Selective signaling: a completion retires WQEs and send buffers. Buffers the NIC reads
         // by DMA want it in this batch (nothing else gives them back); inline SENDs hold no
         // buffer once posted, only WQEs.
-        let unsignaled = self.unsignaled + n;
-        let signal = dma_bufs || unsignaled >= (self.depth / 2).max(1);
+        let (signal, unsignaled) = self.signal_for(n, dma_bufs);
         if signal {
             wrs[n - 1].flags |= SendFlags::SIGNALED;
             wrs[n - 1].wr_id = send_wr_id(tag, self.id, true);
@@ -582,14 +598,7 @@ impl SendQueue {
                 self.staged.push_back((self.posted + i as u64 + 1, p.staged));
             }
         }
-        self.posted += n as u64;
-        self.outstanding += n;
-        if signal {
-            self.signals.push_back((self.posted, bufs as u16));
-            self.unsignaled = 0;
-        } else {
-            self.unsignaled = unsignaled;
-        }
+        self.note_posted(n, signal, bufs as u16, unsignaled);
         if n == self.pending.len() {
             // The usual case (one batch): no drain bookkeeping for `Copy` entries.
             self.pending.clear();
