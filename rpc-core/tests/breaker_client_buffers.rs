@@ -242,10 +242,12 @@ fn a_channel_reports_its_sessions_buffers() {
     assert!(c.recv_buffers > 32 && c.recv_buffers <= 144, "a Channel after 32 calls at once: {c:?}");
 }
 
-/// A reconnected `Client` reports the new session's buffers only (a fresh session registers one
-/// chunk of each again, and one more of receive buffers at its first call), not the retired
-/// session's added to them. Fails with "after the reconnect: (176, 2)" when the retired session's counters are kept with their gauges
-/// (`counters_now()` in `Client`'s reconnect instead of `counters.clone()`).
+/// A reconnected `Client` reports the new session's buffers only, not the retired session's added
+/// to them: a fresh session registers one chunk of send buffers again, and its receive buffers
+/// are its endpoint's, which stay registered for the endpoint's sessions (144, from the retired
+/// session's 32 calls at once). Fails with "after the reconnect: (288, 2)" when the retired
+/// session's counters are kept with their gauges (`counters_now()` in `Client`'s reconnect
+/// instead of `counters.clone()`).
 #[test]
 fn a_reconnected_client_reports_the_new_sessions_buffers_only() {
     let _g = ONE.lock().unwrap_or_else(|e| e.into_inner());
@@ -272,10 +274,10 @@ fn a_reconnected_client_reports_the_new_sessions_buffers_only() {
     let after = c.counters();
     assert_eq!(
         (after.recv_buffers, after.sessions_opened),
-        (32, 2),
+        (144, 2),
         "after the reconnect: {:?}",
         (after.recv_buffers, after.sessions_opened)
     );
-    assert_eq!((after.recv_buffer_bytes, after.send_pool_bytes), (32 * 4136, 16 * 4136), "{after:?}");
+    assert_eq!((after.recv_buffer_bytes, after.send_pool_bytes), (144 * 4136, 16 * 4136), "{after:?}");
     drop(again);
 }

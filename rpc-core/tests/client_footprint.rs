@@ -1,7 +1,8 @@
 //! What a client session registers for its receive and send buffers: one chunk of 16 each at
 //! the connect, one more chunk of receive buffers at its first call, which covers a call at a
 //! time however long the session lives; more only before the calls that need them (issue 28: 20,000 client sessions of the default window on one
-//! machine, where each registered its whole window's buffers before: 1.1 MiB a session).
+//! machine, where each registered its whole window's buffers before: 1.1 MiB a session). The
+//! receive buffers are the endpoint's: its sessions share them (`endpoint::rx`).
 //!
 //! One test per binary here: the second reads the software NIC's process-wide RNR count.
 
@@ -54,8 +55,23 @@ fn a_session_making_one_call_at_a_time_registers_one_chunk_of_each() {
     }
     let bulk = c.counters();
     assert_eq!((bulk.recv_buffers, bulk.rpcs), (64, 510), "{bulk:?}");
-    // A request above it, on a session that made eager calls only: covered before it goes out.
-    let d = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    // Another session on the same endpoint (this thread's) shares its receive buffers: the
+    // endpoint registers its reserve (15: an idle session's 8 and 7 waiting reposts) once, and
+    // each session's claim beyond it (36: 4 for its call, 32 for ring bodies' messages): 87, in
+    // chunks of 16, 96 (two sessions of their own: 64 each).
+    let e = Client::connect_with(server.local_addr(), &client_config()).unwrap();
+    for seq in 0..100 {
+        echo_checked(&e, seq, 32, 64 << 10);
+    }
+    assert_eq!(
+        (e.counters().recv_buffers, c.counters().recv_buffers),
+        (96, 96),
+        "two sessions of one endpoint do not share their receive buffers"
+    );
+    // A request above it, on a session that made eager calls only: covered before it goes out (on
+    // an endpoint of its own, to see its own buffers).
+    let own = rpc_core::Endpoint::new(&transport()).unwrap();
+    let d = own.connect_with(server.local_addr(), &client_config()).unwrap();
     echo_checked(&d, 1, 32, 32);
     assert_eq!(d.counters().recv_buffers, 32);
     for seq in 2..12 {

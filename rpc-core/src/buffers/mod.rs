@@ -575,6 +575,40 @@ pub struct RecvView<P: Provider> {
 }
 
 impl<P: Provider> RecvView<P> {
+    /// The bytes the NIC wrote into `buf`, read without the pool (its owner may be another
+    /// thread, posting and taking other buffers meanwhile): as [`RecvPool::bytes`], empty when
+    /// `buf` is not of this pool or its completion reported more bytes than a buffer holds.
+    #[inline]
+    pub fn bytes<'a>(&'a self, buf: &'a RecvBuf) -> &'a [u8] {
+        if buf.pool != self.id || buf.len as usize > self.buf_size || buf.idx >= self.count {
+            return &[];
+        }
+        let Some(mr) = self.chunks.get((buf.idx >> self.shift) as usize).and_then(OnceLock::get) else {
+            return &[];
+        };
+        let off = (buf.idx & ((1u32 << self.shift) - 1)) as usize * self.buf_size;
+        // SAFETY: `[off, off + len)` lies in `mr`, the chunk of buffer `idx` (a chunk holds at
+        // most `1 << shift` buffers, len <= buf_size), which the `Arc` in `chunks` keeps
+        // registered and mapped as long as `&self`. A token exists only for a buffer whose
+        // completion was polled and taken (`RecvPool::take`, which consumes the `Completion`
+        // made once per CQE, and clears the buffer's `posted` flag) and that is not posted:
+        // only `RecvPool::repost` queues it again, and it takes the token by value, so not
+        // while this borrow of it lives. So neither the NIC nor a peer (a SEND lands only in
+        // a posted buffer) writes it while the slice lives, whichever thread owns the pool.
+        unsafe { std::slice::from_raw_parts((mr.addr() as usize + off) as *const u8, buf.len as usize) }
+    }
+
+    /// Whether `buf`'s completion byte count fit the buffer ([`RecvPool::fits`]).
+    #[inline]
+    pub fn fits(&self, buf: &RecvBuf) -> bool {
+        buf.len as usize <= self.buf_size
+    }
+
+    /// Bytes of one buffer.
+    pub fn buf_size(&self) -> usize {
+        self.buf_size
+    }
+
     /// Copies the first `min(head.len(), byte_len)` bytes of the buffer `wc` names into `head`
     /// and returns how many: `None` when `wc` is not a receive completion of this pool or reports
     /// more bytes than a buffer holds. The caller (`Completions::untaken_recv_heads`) passes only

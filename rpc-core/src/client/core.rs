@@ -17,9 +17,7 @@ use std::collections::VecDeque;
 
 use super::config::ClientConfig;
 use crate::buffers::bounded::{check_exact, encode_exact, LenMismatch};
-use crate::buffers::{
-    Completion, Completions, GatherBody, RecvBuf, RecvPool, SendBuf, SendPool, SendQueue, Staged,
-};
+use crate::buffers::{Completion, Completions, GatherBody, RecvBuf, SendBuf, SendPool, SendQueue, Staged};
 use crate::config::{Idle, EVENT_WAIT};
 use crate::endpoint::conn::{
     body_area, create_cq, create_qp, create_ring, handshake, send_bufs_for, send_waiting, BodyAt, Conn,
@@ -27,6 +25,7 @@ use crate::endpoint::conn::{
 };
 use crate::endpoint::counters::Counters;
 use crate::endpoint::nic::Nic;
+use crate::endpoint::rx::{Received, SessionRx, REPOST_BATCH};
 use crate::session::{
     tick::Tick, Abandoned, Event, Outbox, Placement, ResponseFate, Role, Session, SessionParams, Waiting,
 };
@@ -44,9 +43,6 @@ const POLL_BATCH: usize = 32;
 const DEADLINE_SPINS: u32 = 64;
 /// Tag of the client's only connection in send `wr_id`s.
 const TAG: u32 = 1;
-/// Receive buffers reposted per doorbell (the SRQ holds `4 × window + 8` and the stream budget,
-/// so a few may wait).
-const REPOST_BATCH: usize = 8;
 
 /// What a response leaves in its slot until the caller takes it.
 #[derive(Debug)]
@@ -114,7 +110,10 @@ pub(crate) struct ClientCore<P: Provider> {
     conn: Conn<P>,
     /// The connection's own send buffers (after `conn`: dropped after its QP).
     pool: SendPool<P>,
-    recv: RecvPool<P>,
+    /// Its part of the endpoint's receive side (after `conn`: detached after its QP is gone):
+    /// the SRQ's buffers and the receive CQ, shared with the endpoint's other sessions.
+    recv: SessionRx<P>,
+    /// The CQ of the connection's sends (receives complete on the endpoint's receive CQ).
     cq: P::CompletionQueue,
     /// Per slot: the answer of a finished call until its caller takes it (the slots' states
     /// are the session's: [`Session::calls`]).
@@ -148,6 +147,7 @@ pub(crate) struct ClientCore<P: Provider> {
     idle: Idle,
     /// When the timers and the TCP channel are checked ([`crate::session::tick`]).
     tick: Tick,
+    /// Send completions polled from `cq`.
     wcs: Completions<POLL_BATCH>,
     pub(crate) counters: Counters,
     /// The last [`StartMode::NoWait`] start gave up on a body that found the server's ring full,
@@ -169,8 +169,13 @@ pub(crate) struct ClientCore<P: Provider> {
 /// Receive buffers a client session registers beyond [`recv_need`]: those that may wait for a
 /// batched repost.
 const REPOST_SLACK: u32 = REPOST_BATCH as u32 - 1;
-/// Receive buffers of a client session's SRQ are registered in chunks of `1 << RECV_CHUNK_SHIFT`.
+/// Receive buffers of a client endpoint's SRQ are registered in chunks of `1 << RECV_CHUNK_SHIFT`.
 const RECV_CHUNK_SHIFT: u32 = 4;
+/// Receive buffers an endpoint registers before any session claims: what an idle session needs
+/// ([`recv_need`] of no call, 8, and [`REPOST_SLACK`]), once per endpoint (its sessions' control
+/// messages share it). A session claims what its calls need beyond it ([`ClientCore::cover_recv`]),
+/// so a lone session registers what a session of its own would.
+const RECV_RESERVE: u32 = 8 + REPOST_SLACK;
 /// Send buffers of a client session are registered in chunks of `1 << SEND_CHUNK_SHIFT`.
 const SEND_CHUNK_SHIFT: u32 = 4;
 
@@ -198,6 +203,23 @@ fn recv_need(calls: u16, streams: bool, bulk: bool, window: u16) -> u32 {
 
 fn unavailable(what: impl std::fmt::Display) -> Status {
     Status::unavailable(what.to_string())
+}
+
+impl<P: Provider> Drop for ClientCore<P> {
+    /// Gives the receive buffers the session holds (answers and stream messages not taken) back
+    /// to the endpoint's pool, which its other sessions go on using.
+    fn drop(&mut self) {
+        for i in 0..self.answers.len() {
+            if let Some(a) = self.answers[i].take() {
+                self.release(a);
+            }
+        }
+        for i in 0..self.stream_msgs.len() {
+            while let Some(a) = self.stream_msgs[i].pop_front() {
+                self.release(a);
+            }
+        }
+    }
 }
 
 impl<P: Provider> ClientCore<P> {
@@ -262,23 +284,33 @@ impl<P: Provider> ClientCore<P> {
         let dev = &nic.dev;
         let window = cfg.window;
         let bufs = send_bufs_for(window);
-        // The SRQ is created for the whole window (`recv_need` of it, with streams, as far as the
-        // device's SRQ goes); its buffers are registered as the session's calls need them
-        // (`ClientCore::cover_recv`), one chunk now: an idle session holds 16.
+        // Receives go to the endpoint's SRQ and receive CQ, shared with its other sessions
+        // (`endpoint::rx`; one of the session's own, of the whole window's `recv_need`, for a
+        // session that waits for events or whose PD is its own). Its buffers are registered as
+        // the sessions' calls need them (`ClientCore::cover_recv`): the endpoint's reserve of 16
+        // covers its idle sessions.
+        let events = cfg.polling.needs_events();
         let recv_depth = recv_need(window, true, true, window).min(dev.ctx.attr().max_srq_wr);
         let pd = nic.session_pd().map_err(unavailable)?;
-        let cq = create_cq::<P>(&dev.ctx, recv_depth, u32::from(bufs) * 2 + 8, cfg.polling.needs_events())
-            .map_err(unavailable)?;
+        let cq = create_cq::<P>(&dev.ctx, 0, u32::from(bufs) * 2 + 8, events).map_err(unavailable)?;
         let recv_buf = HEADER_LEN + body_area(cfg.eager_threshold);
-        let mut recv =
-            RecvPool::<P>::with_capacity(&pd, recv_depth, recv_buf, RECV_CHUNK_SHIFT).map_err(unavailable)?;
-        let first = recv_depth.min(1 << RECV_CHUNK_SHIFT);
-        recv.add_chunk(RecvPool::<P>::register_chunk(&pd, first, recv_buf).map_err(unavailable)?)
+        let rx = nic
+            .client_rx(&pd, recv_buf, recv_depth, RECV_CHUNK_SHIFT, RECV_RESERVE, events)
             .map_err(unavailable)?;
         let attr = dev.ctx.attr();
-        let qp =
-            create_qp::<P>(&pd, &cq, recv.srq(), bufs, attr.max_inline_data, attr.max_qp_wr, attr.max_sge)
-                .map_err(unavailable)?;
+        let qp = create_qp::<P>(
+            &pd,
+            &cq,
+            rx.cq(),
+            rx.srq(),
+            bufs,
+            attr.max_inline_data,
+            attr.max_qp_wr,
+            attr.max_sge,
+        )
+        .map_err(unavailable)?;
+        let recv = rx.attach(qp.qp_num());
+        recv.set_cap(recv_need(0, false, false, window));
         let mut window_fallbacks = 0;
         let ring = create_ring::<P>(&dev.ctx, &pd, cfg.ring_bytes as usize, &mut window_fallbacks)
             .map_err(unavailable)?;
@@ -525,12 +557,8 @@ impl<P: Provider> ClientCore<P> {
                 ..Counters::default()
             },
             unplaced_stall: false,
-            // 16 buffers cover no call yet: the first call registers 16 more (`cover_recv`).
-            recv_calls: (recv_depth
-                .min(1 << RECV_CHUNK_SHIFT)
-                .saturating_sub(recv_need(0, false, false, window) + REPOST_SLACK)
-                / 4)
-            .min(u32::from(window)) as u16,
+            // The reserve covers no call: the first call claims buffers for one (`cover_recv`).
+            recv_calls: 0,
             recv_streams: false,
             recv_bulk: false,
             peer,
@@ -729,12 +757,14 @@ impl<P: Provider> ClientCore<P> {
         Ok(Some(CallId { slot, generation, deadline }))
     }
 
-    /// Registers and posts receive buffers so that they cover one more call than the session has
-    /// now when its calls reached what they cover ([`recv_need`]; doubling the calls covered, up
-    /// to the window), with `streams` the stream budget, and with `bulk` the messages of ring
-    /// bodies: before the call goes out, so that its answer finds a WQE posted.
-    /// Registration happens a few times in a session's life (at most `log2(window) + 2` growth
-    /// steps), never on the path of a call whose buffers are there.
+    /// Claims receive buffers on the endpoint's receive side so that they cover one more call
+    /// than the session has now when its calls reached what they cover ([`recv_need`]; doubling
+    /// the calls covered, up to the window), with `streams` the stream budget, and with `bulk`
+    /// the messages of ring bodies: before the call goes out, so that its answer finds a WQE
+    /// posted. What the endpoint's sessions claim together is registered and posted
+    /// ([`SessionRx::claim`]). A claim grows a few times in a session's life (at most
+    /// `log2(window) + 2` steps), never on the path of a call whose buffers are there; it ends
+    /// with the session.
     ///
     /// # Errors
     /// RESOURCE_EXHAUSTED naming the verbs error when the buffers cannot be registered or posted
@@ -751,20 +781,17 @@ impl<P: Provider> ClientCore<P> {
             self.recv_calls
         };
         let (streams, bulk) = (streams || self.recv_streams, bulk || self.recv_bulk);
-        let want = (recv_need(calls, streams, bulk, window) + REPOST_SLACK).min(self.recv.count());
-        let buf = self.recv.buf_size();
-        while self.recv.added() < want {
-            let bufs = (self.recv.count() - self.recv.added()).min(self.recv.chunk_bufs());
-            let added = RecvPool::<P>::register_chunk(self.conn.areas.pd(), bufs, buf)
-                .and_then(|chunk| self.recv.add_chunk(chunk));
-            if let Err(e) = added {
-                return Err(Status::resource_exhausted(format!(
-                    "registering receive buffers for {calls} calls at once ({} buffers of {buf} bytes \
-                     wanted, {} registered): {e}",
-                    want,
-                    self.recv.added()
-                )));
-            }
+        let need = recv_need(calls, streams, bulk, window);
+        // The inbox holds what the calls may bring at once while the session's driver is away.
+        self.recv.set_cap(need);
+        let claim = (need + REPOST_SLACK).saturating_sub(RECV_RESERVE);
+        if let Err(e) = self.recv.claim(claim) {
+            return Err(Status::resource_exhausted(format!(
+                "registering receive buffers for {calls} calls at once ({claim} buffers of {} bytes \
+                 claimed beyond the endpoint's {RECV_RESERVE}, {} registered): {e}",
+                self.recv.buf_size(),
+                self.recv.registered()
+            )));
         }
         self.recv_calls = calls;
         self.recv_streams = streams;
@@ -1150,33 +1177,51 @@ impl<P: Provider> ClientCore<P> {
         }
     }
 
-    /// Polls the CQ once and handles what completed. Returns how many completions there were.
-    /// Inlined up to the poll: an empty one (as many as the others while a call waits) costs no
-    /// call of its own.
+    /// Polls the send CQ (when a peek sees something) and the endpoint's receive side once, and
+    /// handles what completed. Returns how many completions there were. Inlined up to the polls:
+    /// an empty one (as many as the others while a call waits) costs no call of its own.
     #[inline(always)]
     pub(crate) fn progress(&mut self) -> usize {
         if self.broken.is_some() {
             return 0;
         }
-        let n = match self.wcs.poll(&self.cq) {
+        let sends = if self.cq.maybe_ready() {
+            match self.wcs.poll(&self.cq) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.break_conn(unavailable(format!("completion queue: {e}")));
+                    return 0;
+                }
+            }
+        } else {
+            0
+        };
+        let recvs = match self.recv.poll() {
             Ok(n) => n,
             Err(e) => {
-                self.break_conn(unavailable(format!("completion queue: {e}")));
+                self.break_conn(unavailable(format!("receive completion queue: {e}")));
                 return 0;
             }
         };
-        if n == 0 {
+        if sends + recvs == 0 {
             self.flush();
             return 0;
         }
-        self.completed(n)
+        self.completed(sends + recvs)
     }
 
-    /// Handles the `n` completions [`ClientCore::progress`] polled (at least 1).
+    /// Handles the `n` completions [`ClientCore::progress`] polled (at least 1): the sends', then
+    /// the messages, in arrival order.
     #[inline(never)]
     fn completed(&mut self, n: usize) -> usize {
         while let Some(c) = self.wcs.next() {
             self.on_completion(c);
+        }
+        while let Some(r) = self.recv.next() {
+            self.on_receive(r);
+        }
+        if self.recv.overran() > 0 {
+            self.overran();
         }
         // While an answer arrives in pieces, ring space this batch freed goes back to the
         // server (a RingReturn when due) before this end copies its own pieces: the server's
@@ -1190,17 +1235,39 @@ impl<P: Provider> ClientCore<P> {
         n
     }
 
+    /// A send completion (the send CQ holds nothing else).
     fn on_completion(&mut self, c: Completion) {
-        let (status, invalidated) = (c.wc().status, c.wc().invalidated_rkey.is_some());
+        let status = c.wc().status;
         if c.send_tag().is_some() {
             if !status.is_success() {
                 self.break_conn(unavailable(format!("send failed ({status}): the server is gone")));
                 return;
             }
             self.conn.on_send_completion(&mut self.pool, c);
-            return;
         }
-        let Some(buf) = self.recv.take(c) else { return };
+    }
+
+    /// The server sent more messages to this session than its calls may bring at once
+    /// ([`recv_need`]) while its driver was away: they went back to the endpoint's SRQ unread
+    /// (so that its other sessions' answers find buffers), and the session closes.
+    #[cold]
+    #[inline(never)]
+    fn overran(&mut self) {
+        if self.broken.is_none() {
+            self.counters.metered += 1;
+            let reason = format!(
+                "the server sent {} messages beyond what the session's calls may bring at once \
+                 while it was not driven (its share of the endpoint's receive buffers)",
+                self.recv.overran()
+            );
+            tracing::warn!(peer = %self.peer, %reason, "closing the session");
+            self.break_conn(unavailable(format!("connection closed: {reason}")));
+        }
+    }
+
+    /// A message (a receive completion taken for this session).
+    fn on_receive(&mut self, r: Received) {
+        let Received { status, invalidated, buf } = r;
         if !status.is_success() {
             self.recv.repost(buf);
             self.break_conn(unavailable(format!("receive failed ({status})")));
@@ -1643,7 +1710,8 @@ impl<P: Provider> ClientCore<P> {
     /// [`Tick::woken`]).
     /// True when it yielded or blocked ([`Idle::pause`]).
     fn pause(&mut self) -> bool {
-        let cq = &self.cq;
+        // Answers complete on the receive CQ (an event-waiting session's own: `endpoint::rx`).
+        let cq = self.recv.cq();
         let mut woken = false;
         let slept = self.idle.pause(|| {
             if cq.req_notify(false).is_ok() {
@@ -2124,11 +2192,12 @@ impl<P: Provider> ClientCore<P> {
     /// when it is 0) with a handle to the CQ to wait on ([`CompletionQueue::wait`]). `None` when
     /// the session is broken or its CQ has no events.
     pub(crate) fn arm_cq(&mut self) -> Option<(usize, P::CompletionQueue)> {
-        if self.broken.is_some() || self.cq.req_notify(false).is_err() {
+        // Answers complete on the receive CQ (an event-waiting session's own: `endpoint::rx`).
+        if self.broken.is_some() || self.recv.cq().req_notify(false).is_err() {
             return None;
         }
         let n = self.dispatch_step();
-        Some((n, self.cq.clone()))
+        Some((n, self.recv.cq().clone()))
     }
 
     /// Blocks (busy-polling per policy) until the call finishes.
@@ -2228,7 +2297,10 @@ impl<P: Provider> ClientCore<P> {
     /// line ([`ClientCore::look`]).
     #[inline(always)]
     pub(crate) fn broken_now(&mut self) -> Option<&Status> {
-        if self.broken.is_none() && self.conn.session.calls().in_flight() == 0 && self.cq.maybe_ready() {
+        if self.broken.is_none()
+            && self.conn.session.calls().in_flight() == 0
+            && (self.recv.maybe_ready() || self.cq.maybe_ready())
+        {
             self.look();
         }
         self.broken.as_ref()
@@ -2239,12 +2311,16 @@ impl<P: Provider> ClientCore<P> {
     #[cold]
     #[inline(never)]
     fn look(&mut self) {
-        match self.wcs.poll(&self.cq) {
-            Ok(0) => {}
-            Ok(n) => {
-                self.completed(n);
+        let sends = match self.wcs.poll(&self.cq) {
+            Ok(n) => n,
+            Err(e) => return self.break_conn(unavailable(format!("completion queue: {e}"))),
+        };
+        match self.recv.poll() {
+            Ok(n) if n + sends > 0 => {
+                self.completed(n + sends);
             }
-            Err(e) => self.break_conn(unavailable(format!("completion queue: {e}"))),
+            Ok(_) => {}
+            Err(e) => self.break_conn(unavailable(format!("receive completion queue: {e}"))),
         }
     }
 
@@ -2260,8 +2336,8 @@ impl<P: Provider> ClientCore<P> {
     /// `self.counters`, so that a retired session's counters add none).
     pub(crate) fn counters_now(&self) -> Counters {
         let mut c = self.counters.clone();
-        c.recv_buffers = u64::from(self.recv.added());
-        c.recv_buffer_bytes = u64::from(self.recv.added()) * self.recv.buf_size() as u64;
+        c.recv_buffers = u64::from(self.recv.registered());
+        c.recv_buffer_bytes = u64::from(self.recv.registered()) * self.recv.buf_size() as u64;
         c.send_pool_bytes = self.pool.registered_bytes();
         c
     }

@@ -77,13 +77,16 @@ pub(crate) const MAX_INLINE: u32 = 256;
 /// up to three registered user buffers ([`crate::buffers::RegisteredPool`]).
 pub(crate) const RING_WRITE_SGES: u32 = 7;
 
-/// Creates an RC QP on `cq` (send and receive) and `srq`, able to post every buffer twice
+/// Creates an RC QP with its send completions on `cq` and its receives from `srq` completing on
+/// `recv_cq` (a worker's QPs: one CQ for both; a client's: its own CQ for sends, the endpoint's
+/// receive CQ, [`super::rx::SharedRx`]), able to post every buffer twice
 /// (a WRITE and a SEND per message) up to the device's `max_qp_wr`, with up to `max_inline`
 /// bytes of inline data and [`RING_WRITE_SGES`] SGEs per WR (at most the device's `max_sge`). Size the connection's [`crate::buffers::SendQueue`] by the created QP's
 /// `max_send_wr`.
 pub(crate) fn create_qp<P: Provider>(
     pd: &P::ProtectionDomain,
     cq: &P::CompletionQueue,
+    recv_cq: &P::CompletionQueue,
     srq: &P::SharedReceiveQueue,
     send_bufs: u16,
     max_inline: u32,
@@ -108,7 +111,7 @@ pub(crate) fn create_qp<P: Provider>(
         max_recv_sge: 1,
         max_inline_data: max_inline.min(MAX_INLINE),
     };
-    pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, srq: Some(srq), cap, sq_sig_all: false })
+    pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq, srq: Some(srq), cap, sq_sig_all: false })
 }
 
 /// Where a message's body is.

@@ -142,6 +142,9 @@ pub struct Counters {
     pub backlog_peak: u64,
     /// Server: sessions closed because the client sent beyond its receive reservation
     /// (`session::meter`: Pings, Pongs, RingReturns or pieces over the protocol's bound; a flood).
+    /// Client: sessions closed because the server sent more than the session's calls may bring
+    /// at once while nobody drove it (its share of the endpoint's shared receive buffers,
+    /// `endpoint::rx`).
     pub metered: u64,
     /// Server: sessions closed with a Close after `ServerConfig::idle_timeout` without a call.
     pub idle_closed: u64,

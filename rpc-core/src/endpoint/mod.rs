@@ -8,3 +8,4 @@ pub(crate) mod areas;
 pub(crate) mod conn;
 pub(crate) mod counters;
 pub(crate) mod nic;
+pub(crate) mod rx;

@@ -1,0 +1,395 @@
+//! The receive side an endpoint's client sessions share (issue 28 item 1): one SRQ, its
+//! registered receive buffers, and one CQ for their receive completions, routed by QP number.
+//!
+//! A client session has its own QP and its own CQ for its sends; its QP receives from the
+//! endpoint's SRQ into the endpoint's receive CQ ([`SharedRx`]). So the receive buffers of an
+//! endpoint's sessions are one pool, registered for what its sessions' calls need together
+//! (a session claims `4 × calls` and its streams' and ring bodies' messages beyond a reserve the
+//! endpoint keeps once: [`SharedRx::claim`]), not 16 or more per session: 1,000 idle sessions on
+//! one endpoint hold one chunk of receive buffers between them. The receive CQ is as deep as the
+//! SRQ (at most that many receives can complete before a poll), so it cannot overflow whatever
+//! the sessions' peers send.
+//!
+//! Sessions are driven by their own callers, on any thread: whoever polls ([`SessionRx::poll`],
+//! the CQ and the pool behind one lock that is only ever tried) takes the completions of every
+//! session and puts the others' into their [`Inbox`]es, in CQ order; a session looks into its
+//! inbox before it polls, so its messages are handled in the order they arrived. The lock is
+//! taken once per poll, and a session alone on its endpoint never touches an inbox.
+//!
+//! **A peer's words are requests.** What waits in a session's inbox (its driver is away) is
+//! capped at what its calls may bring at once ([`SessionRx::set_cap`]); a server that sends more
+//! to a session nobody drives loses that session (its messages beyond the cap go back to the
+//! SRQ at once, and the session closes when next driven, naming the cap), never the receive
+//! buffers its neighbours' answers need. A session that is driven hands its buffers back as it
+//! handles them.
+//!
+//! Sessions that wait for completion events (`PollingPolicy::Event`) keep an SRQ and receive CQ
+//! of their own (a CQ's event wakes one waiter: the sessions of a shared CQ would have to wake
+//! each other), and so do sessions on a device without type-2 memory windows, whose PD is their
+//! own ([`super::nic::Nic::session_pd`]: a receive WQE's lkey must be of the QP's PD).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+use crate::buffers::{Completions, RecvBuf, RecvPool, RecvView};
+use crate::verbs::{CompletionQueue, Context, Provider, Result, WcStatus};
+
+/// Completions polled per look at the receive CQ.
+const POLL_BATCH: usize = 32;
+/// Receive buffers reposted per doorbell (a few wait).
+pub(crate) const REPOST_BATCH: usize = 8;
+/// WQEs of an endpoint's shared SRQ (and CQEs of its receive CQ), at most the device's
+/// `max_srq_wr`: what an endpoint's sessions may have posted at once. Only what their calls need
+/// is registered (in chunks of [`SharedRx::chunk_bufs`]); beyond the depth, a burst waits on RNR
+/// retry.
+pub(crate) const SHARED_DEPTH: u32 = 16_384;
+
+/// A receive completion taken from the CQ for a session: its status, whether it invalidated
+/// an rkey (SEND_WITH_INV), and the buffer (its token: the NIC is done with it).
+#[derive(Debug)]
+pub(crate) struct Received {
+    pub(crate) status: WcStatus,
+    pub(crate) invalidated: bool,
+    pub(crate) buf: RecvBuf,
+}
+
+/// Messages another session's poll took from the CQ for this session, in CQ order, until the
+/// session's driver looks ([`SessionRx::poll`]).
+#[derive(Debug, Default)]
+pub(crate) struct Inbox {
+    items: Mutex<VecDeque<Received>>,
+    /// Items waiting (read without the lock: a driver with nothing routed to it pays a load).
+    waiting: AtomicU32,
+    /// The most items that may wait ([`SessionRx::set_cap`]).
+    cap: AtomicU32,
+    /// Messages arrived beyond `cap` (given back to the SRQ unread): the session closes.
+    overran: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the lock of a [`SharedRx`] guards.
+struct RxState<P: Provider> {
+    pool: RecvPool<P>,
+    wcs: Completions<POLL_BATCH>,
+    /// QP number → the inbox of its session (every session attached to this receive side).
+    routes: HashMap<u32, Arc<Inbox>>,
+    /// Buffers the sessions claim beyond the reserve ([`SharedRx::claim`]).
+    claimed: u64,
+}
+
+/// One SRQ with its buffers and one receive CQ, shared by the sessions attached to it (see the
+/// module docs). Field order is drop order: the pool (its SRQ and MRs) before the CQ.
+pub(crate) struct SharedRx<P: Provider> {
+    state: Mutex<RxState<P>>,
+    view: RecvView<P>,
+    srq: P::SharedReceiveQueue,
+    cq: P::CompletionQueue,
+    pd: P::ProtectionDomain,
+    /// Buffers registered before any claim: what an idle session on its own needs, once per
+    /// endpoint.
+    reserve: u32,
+    /// Buffers registered so far (a copy of the pool's, read without the lock).
+    added: AtomicU32,
+    /// Receives that came for no attached session (a closed session's late messages), given
+    /// back at once.
+    strays: AtomicU64,
+}
+
+impl<P: Provider> SharedRx<P> {
+    /// An SRQ of `depth` WQEs (at most the device's `max_srq_wr`) for buffers of `buf_size`
+    /// bytes, registered in chunks of `1 << chunk_shift` as claims need them, `reserve` now; and
+    /// a receive CQ as deep as the SRQ (with a completion channel when `events`).
+    ///
+    /// # Errors
+    /// The verbs error of creating the SRQ or the CQ, or of registering or posting the reserve.
+    pub(crate) fn new(
+        ctx: &P::Context,
+        pd: &P::ProtectionDomain,
+        depth: u32,
+        buf_size: usize,
+        chunk_shift: u32,
+        reserve: u32,
+        events: bool,
+    ) -> Result<Arc<SharedRx<P>>> {
+        let depth = depth.min(ctx.attr().max_srq_wr).max(1);
+        // Every receive completion needs a posted WQE: the CQ holds all that can be pending.
+        let cq = ctx.create_cq(depth.min(ctx.attr().max_cqe.max(1)), events)?;
+        let mut pool = RecvPool::<P>::with_capacity(pd, depth, buf_size, chunk_shift)?;
+        let reserve = reserve.min(depth);
+        while pool.added() < reserve {
+            let bufs = (depth - pool.added()).min(pool.chunk_bufs());
+            pool.add_chunk(RecvPool::<P>::register_chunk(pd, bufs, buf_size)?)?;
+        }
+        let added = AtomicU32::new(pool.added());
+        Ok(Arc::new(SharedRx {
+            view: pool.view(),
+            srq: pool.srq().clone(),
+            state: Mutex::new(RxState { pool, wcs: Completions::new(), routes: HashMap::new(), claimed: 0 }),
+            cq,
+            pd: pd.clone(),
+            reserve,
+            added,
+            strays: AtomicU64::new(0),
+        }))
+    }
+
+    /// The SRQ a session's QP is created with.
+    pub(crate) fn srq(&self) -> &P::SharedReceiveQueue {
+        &self.srq
+    }
+
+    /// The receive CQ a session's QP is created with.
+    pub(crate) fn cq(&self) -> &P::CompletionQueue {
+        &self.cq
+    }
+
+    /// Buffers registered (a gauge: receive buffers are never deregistered while the endpoint
+    /// lives).
+    pub(crate) fn registered(&self) -> u32 {
+        self.added.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of one buffer.
+    pub(crate) fn buf_size(&self) -> usize {
+        self.view.buf_size()
+    }
+
+    /// Attaches the session of QP `qpn` (its QP created with [`SharedRx::srq`] and
+    /// [`SharedRx::cq`], before its peer knows the QP number): its messages go to its handle.
+    pub(crate) fn attach(self: &Arc<Self>, qpn: u32) -> SessionRx<P> {
+        let inbox = Arc::new(Inbox::default());
+        lock(&self.state).routes.insert(qpn, inbox.clone());
+        SessionRx { rx: self.clone(), inbox, qpn, returns: Vec::new(), got: VecDeque::new(), claim: 0 }
+    }
+}
+
+/// A session's part of a [`SharedRx`]: its messages and the buffers it gives back. Dropping it
+/// (after the session's QP) detaches the session: what waits for it goes back to the SRQ, and
+/// its claim ends (the buffers stay registered for the endpoint's other sessions).
+pub(crate) struct SessionRx<P: Provider> {
+    rx: Arc<SharedRx<P>>,
+    inbox: Arc<Inbox>,
+    qpn: u32,
+    /// Buffers handled and given back, posted again with the next poll that takes the lock.
+    returns: Vec<RecvBuf>,
+    /// Messages taken for this session, handed out by [`SessionRx::next`].
+    got: VecDeque<Received>,
+    /// Buffers this session claims beyond the reserve.
+    claim: u32,
+}
+
+impl<P: Provider> SessionRx<P> {
+    /// The bytes the NIC wrote into `buf` (a buffer of this receive side; else empty).
+    #[inline]
+    pub(crate) fn bytes<'a>(&'a self, buf: &'a RecvBuf) -> &'a [u8] {
+        self.rx.view.bytes(buf)
+    }
+
+    /// Whether `buf`'s completion byte count fit the buffer.
+    #[inline]
+    pub(crate) fn fits(&self, buf: &RecvBuf) -> bool {
+        self.rx.view.fits(buf)
+    }
+
+    /// Gives a buffer back: posted again by a later poll or [`SessionRx::flush_batched`].
+    #[inline]
+    pub(crate) fn repost(&mut self, buf: RecvBuf) {
+        self.returns.push(buf);
+    }
+
+    /// Buffers given back and not yet posted.
+    #[inline]
+    pub(crate) fn pending_reposts(&self) -> usize {
+        self.returns.len()
+    }
+
+    /// Posts the buffers given back once `threshold` of them wait (waiting for the lock if
+    /// another session's poll holds it: a poll is short).
+    ///
+    /// # Errors
+    /// The verbs error of posting (the buffers stay queued in the pool).
+    pub(crate) fn flush_batched(&mut self, threshold: usize) -> Result<()> {
+        if self.returns.len() < threshold.max(1) {
+            return Ok(());
+        }
+        let mut st = lock(&self.rx.state);
+        for b in self.returns.drain(..) {
+            st.pool.repost(b);
+        }
+        st.pool.flush()
+    }
+
+    /// Whether a poll may find something: a message routed here, or a completion in the CQ
+    /// (anyone's: a peek, two loads on `sim`).
+    #[inline(always)]
+    pub(crate) fn maybe_ready(&self) -> bool {
+        !self.got.is_empty() || self.inbox.waiting.load(Ordering::Relaxed) > 0 || self.rx.cq.maybe_ready()
+    }
+
+    /// The CQ to wait on for an event (a session of its own receive side only: see the module
+    /// docs).
+    pub(crate) fn cq(&self) -> &P::CompletionQueue {
+        &self.rx.cq
+    }
+
+    /// Takes this session's messages: those routed to it, then, when no other session's poll
+    /// holds the CQ, a batch from the CQ (routing the others' to their inboxes, posting what
+    /// was given back). Returns how many wait in [`SessionRx::next`].
+    ///
+    /// # Errors
+    /// The verbs error of polling the CQ or posting receives.
+    #[inline]
+    pub(crate) fn poll(&mut self) -> Result<usize> {
+        if self.inbox.waiting.load(Ordering::Acquire) > 0 {
+            take_inbox(&self.inbox, &mut self.got);
+        }
+        let mut st = match self.rx.state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another session's poll: what it takes for us lands in the inbox.
+            Err(TryLockError::WouldBlock) => return Ok(self.got.len()),
+        };
+        let st = &mut *st;
+        if !self.returns.is_empty() {
+            for b in self.returns.drain(..) {
+                st.pool.repost(b);
+            }
+        }
+        if st.pool.pending_reposts() >= REPOST_BATCH {
+            st.pool.flush()?;
+        }
+        // Routed between the look above and the lock: older than what the CQ holds now.
+        if self.inbox.waiting.load(Ordering::Acquire) > 0 {
+            take_inbox(&self.inbox, &mut self.got);
+        }
+        if st.wcs.poll(&self.rx.cq)? > 0 {
+            route(st, self.qpn, &mut self.got, &self.rx.strays);
+        }
+        Ok(self.got.len())
+    }
+}
+
+/// Hands out a polled batch: the receives of QP `qpn` to the end of `got`, the others' to their
+/// sessions' inboxes (within their caps), what belongs to no session back to the SRQ.
+#[inline(never)]
+fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received>, strays: &AtomicU64) {
+    let own = qpn;
+    while let Some(c) = st.wcs.next() {
+        let (qpn, status, invalidated) = (c.wc().qp_num, c.wc().status, c.wc().invalidated_rkey.is_some());
+        let Some(buf) = st.pool.take(c) else { continue };
+        let r = Received { status, invalidated, buf };
+        if qpn == own {
+            got.push_back(r);
+            continue;
+        }
+        match st.routes.get(&qpn) {
+            Some(inbox) => {
+                let mut items = lock(&inbox.items);
+                if items.len() as u32 >= inbox.cap.load(Ordering::Relaxed) {
+                    drop(items);
+                    inbox.overran.fetch_add(1, Ordering::Relaxed);
+                    st.pool.repost(r.buf);
+                } else {
+                    items.push_back(r);
+                    inbox.waiting.store(items.len() as u32, Ordering::Release);
+                }
+            }
+            None => {
+                // A detached session's late message (its QP was destroyed after it arrived).
+                strays.fetch_add(1, Ordering::Relaxed);
+                st.pool.repost(r.buf);
+            }
+        }
+    }
+}
+
+/// Moves what waits in `inbox` to the end of `got`.
+#[cold]
+fn take_inbox(inbox: &Inbox, got: &mut VecDeque<Received>) {
+    let mut items = lock(&inbox.items);
+    got.extend(items.drain(..));
+    inbox.waiting.store(0, Ordering::Release);
+}
+
+impl<P: Provider> SessionRx<P> {
+    /// The next message taken by [`SessionRx::poll`], in arrival order.
+    #[inline]
+    pub(crate) fn next(&mut self) -> Option<Received> {
+        self.got.pop_front()
+    }
+
+    /// Messages that arrived for this session beyond its cap while its driver was away (given
+    /// back unread): the session must close.
+    #[inline]
+    pub(crate) fn overran(&self) -> u64 {
+        self.inbox.overran.load(Ordering::Relaxed)
+    }
+
+    /// The most messages that may wait for this session while its driver is away: what its
+    /// calls may bring at once.
+    pub(crate) fn set_cap(&self, cap: u32) {
+        self.inbox.cap.store(cap, Ordering::Relaxed);
+    }
+
+    /// Sets this session's claim to `bufs` buffers beyond the endpoint's reserve (the reserve
+    /// covers an idle session's control messages and the reposts that wait for a batch) and
+    /// registers what the claims of all sessions together lack, up to the SRQ's depth, a chunk
+    /// at a time. Returns the buffers registered now on this receive side.
+    ///
+    /// # Errors
+    /// The verbs error of registering or posting (the claim is kept; what was registered
+    /// stays).
+    pub(crate) fn claim(&mut self, bufs: u32) -> Result<u32> {
+        let mut st = lock(&self.rx.state);
+        st.claimed = st.claimed - u64::from(self.claim) + u64::from(bufs);
+        self.claim = bufs;
+        let depth = st.pool.count();
+        let want = (u64::from(self.rx.reserve) + st.claimed).min(u64::from(depth)) as u32;
+        let buf_size = st.pool.buf_size();
+        let mut result = Ok(());
+        while st.pool.added() < want {
+            let bufs = (depth - st.pool.added()).min(st.pool.chunk_bufs());
+            let added = RecvPool::<P>::register_chunk(&self.rx.pd, bufs, buf_size)
+                .and_then(|chunk| st.pool.add_chunk(chunk));
+            if let Err(e) = added {
+                result = Err(e);
+                break;
+            }
+        }
+        let added = st.pool.added();
+        self.rx.added.store(added, Ordering::Relaxed);
+        result.map(|()| added)
+    }
+
+    /// Buffers registered on this receive side (all its sessions').
+    pub(crate) fn registered(&self) -> u32 {
+        self.rx.registered()
+    }
+
+    /// Bytes of one buffer.
+    pub(crate) fn buf_size(&self) -> usize {
+        self.rx.buf_size()
+    }
+}
+
+impl<P: Provider> Drop for SessionRx<P> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.rx.state);
+        st.routes.remove(&self.qpn);
+        st.claimed -= u64::from(self.claim);
+        let waiting: Vec<Received> = lock(&self.inbox.items).drain(..).collect();
+        for r in waiting.into_iter().chain(self.got.drain(..)) {
+            st.pool.repost(r.buf);
+        }
+        for b in self.returns.drain(..) {
+            st.pool.repost(b);
+        }
+        if let Err(e) = st.pool.flush() {
+            tracing::warn!(error = %e, "posting a closed session's receive buffers again failed");
+        }
+    }
+}
