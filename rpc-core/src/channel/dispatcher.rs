@@ -493,6 +493,13 @@ impl Inner {
             .unwrap_or_default()
     }
 
+    /// The receive side of the session's endpoint and its gauges ([`ClientCore::recv_side`]),
+    /// `None` before the session connects.
+    pub(crate) fn recv_side(&self) -> Option<(usize, u64, u64)> {
+        let g = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().map(|d| with_any_core!(&d.core, c => c.recv_side()))
+    }
+
     /// Calls started by callers' polls and by the dispatcher thread.
     pub(crate) fn started(&self) -> (u64, u64) {
         (self.started_by_callers.load(Ordering::Relaxed), self.started_by_thread.load(Ordering::Relaxed))

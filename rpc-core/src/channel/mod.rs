@@ -623,7 +623,29 @@ impl Channel {
                 c.add(&ch.counters());
             }
         }
+        // Sessions on one endpoint share its receive buffers: each reported them all.
+        let (bufs, bytes) = self.recv_sides();
+        (c.recv_buffers, c.recv_buffer_bytes) = (bufs, bytes);
         c
+    }
+
+    /// The receive buffers (count, bytes) registered on the endpoints the channel's sessions
+    /// are on, each endpoint's receive side counted once.
+    fn recv_sides(&self) -> (u64, u64) {
+        let mut sides = Vec::new();
+        self.collect_recv_sides(&mut sides);
+        sides.sort_unstable_by_key(|s| s.0);
+        sides.dedup_by_key(|s| s.0);
+        sides.iter().fold((0, 0), |(n, b), &(_, bufs, bytes)| (n + bufs, b + bytes))
+    }
+
+    fn collect_recv_sides(&self, sides: &mut Vec<(usize, u64, u64)>) {
+        sides.extend(self.shared.dispatchers.iter().filter_map(|d| d.recv_side()));
+        if let Some(b) = &self.shared.balance {
+            for ch in b.channels() {
+                ch.collect_recv_sides(sides);
+            }
+        }
     }
 }
 

@@ -1,7 +1,9 @@
-//! The client's connection, generic over the provider: its own CQ, SRQ, QP, rings and session,
-//! driven by the calling thread (no other thread, no cross-thread hop).
+//! The client's connection, generic over the provider: its own QP, send CQ, rings and session,
+//! on its endpoint's SRQ and receive CQ (shared with the endpoint's other sessions, receives
+//! routed by QP number: [`crate::endpoint::rx`]), driven by the calling thread (no other thread,
+//! no cross-thread hop).
 //!
-//! A driver: it polls the CQ, encodes bodies into registered memory, posts WRs, and keeps what
+//! A driver: it polls the CQs, encodes bodies into registered memory, posts WRs, and keeps what
 //! the calls carry (bodies waiting for a credit, answers until their caller takes them) in
 //! arrays indexed by slot. What may be sent now, in which order, what waits, and what a
 //! response, a completion or a timer means is the session's ([`Session`]: `session/calls.rs`,
@@ -187,14 +189,14 @@ const SEND_CHUNK_SHIFT: u32 = 4;
 /// messages held or granted; and once the session sent or received a body above the eager
 /// threshold, the messages of ring bodies: the pieces of an answer in our ring (each holds at
 /// least 1/16 of it) and the RingReturns of our pieces in the server's (as many), which a
-/// large answer can bring at once. 200 at the default window of 32 with both (the SRQ's depth,
-/// registered only as the calls come: [`ClientCore::cover_recv`]); 12 for one call at a time. A
-/// server may still send a burst beyond it: those SENDs wait for a repost on RNR retry
-/// (`rnr_retry` 7: a delay, nothing lost).
+/// large answer can bring at once. 200 at the default window of 32 with both (the depth of a
+/// session's own SRQ); 12 for one call at a time. A server may still send a burst beyond it:
+/// those SENDs wait for a repost on RNR retry (`rnr_retry` 7: a delay, nothing lost).
 ///
-/// A session registers `REPOST_SLACK` (7) buffers more than this: reposts go 8 at a time
-/// ([`REPOST_BATCH`]), so up to 7 taken buffers may wait for theirs. An idle session holds 16
-/// buffers; one making a call at a time, 32; with bodies above the eager threshold, 64.
+/// On the endpoint's shared SRQ, the 8 control messages and `REPOST_SLACK` (7: reposts go 8 at a
+/// time, [`REPOST_BATCH`]) are the endpoint's reserve, registered once ([`RECV_RESERVE`]); a
+/// session claims the rest ([`ClientCore::cover_recv`]). Alone on its endpoint, a session holds
+/// 16 buffers idle; making a call at a time, 32; with bodies above the eager threshold, 64.
 fn recv_need(calls: u16, streams: bool, bulk: bool, window: u16) -> u32 {
     let stream_budget = if streams { u32::from(window).min(crate::session::MAX_STREAM_BUDGET) } else { 0 };
     let ring_messages = if bulk { 2 * crate::session::MAX_PIECES_IN_RING } else { 0 };
@@ -292,7 +294,8 @@ impl<P: Provider> ClientCore<P> {
         let events = cfg.polling.needs_events();
         let recv_depth = recv_need(window, true, true, window).min(dev.ctx.attr().max_srq_wr);
         let pd = nic.session_pd().map_err(unavailable)?;
-        let cq = create_cq::<P>(&dev.ctx, 0, u32::from(bufs) * 2 + 8, events).map_err(unavailable)?;
+        // Nothing waits for a send completion's event: answers wake an event wait (the receive CQ).
+        let cq = create_cq::<P>(&dev.ctx, 0, u32::from(bufs) * 2 + 8, false).map_err(unavailable)?;
         let recv_buf = HEADER_LEN + body_area(cfg.eager_threshold);
         let rx = nic
             .client_rx(&pd, recv_buf, recv_depth, RECV_CHUNK_SHIFT, RECV_RESERVE, events)
@@ -310,7 +313,7 @@ impl<P: Provider> ClientCore<P> {
         )
         .map_err(unavailable)?;
         let recv = rx.attach(qp.qp_num());
-        recv.set_cap(recv_need(0, false, false, window));
+        recv.set_cap(recv_need(0, false, false, window) + 8);
         let mut window_fallbacks = 0;
         let ring = create_ring::<P>(&dev.ctx, &pd, cfg.ring_bytes as usize, &mut window_fallbacks)
             .map_err(unavailable)?;
@@ -782,8 +785,9 @@ impl<P: Provider> ClientCore<P> {
         };
         let (streams, bulk) = (streams || self.recv_streams, bulk || self.recv_bulk);
         let need = recv_need(calls, streams, bulk, window);
-        // The inbox holds what the calls may bring at once while the session's driver is away.
-        self.recv.set_cap(need);
+        // The inbox holds what the calls may bring at once while the session's driver is away
+        // (and 8 more control messages: a margin, not a reservation).
+        self.recv.set_cap(need + 8);
         let claim = (need + REPOST_SLACK).saturating_sub(RECV_RESERVE);
         if let Err(e) = self.recv.claim(claim) {
             return Err(Status::resource_exhausted(format!(
@@ -2329,6 +2333,14 @@ impl<P: Provider> ClientCore<P> {
     /// Number of call slots.
     pub(crate) fn window(&self) -> u16 {
         self.conn.session.calls().window()
+    }
+
+    /// The endpoint receive side this session is on (an identity, shared with the endpoint's
+    /// other sessions), with its `recv_buffers` and `recv_buffer_bytes`: a sum over sessions
+    /// counts each receive side once.
+    pub(crate) fn recv_side(&self) -> (usize, u64, u64) {
+        let n = u64::from(self.recv.registered());
+        (self.recv.side_id(), n, n * self.recv.buf_size() as u64)
     }
 
     /// The session's counters, with what it registers now for its receive and send buffers

@@ -1,9 +1,9 @@
 //! A client endpoint: the device context and PD that sessions to many servers share
 //! ([`crate::endpoint::nic::Nic`]), on the provider its transport names.
 //!
-//! Each session still has its own CQ, SRQ and QP. A [`crate::Channel`]'s sessions on one core
-//! are driven by one dispatcher thread (see `channel::dispatcher`), which could go on to share
-//! one CQ and SRQ among them, with completions routed by QP number (not done). What is shared here is `Send + Sync` on both providers (a device context and a PD
+//! The endpoint's client sessions share one SRQ, its receive buffers and one receive CQ, with
+//! receives routed by QP number ([`crate::endpoint::rx`]); each keeps its QP and a CQ for its
+//! sends. What is shared here is `Send + Sync` on both providers (a device context and a PD
 //! may be used from any thread), so a [`Client`] made from an endpoint may move between threads
 //! and several threads' clients may share one endpoint.
 
@@ -27,8 +27,9 @@ struct Shared {
     transport: Transport,
 }
 
-/// A client endpoint: one device context and one protection domain, opened once and shared by
-/// every session made from it, whichever servers they go to. A process that talks to many
+/// A client endpoint: one device context, one protection domain, and one SRQ with its receive
+/// buffers and receive CQ (per eager threshold), opened once and shared by every session made
+/// from it, whichever servers they go to. A process that talks to many
 /// servers opens one device context per endpoint instead of one per server (on libibverbs also
 /// one async-event thread). `Clone` (a handle to the same endpoint), `Send + Sync`; the device
 /// context closes when the endpoint and every session made from it are gone.

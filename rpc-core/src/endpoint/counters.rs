@@ -119,16 +119,20 @@ pub struct Counters {
     /// sessions admitted to each worker reserve at most at once (`srq_reserved`) plus room for
     /// the newest session's growth to `ServerConfig::credits_per_session` with a ring (raises and
     /// ring grants beyond it have the worker register more), and stay until the server stops; 0
-    /// for a server that never admitted a session. Client: the live session's receive buffers,
-    /// registered 16 at a time before the calls that need them (`4 × calls + 8` for the most
+    /// for a server that never admitted a session. Client: the receive buffers of the live
+    /// session's endpoint, which its sessions share (one SRQ per endpoint, `rpc_core::Endpoint`;
+    /// a `Channel` counts each endpoint its sessions are on once), registered 16 at a time before
+    /// the calls that need them and kept while the endpoint lives: 15 for the endpoint (an idle
+    /// session's control messages and 7 that may wait for a batched repost: 16 registered at the
+    /// first connect), and per session what its calls claim beyond (`4 × calls` for the most
     /// calls it had at once, doubling, plus the stream budget once it opened a stream, plus 32
-    /// once it sent or received a body above the eager threshold, plus 7 that may wait for a
-    /// batched repost; at most `4 × window + 8 + min(window, 256) + 32`, 200 at the default
-    /// window), the first 16 at the connect: an idle session holds 16 (65 KiB at the default
-    /// eager threshold), one that makes a call at a time 32, with bodies above the threshold 64.
+    /// once it sent or received a body above the eager threshold; at most `4 × window +
+    /// min(window, 256) + 32`, 192 at the default window). A session alone on its endpoint: 16
+    /// idle (65 KiB at the default eager threshold), 32 making a call at a time, 64 with bodies
+    /// above the threshold; 1,000 idle sessions of one endpoint: 16 between them.
     pub recv_buffer_bytes: u64,
     /// Server: receive WQEs posted to the workers' SRQs (the buffers of `recv_buffer_bytes`).
-    /// Client: the live session's (see `recv_buffer_bytes`).
+    /// Client: the live session's endpoint's (see `recv_buffer_bytes`).
     pub recv_buffers: u64,
     /// Server: bytes charged now for bodies arriving in pieces (capped by
     /// `ServerConfig::max_reassembly_bytes`); set by `ServerHandle::counters`.

@@ -54,8 +54,8 @@ impl<P: Provider> Nic<P> {
     /// The receive side a new client session's QP uses ([`SharedRx`]): the endpoint's shared one
     /// for buffers of `buf_size` bytes (opened by the first session that asks, kept while the
     /// endpoint lives) when the session's PD is the endpoint's (`pd`, from
-    /// [`Nic::session_pd`]) and it does not wait for completion events; else one of its own,
-    /// of `depth` WQEs. Buffers are registered in chunks of `1 << chunk_shift`; `reserve` before
+    /// [`Nic::session_pd`]), it does not wait for completion events and its window's `depth`
+    /// fits the shared SRQ's ([`SHARED_DEPTH`]); else one of its own, of `depth` WQEs. Buffers are registered in chunks of `1 << chunk_shift`; `reserve` before
     /// any claim (an idle session's control messages and reposts waiting for a batch).
     ///
     /// # Errors
@@ -70,7 +70,7 @@ impl<P: Provider> Nic<P> {
         events: bool,
     ) -> Result<Arc<SharedRx<P>>> {
         let ctx = &self.dev.ctx;
-        if events || !self.dev.ctx.attr().mw_type2 {
+        if events || !self.dev.ctx.attr().mw_type2 || depth > SHARED_DEPTH {
             return SharedRx::new(ctx, pd, depth, buf_size, chunk_shift, reserve, events);
         }
         let mut open = self.rx.lock().unwrap_or_else(|p| p.into_inner());

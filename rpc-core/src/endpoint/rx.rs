@@ -40,10 +40,12 @@ const POLL_BATCH: usize = 32;
 /// Receive buffers reposted per doorbell (a few wait).
 pub(crate) const REPOST_BATCH: usize = 8;
 /// WQEs of an endpoint's shared SRQ (and CQEs of its receive CQ), at most the device's
-/// `max_srq_wr`: what an endpoint's sessions may have posted at once. Only what their calls need
-/// is registered (in chunks of [`SharedRx::chunk_bufs`]); beyond the depth, a burst waits on RNR
-/// retry.
-pub(crate) const SHARED_DEPTH: u32 = 16_384;
+/// `max_srq_wr`: what an endpoint's sessions may have posted at once, 1,000 calls in flight at 4
+/// WQEs each. Only what their calls claim is registered, a chunk at a time; claims beyond the
+/// depth wait on RNR retry (a delay, nothing lost). The queues cost about 64 bytes per WQE and
+/// per CQE of pinned memory on a NIC (0.5 MiB). A session whose window alone needs more
+/// (above about 1,000 credits) gets an SRQ of its own.
+pub(crate) const SHARED_DEPTH: u32 = 4096;
 
 /// A receive completion taken from the CQ for a session: its status, whether it invalidated
 /// an rkey (SEND_WITH_INV), and the buffer (its token: the NIC is done with it).
@@ -195,10 +197,26 @@ impl<P: Provider> SessionRx<P> {
         self.rx.view.fits(buf)
     }
 
-    /// Gives a buffer back: posted again by a later poll or [`SessionRx::flush_batched`].
+    /// Gives a buffer back to the pool (posted with the pool's next batch), or, while another
+    /// session's poll holds the pool, keeps it for this session's next poll: a session that goes
+    /// idle after its answer holds no buffer.
     #[inline]
     pub(crate) fn repost(&mut self, buf: RecvBuf) {
         self.returns.push(buf);
+        let mut st = match self.rx.state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        for b in self.returns.drain(..) {
+            st.pool.repost(b);
+        }
+        if st.pool.pending_reposts() >= REPOST_BATCH {
+            if let Err(e) = st.pool.flush() {
+                // Left queued in the pool: the next poll's flush reports it and breaks its session.
+                tracing::debug!(error = %e, "posting receive buffers again failed");
+            }
+        }
     }
 
     /// Buffers given back and not yet posted.
@@ -246,6 +264,10 @@ impl<P: Provider> SessionRx<P> {
     pub(crate) fn poll(&mut self) -> Result<usize> {
         if self.inbox.waiting.load(Ordering::Acquire) > 0 {
             take_inbox(&self.inbox, &mut self.got);
+        }
+        // A peek (two loads on `sim`) spares the lock to a poll that would find nothing.
+        if self.returns.is_empty() && !self.rx.cq.maybe_ready() {
+            return Ok(self.got.len());
         }
         let mut st = match self.rx.state.try_lock() {
             Ok(g) => g,
@@ -363,6 +385,11 @@ impl<P: Provider> SessionRx<P> {
         let added = st.pool.added();
         self.rx.added.store(added, Ordering::Relaxed);
         result.map(|()| added)
+    }
+
+    /// An identity of the receive side (its address), the same for all its sessions.
+    pub(crate) fn side_id(&self) -> usize {
+        Arc::as_ptr(&self.rx) as usize
     }
 
     /// Buffers registered on this receive side (all its sessions').
