@@ -917,6 +917,17 @@ impl Session {
         h: &Header,
         now: impl FnOnce() -> Instant,
     ) -> Result<Incoming, &'static str> {
+        self.apply_header(h, now).map(|ring| Incoming { header: *h, ring })
+    }
+
+    /// [`Session::handle_header`] without the header copied into its result: the ring piece of
+    /// a ring body, `None` for an eager one.
+    #[inline(always)]
+    fn apply_header(
+        &mut self,
+        h: &Header,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Option<RingPiece>, &'static str> {
         // The common case, inlined into the drivers: a unary request at a server or a response
         // at a client, eager. The same checks in the same order as the general path below.
         if !h.in_ring && h.stream == 0 && h.session == self.params.id {
@@ -931,7 +942,11 @@ impl Session {
 
     /// [`Session::handle_header`] of an eager unary request at a server.
     #[inline(always)]
-    fn eager_request(&mut self, h: &Header, now: impl FnOnce() -> Instant) -> Result<Incoming, &'static str> {
+    fn eager_request(
+        &mut self,
+        h: &Header,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Option<RingPiece>, &'static str> {
         self.liveness.rx_seen = true;
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
@@ -946,7 +961,7 @@ impl Session {
         }
         let deadline = (h.timeout_us > 0).then(|| now() + Duration::from_micros(u64::from(h.timeout_us)));
         self.admit_call(h, deadline);
-        Ok(Incoming { header: *h, ring: None })
+        Ok(None)
     }
 
     /// Server: a request's use of the session's cached metadata block (protocol 11): a store
@@ -963,7 +978,7 @@ impl Session {
 
     /// [`Session::handle_header`] of an eager response at a client.
     #[inline(always)]
-    fn eager_response(&mut self, h: &Header) -> Result<Incoming, &'static str> {
+    fn eager_response(&mut self, h: &Header) -> Result<Option<RingPiece>, &'static str> {
         self.liveness.rx_seen = true;
         if h.total_len > self.params.max_message {
             return Err("body larger than max_message_size");
@@ -971,7 +986,7 @@ impl Session {
         self.producer.on_freed(h.freed_head).map_err(|()| "freed head outside the ring's used range")?;
         self.sends.on_taken(h.stream_taken)?;
         self.peer_load = u32::from(h.count);
-        Ok(Incoming { header: *h, ring: None })
+        Ok(None)
     }
 
     /// [`Session::handle_header`] of any header (ring bodies, pieces, streams, controls).
@@ -980,7 +995,7 @@ impl Session {
         &mut self,
         h: &Header,
         now: impl FnOnce() -> Instant,
-    ) -> Result<Incoming, &'static str> {
+    ) -> Result<Option<RingPiece>, &'static str> {
         if h.session != self.params.id {
             return Err("header for another session");
         }
@@ -1233,7 +1248,7 @@ impl Session {
         if refused_call && self.role == Role::Server {
             self.refuse_call(h);
         }
-        Ok(Incoming { header: *h, ring })
+        Ok(ring)
     }
 
     /// Server: the body in pieces of `h` (a request or a stream message, its first piece) was
@@ -1272,21 +1287,37 @@ impl Session {
         invalidated_key: bool,
         now: impl FnOnce() -> Instant,
     ) -> Result<Incoming, String> {
+        let mut header = Header::new(Kind::Request);
+        let ring = self.receive_into(msg, overlong, invalidated_key, now, &mut header)?;
+        Ok(Incoming { header, ring })
+    }
+
+    /// [`Session::receive`] with the header decoded into `h` ([`Header::decode_into`]) instead
+    /// of returned: the ring piece of a ring body, `None` for an eager one. On an error `h` is
+    /// left unspecified.
+    ///
+    /// # Errors
+    /// As [`Session::receive`]'s.
+    #[inline(always)]
+    pub fn receive_into(
+        &mut self,
+        msg: &[u8],
+        overlong: bool,
+        invalidated_key: bool,
+        now: impl FnOnce() -> Instant,
+        h: &mut Header,
+    ) -> Result<Option<RingPiece>, String> {
         if invalidated_key || overlong {
             return Err(refused_completion(invalidated_key));
         }
-        let h = match Header::decode(msg) {
-            Ok(h) => h,
-            Err(e) => return Err(malformed(e)),
-        };
+        if let Err(e) = Header::decode_into(msg, h) {
+            return Err(malformed(e));
+        }
         if h.stream & crate::wire::STREAM_BATCH != 0 {
             // Checked whole before anything reads it (the readers walk its frames unchecked).
             check_batch(msg, h.count, h.metadata)?;
         }
-        match self.handle_header(&h, now) {
-            Ok(inc) => Ok(inc),
-            Err(reason) => Err(violation(reason)),
-        }
+        self.apply_header(h, now).map_err(violation)
     }
 
     /// Server: the request of `h` (its first piece) is unanswered from now on, until `deadline`

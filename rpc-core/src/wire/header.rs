@@ -450,54 +450,79 @@ impl Header {
     /// [`WireError`] naming the first bad field.
     #[inline(always)]
     pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
-        // The common case first: an eager unary request or response with no flag set (a call's
-        // message on the data path), with this subset of `decode_general`'s checks, which are
-        // every check such a header is subject to. Anything else, valid or not, takes the
-        // general path (`fuzz_header` checks that both decode every message alike).
-        if let Some((b, body)) = msg.split_first_chunk::<HEADER_LEN>() {
-            let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-            let (body_len, total_len) = (u32_at(16), u32_at(36));
-            if b[1] == 0
-                && b[3] == 0
-                && u32_at(20) == 0
-                && body_len as usize == body.len()
-                && total_len == body_len
-            {
-                let count = u16::from_le_bytes([b[6], b[7]]);
-                let method = u32_at(12);
-                let fast = match b[0] {
-                    // A request: a method, no status, no count (no stream to grant).
-                    1 if b[2] == 0 && count == 0 && method != 0 => Some((Kind::Request, Code::Ok)),
-                    // A response: any status code; its count is the server's load.
-                    2 => Code::from_u8(b[2]).map(|st| (Kind::Response, st)),
-                    _ => None,
-                };
-                if let Some((kind, status)) = fast {
-                    let at_28 = u32_at(28);
-                    let request = kind == Kind::Request;
-                    return Ok(Header {
-                        kind,
-                        in_ring: false,
-                        stream: 0,
-                        metadata: false,
-                        metadata_cache: 0,
-                        count,
-                        status,
-                        slot: u16::from_le_bytes([b[4], b[5]]),
-                        generation: u32_at(8),
-                        method,
-                        body_len,
-                        ring_offset: 0,
-                        freed_head: u32_at(24),
-                        timeout_us: if request { at_28 } else { 0 },
-                        stream_taken: if request { 0 } else { at_28 },
-                        session: u32_at(32),
-                        total_len,
-                    });
-                }
-            }
+        let mut h = Header::new(Kind::Request);
+        Header::decode_into(msg, &mut h)?;
+        Ok(h)
+    }
+
+    /// [`Header::decode`] into `out`, with no header returned by value (a receive path's header
+    /// stays in one place, the caller's, instead of being copied through each layer's result).
+    /// `out` is left unspecified (some fields written) when it fails.
+    ///
+    /// # Errors
+    /// As [`Header::decode`]'s.
+    #[inline(always)]
+    pub fn decode_into(msg: &[u8], out: &mut Header) -> Result<(), WireError> {
+        if Header::decode_fast(msg, out) {
+            return Ok(());
         }
-        Header::decode_general(msg)
+        *out = Header::decode_general(msg)?;
+        Ok(())
+    }
+
+    /// The common case of [`Header::decode_into`]: an eager unary request or response with no
+    /// flag set (a call's message on the data path), with this subset of `decode_general`'s
+    /// checks, which are every check such a header is subject to. Writes `out` and returns true
+    /// for such a header; returns false, `out` untouched, for anything else, valid or not (the
+    /// general path takes it). `fuzz_header` and `the_fast_path_decodes_as_the_general_path`
+    /// check that both decode every message alike.
+    #[inline(always)]
+    fn decode_fast(msg: &[u8], out: &mut Header) -> bool {
+        let Some((b, body)) = msg.split_first_chunk::<HEADER_LEN>() else { return false };
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let (body_len, total_len) = (u32_at(16), u32_at(36));
+        if b[1] != 0
+            || b[3] != 0
+            || u32_at(20) != 0
+            || body_len as usize != body.len()
+            || total_len != body_len
+        {
+            return false;
+        }
+        let count = u16::from_le_bytes([b[6], b[7]]);
+        let method = u32_at(12);
+        let (kind, status) = match b[0] {
+            // A request: a method, no status, no count (no stream to grant).
+            1 if b[2] == 0 && count == 0 && method != 0 => (Kind::Request, Code::Ok),
+            // A response: any status code; its count is the server's load.
+            2 => match Code::from_u8(b[2]) {
+                Some(st) => (Kind::Response, st),
+                None => return false,
+            },
+            _ => return false,
+        };
+        let at_28 = u32_at(28);
+        let request = kind == Kind::Request;
+        *out = Header {
+            kind,
+            in_ring: false,
+            stream: 0,
+            metadata: false,
+            metadata_cache: 0,
+            count,
+            status,
+            slot: u16::from_le_bytes([b[4], b[5]]),
+            generation: u32_at(8),
+            method,
+            body_len,
+            ring_offset: 0,
+            freed_head: u32_at(24),
+            timeout_us: if request { at_28 } else { 0 },
+            stream_taken: if request { 0 } else { at_28 },
+            session: u32_at(32),
+            total_len,
+        };
+        true
     }
 
     /// [`Header::decode`] of any message: every check, in the order that names the first bad

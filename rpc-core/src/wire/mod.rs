@@ -30,6 +30,29 @@ pub use header::{
 pub fn fuzz_header(data: &[u8]) {
     // The common case's fast path decodes (and refuses) exactly as the general path.
     assert_eq!(Header::decode(data), Header::decode_general(data), "the fast path differs");
+    // Into a header left from an earlier message (every field set, none as a call's): each
+    // field is written, none kept from before.
+    let mut stale = Header {
+        in_ring: true,
+        stream: header::STREAM_BATCH,
+        metadata: true,
+        metadata_cache: header::METADATA_STORE,
+        count: 3,
+        status: crate::status::Code::Internal,
+        slot: 5,
+        generation: 6,
+        method: 7,
+        body_len: 8,
+        ring_offset: 9,
+        freed_head: 10,
+        timeout_us: 11,
+        stream_taken: 12,
+        session: 13,
+        total_len: 14,
+        ..Header::new(Kind::StreamMsg)
+    };
+    let into = Header::decode_into(data, &mut stale).map(|()| stale);
+    assert_eq!(into.ok(), Header::decode_general(data).ok(), "decode_into differs");
     if let Ok(h) = Header::decode(data) {
         let mut out = [0u8; HEADER_LEN];
         h.encode(&mut out);

@@ -1805,13 +1805,16 @@ impl<P: Provider> Worker<P> {
             return;
         }
         let overlong = !self.recv.fits(&buf);
-        let inc = match entry.conn.session.receive(
+        // Decoded in place (`Session::receive_into`): the header is not copied through results.
+        let mut header = Header::new(Kind::Request);
+        let ring = match entry.conn.session.receive_into(
             self.recv.bytes(&buf),
             overlong,
             invalidated_key,
             Instant::now,
+            &mut header,
         ) {
-            Ok(inc) => inc,
+            Ok(ring) => ring,
             Err(mut reason) => {
                 self.recv.repost(buf);
                 let share = entry.conn.session.reassembly_share().unwrap_or(0);
@@ -1832,12 +1835,15 @@ impl<P: Provider> Worker<P> {
         };
         // A ring body is copied out of the ring at once (the peer could rewrite it) and its ring
         // space freed; the request is dispatched when its last piece is in.
-        let (header, body) = match inc.ring {
-            None => (inc.header, Received::Eager(buf)),
+        let body = match ring {
+            None => Received::Eager(buf),
             Some(piece) => {
                 self.recv.repost(buf);
                 match entry.conn.take_piece(piece) {
-                    Ok(Some(c)) => (c.header, Received::Owned(c.body)),
+                    Ok(Some(c)) => {
+                        header = c.header;
+                        Received::Owned(c.body)
+                    }
                     Ok(None) => {
                         // The freed ring space travels back on the answer, or in a RingReturn
                         // (`Session::take_ring_return`). In the middle of a message in pieces (no
@@ -1877,7 +1883,7 @@ impl<P: Provider> Worker<P> {
         }
         match header.kind {
             Kind::Request => {
-                self.dispatch(idx, body, header);
+                self.dispatch(idx, body, &header);
                 // The client's credits may all be held now: a RingReturn may be due
                 // (`Session::take_ring_return`).
                 if self.entries[idx as usize].as_ref().is_some_and(|e| e.conn.session.ring_freed()) {
@@ -1916,7 +1922,7 @@ impl<P: Provider> Worker<P> {
         }
     }
 
-    fn dispatch(&mut self, idx: u16, received: Received, h: Header) {
+    fn dispatch(&mut self, idx: u16, received: Received, h: &Header) {
         let tag = self.tag(idx);
         let draining = self.shared.draining.load(Ordering::Relaxed);
         let Worker {
