@@ -131,6 +131,27 @@ impl ServerProcs {
     }
 }
 
+impl ServerProcs {
+    /// Context switches (voluntary + involuntary, every thread) of all the server processes so
+    /// far, from `/proc/PID/task/*/status`; 0 where unreadable.
+    fn switches(&self) -> u64 {
+        self.kids
+            .iter()
+            .filter_map(|k| std::fs::read_dir(format!("/proc/{}/task", k.id())).ok())
+            .flat_map(|d| d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok()))
+            .map(|st| {
+                st.lines()
+                    .filter(|l| {
+                        l.starts_with("voluntary_ctxt_switches")
+                            || l.starts_with("nonvoluntary_ctxt_switches")
+                    })
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+}
+
 impl Drop for ServerProcs {
     fn drop(&mut self) {
         for k in &mut self.kids {
@@ -197,6 +218,8 @@ pub fn run_client(args: &Args, resolved: Resolved, test: TestKind, sink: &mut Si
     let info = crate::rpc::banner_info(args, &started, &cfg, concurrency.to_string(), extra, true, what);
     sink.begin_test(test, started.sizes.len(), info);
     let opts = crate::rpc::call_options(args);
+    let (switched, calls) =
+        (procs.switches(), clients.iter().map(|c| c.client().counters().rpcs).sum::<u64>());
     crate::rpc::each_size(
         args,
         test,
@@ -217,13 +240,16 @@ pub fn run_client(args: &Args, resolved: Resolved, test: TestKind, sink: &mut Si
         },
     )?;
     let rpcs: Vec<u64> = clients.iter().map(|c| c.client().counters().rpcs).collect();
+    let (switched, calls) = (procs.switches() - switched, rpcs.iter().sum::<u64>() - calls);
     drop(clients);
     drop(procs);
     sink.end_test();
     println!(
-        " client sessions: {n}, calls per session min {} max {}; load {} (at end)",
+        " client sessions: {n}, calls per session min {} max {}; server processes' context switches {switched} \
+         ({:.3} per call); load {} (at end)",
         rpcs.iter().min().unwrap_or(&0),
         rpcs.iter().max().unwrap_or(&0),
+        switched as f64 / calls.max(1) as f64,
         crate::host::load1()
     );
     Ok(())

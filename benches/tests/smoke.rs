@@ -261,7 +261,7 @@ fn servers_spawns_processes_and_spreads_rpc_bw_over_them() {
     assert!(text.contains("3 processes"), "{text}");
     assert!(text.contains("1 device context(s) opened"), "{text}");
     // rpc_lat: the first session made 1 + 30 + 300 calls, the others one each.
-    assert!(text.contains("client sessions: 3, calls per session min 1 max 331"), "{text}");
+    assert!(text.contains("client sessions: 3, calls per session min 1 max 331;"), "{text}");
     // rpc_bw: 330 calls round robin over three sessions, after each one's first call.
-    assert!(text.contains("client sessions: 3, calls per session min 111 max 111"), "{text}");
+    assert!(text.contains("client sessions: 3, calls per session min 111 max 111;"), "{text}");
 }
