@@ -197,6 +197,33 @@ pub struct Args {
     #[arg(long)]
     pub metrics: bool,
 
+    /// rpc_lat, rpc_bw with --loopback on sim: the RPC servers are N processes of this binary
+    /// (one worker each, all pinned to the server core of --cores, polling per --server-poll),
+    /// and the client opens a session to each from its one thread, so all N sessions share one
+    /// endpoint (one device context). rpc_lat times one call at a time on the first session
+    /// while the others idle (each made one call first); rpc_bw keeps -c calls in flight spread
+    /// round robin over the N sessions. Compare with `--servers 1` (the same setup with one
+    /// server process); the banner counts the client's device contexts.
+    #[arg(long, value_name = "N", requires = "loopback", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub servers: Option<u32>,
+
+    /// --servers: how the server processes' workers poll. `event` sleeps on completion events
+    /// (the default: N processes sharing one core would starve each other busy-polling);
+    /// `yield` spins a little, then yields the core; `busy` spins.
+    #[arg(long, value_enum, default_value_t = ServerPoll::Event)]
+    pub server_poll: ServerPoll,
+
+    /// --servers: how the first server process (rpc_lat's) polls; default --server-poll. With
+    /// `--first-server-poll busy` the idle servers sleep and the probe's server spins, so the
+    /// latency is the client endpoint's, not a wake-up's.
+    #[arg(long, value_enum)]
+    pub first_server_poll: Option<ServerPoll>,
+
+    /// Internal (spawned by --servers): serve the benchmark service on sim, print `addr ADDR`,
+    /// serve until stdin closes.
+    #[arg(long, hide = true, conflicts_with_all = ["host", "loopback", "servers"])]
+    pub serve_rpc: bool,
+
     /// Cores for --loopback as `SERVER,CLIENT` (default: the first two cores).
     #[arg(long, value_name = "S,C", value_delimiter = ',')]
     pub cores: Option<Vec<usize>>,
@@ -319,6 +346,29 @@ pub enum PollKind {
     Busy,
     /// Spin a little, then `std::thread::yield_now()` (for tests and shared machines).
     Yield,
+}
+
+/// How the server processes of `--servers` poll.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerPoll {
+    /// Spin on the CQ (`PollingPolicy::Busy`).
+    Busy,
+    /// Spin a little, then yield the core (`PollingPolicy::SpinThenYield`).
+    Yield,
+    /// Sleep on completion events (`PollingPolicy::Event { spins: 0 }`).
+    Event,
+}
+
+impl ServerPoll {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerPoll::Busy => "busy",
+            ServerPoll::Yield => "yield",
+            ServerPoll::Event => "event",
+        }
+    }
 }
 
 /// Which handlers the RPC server runs (`--handlers`).
@@ -453,6 +503,22 @@ impl Args {
         if self.all && (self.req_size.is_some() || self.resp_size.is_some()) {
             return Err("-a/--all sweeps request and response together; drop --req-size/--resp-size".into());
         }
+        if self.servers.is_some() {
+            if let Some(t) = self.tests.iter().find(|t| !matches!(t, TestKind::RpcLat | TestKind::RpcBw)) {
+                return Err(format!("--servers runs rpc_lat and rpc_bw only; drop {} from --test", t.name()));
+            }
+            if self.transport == TransportKind::Rdma || self.ib_dev.is_some() {
+                return Err(
+                    "--servers runs on sim only (its server processes share memory with the client)".into()
+                );
+            }
+            if self.registered || self.same_host_shm || self.handlers != HandlerKind::Inline {
+                return Err(
+                    "--servers: drop --registered, --same-host-shm and --handlers (inline handlers only)"
+                        .into(),
+                );
+            }
+        }
         if let Some(c) = &self.cores {
             if c.len() != 2 {
                 return Err(format!("--cores takes two core numbers, SERVER,CLIENT; got {}", c.len()));
@@ -585,6 +651,30 @@ mod tests {
         assert!(a.validate().unwrap_err().contains("two different cores"));
         let a = parse(&["--cores", "1"]).unwrap();
         assert!(a.validate().unwrap_err().contains("takes two core numbers"));
+    }
+
+    #[test]
+    fn servers_flags() {
+        let a = parse(&["--loopback", "--servers", "8", "--test", "rpc_bw"]).unwrap();
+        assert_eq!((a.servers, a.server_poll, a.first_server_poll), (Some(8), ServerPoll::Event, None));
+        a.validate().unwrap();
+        let a = parse(&[
+            "--loopback",
+            "--servers",
+            "100",
+            "--server-poll",
+            "yield",
+            "--first-server-poll",
+            "busy",
+        ])
+        .unwrap();
+        assert_eq!((a.server_poll, a.first_server_poll), (ServerPoll::Yield, Some(ServerPoll::Busy)));
+        assert!(a.validate().unwrap_err().contains("drop send_lat from --test"));
+        assert!(parse(&["--servers", "2"]).is_err(), "--servers needs --loopback");
+        assert!(parse(&["--loopback", "--servers", "0"]).is_err());
+        let a = parse(&["--loopback", "--servers", "2", "--test", "rpc_lat", "--transport", "rdma"]).unwrap();
+        assert!(a.validate().unwrap_err().contains("sim only"));
+        assert!(parse(&["--serve-rpc", "--loopback"]).is_err());
     }
 
     #[test]

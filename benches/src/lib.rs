@@ -62,6 +62,7 @@ pub mod error;
 pub mod host;
 pub mod measure;
 pub mod memcpy;
+pub mod multi;
 pub mod oob;
 pub mod plot;
 pub mod poll;

@@ -17,6 +17,7 @@ fn main() {
     let res = match &args.command {
         Some(Command::Call(c)) => rpc_perf::dynamic::call::run(c).map(|out| print!("{out}")),
         Some(Command::Bench(b)) => rpc_perf::dynamic::bench::run(b).map(drop),
+        None if args.serve_rpc => rpc_perf::multi::serve(&args),
         None => rpc_perf::transport::run(&args).map(drop),
     };
     if let Err(e) = res {

@@ -36,7 +36,7 @@ use pb::{EchoReply, EchoRequest, StreamRequest};
 
 /// Most completions between two samples of the peak-rate window in rpc_bw (fewer for large
 /// messages: one sample per MiB moved, at least one per call).
-const PEAK_BATCH_MAX: u64 = 256;
+pub(crate) const PEAK_BATCH_MAX: u64 = 256;
 
 /// The benchmark service: answers `resp_size` bytes, sliced from one preallocated buffer (no
 /// allocation or copy per call on the server beyond the runtime's own).
@@ -50,6 +50,12 @@ impl BenchService {
     /// The service of `--registered` (`registered`) or ordinary answers.
     pub fn new(registered: bool) -> BenchService {
         BenchService { registered, ..BenchService::default() }
+    }
+
+    /// The service answering at most `max` bytes, from a payload of its own (the server
+    /// processes of `--servers`: not the 64 MiB static payload each).
+    pub fn sized(max: usize) -> BenchService {
+        BenchService { payload: Bytes::from(vec![0xa5u8; max]), registered: false }
     }
 
     /// `n` bytes of a registered buffer of the handler's worker: allocated at the worker's first
@@ -327,7 +333,7 @@ impl Drop for ServerState {
     }
 }
 
-fn rpc_err(what: &str, s: Status) -> PerfError {
+pub(crate) fn rpc_err(what: &str, s: Status) -> PerfError {
     PerfError::Rpc(format!("{what}: {s}"))
 }
 
@@ -398,7 +404,7 @@ const AUTH_KEY: &str = "x-perf-auth";
 const AUTH_VALUE: &str = "Bearer rpc-perf";
 
 /// `Bench.Echo`'s method id (for calls with options through the stub's client).
-const ECHO_ID: rpc_core::codegen::MethodId = rpc_core::codegen::method_id("/rpcperf.Bench/Echo");
+pub(crate) const ECHO_ID: rpc_core::codegen::MethodId = rpc_core::codegen::method_id("/rpcperf.Bench/Echo");
 
 /// What `--metrics` turns on (installing the recorder once per process).
 pub(crate) fn observe(args: &Args) -> rpc_core::Observe {
@@ -546,6 +552,9 @@ pub fn run_client(
     ch: &mut OobChannel,
     sink: &mut Sink,
 ) -> Result<(), PerfError> {
+    if args.servers.is_some() {
+        return crate::multi::run_client(args, resolved, test, sink);
+    }
     let concurrency = args.concurrency_for(test);
     let started = start(args, resolved, test, concurrency, ch)?;
     let addr = started.addr;
@@ -594,7 +603,7 @@ pub fn run_client(
 }
 
 /// One blocking call per round trip.
-fn blocking_latency(
+pub(crate) fn blocking_latency(
     client: &BenchClient,
     req: &EchoRequest,
     opts: &rpc_core::CallOptions,
@@ -610,7 +619,7 @@ fn blocking_latency(
 }
 
 #[inline]
-fn check_len(got: usize, want: usize) -> Result<(), PerfError> {
+pub(crate) fn check_len(got: usize, want: usize) -> Result<(), PerfError> {
     if got == want {
         Ok(())
     } else {

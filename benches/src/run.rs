@@ -105,6 +105,12 @@ pub fn loopback<P: Provider>(args: &Args, resolved: Resolved) -> Result<RunRepor
         .map_err(|source| PerfError::Io { what: "listening on 127.0.0.1".into(), source })?;
     let addr = l.local_addr().map_err(|source| PerfError::Io { what: "local_addr".into(), source })?;
     let (server_core, client_core) = pick_cores(args);
+    // The cores picked, for what runs after this thread is pinned (`--servers`' processes).
+    let mut filled = args.clone();
+    if let (None, Some(s), Some(c)) = (&args.cores, server_core, client_core) {
+        filled.cores = Some(vec![s.id, c.id]);
+    }
+    let args = &filled;
     let sargs = args.clone();
     let server = std::thread::Builder::new()
         .name("rpc-perf-server".into())

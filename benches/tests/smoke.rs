@@ -236,3 +236,32 @@ fn metadata_interceptors_and_metrics_flags_run_rpc_lat_and_rpc_bw() {
         assert_eq!(m["iterations"], 200, "{r}");
     }
 }
+
+/// `--servers 3`: the server side is three processes of the binary, one session to each from one
+/// client endpoint; rpc_lat runs on the first session, rpc_bw spreads its calls over all three
+/// (each session's count of calls is printed: a first call, then a third of the rest).
+#[test]
+fn servers_spawns_processes_and_spreads_rpc_bw_over_them() {
+    let json = tmp("servers.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_rpc-perf"))
+        .args(["--loopback", "--transport", "sim", "--poll", "yield", "--server-poll", "yield"])
+        .args(["--servers", "3", "--test", "rpc_lat,rpc_bw", "-c", "6", "-n", "300", "--warmup", "30"])
+        .args(["--no-progress", "--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let res = v["results"].as_array().unwrap();
+    let names: Vec<&str> = res.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(names, ["rpc_lat", "rpc_bw"]);
+    assert_eq!(res[0]["latency"]["iterations"], 300, "{}", res[0]);
+    assert_eq!(res[1]["bandwidth"]["iterations"], 300, "{}", res[1]);
+    assert!(text.contains("3 processes"), "{text}");
+    assert!(text.contains("1 device context(s) opened"), "{text}");
+    // rpc_lat: the first session made 1 + 30 + 300 calls, the others one each.
+    assert!(text.contains("client sessions: 3, calls per session min 1 max 331;"), "{text}");
+    // rpc_bw: 330 calls round robin over three sessions, after each one's first call.
+    assert!(text.contains("client sessions: 3, calls per session min 111 max 111;"), "{text}");
+}
