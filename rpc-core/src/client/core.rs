@@ -1279,18 +1279,19 @@ impl<P: Provider> ClientCore<P> {
         }
         let msg = self.recv.bytes(&buf);
         let overlong = !self.recv.fits(&buf);
-        let inc = match self.conn.session.receive(msg, overlong, invalidated, Instant::now) {
-            Ok(inc) => inc,
+        // Decoded in place (no header copied through a `Result`).
+        let mut h = Header::new(Kind::Response);
+        let ring = match self.conn.session.receive_into(msg, overlong, invalidated, Instant::now, &mut h) {
+            Ok(ring) => ring,
             Err(reason) => {
                 self.recv.repost(buf);
                 self.malformed(reason);
                 return;
             }
         };
-        let mut h = inc.header;
         // A ring body is copied out at once (the server could rewrite the ring) and its space
         // freed; the response is complete with its last piece (whose header it takes).
-        let body = match inc.ring {
+        let body = match ring {
             None => Answer::Eager(buf),
             Some(piece) => {
                 self.recv.repost(buf);
