@@ -202,15 +202,12 @@ impl<P: Provider> SessionRx<P> {
     /// idle after its answer holds no buffer.
     #[inline]
     pub(crate) fn repost(&mut self, buf: RecvBuf) {
-        self.returns.push(buf);
         let mut st = match self.rx.state.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
+            Err(TryLockError::WouldBlock) => return self.returns.push(buf),
         };
-        for b in self.returns.drain(..) {
-            st.pool.repost(b);
-        }
+        st.pool.repost(buf);
         if st.pool.pending_reposts() >= REPOST_BATCH {
             if let Err(e) = st.pool.flush() {
                 // Left queued in the pool: the next poll's flush reports it and breaks its session.
