@@ -5,7 +5,7 @@
 mod rpc_support;
 
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rpc_core::wire::{Header, Kind};
 use rpc_core::{CallOptions, Client, Endpoint, Transport};
@@ -65,4 +65,69 @@ fn undriven_sessions_under_their_caps_do_not_pin_a_neighbours_buffers() {
     if let Some(f) = failed {
         panic!("{f}");
     }
+}
+
+/// A neighbour's first call registers its buffers (32 on the endpoint, one of them waiting for a
+/// batched repost), then a hostile server floods one undriven session with 32 Pings: 31 land, the
+/// last waits on RNR. The neighbour's next poll routes 16 to the flooded session's inbox (its
+/// cap) and gives the other 15 back to the SRQ: with the one waiting, 16, all the SRQ has. They
+/// must be posted by that poll, not left for a next one, which only a receive completion (needing
+/// a posted buffer) would bring.
+/// Unfixed: "a neighbour's call 1: DEADLINE_EXCEEDED" (the buffers `route` gave back waited,
+/// unposted, for a poll that never came; the answer stalled on RNR).
+#[test]
+fn buffers_given_back_by_routing_are_posted_at_once() {
+    if transport() != Transport::Sim {
+        eprintln!("skipped: sim only (a fake server on the software NIC)");
+        return;
+    }
+    let (good, _) = spawn(server());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bad_addr = listener.local_addr().unwrap();
+    let ep = Endpoint::new(&Transport::Sim).unwrap();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let (flooded, flooded_rx) = mpsc::channel();
+    let (stop, stop_rx) = mpsc::channel::<()>();
+    let flooder = std::thread::spawn(move || {
+        let (mut c, tcp) = RawClient::accept(&listener, 90, |_| {});
+        go_rx.recv().unwrap();
+        for _ in 0..32 {
+            c.send(Header::new(Kind::Ping), &[]);
+            let _ = c.try_poll();
+        }
+        // Every posted buffer of the endpoint is taken once a SEND waits on RNR (sim delivers
+        // at once while a buffer is posted).
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while c.peer.qp.rnr_stalls() == 0 {
+            assert!(Instant::now() < give_up, "the flood never waited on RNR");
+            std::thread::yield_now();
+        }
+        flooded.send(()).unwrap();
+        let _ = stop_rx.recv();
+        drop((c, tcp));
+    });
+    let victim = ep.connect_with(bad_addr, &client_config()).unwrap();
+    let neighbour = ep.connect_with(good.local_addr(), &client_config()).unwrap();
+    echo_checked(&neighbour, 0, 32, 32);
+    go.send(()).unwrap();
+    flooded_rx.recv().unwrap();
+    let opts = CallOptions::deadline(Duration::from_secs(3));
+    let mut failed = None;
+    for seq in 1..20 {
+        match neighbour.unary::<EchoMsg, EchoMsg>(ECHO, &request(seq, 32, 32), &opts) {
+            Ok(r) => check_reply(&r, seq, 32),
+            Err(e) => {
+                failed = Some(format!("a neighbour's call {seq}: {} {}", e.code(), e.message()));
+                break;
+            }
+        }
+    }
+    let _ = stop.send(());
+    flooder.join().unwrap();
+    if let Some(f) = failed {
+        panic!("{f}");
+    }
+    // The flooded session, driven again, closes for the flood.
+    victim.progress();
+    assert_eq!(victim.counters().metered, 1, "{:?}", victim.counters());
 }
