@@ -290,6 +290,12 @@ impl<P: Provider> SessionRx<P> {
         }
         if st.wcs.poll(&self.rx.cq)? > 0 {
             route(st, self.qpn, &mut self.got, &self.rx.strays);
+            // What `route` gave back (others' messages beyond their caps, strays) may be the
+            // SRQ's last buffers: posted now, not at a next poll, which only a completion
+            // (needing a posted buffer) would bring.
+            if st.pool.pending_reposts() >= REPOST_BATCH {
+                st.pool.flush()?;
+            }
         }
         Ok(self.got.len())
     }
