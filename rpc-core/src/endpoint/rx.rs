@@ -450,3 +450,35 @@ impl<P: Provider> Drop for SessionRx<P> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::sim::Sim;
+    use crate::verbs::{DeviceSelector, Provider as _};
+
+    /// A QP number is free again once its QP is destroyed, which a session's drop does before
+    /// its receive side detaches: a session made meanwhile (another thread) may get that number
+    /// and attach under it. The old session's detach must not take the new session's route
+    /// (its messages would go back to the SRQ as strays and its calls never end).
+    /// Unfixed: failed with "the new session's route went with the old session's detach".
+    #[test]
+    fn a_detaching_session_leaves_the_route_of_a_new_session_on_its_qp_number() {
+        let ctx = Sim::open(&DeviceSelector::First).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let rx = SharedRx::<Sim>::new(&ctx, &pd, 64, 256, 4, 16, false).unwrap();
+        let old = rx.attach(0x77);
+        // The old session's QP is gone (its number free); a new session's QP got 0x77.
+        let new = rx.attach(0x77);
+        drop(old);
+        let st = lock(&rx.state);
+        let route = st.routes.get(&0x77);
+        assert!(
+            route.is_some_and(|i| Arc::ptr_eq(i, &new.inbox)),
+            "the new session's route went with the old session's detach"
+        );
+        drop(st);
+        drop(new);
+        assert!(lock(&rx.state).routes.is_empty());
+    }
+}
