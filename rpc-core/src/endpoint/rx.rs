@@ -435,7 +435,11 @@ impl<P: Provider> SessionRx<P> {
 impl<P: Provider> Drop for SessionRx<P> {
     fn drop(&mut self) {
         let mut st = lock(&self.rx.state);
-        st.routes.remove(&self.qpn);
+        // Only its own route: the QP number is free once the QP is destroyed (before this
+        // drop), and a new session's QP may have it already.
+        if st.routes.get(&self.qpn).is_some_and(|i| Arc::ptr_eq(i, &self.inbox)) {
+            st.routes.remove(&self.qpn);
+        }
         st.claimed -= u64::from(self.claim);
         let mut got = std::mem::take(&mut self.got);
         take_inbox(&self.inbox, &mut got, &self.rx.borrowed);
