@@ -459,7 +459,7 @@ impl<P: Provider> Drop for SessionRx<P> {
 mod tests {
     use super::*;
     use crate::verbs::sim::Sim;
-    use crate::verbs::{DeviceSelector, Provider as _};
+    use crate::verbs::DeviceSelector;
 
     /// A QP number is free again once its QP is destroyed, which a session's drop does before
     /// its receive side detaches: a session made meanwhile (another thread) may get that number
