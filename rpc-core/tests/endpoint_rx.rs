@@ -92,6 +92,15 @@ fn a_server_flooding_an_undriven_session_loses_it_and_not_its_neighbours_buffers
         let (mut c, tcp) = RawClient::accept(&listener, 77, |_| {});
         // 400 Pings: more than the endpoint registers (its reserve and the neighbour's claim).
         for _ in 0..400 {
+            // Paced to its send buffers: its SENDs wait on RNR while the SRQ is empty (before
+            // the neighbour's polls give the flood's buffers back), and `send` fails when it
+            // runs out of buffers after an RNR wait.
+            let give_up = Instant::now() + Duration::from_secs(10);
+            while c.sq.outstanding() >= 8 {
+                assert!(Instant::now() < give_up, "the flood's SENDs never completed");
+                let _ = c.try_poll();
+                std::thread::yield_now();
+            }
             c.send(Header::new(Kind::Ping), &[]);
             let _ = c.try_poll();
         }

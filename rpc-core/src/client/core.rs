@@ -313,7 +313,6 @@ impl<P: Provider> ClientCore<P> {
         )
         .map_err(unavailable)?;
         let recv = rx.attach(qp.qp_num());
-        recv.set_cap(recv_need(0, false, false, window) + 8);
         let mut window_fallbacks = 0;
         let ring = create_ring::<P>(&dev.ctx, &pd, cfg.ring_bytes as usize, &mut window_fallbacks)
             .map_err(unavailable)?;
@@ -785,9 +784,8 @@ impl<P: Provider> ClientCore<P> {
         };
         let (streams, bulk) = (streams || self.recv_streams, bulk || self.recv_bulk);
         let need = recv_need(calls, streams, bulk, window);
-        // The inbox holds what the calls may bring at once while the session's driver is away
-        // (and 8 more control messages: a margin, not a reservation).
-        self.recv.set_cap(need + 8);
+        // The claim is also what may wait in the session's inbox while its driver is away (and
+        // the endpoint's spare for control messages, shared: `endpoint::rx`).
         let claim = (need + REPOST_SLACK).saturating_sub(RECV_RESERVE);
         if let Err(e) = self.recv.claim(claim) {
             return Err(Status::resource_exhausted(format!(

@@ -17,10 +17,12 @@
 //! taken once per poll, and a session alone on its endpoint never touches an inbox.
 //!
 //! **A peer's words are requests.** What waits in a session's inbox (its driver is away) is
-//! capped at what its calls may bring at once ([`SessionRx::set_cap`]); a server that sends more
-//! to a session nobody drives loses that session (its messages beyond the cap go back to the
-//! SRQ at once, and the session closes when next driven, naming the cap), never the receive
-//! buffers its neighbours' answers need. A session that is driven hands its buffers back as it
+//! capped at what its calls may bring at once, its claim ([`SessionRx::claim`]), and then at the
+//! endpoint's spare for control messages (8 of its reserve, shared by all its sessions: idle
+//! sessions claim nothing, and caps of their own would add up past what the endpoint registers);
+//! a server that sends more to a session nobody drives loses that session (its messages beyond
+//! go back to the SRQ at once, and the session closes when next driven, naming the cap), never
+//! the receive buffers its neighbours' answers need. A session that is driven hands its buffers back as it
 //! handles them.
 //!
 //! Sessions that wait for completion events (`PollingPolicy::Event`) keep an SRQ and receive CQ
@@ -63,8 +65,11 @@ pub(crate) struct Inbox {
     items: Mutex<VecDeque<Received>>,
     /// Items waiting (read without the lock: a driver with nothing routed to it pays a load).
     waiting: AtomicU32,
-    /// The most items that may wait ([`SessionRx::set_cap`]).
+    /// The most items that may wait on the session's own claim ([`SessionRx::claim`]); beyond
+    /// it, items wait on the endpoint's spare ([`SharedRx::borrowed`]).
     cap: AtomicU32,
+    /// Items waiting on the endpoint's spare (changed with `items` locked).
+    borrowed: AtomicU32,
     /// Messages arrived beyond `cap` (given back to the SRQ unread): the session closes.
     overran: AtomicU64,
 }
@@ -99,6 +104,13 @@ pub(crate) struct SharedRx<P: Provider> {
     /// Receives that came for no attached session (a closed session's late messages), given
     /// back at once.
     strays: AtomicU64,
+    /// Messages that may wait in the inboxes beyond their sessions' claims, all sessions
+    /// together: the reserve's share for control messages (the reserve less the reposts that
+    /// wait for a batch). A session's cap alone bounds nothing the endpoint registered: idle
+    /// sessions claim nothing, so a few of them filled to their caps would hold every buffer.
+    spare: u32,
+    /// Messages waiting on `spare` now (incremented by `route` under the state lock).
+    borrowed: AtomicU32,
 }
 
 impl<P: Provider> SharedRx<P> {
@@ -136,6 +148,8 @@ impl<P: Provider> SharedRx<P> {
             reserve,
             added,
             strays: AtomicU64::new(0),
+            spare: reserve.saturating_sub(REPOST_BATCH as u32 - 1),
+            borrowed: AtomicU32::new(0),
         }))
     }
 
@@ -260,7 +274,7 @@ impl<P: Provider> SessionRx<P> {
     #[inline]
     pub(crate) fn poll(&mut self) -> Result<usize> {
         if self.inbox.waiting.load(Ordering::Acquire) > 0 {
-            take_inbox(&self.inbox, &mut self.got);
+            take_inbox(&self.inbox, &mut self.got, &self.rx.borrowed);
         }
         // A peek (two loads on `sim`) spares the lock to a poll that would find nothing.
         if self.returns.is_empty() && !self.rx.cq.maybe_ready() {
@@ -283,19 +297,26 @@ impl<P: Provider> SessionRx<P> {
         }
         // Routed between the look above and the lock: older than what the CQ holds now.
         if self.inbox.waiting.load(Ordering::Acquire) > 0 {
-            take_inbox(&self.inbox, &mut self.got);
+            take_inbox(&self.inbox, &mut self.got, &self.rx.borrowed);
         }
         if st.wcs.poll(&self.rx.cq)? > 0 {
-            route(st, self.qpn, &mut self.got, &self.rx.strays);
+            route(st, self.qpn, &mut self.got, &self.rx);
+            // What `route` gave back (others' messages beyond their caps, strays) may be the
+            // SRQ's last buffers: posted now, not at a next poll, which only a completion
+            // (needing a posted buffer) would bring.
+            if st.pool.pending_reposts() >= REPOST_BATCH {
+                st.pool.flush()?;
+            }
         }
         Ok(self.got.len())
     }
 }
 
 /// Hands out a polled batch: the receives of QP `qpn` to the end of `got`, the others' to their
-/// sessions' inboxes (within their caps), what belongs to no session back to the SRQ.
+/// sessions' inboxes (within their caps, then within the endpoint's spare), what belongs to no
+/// session back to the SRQ.
 #[inline(never)]
-fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received>, strays: &AtomicU64) {
+fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received>, rx: &SharedRx<P>) {
     let own = qpn;
     while let Some(c) = st.wcs.next() {
         let (qpn, status, invalidated) = (c.wc().qp_num, c.wc().status, c.wc().invalidated_rkey.is_some());
@@ -308,7 +329,15 @@ fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received
         match st.routes.get(&qpn) {
             Some(inbox) => {
                 let mut items = lock(&inbox.items);
-                if items.len() as u32 >= inbox.cap.load(Ordering::Relaxed) {
+                let own = items.len() as u32 - inbox.borrowed.load(Ordering::Relaxed);
+                let fits = own < inbox.cap.load(Ordering::Relaxed)
+                    || rx.borrowed.load(Ordering::Relaxed) < rx.spare && {
+                        // Only `route` adds, under the state lock: no other borrow in between.
+                        rx.borrowed.fetch_add(1, Ordering::Relaxed);
+                        inbox.borrowed.fetch_add(1, Ordering::Relaxed);
+                        true
+                    };
+                if !fits {
                     drop(items);
                     inbox.overran.fetch_add(1, Ordering::Relaxed);
                     st.pool.repost(r.buf);
@@ -319,18 +348,20 @@ fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received
             }
             None => {
                 // A detached session's late message (its QP was destroyed after it arrived).
-                strays.fetch_add(1, Ordering::Relaxed);
+                rx.strays.fetch_add(1, Ordering::Relaxed);
                 st.pool.repost(r.buf);
             }
         }
     }
 }
 
-/// Moves what waits in `inbox` to the end of `got`.
+/// Moves what waits in `inbox` to the end of `got`, giving back what it borrowed of the
+/// endpoint's spare (`borrowed`).
 #[cold]
-fn take_inbox(inbox: &Inbox, got: &mut VecDeque<Received>) {
+fn take_inbox(inbox: &Inbox, got: &mut VecDeque<Received>, borrowed: &AtomicU32) {
     let mut items = lock(&inbox.items);
     got.extend(items.drain(..));
+    borrowed.fetch_sub(inbox.borrowed.swap(0, Ordering::Relaxed), Ordering::Relaxed);
     inbox.waiting.store(0, Ordering::Release);
 }
 
@@ -348,16 +379,13 @@ impl<P: Provider> SessionRx<P> {
         self.inbox.overran.load(Ordering::Relaxed)
     }
 
-    /// The most messages that may wait for this session while its driver is away: what its
-    /// calls may bring at once.
-    pub(crate) fn set_cap(&self, cap: u32) {
-        self.inbox.cap.store(cap, Ordering::Relaxed);
-    }
-
     /// Sets this session's claim to `bufs` buffers beyond the endpoint's reserve (the reserve
     /// covers an idle session's control messages and the reposts that wait for a batch) and
     /// registers what the claims of all sessions together lack, up to the SRQ's depth, a chunk
-    /// at a time. Returns the buffers registered now on this receive side.
+    /// at a time. Returns the buffers registered now on this receive side. The claim is also
+    /// what may wait for the session while its driver is away (its inbox's cap); beyond it,
+    /// messages wait on the endpoint's spare for control messages, shared by all its sessions,
+    /// and beyond that the session has overrun (see the module docs).
     ///
     /// # Errors
     /// The verbs error of registering or posting (the claim is kept; what was registered
@@ -366,6 +394,7 @@ impl<P: Provider> SessionRx<P> {
         let mut st = lock(&self.rx.state);
         st.claimed = st.claimed - u64::from(self.claim) + u64::from(bufs);
         self.claim = bufs;
+        self.inbox.cap.store(bufs, Ordering::Relaxed);
         let depth = st.pool.count();
         let want = (u64::from(self.rx.reserve) + st.claimed).min(u64::from(depth)) as u32;
         let buf_size = st.pool.buf_size();
@@ -403,10 +432,15 @@ impl<P: Provider> SessionRx<P> {
 impl<P: Provider> Drop for SessionRx<P> {
     fn drop(&mut self) {
         let mut st = lock(&self.rx.state);
-        st.routes.remove(&self.qpn);
+        // Only its own route: the QP number is free once the QP is destroyed (before this
+        // drop), and a new session's QP may have it already.
+        if st.routes.get(&self.qpn).is_some_and(|i| Arc::ptr_eq(i, &self.inbox)) {
+            st.routes.remove(&self.qpn);
+        }
         st.claimed -= u64::from(self.claim);
-        let waiting: Vec<Received> = lock(&self.inbox.items).drain(..).collect();
-        for r in waiting.into_iter().chain(self.got.drain(..)) {
+        let mut got = std::mem::take(&mut self.got);
+        take_inbox(&self.inbox, &mut got, &self.rx.borrowed);
+        for r in got {
             st.pool.repost(r.buf);
         }
         for b in self.returns.drain(..) {
@@ -415,5 +449,37 @@ impl<P: Provider> Drop for SessionRx<P> {
         if let Err(e) = st.pool.flush() {
             tracing::warn!(error = %e, "posting a closed session's receive buffers again failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::sim::Sim;
+    use crate::verbs::DeviceSelector;
+
+    /// A QP number is free again once its QP is destroyed, which a session's drop does before
+    /// its receive side detaches: a session made meanwhile (another thread) may get that number
+    /// and attach under it. The old session's detach must not take the new session's route
+    /// (its messages would go back to the SRQ as strays and its calls never end).
+    /// Unfixed: failed with "the new session's route went with the old session's detach".
+    #[test]
+    fn a_detaching_session_leaves_the_route_of_a_new_session_on_its_qp_number() {
+        let ctx = Sim::open(&DeviceSelector::First).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let rx = SharedRx::<Sim>::new(&ctx, &pd, 64, 256, 4, 16, false).unwrap();
+        let old = rx.attach(0x77);
+        // The old session's QP is gone (its number free); a new session's QP got 0x77.
+        let new = rx.attach(0x77);
+        drop(old);
+        let st = lock(&rx.state);
+        let route = st.routes.get(&0x77);
+        assert!(
+            route.is_some_and(|i| Arc::ptr_eq(i, &new.inbox)),
+            "the new session's route went with the old session's detach"
+        );
+        drop(st);
+        drop(new);
+        assert!(lock(&rx.state).routes.is_empty());
     }
 }
