@@ -129,3 +129,55 @@ fn a_server_flooding_an_undriven_session_loses_it_and_not_its_neighbours_buffers
     let e = victim.unary::<EchoMsg, EchoMsg>(ECHO, &request(1, 32, 32), &opts).unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e}");
 }
+
+/// A server's idle probe reaching many idle sessions of one endpoint at once (their Pings wait
+/// in their inboxes while nobody drives them) closes none of them: beyond the endpoint's spare of
+/// 8, it registers more buffers for undriven sessions' control messages (up to 8 each), instead
+/// of counting their Pings as a flood. Sabotaged (`grow_spare` returning false): failed with
+/// "idle sessions closed as flooded by one Ping each: 12".
+#[test]
+fn one_ping_to_each_of_many_idle_sessions_closes_none() {
+    if transport() != Transport::Sim {
+        eprintln!("skipped: sim only (fake servers on the software NIC)");
+        return;
+    }
+    const SESSIONS: usize = 20;
+    let ep = Endpoint::new(&Transport::Sim).unwrap();
+    let (pinged_tx, pinged_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let done_rx = std::sync::Arc::new(std::sync::Mutex::new(done_rx));
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..SESSIONS {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (pinged, done) = (pinged_tx.clone(), done_rx.clone());
+        servers.push(std::thread::spawn(move || {
+            let (mut c, tcp) = RawClient::accept(&listener, 77, |_| {});
+            c.send(Header::new(Kind::Ping), &[]);
+            pinged.send(()).unwrap();
+            // Keeps the session (and its control connection) until the test is done.
+            let _ = done.lock().unwrap().recv_timeout(Duration::from_secs(30));
+            drop(tcp);
+        }));
+        clients.push(ep.connect_with(addr, &client_config()).unwrap());
+    }
+    for _ in 0..SESSIONS {
+        pinged_rx.recv_timeout(Duration::from_secs(10)).expect("every fake server sent its Ping");
+    }
+    // One session driven (half a second): its polls route the others' Pings to their inboxes.
+    for _ in 0..500 {
+        clients[0].progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Then every session takes what waits for it.
+    for c in &clients {
+        c.progress();
+    }
+    let closed: u64 = clients.iter().map(|c| c.counters().metered).sum();
+    assert_eq!(closed, 0, "idle sessions closed as flooded by one Ping each: {closed}");
+    drop(done_tx);
+    for s in servers {
+        s.join().unwrap();
+    }
+}

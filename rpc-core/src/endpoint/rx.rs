@@ -37,6 +37,11 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use crate::buffers::{Completions, RecvBuf, RecvPool, RecvView};
 use crate::verbs::{CompletionQueue, Context, Provider, Result, WcStatus};
 
+/// Messages beyond its claim that may wait for one undriven session on the endpoint's spare:
+/// the control messages of [`crate::client`]'s `recv_need` (a probe's Pings, a Close, credit and
+/// ring messages). Beyond, the session has overrun (its server sent more than the protocol lets
+/// it) and closes.
+pub(crate) const SESSION_SPARE: u32 = 8;
 /// Completions polled per look at the receive CQ.
 const POLL_BATCH: usize = 32;
 /// Receive buffers reposted per doorbell (a few wait).
@@ -106,9 +111,11 @@ pub(crate) struct SharedRx<P: Provider> {
     strays: AtomicU64,
     /// Messages that may wait in the inboxes beyond their sessions' claims, all sessions
     /// together: the reserve's share for control messages (the reserve less the reposts that
-    /// wait for a batch). A session's cap alone bounds nothing the endpoint registered: idle
-    /// sessions claim nothing, so a few of them filled to their caps would hold every buffer.
-    spare: u32,
+    /// wait for a batch) at first, grown a chunk at a time (registered then) while a session
+    /// borrows within its own [`SESSION_SPARE`]. A session's cap alone bounds nothing the
+    /// endpoint registered: idle sessions claim nothing, so a few of them filled to their caps
+    /// would hold every buffer. Changed under the state lock only.
+    spare: AtomicU32,
     /// Messages waiting on `spare` now (incremented by `route` under the state lock).
     borrowed: AtomicU32,
 }
@@ -148,7 +155,7 @@ impl<P: Provider> SharedRx<P> {
             reserve,
             added,
             strays: AtomicU64::new(0),
-            spare: reserve.saturating_sub(REPOST_BATCH as u32 - 1),
+            spare: AtomicU32::new(reserve.saturating_sub(REPOST_BATCH as u32 - 1)),
             borrowed: AtomicU32::new(0),
         }))
     }
@@ -326,12 +333,15 @@ fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received
             got.push_back(r);
             continue;
         }
-        match st.routes.get(&qpn) {
+        match st.routes.get(&qpn).cloned() {
             Some(inbox) => {
                 let mut items = lock(&inbox.items);
                 let own = items.len() as u32 - inbox.borrowed.load(Ordering::Relaxed);
                 let fits = own < inbox.cap.load(Ordering::Relaxed)
-                    || rx.borrowed.load(Ordering::Relaxed) < rx.spare && {
+                    || inbox.borrowed.load(Ordering::Relaxed) < SESSION_SPARE
+                        && (rx.borrowed.load(Ordering::Relaxed) < rx.spare.load(Ordering::Relaxed)
+                            || grow_spare(st, rx))
+                        && {
                         // Only `route` adds, under the state lock: no other borrow in between.
                         rx.borrowed.fetch_add(1, Ordering::Relaxed);
                         inbox.borrowed.fetch_add(1, Ordering::Relaxed);
@@ -353,6 +363,29 @@ fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received
             }
         }
     }
+}
+
+/// Registers and posts one more chunk of buffers for the endpoint's spare (up to the SRQ's
+/// depth): undriven sessions' control messages beyond the spare (a probe's Pings reaching many
+/// idle sessions at once) wait on new buffers, not on the ones their neighbours' calls claimed.
+/// False when nothing could be registered (the message is then given back, its session overran).
+#[cold]
+#[inline(never)]
+fn grow_spare<P: Provider>(st: &mut RxState<P>, rx: &SharedRx<P>) -> bool {
+    let depth = st.pool.count();
+    let bufs = (depth - st.pool.added()).min(st.pool.chunk_bufs());
+    if bufs == 0 {
+        return false;
+    }
+    let added = RecvPool::<P>::register_chunk(&rx.pd, bufs, st.pool.buf_size())
+        .and_then(|chunk| st.pool.add_chunk(chunk));
+    if let Err(e) = added {
+        tracing::warn!(error = %e, "registering receive buffers for undriven sessions' messages failed");
+        return false;
+    }
+    rx.spare.fetch_add(bufs, Ordering::Relaxed);
+    rx.added.store(st.pool.added(), Ordering::Relaxed);
+    true
 }
 
 /// Moves what waits in `inbox` to the end of `got`, giving back what it borrowed of the
