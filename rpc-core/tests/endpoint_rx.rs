@@ -134,7 +134,7 @@ fn a_server_flooding_an_undriven_session_loses_it_and_not_its_neighbours_buffers
 /// in their inboxes while nobody drives them) closes none of them: beyond the endpoint's spare of
 /// 8, it registers more buffers for undriven sessions' control messages (up to 8 each), instead
 /// of counting their Pings as a flood. Sabotaged (`grow_spare` returning false): failed with
-/// "idle sessions closed as flooded by one Ping each: 12".
+/// "idle sessions closed as flooded by one Ping each: 11".
 #[test]
 fn one_ping_to_each_of_many_idle_sessions_closes_none() {
     if transport() != Transport::Sim {
