@@ -301,17 +301,7 @@ impl<P: Provider> ClientCore<P> {
             .client_rx(&pd, recv_buf, recv_depth, RECV_CHUNK_SHIFT, RECV_RESERVE, events)
             .map_err(unavailable)?;
         let attr = dev.ctx.attr();
-        let qp = create_qp::<P>(
-            &pd,
-            &cq,
-            rx.cq(),
-            rx.srq(),
-            bufs,
-            attr.max_inline_data,
-            attr.max_qp_wr,
-            attr.max_sge,
-        )
-        .map_err(unavailable)?;
+        let qp = create_qp::<P>(&pd, &cq, rx.cq(), rx.srq(), bufs, attr).map_err(unavailable)?;
         let recv = rx.attach(qp.qp_num());
         let mut window_fallbacks = 0;
         let ring = create_ring::<P>(&dev.ctx, &pd, cfg.ring_bytes as usize, &mut window_fallbacks)

@@ -80,8 +80,8 @@ pub(crate) const RING_WRITE_SGES: u32 = 7;
 /// Creates an RC QP with its send completions on `cq` and its receives from `srq` completing on
 /// `recv_cq` (a worker's QPs: one CQ for both; a client's: its own CQ for sends, the endpoint's
 /// receive CQ, [`super::rx::SharedRx`]), able to post every buffer twice
-/// (a WRITE and a SEND per message) up to the device's `max_qp_wr`, with up to `max_inline`
-/// bytes of inline data and [`RING_WRITE_SGES`] SGEs per WR (at most the device's `max_sge`). Size the connection's [`crate::buffers::SendQueue`] by the created QP's
+/// (a WRITE and a SEND per message) up to the device's `max_qp_wr`, with up to the device's
+/// `max_inline_data` bytes of inline data and [`RING_WRITE_SGES`] SGEs per WR (at most the device's `max_sge`). Size the connection's [`crate::buffers::SendQueue`] by the created QP's
 /// `max_send_wr`.
 pub(crate) fn create_qp<P: Provider>(
     pd: &P::ProtectionDomain,
@@ -89,10 +89,9 @@ pub(crate) fn create_qp<P: Provider>(
     recv_cq: &P::CompletionQueue,
     srq: &P::SharedReceiveQueue,
     send_bufs: u16,
-    max_inline: u32,
-    max_qp_wr: u32,
-    max_sge: u32,
+    attr: &crate::verbs::DeviceAttr,
 ) -> Result<P::QueuePair> {
+    let (max_inline, max_qp_wr, max_sge) = (attr.max_inline_data, attr.max_qp_wr, attr.max_sge);
     // The most credits (4096) would ask 16 408 WQEs, above common devices' 16 384.
     let asked = u32::from(send_bufs) * 2 + 8;
     let granted = asked.min(max_qp_wr.max(1));

@@ -342,11 +342,11 @@ fn route<P: Provider>(st: &mut RxState<P>, qpn: u32, got: &mut VecDeque<Received
                         && (rx.borrowed.load(Ordering::Relaxed) < rx.spare.load(Ordering::Relaxed)
                             || grow_spare(st, rx))
                         && {
-                        // Only `route` adds, under the state lock: no other borrow in between.
-                        rx.borrowed.fetch_add(1, Ordering::Relaxed);
-                        inbox.borrowed.fetch_add(1, Ordering::Relaxed);
-                        true
-                    };
+                            // Only `route` adds, under the state lock: no other borrow in between.
+                            rx.borrowed.fetch_add(1, Ordering::Relaxed);
+                            inbox.borrowed.fetch_add(1, Ordering::Relaxed);
+                            true
+                        };
                 if !fits {
                     drop(items);
                     inbox.overran.fetch_add(1, Ordering::Relaxed);

@@ -1138,17 +1138,7 @@ impl<P: Provider> Listener<P> {
             |e: crate::verbs::VerbsError| Status::resource_exhausted(format!("creating the session: {e}"));
         let bufs = send_bufs_for(credits);
         let attr = self.dev.ctx.attr();
-        let qp = create_qp::<P>(
-            &w.pd,
-            &w.cq,
-            &w.cq,
-            &w.srq,
-            bufs,
-            attr.max_inline_data,
-            attr.max_qp_wr,
-            attr.max_sge,
-        )
-        .map_err(verbs)?;
+        let qp = create_qp::<P>(&w.pd, &w.cq, &w.cq, &w.srq, bufs, attr).map_err(verbs)?;
         let max_inline = qp.cap().max_inline_data;
         let sq_depth = qp.cap().max_send_wr as usize;
         let body_cap = body_area(eager);
