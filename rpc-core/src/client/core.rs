@@ -209,8 +209,21 @@ fn unavailable(what: impl std::fmt::Display) -> Status {
 
 impl<P: Provider> Drop for ClientCore<P> {
     /// Gives the receive buffers the session holds (answers and stream messages not taken) back
-    /// to the endpoint's pool, which its other sessions go on using.
+    /// to the endpoint's pool, which its other sessions go on using; and takes what its QP
+    /// received and nobody polled yet, after moving the QP to ERR (no more receive WQEs taken):
+    /// a provider that removes a destroyed QP's completions from the CQ (rdma-core's mlx5 does)
+    /// would otherwise leave their buffers neither posted nor owned, lost to the endpoint. A few
+    /// polls, best effort: a completion the NIC has not written yet by then is lost that way.
     fn drop(&mut self) {
+        let _ = self.conn.qp.modify(&QpAttr::new(QpState::Err));
+        for _ in 0..4 {
+            if self.recv.poll().unwrap_or(0) == 0 {
+                break;
+            }
+            while let Some(r) = self.recv.next() {
+                self.recv.repost(r.buf);
+            }
+        }
         for i in 0..self.answers.len() {
             if let Some(a) = self.answers[i].take() {
                 self.release(a);
