@@ -16,14 +16,15 @@
 //! inbox before it polls, so its messages are handled in the order they arrived. The lock is
 //! taken once per poll, and a session alone on its endpoint never touches an inbox.
 //!
-//! **A peer's words are requests.** What waits in a session's inbox (its driver is away) is
-//! capped at what its calls may bring at once, its claim ([`SessionRx::claim`]), and then at the
-//! endpoint's spare for control messages (8 of its reserve, shared by all its sessions: idle
-//! sessions claim nothing, and caps of their own would add up past what the endpoint registers);
-//! a server that sends more to a session nobody drives loses that session (its messages beyond
-//! go back to the SRQ at once, and the session closes when next driven, naming the cap), never
-//! the receive buffers its neighbours' answers need. A session that is driven hands its buffers back as it
-//! handles them.
+//! **A peer's words are requests.** What waits in a session's inbox while its driver is away is
+//! its claim (what its calls may bring at once, [`SessionRx::claim`]), then at most
+//! [`SESSION_SPARE`] control messages on the endpoint's spare (8 at first, shared by all its
+//! sessions, grown a registered chunk at a time while sessions borrow within their 8: a probe's
+//! Pings reaching many idle sessions at once close none; idle sessions claim nothing, so caps of
+//! their own would add up past what the endpoint registers). A server that sends more to a
+//! session nobody drives loses that session: its messages beyond go back to the SRQ at once, and
+//! the session closes at its next poll (`Counters::metered`); never the buffers its neighbours'
+//! calls claimed. A session that is driven hands its buffers back as it handles them.
 //!
 //! Sessions that wait for completion events (`PollingPolicy::Event`) keep an SRQ and receive CQ
 //! of their own (a CQ's event wakes one waiter: the sessions of a shared CQ would have to wake
