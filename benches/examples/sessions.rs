@@ -4,7 +4,8 @@
 //! the time to connect them all, the server's resident memory (`VmRSS`) and what it registered
 //! (`Counters::registered_bytes` + `Counters::recv_buffer_bytes` + `Counters::send_pool_bytes`,
 //! the workers' shared send buffers: a session registers none of its own), each per session, and
-//! what the client sessions registered for their receive and send buffers (`Client::counters`).
+//! what the client sessions registered for their receive and send buffers (`Client::counters`:
+//! a client process's sessions share one endpoint's receive buffers, counted once).
 //!
 //! ```text
 //! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--probe-core C|none] [--transport sim|rdma]
@@ -268,13 +269,11 @@ fn clients(o: &Opts, addr: &str, n: usize) {
         all.push(c);
     }
     let secs = t.elapsed().as_secs_f64();
-    let buffers: u64 = all
-        .iter()
-        .map(|c| {
-            let k = c.client().counters();
-            k.recv_buffer_bytes + k.send_pool_bytes
-        })
-        .sum();
+    // The sessions of this thread share its endpoint's receive buffers (each reports them all):
+    // counted once; send buffers are each session's.
+    let counters: Vec<_> = all.iter().map(|c| c.client().counters()).collect();
+    let buffers = counters.iter().map(|k| k.recv_buffer_bytes).max().unwrap_or(0)
+        + counters.iter().map(|k| k.send_pool_bytes).sum::<u64>();
     println!("connected {secs:.3} {buffers} {}", own_rss_kib());
     let _ = std::io::stdout().flush();
     let mut lines = std::io::stdin().lock().lines();
@@ -461,9 +460,10 @@ fn main() {
         load1()
     );
     println!(
-        "client per session: receive and send buffers {:.1} KiB (Client::counters: recv_buffer_bytes + \
-         send_pool_bytes, after one call), the client processes' own RSS {:.1} KiB (their sim segments \
-         included: rings, buffers, CQs, QPs)",
+        "client per session: receive and send buffers {:.1} KiB (Client::counters after one call: each \
+         process's endpoint's recv_buffer_bytes, shared by its sessions, and every session's \
+         send_pool_bytes), the client processes' own RSS {:.1} KiB (their sim segments included: \
+         rings, buffers, CQs, QPs)",
         client_buffers as f64 / 1024.0 / n,
         client_rss as f64 / n
     );
