@@ -5,7 +5,7 @@
 //! endpoint's SRQ into the endpoint's receive CQ ([`SharedRx`]). So the receive buffers of an
 //! endpoint's sessions are one pool, registered for what its sessions' calls need together
 //! (a session claims `4 × calls` and its streams' and ring bodies' messages beyond a reserve the
-//! endpoint keeps once: [`SharedRx::claim`]), not 16 or more per session: 1,000 idle sessions on
+//! endpoint keeps once: [`SessionRx::claim`]), not 16 or more per session: 1,000 idle sessions on
 //! one endpoint hold one chunk of receive buffers between them. The receive CQ is as deep as the
 //! SRQ (at most that many receives can complete before a poll), so it cannot overflow whatever
 //! the sessions' peers send.
@@ -90,7 +90,7 @@ struct RxState<P: Provider> {
     wcs: Completions<POLL_BATCH>,
     /// QP number → the inbox of its session (every session attached to this receive side).
     routes: HashMap<u32, Arc<Inbox>>,
-    /// Buffers the sessions claim beyond the reserve ([`SharedRx::claim`]).
+    /// Buffers the sessions claim beyond the reserve ([`SessionRx::claim`]).
     claimed: u64,
 }
 
