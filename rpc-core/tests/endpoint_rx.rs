@@ -15,7 +15,7 @@ use rpc_support::*;
 /// (its reserve) between them; after one call each, the reserve and 4 per session (15 + 200 =
 /// 215, registered 16 at a time: 224), where 50 sessions of their own register 32 each (1,600).
 /// Sabotaged (`Nic::client_rx` giving every session a receive side of its own): failed with
-/// "50 idle sessions of one endpoint registered 16 receive buffers each".
+/// "after one call each: Some(32) (shared: 224)".
 #[test]
 fn the_sessions_of_an_endpoint_share_its_receive_buffers() {
     if transport() != Transport::Sim {
@@ -46,9 +46,8 @@ fn the_sessions_of_an_endpoint_share_its_receive_buffers() {
 /// Two threads drive two sessions of one endpoint at once: whichever polls the shared receive
 /// CQ takes the other's answers too and leaves them in its inbox, so every answer reaches the
 /// call it answers (each carries its request's sequence number and bytes: `check_reply`).
-/// Sabotaged (`route` keeping every receive for the polling session): failed (an answer of the
-/// other session's call delivered here: "protocol violation" closes the session, or the reply's
-/// sequence number differs).
+/// Sabotaged (`route` keeping every receive for the polling session): failed with "call 0:
+/// UNAVAILABLE: connection closed: protocol violation: header for another session".
 #[test]
 fn answers_reach_their_sessions_when_another_thread_polls_the_shared_cq() {
     let (server, _) = spawn(server());
