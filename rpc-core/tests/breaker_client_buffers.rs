@@ -17,8 +17,8 @@ use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use rpc_core::codegen::*;
 use rpc_core::{CallOptions, Client};
+use rpc_support::list_stream::{ListReq, ListService, LIST};
 use rpc_support::*;
 
 /// The software NIC's RNR count is process-wide: one test at a time.
@@ -26,44 +26,6 @@ static ONE: Mutex<()> = Mutex::new(());
 
 fn rnr() -> u64 {
     rpc_core::verbs::sim::stats().rnr_stalls
-}
-
-const LIST: MethodId = method_id("/test.Stream/List");
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ListReq {
-    #[prost(uint64, tag = "1")]
-    count: u64,
-    #[prost(uint32, tag = "2")]
-    size: u32,
-}
-
-/// A server stream of `count` messages of `size` bytes, sent as fast as grants allow.
-struct StreamService;
-
-impl Service for StreamService {
-    const NAME: &'static str = "test.Stream";
-    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: LIST, name: "/test.Stream/List" }];
-
-    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
-        if method != LIST {
-            return out.error(Status::unimplemented("no such method"));
-        }
-        let req: ListReq = match decode(body) {
-            Ok(r) => r,
-            Err(s) => return out.error(s),
-        };
-        let (sink, reply) = ctx.stream::<EchoMsg>();
-        std::thread::spawn(move || {
-            for seq in 0..req.count {
-                let p = payload(seq, req.size as usize);
-                if sink.send(&EchoMsg { seq, checksum: fnv64(&p), payload: p, reply_len: 0 }).is_err() {
-                    break;
-                }
-            }
-        });
-        out.reply(reply);
-    }
 }
 
 /// `n` echo calls of 32 bytes at once (`unary_async`), polled until all ended: their results.
@@ -106,12 +68,16 @@ fn at_once(c: &Client, n: usize) -> Vec<Result<u64, rpc_core::Status>> {
 #[test]
 fn unread_stream_messages_leave_receive_buffers_for_the_sessions_calls() {
     let _g = ONE.lock().unwrap_or_else(|e| e.into_inner());
-    let (server, _) = spawn(server().add_service(StreamService));
+    let (server, _) = spawn(server().add_service(ListService));
     let c = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     assert_eq!(c.counters().recv_buffers, 16);
     let before = rnr();
     let s = c
-        .server_stream::<_, EchoMsg>(LIST, &ListReq { count: 100, size: 3000 }, &CallOptions::default())
+        .server_stream::<_, EchoMsg>(
+            LIST,
+            &ListReq { count: 100, size: 3000, ..ListReq::default() },
+            &CallOptions::default(),
+        )
         .unwrap();
     // The server sends what the stream was granted; none of it is read yet.
     std::thread::sleep(Duration::from_millis(200));

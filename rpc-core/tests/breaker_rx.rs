@@ -7,49 +7,10 @@ mod rpc_support;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rpc_core::codegen::*;
 use rpc_core::wire::{Header, Kind};
 use rpc_core::{CallOptions, Client, Endpoint, Transport};
+use rpc_support::list_stream::{ListReq, ListService, LIST};
 use rpc_support::*;
-
-const LIST: MethodId = method_id("/test.Stream/List");
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ListReq {
-    #[prost(uint64, tag = "1")]
-    count: u64,
-    #[prost(uint32, tag = "2")]
-    size: u32,
-}
-
-/// A server stream of `count` messages, message `seq` of `size + seq % 7 * 100` bytes (some above
-/// the default eager threshold when `size` is near it), sent as fast as grants allow.
-struct StreamService;
-
-impl Service for StreamService {
-    const NAME: &'static str = "test.Stream";
-    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: LIST, name: "/test.Stream/List" }];
-
-    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
-        if method != LIST {
-            return out.error(Status::unimplemented("no such method"));
-        }
-        let req: ListReq = match decode(body) {
-            Ok(r) => r,
-            Err(s) => return out.error(s),
-        };
-        let (sink, reply) = ctx.stream::<EchoMsg>();
-        std::thread::spawn(move || {
-            for seq in 0..req.count {
-                let p = payload(seq, req.size as usize + (seq % 7) as usize * 100);
-                if sink.send(&EchoMsg { seq, checksum: fnv64(&p), payload: p, reply_len: 0 }).is_err() {
-                    break;
-                }
-            }
-        });
-        out.reply(reply);
-    }
-}
 
 /// A hostile server with 4 sessions on an endpoint, none of them driven, sends each 15 Pings:
 /// under each session's inbox cap (16), so none is closed for it, yet 60 messages where the
@@ -298,7 +259,7 @@ fn sessions_closing_while_a_neighbour_polls_give_every_buffer_back() {
 /// with "stream 1 out of order, left: 138".
 #[test]
 fn streams_of_two_sessions_of_one_endpoint_read_from_two_threads_arrive_in_order() {
-    let (server, _) = spawn(server().add_service(StreamService));
+    let (server, _) = spawn(server().add_service(ListService));
     let ep = Endpoint::new(&transport()).unwrap();
     let addr = server.local_addr();
     let run = |ep: Endpoint, size: u32| {
@@ -306,7 +267,11 @@ fn streams_of_two_sessions_of_one_endpoint_read_from_two_threads_arrive_in_order
             let c = ep.connect_with(addr, &client_config()).unwrap();
             for round in 0..3u64 {
                 let s = c
-                    .server_stream::<_, EchoMsg>(LIST, &ListReq { count: 300, size }, &CallOptions::default())
+                    .server_stream::<_, EchoMsg>(
+                        LIST,
+                        &ListReq { count: 300, size, step: 100, ..ListReq::default() },
+                        &CallOptions::default(),
+                    )
                     .unwrap();
                 let mut next = 0;
                 for m in s {

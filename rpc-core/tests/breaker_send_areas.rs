@@ -11,6 +11,7 @@ use rpc_core::codegen::*;
 use rpc_core::session::RingConsumer;
 use rpc_core::wire::{Header, Kind, STREAM_OUT};
 use rpc_core::{Client, ServerHandle};
+use rpc_support::list_stream::{ListReq, ListService, LIST};
 use rpc_support::*;
 
 /// Long enough for a wait that must succeed, short enough that a failing run ends quickly.
@@ -22,48 +23,6 @@ const SOON: Duration = Duration::from_secs(10);
 const BASE: u64 = 0;
 
 /// A server stream: `count` messages of `size` payload bytes each.
-const LIST: MethodId = method_id("/test.BreakStream/List");
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ListReq {
-    #[prost(uint64, tag = "1")]
-    count: u64,
-    #[prost(uint32, tag = "2")]
-    size: u32,
-    /// Milliseconds the producer pauses before each message after the first.
-    #[prost(uint32, tag = "3")]
-    pause_ms: u32,
-}
-
-struct StreamSvc;
-
-impl Service for StreamSvc {
-    const NAME: &'static str = "test.BreakStream";
-    const METHODS: &'static [MethodDesc] = &[MethodDesc { id: LIST, name: "/test.BreakStream/List" }];
-
-    fn call(&self, method: MethodId, ctx: &RequestContext, body: Body<'_>, out: &mut ReplyWriter<'_>) {
-        if method != LIST {
-            return out.error(Status::unimplemented("no such method"));
-        }
-        let req: ListReq = match decode(body) {
-            Ok(r) => r,
-            Err(s) => return out.error(s),
-        };
-        let (sink, reply) = ctx.stream::<EchoMsg>();
-        std::thread::spawn(move || {
-            for seq in 0..req.count {
-                if seq > 0 {
-                    std::thread::sleep(Duration::from_millis(u64::from(req.pause_ms)));
-                }
-                let p = payload(seq, req.size as usize);
-                if sink.send(&EchoMsg { seq, checksum: fnv64(&p), payload: p, reply_len: 0 }).is_err() {
-                    break;
-                }
-            }
-        });
-        out.reply(reply);
-    }
-}
 
 /// A raw client that announces a 1 GiB ring (its real one is 64 KiB) to a server whose sim host
 /// has 1 GiB in all: the server can never register the send mirror of that ring.
@@ -121,12 +80,12 @@ fn a_stream_message_whose_send_mirror_fails_to_register_fails_its_stream_only() 
 #[ignore = "the child of a_stream_message_whose_send_mirror_fails_to_register_fails_its_stream_only"]
 fn stream_registration_failure_child() {
     assert_eq!(std::env::var("RPC_SIM_SEGMENT_BYTES").as_deref(), Ok("1073741824"), "run by its parent");
-    let (server, _) = spawn(server().max_peer_ring_bytes(1 << 30).add_service(StreamSvc));
+    let (server, _) = spawn(server().max_peer_ring_bytes(1 << 30).add_service(ListService));
     let mut c = liar(&server);
 
     // Slot 0: a server stream of one 8000-byte message (above the 4 KiB eager threshold), four
     // stream grants.
-    let body = ListReq { count: 1, size: 8000, pause_ms: 0 }.encode_to_vec();
+    let body = ListReq { count: 1, size: 8000, ..ListReq::default() }.encode_to_vec();
     c.send(
         Header {
             method: LIST,
@@ -296,7 +255,7 @@ fn churn_keeps_the_counters_exact() {
 /// keeps the areas).
 #[test]
 fn send_area_idle_zero_is_refused_and_a_huge_one_keeps_them() {
-    let e = server().send_area_idle(Some(Duration::ZERO)).add_service(StreamSvc).spawn("127.0.0.1:0");
+    let e = server().send_area_idle(Some(Duration::ZERO)).add_service(ListService).spawn("127.0.0.1:0");
     let text = match e {
         Ok(_) => panic!("send_area_idle 0 was accepted"),
         Err(e) => e.to_string(),
@@ -469,7 +428,7 @@ fn staged_answers_after_a_release_are_written_from_the_new_staging_area_intact()
 #[test]
 fn a_stream_of_large_messages_spanning_releases_arrives_intact() {
     let idle = Duration::from_millis(20);
-    let (server, _) = spawn(server().send_area_idle(Some(idle)).add_service(StreamSvc));
+    let (server, _) = spawn(server().send_area_idle(Some(idle)).add_service(ListService));
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     // The producer's pause starts when its message is queued, not delivered: a 3 MiB message
     // in pieces takes a while on a loaded machine, so its pause is longer.
@@ -480,7 +439,7 @@ fn a_stream_of_large_messages_spanning_releases_arrives_intact() {
         let mut s = client
             .server_stream::<_, EchoMsg>(
                 LIST,
-                &ListReq { count, size, pause_ms },
+                &ListReq { count, size, pause_ms, step: 0 },
                 &CallOptions::deadline(Duration::from_secs(20)),
             )
             .unwrap();

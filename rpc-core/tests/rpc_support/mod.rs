@@ -7,6 +7,7 @@
 mod counting;
 pub mod fake_server;
 mod hold;
+pub mod list_stream;
 pub mod prom;
 mod raw_client;
 
