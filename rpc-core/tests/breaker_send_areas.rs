@@ -22,8 +22,6 @@ const SOON: Duration = Duration::from_secs(10);
 /// receive ring is granted on demand, protocol 12).
 const BASE: u64 = 0;
 
-/// A server stream: `count` messages of `size` payload bytes each.
-
 /// A raw client that announces a 1 GiB ring (its real one is 64 KiB) to a server whose sim host
 /// has 1 GiB in all: the server can never register the send mirror of that ring.
 fn liar(server: &ServerHandle) -> RawClient {
