@@ -153,7 +153,14 @@ fn killed_server_ends_the_call_unavailable_then_the_same_client_reconnects_to_it
     let err = block_on(call).unwrap_err();
     let noticed = killed.elapsed();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
-    assert!(noticed < Duration::from_secs(1), "the call ended {noticed:?} after the kill");
+    // Noticed by the control connection's end (the kernel closes a killed process's sockets),
+    // not by the peer timeout (`ClientConfig::peer_timeout`: "no message from the server for
+    // ..."), whatever the machine's load: what ended the call, not how long it took.
+    assert!(
+        err.message().contains("the server closed the connection")
+            || err.message().contains("the control connection failed"),
+        "the call did not end by the control connection's end: {err}"
+    );
     eprintln!("the call in flight ended UNAVAILABLE {noticed:?} after the kill: {err}");
     assert_eq!(client.reconnect_attempts(), 0, "nothing reconnects until a later call");
 
