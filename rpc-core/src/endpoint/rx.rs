@@ -94,6 +94,21 @@ struct RxState<P: Provider> {
     claimed: u64,
 }
 
+impl<P: Provider> RxState<P> {
+    /// Posts the buffers given back to the pool once a batch of [`REPOST_BATCH`] waits (one
+    /// doorbell for the batch).
+    ///
+    /// # Errors
+    /// The verbs error of posting (the buffers stay queued in the pool).
+    #[inline]
+    fn post_batch(&mut self) -> Result<()> {
+        if self.pool.pending_reposts() >= REPOST_BATCH {
+            self.pool.flush()?;
+        }
+        Ok(())
+    }
+}
+
 /// One SRQ with its buffers and one receive CQ, shared by the sessions attached to it (see the
 /// module docs). Field order is drop order: the pool (its SRQ and MRs) before the CQ.
 pub(crate) struct SharedRx<P: Provider> {
@@ -230,11 +245,9 @@ impl<P: Provider> SessionRx<P> {
             Err(TryLockError::WouldBlock) => return self.returns.push(buf),
         };
         st.pool.repost(buf);
-        if st.pool.pending_reposts() >= REPOST_BATCH {
-            if let Err(e) = st.pool.flush() {
-                // Left queued in the pool: the next poll's flush reports it and breaks its session.
-                tracing::debug!(error = %e, "posting receive buffers again failed");
-            }
+        if let Err(e) = st.post_batch() {
+            // Left queued in the pool: the next poll's flush reports it and breaks its session.
+            tracing::debug!(error = %e, "posting receive buffers again failed");
         }
     }
 
@@ -300,9 +313,7 @@ impl<P: Provider> SessionRx<P> {
                 st.pool.repost(b);
             }
         }
-        if st.pool.pending_reposts() >= REPOST_BATCH {
-            st.pool.flush()?;
-        }
+        st.post_batch()?;
         // Routed between the look above and the lock: older than what the CQ holds now.
         if self.inbox.waiting.load(Ordering::Acquire) > 0 {
             take_inbox(&self.inbox, &mut self.got, &self.rx.borrowed);
@@ -312,9 +323,7 @@ impl<P: Provider> SessionRx<P> {
             // What `route` gave back (others' messages beyond their caps, strays) may be the
             // SRQ's last buffers: posted now, not at a next poll, which only a completion
             // (needing a posted buffer) would bring.
-            if st.pool.pending_reposts() >= REPOST_BATCH {
-                st.pool.flush()?;
-            }
+            st.post_batch()?;
         }
         Ok(self.got.len())
     }
