@@ -10,6 +10,10 @@
 //! `RPC_MEASURE_COUNT=20000 valgrind --tool=callgrind target/release/examples/rpc_measure`
 //! (under valgrind, add `RPC_SIM_SEGMENT_BYTES=1073741824`).
 //!
+//! `RPC_MEASURE_RAW=1` with `RPC_MEASURE_COUNT=N` runs N raw 32-byte SEND/RECV round trips
+//! instead (no RPC runtime: the verbs, the send queue and receive pool of `buffers`, as the raw
+//! `send_lat` rounds), both threads waiting on completion events: the floor under `unary32`.
+//!
 //! `RPC_MEASURE_CHAN=TASKS[xWINDOW]` with `RPC_MEASURE_COUNT=N` runs N Fixed calls through the
 //! shareable handle (`Channel`) instead (`RPC_MEASURE_WINDOW=W`: from one blocking `Client`
 //! keeping W `unary_async` calls in flight, its baseline): TASKS tokio tasks on a current-thread runtime, each
@@ -34,7 +38,9 @@ use rpc_core::buffers::{Completions, RecvPool, SendPool, SendQueue};
 use rpc_core::codegen::*;
 use rpc_core::verbs::rc::{self, Endpoint, RcConfig};
 use rpc_core::verbs::sim::Sim;
-use rpc_core::verbs::{Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair};
+use rpc_core::verbs::{
+    CompletionQueue, Context, DeviceSelector, ProtectionDomain, Provider, QpCap, QpInitAttr, QueuePair,
+};
 use rpc_core::{Client, ClientConfig, PollingPolicy, Server};
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -107,9 +113,14 @@ struct Side {
 }
 
 fn side() -> Side {
+    side_with(false)
+}
+
+/// A raw side; `events`: its CQ raises completion events (`raw_count`'s waits).
+fn side_with(events: bool) -> Side {
     let ctx = Sim::open(&DeviceSelector::First).unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256, false).unwrap();
+    let cq = ctx.create_cq(256, events).unwrap();
     let recv = RecvPool::<Sim>::new(&pd, 64, 256).unwrap();
     let qp = pd
         .create_qp(&QpInitAttr {
@@ -178,8 +189,13 @@ fn wait_recv_then_send(s: &mut Side, wcs: &mut Completions<16>) {
 
 /// A connected raw QP pair on two sim hosts.
 fn raw_pair() -> (Side, Side) {
-    let a = side();
-    let b = side();
+    raw_pair_with(false)
+}
+
+/// [`raw_pair`], the CQs raising completion events when `events`.
+fn raw_pair_with(events: bool) -> (Side, Side) {
+    let a = side_with(events);
+    let b = side_with(events);
     let (ea, eb) = (endpoint(&a), endpoint(&b));
     rc::connect(&a.qp, &RcConfig::default(), &ea, &eb).unwrap();
     rc::connect(&b.qp, &RcConfig::default(), &eb, &ea).unwrap();
@@ -249,6 +265,9 @@ fn main() {
         }
         if let Some(w) = std::env::var("RPC_MEASURE_WINDOW").ok().and_then(|v| v.parse::<usize>().ok()) {
             return window_count(n, w);
+        }
+        if std::env::var("RPC_MEASURE_RAW").is_ok_and(|v| v == "1") {
+            return raw_count(n);
         }
         return count_only(n);
     }
@@ -464,6 +483,69 @@ fn count_only(n: usize) {
     println!("{} RPCs", client.counters().rpcs);
     drop(client);
     server.shutdown();
+}
+
+/// Polls `s`'s CQ until a receive completed, handling send completions; when a poll finds
+/// nothing, arms the CQ, polls once more (a completion before the arming raises no event) and
+/// blocks for the event. The receive buffer is reposted (posted with the next flush).
+fn wait_recv_event(s: &mut Side, wcs: &mut Completions<16>) {
+    loop {
+        let mut got = false;
+        if wcs.poll(&s.cq).unwrap() == 0 {
+            s.cq.req_notify(false).unwrap();
+            if wcs.poll(&s.cq).unwrap() == 0 {
+                s.cq.wait(None).unwrap();
+                continue;
+            }
+        }
+        for c in &mut *wcs {
+            if c.send_tag().is_some() {
+                s.sq.on_completion(c, &mut s.pool);
+            } else {
+                if let Some(buf) = s.recv.take(c) {
+                    s.recv.repost(buf);
+                }
+                got = true;
+            }
+        }
+        if got {
+            return;
+        }
+    }
+}
+
+/// Sends 32 bytes from a send buffer of `s`, inline, and posts the receive buffers waiting.
+fn send32(s: &mut Side) {
+    let b = s.pool.acquire().unwrap();
+    s.sq.send(&mut s.pool, b, 32, true);
+    s.sq.flush(&s.qp, &mut s.pool, 1).unwrap();
+    s.recv.flush().unwrap();
+}
+
+/// The echo side of `raw_count` (its own function: `scripts/instr-count` reports the thread
+/// that runs it as the responder, in the worker's column).
+#[inline(never)]
+fn raw_echo(mut b: Side, n: usize) -> Side {
+    let mut wcs = Completions::<16>::new();
+    for _ in 0..n {
+        wait_recv_event(&mut b, &mut wcs);
+        send32(&mut b);
+    }
+    b
+}
+
+/// `RPC_MEASURE_RAW=1` (see the module docs): N raw 32-byte SEND/RECV round trips, both threads
+/// waiting on completion events as the RPC counts do.
+fn raw_count(n: usize) {
+    let (mut a, b) = raw_pair_with(true);
+    let echo = std::thread::spawn(move || raw_echo(b, n));
+    let mut wcs = Completions::<16>::new();
+    for _ in 0..n {
+        send32(&mut a);
+        wait_recv_event(&mut a, &mut wcs);
+    }
+    let _b = echo.join().unwrap();
+    println!("{n} round trips");
 }
 
 /// `RPC_MEASURE_WINDOW=W` (see the module docs): N Fixed calls from one blocking `Client`, W
