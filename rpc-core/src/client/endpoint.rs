@@ -25,7 +25,12 @@ pub(crate) enum AnyNic {
 struct Shared {
     nic: AnyNic,
     transport: Transport,
+    /// Its progress thread, while it has one ([`Endpoint::watch_idle`]).
+    progress: Arc<crate::channel::dispatcher::Hubs>,
 }
+
+/// The name of an endpoint's progress thread.
+const PROGRESS_THREAD: &str = "rpc-progress";
 
 /// A client endpoint: one device context, one protection domain, and one SRQ with its receive
 /// buffers and receive CQ (per eager threshold), opened once and shared by every session made
@@ -80,7 +85,8 @@ impl Endpoint {
             #[cfg(not(feature = "ibverbs"))]
             Transport::Rdma { .. } => return Err(Transport::rdma_unavailable()),
         };
-        Ok(Endpoint { shared: Arc::new(Shared { nic, transport: transport.clone() }) })
+        let progress = Arc::new(std::sync::Mutex::new(Vec::new()));
+        Ok(Endpoint { shared: Arc::new(Shared { nic, transport: transport.clone(), progress }) })
     }
 
     /// The transport this endpoint was opened on.
@@ -122,6 +128,20 @@ impl Endpoint {
 
     pub(crate) fn nic(&self) -> &AnyNic {
         &self.shared.nic
+    }
+
+    /// Hands `look` (a [`Client`]'s session) to this endpoint's progress thread, starting it
+    /// when it is not running: every 50 ms the thread tries the session's lock and, when no
+    /// caller holds it, polls its CQ once (answering the server's Pings); it forgets the session
+    /// once `look` is gone, and ends when it has none.
+    ///
+    /// # Errors
+    /// UNAVAILABLE when the thread cannot be spawned.
+    pub(crate) fn watch_idle(
+        &self,
+        look: Weak<dyn crate::channel::dispatcher::IdleLook>,
+    ) -> Result<(), Status> {
+        crate::channel::dispatcher::watch_idle(&self.shared.progress, PROGRESS_THREAD, look)
     }
 
     /// This thread's endpoint of `transport`, opened by the first [`Client::connect_with`] of
