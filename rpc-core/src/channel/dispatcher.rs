@@ -31,6 +31,11 @@
 //! round (one wake-up for any number of them), which answers the server's Pings
 //! ([`FLAG_IDLE_PONGS`]) and tells a balanced channel's watcher of a broken session.
 //!
+//! The same thread, run by a client [`Endpoint`] as its progress thread ([`watch_idle`], in the
+//! endpoint's own registry of one), carries only idle looks: of the blocking `Client`s made from
+//! the endpoint ([`IdleLook`]), each behind a lock the look only tries, every [`PARK`] in the
+//! same round, so those clients answer the server's idle probe too.
+//!
 //! Many sessions on one thread, fairly: a round of the thread steps each session it drives once
 //! (a busy session does not hold up the others), and between rounds the looks of the sessions it
 //! does not drive go on (a session driven for a task that waits on a slow server, or one that

@@ -2,7 +2,9 @@
 //!
 //! Blocking calls busy-poll the client's own CQ in the calling thread (per its polling policy);
 //! async calls return a [`ResponseFuture`] that progresses the session whenever it is polled (no
-//! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time.
+//! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time. While no
+//! call holds it, its endpoint's progress thread looks at the session every 50 ms (one poll of
+//! its CQ), so the server's idle probe gets its Pongs (`Held`).
 //!
 //! A call that finds every slot taken waits for one (`queue`: in order, encoded once, bounded
 //! by `ClientConfig::max_queued_calls`); a broken session is reconnected by a later call, with
@@ -82,6 +84,19 @@ const ENDED_KEPT: usize = 8;
 /// for an async call it runs on a thread of its own, started by the future's first poll, and
 /// the future's polls return `Pending` until it ends: neither starting nor polling an async call
 /// blocks. A blocking call made while such an attempt runs waits for that attempt.
+///
+/// **Idle.** The session answers the server's idle probe ([`crate::ServerConfig::peer_timeout`])
+/// while the client is idle, as a `Channel`'s does: its handshake says so
+/// ([`crate::wire::FLAG_IDLE_PONGS`]), and its [`Endpoint`]'s progress thread (`rpc-progress`,
+/// one per endpoint, started by its first client, ended within 50 ms of its last) looks at the
+/// session every 50 ms while no call holds the client: one poll of its CQ, which answers Pings,
+/// keeps answers for their futures and sees a broken session; it never starts calls nor
+/// reconnects, and never holds the client while a call of its own thread does (a call takes the
+/// client's lock, uncontended but for such a look, which it waits for). So an idle client keeps
+/// its session however long it is idle (the server does not close it for `idle_timeout` while
+/// the probe is on), the server may hold no TCP control connection for it
+/// ([`crate::ServerConfig::max_control_connections`]), and the session of a client process that
+/// died or stopped while idle is reclaimed by the server's probe within `peer_timeout`.
 ///
 /// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time); sharing
 /// it is refused with an error naming [`ToShareAcrossThreadsConnectAChannel`] (to share calls
