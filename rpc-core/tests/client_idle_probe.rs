@@ -17,11 +17,21 @@ use rpc_core::codegen::*;
 use rpc_core::Client;
 use rpc_support::*;
 
+/// The endpoints' progress threads are counted by name: the tests of this file run one at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The name of an endpoint's progress thread.
+const PROGRESS: &str = "rpc-progress";
+
 /// An idle blocking `Client`, idle four times the server's `peer_timeout` (and its
 /// `idle_timeout`), keeps its session: the progress thread answered every Ping, and the next
 /// call goes out on the same session, with no reconnect.
 #[test]
 fn an_idle_blocking_client_keeps_its_session_past_the_servers_peer_timeout() {
+    let _serial = serial();
     let timeout = Duration::from_millis(400);
     let (server, _) = spawn(server().peer_timeout(Some(timeout)).idle_timeout(Some(timeout)));
     let c = Client::connect_with(server.local_addr(), &client_config()).expect("connects");
@@ -101,6 +111,7 @@ fn idle_client_child(
 /// serves on.
 #[test]
 fn a_killed_idle_client_process_is_reclaimed_by_the_probe() {
+    let _serial = serial();
     let peer_timeout = Duration::from_secs(1);
     let (server, _stash) =
         spawn(server().max_control_connections(1).idle_timeout(None).peer_timeout(Some(peer_timeout)));
@@ -125,4 +136,48 @@ fn a_killed_idle_client_process_is_reclaimed_by_the_probe() {
     check_reply(&held.unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
     drop(held);
     server.shutdown();
+}
+
+/// A thread's clients, to any number of servers, share its endpoint's one progress thread: the
+/// first client starts it, it sleeps between its looks, and it ends once the last client is
+/// gone; a client of another thread (another endpoint) has its own.
+#[test]
+fn a_threads_clients_share_one_progress_thread_which_ends_with_the_last() {
+    let _serial = serial();
+    wait_until(
+        "no progress thread left",
+        WAIT,
+        || threads_named(PROGRESS) == 0,
+        || format!("{:?}", thread_names()),
+    );
+    let servers: Vec<_> = (0..2).map(|_| spawn(server()).0).collect();
+    let mine: Vec<Client> = (0..3)
+        .map(|i| Client::connect_with(servers[i % 2].local_addr(), &client_config()).expect("connects"))
+        .collect();
+    assert_eq!(
+        threads_named(PROGRESS),
+        1,
+        "one progress thread for the thread's endpoint: {:?}",
+        thread_names()
+    );
+    let addr = servers[0].local_addr();
+    let other = std::thread::spawn(move || Client::connect_with(addr, &client_config()).expect("connects"))
+        .join()
+        .expect("the other thread");
+    assert_eq!(threads_named(PROGRESS), 2, "another thread's endpoint has its own: {:?}", thread_names());
+    for (i, c) in mine.iter().enumerate() {
+        echo_checked(c, i as u64, 8, 8);
+    }
+    echo_checked(&other, 9, 8, 8);
+    drop(mine);
+    drop(other);
+    wait_until(
+        "the progress threads to end with their last clients",
+        WAIT,
+        || threads_named(PROGRESS) == 0,
+        || format!("{:?}", thread_names()),
+    );
+    for s in servers {
+        s.shutdown();
+    }
 }
