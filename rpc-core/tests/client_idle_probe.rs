@@ -154,6 +154,16 @@ fn a_threads_clients_share_one_progress_thread_which_ends_with_the_last() {
     let mine: Vec<Client> = (0..3)
         .map(|i| Client::connect_with(servers[i % 2].local_addr(), &client_config()).expect("connects"))
         .collect();
+    // A thread names itself once it runs: waited for, then counted.
+    let started = |n: usize| {
+        wait_until(
+            "the progress thread to run",
+            WAIT,
+            || threads_named(PROGRESS) >= n,
+            || format!("{:?}", thread_names()),
+        )
+    };
+    started(1);
     assert_eq!(
         threads_named(PROGRESS),
         1,
@@ -164,6 +174,7 @@ fn a_threads_clients_share_one_progress_thread_which_ends_with_the_last() {
     let other = std::thread::spawn(move || Client::connect_with(addr, &client_config()).expect("connects"))
         .join()
         .expect("the other thread");
+    started(2);
     assert_eq!(threads_named(PROGRESS), 2, "another thread's endpoint has its own: {:?}", thread_names());
     for (i, c) in mine.iter().enumerate() {
         echo_checked(c, i as u64, 8, 8);
