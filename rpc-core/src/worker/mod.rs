@@ -1839,6 +1839,7 @@ impl<P: Provider> Worker<P> {
             None => Received::Eager(buf),
             Some(piece) => {
                 self.recv.repost(buf);
+                let refused = piece.dropped();
                 match entry.conn.take_piece(piece) {
                     Ok(Some(c)) => {
                         header = c.header;
@@ -1860,6 +1861,12 @@ impl<P: Provider> Worker<P> {
                         }
                         if !entry.backlog.is_empty() {
                             self.try_backlog(idx);
+                        }
+                        if refused {
+                            // A body refused over the reassembly cap: its call's answer
+                            // (`Event::Refused`, from its first piece) goes now, not at the
+                            // session's next timer (on a probed session a probe interval away).
+                            self.handle_events(idx);
                         }
                         self.mark_dirty(idx);
                         return;
