@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rpc_core::codegen::*;
+use rpc_core::wire::{Header, Kind};
 use rpc_core::Client;
 use rpc_support::*;
 
@@ -45,6 +46,107 @@ fn an_idle_blocking_client_keeps_its_session_past_the_servers_peer_timeout() {
     assert_eq!((s.peers_lost, s.idle_closed, s.sessions_closed), (0, 0, 0), "{counters}");
     drop(c);
     server.shutdown();
+}
+
+/// Twenty idle blocking `Client`s of one thread share its endpoint, and with it one SRQ and one
+/// receive CQ (`endpoint::rx`: receives routed by QP number to per-session inboxes). Idle from
+/// their connects (so each claims no receive buffer), they are probed by the server together
+/// for four `peer_timeout`s: a look of the endpoint's progress thread polls the shared CQ for
+/// one session and routes the others' Pings to their inboxes, where they wait on the endpoint's
+/// spare until their own looks answer them. None is closed as flooded (`metered`), idle-closed
+/// or lost, and each one's next call goes out on its first session.
+///
+/// Sabotaged: the progress thread's look doing nothing (`Held::idle_look` returning at once):
+/// failed with "(peers_lost, idle_closed, sessions_closed, metered) while idle: server Counters
+/// { ... sessions_closed: 20, ... peers_lost: 20 ...": the probe found them dead; the endpoint's
+/// spare never grown (`grow_spare` returning false): failed on the server's `sessions_closed: 4`
+/// (the clients closed 4 sessions as flooded by the Pings waiting in their inboxes).
+#[test]
+fn many_idle_clients_of_one_endpoint_probed_together_keep_their_sessions() {
+    let _serial = serial();
+    const CLIENTS: usize = 20;
+    let timeout = Duration::from_millis(300);
+    let (server, _) = spawn(server().peer_timeout(Some(timeout)).idle_timeout(Some(timeout)));
+    let clients: Vec<Client> = (0..CLIENTS)
+        .map(|_| Client::connect_with(server.local_addr(), &client_config()).expect("connects"))
+        .collect();
+    std::thread::sleep(timeout * 4);
+    let state = |clients: &[Client]| {
+        let c: Vec<_> = clients.iter().map(|c| c.counters()).collect();
+        format!("server {:?}\nclients {c:?}", server.counters())
+    };
+    let s = server.counters();
+    assert_eq!(
+        (s.peers_lost, s.idle_closed, s.sessions_closed, s.metered),
+        (0, 0, 0, 0),
+        "(peers_lost, idle_closed, sessions_closed, metered) while idle: {}",
+        state(&clients)
+    );
+    for (i, c) in clients.iter().enumerate() {
+        echo_checked(c, i as u64, 8, 8);
+    }
+    for (i, c) in clients.iter().enumerate() {
+        let k = c.counters();
+        assert_eq!(
+            (c.reconnect_attempts(), k.metered, k.sessions_opened, k.sessions_closed),
+            (0, 0, 1, 0),
+            "client {i}: (reconnect_attempts, metered, sessions_opened, sessions_closed): {}",
+            state(&clients)
+        );
+    }
+    drop(clients);
+    server.shutdown();
+}
+
+/// A server that ends an idle client's session by closing its control connection alone (no
+/// Close on the RDMA path, whose QP stays up: here a fake server) is seen by the client's
+/// progress thread, which reads that connection every 16 looks: the session is broken while
+/// idle (`closed_reason`), and the next call reconnects and goes out on the new session, instead
+/// of going out on the old one and failing UNAVAILABLE once.
+///
+/// Sabotaged (the progress thread's look as a `Channel`'s, `dispatch_step`, whose empty looks
+/// weigh as spins: the connection read once per 4096 looks, 200 s): failed with "gave up after
+/// 60.0s waiting for the idle client to see its control connection closed".
+#[test]
+fn an_idle_client_whose_control_connection_closes_reconnects_quietly() {
+    let _serial = serial();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let (first, tcp) = RawClient::accept(&listener, 77, |_| {});
+        // The control connection closes (the session's clone of it too); the QP stays up.
+        tcp.shutdown(std::net::Shutdown::Both).unwrap();
+        let (mut second, _tcp) = RawClient::accept(&listener, 78, |_| {});
+        let h = second.wait_for(Kind::Request, 0);
+        let why = b"answered by the second session";
+        second.send(
+            Header {
+                slot: h.slot,
+                generation: h.generation,
+                method: h.method,
+                status: Code::NotFound,
+                body_len: why.len() as u32,
+                total_len: why.len() as u32,
+                ..Header::new(Kind::Response)
+            },
+            why,
+        );
+        let _ = done_rx.recv_timeout(WAIT);
+        drop((first, second));
+    });
+    let c = Client::connect_with(addr, &client_config()).expect("connects");
+    wait_until(
+        "the idle client to see its control connection closed",
+        WAIT,
+        || c.closed_reason().is_some(),
+        || format!("{:?}", c.counters()),
+    );
+    let e = c.unary::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::default()).expect_err("NOT_FOUND");
+    assert_eq!(e.code(), Code::NotFound, "the call went out on the new session: {e}");
+    assert_eq!(c.reconnect_attempts(), 1);
+    drop(done_tx);
+    fake.join().expect("the fake server");
 }
 
 /// Set (to the server's address) for the child that runs `idle_client_process`.

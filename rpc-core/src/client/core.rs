@@ -2197,6 +2197,23 @@ impl<P: Provider> ClientCore<P> {
         n
     }
 
+    /// The look of a thread that parks between its looks (a blocking client's endpoint's
+    /// progress thread, every 50 ms while no call holds the client): as
+    /// [`ClientCore::dispatch_step`], but an empty look weighs as a poll that slept
+    /// ([`Tick::slept`]), so the control connection is read every 16 empty looks (800 ms) and a
+    /// session that the server ended by closing it alone (no Close on the RDMA path) is seen
+    /// broken while idle: the next call reconnects instead of failing UNAVAILABLE on it.
+    /// Returns the completions handled.
+    pub(crate) fn idle_step(&mut self) -> usize {
+        let n = self.progress();
+        if n > 0 {
+            self.idle.reset();
+        } else if self.broken.is_none() && self.tick.slept(Instant::now) {
+            self.check_liveness();
+        }
+        n
+    }
+
     /// Arms the CQ for a completion-event wait that the caller does outside the session (a
     /// dispatcher waits without holding it): handles what completed before arming (completions
     /// that arrived before the CQ was armed raise no event) and returns their count (wait only

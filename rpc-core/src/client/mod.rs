@@ -89,8 +89,9 @@ const ENDED_KEPT: usize = 8;
 /// while the client is idle, as a `Channel`'s does: its handshake says so
 /// ([`crate::wire::FLAG_IDLE_PONGS`]), and its [`Endpoint`]'s progress thread (`rpc-progress`,
 /// one per endpoint, started by its first client, ended within 50 ms of its last) looks at the
-/// session every 50 ms while no call holds the client: one poll of its CQ, which answers Pings,
-/// keeps answers for their futures and sees a broken session; it never starts calls nor
+/// session every 50 ms while no call holds the client: one poll of its CQs, which answers Pings,
+/// keeps answers for their futures and sees a broken session (a control connection the server
+/// closed, within 800 ms: the next call then reconnects); it never starts calls nor
 /// reconnects, and never holds the client while a call of its own thread does (a call takes the
 /// client's lock, uncontended but for such a look, which it waits for). So an idle client keeps
 /// its session however long it is idle (the server does not close it for `idle_timeout` while
@@ -157,11 +158,12 @@ impl Held {
 impl crate::channel::dispatcher::IdleLook for Held {
     /// The progress thread's look: one poll of the session's CQ when no call holds the client
     /// (what arrived is handled: a Ping gets its Pong, answers wait for their futures, a
-    /// broken session is seen). It never reconnects nor starts calls.
+    /// broken session is seen, the control connection is read every 16 looks:
+    /// `ClientCore::idle_step`). It never reconnects nor starts calls.
     fn idle_look(&self) {
-        let Ok(mut inner) = self.0.try_lock() else { return };
+        let Ok(mut inner) = self.try_borrow_mut() else { return };
         with_calls!(&mut inner.calls, c => {
-            c.core.dispatch_step();
+            c.core.idle_step();
         });
     }
 }
