@@ -209,8 +209,15 @@ fn idle_client_child(
 /// holds one, for this process's client, and `idle_timeout` is off, so only the client's
 /// promise to answer Pings while idle lets it detach the child's): alive, its progress thread
 /// keeps the session through three `peer_timeout`s; killed (SIGKILL, while idle), nothing
-/// tells the server but the probe, which reclaims the session (`peers_lost`), and the server
-/// serves on.
+/// tells the server but the probe, which reclaims the session, and the server serves on. The
+/// probe finds the client dead by the silence after its Pings (`peers_lost`) or, when the dead
+/// host's NIC is gone first (on `sim`, its monitor's next tick), by a Ping whose SEND runs out
+/// of retries (a session closed on a failed send): which comes first depends on the load.
+///
+/// Sabotaged (the listener not calling `probe_while_idle` for the client's flag): failed with
+/// "gave up after 60.0s waiting for the probe to reclaim the killed client's session"; with
+/// the `peers_lost == 1` it waited for before, it failed in 2 of 3 runs at load 11 (closed on
+/// the failed Ping, `peers_lost` 0).
 #[test]
 fn a_killed_idle_client_process_is_reclaimed_by_the_probe() {
     let _serial = serial();
@@ -227,14 +234,11 @@ fn a_killed_idle_client_process_is_reclaimed_by_the_probe() {
     assert_eq!(server.counters().peers_lost, 0, "the live idle client answered the probe: {}", counters());
     child.kill().expect("kill");
     child.wait().expect("wait");
-    wait_until(
-        "the probe to reclaim the killed client's session",
-        WAIT,
-        || server.counters().peers_lost == 1,
-        counters,
-    );
-    let c = counters_when(&server, "the reclaimed session gone", WAIT, |c| c.sessions_detached == 0);
-    assert_eq!((c.peers_lost, c.sessions_closed), (1, 1), "{c:?}");
+    // Nothing else closes it (no `idle_timeout`, no control connection); the held session stays.
+    let c = counters_when(&server, "the probe to reclaim the killed client's session", WAIT, |c| {
+        c.sessions_closed == 1 && c.sessions_detached == 0
+    });
+    assert_eq!(c.sessions_closed, 1, "{c:?}");
     check_reply(&held.unary(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap(), 2, 8);
     drop(held);
     server.shutdown();
