@@ -75,8 +75,12 @@ fn answers_reach_their_sessions_when_another_thread_polls_the_shared_cq() {
 /// most two of per silence) loses that session when it is next driven (`Counters::metered`):
 /// the messages beyond what its calls may bring (its inbox's cap) go back to the shared SRQ at
 /// once, so the endpoint's other session, to a good server, keeps getting its answers meanwhile.
+/// The victim is idle, so its endpoint's progress thread looks at it every 50 ms: a look during
+/// the flood closes it then (the flood's next SENDs fail, and the flood stops).
 /// Sabotaged (no cap on the inbox, `route` always queueing): failed ("a neighbour's call during
-/// the flood: DEADLINE_EXCEEDED": the flood held every receive buffer of the endpoint).
+/// the flood: DEADLINE_EXCEEDED": the flood held every receive buffer of the endpoint); since
+/// the progress thread looks at the victim: failed on `(c.metered, c.sessions_closed)` being
+/// (0, 0) (its looks took and answered the flood, which never overran the session).
 #[test]
 fn a_server_flooding_an_undriven_session_loses_it_and_not_its_neighbours_buffers() {
     if transport() != Transport::Sim {
@@ -90,15 +94,19 @@ fn a_server_flooding_an_undriven_session_loses_it_and_not_its_neighbours_buffers
     let flooder = std::thread::spawn(move || {
         let (mut c, tcp) = RawClient::accept(&listener, 77, |_| {});
         // 400 Pings: more than the endpoint registers (its reserve and the neighbour's claim).
-        for _ in 0..400 {
+        'flood: for _ in 0..400 {
             // Paced to its send buffers: its SENDs wait on RNR while the SRQ is empty (before
             // the neighbour's polls give the flood's buffers back), and `send` fails when it
             // runs out of buffers after an RNR wait.
             let give_up = Instant::now() + Duration::from_secs(10);
-            while c.sq.outstanding() >= 8 {
+            while c.sq.outstanding() >= 8 && !c.dead {
                 assert!(Instant::now() < give_up, "the flood's SENDs never completed");
                 let _ = c.try_poll();
                 std::thread::yield_now();
+            }
+            if c.dead {
+                // A SEND failed: the victim closed its session (a progress look).
+                break 'flood;
             }
             c.send(Header::new(Kind::Ping), &[]);
             let _ = c.try_poll();
@@ -129,8 +137,9 @@ fn a_server_flooding_an_undriven_session_loses_it_and_not_its_neighbours_buffers
     assert_eq!(e.code(), Code::Unavailable, "{e}");
 }
 
-/// A server's idle probe reaching many idle sessions of one endpoint at once (their Pings wait
-/// in their inboxes while nobody drives them) closes none of them: beyond the endpoint's spare of
+/// A server's idle probe reaching many idle sessions of one endpoint at once (their Pings come
+/// in one batch, after every session connected: one look routes them to the others' inboxes,
+/// where they wait until those sessions are looked at) closes none of them: beyond the endpoint's spare of
 /// 8, it registers more buffers for undriven sessions' control messages (up to 8 each), instead
 /// of counting their Pings as a flood. Sabotaged (`grow_spare` returning false): failed with
 /// "idle sessions closed as flooded by one Ping each: 11".
@@ -145,14 +154,17 @@ fn one_ping_to_each_of_many_idle_sessions_closes_none() {
     let (pinged_tx, pinged_rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let done_rx = std::sync::Arc::new(std::sync::Mutex::new(done_rx));
+    // The Pings go once every session is connected, together: they come in one batch.
+    let all_connected = std::sync::Arc::new(std::sync::Barrier::new(SESSIONS + 1));
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..SESSIONS {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let (pinged, done) = (pinged_tx.clone(), done_rx.clone());
+        let (pinged, done, go) = (pinged_tx.clone(), done_rx.clone(), all_connected.clone());
         servers.push(std::thread::spawn(move || {
             let (mut c, tcp) = RawClient::accept(&listener, 77, |_| {});
+            go.wait();
             c.send(Header::new(Kind::Ping), &[]);
             pinged.send(()).unwrap();
             // Keeps the session (and its control connection) until the test is done.
@@ -161,6 +173,7 @@ fn one_ping_to_each_of_many_idle_sessions_closes_none() {
         }));
         clients.push(ep.connect_with(addr, &client_config()).unwrap());
     }
+    all_connected.wait();
     for _ in 0..SESSIONS {
         pinged_rx.recv_timeout(Duration::from_secs(10)).expect("every fake server sent its Ping");
     }

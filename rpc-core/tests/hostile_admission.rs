@@ -322,15 +322,23 @@ fn a_server_ring_above_the_clients_cap_names_both_settings() {
 /// closes them (each told why by a Close naming `reassembly_timeout`), the same body goes
 /// through.
 ///
+/// The refusal is answered when the body's first piece comes, not at the session's next timer:
+/// the server probes the client's idle session (a blocking `Client` answers Pings while idle)
+/// with a `peer_timeout` of 10 minutes, so that timer is 200 s away, past the call's deadline.
+///
 /// Sabotage: see the report (refusal turned back into a session close; the Close's reason
-/// left empty).
+/// left empty). The worker's `handle_events` after a refused piece removed: failed with "the
+/// refusal answered at once: DEADLINE_EXCEEDED" (before the fix, with the default `peer_timeout`
+/// of 6 s, the refusal came 2 s late, after the attackers' timeout, and the counter read at
+/// the end was 0 in 3 runs of 4).
 #[test]
 fn attackers_filling_the_reassembly_cap_refuse_a_good_body_but_not_its_session() {
     let (server, _) = spawn(
         server()
             .max_message_size(512 << 10)
             .max_reassembly_bytes(1 << 20)
-            .reassembly_timeout(std::time::Duration::from_millis(500)),
+            .reassembly_timeout(std::time::Duration::from_millis(500))
+            .peer_timeout(Some(std::time::Duration::from_secs(600))),
     );
     let good = GoodClient::start(server.local_addr(), None);
     let mut attackers: Vec<RawClient> = (0..2).map(|_| RawClient::connect(server.local_addr())).collect();
@@ -340,8 +348,8 @@ fn attackers_filling_the_reassembly_cap_refuse_a_good_body_but_not_its_session()
     wait_counters(&server, "the attackers' bodies charged", |c| c.reassembly_bytes == 1 << 20);
     let client = Client::connect_with(server.local_addr(), &client_config()).unwrap();
     let big = request(1, 400_000, 10);
-    let e = client.unary::<_, EchoMsg>(ECHO, &big, &CallOptions::default()).expect_err("refused");
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    let e = client.unary::<_, EchoMsg>(ECHO, &big, &CallOptions::deadline(WAIT)).expect_err("refused");
+    assert_eq!(e.code(), Code::ResourceExhausted, "the refusal answered at once: {e}");
     for part in ["ServerConfig::max_reassembly_bytes", "1048576"] {
         assert!(e.message().contains(part), "`{part}` not in: {e}");
     }
@@ -362,7 +370,8 @@ fn attackers_filling_the_reassembly_cap_refuse_a_good_body_but_not_its_session()
     check_reply(&r, 1, 10);
     assert_eq!(client.reconnect_attempts(), 0);
     good.finish();
-    assert_eq!(server.counters().reassembly_refused, 1);
+    // Counted at the refusal; published by its worker as it goes.
+    wait_counters(&server, "the refusal counted", |c| c.reassembly_refused == 1);
     drop(attackers);
     server.shutdown();
 }

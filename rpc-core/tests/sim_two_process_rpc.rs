@@ -315,8 +315,8 @@ fn stopped_server_process_is_detected_by_the_idle_probe() {
 /// `Channel`, whose handshake says so): alive, its dispatcher thread answers every Ping and the
 /// session outlives three peer timeouts; stopped with SIGSTOP (its kernel keeps the TCP
 /// connection and would answer keepalives), it is found within the server's `peer_timeout` and
-/// its session closed, with no call in flight. An idle blocking `Client` in this process, which
-/// answers only while its thread drives it, is not probed: its session stays and serves.
+/// its session closed, with no call in flight. An idle blocking `Client` in this process answers
+/// too (its endpoint's progress thread does): its session stays and serves.
 #[test]
 fn an_idle_channel_client_process_is_probed_and_found_stopped() {
     let peer_timeout = std::time::Duration::from_secs(2);
@@ -333,7 +333,7 @@ fn an_idle_channel_client_process_is_probed_and_found_stopped() {
     assert_eq!(
         (server.counters().peers_lost, server.counters().sessions_closed),
         (0, 0),
-        "an idle Channel answers the server's probes; an idle blocking Client is not probed"
+        "an idle Channel and an idle blocking Client answer the server's probes"
     );
     let pid = child.id().to_string();
     let signal = |sig: &str| {

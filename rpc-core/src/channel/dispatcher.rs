@@ -31,6 +31,11 @@
 //! round (one wake-up for any number of them), which answers the server's Pings
 //! ([`FLAG_IDLE_PONGS`]) and tells a balanced channel's watcher of a broken session.
 //!
+//! The same thread, run by a client [`Endpoint`] as its progress thread ([`watch_idle`], in the
+//! endpoint's own registry of one), carries only idle looks: of the blocking `Client`s made from
+//! the endpoint ([`IdleLook`]), each behind a lock the look only tries, every [`PARK`] in the
+//! same round, so those clients answer the server's idle probe too.
+//!
 //! Many sessions on one thread, fairly: a round of the thread steps each session it drives once
 //! (a busy session does not hold up the others), and between rounds the looks of the sessions it
 //! does not drive go on (a session driven for a task that waits on a slow server, or one that
@@ -63,7 +68,7 @@
 use std::cell::RefCell;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
 use std::task::Waker;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -1041,12 +1046,36 @@ const WATCH_MAX: Duration = Duration::from_micros(1600);
 /// cannot block on several CQs; an unpark ends the park at once).
 const SHARED_WAIT: Duration = WATCH;
 
+/// A session the dispatcher thread only looks at while nobody else holds it, every [`PARK`]
+/// (a blocking [`crate::Client`]'s, whose calls its own thread drives): the look handles what
+/// arrived, so the server's idle probe gets its Pong ([`FLAG_IDLE_PONGS`]). The session is
+/// behind a lock that the look only tries: a caller that holds it drives the session itself.
+pub(crate) trait IdleLook: Send + Sync {
+    /// One look: one poll of the session's CQ and what it brought handled, when its lock is
+    /// free; nothing when a caller holds it.
+    fn idle_look(&self);
+}
+
+/// Dispatcher threads by core and name, at most one each: the process-wide registry of the
+/// `Channel`s' threads, or an endpoint's (its progress thread, [`watch_idle`]).
+pub(crate) type Hubs = Mutex<Vec<Arc<Hub>>>;
+
+/// What joins a dispatcher thread: a `Channel`'s session, which it drives and looks at, or a
+/// session it only looks at while idle.
+enum Joining {
+    Session(Arc<Inner>),
+    Idle(Weak<dyn IdleLook>),
+}
+
 /// The dispatcher thread of one core (one for the unpinned sessions) and name: it carries every
 /// session placed there, of every channel, from [`Hub::join`] until the session's channel is
-/// dropped, and ends when it carries none.
+/// dropped, and the idle looks of the sessions [`watch_idle`] gave it while they live; it ends
+/// when it carries none.
 pub(crate) struct Hub {
     core: Option<usize>,
     name: String,
+    /// The registry it is in (`None`: [`HUBS`]), which it leaves when it retires.
+    home: Option<Arc<Hubs>>,
     /// Some session wants the thread (its [`Inner::wanted`] says which, its [`Inner::stop`]
     /// why), or one joined: looked at by the thread before it parks and after each round.
     wanted: AtomicBool,
@@ -1054,11 +1083,23 @@ pub(crate) struct Hub {
     sleeping: AtomicBool,
     thread: OnceLock<Thread>,
     /// Sessions that joined and that the thread has not taken yet.
-    joining: Mutex<Vec<Arc<Inner>>>,
+    joining: Mutex<Vec<Joining>>,
 }
 
-/// The dispatcher threads running, by core and name.
-static HUBS: Mutex<Vec<Arc<Hub>>> = Mutex::new(Vec::new());
+/// The `Channel`s' dispatcher threads running, by core and name.
+static HUBS: Hubs = Mutex::new(Vec::new());
+
+/// Gives `look` to the dispatcher thread named `name` of `home` (an endpoint's progress
+/// thread), starting it when it is not running: every [`PARK`] it tries `look`'s lock and, when
+/// free, looks at the session ([`IdleLook::idle_look`]), until `look` is gone.
+///
+/// # Errors
+/// UNAVAILABLE when the thread cannot be spawned.
+pub(crate) fn watch_idle(home: &Arc<Hubs>, name: &str, look: Weak<dyn IdleLook>) -> Result<(), Status> {
+    Hub::enter(Some(home), None, name, |hub| {
+        hub.joining.lock().unwrap_or_else(|e| e.into_inner()).push(Joining::Idle(look));
+    })
+}
 
 impl Hub {
     /// Hands a connected session to the dispatcher thread named `name` on `core` (`NAME-K` on
@@ -1067,15 +1108,34 @@ impl Hub {
     /// # Errors
     /// UNAVAILABLE when the thread cannot be spawned.
     fn join(core: Option<usize>, name: &str, inner: &Arc<Inner>) -> Result<(), Status> {
+        Hub::enter(None, core, name, |hub| {
+            let _ = inner.hub.set(hub.clone());
+            hub.joining.lock().unwrap_or_else(|e| e.into_inner()).push(Joining::Session(inner.clone()));
+        })
+    }
+
+    /// Runs `add` (which puts something in the thread's `joining`) on the dispatcher thread
+    /// named `name` on `core` in the registry `home` (`None`: [`HUBS`]), starting that thread
+    /// when it is not running, and pokes it.
+    ///
+    /// # Errors
+    /// UNAVAILABLE when the thread cannot be spawned.
+    fn enter(
+        home: Option<&Arc<Hubs>>,
+        core: Option<usize>,
+        name: &str,
+        add: impl FnOnce(&Arc<Hub>),
+    ) -> Result<(), Status> {
         // Held until the session is in `joining`: a thread that found itself with no session
         // retires under this lock, so it never retires with one about to join.
-        let mut hubs = HUBS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut hubs = home.map_or(&HUBS, |h| &**h).lock().unwrap_or_else(|e| e.into_inner());
         let hub = match hubs.iter().find(|h| h.core == core && h.name == name) {
             Some(h) => h.clone(),
             None => {
                 let hub = Arc::new(Hub {
                     core,
                     name: name.to_owned(),
+                    home: home.cloned(),
                     wanted: AtomicBool::new(false),
                     sleeping: AtomicBool::new(false),
                     thread: OnceLock::new(),
@@ -1101,8 +1161,7 @@ impl Hub {
                 hub
             }
         };
-        let _ = inner.hub.set(hub.clone());
-        hub.joining.lock().unwrap_or_else(|e| e.into_inner()).push(inner.clone());
+        add(&hub);
         hub.poke();
         Ok(())
     }
@@ -1132,7 +1191,7 @@ impl Hub {
     /// The thread carries no session: it leaves the registry and ends, unless one is joining
     /// (then false).
     fn retire(self: &Arc<Self>) -> bool {
-        let mut hubs = HUBS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut hubs = self.home.as_deref().unwrap_or(&HUBS).lock().unwrap_or_else(|e| e.into_inner());
         if !self.joining.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
             return false;
         }
@@ -1158,6 +1217,8 @@ struct Slot {
 struct Dispatcher {
     hub: Arc<Hub>,
     slots: Vec<Slot>,
+    /// Sessions it only looks at while idle, every [`PARK`] (dropped once gone).
+    idle: Vec<Weak<dyn IdleLook>>,
     /// Slots it drives.
     driving: usize,
     /// The earliest `next` of the slots it does not drive.
@@ -1174,6 +1235,7 @@ impl Dispatcher {
         Dispatcher {
             hub,
             slots: Vec::new(),
+            idle: Vec::new(),
             driving: 0,
             next_look: now + PARK,
             idle_round: now + PARK,
@@ -1188,7 +1250,7 @@ impl Dispatcher {
     fn run(mut self) {
         loop {
             if self.driving == 0 {
-                let timeout = if self.slots.is_empty() {
+                let timeout = if self.slots.is_empty() && self.idle.is_empty() {
                     if self.hub.retire() {
                         return;
                     }
@@ -1203,7 +1265,7 @@ impl Dispatcher {
             if self.hub.wanted.load(Ordering::Relaxed) && self.hub.wanted.swap(false, Ordering::SeqCst) {
                 self.take_wanted();
             }
-            if self.driving < self.slots.len() {
+            if self.driving < self.slots.len() || !self.idle.is_empty() {
                 let now = Instant::now();
                 if now >= self.next_look {
                     self.looks(now);
@@ -1220,7 +1282,15 @@ impl Dispatcher {
     #[inline(never)]
     fn take_wanted(&mut self) {
         let joined = std::mem::take(&mut *self.hub.joining.lock().unwrap_or_else(|e| e.into_inner()));
-        for inner in joined {
+        for joining in joined {
+            let inner = match joining {
+                Joining::Session(inner) => inner,
+                Joining::Idle(look) => {
+                    self.idle.push(look);
+                    self.next_look = self.next_look.min(self.idle_round);
+                    continue;
+                }
+            };
             // Driven at once: calls queued while it connected go out.
             inner.wanted.store(true, Ordering::SeqCst);
             let next = self.idle_round;
@@ -1324,6 +1394,7 @@ impl Dispatcher {
     fn looks(&mut self, now: Instant) {
         if now >= self.idle_round {
             self.idle_round = now + PARK;
+            self.idle_looks();
         }
         let mut i = 0;
         while i < self.slots.len() {
@@ -1345,6 +1416,17 @@ impl Dispatcher {
             .filter(|s| s.driving.is_none())
             .map(|s| s.next)
             .fold(self.idle_round, Instant::min);
+    }
+
+    /// The idle look of each session it only looks at ([`IdleLook`]); forgets those gone.
+    fn idle_looks(&mut self) {
+        self.idle.retain(|w| match w.upgrade() {
+            Some(look) => {
+                look.idle_look();
+                true
+            }
+            None => false,
+        });
     }
 
     /// One look at a session it does not drive. With calls in flight: it takes over when tasks

@@ -1187,6 +1187,13 @@ impl<P: Provider> ClientCore<P> {
     /// an empty one (as many as the others while a call waits) costs no call of its own.
     #[inline(always)]
     pub(crate) fn progress(&mut self) -> usize {
+        self.progress_with(false)
+    }
+
+    /// [`ClientCore::progress`]; `idle`: for an idle look, whose poll of the endpoint's
+    /// receive side leaves the CQ to its drivers while they poll it ([`SessionRx::poll_idle`]).
+    #[inline(always)]
+    fn progress_with(&mut self, idle: bool) -> usize {
         if self.broken.is_some() {
             return 0;
         }
@@ -1201,7 +1208,7 @@ impl<P: Provider> ClientCore<P> {
         } else {
             0
         };
-        let recvs = match self.recv.poll() {
+        let recvs = match if idle { self.recv.poll_idle() } else { self.recv.poll() } {
             Ok(n) => n,
             Err(e) => {
                 self.break_conn(unavailable(format!("receive completion queue: {e}")));
@@ -2193,6 +2200,23 @@ impl<P: Provider> ClientCore<P> {
             self.idle.reset();
         } else if self.broken.is_none() {
             self.note_empty();
+        }
+        n
+    }
+
+    /// The look of a thread that parks between its looks (a blocking client's endpoint's
+    /// progress thread, every 50 ms while no call holds the client): as
+    /// [`ClientCore::dispatch_step`], but an empty look weighs as a poll that slept
+    /// ([`Tick::slept`]), so the control connection is read every 16 empty looks (800 ms) and a
+    /// session that the server ended by closing it alone (no Close on the RDMA path) is seen
+    /// broken while idle: the next call reconnects instead of failing UNAVAILABLE on it.
+    /// Returns the completions handled.
+    pub(crate) fn idle_step(&mut self) -> usize {
+        let n = self.progress_with(true);
+        if n > 0 {
+            self.idle.reset();
+        } else if self.broken.is_none() && self.tick.slept(Instant::now) {
+            self.check_liveness();
         }
         n
     }

@@ -1,5 +1,7 @@
 //! A client endpoint: the device context and PD that sessions to many servers share
-//! ([`crate::endpoint::nic::Nic`]), on the provider its transport names.
+//! ([`crate::endpoint::nic::Nic`]), on the provider its transport names, and the progress thread
+//! that answers its idle `Client`s' Pings (a dispatcher thread of its own, which only looks:
+//! `channel::dispatcher::watch_idle`).
 //!
 //! The endpoint's client sessions share one SRQ, its receive buffers and one receive CQ, with
 //! receives routed by QP number ([`crate::endpoint::rx`]); each keeps its QP and a CQ for its
@@ -25,7 +27,12 @@ pub(crate) enum AnyNic {
 struct Shared {
     nic: AnyNic,
     transport: Transport,
+    /// Its progress thread, while it has one ([`Endpoint::watch_idle`]).
+    progress: Arc<crate::channel::dispatcher::Hubs>,
 }
+
+/// The name of an endpoint's progress thread.
+const PROGRESS_THREAD: &str = "rpc-progress";
 
 /// A client endpoint: one device context, one protection domain, and one SRQ with its receive
 /// buffers and receive CQ (per eager threshold), opened once and shared by every session made
@@ -33,6 +40,18 @@ struct Shared {
 /// servers opens one device context per endpoint instead of one per server (on libibverbs also
 /// one async-event thread). `Clone` (a handle to the same endpoint), `Send + Sync`; the device
 /// context closes when the endpoint and every session made from it are gone.
+///
+/// **Progress.** An endpoint's [`Client`]s are looked at while idle by its progress thread
+/// (`rpc-progress`, started by the endpoint's first client, ended within 50 ms of its last):
+/// every 50 ms it tries each client's lock and, when no call holds it, polls the session's
+/// CQs once, which answers the server's idle probe (the clients' handshakes promise it:
+/// [`crate::wire::FLAG_IDLE_PONGS`]). A look's poll of the shared receive CQ routes the other
+/// sessions' messages to their inboxes and takes its own session's, so every idle session's
+/// Pings are taken within one round of looks, on the endpoint's spare buffers meanwhile (a probe
+/// reaching all of them at once closes none as a flood). Every 16 looks at a client (800 ms) it
+/// also reads the client's control connection, so a session its server ended by closing that
+/// alone is seen broken while idle and the next call reconnects. It sleeps between looks and
+/// never spins; calls are driven by their own threads, not by it.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), rpc_core::Status> {
@@ -80,7 +99,8 @@ impl Endpoint {
             #[cfg(not(feature = "ibverbs"))]
             Transport::Rdma { .. } => return Err(Transport::rdma_unavailable()),
         };
-        Ok(Endpoint { shared: Arc::new(Shared { nic, transport: transport.clone() }) })
+        let progress = Arc::new(std::sync::Mutex::new(Vec::new()));
+        Ok(Endpoint { shared: Arc::new(Shared { nic, transport: transport.clone(), progress }) })
     }
 
     /// The transport this endpoint was opened on.
@@ -122,6 +142,20 @@ impl Endpoint {
 
     pub(crate) fn nic(&self) -> &AnyNic {
         &self.shared.nic
+    }
+
+    /// Hands `look` (a [`Client`]'s session) to this endpoint's progress thread, starting it
+    /// when it is not running: every 50 ms the thread tries the session's lock and, when no
+    /// caller holds it, polls its CQ once (answering the server's Pings); it forgets the session
+    /// once `look` is gone, and ends when it has none.
+    ///
+    /// # Errors
+    /// UNAVAILABLE when the thread cannot be spawned.
+    pub(crate) fn watch_idle(
+        &self,
+        look: Weak<dyn crate::channel::dispatcher::IdleLook>,
+    ) -> Result<(), Status> {
+        crate::channel::dispatcher::watch_idle(&self.shared.progress, PROGRESS_THREAD, look)
     }
 
     /// This thread's endpoint of `transport`, opened by the first [`Client::connect_with`] of

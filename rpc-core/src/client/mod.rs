@@ -2,7 +2,9 @@
 //!
 //! Blocking calls busy-poll the client's own CQ in the calling thread (per its polling policy);
 //! async calls return a [`ResponseFuture`] that progresses the session whenever it is polled (no
-//! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time.
+//! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time. While no
+//! call holds it, its endpoint's progress thread looks at the session every 50 ms (one poll of
+//! its CQ), so the server's idle probe gets its Pongs (`Held`).
 //!
 //! A call that finds every slot taken waits for one (`queue`: in order, encoded once, bounded
 //! by `ClientConfig::max_queued_calls`); a broken session is reconnected by a later call, with
@@ -17,12 +19,12 @@ mod queue;
 mod request;
 mod stream;
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -83,6 +85,20 @@ const ENDED_KEPT: usize = 8;
 /// the future's polls return `Pending` until it ends: neither starting nor polling an async call
 /// blocks. A blocking call made while such an attempt runs waits for that attempt.
 ///
+/// **Idle.** The session answers the server's idle probe ([`crate::ServerConfig::peer_timeout`])
+/// while the client is idle, as a `Channel`'s does: its handshake says so
+/// ([`crate::wire::FLAG_IDLE_PONGS`]), and its [`Endpoint`]'s progress thread (`rpc-progress`,
+/// one per endpoint, started by its first client, ended within 50 ms of its last) looks at the
+/// session every 50 ms while no call holds the client: one poll of its CQs, which answers Pings,
+/// keeps answers for their futures and sees a broken session (a control connection the server
+/// closed, within 800 ms: the next call then reconnects); it never starts calls nor
+/// reconnects, and never holds the client while a call of its own thread does (a call takes the
+/// client's lock, uncontended but for such a look, which it waits for). So an idle client keeps
+/// its session however long it is idle (the server does not close it for `idle_timeout` while
+/// the probe is on), the server may hold no TCP control connection for it
+/// ([`crate::ServerConfig::max_control_connections`]), and the session of a client process that
+/// died or stopped while idle is reclaimed by the server's probe within `peer_timeout`.
+///
 /// `Send` (move it to another thread) but not `Sync` (one thread drives it at a time); sharing
 /// it is refused with an error naming [`ToShareAcrossThreadsConnectAChannel`] (to share calls
 /// among threads or tokio tasks, connect a [`Channel`](crate::Channel)):
@@ -94,9 +110,62 @@ const ENDED_KEPT: usize = 8;
 pub struct Client {
     /// First, so that the compiler names it first when a client is shared.
     _not_sync: request::NotSyncHint,
-    inner: RefCell<Inner>,
+    /// Shared with its endpoint's progress thread, which looks at the session while no call
+    /// holds it (see [`Held`]).
+    inner: Arc<Held>,
     /// `ClientConfig::observe` (read without borrowing `inner`: one branch per call).
     observe: crate::Observe,
+}
+
+/// A client's state behind a lock: its thread's calls take it ([`Held::borrow_mut`], one
+/// uncontended lock and unlock per call), and its endpoint's progress thread only tries it, every
+/// 50 ms, to answer the server's Pings while the client is idle ([`IdleLook`]): it never holds
+/// a session a caller is using, and a caller waits at most for one poll of the CQ.
+///
+/// [`IdleLook`]: crate::channel::dispatcher::IdleLook
+struct Held(Mutex<Inner>);
+
+impl Held {
+    /// The state, for a call of the client's own thread (waiting for the end of a progress
+    /// look that holds it). A panic while it was held (in an interceptor) leaves it usable, as
+    /// the `RefCell` before it did.
+    #[inline]
+    fn borrow_mut(&self) -> MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// As [`Held::borrow_mut`] (for reading).
+    #[inline]
+    fn borrow(&self) -> MutexGuard<'_, Inner> {
+        self.borrow_mut()
+    }
+
+    /// The state when nobody holds it (a future's poll, which must not block).
+    fn try_borrow_mut(&self) -> Result<MutexGuard<'_, Inner>, ()> {
+        match self.0.try_lock() {
+            Ok(g) => Ok(g),
+            Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(()),
+        }
+    }
+
+    /// As [`Held::try_borrow_mut`] (for reading).
+    fn try_borrow(&self) -> Result<MutexGuard<'_, Inner>, ()> {
+        self.try_borrow_mut()
+    }
+}
+
+impl crate::channel::dispatcher::IdleLook for Held {
+    /// The progress thread's look: one poll of the session's CQ when no call holds the client
+    /// (what arrived is handled: a Ping gets its Pong, answers wait for their futures, a
+    /// broken session is seen, the control connection is read every 16 looks:
+    /// `ClientCore::idle_step`). It never reconnects nor starts calls.
+    fn idle_look(&self) {
+        let Ok(mut inner) = self.try_borrow_mut() else { return };
+        with_calls!(&mut inner.calls, c => {
+            c.core.idle_step();
+        });
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -106,8 +175,9 @@ impl std::fmt::Debug for Client {
         let mut d = f.debug_struct("Client");
         match self.inner.try_borrow() {
             Ok(inner) => d.field("peer", &inner.peer).field("transport", &inner.config.transport),
-            // Only from inside a call of this very client (a `Debug` of it in a callback).
-            Err(_) => d.field("peer", &format_args!("<in a call>")),
+            // From inside a call of this very client (a `Debug` of it in a callback), or during
+            // a look of its endpoint's progress thread.
+            Err(()) => d.field("peer", &format_args!("<in use>")),
         };
         d.finish_non_exhaustive()
     }
@@ -134,20 +204,25 @@ struct Inner {
     attempt: Option<(std::sync::mpsc::Receiver<Result<AnyCalls, Status>>, Status)>,
 }
 
+/// The handshake flags of a client's sessions: it answers Pings while idle
+/// ([`crate::wire::FLAG_IDLE_PONGS`]; its endpoint's progress thread does, [`Held`]), so the
+/// server's idle probe watches it, and the server may hold no control connection for it.
+const IDLE_PONGS: u16 = crate::wire::FLAG_IDLE_PONGS;
+
 /// Opens a session on `endpoint` to the first of `addrs` that answers.
 fn open(addrs: &[SocketAddr], config: &ClientConfig, endpoint: &Endpoint) -> Result<AnyCalls, Status> {
     let q = config.max_queued_calls;
     #[cfg(feature = "ibverbs")]
-    if let Some(core) = same_host(addrs, config, endpoint, 0) {
+    if let Some(core) = same_host(addrs, config, endpoint, IDLE_PONGS) {
         return Ok(AnyCalls::Sim(Box::new(Calls::new(core, q))));
     }
     Ok(match endpoint.nic() {
         endpoint::AnyNic::Sim(nic) => {
-            AnyCalls::Sim(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, 0)?, q)))
+            AnyCalls::Sim(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, IDLE_PONGS)?, q)))
         }
         #[cfg(feature = "ibverbs")]
         endpoint::AnyNic::Rdma(nic) => {
-            AnyCalls::Rdma(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, 0)?, q)))
+            AnyCalls::Rdma(Box::new(Calls::new(ClientCore::connect(addrs, config, nic, IDLE_PONGS)?, q)))
         }
     })
 }
@@ -324,10 +399,11 @@ impl Client {
             .collect();
         let calls = open(&addrs, config, &endpoint)?;
         let peer = with_calls!(&calls, c => c.core.peer);
-        Ok(Client {
+        let progress = endpoint.clone();
+        let client = Client {
             _not_sync: PhantomData,
             observe: config.observe,
-            inner: RefCell::new(Inner {
+            inner: Arc::new(Held(Mutex::new(Inner {
                 calls,
                 epoch: 0,
                 peer,
@@ -339,8 +415,14 @@ impl Client {
                 reconnect_attempts: 0,
                 ended: VecDeque::new(),
                 attempt: None,
-            }),
-        })
+            }))),
+        };
+        // Its handshake promised Pongs while idle: the endpoint's progress thread answers them
+        // (without it, the client is dropped: its session closes).
+        let weak = Arc::downgrade(&client.inner);
+        let look: std::sync::Weak<dyn crate::channel::dispatcher::IdleLook> = weak;
+        progress.watch_idle(look)?;
+        Ok(client)
     }
 
     /// The server's TCP address (of the current session).
@@ -664,7 +746,7 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        with_calls!(&mut self.inner.get_mut().calls, c => c.core.close());
+        with_calls!(&mut self.inner.borrow_mut().calls, c => c.core.close());
     }
 }
 

@@ -134,6 +134,11 @@ pub(crate) struct SharedRx<P: Provider> {
     spare: AtomicU32,
     /// Messages waiting on `spare` now (incremented by `route` under the state lock).
     borrowed: AtomicU32,
+    /// Polls of the CQ by the sessions' drivers (a call's wait, a dispatcher's step; not an idle
+    /// look: [`SessionRx::poll_idle`]), counted under the state lock: while it moves, the
+    /// drivers route the idle sessions' messages to their inboxes, and the looks leave the CQ
+    /// and its lock to them.
+    driven: AtomicU64,
 }
 
 impl<P: Provider> SharedRx<P> {
@@ -171,6 +176,7 @@ impl<P: Provider> SharedRx<P> {
             reserve,
             added,
             strays: AtomicU64::new(0),
+            driven: AtomicU64::new(0),
             spare: AtomicU32::new(reserve.saturating_sub(REPOST_BATCH as u32 - 1)),
             borrowed: AtomicU32::new(0),
         }))
@@ -202,7 +208,15 @@ impl<P: Provider> SharedRx<P> {
     pub(crate) fn attach(self: &Arc<Self>, qpn: u32) -> SessionRx<P> {
         let inbox = Arc::new(Inbox::default());
         lock(&self.state).routes.insert(qpn, inbox.clone());
-        SessionRx { rx: self.clone(), inbox, qpn, returns: Vec::new(), got: VecDeque::new(), claim: 0 }
+        SessionRx {
+            rx: self.clone(),
+            inbox,
+            qpn,
+            returns: Vec::new(),
+            got: VecDeque::new(),
+            claim: 0,
+            seen_driven: u64::MAX,
+        }
     }
 }
 
@@ -219,6 +233,8 @@ pub(crate) struct SessionRx<P: Provider> {
     got: VecDeque<Received>,
     /// Buffers this session claims beyond the reserve.
     claim: u32,
+    /// [`SharedRx::driven`] at this session's last idle look.
+    seen_driven: u64,
 }
 
 impl<P: Provider> SessionRx<P> {
@@ -294,6 +310,34 @@ impl<P: Provider> SessionRx<P> {
     /// The verbs error of polling the CQ or posting receives.
     #[inline]
     pub(crate) fn poll(&mut self) -> Result<usize> {
+        self.poll_cq(true)
+    }
+
+    /// The poll of an idle look (an endpoint's progress thread at a session nobody drives,
+    /// every 50 ms): when a driver polled the CQ since this session's last look, only what the
+    /// drivers routed here (the inbox), leaving the CQ and its lock to them (a look that took
+    /// the lock while a call waited on the same CQ would make the call wait for it, and for
+    /// the progress thread's time slice when it is preempted holding it); else the CQ as
+    /// [`SessionRx::poll`] does. A message for this session is thus taken within two looks.
+    ///
+    /// # Errors
+    /// As [`SessionRx::poll`].
+    pub(crate) fn poll_idle(&mut self) -> Result<usize> {
+        let driven = self.rx.driven.load(Ordering::Relaxed);
+        if driven != self.seen_driven {
+            self.seen_driven = driven;
+            if self.inbox.waiting.load(Ordering::Acquire) > 0 {
+                take_inbox(&self.inbox, &mut self.got, &self.rx.borrowed);
+            }
+            return Ok(self.got.len());
+        }
+        self.poll_cq(false)
+    }
+
+    /// [`SessionRx::poll`]; `driven`: for a driver (counted in [`SharedRx::driven`]), not an
+    /// idle look.
+    #[inline(always)]
+    fn poll_cq(&mut self, driven: bool) -> Result<usize> {
         if self.inbox.waiting.load(Ordering::Acquire) > 0 {
             take_inbox(&self.inbox, &mut self.got, &self.rx.borrowed);
         }
@@ -308,6 +352,11 @@ impl<P: Provider> SessionRx<P> {
             Err(TryLockError::WouldBlock) => return Ok(self.got.len()),
         };
         let st = &mut *st;
+        if driven {
+            // Under the lock: no other writer; the looks read it without the lock.
+            let d = &self.rx.driven;
+            d.store(d.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        }
         if !self.returns.is_empty() {
             for b in self.returns.drain(..) {
                 st.pool.repost(b);

@@ -321,7 +321,8 @@ pub struct ServerConfig {
     /// ([`crate::wire::FLAG_DETACHED`]), both ends close the connection, and the session lives
     /// on the RDMA path alone: its teardown is the Close message; a dead or hung client is
     /// found by the idle probe ([`ServerConfig::peer_timeout`], for a client that answers it
-    /// while idle: a `Channel`) and by [`ServerConfig::idle_timeout`] (any client), a dead
+    /// while idle: a `Channel` or a blocking `Client`) and by [`ServerConfig::idle_timeout`]
+    /// (any other client), a dead
     /// server by the client's probe while it has calls in flight. What is lost: a client
     /// process that exits is seen at once through its closed connection, a detached one only by
     /// those timers. Only when neither `peer_timeout` nor `idle_timeout` is set does every
@@ -369,11 +370,13 @@ pub struct ServerConfig {
     /// further third; a client that polls for its calls answers with a Pong), after all of it the
     /// session closes (counted in `Counters::peers_lost`) and its memory is freed. Catches a
     /// stopped or hung client process, which its NIC still acknowledges. A session without
-    /// unanswered calls is probed only when its client answers Pings while idle (a `Channel`,
-    /// whose handshake says so: [`crate::wire::FLAG_IDLE_PONGS`]); an idle blocking `Client`
-    /// does not poll, so its idle session is not probed (whatever its handshake asked, it is
-    /// reclaimed by [`ServerConfig::idle_timeout`] instead: probing a thread that is not driving
-    /// its `Client` would close a session that loses nothing). Default 6 s; `None` disables the
+    /// unanswered calls is probed only when its client answers Pings while idle, as its
+    /// handshake says ([`crate::wire::FLAG_IDLE_PONGS`]): a `Channel` (its dispatcher thread
+    /// answers) and a blocking `Client` (its endpoint's progress thread answers, every 50 ms,
+    /// while no call of its own thread holds it); such a session is not closed by
+    /// [`ServerConfig::idle_timeout`] while the probe is on, and a client process that stopped
+    /// or died while idle is found within this time. A session whose client does not answer
+    /// while idle is reclaimed by `idle_timeout` instead. Default 6 s; `None` disables the
     /// probe.
     ///
     /// It also bounds a worker held in an inline handler: the listener gives new sessions to
@@ -395,10 +398,11 @@ pub struct ServerConfig {
     /// long gets a Close and is freed (counted in `Counters::idle_closed`), so idle sessions
     /// cannot hold `max_sessions` for good. A clean close: a `Client` reconnects at its next
     /// call, which does not fail for it (it looks for a Close before a call when none is in
-    /// flight). A session whose client answers probes while idle (a `Channel`, which does not
-    /// reconnect a closed session) is probed instead and closed when it stops answering within
-    /// [`ServerConfig::peer_timeout`]: every idle session is reclaimed one way or the other,
-    /// whatever its handshake asked. Checked every quarter of it (at most every second): a
+    /// flight). A session whose client answers probes while idle (a `Channel` or a `Client`,
+    /// through their progress threads) is probed instead, while [`ServerConfig::peer_timeout`]
+    /// is set, and closed when it stops answering within it (a live client that answers keeps
+    /// its session, idle or not): every idle session of a dead or stopped client is reclaimed
+    /// one way or the other, whatever its handshake asked. Checked every quarter of it (at most every second): a
     /// session closes between this and 1.25 × this after its last call.
     /// Default 60 s; `None` never closes idle sessions; not zero.
     pub idle_timeout: Option<Duration>,

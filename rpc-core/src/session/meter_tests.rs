@@ -314,10 +314,16 @@ fn an_idle_session_closes_after_the_idle_timeout_on_the_fake_clock() {
     assert_eq!(s.handle_idle(at(619)), None);
     assert_eq!(s.handle_idle(at(620)), Some(Duration::from_millis(100)));
 
-    // A client that answers probes while idle (a `Channel`) is probed instead, never closed
-    // for being idle.
+    // A client that answers probes while idle is probed instead, never closed for being idle;
+    // with the probe off, it is closed for being idle as any other (else nothing would reclaim it).
     let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
     s.set_idle_timeout(Some(Duration::from_millis(100)));
+    s.probe_while_idle();
+    assert_eq!(s.handle_idle(at(0)), None);
+    assert_eq!(s.handle_idle(at(100)), Some(Duration::from_millis(100)), "no probe: closed when idle");
+    let mut s = Session::new(Role::Server, params(4, 64, 1 << 16));
+    s.set_idle_timeout(Some(Duration::from_millis(100)));
+    s.set_peer_timeout(Some(Duration::from_secs(6)), at(0));
     s.probe_while_idle();
     assert_eq!(s.handle_idle(at(0)), None);
     assert_eq!(s.handle_idle(at(10_000)), None);

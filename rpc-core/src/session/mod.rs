@@ -490,12 +490,14 @@ impl Session {
     /// session closes between `idle_timeout` and `idle_timeout` plus the sweep's period after its
     /// last call. Pings and ring returns do not count as calls.
     ///
-    /// A session whose client answers probes while idle ([`Session::probe_while_idle`], a
-    /// `Channel`) is never closed for being idle: the idle probe finds it dead within
-    /// `peer_timeout` when it stops answering, and a `Channel` does not reconnect a closed session.
-    /// Every idle session is thus reclaimed one way or the other, whatever its client asked.
+    /// A session whose client answers probes while idle ([`Session::probe_while_idle`]: a
+    /// `Channel` or a blocking `Client`, whose endpoint's progress thread answers) is never
+    /// closed for being idle while the probe is on ([`Session::set_peer_timeout`]): the probe
+    /// finds it dead within `peer_timeout` when it stops answering. With the probe off it is
+    /// closed for being idle as any other. Every idle session is thus reclaimed one way or the
+    /// other, whatever its client asked.
     pub fn handle_idle(&mut self, now: Instant) -> Option<Duration> {
-        if self.probe_idle {
+        if self.probe_idle && self.liveness.peer_timeout.is_some() {
             return None;
         }
         let busy =

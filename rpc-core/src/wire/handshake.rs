@@ -65,9 +65,9 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 pub const PROTOCOL_VERSION: u16 = 13;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
-/// every 50 ms), so the server may probe its idle session and close it after `peer_timeout` of
-/// silence (a SIGSTOPped or hung client process, whose kernel still answers TCP keepalives). A
-/// blocking [`Client`](crate::Client) answers only while its thread drives it and leaves it 0.
+/// every 50 ms, and a blocking [`Client`](crate::Client), whose endpoint's progress thread does),
+/// so the server may probe its idle session and close it after `peer_timeout` of silence (a
+/// SIGSTOPped or hung client process, whose kernel still answers TCP keepalives).
 pub const FLAG_IDLE_PONGS: u16 = 1;
 /// Handshake flag, server → client (protocol 12): the server holds no control connection for
 /// this session. It closes the TCP connection once this reply is written, and the client closes

@@ -566,8 +566,8 @@ impl<P: Provider> Worker<P> {
         let mut iterations: u32 = 0;
         // Busy iterations since the counters were last published (`PUBLISH_BUSY`).
         let mut busy_unpublished: u32 = 0;
-        // Times the loop went idle (first empty poll after work) with only the idle sweep to
-        // time: it reads the clock at every `TIMER_CHECK_IDLE`-th of them.
+        // Times the loop went idle (first empty poll after work) with timers or sweeps to look
+        // at: it reads the clock at every `TIMER_CHECK_IDLE`-th of them.
         let mut went_idle: u32 = 0;
         let mut next_tick = Instant::now();
         let sweep_every = self.limits.idle_timeout.map(idle_sweep_period);
@@ -649,30 +649,26 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
-            // Timers: the clock is read only while a session has unanswered calls, and then rarely
-            // (every few dozen empty polls, every thousand busy iterations); the sessions with
-            // unanswered calls are visited once per tick.
-            // The idle sweep alone (no unanswered call) does not read the clock at every first
-            // empty poll, which a ping-pong of calls reaches once per call: only at every
-            // `TIMER_CHECK_IDLE`-th time the loop goes idle (or every `TIMER_CHECK_IDLE` empty
-            // polls of a long idle stretch, or every `TIMER_CHECK_BUSY` busy iterations), which
-            // is still many times per sweep period (at least `TIMER_TICK`).
+            // Timers: the clock is read only while a session has something timed (unanswered
+            // calls, the idle probe of a client that answers it) or a sweep may be due, and then
+            // rarely (every few dozen empty polls, every thousand busy iterations); the timed
+            // sessions are visited once per tick. Not at every first empty poll, which a
+            // ping-pong of calls reaches once per call (and a probed session is timed for good):
+            // only at every `TIMER_CHECK_IDLE`-th time the loop goes idle (or every
+            // `TIMER_CHECK_IDLE` empty polls of a long idle stretch, or every `TIMER_CHECK_BUSY`
+            // busy iterations), which is still many times per `TIMER_TICK`.
             let check = if n > 0 {
                 iterations % TIMER_CHECK_BUSY == 0
                     && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
-            } else if idle.empty_polls() % TIMER_CHECK_IDLE != 0 {
+            } else if idle.empty_polls() % TIMER_CHECK_IDLE != 0
+                || self.timed.is_empty() && !(sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
+            {
                 false
-            } else if !self.timed.is_empty() {
-                true
-            } else if sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0 {
-                if idle.empty_polls() == 0 {
-                    went_idle = went_idle.wrapping_add(1);
-                    went_idle % TIMER_CHECK_IDLE == 0
-                } else {
-                    true
-                }
+            } else if idle.empty_polls() == 0 {
+                went_idle = went_idle.wrapping_add(1);
+                went_idle % TIMER_CHECK_IDLE == 0
             } else {
-                false
+                true
             };
             if check {
                 let now = Instant::now();
@@ -1839,6 +1835,7 @@ impl<P: Provider> Worker<P> {
             None => Received::Eager(buf),
             Some(piece) => {
                 self.recv.repost(buf);
+                let refused = piece.dropped();
                 match entry.conn.take_piece(piece) {
                     Ok(Some(c)) => {
                         header = c.header;
@@ -1860,6 +1857,12 @@ impl<P: Provider> Worker<P> {
                         }
                         if !entry.backlog.is_empty() {
                             self.try_backlog(idx);
+                        }
+                        if refused {
+                            // A body refused over the reassembly cap: its call's answer
+                            // (`Event::Refused`, from its first piece) goes now, not at the
+                            // session's next timer (on a probed session a probe interval away).
+                            self.handle_events(idx);
                         }
                         self.mark_dirty(idx);
                         return;
