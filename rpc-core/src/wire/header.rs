@@ -400,6 +400,7 @@ pub(crate) struct EagerResponse {
 
 impl EagerResponse {
     /// The [`Header`] these fields name (what [`Header::encode_eager_response`] encodes).
+    #[cfg(test)]
     pub(crate) fn header(&self) -> Header {
         Header {
             slot: self.slot,

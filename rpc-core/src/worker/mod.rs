@@ -453,6 +453,9 @@ impl<P: Provider> CancelPeek for WorkerPeek<P> {
 pub(crate) struct Worker<P: Provider> {
     shared: Arc<WorkerShared<P>>,
     registry: Arc<Registry>,
+    /// The method of the last request dispatched, and what `registry` gave for it
+    /// ([`Registry::lookup_cached`]).
+    last_method: crate::dispatch::registry::LastMethod,
     limits: WorkerLimits,
     entries: Vec<Option<Entry<P>>>,
     /// Indexes of `entries` that hold no session (a stack: a new session takes the last).
@@ -521,6 +524,7 @@ impl<P: Provider> Worker<P> {
         Worker {
             shared,
             registry,
+            last_method: Default::default(),
             limits,
             entries: (0..n).map(|_| None).collect(),
             free_entries: (0..n as u16).rev().collect(),
@@ -1928,6 +1932,7 @@ impl<P: Provider> Worker<P> {
         let Worker {
             entries,
             registry,
+            last_method,
             recv,
             counters,
             scratch,
@@ -1965,7 +1970,7 @@ impl<P: Provider> Worker<P> {
             return;
         };
         let deadline = live.deadline;
-        let found = registry.lookup(h.method);
+        let found = registry.lookup_cached(last_method, h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.info.method = found.map_or("", |f| f.1);
         ctx.info.peer = entry.peer;
