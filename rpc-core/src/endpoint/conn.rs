@@ -17,7 +17,7 @@ use crate::session::{
 use crate::status::Code;
 use crate::verbs::rc::Endpoint;
 use crate::verbs::{CompletionQueue, Context, ProtectionDomain, Provider, QpCap, QpInitAttr, Result};
-use crate::wire::{Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
+use crate::wire::{EagerResponse, Handshake, Header, Kind, HEADER_LEN, PROTOCOL_VERSION};
 
 /// Our receive ring of `len` bytes: behind a type-2 memory window bound to the connection's QP
 /// where the device has them (so a peer can write only its own ring), else the plain MR with a
@@ -654,6 +654,40 @@ impl<P: Provider> Conn<P> {
     ) -> Result<()> {
         eager_header(&mut h, len);
         self.seal(pool, &mut buf, &mut h);
+        let len = HEADER_LEN as u32 + len;
+        self.session.on_flushed();
+        self.sq.send_now(&self.qp, pool, buf, len, len <= self.max_inline, tag)
+    }
+
+    /// [`Conn::send_now`] of an eager response with status OK to call (`slot`, `generation`) of
+    /// `method`, its `len` body bytes in `buf` (`metadata`: they start with response metadata):
+    /// its header is written into the buffer from the call's fields and the session's stamp
+    /// ([`Header::encode_eager_response`]), with no [`Header`] built; the bytes are those of
+    /// `send_now` with that header.
+    ///
+    /// # Errors
+    /// As [`Conn::flush`]'s (close the connection).
+    #[inline]
+    pub(crate) fn send_response_now(
+        &mut self,
+        pool: &mut SendPool<P>,
+        mut buf: SendBuf,
+        call: (u16, u32, u32, bool),
+        len: u32,
+        tag: u32,
+    ) -> Result<()> {
+        let (slot, generation, method, metadata) = call;
+        let r = EagerResponse {
+            slot,
+            generation,
+            method,
+            metadata,
+            body_len: len,
+            ..self.session.stamp_response()
+        };
+        if let Some(dst) = pool.buf_mut(&mut buf).first_chunk_mut::<HEADER_LEN>() {
+            Header::encode_eager_response(&r, dst);
+        }
         let len = HEADER_LEN as u32 + len;
         self.session.on_flushed();
         self.sq.send_now(&self.qp, pool, buf, len, len <= self.max_inline, tag)

@@ -753,6 +753,16 @@ impl Session {
     /// Fills the session id and the freed head of our ring into an outgoing header.
     #[inline]
     pub fn stamp(&mut self, h: &mut Header) {
+        if self.role == Role::Server && h.kind == Kind::Response {
+            // The worker's eager answers take these values straight into their bytes
+            // (`stamp_response`): one code path, so both stamp alike.
+            let s = self.stamp_response();
+            h.session = s.session;
+            h.freed_head = s.freed_head;
+            h.stream_taken = s.stream_taken;
+            h.count = s.count;
+            return;
+        }
         h.session = self.params.id;
         h.freed_head = self.consumer.take_freed();
         if self.role == Role::Server {
@@ -763,6 +773,25 @@ impl Session {
                 let load = self.sync_load();
                 h.count = load.min(u32::from(u16::MAX)) as u16;
             }
+        }
+    }
+
+    /// Server: what [`Session::stamp`] writes on a response header, as values (the worker
+    /// encodes its eager answers with them in place, [`crate::wire::Header`] unbuilt): the
+    /// session id, the freed head, the stream SENDs taken, the load (the call's fields zero).
+    #[inline(always)]
+    pub(crate) fn stamp_response(&mut self) -> crate::wire::EagerResponse {
+        let freed_head = self.consumer.take_freed();
+        let stream_taken = self.sends.taken;
+        self.sends.reported = self.sends.taken;
+        self.meter.sent();
+        let count = self.sync_load().min(u32::from(u16::MAX)) as u16;
+        crate::wire::EagerResponse {
+            session: self.params.id,
+            freed_head,
+            stream_taken,
+            count,
+            ..Default::default()
         }
     }
 

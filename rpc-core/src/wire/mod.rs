@@ -14,6 +14,7 @@ pub use handshake::{
     read_frame, write_frame, Frame, FrameError, Handshake, Refusal, FLAG_DETACHED, FLAG_IDLE_PONGS, FLAG_SHM,
     HANDSHAKE_MAGIC, MAX_AUTH_TOKEN, MAX_CREDITS, MAX_FRAME, MAX_RING_LEN, MIN_RING_LEN, PROTOCOL_VERSION,
 };
+pub(crate) use header::EagerResponse;
 pub use header::{
     batch_frames, frame_at, metadata_block_len, push_frame, BatchFrames, Header, Kind, BODY_IN_RING,
     FRAME_LEN, HEADER_LEN, MAX_BATCH, MAX_CACHED_BLOCK, METADATA, METADATA_CACHED, METADATA_STORE,

@@ -453,6 +453,9 @@ impl<P: Provider> CancelPeek for WorkerPeek<P> {
 pub(crate) struct Worker<P: Provider> {
     shared: Arc<WorkerShared<P>>,
     registry: Arc<Registry>,
+    /// The method of the last request dispatched, and what `registry` gave for it
+    /// ([`Registry::lookup_cached`]).
+    last_method: crate::dispatch::registry::LastMethod,
     limits: WorkerLimits,
     entries: Vec<Option<Entry<P>>>,
     /// Indexes of `entries` that hold no session (a stack: a new session takes the last).
@@ -521,6 +524,7 @@ impl<P: Provider> Worker<P> {
         Worker {
             shared,
             registry,
+            last_method: Default::default(),
             limits,
             entries: (0..n).map(|_| None).collect(),
             free_entries: (0..n as u16).rev().collect(),
@@ -1931,6 +1935,7 @@ impl<P: Provider> Worker<P> {
         let Worker {
             entries,
             registry,
+            last_method,
             recv,
             counters,
             scratch,
@@ -1968,7 +1973,7 @@ impl<P: Provider> Worker<P> {
             return;
         };
         let deadline = live.deadline;
-        let found = registry.lookup(h.method);
+        let found = registry.lookup_cached(last_method, h.method);
         // One context per worker, refilled per request (no reference count touched per call).
         ctx.info.method = found.map_or("", |f| f.1);
         ctx.info.peer = entry.peer;
@@ -2107,7 +2112,9 @@ impl<P: Provider> Worker<P> {
         if let Some(b) = eager_buf {
             recv.repost(b);
         }
-        let header = Header {
+        // Built only where the answer waits or is queued: an eager answer sent at once is
+        // encoded from the call's fields (`Conn::send_response_now`).
+        let header = || Header {
             slot: h.slot,
             generation: h.generation,
             method: h.method,
@@ -2153,22 +2160,27 @@ impl<P: Provider> Worker<P> {
                     // session queued before it, in one list), not queued for `flush_dirty`.
                     // Answers to a batch of requests are queued and go as one list with the
                     // last one's.
-                    direct = Some(entry.conn.send_now(send, b, header, n, tag).is_ok());
+                    direct = Some(
+                        entry
+                            .conn
+                            .send_response_now(send, b, (h.slot, h.generation, h.method, metadata), n, tag)
+                            .is_ok(),
+                    );
                 } else {
-                    entry.conn.queue(send, b, header, BodyAt::Eager(n));
+                    entry.conn.queue(send, b, header(), BodyAt::Eager(n));
                 }
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, n, counters);
                 None
             }
             (Outcome::Ring { offset, len }, Some(b)) => {
-                entry.conn.queue(send, b, header, BodyAt::Ring { offset, len });
+                entry.conn.queue(send, b, header(), BodyAt::Ring { offset, len });
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Ok, len, counters);
                 None
             }
             (Outcome::Error(s), Some(b)) => {
-                let status = entry.conn.queue_error(send, b, header, &s);
+                let status = entry.conn.queue_error(send, b, header(), &s);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(status, 0, counters);
                 None
@@ -2176,7 +2188,7 @@ impl<P: Provider> Worker<P> {
             (Outcome::Unset, Some(mut b)) => {
                 drop(ctx.response.take());
                 let body = entry.conn.copy_eager(send, &mut b, b"handler returned no answer");
-                entry.conn.queue(send, b, Header { status: Code::Internal, ..header }, body);
+                entry.conn.queue(send, b, Header { status: Code::Internal, ..header() }, body);
                 entry.conn.session.on_answer_for(h.slot, h.generation);
                 answered(Code::Internal, 0, counters);
                 None
@@ -2187,9 +2199,9 @@ impl<P: Provider> Worker<P> {
                 }
                 counters.ring_full_stalls += 1;
                 match entry.conn.staging_commit(offset, len) {
-                    Some(staged) => Some(Waiting::Body(Outgoing::staged(header, staged))),
+                    Some(staged) => Some(Waiting::Body(Outgoing::staged(header(), staged))),
                     None => Some(Waiting::Error(
-                        header,
+                        header(),
                         Status::internal("staged answer outside the staging area"),
                     )),
                 }
@@ -2198,7 +2210,7 @@ impl<P: Provider> Worker<P> {
                 // It waited only for the send mirror (the session's first ring body, or its
                 // first since they were given back): registered now, and placed as it would
                 // have been with them.
-                match entry.conn.place_late(send, b, header, msg) {
+                match entry.conn.place_late(send, b, header(), msg) {
                     conn::LatePlaced::Sent(len) => {
                         entry.conn.session.on_answer_for(h.slot, h.generation);
                         answered(Code::Ok, len, counters);
@@ -2206,9 +2218,9 @@ impl<P: Provider> Worker<P> {
                     }
                     conn::LatePlaced::Wait(msg) => {
                         counters.ring_full_stalls += 1;
-                        Some(Waiting::Body(Outgoing::later(header, msg)))
+                        Some(Waiting::Body(Outgoing::later(header(), msg)))
                     }
-                    conn::LatePlaced::Failed(s) => Some(Waiting::Error(header, s)),
+                    conn::LatePlaced::Failed(s) => Some(Waiting::Error(header(), s)),
                 }
             }
             (Outcome::Later(msg), b) => {
@@ -2216,26 +2228,26 @@ impl<P: Provider> Worker<P> {
                     entry.conn.give_back(send, b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(Waiting::Body(Outgoing::later(header, msg)))
+                Some(Waiting::Body(Outgoing::later(header(), msg)))
             }
             (Outcome::Spilled(bytes), b) => {
                 if let Some(b) = b {
                     entry.conn.give_back(send, b);
                 }
                 counters.ring_full_stalls += 1;
-                Some(spill(header, Ok(*bytes)))
+                Some(spill(header(), Ok(*bytes)))
             }
             (Outcome::Gathered(body), b) => {
                 if let Some(b) = b {
                     entry.conn.give_back(send, b);
                 }
-                Some(spill(header, Ok(*body)))
+                Some(spill(header(), Ok(*body)))
             }
-            (Outcome::Eager(n), None) => Some(spill(header, Ok(scratch[..n as usize].to_vec()))),
-            (Outcome::Error(s), None) => Some(Waiting::Error(header, s)),
+            (Outcome::Eager(n), None) => Some(spill(header(), Ok(scratch[..n as usize].to_vec()))),
+            (Outcome::Error(s), None) => Some(Waiting::Error(header(), s)),
             (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
                 drop(ctx.response.take());
-                Some(Waiting::Error(header, Status::internal("handler returned no answer")))
+                Some(Waiting::Error(header(), Status::internal("handler returned no answer")))
             }
         };
         // Posted: `flush_dirty` has something to do for the session only when a control message

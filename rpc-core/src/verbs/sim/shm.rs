@@ -593,6 +593,27 @@ pub(crate) fn futex_wait_until(word: &AtomicU32, expected: u32, deadline: Option
     r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
 }
 
+/// `timeout` as the relative `timespec` [`futex_wait_for`] takes, with no clock read; `None`
+/// when it does not fit a `timespec` (wait forever).
+pub(crate) fn relative(timeout: std::time::Duration) -> Option<libc::timespec> {
+    let secs = libc::time_t::try_from(timeout.as_secs()).ok()?;
+    Some(libc::timespec { tv_sec: secs, tv_nsec: timeout.subsec_nanos() as libc::c_long })
+}
+
+/// Waits while `*word == expected`, for at most the relative `timeout` (`None`: no limit), with
+/// one system call and no clock read (the kernel measures it on `CLOCK_MONOTONIC`). Returns
+/// `true` when the timeout passed (`ETIMEDOUT`); spurious returns are possible, callers re-check
+/// (and wait on for the rest with [`futex_wait_until`], as a second relative wait would restart
+/// the timeout).
+pub(crate) fn futex_wait_for(word: &AtomicU32, expected: u32, timeout: Option<&libc::timespec>) -> bool {
+    let tsp = timeout.map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid aligned u32 for the call's duration, `tsp` null or a valid
+    // timespec; FUTEX_WAIT (not PRIVATE) takes a relative timeout and works across processes
+    // sharing the mapping; FUTEX_WAKE wakes it.
+    let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp) };
+    r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
+}
+
 /// Wakes every waiter on `word`.
 pub(crate) fn futex_wake(word: &AtomicU32) {
     // SAFETY: as in `futex_wait_until`.
@@ -888,6 +909,40 @@ mod tests {
         let deadline = deadline_after(Duration::from_secs(10)).unwrap();
         while word.load(Ordering::Acquire) == 0 {
             assert!(!futex_wait_until(&word, 0, Some(&deadline)), "woken, not timed out");
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "the wake-up ended the wait");
+        waker.join().unwrap();
+    }
+
+    /// The relative timeout holds: a wait with nobody waking it lasts its timeout (not less, not
+    /// forever; a spurious return counts as no timeout and is re-checked), a wake-up ends it
+    /// early and is no timeout, a changed word returns at once, a timeout past the range of a
+    /// `timespec` is none (forever).
+    #[test]
+    fn futex_waits_for_a_relative_timeout() {
+        use std::time::{Duration, Instant};
+        let word = std::sync::Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let timeout = relative(Duration::from_millis(40)).expect("a short timeout fits");
+        while !futex_wait_for(&word, 0, Some(&timeout)) {
+            assert!(start.elapsed() < Duration::from_secs(5), "never timed out");
+        }
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(40), "returned early: {waited:?}");
+        assert!(waited < Duration::from_secs(5), "waited far past the timeout: {waited:?}");
+
+        assert!(!futex_wait_for(&word, 1, None), "a word that is not `expected` returns at once");
+        assert!(relative(Duration::MAX).is_none(), "Duration::MAX waits forever");
+
+        let (w2, start) = (word.clone(), Instant::now());
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            w2.store(1, Ordering::Release);
+            futex_wake(&w2);
+        });
+        let timeout = relative(Duration::from_secs(10)).unwrap();
+        while word.load(Ordering::Acquire) == 0 {
+            assert!(!futex_wait_for(&word, 0, Some(&timeout)), "woken, not timed out");
         }
         assert!(start.elapsed() < Duration::from_secs(5), "the wake-up ended the wait");
         waker.join().unwrap();
