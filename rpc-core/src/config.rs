@@ -55,17 +55,21 @@ pub(crate) const EVENT_WAIT: Duration = Duration::from_millis(1);
 pub(crate) struct Idle {
     policy: PollingPolicy,
     empty: u32,
+    /// `Event`: the CQ was armed after the last empty poll and has been polled once more
+    /// since; the next empty poll blocks.
+    armed: bool,
 }
 
 impl Idle {
     pub(crate) fn new(policy: PollingPolicy) -> Idle {
-        Idle { policy, empty: 0 }
+        Idle { policy, empty: 0, armed: false }
     }
 
-    /// Work was found: spin again.
+    /// Work was found: spin again (and arm again before the next block).
     #[inline]
     pub(crate) fn reset(&mut self) {
         self.empty = 0;
+        self.armed = false;
     }
 
     /// Empty polls since the last work.
@@ -73,11 +77,12 @@ impl Idle {
         self.empty
     }
 
-    /// The poll found nothing: count it, then spin, yield or block per the policy.
+    /// The poll found nothing: count it, then spin, yield or block per the policy (`arm` and
+    /// `wait` as for [`Idle::pause`]).
     #[inline]
-    pub(crate) fn idle(&mut self, wait: impl FnOnce()) {
+    pub(crate) fn idle(&mut self, arm: impl FnOnce() -> bool, wait: impl FnOnce()) {
         self.note_empty();
-        self.pause(wait);
+        self.pause(arm, wait);
     }
 
     /// Counts an empty poll without waiting.
@@ -90,13 +95,19 @@ impl Idle {
         self.empty = self.empty.checked_add(1).unwrap_or(1 << 31);
     }
 
-    /// Spins, yields or blocks per the policy and the empty polls counted so far. `wait` blocks on
-    /// the CQ's completion channel (after arming it) for at most [`EVENT_WAIT`]. True when it
-    /// yielded or blocked: the thread gave up its core, so an empty poll may have lasted
+    /// Spins, yields or blocks per the policy and the empty polls counted so far. `Event`, past
+    /// its spins, blocks in two steps: the first empty poll arms the CQ (`arm`:
+    /// `req_notify`, true when armed) and returns, so that the caller polls once more; the
+    /// next one blocks (`wait`: on the CQ's completion channel for at most [`EVENT_WAIT`]).
+    /// Verbs signal only completions that arrive after the arming: one that came between the
+    /// empty poll and the arming would raise no event, and a wait right after the arming would
+    /// last all of `EVENT_WAIT` with it in the CQ (`ibv_req_notify_cq(3)`: "poll, arm, poll
+    /// again, then wait"). A failed arming counts as a block (nothing to wait on). True when
+    /// it yielded or blocked: the thread gave up its core, so an empty poll may have lasted
     /// milliseconds (a loaded machine's time slice, or a whole event wait) and periodic work
     /// keyed on the count of empty polls must run more often.
     #[inline]
-    pub(crate) fn pause(&mut self, wait: impl FnOnce()) -> bool {
+    pub(crate) fn pause(&mut self, arm: impl FnOnce() -> bool, wait: impl FnOnce()) -> bool {
         match self.policy {
             // Straight back to the CQ: the core is the poller's, and a PAUSE per empty poll only
             // delays seeing the next completion (up to ~140 cycles on recent x86).
@@ -112,6 +123,12 @@ impl Idle {
             }
             PollingPolicy::Event { spins } => {
                 if self.empty > spins {
+                    if !self.armed {
+                        self.armed = arm();
+                        // Armed: polled once more before the block. Not armed: blocked on nothing.
+                        return !self.armed;
+                    }
+                    self.armed = false;
                     wait();
                     true
                 } else {
@@ -144,6 +161,42 @@ mod tests {
             assert!(idle.empty_polls() > 100, "still past the spin phase");
         }
         assert!(checks >= 4, "{checks} liveness checks in 20000 empty polls");
+    }
+
+    /// `Event` arms the CQ after an empty poll and blocks only at the next one, so that a
+    /// completion that came before the arming is polled rather than waited for (it raises no
+    /// event). Arming and waiting in one step (as before): "waited right after arming".
+    #[test]
+    fn event_polls_once_more_between_arming_and_waiting() {
+        let mut idle = Idle::new(PollingPolicy::Event { spins: 2 });
+        let steps = std::cell::RefCell::new(Vec::new());
+        let mut empty_poll = |idle: &mut Idle| {
+            idle.note_empty();
+            let slept = idle.pause(
+                || {
+                    steps.borrow_mut().push("arm");
+                    true
+                },
+                || steps.borrow_mut().push("wait"),
+            );
+            steps.borrow_mut().push(if slept { "slept" } else { "poll" });
+        };
+        for _ in 0..5 {
+            empty_poll(&mut idle);
+        }
+        let got = steps.borrow().join(" ");
+        assert_eq!(got, "poll poll arm poll wait slept arm poll", "waited right after arming");
+        // Work found: the next block arms again first.
+        idle.reset();
+        steps.borrow_mut().clear();
+        for _ in 0..4 {
+            empty_poll(&mut idle);
+        }
+        assert_eq!(steps.borrow().join(" "), "poll poll arm poll wait slept");
+        // An arming that fails blocks on nothing, and counts as a block.
+        let mut idle = Idle::new(PollingPolicy::Event { spins: 0 });
+        idle.note_empty();
+        assert!(idle.pause(|| false, || panic!("waited on a CQ that is not armed")));
     }
 
     #[test]

@@ -739,11 +739,12 @@ impl<P: Provider> Worker<P> {
                 continue;
             }
             let cq = &self.shared.cq;
-            idle.idle(|| {
-                if cq.req_notify(false).is_ok() {
+            idle.idle(
+                || cq.req_notify(false).is_ok(),
+                || {
                     let _ = cq.wait(Some(EVENT_WAIT));
-                }
-            });
+                },
+            );
         }
         self.close_all();
         // Their calls are answered or their sessions closed: the futures go, answering nothing.
