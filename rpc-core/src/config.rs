@@ -80,7 +80,7 @@ impl Idle {
     /// The poll found nothing: count it, then spin, yield or block per the policy (`arm` and
     /// `wait` as for [`Idle::pause`]).
     #[inline]
-    pub(crate) fn idle(&mut self, arm: impl FnOnce() -> bool, wait: impl FnOnce()) {
+    pub(crate) fn idle(&mut self, arm: impl FnOnce() -> Option<bool>, wait: impl FnOnce()) {
         self.note_empty();
         self.pause(arm, wait);
     }
@@ -96,18 +96,21 @@ impl Idle {
     }
 
     /// Spins, yields or blocks per the policy and the empty polls counted so far. `Event`, past
-    /// its spins, blocks in two steps: the first empty poll arms the CQ (`arm`:
-    /// `req_notify`, true when armed) and returns, so that the caller polls once more; the
-    /// next one blocks (`wait`: on the CQ's completion channel for at most [`EVENT_WAIT`]).
-    /// Verbs signal only completions that arrive after the arming: one that came between the
-    /// empty poll and the arming would raise no event, and a wait right after the arming would
-    /// last all of `EVENT_WAIT` with it in the CQ (`ibv_req_notify_cq(3)`: "poll, arm, poll
-    /// again, then wait"). A failed arming counts as a block (nothing to wait on). True when
+    /// its spins, arms the CQ before it blocks (`arm`: `req_notify`, then
+    /// [`CompletionQueue::maybe_ready`](crate::verbs::CompletionQueue::maybe_ready): `None`
+    /// when the arming failed, `Some(ready)` else) and blocks (`wait`: on the CQ's completion
+    /// channel for at most [`EVENT_WAIT`]) only when the CQ is certainly empty after the
+    /// arming; when it may hold something (a device without a cheap peek: always), it returns
+    /// so that the caller polls once more, and blocks at the next empty poll. Verbs signal
+    /// only completions that arrive after the arming: one that came between the empty poll and
+    /// the arming raises no event, and a wait right after the arming lasted all of
+    /// `EVENT_WAIT` with it in the CQ (`ibv_req_notify_cq(3)`: "poll, arm, poll again, then
+    /// wait"). A failed arming counts as a block (nothing to wait on). True when
     /// it yielded or blocked: the thread gave up its core, so an empty poll may have lasted
     /// milliseconds (a loaded machine's time slice, or a whole event wait) and periodic work
     /// keyed on the count of empty polls must run more often.
     #[inline]
-    pub(crate) fn pause(&mut self, arm: impl FnOnce() -> bool, wait: impl FnOnce()) -> bool {
+    pub(crate) fn pause(&mut self, arm: impl FnOnce() -> Option<bool>, wait: impl FnOnce()) -> bool {
         match self.policy {
             // Straight back to the CQ: the core is the poller's, and a PAUSE per empty poll only
             // delays seeing the next completion (up to ~140 cycles on recent x86).
@@ -124,9 +127,17 @@ impl Idle {
             PollingPolicy::Event { spins } => {
                 if self.empty > spins {
                     if !self.armed {
-                        self.armed = arm();
-                        // Armed: polled once more before the block. Not armed: blocked on nothing.
-                        return !self.armed;
+                        match arm() {
+                            // Not armed: blocked on nothing.
+                            None => return true,
+                            // Armed, and something may have come before: polled once more.
+                            Some(true) => {
+                                self.armed = true;
+                                return false;
+                            }
+                            // Armed with the CQ empty: whatever comes raises the event.
+                            Some(false) => {}
+                        }
                     }
                     self.armed = false;
                     wait();
@@ -163,40 +174,45 @@ mod tests {
         assert!(checks >= 4, "{checks} liveness checks in 20000 empty polls");
     }
 
-    /// `Event` arms the CQ after an empty poll and blocks only at the next one, so that a
-    /// completion that came before the arming is polled rather than waited for (it raises no
-    /// event). Arming and waiting in one step (as before): "waited right after arming".
+    /// `Event` arms the CQ before it blocks, and blocks only once the CQ is seen empty after the
+    /// arming: a completion that came before the arming (it raises no event) is polled rather
+    /// than waited for. With a peek that finds the CQ empty it blocks at once; with one that may
+    /// see something, after one more poll. Arming and waiting in one step (as before): "waited
+    /// with a completion maybe in the CQ".
     #[test]
-    fn event_polls_once_more_between_arming_and_waiting() {
-        let mut idle = Idle::new(PollingPolicy::Event { spins: 2 });
-        let steps = std::cell::RefCell::new(Vec::new());
-        let mut empty_poll = |idle: &mut Idle| {
-            idle.note_empty();
-            let slept = idle.pause(
-                || {
-                    steps.borrow_mut().push("arm");
-                    true
-                },
-                || steps.borrow_mut().push("wait"),
-            );
-            steps.borrow_mut().push(if slept { "slept" } else { "poll" });
+    fn event_blocks_only_on_a_cq_seen_empty_after_arming() {
+        let run = |ready_after_arm: bool, polls: usize, idle: &mut Idle| {
+            let steps = std::cell::RefCell::new(Vec::new());
+            for _ in 0..polls {
+                idle.note_empty();
+                let slept = idle.pause(
+                    || {
+                        steps.borrow_mut().push("arm");
+                        Some(ready_after_arm)
+                    },
+                    || steps.borrow_mut().push("wait"),
+                );
+                steps.borrow_mut().push(if slept { "slept" } else { "poll" });
+            }
+            steps.into_inner().join(" ")
         };
-        for _ in 0..5 {
-            empty_poll(&mut idle);
-        }
-        let got = steps.borrow().join(" ");
-        assert_eq!(got, "poll poll arm poll wait slept arm poll", "waited right after arming");
+        // A device without a cheap peek (maybe ready): arm, poll once more, then block.
+        let mut idle = Idle::new(PollingPolicy::Event { spins: 2 });
+        assert_eq!(
+            run(true, 5, &mut idle),
+            "poll poll arm poll wait slept arm poll",
+            "waited with a completion maybe in the CQ"
+        );
         // Work found: the next block arms again first.
         idle.reset();
-        steps.borrow_mut().clear();
-        for _ in 0..4 {
-            empty_poll(&mut idle);
-        }
-        assert_eq!(steps.borrow().join(" "), "poll poll arm poll wait slept");
+        assert_eq!(run(true, 4, &mut idle), "poll poll arm poll wait slept");
+        // A peek that sees the armed CQ empty (sim): block at once.
+        let mut idle = Idle::new(PollingPolicy::Event { spins: 1 });
+        assert_eq!(run(false, 3, &mut idle), "poll arm wait slept arm wait slept");
         // An arming that fails blocks on nothing, and counts as a block.
         let mut idle = Idle::new(PollingPolicy::Event { spins: 0 });
         idle.note_empty();
-        assert!(idle.pause(|| false, || panic!("waited on a CQ that is not armed")));
+        assert!(idle.pause(|| None, || panic!("waited on a CQ that is not armed")));
     }
 
     #[test]

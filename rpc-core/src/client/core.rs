@@ -1731,9 +1731,10 @@ impl<P: Provider> ClientCore<P> {
         // Answers complete on the receive CQ (an event-waiting session's own: `endpoint::rx`).
         let cq = self.recv.cq();
         let mut woken = false;
-        let slept = self
-            .idle
-            .pause(|| cq.req_notify(false).is_ok(), || woken = cq.wait(Some(EVENT_WAIT)).unwrap_or(false));
+        let slept = self.idle.pause(
+            || cq.req_notify(false).ok().map(|()| cq.maybe_ready()),
+            || woken = cq.wait(Some(EVENT_WAIT)).unwrap_or(false),
+        );
         if slept {
             // A wait ended by a completion event weighs less ([`Tick::woken`]).
             let due = if woken { self.tick.woken(Instant::now) } else { self.tick.slept(Instant::now) };

@@ -647,7 +647,7 @@ mod tests {
         let (qp, peer, mut pool, mut sq, _keep) = connected_pair(&ctx, &pd, &rx);
         let mut driven = rx.attach(qp.qp_num());
         let mut idle = rx.attach(qp.qp_num() ^ 0x00ff_0000);
-        let mut send = |pool: &mut crate::buffers::SendPool<Sim>, sq: &mut crate::buffers::SendQueue| {
+        let send = |pool: &mut crate::buffers::SendPool<Sim>, sq: &mut crate::buffers::SendQueue| {
             let b = pool.acquire().unwrap();
             sq.send(pool, b, 32, true);
             sq.flush(&peer, pool, 1).unwrap();

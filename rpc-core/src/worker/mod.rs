@@ -740,7 +740,7 @@ impl<P: Provider> Worker<P> {
             }
             let cq = &self.shared.cq;
             idle.idle(
-                || cq.req_notify(false).is_ok(),
+                || cq.req_notify(false).ok().map(|()| cq.maybe_ready()),
                 || {
                     let _ = cq.wait(Some(EVENT_WAIT));
                 },
