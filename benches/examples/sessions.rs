@@ -17,8 +17,9 @@
 //! limit less 128, the server raising its soft limit to the hard one; sessions beyond it hold no
 //! TCP control connection); `--initial` its `initial_credits` (default 2; the server's default is
 //! 32). The server admits exactly N sessions (`max_sessions`), polls with
-//! `SpinThenYield`, and does not probe idle clients (`peer_timeout` None: a blocking client
-//! answers probes only while called). Each client process connects its sessions from one thread,
+//! `SpinThenYield`, and does not probe idle clients (`peer_timeout` None: the blocking clients'
+//! endpoints would answer, through their progress threads, a Ping to each of the 20,000
+//! sessions every 2 s, which this benchmark does not measure). Each client process connects its sessions from one thread,
 //! so they share one device context (`Client::connect` takes its thread's endpoint). The
 //! machine's 1-minute load is printed next to the figures. The driver process holds one more
 //! session of its own and measures 32 B call latency on it (p50 of 20,000 calls) alone, then

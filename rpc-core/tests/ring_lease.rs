@@ -102,9 +102,10 @@ fn the_first_ring_body_asks_and_bodies_go_intact_across_many_grants_and_reclaims
     assert!(c.registered_peak >= BASE + RING, "{c:?}");
 
     for round in 0..6u64 {
-        // Idle: taken back. (A blocking client answers the RingReclaim only when its thread
-        // drives it, at its next call: the ring is revoked before that, and its next body takes
-        // the reclaim, gives the ring back and asks again, the session unharmed.)
+        // Idle: taken back. (An idle blocking client answers the RingReclaim when its
+        // endpoint's progress thread looks at it, within 50 ms, or at its next call when the
+        // ring was revoked before that: its next body takes the reclaim, gives the ring back
+        // and asks again, the session unharmed.)
         let before = counters_when(&server, "the ring reclaimed", SOON, |c| {
             c.rings_reclaimed == c.rings_granted && c.ring_bytes == 0
         });
