@@ -112,10 +112,6 @@ struct Side {
     _ctx: <Sim as Provider>::Context,
 }
 
-fn side() -> Side {
-    side_with(false)
-}
-
 /// A raw side; `events`: its CQ raises completion events (`raw_count`'s waits).
 fn side_with(events: bool) -> Side {
     let ctx = Sim::open(&DeviceSelector::First).unwrap();

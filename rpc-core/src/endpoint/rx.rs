@@ -575,24 +575,24 @@ mod tests {
         assert!(lock(&rx.state).routes.is_empty());
     }
 
-    /// A QP of `ctx` receiving on `rx` (its SRQ and CQ), connected to a QP of a second sim
-    /// host; returns both QPs, the peer's send buffers and send queue, and what keeps them.
+    /// A QP receiving on a [`SharedRx`] (its SRQ and CQ), connected to a QP of a second sim
+    /// host, with the peer's send buffers and send queue, and what keeps them alive.
+    struct Pair {
+        qp: <Sim as Provider>::QueuePair,
+        peer: <Sim as Provider>::QueuePair,
+        pool: crate::buffers::SendPool<Sim>,
+        sq: crate::buffers::SendQueue,
+        _peer_recv: crate::buffers::RecvPool<Sim>,
+        _cqs: [<Sim as Provider>::CompletionQueue; 2],
+        _peer_ctx: <Sim as Provider>::Context,
+    }
+
+    /// A [`Pair`] whose QP on `ctx` receives on `rx`.
     fn connected_pair(
         ctx: &<Sim as Provider>::Context,
         pd: &<Sim as Provider>::ProtectionDomain,
         rx: &SharedRx<Sim>,
-    ) -> (
-        <Sim as Provider>::QueuePair,
-        <Sim as Provider>::QueuePair,
-        crate::buffers::SendPool<Sim>,
-        crate::buffers::SendQueue,
-        (
-            <Sim as Provider>::Context,
-            <Sim as Provider>::CompletionQueue,
-            <Sim as Provider>::CompletionQueue,
-            crate::buffers::RecvPool<Sim>,
-        ),
-    ) {
+    ) -> Pair {
         use crate::verbs::rc::{self, Endpoint, RcConfig};
         use crate::verbs::{Context, ProtectionDomain, QpCap, QpInitAttr, QueuePair};
         let send_cq = ctx.create_cq(64, false).unwrap();
@@ -627,7 +627,15 @@ mod tests {
         rc::connect(&qp, &RcConfig::default(), &ours, &theirs).unwrap();
         rc::connect(&peer, &RcConfig::default(), &theirs, &ours).unwrap();
         let pool = crate::buffers::SendPool::<Sim>::new(&peer_pd, 16, 256).unwrap();
-        (qp, peer, pool, crate::buffers::SendQueue::new(64, 16), (peer_ctx, peer_cq, send_cq, peer_recv))
+        Pair {
+            qp,
+            peer,
+            pool,
+            sq: crate::buffers::SendQueue::new(64, 16),
+            _peer_recv: peer_recv,
+            _cqs: [peer_cq, send_cq],
+            _peer_ctx: peer_ctx,
+        }
     }
 
     /// An idle look (the progress thread's, at a session nobody drives) leaves the CQ to the
@@ -644,22 +652,24 @@ mod tests {
         let ctx = Sim::open(&DeviceSelector::First).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let rx = SharedRx::<Sim>::new(&ctx, &pd, 64, 256, 4, 16, false).unwrap();
-        let (qp, peer, mut pool, mut sq, _keep) = connected_pair(&ctx, &pd, &rx);
+        // Bound whole: the peer's SRQ, CQs and context live as long as its QP.
+        let mut pair = connected_pair(&ctx, &pd, &rx);
+        let Pair { qp, peer, pool, sq, .. } = &mut pair;
         let mut driven = rx.attach(qp.qp_num());
         let mut idle = rx.attach(qp.qp_num() ^ 0x00ff_0000);
         let send = |pool: &mut crate::buffers::SendPool<Sim>, sq: &mut crate::buffers::SendQueue| {
             let b = pool.acquire().unwrap();
             sq.send(pool, b, 32, true);
-            sq.flush(&peer, pool, 1).unwrap();
+            sq.flush(peer, pool, 1).unwrap();
         };
         // The idle session's first look: nothing to take.
         assert_eq!(idle.poll_idle().unwrap(), 0);
         // A message for the driven session, taken by its driver's poll.
-        send(&mut pool, &mut sq);
+        send(pool, sq);
         assert_eq!(driven.poll().unwrap(), 1);
         assert!(driven.next().is_some());
         // Another; a look after the driver's poll leaves it in the CQ.
-        send(&mut pool, &mut sq);
+        send(pool, sq);
         assert_eq!(idle.poll_idle().unwrap(), 0);
         assert_eq!(
             driven.inbox.waiting.load(Ordering::Acquire),
