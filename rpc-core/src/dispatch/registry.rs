@@ -67,7 +67,8 @@ impl Registry {
         self.methods.get(&method).map(|&(i, name)| (&*self.services[i], name))
     }
 
-    /// [`Registry::lookup`] through `last`, the last method its caller looked up: a call to that
+    /// The service and full name of `method`, through `last`, the last method its caller looked
+    /// up (the table's answer, remembered): a call to that
     /// method again (a run of calls to one method, the common case) takes the service by index,
     /// with no hash lookup (about 20 instructions a call); another method is looked up and
     /// becomes the last. The table never changes once the server runs, so the cached answer
