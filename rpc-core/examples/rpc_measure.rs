@@ -142,38 +142,36 @@ fn send_and_wait(s: &mut Side, wcs: &mut Completions<16>) {
     let b = s.pool.acquire().unwrap();
     s.sq.send(&mut s.pool, b, 32, true);
     s.sq.flush(&s.qp, &mut s.pool, 1).unwrap();
-    let mut got_recv = false;
-    while !got_recv {
+    loop {
         wcs.poll(&s.cq).unwrap();
-        for c in &mut *wcs {
-            if c.send_tag().is_some() {
-                s.sq.on_completion(c, &mut s.pool);
-            } else {
-                if let Some(buf) = s.recv.take(c) {
-                    s.recv.repost(buf);
-                }
-                got_recv = true;
-            }
+        if handle(s, wcs) {
+            break;
         }
     }
     s.recv.flush().unwrap();
 }
 
+/// Handles what `wcs` holds: send completions retire send buffers, receives are reposted
+/// (posted with the next flush). True when a receive completed.
+fn handle(s: &mut Side, wcs: &mut Completions<16>) -> bool {
+    let mut got = false;
+    for c in &mut *wcs {
+        if c.send_tag().is_some() {
+            s.sq.on_completion(c, &mut s.pool);
+        } else {
+            if let Some(buf) = s.recv.take(c) {
+                s.recv.repost(buf);
+            }
+            got = true;
+        }
+    }
+    got
+}
+
 fn wait_recv_then_send(s: &mut Side, wcs: &mut Completions<16>) {
     loop {
         wcs.poll(&s.cq).unwrap();
-        let mut got = false;
-        for c in &mut *wcs {
-            if c.send_tag().is_some() {
-                s.sq.on_completion(c, &mut s.pool);
-            } else {
-                if let Some(buf) = s.recv.take(c) {
-                    s.recv.repost(buf);
-                }
-                got = true;
-            }
-        }
-        if got {
+        if handle(s, wcs) {
             break;
         }
     }
@@ -486,7 +484,6 @@ fn count_only(n: usize) {
 /// blocks for the event. The receive buffer is reposted (posted with the next flush).
 fn wait_recv_event(s: &mut Side, wcs: &mut Completions<16>) {
     loop {
-        let mut got = false;
         if wcs.poll(&s.cq).unwrap() == 0 {
             s.cq.req_notify(false).unwrap();
             if wcs.poll(&s.cq).unwrap() == 0 {
@@ -494,17 +491,7 @@ fn wait_recv_event(s: &mut Side, wcs: &mut Completions<16>) {
                 continue;
             }
         }
-        for c in &mut *wcs {
-            if c.send_tag().is_some() {
-                s.sq.on_completion(c, &mut s.pool);
-            } else {
-                if let Some(buf) = s.recv.take(c) {
-                    s.recv.repost(buf);
-                }
-                got = true;
-            }
-        }
-        if got {
+        if handle(s, wcs) {
             return;
         }
     }
