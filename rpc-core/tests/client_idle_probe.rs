@@ -9,8 +9,8 @@
 
 mod rpc_support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::io::BufReader;
+use std::process::Child;
 use std::time::Duration;
 
 use rpc_core::codegen::*;
@@ -174,35 +174,7 @@ fn idle_client_process() {
 fn idle_client_child(
     server: &rpc_core::ServerHandle,
 ) -> (Child, String, BufReader<std::process::ChildStdout>) {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut child = Command::new(exe)
-        .args(["--ignored", "--exact", "idle_client_process", "--nocapture", "--test-threads=1"])
-        .env(CLIENT_ENV, server.local_addr().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawning the client process");
-    let Some(stdout) = child.stdout.take() else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("idle_client_process: no stdout");
-    };
-    let mut out = BufReader::new(stdout);
-    loop {
-        let mut line = String::new();
-        match out.read_line(&mut line) {
-            Ok(0) | Err(_) => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!("idle_client_process exited before saying READY: {status:?}");
-            }
-            Ok(_) => {
-                if let Some(rest) = line.trim().strip_prefix("READY ") {
-                    return (child, rest.to_owned(), out);
-                }
-            }
-        }
-    }
+    child_process("idle_client_process", CLIENT_ENV, server, |l| l.strip_prefix("READY ").map(str::to_owned))
 }
 
 /// A blocking client process idle on a detached session (no control connection: the server

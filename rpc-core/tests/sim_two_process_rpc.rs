@@ -111,32 +111,8 @@ fn client_child(
     server: &rpc_core::ServerHandle,
     word: &str,
 ) -> (Child, BufReader<std::process::ChildStdout>) {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut child = Command::new(exe)
-        .args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"])
-        .env(env, server.local_addr().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawning the client process");
-    let Some(stdout) = child.stdout.take() else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("{entry}: no stdout");
-    };
-    let mut out = BufReader::new(stdout);
-    loop {
-        let mut line = String::new();
-        match out.read_line(&mut line) {
-            Ok(0) | Err(_) => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!("{entry} exited before saying {word}: {status:?}");
-            }
-            Ok(_) if line.trim() == word => return (child, out),
-            Ok(_) => {}
-        }
-    }
+    let (child, (), out) = child_process(entry, env, server, |l| (l == word).then_some(()));
+    (child, out)
 }
 
 struct ServerProcess {

@@ -691,3 +691,46 @@ pub fn channel_config(name: &str) -> rpc_core::ChannelConfig {
         .spins(500)
         .thread_name(name)
 }
+
+/// Runs this test binary's ignored entry `entry` in a child process, told the server's address
+/// in `env`, and reads its stdout until `ready` accepts a line (trimmed): returns the child (its
+/// stdin piped: closing it ends a child that reads it), what `ready` returned, and its stdout
+/// (kept open for libtest's report). A child that exits first fails the test, killed and reaped.
+pub fn child_process<T>(
+    entry: &str,
+    env: &str,
+    server: &rpc_core::ServerHandle,
+    ready: impl Fn(&str) -> Option<T>,
+) -> (std::process::Child, T, std::io::BufReader<std::process::ChildStdout>) {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"])
+        .env(env, server.local_addr().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawning the client process");
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{entry}: no stdout");
+    };
+    let mut out = std::io::BufReader::new(stdout);
+    loop {
+        let mut line = String::new();
+        match out.read_line(&mut line) {
+            Ok(0) | Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!("{entry} exited before it was ready: {status:?}");
+            }
+            Ok(_) => {
+                if let Some(v) = ready(line.trim()) {
+                    return (child, v, out);
+                }
+            }
+        }
+    }
+}
