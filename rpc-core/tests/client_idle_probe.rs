@@ -149,6 +149,59 @@ fn an_idle_client_whose_control_connection_closes_reconnects_quietly() {
     fake.join().expect("the fake server");
 }
 
+/// The same for a `Channel`: a session its server ends by closing the control connection alone
+/// is seen broken by the dispatcher thread's look at the idle session (which reads that
+/// connection every 16 looks, as a blocking client's progress thread does: about 800 ms), and
+/// the next call reconnects and goes out on the new session. (A balanced channel's watcher is
+/// told of such a break by the same look, and stops picking the server.)
+///
+/// Sabotaged (the look's `dispatch_step`, whose empty looks weigh as spins: the connection
+/// read once per 4096 looks, 200 s): failed with "gave up after 60.0s waiting for the idle
+/// channel to see its control connection closed".
+#[test]
+fn an_idle_channel_whose_control_connection_closes_reconnects_at_its_next_call() {
+    let _serial = serial();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let (first, tcp) = RawClient::accept(&listener, 77, |_| {});
+        tcp.shutdown(std::net::Shutdown::Both).unwrap();
+        let (mut second, _tcp) = RawClient::accept(&listener, 78, |_| {});
+        let h = second.wait_for(Kind::Request, 0);
+        let why = b"answered by the second session";
+        second.send(
+            Header {
+                slot: h.slot,
+                generation: h.generation,
+                method: h.method,
+                status: Code::NotFound,
+                body_len: why.len() as u32,
+                total_len: why.len() as u32,
+                ..Header::new(Kind::Response)
+            },
+            why,
+        );
+        let _ = done_rx.recv_timeout(WAIT);
+        drop((first, second));
+    });
+    let cfg = rpc_core::ChannelConfig::default().client(client_config());
+    let ch = rpc_core::Channel::connect_blocking(addr, &cfg).expect("connects");
+    wait_until(
+        "the idle channel to see its control connection closed",
+        WAIT,
+        || ch.counters().sessions_closed == 1,
+        || format!("{:?}", ch.counters()),
+    );
+    let e = block_on(ch.unary::<EchoMsg, EchoMsg>(ECHO, request(1, 8, 8), &CallOptions::default()))
+        .expect_err("NOT_FOUND");
+    assert_eq!(e.code(), Code::NotFound, "the call went out on the new session: {e}");
+    assert_eq!(ch.reconnect_attempts(), 1);
+    drop(ch);
+    drop(done_tx);
+    fake.join().expect("the fake server");
+}
+
 /// Set (to the server's address) for the child that runs `idle_client_process`.
 const CLIENT_ENV: &str = "RPC_IDLE_BLOCKING_CLIENT_OF";
 
