@@ -98,18 +98,13 @@ fn many_idle_clients_of_one_endpoint_probed_together_keep_their_sessions() {
     server.shutdown();
 }
 
-/// A server that ends an idle client's session by closing its control connection alone (no
-/// Close on the RDMA path, whose QP stays up: here a fake server) is seen by the client's
-/// progress thread, which reads that connection every 16 looks: the session is broken while
-/// idle (`closed_reason`), and the next call reconnects and goes out on the new session, instead
-/// of going out on the old one and failing UNAVAILABLE once.
-///
-/// Sabotaged (the progress thread's look as a `Channel`'s, `dispatch_step`, whose empty looks
-/// weigh as spins: the connection read once per 4096 looks, 200 s): failed with "gave up after
-/// 60.0s waiting for the idle client to see its control connection closed".
-#[test]
-fn an_idle_client_whose_control_connection_closes_reconnects_quietly() {
-    let _serial = serial();
+/// A fake server for the tests of a control connection closed alone: it accepts a session,
+/// closes that session's control connection (its QP stays up, no Close on the RDMA path),
+/// accepts the client's next session and answers its first request NOT_FOUND ("answered by the
+/// second session"), then holds both until the returned sender is dropped. Returns its address,
+/// that sender and its thread.
+fn fake_server_closing_control_first(
+) -> (std::net::SocketAddr, std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -135,6 +130,22 @@ fn an_idle_client_whose_control_connection_closes_reconnects_quietly() {
         let _ = done_rx.recv_timeout(WAIT);
         drop((first, second));
     });
+    (addr, done_tx, fake)
+}
+
+/// A server that ends an idle client's session by closing its control connection alone (no
+/// Close on the RDMA path, whose QP stays up: here a fake server) is seen by the client's
+/// progress thread, which reads that connection every 16 looks: the session is broken while
+/// idle (`closed_reason`), and the next call reconnects and goes out on the new session, instead
+/// of going out on the old one and failing UNAVAILABLE once.
+///
+/// Sabotaged (the progress thread's look as a `Channel`'s, `dispatch_step`, whose empty looks
+/// weigh as spins: the connection read once per 4096 looks, 200 s): failed with "gave up after
+/// 60.0s waiting for the idle client to see its control connection closed".
+#[test]
+fn an_idle_client_whose_control_connection_closes_reconnects_quietly() {
+    let _serial = serial();
+    let (addr, done_tx, fake) = fake_server_closing_control_first();
     let c = Client::connect_with(addr, &client_config()).expect("connects");
     wait_until(
         "the idle client to see its control connection closed",
@@ -161,30 +172,7 @@ fn an_idle_client_whose_control_connection_closes_reconnects_quietly() {
 #[test]
 fn an_idle_channel_whose_control_connection_closes_reconnects_at_its_next_call() {
     let _serial = serial();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let fake = std::thread::spawn(move || {
-        let (first, tcp) = RawClient::accept(&listener, 77, |_| {});
-        tcp.shutdown(std::net::Shutdown::Both).unwrap();
-        let (mut second, _tcp) = RawClient::accept(&listener, 78, |_| {});
-        let h = second.wait_for(Kind::Request, 0);
-        let why = b"answered by the second session";
-        second.send(
-            Header {
-                slot: h.slot,
-                generation: h.generation,
-                method: h.method,
-                status: Code::NotFound,
-                body_len: why.len() as u32,
-                total_len: why.len() as u32,
-                ..Header::new(Kind::Response)
-            },
-            why,
-        );
-        let _ = done_rx.recv_timeout(WAIT);
-        drop((first, second));
-    });
+    let (addr, done_tx, fake) = fake_server_closing_control_first();
     let cfg = rpc_core::ChannelConfig::default().client(client_config());
     let ch = rpc_core::Channel::connect_blocking(addr, &cfg).expect("connects");
     wait_until(
