@@ -27,10 +27,7 @@ fn undriven_sessions_under_their_caps_do_not_pin_a_neighbours_buffers() {
         return;
     }
     const SESSIONS: u32 = 4;
-    let (good, _) = spawn(server());
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let bad_addr = listener.local_addr().unwrap();
-    let ep = Endpoint::new(&Transport::Sim).unwrap();
+    let (good, listener, bad_addr, ep) = good_and_hostile();
     let (flooded, flooded_rx) = mpsc::channel();
     let (stop, stop_rx) = mpsc::channel::<()>();
     let flooder = std::thread::spawn(move || {
@@ -49,17 +46,7 @@ fn undriven_sessions_under_their_caps_do_not_pin_a_neighbours_buffers() {
         (0..SESSIONS).map(|_| ep.connect_with(bad_addr, &client_config()).unwrap()).collect();
     let neighbour = ep.connect_with(good.local_addr(), &client_config()).unwrap();
     flooded_rx.recv().unwrap();
-    let opts = CallOptions::deadline(Duration::from_secs(3));
-    let mut failed = None;
-    for seq in 0..50 {
-        match neighbour.unary::<EchoMsg, EchoMsg>(ECHO, &request(seq, 32, 32), &opts) {
-            Ok(r) => check_reply(&r, seq, 32),
-            Err(e) => {
-                failed = Some(format!("a neighbour's call {seq}: {} {}", e.code(), e.message()));
-                break;
-            }
-        }
-    }
+    let failed = neighbour_calls(&neighbour, 0..50, Duration::from_secs(3));
     let _ = stop.send(());
     flooder.join().unwrap();
     drop(victims);
@@ -74,18 +61,19 @@ fn undriven_sessions_under_their_caps_do_not_pin_a_neighbours_buffers() {
 /// cap) and gives the other 15 back to the SRQ: with the one waiting, 16, all the SRQ has. They
 /// must be posted by that poll, not left for a next one, which only a receive completion (needing
 /// a posted buffer) would bring.
-/// Unfixed: "a neighbour's call 1: DEADLINE_EXCEEDED" (the buffers `route` gave back waited,
-/// unposted, for a poll that never came; the answer stalled on RNR).
+/// Unfixed (when written): "a neighbour's call 1: DEADLINE_EXCEEDED" (the buffers `route` gave
+/// back waited, unposted, for a poll that never came; the answer stalled on RNR). Since the
+/// endpoint's progress thread looks at the idle victim every 50 ms, a look posts them too (a
+/// stall of up to 100 ms, not a hang), so that sabotage no longer fails here; what fails now is
+/// the flood's cap: with `route` queueing every message (no cap), the victim is never closed as
+/// flooded ("left: 0" on `metered`).
 #[test]
 fn buffers_given_back_by_routing_are_posted_at_once() {
     if transport() != Transport::Sim {
         eprintln!("skipped: sim only (a fake server on the software NIC)");
         return;
     }
-    let (good, _) = spawn(server());
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let bad_addr = listener.local_addr().unwrap();
-    let ep = Endpoint::new(&Transport::Sim).unwrap();
+    let (good, listener, bad_addr, ep) = good_and_hostile();
     let (go, go_rx) = mpsc::channel::<()>();
     let (flooded, flooded_rx) = mpsc::channel();
     let (stop, stop_rx) = mpsc::channel::<()>();
@@ -112,17 +100,7 @@ fn buffers_given_back_by_routing_are_posted_at_once() {
     echo_checked(&neighbour, 0, 32, 32);
     go.send(()).unwrap();
     flooded_rx.recv().unwrap();
-    let opts = CallOptions::deadline(Duration::from_secs(3));
-    let mut failed = None;
-    for seq in 1..20 {
-        match neighbour.unary::<EchoMsg, EchoMsg>(ECHO, &request(seq, 32, 32), &opts) {
-            Ok(r) => check_reply(&r, seq, 32),
-            Err(e) => {
-                failed = Some(format!("a neighbour's call {seq}: {} {}", e.code(), e.message()));
-                break;
-            }
-        }
-    }
+    let failed = neighbour_calls(&neighbour, 1..20, Duration::from_secs(3));
     let _ = stop.send(());
     flooder.join().unwrap();
     if let Some(f) = failed {

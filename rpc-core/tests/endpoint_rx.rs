@@ -87,10 +87,7 @@ fn a_server_flooding_an_undriven_session_loses_it_and_not_its_neighbours_buffers
         eprintln!("skipped: sim only (a fake server on the software NIC)");
         return;
     }
-    let (good, _) = spawn(server());
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let bad_addr = listener.local_addr().unwrap();
-    let ep = Endpoint::new(&Transport::Sim).unwrap();
+    let (good, listener, bad_addr, ep) = good_and_hostile();
     let flooder = std::thread::spawn(move || {
         let (mut c, tcp) = RawClient::accept(&listener, 77, |_| {});
         // 400 Pings: more than the endpoint registers (its reserve and the neighbour's claim).

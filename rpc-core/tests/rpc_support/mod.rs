@@ -669,6 +669,34 @@ pub fn echo_checked(c: &rpc_core::Client, seq: u64, len: usize, reply_len: usize
     check_reply(&r, seq, reply_len);
 }
 
+/// Echo calls `seqs` (32 B each way, `deadline` each) on `c`, checking each reply: `None` if all
+/// were answered, else the first failure as "a neighbour's call SEQ: CODE MESSAGE" (the calls of
+/// a session beside one a hostile peer attacks, which must keep getting their answers).
+pub fn neighbour_calls(
+    c: &rpc_core::Client,
+    seqs: std::ops::Range<u64>,
+    deadline: std::time::Duration,
+) -> Option<String> {
+    let opts = rpc_core::CallOptions::deadline(deadline);
+    for seq in seqs {
+        match c.unary::<EchoMsg, EchoMsg>(ECHO, &request(seq, 32, 32), &opts) {
+            Ok(r) => check_reply(&r, seq, 32),
+            Err(e) => return Some(format!("a neighbour's call {seq}: {} {}", e.code(), e.message())),
+        }
+    }
+    None
+}
+
+/// A good server, a listener for a hostile fake server (the test's thread accepts on it), and a
+/// client endpoint on `sim` for sessions to both: `(good server, listener, its address, endpoint)`.
+pub fn good_and_hostile() -> (ServerHandle, std::net::TcpListener, std::net::SocketAddr, rpc_core::Endpoint) {
+    let (good, _) = spawn(server());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bad_addr = listener.local_addr().unwrap();
+    let ep = rpc_core::Endpoint::new(&rpc_core::Transport::Sim).unwrap();
+    (good, listener, bad_addr, ep)
+}
+
 /// Names (`comm`) of this process's threads (a thread that ends meanwhile is skipped).
 pub fn thread_names() -> Vec<String> {
     std::fs::read_dir("/proc/self/task")
