@@ -8,7 +8,7 @@
 //! a client process's sessions share one endpoint's receive buffers, counted once).
 //!
 //! ```text
-//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--probe-core C|none] [--transport sim|rdma]
+//! cargo run --release -p rpc-perf --example sessions -- [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--peer-timeout MS|none] [--probe-core C|none] [--transport sim|rdma]
 //! ```
 //!
 //! N defaults to 1,000 sessions, P to 4 client processes; `--credits` is the server's
@@ -16,10 +16,12 @@
 //! (default 1); `--control` the server's `max_control_connections` (default 0: the open-file
 //! limit less 128, the server raising its soft limit to the hard one; sessions beyond it hold no
 //! TCP control connection); `--initial` its `initial_credits` (default 2; the server's default is
-//! 32). The server admits exactly N sessions (`max_sessions`), polls with
-//! `SpinThenYield`, and does not probe idle clients (`peer_timeout` None: the blocking clients'
-//! endpoints would answer, through their progress threads, a Ping to each of the 20,000
-//! sessions every 2 s, which this benchmark does not measure). Each client process connects its sessions from one thread,
+//! 32); `--peer-timeout` its `peer_timeout` in ms (default the server's, 6 s: a Ping to each idle
+//! session every 2 s, answered by the client processes' endpoints' progress threads; `none`: no
+//! probe). The server admits exactly N sessions (`max_sessions`) and polls with
+//! `SpinThenYield`. With every session idle, the server's and the client processes' CPU time over
+//! 3 s is printed (`idle CPU`): what the idle sessions cost, the probe's Pings and the progress
+//! threads' looks. Each client process connects its sessions from one thread,
 //! so they share one device context (`Client::connect` takes its thread's endpoint). The
 //! machine's 1-minute load is printed next to the figures. The driver process holds one more
 //! session of its own and measures 32 B call latency on it (p50 of 20,000 calls) alone, then
@@ -67,11 +69,13 @@ struct Opts {
     initial: u16,
     /// The core the latency probe's thread is pinned to (`None`: unpinned).
     probe_core: Option<usize>,
+    /// `ServerConfig::peer_timeout` (`None`: no idle probe).
+    peer_timeout: Option<Duration>,
     transport: Transport,
 }
 
 fn usage(what: &str) -> ! {
-    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--probe-core C|none] [--transport sim|rdma]");
+    eprintln!("sessions: {what}\nusage: sessions [N] [P] [--credits C] [--workers W] [--control K] [--initial I] [--peer-timeout MS|none] [--probe-core C|none] [--transport sim|rdma]");
     std::process::exit(2)
 }
 
@@ -84,6 +88,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
         control: 0,
         initial: 2,
         probe_core: None,
+        peer_timeout: rpc_core::ServerConfig::default().peer_timeout,
         transport: Transport::Sim,
     };
     let mut probe_core_set = false;
@@ -118,6 +123,16 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
                     ),
                 }
             }
+            "--peer-timeout" => {
+                o.peer_timeout = match args.next().as_deref() {
+                    Some("none") => None,
+                    v => Some(Duration::from_millis(
+                        v.and_then(|v| v.parse().ok())
+                            .filter(|&ms| ms > 0)
+                            .unwrap_or_else(|| usage("--peer-timeout takes milliseconds (above 0) or none")),
+                    )),
+                }
+            }
             "--control" => {
                 o.control = args
                     .next()
@@ -150,6 +165,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Opts {
     o
 }
 
+/// How long the processes' CPU time is taken over with every session idle.
+const IDLE_WINDOW: Duration = Duration::from_secs(3);
+
 fn transport_arg(t: &Transport) -> &'static str {
     match t {
         Transport::Sim => "sim",
@@ -174,10 +192,10 @@ fn serve(o: &Opts) {
         // Sessions idle between the two rounds of calls are kept (an hour); the timer also lets
         // sessions beyond the open-file limit hold no control connection.
         .idle_timeout(Some(Duration::from_secs(3600)))
-        // No probe of the clients: a blocking `Client` answers a Ping only while it is called,
-        // and these wait on their stdin between the two rounds (longer than the default 6 s
-        // when 20,000 sessions connect). The idle timer above still reclaims dead sessions.
-        .peer_timeout(None)
+        // The idle probe (`--peer-timeout`, the server's default unless `none`): the clients,
+        // idle on their stdin between the two rounds, answer its Pings through their endpoints'
+        // progress threads.
+        .peer_timeout(o.peer_timeout)
         .max_control_connections(o.control)
         .add_service(BenchServer::new(BenchService::default()))
         .spawn("127.0.0.1:0")
@@ -321,6 +339,8 @@ fn main() {
         o.initial.to_string(),
         "--transport".into(),
         transport_arg(&o.transport).into(),
+        "--peer-timeout".into(),
+        o.peer_timeout.map_or("none".into(), |t| t.as_millis().to_string()),
     ];
     let mut server = Command::new(&exe)
         .arg("--serve")
@@ -426,6 +446,16 @@ fn main() {
     // The probe measures with the sessions idle (issue 28: "with 20,000 idle sessions"), not in
     // the aftermath of the round that just ended.
     std::thread::sleep(Duration::from_secs(1));
+    // What the idle sessions cost the CPU (the server's probe and the clients' progress threads
+    // answering it): the processes' CPU time over a window of IDLE_WINDOW, all sessions idle.
+    let pids: Vec<u32> = kids.iter().map(|(k, _)| k.id()).collect();
+    let cpu = |pid| rpc_perf::host::process_cpu_ns(pid).unwrap_or(0);
+    let (s0, c0): (u64, u64) = (cpu(server.id()), pids.iter().map(|&p| cpu(p)).sum());
+    let w = Instant::now();
+    std::thread::sleep(IDLE_WINDOW);
+    let (s1, c1): (u64, u64) = (cpu(server.id()), pids.iter().map(|&p| cpu(p)).sum());
+    let span = w.elapsed().as_nanos() as f64 / 100.0;
+    let (idle_server, idle_clients) = ((s1 - s0) as f64 / span, (c1 - c0) as f64 / span);
     let _ = go_tx.send(());
     let crowded = lat_rx.recv().unwrap_or_else(|_| usage("the probe thread failed"));
     let _ = prober.join();
@@ -442,6 +472,17 @@ fn main() {
         connect.as_secs_f64(),
         slowest,
         second.as_secs_f64()
+    );
+    println!(
+        "idle CPU, every session idle for {:.0} s (the server's probe {}; the clients' progress threads): server \
+         process {:.1} % of a core (its worker spins and yields: an upper bound), the {} client processes {:.1} % \
+         together; load1 {}",
+        IDLE_WINDOW.as_secs_f64(),
+        o.peer_timeout.map_or("off".into(), |t| format!("every {} ms", t.as_millis() / 3)),
+        idle_server,
+        o.procs,
+        idle_clients,
+        load1()
     );
     println!(
         "server per session: VmRSS {:.1} KiB ({:.1} KiB of its own: less the pages of the clients' sim segments it \
