@@ -2209,13 +2209,15 @@ impl<P: Provider> ClientCore<P> {
     /// [`ClientCore::dispatch_step`], but an empty look weighs as a poll that slept
     /// ([`Tick::slept`]), so the control connection is read every 16 empty looks (800 ms) and a
     /// session that the server ended by closing it alone (no Close on the RDMA path) is seen
-    /// broken while idle: the next call reconnects instead of failing UNAVAILABLE on it.
-    /// Returns the completions handled.
-    pub(crate) fn idle_step(&mut self) -> usize {
+    /// broken while idle: the next call reconnects instead of failing UNAVAILABLE on it. An
+    /// empty look that stands for `rounds` rounds of looks (the progress thread spaces out the
+    /// looks of an idle client: `channel::dispatcher::IdleLooks`) weighs as that many, so the
+    /// read stays about 800 ms apart. Returns the completions handled.
+    pub(crate) fn idle_step(&mut self, rounds: u32) -> usize {
         let n = self.progress_with(true);
         if n > 0 {
             self.idle.reset();
-        } else if self.broken.is_none() && self.tick.slept(Instant::now) {
+        } else if self.broken.is_none() && self.tick.slept_for(rounds, Instant::now) {
             self.check_liveness();
         }
         n

@@ -43,12 +43,14 @@ const PROGRESS_THREAD: &str = "rpc-progress";
 ///
 /// **Progress.** An endpoint's [`Client`]s are looked at while idle by its progress thread
 /// (`rpc-progress`, started by the endpoint's first client, ended within 50 ms of its last):
-/// every 50 ms it tries each client's lock and, when no call holds it, polls the session's
+/// every 50 ms (every 400 ms for a client whose looks keep finding it idle, after about 1.4 s
+/// of that) it tries each client's lock and, when no call holds it, polls the session's
 /// CQs once, which answers the server's idle probe (the clients' handshakes promise it:
 /// [`crate::wire::FLAG_IDLE_PONGS`]). A look's poll of the shared receive CQ routes the other
 /// sessions' messages to their inboxes and takes its own session's, so every idle session's
-/// Pings are taken within one round of looks, on the endpoint's spare buffers meanwhile (a probe
-/// reaching all of them at once closes none as a flood). Every 16 looks at a client (800 ms) it
+/// Pings are taken off the CQ within one round of looks and answered at its own next look (at
+/// most 400 ms later), on the endpoint's spare buffers meanwhile (a probe reaching all of them at
+/// once closes none as a flood). About every 800 ms it
 /// also reads the client's control connection, so a session its server ended by closing that
 /// alone is seen broken while idle and the next call reconnects. It sleeps between looks and
 /// never spins; calls are driven by their own threads, not by it.
@@ -145,7 +147,7 @@ impl Endpoint {
     }
 
     /// Hands `look` (a [`Client`]'s session) to this endpoint's progress thread, starting it
-    /// when it is not running: every 50 ms the thread tries the session's lock and, when no
+    /// when it is not running: every 50 to 400 ms the thread tries the session's lock and, when no
     /// caller holds it, polls its CQ once (answering the server's Pings); it forgets the session
     /// once `look` is gone, and ends when it has none.
     ///

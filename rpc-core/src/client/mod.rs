@@ -3,8 +3,9 @@
 //! Blocking calls busy-poll the client's own CQ in the calling thread (per its polling policy);
 //! async calls return a [`ResponseFuture`] that progresses the session whenever it is polled (no
 //! executor needed). `Client` is `Send` and `!Sync`: one thread drives it at a time. While no
-//! call holds it, its endpoint's progress thread looks at the session every 50 ms (one poll of
-//! its CQ), so the server's idle probe gets its Pongs (`Held`).
+//! call holds it, its endpoint's progress thread looks at the session every 50 ms, spacing out to
+//! 400 ms while the looks find it idle (one poll of its CQ), so the server's idle probe gets its
+//! Pongs (`Held`).
 //!
 //! A call that finds every slot taken waits for one (`queue`: in order, encoded once, bounded
 //! by `ClientConfig::max_queued_calls`); a broken session is reconnected by a later call, with
@@ -89,7 +90,8 @@ const ENDED_KEPT: usize = 8;
 /// while the client is idle, as a `Channel`'s does: its handshake says so
 /// ([`crate::wire::FLAG_IDLE_PONGS`]), and its [`Endpoint`]'s progress thread (`rpc-progress`,
 /// one per endpoint, started by its first client, ended within 50 ms of its last) looks at the
-/// session every 50 ms while no call holds the client: one poll of its CQs, which answers Pings,
+/// session every 50 ms while no call holds the client (400 ms apart once its looks keep finding
+/// nothing, 50 ms again after one that found something): one poll of its CQs, which answers Pings,
 /// keeps answers for their futures and sees a broken session (a control connection the server
 /// closed, within 800 ms: the next call then reconnects); it never starts calls nor
 /// reconnects, and never holds the client while a call of its own thread does (a call takes the
@@ -119,7 +121,7 @@ pub struct Client {
 
 /// A client's state behind a lock: its thread's calls take it ([`Held::borrow_mut`], one
 /// uncontended lock and unlock per call), and its endpoint's progress thread only tries it, every
-/// 50 ms, to answer the server's Pings while the client is idle ([`IdleLook`]): it never holds
+/// 50 to 400 ms, to answer the server's Pings while the client is idle ([`IdleLook`]): it never holds
 /// a session a caller is using, and a caller waits at most for one poll of the CQ.
 ///
 /// [`IdleLook`]: crate::channel::dispatcher::IdleLook
@@ -160,11 +162,9 @@ impl crate::channel::dispatcher::IdleLook for Held {
     /// (what arrived is handled: a Ping gets its Pong, answers wait for their futures, a
     /// broken session is seen, the control connection is read every 16 looks:
     /// `ClientCore::idle_step`). It never reconnects nor starts calls.
-    fn idle_look(&self) {
-        let Ok(mut inner) = self.try_borrow_mut() else { return };
-        with_calls!(&mut inner.calls, c => {
-            c.core.idle_step();
-        });
+    fn idle_look(&self, rounds: u32) -> bool {
+        let Ok(mut inner) = self.try_borrow_mut() else { return true };
+        with_calls!(&mut inner.calls, c => c.core.idle_step(rounds) > 0)
     }
 }
 

@@ -57,6 +57,13 @@ impl Tick {
         self.add(SLEPT_WEIGHT, now)
     }
 
+    /// `n` empty polls that yielded or blocked, at once (a look that stands for `n` rounds of
+    /// looks). True when the checks are due now.
+    #[inline]
+    pub fn slept_for(&mut self, n: u32, now: impl FnOnce() -> Instant) -> bool {
+        self.add(SLEPT_WEIGHT.saturating_mul(n.max(1)), now)
+    }
+
     /// An event wait that a completion event ended (see [`WOKEN_WEIGHT`]). True when the checks
     /// are due now.
     #[inline]
@@ -90,6 +97,26 @@ impl Tick {
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    /// A look that stands for 8 rounds of looks weighs as 8 empty ones: two of them read the
+    /// clock, as 16 single looks do (a spaced-out idle look keeps the control connection read
+    /// about 800 ms apart). Sabotaged (`slept_for` weighing as one `slept`): "the 2nd look of 8
+    /// rounds did not read the clock".
+    #[test]
+    fn a_look_standing_for_rounds_weighs_as_many() {
+        let reads = Cell::new(0u32);
+        let now = || {
+            reads.set(reads.get() + 1);
+            Instant::now()
+        };
+        let mut tick = Tick::new();
+        assert!(!tick.slept_for(8, now), "the 1st look of 8 rounds read the clock");
+        assert!(tick.slept_for(8, now), "the 2nd look of 8 rounds did not read the clock");
+        assert_eq!(reads.get(), 1);
+        let mut single = Tick::new();
+        let due: Vec<bool> = (0..16).map(|_| single.slept_for(1, now)).collect();
+        assert_eq!(due.iter().position(|&d| d), Some(15), "16 single looks: the 16th reads the clock");
+    }
 
     /// Spins read the clock once per 4096, yields or waits once per 16, whatever mix; the
     /// checks run at most once per interval; a slow poll (a 10 ms yield on a loaded machine)
