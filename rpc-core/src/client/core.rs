@@ -2204,7 +2204,7 @@ impl<P: Provider> ClientCore<P> {
     }
 
     /// The look of a thread that parks between its looks (a blocking client's endpoint's
-    /// progress thread, every 50 ms while no call holds the client; a `Channel`'s dispatcher
+    /// progress thread, every 50 to 400 ms while no call holds the client; a `Channel`'s dispatcher
     /// thread at a session it does not drive): as
     /// [`ClientCore::dispatch_step`], but an empty look weighs as a poll that slept
     /// ([`Tick::slept`]), so the control connection is read every 16 empty looks (800 ms) and a

@@ -91,7 +91,7 @@ const ENDED_KEPT: usize = 8;
 /// ([`crate::wire::FLAG_IDLE_PONGS`]), and its [`Endpoint`]'s progress thread (`rpc-progress`,
 /// one per endpoint, started by its first client, ended within 50 ms of its last) looks at the
 /// session every 50 ms while no call holds the client (400 ms apart once its looks keep finding
-/// nothing, 50 ms again after one that found something): one poll of its CQs, which answers Pings,
+/// nothing, closer again after ones that found something): one poll of its CQs, which answers Pings,
 /// keeps answers for their futures and sees a broken session (a control connection the server
 /// closed, within 800 ms: the next call then reconnects); it never starts calls nor
 /// reconnects, and never holds the client while a call of its own thread does (a call takes the

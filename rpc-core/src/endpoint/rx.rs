@@ -314,7 +314,7 @@ impl<P: Provider> SessionRx<P> {
     }
 
     /// The poll of an idle look (an endpoint's progress thread at a session nobody drives,
-    /// every 50 ms): when a driver polled the CQ since this session's last look, only what the
+    /// every 50 to 400 ms): when a driver polled the CQ since this session's last look, only what the
     /// drivers routed here (the inbox), leaving the CQ and its lock to them (a look that took
     /// the lock while a call waited on the same CQ would make the call wait for it, and for
     /// the progress thread's time slice when it is preempted holding it); else the CQ as

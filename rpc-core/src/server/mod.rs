@@ -372,8 +372,8 @@ pub struct ServerConfig {
     /// stopped or hung client process, which its NIC still acknowledges. A session without
     /// unanswered calls is probed only when its client answers Pings while idle, as its
     /// handshake says ([`crate::wire::FLAG_IDLE_PONGS`]): a `Channel` (its dispatcher thread
-    /// answers) and a blocking `Client` (its endpoint's progress thread answers, every 50 ms,
-    /// while no call of its own thread holds it); such a session is not closed by
+    /// answers) and a blocking `Client` (its endpoint's progress thread answers, within 50 to
+    /// 400 ms, while no call of its own thread holds it); such a session is not closed by
     /// [`ServerConfig::idle_timeout`] while the probe is on, and a client process that stopped
     /// or died while idle is found within this time. A session whose client does not answer
     /// while idle is reclaimed by `idle_timeout` instead. Default 6 s; `None` disables the

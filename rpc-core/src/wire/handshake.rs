@@ -65,7 +65,8 @@ pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RPCH");
 pub const PROTOCOL_VERSION: u16 = 13;
 /// Handshake flag, client → server: this client answers Pings while it has no call on the wire
 /// (a [`Channel`](crate::Channel), whose dispatcher thread looks at its idle session at least
-/// every 50 ms, and a blocking [`Client`](crate::Client), whose endpoint's progress thread does),
+/// every 50 ms, and a blocking [`Client`](crate::Client), whose endpoint's progress thread does
+/// every 50 to 400 ms),
 /// so the server may probe its idle session and close it after `peer_timeout` of silence (a
 /// SIGSTOPped or hung client process, whose kernel still answers TCP keepalives).
 pub const FLAG_IDLE_PONGS: u16 = 1;
