@@ -64,16 +64,19 @@ fn undriven_sessions_under_their_caps_do_not_pin_a_neighbours_buffers() {
 
 /// A neighbour's first call registers its buffers (32 on the endpoint, one of them waiting for a
 /// batched repost), then a hostile server floods one undriven session with 32 Pings: 31 land, the
-/// last waits on RNR. The neighbour's next poll routes 16 to the flooded session's inbox (its
-/// cap) and gives the other 15 back to the SRQ: with the one waiting, 16, all the SRQ has. They
-/// must be posted by that poll, not left for a next one, which only a receive completion (needing
-/// a posted buffer) would bring.
+/// last waits on RNR. The neighbour's next poll routes what the flooded session may hold to its
+/// inbox (it claims nothing: a few on the endpoint's spare) and gives the rest back to the SRQ:
+/// with the one waiting, all the SRQ has. They must be posted by that poll, not left for a next
+/// one, which only a receive completion (needing a posted buffer) would bring.
+/// The victim is held off its endpoint's progress thread ([`Unlooked`]): a look at it every 50 ms
+/// would post them too (a stall of up to 100 ms, not a hang) and so hide the bug.
 /// Unfixed (when written): "a neighbour's call 1: DEADLINE_EXCEEDED" (the buffers `route` gave
-/// back waited, unposted, for a poll that never came; the answer stalled on RNR). Since the
-/// endpoint's progress thread looks at the idle victim every 50 ms, a look posts them too (a
-/// stall of up to 100 ms, not a hang), so that sabotage no longer fails here; what fails now is
-/// the flood's cap: with `route` queueing every message (no cap), the victim is never closed as
-/// flooded ("left: 0" on `metered`).
+/// back waited, unposted, for a poll that never came; the answer stalled on RNR). Sabotaged again
+/// (the `post_batch` after `route` in `SessionRx::poll_cq` removed): with the victim looked at
+/// (before `Unlooked`) it passed; held off the looks, failed with "a neighbour's call 1:
+/// DEADLINE_EXCEEDED deadline passed before the response arrived" (3 runs of 3). With `route`
+/// queueing every message (no cap) it fails the same way (2 of 2; looked at, it failed on
+/// `metered` "left: 0").
 #[test]
 fn buffers_given_back_by_routing_are_posted_at_once() {
     if transport() != Transport::Sim {
@@ -102,7 +105,7 @@ fn buffers_given_back_by_routing_are_posted_at_once() {
         let _ = stop_rx.recv();
         drop((c, tcp));
     });
-    let victim = ep.connect_with(bad_addr, &client_config()).unwrap();
+    let victim = Unlooked::connect(&ep, bad_addr);
     let neighbour = ep.connect_with(good.local_addr(), &client_config()).unwrap();
     echo_checked(&neighbour, 0, 32, 32);
     go.send(()).unwrap();
@@ -114,6 +117,7 @@ fn buffers_given_back_by_routing_are_posted_at_once() {
         panic!("{f}");
     }
     // The flooded session, driven again, closes for the flood.
+    let victim = victim.release();
     victim.progress();
     assert_eq!(victim.counters().metered, 1, "{:?}", victim.counters());
 }
