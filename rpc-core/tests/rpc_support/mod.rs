@@ -771,7 +771,9 @@ pub fn child_process<T>(
 /// undriven session may hold needs this (a look takes its messages within 50 ms, which hides
 /// a session holding more than it may). Released by [`Unlooked::release`] (or when dropped):
 /// the interceptor fails the call (CANCELLED), never sent, so nothing polls the session on the
-/// way out. The call waits at most [`WAIT`].
+/// way out. The call waits at most [`WAIT`]. This relies on `Client::unary` running the
+/// interceptor with the client's lock held (a `Client` is not `Sync`: no other thread can check
+/// it); the tests that use it fail under their sabotages only while it does.
 pub struct Unlooked {
     release: Option<mpsc::Sender<()>>,
     call: Option<JoinHandle<rpc_core::Client>>,
