@@ -110,7 +110,11 @@ fn stray_cancel_acks_from_a_server_close_the_session() {
 /// `peer_timeout` (1 s) and a margin, ends UNAVAILABLE naming `ClientConfig::max_abandoned`
 /// instead of waiting out its 20 s deadline. Held (sabotage: `Calls::check` returning None
 /// always: the third call waited until the fake server fell silent (6.9 s) and ended by the
-/// peer timeout instead).
+/// peer timeout instead). Audited again: the same sabotage failed with "the reason names the
+/// cap: UNAVAILABLE: no message from the server for 1008 ms while calls waited
+/// (ClientConfig::peer_timeout) (the call waited for a slot and was never sent)": the fake's
+/// Pongs (unasked) did not keep the session alive then, so it is the message, not the 5 s bound,
+/// that tells the cap from the peer timeout now.
 #[test]
 fn a_server_that_never_acknowledges_cancels_resets_the_session_with_a_reason() {
     let (addr, fake) = fake_server(|c| {

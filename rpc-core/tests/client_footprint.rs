@@ -20,8 +20,11 @@ const BUF: u64 = 4096 + 40;
 /// pieces of ring bodies and their RingReturns. (Without those 32, 64 MiB answers in the
 /// Soft-RoCE guest waited on RNR until their reassembly timed out.) Fails with "an idle session of
 /// window 32 registered 168 receive buffers" when the client registers its whole window's
-/// buffers at the connect (`RecvPool::new` of the SRQ's depth), and with "... send buffers: 290
-/// KiB" when its send pool is not grown on demand.
+/// buffers at the connect (`RecvPool::new` of the SRQ's depth, before the endpoint's shared
+/// receive side), and with "... send buffers: 290 KiB" when its send pool is not grown on
+/// demand. Audited since the shared receive side (`ClientCore::cover_recv` claiming the whole
+/// window at the first call): failed with "500 calls one at a time grew the session's buffers
+/// beyond 32 and 16".
 #[test]
 fn a_session_making_one_call_at_a_time_registers_one_chunk_of_each() {
     let (server, _) = spawn(server());

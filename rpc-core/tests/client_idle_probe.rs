@@ -30,6 +30,9 @@ const PROGRESS: &str = "rpc-progress";
 /// An idle blocking `Client`, idle four times the server's `peer_timeout` (and its
 /// `idle_timeout`), keeps its session: the progress thread answered every Ping, and the next
 /// call goes out on the same session, with no reconnect.
+/// Sabotaged (the progress thread's look doing nothing, `Held::idle_look` returning at once):
+/// failed with "called `Result::unwrap()` on an `Err` value: UNAVAILABLE: the server closed the
+/// connection" (the second call).
 #[test]
 fn an_idle_blocking_client_keeps_its_session_past_the_servers_peer_timeout() {
     let _serial = serial();

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rpc_core::codegen::*;
+use rpc_core::wire::{read_frame, write_frame, Frame};
 use rpc_core::Client;
 use rpc_support::*;
 
@@ -166,8 +167,12 @@ impl Drop for Peer {
     }
 }
 
-/// Child entry: a client (in the namespace) that makes one call, says READY and waits, idle
-/// (no call unanswered: the server's RDMA probe has nothing to watch), to be frozen.
+/// Child entry: a client (in the namespace) that opens a session, says READY and waits, idle, to
+/// be frozen. Its handshake, made by hand, does not say it answers Pings while idle (no
+/// `FLAG_IDLE_PONGS`), so the server's RDMA probe does not watch its idle session: only the
+/// control connection's keepalive can find it gone. (A `Client` says it does, and its endpoint's
+/// progress thread answers them: the probe then finds a frozen one gone by itself, and this test
+/// passed with the server's keepalive off.)
 #[test]
 #[ignore = "the client side of vanished_client_host_session_is_closed_and_freed; run in a child process"]
 fn client_process() {
@@ -175,8 +180,12 @@ fn client_process() {
         return;
     }
     let addr: SocketAddr = std::env::var(ADDR).unwrap().parse().unwrap();
-    let client = Client::connect_with(addr, &client_config()).expect("connecting from the namespace");
-    check_reply(&client.unary(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap(), 1, 8);
+    let peer = RawPeer::new(64, 8, 4096, 1 << 16, 1);
+    let mut tcp = std::net::TcpStream::connect(addr).expect("connecting from the namespace");
+    let hello = peer.handshake(2, 1024, 1 << 20, 0);
+    assert_eq!(hello.flags, 0, "a hello that promises nothing");
+    write_frame(&mut tcp, &Frame::Handshake(hello)).unwrap();
+    let Frame::Handshake(_) = read_frame(&mut tcp).unwrap() else { panic!("refused") };
     println!("\nREADY");
     std::io::stdout().flush().unwrap();
     loop {
@@ -213,6 +222,13 @@ fn server_process() {
     }
 }
 
+/// A client host that vanishes while its session is idle (a session the server's RDMA probe
+/// does not watch: `client_process`) is found gone by the control connection's keepalive
+/// within `peer_timeout`, and its session is freed for another client (`max_sessions` 1).
+/// Sabotaged (the listener not applying `Liveness` to the control connection): failed with
+/// "the vanished client's session still open 5.0s after the cut (peer_timeout 2s)" (2 runs of
+/// 2). With the child a `Client`, as before, that sabotage passed (the session closed 2.0 s
+/// after the cut, by the probe its progress thread's promise to answer Pings turned on).
 #[test]
 fn vanished_client_host_session_is_closed_and_freed() {
     let Some(ns) = netns_or_skip("vanished_client_host_session_is_closed_and_freed") else { return };

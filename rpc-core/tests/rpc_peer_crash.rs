@@ -49,6 +49,13 @@ fn server_host_vanishes_sends_fail_and_every_call_ends_unavailable() {
     fake.join().unwrap();
 }
 
+/// A server process that crashes while a blocking call waits for its answer: the kernel closes
+/// its control connection, and the call ends UNAVAILABLE by that (its message says so), not by
+/// the later idle probe (the QP's Ping failing, or the silence: `peer_timeout`).
+/// Sabotaged (`ClientCore::check_liveness` never reading the control connection): passed
+/// before the message was checked (the call ended by the probe a few seconds later); now
+/// fails with "the call did not end by the control connection's end: UNAVAILABLE: send failed
+/// (IBV_WC_RETRY_EXC_ERR): the server is gone" (2 runs of 2).
 #[test]
 fn server_process_gone_tcp_closes_and_the_blocked_call_ends_unavailable() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -63,6 +70,12 @@ fn server_process_gone_tcp_closes_and_the_blocked_call_ends_unavailable() {
     let client = Client::connect_with(addr, &client_config()).unwrap();
     let err = client.unary::<_, EchoMsg>(ECHO, &request(1, 8, 8), &CallOptions::default()).unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
+    // What ended the call, not how long it took.
+    assert!(
+        err.message().contains("the server closed the connection")
+            || err.message().contains("the control connection failed"),
+        "the call did not end by the control connection's end: {err}"
+    );
     fake.join().unwrap();
     let err = client.unary::<_, EchoMsg>(ECHO, &request(2, 8, 8), &CallOptions::default()).unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);

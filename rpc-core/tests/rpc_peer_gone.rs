@@ -9,6 +9,12 @@ use rpc_core::codegen::*;
 use rpc_core::Client;
 use rpc_support::*;
 
+/// A server shut down with 10 calls in flight, their futures not polled yet: each ends
+/// UNAVAILABLE when polled, and so does the next call. (The endpoint's progress thread's look
+/// may see the session end before the futures do: either way the calls end in
+/// `ClientCore::break_conn`.) Sabotaged (`break_conn` not failing the calls in flight,
+/// `fail_calls` skipped): failed with "gave up after 60.0s waiting for a future to be ready
+/// (block_on)".
 #[test]
 fn server_killed_with_calls_in_flight_fails_them_all_unavailable() {
     let (server, stash) = spawn(server().drain_timeout(Duration::ZERO));

@@ -762,3 +762,65 @@ pub fn child_process<T>(
         }
     }
 }
+
+/// A `Client` that nobody drives and that its endpoint's progress thread cannot look at either,
+/// until released: a thread's call on it stops in the call's interceptor, which runs with the
+/// client's lock held, so the progress thread's look (which only tries that lock) passes it
+/// by. Messages for its session then wait in its inbox for as long as the test says, as they
+/// did for any undriven session before endpoints had a progress thread: a test of what an
+/// undriven session may hold needs this (a look takes its messages within 50 ms, which hides
+/// a session holding more than it may). Released by [`Unlooked::release`] (or when dropped):
+/// the interceptor fails the call (CANCELLED), never sent, so nothing polls the session on the
+/// way out. The call waits at most [`WAIT`]. This relies on `Client::unary` running the
+/// interceptor with the client's lock held (a `Client` is not `Sync`: no other thread can check
+/// it); the tests that use it fail under their sabotages only while it does.
+pub struct Unlooked {
+    release: Option<mpsc::Sender<()>>,
+    call: Option<JoinHandle<rpc_core::Client>>,
+}
+
+impl Unlooked {
+    /// Connects to `addr` on `ep` (with `client_config()`) and holds the client in a call's
+    /// interceptor; returns once the call is there.
+    ///
+    /// # Panics
+    /// When the connect fails or the call never reaches its interceptor (within [`WAIT`]).
+    pub fn connect(ep: &rpc_core::Endpoint, addr: SocketAddr) -> Unlooked {
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let gate = Mutex::new((Some(entered_tx), release_rx));
+        let cfg = client_config().interceptor(move |_| {
+            let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(entered) = g.0.take() {
+                let _ = entered.send(());
+            }
+            let _ = g.1.recv_timeout(WAIT);
+            Err(rpc_core::Status::cancelled("released (rpc_support::Unlooked)"))
+        });
+        let client = ep.connect_with(addr, &cfg).expect("connecting the unlooked client");
+        let call = std::thread::spawn(move || {
+            let r =
+                client.unary::<EchoMsg, EchoMsg>(ECHO, &request(0, 8, 8), &rpc_core::CallOptions::default());
+            assert!(r.is_err(), "the unlooked client's call went out");
+            client
+        });
+        entered_rx.recv_timeout(WAIT).expect("the unlooked client's call reached its interceptor");
+        Unlooked { release: Some(release_tx), call: Some(call) }
+    }
+
+    /// Ends the call that holds the client (it fails in the interceptor, never sent) and
+    /// returns the client, neither driven nor looked at since [`Unlooked::connect`].
+    pub fn release(mut self) -> rpc_core::Client {
+        self.release.take();
+        self.call.take().unwrap().join().expect("the unlooked client's call")
+    }
+}
+
+impl Drop for Unlooked {
+    fn drop(&mut self) {
+        self.release.take();
+        if let Some(call) = self.call.take() {
+            let _ = call.join();
+        }
+    }
+}
