@@ -567,8 +567,8 @@ mod tests {
     /// Two producers posting batches (`claim_n`, as a receive post of several WRs does) and two
     /// consumers taking entries as a SEND's executor does (`pop_claimed`): every entry is taken
     /// exactly once, and each consumer sees each producer's entries in order. Sabotaged
-    /// (`claim_n` advancing the tail by one whatever it claimed): failed (hung: consumers
-    /// waiting for positions no producer publishes).
+    /// (`claim_n` advancing the tail by one whatever it claimed): hung (the producers never
+    /// finished; killed after 300 s), as did the test above fail.
     #[test]
     fn batched_producers_lose_nothing() {
         let r = Arc::new(Ring::<2>::new(16));
