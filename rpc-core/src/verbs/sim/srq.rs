@@ -185,3 +185,50 @@ impl SharedReceiveQueue for SimSrq {
         post_recv_ring(&self.core.ring, "ibv_post_srq_recv", self.core.max_sge, wrs)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wr(wr_id: u64, sg_list: &[Sge]) -> RecvWr<'_> {
+        RecvWr { wr_id, sg_list }
+    }
+
+    /// The posted WQEs' `wr_id`s and first SGE addresses, oldest first (taking them).
+    fn drain(ring: &RecvRing) -> Vec<(u64, u64)> {
+        std::iter::from_fn(|| ring.pop_claimed(|w| (ld(&w[0]), rq_sge(w, 0).addr))).collect()
+    }
+
+    /// A list of receive WRs is posted in order up to the first WR that breaks a rule (named by
+    /// its index) or does not fit (the full queue named at its index); the WRs before it are
+    /// posted, none after it. Sabotaged (the batch claiming every WR of the list, the bad one's
+    /// followers included): failed ("the WRs before the bad one, and none after it").
+    #[test]
+    fn a_list_is_posted_up_to_the_first_bad_or_unfitting_wr() {
+        let ring = RecvRing::new(4);
+        let one = [Sge { addr: 0x1000, length: 64, lkey: 7 }];
+        let two = [Sge { addr: 0x2000, length: 64, lkey: 7 }, Sge { addr: 0x3000, length: 64, lkey: 7 }];
+        // max_sge 1: the WR with two SGEs (index 2) breaks the rule.
+        let list = [wr(1, &one), wr(2, &one), wr(3, &two), wr(4, &one)];
+        match post_recv_ring(&ring, "ibv_post_srq_recv", 1, &list) {
+            Err(VerbsError::BadWorkRequest { index: 2, reason, .. }) => {
+                assert!(reason.contains("2 SGEs"), "{reason}")
+            }
+            other => panic!("expected WR 2 refused, got {other:?}"),
+        }
+        assert_eq!(drain(&ring), [(1, 0x1000), (2, 0x1000)], "the WRs before the bad one, and none after it");
+        // Room for 4: a list of 6 posts the first 4 and names WR 4 as the one that did not fit.
+        let list: Vec<RecvWr<'_>> = (10..16).map(|i| wr(i, &one)).collect();
+        match post_recv_ring(&ring, "ibv_post_recv", 1, &list) {
+            Err(VerbsError::BadWorkRequest { index: 4, reason, .. }) => {
+                assert!(reason.contains("receive queue full"), "{reason}")
+            }
+            other => panic!("expected WR 4 not to fit, got {other:?}"),
+        }
+        assert_eq!(drain(&ring).iter().map(|w| w.0).collect::<Vec<_>>(), [10, 11, 12, 13]);
+        // One WR, and a list that fits whole, with two SGEs allowed.
+        post_recv_ring(&ring, "ibv_post_recv", 2, &[wr(20, &two)]).unwrap();
+        post_recv_ring(&ring, "ibv_post_recv", 2, &[wr(21, &one), wr(22, &two)]).unwrap();
+        assert_eq!(drain(&ring), [(20, 0x2000), (21, 0x1000), (22, 0x2000)]);
+    }
+}
