@@ -653,6 +653,11 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
+            // `Event` with no spins, and the poll drained the CQ (fewer than a batch): the loop
+            // goes idle now, arming the CQ straight after this work, not after one more pass
+            // that would only poll it empty (the peek after the arming sees what landed since
+            // the poll: `Idle::pause`). A blocking caller's every call costs one pass, not two.
+            let idle_now = n < POLL_BATCH && (n > 0 || ran > 0) && idle.blocks_at_first_empty();
             // Timers: the clock is read only while a session has something timed (unanswered
             // calls, the idle probe of a client that answers it) or a sweep may be due, and then
             // rarely (every few dozen empty polls, every thousand busy iterations); the timed
@@ -661,7 +666,12 @@ impl<P: Provider> Worker<P> {
             // only at every `TIMER_CHECK_IDLE`-th time the loop goes idle (or every
             // `TIMER_CHECK_IDLE` empty polls of a long idle stretch, or every `TIMER_CHECK_BUSY`
             // busy iterations), which is still many times per `TIMER_TICK`.
-            let check = if n > 0 {
+            let check = if idle_now {
+                // Goes idle as a first empty poll would (below).
+                went_idle = went_idle.wrapping_add(1);
+                went_idle % TIMER_CHECK_IDLE == 0
+                    && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
+            } else if n > 0 {
                 iterations % TIMER_CHECK_BUSY == 0
                     && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
             } else if idle.empty_polls() % TIMER_CHECK_IDLE != 0
@@ -721,7 +731,9 @@ impl<P: Provider> Worker<P> {
                         break;
                     }
                 }
-                continue;
+                if !idle_now {
+                    continue;
+                }
             }
             if self.shared.draining.load(Ordering::Acquire) {
                 let deadline =
