@@ -72,6 +72,15 @@ impl Idle {
         self.armed = false;
     }
 
+    /// `Event` with no spins: the first empty poll after work arms the CQ and blocks (when the
+    /// peek after the arming finds it empty). A loop whose poll drained the CQ may then arm
+    /// at once instead of polling it empty first: the peek after the arming sees what came
+    /// since the poll ([`Idle::pause`]).
+    #[inline]
+    pub(crate) fn blocks_at_first_empty(&self) -> bool {
+        matches!(self.policy, PollingPolicy::Event { spins: 0 })
+    }
+
     /// Empty polls since the last work.
     pub(crate) fn empty_polls(&self) -> u32 {
         self.empty

@@ -476,6 +476,9 @@ pub(crate) struct Worker<P: Provider> {
     ctx: RequestContext,
     /// `ServerConfig::interceptor`.
     interceptor: Option<ServerInterceptor>,
+    /// No interceptor and nothing observed (`ServerConfig::observe`): a call may take the plain
+    /// path ([`Worker::dispatch`]).
+    plain_server: bool,
     /// The last request's metadata once no handler holds it: the next block is decoded into
     /// its buffer.
     spare_metadata: Option<Arc<crate::metadata::Metadata>>,
@@ -537,6 +540,7 @@ impl<P: Provider> Worker<P> {
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx,
+            plain_server: interceptor.is_none() && !limits.observe.any(),
             interceptor,
             spare_metadata: None,
             ended: Vec::new(),
@@ -653,6 +657,11 @@ impl<P: Provider> Worker<P> {
                 tracing::error!(worker = self.shared.index, error = %e, "reposting receive buffers failed");
             }
             iterations = iterations.wrapping_add(1);
+            // `Event` with no spins, and the poll drained the CQ (fewer than a batch): the loop
+            // goes idle now, arming the CQ straight after this work, not after one more pass
+            // that would only poll it empty (the peek after the arming sees what landed since
+            // the poll: `Idle::pause`). A blocking caller's every call costs one pass, not two.
+            let idle_now = n < POLL_BATCH && (n > 0 || ran > 0) && idle.blocks_at_first_empty();
             // Timers: the clock is read only while a session has something timed (unanswered
             // calls, the idle probe of a client that answers it) or a sweep may be due, and then
             // rarely (every few dozen empty polls, every thousand busy iterations); the timed
@@ -661,7 +670,12 @@ impl<P: Provider> Worker<P> {
             // only at every `TIMER_CHECK_IDLE`-th time the loop goes idle (or every
             // `TIMER_CHECK_IDLE` empty polls of a long idle stretch, or every `TIMER_CHECK_BUSY`
             // busy iterations), which is still many times per `TIMER_TICK`.
-            let check = if n > 0 {
+            let check = if idle_now {
+                // Goes idle as a first empty poll would (below).
+                went_idle = went_idle.wrapping_add(1);
+                went_idle % TIMER_CHECK_IDLE == 0
+                    && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
+            } else if n > 0 {
                 iterations % TIMER_CHECK_BUSY == 0
                     && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
             } else if idle.empty_polls() % TIMER_CHECK_IDLE != 0
@@ -721,7 +735,9 @@ impl<P: Provider> Worker<P> {
                         break;
                     }
                 }
-                continue;
+                if !idle_now {
+                    continue;
+                }
             }
             if self.shared.draining.load(Ordering::Acquire) {
                 let deadline =
@@ -1942,6 +1958,7 @@ impl<P: Provider> Worker<P> {
             scratch,
             ctx,
             interceptor,
+            plain_server,
             limits,
             spare_metadata,
             ended,
@@ -1995,261 +2012,269 @@ impl<P: Provider> Worker<P> {
             }
         }
         // Answers leave in order: while earlier ones wait for ring space, this one waits behind them.
-        let mut send_buf = if entry.backlog.is_empty() { entry.conn.acquire(send) } else { None };
-        let (eager_buf, owned) = match received {
-            Received::Eager(b) => (Some(b), None),
-            Received::Owned(v) => (None, Some(v)),
-        };
-        let mut body = match (&eager_buf, owned) {
-            (Some(b), _) => Body::slice(recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
-            (None, Some(o)) => Body::owned(entry.conn.session.body_bytes(o)),
-            (None, None) => Body::slice(&[]),
-        };
-        // Request metadata: split off the body's front (refused calls answer before any handler).
-        let mut refused = None;
-        if h.metadata {
-            (body, refused) =
-                split_metadata(body, limits.max_metadata, &mut ctx.info.metadata, spare_metadata);
-            if h.metadata_cache == crate::wire::METADATA_STORE {
-                entry.kept_metadata = Some(kept_block(ctx.info.metadata.clone(), refused.clone()));
-            }
-        } else if h.metadata_cache == crate::wire::METADATA_CACHED {
-            // The session checked that a block was stored before (the flag is a violation
-            // otherwise), so the last arm is unreachable.
-            match &entry.kept_metadata {
-                Some(Ok(md)) => ctx.info.metadata = Some(md.clone()),
-                Some(Err(s)) => refused = Some(s.clone()),
-                None => refused = Some(Status::internal("no cached metadata block")),
-            }
-        }
-        let body_len = body.len();
-        let ctx = &*ctx;
-        let cap = entry.conn.body_cap;
-        let Conn { areas, session, spare, .. } = &mut entry.conn;
-        let pool = &mut *send;
-        let eager_threshold = session.params().eager_threshold;
-        let (eager, session) = match send_buf.as_mut() {
-            Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(&mut *session)),
-            None => (&mut scratch[..cap], None),
-        };
-        // Staging space is taken in outbox order: behind waiting answers, a body that must wait
-        // stays unencoded (`Outcome::Later`) and is encoded when it reaches the front, so it
-        // never waits for space an answer behind it holds.
-        // No send mirror yet (or given back): the view of none and an empty span; a body above
-        // the eager threshold then waits unencoded and registers them (`encode_body`).
-        let total = areas.staging_len();
-        let (mirror, offset, bytes) = areas.views(entry.backlog.is_empty());
-        // The worker's pool, which every session of the worker sends from (`SendAreas`).
-        let registered = ctx.registered.as_deref();
-        let staging = StagingSpan { offset, bytes, eager_threshold, spare, total, registered };
-        let mut out = ReplyWriter {
-            response: &ctx.response,
-            metadata: false,
-            eager,
-            mirror,
-            staging,
-            session,
-            outcome: Outcome::Unset,
-        };
-        // The handler ran (else an observed call refused before it is recorded here).
-        let mut ran = false;
-        if draining {
-            out.error(Status::unavailable("server is shutting down"));
-        } else if let Some(s) = refused {
-            out.error(s);
-        } else if deadline.is_some_and(|d| d <= Instant::now()) {
-            out.error(Status::deadline_exceeded("the call's deadline passed before it was dispatched"));
-        } else if let Some(s) =
-            interceptor.as_ref().filter(|_| found.is_some()).and_then(|i| i.intercept(&ctx.info).err())
-        {
-            out.error(s);
-        } else {
-            match found {
-                None => out.error(Status::method_not_served(h.method)),
-                Some((svc, name)) => {
-                    ran = true;
-                    // The calls the handler makes inherit this call's deadline.
-                    let _serving = crate::context::serving(deadline);
-                    let r = if limits.observe.any() {
-                        let len = body.len();
-                        observed(limits.observe, ctx, name, len, || {
-                            catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
-                        })
-                    } else {
-                        catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
+        let send_buf = if entry.backlog.is_empty() { entry.conn.acquire(send) } else { None };
+        // The plain call: no request metadata (sent or cached), no deadline, no stream, no
+        // interceptor, not observed, the server not draining, a send buffer for its answer
+        // (nothing waits before it) and a served method. Its handler runs at once, with none of
+        // the checks and set-up those need; every other call takes the general path. Both answer
+        // through the same tail below.
+        let plain = *plain_server
+            && deadline.is_none()
+            && !draining
+            && h.stream == 0
+            && !h.metadata
+            && h.metadata_cache == 0;
+        // The answer went out at once (`Conn::send_now`): `Some(posted)`; what waits in the backlog.
+        let (direct, spilled) = 'answer: {
+            let (outcome, metadata, eager_buf, send_buf, source, sink) = match (received, send_buf, found) {
+                (Received::Eager(b), Some(mut sb), Some((svc, name))) if plain => {
+                    let body = Body::slice(recv.bytes(&b).get(HEADER_LEN..).unwrap_or(&[]));
+                    let ctx = &*ctx;
+                    let mut out = reply_writer(&mut entry.conn, send, Some(&mut sb), scratch, true, ctx);
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
+                    {
+                        handler_panicked(name, &*p, &mut out);
+                    }
+                    // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
+                    let ReplyWriter { outcome, metadata, .. } = out;
+                    let (source, sink) = (ctx.source.take(), ctx.stream.take());
+                    if let (Outcome::Eager(n), None, None) = (&outcome, &source, &sink) {
+                        // The common answer: an eager body, no stream taken.
+                        let n = *n;
+                        // `Eager` owns nothing: forgotten, not dropped (no call of the
+                        // out-of-line drop of `Outcome` per answer).
+                        std::mem::forget(outcome);
+                        recv.repost(b);
+                        break 'answer (
+                            answer_eager(&mut entry.conn, send, wcs, counters, sb, h, metadata, n, tag),
+                            None,
+                        );
+                    }
+                    (outcome, metadata, Some(b), Some(sb), source, sink)
+                }
+                (received, mut send_buf, found) => {
+                    let (eager_buf, owned) = match received {
+                        Received::Eager(b) => (Some(b), None),
+                        Received::Owned(v) => (None, Some(v)),
                     };
-                    if let Err(p) = r {
-                        let what = panic_text(&*p);
-                        tracing::warn!(method = name, panic = %what, "handler panicked");
-                        out.error(Status::internal(format!("handler of {name} panicked: {what}")));
+                    let mut body = match (&eager_buf, owned) {
+                        (Some(b), _) => Body::slice(recv.bytes(b).get(HEADER_LEN..).unwrap_or(&[])),
+                        (None, Some(o)) => Body::owned(entry.conn.session.body_bytes(o)),
+                        (None, None) => Body::slice(&[]),
+                    };
+                    // Request metadata: split off the body's front (refused calls answer before any handler).
+                    let mut refused = None;
+                    if h.metadata {
+                        (body, refused) =
+                            split_metadata(body, limits.max_metadata, &mut ctx.info.metadata, spare_metadata);
+                        if h.metadata_cache == crate::wire::METADATA_STORE {
+                            entry.kept_metadata =
+                                Some(kept_block(ctx.info.metadata.clone(), refused.clone()));
+                        }
+                    } else if h.metadata_cache == crate::wire::METADATA_CACHED {
+                        // The session checked that a block was stored before (the flag is a violation
+                        // otherwise), so the last arm is unreachable.
+                        match &entry.kept_metadata {
+                            Some(Ok(md)) => ctx.info.metadata = Some(md.clone()),
+                            Some(Err(s)) => refused = Some(s.clone()),
+                            None => refused = Some(Status::internal("no cached metadata block")),
+                        }
+                    }
+                    let body_len = body.len();
+                    let ctx = &*ctx;
+                    let backlog_empty = entry.backlog.is_empty();
+                    let mut out =
+                        reply_writer(&mut entry.conn, send, send_buf.as_mut(), scratch, backlog_empty, ctx);
+                    // The handler ran (else an observed call refused before it is recorded here).
+                    let mut ran = false;
+                    if draining {
+                        out.error(Status::unavailable("server is shutting down"));
+                    } else if let Some(s) = refused {
+                        out.error(s);
+                    } else if deadline.is_some_and(|d| d <= Instant::now()) {
+                        out.error(Status::deadline_exceeded(
+                            "the call's deadline passed before it was dispatched",
+                        ));
+                    } else if let Some(s) = interceptor
+                        .as_ref()
+                        .filter(|_| found.is_some())
+                        .and_then(|i| i.intercept(&ctx.info).err())
+                    {
+                        out.error(s);
+                    } else {
+                        match found {
+                            None => out.error(Status::method_not_served(h.method)),
+                            Some((svc, name)) => {
+                                ran = true;
+                                // The calls the handler makes inherit this call's deadline.
+                                let _serving = crate::context::serving(deadline);
+                                let r = if limits.observe.any() {
+                                    let len = body.len();
+                                    observed(limits.observe, ctx, name, len, || {
+                                        catch_unwind(AssertUnwindSafe(|| {
+                                            svc.call(h.method, ctx, body, &mut out)
+                                        }))
+                                    })
+                                } else {
+                                    catch_unwind(AssertUnwindSafe(|| svc.call(h.method, ctx, body, &mut out)))
+                                };
+                                if let Err(p) = r {
+                                    handler_panicked(name, &*p, &mut out);
+                                }
+                            }
+                        }
+                    }
+                    // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
+                    let ReplyWriter { outcome, metadata, .. } = out;
+                    if limits.observe.any() {
+                        match (&outcome, found) {
+                            (Outcome::Error(s), Some((_, name))) if !ran => {
+                                observe_refused(limits.observe, ctx, name, body_len, s.code())
+                            }
+                            _ => observe_end(ctx, &outcome, ended),
+                        }
+                    }
+                    (outcome, metadata, eager_buf, send_buf, ctx.source.take(), ctx.stream.take())
+                }
+            };
+            let ctx = &*ctx;
+            if !matches!(outcome, Outcome::Deferred) {
+                // Answered at once (a handler that took a stream and answered anyway, or panicked):
+                // the answer ends the streams, nothing is read and nothing sent. The sink's producer
+                // learns it at its next send (else it would wait forever for a worker that never
+                // takes its messages), and the sink goes with this call, not with the next one.
+                if let Some(src) = &source {
+                    src.cancel();
+                }
+                if let Some(sink) = &sink {
+                    sink.cancel();
+                }
+            }
+            if let Some(b) = eager_buf {
+                recv.repost(b);
+            }
+            // Built only where the answer waits or is queued: an eager answer sent at once is
+            // encoded from the call's fields (`Conn::send_response_now`).
+            let header = || Header {
+                slot: h.slot,
+                generation: h.generation,
+                method: h.method,
+                metadata,
+                ..Header::new(Kind::Response)
+            };
+            let answered = |status: Code, len: u32, counters: &mut Counters| {
+                counters.bytes_out += u64::from(len);
+                counters.rpcs += 1;
+                counters.status(status);
+            };
+            let mut direct = None;
+            let spilled = match (outcome, send_buf) {
+                (Outcome::Deferred, b) => {
+                    // Set on the context after the answer was deferred: not the deferred answer's.
+                    drop(ctx.response.take());
+                    if let Some(b) = b {
+                        entry.conn.give_back(send, b);
+                    }
+                    if let Some(flag) = ctx.cancel_flag.take() {
+                        entry.deferred.push((h.slot, h.generation, flag));
+                    }
+                    if sink.is_some() || source.is_some() {
+                        entry.streams.push(OpenStream {
+                            slot: h.slot,
+                            generation: h.generation,
+                            method: h.method,
+                            sink,
+                            source,
+                            seen_open: 0,
+                        });
+                        if !self.streaming.contains(&idx) {
+                            self.streaming.push(idx);
+                        }
+                    }
+                    None
+                }
+                (Outcome::Eager(n), Some(b)) => {
+                    direct = answer_eager(&mut entry.conn, send, wcs, counters, b, h, metadata, n, tag);
+                    None
+                }
+                (Outcome::Ring { offset, len }, Some(b)) => {
+                    entry.conn.queue(send, b, header(), BodyAt::Ring { offset, len });
+                    entry.conn.session.on_answer_for(h.slot, h.generation);
+                    answered(Code::Ok, len, counters);
+                    None
+                }
+                (Outcome::Error(s), Some(b)) => {
+                    let status = entry.conn.queue_error(send, b, header(), &s);
+                    entry.conn.session.on_answer_for(h.slot, h.generation);
+                    answered(status, 0, counters);
+                    None
+                }
+                (Outcome::Unset, Some(mut b)) => {
+                    drop(ctx.response.take());
+                    let body = entry.conn.copy_eager(send, &mut b, b"handler returned no answer");
+                    entry.conn.queue(send, b, Header { status: Code::Internal, ..header() }, body);
+                    entry.conn.session.on_answer_for(h.slot, h.generation);
+                    answered(Code::Internal, 0, counters);
+                    None
+                }
+                (Outcome::Staged { offset, len }, b) => {
+                    if let Some(b) = b {
+                        entry.conn.give_back(send, b);
+                    }
+                    counters.ring_full_stalls += 1;
+                    match entry.conn.staging_commit(offset, len) {
+                        Some(staged) => Some(Waiting::Body(Outgoing::staged(header(), staged))),
+                        None => Some(Waiting::Error(
+                            header(),
+                            Status::internal("staged answer outside the staging area"),
+                        )),
                     }
                 }
-            }
-        }
-        // Moved out, not replaced: the writer is gone with no drop of an `Outcome` left in it.
-        let ReplyWriter { outcome, metadata, .. } = out;
-        if limits.observe.any() {
-            match (&outcome, found) {
-                (Outcome::Error(s), Some((_, name))) if !ran => {
-                    observe_refused(limits.observe, ctx, name, body_len, s.code())
-                }
-                _ => observe_end(ctx, &outcome, ended),
-            }
-        }
-        let source = ctx.source.take();
-        let sink = ctx.stream.take();
-        if !matches!(outcome, Outcome::Deferred) {
-            // Answered at once (a handler that took a stream and answered anyway, or panicked):
-            // the answer ends the streams, nothing is read and nothing sent. The sink's producer
-            // learns it at its next send (else it would wait forever for a worker that never
-            // takes its messages), and the sink goes with this call, not with the next one.
-            if let Some(src) = &source {
-                src.cancel();
-            }
-            if let Some(sink) = &sink {
-                sink.cancel();
-            }
-        }
-        if let Some(b) = eager_buf {
-            recv.repost(b);
-        }
-        // Built only where the answer waits or is queued: an eager answer sent at once is
-        // encoded from the call's fields (`Conn::send_response_now`).
-        let header = || Header {
-            slot: h.slot,
-            generation: h.generation,
-            method: h.method,
-            metadata,
-            ..Header::new(Kind::Response)
-        };
-        let answered = |status: Code, len: u32, counters: &mut Counters| {
-            counters.bytes_out += u64::from(len);
-            counters.rpcs += 1;
-            counters.status(status);
-        };
-        // The answer went out at once (`Conn::send_now`): `Some(posted)`.
-        let mut direct = None;
-        let spilled = match (outcome, send_buf) {
-            (Outcome::Deferred, b) => {
-                // Set on the context after the answer was deferred: not the deferred answer's.
-                drop(ctx.response.take());
-                if let Some(b) = b {
-                    entry.conn.give_back(send, b);
-                }
-                if let Some(flag) = ctx.cancel_flag.take() {
-                    entry.deferred.push((h.slot, h.generation, flag));
-                }
-                if sink.is_some() || source.is_some() {
-                    entry.streams.push(OpenStream {
-                        slot: h.slot,
-                        generation: h.generation,
-                        method: h.method,
-                        sink,
-                        source,
-                        seen_open: 0,
-                    });
-                    if !self.streaming.contains(&idx) {
-                        self.streaming.push(idx);
+                (Outcome::Later(msg), Some(b)) if !entry.conn.areas.is_live() => {
+                    // It waited only for the send mirror (the session's first ring body, or its
+                    // first since they were given back): registered now, and placed as it would
+                    // have been with them.
+                    match entry.conn.place_late(send, b, header(), msg) {
+                        conn::LatePlaced::Sent(len) => {
+                            entry.conn.session.on_answer_for(h.slot, h.generation);
+                            answered(Code::Ok, len, counters);
+                            None
+                        }
+                        conn::LatePlaced::Wait(msg) => {
+                            counters.ring_full_stalls += 1;
+                            Some(Waiting::Body(Outgoing::later(header(), msg)))
+                        }
+                        conn::LatePlaced::Failed(s) => Some(Waiting::Error(header(), s)),
                     }
                 }
-                None
-            }
-            (Outcome::Eager(n), Some(b)) => {
-                if wcs.pending() == 0 {
-                    // The last completion of the poll batch: no other answer of this batch can
-                    // join this one's doorbell any more, so it is posted now (behind what the
-                    // session queued before it, in one list), not queued for `flush_dirty`.
-                    // Answers to a batch of requests are queued and go as one list with the
-                    // last one's.
-                    direct = Some(
-                        entry
-                            .conn
-                            .send_response_now(send, b, (h.slot, h.generation, h.method, metadata), n, tag)
-                            .is_ok(),
-                    );
-                } else {
-                    entry.conn.queue(send, b, header(), BodyAt::Eager(n));
-                }
-                entry.conn.session.on_answer_for(h.slot, h.generation);
-                answered(Code::Ok, n, counters);
-                None
-            }
-            (Outcome::Ring { offset, len }, Some(b)) => {
-                entry.conn.queue(send, b, header(), BodyAt::Ring { offset, len });
-                entry.conn.session.on_answer_for(h.slot, h.generation);
-                answered(Code::Ok, len, counters);
-                None
-            }
-            (Outcome::Error(s), Some(b)) => {
-                let status = entry.conn.queue_error(send, b, header(), &s);
-                entry.conn.session.on_answer_for(h.slot, h.generation);
-                answered(status, 0, counters);
-                None
-            }
-            (Outcome::Unset, Some(mut b)) => {
-                drop(ctx.response.take());
-                let body = entry.conn.copy_eager(send, &mut b, b"handler returned no answer");
-                entry.conn.queue(send, b, Header { status: Code::Internal, ..header() }, body);
-                entry.conn.session.on_answer_for(h.slot, h.generation);
-                answered(Code::Internal, 0, counters);
-                None
-            }
-            (Outcome::Staged { offset, len }, b) => {
-                if let Some(b) = b {
-                    entry.conn.give_back(send, b);
-                }
-                counters.ring_full_stalls += 1;
-                match entry.conn.staging_commit(offset, len) {
-                    Some(staged) => Some(Waiting::Body(Outgoing::staged(header(), staged))),
-                    None => Some(Waiting::Error(
-                        header(),
-                        Status::internal("staged answer outside the staging area"),
-                    )),
-                }
-            }
-            (Outcome::Later(msg), Some(b)) if !entry.conn.areas.is_live() => {
-                // It waited only for the send mirror (the session's first ring body, or its
-                // first since they were given back): registered now, and placed as it would
-                // have been with them.
-                match entry.conn.place_late(send, b, header(), msg) {
-                    conn::LatePlaced::Sent(len) => {
-                        entry.conn.session.on_answer_for(h.slot, h.generation);
-                        answered(Code::Ok, len, counters);
-                        None
+                (Outcome::Later(msg), b) => {
+                    if let Some(b) = b {
+                        entry.conn.give_back(send, b);
                     }
-                    conn::LatePlaced::Wait(msg) => {
-                        counters.ring_full_stalls += 1;
-                        Some(Waiting::Body(Outgoing::later(header(), msg)))
+                    counters.ring_full_stalls += 1;
+                    Some(Waiting::Body(Outgoing::later(header(), msg)))
+                }
+                (Outcome::Spilled(bytes), b) => {
+                    if let Some(b) = b {
+                        entry.conn.give_back(send, b);
                     }
-                    conn::LatePlaced::Failed(s) => Some(Waiting::Error(header(), s)),
+                    counters.ring_full_stalls += 1;
+                    Some(spill(header(), Ok(*bytes)))
                 }
-            }
-            (Outcome::Later(msg), b) => {
-                if let Some(b) = b {
-                    entry.conn.give_back(send, b);
+                (Outcome::Gathered(body), b) => {
+                    if let Some(b) = b {
+                        entry.conn.give_back(send, b);
+                    }
+                    Some(spill(header(), Ok(*body)))
                 }
-                counters.ring_full_stalls += 1;
-                Some(Waiting::Body(Outgoing::later(header(), msg)))
-            }
-            (Outcome::Spilled(bytes), b) => {
-                if let Some(b) = b {
-                    entry.conn.give_back(send, b);
+                (Outcome::Eager(n), None) => Some(spill(header(), Ok(scratch[..n as usize].to_vec()))),
+                (Outcome::Error(s), None) => Some(Waiting::Error(header(), s)),
+                (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
+                    drop(ctx.response.take());
+                    Some(Waiting::Error(header(), Status::internal("handler returned no answer")))
                 }
-                counters.ring_full_stalls += 1;
-                Some(spill(header(), Ok(*bytes)))
-            }
-            (Outcome::Gathered(body), b) => {
-                if let Some(b) = b {
-                    entry.conn.give_back(send, b);
-                }
-                Some(spill(header(), Ok(*body)))
-            }
-            (Outcome::Eager(n), None) => Some(spill(header(), Ok(scratch[..n as usize].to_vec()))),
-            (Outcome::Error(s), None) => Some(Waiting::Error(header(), s)),
-            (Outcome::Unset, None) | (Outcome::Ring { .. }, None) => {
-                drop(ctx.response.take());
-                Some(Waiting::Error(header(), Status::internal("handler returned no answer")))
-            }
+            };
+            (direct, spilled)
         };
         // Posted: `flush_dirty` has something to do for the session only when a control message
         // is due (a CreditGrant this request's credit raised, say), a raise waits for receive
@@ -2289,6 +2314,95 @@ struct Wc {
     opcode: WcOpcode,
     qp_num: u32,
     invalidated: bool,
+}
+
+/// The writer a handler answers into: its eager body in `send_buf`'s buffer (with none, in
+/// `scratch`, and the answer waits on the heap), the send mirror and the staging span of `conn`.
+/// Staging space is taken in outbox order: behind waiting answers (`backlog_empty` false) a
+/// body that must wait stays unencoded (`Outcome::Later`) and is encoded when it reaches the
+/// front, so it never waits for space an answer behind it holds. With no send mirror yet (or
+/// given back): the view of none and an empty span; a body above the eager threshold then
+/// waits unencoded and registers them (`encode_body`).
+#[inline]
+fn reply_writer<'a, P: Provider>(
+    conn: &'a mut Conn<P>,
+    pool: &'a mut SendPool<P>,
+    send_buf: Option<&'a mut crate::buffers::SendBuf>,
+    scratch: &'a mut [u8],
+    backlog_empty: bool,
+    ctx: &'a RequestContext,
+) -> ReplyWriter<'a> {
+    let cap = conn.body_cap;
+    let Conn { areas, session, spare, .. } = conn;
+    let eager_threshold = session.params().eager_threshold;
+    let (eager, session) = match send_buf {
+        Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(session)),
+        None => (&mut scratch[..cap], None),
+    };
+    let total = areas.staging_len();
+    let (mirror, offset, bytes) = areas.views(backlog_empty);
+    // The worker's pool, which every session of the worker sends from (`SendAreas`).
+    let registered = ctx.registered.as_deref();
+    let staging = StagingSpan { offset, bytes, eager_threshold, spare, total, registered };
+    ReplyWriter {
+        response: &ctx.response,
+        metadata: false,
+        eager,
+        mirror,
+        staging,
+        session,
+        outcome: Outcome::Unset,
+    }
+}
+
+/// Answers call `h` with the eager body of `n` bytes its handler wrote into `b`: posted at once
+/// when it is the last completion of the poll batch (`Some(posted)`), else queued to go as one
+/// list with the batch's last answer (`None`). The session and the counters note the answer.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn answer_eager<P: Provider>(
+    conn: &mut Conn<P>,
+    send: &mut SendPool<P>,
+    wcs: &Completions<POLL_BATCH>,
+    counters: &mut Counters,
+    b: crate::buffers::SendBuf,
+    h: &Header,
+    metadata: bool,
+    n: u32,
+    tag: u32,
+) -> Option<bool> {
+    let direct = if wcs.pending() == 0 {
+        // The last completion of the poll batch: no other answer of this batch can join this
+        // one's doorbell any more, so it is posted now (behind what the session queued before
+        // it, in one list), not queued for `flush_dirty`. Answers to a batch of requests are
+        // queued and go as one list with the last one's.
+        Some(conn.send_response_now(send, b, (h.slot, h.generation, h.method, metadata), n, tag).is_ok())
+    } else {
+        let header = Header {
+            slot: h.slot,
+            generation: h.generation,
+            method: h.method,
+            metadata,
+            ..Header::new(Kind::Response)
+        };
+        conn.queue(send, b, header, BodyAt::Eager(n));
+        None
+    };
+    conn.session.on_answer_for(h.slot, h.generation);
+    counters.bytes_out += u64::from(n);
+    counters.rpcs += 1;
+    counters.status(Code::Ok);
+    direct
+}
+
+/// Answers a call whose handler (of `name`) panicked with `panic`: INTERNAL naming the method
+/// and the panic's text (unless the handler answered before it panicked).
+#[cold]
+#[inline(never)]
+fn handler_panicked(name: &'static str, panic: &(dyn std::any::Any + Send), out: &mut ReplyWriter<'_>) {
+    let what = panic_text(panic);
+    tracing::warn!(method = name, panic = %what, "handler panicked");
+    out.error(Status::internal(format!("handler of {name} panicked: {what}")));
 }
 
 /// Runs `call` (the handler) observed (`ServerConfig::observe`): its span entered and its trace
