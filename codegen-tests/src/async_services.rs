@@ -43,6 +43,10 @@ impl AsyncImpl {
         self.seen.started.fetch_add(1, Ordering::SeqCst);
         let mut guard = Guard(&self.seen, false);
         if request.delay_ms > 0 {
+            // Waits at its first poll whatever the clock: a sleep of a millisecond whose first
+            // poll comes after its deadline (a thread preempted on a loaded machine) is ready at
+            // once, which made `e2e_async` count one task fewer than it expects (33, not 34).
+            tokio::task::yield_now().await;
             tokio::time::sleep(Duration::from_millis(u64::from(request.delay_ms))).await;
         }
         if request.panic {
