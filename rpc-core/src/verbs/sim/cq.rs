@@ -350,7 +350,14 @@ impl CompletionQueue for SimCq {
 
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let ev = self.events("ibv_req_notify_cq")?;
-        ev.armed.store(if solicited_only { ARMED_SOLICITED } else { ARMED_ANY }, Ordering::SeqCst);
+        // Relaxed, then the fence (not a `SeqCst` store, an `xchg` on x86, and the fence): the
+        // pairing with `publish_send` is fence against fence. That side publishes the CQE
+        // (`seq`, release), fences, loads `armed`; this side stores `armed`, fences, and the
+        // caller's next poll loads `seq`. Whichever fence comes first in the single total
+        // order of `SeqCst` fences, the load after the other one sees the store before the
+        // first: the producer sees the arming or the armer's poll sees the CQE (C++20
+        // [atomics.order], fence-to-fence), with relaxed stores and loads on both sides.
+        ev.armed.store(if solicited_only { ARMED_SOLICITED } else { ARMED_ANY }, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         Ok(())
     }

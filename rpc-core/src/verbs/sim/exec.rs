@@ -116,19 +116,35 @@ unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
             (d.add(n - k) as *mut T).write_unaligned(b);
         }
     }
+    /// Copies `16 * K` bytes as `K` 16-byte lanes held in registers (an array type would be
+    /// moved through the stack).
+    #[inline(always)]
+    unsafe fn lanes<const K: usize>(s: *const u8, d: *mut u8) {
+        let mut v = [0u128; K];
+        for (i, x) in v.iter_mut().enumerate() {
+            // SAFETY: the callers' ranges hold `16 * K` bytes at `s` and `d`.
+            *x = unsafe { (s.add(16 * i) as *const u128).read_unaligned() };
+        }
+        for (i, x) in v.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { (d.add(16 * i) as *mut u128).write_unaligned(*x) };
+        }
+    }
     // SAFETY: in every branch the size class satisfies `two`'s bound (`n <= 128`: the caller's),
-    // and in the first `64 <= n`, so `[0, 64)` and `[n - 64, n)` lie in both ranges (disjoint,
-    // as the caller promised, so the order of the loads and stores does not matter).
+    // in the first `64 <= n`, so `[0, 64)` and `[n - 64, n)` lie in both ranges, and in the
+    // second `32 <= n`, so `[0, 32)` and `[n - 32, n)` do (disjoint, as the caller promised, so
+    // the order of the loads and stores does not matter).
     unsafe {
         // Largest class first: a small RPC's SEND (header and body) is 64 to 128 bytes.
         if n >= 64 {
             // The ranges are disjoint: the head's 64 bytes, then the tail's (overlapping the
             // head's when `n < 128`), so that no more than four vectors are live at once.
-            let (a, b) = (s.add(n - 64), d.add(n - 64));
-            (d as *mut [u128; 4]).write_unaligned((s as *const [u128; 4]).read_unaligned());
-            (b as *mut [u128; 4]).write_unaligned((a as *const [u128; 4]).read_unaligned());
+            lanes::<4>(s, d);
+            lanes::<4>(s.add(n - 64), d.add(n - 64));
         } else if n >= 32 {
-            two::<[u128; 2]>(s, d, n)
+            // Disjoint as well: the head's 32 bytes, then the tail's.
+            lanes::<2>(s, d);
+            lanes::<2>(s.add(n - 32), d.add(n - 32));
         } else if n >= 16 {
             two::<u128>(s, d, n)
         } else if n >= 8 {
@@ -258,12 +274,25 @@ impl QpCore {
                         Err(_) => return Ok(Outcome::Fail(WcStatus::IBV_WC_LOC_PROT_ERR)),
                     }
                 }
+                // Only a gather list can exceed the largest message: inline payloads are at
+                // most `max_inline_data` (checked at post time, at most `MAX_INLINE`).
+                if len > MAX_MSG {
+                    return Ok(Outcome::Fail(WcStatus::IBV_WC_LOC_LEN_ERR));
+                }
             }
             Src::Inline(bytes) => {
                 if !bytes.is_empty() {
                     segs[0].write((bytes.as_ptr() as *mut u8, bytes.len()));
                     n = 1;
                     len = bytes.len() as u64;
+                }
+            }
+            // The usual inline SEND: one buffer, without a loop's set-up.
+            Src::Raw([s]) => {
+                if s.length > 0 {
+                    segs[0].write((s.addr as *mut u8, s.length as usize));
+                    n = 1;
+                    len = s.length as u64;
                 }
             }
             Src::Raw(sges) => {
@@ -279,9 +308,6 @@ impl QpCore {
         }
         // SAFETY: the first `n` entries of `segs` were written above.
         let segs = unsafe { std::slice::from_raw_parts(segs.as_ptr() as *const Seg, n) };
-        if len > MAX_MSG {
-            return Ok(Outcome::Fail(WcStatus::IBV_WC_LOC_LEN_ERR));
-        }
 
         // The network.
         if self.sh().resp.drop_traffic.load(Ordering::Relaxed) || !self.host.is_alive() {

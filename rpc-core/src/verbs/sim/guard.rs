@@ -28,6 +28,12 @@ impl SpinGuard {
         if self.locked.load(Ordering::Relaxed) {
             return false;
         }
+        self.cas()
+    }
+
+    /// Takes the guard with a CAS, counting the section first (undone if the CAS fails).
+    #[inline(always)]
+    fn cas(&self) -> bool {
         // Counted before the CAS: the CAS (a locked instruction, a full barrier on x86) makes
         // the count visible before anything the holder then reads (a key a grace period
         // invalidated), as `synchronize`'s fence requires.
@@ -41,9 +47,14 @@ impl SpinGuard {
         taken
     }
 
-    /// Takes the guard, spinning (then yielding) while another thread holds it.
+    /// Takes the guard, spinning (then yielding) while another thread holds it. The first
+    /// attempt is the CAS alone (the guard is almost always free: its QP's own thread posts);
+    /// only a retry tests the flag before its CAS.
     #[inline]
     pub(crate) fn lock(&self) {
+        if self.cas() {
+            return;
+        }
         let mut spins = 0u32;
         while !self.try_lock() {
             spins += 1;

@@ -30,7 +30,9 @@ pub(crate) fn pop_recv_id(ring: &RecvRing) -> Option<u64> {
     ring.pop_claimed(|w| ld(&w[0]))
 }
 
-/// Posts `wrs` to `ring`, in order; stops at the first WR that does not fit.
+/// Posts `wrs` to `ring`, in order; stops at the first WR that breaks a rule or does not fit
+/// (the WRs before it are posted). The WRs that pass the checks are claimed with one CAS on the
+/// ring's tail (as many as fit), not one per WR.
 #[inline]
 pub(crate) fn post_recv_ring(
     ring: &RecvRing,
@@ -38,26 +40,61 @@ pub(crate) fn post_recv_ring(
     max_sge: u32,
     wrs: &[RecvWr<'_>],
 ) -> Result<()> {
+    let max_sge = max_sge.min(MAX_SGE as u32);
+    if let [wr] = wrs {
+        // One WR (a receive buffer given back): no batch set-up.
+        crate::verbs::rules::check_recv_wr(call, 0, wr, max_sge)?;
+        let Some(pos) = ring.claim() else {
+            return Err(recv_full(call, 0, ring));
+        };
+        ring.publish(pos, |w| fill_recv_wqe(w, wr));
+        return Ok(());
+    }
+    // The WRs up to the first bad one, and that one's error.
+    let mut bad = None;
+    let mut good = wrs.len();
     for (index, wr) in wrs.iter().enumerate() {
-        crate::verbs::rules::check_recv_wr(call, index, wr, max_sge.min(MAX_SGE as u32))?;
-        let n = wr.sg_list.len();
-        let pushed = ring.push(|w| {
-            st(&w[0], wr.wr_id);
-            st(&w[1], n as u64);
-            for (i, sge) in wr.sg_list.iter().enumerate() {
-                st(&w[2 + 2 * i], sge.addr);
-                st(&w[3 + 2 * i], sge.length as u64 | (sge.lkey as u64) << 32);
-            }
-        });
-        if !pushed {
-            return Err(VerbsError::BadWorkRequest {
-                call,
-                index,
-                reason: format!("receive queue full ({} WQEs outstanding)", ring.capacity()),
-            });
+        if let Err(e) = crate::verbs::rules::check_recv_wr(call, index, wr, max_sge) {
+            bad = Some(e);
+            good = index;
+            break;
         }
     }
-    Ok(())
+    let mut done = 0;
+    while done < good {
+        let (pos, n) = ring.claim_n(good - done);
+        if n == 0 {
+            return Err(recv_full(call, done, ring));
+        }
+        for (i, wr) in wrs[done..done + n].iter().enumerate() {
+            ring.publish(pos.wrapping_add(i), |w| fill_recv_wqe(w, wr));
+        }
+        done += n;
+    }
+    bad.map_or(Ok(()), Err)
+}
+
+/// Writes receive WR `wr` (at most `MAX_SGE` SGEs: checked) into a ring entry's words.
+#[inline(always)]
+fn fill_recv_wqe(w: &[AtomicU64; RQ_WORDS], wr: &RecvWr<'_>) {
+    st(&w[0], wr.wr_id);
+    st(&w[1], wr.sg_list.len() as u64);
+    for (j, sge) in wr.sg_list.iter().enumerate() {
+        st(&w[2 + 2 * j], sge.addr);
+        st(&w[3 + 2 * j], sge.length as u64 | (sge.lkey as u64) << 32);
+    }
+}
+
+/// The error of a post to a full receive queue (WR number `index`). Out of line: rare, and
+/// formats.
+#[cold]
+#[inline(never)]
+fn recv_full(call: &'static str, index: usize, ring: &RecvRing) -> VerbsError {
+    VerbsError::BadWorkRequest {
+        call,
+        index,
+        reason: format!("receive queue full ({} WQEs outstanding)", ring.capacity()),
+    }
 }
 
 pub(crate) struct SrqCore {
@@ -146,5 +183,52 @@ impl SharedReceiveQueue for SimSrq {
 
     unsafe fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         post_recv_ring(&self.core.ring, "ibv_post_srq_recv", self.core.max_sge, wrs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wr(wr_id: u64, sg_list: &[Sge]) -> RecvWr<'_> {
+        RecvWr { wr_id, sg_list }
+    }
+
+    /// The posted WQEs' `wr_id`s and first SGE addresses, oldest first (taking them).
+    fn drain(ring: &RecvRing) -> Vec<(u64, u64)> {
+        std::iter::from_fn(|| ring.pop_claimed(|w| (ld(&w[0]), rq_sge(w, 0).addr))).collect()
+    }
+
+    /// A list of receive WRs is posted in order up to the first WR that breaks a rule (named by
+    /// its index) or does not fit (the full queue named at its index); the WRs before it are
+    /// posted, none after it. Sabotaged (the batch claiming every WR of the list, the bad one's
+    /// followers included): failed ("the WRs before the bad one, and none after it").
+    #[test]
+    fn a_list_is_posted_up_to_the_first_bad_or_unfitting_wr() {
+        let ring = RecvRing::new(4);
+        let one = [Sge { addr: 0x1000, length: 64, lkey: 7 }];
+        let two = [Sge { addr: 0x2000, length: 64, lkey: 7 }, Sge { addr: 0x3000, length: 64, lkey: 7 }];
+        // max_sge 1: the WR with two SGEs (index 2) breaks the rule.
+        let list = [wr(1, &one), wr(2, &one), wr(3, &two), wr(4, &one)];
+        match post_recv_ring(&ring, "ibv_post_srq_recv", 1, &list) {
+            Err(VerbsError::BadWorkRequest { index: 2, reason, .. }) => {
+                assert!(reason.contains("2 SGEs"), "{reason}")
+            }
+            other => panic!("expected WR 2 refused, got {other:?}"),
+        }
+        assert_eq!(drain(&ring), [(1, 0x1000), (2, 0x1000)], "the WRs before the bad one, and none after it");
+        // Room for 4: a list of 6 posts the first 4 and names WR 4 as the one that did not fit.
+        let list: Vec<RecvWr<'_>> = (10..16).map(|i| wr(i, &one)).collect();
+        match post_recv_ring(&ring, "ibv_post_recv", 1, &list) {
+            Err(VerbsError::BadWorkRequest { index: 4, reason, .. }) => {
+                assert!(reason.contains("receive queue full"), "{reason}")
+            }
+            other => panic!("expected WR 4 not to fit, got {other:?}"),
+        }
+        assert_eq!(drain(&ring).iter().map(|w| w.0).collect::<Vec<_>>(), [10, 11, 12, 13]);
+        // One WR, and a list that fits whole, with two SGEs allowed.
+        post_recv_ring(&ring, "ibv_post_recv", 2, &[wr(20, &two)]).unwrap();
+        post_recv_ring(&ring, "ibv_post_recv", 2, &[wr(21, &one), wr(22, &two)]).unwrap();
+        assert_eq!(drain(&ring), [(20, 0x2000), (21, 0x1000), (22, 0x2000)]);
     }
 }
