@@ -594,42 +594,7 @@ mod tests {
                 })
             })
             .collect();
-        let consumers: Vec<_> = (0..2)
-            .map(|_| {
-                let r = r.clone();
-                std::thread::spawn(move || {
-                    let mut got = Vec::new();
-                    let mut idle = 0u32;
-                    while idle < 200_000 {
-                        match r.pop_claimed(|w| (ld(&w[0]), ld(&w[1]))) {
-                            Some(v) => {
-                                got.push(v);
-                                idle = 0;
-                            }
-                            None => {
-                                idle += 1;
-                                std::thread::yield_now();
-                            }
-                        }
-                    }
-                    got
-                })
-            })
-            .collect();
-        for p in producers {
-            p.join().unwrap();
-        }
-        let all: Vec<Vec<(u64, u64)>> = consumers.into_iter().map(|c| c.join().unwrap()).collect();
-        for got in &all {
-            for p in 0..2 {
-                let mine: Vec<u64> = got.iter().filter(|v| v.0 == p).map(|v| v.1).collect();
-                assert!(mine.windows(2).all(|w| w[0] < w[1]), "each consumer sees a producer's order");
-            }
-        }
-        let mut merged: Vec<(u64, u64)> = all.into_iter().flatten().collect();
-        merged.sort();
-        let expected: Vec<(u64, u64)> = (0..2).flat_map(|p| (0..N).map(move |i| (p, i))).collect();
-        assert_eq!(merged, expected, "every entry delivered exactly once");
+        consume_two(&r, producers, N, |r| r.pop_claimed(|w| (ld(&w[0]), ld(&w[1]))));
     }
 
     #[test]
@@ -650,41 +615,51 @@ mod tests {
                 })
             })
             .collect();
+        consume_two(&r, producers, 20_000, |r| r.pop(|w| (ld(&w[0]), ld(&w[1]))));
+    }
+
+    /// Runs two consumers popping `r` with `pop` until the `producers` (two, numbered 0 and 1 in
+    /// each entry's first word, the second word counting 0..n) are done and the ring is empty,
+    /// then checks that each consumer saw each producer's entries in order and that together
+    /// they took every entry exactly once.
+    fn consume_two(
+        r: &Arc<Ring<2>>,
+        producers: Vec<std::thread::JoinHandle<()>>,
+        n: u64,
+        pop: fn(&Ring<2>) -> Option<(u64, u64)>,
+    ) {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let consumers: Vec<_> = (0..2)
             .map(|_| {
-                let r = r.clone();
+                let (r, done) = (r.clone(), done.clone());
                 std::thread::spawn(move || {
                     let mut got = Vec::new();
-                    let mut idle = 0u32;
-                    while idle < 200_000 {
-                        match r.pop(|w| (ld(&w[0]), ld(&w[1]))) {
-                            Some(v) => {
-                                got.push(v);
-                                idle = 0;
-                            }
-                            None => {
-                                idle += 1;
-                                std::thread::yield_now();
-                            }
+                    loop {
+                        // Read before the pop: once set, an empty pop means nothing more comes.
+                        let finished = done.load(std::sync::atomic::Ordering::Acquire);
+                        match pop(&r) {
+                            Some(v) => got.push(v),
+                            None if finished => return got,
+                            None => std::thread::yield_now(),
                         }
                     }
-                    got
                 })
             })
             .collect();
         for p in producers {
             p.join().unwrap();
         }
-        let mut all: Vec<Vec<(u64, u64)>> = consumers.into_iter().map(|c| c.join().unwrap()).collect();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let all: Vec<Vec<(u64, u64)>> = consumers.into_iter().map(|c| c.join().unwrap()).collect();
         for got in &all {
             for p in 0..2 {
                 let mine: Vec<u64> = got.iter().filter(|v| v.0 == p).map(|v| v.1).collect();
                 assert!(mine.windows(2).all(|w| w[0] < w[1]), "each consumer sees a producer's order");
             }
         }
-        let mut merged: Vec<(u64, u64)> = all.drain(..).flatten().collect();
+        let mut merged: Vec<(u64, u64)> = all.into_iter().flatten().collect();
         merged.sort();
-        let expected: Vec<(u64, u64)> = (0..2).flat_map(|p| (0..20_000).map(move |i| (p, i))).collect();
+        let expected: Vec<(u64, u64)> = (0..2).flat_map(|p| (0..n).map(move |i| (p, i))).collect();
         assert_eq!(merged, expected, "every entry delivered exactly once");
     }
 }
