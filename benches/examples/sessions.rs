@@ -455,7 +455,8 @@ fn main() {
     std::thread::sleep(IDLE_WINDOW);
     let (s1, c1): (u64, u64) = (cpu(server.id()), pids.iter().map(|&p| cpu(p)).sum());
     let span = w.elapsed().as_nanos() as f64 / 100.0;
-    let (idle_server, idle_clients) = ((s1 - s0) as f64 / span, (c1 - c0) as f64 / span);
+    let (idle_server, idle_clients) =
+        (s1.saturating_sub(s0) as f64 / span, c1.saturating_sub(c0) as f64 / span);
     let _ = go_tx.send(());
     let crowded = lat_rx.recv().unwrap_or_else(|_| usage("the probe thread failed"));
     let _ = prober.join();
