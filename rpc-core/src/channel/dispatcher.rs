@@ -1467,7 +1467,7 @@ impl Dispatcher {
     fn looks(&mut self, now: Instant) {
         if now >= self.idle_round {
             self.idle_round = now + PARK;
-            self.idle_looks();
+            self.idle.round();
         }
         let mut i = 0;
         while i < self.slots.len() {
@@ -1489,11 +1489,6 @@ impl Dispatcher {
             .filter(|s| s.driving.is_none())
             .map(|s| s.next)
             .fold(self.idle_round, Instant::min);
-    }
-
-    /// The idle looks due of the sessions it only looks at ([`IdleLooks::round`]).
-    fn idle_looks(&mut self) {
-        self.idle.round();
     }
 
     /// One look at a session it does not drive. With calls in flight: it takes over when tasks
