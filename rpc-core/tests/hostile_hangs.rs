@@ -253,6 +253,44 @@ fn max_call_duration_ends_calls_whose_handlers_never_answer() {
     server.shutdown();
 }
 
+/// The call bound fires at its own time whatever timer the session had: on a session whose
+/// idle probe set its timer far ahead (the client answers Pings while idle; `peer_timeout` 600 s:
+/// a Ping every 200 s) and on one with no timer at all before the call (no probe). The worker
+/// visits only the sessions whose timer is due, so a call that brings a deadline must bring the
+/// session's timer forward. Sabotaged: the worker's `on_completion` not moving a set timer to the
+/// next tick for a call: "peer_timeout Some(600s), call 2: the 200 ms bound ended it after
+/// 8.4s" (the probe's timer, 200 s ahead, clamped to the wheel's span); not arming an unset one
+/// either: "peer_timeout None, call 2: ... gave up after 60.0s ... (block_on)".
+#[test]
+fn a_call_bound_ends_the_call_whatever_timer_the_session_had() {
+    for peer_timeout in [Some(Duration::from_secs(600)), None] {
+        let (server, _probe, client) =
+            start(server().max_call_duration(Some(Duration::from_millis(200))).peer_timeout(peer_timeout));
+        // The first call ends by the bound, so the session's first timers (set at the connect)
+        // have fired: the second finds the probe's timer 200 s ahead, or none.
+        for call in 1..=2 {
+            let f = client.unary_async::<_, EchoMsg>(RESPONDER, &EchoMsg::default(), &CallOptions::default());
+            let started = std::time::Instant::now();
+            let e = block_on(f).unwrap_err();
+            let took = started.elapsed();
+            assert_eq!(e.code(), Code::DeadlineExceeded, "peer_timeout {peer_timeout:?}, call {call}: {e}");
+            assert!(
+                e.message().contains("max_call_duration"),
+                "peer_timeout {peer_timeout:?}, call {call}: {e}"
+            );
+            // A timer beyond the wheel's span (8.2 s) fires at the span's end: a bound kept late
+            // by the far timer ends the call only then (8.4 s). Not a measure of speed: 20 times
+            // the bound, half the span.
+            assert!(
+                took < Duration::from_secs(4),
+                "peer_timeout {peer_timeout:?}, call {call}: the 200 ms bound ended it after {took:.1?}"
+            );
+        }
+        drop(client);
+        server.shutdown();
+    }
+}
+
 /// `max_call_duration` 0 is refused at spawn, naming the field. Sabotaged: the check removed:
 /// the server spawned.
 #[test]

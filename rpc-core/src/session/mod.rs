@@ -526,9 +526,15 @@ impl Session {
     /// client answers probes while idle and the probe is on ([`Session::set_peer_timeout`]).
     #[inline]
     pub fn watches_peer(&self) -> bool {
-        !self.unanswered.is_empty()
-            || self.probe_idle && self.liveness.peer_timeout.is_some()
-            || self.reassembly.is_some() && !self.assemblies.is_empty()
+        self.has_open_calls() || self.probe_idle && self.liveness.peer_timeout.is_some()
+    }
+
+    /// Server: a call unanswered or a body arriving in pieces: what a received message may have
+    /// brought a deadline with ([`Session::poll_timeout`]; the idle probe's never comes sooner
+    /// for a message).
+    #[inline]
+    pub fn has_open_calls(&self) -> bool {
+        !self.unanswered.is_empty() || self.reassembly.is_some() && !self.assemblies.is_empty()
     }
 
     /// When [`Session::handle_timeout`] has something to do next (`waiting`: this end expects

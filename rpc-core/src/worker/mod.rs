@@ -38,6 +38,9 @@ use crate::status::{Code, Status};
 use crate::verbs::{CompletionQueue, Provider, QpAttr, QpState, QueuePair, WcOpcode, WcStatus};
 use crate::wire::{Header, Kind, HEADER_LEN};
 
+mod wheel;
+use wheel::TimerWheel;
+
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 32;
 
@@ -62,6 +65,9 @@ const TIMER_CHECK_IDLE: u32 = 64;
 const TIMER_CHECK_BUSY: u32 = 1024;
 /// Granularity of the sessions' timers (call deadlines, the idle probe).
 const TIMER_TICK: Duration = Duration::from_millis(2);
+/// Slots of the timer wheel: 4,096 of `TIMER_TICK`, a span of 8.2 s (the idle probe's Pings go
+/// every third of `peer_timeout`, 2 s by default); a later deadline is looked at once per span.
+const TIMER_SLOTS: usize = 4096;
 
 /// How often the idle sweep looks at every session: a quarter of `idle_timeout` (at least
 /// [`TIMER_TICK`], at most 1 s), so a session closes at most that much after `idle_timeout`.
@@ -230,8 +236,6 @@ struct Entry<P: Provider> {
     session: u32,
     peer: SocketAddr,
     dirty: bool,
-    /// In [`Worker::timed`]: the session has unanswered calls (deadlines, the idle probe).
-    timed: bool,
     /// Answers and stream messages waiting for send buffers or ring space, in order (the
     /// session's rules: [`Outbox`]).
     backlog: Outbox<Outgoing>,
@@ -468,9 +472,11 @@ pub(crate) struct Worker<P: Provider> {
     /// before `by_qpn`): a hint only, checked against the entry's QP number at every use.
     last_rx: u16,
     dirty: Vec<u16>,
-    /// Sessions whose timers may be armed (unanswered calls: their deadlines, the idle probe while
-    /// waiting for the client); the clock is read for timers only while this is not empty.
-    timed: Vec<u16>,
+    /// The sessions' timers, by entry index: set while the session layer watches the peer
+    /// (unanswered calls: their deadlines and bound; the idle probe of a client that answers
+    /// it), at the session's [`crate::session::Session::poll_timeout`]. The clock is read for
+    /// timers only while one is set.
+    timers: TimerWheel,
     counters: Counters,
     scratch: Vec<u8>,
     ctx: RequestContext,
@@ -536,7 +542,7 @@ impl<P: Provider> Worker<P> {
             by_qpn,
             last_rx: 0,
             dirty: Vec::with_capacity(n),
-            timed: Vec::with_capacity(n),
+            timers: TimerWheel::new(Instant::now(), TIMER_TICK, TIMER_SLOTS, n),
             counters: Counters::default(),
             scratch: vec![0; limits.body_cap],
             ctx,
@@ -577,7 +583,6 @@ impl<P: Provider> Worker<P> {
         // Times the loop went idle (first empty poll after work) with timers or sweeps to look
         // at: it reads the clock at every `TIMER_CHECK_IDLE`-th of them.
         let mut went_idle: u32 = 0;
-        let mut next_tick = Instant::now();
         let sweep_every = self.limits.idle_timeout.map(idle_sweep_period);
         let mut next_sweep = Instant::now();
         // Send mirrors and staging areas unused for `send_area_idle` are given back by a sweep
@@ -674,12 +679,12 @@ impl<P: Provider> Worker<P> {
                 // Goes idle as a first empty poll would (below).
                 went_idle = went_idle.wrapping_add(1);
                 went_idle % TIMER_CHECK_IDLE == 0
-                    && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
+                    && (!self.timers.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
             } else if n > 0 {
                 iterations % TIMER_CHECK_BUSY == 0
-                    && (!self.timed.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
+                    && (!self.timers.is_empty() || sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
             } else if idle.empty_polls() % TIMER_CHECK_IDLE != 0
-                || self.timed.is_empty() && !(sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
+                || self.timers.is_empty() && !(sweeps && self.shared.sessions.load(Ordering::Relaxed) > 0)
             {
                 false
             } else if idle.empty_polls() == 0 {
@@ -690,11 +695,8 @@ impl<P: Provider> Worker<P> {
             };
             if check {
                 let now = Instant::now();
-                if now >= next_tick {
-                    next_tick = now + TIMER_TICK;
-                    if !self.timed.is_empty() {
-                        self.run_timers(now);
-                    }
+                if !self.timers.is_empty() {
+                    self.run_timers(now);
                 }
                 if let Some(every) = sweep_every.filter(|_| now >= next_sweep) {
                     next_sweep = now + every;
@@ -777,37 +779,47 @@ impl<P: Provider> Worker<P> {
         self.shared.counters.publish(&self.counters);
     }
 
-    /// Feeds `now` to every session with something timed (unanswered calls with deadlines, the
-    /// idle probe) and acts on what expired. Sessions the session layer no longer watches leave
-    /// [`Worker::timed`] ([`crate::session::Session::watches_peer`]: with no unanswered call, a session has no
-    /// timer unless its client answers probes while idle).
+    /// Feeds `now` to the sessions whose timer is due (unanswered calls' deadlines and bound,
+    /// the idle probe), acts on what expired, and sets each one's timer again at its next
+    /// deadline ([`Worker::arm`]): a session the session layer no longer watches
+    /// ([`crate::session::Session::watches_peer`]: no unanswered call, and a client that does
+    /// not answer probes while idle) is left without one until a call comes. The sessions whose
+    /// timer is not due cost nothing.
     #[inline(never)]
     fn run_timers(&mut self, now: Instant) {
-        let mut i = 0;
-        while i < self.timed.len() {
-            let idx = self.timed[i];
-            let Some(entry) = self.entries[idx as usize].as_mut() else {
-                self.timed.swap_remove(i);
-                continue;
-            };
+        while let Some(idx) = self.timers.next_due(now) {
+            let Some(entry) = self.entries[idx as usize].as_mut() else { continue };
             let session = &mut entry.conn.session;
             let waiting = session.watches_peer();
-            if !waiting {
-                entry.timed = false;
-                self.timed.swap_remove(i);
-                continue;
+            if waiting && session.poll_timeout(waiting).is_some_and(|t| t <= now) {
+                session.handle_timeout(now, waiting);
+                if session.has_control() {
+                    self.mark_dirty(idx);
+                }
+                self.handle_events(idx);
             }
-            i += 1;
-            if session.poll_timeout(waiting).is_none_or(|t| t > now) {
-                continue;
-            }
-            session.handle_timeout(now, waiting);
-            if session.has_control() {
-                self.mark_dirty(idx);
-            }
-            self.handle_events(idx);
+            self.arm(idx);
         }
         self.flush_dirty();
+    }
+
+    /// Sets session `idx`'s timer at its next deadline
+    /// ([`crate::session::Session::poll_timeout`]), or clears it when the session layer does not
+    /// watch the peer or has no deadline (or the session is gone).
+    fn arm(&mut self, idx: u16) {
+        let at = self.entries[idx as usize].as_ref().and_then(|e| {
+            let s = &e.conn.session;
+            let waiting = s.watches_peer();
+            if waiting {
+                s.poll_timeout(waiting)
+            } else {
+                None
+            }
+        });
+        match at {
+            Some(at) => self.timers.set(idx, at),
+            None => self.timers.cancel(idx),
+        }
     }
 
     /// Closes the sessions that have had no call for `idle_timeout` ([`crate::session::Session::handle_idle`]):
@@ -1401,7 +1413,6 @@ impl<P: Provider> Worker<P> {
             session: nc.session,
             peer: nc.peer,
             dirty: false,
-            timed: false,
             backlog: Outbox::default(),
             binding: None,
             closing: false,
@@ -1418,12 +1429,9 @@ impl<P: Provider> Worker<P> {
             s.conn.session.set_peer_timeout(self.limits.peer_timeout, now);
             s.conn.session.set_call_limit(self.limits.max_call_duration, now);
             s.conn.session.set_idle_timeout(self.limits.idle_timeout);
-            if s.conn.session.watches_peer() {
-                // A client that answers probes while idle is watched from the start.
-                s.timed = true;
-                self.timed.push(idx as u16);
-            }
         }
+        // A client that answers probes while idle is watched from the start.
+        self.arm(idx as u16);
         let tag = self.tag(idx as u16);
         let Some(entry) = self.entries[idx].as_mut() else { return };
         if !window {
@@ -1453,9 +1461,8 @@ impl<P: Provider> Worker<P> {
         let Some(entry) = self.entries.get_mut(idx as usize).and_then(Option::take) else { return };
         self.free_entries.push(idx);
         self.by_session.remove(&entry.session);
-        if entry.timed {
-            self.timed.retain(|&i| i != idx);
-        }
+        // O(1): a mass disconnect of thousands of sessions does not hold the worker.
+        self.timers.cancel(idx);
         if let Some(b) = &entry.binding {
             b.store(BIND_FAILED, Ordering::Release);
             self.shared.wake_listener();
@@ -1801,11 +1808,18 @@ impl<P: Provider> Worker<P> {
         };
         self.on_message(idx, buf, wc.invalidated);
         // A request left unanswered (deferred, streaming, or still arriving in pieces) arms
-        // the session's timers.
-        if let Some(entry) = self.entries[idx as usize].as_mut() {
-            if !entry.timed && entry.conn.session.watches_peer() {
-                entry.timed = true;
-                self.timed.push(idx);
+        // the session's timer. It may also have brought a deadline sooner than the timer set
+        // (its own, or the duration bound's first look): the session is looked at the next
+        // tick, where its timer is set at its next deadline (not computed here, per message).
+        if let Some(entry) = self.entries[idx as usize].as_ref() {
+            let session = &entry.conn.session;
+            if session.watches_peer() {
+                let next = self.timers.next_tick();
+                match self.timers.scheduled(idx) {
+                    None => self.arm(idx),
+                    Some(t) if t > next && session.has_open_calls() => self.timers.set_tick(idx, next),
+                    Some(_) => {}
+                }
             }
         }
     }
