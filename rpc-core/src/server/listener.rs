@@ -825,6 +825,11 @@ impl<P: Provider> Listener<P> {
     /// connections of its sessions (their clients reconnect; the worker frees the sessions
     /// when it comes back).
     fn watch_workers(&mut self) {
+        // A shutting-down worker closes every session in one pass (a Close to each, then its
+        // QP and memory): its beat stands still for that while, which is not a handler's doing.
+        if self.draining.load(Ordering::Acquire) {
+            return;
+        }
         let now = Instant::now();
         let evict_after = self.config.peer_timeout.unwrap_or(crate::control::DEFAULT_LIVENESS_TIMEOUT);
         for wi in 0..self.workers.len() {
