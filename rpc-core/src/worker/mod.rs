@@ -1813,13 +1813,16 @@ impl<P: Provider> Worker<P> {
         // tick, where its timer is set at its next deadline (not computed here, per message).
         if let Some(entry) = self.entries[idx as usize].as_ref() {
             let session = &entry.conn.session;
-            if session.watches_peer() {
+            let scheduled = self.timers.scheduled(idx);
+            if session.has_open_calls() {
                 let next = self.timers.next_tick();
-                match self.timers.scheduled(idx) {
+                match scheduled {
                     None => self.arm(idx),
-                    Some(t) if t > next && session.has_open_calls() => self.timers.set_tick(idx, next),
+                    Some(t) if t > next => self.timers.set_tick(idx, next),
                     Some(_) => {}
                 }
+            } else if scheduled.is_none() && session.watches_peer() {
+                self.arm(idx);
             }
         }
     }
