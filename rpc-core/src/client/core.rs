@@ -2260,22 +2260,38 @@ impl<P: Provider> ClientCore<P> {
         // (it may have lasted a time slice or an event wait), and every DEADLINE_SPINS polls
         // in between: a busy wait reads no clock per poll.
         let mut spins = 0u32;
+        if let Some(a) = self.take_answer(id) {
+            return Ok(a);
+        }
         // A thread that blocks at its first empty poll (`Event { spins: 0 }`) arms the CQ at
         // once: its request has just left, so a poll now would find nothing (a poll, the
         // peeks of both CQs and the flush's checks, about 80 instructions per call). The
         // arming's peek sees whatever came meanwhile (then it polls at once, `Idle::pause`),
         // as the worker's loop does after a poll that drained its CQ.
         if self.idle.blocks_at_first_empty() && self.broken.is_none() {
-            if let Some(a) = self.take_answer(id) {
-                return Ok(a);
-            }
             self.note_empty();
             self.check_deadline(id)?;
             self.pause();
         }
+        // [`ClientCore::poll_answer`], its answer looked for only where one can have come: after
+        // a poll that found completions, or once the session broke (the liveness check of an
+        // empty poll or a pause may break it, failing every call).
         loop {
-            if let Some(a) = self.poll_answer(id, spins)? {
-                return Ok(a);
+            if self.progress() > 0 {
+                self.idle.reset();
+                if let Some(a) = self.take_answer(id) {
+                    return Ok(a);
+                }
+            } else {
+                self.note_empty();
+                if self.broken.is_some() {
+                    if let Some(a) = self.take_answer(id) {
+                        return Ok(a);
+                    }
+                }
+            }
+            if spins % DEADLINE_SPINS == 0 {
+                self.check_deadline(id)?;
             }
             let slept = self.idle.empty_polls() > 0 && self.pause();
             spins = if slept { 0 } else { spins.wrapping_add(1) };
