@@ -911,7 +911,7 @@ impl<P: Provider> ClientCore<P> {
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
     /// Inlined check first: after most completions nothing waits (a few compares, not a call).
-    #[inline]
+    #[inline(always)]
     fn pump(&mut self) {
         if self.conn.session.calls().queued() > 0
             || !self.outbox.is_empty()
@@ -1094,7 +1094,7 @@ impl<P: Provider> ClientCore<P> {
 
     /// Posts queued sends and due receive reposts. Inlined check first: an empty poll with
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn flush(&mut self) {
         if self.conn.session.ring_freed()
             || !self.conn.sq.is_empty()
