@@ -872,7 +872,7 @@ impl<P: Provider> SendPool<P> {
     }
 
     /// The bytes of a taken buffer, to write the message into. Empty for a token of another pool.
-    #[inline]
+    #[inline(always)]
     pub fn buf_mut<'a>(&'a mut self, buf: &'a mut SendBuf) -> &'a mut [u8] {
         if buf.pool != self.id {
             return &mut [];

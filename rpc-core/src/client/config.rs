@@ -336,6 +336,7 @@ impl CallOptions {
 
     /// The time the call may take from now: the earliest of its timeout, its deadline and the
     /// deadline it inherits (zero when one has passed).
+    #[inline]
     pub(crate) fn effective_timeout(&self) -> Option<Duration> {
         let inherited = if self.detached { None } else { crate::context::inherited() };
         let at = match (self.at, inherited) {

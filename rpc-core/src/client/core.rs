@@ -911,7 +911,7 @@ impl<P: Provider> ClientCore<P> {
 
     /// Sends queued calls while credits allow, then what ring space allows of bodies on the heap.
     /// Inlined check first: after most completions nothing waits (a few compares, not a call).
-    #[inline]
+    #[inline(always)]
     fn pump(&mut self) {
         if self.conn.session.calls().queued() > 0
             || !self.outbox.is_empty()
@@ -1094,7 +1094,7 @@ impl<P: Provider> ClientCore<P> {
 
     /// Posts queued sends and due receive reposts. Inlined check first: an empty poll with
     /// nothing queued (the common case while waiting) costs a few compares, not a call.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn flush(&mut self) {
         if self.conn.session.ring_freed()
             || !self.conn.sq.is_empty()
@@ -1836,14 +1836,24 @@ impl<P: Provider> ClientCore<P> {
         } else {
             self.note_empty();
         }
+        if spins % DEADLINE_SPINS == 0 {
+            self.check_deadline(id)?;
+        }
+        Ok(None)
+    }
+
+    /// DEADLINE_EXCEEDED (the call abandoned, counted) when `id`'s deadline passed (a clock
+    /// read for a call with one).
+    #[inline(always)]
+    fn check_deadline(&mut self, id: CallId) -> Result<(), Status> {
         if let Some(d) = id.deadline {
-            if spins % DEADLINE_SPINS == 0 && Instant::now() >= d {
+            if Instant::now() >= d {
                 self.abandon(id);
                 self.counters.status(Code::DeadlineExceeded);
                 return Err(Status::deadline_exceeded("deadline passed before the response arrived"));
             }
         }
-        Ok(None)
+        Ok(())
     }
 
     /// Polls a stream once: its next message (`Some(Ok(Some(m)))`), its end (`Some(Ok(None))`
@@ -2250,9 +2260,38 @@ impl<P: Provider> ClientCore<P> {
         // (it may have lasted a time slice or an event wait), and every DEADLINE_SPINS polls
         // in between: a busy wait reads no clock per poll.
         let mut spins = 0u32;
+        if let Some(a) = self.take_answer(id) {
+            return Ok(a);
+        }
+        // A thread that blocks at its first empty poll (`Event { spins: 0 }`) arms the CQ at
+        // once: its request has just left, so a poll now would find nothing (a poll, the
+        // peeks of both CQs and the flush's checks, about 80 instructions per call). The
+        // arming's peek sees whatever came meanwhile (then it polls at once, `Idle::pause`),
+        // as the worker's loop does after a poll that drained its CQ.
+        if self.idle.blocks_at_first_empty() && self.broken.is_none() {
+            self.note_empty();
+            self.check_deadline(id)?;
+            self.pause();
+        }
+        // [`ClientCore::poll_answer`], its answer looked for only where one can have come: after
+        // a poll that found completions, or once the session broke (the liveness check of an
+        // empty poll or a pause may break it, failing every call).
         loop {
-            if let Some(a) = self.poll_answer(id, spins)? {
-                return Ok(a);
+            if self.progress() > 0 {
+                self.idle.reset();
+                if let Some(a) = self.take_answer(id) {
+                    return Ok(a);
+                }
+            } else {
+                self.note_empty();
+                if self.broken.is_some() {
+                    if let Some(a) = self.take_answer(id) {
+                        return Ok(a);
+                    }
+                }
+            }
+            if spins % DEADLINE_SPINS == 0 {
+                self.check_deadline(id)?;
             }
             let slept = self.idle.empty_polls() > 0 && self.pause();
             spins = if slept { 0 } else { spins.wrapping_add(1) };

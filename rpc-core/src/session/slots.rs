@@ -235,7 +235,7 @@ impl<T> CallSlots<T> {
     /// flight from here, as [`CallSlots::start`] then [`CallSlots::next_sendable`] would have
     /// it. `None` (nothing taken) when no slot is free, a call waits for a credit (it goes
     /// first), or every credit is in use.
-    #[inline]
+    #[inline(always)]
     pub fn start_now(&mut self) -> Option<(u16, u32)> {
         if self.in_flight >= self.credits || !self.queue.is_empty() {
             return None;
