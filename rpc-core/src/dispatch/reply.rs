@@ -925,6 +925,7 @@ impl ReplyWriter<'_> {
     /// Answers with `r`: encodes a message, records a status, or notes that the call was deferred.
     /// Only the first answer counts. A message above the eager threshold that must wait for the
     /// peer's ring and finds the staging area full is kept and encoded when its turn comes.
+    #[inline(always)]
     pub fn reply<T: Message + 'static>(&mut self, r: Reply<T>) {
         if !matches!(self.outcome, Outcome::Unset) {
             return;
