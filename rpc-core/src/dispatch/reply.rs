@@ -827,8 +827,9 @@ fn onto_heap<M: Message>(
 /// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the
 /// staging area. A message that writes more or fewer bytes than its `encoded_len` gave is
 /// answered INTERNAL, nothing of it sent: the ring space reserved for it is taken back (a range
-/// reserved and not sent would leave the peer waiting at that offset). Inlined into the reply
-/// writer's hot path (a call of its own costs 70 instructions per answer).
+/// reserved and not sent would leave the peer waiting at that offset). Inlined into
+/// [`ReplyWriter::encode_other`], the writer's path for a body that is not eager (an eager one
+/// goes straight into the send buffer, [`ReplyWriter::reply`]).
 #[inline(always)]
 pub(crate) fn encode_body<M: Message + 'static>(
     msg: M,
