@@ -827,8 +827,9 @@ fn onto_heap<M: Message>(
 /// Encodes `msg` into the eager area, into the send mirror at a reserved ring offset, or into the
 /// staging area. A message that writes more or fewer bytes than its `encoded_len` gave is
 /// answered INTERNAL, nothing of it sent: the ring space reserved for it is taken back (a range
-/// reserved and not sent would leave the peer waiting at that offset). Inlined into the reply
-/// writer's hot path (a call of its own costs 70 instructions per answer).
+/// reserved and not sent would leave the peer waiting at that offset). Inlined into
+/// [`ReplyWriter::encode_other`], the writer's path for a body that is not eager (an eager one
+/// goes straight into the send buffer, [`ReplyWriter::reply`]).
 #[inline(always)]
 pub(crate) fn encode_body<M: Message + 'static>(
     msg: M,
@@ -883,6 +884,17 @@ pub(crate) fn encode_body<M: Message + 'static>(
     }
 }
 
+/// A connection's send mirror and staging area as a [`ReplyWriter`] reaches them: only for a body
+/// above the eager threshold, or one that must wait (no send buffer was free), so the writer of
+/// an eager answer never builds their views. Type-erased: the worker's connections are generic
+/// over the provider, the writer is not.
+pub(crate) trait SendSpace {
+    /// The send mirror's view (of none when none is registered), the free span of the staging
+    /// area as `(offset, bytes)` (empty when `spare` is false or none is registered), and the
+    /// whole staging area's length in bytes.
+    fn views(&mut self, spare: bool) -> (MirrorView<'_>, u32, &mut [u8], u32);
+}
+
 /// Where a handler writes its answer: straight into the registered send buffer (or the send
 /// mirror of the peer's ring for bodies above the eager threshold). No allocation.
 pub struct ReplyWriter<'a> {
@@ -891,8 +903,20 @@ pub struct ReplyWriter<'a> {
     /// The answer's body starts with its response metadata ([`crate::wire::METADATA`]).
     pub(crate) metadata: bool,
     pub(crate) eager: &'a mut [u8],
-    pub(crate) mirror: MirrorView<'a>,
-    pub(crate) staging: StagingSpan<'a>,
+    /// A body shorter than this many bytes is encoded straight into `eager`: one more than the
+    /// least of the eager threshold, the session's `max_message` and `eager`'s length; 0 when
+    /// `session` is `None` (every body then takes [`ReplyWriter::encode_other`]).
+    pub(crate) eager_fit: usize,
+    /// Bodies up to this many bytes are eager (never staged).
+    pub(crate) eager_threshold: u32,
+    /// The send mirror and staging area, looked at only for a body that is not eager.
+    pub(crate) space: &'a mut dyn SendSpace,
+    /// Nothing waits before this answer: it may take staging space.
+    pub(crate) backlog_empty: bool,
+    /// Spare body buffers of the session, for a body encoded onto the heap.
+    pub(crate) spare: &'a crate::session::BodyRecycler,
+    /// The worker's pool of registered buffers ([`StagingSpan::registered`]).
+    pub(crate) registered: Option<&'a crate::buffers::RegisteredPool>,
     /// `None` when no send buffer was free: the answer is encoded into the heap and sent later.
     pub(crate) session: Option<&'a mut Session>,
     pub(crate) outcome: Outcome,
@@ -902,19 +926,14 @@ impl ReplyWriter<'_> {
     /// Answers with `r`: encodes a message, records a status, or notes that the call was deferred.
     /// Only the first answer counts. A message above the eager threshold that must wait for the
     /// peer's ring and finds the staging area full is kept and encoded when its turn comes.
+    #[inline(always)]
     pub fn reply<T: Message + 'static>(&mut self, r: Reply<T>) {
         if !matches!(self.outcome, Outcome::Unset) {
             return;
         }
         let outcome = match r.0 {
             ReplyKind::Ready(Ok(m)) => match self.response.take() {
-                None => encode_body(
-                    m,
-                    self.eager,
-                    &mut self.mirror,
-                    &mut self.staging,
-                    self.session.as_deref_mut(),
-                ),
+                None => self.encode(m),
                 Some(md) => self.with_metadata(m, md),
             },
             ReplyKind::Ready(Err(s)) => Outcome::Error(with_response(s, self.response.take())),
@@ -932,6 +951,41 @@ impl ReplyWriter<'_> {
         }
     }
 
+    /// Encodes `m`: a body that fits the send buffer's eager area goes straight into it (what
+    /// [`encode_body`] does for it, without building the views of the send mirror and the
+    /// staging area); any other through [`ReplyWriter::encode_other`].
+    #[inline(always)]
+    fn encode<T: Message + 'static>(&mut self, m: T) -> Outcome {
+        let len = m.encoded_len();
+        if len < self.eager_fit {
+            if let Some(dst) = self.eager.get_mut(..len) {
+                // `dst` is exactly `encoded_len()` bytes: encode without prost measuring it again.
+                return match encode_exact(&m, dst) {
+                    Ok(()) => Outcome::Eager(len as u32),
+                    Err(e) => Outcome::Error(e.status("answer")),
+                };
+            }
+        }
+        self.encode_other(m)
+    }
+
+    /// Encodes `m` where [`encode_body`] places it (a ring body, a body that waits, a refused
+    /// one), with the views of the send mirror and the staging area.
+    #[inline(never)]
+    fn encode_other<T: Message + 'static>(&mut self, m: T) -> Outcome {
+        let (mirror, offset, bytes, total) = self.space.views(self.backlog_empty);
+        let mut mirror = mirror;
+        let mut staging = StagingSpan {
+            offset,
+            bytes,
+            eager_threshold: self.eager_threshold,
+            spare: self.spare,
+            total,
+            registered: self.registered,
+        };
+        encode_body(m, self.eager, &mut mirror, &mut staging, self.session.as_deref_mut())
+    }
+
     /// Encodes `m` with the response metadata `md` in front ([`crate::ResponseMetadata`]).
     #[cold]
     #[inline(never)]
@@ -941,17 +995,11 @@ impl ReplyWriter<'_> {
         md: Box<crate::metadata::ResponseMetadata>,
     ) -> Outcome {
         if md.is_empty() {
-            return encode_body(
-                m,
-                self.eager,
-                &mut self.mirror,
-                &mut self.staging,
-                self.session.as_deref_mut(),
-            );
+            return self.encode(m);
         }
         self.metadata = true;
         let blocks = crate::metadata::ResponseMetadata::encode_blocks(Some(&md), None);
         let m = crate::metadata::WithResponseMetadata { blocks, message: m };
-        encode_body(m, self.eager, &mut self.mirror, &mut self.staging, self.session.as_deref_mut())
+        self.encode(m)
     }
 }

@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::buffers::{Completion, Completions, RecvBuf, RecvPool, RecvRing, RecvView, SendPool};
+use crate::buffers::{Completion, Completions, MirrorView, RecvBuf, RecvPool, RecvRing, RecvView, SendPool};
 use crate::config::{Idle, PollingPolicy, EVENT_WAIT};
 use crate::dispatch::local::LocalTasks;
 use crate::dispatch::registry::Registry;
 use crate::dispatch::reply::{
-    panic_text, CallTarget, CancelPeek, DeferQueue, Outcome, ReplyWriter, RequestContext, ServerInterceptor,
-    StagingSpan,
+    panic_text, CallTarget, CancelPeek, DeferQueue, Outcome, ReplyWriter, RequestContext, SendSpace,
+    ServerInterceptor,
 };
 use crate::dispatch::service::Body;
 use crate::dispatch::source::SourceShared;
@@ -2339,7 +2339,8 @@ struct Wc {
 /// body that must wait stays unencoded (`Outcome::Later`) and is encoded when it reaches the
 /// front, so it never waits for space an answer behind it holds. With no send mirror yet (or
 /// given back): the view of none and an empty span; a body above the eager threshold then
-/// waits unencoded and registers them (`encode_body`).
+/// waits unencoded and registers them (`encode_body`). The views of the mirror and the
+/// staging span are built only for a body that is not eager ([`SendSpace`]).
 #[inline]
 fn reply_writer<'a, P: Provider>(
     conn: &'a mut Conn<P>,
@@ -2351,24 +2352,34 @@ fn reply_writer<'a, P: Provider>(
 ) -> ReplyWriter<'a> {
     let cap = conn.body_cap;
     let Conn { areas, session, spare, .. } = conn;
-    let eager_threshold = session.params().eager_threshold;
-    let (eager, session) = match send_buf {
-        Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(session)),
-        None => (&mut scratch[..cap], None),
+    let params = session.params();
+    let eager_threshold = params.eager_threshold;
+    let fit = (eager_threshold.min(params.max_message) as usize).min(cap) + 1;
+    let (eager, session, eager_fit) = match send_buf {
+        Some(b) => (&mut pool.buf_mut(b)[HEADER_LEN..HEADER_LEN + cap], Some(session), fit),
+        None => (&mut scratch[..cap], None, 0),
     };
-    let total = areas.staging_len();
-    let (mirror, offset, bytes) = areas.views(backlog_empty);
-    // The worker's pool, which every session of the worker sends from (`SendAreas`).
-    let registered = ctx.registered.as_deref();
-    let staging = StagingSpan { offset, bytes, eager_threshold, spare, total, registered };
     ReplyWriter {
         response: &ctx.response,
         metadata: false,
         eager,
-        mirror,
-        staging,
+        eager_fit,
+        eager_threshold,
+        space: areas,
+        backlog_empty,
+        spare,
+        // The worker's pool, which every session of the worker sends from (`SendAreas`).
+        registered: ctx.registered.as_deref(),
         session,
         outcome: Outcome::Unset,
+    }
+}
+
+impl<P: Provider> SendSpace for crate::endpoint::areas::SendAreas<P> {
+    fn views(&mut self, spare: bool) -> (MirrorView<'_>, u32, &mut [u8], u32) {
+        let total = self.staging_len();
+        let (mirror, offset, bytes) = crate::endpoint::areas::SendAreas::views(self, spare);
+        (mirror, offset, bytes, total)
     }
 }
 
