@@ -535,6 +535,10 @@ impl Inner {
 
 /// Wakes a driver's collected wakers (after it let go of the session), keeping the buffer.
 fn wake_all(mut batch: Vec<Waker>) {
+    if batch.capacity() == 0 {
+        // Nothing to wake ([`Driver::take_wakers`] of an empty batch), nothing to keep.
+        return;
+    }
     for w in batch.drain(..) {
         w.wake();
     }
@@ -773,6 +777,15 @@ impl Driver {
         self.has_calls() || self.owes_sends()
     }
 
+    /// A full pass over the calls in flight ([`Driver::finish_calls`] with `full`) has
+    /// something to look at: a future dropped or a stream changed since the last pass, a
+    /// stream in flight, or a call with a deadline.
+    fn wants_look(&self, inner: &Inner) -> bool {
+        self.changes_seen != inner.changes.load(Ordering::Acquire)
+            || self.passive > 0
+            || self.in_flight.iter().any(|f| f.id.deadline.is_some())
+    }
+
     /// Calls started and not yet finished.
     fn has_calls(&self) -> bool {
         !self.in_flight.is_empty()
@@ -792,6 +805,10 @@ impl Driver {
 
     /// The wakers collected, to be woken once the session is let go.
     fn take_wakers(&mut self) -> Vec<Waker> {
+        if self.wakers.is_empty() {
+            // Nothing to wake (most steps): no buffer changes hands, no thread-local touched.
+            return Vec::new();
+        }
         let spare = WAKE_BATCH
             .try_with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default());
         let spare = spare.unwrap_or_default();
@@ -1615,10 +1632,19 @@ impl Dispatcher {
                 continue;
             };
             let d = g.as_mut().expect("checked by try_session");
+            // Completions the arming poll took (their calls are finished now: no step
+            // follows before the wait).
+            let mut polled = 0;
             if one {
                 armed = d.core.arm_cq();
+                polled = armed.as_ref().map_or(0, |a| a.0);
             }
-            d.finish_calls(inner, true);
+            // A full look (deadlines, dropped futures, streams) only when there is something
+            // for it: the step before the wait found nothing else to do.
+            let full = d.wants_look(inner);
+            if full || polled > 0 {
+                d.finish_calls(inner, full);
+            }
             let batch = d.take_wakers();
             drop(g);
             wake_all(batch);
