@@ -317,8 +317,11 @@ impl Inner {
         let mut g = self.try_session()?;
         let d = g.as_mut().expect("checked by try_session");
         let deadline = timeout.map(|t| Instant::now() + t);
-        match with_any_core!(&mut d.core, c => c.start_with(method, req, deadline, StartMode::NoWait, flags, capture))
-        {
+        // Alone on the session (one call at a time): posted now, as a blocking call is (no
+        // pass through the send queue). Otherwise with the driver's next step, so that calls
+        // started back to back share one doorbell.
+        let mode = if d.in_flight.is_empty() { StartMode::NoWaitNow } else { StartMode::NoWait };
+        match with_any_core!(&mut d.core, c => c.start_with(method, req, deadline, mode, flags, capture)) {
             Ok(Some(id)) => {
                 let job = make(None);
                 let at_start = d.in_flight.len() as u64 + 1;
