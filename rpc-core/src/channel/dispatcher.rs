@@ -1177,6 +1177,9 @@ pub(crate) struct Hub {
     thread: OnceLock<Thread>,
     /// Sessions that joined and that the thread has not taken yet.
     joining: Mutex<Vec<Joining>>,
+    /// Something was put in `joining` since the thread last took it (set before the poke that
+    /// tells it): the thread locks `joining` only then, not at every handoff.
+    joined: AtomicBool,
 }
 
 /// The `Channel`s' dispatcher threads running, by core and name.
@@ -1233,6 +1236,7 @@ impl Hub {
                     sleeping: AtomicBool::new(false),
                     thread: OnceLock::new(),
                     joining: Mutex::new(Vec::new()),
+                    joined: AtomicBool::new(false),
                 });
                 let thread_name = match core {
                     Some(k) => format!("{name}-{k}"),
@@ -1255,6 +1259,7 @@ impl Hub {
             }
         };
         add(&hub);
+        hub.joined.store(true, Ordering::SeqCst);
         hub.poke();
         Ok(())
     }
@@ -1374,20 +1379,8 @@ impl Dispatcher {
     /// whose channel is gone).
     #[inline(never)]
     fn take_wanted(&mut self) {
-        let joined = std::mem::take(&mut *self.hub.joining.lock().unwrap_or_else(|e| e.into_inner()));
-        for joining in joined {
-            let inner = match joining {
-                Joining::Session(inner) => inner,
-                Joining::Idle(look) => {
-                    self.idle.push(look);
-                    self.next_look = self.next_look.min(self.idle_round);
-                    continue;
-                }
-            };
-            // Driven at once: calls queued while it connected go out.
-            inner.wanted.store(true, Ordering::SeqCst);
-            let next = self.idle_round;
-            self.slots.push(Slot { inner, seen: None, watch: WATCH, next, driving: None });
+        if self.hub.joined.load(Ordering::Relaxed) && self.hub.joined.swap(false, Ordering::SeqCst) {
+            self.take_joined();
         }
         let mut i = 0;
         while i < self.slots.len() {
@@ -1406,6 +1399,26 @@ impl Dispatcher {
                 }
             }
             i += 1;
+        }
+    }
+
+    /// Takes the sessions (and idle looks) that joined the thread; a session is driven at once.
+    #[cold]
+    fn take_joined(&mut self) {
+        let joined = std::mem::take(&mut *self.hub.joining.lock().unwrap_or_else(|e| e.into_inner()));
+        for joining in joined {
+            let inner = match joining {
+                Joining::Session(inner) => inner,
+                Joining::Idle(look) => {
+                    self.idle.push(look);
+                    self.next_look = self.next_look.min(self.idle_round);
+                    continue;
+                }
+            };
+            // Driven at once: calls queued while it connected go out.
+            inner.wanted.store(true, Ordering::SeqCst);
+            let next = self.idle_round;
+            self.slots.push(Slot { inner, seen: None, watch: WATCH, next, driving: None });
         }
     }
 
