@@ -317,8 +317,11 @@ impl Inner {
         let mut g = self.try_session()?;
         let d = g.as_mut().expect("checked by try_session");
         let deadline = timeout.map(|t| Instant::now() + t);
-        match with_any_core!(&mut d.core, c => c.start_with(method, req, deadline, StartMode::NoWait, flags, capture))
-        {
+        // Alone on the session (one call at a time): posted now, as a blocking call is (no
+        // pass through the send queue). Otherwise with the driver's next step, so that calls
+        // started back to back share one doorbell.
+        let mode = if d.in_flight.is_empty() { StartMode::NoWaitNow } else { StartMode::NoWait };
+        match with_any_core!(&mut d.core, c => c.start_with(method, req, deadline, mode, flags, capture)) {
             Ok(Some(id)) => {
                 let job = make(None);
                 let at_start = d.in_flight.len() as u64 + 1;
@@ -535,6 +538,10 @@ impl Inner {
 
 /// Wakes a driver's collected wakers (after it let go of the session), keeping the buffer.
 fn wake_all(mut batch: Vec<Waker>) {
+    if batch.capacity() == 0 {
+        // Nothing to wake ([`Driver::take_wakers`] of an empty batch), nothing to keep.
+        return;
+    }
     for w in batch.drain(..) {
         w.wake();
     }
@@ -773,6 +780,15 @@ impl Driver {
         self.has_calls() || self.owes_sends()
     }
 
+    /// A full pass over the calls in flight ([`Driver::finish_calls`] with `full`) has
+    /// something to look at: a future dropped or a stream changed since the last pass, a
+    /// stream in flight, or a call with a deadline.
+    fn wants_look(&self, inner: &Inner) -> bool {
+        self.changes_seen != inner.changes.load(Ordering::Acquire)
+            || self.passive > 0
+            || self.in_flight.iter().any(|f| f.id.deadline.is_some())
+    }
+
     /// Calls started and not yet finished.
     fn has_calls(&self) -> bool {
         !self.in_flight.is_empty()
@@ -792,6 +808,10 @@ impl Driver {
 
     /// The wakers collected, to be woken once the session is let go.
     fn take_wakers(&mut self) -> Vec<Waker> {
+        if self.wakers.is_empty() {
+            // Nothing to wake (most steps): no buffer changes hands, no thread-local touched.
+            return Vec::new();
+        }
         let spare = WAKE_BATCH
             .try_with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default());
         let spare = spare.unwrap_or_default();
@@ -1157,6 +1177,9 @@ pub(crate) struct Hub {
     thread: OnceLock<Thread>,
     /// Sessions that joined and that the thread has not taken yet.
     joining: Mutex<Vec<Joining>>,
+    /// Something was put in `joining` since the thread last took it (set before the poke that
+    /// tells it): the thread locks `joining` only then, not at every handoff.
+    joined: AtomicBool,
 }
 
 /// The `Channel`s' dispatcher threads running, by core and name.
@@ -1213,6 +1236,7 @@ impl Hub {
                     sleeping: AtomicBool::new(false),
                     thread: OnceLock::new(),
                     joining: Mutex::new(Vec::new()),
+                    joined: AtomicBool::new(false),
                 });
                 let thread_name = match core {
                     Some(k) => format!("{name}-{k}"),
@@ -1235,6 +1259,7 @@ impl Hub {
             }
         };
         add(&hub);
+        hub.joined.store(true, Ordering::SeqCst);
         hub.poke();
         Ok(())
     }
@@ -1354,20 +1379,8 @@ impl Dispatcher {
     /// whose channel is gone).
     #[inline(never)]
     fn take_wanted(&mut self) {
-        let joined = std::mem::take(&mut *self.hub.joining.lock().unwrap_or_else(|e| e.into_inner()));
-        for joining in joined {
-            let inner = match joining {
-                Joining::Session(inner) => inner,
-                Joining::Idle(look) => {
-                    self.idle.push(look);
-                    self.next_look = self.next_look.min(self.idle_round);
-                    continue;
-                }
-            };
-            // Driven at once: calls queued while it connected go out.
-            inner.wanted.store(true, Ordering::SeqCst);
-            let next = self.idle_round;
-            self.slots.push(Slot { inner, seen: None, watch: WATCH, next, driving: None });
+        if self.hub.joined.load(Ordering::Relaxed) && self.hub.joined.swap(false, Ordering::SeqCst) {
+            self.take_joined();
         }
         let mut i = 0;
         while i < self.slots.len() {
@@ -1386,6 +1399,26 @@ impl Dispatcher {
                 }
             }
             i += 1;
+        }
+    }
+
+    /// Takes the sessions (and idle looks) that joined the thread; a session is driven at once.
+    #[cold]
+    fn take_joined(&mut self) {
+        let joined = std::mem::take(&mut *self.hub.joining.lock().unwrap_or_else(|e| e.into_inner()));
+        for joining in joined {
+            let inner = match joining {
+                Joining::Session(inner) => inner,
+                Joining::Idle(look) => {
+                    self.idle.push(look);
+                    self.next_look = self.next_look.min(self.idle_round);
+                    continue;
+                }
+            };
+            // Driven at once: calls queued while it connected go out.
+            inner.wanted.store(true, Ordering::SeqCst);
+            let next = self.idle_round;
+            self.slots.push(Slot { inner, seen: None, watch: WATCH, next, driving: None });
         }
     }
 
@@ -1615,10 +1648,19 @@ impl Dispatcher {
                 continue;
             };
             let d = g.as_mut().expect("checked by try_session");
+            // Completions the arming poll took (their calls are finished now: no step
+            // follows before the wait).
+            let mut polled = 0;
             if one {
                 armed = d.core.arm_cq();
+                polled = armed.as_ref().map_or(0, |a| a.0);
             }
-            d.finish_calls(inner, true);
+            // A full look (deadlines, dropped futures, streams) only when there is something
+            // for it: the step before the wait found nothing else to do.
+            let full = d.wants_look(inner);
+            if full || polled > 0 {
+                d.finish_calls(inner, full);
+            }
             let batch = d.take_wakers();
             drop(g);
             wake_all(batch);

@@ -96,6 +96,9 @@ pub(crate) enum StartMode {
     Batched,
     /// Never waits (`Ok(None)` instead), posts with the next flush (an async call).
     NoWait,
+    /// Never waits (`Ok(None)` instead), posts at once (a `Channel` call started with nothing
+    /// else in flight: no batch to share a doorbell with).
+    NoWaitNow,
 }
 
 /// A call in progress: slot, generation, deadline.
@@ -626,8 +629,8 @@ impl<P: Provider> ClientCore<P> {
         if self.conn.session.calls().used() >= self.recv_calls || (streams && !self.recv_streams) {
             self.cover_recv(streams, false).inspect_err(|s| self.counters.status(s.code()))?;
         }
-        let flush_now = mode == StartMode::Now;
-        let blocking = mode != StartMode::NoWait;
+        let flush_now = matches!(mode, StartMode::Now | StartMode::NoWaitNow);
+        let blocking = matches!(mode, StartMode::Now | StartMode::Batched);
         // The session's cached metadata block (protocol 11): a block the server keeps is named,
         // not sent; an eager request with another one replaces it (`Session::metadata_cache_flag`).
         let message_len = req.message.encoded_len();
