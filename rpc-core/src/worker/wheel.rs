@@ -264,6 +264,68 @@ mod tests {
         assert_eq!(due(&mut w, t0 + 2 * TICK), vec![first]);
     }
 
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Set timer `i` for `at` µs after the start.
+        Set(u16, u64),
+        Cancel(u16),
+        /// Fire what is due `by` µs further on.
+        Advance(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            // Up to 3 spans of 8 slots of 2 ms ahead of the start, and far beyond.
+            4 => (0..16u16, prop_oneof![0..50_000u64, 0..10_000_000u64]).prop_map(|(i, at)| Op::Set(i, at)),
+            1 => (0..16u16).prop_map(Op::Cancel),
+            3 => prop_oneof![0..5_000u64, 0..40_000u64].prop_map(Op::Advance),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Against a model (a map from timer to tick: the first at or after `at`, clamped to the
+        /// next tick and the span's end; all due at `now` fire): any sequence of sets, cancels
+        /// and advances (gaps longer than the span included) fires the same timers at the same
+        /// looks, and `scheduled` agrees throughout.
+        #[test]
+        fn the_wheel_fires_what_a_model_of_its_timers_says(ops in proptest::collection::vec(op(), 1..200)) {
+            let t0 = Instant::now();
+            let tick_ns = TICK.as_nanos() as u64;
+            let span = 8u64;
+            let mut w = TimerWheel::new(t0, TICK, span as usize, 16);
+            let mut model: std::collections::BTreeMap<u16, u64> = Default::default();
+            let (mut done, mut now_us) = (0u64, 0u64);
+            for op in ops {
+                match op {
+                    Op::Set(i, at) => {
+                        w.set(i, t0 + Duration::from_micros(at));
+                        let tick = (at * 1_000).div_ceil(tick_ns).clamp(done + 1, done + span);
+                        model.insert(i, tick);
+                    }
+                    Op::Cancel(i) => {
+                        w.cancel(i);
+                        model.remove(&i);
+                    }
+                    Op::Advance(by) => {
+                        now_us += by;
+                        let fired = due(&mut w, t0 + Duration::from_micros(now_us));
+                        let now_tick = now_us * 1_000 / tick_ns;
+                        let expected: Vec<u16> =
+                            model.iter().filter(|&(_, &t)| t <= now_tick).map(|(&i, _)| i).collect();
+                        model.retain(|_, t| *t > now_tick);
+                        done = done.max(now_tick);
+                        proptest::prop_assert_eq!(fired, expected, "at {} us", now_us);
+                    }
+                }
+                for i in 0..16u16 {
+                    proptest::prop_assert_eq!(w.scheduled(i), model.get(&i).copied(), "timer {}", i);
+                }
+                proptest::prop_assert_eq!(w.is_empty(), model.is_empty());
+            }
+        }
+    }
+
     #[test]
     fn many_timers_on_one_slot_keep_their_lists_whole() {
         let t0 = Instant::now();
