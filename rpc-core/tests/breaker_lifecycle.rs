@@ -528,9 +528,11 @@ fn a_server_streaming_past_the_deadline_is_ended_by_the_client() {
                 stream_taken: taken,
                 ..header_for(req, Kind::StreamMsg)
             };
+            // A buffer free to send from (given back to the send queue, which takes back its
+            // room too: `SendPool::give_back` alone would keep the room reserved).
             while credits > 0
                 && c.pool.acquire_for(&mut c.sq).is_some_and(|b| {
-                    c.pool.give_back(b);
+                    c.sq.give_back(&mut c.pool, b);
                     true
                 })
             {
@@ -557,7 +559,9 @@ fn a_server_streaming_past_the_deadline_is_ended_by_the_client() {
         }
     });
     let client = Client::connect_with(addr, &client_config()).unwrap();
-    let opts = CallOptions::deadline(Duration::from_millis(300));
+    // Long enough for the fake server's thread to run before it on a loaded machine (with
+    // 300 ms, none of its messages had arrived once at load 15).
+    let opts = CallOptions::deadline(Duration::from_secs(1));
     let mut s = client.server_stream::<EchoMsg, EchoMsg>(ECHO, &request(0, 0, 0), &opts).unwrap();
     let (start, mut got) = (Instant::now(), 0u64);
     let end = loop {
