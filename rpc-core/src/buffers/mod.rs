@@ -805,6 +805,8 @@ impl<P: Provider> SendPool<P> {
 
     /// Takes a free buffer for `sq` when its send queue has room for the buffer's WRs (a WRITE
     /// and a SEND) on top of those of every buffer it holds already (taken, not yet queued).
+    /// A buffer taken here and not sent goes back through [`SendQueue::give_back`], which frees
+    /// that room too ([`SendPool::give_back`] alone would keep it reserved for good).
     #[inline]
     pub fn acquire_for(&mut self, sq: &mut SendQueue) -> Option<SendBuf> {
         if !sq.has_room(2 * (sq.taken + 1)) {
@@ -859,8 +861,9 @@ impl<P: Provider> SendPool<P> {
         std::mem::take(&mut self.starved)
     }
 
-    /// Returns a buffer that was taken but not posted (a token of another pool is dropped, and
-    /// counted as leaked).
+    /// Returns a buffer that was taken ([`SendPool::acquire`]) but not posted (a token of
+    /// another pool is dropped, and counted as leaked). One taken for a send queue
+    /// ([`SendPool::acquire_for`]) goes back through [`SendQueue::give_back`].
     #[inline]
     pub fn give_back(&mut self, buf: SendBuf) {
         if buf.pool != self.id {
