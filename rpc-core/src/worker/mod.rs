@@ -809,12 +809,7 @@ impl<P: Provider> Worker<P> {
     fn arm(&mut self, idx: u16) {
         let at = self.entries[idx as usize].as_ref().and_then(|e| {
             let s = &e.conn.session;
-            let waiting = s.watches_peer();
-            if waiting {
-                s.poll_timeout(waiting)
-            } else {
-                None
-            }
+            s.watches_peer().then(|| s.poll_timeout(true)).flatten()
         });
         match at {
             Some(at) => self.timers.set(idx, at),
@@ -1808,21 +1803,18 @@ impl<P: Provider> Worker<P> {
         };
         self.on_message(idx, buf, wc.invalidated);
         // A request left unanswered (deferred, streaming, or still arriving in pieces) arms
-        // the session's timer. It may also have brought a deadline sooner than the timer set
-        // (its own, or the duration bound's first look): the session is looked at the next
-        // tick, where its timer is set at its next deadline (not computed here, per message).
+        // the session's timer, and may have brought a deadline sooner than the timer set (its
+        // own, or the duration bound's first look); so may a message that made an unwatched
+        // session watched. The session is looked at the next tick, where its timer is set at
+        // its next deadline (`run_timers`; not computed here, per message).
         if let Some(entry) = self.entries[idx as usize].as_ref() {
             let session = &entry.conn.session;
             let scheduled = self.timers.scheduled(idx);
-            if session.has_open_calls() {
-                let next = self.timers.next_tick();
-                match scheduled {
-                    None => self.arm(idx),
-                    Some(t) if t > next => self.timers.set_tick(idx, next),
-                    Some(_) => {}
-                }
-            } else if scheduled.is_none() && session.watches_peer() {
-                self.arm(idx);
+            let next = self.timers.next_tick();
+            if scheduled.is_none_or(|t| t > next)
+                && (session.has_open_calls() || scheduled.is_none() && session.watches_peer())
+            {
+                self.timers.set_tick(idx, next);
             }
         }
     }
